@@ -1,0 +1,125 @@
+//! The one error type of the HTTP layer and the envelope every error response carries:
+//! `{"error": {"type", "message", "user_message", "operator_action", "request_id"}}`.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::domain::Invalid;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{message}")]
+    Invalid { status: StatusCode, message: String },
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl ApiError {
+    pub fn invalid(message: impl Into<String>) -> Self {
+        ApiError::Invalid {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+
+    fn parts(&self) -> (StatusCode, &'static str, &'static str, &'static str) {
+        match self {
+            ApiError::Invalid { status, .. } => (
+                *status,
+                "invalid_request",
+                "The request is not valid.",
+                "Fix the request as the message says and send it again.",
+            ),
+            ApiError::NotFound(_) => (
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "The resource does not exist.",
+                "Check the id; list the collection to find existing resources.",
+            ),
+            ApiError::Conflict(_) => (
+                StatusCode::CONFLICT,
+                "conflict",
+                "The resource is not in a state that allows this.",
+                "Reload the resource, then retry if the action still applies.",
+            ),
+            ApiError::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal_error",
+                "Keel failed to handle the request.",
+                "Retry; if it persists, look up the request id in the server logs.",
+            ),
+            ApiError::Unavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "Keel cannot reach its database.",
+                "Check that PostgreSQL is running and reachable, then retry.",
+            ),
+        }
+    }
+}
+
+impl From<Invalid> for ApiError {
+    fn from(invalid: Invalid) -> Self {
+        ApiError::Invalid {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            message: invalid.to_string(),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::NotFound(what) => ApiError::NotFound(what.to_string()),
+            StoreError::Conflict(message) => ApiError::Conflict(message),
+            StoreError::LeaseLost => ApiError::Internal(error.to_string()),
+            StoreError::Database(
+                e @ (sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed),
+            ) => ApiError::Unavailable(e.to_string()),
+            StoreError::Database(e) => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(error: sqlx::Error) -> Self {
+        StoreError::from(error).into()
+    }
+}
+
+/// The envelope, without a request id: the request-id middleware fills it in.
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, kind, user_message, operator_action) = self.parts();
+        let message = match &self {
+            // Internal details go to the log (by the middleware), never to the client.
+            ApiError::Internal(_) => "internal error".to_string(),
+            ApiError::Unavailable(_) => "the database is unavailable".to_string(),
+            other => other.to_string(),
+        };
+        let body = json!({ "error": {
+            "type": kind,
+            "message": message,
+            "user_message": user_message,
+            "operator_action": operator_action,
+        }});
+        let mut response = (status, Json(body)).into_response();
+        response
+            .extensions_mut()
+            .insert(ErrorDetail(self.to_string()));
+        response
+    }
+}
+
+/// The full error text, kept on the response for the logging middleware.
+#[derive(Clone)]
+pub struct ErrorDetail(pub String);

@@ -1,0 +1,216 @@
+//! Event lists and SSE streams: per run, and the public feed across runs. Streams read
+//! events from the database, woken by NOTIFY (through [`AppState::events`]) with a polling
+//! fallback, so a client on any API process sees what any worker wrote, in order, and a
+//! client resuming with `Last-Event-ID` misses nothing and sees nothing twice.
+
+use std::convert::Infallible;
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::routing::get;
+use axum::{Json, Router};
+use futures_util::Stream;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::extract::ApiQuery;
+use super::{ApiError, AppState, list, page_limit};
+use crate::store::events::{self, EventRecord, FeedFilter};
+use crate::store::{StoreError, runs};
+
+const STREAM_PAGE: i64 = 500;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/tasks/{task_id}/runs/{run_id}/events",
+            get(list_run_events),
+        )
+        .route(
+            "/tasks/{task_id}/runs/{run_id}/stream",
+            get(stream_run_events),
+        )
+        .route("/events", get(list_feed))
+        .route("/events/stream", get(stream_feed))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsQuery {
+    after_sequence: Option<i64>,
+    limit: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FeedQuery {
+    after_sequence: Option<i64>,
+    limit: Option<i64>,
+    event_type: Option<String>,
+    task_id: Option<String>,
+}
+
+impl FeedQuery {
+    fn filter(&self) -> FeedFilter {
+        let event_types = self.event_type.as_deref().map(|csv| {
+            csv.split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(str::to_string)
+                .collect()
+        });
+        FeedFilter {
+            event_types,
+            task_id: self.task_id.clone(),
+        }
+    }
+}
+
+fn cursor(after_sequence: Option<i64>, headers: &HeaderMap) -> Result<i64, ApiError> {
+    let from_header = match headers.get("last-event-id") {
+        None => None,
+        Some(value) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .ok_or_else(|| {
+                    ApiError::invalid("Last-Event-ID must be an event sequence number")
+                })?,
+        ),
+    };
+    match from_header.or(after_sequence).unwrap_or(0) {
+        n if n < 0 => Err(ApiError::invalid("after_sequence must not be negative")),
+        n => Ok(n),
+    }
+}
+
+async fn list_run_events(
+    State(state): State<AppState>,
+    Path((task_id, run_id)): Path<(String, String)>,
+    ApiQuery(query): ApiQuery<EventsQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = page_limit(query.limit)?;
+    let after = cursor(query.after_sequence, &HeaderMap::new())?;
+    let mut conn = state.pool.acquire().await?;
+    runs::get(&mut conn, &task_id, &run_id).await?;
+    let rows = events::list_for_run(&mut conn, &run_id, after, limit + 1).await?;
+    Ok(Json(list(rows, limit, |e| e.sequence.to_string())))
+}
+
+async fn list_feed(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<FeedQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = page_limit(query.limit)?;
+    let after = cursor(query.after_sequence, &HeaderMap::new())?;
+    let mut conn = state.pool.acquire().await?;
+    let rows = events::list_feed(&mut conn, &query.filter(), after, limit + 1).await?;
+    Ok(Json(list(rows, limit, |e| e.global_sequence.to_string())))
+}
+
+/// The run's events from the cursor on; the stream ends after the run's terminal event.
+async fn stream_run_events(
+    State(state): State<AppState>,
+    Path((task_id, run_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    ApiQuery(query): ApiQuery<EventsQuery>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let mut after = cursor(query.after_sequence, &headers)?;
+    runs::get(&mut *state.pool.acquire().await?, &task_id, &run_id).await?;
+    let stream = async_stream::stream! {
+        let mut wake = state.events.clone();
+        loop {
+            wake.borrow_and_update();
+            // Read the status before the events: if the run had ended, its last events
+            // committed with that status and the read below sees them.
+            let page = async {
+                let mut conn = state.pool.acquire().await?;
+                let ended = runs::get(&mut conn, &task_id, &run_id).await?.status().is_terminal();
+                let rows = events::list_for_run(&mut conn, &run_id, after, STREAM_PAGE).await?;
+                Ok::<_, StoreError>((ended, rows))
+            }.await;
+            let (ended, rows) = match page {
+                Ok(page) => page,
+                Err(error) => {
+                    yield Ok(stream_error(&error));
+                    break;
+                }
+            };
+            let full = rows.len() as i64 == STREAM_PAGE;
+            for event in rows {
+                after = event.sequence;
+                yield Ok(sse_event(&event, event.sequence));
+            }
+            if full {
+                continue;
+            }
+            if ended || state.shutdown.is_cancelled() {
+                break;
+            }
+            wait(&mut wake, &state).await;
+        }
+    };
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// The public feed from the cursor on (SSE ids are global sequences); never ends.
+async fn stream_feed(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiQuery(query): ApiQuery<FeedQuery>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let mut after = cursor(query.after_sequence, &headers)?;
+    let filter = query.filter();
+    let stream = async_stream::stream! {
+        let mut wake = state.events.clone();
+        loop {
+            wake.borrow_and_update();
+            let page = async {
+                let mut conn = state.pool.acquire().await?;
+                events::list_feed(&mut conn, &filter, after, STREAM_PAGE).await
+            }.await;
+            let rows = match page {
+                Ok(rows) => rows,
+                Err(error) => {
+                    yield Ok(stream_error(&error));
+                    break;
+                }
+            };
+            let full = rows.len() as i64 == STREAM_PAGE;
+            for event in rows {
+                after = event.global_sequence;
+                yield Ok(sse_event(&event, event.global_sequence));
+            }
+            if state.shutdown.is_cancelled() {
+                break;
+            }
+            if !full {
+                wait(&mut wake, &state).await;
+            }
+        }
+    };
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+async fn wait(wake: &mut tokio::sync::watch::Receiver<i64>, state: &AppState) {
+    // A closed channel (the listener stopped) leaves the polling fallback.
+    tokio::select! {
+        _ = tokio::time::timeout(state.stream_poll, wake.changed()) => {}
+        _ = state.shutdown.cancelled() => {}
+    }
+}
+
+fn sse_event(event: &EventRecord, id: i64) -> Event {
+    Event::default()
+        .id(id.to_string())
+        .event(event.event_type.clone())
+        .json_data(event)
+        .expect("events serialize")
+}
+
+fn stream_error(error: &StoreError) -> Event {
+    tracing::warn!(%error, "event stream ended by a database error");
+    Event::default().event("error").data(r#"{"type":"unavailable","message":"event stream interrupted; reconnect with Last-Event-ID"}"#)
+}

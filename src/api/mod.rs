@@ -1,0 +1,89 @@
+//! The HTTP API: `/healthz`, `/readyz` and the native API under `/v1`, with one error
+//! envelope, a request id on every response, and cursor pagination on every list.
+
+mod error;
+mod events;
+mod extract;
+mod middleware;
+mod system;
+mod tasks;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio::sync::watch;
+
+pub use error::ApiError;
+
+/// Largest accepted request body.
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+const DEFAULT_PAGE: i64 = 50;
+const MAX_PAGE: i64 = 200;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    /// The newest event id this process was notified of; SSE streams wait on it.
+    pub events: watch::Receiver<i64>,
+    /// How often a stream re-reads the database when no notification arrives.
+    pub stream_poll: Duration,
+    /// Fires at shutdown; open streams end so the server can drain.
+    pub shutdown: tokio_util::sync::CancellationToken,
+}
+
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .merge(system::router())
+        .nest(
+            "/v1",
+            tasks::router()
+                .merge(events::router())
+                .merge(system::v1_router()),
+        )
+        .fallback(middleware::not_found)
+        .method_not_allowed_fallback(middleware::method_not_allowed)
+        .with_state(state)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            middleware::panic_response,
+        ))
+        .layer(axum::middleware::from_fn(middleware::request_context))
+}
+
+/// `limit` and `cursor` of a paginated list.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    pub limit: Option<i64>,
+    pub cursor: Option<String>,
+}
+
+pub fn page_limit(limit: Option<i64>) -> Result<i64, ApiError> {
+    match limit.unwrap_or(DEFAULT_PAGE) {
+        n @ 1..=MAX_PAGE => Ok(n),
+        n => Err(ApiError::invalid(format!(
+            "limit must be between 1 and {MAX_PAGE}, not {n}"
+        ))),
+    }
+}
+
+/// A list envelope from `limit + 1` fetched rows: `has_more` tells whether a next page
+/// exists and `next_cursor` is what to pass as `cursor` to get it.
+pub fn list<T: Serialize>(mut rows: Vec<T>, limit: i64, cursor_of: impl Fn(&T) -> String) -> Value {
+    let has_more = rows.len() as i64 > limit;
+    rows.truncate(limit as usize);
+    let next_cursor = if has_more {
+        rows.last().map(cursor_of)
+    } else {
+        None
+    };
+    json!({ "object": "list", "data": rows, "has_more": has_more, "next_cursor": next_cursor })
+}
+
+pub fn object<T: Serialize>(name: &str, data: T) -> Value {
+    json!({ "object": name, "data": data })
+}

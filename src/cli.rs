@@ -1,0 +1,260 @@
+//! The `keel` command line: one binary, a subcommand per role.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ApiArgs, Common, WorkerArgs};
+use crate::jobs::run::RunJobs;
+use crate::queue::worker::Worker;
+use crate::store::embedded::{Durability, EmbeddedPostgres};
+use crate::{api, scheduler, store, telemetry};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "keel",
+    version,
+    about = "A durable runtime for long-running work on Postgres"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub common: Common,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// API, workers and maintenance in one process; with no database URL, on a private
+    /// PostgreSQL cluster under the data directory.
+    Serve {
+        #[command(flatten)]
+        api: ApiArgs,
+        #[command(flatten)]
+        worker: WorkerArgs,
+    },
+    /// The HTTP API only (stateless; run several behind a proxy).
+    Api(ApiArgs),
+    /// A worker: claims and executes jobs, and runs the maintenance duties.
+    Worker(WorkerArgs),
+    /// Applies database migrations and exits.
+    Migrate,
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    telemetry::init(cli.common.log_format);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("keel: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("keel: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let shutdown = shutdown_on_signal();
+    let common = cli.common;
+    match cli.command {
+        Command::Migrate => {
+            let pool = connect(&common, "migrate").await?;
+            store::migrate(&pool).await.context("applying migrations")?;
+            println!("migrations applied");
+            Ok(())
+        }
+        Command::Api(args) => {
+            let pool = connect(&common, "api").await?;
+            serve_api(pool, &args, shutdown).await
+        }
+        Command::Worker(args) => {
+            let pool = connect(&common, "worker").await?;
+            run_worker(pool, &common, &args, shutdown).await
+        }
+        Command::Serve { api, worker } => serve_all(&common, &api, &worker, shutdown).await,
+    }
+}
+
+async fn serve_all(
+    common: &Common,
+    api: &ApiArgs,
+    worker: &WorkerArgs,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let (url, embedded) = match common.database_url() {
+        Some(url) => (url, None),
+        None => {
+            let root = common.data_dir.join("postgres");
+            eprintln!(
+                "keel: starting the embedded PostgreSQL under {} …",
+                root.display()
+            );
+            let cluster = tokio::task::spawn_blocking(move || {
+                EmbeddedPostgres::start(&root, Durability::Durable)
+            })
+            .await?
+            .context("starting the embedded PostgreSQL")?;
+            create_database(&cluster.url("postgres"), "keel").await?;
+            (cluster.url("keel"), Some(cluster))
+        }
+    };
+    let pool = store::connect(&url, common.db_max_connections, "serve")
+        .await
+        .context("connecting to PostgreSQL")?;
+    store::migrate(&pool).await.context("applying migrations")?;
+    let result = tokio::try_join!(
+        serve_api(pool.clone(), api, shutdown.clone()),
+        run_worker(pool.clone(), common, worker, shutdown.clone()),
+    );
+    pool.close().await;
+    if let Some(cluster) = embedded {
+        tokio::task::spawn_blocking(move || cluster.stop()).await?;
+    }
+    result.map(|_| ())
+}
+
+async fn create_database(admin_url: &str, name: &str) -> anyhow::Result<()> {
+    let pool = store::connect(admin_url, 1, "setup").await?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(name)
+            .fetch_one(&pool)
+            .await?;
+    if !exists {
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&pool)
+            .await?;
+    }
+    pool.close().await;
+    Ok(())
+}
+
+async fn connect(common: &Common, role: &str) -> anyhow::Result<PgPool> {
+    let url = common.database_url().context(
+        "no database URL: pass --database-url or set KEEL_DATABASE_URL (or DATABASE_URL); \
+         only `keel serve` can start its own PostgreSQL",
+    )?;
+    store::connect(&url, common.db_max_connections, role)
+        .await
+        .context("connecting to PostgreSQL")
+}
+
+pub async fn serve_api(
+    pool: PgPool,
+    args: &ApiArgs,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let events = follow_events(&pool, shutdown.clone()).await?;
+    let state = api::AppState {
+        pool,
+        events,
+        stream_poll: std::time::Duration::from_millis(args.stream_poll_ms.max(10)),
+        shutdown: shutdown.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    tracing::info!(address = %listener.local_addr()?, "API listening");
+    axum::serve(listener, api::app(state))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+        .context("serving HTTP")
+}
+
+/// Feeds the newest notified event id to SSE streams; they re-read the database on change.
+async fn follow_events(
+    pool: &PgPool,
+    shutdown: CancellationToken,
+) -> anyhow::Result<watch::Receiver<i64>> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(store::events::CHANNEL).await?;
+    let (tx, rx) = watch::channel(0i64);
+    tokio::spawn(async move {
+        loop {
+            let notification = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                n = listener.recv() => n,
+            };
+            match notification {
+                Ok(n) => {
+                    let id = n.payload().parse().unwrap_or(i64::MAX);
+                    tx.send_modify(|latest| *latest = (*latest).max(id));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "event listener error; streams fall back to polling");
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                }
+            }
+        }
+    });
+    Ok(rx)
+}
+
+pub async fn run_worker(
+    pool: PgPool,
+    common: &Common,
+    args: &WorkerArgs,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    scheduler::recover(&pool).await.context("boot recovery")?;
+    let maintenance = CancellationToken::new();
+    tokio::spawn(scheduler::run(
+        pool.clone(),
+        args.reconcile_interval(),
+        maintenance.clone(),
+    ));
+    let runs = Arc::new(RunJobs {
+        pool: pool.clone(),
+        data_dir: std::path::absolute(&common.data_dir)?,
+        artifact_max_bytes: args.artifact_max_bytes,
+    });
+    let worker = Worker::new(pool, args.settings(), vec![runs]);
+    let result = worker.run(shutdown).await;
+    maintenance.cancel();
+    result.context("worker")
+}
+
+/// A token cancelled on SIGINT or SIGTERM.
+fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(error) => {
+                    tracing::error!(%error, "cannot listen for SIGTERM");
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+        cancel.cancel();
+    });
+    token
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}

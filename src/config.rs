@@ -1,0 +1,106 @@
+//! Configuration: every setting is a flag with a `KEEL_*` environment variable, documented
+//! by its doc comment (which is also its `--help` text). See docs/configuration.md.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::queue::worker::WorkerSettings;
+use crate::telemetry::LogFormat;
+
+#[derive(Debug, Clone, Args)]
+pub struct Common {
+    /// PostgreSQL URL (also read from DATABASE_URL). `keel serve` without one starts a
+    /// private cluster under the data directory.
+    #[arg(long, env = "KEEL_DATABASE_URL", global = true, hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Directory for Keel's local state: ephemeral run workspaces and the embedded cluster.
+    #[arg(long, env = "KEEL_DATA_DIR", default_value = ".keel", global = true)]
+    pub data_dir: PathBuf,
+
+    /// Log format.
+    #[arg(
+        long,
+        env = "KEEL_LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    pub log_format: LogFormat,
+
+    /// Most database connections this process opens.
+    #[arg(
+        long,
+        env = "KEEL_DB_MAX_CONNECTIONS",
+        default_value_t = 16,
+        global = true
+    )]
+    pub db_max_connections: u32,
+}
+
+impl Common {
+    /// The database URL from the flag, KEEL_DATABASE_URL or DATABASE_URL, in that order.
+    pub fn database_url(&self) -> Option<String> {
+        self.database_url
+            .clone()
+            .or_else(|| std::env::var("DATABASE_URL").ok())
+            .filter(|u| !u.is_empty())
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ApiArgs {
+    /// Address the HTTP API listens on.
+    #[arg(long, env = "KEEL_LISTEN", default_value = "127.0.0.1:8420")]
+    pub listen: SocketAddr,
+
+    /// How often an SSE stream re-reads the database when no notification arrives (ms).
+    #[arg(long, env = "KEEL_STREAM_POLL_MS", default_value_t = 1000)]
+    pub stream_poll_ms: u64,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct WorkerArgs {
+    /// Jobs this worker runs at once.
+    #[arg(long, env = "KEEL_WORKER_CONCURRENCY", default_value_t = 8)]
+    pub concurrency: usize,
+
+    /// Lease length (ms): a job whose worker stops heartbeating for this long is taken over.
+    #[arg(long, env = "KEEL_LEASE_MS", default_value_t = 30_000)]
+    pub lease_ms: u64,
+
+    /// Fallback poll interval when no notification arrives (ms).
+    #[arg(long, env = "KEEL_POLL_INTERVAL_MS", default_value_t = 1000)]
+    pub poll_interval_ms: u64,
+
+    /// On shutdown, how long running jobs may take to finish before they are handed back (ms).
+    #[arg(long, env = "KEEL_DRAIN_TIMEOUT_MS", default_value_t = 30_000)]
+    pub drain_timeout_ms: u64,
+
+    /// How often the reconciler requeues jobs whose lease expired (ms).
+    #[arg(long, env = "KEEL_RECONCILE_INTERVAL_MS", default_value_t = 5_000)]
+    pub reconcile_interval_ms: u64,
+
+    /// Largest stdout/stderr artifact kept per run (bytes); the rest is dropped and the
+    /// artifact marked truncated.
+    #[arg(long, env = "KEEL_ARTIFACT_MAX_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub artifact_max_bytes: i64,
+}
+
+impl WorkerArgs {
+    pub fn settings(&self) -> WorkerSettings {
+        WorkerSettings {
+            concurrency: self.concurrency.max(1),
+            lease: Duration::from_millis(self.lease_ms.max(300)),
+            poll_interval: Duration::from_millis(self.poll_interval_ms.max(10)),
+            drain_timeout: Duration::from_millis(self.drain_timeout_ms),
+        }
+    }
+
+    pub fn reconcile_interval(&self) -> Duration {
+        Duration::from_millis(self.reconcile_interval_ms.max(100))
+    }
+}

@@ -1,0 +1,344 @@
+//! Tasks: durable execution intent. A task is validated once, here, when it is created.
+
+use std::path::{Component, Path};
+
+use keel_workers::{Execution, FileOperation};
+use serde::Deserialize;
+
+use super::{Invalid, RunStatus};
+
+const MAX_COMMAND_BYTES: usize = 64 * 1024;
+const MAX_FILE_CONTENT_BYTES: usize = 1024 * 1024;
+const MAX_PROMPT_BYTES: usize = 64 * 1024;
+const MAX_TIMEOUT_MS: i64 = 7 * 24 * 3600 * 1000;
+
+/// The body of `POST /v1/tasks`, as the client sent it.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskDraft {
+    pub execution_kind: Option<String>,
+    pub prompt: Option<String>,
+    pub shell_command: Option<String>,
+    pub git_command: Option<String>,
+    pub file_path: Option<String>,
+    pub file_content: Option<String>,
+    pub file_operation: Option<String>,
+    pub working_directory: Option<String>,
+    pub workspace_mode: Option<String>,
+    pub timeout_ms: Option<i64>,
+    pub priority: Option<i32>,
+}
+
+/// Where a run works.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkspaceMode {
+    /// A fresh directory per run under the worker's data directory.
+    Ephemeral,
+    /// The given absolute directory, as it is.
+    InPlace { directory: String },
+}
+
+/// A validated task, ready to store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewTask {
+    pub execution: Execution,
+    pub prompt: Option<String>,
+    pub workspace: WorkspaceMode,
+    pub timeout_ms: Option<i64>,
+    pub priority: i32,
+}
+
+impl NewTask {
+    pub fn parse(draft: TaskDraft) -> Result<NewTask, Invalid> {
+        let kind = draft
+            .execution_kind
+            .as_deref()
+            .ok_or_else(|| Invalid::new("execution_kind", "is required (shell, git or file)"))?;
+        let execution = match kind {
+            "shell" => parse_shell(&draft)?,
+            "git" => parse_git(&draft)?,
+            "file" => parse_file(&draft)?,
+            other => {
+                return Err(Invalid::new(
+                    "execution_kind",
+                    format!("unknown execution kind '{other}' (expected shell, git or file)"),
+                ));
+            }
+        };
+        let prompt = draft.prompt.clone();
+        check_len("prompt", prompt.as_deref(), MAX_PROMPT_BYTES)?;
+        let timeout_ms = match draft.timeout_ms {
+            Some(ms) if !(1..=MAX_TIMEOUT_MS).contains(&ms) => {
+                return Err(Invalid::new(
+                    "timeout_ms",
+                    format!("must be between 1 and {MAX_TIMEOUT_MS}"),
+                ));
+            }
+            other => other,
+        };
+        Ok(NewTask {
+            execution,
+            prompt,
+            workspace: parse_workspace(&draft)?,
+            timeout_ms,
+            priority: draft.priority.unwrap_or(0),
+        })
+    }
+}
+
+fn parse_shell(draft: &TaskDraft) -> Result<Execution, Invalid> {
+    only_for("shell", draft)?;
+    let command = required("shell_command", draft.shell_command.as_deref())?;
+    check_len("shell_command", Some(command), MAX_COMMAND_BYTES)?;
+    Ok(Execution::Shell {
+        command: command.to_string(),
+    })
+}
+
+fn parse_git(draft: &TaskDraft) -> Result<Execution, Invalid> {
+    only_for("git", draft)?;
+    let command = required("git_command", draft.git_command.as_deref())?;
+    check_len("git_command", Some(command), MAX_COMMAND_BYTES)?;
+    if shlex::split(command).is_none_or(|args| args.is_empty()) {
+        return Err(Invalid::new(
+            "git_command",
+            "must be git arguments with balanced quotes",
+        ));
+    }
+    Ok(Execution::Git {
+        command: command.to_string(),
+    })
+}
+
+fn parse_file(draft: &TaskDraft) -> Result<Execution, Invalid> {
+    only_for("file", draft)?;
+    let path = required("file_path", draft.file_path.as_deref())?;
+    keel_workers::validate_relative_path(path).map_err(|e| Invalid::new("file_path", e))?;
+    let operation = match required("file_operation", draft.file_operation.as_deref())? {
+        "write" => FileOperation::Write,
+        "append" => FileOperation::Append,
+        "delete" => FileOperation::Delete,
+        other => {
+            return Err(Invalid::new(
+                "file_operation",
+                format!("unknown operation '{other}' (expected write, append or delete)"),
+            ));
+        }
+    };
+    let content = draft.file_content.clone();
+    check_len("file_content", content.as_deref(), MAX_FILE_CONTENT_BYTES)?;
+    match (operation, &content) {
+        (FileOperation::Delete, Some(_)) => {
+            return Err(Invalid::new(
+                "file_content",
+                "is not allowed with file_operation delete",
+            ));
+        }
+        (FileOperation::Write | FileOperation::Append, None) => {
+            return Err(Invalid::new(
+                "file_content",
+                "is required for write and append",
+            ));
+        }
+        _ => {}
+    }
+    Ok(Execution::File {
+        path: path.to_string(),
+        content,
+        operation,
+    })
+}
+
+/// Refuses fields that belong to another execution kind, so a typo cannot be ignored.
+fn only_for(kind: &str, draft: &TaskDraft) -> Result<(), Invalid> {
+    let fields: [(&'static str, bool, &str); 5] = [
+        ("shell_command", draft.shell_command.is_some(), "shell"),
+        ("git_command", draft.git_command.is_some(), "git"),
+        ("file_path", draft.file_path.is_some(), "file"),
+        ("file_content", draft.file_content.is_some(), "file"),
+        ("file_operation", draft.file_operation.is_some(), "file"),
+    ];
+    match fields
+        .into_iter()
+        .find(|(_, set, owner)| *set && *owner != kind)
+    {
+        Some((field, _, owner)) => Err(Invalid::new(
+            field,
+            format!("is only for execution_kind {owner}, not {kind}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn parse_workspace(draft: &TaskDraft) -> Result<WorkspaceMode, Invalid> {
+    match draft.workspace_mode.as_deref().unwrap_or("ephemeral") {
+        "ephemeral" => match draft.working_directory {
+            Some(_) => Err(Invalid::new(
+                "working_directory",
+                "is only for workspace_mode in_place; ephemeral runs get a fresh directory",
+            )),
+            None => Ok(WorkspaceMode::Ephemeral),
+        },
+        "in_place" => {
+            let directory = required("working_directory", draft.working_directory.as_deref())?;
+            let path = Path::new(directory);
+            if !path.is_absolute() {
+                return Err(Invalid::new(
+                    "working_directory",
+                    "must be an absolute path",
+                ));
+            }
+            if path.components().any(|c| matches!(c, Component::ParentDir)) {
+                return Err(Invalid::new("working_directory", "must not contain '..'"));
+            }
+            Ok(WorkspaceMode::InPlace {
+                directory: directory.to_string(),
+            })
+        }
+        other => Err(Invalid::new(
+            "workspace_mode",
+            format!("unknown workspace mode '{other}' (expected ephemeral or in_place)"),
+        )),
+    }
+}
+
+fn required<'a>(field: &'static str, value: Option<&'a str>) -> Result<&'a str, Invalid> {
+    match value {
+        Some(v) if !v.trim().is_empty() => Ok(v),
+        Some(_) => Err(Invalid::new(field, "must not be empty")),
+        None => Err(Invalid::new(field, "is required")),
+    }
+}
+
+fn check_len(field: &'static str, value: Option<&str>, max: usize) -> Result<(), Invalid> {
+    match value {
+        Some(v) if v.len() > max => Err(Invalid::new(field, format!("is longer than {max} bytes"))),
+        _ => Ok(()),
+    }
+}
+
+/// A task's status: `not_started` until its first run, then its latest run's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskStatus {
+    NotStarted,
+    Run(RunStatus),
+}
+
+impl TaskStatus {
+    pub fn parse(value: &str) -> Option<TaskStatus> {
+        match value {
+            "not_started" => Some(TaskStatus::NotStarted),
+            other => RunStatus::parse(other).map(TaskStatus::Run),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::NotStarted => "not_started",
+            TaskStatus::Run(status) => status.as_str(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn draft(kind: &str) -> TaskDraft {
+        TaskDraft {
+            execution_kind: Some(kind.into()),
+            ..TaskDraft::default()
+        }
+    }
+
+    #[test]
+    fn shell_task_defaults_to_an_ephemeral_workspace() {
+        let task = NewTask::parse(TaskDraft {
+            shell_command: Some("true".into()),
+            ..draft("shell")
+        });
+        let task = task.unwrap();
+        assert_eq!(task.workspace, WorkspaceMode::Ephemeral);
+        assert_eq!(task.priority, 0);
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        let cases = [
+            (TaskDraft::default(), "execution_kind"),
+            (draft("agent_loop"), "execution_kind"),
+            (draft("shell"), "shell_command"),
+            (
+                TaskDraft {
+                    shell_command: Some(" ".into()),
+                    ..draft("shell")
+                },
+                "shell_command",
+            ),
+            (
+                TaskDraft {
+                    git_command: Some("x".into()),
+                    ..draft("shell")
+                },
+                "git_command",
+            ),
+            (
+                TaskDraft {
+                    git_command: Some("log 'x".into()),
+                    ..draft("git")
+                },
+                "git_command",
+            ),
+            (
+                TaskDraft {
+                    file_path: Some("../x".into()),
+                    file_operation: Some("write".into()),
+                    ..draft("file")
+                },
+                "file_path",
+            ),
+            (
+                TaskDraft {
+                    file_path: Some("x".into()),
+                    file_operation: Some("write".into()),
+                    ..draft("file")
+                },
+                "file_content",
+            ),
+            (
+                TaskDraft {
+                    shell_command: Some("true".into()),
+                    workspace_mode: Some("in_place".into()),
+                    working_directory: Some("relative/dir".into()),
+                    ..draft("shell")
+                },
+                "working_directory",
+            ),
+            (
+                TaskDraft {
+                    shell_command: Some("true".into()),
+                    timeout_ms: Some(0),
+                    ..draft("shell")
+                },
+                "timeout_ms",
+            ),
+        ];
+        for (draft, field) in cases {
+            let error = NewTask::parse(draft.clone()).unwrap_err();
+            assert_eq!(error.field, field, "{draft:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn task_status_names() {
+        assert_eq!(
+            TaskStatus::parse("not_started"),
+            Some(TaskStatus::NotStarted)
+        );
+        assert_eq!(
+            TaskStatus::parse("running"),
+            Some(TaskStatus::Run(RunStatus::Running))
+        );
+        assert_eq!(TaskStatus::parse("bogus"), None);
+    }
+}

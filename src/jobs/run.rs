@@ -1,0 +1,396 @@
+//! The `run` job: drives one run through an executor. Every write it makes on the run's
+//! behalf happens in a transaction fenced by the job's lease, so a worker that lost its
+//! lease (paused, partitioned, presumed dead) cannot change the run afterwards.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use keel_workers::{
+    ArtifactHandle, ContextError, Execution, FileOperation, Outcome, OutputStream, RunContext,
+    RunSpec, StepHandle, StepResult,
+};
+use sqlx::{PgConnection, PgPool};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::domain::{EventType, RunStatus};
+use crate::queue::worker::{Job, JobHandler};
+use crate::queue::{self, Lease};
+use crate::store::events::{self, NewEvent};
+use crate::store::runs::{self, Change, RunRecord};
+use crate::store::tasks::{self, TaskRecord};
+use crate::store::{StoreError, artifacts, steps};
+
+pub struct RunJobs {
+    pub pool: PgPool,
+    /// Ephemeral workspaces live under `<data_dir>/workspaces/<run_id>`.
+    pub data_dir: PathBuf,
+    pub artifact_max_bytes: i64,
+}
+
+impl JobHandler for RunJobs {
+    fn kind(&self) -> &'static str {
+        queue::RUN_KIND
+    }
+
+    fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()> {
+        let span = tracing::info_span!("run_job", run_id = %job.lease.ref_id, attempt = job.lease.attempts);
+        async move {
+            let run_id = job.lease.ref_id.clone();
+            if let Err(error) = self.execute(job).await {
+                match error {
+                    StoreError::LeaseLost => tracing::info!(%run_id, "lease lost; the run is left to its new owner"),
+                    error => tracing::error!(%run_id, %error, "run job failed; its lease will expire and it will be retried"),
+                }
+            }
+        }
+        .instrument(span)
+        .boxed()
+    }
+}
+
+impl RunJobs {
+    async fn execute(&self, job: Job) -> Result<(), StoreError> {
+        let lease = &job.lease;
+        let Some((task, run)) = self.begin(lease).await? else {
+            return Ok(());
+        };
+        let spec = match self.spec(&task, &run).await {
+            Ok(spec) => spec,
+            Err(error) => {
+                let outcome = Outcome::Failed {
+                    exit_code: None,
+                    error,
+                };
+                return self.finish(lease, &run, outcome).await;
+            }
+        };
+        let ctx = FencedContext {
+            pool: self.pool.clone(),
+            lease: lease.clone(),
+            task_id: task.id.clone(),
+            run_id: run.id.clone(),
+            interrupt: job.interrupt.clone(),
+            artifact_max_bytes: self.artifact_max_bytes,
+        };
+        match keel_workers::execute(&spec, &ctx).await {
+            Outcome::Interrupted if job.is_released() => self.hand_back(lease, &run).await,
+            Outcome::Interrupted => Ok(()),
+            Outcome::Retry { error } => self.nack(lease, &run, &error).await,
+            outcome => self.finish(lease, &run, outcome).await,
+        }
+    }
+
+    /// Marks the run running for this attempt. A run already `running` was held by a worker
+    /// that lost its lease: its open work is closed and the gap recorded first. Returns None
+    /// when there is nothing to run (the run already ended, or it used up its attempts).
+    async fn begin(&self, lease: &Lease) -> Result<Option<(TaskRecord, RunRecord)>, StoreError> {
+        let mut tx = queue::begin_fenced(&self.pool, lease).await?;
+        let run = runs::get_by_id(&mut tx, &lease.ref_id).await?;
+        if run.status().is_terminal() {
+            queue::complete(&mut tx, lease).await?;
+            tx.commit().await?;
+            return Ok(None);
+        }
+        if run.status() == RunStatus::Running {
+            disconnect(&mut tx, &run, "worker_lease_expired").await?;
+        }
+        if lease.attempts > lease.max_attempts {
+            let error = format!("gave up after {} attempts", lease.max_attempts);
+            fail_and_ack(&mut tx, lease, &run, &error).await?;
+            tx.commit().await?;
+            return Ok(None);
+        }
+        let change = Change {
+            worker_id: Some(&lease.owner),
+            ..Change::default()
+        };
+        let run = runs::transition(&mut tx, &run.id, RunStatus::Running, change).await?;
+        let task = tasks::get(&mut tx, &run.task_id).await?;
+        let data = serde_json::json!({ "attempt": run.attempt, "worker_id": lease.owner });
+        events::append(
+            &mut tx,
+            &[NewEvent::new(&run.task_id, &run.id, EventType::RunStarted).with(data)],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Some((task, run)))
+    }
+
+    async fn spec(&self, task: &TaskRecord, run: &RunRecord) -> Result<RunSpec, String> {
+        let workspace = match &task.working_directory {
+            Some(directory) if task.workspace_mode == "in_place" => {
+                let path = PathBuf::from(directory);
+                if !tokio::fs::metadata(&path).await.is_ok_and(|m| m.is_dir()) {
+                    return Err(format!("working_directory {directory} is not a directory"));
+                }
+                path
+            }
+            _ => {
+                let path = self.data_dir.join("workspaces").join(&run.id);
+                tokio::fs::create_dir_all(&path).await.map_err(|e| {
+                    format!("could not create the workspace {}: {e}", path.display())
+                })?;
+                path
+            }
+        };
+        Ok(RunSpec {
+            execution: execution_of(task)?,
+            workspace,
+            timeout: task.timeout_ms.map(|ms| Duration::from_millis(ms as u64)),
+        })
+    }
+
+    async fn finish(
+        &self,
+        lease: &Lease,
+        run: &RunRecord,
+        outcome: Outcome,
+    ) -> Result<(), StoreError> {
+        let mut tx = queue::begin_fenced(&self.pool, lease).await?;
+        match outcome {
+            Outcome::Completed { exit_code } => {
+                let change = Change {
+                    exit_code,
+                    ..Change::default()
+                };
+                runs::transition(&mut tx, &run.id, RunStatus::Completed, change).await?;
+                let data = serde_json::json!({ "exit_code": exit_code });
+                let event = NewEvent::new(&run.task_id, &run.id, EventType::RunFinished).with(data);
+                events::append(&mut tx, &[event]).await?;
+                queue::complete(&mut tx, lease).await?;
+            }
+            Outcome::Failed { exit_code, error } => {
+                let change = Change {
+                    exit_code,
+                    last_error: Some(&error),
+                    ..Change::default()
+                };
+                runs::transition(&mut tx, &run.id, RunStatus::Failed, change).await?;
+                let data = serde_json::json!({ "exit_code": exit_code, "error": error });
+                let event = NewEvent::new(&run.task_id, &run.id, EventType::RunFailed).with(data);
+                events::append(&mut tx, &[event]).await?;
+                queue::complete(&mut tx, lease).await?;
+            }
+            Outcome::Interrupted | Outcome::Retry { .. } => unreachable!("not a final outcome"),
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The runtime failed under the attempt: retry with backoff, or give up at the limit.
+    async fn nack(&self, lease: &Lease, run: &RunRecord, error: &str) -> Result<(), StoreError> {
+        let mut tx = queue::begin_fenced(&self.pool, lease).await?;
+        if lease.attempts >= lease.max_attempts {
+            let error = format!("gave up after {} attempts: {error}", lease.attempts);
+            fail_and_ack(&mut tx, lease, run, &error).await?;
+        } else {
+            runs::transition(&mut tx, &run.id, RunStatus::Queued, Change::default()).await?;
+            runs::close_open_work(&mut tx, &run.id, "failed", error).await?;
+            let data = serde_json::json!({ "reason": "retry", "error": error });
+            let event = NewEvent::new(&run.task_id, &run.id, EventType::RunQueued).with(data);
+            queue::retry(&mut tx, lease, error, queue::backoff(lease.attempts), true).await?;
+            events::append(&mut tx, &[event]).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Gives a job back at shutdown so another worker takes it at once, without penalty.
+    async fn hand_back(&self, lease: &Lease, run: &RunRecord) -> Result<(), StoreError> {
+        let mut tx = queue::begin_fenced(&self.pool, lease).await?;
+        let run = runs::get_by_id(&mut tx, &run.id).await?;
+        queue::retry(&mut tx, lease, "worker shut down", Duration::ZERO, false).await?;
+        disconnect(&mut tx, &run, "worker_shutdown").await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// Requeues a run whose worker is gone: closes what the attempt left open, records the
+/// gap, and puts the run back to `queued`. Events are appended last (see store::events).
+pub async fn disconnect(
+    conn: &mut PgConnection,
+    run: &RunRecord,
+    reason: &str,
+) -> Result<(), StoreError> {
+    runs::close_open_work(conn, &run.id, "failed", "worker disconnected").await?;
+    runs::transition(conn, &run.id, RunStatus::Queued, Change::default()).await?;
+    let gap = serde_json::json!({
+        "reason": reason,
+        "previous_worker_id": run.worker_id,
+        "attempt": run.attempt,
+    });
+    events::append(
+        conn,
+        &[
+            NewEvent::new(&run.task_id, &run.id, EventType::GapRunDisconnected).with(gap),
+            NewEvent::new(&run.task_id, &run.id, EventType::RunQueued)
+                .with(serde_json::json!({ "reason": reason })),
+        ],
+    )
+    .await
+}
+
+async fn fail_and_ack(
+    conn: &mut PgConnection,
+    lease: &Lease,
+    run: &RunRecord,
+    error: &str,
+) -> Result<(), StoreError> {
+    let change = Change {
+        last_error: Some(error),
+        ..Change::default()
+    };
+    runs::transition(conn, &run.id, RunStatus::Failed, change).await?;
+    queue::complete(conn, lease).await?;
+    let data = serde_json::json!({ "error": error });
+    events::append(
+        conn,
+        &[NewEvent::new(&run.task_id, &run.id, EventType::RunFailed).with(data)],
+    )
+    .await
+}
+
+fn execution_of(task: &TaskRecord) -> Result<Execution, String> {
+    let missing = || {
+        format!(
+            "task {} is missing its {} fields",
+            task.id, task.execution_kind
+        )
+    };
+    match task.execution_kind.as_str() {
+        "shell" => Ok(Execution::Shell {
+            command: task.shell_command.clone().ok_or_else(missing)?,
+        }),
+        "git" => Ok(Execution::Git {
+            command: task.git_command.clone().ok_or_else(missing)?,
+        }),
+        "file" => {
+            let operation = match task.file_operation.as_deref() {
+                Some("write") => FileOperation::Write,
+                Some("append") => FileOperation::Append,
+                Some("delete") => FileOperation::Delete,
+                _ => return Err(missing()),
+            };
+            let path = task.file_path.clone().ok_or_else(missing)?;
+            Ok(Execution::File {
+                path,
+                content: task.file_content.clone(),
+                operation,
+            })
+        }
+        other => Err(format!("unknown execution kind {other}")),
+    }
+}
+
+/// The runtime side of [`RunContext`]: each call is one fenced transaction.
+struct FencedContext {
+    pool: PgPool,
+    lease: Lease,
+    task_id: String,
+    run_id: String,
+    interrupt: CancellationToken,
+    artifact_max_bytes: i64,
+}
+
+impl FencedContext {
+    async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, ContextError> {
+        if self.interrupt.is_cancelled() {
+            return Err(ContextError::Interrupted);
+        }
+        queue::begin_fenced(&self.pool, &self.lease)
+            .await
+            .map_err(|e| self.context_error(e))
+    }
+
+    fn context_error(&self, error: StoreError) -> ContextError {
+        match error {
+            StoreError::LeaseLost => {
+                self.interrupt.cancel();
+                ContextError::Interrupted
+            }
+            other => ContextError::Runtime(other.to_string()),
+        }
+    }
+
+    async fn commit(
+        &self,
+        tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    ) -> Result<(), ContextError> {
+        tx.commit().await.map_err(|e| self.context_error(e.into()))
+    }
+}
+
+impl RunContext for FencedContext {
+    fn cancellation(&self) -> &CancellationToken {
+        &self.interrupt
+    }
+
+    async fn start_step(
+        &self,
+        name: &str,
+        input: serde_json::Value,
+    ) -> Result<StepHandle, ContextError> {
+        let mut tx = self.begin().await?;
+        let step = steps::start(&mut tx, &self.task_id, &self.run_id, name, &input)
+            .await
+            .map_err(|e| self.context_error(e))?;
+        self.commit(tx).await?;
+        Ok(StepHandle(step.id))
+    }
+
+    async fn finish_step(&self, step: &StepHandle, result: StepResult) -> Result<(), ContextError> {
+        let mut tx = self.begin().await?;
+        let finished = match &result {
+            StepResult::Completed { output } => {
+                steps::finish(&mut tx, &step.0, Some(output), None).await
+            }
+            StepResult::Failed { error } => {
+                steps::finish(&mut tx, &step.0, None, Some(error)).await
+            }
+        };
+        finished.map_err(|e| self.context_error(e))?;
+        self.commit(tx).await
+    }
+
+    async fn open_output(&self, stream: OutputStream) -> Result<ArtifactHandle, ContextError> {
+        let mut tx = self.begin().await?;
+        let name = stream.name();
+        let artifact = artifacts::open(
+            &mut tx,
+            &self.task_id,
+            &self.run_id,
+            name,
+            name,
+            "text/plain",
+        )
+        .await
+        .map_err(|e| self.context_error(e))?;
+        self.commit(tx).await?;
+        Ok(ArtifactHandle(artifact.id))
+    }
+
+    async fn append_output(
+        &self,
+        artifact: &ArtifactHandle,
+        bytes: &[u8],
+    ) -> Result<(), ContextError> {
+        let mut tx = self.begin().await?;
+        artifacts::append(&mut tx, &artifact.0, bytes, self.artifact_max_bytes)
+            .await
+            .map_err(|e| self.context_error(e))?;
+        self.commit(tx).await
+    }
+
+    async fn close_output(&self, artifact: &ArtifactHandle) -> Result<(), ContextError> {
+        let mut tx = self.begin().await?;
+        artifacts::close(&mut tx, &artifact.0)
+            .await
+            .map_err(|e| self.context_error(e))?;
+        self.commit(tx).await
+    }
+}

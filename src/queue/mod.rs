@@ -1,0 +1,246 @@
+//! The job queue: one table for every job kind, leased to workers with fencing tokens.
+//!
+//! Protocol (docs/queue.md): enqueue inside the domain transaction; claim with
+//! `FOR UPDATE SKIP LOCKED`, taking due rows and rows whose lease expired, bumping the
+//! fencing token; heartbeat on its own connection; every worker write re-checks the token
+//! and owner ([`fence`]); ack deletes the row in the same transaction as the domain change.
+
+pub mod worker;
+
+use std::time::Duration;
+
+use sqlx::{PgConnection, PgPool};
+
+use crate::store::{Result, StoreError};
+
+pub const RUN_KIND: &str = "run";
+/// NOTIFY channel: a job was enqueued (payload: its kind).
+pub const JOBS_CHANNEL: &str = "keel_jobs";
+/// NOTIFY channel: a leased job was withdrawn (payload: `kind:ref_id`).
+pub const CANCEL_CHANNEL: &str = "keel_cancel";
+
+/// A claimed job: proof of a lease, valid while `fencing_token` matches the row.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Lease {
+    pub job_id: i64,
+    pub kind: String,
+    pub ref_id: String,
+    pub owner: String,
+    pub fencing_token: i64,
+    pub attempts: i32,
+    pub max_attempts: i32,
+    pub traceparent: Option<String>,
+}
+
+/// Enqueues a job; idempotent: at most one live row per (kind, ref_id).
+pub async fn enqueue(
+    conn: &mut PgConnection,
+    kind: &str,
+    ref_id: &str,
+    priority: i32,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO queue_jobs (kind, ref_id, priority) VALUES ($1, $2, $3)
+         ON CONFLICT (kind, ref_id) DO NOTHING",
+    )
+    .bind(kind)
+    .bind(ref_id)
+    .bind(priority)
+    .execute(&mut *conn)
+    .await?;
+    notify(conn, JOBS_CHANNEL, kind).await
+}
+
+/// Withdraws a job (its domain row was cancelled); a worker holding it is told at once.
+pub async fn remove(conn: &mut PgConnection, kind: &str, ref_id: &str) -> Result<()> {
+    let owner: Option<Option<String>> = sqlx::query_scalar(
+        "DELETE FROM queue_jobs WHERE kind = $1 AND ref_id = $2 RETURNING lease_owner",
+    )
+    .bind(kind)
+    .bind(ref_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(Some(_)) = owner {
+        notify(conn, CANCEL_CHANNEL, &format!("{kind}:{ref_id}")).await?;
+    }
+    Ok(())
+}
+
+async fn notify(conn: &mut PgConnection, channel: &str, payload: &str) -> Result<()> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(channel)
+        .bind(payload)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Claims up to `limit` jobs of the given kinds: due pending jobs by priority, and jobs
+/// whose lease expired (their worker died or hung).
+pub async fn claim(
+    pool: &PgPool,
+    owner: &str,
+    kinds: &[String],
+    limit: i64,
+    lease: Duration,
+) -> Result<Vec<Lease>> {
+    let leases = sqlx::query_as(
+        "WITH expired AS (
+             SELECT id FROM queue_jobs
+             WHERE lease_owner IS NOT NULL AND lease_expires_at < now() AND kind = ANY($1)
+             ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED
+         ), due AS (
+             SELECT id FROM queue_jobs
+             WHERE lease_owner IS NULL AND run_after <= now() AND kind = ANY($1)
+             ORDER BY priority DESC, run_after, id LIMIT $2 FOR UPDATE SKIP LOCKED
+         ), picked AS (
+             SELECT id FROM expired UNION ALL SELECT id FROM due LIMIT $2
+         )
+         UPDATE queue_jobs q
+         SET lease_owner = $3, lease_expires_at = now() + $4 * interval '1 millisecond',
+             claimed_at = now(), fencing_token = fencing_token + 1, attempts = attempts + 1,
+             heartbeats = 0
+         FROM picked WHERE q.id = picked.id
+         RETURNING q.id AS job_id, q.kind, q.ref_id, q.lease_owner AS owner, q.fencing_token,
+                   q.attempts, q.max_attempts, q.traceparent",
+    )
+    .bind(kinds)
+    .bind(limit)
+    .bind(owner)
+    .bind(millis(lease))
+    .fetch_all(pool)
+    .await?;
+    Ok(leases)
+}
+
+/// Extends the leases still held; returns the ids of those that were (the others are lost).
+pub async fn heartbeat(
+    pool: &PgPool,
+    owner: &str,
+    held: &[(i64, i64)],
+    lease: Duration,
+) -> Result<Vec<i64>> {
+    let (ids, tokens): (Vec<i64>, Vec<i64>) = held.iter().copied().unzip();
+    let renewed = sqlx::query_scalar(
+        "UPDATE queue_jobs q
+         SET lease_expires_at = now() + $4 * interval '1 millisecond', heartbeats = heartbeats + 1
+         FROM unnest($1::bigint[], $2::bigint[]) AS h(id, token)
+         WHERE q.id = h.id AND q.fencing_token = h.token AND q.lease_owner = $3
+         RETURNING q.id",
+    )
+    .bind(ids)
+    .bind(tokens)
+    .bind(owner)
+    .bind(millis(lease))
+    .fetch_all(pool)
+    .await?;
+    Ok(renewed)
+}
+
+/// Checks, inside a worker's transaction, that it still holds the lease, and locks the
+/// job row so no claim or cancellation can interleave until the transaction ends.
+pub async fn fence(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
+    sqlx::query_scalar::<_, i64>(
+        "SELECT id FROM queue_jobs WHERE id = $1 AND fencing_token = $2 AND lease_owner = $3
+         FOR UPDATE",
+    )
+    .bind(lease.job_id)
+    .bind(lease.fencing_token)
+    .bind(&lease.owner)
+    .fetch_optional(conn)
+    .await?
+    .map(|_| ())
+    .ok_or(StoreError::LeaseLost)
+}
+
+/// Acks a job: its row goes, in the caller's transaction with the domain change.
+pub async fn complete(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
+    let deleted = sqlx::query(
+        "DELETE FROM queue_jobs WHERE id = $1 AND fencing_token = $2 AND lease_owner = $3",
+    )
+    .bind(lease.job_id)
+    .bind(lease.fencing_token)
+    .bind(&lease.owner)
+    .execute(conn)
+    .await?;
+    if deleted.rows_affected() == 0 {
+        return Err(StoreError::LeaseLost);
+    }
+    Ok(())
+}
+
+/// Nacks a job: it becomes claimable again after `delay`, with the error recorded.
+/// `penalty` false gives the attempt back (a graceful shutdown is not the job's fault).
+pub async fn retry(
+    conn: &mut PgConnection,
+    lease: &Lease,
+    error: &str,
+    delay: Duration,
+    penalty: bool,
+) -> Result<()> {
+    let updated = sqlx::query(
+        "UPDATE queue_jobs
+         SET lease_owner = NULL, lease_expires_at = NULL, last_error = $4,
+             run_after = now() + $5 * interval '1 millisecond',
+             attempts = attempts - CASE WHEN $6 THEN 0 ELSE 1 END
+         WHERE id = $1 AND fencing_token = $2 AND lease_owner = $3",
+    )
+    .bind(lease.job_id)
+    .bind(lease.fencing_token)
+    .bind(&lease.owner)
+    .bind(error)
+    .bind(millis(delay))
+    .bind(penalty)
+    .execute(&mut *conn)
+    .await?;
+    if updated.rows_affected() == 0 {
+        return Err(StoreError::LeaseLost);
+    }
+    notify(conn, JOBS_CHANNEL, &lease.kind).await
+}
+
+/// Exponential backoff for the n-th failed attempt: 1 s, 2 s, 4 s … capped at 5 minutes.
+pub fn backoff(attempts: i32) -> Duration {
+    let exponent = attempts.clamp(1, 20) as u32 - 1;
+    Duration::from_secs(2u64.saturating_pow(exponent).min(300))
+}
+
+/// Expired leases, for the reconciler: it hands each to its kind's requeue.
+pub async fn expired(conn: &mut PgConnection, limit: i64) -> Result<Vec<Lease>> {
+    let leases = sqlx::query_as(
+        "SELECT id AS job_id, kind, ref_id, lease_owner AS owner, fencing_token, attempts,
+                max_attempts, traceparent
+         FROM queue_jobs WHERE lease_owner IS NOT NULL AND lease_expires_at < now()
+         ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(leases)
+}
+
+/// Starts a worker transaction that holds the job's lease for its whole length.
+pub async fn begin_fenced(
+    pool: &PgPool,
+    lease: &Lease,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    let mut tx = pool.begin().await?;
+    fence(&mut tx, lease).await?;
+    Ok(tx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        assert_eq!(backoff(1), Duration::from_secs(1));
+        assert_eq!(backoff(3), Duration::from_secs(4));
+        assert_eq!(backoff(50), Duration::from_secs(300));
+    }
+}

@@ -1,0 +1,102 @@
+//! Maintenance duties that run inside every worker (and `serve`), safe on many replicas at
+//! once: each claims its rows with `FOR UPDATE SKIP LOCKED` or relies on a unique key.
+//!
+//! - boot recovery: every `queued`/`running` run has a queue row (re-enqueue if not);
+//! - reconciler: jobs whose lease expired are requeued, their runs marked with a
+//!   `gap.run_disconnected` event, so a run never sits `running` with no live worker;
+//! - the worker registry forgets workers that stopped heartbeating.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::jobs;
+use crate::queue;
+use crate::store::{self, Result, runs};
+
+const RECOVERY_PAGE: i64 = 500;
+
+/// Re-enqueues durable `queued`/`running` runs that have no queue row, in id-cursor pages.
+/// The page size bounds each read, not the recovery: it pages until the end.
+pub async fn recover(pool: &PgPool) -> Result<u64> {
+    let mut cursor = String::new();
+    let mut enqueued = 0;
+    loop {
+        let page: Vec<(String, i32)> = sqlx::query_as(
+            "SELECT r.id, t.priority FROM runs r JOIN tasks t ON t.id = r.task_id
+             WHERE r.status IN ('queued', 'running') AND r.id > $1
+             ORDER BY r.id LIMIT $2",
+        )
+        .bind(&cursor)
+        .bind(RECOVERY_PAGE)
+        .fetch_all(pool)
+        .await?;
+        let Some((last, _)) = page.last() else { break };
+        cursor = last.clone();
+        let mut tx = pool.begin().await?;
+        for (run_id, priority) in &page {
+            let inserted: u64 = sqlx::query(
+                "INSERT INTO queue_jobs (kind, ref_id, priority) VALUES ($1, $2, $3)
+                 ON CONFLICT (kind, ref_id) DO NOTHING",
+            )
+            .bind(queue::RUN_KIND)
+            .bind(run_id)
+            .bind(priority)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            enqueued += inserted;
+        }
+        tx.commit().await?;
+    }
+    if enqueued > 0 {
+        tracing::warn!(
+            enqueued,
+            "boot recovery re-enqueued runs that had no queue row"
+        );
+    }
+    Ok(enqueued)
+}
+
+/// Requeues jobs whose lease expired; returns how many.
+pub async fn reconcile(pool: &PgPool) -> Result<usize> {
+    let mut tx = pool.begin().await?;
+    let expired = queue::expired(&mut tx, 100).await?;
+    for lease in &expired {
+        queue::retry(&mut tx, lease, "worker lease expired", Duration::ZERO, true).await?;
+        if lease.kind == queue::RUN_KIND {
+            let run = runs::get_by_id(&mut tx, &lease.ref_id).await?;
+            if run.status() == crate::domain::RunStatus::Running {
+                jobs::run::disconnect(&mut tx, &run, "worker_lease_expired").await?;
+            }
+        }
+    }
+    tx.commit().await?;
+    if !expired.is_empty() {
+        tracing::warn!(
+            jobs = expired.len(),
+            "requeued jobs whose worker lease expired"
+        );
+    }
+    Ok(expired.len())
+}
+
+/// Runs the periodic duties until `stop` fires.
+pub async fn run(pool: PgPool, interval: Duration, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Err(error) = reconcile(&pool).await {
+            tracing::warn!(%error, "reconciler pass failed");
+        }
+        let stale_ms = (interval.as_millis() as i64 * 10).max(60_000);
+        if let Err(error) = store::workers::prune(&pool, stale_ms).await {
+            tracing::warn!(%error, "worker registry pruning failed");
+        }
+    }
+}

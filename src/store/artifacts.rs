@@ -1,0 +1,172 @@
+//! Artifacts: metadata rows plus the Postgres content store, which keeps bytes in
+//! append-only chunks so a log grows while the run writes it and every API replica can
+//! read it. The content functions (`append`, `read_content`) are the seam an object-store
+//! backend replaces; metadata stays in Postgres either way.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+
+use super::events::{self, NewEvent};
+use super::{Result, StoreError};
+use crate::domain::{EventType, new_id};
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct ArtifactRecord {
+    pub id: String,
+    pub run_id: String,
+    pub task_id: String,
+    pub name: String,
+    pub kind: String,
+    pub content_type: String,
+    pub size_bytes: i64,
+    pub truncated: bool,
+    pub status: String,
+    pub storage: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+const ARTIFACT_COLUMNS: &str =
+    "id, run_id, task_id, name, kind, content_type, size_bytes, truncated,
+    status, storage, created_at, updated_at";
+
+/// Opens an artifact for writing. An attempt that takes over from a lost one reopens the
+/// same artifact (same run, same name) and appends after what was already written.
+pub async fn open(
+    conn: &mut PgConnection,
+    task_id: &str,
+    run_id: &str,
+    name: &str,
+    kind: &str,
+    content_type: &str,
+) -> Result<ArtifactRecord> {
+    let (artifact, created): (ArtifactRecord, bool) = {
+        let row: Option<ArtifactRecord> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO artifacts (id, run_id, task_id, name, kind, content_type, status)
+             VALUES ($1, $2, $3, $4, $5, $6, 'writing')
+             ON CONFLICT (run_id, name) DO NOTHING RETURNING {ARTIFACT_COLUMNS}"
+        )))
+        .bind(new_id("art"))
+        .bind(run_id)
+        .bind(task_id)
+        .bind(name)
+        .bind(kind)
+        .bind(content_type)
+        .fetch_optional(&mut *conn)
+        .await?;
+        match row {
+            Some(row) => (row, true),
+            None => {
+                let row = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "UPDATE artifacts SET status = 'writing', updated_at = now()
+                     WHERE run_id = $1 AND name = $2 RETURNING {ARTIFACT_COLUMNS}"
+                )))
+                .bind(run_id)
+                .bind(name)
+                .fetch_one(&mut *conn)
+                .await?;
+                (row, false)
+            }
+        }
+    };
+    if created {
+        let data = serde_json::json!({ "artifact_id": artifact.id, "name": name, "kind": kind });
+        events::append(
+            conn,
+            &[NewEvent::new(task_id, run_id, EventType::ArtifactCreated).with(data)],
+        )
+        .await?;
+    }
+    Ok(artifact)
+}
+
+/// Appends bytes, keeping the artifact within `max_bytes`; what does not fit is dropped and
+/// the artifact is marked truncated.
+pub async fn append(
+    conn: &mut PgConnection,
+    artifact_id: &str,
+    bytes: &[u8],
+    max_bytes: i64,
+) -> Result<()> {
+    let size: i64 = sqlx::query_scalar("SELECT size_bytes FROM artifacts WHERE id = $1 FOR UPDATE")
+        .bind(artifact_id)
+        .fetch_optional(&mut *conn)
+        .await?
+        .ok_or(StoreError::NotFound("artifact"))?;
+    let room = usize::try_from((max_bytes - size).max(0)).unwrap_or(usize::MAX);
+    let kept = &bytes[..bytes.len().min(room)];
+    if !kept.is_empty() {
+        sqlx::query(
+            "INSERT INTO artifact_chunks (artifact_id, offset_bytes, data) VALUES ($1, $2, $3)",
+        )
+        .bind(artifact_id)
+        .bind(size)
+        .bind(kept)
+        .execute(&mut *conn)
+        .await?;
+    }
+    sqlx::query(
+        "UPDATE artifacts SET size_bytes = size_bytes + $2, truncated = truncated OR $3,
+                              updated_at = now()
+         WHERE id = $1",
+    )
+    .bind(artifact_id)
+    .bind(kept.len() as i64)
+    .bind(kept.len() < bytes.len())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+pub async fn close(conn: &mut PgConnection, artifact_id: &str) -> Result<()> {
+    sqlx::query("UPDATE artifacts SET status = 'complete', updated_at = now() WHERE id = $1")
+        .bind(artifact_id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+pub async fn get(
+    conn: &mut PgConnection,
+    run_id: &str,
+    artifact_id: &str,
+) -> Result<ArtifactRecord> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {ARTIFACT_COLUMNS} FROM artifacts WHERE run_id = $1 AND id = $2"
+    )))
+    .bind(run_id)
+    .bind(artifact_id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("artifact"))
+}
+
+pub async fn list(
+    conn: &mut PgConnection,
+    run_id: &str,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ArtifactRecord>> {
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {ARTIFACT_COLUMNS} FROM artifacts WHERE run_id = $1 AND ($2::text IS NULL OR id > $2)
+         ORDER BY id LIMIT $3"
+    )))
+    .bind(run_id)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// The bytes written so far, in order.
+pub async fn read_content(conn: &mut PgConnection, artifact_id: &str) -> Result<Vec<u8>> {
+    let chunks: Vec<Vec<u8>> = sqlx::query_scalar(
+        "SELECT data FROM artifact_chunks WHERE artifact_id = $1 ORDER BY offset_bytes",
+    )
+    .bind(artifact_id)
+    .fetch_all(conn)
+    .await?;
+    Ok(chunks.concat())
+}

@@ -1,0 +1,138 @@
+//! The append-only event log: a per-run `sequence` and a global cursor (`id`) for the feed.
+//!
+//! Appending takes a transaction-level advisory lock that is held until commit, so events
+//! commit in the order of their ids: a reader that has seen id N will never later find a
+//! newly committed event below N. Append events last in a transaction, after every row
+//! lock it takes, so the lock is held briefly and lock order stays the same everywhere.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+
+use super::Result;
+use crate::domain::{EventType, new_id};
+
+/// Arbitrary constant naming the event-order lock.
+const EVENT_ORDER_LOCK: i64 = 0x6b65_656c_0001;
+pub const CHANNEL: &str = "keel_events";
+
+pub struct NewEvent<'a> {
+    pub task_id: &'a str,
+    pub run_id: &'a str,
+    pub event_type: EventType,
+    pub data: serde_json::Value,
+}
+
+impl<'a> NewEvent<'a> {
+    pub fn new(task_id: &'a str, run_id: &'a str, event_type: EventType) -> Self {
+        NewEvent {
+            task_id,
+            run_id,
+            event_type,
+            data: serde_json::json!({}),
+        }
+    }
+
+    pub fn with(mut self, data: serde_json::Value) -> Self {
+        self.data = data;
+        self
+    }
+}
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct EventRecord {
+    pub schema_version: i32,
+    pub event_id: String,
+    pub task_id: String,
+    pub run_id: String,
+    pub sequence: i64,
+    pub global_sequence: i64,
+    pub occurred_at: DateTime<Utc>,
+    #[serde(rename = "type")]
+    #[sqlx(rename = "type")]
+    pub event_type: String,
+    pub data: serde_json::Value,
+}
+
+const SELECT_EVENT: &str = "
+    SELECT 1 AS schema_version, event_id, task_id, run_id, sequence, id AS global_sequence,
+           occurred_at, type, data
+    FROM run_events";
+
+pub async fn append(conn: &mut PgConnection, events: &[NewEvent<'_>]) -> Result<()> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(EVENT_ORDER_LOCK)
+        .execute(&mut *conn)
+        .await?;
+    let mut last_id = 0i64;
+    for event in events {
+        last_id = sqlx::query_scalar(
+            "INSERT INTO run_events (event_id, task_id, run_id, sequence, type, data)
+             VALUES ($1, $2, $3,
+                     COALESCE((SELECT max(sequence) FROM run_events WHERE run_id = $3), 0) + 1,
+                     $4, $5)
+             RETURNING id",
+        )
+        .bind(new_id("evt"))
+        .bind(event.task_id)
+        .bind(event.run_id)
+        .bind(event.event_type.as_str())
+        .bind(&event.data)
+        .fetch_one(&mut *conn)
+        .await?;
+    }
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(CHANNEL)
+        .bind(last_id.to_string())
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+pub async fn list_for_run(
+    conn: &mut PgConnection,
+    run_id: &str,
+    after_sequence: i64,
+    limit: i64,
+) -> Result<Vec<EventRecord>> {
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "{SELECT_EVENT} WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3"
+    )))
+    .bind(run_id)
+    .bind(after_sequence)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Filters of the public feed: they AND together; the types within `event_types` OR.
+#[derive(Debug, Clone, Default)]
+pub struct FeedFilter {
+    pub event_types: Option<Vec<String>>,
+    pub task_id: Option<String>,
+}
+
+pub async fn list_feed(
+    conn: &mut PgConnection,
+    filter: &FeedFilter,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<EventRecord>> {
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "{SELECT_EVENT}
+         WHERE id > $1 AND ($2::text[] IS NULL OR type = ANY($2))
+           AND ($3::text IS NULL OR task_id = $3)
+         ORDER BY id LIMIT $4"
+    )))
+    .bind(after)
+    .bind(&filter.event_types)
+    .bind(&filter.task_id)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}

@@ -1,0 +1,71 @@
+//! All SQL lives under this module. Store functions take a connection (or a transaction,
+//! which derefs to one), so one transaction can span a domain write, its events and the
+//! enqueue of its job.
+
+pub mod artifacts;
+pub mod embedded;
+pub mod events;
+pub mod runs;
+pub mod stats;
+pub mod steps;
+pub mod tasks;
+pub mod workers;
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Errors of the store layer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    #[error("{0}")]
+    Conflict(String),
+    /// A fenced write found that this worker no longer holds the job's lease.
+    #[error("the lease on this job was lost")]
+    LeaseLost,
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Opens a pool; every connection says which Keel process it belongs to.
+pub async fn connect(url: &str, max_connections: u32, role: &str) -> Result<PgPool> {
+    let options: PgConnectOptions = url.parse()?;
+    let options = options.application_name(&format!("keel-{role}"));
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await?;
+    Ok(pool)
+}
+
+/// Applies pending migrations. Safe to run from several processes at once: sqlx holds an
+/// advisory lock while it migrates.
+pub async fn migrate(pool: &PgPool) -> Result<()> {
+    MIGRATOR
+        .run(pool)
+        .await
+        .map_err(|e| StoreError::Database(e.into()))
+}
+
+/// Whether the database has every migration this binary knows.
+pub async fn migrations_current(pool: &PgPool) -> Result<bool> {
+    let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    let applied: Option<i64> =
+        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+            .fetch_one(pool)
+            .await?;
+    Ok(applied.unwrap_or(0) >= latest)
+}
+
+/// True when a database error is a violation of the named unique index or constraint.
+pub(crate) fn violates(error: &sqlx::Error, constraint: &str) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.constraint() == Some(constraint))
+}

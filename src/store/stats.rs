@@ -1,0 +1,62 @@
+//! Queue and worker figures for `GET /v1/system/stats`.
+
+use serde::Serialize;
+use sqlx::PgConnection;
+
+use super::Result;
+
+#[derive(Debug, Serialize, sqlx::FromRow)]
+pub struct KindStats {
+    pub kind: String,
+    /// Jobs waiting to be claimed (due now or later).
+    pub depth: i64,
+    /// Jobs due now and not yet claimed.
+    pub ready: i64,
+    pub leased: i64,
+    /// Age of the oldest unclaimed due job, in milliseconds.
+    pub oldest_age_ms: Option<i64>,
+}
+
+#[derive(Debug, Serialize, sqlx::FromRow)]
+pub struct WorkerStats {
+    pub id: String,
+    pub hostname: String,
+    pub pid: i32,
+    pub kinds: Vec<String>,
+    pub concurrency: i32,
+    pub active_leases: i64,
+    pub last_seen_ms_ago: i64,
+}
+
+pub async fn queue(conn: &mut PgConnection) -> Result<Vec<KindStats>> {
+    let rows = sqlx::query_as(
+        "SELECT kind,
+                count(*) FILTER (WHERE lease_owner IS NULL) AS depth,
+                count(*) FILTER (WHERE lease_owner IS NULL AND run_after <= now()) AS ready,
+                count(*) FILTER (WHERE lease_owner IS NOT NULL) AS leased,
+                (extract(epoch FROM now() - min(run_after)
+                    FILTER (WHERE lease_owner IS NULL AND run_after <= now())) * 1000)::bigint
+                    AS oldest_age_ms
+         FROM queue_jobs GROUP BY kind ORDER BY kind",
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Workers whose heartbeat is younger than `live_ms`.
+pub async fn live_workers(conn: &mut PgConnection, live_ms: i64) -> Result<Vec<WorkerStats>> {
+    let rows = sqlx::query_as(
+        "SELECT w.id, w.hostname, w.pid, w.kinds, w.concurrency,
+                (SELECT count(*) FROM queue_jobs q
+                  WHERE q.lease_owner = w.id AND q.lease_expires_at > now()) AS active_leases,
+                (extract(epoch FROM now() - w.last_seen_at) * 1000)::bigint AS last_seen_ms_ago
+         FROM workers w
+         WHERE w.last_seen_at > now() - $1 * interval '1 millisecond'
+         ORDER BY w.id",
+    )
+    .bind(live_ms)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}

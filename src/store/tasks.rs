@@ -1,0 +1,164 @@
+//! Task rows, with the latest-run projection computed at read time.
+
+use chrono::{DateTime, Utc};
+use keel_workers::{Execution, FileOperation};
+use serde::Serialize;
+use sqlx::PgConnection;
+
+use super::{Result, StoreError};
+use crate::domain::task::WorkspaceMode;
+use crate::domain::{NewTask, TaskStatus, new_id};
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct TaskRecord {
+    pub id: String,
+    pub execution_kind: String,
+    pub status: String,
+    pub prompt: Option<String>,
+    pub shell_command: Option<String>,
+    pub git_command: Option<String>,
+    pub file_path: Option<String>,
+    pub file_content: Option<String>,
+    pub file_operation: Option<String>,
+    pub working_directory: Option<String>,
+    pub workspace_mode: String,
+    pub timeout_ms: Option<i64>,
+    pub priority: i32,
+    pub run_count: i32,
+    pub latest_run_id: Option<String>,
+    pub latest_run_step_count: i64,
+    pub latest_run_artifact_count: i64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+const SELECT_TASK: &str = "
+    SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
+           t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
+           t.working_directory, t.workspace_mode, t.timeout_ms, t.priority, t.run_count,
+           t.latest_run_id,
+           (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id) AS latest_run_step_count,
+           (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
+               AS latest_run_artifact_count,
+           t.created_at, t.updated_at
+    FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id";
+
+pub async fn insert(conn: &mut PgConnection, task: &NewTask) -> Result<TaskRecord> {
+    let id = new_id("task");
+    let (kind, shell, git, path, content, operation) = match &task.execution {
+        Execution::Shell { command } => ("shell", Some(command), None, None, None, None),
+        Execution::Git { command } => ("git", None, Some(command), None, None, None),
+        Execution::File {
+            path,
+            content,
+            operation,
+        } => {
+            let operation = match operation {
+                FileOperation::Write => "write",
+                FileOperation::Append => "append",
+                FileOperation::Delete => "delete",
+            };
+            (
+                "file",
+                None,
+                None,
+                Some(path),
+                content.as_ref(),
+                Some(operation),
+            )
+        }
+    };
+    let (mode, directory) = match &task.workspace {
+        WorkspaceMode::Ephemeral => ("ephemeral", None),
+        WorkspaceMode::InPlace { directory } => ("in_place", Some(directory)),
+    };
+    sqlx::query(
+        "INSERT INTO tasks (id, execution_kind, prompt, shell_command, git_command, file_path,
+                            file_content, file_operation, working_directory, workspace_mode,
+                            timeout_ms, priority)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+    )
+    .bind(&id)
+    .bind(kind)
+    .bind(&task.prompt)
+    .bind(shell)
+    .bind(git)
+    .bind(path)
+    .bind(content)
+    .bind(operation)
+    .bind(directory)
+    .bind(mode)
+    .bind(task.timeout_ms)
+    .bind(task.priority)
+    .execute(&mut *conn)
+    .await?;
+    get(conn, &id).await
+}
+
+pub async fn get(conn: &mut PgConnection, id: &str) -> Result<TaskRecord> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "{SELECT_TASK} WHERE t.id = $1"
+    )))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("task"))
+}
+
+/// Newest first; `before` is the id of the last task of the previous page.
+pub async fn list(
+    conn: &mut PgConnection,
+    status: Option<TaskStatus>,
+    before: Option<&str>,
+    limit: i64,
+) -> Result<Vec<TaskRecord>> {
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "{SELECT_TASK}
+         WHERE ($1::text IS NULL OR COALESCE(r.status, 'not_started') = $1)
+           AND ($2::text IS NULL OR t.id < $2)
+         ORDER BY t.id DESC LIMIT $3"
+    )))
+    .bind(status.map(TaskStatus::as_str))
+    .bind(before)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Locks the task row: run admission and deletion both take this lock first, so they
+/// serialize and a race between them has one durable winner.
+pub async fn lock(conn: &mut PgConnection, id: &str) -> Result<()> {
+    sqlx::query_scalar::<_, String>("SELECT id FROM tasks WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .fetch_optional(conn)
+        .await?
+        .map(|_| ())
+        .ok_or(StoreError::NotFound("task"))
+}
+
+/// Deletes a task with its runs, steps, artifacts and events; refuses while a run is active.
+pub async fn delete(conn: &mut PgConnection, id: &str) -> Result<()> {
+    lock(conn, id).await?;
+    let active: Option<String> = sqlx::query_scalar(
+        "SELECT id FROM runs WHERE task_id = $1
+           AND status IN ('queued', 'running', 'awaiting_approval') LIMIT 1",
+    )
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(run_id) = active {
+        return Err(StoreError::Conflict(format!(
+            "task {id} has an active run ({run_id}); cancel it before deleting the task"
+        )));
+    }
+    sqlx::query("DELETE FROM run_events WHERE task_id = $1")
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("DELETE FROM tasks WHERE id = $1")
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}

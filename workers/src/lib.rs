@@ -1,0 +1,98 @@
+//! Keel's executors. They run one attempt of a run (a shell command, a git command, a file
+//! operation) and report what happened through [`RunContext`], the only way they reach the
+//! runtime: no SQL, no queue, no HTTP here. The runtime implements the context with fenced
+//! database writes; the tests implement it in memory.
+#![forbid(unsafe_code)]
+
+mod context;
+mod file;
+mod process;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use context::{ArtifactHandle, ContextError, OutputStream, RunContext, StepHandle, StepResult};
+pub use file::validate_relative_path;
+
+/// What a run executes, validated by the runtime before it reaches an executor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Execution {
+    /// `sh -c <command>` in the workspace.
+    Shell { command: String },
+    /// `git <args…>` in the workspace; the command is split like a POSIX shell would.
+    Git { command: String },
+    /// A file operation on a path relative to the workspace.
+    File {
+        path: String,
+        content: Option<String>,
+        operation: FileOperation,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileOperation {
+    Write,
+    Append,
+    Delete,
+}
+
+/// One attempt's inputs: what to run, where, and for how long at most.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    pub execution: Execution,
+    /// The directory the run works in; it exists when the executor starts.
+    pub workspace: PathBuf,
+    pub timeout: Option<Duration>,
+}
+
+/// How an attempt ended. The runtime turns it into the run's terminal state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Completed {
+        exit_code: Option<i32>,
+    },
+    Failed {
+        exit_code: Option<i32>,
+        error: String,
+    },
+    /// The attempt stopped because the run was cancelled or the lease was lost: the
+    /// runtime must write nothing more for it.
+    Interrupted,
+    /// The runtime failed under the attempt (its store was unreachable): try again later.
+    Retry {
+        error: String,
+    },
+}
+
+/// Runs one attempt to its end.
+pub async fn execute<C: RunContext>(spec: &RunSpec, ctx: &C) -> Outcome {
+    let result = match &spec.execution {
+        Execution::Shell { command } => {
+            let argv = vec!["sh".to_string(), "-c".to_string(), command.clone()];
+            process::run(ctx, "shell", argv, spec).await
+        }
+        Execution::Git { command } => match shlex::split(command) {
+            Some(args) => {
+                let argv = std::iter::once("git".to_string()).chain(args).collect();
+                process::run(ctx, "git", argv, spec).await
+            }
+            None => Ok(Outcome::Failed {
+                exit_code: None,
+                error: "git_command has unbalanced quotes".into(),
+            }),
+        },
+        Execution::File {
+            path,
+            content,
+            operation,
+        } => file::run(ctx, &spec.workspace, path, content.as_deref(), *operation).await,
+    };
+    match result {
+        Ok(outcome) => outcome,
+        Err(ContextError::Interrupted) => Outcome::Interrupted,
+        Err(ContextError::Runtime(error)) => Outcome::Retry { error },
+    }
+}
+
+#[cfg(test)]
+mod tests;
