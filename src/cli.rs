@@ -6,8 +6,6 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use sqlx::PgPool;
-use sqlx::postgres::PgListener;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ApiArgs, Common, WorkerArgs};
@@ -157,50 +155,13 @@ pub async fn serve_api(
     args: &ApiArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let events = follow_events(&pool, shutdown.clone()).await?;
-    let state = api::AppState {
-        pool,
-        events,
-        stream_poll: std::time::Duration::from_millis(args.stream_poll_ms.max(10)),
-        shutdown: shutdown.clone(),
-    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    tracing::info!(address = %listener.local_addr()?, "API listening");
-    axum::serve(listener, api::app(state))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
+    let stream_poll = std::time::Duration::from_millis(args.stream_poll_ms.max(10));
+    api::serve(pool, listener, stream_poll, shutdown)
         .await
         .context("serving HTTP")
-}
-
-/// Feeds the newest notified event id to SSE streams; they re-read the database on change.
-async fn follow_events(
-    pool: &PgPool,
-    shutdown: CancellationToken,
-) -> anyhow::Result<watch::Receiver<i64>> {
-    let mut listener = PgListener::connect_with(pool).await?;
-    listener.listen(store::events::CHANNEL).await?;
-    let (tx, rx) = watch::channel(0i64);
-    tokio::spawn(async move {
-        loop {
-            let notification = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                n = listener.recv() => n,
-            };
-            match notification {
-                Ok(n) => {
-                    let id = n.payload().parse().unwrap_or(i64::MAX);
-                    tx.send_modify(|latest| *latest = (*latest).max(id));
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "event listener error; streams fall back to polling");
-                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                }
-            }
-        }
-    });
-    Ok(rx)
 }
 
 pub async fn run_worker(

@@ -15,7 +15,9 @@ use axum::extract::DefaultBodyLimit;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::PgPool;
+use sqlx::postgres::PgListener;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 pub use error::ApiError;
 
@@ -32,7 +34,59 @@ pub struct AppState {
     /// How often a stream re-reads the database when no notification arrives.
     pub stream_poll: Duration,
     /// Fires at shutdown; open streams end so the server can drain.
-    pub shutdown: tokio_util::sync::CancellationToken,
+    pub shutdown: CancellationToken,
+}
+
+/// Serves the API on `listener` until `shutdown` fires.
+pub async fn serve(
+    pool: PgPool,
+    listener: tokio::net::TcpListener,
+    stream_poll: Duration,
+    shutdown: CancellationToken,
+) -> Result<(), std::io::Error> {
+    let events = follow_events(&pool, shutdown.clone())
+        .await
+        .map_err(std::io::Error::other)?;
+    let state = AppState {
+        pool,
+        events,
+        stream_poll,
+        shutdown: shutdown.clone(),
+    };
+    tracing::info!(address = %listener.local_addr()?, "API listening");
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
+/// Feeds the newest notified event id to SSE streams; they re-read the database on change.
+/// Listening starts before this returns, so no event committed afterwards goes unnoticed.
+async fn follow_events(
+    pool: &PgPool,
+    shutdown: CancellationToken,
+) -> Result<watch::Receiver<i64>, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(crate::store::events::CHANNEL).await?;
+    let (tx, rx) = watch::channel(0i64);
+    tokio::spawn(async move {
+        loop {
+            let notification = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                n = listener.recv() => n,
+            };
+            match notification {
+                Ok(n) => {
+                    let id = n.payload().parse().unwrap_or(i64::MAX);
+                    tx.send_modify(|latest| *latest = (*latest).max(id));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "event listener error; streams fall back to polling");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    });
+    Ok(rx)
 }
 
 pub fn app(state: AppState) -> Router {

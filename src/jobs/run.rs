@@ -141,6 +141,11 @@ impl RunJobs {
             execution: execution_of(task)?,
             workspace,
             timeout: task.timeout_ms.map(|ms| Duration::from_millis(ms as u64)),
+            env: vec![
+                ("KEEL_TASK_ID".into(), task.id.clone()),
+                ("KEEL_RUN_ID".into(), run.id.clone()),
+                ("KEEL_RUN_ATTEMPT".into(), run.attempt.to_string()),
+            ],
         })
     }
 

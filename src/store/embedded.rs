@@ -43,6 +43,8 @@ pub enum Durability {
 }
 
 pub struct EmbeddedPostgres {
+    root: PathBuf,
+    durability: Durability,
     bindir: PathBuf,
     data: PathBuf,
     port: u16,
@@ -59,10 +61,13 @@ impl EmbeddedPostgres {
             .is_root()
             .then(|| "postgres".to_string());
         let data = root.join("pgdata");
+        let port = free_port()?;
         let cluster = EmbeddedPostgres {
+            root: root.clone(),
+            durability,
             bindir,
             data,
-            port: free_port()?,
+            port,
             run_as,
         };
         if let Some(user) = &cluster.run_as {
@@ -79,6 +84,12 @@ impl EmbeddedPostgres {
     /// A connection URL for `database` on this cluster.
     pub fn url(&self, database: &str) -> String {
         format!("postgres://{SUPERUSER}@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// Stops and starts the cluster again on the same port (for restart tests).
+    pub fn restart(&self) -> Result<(), EmbeddedError> {
+        self.stop();
+        self.pg_ctl_start(&self.root, self.durability)
     }
 
     pub fn stop(&self) {
@@ -155,18 +166,22 @@ impl EmbeddedPostgres {
         run(start, "pg_ctl start")
     }
 
-    /// Stops the cluster when this process is gone, even after `kill -9`.
+    /// Stops the cluster when this process is gone, even after `kill -9`; a throwaway
+    /// cluster's directory is removed too.
     fn watch_owner(&self) -> Result<(), EmbeddedError> {
         let pg_ctl = self.bindir.join("pg_ctl");
         let stop = match &self.run_as {
             Some(user) => format!("runuser -u {user} -- '{}'", pg_ctl.display()),
             None => format!("'{}'", pg_ctl.display()),
         };
-        let script = format!(
+        let mut script = format!(
             "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {stop} -D '{data}' stop -m fast",
             pid = std::process::id(),
             data = self.data.display(),
         );
+        if self.durability == Durability::Throwaway {
+            script.push_str(&format!("; rm -rf '{}'", self.root.display()));
+        }
         Command::new("sh")
             .args(["-c", &script])
             .stdin(Stdio::null())

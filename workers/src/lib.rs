@@ -43,6 +43,8 @@ pub struct RunSpec {
     /// The directory the run works in; it exists when the executor starts.
     pub workspace: PathBuf,
     pub timeout: Option<Duration>,
+    /// Extra environment for processes the run starts (for example `KEEL_RUN_ID`).
+    pub env: Vec<(String, String)>,
 }
 
 /// How an attempt ended. The runtime turns it into the run's terminal state.

@@ -96,6 +96,7 @@ fn spawn(argv: &[String], spec: &RunSpec) -> std::io::Result<Child> {
     Command::new(&argv[0])
         .args(&argv[1..])
         .current_dir(&spec.workspace)
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

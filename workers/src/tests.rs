@@ -92,11 +92,19 @@ fn shell(command: &str) -> Execution {
 async fn shell_captures_stdout_and_stderr_and_completes() {
     let dir = tempfile::tempdir().unwrap();
     let ctx = Recorder::default();
-    let outcome = execute(&spec(&dir, shell("echo out; echo err >&2; pwd")), &ctx).await;
+    let outcome = execute(
+        &spec(
+            &dir,
+            shell("echo out; echo err >&2; pwd; echo $KEEL_RUN_ID"),
+        ),
+        &ctx,
+    )
+    .await;
     assert_eq!(outcome, Outcome::Completed { exit_code: Some(0) });
     let stdout = ctx.output("stdout");
     assert!(stdout.starts_with("out\n"), "{stdout}");
     assert!(stdout.contains(dir.path().file_name().unwrap().to_str().unwrap()));
+    assert!(stdout.ends_with("run_x\n"), "{stdout}");
     assert_eq!(ctx.output("stderr"), "err\n");
     assert_eq!(ctx.closed.lock().unwrap().len(), 2);
     let steps = ctx.steps.lock().unwrap();

@@ -1,0 +1,503 @@
+//! Test harness: one throwaway PostgreSQL cluster per test binary (started with Keel's own
+//! embedded-cluster code, or `KEEL_TEST_DATABASE_URL`), a fresh database per test cloned
+//! from a migrated template, Keel in-process or as real `keel` processes, and an SSE reader.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use keel::config::{Common, WorkerArgs};
+use keel::store::embedded::{Durability, EmbeddedPostgres};
+use keel::telemetry::LogFormat;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sqlx::{Connection, PgConnection, PgPool};
+use tokio_util::sync::CancellationToken;
+
+const TEMPLATE: &str = "keel_test_template";
+
+pub struct Cluster {
+    admin_url: String,
+    pub postgres: Option<EmbeddedPostgres>,
+}
+
+/// The cluster of this test binary, started on first use.
+pub fn cluster() -> &'static Cluster {
+    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        if let Ok(url) = std::env::var("KEEL_TEST_DATABASE_URL") {
+            return Cluster {
+                admin_url: url,
+                postgres: None,
+            };
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let root = std::env::temp_dir().join(format!("keel-test-{}-{nanos}", std::process::id()));
+        let postgres = EmbeddedPostgres::start(&root, Durability::Throwaway)
+            .expect("starting the test cluster");
+        Cluster {
+            admin_url: postgres.url("postgres"),
+            postgres: Some(postgres),
+        }
+    })
+}
+
+fn database_url(admin_url: &str, name: &str) -> String {
+    let (base, _) = admin_url
+        .rsplit_once('/')
+        .expect("a database URL has a path");
+    format!("{base}/{name}")
+}
+
+/// A new, migrated database for one test; returns its URL.
+pub async fn fresh_database() -> String {
+    static TEMPLATE_READY: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    let admin_url = cluster().admin_url.clone();
+    TEMPLATE_READY
+        .get_or_init(|| async {
+            let mut admin = PgConnection::connect(&admin_url)
+                .await
+                .expect("admin connection");
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {TEMPLATE}"
+            )))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {TEMPLATE}")))
+                .execute(&mut admin)
+                .await
+                .unwrap();
+            let mut template = PgConnection::connect(&database_url(&admin_url, TEMPLATE))
+                .await
+                .unwrap();
+            keel::store::MIGRATOR
+                .run(&mut template)
+                .await
+                .expect("migrating the template");
+            template.close().await.unwrap();
+        })
+        .await;
+    let name = format!("keel_test_{}", uuid_like());
+    let mut admin = PgConnection::connect(&admin_url)
+        .await
+        .expect("admin connection");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE DATABASE {name} TEMPLATE {TEMPLATE}"
+    )))
+    .execute(&mut admin)
+    .await
+    .expect("cloning the template");
+    database_url(&admin_url, &name)
+}
+
+fn uuid_like() -> String {
+    keel::domain::new_id("db")
+        .trim_start_matches("db_")
+        .to_string()
+}
+
+pub async fn pool(url: &str) -> PgPool {
+    keel::store::connect(url, 10, "test")
+        .await
+        .expect("test pool")
+}
+
+/// Waits until `check` returns Some, or panics after `timeout` with `what`.
+pub async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A small JSON client for Keel's API.
+#[derive(Clone)]
+pub struct Client {
+    pub base: String,
+    pub http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(base: String) -> Self {
+        Client {
+            base,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> (StatusCode, Value) {
+        let response = request.send().await.expect("request sent");
+        let status = response.status();
+        let bytes = response.bytes().await.expect("body read");
+        let body = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| json!({ "raw": String::from_utf8_lossy(&bytes) }));
+        (status, body)
+    }
+
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.send(self.http.get(format!("{}{path}", self.base)))
+            .await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.send(self.http.post(format!("{}{path}", self.base)).json(&body))
+            .await
+    }
+
+    pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        self.send(self.http.delete(format!("{}{path}", self.base)))
+            .await
+    }
+
+    /// Creates a task and returns its `data`.
+    pub async fn create_task(&self, body: Value) -> Value {
+        let (status, body) = self.post("/v1/tasks", body).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body["data"].clone()
+    }
+
+    /// Creates a shell task and starts it; returns (task id, run id).
+    pub async fn run_shell(&self, command: &str) -> (String, String) {
+        let task = self
+            .create_task(json!({ "execution_kind": "shell", "shell_command": command }))
+            .await;
+        let task_id = task["id"].as_str().unwrap().to_string();
+        let (status, run) = self
+            .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{run}");
+        (task_id, run["data"]["id"].as_str().unwrap().to_string())
+    }
+
+    pub async fn run(&self, task_id: &str, run_id: &str) -> Value {
+        let (status, body) = self
+            .get(&format!("/v1/tasks/{task_id}/runs/{run_id}"))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body["data"].clone()
+    }
+
+    /// Waits for the run to reach a terminal state and returns it.
+    pub async fn wait_terminal(&self, task_id: &str, run_id: &str, timeout: Duration) -> Value {
+        wait_for(timeout, &format!("run {run_id} to end"), || async {
+            let run = self.run(task_id, run_id).await;
+            matches!(
+                run["status"].as_str(),
+                Some("completed" | "failed" | "cancelled")
+            )
+            .then_some(run)
+        })
+        .await
+    }
+
+    pub async fn wait_status(
+        &self,
+        task_id: &str,
+        run_id: &str,
+        status: &str,
+        timeout: Duration,
+    ) -> Value {
+        wait_for(timeout, &format!("run {run_id} to be {status}"), || async {
+            let run = self.run(task_id, run_id).await;
+            (run["status"] == status).then_some(run)
+        })
+        .await
+    }
+
+    pub async fn events(&self, task_id: &str, run_id: &str) -> Vec<Value> {
+        let (status, body) = self
+            .get(&format!(
+                "/v1/tasks/{task_id}/runs/{run_id}/events?limit=200"
+            ))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body["data"].as_array().unwrap().clone()
+    }
+
+    pub async fn healthy(&self) -> bool {
+        self.http
+            .get(format!("{}/healthz", self.base))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    }
+}
+
+/// Worker settings for tests: short leases and intervals so takeovers happen in seconds.
+pub fn worker_args(lease_ms: u64) -> WorkerArgs {
+    WorkerArgs {
+        concurrency: 8,
+        lease_ms,
+        poll_interval_ms: 200,
+        drain_timeout_ms: 2_000,
+        reconcile_interval_ms: 500,
+        artifact_max_bytes: 1024 * 1024,
+    }
+}
+
+/// Keel's API (and optionally a worker) in this process, on a real socket.
+pub struct TestApp {
+    pub client: Client,
+    pub db_url: String,
+    pub pool: PgPool,
+    pub data_dir: tempfile::TempDir,
+    shutdown: CancellationToken,
+}
+
+impl TestApp {
+    pub async fn start() -> TestApp {
+        TestApp::launch(true).await
+    }
+
+    pub async fn api_only() -> TestApp {
+        TestApp::launch(false).await
+    }
+
+    async fn launch(with_worker: bool) -> TestApp {
+        let db_url = fresh_database().await;
+        let pool = pool(&db_url).await;
+        let data_dir = tempfile::tempdir().unwrap();
+        let shutdown = CancellationToken::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(keel::api::serve(
+            pool.clone(),
+            listener,
+            Duration::from_millis(500),
+            shutdown.clone(),
+        ));
+        if with_worker {
+            let common = Common {
+                database_url: Some(db_url.clone()),
+                data_dir: data_dir.path().to_path_buf(),
+                log_format: LogFormat::Text,
+                db_max_connections: 10,
+            };
+            let (pool, shutdown) = (pool.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                keel::cli::run_worker(pool, &common, &worker_args(2_000), shutdown).await
+            });
+        }
+        let client = Client::new(base);
+        wait_for(Duration::from_secs(10), "the API to answer", || async {
+            client.healthy().await.then_some(())
+        })
+        .await;
+        TestApp {
+            client,
+            db_url,
+            pool,
+            data_dir,
+            shutdown,
+        }
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// A real `keel` process; killed when dropped.
+pub struct KeelProcess {
+    pub child: Child,
+    pub client: Option<Client>,
+    pub log: PathBuf,
+}
+
+impl KeelProcess {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), signal)
+            .expect("signal sent");
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    pub fn terminate(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "keel did not exit within {timeout:?}; log: {}",
+                self.log.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL sent");
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for KeelProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn keel_command(db_url: &str, log_dir: &Path, name: &str) -> (Command, PathBuf) {
+    let log = log_dir.join(format!("{name}.log"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
+        .env("KEEL_DATABASE_URL", db_url)
+        .env("RUST_LOG", "info,sqlx=warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    (command, log)
+}
+
+/// Starts `keel api` on a free port and waits until it answers.
+pub async fn spawn_api(db_url: &str, log_dir: &Path, name: &str) -> KeelProcess {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (mut command, log) = keel_command(db_url, log_dir, name);
+    command.args([
+        "api",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--stream-poll-ms",
+        "500",
+    ]);
+    let client = Client::new(format!("http://127.0.0.1:{port}"));
+    let process = KeelProcess {
+        child: command.spawn().unwrap(),
+        client: Some(client.clone()),
+        log,
+    };
+    wait_for(Duration::from_secs(20), "keel api to answer", || async {
+        client.healthy().await.then_some(())
+    })
+    .await;
+    process
+}
+
+/// Starts `keel worker` with a short lease.
+pub fn spawn_worker(
+    db_url: &str,
+    log_dir: &Path,
+    name: &str,
+    lease_ms: u64,
+    data_dir: &Path,
+) -> KeelProcess {
+    let (mut command, log) = keel_command(db_url, log_dir, name);
+    command.args([
+        "worker",
+        "--lease-ms",
+        &lease_ms.to_string(),
+        "--poll-interval-ms",
+        "200",
+        "--reconcile-interval-ms",
+        "500",
+        "--drain-timeout-ms",
+        "1000",
+        "--concurrency",
+        "8",
+    ]);
+    command.env("KEEL_DATA_DIR", data_dir);
+    KeelProcess {
+        child: command.spawn().unwrap(),
+        client: None,
+        log,
+    }
+}
+
+/// One server-sent event.
+#[derive(Debug, Clone)]
+pub struct SseEvent {
+    pub id: Option<String>,
+    pub event: Option<String>,
+    pub data: Value,
+}
+
+/// Reads server-sent events from a streaming response.
+pub struct SseReader {
+    stream: futures_util::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
+    buffer: String,
+}
+
+impl SseReader {
+    pub async fn open(client: &Client, path: &str, last_event_id: Option<&str>) -> SseReader {
+        let mut request = client.http.get(format!("{}{path}", client.base));
+        if let Some(id) = last_event_id {
+            request = request.header("Last-Event-ID", id);
+        }
+        let response = request.send().await.expect("stream opened");
+        assert_eq!(response.status(), StatusCode::OK);
+        SseReader {
+            stream: response.bytes_stream().boxed(),
+            buffer: String::new(),
+        }
+    }
+
+    /// The next event (comments skipped), or None when the stream ends or `timeout` passes.
+    pub async fn next(&mut self, timeout: Duration) -> Option<SseEvent> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let frame: String = self.buffer.drain(..end + 2).collect();
+                if let Some(event) = parse_frame(&frame) {
+                    return Some(event);
+                }
+                continue;
+            }
+            match tokio::time::timeout_at(deadline, self.stream.next()).await {
+                Ok(Some(Ok(chunk))) => self.buffer.push_str(&String::from_utf8_lossy(&chunk)),
+                _ => return None,
+            }
+        }
+    }
+}
+
+fn parse_frame(frame: &str) -> Option<SseEvent> {
+    let (mut id, mut event, mut data) = (None, None, String::new());
+    for line in frame.lines() {
+        if let Some(v) = line.strip_prefix("id:") {
+            id = Some(v.trim().to_string());
+        } else if let Some(v) = line.strip_prefix("event:") {
+            event = Some(v.trim().to_string());
+        } else if let Some(v) = line.strip_prefix("data:") {
+            data.push_str(v.trim_start());
+        }
+    }
+    if data.is_empty() {
+        return None;
+    }
+    Some(SseEvent {
+        id,
+        event,
+        data: serde_json::from_str(&data).unwrap_or(Value::String(data)),
+    })
+}
