@@ -78,7 +78,12 @@ impl RunJobs {
         };
         match keel_workers::execute(&spec, &ctx).await {
             Outcome::Interrupted if job.is_released() => self.hand_back(lease, &run).await,
-            Outcome::Interrupted => Ok(()),
+            Outcome::Interrupted => {
+                tracing::info!(
+                    "attempt interrupted (run cancelled or lease lost); writing nothing more"
+                );
+                Ok(())
+            }
             Outcome::Retry { error } => self.nack(lease, &run, &error).await,
             outcome => self.finish(lease, &run, outcome).await,
         }
@@ -315,6 +320,7 @@ impl FencedContext {
     fn context_error(&self, error: StoreError) -> ContextError {
         match error {
             StoreError::LeaseLost => {
+                tracing::warn!(run_id = %self.run_id, "lease lost; stopping the attempt");
                 self.interrupt.cancel();
                 ContextError::Interrupted
             }

@@ -34,10 +34,19 @@ pub enum StoreError {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// A transaction left idle this long is ended by the server. Keel's transactions are
+/// short and never span executor work, so this only ever fires on a process that was
+/// paused or partitioned mid-transaction: without it, such a process would hold its row
+/// locks (and the event-order lock) and stall every other process until it woke up.
+const IDLE_IN_TRANSACTION_TIMEOUT: &str = "5s";
+
 /// Opens a pool; every connection says which Keel process it belongs to.
 pub async fn connect(url: &str, max_connections: u32, role: &str) -> Result<PgPool> {
     let options: PgConnectOptions = url.parse()?;
-    let options = options.application_name(&format!("keel-{role}"));
+    let options = options.application_name(&format!("keel-{role}")).options([(
+        "idle_in_transaction_session_timeout",
+        IDLE_IN_TRANSACTION_TIMEOUT,
+    )]);
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(Duration::from_secs(10))

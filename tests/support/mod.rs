@@ -369,7 +369,10 @@ fn keel_command(db_url: &str, log_dir: &Path, name: &str) -> (Command, PathBuf) 
     let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
     command
         .env("KEEL_DATABASE_URL", db_url)
-        .env("RUST_LOG", "info,sqlx=warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("KEEL_TEST_LOG").unwrap_or_else(|_| "info,sqlx=warn".into()),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap());

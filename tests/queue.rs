@@ -1,0 +1,243 @@
+//! The queue protocol itself: claims, leases, fencing, nack and reclaim, driven through
+//! the same functions workers use, with time moved by SQL instead of sleeps.
+
+mod support;
+
+use std::time::Duration;
+
+use keel::queue;
+use keel::store::StoreError;
+use sqlx::PgPool;
+
+const LEASE: Duration = Duration::from_secs(30);
+const KIND: &str = "test";
+
+fn kinds() -> Vec<String> {
+    vec![KIND.to_string()]
+}
+
+async fn enqueue(pool: &PgPool, ref_id: &str, priority: i32) {
+    let mut conn = pool.acquire().await.unwrap();
+    queue::enqueue(&mut conn, KIND, ref_id, priority)
+        .await
+        .unwrap();
+}
+
+async fn expire_all(pool: &PgPool) {
+    sqlx::query("UPDATE queue_jobs SET lease_expires_at = now() - interval '1 second' WHERE lease_owner IS NOT NULL")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn enqueue_is_idempotent_and_claims_follow_priority() {
+    let pool = support::pool(&support::fresh_database().await).await;
+    enqueue(&pool, "low", 0).await;
+    enqueue(&pool, "high", 5).await;
+    enqueue(&pool, "low", 0).await;
+    let first = queue::claim(&pool, "a", &kinds(), 1, LEASE).await.unwrap();
+    let second = queue::claim(&pool, "a", &kinds(), 10, LEASE).await.unwrap();
+    assert_eq!(first[0].ref_id, "high");
+    assert_eq!(second.len(), 1, "one row per (kind, ref_id)");
+    assert_eq!(second[0].ref_id, "low");
+    assert!(
+        first
+            .iter()
+            .chain(&second)
+            .all(|l| l.fencing_token == 1 && l.attempts == 1)
+    );
+    // Leased jobs are not claimed again while their lease is live.
+    assert!(
+        queue::claim(&pool, "b", &kinds(), 10, LEASE)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Other kinds are not claimed.
+    enqueue(&pool, "x", 0).await;
+    assert!(
+        queue::claim(&pool, "b", &["other".to_string()], 10, LEASE)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_stale_lease_holder_is_fenced_out_after_a_takeover() {
+    let pool = support::pool(&support::fresh_database().await).await;
+    enqueue(&pool, "job", 0).await;
+    let a = queue::claim(&pool, "worker-a", &kinds(), 1, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        queue::heartbeat(&pool, "worker-a", &[(a.job_id, a.fencing_token)], LEASE)
+            .await
+            .unwrap(),
+        [a.job_id]
+    );
+
+    expire_all(&pool).await;
+    let b = queue::claim(&pool, "worker-b", &kinds(), 1, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(b.job_id, a.job_id);
+    assert_eq!(b.fencing_token, a.fencing_token + 1);
+    assert_eq!(b.attempts, 2);
+
+    // Every write of the old holder is refused.
+    assert!(
+        queue::heartbeat(&pool, "worker-a", &[(a.job_id, a.fencing_token)], LEASE)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(matches!(
+        queue::begin_fenced(&pool, &a).await,
+        Err(StoreError::LeaseLost)
+    ));
+    let mut conn = pool.acquire().await.unwrap();
+    assert!(matches!(
+        queue::complete(&mut conn, &a).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        queue::retry(&mut conn, &a, "stale", Duration::ZERO, true).await,
+        Err(StoreError::LeaseLost)
+    ));
+    // The new holder's are not.
+    let mut tx = queue::begin_fenced(&pool, &b).await.unwrap();
+    queue::complete(&mut tx, &b).await.unwrap();
+    tx.commit().await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+}
+
+#[tokio::test]
+async fn nack_delays_the_job_and_shutdown_release_costs_no_attempt() {
+    let pool = support::pool(&support::fresh_database().await).await;
+    enqueue(&pool, "job", 0).await;
+    let first = queue::claim(&pool, "a", &kinds(), 1, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    let mut conn = pool.acquire().await.unwrap();
+    queue::retry(
+        &mut conn,
+        &first,
+        "boom",
+        queue::backoff(first.attempts),
+        true,
+    )
+    .await
+    .unwrap();
+    let (error, waits): (String, bool) =
+        sqlx::query_as("SELECT last_error, run_after > now() FROM queue_jobs")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(error, "boom");
+    assert!(waits, "a nacked job waits for its backoff");
+    assert!(
+        queue::claim(&pool, "b", &kinds(), 1, LEASE)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    sqlx::query("UPDATE queue_jobs SET run_after = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let second = queue::claim(&pool, "b", &kinds(), 1, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(second.attempts, 2);
+    queue::retry(&mut conn, &second, "shutdown", Duration::ZERO, false)
+        .await
+        .unwrap();
+    let third = queue::claim(&pool, "c", &kinds(), 1, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        third.attempts, 2,
+        "a release without penalty gives the attempt back"
+    );
+}
+
+#[tokio::test]
+async fn the_reconciler_requeues_a_run_whose_lease_expired() {
+    let app = support::TestApp::api_only().await;
+    let (task_id, run_id) = app.client.run_shell("true").await;
+    // Play a worker that claimed and started the run, then vanished.
+    let lease = queue::claim(&app.pool, "wrk_gone", &["run".to_string()], 1, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    sqlx::query("UPDATE runs SET status = 'running', attempt = 1, worker_id = 'wrk_gone', started_at = now() WHERE id = $1")
+        .bind(&run_id)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        keel::scheduler::reconcile(&app.pool).await.unwrap(),
+        0,
+        "a live lease is left alone"
+    );
+    expire_all(&app.pool).await;
+    assert_eq!(keel::scheduler::reconcile(&app.pool).await.unwrap(), 1);
+
+    let run = app.client.run(&task_id, &run_id).await;
+    assert_eq!(run["status"], "queued");
+    let events = app.client.events(&task_id, &run_id).await;
+    let gap = events
+        .iter()
+        .find(|e| e["type"] == "gap.run_disconnected")
+        .expect("a gap event");
+    assert_eq!(gap["data"]["reason"], "worker_lease_expired");
+    assert_eq!(gap["data"]["previous_worker_id"], "wrk_gone");
+    assert_eq!(events.last().unwrap()["type"], "run.queued");
+    let (owner, token): (Option<String>, i64) =
+        sqlx::query_as("SELECT lease_owner, fencing_token FROM queue_jobs")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(owner, None);
+    assert!(matches!(
+        queue::begin_fenced(&app.pool, &lease).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert_eq!(token, lease.fencing_token);
+}
+
+#[tokio::test]
+async fn boot_recovery_re_enqueues_runs_that_lost_their_queue_row() {
+    let app = support::TestApp::api_only().await;
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        runs.push(app.client.run_shell("true").await);
+    }
+    sqlx::query("DELETE FROM queue_jobs")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(keel::scheduler::recover(&app.pool).await.unwrap(), 3);
+    assert_eq!(
+        keel::scheduler::recover(&app.pool).await.unwrap(),
+        0,
+        "recovery is idempotent"
+    );
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs, 3);
+}
