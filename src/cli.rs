@@ -76,7 +76,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Api(args) => {
             let pool = connect(&common, "api").await?;
-            serve_api(pool, &args, shutdown).await
+            serve_api(pool, &common, &args, shutdown).await
         }
         Command::Worker(args) => {
             let pool = connect(&common, "worker").await?;
@@ -114,7 +114,7 @@ async fn serve_all(
         .context("connecting to PostgreSQL")?;
     store::migrate(&pool).await.context("applying migrations")?;
     let result = tokio::try_join!(
-        serve_api(pool.clone(), api, shutdown.clone()),
+        serve_api(pool.clone(), common, api, shutdown.clone()),
         run_worker(pool.clone(), common, worker, shutdown.clone()),
     );
     pool.close().await;
@@ -152,6 +152,7 @@ async fn connect(common: &Common, role: &str) -> anyhow::Result<PgPool> {
 
 pub async fn serve_api(
     pool: PgPool,
+    common: &Common,
     args: &ApiArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -159,9 +160,15 @@ pub async fn serve_api(
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
     let stream_poll = std::time::Duration::from_millis(args.stream_poll_ms.max(10));
-    api::serve(pool, listener, stream_poll, shutdown)
-        .await
-        .context("serving HTTP")
+    api::serve(
+        pool,
+        listener,
+        common.admission_rules(),
+        stream_poll,
+        shutdown,
+    )
+    .await
+    .context("serving HTTP")
 }
 
 pub async fn run_worker(

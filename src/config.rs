@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::domain::approval::{ApprovalPolicy, DEFAULT_POLICIES};
 use crate::queue::worker::WorkerSettings;
+use crate::store::runs::AdmissionRules;
 use crate::telemetry::LogFormat;
 
 #[derive(Debug, Clone, Args)]
@@ -39,9 +41,28 @@ pub struct Common {
         global = true
     )]
     pub db_max_connections: u32,
+
+    /// Runs that wait for an operator's approval before they are queued: a comma list of
+    /// shell_exec, git_exec, file_write, network_egress, all_tools; empty or `none` gates
+    /// nothing.
+    #[arg(long, env = "KEEL_APPROVAL_POLICIES", default_value = DEFAULT_POLICIES, global = true)]
+    pub approval_policies: ApprovalPolicy,
+
+    /// How long an approval stays actionable (ms); 0 keeps it until it is resolved.
+    #[arg(long, env = "KEEL_APPROVAL_TTL_MS", default_value_t = 0, global = true)]
+    pub approval_ttl_ms: u64,
 }
 
 impl Common {
+    /// The rules every run-creating path applies (start, retry, resume, schedules).
+    pub fn admission_rules(&self) -> AdmissionRules {
+        AdmissionRules {
+            approvals: self.approval_policies.clone(),
+            approval_ttl: (self.approval_ttl_ms > 0)
+                .then(|| Duration::from_millis(self.approval_ttl_ms)),
+        }
+    }
+
     /// The database URL from the flag, KEEL_DATABASE_URL or DATABASE_URL, in that order.
     pub fn database_url(&self) -> Option<String> {
         self.database_url

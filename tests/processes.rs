@@ -10,7 +10,9 @@ use chrono::{DateTime, Utc};
 use nix::sys::signal::Signal;
 use serde_json::json;
 use sqlx::PgPool;
-use support::{Client, KeelProcess, SseReader, spawn_api, spawn_worker, wait_for};
+use support::{
+    Client, KeelProcess, SseReader, spawn_api, spawn_api_with_approvals, spawn_worker, wait_for,
+};
 
 const LONG: Duration = Duration::from_secs(180);
 
@@ -48,6 +50,29 @@ async fn start_task(client: &Client, body: serde_json::Value) -> (String, String
     (task_id, run["data"]["id"].as_str().unwrap().to_string())
 }
 
+/// Approves every pending approval, as an operator working through the inbox would.
+async fn approve_all(client: &Client, expected: usize) {
+    let mut approved = 0;
+    loop {
+        let (_, page) = client.get("/v1/approvals?status=pending&limit=200").await;
+        let pending = page["data"].as_array().unwrap().clone();
+        if pending.is_empty() {
+            break;
+        }
+        for approval in pending {
+            let path = format!(
+                "/v1/tasks/{}/approvals/{}/resolve",
+                approval["task_id"].as_str().unwrap(),
+                approval["id"].as_str().unwrap()
+            );
+            let (status, body) = client.post(&path, json!({ "decision": "approve" })).await;
+            assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+            approved += 1;
+        }
+    }
+    assert_eq!(approved, expected);
+}
+
 async fn db_now(pool: &PgPool) -> DateTime<Utc> {
     sqlx::query_scalar("SELECT now()")
         .fetch_one(pool)
@@ -63,7 +88,9 @@ async fn killing_a_worker_mid_run_loses_nothing() {
     let pool = support::pool(&db).await;
     let dir = tempfile::tempdir().unwrap();
     let ids_file = dir.path().join("ids.txt");
-    let api = spawn_api(&db, dir.path(), "api").await;
+    // Approvals on (the default policy gates shell runs): every run is approved below.
+    let api =
+        spawn_api_with_approvals(&db, dir.path(), "api", "shell_exec,git_exec,file_write").await;
     let client = api.client.clone().unwrap();
 
     let command = format!(
@@ -80,6 +107,8 @@ async fn killing_a_worker_mid_run_loses_nothing() {
             .await,
         );
     }
+
+    approve_all(&client, RUNS).await;
 
     let mut victim = spawn_worker(
         &db,

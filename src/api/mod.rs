@@ -1,6 +1,7 @@
 //! The HTTP API: `/healthz`, `/readyz` and the native API under `/v1`, with one error
 //! envelope, a request id on every response, and cursor pagination on every list.
 
+mod approvals;
 mod error;
 mod events;
 mod extract;
@@ -19,6 +20,8 @@ use sqlx::postgres::PgListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::store::runs::AdmissionRules;
+
 pub use error::ApiError;
 
 /// Largest accepted request body.
@@ -35,12 +38,14 @@ pub struct AppState {
     pub stream_poll: Duration,
     /// Fires at shutdown; open streams end so the server can drain.
     pub shutdown: CancellationToken,
+    pub rules: AdmissionRules,
 }
 
 /// Serves the API on `listener` until `shutdown` fires.
 pub async fn serve(
     pool: PgPool,
     listener: tokio::net::TcpListener,
+    rules: AdmissionRules,
     stream_poll: Duration,
     shutdown: CancellationToken,
 ) -> Result<(), std::io::Error> {
@@ -52,6 +57,7 @@ pub async fn serve(
         events,
         stream_poll,
         shutdown: shutdown.clone(),
+        rules,
     };
     tracing::info!(address = %listener.local_addr()?, "API listening");
     axum::serve(listener, app(state))
@@ -95,6 +101,7 @@ pub fn app(state: AppState) -> Router {
         .nest(
             "/v1",
             tasks::router()
+                .merge(approvals::router())
                 .merge(events::router())
                 .merge(system::v1_router()),
         )

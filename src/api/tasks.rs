@@ -10,9 +10,9 @@ use serde_json::Value;
 
 use super::extract::{ApiJson, ApiQuery, OptionalJson};
 use super::{ApiError, AppState, PageQuery, list, object, page_limit};
-use crate::domain::task::TaskDraft;
-use crate::domain::{NewTask, TaskStatus};
-use crate::store::runs::{Admission, Admitted};
+use crate::domain::task::{TaskDraft, parse_budget};
+use crate::domain::{Actor, NewTask, TaskStatus};
+use crate::store::runs::{Admission, Admitted, Origin};
 use crate::store::{artifacts, runs, steps, tasks};
 
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -25,6 +25,7 @@ pub fn router() -> Router<AppState> {
         .route("/tasks/{task_id}/runs", get(list_runs))
         .route("/tasks/{task_id}/runs/{run_id}", get(get_run))
         .route("/tasks/{task_id}/runs/{run_id}/retry", post(retry_run))
+        .route("/tasks/{task_id}/runs/{run_id}/resume", post(resume_run))
         .route("/tasks/{task_id}/runs/{run_id}/cancel", post(cancel_run))
         .route("/tasks/{task_id}/runs/{run_id}/steps", get(list_steps))
         .route(
@@ -47,7 +48,7 @@ async fn create_task(
 ) -> Result<impl IntoResponse, ApiError> {
     let task = NewTask::parse(draft)?;
     let mut conn = state.pool.acquire().await?;
-    let task = tasks::insert(&mut conn, &task).await?;
+    let task = tasks::insert(&mut conn, &task, &Actor::Api).await?;
     Ok((StatusCode::CREATED, Json(object("task", task))))
 }
 
@@ -91,18 +92,20 @@ async fn delete_task(
     Path(task_id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let mut tx = state.pool.begin().await?;
-    tasks::delete(&mut tx, &task_id).await?;
+    tasks::delete(&mut tx, &task_id, &Actor::Api).await?;
     tx.commit().await?;
     Ok(Json(
         serde_json::json!({ "object": "task", "id": task_id, "deleted": true }),
     ))
 }
 
-/// Optional body of start and retry.
+/// Optional body of start, retry and resume.
 #[derive(Debug, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 struct StartRequest {
     reason: Option<String>,
+    /// Raises the task's budget (never lowers it).
+    budget_micros_usd: Option<i64>,
 }
 
 async fn start_task(
@@ -111,7 +114,7 @@ async fn start_task(
     headers: HeaderMap,
     OptionalJson(request): OptionalJson<StartRequest>,
 ) -> Result<Response, ApiError> {
-    admit(&state, &task_id, None, &headers, "start", request).await
+    admit(&state, &task_id, Origin::Start, &headers, request).await
 }
 
 async fn retry_run(
@@ -120,19 +123,31 @@ async fn retry_run(
     headers: HeaderMap,
     OptionalJson(request): OptionalJson<StartRequest>,
 ) -> Result<Response, ApiError> {
-    admit(&state, &task_id, Some(run_id), &headers, "retry", request).await
+    admit(&state, &task_id, Origin::Retry(run_id), &headers, request).await
 }
 
-/// Start and retry: one transaction that creates the run, enqueues it and records its
-/// events. A replayed `Idempotency-Key` returns the original run with 200.
+async fn resume_run(
+    State(state): State<AppState>,
+    Path((task_id, run_id)): Path<(String, String)>,
+    headers: HeaderMap,
+    OptionalJson(request): OptionalJson<StartRequest>,
+) -> Result<Response, ApiError> {
+    admit(&state, &task_id, Origin::Resume(run_id), &headers, request).await
+}
+
+/// Start, retry and resume: one transaction that creates the run, gates or enqueues it
+/// and records its events. A replayed `Idempotency-Key` returns the original run with 200.
 async fn admit(
     state: &AppState,
     task_id: &str,
-    retried_from: Option<String>,
+    origin: Origin,
     headers: &HeaderMap,
-    action: &str,
     request: StartRequest,
 ) -> Result<Response, ApiError> {
+    let budget_micros_usd = request
+        .budget_micros_usd
+        .map(|b| parse_budget(Some(b)))
+        .transpose()?;
     let idempotency = match headers.get(IDEMPOTENCY_KEY) {
         None => None,
         Some(value) => {
@@ -143,18 +158,19 @@ async fn admit(
                 .ok_or_else(|| {
                     ApiError::invalid("Idempotency-Key must be 1 to 255 visible ASCII characters")
                 })?;
-            let fingerprint = serde_json::json!({
-                "action": action, "retried_from": retried_from, "body": request,
-            });
+            let fingerprint =
+                serde_json::json!({ "origin": format!("{origin:?}"), "body": request });
             Some((key.to_string(), fingerprint))
         }
     };
     let admission = Admission {
-        retried_from,
+        origin,
         idempotency,
+        reason: request.reason,
+        budget_micros_usd,
     };
     let mut tx = state.pool.begin().await?;
-    let admitted = runs::admit(&mut tx, task_id, admission).await?;
+    let admitted = runs::admit(&mut tx, task_id, admission, &state.rules, &Actor::Api).await?;
     tx.commit().await?;
     Ok(match admitted {
         Admitted::New(run) => (StatusCode::CREATED, Json(object("task_run", run))).into_response(),
@@ -190,7 +206,7 @@ async fn cancel_run(
     Path((task_id, run_id)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let mut tx = state.pool.begin().await?;
-    let run = runs::cancel(&mut tx, &task_id, &run_id).await?;
+    let run = runs::cancel(&mut tx, &task_id, &run_id, &Actor::Api).await?;
     tx.commit().await?;
     Ok(Json(object("task_run", run)))
 }

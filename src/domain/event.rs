@@ -13,6 +13,9 @@ pub enum EventType {
     StepFailed,
     ArtifactCreated,
     GapRunDisconnected,
+    RunResumedFromEvent,
+    ApprovalRequested,
+    ApprovalResolved,
 }
 
 impl EventType {
@@ -29,6 +32,9 @@ impl EventType {
             EventType::StepFailed => "step.failed",
             EventType::ArtifactCreated => "artifact.created",
             EventType::GapRunDisconnected => "gap.run_disconnected",
+            EventType::RunResumedFromEvent => "run.resumed_from_event",
+            EventType::ApprovalRequested => "approval.requested",
+            EventType::ApprovalResolved => "approval.resolved",
         }
     }
 }

@@ -27,6 +27,7 @@ pub struct TaskDraft {
     pub workspace_mode: Option<String>,
     pub timeout_ms: Option<i64>,
     pub priority: Option<i32>,
+    pub budget_micros_usd: Option<i64>,
 }
 
 /// Where a run works.
@@ -46,6 +47,8 @@ pub struct NewTask {
     pub workspace: WorkspaceMode,
     pub timeout_ms: Option<i64>,
     pub priority: i32,
+    /// Cost ceiling in micro-USD for the task's runs; 0 disables it.
+    pub budget_micros_usd: i64,
 }
 
 impl NewTask {
@@ -82,6 +85,7 @@ impl NewTask {
             workspace: parse_workspace(&draft)?,
             timeout_ms,
             priority: draft.priority.unwrap_or(0),
+            budget_micros_usd: parse_budget(draft.budget_micros_usd)?,
         })
     }
 }
@@ -199,6 +203,14 @@ fn parse_workspace(draft: &TaskDraft) -> Result<WorkspaceMode, Invalid> {
             "workspace_mode",
             format!("unknown workspace mode '{other}' (expected ephemeral or in_place)"),
         )),
+    }
+}
+
+/// A budget is a non-negative amount of micro-USD; absent means 0 (no ceiling).
+pub fn parse_budget(budget: Option<i64>) -> Result<i64, Invalid> {
+    match budget {
+        Some(b) if b < 0 => Err(Invalid::new("budget_micros_usd", "must not be negative")),
+        other => Ok(other.unwrap_or(0)),
     }
 }
 

@@ -9,14 +9,14 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use keel_workers::{
-    ArtifactHandle, ContextError, Execution, FileOperation, Outcome, OutputStream, RunContext,
-    RunSpec, StepHandle, StepResult,
+    ArtifactHandle, ContextError, Outcome, OutputStream, RunContext, RunSpec, StepHandle,
+    StepResult,
 };
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::domain::{EventType, RunStatus};
+use crate::domain::{Actor, EventType, RunStatus};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
 use crate::store::events::{self, NewEvent};
@@ -26,7 +26,8 @@ use crate::store::{StoreError, artifacts, steps};
 
 pub struct RunJobs {
     pub pool: PgPool,
-    /// Ephemeral workspaces live under `<data_dir>/workspaces/<run_id>`.
+    /// Ephemeral workspaces live under `<data_dir>/workspaces/<run_id>` (a resumed run
+    /// reuses the directory of the run it resumes).
     pub data_dir: PathBuf,
     pub artifact_max_bytes: i64,
 }
@@ -94,14 +95,14 @@ impl RunJobs {
     /// when there is nothing to run (the run already ended, or it used up its attempts).
     async fn begin(&self, lease: &Lease) -> Result<Option<(TaskRecord, RunRecord)>, StoreError> {
         let mut tx = queue::begin_fenced(&self.pool, lease).await?;
-        let run = runs::get_by_id(&mut tx, &lease.ref_id).await?;
+        let run = runs::lock(&mut tx, &lease.ref_id).await?;
         if run.status().is_terminal() {
             queue::complete(&mut tx, lease).await?;
             tx.commit().await?;
             return Ok(None);
         }
         if run.status() == RunStatus::Running {
-            disconnect(&mut tx, &run, "worker_lease_expired").await?;
+            disconnect(&mut tx, &run, "worker_lease_expired", &worker(lease)).await?;
         }
         if lease.attempts > lease.max_attempts {
             let error = format!("gave up after {} attempts", lease.max_attempts);
@@ -113,7 +114,15 @@ impl RunJobs {
             worker_id: Some(&lease.owner),
             ..Change::default()
         };
-        let run = runs::transition(&mut tx, &run.id, RunStatus::Running, change).await?;
+        let run = runs::transition(
+            &mut tx,
+            &run.id,
+            RunStatus::Running,
+            change,
+            &worker(lease),
+            Some("claimed"),
+        )
+        .await?;
         let task = tasks::get(&mut tx, &run.task_id).await?;
         let data = serde_json::json!({ "attempt": run.attempt, "worker_id": lease.owner });
         events::append(
@@ -135,7 +144,7 @@ impl RunJobs {
                 path
             }
             _ => {
-                let path = self.data_dir.join("workspaces").join(&run.id);
+                let path = self.data_dir.join("workspaces").join(run.workspace_owner());
                 tokio::fs::create_dir_all(&path).await.map_err(|e| {
                     format!("could not create the workspace {}: {e}", path.display())
                 })?;
@@ -143,14 +152,22 @@ impl RunJobs {
             }
         };
         Ok(RunSpec {
-            execution: execution_of(task)?,
+            execution: task.execution()?,
             workspace,
             timeout: task.timeout_ms.map(|ms| Duration::from_millis(ms as u64)),
             env: vec![
                 ("KEEL_TASK_ID".into(), task.id.clone()),
                 ("KEEL_RUN_ID".into(), run.id.clone()),
                 ("KEEL_RUN_ATTEMPT".into(), run.attempt.to_string()),
-            ],
+            ]
+            .into_iter()
+            .chain(
+                run.resumed_from_run_id
+                    .iter()
+                    .map(|id| ("KEEL_RESUMED_FROM_RUN_ID".into(), id.clone())),
+            )
+            .collect(),
+            checkpoint: run.checkpoint.clone(),
         })
     }
 
@@ -167,7 +184,15 @@ impl RunJobs {
                     exit_code,
                     ..Change::default()
                 };
-                runs::transition(&mut tx, &run.id, RunStatus::Completed, change).await?;
+                runs::transition(
+                    &mut tx,
+                    &run.id,
+                    RunStatus::Completed,
+                    change,
+                    &worker(lease),
+                    Some("process exited 0"),
+                )
+                .await?;
                 let data = serde_json::json!({ "exit_code": exit_code });
                 let event = NewEvent::new(&run.task_id, &run.id, EventType::RunFinished).with(data);
                 events::append(&mut tx, &[event]).await?;
@@ -179,7 +204,15 @@ impl RunJobs {
                     last_error: Some(&error),
                     ..Change::default()
                 };
-                runs::transition(&mut tx, &run.id, RunStatus::Failed, change).await?;
+                runs::transition(
+                    &mut tx,
+                    &run.id,
+                    RunStatus::Failed,
+                    change,
+                    &worker(lease),
+                    Some(&error),
+                )
+                .await?;
                 let data = serde_json::json!({ "exit_code": exit_code, "error": error });
                 let event = NewEvent::new(&run.task_id, &run.id, EventType::RunFailed).with(data);
                 events::append(&mut tx, &[event]).await?;
@@ -198,7 +231,15 @@ impl RunJobs {
             let error = format!("gave up after {} attempts: {error}", lease.attempts);
             fail_and_ack(&mut tx, lease, run, &error).await?;
         } else {
-            runs::transition(&mut tx, &run.id, RunStatus::Queued, Change::default()).await?;
+            runs::transition(
+                &mut tx,
+                &run.id,
+                RunStatus::Queued,
+                Change::default(),
+                &worker(lease),
+                Some(error),
+            )
+            .await?;
             runs::close_open_work(&mut tx, &run.id, "failed", error).await?;
             let data = serde_json::json!({ "reason": "retry", "error": error });
             let event = NewEvent::new(&run.task_id, &run.id, EventType::RunQueued).with(data);
@@ -214,10 +255,14 @@ impl RunJobs {
         let mut tx = queue::begin_fenced(&self.pool, lease).await?;
         let run = runs::get_by_id(&mut tx, &run.id).await?;
         queue::retry(&mut tx, lease, "worker shut down", Duration::ZERO, false).await?;
-        disconnect(&mut tx, &run, "worker_shutdown").await?;
+        disconnect(&mut tx, &run, "worker_shutdown", &worker(lease)).await?;
         tx.commit().await?;
         Ok(())
     }
+}
+
+fn worker(lease: &Lease) -> Actor {
+    Actor::Worker(lease.owner.clone())
 }
 
 /// Requeues a run whose worker is gone: closes what the attempt left open, records the
@@ -226,9 +271,18 @@ pub async fn disconnect(
     conn: &mut PgConnection,
     run: &RunRecord,
     reason: &str,
+    actor: &Actor,
 ) -> Result<(), StoreError> {
     runs::close_open_work(conn, &run.id, "failed", "worker disconnected").await?;
-    runs::transition(conn, &run.id, RunStatus::Queued, Change::default()).await?;
+    runs::transition(
+        conn,
+        &run.id,
+        RunStatus::Queued,
+        Change::default(),
+        actor,
+        Some(reason),
+    )
+    .await?;
     let gap = serde_json::json!({
         "reason": reason,
         "previous_worker_id": run.worker_id,
@@ -255,7 +309,15 @@ async fn fail_and_ack(
         last_error: Some(error),
         ..Change::default()
     };
-    runs::transition(conn, &run.id, RunStatus::Failed, change).await?;
+    runs::transition(
+        conn,
+        &run.id,
+        RunStatus::Failed,
+        change,
+        &worker(lease),
+        Some(error),
+    )
+    .await?;
     queue::complete(conn, lease).await?;
     let data = serde_json::json!({ "error": error });
     events::append(
@@ -263,38 +325,6 @@ async fn fail_and_ack(
         &[NewEvent::new(&run.task_id, &run.id, EventType::RunFailed).with(data)],
     )
     .await
-}
-
-fn execution_of(task: &TaskRecord) -> Result<Execution, String> {
-    let missing = || {
-        format!(
-            "task {} is missing its {} fields",
-            task.id, task.execution_kind
-        )
-    };
-    match task.execution_kind.as_str() {
-        "shell" => Ok(Execution::Shell {
-            command: task.shell_command.clone().ok_or_else(missing)?,
-        }),
-        "git" => Ok(Execution::Git {
-            command: task.git_command.clone().ok_or_else(missing)?,
-        }),
-        "file" => {
-            let operation = match task.file_operation.as_deref() {
-                Some("write") => FileOperation::Write,
-                Some("append") => FileOperation::Append,
-                Some("delete") => FileOperation::Delete,
-                _ => return Err(missing()),
-            };
-            let path = task.file_path.clone().ok_or_else(missing)?;
-            Ok(Execution::File {
-                path,
-                content: task.file_content.clone(),
-                operation,
-            })
-        }
-        other => Err(format!("unknown execution kind {other}")),
-    }
 }
 
 /// The runtime side of [`RunContext`]: each call is one fenced transaction.

@@ -51,11 +51,33 @@ pub async fn enqueue(
     notify(conn, JOBS_CHANNEL, kind).await
 }
 
+/// How [`remove`] treats a job row another transaction has locked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Locked {
+    /// Wait for it.
+    Wait,
+    /// Leave it: its holder is a worker's transaction that will find the domain row ended.
+    Skip,
+}
+
 /// Withdraws a job (its domain row was cancelled); a worker holding it is told at once.
-pub async fn remove(conn: &mut PgConnection, kind: &str, ref_id: &str) -> Result<()> {
-    let owner: Option<Option<String>> = sqlx::query_scalar(
-        "DELETE FROM queue_jobs WHERE kind = $1 AND ref_id = $2 RETURNING lease_owner",
-    )
+pub async fn remove(
+    conn: &mut PgConnection,
+    kind: &str,
+    ref_id: &str,
+    locked: Locked,
+) -> Result<()> {
+    let skip = if locked == Locked::Skip {
+        "SKIP LOCKED"
+    } else {
+        ""
+    };
+    let owner: Option<Option<String>> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "WITH target AS (SELECT id FROM queue_jobs WHERE kind = $1 AND ref_id = $2 FOR UPDATE {skip}),
+              done AS (DELETE FROM queue_jobs WHERE id IN (SELECT id FROM target) RETURNING *),
+              ended AS ({ARCHIVE} 'withdrawn' FROM done WHERE lease_owner IS NOT NULL)
+         SELECT lease_owner FROM done"
+    )))
     .bind(kind)
     .bind(ref_id)
     .fetch_optional(&mut *conn)
@@ -65,6 +87,13 @@ pub async fn remove(conn: &mut PgConnection, kind: &str, ref_id: &str) -> Result
     }
     Ok(())
 }
+
+/// Copies ended leases into `lease_history`; completed by `<outcome> FROM <rows>`.
+const ARCHIVE: &str =
+    "INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token, claimed_at,
+                                                   expires_at, heartbeats, outcome)
+                       SELECT id, kind, ref_id, lease_owner, fencing_token, claimed_at,
+                              lease_expires_at, heartbeats,";
 
 async fn notify(conn: &mut PgConnection, channel: &str, payload: &str) -> Result<()> {
     sqlx::query("SELECT pg_notify($1, $2)")
@@ -88,7 +117,7 @@ pub async fn claim(
     limit: i64,
     lease: Duration,
 ) -> Result<Vec<Lease>> {
-    let leases = sqlx::query_as(
+    let leases = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "WITH expired AS (
              SELECT id FROM queue_jobs
              WHERE lease_owner IS NOT NULL AND lease_expires_at < now() AND kind = ANY($1)
@@ -99,6 +128,9 @@ pub async fn claim(
              ORDER BY priority DESC, run_after, id LIMIT $2 FOR UPDATE SKIP LOCKED
          ), picked AS (
              SELECT id FROM expired UNION ALL SELECT id FROM due LIMIT $2
+         ), ended AS (
+             {ARCHIVE} 'expired' FROM queue_jobs
+             WHERE id IN (SELECT id FROM expired) AND id IN (SELECT id FROM picked)
          )
          UPDATE queue_jobs q
          SET lease_owner = $3, lease_expires_at = now() + $4 * interval '1 millisecond',
@@ -106,8 +138,8 @@ pub async fn claim(
              heartbeats = 0
          FROM picked WHERE q.id = picked.id
          RETURNING q.id AS job_id, q.kind, q.ref_id, q.lease_owner AS owner, q.fencing_token,
-                   q.attempts, q.max_attempts, q.traceparent",
-    )
+                   q.attempts, q.max_attempts, q.traceparent"
+    )))
     .bind(kinds)
     .bind(limit)
     .bind(owner)
@@ -159,15 +191,17 @@ pub async fn fence(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
 
 /// Acks a job: its row goes, in the caller's transaction with the domain change.
 pub async fn complete(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
-    let deleted = sqlx::query(
-        "DELETE FROM queue_jobs WHERE id = $1 AND fencing_token = $2 AND lease_owner = $3",
-    )
+    let archived = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "WITH done AS (DELETE FROM queue_jobs WHERE id = $1 AND fencing_token = $2 AND lease_owner = $3
+                       RETURNING *)
+         {ARCHIVE} 'acked' FROM done"
+    )))
     .bind(lease.job_id)
     .bind(lease.fencing_token)
     .bind(&lease.owner)
     .execute(conn)
     .await?;
-    if deleted.rows_affected() == 0 {
+    if archived.rows_affected() == 0 {
         return Err(StoreError::LeaseLost);
     }
     Ok(())
@@ -182,13 +216,19 @@ pub async fn retry(
     delay: Duration,
     penalty: bool,
 ) -> Result<()> {
-    let updated = sqlx::query(
-        "UPDATE queue_jobs
-         SET lease_owner = NULL, lease_expires_at = NULL, last_error = $4,
-             run_after = now() + $5 * interval '1 millisecond',
-             attempts = attempts - CASE WHEN $6 THEN 0 ELSE 1 END
-         WHERE id = $1 AND fencing_token = $2 AND lease_owner = $3",
-    )
+    let archived = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "WITH held AS (
+             SELECT * FROM queue_jobs WHERE id = $1 AND fencing_token = $2 AND lease_owner = $3 FOR UPDATE
+         ), released AS (
+             UPDATE queue_jobs q
+             SET lease_owner = NULL, lease_expires_at = NULL, last_error = $4,
+                 run_after = now() + $5 * interval '1 millisecond',
+                 attempts = q.attempts - CASE WHEN $6 THEN 0 ELSE 1 END
+             FROM held WHERE q.id = held.id RETURNING q.id
+         )
+         {ARCHIVE} CASE WHEN $6 THEN 'retried' ELSE 'released' END FROM held
+         WHERE EXISTS (SELECT 1 FROM released)"
+    )))
     .bind(lease.job_id)
     .bind(lease.fencing_token)
     .bind(&lease.owner)
@@ -197,7 +237,7 @@ pub async fn retry(
     .bind(penalty)
     .execute(&mut *conn)
     .await?;
-    if updated.rows_affected() == 0 {
+    if archived.rows_affected() == 0 {
         return Err(StoreError::LeaseLost);
     }
     notify(conn, JOBS_CHANNEL, &lease.kind).await

@@ -4,7 +4,8 @@
 //! - boot recovery: every `queued`/`running` run has a queue row (re-enqueue if not);
 //! - reconciler: jobs whose lease expired are requeued, their runs marked with a
 //!   `gap.run_disconnected` event, so a run never sits `running` with no live worker;
-//! - the worker registry forgets workers that stopped heartbeating.
+//! - the worker registry forgets workers that stopped heartbeating;
+//! - ended leases older than a week leave the lease history.
 
 use std::time::Duration;
 
@@ -68,7 +69,13 @@ pub async fn reconcile(pool: &PgPool) -> Result<usize> {
         if lease.kind == queue::RUN_KIND {
             let run = runs::get_by_id(&mut tx, &lease.ref_id).await?;
             if run.status() == crate::domain::RunStatus::Running {
-                jobs::run::disconnect(&mut tx, &run, "worker_lease_expired").await?;
+                jobs::run::disconnect(
+                    &mut tx,
+                    &run,
+                    "worker_lease_expired",
+                    &crate::domain::Actor::System,
+                )
+                .await?;
             }
         }
     }
@@ -98,5 +105,15 @@ pub async fn run(pool: PgPool, interval: Duration, stop: CancellationToken) {
         if let Err(error) = store::workers::prune(&pool, stale_ms).await {
             tracing::warn!(%error, "worker registry pruning failed");
         }
+        if let Err(error) = prune_lease_history(&pool).await {
+            tracing::warn!(%error, "lease history pruning failed");
+        }
     }
+}
+
+/// Ended leases are kept this long for diagnostics.
+const LEASE_HISTORY_DAYS: i32 = 7;
+
+async fn prune_lease_history(pool: &PgPool) -> Result<u64> {
+    store::leases::prune(&mut *pool.acquire().await?, LEASE_HISTORY_DAYS).await
 }

@@ -2,13 +2,16 @@
 //! which derefs to one), so one transaction can span a domain write, its events and the
 //! enqueue of its job.
 
+pub mod approvals;
 pub mod artifacts;
 pub mod embedded;
 pub mod events;
+pub mod leases;
 pub mod runs;
 pub mod stats;
 pub mod steps;
 pub mod tasks;
+pub mod transitions;
 pub mod workers;
 
 use std::time::Duration;

@@ -1,15 +1,21 @@
-//! Run rows: admission (the one-active-run guard), status transitions and cancellation.
+//! Run rows: admission (the one-active-run guard, approval gates, lineage, budget), status
+//! transitions with their audit records, and cancellation.
+
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::events::{self, NewEvent};
-use super::{Result, StoreError, tasks, violates};
-use crate::domain::{EventType, RunStatus, new_id};
+use super::tasks::{self, TaskRecord};
+use super::transitions::{self, Transition};
+use super::{Result, StoreError, approvals, violates};
+use crate::domain::approval::{ActionSummary, ApprovalPolicy};
+use crate::domain::{Actor, EventType, RunStatus, new_id};
 use crate::queue;
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct RunRecord {
     pub id: String,
     pub task_id: String,
@@ -20,6 +26,14 @@ pub struct RunRecord {
     pub exit_code: Option<i32>,
     pub last_error: Option<String>,
     pub retried_from_run_id: Option<String>,
+    pub resumed_from_run_id: Option<String>,
+    /// For a resumed run: where it picks up (source run, last completed step, last event).
+    pub checkpoint: Option<serde_json::Value>,
+    pub prior_cost_micros_usd: i64,
+    pub total_cost_micros_usd: i64,
+    /// The run whose ephemeral workspace this run uses (itself unless resumed).
+    #[serde(skip)]
+    pub workspace_run_id: Option<String>,
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
@@ -30,17 +44,55 @@ impl RunRecord {
     pub fn status(&self) -> RunStatus {
         RunStatus::parse(&self.status).expect("the database only holds known statuses")
     }
+
+    /// The run whose ephemeral workspace directory this run works in.
+    pub fn workspace_owner(&self) -> &str {
+        self.workspace_run_id.as_deref().unwrap_or(&self.id)
+    }
 }
 
 const RUN_COLUMNS: &str = "id, task_id, number, status, attempt, worker_id, exit_code, last_error,
-    retried_from_run_id, created_at, started_at, finished_at, updated_at";
+    retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
+    total_cost_micros_usd, workspace_run_id, created_at, started_at, finished_at, updated_at";
+
+/// The rules every run-creating path applies, from configuration.
+#[derive(Debug, Clone, Default)]
+pub struct AdmissionRules {
+    pub approvals: ApprovalPolicy,
+    /// How long an approval stays actionable; None: until resolved.
+    pub approval_ttl: Option<Duration>,
+}
+
+/// Where a new run comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    Start,
+    /// A fresh attempt at the task, in a fresh workspace.
+    Retry(String),
+    /// Carries on from a finished run: its workspace, checkpoint and cost.
+    Resume(String),
+}
 
 /// What a run-creating request asks for.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Admission {
-    pub retried_from: Option<String>,
+    pub origin: Origin,
     /// The `Idempotency-Key` header and the request it came with.
     pub idempotency: Option<(String, serde_json::Value)>,
+    pub reason: Option<String>,
+    /// Raises the task's budget; a lower value leaves it as it is.
+    pub budget_micros_usd: Option<i64>,
+}
+
+impl Admission {
+    pub fn new(origin: Origin) -> Self {
+        Admission {
+            origin,
+            idempotency: None,
+            reason: None,
+            budget_micros_usd: None,
+        }
+    }
 }
 
 pub enum Admitted {
@@ -49,13 +101,16 @@ pub enum Admitted {
     Replayed(RunRecord),
 }
 
-/// Creates the next run of a task and enqueues it, in the caller's transaction. At most one
-/// run per task is active: the task row lock serializes admissions, and the partial unique
-/// index `runs_one_active_per_task` refuses a second active run whatever the code does.
+/// Creates the next run of a task, in the caller's transaction: queued and enqueued, or
+/// `awaiting_approval` with its pending approvals when the policy gates it. At most one
+/// run per task is active: the task row lock serializes admissions (and deletion), and the
+/// partial unique index `runs_one_active_per_task` refuses a second whatever the code does.
 pub async fn admit(
     conn: &mut PgConnection,
     task_id: &str,
     admission: Admission,
+    rules: &AdmissionRules,
+    actor: &Actor,
 ) -> Result<Admitted> {
     tasks::lock(conn, task_id).await?;
     if let Some((key, request)) = &admission.idempotency
@@ -68,57 +123,159 @@ pub async fn admit(
         }
         return Ok(Admitted::Replayed(run));
     }
-    if let Some(source) = &admission.retried_from {
-        get(conn, task_id, source).await?;
+    let source = match &admission.origin {
+        Origin::Start => None,
+        Origin::Retry(id) | Origin::Resume(id) => Some(get(conn, task_id, id).await?),
+    };
+    if let (Origin::Resume(_), Some(source)) = (&admission.origin, &source)
+        && !source.status().is_terminal()
+    {
+        return Err(StoreError::Conflict(format!(
+            "run {} is {}; only a finished run can be resumed",
+            source.id, source.status
+        )));
     }
     if let Some(active) = active_run(conn, task_id).await? {
         return Err(StoreError::Conflict(format!(
             "task {task_id} already has an active run ({active})"
         )));
     }
+    let task = raise_budget(conn, task_id, admission.budget_micros_usd).await?;
+    let execution = task.execution().map_err(StoreError::Conflict)?;
+    let gates = rules.approvals.gates_for(&execution);
+    let status = if gates.is_empty() {
+        RunStatus::Queued
+    } else {
+        RunStatus::AwaitingApproval
+    };
+    let run = insert(conn, &task, &admission, source.as_ref(), status).await?;
+    let reason = match admission.origin {
+        Origin::Start => "started",
+        Origin::Retry(_) => "retry",
+        Origin::Resume(_) => "resume",
+    };
+    record(conn, &run, None, &task.status, Some(reason), actor).await?;
+
+    let created = serde_json::json!({
+        "number": run.number,
+        "retried_from_run_id": run.retried_from_run_id,
+        "resumed_from_run_id": run.resumed_from_run_id,
+        "reason": admission.reason,
+    });
+    let mut appended = vec![NewEvent::new(task_id, &run.id, EventType::RunCreated).with(created)];
+    if let Some(checkpoint) = &run.checkpoint {
+        let data = serde_json::json!({ "checkpoint": checkpoint, "reason": admission.reason });
+        appended.push(NewEvent::new(task_id, &run.id, EventType::RunResumedFromEvent).with(data));
+    }
+    let mut gated = Vec::new();
+    if gates.is_empty() {
+        queue::enqueue(conn, queue::RUN_KIND, &run.id, task.priority).await?;
+        appended.push(NewEvent::new(task_id, &run.id, EventType::RunQueued));
+    } else {
+        let summary =
+            ActionSummary::describe(&execution, &task.workspace_description(), task.timeout_ms);
+        for kind in gates {
+            gated.push(
+                approvals::create(conn, &run, kind, &summary, rules.approval_ttl, actor).await?,
+            );
+        }
+        appended.extend(gated.iter().map(approvals::requested_event));
+    }
+    events::append(conn, &appended).await?;
+    Ok(Admitted::New(run))
+}
+
+/// Stores the run row and points the task at it.
+async fn insert(
+    conn: &mut PgConnection,
+    task: &TaskRecord,
+    admission: &Admission,
+    source: Option<&RunRecord>,
+    status: RunStatus,
+) -> Result<RunRecord> {
     let run_id = new_id("run");
-    let (number, priority): (i32, i32) = sqlx::query_as(
+    let number: i32 = sqlx::query_scalar(
         "UPDATE tasks SET run_count = run_count + 1, latest_run_id = $2, updated_at = now()
-         WHERE id = $1 RETURNING run_count, priority",
+         WHERE id = $1 RETURNING run_count",
     )
-    .bind(task_id)
+    .bind(&task.id)
     .bind(&run_id)
     .fetch_one(&mut *conn)
     .await?;
-    let (key, request) = admission.idempotency.unzip();
+    let (retried_from, resumed, checkpoint, prior_cost) = match (&admission.origin, source) {
+        (Origin::Retry(_), Some(source)) => (Some(&source.id), None, None, 0),
+        (Origin::Resume(_), Some(source)) => {
+            let checkpoint = checkpoint_of(conn, source).await?;
+            let prior = source.prior_cost_micros_usd + source.total_cost_micros_usd;
+            (None, Some(source), Some(checkpoint), prior)
+        }
+        _ => (None, None, None, 0),
+    };
+    let (key, request) = admission.idempotency.clone().unzip();
     let inserted = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO runs (id, task_id, number, status, retried_from_run_id, idempotency_key,
+        "INSERT INTO runs (id, task_id, number, status, retried_from_run_id, resumed_from_run_id,
+                           workspace_run_id, checkpoint, prior_cost_micros_usd, idempotency_key,
                            idempotency_request)
-         VALUES ($1, $2, $3, 'queued', $4, $5, $6) RETURNING {RUN_COLUMNS}"
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING {RUN_COLUMNS}"
     )))
     .bind(&run_id)
-    .bind(task_id)
+    .bind(&task.id)
     .bind(number)
-    .bind(&admission.retried_from)
+    .bind(status.as_str())
+    .bind(retried_from)
+    .bind(resumed.map(|s| &s.id))
+    .bind(resumed.map(|s| s.workspace_owner()))
+    .bind(checkpoint)
+    .bind(prior_cost)
     .bind(key)
     .bind(request)
     .fetch_one(&mut *conn)
     .await;
-    let run: RunRecord = match inserted {
-        Err(e) if violates(&e, "runs_one_active_per_task") => {
-            return Err(StoreError::Conflict(format!(
-                "task {task_id} already has an active run"
-            )));
-        }
-        other => other?,
-    };
-    queue::enqueue(conn, queue::RUN_KIND, &run.id, priority).await?;
-    let created =
-        serde_json::json!({ "number": number, "retried_from_run_id": admission.retried_from });
-    events::append(
-        conn,
-        &[
-            NewEvent::new(task_id, &run_id, EventType::RunCreated).with(created),
-            NewEvent::new(task_id, &run_id, EventType::RunQueued),
-        ],
+    match inserted {
+        Err(e) if violates(&e, "runs_one_active_per_task") => Err(StoreError::Conflict(format!(
+            "task {} already has an active run",
+            task.id
+        ))),
+        other => Ok(other?),
+    }
+}
+
+/// Where a resumed run picks up: the source run, its last completed step and last event.
+async fn checkpoint_of(conn: &mut PgConnection, source: &RunRecord) -> Result<serde_json::Value> {
+    let step: Option<(i32, String)> = sqlx::query_as(
+        "SELECT index, name FROM steps WHERE run_id = $1 AND status = 'completed' ORDER BY index DESC LIMIT 1",
     )
+    .bind(&source.id)
+    .fetch_optional(&mut *conn)
     .await?;
-    Ok(Admitted::New(run))
+    let last_sequence: Option<i64> =
+        sqlx::query_scalar("SELECT max(sequence) FROM run_events WHERE run_id = $1")
+            .bind(&source.id)
+            .fetch_one(conn)
+            .await?;
+    Ok(serde_json::json!({
+        "source_run_id": source.id,
+        "last_completed_step": step.map(|(index, name)| serde_json::json!({ "index": index, "name": name })),
+        "last_event_sequence": last_sequence.unwrap_or(0),
+    }))
+}
+
+/// Preserves or raises the task's budget, never lowers it; returns the task.
+async fn raise_budget(
+    conn: &mut PgConnection,
+    task_id: &str,
+    budget: Option<i64>,
+) -> Result<TaskRecord> {
+    if let Some(budget) = budget {
+        sqlx::query(
+            "UPDATE tasks SET budget_micros_usd = GREATEST(budget_micros_usd, $2) WHERE id = $1",
+        )
+        .bind(task_id)
+        .bind(budget)
+        .execute(&mut *conn)
+        .await?;
+    }
+    tasks::get(conn, task_id).await
 }
 
 async fn find_by_idempotency_key(
@@ -144,8 +301,7 @@ async fn find_by_idempotency_key(
 
 async fn active_run(conn: &mut PgConnection, task_id: &str) -> Result<Option<String>> {
     let id = sqlx::query_scalar(
-        "SELECT id FROM runs WHERE task_id = $1
-           AND status IN ('queued', 'running', 'awaiting_approval')",
+        "SELECT id FROM runs WHERE task_id = $1 AND status IN ('queued', 'running', 'awaiting_approval')",
     )
     .bind(task_id)
     .fetch_optional(conn)
@@ -172,6 +328,27 @@ pub async fn get_by_id(conn: &mut PgConnection, run_id: &str) -> Result<RunRecor
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("run"))
+}
+
+/// Locks a run row for the rest of the transaction.
+pub async fn lock(conn: &mut PgConnection, run_id: &str) -> Result<RunRecord> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {RUN_COLUMNS} FROM runs WHERE id = $1 FOR UPDATE"
+    )))
+    .bind(run_id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("run"))
+}
+
+pub async fn priority_of(conn: &mut PgConnection, run_id: &str) -> Result<i32> {
+    let priority = sqlx::query_scalar(
+        "SELECT t.priority FROM runs r JOIN tasks t ON t.id = r.task_id WHERE r.id = $1",
+    )
+    .bind(run_id)
+    .fetch_one(conn)
+    .await?;
+    Ok(priority)
 }
 
 /// Oldest first; `after` is the id of the last run of the previous page.
@@ -201,15 +378,26 @@ pub struct Change<'a> {
     pub last_error: Option<&'a str>,
 }
 
-/// Moves a run to `next` if the state machine allows it from the run's current state;
-/// otherwise the run is left as it is and the call fails with a conflict.
+/// Moves a run to `next` if the state machine allows it from the run's current state
+/// (otherwise a conflict, and nothing changes), and records the change of the run and of
+/// its task's projection in the audit trail.
 pub async fn transition(
     conn: &mut PgConnection,
     run_id: &str,
     next: RunStatus,
     change: Change<'_>,
+    actor: &Actor,
+    reason: Option<&str>,
 ) -> Result<RunRecord> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let current = lock(conn, run_id).await?;
+    if !current.status().can_become(next) {
+        return Err(StoreError::Conflict(format!(
+            "run {run_id} is {}; it cannot become {}",
+            current.status,
+            next.as_str()
+        )));
+    }
+    let run: RunRecord = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE runs SET
             status = $2,
             attempt = attempt + CASE WHEN $2 = 'running' THEN 1 ELSE 0 END,
@@ -219,7 +407,7 @@ pub async fn transition(
             exit_code = COALESCE($4, exit_code),
             last_error = COALESCE($5, last_error),
             updated_at = now()
-         WHERE id = $1 AND status = ANY($6)
+         WHERE id = $1
          RETURNING {RUN_COLUMNS}"
     )))
     .bind(run_id)
@@ -227,27 +415,72 @@ pub async fn transition(
     .bind(change.worker_id)
     .bind(change.exit_code)
     .bind(change.last_error)
-    .bind(RunStatus::sources_of(next))
-    .fetch_optional(conn)
-    .await?
-    .ok_or_else(|| StoreError::Conflict(format!("run {run_id} cannot become {}", next.as_str())))
+    .fetch_one(&mut *conn)
+    .await?;
+    record(
+        conn,
+        &run,
+        Some(&current.status),
+        &current.status,
+        reason,
+        actor,
+    )
+    .await?;
+    Ok(run)
+}
+
+/// Audit records for a run's change and, when it is its task's latest run, for the change
+/// of the task's projection.
+async fn record(
+    conn: &mut PgConnection,
+    run: &RunRecord,
+    run_from: Option<&str>,
+    task_from: &str,
+    reason: Option<&str>,
+    actor: &Actor,
+) -> Result<()> {
+    let run_change = Transition {
+        entity_type: "run",
+        entity_id: &run.id,
+        task_id: &run.task_id,
+        from: run_from,
+        to: &run.status,
+        reason,
+    };
+    transitions::record(conn, run_change, actor).await?;
+    let latest: Option<String> =
+        sqlx::query_scalar("SELECT latest_run_id FROM tasks WHERE id = $1")
+            .bind(&run.task_id)
+            .fetch_one(&mut *conn)
+            .await?;
+    if latest.as_deref() == Some(run.id.as_str()) && task_from != run.status {
+        let task_change = Transition {
+            entity_type: "task",
+            entity_id: &run.task_id,
+            task_id: &run.task_id,
+            from: Some(task_from),
+            to: &run.status,
+            reason,
+        };
+        transitions::record(conn, task_change, actor).await?;
+    }
+    Ok(())
 }
 
 /// Cancels a run: the terminal state is committed first; the worker holding the job sees
-/// its lease vanish and stops the process. Cancelling a finished run returns it unchanged.
-pub async fn cancel(conn: &mut PgConnection, task_id: &str, run_id: &str) -> Result<RunRecord> {
+/// its job row vanish and stops the process. Pending approvals are cancelled by the
+/// system. Cancelling a finished run returns it unchanged.
+pub async fn cancel(
+    conn: &mut PgConnection,
+    task_id: &str,
+    run_id: &str,
+    actor: &Actor,
+) -> Result<RunRecord> {
     get(conn, task_id, run_id).await?;
     // The job row is locked (deleted) before the run row, the order every worker
     // transaction takes them in, so a cancel and a worker write cannot deadlock.
-    queue::remove(conn, queue::RUN_KIND, run_id).await?;
-    let run: RunRecord = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {RUN_COLUMNS} FROM runs WHERE task_id = $1 AND id = $2 FOR UPDATE"
-    )))
-    .bind(task_id)
-    .bind(run_id)
-    .fetch_optional(&mut *conn)
-    .await?
-    .ok_or(StoreError::NotFound("run"))?;
+    queue::remove(conn, queue::RUN_KIND, run_id, queue::Locked::Wait).await?;
+    let run = lock(conn, run_id).await?;
     if run.status().is_terminal() {
         return Ok(run);
     }
@@ -255,8 +488,21 @@ pub async fn cancel(conn: &mut PgConnection, task_id: &str, run_id: &str) -> Res
         last_error: Some("cancelled by request"),
         ..Change::default()
     };
-    let run = transition(conn, run_id, RunStatus::Cancelled, change).await?;
+    let run = transition(
+        conn,
+        run_id,
+        RunStatus::Cancelled,
+        change,
+        actor,
+        Some("cancelled by request"),
+    )
+    .await?;
+    approvals::cancel_pending(conn, run_id, "the run was cancelled").await?;
     close_open_work(conn, run_id, "cancelled", "run cancelled").await?;
+    // An approval that won the race for the run lock may have enqueued it since the first
+    // removal. A worker that already claimed that job waits on the run row and will find
+    // the run cancelled, so its locked row is skipped rather than waited for.
+    queue::remove(conn, queue::RUN_KIND, run_id, queue::Locked::Skip).await?;
     events::append(
         conn,
         &[NewEvent::new(task_id, run_id, EventType::RunCancelled)],
@@ -281,12 +527,9 @@ pub async fn close_open_work(
     .bind(reason)
     .execute(&mut *conn)
     .await?;
-    sqlx::query(
-        "UPDATE artifacts SET status = 'complete', updated_at = now()
-         WHERE run_id = $1 AND status = 'writing'",
-    )
-    .bind(run_id)
-    .execute(conn)
-    .await?;
+    sqlx::query("UPDATE artifacts SET status = 'complete', updated_at = now() WHERE run_id = $1 AND status = 'writing'")
+        .bind(run_id)
+        .execute(conn)
+        .await?;
     Ok(())
 }

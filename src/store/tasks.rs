@@ -5,9 +5,10 @@ use keel_workers::{Execution, FileOperation};
 use serde::Serialize;
 use sqlx::PgConnection;
 
+use super::transitions::{self, Transition};
 use super::{Result, StoreError};
 use crate::domain::task::WorkspaceMode;
-use crate::domain::{NewTask, TaskStatus, new_id};
+use crate::domain::{Actor, NewTask, TaskStatus, new_id};
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct TaskRecord {
@@ -24,6 +25,7 @@ pub struct TaskRecord {
     pub workspace_mode: String,
     pub timeout_ms: Option<i64>,
     pub priority: i32,
+    pub budget_micros_usd: i64,
     pub run_count: i32,
     pub latest_run_id: Option<String>,
     pub latest_run_step_count: i64,
@@ -35,7 +37,8 @@ pub struct TaskRecord {
 const SELECT_TASK: &str = "
     SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
            t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
-           t.working_directory, t.workspace_mode, t.timeout_ms, t.priority, t.run_count,
+           t.working_directory, t.workspace_mode, t.timeout_ms, t.priority, t.budget_micros_usd,
+           t.run_count,
            t.latest_run_id,
            (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id) AS latest_run_step_count,
            (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
@@ -43,7 +46,52 @@ const SELECT_TASK: &str = "
            t.created_at, t.updated_at
     FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id";
 
-pub async fn insert(conn: &mut PgConnection, task: &NewTask) -> Result<TaskRecord> {
+impl TaskRecord {
+    /// What a run of this task executes.
+    pub fn execution(&self) -> std::result::Result<Execution, String> {
+        let missing = || {
+            format!(
+                "task {} is missing its {} fields",
+                self.id, self.execution_kind
+            )
+        };
+        match self.execution_kind.as_str() {
+            "shell" => Ok(Execution::Shell {
+                command: self.shell_command.clone().ok_or_else(missing)?,
+            }),
+            "git" => Ok(Execution::Git {
+                command: self.git_command.clone().ok_or_else(missing)?,
+            }),
+            "file" => {
+                let operation = match self.file_operation.as_deref() {
+                    Some("write") => FileOperation::Write,
+                    Some("append") => FileOperation::Append,
+                    Some("delete") => FileOperation::Delete,
+                    _ => return Err(missing()),
+                };
+                let path = self.file_path.clone().ok_or_else(missing)?;
+                Ok(Execution::File {
+                    path,
+                    content: self.file_content.clone(),
+                    operation,
+                })
+            }
+            other => Err(format!("unknown execution kind {other}")),
+        }
+    }
+
+    /// Where runs of this task work, for people: `ephemeral` or `in_place: <dir>`.
+    pub fn workspace_description(&self) -> String {
+        match &self.working_directory {
+            Some(directory) if self.workspace_mode == "in_place" => {
+                format!("in_place: {directory}")
+            }
+            _ => "ephemeral (a fresh directory per run)".to_string(),
+        }
+    }
+}
+
+pub async fn insert(conn: &mut PgConnection, task: &NewTask, actor: &Actor) -> Result<TaskRecord> {
     let id = new_id("task");
     let (kind, shell, git, path, content, operation) = match &task.execution {
         Execution::Shell { command } => ("shell", Some(command), None, None, None, None),
@@ -75,8 +123,8 @@ pub async fn insert(conn: &mut PgConnection, task: &NewTask) -> Result<TaskRecor
     sqlx::query(
         "INSERT INTO tasks (id, execution_kind, prompt, shell_command, git_command, file_path,
                             file_content, file_operation, working_directory, workspace_mode,
-                            timeout_ms, priority)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                            timeout_ms, priority, budget_micros_usd)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
     )
     .bind(&id)
     .bind(kind)
@@ -90,8 +138,18 @@ pub async fn insert(conn: &mut PgConnection, task: &NewTask) -> Result<TaskRecor
     .bind(mode)
     .bind(task.timeout_ms)
     .bind(task.priority)
+    .bind(task.budget_micros_usd)
     .execute(&mut *conn)
     .await?;
+    let created = Transition {
+        entity_type: "task",
+        entity_id: &id,
+        task_id: &id,
+        from: None,
+        to: "not_started",
+        reason: Some("created"),
+    };
+    transitions::record(conn, created, actor).await?;
     get(conn, &id).await
 }
 
@@ -138,7 +196,8 @@ pub async fn lock(conn: &mut PgConnection, id: &str) -> Result<()> {
 }
 
 /// Deletes a task with its runs, steps, artifacts and events; refuses while a run is active.
-pub async fn delete(conn: &mut PgConnection, id: &str) -> Result<()> {
+pub async fn delete(conn: &mut PgConnection, id: &str, actor: &Actor) -> Result<()> {
+    let task = get(conn, id).await?;
     lock(conn, id).await?;
     let active: Option<String> = sqlx::query_scalar(
         "SELECT id FROM runs WHERE task_id = $1
@@ -158,7 +217,16 @@ pub async fn delete(conn: &mut PgConnection, id: &str) -> Result<()> {
         .await?;
     sqlx::query("DELETE FROM tasks WHERE id = $1")
         .bind(id)
-        .execute(conn)
+        .execute(&mut *conn)
         .await?;
-    Ok(())
+    // The audit trail outlives the task: it records the deletion too.
+    let deleted = Transition {
+        entity_type: "task",
+        entity_id: id,
+        task_id: id,
+        from: Some(&task.status),
+        to: "deleted",
+        reason: None,
+    };
+    transitions::record(conn, deleted, actor).await
 }

@@ -263,34 +263,44 @@ pub struct TestApp {
 }
 
 impl TestApp {
+    /// API and worker, with no approval gates.
     pub async fn start() -> TestApp {
-        TestApp::launch(true).await
+        TestApp::launch(true, "none").await
     }
 
+    /// The API alone, with no approval gates: runs stay queued.
     pub async fn api_only() -> TestApp {
-        TestApp::launch(false).await
+        TestApp::launch(false, "none").await
     }
 
-    async fn launch(with_worker: bool) -> TestApp {
+    /// API and worker with the given `KEEL_APPROVAL_POLICIES`.
+    pub async fn with_approvals(policies: &str) -> TestApp {
+        TestApp::launch(true, policies).await
+    }
+
+    async fn launch(with_worker: bool, policies: &str) -> TestApp {
         let db_url = fresh_database().await;
         let pool = pool(&db_url).await;
         let data_dir = tempfile::tempdir().unwrap();
         let shutdown = CancellationToken::new();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
+        let common = Common {
+            database_url: Some(db_url.clone()),
+            data_dir: data_dir.path().to_path_buf(),
+            log_format: LogFormat::Text,
+            db_max_connections: 10,
+            approval_policies: policies.parse().expect("known approval policies"),
+            approval_ttl_ms: 0,
+        };
         tokio::spawn(keel::api::serve(
             pool.clone(),
             listener,
+            common.admission_rules(),
             Duration::from_millis(500),
             shutdown.clone(),
         ));
         if with_worker {
-            let common = Common {
-                database_url: Some(db_url.clone()),
-                data_dir: data_dir.path().to_path_buf(),
-                log_format: LogFormat::Text,
-                db_max_connections: 10,
-            };
             let (pool, shutdown) = (pool.clone(), shutdown.clone());
             tokio::spawn(async move {
                 keel::cli::run_worker(pool, &common, &worker_args(2_000), shutdown).await
@@ -379,14 +389,25 @@ fn keel_command(db_url: &str, log_dir: &Path, name: &str) -> (Command, PathBuf) 
     (command, log)
 }
 
-/// Starts `keel api` on a free port and waits until it answers.
+/// Starts `keel api` on a free port with no approval gates and waits until it answers.
 pub async fn spawn_api(db_url: &str, log_dir: &Path, name: &str) -> KeelProcess {
+    spawn_api_with_approvals(db_url, log_dir, name, "none").await
+}
+
+/// Starts `keel api` with the given `KEEL_APPROVAL_POLICIES`.
+pub async fn spawn_api_with_approvals(
+    db_url: &str,
+    log_dir: &Path,
+    name: &str,
+    policies: &str,
+) -> KeelProcess {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let (mut command, log) = keel_command(db_url, log_dir, name);
+    command.env("KEEL_APPROVAL_POLICIES", policies);
     command.args([
         "api",
         "--listen",

@@ -4,7 +4,7 @@ use std::path::{Component, Path, PathBuf};
 
 use tokio::io::AsyncWriteExt;
 
-use crate::{ContextError, FileOperation, Outcome, RunContext, StepResult};
+use crate::{ContextError, FileOperation, Outcome, RunContext, RunSpec, StepResult};
 
 /// Checks that `path` names a file inside a workspace: relative, not empty, and with no
 /// `..`, root or prefix component. The runtime refuses such paths at the API; the executor
@@ -31,7 +31,7 @@ pub fn validate_relative_path(path: &str) -> Result<PathBuf, &'static str> {
 
 pub(crate) async fn run<C: RunContext>(
     ctx: &C,
-    workspace: &Path,
+    spec: &RunSpec,
     path: &str,
     content: Option<&str>,
     operation: FileOperation,
@@ -44,9 +44,10 @@ pub(crate) async fn run<C: RunContext>(
     let input = serde_json::json!({
         "path": path,
         "bytes": content.map(str::len).unwrap_or(0),
+        "checkpoint": spec.checkpoint,
     });
     let step = ctx.start_step(name, input).await?;
-    match apply(workspace, path, content.unwrap_or(""), operation).await {
+    match apply(&spec.workspace, path, content.unwrap_or(""), operation).await {
         Ok(size) => {
             let output = serde_json::json!({ "path": path, "size_bytes": size });
             ctx.finish_step(&step, StepResult::Completed { output })

@@ -45,6 +45,8 @@ pub struct RunSpec {
     pub timeout: Option<Duration>,
     /// Extra environment for processes the run starts (for example `KEEL_RUN_ID`).
     pub env: Vec<(String, String)>,
+    /// For a resumed run, where the run it resumes stopped; recorded in the step input.
+    pub checkpoint: Option<serde_json::Value>,
 }
 
 /// How an attempt ended. The runtime turns it into the run's terminal state.
@@ -87,7 +89,7 @@ pub async fn execute<C: RunContext>(spec: &RunSpec, ctx: &C) -> Outcome {
             path,
             content,
             operation,
-        } => file::run(ctx, &spec.workspace, path, content.as_deref(), *operation).await,
+        } => file::run(ctx, spec, path, content.as_deref(), *operation).await,
     };
     match result {
         Ok(outcome) => outcome,

@@ -1,0 +1,428 @@
+//! Approvals: human gates on runs. The policy decides which gates a run needs; each gate
+//! carries a bounded, sanitized summary of what would run, so an operator can decide
+//! without seeing file contents or secrets.
+
+use std::fmt;
+use std::str::FromStr;
+
+use keel_workers::{Execution, FileOperation};
+use serde::Serialize;
+
+use super::Invalid;
+
+/// What an approval gates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalKind {
+    ShellCommand,
+    GitExec,
+    FileWrite,
+    NetworkEgress,
+}
+
+impl ApprovalKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalKind::ShellCommand => "shell_command",
+            ApprovalKind::GitExec => "git_exec",
+            ApprovalKind::FileWrite => "file_write",
+            ApprovalKind::NetworkEgress => "network_egress",
+        }
+    }
+}
+
+/// The policies an operator can turn on with `KEEL_APPROVAL_POLICIES`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Policy {
+    ShellExec,
+    GitExec,
+    FileWrite,
+    NetworkEgress,
+    AllTools,
+}
+
+const POLICY_NAMES: [(&str, Policy); 5] = [
+    ("shell_exec", Policy::ShellExec),
+    ("git_exec", Policy::GitExec),
+    ("file_write", Policy::FileWrite),
+    ("network_egress", Policy::NetworkEgress),
+    ("all_tools", Policy::AllTools),
+];
+
+/// Which runs need an operator's approval before they are queued.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApprovalPolicy {
+    policies: Vec<Policy>,
+}
+
+pub const DEFAULT_POLICIES: &str = "shell_exec,git_exec,file_write";
+
+impl FromStr for ApprovalPolicy {
+    type Err = String;
+
+    /// A comma list of policy names; empty or `none` gates nothing.
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        let mut policies = Vec::new();
+        for name in value
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty() && *n != "none")
+        {
+            let Some((_, policy)) = POLICY_NAMES.iter().find(|(known, _)| *known == name) else {
+                let known: Vec<&str> = POLICY_NAMES.iter().map(|(n, _)| *n).collect();
+                return Err(format!(
+                    "unknown approval policy '{name}' (known: {}, or none)",
+                    known.join(", ")
+                ));
+            };
+            policies.push(*policy);
+        }
+        Ok(ApprovalPolicy { policies })
+    }
+}
+
+impl fmt::Display for ApprovalPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self
+            .policies
+            .iter()
+            .filter_map(|p| POLICY_NAMES.iter().find(|(_, q)| q == p).map(|(n, _)| *n))
+            .collect();
+        write!(
+            f,
+            "{}",
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(",")
+            }
+        )
+    }
+}
+
+impl ApprovalPolicy {
+    fn has(&self, policy: Policy) -> bool {
+        self.policies.contains(&policy) || self.policies.contains(&Policy::AllTools)
+    }
+
+    /// The gates a run of this execution needs, in a stable order.
+    pub fn gates_for(&self, execution: &Execution) -> Vec<ApprovalKind> {
+        let mut gates = Vec::new();
+        match execution {
+            Execution::Shell { .. } if self.has(Policy::ShellExec) => {
+                gates.push(ApprovalKind::ShellCommand)
+            }
+            Execution::Git { .. } if self.has(Policy::GitExec) => gates.push(ApprovalKind::GitExec),
+            Execution::File { .. } if self.has(Policy::FileWrite) => {
+                gates.push(ApprovalKind::FileWrite)
+            }
+            _ => {}
+        }
+        if self.has(Policy::NetworkEgress) && reaches_network(execution) {
+            gates.push(ApprovalKind::NetworkEgress);
+        }
+        gates
+    }
+}
+
+/// Git subcommands that talk to a remote.
+fn reaches_network(execution: &Execution) -> bool {
+    const REMOTE: [&str; 7] = [
+        "clone",
+        "fetch",
+        "pull",
+        "push",
+        "ls-remote",
+        "remote",
+        "submodule",
+    ];
+    match execution {
+        Execution::Git { command } => shlex::split(command)
+            .and_then(|args| args.into_iter().find(|a| !a.starts_with('-')))
+            .is_some_and(|sub| REMOTE.contains(&sub.as_str())),
+        _ => false,
+    }
+}
+
+/// An operator's decision on an approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Approve,
+    Reject,
+}
+
+impl Decision {
+    pub fn parse(value: &str) -> Result<Decision, Invalid> {
+        match value {
+            "approve" => Ok(Decision::Approve),
+            "reject" => Ok(Decision::Reject),
+            other => Err(Invalid::new(
+                "decision",
+                format!("must be approve or reject, not '{other}'"),
+            )),
+        }
+    }
+}
+
+const SUMMARY_LINES: usize = 16;
+const SUMMARY_LINE_BYTES: usize = 512;
+const SUMMARY_TOTAL_BYTES: usize = 4096;
+
+/// What an approver sees: at most 16 lines of at most 512 bytes, 4 KiB in all, with
+/// anything that looks like a credential replaced. `incomplete` says something was cut.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActionSummary {
+    pub lines: Vec<String>,
+    pub incomplete: bool,
+}
+
+impl ActionSummary {
+    pub fn describe(
+        execution: &Execution,
+        workspace: &str,
+        timeout_ms: Option<i64>,
+    ) -> ActionSummary {
+        let mut raw = Vec::new();
+        match execution {
+            Execution::Shell { command } => {
+                raw.push("run a shell command (sh -c):".to_string());
+                raw.extend(command.lines().map(|line| format!("  {line}")));
+            }
+            Execution::Git { command } => raw.push(format!("run git {command}")),
+            Execution::File {
+                path,
+                content,
+                operation,
+            } => {
+                let verb = match operation {
+                    FileOperation::Write => "write",
+                    FileOperation::Append => "append to",
+                    FileOperation::Delete => "delete",
+                };
+                let size = content
+                    .as_ref()
+                    .map(|c| format!(" ({} bytes)", c.len()))
+                    .unwrap_or_default();
+                raw.push(format!("{verb} file {path}{size}"));
+            }
+        }
+        raw.push(format!("workspace: {workspace}"));
+        if let Some(ms) = timeout_ms {
+            raw.push(format!("timeout: {ms} ms"));
+        }
+        ActionSummary::bounded(raw.iter().map(|line| redact(line)))
+    }
+
+    fn bounded(lines: impl Iterator<Item = String>) -> ActionSummary {
+        let mut summary = ActionSummary {
+            lines: Vec::new(),
+            incomplete: false,
+        };
+        let mut total = 0;
+        for line in lines {
+            if summary.lines.len() == SUMMARY_LINES {
+                summary.incomplete = true;
+                break;
+            }
+            let line = truncate(&line, SUMMARY_LINE_BYTES.min(SUMMARY_TOTAL_BYTES - total));
+            summary.incomplete |= line.cut;
+            total += line.text.len();
+            summary.lines.push(line.text);
+            if total >= SUMMARY_TOTAL_BYTES {
+                summary.incomplete = true;
+                break;
+            }
+        }
+        summary
+    }
+}
+
+struct Truncated {
+    text: String,
+    cut: bool,
+}
+
+/// Cuts `line` to at most `max` bytes on a character boundary.
+fn truncate(line: &str, max: usize) -> Truncated {
+    if line.len() <= max {
+        return Truncated {
+            text: line.to_string(),
+            cut: false,
+        };
+    }
+    let mut end = max;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    Truncated {
+        text: line[..end].to_string(),
+        cut: true,
+    }
+}
+
+/// Replaces values that look like credentials: `KEY=value` and `--key value`-style pairs
+/// whose key names a secret, bearer tokens, and passwords in URLs.
+pub fn redact(line: &str) -> String {
+    let mut out = Vec::new();
+    let mut hide_next = false;
+    for word in line.split(' ') {
+        if hide_next && !word.is_empty() {
+            out.push("[redacted]".to_string());
+            hide_next = false;
+            continue;
+        }
+        out.push(redact_word(word));
+        let bare = word.trim_start_matches('-').to_ascii_lowercase();
+        hide_next = (word.starts_with('-') && names_secret(&bare) && !word.contains('='))
+            || bare == "bearer"
+            || bare.ends_with(":bearer");
+    }
+    out.join(" ")
+}
+
+fn redact_word(word: &str) -> String {
+    if let Some((key, _)) = word.split_once('=')
+        && names_secret(&key.trim_start_matches('-').to_ascii_lowercase())
+    {
+        return format!("{key}=[redacted]");
+    }
+    if let Some(scheme_end) = word.find("://") {
+        let rest = &word[scheme_end + 3..];
+        if let Some(at) = rest.find('@').filter(|at| !rest[..*at].contains('/')) {
+            return format!("{}[redacted]@{}", &word[..scheme_end + 3], &rest[at + 1..]);
+        }
+    }
+    word.to_string()
+}
+
+fn names_secret(key: &str) -> bool {
+    const MARKERS: [&str; 8] = [
+        "password",
+        "passwd",
+        "secret",
+        "token",
+        "api_key",
+        "apikey",
+        "api-key",
+        "credential",
+    ];
+    let key = key.trim_matches(|c: char| c == '"' || c == '\'');
+    MARKERS.iter().any(|m| key.contains(m))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shell(command: &str) -> Execution {
+        Execution::Shell {
+            command: command.into(),
+        }
+    }
+
+    #[test]
+    fn policies_parse_and_refuse_unknown_names() {
+        assert_eq!(
+            DEFAULT_POLICIES
+                .parse::<ApprovalPolicy>()
+                .unwrap()
+                .to_string(),
+            DEFAULT_POLICIES
+        );
+        assert_eq!(
+            "".parse::<ApprovalPolicy>().unwrap(),
+            ApprovalPolicy::default()
+        );
+        assert_eq!(
+            "none".parse::<ApprovalPolicy>().unwrap(),
+            ApprovalPolicy::default()
+        );
+        let error = "shell_exec,nuke".parse::<ApprovalPolicy>().unwrap_err();
+        assert!(
+            error.contains("nuke") && error.contains("all_tools"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn gates_follow_the_policy() {
+        let default: ApprovalPolicy = DEFAULT_POLICIES.parse().unwrap();
+        assert_eq!(
+            default.gates_for(&shell("true")),
+            [ApprovalKind::ShellCommand]
+        );
+        let clone = Execution::Git {
+            command: "clone https://example.com/r.git".into(),
+        };
+        assert_eq!(default.gates_for(&clone), [ApprovalKind::GitExec]);
+        let egress: ApprovalPolicy = "network_egress".parse().unwrap();
+        assert_eq!(egress.gates_for(&clone), [ApprovalKind::NetworkEgress]);
+        assert!(
+            egress
+                .gates_for(&Execution::Git {
+                    command: "status".into()
+                })
+                .is_empty()
+        );
+        assert!(egress.gates_for(&shell("true")).is_empty());
+        let all: ApprovalPolicy = "all_tools".parse().unwrap();
+        assert_eq!(
+            all.gates_for(&clone),
+            [ApprovalKind::GitExec, ApprovalKind::NetworkEgress]
+        );
+        assert!(
+            ApprovalPolicy::default()
+                .gates_for(&shell("true"))
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn summaries_hide_secrets_and_file_contents() {
+        let command = "curl -H 'Authorization: Bearer abc123' https://user:hunter2@example.com/x \
+                       --password s3cret API_TOKEN=tok_live_1 --token=zzz";
+        let summary = ActionSummary::describe(&shell(command), "ephemeral", Some(500));
+        let text = summary.lines.join("\n");
+        for secret in ["abc123", "hunter2", "s3cret", "tok_live_1", "zzz"] {
+            assert!(!text.contains(secret), "{secret} leaked: {text}");
+        }
+        assert!(
+            text.contains("example.com/x") && text.contains("timeout: 500 ms"),
+            "{text}"
+        );
+        let file = Execution::File {
+            path: "a.txt".into(),
+            content: Some("top secret body".into()),
+            operation: FileOperation::Write,
+        };
+        let text = ActionSummary::describe(&file, "ephemeral", None)
+            .lines
+            .join("\n");
+        assert!(
+            text.contains("write file a.txt (15 bytes)") && !text.contains("top secret"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn summaries_are_bounded() {
+        let long_lines: String = (0..40)
+            .map(|i| format!("echo {i} {}\n", "x".repeat(900)))
+            .collect();
+        let summary = ActionSummary::describe(&shell(&long_lines), "ephemeral", None);
+        assert!(summary.incomplete);
+        assert!(summary.lines.len() <= SUMMARY_LINES);
+        assert!(summary.lines.iter().all(|l| l.len() <= SUMMARY_LINE_BYTES));
+        assert!(summary.lines.iter().map(String::len).sum::<usize>() <= SUMMARY_TOTAL_BYTES);
+        let short = ActionSummary::describe(&shell("true"), "ephemeral", None);
+        assert!(!short.incomplete);
+        assert_eq!(
+            short.lines,
+            [
+                "run a shell command (sh -c):",
+                "  true",
+                "workspace: ephemeral"
+            ]
+        );
+    }
+}

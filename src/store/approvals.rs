@@ -1,0 +1,296 @@
+//! Approvals: gates that hold a run in `awaiting_approval` until an operator decides.
+//! Resolving one moves the approval, the run and the task, enqueues or cancels the run,
+//! and records the events, in one transaction. Rows are locked run first, approval
+//! second, the same order cancellation takes them in.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+
+use super::events::{self, NewEvent};
+use super::runs::{self, Change, RunRecord};
+use super::transitions::{self, Transition};
+use super::{Result, StoreError};
+use crate::domain::approval::{ActionSummary, ApprovalKind, Decision};
+use crate::domain::{Actor, EventType, RunStatus, new_id};
+use crate::queue;
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct ApprovalRecord {
+    pub id: String,
+    pub task_id: String,
+    pub run_id: String,
+    pub kind: String,
+    /// `pending`, `approved`, `rejected`, `cancelled`, or `expired` (a pending approval
+    /// past its `expires_at` reads as expired).
+    pub status: String,
+    pub action_summary: Vec<String>,
+    pub action_summary_incomplete: bool,
+    pub decision_note: Option<String>,
+    pub resolved_by: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub resolved_at: Option<DateTime<Utc>>,
+}
+
+const SELECT_APPROVAL: &str = "
+    SELECT id, task_id, run_id, kind,
+           CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END AS status,
+           action_summary, action_summary_incomplete, decision_note, resolved_by, created_at,
+           expires_at, resolved_at
+    FROM approvals";
+
+/// Opens a pending approval on a run (inside its admission transaction). The caller
+/// appends the `approval.requested` event last.
+pub async fn create(
+    conn: &mut PgConnection,
+    run: &RunRecord,
+    kind: ApprovalKind,
+    summary: &ActionSummary,
+    ttl: Option<Duration>,
+    actor: &Actor,
+) -> Result<ApprovalRecord> {
+    let ttl_ms = ttl.map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
+    let approval: ApprovalRecord = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "WITH inserted AS (
+             INSERT INTO approvals (id, task_id, run_id, kind, status, action_summary,
+                                    action_summary_incomplete, expires_at)
+             VALUES ($1, $2, $3, $4, 'pending', $5, $6, now() + $7 * interval '1 millisecond')
+             RETURNING *)
+         {} ",
+        SELECT_APPROVAL.replace("FROM approvals", "FROM inserted")
+    )))
+    .bind(new_id("apr"))
+    .bind(&run.task_id)
+    .bind(&run.id)
+    .bind(kind.as_str())
+    .bind(&summary.lines)
+    .bind(summary.incomplete)
+    .bind(ttl_ms)
+    .fetch_one(&mut *conn)
+    .await?;
+    record(
+        conn,
+        &approval,
+        None,
+        "pending",
+        Some("run gated by the approval policy"),
+        actor,
+    )
+    .await?;
+    Ok(approval)
+}
+
+async fn record(
+    conn: &mut PgConnection,
+    approval: &ApprovalRecord,
+    from: Option<&str>,
+    to: &str,
+    reason: Option<&str>,
+    actor: &Actor,
+) -> Result<()> {
+    let transition = Transition {
+        entity_type: "approval",
+        entity_id: &approval.id,
+        task_id: &approval.task_id,
+        from,
+        to,
+        reason,
+    };
+    transitions::record(conn, transition, actor).await
+}
+
+pub fn requested_event(approval: &ApprovalRecord) -> NewEvent<'_> {
+    let data = serde_json::json!({
+        "approval_id": approval.id,
+        "kind": approval.kind,
+        "action_summary": approval.action_summary,
+        "action_summary_incomplete": approval.action_summary_incomplete,
+        "expires_at": approval.expires_at,
+    });
+    NewEvent::new(
+        &approval.task_id,
+        &approval.run_id,
+        EventType::ApprovalRequested,
+    )
+    .with(data)
+}
+
+pub async fn get(
+    conn: &mut PgConnection,
+    task_id: &str,
+    approval_id: &str,
+) -> Result<ApprovalRecord> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "{SELECT_APPROVAL} WHERE task_id = $1 AND id = $2"
+    )))
+    .bind(task_id)
+    .bind(approval_id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("approval"))
+}
+
+/// Approvals of one task, or of every task when `task_id` is None (the inbox); oldest first.
+pub async fn list(
+    conn: &mut PgConnection,
+    task_id: Option<&str>,
+    status: Option<&str>,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ApprovalRecord>> {
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT * FROM ({SELECT_APPROVAL}) a
+         WHERE ($1::text IS NULL OR a.task_id = $1) AND ($2::text IS NULL OR a.status = $2)
+           AND ($3::text IS NULL OR a.id > $3)
+         ORDER BY a.id LIMIT $4"
+    )))
+    .bind(task_id)
+    .bind(status)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Applies an operator's decision. Approving the run's last pending gate queues it;
+/// rejecting any gate cancels the run and its other gates.
+pub async fn resolve(
+    conn: &mut PgConnection,
+    task_id: &str,
+    approval_id: &str,
+    decision: Decision,
+    note: Option<&str>,
+    actor: &Actor,
+) -> Result<(ApprovalRecord, RunRecord)> {
+    let run_id = get(conn, task_id, approval_id).await?.run_id;
+    let run = runs::lock(conn, &run_id).await?;
+    let approval: ApprovalRecord = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "{SELECT_APPROVAL} WHERE id = $1 FOR UPDATE"
+    )))
+    .bind(approval_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    if approval.status != "pending" {
+        return Err(StoreError::Conflict(format!(
+            "approval {approval_id} is {}, not pending; it can no longer be resolved",
+            approval.status
+        )));
+    }
+    if run.status() != RunStatus::AwaitingApproval {
+        return Err(StoreError::Conflict(format!(
+            "run {run_id} is {}, not awaiting approval",
+            run.status
+        )));
+    }
+    let to = match decision {
+        Decision::Approve => "approved",
+        Decision::Reject => "rejected",
+    };
+    let approval = settle(conn, &approval.id, to, note, actor).await?;
+    record(conn, &approval, Some("pending"), to, note, actor).await?;
+    let resolved = serde_json::json!({ "approval_id": approval.id, "kind": approval.kind,
+                                       "decision": to, "note": note, "resolved_by": actor.to_string() });
+    let mut run_event = None;
+    let run = match decision {
+        Decision::Approve if pending_count(conn, &run_id).await? == 0 => {
+            let reason = Some("all approvals granted");
+            let run = runs::transition(
+                conn,
+                &run_id,
+                RunStatus::Queued,
+                Change::default(),
+                actor,
+                reason,
+            )
+            .await?;
+            let priority = runs::priority_of(conn, &run_id).await?;
+            queue::enqueue(conn, queue::RUN_KIND, &run_id, priority).await?;
+            run_event = Some(EventType::RunQueued);
+            run
+        }
+        Decision::Approve => run,
+        Decision::Reject => {
+            cancel_pending(conn, &run_id, "another approval of the run was rejected").await?;
+            let change = Change {
+                last_error: Some("approval rejected"),
+                ..Change::default()
+            };
+            let run = runs::transition(
+                conn,
+                &run_id,
+                RunStatus::Cancelled,
+                change,
+                actor,
+                Some("approval rejected"),
+            )
+            .await?;
+            run_event = Some(EventType::RunCancelled);
+            run
+        }
+    };
+    let mut appended =
+        vec![NewEvent::new(task_id, &run_id, EventType::ApprovalResolved).with(resolved)];
+    appended.extend(run_event.map(|event| NewEvent::new(task_id, &run_id, event)));
+    events::append(conn, &appended).await?;
+    Ok((approval, run))
+}
+
+async fn settle(
+    conn: &mut PgConnection,
+    approval_id: &str,
+    to: &str,
+    note: Option<&str>,
+    actor: &Actor,
+) -> Result<ApprovalRecord> {
+    let approval = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "WITH settled AS (
+             UPDATE approvals SET status = $2, decision_note = $3, resolved_by = $4, resolved_at = now()
+             WHERE id = $1 RETURNING *)
+         {}",
+        SELECT_APPROVAL.replace("FROM approvals", "FROM settled")
+    )))
+    .bind(approval_id)
+    .bind(to)
+    .bind(note)
+    .bind(actor.to_string())
+    .fetch_one(conn)
+    .await?;
+    Ok(approval)
+}
+
+async fn pending_count(conn: &mut PgConnection, run_id: &str) -> Result<i64> {
+    let n = sqlx::query_scalar(
+        "SELECT count(*) FROM approvals WHERE run_id = $1 AND status = 'pending'",
+    )
+    .bind(run_id)
+    .fetch_one(conn)
+    .await?;
+    Ok(n)
+}
+
+/// Cancels a run's pending approvals on behalf of the system (the run was cancelled).
+pub async fn cancel_pending(conn: &mut PgConnection, run_id: &str, reason: &str) -> Result<()> {
+    let pending: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM approvals WHERE run_id = $1 AND status = 'pending' ORDER BY id FOR UPDATE",
+    )
+    .bind(run_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    for id in pending {
+        let approval = settle(conn, &id, "cancelled", Some(reason), &Actor::System).await?;
+        record(
+            conn,
+            &approval,
+            Some("pending"),
+            "cancelled",
+            Some(reason),
+            &Actor::System,
+        )
+        .await?;
+    }
+    Ok(())
+}

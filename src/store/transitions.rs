@@ -1,0 +1,76 @@
+//! The audit trail: one row per state change of a task, run or approval, written in the
+//! transaction that made the change.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+
+use super::Result;
+use crate::domain::Actor;
+
+/// One state change to record.
+pub struct Transition<'a> {
+    pub entity_type: &'static str,
+    pub entity_id: &'a str,
+    pub task_id: &'a str,
+    pub from: Option<&'a str>,
+    pub to: &'a str,
+    pub reason: Option<&'a str>,
+}
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct TransitionRecord {
+    pub id: i64,
+    pub entity_type: String,
+    pub entity_id: String,
+    pub task_id: String,
+    pub from_status: Option<String>,
+    pub to_status: String,
+    pub reason: Option<String>,
+    pub actor: String,
+    pub occurred_at: DateTime<Utc>,
+}
+
+pub async fn record(
+    conn: &mut PgConnection,
+    transition: Transition<'_>,
+    actor: &Actor,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO state_transitions (entity_type, entity_id, task_id, from_status, to_status, reason, actor)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(transition.entity_type)
+    .bind(transition.entity_id)
+    .bind(transition.task_id)
+    .bind(transition.from)
+    .bind(transition.to)
+    .bind(transition.reason)
+    .bind(actor.to_string())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Oldest first; `after` is the id of the last record of the previous page.
+pub async fn list(
+    conn: &mut PgConnection,
+    entity_type: Option<&str>,
+    entity_id: Option<&str>,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<TransitionRecord>> {
+    let rows = sqlx::query_as(
+        "SELECT id, entity_type, entity_id, task_id, from_status, to_status, reason, actor, occurred_at
+         FROM state_transitions
+         WHERE ($1::text IS NULL OR entity_type = $1) AND ($2::text IS NULL OR entity_id = $2) AND id > $3
+         ORDER BY id LIMIT $4",
+    )
+    .bind(entity_type)
+    .bind(entity_id)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
