@@ -43,6 +43,8 @@ pub enum Command {
     Worker(WorkerArgs),
     /// Applies database migrations and exits.
     Migrate,
+    /// Prints the HTTP API's OpenAPI 3.1 document (as served at /v1/openapi.json).
+    Openapi,
 }
 
 pub fn main() -> ExitCode {
@@ -68,6 +70,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let shutdown = shutdown_on_signal();
     let common = cli.common;
     match cli.command {
+        Command::Openapi => {
+            println!("{}", serde_json::to_string_pretty(&api::openapi())?);
+            Ok(())
+        }
         Command::Migrate => {
             let pool = connect(&common, "migrate").await?;
             store::migrate(&pool).await.context("applying migrations")?;

@@ -1,38 +1,40 @@
 //! Approvals: per task, the cross-task inbox, and resolution.
 
+use axum::Json;
 use axum::extract::{Path, State};
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::extract::{ApiJson, ApiQuery};
-use super::{ApiError, AppState, list, object, page_limit};
+use super::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object, page_limit};
 use crate::domain::Actor;
 use crate::domain::approval::Decision;
+use crate::store::approvals::ApprovalRecord;
+use crate::store::runs::RunRecord;
 use crate::store::{approvals, tasks};
 
 const STATUSES: [&str; 5] = ["pending", "approved", "rejected", "cancelled", "expired"];
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/approvals", get(inbox))
-        .route("/tasks/{task_id}/approvals", get(list_for_task))
-        .route(
-            "/tasks/{task_id}/approvals/{approval_id}",
-            get(get_approval),
-        )
-        .route(
-            "/tasks/{task_id}/approvals/{approval_id}/resolve",
-            post(resolve),
-        )
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(inbox))
+        .routes(routes!(list_for_task))
+        .routes(routes!(get_approval))
+        .routes(routes!(resolve))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct ApprovalQuery {
+    /// `pending`, `approved`, `rejected`, `cancelled` or `expired`.
     status: Option<String>,
+    /// Page size, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
+    /// `next_cursor` of the previous page.
     cursor: Option<String>,
 }
 
@@ -48,10 +50,13 @@ impl ApprovalQuery {
     }
 }
 
+/// The approval inbox across tasks, oldest first.
+#[utoipa::path(get, path = "/approvals", tag = "approvals", params(ApprovalQuery),
+    responses((status = 200, description = "A page of approvals", body = ListEnvelope<ApprovalRecord>)))]
 async fn inbox(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<ApprovalQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ListEnvelope<ApprovalRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
     let mut conn = state.pool.acquire().await?;
     let rows = approvals::list(
@@ -65,11 +70,15 @@ async fn inbox(
     Ok(Json(list(rows, limit, |a| a.id.clone())))
 }
 
+/// A task's approvals, oldest first.
+#[utoipa::path(get, path = "/tasks/{task_id}/approvals", tag = "approvals",
+    params(("task_id" = String, Path), ApprovalQuery),
+    responses((status = 200, description = "A page of approvals", body = ListEnvelope<ApprovalRecord>)))]
 async fn list_for_task(
     State(state): State<AppState>,
     Path(task_id): Path<String>,
     ApiQuery(query): ApiQuery<ApprovalQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ListEnvelope<ApprovalRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
     let mut conn = state.pool.acquire().await?;
     tasks::get(&mut conn, &task_id).await?;
@@ -84,10 +93,14 @@ async fn list_for_task(
     Ok(Json(list(rows, limit, |a| a.id.clone())))
 }
 
+/// Reads an approval.
+#[utoipa::path(get, path = "/tasks/{task_id}/approvals/{approval_id}", tag = "approvals",
+    params(("task_id" = String, Path), ("approval_id" = String, Path)),
+    responses((status = 200, description = "The approval", body = ObjectEnvelope<ApprovalRecord>)))]
 async fn get_approval(
     State(state): State<AppState>,
     Path((task_id, approval_id)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ObjectEnvelope<ApprovalRecord>>, ApiError> {
     let mut conn = state.pool.acquire().await?;
     Ok(Json(object(
         "task_approval",
@@ -95,20 +108,35 @@ async fn get_approval(
     )))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ResolveRequest {
+    /// `approve` or `reject` (required).
+    #[schema(example = "approve")]
     decision: Option<String>,
+    /// Why; kept on the approval (at most 4096 bytes).
     note: Option<String>,
+}
+
+/// A decision's result: the approval and the run it gated.
+#[derive(Debug, Serialize, ToSchema)]
+struct Resolution {
+    approval: ApprovalRecord,
+    run: RunRecord,
 }
 
 const MAX_NOTE_BYTES: usize = 4096;
 
+/// Approves or rejects a pending approval; approving the last gate queues the run,
+/// rejecting cancels it. 409 when the approval is not pending.
+#[utoipa::path(post, path = "/tasks/{task_id}/approvals/{approval_id}/resolve", tag = "approvals",
+    params(("task_id" = String, Path), ("approval_id" = String, Path)), request_body = ResolveRequest,
+    responses((status = 200, description = "The resolved approval and its run", body = ObjectEnvelope<Resolution>)))]
 async fn resolve(
     State(state): State<AppState>,
     Path((task_id, approval_id)): Path<(String, String)>,
     ApiJson(request): ApiJson<ResolveRequest>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ObjectEnvelope<Resolution>>, ApiError> {
     let decision = request.decision.as_deref().ok_or_else(|| {
         ApiError::from(crate::domain::Invalid::new(
             "decision",
@@ -138,8 +166,5 @@ async fn resolve(
     )
     .await?;
     tx.commit().await?;
-    Ok(Json(object(
-        "task_approval",
-        json!({ "approval": approval, "run": run }),
-    )))
+    Ok(Json(object("task_approval", Resolution { approval, run })))
 }

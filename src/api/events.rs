@@ -5,49 +5,56 @@
 
 use std::convert::Infallible;
 
+use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::routing::get;
-use axum::{Json, Router};
 use futures_util::Stream;
 use serde::Deserialize;
-use serde_json::Value;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::extract::ApiQuery;
-use super::{ApiError, AppState, list, page_limit};
+use super::{ApiError, AppState, ListEnvelope, list, page_limit};
 use crate::store::events::{self, EventRecord, FeedFilter};
 use crate::store::{StoreError, runs};
 
 const STREAM_PAGE: i64 = 500;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/tasks/{task_id}/runs/{run_id}/events",
-            get(list_run_events),
-        )
-        .route(
-            "/tasks/{task_id}/runs/{run_id}/stream",
-            get(stream_run_events),
-        )
-        .route("/events", get(list_feed))
-        .route("/events/stream", get(stream_feed))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_run_events))
+        .routes(routes!(stream_run_events))
+        .routes(routes!(list_feed))
+        .routes(routes!(stream_feed))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct EventsQuery {
+    /// Only events with a greater `sequence` (default 0).
+    #[param(minimum = 0)]
     after_sequence: Option<i64>,
+    /// Page size, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct FeedQuery {
+    /// Only events with a greater `global_sequence` (default 0).
+    #[param(minimum = 0)]
     after_sequence: Option<i64>,
+    /// Page size, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
+    /// Comma-separated event types; any of them matches.
     event_type: Option<String>,
+    /// Only this task's events.
     task_id: Option<String>,
 }
 
@@ -86,11 +93,15 @@ fn cursor(after_sequence: Option<i64>, headers: &HeaderMap) -> Result<i64, ApiEr
     }
 }
 
+/// A run's events in order; the cursor is `after_sequence`.
+#[utoipa::path(get, path = "/tasks/{task_id}/runs/{run_id}/events", tag = "events",
+    params(("task_id" = String, Path), ("run_id" = String, Path), EventsQuery),
+    responses((status = 200, description = "A page of events", body = ListEnvelope<EventRecord>)))]
 async fn list_run_events(
     State(state): State<AppState>,
     Path((task_id, run_id)): Path<(String, String)>,
     ApiQuery(query): ApiQuery<EventsQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ListEnvelope<EventRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
     let after = cursor(query.after_sequence, &HeaderMap::new())?;
     let mut conn = state.pool.acquire().await?;
@@ -99,10 +110,13 @@ async fn list_run_events(
     Ok(Json(list(rows, limit, |e| e.sequence.to_string())))
 }
 
+/// The public feed of every run's events, in global order.
+#[utoipa::path(get, path = "/events", tag = "events", params(FeedQuery),
+    responses((status = 200, description = "A page of events", body = ListEnvelope<EventRecord>)))]
 async fn list_feed(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<FeedQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ListEnvelope<EventRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
     let after = cursor(query.after_sequence, &HeaderMap::new())?;
     let mut conn = state.pool.acquire().await?;
@@ -110,7 +124,12 @@ async fn list_feed(
     Ok(Json(list(rows, limit, |e| e.global_sequence.to_string())))
 }
 
-/// The run's events from the cursor on; the stream ends after the run's terminal event.
+/// The run's events as server-sent events from the cursor on (`after_sequence` or the
+/// `Last-Event-ID` header); the stream ends after the run's terminal event.
+#[utoipa::path(get, path = "/tasks/{task_id}/runs/{run_id}/stream", tag = "events",
+    params(("task_id" = String, Path), ("run_id" = String, Path), EventsQuery,
+           ("Last-Event-ID" = Option<String>, Header, description = "Resume after this sequence")),
+    responses((status = 200, description = "An SSE stream; each event's data is an event object", content_type = "text/event-stream", body = String)))]
 async fn stream_run_events(
     State(state): State<AppState>,
     Path((task_id, run_id)): Path<(String, String)>,
@@ -155,7 +174,11 @@ async fn stream_run_events(
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
-/// The public feed from the cursor on (SSE ids are global sequences); never ends.
+/// The public feed as server-sent events from the cursor on (SSE ids are global
+/// sequences); never ends.
+#[utoipa::path(get, path = "/events/stream", tag = "events",
+    params(FeedQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this global sequence")),
+    responses((status = 200, description = "An SSE stream; each event's data is an event object", content_type = "text/event-stream", body = String)))]
 async fn stream_feed(
     State(state): State<AppState>,
     headers: HeaderMap,

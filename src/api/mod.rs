@@ -6,6 +6,7 @@ mod error;
 mod events;
 mod extract;
 mod middleware;
+mod openapi;
 mod system;
 mod tasks;
 
@@ -14,11 +15,12 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
 
 use crate::store::runs::AdmissionRules;
 
@@ -95,16 +97,31 @@ async fn follow_events(
     Ok(rx)
 }
 
-pub fn app(state: AppState) -> Router {
-    Router::new()
+/// Every documented route: the router and the OpenAPI document come from the same
+/// `#[utoipa::path]` annotations, so they cannot drift apart.
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::base())
         .merge(system::router())
         .nest(
             "/v1",
             tasks::router()
                 .merge(approvals::router())
                 .merge(events::router())
-                .merge(system::v1_router()),
+                .merge(system::v1_router())
+                .merge(openapi::router()),
         )
+}
+
+/// The OpenAPI document of this build (`keel openapi`, `GET /v1/openapi.json`).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let (_, doc) = routes().split_for_parts();
+    openapi::finish(doc)
+}
+
+pub fn app(state: AppState) -> Router {
+    let (router, _) = routes().split_for_parts();
+    router
+        .route("/docs", axum::routing::get(openapi::reference_page))
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)
         .with_state(state)
@@ -116,10 +133,14 @@ pub fn app(state: AppState) -> Router {
 }
 
 /// `limit` and `cursor` of a paginated list.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct PageQuery {
+    /// Page size, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<i64>,
+    /// `next_cursor` of the previous page.
     pub cursor: Option<String>,
 }
 
@@ -132,9 +153,48 @@ pub fn page_limit(limit: Option<i64>) -> Result<i64, ApiError> {
     }
 }
 
+/// A page of a list.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ListEnvelope<T> {
+    /// Always `list`.
+    #[schema(example = "list")]
+    pub object: &'static str,
+    pub data: Vec<T>,
+    /// Whether another page follows.
+    pub has_more: bool,
+    /// Pass as `cursor` to get the next page; null on the last page.
+    pub next_cursor: Option<String>,
+}
+
+impl<T> ListEnvelope<T> {
+    /// The same page with each item transformed.
+    pub fn map<U>(self, f: impl FnMut(T) -> U) -> ListEnvelope<U> {
+        let ListEnvelope {
+            object,
+            data,
+            has_more,
+            next_cursor,
+        } = self;
+        ListEnvelope {
+            object,
+            data: data.into_iter().map(f).collect(),
+            has_more,
+            next_cursor,
+        }
+    }
+}
+
+/// One resource.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ObjectEnvelope<T> {
+    /// The resource's type, for example `task` or `task_run`.
+    pub object: &'static str,
+    pub data: T,
+}
+
 /// A list envelope from `limit + 1` fetched rows: `has_more` tells whether a next page
 /// exists and `next_cursor` is what to pass as `cursor` to get it.
-pub fn list<T: Serialize>(mut rows: Vec<T>, limit: i64, cursor_of: impl Fn(&T) -> String) -> Value {
+pub fn list<T>(mut rows: Vec<T>, limit: i64, cursor_of: impl Fn(&T) -> String) -> ListEnvelope<T> {
     let has_more = rows.len() as i64 > limit;
     rows.truncate(limit as usize);
     let next_cursor = if has_more {
@@ -142,9 +202,14 @@ pub fn list<T: Serialize>(mut rows: Vec<T>, limit: i64, cursor_of: impl Fn(&T) -
     } else {
         None
     };
-    json!({ "object": "list", "data": rows, "has_more": has_more, "next_cursor": next_cursor })
+    ListEnvelope {
+        object: "list",
+        data: rows,
+        has_more,
+        next_cursor,
+    }
 }
 
-pub fn object<T: Serialize>(name: &str, data: T) -> Value {
-    json!({ "object": name, "data": data })
+pub fn object<T>(name: &'static str, data: T) -> ObjectEnvelope<T> {
+    ObjectEnvelope { object: name, data }
 }

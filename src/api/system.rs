@@ -1,41 +1,49 @@
-//! Health, readiness and system stats.
+//! Health, readiness, system stats, the audit trail and queue leases.
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::extract::ApiQuery;
-use super::{ApiError, AppState, list, object, page_limit};
-use crate::store::leases::{self, LeaseStatus};
+use super::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object, page_limit};
+use crate::store::leases::{self, LeaseRecord, LeaseStatus};
+use crate::store::stats::{KindStats, WorkerStats};
+use crate::store::transitions::TransitionRecord;
 use crate::store::{self, stats, transitions};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// A worker is live while its registry heartbeat is younger than this.
 const WORKER_LIVE_MS: i64 = 30_000;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
 }
 
-pub fn v1_router() -> Router<AppState> {
-    Router::new()
-        .route("/system/stats", get(system_stats))
-        .route("/state-transitions", get(state_transitions))
-        .route("/runtime/leases", get(runtime_leases))
+pub fn v1_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(system_stats))
+        .routes(routes!(state_transitions))
+        .routes(routes!(runtime_leases))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct TransitionQuery {
+    /// `task`, `run` or `approval`.
     entity_type: Option<String>,
     entity_id: Option<String>,
+    /// Page size, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
+    /// `next_cursor` of the previous page.
     cursor: Option<String>,
 }
 
@@ -50,11 +58,13 @@ fn numeric_cursor(cursor: Option<&str>) -> Result<i64, ApiError> {
     }
 }
 
-/// The audit trail, oldest first, optionally of one entity.
+/// The audit trail: every state change of tasks, runs and approvals, oldest first.
+#[utoipa::path(get, path = "/state-transitions", tag = "system", params(TransitionQuery),
+    responses((status = 200, description = "A page of transitions", body = ListEnvelope<TransitionRecord>)))]
 async fn state_transitions(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<TransitionQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ListEnvelope<TransitionRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
     if let Some(kind) = query
         .entity_type
@@ -78,19 +88,26 @@ async fn state_transitions(
     Ok(Json(list(rows, limit, |t| t.id.to_string())))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct LeaseQuery {
+    /// `active` (default), `expired` or `released`.
     status: Option<String>,
+    /// Page size, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
+    /// `next_cursor` of the previous page.
     cursor: Option<String>,
 }
 
-/// Queue leases: `active` (default), `expired` (not yet reclaimed) or `released`.
+/// Queue leases: `active`, `expired` (not yet taken over) or `released` (kept 7 days).
+#[utoipa::path(get, path = "/runtime/leases", tag = "system", params(LeaseQuery),
+    responses((status = 200, description = "A page of leases", body = ListEnvelope<LeaseRecord>)))]
 async fn runtime_leases(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<LeaseQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ListEnvelope<LeaseRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
     let status = query.status.as_deref().unwrap_or("active");
     let status = LeaseStatus::parse(status).ok_or_else(|| {
@@ -101,48 +118,103 @@ async fn runtime_leases(
     let after = numeric_cursor(query.cursor.as_deref())?;
     let mut conn = state.pool.acquire().await?;
     let rows = leases::list(&mut conn, status, after, limit + 1).await?;
-    let cursors: Vec<i64> = rows.iter().map(|(cursor, _)| *cursor).collect();
-    let leases: Vec<_> = rows.into_iter().map(|(_, lease)| lease).collect();
-    let mut page = list(leases, limit, |_| String::new());
-    if page["has_more"] == true {
-        page["next_cursor"] = cursors[limit as usize - 1].to_string().into();
-    }
-    Ok(Json(page))
+    Ok(Json(
+        list(rows, limit, |(cursor, _)| cursor.to_string()).map(|(_, lease)| lease),
+    ))
 }
 
-/// Liveness: touches nothing.
-async fn healthz() -> Json<Value> {
-    Json(json!({ "status": "ok", "time": chrono::Utc::now(), "version": VERSION }))
+#[derive(Debug, Serialize, ToSchema)]
+struct Health {
+    #[schema(example = "ok")]
+    status: &'static str,
+    time: DateTime<Utc>,
+    version: &'static str,
+}
+
+/// Liveness: the process serves HTTP. Touches nothing else.
+#[utoipa::path(get, path = "/healthz", tag = "system",
+    responses((status = 200, description = "Alive", body = Health)))]
+async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok",
+        time: Utc::now(),
+        version: VERSION,
+    })
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+struct Readiness {
+    /// `ready` or `not_ready`.
+    status: &'static str,
+    /// `ok` or `unreachable`.
+    database: &'static str,
+    /// `current`, `pending` or `unknown`.
+    migrations: &'static str,
 }
 
 /// Readiness: the database answers and has every migration this binary needs.
-async fn readyz(State(state): State<AppState>) -> Response {
+#[utoipa::path(get, path = "/readyz", tag = "system",
+    responses((status = 200, description = "Ready", body = Readiness),
+              (status = 503, description = "Not ready", body = Readiness)))]
+async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) {
     let (status, database, migrations) = match store::migrations_current(&state.pool).await {
         Ok(true) => (StatusCode::OK, "ok", "current"),
         Ok(false) => (StatusCode::SERVICE_UNAVAILABLE, "ok", "pending"),
         Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "unreachable", "unknown"),
     };
-    let body = json!({
-        "status": if status == StatusCode::OK { "ready" } else { "not_ready" },
-        "database": database,
-        "migrations": migrations,
-    });
-    (status, Json(body)).into_response()
+    let ready = if status == StatusCode::OK {
+        "ready"
+    } else {
+        "not_ready"
+    };
+    (
+        status,
+        Json(Readiness {
+            status: ready,
+            database,
+            migrations,
+        }),
+    )
 }
 
-async fn system_stats(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+#[derive(Debug, Serialize, ToSchema)]
+struct SystemStats {
+    /// Per job kind: depth, ready, leased, age of the oldest ready job.
+    queue: Vec<KindStats>,
+    active_leases: i64,
+    workers: Workers,
+    #[schema(example = "postgres")]
+    queue_backend: &'static str,
+    version: &'static str,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+struct Workers {
+    /// Workers with a fresh heartbeat, across every replica.
+    live: usize,
+    list: Vec<WorkerStats>,
+}
+
+/// Queue depth and age per kind, leases, and live workers across all replicas.
+#[utoipa::path(get, path = "/system/stats", tag = "system",
+    responses((status = 200, description = "The figures", body = ObjectEnvelope<SystemStats>)))]
+async fn system_stats(
+    State(state): State<AppState>,
+) -> Result<Json<ObjectEnvelope<SystemStats>>, ApiError> {
     let mut conn = state.pool.acquire().await?;
     let queue = stats::queue(&mut conn).await?;
     let workers = stats::live_workers(&mut conn, WORKER_LIVE_MS).await?;
     let active_leases: i64 = queue.iter().map(|k| k.leased).sum();
-    Ok(Json(object(
-        "system_stats",
-        json!({
-            "queue": queue,
-            "active_leases": active_leases,
-            "workers": { "live": workers.len(), "list": workers },
-            "queue_backend": "postgres",
-            "version": VERSION,
-        }),
-    )))
+    let workers = Workers {
+        live: workers.len(),
+        list: workers,
+    };
+    let stats = SystemStats {
+        queue,
+        active_leases,
+        workers,
+        queue_backend: "postgres",
+        version: VERSION,
+    };
+    Ok(Json(object("system_stats", stats)))
 }

@@ -1,69 +1,79 @@
 //! Tasks, runs, steps and artifacts.
 
+use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use serde::Deserialize;
-use serde_json::Value;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::extract::{ApiJson, ApiQuery, OptionalJson};
-use super::{ApiError, AppState, PageQuery, list, object, page_limit};
+use super::{
+    ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object, page_limit,
+};
 use crate::domain::task::{TaskDraft, parse_budget};
 use crate::domain::{Actor, NewTask, TaskStatus};
-use crate::store::runs::{Admission, Admitted, Origin};
+use crate::store::artifacts::ArtifactRecord;
+use crate::store::runs::{Admission, Admitted, Origin, RunRecord};
+use crate::store::steps::StepRecord;
+use crate::store::tasks::TaskRecord;
 use crate::store::{artifacts, runs, steps, tasks};
 
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/tasks", post(create_task).get(list_tasks))
-        .route("/tasks/{task_id}", get(get_task).delete(delete_task))
-        .route("/tasks/{task_id}/start", post(start_task))
-        .route("/tasks/{task_id}/runs", get(list_runs))
-        .route("/tasks/{task_id}/runs/{run_id}", get(get_run))
-        .route("/tasks/{task_id}/runs/{run_id}/retry", post(retry_run))
-        .route("/tasks/{task_id}/runs/{run_id}/resume", post(resume_run))
-        .route("/tasks/{task_id}/runs/{run_id}/cancel", post(cancel_run))
-        .route("/tasks/{task_id}/runs/{run_id}/steps", get(list_steps))
-        .route(
-            "/tasks/{task_id}/runs/{run_id}/artifacts",
-            get(list_artifacts),
-        )
-        .route(
-            "/tasks/{task_id}/runs/{run_id}/artifacts/{artifact_id}",
-            get(get_artifact),
-        )
-        .route(
-            "/tasks/{task_id}/runs/{run_id}/artifacts/{artifact_id}/content",
-            get(artifact_content),
-        )
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_task, list_tasks))
+        .routes(routes!(get_task, delete_task))
+        .routes(routes!(start_task))
+        .routes(routes!(list_runs))
+        .routes(routes!(get_run))
+        .routes(routes!(retry_run))
+        .routes(routes!(resume_run))
+        .routes(routes!(cancel_run))
+        .routes(routes!(list_steps))
+        .routes(routes!(list_artifacts))
+        .routes(routes!(get_artifact))
+        .routes(routes!(artifact_content))
 }
 
+type Result<T> = std::result::Result<T, ApiError>;
+
+/// Creates a task: durable execution intent. Nothing is queued until it is started.
+#[utoipa::path(post, path = "/tasks", tag = "tasks", request_body = TaskDraft,
+    responses((status = 201, description = "The new task, `not_started`", body = ObjectEnvelope<TaskRecord>)))]
 async fn create_task(
     State(state): State<AppState>,
     ApiJson(draft): ApiJson<TaskDraft>,
-) -> Result<impl IntoResponse, ApiError> {
+) -> Result<(StatusCode, Json<ObjectEnvelope<TaskRecord>>)> {
     let task = NewTask::parse(draft)?;
     let mut conn = state.pool.acquire().await?;
     let task = tasks::insert(&mut conn, &task, &Actor::Api).await?;
     Ok((StatusCode::CREATED, Json(object("task", task))))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct TaskListQuery {
+    /// Page size, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
+    /// `next_cursor` of the previous page.
     cursor: Option<String>,
+    /// `not_started` or a run status.
     status: Option<String>,
 }
 
+/// Lists tasks, newest first.
+#[utoipa::path(get, path = "/tasks", tag = "tasks", params(TaskListQuery),
+    responses((status = 200, description = "A page of tasks", body = ListEnvelope<TaskRecord>)))]
 async fn list_tasks(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<TaskListQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ListEnvelope<TaskRecord>>> {
     let limit = page_limit(query.limit)?;
     let status = match query.status.as_deref() {
         None => None,
@@ -79,59 +89,96 @@ async fn list_tasks(
     Ok(Json(list(rows, limit, |t| t.id.clone())))
 }
 
+/// Reads a task with its latest-run projection.
+#[utoipa::path(get, path = "/tasks/{task_id}", tag = "tasks", params(("task_id" = String, Path)),
+    responses((status = 200, description = "The task", body = ObjectEnvelope<TaskRecord>)))]
 async fn get_task(
     State(state): State<AppState>,
     Path(task_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ObjectEnvelope<TaskRecord>>> {
     let mut conn = state.pool.acquire().await?;
     Ok(Json(object("task", tasks::get(&mut conn, &task_id).await?)))
 }
 
+/// What a deletion removed.
+#[derive(Debug, Serialize, ToSchema)]
+struct Deleted {
+    #[schema(example = "task")]
+    object: &'static str,
+    id: String,
+    deleted: bool,
+}
+
+/// Deletes a task with its runs, steps, artifacts and events; 409 while a run is active.
+#[utoipa::path(delete, path = "/tasks/{task_id}", tag = "tasks", params(("task_id" = String, Path)),
+    responses((status = 200, description = "The task is gone", body = Deleted)))]
 async fn delete_task(
     State(state): State<AppState>,
     Path(task_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Deleted>> {
     let mut tx = state.pool.begin().await?;
     tasks::delete(&mut tx, &task_id, &Actor::Api).await?;
     tx.commit().await?;
-    Ok(Json(
-        serde_json::json!({ "object": "task", "id": task_id, "deleted": true }),
-    ))
+    Ok(Json(Deleted {
+        object: "task",
+        id: task_id,
+        deleted: true,
+    }))
 }
 
 /// Optional body of start, retry and resume.
-#[derive(Debug, Default, Deserialize, serde::Serialize)]
+#[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct StartRequest {
+    /// Why, for the run's `run.created` event.
     reason: Option<String>,
-    /// Raises the task's budget (never lowers it).
+    /// Raises the task's budget (never lowers it); micro-USD, not negative.
+    #[schema(minimum = 0)]
     budget_micros_usd: Option<i64>,
 }
 
+/// A run: 201 when created, 200 when an `Idempotency-Key` replays an earlier request.
+type Admitted201 = (StatusCode, Json<ObjectEnvelope<RunRecord>>);
+
+/// Starts the task: creates its next run, queued (or awaiting approval), in one transaction.
+#[utoipa::path(post, path = "/tasks/{task_id}/start", tag = "runs", request_body(content = Option<StartRequest>),
+    params(("task_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, description = "Replays return the original run")),
+    responses((status = 201, description = "The new run", body = ObjectEnvelope<RunRecord>),
+              (status = 200, description = "The run an earlier request with this Idempotency-Key created", body = ObjectEnvelope<RunRecord>)))]
 async fn start_task(
     State(state): State<AppState>,
     Path(task_id): Path<String>,
     headers: HeaderMap,
     OptionalJson(request): OptionalJson<StartRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Admitted201> {
     admit(&state, &task_id, Origin::Start, &headers, request).await
 }
 
+/// Retries: a new run of the task in a fresh workspace, linked to the source run.
+#[utoipa::path(post, path = "/tasks/{task_id}/runs/{run_id}/retry", tag = "runs", request_body(content = Option<StartRequest>),
+    params(("task_id" = String, Path), ("run_id" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 201, description = "The new run", body = ObjectEnvelope<RunRecord>),
+              (status = 200, description = "A replayed request's run", body = ObjectEnvelope<RunRecord>)))]
 async fn retry_run(
     State(state): State<AppState>,
     Path((task_id, run_id)): Path<(String, String)>,
     headers: HeaderMap,
     OptionalJson(request): OptionalJson<StartRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Admitted201> {
     admit(&state, &task_id, Origin::Retry(run_id), &headers, request).await
 }
 
+/// Resumes a finished run: a new run in its workspace, with its checkpoint and cost.
+#[utoipa::path(post, path = "/tasks/{task_id}/runs/{run_id}/resume", tag = "runs", request_body(content = Option<StartRequest>),
+    params(("task_id" = String, Path), ("run_id" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
+    responses((status = 201, description = "The new run", body = ObjectEnvelope<RunRecord>),
+              (status = 200, description = "A replayed request's run", body = ObjectEnvelope<RunRecord>)))]
 async fn resume_run(
     State(state): State<AppState>,
     Path((task_id, run_id)): Path<(String, String)>,
     headers: HeaderMap,
     OptionalJson(request): OptionalJson<StartRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Admitted201> {
     admit(&state, &task_id, Origin::Resume(run_id), &headers, request).await
 }
 
@@ -143,7 +190,7 @@ async fn admit(
     origin: Origin,
     headers: &HeaderMap,
     request: StartRequest,
-) -> Result<Response, ApiError> {
+) -> Result<Admitted201> {
     let budget_micros_usd = request
         .budget_micros_usd
         .map(|b| parse_budget(Some(b)))
@@ -173,16 +220,19 @@ async fn admit(
     let admitted = runs::admit(&mut tx, task_id, admission, &state.rules, &Actor::Api).await?;
     tx.commit().await?;
     Ok(match admitted {
-        Admitted::New(run) => (StatusCode::CREATED, Json(object("task_run", run))).into_response(),
-        Admitted::Replayed(run) => (StatusCode::OK, Json(object("task_run", run))).into_response(),
+        Admitted::New(run) => (StatusCode::CREATED, Json(object("task_run", run))),
+        Admitted::Replayed(run) => (StatusCode::OK, Json(object("task_run", run))),
     })
 }
 
+/// Lists a task's runs, oldest first.
+#[utoipa::path(get, path = "/tasks/{task_id}/runs", tag = "runs", params(("task_id" = String, Path), PageQuery),
+    responses((status = 200, description = "A page of runs", body = ListEnvelope<RunRecord>)))]
 async fn list_runs(
     State(state): State<AppState>,
     Path(task_id): Path<String>,
     ApiQuery(page): ApiQuery<PageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ListEnvelope<RunRecord>>> {
     let limit = page_limit(page.limit)?;
     let mut conn = state.pool.acquire().await?;
     tasks::get(&mut conn, &task_id).await?;
@@ -190,10 +240,14 @@ async fn list_runs(
     Ok(Json(list(rows, limit, |r| r.id.clone())))
 }
 
+/// Reads a run.
+#[utoipa::path(get, path = "/tasks/{task_id}/runs/{run_id}", tag = "runs",
+    params(("task_id" = String, Path), ("run_id" = String, Path)),
+    responses((status = 200, description = "The run", body = ObjectEnvelope<RunRecord>)))]
 async fn get_run(
     State(state): State<AppState>,
     Path((task_id, run_id)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ObjectEnvelope<RunRecord>>> {
     let mut conn = state.pool.acquire().await?;
     Ok(Json(object(
         "task_run",
@@ -201,21 +255,30 @@ async fn get_run(
     )))
 }
 
+/// Cancels a run: `cancelled` is committed first, then the worker stops its process tree.
+/// Cancelling a finished run returns it unchanged.
+#[utoipa::path(post, path = "/tasks/{task_id}/runs/{run_id}/cancel", tag = "runs",
+    params(("task_id" = String, Path), ("run_id" = String, Path)),
+    responses((status = 200, description = "The run", body = ObjectEnvelope<RunRecord>)))]
 async fn cancel_run(
     State(state): State<AppState>,
     Path((task_id, run_id)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ObjectEnvelope<RunRecord>>> {
     let mut tx = state.pool.begin().await?;
     let run = runs::cancel(&mut tx, &task_id, &run_id, &Actor::Api).await?;
     tx.commit().await?;
     Ok(Json(object("task_run", run)))
 }
 
+/// Lists a run's steps in order; the cursor is a step index.
+#[utoipa::path(get, path = "/tasks/{task_id}/runs/{run_id}/steps", tag = "runs",
+    params(("task_id" = String, Path), ("run_id" = String, Path), PageQuery),
+    responses((status = 200, description = "A page of steps", body = ListEnvelope<StepRecord>)))]
 async fn list_steps(
     State(state): State<AppState>,
     Path((task_id, run_id)): Path<(String, String)>,
     ApiQuery(page): ApiQuery<PageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ListEnvelope<StepRecord>>> {
     let limit = page_limit(page.limit)?;
     let after: i32 = match page.cursor.as_deref() {
         None => 0,
@@ -229,11 +292,15 @@ async fn list_steps(
     Ok(Json(list(rows, limit, |s| s.index.to_string())))
 }
 
+/// Lists a run's artifacts (its stdout and stderr).
+#[utoipa::path(get, path = "/tasks/{task_id}/runs/{run_id}/artifacts", tag = "runs",
+    params(("task_id" = String, Path), ("run_id" = String, Path), PageQuery),
+    responses((status = 200, description = "A page of artifacts", body = ListEnvelope<ArtifactRecord>)))]
 async fn list_artifacts(
     State(state): State<AppState>,
     Path((task_id, run_id)): Path<(String, String)>,
     ApiQuery(page): ApiQuery<PageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ListEnvelope<ArtifactRecord>>> {
     let limit = page_limit(page.limit)?;
     let mut conn = state.pool.acquire().await?;
     runs::get(&mut conn, &task_id, &run_id).await?;
@@ -241,10 +308,14 @@ async fn list_artifacts(
     Ok(Json(list(rows, limit, |a| a.id.clone())))
 }
 
+/// Reads an artifact's metadata.
+#[utoipa::path(get, path = "/tasks/{task_id}/runs/{run_id}/artifacts/{artifact_id}", tag = "runs",
+    params(("task_id" = String, Path), ("run_id" = String, Path), ("artifact_id" = String, Path)),
+    responses((status = 200, description = "The artifact", body = ObjectEnvelope<ArtifactRecord>)))]
 async fn get_artifact(
     State(state): State<AppState>,
     Path((task_id, run_id, artifact_id)): Path<(String, String, String)>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ObjectEnvelope<ArtifactRecord>>> {
     let mut conn = state.pool.acquire().await?;
     runs::get(&mut conn, &task_id, &run_id).await?;
     Ok(Json(object(
@@ -254,10 +325,13 @@ async fn get_artifact(
 }
 
 /// The artifact's bytes so far; readable while the run is still writing them.
+#[utoipa::path(get, path = "/tasks/{task_id}/runs/{run_id}/artifacts/{artifact_id}/content", tag = "runs",
+    params(("task_id" = String, Path), ("run_id" = String, Path), ("artifact_id" = String, Path)),
+    responses((status = 200, description = "The bytes", content_type = "text/plain", body = String)))]
 async fn artifact_content(
     State(state): State<AppState>,
     Path((task_id, run_id, artifact_id)): Path<(String, String, String)>,
-) -> Result<Response, ApiError> {
+) -> Result<Response> {
     let mut conn = state.pool.acquire().await?;
     runs::get(&mut conn, &task_id, &run_id).await?;
     let artifact = artifacts::get(&mut conn, &run_id, &artifact_id).await?;

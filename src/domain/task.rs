@@ -13,7 +13,7 @@ const MAX_PROMPT_BYTES: usize = 64 * 1024;
 const MAX_TIMEOUT_MS: i64 = 7 * 24 * 3600 * 1000;
 
 /// The body of `POST /v1/tasks`, as the client sent it.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskDraft {
     pub execution_kind: Option<String>,

@@ -17,7 +17,7 @@ use crate::domain::approval::{ActionSummary, ApprovalKind, Decision};
 use crate::domain::{Actor, EventType, RunStatus, new_id};
 use crate::queue;
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct ApprovalRecord {
     pub id: String,
     pub task_id: String,

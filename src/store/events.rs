@@ -39,7 +39,7 @@ impl<'a> NewEvent<'a> {
     }
 }
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct EventRecord {
     pub schema_version: i32,
     pub event_id: String,

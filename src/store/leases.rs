@@ -7,7 +7,7 @@ use sqlx::PgConnection;
 
 use super::Result;
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct LeaseRecord {
     /// `active`, `expired` or `released`.
     pub status: String,

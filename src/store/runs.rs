@@ -15,7 +15,7 @@ use crate::domain::approval::{ActionSummary, ApprovalPolicy};
 use crate::domain::{Actor, EventType, RunStatus, new_id};
 use crate::queue;
 
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct RunRecord {
     pub id: String,
     pub task_id: String,

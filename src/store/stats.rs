@@ -5,7 +5,7 @@ use sqlx::PgConnection;
 
 use super::Result;
 
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct KindStats {
     pub kind: String,
     /// Jobs waiting to be claimed (due now or later).
@@ -17,7 +17,7 @@ pub struct KindStats {
     pub oldest_age_ms: Option<i64>,
 }
 
-#[derive(Debug, Serialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct WorkerStats {
     pub id: String,
     pub hostname: String,

@@ -8,7 +8,7 @@ use super::events::{self, NewEvent};
 use super::{Result, StoreError};
 use crate::domain::{EventType, new_id};
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct StepRecord {
     pub id: String,
     pub run_id: String,

@@ -10,7 +10,7 @@ use super::{Result, StoreError};
 use crate::domain::task::WorkspaceMode;
 use crate::domain::{Actor, NewTask, TaskStatus, new_id};
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct TaskRecord {
     pub id: String,
     pub execution_kind: String,

@@ -18,7 +18,7 @@ pub struct Transition<'a> {
     pub reason: Option<&'a str>,
 }
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct TransitionRecord {
     pub id: i64,
     pub entity_type: String,

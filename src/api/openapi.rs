@@ -1,0 +1,145 @@
+//! The OpenAPI 3.1 document, built from the handlers' `#[utoipa::path]` annotations and
+//! the types they take and return, served at `GET /v1/openapi.json`, with a reference page
+//! at `/docs` that renders it in the browser with no third-party scripts.
+
+use std::sync::OnceLock;
+
+use axum::Json;
+use axum::response::Html;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::response::ResponseBuilder;
+use utoipa::openapi::{Content, OpenApi, OpenApiBuilder, Ref, RefOr};
+use utoipa::{OpenApi as _, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::AppState;
+
+/// Statuses any operation may answer with the error envelope.
+const ERROR_STATUSES: [(&str, &str); 9] = [
+    (
+        "400",
+        "The request is malformed (syntax, query string, headers).",
+    ),
+    ("404", "The resource or route does not exist."),
+    ("405", "The method is not allowed on this path."),
+    ("409", "The resource's state does not allow this now."),
+    ("413", "The body is larger than 2 MiB."),
+    ("415", "The body is not JSON."),
+    (
+        "422",
+        "A field's value is not valid; the message names the field.",
+    ),
+    (
+        "500",
+        "Keel failed; details are in its log under the request id.",
+    ),
+    ("503", "Keel cannot reach its database."),
+];
+
+/// The error envelope every 4xx and 5xx response carries.
+#[derive(Debug, serde::Serialize, ToSchema)]
+pub struct ErrorEnvelope {
+    pub error: ErrorBody,
+}
+
+#[derive(Debug, serde::Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// Stable machine code: `invalid_request`, `not_found`, `conflict`, `internal_error`,
+    /// `unavailable`.
+    #[serde(rename = "type")]
+    #[schema(example = "invalid_request")]
+    pub kind: &'static str,
+    /// What went wrong, naming the field or resource at fault.
+    pub message: String,
+    /// A short summary for people.
+    pub user_message: &'static str,
+    /// What to do next.
+    pub operator_action: &'static str,
+    /// Mirrors the `X-Request-Id` response header.
+    #[schema(example = "req_01a229b431bc7222aa7a08b65e97e649")]
+    pub request_id: Option<String>,
+}
+
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "Keel",
+        description = "A durable runtime for long-running work on PostgreSQL: tasks, runs, approvals and their events.",
+        license(name = "Apache-2.0")
+    ),
+    tags(
+        (name = "tasks", description = "Durable execution intent"),
+        (name = "runs", description = "Attempts of a task, with steps and output"),
+        (name = "approvals", description = "Human gates on runs"),
+        (name = "events", description = "Append-only event logs and live streams"),
+        (name = "system", description = "Health, diagnostics and the API contract")
+    ),
+    components(schemas(ErrorEnvelope, ErrorBody))
+)]
+struct ApiDoc;
+
+pub fn base() -> OpenApi {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_string();
+    doc
+}
+
+/// Adds the shared error responses to every operation.
+pub fn finish(mut doc: OpenApi) -> OpenApi {
+    let error = ResponseBuilder::new()
+        .description("The error envelope")
+        .content(
+            "application/json",
+            Content::new(Some(Ref::from_schema_name("ErrorEnvelope"))),
+        )
+        .build();
+    let components = doc.components.get_or_insert_with(Default::default);
+    components
+        .responses
+        .insert("Error".to_string(), RefOr::T(error));
+    for item in doc.paths.paths.values_mut() {
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        for operation in operations.into_iter().flatten() {
+            add_error_responses(operation);
+        }
+    }
+    OpenApiBuilder::from(doc).build()
+}
+
+fn add_error_responses(operation: &mut Operation) {
+    for (status, description) in ERROR_STATUSES {
+        operation
+            .responses
+            .responses
+            .entry(status.to_string())
+            .or_insert_with(|| {
+                let mut reference = Ref::from_response_name("Error");
+                reference.description = description.to_string();
+                RefOr::Ref(reference)
+            });
+    }
+}
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(openapi_json))
+}
+
+/// This API's OpenAPI 3.1 document.
+#[utoipa::path(get, path = "/openapi.json", tag = "system",
+    responses((status = 200, description = "The OpenAPI document", content_type = "application/json", body = Object)))]
+async fn openapi_json() -> Json<&'static OpenApi> {
+    static DOC: OnceLock<OpenApi> = OnceLock::new();
+    Json(DOC.get_or_init(super::openapi))
+}
+
+/// A reference page for people, rendered in the browser from `/v1/openapi.json`.
+pub async fn reference_page() -> Html<&'static str> {
+    Html(include_str!("reference.html"))
+}
