@@ -4,6 +4,7 @@
 
 pub mod event;
 pub mod run;
+pub mod schedule;
 pub mod task;
 
 pub use event::EventType;
