@@ -152,6 +152,7 @@ async fn admit(
     let admission = Admission {
         retried_from,
         idempotency,
+        schedule: None,
     };
     let mut tx = state.pool.begin().await?;
     let admitted = runs::admit(&mut tx, task_id, admission).await?;

@@ -6,6 +6,7 @@ pub mod artifacts;
 pub mod embedded;
 pub mod events;
 pub mod runs;
+pub mod schedules;
 pub mod stats;
 pub mod steps;
 pub mod tasks;

@@ -20,6 +20,9 @@ pub struct RunRecord {
     pub exit_code: Option<i32>,
     pub last_error: Option<String>,
     pub retried_from_run_id: Option<String>,
+    pub schedule_id: Option<String>,
+    pub schedule_occurrence_id: Option<String>,
+    pub scheduled_for: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
@@ -33,7 +36,8 @@ impl RunRecord {
 }
 
 const RUN_COLUMNS: &str = "id, task_id, number, status, attempt, worker_id, exit_code, last_error,
-    retried_from_run_id, created_at, started_at, finished_at, updated_at";
+    retried_from_run_id, schedule_id, schedule_occurrence_id, scheduled_for, created_at,
+    started_at, finished_at, updated_at";
 
 /// What a run-creating request asks for.
 #[derive(Debug, Clone, Default)]
@@ -41,6 +45,16 @@ pub struct Admission {
     pub retried_from: Option<String>,
     /// The `Idempotency-Key` header and the request it came with.
     pub idempotency: Option<(String, serde_json::Value)>,
+    /// Set when a schedule occurrence, not a client, asks for the run.
+    pub schedule: Option<ScheduleProvenance>,
+}
+
+/// Which schedule occurrence created a run, and the nominal time it fired for.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScheduleProvenance {
+    pub schedule_id: String,
+    pub schedule_occurrence_id: String,
+    pub scheduled_for: DateTime<Utc>,
 }
 
 pub enum Admitted {
@@ -88,8 +102,9 @@ pub async fn admit(
     let (key, request) = admission.idempotency.unzip();
     let inserted = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO runs (id, task_id, number, status, retried_from_run_id, idempotency_key,
-                           idempotency_request)
-         VALUES ($1, $2, $3, 'queued', $4, $5, $6) RETURNING {RUN_COLUMNS}"
+                           idempotency_request, schedule_id, schedule_occurrence_id,
+                           scheduled_for)
+         VALUES ($1, $2, $3, 'queued', $4, $5, $6, $7, $8, $9) RETURNING {RUN_COLUMNS}"
     )))
     .bind(&run_id)
     .bind(task_id)
@@ -97,6 +112,14 @@ pub async fn admit(
     .bind(&admission.retried_from)
     .bind(key)
     .bind(request)
+    .bind(admission.schedule.as_ref().map(|s| &s.schedule_id))
+    .bind(
+        admission
+            .schedule
+            .as_ref()
+            .map(|s| &s.schedule_occurrence_id),
+    )
+    .bind(admission.schedule.as_ref().map(|s| s.scheduled_for))
     .fetch_one(&mut *conn)
     .await;
     let run: RunRecord = match inserted {
@@ -108,8 +131,11 @@ pub async fn admit(
         other => other?,
     };
     queue::enqueue(conn, queue::RUN_KIND, &run.id, priority).await?;
-    let created =
+    let mut created =
         serde_json::json!({ "number": number, "retried_from_run_id": admission.retried_from });
+    if let Some(schedule) = &admission.schedule {
+        created["schedule"] = serde_json::json!(schedule);
+    }
     events::append(
         conn,
         &[
