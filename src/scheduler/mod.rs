@@ -4,10 +4,14 @@
 //! - boot recovery: every `queued`/`running` run has a queue row (re-enqueue if not);
 //! - reconciler: jobs whose lease expired are requeued, their runs marked with a
 //!   `gap.run_disconnected` event, so a run never sits `running` with no live worker;
+//! - schedule dispatch: due schedules become runs (see [`schedules`]);
 //! - the worker registry forgets workers that stopped heartbeating.
+
+pub mod schedules;
 
 use std::time::Duration;
 
+use chrono::Utc;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -93,6 +97,9 @@ pub async fn run(pool: PgPool, interval: Duration, stop: CancellationToken) {
         }
         if let Err(error) = reconcile(&pool).await {
             tracing::warn!(%error, "reconciler pass failed");
+        }
+        if let Err(error) = schedules::dispatch_due(&pool, Utc::now()).await {
+            tracing::warn!(%error, "schedule dispatch failed");
         }
         let stale_ms = (interval.as_millis() as i64 * 10).max(60_000);
         if let Err(error) = store::workers::prune(&pool, stale_ms).await {
