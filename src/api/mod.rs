@@ -5,6 +5,7 @@ mod error;
 mod events;
 mod extract;
 mod middleware;
+mod schedules;
 mod system;
 mod tasks;
 
@@ -95,6 +96,7 @@ pub fn app(state: AppState) -> Router {
         .nest(
             "/v1",
             tasks::router()
+                .merge(schedules::router())
                 .merge(events::router())
                 .merge(system::v1_router()),
         )
