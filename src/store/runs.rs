@@ -100,6 +100,7 @@ pub async fn admit(
     .fetch_one(&mut *conn)
     .await?;
     let (key, request) = admission.idempotency.unzip();
+    let schedule = admission.schedule.as_ref();
     let inserted = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO runs (id, task_id, number, status, retried_from_run_id, idempotency_key,
                            idempotency_request, schedule_id, schedule_occurrence_id,
@@ -112,14 +113,9 @@ pub async fn admit(
     .bind(&admission.retried_from)
     .bind(key)
     .bind(request)
-    .bind(admission.schedule.as_ref().map(|s| &s.schedule_id))
-    .bind(
-        admission
-            .schedule
-            .as_ref()
-            .map(|s| &s.schedule_occurrence_id),
-    )
-    .bind(admission.schedule.as_ref().map(|s| s.scheduled_for))
+    .bind(schedule.map(|s| &s.schedule_id))
+    .bind(schedule.map(|s| &s.schedule_occurrence_id))
+    .bind(schedule.map(|s| s.scheduled_for))
     .fetch_one(&mut *conn)
     .await;
     let run: RunRecord = match inserted {
@@ -133,7 +129,7 @@ pub async fn admit(
     queue::enqueue(conn, queue::RUN_KIND, &run.id, priority).await?;
     let mut created =
         serde_json::json!({ "number": number, "retried_from_run_id": admission.retried_from });
-    if let Some(schedule) = &admission.schedule {
+    if let Some(schedule) = schedule {
         created["schedule"] = serde_json::json!(schedule);
     }
     events::append(
