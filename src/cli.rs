@@ -187,6 +187,7 @@ pub async fn run_worker(
     let maintenance = CancellationToken::new();
     tokio::spawn(scheduler::run(
         pool.clone(),
+        common.admission_rules(),
         args.reconcile_interval(),
         maintenance.clone(),
     ));

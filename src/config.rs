@@ -101,7 +101,8 @@ pub struct WorkerArgs {
     #[arg(long, env = "KEEL_DRAIN_TIMEOUT_MS", default_value_t = 30_000)]
     pub drain_timeout_ms: u64,
 
-    /// How often the reconciler requeues jobs whose lease expired (ms).
+    /// How often the reconciler requeues jobs whose lease expired and due schedules are
+    /// dispatched (ms).
     #[arg(long, env = "KEEL_RECONCILE_INTERVAL_MS", default_value_t = 5_000)]
     pub reconcile_interval_ms: u64,
 

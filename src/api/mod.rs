@@ -7,6 +7,7 @@ mod events;
 mod extract;
 mod middleware;
 mod openapi;
+mod schedules;
 mod system;
 mod tasks;
 
@@ -106,6 +107,7 @@ fn routes() -> OpenApiRouter<AppState> {
             "/v1",
             tasks::router()
                 .merge(approvals::router())
+                .merge(schedules::router())
                 .merge(events::router())
                 .merge(system::v1_router())
                 .merge(openapi::router()),

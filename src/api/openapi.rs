@@ -72,6 +72,7 @@ pub struct ErrorBody {
         (name = "tasks", description = "Durable execution intent"),
         (name = "runs", description = "Attempts of a task, with steps and output"),
         (name = "approvals", description = "Human gates on runs"),
+        (name = "schedules", description = "Once and cron triggers that start runs"),
         (name = "events", description = "Append-only event logs and live streams"),
         (name = "system", description = "Health, diagnostics and the API contract")
     ),

@@ -215,6 +215,7 @@ async fn admit(
         idempotency,
         reason: request.reason,
         budget_micros_usd,
+        schedule: None,
     };
     let mut tx = state.pool.begin().await?;
     let admitted = runs::admit(&mut tx, task_id, admission, &state.rules, &Actor::Api).await?;

@@ -5,6 +5,7 @@
 pub mod approval;
 pub mod event;
 pub mod run;
+pub mod schedule;
 pub mod task;
 
 pub use event::EventType;

@@ -4,16 +4,21 @@
 //! - boot recovery: every `queued`/`running` run has a queue row (re-enqueue if not);
 //! - reconciler: jobs whose lease expired are requeued, their runs marked with a
 //!   `gap.run_disconnected` event, so a run never sits `running` with no live worker;
+//! - schedule dispatch: due schedules become runs (see [`schedules`]);
 //! - the worker registry forgets workers that stopped heartbeating;
 //! - ended leases older than a week leave the lease history.
 
+pub mod schedules;
+
 use std::time::Duration;
 
+use chrono::Utc;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::jobs;
 use crate::queue;
+use crate::store::runs::AdmissionRules;
 use crate::store::{self, Result, runs};
 
 const RECOVERY_PAGE: i64 = 500;
@@ -90,7 +95,7 @@ pub async fn reconcile(pool: &PgPool) -> Result<usize> {
 }
 
 /// Runs the periodic duties until `stop` fires.
-pub async fn run(pool: PgPool, interval: Duration, stop: CancellationToken) {
+pub async fn run(pool: PgPool, rules: AdmissionRules, interval: Duration, stop: CancellationToken) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -100,6 +105,9 @@ pub async fn run(pool: PgPool, interval: Duration, stop: CancellationToken) {
         }
         if let Err(error) = reconcile(&pool).await {
             tracing::warn!(%error, "reconciler pass failed");
+        }
+        if let Err(error) = schedules::dispatch_due(&pool, &rules, Utc::now()).await {
+            tracing::warn!(%error, "schedule dispatch failed");
         }
         let stale_ms = (interval.as_millis() as i64 * 10).max(60_000);
         if let Err(error) = store::workers::prune(&pool, stale_ms).await {

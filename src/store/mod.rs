@@ -8,6 +8,7 @@ pub mod embedded;
 pub mod events;
 pub mod leases;
 pub mod runs;
+pub mod schedules;
 pub mod stats;
 pub mod steps;
 pub mod tasks;

@@ -34,6 +34,11 @@ pub struct RunRecord {
     /// The run whose ephemeral workspace this run uses (itself unless resumed).
     #[serde(skip)]
     pub workspace_run_id: Option<String>,
+    /// Set on runs a schedule created.
+    pub schedule_id: Option<String>,
+    pub schedule_occurrence_id: Option<String>,
+    /// The schedule's nominal fire time (UTC); may precede `started_at` after downtime.
+    pub scheduled_for: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
@@ -53,7 +58,8 @@ impl RunRecord {
 
 const RUN_COLUMNS: &str = "id, task_id, number, status, attempt, worker_id, exit_code, last_error,
     retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-    total_cost_micros_usd, workspace_run_id, created_at, started_at, finished_at, updated_at";
+    total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id, scheduled_for,
+    created_at, started_at, finished_at, updated_at";
 
 /// The rules every run-creating path applies, from configuration.
 #[derive(Debug, Clone, Default)]
@@ -82,6 +88,16 @@ pub struct Admission {
     pub reason: Option<String>,
     /// Raises the task's budget; a lower value leaves it as it is.
     pub budget_micros_usd: Option<i64>,
+    /// Set when a schedule occurrence, not a client, asks for the run.
+    pub schedule: Option<ScheduleProvenance>,
+}
+
+/// Which schedule occurrence created a run, and the nominal time it fired for.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScheduleProvenance {
+    pub schedule_id: String,
+    pub schedule_occurrence_id: String,
+    pub scheduled_for: DateTime<Utc>,
 }
 
 impl Admission {
@@ -91,6 +107,7 @@ impl Admission {
             idempotency: None,
             reason: None,
             budget_micros_usd: None,
+            schedule: None,
         }
     }
 }
@@ -161,6 +178,7 @@ pub async fn admit(
         "retried_from_run_id": run.retried_from_run_id,
         "resumed_from_run_id": run.resumed_from_run_id,
         "reason": admission.reason,
+        "schedule": admission.schedule,
     });
     let mut appended = vec![NewEvent::new(task_id, &run.id, EventType::RunCreated).with(created)];
     if let Some(checkpoint) = &run.checkpoint {
@@ -212,11 +230,13 @@ async fn insert(
         _ => (None, None, None, 0),
     };
     let (key, request) = admission.idempotency.clone().unzip();
+    let schedule = admission.schedule.as_ref();
     let inserted = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO runs (id, task_id, number, status, retried_from_run_id, resumed_from_run_id,
                            workspace_run_id, checkpoint, prior_cost_micros_usd, idempotency_key,
-                           idempotency_request)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING {RUN_COLUMNS}"
+                           idempotency_request, schedule_id, schedule_occurrence_id, scheduled_for)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+         RETURNING {RUN_COLUMNS}"
     )))
     .bind(&run_id)
     .bind(&task.id)
@@ -229,6 +249,9 @@ async fn insert(
     .bind(prior_cost)
     .bind(key)
     .bind(request)
+    .bind(schedule.map(|s| &s.schedule_id))
+    .bind(schedule.map(|s| &s.schedule_occurrence_id))
+    .bind(schedule.map(|s| s.scheduled_for))
     .fetch_one(&mut *conn)
     .await;
     match inserted {

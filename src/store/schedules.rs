@@ -1,0 +1,409 @@
+//! Schedule rows and their occurrences: the definition a client writes (checked against the
+//! revision it read), and the steps dispatch takes: lock due schedules, claim an occurrence
+//! and advance, take over stale claims, resolve a claim.
+//!
+//! Lock order, shared with run admission and task deletion: task row, then schedule row,
+//! then occurrence row. The two dispatch steps that start elsewhere (locking due schedules,
+//! taking over stale claims) use `SKIP LOCKED` and never wait, so they cannot deadlock.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+
+use super::{Result, StoreError, tasks};
+use crate::domain::new_id;
+use crate::domain::schedule::{NewSchedule, Schedule, Trigger};
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct ScheduleRecord {
+    pub id: String,
+    pub task_id: String,
+    pub kind: String,
+    pub timezone: String,
+    pub run_at: Option<DateTime<Utc>>,
+    pub cron_expression: Option<String>,
+    pub enabled: bool,
+    /// Omitted while paused (or spent), as the API promises.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_run_at: Option<DateTime<Utc>>,
+    pub revision: i64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl ScheduleRecord {
+    pub fn definition(&self) -> Result<Schedule, crate::domain::Invalid> {
+        Schedule::from_stored(&self.timezone, self.run_at, self.cron_expression.as_deref())
+    }
+}
+
+const SCHEDULE_COLUMNS: &str = "id, task_id, kind, timezone, run_at, cron_expression, enabled,
+    next_run_at, revision, created_at, updated_at";
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct OccurrenceRecord {
+    pub id: String,
+    pub task_id: String,
+    pub schedule_id: String,
+    pub scheduled_for: DateTime<Utc>,
+    pub status: String,
+    pub claimed_at: DateTime<Utc>,
+    pub run_id: Option<String>,
+    pub error: Option<String>,
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+const OCCURRENCE_COLUMNS: &str =
+    "id, task_id, schedule_id, scheduled_for, status, claimed_at, run_id, error, completed_at";
+
+/// An occurrence this dispatcher holds: only the holder of `token` may resolve it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Claim {
+    pub occurrence_id: String,
+    pub schedule_id: String,
+    pub task_id: String,
+    pub scheduled_for: DateTime<Utc>,
+    pub token: String,
+}
+
+/// How a claimed occurrence ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Started {
+        run_id: String,
+    },
+    /// Another run of the task was active; there is no backlog.
+    Skipped {
+        reason: String,
+    },
+    /// The run could not be created.
+    Failed {
+        reason: String,
+    },
+}
+
+pub async fn get(conn: &mut PgConnection, task_id: &str) -> Result<ScheduleRecord> {
+    let schedule = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {SCHEDULE_COLUMNS} FROM task_schedules WHERE task_id = $1"
+    )))
+    .bind(task_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    match schedule {
+        Some(schedule) => Ok(schedule),
+        None => Err(missing(conn, task_id).await),
+    }
+}
+
+/// A missing schedule, told apart from a missing task.
+async fn missing(conn: &mut PgConnection, task_id: &str) -> StoreError {
+    let task = sqlx::query_scalar::<_, bool>("SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1)")
+        .bind(task_id)
+        .fetch_one(conn)
+        .await;
+    match task {
+        Ok(true) => StoreError::NotFound("schedule"),
+        Ok(false) => StoreError::NotFound("task"),
+        Err(error) => error.into(),
+    }
+}
+
+/// What `GET /v1/task-schedules` filters on; an empty `task_ids` matches every task.
+#[derive(Debug, Clone, Default)]
+pub struct ScheduleFilter {
+    pub task_ids: Vec<String>,
+    pub enabled: Option<bool>,
+}
+
+/// Newest first; `before` is the id of the last schedule of the previous page.
+pub async fn list(
+    conn: &mut PgConnection,
+    filter: &ScheduleFilter,
+    before: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ScheduleRecord>> {
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {SCHEDULE_COLUMNS} FROM task_schedules
+         WHERE (cardinality($1::text[]) = 0 OR task_id = ANY($1))
+           AND ($2::boolean IS NULL OR enabled = $2)
+           AND ($3::text IS NULL OR id < $3)
+         ORDER BY id DESC LIMIT $4"
+    )))
+    .bind(&filter.task_ids)
+    .bind(filter.enabled)
+    .bind(before)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Creates or replaces the task's schedule. A replacement keeps the id, `created_at` and
+/// the occurrence history and bumps the revision. When the client says which revision it
+/// read and the schedule has moved on since (an edit, or a dispatch that advanced it), the
+/// edit is refused rather than applied over a state the client never saw.
+pub async fn put(
+    conn: &mut PgConnection,
+    task_id: &str,
+    new: &NewSchedule,
+    now: DateTime<Utc>,
+) -> Result<ScheduleRecord> {
+    tasks::lock(conn, task_id).await?;
+    let current: Option<(String, i64)> =
+        sqlx::query_as("SELECT id, revision FROM task_schedules WHERE task_id = $1 FOR UPDATE")
+            .bind(task_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    check_revision(
+        task_id,
+        current.as_ref().map(|c| c.1),
+        new.expected_revision,
+    )?;
+    if let (Some((schedule_id, _)), Trigger::Once { run_at }) = (&current, &new.schedule.trigger) {
+        refuse_consumed_instant(conn, schedule_id, *run_at).await?;
+    }
+    let (run_at, cron_expression) = match &new.schedule.trigger {
+        Trigger::Once { run_at } => (Some(*run_at), None),
+        Trigger::Cron { expression, .. } => (None, Some(expression.as_str())),
+    };
+    let next_run_at = new.next_run_at(now);
+    let schedule = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO task_schedules (id, task_id, kind, timezone, run_at, cron_expression,
+                                     enabled, next_run_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+         ON CONFLICT (task_id) DO UPDATE SET
+             kind = EXCLUDED.kind, timezone = EXCLUDED.timezone, run_at = EXCLUDED.run_at,
+             cron_expression = EXCLUDED.cron_expression, enabled = EXCLUDED.enabled,
+             next_run_at = EXCLUDED.next_run_at, revision = task_schedules.revision + 1,
+             updated_at = now()
+         RETURNING {SCHEDULE_COLUMNS}"
+    )))
+    .bind(new_id("sched"))
+    .bind(task_id)
+    .bind(new.schedule.kind())
+    .bind(new.schedule.timezone.name())
+    .bind(run_at)
+    .bind(cron_expression)
+    .bind(next_run_at.is_some())
+    .bind(next_run_at)
+    .fetch_one(conn)
+    .await?;
+    Ok(schedule)
+}
+
+fn check_revision(task_id: &str, current: Option<i64>, expected: Option<i64>) -> Result<()> {
+    let reload =
+        format!("reload it (GET /v1/tasks/{task_id}/schedule) and apply your change again");
+    match (current, expected) {
+        (_, None) => Ok(()),
+        (Some(current), Some(expected)) if current == expected => Ok(()),
+        (Some(current), Some(expected)) => Err(StoreError::Conflict(format!(
+            "the schedule changed since revision {expected} was read (it is at revision \
+             {current} now): {reload}"
+        ))),
+        (None, Some(expected)) => Err(StoreError::Conflict(format!(
+            "the schedule read at revision {expected} no longer exists: {reload}"
+        ))),
+    }
+}
+
+/// A `once` schedule whose instant already fired cannot be armed again for that instant:
+/// the occurrence exists, so it would never fire. This catches a replacement racing the
+/// dispatch that consumed it.
+async fn refuse_consumed_instant(
+    conn: &mut PgConnection,
+    schedule_id: &str,
+    run_at: DateTime<Utc>,
+) -> Result<()> {
+    let fired: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM schedule_occurrences
+                        WHERE schedule_id = $1 AND scheduled_for = $2)",
+    )
+    .bind(schedule_id)
+    .bind(run_at)
+    .fetch_one(conn)
+    .await?;
+    if fired {
+        return Err(StoreError::Conflict(format!(
+            "the schedule already fired for run_at {}; reload it and choose a new future run_at",
+            run_at.to_rfc3339()
+        )));
+    }
+    Ok(())
+}
+
+/// Removes the task's schedule and its occurrence history.
+pub async fn delete(conn: &mut PgConnection, task_id: &str) -> Result<()> {
+    tasks::lock(conn, task_id).await?;
+    let deleted = sqlx::query("DELETE FROM task_schedules WHERE task_id = $1")
+        .bind(task_id)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    match deleted {
+        0 => Err(StoreError::NotFound("schedule")),
+        _ => Ok(()),
+    }
+}
+
+/// The task's occurrences, newest first; `before` is the `scheduled_for` of the last
+/// occurrence of the previous page.
+pub async fn occurrences(
+    conn: &mut PgConnection,
+    task_id: &str,
+    before: Option<DateTime<Utc>>,
+    limit: i64,
+) -> Result<Vec<OccurrenceRecord>> {
+    let schedule = get(conn, task_id).await?;
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {OCCURRENCE_COLUMNS} FROM schedule_occurrences
+         WHERE schedule_id = $1 AND ($2::timestamptz IS NULL OR scheduled_for < $2)
+         ORDER BY scheduled_for DESC LIMIT $3"
+    )))
+    .bind(&schedule.id)
+    .bind(before)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Locks up to `limit` schedules due at `now`, skipping those another dispatcher (or an
+/// edit) holds: they are being handled.
+pub async fn lock_due(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<ScheduleRecord>> {
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {SCHEDULE_COLUMNS} FROM task_schedules
+         WHERE enabled AND next_run_at <= $1
+         ORDER BY next_run_at LIMIT $2
+         FOR UPDATE SKIP LOCKED"
+    )))
+    .bind(now)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Moves a locked schedule to its next time (`None`: spent, so disabled), fenced by the
+/// revision it was read at, and bumps the revision so an edit based on the old state fails.
+pub async fn advance(
+    conn: &mut PgConnection,
+    schedule: &ScheduleRecord,
+    next_run_at: Option<DateTime<Utc>>,
+) -> Result<()> {
+    let updated = sqlx::query(
+        "UPDATE task_schedules
+         SET next_run_at = $3, enabled = $3 IS NOT NULL, revision = revision + 1,
+             updated_at = now()
+         WHERE id = $1 AND revision = $2",
+    )
+    .bind(&schedule.id)
+    .bind(schedule.revision)
+    .bind(next_run_at)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    match updated {
+        1 => Ok(()),
+        _ => Err(StoreError::Conflict(format!(
+            "schedule {} changed while it was being dispatched",
+            schedule.id
+        ))),
+    }
+}
+
+/// Records the occurrence for `scheduled_for` as claimed by a fresh token. None when that
+/// time already has an occurrence: it was recorded once, and that is all it gets.
+pub async fn claim(
+    conn: &mut PgConnection,
+    schedule: &ScheduleRecord,
+    scheduled_for: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<Option<Claim>> {
+    let claim = sqlx::query_as(
+        "INSERT INTO schedule_occurrences (id, schedule_id, task_id, scheduled_for, status,
+                                           claim_token, claimed_at)
+         VALUES ($1, $2, $3, $4, 'claimed', gen_random_uuid()::text, $5)
+         ON CONFLICT (schedule_id, scheduled_for) DO NOTHING
+         RETURNING id AS occurrence_id, schedule_id, task_id, scheduled_for, claim_token AS token",
+    )
+    .bind(new_id("occ"))
+    .bind(&schedule.id)
+    .bind(&schedule.task_id)
+    .bind(scheduled_for)
+    .bind(now)
+    .fetch_optional(conn)
+    .await?;
+    Ok(claim)
+}
+
+/// Re-claims, with new tokens, occurrences still `claimed` since before `claimed_before`:
+/// their dispatcher died or stalled between claiming and resolving. A stalled one that
+/// wakes finds its token gone and does nothing.
+pub async fn take_over_stale(
+    conn: &mut PgConnection,
+    claimed_before: DateTime<Utc>,
+    now: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<Claim>> {
+    let claims = sqlx::query_as(
+        "UPDATE schedule_occurrences SET claim_token = gen_random_uuid()::text, claimed_at = $2
+         WHERE id IN (SELECT id FROM schedule_occurrences
+                      WHERE status = 'claimed' AND claimed_at < $1
+                      ORDER BY claimed_at LIMIT $3
+                      FOR UPDATE SKIP LOCKED)
+         RETURNING id AS occurrence_id, schedule_id, task_id, scheduled_for, claim_token AS token",
+    )
+    .bind(claimed_before)
+    .bind(now)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(claims)
+}
+
+/// Locks the claimed occurrence if `claim` still holds it; false when it was resolved or
+/// taken over meanwhile.
+pub async fn lock_claim(conn: &mut PgConnection, claim: &Claim) -> Result<bool> {
+    let held: Option<String> = sqlx::query_scalar(
+        "SELECT id FROM schedule_occurrences
+         WHERE id = $1 AND status = 'claimed' AND claim_token = $2
+         FOR UPDATE",
+    )
+    .bind(&claim.occurrence_id)
+    .bind(&claim.token)
+    .fetch_optional(conn)
+    .await?;
+    Ok(held.is_some())
+}
+
+/// Ends a claim (locked with [`lock_claim`]) with its outcome.
+pub async fn resolve(
+    conn: &mut PgConnection,
+    occurrence_id: &str,
+    outcome: &Outcome,
+    now: DateTime<Utc>,
+) -> Result<OccurrenceRecord> {
+    let (status, run_id, error) = match outcome {
+        Outcome::Started { run_id } => ("started", Some(run_id), None),
+        Outcome::Skipped { reason } => ("skipped", None, Some(reason)),
+        Outcome::Failed { reason } => ("failed", None, Some(reason)),
+    };
+    let occurrence = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE schedule_occurrences
+         SET status = $2, run_id = $3, error = $4, completed_at = $5, claim_token = NULL
+         WHERE id = $1 RETURNING {OCCURRENCE_COLUMNS}"
+    )))
+    .bind(occurrence_id)
+    .bind(status)
+    .bind(run_id)
+    .bind(error)
+    .bind(now)
+    .fetch_one(conn)
+    .await?;
+    Ok(occurrence)
+}
