@@ -1,4 +1,4 @@
-//! Approvals: per task, the cross-task inbox, and resolution.
+//! Approvals: per task, the cross-task list_approvals, and resolution.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -19,10 +19,10 @@ const STATUSES: [&str; 5] = ["pending", "approved", "rejected", "cancelled", "ex
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(inbox))
-        .routes(routes!(list_for_task))
+        .routes(routes!(list_approvals))
+        .routes(routes!(list_task_approvals))
         .routes(routes!(get_approval))
-        .routes(routes!(resolve))
+        .routes(routes!(resolve_approval))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -50,10 +50,10 @@ impl ApprovalQuery {
     }
 }
 
-/// The approval inbox across tasks, oldest first.
+/// The approval list_approvals across tasks, oldest first.
 #[utoipa::path(get, path = "/approvals", tag = "approvals", params(ApprovalQuery),
     responses((status = 200, description = "A page of approvals", body = ListEnvelope<ApprovalRecord>)))]
-async fn inbox(
+async fn list_approvals(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<ApprovalQuery>,
 ) -> Result<Json<ListEnvelope<ApprovalRecord>>, ApiError> {
@@ -74,7 +74,7 @@ async fn inbox(
 #[utoipa::path(get, path = "/tasks/{task_id}/approvals", tag = "approvals",
     params(("task_id" = String, Path), ApprovalQuery),
     responses((status = 200, description = "A page of approvals", body = ListEnvelope<ApprovalRecord>)))]
-async fn list_for_task(
+async fn list_task_approvals(
     State(state): State<AppState>,
     Path(task_id): Path<String>,
     ApiQuery(query): ApiQuery<ApprovalQuery>,
@@ -132,7 +132,7 @@ const MAX_NOTE_BYTES: usize = 4096;
 #[utoipa::path(post, path = "/tasks/{task_id}/approvals/{approval_id}/resolve", tag = "approvals",
     params(("task_id" = String, Path), ("approval_id" = String, Path)), request_body = ResolveRequest,
     responses((status = 200, description = "The resolved approval and its run", body = ObjectEnvelope<Resolution>)))]
-async fn resolve(
+async fn resolve_approval(
     State(state): State<AppState>,
     Path((task_id, approval_id)): Path<(String, String)>,
     ApiJson(request): ApiJson<ResolveRequest>,

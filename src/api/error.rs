@@ -85,9 +85,21 @@ impl From<StoreError> for ApiError {
             StoreError::Database(
                 e @ (sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed),
             ) => ApiError::Unavailable(e.to_string()),
+            StoreError::Database(e) if is_unstorable_text(&e) => ApiError::invalid(
+                "text must not contain NUL characters (\\u0000); PostgreSQL cannot store them",
+            ),
             StoreError::Database(e) => ApiError::Internal(e.to_string()),
         }
     }
+}
+
+/// PostgreSQL refuses text it cannot store (a NUL character): the client's input is at
+/// fault, wherever in the request it came from.
+fn is_unstorable_text(error: &sqlx::Error) -> bool {
+    const CHARACTER_NOT_IN_REPERTOIRE: &str = "22021";
+    const UNTRANSLATABLE_CHARACTER: &str = "22P05";
+    matches!(error, sqlx::Error::Database(db)
+        if matches!(db.code().as_deref(), Some(CHARACTER_NOT_IN_REPERTOIRE | UNTRANSLATABLE_CHARACTER)))
 }
 
 impl From<sqlx::Error> for ApiError {

@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 
 use axum::Json;
 use axum::response::Html;
+use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::{Content, OpenApi, OpenApiBuilder, Ref, RefOr};
@@ -109,9 +110,85 @@ pub fn finish(mut doc: OpenApi) -> OpenApi {
         ];
         for operation in operations.into_iter().flatten() {
             add_error_responses(operation);
+            add_links(operation);
         }
     }
     OpenApiBuilder::from(doc).build()
+}
+
+/// Where a created task or run leads: OpenAPI links let clients (and stateful fuzzers)
+/// follow create task → start it → read, cancel and inspect its run.
+const LINKS: [(&str, &str, &[(&str, &str)]); 13] = [
+    (
+        "create_task",
+        "get_task",
+        &[("task_id", "$response.body#/data/id")],
+    ),
+    (
+        "create_task",
+        "start_task",
+        &[("task_id", "$response.body#/data/id")],
+    ),
+    (
+        "create_task",
+        "list_runs",
+        &[("task_id", "$response.body#/data/id")],
+    ),
+    (
+        "create_task",
+        "put_schedule",
+        &[("task_id", "$response.body#/data/id")],
+    ),
+    (
+        "create_task",
+        "delete_task",
+        &[("task_id", "$response.body#/data/id")],
+    ),
+    ("start_task", "get_run", RUN),
+    ("start_task", "cancel_run", RUN),
+    ("start_task", "list_steps", RUN),
+    ("start_task", "list_artifacts", RUN),
+    ("start_task", "list_run_events", RUN),
+    ("start_task", "retry_run", RUN),
+    (
+        "start_task",
+        "list_task_approvals",
+        &[("task_id", "$response.body#/data/task_id")],
+    ),
+    ("cancel_run", "resume_run", RUN),
+];
+const RUN: &[(&str, &str)] = &[
+    ("task_id", "$response.body#/data/task_id"),
+    ("run_id", "$response.body#/data/id"),
+];
+
+fn add_links(operation: &mut Operation) {
+    let Some(source) = operation.operation_id.clone() else {
+        return;
+    };
+    let Some(RefOr::T(created)) = operation
+        .responses
+        .responses
+        .get_mut(success_status(&source))
+    else {
+        return;
+    };
+    for (_, target, parameters) in LINKS.iter().filter(|(from, _, _)| *from == source) {
+        let link = parameters.iter().fold(
+            LinkBuilder::new().operation_id(*target),
+            |link, (name, value)| link.parameter(*name, *value),
+        );
+        created
+            .links
+            .insert(target.to_string(), RefOr::T(link.build()));
+    }
+}
+
+fn success_status(operation_id: &str) -> &'static str {
+    match operation_id {
+        "create_task" | "start_task" => "201",
+        _ => "200",
+    }
 }
 
 fn add_error_responses(operation: &mut Operation) {

@@ -1,0 +1,266 @@
+//! The API contract: the OpenAPI document is served, covers every route, and hostile
+//! input gets a 4xx with the error envelope.
+
+mod support;
+
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use support::TestApp;
+
+const METHODS: [&str; 5] = ["get", "post", "put", "patch", "delete"];
+
+fn operations(doc: &Value) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in METHODS.iter().filter(|m| item.get(**m).is_some()) {
+            found.push((method.to_string(), path.clone()));
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn the_document_is_served_and_matches_the_build() {
+    let app = TestApp::api_only().await;
+    let (status, served) = app.client.get("/v1/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(served["openapi"], "3.1.0");
+    assert_eq!(served["info"]["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(served, serde_json::to_value(keel::api::openapi()).unwrap());
+    let ops = operations(&served);
+    assert!(ops.len() >= 30, "{ops:?}");
+    for (method, path) in &ops {
+        let operation = &served["paths"][path][method];
+        assert!(
+            operation["operationId"].is_string(),
+            "{method} {path} has no operationId"
+        );
+        assert!(
+            operation["tags"][0].is_string(),
+            "{method} {path} has no tag"
+        );
+        for status in ["400", "404", "422", "500"] {
+            assert!(
+                operation["responses"][status].is_object(),
+                "{method} {path} lacks {status}"
+            );
+        }
+    }
+}
+
+/// Every documented operation is routed: no documented path falls through to the
+/// unknown-route handler, and no documented method is refused.
+#[tokio::test]
+async fn every_documented_operation_is_routed() {
+    let app = TestApp::api_only().await;
+    let doc = serde_json::to_value(keel::api::openapi()).unwrap();
+    for (method, path) in operations(&doc) {
+        let concrete = path.replace(|c: char| c == '{' || c == '}', "");
+        let url = format!(
+            "{}{}",
+            app.client.base,
+            concrete
+                .replace("task_id", "task_x")
+                .replace("run_id", "run_x")
+        );
+        let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+        let response = app
+            .client
+            .http
+            .request(method.clone(), &url)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let is_json = response
+            .headers()
+            .get("content-type")
+            .is_some_and(|t| t == "application/json");
+        // A live stream never ends: its status and headers are the answer.
+        let body: Value = if is_json {
+            response.json().await.unwrap()
+        } else {
+            Value::Null
+        };
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            !message.starts_with("route "),
+            "{method} {path} is documented but not routed"
+        );
+        assert_ne!(
+            status,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "{method} {path} is documented but refused"
+        );
+    }
+}
+
+/// Routes are registered only through `utoipa_axum::routes!`, which documents them; a
+/// plain axum `.route(` would add an undocumented route. `/docs` is the one page for
+/// people, not part of the API.
+#[test]
+fn no_route_is_registered_outside_the_document() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/api");
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&path).unwrap();
+        for (number, line) in source.lines().enumerate() {
+            let plain_route = line.contains(".route(") || line.contains(".route_service(");
+            if plain_route && !line.contains("\"/docs\"") {
+                panic!(
+                    "{}:{}: undocumented route: {line}",
+                    path.display(),
+                    number + 1
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_reference_page_renders_the_document_without_network() {
+    let app = TestApp::api_only().await;
+    let response = app
+        .client
+        .http
+        .get(format!("{}/docs", app.client.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    let html = response.text().await.unwrap();
+    assert!(html.contains("/v1/openapi.json"));
+    assert!(
+        !html.contains("https://") && !html.contains("http://"),
+        "the page fetches nothing from elsewhere"
+    );
+}
+
+async fn assert_envelope(response: reqwest::Response, status: StatusCode, mention: &str) {
+    assert_eq!(response.status(), status, "expected {status} ({mention})");
+    let body: Value = response.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(body["error"]["request_id"].is_string(), "{body}");
+    assert!(
+        message.contains(mention),
+        "'{message}' should mention '{mention}'"
+    );
+}
+
+#[tokio::test]
+async fn hostile_input_gets_a_4xx_with_the_envelope() {
+    let app = TestApp::api_only().await;
+    let c = &app.client;
+    let post = |body: Vec<u8>| {
+        c.http
+            .post(format!("{}/v1/tasks", c.base))
+            .header("content-type", "application/json")
+            .body(body)
+    };
+    let deep = format!(
+        "{{\"execution_kind\":\"shell\",\"prompt\":{}1{}}}",
+        "[".repeat(5000),
+        "]".repeat(5000)
+    );
+    assert_envelope(
+        post(deep.into_bytes()).send().await.unwrap(),
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "prompt",
+    )
+    .await;
+    let invalid_utf8 = b"{\"execution_kind\":\"shell\",\"shell_command\":\"\xff\xfe\"}".to_vec();
+    assert_envelope(
+        post(invalid_utf8).send().await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "shell_command",
+    )
+    .await;
+    let nul = br#"{"execution_kind":"shell","shell_command":"echo \u0000"}"#.to_vec();
+    assert_envelope(
+        post(nul).send().await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "NUL",
+    )
+    .await;
+    let unknown = br#"{"execution_kind":"shell","shell_command":"true","colour":"red"}"#.to_vec();
+    assert_envelope(
+        post(unknown).send().await.unwrap(),
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "colour",
+    )
+    .await;
+    let big = vec![b' '; keel::api::MAX_BODY_BYTES + 1];
+    assert_envelope(
+        post(big).send().await.unwrap(),
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "length limit",
+    )
+    .await;
+
+    let get = |path: String| c.http.get(format!("{}{path}", c.base));
+    let long_id = "t".repeat(20_000);
+    assert_envelope(
+        get(format!("/v1/tasks/{long_id}")).send().await.unwrap(),
+        StatusCode::NOT_FOUND,
+        "task",
+    )
+    .await;
+    assert_envelope(
+        get(format!("/v1/events?task_id=%00{long_id}"))
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::BAD_REQUEST,
+        "NUL",
+    )
+    .await;
+    assert_envelope(
+        get("/v1/tasks?limit=-1".into()).send().await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "limit",
+    )
+    .await;
+    assert_envelope(
+        get("/v1/tasks?limit=99999999999999999999".into())
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::BAD_REQUEST,
+        "limit",
+    )
+    .await;
+    assert_envelope(
+        get("/v1/tasks?limit=1&limit=2".into())
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::BAD_REQUEST,
+        "duplicate",
+    )
+    .await;
+    let after = "/v1/events?after_sequence=99999999999999999999999";
+    assert_envelope(
+        get(after.into()).send().await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "after_sequence",
+    )
+    .await;
+    assert_envelope(
+        get("/v1/events?after_sequence=-4".into())
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::BAD_REQUEST,
+        "after_sequence",
+    )
+    .await;
+}
