@@ -118,7 +118,10 @@ pub fn finish(mut doc: OpenApi) -> OpenApi {
 
 /// Where a created task or run leads: OpenAPI links let clients (and stateful fuzzers)
 /// follow create task → start it → read, cancel and inspect its run.
-const LINKS: [(&str, &str, &[(&str, &str)]); 13] = [
+/// Parameters a link fills from the response: (parameter name, runtime expression).
+type LinkParameters = &'static [(&'static str, &'static str)];
+
+const LINKS: [(&str, &str, LinkParameters); 13] = [
     (
         "create_task",
         "get_task",
@@ -157,7 +160,7 @@ const LINKS: [(&str, &str, &[(&str, &str)]); 13] = [
     ),
     ("cancel_run", "resume_run", RUN),
 ];
-const RUN: &[(&str, &str)] = &[
+const RUN: LinkParameters = &[
     ("task_id", "$response.body#/data/task_id"),
     ("run_id", "$response.body#/data/id"),
 ];
