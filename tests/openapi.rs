@@ -55,7 +55,7 @@ async fn every_documented_operation_is_routed() {
     let app = TestApp::api_only().await;
     let doc = serde_json::to_value(keel::api::openapi()).unwrap();
     for (method, path) in operations(&doc) {
-        let concrete = path.replace(|c: char| c == '{' || c == '}', "");
+        let concrete = path.replace(['{', '}'], "");
         let url = format!(
             "{}{}",
             app.client.base,
