@@ -400,3 +400,82 @@ async fn sigterm_drains_then_hands_unfinished_runs_back() {
         )
         .await;
 }
+
+/// The compose stack's topology with real processes: one `keel migrate` on an empty
+/// database, two `keel api`, four `keel worker`; a worker leaves and another joins while
+/// work is running.
+#[tokio::test]
+async fn migrate_two_apis_and_four_workers_share_the_work() {
+    const RUNS: usize = 40;
+    let db = support::empty_database().await;
+    let (migrated, output) = support::run_keel(&db, &["migrate"]);
+    assert!(migrated, "keel migrate failed: {output}");
+    let pool = support::pool(&db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let apis = [
+        spawn_api(&db, dir.path(), "api-1").await,
+        spawn_api(&db, dir.path(), "api-2").await,
+    ];
+    let clients: Vec<Client> = apis.iter().map(|a| a.client.clone().unwrap()).collect();
+    let mut workers: Vec<KeelProcess> = (1..=4)
+        .map(|i| {
+            spawn_worker(
+                &db,
+                dir.path(),
+                &format!("worker-{i}"),
+                5_000,
+                &dir.path().join(format!("w{i}")),
+            )
+        })
+        .collect();
+    wait_for(
+        Duration::from_secs(30),
+        "four live workers on both APIs",
+        || async {
+            let mut live = Vec::new();
+            for client in &clients {
+                let (_, stats) = client.get("/v1/system/stats").await;
+                live.push(stats["data"]["workers"]["live"].as_i64().unwrap_or(0));
+            }
+            (live == [4, 4]).then_some(())
+        },
+    )
+    .await;
+
+    let mut runs = Vec::new();
+    for i in 0..RUNS {
+        let body = json!({ "execution_kind": "shell", "shell_command": "sleep 0.3" });
+        runs.push(start_task(&clients[i % 2], body).await);
+    }
+    // A worker leaves (SIGTERM: it drains) and a new one joins, mid-work.
+    let status = workers.remove(0).terminate(Duration::from_secs(30));
+    assert!(status.success(), "the leaving worker exited with {status}");
+    workers.push(spawn_worker(
+        &db,
+        dir.path(),
+        "worker-5",
+        5_000,
+        &dir.path().join("w5"),
+    ));
+
+    for (i, (task_id, run_id)) in runs.iter().enumerate() {
+        let run = clients[(i + 1) % 2]
+            .wait_terminal(task_id, run_id, LONG)
+            .await;
+        assert_eq!(run["status"], "completed", "{run}");
+    }
+    let workers_used: i64 = sqlx::query_scalar("SELECT count(DISTINCT worker_id) FROM runs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(
+        workers_used >= 2,
+        "the work was spread over workers ({workers_used})"
+    );
+    let finished: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM run_events WHERE type = 'run.finished'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(finished, RUNS as i64);
+}

@@ -97,6 +97,35 @@ pub async fn fresh_database() -> String {
     database_url(&admin_url, &name)
 }
 
+/// A new database with no schema at all (for tests that run `keel migrate` themselves).
+pub async fn empty_database() -> String {
+    let admin_url = cluster().admin_url.clone();
+    let name = format!("keel_empty_{}", uuid_like());
+    let mut admin = PgConnection::connect(&admin_url)
+        .await
+        .expect("admin connection");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin)
+        .await
+        .expect("creating an empty database");
+    database_url(&admin_url, &name)
+}
+
+/// Runs `keel <args>` to completion and returns whether it succeeded, with its output.
+pub fn run_keel(db_url: &str, args: &[&str]) -> (bool, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(args)
+        .env("KEEL_DATABASE_URL", db_url)
+        .output()
+        .expect("keel ran");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
 fn uuid_like() -> String {
     keel::domain::new_id("db")
         .trim_start_matches("db_")
