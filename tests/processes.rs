@@ -136,10 +136,13 @@ async fn killing_a_worker_mid_run_loses_nothing() {
     let victim_id = worker_id_of(&pool, &victim).await;
     wait_for(
         Duration::from_secs(60),
-        "the victim to hold several running jobs",
+        "the victim to be running several processes",
         || async {
+            // Output artifacts are opened right before the process starts: once both
+            // exist, the command is (about to be) running on the victim.
             let running: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM runs WHERE worker_id = $1 AND status = 'running'",
+                "SELECT count(*) FROM runs r WHERE r.worker_id = $1 AND r.status = 'running'
+                   AND (SELECT count(*) FROM artifacts a WHERE a.run_id = r.id) = 2",
             )
             .bind(&victim_id)
             .fetch_one(&pool)
