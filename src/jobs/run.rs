@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
@@ -23,6 +23,7 @@ use crate::store::events::{self, NewEvent};
 use crate::store::runs::{self, Change, RunRecord};
 use crate::store::tasks::{self, TaskRecord};
 use crate::store::{StoreError, artifacts, steps};
+use crate::telemetry::metrics;
 
 pub struct RunJobs {
     pub pool: PgPool,
@@ -38,15 +39,28 @@ impl JobHandler for RunJobs {
     }
 
     fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()> {
-        let span = tracing::info_span!("run_job", run_id = %job.lease.ref_id, attempt = job.lease.attempts);
+        let span = tracing::info_span!(
+            "run_job",
+            run_id = %job.lease.ref_id,
+            attempt = job.lease.attempts,
+            outcome = tracing::field::Empty,
+        );
         async move {
+            let started = Instant::now();
             let run_id = job.lease.ref_id.clone();
-            if let Err(error) = self.execute(job).await {
-                match error {
-                    StoreError::LeaseLost => tracing::info!(%run_id, "lease lost; the run is left to its new owner"),
-                    error => tracing::error!(%run_id, %error, "run job failed; its lease will expire and it will be retried"),
+            let outcome = match self.execute(job).await {
+                Ok(outcome) => outcome,
+                Err(StoreError::LeaseLost) => {
+                    tracing::info!(%run_id, "lease lost; the run is left to its new owner");
+                    "lease_lost"
                 }
-            }
+                Err(error) => {
+                    tracing::error!(%run_id, %error, "run job failed; its lease will expire and it will be retried");
+                    "error"
+                }
+            };
+            tracing::Span::current().record("outcome", outcome);
+            metrics::job_finished(queue::RUN_KIND, outcome, started.elapsed());
         }
         .instrument(span)
         .boxed()
@@ -54,10 +68,11 @@ impl JobHandler for RunJobs {
 }
 
 impl RunJobs {
-    async fn execute(&self, job: Job) -> Result<(), StoreError> {
+    /// Runs one attempt; returns its outcome, as the job duration metric labels it.
+    async fn execute(&self, job: Job) -> Result<&'static str, StoreError> {
         let lease = &job.lease;
         let Some((task, run)) = self.begin(lease).await? else {
-            return Ok(());
+            return Ok("skipped");
         };
         let spec = match self.spec(&task, &run).await {
             Ok(spec) => spec,
@@ -66,7 +81,8 @@ impl RunJobs {
                     exit_code: None,
                     error,
                 };
-                return self.finish(lease, &run, outcome).await;
+                self.finish(lease, &run, outcome).await?;
+                return Ok("failed");
             }
         };
         let ctx = FencedContext {
@@ -78,15 +94,28 @@ impl RunJobs {
             artifact_max_bytes: self.artifact_max_bytes,
         };
         match keel_workers::execute(&spec, &ctx).await {
-            Outcome::Interrupted if job.is_released() => self.hand_back(lease, &run).await,
+            Outcome::Interrupted if job.is_released() => {
+                self.hand_back(lease, &run).await?;
+                Ok("released")
+            }
             Outcome::Interrupted => {
                 tracing::info!(
                     "attempt interrupted (run cancelled or lease lost); writing nothing more"
                 );
-                Ok(())
+                Ok("interrupted")
             }
-            Outcome::Retry { error } => self.nack(lease, &run, &error).await,
-            outcome => self.finish(lease, &run, outcome).await,
+            Outcome::Retry { error } => {
+                self.nack(lease, &run, &error).await?;
+                Ok("retried")
+            }
+            outcome @ Outcome::Completed { .. } => {
+                self.finish(lease, &run, outcome).await?;
+                Ok("completed")
+            }
+            outcome => {
+                self.finish(lease, &run, outcome).await?;
+                Ok("failed")
+            }
         }
     }
 
@@ -102,6 +131,7 @@ impl RunJobs {
             return Ok(None);
         }
         if run.status() == RunStatus::Running {
+            metrics::reclaimed(&lease.kind);
             disconnect(&mut tx, &run, "worker_lease_expired", &worker(lease)).await?;
         }
         if lease.attempts > lease.max_attempts {
