@@ -322,6 +322,9 @@ async fn lease_losses_and_reclaims_are_counted() {
         .client()
         .wait_status(&task_id, &run_id, "running", LONG)
         .await;
+    // A renewal means the attempt is past its first writes and only waits on `sleep`: on
+    // waking, its heartbeat (not a fenced write) is what finds the lease gone.
+    keel.wait_for_metrics(&["keel.lease.renewals"]).await;
     keel.workers[0].signal(Signal::SIGSTOP);
     keel.add_worker(lease_ms);
     wait_for(LONG, "another worker to reclaim the run", || async {
