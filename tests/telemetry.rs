@@ -1,6 +1,7 @@
-//! OTLP export from real `keel api` and `keel worker` processes, received by a local
-//! OTLP/HTTP receiver built on the official protobuf definitions: one trace spans the API
-//! request, the claim and the execution across processes, and the metrics arrive.
+//! OTLP export from real `keel api` and `keel worker` processes, received by a local OTLP
+//! receiver built on the official protobuf definitions: one trace spans the API request, the
+//! claim and the execution across processes, and the metrics arrive, over OTLP/HTTP and
+//! OTLP/gRPC.
 
 mod support;
 
@@ -13,8 +14,18 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
 use nix::sys::signal::Signal;
-use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use prost::Message;
 use serde_json::json;
@@ -44,18 +55,82 @@ struct Received {
 
 type Shared = Arc<Mutex<Received>>;
 
-/// Serves `POST /v1/traces` and `POST /v1/metrics` (OTLP/HTTP, binary protobuf) on a free
-/// local port; returns its base URL and what it received.
-async fn start_receiver() -> (String, Shared) {
+/// How the processes export, and so how the receiver listens.
+#[derive(Clone, Copy)]
+enum Protocol {
+    Http,
+    Grpc,
+}
+
+impl Protocol {
+    fn name(self) -> &'static str {
+        match self {
+            Protocol::Http => "http/protobuf",
+            Protocol::Grpc => "grpc",
+        }
+    }
+}
+
+/// Serves OTLP on a free local port: `POST /v1/traces` and `POST /v1/metrics` with binary
+/// protobuf bodies, or the gRPC trace and metrics services (h2c). Returns its base URL and
+/// what it received.
+async fn start_receiver(protocol: Protocol) -> (String, Shared) {
     let received = Shared::default();
-    let app = Router::new()
-        .route("/v1/traces", post(traces))
-        .route("/v1/metrics", post(metrics))
-        .with_state(received.clone());
+    let app = match protocol {
+        Protocol::Http => Router::new()
+            .route("/v1/traces", post(http_traces))
+            .route("/v1/metrics", post(http_metrics))
+            .with_state(received.clone()),
+        Protocol::Grpc => Router::new()
+            .route_service(
+                "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                TraceServiceServer::new(GrpcReceiver(received.clone())),
+            )
+            .route_service(
+                "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+                MetricsServiceServer::new(GrpcReceiver(received.clone())),
+            ),
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
     (base, received)
+}
+
+async fn http_traces(State(received): State<Shared>, body: Bytes) -> Vec<u8> {
+    let request = ExportTraceServiceRequest::decode(body).expect("an OTLP trace export");
+    record_traces(&received, request);
+    Vec::new()
+}
+
+async fn http_metrics(State(received): State<Shared>, body: Bytes) -> Vec<u8> {
+    let request = ExportMetricsServiceRequest::decode(body).expect("an OTLP metrics export");
+    record_metrics(&received, request);
+    Vec::new()
+}
+
+struct GrpcReceiver(Shared);
+
+#[tonic::async_trait]
+impl TraceService for GrpcReceiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        record_traces(&self.0, request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+#[tonic::async_trait]
+impl MetricsService for GrpcReceiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        record_metrics(&self.0, request.into_inner());
+        Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
+    }
 }
 
 fn text(value: &Option<AnyValue>) -> String {
@@ -79,8 +154,7 @@ fn role(resource: &Option<opentelemetry_proto::tonic::resource::v1::Resource>) -
     attributes.get("keel.role").cloned().unwrap_or_default()
 }
 
-async fn traces(State(received): State<Shared>, body: Bytes) -> Vec<u8> {
-    let request = ExportTraceServiceRequest::decode(body).expect("an OTLP trace export");
+fn record_traces(received: &Shared, request: ExportTraceServiceRequest) {
     let mut received = received.lock().unwrap();
     for resource_spans in request.resource_spans {
         let role = role(&resource_spans.resource);
@@ -95,11 +169,9 @@ async fn traces(State(received): State<Shared>, body: Bytes) -> Vec<u8> {
             });
         }
     }
-    Vec::new()
 }
 
-async fn metrics(State(received): State<Shared>, body: Bytes) -> Vec<u8> {
-    let request = ExportMetricsServiceRequest::decode(body).expect("an OTLP metrics export");
+fn record_metrics(received: &Shared, request: ExportMetricsServiceRequest) {
     let mut received = received.lock().unwrap();
     for resource_metrics in request.resource_metrics {
         let role = role(&resource_metrics.resource);
@@ -115,7 +187,6 @@ async fn metrics(State(received): State<Shared>, body: Bytes) -> Vec<u8> {
                 .insert(role.clone());
         }
     }
-    Vec::new()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -123,10 +194,10 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// Environment for a process exporting to `endpoint` quickly.
-fn otel_env(endpoint: &str) -> Vec<(&'static str, String)> {
+fn otel_env(endpoint: &str, protocol: Protocol) -> Vec<(&'static str, String)> {
     vec![
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.to_string()),
-        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf".into()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol.name().into()),
         ("OTEL_BSP_SCHEDULE_DELAY", "200".into()),
         ("OTEL_METRIC_EXPORT_INTERVAL", "500".into()),
         ("OTEL_SERVICE_NAME", "keel-test".into()),
@@ -143,22 +214,24 @@ struct Deployment {
     workers: Vec<KeelProcess>,
     received: Shared,
     endpoint: String,
+    protocol: Protocol,
     db_url: String,
     dirs: tempfile::TempDir,
 }
 
 impl Deployment {
-    async fn start(workers: usize, lease_ms: u64) -> Deployment {
-        let (endpoint, received) = start_receiver().await;
+    async fn start(protocol: Protocol, workers: usize, lease_ms: u64) -> Deployment {
+        let (endpoint, received) = start_receiver(protocol).await;
         let db_url = support::fresh_database().await;
         let dirs = tempfile::tempdir().unwrap();
-        let env = otel_env(&endpoint);
+        let env = otel_env(&endpoint, protocol);
         let api = spawn_api_with_env(&db_url, dirs.path(), "api", &borrowed(&env)).await;
         let mut keel = Deployment {
             api,
             workers: Vec::new(),
             received,
             endpoint,
+            protocol,
             db_url,
             dirs,
         };
@@ -169,7 +242,7 @@ impl Deployment {
     }
 
     fn add_worker(&mut self, lease_ms: u64) {
-        let env = otel_env(&self.endpoint);
+        let env = otel_env(&self.endpoint, self.protocol);
         let name = format!("worker{}", self.workers.len());
         let worker = spawn_worker_with_env(
             &self.db_url,
@@ -235,7 +308,7 @@ fn ancestry(spans: &[ReceivedSpan], span_id: &str) -> Vec<ReceivedSpan> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_trace_runs_from_the_api_request_through_the_queue_into_the_worker() {
     // Long enough for a lease renewal (every lease/3).
-    let keel = Deployment::start(1, 3_000).await;
+    let keel = Deployment::start(Protocol::Http, 1, 3_000).await;
     let client = keel.client();
     let (task_id, run_id) = start_traced(client, "sleep 2.5; echo traced").await;
     let run = client.wait_terminal(&task_id, &run_id, LONG).await;
@@ -300,7 +373,7 @@ async fn one_trace_runs_from_the_api_request_through_the_queue_into_the_worker()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn error_envelopes_carry_the_trace_id() {
-    let keel = Deployment::start(0, 5_000).await;
+    let keel = Deployment::start(Protocol::Http, 0, 5_000).await;
     let client = keel.client();
     let request = client
         .http
@@ -316,7 +389,7 @@ async fn error_envelopes_carry_the_trace_id() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_losses_and_reclaims_are_counted() {
     let lease_ms = 1_500;
-    let mut keel = Deployment::start(1, lease_ms).await;
+    let mut keel = Deployment::start(Protocol::Http, 1, lease_ms).await;
     let (task_id, run_id) = start_traced(keel.client(), "sleep 30").await;
     let first = keel
         .client()
@@ -335,5 +408,25 @@ async fn lease_losses_and_reclaims_are_counted() {
     // Its next heartbeat finds the lease gone.
     keel.workers[0].signal(Signal::SIGCONT);
     keel.wait_for_metrics(&["keel.queue.reclaims", "keel.lease.losses"])
+        .await;
+}
+
+/// The same cross-process trace and metrics over OTLP/gRPC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_export_carries_the_same_trace_and_metrics() {
+    let keel = Deployment::start(Protocol::Grpc, 1, 5_000).await;
+    let client = keel.client();
+    let (task_id, run_id) = start_traced(client, "echo traced").await;
+    client.wait_terminal(&task_id, &run_id, LONG).await;
+    wait_for(LONG, "the worker's run_job span over gRPC", || async {
+        let received = keel.received.lock().unwrap();
+        received
+            .spans
+            .iter()
+            .any(|s| s.name == "run_job" && s.role == "worker" && s.trace_id == TRACE_ID)
+            .then_some(())
+    })
+    .await;
+    keel.wait_for_metrics(&["http.server.request.duration", "keel.job.duration"])
         .await;
 }
