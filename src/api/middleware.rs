@@ -45,6 +45,7 @@ pub async fn request_context(request: Request, next: Next) -> Response {
         http.request.method = %method,
         http.route = %route,
         http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
         path = %request.uri().path(),
         %request_id,
     );
@@ -56,6 +57,10 @@ pub async fn request_context(request: Request, next: Next) -> Response {
     let mut response = next.run(request).instrument(span.clone()).await;
     let status = response.status();
     span.record("http.response.status_code", status.as_u16());
+    // Client errors are the client's: only a server error marks the span failed.
+    if status.is_server_error() {
+        span.record("otel.status_code", "error");
+    }
     if let Some(detail) = response.extensions().get::<ErrorDetail>() {
         span.in_scope(|| {
             if status.is_server_error() {

@@ -44,6 +44,7 @@ impl JobHandler for RunJobs {
             run_id = %job.lease.ref_id,
             attempt = job.lease.attempts,
             outcome = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
         );
         async move {
             let started = Instant::now();
@@ -56,6 +57,7 @@ impl JobHandler for RunJobs {
                 }
                 Err(error) => {
                     tracing::error!(%run_id, %error, "run job failed; its lease will expire and it will be retried");
+                    tracing::Span::current().record("otel.status_code", "error");
                     "error"
                 }
             };
