@@ -201,6 +201,8 @@ fn otel_env(endpoint: &str, protocol: Protocol) -> Vec<(&'static str, String)> {
         ("OTEL_BSP_SCHEDULE_DELAY", "200".into()),
         ("OTEL_METRIC_EXPORT_INTERVAL", "500".into()),
         ("OTEL_SERVICE_NAME", "keel-test".into()),
+        // Quiet logs must not thin the traces.
+        ("RUST_LOG", "warn".into()),
     ]
 }
 

@@ -16,8 +16,10 @@ use opentelemetry_sdk::resource::{
     EnvResourceDetector, SdkProvidedResourceDetector, TelemetryResourceDetector,
 };
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing::Level;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer as _;
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
@@ -66,14 +68,19 @@ pub fn init(format: LogFormat, role: &str) -> Result<Telemetry, TelemetryError> 
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let fmt = match format {
-        LogFormat::Text => fmt.boxed(),
-        LogFormat::Json => fmt.json().boxed(),
+        LogFormat::Text => fmt.with_filter(filter).boxed(),
+        LogFormat::Json => fmt.json().with_filter(filter).boxed(),
     };
-    let traces = exporters
-        .as_ref()
-        .map(|(tracer, _)| tracing_opentelemetry::layer().with_tracer(tracer.tracer("keel")));
+    // Its own filter: a quiet RUST_LOG must not silently drop Keel's spans from traces.
+    let traces = exporters.as_ref().map(|(tracer, _)| {
+        let keel_spans = Targets::new()
+            .with_default(Level::WARN)
+            .with_target("keel", Level::INFO);
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer.tracer("keel"))
+            .with_filter(keel_spans)
+    });
     let _ = tracing_subscriber::registry()
-        .with(filter)
         .with(fmt)
         .with(traces)
         .try_init();
