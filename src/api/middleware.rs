@@ -1,9 +1,9 @@
 //! Request id, the request span and duration metric, error logging, and the envelope for
 //! responses no handler produced.
 
-use axum::body::Body;
 use std::time::Instant;
 
+use axum::body::Body;
 use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;

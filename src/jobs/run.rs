@@ -132,14 +132,15 @@ impl RunJobs {
             tx.commit().await?;
             return Ok(None);
         }
-        if run.status() == RunStatus::Running {
-            metrics::reclaimed(&lease.kind);
+        let reclaimed = run.status() == RunStatus::Running;
+        if reclaimed {
             disconnect(&mut tx, &run, "worker_lease_expired", &worker(lease)).await?;
         }
         if lease.attempts > lease.max_attempts {
             let error = format!("gave up after {} attempts", lease.max_attempts);
             fail_and_ack(&mut tx, lease, &run, &error).await?;
             tx.commit().await?;
+            count_reclaim(reclaimed, lease);
             return Ok(None);
         }
         let change = Change {
@@ -163,6 +164,7 @@ impl RunJobs {
         )
         .await?;
         tx.commit().await?;
+        count_reclaim(reclaimed, lease);
         Ok(Some((task, run)))
     }
 
@@ -290,6 +292,13 @@ impl RunJobs {
         disconnect(&mut tx, &run, "worker_shutdown", &worker(lease)).await?;
         tx.commit().await?;
         Ok(())
+    }
+}
+
+/// Counts a takeover once it is committed.
+fn count_reclaim(reclaimed: bool, lease: &Lease) {
+    if reclaimed {
+        metrics::reclaimed(&lease.kind);
     }
 }
 

@@ -72,7 +72,6 @@ pub async fn reconcile(pool: &PgPool) -> Result<usize> {
     let mut tx = pool.begin().await?;
     let expired = queue::expired(&mut tx, 100).await?;
     for lease in &expired {
-        metrics::reclaimed(&lease.kind);
         queue::retry(&mut tx, lease, "worker lease expired", Duration::ZERO, true).await?;
         if lease.kind == queue::RUN_KIND {
             let run = runs::get_by_id(&mut tx, &lease.ref_id).await?;
@@ -88,6 +87,9 @@ pub async fn reconcile(pool: &PgPool) -> Result<usize> {
         }
     }
     tx.commit().await?;
+    expired
+        .iter()
+        .for_each(|lease| metrics::reclaimed(&lease.kind));
     if !expired.is_empty() {
         tracing::warn!(
             jobs = expired.len(),
