@@ -39,6 +39,7 @@ const CALLER_SPAN_ID: &str = "00f067aa0ba902b7";
 #[derive(Debug, Clone)]
 struct ReceivedSpan {
     role: String,
+    resource: HashMap<String, String>,
     name: String,
     trace_id: String,
     span_id: String,
@@ -149,18 +150,24 @@ fn attributes(attributes: &[KeyValue]) -> HashMap<String, String> {
         .collect()
 }
 
-fn role(resource: &Option<opentelemetry_proto::tonic::resource::v1::Resource>) -> String {
-    let attributes = attributes(resource.as_ref().map_or(&[][..], |r| &r.attributes));
-    attributes.get("keel.role").cloned().unwrap_or_default()
+fn resource(
+    resource: &Option<opentelemetry_proto::tonic::resource::v1::Resource>,
+) -> HashMap<String, String> {
+    attributes(resource.as_ref().map_or(&[][..], |r| &r.attributes))
+}
+
+fn role(resource: &HashMap<String, String>) -> String {
+    resource.get("keel.role").cloned().unwrap_or_default()
 }
 
 fn record_traces(received: &Shared, request: ExportTraceServiceRequest) {
     let mut received = received.lock().unwrap();
     for resource_spans in request.resource_spans {
-        let role = role(&resource_spans.resource);
+        let resource = resource(&resource_spans.resource);
         for span in resource_spans.scope_spans.into_iter().flat_map(|s| s.spans) {
             received.spans.push(ReceivedSpan {
-                role: role.clone(),
+                role: role(&resource),
+                resource: resource.clone(),
                 name: span.name,
                 trace_id: hex(&span.trace_id),
                 span_id: hex(&span.span_id),
@@ -174,7 +181,7 @@ fn record_traces(received: &Shared, request: ExportTraceServiceRequest) {
 fn record_metrics(received: &Shared, request: ExportMetricsServiceRequest) {
     let mut received = received.lock().unwrap();
     for resource_metrics in request.resource_metrics {
-        let role = role(&resource_metrics.resource);
+        let role = role(&resource(&resource_metrics.resource));
         for metric in resource_metrics
             .scope_metrics
             .into_iter()
@@ -359,11 +366,20 @@ async fn one_trace_runs_from_the_api_request_through_the_queue_into_the_worker()
     assert_eq!(request.attributes["http.response.status_code"], "201");
     assert!(request.attributes.contains_key("request_id"));
     assert_eq!(chain[0].attributes["outcome"], "completed");
+    let (worker, api) = (&chain[0].resource, &request.resource);
+    assert_eq!(
+        worker["service.name"], "keel-test",
+        "OTEL_SERVICE_NAME is honoured"
+    );
+    assert_ne!(
+        worker["service.instance.id"], api["service.instance.id"],
+        "every process is its own instance"
+    );
 
     keel.wait_for_metrics(&[
         "http.server.request.duration",
-        "keel.queue.claims",
-        "keel.job.queue_wait",
+        "keel.claims",
+        "keel.job.wait",
         "keel.job.duration",
         "keel.lease.renewals",
         "keel.queue.depth",
@@ -409,7 +425,7 @@ async fn lease_losses_and_reclaims_are_counted() {
     .await;
     // Its next heartbeat finds the lease gone.
     keel.workers[0].signal(Signal::SIGCONT);
-    keel.wait_for_metrics(&["keel.queue.reclaims", "keel.lease.losses"])
+    keel.wait_for_metrics(&["keel.reclaims", "keel.lease.losses"])
         .await;
 }
 

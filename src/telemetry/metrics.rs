@@ -63,18 +63,18 @@ impl Instruments {
                 .build()
         };
         Instruments {
-            claims: counter("keel.queue.claims", "Jobs claimed by workers"),
+            claims: counter("keel.claims", "Jobs claimed by workers"),
             lease_renewals: counter("keel.lease.renewals", "Leases extended by a heartbeat"),
             lease_losses: counter(
                 "keel.lease.losses",
                 "Leases a worker found lost while holding the job",
             ),
             reclaims: counter(
-                "keel.queue.reclaims",
+                "keel.reclaims",
                 "Jobs taken back from a worker whose lease expired",
             ),
             queue_wait: seconds(
-                "keel.job.queue_wait",
+                "keel.job.wait",
                 "Time from a job being due (enqueued) to its claim",
             ),
             job_duration: seconds("keel.job.duration", "Time a worker spent on one attempt"),

@@ -112,11 +112,16 @@ fn providers(role: &str) -> Result<(SdkTracerProvider, SdkMeterProvider), Teleme
 }
 
 /// `service.name` is `OTEL_SERVICE_NAME`, else the one in `OTEL_RESOURCE_ATTRIBUTES`,
-/// else `keel`: later merges win.
+/// else `keel`: later merges win. Every process gets its own `service.instance.id`, so
+/// the counters of several workers stay separate series rather than overwrite each other.
 fn resource(role: &str) -> Resource {
     let builder = Resource::builder_empty()
         .with_detectors(&[Box::new(TelemetryResourceDetector)])
         .with_service_name(DEFAULT_SERVICE)
+        .with_attribute(KeyValue::new(
+            "service.instance.id",
+            uuid::Uuid::now_v7().to_string(),
+        ))
         .with_attribute(KeyValue::new("keel.role", role.to_string()))
         .with_detectors(&[Box::new(EnvResourceDetector::new())]);
     let builder = if std::env::var(SERVICE_NAME).is_ok_and(|v| !v.is_empty()) {
