@@ -1,5 +1,5 @@
 //! Keel's OpenTelemetry metrics. Counters and histograms are recorded on the hot path;
-//! without an exporter the global meter is a no-op, so recording costs next to nothing.
+//! without an exporter recording is a flag check and nothing more.
 //! Queue depth, oldest-job age and live workers are gauges over a snapshot that the
 //! maintenance loop refreshes ([`observe_queue`]), so an export never queries the database.
 
@@ -136,42 +136,50 @@ fn kind_attribute(kind: &str) -> KeyValue {
     KeyValue::new("kind", kind.to_string())
 }
 
+/// Records through the instruments only when exporting: without an exporter, not even the
+/// attributes are built.
+fn record(f: impl FnOnce(&Instruments)) {
+    if enabled() {
+        f(&INSTRUMENTS);
+    }
+}
+
 pub fn claimed(kind: &str, queue_wait: Duration) {
-    let attributes = [kind_attribute(kind)];
-    INSTRUMENTS.claims.add(1, &attributes);
-    INSTRUMENTS
-        .queue_wait
-        .record(queue_wait.as_secs_f64(), &attributes);
+    record(|i| {
+        let attributes = [kind_attribute(kind)];
+        i.claims.add(1, &attributes);
+        i.queue_wait.record(queue_wait.as_secs_f64(), &attributes);
+    });
 }
 
 pub fn leases_renewed(count: usize) {
-    INSTRUMENTS.lease_renewals.add(count as u64, &[]);
+    record(|i| i.lease_renewals.add(count as u64, &[]));
 }
 
 pub fn lease_lost(kind: &str) {
-    INSTRUMENTS.lease_losses.add(1, &[kind_attribute(kind)]);
+    record(|i| i.lease_losses.add(1, &[kind_attribute(kind)]));
 }
 
 pub fn reclaimed(kind: &str) {
-    INSTRUMENTS.reclaims.add(1, &[kind_attribute(kind)]);
+    record(|i| i.reclaims.add(1, &[kind_attribute(kind)]));
 }
 
 /// One attempt ended; `outcome` is `completed`, `failed`, `retried`, `released`,
-/// `interrupted`, `skipped` or `error`.
+/// `interrupted`, `skipped`, `lease_lost` or `error`.
 pub fn job_finished(kind: &str, outcome: &'static str, duration: Duration) {
-    INSTRUMENTS.job_duration.record(
-        duration.as_secs_f64(),
-        &[kind_attribute(kind), KeyValue::new("outcome", outcome)],
-    );
+    record(|i| {
+        let attributes = [kind_attribute(kind), KeyValue::new("outcome", outcome)];
+        i.job_duration.record(duration.as_secs_f64(), &attributes);
+    });
 }
 
 pub fn http_request(method: &str, route: &str, status: u16, duration: Duration) {
-    INSTRUMENTS.http_duration.record(
-        duration.as_secs_f64(),
-        &[
+    record(|i| {
+        let attributes = [
             KeyValue::new("http.request.method", method.to_string()),
             KeyValue::new("http.route", route.to_string()),
             KeyValue::new("http.response.status_code", i64::from(status)),
-        ],
-    );
+        ];
+        i.http_duration.record(duration.as_secs_f64(), &attributes);
+    });
 }
