@@ -47,9 +47,21 @@ pub enum Command {
     Openapi,
 }
 
+impl Command {
+    /// The process's role, as telemetry reports it.
+    fn role(&self) -> &'static str {
+        match self {
+            Command::Serve { .. } => "serve",
+            Command::Api(_) => "api",
+            Command::Worker(_) => "worker",
+            Command::Migrate => "migrate",
+            Command::Openapi => "openapi",
+        }
+    }
+}
+
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    telemetry::init(cli.common.log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -57,7 +69,22 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    // Inside the runtime: the gRPC exporter needs it to connect.
+    let telemetry = {
+        let _runtime = runtime.enter();
+        telemetry::init(cli.common.log_format, cli.command.role())
+    };
+    let telemetry = match telemetry {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("keel: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(cli));
+    // Flushes the last spans and metrics while the runtime still runs.
+    drop(telemetry);
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("keel: {error:#}");

@@ -18,7 +18,7 @@ fn kinds() -> Vec<String> {
 
 async fn enqueue(pool: &PgPool, ref_id: &str, priority: i32) {
     let mut conn = pool.acquire().await.unwrap();
-    queue::enqueue(&mut conn, KIND, ref_id, priority)
+    queue::enqueue(&mut conn, KIND, ref_id, priority, None)
         .await
         .unwrap();
 }

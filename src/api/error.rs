@@ -1,5 +1,6 @@
 //! The one error type of the HTTP layer and the envelope every error response carries:
-//! `{"error": {"type", "message", "user_message", "operator_action", "request_id"}}`.
+//! `{"error": {"type", "message", "user_message", "operator_action", "request_id",
+//! "trace_id"}}` (`trace_id` only when the request is traced).
 
 use axum::Json;
 use axum::http::StatusCode;
@@ -108,7 +109,7 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
-/// The envelope, without a request id: the request-id middleware fills it in.
+/// The envelope, without request and trace ids: the request middleware fills them in.
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, kind, user_message, operator_action) = self.parts();

@@ -1,21 +1,29 @@
-//! Request id, error logging and the envelope for responses no handler produced.
+//! Request id, the request span and duration metric, error logging, and the envelope for
+//! responses no handler produced.
+
+use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
 
 use super::error::{ApiError, ErrorDetail};
+use crate::telemetry;
 
 const REQUEST_ID: &str = "x-request-id";
+const TRACEPARENT: &str = "traceparent";
 /// Error bodies are small; anything larger is passed through untouched.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
-/// Gives every request an id (the client's `X-Request-Id` when it is sane), runs it in a
-/// span, logs errors with their internal detail, and writes the id into error envelopes.
+/// Gives every request an id (the client's `X-Request-Id` when it is sane) and runs it in
+/// a span (a child of the caller's span when a `traceparent` header names one), records its
+/// duration, logs errors with their internal detail, and writes the request id and trace id
+/// into error envelopes.
 pub async fn request_context(request: Request, next: Next) -> Response {
+    let started = Instant::now();
     let request_id = request
         .headers()
         .get(REQUEST_ID)
@@ -23,10 +31,37 @@ pub async fn request_context(request: Request, next: Next) -> Response {
         .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
         .map(str::to_string)
         .unwrap_or_else(|| crate::domain::new_id("req"));
-    let span = tracing::info_span!("http", method = %request.method(), path = %request.uri().path(), %request_id);
+    let method = request.method().clone();
+    // Unmatched paths share one label, so a scan cannot explode the metric's cardinality.
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
+    let span = tracing::info_span!(
+        "http",
+        otel.name = %format!("{method} {route}"),
+        otel.kind = "server",
+        http.request.method = %method,
+        http.route = %route,
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        path = %request.uri().path(),
+        %request_id,
+    );
+    let traceparent = request
+        .headers()
+        .get(TRACEPARENT)
+        .and_then(|v| v.to_str().ok());
+    telemetry::set_remote_parent(&span, traceparent);
     let mut response = next.run(request).instrument(span.clone()).await;
+    let status = response.status();
+    span.record("http.response.status_code", status.as_u16());
+    // Client errors are the client's: only a server error marks the span failed.
+    if status.is_server_error() {
+        span.record("otel.status_code", "error");
+    }
     if let Some(detail) = response.extensions().get::<ErrorDetail>() {
-        let status = response.status();
         span.in_scope(|| {
             if status.is_server_error() {
                 tracing::error!(%status, error = %detail.0, "request failed");
@@ -34,15 +69,21 @@ pub async fn request_context(request: Request, next: Next) -> Response {
                 tracing::debug!(%status, error = %detail.0, "request refused");
             }
         });
-        response = with_request_id(response, &request_id).await;
+        let ids = [
+            ("request_id", Some(request_id.clone())),
+            ("trace_id", telemetry::trace_id(&span)),
+        ];
+        response = with_ids(response, &ids).await;
     }
     if let Ok(value) = HeaderValue::from_str(&request_id) {
         response.headers_mut().insert(REQUEST_ID, value);
     }
+    telemetry::metrics::http_request(method.as_str(), &route, status.as_u16(), started.elapsed());
     response
 }
 
-async fn with_request_id(response: Response, request_id: &str) -> Response {
+/// Adds the present `ids` to the error envelope.
+async fn with_ids(response: Response, ids: &[(&str, Option<String>)]) -> Response {
     let (parts, body) = response.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, MAX_ERROR_BODY).await else {
         return Response::from_parts(parts, Body::empty());
@@ -52,7 +93,11 @@ async fn with_request_id(response: Response, request_id: &str) -> Response {
         Err(_) => return Response::from_parts(parts, Body::from(bytes)),
     };
     if let Some(error) = value.get_mut("error").and_then(|e| e.as_object_mut()) {
-        error.insert("request_id".into(), request_id.into());
+        for (name, id) in ids {
+            if let Some(id) = id {
+                error.insert((*name).into(), id.as_str().into());
+            }
+        }
     }
     let mut parts = parts;
     parts.headers.remove(axum::http::header::CONTENT_LENGTH);

@@ -60,6 +60,10 @@ pub struct ErrorBody {
     /// Mirrors the `X-Request-Id` response header.
     #[schema(example = "req_01a229b431bc7222aa7a08b65e97e649")]
     pub request_id: Option<String>,
+    /// The OpenTelemetry trace id of the request, present when Keel exports traces: look
+    /// the request up in the tracing backend with it.
+    #[schema(example = "4bf92f3577b34da6a3ce929d0e0e4736")]
+    pub trace_id: Option<String>,
 }
 
 #[derive(utoipa::OpenApi)]

@@ -17,8 +17,6 @@ use crate::store::transitions::TransitionRecord;
 use crate::store::{self, stats, transitions};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-/// A worker is live while its registry heartbeat is younger than this.
-const WORKER_LIVE_MS: i64 = 30_000;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -203,7 +201,7 @@ async fn system_stats(
 ) -> Result<Json<ObjectEnvelope<SystemStats>>, ApiError> {
     let mut conn = state.pool.acquire().await?;
     let queue = stats::queue(&mut conn).await?;
-    let workers = stats::live_workers(&mut conn, WORKER_LIVE_MS).await?;
+    let workers = stats::live_workers(&mut conn, stats::WORKER_LIVE_MS).await?;
     let active_leases: i64 = queue.iter().map(|k| k.leased).sum();
     let workers = Workers {
         live: workers.len(),

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
@@ -23,6 +23,7 @@ use crate::store::events::{self, NewEvent};
 use crate::store::runs::{self, Change, RunRecord};
 use crate::store::tasks::{self, TaskRecord};
 use crate::store::{StoreError, artifacts, steps};
+use crate::telemetry::metrics;
 
 pub struct RunJobs {
     pub pool: PgPool,
@@ -38,15 +39,30 @@ impl JobHandler for RunJobs {
     }
 
     fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()> {
-        let span = tracing::info_span!("run_job", run_id = %job.lease.ref_id, attempt = job.lease.attempts);
+        let span = tracing::info_span!(
+            "run_job",
+            run_id = %job.lease.ref_id,
+            attempt = job.lease.attempts,
+            outcome = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
         async move {
+            let started = Instant::now();
             let run_id = job.lease.ref_id.clone();
-            if let Err(error) = self.execute(job).await {
-                match error {
-                    StoreError::LeaseLost => tracing::info!(%run_id, "lease lost; the run is left to its new owner"),
-                    error => tracing::error!(%run_id, %error, "run job failed; its lease will expire and it will be retried"),
+            let outcome = match self.execute(job).await {
+                Ok(outcome) => outcome,
+                Err(StoreError::LeaseLost) => {
+                    tracing::info!(%run_id, "lease lost; the run is left to its new owner");
+                    "lease_lost"
                 }
-            }
+                Err(error) => {
+                    tracing::error!(%run_id, %error, "run job failed; its lease will expire and it will be retried");
+                    tracing::Span::current().record("otel.status_code", "error");
+                    "error"
+                }
+            };
+            tracing::Span::current().record("outcome", outcome);
+            metrics::job_finished(queue::RUN_KIND, outcome, started.elapsed());
         }
         .instrument(span)
         .boxed()
@@ -54,10 +70,11 @@ impl JobHandler for RunJobs {
 }
 
 impl RunJobs {
-    async fn execute(&self, job: Job) -> Result<(), StoreError> {
+    /// Runs one attempt; returns its outcome, as the job duration metric labels it.
+    async fn execute(&self, job: Job) -> Result<&'static str, StoreError> {
         let lease = &job.lease;
         let Some((task, run)) = self.begin(lease).await? else {
-            return Ok(());
+            return Ok("skipped");
         };
         let spec = match self.spec(&task, &run).await {
             Ok(spec) => spec,
@@ -66,7 +83,8 @@ impl RunJobs {
                     exit_code: None,
                     error,
                 };
-                return self.finish(lease, &run, outcome).await;
+                self.finish(lease, &run, outcome).await?;
+                return Ok("failed");
             }
         };
         let ctx = FencedContext {
@@ -78,15 +96,28 @@ impl RunJobs {
             artifact_max_bytes: self.artifact_max_bytes,
         };
         match keel_workers::execute(&spec, &ctx).await {
-            Outcome::Interrupted if job.is_released() => self.hand_back(lease, &run).await,
+            Outcome::Interrupted if job.is_released() => {
+                self.hand_back(lease, &run).await?;
+                Ok("released")
+            }
             Outcome::Interrupted => {
                 tracing::info!(
                     "attempt interrupted (run cancelled or lease lost); writing nothing more"
                 );
-                Ok(())
+                Ok("interrupted")
             }
-            Outcome::Retry { error } => self.nack(lease, &run, &error).await,
-            outcome => self.finish(lease, &run, outcome).await,
+            Outcome::Retry { error } => {
+                self.nack(lease, &run, &error).await?;
+                Ok("retried")
+            }
+            outcome @ Outcome::Completed { .. } => {
+                self.finish(lease, &run, outcome).await?;
+                Ok("completed")
+            }
+            outcome => {
+                self.finish(lease, &run, outcome).await?;
+                Ok("failed")
+            }
         }
     }
 
@@ -101,13 +132,15 @@ impl RunJobs {
             tx.commit().await?;
             return Ok(None);
         }
-        if run.status() == RunStatus::Running {
+        let reclaimed = run.status() == RunStatus::Running;
+        if reclaimed {
             disconnect(&mut tx, &run, "worker_lease_expired", &worker(lease)).await?;
         }
         if lease.attempts > lease.max_attempts {
             let error = format!("gave up after {} attempts", lease.max_attempts);
             fail_and_ack(&mut tx, lease, &run, &error).await?;
             tx.commit().await?;
+            count_reclaim(reclaimed, lease);
             return Ok(None);
         }
         let change = Change {
@@ -131,6 +164,7 @@ impl RunJobs {
         )
         .await?;
         tx.commit().await?;
+        count_reclaim(reclaimed, lease);
         Ok(Some((task, run)))
     }
 
@@ -258,6 +292,13 @@ impl RunJobs {
         disconnect(&mut tx, &run, "worker_shutdown", &worker(lease)).await?;
         tx.commit().await?;
         Ok(())
+    }
+}
+
+/// Counts a takeover once it is committed.
+fn count_reclaim(reclaimed: bool, lease: &Lease) {
+    if reclaimed {
+        metrics::reclaimed(&lease.kind);
     }
 }
 

@@ -29,23 +29,30 @@ pub struct Lease {
     pub fencing_token: i64,
     pub attempts: i32,
     pub max_attempts: i32,
+    /// The enqueueing span's W3C trace context: the execution joins that trace.
     pub traceparent: Option<String>,
+    /// How long the job had been due when claimed, in milliseconds (0 outside a claim).
+    #[sqlx(default)]
+    pub due_ms: i64,
 }
 
-/// Enqueues a job; idempotent: at most one live row per (kind, ref_id).
+/// Enqueues a job; idempotent: at most one live row per (kind, ref_id). `traceparent`
+/// links the job's execution to the enqueueing trace.
 pub async fn enqueue(
     conn: &mut PgConnection,
     kind: &str,
     ref_id: &str,
     priority: i32,
+    traceparent: Option<&str>,
 ) -> Result<()> {
     sqlx::query(
-        "INSERT INTO queue_jobs (kind, ref_id, priority) VALUES ($1, $2, $3)
+        "INSERT INTO queue_jobs (kind, ref_id, priority, traceparent) VALUES ($1, $2, $3, $4)
          ON CONFLICT (kind, ref_id) DO NOTHING",
     )
     .bind(kind)
     .bind(ref_id)
     .bind(priority)
+    .bind(traceparent)
     .execute(&mut *conn)
     .await?;
     notify(conn, JOBS_CHANNEL, kind).await
@@ -138,7 +145,8 @@ pub async fn claim(
              heartbeats = 0
          FROM picked WHERE q.id = picked.id
          RETURNING q.id AS job_id, q.kind, q.ref_id, q.lease_owner AS owner, q.fencing_token,
-                   q.attempts, q.max_attempts, q.traceparent"
+                   q.attempts, q.max_attempts, q.traceparent,
+                   (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms"
     )))
     .bind(kinds)
     .bind(limit)

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{CANCEL_CHANNEL, JOBS_CHANNEL, Lease};
 use crate::store::{self, StoreError};
+use crate::telemetry;
 
 /// Executes jobs of one kind. The handler owns the job's domain transitions: it acks or
 /// nacks with [`super::complete`] / [`super::retry`] inside its own fenced transaction.
@@ -174,17 +175,16 @@ impl Worker {
             },
         );
         let job_id = lease.job_id;
+        let span = claim_span(&lease);
         let job = Job {
             lease,
             interrupt,
             released,
         };
+        // The handler's span starts inside the claim span, so it joins the enqueuer's trace.
+        let run = span.in_scope(|| handler.run(job));
         tasks.spawn(async move {
-            if AssertUnwindSafe(handler.run(job))
-                .catch_unwind()
-                .await
-                .is_err()
-            {
+            if AssertUnwindSafe(run).catch_unwind().await.is_err() {
                 // The lease stays until it expires; another worker then takes the job over.
                 tracing::error!(job_id, "job handler panicked");
             }
@@ -213,6 +213,23 @@ impl Worker {
             finished(registry, done);
         }
     }
+}
+
+/// A span per claimed job, child of the span that enqueued it (across processes), and the
+/// claim's metrics.
+fn claim_span(lease: &Lease) -> tracing::Span {
+    let queue_wait = Duration::from_millis(lease.due_ms.max(0) as u64);
+    telemetry::metrics::claimed(&lease.kind, queue_wait);
+    let span = tracing::info_span!(
+        "claim",
+        otel.kind = "consumer",
+        job.kind = %lease.kind,
+        job.id = lease.job_id,
+        job.attempt = lease.attempts,
+        queue_wait_ms = lease.due_ms,
+    );
+    telemetry::set_remote_parent(&span, lease.traceparent.as_deref());
+    span
 }
 
 fn finished(registry: &Registry, done: Result<i64, tokio::task::JoinError>) {
@@ -282,9 +299,11 @@ async fn heartbeat(
         }
         match super::heartbeat(&pool, &owner, &held, lease).await {
             Ok(renewed) => {
+                telemetry::metrics::leases_renewed(renewed.len());
                 for (job_id, _) in held.iter().filter(|(id, _)| !renewed.contains(id)) {
                     if let Some(job) = registry.lock().unwrap().get(job_id) {
                         tracing::warn!(job_id, "lease lost; interrupting the job");
+                        telemetry::metrics::lease_lost(&job.kind);
                         job.interrupt.cancel();
                     }
                 }

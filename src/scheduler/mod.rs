@@ -19,7 +19,9 @@ use tokio_util::sync::CancellationToken;
 use crate::jobs;
 use crate::queue;
 use crate::store::runs::AdmissionRules;
+use crate::store::stats::KindStats;
 use crate::store::{self, Result, runs};
+use crate::telemetry::metrics;
 
 const RECOVERY_PAGE: i64 = 500;
 
@@ -85,6 +87,9 @@ pub async fn reconcile(pool: &PgPool) -> Result<usize> {
         }
     }
     tx.commit().await?;
+    expired
+        .iter()
+        .for_each(|lease| metrics::reclaimed(&lease.kind));
     if !expired.is_empty() {
         tracing::warn!(
             jobs = expired.len(),
@@ -116,7 +121,32 @@ pub async fn run(pool: PgPool, rules: AdmissionRules, interval: Duration, stop: 
         if let Err(error) = prune_lease_history(&pool).await {
             tracing::warn!(%error, "lease history pruning failed");
         }
+        if metrics::enabled()
+            && let Err(error) = sample_queue(&pool).await
+        {
+            tracing::warn!(%error, "queue metrics sampling failed");
+        }
     }
+}
+
+/// Refreshes the queue gauges' snapshot: one bounded read per maintenance pass, never
+/// one per export.
+async fn sample_queue(pool: &PgPool) -> Result<()> {
+    let mut conn = pool.acquire().await?;
+    let mut kinds = store::stats::queue(&mut conn).await?;
+    // An empty queue has no row for the kind: report zero rather than nothing.
+    if !kinds.iter().any(|k| k.kind == queue::RUN_KIND) {
+        kinds.push(KindStats {
+            kind: queue::RUN_KIND.to_string(),
+            depth: 0,
+            ready: 0,
+            leased: 0,
+            oldest_age_ms: None,
+        });
+    }
+    let workers = store::stats::live_workers(&mut conn, store::stats::WORKER_LIVE_MS).await?;
+    metrics::observe_queue(kinds, workers.len() as u64);
+    Ok(())
 }
 
 /// Ended leases are kept this long for diagnostics.

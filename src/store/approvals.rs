@@ -208,7 +208,15 @@ pub async fn resolve(
             )
             .await?;
             let priority = runs::priority_of(conn, &run_id).await?;
-            queue::enqueue(conn, queue::RUN_KIND, &run_id, priority).await?;
+            let traceparent = crate::telemetry::current_traceparent();
+            queue::enqueue(
+                conn,
+                queue::RUN_KIND,
+                &run_id,
+                priority,
+                traceparent.as_deref(),
+            )
+            .await?;
             run_event = Some(EventType::RunQueued);
             run
         }

@@ -187,7 +187,15 @@ pub async fn admit(
     }
     let mut gated = Vec::new();
     if gates.is_empty() {
-        queue::enqueue(conn, queue::RUN_KIND, &run.id, task.priority).await?;
+        let traceparent = crate::telemetry::current_traceparent();
+        queue::enqueue(
+            conn,
+            queue::RUN_KIND,
+            &run.id,
+            task.priority,
+            traceparent.as_deref(),
+        )
+        .await?;
         appended.push(NewEvent::new(task_id, &run.id, EventType::RunQueued));
     } else {
         let summary =

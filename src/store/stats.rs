@@ -5,6 +5,9 @@ use sqlx::PgConnection;
 
 use super::Result;
 
+/// A worker is live while its registry heartbeat is younger than this.
+pub const WORKER_LIVE_MS: i64 = 30_000;
+
 #[derive(Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct KindStats {
     pub kind: String,

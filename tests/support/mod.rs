@@ -430,13 +430,30 @@ pub async fn spawn_api_with_approvals(
     name: &str,
     policies: &str,
 ) -> KeelProcess {
+    spawn_api_with_env(
+        db_url,
+        log_dir,
+        name,
+        &[("KEEL_APPROVAL_POLICIES", policies)],
+    )
+    .await
+}
+
+/// Starts `keel api` with no approval gates and extra environment variables.
+pub async fn spawn_api_with_env(
+    db_url: &str,
+    log_dir: &Path,
+    name: &str,
+    env: &[(&str, &str)],
+) -> KeelProcess {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let (mut command, log) = keel_command(db_url, log_dir, name);
-    command.env("KEEL_APPROVAL_POLICIES", policies);
+    command.env("KEEL_APPROVAL_POLICIES", "none");
+    command.envs(env.iter().copied());
     command.args([
         "api",
         "--listen",
@@ -465,7 +482,20 @@ pub fn spawn_worker(
     lease_ms: u64,
     data_dir: &Path,
 ) -> KeelProcess {
+    spawn_worker_with_env(db_url, log_dir, name, lease_ms, data_dir, &[])
+}
+
+/// Starts `keel worker` with a short lease and extra environment variables.
+pub fn spawn_worker_with_env(
+    db_url: &str,
+    log_dir: &Path,
+    name: &str,
+    lease_ms: u64,
+    data_dir: &Path,
+    env: &[(&str, &str)],
+) -> KeelProcess {
     let (mut command, log) = keel_command(db_url, log_dir, name);
+    command.envs(env.iter().copied());
     command.args([
         "worker",
         "--lease-ms",
