@@ -90,6 +90,27 @@ fn every_dashboard_query_names_an_exported_metric() {
     );
 }
 
+/// The dashboard's names are the Prometheus forms of names the code really registers
+/// (src/telemetry/metrics.rs): dots become underscores, then a unit or `_total` suffix.
+#[test]
+fn the_dashboards_metric_names_are_the_ones_the_code_registers() {
+    let source = read("src/telemetry/metrics.rs");
+    let registered: Vec<String> = source
+        .split('"')
+        .filter(|literal| literal.starts_with("keel.") || literal.starts_with("http.server."))
+        .map(|name| name.replace('.', "_"))
+        .collect();
+    for exported in EXPORTED {
+        let base = exported
+            .trim_end_matches("_total")
+            .trim_end_matches("_seconds");
+        assert!(
+            registered.iter().any(|r| r == base),
+            "{exported} matches no metric in the code: {registered:?}"
+        );
+    }
+}
+
 #[test]
 fn the_compose_stack_is_wired_as_documented() {
     let compose = read("docker-compose.yml");
