@@ -10,9 +10,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ApiArgs, Common, WorkerArgs};
 use crate::jobs::run::RunJobs;
-use crate::queue::worker::Worker;
+use crate::queue::worker::{JobHandler, Worker};
 use crate::store::embedded::{Durability, EmbeddedPostgres};
-use crate::{api, scheduler, store, telemetry};
+use crate::{api, bench, scheduler, store, telemetry};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -43,6 +43,11 @@ pub enum Command {
     Worker(WorkerArgs),
     /// Applies database migrations and exits.
     Migrate,
+    /// Benchmarks: Keel's queue and run figures, and the comparison table (docs/benchmarks.md).
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCommand,
+    },
 }
 
 pub fn main() -> ExitCode {
@@ -83,6 +88,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             run_worker(pool, &common, &args, shutdown).await
         }
         Command::Serve { api, worker } => serve_all(&common, &api, &worker, shutdown).await,
+        Command::Bench { command } => bench::main(&common, command, shutdown).await,
     }
 }
 
@@ -140,7 +146,7 @@ async fn create_database(admin_url: &str, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn connect(common: &Common, role: &str) -> anyhow::Result<PgPool> {
+pub async fn connect(common: &Common, role: &str) -> anyhow::Result<PgPool> {
     let url = common.database_url().context(
         "no database URL: pass --database-url or set KEEL_DATABASE_URL (or DATABASE_URL); \
          only `keel serve` can start its own PostgreSQL",
@@ -177,6 +183,22 @@ pub async fn run_worker(
     args: &WorkerArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let runs = Arc::new(RunJobs {
+        pool: pool.clone(),
+        data_dir: std::path::absolute(&common.data_dir)?,
+        artifact_max_bytes: args.artifact_max_bytes,
+    });
+    run_worker_with(pool, args, vec![runs], shutdown).await
+}
+
+/// A worker process's duties around the given handlers: boot recovery, the maintenance
+/// loop and the worker itself (the benchmark starts its no-op kind through this too).
+pub async fn run_worker_with(
+    pool: PgPool,
+    args: &WorkerArgs,
+    handlers: Vec<Arc<dyn JobHandler>>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     scheduler::recover(&pool).await.context("boot recovery")?;
     let maintenance = CancellationToken::new();
     tokio::spawn(scheduler::run(
@@ -184,19 +206,14 @@ pub async fn run_worker(
         args.reconcile_interval(),
         maintenance.clone(),
     ));
-    let runs = Arc::new(RunJobs {
-        pool: pool.clone(),
-        data_dir: std::path::absolute(&common.data_dir)?,
-        artifact_max_bytes: args.artifact_max_bytes,
-    });
-    let worker = Worker::new(pool, args.settings(), vec![runs]);
+    let worker = Worker::new(pool, args.settings(), handlers);
     let result = worker.run(shutdown).await;
     maintenance.cancel();
     result.context("worker")
 }
 
 /// A token cancelled on SIGINT or SIGTERM.
-fn shutdown_on_signal() -> CancellationToken {
+pub fn shutdown_on_signal() -> CancellationToken {
     let token = CancellationToken::new();
     let cancel = token.clone();
     tokio::spawn(async move {

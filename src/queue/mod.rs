@@ -51,6 +51,29 @@ pub async fn enqueue(
     notify(conn, JOBS_CHANNEL, kind).await
 }
 
+/// Enqueues many jobs of one kind in one statement, with [`enqueue`]'s idempotency;
+/// returns how many were new. One notification wakes the workers for all of them.
+pub async fn enqueue_many(
+    conn: &mut PgConnection,
+    kind: &str,
+    ref_ids: &[String],
+    priority: i32,
+) -> Result<u64> {
+    let inserted = sqlx::query(
+        "INSERT INTO queue_jobs (kind, ref_id, priority)
+         SELECT $1, ref_id, $3 FROM unnest($2::text[]) AS r(ref_id)
+         ON CONFLICT (kind, ref_id) DO NOTHING",
+    )
+    .bind(kind)
+    .bind(ref_ids)
+    .bind(priority)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    notify(conn, JOBS_CHANNEL, kind).await?;
+    Ok(inserted)
+}
+
 /// How [`remove`] treats a job row another transaction has locked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Locked {
