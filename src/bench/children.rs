@@ -34,13 +34,19 @@ impl Process {
         Ok(Process { child })
     }
 
-    /// `keel bench worker` with `concurrency` jobs and the given lease.
-    pub fn bench_worker(url: &str, concurrency: usize, lease_ms: u64) -> anyhow::Result<Self> {
-        let args = super::noop::worker_args(concurrency, lease_ms);
+    /// `keel bench worker` with `concurrency` jobs, `prefetch` and the given lease.
+    pub fn bench_worker(
+        url: &str,
+        concurrency: usize,
+        prefetch: usize,
+        lease_ms: u64,
+    ) -> anyhow::Result<Self> {
+        let args = super::noop::worker_args(concurrency, prefetch, lease_ms);
         let flags = [
             "bench".to_string(),
             "worker".into(),
             format!("--concurrency={}", args.concurrency),
+            format!("--prefetch={}", args.prefetch),
             format!("--lease-ms={}", args.lease_ms),
             format!("--poll-interval-ms={}", args.poll_interval_ms),
             format!("--drain-timeout-ms={}", args.drain_timeout_ms),
@@ -94,10 +100,11 @@ pub async fn bench_workers(
     url: &str,
     count: usize,
     concurrency: usize,
+    prefetch: usize,
     lease_ms: u64,
 ) -> anyhow::Result<Vec<Process>> {
     let workers = (0..count)
-        .map(|_| Process::bench_worker(url, concurrency, lease_ms))
+        .map(|_| Process::bench_worker(url, concurrency, prefetch, lease_ms))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let pids: Vec<i32> = workers.iter().map(Process::pid).collect();
     wait_registered(pool, &pids).await?;

@@ -21,10 +21,10 @@ pub struct HistoryFigures {
 
 pub async fn figures(pool: &PgPool, url: &str, args: &RunArgs) -> anyhow::Result<HistoryFigures> {
     clear_history(pool).await?;
-    let empty = throughput(pool, url, args.jobs, args.concurrency).await?;
+    let empty = throughput(pool, url, args.jobs, args.concurrency, args.prefetch).await?;
     clear_history(pool).await?;
     seed(pool, args.history_rows).await?;
-    let full = throughput(pool, url, args.jobs, args.concurrency).await?;
+    let full = throughput(pool, url, args.jobs, args.concurrency, args.prefetch).await?;
     clear_history(pool).await?;
     Ok(HistoryFigures {
         history_rows: args.history_rows,

@@ -75,6 +75,10 @@ pub struct RunArgs {
     /// Concurrent jobs per worker process (C).
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
+    /// Jobs each bench worker claims ahead of a free slot (`keel worker --prefetch`); the
+    /// peer's tuned mode keeps a local queue of 500 the same way.
+    #[arg(long, default_value_t = 500)]
+    pub prefetch: usize,
     /// Latency samples: jobs enqueued one at a time to an idle worker.
     #[arg(long, default_value_t = 300)]
     pub samples: usize,
@@ -134,6 +138,7 @@ pub struct Report {
     pub keel: String,
     pub jobs: usize,
     pub concurrency: usize,
+    pub prefetch: usize,
     pub queue: Option<queue::QueueFigures>,
     pub runs: Option<runs::RunsFigures>,
     pub scaling: Option<Vec<queue::ScalingPoint>>,
@@ -168,6 +173,7 @@ async fn run(common: &Common, args: &RunArgs) -> anyhow::Result<()> {
         keel: env!("CARGO_PKG_VERSION").to_string(),
         jobs: args.jobs,
         concurrency: args.concurrency,
+        prefetch: args.prefetch,
         ..Report::default()
     };
     for figure in &args.figures {

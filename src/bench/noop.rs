@@ -1,6 +1,7 @@
-//! The bench's job kind: a no-op executor on the production worker. It acks each job the
-//! way every handler does (a transaction fenced by the lease that deletes the job row),
-//! and tells the bench when a job started and when its ack committed.
+//! The bench's job kind: a no-op executor on the production worker. It acks each job as
+//! any job with no domain change acks ([`Job::ack`]: fenced by the job's own token,
+//! batched with the acks queued alongside it, its slot freed as soon as the ack is
+//! queued), and tells the bench when a job started and when its ack committed.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,8 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::WorkerArgs;
 use crate::queue::worker::{Job, JobHandler};
-use crate::queue::{self, Lease};
-use crate::store::{self, StoreError};
+use crate::store;
 
 pub const KIND: &str = "bench";
 /// Jobs whose ref_id starts with this hold their lease until interrupted (the recovery
@@ -69,7 +69,6 @@ impl Probe {
 }
 
 pub struct BenchJobs {
-    pool: PgPool,
     probe: Probe,
 }
 
@@ -85,21 +84,17 @@ impl JobHandler for BenchJobs {
                 job.interrupt.cancelled().await;
                 return;
             }
-            match ack(&self.pool, &job.lease).await {
-                Ok(()) => self.probe.acked.send_modify(|n| *n += 1),
-                Err(error) => tracing::warn!(%error, job_id = job.lease.job_id, "bench ack failed"),
-            }
+            // The ack is queued now; the slot frees while it commits with its batch.
+            let (receipt, probe, job_id) = (job.ack(), self.probe.clone(), job.lease.job_id);
+            tokio::spawn(async move {
+                match receipt.await {
+                    Ok(()) => probe.acked.send_modify(|n| *n += 1),
+                    Err(error) => tracing::warn!(%error, job_id, "bench ack failed"),
+                }
+            });
         }
         .boxed()
     }
-}
-
-/// The ack every handler makes, with no domain change to commit alongside it.
-async fn ack(pool: &PgPool, lease: &Lease) -> Result<(), StoreError> {
-    let mut tx = queue::begin_fenced(pool, lease).await?;
-    queue::complete(&mut tx, lease).await?;
-    tx.commit().await?;
-    Ok(())
 }
 
 /// Runs a worker process's duties with the bench kind as its only handler, until
@@ -110,18 +105,16 @@ pub async fn run_worker(
     probe: Probe,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let handler = Arc::new(BenchJobs {
-        pool: pool.clone(),
-        probe,
-    });
+    let handler = Arc::new(BenchJobs { probe });
     crate::cli::run_worker_with(pool, args, vec![handler], shutdown).await
 }
 
-/// Worker settings for the bench: production defaults with the given concurrency and
-/// lease, and a short drain so stopping a worker does not wait on held jobs.
-pub fn worker_args(concurrency: usize, lease_ms: u64) -> WorkerArgs {
+/// Worker settings for the bench: production defaults with the given concurrency,
+/// prefetch and lease, and a short drain so stopping a worker does not wait on held jobs.
+pub fn worker_args(concurrency: usize, prefetch: usize, lease_ms: u64) -> WorkerArgs {
     WorkerArgs {
         concurrency,
+        prefetch,
         lease_ms,
         poll_interval_ms: 1_000,
         drain_timeout_ms: 1_000,
@@ -137,12 +130,17 @@ pub struct InProcess {
 }
 
 impl InProcess {
-    pub async fn start(url: &str, concurrency: usize, probe: Probe) -> anyhow::Result<Self> {
+    pub async fn start(
+        url: &str,
+        concurrency: usize,
+        prefetch: usize,
+        probe: Probe,
+    ) -> anyhow::Result<Self> {
         let pool = store::connect(url, super::worker_pool_size(concurrency), "bench-worker")
             .await
             .context("connecting the bench worker")?;
         let stop = CancellationToken::new();
-        let args = worker_args(concurrency, 30_000);
+        let args = worker_args(concurrency, prefetch, 30_000);
         let token = stop.clone();
         let task = tokio::spawn(async move { run_worker(pool, &args, probe, token).await });
         Ok(InProcess { stop, task })

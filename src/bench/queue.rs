@@ -30,8 +30,8 @@ pub struct ScalingPoint {
 
 pub async fn figures(pool: &PgPool, url: &str, args: &RunArgs) -> anyhow::Result<QueueFigures> {
     Ok(QueueFigures {
-        throughput: throughput(pool, url, args.jobs, args.concurrency).await?,
-        latency: latency(pool, url, args.samples, args.concurrency).await?,
+        throughput: throughput(pool, url, args.jobs, args.concurrency, args.prefetch).await?,
+        latency: latency(pool, url, args.samples, args.concurrency, args.prefetch).await?,
     })
 }
 
@@ -42,12 +42,13 @@ pub async fn throughput(
     url: &str,
     jobs: usize,
     concurrency: usize,
+    prefetch: usize,
 ) -> anyhow::Result<Throughput> {
     clear(pool).await?;
     enqueue_bulk(pool, "t", jobs).await?;
     let probe = Probe::default();
     let started = Instant::now();
-    let worker = InProcess::start(url, concurrency, probe.clone()).await?;
+    let worker = InProcess::start(url, concurrency, prefetch, probe.clone()).await?;
     probe.wait_acked(jobs as u64).await;
     let elapsed = started.elapsed();
     worker.stop().await?;
@@ -61,10 +62,11 @@ pub async fn latency(
     url: &str,
     samples: usize,
     concurrency: usize,
+    prefetch: usize,
 ) -> anyhow::Result<Latency> {
     clear(pool).await?;
     let (probe, mut starts) = Probe::with_starts();
-    let worker = InProcess::start(url, concurrency, probe.clone()).await?;
+    let worker = InProcess::start(url, concurrency, prefetch, probe.clone()).await?;
     // Let the worker reach its idle wait, as the peer harness does.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut conn = pool.acquire().await?;
@@ -97,7 +99,8 @@ pub async fn scaling(
     let mut points = Vec::new();
     for &concurrency in &args.scaling_concurrency {
         for &processes in &args.scaling_processes {
-            let throughput = multi_process(pool, url, processes, concurrency, args.jobs).await?;
+            let throughput =
+                multi_process(pool, url, processes, concurrency, args.prefetch, args.jobs).await?;
             points.push(ScalingPoint {
                 processes,
                 concurrency,
@@ -115,10 +118,12 @@ async fn multi_process(
     url: &str,
     processes: usize,
     concurrency: usize,
+    prefetch: usize,
     jobs: usize,
 ) -> anyhow::Result<Throughput> {
     clear(pool).await?;
-    let mut workers = children::bench_workers(pool, url, processes, concurrency, 30_000).await?;
+    let mut workers =
+        children::bench_workers(pool, url, processes, concurrency, prefetch, 30_000).await?;
     enqueue_bulk(pool, "s", jobs).await?;
     let started = Instant::now();
     while pending(pool).await? > 0 {

@@ -24,12 +24,12 @@ pub struct RecoveryFigures {
 pub async fn figures(pool: &PgPool, url: &str, args: &RunArgs) -> anyhow::Result<RecoveryFigures> {
     let (jobs, lease_ms) = (args.recovery_jobs, args.recovery_lease_ms);
     clear(pool).await?;
-    let mut doomed = children::bench_workers(pool, url, 1, jobs, lease_ms)
+    let mut doomed = children::bench_workers(pool, url, 1, jobs, 0, lease_ms)
         .await?
         .remove(0);
     enqueue_bulk(pool, HOLD_PREFIX.trim_end_matches('-'), jobs).await?;
     let holder = wait_held(pool, jobs).await?;
-    let mut survivor = children::bench_workers(pool, url, 1, jobs, lease_ms).await?;
+    let mut survivor = children::bench_workers(pool, url, 1, jobs, 0, lease_ms).await?;
     doomed.kill9()?;
     let killed = Instant::now();
     while held_elsewhere(pool, &holder).await? < jobs as i64 {

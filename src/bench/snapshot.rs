@@ -72,7 +72,7 @@ pub async fn figures(
 ) -> anyhow::Result<SnapshotFigures> {
     clear(pool).await?;
     let (probe, starts) = Probe::with_starts();
-    let worker = InProcess::start(url, args.concurrency, probe.clone()).await?;
+    let worker = InProcess::start(url, args.concurrency, args.prefetch, probe.clone()).await?;
     let enqueued = Enqueued::default();
     let stop = CancellationToken::new();
     let offered = tokio::spawn(offer(pool.clone(), rate, enqueued.clone(), stop.clone()));

@@ -146,9 +146,15 @@ pub async fn claim(
              WHERE lease_owner IS NOT NULL AND lease_expires_at < now() AND kind = ANY($1)
              ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED
          ), due AS (
-             SELECT id FROM queue_jobs
-             WHERE lease_owner IS NULL AND run_after <= now() AND kind = ANY($1)
-             ORDER BY priority DESC, run_after, id LIMIT $2 FOR UPDATE SKIP LOCKED
+             -- Per kind, so each read is one ordered scan of queue_jobs_due. With several
+             -- kinds, rows locked past the outer LIMIT are only held until this statement
+             -- commits.
+             SELECT j.id FROM unnest($1::text[]) AS k(kind) CROSS JOIN LATERAL (
+                 SELECT id, priority, run_after FROM queue_jobs
+                 WHERE kind = k.kind AND lease_owner IS NULL AND run_after <= now()
+                 ORDER BY priority DESC, run_after, id LIMIT $2 FOR UPDATE SKIP LOCKED
+             ) j
+             ORDER BY j.priority DESC, j.run_after, j.id LIMIT $2
          ), picked AS (
              SELECT id FROM expired UNION ALL SELECT id FROM due LIMIT $2
          ), ended AS (
@@ -228,6 +234,27 @@ pub async fn complete(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
         return Err(StoreError::LeaseLost);
     }
     Ok(())
+}
+
+/// Acks many jobs in one statement, each fenced by its own token and owner; returns the
+/// ids acked (a job missing from them had lost its lease). For jobs with no domain change
+/// to commit alongside the ack; `run` jobs ack with [`complete`] in their own transaction.
+pub async fn complete_many(pool: &PgPool, owner: &str, held: &[(i64, i64)]) -> Result<Vec<i64>> {
+    let (ids, tokens): (Vec<i64>, Vec<i64>) = held.iter().copied().unzip();
+    let acked = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "WITH done AS (
+             DELETE FROM queue_jobs q USING unnest($1::bigint[], $2::bigint[]) AS a(id, token)
+             WHERE q.id = a.id AND q.fencing_token = a.token AND q.lease_owner = $3
+             RETURNING q.*
+         ), archived AS ({ARCHIVE} 'acked' FROM done)
+         SELECT id FROM done"
+    )))
+    .bind(ids)
+    .bind(tokens)
+    .bind(owner)
+    .fetch_all(pool)
+    .await?;
+    Ok(acked)
 }
 
 /// Nacks a job: it becomes claimable again after `delay`, with the error recorded.
