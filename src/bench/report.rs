@@ -194,9 +194,12 @@ fn rows(report: &Report, peer: Option<&PeerReport>) -> Vec<Row> {
     rows
 }
 
+/// One figure's values across runs: Keel's, the peer's and the ratios.
+type Cells = (Vec<f64>, Vec<f64>, Vec<f64>);
+
 /// A Markdown table of the per-figure medians, in the first run's row order.
 fn table(runs: &[Vec<Row>], peer: &str) -> String {
-    let mut cells: BTreeMap<&str, (Vec<f64>, Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    let mut cells: BTreeMap<&str, Cells> = BTreeMap::new();
     for row in runs.iter().flatten() {
         let cell = cells.entry(&row.figure).or_default();
         cell.0.push(row.keel);
@@ -241,6 +244,7 @@ mod tests {
     fn the_table_takes_the_median_of_each_figure() {
         let run = |keel, peer| vec![Row::keel("x", keel).against(Some(peer))];
         let table = table(&[run(1.0, 2.0), run(3.0, 2.0), run(2.0, 4.0)], "peer");
-        assert!(table.contains("| x | 2.00 | 2.00 | 1.00× |"), "{table}");
+        // The ratio is the median of each run's own ratio (0.5, 1.5, 0.5), not 2 / 2.
+        assert!(table.contains("| x | 2.00 | 2.00 | 0.50× |"), "{table}");
     }
 }
