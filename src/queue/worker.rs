@@ -7,9 +7,9 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
@@ -19,7 +19,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::{CANCEL_CHANNEL, JOBS_CHANNEL, Lease};
+use super::{CANCEL_CHANNEL, JOBS_CHANNEL, Lease, Position};
 use crate::store::{self, StoreError};
 
 /// Executes jobs of one kind. The handler owns the job's domain transitions: it acks or
@@ -154,6 +154,18 @@ impl Worker {
         // Leased jobs waiting for a free slot (at most `prefetch`); registered, so their
         // leases are renewed like running ones.
         let mut waiting: VecDeque<Job> = VecDeque::new();
+        let mut claimer = Claimer::default();
+        let (swept_tx, mut swept) = mpsc::unbounded_channel();
+        let stop_sweep = CancellationToken::new();
+        tokio::spawn(sweep(
+            self.pool.clone(),
+            self.id.clone(),
+            kinds.to_vec(),
+            self.settings.clone(),
+            claimer.shared.clone(),
+            swept_tx,
+            stop_sweep.clone(),
+        ));
         while !shutdown.is_cancelled() {
             // Collect every job that ended since the last claim first, so one claim fills
             // all the freed slots instead of one claim per ended job.
@@ -163,17 +175,13 @@ impl Worker {
             self.start_waiting(&mut waiting, tasks);
             let room = (self.settings.concurrency + self.settings.prefetch)
                 .saturating_sub(tasks.len() + waiting.len());
+            claimer.shared.room.store(room, Ordering::Relaxed);
             // With a prefetch, claim again once half of it is used: one claim per half
             // buffer rather than one per freed slot.
             if room > 0 && waiting.len() <= self.settings.prefetch / 2 {
-                match super::claim(
-                    &self.pool,
-                    &self.id,
-                    kinds,
-                    room as i64,
-                    self.settings.lease,
-                )
-                .await
+                match claimer
+                    .claim(&self.pool, &self.id, kinds, room, &self.settings)
+                    .await
                 {
                     Ok(leases) => {
                         let jobs = leases
@@ -191,8 +199,22 @@ impl Worker {
                 _ = shutdown.cancelled() => {}
                 _ = wake.notified() => {}
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => finished(registry, done),
+                Some(leases) = swept.recv() => {
+                    claimer.advance(&leases);
+                    waiting.extend(leases.into_iter().filter_map(|l| self.register(l, registry, acks)));
+                }
                 _ = tokio::time::sleep(self.settings.poll_interval) => {}
             }
+        }
+        stop_sweep.cancel();
+        // What the sweep claimed after the loop's last look is handed back with the rest.
+        swept.close();
+        while let Some(leases) = swept.recv().await {
+            waiting.extend(
+                leases
+                    .into_iter()
+                    .filter_map(|l| self.register(l, registry, acks)),
+            );
         }
         self.release_waiting(waiting, registry).await;
     }
@@ -434,6 +456,150 @@ async fn batch_acks(
         };
         for (id, _, reply) in batch.drain(..) {
             let _ = reply.send(acked.as_ref().map(|ids| ids.contains(&id)));
+        }
+    }
+}
+
+/// A full claim slower than this (plus [`PER_ROW`] for each row it leased) reads index
+/// entries vacuum cannot remove, because an old snapshot is held somewhere.
+const SLOW_FULL_CLAIM: Duration = Duration::from_millis(20);
+const PER_ROW: Duration = Duration::from_micros(20);
+/// A slow full claim runs at most 1/SWEEP_SPACING of the time.
+const SWEEP_SPACING: u32 = 20;
+
+/// What the claim loop and its sweep share.
+#[derive(Default)]
+struct ClaimState {
+    /// How long the last full claim took (µs).
+    full_claim_us: AtomicU64,
+    /// Whether it was slow for what it claimed.
+    slow: AtomicBool,
+    /// Jobs the worker can take now.
+    room: AtomicUsize,
+}
+
+impl ClaimState {
+    fn record(&self, started: Instant, leased: usize) {
+        let took = started.elapsed();
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.full_claim_us.store(us, Ordering::Relaxed);
+        let slow = took > SLOW_FULL_CLAIM + PER_ROW * leased as u32;
+        if self.slow.swap(slow, Ordering::Relaxed) != slow {
+            tracing::info!(
+                ?took,
+                slow,
+                "full claims changed speed; positioned claims {}",
+                if slow { "on" } else { "off" }
+            );
+        }
+    }
+
+    fn slow(&self) -> bool {
+        self.slow.load(Ordering::Relaxed)
+    }
+}
+
+/// How the claim loop claims (docs/queue.md, "Old snapshots"). While full claims are
+/// cheap, each claim is one full claim ([`super::claim`]: due jobs from the head of the
+/// index, and expired leases). When they turn slow, the loop claims each kind from where
+/// its previous claim ended ([`super::claim_from`]) and [`sweep`] runs the full claim,
+/// spaced out, off the loop.
+#[derive(Default)]
+struct Claimer {
+    positions: HashMap<String, Position>,
+    shared: Arc<ClaimState>,
+}
+
+impl Claimer {
+    async fn claim(
+        &mut self,
+        pool: &PgPool,
+        owner: &str,
+        kinds: &[String],
+        room: usize,
+        settings: &WorkerSettings,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let placed = kinds.iter().all(|k| self.positions.contains_key(k));
+        let leases = if placed && self.shared.slow() {
+            self.claim_from_positions(pool, owner, kinds, room, settings)
+                .await?
+        } else {
+            let started = Instant::now();
+            let leases = super::claim(pool, owner, kinds, room as i64, settings.lease).await?;
+            self.shared.record(started, leases.len());
+            leases
+        };
+        self.advance(&leases);
+        Ok(leases)
+    }
+
+    async fn claim_from_positions(
+        &self,
+        pool: &PgPool,
+        owner: &str,
+        kinds: &[String],
+        room: usize,
+        settings: &WorkerSettings,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let mut leases = Vec::new();
+        for (kind, from) in kinds
+            .iter()
+            .filter_map(|k| Some((k, self.positions.get(k)?)))
+        {
+            let left = room.saturating_sub(leases.len());
+            if left > 0 {
+                let lease = settings.lease;
+                leases
+                    .extend(super::claim_from(pool, owner, kind, *from, left as i64, lease).await?);
+            }
+        }
+        Ok(leases)
+    }
+
+    /// Moves each kind's position to the last of these jobs in claim order.
+    fn advance(&mut self, leases: &[Lease]) {
+        for lease in leases {
+            let position = lease.position();
+            self.positions
+                .entry(lease.kind.clone())
+                .and_modify(|p| *p = p.max(position))
+                .or_insert(position);
+        }
+    }
+}
+
+/// The full claim while it is slow, off the claim loop so positioned claims go on: at most
+/// every poll interval, and spaced to [`SWEEP_SPACING`] times its cost. It hands what it
+/// claimed to the loop. Idle while full claims are cheap (the loop runs them itself).
+async fn sweep(
+    pool: PgPool,
+    owner: String,
+    kinds: Vec<String>,
+    settings: WorkerSettings,
+    state: Arc<ClaimState>,
+    found: mpsc::UnboundedSender<Vec<Lease>>,
+    stop: CancellationToken,
+) {
+    loop {
+        let cost = Duration::from_micros(state.full_claim_us.load(Ordering::Relaxed));
+        let pause = settings.poll_interval.max(cost * SWEEP_SPACING);
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        let room = state.room.load(Ordering::Relaxed);
+        if !state.slow() || room == 0 {
+            continue;
+        }
+        let started = Instant::now();
+        match super::claim(&pool, &owner, &kinds, room as i64, settings.lease).await {
+            Ok(leases) => {
+                state.record(started, leases.len());
+                if !leases.is_empty() && found.send(leases).is_err() {
+                    return;
+                }
+            }
+            Err(error) => tracing::warn!(%error, "sweep claim failed"),
         }
     }
 }
