@@ -10,9 +10,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ApiArgs, Common, WorkerArgs};
 use crate::jobs::run::RunJobs;
-use crate::queue::worker::Worker;
+use crate::queue::worker::{JobHandler, Worker};
 use crate::store::embedded::{Durability, EmbeddedPostgres};
-use crate::{api, scheduler, store, telemetry};
+use crate::store::runs::AdmissionRules;
+use crate::{api, bench, scheduler, store, telemetry};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -45,6 +46,11 @@ pub enum Command {
     Migrate,
     /// Prints the HTTP API's OpenAPI 3.1 document (as served at /v1/openapi.json).
     Openapi,
+    /// Benchmarks: Keel's queue and run figures, and the comparison table (docs/benchmarks.md).
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCommand,
+    },
 }
 
 impl Command {
@@ -56,6 +62,7 @@ impl Command {
             Command::Worker(_) => "worker",
             Command::Migrate => "migrate",
             Command::Openapi => "openapi",
+            Command::Bench { .. } => "bench",
         }
     }
 }
@@ -116,6 +123,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             run_worker(pool, &common, &args, shutdown).await
         }
         Command::Serve { api, worker } => serve_all(&common, &api, &worker, shutdown).await,
+        Command::Bench { command } => bench::main(&common, command, shutdown).await,
     }
 }
 
@@ -173,7 +181,7 @@ async fn create_database(admin_url: &str, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn connect(common: &Common, role: &str) -> anyhow::Result<PgPool> {
+pub async fn connect(common: &Common, role: &str) -> anyhow::Result<PgPool> {
     let url = common.database_url().context(
         "no database URL: pass --database-url or set KEEL_DATABASE_URL (or DATABASE_URL); \
          only `keel serve` can start its own PostgreSQL",
@@ -210,27 +218,39 @@ pub async fn run_worker(
     args: &WorkerArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    scheduler::recover(&pool).await.context("boot recovery")?;
-    let maintenance = CancellationToken::new();
-    tokio::spawn(scheduler::run(
-        pool.clone(),
-        common.admission_rules(),
-        args.reconcile_interval(),
-        maintenance.clone(),
-    ));
     let runs = Arc::new(RunJobs {
         pool: pool.clone(),
         data_dir: std::path::absolute(&common.data_dir)?,
         artifact_max_bytes: args.artifact_max_bytes,
     });
-    let worker = Worker::new(pool, args.settings(), vec![runs]);
+    run_worker_with(pool, common.admission_rules(), args, vec![runs], shutdown).await
+}
+
+/// A worker process's duties around the given handlers: boot recovery, the maintenance
+/// loop and the worker itself (the benchmark starts its no-op kind through this too).
+pub async fn run_worker_with(
+    pool: PgPool,
+    rules: AdmissionRules,
+    args: &WorkerArgs,
+    handlers: Vec<Arc<dyn JobHandler>>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    scheduler::recover(&pool).await.context("boot recovery")?;
+    let maintenance = CancellationToken::new();
+    tokio::spawn(scheduler::run(
+        pool.clone(),
+        rules,
+        args.reconcile_interval(),
+        maintenance.clone(),
+    ));
+    let worker = Worker::new(pool, args.settings(), handlers);
     let result = worker.run(shutdown).await;
     maintenance.cancel();
     result.context("worker")
 }
 
 /// A token cancelled on SIGINT or SIGTERM.
-fn shutdown_on_signal() -> CancellationToken {
+pub fn shutdown_on_signal() -> CancellationToken {
     let token = CancellationToken::new();
     let cancel = token.clone();
     tokio::spawn(async move {

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod domain;

@@ -241,3 +241,66 @@ async fn boot_recovery_re_enqueues_runs_that_lost_their_queue_row() {
         .unwrap();
     assert_eq!(jobs, 3);
 }
+
+#[tokio::test]
+async fn a_batched_ack_is_fenced_row_by_row() {
+    let pool = support::pool(&support::fresh_database().await).await;
+    enqueue(&pool, "kept", 0).await;
+    enqueue(&pool, "taken", 0).await;
+    let held = queue::claim(&pool, "worker-a", &kinds(), 2, LEASE)
+        .await
+        .unwrap();
+    let taken = held.iter().find(|l| l.ref_id == "taken").unwrap();
+    sqlx::query(
+        "UPDATE queue_jobs SET lease_expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(taken.job_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let takeover = queue::claim(&pool, "worker-b", &kinds(), 1, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(takeover[0].job_id, taken.job_id);
+
+    let tokens: Vec<(i64, i64)> = held.iter().map(|l| (l.job_id, l.fencing_token)).collect();
+    let acked = queue::complete_many(&pool, "worker-a", &tokens)
+        .await
+        .unwrap();
+    let kept = held.iter().find(|l| l.ref_id == "kept").unwrap();
+    assert_eq!(acked, [kept.job_id], "only the lease still held is acked");
+    let left: Vec<String> = sqlx::query_scalar("SELECT ref_id FROM queue_jobs")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        left,
+        ["taken"],
+        "the job taken over stays with its new holder"
+    );
+}
+
+#[tokio::test]
+async fn a_positioned_claim_reads_on_from_its_position_within_its_priority() {
+    let pool = support::pool(&support::fresh_database().await).await;
+    enqueue(&pool, "first", 0).await;
+    let first = queue::claim(&pool, "a", &kinds(), 1, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    enqueue(&pool, "second", 0).await;
+    enqueue(&pool, "urgent", 9).await;
+    let from = first.position();
+    let next = queue::claim_from(&pool, "a", KIND, from, 10, LEASE)
+        .await
+        .unwrap();
+    let names: Vec<&str> = next.iter().map(|l| l.ref_id.as_str()).collect();
+    assert_eq!(
+        names,
+        ["second"],
+        "another priority is left to the full claim"
+    );
+    let rest = queue::claim(&pool, "a", &kinds(), 10, LEASE).await.unwrap();
+    assert_eq!(rest[0].ref_id, "urgent");
+    assert!(first.position().max(next[0].position()) == next[0].position());
+}

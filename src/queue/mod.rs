@@ -9,6 +9,7 @@ pub mod worker;
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
 use crate::store::{Result, StoreError};
@@ -34,6 +35,38 @@ pub struct Lease {
     /// How long the job had been due when claimed, in milliseconds (0 outside a claim).
     #[sqlx(default)]
     pub due_ms: i64,
+    /// Where the job stood in claim order (see [`Position`]).
+    pub priority: i32,
+    pub run_after: DateTime<Utc>,
+}
+
+impl Lease {
+    pub fn position(&self) -> Position {
+        Position {
+            priority: self.priority,
+            run_after: self.run_after,
+        }
+    }
+}
+
+/// A place in claim order (priority descending, then `run_after`): where a worker's last
+/// claim of a kind ended, so its next claim can start there ([`claim_from`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    pub priority: i32,
+    pub run_after: DateTime<Utc>,
+}
+
+impl Position {
+    /// The later of two positions in claim order.
+    pub fn max(self, other: Position) -> Position {
+        let key = |p: &Position| (std::cmp::Reverse(p.priority), p.run_after);
+        if key(&other) > key(&self) {
+            other
+        } else {
+            self
+        }
+    }
 }
 
 /// Enqueues a job; idempotent: at most one live row per (kind, ref_id). `traceparent`
@@ -56,6 +89,29 @@ pub async fn enqueue(
     .execute(&mut *conn)
     .await?;
     notify(conn, JOBS_CHANNEL, kind).await
+}
+
+/// Enqueues many jobs of one kind in one statement, with [`enqueue`]'s idempotency;
+/// returns how many were new. One notification wakes the workers for all of them.
+pub async fn enqueue_many(
+    conn: &mut PgConnection,
+    kind: &str,
+    ref_ids: &[String],
+    priority: i32,
+) -> Result<u64> {
+    let inserted = sqlx::query(
+        "INSERT INTO queue_jobs (kind, ref_id, priority)
+         SELECT $1, ref_id, $3 FROM unnest($2::text[]) AS r(ref_id)
+         ON CONFLICT (kind, ref_id) DO NOTHING",
+    )
+    .bind(kind)
+    .bind(ref_ids)
+    .bind(priority)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    notify(conn, JOBS_CHANNEL, kind).await?;
+    Ok(inserted)
 }
 
 /// How [`remove`] treats a job row another transaction has locked.
@@ -127,37 +183,90 @@ pub async fn claim(
     let leases = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "WITH expired AS (
              SELECT id FROM queue_jobs
-             WHERE lease_owner IS NOT NULL AND lease_expires_at < now() AND kind = ANY($1)
-             ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED
+             WHERE lease_owner IS NOT NULL AND lease_expires_at < now() AND kind = ANY($3)
+             ORDER BY lease_expires_at LIMIT $4 FOR UPDATE SKIP LOCKED
          ), due AS (
-             SELECT id FROM queue_jobs
-             WHERE lease_owner IS NULL AND run_after <= now() AND kind = ANY($1)
-             ORDER BY priority DESC, run_after, id LIMIT $2 FOR UPDATE SKIP LOCKED
+             -- Per kind, so each read is one ordered scan of queue_jobs_due. With several
+             -- kinds, rows locked past the outer LIMIT are only held until this statement
+             -- commits.
+             SELECT j.id FROM unnest($3::text[]) AS k(kind) CROSS JOIN LATERAL (
+                 SELECT id, priority, run_after FROM queue_jobs
+                 WHERE kind = k.kind AND lease_owner IS NULL AND run_after <= now()
+                 ORDER BY priority DESC, run_after, id LIMIT $4 FOR UPDATE SKIP LOCKED
+             ) j
+             ORDER BY j.priority DESC, j.run_after, j.id LIMIT $4
          ), picked AS (
-             SELECT id FROM expired UNION ALL SELECT id FROM due LIMIT $2
+             SELECT id FROM expired UNION ALL SELECT id FROM due LIMIT $4
          ), ended AS (
              {ARCHIVE} 'expired' FROM queue_jobs
              WHERE id IN (SELECT id FROM expired) AND id IN (SELECT id FROM picked)
          )
-         UPDATE queue_jobs q
-         SET lease_owner = $3, lease_expires_at = now() + $4 * interval '1 millisecond',
-             claimed_at = now(), fencing_token = fencing_token + 1, attempts = attempts + 1,
-             heartbeats = 0
-         FROM picked WHERE q.id = picked.id
-         RETURNING q.id AS job_id, q.kind, q.ref_id, q.lease_owner AS owner, q.fencing_token,
-                   q.attempts, q.max_attempts, q.traceparent,
-                   (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms"
+         {LEASE_PICKED}"
     )))
-    .bind(kinds)
-    .bind(limit)
     .bind(owner)
     .bind(millis(lease))
+    .bind(kinds)
+    .bind(limit)
     .fetch_all(pool)
     .await?;
     Ok(leases)
 }
 
+/// Enqueues that commit this long after their `run_after` was set (their transaction's
+/// start) are still found by [`claim_from`]; later ones wait for a full [`claim`].
+pub const POSITION_SLACK: Duration = Duration::from_millis(500);
+
+/// Claims due jobs of one kind and one priority from `from` on: the hot path of a busy
+/// worker. It reads queue_jobs_due from where this worker's previous claim ended (less
+/// [`POSITION_SLACK`]) instead of from its head, where the entries of jobs already claimed
+/// lie. Vacuum normally removes those at once, but while any transaction holds an old
+/// snapshot it cannot, and a read from the head then steps over every job claimed since.
+/// What this misses (another priority, expired leases, late enqueues) the full [`claim`]
+/// finds.
+pub async fn claim_from(
+    pool: &PgPool,
+    owner: &str,
+    kind: &str,
+    from: Position,
+    limit: i64,
+    lease: Duration,
+) -> Result<Vec<Lease>> {
+    let leases = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "WITH picked AS (
+             SELECT id FROM queue_jobs
+             WHERE kind = $3 AND lease_owner IS NULL AND priority = $5
+               AND run_after >= $6 - $7 * interval '1 millisecond' AND run_after <= now()
+             ORDER BY priority DESC, run_after, id LIMIT $4 FOR UPDATE SKIP LOCKED
+         )
+         {LEASE_PICKED}"
+    )))
+    .bind(owner)
+    .bind(millis(lease))
+    .bind(kind)
+    .bind(limit)
+    .bind(from.priority)
+    .bind(from.run_after)
+    .bind(millis(POSITION_SLACK))
+    .fetch_all(pool)
+    .await?;
+    Ok(leases)
+}
+
+/// Leases the rows of a `picked` CTE to owner $1 for $2 ms; completes a claim.
+const LEASE_PICKED: &str = "
+    UPDATE queue_jobs q
+    SET lease_owner = $1, lease_expires_at = now() + $2 * interval '1 millisecond',
+        claimed_at = now(), fencing_token = fencing_token + 1, attempts = attempts + 1,
+        heartbeats = 0
+    FROM picked WHERE q.id = picked.id
+    RETURNING q.id AS job_id, q.kind, q.ref_id, q.lease_owner AS owner, q.fencing_token,
+              q.attempts, q.max_attempts, q.traceparent, q.priority, q.run_after,
+              (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms";
+
 /// Extends the leases still held; returns the ids of those that were (the others are lost).
+/// `q.id = ANY($1)` pins the plan to primary-key lookups: joined with the unnest alone,
+/// a table bloated by an old snapshot can be planned as a full scan, and heartbeats that
+/// fall behind the lease lose it.
 pub async fn heartbeat(
     pool: &PgPool,
     owner: &str,
@@ -169,7 +278,8 @@ pub async fn heartbeat(
         "UPDATE queue_jobs q
          SET lease_expires_at = now() + $4 * interval '1 millisecond', heartbeats = heartbeats + 1
          FROM unnest($1::bigint[], $2::bigint[]) AS h(id, token)
-         WHERE q.id = h.id AND q.fencing_token = h.token AND q.lease_owner = $3
+         WHERE q.id = ANY($1) AND q.id = h.id AND q.fencing_token = h.token
+           AND q.lease_owner = $3
          RETURNING q.id",
     )
     .bind(ids)
@@ -213,6 +323,28 @@ pub async fn complete(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
         return Err(StoreError::LeaseLost);
     }
     Ok(())
+}
+
+/// Acks many jobs in one statement, each fenced by its own token and owner; returns the
+/// ids acked (a job missing from them had lost its lease). For jobs with no domain change
+/// to commit alongside the ack; `run` jobs ack with [`complete`] in their own transaction.
+pub async fn complete_many(pool: &PgPool, owner: &str, held: &[(i64, i64)]) -> Result<Vec<i64>> {
+    let (ids, tokens): (Vec<i64>, Vec<i64>) = held.iter().copied().unzip();
+    let acked = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "WITH done AS (
+             DELETE FROM queue_jobs q USING unnest($1::bigint[], $2::bigint[]) AS a(id, token)
+             WHERE q.id = ANY($1) AND q.id = a.id AND q.fencing_token = a.token
+               AND q.lease_owner = $3
+             RETURNING q.*
+         ), archived AS ({ARCHIVE} 'acked' FROM done)
+         SELECT id FROM done"
+    )))
+    .bind(ids)
+    .bind(tokens)
+    .bind(owner)
+    .fetch_all(pool)
+    .await?;
+    Ok(acked)
 }
 
 /// Nacks a job: it becomes claimable again after `delay`, with the error recorded.
@@ -261,7 +393,7 @@ pub fn backoff(attempts: i32) -> Duration {
 pub async fn expired(conn: &mut PgConnection, limit: i64) -> Result<Vec<Lease>> {
     let leases = sqlx::query_as(
         "SELECT id AS job_id, kind, ref_id, lease_owner AS owner, fencing_token, attempts,
-                max_attempts, traceparent
+                max_attempts, traceparent, priority, run_after
          FROM queue_jobs WHERE lease_owner IS NOT NULL AND lease_expires_at < now()
          ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED",
     )

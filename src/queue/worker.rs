@@ -2,27 +2,30 @@
 //! kind, heartbeats every held lease on its own connection, and interrupts a job whose
 //! lease was lost or whose domain row was cancelled. On shutdown it stops claiming, lets
 //! running jobs finish within the drain window, then interrupts and releases the rest.
+//! Jobs with nothing to commit alongside their ack ack through [`Job::ack`], which
+//! gathers concurrent acks into one statement.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::{CANCEL_CHANNEL, JOBS_CHANNEL, Lease};
+use super::{CANCEL_CHANNEL, JOBS_CHANNEL, Lease, Position};
 use crate::store::{self, StoreError};
 use crate::telemetry;
 
 /// Executes jobs of one kind. The handler owns the job's domain transitions: it acks or
-/// nacks with [`super::complete`] / [`super::retry`] inside its own fenced transaction.
+/// nacks with [`super::complete`] / [`super::retry`] inside its own fenced transaction,
+/// or, when the job has no domain change to commit, acks with [`Job::ack`].
 pub trait JobHandler: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
     fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()>;
@@ -34,9 +37,20 @@ pub struct Job {
     /// Fires when the job must stop: cancelled, lease lost, or released at shutdown.
     pub interrupt: CancellationToken,
     released: Arc<AtomicBool>,
+    acks: Acks,
 }
 
 impl Job {
+    /// Acks the job by itself, for work that commits nothing else (a `run` job's ack
+    /// commits with the run's terminal state instead). The ack is queued when this is
+    /// called; the returned receipt resolves once it committed (or `LeaseLost` when the
+    /// lease had moved on), so a handler may return, freeing its slot, before it does.
+    /// Acks queued while another batch is in flight share the next statement; each is
+    /// still fenced by its own token.
+    pub fn ack(&self) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        self.acks.submit(&self.lease)
+    }
+
     /// True when the interruption is a graceful release at shutdown: the handler should
     /// hand the job back (requeue it) rather than abandon it.
     pub fn is_released(&self) -> bool {
@@ -47,6 +61,9 @@ impl Job {
 #[derive(Debug, Clone)]
 pub struct WorkerSettings {
     pub concurrency: usize,
+    /// Jobs claimed ahead of a free slot, leased while they wait (0: claim only for free
+    /// slots). Saves claim round trips for short jobs; hoards long ones from other workers.
+    pub prefetch: usize,
     pub lease: Duration,
     pub poll_interval: Duration,
     pub drain_timeout: Duration,
@@ -110,8 +127,14 @@ impl Worker {
             background.clone(),
         ));
 
+        let (requests, pending_acks) = mpsc::unbounded_channel();
+        tokio::spawn(batch_acks(self.pool.clone(), self.id.clone(), pending_acks));
+        let acks = Acks {
+            pool: self.pool.clone(),
+            requests,
+        };
         let mut tasks = JoinSet::new();
-        self.claim_loop(&kinds, &registry, &wake, &mut tasks, &shutdown)
+        self.claim_loop(&kinds, &registry, &wake, &acks, &mut tasks, &shutdown)
             .await;
         self.drain(&registry, &mut tasks).await;
         background.cancel();
@@ -125,24 +148,49 @@ impl Worker {
         kinds: &[String],
         registry: &Registry,
         wake: &Notify,
+        acks: &Acks,
         tasks: &mut JoinSet<i64>,
         shutdown: &CancellationToken,
     ) {
+        // Leased jobs waiting for a free slot (at most `prefetch`); registered, so their
+        // leases are renewed like running ones.
+        let mut waiting: VecDeque<Job> = VecDeque::new();
+        let mut claimer = Claimer::default();
+        let (swept_tx, mut swept) = mpsc::unbounded_channel();
+        let stop_sweep = CancellationToken::new();
+        tokio::spawn(sweep(
+            self.pool.clone(),
+            self.id.clone(),
+            kinds.to_vec(),
+            self.settings.clone(),
+            claimer.shared.clone(),
+            swept_tx,
+            stop_sweep.clone(),
+        ));
         while !shutdown.is_cancelled() {
-            let free = self.settings.concurrency.saturating_sub(tasks.len());
-            if free > 0 {
-                match super::claim(
-                    &self.pool,
-                    &self.id,
-                    kinds,
-                    free as i64,
-                    self.settings.lease,
-                )
-                .await
+            // Collect every job that ended since the last claim first, so one claim fills
+            // all the freed slots instead of one claim per ended job.
+            while let Some(done) = tasks.try_join_next() {
+                finished(registry, done);
+            }
+            self.start_waiting(&mut waiting, tasks);
+            let room = (self.settings.concurrency + self.settings.prefetch)
+                .saturating_sub(tasks.len() + waiting.len());
+            claimer.shared.room.store(room, Ordering::Relaxed);
+            // With a prefetch, claim again once half of it is used: one claim per half
+            // buffer rather than one per freed slot.
+            if room > 0 && waiting.len() <= self.settings.prefetch / 2 {
+                match claimer
+                    .claim(&self.pool, &self.id, kinds, room, &self.settings)
+                    .await
                 {
-                    Ok(leases) => leases
-                        .into_iter()
-                        .for_each(|lease| self.start(lease, registry, tasks)),
+                    Ok(leases) => {
+                        let jobs = leases
+                            .into_iter()
+                            .filter_map(|l| self.register(l, registry, acks));
+                        waiting.extend(jobs);
+                        self.start_waiting(&mut waiting, tasks);
+                    }
                     Err(error) => {
                         tracing::warn!(%error, "claim failed; retrying after the poll interval")
                     }
@@ -152,16 +200,32 @@ impl Worker {
                 _ = shutdown.cancelled() => {}
                 _ = wake.notified() => {}
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => finished(registry, done),
+                Some(leases) = swept.recv() => {
+                    claimer.advance(&leases);
+                    waiting.extend(leases.into_iter().filter_map(|l| self.register(l, registry, acks)));
+                }
                 _ = tokio::time::sleep(self.settings.poll_interval) => {}
             }
         }
+        stop_sweep.cancel();
+        // What the sweep claimed after the loop's last look is handed back with the rest.
+        swept.close();
+        while let Some(leases) = swept.recv().await {
+            waiting.extend(
+                leases
+                    .into_iter()
+                    .filter_map(|l| self.register(l, registry, acks)),
+            );
+        }
+        self.release_waiting(waiting, registry).await;
     }
 
-    fn start(&self, lease: Lease, registry: &Registry, tasks: &mut JoinSet<i64>) {
-        let Some(handler) = self.handlers.get(lease.kind.as_str()).cloned() else {
+    /// Records a claimed job as held by this worker; None for a kind with no handler.
+    fn register(&self, lease: Lease, registry: &Registry, acks: &Acks) -> Option<Job> {
+        if !self.handlers.contains_key(lease.kind.as_str()) {
             tracing::error!(kind = %lease.kind, "claimed a job of a kind with no handler");
-            return;
-        };
+            return None;
+        }
         let interrupt = CancellationToken::new();
         let released = Arc::new(AtomicBool::new(false));
         registry.lock().unwrap().insert(
@@ -174,13 +238,28 @@ impl Worker {
                 released: released.clone(),
             },
         );
-        let job_id = lease.job_id;
-        let span = claim_span(&lease);
-        let job = Job {
+        Some(Job {
             lease,
             interrupt,
             released,
-        };
+            acks: acks.clone(),
+        })
+    }
+
+    /// Starts waiting jobs while a slot is free.
+    fn start_waiting(&self, waiting: &mut VecDeque<Job>, tasks: &mut JoinSet<i64>) {
+        while tasks.len() < self.settings.concurrency {
+            let Some(job) = waiting.pop_front() else {
+                return;
+            };
+            self.start(job, tasks);
+        }
+    }
+
+    fn start(&self, job: Job, tasks: &mut JoinSet<i64>) {
+        let handler = self.handlers[job.lease.kind.as_str()].clone();
+        let job_id = job.lease.job_id;
+        let span = claim_span(&job.lease);
         // The handler's span starts inside the claim span, so it joins the enqueuer's trace.
         let run = span.in_scope(|| handler.run(job));
         tasks.spawn(async move {
@@ -190,6 +269,29 @@ impl Worker {
             }
             job_id
         });
+    }
+
+    /// Hands back, at shutdown, the prefetched jobs that never started: claimable again at
+    /// once, with the attempt given back.
+    async fn release_waiting(&self, waiting: VecDeque<Job>, registry: &Registry) {
+        for job in waiting {
+            registry.lock().unwrap().remove(&job.lease.job_id);
+            let released = async {
+                let mut conn = self.pool.acquire().await?;
+                super::retry(
+                    &mut conn,
+                    &job.lease,
+                    "worker shut down",
+                    Duration::ZERO,
+                    false,
+                )
+                .await
+            };
+            if let Err(error) = released.await {
+                // Its lease expires and another worker takes it over.
+                tracing::warn!(%error, job_id = job.lease.job_id, "could not hand back a prefetched job");
+            }
+        }
     }
 
     async fn drain(&self, registry: &Registry, tasks: &mut JoinSet<i64>) {
@@ -309,6 +411,214 @@ async fn heartbeat(
                 }
             }
             Err(error) => tracing::warn!(%error, "lease heartbeat failed"),
+        }
+    }
+}
+
+/// The most acks one statement carries.
+const ACK_BATCH: usize = 1_000;
+
+type AckRequest = (i64, i64, oneshot::Sender<Option<bool>>);
+
+/// The way into a worker's ack batcher ([`batch_acks`]).
+#[derive(Clone)]
+struct Acks {
+    pool: PgPool,
+    requests: mpsc::UnboundedSender<AckRequest>,
+}
+
+impl Acks {
+    fn submit(
+        &self,
+        lease: &Lease,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+        let (reply, answer) = oneshot::channel();
+        let queued = self
+            .requests
+            .send((lease.job_id, lease.fencing_token, reply))
+            .is_ok();
+        let (pool, lease) = (self.pool.clone(), lease.clone());
+        async move {
+            if queued {
+                match answer.await {
+                    Ok(Some(true)) => return Ok(()),
+                    Ok(Some(false)) => return Err(StoreError::LeaseLost),
+                    Ok(None) | Err(_) => {}
+                }
+            }
+            // The batch failed: ack alone, so this job gets its own answer (or error).
+            let mut tx = super::begin_fenced(&pool, &lease).await?;
+            super::complete(&mut tx, &lease).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+    }
+}
+
+/// Acks what the jobs sent, one statement per batch: whatever arrived while the previous
+/// statement ran goes in the next, so acks wait for no timer. Ends when every sender is
+/// gone (the worker and its last job).
+async fn batch_acks(
+    pool: PgPool,
+    owner: String,
+    mut requests: mpsc::UnboundedReceiver<AckRequest>,
+) {
+    let mut batch = Vec::with_capacity(ACK_BATCH);
+    while requests.recv_many(&mut batch, ACK_BATCH).await > 0 {
+        let held: Vec<(i64, i64)> = batch.iter().map(|(id, token, _)| (*id, *token)).collect();
+        let acked = match super::complete_many(&pool, &owner, &held).await {
+            Ok(ids) => Some(ids.into_iter().collect::<HashSet<i64>>()),
+            Err(error) => {
+                tracing::warn!(%error, jobs = held.len(), "batched ack failed; acking one by one");
+                None
+            }
+        };
+        for (id, _, reply) in batch.drain(..) {
+            let _ = reply.send(acked.as_ref().map(|ids| ids.contains(&id)));
+        }
+    }
+}
+
+/// A full claim slower than this (plus [`PER_ROW`] for each row it leased) reads index
+/// entries vacuum cannot remove, because an old snapshot is held somewhere.
+const SLOW_FULL_CLAIM: Duration = Duration::from_millis(20);
+const PER_ROW: Duration = Duration::from_micros(20);
+/// A slow full claim runs at most 1/SWEEP_SPACING of the time.
+const SWEEP_SPACING: u32 = 20;
+
+/// What the claim loop and its sweep share.
+#[derive(Default)]
+struct ClaimState {
+    /// How long the last full claim took (µs).
+    full_claim_us: AtomicU64,
+    /// Whether it was slow for what it claimed.
+    slow: AtomicBool,
+    /// Jobs the worker can take now.
+    room: AtomicUsize,
+}
+
+impl ClaimState {
+    fn record(&self, started: Instant, leased: usize) {
+        let took = started.elapsed();
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.full_claim_us.store(us, Ordering::Relaxed);
+        let slow = took > SLOW_FULL_CLAIM + PER_ROW * leased as u32;
+        if self.slow.swap(slow, Ordering::Relaxed) != slow {
+            tracing::info!(
+                ?took,
+                slow,
+                "full claims changed speed; positioned claims {}",
+                if slow { "on" } else { "off" }
+            );
+        }
+    }
+
+    fn slow(&self) -> bool {
+        self.slow.load(Ordering::Relaxed)
+    }
+}
+
+/// How the claim loop claims (docs/queue.md, "Old snapshots"). While full claims are
+/// cheap, each claim is one full claim ([`super::claim`]: due jobs from the head of the
+/// index, and expired leases). When they turn slow, the loop claims each kind from where
+/// its previous claim ended ([`super::claim_from`]) and [`sweep`] runs the full claim,
+/// spaced out, off the loop.
+#[derive(Default)]
+struct Claimer {
+    positions: HashMap<String, Position>,
+    shared: Arc<ClaimState>,
+}
+
+impl Claimer {
+    async fn claim(
+        &mut self,
+        pool: &PgPool,
+        owner: &str,
+        kinds: &[String],
+        room: usize,
+        settings: &WorkerSettings,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let placed = kinds.iter().all(|k| self.positions.contains_key(k));
+        let leases = if placed && self.shared.slow() {
+            self.claim_from_positions(pool, owner, kinds, room, settings)
+                .await?
+        } else {
+            let started = Instant::now();
+            let leases = super::claim(pool, owner, kinds, room as i64, settings.lease).await?;
+            self.shared.record(started, leases.len());
+            leases
+        };
+        self.advance(&leases);
+        Ok(leases)
+    }
+
+    async fn claim_from_positions(
+        &self,
+        pool: &PgPool,
+        owner: &str,
+        kinds: &[String],
+        room: usize,
+        settings: &WorkerSettings,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let mut leases = Vec::new();
+        for (kind, from) in kinds
+            .iter()
+            .filter_map(|k| Some((k, self.positions.get(k)?)))
+        {
+            let left = room.saturating_sub(leases.len());
+            if left > 0 {
+                let lease = settings.lease;
+                leases
+                    .extend(super::claim_from(pool, owner, kind, *from, left as i64, lease).await?);
+            }
+        }
+        Ok(leases)
+    }
+
+    /// Moves each kind's position to the last of these jobs in claim order.
+    fn advance(&mut self, leases: &[Lease]) {
+        for lease in leases {
+            let position = lease.position();
+            self.positions
+                .entry(lease.kind.clone())
+                .and_modify(|p| *p = p.max(position))
+                .or_insert(position);
+        }
+    }
+}
+
+/// The full claim while it is slow, off the claim loop so positioned claims go on: at most
+/// every poll interval, and spaced to [`SWEEP_SPACING`] times its cost. It hands what it
+/// claimed to the loop. Idle while full claims are cheap (the loop runs them itself).
+async fn sweep(
+    pool: PgPool,
+    owner: String,
+    kinds: Vec<String>,
+    settings: WorkerSettings,
+    state: Arc<ClaimState>,
+    found: mpsc::UnboundedSender<Vec<Lease>>,
+    stop: CancellationToken,
+) {
+    loop {
+        let cost = Duration::from_micros(state.full_claim_us.load(Ordering::Relaxed));
+        let pause = settings.poll_interval.max(cost * SWEEP_SPACING);
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        let room = state.room.load(Ordering::Relaxed);
+        if !state.slow() || room == 0 {
+            continue;
+        }
+        let started = Instant::now();
+        match super::claim(&pool, &owner, &kinds, room as i64, settings.lease).await {
+            Ok(leases) => {
+                state.record(started, leases.len());
+                if !leases.is_empty() && found.send(leases).is_err() {
+                    return;
+                }
+            }
+            Err(error) => tracing::warn!(%error, "sweep claim failed"),
         }
     }
 }

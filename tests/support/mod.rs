@@ -274,6 +274,7 @@ impl Client {
 pub fn worker_args(lease_ms: u64) -> WorkerArgs {
     WorkerArgs {
         concurrency: 8,
+        prefetch: 0,
         lease_ms,
         poll_interval_ms: 200,
         drain_timeout_ms: 2_000,

@@ -1,0 +1,132 @@
+//! Child processes of the bench: this same binary as `keel bench worker`, `keel worker`
+//! or `keel api`. Each is stopped (SIGTERM, then SIGKILL) when dropped, so a failed
+//! figure leaves nothing running.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use sqlx::PgPool;
+
+use super::POLL;
+
+pub struct Process {
+    child: Child,
+}
+
+impl Process {
+    /// Starts `keel ARGS…` against `url`, with warnings and errors on the bench's stderr.
+    pub fn spawn(url: &str, args: &[String], env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("locating the keel binary")?;
+        let mut command = Command::new(exe);
+        command
+            .args(args)
+            .env("KEEL_DATABASE_URL", url)
+            .env("RUST_LOG", "warn,sqlx=error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let child = command.spawn().context("starting a keel process")?;
+        Ok(Process { child })
+    }
+
+    /// `keel bench worker` with `concurrency` jobs, `prefetch` and the given lease.
+    pub fn bench_worker(
+        url: &str,
+        concurrency: usize,
+        prefetch: usize,
+        lease_ms: u64,
+    ) -> anyhow::Result<Self> {
+        let args = super::noop::worker_args(concurrency, prefetch, lease_ms);
+        let flags = [
+            "bench".to_string(),
+            "worker".into(),
+            format!("--concurrency={}", args.concurrency),
+            format!("--prefetch={}", args.prefetch),
+            format!("--lease-ms={}", args.lease_ms),
+            format!("--poll-interval-ms={}", args.poll_interval_ms),
+            format!("--drain-timeout-ms={}", args.drain_timeout_ms),
+            format!("--reconcile-interval-ms={}", args.reconcile_interval_ms),
+            format!(
+                "--db-max-connections={}",
+                super::worker_pool_size(concurrency)
+            ),
+        ];
+        Process::spawn(url, &flags, &[])
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// kill -9: the process gets no chance to release anything.
+    pub fn kill9(&mut self) -> anyhow::Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+
+    /// SIGTERM, then SIGKILL if it has not exited within `grace`.
+    pub fn stop(&mut self, grace: Duration) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let _ = kill(Pid::from_raw(self.pid()), Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
+
+/// Starts `count` bench workers and waits until each has registered (it is about to claim).
+pub async fn bench_workers(
+    pool: &PgPool,
+    url: &str,
+    count: usize,
+    concurrency: usize,
+    prefetch: usize,
+    lease_ms: u64,
+) -> anyhow::Result<Vec<Process>> {
+    let workers = (0..count)
+        .map(|_| Process::bench_worker(url, concurrency, prefetch, lease_ms))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let pids: Vec<i32> = workers.iter().map(Process::pid).collect();
+    wait_registered(pool, &pids).await?;
+    Ok(workers)
+}
+
+/// Waits until the worker registry holds a row for every pid (within 30 s).
+pub async fn wait_registered(pool: &PgPool, pids: &[i32]) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let registered: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM workers WHERE pid = ANY($1)")
+                .bind(pids)
+                .fetch_one(pool)
+                .await?;
+        if registered as usize >= pids.len() {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "worker processes did not register within 30 s"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
