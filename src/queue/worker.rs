@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -156,17 +156,6 @@ impl Worker {
         // leases are renewed like running ones.
         let mut waiting: VecDeque<Job> = VecDeque::new();
         let mut claimer = Claimer::default();
-        let (swept_tx, mut swept) = mpsc::unbounded_channel();
-        let stop_sweep = CancellationToken::new();
-        tokio::spawn(sweep(
-            self.pool.clone(),
-            self.id.clone(),
-            kinds.to_vec(),
-            self.settings.clone(),
-            claimer.shared.clone(),
-            swept_tx,
-            stop_sweep.clone(),
-        ));
         while !shutdown.is_cancelled() {
             // Collect every job that ended since the last claim first, so one claim fills
             // all the freed slots instead of one claim per ended job.
@@ -176,7 +165,6 @@ impl Worker {
             self.start_waiting(&mut waiting, tasks);
             let room = (self.settings.concurrency + self.settings.prefetch)
                 .saturating_sub(tasks.len() + waiting.len());
-            claimer.shared.room.store(room, Ordering::Relaxed);
             // With a prefetch, claim again once half of it is used: one claim per half
             // buffer rather than one per freed slot.
             if room > 0 && waiting.len() <= self.settings.prefetch / 2 {
@@ -200,22 +188,8 @@ impl Worker {
                 _ = shutdown.cancelled() => {}
                 _ = wake.notified() => {}
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => finished(registry, done),
-                Some(leases) = swept.recv() => {
-                    claimer.advance(&leases);
-                    waiting.extend(leases.into_iter().filter_map(|l| self.register(l, registry, acks)));
-                }
                 _ = tokio::time::sleep(self.settings.poll_interval) => {}
             }
-        }
-        stop_sweep.cancel();
-        // What the sweep claimed after the loop's last look is handed back with the rest.
-        swept.close();
-        while let Some(leases) = swept.recv().await {
-            waiting.extend(
-                leases
-                    .into_iter()
-                    .filter_map(|l| self.register(l, registry, acks)),
-            );
         }
         self.release_waiting(waiting, registry).await;
     }
@@ -483,50 +457,25 @@ async fn batch_acks(
 /// entries vacuum cannot remove, because an old snapshot is held somewhere.
 const SLOW_FULL_CLAIM: Duration = Duration::from_millis(20);
 const PER_ROW: Duration = Duration::from_micros(20);
-/// A slow full claim runs at most 1/SWEEP_SPACING of the time.
+/// A slow full claim runs at most 1/SWEEP_SPACING of the time...
 const SWEEP_SPACING: u32 = 20;
-
-/// What the claim loop and its sweep share.
-#[derive(Default)]
-struct ClaimState {
-    /// How long the last full claim took (µs).
-    full_claim_us: AtomicU64,
-    /// Whether it was slow for what it claimed.
-    slow: AtomicBool,
-    /// Jobs the worker can take now.
-    room: AtomicUsize,
-}
-
-impl ClaimState {
-    fn record(&self, started: Instant, leased: usize) {
-        let took = started.elapsed();
-        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        self.full_claim_us.store(us, Ordering::Relaxed);
-        let slow = took > SLOW_FULL_CLAIM + PER_ROW * leased as u32;
-        if self.slow.swap(slow, Ordering::Relaxed) != slow {
-            tracing::info!(
-                ?took,
-                slow,
-                "full claims changed speed; positioned claims {}",
-                if slow { "on" } else { "off" }
-            );
-        }
-    }
-
-    fn slow(&self) -> bool {
-        self.slow.load(Ordering::Relaxed)
-    }
-}
+/// ...but at least this often, which bounds how long a job positioned claims miss waits.
+const MAX_SWEEP_PAUSE: Duration = Duration::from_secs(2);
 
 /// How the claim loop claims (docs/queue.md, "Old snapshots"). While full claims are
 /// cheap, each claim is one full claim ([`super::claim`]: due jobs from the head of the
 /// index, and expired leases). When they turn slow, the loop claims each kind from where
-/// its previous claim ended ([`super::claim_from`]) and [`sweep`] runs the full claim,
-/// spaced out, off the loop.
+/// its previous claim ended ([`super::claim_from`]) and runs a full claim only when one is
+/// due: spaced to [`SWEEP_SPACING`] times its cost, but never further apart than
+/// [`MAX_SWEEP_PAUSE`], so what positioned claims cannot see (late enqueues, other
+/// priorities, expired leases) is still claimed within a bounded time.
 #[derive(Default)]
 struct Claimer {
     positions: HashMap<String, Position>,
-    shared: Arc<ClaimState>,
+    /// When the last full claim ran and how long it took.
+    last_full: Option<(Instant, Duration)>,
+    /// Whether that claim was slow for what it leased.
+    slow: bool,
 }
 
 impl Claimer {
@@ -539,17 +488,42 @@ impl Claimer {
         settings: &WorkerSettings,
     ) -> Result<Vec<Lease>, StoreError> {
         let placed = kinds.iter().all(|k| self.positions.contains_key(k));
-        let leases = if placed && self.shared.slow() {
+        let leases = if placed && self.slow && !self.full_claim_due(settings) {
             self.claim_from_positions(pool, owner, kinds, room, settings)
                 .await?
         } else {
             let started = Instant::now();
             let leases = super::claim(pool, owner, kinds, room as i64, settings.lease).await?;
-            self.shared.record(started, leases.len());
+            self.record_full(started, leases.len());
             leases
         };
         self.advance(&leases);
         Ok(leases)
+    }
+
+    fn full_claim_due(&self, settings: &WorkerSettings) -> bool {
+        let Some((at, took)) = self.last_full else {
+            return true;
+        };
+        let pause = (took * SWEEP_SPACING)
+            .min(MAX_SWEEP_PAUSE)
+            .max(settings.poll_interval);
+        at.elapsed() >= pause
+    }
+
+    fn record_full(&mut self, started: Instant, leased: usize) {
+        let took = started.elapsed();
+        self.last_full = Some((started, took));
+        let slow = took > SLOW_FULL_CLAIM + PER_ROW * leased as u32;
+        if self.slow != slow {
+            tracing::info!(
+                ?took,
+                slow,
+                "full claims changed speed; positioned claims {}",
+                if slow { "on" } else { "off" }
+            );
+        }
+        self.slow = slow;
     }
 
     async fn claim_from_positions(
@@ -587,38 +561,40 @@ impl Claimer {
     }
 }
 
-/// The full claim while it is slow, off the claim loop so positioned claims go on: at most
-/// every poll interval, and spaced to [`SWEEP_SPACING`] times its cost. It hands what it
-/// claimed to the loop. Idle while full claims are cheap (the loop runs them itself).
-async fn sweep(
-    pool: PgPool,
-    owner: String,
-    kinds: Vec<String>,
-    settings: WorkerSettings,
-    state: Arc<ClaimState>,
-    found: mpsc::UnboundedSender<Vec<Lease>>,
-    stop: CancellationToken,
-) {
-    loop {
-        let cost = Duration::from_micros(state.full_claim_us.load(Ordering::Relaxed));
-        let pause = settings.poll_interval.max(cost * SWEEP_SPACING);
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(pause) => {}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(poll_interval: Duration) -> WorkerSettings {
+        WorkerSettings {
+            concurrency: 1,
+            prefetch: 0,
+            lease: Duration::from_secs(30),
+            poll_interval,
+            drain_timeout: Duration::from_secs(1),
         }
-        let room = state.room.load(Ordering::Relaxed);
-        if !state.slow() || room == 0 {
-            continue;
-        }
-        let started = Instant::now();
-        match super::claim(&pool, &owner, &kinds, room as i64, settings.lease).await {
-            Ok(leases) => {
-                state.record(started, leases.len());
-                if !leases.is_empty() && found.send(leases).is_err() {
-                    return;
-                }
-            }
-            Err(error) => tracing::warn!(%error, "sweep claim failed"),
-        }
+    }
+
+    #[test]
+    fn a_very_slow_full_claim_is_still_due_within_the_cap() {
+        let mut claimer = Claimer::default();
+        let settings = settings(Duration::from_millis(100));
+        assert!(claimer.full_claim_due(&settings), "the first claim is full");
+        // A full claim that took 10 s would be spaced 200 s apart without the cap.
+        let ran = Instant::now() - MAX_SWEEP_PAUSE;
+        claimer.last_full = Some((ran, Duration::from_secs(10)));
+        assert!(claimer.full_claim_due(&settings));
+        claimer.last_full = Some((Instant::now(), Duration::from_secs(10)));
+        assert!(!claimer.full_claim_due(&settings));
+    }
+
+    #[test]
+    fn a_cheap_full_claim_is_due_again_after_a_poll_interval() {
+        let mut claimer = Claimer::default();
+        let settings = settings(Duration::from_millis(100));
+        claimer.last_full = Some((Instant::now(), Duration::from_micros(10)));
+        assert!(!claimer.full_claim_due(&settings));
+        claimer.last_full = Some((Instant::now() - Duration::from_millis(100), Duration::ZERO));
+        assert!(claimer.full_claim_due(&settings));
     }
 }
