@@ -435,6 +435,62 @@ async fn cancel_stops_a_running_process_tree_within_seconds() {
     assert_eq!(c.events(task_id, run_id).await.len(), events.len());
 }
 
+/// A cancel removes the job row a second time once it holds the run lock, skipping a row
+/// another transaction holds (a worker's heartbeat, at that moment). The worker holding the
+/// job must still stop and clear it, or the lease would be renewed as long as the process
+/// runs.
+#[tokio::test]
+async fn a_cancel_that_finds_the_job_row_locked_still_stops_the_worker() {
+    let app = TestApp::start().await;
+    let c = &app.client;
+    let task = c
+        .create_task(json!({ "execution_kind": "shell", "shell_command": "sleep 600" }))
+        .await;
+    let task_id = task["id"].as_str().unwrap();
+    let (_, run) = c
+        .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
+        .await;
+    let run_id = run["data"]["id"].as_str().unwrap();
+    c.wait_status(task_id, run_id, "running", RUN_TIMEOUT).await;
+
+    let mut heartbeat = app.pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM queue_jobs WHERE ref_id = $1 FOR UPDATE")
+        .bind(run_id)
+        .fetch_one(&mut *heartbeat)
+        .await
+        .unwrap();
+    let mut cancel = app.pool.begin().await.unwrap();
+    let reason = Some("cancelled by the test");
+    let change = keel::store::runs::Change::default();
+    let cancelled = keel::domain::RunStatus::Cancelled;
+    let actor = keel::domain::Actor::Api;
+    keel::store::runs::transition(&mut cancel, run_id, cancelled, change, &actor, reason)
+        .await
+        .unwrap();
+    keel::queue::remove(&mut cancel, "run", run_id, keel::queue::Locked::Skip)
+        .await
+        .unwrap();
+    cancel.commit().await.unwrap();
+    heartbeat.commit().await.unwrap();
+
+    let outcome: String = wait_for(RUN_TIMEOUT, "the worker to ack the job", || async {
+        sqlx::query_scalar("SELECT outcome FROM lease_history WHERE ref_id = $1")
+            .bind(run_id)
+            .fetch_optional(&app.pool)
+            .await
+            .unwrap()
+    })
+    .await;
+    assert_eq!(outcome, "acked");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs WHERE ref_id = $1")
+        .bind(run_id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+    assert_eq!(c.run(task_id, run_id).await["status"], "cancelled");
+}
+
 fn is_running(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|stat| {

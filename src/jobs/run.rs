@@ -70,6 +70,22 @@ impl JobHandler for RunJobs {
 }
 
 impl RunJobs {
+    /// Locks the job and its run for a fenced write; when the run already ended (it was
+    /// cancelled), acks the job instead and returns None.
+    async fn lock_unless_ended(
+        &self,
+        lease: &Lease,
+    ) -> Result<Option<(sqlx::Transaction<'static, sqlx::Postgres>, RunRecord)>, StoreError> {
+        let mut tx = queue::begin_fenced(&self.pool, lease).await?;
+        let run = runs::lock(&mut tx, &lease.ref_id).await?;
+        if run.status().is_terminal() {
+            queue::complete(&mut tx, lease).await?;
+            tx.commit().await?;
+            return Ok(None);
+        }
+        Ok(Some((tx, run)))
+    }
+
     /// Runs one attempt; returns its outcome, as the job duration metric labels it.
     async fn execute(&self, job: Job) -> Result<&'static str, StoreError> {
         let lease = &job.lease;
@@ -104,7 +120,11 @@ impl RunJobs {
                 tracing::info!(
                     "attempt interrupted (run cancelled or lease lost); writing nothing more"
                 );
-                Ok("interrupted")
+                // A cancel that found the job row locked left it to this worker.
+                match self.lock_unless_ended(lease).await {
+                    Ok(_) | Err(StoreError::LeaseLost) => Ok("interrupted"),
+                    Err(error) => Err(error),
+                }
             }
             Outcome::Retry { error } => {
                 self.nack(lease, &run, &error).await?;
@@ -125,13 +145,9 @@ impl RunJobs {
     /// that lost its lease: its open work is closed and the gap recorded first. Returns None
     /// when there is nothing to run (the run already ended, or it used up its attempts).
     async fn begin(&self, lease: &Lease) -> Result<Option<(TaskRecord, RunRecord)>, StoreError> {
-        let mut tx = queue::begin_fenced(&self.pool, lease).await?;
-        let run = runs::lock(&mut tx, &lease.ref_id).await?;
-        if run.status().is_terminal() {
-            queue::complete(&mut tx, lease).await?;
-            tx.commit().await?;
+        let Some((mut tx, run)) = self.lock_unless_ended(lease).await? else {
             return Ok(None);
-        }
+        };
         let reclaimed = run.status() == RunStatus::Running;
         if reclaimed {
             disconnect(&mut tx, &run, "worker_lease_expired", &worker(lease)).await?;

@@ -119,7 +119,9 @@ pub async fn enqueue_many(
 pub enum Locked {
     /// Wait for it.
     Wait,
-    /// Leave it: its holder is a worker's transaction that will find the domain row ended.
+    /// Leave it: its holder is a worker (its transaction, or a heartbeat renewing the
+    /// lease) that will find the domain row ended. That worker is told to stop all the
+    /// same, since a heartbeat alone would keep the lease, and the job, alive.
     Skip,
 }
 
@@ -145,7 +147,7 @@ pub async fn remove(
     .bind(ref_id)
     .fetch_optional(&mut *conn)
     .await?;
-    if let Some(Some(_)) = owner {
+    if matches!(owner, Some(Some(_))) || locked == Locked::Skip {
         notify(conn, CANCEL_CHANNEL, &format!("{kind}:{ref_id}")).await?;
     }
     Ok(())
