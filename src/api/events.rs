@@ -56,6 +56,8 @@ struct FeedQuery {
     event_type: Option<String>,
     /// Only this task's events.
     task_id: Option<String>,
+    /// Only this media job's events.
+    media_job_id: Option<String>,
 }
 
 impl FeedQuery {
@@ -70,6 +72,7 @@ impl FeedQuery {
         FeedFilter {
             event_types,
             task_id: self.task_id.clone(),
+            media_job_id: self.media_job_id.clone(),
         }
     }
 }
@@ -110,7 +113,7 @@ async fn list_run_events(
     Ok(Json(list(rows, limit, |e| e.sequence.to_string())))
 }
 
-/// The public feed of every run's events, in global order.
+/// The public feed of every run's and media job's events, in global order.
 #[utoipa::path(get, path = "/events", tag = "events", params(FeedQuery),
     responses((status = 200, description = "A page of events", body = ListEnvelope<EventRecord>)))]
 async fn list_feed(

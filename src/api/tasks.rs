@@ -16,6 +16,7 @@ use super::{
 use crate::domain::task::{TaskDraft, parse_budget};
 use crate::domain::{Actor, NewTask, TaskStatus};
 use crate::store::artifacts::ArtifactRecord;
+use crate::store::events::Subject;
 use crate::store::runs::{Admission, Admitted, Origin, RunRecord};
 use crate::store::steps::StepRecord;
 use crate::store::tasks::TaskRecord;
@@ -305,7 +306,8 @@ async fn list_artifacts(
     let limit = page_limit(page.limit)?;
     let mut conn = state.pool.acquire().await?;
     runs::get(&mut conn, &task_id, &run_id).await?;
-    let rows = artifacts::list(&mut conn, &run_id, page.cursor.as_deref(), limit + 1).await?;
+    let owner = run_subject(&task_id, &run_id);
+    let rows = artifacts::list(&mut conn, owner, page.cursor.as_deref(), limit + 1).await?;
     Ok(Json(list(rows, limit, |a| a.id.clone())))
 }
 
@@ -321,7 +323,7 @@ async fn get_artifact(
     runs::get(&mut conn, &task_id, &run_id).await?;
     Ok(Json(object(
         "task_artifact",
-        artifacts::get(&mut conn, &run_id, &artifact_id).await?,
+        artifacts::get(&mut conn, run_subject(&task_id, &run_id), &artifact_id).await?,
     )))
 }
 
@@ -335,7 +337,11 @@ async fn artifact_content(
 ) -> Result<Response> {
     let mut conn = state.pool.acquire().await?;
     runs::get(&mut conn, &task_id, &run_id).await?;
-    let artifact = artifacts::get(&mut conn, &run_id, &artifact_id).await?;
+    let artifact = artifacts::get(&mut conn, run_subject(&task_id, &run_id), &artifact_id).await?;
     let bytes = artifacts::read_content(&mut conn, &artifact.id).await?;
     Ok(([(header::CONTENT_TYPE, artifact.content_type)], bytes).into_response())
+}
+
+fn run_subject<'a>(task_id: &'a str, run_id: &'a str) -> Subject<'a> {
+    Subject::Run { task_id, run_id }
 }

@@ -19,7 +19,7 @@ use tracing::Instrument;
 use crate::domain::{Actor, EventType, RunStatus};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
-use crate::store::events::{self, NewEvent};
+use crate::store::events::{self, NewEvent, Subject};
 use crate::store::runs::{self, Change, RunRecord};
 use crate::store::tasks::{self, TaskRecord};
 use crate::store::{StoreError, artifacts, steps};
@@ -458,16 +458,13 @@ impl RunContext for FencedContext {
     async fn open_output(&self, stream: OutputStream) -> Result<ArtifactHandle, ContextError> {
         let mut tx = self.begin().await?;
         let name = stream.name();
-        let artifact = artifacts::open(
-            &mut tx,
-            &self.task_id,
-            &self.run_id,
-            name,
-            name,
-            "text/plain",
-        )
-        .await
-        .map_err(|e| self.context_error(e))?;
+        let owner = Subject::Run {
+            task_id: &self.task_id,
+            run_id: &self.run_id,
+        };
+        let artifact = artifacts::open(&mut tx, owner, name, name, "text/plain")
+            .await
+            .map_err(|e| self.context_error(e))?;
         self.commit(tx).await?;
         Ok(ArtifactHandle(artifact.id))
     }

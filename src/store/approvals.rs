@@ -94,7 +94,7 @@ async fn record(
     let transition = Transition {
         entity_type: "approval",
         entity_id: &approval.id,
-        task_id: &approval.task_id,
+        task_id: Some(&approval.task_id),
         from,
         to,
         reason,

@@ -7,15 +7,18 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 
-use super::events::{self, NewEvent};
+use super::events::{self, NewEvent, Subject};
 use super::{Result, StoreError};
 use crate::domain::{EventType, new_id};
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct ArtifactRecord {
     pub id: String,
-    pub run_id: String,
-    pub task_id: String,
+    /// The run that wrote it and its task (null for a media job's artifact).
+    pub run_id: Option<String>,
+    pub task_id: Option<String>,
+    /// The media job that produced it (null for a run's artifact).
+    pub media_job_id: Option<String>,
     pub name: String,
     pub kind: String,
     pub content_type: String,
@@ -28,57 +31,53 @@ pub struct ArtifactRecord {
 }
 
 const ARTIFACT_COLUMNS: &str =
-    "id, run_id, task_id, name, kind, content_type, size_bytes, truncated,
+    "id, run_id, task_id, media_job_id, name, kind, content_type, size_bytes, truncated,
     status, storage, created_at, updated_at";
 
 /// Opens an artifact for writing. An attempt that takes over from a lost one reopens the
-/// same artifact (same run, same name) and appends after what was already written.
+/// same artifact (same owner, same name) and appends after what was already written.
 pub async fn open(
     conn: &mut PgConnection,
-    task_id: &str,
-    run_id: &str,
+    owner: Subject<'_>,
     name: &str,
     kind: &str,
     content_type: &str,
 ) -> Result<ArtifactRecord> {
-    let (artifact, created): (ArtifactRecord, bool) = {
-        let row: Option<ArtifactRecord> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO artifacts (id, run_id, task_id, name, kind, content_type, status)
-             VALUES ($1, $2, $3, $4, $5, $6, 'writing')
-             ON CONFLICT (run_id, name) DO NOTHING RETURNING {ARTIFACT_COLUMNS}"
-        )))
-        .bind(new_id("art"))
-        .bind(run_id)
-        .bind(task_id)
-        .bind(name)
-        .bind(kind)
-        .bind(content_type)
-        .fetch_optional(&mut *conn)
-        .await?;
-        match row {
-            Some(row) => (row, true),
-            None => {
-                let row = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                    "UPDATE artifacts SET status = 'writing', updated_at = now()
-                     WHERE run_id = $1 AND name = $2 RETURNING {ARTIFACT_COLUMNS}"
-                )))
-                .bind(run_id)
-                .bind(name)
-                .fetch_one(&mut *conn)
-                .await?;
-                (row, false)
-            }
-        }
-    };
-    if created {
+    let (task_id, run_id, media_job_id) = owner.columns();
+    let (column, owner_id) = owner.key();
+    let created: Option<ArtifactRecord> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO artifacts (id, run_id, task_id, media_job_id, name, kind, content_type, status)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'writing')
+         ON CONFLICT ({column}, name) DO NOTHING RETURNING {ARTIFACT_COLUMNS}"
+    )))
+    .bind(new_id("art"))
+    .bind(run_id)
+    .bind(task_id)
+    .bind(media_job_id)
+    .bind(name)
+    .bind(kind)
+    .bind(content_type)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(artifact) = created {
         let data = serde_json::json!({ "artifact_id": artifact.id, "name": name, "kind": kind });
-        events::append(
-            conn,
-            &[NewEvent::new(task_id, run_id, EventType::ArtifactCreated).with(data)],
-        )
-        .await?;
+        let event = NewEvent {
+            subject: owner,
+            event_type: EventType::ArtifactCreated,
+            data,
+        };
+        events::append(conn, &[event]).await?;
+        return Ok(artifact);
     }
-    Ok(artifact)
+    let reopened = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE artifacts SET status = 'writing', updated_at = now()
+         WHERE {column} = $1 AND name = $2 RETURNING {ARTIFACT_COLUMNS}"
+    )))
+    .bind(owner_id)
+    .bind(name)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(reopened)
 }
 
 /// Appends bytes, keeping the artifact within `max_bytes`; what does not fit is dropped and
@@ -129,13 +128,14 @@ pub async fn close(conn: &mut PgConnection, artifact_id: &str) -> Result<()> {
 
 pub async fn get(
     conn: &mut PgConnection,
-    run_id: &str,
+    owner: Subject<'_>,
     artifact_id: &str,
 ) -> Result<ArtifactRecord> {
+    let (column, owner_id) = owner.key();
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {ARTIFACT_COLUMNS} FROM artifacts WHERE run_id = $1 AND id = $2"
+        "SELECT {ARTIFACT_COLUMNS} FROM artifacts WHERE {column} = $1 AND id = $2"
     )))
-    .bind(run_id)
+    .bind(owner_id)
     .bind(artifact_id)
     .fetch_optional(conn)
     .await?
@@ -144,15 +144,16 @@ pub async fn get(
 
 pub async fn list(
     conn: &mut PgConnection,
-    run_id: &str,
+    owner: Subject<'_>,
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ArtifactRecord>> {
+    let (column, owner_id) = owner.key();
     let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {ARTIFACT_COLUMNS} FROM artifacts WHERE run_id = $1 AND ($2::text IS NULL OR id > $2)
+        "SELECT {ARTIFACT_COLUMNS} FROM artifacts WHERE {column} = $1 AND ($2::text IS NULL OR id > $2)
          ORDER BY id LIMIT $3"
     )))
-    .bind(run_id)
+    .bind(owner_id)
     .bind(after)
     .bind(limit)
     .fetch_all(conn)

@@ -16,9 +16,32 @@ use crate::domain::{EventType, new_id};
 const EVENT_ORDER_LOCK: i64 = 0x6b65_656c_0001;
 pub const CHANNEL: &str = "keel_events";
 
+/// What an event is about: each subject has its own `sequence`.
+#[derive(Debug, Clone, Copy)]
+pub enum Subject<'a> {
+    Run { task_id: &'a str, run_id: &'a str },
+    MediaJob(&'a str),
+}
+
+impl<'a> Subject<'a> {
+    /// The column naming the subject in `run_events` and `artifacts`, and its id.
+    pub fn key(self) -> (&'static str, &'a str) {
+        match self {
+            Subject::Run { run_id, .. } => ("run_id", run_id),
+            Subject::MediaJob(id) => ("media_job_id", id),
+        }
+    }
+
+    pub fn columns(self) -> (Option<&'a str>, Option<&'a str>, Option<&'a str>) {
+        match self {
+            Subject::Run { task_id, run_id } => (Some(task_id), Some(run_id), None),
+            Subject::MediaJob(id) => (None, None, Some(id)),
+        }
+    }
+}
+
 pub struct NewEvent<'a> {
-    pub task_id: &'a str,
-    pub run_id: &'a str,
+    pub subject: Subject<'a>,
     pub event_type: EventType,
     pub data: serde_json::Value,
 }
@@ -26,8 +49,15 @@ pub struct NewEvent<'a> {
 impl<'a> NewEvent<'a> {
     pub fn new(task_id: &'a str, run_id: &'a str, event_type: EventType) -> Self {
         NewEvent {
-            task_id,
-            run_id,
+            subject: Subject::Run { task_id, run_id },
+            event_type,
+            data: serde_json::json!({}),
+        }
+    }
+
+    pub fn media_job(media_job_id: &'a str, event_type: EventType) -> Self {
+        NewEvent {
+            subject: Subject::MediaJob(media_job_id),
             event_type,
             data: serde_json::json!({}),
         }
@@ -43,8 +73,12 @@ impl<'a> NewEvent<'a> {
 pub struct EventRecord {
     pub schema_version: i32,
     pub event_id: String,
-    pub task_id: String,
-    pub run_id: String,
+    /// The run's task and the run (null on a media job's events).
+    pub task_id: Option<String>,
+    pub run_id: Option<String>,
+    /// The media job (null on a run's events).
+    pub media_job_id: Option<String>,
+    /// The event's position among its run's (or media job's) events.
     pub sequence: i64,
     pub global_sequence: i64,
     pub occurred_at: DateTime<Utc>,
@@ -55,7 +89,8 @@ pub struct EventRecord {
 }
 
 const SELECT_EVENT: &str = "
-    SELECT 1 AS schema_version, event_id, task_id, run_id, sequence, id AS global_sequence,
+    SELECT 1 AS schema_version, event_id, task_id, run_id, media_job_id, sequence,
+           id AS global_sequence,
            occurred_at, type, data
     FROM run_events";
 
@@ -69,16 +104,20 @@ pub async fn append(conn: &mut PgConnection, events: &[NewEvent<'_>]) -> Result<
         .await?;
     let mut last_id = 0i64;
     for event in events {
-        last_id = sqlx::query_scalar(
-            "INSERT INTO run_events (event_id, task_id, run_id, sequence, type, data)
-             VALUES ($1, $2, $3,
-                     COALESCE((SELECT max(sequence) FROM run_events WHERE run_id = $3), 0) + 1,
-                     $4, $5)
-             RETURNING id",
-        )
+        let (task_id, run_id, media_job_id) = event.subject.columns();
+        let (column, subject_id) = event.subject.key();
+        last_id = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO run_events (event_id, task_id, run_id, media_job_id, sequence, type, data)
+             VALUES ($1, $2, $3, $4,
+                     COALESCE((SELECT max(sequence) FROM run_events WHERE {column} = $5), 0) + 1,
+                     $6, $7)
+             RETURNING id"
+        )))
         .bind(new_id("evt"))
-        .bind(event.task_id)
-        .bind(event.run_id)
+        .bind(task_id)
+        .bind(run_id)
+        .bind(media_job_id)
+        .bind(subject_id)
         .bind(event.event_type.as_str())
         .bind(&event.data)
         .fetch_one(&mut *conn)
@@ -114,6 +153,7 @@ pub async fn list_for_run(
 pub struct FeedFilter {
     pub event_types: Option<Vec<String>>,
     pub task_id: Option<String>,
+    pub media_job_id: Option<String>,
 }
 
 pub async fn list_feed(
@@ -126,11 +166,13 @@ pub async fn list_feed(
         "{SELECT_EVENT}
          WHERE id > $1 AND ($2::text[] IS NULL OR type = ANY($2))
            AND ($3::text IS NULL OR task_id = $3)
-         ORDER BY id LIMIT $4"
+           AND ($4::text IS NULL OR media_job_id = $4)
+         ORDER BY id LIMIT $5"
     )))
     .bind(after)
     .bind(&filter.event_types)
     .bind(&filter.task_id)
+    .bind(&filter.media_job_id)
     .bind(limit)
     .fetch_all(conn)
     .await?;

@@ -473,7 +473,7 @@ async fn record(
     let run_change = Transition {
         entity_type: "run",
         entity_id: &run.id,
-        task_id: &run.task_id,
+        task_id: Some(&run.task_id),
         from: run_from,
         to: &run.status,
         reason,
@@ -488,7 +488,7 @@ async fn record(
         let task_change = Transition {
             entity_type: "task",
             entity_id: &run.task_id,
-            task_id: &run.task_id,
+            task_id: Some(&run.task_id),
             from: Some(task_from),
             to: &run.status,
             reason,

@@ -144,7 +144,7 @@ pub async fn insert(conn: &mut PgConnection, task: &NewTask, actor: &Actor) -> R
     let created = Transition {
         entity_type: "task",
         entity_id: &id,
-        task_id: &id,
+        task_id: Some(&id),
         from: None,
         to: "not_started",
         reason: Some("created"),
@@ -223,7 +223,7 @@ pub async fn delete(conn: &mut PgConnection, id: &str, actor: &Actor) -> Result<
     let deleted = Transition {
         entity_type: "task",
         entity_id: id,
-        task_id: id,
+        task_id: Some(id),
         from: Some(&task.status),
         to: "deleted",
         reason: None,

@@ -1,4 +1,4 @@
-//! The audit trail: one row per state change of a task, run or approval, written in the
+//! The audit trail: one row per state change of a task, run, approval or media job, written in the
 //! transaction that made the change.
 
 use chrono::{DateTime, Utc};
@@ -12,7 +12,8 @@ use crate::domain::Actor;
 pub struct Transition<'a> {
     pub entity_type: &'static str,
     pub entity_id: &'a str,
-    pub task_id: &'a str,
+    /// The task a task, run or approval belongs to; None for a media job.
+    pub task_id: Option<&'a str>,
     pub from: Option<&'a str>,
     pub to: &'a str,
     pub reason: Option<&'a str>,
@@ -23,7 +24,7 @@ pub struct TransitionRecord {
     pub id: i64,
     pub entity_type: String,
     pub entity_id: String,
-    pub task_id: String,
+    pub task_id: Option<String>,
     pub from_status: Option<String>,
     pub to_status: String,
     pub reason: Option<String>,
