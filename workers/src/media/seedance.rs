@@ -100,6 +100,7 @@ async fn poll(
     let path = format!("{TASKS}/{task_id}");
     let mut reported: Option<String> = None;
     loop {
+        // A failed poll ends the attempt as Retry; the next attempt resumes the saved task.
         let task = api.get(ctx, &path).await?;
         let status = task
             .get("status")

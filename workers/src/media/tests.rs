@@ -38,6 +38,7 @@ struct Artifact {
 struct Recorder {
     cancel: CancellationToken,
     resume_task: Option<String>,
+    save_fails_with: Option<ContextError>,
     events: Mutex<Vec<Event>>,
     artifacts: Mutex<Vec<Artifact>>,
 }
@@ -52,6 +53,9 @@ impl MediaContext for Recorder {
     }
 
     async fn save_vendor_task(&self, task_id: &str) -> Result<(), ContextError> {
+        if let Some(error) = &self.save_fails_with {
+            return Err(error.clone());
+        }
         self.record(Event::SavedTask(task_id.to_string()))
     }
 
@@ -522,6 +526,47 @@ async fn seedance_submits_saves_polls_and_downloads_the_video() {
 }
 
 #[tokio::test]
+async fn seedance_never_polls_a_task_it_could_not_save() {
+    let runtime_down = ContextError::Runtime("database unreachable".into());
+    let cases = [
+        (
+            runtime_down,
+            MediaOutcome::Retry {
+                code: MediaErrorCode::ProviderUnavailable,
+                message: "the runtime could not record the attempt: database unreachable".into(),
+                after: None,
+            },
+        ),
+        (ContextError::Interrupted, MediaOutcome::Interrupted),
+    ];
+    for (error, expected) in cases {
+        let server = MockServer::start().await;
+        vendor_call("POST", "/api/v3/contents/generations/tasks")
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({"id": "cgt-1"})))
+            .expect(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .respond_with(ResponseTemplate::new(500))
+            .expect(0)
+            .mount(&server)
+            .await;
+        let ctx = Recorder {
+            save_fails_with: Some(error),
+            ..Recorder::default()
+        };
+        let spec = spec(
+            Vendor::Seedance,
+            Operation::VideoGenerate,
+            &server,
+            "seedance-1-0-pro",
+        );
+
+        assert_eq!(execute(&spec, &ctx).await, expected);
+    }
+}
+
+#[tokio::test]
 async fn seedance_resumes_a_saved_task_without_submitting() {
     let server = MockServer::start().await;
     Mock::given(method("POST"))
@@ -831,6 +876,36 @@ async fn a_slow_vendor_times_out_and_is_retried() {
         "gpt-image-1",
     );
     spec.limits.request_timeout = Duration::from_millis(200);
+
+    let outcome = execute(&spec, &Recorder::default()).await;
+
+    assert!(
+        matches!(
+            outcome,
+            MediaOutcome::Retry {
+                code: MediaErrorCode::Timeout,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_slow_download_times_out_and_is_retried() {
+    let server = MockServer::start().await;
+    image_result_at(&server, &format!("{}/media/slow.png", server.uri())).await;
+    Mock::given(path("/media/slow.png"))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(5)))
+        .mount(&server)
+        .await;
+    let mut spec = spec(
+        Vendor::Seedream,
+        Operation::ImageGenerate,
+        &server,
+        "seedream-4-0",
+    );
+    spec.limits.download_timeout = Duration::from_millis(200);
 
     let outcome = execute(&spec, &Recorder::default()).await;
 
