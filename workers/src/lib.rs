@@ -1,11 +1,13 @@
 //! Keel's executors. They run one attempt of a run (a shell command, a git command, a file
 //! operation) and report what happened through [`RunContext`], the only way they reach the
-//! runtime: no SQL, no queue, no HTTP here. The runtime implements the context with fenced
-//! database writes; the tests implement it in memory.
+//! runtime: no SQL, no queue here. The runtime implements the context with fenced database
+//! writes; the tests implement it in memory. The [`media`] executors, the only ones that speak
+//! HTTP (to media vendors), have a context of their own, [`media::MediaContext`].
 #![forbid(unsafe_code)]
 
 mod context;
 mod file;
+pub mod media;
 mod process;
 
 use std::path::PathBuf;

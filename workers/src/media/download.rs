@@ -1,0 +1,327 @@
+//! Downloading result media from URLs a vendor returned. The URL is untrusted: the client
+//! carries no credentials, speaks only http(s), and (unless the limits allow it) reaches only
+//! public addresses, checked on every connection and every redirect.
+
+use std::error::Error;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+use reqwest::header::{CONTENT_TYPE, HeaderMap};
+use reqwest::{Client, redirect};
+use serde_json::json;
+use url::{Host, Url};
+
+use super::api::describe;
+use super::artifacts::{Output, SourceKind, file_name, sniff, too_large};
+use super::{
+    MediaArtifactKind, MediaContext, MediaErrorCode, MediaLimits, MediaOutcome, Step, cancellable,
+};
+
+const MAX_REDIRECTS: usize = 5;
+
+/// Streams `url` into a new artifact named after `stem` and the media's content type.
+pub(super) async fn fetch(
+    ctx: &impl MediaContext,
+    limits: &MediaLimits,
+    url: &str,
+    stem: &str,
+    kind: MediaArtifactKind,
+) -> Step<Output> {
+    let url = Url::parse(url).map_err(|_| refused("the media URL is not a valid URL"))?;
+    check_url(&url, limits.allow_private_addresses).map_err(|why| refused(&why.0))?;
+    ctx.progress(json!({"stage": "downloading", "kind": kind.as_str()}))
+        .await?;
+    let request = client(limits)?.get(url).timeout(limits.download_timeout);
+    let response = cancellable(ctx, request.send())
+        .await?
+        .map_err(download_error)?;
+    check_status(response.status())?;
+    if response
+        .content_length()
+        .is_some_and(|length| length > limits.download_max_bytes)
+    {
+        return Err(too_large(limits.download_max_bytes));
+    }
+    let declared = media_type(response.headers(), kind);
+    let mut body = response.bytes_stream();
+    let Some(first) = next_chunk(ctx, &mut body).await? else {
+        return Err(MediaOutcome::failed(
+            MediaErrorCode::ProviderError,
+            "the media download was empty",
+        ));
+    };
+    let content_type = declared.unwrap_or_else(|| sniff(&first).to_string());
+    let name = file_name(stem, &content_type);
+    let artifact = ctx.open_artifact(&name, kind, &content_type).await?;
+    let mut written = 0u64;
+    let mut chunk = Some(first);
+    while let Some(bytes) = chunk {
+        written += bytes.len() as u64;
+        if written > limits.download_max_bytes {
+            return Err(too_large(limits.download_max_bytes));
+        }
+        ctx.append_artifact(&artifact, &bytes).await?;
+        chunk = next_chunk(ctx, &mut body).await?;
+    }
+    ctx.close_artifact(&artifact).await?;
+    ctx.progress(json!({"stage": "downloaded", "artifact": name, "bytes": written}))
+        .await?;
+    Ok(Output {
+        name,
+        kind,
+        content_type,
+        bytes: written,
+        source: SourceKind::Url,
+    })
+}
+
+async fn next_chunk(
+    ctx: &impl MediaContext,
+    body: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+) -> Step<Option<bytes::Bytes>> {
+    match cancellable(ctx, body.next()).await? {
+        Some(Ok(bytes)) => Ok(Some(bytes)),
+        Some(Err(error)) => Err(download_error(error)),
+        None => Ok(None),
+    }
+}
+
+/// The server's content type when it names media of the expected kind; generic types
+/// (`application/octet-stream`, common on object stores) are left to sniffing.
+fn media_type(headers: &HeaderMap, kind: MediaArtifactKind) -> Option<String> {
+    let value = headers.get(CONTENT_TYPE)?.to_str().ok()?;
+    let essence = value.split(';').next()?.trim().to_ascii_lowercase();
+    let prefix = match kind {
+        MediaArtifactKind::Video => "video/",
+        _ => "image/",
+    };
+    essence.starts_with(prefix).then_some(essence)
+}
+
+fn check_status(status: reqwest::StatusCode) -> Step<()> {
+    if status.is_success() {
+        return Ok(());
+    }
+    let message = format!("the media download returned HTTP {}", status.as_u16());
+    if status.is_server_error() || status.as_u16() == 408 || status.as_u16() == 429 {
+        Err(MediaOutcome::retry(
+            MediaErrorCode::ProviderUnavailable,
+            message,
+        ))
+    } else {
+        Err(MediaOutcome::failed(MediaErrorCode::ProviderError, message))
+    }
+}
+
+fn client(limits: &MediaLimits) -> Step<Client> {
+    let allow_private = limits.allow_private_addresses;
+    let mut builder = Client::builder()
+        // A proxy would resolve names itself, past the address filter.
+        .no_proxy()
+        .redirect(redirect::Policy::custom(move |attempt| {
+            if attempt.previous().len() > MAX_REDIRECTS {
+                return attempt.error(Refused("too many redirects".into()));
+            }
+            match check_url(attempt.url(), allow_private) {
+                Ok(()) => attempt.follow(),
+                Err(why) => attempt.error(why),
+            }
+        }));
+    if !allow_private {
+        builder = builder.dns_resolver(Arc::new(PublicOnly));
+    }
+    builder.build().map_err(|error| {
+        MediaOutcome::retry(
+            MediaErrorCode::ProviderUnavailable,
+            format!("cannot build the download client: {}", describe(&error)),
+        )
+    })
+}
+
+fn download_error(error: reqwest::Error) -> MediaOutcome {
+    // The URL may be pre-signed: its query is a credential.
+    let error = error.without_url();
+    if let Some(why) = refusal(&error) {
+        return refused(&why.0);
+    }
+    let message = format!("the media download failed: {}", describe(&error));
+    if error.is_timeout() {
+        MediaOutcome::retry(MediaErrorCode::Timeout, message)
+    } else {
+        MediaOutcome::retry(MediaErrorCode::ProviderUnavailable, message)
+    }
+}
+
+fn refusal<'e>(error: &'e (dyn Error + 'static)) -> Option<&'e Refused> {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if let Some(refused) = error.downcast_ref::<Refused>() {
+            return Some(refused);
+        }
+        cause = error.source();
+    }
+    None
+}
+
+fn refused(why: &str) -> MediaOutcome {
+    MediaOutcome::failed(
+        MediaErrorCode::DownloadRefused,
+        format!("refused to download the media: {why}"),
+    )
+}
+
+/// Why a download target was refused; found again in reqwest's error chain.
+#[derive(Debug)]
+struct Refused(String);
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Error for Refused {}
+
+/// Scheme and IP-literal checks; names are checked when they resolve, by [`PublicOnly`],
+/// because only the connection's address is safe from DNS rebinding.
+fn check_url(url: &Url, allow_private: bool) -> Result<(), Refused> {
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(Refused(format!("scheme {:?} is not http(s)", url.scheme())));
+    }
+    let ip = match url.host() {
+        None => return Err(Refused("the URL has no host".into())),
+        Some(Host::Domain(_)) => return Ok(()),
+        Some(Host::Ipv4(ip)) => IpAddr::V4(ip),
+        Some(Host::Ipv6(ip)) => IpAddr::V6(ip),
+    };
+    if allow_private || is_public(ip) {
+        Ok(())
+    } else {
+        Err(Refused(format!("{ip} is not a public address")))
+    }
+}
+
+/// Resolves names to their public addresses only, at connect time.
+struct PublicOnly;
+
+impl Resolve for PublicOnly {
+    fn resolve(&self, name: Name) -> Resolving {
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            let resolved = tokio::net::lookup_host((host.as_str(), 0)).await?;
+            let public: Vec<SocketAddr> = resolved.filter(|addr| is_public(addr.ip())).collect();
+            if public.is_empty() {
+                let why = format!("{host} resolves to no public address");
+                return Err(Box::new(Refused(why)) as Box<dyn Error + Send + Sync>);
+            }
+            Ok(Box::new(public.into_iter()) as Addrs)
+        })
+    }
+}
+
+pub(super) fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(ip) => is_public_v4(ip),
+        IpAddr::V6(ip) => match ip.to_ipv4_mapped() {
+            Some(mapped) => is_public_v4(mapped),
+            None => is_public_v6(ip),
+        },
+    }
+}
+
+fn is_public_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, c, _] = ip.octets();
+    let special = ip.is_private()
+        || ip.is_loopback()
+        || ip.is_link_local()
+        || ip.is_unspecified()
+        || ip.is_broadcast()
+        || ip.is_documentation()
+        || ip.is_multicast()
+        || a == 0
+        || (a == 100 && (64..128).contains(&b)) // shared address space (carrier-grade NAT)
+        || (a == 192 && b == 0 && c == 0) // IETF protocol assignments
+        || (a == 198 && (b == 18 || b == 19)) // benchmarking
+        || a >= 240; // reserved
+    !special
+}
+
+fn is_public_v6(ip: Ipv6Addr) -> bool {
+    let segments = ip.segments();
+    // NAT64 (64:ff9b::/96) reaches the IPv4 address embedded in its last 32 bits.
+    if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        let [.., high, low] = segments;
+        return is_public_v4(Ipv4Addr::from(((high as u32) << 16) | low as u32));
+    }
+    let special = ip.is_loopback()
+        || ip.is_unspecified()
+        || ip.is_multicast()
+        || ip.is_unique_local()
+        || ip.is_unicast_link_local()
+        || segments[..6] == [0; 6] // IPv4-compatible, deprecated
+        || (segments[0] & 0xffc0) == 0xfec0 // site-local, deprecated
+        || (segments[0] == 0x2001 && segments[1] == 0x0db8); // documentation
+    !special
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_public_addresses_pass() {
+        for ip in [
+            "93.184.216.34",
+            "8.8.8.8",
+            "2606:4700::1111",
+            "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+        ] {
+            assert!(is_public(ip.parse().unwrap()), "{ip} is public");
+        }
+        let private = [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.64.0.1",
+            "255.255.255.255",
+            "224.0.0.1",
+            "198.18.0.1",
+            "::1",
+            "::",
+            "fc00::1",
+            "fd12::1",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "64:ff9b::a00:1",
+            "::7f00:1",
+            "2001:db8::1",
+            "ff02::1",
+        ];
+        for ip in private {
+            assert!(!is_public(ip.parse().unwrap()), "{ip} is not public");
+        }
+    }
+
+    #[test]
+    fn urls_are_checked_by_scheme_and_literal_address() {
+        let check = |url: &str, allow| check_url(&Url::parse(url).unwrap(), allow);
+        assert!(check("https://cdn.example.com/a.png", false).is_ok());
+        assert!(check("http://93.184.216.34/a.png", false).is_ok());
+        assert!(check("http://127.0.0.1:8080/a.png", false).is_err());
+        assert!(check("http://[::1]/a.png", false).is_err());
+        // The URL parser normalizes the obfuscated forms to the address they denote.
+        assert!(check("http://2130706433/a.png", false).is_err());
+        assert!(check("http://0x7f.1/a.png", false).is_err());
+        assert!(check("http://127.0.0.1:8080/a.png", true).is_ok());
+        assert!(check("file:///etc/passwd", true).is_err());
+        assert!(check("ftp://cdn.example.com/a.png", true).is_err());
+    }
+}
