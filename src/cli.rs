@@ -9,6 +9,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ApiArgs, Common, WorkerArgs};
+use crate::jobs::media::MediaJobs;
 use crate::jobs::run::RunJobs;
 use crate::queue::worker::{JobHandler, Worker};
 use crate::store::embedded::{Durability, EmbeddedPostgres};
@@ -223,7 +224,12 @@ pub async fn run_worker(
         data_dir: std::path::absolute(&common.data_dir)?,
         artifact_max_bytes: args.artifact_max_bytes,
     });
-    run_worker_with(pool, common.admission_rules(), args, vec![runs], shutdown).await
+    let media = Arc::new(MediaJobs {
+        pool: pool.clone(),
+        limits: args.media.limits(),
+    });
+    let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media];
+    run_worker_with(pool, common.admission_rules(), args, handlers, shutdown).await
 }
 
 /// A worker process's duties around the given handlers: boot recovery, the maintenance

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use keel_workers::media::MediaLimits;
 
 use crate::domain::approval::{ApprovalPolicy, DEFAULT_POLICIES};
 use crate::queue::worker::WorkerSettings;
@@ -116,6 +117,76 @@ pub struct WorkerArgs {
     /// artifact marked truncated.
     #[arg(long, env = "KEEL_ARTIFACT_MAX_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub artifact_max_bytes: i64,
+
+    #[command(flatten)]
+    pub media: MediaArgs,
+}
+
+/// How workers talk to media vendors.
+#[derive(Debug, Clone, Args)]
+pub struct MediaArgs {
+    /// Timeout of each vendor API call (submit, poll, generate) (ms).
+    #[arg(long, env = "KEEL_MEDIA_REQUEST_TIMEOUT_MS", default_value_t = 120_000)]
+    pub media_request_timeout_ms: u64,
+
+    /// Timeout of each media download, headers and body together (ms).
+    #[arg(
+        long,
+        env = "KEEL_MEDIA_DOWNLOAD_TIMEOUT_MS",
+        default_value_t = 300_000
+    )]
+    pub media_download_timeout_ms: u64,
+
+    /// Largest image or video downloaded (bytes); a larger one fails the job with
+    /// `download_too_large`.
+    #[arg(long, env = "KEEL_MEDIA_DOWNLOAD_MAX_BYTES", default_value_t = 512 * 1024 * 1024)]
+    pub media_download_max_bytes: u64,
+
+    /// How often a video task is polled at the vendor (ms).
+    #[arg(long, env = "KEEL_MEDIA_POLL_INTERVAL_MS", default_value_t = 5_000)]
+    pub media_poll_interval_ms: u64,
+
+    /// How long one attempt polls a video task before it fails with `timeout` (ms).
+    #[arg(long, env = "KEEL_MEDIA_POLL_TIMEOUT_MS", default_value_t = 1_800_000)]
+    pub media_poll_timeout_ms: u64,
+
+    /// Let media downloads reach private, loopback and link-local addresses. Off by
+    /// default: a vendor response must not make a worker fetch from inside its network.
+    #[arg(
+        long,
+        env = "KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES",
+        default_value_t = false
+    )]
+    pub media_allow_private_addresses: bool,
+}
+
+impl Default for MediaArgs {
+    fn default() -> Self {
+        let limits = MediaLimits::default();
+        let ms = |d: Duration| d.as_millis() as u64;
+        MediaArgs {
+            media_request_timeout_ms: ms(limits.request_timeout),
+            media_download_timeout_ms: ms(limits.download_timeout),
+            media_download_max_bytes: limits.download_max_bytes,
+            media_poll_interval_ms: ms(limits.poll_interval),
+            media_poll_timeout_ms: ms(limits.poll_timeout),
+            media_allow_private_addresses: limits.allow_private_addresses,
+        }
+    }
+}
+
+impl MediaArgs {
+    pub fn limits(&self) -> MediaLimits {
+        let ms = |v: u64, floor: u64| Duration::from_millis(v.max(floor));
+        MediaLimits {
+            request_timeout: ms(self.media_request_timeout_ms, 100),
+            download_timeout: ms(self.media_download_timeout_ms, 100),
+            download_max_bytes: self.media_download_max_bytes.max(1),
+            poll_interval: ms(self.media_poll_interval_ms, 10),
+            poll_timeout: ms(self.media_poll_timeout_ms, 100),
+            allow_private_addresses: self.media_allow_private_addresses,
+        }
+    }
 }
 
 impl WorkerArgs {

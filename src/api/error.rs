@@ -18,6 +18,14 @@ pub enum ApiError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    /// Refused with an error type of its own (`media_job_not_runnable`,
+    /// `unsupported_capability`, …), for clients that branch on it.
+    #[error("{message}")]
+    Coded {
+        status: StatusCode,
+        code: &'static str,
+        message: String,
+    },
     #[error("internal error: {0}")]
     Internal(String),
     #[error("the database is unavailable: {0}")]
@@ -52,6 +60,12 @@ impl ApiError {
                 "The resource is not in a state that allows this.",
                 "Reload the resource, then retry if the action still applies.",
             ),
+            ApiError::Coded { status, code, .. } => (
+                *status,
+                code,
+                "The resource cannot do this now.",
+                "Read the message and the error type; fix the resource or the request.",
+            ),
             ApiError::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal_error",
@@ -82,6 +96,11 @@ impl From<StoreError> for ApiError {
         match error {
             StoreError::NotFound(what) => ApiError::NotFound(what.to_string()),
             StoreError::Conflict(message) => ApiError::Conflict(message),
+            StoreError::Refused { code, message } => ApiError::Coded {
+                status: StatusCode::CONFLICT,
+                code,
+                message,
+            },
             StoreError::LeaseLost => ApiError::Internal(error.to_string()),
             StoreError::Database(
                 e @ (sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed),

@@ -5,8 +5,10 @@ mod approvals;
 mod error;
 mod events;
 mod extract;
+mod media_jobs;
 mod middleware;
 mod openapi;
+mod providers;
 mod schedules;
 mod system;
 mod tasks;
@@ -109,6 +111,8 @@ fn routes() -> OpenApiRouter<AppState> {
                 .merge(approvals::router())
                 .merge(schedules::router())
                 .merge(events::router())
+                .merge(providers::router())
+                .merge(media_jobs::router())
                 .merge(system::v1_router())
                 .merge(openapi::router()),
         )

@@ -70,7 +70,7 @@ pub struct ErrorBody {
 #[openapi(
     info(
         title = "Keel",
-        description = "A durable runtime for long-running work on PostgreSQL: tasks, runs, approvals and their events.",
+        description = "A durable runtime for long-running work on PostgreSQL: tasks, runs, approvals, media jobs and their events.",
         license(name = "Apache-2.0")
     ),
     tags(
@@ -79,6 +79,8 @@ pub struct ErrorBody {
         (name = "approvals", description = "Human gates on runs"),
         (name = "schedules", description = "Once and cron triggers that start runs"),
         (name = "events", description = "Append-only event logs and live streams"),
+        (name = "providers", description = "Provider presets and secret references"),
+        (name = "media", description = "Image and video generation jobs"),
         (name = "system", description = "Health, diagnostics and the API contract")
     ),
     components(schemas(ErrorEnvelope, ErrorBody))

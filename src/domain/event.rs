@@ -1,4 +1,4 @@
-//! Event types recorded in a run's append-only log.
+//! Event types recorded in the append-only log of runs and media jobs.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
@@ -16,6 +16,12 @@ pub enum EventType {
     RunResumedFromEvent,
     ApprovalRequested,
     ApprovalResolved,
+    MediaJobQueued,
+    MediaJobStarted,
+    MediaJobProgress,
+    MediaJobSucceeded,
+    MediaJobFailed,
+    MediaJobCancelled,
 }
 
 impl EventType {
@@ -35,6 +41,12 @@ impl EventType {
             EventType::RunResumedFromEvent => "run.resumed_from_event",
             EventType::ApprovalRequested => "approval.requested",
             EventType::ApprovalResolved => "approval.resolved",
+            EventType::MediaJobQueued => "media_job.queued",
+            EventType::MediaJobStarted => "media_job.started",
+            EventType::MediaJobProgress => "media_job.progress",
+            EventType::MediaJobSucceeded => "media_job.succeeded",
+            EventType::MediaJobFailed => "media_job.failed",
+            EventType::MediaJobCancelled => "media_job.cancelled",
         }
     }
 }

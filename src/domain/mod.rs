@@ -4,8 +4,11 @@
 
 pub mod approval;
 pub mod event;
+pub mod media;
+pub mod provider;
 pub mod run;
 pub mod schedule;
+pub mod secret;
 pub mod task;
 
 pub use event::EventType;

@@ -16,6 +16,7 @@ use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::fence::Fence;
 use crate::domain::{Actor, EventType, RunStatus};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
@@ -104,11 +105,9 @@ impl RunJobs {
             }
         };
         let ctx = FencedContext {
-            pool: self.pool.clone(),
-            lease: lease.clone(),
+            fence: Fence::new(&self.pool, &job),
             task_id: task.id.clone(),
             run_id: run.id.clone(),
-            interrupt: job.interrupt.clone(),
             artifact_max_bytes: self.artifact_max_bytes,
         };
         match keel_workers::execute(&spec, &ctx).await {
@@ -386,46 +385,15 @@ async fn fail_and_ack(
 
 /// The runtime side of [`RunContext`]: each call is one fenced transaction.
 struct FencedContext {
-    pool: PgPool,
-    lease: Lease,
+    fence: Fence,
     task_id: String,
     run_id: String,
-    interrupt: CancellationToken,
     artifact_max_bytes: i64,
-}
-
-impl FencedContext {
-    async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, ContextError> {
-        if self.interrupt.is_cancelled() {
-            return Err(ContextError::Interrupted);
-        }
-        queue::begin_fenced(&self.pool, &self.lease)
-            .await
-            .map_err(|e| self.context_error(e))
-    }
-
-    fn context_error(&self, error: StoreError) -> ContextError {
-        match error {
-            StoreError::LeaseLost => {
-                tracing::warn!(run_id = %self.run_id, "lease lost; stopping the attempt");
-                self.interrupt.cancel();
-                ContextError::Interrupted
-            }
-            other => ContextError::Runtime(other.to_string()),
-        }
-    }
-
-    async fn commit(
-        &self,
-        tx: sqlx::Transaction<'static, sqlx::Postgres>,
-    ) -> Result<(), ContextError> {
-        tx.commit().await.map_err(|e| self.context_error(e.into()))
-    }
 }
 
 impl RunContext for FencedContext {
     fn cancellation(&self) -> &CancellationToken {
-        &self.interrupt
+        &self.fence.interrupt
     }
 
     async fn start_step(
@@ -433,16 +401,16 @@ impl RunContext for FencedContext {
         name: &str,
         input: serde_json::Value,
     ) -> Result<StepHandle, ContextError> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.fence.begin().await?;
         let step = steps::start(&mut tx, &self.task_id, &self.run_id, name, &input)
             .await
-            .map_err(|e| self.context_error(e))?;
-        self.commit(tx).await?;
+            .map_err(|e| self.fence.context_error(e))?;
+        self.fence.commit(tx).await?;
         Ok(StepHandle(step.id))
     }
 
     async fn finish_step(&self, step: &StepHandle, result: StepResult) -> Result<(), ContextError> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.fence.begin().await?;
         let finished = match &result {
             StepResult::Completed { output } => {
                 steps::finish(&mut tx, &step.0, Some(output), None).await
@@ -451,12 +419,12 @@ impl RunContext for FencedContext {
                 steps::finish(&mut tx, &step.0, None, Some(error)).await
             }
         };
-        finished.map_err(|e| self.context_error(e))?;
-        self.commit(tx).await
+        finished.map_err(|e| self.fence.context_error(e))?;
+        self.fence.commit(tx).await
     }
 
     async fn open_output(&self, stream: OutputStream) -> Result<ArtifactHandle, ContextError> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.fence.begin().await?;
         let name = stream.name();
         let owner = Subject::Run {
             task_id: &self.task_id,
@@ -464,8 +432,8 @@ impl RunContext for FencedContext {
         };
         let artifact = artifacts::open(&mut tx, owner, name, name, "text/plain")
             .await
-            .map_err(|e| self.context_error(e))?;
-        self.commit(tx).await?;
+            .map_err(|e| self.fence.context_error(e))?;
+        self.fence.commit(tx).await?;
         Ok(ArtifactHandle(artifact.id))
     }
 
@@ -474,18 +442,18 @@ impl RunContext for FencedContext {
         artifact: &ArtifactHandle,
         bytes: &[u8],
     ) -> Result<(), ContextError> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.fence.begin().await?;
         artifacts::append(&mut tx, &artifact.0, bytes, self.artifact_max_bytes)
             .await
-            .map_err(|e| self.context_error(e))?;
-        self.commit(tx).await
+            .map_err(|e| self.fence.context_error(e))?;
+        self.fence.commit(tx).await
     }
 
     async fn close_output(&self, artifact: &ArtifactHandle) -> Result<(), ContextError> {
-        let mut tx = self.begin().await?;
+        let mut tx = self.fence.begin().await?;
         artifacts::close(&mut tx, &artifact.0)
             .await
-            .map_err(|e| self.context_error(e))?;
-        self.commit(tx).await
+            .map_err(|e| self.fence.context_error(e))?;
+        self.fence.commit(tx).await
     }
 }

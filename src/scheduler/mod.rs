@@ -20,7 +20,7 @@ use crate::jobs;
 use crate::queue;
 use crate::store::runs::AdmissionRules;
 use crate::store::stats::KindStats;
-use crate::store::{self, Result, runs};
+use crate::store::{self, Result, media_jobs, runs};
 use crate::telemetry::metrics;
 
 const RECOVERY_PAGE: i64 = 500;
@@ -73,18 +73,7 @@ pub async fn reconcile(pool: &PgPool) -> Result<usize> {
     let expired = queue::expired(&mut tx, 100).await?;
     for lease in &expired {
         queue::retry(&mut tx, lease, "worker lease expired", Duration::ZERO, true).await?;
-        if lease.kind == queue::RUN_KIND {
-            let run = runs::get_by_id(&mut tx, &lease.ref_id).await?;
-            if run.status() == crate::domain::RunStatus::Running {
-                jobs::run::disconnect(
-                    &mut tx,
-                    &run,
-                    "worker_lease_expired",
-                    &crate::domain::Actor::System,
-                )
-                .await?;
-            }
-        }
+        requeue_domain(&mut tx, lease).await?;
     }
     tx.commit().await?;
     expired
@@ -97,6 +86,28 @@ pub async fn reconcile(pool: &PgPool) -> Result<usize> {
         );
     }
     Ok(expired.len())
+}
+
+/// Puts the domain row of a job whose lease expired back to `queued`, with its gap.
+async fn requeue_domain(conn: &mut sqlx::PgConnection, lease: &queue::Lease) -> Result<()> {
+    const REASON: &str = "worker_lease_expired";
+    let system = &crate::domain::Actor::System;
+    match lease.kind.as_str() {
+        queue::RUN_KIND => {
+            let run = runs::get_by_id(conn, &lease.ref_id).await?;
+            if run.status() == crate::domain::RunStatus::Running {
+                jobs::run::disconnect(conn, &run, REASON, system).await?;
+            }
+        }
+        media_jobs::KIND => {
+            let job = media_jobs::lock(conn, &lease.ref_id).await?;
+            if job.status() == crate::domain::media::MediaJobStatus::Running {
+                jobs::media::disconnect(conn, &job.id, REASON, system).await?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// Runs the periodic duties until `stop` fires.

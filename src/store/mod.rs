@@ -7,6 +7,8 @@ pub mod artifacts;
 pub mod embedded;
 pub mod events;
 pub mod leases;
+pub mod media_jobs;
+pub mod providers;
 pub mod runs;
 pub mod schedules;
 pub mod stats;
@@ -29,6 +31,9 @@ pub enum StoreError {
     NotFound(&'static str),
     #[error("{0}")]
     Conflict(String),
+    /// A conflict with its own error code, for clients that branch on it.
+    #[error("{message}")]
+    Refused { code: &'static str, message: String },
     /// A fenced write found that this worker no longer holds the job's lease.
     #[error("the lease on this job was lost")]
     LeaseLost,

@@ -1,0 +1,457 @@
+//! Provider presets, their templates and checks, and secret status (seed 000, "Provider
+//! Presets" and "Secrets"). Responses report whether a secret reference resolves in this
+//! process, never its value.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::extract::{ApiJson, ApiQuery};
+use super::{
+    ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object, page_limit,
+};
+use crate::domain::provider::{Api, ProviderFields};
+use crate::domain::secret::{SecretRef, SecretStatus};
+use crate::store::providers::{self, ProviderRecord};
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_templates))
+        .routes(routes!(list_providers, create_provider))
+        .routes(routes!(get_provider, patch_provider, delete_provider))
+        .routes(routes!(check_provider))
+        .routes(routes!(secret_status))
+}
+
+/// A preset as the API shows it: its fields, and whether its secrets resolve here.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ProviderView {
+    #[schema(example = "provider_0190...")]
+    pub id: String,
+    /// `openai-images`, `seedream` or `seedance` for media presets; any slug for chat ones.
+    pub kind: String,
+    pub display_name: String,
+    pub provider_id: String,
+    pub model: String,
+    #[schema(value_type = String, example = "media-job")]
+    pub api: String,
+    pub base_url: String,
+    pub api_key_ref: Option<String>,
+    /// Whether `api_key_ref` resolves in the API process answering.
+    pub api_key_configured: bool,
+    pub api_key_status: Option<SecretStatus>,
+    pub headers: BTreeMap<String, String>,
+    pub secret_header_refs: BTreeMap<String, String>,
+    pub capabilities: Vec<String>,
+    pub input: Vec<String>,
+    #[schema(value_type = Object)]
+    pub compat: serde_json::Map<String, serde_json::Value>,
+    pub enabled: bool,
+    /// The result of the last `POST /providers/{id}/check`; cleared by any edit.
+    #[schema(value_type = Option<Object>)]
+    pub last_check: Option<serde_json::Value>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<ProviderRecord> for ProviderView {
+    fn from(p: ProviderRecord) -> Self {
+        let api_key_status = p.api_key().map(|r| r.status());
+        ProviderView {
+            api_key_configured: api_key_status.as_ref().is_some_and(|s| s.configured),
+            api_key_status,
+            id: p.id,
+            kind: p.kind,
+            display_name: p.display_name,
+            provider_id: p.provider_id,
+            model: p.model,
+            api: p.api,
+            base_url: p.base_url,
+            api_key_ref: p.api_key_ref,
+            headers: p.headers.0,
+            secret_header_refs: p.secret_header_refs.0,
+            capabilities: p.capabilities,
+            input: p.input,
+            compat: p.compat.0,
+            enabled: p.enabled,
+            last_check: p.last_check.map(|c| c.0),
+            created_at: p.created_at,
+            updated_at: p.updated_at,
+        }
+    }
+}
+
+/// A preset to create. A raw API key is never accepted: name it with `api_key_ref`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderDraft {
+    #[schema(example = "seedance")]
+    kind: String,
+    display_name: Option<String>,
+    provider_id: Option<String>,
+    #[schema(example = "seedance-1-0-pro-250528")]
+    model: String,
+    #[schema(example = "media-job")]
+    api: String,
+    #[schema(example = "https://ark.ap-southeast.bytepluses.com/api/v3")]
+    base_url: String,
+    /// `env:NAME`, `file:/absolute/path` or `keychain:NAME`.
+    #[schema(example = "env:ARK_API_KEY")]
+    api_key_ref: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    /// Header name → secret reference.
+    #[serde(default)]
+    secret_header_refs: BTreeMap<String, String>,
+    #[serde(default)]
+    capabilities: Vec<String>,
+    #[serde(default)]
+    input: Vec<String>,
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    compat: serde_json::Map<String, serde_json::Value>,
+    #[serde(default)]
+    enabled: bool,
+}
+
+impl From<ProviderDraft> for ProviderFields {
+    fn from(d: ProviderDraft) -> Self {
+        ProviderFields {
+            kind: d.kind,
+            display_name: d.display_name,
+            provider_id: d.provider_id,
+            model: d.model,
+            api: d.api,
+            base_url: d.base_url,
+            api_key_ref: d.api_key_ref,
+            headers: d.headers,
+            secret_header_refs: d.secret_header_refs,
+            capabilities: d.capabilities,
+            input: d.input,
+            compat: d.compat,
+            enabled: d.enabled,
+        }
+    }
+}
+
+/// Fields to change; absent fields stay. `api_key_ref: null` removes the reference.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderPatch {
+    kind: Option<String>,
+    display_name: Option<String>,
+    provider_id: Option<String>,
+    model: Option<String>,
+    api: Option<String>,
+    base_url: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>)]
+    api_key_ref: Option<Option<String>>,
+    headers: Option<BTreeMap<String, String>>,
+    secret_header_refs: Option<BTreeMap<String, String>>,
+    capabilities: Option<Vec<String>>,
+    input: Option<Vec<String>>,
+    #[schema(value_type = Option<Object>)]
+    compat: Option<serde_json::Map<String, serde_json::Value>>,
+    enabled: Option<bool>,
+}
+
+/// Tells an explicit `null` (Some(None)) from an absent field (None).
+fn present<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(deserializer).map(Some)
+}
+
+impl ProviderPatch {
+    fn apply(self, mut f: ProviderFields) -> ProviderFields {
+        f.kind = self.kind.unwrap_or(f.kind);
+        f.display_name = self.display_name.or(f.display_name);
+        f.provider_id = self.provider_id.or(f.provider_id);
+        f.model = self.model.unwrap_or(f.model);
+        f.api = self.api.unwrap_or(f.api);
+        f.base_url = self.base_url.unwrap_or(f.base_url);
+        f.api_key_ref = self.api_key_ref.unwrap_or(f.api_key_ref);
+        f.headers = self.headers.unwrap_or(f.headers);
+        f.secret_header_refs = self.secret_header_refs.unwrap_or(f.secret_header_refs);
+        f.capabilities = self.capabilities.unwrap_or(f.capabilities);
+        f.input = self.input.unwrap_or(f.input);
+        f.compat = self.compat.unwrap_or(f.compat);
+        f.enabled = self.enabled.unwrap_or(f.enabled);
+        f
+    }
+}
+
+/// A reusable request body for `POST /providers`: disabled, with secret refs.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ProviderTemplate {
+    template_id: &'static str,
+    kind: &'static str,
+    display_name: &'static str,
+    description: &'static str,
+    provider_id: &'static str,
+    model: &'static str,
+    api: &'static str,
+    base_url: &'static str,
+    api_key_ref: &'static str,
+    capabilities: &'static [&'static str],
+    input: &'static [&'static str],
+    enabled: bool,
+}
+
+const BYTEPLUS_ARK: &str = "https://ark.ap-southeast.bytepluses.com/api/v3";
+
+const TEMPLATES: [ProviderTemplate; 4] = [
+    ProviderTemplate {
+        template_id: "openai-images",
+        kind: "openai-images",
+        display_name: "OpenAI Images",
+        description: "OpenAI image generation (POST /images/generations).",
+        provider_id: "openai",
+        model: "gpt-image-1",
+        api: "media-job",
+        base_url: "https://api.openai.com/v1",
+        api_key_ref: "env:OPENAI_API_KEY",
+        capabilities: &["image_generate"],
+        input: &["text"],
+        enabled: false,
+    },
+    ProviderTemplate {
+        template_id: "seedream",
+        kind: "seedream",
+        display_name: "Seedream",
+        description: "BytePlus ModelArk Seedream: image generation, and edits from an image URL.",
+        provider_id: "byteplus",
+        model: "seedream-4-0-250828",
+        api: "media-job",
+        base_url: BYTEPLUS_ARK,
+        api_key_ref: "env:ARK_API_KEY",
+        capabilities: &["image_generate", "image_edit"],
+        input: &["text", "image"],
+        enabled: false,
+    },
+    ProviderTemplate {
+        template_id: "seedance",
+        kind: "seedance",
+        display_name: "Seedance",
+        description: "BytePlus ModelArk Seedance: video generation as a polled task.",
+        provider_id: "byteplus",
+        model: "seedance-1-0-pro-250528",
+        api: "media-job",
+        base_url: BYTEPLUS_ARK,
+        api_key_ref: "env:ARK_API_KEY",
+        capabilities: &["video_generate"],
+        input: &["text", "image"],
+        enabled: false,
+    },
+    ProviderTemplate {
+        template_id: "local-openai-compatible-relay",
+        kind: "openai-compatible",
+        display_name: "Local OpenAI-Compatible Relay",
+        description: "Local relay, LiteLLM, OpenRouter-style or private compatible gateways.",
+        provider_id: "local-relay",
+        model: "dpv4",
+        api: "openai-completions",
+        base_url: "http://127.0.0.1:8317/v1",
+        api_key_ref: "env:LOCAL_RELAY_API_KEY",
+        capabilities: &["chat", "tool_call", "reasoning"],
+        input: &["text"],
+        enabled: false,
+    },
+];
+
+/// Provider templates: request bodies for `POST /providers`, disabled by default.
+#[utoipa::path(get, path = "/provider-templates", tag = "providers",
+    responses((status = 200, description = "The templates", body = ListEnvelope<ProviderTemplate>)))]
+async fn list_templates() -> Json<ListEnvelope<&'static ProviderTemplate>> {
+    Json(list(
+        TEMPLATES.iter().collect(),
+        TEMPLATES.len() as i64,
+        |t| t.template_id.to_string(),
+    ))
+}
+
+/// Lists provider presets.
+#[utoipa::path(get, path = "/providers", tag = "providers", params(PageQuery),
+    responses((status = 200, description = "A page of presets", body = ListEnvelope<ProviderView>)))]
+async fn list_providers(
+    State(state): State<AppState>,
+    ApiQuery(page): ApiQuery<PageQuery>,
+) -> Result<Json<ListEnvelope<ProviderView>>> {
+    let limit = page_limit(page.limit)?;
+    let mut conn = state.pool.acquire().await?;
+    let rows = providers::list(&mut conn, page.cursor.as_deref(), limit + 1).await?;
+    Ok(Json(
+        list(rows, limit, |p| p.id.clone()).map(ProviderView::from),
+    ))
+}
+
+/// Creates a provider preset.
+#[utoipa::path(post, path = "/providers", tag = "providers", request_body = ProviderDraft,
+    responses((status = 201, description = "The new preset", body = ObjectEnvelope<ProviderView>)))]
+async fn create_provider(
+    State(state): State<AppState>,
+    ApiJson(draft): ApiJson<ProviderDraft>,
+) -> Result<(StatusCode, Json<ObjectEnvelope<ProviderView>>)> {
+    let spec = ProviderFields::from(draft).validate()?;
+    let mut conn = state.pool.acquire().await?;
+    let provider = providers::create(&mut conn, &spec).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(object("provider", provider.into())),
+    ))
+}
+
+/// Reads a provider preset.
+#[utoipa::path(get, path = "/providers/{provider_id}", tag = "providers",
+    params(("provider_id" = String, Path)),
+    responses((status = 200, description = "The preset", body = ObjectEnvelope<ProviderView>)))]
+async fn get_provider(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<ObjectEnvelope<ProviderView>>> {
+    let mut conn = state.pool.acquire().await?;
+    let provider = providers::get(&mut conn, &id).await?;
+    Ok(Json(object("provider", provider.into())))
+}
+
+/// Changes a provider preset; the last check is cleared.
+#[utoipa::path(patch, path = "/providers/{provider_id}", tag = "providers",
+    params(("provider_id" = String, Path)), request_body = ProviderPatch,
+    responses((status = 200, description = "The preset", body = ObjectEnvelope<ProviderView>)))]
+async fn patch_provider(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(patch): ApiJson<ProviderPatch>,
+) -> Result<Json<ObjectEnvelope<ProviderView>>> {
+    let mut tx = state.pool.begin().await?;
+    let current = providers::lock(&mut tx, &id, "FOR UPDATE").await?;
+    let spec = patch.apply(current.fields()).validate()?;
+    let provider = providers::update(&mut tx, &id, &spec).await?;
+    tx.commit().await?;
+    Ok(Json(object("provider", provider.into())))
+}
+
+/// Deletes a provider preset that no media job names.
+#[utoipa::path(delete, path = "/providers/{provider_id}", tag = "providers",
+    params(("provider_id" = String, Path)),
+    responses((status = 204, description = "Deleted")))]
+async fn delete_provider(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode> {
+    let mut tx = state.pool.begin().await?;
+    providers::delete(&mut tx, &id).await?;
+    tx.commit().await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The outcome of a provider check.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ProviderCheck {
+    ok: bool,
+    /// `ready`, `provider_disabled`, `secret_missing`, `secret_store_unavailable` or
+    /// `unsupported_capability`.
+    code: &'static str,
+    message: String,
+    checked_at: DateTime<Utc>,
+}
+
+/// Checks a preset's readiness in this process: enabled, secrets resolvable, capabilities
+/// runnable. Static: it sends nothing to the vendor (a live check of a media vendor would
+/// generate, and bill, media).
+#[utoipa::path(post, path = "/providers/{provider_id}/check", tag = "providers",
+    params(("provider_id" = String, Path)),
+    responses((status = 200, description = "The check", body = ObjectEnvelope<ProviderCheck>)))]
+async fn check_provider(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<ObjectEnvelope<ProviderCheck>>> {
+    let mut conn = state.pool.acquire().await?;
+    let provider = providers::get(&mut conn, &id).await?;
+    let (code, message) = readiness(&provider);
+    let check = ProviderCheck {
+        ok: code == "ready",
+        code,
+        message,
+        checked_at: Utc::now(),
+    };
+    let stored = serde_json::to_value(&check).map_err(|e| ApiError::Internal(e.to_string()))?;
+    providers::record_check(&mut conn, &id, &stored).await?;
+    Ok(Json(object("provider_check", check)))
+}
+
+fn readiness(provider: &ProviderRecord) -> (&'static str, String) {
+    if !provider.enabled {
+        return (
+            "provider_disabled",
+            format!("provider {} is disabled", provider.id),
+        );
+    }
+    if provider.api() == Api::MediaJob && provider.capabilities.is_empty() {
+        return (
+            "unsupported_capability",
+            "a media-job preset must list at least one operation in capabilities".into(),
+        );
+    }
+    let Some(key) = provider.api_key() else {
+        return ("secret_missing", "the preset names no api_key_ref".into());
+    };
+    let refs = std::iter::once(key).chain(provider.secret_headers().into_iter().map(|(_, r)| r));
+    for secret in refs {
+        let status = secret.status();
+        if let Some(code) = status.error_code {
+            return (code, status.message.unwrap_or_default());
+        }
+    }
+    (
+        "ready",
+        "The preset is enabled and its secrets resolve in this process.".into(),
+    )
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct SecretQuery {
+    /// The reference: `env:NAME`, `file:/path` or `keychain:NAME`.
+    r#ref: String,
+    /// What the secret is for: `provider_api_key`, `github_token`, `linear_token`,
+    /// `webhook_secret`, `custom_header` or `automation_token`.
+    purpose: Option<String>,
+}
+
+const PURPOSES: [&str; 6] = [
+    "provider_api_key",
+    "github_token",
+    "linear_token",
+    "webhook_secret",
+    "custom_header",
+    "automation_token",
+];
+
+/// Whether a secret reference resolves in this process; never its value.
+#[utoipa::path(get, path = "/secrets/status", tag = "providers", params(SecretQuery),
+    responses((status = 200, description = "The status", body = ObjectEnvelope<SecretStatus>)))]
+async fn secret_status(
+    ApiQuery(query): ApiQuery<SecretQuery>,
+) -> Result<Json<ObjectEnvelope<SecretStatus>>> {
+    if let Some(purpose) = query.purpose.as_deref().filter(|p| !PURPOSES.contains(p)) {
+        return Err(ApiError::invalid(format!(
+            "unknown purpose {purpose:?}; expected one of {}",
+            PURPOSES.join(", ")
+        )));
+    }
+    let secret = SecretRef::parse(&query.r#ref)
+        .map_err(|message| ApiError::invalid(format!("ref {message}")))?;
+    Ok(Json(object("secret_status", secret.status())))
+}

@@ -1,0 +1,317 @@
+//! Provider presets: reusable, non-secret provider configuration (seed 000, "Provider
+//! Presets"). A preset names its API key and secret headers by reference only.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::Invalid;
+use super::media::{Operation, Vendor};
+use super::secret::SecretRef;
+
+/// The wire protocol a preset speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub enum Api {
+    #[serde(rename = "media-job")]
+    MediaJob,
+    #[serde(rename = "openai-completions")]
+    OpenAiCompletions,
+    #[serde(rename = "openai-responses")]
+    OpenAiResponses,
+    #[serde(rename = "anthropic-messages")]
+    AnthropicMessages,
+}
+
+impl Api {
+    const ALL: [Api; 4] = [
+        Api::MediaJob,
+        Api::OpenAiCompletions,
+        Api::OpenAiResponses,
+        Api::AnthropicMessages,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Api::MediaJob => "media-job",
+            Api::OpenAiCompletions => "openai-completions",
+            Api::OpenAiResponses => "openai-responses",
+            Api::AnthropicMessages => "anthropic-messages",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<Api> {
+        Api::ALL.into_iter().find(|a| a.as_str() == value)
+    }
+}
+
+const CHAT_CAPABILITIES: [&str; 3] = ["chat", "tool_call", "reasoning"];
+const INPUTS: [&str; 3] = ["text", "image", "video"];
+/// Headers that carry credentials: they belong in `secret_header_refs`, never in `headers`.
+const CREDENTIAL_HEADERS: [&str; 6] = [
+    "authorization",
+    "proxy-authorization",
+    "x-api-key",
+    "api-key",
+    "cookie",
+    "x-goog-api-key",
+];
+
+/// A preset's fields, validated; what the store writes on create and after a patch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderSpec {
+    pub kind: String,
+    pub display_name: String,
+    pub provider_id: String,
+    pub model: String,
+    pub api: Api,
+    pub base_url: String,
+    pub api_key_ref: Option<SecretRef>,
+    pub headers: BTreeMap<String, String>,
+    pub secret_header_refs: BTreeMap<String, SecretRef>,
+    pub capabilities: Vec<String>,
+    pub input: Vec<String>,
+    pub compat: serde_json::Map<String, serde_json::Value>,
+    pub enabled: bool,
+}
+
+/// The fields of a preset as a request names them, before validation.
+#[derive(Debug, Clone, Default)]
+pub struct ProviderFields {
+    pub kind: String,
+    pub display_name: Option<String>,
+    pub provider_id: Option<String>,
+    pub model: String,
+    pub api: String,
+    pub base_url: String,
+    pub api_key_ref: Option<String>,
+    pub headers: BTreeMap<String, String>,
+    pub secret_header_refs: BTreeMap<String, String>,
+    pub capabilities: Vec<String>,
+    pub input: Vec<String>,
+    pub compat: serde_json::Map<String, serde_json::Value>,
+    pub enabled: bool,
+}
+
+impl ProviderFields {
+    pub fn validate(self) -> Result<ProviderSpec, Invalid> {
+        let kind = slug("kind", self.kind)?;
+        let api = Api::parse(&self.api).ok_or_else(|| {
+            Invalid::new(
+                "api",
+                format!(
+                    "unknown api {:?}; expected media-job, openai-completions, openai-responses or anthropic-messages",
+                    self.api
+                ),
+            )
+        })?;
+        let model = required("model", self.model)?;
+        let base_url = base_url(self.base_url)?;
+        let api_key_ref = self
+            .api_key_ref
+            .map(|r| SecretRef::parse(&r).map_err(|m| Invalid::new("api_key_ref", m)))
+            .transpose()?;
+        check_headers(&self.headers)?;
+        let secret_header_refs = self
+            .secret_header_refs
+            .into_iter()
+            .map(|(name, r)| {
+                let parsed = SecretRef::parse(&r)
+                    .map_err(|m| Invalid::new("secret_header_refs", format!("{name}: {m}")))?;
+                Ok((header_name("secret_header_refs", name)?, parsed))
+            })
+            .collect::<Result<_, Invalid>>()?;
+        check_capabilities(api, &kind, &self.capabilities)?;
+        check_inputs(&self.input)?;
+        let provider_id = match self.provider_id {
+            Some(id) => slug("provider_id", id)?,
+            None => kind.clone(),
+        };
+        Ok(ProviderSpec {
+            display_name: self.display_name.unwrap_or_else(|| model.clone()),
+            provider_id,
+            kind,
+            model,
+            api,
+            base_url,
+            api_key_ref,
+            headers: self.headers,
+            secret_header_refs,
+            capabilities: self.capabilities,
+            input: self.input,
+            compat: self.compat,
+            enabled: self.enabled,
+        })
+    }
+}
+
+fn required(field: &'static str, value: String) -> Result<String, Invalid> {
+    let trimmed = value.trim();
+    if trimmed.is_empty() || trimmed.len() > 200 {
+        return Err(Invalid::new(field, "must be 1 to 200 characters"));
+    }
+    Ok(trimmed.to_string())
+}
+
+fn slug(field: &'static str, value: String) -> Result<String, Invalid> {
+    let ok = value.len() <= 64
+        && value.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && value
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !ok {
+        return Err(Invalid::new(
+            field,
+            "must be 1 to 64 lowercase letters, digits or dashes, starting with a letter or digit",
+        ));
+    }
+    Ok(value)
+}
+
+fn base_url(value: String) -> Result<String, Invalid> {
+    let url = reqwest::Url::parse(value.trim())
+        .map_err(|e| Invalid::new("base_url", format!("not a URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(Invalid::new("base_url", "must be an http or https URL"));
+    }
+    if !url.username().is_empty() || url.password().is_some() || url.query().is_some() {
+        return Err(Invalid::new(
+            "base_url",
+            "must carry no credentials or query; use api_key_ref and secret_header_refs",
+        ));
+    }
+    Ok(url.as_str().trim_end_matches('/').to_string())
+}
+
+fn header_name(field: &'static str, name: String) -> Result<String, Invalid> {
+    let valid = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_".contains(&b));
+    if !valid {
+        return Err(Invalid::new(
+            field,
+            format!("{name:?} is not a header name"),
+        ));
+    }
+    Ok(name)
+}
+
+fn check_headers(headers: &BTreeMap<String, String>) -> Result<(), Invalid> {
+    for (name, value) in headers {
+        header_name("headers", name.clone())?;
+        if CREDENTIAL_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+            return Err(Invalid::new(
+                "headers",
+                format!("{name} carries a credential; name it in secret_header_refs instead"),
+            ));
+        }
+        if value.chars().any(char::is_control) {
+            return Err(Invalid::new(
+                "headers",
+                format!("{name}: control characters"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_capabilities(api: Api, kind: &str, capabilities: &[String]) -> Result<(), Invalid> {
+    if api != Api::MediaJob {
+        return match capabilities
+            .iter()
+            .find(|c| !CHAT_CAPABILITIES.contains(&c.as_str()))
+        {
+            Some(other) => Err(Invalid::new(
+                "capabilities",
+                format!(
+                    "{other:?} is not a capability of a chat api; expected chat, tool_call or reasoning"
+                ),
+            )),
+            None => Ok(()),
+        };
+    }
+    let vendor = Vendor::parse(kind).ok_or_else(|| {
+        Invalid::new(
+            "kind",
+            format!(
+                "a media-job preset's kind names its vendor: openai-images, seedream or seedance, not {kind:?}"
+            ),
+        )
+    })?;
+    for capability in capabilities {
+        let operation = Operation::parse(capability).ok_or_else(|| {
+            Invalid::new(
+                "capabilities",
+                format!("{capability:?} is not a media operation"),
+            )
+        })?;
+        if !vendor.supports(operation) {
+            return Err(Invalid::new(
+                "capabilities",
+                format!("{} cannot {}", vendor.as_str(), operation.as_str()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_inputs(input: &[String]) -> Result<(), Invalid> {
+    match input.iter().find(|i| !INPUTS.contains(&i.as_str())) {
+        Some(other) => Err(Invalid::new(
+            "input",
+            format!("{other:?} is not an input kind; expected text, image or video"),
+        )),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seedance() -> ProviderFields {
+        ProviderFields {
+            kind: "seedance".into(),
+            model: "seedance-1-0-pro".into(),
+            api: "media-job".into(),
+            base_url: "https://ark.example.com/api/v3/".into(),
+            api_key_ref: Some("env:ARK_API_KEY".into()),
+            capabilities: vec!["video_generate".into()],
+            ..ProviderFields::default()
+        }
+    }
+
+    #[test]
+    fn a_media_preset_validates_and_normalises() {
+        let spec = seedance().validate().unwrap();
+        assert_eq!(spec.base_url, "https://ark.example.com/api/v3");
+        assert_eq!(spec.provider_id, "seedance");
+        assert_eq!(spec.display_name, "seedance-1-0-pro");
+    }
+
+    #[test]
+    fn credentials_stay_out_of_plain_fields() {
+        let mut fields = seedance();
+        fields
+            .headers
+            .insert("Authorization".into(), "Bearer x".into());
+        assert_eq!(fields.validate().unwrap_err().field, "headers");
+        let mut fields = seedance();
+        fields.base_url = "https://user:pw@ark.example.com".into();
+        assert_eq!(fields.validate().unwrap_err().field, "base_url");
+        let mut fields = seedance();
+        fields.api_key_ref = Some("sk-raw-key".into());
+        assert_eq!(fields.validate().unwrap_err().field, "api_key_ref");
+    }
+
+    #[test]
+    fn a_vendor_lists_only_what_it_can_do() {
+        let mut fields = seedance();
+        fields.capabilities = vec!["image_edit".into()];
+        assert_eq!(fields.validate().unwrap_err().field, "capabilities");
+        let mut fields = seedance();
+        fields.kind = "openai-compatible".into();
+        assert_eq!(fields.validate().unwrap_err().field, "kind");
+    }
+}

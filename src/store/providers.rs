@@ -1,0 +1,217 @@
+//! Provider presets. Secret references are stored as written (`env:NAME`, `file:/path`);
+//! no secret value ever reaches these rows.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use sqlx::types::Json;
+
+use super::{Result, StoreError};
+use crate::domain::new_id;
+use crate::domain::provider::{Api, ProviderFields, ProviderSpec};
+use crate::domain::secret::SecretRef;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ProviderRecord {
+    pub id: String,
+    pub kind: String,
+    pub display_name: String,
+    pub provider_id: String,
+    pub model: String,
+    pub api: String,
+    pub base_url: String,
+    pub api_key_ref: Option<String>,
+    pub headers: Json<BTreeMap<String, String>>,
+    pub secret_header_refs: Json<BTreeMap<String, String>>,
+    pub capabilities: Vec<String>,
+    pub input: Vec<String>,
+    pub compat: Json<serde_json::Map<String, serde_json::Value>>,
+    pub enabled: bool,
+    pub last_check: Option<Json<serde_json::Value>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl ProviderRecord {
+    /// The stored fields, to patch and validate again.
+    pub fn fields(&self) -> ProviderFields {
+        ProviderFields {
+            kind: self.kind.clone(),
+            display_name: Some(self.display_name.clone()),
+            provider_id: Some(self.provider_id.clone()),
+            model: self.model.clone(),
+            api: self.api.clone(),
+            base_url: self.base_url.clone(),
+            api_key_ref: self.api_key_ref.clone(),
+            headers: self.headers.0.clone(),
+            secret_header_refs: self.secret_header_refs.0.clone(),
+            capabilities: self.capabilities.clone(),
+            input: self.input.clone(),
+            compat: self.compat.0.clone(),
+            enabled: self.enabled,
+        }
+    }
+
+    /// The stored api; the table's check constraint admits only known ones.
+    pub fn api(&self) -> Api {
+        Api::parse(&self.api).unwrap_or(Api::OpenAiCompletions)
+    }
+
+    pub fn api_key(&self) -> Option<SecretRef> {
+        self.api_key_ref
+            .as_deref()
+            .and_then(|r| SecretRef::parse(r).ok())
+    }
+
+    pub fn secret_headers(&self) -> Vec<(String, SecretRef)> {
+        self.secret_header_refs
+            .iter()
+            .filter_map(|(name, r)| Some((name.clone(), SecretRef::parse(r).ok()?)))
+            .collect()
+    }
+}
+
+const COLUMNS: &str = "id, kind, display_name, provider_id, model, api, base_url, api_key_ref,
+    headers, secret_header_refs, capabilities, input, compat, enabled, last_check,
+    created_at, updated_at";
+
+fn refs(spec: &ProviderSpec) -> (Option<String>, BTreeMap<String, String>) {
+    let api_key = spec.api_key_ref.as_ref().map(ToString::to_string);
+    let headers = spec
+        .secret_header_refs
+        .iter()
+        .map(|(name, r)| (name.clone(), r.to_string()))
+        .collect();
+    (api_key, headers)
+}
+
+pub async fn create(conn: &mut PgConnection, spec: &ProviderSpec) -> Result<ProviderRecord> {
+    let (api_key_ref, secret_header_refs) = refs(spec);
+    let row = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO providers (id, kind, display_name, provider_id, model, api, base_url,
+                                api_key_ref, headers, secret_header_refs, capabilities, input,
+                                compat, enabled)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+         RETURNING {COLUMNS}"
+    )))
+    .bind(new_id("provider"))
+    .bind(&spec.kind)
+    .bind(&spec.display_name)
+    .bind(&spec.provider_id)
+    .bind(&spec.model)
+    .bind(spec.api.as_str())
+    .bind(&spec.base_url)
+    .bind(api_key_ref)
+    .bind(Json(&spec.headers))
+    .bind(Json(secret_header_refs))
+    .bind(&spec.capabilities)
+    .bind(&spec.input)
+    .bind(Json(&spec.compat))
+    .bind(spec.enabled)
+    .fetch_one(conn)
+    .await?;
+    Ok(row)
+}
+
+/// Replaces a preset's fields. An edit clears the last check: it described the old ones.
+pub async fn update(
+    conn: &mut PgConnection,
+    id: &str,
+    spec: &ProviderSpec,
+) -> Result<ProviderRecord> {
+    let (api_key_ref, secret_header_refs) = refs(spec);
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE providers SET kind = $2, display_name = $3, provider_id = $4, model = $5,
+                api = $6, base_url = $7, api_key_ref = $8, headers = $9,
+                secret_header_refs = $10, capabilities = $11, input = $12, compat = $13,
+                enabled = $14, last_check = NULL, updated_at = now()
+         WHERE id = $1 RETURNING {COLUMNS}"
+    )))
+    .bind(id)
+    .bind(&spec.kind)
+    .bind(&spec.display_name)
+    .bind(&spec.provider_id)
+    .bind(&spec.model)
+    .bind(spec.api.as_str())
+    .bind(&spec.base_url)
+    .bind(api_key_ref)
+    .bind(Json(&spec.headers))
+    .bind(Json(secret_header_refs))
+    .bind(&spec.capabilities)
+    .bind(&spec.input)
+    .bind(Json(&spec.compat))
+    .bind(spec.enabled)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("provider"))
+}
+
+pub async fn get(conn: &mut PgConnection, id: &str) -> Result<ProviderRecord> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM providers WHERE id = $1"
+    )))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("provider"))
+}
+
+/// Reads a preset under a row lock (`FOR SHARE` or `FOR UPDATE`).
+pub async fn lock(conn: &mut PgConnection, id: &str, mode: &'static str) -> Result<ProviderRecord> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM providers WHERE id = $1 {mode}"
+    )))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("provider"))
+}
+
+pub async fn list(
+    conn: &mut PgConnection,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ProviderRecord>> {
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM providers WHERE ($1::text IS NULL OR id > $1) ORDER BY id LIMIT $2"
+    )))
+    .bind(after)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Deletes a preset no media job names. The row lock orders this against a media job
+/// being created for the preset (which holds it `FOR SHARE`).
+pub async fn delete(conn: &mut PgConnection, id: &str) -> Result<()> {
+    lock(&mut *conn, id, "FOR UPDATE").await?;
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM media_jobs WHERE provider_id = $1")
+        .bind(id)
+        .fetch_one(&mut *conn)
+        .await?;
+    if jobs > 0 {
+        return Err(StoreError::Conflict(format!(
+            "provider {id} has {jobs} media job(s); it stays while they name it (disable it instead)"
+        )));
+    }
+    sqlx::query("DELETE FROM providers WHERE id = $1")
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+pub async fn record_check(
+    conn: &mut PgConnection,
+    id: &str,
+    check: &serde_json::Value,
+) -> Result<()> {
+    sqlx::query("UPDATE providers SET last_check = $2 WHERE id = $1")
+        .bind(id)
+        .bind(Json(check))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
