@@ -12,6 +12,7 @@ use crate::config::{ApiArgs, Common, WorkerArgs};
 use crate::jobs::media::MediaJobs;
 use crate::jobs::run::RunJobs;
 use crate::queue::worker::{JobHandler, Worker};
+use crate::store::content::ContentStore;
 use crate::store::embedded::{Durability, EmbeddedPostgres};
 use crate::store::runs::AdmissionRules;
 use crate::{api, bench, scheduler, store, telemetry};
@@ -201,11 +202,13 @@ pub async fn serve_api(
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
+    let content = ContentStore::from_config(&common.content)?;
     let stream_poll = std::time::Duration::from_millis(args.stream_poll_ms.max(10));
     api::serve(
         pool,
         listener,
         common.admission_rules(),
+        content,
         stream_poll,
         shutdown,
     )
@@ -219,14 +222,17 @@ pub async fn run_worker(
     args: &WorkerArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let content = ContentStore::from_config(&common.content)?;
     let runs = Arc::new(RunJobs {
         pool: pool.clone(),
         data_dir: std::path::absolute(&common.data_dir)?,
         artifact_max_bytes: args.artifact_max_bytes,
+        content: content.clone(),
     });
     let media = Arc::new(MediaJobs {
         pool: pool.clone(),
         limits: args.media.limits(),
+        content,
     });
     let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media];
     run_worker_with(pool, common.admission_rules(), args, handlers, shutdown).await

@@ -52,6 +52,9 @@ pub struct Common {
     /// How long an approval stays actionable (ms); 0 keeps it until it is resolved.
     #[arg(long, env = "KEEL_APPROVAL_TTL_MS", default_value_t = 0, global = true)]
     pub approval_ttl_ms: u64,
+
+    #[command(flatten)]
+    pub content: ContentArgs,
 }
 
 impl Common {
@@ -71,6 +74,53 @@ impl Common {
             .or_else(|| std::env::var("DATABASE_URL").ok())
             .filter(|u| !u.is_empty())
     }
+}
+
+/// Where artifact bytes are kept. Every process that writes or reads artifacts (workers and
+/// APIs) needs the same settings; the S3 credentials come from the standard
+/// `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` (/ `AWS_SESSION_TOKEN`) environment, never
+/// from a flag, so they cannot show up in a process list or in this struct's Debug output.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ContentArgs {
+    /// Where new artifact bytes go: `postgres` (chunks in the database) or `s3` (objects in
+    /// an S3-compatible bucket, KEEL_S3_*). Existing artifacts stay readable from where
+    /// they were written.
+    #[arg(
+        long,
+        env = "KEEL_CONTENT_STORE",
+        value_enum,
+        default_value = "postgres",
+        global = true
+    )]
+    pub content_store: ContentStoreKind,
+
+    /// Bucket of the S3 content store (required with `--content-store s3`).
+    #[arg(long, env = "KEEL_S3_BUCKET", global = true)]
+    pub s3_bucket: Option<String>,
+
+    /// Key prefix inside the bucket; objects go under `<prefix>/artifacts/`.
+    #[arg(long, env = "KEEL_S3_PREFIX", global = true)]
+    pub s3_prefix: Option<String>,
+
+    /// Endpoint URL of an S3-compatible service (MinIO, R2, …); AWS when unset. Requests
+    /// are path-style (`<endpoint>/<bucket>/<key>`).
+    #[arg(long, env = "KEEL_S3_ENDPOINT", global = true)]
+    pub s3_endpoint: Option<String>,
+
+    /// Region of the bucket (AWS_REGION, then us-east-1, when unset).
+    #[arg(long, env = "KEEL_S3_REGION", global = true)]
+    pub s3_region: Option<String>,
+
+    /// Allows a plain-HTTP endpoint (local MinIO, tests).
+    #[arg(long, env = "KEEL_S3_ALLOW_HTTP", global = true)]
+    pub s3_allow_http: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ContentStoreKind {
+    #[default]
+    Postgres,
+    S3,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -109,6 +109,7 @@ impl From<StoreError> for ApiError {
                 "text must not contain NUL characters (\\u0000); PostgreSQL cannot store them",
             ),
             StoreError::Database(e) => ApiError::Internal(e.to_string()),
+            StoreError::Content(_) => ApiError::Internal(error.to_string()),
         }
     }
 }

@@ -215,6 +215,6 @@ async fn media_artifact_content(
 ) -> Result<Response> {
     let mut conn = state.pool.acquire().await?;
     let artifact = artifacts::get(&mut conn, Subject::MediaJob(&id), &artifact_id).await?;
-    let bytes = artifacts::read_content(&mut conn, &artifact.id).await?;
+    let bytes = state.content.read(&mut conn, &artifact.id).await?;
     Ok(([(header::CONTENT_TYPE, artifact.content_type)], bytes).into_response())
 }

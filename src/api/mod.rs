@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 
+use crate::store::content::ContentStore;
 use crate::store::runs::AdmissionRules;
 
 pub use error::ApiError;
@@ -44,6 +45,8 @@ pub struct AppState {
     /// Fires at shutdown; open streams end so the server can drain.
     pub shutdown: CancellationToken,
     pub rules: AdmissionRules,
+    /// Where artifact bytes are read from.
+    pub content: ContentStore,
 }
 
 /// Serves the API on `listener` until `shutdown` fires.
@@ -51,6 +54,7 @@ pub async fn serve(
     pool: PgPool,
     listener: tokio::net::TcpListener,
     rules: AdmissionRules,
+    content: ContentStore,
     stream_poll: Duration,
     shutdown: CancellationToken,
 ) -> Result<(), std::io::Error> {
@@ -63,6 +67,7 @@ pub async fn serve(
         stream_poll,
         shutdown: shutdown.clone(),
         rules,
+        content,
     };
     tracing::info!(address = %listener.local_addr()?, "API listening");
     axum::serve(listener, app(state))

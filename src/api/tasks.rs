@@ -338,7 +338,7 @@ async fn artifact_content(
     let mut conn = state.pool.acquire().await?;
     runs::get(&mut conn, &task_id, &run_id).await?;
     let artifact = artifacts::get(&mut conn, run_subject(&task_id, &run_id), &artifact_id).await?;
-    let bytes = artifacts::read_content(&mut conn, &artifact.id).await?;
+    let bytes = state.content.read(&mut conn, &artifact.id).await?;
     Ok(([(header::CONTENT_TYPE, artifact.content_type)], bytes).into_response())
 }
 

@@ -24,6 +24,7 @@ use crate::domain::secret::Unresolved;
 use crate::domain::{Actor, EventType};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
+use crate::store::content::ContentStore;
 use crate::store::events::{self, NewEvent, Subject};
 use crate::store::media_jobs::{self, Change, MediaJobRecord};
 use crate::store::{StoreError, artifacts, providers};
@@ -36,6 +37,7 @@ const WRITE_BUFFER_BYTES: usize = 1024 * 1024;
 pub struct MediaJobs {
     pub pool: PgPool,
     pub limits: MediaLimits,
+    pub content: ContentStore,
 }
 
 impl JobHandler for MediaJobs {
@@ -103,6 +105,7 @@ impl MediaJobs {
             vendor_task: record.vendor_task_id.clone(),
             max_bytes: i64::try_from(self.limits.download_max_bytes).unwrap_or(i64::MAX),
             buffers: Mutex::default(),
+            content: self.content.clone(),
         };
         match media::execute(&spec, &ctx).await {
             MediaOutcome::Interrupted if job.is_released() => {
@@ -375,12 +378,14 @@ struct FencedMediaContext {
     vendor_task: Option<String>,
     max_bytes: i64,
     buffers: Mutex<HashMap<String, Vec<u8>>>,
+    content: ContentStore,
 }
 
 impl FencedMediaContext {
     async fn write_chunk(&self, artifact_id: &str, bytes: &[u8]) -> Result<(), ContextError> {
         let mut tx = self.fence.begin().await?;
-        artifacts::append(&mut tx, artifact_id, bytes, self.max_bytes)
+        self.content
+            .append(&mut tx, artifact_id, bytes, self.max_bytes)
             .await
             .map_err(|e| self.fence.context_error(e))?;
         self.fence.commit(tx).await

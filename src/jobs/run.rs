@@ -20,6 +20,7 @@ use super::fence::Fence;
 use crate::domain::{Actor, EventType, RunStatus};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
+use crate::store::content::ContentStore;
 use crate::store::events::{self, NewEvent, Subject};
 use crate::store::runs::{self, Change, RunRecord};
 use crate::store::tasks::{self, TaskRecord};
@@ -32,6 +33,7 @@ pub struct RunJobs {
     /// reuses the directory of the run it resumes).
     pub data_dir: PathBuf,
     pub artifact_max_bytes: i64,
+    pub content: ContentStore,
 }
 
 impl JobHandler for RunJobs {
@@ -109,6 +111,7 @@ impl RunJobs {
             task_id: task.id.clone(),
             run_id: run.id.clone(),
             artifact_max_bytes: self.artifact_max_bytes,
+            content: self.content.clone(),
         };
         match keel_workers::execute(&spec, &ctx).await {
             Outcome::Interrupted if job.is_released() => {
@@ -389,6 +392,7 @@ struct FencedContext {
     task_id: String,
     run_id: String,
     artifact_max_bytes: i64,
+    content: ContentStore,
 }
 
 impl RunContext for FencedContext {
@@ -443,7 +447,8 @@ impl RunContext for FencedContext {
         bytes: &[u8],
     ) -> Result<(), ContextError> {
         let mut tx = self.fence.begin().await?;
-        artifacts::append(&mut tx, &artifact.0, bytes, self.artifact_max_bytes)
+        self.content
+            .append(&mut tx, &artifact.0, bytes, self.artifact_max_bytes)
             .await
             .map_err(|e| self.fence.context_error(e))?;
         self.fence.commit(tx).await

@@ -1,7 +1,6 @@
-//! Artifacts: metadata rows plus the Postgres content store, which keeps bytes in
-//! append-only chunks so a log grows while the run writes it and every API replica can
-//! read it. The content functions (`append`, `read_content`) are the seam an object-store
-//! backend replaces; metadata stays in Postgres either way.
+//! Artifacts: metadata rows. Their bytes are appended and read through
+//! [`ContentStore`](super::content::ContentStore), which keeps them in Postgres or in an
+//! object store; metadata stays in Postgres either way.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -80,44 +79,6 @@ pub async fn open(
     Ok(reopened)
 }
 
-/// Appends bytes, keeping the artifact within `max_bytes`; what does not fit is dropped and
-/// the artifact is marked truncated.
-pub async fn append(
-    conn: &mut PgConnection,
-    artifact_id: &str,
-    bytes: &[u8],
-    max_bytes: i64,
-) -> Result<()> {
-    let size: i64 = sqlx::query_scalar("SELECT size_bytes FROM artifacts WHERE id = $1 FOR UPDATE")
-        .bind(artifact_id)
-        .fetch_optional(&mut *conn)
-        .await?
-        .ok_or(StoreError::NotFound("artifact"))?;
-    let room = usize::try_from((max_bytes - size).max(0)).unwrap_or(usize::MAX);
-    let kept = &bytes[..bytes.len().min(room)];
-    if !kept.is_empty() {
-        sqlx::query(
-            "INSERT INTO artifact_chunks (artifact_id, offset_bytes, data) VALUES ($1, $2, $3)",
-        )
-        .bind(artifact_id)
-        .bind(size)
-        .bind(kept)
-        .execute(&mut *conn)
-        .await?;
-    }
-    sqlx::query(
-        "UPDATE artifacts SET size_bytes = size_bytes + $2, truncated = truncated OR $3,
-                              updated_at = now()
-         WHERE id = $1",
-    )
-    .bind(artifact_id)
-    .bind(kept.len() as i64)
-    .bind(kept.len() < bytes.len())
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
 pub async fn close(conn: &mut PgConnection, artifact_id: &str) -> Result<()> {
     sqlx::query("UPDATE artifacts SET status = 'complete', updated_at = now() WHERE id = $1")
         .bind(artifact_id)
@@ -159,15 +120,4 @@ pub async fn list(
     .fetch_all(conn)
     .await?;
     Ok(rows)
-}
-
-/// The bytes written so far, in order.
-pub async fn read_content(conn: &mut PgConnection, artifact_id: &str) -> Result<Vec<u8>> {
-    let chunks: Vec<Vec<u8>> = sqlx::query_scalar(
-        "SELECT data FROM artifact_chunks WHERE artifact_id = $1 ORDER BY offset_bytes",
-    )
-    .bind(artifact_id)
-    .fetch_all(conn)
-    .await?;
-    Ok(chunks.concat())
 }

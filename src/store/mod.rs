@@ -4,6 +4,7 @@
 
 pub mod approvals;
 pub mod artifacts;
+pub mod content;
 pub mod embedded;
 pub mod events;
 pub mod leases;
@@ -39,6 +40,9 @@ pub enum StoreError {
     LeaseLost,
     #[error(transparent)]
     Database(#[from] sqlx::Error),
+    /// The object store holding artifact bytes failed, or this process has none.
+    #[error("content store: {0}")]
+    Content(String),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

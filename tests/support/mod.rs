@@ -17,6 +17,8 @@ use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
+pub mod fake_s3;
+
 const TEMPLATE: &str = "keel_test_template";
 
 pub struct Cluster {
@@ -323,11 +325,13 @@ impl TestApp {
             db_max_connections: 10,
             approval_policies: policies.parse().expect("known approval policies"),
             approval_ttl_ms: 0,
+            content: Default::default(),
         };
         tokio::spawn(keel::api::serve(
             pool.clone(),
             listener,
             common.admission_rules(),
+            keel::store::content::ContentStore::Postgres,
             Duration::from_millis(500),
             shutdown.clone(),
         ));
