@@ -127,7 +127,7 @@ pub fn finish(mut doc: OpenApi) -> OpenApi {
 /// Parameters a link fills from the response: (parameter name, runtime expression).
 type LinkParameters = &'static [(&'static str, &'static str)];
 
-const LINKS: [(&str, &str, LinkParameters); 13] = [
+const LINKS: [(&str, &str, LinkParameters); 21] = [
     (
         "create_task",
         "get_task",
@@ -165,7 +165,17 @@ const LINKS: [(&str, &str, LinkParameters); 13] = [
         &[("task_id", "$response.body#/data/task_id")],
     ),
     ("cancel_run", "resume_run", RUN),
+    ("create_provider", "get_provider", PROVIDER),
+    ("create_provider", "patch_provider", PROVIDER),
+    ("create_provider", "check_provider", PROVIDER),
+    ("create_provider", "delete_provider", PROVIDER),
+    ("create_media_job", "get_media_job", MEDIA_JOB),
+    ("create_media_job", "run_media_job", MEDIA_JOB),
+    ("create_media_job", "cancel_media_job", MEDIA_JOB),
+    ("create_media_job", "list_media_artifacts", MEDIA_JOB),
 ];
+const PROVIDER: LinkParameters = &[("id", "$response.body#/data/id")];
+const MEDIA_JOB: LinkParameters = &[("media_job_id", "$response.body#/data/id")];
 const RUN: LinkParameters = &[
     ("task_id", "$response.body#/data/task_id"),
     ("run_id", "$response.body#/data/id"),
@@ -195,7 +205,7 @@ fn add_links(operation: &mut Operation) {
 
 fn success_status(operation_id: &str) -> &'static str {
     match operation_id {
-        "create_task" | "start_task" => "201",
+        "create_task" | "start_task" | "create_provider" | "create_media_job" => "201",
         _ => "200",
     }
 }

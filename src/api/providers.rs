@@ -312,8 +312,8 @@ async fn create_provider(
 }
 
 /// Reads a provider preset.
-#[utoipa::path(get, path = "/providers/{provider_id}", tag = "providers",
-    params(("provider_id" = String, Path)),
+#[utoipa::path(get, path = "/providers/{id}", tag = "providers",
+    params(("id" = String, Path, description = "The preset's id (`provider_…`)")),
     responses((status = 200, description = "The preset", body = ObjectEnvelope<ProviderView>)))]
 async fn get_provider(
     State(state): State<AppState>,
@@ -325,8 +325,8 @@ async fn get_provider(
 }
 
 /// Changes a provider preset; the last check is cleared.
-#[utoipa::path(patch, path = "/providers/{provider_id}", tag = "providers",
-    params(("provider_id" = String, Path)), request_body = ProviderPatch,
+#[utoipa::path(patch, path = "/providers/{id}", tag = "providers",
+    params(("id" = String, Path, description = "The preset's id (`provider_…`)")), request_body = ProviderPatch,
     responses((status = 200, description = "The preset", body = ObjectEnvelope<ProviderView>)))]
 async fn patch_provider(
     State(state): State<AppState>,
@@ -342,8 +342,8 @@ async fn patch_provider(
 }
 
 /// Deletes a provider preset that no media job names.
-#[utoipa::path(delete, path = "/providers/{provider_id}", tag = "providers",
-    params(("provider_id" = String, Path)),
+#[utoipa::path(delete, path = "/providers/{id}", tag = "providers",
+    params(("id" = String, Path, description = "The preset's id (`provider_…`)")),
     responses((status = 204, description = "Deleted")))]
 async fn delete_provider(
     State(state): State<AppState>,
@@ -369,8 +369,8 @@ pub struct ProviderCheck {
 /// Checks a preset's readiness in this process: enabled, secrets resolvable, capabilities
 /// runnable. Static: it sends nothing to the vendor (a live check of a media vendor would
 /// generate, and bill, media).
-#[utoipa::path(post, path = "/providers/{provider_id}/check", tag = "providers",
-    params(("provider_id" = String, Path)),
+#[utoipa::path(post, path = "/providers/{id}/check", tag = "providers",
+    params(("id" = String, Path, description = "The preset's id (`provider_…`)")),
     responses((status = 200, description = "The check", body = ObjectEnvelope<ProviderCheck>)))]
 async fn check_provider(
     State(state): State<AppState>,

@@ -57,3 +57,27 @@ impl Invalid {
         }
     }
 }
+
+/// Largest magnitude a number in free-form JSON (`compat`, a media job's `input`) may
+/// have: 2^53 - 1, the range every JSON reader holds exactly. PostgreSQL keeps larger
+/// numbers in full, and reading one back as a float would fail.
+const MAX_JSON_NUMBER: f64 = 9_007_199_254_740_991.0;
+
+/// Checks the numbers in free-form JSON against [`MAX_JSON_NUMBER`].
+pub fn check_json_numbers(field: &'static str, value: &serde_json::Value) -> Result<(), Invalid> {
+    match value {
+        serde_json::Value::Number(n) if n.as_f64().is_none_or(|f| f.abs() > MAX_JSON_NUMBER) => {
+            Err(Invalid::new(
+                field,
+                format!("the number {n} is out of range (at most 2^53 - 1 in magnitude)"),
+            ))
+        }
+        serde_json::Value::Array(items) => {
+            items.iter().try_for_each(|v| check_json_numbers(field, v))
+        }
+        serde_json::Value::Object(map) => {
+            map.values().try_for_each(|v| check_json_numbers(field, v))
+        }
+        _ => Ok(()),
+    }
+}

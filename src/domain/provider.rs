@@ -123,6 +123,8 @@ impl ProviderFields {
             .collect::<Result<_, Invalid>>()?;
         check_capabilities(api, &kind, &self.capabilities)?;
         check_inputs(&self.input)?;
+        let numbers = |v| super::check_json_numbers("compat", v);
+        self.compat.values().try_for_each(numbers)?;
         let provider_id = match self.provider_id {
             Some(id) => slug("provider_id", id)?,
             None => kind.clone(),
@@ -303,6 +305,21 @@ mod tests {
         let mut fields = seedance();
         fields.api_key_ref = Some("sk-raw-key".into());
         assert_eq!(fields.validate().unwrap_err().field, "api_key_ref");
+    }
+
+    #[test]
+    fn numbers_postgres_could_not_give_back_are_refused() {
+        let mut fields = seedance();
+        fields.compat.insert(
+            "x".into(),
+            serde_json::json!([{ "y": -1.7976931348623157e308 }]),
+        );
+        assert_eq!(fields.validate().unwrap_err().field, "compat");
+        let mut fields = seedance();
+        fields
+            .compat
+            .insert("x".into(), serde_json::json!(9_007_199_254_740_991u64));
+        assert!(fields.validate().is_ok());
     }
 
     #[test]

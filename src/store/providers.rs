@@ -87,15 +87,38 @@ fn refs(spec: &ProviderSpec) -> (Option<String>, BTreeMap<String, String>) {
 }
 
 pub async fn create(conn: &mut PgConnection, spec: &ProviderSpec) -> Result<ProviderRecord> {
+    save(conn, &new_id("provider"), spec).await
+}
+
+/// Replaces a preset's fields (the caller holds its row lock). An edit clears the last
+/// check: it described the old fields.
+pub async fn update(
+    conn: &mut PgConnection,
+    id: &str,
+    spec: &ProviderSpec,
+) -> Result<ProviderRecord> {
+    get(&mut *conn, id).await?;
+    save(conn, id, spec).await
+}
+
+async fn save(conn: &mut PgConnection, id: &str, spec: &ProviderSpec) -> Result<ProviderRecord> {
     let (api_key_ref, secret_header_refs) = refs(spec);
     let row = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO providers (id, kind, display_name, provider_id, model, api, base_url,
                                 api_key_ref, headers, secret_header_refs, capabilities, input,
                                 compat, enabled)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+         ON CONFLICT (id) DO UPDATE SET
+             kind = EXCLUDED.kind, display_name = EXCLUDED.display_name,
+             provider_id = EXCLUDED.provider_id, model = EXCLUDED.model, api = EXCLUDED.api,
+             base_url = EXCLUDED.base_url, api_key_ref = EXCLUDED.api_key_ref,
+             headers = EXCLUDED.headers, secret_header_refs = EXCLUDED.secret_header_refs,
+             capabilities = EXCLUDED.capabilities, input = EXCLUDED.input,
+             compat = EXCLUDED.compat, enabled = EXCLUDED.enabled, last_check = NULL,
+             updated_at = now()
          RETURNING {COLUMNS}"
     )))
-    .bind(new_id("provider"))
+    .bind(id)
     .bind(&spec.kind)
     .bind(&spec.display_name)
     .bind(&spec.provider_id)
@@ -112,39 +135,6 @@ pub async fn create(conn: &mut PgConnection, spec: &ProviderSpec) -> Result<Prov
     .fetch_one(conn)
     .await?;
     Ok(row)
-}
-
-/// Replaces a preset's fields. An edit clears the last check: it described the old ones.
-pub async fn update(
-    conn: &mut PgConnection,
-    id: &str,
-    spec: &ProviderSpec,
-) -> Result<ProviderRecord> {
-    let (api_key_ref, secret_header_refs) = refs(spec);
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "UPDATE providers SET kind = $2, display_name = $3, provider_id = $4, model = $5,
-                api = $6, base_url = $7, api_key_ref = $8, headers = $9,
-                secret_header_refs = $10, capabilities = $11, input = $12, compat = $13,
-                enabled = $14, last_check = NULL, updated_at = now()
-         WHERE id = $1 RETURNING {COLUMNS}"
-    )))
-    .bind(id)
-    .bind(&spec.kind)
-    .bind(&spec.display_name)
-    .bind(&spec.provider_id)
-    .bind(&spec.model)
-    .bind(spec.api.as_str())
-    .bind(&spec.base_url)
-    .bind(api_key_ref)
-    .bind(Json(&spec.headers))
-    .bind(Json(secret_header_refs))
-    .bind(&spec.capabilities)
-    .bind(&spec.input)
-    .bind(Json(&spec.compat))
-    .bind(spec.enabled)
-    .fetch_optional(conn)
-    .await?
-    .ok_or(StoreError::NotFound("provider"))
 }
 
 pub async fn get(conn: &mut PgConnection, id: &str) -> Result<ProviderRecord> {
