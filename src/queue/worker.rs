@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -156,6 +156,17 @@ impl Worker {
         // leases are renewed like running ones.
         let mut waiting: VecDeque<Job> = VecDeque::new();
         let mut claimer = Claimer::default();
+        let (swept_tx, mut swept) = mpsc::unbounded_channel();
+        let stop_sweep = CancellationToken::new();
+        tokio::spawn(sweep(
+            self.pool.clone(),
+            self.id.clone(),
+            kinds.to_vec(),
+            self.settings.clone(),
+            claimer.shared.clone(),
+            swept_tx,
+            stop_sweep.clone(),
+        ));
         while !shutdown.is_cancelled() {
             // Collect every job that ended since the last claim first, so one claim fills
             // all the freed slots instead of one claim per ended job.
@@ -165,6 +176,7 @@ impl Worker {
             self.start_waiting(&mut waiting, tasks);
             let room = (self.settings.concurrency + self.settings.prefetch)
                 .saturating_sub(tasks.len() + waiting.len());
+            claimer.shared.room.store(room, Ordering::Relaxed);
             // With a prefetch, claim again once half of it is used: one claim per half
             // buffer rather than one per freed slot.
             if room > 0 && waiting.len() <= self.settings.prefetch / 2 {
@@ -188,8 +200,22 @@ impl Worker {
                 _ = shutdown.cancelled() => {}
                 _ = wake.notified() => {}
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => finished(registry, done),
+                Some(leases) = swept.recv() => {
+                    claimer.advance(&leases);
+                    waiting.extend(leases.into_iter().filter_map(|l| self.register(l, registry, acks)));
+                }
                 _ = tokio::time::sleep(self.settings.poll_interval) => {}
             }
+        }
+        stop_sweep.cancel();
+        // What the sweep claimed after the loop's last look is handed back with the rest.
+        swept.close();
+        while let Some(leases) = swept.recv().await {
+            waiting.extend(
+                leases
+                    .into_iter()
+                    .filter_map(|l| self.register(l, registry, acks)),
+            );
         }
         self.release_waiting(waiting, registry).await;
     }
@@ -462,20 +488,76 @@ const SWEEP_SPACING: u32 = 20;
 /// ...but at least this often, which bounds how long a job positioned claims miss waits.
 const MAX_SWEEP_PAUSE: Duration = Duration::from_secs(2);
 
+/// How long the sweep waits between full claims that take `cost`.
+fn sweep_pause(cost: Duration, poll_interval: Duration) -> Duration {
+    (cost * SWEEP_SPACING)
+        .min(MAX_SWEEP_PAUSE)
+        .max(poll_interval)
+}
+
+/// What the claim loop and its sweep share.
+#[derive(Default)]
+struct ClaimState {
+    /// How long the last full claim took (µs).
+    full_claim_us: AtomicU64,
+    /// Whether full claims are slow: positioned claims are on.
+    slow: AtomicBool,
+    /// Full claims in a row that were clearly fast, while slow.
+    fast_streak: AtomicU32,
+    /// Jobs the worker can take now.
+    room: AtomicUsize,
+}
+
+/// Full claims in a row that must be clearly fast (under half their budget) before
+/// positioned claims turn off. One fast claim is no evidence the old snapshot is gone, and
+/// every flip back to full claims while it is held puts them, slow, in the claim loop.
+const FAST_STREAK_TO_LEAVE: u32 = 5;
+
+/// The claim mode after a full claim that took `took` against its `budget`: (slow, streak).
+fn next_mode(slow: bool, streak: u32, took: Duration, budget: Duration) -> (bool, u32) {
+    match (slow, took) {
+        (_, t) if t > budget => (true, 0),
+        (false, _) => (false, 0),
+        (true, t) if t < budget / 2 && streak + 1 >= FAST_STREAK_TO_LEAVE => (false, 0),
+        (true, t) if t < budget / 2 => (true, streak + 1),
+        (true, _) => (true, 0),
+    }
+}
+
+impl ClaimState {
+    fn record(&self, started: Instant, leased: usize) {
+        let took = started.elapsed();
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.full_claim_us.store(us, Ordering::Relaxed);
+        let budget = SLOW_FULL_CLAIM + PER_ROW * leased as u32;
+        let was_slow = self.slow.load(Ordering::Relaxed);
+        let streak = self.fast_streak.load(Ordering::Relaxed);
+        let (slow, streak) = next_mode(was_slow, streak, took, budget);
+        self.fast_streak.store(streak, Ordering::Relaxed);
+        if self.slow.swap(slow, Ordering::Relaxed) != slow {
+            tracing::info!(
+                ?took,
+                slow,
+                "full claims changed speed; positioned claims {}",
+                if slow { "on" } else { "off" }
+            );
+        }
+    }
+
+    fn slow(&self) -> bool {
+        self.slow.load(Ordering::Relaxed)
+    }
+}
+
 /// How the claim loop claims (docs/queue.md, "Old snapshots"). While full claims are
 /// cheap, each claim is one full claim ([`super::claim`]: due jobs from the head of the
 /// index, and expired leases). When they turn slow, the loop claims each kind from where
-/// its previous claim ended ([`super::claim_from`]) and runs a full claim only when one is
-/// due: spaced to [`SWEEP_SPACING`] times its cost, but never further apart than
-/// [`MAX_SWEEP_PAUSE`], so what positioned claims cannot see (late enqueues, other
-/// priorities, expired leases) is still claimed within a bounded time.
+/// its previous claim ended ([`super::claim_from`]) and [`sweep`] runs the full claim,
+/// spaced out, off the loop.
 #[derive(Default)]
 struct Claimer {
     positions: HashMap<String, Position>,
-    /// When the last full claim ran and how long it took.
-    last_full: Option<(Instant, Duration)>,
-    /// Whether that claim was slow for what it leased.
-    slow: bool,
+    shared: Arc<ClaimState>,
 }
 
 impl Claimer {
@@ -488,42 +570,17 @@ impl Claimer {
         settings: &WorkerSettings,
     ) -> Result<Vec<Lease>, StoreError> {
         let placed = kinds.iter().all(|k| self.positions.contains_key(k));
-        let leases = if placed && self.slow && !self.full_claim_due(settings) {
+        let leases = if placed && self.shared.slow() {
             self.claim_from_positions(pool, owner, kinds, room, settings)
                 .await?
         } else {
             let started = Instant::now();
             let leases = super::claim(pool, owner, kinds, room as i64, settings.lease).await?;
-            self.record_full(started, leases.len());
+            self.shared.record(started, leases.len());
             leases
         };
         self.advance(&leases);
         Ok(leases)
-    }
-
-    fn full_claim_due(&self, settings: &WorkerSettings) -> bool {
-        let Some((at, took)) = self.last_full else {
-            return true;
-        };
-        let pause = (took * SWEEP_SPACING)
-            .min(MAX_SWEEP_PAUSE)
-            .max(settings.poll_interval);
-        at.elapsed() >= pause
-    }
-
-    fn record_full(&mut self, started: Instant, leased: usize) {
-        let took = started.elapsed();
-        self.last_full = Some((started, took));
-        let slow = took > SLOW_FULL_CLAIM + PER_ROW * leased as u32;
-        if self.slow != slow {
-            tracing::info!(
-                ?took,
-                slow,
-                "full claims changed speed; positioned claims {}",
-                if slow { "on" } else { "off" }
-            );
-        }
-        self.slow = slow;
     }
 
     async fn claim_from_positions(
@@ -561,40 +618,79 @@ impl Claimer {
     }
 }
 
+/// The full claim while it is slow, off the claim loop so positioned claims go on (a slow
+/// full claim in the loop would hold up every pickup behind it): spaced to
+/// [`SWEEP_SPACING`] times its cost, between a poll interval and [`MAX_SWEEP_PAUSE`]. It
+/// hands what it claimed to the loop. Idle while full claims are cheap (the loop runs
+/// them itself).
+async fn sweep(
+    pool: PgPool,
+    owner: String,
+    kinds: Vec<String>,
+    settings: WorkerSettings,
+    state: Arc<ClaimState>,
+    found: mpsc::UnboundedSender<Vec<Lease>>,
+    stop: CancellationToken,
+) {
+    loop {
+        let cost = Duration::from_micros(state.full_claim_us.load(Ordering::Relaxed));
+        let pause = sweep_pause(cost, settings.poll_interval);
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        if !state.slow() {
+            continue;
+        }
+        // Even a saturated worker sweeps: what only a full claim finds would otherwise
+        // wait for a free slot at a sweep, which positioned claims may never leave. Jobs
+        // swept beyond the free slots wait, leased, for one (as prefetched jobs do).
+        let room = state.room.load(Ordering::Relaxed).max(settings.concurrency);
+        let started = Instant::now();
+        match super::claim(&pool, &owner, &kinds, room as i64, settings.lease).await {
+            Ok(leases) => {
+                state.record(started, leases.len());
+                if !leases.is_empty() && found.send(leases).is_err() {
+                    return;
+                }
+            }
+            Err(error) => tracing::warn!(%error, "sweep claim failed"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn settings(poll_interval: Duration) -> WorkerSettings {
-        WorkerSettings {
-            concurrency: 1,
-            prefetch: 0,
-            lease: Duration::from_secs(30),
-            poll_interval,
-            drain_timeout: Duration::from_secs(1),
+    #[test]
+    fn positioned_claims_turn_on_at_once_and_off_after_a_fast_streak() {
+        let budget = Duration::from_millis(20);
+        let (fast, slow) = (Duration::from_millis(5), Duration::from_millis(30));
+        assert_eq!(next_mode(false, 0, slow, budget), (true, 0));
+        assert_eq!(next_mode(false, 0, fast, budget), (false, 0));
+        let mut mode = (true, 0);
+        for _ in 1..FAST_STREAK_TO_LEAVE {
+            mode = next_mode(mode.0, mode.1, fast, budget);
+            assert!(mode.0, "one fast claim is not enough");
         }
+        // A claim near the budget breaks the streak.
+        assert_eq!(
+            next_mode(true, 3, Duration::from_millis(15), budget),
+            (true, 0)
+        );
+        assert_eq!(next_mode(mode.0, mode.1, fast, budget), (false, 0));
     }
 
     #[test]
-    fn a_very_slow_full_claim_is_still_due_within_the_cap() {
-        let mut claimer = Claimer::default();
-        let settings = settings(Duration::from_millis(100));
-        assert!(claimer.full_claim_due(&settings), "the first claim is full");
-        // A full claim that took 10 s would be spaced 200 s apart without the cap.
-        let ran = Instant::now() - MAX_SWEEP_PAUSE;
-        claimer.last_full = Some((ran, Duration::from_secs(10)));
-        assert!(claimer.full_claim_due(&settings));
-        claimer.last_full = Some((Instant::now(), Duration::from_secs(10)));
-        assert!(!claimer.full_claim_due(&settings));
-    }
-
-    #[test]
-    fn a_cheap_full_claim_is_due_again_after_a_poll_interval() {
-        let mut claimer = Claimer::default();
-        let settings = settings(Duration::from_millis(100));
-        claimer.last_full = Some((Instant::now(), Duration::from_micros(10)));
-        assert!(!claimer.full_claim_due(&settings));
-        claimer.last_full = Some((Instant::now() - Duration::from_millis(100), Duration::ZERO));
-        assert!(claimer.full_claim_due(&settings));
+    fn sweeps_are_spaced_by_their_cost_within_bounds() {
+        let poll = Duration::from_millis(100);
+        assert_eq!(sweep_pause(Duration::from_micros(10), poll), poll);
+        assert_eq!(
+            sweep_pause(Duration::from_millis(50), poll),
+            Duration::from_secs(1)
+        );
+        // A full claim that took 10 s would be spaced 200 s apart without the bound.
+        assert_eq!(sweep_pause(Duration::from_secs(10), poll), MAX_SWEEP_PAUSE);
     }
 }
