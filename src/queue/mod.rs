@@ -265,6 +265,15 @@ const LEASE_PICKED: &str = "
               q.attempts, q.max_attempts, q.traceparent, q.priority, q.run_after,
               (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms";
 
+/// The (id, token) pairs as two arrays in ascending id order. Every statement that locks
+/// many job rows (heartbeat, batched ack) takes them in id order, so two of them running
+/// at once (a heartbeat renewing a job whose ack is in flight) cannot deadlock.
+fn in_id_order(held: &[(i64, i64)]) -> (Vec<i64>, Vec<i64>) {
+    let mut held = held.to_vec();
+    held.sort_unstable();
+    held.into_iter().unzip()
+}
+
 /// Extends the leases still held; returns the ids of those that were (the others are lost).
 /// `q.id = ANY($1)` pins the plan to primary-key lookups: joined with the unnest alone,
 /// a table bloated by an old snapshot can be planned as a full scan, and heartbeats that
@@ -275,7 +284,7 @@ pub async fn heartbeat(
     held: &[(i64, i64)],
     lease: Duration,
 ) -> Result<Vec<i64>> {
-    let (ids, tokens): (Vec<i64>, Vec<i64>) = held.iter().copied().unzip();
+    let (ids, tokens) = in_id_order(held);
     let renewed = sqlx::query_scalar(
         "UPDATE queue_jobs q
          SET lease_expires_at = now() + $4 * interval '1 millisecond', heartbeats = heartbeats + 1
@@ -331,7 +340,7 @@ pub async fn complete(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
 /// ids acked (a job missing from them had lost its lease). For jobs with no domain change
 /// to commit alongside the ack; `run` jobs ack with [`complete`] in their own transaction.
 pub async fn complete_many(pool: &PgPool, owner: &str, held: &[(i64, i64)]) -> Result<Vec<i64>> {
-    let (ids, tokens): (Vec<i64>, Vec<i64>) = held.iter().copied().unzip();
+    let (ids, tokens) = in_id_order(held);
     let acked = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "WITH done AS (
              DELETE FROM queue_jobs q USING unnest($1::bigint[], $2::bigint[]) AS a(id, token)
