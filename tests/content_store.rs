@@ -159,11 +159,11 @@ fn s3_store(s3: &FakeS3) -> ContentStore {
 /// A queued run (no worker) and an open artifact on it.
 async fn open_artifact(app: &TestApp, name: &str) -> String {
     let (task_id, run_id) = app.client.run_shell("true").await;
-    let mut conn = app.pool.acquire().await.unwrap();
     let owner = Subject::Run {
         task_id: &task_id,
         run_id: &run_id,
     };
+    let mut conn = app.pool.acquire().await.unwrap();
     artifacts::open(&mut conn, owner, name, "file", "text/plain")
         .await
         .unwrap()
@@ -198,8 +198,7 @@ async fn s3_appends_stop_at_the_size_cap_and_mark_the_artifact_truncated() {
     );
     assert_eq!(s3.keys(BUCKET), vec![key(0), key(6)]);
     assert_eq!(s3.object(BUCKET, &key(6)).unwrap(), b"wo");
-    let mut conn = app.pool.acquire().await.unwrap();
-    assert_eq!(store.read(&mut conn, &id).await.unwrap(), b"hello wo");
+    assert_eq!(read(&store, &app, &id).await, b"hello wo");
 }
 
 #[tokio::test]
@@ -214,15 +213,14 @@ async fn a_rolled_back_s3_append_leaves_an_orphan_that_the_retry_overwrites() {
     store.append(&mut tx, &id, b"lost", 100).await.unwrap();
     tx.rollback().await.unwrap();
     assert_eq!(s3.object(BUCKET, &key).unwrap(), b"lost");
-    let mut conn = app.pool.acquire().await.unwrap();
-    assert_eq!(store.read(&mut conn, &id).await.unwrap(), b"");
+    assert_eq!(read(&store, &app, &id).await, b"");
 
     let mut tx = app.pool.begin().await.unwrap();
     store.append(&mut tx, &id, b"kept", 100).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(s3.keys(BUCKET), vec![key.clone()]);
     assert_eq!(s3.object(BUCKET, &key).unwrap(), b"kept");
-    assert_eq!(store.read(&mut conn, &id).await.unwrap(), b"kept");
+    assert_eq!(read(&store, &app, &id).await, b"kept");
 }
 
 #[tokio::test]
@@ -238,8 +236,7 @@ async fn the_postgres_store_keeps_chunks_inline() {
         chunks(&app.pool, &id).await,
         vec![(0, None, false, 3), (3, None, false, 1)]
     );
-    let mut conn = app.pool.acquire().await.unwrap();
-    assert_eq!(store.read(&mut conn, &id).await.unwrap(), b"abcd");
+    assert_eq!(read(&store, &app, &id).await, b"abcd");
 }
 
 #[tokio::test]
@@ -270,4 +267,46 @@ async fn a_worker_refuses_to_start_with_s3_selected_and_no_bucket() {
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(!status.success());
     assert!(stderr.contains("KEEL_S3_BUCKET"), "{stderr}");
+}
+
+async fn read(store: &ContentStore, app: &TestApp, id: &str) -> Vec<u8> {
+    use futures_util::TryStreamExt;
+    let chunks: Vec<bytes::Bytes> = store
+        .stream(app.pool.clone(), id.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    chunks.concat()
+}
+
+#[tokio::test]
+async fn a_stream_reads_page_after_page_up_to_the_size_it_started_at() {
+    let app = TestApp::api_only().await;
+    let id = open_artifact(&app, "paged").await;
+    let store = ContentStore::Postgres;
+    let expected: Vec<u8> = (0..40u8).flat_map(|i| [b'a' + i % 26; 3]).collect();
+    for chunk in expected.chunks(3) {
+        let mut tx = app.pool.begin().await.unwrap();
+        store.append(&mut tx, &id, chunk, 1_000).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    // 40 chunks: more than one page of chunk rows.
+    assert_eq!(read(&store, &app, &id).await, expected);
+
+    let mut stream = Box::pin(store.stream(app.pool.clone(), id.clone()));
+    let first = futures_util::StreamExt::next(&mut stream)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut tx = app.pool.begin().await.unwrap();
+    store.append(&mut tx, &id, b"later", 1_000).await.unwrap();
+    tx.commit().await.unwrap();
+    let rest: Vec<bytes::Bytes> = futures_util::TryStreamExt::try_collect(stream)
+        .await
+        .unwrap();
+    let read_then: Vec<u8> = std::iter::once(first).chain(rest).flatten().collect();
+    assert_eq!(
+        read_then, expected,
+        "bytes appended after the read began are not in it"
+    );
 }

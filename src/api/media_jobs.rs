@@ -3,8 +3,8 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
+use axum::response::Response;
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -216,6 +216,6 @@ async fn media_artifact_content(
 ) -> Result<Response> {
     let mut conn = state.pool.acquire().await?;
     let artifact = artifacts::get(&mut conn, Subject::MediaJob(&id), &artifact_id).await?;
-    let bytes = state.content.read(&mut conn, &artifact.id).await?;
-    Ok(([(header::CONTENT_TYPE, artifact.content_type)], bytes).into_response())
+    drop(conn);
+    super::artifact_body(&state, artifact).await
 }

@@ -224,3 +224,30 @@ pub fn list<T>(mut rows: Vec<T>, limit: i64, cursor_of: impl Fn(&T) -> String) -
 pub fn object<T>(name: &'static str, data: T) -> ObjectEnvelope<T> {
     ObjectEnvelope { object: name, data }
 }
+
+/// An artifact's bytes as a streamed response, chunk by chunk from its content store. The
+/// first chunk is read before the status is sent, so a store that cannot serve the
+/// artifact at all answers with the error envelope; a failure after that cuts the body
+/// short (and is logged).
+pub async fn artifact_body(
+    state: &AppState,
+    artifact: crate::store::artifacts::ArtifactRecord,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    use futures_util::StreamExt;
+
+    let mut chunks = Box::pin(
+        state
+            .content
+            .stream(state.pool.clone(), artifact.id.clone()),
+    );
+    let first = chunks.next().await.transpose()?;
+    let rest = chunks.inspect(|chunk| {
+        if let Err(error) = chunk {
+            tracing::warn!(%error, "artifact stream failed part way");
+        }
+    });
+    let body = futures_util::stream::iter(first.map(Ok)).chain(rest);
+    let content_type = [(axum::http::header::CONTENT_TYPE, artifact.content_type)];
+    Ok((content_type, axum::body::Body::from_stream(body)).into_response())
+}

@@ -2,8 +2,8 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -338,8 +338,8 @@ async fn artifact_content(
     let mut conn = state.pool.acquire().await?;
     runs::get(&mut conn, &task_id, &run_id).await?;
     let artifact = artifacts::get(&mut conn, run_subject(&task_id, &run_id), &artifact_id).await?;
-    let bytes = state.content.read(&mut conn, &artifact.id).await?;
-    Ok(([(header::CONTENT_TYPE, artifact.content_type)], bytes).into_response())
+    drop(conn);
+    super::artifact_body(&state, artifact).await
 }
 
 fn run_subject<'a>(task_id: &'a str, run_id: &'a str) -> Subject<'a> {

@@ -10,17 +10,19 @@
 
 use std::fmt;
 
-use futures_util::{StreamExt, TryStreamExt};
+use bytes::Bytes;
+use futures_util::Stream;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
 
 use super::{Result, StoreError};
 use crate::config::{ContentArgs, ContentStoreKind};
 
-/// Chunk objects fetched at once when an artifact is read.
-const READ_CONCURRENCY: usize = 8;
+/// Chunk rows read at a time when an artifact is streamed: at most this many chunks'
+/// bytes are in memory at once.
+const READ_PAGE_CHUNKS: i64 = 16;
 
 #[derive(Clone)]
 pub enum ContentStore {
@@ -182,39 +184,69 @@ impl ContentStore {
         Ok(())
     }
 
-    /// The bytes written so far, in order, from wherever each chunk was stored.
-    pub async fn read(&self, conn: &mut PgConnection, artifact_id: &str) -> Result<Vec<u8>> {
-        let chunks: Vec<(Option<Vec<u8>>, Option<String>)> = sqlx::query_as(
-            "SELECT data, object_key FROM artifact_chunks WHERE artifact_id = $1
-             ORDER BY offset_bytes",
-        )
-        .bind(artifact_id)
-        .fetch_all(conn)
-        .await?;
-        let parts: Vec<Vec<u8>> = futures_util::stream::iter(chunks)
-            .map(|chunk| async move {
-                match chunk {
-                    (Some(data), _) => Ok(data),
-                    (None, Some(key)) => {
-                        let s3 = self.s3_for(artifact_id)?;
-                        let object = s3.client.get(&Path::from(key.as_str())).await;
-                        let bytes = match object {
-                            Ok(object) => object.bytes().await,
-                            Err(e) => Err(e),
-                        };
-                        bytes
-                            .map(|b| b.to_vec())
-                            .map_err(|e| StoreError::Content(e.to_string()))
-                    }
-                    (None, None) => Err(StoreError::Content(format!(
-                        "a chunk of artifact {artifact_id} has neither data nor an object key"
-                    ))),
+    /// The bytes written so far (up to the size at the call), in order, from wherever each
+    /// chunk was stored: a page of chunk rows at a time, each S3 chunk fetched as it is
+    /// reached, so a large video is never held in memory whole and no connection is held
+    /// while a slow client reads.
+    pub fn stream(
+        &self,
+        pool: PgPool,
+        artifact_id: String,
+    ) -> impl Stream<Item = Result<Bytes>> + Send + 'static {
+        let store = self.clone();
+        async_stream::try_stream! {
+            let size: i64 = sqlx::query_scalar("SELECT size_bytes FROM artifacts WHERE id = $1")
+                .bind(&artifact_id)
+                .fetch_optional(&pool)
+                .await?
+                .ok_or(StoreError::NotFound("artifact"))?;
+            let mut next = 0i64;
+            while next < size {
+                let page: Vec<(i64, Option<Vec<u8>>, Option<String>)> = sqlx::query_as(
+                    "SELECT offset_bytes, data, object_key FROM artifact_chunks
+                     WHERE artifact_id = $1 AND offset_bytes >= $2 AND offset_bytes < $3
+                     ORDER BY offset_bytes LIMIT $4",
+                )
+                .bind(&artifact_id)
+                .bind(next)
+                .bind(size)
+                .bind(READ_PAGE_CHUNKS)
+                .fetch_all(&pool)
+                .await?;
+                if page.is_empty() {
+                    break;
                 }
-            })
-            .buffered(READ_CONCURRENCY)
-            .try_collect()
-            .await?;
-        Ok(parts.concat())
+                for (offset, data, key) in page {
+                    let bytes = store.chunk(&artifact_id, data, key).await?;
+                    next = offset + bytes.len() as i64;
+                    yield bytes;
+                }
+            }
+        }
+    }
+
+    /// One chunk's bytes: inline, or the object its row names.
+    async fn chunk(
+        &self,
+        artifact_id: &str,
+        data: Option<Vec<u8>>,
+        key: Option<String>,
+    ) -> Result<Bytes> {
+        match (data, key) {
+            (Some(data), _) => Ok(Bytes::from(data)),
+            (None, Some(key)) => {
+                let s3 = self.s3_for(artifact_id)?;
+                let object = s3.client.get(&Path::from(key.as_str())).await;
+                let bytes = match object {
+                    Ok(object) => object.bytes().await,
+                    Err(e) => Err(e),
+                };
+                bytes.map_err(|e| StoreError::Content(e.to_string()))
+            }
+            (None, None) => Err(StoreError::Content(format!(
+                "a chunk of artifact {artifact_id} has neither data nor an object key"
+            ))),
+        }
     }
 
     fn s3_for(&self, artifact_id: &str) -> Result<&S3Content> {
