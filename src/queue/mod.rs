@@ -275,9 +275,9 @@ fn in_id_order(held: &[(i64, i64)]) -> (Vec<i64>, Vec<i64>) {
 }
 
 /// Extends the leases still held; returns the ids of those that were (the others are lost).
-/// `q.id = ANY($1)` pins the plan to primary-key lookups: joined with the unnest alone,
-/// a table bloated by an old snapshot can be planned as a full scan, and heartbeats that
-/// fall behind the lease lose it.
+/// One primary-key scan with no join (see [`complete_many`]): joined with an `unnest`, a
+/// table bloated by an old snapshot was planned as a full scan, and heartbeats that fell
+/// behind the lease lost it.
 pub async fn heartbeat(
     pool: &PgPool,
     owner: &str,
@@ -288,9 +288,8 @@ pub async fn heartbeat(
     let renewed = sqlx::query_scalar(
         "UPDATE queue_jobs q
          SET lease_expires_at = now() + $4 * interval '1 millisecond', heartbeats = heartbeats + 1
-         FROM unnest($1::bigint[], $2::bigint[]) AS h(id, token)
-         WHERE q.id = ANY($1) AND q.id = h.id AND q.fencing_token = h.token
-           AND q.lease_owner = $3
+         WHERE q.id = ANY($1) AND q.lease_owner = $3
+           AND q.fencing_token = ($2::bigint[])[array_position($1, q.id)]
          RETURNING q.id",
     )
     .bind(ids)
@@ -339,13 +338,16 @@ pub async fn complete(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
 /// Acks many jobs in one statement, each fenced by its own token and owner; returns the
 /// ids acked (a job missing from them had lost its lease). For jobs with no domain change
 /// to commit alongside the ack; `run` jobs ack with [`complete`] in their own transaction.
+/// Written without a join (each row's token is looked up in the array): as a join with
+/// `unnest`, the prepared statement's generic plan probed the primary key once per pair
+/// for every pair, 57 ms for 500 acks instead of 3.
 pub async fn complete_many(pool: &PgPool, owner: &str, held: &[(i64, i64)]) -> Result<Vec<i64>> {
     let (ids, tokens) = in_id_order(held);
     let acked = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "WITH done AS (
-             DELETE FROM queue_jobs q USING unnest($1::bigint[], $2::bigint[]) AS a(id, token)
-             WHERE q.id = ANY($1) AND q.id = a.id AND q.fencing_token = a.token
-               AND q.lease_owner = $3
+             DELETE FROM queue_jobs q
+             WHERE q.id = ANY($1) AND q.lease_owner = $3
+               AND q.fencing_token = ($2::bigint[])[array_position($1, q.id)]
              RETURNING q.*
          ), archived AS ({ARCHIVE} 'acked' FROM done)
          SELECT id FROM done"
