@@ -205,7 +205,6 @@ pub async fn claim(
          )
          {LEASE_PICKED}"
     )))
-    .persistent(false)
     .bind(owner)
     .bind(millis(lease))
     .bind(kinds)
@@ -225,7 +224,9 @@ pub const POSITION_SLACK: Duration = Duration::from_millis(500);
 /// lie. Vacuum normally removes those at once, but while any transaction holds an old
 /// snapshot it cannot, and a read from the head then steps over every job claimed since.
 /// What this misses (another priority, expired leases, late enqueues) the full [`claim`]
-/// finds.
+/// finds. Planned with its own values every time (`persistent(false)`): a generic plan,
+/// made without the position, read seconds of index after an old snapshot's release.
+/// The full claim stays prepared: it is on every pickup's path, and its plan did not flip.
 pub async fn claim_from(
     pool: &PgPool,
     owner: &str,
@@ -256,10 +257,7 @@ pub async fn claim_from(
     Ok(leases)
 }
 
-/// Leases the rows of a `picked` CTE to owner $1 for $2 ms; completes a claim. Claims are
-/// not kept as prepared statements (`persistent(false)`): each is planned with its own
-/// values, since a generic plan, made without the position or the batch size, can read
-/// far more of the index than one batch.
+/// Leases the rows of a `picked` CTE to owner $1 for $2 ms; completes a claim.
 const LEASE_PICKED: &str = "
     UPDATE queue_jobs q
     SET lease_owner = $1, lease_expires_at = now() + $2 * interval '1 millisecond',
