@@ -84,6 +84,9 @@ struct InFlight {
 
 type Registry = Arc<Mutex<HashMap<i64, InFlight>>>;
 
+/// A claim's leases and the room it was given.
+type ClaimResult = Result<(Vec<Lease>, usize), StoreError>;
+
 pub struct Worker {
     pub id: String,
     pool: PgPool,
@@ -161,7 +164,11 @@ impl Worker {
         // Leased jobs waiting for a free slot (at most `prefetch`); registered, so their
         // leases are renewed like running ones.
         let mut waiting: VecDeque<Job> = VecDeque::new();
-        let mut claimer = Claimer::default();
+        let claimer = Arc::new(Claimer::default());
+        // The claim in flight (at most one): it runs while the loop goes on starting
+        // waiting jobs in the slots that free meanwhile.
+        let mut claims: JoinSet<ClaimResult> = JoinSet::new();
+        let mut want_claim = true;
         let (swept_tx, mut swept) = mpsc::unbounded_channel();
         let stop_sweep = CancellationToken::new();
         tokio::spawn(sweep(
@@ -174,8 +181,6 @@ impl Worker {
             stop_sweep.clone(),
         ));
         while !shutdown.is_cancelled() {
-            // Collect every job that ended since the last claim first, so one claim fills
-            // all the freed slots instead of one claim per ended job.
             while let Some(done) = tasks.try_join_next() {
                 finished(registry, done);
             }
@@ -185,36 +190,39 @@ impl Worker {
             claimer.shared.room.store(room, Ordering::Relaxed);
             // With a prefetch, claim again once half of it is used: one claim per half
             // buffer rather than one per freed slot.
-            if room > 0 && waiting.len() <= self.settings.prefetch / 2 {
-                match claimer
-                    .claim(&self.pool, &self.id, kinds, room, &self.settings)
-                    .await
-                {
-                    Ok(leases) => {
-                        let jobs = leases
-                            .into_iter()
-                            .filter_map(|l| self.register(l, registry, acks));
-                        waiting.extend(jobs);
-                        self.start_waiting(&mut waiting, tasks);
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "claim failed; retrying after the poll interval")
-                    }
-                }
+            if want_claim
+                && claims.is_empty()
+                && room > 0
+                && waiting.len() <= self.settings.prefetch / 2
+            {
+                want_claim = false;
+                claims.spawn(self.claim(&claimer, kinds, room));
             }
             tokio::select! {
                 _ = shutdown.cancelled() => {}
-                _ = wake.notified() => {}
-                Some(done) = tasks.join_next(), if !tasks.is_empty() => finished(registry, done),
+                _ = wake.notified() => want_claim = true,
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                    finished(registry, done);
+                    want_claim = true;
+                }
+                Some(claimed) = claims.join_next(), if !claims.is_empty() => {
+                    // A full batch suggests more is due: claim again at once.
+                    want_claim |= self.take_claimed(claimed, registry, acks, &mut waiting);
+                    self.start_waiting(&mut waiting, tasks);
+                }
                 Some(leases) = swept.recv() => {
                     claimer.advance(&leases);
                     waiting.extend(leases.into_iter().filter_map(|l| self.register(l, registry, acks)));
                 }
-                _ = tokio::time::sleep(self.settings.poll_interval) => {}
+                _ = tokio::time::sleep(self.settings.poll_interval) => want_claim = true,
             }
         }
         stop_sweep.cancel();
-        // What the sweep claimed after the loop's last look is handed back with the rest.
+        // What a claim or the sweep took after the loop's last look is handed back with
+        // the rest.
+        while let Some(claimed) = claims.join_next().await {
+            self.take_claimed(claimed, registry, acks, &mut waiting);
+        }
         swept.close();
         while let Some(leases) = swept.recv().await {
             waiting.extend(
@@ -224,6 +232,52 @@ impl Worker {
             );
         }
         self.release_waiting(waiting, registry).await;
+    }
+
+    /// One claim of up to `room` jobs, as a task of its own.
+    fn claim(
+        &self,
+        claimer: &Arc<Claimer>,
+        kinds: &[String],
+        room: usize,
+    ) -> impl Future<Output = ClaimResult> + Send + 'static {
+        let (claimer, pool, owner) = (claimer.clone(), self.pool.clone(), self.id.clone());
+        let (kinds, settings) = (kinds.to_vec(), self.settings.clone());
+        async move {
+            let leases = claimer
+                .claim(&pool, &owner, &kinds, room, &settings)
+                .await?;
+            Ok((leases, room))
+        }
+    }
+
+    /// Registers what a claim took; true when it filled all the room it was given.
+    fn take_claimed(
+        &self,
+        claimed: Result<ClaimResult, tokio::task::JoinError>,
+        registry: &Registry,
+        acks: &Acks,
+        waiting: &mut VecDeque<Job>,
+    ) -> bool {
+        match claimed {
+            Ok(Ok((leases, room))) => {
+                let full = leases.len() >= room;
+                waiting.extend(
+                    leases
+                        .into_iter()
+                        .filter_map(|l| self.register(l, registry, acks)),
+                );
+                full
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "claim failed; retrying after the poll interval");
+                false
+            }
+            Err(error) => {
+                tracing::error!(%error, "claim task failed");
+                false
+            }
+        }
     }
 
     /// Records a claimed job as held by this worker; None for a kind with no handler.
@@ -578,23 +632,23 @@ impl ClaimState {
 /// spaced out, off the loop.
 #[derive(Default)]
 struct Claimer {
-    positions: HashMap<String, Position>,
+    positions: Mutex<HashMap<String, Position>>,
     shared: Arc<ClaimState>,
 }
 
 impl Claimer {
     async fn claim(
-        &mut self,
+        &self,
         pool: &PgPool,
         owner: &str,
         kinds: &[String],
         room: usize,
         settings: &WorkerSettings,
     ) -> Result<Vec<Lease>, StoreError> {
-        let placed = kinds.iter().all(|k| self.positions.contains_key(k));
+        let positions = self.positions.lock().unwrap().clone();
+        let placed = kinds.iter().all(|k| positions.contains_key(k));
         let leases = if placed && self.shared.slow() {
-            self.claim_from_positions(pool, owner, kinds, room, settings)
-                .await?
+            Self::claim_from(&positions, pool, owner, kinds, room, settings).await?
         } else {
             let started = Instant::now();
             let leases = super::claim(pool, owner, kinds, room as i64, settings.lease).await?;
@@ -605,8 +659,8 @@ impl Claimer {
         Ok(leases)
     }
 
-    async fn claim_from_positions(
-        &self,
+    async fn claim_from(
+        positions: &HashMap<String, Position>,
         pool: &PgPool,
         owner: &str,
         kinds: &[String],
@@ -614,10 +668,7 @@ impl Claimer {
         settings: &WorkerSettings,
     ) -> Result<Vec<Lease>, StoreError> {
         let mut leases = Vec::new();
-        for (kind, from) in kinds
-            .iter()
-            .filter_map(|k| Some((k, self.positions.get(k)?)))
-        {
+        for (kind, from) in kinds.iter().filter_map(|k| Some((k, positions.get(k)?))) {
             let left = room.saturating_sub(leases.len());
             if left > 0 {
                 let lease = settings.lease;
@@ -629,10 +680,11 @@ impl Claimer {
     }
 
     /// Moves each kind's position to the last of these jobs in claim order.
-    fn advance(&mut self, leases: &[Lease]) {
+    fn advance(&self, leases: &[Lease]) {
+        let mut positions = self.positions.lock().unwrap();
         for lease in leases {
             let position = lease.position();
-            self.positions
+            positions
                 .entry(lease.kind.clone())
                 .and_modify(|p| *p = p.max(position))
                 .or_insert(position);
