@@ -46,9 +46,7 @@ impl Job {
     /// called; the returned receipt resolves once it committed (or `LeaseLost` when the
     /// lease had moved on), so a handler may return, freeing its slot, before it does.
     /// Acks queued while another batch is in flight share the next statement; each is
-    /// still fenced by its own token. The worker keeps renewing the lease until the receipt
-    /// resolves, so the receipt must be awaited (or spawned).
-    #[must_use = "the ack resolves, and the worker lets go of the job, only when awaited"]
+    /// still fenced by its own token.
     pub fn ack(&self) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         self.acks.submit(&self.lease)
     }
@@ -77,9 +75,6 @@ struct InFlight {
     fencing_token: i64,
     interrupt: CancellationToken,
     released: Arc<AtomicBool>,
-    /// Its ack is queued: the entry (and its lease's renewal) stays until the ack resolves,
-    /// even when the handler returned first.
-    acking: bool,
 }
 
 type Registry = Arc<Mutex<HashMap<i64, InFlight>>>;
@@ -140,7 +135,6 @@ impl Worker {
         let acks = Acks {
             pool: self.pool.clone(),
             requests,
-            registry: registry.clone(),
         };
         let mut tasks = JoinSet::new();
         self.claim_loop(&kinds, &registry, &wake, &acks, &mut tasks, &shutdown)
@@ -296,7 +290,6 @@ impl Worker {
                 fencing_token: lease.fencing_token,
                 interrupt: interrupt.clone(),
                 released: released.clone(),
-                acking: false,
             },
         );
         Some(Job {
@@ -397,11 +390,7 @@ fn claim_span(lease: &Lease) -> tracing::Span {
 
 fn finished(registry: &Registry, done: Result<i64, tokio::task::JoinError>) {
     if let Ok(job_id) = done {
-        let mut registry = registry.lock().unwrap();
-        // A job whose ack is still queued keeps its entry: Acks::submit removes it.
-        if registry.get(&job_id).is_some_and(|job| !job.acking) {
-            registry.remove(&job_id);
-        }
+        registry.lock().unwrap().remove(&job_id);
     }
 }
 
@@ -468,9 +457,7 @@ async fn heartbeat(
             Ok(renewed) => {
                 telemetry::metrics::leases_renewed(renewed.len());
                 for (job_id, _) in held.iter().filter(|(id, _)| !renewed.contains(id)) {
-                    // An acking job's row is gone because its ack committed.
-                    let registry = registry.lock().unwrap();
-                    if let Some(job) = registry.get(job_id).filter(|job| !job.acking) {
+                    if let Some(job) = registry.lock().unwrap().get(job_id) {
                         tracing::warn!(job_id, "lease lost; interrupting the job");
                         telemetry::metrics::lease_lost(&job.kind);
                         job.interrupt.cancel();
@@ -492,7 +479,6 @@ type AckRequest = (i64, i64, oneshot::Sender<Option<bool>>);
 struct Acks {
     pool: PgPool,
     requests: mpsc::UnboundedSender<AckRequest>,
-    registry: Registry,
 }
 
 impl Acks {
@@ -505,28 +491,20 @@ impl Acks {
             .requests
             .send((lease.job_id, lease.fencing_token, reply))
             .is_ok();
-        if let Some(job) = self.registry.lock().unwrap().get_mut(&lease.job_id) {
-            job.acking = true;
-        }
-        let (pool, lease, registry) = (self.pool.clone(), lease.clone(), self.registry.clone());
+        let (pool, lease) = (self.pool.clone(), lease.clone());
         async move {
-            let acked = async {
-                if queued {
-                    match answer.await {
-                        Ok(Some(true)) => return Ok(()),
-                        Ok(Some(false)) => return Err(StoreError::LeaseLost),
-                        Ok(None) | Err(_) => {}
-                    }
+            if queued {
+                match answer.await {
+                    Ok(Some(true)) => return Ok(()),
+                    Ok(Some(false)) => return Err(StoreError::LeaseLost),
+                    Ok(None) | Err(_) => {}
                 }
-                // The batch failed: ack alone, so this job gets its own answer (or error).
-                let mut tx = super::begin_fenced(&pool, &lease).await?;
-                super::complete(&mut tx, &lease).await?;
-                tx.commit().await?;
-                Ok(())
             }
-            .await;
-            registry.lock().unwrap().remove(&lease.job_id);
-            acked
+            // The batch failed: ack alone, so this job gets its own answer (or error).
+            let mut tx = super::begin_fenced(&pool, &lease).await?;
+            super::complete(&mut tx, &lease).await?;
+            tx.commit().await?;
+            Ok(())
         }
     }
 }
