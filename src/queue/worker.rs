@@ -135,6 +135,9 @@ impl Worker {
         let acks = Acks {
             pool: self.pool.clone(),
             requests,
+            pending: Arc::default(),
+            allowance: self.settings.concurrency + self.settings.prefetch,
+            wake: wake.clone(),
         };
         let mut tasks = JoinSet::new();
         self.claim_loop(&kinds, &registry, &wake, &acks, &mut tasks, &shutdown)
@@ -180,7 +183,7 @@ impl Worker {
             }
             self.start_waiting(&mut waiting, tasks);
             let room = (self.settings.concurrency + self.settings.prefetch)
-                .saturating_sub(tasks.len() + waiting.len());
+                .saturating_sub(tasks.len() + waiting.len() + acks.backlog());
             claimer.shared.room.store(room, Ordering::Relaxed);
             // With a prefetch, claim again once half of it is used: one claim per half
             // buffer rather than one per freed slot.
@@ -479,6 +482,24 @@ type AckRequest = (i64, i64, oneshot::Sender<Option<bool>>);
 struct Acks {
     pool: PgPool,
     requests: mpsc::UnboundedSender<AckRequest>,
+    /// Acks queued and not yet resolved. A handler returns before its ack commits, so
+    /// without a bound a worker whose acks are slower than its claims (an old snapshot
+    /// held, an overloaded database) would pile up acks, and their unrenewed leases,
+    /// without end.
+    pending: Arc<AtomicUsize>,
+    /// Pending acks beyond this many take up claim room.
+    allowance: usize,
+    /// Wakes the claim loop when pending acks fall back within the allowance.
+    wake: Arc<Notify>,
+}
+
+impl Acks {
+    /// How much claim room pending acks take: what they hold beyond the allowance.
+    fn backlog(&self) -> usize {
+        self.pending
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.allowance)
+    }
 }
 
 impl Acks {
@@ -491,20 +512,29 @@ impl Acks {
             .requests
             .send((lease.job_id, lease.fencing_token, reply))
             .is_ok();
+        self.pending.fetch_add(1, Ordering::Relaxed);
         let (pool, lease) = (self.pool.clone(), lease.clone());
+        let (pending, allowance, wake) = (self.pending.clone(), self.allowance, self.wake.clone());
         async move {
-            if queued {
-                match answer.await {
-                    Ok(Some(true)) => return Ok(()),
-                    Ok(Some(false)) => return Err(StoreError::LeaseLost),
-                    Ok(None) | Err(_) => {}
+            let acked = async {
+                if queued {
+                    match answer.await {
+                        Ok(Some(true)) => return Ok(()),
+                        Ok(Some(false)) => return Err(StoreError::LeaseLost),
+                        Ok(None) | Err(_) => {}
+                    }
                 }
+                // The batch failed: ack alone, so this job gets its own answer (or error).
+                let mut tx = super::begin_fenced(&pool, &lease).await?;
+                super::complete(&mut tx, &lease).await?;
+                tx.commit().await?;
+                Ok(())
             }
-            // The batch failed: ack alone, so this job gets its own answer (or error).
-            let mut tx = super::begin_fenced(&pool, &lease).await?;
-            super::complete(&mut tx, &lease).await?;
-            tx.commit().await?;
-            Ok(())
+            .await;
+            if pending.fetch_sub(1, Ordering::Relaxed) == allowance + 1 {
+                wake.notify_one();
+            }
+            acked
         }
     }
 }
