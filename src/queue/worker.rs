@@ -47,6 +47,8 @@ impl Job {
     /// lease had moved on), so a handler may return, freeing its slot, before it does.
     /// Acks queued while another batch is in flight share the next statement; each is
     /// still fenced by its own token.
+    #[must_use = "the ack is counted as pending (it takes claim room, and shutdown waits for \
+                  it) until the receipt is awaited"]
     pub fn ack(&self) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
         self.acks.submit(&self.lease)
     }
@@ -143,6 +145,7 @@ impl Worker {
         self.claim_loop(&kinds, &registry, &wake, &acks, &mut tasks, &shutdown)
             .await;
         self.drain(&registry, &mut tasks).await;
+        acks.settle(self.settings.drain_timeout).await;
         background.cancel();
         store::workers::deregister(&self.pool, &self.id).await?;
         tracing::info!(worker_id = %self.id, "worker stopped");
@@ -494,6 +497,16 @@ struct Acks {
 }
 
 impl Acks {
+    /// Waits (at most `timeout`) for the acks still queued at shutdown to commit: a
+    /// process that exited with them queued would leave their jobs to run again once
+    /// their leases expired.
+    async fn settle(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.pending.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// How much claim room pending acks take: what they hold beyond the allowance.
     fn backlog(&self) -> usize {
         self.pending
