@@ -5,9 +5,8 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use keel_workers::media::{
     self, MediaArtifactKind, MediaContext, MediaErrorCode, MediaLimits, MediaOutcome, MediaSpec,
@@ -16,7 +15,6 @@ use keel_workers::media::{
 use keel_workers::{ArtifactHandle, ContextError};
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use super::fence::Fence;
 use crate::domain::media::MediaJobStatus;
@@ -53,26 +51,10 @@ impl JobHandler for MediaJobs {
             outcome = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
         );
-        async move {
-            let started = Instant::now();
-            let id = job.lease.ref_id.clone();
-            let outcome = match self.execute(job).await {
-                Ok(outcome) => outcome,
-                Err(StoreError::LeaseLost) => {
-                    tracing::info!(media_job_id = %id, "lease lost; the job is left to its new owner");
-                    "lease_lost"
-                }
-                Err(error) => {
-                    tracing::error!(media_job_id = %id, %error, "media job failed; its lease will expire and it will be retried");
-                    tracing::Span::current().record("otel.status_code", "error");
-                    "error"
-                }
-            };
-            tracing::Span::current().record("outcome", outcome);
-            metrics::job_finished(media_jobs::KIND, outcome, started.elapsed());
-        }
-        .instrument(span)
-        .boxed()
+        let ref_id = job.lease.ref_id.clone();
+        super::observe(media_jobs::KIND, ref_id, span, async move {
+            self.execute(job).await
+        })
     }
 }
 

@@ -4,9 +4,8 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use keel_workers::{
     ArtifactHandle, ContextError, Outcome, OutputStream, RunContext, RunSpec, StepHandle,
@@ -14,7 +13,6 @@ use keel_workers::{
 };
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use super::fence::Fence;
 use crate::domain::{Actor, EventType, RunStatus};
@@ -49,26 +47,10 @@ impl JobHandler for RunJobs {
             outcome = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
         );
-        async move {
-            let started = Instant::now();
-            let run_id = job.lease.ref_id.clone();
-            let outcome = match self.execute(job).await {
-                Ok(outcome) => outcome,
-                Err(StoreError::LeaseLost) => {
-                    tracing::info!(%run_id, "lease lost; the run is left to its new owner");
-                    "lease_lost"
-                }
-                Err(error) => {
-                    tracing::error!(%run_id, %error, "run job failed; its lease will expire and it will be retried");
-                    tracing::Span::current().record("otel.status_code", "error");
-                    "error"
-                }
-            };
-            tracing::Span::current().record("outcome", outcome);
-            metrics::job_finished(queue::RUN_KIND, outcome, started.elapsed());
-        }
-        .instrument(span)
-        .boxed()
+        let ref_id = job.lease.ref_id.clone();
+        super::observe(queue::RUN_KIND, ref_id, span, async move {
+            self.execute(job).await
+        })
     }
 }
 
