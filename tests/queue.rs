@@ -188,12 +188,21 @@ async fn the_reconciler_requeues_a_run_whose_lease_expired() {
         .await
         .unwrap();
     assert_eq!(
-        keel::scheduler::reconcile(&app.pool).await.unwrap(),
+        keel::scheduler::Reconciler::default()
+            .pass(&app.pool)
+            .await
+            .unwrap(),
         0,
         "a live lease is left alone"
     );
     expire_all(&app.pool).await;
-    assert_eq!(keel::scheduler::reconcile(&app.pool).await.unwrap(), 1);
+    assert_eq!(
+        keel::scheduler::Reconciler::default()
+            .pass(&app.pool)
+            .await
+            .unwrap(),
+        1
+    );
 
     let run = app.client.run(&task_id, &run_id).await;
     assert_eq!(run["status"], "queued");
@@ -281,26 +290,61 @@ async fn a_batched_ack_is_fenced_row_by_row() {
 }
 
 #[tokio::test]
-async fn a_positioned_claim_reads_on_from_its_position_within_its_priority() {
+async fn a_positioned_claim_reads_on_from_its_positions_and_every_other_priority_from_its_head() {
     let pool = support::pool(&support::fresh_database().await).await;
     enqueue(&pool, "first", 0).await;
     let first = queue::claim(&pool, "a", &kinds(), 1, LEASE)
         .await
         .unwrap()
         .remove(0);
-    enqueue(&pool, "second", 0).await;
-    enqueue(&pool, "urgent", 9).await;
-    let from = first.position();
-    let next = queue::claim_from(&pool, "a", KIND, from, 10, LEASE)
+    let mut from = queue::Positions::default();
+    from.advance(&first);
+    // Behind the position (by more than the slack): only a full claim finds it.
+    enqueue(&pool, "late", 0).await;
+    sqlx::query("UPDATE queue_jobs SET run_after = $1 - interval '1 minute' WHERE ref_id = 'late'")
+        .bind(first.run_after)
+        .execute(&pool)
+        .await
+        .unwrap();
+    for (name, priority) in [("second", 0), ("urgent", 9), ("someday", -3)] {
+        enqueue(&pool, name, priority).await;
+    }
+    let next = queue::claim_from(&pool, "a", KIND, &from, 10, LEASE)
         .await
         .unwrap();
     let names: Vec<&str> = next.iter().map(|l| l.ref_id.as_str()).collect();
     assert_eq!(
         names,
-        ["second"],
-        "another priority is left to the full claim"
+        ["urgent", "second", "someday"],
+        "in claim order: higher and lower priorities from their head, its own from its position"
     );
     let rest = queue::claim(&pool, "a", &kinds(), 10, LEASE).await.unwrap();
-    assert_eq!(rest[0].ref_id, "urgent");
-    assert!(first.position().max(next[0].position()) == next[0].position());
+    assert_eq!(rest[0].ref_id, "late");
+}
+
+#[tokio::test]
+async fn an_expiry_scan_from_a_time_reads_only_the_leases_that_expired_since() {
+    let pool = support::pool(&support::fresh_database().await).await;
+    enqueue(&pool, "long-ago", 0).await;
+    enqueue(&pool, "just-now", 0).await;
+    queue::claim(&pool, "a", &kinds(), 2, LEASE).await.unwrap();
+    sqlx::query(
+        "UPDATE queue_jobs SET lease_expires_at = now() - CASE ref_id
+             WHEN 'long-ago' THEN interval '1 hour' ELSE interval '1 second' END",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let since: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT now() - interval '1 minute'")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    let names =
+        |leases: Vec<queue::Lease>| leases.into_iter().map(|l| l.ref_id).collect::<Vec<_>>();
+    let windowed = queue::expired(&mut conn, 10, Some(since)).await.unwrap();
+    assert_eq!(names(windowed), ["just-now"]);
+    let full = queue::expired(&mut conn, 10, None).await.unwrap();
+    assert_eq!(names(full), ["long-ago", "just-now"]);
 }

@@ -7,6 +7,7 @@
 
 pub mod worker;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -35,36 +36,69 @@ pub struct Lease {
     /// How long the job had been due when claimed, in milliseconds (0 outside a claim).
     #[sqlx(default)]
     pub due_ms: i64,
-    /// Where the job stood in claim order (see [`Position`]).
+    /// Where the job stood in claim order (see [`Positions`]).
     pub priority: i32,
     pub run_after: DateTime<Utc>,
 }
 
-impl Lease {
-    pub fn position(&self) -> Position {
-        Position {
-            priority: self.priority,
-            run_after: self.run_after,
+/// Where a worker's claims of one kind have reached in claim order: for each priority it
+/// claimed, the latest `run_after` it took. [`claim_from`] reads each of these priorities
+/// from there, and every other priority from its head.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Positions(BTreeMap<i32, DateTime<Utc>>);
+
+impl Positions {
+    /// Priorities remembered; past this, the lowest is forgotten (read from its head again).
+    const MOST: usize = 32;
+
+    /// Moves the position of the lease's priority up to the lease.
+    pub fn advance(&mut self, lease: &Lease) {
+        let at = self.0.entry(lease.priority).or_insert(lease.run_after);
+        *at = (*at).max(lease.run_after);
+        if self.0.len() > Self::MOST {
+            self.0.pop_first();
         }
+    }
+
+    /// The whole of claim order, cut into ranges of priorities, highest first, each with
+    /// the `run_after` to read it from: a claimed priority from its position less `slack`,
+    /// the priorities between them from their head (None).
+    fn segments(&self, slack: Duration) -> Vec<Segment> {
+        let slack = chrono::Duration::from_std(slack).unwrap_or_default();
+        let mut segments = Vec::with_capacity(2 * self.0.len() + 1);
+        let mut above = i32::MAX;
+        for (&priority, &run_after) in self.0.iter().rev() {
+            if priority < above {
+                segments.push(Segment::head(priority + 1, above));
+            }
+            segments.push(Segment {
+                lowest: priority,
+                highest: priority,
+                from: Some(run_after - slack),
+            });
+            above = priority.saturating_sub(1);
+        }
+        if self.0.first_key_value().is_none_or(|(&p, _)| p > i32::MIN) {
+            segments.push(Segment::head(i32::MIN, above));
+        }
+        segments
     }
 }
 
-/// A place in claim order (priority descending, then `run_after`): where a worker's last
-/// claim of a kind ended, so its next claim can start there ([`claim_from`]).
+/// Priorities `lowest..=highest`, read from `run_after` `from` (None: from their head).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Position {
-    pub priority: i32,
-    pub run_after: DateTime<Utc>,
+struct Segment {
+    lowest: i32,
+    highest: i32,
+    from: Option<DateTime<Utc>>,
 }
 
-impl Position {
-    /// The later of two positions in claim order.
-    pub fn max(self, other: Position) -> Position {
-        let key = |p: &Position| (std::cmp::Reverse(p.priority), p.run_after);
-        if key(&other) > key(&self) {
-            other
-        } else {
-            self
+impl Segment {
+    fn head(lowest: i32, highest: i32) -> Segment {
+        Segment {
+            lowest,
+            highest,
+            from: None,
         }
     }
 }
@@ -202,8 +236,7 @@ pub async fn claim(
          ), ended AS (
              {ARCHIVE} 'expired' FROM queue_jobs
              WHERE id IN (SELECT id FROM expired) AND id IN (SELECT id FROM picked)
-         )
-         {LEASE_PICKED}"
+         ){LEASE_PICKED}"
     )))
     .bind(owner)
     .bind(millis(lease))
@@ -218,55 +251,65 @@ pub async fn claim(
 /// start) are still found by [`claim_from`]; later ones wait for a full [`claim`].
 pub const POSITION_SLACK: Duration = Duration::from_millis(500);
 
-/// Claims due jobs of one kind and one priority from `from` on: the hot path of a busy
-/// worker. It reads queue_jobs_due from where this worker's previous claim ended (less
-/// [`POSITION_SLACK`]) instead of from its head, where the entries of jobs already claimed
-/// lie. Vacuum normally removes those at once, but while any transaction holds an old
-/// snapshot it cannot, and a read from the head then steps over every job claimed since.
-/// What this misses (another priority, expired leases, late enqueues) the full [`claim`]
-/// finds. Planned with its own values every time (`persistent(false)`): a generic plan,
-/// made without the position, read seconds of index after an old snapshot's release.
-/// The full claim stays prepared: it is on every pickup's path, and its plan did not flip.
+/// Claims due jobs of one kind from where this worker's claims have reached: the hot
+/// path of a busy worker. Each priority it has claimed is read from its position (less
+/// [`POSITION_SLACK`]) instead of from the head of queue_jobs_due, where the entries of
+/// jobs already claimed lie; the priorities between are read from their head (entries of
+/// priorities nobody claims from here are few). Vacuum normally removes those entries at
+/// once, but while any transaction holds an old snapshot it cannot, and a read from the
+/// head then steps over every job claimed since. What this misses (expired leases,
+/// enqueues that committed late) the full [`claim`] finds. Planned with its own values
+/// every time (`persistent(false)`): a generic plan, made without the positions, read
+/// seconds of index after an old snapshot's release.
 pub async fn claim_from(
     pool: &PgPool,
     owner: &str,
     kind: &str,
-    from: Position,
+    from: &Positions,
     limit: i64,
     lease: Duration,
 ) -> Result<Vec<Lease>> {
+    let segments = from.segments(POSITION_SLACK);
     let leases = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "WITH picked AS (
-             SELECT id FROM queue_jobs
-             WHERE kind = $3 AND lease_owner IS NULL AND priority = $5
-               AND run_after >= $6 - $7 * interval '1 millisecond' AND run_after <= now()
-             ORDER BY priority DESC, run_after, id LIMIT $4 FOR UPDATE SKIP LOCKED
-         )
-         {LEASE_PICKED}"
+             SELECT j.id FROM unnest($5::int[], $6::int[], $7::timestamptz[]) AS s(lowest, highest, from_ts)
+             CROSS JOIN LATERAL (
+                 SELECT id, priority, run_after FROM queue_jobs
+                 WHERE kind = $3 AND lease_owner IS NULL
+                   AND priority BETWEEN s.lowest AND s.highest
+                   AND run_after >= coalesce(s.from_ts, '-infinity') AND run_after <= now()
+                 ORDER BY priority DESC, run_after, id LIMIT $4 FOR UPDATE SKIP LOCKED
+             ) j
+             ORDER BY j.priority DESC, j.run_after, j.id LIMIT $4
+         ){LEASE_PICKED}"
     )))
     .persistent(false)
     .bind(owner)
     .bind(millis(lease))
     .bind(kind)
     .bind(limit)
-    .bind(from.priority)
-    .bind(from.run_after)
-    .bind(millis(POSITION_SLACK))
+    .bind(segments.iter().map(|s| s.lowest).collect::<Vec<_>>())
+    .bind(segments.iter().map(|s| s.highest).collect::<Vec<_>>())
+    .bind(segments.iter().map(|s| s.from).collect::<Vec<_>>())
     .fetch_all(pool)
     .await?;
     Ok(leases)
 }
 
-/// Leases the rows of a `picked` CTE to owner $1 for $2 ms; completes a claim.
-const LEASE_PICKED: &str = "
-    UPDATE queue_jobs q
-    SET lease_owner = $1, lease_expires_at = now() + $2 * interval '1 millisecond',
-        claimed_at = now(), fencing_token = fencing_token + 1, attempts = attempts + 1,
-        heartbeats = 0
-    FROM picked WHERE q.id = picked.id
-    RETURNING q.id AS job_id, q.kind, q.ref_id, q.lease_owner AS owner, q.fencing_token,
-              q.attempts, q.max_attempts, q.traceparent, q.priority, q.run_after,
-              (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms";
+/// Leases the rows of a `picked` CTE to owner $1 for $2 ms and returns them in claim order;
+/// completes a claim.
+const LEASE_PICKED: &str = ",
+    leased AS (
+        UPDATE queue_jobs q
+        SET lease_owner = $1, lease_expires_at = now() + $2 * interval '1 millisecond',
+            claimed_at = now(), fencing_token = fencing_token + 1, attempts = attempts + 1,
+            heartbeats = 0
+        FROM picked WHERE q.id = picked.id
+        RETURNING q.id AS job_id, q.kind, q.ref_id, q.lease_owner AS owner, q.fencing_token,
+                  q.attempts, q.max_attempts, q.traceparent, q.priority, q.run_after,
+                  (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms
+    )
+    SELECT * FROM leased ORDER BY priority DESC, run_after, job_id";
 
 /// The (id, token) pairs as two arrays in ascending id order. Every statement that locks
 /// many job rows (heartbeat, batched ack) takes them in id order, so two of them running
@@ -409,19 +452,38 @@ pub fn backoff(attempts: i32) -> Duration {
     Duration::from_secs(2u64.saturating_pow(exponent).min(300))
 }
 
-/// Expired leases, for the reconciler: it hands each to its kind's requeue.
-pub async fn expired(conn: &mut PgConnection, limit: i64) -> Result<Vec<Lease>> {
+/// Expired leases, for the reconciler: it hands each to its kind's requeue. With `since`,
+/// only leases that expired from then on: the read then skips the index entries of jobs
+/// acked before, which vacuum cannot remove while an old snapshot is held.
+pub async fn expired(
+    conn: &mut PgConnection,
+    limit: i64,
+    since: Option<DateTime<Utc>>,
+) -> Result<Vec<Lease>> {
     let leases = sqlx::query_as(
         "SELECT id AS job_id, kind, ref_id, lease_owner AS owner, fencing_token, attempts,
                 max_attempts, traceparent, priority, run_after
-         FROM queue_jobs WHERE lease_owner IS NOT NULL AND lease_expires_at < now()
+         FROM queue_jobs
+         WHERE lease_owner IS NOT NULL AND lease_expires_at < now()
+           AND lease_expires_at >= coalesce($2, '-infinity')
          ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED",
     )
+    .persistent(false)
     .bind(limit)
+    .bind(since)
     .fetch_all(conn)
     .await?;
     Ok(leases)
 }
+
+/// A catch-all read (a full claim, a scan for expired leases from the head of the index)
+/// that took `cost` runs again only after this long, so it takes at most
+/// 1/[`CATCH_ALL_SPACING`] of the time however slow an old snapshot makes it.
+pub fn catch_all_pause(cost: Duration) -> Duration {
+    cost * CATCH_ALL_SPACING
+}
+
+pub const CATCH_ALL_SPACING: u32 = 20;
 
 /// Starts a worker transaction that holds the job's lease for its whole length.
 pub async fn begin_fenced(
@@ -442,5 +504,41 @@ mod tests {
         assert_eq!(backoff(1), Duration::from_secs(1));
         assert_eq!(backoff(3), Duration::from_secs(4));
         assert_eq!(backoff(50), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn positions_cut_claim_order_into_segments_highest_first() {
+        let slack = Duration::from_secs(1);
+        let (t, u) = (Utc::now(), Utc::now() - chrono::Duration::minutes(1));
+        let at = |p, from: DateTime<Utc>| Segment {
+            lowest: p,
+            highest: p,
+            from: Some(from - chrono::Duration::seconds(1)),
+        };
+        assert_eq!(
+            Positions::default().segments(slack),
+            [Segment::head(i32::MIN, i32::MAX)]
+        );
+        let positions = Positions(BTreeMap::from([(5, t), (0, u), (-1, t)]));
+        assert_eq!(
+            positions.segments(slack),
+            [
+                Segment::head(6, i32::MAX),
+                at(5, t),
+                Segment::head(1, 4),
+                at(0, u),
+                at(-1, t),
+                Segment::head(i32::MIN, -2),
+            ]
+        );
+        let edges = Positions(BTreeMap::from([(i32::MAX, t), (i32::MIN, u)]));
+        assert_eq!(
+            edges.segments(slack),
+            [
+                at(i32::MAX, t),
+                Segment::head(i32::MIN + 1, i32::MAX - 1),
+                at(i32::MIN, u)
+            ]
+        );
     }
 }

@@ -19,7 +19,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::{CANCEL_CHANNEL, JOBS_CHANNEL, Lease, Position};
+use super::{CANCEL_CHANNEL, JOBS_CHANNEL, Lease, Positions};
 use crate::store::{self, StoreError};
 use crate::telemetry;
 
@@ -580,17 +580,18 @@ async fn batch_acks(
 /// entries vacuum cannot remove, because an old snapshot is held somewhere.
 const SLOW_FULL_CLAIM: Duration = Duration::from_millis(20);
 const PER_ROW: Duration = Duration::from_micros(20);
-/// A slow full claim runs at most 1/SWEEP_SPACING of the time...
-const SWEEP_SPACING: u32 = 20;
-/// ...but at least this often, which bounds how long a job positioned claims miss waits.
-const MAX_SWEEP_PAUSE: Duration = Duration::from_secs(2);
-
-/// How long the sweep waits between full claims that take `cost`.
+/// How long the sweep waits between full claims that take `cost`: they run at most
+/// 1/[`super::CATCH_ALL_SPACING`] of the time, at least a poll interval and at most
+/// [`MAX_SWEEP_PAUSE`] apart.
 fn sweep_pause(cost: Duration, poll_interval: Duration) -> Duration {
-    (cost * SWEEP_SPACING)
+    super::catch_all_pause(cost)
         .min(MAX_SWEEP_PAUSE)
         .max(poll_interval)
 }
+
+/// The longest a job that only a full claim finds (an enqueue that committed late) waits
+/// while positioned claims are on.
+const MAX_SWEEP_PAUSE: Duration = Duration::from_secs(60);
 
 /// What the claim loop and its sweep share.
 #[derive(Default)]
@@ -649,11 +650,11 @@ impl ClaimState {
 /// How the claim loop claims (docs/queue.md, "Old snapshots"). While full claims are
 /// cheap, each claim is one full claim ([`super::claim`]: due jobs from the head of the
 /// index, and expired leases). When they turn slow, the loop claims each kind from where
-/// its previous claim ended ([`super::claim_from`]) and [`sweep`] runs the full claim,
+/// its claims have reached ([`super::claim_from`]) and [`sweep`] runs the full claim,
 /// spaced out, off the loop.
 #[derive(Default)]
 struct Claimer {
-    positions: Mutex<HashMap<String, Position>>,
+    positions: Mutex<HashMap<String, Positions>>,
     shared: Arc<ClaimState>,
 }
 
@@ -666,10 +667,8 @@ impl Claimer {
         room: usize,
         settings: &WorkerSettings,
     ) -> Result<Vec<Lease>, StoreError> {
-        let positions = self.positions.lock().unwrap().clone();
-        let placed = kinds.iter().all(|k| positions.contains_key(k));
-        let leases = if placed && self.shared.slow() {
-            Self::claim_from(&positions, pool, owner, kinds, room, settings).await?
+        let leases = if self.shared.slow() {
+            self.claim_from(pool, owner, kinds, room, settings).await?
         } else {
             let started = Instant::now();
             let leases = super::claim(pool, owner, kinds, room as i64, settings.lease).await?;
@@ -681,7 +680,7 @@ impl Claimer {
     }
 
     async fn claim_from(
-        positions: &HashMap<String, Position>,
+        &self,
         pool: &PgPool,
         owner: &str,
         kinds: &[String],
@@ -689,34 +688,34 @@ impl Claimer {
         settings: &WorkerSettings,
     ) -> Result<Vec<Lease>, StoreError> {
         let mut leases = Vec::new();
-        for (kind, from) in kinds.iter().filter_map(|k| Some((k, positions.get(k)?))) {
+        for kind in kinds {
             let left = room.saturating_sub(leases.len());
-            if left > 0 {
-                let lease = settings.lease;
-                leases
-                    .extend(super::claim_from(pool, owner, kind, *from, left as i64, lease).await?);
+            if left == 0 {
+                break;
             }
+            let from = self.positions.lock().unwrap().get(kind).cloned();
+            let from = from.unwrap_or_default();
+            let lease = settings.lease;
+            leases.extend(super::claim_from(pool, owner, kind, &from, left as i64, lease).await?);
         }
         Ok(leases)
     }
 
-    /// Moves each kind's position to the last of these jobs in claim order.
+    /// Moves each kind's positions up to these jobs.
     fn advance(&self, leases: &[Lease]) {
         let mut positions = self.positions.lock().unwrap();
         for lease in leases {
-            let position = lease.position();
             positions
                 .entry(lease.kind.clone())
-                .and_modify(|p| *p = p.max(position))
-                .or_insert(position);
+                .or_default()
+                .advance(lease);
         }
     }
 }
 
 /// The full claim while it is slow, off the claim loop so positioned claims go on (a slow
-/// full claim in the loop would hold up every pickup behind it): spaced to
-/// [`SWEEP_SPACING`] times its cost, between a poll interval and [`MAX_SWEEP_PAUSE`]. It
-/// hands what it claimed to the loop. Idle while full claims are cheap (the loop runs
+/// full claim in the loop would hold up every pickup behind it), spaced by
+/// [`sweep_pause`]. It hands what it claimed to the loop. Idle while full claims are cheap (the loop runs
 /// them itself).
 async fn sweep(
     pool: PgPool,
@@ -787,5 +786,9 @@ mod tests {
         );
         // A full claim that took 10 s would be spaced 200 s apart without the bound.
         assert_eq!(sweep_pause(Duration::from_secs(10), poll), MAX_SWEEP_PAUSE);
+        assert_eq!(
+            sweep_pause(Duration::from_millis(500), poll),
+            Duration::from_secs(10)
+        );
     }
 }

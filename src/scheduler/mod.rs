@@ -10,9 +10,9 @@
 
 pub mod schedules;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, TimeDelta, Utc};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -67,25 +67,68 @@ pub async fn recover(pool: &PgPool) -> Result<u64> {
     Ok(enqueued)
 }
 
-/// Requeues jobs whose lease expired; returns how many.
-pub async fn reconcile(pool: &PgPool) -> Result<usize> {
-    let mut tx = pool.begin().await?;
-    let expired = queue::expired(&mut tx, 100).await?;
-    for lease in &expired {
-        queue::retry(&mut tx, lease, "worker lease expired", Duration::ZERO, true).await?;
-        requeue_domain(&mut tx, lease).await?;
+/// Expired leases one pass requeues at most.
+const RECONCILE_BATCH: i64 = 100;
+
+/// How far before the previous pass a windowed pass starts reading, for leases whose
+/// expiry committed just after that pass read.
+const RECONCILE_OVERLAP: TimeDelta = TimeDelta::seconds(1);
+
+/// Requeues jobs whose lease expired. A pass reads the leases that expired since the
+/// previous pass (docs/queue.md, "Old snapshots"): a read from the head of the index
+/// would step over the entries of every job acked since the oldest snapshot still held.
+/// A pass from the head, which also finds a lease a windowed pass skipped while its row
+/// was locked, runs whenever it is cheap and otherwise at most 1/20 of the time.
+#[derive(Debug)]
+pub struct Reconciler {
+    /// Where the next windowed pass starts (the database's clock at the last pass).
+    since: Option<DateTime<Utc>>,
+    next_full: Instant,
+}
+
+impl Default for Reconciler {
+    fn default() -> Self {
+        Reconciler {
+            since: None,
+            next_full: Instant::now(),
+        }
     }
-    tx.commit().await?;
-    expired
-        .iter()
-        .for_each(|lease| metrics::reclaimed(&lease.kind));
-    if !expired.is_empty() {
-        tracing::warn!(
-            jobs = expired.len(),
-            "requeued jobs whose worker lease expired"
-        );
+}
+
+impl Reconciler {
+    /// One pass; returns how many jobs it requeued.
+    pub async fn pass(&mut self, pool: &PgPool) -> Result<usize> {
+        let started = Instant::now();
+        let full = started >= self.next_full;
+        let from = self.since.filter(|_| !full).map(|t| t - RECONCILE_OVERLAP);
+        let mut tx = pool.begin().await?;
+        let read_at: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&mut *tx)
+            .await?;
+        let expired = queue::expired(&mut tx, RECONCILE_BATCH, from).await?;
+        for lease in &expired {
+            queue::retry(&mut tx, lease, "worker lease expired", Duration::ZERO, true).await?;
+            requeue_domain(&mut tx, lease).await?;
+        }
+        tx.commit().await?;
+        // A full batch may have left more in its window: read it again next time.
+        if (expired.len() as i64) < RECONCILE_BATCH {
+            self.since = Some(read_at);
+        }
+        if full {
+            self.next_full = Instant::now() + queue::catch_all_pause(started.elapsed());
+        }
+        expired
+            .iter()
+            .for_each(|lease| metrics::reclaimed(&lease.kind));
+        if !expired.is_empty() {
+            tracing::warn!(
+                jobs = expired.len(),
+                "requeued jobs whose worker lease expired"
+            );
+        }
+        Ok(expired.len())
     }
-    Ok(expired.len())
 }
 
 /// Puts the domain row of a job whose lease expired back to `queued`, with its gap.
@@ -114,12 +157,13 @@ async fn requeue_domain(conn: &mut sqlx::PgConnection, lease: &queue::Lease) -> 
 pub async fn run(pool: PgPool, rules: AdmissionRules, interval: Duration, stop: CancellationToken) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reconciler = Reconciler::default();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if let Err(error) = reconcile(&pool).await {
+        if let Err(error) = reconciler.pass(&pool).await {
             tracing::warn!(%error, "reconciler pass failed");
         }
         if let Err(error) = schedules::dispatch_due(&pool, &rules, Utc::now()).await {
