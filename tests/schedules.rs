@@ -82,6 +82,26 @@ async fn occurrences(c: &Client, task_id: &str) -> Vec<Value> {
     body["data"].as_array().unwrap().clone()
 }
 
+/// The schedule's audit trail as (from, to, reason, actor).
+async fn transitions_of(c: &Client, schedule_id: &Value) -> Vec<(Value, Value, Value, Value)> {
+    let path = format!(
+        "/v1/state-transitions?entity_type=schedule&entity_id={}",
+        schedule_id.as_str().unwrap()
+    );
+    let (status, body) = c.get(&path).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let rows = body["data"].as_array().unwrap().iter();
+    rows.map(|t| {
+        (
+            t["from_status"].clone(),
+            t["to_status"].clone(),
+            t["reason"].clone(),
+            t["actor"].clone(),
+        )
+    })
+    .collect()
+}
+
 async fn runs_of(c: &Client, task_id: &str) -> Vec<Value> {
     let (status, body) = c.get(&format!("/v1/tasks/{task_id}/runs?limit=200")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -185,6 +205,30 @@ async fn a_schedule_is_created_replaced_paused_and_deleted() {
 
     let (status, _) = c.delete(&path).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        transitions_of(c, &created["id"]).await,
+        [
+            (
+                json!(null),
+                json!("enabled"),
+                json!("created"),
+                json!("api")
+            ),
+            (
+                json!("enabled"),
+                json!("disabled"),
+                json!("replaced"),
+                json!("api")
+            ),
+            (
+                json!("disabled"),
+                json!("deleted"),
+                json!("deleted"),
+                json!("api")
+            ),
+        ],
+        "a replacement that keeps the state records nothing"
+    );
     assert_refused(
         c,
         c.http.get(format!("{}{path}", c.base)),
@@ -448,6 +492,13 @@ async fn a_once_schedule_fires_once_even_when_overdue_then_disables_itself() {
     assert_eq!(spent["enabled"], false);
     assert!(spent.get("next_run_at").is_none(), "{spent}");
     assert_eq!(spent["revision"], 2);
+    let spent_by = (
+        json!("enabled"),
+        json!("disabled"),
+        json!("no time left to fire"),
+        json!("system"),
+    );
+    assert_eq!(transitions_of(c, &created["id"]).await[1], spent_by);
 
     let run_id = fired[0].run_id.clone().unwrap();
     let run = c.run(&task_id, &run_id).await;

@@ -35,7 +35,7 @@ pub fn v1_router() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct TransitionQuery {
-    /// `task`, `run` or `approval`.
+    /// `task`, `run`, `approval`, `media_job` or `schedule`.
     entity_type: Option<String>,
     entity_id: Option<String>,
     /// Page size, 1 to 200 (default 50).
@@ -56,7 +56,11 @@ fn numeric_cursor(cursor: Option<&str>) -> Result<i64, ApiError> {
     }
 }
 
-/// The audit trail: every state change of tasks, runs and approvals, oldest first.
+/// What the audit trail records the state changes of.
+const ENTITY_TYPES: [&str; 5] = ["task", "run", "approval", "media_job", "schedule"];
+
+/// The audit trail: every state change of tasks, runs, approvals, media jobs and
+/// schedules, oldest first.
 #[utoipa::path(get, path = "/state-transitions", tag = "system", params(TransitionQuery),
     responses((status = 200, description = "A page of transitions", body = ListEnvelope<TransitionRecord>)))]
 async fn state_transitions(
@@ -67,10 +71,11 @@ async fn state_transitions(
     if let Some(kind) = query
         .entity_type
         .as_deref()
-        .filter(|k| !["task", "run", "approval"].contains(k))
+        .filter(|k| !ENTITY_TYPES.contains(k))
     {
         return Err(ApiError::invalid(format!(
-            "unknown entity_type '{kind}' (expected task, run or approval)"
+            "unknown entity_type '{kind}' (expected one of {})",
+            ENTITY_TYPES.join(", ")
         )));
     }
     let after = numeric_cursor(query.cursor.as_deref())?;

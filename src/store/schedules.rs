@@ -10,11 +10,18 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
 
+use super::transitions::{self, Transition};
 use super::{Result, StoreError, tasks};
-use crate::domain::new_id;
 use crate::domain::schedule::{NewSchedule, Schedule, Trigger};
+use crate::domain::{Actor, new_id};
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(example = json!({
+    "id": "sched_01a22b05d4cc7d6e8f9a0b1c2d3e4f5a", "task_id": "task_01a22b05c3e1734c9d7a0f2b6e41d890",
+    "kind": "cron", "timezone": "Europe/Madrid", "run_at": null, "cron_expression": "0 9 * * 1-5",
+    "enabled": true, "next_run_at": "2026-12-01T08:00:00Z", "revision": 3,
+    "created_at": "2026-11-30T09:00:00Z", "updated_at": "2026-11-30T09:00:00Z"
+}))]
 pub struct ScheduleRecord {
     pub id: String,
     pub task_id: String,
@@ -149,17 +156,18 @@ pub async fn put(
     now: DateTime<Utc>,
 ) -> Result<ScheduleRecord> {
     tasks::lock(conn, task_id).await?;
-    let current: Option<(String, i64)> =
-        sqlx::query_as("SELECT id, revision FROM task_schedules WHERE task_id = $1 FOR UPDATE")
-            .bind(task_id)
-            .fetch_optional(&mut *conn)
-            .await?;
+    let current: Option<(String, i64, bool)> = sqlx::query_as(
+        "SELECT id, revision, enabled FROM task_schedules WHERE task_id = $1 FOR UPDATE",
+    )
+    .bind(task_id)
+    .fetch_optional(&mut *conn)
+    .await?;
     check_revision(
         task_id,
         current.as_ref().map(|c| c.1),
         new.expected_revision,
     )?;
-    if let (Some((schedule_id, _)), Trigger::Once { run_at }) = (&current, &new.schedule.trigger) {
+    if let (Some((schedule_id, ..)), Trigger::Once { run_at }) = (&current, &new.schedule.trigger) {
         refuse_consumed_instant(conn, schedule_id, *run_at).await?;
     }
     let (run_at, cron_expression) = match &new.schedule.trigger {
@@ -167,7 +175,7 @@ pub async fn put(
         Trigger::Cron { expression, .. } => (None, Some(expression.as_str())),
     };
     let next_run_at = new.next_run_at(now);
-    let schedule = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let schedule: ScheduleRecord = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO task_schedules (id, task_id, kind, timezone, run_at, cron_expression,
                                      enabled, next_run_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
@@ -186,9 +194,42 @@ pub async fn put(
     .bind(cron_expression)
     .bind(next_run_at.is_some())
     .bind(next_run_at)
-    .fetch_one(conn)
+    .fetch_one(&mut *conn)
     .await?;
+    let was = current.map(|c| state(c.2));
+    let (is, reason) = (
+        state(schedule.enabled),
+        if was.is_some() { "replaced" } else { "created" },
+    );
+    if was != Some(is) {
+        record(conn, &schedule, was, is, reason, &Actor::Api).await?;
+    }
     Ok(schedule)
+}
+
+/// A schedule's state in the audit trail: `enabled` or `disabled` (paused, or spent), and
+/// `deleted` at the end.
+fn state(enabled: bool) -> &'static str {
+    if enabled { "enabled" } else { "disabled" }
+}
+
+async fn record(
+    conn: &mut PgConnection,
+    schedule: &ScheduleRecord,
+    from: Option<&str>,
+    to: &str,
+    reason: &str,
+    actor: &Actor,
+) -> Result<()> {
+    let change = Transition {
+        entity_type: "schedule",
+        entity_id: &schedule.id,
+        task_id: Some(&schedule.task_id),
+        from,
+        to,
+        reason: Some(reason),
+    };
+    transitions::record(conn, change, actor).await
 }
 
 fn check_revision(task_id: &str, current: Option<i64>, expected: Option<i64>) -> Result<()> {
@@ -235,15 +276,15 @@ async fn refuse_consumed_instant(
 /// Removes the task's schedule and its occurrence history.
 pub async fn delete(conn: &mut PgConnection, task_id: &str) -> Result<()> {
     tasks::lock(conn, task_id).await?;
-    let deleted = sqlx::query("DELETE FROM task_schedules WHERE task_id = $1")
-        .bind(task_id)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
-    match deleted {
-        0 => Err(StoreError::NotFound("schedule")),
-        _ => Ok(()),
-    }
+    let deleted: Option<ScheduleRecord> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "DELETE FROM task_schedules WHERE task_id = $1 RETURNING {SCHEDULE_COLUMNS}"
+    )))
+    .bind(task_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let deleted = deleted.ok_or(StoreError::NotFound("schedule"))?;
+    let was = state(deleted.enabled);
+    record(conn, &deleted, Some(was), "deleted", "deleted", &Actor::Api).await
 }
 
 /// The task's occurrences, newest first; `before` is the `scheduled_for` of the last
@@ -304,15 +345,29 @@ pub async fn advance(
     .bind(&schedule.id)
     .bind(schedule.revision)
     .bind(next_run_at)
-    .execute(conn)
+    .execute(&mut *conn)
     .await?
     .rows_affected();
-    match updated {
-        1 => Ok(()),
-        _ => Err(StoreError::Conflict(format!(
+    if updated != 1 {
+        return Err(StoreError::Conflict(format!(
             "schedule {} changed while it was being dispatched",
             schedule.id
-        ))),
+        )));
+    }
+    match next_run_at {
+        None if schedule.enabled => {
+            let reason = "no time left to fire";
+            record(
+                conn,
+                schedule,
+                Some("enabled"),
+                "disabled",
+                reason,
+                &Actor::System,
+            )
+            .await
+        }
+        _ => Ok(()),
     }
 }
 
