@@ -30,6 +30,8 @@ use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use prost::Message;
 use serde_json::json;
 use support::{Client, KeelProcess, spawn_api_with_env, spawn_worker_with_env, wait_for};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
 
 const LONG: Duration = Duration::from_secs(60);
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -226,14 +228,26 @@ struct Deployment {
     protocol: Protocol,
     db_url: String,
     dirs: tempfile::TempDir,
+    /// Set in every process beside the OTLP settings.
+    extra_env: Vec<(&'static str, String)>,
 }
 
 impl Deployment {
     async fn start(protocol: Protocol, workers: usize, lease_ms: u64) -> Deployment {
+        Self::start_with(protocol, workers, lease_ms, Vec::new()).await
+    }
+
+    async fn start_with(
+        protocol: Protocol,
+        workers: usize,
+        lease_ms: u64,
+        extra_env: Vec<(&'static str, String)>,
+    ) -> Deployment {
         let (endpoint, received) = start_receiver(protocol).await;
         let db_url = support::fresh_database().await;
         let dirs = tempfile::tempdir().unwrap();
-        let env = otel_env(&endpoint, protocol);
+        let mut env = otel_env(&endpoint, protocol);
+        env.extend(extra_env.iter().cloned());
         let api = spawn_api_with_env(&db_url, dirs.path(), "api", &borrowed(&env)).await;
         let mut keel = Deployment {
             api,
@@ -243,6 +257,7 @@ impl Deployment {
             protocol,
             db_url,
             dirs,
+            extra_env,
         };
         for _ in 0..workers {
             keel.add_worker(lease_ms);
@@ -251,7 +266,8 @@ impl Deployment {
     }
 
     fn add_worker(&mut self, lease_ms: u64) {
-        let env = otel_env(&self.endpoint, self.protocol);
+        let mut env = otel_env(&self.endpoint, self.protocol);
+        env.extend(self.extra_env.iter().cloned());
         let name = format!("worker{}", self.workers.len());
         let worker = spawn_worker_with_env(
             &self.db_url,
@@ -401,6 +417,109 @@ async fn error_envelopes_carry_the_trace_id() {
     assert_eq!(status, reqwest::StatusCode::NOT_FOUND, "{body}");
     assert_eq!(body["error"]["trace_id"], TRACE_ID, "{body}");
     assert!(body["error"]["request_id"].is_string(), "{body}");
+}
+
+/// Each HTTP call a media job makes to its vendor is a client span inside the job's span,
+/// in the trace of the request that ran the job, with no query string or credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vendor_calls_are_client_spans_inside_the_media_job() {
+    let vendor = MockServer::start().await;
+    let image = format!("{}/files/out.png?signature=not-for-traces", vendor.uri());
+    Mock::given(method("POST"))
+        .and(path("/api/v3/images/generations"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "model": "seedream-model", "created": 1, "data": [{ "url": image }],
+        })))
+        .mount(&vendor)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/files/out.png"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_raw(&b"\x89PNG\r\n\x1a\nimage"[..], "image/png"),
+        )
+        .mount(&vendor)
+        .await;
+    let env = vec![
+        ("KEEL_TEST_VENDOR_KEY", "sk-telemetry-test".to_string()),
+        ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "true".to_string()),
+    ];
+    let keel = Deployment::start_with(Protocol::Http, 1, 5_000, env).await;
+    let client = keel.client();
+    let (status, provider) = client
+        .post(
+            "/v1/providers",
+            json!({ "kind": "seedream", "model": "seedream-model", "api": "media-job",
+                    "base_url": format!("{}/api/v3", vendor.uri()),
+                    "api_key_ref": "env:KEEL_TEST_VENDOR_KEY",
+                    "capabilities": ["image_generate"], "enabled": true }),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::CREATED, "{provider}");
+    let (status, job) = client
+        .post(
+            "/v1/media-jobs",
+            json!({ "provider_id": provider["data"]["id"], "operation": "image_generate",
+                    "prompt": "a lighthouse" }),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::CREATED, "{job}");
+    let id = job["data"]["id"].as_str().unwrap();
+    let request = client
+        .http
+        .post(format!("{}/v1/media-jobs/{id}/run", client.base))
+        .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN_ID}-01"))
+        .json(&json!({}));
+    let (status, body) = client.send(request).await;
+    assert_eq!(status, reqwest::StatusCode::ACCEPTED, "{body}");
+
+    let calls = wait_for(LONG, "two vendor_call spans", || async {
+        let received = keel.received.lock().unwrap();
+        let calls: Vec<_> = received
+            .spans
+            .iter()
+            .filter(|s| s.name == "vendor_call" && s.trace_id == TRACE_ID)
+            .map(|s| ancestry(&received.spans, &s.span_id))
+            .collect();
+        (calls.len() == 2
+            && calls
+                .iter()
+                .all(|c| c.last().is_some_and(|r| r.role == "api")))
+        .then_some(calls)
+    })
+    .await;
+    for chain in &calls {
+        let names: Vec<_> = chain.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "vendor_call",
+                "media_job",
+                "claim",
+                "POST /v1/media-jobs/{media_job_id}/run"
+            ],
+            "{chain:#?}"
+        );
+        let call = &chain[0].attributes;
+        assert_eq!(call["http.response.status_code"], "200", "{call:?}");
+        assert_eq!(call["server.address"], "127.0.0.1", "{call:?}");
+        assert!(
+            call.values()
+                .all(|v| !v.contains("signature") && !v.contains("sk-telemetry")),
+            "{call:?}"
+        );
+    }
+    let methods: HashSet<(String, String)> = calls
+        .iter()
+        .map(|c| {
+            (
+                c[0].attributes["http.request.method"].clone(),
+                c[0].attributes["url.path"].clone(),
+            )
+        })
+        .collect();
+    let expected = [("POST", "/api/v3/images/generations"), ("GET", "")];
+    let expected = expected.map(|(m, p)| (m.to_string(), p.to_string()));
+    assert_eq!(methods, HashSet::from(expected));
 }
 
 /// A worker paused past its lease loses it; another worker reclaims the job.

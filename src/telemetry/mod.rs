@@ -75,7 +75,8 @@ pub fn init(format: LogFormat, role: &str) -> Result<Telemetry, TelemetryError> 
     let traces = exporters.as_ref().map(|(tracer, _)| {
         let keel_spans = Targets::new()
             .with_default(Level::WARN)
-            .with_target("keel", Level::INFO);
+            .with_target("keel", Level::INFO)
+            .with_target("keel_workers", Level::INFO);
         tracing_opentelemetry::layer()
             .with_tracer(tracer.tracer("keel"))
             .with_filter(keel_spans)

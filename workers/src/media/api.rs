@@ -6,6 +6,7 @@ use std::time::Duration;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use reqwest::{Client, Method, Response, StatusCode};
 use serde_json::Value;
+use tracing::Instrument;
 
 use super::{MediaContext, MediaErrorCode, MediaOutcome, MediaSpec, Step, cancellable};
 
@@ -50,10 +51,14 @@ impl<'a> VendorApi<'a> {
     }
 
     async fn call(&self, ctx: &impl MediaContext, request: reqwest::RequestBuilder) -> Step<Value> {
-        let response = cancellable(ctx, request.send())
+        let request = request.build().map_err(transport_error)?;
+        let span = vendor_span(request.method(), request.url(), true);
+        let response = cancellable(ctx, self.client.execute(request))
+            .instrument(span.clone())
             .await?
             .map_err(transport_error)?;
         let status = response.status();
+        span.record("http.response.status_code", status.as_u16());
         if !status.is_success() {
             let retry_after = retry_after(response.headers());
             let body = cancellable(ctx, response.text()).await?.unwrap_or_default();
@@ -61,6 +66,21 @@ impl<'a> VendorApi<'a> {
         }
         read_json(ctx, response).await
     }
+}
+
+/// A client span for one vendor HTTP call, a child of the job's span: the method, the
+/// host and (for a vendor API, whose paths name operations and task ids) the path; never
+/// the query, headers or body, which may carry credentials or signed tokens. The caller
+/// records the answer's status.
+pub(super) fn vendor_span(method: &Method, url: &reqwest::Url, with_path: bool) -> tracing::Span {
+    tracing::info_span!(
+        "vendor_call",
+        otel.kind = "client",
+        http.request.method = %method,
+        server.address = url.host_str().unwrap_or_default(),
+        url.path = if with_path { url.path() } else { "" },
+        http.response.status_code = tracing::field::Empty,
+    )
 }
 
 async fn read_json(ctx: &impl MediaContext, response: Response) -> Step<Value> {

@@ -12,9 +12,10 @@ use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::header::{CONTENT_TYPE, HeaderMap};
 use reqwest::{Client, redirect};
 use serde_json::json;
+use tracing::Instrument;
 use url::{Host, Url};
 
-use super::api::describe;
+use super::api::{describe, vendor_span};
 use super::artifacts::{Output, SourceKind, file_name, sniff, too_large};
 use super::{
     MediaArtifactKind, MediaContext, MediaErrorCode, MediaLimits, MediaOutcome, Step, cancellable,
@@ -34,10 +35,14 @@ pub(super) async fn fetch(
     check_url(&url, limits.allow_private_addresses).map_err(|why| refused(&why.0))?;
     ctx.progress(json!({"stage": "downloading", "kind": kind.as_str()}))
         .await?;
+    // A download URL's path may be a signed token: the span names its host only.
+    let span = vendor_span(&reqwest::Method::GET, &url, false);
     let request = client(limits)?.get(url).timeout(limits.download_timeout);
     let response = cancellable(ctx, request.send())
+        .instrument(span.clone())
         .await?
         .map_err(download_error)?;
+    span.record("http.response.status_code", response.status().as_u16());
     check_status(response.status())?;
     if response
         .content_length()
