@@ -110,6 +110,7 @@ async fn get_approval(
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({ "decision": "approve", "note": "checked the command" }))]
 struct ResolveRequest {
     /// `approve` or `reject` (required).
     #[schema(example = "approve")]

@@ -40,6 +40,13 @@ const ERROR_STATUSES: [(&str, &str); 9] = [
 
 /// The error envelope every 4xx and 5xx response carries.
 #[derive(Debug, serde::Serialize, ToSchema)]
+#[schema(example = json!({ "error": {
+    "type": "invalid_request", "message": "unknown field `shell_comand`, expected one of …",
+    "user_message": "The request was not valid.",
+    "operator_action": "Fix the request as the message says and send it again.",
+    "request_id": "req_01a229b431bc7222aa7a08b65e97e649",
+    "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"
+}}))]
 pub struct ErrorEnvelope {
     pub error: ErrorBody,
 }

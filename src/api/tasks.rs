@@ -130,6 +130,7 @@ async fn delete_task(
 /// Optional body of start, retry and resume.
 #[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({ "reason": "nightly check", "budget_micros_usd": 5000000 }))]
 struct StartRequest {
     /// Why, for the run's `run.created` event.
     reason: Option<String>,

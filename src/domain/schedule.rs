@@ -22,6 +22,10 @@ const DAY_NAMES: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
 /// The body of `PUT /v1/tasks/{id}/schedule`, as the client sent it.
 #[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "kind": "cron", "timezone": "Europe/Madrid", "cron_expression": "0 9 * * 1-5",
+    "enabled": true, "revision": 3
+}))]
 pub struct ScheduleDraft {
     pub kind: Option<String>,
     pub timezone: Option<String>,

@@ -15,6 +15,10 @@ const MAX_TIMEOUT_MS: i64 = 7 * 24 * 3600 * 1000;
 /// The body of `POST /v1/tasks`, as the client sent it.
 #[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "execution_kind": "shell", "shell_command": "echo hello from keel",
+    "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000
+}))]
 pub struct TaskDraft {
     pub execution_kind: Option<String>,
     pub prompt: Option<String>,

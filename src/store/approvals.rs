@@ -18,6 +18,13 @@ use crate::domain::{Actor, EventType, RunStatus, new_id};
 use crate::queue;
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(example = json!({
+    "id": "appr_01a22b05d2aa7b6c8d9e0f1a2b3c4d5e", "task_id": "task_01a22b05c3e1734c9d7a0f2b6e41d890",
+    "run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "kind": "shell_command", "status": "pending",
+    "action_summary": ["shell: echo hello from keel"],
+    "action_summary_incomplete": false, "decision_note": null, "resolved_by": null,
+    "created_at": "2026-11-30T09:00:05Z", "expires_at": null, "resolved_at": null
+}))]
 pub struct ApprovalRecord {
     pub id: String,
     pub task_id: String,

@@ -70,6 +70,13 @@ impl<'a> NewEvent<'a> {
 }
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(example = json!({
+    "schema_version": 1, "event_id": "evt_01a22b05d3bb7c6d8e9f0a1b2c3d4e5f",
+    "task_id": "task_01a22b05c3e1734c9d7a0f2b6e41d890",
+    "run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "media_job_id": null, "sequence": 3,
+    "global_sequence": 1207, "occurred_at": "2026-11-30T09:01:12Z", "type": "run.finished",
+    "data": { "status": "completed", "exit_code": 0 }
+}))]
 pub struct EventRecord {
     pub schema_version: i32,
     pub event_id: String,

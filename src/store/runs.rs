@@ -16,6 +16,16 @@ use crate::domain::{Actor, EventType, RunStatus, new_id};
 use crate::queue;
 
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(example = json!({
+    "id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "task_id": "task_01a22b05c3e1734c9d7a0f2b6e41d890",
+    "number": 1, "status": "completed", "attempt": 1,
+    "worker_id": "wrk_01a22b04aa0e7c5d9f3b2a1c0d9e8f7a", "exit_code": 0, "last_error": null,
+    "retried_from_run_id": null, "resumed_from_run_id": null, "checkpoint": null,
+    "prior_cost_micros_usd": 0, "total_cost_micros_usd": 0, "schedule_id": null,
+    "schedule_occurrence_id": null, "scheduled_for": null,
+    "created_at": "2026-11-30T09:00:05Z", "started_at": "2026-11-30T09:00:05Z",
+    "finished_at": "2026-11-30T09:01:12Z", "updated_at": "2026-11-30T09:01:12Z"
+}))]
 pub struct RunRecord {
     pub id: String,
     pub task_id: String,

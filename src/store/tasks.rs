@@ -11,6 +11,15 @@ use crate::domain::task::WorkspaceMode;
 use crate::domain::{Actor, NewTask, TaskStatus, new_id};
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(example = json!({
+    "id": "task_01a22b05c3e1734c9d7a0f2b6e41d890", "execution_kind": "shell", "status": "completed",
+    "prompt": null, "shell_command": "echo hello from keel", "git_command": null,
+    "file_path": null, "file_content": null, "file_operation": null,
+    "working_directory": null, "workspace_mode": "ephemeral", "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000, "run_count": 1,
+    "latest_run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "latest_run_step_count": 1,
+    "latest_run_artifact_count": 2, "created_at": "2026-11-30T09:00:00Z",
+    "updated_at": "2026-11-30T09:01:12Z"
+}))]
 pub struct TaskRecord {
     pub id: String,
     pub execution_kind: String,
