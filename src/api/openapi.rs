@@ -134,7 +134,7 @@ pub fn finish(mut doc: OpenApi) -> OpenApi {
 /// Parameters a link fills from the response: (parameter name, runtime expression).
 type LinkParameters = &'static [(&'static str, &'static str)];
 
-const LINKS: [(&str, &str, LinkParameters); 21] = [
+const LINKS: [(&str, &str, LinkParameters); 28] = [
     (
         "create_task",
         "get_task",
@@ -172,6 +172,13 @@ const LINKS: [(&str, &str, LinkParameters); 21] = [
         &[("task_id", "$response.body#/data/task_id")],
     ),
     ("cancel_run", "resume_run", RUN),
+    ("put_schedule", "get_schedule", SCHEDULE),
+    ("put_schedule", "list_occurrences", SCHEDULE),
+    ("put_schedule", "delete_schedule", SCHEDULE),
+    ("list_task_approvals", "get_approval", FIRST_APPROVAL),
+    ("list_task_approvals", "resolve_approval", FIRST_APPROVAL),
+    ("list_artifacts", "get_artifact", FIRST_ARTIFACT),
+    ("list_artifacts", "artifact_content", FIRST_ARTIFACT),
     ("create_provider", "get_provider", PROVIDER),
     ("create_provider", "patch_provider", PROVIDER),
     ("create_provider", "check_provider", PROVIDER),
@@ -182,6 +189,17 @@ const LINKS: [(&str, &str, LinkParameters); 21] = [
     ("create_media_job", "list_media_artifacts", MEDIA_JOB),
 ];
 const PROVIDER: LinkParameters = &[("id", "$response.body#/data/id")];
+const SCHEDULE: LinkParameters = &[("task_id", "$response.body#/data/task_id")];
+/// From a page: the first item's identifiers.
+const FIRST_APPROVAL: LinkParameters = &[
+    ("task_id", "$response.body#/data/0/task_id"),
+    ("approval_id", "$response.body#/data/0/id"),
+];
+const FIRST_ARTIFACT: LinkParameters = &[
+    ("task_id", "$response.body#/data/0/task_id"),
+    ("run_id", "$response.body#/data/0/run_id"),
+    ("artifact_id", "$response.body#/data/0/id"),
+];
 const MEDIA_JOB: LinkParameters = &[("media_job_id", "$response.body#/data/id")];
 const RUN: LinkParameters = &[
     ("task_id", "$response.body#/data/task_id"),
