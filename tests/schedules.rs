@@ -929,3 +929,49 @@ async fn a_worker_fires_a_due_schedule_and_runs_it() {
     assert_eq!(time(&run["scheduled_for"]), run_at);
     assert_eq!(occurrences(c, &task_id).await[0]["status"], "started");
 }
+
+/// Three real `keel worker` processes dispatch on one database: thirty `once` schedules
+/// due at the same instant each fire exactly once (one occurrence, one run, run to its
+/// end), whichever process claims them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_worker_processes_fire_each_due_schedule_exactly_once() {
+    const TASKS: usize = 30;
+    let app = TestApp::api_only().await;
+    let c = &app.client;
+    let run_at = now() + TimeDelta::seconds(3);
+    let once = json!({ "kind": "once", "timezone": "UTC", "run_at": run_at.to_rfc3339(),
+                       "enabled": true });
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        tasks.push(scheduled_task(c, once.clone()).await.0);
+    }
+    let logs = tempfile::tempdir().unwrap();
+    let _workers: Vec<_> = (0..3)
+        .map(|i| {
+            let name = format!("worker{i}");
+            let (db, data) = (&app.db_url, app.data_dir.path());
+            let env = [("KEEL_APPROVAL_POLICIES", "none")];
+            support::spawn_worker_with_env(db, logs.path(), &name, 5_000, data, &env)
+        })
+        .collect();
+
+    for task_id in &tasks {
+        let run = wait_for(Duration::from_secs(60), "the scheduled run", || async {
+            runs_of(c, task_id).await.first().cloned()
+        })
+        .await;
+        let run_id = run["id"].as_str().unwrap();
+        let run = c
+            .wait_terminal(task_id, run_id, Duration::from_secs(60))
+            .await;
+        assert_eq!(run["status"], "completed", "{run}");
+    }
+    // Every schedule is spent, so nothing more can fire: the counts are final.
+    for task_id in &tasks {
+        assert_eq!(schedule(c, task_id).await["enabled"], false);
+        let fired = occurrences(c, task_id).await;
+        assert_eq!(fired.len(), 1, "{fired:?}");
+        assert_eq!(fired[0]["status"], "started");
+        assert_eq!(runs_of(c, task_id).await.len(), 1);
+    }
+}
