@@ -212,7 +212,7 @@ impl Worker {
                 }
                 Some(leases) = swept.recv() => {
                     claimer.advance(&leases);
-                    waiting.extend(leases.into_iter().filter_map(|l| self.register(l, registry, acks)));
+                    self.hold(leases, registry, acks, &mut waiting);
                 }
                 _ = tokio::time::sleep(self.settings.poll_interval) => want_claim = true,
             }
@@ -225,11 +225,7 @@ impl Worker {
         }
         swept.close();
         while let Some(leases) = swept.recv().await {
-            waiting.extend(
-                leases
-                    .into_iter()
-                    .filter_map(|l| self.register(l, registry, acks)),
-            );
+            self.hold(leases, registry, acks, &mut waiting);
         }
         self.release_waiting(waiting, registry).await;
     }
@@ -262,11 +258,7 @@ impl Worker {
         match claimed {
             Ok(Ok((leases, room))) => {
                 let full = leases.len() >= room;
-                waiting.extend(
-                    leases
-                        .into_iter()
-                        .filter_map(|l| self.register(l, registry, acks)),
-                );
+                self.hold(leases, registry, acks, waiting);
                 full
             }
             Ok(Err(error)) => {
@@ -278,6 +270,21 @@ impl Worker {
                 false
             }
         }
+    }
+
+    /// Registers claimed jobs and queues them for a free slot.
+    fn hold(
+        &self,
+        leases: Vec<Lease>,
+        registry: &Registry,
+        acks: &Acks,
+        waiting: &mut VecDeque<Job>,
+    ) {
+        waiting.extend(
+            leases
+                .into_iter()
+                .filter_map(|l| self.register(l, registry, acks)),
+        );
     }
 
     /// Records a claimed job as held by this worker; None for a kind with no handler.
@@ -715,8 +722,8 @@ impl Claimer {
 
 /// The full claim while it is slow, off the claim loop so positioned claims go on (a slow
 /// full claim in the loop would hold up every pickup behind it), spaced by
-/// [`sweep_pause`]. It hands what it claimed to the loop. Idle while full claims are cheap (the loop runs
-/// them itself).
+/// [`sweep_pause`]. It hands what it claimed to the loop. Idle while full claims are
+/// cheap (the loop runs them itself).
 async fn sweep(
     pool: PgPool,
     owner: String,
