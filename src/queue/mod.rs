@@ -60,46 +60,31 @@ impl Positions {
         }
     }
 
-    /// The whole of claim order, cut into ranges of priorities, highest first, each with
-    /// the `run_after` to read it from: a claimed priority from its position less `slack`,
-    /// the priorities between them from their head (None).
-    fn segments(&self, slack: Duration) -> Vec<Segment> {
+    /// Each claimed priority, highest first, with the `run_after` to read it from: its
+    /// position less `slack`.
+    fn starts(&self, slack: Duration) -> (Vec<i32>, Vec<DateTime<Utc>>) {
         let slack = chrono::Duration::from_std(slack).unwrap_or_default();
-        let mut segments = Vec::with_capacity(2 * self.0.len() + 1);
-        let mut above = i32::MAX;
-        for (&priority, &run_after) in self.0.iter().rev() {
-            if priority < above {
-                segments.push(Segment::head(priority + 1, above));
-            }
-            segments.push(Segment {
-                lowest: priority,
-                highest: priority,
-                from: Some(run_after - slack),
-            });
-            above = priority.saturating_sub(1);
-        }
-        if self.0.first_key_value().is_none_or(|(&p, _)| p > i32::MIN) {
-            segments.push(Segment::head(i32::MIN, above));
-        }
-        segments
+        self.0.iter().rev().map(|(&p, &at)| (p, at - slack)).unzip()
     }
-}
 
-/// Priorities `lowest..=highest`, read from `run_after` `from` (None: from their head).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Segment {
-    lowest: i32,
-    highest: i32,
-    from: Option<DateTime<Utc>>,
-}
-
-impl Segment {
-    fn head(lowest: i32, highest: i32) -> Segment {
-        Segment {
-            lowest,
-            highest,
-            from: None,
+    /// The ranges of priorities no claim has reached, as (lowest, highest), highest first:
+    /// with [`Positions::starts`], the whole of claim order.
+    fn unclaimed(&self) -> (Vec<i32>, Vec<i32>) {
+        let mut ranges = Vec::with_capacity(self.0.len() + 1);
+        // The highest priority not covered yet; None below i32::MIN.
+        let mut above = Some(i32::MAX);
+        for &priority in self.0.keys().rev() {
+            if let Some(highest) = above
+                && priority < highest
+            {
+                ranges.push((priority + 1, highest));
+            }
+            above = priority.checked_sub(1);
         }
+        if let Some(highest) = above {
+            ranges.push((i32::MIN, highest));
+        }
+        ranges.into_iter().unzip()
     }
 }
 
@@ -269,10 +254,8 @@ pub async fn claim_from(
     limit: i64,
     lease: Duration,
 ) -> Result<Vec<Lease>> {
-    let (placed, heads): (Vec<Segment>, Vec<Segment>) = from
-        .segments(POSITION_SLACK)
-        .into_iter()
-        .partition(|s| s.from.is_some());
+    let (priorities, starts) = from.starts(POSITION_SLACK);
+    let (lowest, highest) = from.unclaimed();
     // A claimed priority is read with `priority =`, so its position bounds where the index
     // scan starts; read as a range of priorities, the scan would start at the range's head
     // and step over (in the index, if not the heap) every entry behind the position.
@@ -302,10 +285,10 @@ pub async fn claim_from(
     .bind(millis(lease))
     .bind(kind)
     .bind(limit)
-    .bind(placed.iter().map(|s| s.highest).collect::<Vec<_>>())
-    .bind(placed.iter().map(|s| s.from).collect::<Vec<_>>())
-    .bind(heads.iter().map(|s| s.lowest).collect::<Vec<_>>())
-    .bind(heads.iter().map(|s| s.highest).collect::<Vec<_>>())
+    .bind(priorities)
+    .bind(starts)
+    .bind(lowest)
+    .bind(highest)
     .fetch_all(pool)
     .await?;
     Ok(leases)
@@ -329,6 +312,15 @@ const LEASE_PICKED: &str = ",
     )
     SELECT * FROM leased ORDER BY priority DESC, run_after, job_id";
 
+/// The rows of `queue_jobs q` still held: ids $1, each with its own token from $2 (looked
+/// up, not joined), owner $3. The owner is matched with `IS NOT DISTINCT FROM` (the same,
+/// since the owner is never null) so that queue_jobs_leased (`WHERE lease_owner IS NOT
+/// NULL`) cannot serve the statement: with a queue's stale statistics the planner took a
+/// walk of that whole index, stepping over every entry an old snapshot keeps, for cheaper
+/// than 500 primary-key probes.
+const HELD_ROWS: &str = "q.id = ANY($1) AND q.lease_owner IS NOT DISTINCT FROM $3
+           AND q.fencing_token = ($2::bigint[])[array_position($1, q.id)]";
+
 /// The (id, token) pairs as two arrays in ascending id order. Every statement that locks
 /// many job rows (heartbeat, batched ack) takes them in id order, so two of them running
 /// at once (a heartbeat renewing a job whose ack is in flight) cannot deadlock.
@@ -339,9 +331,9 @@ fn in_id_order(held: &[(i64, i64)]) -> (Vec<i64>, Vec<i64>) {
 }
 
 /// Extends the leases still held; returns the ids of those that were (the others are lost).
-/// One primary-key scan with no join, and the owner matched so the leased index cannot
-/// serve it (see [`complete_many`]): joined with an `unnest`, a table bloated by an old
-/// snapshot was planned as a full scan, and heartbeats that fell behind the lease lost it.
+/// One primary-key scan of [`HELD_ROWS`] with no join: joined with an `unnest`, a table
+/// bloated by an old snapshot was planned as a full scan, and heartbeats that fell behind
+/// the lease lost it.
 pub async fn heartbeat(
     pool: &PgPool,
     owner: &str,
@@ -349,13 +341,12 @@ pub async fn heartbeat(
     lease: Duration,
 ) -> Result<Vec<i64>> {
     let (ids, tokens) = in_id_order(held);
-    let renewed = sqlx::query_scalar(
+    let renewed = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "UPDATE queue_jobs q
          SET lease_expires_at = now() + $4 * interval '1 millisecond', heartbeats = heartbeats + 1
-         WHERE q.id = ANY($1) AND q.lease_owner IS NOT DISTINCT FROM $3
-           AND q.fencing_token = ($2::bigint[])[array_position($1, q.id)]
-         RETURNING q.id",
-    )
+         WHERE {HELD_ROWS}
+         RETURNING q.id"
+    )))
     .persistent(false)
     .bind(ids)
     .bind(tokens)
@@ -407,18 +398,13 @@ pub async fn complete(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
 /// `unnest`, the prepared statement's generic plan probed the primary key once per pair
 /// for every pair, 57 ms for 500 acks instead of 3. Planned with its own array every time
 /// (`persistent(false)`): a generic plan, blind to the array's length, could scan a table
-/// bloated by an old snapshot, and seconds-long acks and heartbeats lose leases. The owner
-/// is matched with `IS NOT DISTINCT FROM` (the same, since the owner is never null) so
-/// that queue_jobs_leased (`WHERE lease_owner IS NOT NULL`) cannot serve the statement:
-/// with a queue's stale statistics the planner took a walk of that whole index, stepping
-/// over every entry an old snapshot keeps, for cheaper than 500 primary-key probes.
+/// bloated by an old snapshot, and seconds-long acks and heartbeats lose leases. The rows
+/// are [`HELD_ROWS`].
 pub async fn complete_many(pool: &PgPool, owner: &str, held: &[(i64, i64)]) -> Result<Vec<i64>> {
     let (ids, tokens) = in_id_order(held);
     let acked = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "WITH done AS (
-             DELETE FROM queue_jobs q
-             WHERE q.id = ANY($1) AND q.lease_owner IS NOT DISTINCT FROM $3
-               AND q.fencing_token = ($2::bigint[])[array_position($1, q.id)]
+             DELETE FROM queue_jobs q WHERE {HELD_ROWS}
              RETURNING q.*
          ), archived AS ({ARCHIVE} 'acked' FROM done)
          SELECT id FROM done"
@@ -529,38 +515,25 @@ mod tests {
     }
 
     #[test]
-    fn positions_cut_claim_order_into_segments_highest_first() {
+    fn positions_cut_claim_order_into_claimed_priorities_and_unclaimed_ranges() {
         let slack = Duration::from_secs(1);
         let (t, u) = (Utc::now(), Utc::now() - chrono::Duration::minutes(1));
-        let at = |p, from: DateTime<Utc>| Segment {
-            lowest: p,
-            highest: p,
-            from: Some(from - chrono::Duration::seconds(1)),
-        };
+        let less = |at: DateTime<Utc>| at - chrono::Duration::seconds(1);
+        assert_eq!(Positions::default().starts(slack), (vec![], vec![]));
         assert_eq!(
-            Positions::default().segments(slack),
-            [Segment::head(i32::MIN, i32::MAX)]
+            Positions::default().unclaimed(),
+            (vec![i32::MIN], vec![i32::MAX])
         );
         let positions = Positions(BTreeMap::from([(5, t), (0, u), (-1, t)]));
         assert_eq!(
-            positions.segments(slack),
-            [
-                Segment::head(6, i32::MAX),
-                at(5, t),
-                Segment::head(1, 4),
-                at(0, u),
-                at(-1, t),
-                Segment::head(i32::MIN, -2),
-            ]
+            positions.starts(slack),
+            (vec![5, 0, -1], vec![less(t), less(u), less(t)])
+        );
+        assert_eq!(
+            positions.unclaimed(),
+            (vec![6, 1, i32::MIN], vec![i32::MAX, 4, -2])
         );
         let edges = Positions(BTreeMap::from([(i32::MAX, t), (i32::MIN, u)]));
-        assert_eq!(
-            edges.segments(slack),
-            [
-                at(i32::MAX, t),
-                Segment::head(i32::MIN + 1, i32::MAX - 1),
-                at(i32::MIN, u)
-            ]
-        );
+        assert_eq!(edges.unclaimed(), (vec![i32::MIN + 1], vec![i32::MAX - 1]));
     }
 }
