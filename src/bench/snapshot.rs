@@ -23,6 +23,8 @@ use crate::queue;
 const TICK: Duration = Duration::from_millis(10);
 /// How often the dead tuples are sampled.
 const SAMPLE: Duration = Duration::from_secs(5);
+/// The width of one step of the pickup series.
+const SERIES_STEP: Duration = Duration::from_secs(10);
 /// The tables whose dead tuples are counted.
 const QUEUE_TABLES: &str = "'queue_jobs', 'lease_history'";
 
@@ -37,6 +39,10 @@ pub struct SnapshotFigures {
     /// during / before pickup p99 (the target is ≤ 2).
     pub p99_ratio: f64,
     pub dead_tuples: DeadTuples,
+    /// Every 10 s from the start: (seconds since the start, jobs started, pickup p99 ms),
+    /// to see when a backlog formed and when it went.
+    #[serde(default)]
+    pub pickup_series: Vec<(f64, usize, f64)>,
 }
 
 /// One phase: what was acked in it and how long its jobs waited to start.
@@ -120,7 +126,9 @@ pub async fn figures(
     let during = phase(held_at, released_at, acked_during - acked_before);
     let after = phase(released_at, ended_at, acked_after - acked_during);
     let p99 = |p: &Phase| p.pickup.as_ref().map_or(f64::NAN, |l| l.p99_ms);
+    let pickup_series = series(&pickups, begin, ended_at);
     Ok(SnapshotFigures {
+        pickup_series,
         rate,
         throughput_ratio: during.jobs_per_s / before.jobs_per_s,
         p99_ratio: p99(&during) / p99(&before),
@@ -137,6 +145,23 @@ pub async fn figures(
         during,
         after,
     })
+}
+
+/// The pickups cut into [`SERIES_STEP`]s from `begin` to `end`.
+fn series(pickups: &[(Instant, Duration)], begin: Instant, end: Instant) -> Vec<(f64, usize, f64)> {
+    let steps = (end - begin).as_secs_f64() / SERIES_STEP.as_secs_f64();
+    (0..steps.ceil() as u32)
+        .filter_map(|step| {
+            let from = begin + SERIES_STEP * step;
+            let waits: Vec<Duration> = pickups
+                .iter()
+                .filter(|(at, _)| *at >= from && *at < from + SERIES_STEP)
+                .map(|(_, wait)| *wait)
+                .collect();
+            let p99 = Latency::of(&waits)?.p99_ms;
+            Some(((from - begin).as_secs_f64(), waits.len(), p99))
+        })
+        .collect()
 }
 
 /// When each offered job was enqueued, by ref_id.
