@@ -201,6 +201,7 @@ pub async fn claim(
     limit: i64,
     lease: Duration,
 ) -> Result<Vec<Lease>> {
+    let mut tx = begin_ordered_reads(pool).await?;
     let leases = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "WITH expired AS (
              SELECT id FROM queue_jobs
@@ -227,9 +228,33 @@ pub async fn claim(
     .bind(millis(lease))
     .bind(kinds)
     .bind(limit)
-    .fetch_all(pool)
+    .fetch_all(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(leases)
+}
+
+/// Starts a transaction for the queue's ordered reads (claims, scans for expired leases):
+/// it leaves the planner one way to run them, a walk of the index in the order read,
+/// which stops at the LIMIT. A queue's statistics describe whatever the table held at the
+/// last ANALYZE. While an old snapshot was held, an ANALYZE that sampled mostly dead rows
+/// estimated a few live ones, and the planner then read every entry of the kind through a
+/// bitmap and sorted them: a claim took 2 s instead of 13 ms, and the queue ran at a
+/// quarter of its rate for a minute, until the next ANALYZE. Sorting what an ordered read
+/// returns, reading through a bitmap and scanning the heap are all plans that read
+/// everything matching before the LIMIT counts, so they are turned off here (for this
+/// transaction only; off means priced out, so a sort with no other way is still done).
+/// JIT goes too: the price of what is turned off puts every claim far above
+/// `jit_above_cost`, and compiling each claim took longer than running it.
+pub async fn begin_ordered_reads(
+    pool: &PgPool,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    Ok(pool
+        .begin_with(
+            "BEGIN; SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off;
+             SET LOCAL enable_seqscan = off; SET LOCAL jit = off",
+        )
+        .await?)
 }
 
 /// Enqueues that commit this long after their `run_after` was set (their transaction's
@@ -256,6 +281,7 @@ pub async fn claim_from(
 ) -> Result<Vec<Lease>> {
     let (priorities, starts) = from.starts(POSITION_SLACK);
     let (lowest, highest) = from.unclaimed();
+    let mut tx = begin_ordered_reads(pool).await?;
     // A claimed priority is read with `priority =`, so its position bounds where the index
     // scan starts; read as a range of priorities, the scan would start at the range's head
     // and step over (in the index, if not the heap) every entry behind the position.
@@ -289,8 +315,9 @@ pub async fn claim_from(
     .bind(starts)
     .bind(lowest)
     .bind(highest)
-    .fetch_all(pool)
+    .fetch_all(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(leases)
 }
 
@@ -462,7 +489,8 @@ pub fn backoff(attempts: i32) -> Duration {
 
 /// Expired leases, for the reconciler: it hands each to its kind's requeue. With `since`,
 /// only leases that expired from then on: the read then skips the index entries of jobs
-/// acked before, which vacuum cannot remove while an old snapshot is held.
+/// acked before, which vacuum cannot remove while an old snapshot is held. Run inside
+/// [`begin_ordered_reads`].
 pub async fn expired(
     conn: &mut PgConnection,
     limit: i64,

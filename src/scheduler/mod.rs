@@ -101,7 +101,7 @@ impl Reconciler {
         let started = Instant::now();
         let full = started >= self.next_full;
         let from = self.since.filter(|_| !full).map(|t| t - RECONCILE_OVERLAP);
-        let mut tx = pool.begin().await?;
+        let mut tx = queue::begin_ordered_reads(pool).await?;
         let read_at: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
             .fetch_one(&mut *tx)
             .await?;
