@@ -59,6 +59,11 @@ async fn every_figure_is_measured_and_every_job_processed() {
         );
     }
     assert!(report["snapshot"]["dead_tuples"]["baseline"].is_number());
+    let series = report["snapshot"]["pickup_series"].as_array().unwrap();
+    assert!(
+        series.iter().any(|step| step[1].as_u64() > Some(0)),
+        "the pickup series counts the jobs started: {series:?}"
+    );
 
     // Every job was processed: none is left in the queue, every run completed.
     let pool = support::pool(&url).await;

@@ -114,8 +114,9 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 240)]
     pub hold_secs: u64,
     /// Most seconds the queue keeps running after the release while the dead tuples
-    /// return to their baseline.
-    #[arg(long, default_value_t = 180)]
+    /// return to their baseline: room for two autovacuum rounds (a naptime of 60 s each,
+    /// and the first round over the heap the hold bloated took 80–130 s).
+    #[arg(long, default_value_t = 300)]
     pub snapshot_after_secs: u64,
     /// Also write the JSON report to this file.
     #[arg(long)]
