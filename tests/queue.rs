@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use keel::queue::{self, Positions};
+use keel::queue::{self, Expired, Positions};
 use keel::store::StoreError;
 use sqlx::PgPool;
 
@@ -418,7 +418,7 @@ async fn a_claim_of_due_jobs_leaves_expired_leases_to_the_reconciler() {
     queue::claim(&pool, "a", &kinds(), 1, LEASE).await.unwrap();
     expire_all(&pool).await;
     enqueue(&pool, "due", 0).await;
-    let due = queue::claim_due(&pool, "b", &kinds(), 10, LEASE)
+    let due = queue::claim_with(&pool, "b", &kinds(), 10, LEASE, Expired::Leave)
         .await
         .unwrap();
     let names: Vec<&str> = due.iter().map(|l| l.ref_id.as_str()).collect();

@@ -201,29 +201,27 @@ pub async fn claim(
     limit: i64,
     lease: Duration,
 ) -> Result<Vec<Lease>> {
-    claim_with(pool, owner, kinds, limit, lease, true).await
+    claim_with(pool, owner, kinds, limit, lease, Expired::Take).await
 }
 
-/// [`claim`] without the expired leases, which the reconciler hands back to the queue in
-/// any case: for a worker's sweep, where reading them from the head of queue_jobs_leased
-/// doubled the walk over what an old snapshot keeps.
-pub async fn claim_due(
+/// Whether a claim takes jobs whose lease expired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expired {
+    Take,
+    /// Leave them to the reconciler, which hands them back to the queue in any case: for a
+    /// worker's sweep, where reading them from the head of queue_jobs_leased doubled the
+    /// walk over what an old snapshot keeps.
+    Leave,
+}
+
+/// [`claim`], with a choice about expired leases.
+pub async fn claim_with(
     pool: &PgPool,
     owner: &str,
     kinds: &[String],
     limit: i64,
     lease: Duration,
-) -> Result<Vec<Lease>> {
-    claim_with(pool, owner, kinds, limit, lease, false).await
-}
-
-async fn claim_with(
-    pool: &PgPool,
-    owner: &str,
-    kinds: &[String],
-    limit: i64,
-    lease: Duration,
-    take_expired: bool,
+    expired: Expired,
 ) -> Result<Vec<Lease>> {
     let mut tx = begin_ordered_reads(pool).await?;
     let leases = sqlx::query_as(sqlx::AssertSqlSafe(format!(
@@ -252,7 +250,7 @@ async fn claim_with(
     .bind(millis(lease))
     .bind(kinds)
     .bind(limit)
-    .bind(take_expired)
+    .bind(expired == Expired::Take)
     .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;
