@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use keel::queue::{self, Expired, Positions};
+use keel::queue::{self, Positions};
 use keel::store::StoreError;
 use sqlx::PgPool;
 
@@ -409,20 +409,4 @@ async fn claims_read_in_index_order_whatever_the_statistics_say() {
         full < 100 && from_head < 100,
         "claims of 10 jobs read {full} and {from_head} rows and index entries"
     );
-}
-
-#[tokio::test]
-async fn a_claim_of_due_jobs_leaves_expired_leases_to_the_reconciler() {
-    let pool = support::pool(&support::fresh_database().await).await;
-    enqueue(&pool, "held", 0).await;
-    queue::claim(&pool, "a", &kinds(), 1, LEASE).await.unwrap();
-    expire_all(&pool).await;
-    enqueue(&pool, "due", 0).await;
-    let due = queue::claim_with(&pool, "b", &kinds(), 10, LEASE, Expired::Leave)
-        .await
-        .unwrap();
-    let names: Vec<&str> = due.iter().map(|l| l.ref_id.as_str()).collect();
-    assert_eq!(names, ["due"]);
-    let taken_over = queue::claim(&pool, "b", &kinds(), 10, LEASE).await.unwrap();
-    assert_eq!(taken_over[0].ref_id, "held", "a full claim takes it over");
 }

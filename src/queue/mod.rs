@@ -201,33 +201,11 @@ pub async fn claim(
     limit: i64,
     lease: Duration,
 ) -> Result<Vec<Lease>> {
-    claim_with(pool, owner, kinds, limit, lease, Expired::Take).await
-}
-
-/// Whether a claim takes jobs whose lease expired.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Expired {
-    Take,
-    /// Leave them to the reconciler, which hands them back to the queue in any case: for a
-    /// worker's sweep, where reading them from the head of queue_jobs_leased doubled the
-    /// walk over what an old snapshot keeps.
-    Leave,
-}
-
-/// [`claim`], with a choice about expired leases.
-pub async fn claim_with(
-    pool: &PgPool,
-    owner: &str,
-    kinds: &[String],
-    limit: i64,
-    lease: Duration,
-    expired: Expired,
-) -> Result<Vec<Lease>> {
     let mut tx = begin_ordered_reads(pool).await?;
     let leases = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "WITH expired AS (
              SELECT id FROM queue_jobs
-             WHERE $5 AND lease_owner IS NOT NULL AND lease_expires_at < now() AND kind = ANY($3)
+             WHERE lease_owner IS NOT NULL AND lease_expires_at < now() AND kind = ANY($3)
              ORDER BY lease_expires_at LIMIT $4 FOR UPDATE SKIP LOCKED
          ), due AS (
              -- Per kind, so each read is one ordered scan of queue_jobs_due. With several
@@ -250,7 +228,6 @@ pub async fn claim_with(
     .bind(millis(lease))
     .bind(kinds)
     .bind(limit)
-    .bind(expired == Expired::Take)
     .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;

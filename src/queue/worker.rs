@@ -723,9 +723,7 @@ impl Claimer {
 /// The full claim while it is slow, off the claim loop so positioned claims go on (a slow
 /// full claim in the loop would hold up every pickup behind it), spaced by
 /// [`sweep_pause`]. It hands what it claimed to the loop. Idle while full claims are
-/// cheap (the loop runs them itself). It leaves expired leases ([`super::Expired::Leave`]):
-/// they go back to the queue through this process's reconciler, whose scans
-/// read only the leases that expired since its last pass.
+/// cheap (the loop runs them itself).
 async fn sweep(
     pool: PgPool,
     owner: String,
@@ -750,8 +748,7 @@ async fn sweep(
         // swept beyond the free slots wait, leased, for one (as prefetched jobs do).
         let room = state.room.load(Ordering::Relaxed).max(settings.concurrency);
         let started = Instant::now();
-        let (limit, expired) = (room as i64, super::Expired::Leave);
-        match super::claim_with(&pool, &owner, &kinds, limit, settings.lease, expired).await {
+        match super::claim(&pool, &owner, &kinds, room as i64, settings.lease).await {
             Ok(leases) => {
                 state.record(started, leases.len());
                 if !leases.is_empty() && found.send(leases).is_err() {
