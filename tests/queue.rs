@@ -309,7 +309,7 @@ async fn a_positioned_claim_reads_on_from_its_positions_and_every_other_priority
     for (name, priority) in [("second", 0), ("urgent", 9), ("someday", -3)] {
         enqueue(&pool, name, priority).await;
     }
-    let next = queue::claim_from(&pool, "a", KIND, &from, 10, LEASE)
+    let next = queue::claim_from(&pool, "a", KIND, &from, queue::LATE_COMMIT_SLACK, 10, LEASE)
         .await
         .unwrap();
     let names: Vec<&str> = next.iter().map(|l| l.ref_id.as_str()).collect();
@@ -320,6 +320,32 @@ async fn a_positioned_claim_reads_on_from_its_positions_and_every_other_priority
     );
     let rest = queue::claim(&pool, "a", &kinds(), 10, LEASE).await.unwrap();
     assert_eq!(rest[0].ref_id, "late");
+}
+
+#[tokio::test]
+async fn a_commit_later_than_the_short_slack_waits_for_the_wide_read() {
+    let pool = support::pool(&support::fresh_database().await).await;
+    enqueue(&pool, "first", 0).await;
+    let first = queue::claim(&pool, "a", &kinds(), 1, LEASE)
+        .await
+        .unwrap()
+        .remove(0);
+    let mut from = Positions::default();
+    from.advance(&first);
+    // Committed as if its transaction had begun 200 ms before the position.
+    enqueue(&pool, "late", 0).await;
+    sqlx::query(
+        "UPDATE queue_jobs SET run_after = $1 - interval '200 milliseconds' WHERE ref_id = 'late'",
+    )
+    .bind(first.run_after)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let claim = |slack| queue::claim_from(&pool, "a", KIND, &from, slack, 10, LEASE);
+    assert!(claim(queue::COMMIT_SLACK).await.unwrap().is_empty());
+    let wide = claim(queue::LATE_COMMIT_SLACK).await.unwrap();
+    assert_eq!(wide.len(), 1);
+    assert_eq!(wide[0].ref_id, "late");
 }
 
 #[tokio::test]
@@ -397,9 +423,17 @@ async fn claims_read_in_index_order_whatever_the_statistics_say() {
     let before = rows_read(&pool).await;
     let claimed = queue::claim(&pool, "a", &kinds(), 10, LEASE).await.unwrap();
     let full = rows_read(&pool).await - before;
-    let positioned = queue::claim_from(&pool, "a", KIND, &Positions::default(), 10, LEASE)
-        .await
-        .unwrap();
+    let positioned = queue::claim_from(
+        &pool,
+        "a",
+        KIND,
+        &Positions::default(),
+        queue::LATE_COMMIT_SLACK,
+        10,
+        LEASE,
+    )
+    .await
+    .unwrap();
     let from_head = rows_read(&pool).await - before - full;
     assert_eq!((claimed.len(), positioned.len()), (10, 10));
     // Each claim reads ten due entries and leases ten rows by their key: read in order, it

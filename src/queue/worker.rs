@@ -700,10 +700,14 @@ impl Claimer {
             if left == 0 {
                 break;
             }
-            let from = self.positions.lock().unwrap().get(kind).cloned();
-            let from = from.unwrap_or_default();
-            let lease = settings.lease;
-            leases.extend(super::claim_from(pool, owner, kind, &from, left as i64, lease).await?);
+            let (from, slack) = {
+                let mut positions = self.positions.lock().unwrap();
+                let from = positions.entry(kind.clone()).or_default();
+                let slack = from.slack();
+                (from.clone(), slack)
+            };
+            let (limit, lease) = (left as i64, settings.lease);
+            leases.extend(super::claim_from(pool, owner, kind, &from, slack, limit, lease).await?);
         }
         Ok(leases)
     }
