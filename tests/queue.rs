@@ -289,8 +289,9 @@ async fn a_batched_ack_is_fenced_row_by_row() {
     );
 }
 
-#[tokio::test]
-async fn a_positioned_claim_reads_on_from_its_positions_and_every_other_priority_from_its_head() {
+/// A database where job "first" was claimed (the positions returned reached it) and job
+/// "late" then became due with a `run_after` `behind` the position.
+async fn claimed_one_then_late_by(behind: &str) -> (PgPool, Positions) {
     let pool = support::pool(&support::fresh_database().await).await;
     enqueue(&pool, "first", 0).await;
     let first = queue::claim(&pool, "a", &kinds(), 1, LEASE)
@@ -299,13 +300,20 @@ async fn a_positioned_claim_reads_on_from_its_positions_and_every_other_priority
         .remove(0);
     let mut from = Positions::default();
     from.advance(&first);
-    // Behind the position (by more than the slack): only a full claim finds it.
     enqueue(&pool, "late", 0).await;
-    sqlx::query("UPDATE queue_jobs SET run_after = $1 - interval '1 minute' WHERE ref_id = 'late'")
+    sqlx::query("UPDATE queue_jobs SET run_after = $1 - $2::interval WHERE ref_id = 'late'")
         .bind(first.run_after)
+        .bind(behind)
         .execute(&pool)
         .await
         .unwrap();
+    (pool, from)
+}
+
+#[tokio::test]
+async fn a_positioned_claim_reads_on_from_its_positions_and_every_other_priority_from_its_head() {
+    // Behind the position (by more than the slack): only a full claim finds it.
+    let (pool, from) = claimed_one_then_late_by("1 minute").await;
     for (name, priority) in [("second", 0), ("urgent", 9), ("someday", -3)] {
         enqueue(&pool, name, priority).await;
     }
@@ -324,23 +332,8 @@ async fn a_positioned_claim_reads_on_from_its_positions_and_every_other_priority
 
 #[tokio::test]
 async fn a_commit_later_than_the_short_slack_waits_for_the_wide_read() {
-    let pool = support::pool(&support::fresh_database().await).await;
-    enqueue(&pool, "first", 0).await;
-    let first = queue::claim(&pool, "a", &kinds(), 1, LEASE)
-        .await
-        .unwrap()
-        .remove(0);
-    let mut from = Positions::default();
-    from.advance(&first);
     // Committed as if its transaction had begun 200 ms before the position.
-    enqueue(&pool, "late", 0).await;
-    sqlx::query(
-        "UPDATE queue_jobs SET run_after = $1 - interval '200 milliseconds' WHERE ref_id = 'late'",
-    )
-    .bind(first.run_after)
-    .execute(&pool)
-    .await
-    .unwrap();
+    let (pool, from) = claimed_one_then_late_by("200 milliseconds").await;
     let claim = |slack| queue::claim_from(&pool, "a", KIND, &from, slack, 10, LEASE);
     assert!(claim(queue::COMMIT_SLACK).await.unwrap().is_empty());
     let wide = claim(queue::LATE_COMMIT_SLACK).await.unwrap();
