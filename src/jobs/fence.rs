@@ -2,7 +2,7 @@
 //! fenced by the job's lease, and a lost lease interrupts the attempt.
 
 use keel_workers::ContextError;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
 use crate::queue::worker::Job;
@@ -53,4 +53,32 @@ impl Fence {
     ) -> Result<(), ContextError> {
         tx.commit().await.map_err(|e| self.context_error(e.into()))
     }
+}
+
+/// The domain row a job stands for (a run, a media job), as its executor locks it when an
+/// attempt starts.
+pub trait DomainRow: Sized + Send {
+    fn lock(
+        conn: &mut PgConnection,
+        id: &str,
+    ) -> impl Future<Output = Result<Self, StoreError>> + Send;
+    /// Whether the row reached a terminal state (cancelled while queued, or finished by an
+    /// earlier holder): the job then has nothing left to do.
+    fn has_ended(&self) -> bool;
+}
+
+/// Opens the attempt's fenced transaction and locks the job's domain row in it; when the row
+/// has already ended, acks the job in that transaction instead and returns None.
+pub async fn lock_unless_ended<R: DomainRow>(
+    pool: &PgPool,
+    lease: &Lease,
+) -> Result<Option<(sqlx::Transaction<'static, sqlx::Postgres>, R)>, StoreError> {
+    let mut tx = queue::begin_fenced(pool, lease).await?;
+    let row = R::lock(&mut tx, &lease.ref_id).await?;
+    if row.has_ended() {
+        queue::complete(&mut tx, lease).await?;
+        tx.commit().await?;
+        return Ok(None);
+    }
+    Ok(Some((tx, row)))
 }

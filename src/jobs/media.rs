@@ -16,7 +16,7 @@ use keel_workers::{ArtifactHandle, ContextError};
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
-use super::fence::Fence;
+use super::fence::{self, DomainRow, Fence};
 use crate::domain::media::MediaJobStatus;
 use crate::domain::secret::Unresolved;
 use crate::domain::{Actor, EventType};
@@ -64,6 +64,19 @@ enum Ending<'a> {
     Failed { code: &'a str, message: &'a str },
 }
 
+impl DomainRow for MediaJobRecord {
+    fn lock(
+        conn: &mut PgConnection,
+        id: &str,
+    ) -> impl Future<Output = Result<Self, StoreError>> + Send {
+        media_jobs::lock(conn, id)
+    }
+
+    fn has_ended(&self) -> bool {
+        self.status().is_terminal()
+    }
+}
+
 impl MediaJobs {
     async fn execute(&self, job: Job) -> Result<&'static str, StoreError> {
         let lease = &job.lease;
@@ -96,7 +109,7 @@ impl MediaJobs {
             }
             MediaOutcome::Interrupted => {
                 // A cancel that found the job row locked left it to this worker.
-                match self.lock_unless_ended(lease).await {
+                match fence::lock_unless_ended::<MediaJobRecord>(&self.pool, lease).await {
                     Ok(_) | Err(StoreError::LeaseLost) => Ok("interrupted"),
                     Err(error) => Err(error),
                 }
@@ -124,28 +137,13 @@ impl MediaJobs {
         }
     }
 
-    /// Locks the job row and the media job for a fenced write; when the media job already
-    /// ended (it was cancelled), acks the queue row instead and returns None.
-    async fn lock_unless_ended(
-        &self,
-        lease: &Lease,
-    ) -> Result<Option<(sqlx::Transaction<'static, sqlx::Postgres>, MediaJobRecord)>, StoreError>
-    {
-        let mut tx = queue::begin_fenced(&self.pool, lease).await?;
-        let record = media_jobs::lock(&mut tx, &lease.ref_id).await?;
-        if record.status().is_terminal() {
-            queue::complete(&mut tx, lease).await?;
-            tx.commit().await?;
-            return Ok(None);
-        }
-        Ok(Some((tx, record)))
-    }
-
     /// Marks the job running for this attempt. A job still `running` was held by a worker
     /// whose lease expired: it goes back to `queued` first, so the audit trail shows the
     /// takeover. Returns None when there is nothing to run.
     async fn begin(&self, lease: &Lease) -> Result<Option<MediaJobRecord>, StoreError> {
-        let Some((mut tx, record)) = self.lock_unless_ended(lease).await? else {
+        let Some((mut tx, record)) =
+            fence::lock_unless_ended::<MediaJobRecord>(&self.pool, lease).await?
+        else {
             return Ok(None);
         };
         let actor = worker(lease);

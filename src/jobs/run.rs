@@ -14,7 +14,7 @@ use keel_workers::{
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
-use super::fence::Fence;
+use super::fence::{self, DomainRow, Fence};
 use crate::domain::{Actor, EventType, RunStatus};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
@@ -54,23 +54,20 @@ impl JobHandler for RunJobs {
     }
 }
 
-impl RunJobs {
-    /// Locks the job and its run for a fenced write; when the run already ended (it was
-    /// cancelled), acks the job instead and returns None.
-    async fn lock_unless_ended(
-        &self,
-        lease: &Lease,
-    ) -> Result<Option<(sqlx::Transaction<'static, sqlx::Postgres>, RunRecord)>, StoreError> {
-        let mut tx = queue::begin_fenced(&self.pool, lease).await?;
-        let run = runs::lock(&mut tx, &lease.ref_id).await?;
-        if run.status().is_terminal() {
-            queue::complete(&mut tx, lease).await?;
-            tx.commit().await?;
-            return Ok(None);
-        }
-        Ok(Some((tx, run)))
+impl DomainRow for RunRecord {
+    fn lock(
+        conn: &mut PgConnection,
+        id: &str,
+    ) -> impl Future<Output = Result<Self, StoreError>> + Send {
+        runs::lock(conn, id)
     }
 
+    fn has_ended(&self) -> bool {
+        self.status().is_terminal()
+    }
+}
+
+impl RunJobs {
     /// Runs one attempt; returns its outcome, as the job duration metric labels it.
     async fn execute(&self, job: Job) -> Result<&'static str, StoreError> {
         let lease = &job.lease;
@@ -105,7 +102,7 @@ impl RunJobs {
                     "attempt interrupted (run cancelled or lease lost); writing nothing more"
                 );
                 // A cancel that found the job row locked left it to this worker.
-                match self.lock_unless_ended(lease).await {
+                match fence::lock_unless_ended::<RunRecord>(&self.pool, lease).await {
                     Ok(_) | Err(StoreError::LeaseLost) => Ok("interrupted"),
                     Err(error) => Err(error),
                 }
@@ -129,7 +126,8 @@ impl RunJobs {
     /// that lost its lease: its open work is closed and the gap recorded first. Returns None
     /// when there is nothing to run (the run already ended, or it used up its attempts).
     async fn begin(&self, lease: &Lease) -> Result<Option<(TaskRecord, RunRecord)>, StoreError> {
-        let Some((mut tx, run)) = self.lock_unless_ended(lease).await? else {
+        let Some((mut tx, run)) = fence::lock_unless_ended::<RunRecord>(&self.pool, lease).await?
+        else {
             return Ok(None);
         };
         let reclaimed = run.status() == RunStatus::Running;
