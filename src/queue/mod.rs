@@ -44,7 +44,7 @@ pub struct Lease {
 /// Where a worker's claims of one kind have reached in claim order: for each priority it
 /// claimed, the latest `run_after` it took. [`claim_from`] reads each of these priorities
 /// from there, and every other priority from its head.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct Positions {
     reached: BTreeMap<i32, DateTime<Utc>>,
     /// When [`Positions::slack`] last gave [`LATE_COMMIT_SLACK`].
@@ -296,9 +296,9 @@ pub const WIDE_READ_EVERY: Duration = Duration::from_millis(100);
 
 /// Claims due jobs of one kind from where this worker's claims have reached: the hot
 /// path of a busy worker. Each priority it has claimed is read from its position (less
-/// `slack`, from [`Positions::slack`]) instead of from the head of queue_jobs_due, where the entries of
-/// jobs already claimed lie; the priorities between are read from their head (entries of
-/// priorities nobody claims from here are few). Vacuum normally removes those entries at
+/// `slack`, from [`Positions::slack`]) instead of from the head of queue_jobs_due, where
+/// the entries of jobs already claimed lie; the priorities between are read from their
+/// head (entries of priorities nobody claims from here are few). Vacuum normally removes those entries at
 /// once, but while any transaction holds an old snapshot it cannot, and a read from the
 /// head then steps over every job claimed since. What this misses (expired leases,
 /// enqueues that committed late) the full [`claim`] finds. Planned with its own values
