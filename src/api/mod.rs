@@ -2,6 +2,7 @@
 //! envelope, a request id on every response, and cursor pagination on every list.
 
 mod approvals;
+mod auth;
 mod error;
 mod events;
 mod extract;
@@ -140,6 +141,7 @@ pub fn app(state: AppState) -> Router {
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             middleware::panic_response,
         ))
+        .layer(axum::middleware::from_fn(auth::identify))
         .layer(axum::middleware::from_fn(middleware::request_context))
 }
 

@@ -4,6 +4,7 @@
 
 pub mod approval;
 pub mod event;
+pub mod identity;
 pub mod media;
 pub mod provider;
 pub mod run;
@@ -12,6 +13,7 @@ pub mod secret;
 pub mod task;
 
 pub use event::EventType;
+pub use identity::{Caller, Scope};
 pub use run::RunStatus;
 pub use task::{NewTask, TaskStatus};
 
@@ -23,8 +25,11 @@ pub fn new_id(prefix: &str) -> String {
 /// Who made a state change, as the audit trail records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Actor {
-    /// A request to the HTTP API.
+    /// A request to the HTTP API before callers were identified.
     Api,
+    /// A person (or a service) identified by the API: `local` in local mode, the remote
+    /// identity's actor id in remote mode.
+    Person(String),
     /// A worker acting on a job it holds.
     Worker(String),
     /// Keel itself: the reconciler, expiry, cascades.
@@ -35,6 +40,7 @@ impl std::fmt::Display for Actor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Actor::Api => write!(f, "api"),
+            Actor::Person(id) => write!(f, "{id}"),
             Actor::Worker(id) => write!(f, "worker:{id}"),
             Actor::System => write!(f, "system"),
         }

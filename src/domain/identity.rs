@@ -1,0 +1,89 @@
+//! Who is asking, and which workspace (tenant) they act in. The API's auth layer makes a
+//! [`Caller`] for every request; the store takes its [`Scope`] on every query that reads
+//! or changes a workspace's rows, so one workspace can never see another's.
+
+use super::Actor;
+
+/// The workspace of local mode, and of every row written before workspaces existed.
+pub const DEFAULT_WORKSPACE: &str = "default";
+
+/// The actor id of a request in local mode.
+pub const LOCAL_ACTOR: &str = "local";
+
+/// The tenant a store query is confined to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Scope {
+    workspace: String,
+}
+
+impl Scope {
+    pub fn new(workspace: impl Into<String>) -> Self {
+        Scope {
+            workspace: workspace.into(),
+        }
+    }
+
+    /// The one workspace of local mode.
+    pub fn local() -> Self {
+        Scope::new(DEFAULT_WORKSPACE)
+    }
+
+    pub fn workspace(&self) -> &str {
+        &self.workspace
+    }
+}
+
+/// How a remote request proved who it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IdentityForm {
+    /// A signed JWT in `X-Keel-Identity`.
+    Jwt,
+    /// `X-Keel-Remote-Secret` with `X-Keel-Actor-Id`, `X-Keel-Org-Id`, … headers.
+    Headers,
+}
+
+/// The identity a trusted proxy vouched for.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct RemoteIdentity {
+    pub actor_id: String,
+    pub org_id: String,
+    pub runtime_id: String,
+    pub project_id: Option<String>,
+    pub name: Option<String>,
+    pub form: IdentityForm,
+}
+
+/// The caller of one API request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub actor_id: String,
+    pub scope: Scope,
+    /// Present in remote mode.
+    pub remote: Option<RemoteIdentity>,
+}
+
+impl Caller {
+    /// A request in local mode: the `local` actor in the default workspace.
+    pub fn local() -> Self {
+        Caller {
+            actor_id: LOCAL_ACTOR.into(),
+            scope: Scope::local(),
+            remote: None,
+        }
+    }
+
+    /// A request vouched for by a trusted proxy: the org is the workspace.
+    pub fn remote(identity: RemoteIdentity) -> Self {
+        Caller {
+            actor_id: identity.actor_id.clone(),
+            scope: Scope::new(identity.org_id.clone()),
+            remote: Some(identity),
+        }
+    }
+
+    /// The actor the audit trail records for this caller's changes.
+    pub fn actor(&self) -> Actor {
+        Actor::Person(self.actor_id.clone())
+    }
+}
