@@ -24,6 +24,12 @@ RUN apt-get update \
 COPY --from=build /src/target/release/keel /usr/local/bin/keel
 USER keel
 WORKDIR /var/lib/keel
+# 0.0.0.0 so a published port reaches the API. That is only allowed with authentication:
+# `keel api` refuses to start on a non-loopback address unless KEEL_RUNTIME_TOKEN (local mode)
+# or KEEL_REMOTE_MODE=1 with a verification key (behind an authenticating proxy, see
+# deploy/proxy/) is set, so run the image with one of them, e.g.
+#   docker run --env-file .env -p 127.0.0.1:8420:8420 keel api   # .env: KEEL_RUNTIME_TOKEN=…
+# The image carries no token of its own: it comes from the environment at run time.
 ENV KEEL_DATA_DIR=/var/lib/keel KEEL_LISTEN=0.0.0.0:8420 KEEL_LOG_FORMAT=json
 EXPOSE 8420
 ENTRYPOINT ["keel"]
