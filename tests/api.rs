@@ -4,6 +4,8 @@ mod support;
 
 use std::time::Duration;
 
+use keel::domain::Caller;
+use keel::queue::Locked;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::{Client, SseReader, TestApp, wait_for};
@@ -260,7 +262,8 @@ async fn the_database_refuses_a_second_active_run() {
         .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
         .await;
     let second = sqlx::query(
-        "INSERT INTO runs (id, task_id, number, status) VALUES ('run_x', $1, 2, 'running')",
+        "INSERT INTO runs (id, task_id, number, status, workspace_id)
+         VALUES ('run_x', $1, 2, 'running', 'default')",
     )
     .bind(task_id)
     .execute(&app.pool)
@@ -463,11 +466,19 @@ async fn a_cancel_that_finds_the_job_row_locked_still_stops_the_worker() {
     let reason = Some("cancelled by the test");
     let change = keel::store::runs::Change::default();
     let cancelled = keel::domain::RunStatus::Cancelled;
-    let actor = keel::domain::Actor::Api;
-    keel::store::runs::transition(&mut cancel, run_id, cancelled, change, &actor, reason)
-        .await
-        .unwrap();
-    keel::queue::remove(&mut cancel, "run", run_id, keel::queue::Locked::Skip)
+    let (scope, actor) = (Caller::local().scope, Caller::local().actor());
+    keel::store::runs::transition(
+        &mut cancel,
+        &scope,
+        run_id,
+        cancelled,
+        change,
+        &actor,
+        reason,
+    )
+    .await
+    .unwrap();
+    keel::queue::remove(&mut cancel, &scope, "run", run_id, Locked::Skip)
         .await
         .unwrap();
     cancel.commit().await.unwrap();

@@ -146,8 +146,8 @@ async fn a_gated_run_waits_for_approval_then_runs() {
         (steps[3].0.clone(), steps[3].1.clone()),
         (json!("running"), json!("completed"))
     );
-    assert_eq!(steps[0].2, "api");
-    assert_eq!(steps[1].2, "api");
+    assert_eq!(steps[0].2, "local");
+    assert_eq!(steps[1].2, "local");
     assert!(steps[2].2.starts_with("worker:wrk_") && steps[3].2 == steps[2].2);
     let (_, task_trail) = c
         .get(&format!(

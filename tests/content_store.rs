@@ -8,6 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use keel::config::{ContentArgs, ContentStoreKind};
+use keel::domain::Scope;
 use keel::store::artifacts;
 use keel::store::content::ContentStore;
 use keel::store::events::Subject;
@@ -164,10 +165,17 @@ async fn open_artifact(app: &TestApp, name: &str) -> String {
         run_id: &run_id,
     };
     let mut conn = app.pool.acquire().await.unwrap();
-    artifacts::open(&mut conn, owner, name, "file", "text/plain")
-        .await
-        .unwrap()
-        .id
+    artifacts::open(
+        &mut conn,
+        &Scope::local(),
+        owner,
+        name,
+        "file",
+        "text/plain",
+    )
+    .await
+    .unwrap()
+    .id
 }
 
 #[tokio::test]
@@ -179,9 +187,18 @@ async fn s3_appends_stop_at_the_size_cap_and_mark_the_artifact_truncated() {
     let id = open_artifact(&app, "capped").await;
 
     let mut tx = app.pool.begin().await.unwrap();
-    store.append(&mut tx, &id, b"hello ", 8).await.unwrap();
-    store.append(&mut tx, &id, b"world", 8).await.unwrap();
-    store.append(&mut tx, &id, b"more", 8).await.unwrap();
+    store
+        .append(&mut tx, &Scope::local(), &id, b"hello ", 8)
+        .await
+        .unwrap();
+    store
+        .append(&mut tx, &Scope::local(), &id, b"world", 8)
+        .await
+        .unwrap();
+    store
+        .append(&mut tx, &Scope::local(), &id, b"more", 8)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
 
     let (size, truncated, storage): (i64, bool, String) =
@@ -210,13 +227,19 @@ async fn a_rolled_back_s3_append_leaves_an_orphan_that_the_retry_overwrites() {
     let key = format!("artifacts/{id}/{:020}", 0);
 
     let mut tx = app.pool.begin().await.unwrap();
-    store.append(&mut tx, &id, b"lost", 100).await.unwrap();
+    store
+        .append(&mut tx, &Scope::local(), &id, b"lost", 100)
+        .await
+        .unwrap();
     tx.rollback().await.unwrap();
     assert_eq!(s3.object(BUCKET, &key).unwrap(), b"lost");
     assert_eq!(read(&store, &app, &id).await, b"");
 
     let mut tx = app.pool.begin().await.unwrap();
-    store.append(&mut tx, &id, b"kept", 100).await.unwrap();
+    store
+        .append(&mut tx, &Scope::local(), &id, b"kept", 100)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     assert_eq!(s3.keys(BUCKET), vec![key.clone()]);
     assert_eq!(s3.object(BUCKET, &key).unwrap(), b"kept");
@@ -229,8 +252,14 @@ async fn the_postgres_store_keeps_chunks_inline() {
     let id = open_artifact(&app, "inline").await;
     let store = ContentStore::Postgres;
     let mut tx = app.pool.begin().await.unwrap();
-    store.append(&mut tx, &id, b"abc", 4).await.unwrap();
-    store.append(&mut tx, &id, b"def", 4).await.unwrap();
+    store
+        .append(&mut tx, &Scope::local(), &id, b"abc", 4)
+        .await
+        .unwrap();
+    store
+        .append(&mut tx, &Scope::local(), &id, b"def", 4)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     assert_eq!(
         chunks(&app.pool, &id).await,
@@ -287,7 +316,10 @@ async fn a_stream_reads_page_after_page_up_to_the_size_it_started_at() {
     let expected: Vec<u8> = (0..40u8).flat_map(|i| [b'a' + i % 26; 3]).collect();
     for chunk in expected.chunks(3) {
         let mut tx = app.pool.begin().await.unwrap();
-        store.append(&mut tx, &id, chunk, 1_000).await.unwrap();
+        store
+            .append(&mut tx, &Scope::local(), &id, chunk, 1_000)
+            .await
+            .unwrap();
         tx.commit().await.unwrap();
     }
     // 40 chunks: more than one page of chunk rows.
@@ -299,7 +331,10 @@ async fn a_stream_reads_page_after_page_up_to_the_size_it_started_at() {
         .unwrap()
         .unwrap();
     let mut tx = app.pool.begin().await.unwrap();
-    store.append(&mut tx, &id, b"later", 1_000).await.unwrap();
+    store
+        .append(&mut tx, &Scope::local(), &id, b"later", 1_000)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     let rest: Vec<bytes::Bytes> = futures_util::TryStreamExt::try_collect(stream)
         .await

@@ -5,6 +5,7 @@ mod support;
 
 use std::time::Duration;
 
+use keel::domain::Scope;
 use keel::queue::{self, Positions};
 use keel::store::StoreError;
 use sqlx::PgPool;
@@ -18,7 +19,7 @@ fn kinds() -> Vec<String> {
 
 async fn enqueue(pool: &PgPool, ref_id: &str, priority: i32) {
     let mut conn = pool.acquire().await.unwrap();
-    queue::enqueue(&mut conn, KIND, ref_id, priority, None)
+    queue::enqueue(&mut conn, &Scope::local(), KIND, ref_id, priority, None)
         .await
         .unwrap();
 }
@@ -400,7 +401,7 @@ async fn claims_read_in_index_order_whatever_the_statistics_say() {
     // Statistics from an ANALYZE that found mostly dead rows, as one does while an old
     // snapshot is held: a table of 100 rows, where 5000 more are due by the claim.
     for (prefix, n) in [("early", 100), ("gone", 20_000)] {
-        queue::enqueue_many(&mut conn, KIND, &ids(prefix, n), 0)
+        queue::enqueue_many(&mut conn, &Scope::local(), KIND, &ids(prefix, n), 0)
             .await
             .unwrap();
     }
@@ -408,7 +409,7 @@ async fn claims_read_in_index_order_whatever_the_statistics_say() {
         .execute(&mut *conn)
         .await
         .unwrap();
-    queue::enqueue_many(&mut conn, KIND, &ids("due", 5000), 0)
+    queue::enqueue_many(&mut conn, &Scope::local(), KIND, &ids("due", 5000), 0)
         .await
         .unwrap();
     drop(conn);

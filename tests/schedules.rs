@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
+use keel::domain::{Actor, Scope};
 use keel::scheduler::schedules::{STALE_CLAIM, dispatch_due};
 use keel::store::runs::AdmissionRules;
 
@@ -110,7 +111,7 @@ async fn runs_of(c: &Client, task_id: &str) -> Vec<Value> {
 
 async fn cancel(pool: &PgPool, task_id: &str, run_id: &str) {
     let mut tx = pool.begin().await.unwrap();
-    runs::cancel(&mut tx, task_id, run_id, &keel::domain::Actor::System)
+    runs::cancel(&mut tx, &Scope::local(), task_id, run_id, &Actor::System)
         .await
         .unwrap();
     tx.commit().await.unwrap();
@@ -212,19 +213,19 @@ async fn a_schedule_is_created_replaced_paused_and_deleted() {
                 json!(null),
                 json!("enabled"),
                 json!("created"),
-                json!("api")
+                json!("local")
             ),
             (
                 json!("enabled"),
                 json!("disabled"),
                 json!("replaced"),
-                json!("api")
+                json!("local")
             ),
             (
                 json!("disabled"),
                 json!("deleted"),
                 json!("deleted"),
-                json!("api")
+                json!("local")
             ),
         ],
         "a replacement that keeps the state records nothing"

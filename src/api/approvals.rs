@@ -9,7 +9,7 @@ use utoipa_axum::routes;
 
 use super::extract::{ApiJson, ApiQuery};
 use super::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object, page_limit};
-use crate::domain::Actor;
+use crate::domain::Caller;
 use crate::domain::approval::Decision;
 use crate::store::approvals::ApprovalRecord;
 use crate::store::runs::RunRecord;
@@ -55,12 +55,14 @@ impl ApprovalQuery {
     responses((status = 200, description = "A page of approvals", body = ListEnvelope<ApprovalRecord>)))]
 async fn list_approvals(
     State(state): State<AppState>,
+    caller: Caller,
     ApiQuery(query): ApiQuery<ApprovalQuery>,
 ) -> Result<Json<ListEnvelope<ApprovalRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
     let mut conn = state.pool.acquire().await?;
     let rows = approvals::list(
         &mut conn,
+        &caller.scope,
         None,
         query.status()?,
         query.cursor.as_deref(),
@@ -76,14 +78,16 @@ async fn list_approvals(
     responses((status = 200, description = "A page of approvals", body = ListEnvelope<ApprovalRecord>)))]
 async fn list_task_approvals(
     State(state): State<AppState>,
+    caller: Caller,
     Path(task_id): Path<String>,
     ApiQuery(query): ApiQuery<ApprovalQuery>,
 ) -> Result<Json<ListEnvelope<ApprovalRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
     let mut conn = state.pool.acquire().await?;
-    tasks::get(&mut conn, &task_id).await?;
+    tasks::get(&mut conn, &caller.scope, &task_id).await?;
     let rows = approvals::list(
         &mut conn,
+        &caller.scope,
         Some(&task_id),
         query.status()?,
         query.cursor.as_deref(),
@@ -99,13 +103,12 @@ async fn list_task_approvals(
     responses((status = 200, description = "The approval", body = ObjectEnvelope<ApprovalRecord>)))]
 async fn get_approval(
     State(state): State<AppState>,
+    caller: Caller,
     Path((task_id, approval_id)): Path<(String, String)>,
 ) -> Result<Json<ObjectEnvelope<ApprovalRecord>>, ApiError> {
     let mut conn = state.pool.acquire().await?;
-    Ok(Json(object(
-        "task_approval",
-        approvals::get(&mut conn, &task_id, &approval_id).await?,
-    )))
+    let approval = approvals::get(&mut conn, &caller.scope, &task_id, &approval_id).await?;
+    Ok(Json(object("task_approval", approval)))
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -135,6 +138,7 @@ const MAX_NOTE_BYTES: usize = 4096;
     responses((status = 200, description = "The resolved approval and its run", body = ObjectEnvelope<Resolution>)))]
 async fn resolve_approval(
     State(state): State<AppState>,
+    caller: Caller,
     Path((task_id, approval_id)): Path<(String, String)>,
     ApiJson(request): ApiJson<ResolveRequest>,
 ) -> Result<Json<ObjectEnvelope<Resolution>>, ApiError> {
@@ -159,11 +163,12 @@ async fn resolve_approval(
     let mut tx = state.pool.begin().await?;
     let (approval, run) = approvals::resolve(
         &mut tx,
+        &caller.scope,
         &task_id,
         &approval_id,
         decision,
         request.note.as_deref(),
-        &Actor::Api,
+        &caller.actor(),
     )
     .await?;
     tx.commit().await?;

@@ -17,6 +17,7 @@ use utoipa_axum::routes;
 
 use super::extract::ApiQuery;
 use super::{ApiError, AppState, ListEnvelope, list, page_limit};
+use crate::domain::Caller;
 use crate::store::events::{self, EventRecord, FeedFilter};
 use crate::store::{StoreError, runs};
 
@@ -102,28 +103,32 @@ fn cursor(after_sequence: Option<i64>, headers: &HeaderMap) -> Result<i64, ApiEr
     responses((status = 200, description = "A page of events", body = ListEnvelope<EventRecord>)))]
 async fn list_run_events(
     State(state): State<AppState>,
+    caller: Caller,
     Path((task_id, run_id)): Path<(String, String)>,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Json<ListEnvelope<EventRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
     let after = cursor(query.after_sequence, &HeaderMap::new())?;
     let mut conn = state.pool.acquire().await?;
-    runs::get(&mut conn, &task_id, &run_id).await?;
-    let rows = events::list_for_run(&mut conn, &run_id, after, limit + 1).await?;
+    let scope = &caller.scope;
+    runs::get(&mut conn, scope, &task_id, &run_id).await?;
+    let rows = events::list_for_run(&mut conn, scope, &run_id, after, limit + 1).await?;
     Ok(Json(list(rows, limit, |e| e.sequence.to_string())))
 }
 
-/// The public feed of every run's and media job's events, in global order.
+/// The public feed of the workspace's runs' and media jobs' events, in global order.
 #[utoipa::path(get, path = "/events", tag = "events", params(FeedQuery),
     responses((status = 200, description = "A page of events", body = ListEnvelope<EventRecord>)))]
 async fn list_feed(
     State(state): State<AppState>,
+    caller: Caller,
     ApiQuery(query): ApiQuery<FeedQuery>,
 ) -> Result<Json<ListEnvelope<EventRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
     let after = cursor(query.after_sequence, &HeaderMap::new())?;
     let mut conn = state.pool.acquire().await?;
-    let rows = events::list_feed(&mut conn, &query.filter(), after, limit + 1).await?;
+    let filter = query.filter();
+    let rows = events::list_feed(&mut conn, &caller.scope, &filter, after, limit + 1).await?;
     Ok(Json(list(rows, limit, |e| e.global_sequence.to_string())))
 }
 
@@ -135,12 +140,14 @@ async fn list_feed(
     responses((status = 200, description = "An SSE stream; each event's data is an event object", content_type = "text/event-stream", body = String)))]
 async fn stream_run_events(
     State(state): State<AppState>,
+    caller: Caller,
     Path((task_id, run_id)): Path<(String, String)>,
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let mut after = cursor(query.after_sequence, &headers)?;
-    runs::get(&mut *state.pool.acquire().await?, &task_id, &run_id).await?;
+    let scope = caller.scope;
+    runs::get(&mut *state.pool.acquire().await?, &scope, &task_id, &run_id).await?;
     let stream = async_stream::stream! {
         let mut wake = state.events.clone();
         loop {
@@ -149,8 +156,9 @@ async fn stream_run_events(
             // committed with that status and the read below sees them.
             let page = async {
                 let mut conn = state.pool.acquire().await?;
-                let ended = runs::get(&mut conn, &task_id, &run_id).await?.status().is_terminal();
-                let rows = events::list_for_run(&mut conn, &run_id, after, STREAM_PAGE).await?;
+                let run = runs::get(&mut conn, &scope, &task_id, &run_id).await?;
+                let ended = run.status().is_terminal();
+                let rows = events::list_for_run(&mut conn, &scope, &run_id, after, STREAM_PAGE).await?;
                 Ok::<_, StoreError>((ended, rows))
             }.await;
             let (ended, rows) = match page {
@@ -177,25 +185,26 @@ async fn stream_run_events(
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
-/// The public feed as server-sent events from the cursor on (SSE ids are global
-/// sequences); never ends.
+/// The workspace's public feed as server-sent events from the cursor on (SSE ids are
+/// global sequences); never ends.
 #[utoipa::path(get, path = "/events/stream", tag = "events",
     params(FeedQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this global sequence")),
     responses((status = 200, description = "An SSE stream; each event's data is an event object", content_type = "text/event-stream", body = String)))]
 async fn stream_feed(
     State(state): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<FeedQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let mut after = cursor(query.after_sequence, &headers)?;
-    let filter = query.filter();
+    let (scope, filter) = (caller.scope, query.filter());
     let stream = async_stream::stream! {
         let mut wake = state.events.clone();
         loop {
             wake.borrow_and_update();
             let page = async {
                 let mut conn = state.pool.acquire().await?;
-                events::list_feed(&mut conn, &filter, after, STREAM_PAGE).await
+                events::list_feed(&mut conn, &scope, &filter, after, STREAM_PAGE).await
             }.await;
             let rows = match page {
                 Ok(rows) => rows,

@@ -14,7 +14,7 @@ use super::extract::{ApiJson, ApiQuery};
 use super::{
     ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object, page_limit,
 };
-use crate::domain::Actor;
+use crate::domain::Caller;
 use crate::domain::media::{MediaJobStatus, Unrunnable, parse_operation};
 use crate::store::artifacts::{self, ArtifactRecord};
 use crate::store::events::Subject;
@@ -78,6 +78,7 @@ fn empty_object() -> serde_json::Value {
     responses((status = 201, description = "The new job", body = ObjectEnvelope<MediaJobRecord>)))]
 async fn create_media_job(
     State(state): State<AppState>,
+    caller: Caller,
     ApiJson(draft): ApiJson<MediaJobDraft>,
 ) -> Result<(StatusCode, Json<ObjectEnvelope<MediaJobRecord>>)> {
     let operation = parse_operation(&draft.operation)?;
@@ -95,7 +96,7 @@ async fn create_media_job(
         input: &draft.input,
     };
     let mut tx = state.pool.begin().await?;
-    let job = media_jobs::create(&mut tx, job, &Actor::Api).await?;
+    let job = media_jobs::create(&mut tx, &caller.scope, job, &caller.actor()).await?;
     tx.commit().await?;
     Ok((StatusCode::CREATED, Json(object("media_job", job))))
 }
@@ -124,6 +125,7 @@ struct MediaJobListQuery {
     responses((status = 200, description = "A page of media jobs", body = ListEnvelope<MediaJobRecord>)))]
 async fn list_media_jobs(
     State(state): State<AppState>,
+    caller: Caller,
     ApiQuery(query): ApiQuery<MediaJobListQuery>,
 ) -> Result<Json<ListEnvelope<MediaJobRecord>>> {
     let limit = page_limit(query.limit)?;
@@ -140,7 +142,8 @@ async fn list_media_jobs(
         provider_id: query.provider_id,
     };
     let mut conn = state.pool.acquire().await?;
-    let rows = media_jobs::list(&mut conn, &filter, query.cursor.as_deref(), limit + 1).await?;
+    let (scope, cursor) = (&caller.scope, query.cursor.as_deref());
+    let rows = media_jobs::list(&mut conn, scope, &filter, cursor, limit + 1).await?;
     Ok(Json(list(rows, limit, |j| j.id.clone())))
 }
 
@@ -150,13 +153,12 @@ async fn list_media_jobs(
     responses((status = 200, description = "The job", body = ObjectEnvelope<MediaJobRecord>)))]
 async fn get_media_job(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<ObjectEnvelope<MediaJobRecord>>> {
     let mut conn = state.pool.acquire().await?;
-    Ok(Json(object(
-        "media_job",
-        media_jobs::get(&mut conn, &id).await?,
-    )))
+    let job = media_jobs::get(&mut conn, &caller.scope, &id).await?;
+    Ok(Json(object("media_job", job)))
 }
 
 /// Enqueues a `queued`, `failed` or `cancelled` job for a worker; `running` and
@@ -166,10 +168,11 @@ async fn get_media_job(
     responses((status = 202, description = "The job, queued", body = ObjectEnvelope<MediaJobRecord>)))]
 async fn run_media_job(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<ObjectEnvelope<MediaJobRecord>>)> {
     let mut tx = state.pool.begin().await?;
-    let job = media_jobs::run(&mut tx, &id, &Actor::Api).await?;
+    let job = media_jobs::run(&mut tx, &caller.scope, &id, &caller.actor()).await?;
     tx.commit().await?;
     Ok((StatusCode::ACCEPTED, Json(object("media_job", job))))
 }
@@ -181,10 +184,11 @@ async fn run_media_job(
     responses((status = 200, description = "The job", body = ObjectEnvelope<MediaJobRecord>)))]
 async fn cancel_media_job(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<ObjectEnvelope<MediaJobRecord>>> {
     let mut tx = state.pool.begin().await?;
-    let job = media_jobs::cancel(&mut tx, &id, &Actor::Api).await?;
+    let job = media_jobs::cancel(&mut tx, &caller.scope, &id, &caller.actor()).await?;
     tx.commit().await?;
     Ok(Json(object("media_job", job)))
 }
@@ -195,14 +199,16 @@ async fn cancel_media_job(
     responses((status = 200, description = "A page of artifacts", body = ListEnvelope<ArtifactRecord>)))]
 async fn list_media_artifacts(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
     ApiQuery(page): ApiQuery<PageQuery>,
 ) -> Result<Json<ListEnvelope<ArtifactRecord>>> {
     let limit = page_limit(page.limit)?;
     let mut conn = state.pool.acquire().await?;
-    media_jobs::get(&mut conn, &id).await?;
-    let owner = Subject::MediaJob(&id);
-    let rows = artifacts::list(&mut conn, owner, page.cursor.as_deref(), limit + 1).await?;
+    let scope = &caller.scope;
+    media_jobs::get(&mut conn, scope, &id).await?;
+    let (owner, cursor) = (Subject::MediaJob(&id), page.cursor.as_deref());
+    let rows = artifacts::list(&mut conn, scope, owner, cursor, limit + 1).await?;
     Ok(Json(list(rows, limit, |a| a.id.clone())))
 }
 
@@ -212,10 +218,12 @@ async fn list_media_artifacts(
     responses((status = 200, description = "The bytes", content_type = "application/octet-stream", body = String)))]
 async fn media_artifact_content(
     State(state): State<AppState>,
+    caller: Caller,
     Path((id, artifact_id)): Path<(String, String)>,
 ) -> Result<Response> {
     let mut conn = state.pool.acquire().await?;
-    let artifact = artifacts::get(&mut conn, Subject::MediaJob(&id), &artifact_id).await?;
+    let owner = Subject::MediaJob(&id);
+    let artifact = artifacts::get(&mut conn, &caller.scope, owner, &artifact_id).await?;
     drop(conn);
     super::artifact_body(&state, artifact).await
 }

@@ -17,6 +17,7 @@ use super::extract::{ApiJson, ApiQuery};
 use super::{
     ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object, page_limit,
 };
+use crate::domain::Caller;
 use crate::domain::provider::{Api, ProviderFields};
 use crate::domain::secret::{SecretRef, SecretStatus};
 use crate::store::providers::{self, ProviderRecord};
@@ -285,11 +286,13 @@ async fn list_templates() -> Json<ListEnvelope<&'static ProviderTemplate>> {
     responses((status = 200, description = "A page of presets", body = ListEnvelope<ProviderView>)))]
 async fn list_providers(
     State(state): State<AppState>,
+    caller: Caller,
     ApiQuery(page): ApiQuery<PageQuery>,
 ) -> Result<Json<ListEnvelope<ProviderView>>> {
     let limit = page_limit(page.limit)?;
     let mut conn = state.pool.acquire().await?;
-    let rows = providers::list(&mut conn, page.cursor.as_deref(), limit + 1).await?;
+    let cursor = page.cursor.as_deref();
+    let rows = providers::list(&mut conn, &caller.scope, cursor, limit + 1).await?;
     Ok(Json(
         list(rows, limit, |p| p.id.clone()).map(ProviderView::from),
     ))
@@ -300,11 +303,12 @@ async fn list_providers(
     responses((status = 201, description = "The new preset", body = ObjectEnvelope<ProviderView>)))]
 async fn create_provider(
     State(state): State<AppState>,
+    caller: Caller,
     ApiJson(draft): ApiJson<ProviderDraft>,
 ) -> Result<(StatusCode, Json<ObjectEnvelope<ProviderView>>)> {
     let spec = ProviderFields::from(draft).validate()?;
     let mut conn = state.pool.acquire().await?;
-    let provider = providers::create(&mut conn, &spec).await?;
+    let provider = providers::create(&mut conn, &caller.scope, &spec).await?;
     Ok((
         StatusCode::CREATED,
         Json(object("provider", provider.into())),
@@ -317,10 +321,11 @@ async fn create_provider(
     responses((status = 200, description = "The preset", body = ObjectEnvelope<ProviderView>)))]
 async fn get_provider(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<ObjectEnvelope<ProviderView>>> {
     let mut conn = state.pool.acquire().await?;
-    let provider = providers::get(&mut conn, &id).await?;
+    let provider = providers::get(&mut conn, &caller.scope, &id).await?;
     Ok(Json(object("provider", provider.into())))
 }
 
@@ -330,13 +335,15 @@ async fn get_provider(
     responses((status = 200, description = "The preset", body = ObjectEnvelope<ProviderView>)))]
 async fn patch_provider(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
     ApiJson(patch): ApiJson<ProviderPatch>,
 ) -> Result<Json<ObjectEnvelope<ProviderView>>> {
     let mut tx = state.pool.begin().await?;
-    let current = providers::lock(&mut tx, &id, "FOR UPDATE").await?;
+    let scope = &caller.scope;
+    let current = providers::lock(&mut tx, scope, &id, "FOR UPDATE").await?;
     let spec = patch.apply(current.fields()).validate()?;
-    let provider = providers::update(&mut tx, &id, &spec).await?;
+    let provider = providers::update(&mut tx, scope, &id, &spec).await?;
     tx.commit().await?;
     Ok(Json(object("provider", provider.into())))
 }
@@ -347,10 +354,11 @@ async fn patch_provider(
     responses((status = 204, description = "Deleted")))]
 async fn delete_provider(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode> {
     let mut tx = state.pool.begin().await?;
-    providers::delete(&mut tx, &id).await?;
+    providers::delete(&mut tx, &caller.scope, &id).await?;
     tx.commit().await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -374,10 +382,11 @@ pub struct ProviderCheck {
     responses((status = 200, description = "The check", body = ObjectEnvelope<ProviderCheck>)))]
 async fn check_provider(
     State(state): State<AppState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<ObjectEnvelope<ProviderCheck>>> {
     let mut conn = state.pool.acquire().await?;
-    let provider = providers::get(&mut conn, &id).await?;
+    let provider = providers::get(&mut conn, &caller.scope, &id).await?;
     let (code, message) = readiness(&provider);
     let check = ProviderCheck {
         ok: code == "ready",
@@ -386,7 +395,7 @@ async fn check_provider(
         checked_at: Utc::now(),
     };
     let stored = serde_json::to_value(&check).map_err(|e| ApiError::Internal(e.to_string()))?;
-    providers::record_check(&mut conn, &id, &stored).await?;
+    providers::record_check(&mut conn, &caller.scope, &id, &stored).await?;
     Ok(Json(object("provider_check", check)))
 }
 

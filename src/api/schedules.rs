@@ -13,6 +13,7 @@ use super::extract::{ApiJson, ApiQuery};
 use super::{
     ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object, page_limit,
 };
+use crate::domain::Caller;
 use crate::domain::schedule::{NewSchedule, ScheduleDraft};
 use crate::store::schedules::{self, OccurrenceRecord, ScheduleFilter, ScheduleRecord};
 
@@ -99,12 +100,14 @@ fn parse_limit(value: &str) -> Result<i64, ApiError> {
     responses((status = 200, description = "A page of schedules", body = ListEnvelope<ScheduleRecord>)))]
 async fn list_schedules(
     State(state): State<AppState>,
+    caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<ListEnvelope<ScheduleRecord>>, ApiError> {
     let query = parse_list_query(raw.as_deref())?;
     let mut conn = state.pool.acquire().await?;
     let rows = schedules::list(
         &mut conn,
+        &caller.scope,
         &query.filter,
         query.cursor.as_deref(),
         query.limit + 1,
@@ -118,10 +121,11 @@ async fn list_schedules(
     responses((status = 200, description = "The schedule", body = ObjectEnvelope<ScheduleRecord>)))]
 async fn get_schedule(
     State(state): State<AppState>,
+    caller: Caller,
     Path(task_id): Path<String>,
 ) -> Result<Json<ObjectEnvelope<ScheduleRecord>>, ApiError> {
     let mut conn = state.pool.acquire().await?;
-    let schedule = schedules::get(&mut conn, &task_id).await?;
+    let schedule = schedules::get(&mut conn, &caller.scope, &task_id).await?;
     Ok(Json(object("task_schedule", schedule)))
 }
 
@@ -131,13 +135,15 @@ async fn get_schedule(
     responses((status = 200, description = "The schedule", body = ObjectEnvelope<ScheduleRecord>)))]
 async fn put_schedule(
     State(state): State<AppState>,
+    caller: Caller,
     Path(task_id): Path<String>,
     ApiJson(draft): ApiJson<ScheduleDraft>,
 ) -> Result<Json<ObjectEnvelope<ScheduleRecord>>, ApiError> {
     let now = Utc::now();
     let new = NewSchedule::parse(draft, now)?;
     let mut tx = state.pool.begin().await?;
-    let schedule = schedules::put(&mut tx, &task_id, &new, now).await?;
+    let (scope, actor) = (&caller.scope, &caller.actor());
+    let schedule = schedules::put(&mut tx, scope, &task_id, &new, now, actor).await?;
     tx.commit().await?;
     Ok(Json(object("task_schedule", schedule)))
 }
@@ -147,10 +153,11 @@ async fn put_schedule(
     responses((status = 204, description = "Deleted")))]
 async fn delete_schedule(
     State(state): State<AppState>,
+    caller: Caller,
     Path(task_id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let mut tx = state.pool.begin().await?;
-    schedules::delete(&mut tx, &task_id).await?;
+    schedules::delete(&mut tx, &caller.scope, &task_id, &caller.actor()).await?;
     tx.commit().await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -162,6 +169,7 @@ async fn delete_schedule(
     responses((status = 200, description = "A page of occurrences", body = ListEnvelope<OccurrenceRecord>)))]
 async fn list_occurrences(
     State(state): State<AppState>,
+    caller: Caller,
     Path(task_id): Path<String>,
     ApiQuery(page): ApiQuery<PageQuery>,
 ) -> Result<Json<ListEnvelope<OccurrenceRecord>>, ApiError> {
@@ -175,7 +183,8 @@ async fn list_occurrences(
         ),
     };
     let mut conn = state.pool.acquire().await?;
-    let rows = schedules::occurrences(&mut conn, &task_id, before, limit + 1).await?;
+    let scope = &caller.scope;
+    let rows = schedules::occurrences(&mut conn, scope, &task_id, before, limit + 1).await?;
     Ok(Json(list(rows, limit, |o| {
         o.scheduled_for.to_rfc3339_opts(SecondsFormat::AutoSi, true)
     })))

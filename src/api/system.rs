@@ -11,6 +11,7 @@ use utoipa_axum::routes;
 
 use super::extract::ApiQuery;
 use super::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object, page_limit};
+use crate::domain::Caller;
 use crate::store::leases::{self, LeaseRecord, LeaseStatus};
 use crate::store::stats::{KindStats, WorkerStats};
 use crate::store::transitions::TransitionRecord;
@@ -59,12 +60,13 @@ fn numeric_cursor(cursor: Option<&str>) -> Result<i64, ApiError> {
 /// What the audit trail records the state changes of.
 const ENTITY_TYPES: [&str; 5] = ["task", "run", "approval", "media_job", "schedule"];
 
-/// The audit trail: every state change of tasks, runs, approvals, media jobs and
-/// schedules, oldest first.
+/// The workspace's audit trail: every state change of its tasks, runs, approvals, media
+/// jobs and schedules, oldest first.
 #[utoipa::path(get, path = "/state-transitions", tag = "system", params(TransitionQuery),
     responses((status = 200, description = "A page of transitions", body = ListEnvelope<TransitionRecord>)))]
 async fn state_transitions(
     State(state): State<AppState>,
+    caller: Caller,
     ApiQuery(query): ApiQuery<TransitionQuery>,
 ) -> Result<Json<ListEnvelope<TransitionRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
@@ -82,6 +84,7 @@ async fn state_transitions(
     let mut conn = state.pool.acquire().await?;
     let rows = transitions::list(
         &mut conn,
+        &caller.scope,
         query.entity_type.as_deref(),
         query.entity_id.as_deref(),
         after,
@@ -104,11 +107,13 @@ struct LeaseQuery {
     cursor: Option<String>,
 }
 
-/// Queue leases: `active`, `expired` (not yet taken over) or `released` (kept 7 days).
+/// The workspace's queue leases: `active`, `expired` (not yet taken over) or `released`
+/// (kept 7 days).
 #[utoipa::path(get, path = "/runtime/leases", tag = "system", params(LeaseQuery),
     responses((status = 200, description = "A page of leases", body = ListEnvelope<LeaseRecord>)))]
 async fn runtime_leases(
     State(state): State<AppState>,
+    caller: Caller,
     ApiQuery(query): ApiQuery<LeaseQuery>,
 ) -> Result<Json<ListEnvelope<LeaseRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
@@ -120,7 +125,7 @@ async fn runtime_leases(
     })?;
     let after = numeric_cursor(query.cursor.as_deref())?;
     let mut conn = state.pool.acquire().await?;
-    let rows = leases::list(&mut conn, status, after, limit + 1).await?;
+    let rows = leases::list(&mut conn, &caller.scope, status, after, limit + 1).await?;
     Ok(Json(
         list(rows, limit, |(cursor, _)| cursor.to_string()).map(|(_, lease)| lease),
     ))
@@ -182,7 +187,8 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) 
 
 #[derive(Debug, Serialize, ToSchema)]
 struct SystemStats {
-    /// Per job kind: depth, ready, leased, age of the oldest ready job.
+    /// Per job kind, of the caller's workspace: depth, ready, leased, age of the oldest
+    /// ready job.
     queue: Vec<KindStats>,
     active_leases: i64,
     workers: Workers,
@@ -198,14 +204,16 @@ struct Workers {
     list: Vec<WorkerStats>,
 }
 
-/// Queue depth and age per kind, leases, and live workers across all replicas.
+/// The workspace's queue depth and age per kind and its leases, and live workers across
+/// all replicas.
 #[utoipa::path(get, path = "/system/stats", tag = "system",
     responses((status = 200, description = "The figures", body = ObjectEnvelope<SystemStats>)))]
 async fn system_stats(
     State(state): State<AppState>,
+    caller: Caller,
 ) -> Result<Json<ObjectEnvelope<SystemStats>>, ApiError> {
     let mut conn = state.pool.acquire().await?;
-    let queue = stats::queue(&mut conn).await?;
+    let queue = stats::queue(&mut conn, &caller.scope).await?;
     let workers = stats::live_workers(&mut conn, stats::WORKER_LIVE_MS).await?;
     let active_leases: i64 = queue.iter().map(|k| k.leased).sum();
     let workers = Workers {

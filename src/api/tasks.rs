@@ -14,7 +14,7 @@ use super::{
     ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object, page_limit,
 };
 use crate::domain::task::{TaskDraft, parse_budget};
-use crate::domain::{Actor, NewTask, TaskStatus};
+use crate::domain::{Caller, NewTask, TaskStatus};
 use crate::store::artifacts::ArtifactRecord;
 use crate::store::events::Subject;
 use crate::store::runs::{Admission, Admitted, Origin, RunRecord};
@@ -47,11 +47,12 @@ type Result<T> = std::result::Result<T, ApiError>;
     responses((status = 201, description = "The new task, `not_started`", body = ObjectEnvelope<TaskRecord>)))]
 async fn create_task(
     State(state): State<AppState>,
+    caller: Caller,
     ApiJson(draft): ApiJson<TaskDraft>,
 ) -> Result<(StatusCode, Json<ObjectEnvelope<TaskRecord>>)> {
     let task = NewTask::parse(draft)?;
     let mut conn = state.pool.acquire().await?;
-    let task = tasks::insert(&mut conn, &task, &Actor::Api).await?;
+    let task = tasks::insert(&mut conn, &caller.scope, &task, &caller.actor()).await?;
     Ok((StatusCode::CREATED, Json(object("task", task))))
 }
 
@@ -73,6 +74,7 @@ struct TaskListQuery {
     responses((status = 200, description = "A page of tasks", body = ListEnvelope<TaskRecord>)))]
 async fn list_tasks(
     State(state): State<AppState>,
+    caller: Caller,
     ApiQuery(query): ApiQuery<TaskListQuery>,
 ) -> Result<Json<ListEnvelope<TaskRecord>>> {
     let limit = page_limit(query.limit)?;
@@ -86,7 +88,8 @@ async fn list_tasks(
         })?),
     };
     let mut conn = state.pool.acquire().await?;
-    let rows = tasks::list(&mut conn, status, query.cursor.as_deref(), limit + 1).await?;
+    let cursor = query.cursor.as_deref();
+    let rows = tasks::list(&mut conn, &caller.scope, status, cursor, limit + 1).await?;
     Ok(Json(list(rows, limit, |t| t.id.clone())))
 }
 
@@ -95,10 +98,12 @@ async fn list_tasks(
     responses((status = 200, description = "The task", body = ObjectEnvelope<TaskRecord>)))]
 async fn get_task(
     State(state): State<AppState>,
+    caller: Caller,
     Path(task_id): Path<String>,
 ) -> Result<Json<ObjectEnvelope<TaskRecord>>> {
     let mut conn = state.pool.acquire().await?;
-    Ok(Json(object("task", tasks::get(&mut conn, &task_id).await?)))
+    let task = tasks::get(&mut conn, &caller.scope, &task_id).await?;
+    Ok(Json(object("task", task)))
 }
 
 /// What a deletion removed.
@@ -115,10 +120,11 @@ struct Deleted {
     responses((status = 200, description = "The task is gone", body = Deleted)))]
 async fn delete_task(
     State(state): State<AppState>,
+    caller: Caller,
     Path(task_id): Path<String>,
 ) -> Result<Json<Deleted>> {
     let mut tx = state.pool.begin().await?;
-    tasks::delete(&mut tx, &task_id, &Actor::Api).await?;
+    tasks::delete(&mut tx, &caller.scope, &task_id, &caller.actor()).await?;
     tx.commit().await?;
     Ok(Json(Deleted {
         object: "task",
@@ -149,11 +155,12 @@ type Admitted201 = (StatusCode, Json<ObjectEnvelope<RunRecord>>);
               (status = 200, description = "The run an earlier request with this Idempotency-Key created", body = ObjectEnvelope<RunRecord>)))]
 async fn start_task(
     State(state): State<AppState>,
+    caller: Caller,
     Path(task_id): Path<String>,
     headers: HeaderMap,
     OptionalJson(request): OptionalJson<StartRequest>,
 ) -> Result<Admitted201> {
-    admit(&state, &task_id, Origin::Start, &headers, request).await
+    admit(&state, &caller, &task_id, Origin::Start, &headers, request).await
 }
 
 /// Retries: a new run of the task in a fresh workspace, linked to the source run.
@@ -163,11 +170,13 @@ async fn start_task(
               (status = 200, description = "A replayed request's run", body = ObjectEnvelope<RunRecord>)))]
 async fn retry_run(
     State(state): State<AppState>,
+    caller: Caller,
     Path((task_id, run_id)): Path<(String, String)>,
     headers: HeaderMap,
     OptionalJson(request): OptionalJson<StartRequest>,
 ) -> Result<Admitted201> {
-    admit(&state, &task_id, Origin::Retry(run_id), &headers, request).await
+    let origin = Origin::Retry(run_id);
+    admit(&state, &caller, &task_id, origin, &headers, request).await
 }
 
 /// Resumes a finished run: a new run in its workspace, with its checkpoint and cost.
@@ -177,17 +186,20 @@ async fn retry_run(
               (status = 200, description = "A replayed request's run", body = ObjectEnvelope<RunRecord>)))]
 async fn resume_run(
     State(state): State<AppState>,
+    caller: Caller,
     Path((task_id, run_id)): Path<(String, String)>,
     headers: HeaderMap,
     OptionalJson(request): OptionalJson<StartRequest>,
 ) -> Result<Admitted201> {
-    admit(&state, &task_id, Origin::Resume(run_id), &headers, request).await
+    let origin = Origin::Resume(run_id);
+    admit(&state, &caller, &task_id, origin, &headers, request).await
 }
 
 /// Start, retry and resume: one transaction that creates the run, gates or enqueues it
 /// and records its events. A replayed `Idempotency-Key` returns the original run with 200.
 async fn admit(
     state: &AppState,
+    caller: &Caller,
     task_id: &str,
     origin: Origin,
     headers: &HeaderMap,
@@ -220,7 +232,8 @@ async fn admit(
         schedule: None,
     };
     let mut tx = state.pool.begin().await?;
-    let admitted = runs::admit(&mut tx, task_id, admission, &state.rules, &Actor::Api).await?;
+    let (scope, actor) = (&caller.scope, &caller.actor());
+    let admitted = runs::admit(&mut tx, scope, task_id, admission, &state.rules, actor).await?;
     tx.commit().await?;
     Ok(match admitted {
         Admitted::New(run) => (StatusCode::CREATED, Json(object("task_run", run))),
@@ -233,13 +246,22 @@ async fn admit(
     responses((status = 200, description = "A page of runs", body = ListEnvelope<RunRecord>)))]
 async fn list_runs(
     State(state): State<AppState>,
+    caller: Caller,
     Path(task_id): Path<String>,
     ApiQuery(page): ApiQuery<PageQuery>,
 ) -> Result<Json<ListEnvelope<RunRecord>>> {
     let limit = page_limit(page.limit)?;
     let mut conn = state.pool.acquire().await?;
-    tasks::get(&mut conn, &task_id).await?;
-    let rows = runs::list(&mut conn, &task_id, page.cursor.as_deref(), limit + 1).await?;
+    let scope = &caller.scope;
+    tasks::get(&mut conn, scope, &task_id).await?;
+    let rows = runs::list(
+        &mut conn,
+        scope,
+        &task_id,
+        page.cursor.as_deref(),
+        limit + 1,
+    )
+    .await?;
     Ok(Json(list(rows, limit, |r| r.id.clone())))
 }
 
@@ -249,13 +271,12 @@ async fn list_runs(
     responses((status = 200, description = "The run", body = ObjectEnvelope<RunRecord>)))]
 async fn get_run(
     State(state): State<AppState>,
+    caller: Caller,
     Path((task_id, run_id)): Path<(String, String)>,
 ) -> Result<Json<ObjectEnvelope<RunRecord>>> {
     let mut conn = state.pool.acquire().await?;
-    Ok(Json(object(
-        "task_run",
-        runs::get(&mut conn, &task_id, &run_id).await?,
-    )))
+    let run = runs::get(&mut conn, &caller.scope, &task_id, &run_id).await?;
+    Ok(Json(object("task_run", run)))
 }
 
 /// Cancels a run: `cancelled` is committed first, then the worker stops its process tree.
@@ -265,10 +286,12 @@ async fn get_run(
     responses((status = 200, description = "The run", body = ObjectEnvelope<RunRecord>)))]
 async fn cancel_run(
     State(state): State<AppState>,
+    caller: Caller,
     Path((task_id, run_id)): Path<(String, String)>,
 ) -> Result<Json<ObjectEnvelope<RunRecord>>> {
     let mut tx = state.pool.begin().await?;
-    let run = runs::cancel(&mut tx, &task_id, &run_id, &Actor::Api).await?;
+    let (scope, actor) = (&caller.scope, &caller.actor());
+    let run = runs::cancel(&mut tx, scope, &task_id, &run_id, actor).await?;
     tx.commit().await?;
     Ok(Json(object("task_run", run)))
 }
@@ -279,6 +302,7 @@ async fn cancel_run(
     responses((status = 200, description = "A page of steps", body = ListEnvelope<StepRecord>)))]
 async fn list_steps(
     State(state): State<AppState>,
+    caller: Caller,
     Path((task_id, run_id)): Path<(String, String)>,
     ApiQuery(page): ApiQuery<PageQuery>,
 ) -> Result<Json<ListEnvelope<StepRecord>>> {
@@ -290,8 +314,9 @@ async fn list_steps(
             .map_err(|_| ApiError::invalid("cursor must be a step index"))?,
     };
     let mut conn = state.pool.acquire().await?;
-    runs::get(&mut conn, &task_id, &run_id).await?;
-    let rows = steps::list(&mut conn, &run_id, after, limit + 1).await?;
+    let scope = &caller.scope;
+    runs::get(&mut conn, scope, &task_id, &run_id).await?;
+    let rows = steps::list(&mut conn, scope, &run_id, after, limit + 1).await?;
     Ok(Json(list(rows, limit, |s| s.index.to_string())))
 }
 
@@ -301,14 +326,17 @@ async fn list_steps(
     responses((status = 200, description = "A page of artifacts", body = ListEnvelope<ArtifactRecord>)))]
 async fn list_artifacts(
     State(state): State<AppState>,
+    caller: Caller,
     Path((task_id, run_id)): Path<(String, String)>,
     ApiQuery(page): ApiQuery<PageQuery>,
 ) -> Result<Json<ListEnvelope<ArtifactRecord>>> {
     let limit = page_limit(page.limit)?;
     let mut conn = state.pool.acquire().await?;
-    runs::get(&mut conn, &task_id, &run_id).await?;
+    let scope = &caller.scope;
+    runs::get(&mut conn, scope, &task_id, &run_id).await?;
     let owner = run_subject(&task_id, &run_id);
-    let rows = artifacts::list(&mut conn, owner, page.cursor.as_deref(), limit + 1).await?;
+    let cursor = page.cursor.as_deref();
+    let rows = artifacts::list(&mut conn, scope, owner, cursor, limit + 1).await?;
     Ok(Json(list(rows, limit, |a| a.id.clone())))
 }
 
@@ -318,14 +346,12 @@ async fn list_artifacts(
     responses((status = 200, description = "The artifact", body = ObjectEnvelope<ArtifactRecord>)))]
 async fn get_artifact(
     State(state): State<AppState>,
+    caller: Caller,
     Path((task_id, run_id, artifact_id)): Path<(String, String, String)>,
 ) -> Result<Json<ObjectEnvelope<ArtifactRecord>>> {
     let mut conn = state.pool.acquire().await?;
-    runs::get(&mut conn, &task_id, &run_id).await?;
-    Ok(Json(object(
-        "task_artifact",
-        artifacts::get(&mut conn, run_subject(&task_id, &run_id), &artifact_id).await?,
-    )))
+    let artifact = run_artifact(&mut conn, &caller, &task_id, &run_id, &artifact_id).await?;
+    Ok(Json(object("task_artifact", artifact)))
 }
 
 /// The artifact's bytes so far; readable while the run is still writing them.
@@ -334,13 +360,27 @@ async fn get_artifact(
     responses((status = 200, description = "The bytes", content_type = "text/plain", body = String)))]
 async fn artifact_content(
     State(state): State<AppState>,
+    caller: Caller,
     Path((task_id, run_id, artifact_id)): Path<(String, String, String)>,
 ) -> Result<Response> {
     let mut conn = state.pool.acquire().await?;
-    runs::get(&mut conn, &task_id, &run_id).await?;
-    let artifact = artifacts::get(&mut conn, run_subject(&task_id, &run_id), &artifact_id).await?;
+    let artifact = run_artifact(&mut conn, &caller, &task_id, &run_id, &artifact_id).await?;
     drop(conn);
     super::artifact_body(&state, artifact).await
+}
+
+/// A run's artifact, in the caller's workspace.
+async fn run_artifact(
+    conn: &mut sqlx::PgConnection,
+    caller: &Caller,
+    task_id: &str,
+    run_id: &str,
+    artifact_id: &str,
+) -> Result<ArtifactRecord> {
+    let scope = &caller.scope;
+    runs::get(conn, scope, task_id, run_id).await?;
+    let owner = run_subject(task_id, run_id);
+    Ok(artifacts::get(conn, scope, owner, artifact_id).await?)
 }
 
 fn run_subject<'a>(task_id: &'a str, run_id: &'a str) -> Subject<'a> {

@@ -44,9 +44,9 @@ async fn clear_history(pool: &PgPool) -> anyhow::Result<()> {
 async fn seed(pool: &PgPool, rows: i64) -> anyhow::Result<()> {
     sqlx::query(
         "INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token, claimed_at,
-                                    expires_at, heartbeats, released_at, outcome)
+                                    expires_at, heartbeats, released_at, outcome, workspace_id)
          SELECT g, $1, 'h-' || g, 'wrk_history', 1, now() - interval '1 hour',
-                now() - interval '59 minutes', 0, now() - interval '1 hour', 'acked'
+                now() - interval '59 minutes', 0, now() - interval '1 hour', 'acked', 'default'
          FROM generate_series(1, $2) AS g",
     )
     .bind(KIND)

@@ -10,6 +10,7 @@ use super::children;
 use super::noop::{InProcess, KIND, Probe};
 use super::stats::{Latency, Throughput};
 use super::{POLL, RunArgs};
+use crate::domain::Scope;
 use crate::queue;
 
 /// Rows per enqueue statement when enqueuing in bulk (the peer's batch size too).
@@ -75,7 +76,7 @@ pub async fn latency(
         let ref_id = format!("l-{i}");
         let enqueued = Instant::now();
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        queue::enqueue(&mut tx, KIND, &ref_id, 0, None).await?;
+        queue::enqueue(&mut tx, &Scope::local(), KIND, &ref_id, 0, None).await?;
         tx.commit().await?;
         let (started_id, started) = starts
             .recv()
@@ -141,7 +142,7 @@ pub async fn enqueue_bulk(pool: &PgPool, prefix: &str, jobs: usize) -> anyhow::R
     let mut tx = pool.begin().await?;
     let ids: Vec<String> = (0..jobs).map(|i| format!("{prefix}-{i}")).collect();
     for batch in ids.chunks(ENQUEUE_BATCH) {
-        queue::enqueue_many(&mut tx, KIND, batch, 0).await?;
+        queue::enqueue_many(&mut tx, &Scope::local(), KIND, batch, 0).await?;
     }
     tx.commit().await?;
     Ok(())

@@ -17,6 +17,7 @@ use super::RunArgs;
 use super::noop::{InProcess, KIND, Probe};
 use super::queue::clear;
 use super::stats::Latency;
+use crate::domain::Scope;
 use crate::queue;
 
 /// How often the offered load is enqueued (rate · TICK jobs at a time).
@@ -192,7 +193,7 @@ async fn offer(
             .unwrap()
             .extend(ids.iter().map(|id| (id.clone(), at)));
         let mut tx = pool.begin().await?;
-        queue::enqueue_many(&mut tx, KIND, &ids, 0).await?;
+        queue::enqueue_many(&mut tx, &Scope::local(), KIND, &ids, 0).await?;
         tx.commit().await?;
         sent = due;
     }

@@ -25,8 +25,6 @@ pub fn new_id(prefix: &str) -> String {
 /// Who made a state change, as the audit trail records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Actor {
-    /// A request to the HTTP API before callers were identified.
-    Api,
     /// A person (or a service) identified by the API: `local` in local mode, the remote
     /// identity's actor id in remote mode.
     Person(String),
@@ -39,7 +37,6 @@ pub enum Actor {
 impl std::fmt::Display for Actor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Actor::Api => write!(f, "api"),
             Actor::Person(id) => write!(f, "{id}"),
             Actor::Worker(id) => write!(f, "worker:{id}"),
             Actor::System => write!(f, "system"),

@@ -5,6 +5,7 @@ use keel_workers::ContextError;
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
+use crate::domain::Scope;
 use crate::queue::worker::Job;
 use crate::queue::{self, Lease};
 use crate::store::StoreError;
@@ -12,6 +13,8 @@ use crate::store::StoreError;
 pub struct Fence {
     pool: PgPool,
     lease: Lease,
+    /// The job's workspace: every write of the attempt goes there.
+    pub scope: Scope,
     /// Fires when the job is cancelled or the lease lost.
     pub interrupt: CancellationToken,
 }
@@ -21,6 +24,7 @@ impl Fence {
         Fence {
             pool: pool.clone(),
             lease: job.lease.clone(),
+            scope: job.lease.scope(),
             interrupt: job.interrupt.clone(),
         }
     }
@@ -60,6 +64,7 @@ impl Fence {
 pub trait DomainRow: Sized + Send {
     fn lock(
         conn: &mut PgConnection,
+        scope: &Scope,
         id: &str,
     ) -> impl Future<Output = Result<Self, StoreError>> + Send;
     /// Whether the row reached a terminal state (cancelled while queued, or finished by an
@@ -74,7 +79,7 @@ pub async fn lock_unless_ended<R: DomainRow>(
     lease: &Lease,
 ) -> Result<Option<(sqlx::Transaction<'static, sqlx::Postgres>, R)>, StoreError> {
     let mut tx = queue::begin_fenced(pool, lease).await?;
-    let row = R::lock(&mut tx, &lease.ref_id).await?;
+    let row = R::lock(&mut tx, &lease.scope(), &lease.ref_id).await?;
     if row.has_ended() {
         queue::complete(&mut tx, lease).await?;
         tx.commit().await?;

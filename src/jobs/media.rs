@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::fence::{self, DomainRow, Fence};
 use crate::domain::media::MediaJobStatus;
 use crate::domain::secret::Unresolved;
-use crate::domain::{Actor, EventType};
+use crate::domain::{Actor, EventType, Scope};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
 use crate::store::content::ContentStore;
@@ -67,9 +67,10 @@ enum Ending<'a> {
 impl DomainRow for MediaJobRecord {
     fn lock(
         conn: &mut PgConnection,
+        scope: &Scope,
         id: &str,
     ) -> impl Future<Output = Result<Self, StoreError>> + Send {
-        media_jobs::lock(conn, id)
+        media_jobs::lock(conn, scope, id)
     }
 
     fn has_ended(&self) -> bool {
@@ -83,7 +84,7 @@ impl MediaJobs {
         let Some(record) = self.begin(lease).await? else {
             return Ok("skipped");
         };
-        let spec = match self.spec(&record).await? {
+        let spec = match self.spec(&lease.scope(), &record).await? {
             Ok(spec) => spec,
             Err(unresolved) => {
                 let ending = Ending::Failed {
@@ -146,9 +147,9 @@ impl MediaJobs {
         else {
             return Ok(None);
         };
-        let actor = worker(lease);
+        let (scope, actor) = (lease.scope(), worker(lease));
         if record.status() == MediaJobStatus::Running {
-            disconnect(&mut tx, &record.id, "worker_lease_expired", &actor).await?;
+            disconnect(&mut tx, &scope, &record.id, "worker_lease_expired", &actor).await?;
             metrics::reclaimed(&lease.kind);
         }
         if lease.attempts > lease.max_attempts {
@@ -164,6 +165,7 @@ impl MediaJobs {
         let running = MediaJobStatus::Running;
         let record = media_jobs::transition(
             &mut tx,
+            &scope,
             &record.id,
             running,
             change,
@@ -177,7 +179,7 @@ impl MediaJobs {
             "resumes_vendor_task": record.vendor_task_id.is_some(),
         });
         let event = NewEvent::media_job(&record.id, EventType::MediaJobStarted).with(data);
-        events::append(&mut tx, &[event]).await?;
+        events::append(&mut tx, &scope, &[event]).await?;
         tx.commit().await?;
         Ok(Some(record))
     }
@@ -185,9 +187,11 @@ impl MediaJobs {
     /// The attempt's inputs: the preset's fields and its secrets, resolved here, now.
     async fn spec(
         &self,
+        scope: &Scope,
         record: &MediaJobRecord,
     ) -> Result<Result<MediaSpec, Unresolved>, StoreError> {
-        let preset = providers::get(&mut *self.pool.acquire().await?, &record.provider_id).await?;
+        let mut conn = self.pool.acquire().await?;
+        let preset = providers::get(&mut conn, scope, &record.provider_id).await?;
         let unusable = |message: String| Unresolved {
             code: "invalid_request",
             message,
@@ -239,6 +243,7 @@ impl MediaJobs {
                 let (actor, reason) = (worker(lease), Some("generated"));
                 let record = media_jobs::transition(
                     &mut tx,
+                    &lease.scope(),
                     &lease.ref_id,
                     succeeded,
                     Change::default(),
@@ -250,7 +255,7 @@ impl MediaJobs {
                 let data = serde_json::json!({ "artifact_ids": record.artifact_ids });
                 let event =
                     NewEvent::media_job(&lease.ref_id, EventType::MediaJobSucceeded).with(data);
-                events::append(&mut tx, &[event]).await?;
+                events::append(&mut tx, &lease.scope(), &[event]).await?;
             }
             Ending::Failed { code, message } => {
                 fail_and_ack(&mut tx, lease, &lease.ref_id, code, message).await?;
@@ -282,9 +287,10 @@ impl MediaJobs {
             error: Some((code.as_str(), message)),
             ..Change::default()
         };
-        let queued = MediaJobStatus::Queued;
+        let (scope, queued) = (lease.scope(), MediaJobStatus::Queued);
         media_jobs::transition(
             &mut tx,
+            &scope,
             &lease.ref_id,
             queued,
             change,
@@ -297,7 +303,7 @@ impl MediaJobs {
         let data = serde_json::json!({ "reason": "retry", "error_code": code.as_str(),
                                        "error": message, "retry_in_ms": delay.as_millis() as u64 });
         let event = NewEvent::media_job(&lease.ref_id, EventType::MediaJobQueued).with(data);
-        events::append(&mut tx, &[event]).await?;
+        events::append(&mut tx, &scope, &[event]).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -307,7 +313,8 @@ impl MediaJobs {
     async fn hand_back(&self, lease: &Lease) -> Result<(), StoreError> {
         let mut tx = queue::begin_fenced(&self.pool, lease).await?;
         queue::retry(&mut tx, lease, "worker shut down", Duration::ZERO, false).await?;
-        disconnect(&mut tx, &lease.ref_id, "worker_shutdown", &worker(lease)).await?;
+        let (scope, actor) = (lease.scope(), worker(lease));
+        disconnect(&mut tx, &scope, &lease.ref_id, "worker_shutdown", &actor).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -320,15 +327,16 @@ fn worker(lease: &Lease) -> Actor {
 /// Puts a running job whose worker is gone back to `queued`.
 pub async fn disconnect(
     conn: &mut PgConnection,
+    scope: &Scope,
     id: &str,
     reason: &str,
     actor: &Actor,
 ) -> Result<(), StoreError> {
-    let queued = MediaJobStatus::Queued;
-    media_jobs::transition(conn, id, queued, Change::default(), actor, Some(reason)).await?;
+    let (queued, change) = (MediaJobStatus::Queued, Change::default());
+    media_jobs::transition(conn, scope, id, queued, change, actor, Some(reason)).await?;
     let data = serde_json::json!({ "reason": reason });
     let event = NewEvent::media_job(id, EventType::MediaJobQueued).with(data);
-    events::append(conn, &[event]).await
+    events::append(conn, scope, &[event]).await
 }
 
 async fn fail_and_ack(
@@ -342,12 +350,13 @@ async fn fail_and_ack(
         error: Some((code, message)),
         ..Change::default()
     };
-    let failed = MediaJobStatus::Failed;
-    media_jobs::transition(conn, id, failed, change, &worker(lease), Some(message)).await?;
+    let (scope, failed) = (lease.scope(), MediaJobStatus::Failed);
+    let actor = worker(lease);
+    media_jobs::transition(conn, &scope, id, failed, change, &actor, Some(message)).await?;
     queue::complete(conn, lease).await?;
     let data = serde_json::json!({ "error_code": code, "error": message });
     let event = NewEvent::media_job(id, EventType::MediaJobFailed).with(data);
-    events::append(conn, &[event]).await
+    events::append(conn, &scope, &[event]).await
 }
 
 /// The runtime side of [`MediaContext`]: each write is one fenced transaction; artifact
@@ -365,7 +374,13 @@ impl FencedMediaContext {
     async fn write_chunk(&self, artifact_id: &str, bytes: &[u8]) -> Result<(), ContextError> {
         let mut tx = self.fence.begin().await?;
         self.content
-            .append(&mut tx, artifact_id, bytes, self.max_bytes)
+            .append(
+                &mut tx,
+                &self.fence.scope,
+                artifact_id,
+                bytes,
+                self.max_bytes,
+            )
             .await
             .map_err(|e| self.fence.context_error(e))?;
         self.fence.commit(tx).await
@@ -395,7 +410,7 @@ impl MediaContext for FencedMediaContext {
 
     async fn save_vendor_task(&self, task_id: &str) -> Result<(), ContextError> {
         let mut tx = self.fence.begin().await?;
-        media_jobs::save_vendor_task(&mut tx, &self.media_job_id, task_id)
+        media_jobs::save_vendor_task(&mut tx, &self.fence.scope, &self.media_job_id, task_id)
             .await
             .map_err(|e| self.fence.context_error(e))?;
         self.fence.commit(tx).await
@@ -404,7 +419,7 @@ impl MediaContext for FencedMediaContext {
     async fn progress(&self, data: serde_json::Value) -> Result<(), ContextError> {
         let mut tx = self.fence.begin().await?;
         let event = NewEvent::media_job(&self.media_job_id, EventType::MediaJobProgress).with(data);
-        events::append(&mut tx, &[event])
+        events::append(&mut tx, &self.fence.scope, &[event])
             .await
             .map_err(|e| self.fence.context_error(e))?;
         self.fence.commit(tx).await
@@ -417,9 +432,17 @@ impl MediaContext for FencedMediaContext {
         content_type: &str,
     ) -> Result<ArtifactHandle, ContextError> {
         let mut tx = self.fence.begin().await?;
-        let artifact = artifacts::open(&mut tx, self.subject(), name, kind.as_str(), content_type)
-            .await
-            .map_err(|e| self.fence.context_error(e))?;
+        let scope = &self.fence.scope;
+        let artifact = artifacts::open(
+            &mut tx,
+            scope,
+            self.subject(),
+            name,
+            kind.as_str(),
+            content_type,
+        )
+        .await
+        .map_err(|e| self.fence.context_error(e))?;
         self.fence.commit(tx).await?;
         Ok(ArtifactHandle(artifact.id))
     }
@@ -444,7 +467,7 @@ impl MediaContext for FencedMediaContext {
     async fn close_artifact(&self, artifact: &ArtifactHandle) -> Result<(), ContextError> {
         self.flush(&artifact.0).await?;
         let mut tx = self.fence.begin().await?;
-        artifacts::close(&mut tx, &artifact.0)
+        artifacts::close(&mut tx, &self.fence.scope, &artifact.0)
             .await
             .map_err(|e| self.fence.context_error(e))?;
         self.fence.commit(tx).await

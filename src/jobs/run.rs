@@ -15,7 +15,7 @@ use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
 use super::fence::{self, DomainRow, Fence};
-use crate::domain::{Actor, EventType, RunStatus};
+use crate::domain::{Actor, EventType, RunStatus, Scope};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
 use crate::store::content::ContentStore;
@@ -57,9 +57,10 @@ impl JobHandler for RunJobs {
 impl DomainRow for RunRecord {
     fn lock(
         conn: &mut PgConnection,
+        scope: &Scope,
         id: &str,
     ) -> impl Future<Output = Result<Self, StoreError>> + Send {
-        runs::lock(conn, id)
+        runs::lock(conn, scope, id)
     }
 
     fn has_ended(&self) -> bool {
@@ -130,9 +131,17 @@ impl RunJobs {
         else {
             return Ok(None);
         };
+        let scope = lease.scope();
         let reclaimed = run.status() == RunStatus::Running;
         if reclaimed {
-            disconnect(&mut tx, &run, "worker_lease_expired", &worker(lease)).await?;
+            disconnect(
+                &mut tx,
+                &scope,
+                &run,
+                "worker_lease_expired",
+                &worker(lease),
+            )
+            .await?;
         }
         if lease.attempts > lease.max_attempts {
             let error = format!("gave up after {} attempts", lease.max_attempts);
@@ -147,6 +156,7 @@ impl RunJobs {
         };
         let run = runs::transition(
             &mut tx,
+            &scope,
             &run.id,
             RunStatus::Running,
             change,
@@ -154,10 +164,11 @@ impl RunJobs {
             Some("claimed"),
         )
         .await?;
-        let task = tasks::get(&mut tx, &run.task_id).await?;
+        let task = tasks::get(&mut tx, &scope, &run.task_id).await?;
         let data = serde_json::json!({ "attempt": run.attempt, "worker_id": lease.owner });
         events::append(
             &mut tx,
+            &scope,
             &[NewEvent::new(&run.task_id, &run.id, EventType::RunStarted).with(data)],
         )
         .await?;
@@ -210,6 +221,7 @@ impl RunJobs {
         outcome: Outcome,
     ) -> Result<(), StoreError> {
         let mut tx = queue::begin_fenced(&self.pool, lease).await?;
+        let scope = lease.scope();
         match outcome {
             Outcome::Completed { exit_code } => {
                 let change = Change {
@@ -218,6 +230,7 @@ impl RunJobs {
                 };
                 runs::transition(
                     &mut tx,
+                    &scope,
                     &run.id,
                     RunStatus::Completed,
                     change,
@@ -227,7 +240,7 @@ impl RunJobs {
                 .await?;
                 let data = serde_json::json!({ "exit_code": exit_code });
                 let event = NewEvent::new(&run.task_id, &run.id, EventType::RunFinished).with(data);
-                events::append(&mut tx, &[event]).await?;
+                events::append(&mut tx, &scope, &[event]).await?;
                 queue::complete(&mut tx, lease).await?;
             }
             Outcome::Failed { exit_code, error } => {
@@ -238,6 +251,7 @@ impl RunJobs {
                 };
                 runs::transition(
                     &mut tx,
+                    &scope,
                     &run.id,
                     RunStatus::Failed,
                     change,
@@ -247,7 +261,7 @@ impl RunJobs {
                 .await?;
                 let data = serde_json::json!({ "exit_code": exit_code, "error": error });
                 let event = NewEvent::new(&run.task_id, &run.id, EventType::RunFailed).with(data);
-                events::append(&mut tx, &[event]).await?;
+                events::append(&mut tx, &scope, &[event]).await?;
                 queue::complete(&mut tx, lease).await?;
             }
             Outcome::Interrupted | Outcome::Retry { .. } => unreachable!("not a final outcome"),
@@ -259,12 +273,14 @@ impl RunJobs {
     /// The runtime failed under the attempt: retry with backoff, or give up at the limit.
     async fn nack(&self, lease: &Lease, run: &RunRecord, error: &str) -> Result<(), StoreError> {
         let mut tx = queue::begin_fenced(&self.pool, lease).await?;
+        let scope = lease.scope();
         if lease.attempts >= lease.max_attempts {
             let error = format!("gave up after {} attempts: {error}", lease.attempts);
             fail_and_ack(&mut tx, lease, run, &error).await?;
         } else {
             runs::transition(
                 &mut tx,
+                &scope,
                 &run.id,
                 RunStatus::Queued,
                 Change::default(),
@@ -272,11 +288,11 @@ impl RunJobs {
                 Some(error),
             )
             .await?;
-            runs::close_open_work(&mut tx, &run.id, "failed", error).await?;
+            runs::close_open_work(&mut tx, &scope, &run.id, "failed", error).await?;
             let data = serde_json::json!({ "reason": "retry", "error": error });
             let event = NewEvent::new(&run.task_id, &run.id, EventType::RunQueued).with(data);
             queue::retry(&mut tx, lease, error, queue::backoff(lease.attempts), true).await?;
-            events::append(&mut tx, &[event]).await?;
+            events::append(&mut tx, &scope, &[event]).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -285,9 +301,10 @@ impl RunJobs {
     /// Gives a job back at shutdown so another worker takes it at once, without penalty.
     async fn hand_back(&self, lease: &Lease, run: &RunRecord) -> Result<(), StoreError> {
         let mut tx = queue::begin_fenced(&self.pool, lease).await?;
-        let run = runs::get_by_id(&mut tx, &run.id).await?;
+        let scope = lease.scope();
+        let run = runs::get_by_id(&mut tx, &scope, &run.id).await?;
         queue::retry(&mut tx, lease, "worker shut down", Duration::ZERO, false).await?;
-        disconnect(&mut tx, &run, "worker_shutdown", &worker(lease)).await?;
+        disconnect(&mut tx, &scope, &run, "worker_shutdown", &worker(lease)).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -308,13 +325,15 @@ fn worker(lease: &Lease) -> Actor {
 /// gap, and puts the run back to `queued`. Events are appended last (see store::events).
 pub async fn disconnect(
     conn: &mut PgConnection,
+    scope: &Scope,
     run: &RunRecord,
     reason: &str,
     actor: &Actor,
 ) -> Result<(), StoreError> {
-    runs::close_open_work(conn, &run.id, "failed", "worker disconnected").await?;
+    runs::close_open_work(conn, scope, &run.id, "failed", "worker disconnected").await?;
     runs::transition(
         conn,
+        scope,
         &run.id,
         RunStatus::Queued,
         Change::default(),
@@ -329,6 +348,7 @@ pub async fn disconnect(
     });
     events::append(
         conn,
+        scope,
         &[
             NewEvent::new(&run.task_id, &run.id, EventType::GapRunDisconnected).with(gap),
             NewEvent::new(&run.task_id, &run.id, EventType::RunQueued)
@@ -348,8 +368,10 @@ async fn fail_and_ack(
         last_error: Some(error),
         ..Change::default()
     };
+    let scope = lease.scope();
     runs::transition(
         conn,
+        &scope,
         &run.id,
         RunStatus::Failed,
         change,
@@ -361,6 +383,7 @@ async fn fail_and_ack(
     let data = serde_json::json!({ "error": error });
     events::append(
         conn,
+        &scope,
         &[NewEvent::new(&run.task_id, &run.id, EventType::RunFailed).with(data)],
     )
     .await
@@ -386,7 +409,8 @@ impl RunContext for FencedContext {
         input: serde_json::Value,
     ) -> Result<StepHandle, ContextError> {
         let mut tx = self.fence.begin().await?;
-        let step = steps::start(&mut tx, &self.task_id, &self.run_id, name, &input)
+        let scope = &self.fence.scope;
+        let step = steps::start(&mut tx, scope, &self.task_id, &self.run_id, name, &input)
             .await
             .map_err(|e| self.fence.context_error(e))?;
         self.fence.commit(tx).await?;
@@ -397,10 +421,10 @@ impl RunContext for FencedContext {
         let mut tx = self.fence.begin().await?;
         let finished = match &result {
             StepResult::Completed { output } => {
-                steps::finish(&mut tx, &step.0, Some(output), None).await
+                steps::finish(&mut tx, &self.fence.scope, &step.0, Some(output), None).await
             }
             StepResult::Failed { error } => {
-                steps::finish(&mut tx, &step.0, None, Some(error)).await
+                steps::finish(&mut tx, &self.fence.scope, &step.0, None, Some(error)).await
             }
         };
         finished.map_err(|e| self.fence.context_error(e))?;
@@ -414,7 +438,7 @@ impl RunContext for FencedContext {
             task_id: &self.task_id,
             run_id: &self.run_id,
         };
-        let artifact = artifacts::open(&mut tx, owner, name, name, "text/plain")
+        let artifact = artifacts::open(&mut tx, &self.fence.scope, owner, name, name, "text/plain")
             .await
             .map_err(|e| self.fence.context_error(e))?;
         self.fence.commit(tx).await?;
@@ -428,7 +452,13 @@ impl RunContext for FencedContext {
     ) -> Result<(), ContextError> {
         let mut tx = self.fence.begin().await?;
         self.content
-            .append(&mut tx, &artifact.0, bytes, self.artifact_max_bytes)
+            .append(
+                &mut tx,
+                &self.fence.scope,
+                &artifact.0,
+                bytes,
+                self.artifact_max_bytes,
+            )
             .await
             .map_err(|e| self.fence.context_error(e))?;
         self.fence.commit(tx).await
@@ -436,7 +466,7 @@ impl RunContext for FencedContext {
 
     async fn close_output(&self, artifact: &ArtifactHandle) -> Result<(), ContextError> {
         let mut tx = self.fence.begin().await?;
-        artifacts::close(&mut tx, &artifact.0)
+        artifacts::close(&mut tx, &self.fence.scope, &artifact.0)
             .await
             .map_err(|e| self.fence.context_error(e))?;
         self.fence.commit(tx).await

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
+use crate::domain::Scope;
 use crate::store::{Result, StoreError};
 
 pub const RUN_KIND: &str = "run";
@@ -39,6 +40,15 @@ pub struct Lease {
     /// Where the job stood in claim order (see [`Positions`]).
     pub priority: i32,
     pub run_after: DateTime<Utc>,
+    /// The workspace of the job's domain row: the executor's writes go there.
+    pub workspace_id: String,
+}
+
+impl Lease {
+    /// The workspace the job's executor acts in.
+    pub fn scope(&self) -> Scope {
+        Scope::new(self.workspace_id.clone())
+    }
 }
 
 /// Where a worker's claims of one kind have reached in claim order: for each priority it
@@ -112,23 +122,26 @@ impl Positions {
     }
 }
 
-/// Enqueues a job; idempotent: at most one live row per (kind, ref_id). `traceparent`
-/// links the job's execution to the enqueueing trace.
+/// Enqueues a job of the scope's domain row; idempotent: at most one live row per
+/// (kind, ref_id). `traceparent` links the job's execution to the enqueueing trace.
 pub async fn enqueue(
     conn: &mut PgConnection,
+    scope: &Scope,
     kind: &str,
     ref_id: &str,
     priority: i32,
     traceparent: Option<&str>,
 ) -> Result<()> {
     sqlx::query(
-        "INSERT INTO queue_jobs (kind, ref_id, priority, traceparent) VALUES ($1, $2, $3, $4)
+        "INSERT INTO queue_jobs (kind, ref_id, priority, traceparent, workspace_id)
+         VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (kind, ref_id) DO NOTHING",
     )
     .bind(kind)
     .bind(ref_id)
     .bind(priority)
     .bind(traceparent)
+    .bind(scope.workspace())
     .execute(&mut *conn)
     .await?;
     notify(conn, JOBS_CHANNEL, kind).await
@@ -138,18 +151,20 @@ pub async fn enqueue(
 /// returns how many were new. One notification wakes the workers for all of them.
 pub async fn enqueue_many(
     conn: &mut PgConnection,
+    scope: &Scope,
     kind: &str,
     ref_ids: &[String],
     priority: i32,
 ) -> Result<u64> {
     let inserted = sqlx::query(
-        "INSERT INTO queue_jobs (kind, ref_id, priority)
-         SELECT $1, ref_id, $3 FROM unnest($2::text[]) AS r(ref_id)
+        "INSERT INTO queue_jobs (kind, ref_id, priority, workspace_id)
+         SELECT $1, ref_id, $3, $4 FROM unnest($2::text[]) AS r(ref_id)
          ON CONFLICT (kind, ref_id) DO NOTHING",
     )
     .bind(kind)
     .bind(ref_ids)
     .bind(priority)
+    .bind(scope.workspace())
     .execute(&mut *conn)
     .await?
     .rows_affected();
@@ -171,6 +186,7 @@ pub enum Locked {
 /// Withdraws a job (its domain row was cancelled); a worker holding it is told at once.
 pub async fn remove(
     conn: &mut PgConnection,
+    scope: &Scope,
     kind: &str,
     ref_id: &str,
     locked: Locked,
@@ -181,13 +197,15 @@ pub async fn remove(
         ""
     };
     let owner: Option<Option<String>> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "WITH target AS (SELECT id FROM queue_jobs WHERE kind = $1 AND ref_id = $2 FOR UPDATE {skip}),
+        "WITH target AS (SELECT id FROM queue_jobs
+                         WHERE kind = $1 AND ref_id = $2 AND workspace_id = $3 FOR UPDATE {skip}),
               done AS (DELETE FROM queue_jobs WHERE id IN (SELECT id FROM target) RETURNING *),
               ended AS ({ARCHIVE} 'withdrawn' FROM done WHERE lease_owner IS NOT NULL)
          SELECT lease_owner FROM done"
     )))
     .bind(kind)
     .bind(ref_id)
+    .bind(scope.workspace())
     .fetch_optional(&mut *conn)
     .await?;
     if matches!(owner, Some(Some(_))) || locked == Locked::Skip {
@@ -199,9 +217,9 @@ pub async fn remove(
 /// Copies ended leases into `lease_history`; completed by `<outcome> FROM <rows>`.
 const ARCHIVE: &str =
     "INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token, claimed_at,
-                                                   expires_at, heartbeats, outcome)
+                                                   expires_at, heartbeats, workspace_id, outcome)
                        SELECT id, kind, ref_id, lease_owner, fencing_token, claimed_at,
-                              lease_expires_at, heartbeats,";
+                              lease_expires_at, heartbeats, workspace_id,";
 
 async fn notify(conn: &mut PgConnection, channel: &str, payload: &str) -> Result<()> {
     sqlx::query("SELECT pg_notify($1, $2)")
@@ -369,6 +387,7 @@ const LEASE_PICKED: &str = ",
         WHERE q.id = ANY(ARRAY(SELECT id FROM picked))
         RETURNING q.id AS job_id, q.kind, q.ref_id, q.lease_owner AS owner, q.fencing_token,
                   q.attempts, q.max_attempts, q.traceparent, q.priority, q.run_after,
+                  q.workspace_id,
                   (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms
     )
     SELECT * FROM leased ORDER BY priority DESC, run_after, job_id";
@@ -532,7 +551,7 @@ pub async fn expired(
 ) -> Result<Vec<Lease>> {
     let leases = sqlx::query_as(
         "SELECT id AS job_id, kind, ref_id, lease_owner AS owner, fencing_token, attempts,
-                max_attempts, traceparent, priority, run_after
+                max_attempts, traceparent, priority, run_after, workspace_id
          FROM queue_jobs
          WHERE lease_owner IS NOT NULL AND lease_expires_at < now()
            AND lease_expires_at >= coalesce($2, '-infinity')

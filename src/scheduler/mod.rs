@@ -25,14 +25,15 @@ use crate::telemetry::metrics;
 
 const RECOVERY_PAGE: i64 = 500;
 
-/// Re-enqueues durable `queued`/`running` runs that have no queue row, in id-cursor pages.
-/// The page size bounds each read, not the recovery: it pages until the end.
+/// Re-enqueues durable `queued`/`running` runs that have no queue row, in id-cursor pages,
+/// in every workspace (each queue row takes its run's). The page size bounds each read,
+/// not the recovery: it pages until the end.
 pub async fn recover(pool: &PgPool) -> Result<u64> {
     let mut cursor = String::new();
     let mut enqueued = 0;
     loop {
-        let page: Vec<(String, i32)> = sqlx::query_as(
-            "SELECT r.id, t.priority FROM runs r JOIN tasks t ON t.id = r.task_id
+        let page: Vec<(String, i32, String)> = sqlx::query_as(
+            "SELECT r.id, t.priority, r.workspace_id FROM runs r JOIN tasks t ON t.id = r.task_id
              WHERE r.status IN ('queued', 'running') AND r.id > $1
              ORDER BY r.id LIMIT $2",
         )
@@ -40,17 +41,20 @@ pub async fn recover(pool: &PgPool) -> Result<u64> {
         .bind(RECOVERY_PAGE)
         .fetch_all(pool)
         .await?;
-        let Some((last, _)) = page.last() else { break };
+        let Some((last, ..)) = page.last() else {
+            break;
+        };
         cursor = last.clone();
         let mut tx = pool.begin().await?;
-        for (run_id, priority) in &page {
+        for (run_id, priority, workspace) in &page {
             let inserted: u64 = sqlx::query(
-                "INSERT INTO queue_jobs (kind, ref_id, priority) VALUES ($1, $2, $3)
+                "INSERT INTO queue_jobs (kind, ref_id, priority, workspace_id) VALUES ($1, $2, $3, $4)
                  ON CONFLICT (kind, ref_id) DO NOTHING",
             )
             .bind(queue::RUN_KIND)
             .bind(run_id)
             .bind(priority)
+            .bind(workspace)
             .execute(&mut *tx)
             .await?
             .rows_affected();
@@ -135,17 +139,18 @@ impl Reconciler {
 async fn requeue_domain(conn: &mut sqlx::PgConnection, lease: &queue::Lease) -> Result<()> {
     const REASON: &str = "worker_lease_expired";
     let system = &crate::domain::Actor::System;
+    let scope = &lease.scope();
     match lease.kind.as_str() {
         queue::RUN_KIND => {
-            let run = runs::get_by_id(conn, &lease.ref_id).await?;
+            let run = runs::get_by_id(conn, scope, &lease.ref_id).await?;
             if run.status() == crate::domain::RunStatus::Running {
-                jobs::run::disconnect(conn, &run, REASON, system).await?;
+                jobs::run::disconnect(conn, scope, &run, REASON, system).await?;
             }
         }
         media_jobs::KIND => {
-            let job = media_jobs::lock(conn, &lease.ref_id).await?;
+            let job = media_jobs::lock(conn, scope, &lease.ref_id).await?;
             if job.status() == crate::domain::media::MediaJobStatus::Running {
-                jobs::media::disconnect(conn, &job.id, REASON, system).await?;
+                jobs::media::disconnect(conn, scope, &job.id, REASON, system).await?;
             }
         }
         _ => {}
@@ -188,7 +193,7 @@ pub async fn run(pool: PgPool, rules: AdmissionRules, interval: Duration, stop: 
 /// one per export.
 async fn sample_queue(pool: &PgPool) -> Result<()> {
     let mut conn = pool.acquire().await?;
-    let mut kinds = store::stats::queue(&mut conn).await?;
+    let mut kinds = store::stats::queue_everywhere(&mut conn).await?;
     // An empty queue has no row for the kind: report zero rather than nothing.
     if !kinds.iter().any(|k| k.kind == queue::RUN_KIND) {
         kinds.push(KindStats {

@@ -18,7 +18,7 @@
 use chrono::{DateTime, TimeDelta, Utc};
 use sqlx::{Connection, PgConnection, PgPool};
 
-use crate::domain::Actor;
+use crate::domain::{Actor, Scope};
 use crate::store::runs::{self, Admission, AdmissionRules, Admitted, Origin, ScheduleProvenance};
 use crate::store::schedules::{self, Claim, OccurrenceRecord, Outcome, ScheduleRecord};
 use crate::store::{Result, StoreError, tasks};
@@ -114,8 +114,9 @@ async fn resolve(
     now: DateTime<Utc>,
 ) -> Result<Option<OccurrenceRecord>> {
     let mut tx = pool.begin().await?;
+    let scope = claim.scope();
     // The task row first, the lock order of admission and task deletion.
-    match tasks::lock(&mut tx, &claim.task_id).await {
+    match tasks::lock(&mut tx, &scope, &claim.task_id).await {
         // The task is gone, and with it the schedule and this occurrence.
         Err(StoreError::NotFound(_)) => return Ok(None),
         other => other?,
@@ -123,15 +124,21 @@ async fn resolve(
     if !schedules::lock_claim(&mut tx, claim).await? {
         return Ok(None);
     }
-    let outcome = admit(&mut tx, rules, claim).await?;
-    let occurrence = schedules::resolve(&mut tx, &claim.occurrence_id, &outcome, now).await?;
+    let outcome = admit(&mut tx, &scope, rules, claim).await?;
+    let occurrence =
+        schedules::resolve(&mut tx, &scope, &claim.occurrence_id, &outcome, now).await?;
     tx.commit().await?;
     Ok(Some(occurrence))
 }
 
 /// Admits the run inside a savepoint, so that a refusal, even one the database raised,
 /// leaves the transaction usable for recording why.
-async fn admit(conn: &mut PgConnection, rules: &AdmissionRules, claim: &Claim) -> Result<Outcome> {
+async fn admit(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    rules: &AdmissionRules,
+    claim: &Claim,
+) -> Result<Outcome> {
     let mut savepoint = conn.begin().await?;
     let admission = Admission {
         schedule: Some(ScheduleProvenance {
@@ -143,6 +150,7 @@ async fn admit(conn: &mut PgConnection, rules: &AdmissionRules, claim: &Claim) -
     };
     match runs::admit(
         &mut savepoint,
+        scope,
         &claim.task_id,
         admission,
         rules,

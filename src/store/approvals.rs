@@ -14,7 +14,7 @@ use super::runs::{self, Change, RunRecord};
 use super::transitions::{self, Transition};
 use super::{Result, StoreError};
 use crate::domain::approval::{ActionSummary, ApprovalKind, Decision};
-use crate::domain::{Actor, EventType, RunStatus, new_id};
+use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
 use crate::queue;
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -53,6 +53,7 @@ const SELECT_APPROVAL: &str = "
 /// appends the `approval.requested` event last.
 pub async fn create(
     conn: &mut PgConnection,
+    scope: &Scope,
     run: &RunRecord,
     kind: ApprovalKind,
     summary: &ActionSummary,
@@ -63,8 +64,8 @@ pub async fn create(
     let approval: ApprovalRecord = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "WITH inserted AS (
              INSERT INTO approvals (id, task_id, run_id, kind, status, action_summary,
-                                    action_summary_incomplete, expires_at)
-             VALUES ($1, $2, $3, $4, 'pending', $5, $6, now() + $7 * interval '1 millisecond')
+                                    action_summary_incomplete, expires_at, workspace_id)
+             VALUES ($1, $2, $3, $4, 'pending', $5, $6, now() + $7 * interval '1 millisecond', $8)
              RETURNING *)
          {} ",
         SELECT_APPROVAL.replace("FROM approvals", "FROM inserted")
@@ -76,10 +77,12 @@ pub async fn create(
     .bind(&summary.lines)
     .bind(summary.incomplete)
     .bind(ttl_ms)
+    .bind(scope.workspace())
     .fetch_one(&mut *conn)
     .await?;
     record(
         conn,
+        scope,
         &approval,
         None,
         "pending",
@@ -92,6 +95,7 @@ pub async fn create(
 
 async fn record(
     conn: &mut PgConnection,
+    scope: &Scope,
     approval: &ApprovalRecord,
     from: Option<&str>,
     to: &str,
@@ -106,7 +110,7 @@ async fn record(
         to,
         reason,
     };
-    transitions::record(conn, transition, actor).await
+    transitions::record(conn, scope, transition, actor).await
 }
 
 pub fn requested_event(approval: &ApprovalRecord) -> NewEvent<'_> {
@@ -127,14 +131,16 @@ pub fn requested_event(approval: &ApprovalRecord) -> NewEvent<'_> {
 
 pub async fn get(
     conn: &mut PgConnection,
+    scope: &Scope,
     task_id: &str,
     approval_id: &str,
 ) -> Result<ApprovalRecord> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{SELECT_APPROVAL} WHERE task_id = $1 AND id = $2"
+        "{SELECT_APPROVAL} WHERE workspace_id = $3 AND task_id = $1 AND id = $2"
     )))
     .bind(task_id)
     .bind(approval_id)
+    .bind(scope.workspace())
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("approval"))
@@ -143,13 +149,14 @@ pub async fn get(
 /// Approvals of one task, or of every task when `task_id` is None (the inbox); oldest first.
 pub async fn list(
     conn: &mut PgConnection,
+    scope: &Scope,
     task_id: Option<&str>,
     status: Option<&str>,
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ApprovalRecord>> {
     let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT * FROM ({SELECT_APPROVAL}) a
+        "SELECT * FROM ({SELECT_APPROVAL} WHERE workspace_id = $5) a
          WHERE ($1::text IS NULL OR a.task_id = $1) AND ($2::text IS NULL OR a.status = $2)
            AND ($3::text IS NULL OR a.id > $3)
          ORDER BY a.id LIMIT $4"
@@ -158,6 +165,7 @@ pub async fn list(
     .bind(status)
     .bind(after)
     .bind(limit)
+    .bind(scope.workspace())
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -167,17 +175,19 @@ pub async fn list(
 /// rejecting any gate cancels the run and its other gates.
 pub async fn resolve(
     conn: &mut PgConnection,
+    scope: &Scope,
     task_id: &str,
     approval_id: &str,
     decision: Decision,
     note: Option<&str>,
     actor: &Actor,
 ) -> Result<(ApprovalRecord, RunRecord)> {
-    let run_id = get(conn, task_id, approval_id).await?.run_id;
-    let run = runs::lock(conn, &run_id).await?;
+    let run_id = get(conn, scope, task_id, approval_id).await?.run_id;
+    let run = runs::lock(conn, scope, &run_id).await?;
     let approval: ApprovalRecord = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{SELECT_APPROVAL} WHERE id = $1 FOR UPDATE"
+        "{SELECT_APPROVAL} WHERE workspace_id = $1 AND id = $2 FOR UPDATE"
     )))
+    .bind(scope.workspace())
     .bind(approval_id)
     .fetch_one(&mut *conn)
     .await?;
@@ -197,16 +207,17 @@ pub async fn resolve(
         Decision::Approve => "approved",
         Decision::Reject => "rejected",
     };
-    let approval = settle(conn, &approval.id, to, note, actor).await?;
-    record(conn, &approval, Some("pending"), to, note, actor).await?;
+    let approval = settle(conn, scope, &approval.id, to, note, actor).await?;
+    record(conn, scope, &approval, Some("pending"), to, note, actor).await?;
     let resolved = serde_json::json!({ "approval_id": approval.id, "kind": approval.kind,
                                        "decision": to, "note": note, "resolved_by": actor.to_string() });
     let mut run_event = None;
     let run = match decision {
-        Decision::Approve if pending_count(conn, &run_id).await? == 0 => {
+        Decision::Approve if pending_count(conn, scope, &run_id).await? == 0 => {
             let reason = Some("all approvals granted");
             let run = runs::transition(
                 conn,
+                scope,
                 &run_id,
                 RunStatus::Queued,
                 Change::default(),
@@ -214,10 +225,11 @@ pub async fn resolve(
                 reason,
             )
             .await?;
-            let priority = runs::priority_of(conn, &run_id).await?;
+            let priority = runs::priority_of(conn, scope, &run_id).await?;
             let traceparent = crate::telemetry::current_traceparent();
             queue::enqueue(
                 conn,
+                scope,
                 queue::RUN_KIND,
                 &run_id,
                 priority,
@@ -229,13 +241,15 @@ pub async fn resolve(
         }
         Decision::Approve => run,
         Decision::Reject => {
-            cancel_pending(conn, &run_id, "another approval of the run was rejected").await?;
+            let reason = "another approval of the run was rejected";
+            cancel_pending(conn, scope, &run_id, reason).await?;
             let change = Change {
                 last_error: Some("approval rejected"),
                 ..Change::default()
             };
             let run = runs::transition(
                 conn,
+                scope,
                 &run_id,
                 RunStatus::Cancelled,
                 change,
@@ -250,12 +264,13 @@ pub async fn resolve(
     let mut appended =
         vec![NewEvent::new(task_id, &run_id, EventType::ApprovalResolved).with(resolved)];
     appended.extend(run_event.map(|event| NewEvent::new(task_id, &run_id, event)));
-    events::append(conn, &appended).await?;
+    events::append(conn, scope, &appended).await?;
     Ok((approval, run))
 }
 
 async fn settle(
     conn: &mut PgConnection,
+    scope: &Scope,
     approval_id: &str,
     to: &str,
     note: Option<&str>,
@@ -264,7 +279,7 @@ async fn settle(
     let approval = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "WITH settled AS (
              UPDATE approvals SET status = $2, decision_note = $3, resolved_by = $4, resolved_at = now()
-             WHERE id = $1 RETURNING *)
+             WHERE workspace_id = $5 AND id = $1 RETURNING *)
          {}",
         SELECT_APPROVAL.replace("FROM approvals", "FROM settled")
     )))
@@ -272,15 +287,17 @@ async fn settle(
     .bind(to)
     .bind(note)
     .bind(actor.to_string())
+    .bind(scope.workspace())
     .fetch_one(conn)
     .await?;
     Ok(approval)
 }
 
-async fn pending_count(conn: &mut PgConnection, run_id: &str) -> Result<i64> {
+async fn pending_count(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<i64> {
     let n = sqlx::query_scalar(
-        "SELECT count(*) FROM approvals WHERE run_id = $1 AND status = 'pending'",
+        "SELECT count(*) FROM approvals WHERE workspace_id = $1 AND run_id = $2 AND status = 'pending'",
     )
+    .bind(scope.workspace())
     .bind(run_id)
     .fetch_one(conn)
     .await?;
@@ -288,17 +305,25 @@ async fn pending_count(conn: &mut PgConnection, run_id: &str) -> Result<i64> {
 }
 
 /// Cancels a run's pending approvals on behalf of the system (the run was cancelled).
-pub async fn cancel_pending(conn: &mut PgConnection, run_id: &str, reason: &str) -> Result<()> {
+pub async fn cancel_pending(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+    reason: &str,
+) -> Result<()> {
     let pending: Vec<String> = sqlx::query_scalar(
-        "SELECT id FROM approvals WHERE run_id = $1 AND status = 'pending' ORDER BY id FOR UPDATE",
+        "SELECT id FROM approvals WHERE workspace_id = $1 AND run_id = $2 AND status = 'pending'
+         ORDER BY id FOR UPDATE",
     )
+    .bind(scope.workspace())
     .bind(run_id)
     .fetch_all(&mut *conn)
     .await?;
     for id in pending {
-        let approval = settle(conn, &id, "cancelled", Some(reason), &Actor::System).await?;
+        let approval = settle(conn, scope, &id, "cancelled", Some(reason), &Actor::System).await?;
         record(
             conn,
+            scope,
             &approval,
             Some("pending"),
             "cancelled",

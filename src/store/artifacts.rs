@@ -8,7 +8,7 @@ use sqlx::PgConnection;
 
 use super::events::{self, NewEvent, Subject};
 use super::{Result, StoreError};
-use crate::domain::{EventType, new_id};
+use crate::domain::{EventType, Scope, new_id};
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct ArtifactRecord {
@@ -37,6 +37,7 @@ const ARTIFACT_COLUMNS: &str =
 /// same artifact (same owner, same name) and appends after what was already written.
 pub async fn open(
     conn: &mut PgConnection,
+    scope: &Scope,
     owner: Subject<'_>,
     name: &str,
     kind: &str,
@@ -45,8 +46,9 @@ pub async fn open(
     let (task_id, run_id, media_job_id) = owner.columns();
     let (column, owner_id) = owner.key();
     let created: Option<ArtifactRecord> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO artifacts (id, run_id, task_id, media_job_id, name, kind, content_type, status)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, 'writing')
+        "INSERT INTO artifacts (id, run_id, task_id, media_job_id, name, kind, content_type, status,
+                                workspace_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'writing', $8)
          ON CONFLICT ({column}, name) DO NOTHING RETURNING {ARTIFACT_COLUMNS}"
     )))
     .bind(new_id("art"))
@@ -56,6 +58,7 @@ pub async fn open(
     .bind(name)
     .bind(kind)
     .bind(content_type)
+    .bind(scope.workspace())
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(artifact) = created {
@@ -65,39 +68,47 @@ pub async fn open(
             event_type: EventType::ArtifactCreated,
             data,
         };
-        events::append(conn, &[event]).await?;
+        events::append(conn, scope, &[event]).await?;
         return Ok(artifact);
     }
     let reopened = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE artifacts SET status = 'writing', updated_at = now()
-         WHERE {column} = $1 AND name = $2 RETURNING {ARTIFACT_COLUMNS}"
+         WHERE workspace_id = $3 AND {column} = $1 AND name = $2 RETURNING {ARTIFACT_COLUMNS}"
     )))
     .bind(owner_id)
     .bind(name)
+    .bind(scope.workspace())
     .fetch_one(&mut *conn)
     .await?;
     Ok(reopened)
 }
 
-pub async fn close(conn: &mut PgConnection, artifact_id: &str) -> Result<()> {
-    sqlx::query("UPDATE artifacts SET status = 'complete', updated_at = now() WHERE id = $1")
-        .bind(artifact_id)
-        .execute(conn)
-        .await?;
+pub async fn close(conn: &mut PgConnection, scope: &Scope, artifact_id: &str) -> Result<()> {
+    sqlx::query(
+        "UPDATE artifacts SET status = 'complete', updated_at = now()
+         WHERE workspace_id = $1 AND id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(artifact_id)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
 pub async fn get(
     conn: &mut PgConnection,
+    scope: &Scope,
     owner: Subject<'_>,
     artifact_id: &str,
 ) -> Result<ArtifactRecord> {
     let (column, owner_id) = owner.key();
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {ARTIFACT_COLUMNS} FROM artifacts WHERE {column} = $1 AND id = $2"
+        "SELECT {ARTIFACT_COLUMNS} FROM artifacts
+         WHERE workspace_id = $3 AND {column} = $1 AND id = $2"
     )))
     .bind(owner_id)
     .bind(artifact_id)
+    .bind(scope.workspace())
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("artifact"))
@@ -105,18 +116,21 @@ pub async fn get(
 
 pub async fn list(
     conn: &mut PgConnection,
+    scope: &Scope,
     owner: Subject<'_>,
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ArtifactRecord>> {
     let (column, owner_id) = owner.key();
     let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {ARTIFACT_COLUMNS} FROM artifacts WHERE {column} = $1 AND ($2::text IS NULL OR id > $2)
+        "SELECT {ARTIFACT_COLUMNS} FROM artifacts
+         WHERE workspace_id = $4 AND {column} = $1 AND ($2::text IS NULL OR id > $2)
          ORDER BY id LIMIT $3"
     )))
     .bind(owner_id)
     .bind(after)
     .bind(limit)
+    .bind(scope.workspace())
     .fetch_all(conn)
     .await?;
     Ok(rows)

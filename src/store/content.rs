@@ -19,6 +19,7 @@ use sqlx::{PgConnection, PgPool};
 
 use super::{Result, StoreError};
 use crate::config::{ContentArgs, ContentStoreKind};
+use crate::domain::Scope;
 
 /// Chunk rows read at a time when an artifact is streamed: at most this many chunks'
 /// bytes are in memory at once.
@@ -112,16 +113,20 @@ impl ContentStore {
     pub async fn append(
         &self,
         conn: &mut PgConnection,
+        scope: &Scope,
         artifact_id: &str,
         bytes: &[u8],
         max_bytes: i64,
     ) -> Result<()> {
-        let (size, stored_in): (i64, String) =
-            sqlx::query_as("SELECT size_bytes, storage FROM artifacts WHERE id = $1 FOR UPDATE")
-                .bind(artifact_id)
-                .fetch_optional(&mut *conn)
-                .await?
-                .ok_or(StoreError::NotFound("artifact"))?;
+        let (size, stored_in): (i64, String) = sqlx::query_as(
+            "SELECT size_bytes, storage FROM artifacts WHERE workspace_id = $1 AND id = $2
+                 FOR UPDATE",
+        )
+        .bind(scope.workspace())
+        .bind(artifact_id)
+        .fetch_optional(&mut *conn)
+        .await?
+        .ok_or(StoreError::NotFound("artifact"))?;
         let room = usize::try_from((max_bytes - size).max(0)).unwrap_or(usize::MAX);
         let kept = &bytes[..bytes.len().min(room)];
         // An empty artifact has no chunks yet, so it can move to this process's store; one
@@ -187,7 +192,9 @@ impl ContentStore {
     /// The bytes written so far (up to the size at the call), in order, from wherever each
     /// chunk was stored: a page of chunk rows at a time, each S3 chunk fetched as it is
     /// reached, so a large video is never held in memory whole and no connection is held
-    /// while a slow client reads.
+    /// while a slow client reads. Takes no scope: the caller names an artifact it read
+    /// through the scoped [`artifacts::get`](super::artifacts::get), and chunks have no
+    /// workspace of their own.
     pub fn stream(
         &self,
         pool: PgPool,

@@ -10,7 +10,7 @@ use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::Result;
-use crate::domain::{EventType, new_id};
+use crate::domain::{EventType, Scope, new_id};
 
 /// Arbitrary constant naming the event-order lock.
 const EVENT_ORDER_LOCK: i64 = 0x6b65_656c_0001;
@@ -101,7 +101,8 @@ const SELECT_EVENT: &str = "
            occurred_at, type, data
     FROM run_events";
 
-pub async fn append(conn: &mut PgConnection, events: &[NewEvent<'_>]) -> Result<()> {
+/// Appends events of one workspace's subjects.
+pub async fn append(conn: &mut PgConnection, scope: &Scope, events: &[NewEvent<'_>]) -> Result<()> {
     if events.is_empty() {
         return Ok(());
     }
@@ -114,10 +115,11 @@ pub async fn append(conn: &mut PgConnection, events: &[NewEvent<'_>]) -> Result<
         let (task_id, run_id, media_job_id) = event.subject.columns();
         let (column, subject_id) = event.subject.key();
         last_id = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO run_events (event_id, task_id, run_id, media_job_id, sequence, type, data)
+            "INSERT INTO run_events (event_id, task_id, run_id, media_job_id, sequence, type, data,
+                                     workspace_id)
              VALUES ($1, $2, $3, $4,
                      COALESCE((SELECT max(sequence) FROM run_events WHERE {column} = $5), 0) + 1,
-                     $6, $7)
+                     $6, $7, $8)
              RETURNING id"
         )))
         .bind(new_id("evt"))
@@ -127,6 +129,7 @@ pub async fn append(conn: &mut PgConnection, events: &[NewEvent<'_>]) -> Result<
         .bind(subject_id)
         .bind(event.event_type.as_str())
         .bind(&event.data)
+        .bind(scope.workspace())
         .fetch_one(&mut *conn)
         .await?;
     }
@@ -140,13 +143,16 @@ pub async fn append(conn: &mut PgConnection, events: &[NewEvent<'_>]) -> Result<
 
 pub async fn list_for_run(
     conn: &mut PgConnection,
+    scope: &Scope,
     run_id: &str,
     after_sequence: i64,
     limit: i64,
 ) -> Result<Vec<EventRecord>> {
     let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{SELECT_EVENT} WHERE run_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3"
+        "{SELECT_EVENT} WHERE workspace_id = $1 AND run_id = $2 AND sequence > $3
+         ORDER BY sequence LIMIT $4"
     )))
+    .bind(scope.workspace())
     .bind(run_id)
     .bind(after_sequence)
     .bind(limit)
@@ -163,15 +169,18 @@ pub struct FeedFilter {
     pub media_job_id: Option<String>,
 }
 
+/// One workspace's events in global order: another workspace's never appear, though
+/// their ids interleave.
 pub async fn list_feed(
     conn: &mut PgConnection,
+    scope: &Scope,
     filter: &FeedFilter,
     after: i64,
     limit: i64,
 ) -> Result<Vec<EventRecord>> {
     let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "{SELECT_EVENT}
-         WHERE id > $1 AND ($2::text[] IS NULL OR type = ANY($2))
+         WHERE workspace_id = $6 AND id > $1 AND ($2::text[] IS NULL OR type = ANY($2))
            AND ($3::text IS NULL OR task_id = $3)
            AND ($4::text IS NULL OR media_job_id = $4)
          ORDER BY id LIMIT $5"
@@ -181,6 +190,7 @@ pub async fn list_feed(
     .bind(&filter.task_id)
     .bind(&filter.media_job_id)
     .bind(limit)
+    .bind(scope.workspace())
     .fetch_all(conn)
     .await?;
     Ok(rows)

@@ -6,6 +6,7 @@ use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::Result;
+use crate::domain::Scope;
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct LeaseRecord {
@@ -47,6 +48,7 @@ impl LeaseStatus {
 /// last cursor.
 pub async fn list(
     conn: &mut PgConnection,
+    scope: &Scope,
     status: LeaseStatus,
     after: i64,
     limit: i64,
@@ -56,12 +58,14 @@ pub async fn list(
                        lease_expires_at AS expires_at, heartbeats, NULL::timestamptz AS released_at,
                        NULL::text AS outcome
                 FROM queue_jobs
-                WHERE lease_owner IS NOT NULL AND (lease_expires_at > now()) = $1 AND id > $2
+                WHERE workspace_id = $4 AND lease_owner IS NOT NULL
+                  AND (lease_expires_at > now()) = $1 AND id > $2
                 ORDER BY id LIMIT $3";
     let released =
         "SELECT id AS cursor, 'released' AS status, job_id, kind, ref_id, owner, fencing_token,
                            claimed_at, expires_at, heartbeats, released_at, outcome
-                    FROM lease_history WHERE $1 AND id > $2 ORDER BY id LIMIT $3";
+                    FROM lease_history WHERE workspace_id = $4 AND $1 AND id > $2
+                    ORDER BY id LIMIT $3";
     let (query, live_flag) = match status {
         LeaseStatus::Active => (live, true),
         LeaseStatus::Expired => (live, false),
@@ -71,6 +75,7 @@ pub async fn list(
         .bind(live_flag)
         .bind(after)
         .bind(limit)
+        .bind(scope.workspace())
         .fetch_all(conn)
         .await?;
     Ok(rows
@@ -86,7 +91,7 @@ struct LeaseRow {
     lease: LeaseRecord,
 }
 
-/// Forgets ended leases older than `days`.
+/// Forgets ended leases older than `days`, in every workspace (retention).
 pub async fn prune(conn: &mut PgConnection, days: i32) -> Result<u64> {
     let done = sqlx::query(
         "DELETE FROM lease_history WHERE released_at < now() - make_interval(days => $1)",

@@ -11,7 +11,7 @@ use super::events::{self, NewEvent};
 use super::transitions::{self, Transition};
 use super::{Result, StoreError, providers};
 use crate::domain::media::{self, MediaJobStatus, Operation, Unrunnable};
-use crate::domain::{Actor, EventType, new_id};
+use crate::domain::{Actor, EventType, Scope, new_id};
 use crate::queue;
 
 pub const KIND: &str = "media";
@@ -82,10 +82,11 @@ pub enum Refused {
 /// records metadata only; `run` enqueues it).
 pub async fn create(
     conn: &mut PgConnection,
+    scope: &Scope,
     job: NewMediaJob<'_>,
     actor: &Actor,
 ) -> Result<MediaJobRecord, Refused> {
-    let preset = providers::lock(&mut *conn, job.provider_id, "FOR SHARE").await?;
+    let preset = providers::lock(&mut *conn, scope, job.provider_id, "FOR SHARE").await?;
     media::check_runnable(
         &preset.id,
         preset.api(),
@@ -95,19 +96,21 @@ pub async fn create(
     )?;
     let id = new_id("media_job");
     sqlx::query(
-        "INSERT INTO media_jobs (id, provider_id, operation, prompt, input, status)
-         VALUES ($1, $2, $3, $4, $5, 'queued')",
+        "INSERT INTO media_jobs (id, provider_id, operation, prompt, input, status, workspace_id)
+         VALUES ($1, $2, $3, $4, $5, 'queued', $6)",
     )
     .bind(&id)
     .bind(job.provider_id)
     .bind(job.operation.as_str())
     .bind(job.prompt)
     .bind(job.input)
+    .bind(scope.workspace())
     .execute(&mut *conn)
     .await
     .map_err(StoreError::from)?;
     audit(
         conn,
+        scope,
         &id,
         None,
         MediaJobStatus::Queued,
@@ -115,22 +118,26 @@ pub async fn create(
         Some("created"),
     )
     .await?;
-    Ok(get(conn, &id).await?)
+    Ok(get(conn, scope, &id).await?)
 }
 
-pub async fn get(conn: &mut PgConnection, id: &str) -> Result<MediaJobRecord> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!("{SELECT} WHERE m.id = $1")))
-        .bind(id)
-        .fetch_optional(conn)
-        .await?
-        .ok_or(StoreError::NotFound("media job"))
+pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<MediaJobRecord> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "{SELECT} WHERE m.workspace_id = $1 AND m.id = $2"
+    )))
+    .bind(scope.workspace())
+    .bind(id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("media job"))
 }
 
 /// Reads the job under a row lock: every status change and fenced worker write takes it.
-pub async fn lock(conn: &mut PgConnection, id: &str) -> Result<MediaJobRecord> {
+pub async fn lock(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<MediaJobRecord> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{SELECT} WHERE m.id = $1 FOR UPDATE OF m"
+        "{SELECT} WHERE m.workspace_id = $1 AND m.id = $2 FOR UPDATE OF m"
     )))
+    .bind(scope.workspace())
     .bind(id)
     .fetch_optional(conn)
     .await?
@@ -145,12 +152,13 @@ pub struct ListFilter {
 
 pub async fn list(
     conn: &mut PgConnection,
+    scope: &Scope,
     filter: &ListFilter,
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<MediaJobRecord>> {
     let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{SELECT} WHERE ($1::text IS NULL OR m.status = $1)
+        "{SELECT} WHERE m.workspace_id = $5 AND ($1::text IS NULL OR m.status = $1)
            AND ($2::text IS NULL OR m.provider_id = $2)
            AND ($3::text IS NULL OR m.id > $3)
          ORDER BY m.id LIMIT $4"
@@ -159,6 +167,7 @@ pub async fn list(
     .bind(&filter.provider_id)
     .bind(after)
     .bind(limit)
+    .bind(scope.workspace())
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -175,13 +184,14 @@ pub struct Change<'a> {
 /// Moves the job to `next` if its current state allows it; the one status write.
 pub async fn transition(
     conn: &mut PgConnection,
+    scope: &Scope,
     id: &str,
     next: MediaJobStatus,
     change: Change<'_>,
     actor: &Actor,
     reason: Option<&str>,
 ) -> Result<MediaJobRecord> {
-    let current = lock(conn, id).await?;
+    let current = lock(conn, scope, id).await?;
     if !current.status().can_become(next) {
         return Err(StoreError::Conflict(format!(
             "media job {id} is {}; it cannot become {}",
@@ -200,21 +210,23 @@ pub async fn transition(
              vendor_task_id = CASE WHEN status IN ('failed', 'cancelled') THEN NULL
                                    ELSE vendor_task_id END,
              last_error_code = $4, last_error = $5
-         WHERE id = $1",
+         WHERE workspace_id = $6 AND id = $1",
     )
     .bind(id)
     .bind(next.as_str())
     .bind(change.worker_id)
     .bind(code)
     .bind(message)
+    .bind(scope.workspace())
     .execute(&mut *conn)
     .await?;
-    audit(conn, id, Some(current.status()), next, actor, reason).await?;
-    get(conn, id).await
+    audit(conn, scope, id, Some(current.status()), next, actor, reason).await?;
+    get(conn, scope, id).await
 }
 
 async fn audit(
     conn: &mut PgConnection,
+    scope: &Scope,
     id: &str,
     from: Option<MediaJobStatus>,
     to: MediaJobStatus,
@@ -229,17 +241,18 @@ async fn audit(
         to: to.as_str(),
         reason,
     };
-    transitions::record(conn, change, actor).await
+    transitions::record(conn, scope, change, actor).await
 }
 
 /// Enqueues the job (`POST /media-jobs/{id}/run`): from `queued` (again a no-op if its
 /// queue row exists), `failed` or `cancelled`. The preset must still be able to run it.
 pub async fn run(
     conn: &mut PgConnection,
+    scope: &Scope,
     id: &str,
     actor: &Actor,
 ) -> Result<MediaJobRecord, Refused> {
-    let job = lock(conn, id).await?;
+    let job = lock(conn, scope, id).await?;
     if !job.status().is_runnable() {
         return Err(StoreError::Refused {
             code: "media_job_not_runnable",
@@ -250,7 +263,7 @@ pub async fn run(
         }
         .into());
     }
-    let preset = providers::lock(&mut *conn, &job.provider_id, "FOR SHARE").await?;
+    let preset = providers::lock(&mut *conn, scope, &job.provider_id, "FOR SHARE").await?;
     let operation = Operation::parse(&job.operation).expect("the table's check constraint");
     media::check_runnable(
         &preset.id,
@@ -263,6 +276,7 @@ pub async fn run(
         let reason = Some("run again");
         transition(
             conn,
+            scope,
             id,
             MediaJobStatus::Queued,
             Change::default(),
@@ -272,23 +286,31 @@ pub async fn run(
         .await?;
     }
     let traceparent = crate::telemetry::current_traceparent();
-    queue::enqueue(conn, KIND, id, 0, traceparent.as_deref()).await?;
-    events::append(conn, &[NewEvent::media_job(id, EventType::MediaJobQueued)]).await?;
-    Ok(get(conn, id).await?)
+    queue::enqueue(conn, scope, KIND, id, 0, traceparent.as_deref()).await?;
+    let data = serde_json::json!({ "actor": actor.to_string() });
+    let queued = NewEvent::media_job(id, EventType::MediaJobQueued).with(data);
+    events::append(conn, scope, &[queued]).await?;
+    Ok(get(conn, scope, id).await?)
 }
 
 /// Cancels a queued or running job; an ended job is returned as it is. Takes the queue row
 /// and the job row in the order workers do (see `runs::cancel`).
-pub async fn cancel(conn: &mut PgConnection, id: &str, actor: &Actor) -> Result<MediaJobRecord> {
-    get(conn, id).await?;
-    queue::remove(conn, KIND, id, queue::Locked::Wait).await?;
-    let job = lock(conn, id).await?;
+pub async fn cancel(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    actor: &Actor,
+) -> Result<MediaJobRecord> {
+    get(conn, scope, id).await?;
+    queue::remove(conn, scope, KIND, id, queue::Locked::Wait).await?;
+    let job = lock(conn, scope, id).await?;
     if job.status().is_terminal() {
         return Ok(job);
     }
     let reason = Some("cancelled by request");
     let job = transition(
         conn,
+        scope,
         id,
         MediaJobStatus::Cancelled,
         Change::default(),
@@ -296,10 +318,12 @@ pub async fn cancel(conn: &mut PgConnection, id: &str, actor: &Actor) -> Result<
         reason,
     )
     .await?;
-    queue::remove(conn, KIND, id, queue::Locked::Skip).await?;
+    queue::remove(conn, scope, KIND, id, queue::Locked::Skip).await?;
+    let data = serde_json::json!({ "actor": actor.to_string() });
     events::append(
         conn,
-        &[NewEvent::media_job(id, EventType::MediaJobCancelled)],
+        scope,
+        &[NewEvent::media_job(id, EventType::MediaJobCancelled).with(data)],
     )
     .await?;
     Ok(job)
@@ -307,11 +331,20 @@ pub async fn cancel(conn: &mut PgConnection, id: &str, actor: &Actor) -> Result<
 
 /// Records the vendor's task id before the worker polls it, in the worker's fenced
 /// transaction: a worker that takes the job over resumes that task.
-pub async fn save_vendor_task(conn: &mut PgConnection, id: &str, task_id: &str) -> Result<()> {
-    sqlx::query("UPDATE media_jobs SET vendor_task_id = $2, updated_at = now() WHERE id = $1")
-        .bind(id)
-        .bind(task_id)
-        .execute(conn)
-        .await?;
+pub async fn save_vendor_task(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    task_id: &str,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE media_jobs SET vendor_task_id = $2, updated_at = now()
+         WHERE workspace_id = $3 AND id = $1",
+    )
+    .bind(id)
+    .bind(task_id)
+    .bind(scope.workspace())
+    .execute(conn)
+    .await?;
     Ok(())
 }

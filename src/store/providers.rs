@@ -8,9 +8,9 @@ use sqlx::PgConnection;
 use sqlx::types::Json;
 
 use super::{Result, StoreError};
-use crate::domain::new_id;
 use crate::domain::provider::{Api, ProviderFields, ProviderSpec};
 use crate::domain::secret::SecretRef;
+use crate::domain::{Scope, new_id};
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ProviderRecord {
@@ -86,28 +86,41 @@ fn refs(spec: &ProviderSpec) -> (Option<String>, BTreeMap<String, String>) {
     (api_key, headers)
 }
 
-pub async fn create(conn: &mut PgConnection, spec: &ProviderSpec) -> Result<ProviderRecord> {
-    save(conn, &new_id("provider"), spec).await
+pub async fn create(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    spec: &ProviderSpec,
+) -> Result<ProviderRecord> {
+    save(conn, scope, &new_id("provider"), spec).await
 }
 
 /// Replaces a preset's fields (the caller holds its row lock). An edit clears the last
 /// check: it described the old fields.
 pub async fn update(
     conn: &mut PgConnection,
+    scope: &Scope,
     id: &str,
     spec: &ProviderSpec,
 ) -> Result<ProviderRecord> {
-    get(&mut *conn, id).await?;
-    save(conn, id, spec).await
+    get(&mut *conn, scope, id).await?;
+    save(conn, scope, id, spec).await
 }
 
-async fn save(conn: &mut PgConnection, id: &str, spec: &ProviderSpec) -> Result<ProviderRecord> {
+/// Inserts the preset, or replaces the fields of the scope's preset with this id. The
+/// conflict update is confined to the scope too: an id of another workspace's preset
+/// updates nothing, and the insert then returns no row.
+async fn save(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    spec: &ProviderSpec,
+) -> Result<ProviderRecord> {
     let (api_key_ref, secret_header_refs) = refs(spec);
     let row = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO providers (id, kind, display_name, provider_id, model, api, base_url,
                                 api_key_ref, headers, secret_header_refs, capabilities, input,
-                                compat, enabled)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                                compat, enabled, workspace_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
          ON CONFLICT (id) DO UPDATE SET
              kind = EXCLUDED.kind, display_name = EXCLUDED.display_name,
              provider_id = EXCLUDED.provider_id, model = EXCLUDED.model, api = EXCLUDED.api,
@@ -116,6 +129,7 @@ async fn save(conn: &mut PgConnection, id: &str, spec: &ProviderSpec) -> Result<
              capabilities = EXCLUDED.capabilities, input = EXCLUDED.input,
              compat = EXCLUDED.compat, enabled = EXCLUDED.enabled, last_check = NULL,
              updated_at = now()
+         WHERE providers.workspace_id = EXCLUDED.workspace_id
          RETURNING {COLUMNS}"
     )))
     .bind(id)
@@ -132,15 +146,18 @@ async fn save(conn: &mut PgConnection, id: &str, spec: &ProviderSpec) -> Result<
     .bind(&spec.input)
     .bind(Json(&spec.compat))
     .bind(spec.enabled)
-    .fetch_one(conn)
-    .await?;
+    .bind(scope.workspace())
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("provider"))?;
     Ok(row)
 }
 
-pub async fn get(conn: &mut PgConnection, id: &str) -> Result<ProviderRecord> {
+pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<ProviderRecord> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM providers WHERE id = $1"
+        "SELECT {COLUMNS} FROM providers WHERE workspace_id = $1 AND id = $2"
     )))
+    .bind(scope.workspace())
     .bind(id)
     .fetch_optional(conn)
     .await?
@@ -148,10 +165,16 @@ pub async fn get(conn: &mut PgConnection, id: &str) -> Result<ProviderRecord> {
 }
 
 /// Reads a preset under a row lock (`FOR SHARE` or `FOR UPDATE`).
-pub async fn lock(conn: &mut PgConnection, id: &str, mode: &'static str) -> Result<ProviderRecord> {
+pub async fn lock(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    mode: &'static str,
+) -> Result<ProviderRecord> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM providers WHERE id = $1 {mode}"
+        "SELECT {COLUMNS} FROM providers WHERE workspace_id = $1 AND id = $2 {mode}"
     )))
+    .bind(scope.workspace())
     .bind(id)
     .fetch_optional(conn)
     .await?
@@ -160,14 +183,17 @@ pub async fn lock(conn: &mut PgConnection, id: &str, mode: &'static str) -> Resu
 
 pub async fn list(
     conn: &mut PgConnection,
+    scope: &Scope,
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ProviderRecord>> {
     let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM providers WHERE ($1::text IS NULL OR id > $1) ORDER BY id LIMIT $2"
+        "SELECT {COLUMNS} FROM providers
+         WHERE workspace_id = $3 AND ($1::text IS NULL OR id > $1) ORDER BY id LIMIT $2"
     )))
     .bind(after)
     .bind(limit)
+    .bind(scope.workspace())
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -175,18 +201,22 @@ pub async fn list(
 
 /// Deletes a preset no media job names. The row lock orders this against a media job
 /// being created for the preset (which holds it `FOR SHARE`).
-pub async fn delete(conn: &mut PgConnection, id: &str) -> Result<()> {
-    lock(&mut *conn, id, "FOR UPDATE").await?;
-    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM media_jobs WHERE provider_id = $1")
-        .bind(id)
-        .fetch_one(&mut *conn)
-        .await?;
+pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
+    lock(&mut *conn, scope, id, "FOR UPDATE").await?;
+    let jobs: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM media_jobs WHERE workspace_id = $1 AND provider_id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .fetch_one(&mut *conn)
+    .await?;
     if jobs > 0 {
         return Err(StoreError::Conflict(format!(
             "provider {id} has {jobs} media job(s); it stays while they name it (disable it instead)"
         )));
     }
-    sqlx::query("DELETE FROM providers WHERE id = $1")
+    sqlx::query("DELETE FROM providers WHERE workspace_id = $1 AND id = $2")
+        .bind(scope.workspace())
         .bind(id)
         .execute(conn)
         .await?;
@@ -195,12 +225,14 @@ pub async fn delete(conn: &mut PgConnection, id: &str) -> Result<()> {
 
 pub async fn record_check(
     conn: &mut PgConnection,
+    scope: &Scope,
     id: &str,
     check: &serde_json::Value,
 ) -> Result<()> {
-    sqlx::query("UPDATE providers SET last_check = $2 WHERE id = $1")
+    sqlx::query("UPDATE providers SET last_check = $2 WHERE workspace_id = $3 AND id = $1")
         .bind(id)
         .bind(Json(check))
+        .bind(scope.workspace())
         .execute(conn)
         .await?;
     Ok(())

@@ -12,7 +12,7 @@ use super::tasks::{self, TaskRecord};
 use super::transitions::{self, Transition};
 use super::{Result, StoreError, approvals, violates};
 use crate::domain::approval::{ActionSummary, ApprovalPolicy};
-use crate::domain::{Actor, EventType, RunStatus, new_id};
+use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
 use crate::queue;
 
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -134,14 +134,15 @@ pub enum Admitted {
 /// partial unique index `runs_one_active_per_task` refuses a second whatever the code does.
 pub async fn admit(
     conn: &mut PgConnection,
+    scope: &Scope,
     task_id: &str,
     admission: Admission,
     rules: &AdmissionRules,
     actor: &Actor,
 ) -> Result<Admitted> {
-    tasks::lock(conn, task_id).await?;
+    tasks::lock(conn, scope, task_id).await?;
     if let Some((key, request)) = &admission.idempotency
-        && let Some((run, seen)) = find_by_idempotency_key(conn, task_id, key).await?
+        && let Some((run, seen)) = find_by_idempotency_key(conn, scope, task_id, key).await?
     {
         if &seen != request {
             return Err(StoreError::Conflict(format!(
@@ -152,7 +153,7 @@ pub async fn admit(
     }
     let source = match &admission.origin {
         Origin::Start => None,
-        Origin::Retry(id) | Origin::Resume(id) => Some(get(conn, task_id, id).await?),
+        Origin::Retry(id) | Origin::Resume(id) => Some(get(conn, scope, task_id, id).await?),
     };
     if let (Origin::Resume(_), Some(source)) = (&admission.origin, &source)
         && !source.status().is_terminal()
@@ -162,12 +163,12 @@ pub async fn admit(
             source.id, source.status
         )));
     }
-    if let Some(active) = active_run(conn, task_id).await? {
+    if let Some(active) = active_run(conn, scope, task_id).await? {
         return Err(StoreError::Conflict(format!(
             "task {task_id} already has an active run ({active})"
         )));
     }
-    let task = raise_budget(conn, task_id, admission.budget_micros_usd).await?;
+    let task = raise_budget(conn, scope, task_id, admission.budget_micros_usd).await?;
     let execution = task.execution().map_err(StoreError::Conflict)?;
     let gates = rules.approvals.gates_for(&execution);
     let status = if gates.is_empty() {
@@ -175,15 +176,16 @@ pub async fn admit(
     } else {
         RunStatus::AwaitingApproval
     };
-    let run = insert(conn, &task, &admission, source.as_ref(), status).await?;
+    let run = insert(conn, scope, &task, &admission, source.as_ref(), status).await?;
     let reason = match admission.origin {
         Origin::Start => "started",
         Origin::Retry(_) => "retry",
         Origin::Resume(_) => "resume",
     };
-    record(conn, &run, None, &task.status, Some(reason), actor).await?;
+    record(conn, scope, &run, None, &task.status, Some(reason), actor).await?;
 
     let created = serde_json::json!({
+        "actor": actor.to_string(),
         "number": run.number,
         "retried_from_run_id": run.retried_from_run_id,
         "resumed_from_run_id": run.resumed_from_run_id,
@@ -200,6 +202,7 @@ pub async fn admit(
         let traceparent = crate::telemetry::current_traceparent();
         queue::enqueue(
             conn,
+            scope,
             queue::RUN_KIND,
             &run.id,
             task.priority,
@@ -212,18 +215,20 @@ pub async fn admit(
             ActionSummary::describe(&execution, &task.workspace_description(), task.timeout_ms);
         for kind in gates {
             gated.push(
-                approvals::create(conn, &run, kind, &summary, rules.approval_ttl, actor).await?,
+                approvals::create(conn, scope, &run, kind, &summary, rules.approval_ttl, actor)
+                    .await?,
             );
         }
         appended.extend(gated.iter().map(approvals::requested_event));
     }
-    events::append(conn, &appended).await?;
+    events::append(conn, scope, &appended).await?;
     Ok(Admitted::New(run))
 }
 
 /// Stores the run row and points the task at it.
 async fn insert(
     conn: &mut PgConnection,
+    scope: &Scope,
     task: &TaskRecord,
     admission: &Admission,
     source: Option<&RunRecord>,
@@ -232,16 +237,17 @@ async fn insert(
     let run_id = new_id("run");
     let number: i32 = sqlx::query_scalar(
         "UPDATE tasks SET run_count = run_count + 1, latest_run_id = $2, updated_at = now()
-         WHERE id = $1 RETURNING run_count",
+         WHERE workspace_id = $3 AND id = $1 RETURNING run_count",
     )
     .bind(&task.id)
     .bind(&run_id)
+    .bind(scope.workspace())
     .fetch_one(&mut *conn)
     .await?;
     let (retried_from, resumed, checkpoint, prior_cost) = match (&admission.origin, source) {
         (Origin::Retry(_), Some(source)) => (Some(&source.id), None, None, 0),
         (Origin::Resume(_), Some(source)) => {
-            let checkpoint = checkpoint_of(conn, source).await?;
+            let checkpoint = checkpoint_of(conn, scope, source).await?;
             let prior = source.prior_cost_micros_usd + source.total_cost_micros_usd;
             (None, Some(source), Some(checkpoint), prior)
         }
@@ -252,8 +258,9 @@ async fn insert(
     let inserted = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO runs (id, task_id, number, status, retried_from_run_id, resumed_from_run_id,
                            workspace_run_id, checkpoint, prior_cost_micros_usd, idempotency_key,
-                           idempotency_request, schedule_id, schedule_occurrence_id, scheduled_for)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+                           idempotency_request, schedule_id, schedule_occurrence_id, scheduled_for,
+                           workspace_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
          RETURNING {RUN_COLUMNS}"
     )))
     .bind(&run_id)
@@ -270,6 +277,7 @@ async fn insert(
     .bind(schedule.map(|s| &s.schedule_id))
     .bind(schedule.map(|s| &s.schedule_occurrence_id))
     .bind(schedule.map(|s| s.scheduled_for))
+    .bind(scope.workspace())
     .fetch_one(&mut *conn)
     .await;
     match inserted {
@@ -282,18 +290,26 @@ async fn insert(
 }
 
 /// Where a resumed run picks up: the source run, its last completed step and last event.
-async fn checkpoint_of(conn: &mut PgConnection, source: &RunRecord) -> Result<serde_json::Value> {
+async fn checkpoint_of(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source: &RunRecord,
+) -> Result<serde_json::Value> {
     let step: Option<(i32, String)> = sqlx::query_as(
-        "SELECT index, name FROM steps WHERE run_id = $1 AND status = 'completed' ORDER BY index DESC LIMIT 1",
+        "SELECT index, name FROM steps WHERE workspace_id = $1 AND run_id = $2 AND status = 'completed'
+         ORDER BY index DESC LIMIT 1",
     )
+    .bind(scope.workspace())
     .bind(&source.id)
     .fetch_optional(&mut *conn)
     .await?;
-    let last_sequence: Option<i64> =
-        sqlx::query_scalar("SELECT max(sequence) FROM run_events WHERE run_id = $1")
-            .bind(&source.id)
-            .fetch_one(conn)
-            .await?;
+    let last_sequence: Option<i64> = sqlx::query_scalar(
+        "SELECT max(sequence) FROM run_events WHERE workspace_id = $1 AND run_id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(&source.id)
+    .fetch_one(conn)
+    .await?;
     Ok(serde_json::json!({
         "source_run_id": source.id,
         "last_completed_step": step.map(|(index, name)| serde_json::json!({ "index": index, "name": name })),
@@ -304,67 +320,88 @@ async fn checkpoint_of(conn: &mut PgConnection, source: &RunRecord) -> Result<se
 /// Preserves or raises the task's budget, never lowers it; returns the task.
 async fn raise_budget(
     conn: &mut PgConnection,
+    scope: &Scope,
     task_id: &str,
     budget: Option<i64>,
 ) -> Result<TaskRecord> {
     if let Some(budget) = budget {
         sqlx::query(
-            "UPDATE tasks SET budget_micros_usd = GREATEST(budget_micros_usd, $2) WHERE id = $1",
+            "UPDATE tasks SET budget_micros_usd = GREATEST(budget_micros_usd, $2)
+             WHERE workspace_id = $3 AND id = $1",
         )
         .bind(task_id)
         .bind(budget)
+        .bind(scope.workspace())
         .execute(&mut *conn)
         .await?;
     }
-    tasks::get(conn, task_id).await
+    tasks::get(conn, scope, task_id).await
 }
 
 async fn find_by_idempotency_key(
     conn: &mut PgConnection,
+    scope: &Scope,
     task_id: &str,
     key: &str,
 ) -> Result<Option<(RunRecord, serde_json::Value)>> {
     let run: Option<RunRecord> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {RUN_COLUMNS} FROM runs WHERE task_id = $1 AND idempotency_key = $2"
+        "SELECT {RUN_COLUMNS} FROM runs
+         WHERE workspace_id = $3 AND task_id = $1 AND idempotency_key = $2"
     )))
     .bind(task_id)
     .bind(key)
+    .bind(scope.workspace())
     .fetch_optional(&mut *conn)
     .await?;
     let Some(run) = run else { return Ok(None) };
-    let request: serde_json::Value =
-        sqlx::query_scalar("SELECT idempotency_request FROM runs WHERE id = $1")
-            .bind(&run.id)
-            .fetch_one(conn)
-            .await?;
+    let request: serde_json::Value = sqlx::query_scalar(
+        "SELECT idempotency_request FROM runs WHERE workspace_id = $1 AND id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(&run.id)
+    .fetch_one(conn)
+    .await?;
     Ok(Some((run, request)))
 }
 
-async fn active_run(conn: &mut PgConnection, task_id: &str) -> Result<Option<String>> {
+async fn active_run(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+) -> Result<Option<String>> {
     let id = sqlx::query_scalar(
-        "SELECT id FROM runs WHERE task_id = $1 AND status IN ('queued', 'running', 'awaiting_approval')",
+        "SELECT id FROM runs WHERE workspace_id = $1 AND task_id = $2
+           AND status IN ('queued', 'running', 'awaiting_approval')",
     )
+    .bind(scope.workspace())
     .bind(task_id)
     .fetch_optional(conn)
     .await?;
     Ok(id)
 }
 
-pub async fn get(conn: &mut PgConnection, task_id: &str, run_id: &str) -> Result<RunRecord> {
+pub async fn get(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    run_id: &str,
+) -> Result<RunRecord> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {RUN_COLUMNS} FROM runs WHERE task_id = $1 AND id = $2"
+        "SELECT {RUN_COLUMNS} FROM runs WHERE workspace_id = $3 AND task_id = $1 AND id = $2"
     )))
     .bind(task_id)
     .bind(run_id)
+    .bind(scope.workspace())
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("run"))
 }
 
-pub async fn get_by_id(conn: &mut PgConnection, run_id: &str) -> Result<RunRecord> {
+pub async fn get_by_id(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<RunRecord> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {RUN_COLUMNS} FROM runs WHERE id = $1"
+        "SELECT {RUN_COLUMNS} FROM runs WHERE workspace_id = $1 AND id = $2"
     )))
+    .bind(scope.workspace())
     .bind(run_id)
     .fetch_optional(conn)
     .await?
@@ -372,20 +409,23 @@ pub async fn get_by_id(conn: &mut PgConnection, run_id: &str) -> Result<RunRecor
 }
 
 /// Locks a run row for the rest of the transaction.
-pub async fn lock(conn: &mut PgConnection, run_id: &str) -> Result<RunRecord> {
+pub async fn lock(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<RunRecord> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {RUN_COLUMNS} FROM runs WHERE id = $1 FOR UPDATE"
+        "SELECT {RUN_COLUMNS} FROM runs WHERE workspace_id = $1 AND id = $2 FOR UPDATE"
     )))
+    .bind(scope.workspace())
     .bind(run_id)
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("run"))
 }
 
-pub async fn priority_of(conn: &mut PgConnection, run_id: &str) -> Result<i32> {
+pub async fn priority_of(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<i32> {
     let priority = sqlx::query_scalar(
-        "SELECT t.priority FROM runs r JOIN tasks t ON t.id = r.task_id WHERE r.id = $1",
+        "SELECT t.priority FROM runs r JOIN tasks t ON t.id = r.task_id
+         WHERE r.workspace_id = $1 AND r.id = $2",
     )
+    .bind(scope.workspace())
     .bind(run_id)
     .fetch_one(conn)
     .await?;
@@ -395,17 +435,20 @@ pub async fn priority_of(conn: &mut PgConnection, run_id: &str) -> Result<i32> {
 /// Oldest first; `after` is the id of the last run of the previous page.
 pub async fn list(
     conn: &mut PgConnection,
+    scope: &Scope,
     task_id: &str,
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<RunRecord>> {
     let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {RUN_COLUMNS} FROM runs WHERE task_id = $1 AND ($2::text IS NULL OR id > $2)
+        "SELECT {RUN_COLUMNS} FROM runs
+         WHERE workspace_id = $4 AND task_id = $1 AND ($2::text IS NULL OR id > $2)
          ORDER BY id LIMIT $3"
     )))
     .bind(task_id)
     .bind(after)
     .bind(limit)
+    .bind(scope.workspace())
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -424,13 +467,14 @@ pub struct Change<'a> {
 /// its task's projection in the audit trail.
 pub async fn transition(
     conn: &mut PgConnection,
+    scope: &Scope,
     run_id: &str,
     next: RunStatus,
     change: Change<'_>,
     actor: &Actor,
     reason: Option<&str>,
 ) -> Result<RunRecord> {
-    let current = lock(conn, run_id).await?;
+    let current = lock(conn, scope, run_id).await?;
     if !current.status().can_become(next) {
         return Err(StoreError::Conflict(format!(
             "run {run_id} is {}; it cannot become {}",
@@ -448,7 +492,7 @@ pub async fn transition(
             exit_code = COALESCE($4, exit_code),
             last_error = COALESCE($5, last_error),
             updated_at = now()
-         WHERE id = $1
+         WHERE workspace_id = $6 AND id = $1
          RETURNING {RUN_COLUMNS}"
     )))
     .bind(run_id)
@@ -456,10 +500,12 @@ pub async fn transition(
     .bind(change.worker_id)
     .bind(change.exit_code)
     .bind(change.last_error)
+    .bind(scope.workspace())
     .fetch_one(&mut *conn)
     .await?;
     record(
         conn,
+        scope,
         &run,
         Some(&current.status),
         &current.status,
@@ -474,6 +520,7 @@ pub async fn transition(
 /// of the task's projection.
 async fn record(
     conn: &mut PgConnection,
+    scope: &Scope,
     run: &RunRecord,
     run_from: Option<&str>,
     task_from: &str,
@@ -488,9 +535,10 @@ async fn record(
         to: &run.status,
         reason,
     };
-    transitions::record(conn, run_change, actor).await?;
+    transitions::record(conn, scope, run_change, actor).await?;
     let latest: Option<String> =
-        sqlx::query_scalar("SELECT latest_run_id FROM tasks WHERE id = $1")
+        sqlx::query_scalar("SELECT latest_run_id FROM tasks WHERE workspace_id = $1 AND id = $2")
+            .bind(scope.workspace())
             .bind(&run.task_id)
             .fetch_one(&mut *conn)
             .await?;
@@ -503,7 +551,7 @@ async fn record(
             to: &run.status,
             reason,
         };
-        transitions::record(conn, task_change, actor).await?;
+        transitions::record(conn, scope, task_change, actor).await?;
     }
     Ok(())
 }
@@ -513,15 +561,16 @@ async fn record(
 /// system. Cancelling a finished run returns it unchanged.
 pub async fn cancel(
     conn: &mut PgConnection,
+    scope: &Scope,
     task_id: &str,
     run_id: &str,
     actor: &Actor,
 ) -> Result<RunRecord> {
-    get(conn, task_id, run_id).await?;
+    get(conn, scope, task_id, run_id).await?;
     // The job row is locked (deleted) before the run row, the order every worker
     // transaction takes them in, so a cancel and a worker write cannot deadlock.
-    queue::remove(conn, queue::RUN_KIND, run_id, queue::Locked::Wait).await?;
-    let run = lock(conn, run_id).await?;
+    queue::remove(conn, scope, queue::RUN_KIND, run_id, queue::Locked::Wait).await?;
+    let run = lock(conn, scope, run_id).await?;
     if run.status().is_terminal() {
         return Ok(run);
     }
@@ -531,6 +580,7 @@ pub async fn cancel(
     };
     let run = transition(
         conn,
+        scope,
         run_id,
         RunStatus::Cancelled,
         change,
@@ -538,15 +588,17 @@ pub async fn cancel(
         Some("cancelled by request"),
     )
     .await?;
-    approvals::cancel_pending(conn, run_id, "the run was cancelled").await?;
-    close_open_work(conn, run_id, "cancelled", "run cancelled").await?;
+    approvals::cancel_pending(conn, scope, run_id, "the run was cancelled").await?;
+    close_open_work(conn, scope, run_id, "cancelled", "run cancelled").await?;
     // An approval that won the race for the run lock may have enqueued it since the first
     // removal. A worker that already claimed that job waits on the run row and will find
     // the run cancelled, so its locked row is skipped rather than waited for.
-    queue::remove(conn, queue::RUN_KIND, run_id, queue::Locked::Skip).await?;
+    queue::remove(conn, scope, queue::RUN_KIND, run_id, queue::Locked::Skip).await?;
+    let data = serde_json::json!({ "actor": actor.to_string() });
     events::append(
         conn,
-        &[NewEvent::new(task_id, run_id, EventType::RunCancelled)],
+        scope,
+        &[NewEvent::new(task_id, run_id, EventType::RunCancelled).with(data)],
     )
     .await?;
     Ok(run)
@@ -555,22 +607,28 @@ pub async fn cancel(
 /// Ends the steps and artifacts an interrupted attempt left open.
 pub async fn close_open_work(
     conn: &mut PgConnection,
+    scope: &Scope,
     run_id: &str,
     step_status: &str,
     reason: &str,
 ) -> Result<()> {
     sqlx::query(
         "UPDATE steps SET status = $2, error = $3, finished_at = now()
-         WHERE run_id = $1 AND status = 'running'",
+         WHERE workspace_id = $4 AND run_id = $1 AND status = 'running'",
     )
     .bind(run_id)
     .bind(step_status)
     .bind(reason)
+    .bind(scope.workspace())
     .execute(&mut *conn)
     .await?;
-    sqlx::query("UPDATE artifacts SET status = 'complete', updated_at = now() WHERE run_id = $1 AND status = 'writing'")
-        .bind(run_id)
-        .execute(conn)
-        .await?;
+    sqlx::query(
+        "UPDATE artifacts SET status = 'complete', updated_at = now()
+         WHERE workspace_id = $2 AND run_id = $1 AND status = 'writing'",
+    )
+    .bind(run_id)
+    .bind(scope.workspace())
+    .execute(conn)
+    .await?;
     Ok(())
 }

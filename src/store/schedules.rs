@@ -13,7 +13,7 @@ use sqlx::PgConnection;
 use super::transitions::{self, Transition};
 use super::{Result, StoreError, tasks};
 use crate::domain::schedule::{NewSchedule, Schedule, Trigger};
-use crate::domain::{Actor, new_id};
+use crate::domain::{Actor, Scope, new_id};
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 #[schema(example = json!({
@@ -36,16 +36,24 @@ pub struct ScheduleRecord {
     pub revision: i64,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// The workspace the schedule (and the runs it creates) belongs to.
+    #[serde(skip)]
+    pub workspace_id: String,
 }
 
 impl ScheduleRecord {
+    /// The schedule's workspace, for the dispatcher's writes on its behalf.
+    pub fn scope(&self) -> Scope {
+        Scope::new(self.workspace_id.clone())
+    }
+
     pub fn definition(&self) -> Result<Schedule, crate::domain::Invalid> {
         Schedule::from_stored(&self.timezone, self.run_at, self.cron_expression.as_deref())
     }
 }
 
 const SCHEDULE_COLUMNS: &str = "id, task_id, kind, timezone, run_at, cron_expression, enabled,
-    next_run_at, revision, created_at, updated_at";
+    next_run_at, revision, created_at, updated_at, workspace_id";
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct OccurrenceRecord {
@@ -71,7 +79,19 @@ pub struct Claim {
     pub task_id: String,
     pub scheduled_for: DateTime<Utc>,
     pub token: String,
+    pub workspace_id: String,
 }
+
+impl Claim {
+    /// The workspace of the claimed occurrence's schedule and task.
+    pub fn scope(&self) -> Scope {
+        Scope::new(self.workspace_id.clone())
+    }
+}
+
+/// What a claim statement returns, as [`Claim`] reads it.
+const CLAIM_COLUMNS: &str = "id AS occurrence_id, schedule_id, task_id, scheduled_for,
+    claim_token AS token, workspace_id";
 
 /// How a claimed occurrence ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,25 +109,29 @@ pub enum Outcome {
     },
 }
 
-pub async fn get(conn: &mut PgConnection, task_id: &str) -> Result<ScheduleRecord> {
+pub async fn get(conn: &mut PgConnection, scope: &Scope, task_id: &str) -> Result<ScheduleRecord> {
     let schedule = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {SCHEDULE_COLUMNS} FROM task_schedules WHERE task_id = $1"
+        "SELECT {SCHEDULE_COLUMNS} FROM task_schedules WHERE workspace_id = $1 AND task_id = $2"
     )))
+    .bind(scope.workspace())
     .bind(task_id)
     .fetch_optional(&mut *conn)
     .await?;
     match schedule {
         Some(schedule) => Ok(schedule),
-        None => Err(missing(conn, task_id).await),
+        None => Err(missing(conn, scope, task_id).await),
     }
 }
 
 /// A missing schedule, told apart from a missing task.
-async fn missing(conn: &mut PgConnection, task_id: &str) -> StoreError {
-    let task = sqlx::query_scalar::<_, bool>("SELECT EXISTS (SELECT 1 FROM tasks WHERE id = $1)")
-        .bind(task_id)
-        .fetch_one(conn)
-        .await;
+async fn missing(conn: &mut PgConnection, scope: &Scope, task_id: &str) -> StoreError {
+    let task = sqlx::query_scalar::<_, bool>(
+        "SELECT EXISTS (SELECT 1 FROM tasks WHERE workspace_id = $1 AND id = $2)",
+    )
+    .bind(scope.workspace())
+    .bind(task_id)
+    .fetch_one(conn)
+    .await;
     match task {
         Ok(true) => StoreError::NotFound("schedule"),
         Ok(false) => StoreError::NotFound("task"),
@@ -125,13 +149,14 @@ pub struct ScheduleFilter {
 /// Newest first; `before` is the id of the last schedule of the previous page.
 pub async fn list(
     conn: &mut PgConnection,
+    scope: &Scope,
     filter: &ScheduleFilter,
     before: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ScheduleRecord>> {
     let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT {SCHEDULE_COLUMNS} FROM task_schedules
-         WHERE (cardinality($1::text[]) = 0 OR task_id = ANY($1))
+         WHERE workspace_id = $5 AND (cardinality($1::text[]) = 0 OR task_id = ANY($1))
            AND ($2::boolean IS NULL OR enabled = $2)
            AND ($3::text IS NULL OR id < $3)
          ORDER BY id DESC LIMIT $4"
@@ -140,6 +165,7 @@ pub async fn list(
     .bind(filter.enabled)
     .bind(before)
     .bind(limit)
+    .bind(scope.workspace())
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -151,14 +177,18 @@ pub async fn list(
 /// edit is refused rather than applied over a state the client never saw.
 pub async fn put(
     conn: &mut PgConnection,
+    scope: &Scope,
     task_id: &str,
     new: &NewSchedule,
     now: DateTime<Utc>,
+    actor: &Actor,
 ) -> Result<ScheduleRecord> {
-    tasks::lock(conn, task_id).await?;
+    tasks::lock(conn, scope, task_id).await?;
     let current: Option<(String, i64, bool)> = sqlx::query_as(
-        "SELECT id, revision, enabled FROM task_schedules WHERE task_id = $1 FOR UPDATE",
+        "SELECT id, revision, enabled FROM task_schedules
+         WHERE workspace_id = $1 AND task_id = $2 FOR UPDATE",
     )
+    .bind(scope.workspace())
     .bind(task_id)
     .fetch_optional(&mut *conn)
     .await?;
@@ -168,7 +198,7 @@ pub async fn put(
         new.expected_revision,
     )?;
     if let (Some((schedule_id, ..)), Trigger::Once { run_at }) = (&current, &new.schedule.trigger) {
-        refuse_consumed_instant(conn, schedule_id, *run_at).await?;
+        refuse_consumed_instant(conn, scope, schedule_id, *run_at).await?;
     }
     let (run_at, cron_expression) = match &new.schedule.trigger {
         Trigger::Once { run_at } => (Some(*run_at), None),
@@ -177,8 +207,8 @@ pub async fn put(
     let next_run_at = new.next_run_at(now);
     let schedule: ScheduleRecord = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO task_schedules (id, task_id, kind, timezone, run_at, cron_expression,
-                                     enabled, next_run_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                                     enabled, next_run_at, workspace_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
          ON CONFLICT (task_id) DO UPDATE SET
              kind = EXCLUDED.kind, timezone = EXCLUDED.timezone, run_at = EXCLUDED.run_at,
              cron_expression = EXCLUDED.cron_expression, enabled = EXCLUDED.enabled,
@@ -194,6 +224,7 @@ pub async fn put(
     .bind(cron_expression)
     .bind(next_run_at.is_some())
     .bind(next_run_at)
+    .bind(scope.workspace())
     .fetch_one(&mut *conn)
     .await?;
     let was = current.map(|c| state(c.2));
@@ -202,7 +233,7 @@ pub async fn put(
         if was.is_some() { "replaced" } else { "created" },
     );
     if was != Some(is) {
-        record(conn, &schedule, was, is, reason, &Actor::Api).await?;
+        record(conn, scope, &schedule, was, is, reason, actor).await?;
     }
     Ok(schedule)
 }
@@ -215,6 +246,7 @@ fn state(enabled: bool) -> &'static str {
 
 async fn record(
     conn: &mut PgConnection,
+    scope: &Scope,
     schedule: &ScheduleRecord,
     from: Option<&str>,
     to: &str,
@@ -229,7 +261,7 @@ async fn record(
         to,
         reason: Some(reason),
     };
-    transitions::record(conn, change, actor).await
+    transitions::record(conn, scope, change, actor).await
 }
 
 fn check_revision(task_id: &str, current: Option<i64>, expected: Option<i64>) -> Result<()> {
@@ -253,15 +285,17 @@ fn check_revision(task_id: &str, current: Option<i64>, expected: Option<i64>) ->
 /// dispatch that consumed it.
 async fn refuse_consumed_instant(
     conn: &mut PgConnection,
+    scope: &Scope,
     schedule_id: &str,
     run_at: DateTime<Utc>,
 ) -> Result<()> {
     let fired: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM schedule_occurrences
-                        WHERE schedule_id = $1 AND scheduled_for = $2)",
+                        WHERE workspace_id = $3 AND schedule_id = $1 AND scheduled_for = $2)",
     )
     .bind(schedule_id)
     .bind(run_at)
+    .bind(scope.workspace())
     .fetch_one(conn)
     .await?;
     if fired {
@@ -274,42 +308,62 @@ async fn refuse_consumed_instant(
 }
 
 /// Removes the task's schedule and its occurrence history.
-pub async fn delete(conn: &mut PgConnection, task_id: &str) -> Result<()> {
-    tasks::lock(conn, task_id).await?;
+pub async fn delete(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    actor: &Actor,
+) -> Result<()> {
+    tasks::lock(conn, scope, task_id).await?;
     let deleted: Option<ScheduleRecord> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "DELETE FROM task_schedules WHERE task_id = $1 RETURNING {SCHEDULE_COLUMNS}"
+        "DELETE FROM task_schedules WHERE workspace_id = $1 AND task_id = $2
+         RETURNING {SCHEDULE_COLUMNS}"
     )))
+    .bind(scope.workspace())
     .bind(task_id)
     .fetch_optional(&mut *conn)
     .await?;
     let deleted = deleted.ok_or(StoreError::NotFound("schedule"))?;
     let was = state(deleted.enabled);
-    record(conn, &deleted, Some(was), "deleted", "deleted", &Actor::Api).await
+    record(
+        conn,
+        scope,
+        &deleted,
+        Some(was),
+        "deleted",
+        "deleted",
+        actor,
+    )
+    .await
 }
 
 /// The task's occurrences, newest first; `before` is the `scheduled_for` of the last
 /// occurrence of the previous page.
 pub async fn occurrences(
     conn: &mut PgConnection,
+    scope: &Scope,
     task_id: &str,
     before: Option<DateTime<Utc>>,
     limit: i64,
 ) -> Result<Vec<OccurrenceRecord>> {
-    let schedule = get(conn, task_id).await?;
+    let schedule = get(conn, scope, task_id).await?;
     let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT {OCCURRENCE_COLUMNS} FROM schedule_occurrences
-         WHERE schedule_id = $1 AND ($2::timestamptz IS NULL OR scheduled_for < $2)
+         WHERE workspace_id = $4 AND schedule_id = $1
+           AND ($2::timestamptz IS NULL OR scheduled_for < $2)
          ORDER BY scheduled_for DESC LIMIT $3"
     )))
     .bind(&schedule.id)
     .bind(before)
     .bind(limit)
+    .bind(scope.workspace())
     .fetch_all(conn)
     .await?;
     Ok(rows)
 }
 
-/// Locks up to `limit` schedules due at `now`, skipping those another dispatcher (or an
+/// Locks up to `limit` schedules due at `now`, in every workspace (dispatch serves them
+/// all; each record carries its workspace), skipping those another dispatcher (or an
 /// edit) holds: they are being handled.
 pub async fn lock_due(
     conn: &mut PgConnection,
@@ -340,11 +394,12 @@ pub async fn advance(
         "UPDATE task_schedules
          SET next_run_at = $3, enabled = $3 IS NOT NULL, revision = revision + 1,
              updated_at = now()
-         WHERE id = $1 AND revision = $2",
+         WHERE workspace_id = $4 AND id = $1 AND revision = $2",
     )
     .bind(&schedule.id)
     .bind(schedule.revision)
     .bind(next_run_at)
+    .bind(&schedule.workspace_id)
     .execute(&mut *conn)
     .await?
     .rows_affected();
@@ -359,6 +414,7 @@ pub async fn advance(
             let reason = "no time left to fire";
             record(
                 conn,
+                &schedule.scope(),
                 schedule,
                 Some("enabled"),
                 "disabled",
@@ -379,24 +435,26 @@ pub async fn claim(
     scheduled_for: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Result<Option<Claim>> {
-    let claim = sqlx::query_as(
+    let claim = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "INSERT INTO schedule_occurrences (id, schedule_id, task_id, scheduled_for, status,
-                                           claim_token, claimed_at)
-         VALUES ($1, $2, $3, $4, 'claimed', gen_random_uuid()::text, $5)
+                                           claim_token, claimed_at, workspace_id)
+         VALUES ($1, $2, $3, $4, 'claimed', gen_random_uuid()::text, $5, $6)
          ON CONFLICT (schedule_id, scheduled_for) DO NOTHING
-         RETURNING id AS occurrence_id, schedule_id, task_id, scheduled_for, claim_token AS token",
-    )
+         RETURNING {CLAIM_COLUMNS}"
+    )))
     .bind(new_id("occ"))
     .bind(&schedule.id)
     .bind(&schedule.task_id)
     .bind(scheduled_for)
     .bind(now)
+    .bind(&schedule.workspace_id)
     .fetch_optional(conn)
     .await?;
     Ok(claim)
 }
 
-/// Re-claims, with new tokens, occurrences still `claimed` since before `claimed_before`:
+/// Re-claims, with new tokens, occurrences still `claimed` since before `claimed_before`,
+/// in every workspace:
 /// their dispatcher died or stalled between claiming and resolving. A stalled one that
 /// wakes finds its token gone and does nothing.
 pub async fn take_over_stale(
@@ -405,14 +463,14 @@ pub async fn take_over_stale(
     now: DateTime<Utc>,
     limit: i64,
 ) -> Result<Vec<Claim>> {
-    let claims = sqlx::query_as(
+    let claims = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE schedule_occurrences SET claim_token = gen_random_uuid()::text, claimed_at = $2
          WHERE id IN (SELECT id FROM schedule_occurrences
                       WHERE status = 'claimed' AND claimed_at < $1
                       ORDER BY claimed_at LIMIT $3
                       FOR UPDATE SKIP LOCKED)
-         RETURNING id AS occurrence_id, schedule_id, task_id, scheduled_for, claim_token AS token",
-    )
+         RETURNING {CLAIM_COLUMNS}"
+    )))
     .bind(claimed_before)
     .bind(now)
     .bind(limit)
@@ -426,11 +484,12 @@ pub async fn take_over_stale(
 pub async fn lock_claim(conn: &mut PgConnection, claim: &Claim) -> Result<bool> {
     let held: Option<String> = sqlx::query_scalar(
         "SELECT id FROM schedule_occurrences
-         WHERE id = $1 AND status = 'claimed' AND claim_token = $2
+         WHERE workspace_id = $3 AND id = $1 AND status = 'claimed' AND claim_token = $2
          FOR UPDATE",
     )
     .bind(&claim.occurrence_id)
     .bind(&claim.token)
+    .bind(&claim.workspace_id)
     .fetch_optional(conn)
     .await?;
     Ok(held.is_some())
@@ -439,6 +498,7 @@ pub async fn lock_claim(conn: &mut PgConnection, claim: &Claim) -> Result<bool> 
 /// Ends a claim (locked with [`lock_claim`]) with its outcome.
 pub async fn resolve(
     conn: &mut PgConnection,
+    scope: &Scope,
     occurrence_id: &str,
     outcome: &Outcome,
     now: DateTime<Utc>,
@@ -451,13 +511,14 @@ pub async fn resolve(
     let occurrence = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE schedule_occurrences
          SET status = $2, run_id = $3, error = $4, completed_at = $5, claim_token = NULL
-         WHERE id = $1 RETURNING {OCCURRENCE_COLUMNS}"
+         WHERE workspace_id = $6 AND id = $1 RETURNING {OCCURRENCE_COLUMNS}"
     )))
     .bind(occurrence_id)
     .bind(status)
     .bind(run_id)
     .bind(error)
     .bind(now)
+    .bind(scope.workspace())
     .fetch_one(conn)
     .await?;
     Ok(occurrence)

@@ -4,6 +4,7 @@ use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::Result;
+use crate::domain::Scope;
 
 /// A worker is live while its registry heartbeat is younger than this.
 pub const WORKER_LIVE_MS: i64 = 30_000;
@@ -31,7 +32,18 @@ pub struct WorkerStats {
     pub last_seen_ms_ago: i64,
 }
 
-pub async fn queue(conn: &mut PgConnection) -> Result<Vec<KindStats>> {
+/// One workspace's queue figures, for `GET /v1/system/stats`.
+pub async fn queue(conn: &mut PgConnection, scope: &Scope) -> Result<Vec<KindStats>> {
+    queue_of(conn, Some(scope.workspace())).await
+}
+
+/// The figures of the whole queue, every workspace's jobs together: for the operator's
+/// metrics, never for an API response.
+pub async fn queue_everywhere(conn: &mut PgConnection) -> Result<Vec<KindStats>> {
+    queue_of(conn, None).await
+}
+
+async fn queue_of(conn: &mut PgConnection, workspace: Option<&str>) -> Result<Vec<KindStats>> {
     let rows = sqlx::query_as(
         "SELECT kind,
                 count(*) FILTER (WHERE lease_owner IS NULL) AS depth,
@@ -40,14 +52,17 @@ pub async fn queue(conn: &mut PgConnection) -> Result<Vec<KindStats>> {
                 (extract(epoch FROM now() - min(run_after)
                     FILTER (WHERE lease_owner IS NULL AND run_after <= now())) * 1000)::bigint
                     AS oldest_age_ms
-         FROM queue_jobs GROUP BY kind ORDER BY kind",
+         FROM queue_jobs WHERE $1::text IS NULL OR workspace_id = $1
+         GROUP BY kind ORDER BY kind",
     )
+    .bind(workspace)
     .fetch_all(conn)
     .await?;
     Ok(rows)
 }
 
-/// Workers whose heartbeat is younger than `live_ms`.
+/// Workers whose heartbeat is younger than `live_ms`. Workers serve every workspace and
+/// their rows hold no tenant data, so the list is the same for everyone.
 pub async fn live_workers(conn: &mut PgConnection, live_ms: i64) -> Result<Vec<WorkerStats>> {
     let rows = sqlx::query_as(
         "SELECT w.id, w.hostname, w.pid, w.kinds, w.concurrency,

@@ -6,7 +6,7 @@ use sqlx::PgConnection;
 
 use super::events::{self, NewEvent};
 use super::{Result, StoreError};
-use crate::domain::{EventType, new_id};
+use crate::domain::{EventType, Scope, new_id};
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct StepRecord {
@@ -28,16 +28,17 @@ const STEP_COLUMNS: &str =
 
 pub async fn start(
     conn: &mut PgConnection,
+    scope: &Scope,
     task_id: &str,
     run_id: &str,
     name: &str,
     input: &serde_json::Value,
 ) -> Result<StepRecord> {
     let step: StepRecord = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO steps (id, run_id, task_id, index, name, status, input)
+        "INSERT INTO steps (id, run_id, task_id, index, name, status, input, workspace_id)
          VALUES ($1, $2, $3,
                  COALESCE((SELECT max(index) FROM steps WHERE run_id = $2), 0) + 1,
-                 $4, 'running', $5)
+                 $4, 'running', $5, $6)
          RETURNING {STEP_COLUMNS}"
     )))
     .bind(new_id("step"))
@@ -45,11 +46,13 @@ pub async fn start(
     .bind(task_id)
     .bind(name)
     .bind(input)
+    .bind(scope.workspace())
     .fetch_one(&mut *conn)
     .await?;
     let data = serde_json::json!({ "step_id": step.id, "index": step.index, "name": name });
     events::append(
         conn,
+        scope,
         &[NewEvent::new(task_id, run_id, EventType::StepStarted).with(data)],
     )
     .await?;
@@ -59,6 +62,7 @@ pub async fn start(
 /// Ends a running step as `completed` (with output) or `failed` (with an error).
 pub async fn finish(
     conn: &mut PgConnection,
+    scope: &Scope,
     step_id: &str,
     output: Option<&serde_json::Value>,
     error: Option<&str>,
@@ -70,12 +74,13 @@ pub async fn finish(
     };
     let step: StepRecord = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE steps SET status = $2, output = $3, error = $4, finished_at = now()
-         WHERE id = $1 AND status = 'running' RETURNING {STEP_COLUMNS}"
+         WHERE id = $1 AND workspace_id = $5 AND status = 'running' RETURNING {STEP_COLUMNS}"
     )))
     .bind(step_id)
     .bind(status)
     .bind(output)
     .bind(error)
+    .bind(scope.workspace())
     .fetch_optional(&mut *conn)
     .await?
     .ok_or(StoreError::NotFound("running step"))?;
@@ -88,6 +93,7 @@ pub async fn finish(
                                    "status": status, "output": output, "error": error });
     events::append(
         conn,
+        scope,
         &[NewEvent::new(&step.task_id, &step.run_id, event_type).with(data)],
     )
     .await?;
@@ -96,13 +102,16 @@ pub async fn finish(
 
 pub async fn list(
     conn: &mut PgConnection,
+    scope: &Scope,
     run_id: &str,
     after_index: i32,
     limit: i64,
 ) -> Result<Vec<StepRecord>> {
     let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {STEP_COLUMNS} FROM steps WHERE run_id = $1 AND index > $2 ORDER BY index LIMIT $3"
+        "SELECT {STEP_COLUMNS} FROM steps WHERE workspace_id = $1 AND run_id = $2 AND index > $3
+         ORDER BY index LIMIT $4"
     )))
+    .bind(scope.workspace())
     .bind(run_id)
     .bind(after_index)
     .bind(limit)

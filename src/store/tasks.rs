@@ -8,7 +8,7 @@ use sqlx::PgConnection;
 use super::transitions::{self, Transition};
 use super::{Result, StoreError};
 use crate::domain::task::WorkspaceMode;
-use crate::domain::{Actor, NewTask, TaskStatus, new_id};
+use crate::domain::{Actor, NewTask, Scope, TaskStatus, new_id};
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 #[schema(example = json!({
@@ -100,7 +100,12 @@ impl TaskRecord {
     }
 }
 
-pub async fn insert(conn: &mut PgConnection, task: &NewTask, actor: &Actor) -> Result<TaskRecord> {
+pub async fn insert(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task: &NewTask,
+    actor: &Actor,
+) -> Result<TaskRecord> {
     let id = new_id("task");
     let (kind, shell, git, path, content, operation) = match &task.execution {
         Execution::Shell { command } => ("shell", Some(command), None, None, None, None),
@@ -132,8 +137,8 @@ pub async fn insert(conn: &mut PgConnection, task: &NewTask, actor: &Actor) -> R
     sqlx::query(
         "INSERT INTO tasks (id, execution_kind, prompt, shell_command, git_command, file_path,
                             file_content, file_operation, working_directory, workspace_mode,
-                            timeout_ms, priority, budget_micros_usd)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                            timeout_ms, priority, budget_micros_usd, workspace_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
     )
     .bind(&id)
     .bind(kind)
@@ -148,6 +153,7 @@ pub async fn insert(conn: &mut PgConnection, task: &NewTask, actor: &Actor) -> R
     .bind(task.timeout_ms)
     .bind(task.priority)
     .bind(task.budget_micros_usd)
+    .bind(scope.workspace())
     .execute(&mut *conn)
     .await?;
     let created = Transition {
@@ -158,14 +164,15 @@ pub async fn insert(conn: &mut PgConnection, task: &NewTask, actor: &Actor) -> R
         to: "not_started",
         reason: Some("created"),
     };
-    transitions::record(conn, created, actor).await?;
-    get(conn, &id).await
+    transitions::record(conn, scope, created, actor).await?;
+    get(conn, scope, &id).await
 }
 
-pub async fn get(conn: &mut PgConnection, id: &str) -> Result<TaskRecord> {
+pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<TaskRecord> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{SELECT_TASK} WHERE t.id = $1"
+        "{SELECT_TASK} WHERE t.workspace_id = $1 AND t.id = $2"
     )))
+    .bind(scope.workspace())
     .bind(id)
     .fetch_optional(conn)
     .await?
@@ -175,16 +182,19 @@ pub async fn get(conn: &mut PgConnection, id: &str) -> Result<TaskRecord> {
 /// Newest first; `before` is the id of the last task of the previous page.
 pub async fn list(
     conn: &mut PgConnection,
+    scope: &Scope,
     status: Option<TaskStatus>,
     before: Option<&str>,
     limit: i64,
 ) -> Result<Vec<TaskRecord>> {
     let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "{SELECT_TASK}
-         WHERE ($1::text IS NULL OR COALESCE(r.status, 'not_started') = $1)
-           AND ($2::text IS NULL OR t.id < $2)
-         ORDER BY t.id DESC LIMIT $3"
+         WHERE t.workspace_id = $1
+           AND ($2::text IS NULL OR COALESCE(r.status, 'not_started') = $2)
+           AND ($3::text IS NULL OR t.id < $3)
+         ORDER BY t.id DESC LIMIT $4"
     )))
+    .bind(scope.workspace())
     .bind(status.map(TaskStatus::as_str))
     .bind(before)
     .bind(limit)
@@ -195,23 +205,27 @@ pub async fn list(
 
 /// Locks the task row: run admission and deletion both take this lock first, so they
 /// serialize and a race between them has one durable winner.
-pub async fn lock(conn: &mut PgConnection, id: &str) -> Result<()> {
-    sqlx::query_scalar::<_, String>("SELECT id FROM tasks WHERE id = $1 FOR UPDATE")
-        .bind(id)
-        .fetch_optional(conn)
-        .await?
-        .map(|_| ())
-        .ok_or(StoreError::NotFound("task"))
+pub async fn lock(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
+    sqlx::query_scalar::<_, String>(
+        "SELECT id FROM tasks WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .fetch_optional(conn)
+    .await?
+    .map(|_| ())
+    .ok_or(StoreError::NotFound("task"))
 }
 
 /// Deletes a task with its runs, steps, artifacts and events; refuses while a run is active.
-pub async fn delete(conn: &mut PgConnection, id: &str, actor: &Actor) -> Result<()> {
-    let task = get(conn, id).await?;
-    lock(conn, id).await?;
+pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str, actor: &Actor) -> Result<()> {
+    let task = get(conn, scope, id).await?;
+    lock(conn, scope, id).await?;
     let active: Option<String> = sqlx::query_scalar(
-        "SELECT id FROM runs WHERE task_id = $1
+        "SELECT id FROM runs WHERE workspace_id = $1 AND task_id = $2
            AND status IN ('queued', 'running', 'awaiting_approval') LIMIT 1",
     )
+    .bind(scope.workspace())
     .bind(id)
     .fetch_optional(&mut *conn)
     .await?;
@@ -220,11 +234,13 @@ pub async fn delete(conn: &mut PgConnection, id: &str, actor: &Actor) -> Result<
             "task {id} has an active run ({run_id}); cancel it before deleting the task"
         )));
     }
-    sqlx::query("DELETE FROM run_events WHERE task_id = $1")
+    sqlx::query("DELETE FROM run_events WHERE workspace_id = $1 AND task_id = $2")
+        .bind(scope.workspace())
         .bind(id)
         .execute(&mut *conn)
         .await?;
-    sqlx::query("DELETE FROM tasks WHERE id = $1")
+    sqlx::query("DELETE FROM tasks WHERE workspace_id = $1 AND id = $2")
+        .bind(scope.workspace())
         .bind(id)
         .execute(&mut *conn)
         .await?;
@@ -237,5 +253,5 @@ pub async fn delete(conn: &mut PgConnection, id: &str, actor: &Actor) -> Result<
         to: "deleted",
         reason: None,
     };
-    transitions::record(conn, deleted, actor).await
+    transitions::record(conn, scope, deleted, actor).await
 }

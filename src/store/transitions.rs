@@ -6,7 +6,7 @@ use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::Result;
-use crate::domain::Actor;
+use crate::domain::{Actor, Scope};
 
 /// One state change to record.
 pub struct Transition<'a> {
@@ -34,13 +34,16 @@ pub struct TransitionRecord {
 
 pub async fn record(
     conn: &mut PgConnection,
+    scope: &Scope,
     transition: Transition<'_>,
     actor: &Actor,
 ) -> Result<()> {
     sqlx::query(
-        "INSERT INTO state_transitions (entity_type, entity_id, task_id, from_status, to_status, reason, actor)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id, from_status,
+                                        to_status, reason, actor)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
     )
+    .bind(scope.workspace())
     .bind(transition.entity_type)
     .bind(transition.entity_id)
     .bind(transition.task_id)
@@ -56,6 +59,7 @@ pub async fn record(
 /// Oldest first; `after` is the id of the last record of the previous page.
 pub async fn list(
     conn: &mut PgConnection,
+    scope: &Scope,
     entity_type: Option<&str>,
     entity_id: Option<&str>,
     after: i64,
@@ -64,9 +68,11 @@ pub async fn list(
     let rows = sqlx::query_as(
         "SELECT id, entity_type, entity_id, task_id, from_status, to_status, reason, actor, occurred_at
          FROM state_transitions
-         WHERE ($1::text IS NULL OR entity_type = $1) AND ($2::text IS NULL OR entity_id = $2) AND id > $3
-         ORDER BY id LIMIT $4",
+         WHERE workspace_id = $1 AND ($2::text IS NULL OR entity_type = $2)
+           AND ($3::text IS NULL OR entity_id = $3) AND id > $4
+         ORDER BY id LIMIT $5",
     )
+    .bind(scope.workspace())
     .bind(entity_type)
     .bind(entity_id)
     .bind(after)
