@@ -122,6 +122,7 @@ pub fn worker_args(concurrency: usize, prefetch: usize, lease_ms: u64) -> Worker
         drain_timeout_ms: 1_000,
         reconcile_interval_ms: 5_000,
         artifact_max_bytes: 0,
+        max_concurrent_per_workspace: None,
         media: Default::default(),
     }
 }
