@@ -168,6 +168,14 @@ pub struct WorkerArgs {
     #[arg(long, env = "KEEL_ARTIFACT_MAX_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub artifact_max_bytes: i64,
 
+    /// Most jobs one workspace runs at once, across every worker (an operator may set a
+    /// workspace's own limit through the API). Set it on every worker of a deployment
+    /// with several workspaces: claims are then fair across workspaces, a workspace's
+    /// backlog never delays another's first job by more than one claim. Unset: claims
+    /// take due jobs in priority order, whatever their workspace.
+    #[arg(long, env = "KEEL_MAX_CONCURRENT_PER_WORKSPACE")]
+    pub max_concurrent_per_workspace: Option<u32>,
+
     #[command(flatten)]
     pub media: MediaArgs,
 }
@@ -247,6 +255,7 @@ impl WorkerArgs {
             lease: Duration::from_millis(self.lease_ms.max(300)),
             poll_interval: Duration::from_millis(self.poll_interval_ms.max(10)),
             drain_timeout: Duration::from_millis(self.drain_timeout_ms),
+            max_per_workspace: self.max_concurrent_per_workspace,
         }
     }
 

@@ -113,6 +113,8 @@ pub async fn run_worker(
 
 /// Worker settings for the bench: production defaults with the given concurrency,
 /// prefetch and lease, and a short drain so stopping a worker does not wait on held jobs.
+/// `KEEL_MAX_CONCURRENT_PER_WORKSPACE` in the bench's environment measures fair claims
+/// (child workers read it themselves, as `keel worker` does).
 pub fn worker_args(concurrency: usize, prefetch: usize, lease_ms: u64) -> WorkerArgs {
     WorkerArgs {
         concurrency,
@@ -122,6 +124,9 @@ pub fn worker_args(concurrency: usize, prefetch: usize, lease_ms: u64) -> Worker
         drain_timeout_ms: 1_000,
         reconcile_interval_ms: 5_000,
         artifact_max_bytes: 0,
+        max_concurrent_per_workspace: std::env::var("KEEL_MAX_CONCURRENT_PER_WORKSPACE")
+            .ok()
+            .and_then(|v| v.parse().ok()),
         media: Default::default(),
     }
 }

@@ -5,6 +5,7 @@
 //! fencing token; heartbeat on its own connection; every worker write re-checks the token
 //! and owner ([`fence`]); ack deletes the row in the same transaction as the domain change.
 
+pub mod fair;
 pub mod worker;
 
 use std::collections::BTreeMap;

@@ -69,6 +69,9 @@ pub struct WorkerSettings {
     pub lease: Duration,
     pub poll_interval: Duration,
     pub drain_timeout: Duration,
+    /// Set: claims are fair across workspaces ([`super::fair`]) and no workspace holds more
+    /// than this many jobs at once unless an operator set its own limit.
+    pub max_per_workspace: Option<u32>,
 }
 
 struct InFlight {
@@ -674,6 +677,9 @@ impl Claimer {
         room: usize,
         settings: &WorkerSettings,
     ) -> Result<Vec<Lease>, StoreError> {
+        if let Some(max) = settings.max_per_workspace {
+            return Self::claim_fair(pool, owner, kinds, room, settings.lease, max).await;
+        }
         let leases = if self.shared.slow() {
             self.claim_from(pool, owner, kinds, room, settings).await?
         } else {
@@ -686,6 +692,22 @@ impl Claimer {
         Ok(leases)
     }
 
+    /// Fair claims have no positions to keep: each workspace is read from the head of its
+    /// own stretch of the index.
+    async fn claim_fair(
+        pool: &PgPool,
+        owner: &str,
+        kinds: &[String],
+        room: usize,
+        lease: Duration,
+        max: u32,
+    ) -> Result<Vec<Lease>, StoreError> {
+        kind_by_kind(kinds, room, |kind, limit| {
+            super::fair::claim(pool, owner, kind, limit, lease, max)
+        })
+        .await
+    }
+
     async fn claim_from(
         &self,
         pool: &PgPool,
@@ -694,22 +716,18 @@ impl Claimer {
         room: usize,
         settings: &WorkerSettings,
     ) -> Result<Vec<Lease>, StoreError> {
-        let mut leases = Vec::new();
-        for kind in kinds {
-            let left = room.saturating_sub(leases.len());
-            if left == 0 {
-                break;
-            }
+        kind_by_kind(kinds, room, |kind, limit| {
             let (from, slack) = {
                 let mut positions = self.positions.lock().unwrap();
-                let from = positions.entry(kind.clone()).or_default();
+                let from = positions.entry(kind.to_string()).or_default();
                 let slack = from.slack();
                 (from.clone(), slack)
             };
-            let (limit, lease) = (left as i64, settings.lease);
-            leases.extend(super::claim_from(pool, owner, kind, &from, slack, limit, lease).await?);
-        }
-        Ok(leases)
+            async move {
+                super::claim_from(pool, owner, kind, &from, slack, limit, settings.lease).await
+            }
+        })
+        .await
     }
 
     /// Moves each kind's positions up to these jobs.
@@ -722,6 +740,28 @@ impl Claimer {
                 .advance(lease);
         }
     }
+}
+
+/// Claims kind by kind, each for what room the kinds before it left, until the room is
+/// filled: `claim(kind, limit)` claims up to `limit` jobs of one kind.
+async fn kind_by_kind<'k, F, Claim>(
+    kinds: &'k [String],
+    room: usize,
+    mut claim: F,
+) -> Result<Vec<Lease>, StoreError>
+where
+    F: FnMut(&'k str, i64) -> Claim,
+    Claim: Future<Output = Result<Vec<Lease>, StoreError>>,
+{
+    let mut leases = Vec::new();
+    for kind in kinds {
+        let left = room.saturating_sub(leases.len());
+        if left == 0 {
+            break;
+        }
+        leases.extend(claim(kind, left as i64).await?);
+    }
+    Ok(leases)
 }
 
 /// The full claim while it is slow, off the claim loop so positioned claims go on (a slow

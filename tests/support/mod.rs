@@ -282,6 +282,7 @@ pub fn worker_args(lease_ms: u64) -> WorkerArgs {
         drain_timeout_ms: 2_000,
         reconcile_interval_ms: 500,
         artifact_max_bytes: 1024 * 1024,
+        max_concurrent_per_workspace: None,
         media: Default::default(),
     }
 }

@@ -1,0 +1,167 @@
+//! Fair claims across workspaces: no workspace's backlog delays another's first job by
+//! more than one claim, and no workspace holds more leases than its limit, however many
+//! claims race for it.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use keel::queue::{Lease, fair};
+use sqlx::PgPool;
+
+const LEASE: Duration = Duration::from_secs(30);
+const KIND: &str = "test";
+const UNLIMITED: u32 = u32::MAX;
+
+/// Queues `count` due jobs of `workspace`, older ones first.
+async fn backlog(pool: &PgPool, workspace: &str, count: i32) {
+    sqlx::query(
+        "INSERT INTO queue_jobs (kind, ref_id, workspace_id, run_after)
+         SELECT $1, $2 || '-' || n, $2, now() - interval '1 hour' + n * interval '1 ms'
+         FROM generate_series(1, $3) AS n",
+    )
+    .bind(KIND)
+    .bind(workspace)
+    .bind(count)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+fn per_workspace(leases: &[Lease]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for lease in leases {
+        let workspace = lease.ref_id.split('-').next().unwrap().to_string();
+        *counts.entry(workspace).or_default() += 1;
+    }
+    counts
+}
+
+async fn held(pool: &PgPool, workspace: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM queue_jobs WHERE workspace_id = $1 AND lease_owner IS NOT NULL",
+    )
+    .bind(workspace)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_backlog_does_not_delay_another_workspaces_first_job() {
+    let pool = support::pool(&support::fresh_database().await).await;
+    backlog(&pool, "big", 1000).await;
+    // Queued after the whole backlog: claim order alone would reach it last.
+    backlog(&pool, "small", 1).await;
+    let first = fair::claim(&pool, "w", KIND, 1, LEASE, UNLIMITED)
+        .await
+        .unwrap();
+    let second = fair::claim(&pool, "w", KIND, 1, LEASE, UNLIMITED)
+        .await
+        .unwrap();
+    let claimed: Vec<&str> = first.iter().chain(&second).map(|l| &*l.ref_id).collect();
+    assert!(
+        claimed.contains(&"small-1"),
+        "the small workspace's job was claimed within two claims of one: {claimed:?}"
+    );
+    // A claim with room for both takes each workspace's first job before anyone's second.
+    let pool = support::pool(&support::fresh_database().await).await;
+    backlog(&pool, "big", 1000).await;
+    backlog(&pool, "small", 3).await;
+    let leases = fair::claim(&pool, "w", KIND, 4, LEASE, UNLIMITED)
+        .await
+        .unwrap();
+    assert_eq!(
+        per_workspace(&leases),
+        HashMap::from([("big".into(), 2), ("small".into(), 2)])
+    );
+}
+
+#[tokio::test]
+async fn claims_stop_at_a_workspaces_limit_and_an_override_moves_it() {
+    let pool = support::pool(&support::fresh_database().await).await;
+    backlog(&pool, "a", 10).await;
+    backlog(&pool, "b", 10).await;
+    let leases = fair::claim(&pool, "w", KIND, 50, LEASE, 3).await.unwrap();
+    assert_eq!(
+        per_workspace(&leases),
+        HashMap::from([("a".into(), 3), ("b".into(), 3)])
+    );
+    assert!(
+        fair::claim(&pool, "w", KIND, 50, LEASE, 3)
+            .await
+            .unwrap()
+            .is_empty(),
+        "both workspaces are at their limit"
+    );
+    sqlx::query(
+        "INSERT INTO workspace_limits (workspace_id, max_concurrent, updated_by) VALUES ('a', 5, 'test')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let leases = fair::claim(&pool, "w", KIND, 50, LEASE, 3).await.unwrap();
+    assert_eq!(per_workspace(&leases), HashMap::from([("a".into(), 2)]));
+    // A finished job frees its slot.
+    sqlx::query("DELETE FROM queue_jobs WHERE ref_id = 'b-1'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let leases = fair::claim(&pool, "w", KIND, 50, LEASE, 3).await.unwrap();
+    assert_eq!(per_workspace(&leases), HashMap::from([("b".into(), 1)]));
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_reclaimed_within_the_limit() {
+    let pool = support::pool(&support::fresh_database().await).await;
+    backlog(&pool, "a", 5).await;
+    let first = fair::claim(&pool, "w1", KIND, 50, LEASE, 2).await.unwrap();
+    assert_eq!(first.len(), 2);
+    sqlx::query(
+        "UPDATE queue_jobs SET lease_expires_at = now() - interval '1 s' WHERE ref_id = $1",
+    )
+    .bind(&first[0].ref_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let taken = fair::claim(&pool, "w2", KIND, 50, LEASE, 2).await.unwrap();
+    assert_eq!(taken.len(), 1, "one slot is free: the expired lease's");
+    assert_eq!(
+        taken[0].ref_id, first[0].ref_id,
+        "the expired job is taken first"
+    );
+    assert_eq!(taken[0].fencing_token, first[0].fencing_token + 1);
+    assert_eq!(held(&pool, "a").await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_claims_never_exceed_the_limit() {
+    let pool = support::pool(&support::fresh_database().await).await;
+    backlog(&pool, "a", 2000).await;
+    for round in 0..20 {
+        // Ten claims at once, each wanting one job, against a limit of three.
+        let claims: Vec<_> = (0..10)
+            .map(|n| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    fair::claim(&pool, &format!("w{n}"), KIND, 1, LEASE, 3)
+                        .await
+                        .unwrap()
+                        .len()
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for claim in claims {
+            total += claim.await.unwrap();
+        }
+        assert_eq!(held(&pool, "a").await, 3, "round {round}");
+        assert_eq!(total, 3, "round {round}");
+        // The three finish: the next round has three free slots again.
+        sqlx::query("DELETE FROM queue_jobs WHERE lease_owner IS NOT NULL")
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}
