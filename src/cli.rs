@@ -117,8 +117,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Api(args) => {
+            // Before anything else: an unprotected listener must not start at all.
+            let auth = api::Auth::from_args(&args.auth, args.listen)?;
             let pool = connect(&common, "api").await?;
-            serve_api(pool, &common, &args, shutdown).await
+            serve_api(pool, &common, &args, auth, shutdown).await
         }
         Command::Worker(args) => {
             let pool = connect(&common, "worker").await?;
@@ -135,6 +137,7 @@ async fn serve_all(
     worker: &WorkerArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let auth = api::Auth::from_args(&api.auth, api.listen)?;
     let (url, embedded) = match common.database_url() {
         Some(url) => (url, None),
         None => {
@@ -157,7 +160,7 @@ async fn serve_all(
         .context("connecting to PostgreSQL")?;
     store::migrate(&pool).await.context("applying migrations")?;
     let result = tokio::try_join!(
-        serve_api(pool.clone(), common, api, shutdown.clone()),
+        serve_api(pool.clone(), common, api, auth, shutdown.clone()),
         run_worker(pool.clone(), common, worker, shutdown.clone()),
     );
     pool.close().await;
@@ -197,6 +200,7 @@ pub async fn serve_api(
     pool: PgPool,
     common: &Common,
     args: &ApiArgs,
+    auth: api::Auth,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -204,12 +208,13 @@ pub async fn serve_api(
         .with_context(|| format!("listening on {}", args.listen))?;
     let content = ContentStore::from_config(&common.content)?;
     let stream_poll = std::time::Duration::from_millis(args.stream_poll_ms.max(10));
-    api::serve(
+    api::serve_with_auth(
         pool,
         listener,
         common.admission_rules(),
         content,
         stream_poll,
+        auth,
         shutdown,
     )
     .await

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use clap::builder::BoolishValueParser;
 use keel_workers::media::MediaLimits;
 
 use crate::domain::approval::{ApprovalPolicy, DEFAULT_POLICIES};
@@ -112,7 +113,8 @@ pub struct ContentArgs {
     pub s3_region: Option<String>,
 
     /// Allows a plain-HTTP endpoint (local MinIO, tests).
-    #[arg(long, env = "KEEL_S3_ALLOW_HTTP", global = true)]
+    #[arg(long, env = "KEEL_S3_ALLOW_HTTP", global = true, action = clap::ArgAction::SetTrue,
+          value_parser = BoolishValueParser::new())]
     pub s3_allow_http: bool,
 }
 
@@ -132,6 +134,139 @@ pub struct ApiArgs {
     /// How often an SSE stream re-reads the database when no notification arrives (ms).
     #[arg(long, env = "KEEL_STREAM_POLL_MS", default_value_t = 1000)]
     pub stream_poll_ms: u64,
+
+    #[command(flatten)]
+    pub auth: AuthArgs,
+}
+
+/// Who may call the API (docs/configuration.md#authentication).
+#[derive(Debug, Clone, Default, Args)]
+pub struct AuthArgs {
+    /// Shared token every `/v1` request must carry (`Authorization: Bearer <token>` or
+    /// `X-Keel-Runtime-Token`), at least 16 characters. Required to listen on a
+    /// non-loopback address in local mode.
+    #[arg(long, env = "KEEL_RUNTIME_TOKEN", hide_env_values = true)]
+    pub runtime_token: Option<Redacted>,
+
+    /// Host names (a comma list, ports ignored) requests may address; `*` allows any.
+    /// Default: localhost, 127.0.0.1, [::1] and the listen address.
+    #[arg(long, env = "KEEL_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+
+    /// Origins (a comma list) that browsers may call the API from; no CORS headers when
+    /// unset.
+    #[arg(long, env = "KEEL_CORS_ORIGINS", value_delimiter = ',')]
+    pub cors_origins: Vec<String>,
+
+    /// Remote runtime: every request carries an identity vouched for by a trusted proxy
+    /// (a signed JWT in `X-Keel-Identity`, or the `X-Keel-Remote-Secret` header form).
+    #[arg(long, env = "KEEL_REMOTE_MODE", action = clap::ArgAction::SetTrue,
+          value_parser = BoolishValueParser::new())]
+    pub remote_mode: bool,
+
+    /// This runtime's id: the audience a JWT must name, and the `X-Keel-Runtime-Id` the
+    /// header form must send. Required in remote mode.
+    #[arg(long, env = "KEEL_RUNTIME_ID")]
+    pub runtime_id: Option<String>,
+
+    /// HS256 secret that signs identity JWTs (at least 32 bytes).
+    #[arg(long, env = "KEEL_REMOTE_JWT_SECRET", hide_env_values = true)]
+    pub remote_jwt_secret: Option<Redacted>,
+
+    /// PEM file of the Ed25519 (EdDSA) or RSA (RS256) public key that signs identity JWTs.
+    #[arg(long, env = "KEEL_REMOTE_JWT_PUBLIC_KEY")]
+    pub remote_jwt_public_key: Option<PathBuf>,
+
+    /// JWKS file of the public keys that sign identity JWTs, chosen by the token's `kid`.
+    #[arg(long, env = "KEEL_REMOTE_JWKS_FILE")]
+    pub remote_jwks_file: Option<PathBuf>,
+
+    /// Clock skew allowed on a JWT's `exp`, `nbf` and `iat` (seconds, at most 30).
+    #[arg(long, env = "KEEL_REMOTE_JWT_LEEWAY_SECS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(0..=30))]
+    pub remote_jwt_leeway_secs: u64,
+
+    /// Secret of the header form (`X-Keel-Remote-Secret`), at least 16 characters.
+    #[arg(long, env = "KEEL_REMOTE_SHARED_SECRET", hide_env_values = true)]
+    pub remote_shared_secret: Option<Redacted>,
+
+    /// This runtime's label in `GET /v1/whoami` (default: the host name).
+    #[arg(long, env = "KEEL_RUNTIME_LABEL")]
+    pub runtime_label: Option<String>,
+
+    /// Requests per identity: `<n>/s`, `<n>/m` or `<n>/h`, optionally `,burst=<b>`
+    /// (default burst: n). Off when unset.
+    #[arg(long, env = "KEEL_RATE_LIMIT")]
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// A secret setting: its Debug output is `***`, so it cannot reach a log through the
+/// settings' Debug output.
+#[derive(Clone)]
+pub struct Redacted(String);
+
+impl Redacted {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl std::str::FromStr for Redacted {
+    type Err = std::convert::Infallible;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        Ok(Redacted(value.to_string()))
+    }
+}
+
+/// `KEEL_RATE_LIMIT`: `per` requests replenish over `period`, up to `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    pub requests: std::num::NonZeroU32,
+    pub period: Duration,
+    pub burst: std::num::NonZeroU32,
+}
+
+impl std::str::FromStr for RateLimit {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        let invalid = || {
+            format!(
+                "'{value}' is not a rate: expected <n>/s, <n>/m or <n>/h, optionally followed by ,burst=<b>"
+            )
+        };
+        let (rate, burst) = match value.split_once(',') {
+            Some((rate, burst)) => (rate, Some(burst.trim())),
+            None => (value, None),
+        };
+        let (requests, unit) = rate.trim().split_once('/').ok_or_else(invalid)?;
+        let requests: std::num::NonZeroU32 = requests.trim().parse().map_err(|_| invalid())?;
+        let period = match unit.trim() {
+            "s" => Duration::from_secs(1),
+            "m" => Duration::from_secs(60),
+            "h" => Duration::from_secs(3600),
+            _ => return Err(invalid()),
+        };
+        let burst = match burst {
+            None => requests,
+            Some(burst) => burst
+                .strip_prefix("burst=")
+                .and_then(|b| b.trim().parse().ok())
+                .ok_or_else(invalid)?,
+        };
+        Ok(RateLimit {
+            requests,
+            period,
+            burst,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -210,11 +345,8 @@ pub struct MediaArgs {
 
     /// Let media downloads reach private, loopback and link-local addresses. Off by
     /// default: a vendor response must not make a worker fetch from inside its network.
-    #[arg(
-        long,
-        env = "KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES",
-        default_value_t = false
-    )]
+    #[arg(long, env = "KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", action = clap::ArgAction::SetTrue,
+          value_parser = BoolishValueParser::new())]
     pub media_allow_private_addresses: bool,
 }
 

@@ -30,6 +30,15 @@ pub enum ApiError {
     Internal(String),
     #[error("the database is unavailable: {0}")]
     Unavailable(String),
+    /// No valid credentials. The reason is for the log: the client hears the same message
+    /// whatever was wrong, so a guess learns nothing.
+    #[error("unauthorized: {0}")]
+    Unauthorized(&'static str),
+    #[error("{0}")]
+    Forbidden(String),
+    /// The caller's rate limit is spent; it refills in `retry_after` seconds.
+    #[error("rate limit exceeded: retry in {retry_after} s")]
+    RateLimited { retry_after: u64 },
 }
 
 impl ApiError {
@@ -37,6 +46,13 @@ impl ApiError {
         ApiError::Invalid {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
+        }
+    }
+
+    pub fn method_not_allowed(method: &axum::http::Method, path: &str) -> Self {
+        ApiError::Invalid {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            message: format!("method {method} is not allowed on {path}"),
         }
     }
 
@@ -77,6 +93,25 @@ impl ApiError {
                 "unavailable",
                 "Keel cannot reach its database.",
                 "Check that PostgreSQL is running and reachable, then retry.",
+            ),
+            ApiError::Unauthorized(_) => (
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "The request did not prove who sent it.",
+                "Send the runtime token (Authorization: Bearer, or X-Keel-Runtime-Token), or \
+                 in remote mode the identity from the trusted proxy.",
+            ),
+            ApiError::Forbidden(_) => (
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "This request is not allowed here.",
+                "Read the message: the host, the route or the caller is not allowed.",
+            ),
+            ApiError::RateLimited { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_exceeded",
+                "Too many requests for this identity.",
+                "Wait for the seconds in Retry-After, then retry.",
             ),
         }
     }
@@ -137,6 +172,7 @@ impl IntoResponse for ApiError {
             // Internal details go to the log (by the middleware), never to the client.
             ApiError::Internal(_) => "internal error".to_string(),
             ApiError::Unavailable(_) => "the database is unavailable".to_string(),
+            ApiError::Unauthorized(_) => "missing or invalid credentials".to_string(),
             other => other.to_string(),
         };
         let body = json!({ "error": {
@@ -146,6 +182,11 @@ impl IntoResponse for ApiError {
             "operator_action": operator_action,
         }});
         let mut response = (status, Json(body)).into_response();
+        if let ApiError::RateLimited { retry_after } = self {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, retry_after.into());
+        }
         response
             .extensions_mut()
             .insert(ErrorDetail(self.to_string()));

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::HeaderValue;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
@@ -48,6 +48,9 @@ pub async fn request_context(request: Request, next: Next) -> Response {
         otel.status_code = tracing::field::Empty,
         path = %request.uri().path(),
         %request_id,
+        // Recorded by the auth layer once it knows the caller; never a credential.
+        actor = tracing::field::Empty,
+        workspace = tracing::field::Empty,
     );
     let traceparent = request
         .headers()
@@ -113,14 +116,7 @@ pub async fn not_found(request: Request) -> ApiError {
 }
 
 pub async fn method_not_allowed(request: Request) -> ApiError {
-    ApiError::Invalid {
-        status: StatusCode::METHOD_NOT_ALLOWED,
-        message: format!(
-            "method {} is not allowed on {}",
-            request.method(),
-            request.uri().path()
-        ),
-    }
+    ApiError::method_not_allowed(request.method(), request.uri().path())
 }
 
 pub fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {

@@ -10,10 +10,13 @@ mod media_jobs;
 mod middleware;
 mod openapi;
 mod providers;
+mod runtime;
 mod schedules;
 mod system;
 mod tasks;
 
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -29,6 +32,7 @@ use utoipa_axum::router::OpenApiRouter;
 use crate::store::content::ContentStore;
 use crate::store::runs::AdmissionRules;
 
+pub use auth::{Auth, ROUTE_POLICY, RouteClass, SettingsError};
 pub use error::ApiError;
 
 /// Largest accepted request body.
@@ -48,9 +52,14 @@ pub struct AppState {
     pub rules: AdmissionRules,
     /// Where artifact bytes are read from.
     pub content: ContentStore,
+    /// Who may call, and how they prove it.
+    pub auth: Arc<Auth>,
+    /// This runtime host's id, kept in the database.
+    pub runtime_host_id: Arc<str>,
 }
 
-/// Serves the API on `listener` until `shutdown` fires.
+/// Serves the API on `listener` until `shutdown` fires, in local mode without a runtime
+/// token (the listener must be on a loopback address).
 pub async fn serve(
     pool: PgPool,
     listener: tokio::net::TcpListener,
@@ -59,9 +68,36 @@ pub async fn serve(
     stream_poll: Duration,
     shutdown: CancellationToken,
 ) -> Result<(), std::io::Error> {
+    let auth = Auth::local(listener.local_addr()?).map_err(std::io::Error::other)?;
+    serve_with_auth(pool, listener, rules, content, stream_poll, auth, shutdown).await
+}
+
+/// Serves the API on `listener` until `shutdown` fires (also fired by
+/// `POST /v1/system/shutdown`), with the given authentication.
+pub async fn serve_with_auth(
+    pool: PgPool,
+    listener: tokio::net::TcpListener,
+    rules: AdmissionRules,
+    content: ContentStore,
+    stream_poll: Duration,
+    auth: Auth,
+    shutdown: CancellationToken,
+) -> Result<(), std::io::Error> {
+    let runtime_host_id = {
+        let mut conn = pool.acquire().await.map_err(std::io::Error::other)?;
+        crate::store::runtime::host_id(&mut conn)
+            .await
+            .map_err(std::io::Error::other)?
+    };
     let events = follow_events(&pool, shutdown.clone())
         .await
         .map_err(std::io::Error::other)?;
+    tracing::info!(
+        address = %listener.local_addr()?,
+        mode = ?auth.mode(),
+        runtime_host_id,
+        "API listening"
+    );
     let state = AppState {
         pool,
         events,
@@ -69,9 +105,12 @@ pub async fn serve(
         shutdown: shutdown.clone(),
         rules,
         content,
+        auth: Arc::new(auth),
+        runtime_host_id: runtime_host_id.into(),
     };
-    tracing::info!(address = %listener.local_addr()?, "API listening");
-    axum::serve(listener, app(state))
+    // The peer address tells local-only routes whether a request came from this host.
+    let service = app(state).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, service)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
 }
@@ -120,6 +159,7 @@ fn routes() -> OpenApiRouter<AppState> {
                 .merge(providers::router())
                 .merge(media_jobs::router())
                 .merge(system::v1_router())
+                .merge(runtime::router())
                 .merge(openapi::router()),
         )
 }
@@ -132,7 +172,8 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 
 pub fn app(state: AppState) -> Router {
     let (router, _) = routes().split_for_parts();
-    router
+    let auth = state.auth.clone();
+    let router = router
         .route("/docs", axum::routing::get(openapi::reference_page))
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)
@@ -141,8 +182,16 @@ pub fn app(state: AppState) -> Router {
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             middleware::panic_response,
         ))
-        .layer(axum::middleware::from_fn(auth::identify))
-        .layer(axum::middleware::from_fn(middleware::request_context))
+        .layer(axum::middleware::from_fn_with_state(
+            auth.clone(),
+            auth::identify,
+        ));
+    // Outside `identify`: a browser's preflight carries no credentials.
+    let router = match auth.cors() {
+        Some(cors) => router.layer(cors),
+        None => router,
+    };
+    router.layer(axum::middleware::from_fn(middleware::request_context))
 }
 
 /// `limit` and `cursor` of a paginated list.

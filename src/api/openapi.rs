@@ -9,6 +9,9 @@ use axum::response::Html;
 use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::response::ResponseBuilder;
+use utoipa::openapi::security::{
+    ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+};
 use utoipa::openapi::{Content, OpenApi, OpenApiBuilder, Ref, RefOr};
 use utoipa::{OpenApi as _, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -17,16 +20,28 @@ use utoipa_axum::routes;
 use super::AppState;
 
 /// Statuses any operation may answer with the error envelope.
-const ERROR_STATUSES: [(&str, &str); 9] = [
+const ERROR_STATUSES: [(&str, &str); 12] = [
     (
         "400",
         "The request is malformed (syntax, query string, headers).",
+    ),
+    (
+        "401",
+        "No valid credentials: the runtime token, or in remote mode the proxy's identity.",
+    ),
+    (
+        "403",
+        "The Host is not allowed, or the route is local-only and this request is not local.",
     ),
     ("404", "The resource or route does not exist."),
     ("405", "The method is not allowed on this path."),
     ("409", "The resource's state does not allow this now."),
     ("413", "The body is larger than 2 MiB."),
     ("415", "The body is not JSON."),
+    (
+        "429",
+        "The caller's rate limit is spent; Retry-After says for how many seconds.",
+    ),
     (
         "422",
         "A field's value is not valid; the message names the field.",
@@ -53,8 +68,8 @@ pub struct ErrorEnvelope {
 
 #[derive(Debug, serde::Serialize, ToSchema)]
 pub struct ErrorBody {
-    /// Stable machine code: `invalid_request`, `not_found`, `conflict`, `internal_error`,
-    /// `unavailable`.
+    /// Stable machine code: `invalid_request`, `unauthorized`, `forbidden`, `not_found`,
+    /// `conflict`, `rate_limit_exceeded`, `internal_error`, `unavailable`.
     #[serde(rename = "type")]
     #[schema(example = "invalid_request")]
     pub kind: &'static str,
@@ -100,8 +115,56 @@ pub fn base() -> OpenApi {
     doc
 }
 
-/// Adds the shared error responses to every operation.
+/// The ways to authenticate a `/v1` request (any one of them): the runtime token in local
+/// mode, and the trusted proxy's identity in remote mode.
+fn security_schemes() -> [(&'static str, SecurityScheme); 4] {
+    let header = |name: &str, description: &str| {
+        let mut value = ApiKeyValue::new(name);
+        value.description = Some(description.to_string());
+        SecurityScheme::ApiKey(ApiKey::Header(value))
+    };
+    [
+        (
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("The runtime token (KEEL_RUNTIME_TOKEN)."))
+                    .build(),
+            ),
+        ),
+        (
+            "runtime_token",
+            header(
+                "X-Keel-Runtime-Token",
+                "The runtime token (KEEL_RUNTIME_TOKEN).",
+            ),
+        ),
+        (
+            "identity",
+            header(
+                "X-Keel-Identity",
+                "Remote mode: a JWT signed by the trusted proxy (sub, org, aud, exp, iat).",
+            ),
+        ),
+        (
+            "remote_secret",
+            header(
+                "X-Keel-Remote-Secret",
+                "Remote mode, header form: the proxy's shared secret, with X-Keel-Actor-Id, \
+                 X-Keel-Org-Id, X-Keel-Runtime-Id and optionally X-Keel-Project-Id.",
+            ),
+        ),
+    ]
+}
+
+/// Adds the security schemes, and the shared error responses to every operation.
 pub fn finish(mut doc: OpenApi) -> OpenApi {
+    let schemes = security_schemes();
+    let requirements: Vec<SecurityRequirement> = schemes
+        .iter()
+        .map(|(name, _)| SecurityRequirement::new(*name, Vec::<String>::new()))
+        .collect();
     let error = ResponseBuilder::new()
         .description("The error envelope")
         .content(
@@ -113,7 +176,11 @@ pub fn finish(mut doc: OpenApi) -> OpenApi {
     components
         .responses
         .insert("Error".to_string(), RefOr::T(error));
-    for item in doc.paths.paths.values_mut() {
+    for (name, scheme) in schemes {
+        components.add_security_scheme(name, scheme);
+    }
+    for (path, item) in doc.paths.paths.iter_mut() {
+        let secured = path.starts_with("/v1/");
         let operations = [
             &mut item.get,
             &mut item.put,
@@ -124,6 +191,9 @@ pub fn finish(mut doc: OpenApi) -> OpenApi {
         for operation in operations.into_iter().flatten() {
             add_error_responses(operation);
             add_links(operation);
+            if secured {
+                operation.security = Some(requirements.clone());
+            }
         }
     }
     OpenApiBuilder::from(doc).build()

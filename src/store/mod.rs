@@ -11,6 +11,7 @@ pub mod leases;
 pub mod media_jobs;
 pub mod providers;
 pub mod runs;
+pub mod runtime;
 pub mod schedules;
 pub mod stats;
 pub mod steps;

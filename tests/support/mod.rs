@@ -591,3 +591,64 @@ fn parse_frame(frame: &str) -> Option<SseEvent> {
         data: serde_json::from_str(&data).unwrap_or(Value::String(data)),
     })
 }
+
+/// A client that sends `headers` with every request (credentials, a Host, …).
+pub fn client_with_headers(base: &str, headers: &[(&str, &str)]) -> Client {
+    let mut map = reqwest::header::HeaderMap::new();
+    for (name, value) in headers {
+        map.insert(
+            reqwest::header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            reqwest::header::HeaderValue::from_str(value).unwrap(),
+        );
+    }
+    Client {
+        base: base.to_string(),
+        http: reqwest::Client::builder()
+            .default_headers(map)
+            .build()
+            .unwrap(),
+    }
+}
+
+impl KeelProcess {
+    /// Waits for the process to exit on its own.
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "keel did not exit within {timeout:?}; log: {}",
+                self.log.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Runs `keel <args>` with extra environment variables until it exits by itself (within
+/// `timeout`); returns its exit status and output.
+pub fn run_keel_until_exit(
+    db_url: &str,
+    log_dir: &Path,
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    timeout: Duration,
+) -> (std::process::ExitStatus, String) {
+    let (mut command, log) = keel_command(db_url, log_dir, name);
+    command.envs(env.iter().copied()).args(args);
+    let mut process = KeelProcess {
+        child: command.spawn().unwrap(),
+        client: None,
+        log,
+    };
+    let status = process.wait_exit(timeout);
+    (status, process.log_text())
+}

@@ -1,31 +1,132 @@
-//! Who may call the API: every request under `/v1` gets a [`Caller`] here or is refused.
-//! Handlers take the caller as an extractor, so a route cannot forget to ask for it.
+//! Who may call the API: every request gets a [`Caller`] here or is refused. Handlers take
+//! the caller as an extractor, so a route cannot forget to ask for it.
+//!
+//! In order: open routes (probes) pass; the Host must be on the allowlist; the credentials
+//! of the runtime's mode must prove a caller; the route must be in the policy table (and a
+//! local-only route needs local access); and the caller must be within its rate limit.
 
-use axum::extract::{FromRequestParts, Request};
+mod headers;
+mod host;
+mod jwt;
+mod policy;
+mod ratelimit;
+mod settings;
+mod token;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, FromRequestParts, MatchedPath, Request, State};
 use axum::http::request::Parts;
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 
 use super::ApiError;
 use crate::domain::Caller;
+use policy::Lookup;
+pub use policy::{ROUTE_POLICY, RouteClass, local_only_actions};
+pub use settings::{Auth, RuntimeMode, SettingsError};
 
-/// Identifies the caller of every request. Local mode without a runtime token: every
-/// request is the `local` actor in the default workspace.
-pub async fn identify(mut request: Request, next: Next) -> Response {
-    request.extensions_mut().insert(Caller::local());
-    next.run(request).await
+/// Whether this request may use local-only routes (see [`policy::local_access`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalAccess(pub bool);
+
+/// Identifies the caller of every request, or refuses it.
+pub async fn identify(State(auth): State<Arc<Auth>>, mut request: Request, next: Next) -> Response {
+    match admit(&auth, &request) {
+        Ok(None) => next.run(request).await,
+        Ok(Some((caller, access))) => {
+            let span = tracing::Span::current();
+            span.record("actor", caller.actor_id.as_str());
+            span.record("workspace", caller.scope.workspace());
+            request.extensions_mut().insert(caller);
+            request.extensions_mut().insert(access);
+            next.run(request).await
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+/// The caller and its local access, or None for an open route.
+fn admit(auth: &Auth, request: &Request) -> Result<Option<(Caller, LocalAccess)>, ApiError> {
+    // An unmatched path has no class: it is authenticated like any other, then answered 404.
+    let lookup = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|path| policy::classify(request.method(), path.as_str()));
+    if lookup == Some(Lookup::Class(RouteClass::Open)) {
+        return Ok(None);
+    }
+    if !auth.hosts.allows(request) {
+        return Err(ApiError::Forbidden(
+            "the Host header names a host this runtime does not serve (KEEL_ALLOWED_HOSTS)".into(),
+        ));
+    }
+    let caller = auth
+        .authenticate(request.headers())
+        .map_err(ApiError::Unauthorized)?;
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|info| info.0);
+    let access = LocalAccess(policy::local_access(
+        auth.mode() == RuntimeMode::Remote,
+        peer,
+        request.headers(),
+    ));
+    match lookup {
+        Some(Lookup::Unclassified) => {
+            return Err(ApiError::Forbidden(
+                "this route is not in the route policy".into(),
+            ));
+        }
+        Some(Lookup::OtherMethod) => {
+            return Err(ApiError::method_not_allowed(
+                request.method(),
+                request.uri().path(),
+            ));
+        }
+        Some(Lookup::Class(RouteClass::LocalOnly)) if !access.0 => {
+            return Err(ApiError::Forbidden(
+                "this action is local-only: it is refused in remote mode, from non-loopback \
+                 peers and through proxies"
+                    .into(),
+            ));
+        }
+        _ => {}
+    }
+    if let Some(limiter) = &auth.limiter {
+        limiter
+            .check(&caller)
+            .map_err(|wait| ApiError::RateLimited {
+                retry_after: wait.as_secs_f64().ceil().max(1.0) as u64,
+            })?;
+    }
+    Ok(Some((caller, access)))
+}
+
+/// Fails closed: `identify` runs before every handler, and a request it did not identify is
+/// a wiring bug.
+fn identified<T: Clone + Send + Sync + 'static>(parts: &Parts) -> Result<T, ApiError> {
+    parts
+        .extensions
+        .get::<T>()
+        .cloned()
+        .ok_or_else(|| ApiError::Internal("the request was not identified".into()))
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        // `identify` runs before every handler; a request without a caller is a wiring bug,
-        // and it fails closed.
-        parts
-            .extensions
-            .get::<Caller>()
-            .cloned()
-            .ok_or_else(|| ApiError::Internal("the request was not identified".into()))
+        identified(parts)
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for LocalAccess {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        identified(parts)
     }
 }
