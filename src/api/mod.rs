@@ -14,6 +14,7 @@ mod runtime;
 mod schedules;
 mod system;
 mod tasks;
+mod workspaces;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -159,6 +160,7 @@ fn routes() -> OpenApiRouter<AppState> {
                 .merge(providers::router())
                 .merge(media_jobs::router())
                 .merge(system::v1_router())
+                .merge(workspaces::router())
                 .merge(runtime::router())
                 .merge(openapi::router()),
         )

@@ -82,6 +82,13 @@ impl Caller {
         }
     }
 
+    /// Whether the caller operates the runtime rather than using one workspace of it: the
+    /// local caller (who could stop the process or read its database anyway). Remote
+    /// callers act only inside their own workspace.
+    pub fn is_operator(&self) -> bool {
+        self.remote.is_none()
+    }
+
     /// The actor the audit trail records for this caller's changes.
     pub fn actor(&self) -> Actor {
         Actor::Person(self.actor_id.clone())

@@ -18,6 +18,7 @@ pub mod steps;
 pub mod tasks;
 pub mod transitions;
 pub mod workers;
+pub mod workspaces;
 
 use std::time::Duration;
 

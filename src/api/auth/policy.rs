@@ -31,6 +31,11 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ("GET", "/v1/system/stats", RemoteSafe),
     ("GET", "/v1/state-transitions", RemoteSafe),
     ("GET", "/v1/runtime/leases", RemoteSafe),
+    ("GET", "/v1/workspace", RemoteSafe),
+    // Operators only (the handler refuses other callers): a workspace cannot raise its own
+    // limit.
+    ("GET", "/v1/workspaces/{workspace_id}/limits", RemoteSafe),
+    ("PUT", "/v1/workspaces/{workspace_id}/limits", RemoteSafe),
     ("GET", "/v1/approvals", RemoteSafe),
     ("GET", "/v1/events", RemoteSafe),
     ("GET", "/v1/events/stream", RemoteSafe),

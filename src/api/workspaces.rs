@@ -1,0 +1,101 @@
+//! The caller's workspace, and the limits an operator sets on any workspace.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use serde::Deserialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::extract::ApiJson;
+use super::{ApiError, AppState, ObjectEnvelope, object};
+use crate::domain::{Caller, Scope};
+use crate::store::workspaces::{self, WorkspaceLimits};
+
+/// Longest workspace id accepted in a path (remote identities' org ids are bounded too).
+const MAX_WORKSPACE_ID: usize = 128;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(own_limits))
+        .routes(routes!(get_limits, put_limits))
+}
+
+/// The caller's own workspace and its limits.
+#[utoipa::path(get, path = "/workspace", tag = "system",
+    responses((status = 200, description = "The caller's workspace", body = ObjectEnvelope<WorkspaceLimits>)))]
+async fn own_limits(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<ObjectEnvelope<WorkspaceLimits>>, ApiError> {
+    let mut conn = state.pool.acquire().await?;
+    let limits = workspaces::limits(&mut conn, &caller.scope).await?;
+    Ok(Json(object("workspace_limits", limits)))
+}
+
+/// A workspace an operator names in the path.
+fn operator_scope(caller: &Caller, workspace_id: String) -> Result<Scope, ApiError> {
+    if !caller.is_operator() {
+        return Err(ApiError::Forbidden(
+            "only an operator may read or set another workspace's limits".into(),
+        ));
+    }
+    let valid = !workspace_id.is_empty()
+        && workspace_id.len() <= MAX_WORKSPACE_ID
+        && workspace_id.bytes().all(|b| b.is_ascii_graphic());
+    if !valid {
+        return Err(ApiError::invalid(format!(
+            "workspace_id must be 1 to {MAX_WORKSPACE_ID} printable characters"
+        )));
+    }
+    Ok(Scope::new(workspace_id))
+}
+
+/// A workspace's limits (operators only).
+#[utoipa::path(get, path = "/workspaces/{workspace_id}/limits", tag = "system",
+    params(("workspace_id" = String, Path)),
+    responses((status = 200, description = "The workspace's limits", body = ObjectEnvelope<WorkspaceLimits>)))]
+async fn get_limits(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(workspace_id): Path<String>,
+) -> Result<Json<ObjectEnvelope<WorkspaceLimits>>, ApiError> {
+    let scope = operator_scope(&caller, workspace_id)?;
+    let mut conn = state.pool.acquire().await?;
+    let limits = workspaces::limits(&mut conn, &scope).await?;
+    Ok(Json(object("workspace_limits", limits)))
+}
+
+/// New limits for a workspace.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({ "max_concurrent": 4 }))]
+struct LimitsRequest {
+    /// Most jobs the workspace runs at once (0 pauses it); null returns it to the workers'
+    /// `KEEL_MAX_CONCURRENT_PER_WORKSPACE`.
+    #[schema(minimum = 0, maximum = 2147483647)]
+    max_concurrent: Option<u32>,
+}
+
+/// Sets a workspace's limits (operators only). Workers apply them at their next claim
+/// when they run with `KEEL_MAX_CONCURRENT_PER_WORKSPACE` set.
+#[utoipa::path(put, path = "/workspaces/{workspace_id}/limits", tag = "system",
+    params(("workspace_id" = String, Path)), request_body = LimitsRequest,
+    responses((status = 200, description = "The workspace's limits", body = ObjectEnvelope<WorkspaceLimits>)))]
+async fn put_limits(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(workspace_id): Path<String>,
+    ApiJson(request): ApiJson<LimitsRequest>,
+) -> Result<Json<ObjectEnvelope<WorkspaceLimits>>, ApiError> {
+    let scope = operator_scope(&caller, workspace_id)?;
+    let max = match request.max_concurrent {
+        None => None,
+        Some(n) => Some(i32::try_from(n).map_err(|_| {
+            ApiError::invalid("max_concurrent must be at most 2147483647".to_string())
+        })?),
+    };
+    let mut conn = state.pool.acquire().await?;
+    let limits = workspaces::set_limits(&mut conn, &scope, max, &caller.actor()).await?;
+    Ok(Json(object("workspace_limits", limits)))
+}
