@@ -165,3 +165,100 @@ async fn racing_claims_never_exceed_the_limit() {
             .unwrap();
     }
 }
+
+const SECRET: &str = "fairness-shared-secret-0123456789";
+const RUNTIME: &str = "keel-fairness";
+
+/// A client of the remote runtime acting in `org`.
+fn member(base: &str, org: &str) -> support::Client {
+    support::client_with_headers(
+        base,
+        &[
+            ("x-keel-remote-secret", SECRET),
+            ("x-keel-actor-id", "someone"),
+            ("x-keel-org-id", org),
+            ("x-keel-runtime-id", RUNTIME),
+        ],
+    )
+}
+
+fn at(run: &serde_json::Value, field: &str) -> chrono::DateTime<chrono::Utc> {
+    run[field]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{field} of {run}"))
+}
+
+/// The most runs of `runs` that were running at one moment.
+fn most_at_once(runs: &[serde_json::Value]) -> usize {
+    let mut edges: Vec<_> = runs
+        .iter()
+        .flat_map(|r| [(at(r, "started_at"), 1i32), (at(r, "finished_at"), -1)])
+        .collect();
+    // At the same instant an end comes before a start: the slot was handed over.
+    edges.sort();
+    let mut running = 0;
+    let mut most = 0;
+    for (_, step) in edges {
+        running += step;
+        most = most.max(running);
+    }
+    most as usize
+}
+
+#[tokio::test]
+async fn a_real_worker_keeps_each_workspace_within_its_limit_and_serves_both() {
+    let db = support::fresh_database().await;
+    let logs = tempfile::tempdir().unwrap();
+    let api = support::spawn_api_with_env(
+        &db,
+        logs.path(),
+        "api",
+        &[
+            ("KEEL_REMOTE_MODE", "1"),
+            ("KEEL_RUNTIME_ID", RUNTIME),
+            ("KEEL_REMOTE_SHARED_SECRET", SECRET),
+        ],
+    )
+    .await;
+    let base = api.client.as_ref().unwrap().base.clone();
+    let (busy, quiet) = (member(&base, "busy"), member(&base, "quiet"));
+    let mut started = Vec::new();
+    for _ in 0..6 {
+        started.push(("busy", busy.run_shell("sleep 0.5").await));
+    }
+    // Queued behind the whole backlog: claims in queue order would reach it last.
+    started.push(("quiet", quiet.run_shell("echo quiet").await));
+
+    let data = tempfile::tempdir().unwrap();
+    let _worker = support::spawn_worker_with_env(
+        &db,
+        logs.path(),
+        "worker",
+        5_000,
+        data.path(),
+        &[("KEEL_MAX_CONCURRENT_PER_WORKSPACE", "2")],
+    );
+    let mut runs = Vec::new();
+    for (org, (task, run)) in &started {
+        let client = if *org == "busy" { &busy } else { &quiet };
+        let run = client
+            .wait_terminal(task, run, Duration::from_secs(60))
+            .await;
+        assert_eq!(run["status"], "completed", "{run}");
+        runs.push(run);
+    }
+    let (quiet_run, busy_runs) = runs.split_last().unwrap();
+    assert_eq!(
+        most_at_once(busy_runs),
+        2,
+        "the busy workspace ran up to its limit, never past it"
+    );
+    let mut busy_starts: Vec<_> = busy_runs.iter().map(|r| at(r, "started_at")).collect();
+    busy_starts.sort();
+    assert!(
+        at(quiet_run, "started_at") < busy_starts[2],
+        "the quiet workspace's run started in the first claims, before the busy one's third \
+         run: {quiet_run} vs {busy_starts:?}"
+    );
+}
