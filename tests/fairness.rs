@@ -262,3 +262,81 @@ async fn a_real_worker_keeps_each_workspace_within_its_limit_and_serves_both() {
          run: {quiet_run} vs {busy_starts:?}"
     );
 }
+
+async fn put_limit(
+    client: &support::Client,
+    workspace: &str,
+    body: serde_json::Value,
+) -> (reqwest::StatusCode, serde_json::Value) {
+    let url = format!("{}/v1/workspaces/{workspace}/limits", client.base);
+    client.send(client.http.put(url).json(&body)).await
+}
+
+#[tokio::test]
+async fn operators_set_a_workspaces_limit_and_members_cannot() {
+    let app = support::TestApp::api_only().await;
+    let (status, body) = put_limit(
+        &app.client,
+        "acme",
+        serde_json::json!({ "max_concurrent": 4 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["data"]["max_concurrent"], 4);
+    assert_eq!(body["data"]["updated_by"], "local");
+    let limit: Option<i32> = sqlx::query_scalar(
+        "SELECT max_concurrent FROM workspace_limits WHERE workspace_id = 'acme'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(limit, Some(4), "the fair claim reads what was set");
+    for bad in [
+        serde_json::json!({ "max_concurrent": -1 }),
+        serde_json::json!({ "max_concurrent": 3_000_000_000u64 }),
+        serde_json::json!({ "limit": 1 }),
+    ] {
+        let (status, body) = put_limit(&app.client, "acme", bad.clone()).await;
+        assert!(status.is_client_error(), "{bad} → {status} {body}");
+        assert_eq!(body["error"]["type"], "invalid_request", "{body}");
+    }
+    let (status, body) = put_limit(
+        &app.client,
+        "acme",
+        serde_json::json!({ "max_concurrent": null }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["data"]["max_concurrent"].is_null(), "{body}");
+
+    let db = support::fresh_database().await;
+    let logs = tempfile::tempdir().unwrap();
+    let api = support::spawn_api_with_env(
+        &db,
+        logs.path(),
+        "api",
+        &[
+            ("KEEL_REMOTE_MODE", "1"),
+            ("KEEL_RUNTIME_ID", RUNTIME),
+            ("KEEL_REMOTE_SHARED_SECRET", SECRET),
+        ],
+    )
+    .await;
+    let member = member(&api.client.as_ref().unwrap().base, "acme");
+    let (status, body) = put_limit(
+        &member,
+        "acme",
+        serde_json::json!({ "max_concurrent": 100 }),
+    )
+    .await;
+    assert_eq!(
+        status, 403,
+        "a workspace cannot raise its own limit: {body}"
+    );
+    assert_eq!(body["error"]["type"], "forbidden", "{body}");
+    let (status, body) = member.get("/v1/workspaces/other/limits").await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = member.get("/v1/workspace").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["data"]["workspace_id"], "acme", "{body}");
+}
