@@ -205,7 +205,7 @@ struct Workers {
 }
 
 /// The workspace's queue depth and age per kind and its leases, and live workers across
-/// all replicas.
+/// all replicas (with the leases each holds of the workspace).
 #[utoipa::path(get, path = "/system/stats", tag = "system",
     responses((status = 200, description = "The figures", body = ObjectEnvelope<SystemStats>)))]
 async fn system_stats(
@@ -214,7 +214,7 @@ async fn system_stats(
 ) -> Result<Json<ObjectEnvelope<SystemStats>>, ApiError> {
     let mut conn = state.pool.acquire().await?;
     let queue = stats::queue(&mut conn, &caller.scope).await?;
-    let workers = stats::live_workers(&mut conn, stats::WORKER_LIVE_MS).await?;
+    let workers = stats::live_workers(&mut conn, &caller.scope, stats::WORKER_LIVE_MS).await?;
     let active_leases: i64 = queue.iter().map(|k| k.leased).sum();
     let workers = Workers {
         live: workers.len(),

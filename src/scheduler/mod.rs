@@ -204,7 +204,8 @@ async fn sample_queue(pool: &PgPool) -> Result<()> {
             oldest_age_ms: None,
         });
     }
-    let workers = store::stats::live_workers(&mut conn, store::stats::WORKER_LIVE_MS).await?;
+    let workers =
+        store::stats::live_workers_everywhere(&mut conn, store::stats::WORKER_LIVE_MS).await?;
     metrics::observe_queue(kinds, workers.len() as u64);
     Ok(())
 }

@@ -28,6 +28,7 @@ pub struct WorkerStats {
     pub pid: i32,
     pub kinds: Vec<String>,
     pub concurrency: i32,
+    /// Leases the worker holds; in an API response, of the caller's workspace only.
     pub active_leases: i64,
     pub last_seen_ms_ago: i64,
 }
@@ -62,18 +63,42 @@ async fn queue_of(conn: &mut PgConnection, workspace: Option<&str>) -> Result<Ve
 }
 
 /// Workers whose heartbeat is younger than `live_ms`. Workers serve every workspace and
-/// their rows hold no tenant data, so the list is the same for everyone.
-pub async fn live_workers(conn: &mut PgConnection, live_ms: i64) -> Result<Vec<WorkerStats>> {
+/// their rows hold no tenant data, so the list is the same for everyone; the leases each
+/// holds are counted in `scope` alone, so one workspace cannot watch another's activity.
+pub async fn live_workers(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    live_ms: i64,
+) -> Result<Vec<WorkerStats>> {
+    workers_of(conn, Some(scope.workspace()), live_ms).await
+}
+
+/// The live workers with every workspace's leases: for the operator's metrics, never for
+/// an API response.
+pub async fn live_workers_everywhere(
+    conn: &mut PgConnection,
+    live_ms: i64,
+) -> Result<Vec<WorkerStats>> {
+    workers_of(conn, None, live_ms).await
+}
+
+async fn workers_of(
+    conn: &mut PgConnection,
+    workspace: Option<&str>,
+    live_ms: i64,
+) -> Result<Vec<WorkerStats>> {
     let rows = sqlx::query_as(
         "SELECT w.id, w.hostname, w.pid, w.kinds, w.concurrency,
                 (SELECT count(*) FROM queue_jobs q
-                  WHERE q.lease_owner = w.id AND q.lease_expires_at > now()) AS active_leases,
+                  WHERE q.lease_owner = w.id AND q.lease_expires_at > now()
+                    AND ($2::text IS NULL OR q.workspace_id = $2)) AS active_leases,
                 (extract(epoch FROM now() - w.last_seen_at) * 1000)::bigint AS last_seen_ms_ago
          FROM workers w
          WHERE w.last_seen_at > now() - $1 * interval '1 millisecond'
          ORDER BY w.id",
     )
     .bind(live_ms)
+    .bind(workspace)
     .fetch_all(conn)
     .await?;
     Ok(rows)
