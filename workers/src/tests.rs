@@ -161,7 +161,12 @@ async fn cancellation_interrupts_and_kills_the_whole_group() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("child.pid");
     let ctx = Recorder::default();
-    let command = format!("sleep 600 & echo $! > {}; wait", marker.display());
+    // Written whole and then renamed: the cancel fires as soon as the file exists, and a
+    // file the shell had opened but not yet written would read empty.
+    let command = format!(
+        "sleep 600 & echo $! > {0}.tmp && mv {0}.tmp {0}; wait",
+        marker.display()
+    );
     let spec = spec(&dir, shell(&command));
     let cancel = ctx.cancel.clone();
     let marker_for_cancel = marker.clone();
