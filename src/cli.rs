@@ -208,17 +208,10 @@ pub async fn serve_api(
         .with_context(|| format!("listening on {}", args.listen))?;
     let content = ContentStore::from_config(&common.content)?;
     let stream_poll = std::time::Duration::from_millis(args.stream_poll_ms.max(10));
-    api::serve_with_auth(
-        pool,
-        listener,
-        common.admission_rules(),
-        content,
-        stream_poll,
-        auth,
-        shutdown,
-    )
-    .await
-    .context("serving HTTP")
+    let rules = common.admission_rules().map_err(anyhow::Error::msg)?;
+    api::serve_with_auth(pool, listener, rules, content, stream_poll, auth, shutdown)
+        .await
+        .context("serving HTTP")
 }
 
 pub async fn run_worker(
@@ -227,12 +220,20 @@ pub async fn run_worker(
     args: &WorkerArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let rules = common.admission_rules().map_err(anyhow::Error::msg)?;
     let content = ContentStore::from_config(&common.content)?;
+    tracing::info!(
+        containment = %keel_workers::containment_name(),
+        passthrough = ?args.run_env_passthrough,
+        "run sandbox"
+    );
     let runs = Arc::new(RunJobs {
         pool: pool.clone(),
         data_dir: std::path::absolute(&common.data_dir)?,
         artifact_max_bytes: args.artifact_max_bytes,
         content: content.clone(),
+        timeouts: rules.timeouts,
+        passthrough_env: args.passthrough_env(),
     });
     let media = Arc::new(MediaJobs {
         pool: pool.clone(),
@@ -240,7 +241,7 @@ pub async fn run_worker(
         content,
     });
     let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media];
-    run_worker_with(pool, common.admission_rules(), args, handlers, shutdown).await
+    run_worker_with(pool, rules, args, handlers, shutdown).await
 }
 
 /// A worker process's duties around the given handlers: boot recovery, the maintenance

@@ -10,6 +10,7 @@ use clap::builder::BoolishValueParser;
 use keel_workers::media::MediaLimits;
 
 use crate::domain::approval::{ApprovalPolicy, DEFAULT_POLICIES};
+use crate::domain::task::RunTimeouts;
 use crate::queue::worker::WorkerSettings;
 use crate::store::runs::AdmissionRules;
 use crate::telemetry::LogFormat;
@@ -56,16 +57,21 @@ pub struct Common {
 
     #[command(flatten)]
     pub content: ContentArgs,
+
+    #[command(flatten)]
+    pub timeouts: TimeoutArgs,
 }
 
 impl Common {
     /// The rules every run-creating path applies (start, retry, resume, schedules).
-    pub fn admission_rules(&self) -> AdmissionRules {
-        AdmissionRules {
+    /// Fails on inconsistent run timeouts.
+    pub fn admission_rules(&self) -> Result<AdmissionRules, String> {
+        Ok(AdmissionRules {
             approvals: self.approval_policies.clone(),
             approval_ttl: (self.approval_ttl_ms > 0)
                 .then(|| Duration::from_millis(self.approval_ttl_ms)),
-        }
+            timeouts: self.timeouts.timeouts()?,
+        })
     }
 
     /// The database URL from the flag, KEEL_DATABASE_URL or DATABASE_URL, in that order.
@@ -74,6 +80,35 @@ impl Common {
             .clone()
             .or_else(|| std::env::var("DATABASE_URL").ok())
             .filter(|u| !u.is_empty())
+    }
+}
+
+/// How long runs may take. The API (which refuses a longer timeout) and the workers (which
+/// apply both to every run) read the same settings.
+#[derive(Debug, Clone, Args)]
+pub struct TimeoutArgs {
+    /// Timeout of a run whose task sets none (ms); recorded on the task at creation.
+    #[arg(long, env = "KEEL_RUN_TIMEOUT_MS", default_value_t = RunTimeouts::DEFAULT_MS, global = true)]
+    pub run_timeout_ms: u64,
+
+    /// Longest timeout a task may ask for (ms); a task asking for more is refused (422).
+    #[arg(long, env = "KEEL_RUN_TIMEOUT_MAX_MS", default_value_t = RunTimeouts::DEFAULT_MAX_MS,
+          global = true)]
+    pub run_timeout_max_ms: u64,
+}
+
+impl Default for TimeoutArgs {
+    fn default() -> Self {
+        TimeoutArgs {
+            run_timeout_ms: RunTimeouts::DEFAULT_MS,
+            run_timeout_max_ms: RunTimeouts::DEFAULT_MAX_MS,
+        }
+    }
+}
+
+impl TimeoutArgs {
+    pub fn timeouts(&self) -> Result<RunTimeouts, String> {
+        RunTimeouts::new(self.run_timeout_ms, self.run_timeout_max_ms)
     }
 }
 
@@ -311,8 +346,37 @@ pub struct WorkerArgs {
     #[arg(long, env = "KEEL_MAX_CONCURRENT_PER_WORKSPACE")]
     pub max_concurrent_per_workspace: Option<u32>,
 
+    /// Worker environment variables a run's processes also get (a comma list of exact
+    /// names; unset ones are skipped). Keel's own settings (`KEEL_*`), its database
+    /// (`DATABASE_URL`, `PG*`), S3 (`AWS_*`) and telemetry (`OTEL_*`) variables are refused.
+    #[arg(long, env = "KEEL_RUN_ENV_PASSTHROUGH", value_delimiter = ',',
+          value_parser = passthrough_name)]
+    pub run_env_passthrough: Vec<String>,
+
     #[command(flatten)]
     pub media: MediaArgs,
+}
+
+/// A passthrough name: a plain environment variable name that is none of Keel's own.
+fn passthrough_name(name: &str) -> Result<String, String> {
+    let name = name.trim();
+    let plain = !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !plain {
+        return Err(format!("'{name}' is not an environment variable name"));
+    }
+    let keel_own = name == "DATABASE_URL"
+        || ["KEEL_", "PG", "AWS_", "OTEL_"]
+            .iter()
+            .any(|prefix| name.starts_with(prefix));
+    if keel_own {
+        return Err(format!(
+            "{name} is one of Keel's own settings (KEEL_*, DATABASE_URL, PG*, AWS_*, OTEL_*) \
+             and never reaches a run"
+        ));
+    }
+    Ok(name.to_string())
 }
 
 /// How workers talk to media vendors.
@@ -380,6 +444,14 @@ impl MediaArgs {
 }
 
 impl WorkerArgs {
+    /// The passthrough variables this worker has, with their values.
+    pub fn passthrough_env(&self) -> Vec<(String, String)> {
+        self.run_env_passthrough
+            .iter()
+            .filter_map(|name| Some((name.clone(), std::env::var(name).ok()?)))
+            .collect()
+    }
+
     pub fn settings(&self) -> WorkerSettings {
         WorkerSettings {
             concurrency: self.concurrency.max(1),

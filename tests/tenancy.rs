@@ -51,6 +51,7 @@ fn gated() -> AdmissionRules {
     AdmissionRules {
         approvals: "shell_exec".parse().unwrap(),
         approval_ttl: None,
+        ..AdmissionRules::default()
     }
 }
 
@@ -60,7 +61,7 @@ async fn new_task(conn: &mut sqlx::PgConnection, scope: &Scope) -> String {
         shell_command: Some("echo tenancy".into()),
         ..TaskDraft::default()
     };
-    let task = NewTask::parse(draft).unwrap();
+    let task = NewTask::parse(draft, &Default::default()).unwrap();
     tasks::insert(conn, scope, &task, &alice())
         .await
         .unwrap()

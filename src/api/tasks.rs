@@ -50,7 +50,7 @@ async fn create_task(
     caller: Caller,
     ApiJson(draft): ApiJson<TaskDraft>,
 ) -> Result<(StatusCode, Json<ObjectEnvelope<TaskRecord>>)> {
-    let task = NewTask::parse(draft)?;
+    let task = NewTask::parse(draft, &state.rules.timeouts)?;
     let mut conn = state.pool.acquire().await?;
     let task = tasks::insert(&mut conn, &caller.scope, &task, &caller.actor()).await?;
     Ok((StatusCode::CREATED, Json(object("task", task))))

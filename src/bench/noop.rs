@@ -127,6 +127,7 @@ pub fn worker_args(concurrency: usize, prefetch: usize, lease_ms: u64) -> Worker
         max_concurrent_per_workspace: std::env::var("KEEL_MAX_CONCURRENT_PER_WORKSPACE")
             .ok()
             .and_then(|v| v.parse().ok()),
+        run_env_passthrough: Vec::new(),
         media: Default::default(),
     }
 }

@@ -10,7 +10,6 @@ use super::{Invalid, RunStatus};
 const MAX_COMMAND_BYTES: usize = 64 * 1024;
 const MAX_FILE_CONTENT_BYTES: usize = 1024 * 1024;
 const MAX_PROMPT_BYTES: usize = 64 * 1024;
-const MAX_TIMEOUT_MS: i64 = 7 * 24 * 3600 * 1000;
 
 /// The body of `POST /v1/tasks`, as the client sent it.
 #[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
@@ -43,20 +42,77 @@ pub enum WorkspaceMode {
     InPlace { directory: String },
 }
 
+/// How long runs may take (`KEEL_RUN_TIMEOUT_MS`, `KEEL_RUN_TIMEOUT_MAX_MS`): the API
+/// refuses a task asking for more than the max and records the default on a task that
+/// asks for nothing; workers apply both to tasks stored before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunTimeouts {
+    default_ms: i64,
+    max_ms: i64,
+}
+
+impl RunTimeouts {
+    pub const DEFAULT_MS: u64 = 3600 * 1000;
+    pub const DEFAULT_MAX_MS: u64 = 24 * 3600 * 1000;
+
+    pub fn new(default_ms: u64, max_ms: u64) -> Result<RunTimeouts, String> {
+        let max_ms = i64::try_from(max_ms)
+            .ok()
+            .filter(|ms| *ms >= 1)
+            .ok_or("KEEL_RUN_TIMEOUT_MAX_MS must be at least 1 ms")?;
+        let default_ms = i64::try_from(default_ms)
+            .ok()
+            .filter(|ms| (1..=max_ms).contains(ms))
+            .ok_or_else(|| {
+                format!(
+                    "KEEL_RUN_TIMEOUT_MS must be between 1 and KEEL_RUN_TIMEOUT_MAX_MS ({max_ms})"
+                )
+            })?;
+        Ok(RunTimeouts { default_ms, max_ms })
+    }
+
+    /// The timeout a run of a task gets: the task's own, or the default, never above the
+    /// max.
+    pub fn effective_ms(&self, task_ms: Option<i64>) -> i64 {
+        task_ms.unwrap_or(self.default_ms).min(self.max_ms)
+    }
+
+    fn parse(&self, requested: Option<i64>) -> Result<i64, Invalid> {
+        match requested {
+            Some(ms) if !(1..=self.max_ms).contains(&ms) => Err(Invalid::new(
+                "timeout_ms",
+                format!(
+                    "must be between 1 and {} (KEEL_RUN_TIMEOUT_MAX_MS)",
+                    self.max_ms
+                ),
+            )),
+            requested => Ok(self.effective_ms(requested)),
+        }
+    }
+}
+
+impl Default for RunTimeouts {
+    fn default() -> Self {
+        RunTimeouts::new(RunTimeouts::DEFAULT_MS, RunTimeouts::DEFAULT_MAX_MS)
+            .expect("the defaults are consistent")
+    }
+}
+
 /// A validated task, ready to store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewTask {
     pub execution: Execution,
     pub prompt: Option<String>,
     pub workspace: WorkspaceMode,
-    pub timeout_ms: Option<i64>,
+    /// The task's timeout, or the default when it asked for none.
+    pub timeout_ms: i64,
     pub priority: i32,
     /// Cost ceiling in micro-USD for the task's runs; 0 disables it.
     pub budget_micros_usd: i64,
 }
 
 impl NewTask {
-    pub fn parse(draft: TaskDraft) -> Result<NewTask, Invalid> {
+    pub fn parse(draft: TaskDraft, timeouts: &RunTimeouts) -> Result<NewTask, Invalid> {
         let kind = draft
             .execution_kind
             .as_deref()
@@ -74,15 +130,7 @@ impl NewTask {
         };
         let prompt = draft.prompt.clone();
         check_len("prompt", prompt.as_deref(), MAX_PROMPT_BYTES)?;
-        let timeout_ms = match draft.timeout_ms {
-            Some(ms) if !(1..=MAX_TIMEOUT_MS).contains(&ms) => {
-                return Err(Invalid::new(
-                    "timeout_ms",
-                    format!("must be between 1 and {MAX_TIMEOUT_MS}"),
-                ));
-            }
-            other => other,
-        };
+        let timeout_ms = timeouts.parse(draft.timeout_ms)?;
         Ok(NewTask {
             execution,
             prompt,
@@ -269,13 +317,34 @@ mod tests {
 
     #[test]
     fn shell_task_defaults_to_an_ephemeral_workspace() {
-        let task = NewTask::parse(TaskDraft {
-            shell_command: Some("true".into()),
-            ..draft("shell")
-        });
+        let task = NewTask::parse(
+            TaskDraft {
+                shell_command: Some("true".into()),
+                ..draft("shell")
+            },
+            &RunTimeouts::default(),
+        );
         let task = task.unwrap();
         assert_eq!(task.workspace, WorkspaceMode::Ephemeral);
         assert_eq!(task.priority, 0);
+        assert_eq!(task.timeout_ms, RunTimeouts::DEFAULT_MS as i64);
+    }
+
+    #[test]
+    fn timeouts_are_bounded_by_the_max() {
+        let timeouts = RunTimeouts::new(1_000, 5_000).unwrap();
+        let shell = |timeout_ms| TaskDraft {
+            shell_command: Some("true".into()),
+            timeout_ms,
+            ..draft("shell")
+        };
+        let parse = |timeout_ms| NewTask::parse(shell(timeout_ms), &timeouts);
+        assert_eq!(parse(None).unwrap().timeout_ms, 1_000);
+        assert_eq!(parse(Some(5_000)).unwrap().timeout_ms, 5_000);
+        assert_eq!(parse(Some(5_001)).unwrap_err().field, "timeout_ms");
+        assert_eq!(timeouts.effective_ms(Some(9_000)), 5_000);
+        assert!(RunTimeouts::new(6_000, 5_000).is_err());
+        assert!(RunTimeouts::new(1, 0).is_err());
     }
 
     #[test]
@@ -340,7 +409,7 @@ mod tests {
             ),
         ];
         for (draft, field) in cases {
-            let error = NewTask::parse(draft.clone()).unwrap_err();
+            let error = NewTask::parse(draft.clone(), &RunTimeouts::default()).unwrap_err();
             assert_eq!(error.field, field, "{draft:?}: {error}");
         }
     }

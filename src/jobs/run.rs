@@ -15,6 +15,7 @@ use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
 use super::fence::{self, DomainRow, Fence};
+use crate::domain::task::RunTimeouts;
 use crate::domain::{Actor, EventType, RunStatus, Scope};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
@@ -32,6 +33,9 @@ pub struct RunJobs {
     pub data_dir: PathBuf,
     pub artifact_max_bytes: i64,
     pub content: ContentStore,
+    pub timeouts: RunTimeouts,
+    /// The operator's `KEEL_RUN_ENV_PASSTHROUGH` variables, with this worker's values.
+    pub passthrough_env: Vec<(String, String)>,
 }
 
 impl JobHandler for RunJobs {
@@ -197,7 +201,10 @@ impl RunJobs {
         Ok(RunSpec {
             execution: task.execution()?,
             workspace,
-            timeout: task.timeout_ms.map(|ms| Duration::from_millis(ms as u64)),
+            // Tasks stored before the timeout settings may have none, or a longer one.
+            timeout: Some(Duration::from_millis(
+                self.timeouts.effective_ms(task.timeout_ms).max(1) as u64,
+            )),
             env: vec![
                 ("KEEL_TASK_ID".into(), task.id.clone()),
                 ("KEEL_RUN_ID".into(), run.id.clone()),
@@ -209,6 +216,7 @@ impl RunJobs {
                     .iter()
                     .map(|id| ("KEEL_RESUMED_FROM_RUN_ID".into(), id.clone())),
             )
+            .chain(self.passthrough_env.iter().cloned())
             .collect(),
             checkpoint: run.checkpoint.clone(),
         })

@@ -12,6 +12,7 @@ use super::tasks::{self, TaskRecord};
 use super::transitions::{self, Transition};
 use super::{Result, StoreError, approvals, violates};
 use crate::domain::approval::{ActionSummary, ApprovalPolicy};
+use crate::domain::task::RunTimeouts;
 use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
 use crate::queue;
 
@@ -77,6 +78,8 @@ pub struct AdmissionRules {
     pub approvals: ApprovalPolicy,
     /// How long an approval stays actionable; None: until resolved.
     pub approval_ttl: Option<Duration>,
+    /// The default and longest run timeout a task may have.
+    pub timeouts: RunTimeouts,
 }
 
 /// Where a new run comes from.

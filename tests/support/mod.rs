@@ -283,6 +283,7 @@ pub fn worker_args(lease_ms: u64) -> WorkerArgs {
         reconcile_interval_ms: 500,
         artifact_max_bytes: 1024 * 1024,
         max_concurrent_per_workspace: None,
+        run_env_passthrough: Vec::new(),
         media: Default::default(),
     }
 }
@@ -327,11 +328,12 @@ impl TestApp {
             approval_policies: policies.parse().expect("known approval policies"),
             approval_ttl_ms: 0,
             content: Default::default(),
+            timeouts: Default::default(),
         };
         tokio::spawn(keel::api::serve(
             pool.clone(),
             listener,
-            common.admission_rules(),
+            common.admission_rules().expect("consistent settings"),
             keel::store::content::ContentStore::Postgres,
             Duration::from_millis(500),
             shutdown.clone(),

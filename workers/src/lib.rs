@@ -9,12 +9,14 @@ mod context;
 mod file;
 pub mod media;
 mod process;
+mod sandbox;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 pub use context::{ArtifactHandle, ContextError, OutputStream, RunContext, StepHandle, StepResult};
 pub use file::validate_relative_path;
+pub use sandbox::containment_name;
 
 /// What a run executes, validated by the runtime before it reaches an executor.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +47,9 @@ pub struct RunSpec {
     /// The directory the run works in; it exists when the executor starts.
     pub workspace: PathBuf,
     pub timeout: Option<Duration>,
-    /// Extra environment for processes the run starts (for example `KEEL_RUN_ID`).
+    /// The runtime's variables for processes the run starts (the run's `KEEL_RUN_*`-style
+    /// ids, the operator's passthrough). A child sees these, `PATH`, `LANG`, `HOME` and
+    /// `TMPDIR` (both inside the workspace), and nothing else of the worker's environment.
     pub env: Vec<(String, String)>,
     /// For a resumed run, where the run it resumes stopped; recorded in the step input.
     pub checkpoint: Option<serde_json::Value>,

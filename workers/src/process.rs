@@ -1,15 +1,16 @@
-//! Runs a child process in its own process group, streams its stdout and stderr into
-//! artifacts while it runs, and kills the whole group on cancellation, timeout or exit.
+//! Runs a child process in its own containment (see [`crate::sandbox`]) with a clean
+//! environment, streams its stdout and stderr into artifacts while it runs, and kills
+//! everything it started on cancellation, timeout or exit.
 
 use std::process::Stdio;
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
+use crate::sandbox::{self, Containment};
 use crate::{ArtifactHandle, ContextError, Outcome, OutputStream, RunContext, RunSpec, StepResult};
 
 /// Output is flushed to the runtime at least this often while a process writes...
@@ -18,6 +19,9 @@ const FLUSH_INTERVAL: Duration = Duration::from_millis(200);
 const FLUSH_BYTES: usize = 64 * 1024;
 /// How much of stderr's end goes into a failed run's `last_error`.
 const STDERR_TAIL_BYTES: usize = 2048;
+/// How long the pipes are still read once the run's processes are gone: a pipe a stray
+/// process holds open must not keep the run going.
+const DRAIN: Duration = Duration::from_millis(500);
 
 enum Exit {
     Status(std::process::ExitStatus),
@@ -37,38 +41,31 @@ pub(crate) async fn run<C: RunContext>(
     let stdout_artifact = ctx.open_output(OutputStream::Stdout).await?;
     let stderr_artifact = ctx.open_output(OutputStream::Stderr).await?;
 
-    let mut child = match spawn(&argv, spec) {
-        Ok(child) => child,
-        Err(error) => {
-            let error = format!("could not start {}: {error}", argv[0]);
-            ctx.finish_step(
-                &step,
-                StepResult::Failed {
-                    error: error.clone(),
-                },
-            )
-            .await?;
-            return Ok(Outcome::Failed {
-                exit_code: None,
-                error,
-            });
-        }
+    let mut containment = match Containment::prepare() {
+        Ok(containment) => containment,
+        Err(error) => return fail_to_start(ctx, &step, &argv, error).await,
     };
-    let group = child.id().map(|pid| Pid::from_raw(pid as i32));
+    let mut child = match spawn(&argv, spec, &containment).await {
+        Ok(child) => child,
+        Err(error) => return fail_to_start(ctx, &step, &argv, error).await,
+    };
+    containment.started(child.id());
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
 
+    let ended = CancellationToken::new();
     let waited = async {
         let exit = wait(ctx, &mut child, spec.timeout).await;
-        // Whatever the process left behind in its group goes too: a background child
-        // would otherwise keep the pipes open and outlive the run.
-        kill_group(group);
+        // Whatever the process left behind goes too: a background child would otherwise
+        // keep the pipes open and outlive the run.
+        containment.end().await;
+        ended.cancel();
         exit
     };
     let (exit, stdout_result, stderr_result) = tokio::join!(
         waited,
-        pump(ctx, &stdout_artifact, stdout),
-        pump(ctx, &stderr_artifact, stderr),
+        pump(ctx, &stdout_artifact, stdout, &ended),
+        pump(ctx, &stderr_artifact, stderr, &ended),
     );
     if matches!(exit, Exit::Interrupted) || ctx.cancellation().is_cancelled() {
         return Err(ContextError::Interrupted);
@@ -92,11 +89,40 @@ pub(crate) async fn run<C: RunContext>(
     Ok(outcome)
 }
 
-fn spawn(argv: &[String], spec: &RunSpec) -> std::io::Result<Child> {
+async fn fail_to_start<C: RunContext>(
+    ctx: &C,
+    step: &crate::StepHandle,
+    argv: &[String],
+    error: std::io::Error,
+) -> Result<Outcome, ContextError> {
+    let error = format!("could not start {}: {error}", argv[0]);
+    ctx.finish_step(
+        step,
+        StepResult::Failed {
+            error: error.clone(),
+        },
+    )
+    .await?;
+    Ok(Outcome::Failed {
+        exit_code: None,
+        error,
+    })
+}
+
+/// Starts the child from an empty environment plus the sandbox's allowlist.
+async fn spawn(
+    argv: &[String],
+    spec: &RunSpec,
+    containment: &Containment,
+) -> std::io::Result<Child> {
+    let extra = spec.env.iter().cloned().chain([containment.marker()]);
+    let env = sandbox::environment(&spec.workspace, extra).await?;
+    let argv = containment.wrap(argv.to_vec());
     Command::new(&argv[0])
         .args(&argv[1..])
         .current_dir(&spec.workspace)
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .env_clear()
+        .envs(env)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -127,13 +153,6 @@ async fn wait<C: RunContext>(ctx: &C, child: &mut Child, timeout: Option<Duratio
     }
 }
 
-fn kill_group(group: Option<Pid>) {
-    if let Some(group) = group {
-        // ESRCH (the group is already gone) is the expected case after a clean exit.
-        let _ = killpg(group, Signal::SIGKILL);
-    }
-}
-
 fn outcome_of(exit: Exit, stderr_tail: &str) -> Outcome {
     match exit {
         Exit::Status(status) if status.success() => Outcome::Completed { exit_code: Some(0) },
@@ -158,30 +177,41 @@ fn outcome_of(exit: Exit, stderr_tail: &str) -> Outcome {
     }
 }
 
-/// Copies a pipe into an artifact in batches; returns the stream's tail as text. After a
-/// failed write it keeps draining the pipe (so the child never blocks on a full pipe) and
-/// reports the first failure at the end.
+/// Copies a pipe into an artifact in batches; returns the stream's tail as text. It stops
+/// at the end of the pipe, or [`DRAIN`] after `ended` fires. After a failed write it keeps
+/// draining the pipe (so the child never blocks on a full pipe) and reports the first
+/// failure at the end.
 async fn pump<C: RunContext>(
     ctx: &C,
     artifact: &ArtifactHandle,
     mut reader: impl AsyncRead + Unpin,
+    ended: &CancellationToken,
 ) -> Result<String, ContextError> {
     let mut pending = Vec::new();
     let mut tail = Vec::new();
     let mut failure = None;
     let mut buf = vec![0u8; 16 * 1024];
     let mut flush_at: Option<Instant> = None;
+    let stop = async {
+        ended.cancelled().await;
+        tokio::time::sleep(DRAIN).await;
+    };
+    tokio::pin!(stop);
     loop {
-        let read = match flush_at {
-            Some(at) => match tokio::time::timeout_at(at, reader.read(&mut buf)).await {
-                Ok(read) => read,
-                Err(_) => {
-                    flush(ctx, artifact, &mut pending, &mut failure).await;
-                    flush_at = None;
-                    continue;
-                }
-            },
-            None => reader.read(&mut buf).await,
+        let flush_due = async {
+            match flush_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let read = tokio::select! {
+            read = reader.read(&mut buf) => read,
+            _ = flush_due => {
+                flush(ctx, artifact, &mut pending, &mut failure).await;
+                flush_at = None;
+                continue;
+            }
+            _ = &mut stop => break,
         };
         let n = match read {
             Ok(0) | Err(_) => break,

@@ -1,0 +1,319 @@
+//! The run sandbox with real `keel api` and `keel worker` processes: a run sees none of the
+//! worker's environment but its allowlist, nothing a run started outlives it (whatever the
+//! way it ends), and run timeouts have a default and a maximum.
+
+mod support;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use support::{Client, KeelProcess, spawn_api_with_env, spawn_worker_with_env, wait_for};
+
+const SOON: Duration = Duration::from_secs(30);
+
+/// Worker variables no run may see.
+const CANARIES: [(&str, &str); 4] = [
+    ("KEEL_CANARY_SECRET", "canary-keel-secret"),
+    ("DATABASE_URL", "postgres://canary-database-url"),
+    ("AWS_SECRET_ACCESS_KEY", "canary-aws-secret"),
+    ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=canary-otlp"),
+];
+
+struct Stack {
+    client: Client,
+    _api: KeelProcess,
+    _worker: KeelProcess,
+    _dir: tempfile::TempDir,
+}
+
+async fn stack(api_env: &[(&str, &str)]) -> Stack {
+    let db = support::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = spawn_api_with_env(&db, dir.path(), "api", api_env).await;
+    let mut worker_env = CANARIES.to_vec();
+    worker_env.push(("KEEL_RUN_ENV_PASSTHROUGH", "SANDBOX_PASSED,SANDBOX_UNSET"));
+    worker_env.push(("SANDBOX_PASSED", "passed-through"));
+    let worker = spawn_worker_with_env(
+        &db,
+        dir.path(),
+        "worker",
+        30_000,
+        &dir.path().join("data"),
+        &worker_env,
+    );
+    Stack {
+        client: api.client.clone().unwrap(),
+        _api: api,
+        _worker: worker,
+        _dir: dir,
+    }
+}
+
+async fn start(client: &Client, body: Value) -> (String, String) {
+    let task = client.create_task(body).await;
+    let task_id = task["id"].as_str().unwrap().to_string();
+    let (status, run) = client
+        .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    (task_id, run["data"]["id"].as_str().unwrap().to_string())
+}
+
+async fn stdout_of(client: &Client, task_id: &str, run_id: &str) -> String {
+    let (_, artifacts) = client
+        .get(&format!("/v1/tasks/{task_id}/runs/{run_id}/artifacts"))
+        .await;
+    let stdout = artifacts["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "stdout")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let url = format!(
+        "{}/v1/tasks/{task_id}/runs/{run_id}/artifacts/{stdout}/content",
+        client.base
+    );
+    client
+        .http
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_run_sees_only_its_allowlisted_environment() {
+    let s = stack(&[]).await;
+    let (task_id, run_id) = start(
+        &s.client,
+        json!({ "execution_kind": "shell", "shell_command": "env; pwd" }),
+    )
+    .await;
+    let run = s.client.wait_terminal(&task_id, &run_id, SOON).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let out = stdout_of(&s.client, &task_id, &run_id).await;
+    let vars: Vec<(&str, &str)> = out.lines().filter_map(|l| l.split_once('=')).collect();
+    let names: Vec<&str> = vars.iter().map(|(name, _)| *name).collect();
+    for (name, value) in CANARIES {
+        assert!(
+            !out.contains(value),
+            "{name}'s value reached the run: {out}"
+        );
+    }
+    assert!(!names.contains(&"KEEL_DATABASE_URL"), "{out}");
+    assert!(
+        !out.contains("postgres://"),
+        "a database URL reached the run: {out}"
+    );
+    assert!(
+        vars.contains(&("SANDBOX_PASSED", "passed-through")),
+        "{out}"
+    );
+    assert!(vars.contains(&("KEEL_RUN_ID", run_id.as_str())), "{out}");
+    assert!(vars.contains(&("KEEL_TASK_ID", task_id.as_str())), "{out}");
+    assert!(!names.contains(&"SANDBOX_UNSET"), "{out}");
+    let workspace = out.lines().last().unwrap();
+    let var = |name: &str| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+    assert_eq!(
+        var("HOME"),
+        Some(format!("{workspace}/.keel/home").as_str())
+    );
+    assert_eq!(
+        var("TMPDIR"),
+        Some(format!("{workspace}/.keel/tmp").as_str())
+    );
+    let allowed = [
+        "PATH",
+        "LANG",
+        "HOME",
+        "TMPDIR",
+        "KEEL_TASK_ID",
+        "KEEL_RUN_ID",
+        "KEEL_RUN_ATTEMPT",
+        "KEEL_RUN_SANDBOX_ID",
+        "SANDBOX_PASSED",
+        // What `sh` itself sets.
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "_",
+    ];
+    for name in &names {
+        assert!(allowed.contains(name), "{name} reached the run: {out}");
+    }
+}
+
+#[tokio::test]
+async fn a_worker_refuses_to_pass_keel_s_own_variables() {
+    let db = support::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut worker = spawn_worker_with_env(
+        &db,
+        dir.path(),
+        "worker",
+        30_000,
+        &dir.path().join("data"),
+        &[("KEEL_RUN_ENV_PASSTHROUGH", "HTTP_PROXY,KEEL_DATABASE_URL")],
+    );
+    let status = worker.wait_exit(SOON);
+    assert!(!status.success());
+    let log = worker.log_text();
+    assert!(
+        log.contains("KEEL_DATABASE_URL is one of Keel's own settings"),
+        "{log}"
+    );
+}
+
+#[tokio::test]
+async fn timeouts_have_a_default_and_a_maximum() {
+    let s = stack(&[
+        ("KEEL_RUN_TIMEOUT_MS", "120000"),
+        ("KEEL_RUN_TIMEOUT_MAX_MS", "600000"),
+    ])
+    .await;
+    let task = s
+        .client
+        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
+        .await;
+    assert_eq!(task["timeout_ms"], 120_000, "{task}");
+    let task = s
+        .client
+        .create_task(
+            json!({ "execution_kind": "shell", "shell_command": "true", "timeout_ms": 600_000 }),
+        )
+        .await;
+    assert_eq!(task["timeout_ms"], 600_000, "{task}");
+    let (status, body) = s
+        .client
+        .post(
+            "/v1/tasks",
+            json!({ "execution_kind": "shell", "shell_command": "true", "timeout_ms": 600_001 }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("timeout_ms"), "{body}");
+}
+
+/// A marker no other process on the machine has in its command line.
+fn marker() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "1000.{}{:03}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Live processes whose command line holds `marker`.
+fn processes_with(marker: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                cmdline
+                    .windows(marker.len())
+                    .any(|window| window == marker.as_bytes())
+            })
+        })
+        .collect()
+}
+
+/// Ways a run's process tries to outlive it; `{m}` is the marker, and the escaped process
+/// touches `ready` once it runs.
+const ESCAPES: [(&str, &str); 4] = [
+    ("setsid", "setsid sh -c 'touch ready; exec sleep {m}' &"),
+    ("double fork", "(sh -c 'touch ready; exec sleep {m}' &) &"),
+    ("nohup", "nohup sh -c 'touch ready; exec sleep {m}' &"),
+    (
+        "ignores SIGTERM",
+        "sh -c 'trap \"\" TERM; touch ready; exec sleep {m}' &",
+    ),
+];
+
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    Completion,
+    Timeout,
+    Cancel,
+}
+
+/// Starts a run that leaves an escaped process behind and ends it the given way; returns
+/// the marker once the run has ended.
+async fn escape_and_end(client: &Client, escape: &str, ending: Ending) -> String {
+    let m = marker();
+    let wait_ready = "until [ -e ready ]; do sleep 0.05; done";
+    let tail = match ending {
+        Ending::Completion => "echo done".to_string(),
+        Ending::Timeout | Ending::Cancel => format!("exec sleep {m}"),
+    };
+    let command = format!("{}\n{wait_ready}\n{tail}", escape.replace("{m}", &m));
+    let mut body = json!({ "execution_kind": "shell", "shell_command": command });
+    if let Ending::Timeout = ending {
+        body["timeout_ms"] = json!(1_500);
+    }
+    let (task_id, run_id) = start(client, body).await;
+    if let Ending::Cancel = ending {
+        wait_for(SOON, "the escaped process to run", || async {
+            (!processes_with(&m).is_empty()).then_some(())
+        })
+        .await;
+        let (status, body) = client
+            .post(
+                &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
+                json!({}),
+            )
+            .await;
+        assert!(status.is_success(), "{body}");
+    }
+    let run = client.wait_terminal(&task_id, &run_id, SOON).await;
+    let expected = match ending {
+        Ending::Completion => "completed",
+        Ending::Timeout => "failed",
+        Ending::Cancel => "cancelled",
+    };
+    assert_eq!(run["status"], expected, "{ending:?}: {run}");
+    if let Ending::Timeout = ending {
+        let error = run["last_error"].as_str().unwrap_or_default();
+        assert!(error.contains("timed out"), "{run}");
+    }
+    m
+}
+
+#[tokio::test]
+async fn no_process_outlives_its_run() {
+    let s = stack(&[]).await;
+    let runs = ESCAPES.iter().flat_map(|(name, escape)| {
+        [Ending::Completion, Ending::Timeout, Ending::Cancel]
+            .into_iter()
+            .map(move |ending| (*name, *escape, ending))
+    });
+    let ended = futures_util::future::join_all(runs.map(|(name, escape, ending)| {
+        let client = s.client.clone();
+        async move {
+            let m = escape_and_end(&client, escape, ending).await;
+            (name, ending, m)
+        }
+    }))
+    .await;
+    // The cgroup (or sweep) kills before the run is recorded as ended; the wait only
+    // covers the kernel tearing the processes down.
+    for (name, ending, m) in ended {
+        wait_for(
+            Duration::from_secs(10),
+            &format!("{name} processes to be gone after {ending:?}"),
+            || async { processes_with(&m).is_empty().then_some(()) },
+        )
+        .await;
+    }
+}

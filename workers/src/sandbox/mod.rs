@@ -1,0 +1,109 @@
+//! What confines a run's processes: the environment they start with ([`environment`]) and
+//! the containment that kills every process the run started once it ends ([`Containment`]).
+
+mod cgroup;
+mod env;
+mod sweep;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub(crate) use env::environment;
+
+/// The variable that marks every process of one attempt; the sweep finds them by it.
+const MARKER: &str = "KEEL_RUN_SANDBOX_ID";
+
+/// The strongest containment this host offers, probed once per process.
+#[derive(Debug)]
+enum Mechanism {
+    /// A cgroup v2 per attempt under this directory, ended with `cgroup.kill`.
+    Cgroup(PathBuf),
+    /// The attempt's process group plus a /proc sweep for the marker variable.
+    Sweep,
+}
+
+fn mechanism() -> &'static Mechanism {
+    static MECHANISM: OnceLock<Mechanism> = OnceLock::new();
+    MECHANISM.get_or_init(|| match cgroup::probe() {
+        Some(base) => Mechanism::Cgroup(base),
+        None => Mechanism::Sweep,
+    })
+}
+
+/// Names the containment runs get on this host, for the worker's start-up log.
+pub fn containment_name() -> String {
+    match mechanism() {
+        Mechanism::Cgroup(base) => format!("cgroup v2 per run under {}", base.display()),
+        Mechanism::Sweep => "process group and /proc sweep (no writable cgroup v2)".into(),
+    }
+}
+
+/// Everything one attempt's processes run in; ending it (or dropping it) kills them all.
+#[derive(Debug)]
+pub(crate) struct Containment {
+    id: String,
+    cgroup: Option<cgroup::RunCgroup>,
+    /// The first process's pid, which is also its process group.
+    leader: Option<i32>,
+    ended: bool,
+}
+
+impl Containment {
+    /// Prepares a containment for one attempt (creates its cgroup where there is one).
+    pub(crate) fn prepare() -> std::io::Result<Containment> {
+        static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+        let id = format!(
+            "{}-{}",
+            std::process::id(),
+            SEQUENCE.fetch_add(1, Ordering::Relaxed)
+        );
+        let cgroup = match mechanism() {
+            Mechanism::Cgroup(base) => Some(cgroup::RunCgroup::create(base, &id)?),
+            Mechanism::Sweep => None,
+        };
+        Ok(Containment {
+            id,
+            cgroup,
+            leader: None,
+            ended: false,
+        })
+    }
+
+    /// The variable that marks the attempt's processes.
+    pub(crate) fn marker(&self) -> (String, String) {
+        (MARKER.to_string(), self.id.clone())
+    }
+
+    /// The argv that starts `argv` inside the containment: with a cgroup, a shell joins it
+    /// before it execs the command, so not even the first fork happens outside.
+    pub(crate) fn wrap(&self, argv: Vec<String>) -> Vec<String> {
+        match &self.cgroup {
+            Some(cgroup) => cgroup.wrap(argv),
+            None => argv,
+        }
+    }
+
+    pub(crate) fn started(&mut self, pid: Option<u32>) {
+        self.leader = pid.map(|pid| pid as i32);
+    }
+
+    /// Kills every process of the attempt and waits (briefly) until they are gone.
+    pub(crate) async fn end(&mut self) {
+        match &mut self.cgroup {
+            Some(cgroup) => cgroup.end().await,
+            None => sweep::kill_all(self.leader, MARKER, &self.id),
+        }
+        self.ended = true;
+    }
+}
+
+impl Drop for Containment {
+    /// An attempt abandoned midway (its future dropped) still leaves nothing running; a
+    /// cgroup sees to that itself.
+    fn drop(&mut self) {
+        if !self.ended && self.cgroup.is_none() {
+            sweep::kill_all(self.leader, MARKER, &self.id);
+        }
+    }
+}
