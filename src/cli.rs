@@ -206,19 +206,15 @@ pub async fn serve_api(
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    let content = ContentStore::from_config(&common.content)?;
-    let stream_poll = std::time::Duration::from_millis(args.stream_poll_ms.max(10));
-    api::serve_with_auth(
-        pool,
-        listener,
-        common.admission_rules(),
-        content,
-        stream_poll,
-        auth,
-        shutdown,
-    )
-    .await
-    .context("serving HTTP")
+    let settings = api::ApiSettings {
+        rules: common.admission_rules(),
+        content: ContentStore::from_config(&common.content)?,
+        stream_poll: std::time::Duration::from_millis(args.stream_poll_ms.max(10)),
+        secrets: common.secrets.policy(),
+    };
+    api::serve_with_auth(pool, listener, settings, auth, shutdown)
+        .await
+        .context("serving HTTP")
 }
 
 pub async fn run_worker(
@@ -238,6 +234,7 @@ pub async fn run_worker(
         pool: pool.clone(),
         limits: args.media.limits(),
         content,
+        secrets: common.secrets.policy(),
     });
     let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media];
     run_worker_with(pool, common.admission_rules(), args, handlers, shutdown).await

@@ -327,6 +327,7 @@ impl TestApp {
             approval_policies: policies.parse().expect("known approval policies"),
             approval_ttl_ms: 0,
             content: Default::default(),
+            secrets: Default::default(),
         };
         tokio::spawn(keel::api::serve(
             pool.clone(),
