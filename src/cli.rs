@@ -206,10 +206,13 @@ pub async fn serve_api(
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    let content = ContentStore::from_config(&common.content)?;
-    let stream_poll = std::time::Duration::from_millis(args.stream_poll_ms.max(10));
-    let rules = common.admission_rules().map_err(anyhow::Error::msg)?;
-    api::serve_with_auth(pool, listener, rules, content, stream_poll, auth, shutdown)
+    let settings = api::ApiSettings {
+        rules: common.admission_rules().map_err(anyhow::Error::msg)?,
+        content: ContentStore::from_config(&common.content)?,
+        stream_poll: std::time::Duration::from_millis(args.stream_poll_ms.max(10)),
+        secrets: common.secrets.policy(),
+    };
+    api::serve_with_auth(pool, listener, settings, auth, shutdown)
         .await
         .context("serving HTTP")
 }
@@ -239,6 +242,7 @@ pub async fn run_worker(
         pool: pool.clone(),
         limits: args.media.limits(),
         content,
+        secrets: common.secrets.policy(),
     });
     let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media];
     run_worker_with(pool, rules, args, handlers, shutdown).await

@@ -10,6 +10,7 @@ use clap::builder::BoolishValueParser;
 use keel_workers::media::MediaLimits;
 
 use crate::domain::approval::{ApprovalPolicy, DEFAULT_POLICIES};
+use crate::domain::secret::{DEFAULT_ENV_ALLOW, DEFAULT_FILE_ROOTS, SecretPolicy};
 use crate::domain::task::RunTimeouts;
 use crate::queue::worker::WorkerSettings;
 use crate::store::runs::AdmissionRules;
@@ -60,6 +61,9 @@ pub struct Common {
 
     #[command(flatten)]
     pub timeouts: TimeoutArgs,
+
+    #[command(flatten)]
+    pub secrets: SecretArgs,
 }
 
 impl Common {
@@ -151,6 +155,43 @@ pub struct ContentArgs {
     #[arg(long, env = "KEEL_S3_ALLOW_HTTP", global = true, action = clap::ArgAction::SetTrue,
           value_parser = BoolishValueParser::new())]
     pub s3_allow_http: bool,
+}
+
+/// Which secret references presets may name (docs/configuration.md#secret-references). The
+/// API checks them when a preset is written and a status is asked for; workers check them
+/// again when they resolve one, so a preset stored under a wider policy cannot leak.
+#[derive(Debug, Clone, Args)]
+pub struct SecretArgs {
+    /// Environment variables a reference (`env:NAME`) may name: a comma list of patterns,
+    /// `*` matching any run of characters. Keel's own settings (KEEL_* other than
+    /// KEEL_SECRET_*, DATABASE_URL, PG*, AWS_*, OTEL_*) are never allowed.
+    #[arg(long, env = "KEEL_SECRET_ENV_ALLOW", default_value = DEFAULT_ENV_ALLOW,
+          value_delimiter = ',', global = true)]
+    pub secret_env_allow: Vec<String>,
+
+    /// Directories (a comma list) a file reference (`file:/path`) must lie beneath; a
+    /// symbolic link that leads out of them is refused when the file is read.
+    #[arg(long, env = "KEEL_SECRET_FILE_ROOTS", default_value = DEFAULT_FILE_ROOTS,
+          value_delimiter = ',', global = true)]
+    pub secret_file_roots: Vec<PathBuf>,
+}
+
+impl Default for SecretArgs {
+    fn default() -> Self {
+        SecretArgs {
+            secret_env_allow: vec![DEFAULT_ENV_ALLOW.into()],
+            secret_file_roots: vec![DEFAULT_FILE_ROOTS.into()],
+        }
+    }
+}
+
+impl SecretArgs {
+    pub fn policy(&self) -> SecretPolicy {
+        SecretPolicy::new(
+            self.secret_env_allow.clone(),
+            self.secret_file_roots.clone(),
+        )
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -16,7 +16,7 @@ use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 const JOB_TIMEOUT: Duration = Duration::from_secs(60);
 /// Recognisable, so a test can grep everything Keel wrote for it.
 const SECRET: &str = "sk-keel-test-SECRET-7f3a9c";
-const KEY_ENV: &str = "KEEL_TEST_MEDIA_KEY";
+const KEY_ENV: &str = "KEEL_SECRET_TEST_MEDIA_KEY";
 /// The bytes of a PNG signature and a little more: enough to be sniffed as image/png.
 const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR-keel-test-image";
 const MP4: &[u8] = b"\0\0\0\x18ftypmp42\0\0\0\0mp42isom-keel-test-video";
@@ -619,7 +619,7 @@ async fn presets_take_secret_references_and_jobs_need_a_capable_preset() {
 
     let preset = json!({ "kind": "seedream", "model": "m", "api": "media-job",
                          "base_url": "https://ark.example.com/api/v3",
-                         "api_key_ref": "env:KEEL_TEST_UNSET_KEY_1",
+                         "api_key_ref": "env:KEEL_SECRET_TEST_UNSET_KEY_1",
                          "capabilities": ["image_generate"], "enabled": true });
     let mut raw = preset.clone();
     raw["api_key"] = json!("sk-raw");

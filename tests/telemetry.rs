@@ -440,7 +440,10 @@ async fn vendor_calls_are_client_spans_inside_the_media_job() {
         .mount(&vendor)
         .await;
     let env = vec![
-        ("KEEL_TEST_VENDOR_KEY", "sk-telemetry-test".to_string()),
+        (
+            "KEEL_SECRET_TEST_VENDOR_KEY",
+            "sk-telemetry-test".to_string(),
+        ),
         ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "true".to_string()),
     ];
     let keel = Deployment::start_with(Protocol::Http, 1, 5_000, env).await;
@@ -450,7 +453,7 @@ async fn vendor_calls_are_client_spans_inside_the_media_job() {
             "/v1/providers",
             json!({ "kind": "seedream", "model": "seedream-model", "api": "media-job",
                     "base_url": format!("{}/api/v3", vendor.uri()),
-                    "api_key_ref": "env:KEEL_TEST_VENDOR_KEY",
+                    "api_key_ref": "env:KEEL_SECRET_TEST_VENDOR_KEY",
                     "capabilities": ["image_generate"], "enabled": true }),
         )
         .await;

@@ -103,7 +103,10 @@ fn image_preset() -> keel::domain::provider::ProviderSpec {
         enabled: true,
         ..ProviderFields::default()
     }
-    .validate()
+    .validate(&keel::domain::secret::SecretPolicy::new(
+        vec!["*".into()],
+        vec![],
+    ))
     .unwrap()
 }
 

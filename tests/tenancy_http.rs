@@ -19,7 +19,7 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 
 const RUNTIME_ID: &str = "rt_walk";
 const SHARED_SECRET: &str = "walk-shared-secret-0123456789";
-const KEY_ENV: &str = "KEEL_WALK_MEDIA_KEY";
+const KEY_ENV: &str = "KEEL_SECRET_WALK_MEDIA_KEY";
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a stream must stay silent to count as having nothing more to say.
 const QUIET: Duration = Duration::from_secs(1);
@@ -65,7 +65,7 @@ const ROUTES: &[(&str, &str, Walk)] = &[
     (
         "GET",
         "/v1/secrets/status",
-        Global("?ref=env:KEEL_WALK_MEDIA_KEY"),
+        Global("?ref=env:KEEL_SECRET_WALK_MEDIA_KEY"),
     ),
     ("POST", "/v1/system/shutdown", LocalOnly),
     ("GET", "/v1/system/stats", List(&[""])),

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 
+use crate::domain::secret::SecretPolicy;
 use crate::store::content::ContentStore;
 use crate::store::runs::AdmissionRules;
 
@@ -57,10 +58,21 @@ pub struct AppState {
     pub auth: Arc<Auth>,
     /// This runtime host's id, kept in the database.
     pub runtime_host_id: Arc<str>,
+    /// Which secret references presets may name.
+    pub secrets: Arc<SecretPolicy>,
+}
+
+/// What an API process is configured with, beside its pool, listener and authentication.
+pub struct ApiSettings {
+    pub rules: AdmissionRules,
+    pub content: ContentStore,
+    /// How often a stream re-reads the database when no notification arrives.
+    pub stream_poll: Duration,
+    pub secrets: SecretPolicy,
 }
 
 /// Serves the API on `listener` until `shutdown` fires, in local mode without a runtime
-/// token (the listener must be on a loopback address).
+/// token (the listener must be on a loopback address) and the default secret policy.
 pub async fn serve(
     pool: PgPool,
     listener: tokio::net::TcpListener,
@@ -70,7 +82,13 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), std::io::Error> {
     let auth = Auth::local(listener.local_addr()?).map_err(std::io::Error::other)?;
-    serve_with_auth(pool, listener, rules, content, stream_poll, auth, shutdown).await
+    let settings = ApiSettings {
+        rules,
+        content,
+        stream_poll,
+        secrets: SecretPolicy::default(),
+    };
+    serve_with_auth(pool, listener, settings, auth, shutdown).await
 }
 
 /// Serves the API on `listener` until `shutdown` fires (also fired by
@@ -78,9 +96,7 @@ pub async fn serve(
 pub async fn serve_with_auth(
     pool: PgPool,
     listener: tokio::net::TcpListener,
-    rules: AdmissionRules,
-    content: ContentStore,
-    stream_poll: Duration,
+    settings: ApiSettings,
     auth: Auth,
     shutdown: CancellationToken,
 ) -> Result<(), std::io::Error> {
@@ -102,12 +118,13 @@ pub async fn serve_with_auth(
     let state = AppState {
         pool,
         events,
-        stream_poll,
+        stream_poll: settings.stream_poll,
         shutdown: shutdown.clone(),
-        rules,
-        content,
+        rules: settings.rules,
+        content: settings.content,
         auth: Arc::new(auth),
         runtime_host_id: runtime_host_id.into(),
+        secrets: Arc::new(settings.secrets),
     };
     // The peer address tells local-only routes whether a request came from this host.
     let service = app(state).into_make_service_with_connect_info::<SocketAddr>();
@@ -301,6 +318,83 @@ pub async fn artifact_body(
         }
     });
     let body = futures_util::stream::iter(first.map(Ok)).chain(rest);
-    let content_type = [(axum::http::header::CONTENT_TYPE, artifact.content_type)];
-    Ok((content_type, axum::body::Body::from_stream(body)).into_response())
+    let headers = artifact_headers(&artifact);
+    Ok((headers, axum::body::Body::from_stream(body)).into_response())
+}
+
+/// Content types a browser may render in place: none of them runs script. Everything else
+/// (SVG, HTML, any other `text/*`, PDF, …) is sent as a download, so an artifact a run or a
+/// vendor wrote can never execute on the API's origin.
+const INLINE_CONTENT_TYPES: [&str; 7] = [
+    "image/png",
+    "image/jpeg",
+    "image/gif",
+    "image/webp",
+    "image/avif",
+    "text/plain",
+    "application/json",
+];
+
+/// The headers of an artifact's content: its type, never sniffed, in a sandbox that loads
+/// nothing, and as an attachment unless the type is in [`INLINE_CONTENT_TYPES`].
+fn artifact_headers(artifact: &crate::store::artifacts::ArtifactRecord) -> axum::http::HeaderMap {
+    use axum::http::{HeaderValue, header};
+
+    let mut headers = axum::http::HeaderMap::new();
+    let content_type = HeaderValue::from_str(&artifact.content_type)
+        .unwrap_or(HeaderValue::from_static("application/octet-stream"));
+    headers.insert(header::CONTENT_TYPE, content_type);
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("sandbox; default-src 'none'"),
+    );
+    let essence = artifact.content_type.split(';').next().unwrap_or_default();
+    let essence = essence.trim().to_ascii_lowercase();
+    if !INLINE_CONTENT_TYPES.contains(&essence.as_str()) {
+        let disposition = format!(
+            "attachment; filename=\"{}\"",
+            download_name(&artifact.name, &artifact.id)
+        );
+        let disposition = HeaderValue::from_str(&disposition).expect("a sanitized file name");
+        headers.insert(header::CONTENT_DISPOSITION, disposition);
+    }
+    headers
+}
+
+/// An artifact's name as a download's file name: letters, digits, `.`, `-` and `_` only (no
+/// quotes, separators or control characters to break out of the header or the directory),
+/// no leading dot, at most 100 characters; the artifact id when nothing is left.
+fn download_name(name: &str, id: &str) -> String {
+    let safe: String = name
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '.' | '-' | '_' => c,
+            _ => '_',
+        })
+        .take(100)
+        .collect();
+    let safe = safe.trim_start_matches('.');
+    if safe.trim_matches('_').is_empty() {
+        id.to_string()
+    } else {
+        safe.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::download_name;
+
+    #[test]
+    fn download_names_cannot_break_out() {
+        assert_eq!(download_name("image-0.png", "a"), "image-0.png");
+        assert_eq!(download_name("x\"; y=\r\n.svg", "a"), "x___y___.svg");
+        assert_eq!(download_name("../../etc/passwd", "a"), "_.._etc_passwd");
+        assert_eq!(download_name("ü中", "artifact_1"), "artifact_1");
+        assert_eq!(download_name("", "artifact_1"), "artifact_1");
+    }
 }

@@ -17,9 +17,9 @@ use super::extract::{ApiJson, ApiQuery};
 use super::{
     ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object, page_limit,
 };
-use crate::domain::Caller;
 use crate::domain::provider::{Api, ProviderFields};
-use crate::domain::secret::{SecretRef, SecretStatus};
+use crate::domain::secret::{SecretPolicy, SecretRef, SecretStatus};
+use crate::domain::{Caller, Invalid};
 use crate::store::providers::{self, ProviderRecord};
 
 type Result<T> = std::result::Result<T, ApiError>;
@@ -64,9 +64,10 @@ pub struct ProviderView {
     pub updated_at: DateTime<Utc>,
 }
 
-impl From<ProviderRecord> for ProviderView {
-    fn from(p: ProviderRecord) -> Self {
-        let api_key_status = p.api_key().map(|r| r.status());
+impl ProviderView {
+    /// Blocking: telling whether `api_key_ref` resolves may read a file.
+    fn new(p: ProviderRecord, secrets: &SecretPolicy) -> Self {
+        let api_key_status = p.api_key().map(|r| r.status(secrets));
         ProviderView {
             api_key_configured: api_key_status.as_ref().is_some_and(|s| s.configured),
             api_key_status,
@@ -293,9 +294,25 @@ async fn list_providers(
     let mut conn = state.pool.acquire().await?;
     let cursor = page.cursor.as_deref();
     let rows = providers::list(&mut conn, &caller.scope, cursor, limit + 1).await?;
-    Ok(Json(
-        list(rows, limit, |p| p.id.clone()).map(ProviderView::from),
-    ))
+    let page = list(rows, limit, |p| p.id.clone());
+    let views = off_runtime(&state, move |s| page.map(|p| ProviderView::new(p, s))).await?;
+    Ok(Json(views))
+}
+
+/// Runs `f` with the secret policy on a blocking thread: resolving a reference may read a
+/// file, which must not stall the async runtime's workers.
+async fn off_runtime<T: Send + 'static>(
+    state: &AppState,
+    f: impl FnOnce(&SecretPolicy) -> T + Send + 'static,
+) -> Result<T> {
+    let secrets = state.secrets.clone();
+    tokio::task::spawn_blocking(move || f(&secrets))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))
+}
+
+async fn view(state: &AppState, provider: ProviderRecord) -> Result<ProviderView> {
+    off_runtime(state, move |s| ProviderView::new(provider, s)).await
 }
 
 /// Creates a provider preset.
@@ -306,13 +323,11 @@ async fn create_provider(
     caller: Caller,
     ApiJson(draft): ApiJson<ProviderDraft>,
 ) -> Result<(StatusCode, Json<ObjectEnvelope<ProviderView>>)> {
-    let spec = ProviderFields::from(draft).validate()?;
+    let spec = ProviderFields::from(draft).validate(&state.secrets)?;
     let mut conn = state.pool.acquire().await?;
     let provider = providers::create(&mut conn, &caller.scope, &spec).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(object("provider", provider.into())),
-    ))
+    let view = view(&state, provider).await?;
+    Ok((StatusCode::CREATED, Json(object("provider", view))))
 }
 
 /// Reads a provider preset.
@@ -326,7 +341,7 @@ async fn get_provider(
 ) -> Result<Json<ObjectEnvelope<ProviderView>>> {
     let mut conn = state.pool.acquire().await?;
     let provider = providers::get(&mut conn, &caller.scope, &id).await?;
-    Ok(Json(object("provider", provider.into())))
+    Ok(Json(object("provider", view(&state, provider).await?)))
 }
 
 /// Changes a provider preset; the last check is cleared.
@@ -342,10 +357,10 @@ async fn patch_provider(
     let mut tx = state.pool.begin().await?;
     let scope = &caller.scope;
     let current = providers::lock(&mut tx, scope, &id, "FOR UPDATE").await?;
-    let spec = patch.apply(current.fields()).validate()?;
+    let spec = patch.apply(current.fields()).validate(&state.secrets)?;
     let provider = providers::update(&mut tx, scope, &id, &spec).await?;
     tx.commit().await?;
-    Ok(Json(object("provider", provider.into())))
+    Ok(Json(object("provider", view(&state, provider).await?)))
 }
 
 /// Deletes a provider preset that no media job names.
@@ -367,8 +382,8 @@ async fn delete_provider(
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ProviderCheck {
     ok: bool,
-    /// `ready`, `provider_disabled`, `secret_missing`, `secret_store_unavailable` or
-    /// `unsupported_capability`.
+    /// `ready`, `provider_disabled`, `secret_missing`, `secret_store_unavailable`,
+    /// `secret_not_allowed` or `unsupported_capability`.
     code: &'static str,
     message: String,
     checked_at: DateTime<Utc>,
@@ -387,7 +402,7 @@ async fn check_provider(
 ) -> Result<Json<ObjectEnvelope<ProviderCheck>>> {
     let mut conn = state.pool.acquire().await?;
     let provider = providers::get(&mut conn, &caller.scope, &id).await?;
-    let (code, message) = readiness(&provider);
+    let (code, message) = off_runtime(&state, move |s| readiness(&provider, s)).await?;
     let check = ProviderCheck {
         ok: code == "ready",
         code,
@@ -399,7 +414,8 @@ async fn check_provider(
     Ok(Json(object("provider_check", check)))
 }
 
-fn readiness(provider: &ProviderRecord) -> (&'static str, String) {
+/// Blocking: resolving the references may read files.
+fn readiness(provider: &ProviderRecord, secrets: &SecretPolicy) -> (&'static str, String) {
     if !provider.enabled {
         return (
             "provider_disabled",
@@ -417,7 +433,7 @@ fn readiness(provider: &ProviderRecord) -> (&'static str, String) {
     };
     let refs = std::iter::once(key).chain(provider.secret_headers().into_iter().map(|(_, r)| r));
     for secret in refs {
-        let status = secret.status();
+        let status = secret.status(secrets);
         if let Some(code) = status.error_code {
             return (code, status.message.unwrap_or_default());
         }
@@ -448,10 +464,13 @@ const PURPOSES: [&str; 6] = [
     "automation_token",
 ];
 
-/// Whether a secret reference resolves in this process; never its value.
+/// Whether a secret reference resolves in this process; never its value. Only references
+/// the secret policy allows are looked at (422 for others), so the route cannot tell
+/// whether an arbitrary file or variable exists.
 #[utoipa::path(get, path = "/secrets/status", tag = "providers", params(SecretQuery),
     responses((status = 200, description = "The status", body = ObjectEnvelope<SecretStatus>)))]
 async fn secret_status(
+    State(state): State<AppState>,
     ApiQuery(query): ApiQuery<SecretQuery>,
 ) -> Result<Json<ObjectEnvelope<SecretStatus>>> {
     if let Some(purpose) = query.purpose.as_deref().filter(|p| !PURPOSES.contains(p)) {
@@ -462,5 +481,10 @@ async fn secret_status(
     }
     let secret = SecretRef::parse(&query.r#ref)
         .map_err(|message| ApiError::invalid(format!("ref {message}")))?;
-    Ok(Json(object("secret_status", secret.status())))
+    state
+        .secrets
+        .check(&secret)
+        .map_err(|message| Invalid::new("ref", message))?;
+    let status = off_runtime(&state, move |s| secret.status(s)).await?;
+    Ok(Json(object("secret_status", status)))
 }

@@ -8,7 +8,7 @@ use utoipa::ToSchema;
 
 use super::Invalid;
 use super::media::{Operation, Vendor};
-use super::secret::SecretRef;
+use super::secret::{SecretPolicy, SecretRef};
 
 /// The wire protocol a preset speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -94,7 +94,8 @@ pub struct ProviderFields {
 }
 
 impl ProviderFields {
-    pub fn validate(self) -> Result<ProviderSpec, Invalid> {
+    /// Checks the fields; every secret reference must also be one `secrets` allows.
+    pub fn validate(self, secrets: &SecretPolicy) -> Result<ProviderSpec, Invalid> {
         let kind = slug("kind", self.kind)?;
         let api = Api::parse(&self.api).ok_or_else(|| {
             Invalid::new(
@@ -109,14 +110,14 @@ impl ProviderFields {
         let base_url = base_url(self.base_url)?;
         let api_key_ref = self
             .api_key_ref
-            .map(|r| SecretRef::parse(&r).map_err(|m| Invalid::new("api_key_ref", m)))
+            .map(|r| secret_ref(&r, secrets).map_err(|m| Invalid::new("api_key_ref", m)))
             .transpose()?;
         check_headers(&self.headers)?;
         let secret_header_refs = self
             .secret_header_refs
             .into_iter()
             .map(|(name, r)| {
-                let parsed = SecretRef::parse(&r)
+                let parsed = secret_ref(&r, secrets)
                     .map_err(|m| Invalid::new("secret_header_refs", format!("{name}: {m}")))?;
                 Ok((header_name("secret_header_refs", name)?, parsed))
             })
@@ -145,6 +146,13 @@ impl ProviderFields {
             enabled: self.enabled,
         })
     }
+}
+
+/// A well-formed reference the policy allows.
+fn secret_ref(value: &str, policy: &SecretPolicy) -> Result<SecretRef, String> {
+    let parsed = SecretRef::parse(value)?;
+    policy.check(&parsed)?;
+    Ok(parsed)
 }
 
 fn required(field: &'static str, value: String) -> Result<String, Invalid> {
@@ -286,7 +294,7 @@ mod tests {
 
     #[test]
     fn a_media_preset_validates_and_normalises() {
-        let spec = seedance().validate().unwrap();
+        let spec = seedance().validate(&SecretPolicy::default()).unwrap();
         assert_eq!(spec.base_url, "https://ark.example.com/api/v3");
         assert_eq!(spec.provider_id, "seedance");
         assert_eq!(spec.display_name, "seedance-1-0-pro");
@@ -298,13 +306,31 @@ mod tests {
         fields
             .headers
             .insert("Authorization".into(), "Bearer x".into());
-        assert_eq!(fields.validate().unwrap_err().field, "headers");
+        assert_eq!(
+            fields.validate(&SecretPolicy::default()).unwrap_err().field,
+            "headers"
+        );
         let mut fields = seedance();
         fields.base_url = "https://user:pw@ark.example.com".into();
-        assert_eq!(fields.validate().unwrap_err().field, "base_url");
+        assert_eq!(
+            fields.validate(&SecretPolicy::default()).unwrap_err().field,
+            "base_url"
+        );
         let mut fields = seedance();
         fields.api_key_ref = Some("sk-raw-key".into());
-        assert_eq!(fields.validate().unwrap_err().field, "api_key_ref");
+        assert_eq!(
+            fields.validate(&SecretPolicy::default()).unwrap_err().field,
+            "api_key_ref"
+        );
+        let mut fields = seedance();
+        fields.api_key_ref = Some("env:KEEL_DATABASE_URL".into());
+        let refused = fields.validate(&SecretPolicy::default()).unwrap_err();
+        assert_eq!(refused.field, "api_key_ref");
+        assert!(
+            refused.message.contains("secret policy"),
+            "{}",
+            refused.message
+        );
     }
 
     #[test]
@@ -314,21 +340,30 @@ mod tests {
             "x".into(),
             serde_json::json!([{ "y": -1.7976931348623157e308 }]),
         );
-        assert_eq!(fields.validate().unwrap_err().field, "compat");
+        assert_eq!(
+            fields.validate(&SecretPolicy::default()).unwrap_err().field,
+            "compat"
+        );
         let mut fields = seedance();
         fields
             .compat
             .insert("x".into(), serde_json::json!(9_007_199_254_740_991u64));
-        assert!(fields.validate().is_ok());
+        assert!(fields.validate(&SecretPolicy::default()).is_ok());
     }
 
     #[test]
     fn a_vendor_lists_only_what_it_can_do() {
         let mut fields = seedance();
         fields.capabilities = vec!["image_edit".into()];
-        assert_eq!(fields.validate().unwrap_err().field, "capabilities");
+        assert_eq!(
+            fields.validate(&SecretPolicy::default()).unwrap_err().field,
+            "capabilities"
+        );
         let mut fields = seedance();
         fields.kind = "openai-compatible".into();
-        assert_eq!(fields.validate().unwrap_err().field, "kind");
+        assert_eq!(
+            fields.validate(&SecretPolicy::default()).unwrap_err().field,
+            "kind"
+        );
     }
 }

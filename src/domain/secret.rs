@@ -2,8 +2,15 @@
 //! the process environment, `file:/path` a file (container secrets are mounted as files);
 //! `keychain:` is understood but no keychain exists in this runtime. Values are resolved
 //! only by the worker that needs them, at execution time, and never stored or logged.
+//!
+//! Which references may be used at all is the operator's [`SecretPolicy`]: whoever can
+//! write a preset can send its credential to any URL, so a preset must not be able to name
+//! Keel's own database URL or an arbitrary file.
 
-use std::path::PathBuf;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Component, Path, PathBuf};
 
 use keel_workers::media::Secret;
 use serde::Serialize;
@@ -30,7 +37,8 @@ pub struct SecretStatus {
     /// `env`, `file` or `keychain`.
     pub kind: &'static str,
     pub configured: bool,
-    /// Why it is not configured: `secret_missing` or `secret_store_unavailable`.
+    /// Why it is not configured: `secret_missing`, `secret_store_unavailable` or
+    /// `secret_not_allowed` (a stored preset the secret policy now refuses).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_code: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -73,8 +81,14 @@ impl SecretRef {
         }
     }
 
-    /// Reads the value. Surrounding whitespace (a file's trailing newline) is dropped.
-    pub fn resolve(&self) -> Result<Secret, Unresolved> {
+    /// Reads the value, if `policy` allows the reference; the policy is checked first, so a
+    /// refused reference reads nothing. Surrounding whitespace (a file's trailing newline)
+    /// is dropped. Blocking: it may read a file.
+    pub fn resolve(&self, policy: &SecretPolicy) -> Result<Secret, Unresolved> {
+        policy.check(self).map_err(|message| Unresolved {
+            code: "secret_not_allowed",
+            message,
+        })?;
         let missing = |message: String| Unresolved {
             code: "secret_missing",
             message,
@@ -82,7 +96,7 @@ impl SecretRef {
         let value = match self {
             SecretRef::Env(name) => std::env::var(name)
                 .map_err(|_| missing(format!("environment variable {name} is not set")))?,
-            SecretRef::File(path) => read_secret_file(path).map_err(missing)?,
+            SecretRef::File(path) => read_secret_file(path, policy).map_err(missing)?,
             SecretRef::Keychain(_) => {
                 return Err(Unresolved {
                     code: "secret_store_unavailable",
@@ -97,8 +111,9 @@ impl SecretRef {
         Ok(Secret::new(value.to_string()))
     }
 
-    pub fn status(&self) -> SecretStatus {
-        let resolved = self.resolve();
+    /// Whether the reference resolves under `policy`. Blocking: it may read a file.
+    pub fn status(&self, policy: &SecretPolicy) -> SecretStatus {
+        let resolved = self.resolve(policy);
         let (error_code, message) = match &resolved {
             Ok(_) => (None, None),
             Err(e) => (Some(e.code), Some(e.message.clone())),
@@ -129,13 +144,162 @@ fn is_env_name(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-fn read_secret_file(path: &std::path::Path) -> Result<String, String> {
+/// Reads a secret file of at most [`MAX_SECRET_FILE_BYTES`]. The file is opened first and
+/// its real path taken from the open descriptor, so a symlink (anywhere on the path) that
+/// leads out of the roots is refused, and cannot be swapped in between check and read.
+/// Non-blocking open: a FIFO under a root cannot hang the reader.
+fn read_secret_file(path: &Path, policy: &SecretPolicy) -> Result<String, String> {
     let unreadable = |why: &str| format!("secret file {} {why}", path.display());
-    let meta = std::fs::metadata(path).map_err(|_| unreadable("cannot be read"))?;
-    if !meta.is_file() || meta.len() > MAX_SECRET_FILE_BYTES {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
+        .open(path)
+        .map_err(|_| unreadable("cannot be read"))?;
+    let real = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map_err(|_| unreadable("cannot be located"))?;
+    if !policy.holds_real(&real) {
+        return Err(unreadable(
+            "leads outside KEEL_SECRET_FILE_ROOTS (a symbolic link); the secret policy refuses it",
+        ));
+    }
+    let meta = file.metadata().map_err(|_| unreadable("cannot be read"))?;
+    if !meta.is_file() {
         return Err(unreadable("is not a small regular file"));
     }
-    std::fs::read_to_string(path).map_err(|_| unreadable("cannot be read as text"))
+    let mut text = String::new();
+    file.take(MAX_SECRET_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|_| unreadable("cannot be read as text"))?;
+    if text.len() as u64 > MAX_SECRET_FILE_BYTES {
+        return Err(unreadable("is not a small regular file"));
+    }
+    Ok(text)
+}
+
+/// `KEEL_SECRET_ENV_ALLOW`'s default.
+pub const DEFAULT_ENV_ALLOW: &str = "*_API_KEY,*_TOKEN,KEEL_SECRET_*";
+/// `KEEL_SECRET_FILE_ROOTS`' default: where Docker and Kubernetes mount secrets.
+pub const DEFAULT_FILE_ROOTS: &str = "/run/secrets";
+
+/// Environment names no pattern can allow: Keel's own database (`DATABASE_URL`, libpq's
+/// `PG*`), S3 (`AWS_*`) and telemetry (`OTEL_*`, whose exporter headers carry
+/// credentials) settings, and every `KEEL_*` setting (the database URL, S3, the runtime
+/// token, the remote-identity secrets) except the `KEEL_SECRET_*` family meant for presets.
+/// Compared without case, so no spelling slips through.
+const RESERVED_ENV: [&str; 4] = ["DATABASE_URL", "PG*", "AWS_*", "OTEL_*"];
+
+/// Which secret references may be used: environment names matching one of `env_allow`
+/// (glob patterns, `*` matching any run of characters) and not reserved, and files beneath
+/// one of `file_roots`. Keychain references are allowed (they never resolve here).
+#[derive(Debug, Clone)]
+pub struct SecretPolicy {
+    env_allow: Vec<String>,
+    file_roots: Vec<PathBuf>,
+}
+
+impl Default for SecretPolicy {
+    fn default() -> Self {
+        SecretPolicy::new(
+            vec![DEFAULT_ENV_ALLOW.to_string()],
+            vec![PathBuf::from(DEFAULT_FILE_ROOTS)],
+        )
+    }
+}
+
+impl SecretPolicy {
+    /// Patterns may come comma-joined; empty ones are dropped. A relative root holds
+    /// nothing (references are absolute).
+    pub fn new(env_allow: Vec<String>, file_roots: Vec<PathBuf>) -> Self {
+        SecretPolicy {
+            env_allow: env_allow
+                .iter()
+                .flat_map(|p| p.split(','))
+                .map(|p| p.trim().to_string())
+                .filter(|p| !p.is_empty())
+                .collect(),
+            file_roots: file_roots.into_iter().filter(|r| r.is_absolute()).collect(),
+        }
+    }
+
+    /// Whether the policy allows `secret`; the message names the reference and the
+    /// setting that refuses it. Needs no file system: a file is checked by its path here,
+    /// and by its real path when it is read.
+    pub fn check(&self, secret: &SecretRef) -> Result<(), String> {
+        match secret {
+            SecretRef::Env(name) if is_reserved(name) => Err(format!(
+                "{secret} names one of Keel's own settings (database, S3, runtime token, remote \
+                 secrets, telemetry), which the secret policy never allows"
+            )),
+            SecretRef::Env(name) if !self.env_allow.iter().any(|p| glob_match(p, name)) => {
+                Err(format!(
+                    "{secret} is not allowed by the secret policy: environment names must match \
+                     KEEL_SECRET_ENV_ALLOW ({})",
+                    self.env_allow.join(",")
+                ))
+            }
+            SecretRef::File(path) if !self.holds(path) => Err(format!(
+                "{secret} is not allowed by the secret policy: files must lie beneath \
+                 KEEL_SECRET_FILE_ROOTS ({}), named without `.` or `..`",
+                self.roots_list()
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether `path`, as written, lies strictly beneath a root.
+    fn holds(&self, path: &Path) -> bool {
+        let plain = path
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+        plain && self.file_roots.iter().any(|root| beneath(path, root))
+    }
+
+    /// Whether a real (symlink-free) path lies beneath a root's real path.
+    fn holds_real(&self, real: &Path) -> bool {
+        self.file_roots
+            .iter()
+            .filter_map(|root| root.canonicalize().ok())
+            .any(|root| beneath(real, &root))
+    }
+
+    fn roots_list(&self) -> String {
+        let roots: Vec<_> = self
+            .file_roots
+            .iter()
+            .map(|r| r.display().to_string())
+            .collect();
+        roots.join(",")
+    }
+}
+
+fn beneath(path: &Path, root: &Path) -> bool {
+    path.starts_with(root) && path != root
+}
+
+fn is_reserved(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    (upper.starts_with("KEEL_") && !upper.starts_with("KEEL_SECRET_"))
+        || RESERVED_ENV.iter().any(|p| glob_match(p, &upper))
+}
+
+/// `*` matches any run of characters (none included); everything else matches itself.
+fn glob_match(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 #[cfg(test)]
@@ -160,14 +324,86 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("key");
         std::fs::write(&path, "s3cr3t-value\n").unwrap();
+        let policy = SecretPolicy::new(vec![], vec![dir.path().to_path_buf()]);
         let file = SecretRef::File(path.clone());
-        assert_eq!(file.resolve().unwrap().expose(), "s3cr3t-value");
-        let status = file.status();
+        assert_eq!(file.resolve(&policy).unwrap().expose(), "s3cr3t-value");
+        let status = file.status(&policy);
         assert!(status.configured);
         assert!(!serde_json::to_string(&status).unwrap().contains("s3cr3t"));
-        let keychain = SecretRef::parse("keychain:x").unwrap().status();
+        let keychain = SecretRef::parse("keychain:x").unwrap().status(&policy);
         assert_eq!(keychain.error_code, Some("secret_store_unavailable"));
-        let missing = SecretRef::File(dir.path().join("nope")).status();
+        let missing = SecretRef::File(dir.path().join("nope")).status(&policy);
         assert_eq!(missing.error_code, Some("secret_missing"));
+    }
+
+    #[test]
+    fn globs_match_whole_names() {
+        assert!(glob_match("*_API_KEY", "OPENAI_API_KEY"));
+        assert!(glob_match("*_API_KEY", "_API_KEY"));
+        assert!(!glob_match("*_API_KEY", "OPENAI_API_KEYS"));
+        assert!(glob_match("KEEL_SECRET_*", "KEEL_SECRET_X"));
+        assert!(glob_match("A*B*C", "AxxBxxC"));
+        assert!(!glob_match("A*B*C", "AC"));
+        assert!(glob_match("PATH", "PATH"));
+        assert!(!glob_match("PATH", "PATHS"));
+        assert!(glob_match("*", "ANY"));
+    }
+
+    #[test]
+    fn the_policy_never_allows_keels_own_settings() {
+        let everything = SecretPolicy::new(vec!["*".into()], vec![]);
+        for name in [
+            "KEEL_DATABASE_URL",
+            "DATABASE_URL",
+            "PGPASSWORD",
+            "AWS_SECRET_ACCESS_KEY",
+            "aws_session_token",
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "KEEL_RUNTIME_TOKEN",
+            "KEEL_REMOTE_SHARED_SECRET",
+        ] {
+            assert!(
+                everything.check(&SecretRef::Env(name.into())).is_err(),
+                "{name}"
+            );
+        }
+        let default = SecretPolicy::default();
+        for (name, allowed) in [
+            ("OPENAI_API_KEY", true),
+            ("GITHUB_TOKEN", true),
+            ("KEEL_SECRET_ARK", true),
+            ("PATH", false),
+            ("HOME", false),
+        ] {
+            let checked = default.check(&SecretRef::Env(name.into()));
+            assert_eq!(checked.is_ok(), allowed, "{name}");
+        }
+    }
+
+    #[test]
+    fn files_must_stay_beneath_a_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("secrets");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(dir.path().join("outside"), "outside-value").unwrap();
+        std::fs::write(root.join("key"), "inside-value").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("outside"), root.join("link")).unwrap();
+        let policy = SecretPolicy::new(vec![], vec![root.clone()]);
+        let file = |p: PathBuf| SecretRef::File(p);
+        assert!(policy.check(&file(root.join("key"))).is_ok());
+        assert!(policy.check(&file(root.clone())).is_err());
+        assert!(policy.check(&file(root.join("../outside"))).is_err());
+        assert!(policy.check(&file("/etc/passwd".into())).is_err());
+        let refused = file("/etc/passwd".into()).resolve(&policy).unwrap_err();
+        assert_eq!(refused.code, "secret_not_allowed");
+        // Allowed by its path, refused by where it really leads.
+        let link = file(root.join("link")).resolve(&policy).unwrap_err();
+        assert!(link.message.contains("symbolic link"), "{}", link.message);
+        std::fs::write(
+            root.join("big"),
+            vec![b'x'; MAX_SECRET_FILE_BYTES as usize + 1],
+        )
+        .unwrap();
+        assert!(file(root.join("big")).resolve(&policy).is_err());
     }
 }

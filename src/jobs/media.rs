@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::fence::{self, DomainRow, Fence};
 use crate::domain::media::MediaJobStatus;
-use crate::domain::secret::Unresolved;
+use crate::domain::secret::{SecretPolicy, Unresolved};
 use crate::domain::{Actor, EventType, Scope};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
@@ -36,6 +36,8 @@ pub struct MediaJobs {
     pub pool: PgPool,
     pub limits: MediaLimits,
     pub content: ContentStore,
+    /// Checked again at each resolution: a preset stored under a wider policy must not leak.
+    pub secrets: SecretPolicy,
 }
 
 impl JobHandler for MediaJobs {
@@ -209,13 +211,13 @@ impl MediaJobs {
                 message: format!("provider {} names no api_key_ref", preset.id),
             }));
         };
-        let api_key = match key.resolve() {
+        let api_key = match key.resolve(&self.secrets) {
             Ok(secret) => secret,
             Err(unresolved) => return Ok(Err(unresolved)),
         };
         let mut secret_headers = Vec::new();
         for (name, secret) in preset.secret_headers() {
-            match secret.resolve() {
+            match secret.resolve(&self.secrets) {
                 Ok(value) => secret_headers.push((name, value)),
                 Err(unresolved) => return Ok(Err(unresolved)),
             }

@@ -6,12 +6,35 @@
 //! limited). Running as root, it runs as the `postgres` user through `runuser`, since
 //! initdb and postgres refuse to run as root. A watchdog stops the cluster if the process
 //! that started it dies without stopping it.
+//!
+//! Every connection proves a password (SCRAM-SHA-256), even over loopback: a process a run
+//! starts on this host must not reach the cluster as its superuser. The password is random,
+//! kept in a 0600 file beside the cluster, and appears only in the URL Keel connects with.
 
+use std::io::{Read, Write};
 use std::net::TcpListener;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 const SUPERUSER: &str = "keel";
+
+/// The password's file, under the cluster's root (beside `pgdata`, not in it: initdb wants
+/// an empty directory).
+const PASSWORD_FILE: &str = "password";
+
+/// Client authentication of a Keel cluster: SCRAM everywhere, for the superuser as for
+/// anyone, over TCP (the only way in) and the Unix socket (if one is ever configured).
+const PG_HBA: &str = "\
+# Written by Keel: every connection proves its password (SCRAM-SHA-256).
+local all all scram-sha-256
+host all all 127.0.0.1/32 scram-sha-256
+host all all ::1/128 scram-sha-256
+local replication all scram-sha-256
+host replication all 127.0.0.1/32 scram-sha-256
+host replication all ::1/128 scram-sha-256
+";
 
 #[derive(Debug, thiserror::Error)]
 pub enum EmbeddedError {
@@ -49,6 +72,8 @@ pub struct EmbeddedPostgres {
     data: PathBuf,
     port: u16,
     run_as: Option<String>,
+    /// The superuser's password; never logged (this type has no Debug).
+    password: String,
 }
 
 impl EmbeddedPostgres {
@@ -62,6 +87,7 @@ impl EmbeddedPostgres {
             .then(|| "postgres".to_string());
         let data = root.join("pgdata");
         let port = free_port()?;
+        let password = password(&root.join(PASSWORD_FILE))?;
         let cluster = EmbeddedPostgres {
             root: root.clone(),
             durability,
@@ -69,21 +95,33 @@ impl EmbeddedPostgres {
             data,
             port,
             run_as,
+            password,
         };
         if let Some(user) = &cluster.run_as {
             cluster.hand_over(&root, user)?;
         }
         if !cluster.data.join("PG_VERSION").exists() {
             cluster.initdb()?;
+        } else if cluster.trusts()? {
+            cluster.require_password()?;
         }
         cluster.pg_ctl_start(&root, durability)?;
         cluster.watch_owner()?;
         Ok(cluster)
     }
 
-    /// A connection URL for `database` on this cluster.
+    /// A connection URL for `database` on this cluster, with the superuser's password:
+    /// keep it out of logs. (The password is hex, so it needs no escaping.)
     pub fn url(&self, database: &str) -> String {
-        format!("postgres://{SUPERUSER}@127.0.0.1:{}/{database}", self.port)
+        format!(
+            "postgres://{SUPERUSER}:{}@127.0.0.1:{}/{database}",
+            self.password, self.port
+        )
+    }
+
+    /// The file holding the superuser's password (mode 0600).
+    pub fn password_file(&self) -> PathBuf {
+        self.root.join(PASSWORD_FILE)
     }
 
     /// Stops and starts the cluster again on the same port (for restart tests).
@@ -133,16 +171,69 @@ impl EmbeddedPostgres {
 
     fn initdb(&self) -> Result<(), EmbeddedError> {
         let mut initdb = self.command(&self.bindir.join("initdb"));
-        initdb.arg("-D").arg(&self.data).args([
+        initdb
+            .arg("-D")
+            .arg(&self.data)
+            .arg("--pwfile")
+            .arg(self.password_file());
+        initdb.args([
             "-U",
             SUPERUSER,
-            "--auth=trust",
+            "--auth=scram-sha-256",
             "-E",
             "UTF8",
             "--no-locale",
             "--no-sync",
         ]);
         run(initdb, "initdb")
+    }
+
+    /// Whether `pg_hba.conf` lets any connection in without a password: a cluster created
+    /// by a Keel from before passwords.
+    fn trusts(&self) -> Result<bool, EmbeddedError> {
+        let hba = std::fs::read_to_string(self.data.join("pg_hba.conf"))?;
+        Ok(hba.lines().any(|line| {
+            let line = line.split('#').next().unwrap_or_default();
+            line.split_whitespace().any(|word| word == "trust")
+        }))
+    }
+
+    /// Migrates a trusting cluster, before it starts: sets the superuser's password in
+    /// single-user mode (no server listening, so no window where the password is set but
+    /// not yet required), then requires it in `pg_hba.conf`, keeping the old file as
+    /// `pg_hba.conf.trust`. Safe to repeat after a crash half way: the password file stays.
+    fn require_password(&self) -> Result<(), EmbeddedError> {
+        tracing::info!(
+            data = %self.data.display(),
+            "the embedded PostgreSQL trusts local connections; setting a password and requiring it"
+        );
+        let mut single = self.command(&self.bindir.join("postgres"));
+        single
+            .args(["--single", "-D"])
+            .arg(&self.data)
+            .args(["-j", "postgres"]);
+        let statement = format!(
+            "SET password_encryption = 'scram-sha-256';\n\
+             ALTER ROLE \"{SUPERUSER}\" PASSWORD '{}';\n",
+            self.password
+        );
+        run_with_input(single, "setting the superuser's password", &statement)
+            .map_err(|e| self.redact(e))?;
+        let hba = self.data.join("pg_hba.conf");
+        std::fs::copy(&hba, self.data.join("pg_hba.conf.trust"))?;
+        std::fs::write(&hba, PG_HBA)?;
+        Ok(())
+    }
+
+    /// An error with the password taken out of whatever the server echoed.
+    fn redact(&self, error: EmbeddedError) -> EmbeddedError {
+        match error {
+            EmbeddedError::Command { step, detail } => EmbeddedError::Command {
+                step,
+                detail: detail.replace(&self.password, "[redacted]"),
+            },
+            other => other,
+        }
     }
 
     fn pg_ctl_start(&self, root: &Path, durability: Durability) -> Result<(), EmbeddedError> {
@@ -193,14 +284,71 @@ impl EmbeddedPostgres {
     }
 }
 
+/// The cluster's password, from its file, or a new random one written to a new file
+/// (0600; an existing file is set back to 0600).
+fn password(path: &Path) -> Result<String, EmbeddedError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) if !text.trim().is_empty() => {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+            return Ok(text.trim().to_string());
+        }
+        Ok(_) => std::fs::remove_file(path)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    let password: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    writeln!(file, "{password}")?;
+    file.sync_all()?;
+    Ok(password)
+}
+
 fn run(mut command: Command, step: &'static str) -> Result<(), EmbeddedError> {
-    let output = command
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| EmbeddedError::Command {
-            step,
-            detail: e.to_string(),
-        })?;
+    command.stdin(Stdio::null());
+    finish(command.output(), step)
+}
+
+/// Runs `command` with `input` on its stdin (never in its arguments, which any local user
+/// can read in the process list).
+fn run_with_input(
+    mut command: Command,
+    step: &'static str,
+    input: &str,
+) -> Result<(), EmbeddedError> {
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let output = command.spawn().and_then(|mut child| {
+        let mut stdin = child.stdin.take().expect("stdin is piped");
+        stdin.write_all(input.as_bytes())?;
+        drop(stdin);
+        child.wait_with_output()
+    });
+    // Single-user mode reports a failed statement on stderr and still exits 0.
+    let output = output.map(|mut output| {
+        if String::from_utf8_lossy(&output.stderr).contains("ERROR:") {
+            output.status = std::process::ExitStatus::from_raw(1 << 8);
+        }
+        output
+    });
+    finish(output, step)
+}
+
+fn finish(
+    output: std::io::Result<std::process::Output>,
+    step: &'static str,
+) -> Result<(), EmbeddedError> {
+    let output = output.map_err(|e| EmbeddedError::Command {
+        step,
+        detail: e.to_string(),
+    })?;
     if output.status.success() {
         return Ok(());
     }

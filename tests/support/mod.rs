@@ -329,6 +329,7 @@ impl TestApp {
             approval_ttl_ms: 0,
             content: Default::default(),
             timeouts: Default::default(),
+            secrets: Default::default(),
         };
         tokio::spawn(keel::api::serve(
             pool.clone(),
