@@ -169,6 +169,16 @@ async fn racing_claims_never_exceed_the_limit() {
 const SECRET: &str = "fairness-shared-secret-0123456789";
 const RUNTIME: &str = "keel-fairness";
 
+/// `keel api` in remote mode, trusting the header form with [`SECRET`].
+async fn remote_api(db: &str, logs: &std::path::Path) -> support::KeelProcess {
+    let env = [
+        ("KEEL_REMOTE_MODE", "1"),
+        ("KEEL_RUNTIME_ID", RUNTIME),
+        ("KEEL_REMOTE_SHARED_SECRET", SECRET),
+    ];
+    support::spawn_api_with_env(db, logs, "api", &env).await
+}
+
 /// A client of the remote runtime acting in `org`.
 fn member(base: &str, org: &str) -> support::Client {
     support::client_with_headers(
@@ -210,17 +220,7 @@ fn most_at_once(runs: &[serde_json::Value]) -> usize {
 async fn a_real_worker_keeps_each_workspace_within_its_limit_and_serves_both() {
     let db = support::fresh_database().await;
     let logs = tempfile::tempdir().unwrap();
-    let api = support::spawn_api_with_env(
-        &db,
-        logs.path(),
-        "api",
-        &[
-            ("KEEL_REMOTE_MODE", "1"),
-            ("KEEL_RUNTIME_ID", RUNTIME),
-            ("KEEL_REMOTE_SHARED_SECRET", SECRET),
-        ],
-    )
-    .await;
+    let api = remote_api(&db, logs.path()).await;
     let base = api.client.as_ref().unwrap().base.clone();
     let (busy, quiet) = (member(&base, "busy"), member(&base, "quiet"));
     let mut started = Vec::new();
@@ -311,17 +311,7 @@ async fn operators_set_a_workspaces_limit_and_members_cannot() {
 
     let db = support::fresh_database().await;
     let logs = tempfile::tempdir().unwrap();
-    let api = support::spawn_api_with_env(
-        &db,
-        logs.path(),
-        "api",
-        &[
-            ("KEEL_REMOTE_MODE", "1"),
-            ("KEEL_RUNTIME_ID", RUNTIME),
-            ("KEEL_REMOTE_SHARED_SECRET", SECRET),
-        ],
-    )
-    .await;
+    let api = remote_api(&db, logs.path()).await;
     let member = member(&api.client.as_ref().unwrap().base, "acme");
     let (status, body) = put_limit(
         &member,
