@@ -323,7 +323,7 @@ async fn create_provider(
     caller: Caller,
     ApiJson(draft): ApiJson<ProviderDraft>,
 ) -> Result<(StatusCode, Json<ObjectEnvelope<ProviderView>>)> {
-    let spec = ProviderFields::from(draft).validate(&state.secrets)?;
+    let spec = ProviderFields::from(draft).validate(&state.secrets, &state.provider_hosts)?;
     let mut conn = state.pool.acquire().await?;
     let provider = providers::create(&mut conn, &caller.scope, &spec).await?;
     let view = view(&state, provider).await?;
@@ -357,7 +357,9 @@ async fn patch_provider(
     let mut tx = state.pool.begin().await?;
     let scope = &caller.scope;
     let current = providers::lock(&mut tx, scope, &id, "FOR UPDATE").await?;
-    let spec = patch.apply(current.fields()).validate(&state.secrets)?;
+    let spec = patch
+        .apply(current.fields())
+        .validate(&state.secrets, &state.provider_hosts)?;
     let provider = providers::update(&mut tx, scope, &id, &spec).await?;
     tx.commit().await?;
     Ok(Json(object("provider", view(&state, provider).await?)))
