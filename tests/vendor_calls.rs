@@ -201,4 +201,14 @@ async fn a_worker_rechecks_the_host_list_before_calling() {
     );
     let requests = vendor.received_requests().await.unwrap();
     assert!(requests.is_empty(), "the vendor was called: {requests:?}");
+    // An API process without the host listed says so when asked to check the preset.
+    let narrow = support::spawn_api_with_env(&db_url, logs.path(), "narrow-api", &[KEY]).await;
+    let (status, body) = narrow
+        .client
+        .as_ref()
+        .unwrap()
+        .post(&format!("/v1/providers/{provider}/check"), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["code"], "provider_host_not_allowed", "{body}");
 }
