@@ -211,6 +211,7 @@ pub async fn serve_api(
         content: ContentStore::from_config(&common.content)?,
         stream_poll: std::time::Duration::from_millis(args.stream_poll_ms.max(10)),
         secrets: common.secrets.policy(),
+        provider_hosts: common.provider_hosts(),
     };
     api::serve_with_auth(pool, listener, settings, auth, shutdown)
         .await
@@ -243,6 +244,7 @@ pub async fn run_worker(
         limits: args.media.limits(),
         content,
         secrets: common.secrets.policy(),
+        hosts: common.provider_hosts(),
     });
     let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media];
     run_worker_with(pool, rules, args, handlers, shutdown).await

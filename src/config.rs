@@ -10,6 +10,7 @@ use clap::builder::BoolishValueParser;
 use keel_workers::media::MediaLimits;
 
 use crate::domain::approval::{ApprovalPolicy, DEFAULT_POLICIES};
+use crate::domain::provider::ProviderHosts;
 use crate::domain::secret::{DEFAULT_ENV_ALLOW, DEFAULT_FILE_ROOTS, SecretPolicy};
 use crate::domain::task::RunTimeouts;
 use crate::queue::worker::WorkerSettings;
@@ -64,9 +65,25 @@ pub struct Common {
 
     #[command(flatten)]
     pub secrets: SecretArgs,
+
+    /// Hosts a media preset's `base_url` may name beside the vendor's documented ones
+    /// (api.openai.com; ark.ap-southeast.bytepluses.com, ark.cn-beijing.volces.com): a
+    /// comma list of host names or IP addresses, checked when a preset is written and
+    /// before each vendor call.
+    #[arg(
+        long,
+        env = "KEEL_PROVIDER_HOSTS",
+        value_delimiter = ',',
+        global = true
+    )]
+    pub provider_hosts: Vec<String>,
 }
 
 impl Common {
+    pub fn provider_hosts(&self) -> ProviderHosts {
+        ProviderHosts::new(self.provider_hosts.iter().cloned())
+    }
+
     /// The rules every run-creating path applies (start, retry, resume, schedules).
     /// Fails on inconsistent run timeouts.
     pub fn admission_rules(&self) -> Result<AdmissionRules, String> {
@@ -448,11 +465,26 @@ pub struct MediaArgs {
     #[arg(long, env = "KEEL_MEDIA_POLL_TIMEOUT_MS", default_value_t = 1_800_000)]
     pub media_poll_timeout_ms: u64,
 
-    /// Let media downloads reach private, loopback and link-local addresses. Off by
-    /// default: a vendor response must not make a worker fetch from inside its network.
+    /// Let vendor calls and media downloads reach private, loopback, link-local, CGNAT,
+    /// 6to4 and Teredo addresses. Off by default: a preset or a vendor response must not
+    /// make a worker call into its own network.
     #[arg(long, env = "KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", action = clap::ArgAction::SetTrue,
           value_parser = BoolishValueParser::new())]
     pub media_allow_private_addresses: bool,
+
+    /// Largest vendor API response body read (bytes); a larger one fails the job with
+    /// `response_too_large`.
+    #[arg(long, env = "KEEL_MEDIA_RESPONSE_MAX_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub media_response_max_bytes: u64,
+
+    /// Most results one media job keeps; more fail the job with `too_many_outputs`.
+    #[arg(long, env = "KEEL_MEDIA_MAX_OUTPUTS", default_value_t = 16)]
+    pub media_max_outputs: usize,
+
+    /// Most bytes one media job's results add up to; more fail the job with
+    /// `outputs_too_large`.
+    #[arg(long, env = "KEEL_MEDIA_OUTPUTS_MAX_BYTES", default_value_t = 2 * 1024 * 1024 * 1024)]
+    pub media_outputs_max_bytes: u64,
 }
 
 impl Default for MediaArgs {
@@ -466,6 +498,9 @@ impl Default for MediaArgs {
             media_poll_interval_ms: ms(limits.poll_interval),
             media_poll_timeout_ms: ms(limits.poll_timeout),
             media_allow_private_addresses: limits.allow_private_addresses,
+            media_response_max_bytes: limits.response_max_bytes,
+            media_max_outputs: limits.max_outputs,
+            media_outputs_max_bytes: limits.outputs_max_bytes,
         }
     }
 }
@@ -480,6 +515,9 @@ impl MediaArgs {
             poll_interval: ms(self.media_poll_interval_ms, 10),
             poll_timeout: ms(self.media_poll_timeout_ms, 100),
             allow_private_addresses: self.media_allow_private_addresses,
+            response_max_bytes: self.media_response_max_bytes.max(1),
+            max_outputs: self.media_max_outputs.max(1),
+            outputs_max_bytes: self.media_outputs_max_bytes.max(1),
         }
     }
 }

@@ -37,6 +37,8 @@ fn env(extra: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static st
     let mut env = vec![
         (KEY_ENV, SECRET),
         ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "true"),
+        // The mock vendors listen there, outside every vendor's documented hosts.
+        ("KEEL_PROVIDER_HOSTS", "127.0.0.1"),
         ("KEEL_MEDIA_POLL_INTERVAL_MS", "100"),
     ];
     env.extend_from_slice(extra);
@@ -618,7 +620,7 @@ async fn presets_take_secret_references_and_jobs_need_a_capable_preset() {
     );
 
     let preset = json!({ "kind": "seedream", "model": "m", "api": "media-job",
-                         "base_url": "https://ark.example.com/api/v3",
+                         "base_url": "https://ark.ap-southeast.bytepluses.com/api/v3",
                          "api_key_ref": "env:KEEL_SECRET_TEST_UNSET_KEY_1",
                          "capabilities": ["image_generate"], "enabled": true });
     let mut raw = preset.clone();

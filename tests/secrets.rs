@@ -205,10 +205,15 @@ async fn a_worker_checks_the_policy_again_when_it_resolves_a_stored_preset() {
     let (logs, data) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let secret = ("WIDE_POLICY_SECRET", "sk-must-not-leave-4b1d");
     // The API once allowed any name; the worker runs the default policy.
-    let api_env = [("KEEL_SECRET_ENV_ALLOW", "*"), secret];
+    let hosts = ("KEEL_PROVIDER_HOSTS", "127.0.0.1");
+    let api_env = [("KEEL_SECRET_ENV_ALLOW", "*"), secret, hosts];
     let api = support::spawn_api_with_env(&db_url, logs.path(), "api", &api_env).await;
     let client = api.client.clone().unwrap();
-    let worker_env = [secret, ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "true")];
+    let worker_env = [
+        secret,
+        ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "true"),
+        hosts,
+    ];
     let _worker = support::spawn_worker_with_env(
         &db_url,
         logs.path(),

@@ -445,6 +445,7 @@ async fn vendor_calls_are_client_spans_inside_the_media_job() {
             "sk-telemetry-test".to_string(),
         ),
         ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "true".to_string()),
+        ("KEEL_PROVIDER_HOSTS", "127.0.0.1".to_string()),
     ];
     let keel = Deployment::start_with(Protocol::Http, 1, 5_000, env).await;
     let client = keel.client();

@@ -103,10 +103,10 @@ fn image_preset() -> keel::domain::provider::ProviderSpec {
         enabled: true,
         ..ProviderFields::default()
     }
-    .validate(&keel::domain::secret::SecretPolicy::new(
-        vec!["*".into()],
-        vec![],
-    ))
+    .validate(
+        &keel::domain::secret::SecretPolicy::new(vec!["*".into()], vec![]),
+        &Default::default(),
+    )
     .unwrap()
 }
 

@@ -131,7 +131,7 @@ const ROUTES: &[(&str, &str, Walk)] = &[
         "POST",
         "/v1/providers",
         Create(
-            r#"{"kind":"seedream","model":"m","api":"media-job","base_url":"https://x.invalid"}"#,
+            r#"{"kind":"seedream","model":"m","api":"media-job","base_url":"https://ark.ap-southeast.bytepluses.com/api/v3"}"#,
         ),
     ),
     ("GET", "/v1/providers/{id}", Read),
@@ -293,6 +293,7 @@ async fn stack() -> Stack {
         ("KEEL_APPROVAL_POLICIES", "shell_exec"),
         (KEY_ENV, "sk-walk-test-key"),
         ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "1"),
+        ("KEEL_PROVIDER_HOSTS", "127.0.0.1"),
     ];
     let api = support::spawn_api_with_env(&db, logs.path(), "api", &env).await;
     let worker =

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 
+use crate::domain::provider::ProviderHosts;
 use crate::domain::secret::SecretPolicy;
 use crate::store::content::ContentStore;
 use crate::store::runs::AdmissionRules;
@@ -60,6 +61,8 @@ pub struct AppState {
     pub runtime_host_id: Arc<str>,
     /// Which secret references presets may name.
     pub secrets: Arc<SecretPolicy>,
+    /// Which hosts media presets may aim at.
+    pub provider_hosts: Arc<ProviderHosts>,
 }
 
 /// What an API process is configured with, beside its pool, listener and authentication.
@@ -69,6 +72,7 @@ pub struct ApiSettings {
     /// How often a stream re-reads the database when no notification arrives.
     pub stream_poll: Duration,
     pub secrets: SecretPolicy,
+    pub provider_hosts: ProviderHosts,
 }
 
 /// Serves the API on `listener` until `shutdown` fires, in local mode without a runtime
@@ -87,6 +91,7 @@ pub async fn serve(
         content,
         stream_poll,
         secrets: SecretPolicy::default(),
+        provider_hosts: ProviderHosts::default(),
     };
     serve_with_auth(pool, listener, settings, auth, shutdown).await
 }
@@ -125,6 +130,7 @@ pub async fn serve_with_auth(
         auth: Arc::new(auth),
         runtime_host_id: runtime_host_id.into(),
         secrets: Arc::new(settings.secrets),
+        provider_hosts: Arc::new(settings.provider_hosts),
     };
     // The peer address tells local-only routes whether a request came from this host.
     let service = app(state).into_make_service_with_connect_info::<SocketAddr>();

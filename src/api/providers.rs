@@ -17,7 +17,8 @@ use super::extract::{ApiJson, ApiQuery};
 use super::{
     ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object, page_limit,
 };
-use crate::domain::provider::{Api, ProviderFields};
+use crate::domain::media::Vendor;
+use crate::domain::provider::{Api, ProviderFields, ProviderHosts};
 use crate::domain::secret::{SecretPolicy, SecretRef, SecretStatus};
 use crate::domain::{Caller, Invalid};
 use crate::store::providers::{self, ProviderRecord};
@@ -323,7 +324,7 @@ async fn create_provider(
     caller: Caller,
     ApiJson(draft): ApiJson<ProviderDraft>,
 ) -> Result<(StatusCode, Json<ObjectEnvelope<ProviderView>>)> {
-    let spec = ProviderFields::from(draft).validate(&state.secrets)?;
+    let spec = ProviderFields::from(draft).validate(&state.secrets, &state.provider_hosts)?;
     let mut conn = state.pool.acquire().await?;
     let provider = providers::create(&mut conn, &caller.scope, &spec).await?;
     let view = view(&state, provider).await?;
@@ -357,7 +358,9 @@ async fn patch_provider(
     let mut tx = state.pool.begin().await?;
     let scope = &caller.scope;
     let current = providers::lock(&mut tx, scope, &id, "FOR UPDATE").await?;
-    let spec = patch.apply(current.fields()).validate(&state.secrets)?;
+    let spec = patch
+        .apply(current.fields())
+        .validate(&state.secrets, &state.provider_hosts)?;
     let provider = providers::update(&mut tx, scope, &id, &spec).await?;
     tx.commit().await?;
     Ok(Json(object("provider", view(&state, provider).await?)))
@@ -402,7 +405,8 @@ async fn check_provider(
 ) -> Result<Json<ObjectEnvelope<ProviderCheck>>> {
     let mut conn = state.pool.acquire().await?;
     let provider = providers::get(&mut conn, &caller.scope, &id).await?;
-    let (code, message) = off_runtime(&state, move |s| readiness(&provider, s)).await?;
+    let hosts = state.provider_hosts.clone();
+    let (code, message) = off_runtime(&state, move |s| readiness(&provider, s, &hosts)).await?;
     let check = ProviderCheck {
         ok: code == "ready",
         code,
@@ -415,7 +419,11 @@ async fn check_provider(
 }
 
 /// Blocking: resolving the references may read files.
-fn readiness(provider: &ProviderRecord, secrets: &SecretPolicy) -> (&'static str, String) {
+fn readiness(
+    provider: &ProviderRecord,
+    secrets: &SecretPolicy,
+    hosts: &ProviderHosts,
+) -> (&'static str, String) {
     if !provider.enabled {
         return (
             "provider_disabled",
@@ -427,6 +435,11 @@ fn readiness(provider: &ProviderRecord, secrets: &SecretPolicy) -> (&'static str
             "unsupported_capability",
             "a media-job preset must list at least one operation in capabilities".into(),
         );
+    }
+    // A preset stored before the host list narrowed; the worker would refuse it too.
+    let vendor = Vendor::parse(&provider.kind).filter(|_| provider.api() == Api::MediaJob);
+    if let Some(Err(message)) = vendor.map(|v| hosts.check(v, &provider.base_url)) {
+        return ("provider_host_not_allowed", message);
     }
     let Some(key) = provider.api_key() else {
         return ("secret_missing", "the preset names no api_key_ref".into());

@@ -94,8 +94,13 @@ pub struct ProviderFields {
 }
 
 impl ProviderFields {
-    /// Checks the fields; every secret reference must also be one `secrets` allows.
-    pub fn validate(self, secrets: &SecretPolicy) -> Result<ProviderSpec, Invalid> {
+    /// Checks the fields; every secret reference must also be one `secrets` allows, and a
+    /// media preset's host one `hosts` allows.
+    pub fn validate(
+        self,
+        secrets: &SecretPolicy,
+        hosts: &ProviderHosts,
+    ) -> Result<ProviderSpec, Invalid> {
         let kind = slug("kind", self.kind)?;
         let api = Api::parse(&self.api).ok_or_else(|| {
             Invalid::new(
@@ -123,6 +128,11 @@ impl ProviderFields {
             })
             .collect::<Result<_, Invalid>>()?;
         check_capabilities(api, &kind, &self.capabilities)?;
+        if let Some(vendor) = Vendor::parse(&kind).filter(|_| api == Api::MediaJob) {
+            hosts
+                .check(vendor, &base_url)
+                .map_err(|m| Invalid::new("base_url", m))?;
+        }
         check_inputs(&self.input)?;
         let numbers = |v| super::check_json_numbers("compat", v);
         self.compat.values().try_for_each(numbers)?;
@@ -190,7 +200,61 @@ fn base_url(value: String) -> Result<String, Invalid> {
             "must carry no credentials or query; use api_key_ref and secret_header_refs",
         ));
     }
+    // Request paths are appended to the base URL: after a fragment they would vanish.
+    if url.fragment().is_some() {
+        return Err(Invalid::new("base_url", "must carry no fragment (#...)"));
+    }
     Ok(url.as_str().trim_end_matches('/').to_string())
+}
+
+/// Hosts each vendor documents for its API; a preset aimed elsewhere needs the operator's
+/// consent, because the worker sends the preset's credentials there.
+fn documented_hosts(vendor: Vendor) -> &'static [&'static str] {
+    match vendor {
+        Vendor::OpenAiImages => &["api.openai.com"],
+        Vendor::Seedream | Vendor::Seedance => &[
+            "ark.ap-southeast.bytepluses.com",
+            "ark.cn-beijing.volces.com",
+        ],
+    }
+}
+
+/// Which hosts a media preset's `base_url` may name: the vendor's documented ones plus
+/// those the operator lists (`KEEL_PROVIDER_HOSTS`). Checked by the API when a preset is
+/// written and again by the worker before each call, since the list may have narrowed.
+#[derive(Debug, Clone, Default)]
+pub struct ProviderHosts {
+    extra: Vec<String>,
+}
+
+impl ProviderHosts {
+    pub fn new(extra: impl IntoIterator<Item = String>) -> Self {
+        let extra = extra
+            .into_iter()
+            .map(|host| host.trim().trim_matches(['[', ']']).to_ascii_lowercase())
+            .filter(|host| !host.is_empty())
+            .collect();
+        ProviderHosts { extra }
+    }
+
+    pub fn check(&self, vendor: Vendor, base_url: &str) -> Result<(), String> {
+        let url = reqwest::Url::parse(base_url).map_err(|e| format!("not a URL: {e}"))?;
+        let host = url
+            .host_str()
+            .unwrap_or_default()
+            .trim_matches(['[', ']'])
+            .to_ascii_lowercase();
+        let documented = documented_hosts(vendor);
+        if documented.contains(&host.as_str()) || self.extra.contains(&host) {
+            return Ok(());
+        }
+        Err(format!(
+            "host {host} is not one {} documents ({}); an operator must list it in \
+             KEEL_PROVIDER_HOSTS",
+            vendor.as_str(),
+            documented.join(", ")
+        ))
+    }
 }
 
 fn header_name(field: &'static str, name: String) -> Result<String, Invalid> {
@@ -285,7 +349,7 @@ mod tests {
             kind: "seedance".into(),
             model: "seedance-1-0-pro".into(),
             api: "media-job".into(),
-            base_url: "https://ark.example.com/api/v3/".into(),
+            base_url: "https://ark.ap-southeast.bytepluses.com/api/v3/".into(),
             api_key_ref: Some("env:ARK_API_KEY".into()),
             capabilities: vec!["video_generate".into()],
             ..ProviderFields::default()
@@ -294,8 +358,13 @@ mod tests {
 
     #[test]
     fn a_media_preset_validates_and_normalises() {
-        let spec = seedance().validate(&SecretPolicy::default()).unwrap();
-        assert_eq!(spec.base_url, "https://ark.example.com/api/v3");
+        let spec = seedance()
+            .validate(&SecretPolicy::default(), &ProviderHosts::default())
+            .unwrap();
+        assert_eq!(
+            spec.base_url,
+            "https://ark.ap-southeast.bytepluses.com/api/v3"
+        );
         assert_eq!(spec.provider_id, "seedance");
         assert_eq!(spec.display_name, "seedance-1-0-pro");
     }
@@ -307,24 +376,35 @@ mod tests {
             .headers
             .insert("Authorization".into(), "Bearer x".into());
         assert_eq!(
-            fields.validate(&SecretPolicy::default()).unwrap_err().field,
+            fields
+                .validate(&SecretPolicy::default(), &ProviderHosts::default())
+                .unwrap_err()
+                .field,
             "headers"
         );
         let mut fields = seedance();
-        fields.base_url = "https://user:pw@ark.example.com".into();
+        fields.base_url = "https://user:pw@ark.ap-southeast.bytepluses.com".into();
         assert_eq!(
-            fields.validate(&SecretPolicy::default()).unwrap_err().field,
+            fields
+                .validate(&SecretPolicy::default(), &ProviderHosts::default())
+                .unwrap_err()
+                .field,
             "base_url"
         );
         let mut fields = seedance();
         fields.api_key_ref = Some("sk-raw-key".into());
         assert_eq!(
-            fields.validate(&SecretPolicy::default()).unwrap_err().field,
+            fields
+                .validate(&SecretPolicy::default(), &ProviderHosts::default())
+                .unwrap_err()
+                .field,
             "api_key_ref"
         );
         let mut fields = seedance();
         fields.api_key_ref = Some("env:KEEL_DATABASE_URL".into());
-        let refused = fields.validate(&SecretPolicy::default()).unwrap_err();
+        let refused = fields
+            .validate(&SecretPolicy::default(), &ProviderHosts::default())
+            .unwrap_err();
         assert_eq!(refused.field, "api_key_ref");
         assert!(
             refused.message.contains("secret policy"),
@@ -341,14 +421,21 @@ mod tests {
             serde_json::json!([{ "y": -1.7976931348623157e308 }]),
         );
         assert_eq!(
-            fields.validate(&SecretPolicy::default()).unwrap_err().field,
+            fields
+                .validate(&SecretPolicy::default(), &ProviderHosts::default())
+                .unwrap_err()
+                .field,
             "compat"
         );
         let mut fields = seedance();
         fields
             .compat
             .insert("x".into(), serde_json::json!(9_007_199_254_740_991u64));
-        assert!(fields.validate(&SecretPolicy::default()).is_ok());
+        assert!(
+            fields
+                .validate(&SecretPolicy::default(), &ProviderHosts::default())
+                .is_ok()
+        );
     }
 
     #[test]
@@ -356,14 +443,60 @@ mod tests {
         let mut fields = seedance();
         fields.capabilities = vec!["image_edit".into()];
         assert_eq!(
-            fields.validate(&SecretPolicy::default()).unwrap_err().field,
+            fields
+                .validate(&SecretPolicy::default(), &ProviderHosts::default())
+                .unwrap_err()
+                .field,
             "capabilities"
         );
         let mut fields = seedance();
         fields.kind = "openai-compatible".into();
         assert_eq!(
-            fields.validate(&SecretPolicy::default()).unwrap_err().field,
+            fields
+                .validate(&SecretPolicy::default(), &ProviderHosts::default())
+                .unwrap_err()
+                .field,
             "kind"
         );
+    }
+
+    #[test]
+    fn a_base_url_aims_only_at_a_documented_or_listed_host() {
+        let refused = |url: &str, hosts: &ProviderHosts| {
+            let mut fields = seedance();
+            fields.base_url = url.into();
+            fields
+                .validate(&SecretPolicy::default(), hosts)
+                .err()
+                .map(|e| (e.field, e.message))
+        };
+        let none = ProviderHosts::default();
+        for url in [
+            "https://ark.ap-southeast.bytepluses.com/api/v3#x",
+            "ftp://ark.ap-southeast.bytepluses.com/api/v3",
+            "file:///etc/passwd",
+            "https://a@ark.ap-southeast.bytepluses.com/api/v3",
+            "http://169.254.169.254/latest",
+            "https://api.openai.com/v1",
+            "https://ark.ap-southeast.bytepluses.com.evil.example/api/v3",
+        ] {
+            let (field, message) = refused(url, &none).expect(url);
+            assert_eq!(field, "base_url", "{url}: {message}");
+        }
+        let (_, message) = refused("http://127.0.0.1:9/v3", &none).unwrap();
+        assert!(message.contains("KEEL_PROVIDER_HOSTS"), "{message}");
+        assert!(refused("https://ark.cn-beijing.volces.com/api/v3", &none).is_none());
+        assert!(refused("https://ARK.ap-southeast.bytepluses.com/api/v3/", &none).is_none());
+        let listed = ProviderHosts::new(["127.0.0.1".to_string(), " [::1] ".to_string()]);
+        assert!(refused("http://127.0.0.1:9/v3", &listed).is_none());
+        assert!(refused("http://[::1]:9/v3", &listed).is_none());
+        assert!(refused("http://169.254.169.254/latest", &listed).is_some());
+        // Chat presets are not called by Keel's workers: their host is the client's business.
+        let mut chat = seedance();
+        chat.kind = "openai-compatible".into();
+        chat.api = "openai-completions".into();
+        chat.capabilities = vec!["chat".into()];
+        chat.base_url = "http://127.0.0.1:8317/v1".into();
+        assert!(chat.validate(&SecretPolicy::default(), &none).is_ok());
     }
 }

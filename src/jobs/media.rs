@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::fence::{self, DomainRow, Fence};
 use crate::domain::media::MediaJobStatus;
+use crate::domain::provider::ProviderHosts;
 use crate::domain::secret::{SecretPolicy, Unresolved};
 use crate::domain::{Actor, EventType, Scope};
 use crate::queue::worker::{Job, JobHandler};
@@ -38,6 +39,8 @@ pub struct MediaJobs {
     pub content: ContentStore,
     /// Checked again at each resolution: a preset stored under a wider policy must not leak.
     pub secrets: SecretPolicy,
+    /// Checked again at each resolution, like the secrets.
+    pub hosts: ProviderHosts,
 }
 
 impl JobHandler for MediaJobs {
@@ -205,6 +208,12 @@ impl MediaJobs {
             ))));
         };
         let operation = Operation::parse(&record.operation).expect("the table's check constraint");
+        if let Err(message) = self.hosts.check(vendor, &preset.base_url) {
+            return Ok(Err(Unresolved {
+                code: "provider_host_not_allowed",
+                message,
+            }));
+        }
         let Some(key) = preset.api_key() else {
             return Ok(Err(Unresolved {
                 code: "secret_missing",

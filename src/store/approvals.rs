@@ -113,12 +113,12 @@ async fn record(
     transitions::record(conn, scope, transition, actor).await
 }
 
+/// The feed carries the approval's id and kind but never its summary (seed 004): the feed
+/// reaches every reader of the workspace, the summary only those who fetch the approval.
 pub fn requested_event(approval: &ApprovalRecord) -> NewEvent<'_> {
     let data = serde_json::json!({
         "approval_id": approval.id,
         "kind": approval.kind,
-        "action_summary": approval.action_summary,
-        "action_summary_incomplete": approval.action_summary_incomplete,
         "expires_at": approval.expires_at,
     });
     NewEvent::new(

@@ -330,6 +330,7 @@ impl TestApp {
             content: Default::default(),
             timeouts: Default::default(),
             secrets: Default::default(),
+            provider_hosts: Vec::new(),
         };
         tokio::spawn(keel::api::serve(
             pool.clone(),

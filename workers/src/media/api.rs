@@ -3,12 +3,17 @@
 
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
-use reqwest::{Client, Method, Response, StatusCode};
+use reqwest::{Client, Method, Response, StatusCode, Url};
 use serde_json::Value;
 use tracing::Instrument;
 
+use super::download::{check_url, guarded, refusal};
 use super::{MediaContext, MediaErrorCode, MediaOutcome, MediaSpec, Step, cancellable};
+
+/// Most of a vendor's error body read: only its start reaches the job's message.
+const ERROR_BODY_MAX_BYTES: u64 = 64 * 1024;
 
 pub(super) struct VendorApi<'a> {
     spec: &'a MediaSpec,
@@ -17,18 +22,25 @@ pub(super) struct VendorApi<'a> {
 
 impl<'a> VendorApi<'a> {
     pub(super) fn new(spec: &'a MediaSpec) -> Step<Self> {
-        let client = Client::builder()
+        let allow_private = spec.limits.allow_private_addresses;
+        let url = Url::parse(&spec.base_url).map_err(|_| {
+            MediaOutcome::failed(
+                MediaErrorCode::InvalidRequest,
+                "the provider preset's base_url is not a valid URL",
+            )
+        })?;
+        check_url(&url, allow_private).map_err(|why| address_refused(&why.0))?;
+        let builder = Client::builder()
             .default_headers(auth_headers(spec)?)
             .timeout(spec.limits.request_timeout)
             // A redirect would carry the credentials to wherever the vendor points.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|error| {
-                MediaOutcome::failed(
-                    MediaErrorCode::InvalidRequest,
-                    format!("cannot build the vendor client: {}", describe(&error)),
-                )
-            })?;
+            .redirect(reqwest::redirect::Policy::none());
+        let client = guarded(builder, allow_private).build().map_err(|error| {
+            MediaOutcome::failed(
+                MediaErrorCode::InvalidRequest,
+                format!("cannot build the vendor client: {}", describe(&error)),
+            )
+        })?;
         Ok(VendorApi { spec, client })
     }
 
@@ -61,10 +73,11 @@ impl<'a> VendorApi<'a> {
         span.record("http.response.status_code", status.as_u16());
         if !status.is_success() {
             let retry_after = retry_after(response.headers());
-            let body = cancellable(ctx, response.text()).await?.unwrap_or_default();
+            let body = read_capped(ctx, response, ERROR_BODY_MAX_BYTES).await?;
+            let body = String::from_utf8_lossy(&body.unwrap_or_default()).into_owned();
             return Err(status_error(status, retry_after, &body));
         }
-        read_json(ctx, response).await
+        read_json(ctx, response, self.spec.limits.response_max_bytes).await
     }
 }
 
@@ -83,10 +96,37 @@ pub(super) fn vendor_span(method: &Method, url: &reqwest::Url, with_path: bool) 
     )
 }
 
-async fn read_json(ctx: &impl MediaContext, response: Response) -> Step<Value> {
-    let body = cancellable(ctx, response.bytes())
-        .await?
-        .map_err(transport_error)?;
+/// The body streamed up to `max` bytes; None when it is longer, so a vendor (or whatever
+/// answers at its address) cannot make the worker buffer without bound.
+async fn read_capped(
+    ctx: &impl MediaContext,
+    response: Response,
+    max: u64,
+) -> Step<Option<Vec<u8>>> {
+    if response.content_length().is_some_and(|length| length > max) {
+        return Ok(None);
+    }
+    let mut body = Vec::new();
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = cancellable(ctx, stream.next()).await? {
+        let chunk = chunk.map_err(transport_error)?;
+        if (body.len() + chunk.len()) as u64 > max {
+            return Ok(None);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Some(body))
+}
+
+async fn read_json(ctx: &impl MediaContext, response: Response, max: u64) -> Step<Value> {
+    let Some(body) = read_capped(ctx, response, max).await? else {
+        return Err(MediaOutcome::failed(
+            MediaErrorCode::ResponseTooLarge,
+            format!(
+                "the vendor's response is larger than {max} bytes (KEEL_MEDIA_RESPONSE_MAX_BYTES)"
+            ),
+        ));
+    };
     serde_json::from_slice(&body).map_err(|error| {
         MediaOutcome::failed(
             MediaErrorCode::ProviderError,
@@ -183,7 +223,17 @@ pub(super) fn error_text(error: &Value) -> String {
     }
 }
 
+fn address_refused(why: &str) -> MediaOutcome {
+    MediaOutcome::failed(
+        MediaErrorCode::AddressRefused,
+        format!("refused to call the vendor: {why} (KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES)"),
+    )
+}
+
 pub(super) fn transport_error(error: reqwest::Error) -> MediaOutcome {
+    if let Some(why) = refusal(&error) {
+        return address_refused(&why.0);
+    }
     let message = format!("vendor request failed: {}", describe(&error));
     if error.is_builder() {
         // The preset's base URL is unusable; no retry will change that.

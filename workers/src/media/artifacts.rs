@@ -6,7 +6,8 @@ use base64::engine::general_purpose::STANDARD;
 use serde_json::{Value, json};
 
 use super::{
-    MediaArtifactKind, MediaContext, MediaErrorCode, MediaOutcome, MediaSpec, Step, download,
+    MediaArtifactKind, MediaContext, MediaErrorCode, MediaLimits, MediaOutcome, MediaSpec, Step,
+    download,
 };
 
 /// Where a vendor put one result.
@@ -41,6 +42,22 @@ pub(super) struct Output {
     pub content_type: String,
     pub bytes: u64,
     pub source: SourceKind,
+}
+
+/// Fails the job once its results add up to more than the limit. Checked after each
+/// result, so the overshoot is at most one result (itself capped by the download limit).
+pub(super) fn check_total(limits: &MediaLimits, outputs: &[Output]) -> Step<()> {
+    let total: u64 = outputs.iter().map(|output| output.bytes).sum();
+    if total > limits.outputs_max_bytes {
+        return Err(MediaOutcome::failed(
+            MediaErrorCode::OutputsTooLarge,
+            format!(
+                "the job's results add up to more than {} bytes (KEEL_MEDIA_OUTPUTS_MAX_BYTES)",
+                limits.outputs_max_bytes
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Writes one result as an artifact named `<stem>.<extension of its content type>`.

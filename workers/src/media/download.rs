@@ -1,6 +1,7 @@
 //! Downloading result media from URLs a vendor returned. The URL is untrusted: the client
 //! carries no credentials, speaks only http(s), and (unless the limits allow it) reaches only
-//! public addresses, checked on every connection and every redirect.
+//! public addresses, checked on every connection and every redirect. Vendor API calls go
+//! through the same address filter ([`guarded`]).
 
 use std::error::Error;
 use std::fmt;
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::header::{CONTENT_TYPE, HeaderMap};
-use reqwest::{Client, redirect};
+use reqwest::{Client, ClientBuilder, redirect};
 use serde_json::json;
 use tracing::Instrument;
 use url::{Host, Url};
@@ -121,24 +122,31 @@ fn check_status(status: reqwest::StatusCode) -> Step<()> {
     }
 }
 
+/// A client builder whose connections reach only public addresses (unless
+/// `allow_private`): names resolve through [`PublicOnly`], and the connection uses the
+/// addresses it checked, so a name rebound between check and connect cannot aim inward.
+pub(super) fn guarded(builder: ClientBuilder, allow_private: bool) -> ClientBuilder {
+    // A proxy would resolve names itself, past the address filter.
+    let builder = builder.no_proxy();
+    if allow_private {
+        builder
+    } else {
+        builder.dns_resolver(Arc::new(PublicOnly))
+    }
+}
+
 fn client(limits: &MediaLimits) -> Step<Client> {
     let allow_private = limits.allow_private_addresses;
-    let mut builder = Client::builder()
-        // A proxy would resolve names itself, past the address filter.
-        .no_proxy()
-        .redirect(redirect::Policy::custom(move |attempt| {
-            if attempt.previous().len() > MAX_REDIRECTS {
-                return attempt.error(Refused("too many redirects".into()));
-            }
-            match check_url(attempt.url(), allow_private) {
-                Ok(()) => attempt.follow(),
-                Err(why) => attempt.error(why),
-            }
-        }));
-    if !allow_private {
-        builder = builder.dns_resolver(Arc::new(PublicOnly));
-    }
-    builder.build().map_err(|error| {
+    let builder = Client::builder().redirect(redirect::Policy::custom(move |attempt| {
+        if attempt.previous().len() > MAX_REDIRECTS {
+            return attempt.error(Refused("too many redirects".into()));
+        }
+        match check_url(attempt.url(), allow_private) {
+            Ok(()) => attempt.follow(),
+            Err(why) => attempt.error(why),
+        }
+    }));
+    guarded(builder, allow_private).build().map_err(|error| {
         MediaOutcome::retry(
             MediaErrorCode::ProviderUnavailable,
             format!("cannot build the download client: {}", describe(&error)),
@@ -160,7 +168,7 @@ fn download_error(error: reqwest::Error) -> MediaOutcome {
     }
 }
 
-fn refusal<'e>(error: &'e (dyn Error + 'static)) -> Option<&'e Refused> {
+pub(super) fn refusal<'e>(error: &'e (dyn Error + 'static)) -> Option<&'e Refused> {
     let mut cause = Some(error);
     while let Some(error) = cause {
         if let Some(refused) = error.downcast_ref::<Refused>() {
@@ -180,7 +188,7 @@ fn refused(why: &str) -> MediaOutcome {
 
 /// Why a download target was refused; found again in reqwest's error chain.
 #[derive(Debug)]
-struct Refused(String);
+pub(super) struct Refused(pub(super) String);
 
 impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -192,7 +200,7 @@ impl Error for Refused {}
 
 /// Scheme and IP-literal checks; names are checked when they resolve, by [`PublicOnly`],
 /// because only the connection's address is safe from DNS rebinding.
-fn check_url(url: &Url, allow_private: bool) -> Result<(), Refused> {
+pub(super) fn check_url(url: &Url, allow_private: bool) -> Result<(), Refused> {
     if !matches!(url.scheme(), "http" | "https") {
         return Err(Refused(format!("scheme {:?} is not http(s)", url.scheme())));
     }
@@ -267,6 +275,8 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
         || ip.is_unique_local()
         || ip.is_unicast_link_local()
         || segments[..6] == [0; 6] // IPv4-compatible, deprecated
+        || segments[0] == 0x2002 // 6to4: relays to whatever IPv4 address it embeds
+        || (segments[0] == 0x2001 && segments[1] == 0) // Teredo: tunnels to an embedded IPv4
         || (segments[0] & 0xffc0) == 0xfec0 // site-local, deprecated
         || (segments[0] == 0x2001 && segments[1] == 0x0db8); // documentation
     !special
@@ -309,6 +319,9 @@ mod tests {
             "::7f00:1",
             "2001:db8::1",
             "ff02::1",
+            "2002:7f00:1::1",
+            "2002:a9fe:a9fe::1",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
         ];
         for ip in private {
             assert!(!is_public(ip.parse().unwrap()), "{ip} is not public");

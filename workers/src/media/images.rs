@@ -21,12 +21,23 @@ pub(super) async fn run(spec: &MediaSpec, ctx: &impl MediaContext) -> Step<()> {
         .await?;
     let response = api.post(ctx, "images/generations", &body).await?;
     let images = results(&response)?;
+    if images.len() > spec.limits.max_outputs {
+        return Err(MediaOutcome::failed(
+            MediaErrorCode::TooManyOutputs,
+            format!(
+                "the vendor returned {} results; a job keeps at most {} (KEEL_MEDIA_MAX_OUTPUTS)",
+                images.len(),
+                spec.limits.max_outputs
+            ),
+        ));
+    }
     ctx.progress(json!({"stage": "generated", "images": images.len()}))
         .await?;
     let mut outputs = Vec::with_capacity(images.len());
     for (index, media) in images.into_iter().enumerate() {
         let stem = format!("image-{}", index + 1);
         outputs.push(artifacts::save(ctx, spec, &stem, MediaArtifactKind::Image, media).await?);
+        artifacts::check_total(&spec.limits, &outputs)?;
     }
     artifacts::write_metadata(ctx, spec, None, &outputs).await
 }

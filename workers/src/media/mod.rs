@@ -120,8 +120,15 @@ pub struct MediaLimits {
     pub poll_interval: Duration,
     /// How long one attempt polls a vendor task before giving up.
     pub poll_timeout: Duration,
-    /// Lets downloads reach private and loopback addresses: for tests and on-premise relays.
+    /// Lets vendor calls and downloads reach private and loopback addresses: for tests and
+    /// on-premise relays.
     pub allow_private_addresses: bool,
+    /// Largest vendor API response body read (JSON; inline base64 images count).
+    pub response_max_bytes: u64,
+    /// Most results one job may keep.
+    pub max_outputs: usize,
+    /// Most bytes one job's results may add up to.
+    pub outputs_max_bytes: u64,
 }
 
 impl Default for MediaLimits {
@@ -133,6 +140,9 @@ impl Default for MediaLimits {
             poll_interval: Duration::from_secs(5),
             poll_timeout: Duration::from_secs(30 * 60),
             allow_private_addresses: false,
+            response_max_bytes: 16 * 1024 * 1024,
+            max_outputs: 16,
+            outputs_max_bytes: 2 * 1024 * 1024 * 1024,
         }
     }
 }
@@ -221,6 +231,11 @@ pub enum MediaErrorCode {
     Timeout,
     DownloadTooLarge,
     DownloadRefused,
+    /// A vendor API call would have reached a non-public address.
+    AddressRefused,
+    ResponseTooLarge,
+    TooManyOutputs,
+    OutputsTooLarge,
     ProviderError,
 }
 
@@ -234,6 +249,10 @@ impl MediaErrorCode {
             MediaErrorCode::Timeout => "timeout",
             MediaErrorCode::DownloadTooLarge => "download_too_large",
             MediaErrorCode::DownloadRefused => "download_refused",
+            MediaErrorCode::AddressRefused => "address_refused",
+            MediaErrorCode::ResponseTooLarge => "response_too_large",
+            MediaErrorCode::TooManyOutputs => "too_many_outputs",
+            MediaErrorCode::OutputsTooLarge => "outputs_too_large",
             MediaErrorCode::ProviderError => "provider_error",
         }
     }

@@ -39,6 +39,7 @@ pub(super) async fn run(spec: &MediaSpec, ctx: &impl MediaContext) -> Step<()> {
     let video_url = poll(spec, ctx, &api, &task_id).await?;
     let video = Media::Url(video_url);
     let output = artifacts::save(ctx, spec, "video", MediaArtifactKind::Video, video).await?;
+    artifacts::check_total(&spec.limits, std::slice::from_ref(&output))?;
     artifacts::write_metadata(ctx, spec, Some(&task_id), &[output]).await
 }
 

@@ -191,6 +191,7 @@ fn spec(vendor: Vendor, operation: Operation, server: &MockServer, model: &str) 
             poll_interval: Duration::from_millis(10),
             poll_timeout: Duration::from_secs(10),
             allow_private_addresses: true,
+            ..MediaLimits::default()
         },
     }
 }
@@ -1061,6 +1062,14 @@ async fn a_streamed_download_within_the_limit_is_saved() {
 async fn private_download_targets_are_refused_unless_allowed() {
     let server = MockServer::start().await;
     let port = server.address().port();
+    let mut limits = spec(
+        Vendor::Seedream,
+        Operation::ImageGenerate,
+        &server,
+        "seedream-4-0",
+    )
+    .limits;
+    limits.allow_private_addresses = false;
     for (url, why) in [
         (
             format!("http://127.0.0.1:{port}/media/a.png"),
@@ -1076,29 +1085,115 @@ async fn private_download_targets_are_refused_unless_allowed() {
             "::1 is not a public address",
         ),
     ] {
-        let server = MockServer::start().await;
-        image_result_at(&server, &url).await;
+        let ctx = Recorder::default();
+
+        let outcome = download::fetch(&ctx, &limits, &url, "image-1", MediaArtifactKind::Image)
+            .await
+            .err();
+
+        let expected = MediaOutcome::Failed {
+            code: MediaErrorCode::DownloadRefused,
+            message: format!("refused to download the media: {why}"),
+        };
+        assert_eq!(outcome, Some(expected), "{url}");
+        assert!(ctx.artifacts.lock().unwrap().is_empty());
+    }
+    assert!(
+        requests_to(&server, "/media/a.png").await.is_empty(),
+        "never connected"
+    );
+}
+
+#[tokio::test]
+async fn vendor_calls_reach_only_public_addresses_unless_allowed() {
+    let server = MockServer::start().await;
+    image_result_at(&server, "https://cdn.example.com/a.png").await;
+    let port = server.address().port();
+    for (base_url, why) in [
+        (
+            format!("http://127.0.0.1:{port}/api/v3"),
+            "127.0.0.1 is not a public address",
+        ),
+        // Resolved once and the checked addresses used to connect: no rebinding inward.
+        (
+            format!("http://localhost:{port}/api/v3"),
+            "localhost resolves to no public address",
+        ),
+        (
+            "http://169.254.169.254/latest".to_string(),
+            "169.254.169.254 is not a public address",
+        ),
+        (
+            "http://[2002:7f00:1::1]/v1".to_string(),
+            "2002:7f00:1::1 is not a public address",
+        ),
+    ] {
         let mut spec = spec(
             Vendor::Seedream,
             Operation::ImageGenerate,
             &server,
             "seedream-4-0",
         );
+        spec.base_url = base_url.clone();
         spec.limits.allow_private_addresses = false;
         let ctx = Recorder::default();
 
         let outcome = execute(&spec, &ctx).await;
 
         let expected = MediaOutcome::Failed {
-            code: MediaErrorCode::DownloadRefused,
-            message: format!("refused to download the media: {why}"),
+            code: MediaErrorCode::AddressRefused,
+            message: format!(
+                "refused to call the vendor: {why} (KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES)"
+            ),
         };
-        assert_eq!(outcome, expected, "{url}");
-        assert!(ctx.artifacts.lock().unwrap().is_empty());
+        assert_eq!(outcome, expected, "{base_url}");
     }
     assert!(
-        requests_to(&server, "/media/a.png").await.is_empty(),
+        server.received_requests().await.unwrap().is_empty(),
         "never connected"
+    );
+}
+
+#[tokio::test]
+async fn vendor_responses_and_results_are_capped() {
+    let server = MockServer::start().await;
+    let data: Vec<Value> = (0..3).map(|_| json!({"b64_json": b64(PNG)})).collect();
+    vendor_call("POST", "/api/v3/images/generations")
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({ "data": data })))
+        .mount(&server)
+        .await;
+    let spec_with = |change: &dyn Fn(&mut MediaLimits)| {
+        let mut spec = spec(
+            Vendor::OpenAiImages,
+            Operation::ImageGenerate,
+            &server,
+            "gpt-image-1",
+        );
+        change(&mut spec.limits);
+        spec
+    };
+    for (spec, code) in [
+        (
+            spec_with(&|l| l.response_max_bytes = 64),
+            MediaErrorCode::ResponseTooLarge,
+        ),
+        (
+            spec_with(&|l| l.max_outputs = 2),
+            MediaErrorCode::TooManyOutputs,
+        ),
+        (
+            spec_with(&|l| l.outputs_max_bytes = PNG.len() as u64 + 1),
+            MediaErrorCode::OutputsTooLarge,
+        ),
+    ] {
+        let ctx = Recorder::default();
+        let outcome = execute(&spec, &ctx).await;
+        assert!(failed(code)(&outcome), "{code:?}: {outcome:?}");
+    }
+    let ctx = Recorder::default();
+    assert_eq!(
+        execute(&spec_with(&|_| ()), &ctx).await,
+        MediaOutcome::Succeeded
     );
 }
 
