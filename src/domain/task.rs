@@ -71,9 +71,7 @@ impl WorkspaceRoots {
                     .map_err(|e| format!("KEEL_WORKSPACE_ROOTS: {}: {e}", root.display()))
             })
             .collect::<Result<_, _>>()?;
-        // The API may start before any worker created the data directory.
-        let data_dir = std::fs::canonicalize(data_dir)
-            .or_else(|_| std::path::absolute(data_dir))
+        let data_dir = std::path::absolute(data_dir)
             .map_err(|e| format!("KEEL_DATA_DIR: {}: {e}", data_dir.display()))?;
         Ok(WorkspaceRoots {
             roots,
@@ -110,7 +108,12 @@ impl WorkspaceRoots {
         if !real.is_dir() {
             return Err(Invalid::new(field, format!("{path} is not a directory")));
         }
-        if self.data_dir.as_ref().is_some_and(|d| real.starts_with(d)) {
+        // Resolved at each check: the API may start before a worker creates the directory.
+        let data_dir = self
+            .data_dir
+            .as_ref()
+            .map(|d| std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()));
+        if data_dir.is_some_and(|d| real.starts_with(d)) {
             return Err(Invalid::new(
                 field,
                 format!("{path} is inside Keel's data directory (KEEL_DATA_DIR)"),
@@ -229,9 +232,7 @@ impl NewTask {
             budget_micros_usd: parse_budget(draft.budget_micros_usd)?,
         })
     }
-}
 
-impl NewTask {
     /// Refuses an `in_place` directory the workspace roots do not allow (the field named).
     pub fn check_workspace(&self, roots: &WorkspaceRoots) -> Result<(), Invalid> {
         match &self.workspace {
@@ -527,6 +528,45 @@ mod tests {
             let error = NewTask::parse(draft.clone(), &RunTimeouts::default()).unwrap_err();
             assert_eq!(error.field, field, "{draft:?}: {error}");
         }
+    }
+
+    #[test]
+    fn workspace_roots_resolve_links_and_keep_out_of_the_data_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, outside) = (dir.path().join("root"), dir.path().join("outside"));
+        let data = root.join("data");
+        for path in [&root.join("a/b"), &outside, &data] {
+            std::fs::create_dir_all(path).unwrap();
+        }
+        std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+        let roots = WorkspaceRoots::new(std::slice::from_ref(&root), &data).unwrap();
+        let field = |directory: &Path, allowed: Option<&Path>| {
+            let allowed = allowed.map(|a| a.to_str().unwrap());
+            roots
+                .confine(directory.to_str().unwrap(), allowed)
+                .err()
+                .map(|e| e.field)
+        };
+        assert_eq!(field(&root.join("a"), None), None);
+        assert_eq!(field(&root.join("a/b"), Some(&root.join("a"))), None);
+        for refused in [&outside, &root.join("link"), &data, &root.join("nope")] {
+            assert_eq!(
+                field(refused, None),
+                Some("working_directory"),
+                "{refused:?}"
+            );
+        }
+        assert_eq!(
+            field(&root, Some(&root.join("a"))),
+            Some("working_directory")
+        );
+        assert_eq!(
+            field(&root.join("a"), Some(&outside)),
+            Some("sandbox_allowed_root")
+        );
+        let none = WorkspaceRoots::new(&[], &data).unwrap();
+        let error = none.confine(root.to_str().unwrap(), None).unwrap_err();
+        assert!(error.message.contains("KEEL_WORKSPACE_ROOTS"), "{error}");
     }
 
     #[test]
