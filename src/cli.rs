@@ -237,6 +237,7 @@ pub async fn run_worker(
         artifact_max_bytes: args.artifact_max_bytes,
         content: content.clone(),
         timeouts: rules.timeouts,
+        workspace_roots: rules.workspace_roots.clone(),
         passthrough_env: args.passthrough_env(),
     });
     let media = Arc::new(MediaJobs {
@@ -247,7 +248,15 @@ pub async fn run_worker(
         hosts: common.provider_hosts(),
     });
     let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media];
-    run_worker_with(pool, rules, args, handlers, shutdown).await
+    let sweep = scheduler::workspaces::WorkspaceSweep {
+        root: crate::jobs::run::ephemeral_root(&std::path::absolute(&common.data_dir)?),
+        retention: std::time::Duration::from_millis(common.workspace_retention_ms),
+    };
+    let sweeping = CancellationToken::new();
+    tokio::spawn(sweep.run(pool.clone(), args.reconcile_interval(), sweeping.clone()));
+    let result = run_worker_with(pool, rules, args, handlers, shutdown).await;
+    sweeping.cancel();
+    result
 }
 
 /// A worker process's duties around the given handlers: boot recovery, the maintenance

@@ -12,7 +12,7 @@ use keel_workers::media::MediaLimits;
 use crate::domain::approval::{ApprovalPolicy, DEFAULT_POLICIES};
 use crate::domain::provider::ProviderHosts;
 use crate::domain::secret::{DEFAULT_ENV_ALLOW, DEFAULT_FILE_ROOTS, SecretPolicy};
-use crate::domain::task::RunTimeouts;
+use crate::domain::task::{RunTimeouts, WorkspaceRoots};
 use crate::queue::worker::WorkerSettings;
 use crate::store::runs::AdmissionRules;
 use crate::telemetry::LogFormat;
@@ -57,6 +57,23 @@ pub struct Common {
     #[arg(long, env = "KEEL_APPROVAL_TTL_MS", default_value_t = 0, global = true)]
     pub approval_ttl_ms: u64,
 
+    /// Directories (a comma list) `in_place` tasks may work beneath, compared after
+    /// resolving symbolic links; the data directory is always refused. Unset: `in_place`
+    /// is refused.
+    #[arg(
+        long,
+        env = "KEEL_WORKSPACE_ROOTS",
+        value_delimiter = ',',
+        global = true
+    )]
+    pub workspace_roots: Vec<PathBuf>,
+
+    /// How long an ephemeral workspace is kept after its run ends (ms), so the run can be
+    /// resumed; then each worker's maintenance removes it from its own data directory.
+    #[arg(long, env = "KEEL_WORKSPACE_RETENTION_MS", default_value_t = 24 * 3600 * 1000,
+          global = true)]
+    pub workspace_retention_ms: u64,
+
     #[command(flatten)]
     pub content: ContentArgs,
 
@@ -85,13 +102,14 @@ impl Common {
     }
 
     /// The rules every run-creating path applies (start, retry, resume, schedules).
-    /// Fails on inconsistent run timeouts.
+    /// Fails on inconsistent run timeouts or a workspace root that does not exist.
     pub fn admission_rules(&self) -> Result<AdmissionRules, String> {
         Ok(AdmissionRules {
             approvals: self.approval_policies.clone(),
             approval_ttl: (self.approval_ttl_ms > 0)
                 .then(|| Duration::from_millis(self.approval_ttl_ms)),
             timeouts: self.timeouts.timeouts()?,
+            workspace_roots: WorkspaceRoots::new(&self.workspace_roots, &self.data_dir)?,
         })
     }
 

@@ -51,6 +51,7 @@ async fn create_task(
     ApiJson(draft): ApiJson<TaskDraft>,
 ) -> Result<(StatusCode, Json<ObjectEnvelope<TaskRecord>>)> {
     let task = NewTask::parse(draft, &state.rules.timeouts)?;
+    task.check_workspace(&state.rules.workspace_roots)?;
     let mut conn = state.pool.acquire().await?;
     let task = tasks::insert(&mut conn, &caller.scope, &task, &caller.actor()).await?;
     Ok((StatusCode::CREATED, Json(object("task", task))))

@@ -1,6 +1,6 @@
 //! Tasks: durable execution intent. A task is validated once, here, when it is created.
 
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 
 use keel_workers::{Execution, FileOperation};
 use serde::Deserialize;
@@ -28,6 +28,9 @@ pub struct TaskDraft {
     pub file_operation: Option<String>,
     pub working_directory: Option<String>,
     pub workspace_mode: Option<String>,
+    /// For `in_place`: a directory beneath `KEEL_WORKSPACE_ROOTS` that the working
+    /// directory must lie beneath, narrowing the operator's roots for this task.
+    pub sandbox_allowed_root: Option<String>,
     pub timeout_ms: Option<i64>,
     pub priority: Option<i32>,
     pub budget_micros_usd: Option<i64>,
@@ -38,8 +41,97 @@ pub struct TaskDraft {
 pub enum WorkspaceMode {
     /// A fresh directory per run under the worker's data directory.
     Ephemeral,
-    /// The given absolute directory, as it is.
-    InPlace { directory: String },
+    /// The given absolute directory, as it is, beneath the workspace roots (and beneath
+    /// `allowed_root` when the task narrows them).
+    InPlace {
+        directory: String,
+        allowed_root: Option<String>,
+    },
+}
+
+/// Where `in_place` runs may work (`KEEL_WORKSPACE_ROOTS`). Paths are compared in their
+/// canonical form, so a symbolic link inside a root that leads out of every root is refused;
+/// the data directory (other runs' workspaces, the embedded cluster) is always refused. The
+/// API checks at task creation and workers again before each run, since the directories
+/// (and the roots) may have changed in between.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkspaceRoots {
+    roots: Vec<PathBuf>,
+    data_dir: Option<PathBuf>,
+}
+
+impl WorkspaceRoots {
+    /// Fails on a root that does not exist.
+    pub fn new(roots: &[PathBuf], data_dir: &Path) -> Result<WorkspaceRoots, String> {
+        let roots = roots
+            .iter()
+            .filter(|root| !root.as_os_str().is_empty())
+            .map(|root| {
+                std::fs::canonicalize(root)
+                    .map_err(|e| format!("KEEL_WORKSPACE_ROOTS: {}: {e}", root.display()))
+            })
+            .collect::<Result<_, _>>()?;
+        let data_dir = std::path::absolute(data_dir)
+            .map_err(|e| format!("KEEL_DATA_DIR: {}: {e}", data_dir.display()))?;
+        Ok(WorkspaceRoots {
+            roots,
+            data_dir: Some(data_dir),
+        })
+    }
+
+    /// The canonical directory an `in_place` workspace resolves to, if the roots allow it.
+    pub fn confine(&self, directory: &str, allowed_root: Option<&str>) -> Result<PathBuf, Invalid> {
+        if self.roots.is_empty() {
+            return Err(Invalid::new(
+                "working_directory",
+                "workspace_mode in_place is refused: no workspace roots are configured \
+                 (set KEEL_WORKSPACE_ROOTS to the directories runs may work in)",
+            ));
+        }
+        let within = match allowed_root {
+            Some(root) => vec![self.resolve("sandbox_allowed_root", root, &self.roots)?],
+            None => self.roots.clone(),
+        };
+        self.resolve("working_directory", directory, &within)
+    }
+
+    /// Canonicalizes `path` and checks that it lies beneath one of `within` and outside the
+    /// data directory.
+    fn resolve(
+        &self,
+        field: &'static str,
+        path: &str,
+        within: &[PathBuf],
+    ) -> Result<PathBuf, Invalid> {
+        let real = std::fs::canonicalize(path)
+            .map_err(|e| Invalid::new(field, format!("{path} cannot be resolved: {e}")))?;
+        if !real.is_dir() {
+            return Err(Invalid::new(field, format!("{path} is not a directory")));
+        }
+        // Resolved at each check: the API may start before a worker creates the directory.
+        let data_dir = self
+            .data_dir
+            .as_ref()
+            .map(|d| std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()));
+        if data_dir.is_some_and(|d| real.starts_with(d)) {
+            return Err(Invalid::new(
+                field,
+                format!("{path} is inside Keel's data directory (KEEL_DATA_DIR)"),
+            ));
+        }
+        if !within.iter().any(|root| real.starts_with(root)) {
+            let roots: Vec<_> = within.iter().map(|r| r.display().to_string()).collect();
+            return Err(Invalid::new(
+                field,
+                format!(
+                    "{path} (resolved to {}) is not beneath {}",
+                    real.display(),
+                    roots.join(", ")
+                ),
+            ));
+        }
+        Ok(real)
+    }
 }
 
 /// How long runs may take (`KEEL_RUN_TIMEOUT_MS`, `KEEL_RUN_TIMEOUT_MAX_MS`): the API
@@ -140,6 +232,17 @@ impl NewTask {
             budget_micros_usd: parse_budget(draft.budget_micros_usd)?,
         })
     }
+
+    /// Refuses an `in_place` directory the workspace roots do not allow (the field named).
+    pub fn check_workspace(&self, roots: &WorkspaceRoots) -> Result<(), Invalid> {
+        match &self.workspace {
+            WorkspaceMode::Ephemeral => Ok(()),
+            WorkspaceMode::InPlace {
+                directory,
+                allowed_root,
+            } => roots.confine(directory, allowed_root.as_deref()).map(drop),
+        }
+    }
 }
 
 fn parse_shell(draft: &TaskDraft) -> Result<Execution, Invalid> {
@@ -228,27 +331,29 @@ fn only_for(kind: &str, draft: &TaskDraft) -> Result<(), Invalid> {
 
 fn parse_workspace(draft: &TaskDraft) -> Result<WorkspaceMode, Invalid> {
     match draft.workspace_mode.as_deref().unwrap_or("ephemeral") {
-        "ephemeral" => match draft.working_directory {
-            Some(_) => Err(Invalid::new(
-                "working_directory",
-                "is only for workspace_mode in_place; ephemeral runs get a fresh directory",
-            )),
-            None => Ok(WorkspaceMode::Ephemeral),
-        },
+        "ephemeral" => {
+            let stray = [
+                ("working_directory", draft.working_directory.is_some()),
+                ("sandbox_allowed_root", draft.sandbox_allowed_root.is_some()),
+            ];
+            match stray.into_iter().find(|(_, set)| *set) {
+                Some((field, _)) => Err(Invalid::new(
+                    field,
+                    "is only for workspace_mode in_place; ephemeral runs get a fresh directory",
+                )),
+                None => Ok(WorkspaceMode::Ephemeral),
+            }
+        }
         "in_place" => {
             let directory = required("working_directory", draft.working_directory.as_deref())?;
-            let path = Path::new(directory);
-            if !path.is_absolute() {
-                return Err(Invalid::new(
-                    "working_directory",
-                    "must be an absolute path",
-                ));
-            }
-            if path.components().any(|c| matches!(c, Component::ParentDir)) {
-                return Err(Invalid::new("working_directory", "must not contain '..'"));
+            absolute_path("working_directory", directory)?;
+            let allowed_root = draft.sandbox_allowed_root.as_deref();
+            if let Some(root) = allowed_root {
+                absolute_path("sandbox_allowed_root", root)?;
             }
             Ok(WorkspaceMode::InPlace {
                 directory: directory.to_string(),
+                allowed_root: allowed_root.map(str::to_string),
             })
         }
         other => Err(Invalid::new(
@@ -256,6 +361,17 @@ fn parse_workspace(draft: &TaskDraft) -> Result<WorkspaceMode, Invalid> {
             format!("unknown workspace mode '{other}' (expected ephemeral or in_place)"),
         )),
     }
+}
+
+fn absolute_path(field: &'static str, path: &str) -> Result<(), Invalid> {
+    let path = Path::new(path);
+    if !path.is_absolute() {
+        return Err(Invalid::new(field, "must be an absolute path"));
+    }
+    if path.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(Invalid::new(field, "must not contain '..'"));
+    }
+    Ok(())
 }
 
 /// A budget is a non-negative amount of micro-USD; absent means 0 (no ceiling).
@@ -412,6 +528,45 @@ mod tests {
             let error = NewTask::parse(draft.clone(), &RunTimeouts::default()).unwrap_err();
             assert_eq!(error.field, field, "{draft:?}: {error}");
         }
+    }
+
+    #[test]
+    fn workspace_roots_resolve_links_and_keep_out_of_the_data_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, outside) = (dir.path().join("root"), dir.path().join("outside"));
+        let data = root.join("data");
+        for path in [&root.join("a/b"), &outside, &data] {
+            std::fs::create_dir_all(path).unwrap();
+        }
+        std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+        let roots = WorkspaceRoots::new(std::slice::from_ref(&root), &data).unwrap();
+        let field = |directory: &Path, allowed: Option<&Path>| {
+            let allowed = allowed.map(|a| a.to_str().unwrap());
+            roots
+                .confine(directory.to_str().unwrap(), allowed)
+                .err()
+                .map(|e| e.field)
+        };
+        assert_eq!(field(&root.join("a"), None), None);
+        assert_eq!(field(&root.join("a/b"), Some(&root.join("a"))), None);
+        for refused in [&outside, &root.join("link"), &data, &root.join("nope")] {
+            assert_eq!(
+                field(refused, None),
+                Some("working_directory"),
+                "{refused:?}"
+            );
+        }
+        assert_eq!(
+            field(&root, Some(&root.join("a"))),
+            Some("working_directory")
+        );
+        assert_eq!(
+            field(&root.join("a"), Some(&outside)),
+            Some("sandbox_allowed_root")
+        );
+        let none = WorkspaceRoots::new(&[], &data).unwrap();
+        let error = none.confine(root.to_str().unwrap(), None).unwrap_err();
+        assert!(error.message.contains("KEEL_WORKSPACE_ROOTS"), "{error}");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! behalf happens in a transaction fenced by the job's lease, so a worker that lost its
 //! lease (paused, partitioned, presumed dead) cannot change the run afterwards.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
 use super::fence::{self, DomainRow, Fence};
-use crate::domain::task::RunTimeouts;
+use crate::domain::task::{RunTimeouts, WorkspaceRoots};
 use crate::domain::{Actor, EventType, RunStatus, Scope};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
@@ -34,8 +34,16 @@ pub struct RunJobs {
     pub artifact_max_bytes: i64,
     pub content: ContentStore,
     pub timeouts: RunTimeouts,
+    /// Checked again before each `in_place` run: the directory or the roots may have
+    /// changed since the API accepted the task.
+    pub workspace_roots: WorkspaceRoots,
     /// The operator's `KEEL_RUN_ENV_PASSTHROUGH` variables, with this worker's values.
     pub passthrough_env: Vec<(String, String)>,
+}
+
+/// Where a worker keeps its runs' ephemeral workspaces, one directory per run id.
+pub fn ephemeral_root(data_dir: &Path) -> PathBuf {
+    data_dir.join("workspaces")
 }
 
 impl JobHandler for RunJobs {
@@ -183,15 +191,12 @@ impl RunJobs {
 
     async fn spec(&self, task: &TaskRecord, run: &RunRecord) -> Result<RunSpec, String> {
         let workspace = match &task.working_directory {
-            Some(directory) if task.workspace_mode == "in_place" => {
-                let path = PathBuf::from(directory);
-                if !tokio::fs::metadata(&path).await.is_ok_and(|m| m.is_dir()) {
-                    return Err(format!("working_directory {directory} is not a directory"));
-                }
-                path
-            }
+            Some(directory) if task.workspace_mode == "in_place" => self
+                .workspace_roots
+                .confine(directory, task.sandbox_allowed_root.as_deref())
+                .map_err(|e| format!("workspace_refused: {}: {}", e.field, e.message))?,
             _ => {
-                let path = self.data_dir.join("workspaces").join(run.workspace_owner());
+                let path = ephemeral_root(&self.data_dir).join(run.workspace_owner());
                 tokio::fs::create_dir_all(&path).await.map_err(|e| {
                     format!("could not create the workspace {}: {e}", path.display())
                 })?;

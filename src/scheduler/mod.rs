@@ -6,9 +6,12 @@
 //!   `gap.run_disconnected` event, so a run never sits `running` with no live worker;
 //! - schedule dispatch: due schedules become runs (see [`schedules`]);
 //! - the worker registry forgets workers that stopped heartbeating;
-//! - ended leases older than a week leave the lease history.
+//! - ended leases older than a week leave the lease history;
+//! - ephemeral workspaces whose retention ended leave this worker's disk (see
+//!   [`workspaces`]).
 
 pub mod schedules;
+pub mod workspaces;
 
 use std::time::{Duration, Instant};
 

@@ -12,7 +12,7 @@ use super::tasks::{self, TaskRecord};
 use super::transitions::{self, Transition};
 use super::{Result, StoreError, approvals, violates};
 use crate::domain::approval::{ActionSummary, ApprovalPolicy};
-use crate::domain::task::RunTimeouts;
+use crate::domain::task::{RunTimeouts, WorkspaceRoots};
 use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
 use crate::queue;
 
@@ -80,6 +80,8 @@ pub struct AdmissionRules {
     pub approval_ttl: Option<Duration>,
     /// The default and longest run timeout a task may have.
     pub timeouts: RunTimeouts,
+    /// Where `in_place` tasks may work.
+    pub workspace_roots: WorkspaceRoots,
 }
 
 /// Where a new run comes from.
@@ -165,6 +167,18 @@ pub async fn admit(
             "run {} is {}; only a finished run can be resumed",
             source.id, source.status
         )));
+    }
+    if let (Origin::Resume(_), Some(source)) = (&admission.origin, &source)
+        && workspace_removed(conn, scope, source.workspace_owner()).await?
+    {
+        return Err(StoreError::Refused {
+            code: "workspace_expired",
+            message: format!(
+                "run {}'s workspace was removed when its retention ended \
+                 (KEEL_WORKSPACE_RETENTION_MS); retry or start the task instead",
+                source.id
+            ),
+        });
     }
     if let Some(active) = active_run(conn, scope, task_id).await? {
         return Err(StoreError::Conflict(format!(
@@ -381,6 +395,20 @@ async fn active_run(
     .fetch_optional(conn)
     .await?;
     Ok(id)
+}
+
+/// Whether the retention sweep removed the ephemeral workspace of run `owner`. Read under
+/// the task's lock, which the sweep also takes: a resume admitted first keeps the
+/// workspace (its run is active), one admitted after sees it gone.
+async fn workspace_removed(conn: &mut PgConnection, scope: &Scope, owner: &str) -> Result<bool> {
+    let removed: Option<bool> = sqlx::query_scalar(
+        "SELECT workspace_removed_at IS NOT NULL FROM runs WHERE workspace_id = $1 AND id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(owner)
+    .fetch_optional(conn)
+    .await?;
+    Ok(removed.unwrap_or(false))
 }
 
 pub async fn get(

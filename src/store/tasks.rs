@@ -15,7 +15,7 @@ use crate::domain::{Actor, NewTask, Scope, TaskStatus, new_id};
     "id": "task_01a22b05c3e1734c9d7a0f2b6e41d890", "execution_kind": "shell", "status": "completed",
     "prompt": null, "shell_command": "echo hello from keel", "git_command": null,
     "file_path": null, "file_content": null, "file_operation": null,
-    "working_directory": null, "workspace_mode": "ephemeral", "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000, "run_count": 1,
+    "working_directory": null, "workspace_mode": "ephemeral", "sandbox_allowed_root": null, "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000, "run_count": 1,
     "latest_run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "latest_run_step_count": 1,
     "latest_run_artifact_count": 2, "created_at": "2026-11-30T09:00:00Z",
     "updated_at": "2026-11-30T09:01:12Z"
@@ -32,6 +32,8 @@ pub struct TaskRecord {
     pub file_operation: Option<String>,
     pub working_directory: Option<String>,
     pub workspace_mode: String,
+    /// For `in_place`: the directory the task narrows the workspace roots to.
+    pub sandbox_allowed_root: Option<String>,
     pub timeout_ms: Option<i64>,
     pub priority: i32,
     pub budget_micros_usd: i64,
@@ -46,7 +48,7 @@ pub struct TaskRecord {
 const SELECT_TASK: &str = "
     SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
            t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
-           t.working_directory, t.workspace_mode, t.timeout_ms, t.priority, t.budget_micros_usd,
+           t.working_directory, t.workspace_mode, t.sandbox_allowed_root, t.timeout_ms, t.priority, t.budget_micros_usd,
            t.run_count,
            t.latest_run_id,
            (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id) AS latest_run_step_count,
@@ -130,15 +132,19 @@ pub async fn insert(
             )
         }
     };
-    let (mode, directory) = match &task.workspace {
-        WorkspaceMode::Ephemeral => ("ephemeral", None),
-        WorkspaceMode::InPlace { directory } => ("in_place", Some(directory)),
+    let (mode, directory, allowed_root) = match &task.workspace {
+        WorkspaceMode::Ephemeral => ("ephemeral", None, None),
+        WorkspaceMode::InPlace {
+            directory,
+            allowed_root,
+        } => ("in_place", Some(directory), allowed_root.as_ref()),
     };
     sqlx::query(
         "INSERT INTO tasks (id, execution_kind, prompt, shell_command, git_command, file_path,
                             file_content, file_operation, working_directory, workspace_mode,
-                            timeout_ms, priority, budget_micros_usd, workspace_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                            sandbox_allowed_root, timeout_ms, priority, budget_micros_usd,
+                            workspace_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
     )
     .bind(&id)
     .bind(kind)
@@ -150,6 +156,7 @@ pub async fn insert(
     .bind(operation)
     .bind(directory)
     .bind(mode)
+    .bind(allowed_root)
     .bind(task.timeout_ms)
     .bind(task.priority)
     .bind(task.budget_micros_usd)

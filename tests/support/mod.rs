@@ -327,6 +327,9 @@ impl TestApp {
             db_max_connections: 10,
             approval_policies: policies.parse().expect("known approval policies"),
             approval_ttl_ms: 0,
+            // The tests' in_place directories are temporary ones.
+            workspace_roots: vec![std::env::temp_dir()],
+            workspace_retention_ms: 24 * 3600 * 1000,
             content: Default::default(),
             timeouts: Default::default(),
             secrets: Default::default(),

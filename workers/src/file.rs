@@ -2,13 +2,11 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use tokio::io::AsyncWriteExt;
-
 use crate::{ContextError, FileOperation, Outcome, RunContext, RunSpec, StepResult};
 
 /// Checks that `path` names a file inside a workspace: relative, not empty, and with no
 /// `..`, root or prefix component. The runtime refuses such paths at the API; the executor
-/// checks again and also refuses symlinks that lead out.
+/// checks again and also refuses every symbolic link and hard-linked file on the way.
 pub fn validate_relative_path(path: &str) -> Result<PathBuf, &'static str> {
     let path = Path::new(path);
     if path.as_os_str().is_empty() {
@@ -70,60 +68,129 @@ pub(crate) async fn run<C: RunContext>(
     }
 }
 
-/// Applies the operation; returns the file's size afterwards (0 once deleted).
+/// Applies the operation; returns the file's size afterwards (0 once deleted). The
+/// system calls block, so they run off the async runtime.
 async fn apply(
     workspace: &Path,
     path: &str,
     content: &str,
     operation: FileOperation,
 ) -> Result<u64, String> {
-    let target = confined(workspace, path).await?;
-    let io = |e: std::io::Error| format!("{path}: {e}");
-    match operation {
-        FileOperation::Delete => {
-            tokio::fs::remove_file(&target).await.map_err(io)?;
-            return Ok(0);
-        }
-        FileOperation::Write => tokio::fs::write(&target, content).await.map_err(io)?,
-        FileOperation::Append => {
-            let mut file = tokio::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&target)
-                .await
-                .map_err(io)?;
-            file.write_all(content.as_bytes()).await.map_err(io)?;
-            file.flush().await.map_err(io)?;
-        }
-    }
-    Ok(tokio::fs::metadata(&target).await.map_err(io)?.len())
+    let relative = validate_relative_path(path).map_err(|e| format!("{path}: {e}"))?;
+    let (workspace, content) = (workspace.to_path_buf(), content.to_owned());
+    let applied = tokio::task::spawn_blocking(move || {
+        beneath::apply(&workspace, &relative, content.as_bytes(), operation)
+    })
+    .await
+    .map_err(|e| format!("{path}: {e}"))?;
+    applied.map_err(|e| format!("{path}: {e}"))
 }
 
-/// Resolves `path` inside `workspace`, creating parent directories, and refuses a result
-/// that a symlink leads out of the workspace.
-async fn confined(workspace: &Path, path: &str) -> Result<PathBuf, String> {
-    let relative = validate_relative_path(path).map_err(|e| format!("{path}: {e}"))?;
-    let target = workspace.join(&relative);
-    let parent = target.parent().unwrap_or(workspace);
-    tokio::fs::create_dir_all(parent)
-        .await
-        .map_err(|e| format!("{path}: {e}"))?;
-    let root = tokio::fs::canonicalize(workspace)
-        .await
-        .map_err(|e| format!("workspace: {e}"))?;
-    let real_parent = tokio::fs::canonicalize(parent)
-        .await
-        .map_err(|e| format!("{path}: {e}"))?;
-    let leaves = !real_parent.starts_with(&root);
-    let is_outward_link = match tokio::fs::symlink_metadata(&target).await {
-        Ok(meta) if meta.file_type().is_symlink() => {
-            let real = tokio::fs::canonicalize(&target).await.ok();
-            real.is_none_or(|real| !real.starts_with(&root))
+/// Every lookup goes through `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` from a
+/// descriptor of the workspace, one component at a time: no symbolic link is followed (not
+/// even one that stays inside, which could be swapped between a check and a use), nothing
+/// outside the workspace is reached, and a missing directory is created with `mkdirat` in
+/// the directory already opened, never by path.
+mod beneath {
+    use std::ffi::OsStr;
+    use std::fs::File;
+    use std::io::Write;
+    use std::os::fd::{AsFd, OwnedFd};
+    use std::path::{Component, Path};
+
+    use nix::errno::Errno;
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag, open, openat2};
+    use nix::sys::stat::{Mode, SFlag, fstat, mkdirat};
+    use nix::unistd::{UnlinkatFlags, ftruncate, unlinkat};
+
+    use crate::FileOperation;
+
+    pub(super) fn apply(
+        workspace: &Path,
+        relative: &Path,
+        content: &[u8],
+        operation: FileOperation,
+    ) -> Result<u64, String> {
+        let names: Vec<&OsStr> = relative
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(name) => Some(name),
+                _ => None,
+            })
+            .collect();
+        let (file, parents) = names.split_last().ok_or("the path names no file")?;
+        let root = open(workspace, directory_flags(), Mode::empty())
+            .map_err(|e| format!("opening the workspace: {e}"))?;
+        let create = !matches!(operation, FileOperation::Delete);
+        let parent = parents
+            .iter()
+            .try_fold(root, |dir, name| open_directory(&dir, name, create))?;
+        match operation {
+            FileOperation::Delete => {
+                unlinkat(&parent, *file, UnlinkatFlags::NoRemoveDir).map_err(explain)?;
+                Ok(0)
+            }
+            FileOperation::Write => write(&parent, file, content, OFlag::O_WRONLY),
+            FileOperation::Append => write(&parent, file, content, OFlag::O_APPEND),
         }
-        _ => false,
-    };
-    if leaves || is_outward_link {
-        return Err(format!("{path}: the path leads out of the workspace"));
     }
-    Ok(target)
+
+    fn directory_flags() -> OFlag {
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC
+    }
+
+    fn confined(flags: OFlag, mode: Mode) -> OpenHow {
+        OpenHow::new()
+            .flags(flags)
+            .mode(mode)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS)
+    }
+
+    /// Opens the directory `name` in `dir`, creating it first when asked and missing.
+    fn open_directory(dir: &OwnedFd, name: &OsStr, create: bool) -> Result<OwnedFd, String> {
+        let how = confined(directory_flags(), Mode::empty());
+        match openat2(dir, name, how) {
+            Err(Errno::ENOENT) if create => {
+                match mkdirat(dir, name, Mode::from_bits_truncate(0o755)) {
+                    Ok(()) | Err(Errno::EEXIST) => openat2(dir, name, how).map_err(explain),
+                    Err(error) => Err(explain(error)),
+                }
+            }
+            opened => opened.map_err(explain),
+        }
+    }
+
+    /// Writes (`O_WRONLY`, replacing the content) or appends (`O_APPEND`) to a regular
+    /// file with no other link: overwriting a hard link to a file elsewhere would change
+    /// that file.
+    fn write(dir: &OwnedFd, name: &OsStr, content: &[u8], mode: OFlag) -> Result<u64, String> {
+        let flags = mode | OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_CLOEXEC;
+        let fd = openat2(dir, name, confined(flags, Mode::from_bits_truncate(0o644)))
+            .map_err(explain)?;
+        let stat = fstat(fd.as_fd()).map_err(explain)?;
+        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+            return Err("not a regular file".into());
+        }
+        if stat.st_nlink > 1 {
+            return Err("the file has other hard links; refusing to change it".into());
+        }
+        if !mode.contains(OFlag::O_APPEND) {
+            ftruncate(&fd, 0).map_err(explain)?;
+        }
+        let mut file = File::from(fd);
+        file.write_all(content).map_err(|e| e.to_string())?;
+        Ok(file.metadata().map_err(|e| e.to_string())?.len())
+    }
+
+    /// The refusals in words; the kernel's own message for the rest.
+    fn explain(error: Errno) -> String {
+        match error {
+            Errno::ELOOP => "the path goes through a symbolic link; refused".into(),
+            Errno::EXDEV => "the path leads out of the workspace".into(),
+            Errno::ENOSYS => {
+                "sandbox_unavailable: this kernel has no openat2 (Linux 5.6 or later)".into()
+            }
+            other => other.desc().into(),
+        }
+    }
 }
