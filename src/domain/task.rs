@@ -31,6 +31,12 @@ pub struct TaskDraft {
     /// For `in_place`: a directory beneath `KEEL_WORKSPACE_ROOTS` that the working
     /// directory must lie beneath, narrowing the operator's roots for this task.
     pub sandbox_allowed_root: Option<String>,
+    /// Whether shell and git children may use the network (default true); false runs them
+    /// in a network namespace with only loopback.
+    pub sandbox_network: Option<bool>,
+    /// Whether the workspace is read-only for the run (default false): shell and git children
+    /// see it mounted read-only, and file writes are refused.
+    pub sandbox_read_only: Option<bool>,
     pub timeout_ms: Option<i64>,
     pub priority: Option<i32>,
     pub budget_micros_usd: Option<i64>,
@@ -196,6 +202,7 @@ pub struct NewTask {
     pub execution: Execution,
     pub prompt: Option<String>,
     pub workspace: WorkspaceMode,
+    pub sandbox: keel_workers::SandboxPolicy,
     /// The task's timeout, or the default when it asked for none.
     pub timeout_ms: i64,
     pub priority: i32,
@@ -223,10 +230,12 @@ impl NewTask {
         let prompt = draft.prompt.clone();
         check_len("prompt", prompt.as_deref(), MAX_PROMPT_BYTES)?;
         let timeout_ms = timeouts.parse(draft.timeout_ms)?;
+        let sandbox = parse_sandbox(&draft, &execution)?;
         Ok(NewTask {
             execution,
             prompt,
             workspace: parse_workspace(&draft)?,
+            sandbox,
             timeout_ms,
             priority: draft.priority.unwrap_or(0),
             budget_micros_usd: parse_budget(draft.budget_micros_usd)?,
@@ -361,6 +370,26 @@ fn parse_workspace(draft: &TaskDraft) -> Result<WorkspaceMode, Invalid> {
             format!("unknown workspace mode '{other}' (expected ephemeral or in_place)"),
         )),
     }
+}
+
+/// A read-only workspace refuses file runs, at creation rather than at run time: every file
+/// operation (write, append, delete) changes the workspace, and the file executor runs in
+/// the worker, not in a sandboxed child.
+fn parse_sandbox(
+    draft: &TaskDraft,
+    execution: &Execution,
+) -> Result<keel_workers::SandboxPolicy, Invalid> {
+    let policy = keel_workers::SandboxPolicy {
+        network: draft.sandbox_network.unwrap_or(true),
+        read_only: draft.sandbox_read_only.unwrap_or(false),
+    };
+    if matches!(execution, Execution::File { .. }) && policy.read_only {
+        return Err(Invalid::new(
+            "sandbox_read_only",
+            "refuses file runs: write, append and delete all change the read-only workspace",
+        ));
+    }
+    Ok(policy)
 }
 
 fn absolute_path(field: &'static str, path: &str) -> Result<(), Invalid> {
@@ -567,6 +596,32 @@ mod tests {
         let none = WorkspaceRoots::new(&[], &data).unwrap();
         let error = none.confine(root.to_str().unwrap(), None).unwrap_err();
         assert!(error.message.contains("KEEL_WORKSPACE_ROOTS"), "{error}");
+    }
+
+    #[test]
+    fn read_only_refuses_every_file_operation() {
+        let file = |operation: &str, content: Option<&str>| TaskDraft {
+            file_path: Some("a.txt".into()),
+            file_operation: Some(operation.into()),
+            file_content: content.map(str::to_string),
+            sandbox_read_only: Some(true),
+            ..draft("file")
+        };
+        let parse = |draft| NewTask::parse(draft, &RunTimeouts::default());
+        for refused in [
+            file("write", Some("x")),
+            file("append", Some("x")),
+            file("delete", None),
+        ] {
+            assert_eq!(parse(refused).unwrap_err().field, "sandbox_read_only");
+        }
+        let shell = TaskDraft {
+            shell_command: Some("true".into()),
+            sandbox_read_only: Some(true),
+            ..draft("shell")
+        };
+        let shell = parse(shell).unwrap();
+        assert!(shell.sandbox.read_only && shell.sandbox.network);
     }
 
     #[test]

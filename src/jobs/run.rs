@@ -206,6 +206,7 @@ impl RunJobs {
         Ok(RunSpec {
             execution: task.execution()?,
             workspace,
+            sandbox: task.sandbox(),
             // Tasks stored before the timeout settings may have none, or a longer one.
             timeout: Some(Duration::from_millis(
                 self.timeouts.effective_ms(task.timeout_ms).max(1) as u64,

@@ -15,7 +15,7 @@ use crate::domain::{Actor, NewTask, Scope, TaskStatus, new_id};
     "id": "task_01a22b05c3e1734c9d7a0f2b6e41d890", "execution_kind": "shell", "status": "completed",
     "prompt": null, "shell_command": "echo hello from keel", "git_command": null,
     "file_path": null, "file_content": null, "file_operation": null,
-    "working_directory": null, "workspace_mode": "ephemeral", "sandbox_allowed_root": null, "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000, "run_count": 1,
+    "working_directory": null, "workspace_mode": "ephemeral", "sandbox_allowed_root": null, "sandbox_network": true, "sandbox_read_only": false, "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000, "run_count": 1,
     "latest_run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "latest_run_step_count": 1,
     "latest_run_artifact_count": 2, "created_at": "2026-11-30T09:00:00Z",
     "updated_at": "2026-11-30T09:01:12Z"
@@ -34,6 +34,10 @@ pub struct TaskRecord {
     pub workspace_mode: String,
     /// For `in_place`: the directory the task narrows the workspace roots to.
     pub sandbox_allowed_root: Option<String>,
+    /// False: shell and git children run with only loopback, and need no `network_egress`.
+    pub sandbox_network: bool,
+    /// True: the workspace is read-only for shell and git children; file writes are refused.
+    pub sandbox_read_only: bool,
     pub timeout_ms: Option<i64>,
     pub priority: i32,
     pub budget_micros_usd: i64,
@@ -48,7 +52,8 @@ pub struct TaskRecord {
 const SELECT_TASK: &str = "
     SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
            t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
-           t.working_directory, t.workspace_mode, t.sandbox_allowed_root, t.timeout_ms, t.priority, t.budget_micros_usd,
+           t.working_directory, t.workspace_mode, t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only,
+           t.timeout_ms, t.priority, t.budget_micros_usd,
            t.run_count,
            t.latest_run_id,
            (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id) AS latest_run_step_count,
@@ -58,6 +63,14 @@ const SELECT_TASK: &str = "
     FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id";
 
 impl TaskRecord {
+    /// What the task's runs may reach.
+    pub fn sandbox(&self) -> keel_workers::SandboxPolicy {
+        keel_workers::SandboxPolicy {
+            network: self.sandbox_network,
+            read_only: self.sandbox_read_only,
+        }
+    }
+
     /// What a run of this task executes.
     pub fn execution(&self) -> std::result::Result<Execution, String> {
         let missing = || {
@@ -142,9 +155,9 @@ pub async fn insert(
     sqlx::query(
         "INSERT INTO tasks (id, execution_kind, prompt, shell_command, git_command, file_path,
                             file_content, file_operation, working_directory, workspace_mode,
-                            sandbox_allowed_root, timeout_ms, priority, budget_micros_usd,
-                            workspace_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+                            sandbox_allowed_root, sandbox_network, sandbox_read_only,
+                            timeout_ms, priority, budget_micros_usd, workspace_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
     )
     .bind(&id)
     .bind(kind)
@@ -157,6 +170,8 @@ pub async fn insert(
     .bind(directory)
     .bind(mode)
     .bind(allowed_root)
+    .bind(task.sandbox.network)
+    .bind(task.sandbox.read_only)
     .bind(task.timeout_ms)
     .bind(task.priority)
     .bind(task.budget_micros_usd)

@@ -51,8 +51,30 @@ pub struct RunSpec {
     /// ids, the operator's passthrough). A child sees these, `PATH`, `LANG`, `HOME` and
     /// `TMPDIR` (both inside the workspace), and nothing else of the worker's environment.
     pub env: Vec<(String, String)>,
+    /// What the run's shell and git children may reach.
+    pub sandbox: SandboxPolicy,
     /// For a resumed run, where the run it resumes stopped; recorded in the step input.
     pub checkpoint: Option<serde_json::Value>,
+}
+
+/// A task's sandbox flags (`sandbox_network`, `sandbox_read_only`). A run whose host cannot
+/// provide what they ask for fails with `sandbox_unavailable`; it never runs without them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SandboxPolicy {
+    /// False: children run in a new network namespace that has only loopback.
+    pub network: bool,
+    /// True: children see the workspace mounted read-only.
+    pub read_only: bool,
+}
+
+impl Default for SandboxPolicy {
+    /// As runs were before the flags: network allowed, workspace writable.
+    fn default() -> Self {
+        SandboxPolicy {
+            network: true,
+            read_only: false,
+        }
+    }
 }
 
 /// How an attempt ended. The runtime turns it into the run's terminal state.

@@ -43,11 +43,23 @@ pub(crate) async fn run<C: RunContext>(
 
     let mut containment = match Containment::prepare() {
         Ok(containment) => containment,
-        Err(error) => return fail_to_start(ctx, &step, &argv, error).await,
+        Err(error) => {
+            let error = format!("could not start {}: {error}", argv[0]);
+            return fail(ctx, &step, error).await;
+        }
     };
-    let mut child = match spawn(&argv, spec, &containment).await {
+    let isolation = sandbox::Isolation::for_policy(spec.sandbox, &spec.workspace);
+    if let Some(isolation) = &isolation
+        && let Err(error) = isolation.probe(spec.sandbox).await
+    {
+        return fail(ctx, &step, error).await;
+    }
+    let mut child = match spawn(&argv, spec, &containment, isolation.as_ref()).await {
         Ok(child) => child,
-        Err(error) => return fail_to_start(ctx, &step, &argv, error).await,
+        Err(error) => {
+            let error = format!("could not start {}: {error}", argv[0]);
+            return fail(ctx, &step, error).await;
+        }
     };
     containment.started(child.id());
     let stdout = child.stdout.take().expect("stdout is piped");
@@ -89,13 +101,12 @@ pub(crate) async fn run<C: RunContext>(
     Ok(outcome)
 }
 
-async fn fail_to_start<C: RunContext>(
+/// Ends a run whose process never started.
+async fn fail<C: RunContext>(
     ctx: &C,
     step: &crate::StepHandle,
-    argv: &[String],
-    error: std::io::Error,
+    error: String,
 ) -> Result<Outcome, ContextError> {
-    let error = format!("could not start {}: {error}", argv[0]);
     ctx.finish_step(
         step,
         StepResult::Failed {
@@ -109,15 +120,22 @@ async fn fail_to_start<C: RunContext>(
     })
 }
 
-/// Starts the child from an empty environment plus the sandbox's allowlist.
+/// Starts the child from an empty environment plus the sandbox's allowlist, inside the
+/// namespaces the task's sandbox flags ask for.
 async fn spawn(
     argv: &[String],
     spec: &RunSpec,
     containment: &Containment,
+    isolation: Option<&sandbox::Isolation>,
 ) -> std::io::Result<Child> {
     let extra = spec.env.iter().cloned().chain([containment.marker()]);
     let env = sandbox::environment(&spec.workspace, extra).await?;
-    let argv = containment.wrap(argv.to_vec());
+    let argv = match isolation {
+        Some(isolation) => isolation.wrap(argv.to_vec()),
+        None => argv.to_vec(),
+    };
+    // The cgroup joins outermost, so the wrapper itself is already contained.
+    let argv = containment.wrap(argv);
     Command::new(&argv[0])
         .args(&argv[1..])
         .current_dir(&spec.workspace)

@@ -80,6 +80,7 @@ fn spec(dir: &tempfile::TempDir, execution: Execution) -> RunSpec {
         workspace: dir.path().to_path_buf(),
         timeout: None,
         env: vec![("KEEL_RUN_ID".into(), "run_x".into())],
+        sandbox: Default::default(),
         checkpoint: None,
     }
 }

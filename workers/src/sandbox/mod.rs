@@ -1,8 +1,10 @@
 //! What confines a run's processes: the environment they start with ([`environment`]) and
-//! the containment that kills every process the run started once it ends ([`Containment`]).
+//! the containment that kills every process the run started once it ends ([`Containment`]),
+//! and the namespaces a task's sandbox flags ask for ([`Isolation`]).
 
 mod cgroup;
 mod env;
+mod namespace;
 mod sweep;
 
 use std::path::PathBuf;
@@ -10,6 +12,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) use env::environment;
+pub(crate) use namespace::Isolation;
 
 /// The variable that marks every process of one attempt; the sweep finds them by it.
 const MARKER: &str = "KEEL_RUN_SANDBOX_ID";
