@@ -5,7 +5,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use keel_workers::{Execution, FileOperation};
+use keel_workers::{Execution, FileOperation, SandboxPolicy};
 use serde::Serialize;
 
 use super::Invalid;
@@ -105,8 +105,9 @@ impl ApprovalPolicy {
         self.policies.contains(&policy) || self.policies.contains(&Policy::AllTools)
     }
 
-    /// The gates a run of this execution needs, in a stable order.
-    pub fn gates_for(&self, execution: &Execution) -> Vec<ApprovalKind> {
+    /// The gates a run of this execution needs, in a stable order. A run without network
+    /// (`sandbox_network: false`) cannot reach out, so it needs no `network_egress`.
+    pub fn gates_for(&self, execution: &Execution, sandbox: SandboxPolicy) -> Vec<ApprovalKind> {
         let mut gates = Vec::new();
         match execution {
             Execution::Shell { .. } if self.has(Policy::ShellExec) => {
@@ -118,7 +119,7 @@ impl ApprovalPolicy {
             }
             _ => {}
         }
-        if self.has(Policy::NetworkEgress) && reaches_network(execution) {
+        if self.has(Policy::NetworkEgress) && sandbox.network && reaches_network(execution) {
             gates.push(ApprovalKind::NetworkEgress);
         }
         gates
@@ -415,6 +416,12 @@ fn names_secret(key: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// Network allowed, as tasks are by default.
+    const NETWORK: SandboxPolicy = SandboxPolicy {
+        network: true,
+        read_only: false,
+    };
+
     fn shell(command: &str) -> Execution {
         Execution::Shell {
             command: command.into(),
@@ -449,31 +456,43 @@ mod tests {
     fn gates_follow_the_policy() {
         let default: ApprovalPolicy = DEFAULT_POLICIES.parse().unwrap();
         assert_eq!(
-            default.gates_for(&shell("true")),
+            default.gates_for(&shell("true"), NETWORK),
             [ApprovalKind::ShellCommand]
         );
         let clone = Execution::Git {
             command: "clone https://example.com/r.git".into(),
         };
-        assert_eq!(default.gates_for(&clone), [ApprovalKind::GitExec]);
+        assert_eq!(default.gates_for(&clone, NETWORK), [ApprovalKind::GitExec]);
         let egress: ApprovalPolicy = "network_egress".parse().unwrap();
-        assert_eq!(egress.gates_for(&clone), [ApprovalKind::NetworkEgress]);
+        assert_eq!(
+            egress.gates_for(&clone, NETWORK),
+            [ApprovalKind::NetworkEgress]
+        );
         assert!(
             egress
-                .gates_for(&Execution::Git {
-                    command: "status".into()
-                })
+                .gates_for(
+                    &Execution::Git {
+                        command: "status".into()
+                    },
+                    NETWORK
+                )
                 .is_empty()
         );
-        assert!(egress.gates_for(&shell("true")).is_empty());
+        assert!(egress.gates_for(&shell("true"), NETWORK).is_empty());
         let all: ApprovalPolicy = "all_tools".parse().unwrap();
         assert_eq!(
-            all.gates_for(&clone),
+            all.gates_for(&clone, NETWORK),
             [ApprovalKind::GitExec, ApprovalKind::NetworkEgress]
         );
+        let offline = SandboxPolicy {
+            network: false,
+            ..NETWORK
+        };
+        assert_eq!(all.gates_for(&clone, offline), [ApprovalKind::GitExec]);
+        assert!(egress.gates_for(&clone, offline).is_empty());
         assert!(
             ApprovalPolicy::default()
-                .gates_for(&shell("true"))
+                .gates_for(&shell("true"), NETWORK)
                 .is_empty()
         );
     }
@@ -545,7 +564,7 @@ mod tests {
             let git = Execution::Git {
                 command: command.into(),
             };
-            egress.gates_for(&git) == [ApprovalKind::NetworkEgress]
+            egress.gates_for(&git, NETWORK) == [ApprovalKind::NetworkEgress]
         };
         for command in [
             "-C /tmp/repo push origin main",

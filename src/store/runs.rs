@@ -187,7 +187,7 @@ pub async fn admit(
     }
     let task = raise_budget(conn, scope, task_id, admission.budget_micros_usd).await?;
     let execution = task.execution().map_err(StoreError::Conflict)?;
-    let gates = rules.approvals.gates_for(&execution);
+    let gates = rules.approvals.gates_for(&execution, task.sandbox());
     let status = if gates.is_empty() {
         RunStatus::Queued
     } else {
