@@ -1,9 +1,11 @@
 //! The run sandbox with real `keel api` and `keel worker` processes: a run sees none of the
 //! worker's environment but its allowlist, nothing a run started outlives it (whatever the
-//! way it ends), and run timeouts have a default and a maximum.
+//! way it ends, even when its worker lost the lease), run timeouts have a default and a
+//! maximum, and the sandbox flags cut a run off the network or make its workspace read-only.
 
 mod support;
 
+use std::net::TcpListener;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -316,4 +318,135 @@ async fn no_process_outlives_its_run() {
         )
         .await;
     }
+}
+
+/// Whether the listener has a connection waiting (accepted and dropped if so).
+fn connected(listener: &TcpListener) -> bool {
+    match listener.accept() {
+        Ok(_) => true,
+        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => false,
+        Err(error) => panic!("accept failed: {error}"),
+    }
+}
+
+#[tokio::test]
+async fn a_run_without_network_cannot_reach_the_host_s_loopback() {
+    let s = stack(&[]).await;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let command = format!("bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}' && echo connected");
+    let run_with = |network: bool| {
+        let body = json!({
+            "execution_kind": "shell", "shell_command": command, "sandbox_network": network
+        });
+        let client = s.client.clone();
+        async move {
+            let (task_id, run_id) = start(&client, body).await;
+            let run = client.wait_terminal(&task_id, &run_id, SOON).await;
+            (run, stdout_of(&client, &task_id, &run_id).await)
+        }
+    };
+
+    let (run, out) = run_with(false).await;
+    assert_eq!(run["status"], "failed", "{run}");
+    let error = run["last_error"].as_str().unwrap_or_default();
+    assert!(!error.contains("sandbox_unavailable"), "{run}");
+    assert!(!out.contains("connected"), "{out}");
+    assert!(
+        !connected(&listener),
+        "a run without network reached the host"
+    );
+
+    let (run, out) = run_with(true).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert!(out.contains("connected"), "{out}");
+    assert!(connected(&listener), "the listener saw no connection");
+}
+
+#[tokio::test]
+async fn a_read_only_workspace_refuses_writes() {
+    let s = stack(&[]).await;
+    let (task_id, run_id) = start(
+        &s.client,
+        json!({
+            "execution_kind": "shell", "shell_command": "pwd; touch \"$PWD/x\"",
+            "sandbox_read_only": true
+        }),
+    )
+    .await;
+    let run = s.client.wait_terminal(&task_id, &run_id, SOON).await;
+    assert_eq!(run["status"], "failed", "{run}");
+    let error = run["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("Read-only file system"), "{run}");
+    let out = stdout_of(&s.client, &task_id, &run_id).await;
+    let workspace = std::path::Path::new(out.trim());
+    assert!(workspace.is_dir(), "{out}");
+    assert!(!workspace.join("x").exists(), "the run wrote its workspace");
+
+    let (status, body) = s
+        .client
+        .post(
+            "/v1/tasks",
+            json!({
+                "execution_kind": "file", "file_path": "a.txt", "file_operation": "write",
+                "file_content": "x", "sandbox_read_only": true
+            }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("sandbox_read_only"), "{body}");
+}
+
+#[tokio::test]
+async fn a_worker_that_lost_its_lease_kills_its_run_s_processes() {
+    let db = support::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = spawn_api_with_env(&db, dir.path(), "api", &[]).await;
+    let client = api.client.clone().unwrap();
+    let worker = |name: &str| {
+        let data = dir.path().join(name);
+        spawn_worker_with_env(&db, dir.path(), name, 1_500, &data, &[])
+    };
+    // Dropping it SIGKILLs it, stopped or not.
+    let first = worker("first");
+    let m = marker();
+    // Each attempt's escaped process carries its attempt number, so the takeover's own
+    // does not count against the first.
+    let command = format!("setsid sleep {m}$KEEL_RUN_ATTEMPT &\nsleep 1000");
+    let (task_id, run_id) = start(
+        &client,
+        json!({ "execution_kind": "shell", "shell_command": command }),
+    )
+    .await;
+    let stray = format!("{m}1");
+    wait_for(SOON, "the first attempt's escaped process", || async {
+        (!processes_with(&stray).is_empty()).then_some(())
+    })
+    .await;
+
+    first.signal(nix::sys::signal::Signal::SIGSTOP);
+    let _second = worker("second");
+    wait_for(SOON, "a second worker to take the run over", || async {
+        let run = client.run(&task_id, &run_id).await;
+        (run["attempt"].as_i64() >= Some(2)).then_some(())
+    })
+    .await;
+    first.signal(nix::sys::signal::Signal::SIGCONT);
+    wait_for(
+        Duration::from_secs(15),
+        "the first worker to kill its lost run's processes",
+        || async { processes_with(&stray).is_empty().then_some(()) },
+    )
+    .await;
+    // The takeover's processes go with its run.
+    let (status, body) = client
+        .post(
+            &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
+            json!({}),
+        )
+        .await;
+    assert!(status.is_success(), "{body}");
+    client.wait_terminal(&task_id, &run_id, SOON).await;
 }
