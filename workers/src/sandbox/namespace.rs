@@ -85,3 +85,40 @@ impl Isolation {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_policy_needs_no_wrapper() {
+        let workspace = Path::new("/tmp");
+        assert!(Isolation::for_policy(SandboxPolicy::default(), workspace).is_none());
+        let offline = SandboxPolicy {
+            network: false,
+            ..SandboxPolicy::default()
+        };
+        let argv = Isolation::for_policy(offline, workspace)
+            .unwrap()
+            .wrap(vec!["true".into()]);
+        assert_eq!(argv, ["unshare", "--net", "--", "true"]);
+    }
+
+    /// Whatever the host, a workspace that cannot be mounted makes the probe fail, with the
+    /// code and the reason, rather than let the run go ahead.
+    #[tokio::test]
+    async fn a_refused_sandbox_fails_the_probe_with_its_reason() {
+        let policy = SandboxPolicy {
+            network: true,
+            read_only: true,
+        };
+        let isolation =
+            Isolation::for_policy(policy, Path::new("/nonexistent/keel-workspace")).unwrap();
+        let error = isolation.probe(policy).await.unwrap_err();
+        assert!(error.starts_with("sandbox_unavailable: "), "{error}");
+        assert!(error.contains("sandbox_read_only true"), "{error}");
+        // The mount's complaint where namespaces work, unshare's where they do not.
+        let reason = ["/nonexistent/keel-workspace", "unshare"];
+        assert!(reason.iter().any(|r| error.contains(r)), "{error}");
+    }
+}
