@@ -450,3 +450,31 @@ async fn a_worker_that_lost_its_lease_kills_its_run_s_processes() {
     assert!(status.is_success(), "{body}");
     client.wait_terminal(&task_id, &run_id, SOON).await;
 }
+
+#[tokio::test]
+async fn network_egress_gates_only_tasks_with_network() {
+    let s = stack(&[("KEEL_APPROVAL_POLICIES", "network_egress")]).await;
+    let fetch = |network: bool| {
+        json!({
+            "execution_kind": "git", "git_command": "fetch https://example.com/r.git",
+            "sandbox_network": network
+        })
+    };
+    let task = s.client.create_task(fetch(true)).await;
+    let (status, run) = s
+        .client
+        .post(
+            &format!("/v1/tasks/{}/start", task["id"].as_str().unwrap()),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    assert_eq!(run["data"]["status"], "awaiting_approval", "{run}");
+
+    let (task_id, run_id) = start(&s.client, fetch(false)).await;
+    // Queued without an approval; the fetch then fails for want of a network.
+    let run = s.client.wait_terminal(&task_id, &run_id, SOON).await;
+    assert_eq!(run["status"], "failed", "{run}");
+    let error = run["last_error"].as_str().unwrap_or_default();
+    assert!(!error.contains("sandbox_unavailable"), "{run}");
+}
