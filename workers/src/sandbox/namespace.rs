@@ -27,6 +27,9 @@ pub(crate) struct Isolation {
 impl Isolation {
     /// None when the policy asks for nothing beyond what runs get anyway.
     pub(crate) fn for_policy(policy: SandboxPolicy, workspace: &Path) -> Option<Isolation> {
+        if policy == SandboxPolicy::default() {
+            return None;
+        }
         let mut prefix = vec!["unshare".to_string()];
         if !policy.network {
             prefix.push("--net".into());
@@ -44,7 +47,7 @@ impl Isolation {
         } else {
             prefix.push("--".into());
         }
-        (prefix.len() > 2).then_some(Isolation { prefix })
+        Some(Isolation { prefix })
     }
 
     /// The argv that runs `argv` inside the namespaces.
