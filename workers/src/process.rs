@@ -43,10 +43,7 @@ pub(crate) async fn run<C: RunContext>(
 
     let mut containment = match Containment::prepare() {
         Ok(containment) => containment,
-        Err(error) => {
-            let error = format!("could not start {}: {error}", argv[0]);
-            return fail(ctx, &step, error).await;
-        }
+        Err(error) => return fail(ctx, &step, cannot_start(&argv, error)).await,
     };
     let isolation = sandbox::Isolation::for_policy(spec.sandbox, &spec.workspace);
     if let Some(isolation) = &isolation
@@ -56,10 +53,7 @@ pub(crate) async fn run<C: RunContext>(
     }
     let mut child = match spawn(&argv, spec, &containment, isolation.as_ref()).await {
         Ok(child) => child,
-        Err(error) => {
-            let error = format!("could not start {}: {error}", argv[0]);
-            return fail(ctx, &step, error).await;
-        }
+        Err(error) => return fail(ctx, &step, cannot_start(&argv, error)).await,
     };
     containment.started(child.id());
     let stdout = child.stdout.take().expect("stdout is piped");
@@ -99,6 +93,10 @@ pub(crate) async fn run<C: RunContext>(
     };
     ctx.finish_step(&step, step_result).await?;
     Ok(outcome)
+}
+
+fn cannot_start(argv: &[String], error: std::io::Error) -> String {
+    format!("could not start {}: {error}", argv[0])
 }
 
 /// Ends a run whose process never started.
