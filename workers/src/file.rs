@@ -52,19 +52,7 @@ pub(crate) async fn run<C: RunContext>(
                 .await?;
             Ok(Outcome::Completed { exit_code: None })
         }
-        Err(error) => {
-            ctx.finish_step(
-                &step,
-                StepResult::Failed {
-                    error: error.clone(),
-                },
-            )
-            .await?;
-            Ok(Outcome::Failed {
-                exit_code: None,
-                error,
-            })
-        }
+        Err(error) => crate::process::fail(ctx, &step, error).await,
     }
 }
 

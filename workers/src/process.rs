@@ -99,8 +99,9 @@ fn cannot_start(argv: &[String], error: std::io::Error) -> String {
     format!("could not start {}: {error}", argv[0])
 }
 
-/// Ends a run whose process never started.
-async fn fail<C: RunContext>(
+/// Ends a run's step as failed with `error`, and the run with it (a process that never
+/// started, a file operation refused).
+pub(crate) async fn fail<C: RunContext>(
     ctx: &C,
     step: &crate::StepHandle,
     error: String,
