@@ -515,30 +515,7 @@ async fn resume_reuses_the_workspace_and_retry_starts_fresh() {
     .await;
     let first_id = first["id"].as_str().unwrap().to_string();
     c.wait_terminal(&task_id, &first_id, RUN_TIMEOUT).await;
-    let stdout = |run_id: String| {
-        let c = c.clone();
-        let task_id = task_id.clone();
-        async move {
-            let (_, artifacts) = c
-                .get(&format!("/v1/tasks/{task_id}/runs/{run_id}/artifacts"))
-                .await;
-            let id = artifacts["data"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|a| a["name"] == "stdout")
-                .unwrap()["id"]
-                .as_str()
-                .unwrap()
-                .to_string();
-            let url = format!(
-                "{}/v1/tasks/{task_id}/runs/{run_id}/artifacts/{id}/content",
-                c.base
-            );
-            c.http.get(url).send().await.unwrap().text().await.unwrap()
-        }
-    };
-    assert_eq!(stdout(first_id.clone()).await, "1\nresumed from: \n");
+    assert_eq!(c.stdout(&task_id, &first_id).await, "1\nresumed from: \n");
 
     let path = format!("/v1/tasks/{task_id}/runs/{first_id}/resume");
     let (status, resumed) = c
@@ -564,7 +541,7 @@ async fn resume_reuses_the_workspace_and_retry_starts_fresh() {
     );
     c.wait_terminal(&task_id, &resumed_id, RUN_TIMEOUT).await;
     assert_eq!(
-        stdout(resumed_id.clone()).await,
+        c.stdout(&task_id, &resumed_id).await,
         format!("2\nresumed from: {first_id}\n")
     );
     let events = c.events(&task_id, &resumed_id).await;
@@ -589,7 +566,7 @@ async fn resume_reuses_the_workspace_and_retry_starts_fresh() {
     let retried_id = retried["data"]["id"].as_str().unwrap().to_string();
     c.wait_terminal(&task_id, &retried_id, RUN_TIMEOUT).await;
     assert_eq!(
-        stdout(retried_id).await,
+        c.stdout(&task_id, &retried_id).await,
         "1\nresumed from: \n",
         "retry works in a fresh workspace"
     );

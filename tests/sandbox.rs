@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 use support::{Client, KeelProcess, spawn_api_with_env, spawn_worker_with_env, wait_for};
 
 const SOON: Duration = Duration::from_secs(30);
@@ -53,55 +53,16 @@ async fn stack(api_env: &[(&str, &str)]) -> Stack {
     }
 }
 
-async fn start(client: &Client, body: Value) -> (String, String) {
-    let task = client.create_task(body).await;
-    let task_id = task["id"].as_str().unwrap().to_string();
-    let (status, run) = client
-        .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{run}");
-    (task_id, run["data"]["id"].as_str().unwrap().to_string())
-}
-
-async fn stdout_of(client: &Client, task_id: &str, run_id: &str) -> String {
-    let (_, artifacts) = client
-        .get(&format!("/v1/tasks/{task_id}/runs/{run_id}/artifacts"))
-        .await;
-    let stdout = artifacts["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["name"] == "stdout")
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let url = format!(
-        "{}/v1/tasks/{task_id}/runs/{run_id}/artifacts/{stdout}/content",
-        client.base
-    );
-    client
-        .http
-        .get(url)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn a_run_sees_only_its_allowlisted_environment() {
     let s = stack(&[]).await;
-    let (task_id, run_id) = start(
-        &s.client,
-        json!({ "execution_kind": "shell", "shell_command": "env; pwd" }),
-    )
-    .await;
+    let (task_id, run_id) = s
+        .client
+        .start_task(json!({ "execution_kind": "shell", "shell_command": "env; pwd" }))
+        .await;
     let run = s.client.wait_terminal(&task_id, &run_id, SOON).await;
     assert_eq!(run["status"], "completed", "{run}");
-    let out = stdout_of(&s.client, &task_id, &run_id).await;
+    let out = s.client.stdout(&task_id, &run_id).await;
     let vars: Vec<(&str, &str)> = out.lines().filter_map(|l| l.split_once('=')).collect();
     let names: Vec<&str> = vars.iter().map(|(name, _)| *name).collect();
     for (name, value) in CANARIES {
@@ -264,7 +225,7 @@ async fn escape_and_end(client: &Client, escape: &str, ending: Ending) -> String
     if let Ending::Timeout = ending {
         body["timeout_ms"] = json!(1_500);
     }
-    let (task_id, run_id) = start(client, body).await;
+    let (task_id, run_id) = client.start_task(body).await;
     if let Ending::Cancel = ending {
         wait_for(SOON, "the escaped process to run", || async {
             (!processes_with(&m).is_empty()).then_some(())
@@ -342,9 +303,9 @@ async fn a_run_without_network_cannot_reach_the_host_s_loopback() {
         });
         let client = s.client.clone();
         async move {
-            let (task_id, run_id) = start(&client, body).await;
+            let (task_id, run_id) = client.start_task(body).await;
             let run = client.wait_terminal(&task_id, &run_id, SOON).await;
-            (run, stdout_of(&client, &task_id, &run_id).await)
+            (run, client.stdout(&task_id, &run_id).await)
         }
     };
 
@@ -367,19 +328,18 @@ async fn a_run_without_network_cannot_reach_the_host_s_loopback() {
 #[tokio::test]
 async fn a_read_only_workspace_refuses_writes() {
     let s = stack(&[]).await;
-    let (task_id, run_id) = start(
-        &s.client,
-        json!({
+    let (task_id, run_id) = s
+        .client
+        .start_task(json!({
             "execution_kind": "shell", "shell_command": "pwd; touch \"$PWD/x\"",
             "sandbox_read_only": true
-        }),
-    )
-    .await;
+        }))
+        .await;
     let run = s.client.wait_terminal(&task_id, &run_id, SOON).await;
     assert_eq!(run["status"], "failed", "{run}");
     let error = run["last_error"].as_str().unwrap_or_default();
     assert!(error.contains("Read-only file system"), "{run}");
-    let out = stdout_of(&s.client, &task_id, &run_id).await;
+    let out = s.client.stdout(&task_id, &run_id).await;
     let workspace = std::path::Path::new(out.trim());
     assert!(workspace.is_dir(), "{out}");
     assert!(!workspace.join("x").exists(), "the run wrote its workspace");
@@ -415,11 +375,9 @@ async fn a_worker_that_lost_its_lease_kills_its_run_s_processes() {
     // Each attempt's escaped process carries its attempt number, so the takeover's own
     // does not count against the first.
     let command = format!("setsid sleep {m}$KEEL_RUN_ATTEMPT &\nsleep 1000");
-    let (task_id, run_id) = start(
-        &client,
-        json!({ "execution_kind": "shell", "shell_command": command }),
-    )
-    .await;
+    let (task_id, run_id) = client
+        .start_task(json!({ "execution_kind": "shell", "shell_command": command }))
+        .await;
     let stray = format!("{m}1");
     wait_for(SOON, "the first attempt's escaped process", || async {
         (!processes_with(&stray).is_empty()).then_some(())
@@ -471,7 +429,7 @@ async fn network_egress_gates_only_tasks_with_network() {
     assert_eq!(status, StatusCode::CREATED, "{run}");
     assert_eq!(run["data"]["status"], "awaiting_approval", "{run}");
 
-    let (task_id, run_id) = start(&s.client, fetch(false)).await;
+    let (task_id, run_id) = s.client.start_task(fetch(false)).await;
     // Queued without an approval; the fetch then fails for want of a network.
     let run = s.client.wait_terminal(&task_id, &run_id, SOON).await;
     assert_eq!(run["status"], "failed", "{run}");

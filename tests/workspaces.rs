@@ -71,18 +71,8 @@ async fn assert_refused(client: &Client, body: Value, field: &str) -> String {
     message
 }
 
-async fn start(client: &Client, body: Value) -> (String, String) {
-    let task = client.create_task(body).await;
-    let task_id = task["id"].as_str().unwrap().to_string();
-    let (status, run) = client
-        .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{run}");
-    (task_id, run["data"]["id"].as_str().unwrap().to_string())
-}
-
 async fn run_to_end(client: &Client, body: Value) -> Value {
-    let (task_id, run_id) = start(client, body).await;
+    let (task_id, run_id) = client.start_task(body).await;
     client.wait_terminal(&task_id, &run_id, SOON).await
 }
 
@@ -237,11 +227,9 @@ async fn file_runs_cannot_write_outside_their_workspace() {
 async fn retention_removes_a_finished_workspace_and_resume_then_conflicts() {
     let s = stack().await;
     let c = &s.client;
-    let (task_id, run_id) = start(
-        c,
-        json!({ "execution_kind": "shell", "shell_command": "echo kept > kept.txt" }),
-    )
-    .await;
+    let (task_id, run_id) = c
+        .start_task(json!({ "execution_kind": "shell", "shell_command": "echo kept > kept.txt" }))
+        .await;
     let run = c.wait_terminal(&task_id, &run_id, SOON).await;
     assert_eq!(run["status"], "completed", "{run}");
     let workspace = s.data.join("workspaces").join(&run_id);

@@ -207,15 +207,47 @@ impl Client {
 
     /// Creates a shell task and starts it; returns (task id, run id).
     pub async fn run_shell(&self, command: &str) -> (String, String) {
-        let task = self
-            .create_task(json!({ "execution_kind": "shell", "shell_command": command }))
-            .await;
+        self.start_task(json!({ "execution_kind": "shell", "shell_command": command }))
+            .await
+    }
+
+    /// Creates a task from `body` and starts it; returns (task id, run id).
+    pub async fn start_task(&self, body: Value) -> (String, String) {
+        let task = self.create_task(body).await;
         let task_id = task["id"].as_str().unwrap().to_string();
         let (status, run) = self
             .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
             .await;
         assert_eq!(status, StatusCode::CREATED, "{run}");
         (task_id, run["data"]["id"].as_str().unwrap().to_string())
+    }
+
+    /// The text of a run's stdout artifact.
+    pub async fn stdout(&self, task_id: &str, run_id: &str) -> String {
+        let (_, artifacts) = self
+            .get(&format!("/v1/tasks/{task_id}/runs/{run_id}/artifacts"))
+            .await;
+        let stdout = artifacts["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["name"] == "stdout")
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let url = format!(
+            "{}/v1/tasks/{task_id}/runs/{run_id}/artifacts/{stdout}/content",
+            self.base
+        );
+        self.http
+            .get(url)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
     }
 
     pub async fn run(&self, task_id: &str, run_id: &str) -> Value {
