@@ -659,15 +659,7 @@ async fn the_route_policy_classifies_every_route() {
         );
         let response = request.send().await.unwrap();
         let status = response.status();
-        let is_json = response
-            .headers()
-            .get("content-type")
-            .is_some_and(|t| t == "application/json");
-        let body: Value = if is_json {
-            response.json().await.unwrap()
-        } else {
-            Value::Null
-        };
+        let body = support::json_or_null(response).await;
         let message = body["error"]["message"].as_str().unwrap_or_default();
         assert!(
             !message.starts_with("route "),

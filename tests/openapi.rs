@@ -82,16 +82,7 @@ async fn every_documented_operation_is_routed() {
             .await
             .unwrap();
         let status = response.status();
-        let is_json = response
-            .headers()
-            .get("content-type")
-            .is_some_and(|t| t == "application/json");
-        // A live stream never ends: its status and headers are the answer.
-        let body: Value = if is_json {
-            response.json().await.unwrap()
-        } else {
-            Value::Null
-        };
+        let body = support::json_or_null(response).await;
         let message = body["error"]["message"].as_str().unwrap_or_default();
         assert!(
             !message.starts_with("route "),

@@ -691,3 +691,17 @@ pub fn run_keel_until_exit(
     let status = process.wait_exit(timeout);
     (status, process.log_text())
 }
+
+/// A response's JSON body, or null for another content type (a live stream never ends:
+/// its status and headers are the answer).
+pub async fn json_or_null(response: reqwest::Response) -> Value {
+    let is_json = response
+        .headers()
+        .get("content-type")
+        .is_some_and(|t| t == "application/json");
+    if is_json {
+        response.json().await.unwrap()
+    } else {
+        Value::Null
+    }
+}
