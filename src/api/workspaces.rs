@@ -9,11 +9,9 @@ use utoipa_axum::routes;
 
 use super::extract::ApiJson;
 use super::{ApiError, AppState, ObjectEnvelope, object};
+use crate::domain::identity::checked_id;
 use crate::domain::{Caller, Scope};
 use crate::store::workspaces::{self, WorkspaceLimits};
-
-/// Longest workspace id accepted in a path (remote identities' org ids are bounded too).
-const MAX_WORKSPACE_ID: usize = 128;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -40,15 +38,10 @@ fn operator_scope(caller: &Caller, workspace_id: String) -> Result<Scope, ApiErr
             "only an operator may read or set another workspace's limits".into(),
         ));
     }
-    let valid = !workspace_id.is_empty()
-        && workspace_id.len() <= MAX_WORKSPACE_ID
-        && workspace_id.bytes().all(|b| b.is_ascii_graphic());
-    if !valid {
-        return Err(ApiError::invalid(format!(
-            "workspace_id must be 1 to {MAX_WORKSPACE_ID} printable characters"
-        )));
-    }
-    Ok(Scope::new(workspace_id))
+    // The same rule as the org ids that name workspaces in remote mode.
+    checked_id(&workspace_id).map(Scope::new).ok_or_else(|| {
+        ApiError::invalid("workspace_id must be 1 to 128 printable ASCII characters, no spaces")
+    })
 }
 
 /// A workspace's limits (operators only).

@@ -10,6 +10,16 @@ pub const DEFAULT_WORKSPACE: &str = "default";
 /// The actor id of a request in local mode.
 pub const LOCAL_ACTOR: &str = "local";
 
+/// Longest id accepted: ids become workspace ids and log fields.
+const MAX_ID_LEN: usize = 128;
+
+/// An id safe as a workspace id and a log field: 1 to 128 printable ASCII characters, no
+/// spaces.
+pub fn checked_id(value: &str) -> Option<String> {
+    (!value.is_empty() && value.len() <= MAX_ID_LEN && value.bytes().all(|b| b.is_ascii_graphic()))
+        .then(|| value.to_string())
+}
+
 /// The tenant a store query is confined to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Scope {
@@ -92,5 +102,20 @@ impl Caller {
     /// The actor the audit trail records for this caller's changes.
     pub fn actor(&self) -> Actor {
         Actor::Person(self.actor_id.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_bounded_printable_and_non_empty() {
+        assert_eq!(checked_id("org_1").as_deref(), Some("org_1"));
+        assert!(checked_id("").is_none());
+        assert!(checked_id("a b").is_none());
+        assert!(checked_id("a\u{0}").is_none());
+        assert!(checked_id("é").is_none());
+        assert!(checked_id(&"a".repeat(129)).is_none());
     }
 }

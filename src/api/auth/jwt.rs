@@ -9,8 +9,9 @@ use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, KeyAlgorithm
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
-use super::headers::{checked_id, checked_name};
+use super::headers::checked_name;
 use super::settings::SettingsError;
+use crate::domain::identity::checked_id;
 use crate::domain::identity::{IdentityForm, RemoteIdentity};
 
 pub const IDENTITY_HEADER: &str = "x-keel-identity";

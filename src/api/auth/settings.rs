@@ -9,7 +9,7 @@ use serde::Serialize;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use utoipa::ToSchema;
 
-use super::headers::{self, checked_id};
+use super::headers;
 use super::host::HostAllowlist;
 use super::jwt::{IDENTITY_HEADER, JwtVerifier, Rejected};
 use super::ratelimit::Limiter;
@@ -17,6 +17,7 @@ use super::token;
 use crate::config::{AuthArgs, Redacted};
 use crate::domain::Caller;
 use crate::domain::identity::RemoteIdentity;
+use crate::domain::identity::checked_id;
 
 /// Shortest runtime token or shared secret accepted.
 const MIN_SECRET_LEN: usize = 16;
