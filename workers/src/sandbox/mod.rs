@@ -34,6 +34,16 @@ fn mechanism() -> &'static Mechanism {
     })
 }
 
+/// When this process first prepared a containment, in ms since the epoch.
+fn started_at() -> u128 {
+    static STARTED: OnceLock<u128> = OnceLock::new();
+    *STARTED.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis())
+    })
+}
+
 /// Names the containment runs get on this host, for the worker's start-up log.
 pub fn containment_name() -> String {
     match mechanism() {
@@ -56,9 +66,12 @@ impl Containment {
     /// Prepares a containment for one attempt (creates its cgroup where there is one).
     pub(crate) fn prepare() -> std::io::Result<Containment> {
         static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+        // The process's start time goes in too: a worker that died (kill -9) leaves its
+        // cgroups behind, and a later worker given the same pid would collide with them.
         let id = format!(
-            "{}-{}",
+            "{}-{}-{}",
             std::process::id(),
+            started_at(),
             SEQUENCE.fetch_add(1, Ordering::Relaxed)
         );
         let cgroup = match mechanism() {
