@@ -178,7 +178,9 @@ async fn create_database(admin_url: &str, name: &str) -> anyhow::Result<()> {
             .fetch_one(&pool)
             .await?;
     if !exists {
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+        // An identifier cannot be a bound parameter; quote it as PostgreSQL does.
+        let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {quoted}")))
             .execute(&pool)
             .await?;
     }

@@ -357,7 +357,7 @@ async fn patch_provider(
 ) -> Result<Json<ObjectEnvelope<ProviderView>>> {
     let mut tx = state.pool.begin().await?;
     let scope = &caller.scope;
-    let current = providers::lock(&mut tx, scope, &id, "FOR UPDATE").await?;
+    let current = providers::lock(&mut tx, scope, &id, providers::LockMode::Update).await?;
     let spec = patch
         .apply(current.fields())
         .validate(&state.secrets, &state.provider_hosts)?;

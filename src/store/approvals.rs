@@ -42,13 +42,6 @@ pub struct ApprovalRecord {
     pub resolved_at: Option<DateTime<Utc>>,
 }
 
-const SELECT_APPROVAL: &str = "
-    SELECT id, task_id, run_id, kind,
-           CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END AS status,
-           action_summary, action_summary_incomplete, decision_note, resolved_by, created_at,
-           expires_at, resolved_at
-    FROM approvals";
-
 /// Opens a pending approval on a run (inside its admission transaction). The caller
 /// appends the `approval.requested` event last.
 pub async fn create(
@@ -61,15 +54,13 @@ pub async fn create(
     actor: &Actor,
 ) -> Result<ApprovalRecord> {
     let ttl_ms = ttl.map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
-    let approval: ApprovalRecord = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "WITH inserted AS (
-             INSERT INTO approvals (id, task_id, run_id, kind, status, action_summary,
-                                    action_summary_incomplete, expires_at, workspace_id)
-             VALUES ($1, $2, $3, $4, 'pending', $5, $6, now() + $7 * interval '1 millisecond', $8)
-             RETURNING *)
-         {} ",
-        SELECT_APPROVAL.replace("FROM approvals", "FROM inserted")
-    )))
+    // Just inserted as pending with a TTL in the future: it reads as stored.
+    let approval: ApprovalRecord = sqlx::query_as(
+        "INSERT INTO approvals (id, task_id, run_id, kind, status, action_summary,
+                                action_summary_incomplete, expires_at, workspace_id)
+         VALUES ($1, $2, $3, $4, 'pending', $5, $6, now() + $7 * interval '1 millisecond', $8)
+         RETURNING *",
+    )
     .bind(new_id("apr"))
     .bind(&run.task_id)
     .bind(&run.id)
@@ -135,9 +126,15 @@ pub async fn get(
     task_id: &str,
     approval_id: &str,
 ) -> Result<ApprovalRecord> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{SELECT_APPROVAL} WHERE workspace_id = $3 AND task_id = $1 AND id = $2"
-    )))
+    sqlx::query_as(
+        "SELECT id, task_id, run_id, kind,
+                CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END
+                    AS status,
+                action_summary, action_summary_incomplete, decision_note, resolved_by,
+                created_at, expires_at, resolved_at
+         FROM approvals
+         WHERE workspace_id = $3 AND task_id = $1 AND id = $2",
+    )
     .bind(task_id)
     .bind(approval_id)
     .bind(scope.workspace())
@@ -155,12 +152,19 @@ pub async fn list(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ApprovalRecord>> {
-    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT * FROM ({SELECT_APPROVAL} WHERE workspace_id = $5) a
+    let rows = sqlx::query_as(
+        "SELECT * FROM (
+             SELECT id, task_id, run_id, kind,
+                    CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END
+                        AS status,
+                    action_summary, action_summary_incomplete, decision_note, resolved_by,
+                    created_at, expires_at, resolved_at
+             FROM approvals
+             WHERE workspace_id = $5) a
          WHERE ($1::text IS NULL OR a.task_id = $1) AND ($2::text IS NULL OR a.status = $2)
            AND ($3::text IS NULL OR a.id > $3)
-         ORDER BY a.id LIMIT $4"
-    )))
+         ORDER BY a.id LIMIT $4",
+    )
     .bind(task_id)
     .bind(status)
     .bind(after)
@@ -184,9 +188,15 @@ pub async fn resolve(
 ) -> Result<(ApprovalRecord, RunRecord)> {
     let run_id = get(conn, scope, task_id, approval_id).await?.run_id;
     let run = runs::lock(conn, scope, &run_id).await?;
-    let approval: ApprovalRecord = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{SELECT_APPROVAL} WHERE workspace_id = $1 AND id = $2 FOR UPDATE"
-    )))
+    let approval: ApprovalRecord = sqlx::query_as(
+        "SELECT id, task_id, run_id, kind,
+                CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END
+                    AS status,
+                action_summary, action_summary_incomplete, decision_note, resolved_by,
+                created_at, expires_at, resolved_at
+         FROM approvals
+         WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
+    )
     .bind(scope.workspace())
     .bind(approval_id)
     .fetch_one(&mut *conn)
@@ -276,13 +286,11 @@ async fn settle(
     note: Option<&str>,
     actor: &Actor,
 ) -> Result<ApprovalRecord> {
-    let approval = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "WITH settled AS (
-             UPDATE approvals SET status = $2, decision_note = $3, resolved_by = $4, resolved_at = now()
-             WHERE workspace_id = $5 AND id = $1 RETURNING *)
-         {}",
-        SELECT_APPROVAL.replace("FROM approvals", "FROM settled")
-    )))
+    // Settled: no longer pending, so it reads as stored.
+    let approval = sqlx::query_as(
+        "UPDATE approvals SET status = $2, decision_note = $3, resolved_by = $4, resolved_at = now()
+         WHERE workspace_id = $5 AND id = $1 RETURNING *",
+    )
     .bind(approval_id)
     .bind(to)
     .bind(note)

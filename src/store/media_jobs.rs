@@ -86,7 +86,13 @@ pub async fn create(
     job: NewMediaJob<'_>,
     actor: &Actor,
 ) -> Result<MediaJobRecord, Refused> {
-    let preset = providers::lock(&mut *conn, scope, job.provider_id, "FOR SHARE").await?;
+    let preset = providers::lock(
+        &mut *conn,
+        scope,
+        job.provider_id,
+        providers::LockMode::Share,
+    )
+    .await?;
     media::check_runnable(
         &preset.id,
         preset.api(),
@@ -263,7 +269,13 @@ pub async fn run(
         }
         .into());
     }
-    let preset = providers::lock(&mut *conn, scope, &job.provider_id, "FOR SHARE").await?;
+    let preset = providers::lock(
+        &mut *conn,
+        scope,
+        &job.provider_id,
+        providers::LockMode::Share,
+    )
+    .await?;
     let operation = Operation::parse(&job.operation).expect("the table's check constraint");
     media::check_runnable(
         &preset.id,

@@ -72,10 +72,6 @@ impl ProviderRecord {
     }
 }
 
-const COLUMNS: &str = "id, kind, display_name, provider_id, model, api, base_url, api_key_ref,
-    headers, secret_header_refs, capabilities, input, compat, enabled, last_check,
-    created_at, updated_at";
-
 fn refs(spec: &ProviderSpec) -> (Option<String>, BTreeMap<String, String>) {
     let api_key = spec.api_key_ref.as_ref().map(ToString::to_string);
     let headers = spec
@@ -116,7 +112,7 @@ async fn save(
     spec: &ProviderSpec,
 ) -> Result<ProviderRecord> {
     let (api_key_ref, secret_header_refs) = refs(spec);
-    let row = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let row = sqlx::query_as(
         "INSERT INTO providers (id, kind, display_name, provider_id, model, api, base_url,
                                 api_key_ref, headers, secret_header_refs, capabilities, input,
                                 compat, enabled, workspace_id)
@@ -130,8 +126,8 @@ async fn save(
              compat = EXCLUDED.compat, enabled = EXCLUDED.enabled, last_check = NULL,
              updated_at = now()
          WHERE providers.workspace_id = EXCLUDED.workspace_id
-         RETURNING {COLUMNS}"
-    )))
+         RETURNING *",
+    )
     .bind(id)
     .bind(&spec.kind)
     .bind(&spec.display_name)
@@ -154,31 +150,40 @@ async fn save(
 }
 
 pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<ProviderRecord> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM providers WHERE workspace_id = $1 AND id = $2"
-    )))
-    .bind(scope.workspace())
-    .bind(id)
-    .fetch_optional(conn)
-    .await?
-    .ok_or(StoreError::NotFound("provider"))
+    sqlx::query_as("SELECT * FROM providers WHERE workspace_id = $1 AND id = $2")
+        .bind(scope.workspace())
+        .bind(id)
+        .fetch_optional(conn)
+        .await?
+        .ok_or(StoreError::NotFound("provider"))
 }
 
-/// Reads a preset under a row lock (`FOR SHARE` or `FOR UPDATE`).
+/// How [`lock`] holds a preset: shared by the media jobs it admits, exclusively by an edit.
+#[derive(Debug, Clone, Copy)]
+pub enum LockMode {
+    Share,
+    Update,
+}
+
+/// Reads a preset under a row lock.
 pub async fn lock(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &str,
-    mode: &'static str,
+    mode: LockMode,
 ) -> Result<ProviderRecord> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM providers WHERE workspace_id = $1 AND id = $2 {mode}"
-    )))
-    .bind(scope.workspace())
-    .bind(id)
-    .fetch_optional(conn)
-    .await?
-    .ok_or(StoreError::NotFound("provider"))
+    let statement = match mode {
+        LockMode::Share => "SELECT * FROM providers WHERE workspace_id = $1 AND id = $2 FOR SHARE",
+        LockMode::Update => {
+            "SELECT * FROM providers WHERE workspace_id = $1 AND id = $2 FOR UPDATE"
+        }
+    };
+    sqlx::query_as(statement)
+        .bind(scope.workspace())
+        .bind(id)
+        .fetch_optional(conn)
+        .await?
+        .ok_or(StoreError::NotFound("provider"))
 }
 
 pub async fn list(
@@ -187,10 +192,10 @@ pub async fn list(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ProviderRecord>> {
-    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM providers
-         WHERE workspace_id = $3 AND ($1::text IS NULL OR id > $1) ORDER BY id LIMIT $2"
-    )))
+    let rows = sqlx::query_as(
+        "SELECT * FROM providers
+         WHERE workspace_id = $3 AND ($1::text IS NULL OR id > $1) ORDER BY id LIMIT $2",
+    )
     .bind(after)
     .bind(limit)
     .bind(scope.workspace())
@@ -202,7 +207,7 @@ pub async fn list(
 /// Deletes a preset no media job names. The row lock orders this against a media job
 /// being created for the preset (which holds it `FOR SHARE`).
 pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
-    lock(&mut *conn, scope, id, "FOR UPDATE").await?;
+    lock(&mut *conn, scope, id, LockMode::Update).await?;
     let jobs: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM media_jobs WHERE workspace_id = $1 AND provider_id = $2",
     )

@@ -52,9 +52,6 @@ impl ScheduleRecord {
     }
 }
 
-const SCHEDULE_COLUMNS: &str = "id, task_id, kind, timezone, run_at, cron_expression, enabled,
-    next_run_at, revision, created_at, updated_at, workspace_id";
-
 #[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct OccurrenceRecord {
     pub id: String,
@@ -67,9 +64,6 @@ pub struct OccurrenceRecord {
     pub error: Option<String>,
     pub completed_at: Option<DateTime<Utc>>,
 }
-
-const OCCURRENCE_COLUMNS: &str =
-    "id, task_id, schedule_id, scheduled_for, status, claimed_at, run_id, error, completed_at";
 
 /// An occurrence this dispatcher holds: only the holder of `token` may resolve it.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -89,10 +83,6 @@ impl Claim {
     }
 }
 
-/// What a claim statement returns, as [`Claim`] reads it.
-const CLAIM_COLUMNS: &str = "id AS occurrence_id, schedule_id, task_id, scheduled_for,
-    claim_token AS token, workspace_id";
-
 /// How a claimed occurrence ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -110,13 +100,12 @@ pub enum Outcome {
 }
 
 pub async fn get(conn: &mut PgConnection, scope: &Scope, task_id: &str) -> Result<ScheduleRecord> {
-    let schedule = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {SCHEDULE_COLUMNS} FROM task_schedules WHERE workspace_id = $1 AND task_id = $2"
-    )))
-    .bind(scope.workspace())
-    .bind(task_id)
-    .fetch_optional(&mut *conn)
-    .await?;
+    let schedule =
+        sqlx::query_as("SELECT * FROM task_schedules WHERE workspace_id = $1 AND task_id = $2")
+            .bind(scope.workspace())
+            .bind(task_id)
+            .fetch_optional(&mut *conn)
+            .await?;
     match schedule {
         Some(schedule) => Ok(schedule),
         None => Err(missing(conn, scope, task_id).await),
@@ -154,13 +143,13 @@ pub async fn list(
     before: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ScheduleRecord>> {
-    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {SCHEDULE_COLUMNS} FROM task_schedules
+    let rows = sqlx::query_as(
+        "SELECT * FROM task_schedules
          WHERE workspace_id = $5 AND (cardinality($1::text[]) = 0 OR task_id = ANY($1))
            AND ($2::boolean IS NULL OR enabled = $2)
            AND ($3::text IS NULL OR id < $3)
-         ORDER BY id DESC LIMIT $4"
-    )))
+         ORDER BY id DESC LIMIT $4",
+    )
     .bind(&filter.task_ids)
     .bind(filter.enabled)
     .bind(before)
@@ -205,7 +194,7 @@ pub async fn put(
         Trigger::Cron { expression, .. } => (None, Some(expression.as_str())),
     };
     let next_run_at = new.next_run_at(now);
-    let schedule: ScheduleRecord = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let schedule: ScheduleRecord = sqlx::query_as(
         "INSERT INTO task_schedules (id, task_id, kind, timezone, run_at, cron_expression,
                                      enabled, next_run_at, workspace_id)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
@@ -214,8 +203,8 @@ pub async fn put(
              cron_expression = EXCLUDED.cron_expression, enabled = EXCLUDED.enabled,
              next_run_at = EXCLUDED.next_run_at, revision = task_schedules.revision + 1,
              updated_at = now()
-         RETURNING {SCHEDULE_COLUMNS}"
-    )))
+         RETURNING *",
+    )
     .bind(new_id("sched"))
     .bind(task_id)
     .bind(new.schedule.kind())
@@ -315,10 +304,10 @@ pub async fn delete(
     actor: &Actor,
 ) -> Result<()> {
     tasks::lock(conn, scope, task_id).await?;
-    let deleted: Option<ScheduleRecord> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let deleted: Option<ScheduleRecord> = sqlx::query_as(
         "DELETE FROM task_schedules WHERE workspace_id = $1 AND task_id = $2
-         RETURNING {SCHEDULE_COLUMNS}"
-    )))
+         RETURNING *",
+    )
     .bind(scope.workspace())
     .bind(task_id)
     .fetch_optional(&mut *conn)
@@ -347,12 +336,12 @@ pub async fn occurrences(
     limit: i64,
 ) -> Result<Vec<OccurrenceRecord>> {
     let schedule = get(conn, scope, task_id).await?;
-    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {OCCURRENCE_COLUMNS} FROM schedule_occurrences
+    let rows = sqlx::query_as(
+        "SELECT * FROM schedule_occurrences
          WHERE workspace_id = $4 AND schedule_id = $1
            AND ($2::timestamptz IS NULL OR scheduled_for < $2)
-         ORDER BY scheduled_for DESC LIMIT $3"
-    )))
+         ORDER BY scheduled_for DESC LIMIT $3",
+    )
     .bind(&schedule.id)
     .bind(before)
     .bind(limit)
@@ -370,12 +359,12 @@ pub async fn lock_due(
     now: DateTime<Utc>,
     limit: i64,
 ) -> Result<Vec<ScheduleRecord>> {
-    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {SCHEDULE_COLUMNS} FROM task_schedules
+    let rows = sqlx::query_as(
+        "SELECT * FROM task_schedules
          WHERE enabled AND next_run_at <= $1
          ORDER BY next_run_at LIMIT $2
-         FOR UPDATE SKIP LOCKED"
-    )))
+         FOR UPDATE SKIP LOCKED",
+    )
     .bind(now)
     .bind(limit)
     .fetch_all(conn)
@@ -435,13 +424,14 @@ pub async fn claim(
     scheduled_for: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Result<Option<Claim>> {
-    let claim = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let claim = sqlx::query_as(
         "INSERT INTO schedule_occurrences (id, schedule_id, task_id, scheduled_for, status,
                                            claim_token, claimed_at, workspace_id)
          VALUES ($1, $2, $3, $4, 'claimed', gen_random_uuid()::text, $5, $6)
          ON CONFLICT (schedule_id, scheduled_for) DO NOTHING
-         RETURNING {CLAIM_COLUMNS}"
-    )))
+         RETURNING id AS occurrence_id, schedule_id, task_id, scheduled_for,
+                   claim_token AS token, workspace_id",
+    )
     .bind(new_id("occ"))
     .bind(&schedule.id)
     .bind(&schedule.task_id)
@@ -463,14 +453,15 @@ pub async fn take_over_stale(
     now: DateTime<Utc>,
     limit: i64,
 ) -> Result<Vec<Claim>> {
-    let claims = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let claims = sqlx::query_as(
         "UPDATE schedule_occurrences SET claim_token = gen_random_uuid()::text, claimed_at = $2
          WHERE id IN (SELECT id FROM schedule_occurrences
                       WHERE status = 'claimed' AND claimed_at < $1
                       ORDER BY claimed_at LIMIT $3
                       FOR UPDATE SKIP LOCKED)
-         RETURNING {CLAIM_COLUMNS}"
-    )))
+         RETURNING id AS occurrence_id, schedule_id, task_id, scheduled_for,
+                   claim_token AS token, workspace_id",
+    )
     .bind(claimed_before)
     .bind(now)
     .bind(limit)
@@ -508,11 +499,11 @@ pub async fn resolve(
         Outcome::Skipped { reason } => ("skipped", None, Some(reason)),
         Outcome::Failed { reason } => ("failed", None, Some(reason)),
     };
-    let occurrence = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let occurrence = sqlx::query_as(
         "UPDATE schedule_occurrences
          SET status = $2, run_id = $3, error = $4, completed_at = $5, claim_token = NULL
-         WHERE workspace_id = $6 AND id = $1 RETURNING {OCCURRENCE_COLUMNS}"
-    )))
+         WHERE workspace_id = $6 AND id = $1 RETURNING *",
+    )
     .bind(occurrence_id)
     .bind(status)
     .bind(run_id)
