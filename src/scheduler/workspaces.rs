@@ -17,11 +17,13 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::store::{StoreError, retention};
+
 /// What a sweep can fail on: the database, or this worker's disk.
 #[derive(Debug, thiserror::Error)]
 pub enum SweepError {
     #[error(transparent)]
-    Database(#[from] sqlx::Error),
+    Database(#[from] StoreError),
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -33,16 +35,6 @@ type Result<T> = std::result::Result<T, SweepError>;
 
 /// Directory names one query checks at most.
 const BATCH: usize = 500;
-
-/// Runs whose workspace retention ended: no run working in it is active or ended less
-/// than $2 ms ago. Shared by the candidate read and the claim, which checks again under
-/// the lock.
-const RETENTION_ENDED: &str = "o.workspace_removed_at IS NULL
-    AND NOT EXISTS (
-        SELECT 1 FROM runs r
-        WHERE r.task_id = o.task_id AND (r.id = o.id OR r.workspace_run_id = o.id)
-          AND (r.finished_at IS NULL
-               OR r.finished_at > now() - make_interval(secs => $2::float8 / 1000)))";
 
 #[derive(Debug, Clone)]
 pub struct WorkspaceSweep {
@@ -96,39 +88,18 @@ impl WorkspaceSweep {
     }
 
     async fn expired(&self, pool: &PgPool, names: &[String]) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT o.id FROM runs o WHERE o.id = ANY($1) AND {RETENTION_ENDED}"
-        )))
-        .bind(names)
-        .bind(self.retention_ms())
-        .fetch_all(pool)
-        .await?)
+        let mut conn = pool.acquire().await.map_err(StoreError::from)?;
+        Ok(retention::expired(&mut conn, names, self.retention).await?)
     }
 
     /// Claims the run's workspace under its task's lock, removes the directory and marks
     /// the run; false when another replica or an admission holds the task, or a resume
     /// made the workspace live again.
     async fn remove(&self, pool: &PgPool, run_id: &str) -> Result<bool> {
-        let mut tx = pool.begin().await?;
-        let locked: Option<String> = sqlx::query_scalar(
-            "SELECT t.id FROM tasks t JOIN runs o ON o.task_id = t.id WHERE o.id = $1
-             FOR UPDATE OF t SKIP LOCKED",
-        )
-        .bind(run_id)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if locked.is_none() {
-            return Ok(false);
-        }
-        let claimed: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "UPDATE runs o SET workspace_removed_at = now() WHERE o.id = $1 AND {RETENTION_ENDED}
-             RETURNING o.id"
-        )))
-        .bind(run_id)
-        .bind(self.retention_ms())
-        .fetch_optional(&mut *tx)
-        .await?;
-        if claimed.is_none() {
+        let mut tx = pool.begin().await.map_err(StoreError::from)?;
+        if !retention::lock_task_of(&mut tx, run_id).await?
+            || !retention::mark_removed(&mut tx, run_id, self.retention).await?
+        {
             return Ok(false);
         }
         let path = self.root.join(run_id);
@@ -140,12 +111,8 @@ impl WorkspaceSweep {
             // next pass finds the directory gone and marks it.
             Err(e) => return Err(io_error(&path, e)),
         }
-        tx.commit().await?;
+        tx.commit().await.map_err(StoreError::from)?;
         Ok(true)
-    }
-
-    fn retention_ms(&self) -> f64 {
-        self.retention.as_millis() as f64
     }
 
     /// Sweeps every `interval` until `stop` fires.

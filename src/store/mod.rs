@@ -10,6 +10,7 @@ pub mod events;
 pub mod leases;
 pub mod media_jobs;
 pub mod providers;
+pub mod retention;
 pub mod runs;
 pub mod runtime;
 pub mod schedules;
