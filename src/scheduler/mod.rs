@@ -22,9 +22,8 @@ use tokio_util::sync::CancellationToken;
 use crate::jobs;
 use crate::queue;
 use crate::store::runs::AdmissionRules;
-use crate::store::stats::KindStats;
 use crate::store::{self, Result, media_jobs, runs};
-use crate::telemetry::metrics;
+use crate::telemetry::metrics::{self, KindGauge};
 
 const RECOVERY_PAGE: i64 = 500;
 
@@ -196,14 +195,20 @@ pub async fn run(pool: PgPool, rules: AdmissionRules, interval: Duration, stop: 
 /// one per export.
 async fn sample_queue(pool: &PgPool) -> Result<()> {
     let mut conn = pool.acquire().await?;
-    let mut kinds = store::stats::queue_everywhere(&mut conn).await?;
+    let mut kinds: Vec<KindGauge> = store::stats::queue_everywhere(&mut conn)
+        .await?
+        .into_iter()
+        .map(|k| KindGauge {
+            kind: k.kind,
+            depth: k.depth,
+            oldest_age_ms: k.oldest_age_ms,
+        })
+        .collect();
     // An empty queue has no row for the kind: report zero rather than nothing.
     if !kinds.iter().any(|k| k.kind == queue::RUN_KIND) {
-        kinds.push(KindStats {
+        kinds.push(KindGauge {
             kind: queue::RUN_KIND.to_string(),
             depth: 0,
-            ready: 0,
-            leased: 0,
             oldest_age_ms: None,
         });
     }

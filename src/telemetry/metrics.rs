@@ -10,8 +10,6 @@ use std::time::Duration;
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Histogram, Meter};
 
-use crate::store::stats::KindStats;
-
 /// Whether an exporter is installed; the maintenance loop samples the queue only then.
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static QUEUE: Mutex<Snapshot> = Mutex::new(Snapshot {
@@ -26,8 +24,18 @@ const SECONDS: [f64; 16] = [
 ];
 
 struct Snapshot {
-    kinds: Vec<KindStats>,
+    kinds: Vec<KindGauge>,
     workers: u64,
+}
+
+/// What the queue gauges report of one job kind.
+#[derive(Debug, Clone)]
+pub struct KindGauge {
+    pub kind: String,
+    /// Jobs waiting to be claimed.
+    pub depth: i64,
+    /// Age of the oldest due, unclaimed job.
+    pub oldest_age_ms: Option<i64>,
 }
 
 struct Instruments {
@@ -126,7 +134,7 @@ pub fn enabled() -> bool {
 }
 
 /// Replaces the snapshot the queue gauges report (registering them on first use).
-pub fn observe_queue(kinds: Vec<KindStats>, workers: u64) {
+pub fn observe_queue(kinds: Vec<KindGauge>, workers: u64) {
     static GAUGES: Once = Once::new();
     *QUEUE.lock().unwrap() = Snapshot { kinds, workers };
     GAUGES.call_once(register_gauges);
