@@ -7,8 +7,12 @@ WORKDIR /src
 # Dependencies first, so source edits do not rebuild them.
 COPY Cargo.toml Cargo.lock ./
 COPY workers/Cargo.toml workers/Cargo.toml
-RUN mkdir -p src workers/src \
+# The benchmark crate is a workspace member: its manifest must be there, though the image
+# does not build it.
+COPY bench/Cargo.toml bench/Cargo.toml
+RUN mkdir -p src workers/src bench/src \
  && echo 'fn main() {}' > src/main.rs && touch src/lib.rs workers/src/lib.rs \
+ && echo 'fn main() {}' > bench/src/main.rs && touch bench/src/lib.rs \
  && cargo build --release --locked --bin keel || true
 COPY . .
 RUN touch src/main.rs src/lib.rs workers/src/lib.rs \

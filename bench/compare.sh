@@ -4,11 +4,11 @@
 # Prints one table: figure, Keel, peer, ratio (medians across repetitions). See
 # docs/benchmarks.md.
 #
-#   bench/compare.sh [keel bench run flags…]
+#   bench/compare.sh [keel-bench run flags…]
 #
 # Environment: JOBS (20000), CONCURRENCY (16), SAMPLES (300), REPEAT (1), OUT (a new
 # directory under /tmp; the JSON reports are kept there), PEER (../shared/bench/peers/
-# graphile-worker), CARGO_TARGET_DIR (target). Extra arguments go to `keel bench run`,
+# graphile-worker), CARGO_TARGET_DIR (target). Extra arguments go to `keel-bench run`,
 # for example `--figures queue` or `--hold-secs 10` for a short run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,8 +24,8 @@ mkdir -p "$OUT"
 chmod 755 "$OUT"
 
 echo "== building keel (release)" >&2
-cargo build --release --quiet
-KEEL=$(realpath "${CARGO_TARGET_DIR:-target}")/release/keel
+cargo build --release --quiet -p keel -p keel-bench
+BENCH=$(realpath "${CARGO_TARGET_DIR:-target}")/release/keel-bench
 
 echo "== installing the peer (shared/ is read-only: a copy under $OUT)" >&2
 rm -rf "$OUT/peer"
@@ -43,7 +43,7 @@ for i in $(seq 1 "$REPEAT"); do
   echo "== run $i of $REPEAT: starting a throwaway PostgreSQL" >&2
   root="$OUT/postgres-$i"
   rm -rf "$root"
-  "$KEEL" bench postgres "$root" > "$OUT/url-$i" &
+  "$BENCH" postgres "$root" > "$OUT/url-$i" &
   pg=$!
   for _ in $(seq 1 600); do [ -s "$OUT/url-$i" ] && break; sleep 0.1; done
   url=$(head -n1 "$OUT/url-$i")
@@ -53,12 +53,12 @@ for i in $(seq 1 "$REPEAT"); do
   DATABASE_URL="$url" node "$OUT/peer/bench.mjs" --jobs "$JOBS" --concurrency "$CONCURRENCY" \
     --samples "$SAMPLES" > "$OUT/peer-$i.json"
   echo "== run $i: keel (N=$JOBS, C=$CONCURRENCY)" >&2
-  RUST_LOG=${RUST_LOG:-warn,sqlx=error} "$KEEL" bench run --database-url "$url" --jobs "$JOBS" \
+  RUST_LOG=${RUST_LOG:-warn,sqlx=error} "$BENCH" run --database-url "$url" --jobs "$JOBS" \
     --concurrency "$CONCURRENCY" --samples "$SAMPLES" --out "$OUT/keel-$i.json" "$@" > /dev/null
 
   stop_postgres
   rm -rf "$root"
 done
 
-"$KEEL" bench report --keel "$OUT"/keel-*.json --peer "$OUT"/peer-*.json
+"$BENCH" report --keel "$OUT"/keel-*.json --peer "$OUT"/peer-*.json
 echo "(reports in $OUT)" >&2

@@ -15,7 +15,7 @@ use crate::queue::worker::{JobHandler, Worker};
 use crate::store::content::ContentStore;
 use crate::store::embedded::{Durability, EmbeddedPostgres};
 use crate::store::runs::AdmissionRules;
-use crate::{api, bench, scheduler, store, telemetry};
+use crate::{api, scheduler, store, telemetry};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -48,11 +48,6 @@ pub enum Command {
     Migrate,
     /// Prints the HTTP API's OpenAPI 3.1 document (as served at /v1/openapi.json).
     Openapi,
-    /// Benchmarks: Keel's queue and run figures, and the comparison table (docs/benchmarks.md).
-    Bench {
-        #[command(subcommand)]
-        command: bench::BenchCommand,
-    },
 }
 
 impl Command {
@@ -64,7 +59,6 @@ impl Command {
             Command::Worker(_) => "worker",
             Command::Migrate => "migrate",
             Command::Openapi => "openapi",
-            Command::Bench { .. } => "bench",
         }
     }
 }
@@ -127,7 +121,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             run_worker(pool, &common, &args, shutdown).await
         }
         Command::Serve { api, worker } => serve_all(&common, &api, &worker, shutdown).await,
-        Command::Bench { command } => bench::main(&common, command, shutdown).await,
     }
 }
 
@@ -262,7 +255,7 @@ pub async fn run_worker(
 }
 
 /// A worker process's duties around the given handlers: boot recovery, the maintenance
-/// loop and the worker itself (the benchmark starts its no-op kind through this too).
+/// loop and the worker itself (`keel-bench` starts its no-op kind through this too).
 pub async fn run_worker_with(
     pool: PgPool,
     rules: AdmissionRules,

@@ -2,7 +2,6 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
-pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod domain;

@@ -1,7 +1,8 @@
-//! Child processes of the bench: this same binary as `keel bench worker`, `keel worker`
-//! or `keel api`. Each is stopped (SIGTERM, then SIGKILL) when dropped, so a failed
+//! Child processes of the bench: this same binary as `keel-bench worker`, and the `keel`
+//! binary beside it (or `$KEEL_BIN`) as `keel worker` or `keel api`. Each is stopped (SIGTERM, then SIGKILL) when dropped, so a failed
 //! figure leaves nothing running.
 
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,9 +19,17 @@ pub struct Process {
 
 impl Process {
     /// Starts `keel ARGS…` against `url`, with warnings and errors on the bench's stderr.
-    pub fn spawn(url: &str, args: &[String], env: &[(&str, &str)]) -> anyhow::Result<Self> {
-        let exe = std::env::current_exe().context("locating the keel binary")?;
-        let mut command = Command::new(exe);
+    pub fn keel(url: &str, args: &[String], env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        Process::spawn(keel_binary()?, url, args, env)
+    }
+
+    fn spawn(
+        exe: PathBuf,
+        url: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        let mut command = Command::new(&exe);
         command
             .args(args)
             .env("KEEL_DATABASE_URL", url)
@@ -30,11 +39,13 @@ impl Process {
         for (key, value) in env {
             command.env(key, value);
         }
-        let child = command.spawn().context("starting a keel process")?;
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {}", exe.display()))?;
         Ok(Process { child })
     }
 
-    /// `keel bench worker` with `concurrency` jobs, `prefetch` and the given lease.
+    /// `keel-bench worker` with `concurrency` jobs, `prefetch` and the given lease.
     pub fn bench_worker(
         url: &str,
         concurrency: usize,
@@ -43,8 +54,7 @@ impl Process {
     ) -> anyhow::Result<Self> {
         let args = super::noop::worker_args(concurrency, prefetch, lease_ms);
         let flags = [
-            "bench".to_string(),
-            "worker".into(),
+            "worker".to_string(),
             format!("--concurrency={}", args.concurrency),
             format!("--prefetch={}", args.prefetch),
             format!("--lease-ms={}", args.lease_ms),
@@ -56,7 +66,8 @@ impl Process {
                 super::worker_pool_size(concurrency)
             ),
         ];
-        Process::spawn(url, &flags, &[])
+        let exe = std::env::current_exe().context("locating the keel-bench binary")?;
+        Process::spawn(exe, url, &flags, &[])
     }
 
     pub fn pid(&self) -> i32 {
@@ -129,4 +140,19 @@ pub async fn wait_registered(pool: &PgPool, pids: &[i32]) -> anyhow::Result<()> 
         );
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// `$KEEL_BIN`, else the `keel` binary in this binary's directory (cargo builds both there).
+fn keel_binary() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("KEEL_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().context("locating the keel-bench binary")?;
+    let keel = exe.with_file_name("keel");
+    anyhow::ensure!(
+        keel.is_file(),
+        "no keel binary at {} (build it, or set KEEL_BIN)",
+        keel.display()
+    );
+    Ok(keel)
 }

@@ -1,10 +1,10 @@
-//! `keel bench`: Keel's performance figures against a database URL, and the pieces
+//! `keel-bench`: Keel's performance figures against a database URL, and the pieces
 //! `bench/compare.sh` needs around them (docs/benchmarks.md).
 //!
-//! The measured queue path is the production one: [`crate::queue::worker::Worker`],
-//! started by [`crate::cli::run_worker_with`] exactly as `keel worker` starts it, with a
+//! The measured queue path is the production one: [`keel::queue::worker::Worker`],
+//! started by [`keel::cli::run_worker_with`] exactly as `keel worker` starts it, with a
 //! no-op handler of its own kind ([`noop::BenchJobs`], kind `bench`). Multi-process
-//! figures re-execute this binary as `keel bench worker`; the runs figure starts real
+//! figures re-execute this binary as `keel-bench worker`; the runs figure starts real
 //! `keel api` and `keel worker` processes and talks HTTP to them.
 //!
 //! Benchmarks are not tests: nothing here asserts a timing. The bench owns the database
@@ -28,9 +28,9 @@ use clap::{Args, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Common, WorkerArgs};
-use crate::store;
-use crate::store::embedded::{Durability, EmbeddedPostgres};
+use keel::config::{Common, WorkerArgs};
+use keel::store;
+use keel::store::embedded::{Durability, EmbeddedPostgres};
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -48,7 +48,7 @@ pub enum BenchCommand {
     Worker(WorkerArgs),
 }
 
-/// Which figures `keel bench run` measures.
+/// Which figures `keel-bench run` measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Figure {
     Queue,
@@ -125,7 +125,7 @@ pub struct RunArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct ReportArgs {
-    /// Keel reports (`keel bench run` output), one per run.
+    /// Keel reports (`keel-bench run` output), one per run.
     #[arg(long, num_args = 1.., required = true)]
     pub keel: Vec<PathBuf>,
     /// Peer reports (graphile-worker's bench.mjs output), one per run.
@@ -133,7 +133,7 @@ pub struct ReportArgs {
     pub peer: Vec<PathBuf>,
 }
 
-/// Everything one `keel bench run` measured.
+/// Everything one `keel-bench run` measured.
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Report {
     pub keel: String,
@@ -158,7 +158,7 @@ pub async fn main(
         BenchCommand::Report(args) => report::print(&args),
         BenchCommand::Postgres { root } => postgres(root, shutdown).await,
         BenchCommand::Worker(args) => {
-            let pool = crate::cli::connect(common, "bench-worker").await?;
+            let pool = keel::cli::connect(common, "bench-worker").await?;
             noop::run_worker(pool, &args, noop::Probe::default(), shutdown).await
         }
     }
@@ -178,7 +178,7 @@ async fn run(common: &Common, args: &RunArgs) -> anyhow::Result<()> {
         ..Report::default()
     };
     for figure in &args.figures {
-        eprintln!("keel bench: measuring {figure:?} …");
+        eprintln!("keel-bench: measuring {figure:?} …");
         match figure {
             Figure::Queue => report.queue = Some(queue::figures(&pool, &url, args).await?),
             Figure::Runs => report.runs = Some(runs::figures(&pool, &url, args).await?),

@@ -13,9 +13,9 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::WorkerArgs;
-use crate::queue::worker::{Job, JobHandler};
-use crate::store;
+use keel::config::WorkerArgs;
+use keel::queue::worker::{Job, JobHandler};
+use keel::store;
 
 pub const KIND: &str = "bench";
 /// Jobs whose ref_id starts with this hold their lease until interrupted (the recovery
@@ -107,8 +107,8 @@ pub async fn run_worker(
 ) -> anyhow::Result<()> {
     let handler = Arc::new(BenchJobs { probe });
     // The bench database has no schedules, so no admission rules are needed.
-    let rules = crate::store::runs::AdmissionRules::default();
-    crate::cli::run_worker_with(pool, rules, args, vec![handler], shutdown).await
+    let rules = keel::store::runs::AdmissionRules::default();
+    keel::cli::run_worker_with(pool, rules, args, vec![handler], shutdown).await
 }
 
 /// Worker settings for the bench: production defaults with the given concurrency,

@@ -51,7 +51,7 @@ async fn measure(
 ) -> anyhow::Result<RunsFigures> {
     let base = format!("http://127.0.0.1:{}", free_port()?);
     let no_approvals = [("KEEL_APPROVAL_POLICIES", "none")];
-    let api = Process::spawn(
+    let api = Process::keel(
         url,
         &[
             "api".into(),
@@ -67,7 +67,7 @@ async fn measure(
                 "worker".into(),
                 format!("--concurrency={}", args.concurrency),
             ];
-            Process::spawn(url, &flags, &[no_approvals[0], ("KEEL_DATA_DIR", &dir)])
+            Process::keel(url, &flags, &[no_approvals[0], ("KEEL_DATA_DIR", &dir)])
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let pids: Vec<i32> = workers.iter().map(Process::pid).collect();

@@ -17,8 +17,8 @@ use super::RunArgs;
 use super::noop::{InProcess, KIND, Probe};
 use super::queue::clear;
 use super::stats::Latency;
-use crate::domain::Scope;
-use crate::queue;
+use keel::domain::Scope;
+use keel::queue;
 
 /// How often the offered load is enqueued (rate · TICK jobs at a time).
 const TICK: Duration = Duration::from_millis(10);

@@ -10,8 +10,8 @@ use super::children;
 use super::noop::{InProcess, KIND, Probe};
 use super::stats::{Latency, Throughput};
 use super::{POLL, RunArgs};
-use crate::domain::Scope;
-use crate::queue;
+use keel::domain::Scope;
+use keel::queue;
 
 /// Rows per enqueue statement when enqueuing in bulk (the peer's batch size too).
 const ENQUEUE_BATCH: usize = 5_000;

@@ -1,10 +1,10 @@
-//! `keel bench` at a tiny size, so the benchmark keeps compiling and working. Benchmarks
+//! `keel-bench` at a tiny size, so the benchmark keeps compiling and working. Benchmarks
 //! are not tests: this asserts no timing, only that every job was processed and that
-//! every figure is present (docs/benchmarks.md has the real measurements).
+//! every figure is present (docs/benchmarks.md has the real measurements). The runs
+//! figure starts the `keel` binary cargo built beside `keel-bench`.
 
-mod support;
-
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 
@@ -13,11 +13,17 @@ const RUNS: u64 = 20;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_figure_is_measured_and_every_job_processed() {
-    let url = support::fresh_database().await;
     let dir = tempfile::tempdir().unwrap();
+    // Run as root, the cluster runs as the `postgres` user: it must reach the directory.
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let (_cluster, url) = throwaway_cluster(dir.path());
     let out = dir.path().join("keel.json");
-    let status = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(["bench", "run", "--database-url", &url, "--out"])
+    let status = Command::new(env!("CARGO_BIN_EXE_keel-bench"))
+        .args(["run", "--database-url", &url, "--out"])
         .arg(&out)
         .args([
             "--jobs",
@@ -40,8 +46,8 @@ async fn every_figure_is_measured_and_every_job_processed() {
         .args(["--snapshot-after-secs", "1"])
         .env("RUST_LOG", "warn,sqlx=error")
         .status()
-        .expect("keel bench started");
-    assert!(status.success(), "keel bench run failed: {status}");
+        .expect("keel-bench started");
+    assert!(status.success(), "keel-bench run failed: {status}");
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
 
     assert_eq!(report["queue"]["throughput"]["jobs"], JOBS);
@@ -66,7 +72,7 @@ async fn every_figure_is_measured_and_every_job_processed() {
     );
 
     // Every job was processed: none is left in the queue, every run completed.
-    let pool = support::pool(&url).await;
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs")
         .fetch_one(&pool)
         .await
@@ -79,8 +85,8 @@ async fn every_figure_is_measured_and_every_job_processed() {
     assert_eq!(completed as u64, RUNS);
 
     // The table prints every figure from the saved report.
-    let table = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(["bench", "report", "--keel"])
+    let table = Command::new(env!("CARGO_BIN_EXE_keel-bench"))
+        .args(["report", "--keel"])
         .arg(&out)
         .output()
         .unwrap();
@@ -95,5 +101,34 @@ async fn every_figure_is_measured_and_every_job_processed() {
         "snapshot:",
     ] {
         assert!(table.contains(figure), "{figure} missing from:\n{table}");
+    }
+}
+
+/// `keel-bench postgres` under `dir`: a throwaway cluster for this test alone, stopped
+/// (SIGTERM) when the guard drops; returns it and the URL of its `bench` database.
+fn throwaway_cluster(dir: &std::path::Path) -> (Cluster, String) {
+    let root = dir.join("postgres");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keel-bench"))
+        .arg("postgres")
+        .arg(&root)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("keel-bench postgres started");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("the cluster's URL");
+    assert!(line.starts_with("postgres"), "no cluster URL: {line:?}");
+    (Cluster(child), line.trim().to_string())
+}
+
+struct Cluster(Child);
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.0.wait();
     }
 }
