@@ -2,8 +2,13 @@
 //! events from the database, woken by NOTIFY (through [`AppState::events`]) with a polling
 //! fallback, so a client on any API process sees what any worker wrote, in order, and a
 //! client resuming with `Last-Event-ID` misses nothing and sees nothing twice.
+//!
+//! The feed holds back events above the horizon (the oldest running transaction; see
+//! [`events`]): a stream that finds some waits a few milliseconds, not for the next NOTIFY,
+//! since the transaction holding them back may write no event and send none.
 
 use std::convert::Infallible;
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -18,10 +23,13 @@ use utoipa_axum::routes;
 use super::extract::ApiQuery;
 use super::{ApiError, AppState, ListEnvelope, list, page_limit};
 use crate::domain::Caller;
-use crate::store::events::{self, EventRecord, FeedFilter};
+use crate::store::events::{self, EventRecord, FeedCursor, FeedFilter};
 use crate::store::{StoreError, runs};
 
 const STREAM_PAGE: i64 = 500;
+/// The first wait of a feed stream whose events are held back by a running transaction;
+/// it doubles while they stay held, up to the stream's polling interval.
+const HELD_RETRY: Duration = Duration::from_millis(2);
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -47,9 +55,9 @@ struct EventsQuery {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct FeedQuery {
-    /// Only events with a greater `global_sequence` (default 0).
-    #[param(minimum = 0)]
-    after_sequence: Option<i64>,
+    /// Only events after this feed position: an event's `cursor` (default: from the start).
+    #[param(pattern = "^[0-9]+-[0-9]+$")]
+    after: Option<String>,
     /// Page size, 1 to 200 (default 50).
     #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
@@ -78,23 +86,43 @@ impl FeedQuery {
     }
 }
 
-fn cursor(after_sequence: Option<i64>, headers: &HeaderMap) -> Result<i64, ApiError> {
-    let from_header = match headers.get("last-event-id") {
-        None => None,
-        Some(value) => Some(
-            value
-                .to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<i64>().ok())
-                .ok_or_else(|| {
-                    ApiError::invalid("Last-Event-ID must be an event sequence number")
-                })?,
-        ),
-    };
+/// The `Last-Event-ID` header, trimmed, when present.
+fn last_event_id(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    headers
+        .get("last-event-id")
+        .map(|value| value.to_str().map(str::trim))
+        .transpose()
+        .map_err(|_| ApiError::invalid("Last-Event-ID must be printable ASCII"))
+}
+
+/// A run's cursor: `Last-Event-ID` (a sequence), else `after_sequence`, else 0.
+fn run_cursor(after_sequence: Option<i64>, headers: &HeaderMap) -> Result<i64, ApiError> {
+    let from_header =
+        match last_event_id(headers)? {
+            None => None,
+            Some(value) => Some(value.parse::<i64>().map_err(|_| {
+                ApiError::invalid("Last-Event-ID must be an event sequence number")
+            })?),
+        };
     match from_header.or(after_sequence).unwrap_or(0) {
         n if n < 0 => Err(ApiError::invalid("after_sequence must not be negative")),
         n => Ok(n),
     }
+}
+
+/// The feed's cursor: `Last-Event-ID`, else `after`, else the start; either is an event's
+/// `cursor`.
+fn feed_cursor(after: Option<&str>, headers: &HeaderMap) -> Result<FeedCursor, ApiError> {
+    let (name, text) = match (last_event_id(headers)?, after) {
+        (Some(header), _) => ("Last-Event-ID", header),
+        (None, Some(after)) => ("after", after),
+        (None, None) => return Ok(FeedCursor::default()),
+    };
+    FeedCursor::parse(text).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "{name} must be an event's feed cursor (its `cursor` field, as `<digits>-<digits>`)"
+        ))
+    })
 }
 
 /// A run's events in order; the cursor is `after_sequence`.
@@ -108,7 +136,7 @@ async fn list_run_events(
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Json<ListEnvelope<EventRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
-    let after = cursor(query.after_sequence, &HeaderMap::new())?;
+    let after = run_cursor(query.after_sequence, &HeaderMap::new())?;
     let mut conn = state.pool.acquire().await?;
     let scope = &caller.scope;
     runs::get(&mut conn, scope, &task_id, &run_id).await?;
@@ -116,7 +144,9 @@ async fn list_run_events(
     Ok(Json(list(rows, limit, |e| e.sequence.to_string())))
 }
 
-/// The public feed of the workspace's runs' and media jobs' events, in global order.
+/// The public feed of the workspace's runs' and media jobs' events, in feed order (each
+/// run's in `sequence` order); the cursor is `after`, an event's `cursor`. Events of a
+/// transaction that is still running, and those after it, appear once it ends.
 #[utoipa::path(get, path = "/events", tag = "events", params(FeedQuery),
     responses((status = 200, description = "A page of events", body = ListEnvelope<EventRecord>)))]
 async fn list_feed(
@@ -125,11 +155,11 @@ async fn list_feed(
     ApiQuery(query): ApiQuery<FeedQuery>,
 ) -> Result<Json<ListEnvelope<EventRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
-    let after = cursor(query.after_sequence, &HeaderMap::new())?;
+    let after = feed_cursor(query.after.as_deref(), &HeaderMap::new())?;
     let mut conn = state.pool.acquire().await?;
     let filter = query.filter();
-    let rows = events::list_feed(&mut conn, &caller.scope, &filter, after, limit + 1).await?;
-    Ok(Json(list(rows, limit, |e| e.global_sequence.to_string())))
+    let page = events::list_feed(&mut conn, &caller.scope, &filter, after, limit + 1).await?;
+    Ok(Json(list(page.events, limit, |e| e.cursor.clone())))
 }
 
 /// The run's events as server-sent events from the cursor on (`after_sequence` or the
@@ -145,7 +175,7 @@ async fn stream_run_events(
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let mut after = cursor(query.after_sequence, &headers)?;
+    let mut after = run_cursor(query.after_sequence, &headers)?;
     let scope = caller.scope;
     runs::get(&mut *state.pool.acquire().await?, &scope, &task_id, &run_id).await?;
     let stream = async_stream::stream! {
@@ -171,7 +201,7 @@ async fn stream_run_events(
             let full = rows.len() as i64 == STREAM_PAGE;
             for event in rows {
                 after = event.sequence;
-                yield Ok(sse_event(&event, event.sequence));
+                yield Ok(sse_event(&event, &event.sequence.to_string()));
             }
             if full {
                 continue;
@@ -179,16 +209,16 @@ async fn stream_run_events(
             if ended || state.shutdown.is_cancelled() {
                 break;
             }
-            wait(&mut wake, &state).await;
+            wait(&mut wake, &state, state.stream_poll).await;
         }
     };
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
-/// The workspace's public feed as server-sent events from the cursor on (SSE ids are
-/// global sequences); never ends.
+/// The workspace's public feed as server-sent events from the cursor on (`after` or the
+/// `Last-Event-ID` header; SSE ids are the events' `cursor`); never ends.
 #[utoipa::path(get, path = "/events/stream", tag = "events",
-    params(FeedQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this global sequence")),
+    params(FeedQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this feed cursor (an event's `cursor`)")),
     responses((status = 200, description = "An SSE stream; each event's data is an event object", content_type = "text/event-stream", body = String)))]
 async fn stream_feed(
     State(state): State<AppState>,
@@ -196,50 +226,60 @@ async fn stream_feed(
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<FeedQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let mut after = cursor(query.after_sequence, &headers)?;
+    let mut after = feed_cursor(query.after.as_deref(), &headers)?;
     let (scope, filter) = (caller.scope, query.filter());
     let stream = async_stream::stream! {
         let mut wake = state.events.clone();
+        let mut held_retry = HELD_RETRY;
         loop {
             wake.borrow_and_update();
             let page = async {
                 let mut conn = state.pool.acquire().await?;
                 events::list_feed(&mut conn, &scope, &filter, after, STREAM_PAGE).await
             }.await;
-            let rows = match page {
-                Ok(rows) => rows,
+            let page = match page {
+                Ok(page) => page,
                 Err(error) => {
                     yield Ok(stream_error(&error));
                     break;
                 }
             };
-            let full = rows.len() as i64 == STREAM_PAGE;
-            for event in rows {
-                after = event.global_sequence;
-                yield Ok(sse_event(&event, event.global_sequence));
+            let full = page.events.len() as i64 == STREAM_PAGE;
+            if !page.events.is_empty() || !page.held {
+                held_retry = HELD_RETRY;
+            }
+            for event in page.events {
+                // Parsed back from what the store wrote, so always a cursor.
+                after = FeedCursor::parse(&event.cursor).unwrap_or(after);
+                yield Ok(sse_event(&event, &event.cursor));
             }
             if state.shutdown.is_cancelled() {
                 break;
             }
-            if !full {
-                wait(&mut wake, &state).await;
+            if full {
+                continue;
+            }
+            let poll = if page.held { held_retry } else { state.stream_poll };
+            wait(&mut wake, &state, poll.min(state.stream_poll)).await;
+            if page.held {
+                held_retry = (held_retry * 2).min(state.stream_poll);
             }
         }
     };
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
-async fn wait(wake: &mut tokio::sync::watch::Receiver<i64>, state: &AppState) {
+async fn wait(wake: &mut tokio::sync::watch::Receiver<i64>, state: &AppState, poll: Duration) {
     // A closed channel (the listener stopped) leaves the polling fallback.
     tokio::select! {
-        _ = tokio::time::timeout(state.stream_poll, wake.changed()) => {}
+        _ = tokio::time::timeout(poll, wake.changed()) => {}
         _ = state.shutdown.cancelled() => {}
     }
 }
 
-fn sse_event(event: &EventRecord, id: i64) -> Event {
+fn sse_event(event: &EventRecord, id: &str) -> Event {
     Event::default()
-        .id(id.to_string())
+        .id(id)
         .event(event.event_type.clone())
         .json_data(event)
         .expect("events serialize")
