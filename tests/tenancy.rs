@@ -346,12 +346,10 @@ async fn another_workspace_lists_none_of_a_workspaces_rows() {
             events::list_feed(c, a, &feed, start, 200)
                 .await
                 .unwrap()
-                .events
                 .len(),
             events::list_feed(c, b, &feed, start, 200)
                 .await
                 .unwrap()
-                .events
                 .len(),
         ),
         (
@@ -537,12 +535,10 @@ async fn the_feed_of_a_workspace_holds_none_of_anothers_events_though_they_inter
     let start = FeedCursor::default();
     let of_a = events::list_feed(&mut conn, a, &feed, start, 200)
         .await
-        .unwrap()
-        .events;
+        .unwrap();
     let of_b = events::list_feed(&mut conn, b, &feed, start, 200)
         .await
-        .unwrap()
-        .events;
+        .unwrap();
     assert!(!of_b.is_empty());
     assert!(
         of_b.iter()
@@ -569,7 +565,6 @@ async fn the_feed_of_a_workspace_holds_none_of_anothers_events_though_they_inter
         events::list_feed(&mut conn, b, &by_task, start, 200)
             .await
             .unwrap()
-            .events
             .is_empty()
     );
     // The released lease history is scoped too.

@@ -1,14 +1,15 @@
 //! Event lists and SSE streams: per run, and the public feed across runs. Streams read
-//! events from the database, woken by NOTIFY (through [`AppState::events`]) with a polling
-//! fallback, so a client on any API process sees what any worker wrote, in order, and a
-//! client resuming with `Last-Event-ID` misses nothing and sees nothing twice.
-//!
-//! The feed holds back events above the horizon (the oldest running transaction; see
-//! [`events`]): a stream that finds some waits a few milliseconds, not for the next NOTIFY,
-//! since the transaction holding them back may write no event and send none.
+//! events from the database, woken when the database's snapshot changes (through
+//! [`AppState::events`], see [`follow_commits`]) with a polling fallback, so a client on
+//! any API process sees what any worker wrote, in order, and a client resuming with
+//! `Last-Event-ID` misses nothing and sees nothing twice.
 
 use std::convert::Infallible;
 use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -27,9 +28,8 @@ use crate::store::events::{self, EventRecord, FeedCursor, FeedFilter};
 use crate::store::{StoreError, runs};
 
 const STREAM_PAGE: i64 = 500;
-/// The first wait of a feed stream whose events are held back by a running transaction;
-/// it doubles while they stay held, up to the stream's polling interval.
-const HELD_RETRY: Duration = Duration::from_millis(2);
+/// How often an API process with open streams reads the snapshot to learn of commits.
+const SNAPSHOT_POLL: Duration = Duration::from_millis(5);
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -158,8 +158,8 @@ async fn list_feed(
     let after = feed_cursor(query.after.as_deref(), &HeaderMap::new())?;
     let mut conn = state.pool.acquire().await?;
     let filter = query.filter();
-    let page = events::list_feed(&mut conn, &caller.scope, &filter, after, limit + 1).await?;
-    Ok(Json(list(page.events, limit, |e| e.cursor.clone())))
+    let rows = events::list_feed(&mut conn, &caller.scope, &filter, after, limit + 1).await?;
+    Ok(Json(list(rows, limit, |e| e.cursor.clone())))
 }
 
 /// The run's events as server-sent events from the cursor on (`after_sequence` or the
@@ -209,7 +209,7 @@ async fn stream_run_events(
             if ended || state.shutdown.is_cancelled() {
                 break;
             }
-            wait(&mut wake, &state, state.stream_poll).await;
+            wait(&mut wake, &state).await;
         }
     };
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
@@ -230,25 +230,21 @@ async fn stream_feed(
     let (scope, filter) = (caller.scope, query.filter());
     let stream = async_stream::stream! {
         let mut wake = state.events.clone();
-        let mut held_retry = HELD_RETRY;
         loop {
             wake.borrow_and_update();
             let page = async {
                 let mut conn = state.pool.acquire().await?;
                 events::list_feed(&mut conn, &scope, &filter, after, STREAM_PAGE).await
             }.await;
-            let page = match page {
-                Ok(page) => page,
+            let rows = match page {
+                Ok(rows) => rows,
                 Err(error) => {
                     yield Ok(stream_error(&error));
                     break;
                 }
             };
-            let full = page.events.len() as i64 == STREAM_PAGE;
-            if !page.events.is_empty() || !page.held {
-                held_retry = HELD_RETRY;
-            }
-            for event in page.events {
+            let full = rows.len() as i64 == STREAM_PAGE;
+            for event in rows {
                 // Parsed back from what the store wrote, so always a cursor.
                 after = FeedCursor::parse(&event.cursor).unwrap_or(after);
                 yield Ok(sse_event(&event, &event.cursor));
@@ -256,23 +252,53 @@ async fn stream_feed(
             if state.shutdown.is_cancelled() {
                 break;
             }
-            if full {
-                continue;
-            }
-            let poll = if page.held { held_retry } else { state.stream_poll };
-            wait(&mut wake, &state, poll.min(state.stream_poll)).await;
-            if page.held {
-                held_retry = (held_retry * 2).min(state.stream_poll);
+            if !full {
+                wait(&mut wake, &state).await;
             }
         }
     };
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
-async fn wait(wake: &mut tokio::sync::watch::Receiver<i64>, state: &AppState, poll: Duration) {
-    // A closed channel (the listener stopped) leaves the polling fallback.
+/// Wakes the streams of this process after each change of the database's snapshot: every
+/// commit of events changes it, and so does every advance of the feed's horizon, when
+/// events held back behind a running transaction become readable (whether or not that
+/// transaction wrote events). Writers send no NOTIFY: PostgreSQL serializes the commits
+/// of all notifying transactions. Reads only while a stream is open.
+pub(super) fn follow_commits(pool: PgPool, shutdown: CancellationToken) -> watch::Receiver<i64> {
+    let (tx, rx) = watch::channel(0i64);
+    tokio::spawn(async move {
+        let mut last = String::new();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(SNAPSHOT_POLL) => {}
+            }
+            // The receiver in the app state is always there; streams hold the others.
+            if tx.receiver_count() <= 1 {
+                continue;
+            }
+            let read = async { events::snapshot(&mut *pool.acquire().await?).await }.await;
+            match read {
+                Ok(snapshot) if snapshot != last => {
+                    last = snapshot;
+                    tx.send_modify(|changes| *changes += 1);
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "reading the snapshot failed; streams fall back to polling");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    });
+    rx
+}
+
+async fn wait(wake: &mut watch::Receiver<i64>, state: &AppState) {
+    // A closed channel (the follower stopped) leaves the polling fallback.
     tokio::select! {
-        _ = tokio::time::timeout(poll, wake.changed()) => {}
+        _ = tokio::time::timeout(state.stream_poll, wake.changed()) => {}
         _ = state.shutdown.cancelled() => {}
     }
 }

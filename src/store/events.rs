@@ -23,7 +23,6 @@ use crate::domain::{EventType, Scope, new_id};
 /// Arbitrary constant naming the class of the per-subject append locks (the two-key form of
 /// advisory locks, so they cannot collide with Keel's one-key locks).
 const SUBJECT_LOCK_CLASS: i32 = 0x6b65_6576;
-pub const CHANNEL: &str = "keel_events";
 
 /// What an event is about: each subject has its own `sequence`.
 #[derive(Debug, Clone, Copy)]
@@ -135,7 +134,12 @@ impl FeedCursor {
 }
 
 /// Appends events of one workspace's subjects: two statements whatever their number (the
-/// subjects' locks, then one INSERT that numbers the events and notifies the streams).
+/// subjects' locks, then one INSERT that numbers the events).
+///
+/// No NOTIFY: PostgreSQL serializes the commits of every transaction that notifies (one
+/// lock on the notification queue, held through the commit's WAL flush), which would make
+/// every event-writing transaction of the deployment commit one at a time. Streams learn
+/// of commits from the snapshot instead ([`snapshot`]).
 pub async fn append(conn: &mut PgConnection, scope: &Scope, events: &[NewEvent<'_>]) -> Result<()> {
     if events.is_empty() {
         return Ok(());
@@ -171,25 +175,22 @@ pub async fn append(conn: &mut PgConnection, scope: &Scope, events: &[NewEvent<'
              SELECT n.*, row_number() OVER (PARTITION BY n.run_id, n.media_job_id ORDER BY n.ord) AS nth
              FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[])
                   WITH ORDINALITY AS n (event_id, task_id, run_id, media_job_id, type, data, ord)
-         ), inserted AS (
-             INSERT INTO run_events (event_id, task_id, run_id, media_job_id, sequence, feed_xid,
-                                     type, data, workspace_id)
-             SELECT new.event_id, new.task_id, new.run_id, new.media_job_id,
-                    COALESCE(last.sequence, 0) + new.nth,
-                    GREATEST(pg_current_xact_id(), last.feed_xid),
-                    new.type, new.data, $7
-             FROM new
-             LEFT JOIN LATERAL (
-                 (SELECT e.sequence, e.feed_xid FROM run_events e
-                  WHERE e.run_id = new.run_id ORDER BY e.sequence DESC LIMIT 1)
-                 UNION ALL
-                 (SELECT e.sequence, e.feed_xid FROM run_events e
-                  WHERE e.media_job_id = new.media_job_id ORDER BY e.sequence DESC LIMIT 1)
-             ) AS last ON true
-             ORDER BY new.ord
-             RETURNING id
          )
-         SELECT pg_notify($8, max(id)::text) FROM inserted",
+         INSERT INTO run_events (event_id, task_id, run_id, media_job_id, sequence, feed_xid,
+                                 type, data, workspace_id)
+         SELECT new.event_id, new.task_id, new.run_id, new.media_job_id,
+                COALESCE(last.sequence, 0) + new.nth,
+                GREATEST(pg_current_xact_id(), last.feed_xid),
+                new.type, new.data, $7
+         FROM new
+         LEFT JOIN LATERAL (
+             (SELECT e.sequence, e.feed_xid FROM run_events e
+              WHERE e.run_id = new.run_id ORDER BY e.sequence DESC LIMIT 1)
+             UNION ALL
+             (SELECT e.sequence, e.feed_xid FROM run_events e
+              WHERE e.media_job_id = new.media_job_id ORDER BY e.sequence DESC LIMIT 1)
+         ) AS last ON true
+         ORDER BY new.ord",
     )
     .bind(&columns.event_ids)
     .bind(&columns.task_ids)
@@ -198,7 +199,6 @@ pub async fn append(conn: &mut PgConnection, scope: &Scope, events: &[NewEvent<'
     .bind(&columns.types)
     .bind(&columns.data)
     .bind(scope.workspace())
-    .bind(CHANNEL)
     .execute(conn)
     .await?;
     Ok(())
@@ -246,38 +246,22 @@ pub struct FeedFilter {
     pub media_job_id: Option<String>,
 }
 
-/// A read of the feed: the events after the cursor that are below the horizon, and whether
-/// committed events wait above it (they are delivered once the transactions below them end).
-#[derive(Debug)]
-pub struct FeedPage {
-    pub events: Vec<EventRecord>,
-    pub held: bool,
-}
-
-#[derive(sqlx::FromRow)]
-struct FeedRow {
-    #[sqlx(flatten)]
-    event: EventRecord,
-    settled: bool,
-}
-
-/// One workspace's events in feed order: another workspace's never appear, though their
-/// positions interleave. At most `limit` events.
+/// One workspace's events after the cursor in feed order, only those below the horizon:
+/// another workspace's never appear, though their positions interleave.
 pub async fn list_feed(
     conn: &mut PgConnection,
     scope: &Scope,
     filter: &FeedFilter,
     after: FeedCursor,
     limit: i64,
-) -> Result<FeedPage> {
-    // The horizon is read from the statement's own snapshot, the one its rows come from.
-    // Ordered by `feed_xid` first, the events below it come before every one above it.
-    let rows: Vec<FeedRow> = sqlx::query_as(
+) -> Result<Vec<EventRecord>> {
+    // The horizon comes from the statement's own snapshot, the one its rows come from.
+    let rows = sqlx::query_as(
         "SELECT 1 AS schema_version, event_id, task_id, run_id, media_job_id, sequence,
-                feed_xid::text || '-' || id AS cursor, occurred_at, type, data,
-                feed_xid < (SELECT pg_snapshot_xmin(pg_current_snapshot())) AS settled
+                feed_xid::text || '-' || id AS cursor, occurred_at, type, data
          FROM run_events
          WHERE workspace_id = $1 AND (feed_xid, id) > ($2::text::xid8, $3)
+           AND feed_xid < (SELECT pg_snapshot_xmin(pg_current_snapshot()))
            AND ($4::text[] IS NULL OR type = ANY($4))
            AND ($5::text IS NULL OR task_id = $5)
            AND ($6::text IS NULL OR media_job_id = $6)
@@ -292,11 +276,15 @@ pub async fn list_feed(
     .bind(limit)
     .fetch_all(conn)
     .await?;
-    let held = rows.iter().any(|row| !row.settled);
-    let events = rows
-        .into_iter()
-        .take_while(|row| row.settled)
-        .map(|row| row.event)
-        .collect();
-    Ok(FeedPage { events, held })
+    Ok(rows)
+}
+
+/// The current snapshot, as text. It changes whenever a writing transaction anywhere in the
+/// cluster takes its id or ends, so with every commit of events and every advance of the
+/// feed's horizon: what the streams poll to learn that there may be something new to read.
+pub async fn snapshot(conn: &mut PgConnection) -> Result<String> {
+    let snapshot = sqlx::query_scalar("SELECT pg_current_snapshot()::text")
+        .fetch_one(conn)
+        .await?;
+    Ok(snapshot)
 }
