@@ -262,6 +262,9 @@ async fn an_open_writing_transaction_holds_the_feed_back_until_it_ends() {
         vec![],
         "held back"
     );
+    // A run's own events follow `sequence` and are not held back.
+    let own = events::list_for_run(&mut writer, &Scope::local(), "run_later", 0, 10).await;
+    assert_eq!(own.unwrap().len(), 2, "a run's list is not held back");
     // The stream too (three of its polling intervals pass without a delivery).
     assert!(
         feed.next(Duration::from_millis(1500)).await.is_none(),
