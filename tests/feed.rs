@@ -68,7 +68,7 @@ async fn a_reader_reconnecting_to_the_other_replica_gets_every_event_once_in_run
         })
         .collect();
 
-    // Writers: RUNS short runs started through both replicas, 16 at a time.
+    // Writers: RUNS short runs started through both replicas, 8 at a time.
     let submitter = {
         let clients = clients.clone();
         tokio::spawn(async move {
@@ -77,7 +77,7 @@ async fn a_reader_reconnecting_to_the_other_replica_gets_every_event_once_in_run
                     let client = clients[i % 2].clone();
                     async move { Ok::<_, ()>(client.run_shell("true").await.1) }
                 })
-                .buffer_unordered(16)
+                .buffer_unordered(8)
                 .try_collect::<HashSet<String>>()
                 .await
                 .unwrap()
