@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use keel::domain::Caller;
 use keel::queue::Locked;
+use keel::store::events::FeedCursor;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::{Client, SseReader, TestApp, wait_for};
@@ -810,10 +811,10 @@ async fn bad_input_gets_a_4xx_with_the_envelope() {
     .await;
     assert_refused(
         c,
-        c.http.get(url("/v1/events?after_sequence=-1")),
+        c.http.get(url("/v1/events?after=-1")),
         bad,
         "invalid_request",
-        "after_sequence",
+        "after",
     )
     .await;
 
@@ -995,13 +996,14 @@ async fn public_feed_filters_and_streams() {
     c.wait_terminal(&task_b, &run_b, RUN_TIMEOUT).await;
 
     let (_, all) = c.get("/v1/events?limit=200").await;
-    let globals: Vec<i64> = all["data"]
+    let cursors: Vec<&str> = all["data"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|e| e["global_sequence"].as_i64().unwrap())
+        .map(|e| e["cursor"].as_str().unwrap())
         .collect();
-    assert!(globals.windows(2).all(|w| w[0] < w[1]));
+    let position = |cursor: &str| FeedCursor::parse(cursor).unwrap();
+    assert!(cursors.windows(2).all(|w| position(w[0]) < position(w[1])));
     let (_, ends) = c.get("/v1/events?event_type=run.finished,run.failed").await;
     let types: Vec<&str> = ends["data"]
         .as_array()
@@ -1018,22 +1020,22 @@ async fn public_feed_filters_and_streams() {
         .await;
     assert_eq!(only_b["data"].as_array().unwrap().len(), 1);
     assert_eq!(only_b["data"][0]["run_id"], run_b.as_str());
-    let after = globals[2];
-    let (_, later) = c
-        .get(&format!("/v1/events?after_sequence={after}&limit=1"))
-        .await;
-    assert_eq!(later["data"][0]["global_sequence"], globals[3]);
+    let after = cursors[2];
+    let (_, later) = c.get(&format!("/v1/events?after={after}&limit=1")).await;
+    assert_eq!(later["data"][0]["cursor"], cursors[3]);
+    assert_eq!(later["next_cursor"], cursors[3]);
     assert_eq!(later["has_more"], true);
 
     // The live feed: replay from a cursor, then a new run's events as they happen.
     let mut feed = SseReader::open(
         c,
         "/v1/events/stream?event_type=run.created,run.finished",
-        Some(&after.to_string()),
+        Some(after),
     )
     .await;
     let first = feed.next(RUN_TIMEOUT).await.unwrap();
-    assert!(first.data["global_sequence"].as_i64().unwrap() > after);
+    assert!(position(first.data["cursor"].as_str().unwrap()) > position(after));
+    assert_eq!(first.id.as_deref(), first.data["cursor"].as_str());
     let (task_c, run_c) = c.run_shell("true").await;
     let mut seen_finish = false;
     while let Some(event) = feed.next(RUN_TIMEOUT).await {

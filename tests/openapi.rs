@@ -248,18 +248,24 @@ async fn hostile_input_gets_a_4xx_with_the_envelope() {
         "duplicate",
     )
     .await;
-    let after = "/v1/events?after_sequence=99999999999999999999999";
+    let after = "/v1/events?after=99999999999999999999999-1";
     assert_envelope(
         get(after.into()).send().await.unwrap(),
         StatusCode::BAD_REQUEST,
-        "after_sequence",
+        "after",
     )
     .await;
+    for bad in ["-4", "12", "+1-2", "1-2-3", "1-%202"] {
+        assert_envelope(
+            get(format!("/v1/events?after={bad}")).send().await.unwrap(),
+            StatusCode::BAD_REQUEST,
+            "after",
+        )
+        .await;
+    }
+    let runs = "/v1/tasks/task_x/runs/run_x/events?after_sequence=-4";
     assert_envelope(
-        get("/v1/events?after_sequence=-4".into())
-            .send()
-            .await
-            .unwrap(),
+        get(runs.into()).send().await.unwrap(),
         StatusCode::BAD_REQUEST,
         "after_sequence",
     )

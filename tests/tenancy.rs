@@ -15,7 +15,7 @@ use keel::domain::schedule::{NewSchedule, ScheduleDraft};
 use keel::domain::task::TaskDraft;
 use keel::domain::{Actor, NewTask, Scope};
 use keel::queue;
-use keel::store::events::{FeedFilter, Subject};
+use keel::store::events::{EventRecord, FeedCursor, FeedFilter, Subject};
 use keel::store::leases::LeaseStatus;
 use keel::store::media_jobs::{self, NewMediaJob, Refused};
 use keel::store::runs::{Admission, AdmissionRules, Admitted, Origin, RunRecord};
@@ -251,7 +251,7 @@ async fn another_workspace_lists_none_of_a_workspaces_rows() {
     };
     let media_owner = Subject::MediaJob(&s.media_job_id);
     let no_filter = schedules::ScheduleFilter::default();
-    let feed = FeedFilter::default();
+    let (feed, start) = (FeedFilter::default(), FeedCursor::default());
 
     // Each list, as (A's count, B's count).
     let counts = [
@@ -343,8 +343,14 @@ async fn another_workspace_lists_none_of_a_workspaces_rows() {
         ),
         (
             "feed",
-            events::list_feed(c, a, &feed, 0, 200).await.unwrap().len(),
-            events::list_feed(c, b, &feed, 0, 200).await.unwrap().len(),
+            events::list_feed(c, a, &feed, start, 200)
+                .await
+                .unwrap()
+                .len(),
+            events::list_feed(c, b, &feed, start, 200)
+                .await
+                .unwrap()
+                .len(),
         ),
         (
             "transitions",
@@ -526,10 +532,11 @@ async fn the_feed_of_a_workspace_holds_none_of_anothers_events_though_they_inter
 
     let mut conn = s.pool.acquire().await.unwrap();
     let feed = FeedFilter::default();
-    let of_a = events::list_feed(&mut conn, a, &feed, 0, 200)
+    let start = FeedCursor::default();
+    let of_a = events::list_feed(&mut conn, a, &feed, start, 200)
         .await
         .unwrap();
-    let of_b = events::list_feed(&mut conn, b, &feed, 0, 200)
+    let of_b = events::list_feed(&mut conn, b, &feed, start, 200)
         .await
         .unwrap();
     assert!(!of_b.is_empty());
@@ -542,14 +549,12 @@ async fn the_feed_of_a_workspace_holds_none_of_anothers_events_though_they_inter
         of_a.iter()
             .all(|e| e.task_id.as_deref() != Some(b_task.as_str()))
     );
-    let (first_a, last_a) = (
-        of_a[0].global_sequence,
-        of_a.last().unwrap().global_sequence,
-    );
+    let position = |e: &EventRecord| FeedCursor::parse(&e.cursor).unwrap();
+    let (first_a, last_a) = (position(&of_a[0]), position(of_a.last().unwrap()));
     assert!(
         of_b.iter()
-            .all(|e| first_a < e.global_sequence && e.global_sequence < last_a),
-        "B's events lie between A's in the global order"
+            .all(|e| first_a < position(e) && position(e) < last_a),
+        "B's events lie between A's in the feed order"
     );
     // A filter naming A's task does not reach across either.
     let by_task = FeedFilter {
@@ -557,7 +562,7 @@ async fn the_feed_of_a_workspace_holds_none_of_anothers_events_though_they_inter
         ..FeedFilter::default()
     };
     assert!(
-        events::list_feed(&mut conn, b, &by_task, 0, 200)
+        events::list_feed(&mut conn, b, &by_task, start, 200)
             .await
             .unwrap()
             .is_empty()

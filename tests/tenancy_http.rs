@@ -1035,14 +1035,13 @@ async fn cancel(c: &Client, gated: &Gated) {
 /// The caller's feed stream from after its newest event.
 async fn open_feed_after_everything(c: &Client) -> SseReader {
     let (_, feed) = c.get("/v1/events?limit=200").await;
-    let newest = feed["data"]
-        .as_array()
+    // The list is in feed order: its last event is the newest.
+    let newest = feed["data"].as_array().unwrap().last().unwrap()["cursor"]
+        .as_str()
         .unwrap()
-        .iter()
-        .filter_map(|e| e["global_sequence"].as_i64())
-        .max()
-        .unwrap();
-    let path = format!("/v1/events/stream?after_sequence={newest}");
+        .to_string();
+    assert_eq!(feed["has_more"], false);
+    let path = format!("/v1/events/stream?after={newest}");
     SseReader::open(c, &path, None).await
 }
 

@@ -77,13 +77,17 @@ async fn measure(
 
     let arrivals = Arrivals::default();
     let (ended_tx, mut ended) = watch::channel(0usize);
-    let after: i64 = sqlx::query_scalar("SELECT COALESCE(max(id), 0) FROM run_events")
-        .fetch_one(pool)
-        .await?;
+    // The feed from its newest event on (nothing else writes while the figure is set up).
+    let after: String = sqlx::query_scalar(
+        "SELECT COALESCE((SELECT feed_xid::text || '-' || id FROM run_events
+                          ORDER BY feed_xid DESC, id DESC LIMIT 1), '0-0')",
+    )
+    .fetch_one(pool)
+    .await?;
     let reader = tokio::spawn(read_stream(
         http.clone(),
         format!(
-            "{base}/v1/events/stream?event_type=run.started,run.finished,run.failed&after_sequence={after}"
+            "{base}/v1/events/stream?event_type=run.started,run.finished,run.failed&after={after}"
         ),
         arrivals.clone(),
         ended_tx,

@@ -1,9 +1,15 @@
 //! Event lists and SSE streams: per run, and the public feed across runs. Streams read
-//! events from the database, woken by NOTIFY (through [`AppState::events`]) with a polling
-//! fallback, so a client on any API process sees what any worker wrote, in order, and a
-//! client resuming with `Last-Event-ID` misses nothing and sees nothing twice.
+//! events from the database, woken when the database's snapshot changes (through
+//! [`AppState::events`], see [`follow_commits`]) with a polling fallback, so a client on
+//! any API process sees what any worker wrote, in order, and a client resuming with
+//! `Last-Event-ID` misses nothing and sees nothing twice.
 
 use std::convert::Infallible;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -18,10 +24,12 @@ use utoipa_axum::routes;
 use super::extract::ApiQuery;
 use super::{ApiError, AppState, ListEnvelope, list, page_limit};
 use crate::domain::Caller;
-use crate::store::events::{self, EventRecord, FeedFilter};
+use crate::store::events::{self, EventRecord, FeedCursor, FeedFilter};
 use crate::store::{StoreError, runs};
 
 const STREAM_PAGE: i64 = 500;
+/// How often an API process with open streams reads the snapshot to learn of commits.
+const SNAPSHOT_POLL: Duration = Duration::from_millis(5);
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -47,9 +55,9 @@ struct EventsQuery {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct FeedQuery {
-    /// Only events with a greater `global_sequence` (default 0).
-    #[param(minimum = 0)]
-    after_sequence: Option<i64>,
+    /// Only events after this feed position: an event's `cursor` (default: from the start).
+    #[param(pattern = "^[0-9]+-[0-9]+$")]
+    after: Option<String>,
     /// Page size, 1 to 200 (default 50).
     #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
@@ -78,23 +86,43 @@ impl FeedQuery {
     }
 }
 
-fn cursor(after_sequence: Option<i64>, headers: &HeaderMap) -> Result<i64, ApiError> {
-    let from_header = match headers.get("last-event-id") {
-        None => None,
-        Some(value) => Some(
-            value
-                .to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<i64>().ok())
-                .ok_or_else(|| {
-                    ApiError::invalid("Last-Event-ID must be an event sequence number")
-                })?,
-        ),
-    };
+/// The `Last-Event-ID` header, trimmed, when present.
+fn last_event_id(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    headers
+        .get("last-event-id")
+        .map(|value| value.to_str().map(str::trim))
+        .transpose()
+        .map_err(|_| ApiError::invalid("Last-Event-ID must be printable ASCII"))
+}
+
+/// A run's cursor: `Last-Event-ID` (a sequence), else `after_sequence`, else 0.
+fn run_cursor(after_sequence: Option<i64>, headers: &HeaderMap) -> Result<i64, ApiError> {
+    let from_header =
+        match last_event_id(headers)? {
+            None => None,
+            Some(value) => Some(value.parse::<i64>().map_err(|_| {
+                ApiError::invalid("Last-Event-ID must be an event sequence number")
+            })?),
+        };
     match from_header.or(after_sequence).unwrap_or(0) {
         n if n < 0 => Err(ApiError::invalid("after_sequence must not be negative")),
         n => Ok(n),
     }
+}
+
+/// The feed's cursor: `Last-Event-ID`, else `after`, else the start; either is an event's
+/// `cursor`.
+fn feed_cursor(after: Option<&str>, headers: &HeaderMap) -> Result<FeedCursor, ApiError> {
+    let (name, text) = match (last_event_id(headers)?, after) {
+        (Some(header), _) => ("Last-Event-ID", header),
+        (None, Some(after)) => ("after", after),
+        (None, None) => return Ok(FeedCursor::default()),
+    };
+    FeedCursor::parse(text).ok_or_else(|| {
+        ApiError::invalid(format!(
+            "{name} must be an event's feed cursor (its `cursor` field, as `<digits>-<digits>`)"
+        ))
+    })
 }
 
 /// A run's events in order; the cursor is `after_sequence`.
@@ -108,7 +136,7 @@ async fn list_run_events(
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Json<ListEnvelope<EventRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
-    let after = cursor(query.after_sequence, &HeaderMap::new())?;
+    let after = run_cursor(query.after_sequence, &HeaderMap::new())?;
     let mut conn = state.pool.acquire().await?;
     let scope = &caller.scope;
     runs::get(&mut conn, scope, &task_id, &run_id).await?;
@@ -116,7 +144,9 @@ async fn list_run_events(
     Ok(Json(list(rows, limit, |e| e.sequence.to_string())))
 }
 
-/// The public feed of the workspace's runs' and media jobs' events, in global order.
+/// The public feed of the workspace's runs' and media jobs' events, in feed order (each
+/// run's in `sequence` order); the cursor is `after`, an event's `cursor`. Events of a
+/// transaction that is still running, and those after it, appear once it ends.
 #[utoipa::path(get, path = "/events", tag = "events", params(FeedQuery),
     responses((status = 200, description = "A page of events", body = ListEnvelope<EventRecord>)))]
 async fn list_feed(
@@ -125,11 +155,11 @@ async fn list_feed(
     ApiQuery(query): ApiQuery<FeedQuery>,
 ) -> Result<Json<ListEnvelope<EventRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
-    let after = cursor(query.after_sequence, &HeaderMap::new())?;
+    let after = feed_cursor(query.after.as_deref(), &HeaderMap::new())?;
     let mut conn = state.pool.acquire().await?;
     let filter = query.filter();
     let rows = events::list_feed(&mut conn, &caller.scope, &filter, after, limit + 1).await?;
-    Ok(Json(list(rows, limit, |e| e.global_sequence.to_string())))
+    Ok(Json(list(rows, limit, |e| e.cursor.clone())))
 }
 
 /// The run's events as server-sent events from the cursor on (`after_sequence` or the
@@ -145,7 +175,7 @@ async fn stream_run_events(
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let mut after = cursor(query.after_sequence, &headers)?;
+    let mut after = run_cursor(query.after_sequence, &headers)?;
     let scope = caller.scope;
     runs::get(&mut *state.pool.acquire().await?, &scope, &task_id, &run_id).await?;
     let stream = async_stream::stream! {
@@ -171,7 +201,7 @@ async fn stream_run_events(
             let full = rows.len() as i64 == STREAM_PAGE;
             for event in rows {
                 after = event.sequence;
-                yield Ok(sse_event(&event, event.sequence));
+                yield Ok(sse_event(&event, &event.sequence.to_string()));
             }
             if full {
                 continue;
@@ -185,10 +215,10 @@ async fn stream_run_events(
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
-/// The workspace's public feed as server-sent events from the cursor on (SSE ids are
-/// global sequences); never ends.
+/// The workspace's public feed as server-sent events from the cursor on (`after` or the
+/// `Last-Event-ID` header; SSE ids are the events' `cursor`); never ends.
 #[utoipa::path(get, path = "/events/stream", tag = "events",
-    params(FeedQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this global sequence")),
+    params(FeedQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this feed cursor (an event's `cursor`)")),
     responses((status = 200, description = "An SSE stream; each event's data is an event object", content_type = "text/event-stream", body = String)))]
 async fn stream_feed(
     State(state): State<AppState>,
@@ -196,7 +226,7 @@ async fn stream_feed(
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<FeedQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let mut after = cursor(query.after_sequence, &headers)?;
+    let mut after = feed_cursor(query.after.as_deref(), &headers)?;
     let (scope, filter) = (caller.scope, query.filter());
     let stream = async_stream::stream! {
         let mut wake = state.events.clone();
@@ -215,8 +245,9 @@ async fn stream_feed(
             };
             let full = rows.len() as i64 == STREAM_PAGE;
             for event in rows {
-                after = event.global_sequence;
-                yield Ok(sse_event(&event, event.global_sequence));
+                // Parsed back from what the store wrote, so always a cursor.
+                after = FeedCursor::parse(&event.cursor).unwrap_or(after);
+                yield Ok(sse_event(&event, &event.cursor));
             }
             if state.shutdown.is_cancelled() {
                 break;
@@ -229,17 +260,52 @@ async fn stream_feed(
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
-async fn wait(wake: &mut tokio::sync::watch::Receiver<i64>, state: &AppState) {
-    // A closed channel (the listener stopped) leaves the polling fallback.
+/// Wakes the streams of this process after each change of the database's snapshot: every
+/// commit of events changes it, and so does every advance of the feed's horizon, when
+/// events held back behind a running transaction become readable (whether or not that
+/// transaction wrote events). Writers send no NOTIFY: PostgreSQL serializes the commits
+/// of all notifying transactions. Reads only while a stream is open.
+pub(super) fn follow_commits(pool: PgPool, shutdown: CancellationToken) -> watch::Receiver<i64> {
+    let (tx, rx) = watch::channel(0i64);
+    tokio::spawn(async move {
+        let mut last = String::new();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(SNAPSHOT_POLL) => {}
+            }
+            // The receiver in the app state is always there; streams hold the others.
+            if tx.receiver_count() <= 1 {
+                continue;
+            }
+            let read = async { events::snapshot(&mut *pool.acquire().await?).await }.await;
+            match read {
+                Ok(snapshot) if snapshot != last => {
+                    last = snapshot;
+                    tx.send_modify(|changes| *changes += 1);
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "reading the snapshot failed; streams fall back to polling");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    });
+    rx
+}
+
+async fn wait(wake: &mut watch::Receiver<i64>, state: &AppState) {
+    // A closed channel (the follower stopped) leaves the polling fallback.
     tokio::select! {
         _ = tokio::time::timeout(state.stream_poll, wake.changed()) => {}
         _ = state.shutdown.cancelled() => {}
     }
 }
 
-fn sse_event(event: &EventRecord, id: i64) -> Event {
+fn sse_event(event: &EventRecord, id: &str) -> Event {
     Event::default()
-        .id(id.to_string())
+        .id(id)
         .event(event.event_type.clone())
         .json_data(event)
         .expect("events serialize")

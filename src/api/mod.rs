@@ -24,7 +24,6 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-use sqlx::postgres::PgListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use utoipa::{IntoParams, ToSchema};
@@ -111,9 +110,7 @@ pub async fn serve_with_auth(
             .await
             .map_err(std::io::Error::other)?
     };
-    let events = follow_events(&pool, shutdown.clone())
-        .await
-        .map_err(std::io::Error::other)?;
+    let events = events::follow_commits(pool.clone(), shutdown.clone());
     tracing::info!(
         address = %listener.local_addr()?,
         mode = ?auth.mode(),
@@ -137,36 +134,6 @@ pub async fn serve_with_auth(
     axum::serve(listener, service)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
-}
-
-/// Feeds the newest notified event id to SSE streams; they re-read the database on change.
-/// Listening starts before this returns, so no event committed afterwards goes unnoticed.
-async fn follow_events(
-    pool: &PgPool,
-    shutdown: CancellationToken,
-) -> Result<watch::Receiver<i64>, sqlx::Error> {
-    let mut listener = PgListener::connect_with(pool).await?;
-    listener.listen(crate::store::events::CHANNEL).await?;
-    let (tx, rx) = watch::channel(0i64);
-    tokio::spawn(async move {
-        loop {
-            let notification = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                n = listener.recv() => n,
-            };
-            match notification {
-                Ok(n) => {
-                    let id = n.payload().parse().unwrap_or(i64::MAX);
-                    tx.send_modify(|latest| *latest = (*latest).max(id));
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "event listener error; streams fall back to polling");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-            }
-        }
-    });
-    Ok(rx)
 }
 
 /// Every documented route: the router and the OpenAPI document come from the same
