@@ -118,6 +118,11 @@ pub struct RunArgs {
     /// and the first round over the heap the hold bloated took 80–130 s).
     #[arg(long, default_value_t = 300)]
     pub snapshot_after_secs: u64,
+    /// The delay each way between this process and the database, when `bench/compare.sh`
+    /// put a delaying proxy between them: recorded in the report, whose queue figures then
+    /// print as the remote-database rows.
+    #[arg(long)]
+    pub db_delay_ms: Option<f64>,
     /// Also write the JSON report to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -140,6 +145,9 @@ pub struct Report {
     pub jobs: usize,
     pub concurrency: usize,
     pub prefetch: usize,
+    /// Set when the database was reached through a delaying proxy (ms each way).
+    #[serde(default)]
+    pub db_delay_ms: Option<f64>,
     pub queue: Option<queue::QueueFigures>,
     pub runs: Option<runs::RunsFigures>,
     pub scaling: Option<Vec<queue::ScalingPoint>>,
@@ -175,6 +183,7 @@ async fn run(common: &Common, args: &RunArgs) -> anyhow::Result<()> {
         jobs: args.jobs,
         concurrency: args.concurrency,
         prefetch: args.prefetch,
+        db_delay_ms: args.db_delay_ms,
         ..Report::default()
     };
     for figure in &args.figures {

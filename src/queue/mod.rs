@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 
 use crate::domain::Scope;
@@ -133,19 +134,24 @@ pub async fn enqueue(
     priority: i32,
     traceparent: Option<&str>,
 ) -> Result<()> {
+    // One statement, the notification included: one round trip in the caller's transaction.
     sqlx::query(
-        "INSERT INTO queue_jobs (kind, ref_id, priority, traceparent, workspace_id)
-         VALUES ($1, $2, $3, $4, $5)
-         ON CONFLICT (kind, ref_id) DO NOTHING",
+        "WITH inserted AS (
+             INSERT INTO queue_jobs (kind, ref_id, priority, traceparent, workspace_id)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (kind, ref_id) DO NOTHING
+         )
+         SELECT pg_notify($6, $1)",
     )
     .bind(kind)
     .bind(ref_id)
     .bind(priority)
     .bind(traceparent)
     .bind(scope.workspace())
-    .execute(&mut *conn)
+    .bind(JOBS_CHANNEL)
+    .execute(conn)
     .await?;
-    notify(conn, JOBS_CHANNEL, kind).await
+    Ok(())
 }
 
 /// Enqueues many jobs of one kind in one statement, with [`enqueue`]'s idempotency;
@@ -157,20 +163,23 @@ pub async fn enqueue_many(
     ref_ids: &[String],
     priority: i32,
 ) -> Result<u64> {
-    let inserted = sqlx::query(
-        "INSERT INTO queue_jobs (kind, ref_id, priority, workspace_id)
-         SELECT $1, ref_id, $3, $4 FROM unnest($2::text[]) AS r(ref_id)
-         ON CONFLICT (kind, ref_id) DO NOTHING",
+    let inserted: i64 = sqlx::query_scalar(
+        "WITH inserted AS (
+             INSERT INTO queue_jobs (kind, ref_id, priority, workspace_id)
+             SELECT $1, ref_id, $3, $4 FROM unnest($2::text[]) AS r(ref_id)
+             ON CONFLICT (kind, ref_id) DO NOTHING
+             RETURNING 1
+         )
+         SELECT (SELECT count(*) FROM inserted), pg_notify($5, $1)",
     )
     .bind(kind)
     .bind(ref_ids)
     .bind(priority)
     .bind(scope.workspace())
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    notify(conn, JOBS_CHANNEL, kind).await?;
-    Ok(inserted)
+    .bind(JOBS_CHANNEL)
+    .fetch_one(conn)
+    .await?;
+    Ok(inserted as u64)
 }
 
 /// How [`remove`] treats a job row another transaction has locked.
@@ -201,7 +210,14 @@ pub async fn remove(
         "WITH target AS (SELECT id FROM queue_jobs
                          WHERE kind = $1 AND ref_id = $2 AND workspace_id = $3 FOR UPDATE {skip}),
               done AS (DELETE FROM queue_jobs WHERE id IN (SELECT id FROM target) RETURNING *),
-              ended AS ({ARCHIVE} 'withdrawn' FROM done WHERE lease_owner IS NOT NULL)
+              ended AS (
+                  INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token,
+                                             claimed_at, expires_at, heartbeats, workspace_id,
+                                             outcome)
+                  SELECT id, kind, ref_id, lease_owner, fencing_token, claimed_at,
+                         lease_expires_at, heartbeats, workspace_id, 'withdrawn'
+                  FROM done WHERE lease_owner IS NOT NULL
+              )
          SELECT lease_owner FROM done"
     )))
     .bind(kind)
@@ -214,13 +230,6 @@ pub async fn remove(
     }
     Ok(())
 }
-
-/// Copies ended leases into `lease_history`; completed by `<outcome> FROM <rows>`.
-const ARCHIVE: &str =
-    "INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token, claimed_at,
-                                                   expires_at, heartbeats, workspace_id, outcome)
-                       SELECT id, kind, ref_id, lease_owner, fencing_token, claimed_at,
-                              lease_expires_at, heartbeats, workspace_id,";
 
 async fn notify(conn: &mut PgConnection, channel: &str, payload: &str) -> Result<()> {
     sqlx::query("SELECT pg_notify($1, $2)")
@@ -235,17 +244,58 @@ fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// Connections for the queue's own statements (claims, heartbeats, batched acks, the
+/// snapshot check), each of them one round trip: the planner settings of ordered reads
+/// ([`begin_ordered_reads`] says why) are set for the whole session in the startup
+/// packet instead of by a `BEGIN; SET LOCAL …` and a `COMMIT` around every claim; with
+/// `plan_cache_mode = force_custom_plan` a statement can stay prepared (no Parse round
+/// trip each time) and is still planned with its own values every time (a generic plan,
+/// made blind to the arrays and positions, read seconds of index after an old snapshot's
+/// release); and a connection is not pinged before each use (a broken one fails its
+/// statement, which the worker retries on a fresh one).
+#[derive(Clone, Debug)]
+pub struct QueuePool(PgPool);
+
+impl QueuePool {
+    /// At most `size` connections, opened when first needed, with `pool`'s options.
+    pub fn new(pool: &PgPool, size: u32) -> QueuePool {
+        let options = (*pool.connect_options()).clone().options([
+            ("enable_sort", "off"),
+            ("enable_bitmapscan", "off"),
+            ("enable_seqscan", "off"),
+            ("jit", "off"),
+            ("plan_cache_mode", "force_custom_plan"),
+        ]);
+        QueuePool(
+            PgPoolOptions::new()
+                .max_connections(size)
+                .acquire_timeout(Duration::from_secs(10))
+                .test_before_acquire(false)
+                .connect_lazy_with(options),
+        )
+    }
+
+    /// The connections themselves, for statements the queue does not run (a test reading
+    /// a session's statistics).
+    pub fn pool(&self) -> &PgPool {
+        &self.0
+    }
+}
+
 /// Claims up to `limit` jobs of the given kinds: due pending jobs by priority, and jobs
-/// whose lease expired (their worker died or hung).
+/// whose lease expired (their worker died or hung). One statement, one round trip.
 pub async fn claim(
-    pool: &PgPool,
+    pool: &QueuePool,
     owner: &str,
     kinds: &[String],
     limit: i64,
     lease: Duration,
 ) -> Result<Vec<Lease>> {
-    let mut tx = begin_ordered_reads(pool).await?;
-    let leases = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    // The picked rows are leased by an array of ids, not joined: a queue's statistics are
+    // always stale (analyzed while the table was near empty), and the join was planned as
+    // a walk of the whole primary key, every entry an old snapshot keeps included (1.2
+    // million buffers for 114 rows under a held snapshot).
+    let leases = sqlx::query_as(
         "WITH expired AS (
              SELECT id FROM queue_jobs
              WHERE lease_owner IS NOT NULL AND lease_expires_at < now() AND kind = ANY($3)
@@ -263,32 +313,47 @@ pub async fn claim(
          ), picked AS (
              SELECT id FROM expired UNION ALL SELECT id FROM due LIMIT $4
          ), ended AS (
-             {ARCHIVE} 'expired' FROM queue_jobs
+             INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token, claimed_at,
+                                        expires_at, heartbeats, workspace_id, outcome)
+             SELECT id, kind, ref_id, lease_owner, fencing_token, claimed_at, lease_expires_at,
+                    heartbeats, workspace_id, 'expired'
+             FROM queue_jobs
              WHERE id IN (SELECT id FROM expired) AND id IN (SELECT id FROM picked)
-         ){LEASE_PICKED}"
-    )))
+         ), leased AS (
+             UPDATE queue_jobs q
+             SET lease_owner = $1, lease_expires_at = now() + $2 * interval '1 millisecond',
+                 claimed_at = now(), fencing_token = fencing_token + 1,
+                 attempts = attempts + 1, heartbeats = 0
+             WHERE q.id = ANY(ARRAY(SELECT id FROM picked))
+             RETURNING q.id AS job_id, q.kind, q.ref_id, q.lease_owner AS owner,
+                       q.fencing_token, q.attempts, q.max_attempts, q.traceparent, q.priority,
+                       q.run_after, q.workspace_id,
+                       (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms
+         )
+         SELECT * FROM leased ORDER BY priority DESC, run_after, job_id",
+    )
     .bind(owner)
     .bind(millis(lease))
     .bind(kinds)
     .bind(limit)
-    .fetch_all(&mut *tx)
+    .fetch_all(&pool.0)
     .await?;
-    tx.commit().await?;
     Ok(leases)
 }
 
-/// Starts a transaction for the queue's ordered reads (claims, scans for expired leases):
-/// it leaves the planner one way to run them, a walk of the index in the order read,
-/// which stops at the LIMIT. A queue's statistics describe whatever the table held at the
-/// last ANALYZE. While an old snapshot was held, an ANALYZE that sampled mostly dead rows
-/// estimated a few live ones, and the planner then read every entry of the kind through a
-/// bitmap and sorted them: a claim took 2 s instead of 13 ms, and the queue ran at a
-/// quarter of its rate for a minute, until the next ANALYZE. Sorting what an ordered read
-/// returns, reading through a bitmap and scanning the heap are all plans that read
-/// everything matching before the LIMIT counts, so they are turned off here (for this
-/// transaction only; off means priced out, so a sort with no other way is still done).
-/// JIT goes too: the price of what is turned off puts every claim far above
-/// `jit_above_cost`, and compiling each claim took longer than running it.
+/// Starts a transaction for the queue's ordered reads outside a [`QueuePool`] (the
+/// reconciler's scans for expired leases): it leaves the planner one way to run them, a
+/// walk of the index in the order read, which stops at the LIMIT. A queue's statistics
+/// describe whatever the table held at the last ANALYZE. While an old snapshot was held,
+/// an ANALYZE that sampled mostly dead rows estimated a few live ones, and the planner
+/// then read every entry of the kind through a bitmap and sorted them: a claim took 2 s
+/// instead of 13 ms, and the queue ran at a quarter of its rate for a minute, until the
+/// next ANALYZE. Sorting what an ordered read returns, reading through a bitmap and
+/// scanning the heap are all plans that read everything matching before the LIMIT
+/// counts, so they are turned off here (for this transaction only; off means priced out,
+/// so a sort with no other way is still done). JIT goes too: the price of what is turned
+/// off puts every claim far above `jit_above_cost`, and compiling each claim took longer
+/// than running it.
 pub async fn begin_ordered_reads(
     pool: &PgPool,
 ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
@@ -298,6 +363,23 @@ pub async fn begin_ordered_reads(
              SET LOCAL enable_seqscan = off; SET LOCAL jit = off",
         )
         .await?)
+}
+
+/// How long the oldest snapshot in this database has been held (zero when none is): the
+/// oldest transaction start among the client sessions holding back vacuum's horizon,
+/// with a snapshot (`backend_xmin`) or a transaction id of their own (`backend_xid`).
+/// Sessions of other databases hold back no row of this one's tables.
+pub async fn oldest_snapshot(pool: &QueuePool) -> Result<Duration> {
+    let seconds: f64 = sqlx::query_scalar(
+        "SELECT coalesce(extract(epoch FROM now() - min(xact_start)), 0)::float8
+         FROM pg_stat_activity
+         WHERE datname = current_database() AND backend_type = 'client backend'
+           AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+           AND pid <> pg_backend_pid()",
+    )
+    .fetch_one(&pool.0)
+    .await?;
+    Ok(Duration::try_from_secs_f64(seconds).unwrap_or_default())
 }
 
 /// Enqueues that commit this long after their `run_after` was set (their transaction's
@@ -320,11 +402,9 @@ pub const WIDE_READ_EVERY: Duration = Duration::from_millis(100);
 /// head (entries of priorities nobody claims from here are few). Vacuum normally removes those entries at
 /// once, but while any transaction holds an old snapshot it cannot, and a read from the
 /// head then steps over every job claimed since. What this misses (expired leases,
-/// enqueues that committed late) the full [`claim`] finds. Planned with its own values
-/// every time (`persistent(false)`): a generic plan, made without the positions, read
-/// seconds of index after an old snapshot's release.
+/// enqueues that committed late) the full [`claim`] finds. One statement, one round trip.
 pub async fn claim_from(
-    pool: &PgPool,
+    pool: &QueuePool,
     owner: &str,
     kind: &str,
     from: &Positions,
@@ -334,11 +414,11 @@ pub async fn claim_from(
 ) -> Result<Vec<Lease>> {
     let (priorities, starts) = from.starts(slack);
     let (lowest, highest) = from.unclaimed();
-    let mut tx = begin_ordered_reads(pool).await?;
     // A claimed priority is read with `priority =`, so its position bounds where the index
     // scan starts; read as a range of priorities, the scan would start at the range's head
-    // and step over (in the index, if not the heap) every entry behind the position.
-    let leases = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    // and step over (in the index, if not the heap) every entry behind the position. The
+    // picked rows are leased by an array of ids, as in [`claim`].
+    let leases = sqlx::query_as(
         "WITH candidates AS (
              SELECT j.* FROM unnest($5::int[], $6::timestamptz[]) AS s(priority, from_ts)
              CROSS JOIN LATERAL (
@@ -357,9 +437,19 @@ pub async fn claim_from(
              ) j
          ), picked AS (
              SELECT id FROM candidates ORDER BY priority DESC, run_after, id LIMIT $4
-         ){LEASE_PICKED}"
-    )))
-    .persistent(false)
+         ), leased AS (
+             UPDATE queue_jobs q
+             SET lease_owner = $1, lease_expires_at = now() + $2 * interval '1 millisecond',
+                 claimed_at = now(), fencing_token = fencing_token + 1,
+                 attempts = attempts + 1, heartbeats = 0
+             WHERE q.id = ANY(ARRAY(SELECT id FROM picked))
+             RETURNING q.id AS job_id, q.kind, q.ref_id, q.lease_owner AS owner,
+                       q.fencing_token, q.attempts, q.max_attempts, q.traceparent, q.priority,
+                       q.run_after, q.workspace_id,
+                       (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms
+         )
+         SELECT * FROM leased ORDER BY priority DESC, run_after, job_id",
+    )
     .bind(owner)
     .bind(millis(lease))
     .bind(kind)
@@ -368,39 +458,10 @@ pub async fn claim_from(
     .bind(starts)
     .bind(lowest)
     .bind(highest)
-    .fetch_all(&mut *tx)
+    .fetch_all(&pool.0)
     .await?;
-    tx.commit().await?;
     Ok(leases)
 }
-
-/// Leases the rows of a `picked` CTE to owner $1 for $2 ms and returns them in claim order;
-/// completes a claim. The rows are looked up by an array of ids, not joined: a queue's
-/// statistics are always stale (analyzed while the table was near empty), and the join was
-/// planned as a walk of the whole primary key, every entry an old snapshot keeps included
-/// (1.2 million buffers for 114 rows under a held snapshot).
-const LEASE_PICKED: &str = ",
-    leased AS (
-        UPDATE queue_jobs q
-        SET lease_owner = $1, lease_expires_at = now() + $2 * interval '1 millisecond',
-            claimed_at = now(), fencing_token = fencing_token + 1, attempts = attempts + 1,
-            heartbeats = 0
-        WHERE q.id = ANY(ARRAY(SELECT id FROM picked))
-        RETURNING q.id AS job_id, q.kind, q.ref_id, q.lease_owner AS owner, q.fencing_token,
-                  q.attempts, q.max_attempts, q.traceparent, q.priority, q.run_after,
-                  q.workspace_id,
-                  (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms
-    )
-    SELECT * FROM leased ORDER BY priority DESC, run_after, job_id";
-
-/// The rows of `queue_jobs q` still held: ids $1, each with its own token from $2 (looked
-/// up, not joined), owner $3. The owner is matched with `IS NOT DISTINCT FROM` (the same,
-/// since the owner is never null) so that queue_jobs_leased (`WHERE lease_owner IS NOT
-/// NULL`) cannot serve the statement: with a queue's stale statistics the planner took a
-/// walk of that whole index, stepping over every entry an old snapshot keeps, for cheaper
-/// than 500 primary-key probes.
-const HELD_ROWS: &str = "q.id = ANY($1) AND q.lease_owner IS NOT DISTINCT FROM $3
-           AND q.fencing_token = ($2::bigint[])[array_position($1, q.id)]";
 
 /// The (id, token) pairs as two arrays in ascending id order. Every statement that locks
 /// many job rows (heartbeat, batched ack) takes them in id order, so two of them running
@@ -411,29 +472,35 @@ fn in_id_order(held: &[(i64, i64)]) -> (Vec<i64>, Vec<i64>) {
     held.into_iter().unzip()
 }
 
-/// Extends the leases still held; returns the ids of those that were (the others are lost).
-/// One primary-key scan of [`HELD_ROWS`] with no join: joined with an `unnest`, a table
+/// Extends the leases still held and marks the worker alive in the worker registry, in one
+/// statement; returns the ids of the leases renewed (the others are lost). The rows are
+/// looked up by id, each with its own token (no join: joined with an `unnest`, a table
 /// bloated by an old snapshot was planned as a full scan, and heartbeats that fell behind
-/// the lease lost it.
+/// the lease lost it). The owner is matched with `IS NOT DISTINCT FROM` (the same, since
+/// the owner is never null) so that queue_jobs_leased (`WHERE lease_owner IS NOT NULL`)
+/// cannot serve the statement: with a queue's stale statistics the planner took a walk of
+/// that whole index, stepping over every entry an old snapshot keeps, for cheaper than 500
+/// primary-key probes.
 pub async fn heartbeat(
-    pool: &PgPool,
+    pool: &QueuePool,
     owner: &str,
     held: &[(i64, i64)],
     lease: Duration,
 ) -> Result<Vec<i64>> {
     let (ids, tokens) = in_id_order(held);
-    let renewed = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "UPDATE queue_jobs q
+    let renewed = sqlx::query_scalar(
+        "WITH alive AS (UPDATE workers SET last_seen_at = now() WHERE id = $3)
+         UPDATE queue_jobs q
          SET lease_expires_at = now() + $4 * interval '1 millisecond', heartbeats = heartbeats + 1
-         WHERE {HELD_ROWS}
-         RETURNING q.id"
-    )))
-    .persistent(false)
+         WHERE q.id = ANY($1) AND q.lease_owner IS NOT DISTINCT FROM $3
+           AND q.fencing_token = ($2::bigint[])[array_position($1, q.id)]
+         RETURNING q.id",
+    )
     .bind(ids)
     .bind(tokens)
     .bind(owner)
     .bind(millis(lease))
-    .fetch_all(pool)
+    .fetch_all(&pool.0)
     .await?;
     Ok(renewed)
 }
@@ -456,11 +523,17 @@ pub async fn fence(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
 
 /// Acks a job: its row goes, in the caller's transaction with the domain change.
 pub async fn complete(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
-    let archived = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "WITH done AS (DELETE FROM queue_jobs WHERE id = $1 AND fencing_token = $2 AND lease_owner = $3
-                       RETURNING *)
-         {ARCHIVE} 'acked' FROM done"
-    )))
+    let archived = sqlx::query(
+        "WITH done AS (
+             DELETE FROM queue_jobs WHERE id = $1 AND fencing_token = $2 AND lease_owner = $3
+             RETURNING *
+         )
+         INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token, claimed_at,
+                                    expires_at, heartbeats, workspace_id, outcome)
+         SELECT id, kind, ref_id, lease_owner, fencing_token, claimed_at, lease_expires_at,
+                heartbeats, workspace_id, 'acked'
+         FROM done",
+    )
     .bind(lease.job_id)
     .bind(lease.fencing_token)
     .bind(&lease.owner)
@@ -475,26 +548,30 @@ pub async fn complete(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
 /// Acks many jobs in one statement, each fenced by its own token and owner; returns the
 /// ids acked (a job missing from them had lost its lease). For jobs with no domain change
 /// to commit alongside the ack; `run` jobs ack with [`complete`] in their own transaction.
-/// Written without a join (each row's token is looked up in the array): as a join with
-/// `unnest`, the prepared statement's generic plan probed the primary key once per pair
-/// for every pair, 57 ms for 500 acks instead of 3. Planned with its own array every time
-/// (`persistent(false)`): a generic plan, blind to the array's length, could scan a table
-/// bloated by an old snapshot, and seconds-long acks and heartbeats lose leases. The rows
-/// are [`HELD_ROWS`].
-pub async fn complete_many(pool: &PgPool, owner: &str, held: &[(i64, i64)]) -> Result<Vec<i64>> {
+/// The rows are looked up as [`heartbeat`] looks them up, and for the same reasons: as a
+/// join with `unnest`, a generic plan probed the primary key once per pair for every pair,
+/// 57 ms for 500 acks instead of 3.
+pub async fn complete_many(pool: &QueuePool, owner: &str, held: &[(i64, i64)]) -> Result<Vec<i64>> {
     let (ids, tokens) = in_id_order(held);
-    let acked = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+    let acked = sqlx::query_scalar(
         "WITH done AS (
-             DELETE FROM queue_jobs q WHERE {HELD_ROWS}
+             DELETE FROM queue_jobs q
+             WHERE q.id = ANY($1) AND q.lease_owner IS NOT DISTINCT FROM $3
+               AND q.fencing_token = ($2::bigint[])[array_position($1, q.id)]
              RETURNING q.*
-         ), archived AS ({ARCHIVE} 'acked' FROM done)
-         SELECT id FROM done"
-    )))
-    .persistent(false)
+         ), archived AS (
+             INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token, claimed_at,
+                                        expires_at, heartbeats, workspace_id, outcome)
+             SELECT id, kind, ref_id, lease_owner, fencing_token, claimed_at, lease_expires_at,
+                    heartbeats, workspace_id, 'acked'
+             FROM done
+         )
+         SELECT id FROM done",
+    )
     .bind(ids)
     .bind(tokens)
     .bind(owner)
-    .fetch_all(pool)
+    .fetch_all(&pool.0)
     .await?;
     Ok(acked)
 }
@@ -508,7 +585,8 @@ pub async fn retry(
     delay: Duration,
     penalty: bool,
 ) -> Result<()> {
-    let archived = sqlx::query(sqlx::AssertSqlSafe(format!(
+    // The notification goes in the same statement: one round trip for the whole nack.
+    let archived: Option<i64> = sqlx::query_scalar(
         "WITH held AS (
              SELECT * FROM queue_jobs WHERE id = $1 AND fencing_token = $2 AND lease_owner = $3 FOR UPDATE
          ), released AS (
@@ -517,22 +595,27 @@ pub async fn retry(
                  run_after = now() + $5 * interval '1 millisecond',
                  attempts = q.attempts - CASE WHEN $6 THEN 0 ELSE 1 END
              FROM held WHERE q.id = held.id RETURNING q.id
+         ), archived AS (
+             INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token, claimed_at,
+                                        expires_at, heartbeats, workspace_id, outcome)
+             SELECT id, kind, ref_id, lease_owner, fencing_token, claimed_at, lease_expires_at,
+                    heartbeats, workspace_id, CASE WHEN $6 THEN 'retried' ELSE 'released' END
+             FROM held WHERE EXISTS (SELECT 1 FROM released)
+             RETURNING job_id
          )
-         {ARCHIVE} CASE WHEN $6 THEN 'retried' ELSE 'released' END FROM held
-         WHERE EXISTS (SELECT 1 FROM released)"
-    )))
+         SELECT job_id FROM archived, pg_notify($7, $8)",
+    )
     .bind(lease.job_id)
     .bind(lease.fencing_token)
     .bind(&lease.owner)
     .bind(error)
     .bind(millis(delay))
     .bind(penalty)
-    .execute(&mut *conn)
+    .bind(JOBS_CHANNEL)
+    .bind(&lease.kind)
+    .fetch_optional(conn)
     .await?;
-    if archived.rows_affected() == 0 {
-        return Err(StoreError::LeaseLost);
-    }
-    notify(conn, JOBS_CHANNEL, &lease.kind).await
+    archived.map(|_| ()).ok_or(StoreError::LeaseLost)
 }
 
 /// Exponential backoff for the n-th failed attempt: 1 s, 2 s, 4 s … capped at 5 minutes.

@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::{CANCEL_CHANNEL, JOBS_CHANNEL, Lease, Positions};
+use super::{CANCEL_CHANNEL, JOBS_CHANNEL, Lease, Positions, QueuePool};
 use crate::store::{self, StoreError};
 use crate::telemetry;
 
@@ -90,6 +90,8 @@ type ClaimResult = Result<(Vec<Lease>, usize), StoreError>;
 pub struct Worker {
     pub id: String,
     pool: PgPool,
+    /// Claims, heartbeats, batched acks and the snapshot check ([`QueuePool`]).
+    queue: QueuePool,
     settings: WorkerSettings,
     handlers: HashMap<&'static str, Arc<dyn JobHandler>>,
 }
@@ -100,6 +102,7 @@ impl Worker {
         let handlers = handlers.into_iter().map(|h| (h.kind(), h)).collect();
         Worker {
             id,
+            queue: QueuePool::new(&pool, QUEUE_CONNECTIONS),
             pool,
             settings,
             handlers,
@@ -128,7 +131,7 @@ impl Worker {
             background.clone(),
         ));
         tokio::spawn(heartbeat(
-            self.pool.clone(),
+            self.queue.clone(),
             self.id.clone(),
             self.settings.lease,
             registry.clone(),
@@ -136,7 +139,11 @@ impl Worker {
         ));
 
         let (requests, pending_acks) = mpsc::unbounded_channel();
-        tokio::spawn(batch_acks(self.pool.clone(), self.id.clone(), pending_acks));
+        tokio::spawn(batch_acks(
+            self.queue.clone(),
+            self.id.clone(),
+            pending_acks,
+        ));
         let acks = Acks {
             pool: self.pool.clone(),
             requests,
@@ -174,8 +181,13 @@ impl Worker {
         let mut want_claim = true;
         let (swept_tx, mut swept) = mpsc::unbounded_channel();
         let stop_sweep = CancellationToken::new();
+        tokio::spawn(watch_snapshots(
+            self.queue.clone(),
+            claimer.shared.clone(),
+            stop_sweep.clone(),
+        ));
         tokio::spawn(sweep(
-            self.pool.clone(),
+            self.queue.clone(),
             self.id.clone(),
             kinds.to_vec(),
             self.settings.clone(),
@@ -240,7 +252,7 @@ impl Worker {
         kinds: &[String],
         room: usize,
     ) -> impl Future<Output = ClaimResult> + Send + 'static {
-        let (claimer, pool, owner) = (claimer.clone(), self.pool.clone(), self.id.clone());
+        let (claimer, pool, owner) = (claimer.clone(), self.queue.clone(), self.id.clone());
         let (kinds, settings) = (kinds.to_vec(), self.settings.clone());
         async move {
             let leases = claimer
@@ -442,9 +454,14 @@ async fn listen(
     }
 }
 
-/// Renews every held lease every lease/3; a job whose lease did not renew is interrupted.
+/// Connections of a worker's [`QueuePool`]: the claim, the sweep, the heartbeat and the ack
+/// batcher each use one at a time.
+const QUEUE_CONNECTIONS: u32 = 4;
+
+/// Renews every held lease, and the worker's registry row, every lease/3; a job whose
+/// lease did not renew is interrupted.
 async fn heartbeat(
-    pool: PgPool,
+    pool: QueuePool,
     owner: String,
     lease: Duration,
     registry: Registry,
@@ -463,12 +480,6 @@ async fn heartbeat(
             .iter()
             .map(|(id, job)| (*id, job.fencing_token))
             .collect();
-        if let Err(error) = store::workers::touch(&pool, &owner).await {
-            tracing::warn!(%error, "worker registry heartbeat failed");
-        }
-        if held.is_empty() {
-            continue;
-        }
         match super::heartbeat(&pool, &owner, &held, lease).await {
             Ok(renewed) => {
                 telemetry::metrics::leases_renewed(renewed.len());
@@ -566,7 +577,7 @@ impl Acks {
 /// statement ran goes in the next, so acks wait for no timer. Ends when every sender is
 /// gone (the worker and its last job).
 async fn batch_acks(
-    pool: PgPool,
+    pool: QueuePool,
     owner: String,
     mut requests: mpsc::UnboundedReceiver<AckRequest>,
 ) {
@@ -586,10 +597,14 @@ async fn batch_acks(
     }
 }
 
-/// A full claim slower than this (plus [`PER_ROW`] for each row it leased) reads index
-/// entries vacuum cannot remove, because an old snapshot is held somewhere.
-const SLOW_FULL_CLAIM: Duration = Duration::from_millis(20);
-const PER_ROW: Duration = Duration::from_micros(20);
+/// A snapshot held this long means vacuum is leaving dead index entries at the head of the
+/// claim order: positioned claims go on. Longer than any transaction Keel itself keeps
+/// open (an enqueue that commits late included), shorter than the seconds after which a
+/// busy queue's full claims step over thousands of entries.
+const OLD_SNAPSHOT: Duration = Duration::from_secs(2);
+/// How often a worker looks at the age of the oldest snapshot.
+const SNAPSHOT_CHECK: Duration = Duration::from_secs(1);
+
 /// How long the sweep waits between full claims that take `cost`: they run at most
 /// 1/[`super::CATCH_ALL_SPACING`] of the time, at least a poll interval and at most
 /// [`MAX_SWEEP_PAUSE`] apart.
@@ -603,65 +618,62 @@ fn sweep_pause(cost: Duration, poll_interval: Duration) -> Duration {
 /// while positioned claims are on.
 const MAX_SWEEP_PAUSE: Duration = Duration::from_secs(60);
 
-/// What the claim loop and its sweep share.
+/// What the claim loop, its sweep and the snapshot watch share.
 #[derive(Default)]
 struct ClaimState {
     /// How long the last full claim took (µs).
     full_claim_us: AtomicU64,
-    /// Whether full claims are slow: positioned claims are on.
-    slow: AtomicBool,
-    /// Full claims in a row that were clearly fast, while slow.
-    fast_streak: AtomicU32,
+    /// Whether an old snapshot is held: positioned claims are on.
+    old_snapshot: AtomicBool,
     /// Jobs the worker can take now.
     room: AtomicUsize,
 }
 
-/// Full claims in a row that must be clearly fast (under half their budget) before
-/// positioned claims turn off. One fast claim is no evidence the old snapshot is gone, and
-/// every flip back to full claims while it is held puts them, slow, in the claim loop.
-const FAST_STREAK_TO_LEAVE: u32 = 5;
+impl ClaimState {
+    fn record(&self, started: Instant) {
+        let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.full_claim_us.store(us, Ordering::Relaxed);
+    }
 
-/// The claim mode after a full claim that took `took` against its `budget`: (slow, streak).
-fn next_mode(slow: bool, streak: u32, took: Duration, budget: Duration) -> (bool, u32) {
-    match (slow, took) {
-        (_, t) if t > budget => (true, 0),
-        (false, _) => (false, 0),
-        (true, t) if t < budget / 2 && streak + 1 >= FAST_STREAK_TO_LEAVE => (false, 0),
-        (true, t) if t < budget / 2 => (true, streak + 1),
-        (true, _) => (true, 0),
+    fn positioned(&self) -> bool {
+        self.old_snapshot.load(Ordering::Relaxed)
     }
 }
 
-impl ClaimState {
-    fn record(&self, started: Instant, leased: usize) {
-        let took = started.elapsed();
-        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        self.full_claim_us.store(us, Ordering::Relaxed);
-        let budget = SLOW_FULL_CLAIM + PER_ROW * leased as u32;
-        let was_slow = self.slow.load(Ordering::Relaxed);
-        let streak = self.fast_streak.load(Ordering::Relaxed);
-        let (slow, streak) = next_mode(was_slow, streak, took, budget);
-        self.fast_streak.store(streak, Ordering::Relaxed);
-        if self.slow.swap(slow, Ordering::Relaxed) != slow {
-            tracing::info!(
-                ?took,
-                slow,
-                "full claims changed speed; positioned claims {}",
-                if slow { "on" } else { "off" }
-            );
+/// Turns positioned claims on while the oldest snapshot is older than [`OLD_SNAPSHOT`]
+/// and off once it is not, looking every [`SNAPSHOT_CHECK`], off the claim path. The
+/// cause is watched, not a symptom: a claim's latency also grows with the distance to the
+/// database, and a worker 1 ms away from it read slow claims as an old snapshot.
+async fn watch_snapshots(pool: QueuePool, state: Arc<ClaimState>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(SNAPSHOT_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
         }
-    }
-
-    fn slow(&self) -> bool {
-        self.slow.load(Ordering::Relaxed)
+        match super::oldest_snapshot(&pool).await {
+            Ok(age) => {
+                let old = age >= OLD_SNAPSHOT;
+                if state.old_snapshot.swap(old, Ordering::Relaxed) != old {
+                    tracing::info!(
+                        ?age,
+                        "oldest snapshot {}; positioned claims {}",
+                        if old { "old" } else { "recent" },
+                        if old { "on" } else { "off" }
+                    );
+                }
+            }
+            Err(error) => tracing::warn!(%error, "could not read the oldest snapshot's age"),
+        }
     }
 }
 
 /// How the claim loop claims (docs/queue.md, "Old snapshots"). While full claims are
-/// cheap, each claim is one full claim ([`super::claim`]: due jobs from the head of the
-/// index, and expired leases). When they turn slow, the loop claims each kind from where
-/// its claims have reached ([`super::claim_from`]) and [`sweep`] runs the full claim,
-/// spaced out, off the loop.
+/// no old snapshot is held, each claim is one full claim ([`super::claim`]: due jobs from
+/// the head of the index, and expired leases). While one is ([`watch_snapshots`]), the
+/// loop claims each kind from where its claims have reached ([`super::claim_from`]) and
+/// [`sweep`] runs the full claim, spaced out, off the loop.
 #[derive(Default)]
 struct Claimer {
     positions: Mutex<HashMap<String, Positions>>,
@@ -671,7 +683,7 @@ struct Claimer {
 impl Claimer {
     async fn claim(
         &self,
-        pool: &PgPool,
+        pool: &QueuePool,
         owner: &str,
         kinds: &[String],
         room: usize,
@@ -680,12 +692,12 @@ impl Claimer {
         if let Some(max) = settings.max_per_workspace {
             return Self::claim_fair(pool, owner, kinds, room, settings.lease, max).await;
         }
-        let leases = if self.shared.slow() {
+        let leases = if self.shared.positioned() {
             self.claim_from(pool, owner, kinds, room, settings).await?
         } else {
             let started = Instant::now();
             let leases = super::claim(pool, owner, kinds, room as i64, settings.lease).await?;
-            self.shared.record(started, leases.len());
+            self.shared.record(started);
             leases
         };
         self.advance(&leases);
@@ -695,7 +707,7 @@ impl Claimer {
     /// Fair claims have no positions to keep: each workspace is read from the head of its
     /// own stretch of the index.
     async fn claim_fair(
-        pool: &PgPool,
+        pool: &QueuePool,
         owner: &str,
         kinds: &[String],
         room: usize,
@@ -703,14 +715,14 @@ impl Claimer {
         max: u32,
     ) -> Result<Vec<Lease>, StoreError> {
         kind_by_kind(kinds, room, |kind, limit| {
-            super::fair::claim(pool, owner, kind, limit, lease, max)
+            super::fair::claim(pool.pool(), owner, kind, limit, lease, max)
         })
         .await
     }
 
     async fn claim_from(
         &self,
-        pool: &PgPool,
+        pool: &QueuePool,
         owner: &str,
         kinds: &[String],
         room: usize,
@@ -764,12 +776,12 @@ where
     Ok(leases)
 }
 
-/// The full claim while it is slow, off the claim loop so positioned claims go on (a slow
-/// full claim in the loop would hold up every pickup behind it), spaced by
-/// [`sweep_pause`]. It hands what it claimed to the loop. Idle while full claims are
-/// cheap (the loop runs them itself).
+/// The full claim while an old snapshot is held, off the claim loop so positioned claims
+/// go on (a slow full claim in the loop would hold up every pickup behind it), spaced by
+/// [`sweep_pause`]. It hands what it claimed to the loop. Idle otherwise (the loop runs
+/// full claims itself).
 async fn sweep(
-    pool: PgPool,
+    pool: QueuePool,
     owner: String,
     kinds: Vec<String>,
     settings: WorkerSettings,
@@ -784,7 +796,7 @@ async fn sweep(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(pause) => {}
         }
-        if !state.slow() {
+        if !state.positioned() {
             continue;
         }
         // Even a saturated worker sweeps: what only a full claim finds would otherwise
@@ -794,7 +806,7 @@ async fn sweep(
         let started = Instant::now();
         match super::claim(&pool, &owner, &kinds, room as i64, settings.lease).await {
             Ok(leases) => {
-                state.record(started, leases.len());
+                state.record(started);
                 if !leases.is_empty() && found.send(leases).is_err() {
                     return;
                 }
@@ -807,25 +819,6 @@ async fn sweep(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn positioned_claims_turn_on_at_once_and_off_after_a_fast_streak() {
-        let budget = Duration::from_millis(20);
-        let (fast, slow) = (Duration::from_millis(5), Duration::from_millis(30));
-        assert_eq!(next_mode(false, 0, slow, budget), (true, 0));
-        assert_eq!(next_mode(false, 0, fast, budget), (false, 0));
-        let mut mode = (true, 0);
-        for _ in 1..FAST_STREAK_TO_LEAVE {
-            mode = next_mode(mode.0, mode.1, fast, budget);
-            assert!(mode.0, "one fast claim is not enough");
-        }
-        // A claim near the budget breaks the streak.
-        assert_eq!(
-            next_mode(true, 3, Duration::from_millis(15), budget),
-            (true, 0)
-        );
-        assert_eq!(next_mode(mode.0, mode.1, fast, budget), (false, 0));
-    }
 
     #[test]
     fn sweeps_are_spaced_by_their_cost_within_bounds() {

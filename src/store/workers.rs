@@ -22,14 +22,6 @@ pub async fn register(pool: &PgPool, id: &str, kinds: &[String], concurrency: us
     Ok(())
 }
 
-pub async fn touch(pool: &PgPool, id: &str) -> Result<()> {
-    sqlx::query("UPDATE workers SET last_seen_at = now() WHERE id = $1")
-        .bind(id)
-        .execute(pool)
-        .await?;
-    Ok(())
-}
-
 pub async fn deregister(pool: &PgPool, id: &str) -> Result<()> {
     sqlx::query("DELETE FROM workers WHERE id = $1")
         .bind(id)
