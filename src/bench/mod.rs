@@ -228,11 +228,13 @@ async fn postgres(root: PathBuf, shutdown: CancellationToken) -> anyhow::Result<
     Ok(())
 }
 
-/// Connections a worker process of `concurrency` jobs gets: one per running job's ack
-/// plus the claim and heartbeat, capped so four processes fit PostgreSQL's default
+/// Connections a worker process of `concurrency` jobs gets besides its queue connections
+/// ([`crate::queue::QueuePool`]: claims, heartbeats and batched acks): one per running
+/// job's fenced writes (a fallback ack, a hand-back) plus the reconciler's, capped so four
+/// processes with their queue connections and listeners fit PostgreSQL's default
 /// `max_connections` (100) with the bench's own.
 fn worker_pool_size(concurrency: usize) -> u32 {
-    (concurrency + 4).min(20) as u32
+    (concurrency + 1).min(16) as u32
 }
 
 /// The interval at which the bench polls the database while it waits for a condition.
