@@ -6,8 +6,8 @@ mod support;
 use std::time::Duration;
 
 use keel::domain::Scope;
-use keel::queue::{self, Positions};
-use keel::store::StoreError;
+use keel::queue::{self, Positions, QueueError};
+
 use sqlx::PgPool;
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -107,16 +107,16 @@ async fn a_stale_lease_holder_is_fenced_out_after_a_takeover() {
     );
     assert!(matches!(
         queue::begin_fenced(&pool, &a).await,
-        Err(StoreError::LeaseLost)
+        Err(QueueError::LeaseLost)
     ));
     let mut conn = pool.acquire().await.unwrap();
     assert!(matches!(
         queue::complete(&mut conn, &a).await,
-        Err(StoreError::LeaseLost)
+        Err(QueueError::LeaseLost)
     ));
     assert!(matches!(
         queue::retry(&mut conn, &a, "stale", Duration::ZERO, true).await,
-        Err(StoreError::LeaseLost)
+        Err(QueueError::LeaseLost)
     ));
     // The new holder's are not.
     let mut tx = queue::begin_fenced(&pool, &b).await.unwrap();
@@ -232,7 +232,7 @@ async fn the_reconciler_requeues_a_run_whose_lease_expired() {
     assert_eq!(owner, None);
     assert!(matches!(
         queue::begin_fenced(&app.pool, &lease).await,
-        Err(StoreError::LeaseLost)
+        Err(QueueError::LeaseLost)
     ));
     assert_eq!(token, lease.fencing_token);
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use sqlx::PgConnection;
 
 use super::{JOBS_CHANNEL, Lease, QueuePool, in_id_order, millis};
-use crate::store::{Result, StoreError};
+use super::{QueueError, Result};
 
 /// Acks a job: its row goes, in the caller's transaction with the domain change.
 pub async fn complete(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
@@ -27,7 +27,7 @@ pub async fn complete(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
     .execute(conn)
     .await?;
     if archived.rows_affected() == 0 {
-        return Err(StoreError::LeaseLost);
+        return Err(QueueError::LeaseLost);
     }
     Ok(())
 }
@@ -102,7 +102,7 @@ pub async fn retry(
     .bind(&lease.kind)
     .fetch_optional(conn)
     .await?;
-    archived.map(|_| ()).ok_or(StoreError::LeaseLost)
+    archived.map(|_| ()).ok_or(QueueError::LeaseLost)
 }
 
 /// Exponential backoff for the n-th failed attempt: 1 s, 2 s, 4 s … capped at 5 minutes.

@@ -4,9 +4,9 @@
 
 use sqlx::PgConnection;
 
+use super::Result;
 use super::{CANCEL_CHANNEL, JOBS_CHANNEL};
 use crate::domain::Scope;
-use crate::store::Result;
 
 /// Enqueues a job of the scope's domain row; idempotent: at most one live row per
 /// (kind, ref_id). `traceparent` links the job's execution to the enqueueing trace.

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
 use super::{Lease, QueuePool, in_id_order, millis};
-use crate::store::{Result, StoreError};
+use super::{QueueError, Result};
 
 /// Extends the leases still held and marks the worker alive in the worker registry, in one
 /// statement; returns the ids of the leases renewed (the others are lost). The rows are
@@ -55,7 +55,7 @@ pub async fn fence(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
     .fetch_optional(conn)
     .await?
     .map(|_| ())
-    .ok_or(StoreError::LeaseLost)
+    .ok_or(QueueError::LeaseLost)
 }
 
 /// Starts a worker transaction that holds the job's lease for its whole length.

@@ -31,6 +31,19 @@ pub use claim::{
 pub use enqueue::{Locked, enqueue, enqueue_many, remove};
 pub use lease::{begin_fenced, expired, fence, heartbeat};
 
+/// Errors of the queue. The store, which enqueues inside its own transactions, turns them
+/// into its errors (`From<QueueError> for StoreError`).
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// A fenced write found that this worker no longer holds the job's lease.
+    #[error("the lease on this job was lost")]
+    LeaseLost,
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+pub type Result<T, E = QueueError> = std::result::Result<T, E>;
+
 pub const RUN_KIND: &str = "run";
 
 /// NOTIFY channel: a job was enqueued (payload: its kind).

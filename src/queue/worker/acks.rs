@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 use tokio::sync::{Notify, mpsc, oneshot};
 
+use crate::queue::QueueError;
 use crate::queue::{Lease, QueuePool};
-use crate::store::StoreError;
 
 /// The most acks one statement carries.
 const ACK_BATCH: usize = 1_000;
@@ -77,7 +77,7 @@ impl Acks {
     pub(super) fn submit(
         &self,
         lease: &Lease,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+    ) -> impl Future<Output = Result<(), QueueError>> + Send + 'static {
         let (reply, answer) = oneshot::channel();
         let queued = self
             .requests
@@ -91,7 +91,7 @@ impl Acks {
                 if queued {
                     match answer.await {
                         Ok(Some(true)) => return Ok(()),
-                        Ok(Some(false)) => return Err(StoreError::LeaseLost),
+                        Ok(Some(false)) => return Err(QueueError::LeaseLost),
                         Ok(None) | Err(_) => {}
                     }
                 }

@@ -11,8 +11,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::WorkerSettings;
+use crate::queue::QueueError;
 use crate::queue::{Lease, Positions, QueuePool};
-use crate::store::StoreError;
 
 /// A snapshot held this long means vacuum is leaving dead index entries at the head of the
 /// claim order: positioned claims go on. Longer than any transaction Keel itself keeps
@@ -110,7 +110,7 @@ impl Claimer {
         kinds: &[String],
         room: usize,
         settings: &WorkerSettings,
-    ) -> Result<Vec<Lease>, StoreError> {
+    ) -> Result<Vec<Lease>, QueueError> {
         if let Some(max) = settings.max_per_workspace {
             return Self::claim_fair(pool, owner, kinds, room, settings.lease, max).await;
         }
@@ -136,7 +136,7 @@ impl Claimer {
         room: usize,
         lease: Duration,
         max: u32,
-    ) -> Result<Vec<Lease>, StoreError> {
+    ) -> Result<Vec<Lease>, QueueError> {
         kind_by_kind(kinds, room, |kind, limit| {
             crate::queue::fair::claim(pool.pool(), owner, kind, limit, lease, max)
         })
@@ -150,7 +150,7 @@ impl Claimer {
         kinds: &[String],
         room: usize,
         settings: &WorkerSettings,
-    ) -> Result<Vec<Lease>, StoreError> {
+    ) -> Result<Vec<Lease>, QueueError> {
         kind_by_kind(kinds, room, |kind, limit| {
             let (from, slack) = {
                 let mut positions = self.positions.lock().unwrap();
@@ -184,10 +184,10 @@ async fn kind_by_kind<'k, F, Claim>(
     kinds: &'k [String],
     room: usize,
     mut claim: F,
-) -> Result<Vec<Lease>, StoreError>
+) -> Result<Vec<Lease>, QueueError>
 where
     F: FnMut(&'k str, i64) -> Claim,
-    Claim: Future<Output = Result<Vec<Lease>, StoreError>>,
+    Claim: Future<Output = Result<Vec<Lease>, QueueError>>,
 {
     let mut leases = Vec::new();
     for kind in kinds {

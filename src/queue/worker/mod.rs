@@ -8,6 +8,7 @@ mod acks;
 mod claims;
 mod heartbeat;
 mod listen;
+mod registry;
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
@@ -24,7 +25,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::{CANCEL_CHANNEL, JOBS_CHANNEL, Lease, QueuePool};
-use crate::store::{self, StoreError};
+use crate::queue::QueueError;
 use crate::telemetry;
 use acks::Acks;
 use claims::Claimer;
@@ -55,7 +56,7 @@ impl Job {
     /// still fenced by its own token.
     #[must_use = "the ack is counted as pending (it takes claim room, and shutdown waits for \
                   it) until the receipt is awaited"]
-    pub fn ack(&self) -> impl Future<Output = Result<(), StoreError>> + Send + 'static {
+    pub fn ack(&self) -> impl Future<Output = Result<(), QueueError>> + Send + 'static {
         self.acks.submit(&self.lease)
     }
 
@@ -91,7 +92,7 @@ struct InFlight {
 type Registry = Arc<Mutex<HashMap<i64, InFlight>>>;
 
 /// A claim's leases and the room it was given.
-type ClaimResult = Result<(Vec<Lease>, usize), StoreError>;
+type ClaimResult = Result<(Vec<Lease>, usize), QueueError>;
 
 pub struct Worker {
     pub id: String,
@@ -120,9 +121,9 @@ impl Worker {
     }
 
     /// Runs until `shutdown` fires, then drains.
-    pub async fn run(self, shutdown: CancellationToken) -> Result<(), StoreError> {
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), QueueError> {
         let kinds = self.kinds();
-        store::workers::register(&self.pool, &self.id, &kinds, self.settings.concurrency).await?;
+        registry::register(&self.pool, &self.id, &kinds, self.settings.concurrency).await?;
         tracing::info!(worker_id = %self.id, ?kinds, concurrency = self.settings.concurrency, "worker started");
         let registry: Registry = Arc::default();
         let wake = Arc::new(Notify::new());
@@ -152,7 +153,7 @@ impl Worker {
         self.drain(&registry, &mut tasks).await;
         acks.settle(self.settings.drain_timeout).await;
         background.cancel();
-        store::workers::deregister(&self.pool, &self.id).await?;
+        registry::deregister(&self.pool, &self.id).await?;
         tracing::info!(worker_id = %self.id, "worker stopped");
         Ok(())
     }
