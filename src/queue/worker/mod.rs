@@ -171,11 +171,9 @@ impl Worker {
         // leases are renewed like running ones.
         let mut waiting: VecDeque<Job> = VecDeque::new();
         let claimer = Arc::new(Claimer::default());
-        // The claims in flight (at most [`CLAIMS_IN_FLIGHT`]) and the room they were given:
-        // they run while the loop goes on starting waiting jobs in the slots that free
-        // meanwhile.
+        // The claim in flight (at most one): it runs while the loop goes on starting
+        // waiting jobs in the slots that free meanwhile.
         let mut claims: JoinSet<ClaimResult> = JoinSet::new();
-        let mut claiming = 0;
         let mut want_claim = true;
         let (swept_tx, mut swept) = mpsc::unbounded_channel();
         let stop_sweep = CancellationToken::new();
@@ -198,26 +196,18 @@ impl Worker {
                 finished(registry, done);
             }
             self.start_waiting(&mut waiting, tasks);
-            let buffer = self.settings.concurrency + self.settings.prefetch;
-            let room = buffer.saturating_sub(tasks.len() + waiting.len() + acks.backlog());
+            let room = (self.settings.concurrency + self.settings.prefetch)
+                .saturating_sub(tasks.len() + waiting.len() + acks.backlog());
             claimer.shared.room.store(room, Ordering::Relaxed);
-            if claims.is_empty() {
-                claiming = 0;
-            }
-            let free = room.saturating_sub(claiming);
             // With a prefetch, claim again once half of it is used: one claim per half
-            // buffer rather than one per freed slot. A second claim may start while one
-            // is in flight, for a quarter of the buffer or more: with the database far
-            // away, one claim at a time left the buffer empty while it travelled.
-            let least = if claims.is_empty() { 1 } else { buffer / 4 };
+            // buffer rather than one per freed slot.
             if want_claim
-                && claims.len() < CLAIMS_IN_FLIGHT
-                && free >= least.max(1)
+                && claims.is_empty()
+                && room > 0
                 && waiting.len() <= self.settings.prefetch / 2
             {
                 want_claim = false;
-                claiming += free;
-                claims.spawn(self.claim(&claimer, kinds, free));
+                claims.spawn(self.claim(&claimer, kinds, room));
             }
             tokio::select! {
                 _ = shutdown.cancelled() => {}
@@ -227,9 +217,6 @@ impl Worker {
                     want_claim = true;
                 }
                 Some(claimed) = claims.join_next(), if !claims.is_empty() => {
-                    if let Ok(Ok((_, given))) = &claimed {
-                        claiming = claiming.saturating_sub(*given);
-                    }
                     // A full batch suggests more is due: claim again at once.
                     want_claim |= self.take_claimed(claimed, registry, acks, &mut waiting);
                     self.start_waiting(&mut waiting, tasks);
@@ -431,9 +418,6 @@ fn finished(registry: &Registry, done: Result<i64, tokio::task::JoinError>) {
     }
 }
 
-/// Claims one worker runs at once.
-const CLAIMS_IN_FLIGHT: usize = 2;
-
-/// Connections of a worker's [`QueuePool`]: the claims, the sweep, the heartbeat and the
-/// ack batcher each use one at a time.
-const QUEUE_CONNECTIONS: u32 = CLAIMS_IN_FLIGHT as u32 + 3;
+/// Connections of a worker's [`QueuePool`]: the claim, the sweep, the heartbeat, the ack
+/// batcher and the snapshot watch each use one at a time.
+const QUEUE_CONNECTIONS: u32 = 5;
