@@ -71,7 +71,7 @@ pub async fn begin_fenced(
 /// Expired leases, for the reconciler: it hands each to its kind's requeue. With `since`,
 /// only leases that expired from then on: the read then skips the index entries of jobs
 /// acked before, which vacuum cannot remove while an old snapshot is held. Run inside
-/// [`begin_ordered_reads`].
+/// [`super::begin_ordered_reads`].
 pub async fn expired(
     conn: &mut PgConnection,
     limit: i64,

@@ -1,7 +1,7 @@
 //! The job queue: one table for every job kind, leased to workers with fencing tokens.
 //!
-//! Protocol (docs/queue.md), one file per part: [`enqueue`] inside the domain transaction
-//! (and withdraw, with the notifications that wake and stop workers); [`claim`] with
+//! Protocol (docs/queue.md), one file per part: [`mod@enqueue`] inside the domain transaction
+//! (and withdraw, with the notifications that wake and stop workers); [`mod@claim`] with
 //! `FOR UPDATE SKIP LOCKED`, taking due rows and rows whose lease expired, bumping the
 //! fencing token; [`lease`]: heartbeats on the worker's own connections, and the fence every
 //! worker write re-checks (token and owner); [`ack`]: the row goes in the same transaction

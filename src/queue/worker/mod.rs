@@ -1,8 +1,9 @@
-//! The worker and its claim loop: claims jobs up to its concurrency (how: [`claims`]),
+//! The worker and its claim loop: claims jobs up to its concurrency (how: `claims.rs`),
 //! hands each to the handler of its kind, and on shutdown stops claiming, lets running
 //! jobs finish within the drain window, then interrupts and releases the rest. Beside the
-//! loop run the [`heartbeat`], the [`listen`]er (new jobs, withdrawn ones) and the
-//! [`acks`] batcher for jobs with nothing to commit alongside their ack ([`Job::ack`]).
+//! loop run the heartbeat (`heartbeat.rs`), the listener (`listen.rs`: new jobs, withdrawn
+//! ones) and the ack batcher (`acks.rs`) for jobs with nothing to commit alongside their
+//! ack ([`Job::ack`]); `registry.rs` keeps the worker's row in `workers`.
 
 mod acks;
 mod claims;
