@@ -6,12 +6,17 @@ mod support;
 use std::time::Duration;
 
 use keel::domain::Scope;
-use keel::queue::{self, Positions};
-use keel::store::StoreError;
+use keel::queue::{self, Positions, QueueError};
+
 use sqlx::PgPool;
 
 const LEASE: Duration = Duration::from_secs(30);
 const KIND: &str = "test";
+
+/// The queue's own connections, as a worker has them, on the test's database.
+fn q(pool: &PgPool) -> queue::QueuePool {
+    queue::QueuePool::new(pool, 1)
+}
 
 fn kinds() -> Vec<String> {
     vec![KIND.to_string()]
@@ -37,8 +42,12 @@ async fn enqueue_is_idempotent_and_claims_follow_priority() {
     enqueue(&pool, "low", 0).await;
     enqueue(&pool, "high", 5).await;
     enqueue(&pool, "low", 0).await;
-    let first = queue::claim(&pool, "a", &kinds(), 1, LEASE).await.unwrap();
-    let second = queue::claim(&pool, "a", &kinds(), 10, LEASE).await.unwrap();
+    let first = queue::claim(&q(&pool), "a", &kinds(), 1, LEASE)
+        .await
+        .unwrap();
+    let second = queue::claim(&q(&pool), "a", &kinds(), 10, LEASE)
+        .await
+        .unwrap();
     assert_eq!(first[0].ref_id, "high");
     assert_eq!(second.len(), 1, "one row per (kind, ref_id)");
     assert_eq!(second[0].ref_id, "low");
@@ -50,7 +59,7 @@ async fn enqueue_is_idempotent_and_claims_follow_priority() {
     );
     // Leased jobs are not claimed again while their lease is live.
     assert!(
-        queue::claim(&pool, "b", &kinds(), 10, LEASE)
+        queue::claim(&q(&pool), "b", &kinds(), 10, LEASE)
             .await
             .unwrap()
             .is_empty()
@@ -58,7 +67,7 @@ async fn enqueue_is_idempotent_and_claims_follow_priority() {
     // Other kinds are not claimed.
     enqueue(&pool, "x", 0).await;
     assert!(
-        queue::claim(&pool, "b", &["other".to_string()], 10, LEASE)
+        queue::claim(&q(&pool), "b", &["other".to_string()], 10, LEASE)
             .await
             .unwrap()
             .is_empty()
@@ -69,19 +78,19 @@ async fn enqueue_is_idempotent_and_claims_follow_priority() {
 async fn a_stale_lease_holder_is_fenced_out_after_a_takeover() {
     let pool = support::pool(&support::fresh_database().await).await;
     enqueue(&pool, "job", 0).await;
-    let a = queue::claim(&pool, "worker-a", &kinds(), 1, LEASE)
+    let a = queue::claim(&q(&pool), "worker-a", &kinds(), 1, LEASE)
         .await
         .unwrap()
         .remove(0);
     assert_eq!(
-        queue::heartbeat(&pool, "worker-a", &[(a.job_id, a.fencing_token)], LEASE)
+        queue::heartbeat(&q(&pool), "worker-a", &[(a.job_id, a.fencing_token)], LEASE)
             .await
             .unwrap(),
         [a.job_id]
     );
 
     expire_all(&pool).await;
-    let b = queue::claim(&pool, "worker-b", &kinds(), 1, LEASE)
+    let b = queue::claim(&q(&pool), "worker-b", &kinds(), 1, LEASE)
         .await
         .unwrap()
         .remove(0);
@@ -91,23 +100,23 @@ async fn a_stale_lease_holder_is_fenced_out_after_a_takeover() {
 
     // Every write of the old holder is refused.
     assert!(
-        queue::heartbeat(&pool, "worker-a", &[(a.job_id, a.fencing_token)], LEASE)
+        queue::heartbeat(&q(&pool), "worker-a", &[(a.job_id, a.fencing_token)], LEASE)
             .await
             .unwrap()
             .is_empty()
     );
     assert!(matches!(
         queue::begin_fenced(&pool, &a).await,
-        Err(StoreError::LeaseLost)
+        Err(QueueError::LeaseLost)
     ));
     let mut conn = pool.acquire().await.unwrap();
     assert!(matches!(
         queue::complete(&mut conn, &a).await,
-        Err(StoreError::LeaseLost)
+        Err(QueueError::LeaseLost)
     ));
     assert!(matches!(
         queue::retry(&mut conn, &a, "stale", Duration::ZERO, true).await,
-        Err(StoreError::LeaseLost)
+        Err(QueueError::LeaseLost)
     ));
     // The new holder's are not.
     let mut tx = queue::begin_fenced(&pool, &b).await.unwrap();
@@ -124,7 +133,7 @@ async fn a_stale_lease_holder_is_fenced_out_after_a_takeover() {
 async fn nack_delays_the_job_and_shutdown_release_costs_no_attempt() {
     let pool = support::pool(&support::fresh_database().await).await;
     enqueue(&pool, "job", 0).await;
-    let first = queue::claim(&pool, "a", &kinds(), 1, LEASE)
+    let first = queue::claim(&q(&pool), "a", &kinds(), 1, LEASE)
         .await
         .unwrap()
         .remove(0);
@@ -146,7 +155,7 @@ async fn nack_delays_the_job_and_shutdown_release_costs_no_attempt() {
     assert_eq!(error, "boom");
     assert!(waits, "a nacked job waits for its backoff");
     assert!(
-        queue::claim(&pool, "b", &kinds(), 1, LEASE)
+        queue::claim(&q(&pool), "b", &kinds(), 1, LEASE)
             .await
             .unwrap()
             .is_empty()
@@ -156,7 +165,7 @@ async fn nack_delays_the_job_and_shutdown_release_costs_no_attempt() {
         .execute(&pool)
         .await
         .unwrap();
-    let second = queue::claim(&pool, "b", &kinds(), 1, LEASE)
+    let second = queue::claim(&q(&pool), "b", &kinds(), 1, LEASE)
         .await
         .unwrap()
         .remove(0);
@@ -164,7 +173,7 @@ async fn nack_delays_the_job_and_shutdown_release_costs_no_attempt() {
     queue::retry(&mut conn, &second, "shutdown", Duration::ZERO, false)
         .await
         .unwrap();
-    let third = queue::claim(&pool, "c", &kinds(), 1, LEASE)
+    let third = queue::claim(&q(&pool), "c", &kinds(), 1, LEASE)
         .await
         .unwrap()
         .remove(0);
@@ -179,7 +188,7 @@ async fn the_reconciler_requeues_a_run_whose_lease_expired() {
     let app = support::TestApp::api_only().await;
     let (task_id, run_id) = app.client.run_shell("true").await;
     // Play a worker that claimed and started the run, then vanished.
-    let lease = queue::claim(&app.pool, "wrk_gone", &["run".to_string()], 1, LEASE)
+    let lease = queue::claim(&q(&app.pool), "wrk_gone", &["run".to_string()], 1, LEASE)
         .await
         .unwrap()
         .remove(0);
@@ -223,7 +232,7 @@ async fn the_reconciler_requeues_a_run_whose_lease_expired() {
     assert_eq!(owner, None);
     assert!(matches!(
         queue::begin_fenced(&app.pool, &lease).await,
-        Err(StoreError::LeaseLost)
+        Err(QueueError::LeaseLost)
     ));
     assert_eq!(token, lease.fencing_token);
 }
@@ -257,7 +266,7 @@ async fn a_batched_ack_is_fenced_row_by_row() {
     let pool = support::pool(&support::fresh_database().await).await;
     enqueue(&pool, "kept", 0).await;
     enqueue(&pool, "taken", 0).await;
-    let held = queue::claim(&pool, "worker-a", &kinds(), 2, LEASE)
+    let held = queue::claim(&q(&pool), "worker-a", &kinds(), 2, LEASE)
         .await
         .unwrap();
     let taken = held.iter().find(|l| l.ref_id == "taken").unwrap();
@@ -268,13 +277,13 @@ async fn a_batched_ack_is_fenced_row_by_row() {
     .execute(&pool)
     .await
     .unwrap();
-    let takeover = queue::claim(&pool, "worker-b", &kinds(), 1, LEASE)
+    let takeover = queue::claim(&q(&pool), "worker-b", &kinds(), 1, LEASE)
         .await
         .unwrap();
     assert_eq!(takeover[0].job_id, taken.job_id);
 
     let tokens: Vec<(i64, i64)> = held.iter().map(|l| (l.job_id, l.fencing_token)).collect();
-    let acked = queue::complete_many(&pool, "worker-a", &tokens)
+    let acked = queue::complete_many(&q(&pool), "worker-a", &tokens)
         .await
         .unwrap();
     let kept = held.iter().find(|l| l.ref_id == "kept").unwrap();
@@ -295,7 +304,7 @@ async fn a_batched_ack_is_fenced_row_by_row() {
 async fn claimed_one_then_late_by(behind: &str) -> (PgPool, Positions) {
     let pool = support::pool(&support::fresh_database().await).await;
     enqueue(&pool, "first", 0).await;
-    let first = queue::claim(&pool, "a", &kinds(), 1, LEASE)
+    let first = queue::claim(&q(&pool), "a", &kinds(), 1, LEASE)
         .await
         .unwrap()
         .remove(0);
@@ -318,16 +327,26 @@ async fn a_positioned_claim_reads_on_from_its_positions_and_every_other_priority
     for (name, priority) in [("second", 0), ("urgent", 9), ("someday", -3)] {
         enqueue(&pool, name, priority).await;
     }
-    let next = queue::claim_from(&pool, "a", KIND, &from, queue::LATE_COMMIT_SLACK, 10, LEASE)
-        .await
-        .unwrap();
+    let next = queue::claim_from(
+        &q(&pool),
+        "a",
+        KIND,
+        &from,
+        queue::LATE_COMMIT_SLACK,
+        10,
+        LEASE,
+    )
+    .await
+    .unwrap();
     let names: Vec<&str> = next.iter().map(|l| l.ref_id.as_str()).collect();
     assert_eq!(
         names,
         ["urgent", "second", "someday"],
         "in claim order: higher and lower priorities from their head, its own from its position"
     );
-    let rest = queue::claim(&pool, "a", &kinds(), 10, LEASE).await.unwrap();
+    let rest = queue::claim(&q(&pool), "a", &kinds(), 10, LEASE)
+        .await
+        .unwrap();
     assert_eq!(rest[0].ref_id, "late");
 }
 
@@ -335,7 +354,8 @@ async fn a_positioned_claim_reads_on_from_its_positions_and_every_other_priority
 async fn a_commit_later_than_the_short_slack_waits_for_the_wide_read() {
     // Committed as if its transaction had begun 200 ms before the position.
     let (pool, from) = claimed_one_then_late_by("200 milliseconds").await;
-    let claim = |slack| queue::claim_from(&pool, "a", KIND, &from, slack, 10, LEASE);
+    let queue = q(&pool);
+    let claim = |slack| queue::claim_from(&queue, "a", KIND, &from, slack, 10, LEASE);
     assert!(claim(queue::COMMIT_SLACK).await.unwrap().is_empty());
     let wide = claim(queue::LATE_COMMIT_SLACK).await.unwrap();
     assert_eq!(wide.len(), 1);
@@ -347,7 +367,9 @@ async fn an_expiry_scan_from_a_time_reads_only_the_leases_that_expired_since() {
     let pool = support::pool(&support::fresh_database().await).await;
     enqueue(&pool, "long-ago", 0).await;
     enqueue(&pool, "just-now", 0).await;
-    queue::claim(&pool, "a", &kinds(), 2, LEASE).await.unwrap();
+    queue::claim(&q(&pool), "a", &kinds(), 2, LEASE)
+        .await
+        .unwrap();
     sqlx::query(
         "UPDATE queue_jobs SET lease_expires_at = now() - CASE ref_id
              WHEN 'long-ago' THEN interval '1 hour' ELSE interval '1 second' END",
@@ -369,13 +391,15 @@ async fn an_expiry_scan_from_a_time_reads_only_the_leases_that_expired_since() {
     assert_eq!(names(full), ["long-ago", "just-now"]);
 }
 
-/// Rows and index entries read from queue_jobs so far. The pool must have one connection:
-/// a backend publishes what it read only at its next flush, forced here.
-async fn rows_read(pool: &PgPool) -> i64 {
-    sqlx::query("SELECT pg_stat_force_next_flush()")
-        .execute(pool)
-        .await
-        .unwrap();
+/// Rows and index entries read from queue_jobs so far. Both pools must have one
+/// connection: a backend publishes what it read only at its next flush, forced here.
+async fn rows_read(pool: &PgPool, queue: &queue::QueuePool) -> i64 {
+    for pool in [pool, queue.pool()] {
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(pool)
+            .await
+            .unwrap();
+    }
     sqlx::query_scalar(
         "SELECT (SELECT seq_tup_read + idx_tup_fetch FROM pg_stat_user_tables
                  WHERE relname = 'queue_jobs')
@@ -414,11 +438,14 @@ async fn claims_read_in_index_order_whatever_the_statistics_say() {
         .unwrap();
     drop(conn);
 
-    let before = rows_read(&pool).await;
-    let claimed = queue::claim(&pool, "a", &kinds(), 10, LEASE).await.unwrap();
-    let full = rows_read(&pool).await - before;
+    let queue = q(&pool);
+    let before = rows_read(&pool, &queue).await;
+    let claimed = queue::claim(&queue, "a", &kinds(), 10, LEASE)
+        .await
+        .unwrap();
+    let full = rows_read(&pool, &queue).await - before;
     let positioned = queue::claim_from(
-        &pool,
+        &queue,
         "a",
         KIND,
         &Positions::default(),
@@ -428,7 +455,7 @@ async fn claims_read_in_index_order_whatever_the_statistics_say() {
     )
     .await
     .unwrap();
-    let from_head = rows_read(&pool).await - before - full;
+    let from_head = rows_read(&pool, &queue).await - before - full;
     assert_eq!((claimed.len(), positioned.len()), (10, 10));
     // Each claim reads ten due entries and leases ten rows by their key: read in order, it
     // stops at its limit. Planned by those statistics, it scanned the heap and sorted

@@ -164,9 +164,15 @@ async fn seed() -> Seeded {
         .unwrap();
     tx.commit().await.unwrap();
     let kinds = [media_jobs::KIND.to_string()];
-    let claimed = queue::claim(&pool, "wrk_tenancy", &kinds, 10, LEASE)
-        .await
-        .unwrap();
+    let claimed = queue::claim(
+        &queue::QueuePool::new(&pool, 1),
+        "wrk_tenancy",
+        &kinds,
+        10,
+        LEASE,
+    )
+    .await
+    .unwrap();
     assert_eq!(claimed.len(), 1);
     assert_eq!(
         claimed[0].workspace_id, "ws_a",
@@ -569,9 +575,15 @@ async fn the_feed_of_a_workspace_holds_none_of_anothers_events_though_they_inter
     );
     // The released lease history is scoped too.
     let kinds = [queue::RUN_KIND.to_string()];
-    let lease = queue::claim(&s.pool, "wrk_b", &kinds, 1, LEASE)
-        .await
-        .unwrap();
+    let lease = queue::claim(
+        &queue::QueuePool::new(&s.pool, 1),
+        "wrk_b",
+        &kinds,
+        1,
+        LEASE,
+    )
+    .await
+    .unwrap();
     let mut tx = s.pool.begin().await.unwrap();
     queue::complete(&mut tx, &lease[0]).await.unwrap();
     tx.commit().await.unwrap();

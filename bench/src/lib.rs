@@ -118,6 +118,11 @@ pub struct RunArgs {
     /// and the first round over the heap the hold bloated took 80–130 s).
     #[arg(long, default_value_t = 300)]
     pub snapshot_after_secs: u64,
+    /// The delay each way between this process and the database, when `bench/compare.sh`
+    /// put a delaying proxy between them: recorded in the report, whose queue figures then
+    /// print as the remote-database rows.
+    #[arg(long)]
+    pub db_delay_ms: Option<f64>,
     /// Also write the JSON report to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -140,6 +145,9 @@ pub struct Report {
     pub jobs: usize,
     pub concurrency: usize,
     pub prefetch: usize,
+    /// Set when the database was reached through a delaying proxy (ms each way).
+    #[serde(default)]
+    pub db_delay_ms: Option<f64>,
     pub queue: Option<queue::QueueFigures>,
     pub runs: Option<runs::RunsFigures>,
     pub scaling: Option<Vec<queue::ScalingPoint>>,
@@ -175,6 +183,7 @@ async fn run(common: &Common, args: &RunArgs) -> anyhow::Result<()> {
         jobs: args.jobs,
         concurrency: args.concurrency,
         prefetch: args.prefetch,
+        db_delay_ms: args.db_delay_ms,
         ..Report::default()
     };
     for figure in &args.figures {
@@ -219,11 +228,13 @@ async fn postgres(root: PathBuf, shutdown: CancellationToken) -> anyhow::Result<
     Ok(())
 }
 
-/// Connections a worker process of `concurrency` jobs gets: one per running job's ack
-/// plus the claim and heartbeat, capped so four processes fit PostgreSQL's default
+/// Connections a worker process of `concurrency` jobs gets besides its queue connections
+/// ([`crate::queue::QueuePool`]: claims, heartbeats and batched acks): one per running
+/// job's fenced writes (a fallback ack, a hand-back) plus the reconciler's, capped so four
+/// processes with their queue connections and listeners fit PostgreSQL's default
 /// `max_connections` (100) with the bench's own.
 fn worker_pool_size(concurrency: usize) -> u32 {
-    (concurrency + 4).min(20) as u32
+    (concurrency + 1).min(16) as u32
 }
 
 /// The interval at which the bench polls the database while it waits for a condition.

@@ -92,20 +92,25 @@ fn read<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
 fn rows(report: &Report, peer: Option<&PeerReport>) -> Vec<Row> {
     let mut rows = Vec::new();
     if let Some(q) = &report.queue {
+        // Through the delaying proxy, the same figures are the remote-database rows.
+        let name = |figure: &str| match report.db_delay_ms {
+            Some(delay) => format!("remote database {delay} ms: {figure}"),
+            None => format!("queue {figure}"),
+        };
         let (t, l) = (&q.throughput, &q.latency);
         let p = |f: fn(&PeerReport) -> f64| peer.map(f);
         rows.push(
-            Row::keel("queue throughput (jobs/s)", t.jobs_per_s)
+            Row::keel(name("throughput (jobs/s)"), t.jobs_per_s)
                 .against(p(|p| p.throughput.jobs_per_s))
                 .target("≥ 1.0"),
         );
         rows.push(
-            Row::keel("queue latency p50 (ms)", l.p50_ms)
+            Row::keel(name("latency p50 (ms)"), l.p50_ms)
                 .against(p(|p| p.latency.p50_ms))
                 .target("≤ 1.0"),
         );
-        rows.push(Row::keel("queue latency p99 (ms)", l.p99_ms).against(p(|p| p.latency.p99_ms)));
-        rows.push(Row::keel("queue latency max (ms)", l.max_ms).against(p(|p| p.latency.max_ms)));
+        rows.push(Row::keel(name("latency p99 (ms)"), l.p99_ms).against(p(|p| p.latency.p99_ms)));
+        rows.push(Row::keel(name("latency max (ms)"), l.max_ms).against(p(|p| p.latency.max_ms)));
     }
     if let Some(r) = &report.runs {
         let w = r.workers;
@@ -197,20 +202,25 @@ fn rows(report: &Report, peer: Option<&PeerReport>) -> Vec<Row> {
 /// One figure's values across runs: Keel's, the peer's and the ratios.
 type Cells = (Vec<f64>, Vec<f64>, Vec<f64>);
 
-/// A Markdown table of the per-figure medians, in the first run's row order.
+/// A Markdown table of the per-figure medians, each figure where it first appears (a
+/// remote-database report only has rows of its own).
 fn table(runs: &[Vec<Row>], peer: &str) -> String {
     let mut cells: BTreeMap<&str, Cells> = BTreeMap::new();
+    let mut order: Vec<&Row> = Vec::new();
     for row in runs.iter().flatten() {
-        let cell = cells.entry(&row.figure).or_default();
+        let cell = cells.entry(&row.figure).or_insert_with(|| {
+            order.push(row);
+            Cells::default()
+        });
         cell.0.push(row.keel);
         cell.1.extend(row.peer);
         cell.2.extend(row.ratio);
     }
     let mut out = format!(
-        "medians of {} run(s)\n\n| figure | Keel | {peer} | ratio | target |\n|---|---:|---:|---:|---|\n",
+        "medians of {} report(s)\n\n| figure | Keel | {peer} | ratio | target |\n|---|---:|---:|---:|---|\n",
         runs.len()
     );
-    for row in runs.first().into_iter().flatten() {
+    for row in order {
         let (keel, peer, ratio) = cells
             .get_mut(row.figure.as_str())
             .expect("every row has cells");

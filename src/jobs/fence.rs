@@ -36,7 +36,7 @@ impl Fence {
         }
         queue::begin_fenced(&self.pool, &self.lease)
             .await
-            .map_err(|e| self.context_error(e))
+            .map_err(|e| self.context_error(e.into()))
     }
 
     pub fn context_error(&self, error: StoreError) -> ContextError {

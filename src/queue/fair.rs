@@ -11,14 +11,26 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use super::{LEASE_PICKED, Lease, begin_ordered_reads, millis};
-use crate::store::Result;
+use super::Result;
+use super::{Lease, begin_ordered_reads, millis};
 
-/// The workspaces with due jobs of kind $1 (found by skipping from one workspace's
-/// stretch of the index to the next) or with expired leases of it, each locked for the
-/// claim's transaction.
-const LOCK_WORKSPACES: &str = "
-    WITH RECURSIVE due AS (
+/// Claims up to `limit` jobs of `kind` fairly across workspaces, none beyond its limit
+/// (`default_max` for workspaces without an operator's override). Two statements in one
+/// transaction of ordered reads.
+pub async fn claim(
+    pool: &PgPool,
+    owner: &str,
+    kind: &str,
+    limit: i64,
+    lease: Duration,
+    default_max: u32,
+) -> Result<Vec<Lease>> {
+    let mut tx = begin_ordered_reads(pool).await?;
+    // The workspaces with due jobs of the kind (found by skipping from one workspace's
+    // stretch of the index to the next) or with expired leases of it, each locked for the
+    // claim's transaction.
+    let workspaces: Vec<String> = sqlx::query_as::<_, (String, String)>(
+        "WITH RECURSIVE due AS (
         (SELECT workspace_id FROM queue_jobs
          WHERE kind = $1 AND lease_owner IS NULL AND run_after <= now()
          ORDER BY workspace_id LIMIT 1)
@@ -37,12 +49,22 @@ const LOCK_WORKSPACES: &str = "
         SELECT workspace_id FROM found ORDER BY workspace_id
     )
     SELECT workspace_id, pg_advisory_xact_lock(hashtextextended('keel.workspace.' || workspace_id, 0))::text
-    FROM ordered";
-
-/// Claims, for owner $1 with a lease of $2 ms, up to $4 jobs of kind $3 from workspaces
-/// $5 (locked), each within its limit (its row in workspace_limits, else $6).
-const CLAIM_FAIR: &str = "
-    WITH running AS (
+    FROM ordered",
+    )
+    .bind(kind)
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|(workspace, _)| workspace)
+    .collect();
+    if workspaces.is_empty() {
+        tx.commit().await?;
+        return Ok(Vec::new());
+    }
+    // Up to $4 jobs from the locked workspaces $5, each within its limit (its row in
+    // workspace_limits, else $6), leased by an array of ids as the plain claim leases them.
+    let leases = sqlx::query_as(
+        "WITH running AS (
         SELECT workspace_id, count(*) AS held FROM queue_jobs
         WHERE lease_owner IS NOT NULL AND lease_expires_at >= now() AND workspace_id = ANY($5)
         GROUP BY workspace_id
@@ -75,42 +97,32 @@ const CLAIM_FAIR: &str = "
         SELECT id, expired FROM turns WHERE turn <= free
         ORDER BY turn, held, priority DESC, run_after, id LIMIT $4
     ), ended AS (
-        {ARCHIVE} 'expired' FROM queue_jobs WHERE id IN (SELECT id FROM picked WHERE expired)
-    )";
-
-/// Claims up to `limit` jobs of `kind` fairly across workspaces, none beyond its limit
-/// (`default_max` for workspaces without an operator's override).
-pub async fn claim(
-    pool: &PgPool,
-    owner: &str,
-    kind: &str,
-    limit: i64,
-    lease: Duration,
-    default_max: u32,
-) -> Result<Vec<Lease>> {
-    let mut tx = begin_ordered_reads(pool).await?;
-    let workspaces: Vec<String> = sqlx::query_as::<_, (String, String)>(LOCK_WORKSPACES)
-        .bind(kind)
-        .fetch_all(&mut *tx)
-        .await?
-        .into_iter()
-        .map(|(workspace, _)| workspace)
-        .collect();
-    if workspaces.is_empty() {
-        tx.commit().await?;
-        return Ok(Vec::new());
-    }
-    let statement = CLAIM_FAIR.replace("{ARCHIVE}", super::ARCHIVE) + LEASE_PICKED;
-    let leases = sqlx::query_as(sqlx::AssertSqlSafe(statement))
-        .persistent(false)
-        .bind(owner)
-        .bind(millis(lease))
-        .bind(kind)
-        .bind(limit)
-        .bind(&workspaces)
-        .bind(i32::try_from(default_max).unwrap_or(i32::MAX))
-        .fetch_all(&mut *tx)
-        .await?;
+        INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token, claimed_at,
+                                   expires_at, heartbeats, workspace_id, outcome)
+        SELECT id, kind, ref_id, lease_owner, fencing_token, claimed_at, lease_expires_at,
+               heartbeats, workspace_id, 'expired'
+        FROM queue_jobs WHERE id IN (SELECT id FROM picked WHERE expired)
+    ), leased AS (
+        UPDATE queue_jobs q
+        SET lease_owner = $1, lease_expires_at = now() + $2 * interval '1 millisecond',
+            claimed_at = now(), fencing_token = fencing_token + 1, attempts = attempts + 1,
+            heartbeats = 0
+        WHERE q.id = ANY(ARRAY(SELECT id FROM picked))
+        RETURNING q.id AS job_id, q.kind, q.ref_id, q.lease_owner AS owner, q.fencing_token,
+                  q.attempts, q.max_attempts, q.traceparent, q.priority, q.run_after,
+                  q.workspace_id,
+                  (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms
+    )
+    SELECT * FROM leased ORDER BY priority DESC, run_after, job_id",
+    )
+    .bind(owner)
+    .bind(millis(lease))
+    .bind(kind)
+    .bind(limit)
+    .bind(&workspaces)
+    .bind(i32::try_from(default_max).unwrap_or(i32::MAX))
+    .fetch_all(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(leases)
 }

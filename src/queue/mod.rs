@@ -1,25 +1,54 @@
 //! The job queue: one table for every job kind, leased to workers with fencing tokens.
 //!
-//! Protocol (docs/queue.md): enqueue inside the domain transaction; claim with
+//! Protocol (docs/queue.md), one file per part: [`mod@enqueue`] inside the domain transaction
+//! (and withdraw, with the notifications that wake and stop workers); [`mod@claim`] with
 //! `FOR UPDATE SKIP LOCKED`, taking due rows and rows whose lease expired, bumping the
-//! fencing token; heartbeat on its own connection; every worker write re-checks the token
-//! and owner ([`fence`]); ack deletes the row in the same transaction as the domain change.
+//! fencing token; [`lease`]: heartbeats on the worker's own connections, and the fence every
+//! worker write re-checks (token and owner); [`ack`]: the row goes in the same transaction
+//! as the domain change, or comes back for a retry. [`fair`] is the claim across
+//! workspaces; [`worker`] the process that runs all of it.
 
+pub mod ack;
+pub mod claim;
+pub mod enqueue;
 pub mod fair;
+pub mod lease;
 pub mod worker;
 
-use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
 
 use crate::domain::Scope;
-use crate::store::{Result, StoreError};
+
+pub use ack::{backoff, complete, complete_many, retry};
+pub use claim::{
+    CATCH_ALL_SPACING, COMMIT_SLACK, LATE_COMMIT_SLACK, Positions, WIDE_READ_EVERY,
+    begin_ordered_reads, catch_all_pause, claim, claim_from, oldest_snapshot,
+};
+pub use enqueue::{Locked, enqueue, enqueue_many, remove};
+pub use lease::{begin_fenced, expired, fence, heartbeat};
+
+/// Errors of the queue. The store, which enqueues inside its own transactions, turns them
+/// into its errors (`From<QueueError> for StoreError`).
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// A fenced write found that this worker no longer holds the job's lease.
+    #[error("the lease on this job was lost")]
+    LeaseLost,
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+pub type Result<T, E = QueueError> = std::result::Result<T, E>;
 
 pub const RUN_KIND: &str = "run";
+
 /// NOTIFY channel: a job was enqueued (payload: its kind).
 pub const JOBS_CHANNEL: &str = "keel_jobs";
+
 /// NOTIFY channel: a leased job was withdrawn (payload: `kind:ref_id`).
 pub const CANCEL_CHANNEL: &str = "keel_cancel";
 
@@ -52,355 +81,47 @@ impl Lease {
     }
 }
 
-/// Where a worker's claims of one kind have reached in claim order: for each priority it
-/// claimed, the latest `run_after` it took. [`claim_from`] reads each of these priorities
-/// from there, and every other priority from its head.
-#[derive(Debug, Clone, Default)]
-pub struct Positions {
-    reached: BTreeMap<i32, DateTime<Utc>>,
-    /// When [`Positions::slack`] last gave [`LATE_COMMIT_SLACK`].
-    wide_at: Option<Instant>,
-}
+/// Connections for the queue's own statements (claims, heartbeats, batched acks, the
+/// snapshot check), each of them one round trip: the planner settings of ordered reads
+/// ([`begin_ordered_reads`] says why) are set for the whole session in the startup
+/// packet instead of by a `BEGIN; SET LOCAL …` and a `COMMIT` around every claim; with
+/// `plan_cache_mode = force_custom_plan` a statement can stay prepared (no Parse round
+/// trip each time) and is still planned with its own values every time (a generic plan,
+/// made blind to the arrays and positions, read seconds of index after an old snapshot's
+/// release); and a connection is not pinged before each use (a broken one fails its
+/// statement, which the worker retries on a fresh one).
+#[derive(Clone, Debug)]
+pub struct QueuePool(PgPool);
 
-impl Positions {
-    /// Priorities remembered; past this, the lowest is forgotten (read from its head again).
-    const MOST: usize = 32;
-
-    /// Moves the position of the lease's priority up to the lease.
-    pub fn advance(&mut self, lease: &Lease) {
-        let at = self
-            .reached
-            .entry(lease.priority)
-            .or_insert(lease.run_after);
-        *at = (*at).max(lease.run_after);
-        if self.reached.len() > Self::MOST {
-            self.reached.pop_first();
-        }
+impl QueuePool {
+    /// At most `size` connections, opened when first needed, with `pool`'s options.
+    pub fn new(pool: &PgPool, size: u32) -> QueuePool {
+        let options = (*pool.connect_options()).clone().options([
+            ("enable_sort", "off"),
+            ("enable_bitmapscan", "off"),
+            ("enable_seqscan", "off"),
+            ("jit", "off"),
+            ("plan_cache_mode", "force_custom_plan"),
+        ]);
+        QueuePool(
+            PgPoolOptions::new()
+                .max_connections(size)
+                .acquire_timeout(Duration::from_secs(10))
+                .test_before_acquire(false)
+                .connect_lazy_with(options),
+        )
     }
 
-    /// How far behind the positions the next [`claim_from`] reads: [`LATE_COMMIT_SLACK`]
-    /// once every [`WIDE_READ_EVERY`], [`COMMIT_SLACK`] otherwise.
-    pub fn slack(&mut self) -> Duration {
-        let now = Instant::now();
-        match self.wide_at {
-            Some(at) if now.duration_since(at) < WIDE_READ_EVERY => COMMIT_SLACK,
-            _ => {
-                self.wide_at = Some(now);
-                LATE_COMMIT_SLACK
-            }
-        }
+    /// The connections themselves, for statements the queue does not run (a test reading
+    /// a session's statistics).
+    pub fn pool(&self) -> &PgPool {
+        &self.0
     }
-
-    /// Each claimed priority, highest first, with the `run_after` to read it from: its
-    /// position less `slack`.
-    fn starts(&self, slack: Duration) -> (Vec<i32>, Vec<DateTime<Utc>>) {
-        let slack = chrono::Duration::from_std(slack).unwrap_or_default();
-        self.reached
-            .iter()
-            .rev()
-            .map(|(&p, &at)| (p, at - slack))
-            .unzip()
-    }
-
-    /// The ranges of priorities no claim has reached, as (lowest, highest), highest first:
-    /// with [`Positions::starts`], the whole of claim order.
-    fn unclaimed(&self) -> (Vec<i32>, Vec<i32>) {
-        let mut ranges = Vec::with_capacity(self.reached.len() + 1);
-        // The highest priority not covered yet; None below i32::MIN.
-        let mut above = Some(i32::MAX);
-        for &priority in self.reached.keys().rev() {
-            if let Some(highest) = above
-                && priority < highest
-            {
-                ranges.push((priority + 1, highest));
-            }
-            above = priority.checked_sub(1);
-        }
-        if let Some(highest) = above {
-            ranges.push((i32::MIN, highest));
-        }
-        ranges.into_iter().unzip()
-    }
-}
-
-/// Enqueues a job of the scope's domain row; idempotent: at most one live row per
-/// (kind, ref_id). `traceparent` links the job's execution to the enqueueing trace.
-pub async fn enqueue(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    kind: &str,
-    ref_id: &str,
-    priority: i32,
-    traceparent: Option<&str>,
-) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO queue_jobs (kind, ref_id, priority, traceparent, workspace_id)
-         VALUES ($1, $2, $3, $4, $5)
-         ON CONFLICT (kind, ref_id) DO NOTHING",
-    )
-    .bind(kind)
-    .bind(ref_id)
-    .bind(priority)
-    .bind(traceparent)
-    .bind(scope.workspace())
-    .execute(&mut *conn)
-    .await?;
-    notify(conn, JOBS_CHANNEL, kind).await
-}
-
-/// Enqueues many jobs of one kind in one statement, with [`enqueue`]'s idempotency;
-/// returns how many were new. One notification wakes the workers for all of them.
-pub async fn enqueue_many(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    kind: &str,
-    ref_ids: &[String],
-    priority: i32,
-) -> Result<u64> {
-    let inserted = sqlx::query(
-        "INSERT INTO queue_jobs (kind, ref_id, priority, workspace_id)
-         SELECT $1, ref_id, $3, $4 FROM unnest($2::text[]) AS r(ref_id)
-         ON CONFLICT (kind, ref_id) DO NOTHING",
-    )
-    .bind(kind)
-    .bind(ref_ids)
-    .bind(priority)
-    .bind(scope.workspace())
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    notify(conn, JOBS_CHANNEL, kind).await?;
-    Ok(inserted)
-}
-
-/// How [`remove`] treats a job row another transaction has locked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Locked {
-    /// Wait for it.
-    Wait,
-    /// Leave it: its holder is a worker (its transaction, or a heartbeat renewing the
-    /// lease) that will find the domain row ended. That worker is told to stop all the
-    /// same, since a heartbeat alone would keep the lease, and the job, alive.
-    Skip,
-}
-
-/// Withdraws a job (its domain row was cancelled); a worker holding it is told at once.
-pub async fn remove(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    kind: &str,
-    ref_id: &str,
-    locked: Locked,
-) -> Result<()> {
-    let skip = if locked == Locked::Skip {
-        "SKIP LOCKED"
-    } else {
-        ""
-    };
-    let owner: Option<Option<String>> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "WITH target AS (SELECT id FROM queue_jobs
-                         WHERE kind = $1 AND ref_id = $2 AND workspace_id = $3 FOR UPDATE {skip}),
-              done AS (DELETE FROM queue_jobs WHERE id IN (SELECT id FROM target) RETURNING *),
-              ended AS ({ARCHIVE} 'withdrawn' FROM done WHERE lease_owner IS NOT NULL)
-         SELECT lease_owner FROM done"
-    )))
-    .bind(kind)
-    .bind(ref_id)
-    .bind(scope.workspace())
-    .fetch_optional(&mut *conn)
-    .await?;
-    if matches!(owner, Some(Some(_))) || locked == Locked::Skip {
-        notify(conn, CANCEL_CHANNEL, &format!("{kind}:{ref_id}")).await?;
-    }
-    Ok(())
-}
-
-/// Copies ended leases into `lease_history`; completed by `<outcome> FROM <rows>`.
-const ARCHIVE: &str =
-    "INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token, claimed_at,
-                                                   expires_at, heartbeats, workspace_id, outcome)
-                       SELECT id, kind, ref_id, lease_owner, fencing_token, claimed_at,
-                              lease_expires_at, heartbeats, workspace_id,";
-
-async fn notify(conn: &mut PgConnection, channel: &str, payload: &str) -> Result<()> {
-    sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(channel)
-        .bind(payload)
-        .execute(conn)
-        .await?;
-    Ok(())
 }
 
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
-
-/// Claims up to `limit` jobs of the given kinds: due pending jobs by priority, and jobs
-/// whose lease expired (their worker died or hung).
-pub async fn claim(
-    pool: &PgPool,
-    owner: &str,
-    kinds: &[String],
-    limit: i64,
-    lease: Duration,
-) -> Result<Vec<Lease>> {
-    let mut tx = begin_ordered_reads(pool).await?;
-    let leases = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "WITH expired AS (
-             SELECT id FROM queue_jobs
-             WHERE lease_owner IS NOT NULL AND lease_expires_at < now() AND kind = ANY($3)
-             ORDER BY lease_expires_at LIMIT $4 FOR UPDATE SKIP LOCKED
-         ), due AS (
-             -- Per kind, so each read is one ordered scan of queue_jobs_due. With several
-             -- kinds, rows locked past the outer LIMIT are only held until this statement
-             -- commits.
-             SELECT j.id FROM unnest($3::text[]) AS k(kind) CROSS JOIN LATERAL (
-                 SELECT id, priority, run_after FROM queue_jobs
-                 WHERE kind = k.kind AND lease_owner IS NULL AND run_after <= now()
-                 ORDER BY priority DESC, run_after, id LIMIT $4 FOR UPDATE SKIP LOCKED
-             ) j
-             ORDER BY j.priority DESC, j.run_after, j.id LIMIT $4
-         ), picked AS (
-             SELECT id FROM expired UNION ALL SELECT id FROM due LIMIT $4
-         ), ended AS (
-             {ARCHIVE} 'expired' FROM queue_jobs
-             WHERE id IN (SELECT id FROM expired) AND id IN (SELECT id FROM picked)
-         ){LEASE_PICKED}"
-    )))
-    .bind(owner)
-    .bind(millis(lease))
-    .bind(kinds)
-    .bind(limit)
-    .fetch_all(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(leases)
-}
-
-/// Starts a transaction for the queue's ordered reads (claims, scans for expired leases):
-/// it leaves the planner one way to run them, a walk of the index in the order read,
-/// which stops at the LIMIT. A queue's statistics describe whatever the table held at the
-/// last ANALYZE. While an old snapshot was held, an ANALYZE that sampled mostly dead rows
-/// estimated a few live ones, and the planner then read every entry of the kind through a
-/// bitmap and sorted them: a claim took 2 s instead of 13 ms, and the queue ran at a
-/// quarter of its rate for a minute, until the next ANALYZE. Sorting what an ordered read
-/// returns, reading through a bitmap and scanning the heap are all plans that read
-/// everything matching before the LIMIT counts, so they are turned off here (for this
-/// transaction only; off means priced out, so a sort with no other way is still done).
-/// JIT goes too: the price of what is turned off puts every claim far above
-/// `jit_above_cost`, and compiling each claim took longer than running it.
-pub async fn begin_ordered_reads(
-    pool: &PgPool,
-) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
-    Ok(pool
-        .begin_with(
-            "BEGIN; SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off;
-             SET LOCAL enable_seqscan = off; SET LOCAL jit = off",
-        )
-        .await?)
-}
-
-/// Enqueues that commit this long after their `run_after` was set (their transaction's
-/// start) are found by the next [`claim_from`].
-pub const COMMIT_SLACK: Duration = Duration::from_millis(25);
-/// Enqueues that commit up to this long after their `run_after` are found by a
-/// [`claim_from`] within [`WIDE_READ_EVERY`]; later ones wait for a full [`claim`].
-pub const LATE_COMMIT_SLACK: Duration = Duration::from_millis(500);
-/// How often a worker's positioned claims of a kind read [`LATE_COMMIT_SLACK`] behind its
-/// positions. Everything in that stretch has been claimed but for the rare late commit,
-/// and while an old snapshot is held each claimed job still has its entry there, which
-/// the read steps over with a heap visit: at 12,000 jobs/s, 6,000 of them. Read so on every
-/// claim, that stretch was most of the database's work (3,300 buffers a claim).
-pub const WIDE_READ_EVERY: Duration = Duration::from_millis(100);
-
-/// Claims due jobs of one kind from where this worker's claims have reached: the hot
-/// path of a busy worker. Each priority it has claimed is read from its position (less
-/// `slack`, from [`Positions::slack`]) instead of from the head of queue_jobs_due, where
-/// the entries of jobs already claimed lie; the priorities between are read from their
-/// head (entries of priorities nobody claims from here are few). Vacuum normally removes those entries at
-/// once, but while any transaction holds an old snapshot it cannot, and a read from the
-/// head then steps over every job claimed since. What this misses (expired leases,
-/// enqueues that committed late) the full [`claim`] finds. Planned with its own values
-/// every time (`persistent(false)`): a generic plan, made without the positions, read
-/// seconds of index after an old snapshot's release.
-pub async fn claim_from(
-    pool: &PgPool,
-    owner: &str,
-    kind: &str,
-    from: &Positions,
-    slack: Duration,
-    limit: i64,
-    lease: Duration,
-) -> Result<Vec<Lease>> {
-    let (priorities, starts) = from.starts(slack);
-    let (lowest, highest) = from.unclaimed();
-    let mut tx = begin_ordered_reads(pool).await?;
-    // A claimed priority is read with `priority =`, so its position bounds where the index
-    // scan starts; read as a range of priorities, the scan would start at the range's head
-    // and step over (in the index, if not the heap) every entry behind the position.
-    let leases = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "WITH candidates AS (
-             SELECT j.* FROM unnest($5::int[], $6::timestamptz[]) AS s(priority, from_ts)
-             CROSS JOIN LATERAL (
-                 SELECT id, priority, run_after FROM queue_jobs
-                 WHERE kind = $3 AND lease_owner IS NULL AND priority = s.priority
-                   AND run_after >= s.from_ts AND run_after <= now()
-                 ORDER BY priority DESC, run_after, id LIMIT $4 FOR UPDATE SKIP LOCKED
-             ) j
-             UNION ALL
-             SELECT j.* FROM unnest($7::int[], $8::int[]) AS s(lowest, highest)
-             CROSS JOIN LATERAL (
-                 SELECT id, priority, run_after FROM queue_jobs
-                 WHERE kind = $3 AND lease_owner IS NULL
-                   AND priority BETWEEN s.lowest AND s.highest AND run_after <= now()
-                 ORDER BY priority DESC, run_after, id LIMIT $4 FOR UPDATE SKIP LOCKED
-             ) j
-         ), picked AS (
-             SELECT id FROM candidates ORDER BY priority DESC, run_after, id LIMIT $4
-         ){LEASE_PICKED}"
-    )))
-    .persistent(false)
-    .bind(owner)
-    .bind(millis(lease))
-    .bind(kind)
-    .bind(limit)
-    .bind(priorities)
-    .bind(starts)
-    .bind(lowest)
-    .bind(highest)
-    .fetch_all(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(leases)
-}
-
-/// Leases the rows of a `picked` CTE to owner $1 for $2 ms and returns them in claim order;
-/// completes a claim. The rows are looked up by an array of ids, not joined: a queue's
-/// statistics are always stale (analyzed while the table was near empty), and the join was
-/// planned as a walk of the whole primary key, every entry an old snapshot keeps included
-/// (1.2 million buffers for 114 rows under a held snapshot).
-const LEASE_PICKED: &str = ",
-    leased AS (
-        UPDATE queue_jobs q
-        SET lease_owner = $1, lease_expires_at = now() + $2 * interval '1 millisecond',
-            claimed_at = now(), fencing_token = fencing_token + 1, attempts = attempts + 1,
-            heartbeats = 0
-        WHERE q.id = ANY(ARRAY(SELECT id FROM picked))
-        RETURNING q.id AS job_id, q.kind, q.ref_id, q.lease_owner AS owner, q.fencing_token,
-                  q.attempts, q.max_attempts, q.traceparent, q.priority, q.run_after,
-                  q.workspace_id,
-                  (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms
-    )
-    SELECT * FROM leased ORDER BY priority DESC, run_after, job_id";
-
-/// The rows of `queue_jobs q` still held: ids $1, each with its own token from $2 (looked
-/// up, not joined), owner $3. The owner is matched with `IS NOT DISTINCT FROM` (the same,
-/// since the owner is never null) so that queue_jobs_leased (`WHERE lease_owner IS NOT
-/// NULL`) cannot serve the statement: with a queue's stale statistics the planner took a
-/// walk of that whole index, stepping over every entry an old snapshot keeps, for cheaper
-/// than 500 primary-key probes.
-const HELD_ROWS: &str = "q.id = ANY($1) AND q.lease_owner IS NOT DISTINCT FROM $3
-           AND q.fencing_token = ($2::bigint[])[array_position($1, q.id)]";
 
 /// The (id, token) pairs as two arrays in ascending id order. Every statement that locks
 /// many job rows (heartbeat, batched ack) takes them in id order, so two of them running
@@ -409,230 +130,4 @@ fn in_id_order(held: &[(i64, i64)]) -> (Vec<i64>, Vec<i64>) {
     let mut held = held.to_vec();
     held.sort_unstable();
     held.into_iter().unzip()
-}
-
-/// Extends the leases still held; returns the ids of those that were (the others are lost).
-/// One primary-key scan of [`HELD_ROWS`] with no join: joined with an `unnest`, a table
-/// bloated by an old snapshot was planned as a full scan, and heartbeats that fell behind
-/// the lease lost it.
-pub async fn heartbeat(
-    pool: &PgPool,
-    owner: &str,
-    held: &[(i64, i64)],
-    lease: Duration,
-) -> Result<Vec<i64>> {
-    let (ids, tokens) = in_id_order(held);
-    let renewed = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "UPDATE queue_jobs q
-         SET lease_expires_at = now() + $4 * interval '1 millisecond', heartbeats = heartbeats + 1
-         WHERE {HELD_ROWS}
-         RETURNING q.id"
-    )))
-    .persistent(false)
-    .bind(ids)
-    .bind(tokens)
-    .bind(owner)
-    .bind(millis(lease))
-    .fetch_all(pool)
-    .await?;
-    Ok(renewed)
-}
-
-/// Checks, inside a worker's transaction, that it still holds the lease, and locks the
-/// job row so no claim or cancellation can interleave until the transaction ends.
-pub async fn fence(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
-    sqlx::query_scalar::<_, i64>(
-        "SELECT id FROM queue_jobs WHERE id = $1 AND fencing_token = $2 AND lease_owner = $3
-         FOR UPDATE",
-    )
-    .bind(lease.job_id)
-    .bind(lease.fencing_token)
-    .bind(&lease.owner)
-    .fetch_optional(conn)
-    .await?
-    .map(|_| ())
-    .ok_or(StoreError::LeaseLost)
-}
-
-/// Acks a job: its row goes, in the caller's transaction with the domain change.
-pub async fn complete(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
-    let archived = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "WITH done AS (DELETE FROM queue_jobs WHERE id = $1 AND fencing_token = $2 AND lease_owner = $3
-                       RETURNING *)
-         {ARCHIVE} 'acked' FROM done"
-    )))
-    .bind(lease.job_id)
-    .bind(lease.fencing_token)
-    .bind(&lease.owner)
-    .execute(conn)
-    .await?;
-    if archived.rows_affected() == 0 {
-        return Err(StoreError::LeaseLost);
-    }
-    Ok(())
-}
-
-/// Acks many jobs in one statement, each fenced by its own token and owner; returns the
-/// ids acked (a job missing from them had lost its lease). For jobs with no domain change
-/// to commit alongside the ack; `run` jobs ack with [`complete`] in their own transaction.
-/// Written without a join (each row's token is looked up in the array): as a join with
-/// `unnest`, the prepared statement's generic plan probed the primary key once per pair
-/// for every pair, 57 ms for 500 acks instead of 3. Planned with its own array every time
-/// (`persistent(false)`): a generic plan, blind to the array's length, could scan a table
-/// bloated by an old snapshot, and seconds-long acks and heartbeats lose leases. The rows
-/// are [`HELD_ROWS`].
-pub async fn complete_many(pool: &PgPool, owner: &str, held: &[(i64, i64)]) -> Result<Vec<i64>> {
-    let (ids, tokens) = in_id_order(held);
-    let acked = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "WITH done AS (
-             DELETE FROM queue_jobs q WHERE {HELD_ROWS}
-             RETURNING q.*
-         ), archived AS ({ARCHIVE} 'acked' FROM done)
-         SELECT id FROM done"
-    )))
-    .persistent(false)
-    .bind(ids)
-    .bind(tokens)
-    .bind(owner)
-    .fetch_all(pool)
-    .await?;
-    Ok(acked)
-}
-
-/// Nacks a job: it becomes claimable again after `delay`, with the error recorded.
-/// `penalty` false gives the attempt back (a graceful shutdown is not the job's fault).
-pub async fn retry(
-    conn: &mut PgConnection,
-    lease: &Lease,
-    error: &str,
-    delay: Duration,
-    penalty: bool,
-) -> Result<()> {
-    let archived = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "WITH held AS (
-             SELECT * FROM queue_jobs WHERE id = $1 AND fencing_token = $2 AND lease_owner = $3 FOR UPDATE
-         ), released AS (
-             UPDATE queue_jobs q
-             SET lease_owner = NULL, lease_expires_at = NULL, last_error = $4,
-                 run_after = now() + $5 * interval '1 millisecond',
-                 attempts = q.attempts - CASE WHEN $6 THEN 0 ELSE 1 END
-             FROM held WHERE q.id = held.id RETURNING q.id
-         )
-         {ARCHIVE} CASE WHEN $6 THEN 'retried' ELSE 'released' END FROM held
-         WHERE EXISTS (SELECT 1 FROM released)"
-    )))
-    .bind(lease.job_id)
-    .bind(lease.fencing_token)
-    .bind(&lease.owner)
-    .bind(error)
-    .bind(millis(delay))
-    .bind(penalty)
-    .execute(&mut *conn)
-    .await?;
-    if archived.rows_affected() == 0 {
-        return Err(StoreError::LeaseLost);
-    }
-    notify(conn, JOBS_CHANNEL, &lease.kind).await
-}
-
-/// Exponential backoff for the n-th failed attempt: 1 s, 2 s, 4 s … capped at 5 minutes.
-pub fn backoff(attempts: i32) -> Duration {
-    let exponent = attempts.clamp(1, 20) as u32 - 1;
-    Duration::from_secs(2u64.saturating_pow(exponent).min(300))
-}
-
-/// Expired leases, for the reconciler: it hands each to its kind's requeue. With `since`,
-/// only leases that expired from then on: the read then skips the index entries of jobs
-/// acked before, which vacuum cannot remove while an old snapshot is held. Run inside
-/// [`begin_ordered_reads`].
-pub async fn expired(
-    conn: &mut PgConnection,
-    limit: i64,
-    since: Option<DateTime<Utc>>,
-) -> Result<Vec<Lease>> {
-    let leases = sqlx::query_as(
-        "SELECT id AS job_id, kind, ref_id, lease_owner AS owner, fencing_token, attempts,
-                max_attempts, traceparent, priority, run_after, workspace_id
-         FROM queue_jobs
-         WHERE lease_owner IS NOT NULL AND lease_expires_at < now()
-           AND lease_expires_at >= coalesce($2, '-infinity')
-         ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED",
-    )
-    .persistent(false)
-    .bind(limit)
-    .bind(since)
-    .fetch_all(conn)
-    .await?;
-    Ok(leases)
-}
-
-/// A catch-all read (a full claim, a scan for expired leases from the head of the index)
-/// that took `cost` runs again only after this long, so it takes at most
-/// 1/[`CATCH_ALL_SPACING`] of the time however slow an old snapshot makes it.
-pub fn catch_all_pause(cost: Duration) -> Duration {
-    cost * CATCH_ALL_SPACING
-}
-
-pub const CATCH_ALL_SPACING: u32 = 20;
-
-/// Starts a worker transaction that holds the job's lease for its whole length.
-pub async fn begin_fenced(
-    pool: &PgPool,
-    lease: &Lease,
-) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
-    let mut tx = pool.begin().await?;
-    fence(&mut tx, lease).await?;
-    Ok(tx)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_and_caps() {
-        assert_eq!(backoff(1), Duration::from_secs(1));
-        assert_eq!(backoff(3), Duration::from_secs(4));
-        assert_eq!(backoff(50), Duration::from_secs(300));
-    }
-
-    fn reached<const N: usize>(at: [(i32, DateTime<Utc>); N]) -> Positions {
-        Positions {
-            reached: BTreeMap::from(at),
-            wide_at: None,
-        }
-    }
-
-    #[test]
-    fn positioned_claims_read_far_behind_their_positions_only_once_in_a_while() {
-        let mut positions = Positions::default();
-        assert_eq!(positions.slack(), LATE_COMMIT_SLACK);
-        assert_eq!(positions.slack(), COMMIT_SLACK);
-        positions.wide_at = Some(Instant::now() - WIDE_READ_EVERY);
-        assert_eq!(positions.slack(), LATE_COMMIT_SLACK);
-        assert_eq!(positions.slack(), COMMIT_SLACK);
-    }
-
-    #[test]
-    fn positions_cut_claim_order_into_claimed_priorities_and_unclaimed_ranges() {
-        let slack = Duration::from_secs(1);
-        let (t, u) = (Utc::now(), Utc::now() - chrono::Duration::minutes(1));
-        let less = |at: DateTime<Utc>| at - chrono::Duration::seconds(1);
-        assert_eq!(Positions::default().starts(slack), (vec![], vec![]));
-        assert_eq!(
-            Positions::default().unclaimed(),
-            (vec![i32::MIN], vec![i32::MAX])
-        );
-        let positions = reached([(5, t), (0, u), (-1, t)]);
-        assert_eq!(
-            positions.starts(slack),
-            (vec![5, 0, -1], vec![less(t), less(u), less(t)])
-        );
-        assert_eq!(
-            positions.unclaimed(),
-            (vec![6, 1, i32::MIN], vec![i32::MAX, 4, -2])
-        );
-        let edges = reached([(i32::MAX, t), (i32::MIN, u)]);
-        assert_eq!(edges.unclaimed(), (vec![i32::MIN + 1], vec![i32::MAX - 1]));
-    }
 }

@@ -298,7 +298,9 @@ pub async fn run(
         .await?;
     }
     let traceparent = crate::telemetry::current_traceparent();
-    queue::enqueue(conn, scope, KIND, id, 0, traceparent.as_deref()).await?;
+    queue::enqueue(conn, scope, KIND, id, 0, traceparent.as_deref())
+        .await
+        .map_err(StoreError::from)?;
     let data = serde_json::json!({ "actor": actor.to_string() });
     let queued = NewEvent::media_job(id, EventType::MediaJobQueued).with(data);
     events::append(conn, scope, &[queued]).await?;

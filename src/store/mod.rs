@@ -50,6 +50,15 @@ pub enum StoreError {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+impl From<crate::queue::QueueError> for StoreError {
+    fn from(error: crate::queue::QueueError) -> Self {
+        match error {
+            crate::queue::QueueError::LeaseLost => StoreError::LeaseLost,
+            crate::queue::QueueError::Database(error) => StoreError::Database(error),
+        }
+    }
+}
+
 /// A transaction left idle this long is ended by the server. Keel's transactions are
 /// short and never span executor work, so this only ever fires on a process that was
 /// paused or partitioned mid-transaction: without it, such a process would hold its row

@@ -1,0 +1,424 @@
+//! The worker and its claim loop: claims jobs up to its concurrency (how: `claims.rs`),
+//! hands each to the handler of its kind, and on shutdown stops claiming, lets running
+//! jobs finish within the drain window, then interrupts and releases the rest. Beside the
+//! loop run the heartbeat (`heartbeat.rs`), the listener (`listen.rs`: new jobs, withdrawn
+//! ones) and the ack batcher (`acks.rs`) for jobs with nothing to commit alongside their
+//! ack ([`Job::ack`]); `registry.rs` keeps the worker's row in `workers`.
+
+mod acks;
+mod claims;
+mod heartbeat;
+mod listen;
+mod registry;
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::{CANCEL_CHANNEL, JOBS_CHANNEL, Lease, QueuePool};
+use crate::queue::QueueError;
+use crate::telemetry;
+use acks::Acks;
+use claims::Claimer;
+
+/// Executes jobs of one kind. The handler owns the job's domain transitions: it acks or
+/// nacks with [`super::complete`] / [`super::retry`] inside its own fenced transaction,
+/// or, when the job has no domain change to commit, acks with [`Job::ack`].
+pub trait JobHandler: Send + Sync + 'static {
+    fn kind(&self) -> &'static str;
+    fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()>;
+}
+
+/// One claimed job, as its handler sees it.
+pub struct Job {
+    pub lease: Lease,
+    /// Fires when the job must stop: cancelled, lease lost, or released at shutdown.
+    pub interrupt: CancellationToken,
+    released: Arc<AtomicBool>,
+    acks: Acks,
+}
+
+impl Job {
+    /// Acks the job by itself, for work that commits nothing else (a `run` job's ack
+    /// commits with the run's terminal state instead). The ack is queued when this is
+    /// called; the returned receipt resolves once it committed (or `LeaseLost` when the
+    /// lease had moved on), so a handler may return, freeing its slot, before it does.
+    /// Acks queued while another batch is in flight share the next statement; each is
+    /// still fenced by its own token.
+    #[must_use = "the ack is counted as pending (it takes claim room, and shutdown waits for \
+                  it) until the receipt is awaited"]
+    pub fn ack(&self) -> impl Future<Output = Result<(), QueueError>> + Send + 'static {
+        self.acks.submit(&self.lease)
+    }
+
+    /// True when the interruption is a graceful release at shutdown: the handler should
+    /// hand the job back (requeue it) rather than abandon it.
+    pub fn is_released(&self) -> bool {
+        self.released.load(Ordering::SeqCst)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    pub concurrency: usize,
+    /// Jobs claimed ahead of a free slot, leased while they wait (0: claim only for free
+    /// slots). Saves claim round trips for short jobs; hoards long ones from other workers.
+    pub prefetch: usize,
+    pub lease: Duration,
+    pub poll_interval: Duration,
+    pub drain_timeout: Duration,
+    /// Set: claims are fair across workspaces ([`super::fair`]) and no workspace holds more
+    /// than this many jobs at once unless an operator set its own limit.
+    pub max_per_workspace: Option<u32>,
+}
+
+struct InFlight {
+    kind: String,
+    ref_id: String,
+    fencing_token: i64,
+    interrupt: CancellationToken,
+    released: Arc<AtomicBool>,
+}
+
+type Registry = Arc<Mutex<HashMap<i64, InFlight>>>;
+
+/// A claim's leases and the room it was given.
+type ClaimResult = Result<(Vec<Lease>, usize), QueueError>;
+
+pub struct Worker {
+    pub id: String,
+    pool: PgPool,
+    /// Claims, heartbeats, batched acks and the snapshot check ([`QueuePool`]).
+    queue: QueuePool,
+    settings: WorkerSettings,
+    handlers: HashMap<&'static str, Arc<dyn JobHandler>>,
+}
+
+impl Worker {
+    pub fn new(pool: PgPool, settings: WorkerSettings, handlers: Vec<Arc<dyn JobHandler>>) -> Self {
+        let id = crate::domain::new_id("wrk");
+        let handlers = handlers.into_iter().map(|h| (h.kind(), h)).collect();
+        Worker {
+            id,
+            queue: QueuePool::new(&pool, QUEUE_CONNECTIONS),
+            pool,
+            settings,
+            handlers,
+        }
+    }
+
+    fn kinds(&self) -> Vec<String> {
+        self.handlers.keys().map(|k| k.to_string()).collect()
+    }
+
+    /// Runs until `shutdown` fires, then drains.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), QueueError> {
+        let kinds = self.kinds();
+        registry::register(&self.pool, &self.id, &kinds, self.settings.concurrency).await?;
+        tracing::info!(worker_id = %self.id, ?kinds, concurrency = self.settings.concurrency, "worker started");
+        let registry: Registry = Arc::default();
+        let wake = Arc::new(Notify::new());
+        // Listen before the first claim, so no enqueue between the two is missed.
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen_all([JOBS_CHANNEL, CANCEL_CHANNEL]).await?;
+        let background = CancellationToken::new();
+        tokio::spawn(listen::listen(
+            listener,
+            registry.clone(),
+            wake.clone(),
+            background.clone(),
+        ));
+        tokio::spawn(heartbeat::heartbeat(
+            self.queue.clone(),
+            self.id.clone(),
+            self.settings.lease,
+            registry.clone(),
+            background.clone(),
+        ));
+
+        let allowance = self.settings.concurrency + self.settings.prefetch;
+        let acks = Acks::start(&self.pool, &self.queue, &self.id, allowance, wake.clone());
+        let mut tasks = JoinSet::new();
+        self.claim_loop(&kinds, &registry, &wake, &acks, &mut tasks, &shutdown)
+            .await;
+        self.drain(&registry, &mut tasks).await;
+        acks.settle(self.settings.drain_timeout).await;
+        background.cancel();
+        registry::deregister(&self.pool, &self.id).await?;
+        tracing::info!(worker_id = %self.id, "worker stopped");
+        Ok(())
+    }
+
+    async fn claim_loop(
+        &self,
+        kinds: &[String],
+        registry: &Registry,
+        wake: &Notify,
+        acks: &Acks,
+        tasks: &mut JoinSet<i64>,
+        shutdown: &CancellationToken,
+    ) {
+        // Leased jobs waiting for a free slot (at most `prefetch`); registered, so their
+        // leases are renewed like running ones.
+        let mut waiting: VecDeque<Job> = VecDeque::new();
+        let claimer = Arc::new(Claimer::default());
+        // The claim in flight (at most one): it runs while the loop goes on starting
+        // waiting jobs in the slots that free meanwhile.
+        let mut claims: JoinSet<ClaimResult> = JoinSet::new();
+        let mut want_claim = true;
+        let (swept_tx, mut swept) = mpsc::unbounded_channel();
+        let stop_sweep = CancellationToken::new();
+        tokio::spawn(claims::watch_snapshots(
+            self.queue.clone(),
+            claimer.shared.clone(),
+            stop_sweep.clone(),
+        ));
+        tokio::spawn(claims::sweep(
+            self.queue.clone(),
+            self.id.clone(),
+            kinds.to_vec(),
+            self.settings.clone(),
+            claimer.shared.clone(),
+            swept_tx,
+            stop_sweep.clone(),
+        ));
+        while !shutdown.is_cancelled() {
+            while let Some(done) = tasks.try_join_next() {
+                finished(registry, done);
+            }
+            self.start_waiting(&mut waiting, tasks);
+            let room = (self.settings.concurrency + self.settings.prefetch)
+                .saturating_sub(tasks.len() + waiting.len() + acks.backlog());
+            claimer.shared.room.store(room, Ordering::Relaxed);
+            // With a prefetch, claim again once half of it is used: one claim per half
+            // buffer rather than one per freed slot.
+            if want_claim
+                && claims.is_empty()
+                && room > 0
+                && waiting.len() <= self.settings.prefetch / 2
+            {
+                want_claim = false;
+                claims.spawn(self.claim(&claimer, kinds, room));
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = wake.notified() => want_claim = true,
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                    finished(registry, done);
+                    want_claim = true;
+                }
+                Some(claimed) = claims.join_next(), if !claims.is_empty() => {
+                    // A full batch suggests more is due: claim again at once.
+                    want_claim |= self.take_claimed(claimed, registry, acks, &mut waiting);
+                    self.start_waiting(&mut waiting, tasks);
+                }
+                Some(leases) = swept.recv() => {
+                    claimer.advance(&leases);
+                    self.hold(leases, registry, acks, &mut waiting);
+                }
+                _ = tokio::time::sleep(self.settings.poll_interval) => want_claim = true,
+            }
+        }
+        stop_sweep.cancel();
+        // What a claim or the sweep took after the loop's last look is handed back with
+        // the rest.
+        while let Some(claimed) = claims.join_next().await {
+            self.take_claimed(claimed, registry, acks, &mut waiting);
+        }
+        swept.close();
+        while let Some(leases) = swept.recv().await {
+            self.hold(leases, registry, acks, &mut waiting);
+        }
+        self.release_waiting(waiting, registry).await;
+    }
+
+    /// One claim of up to `room` jobs, as a task of its own.
+    fn claim(
+        &self,
+        claimer: &Arc<Claimer>,
+        kinds: &[String],
+        room: usize,
+    ) -> impl Future<Output = ClaimResult> + Send + 'static {
+        let (claimer, pool, owner) = (claimer.clone(), self.queue.clone(), self.id.clone());
+        let (kinds, settings) = (kinds.to_vec(), self.settings.clone());
+        async move {
+            let leases = claimer
+                .claim(&pool, &owner, &kinds, room, &settings)
+                .await?;
+            Ok((leases, room))
+        }
+    }
+
+    /// Registers what a claim took; true when it filled all the room it was given.
+    fn take_claimed(
+        &self,
+        claimed: Result<ClaimResult, tokio::task::JoinError>,
+        registry: &Registry,
+        acks: &Acks,
+        waiting: &mut VecDeque<Job>,
+    ) -> bool {
+        match claimed {
+            Ok(Ok((leases, room))) => {
+                let full = leases.len() >= room;
+                self.hold(leases, registry, acks, waiting);
+                full
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "claim failed; retrying after the poll interval");
+                false
+            }
+            Err(error) => {
+                tracing::error!(%error, "claim task failed");
+                false
+            }
+        }
+    }
+
+    /// Registers claimed jobs and queues them for a free slot.
+    fn hold(
+        &self,
+        leases: Vec<Lease>,
+        registry: &Registry,
+        acks: &Acks,
+        waiting: &mut VecDeque<Job>,
+    ) {
+        waiting.extend(
+            leases
+                .into_iter()
+                .filter_map(|l| self.register(l, registry, acks)),
+        );
+    }
+
+    /// Records a claimed job as held by this worker; None for a kind with no handler.
+    fn register(&self, lease: Lease, registry: &Registry, acks: &Acks) -> Option<Job> {
+        if !self.handlers.contains_key(lease.kind.as_str()) {
+            tracing::error!(kind = %lease.kind, "claimed a job of a kind with no handler");
+            return None;
+        }
+        let interrupt = CancellationToken::new();
+        let released = Arc::new(AtomicBool::new(false));
+        registry.lock().unwrap().insert(
+            lease.job_id,
+            InFlight {
+                kind: lease.kind.clone(),
+                ref_id: lease.ref_id.clone(),
+                fencing_token: lease.fencing_token,
+                interrupt: interrupt.clone(),
+                released: released.clone(),
+            },
+        );
+        Some(Job {
+            lease,
+            interrupt,
+            released,
+            acks: acks.clone(),
+        })
+    }
+
+    /// Starts waiting jobs while a slot is free.
+    fn start_waiting(&self, waiting: &mut VecDeque<Job>, tasks: &mut JoinSet<i64>) {
+        while tasks.len() < self.settings.concurrency {
+            let Some(job) = waiting.pop_front() else {
+                return;
+            };
+            self.start(job, tasks);
+        }
+    }
+
+    fn start(&self, job: Job, tasks: &mut JoinSet<i64>) {
+        let handler = self.handlers[job.lease.kind.as_str()].clone();
+        let job_id = job.lease.job_id;
+        let span = claim_span(&job.lease);
+        // The handler's span starts inside the claim span, so it joins the enqueuer's trace.
+        let run = span.in_scope(|| handler.run(job));
+        tasks.spawn(async move {
+            if AssertUnwindSafe(run).catch_unwind().await.is_err() {
+                // The lease stays until it expires; another worker then takes the job over.
+                tracing::error!(job_id, "job handler panicked");
+            }
+            job_id
+        });
+    }
+
+    /// Hands back, at shutdown, the prefetched jobs that never started: claimable again at
+    /// once, with the attempt given back.
+    async fn release_waiting(&self, waiting: VecDeque<Job>, registry: &Registry) {
+        for job in waiting {
+            registry.lock().unwrap().remove(&job.lease.job_id);
+            let released = async {
+                let mut conn = self.pool.acquire().await?;
+                super::retry(
+                    &mut conn,
+                    &job.lease,
+                    "worker shut down",
+                    Duration::ZERO,
+                    false,
+                )
+                .await
+            };
+            if let Err(error) = released.await {
+                // Its lease expires and another worker takes it over.
+                tracing::warn!(%error, job_id = job.lease.job_id, "could not hand back a prefetched job");
+            }
+        }
+    }
+
+    async fn drain(&self, registry: &Registry, tasks: &mut JoinSet<i64>) {
+        if tasks.is_empty() {
+            return;
+        }
+        tracing::info!(jobs = tasks.len(), timeout = ?self.settings.drain_timeout, "draining running jobs");
+        let deadline = tokio::time::Instant::now() + self.settings.drain_timeout;
+        while !tasks.is_empty() {
+            match tokio::time::timeout_at(deadline, tasks.join_next()).await {
+                Ok(Some(done)) => finished(registry, done),
+                Ok(None) => break,
+                Err(_) => break,
+            }
+        }
+        for job in registry.lock().unwrap().values() {
+            job.released.store(true, Ordering::SeqCst);
+            job.interrupt.cancel();
+        }
+        while let Some(done) = tasks.join_next().await {
+            finished(registry, done);
+        }
+    }
+}
+
+/// A span per claimed job, child of the span that enqueued it (across processes), and the
+/// claim's metrics.
+fn claim_span(lease: &Lease) -> tracing::Span {
+    let queue_wait = Duration::from_millis(lease.due_ms.max(0) as u64);
+    telemetry::metrics::claimed(&lease.kind, queue_wait);
+    let span = tracing::info_span!(
+        "claim",
+        otel.kind = "consumer",
+        job.kind = %lease.kind,
+        job.id = lease.job_id,
+        job.attempt = lease.attempts,
+        queue_wait_ms = lease.due_ms,
+    );
+    telemetry::set_remote_parent(&span, lease.traceparent.as_deref());
+    span
+}
+
+fn finished(registry: &Registry, done: Result<i64, tokio::task::JoinError>) {
+    if let Ok(job_id) = done {
+        registry.lock().unwrap().remove(&job_id);
+    }
+}
+
+/// Connections of a worker's [`QueuePool`]: the claim, the sweep, the heartbeat, the ack
+/// batcher and the snapshot watch each use one at a time.
+const QUEUE_CONNECTIONS: u32 = 5;

@@ -1,0 +1,96 @@
+//! A TCP proxy that delays every chunk by a fixed time in each direction: a database "far
+//! away" for tests (the Rust twin of ../shared/bench/tools/delay-proxy.py, which CI lacks).
+//! Each chunk is forwarded at its arrival time plus the delay, in order, so the delay adds
+//! latency without throttling what is in flight.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgConnectOptions;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// A running proxy; it stops (and its connections close) when dropped.
+pub struct DelayProxy {
+    /// `database_url` with its host and port replaced by the proxy's.
+    pub url: String,
+    stop: CancellationToken,
+}
+
+impl DelayProxy {
+    /// Proxies the server of `database_url`, delaying each way by `delay`.
+    pub async fn start(database_url: &str, delay: Duration) -> DelayProxy {
+        let options: PgConnectOptions = database_url.parse().expect("a database URL");
+        let target = format!("{}:{}", options.get_host(), options.get_port());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = database_url.replacen(&target, &listener.local_addr().unwrap().to_string(), 1);
+        let stop = CancellationToken::new();
+        tokio::spawn(accept(listener, target, delay, stop.clone()));
+        DelayProxy { url, stop }
+    }
+}
+
+impl Drop for DelayProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn accept(listener: TcpListener, target: String, delay: Duration, stop: CancellationToken) {
+    loop {
+        let client = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((client, _)) => client,
+                Err(_) => continue,
+            },
+        };
+        let Ok(server) = TcpStream::connect(&target).await else {
+            continue;
+        };
+        let (client_read, client_write) = client.into_split();
+        let (server_read, server_write) = server.into_split();
+        tokio::spawn(pipe(client_read, server_write, delay, stop.clone()));
+        tokio::spawn(pipe(server_read, client_write, delay, stop.clone()));
+    }
+}
+
+/// Copies `from` to `to`, each chunk `delay` after it was read.
+async fn pipe<R, W>(mut from: R, mut to: W, delay: Duration, stop: CancellationToken)
+where
+    R: AsyncReadExt + Unpin + Send + 'static,
+    W: AsyncWriteExt + Unpin + Send + 'static,
+{
+    let (chunks, mut due) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let writer = tokio::spawn(async move {
+        while let Some((at, chunk)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+        let _ = to.shutdown().await;
+    });
+    let mut buffer = vec![0; 64 * 1024];
+    loop {
+        let read = tokio::select! {
+            _ = stop.cancelled() => break,
+            read = from.read(&mut buffer) => read,
+        };
+        match read {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if chunks
+                    .send((Instant::now() + delay, buffer[..n].to_vec()))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
+    }
+    drop(chunks);
+    let _ = writer.await;
+}
