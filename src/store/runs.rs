@@ -88,6 +88,18 @@ pub enum Origin {
     Resume(String),
 }
 
+impl Origin {
+    /// The origin as a stable JSON value, for idempotency fingerprints: it must compare
+    /// equal across versions, which a `Debug` rendering does not promise.
+    pub fn fingerprint(&self) -> serde_json::Value {
+        match self {
+            Origin::Start => serde_json::json!({ "kind": "start" }),
+            Origin::Retry(run_id) => serde_json::json!({ "kind": "retry", "run_id": run_id }),
+            Origin::Resume(run_id) => serde_json::json!({ "kind": "resume", "run_id": run_id }),
+        }
+    }
+}
+
 /// What a run-creating request asks for.
 #[derive(Debug, Clone)]
 pub struct Admission {
@@ -445,6 +457,52 @@ pub async fn get_by_id(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> 
                 total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at
          FROM runs WHERE workspace_id = $1 AND id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(run_id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("run"))
+}
+
+/// A run as its worker locks it when an attempt starts, with its task.
+#[derive(Debug, sqlx::FromRow)]
+pub struct RunWithTask {
+    #[sqlx(flatten)]
+    pub run: RunRecord,
+    #[sqlx(json)]
+    pub task: TaskRecord,
+}
+
+/// Locks a run row for the rest of the transaction and reads its task: one statement.
+pub async fn lock_with_task(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+) -> Result<RunWithTask> {
+    sqlx::query_as(
+        "SELECT r.id, r.task_id, r.number, r.status, r.attempt, r.worker_id, r.exit_code,
+                r.last_error, r.retried_from_run_id, r.resumed_from_run_id, r.checkpoint,
+                r.prior_cost_micros_usd, r.total_cost_micros_usd, r.workspace_run_id,
+                r.schedule_id, r.schedule_occurrence_id, r.scheduled_for, r.created_at,
+                r.started_at, r.finished_at, r.updated_at, to_jsonb(task) AS task
+         FROM runs r
+         CROSS JOIN LATERAL (
+             SELECT t.id, t.execution_kind, COALESCE(latest.status, 'not_started') AS status,
+                    t.prompt, t.shell_command, t.git_command, t.file_path, t.file_content,
+                    t.file_operation, t.working_directory, t.workspace_mode,
+                    t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only, t.timeout_ms,
+                    t.priority, t.budget_micros_usd, t.run_count, t.latest_run_id,
+                    (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
+                        AS latest_run_step_count,
+                    (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
+                        AS latest_run_artifact_count,
+                    t.created_at, t.updated_at
+             FROM tasks t LEFT JOIN runs latest ON latest.id = t.latest_run_id
+             WHERE t.workspace_id = r.workspace_id AND t.id = r.task_id
+         ) task
+         WHERE r.workspace_id = $1 AND r.id = $2
+         FOR UPDATE OF r",
     )
     .bind(scope.workspace())
     .bind(run_id)

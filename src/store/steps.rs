@@ -155,7 +155,8 @@ pub fn events_of(step: &StepRecord) -> Vec<NewEvent<'_>> {
     events
 }
 
-fn started_event(step: &StepRecord) -> NewEvent<'_> {
+/// `step.started` of a stored step.
+pub fn started_event(step: &StepRecord) -> NewEvent<'_> {
     let data = serde_json::json!({ "step_id": step.id, "index": step.index, "name": step.name });
     NewEvent::new(&step.task_id, &step.run_id, EventType::StepStarted).with(data)
 }
