@@ -24,7 +24,8 @@ use sqlx::{PgConnection, PgPool};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::fence::{self, DomainRow, Fence};
+use super::attempt::{self, Attempted, Verdict};
+use super::fence::{DomainRow, Fence};
 use crate::domain::task::{RunTimeouts, WorkspaceRoots};
 use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
 use crate::queue::worker::{Job, JobHandler};
@@ -36,7 +37,6 @@ use crate::store::runs::{self, Change, RunRecord, RunWithTask};
 use crate::store::steps::{NewStep, StepRecord};
 use crate::store::tasks::TaskRecord;
 use crate::store::{StoreError, artifacts, steps};
-use crate::telemetry::metrics;
 
 pub struct RunJobs {
     pub pool: PgPool,
@@ -95,8 +95,15 @@ impl DomainRow for RunWithTask {
     }
 }
 
-/// How an attempt that ran to its end leaves the run.
-enum Ending {
+/// How an attempt that ran to its end leaves the run, with the rows its context still
+/// held (written in the same transaction).
+pub struct RunEnding {
+    held: Held,
+    written: Written,
+    end: End,
+}
+
+enum End {
     Completed {
         exit_code: Option<i32>,
     },
@@ -106,29 +113,164 @@ enum Ending {
     },
 }
 
+impl RunEnding {
+    fn new(held: Held, end: End) -> RunEnding {
+        RunEnding {
+            held,
+            written: Written::default(),
+            end,
+        }
+    }
+}
+
+impl Attempted for RunWithTask {
+    type Ending = RunEnding;
+    /// The runtime's error.
+    type Retry = String;
+
+    fn is_running(&self) -> bool {
+        self.run.status() == RunStatus::Running
+    }
+
+    fn gave_up(error: String, _: Option<&String>) -> RunEnding {
+        let failed = End::Failed {
+            exit_code: None,
+            error,
+        };
+        RunEnding::new(Held::default(), failed)
+    }
+
+    fn label(ending: &RunEnding) -> &'static str {
+        match ending.end {
+            End::Completed { .. } => "completed",
+            End::Failed { .. } => "failed",
+        }
+    }
+
+    fn retry_error(retry: &String) -> &str {
+        retry
+    }
+
+    fn retry_delay(_: &String) -> Option<Duration> {
+        None
+    }
+
+    async fn requeue_lost<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        scope: &Scope,
+        reason: &'static str,
+        actor: &Actor,
+    ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
+        let (run, events) = requeue_lost(conn, scope, &self.run, reason, actor).await?;
+        let task = self.task.clone();
+        Ok((RunWithTask { run, task }, events))
+    }
+
+    async fn start<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+    ) -> Result<(Self, NewEvent<'r>), StoreError> {
+        let change = Change {
+            worker_id: Some(&lease.owner),
+            ..Change::default()
+        };
+        let (scope, actor) = (lease.scope(), attempt::worker(lease));
+        let current = &self.run;
+        let (running, claimed) = (RunStatus::Running, Some("claimed"));
+        let run = runs::transition_locked(conn, &scope, current, running, change, &actor, claimed)
+            .await?;
+        let data = serde_json::json!({ "attempt": run.attempt, "worker_id": lease.owner });
+        let event = NewEvent::new(&current.task_id, &current.id, EventType::RunStarted).with(data);
+        let task = self.task.clone();
+        Ok((RunWithTask { run, task }, event))
+    }
+
+    async fn end<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        ending: &'r mut RunEnding,
+    ) -> Result<Vec<NewEvent<'r>>, StoreError> {
+        let (scope, run) = (lease.scope(), &self.run);
+        let ids = (run.task_id.as_str(), run.id.as_str());
+        ending
+            .held
+            .write(conn, &scope, ids, &mut ending.written)
+            .await?;
+        let ending: &'r RunEnding = ending;
+        let owner = Subject::Run {
+            task_id: &run.task_id,
+            run_id: &run.id,
+        };
+        let mut events = ending.written.events(owner);
+        let (status, change, reason, event) = match &ending.end {
+            End::Completed { exit_code } => {
+                let change = Change {
+                    exit_code: *exit_code,
+                    ..Change::default()
+                };
+                let data = serde_json::json!({ "exit_code": exit_code });
+                let event = NewEvent::new(&run.task_id, &run.id, EventType::RunFinished).with(data);
+                (RunStatus::Completed, change, "process exited 0", event)
+            }
+            End::Failed { exit_code, error } => {
+                let change = Change {
+                    exit_code: *exit_code,
+                    last_error: Some(error),
+                    ..Change::default()
+                };
+                let data = serde_json::json!({ "exit_code": exit_code, "error": error });
+                let event = NewEvent::new(&run.task_id, &run.id, EventType::RunFailed).with(data);
+                (RunStatus::Failed, change, error.as_str(), event)
+            }
+        };
+        let actor = attempt::worker(lease);
+        runs::transition_locked(conn, &scope, run, status, change, &actor, Some(reason)).await?;
+        events.push(event);
+        Ok(events)
+    }
+
+    async fn requeue<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        error: &'r String,
+        _: Duration,
+    ) -> Result<NewEvent<'r>, StoreError> {
+        let (scope, run) = (lease.scope(), &self.run);
+        let (queued, actor) = (RunStatus::Queued, attempt::worker(lease));
+        let change = Change::default();
+        runs::transition_locked(conn, &scope, run, queued, change, &actor, Some(error)).await?;
+        runs::close_open_work(conn, &scope, &run.id, "failed", error).await?;
+        let data = serde_json::json!({ "reason": "retry", "error": error });
+        Ok(NewEvent::new(&run.task_id, &run.id, EventType::RunQueued).with(data))
+    }
+}
+
 impl RunJobs {
     /// Runs one attempt; returns its outcome, as the job duration metric labels it.
     async fn execute(&self, job: Job) -> Result<&'static str, StoreError> {
-        let lease = &job.lease;
-        let Some((task, run)) = self.begin(lease).await? else {
+        let Some(row) = attempt::begin::<RunWithTask>(&self.pool, &job.lease).await? else {
             return Ok("skipped");
         };
-        let spec = match self.spec(&task, &run).await {
+        let spec = match self.spec(&row.task, &row.run).await {
             Ok(spec) => spec,
             Err(error) => {
-                let ending = Ending::Failed {
+                let failed = End::Failed {
                     exit_code: None,
                     error,
                 };
-                self.finish(lease, &run, Held::default(), ending).await?;
-                return Ok("failed");
+                let verdict = Verdict::Ended(RunEnding::new(Held::default(), failed));
+                return attempt::conclude(&self.pool, &job, &row, verdict).await;
             }
         };
         let ctx = FencedContext {
             shared: Arc::new(Shared {
                 fence: Fence::new(&self.pool, &job),
-                task_id: task.id.clone(),
-                run_id: run.id.clone(),
+                task_id: row.task.id.clone(),
+                run_id: row.run.id.clone(),
                 artifact_max_bytes: self.artifact_max_bytes,
                 content: self.content.clone(),
                 held: Mutex::default(),
@@ -136,84 +278,15 @@ impl RunJobs {
         };
         let outcome = keel_workers::execute(&spec, &ctx).await;
         let held = std::mem::take(&mut *ctx.shared.held.lock().await);
-        let (ending, label) = match outcome {
-            Outcome::Interrupted if job.is_released() => {
-                self.hand_back(lease, &run).await?;
-                return Ok("released");
-            }
-            Outcome::Interrupted => {
-                tracing::info!(
-                    "attempt interrupted (run cancelled or lease lost); writing nothing more"
-                );
-                // A cancel that found the job row locked left it to this worker.
-                return match fence::lock_unless_ended::<RunWithTask>(&self.pool, lease).await {
-                    Ok(_) | Err(StoreError::LeaseLost) => Ok("interrupted"),
-                    Err(error) => Err(error),
-                };
-            }
+        let ended = |end| Verdict::Ended(RunEnding::new(held, end));
+        let verdict = match outcome {
+            Outcome::Completed { exit_code } => ended(End::Completed { exit_code }),
+            Outcome::Failed { exit_code, error } => ended(End::Failed { exit_code, error }),
             // What the context held back goes: the retry runs the attempt again.
-            Outcome::Retry { error } => {
-                self.nack(lease, &run, &error).await?;
-                return Ok("retried");
-            }
-            Outcome::Completed { exit_code } => (Ending::Completed { exit_code }, "completed"),
-            Outcome::Failed { exit_code, error } => (Ending::Failed { exit_code, error }, "failed"),
+            Outcome::Retry { error } => Verdict::Retry(error),
+            Outcome::Interrupted => Verdict::Interrupted,
         };
-        self.finish(lease, &run, held, ending).await?;
-        Ok(label)
-    }
-
-    /// Marks the run running for this attempt. A run already `running` was held by a worker
-    /// that lost its lease: its open work is closed and the gap recorded first. Returns None
-    /// when there is nothing to run (the run already ended, or it used up its attempts).
-    async fn begin(&self, lease: &Lease) -> Result<Option<(TaskRecord, RunRecord)>, StoreError> {
-        let Some((mut tx, RunWithTask { run, task })) =
-            fence::lock_unless_ended::<RunWithTask>(&self.pool, lease).await?
-        else {
-            return Ok(None);
-        };
-        let scope = lease.scope();
-        let reclaimed = run.status() == RunStatus::Running;
-        let (run, mut events) = if reclaimed {
-            requeue_lost(
-                &mut tx,
-                &scope,
-                &run,
-                "worker_lease_expired",
-                &worker(lease),
-            )
-            .await?
-        } else {
-            (run.clone(), Vec::new())
-        };
-        if lease.attempts > lease.max_attempts {
-            let error = format!("gave up after {} attempts", lease.max_attempts);
-            events.push(fail_and_ack(&mut tx, lease, &run, &error).await?);
-            events::append(&mut tx, &scope, &events).await?;
-            tx.commit().await?;
-            count_reclaim(reclaimed, lease);
-            return Ok(None);
-        }
-        let change = Change {
-            worker_id: Some(&lease.owner),
-            ..Change::default()
-        };
-        let started = runs::transition_locked(
-            &mut tx,
-            &scope,
-            &run,
-            RunStatus::Running,
-            change,
-            &worker(lease),
-            Some("claimed"),
-        )
-        .await?;
-        let data = serde_json::json!({ "attempt": started.attempt, "worker_id": lease.owner });
-        events.push(NewEvent::new(&run.task_id, &run.id, EventType::RunStarted).with(data));
-        events::append(&mut tx, &scope, &events).await?;
-        tx.commit().await?;
-        count_reclaim(reclaimed, lease);
-        Ok(Some((task, started)))
+        attempt::conclude(&self.pool, &job, &row, verdict).await
     }
 
     async fn spec(&self, task: &TaskRecord, run: &RunRecord) -> Result<RunSpec, String> {
@@ -254,105 +327,6 @@ impl RunJobs {
             checkpoint: run.checkpoint.clone(),
         })
     }
-
-    /// The end of the attempt, in one fenced transaction: the rows the context still held,
-    /// the run's terminal state, all their events, and the ack. `run` is the row this
-    /// attempt marked running: while the lease holds, nothing else changes it.
-    async fn finish(
-        &self,
-        lease: &Lease,
-        run: &RunRecord,
-        held: Held,
-        ending: Ending,
-    ) -> Result<(), StoreError> {
-        let mut tx = queue::begin_fenced(&self.pool, lease).await?;
-        let scope = lease.scope();
-        let owner = Subject::Run {
-            task_id: &run.task_id,
-            run_id: &run.id,
-        };
-        let mut written = Written::default();
-        held.write(&mut tx, &scope, (&run.task_id, &run.id), &mut written)
-            .await?;
-        let mut events = written.events(owner);
-        let (status, change, reason, event) = match &ending {
-            Ending::Completed { exit_code } => {
-                let change = Change {
-                    exit_code: *exit_code,
-                    ..Change::default()
-                };
-                let data = serde_json::json!({ "exit_code": exit_code });
-                let event = NewEvent::new(&run.task_id, &run.id, EventType::RunFinished).with(data);
-                (RunStatus::Completed, change, "process exited 0", event)
-            }
-            Ending::Failed { exit_code, error } => {
-                let change = Change {
-                    exit_code: *exit_code,
-                    last_error: Some(error),
-                    ..Change::default()
-                };
-                let data = serde_json::json!({ "exit_code": exit_code, "error": error });
-                let event = NewEvent::new(&run.task_id, &run.id, EventType::RunFailed).with(data);
-                (RunStatus::Failed, change, error.as_str(), event)
-            }
-        };
-        let actor = worker(lease);
-        runs::transition_locked(&mut tx, &scope, run, status, change, &actor, Some(reason)).await?;
-        queue::complete(&mut tx, lease).await?;
-        events.push(event);
-        events::append(&mut tx, &scope, &events).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// The runtime failed under the attempt: retry with backoff, or give up at the limit.
-    async fn nack(&self, lease: &Lease, run: &RunRecord, error: &str) -> Result<(), StoreError> {
-        let mut tx = queue::begin_fenced(&self.pool, lease).await?;
-        let scope = lease.scope();
-        let event = if lease.attempts >= lease.max_attempts {
-            let error = format!("gave up after {} attempts: {error}", lease.attempts);
-            fail_and_ack(&mut tx, lease, run, &error).await?
-        } else {
-            runs::transition_locked(
-                &mut tx,
-                &scope,
-                run,
-                RunStatus::Queued,
-                Change::default(),
-                &worker(lease),
-                Some(error),
-            )
-            .await?;
-            runs::close_open_work(&mut tx, &scope, &run.id, "failed", error).await?;
-            queue::retry(&mut tx, lease, error, queue::backoff(lease.attempts), true).await?;
-            let data = serde_json::json!({ "reason": "retry", "error": error });
-            NewEvent::new(&run.task_id, &run.id, EventType::RunQueued).with(data)
-        };
-        events::append(&mut tx, &scope, &[event]).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// Gives a job back at shutdown so another worker takes it at once, without penalty.
-    async fn hand_back(&self, lease: &Lease, run: &RunRecord) -> Result<(), StoreError> {
-        let mut tx = queue::begin_fenced(&self.pool, lease).await?;
-        let scope = lease.scope();
-        queue::retry(&mut tx, lease, "worker shut down", Duration::ZERO, false).await?;
-        disconnect(&mut tx, &scope, run, "worker_shutdown", &worker(lease)).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-}
-
-/// Counts a takeover once it is committed.
-fn count_reclaim(reclaimed: bool, lease: &Lease) {
-    if reclaimed {
-        metrics::reclaimed(&lease.kind);
-    }
-}
-
-fn worker(lease: &Lease) -> Actor {
-    Actor::Worker(lease.owner.clone())
 }
 
 /// Requeues a run whose worker is gone: closes what the attempt left open, records the
@@ -399,33 +373,6 @@ async fn requeue_lost<'r>(
             .with(serde_json::json!({ "reason": reason })),
     ];
     Ok((queued, events))
-}
-
-/// Fails the run for good and acks its job; returns the `run.failed` event to append.
-async fn fail_and_ack<'r>(
-    conn: &mut PgConnection,
-    lease: &Lease,
-    run: &'r RunRecord,
-    error: &str,
-) -> Result<NewEvent<'r>, StoreError> {
-    let change = Change {
-        last_error: Some(error),
-        ..Change::default()
-    };
-    let scope = lease.scope();
-    runs::transition_locked(
-        conn,
-        &scope,
-        run,
-        RunStatus::Failed,
-        change,
-        &worker(lease),
-        Some(error),
-    )
-    .await?;
-    queue::complete(conn, lease).await?;
-    let data = serde_json::json!({ "error": error });
-    Ok(NewEvent::new(&run.task_id, &run.id, EventType::RunFailed).with(data))
 }
 
 /// The runtime side of [`RunContext`]. Steps and artifacts are held back ([`Held`]) and
