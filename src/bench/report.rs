@@ -110,7 +110,7 @@ fn rows(report: &Report, peer: Option<&PeerReport>) -> Vec<Row> {
     for r in report.runs.iter().flat_map(|r| &r.points) {
         let w = r.workers;
         let row =
-            |figure: &str, value: f64| Row::keel(format!("runs, {w} workers: {figure}"), value);
+            |figure: &str, value: f64| Row::keel(format!("runs: {figure} ({w} workers)"), value);
         rows.push(row("runs/s", r.runs_per_s).target(if w == 2 { "≥ 350" } else { "" }));
         rows.push(row("start → run.started p50 (ms)", r.started.p50_ms));
         rows.push(row("start → run.finished p50 (ms)", r.finished.p50_ms));

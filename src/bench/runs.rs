@@ -23,7 +23,8 @@ use super::children::{self, Process};
 use super::stats::Latency;
 use super::{POLL, RunArgs};
 
-/// Lone runs per worker count: started one at a time, each after the previous ended.
+/// Lone runs per worker count (at most `--runs`): started one at a time, each after the
+/// previous ended.
 const LONE_SAMPLES: usize = 50;
 /// How often `pg_stat_activity` is sampled for lock waits.
 const ACTIVITY_SAMPLE: Duration = Duration::from_millis(50);
@@ -156,7 +157,7 @@ async fn lone_runs(
     let deployment = Deployment::start(pool, url, args, data_dir, workers).await?;
     let mut ended = deployment.ended.clone();
     let mut requested = HashMap::new();
-    for i in 0..LONE_SAMPLES {
+    for i in 0..LONE_SAMPLES.min(args.runs) {
         let (task_id, sent) = start_run(&deployment.http, &deployment.base).await?;
         requested.insert(task_id, sent);
         ended.wait_for(|n| *n > i).await?;
