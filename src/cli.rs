@@ -12,7 +12,6 @@ use crate::config::{ApiArgs, Common, WorkerArgs};
 use crate::jobs::media::MediaJobs;
 use crate::jobs::run::RunJobs;
 use crate::queue::worker::{JobHandler, Worker};
-use crate::store::content::ContentStore;
 use crate::store::embedded::{Durability, EmbeddedPostgres};
 use crate::store::runs::AdmissionRules;
 use crate::{api, scheduler, store, telemetry};
@@ -203,7 +202,7 @@ pub async fn serve_api(
         .with_context(|| format!("listening on {}", args.listen))?;
     let settings = api::ApiSettings {
         rules: common.admission_rules().map_err(anyhow::Error::msg)?,
-        content: ContentStore::from_config(&common.content)?,
+        content: common.content.store()?,
         stream_poll: std::time::Duration::from_millis(args.stream_poll_ms.max(10)),
         secrets: common.secrets.policy(),
         provider_hosts: common.provider_hosts(),
@@ -220,7 +219,7 @@ pub async fn run_worker(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let rules = common.admission_rules().map_err(anyhow::Error::msg)?;
-    let content = ContentStore::from_config(&common.content)?;
+    let content = common.content.store()?;
     tracing::info!(
         containment = %keel_workers::containment_name(),
         passthrough = ?args.run_env_passthrough,

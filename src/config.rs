@@ -8,12 +8,14 @@ use std::time::Duration;
 use clap::Args;
 use clap::builder::BoolishValueParser;
 use keel_workers::media::MediaLimits;
+use object_store::aws::AmazonS3Builder;
 
 use crate::domain::approval::{ApprovalPolicy, DEFAULT_POLICIES};
 use crate::domain::provider::ProviderHosts;
 use crate::domain::secret::{DEFAULT_ENV_ALLOW, DEFAULT_FILE_ROOTS, SecretPolicy};
 use crate::domain::task::{RunTimeouts, WorkspaceRoots};
 use crate::queue::worker::WorkerSettings;
+use crate::store::content::{ContentStore, S3Settings};
 use crate::store::runs::AdmissionRules;
 use crate::telemetry::LogFormat;
 
@@ -226,6 +228,30 @@ impl SecretArgs {
             self.secret_env_allow.clone(),
             self.secret_file_roots.clone(),
         )
+    }
+}
+
+impl ContentArgs {
+    /// The content store these settings select. The S3 store takes its credentials (and
+    /// any other `AWS_*` setting the KEEL_S3_* ones do not override) from the environment.
+    pub fn store(&self) -> anyhow::Result<ContentStore> {
+        match self.content_store {
+            ContentStoreKind::Postgres => Ok(ContentStore::Postgres),
+            ContentStoreKind::S3 => Ok(ContentStore::s3(
+                &self.s3_settings(),
+                AmazonS3Builder::from_env(),
+            )?),
+        }
+    }
+
+    pub fn s3_settings(&self) -> S3Settings {
+        S3Settings {
+            bucket: self.s3_bucket.clone(),
+            prefix: self.s3_prefix.clone(),
+            endpoint: self.s3_endpoint.clone(),
+            region: self.s3_region.clone(),
+            allow_http: self.s3_allow_http,
+        }
     }
 }
 

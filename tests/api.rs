@@ -393,6 +393,13 @@ async fn cancel_stops_a_running_process_tree_within_seconds() {
     })
     .await;
     assert!(pids.iter().all(|pid| is_running(*pid)));
+    // The worker writes a step's row with its next durable write, or within ~200 ms.
+    let steps_path = format!("/v1/tasks/{task_id}/runs/{run_id}/steps");
+    wait_for(RUN_TIMEOUT, "the running step", || async {
+        let (_, steps) = c.get(&steps_path).await;
+        (steps["data"][0]["status"] == "running").then_some(())
+    })
+    .await;
 
     let cancelled_at = std::time::Instant::now();
     let (status, body) = c

@@ -154,7 +154,7 @@ fn s3_store(s3: &FakeS3) -> ContentStore {
     let credentials = AmazonS3Builder::new()
         .with_access_key_id(ACCESS_KEY_ID)
         .with_secret_access_key(SECRET_ACCESS_KEY);
-    ContentStore::s3(&s3_args(s3, None), credentials).unwrap()
+    ContentStore::s3(&s3_args(s3, None).s3_settings(), credentials).unwrap()
 }
 
 /// A queued run (no worker) and an open artifact on it.

@@ -85,9 +85,10 @@ pub struct RunArgs {
     /// Shell runs of `true` for the runs figure.
     #[arg(long, default_value_t = 1_000)]
     pub runs: usize,
-    /// `keel worker` processes draining the runs figure.
-    #[arg(long, default_value_t = 2)]
-    pub run_workers: usize,
+    /// `keel worker` processes draining the runs figure, comma-separated: one
+    /// measurement per count.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pub run_workers: Vec<usize>,
     /// Worker processes for the scaling figure, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     pub scaling_processes: Vec<usize>,
@@ -221,7 +222,15 @@ async fn postgres(root: PathBuf, shutdown: CancellationToken) -> anyhow::Result<
             .context("starting PostgreSQL")?;
     let admin = store::connect(&cluster.url("postgres"), 1, "bench").await?;
     sqlx::query("CREATE DATABASE bench").execute(&admin).await?;
+    // The runs figure counts statements per run with pg_stat_statements, which only a
+    // restart loads.
+    sqlx::query("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+        .execute(&admin)
+        .await?;
     admin.close().await;
+    let cluster = tokio::task::spawn_blocking(move || cluster.restart().map(|()| cluster))
+        .await?
+        .context("restarting PostgreSQL")?;
     println!("{}", cluster.url("bench"));
     shutdown.cancelled().await;
     tokio::task::spawn_blocking(move || cluster.stop()).await?;

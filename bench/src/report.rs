@@ -112,28 +112,22 @@ fn rows(report: &Report, peer: Option<&PeerReport>) -> Vec<Row> {
         rows.push(Row::keel(name("latency p99 (ms)"), l.p99_ms).against(p(|p| p.latency.p99_ms)));
         rows.push(Row::keel(name("latency max (ms)"), l.max_ms).against(p(|p| p.latency.max_ms)));
     }
-    if let Some(r) = &report.runs {
+    for r in report.runs.iter().flat_map(|r| &r.points) {
         let w = r.workers;
-        rows.push(Row::keel(
-            format!("runs: runs/s ({w} workers)"),
-            r.runs_per_s,
+        let row =
+            |figure: &str, value: f64| Row::keel(format!("runs: {figure} ({w} workers)"), value);
+        rows.push(row("runs/s", r.runs_per_s).target(if w == 2 { "≥ 350" } else { "" }));
+        rows.push(row("start → run.started p50 (ms)", r.started.p50_ms));
+        rows.push(row("start → run.finished p50 (ms)", r.finished.p50_ms));
+        rows.push(row("start → run.finished p99 (ms)", r.finished.p99_ms));
+        rows.push(row("lone run start → run.finished p50 (ms)", r.lone.p50_ms).target("≤ 25"));
+        rows.push(row("lone run start → run.finished p99 (ms)", r.lone.p99_ms));
+        rows.push(row(
+            "statements per run",
+            r.statements_per_run.unwrap_or(f64::NAN),
         ));
-        rows.push(Row::keel(
-            "runs: start → run.started p50 (ms)",
-            r.started.p50_ms,
-        ));
-        rows.push(Row::keel(
-            "runs: start → run.started p99 (ms)",
-            r.started.p99_ms,
-        ));
-        rows.push(Row::keel(
-            "runs: start → run.finished p50 (ms)",
-            r.finished.p50_ms,
-        ));
-        rows.push(Row::keel(
-            "runs: start → run.finished p99 (ms)",
-            r.finished.p99_ms,
-        ));
+        rows.push(row("transactions per run", r.transactions_per_run));
+        rows.push(row("sessions waiting on a lock (share)", r.lock_wait_share));
     }
     for s in report.scaling.iter().flatten() {
         let figure = format!(

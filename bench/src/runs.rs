@@ -1,7 +1,11 @@
 //! The runs figure: the full product path. Real `keel api` and `keel worker` processes;
 //! N shell tasks of `true` created and started over HTTP (`POST /v1/tasks`, then
 //! `POST …/start`), their `run.started` and `run.finished` read from the public event
-//! stream (`GET /v1/events/stream`), all on the bench's clock.
+//! stream (`GET /v1/events/stream`), all on the bench's clock. Measured once per worker
+//! count (`--run-workers 1,2,4`), each on fresh processes, with what the database did per
+//! run (statements from `pg_stat_statements`, commits from `pg_stat_database`), the share
+//! of its sessions that waited on a lock, and, on fresh processes again, a lone run's
+//! latency.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -13,16 +17,29 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::children::{self, Process};
 use super::stats::Latency;
 use super::{POLL, RunArgs};
 
+/// Lone runs per worker count (at most `--runs`): started one at a time, each after the
+/// previous ended.
+const LONE_SAMPLES: usize = 50;
+/// How often `pg_stat_activity` is sampled for lock waits.
+const ACTIVITY_SAMPLE: Duration = Duration::from_millis(50);
+
 #[derive(Debug, Serialize, Deserialize)]
 pub struct RunsFigures {
     pub runs: usize,
-    pub workers: usize,
     pub concurrency: usize,
+    /// One per worker count, in the order asked for.
+    pub points: Vec<RunsPoint>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct RunsPoint {
+    pub workers: usize,
     pub seconds: f64,
     pub runs_per_s: f64,
     /// Runs that ended other than `completed` (expected: none).
@@ -31,6 +48,16 @@ pub struct RunsFigures {
     pub started: Latency,
     /// Start request sent → `run.finished` received.
     pub finished: Latency,
+    /// Statements the database executed per run (every process, `BEGIN`/`COMMIT`
+    /// included); None when `pg_stat_statements` is not loaded (`keel-bench postgres`
+    /// loads it).
+    pub statements_per_run: Option<f64>,
+    /// Transactions committed per run (`pg_stat_database.xact_commit`).
+    pub transactions_per_run: f64,
+    /// Sampled sessions of the database waiting on a lock, over the active ones.
+    pub lock_wait_share: f64,
+    /// Lone runs, each started once the one before ended: start → `run.finished`.
+    pub lone: Latency,
 }
 
 /// What the event stream delivered, per task: (event type, arrival).
@@ -49,68 +76,275 @@ async fn measure(
     args: &RunArgs,
     data_dir: &std::path::Path,
 ) -> anyhow::Result<RunsFigures> {
-    let base = format!("http://127.0.0.1:{}", free_port()?);
-    let no_approvals = [("KEEL_APPROVAL_POLICIES", "none")];
-    let api = Process::keel(
-        url,
-        &[
-            "api".into(),
-            "--listen".into(),
-            base.trim_start_matches("http://").into(),
-        ],
-        &no_approvals,
-    )?;
-    let dir = data_dir.to_string_lossy();
-    let workers = (0..args.run_workers)
-        .map(|_| {
+    let statements = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(pool)
+        .await
+        .is_ok()
+        && sqlx::query("SELECT pg_stat_statements_reset()")
+            .execute(pool)
+            .await
+            .is_ok();
+    let mut points = Vec::new();
+    for &workers in &args.run_workers {
+        points.push(point(pool, url, args, data_dir, workers, statements).await?);
+    }
+    Ok(RunsFigures {
+        runs: args.runs,
+        concurrency: args.concurrency,
+        points,
+    })
+}
+
+/// One worker count: the throughput phase on fresh processes, measured whole once they
+/// are gone (a backend reports its commits when it exits), then the lone runs.
+async fn point(
+    pool: &PgPool,
+    url: &str,
+    args: &RunArgs,
+    data_dir: &std::path::Path,
+    workers: usize,
+    statements: bool,
+) -> anyhow::Result<RunsPoint> {
+    let deployment = Deployment::start(pool, url, args, data_dir, workers).await?;
+    let before = DatabaseCounters::read(pool, statements).await?;
+    let sampling = CancellationToken::new();
+    let sampler = tokio::spawn(sample_lock_waits(pool.clone(), sampling.clone()));
+    let first = Instant::now();
+    let requested: HashMap<String, Instant> = futures_util::stream::iter(0..args.runs)
+        .map(|_| start_run(&deployment.http, &deployment.base))
+        .buffer_unordered(args.concurrency.max(1))
+        .try_collect()
+        .await?;
+    let mut ended = deployment.ended.clone();
+    ended.wait_for(|n| *n >= args.runs).await?;
+    sampling.cancel();
+    let lock_wait_share = sampler.await??;
+    let arrivals = deployment.arrivals.clone();
+    deployment.stop(pool).await?;
+    let after = DatabaseCounters::read(pool, statements).await?;
+    let (seconds, failed, started, finished) =
+        summarize(first, &requested, &arrivals.lock().unwrap())?;
+    let per_run = |n: i64| n as f64 / args.runs as f64;
+    let statements_per_run = match (before.statements, after.statements) {
+        (Some(b), Some(a)) => Some(per_run(a - b)),
+        _ => None,
+    };
+    if statements {
+        print_top_statements(pool).await?;
+    }
+    Ok(RunsPoint {
+        workers,
+        seconds,
+        runs_per_s: args.runs as f64 / seconds,
+        failed,
+        started,
+        finished,
+        statements_per_run,
+        transactions_per_run: per_run(after.commits - before.commits),
+        lock_wait_share,
+        lone: lone_runs(pool, url, args, data_dir, workers).await?,
+    })
+}
+
+/// Start → `run.finished` of runs started one at a time on an otherwise idle deployment.
+async fn lone_runs(
+    pool: &PgPool,
+    url: &str,
+    args: &RunArgs,
+    data_dir: &std::path::Path,
+    workers: usize,
+) -> anyhow::Result<Latency> {
+    let deployment = Deployment::start(pool, url, args, data_dir, workers).await?;
+    let mut ended = deployment.ended.clone();
+    let mut requested = HashMap::new();
+    for i in 0..LONE_SAMPLES.min(args.runs) {
+        let (task_id, sent) = start_run(&deployment.http, &deployment.base).await?;
+        requested.insert(task_id, sent);
+        ended.wait_for(|n| *n > i).await?;
+    }
+    let arrivals = deployment.arrivals.clone();
+    deployment.stop(pool).await?;
+    let (_, _, _, finished) = summarize(Instant::now(), &requested, &arrivals.lock().unwrap())?;
+    Ok(finished)
+}
+
+/// A `keel api` and `workers` `keel worker` processes, and a reader of the event stream.
+struct Deployment {
+    processes: Vec<Process>,
+    base: String,
+    http: reqwest::Client,
+    arrivals: Arrivals,
+    /// Terminal run events read so far.
+    ended: watch::Receiver<usize>,
+    reader: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Deployment {
+    async fn start(
+        pool: &PgPool,
+        url: &str,
+        args: &RunArgs,
+        data_dir: &std::path::Path,
+        workers: usize,
+    ) -> anyhow::Result<Deployment> {
+        let base = format!("http://127.0.0.1:{}", free_port()?);
+        let no_approvals = ("KEEL_APPROVAL_POLICIES", "none");
+        let listen = base.trim_start_matches("http://").to_string();
+        let mut processes = vec![Process::keel(
+            url,
+            &["api".into(), "--listen".into(), listen],
+            &[no_approvals],
+        )?];
+        let dir = data_dir.to_string_lossy();
+        for _ in 0..workers {
             let flags = [
                 "worker".into(),
                 format!("--concurrency={}", args.concurrency),
             ];
-            Process::keel(url, &flags, &[no_approvals[0], ("KEEL_DATA_DIR", &dir)])
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let pids: Vec<i32> = workers.iter().map(Process::pid).collect();
-    children::wait_registered(pool, &pids).await?;
-    let http = reqwest::Client::new();
-    wait_healthy(&http, &base).await?;
-
-    let arrivals = Arrivals::default();
-    let (ended_tx, mut ended) = watch::channel(0usize);
-    // The feed from its newest event on (nothing else writes while the figure is set up).
-    let after: String = sqlx::query_scalar(
-        "SELECT COALESCE((SELECT feed_xid::text || '-' || id FROM run_events
-                          ORDER BY feed_xid DESC, id DESC LIMIT 1), '0-0')",
-    )
-    .fetch_one(pool)
-    .await?;
-    let reader = tokio::spawn(read_stream(
-        http.clone(),
-        format!(
-            "{base}/v1/events/stream?event_type=run.started,run.finished,run.failed&after={after}"
-        ),
-        arrivals.clone(),
-        ended_tx,
-    ));
-
-    let first = Instant::now();
-    let requested: HashMap<String, Instant> = futures_util::stream::iter(0..args.runs)
-        .map(|_| start_run(&http, &base))
-        .buffer_unordered(args.concurrency.max(1))
-        .try_collect()
+            processes.push(Process::keel(
+                url,
+                &flags,
+                &[no_approvals, ("KEEL_DATA_DIR", &dir)],
+            )?);
+        }
+        let pids: Vec<i32> = processes[1..].iter().map(Process::pid).collect();
+        children::wait_registered(pool, &pids).await?;
+        let http = reqwest::Client::new();
+        wait_healthy(&http, &base).await?;
+        let arrivals = Arrivals::default();
+        let (ended_tx, ended) = watch::channel(0usize);
+        // The feed from its newest event on (nothing else writes while the figure is set up).
+        let after: String = sqlx::query_scalar(
+            "SELECT COALESCE((SELECT feed_xid::text || '-' || id FROM run_events
+                              ORDER BY feed_xid DESC, id DESC LIMIT 1), '0-0')",
+        )
+        .fetch_one(pool)
         .await?;
-    ended.wait_for(|n| *n >= args.runs).await?;
-    reader.abort();
-    drop((api, workers));
-    summarize(args, first, &requested, &arrivals.lock().unwrap())
+        let reader = tokio::spawn(read_stream(
+            http.clone(),
+            format!(
+                "{base}/v1/events/stream?event_type=run.started,run.finished,run.failed&after={after}"
+            ),
+            arrivals.clone(),
+            ended_tx,
+        ));
+        Ok(Deployment {
+            processes,
+            base,
+            http,
+            arrivals,
+            ended,
+            reader,
+        })
+    }
+
+    /// Stops the processes and waits until their database sessions are gone.
+    async fn stop(self, pool: &PgPool) -> anyhow::Result<()> {
+        self.reader.abort();
+        drop(self.processes);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let sessions: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND backend_type = 'client backend'
+                   AND application_name <> 'keel-bench'",
+            )
+            .fetch_one(pool)
+            .await?;
+            if sessions == 0 {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the keel processes' sessions outlived them by 30 s"
+            );
+            tokio::time::sleep(POLL * 10).await;
+        }
+    }
 }
 
+/// The database's running totals the per-run figures are deltas of.
+struct DatabaseCounters {
+    statements: Option<i64>,
+    commits: i64,
+}
+
+impl DatabaseCounters {
+    async fn read(pool: &PgPool, statements: bool) -> anyhow::Result<DatabaseCounters> {
+        let commits = sqlx::query_scalar(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(pool)
+        .await?;
+        let statements = if statements {
+            let calls: i64 = sqlx::query_scalar(
+                "SELECT COALESCE(sum(calls), 0)::bigint FROM pg_stat_statements
+                 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            )
+            .fetch_one(pool)
+            .await?;
+            Some(calls)
+        } else {
+            None
+        };
+        Ok(DatabaseCounters {
+            statements,
+            commits,
+        })
+    }
+}
+
+/// The most frequent statements so far, on stderr: where the per-run figure comes from.
+async fn print_top_statements(pool: &PgPool) -> anyhow::Result<()> {
+    let top: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT calls, left(regexp_replace(query, '\\s+', ' ', 'g'), 110) FROM pg_stat_statements
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+         ORDER BY calls DESC LIMIT 25",
+    )
+    .fetch_all(pool)
+    .await?;
+    for (calls, query) in top {
+        eprintln!("keel-bench: {calls:>8}  {query}");
+    }
+    sqlx::query("SELECT pg_stat_statements_reset()")
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Samples the database's sessions every [`ACTIVITY_SAMPLE`] until `stop`; returns the
+/// share of active ones that were waiting on a lock (advisory locks included).
+async fn sample_lock_waits(pool: PgPool, stop: CancellationToken) -> anyhow::Result<f64> {
+    let (mut waiting, mut active) = (0i64, 0i64);
+    while !stop.is_cancelled() {
+        let (w, a): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'),
+                    count(*) FILTER (WHERE state = 'active')
+             FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(&pool)
+        .await?;
+        waiting += w;
+        active += a;
+        tokio::select! {
+            _ = tokio::time::sleep(ACTIVITY_SAMPLE) => {}
+            _ = stop.cancelled() => {}
+        }
+    }
+    Ok(if active == 0 {
+        0.0
+    } else {
+        waiting as f64 / active as f64
+    })
+}
+
+/// Seconds from `first` to the last run event, runs that failed, and the latencies.
 fn summarize(
-    args: &RunArgs,
     first: Instant,
     requested: &HashMap<String, Instant>,
     arrivals: &HashMap<String, Vec<(String, Instant)>>,
-) -> anyhow::Result<RunsFigures> {
+) -> anyhow::Result<(f64, usize, Latency, Latency)> {
     let mut started = Vec::new();
     let mut finished = Vec::new();
     let mut failed = 0;
@@ -125,18 +359,14 @@ fn summarize(
             last = last.max(*at);
         }
     }
-    let seconds = (last - first).as_secs_f64();
+    let seconds = last.saturating_duration_since(first).as_secs_f64();
     let none = || anyhow::anyhow!("the event stream delivered no run event");
-    Ok(RunsFigures {
-        runs: args.runs,
-        workers: args.run_workers,
-        concurrency: args.concurrency,
+    Ok((
         seconds,
-        runs_per_s: args.runs as f64 / seconds,
         failed,
-        started: Latency::of(&started).ok_or_else(none)?,
-        finished: Latency::of(&finished).ok_or_else(none)?,
-    })
+        Latency::of(&started).ok_or_else(none)?,
+        Latency::of(&finished).ok_or_else(none)?,
+    ))
 }
 
 /// Creates a shell task of `true` and starts it; returns its id and when the start

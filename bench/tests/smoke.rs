@@ -53,8 +53,11 @@ async fn every_figure_is_measured_and_every_job_processed() {
     assert_eq!(report["queue"]["throughput"]["jobs"], JOBS);
     assert_eq!(report["queue"]["latency"]["samples"], 20);
     assert_eq!(report["runs"]["runs"], RUNS);
-    assert_eq!(report["runs"]["failed"], 0);
-    assert_eq!(report["runs"]["finished"]["samples"], RUNS);
+    let runs = &report["runs"]["points"][0];
+    assert_eq!(runs["workers"], 2);
+    assert_eq!(runs["failed"], 0);
+    assert_eq!(runs["finished"]["samples"], RUNS);
+    assert!(runs["transactions_per_run"].is_number());
     assert_eq!(report["scaling"].as_array().unwrap().len(), 4);
     assert_eq!(report["recovery"]["jobs"], 4);
     assert_eq!(report["history"]["full"]["jobs"], JOBS);
@@ -82,7 +85,11 @@ async fn every_figure_is_measured_and_every_job_processed() {
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(completed as u64, RUNS);
+    // The runs figure's runs, then its lone runs.
+    let lone = report["runs"]["points"][0]["lone"]["samples"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(completed as u64, RUNS + lone);
 
     // The table prints every figure from the saved report.
     let table = Command::new(env!("CARGO_BIN_EXE_keel-bench"))

@@ -221,7 +221,7 @@ async fn admit(
                     ApiError::invalid("Idempotency-Key must be 1 to 255 visible ASCII characters")
                 })?;
             let fingerprint =
-                serde_json::json!({ "origin": format!("{origin:?}"), "body": request });
+                serde_json::json!({ "origin": origin.fingerprint(), "body": request });
             Some((key.to_string(), fingerprint))
         }
     };

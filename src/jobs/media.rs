@@ -16,18 +16,18 @@ use keel_workers::{ArtifactHandle, ContextError};
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
-use super::fence::{self, DomainRow, Fence};
+use super::attempt::{self, Attempted, Verdict};
+use super::fence::{DomainRow, Fence};
 use crate::domain::media::MediaJobStatus;
 use crate::domain::provider::ProviderHosts;
 use crate::domain::secret::{SecretPolicy, Unresolved};
 use crate::domain::{Actor, EventType, Scope};
+use crate::queue::Lease;
 use crate::queue::worker::{Job, JobHandler};
-use crate::queue::{self, Lease};
 use crate::store::content::ContentStore;
 use crate::store::events::{self, NewEvent, Subject};
 use crate::store::media_jobs::{self, Change, MediaJobRecord};
 use crate::store::{StoreError, artifacts, providers};
-use crate::telemetry::metrics;
 
 /// Bytes gathered before one artifact write: a download arrives in small chunks, and one
 /// transaction per chunk would cost a round trip per few kilobytes.
@@ -63,12 +63,6 @@ impl JobHandler for MediaJobs {
     }
 }
 
-/// How an attempt ended, as the job records it.
-enum Ending<'a> {
-    Succeeded,
-    Failed { code: &'a str, message: &'a str },
-}
-
 impl DomainRow for MediaJobRecord {
     fn lock(
         conn: &mut PgConnection,
@@ -83,21 +77,149 @@ impl DomainRow for MediaJobRecord {
     }
 }
 
+/// How an attempt that ran to its end leaves the job.
+pub enum MediaEnding {
+    Succeeded,
+    Failed { code: String, message: String },
+}
+
+/// A transient vendor failure, and the vendor's own delay if it gave one.
+pub struct MediaRetry {
+    code: MediaErrorCode,
+    message: String,
+    after: Option<Duration>,
+}
+
+impl Attempted for MediaJobRecord {
+    type Ending = MediaEnding;
+    type Retry = MediaRetry;
+
+    fn is_running(&self) -> bool {
+        self.status() == MediaJobStatus::Running
+    }
+
+    fn gave_up(message: String, retry: Option<&MediaRetry>) -> MediaEnding {
+        let code = retry.map_or("gave_up", |r| r.code.as_str()).to_string();
+        MediaEnding::Failed { code, message }
+    }
+
+    fn label(ending: &MediaEnding) -> &'static str {
+        match ending {
+            MediaEnding::Succeeded => "completed",
+            MediaEnding::Failed { .. } => "failed",
+        }
+    }
+
+    fn retry_error(retry: &MediaRetry) -> &str {
+        &retry.message
+    }
+
+    fn retry_delay(retry: &MediaRetry) -> Option<Duration> {
+        retry.after
+    }
+
+    async fn requeue_lost<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        scope: &Scope,
+        reason: &'static str,
+        actor: &Actor,
+    ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
+        let (record, event) = requeue_lost(conn, scope, &self.id, reason, actor).await?;
+        Ok((record, vec![event]))
+    }
+
+    async fn start<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+    ) -> Result<(Self, NewEvent<'r>), StoreError> {
+        let change = Change {
+            worker_id: Some(&lease.owner),
+            ..Change::default()
+        };
+        let (scope, actor) = (lease.scope(), attempt::worker(lease));
+        let (running, claimed) = (MediaJobStatus::Running, Some("claimed"));
+        let record =
+            media_jobs::transition(conn, &scope, &self.id, running, change, &actor, claimed)
+                .await?;
+        let data = serde_json::json!({
+            "attempt": record.attempt,
+            "worker_id": lease.owner,
+            "resumes_vendor_task": record.vendor_task_id.is_some(),
+        });
+        let event = NewEvent::media_job(&self.id, EventType::MediaJobStarted).with(data);
+        Ok((record, event))
+    }
+
+    async fn end<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        ending: &'r mut MediaEnding,
+    ) -> Result<Vec<NewEvent<'r>>, StoreError> {
+        let (scope, actor) = (lease.scope(), attempt::worker(lease));
+        let event = match ending {
+            MediaEnding::Succeeded => {
+                let (succeeded, reason) = (MediaJobStatus::Succeeded, Some("generated"));
+                let change = Change::default();
+                let record = media_jobs::transition(
+                    conn, &scope, &self.id, succeeded, change, &actor, reason,
+                )
+                .await?;
+                let data = serde_json::json!({ "artifact_ids": record.artifact_ids });
+                NewEvent::media_job(&self.id, EventType::MediaJobSucceeded).with(data)
+            }
+            MediaEnding::Failed { code, message } => {
+                let change = Change {
+                    error: Some((code, message)),
+                    ..Change::default()
+                };
+                let (failed, reason) = (MediaJobStatus::Failed, Some(message.as_str()));
+                media_jobs::transition(conn, &scope, &self.id, failed, change, &actor, reason)
+                    .await?;
+                let data = serde_json::json!({ "error_code": code, "error": message });
+                NewEvent::media_job(&self.id, EventType::MediaJobFailed).with(data)
+            }
+        };
+        Ok(vec![event])
+    }
+
+    async fn requeue<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        retry: &'r MediaRetry,
+        delay: Duration,
+    ) -> Result<NewEvent<'r>, StoreError> {
+        let (code, message) = (retry.code.as_str(), retry.message.as_str());
+        let change = Change {
+            error: Some((code, message)),
+            ..Change::default()
+        };
+        let (scope, actor) = (lease.scope(), attempt::worker(lease));
+        let (queued, reason) = (MediaJobStatus::Queued, Some(message));
+        media_jobs::transition(conn, &scope, &self.id, queued, change, &actor, reason).await?;
+        let data = serde_json::json!({ "reason": "retry", "error_code": code,
+                                       "error": message, "retry_in_ms": delay.as_millis() as u64 });
+        Ok(NewEvent::media_job(&self.id, EventType::MediaJobQueued).with(data))
+    }
+}
+
 impl MediaJobs {
     async fn execute(&self, job: Job) -> Result<&'static str, StoreError> {
         let lease = &job.lease;
-        let Some(record) = self.begin(lease).await? else {
+        let Some(record) = attempt::begin::<MediaJobRecord>(&self.pool, lease).await? else {
             return Ok("skipped");
         };
         let spec = match self.spec(&lease.scope(), &record).await? {
             Ok(spec) => spec,
             Err(unresolved) => {
-                let ending = Ending::Failed {
-                    code: unresolved.code,
-                    message: &unresolved.message,
+                let ending = MediaEnding::Failed {
+                    code: unresolved.code.to_string(),
+                    message: unresolved.message,
                 };
-                self.end(lease, ending).await?;
-                return Ok("failed");
+                return attempt::conclude(&self.pool, &job, &record, Verdict::Ended(ending)).await;
             }
         };
         let ctx = FencedMediaContext {
@@ -108,85 +230,24 @@ impl MediaJobs {
             buffers: Mutex::default(),
             content: self.content.clone(),
         };
-        match media::execute(&spec, &ctx).await {
-            MediaOutcome::Interrupted if job.is_released() => {
-                self.hand_back(lease).await?;
-                Ok("released")
-            }
-            MediaOutcome::Interrupted => {
-                // A cancel that found the job row locked left it to this worker.
-                match fence::lock_unless_ended::<MediaJobRecord>(&self.pool, lease).await {
-                    Ok(_) | Err(StoreError::LeaseLost) => Ok("interrupted"),
-                    Err(error) => Err(error),
-                }
-            }
-            MediaOutcome::Succeeded => {
-                self.end(lease, Ending::Succeeded).await?;
-                Ok("completed")
-            }
-            MediaOutcome::Failed { code, message } => {
-                let ending = Ending::Failed {
-                    code: code.as_str(),
-                    message: &message,
-                };
-                self.end(lease, ending).await?;
-                Ok("failed")
-            }
+        let verdict = match media::execute(&spec, &ctx).await {
+            MediaOutcome::Interrupted => Verdict::Interrupted,
+            MediaOutcome::Succeeded => Verdict::Ended(MediaEnding::Succeeded),
+            MediaOutcome::Failed { code, message } => Verdict::Ended(MediaEnding::Failed {
+                code: code.as_str().to_string(),
+                message,
+            }),
             MediaOutcome::Retry {
                 code,
                 message,
                 after,
-            } => {
-                self.retry(lease, code, &message, after).await?;
-                Ok("retried")
-            }
-        }
-    }
-
-    /// Marks the job running for this attempt. A job still `running` was held by a worker
-    /// whose lease expired: it goes back to `queued` first, so the audit trail shows the
-    /// takeover. Returns None when there is nothing to run.
-    async fn begin(&self, lease: &Lease) -> Result<Option<MediaJobRecord>, StoreError> {
-        let Some((mut tx, record)) =
-            fence::lock_unless_ended::<MediaJobRecord>(&self.pool, lease).await?
-        else {
-            return Ok(None);
+            } => Verdict::Retry(MediaRetry {
+                code,
+                message,
+                after,
+            }),
         };
-        let (scope, actor) = (lease.scope(), worker(lease));
-        if record.status() == MediaJobStatus::Running {
-            disconnect(&mut tx, &scope, &record.id, "worker_lease_expired", &actor).await?;
-            metrics::reclaimed(&lease.kind);
-        }
-        if lease.attempts > lease.max_attempts {
-            let message = format!("gave up after {} attempts", lease.max_attempts);
-            fail_and_ack(&mut tx, lease, &record.id, "gave_up", &message).await?;
-            tx.commit().await?;
-            return Ok(None);
-        }
-        let change = Change {
-            worker_id: Some(&lease.owner),
-            ..Change::default()
-        };
-        let running = MediaJobStatus::Running;
-        let record = media_jobs::transition(
-            &mut tx,
-            &scope,
-            &record.id,
-            running,
-            change,
-            &actor,
-            Some("claimed"),
-        )
-        .await?;
-        let data = serde_json::json!({
-            "attempt": record.attempt,
-            "worker_id": lease.owner,
-            "resumes_vendor_task": record.vendor_task_id.is_some(),
-        });
-        let event = NewEvent::media_job(&record.id, EventType::MediaJobStarted).with(data);
-        events::append(&mut tx, &scope, &[event]).await?;
-        tx.commit().await?;
-        Ok(Some(record))
+        attempt::conclude(&self.pool, &job, &record, verdict).await
     }
 
     /// The attempt's inputs: the preset's fields and its secrets, resolved here, now.
@@ -244,95 +305,6 @@ impl MediaJobs {
             limits: self.limits.clone(),
         }))
     }
-
-    /// Records the attempt's end and acks the job, in one fenced transaction.
-    async fn end(&self, lease: &Lease, ending: Ending<'_>) -> Result<(), StoreError> {
-        let mut tx = queue::begin_fenced(&self.pool, lease).await?;
-        match ending {
-            Ending::Succeeded => {
-                let succeeded = MediaJobStatus::Succeeded;
-                let (actor, reason) = (worker(lease), Some("generated"));
-                let record = media_jobs::transition(
-                    &mut tx,
-                    &lease.scope(),
-                    &lease.ref_id,
-                    succeeded,
-                    Change::default(),
-                    &actor,
-                    reason,
-                )
-                .await?;
-                queue::complete(&mut tx, lease).await?;
-                let data = serde_json::json!({ "artifact_ids": record.artifact_ids });
-                let event =
-                    NewEvent::media_job(&lease.ref_id, EventType::MediaJobSucceeded).with(data);
-                events::append(&mut tx, &lease.scope(), &[event]).await?;
-            }
-            Ending::Failed { code, message } => {
-                fail_and_ack(&mut tx, lease, &lease.ref_id, code, message).await?;
-            }
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// A transient vendor failure: back to `queued` with the vendor's delay (or backoff),
-    /// or failed for good at the attempt limit.
-    async fn retry(
-        &self,
-        lease: &Lease,
-        code: MediaErrorCode,
-        message: &str,
-        after: Option<Duration>,
-    ) -> Result<(), StoreError> {
-        if lease.attempts >= lease.max_attempts {
-            let message = format!("gave up after {} attempts: {message}", lease.attempts);
-            let ending = Ending::Failed {
-                code: code.as_str(),
-                message: &message,
-            };
-            return self.end(lease, ending).await;
-        }
-        let mut tx = queue::begin_fenced(&self.pool, lease).await?;
-        let change = Change {
-            error: Some((code.as_str(), message)),
-            ..Change::default()
-        };
-        let (scope, queued) = (lease.scope(), MediaJobStatus::Queued);
-        media_jobs::transition(
-            &mut tx,
-            &scope,
-            &lease.ref_id,
-            queued,
-            change,
-            &worker(lease),
-            Some(message),
-        )
-        .await?;
-        let delay = after.unwrap_or_else(|| queue::backoff(lease.attempts));
-        queue::retry(&mut tx, lease, message, delay, true).await?;
-        let data = serde_json::json!({ "reason": "retry", "error_code": code.as_str(),
-                                       "error": message, "retry_in_ms": delay.as_millis() as u64 });
-        let event = NewEvent::media_job(&lease.ref_id, EventType::MediaJobQueued).with(data);
-        events::append(&mut tx, &scope, &[event]).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// Gives the job back at shutdown, without penalty; the vendor task id stays, so the
-    /// next worker resumes it.
-    async fn hand_back(&self, lease: &Lease) -> Result<(), StoreError> {
-        let mut tx = queue::begin_fenced(&self.pool, lease).await?;
-        queue::retry(&mut tx, lease, "worker shut down", Duration::ZERO, false).await?;
-        let (scope, actor) = (lease.scope(), worker(lease));
-        disconnect(&mut tx, &scope, &lease.ref_id, "worker_shutdown", &actor).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-}
-
-fn worker(lease: &Lease) -> Actor {
-    Actor::Worker(lease.owner.clone())
 }
 
 /// Puts a running job whose worker is gone back to `queued`.
@@ -343,31 +315,26 @@ pub async fn disconnect(
     reason: &str,
     actor: &Actor,
 ) -> Result<(), StoreError> {
-    let (queued, change) = (MediaJobStatus::Queued, Change::default());
-    media_jobs::transition(conn, scope, id, queued, change, actor, Some(reason)).await?;
-    let data = serde_json::json!({ "reason": reason });
-    let event = NewEvent::media_job(id, EventType::MediaJobQueued).with(data);
+    let (_, event) = requeue_lost(conn, scope, id, reason, actor).await?;
     events::append(conn, scope, &[event]).await
 }
 
-async fn fail_and_ack(
+/// [`disconnect`]'s write; returns the queued job and its event for the caller to append.
+async fn requeue_lost<'r>(
     conn: &mut PgConnection,
-    lease: &Lease,
-    id: &str,
-    code: &str,
-    message: &str,
-) -> Result<(), StoreError> {
-    let change = Change {
-        error: Some((code, message)),
-        ..Change::default()
-    };
-    let (scope, failed) = (lease.scope(), MediaJobStatus::Failed);
-    let actor = worker(lease);
-    media_jobs::transition(conn, &scope, id, failed, change, &actor, Some(message)).await?;
-    queue::complete(conn, lease).await?;
-    let data = serde_json::json!({ "error_code": code, "error": message });
-    let event = NewEvent::media_job(id, EventType::MediaJobFailed).with(data);
-    events::append(conn, &scope, &[event]).await
+    scope: &Scope,
+    id: &'r str,
+    reason: &str,
+    actor: &Actor,
+) -> Result<(MediaJobRecord, NewEvent<'r>), StoreError> {
+    let (queued, change) = (MediaJobStatus::Queued, Change::default());
+    let record =
+        media_jobs::transition(conn, scope, id, queued, change, actor, Some(reason)).await?;
+    let data = serde_json::json!({ "reason": reason });
+    Ok((
+        record,
+        NewEvent::media_job(id, EventType::MediaJobQueued).with(data),
+    ))
 }
 
 /// The runtime side of [`MediaContext`]: each write is one fenced transaction; artifact

@@ -1,10 +1,19 @@
 //! The `run` job: drives one run through an executor. Every write it makes on the run's
 //! behalf happens in a transaction fenced by the job's lease, so a worker that lost its
 //! lease (paused, partitioned, presumed dead) cannot change the run afterwards.
+//!
+//! An attempt whose process writes no output is two transactions: the start (the run
+//! `running`, `run.started`) and the end (its step and output artifacts, the run's
+//! terminal state and events, the ack). The executor's step and artifact rows are held
+//! back ([`FencedContext`]) and written with the next durable write (output bytes, the
+//! end), or after [`HOLD_LIMIT`], so a long process's step shows up while it runs.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 
 use futures_util::future::BoxFuture;
 use keel_workers::{
@@ -12,19 +21,22 @@ use keel_workers::{
     StepResult,
 };
 use sqlx::{PgConnection, PgPool};
+use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::fence::{self, DomainRow, Fence};
+use super::attempt::{self, Attempted, Verdict};
+use super::fence::{DomainRow, Fence};
 use crate::domain::task::{RunTimeouts, WorkspaceRoots};
-use crate::domain::{Actor, EventType, RunStatus, Scope};
+use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
+use crate::store::artifacts::{NewArtifact, Upserted};
 use crate::store::content::ContentStore;
 use crate::store::events::{self, NewEvent, Subject};
-use crate::store::runs::{self, Change, RunRecord};
-use crate::store::tasks::{self, TaskRecord};
+use crate::store::runs::{self, Change, RunRecord, RunWithTask};
+use crate::store::steps::{NewStep, StepRecord};
+use crate::store::tasks::TaskRecord;
 use crate::store::{StoreError, artifacts, steps};
-use crate::telemetry::metrics;
 
 pub struct RunJobs {
     pub pool: PgPool,
@@ -40,6 +52,9 @@ pub struct RunJobs {
     /// The operator's `KEEL_RUN_ENV_PASSTHROUGH` variables, with this worker's values.
     pub passthrough_env: Vec<(String, String)>,
 }
+
+/// The longest a step or artifact row is held back before it is written on its own.
+const HOLD_LIMIT: Duration = Duration::from_millis(200);
 
 /// Where a worker keeps its runs' ephemeral workspaces, one directory per run id.
 pub fn ephemeral_root(data_dir: &Path) -> PathBuf {
@@ -66,127 +81,212 @@ impl JobHandler for RunJobs {
     }
 }
 
-impl DomainRow for RunRecord {
+impl DomainRow for RunWithTask {
     fn lock(
         conn: &mut PgConnection,
         scope: &Scope,
         id: &str,
     ) -> impl Future<Output = Result<Self, StoreError>> + Send {
-        runs::lock(conn, scope, id)
+        runs::lock_with_task(conn, scope, id)
     }
 
     fn has_ended(&self) -> bool {
-        self.status().is_terminal()
+        self.run.status().is_terminal()
+    }
+}
+
+/// How an attempt that ran to its end leaves the run, with the rows its context still
+/// held (written in the same transaction).
+pub struct RunEnding {
+    held: Held,
+    written: Written,
+    end: End,
+}
+
+enum End {
+    Completed {
+        exit_code: Option<i32>,
+    },
+    Failed {
+        exit_code: Option<i32>,
+        error: String,
+    },
+}
+
+impl RunEnding {
+    fn new(held: Held, end: End) -> RunEnding {
+        RunEnding {
+            held,
+            written: Written::default(),
+            end,
+        }
+    }
+}
+
+impl Attempted for RunWithTask {
+    type Ending = RunEnding;
+    /// The runtime's error.
+    type Retry = String;
+
+    fn is_running(&self) -> bool {
+        self.run.status() == RunStatus::Running
+    }
+
+    fn gave_up(error: String, _: Option<&String>) -> RunEnding {
+        let failed = End::Failed {
+            exit_code: None,
+            error,
+        };
+        RunEnding::new(Held::default(), failed)
+    }
+
+    fn label(ending: &RunEnding) -> &'static str {
+        match ending.end {
+            End::Completed { .. } => "completed",
+            End::Failed { .. } => "failed",
+        }
+    }
+
+    fn retry_error(retry: &String) -> &str {
+        retry
+    }
+
+    fn retry_delay(_: &String) -> Option<Duration> {
+        None
+    }
+
+    async fn requeue_lost<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        scope: &Scope,
+        reason: &'static str,
+        actor: &Actor,
+    ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
+        let (run, events) = requeue_lost(conn, scope, &self.run, reason, actor).await?;
+        let task = self.task.clone();
+        Ok((RunWithTask { run, task }, events))
+    }
+
+    async fn start<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+    ) -> Result<(Self, NewEvent<'r>), StoreError> {
+        let change = Change {
+            worker_id: Some(&lease.owner),
+            ..Change::default()
+        };
+        let (scope, actor) = (lease.scope(), attempt::worker(lease));
+        let current = &self.run;
+        let (running, claimed) = (RunStatus::Running, Some("claimed"));
+        let run = runs::transition_locked(conn, &scope, current, running, change, &actor, claimed)
+            .await?;
+        let data = serde_json::json!({ "attempt": run.attempt, "worker_id": lease.owner });
+        let event = NewEvent::new(&current.task_id, &current.id, EventType::RunStarted).with(data);
+        let task = self.task.clone();
+        Ok((RunWithTask { run, task }, event))
+    }
+
+    async fn end<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        ending: &'r mut RunEnding,
+    ) -> Result<Vec<NewEvent<'r>>, StoreError> {
+        let (scope, run) = (lease.scope(), &self.run);
+        let ids = (run.task_id.as_str(), run.id.as_str());
+        ending
+            .held
+            .write(conn, &scope, ids, &mut ending.written)
+            .await?;
+        let ending: &'r RunEnding = ending;
+        let owner = Subject::Run {
+            task_id: &run.task_id,
+            run_id: &run.id,
+        };
+        let mut events = ending.written.events(owner);
+        let (status, change, reason, event) = match &ending.end {
+            End::Completed { exit_code } => {
+                let change = Change {
+                    exit_code: *exit_code,
+                    ..Change::default()
+                };
+                let data = serde_json::json!({ "exit_code": exit_code });
+                let event = NewEvent::new(&run.task_id, &run.id, EventType::RunFinished).with(data);
+                (RunStatus::Completed, change, "process exited 0", event)
+            }
+            End::Failed { exit_code, error } => {
+                let change = Change {
+                    exit_code: *exit_code,
+                    last_error: Some(error),
+                    ..Change::default()
+                };
+                let data = serde_json::json!({ "exit_code": exit_code, "error": error });
+                let event = NewEvent::new(&run.task_id, &run.id, EventType::RunFailed).with(data);
+                (RunStatus::Failed, change, error.as_str(), event)
+            }
+        };
+        let actor = attempt::worker(lease);
+        runs::transition_locked(conn, &scope, run, status, change, &actor, Some(reason)).await?;
+        events.push(event);
+        Ok(events)
+    }
+
+    async fn requeue<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        error: &'r String,
+        _: Duration,
+    ) -> Result<NewEvent<'r>, StoreError> {
+        let (scope, run) = (lease.scope(), &self.run);
+        let (queued, actor) = (RunStatus::Queued, attempt::worker(lease));
+        let change = Change::default();
+        runs::transition_locked(conn, &scope, run, queued, change, &actor, Some(error)).await?;
+        runs::close_open_work(conn, &scope, &run.id, "failed", error).await?;
+        let data = serde_json::json!({ "reason": "retry", "error": error });
+        Ok(NewEvent::new(&run.task_id, &run.id, EventType::RunQueued).with(data))
     }
 }
 
 impl RunJobs {
     /// Runs one attempt; returns its outcome, as the job duration metric labels it.
     async fn execute(&self, job: Job) -> Result<&'static str, StoreError> {
-        let lease = &job.lease;
-        let Some((task, run)) = self.begin(lease).await? else {
+        let Some(row) = attempt::begin::<RunWithTask>(&self.pool, &job.lease).await? else {
             return Ok("skipped");
         };
-        let spec = match self.spec(&task, &run).await {
+        let spec = match self.spec(&row.task, &row.run).await {
             Ok(spec) => spec,
             Err(error) => {
-                let outcome = Outcome::Failed {
+                let failed = End::Failed {
                     exit_code: None,
                     error,
                 };
-                self.finish(lease, &run, outcome).await?;
-                return Ok("failed");
+                let verdict = Verdict::Ended(RunEnding::new(Held::default(), failed));
+                return attempt::conclude(&self.pool, &job, &row, verdict).await;
             }
         };
         let ctx = FencedContext {
-            fence: Fence::new(&self.pool, &job),
-            task_id: task.id.clone(),
-            run_id: run.id.clone(),
-            artifact_max_bytes: self.artifact_max_bytes,
-            content: self.content.clone(),
+            shared: Arc::new(Shared {
+                fence: Fence::new(&self.pool, &job),
+                task_id: row.task.id.clone(),
+                run_id: row.run.id.clone(),
+                artifact_max_bytes: self.artifact_max_bytes,
+                content: self.content.clone(),
+                held: Mutex::default(),
+            }),
         };
-        match keel_workers::execute(&spec, &ctx).await {
-            Outcome::Interrupted if job.is_released() => {
-                self.hand_back(lease, &run).await?;
-                Ok("released")
-            }
-            Outcome::Interrupted => {
-                tracing::info!(
-                    "attempt interrupted (run cancelled or lease lost); writing nothing more"
-                );
-                // A cancel that found the job row locked left it to this worker.
-                match fence::lock_unless_ended::<RunRecord>(&self.pool, lease).await {
-                    Ok(_) | Err(StoreError::LeaseLost) => Ok("interrupted"),
-                    Err(error) => Err(error),
-                }
-            }
-            Outcome::Retry { error } => {
-                self.nack(lease, &run, &error).await?;
-                Ok("retried")
-            }
-            outcome @ Outcome::Completed { .. } => {
-                self.finish(lease, &run, outcome).await?;
-                Ok("completed")
-            }
-            outcome => {
-                self.finish(lease, &run, outcome).await?;
-                Ok("failed")
-            }
-        }
-    }
-
-    /// Marks the run running for this attempt. A run already `running` was held by a worker
-    /// that lost its lease: its open work is closed and the gap recorded first. Returns None
-    /// when there is nothing to run (the run already ended, or it used up its attempts).
-    async fn begin(&self, lease: &Lease) -> Result<Option<(TaskRecord, RunRecord)>, StoreError> {
-        let Some((mut tx, run)) = fence::lock_unless_ended::<RunRecord>(&self.pool, lease).await?
-        else {
-            return Ok(None);
+        let outcome = keel_workers::execute(&spec, &ctx).await;
+        let held = std::mem::take(&mut *ctx.shared.held.lock().await);
+        let ended = |end| Verdict::Ended(RunEnding::new(held, end));
+        let verdict = match outcome {
+            Outcome::Completed { exit_code } => ended(End::Completed { exit_code }),
+            Outcome::Failed { exit_code, error } => ended(End::Failed { exit_code, error }),
+            // What the context held back goes: the retry runs the attempt again.
+            Outcome::Retry { error } => Verdict::Retry(error),
+            Outcome::Interrupted => Verdict::Interrupted,
         };
-        let scope = lease.scope();
-        let reclaimed = run.status() == RunStatus::Running;
-        if reclaimed {
-            disconnect(
-                &mut tx,
-                &scope,
-                &run,
-                "worker_lease_expired",
-                &worker(lease),
-            )
-            .await?;
-        }
-        if lease.attempts > lease.max_attempts {
-            let error = format!("gave up after {} attempts", lease.max_attempts);
-            fail_and_ack(&mut tx, lease, &run, &error).await?;
-            tx.commit().await?;
-            count_reclaim(reclaimed, lease);
-            return Ok(None);
-        }
-        let change = Change {
-            worker_id: Some(&lease.owner),
-            ..Change::default()
-        };
-        let run = runs::transition(
-            &mut tx,
-            &scope,
-            &run.id,
-            RunStatus::Running,
-            change,
-            &worker(lease),
-            Some("claimed"),
-        )
-        .await?;
-        let task = tasks::get(&mut tx, &scope, &run.task_id).await?;
-        let data = serde_json::json!({ "attempt": run.attempt, "worker_id": lease.owner });
-        events::append(
-            &mut tx,
-            &scope,
-            &[NewEvent::new(&run.task_id, &run.id, EventType::RunStarted).with(data)],
-        )
-        .await?;
-        tx.commit().await?;
-        count_reclaim(reclaimed, lease);
-        Ok(Some((task, run)))
+        attempt::conclude(&self.pool, &job, &row, verdict).await
     }
 
     async fn spec(&self, task: &TaskRecord, run: &RunRecord) -> Result<RunSpec, String> {
@@ -227,112 +327,6 @@ impl RunJobs {
             checkpoint: run.checkpoint.clone(),
         })
     }
-
-    async fn finish(
-        &self,
-        lease: &Lease,
-        run: &RunRecord,
-        outcome: Outcome,
-    ) -> Result<(), StoreError> {
-        let mut tx = queue::begin_fenced(&self.pool, lease).await?;
-        let scope = lease.scope();
-        match outcome {
-            Outcome::Completed { exit_code } => {
-                let change = Change {
-                    exit_code,
-                    ..Change::default()
-                };
-                runs::transition(
-                    &mut tx,
-                    &scope,
-                    &run.id,
-                    RunStatus::Completed,
-                    change,
-                    &worker(lease),
-                    Some("process exited 0"),
-                )
-                .await?;
-                let data = serde_json::json!({ "exit_code": exit_code });
-                let event = NewEvent::new(&run.task_id, &run.id, EventType::RunFinished).with(data);
-                events::append(&mut tx, &scope, &[event]).await?;
-                queue::complete(&mut tx, lease).await?;
-            }
-            Outcome::Failed { exit_code, error } => {
-                let change = Change {
-                    exit_code,
-                    last_error: Some(&error),
-                    ..Change::default()
-                };
-                runs::transition(
-                    &mut tx,
-                    &scope,
-                    &run.id,
-                    RunStatus::Failed,
-                    change,
-                    &worker(lease),
-                    Some(&error),
-                )
-                .await?;
-                let data = serde_json::json!({ "exit_code": exit_code, "error": error });
-                let event = NewEvent::new(&run.task_id, &run.id, EventType::RunFailed).with(data);
-                events::append(&mut tx, &scope, &[event]).await?;
-                queue::complete(&mut tx, lease).await?;
-            }
-            Outcome::Interrupted | Outcome::Retry { .. } => unreachable!("not a final outcome"),
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// The runtime failed under the attempt: retry with backoff, or give up at the limit.
-    async fn nack(&self, lease: &Lease, run: &RunRecord, error: &str) -> Result<(), StoreError> {
-        let mut tx = queue::begin_fenced(&self.pool, lease).await?;
-        let scope = lease.scope();
-        if lease.attempts >= lease.max_attempts {
-            let error = format!("gave up after {} attempts: {error}", lease.attempts);
-            fail_and_ack(&mut tx, lease, run, &error).await?;
-        } else {
-            runs::transition(
-                &mut tx,
-                &scope,
-                &run.id,
-                RunStatus::Queued,
-                Change::default(),
-                &worker(lease),
-                Some(error),
-            )
-            .await?;
-            runs::close_open_work(&mut tx, &scope, &run.id, "failed", error).await?;
-            let data = serde_json::json!({ "reason": "retry", "error": error });
-            let event = NewEvent::new(&run.task_id, &run.id, EventType::RunQueued).with(data);
-            queue::retry(&mut tx, lease, error, queue::backoff(lease.attempts), true).await?;
-            events::append(&mut tx, &scope, &[event]).await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    /// Gives a job back at shutdown so another worker takes it at once, without penalty.
-    async fn hand_back(&self, lease: &Lease, run: &RunRecord) -> Result<(), StoreError> {
-        let mut tx = queue::begin_fenced(&self.pool, lease).await?;
-        let scope = lease.scope();
-        let run = runs::get_by_id(&mut tx, &scope, &run.id).await?;
-        queue::retry(&mut tx, lease, "worker shut down", Duration::ZERO, false).await?;
-        disconnect(&mut tx, &scope, &run, "worker_shutdown", &worker(lease)).await?;
-        tx.commit().await?;
-        Ok(())
-    }
-}
-
-/// Counts a takeover once it is committed.
-fn count_reclaim(reclaimed: bool, lease: &Lease) {
-    if reclaimed {
-        metrics::reclaimed(&lease.kind);
-    }
-}
-
-fn worker(lease: &Lease) -> Actor {
-    Actor::Worker(lease.owner.clone())
 }
 
 /// Requeues a run whose worker is gone: closes what the attempt left open, records the
@@ -344,11 +338,24 @@ pub async fn disconnect(
     reason: &str,
     actor: &Actor,
 ) -> Result<(), StoreError> {
+    let (_, events) = requeue_lost(conn, scope, run, reason, actor).await?;
+    events::append(conn, scope, &events).await
+}
+
+/// [`disconnect`]'s writes, in the caller's transaction that locked `run`; returns the
+/// queued run and the events for the caller to append.
+async fn requeue_lost<'r>(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run: &'r RunRecord,
+    reason: &str,
+    actor: &Actor,
+) -> Result<(RunRecord, Vec<NewEvent<'r>>), StoreError> {
     runs::close_open_work(conn, scope, &run.id, "failed", "worker disconnected").await?;
-    runs::transition(
+    let queued = runs::transition_locked(
         conn,
         scope,
-        &run.id,
+        run,
         RunStatus::Queued,
         Change::default(),
         actor,
@@ -360,61 +367,297 @@ pub async fn disconnect(
         "previous_worker_id": run.worker_id,
         "attempt": run.attempt,
     });
-    events::append(
-        conn,
-        scope,
-        &[
-            NewEvent::new(&run.task_id, &run.id, EventType::GapRunDisconnected).with(gap),
-            NewEvent::new(&run.task_id, &run.id, EventType::RunQueued)
-                .with(serde_json::json!({ "reason": reason })),
-        ],
-    )
-    .await
+    let events = vec![
+        NewEvent::new(&run.task_id, &run.id, EventType::GapRunDisconnected).with(gap),
+        NewEvent::new(&run.task_id, &run.id, EventType::RunQueued)
+            .with(serde_json::json!({ "reason": reason })),
+    ];
+    Ok((queued, events))
 }
 
-async fn fail_and_ack(
-    conn: &mut PgConnection,
-    lease: &Lease,
-    run: &RunRecord,
-    error: &str,
-) -> Result<(), StoreError> {
-    let change = Change {
-        last_error: Some(error),
-        ..Change::default()
-    };
-    let scope = lease.scope();
-    runs::transition(
-        conn,
-        &scope,
-        &run.id,
-        RunStatus::Failed,
-        change,
-        &worker(lease),
-        Some(error),
-    )
-    .await?;
-    queue::complete(conn, lease).await?;
-    let data = serde_json::json!({ "error": error });
-    events::append(
-        conn,
-        &scope,
-        &[NewEvent::new(&run.task_id, &run.id, EventType::RunFailed).with(data)],
-    )
-    .await
-}
-
-/// The runtime side of [`RunContext`]: each call is one fenced transaction.
+/// The runtime side of [`RunContext`]. Steps and artifacts are held back ([`Held`]) and
+/// written, fenced, with the next write that must be durable: an output append, the end
+/// of the attempt, or a flush [`HOLD_LIMIT`] after the first held row. A crash before
+/// then loses only rows of an attempt that will run again.
 struct FencedContext {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
     fence: Fence,
     task_id: String,
     run_id: String,
     artifact_max_bytes: i64,
     content: ContentStore,
+    /// Held across a flush's transaction, so rows are written once and in order.
+    held: Mutex<Held>,
+}
+
+/// Rows the executor reported and the database does not have yet, in the order reported.
+#[derive(Default)]
+struct Held {
+    writes: Vec<HeldWrite>,
+    /// Artifact handles to the ids of their rows (a takeover reopens an older row).
+    artifact_ids: HashMap<String, String>,
+    /// Whether a flush after [`HOLD_LIMIT`] is on its way.
+    flush_due: bool,
+}
+
+enum HeldWrite {
+    Step {
+        id: String,
+        name: String,
+        input: serde_json::Value,
+        started_at: DateTime<Utc>,
+        /// Set when the step ended before it was written: one insert, both events.
+        ended: Option<(StepResult, DateTime<Utc>)>,
+    },
+    /// Where a step's end goes in the event order; `folded` when [`HeldWrite::Step`] has it.
+    EndStep {
+        id: String,
+        result: StepResult,
+        at: DateTime<Utc>,
+        folded: bool,
+    },
+    Artifact {
+        handle: String,
+        name: &'static str,
+        closed: bool,
+    },
+    /// `folded` when the [`HeldWrite::Artifact`] is written closed.
+    Close { handle: String, folded: bool },
+}
+
+/// What a flush wrote, in order, for its events.
+#[derive(Default)]
+struct Written {
+    steps: Vec<StepRecord>,
+    artifacts: Vec<Upserted>,
+    order: Vec<Slot>,
+}
+
+enum Slot {
+    StepStarted(usize),
+    StepEnded(usize),
+    ArtifactCreated(usize),
+}
+
+impl Written {
+    fn events<'a>(&'a self, owner: Subject<'a>) -> Vec<NewEvent<'a>> {
+        self.order
+            .iter()
+            .filter_map(|slot| match *slot {
+                Slot::StepStarted(i) => Some(steps::started_event(&self.steps[i])),
+                Slot::StepEnded(i) => Some(steps::finished_event(&self.steps[i])),
+                Slot::ArtifactCreated(i) => artifacts::created_event(owner, &self.artifacts[i]),
+            })
+            .collect()
+    }
+
+    fn step_index(&self, id: &str) -> Option<usize> {
+        self.steps.iter().rposition(|s| s.id == id)
+    }
+}
+
+impl Held {
+    fn hold(&mut self, write: HeldWrite) {
+        self.writes.push(write);
+    }
+
+    /// Ends a step: folded into its held insert when it has not been written yet.
+    fn end_step(&mut self, id: &str, result: StepResult) {
+        let at = Utc::now();
+        let held = self.writes.iter_mut().find_map(|w| match w {
+            HeldWrite::Step {
+                id: held, ended, ..
+            } if held == id => Some(ended),
+            _ => None,
+        });
+        let folded = match held {
+            Some(ended) => {
+                *ended = Some((result.clone(), at));
+                true
+            }
+            None => false,
+        };
+        self.hold(HeldWrite::EndStep {
+            id: id.to_string(),
+            result,
+            at,
+            folded,
+        });
+    }
+
+    fn close(&mut self, handle: &str) {
+        let held = self.writes.iter_mut().find_map(|w| match w {
+            HeldWrite::Artifact {
+                handle: h, closed, ..
+            } if h == handle => Some(closed),
+            _ => None,
+        });
+        let folded = held.map(|closed| *closed = true).is_some();
+        self.hold(HeldWrite::Close {
+            handle: handle.to_string(),
+            folded,
+        });
+    }
+
+    /// The id of the row an artifact handle stands for.
+    fn artifact_id<'a>(&'a self, handle: &'a str) -> &'a str {
+        self.artifact_ids.get(handle).map_or(handle, String::as_str)
+    }
+
+    /// Writes the held rows in the caller's transaction, recording what it wrote in
+    /// `written`; the rows stay held until the caller commits and clears them.
+    async fn write(
+        &self,
+        conn: &mut PgConnection,
+        scope: &Scope,
+        (task_id, run_id): (&str, &str),
+        written: &mut Written,
+    ) -> Result<HashMap<String, String>, StoreError> {
+        let owner = Subject::Run { task_id, run_id };
+        let mut ids = self.artifact_ids.clone();
+        for write in &self.writes {
+            match write {
+                HeldWrite::Step {
+                    id,
+                    name,
+                    input,
+                    started_at,
+                    ended,
+                } => {
+                    let step = NewStep {
+                        id,
+                        task_id,
+                        run_id,
+                        name,
+                        input,
+                        started_at: *started_at,
+                        ended: ended.as_ref().map(|(result, at)| (result, *at)),
+                    };
+                    written.steps.push(steps::insert(conn, scope, &step).await?);
+                    written
+                        .order
+                        .push(Slot::StepStarted(written.steps.len() - 1));
+                }
+                HeldWrite::EndStep {
+                    id,
+                    result,
+                    at,
+                    folded,
+                } => {
+                    let index = match (folded, written.step_index(id)) {
+                        (true, Some(index)) => index,
+                        _ => {
+                            written
+                                .steps
+                                .push(steps::end(conn, scope, id, result, *at).await?);
+                            written.steps.len() - 1
+                        }
+                    };
+                    written.order.push(Slot::StepEnded(index));
+                }
+                HeldWrite::Artifact {
+                    handle,
+                    name,
+                    closed,
+                } => {
+                    let artifact = NewArtifact {
+                        id: handle,
+                        owner,
+                        name,
+                        kind: name,
+                        content_type: "text/plain",
+                        closed: *closed,
+                    };
+                    let upserted = artifacts::upsert(conn, scope, &artifact).await?;
+                    ids.insert(handle.clone(), upserted.artifact.id.clone());
+                    written.artifacts.push(upserted);
+                    written
+                        .order
+                        .push(Slot::ArtifactCreated(written.artifacts.len() - 1));
+                }
+                HeldWrite::Close { folded: true, .. } => {}
+                HeldWrite::Close { handle, .. } => {
+                    let id = ids.get(handle).map_or(handle.as_str(), String::as_str);
+                    artifacts::close(conn, scope, id).await?;
+                }
+            }
+        }
+        Ok(ids)
+    }
+}
+
+impl Shared {
+    fn owner(&self) -> Subject<'_> {
+        Subject::Run {
+            task_id: &self.task_id,
+            run_id: &self.run_id,
+        }
+    }
+
+    /// Writes the held rows, then `then` (a durable write that needs them), in one fenced
+    /// transaction with their events.
+    async fn flush_with(
+        &self,
+        held: &mut Held,
+        then: Option<(&str, &[u8])>,
+    ) -> Result<(), ContextError> {
+        let mut tx = self.fence.begin().await?;
+        let scope = &self.fence.scope;
+        let mut written = Written::default();
+        let ids = held
+            .write(&mut tx, scope, (&self.task_id, &self.run_id), &mut written)
+            .await
+            .map_err(|e| self.fence.context_error(e))?;
+        events::append(&mut tx, scope, &written.events(self.owner()))
+            .await
+            .map_err(|e| self.fence.context_error(e))?;
+        if let Some((handle, bytes)) = then {
+            let id = ids.get(handle).map_or(handle, String::as_str);
+            self.content
+                .append(&mut tx, scope, id, bytes, self.artifact_max_bytes)
+                .await
+                .map_err(|e| self.fence.context_error(e))?;
+        }
+        self.fence.commit(tx).await?;
+        held.writes.clear();
+        held.artifact_ids = ids;
+        Ok(())
+    }
+
+    /// Holds a row, and makes sure it is written within [`HOLD_LIMIT`].
+    async fn hold(self: &Arc<Self>, update: impl FnOnce(&mut Held)) -> Result<(), ContextError> {
+        if self.fence.interrupt.is_cancelled() {
+            return Err(ContextError::Interrupted);
+        }
+        let mut held = self.held.lock().await;
+        update(&mut held);
+        if !held.flush_due {
+            held.flush_due = true;
+            let shared = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(HOLD_LIMIT).await;
+                let mut held = shared.held.lock().await;
+                held.flush_due = false;
+                if held.writes.is_empty() || shared.fence.interrupt.is_cancelled() {
+                    return;
+                }
+                // A failure leaves the rows held for the next durable write, which then
+                // reports it.
+                if let Err(error) = shared.flush_with(&mut held, None).await {
+                    tracing::warn!(%error, "writing a run's held steps and artifacts failed");
+                }
+            });
+        }
+        Ok(())
+    }
 }
 
 impl RunContext for FencedContext {
     fn cancellation(&self) -> &CancellationToken {
-        &self.fence.interrupt
+        &self.shared.fence.interrupt
     }
 
     async fn start_step(
@@ -422,41 +665,33 @@ impl RunContext for FencedContext {
         name: &str,
         input: serde_json::Value,
     ) -> Result<StepHandle, ContextError> {
-        let mut tx = self.fence.begin().await?;
-        let scope = &self.fence.scope;
-        let step = steps::start(&mut tx, scope, &self.task_id, &self.run_id, name, &input)
-            .await
-            .map_err(|e| self.fence.context_error(e))?;
-        self.fence.commit(tx).await?;
-        Ok(StepHandle(step.id))
+        let id = new_id("step");
+        let step = HeldWrite::Step {
+            id: id.clone(),
+            name: name.to_string(),
+            input,
+            started_at: Utc::now(),
+            ended: None,
+        };
+        self.shared.hold(|held| held.hold(step)).await?;
+        Ok(StepHandle(id))
     }
 
     async fn finish_step(&self, step: &StepHandle, result: StepResult) -> Result<(), ContextError> {
-        let mut tx = self.fence.begin().await?;
-        let finished = match &result {
-            StepResult::Completed { output } => {
-                steps::finish(&mut tx, &self.fence.scope, &step.0, Some(output), None).await
-            }
-            StepResult::Failed { error } => {
-                steps::finish(&mut tx, &self.fence.scope, &step.0, None, Some(error)).await
-            }
-        };
-        finished.map_err(|e| self.fence.context_error(e))?;
-        self.fence.commit(tx).await
+        self.shared
+            .hold(|held| held.end_step(&step.0, result))
+            .await
     }
 
     async fn open_output(&self, stream: OutputStream) -> Result<ArtifactHandle, ContextError> {
-        let mut tx = self.fence.begin().await?;
-        let name = stream.name();
-        let owner = Subject::Run {
-            task_id: &self.task_id,
-            run_id: &self.run_id,
+        let handle = new_id("art");
+        let artifact = HeldWrite::Artifact {
+            handle: handle.clone(),
+            name: stream.name(),
+            closed: false,
         };
-        let artifact = artifacts::open(&mut tx, &self.fence.scope, owner, name, name, "text/plain")
-            .await
-            .map_err(|e| self.fence.context_error(e))?;
-        self.fence.commit(tx).await?;
-        Ok(ArtifactHandle(artifact.id))
+        self.shared.hold(|held| held.hold(artifact)).await?;
+        Ok(ArtifactHandle(handle))
     }
 
     async fn append_output(
@@ -464,25 +699,34 @@ impl RunContext for FencedContext {
         artifact: &ArtifactHandle,
         bytes: &[u8],
     ) -> Result<(), ContextError> {
-        let mut tx = self.fence.begin().await?;
-        self.content
+        let shared = &self.shared;
+        if shared.fence.interrupt.is_cancelled() {
+            return Err(ContextError::Interrupted);
+        }
+        let mut held = shared.held.lock().await;
+        if !held.writes.is_empty() {
+            return shared
+                .flush_with(&mut held, Some((&artifact.0, bytes)))
+                .await;
+        }
+        let id = held.artifact_id(&artifact.0).to_string();
+        drop(held);
+        let mut tx = shared.fence.begin().await?;
+        shared
+            .content
             .append(
                 &mut tx,
-                &self.fence.scope,
-                &artifact.0,
+                &shared.fence.scope,
+                &id,
                 bytes,
-                self.artifact_max_bytes,
+                shared.artifact_max_bytes,
             )
             .await
-            .map_err(|e| self.fence.context_error(e))?;
-        self.fence.commit(tx).await
+            .map_err(|e| shared.fence.context_error(e))?;
+        shared.fence.commit(tx).await
     }
 
     async fn close_output(&self, artifact: &ArtifactHandle) -> Result<(), ContextError> {
-        let mut tx = self.fence.begin().await?;
-        artifacts::close(&mut tx, &self.fence.scope, &artifact.0)
-            .await
-            .map_err(|e| self.fence.context_error(e))?;
-        self.fence.commit(tx).await
+        self.shared.hold(|held| held.close(&artifact.0)).await
     }
 }

@@ -18,7 +18,6 @@ use object_store::{ObjectStoreExt, PutPayload};
 use sqlx::{PgConnection, PgPool};
 
 use super::{Result, StoreError};
-use crate::config::{ContentArgs, ContentStoreKind};
 use crate::domain::Scope;
 
 /// Chunk rows read at a time when an artifact is streamed: at most this many chunks'
@@ -54,44 +53,50 @@ impl fmt::Debug for ContentStore {
     }
 }
 
-impl ContentStore {
-    /// The store the configuration selects. The S3 store takes its credentials (and any
-    /// other `AWS_*` setting the KEEL_S3_* ones do not override) from the environment.
-    pub fn from_config(args: &ContentArgs) -> anyhow::Result<ContentStore> {
-        match args.content_store {
-            ContentStoreKind::Postgres => Ok(ContentStore::Postgres),
-            ContentStoreKind::S3 => ContentStore::s3(args, AmazonS3Builder::from_env()),
-        }
-    }
+/// Where an S3 content store keeps its objects, as configured (KEEL_S3_*).
+#[derive(Debug, Clone, Default)]
+pub struct S3Settings {
+    pub bucket: Option<String>,
+    pub prefix: Option<String>,
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    pub allow_http: bool,
+}
 
-    /// An S3 store from `args` on top of `builder` (which supplies credentials).
-    pub fn s3(args: &ContentArgs, builder: AmazonS3Builder) -> anyhow::Result<ContentStore> {
-        let Some(bucket) = args.s3_bucket.clone().filter(|b| !b.is_empty()) else {
-            anyhow::bail!("the s3 content store needs a bucket: set KEEL_S3_BUCKET (--s3-bucket)");
+impl ContentStore {
+    /// An S3 store from `settings` on top of `builder` (which supplies credentials).
+    pub fn s3(settings: &S3Settings, builder: AmazonS3Builder) -> Result<ContentStore> {
+        let invalid = |message: String| StoreError::Content(message);
+        let Some(bucket) = settings.bucket.clone().filter(|b| !b.is_empty()) else {
+            return Err(invalid(
+                "the s3 content store needs a bucket: set KEEL_S3_BUCKET (--s3-bucket)".into(),
+            ));
         };
-        let prefix = args
-            .s3_prefix
+        let prefix = settings
+            .prefix
             .as_deref()
             .unwrap_or("")
             .trim_matches('/')
             .to_string();
         if !prefix.is_empty() {
             Path::parse(&prefix).map_err(|e| {
-                anyhow::anyhow!("KEEL_S3_PREFIX {prefix:?} is not a valid key prefix: {e}")
+                invalid(format!(
+                    "KEEL_S3_PREFIX {prefix:?} is not a valid key prefix: {e}"
+                ))
             })?;
         }
         let mut builder = builder
             .with_bucket_name(&bucket)
-            .with_allow_http(args.s3_allow_http);
-        if let Some(endpoint) = &args.s3_endpoint {
+            .with_allow_http(settings.allow_http);
+        if let Some(endpoint) = &settings.endpoint {
             builder = builder.with_endpoint(endpoint);
         }
-        if let Some(region) = &args.s3_region {
+        if let Some(region) = &settings.region {
             builder = builder.with_region(region);
         }
         let client = builder
             .build()
-            .map_err(|e| anyhow::anyhow!("configuring the s3 content store: {e}"))?;
+            .map_err(|e| invalid(format!("configuring the s3 content store: {e}")))?;
         Ok(ContentStore::S3(S3Content {
             client,
             bucket,

@@ -53,14 +53,6 @@ impl MediaJobRecord {
     }
 }
 
-const SELECT: &str = "
-    SELECT m.id, m.provider_id, m.operation, m.prompt, m.input, m.status, m.vendor_task_id,
-           m.attempt, m.worker_id, m.last_error_code, m.last_error,
-           ARRAY(SELECT a.id FROM artifacts a WHERE a.media_job_id = m.id ORDER BY a.id)
-               AS artifact_ids,
-           m.created_at, m.updated_at, m.started_at, m.finished_at
-    FROM media_jobs m";
-
 /// A media job a request asks for.
 pub struct NewMediaJob<'a> {
     pub provider_id: &'a str,
@@ -128,9 +120,15 @@ pub async fn create(
 }
 
 pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<MediaJobRecord> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{SELECT} WHERE m.workspace_id = $1 AND m.id = $2"
-    )))
+    sqlx::query_as(
+        "SELECT m.id, m.provider_id, m.operation, m.prompt, m.input, m.status, m.vendor_task_id,
+                m.attempt, m.worker_id, m.last_error_code, m.last_error,
+                ARRAY(SELECT a.id FROM artifacts a WHERE a.media_job_id = m.id ORDER BY a.id)
+                    AS artifact_ids,
+                m.created_at, m.updated_at, m.started_at, m.finished_at
+         FROM media_jobs m
+         WHERE m.workspace_id = $1 AND m.id = $2",
+    )
     .bind(scope.workspace())
     .bind(id)
     .fetch_optional(conn)
@@ -140,9 +138,15 @@ pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<Med
 
 /// Reads the job under a row lock: every status change and fenced worker write takes it.
 pub async fn lock(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<MediaJobRecord> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{SELECT} WHERE m.workspace_id = $1 AND m.id = $2 FOR UPDATE OF m"
-    )))
+    sqlx::query_as(
+        "SELECT m.id, m.provider_id, m.operation, m.prompt, m.input, m.status, m.vendor_task_id,
+                m.attempt, m.worker_id, m.last_error_code, m.last_error,
+                ARRAY(SELECT a.id FROM artifacts a WHERE a.media_job_id = m.id ORDER BY a.id)
+                    AS artifact_ids,
+                m.created_at, m.updated_at, m.started_at, m.finished_at
+         FROM media_jobs m
+         WHERE m.workspace_id = $1 AND m.id = $2 FOR UPDATE OF m",
+    )
     .bind(scope.workspace())
     .bind(id)
     .fetch_optional(conn)
@@ -163,12 +167,18 @@ pub async fn list(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<MediaJobRecord>> {
-    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{SELECT} WHERE m.workspace_id = $5 AND ($1::text IS NULL OR m.status = $1)
+    let rows = sqlx::query_as(
+        "SELECT m.id, m.provider_id, m.operation, m.prompt, m.input, m.status, m.vendor_task_id,
+                m.attempt, m.worker_id, m.last_error_code, m.last_error,
+                ARRAY(SELECT a.id FROM artifacts a WHERE a.media_job_id = m.id ORDER BY a.id)
+                    AS artifact_ids,
+                m.created_at, m.updated_at, m.started_at, m.finished_at
+         FROM media_jobs m
+         WHERE m.workspace_id = $5 AND ($1::text IS NULL OR m.status = $1)
            AND ($2::text IS NULL OR m.provider_id = $2)
            AND ($3::text IS NULL OR m.id > $3)
-         ORDER BY m.id LIMIT $4"
-    )))
+         ORDER BY m.id LIMIT $4",
+    )
     .bind(filter.status.map(MediaJobStatus::as_str))
     .bind(&filter.provider_id)
     .bind(after)

@@ -9,7 +9,6 @@ use sqlx::PgConnection;
 
 use super::events::{self, NewEvent};
 use super::tasks::{self, TaskRecord};
-use super::transitions::{self, Transition};
 use super::{Result, StoreError, approvals, violates};
 use crate::domain::approval::{ActionSummary, ApprovalPolicy};
 use crate::domain::task::{RunTimeouts, WorkspaceRoots};
@@ -67,11 +66,6 @@ impl RunRecord {
     }
 }
 
-const RUN_COLUMNS: &str = "id, task_id, number, status, attempt, worker_id, exit_code, last_error,
-    retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-    total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id, scheduled_for,
-    created_at, started_at, finished_at, updated_at";
-
 /// The rules every run-creating path applies, from configuration.
 #[derive(Debug, Clone, Default)]
 pub struct AdmissionRules {
@@ -92,6 +86,18 @@ pub enum Origin {
     Retry(String),
     /// Carries on from a finished run: its workspace, checkpoint and cost.
     Resume(String),
+}
+
+impl Origin {
+    /// The origin as a stable JSON value, for idempotency fingerprints: it must compare
+    /// equal across versions, which a `Debug` rendering does not promise.
+    pub fn fingerprint(&self) -> serde_json::Value {
+        match self {
+            Origin::Start => serde_json::json!({ "kind": "start" }),
+            Origin::Retry(run_id) => serde_json::json!({ "kind": "retry", "run_id": run_id }),
+            Origin::Resume(run_id) => serde_json::json!({ "kind": "resume", "run_id": run_id }),
+        }
+    }
 }
 
 /// What a run-creating request asks for.
@@ -145,7 +151,7 @@ pub async fn admit(
     rules: &AdmissionRules,
     actor: &Actor,
 ) -> Result<Admitted> {
-    tasks::lock(conn, scope, task_id).await?;
+    let task = tasks::get_locked(conn, scope, task_id).await?;
     if let Some((key, request)) = &admission.idempotency
         && let Some((run, seen)) = find_by_idempotency_key(conn, scope, task_id, key).await?
     {
@@ -180,12 +186,13 @@ pub async fn admit(
             ),
         });
     }
-    if let Some(active) = active_run(conn, scope, task_id).await? {
+    // Only the latest run can be active: admission creates a run only when none is.
+    if let (true, Some(active)) = (is_active(&task.status), &task.latest_run_id) {
         return Err(StoreError::Conflict(format!(
             "task {task_id} already has an active run ({active})"
         )));
     }
-    let task = raise_budget(conn, scope, task_id, admission.budget_micros_usd).await?;
+    let task = raise_budget(conn, scope, task, admission.budget_micros_usd).await?;
     let execution = task.execution().map_err(StoreError::Conflict)?;
     let gates = rules.approvals.gates_for(&execution, task.sandbox());
     let status = if gates.is_empty() {
@@ -193,13 +200,16 @@ pub async fn admit(
     } else {
         RunStatus::AwaitingApproval
     };
-    let run = insert(conn, scope, &task, &admission, source.as_ref(), status).await?;
-    let reason = match admission.origin {
-        Origin::Start => "started",
-        Origin::Retry(_) => "retry",
-        Origin::Resume(_) => "resume",
-    };
-    record(conn, scope, &run, None, &task.status, Some(reason), actor).await?;
+    let run = insert(
+        conn,
+        scope,
+        &task,
+        &admission,
+        source.as_ref(),
+        status,
+        actor,
+    )
+    .await?;
 
     let created = serde_json::json!({
         "actor": actor.to_string(),
@@ -242,7 +252,8 @@ pub async fn admit(
     Ok(Admitted::New(run))
 }
 
-/// Stores the run row and points the task at it.
+/// Stores the run row, points the task at it (its next number) and records both changes
+/// in the audit trail: one statement.
 async fn insert(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -250,17 +261,8 @@ async fn insert(
     admission: &Admission,
     source: Option<&RunRecord>,
     status: RunStatus,
+    actor: &Actor,
 ) -> Result<RunRecord> {
-    let run_id = new_id("run");
-    let number: i32 = sqlx::query_scalar(
-        "UPDATE tasks SET run_count = run_count + 1, latest_run_id = $2, updated_at = now()
-         WHERE workspace_id = $3 AND id = $1 RETURNING run_count",
-    )
-    .bind(&task.id)
-    .bind(&run_id)
-    .bind(scope.workspace())
-    .fetch_one(&mut *conn)
-    .await?;
     let (retried_from, resumed, checkpoint, prior_cost) = match (&admission.origin, source) {
         (Origin::Retry(_), Some(source)) => (Some(&source.id), None, None, 0),
         (Origin::Resume(_), Some(source)) => {
@@ -270,19 +272,44 @@ async fn insert(
         }
         _ => (None, None, None, 0),
     };
+    let reason = match admission.origin {
+        Origin::Start => "started",
+        Origin::Retry(_) => "retry",
+        Origin::Resume(_) => "resume",
+    };
     let (key, request) = admission.idempotency.clone().unzip();
     let schedule = admission.schedule.as_ref();
-    let inserted = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO runs (id, task_id, number, status, retried_from_run_id, resumed_from_run_id,
-                           workspace_run_id, checkpoint, prior_cost_micros_usd, idempotency_key,
-                           idempotency_request, schedule_id, schedule_occurrence_id, scheduled_for,
-                           workspace_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
-         RETURNING {RUN_COLUMNS}"
-    )))
-    .bind(&run_id)
+    // The task's audit row is written only when its projection (its latest run's status)
+    // changes, as in `transition`.
+    let inserted = sqlx::query_as(
+        "WITH counted AS (
+             UPDATE tasks SET run_count = run_count + 1, latest_run_id = $1, updated_at = now()
+             WHERE workspace_id = $14 AND id = $2 RETURNING run_count
+         ), inserted AS (
+             INSERT INTO runs (id, task_id, number, status, retried_from_run_id,
+                               resumed_from_run_id, workspace_run_id, checkpoint,
+                               prior_cost_micros_usd, idempotency_key, idempotency_request,
+                               schedule_id, schedule_occurrence_id, scheduled_for, workspace_id)
+             SELECT $1, $2, run_count, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14
+             FROM counted
+             RETURNING *
+         ), audit AS (
+             INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id,
+                                            from_status, to_status, reason, actor)
+             SELECT $14, e.entity_type, e.entity_id, r.task_id, e.from_status, r.status, $16, $17
+             FROM inserted r
+             CROSS JOIN LATERAL (VALUES ('run', r.id, NULL), ('task', r.task_id, $15))
+                 AS e(entity_type, entity_id, from_status)
+             WHERE e.entity_type = 'run' OR $15 IS DISTINCT FROM r.status
+         )
+         SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
+                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
+                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at
+         FROM inserted",
+    )
+    .bind(new_id("run"))
     .bind(&task.id)
-    .bind(number)
     .bind(status.as_str())
     .bind(retried_from)
     .bind(resumed.map(|s| &s.id))
@@ -295,6 +322,9 @@ async fn insert(
     .bind(schedule.map(|s| &s.schedule_occurrence_id))
     .bind(schedule.map(|s| s.scheduled_for))
     .bind(scope.workspace())
+    .bind(&task.status)
+    .bind(reason)
+    .bind(actor.to_string())
     .fetch_one(&mut *conn)
     .await;
     match inserted {
@@ -334,25 +364,27 @@ async fn checkpoint_of(
     }))
 }
 
-/// Preserves or raises the task's budget, never lowers it; returns the task.
+/// Preserves or raises the task's budget, never lowers it; returns the task as it is now.
 async fn raise_budget(
     conn: &mut PgConnection,
     scope: &Scope,
-    task_id: &str,
+    mut task: TaskRecord,
     budget: Option<i64>,
 ) -> Result<TaskRecord> {
-    if let Some(budget) = budget {
-        sqlx::query(
-            "UPDATE tasks SET budget_micros_usd = GREATEST(budget_micros_usd, $2)
-             WHERE workspace_id = $3 AND id = $1",
-        )
-        .bind(task_id)
-        .bind(budget)
-        .bind(scope.workspace())
-        .execute(&mut *conn)
-        .await?;
+    if let Some(budget) = budget.filter(|b| *b > task.budget_micros_usd) {
+        sqlx::query("UPDATE tasks SET budget_micros_usd = $2 WHERE workspace_id = $3 AND id = $1")
+            .bind(&task.id)
+            .bind(budget)
+            .bind(scope.workspace())
+            .execute(&mut *conn)
+            .await?;
+        task.budget_micros_usd = budget;
     }
-    tasks::get(conn, scope, task_id).await
+    Ok(task)
+}
+
+fn is_active(status: &str) -> bool {
+    RunStatus::parse(status).is_some_and(|s| !s.is_terminal())
 }
 
 async fn find_by_idempotency_key(
@@ -361,40 +393,26 @@ async fn find_by_idempotency_key(
     task_id: &str,
     key: &str,
 ) -> Result<Option<(RunRecord, serde_json::Value)>> {
-    let run: Option<RunRecord> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {RUN_COLUMNS} FROM runs
-         WHERE workspace_id = $3 AND task_id = $1 AND idempotency_key = $2"
-    )))
+    #[derive(sqlx::FromRow)]
+    struct Seen {
+        #[sqlx(flatten)]
+        run: RunRecord,
+        idempotency_request: serde_json::Value,
+    }
+    let seen: Option<Seen> = sqlx::query_as(
+        "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
+                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
+                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at,
+                idempotency_request
+         FROM runs WHERE workspace_id = $3 AND task_id = $1 AND idempotency_key = $2",
+    )
     .bind(task_id)
     .bind(key)
     .bind(scope.workspace())
-    .fetch_optional(&mut *conn)
-    .await?;
-    let Some(run) = run else { return Ok(None) };
-    let request: serde_json::Value = sqlx::query_scalar(
-        "SELECT idempotency_request FROM runs WHERE workspace_id = $1 AND id = $2",
-    )
-    .bind(scope.workspace())
-    .bind(&run.id)
-    .fetch_one(conn)
-    .await?;
-    Ok(Some((run, request)))
-}
-
-async fn active_run(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    task_id: &str,
-) -> Result<Option<String>> {
-    let id = sqlx::query_scalar(
-        "SELECT id FROM runs WHERE workspace_id = $1 AND task_id = $2
-           AND status IN ('queued', 'running', 'awaiting_approval')",
-    )
-    .bind(scope.workspace())
-    .bind(task_id)
     .fetch_optional(conn)
     .await?;
-    Ok(id)
+    Ok(seen.map(|s| (s.run, s.idempotency_request)))
 }
 
 /// Whether the retention sweep removed the ephemeral workspace of run `owner`. Read under
@@ -417,9 +435,13 @@ pub async fn get(
     task_id: &str,
     run_id: &str,
 ) -> Result<RunRecord> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {RUN_COLUMNS} FROM runs WHERE workspace_id = $3 AND task_id = $1 AND id = $2"
-    )))
+    sqlx::query_as(
+        "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
+                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
+                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at
+         FROM runs WHERE workspace_id = $3 AND task_id = $1 AND id = $2",
+    )
     .bind(task_id)
     .bind(run_id)
     .bind(scope.workspace())
@@ -429,9 +451,59 @@ pub async fn get(
 }
 
 pub async fn get_by_id(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<RunRecord> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {RUN_COLUMNS} FROM runs WHERE workspace_id = $1 AND id = $2"
-    )))
+    sqlx::query_as(
+        "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
+                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
+                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at
+         FROM runs WHERE workspace_id = $1 AND id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(run_id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("run"))
+}
+
+/// A run as its worker locks it when an attempt starts, with its task.
+#[derive(Debug, sqlx::FromRow)]
+pub struct RunWithTask {
+    #[sqlx(flatten)]
+    pub run: RunRecord,
+    #[sqlx(json)]
+    pub task: TaskRecord,
+}
+
+/// Locks a run row for the rest of the transaction and reads its task: one statement.
+pub async fn lock_with_task(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+) -> Result<RunWithTask> {
+    sqlx::query_as(
+        "SELECT r.id, r.task_id, r.number, r.status, r.attempt, r.worker_id, r.exit_code,
+                r.last_error, r.retried_from_run_id, r.resumed_from_run_id, r.checkpoint,
+                r.prior_cost_micros_usd, r.total_cost_micros_usd, r.workspace_run_id,
+                r.schedule_id, r.schedule_occurrence_id, r.scheduled_for, r.created_at,
+                r.started_at, r.finished_at, r.updated_at, to_jsonb(task) AS task
+         FROM runs r
+         CROSS JOIN LATERAL (
+             SELECT t.id, t.execution_kind, COALESCE(latest.status, 'not_started') AS status,
+                    t.prompt, t.shell_command, t.git_command, t.file_path, t.file_content,
+                    t.file_operation, t.working_directory, t.workspace_mode,
+                    t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only, t.timeout_ms,
+                    t.priority, t.budget_micros_usd, t.run_count, t.latest_run_id,
+                    (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
+                        AS latest_run_step_count,
+                    (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
+                        AS latest_run_artifact_count,
+                    t.created_at, t.updated_at
+             FROM tasks t LEFT JOIN runs latest ON latest.id = t.latest_run_id
+             WHERE t.workspace_id = r.workspace_id AND t.id = r.task_id
+         ) task
+         WHERE r.workspace_id = $1 AND r.id = $2
+         FOR UPDATE OF r",
+    )
     .bind(scope.workspace())
     .bind(run_id)
     .fetch_optional(conn)
@@ -441,9 +513,13 @@ pub async fn get_by_id(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> 
 
 /// Locks a run row for the rest of the transaction.
 pub async fn lock(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<RunRecord> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {RUN_COLUMNS} FROM runs WHERE workspace_id = $1 AND id = $2 FOR UPDATE"
-    )))
+    sqlx::query_as(
+        "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
+                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
+                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at
+         FROM runs WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
+    )
     .bind(scope.workspace())
     .bind(run_id)
     .fetch_optional(conn)
@@ -471,11 +547,15 @@ pub async fn list(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<RunRecord>> {
-    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {RUN_COLUMNS} FROM runs
+    let rows = sqlx::query_as(
+        "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
+                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
+                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at
+         FROM runs
          WHERE workspace_id = $4 AND task_id = $1 AND ($2::text IS NULL OR id > $2)
-         ORDER BY id LIMIT $3"
-    )))
+         ORDER BY id LIMIT $3",
+    )
     .bind(task_id)
     .bind(after)
     .bind(limit)
@@ -506,85 +586,72 @@ pub async fn transition(
     reason: Option<&str>,
 ) -> Result<RunRecord> {
     let current = lock(conn, scope, run_id).await?;
+    transition_locked(conn, scope, &current, next, change, actor, reason).await
+}
+
+/// [`transition`] of a run the caller has locked in this transaction (as `current`).
+pub async fn transition_locked(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    current: &RunRecord,
+    next: RunStatus,
+    change: Change<'_>,
+    actor: &Actor,
+    reason: Option<&str>,
+) -> Result<RunRecord> {
     if !current.status().can_become(next) {
         return Err(StoreError::Conflict(format!(
-            "run {run_id} is {}; it cannot become {}",
+            "run {} is {}; it cannot become {}",
+            current.id,
             current.status,
             next.as_str()
         )));
     }
-    let run: RunRecord = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "UPDATE runs SET
-            status = $2,
-            attempt = attempt + CASE WHEN $2 = 'running' THEN 1 ELSE 0 END,
-            worker_id = CASE WHEN $2 = 'running' THEN $3 ELSE worker_id END,
-            started_at = CASE WHEN $2 = 'running' THEN now() ELSE started_at END,
-            finished_at = CASE WHEN $2 IN ('completed', 'failed', 'cancelled') THEN now() END,
-            exit_code = COALESCE($4, exit_code),
-            last_error = COALESCE($5, last_error),
-            updated_at = now()
-         WHERE workspace_id = $6 AND id = $1
-         RETURNING {RUN_COLUMNS}"
-    )))
-    .bind(run_id)
+    // One statement: the change, and its audit rows (the task's only while this run is
+    // its latest, whose status the task's projects).
+    let run = sqlx::query_as(
+        "WITH updated AS (
+             UPDATE runs SET
+                status = $2,
+                attempt = attempt + CASE WHEN $2 = 'running' THEN 1 ELSE 0 END,
+                worker_id = CASE WHEN $2 = 'running' THEN $3 ELSE worker_id END,
+                started_at = CASE WHEN $2 = 'running' THEN now() ELSE started_at END,
+                finished_at = CASE WHEN $2 IN ('completed', 'failed', 'cancelled') THEN now() END,
+                exit_code = COALESCE($4, exit_code),
+                last_error = COALESCE($5, last_error),
+                updated_at = now()
+             WHERE workspace_id = $6 AND id = $1
+             RETURNING *
+         ), audit AS (
+             INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id,
+                                            from_status, to_status, reason, actor)
+             SELECT $6, e.entity_type, e.entity_id, r.task_id, $7, r.status, $8, $9
+             FROM updated r
+             CROSS JOIN LATERAL (VALUES ('run', r.id), ('task', r.task_id))
+                 AS e(entity_type, entity_id)
+             WHERE e.entity_type = 'run'
+                OR ($7 IS DISTINCT FROM r.status
+                    AND EXISTS (SELECT 1 FROM tasks t WHERE t.workspace_id = $6
+                                AND t.id = r.task_id AND t.latest_run_id = r.id))
+         )
+         SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
+                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
+                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at
+         FROM updated",
+    )
+    .bind(&current.id)
     .bind(next.as_str())
     .bind(change.worker_id)
     .bind(change.exit_code)
     .bind(change.last_error)
     .bind(scope.workspace())
+    .bind(&current.status)
+    .bind(reason)
+    .bind(actor.to_string())
     .fetch_one(&mut *conn)
     .await?;
-    record(
-        conn,
-        scope,
-        &run,
-        Some(&current.status),
-        &current.status,
-        reason,
-        actor,
-    )
-    .await?;
     Ok(run)
-}
-
-/// Audit records for a run's change and, when it is its task's latest run, for the change
-/// of the task's projection.
-async fn record(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    run: &RunRecord,
-    run_from: Option<&str>,
-    task_from: &str,
-    reason: Option<&str>,
-    actor: &Actor,
-) -> Result<()> {
-    let run_change = Transition {
-        entity_type: "run",
-        entity_id: &run.id,
-        task_id: Some(&run.task_id),
-        from: run_from,
-        to: &run.status,
-        reason,
-    };
-    transitions::record(conn, scope, run_change, actor).await?;
-    let latest: Option<String> =
-        sqlx::query_scalar("SELECT latest_run_id FROM tasks WHERE workspace_id = $1 AND id = $2")
-            .bind(scope.workspace())
-            .bind(&run.task_id)
-            .fetch_one(&mut *conn)
-            .await?;
-    if latest.as_deref() == Some(run.id.as_str()) && task_from != run.status {
-        let task_change = Transition {
-            entity_type: "task",
-            entity_id: &run.task_id,
-            task_id: Some(&run.task_id),
-            from: Some(task_from),
-            to: &run.status,
-            reason,
-        };
-        transitions::record(conn, scope, task_change, actor).await?;
-    }
-    Ok(())
 }
 
 /// Cancels a run: the terminal state is committed first; the worker holding the job sees

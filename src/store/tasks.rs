@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use keel_workers::{Execution, FileOperation};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
 use super::transitions::{self, Transition};
@@ -10,7 +10,7 @@ use super::{Result, StoreError};
 use crate::domain::task::WorkspaceMode;
 use crate::domain::{Actor, NewTask, Scope, TaskStatus, new_id};
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 #[schema(example = json!({
     "id": "task_01a22b05c3e1734c9d7a0f2b6e41d890", "execution_kind": "shell", "status": "completed",
     "prompt": null, "shell_command": "echo hello from keel", "git_command": null,
@@ -48,19 +48,6 @@ pub struct TaskRecord {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
-
-const SELECT_TASK: &str = "
-    SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
-           t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
-           t.working_directory, t.workspace_mode, t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only,
-           t.timeout_ms, t.priority, t.budget_micros_usd,
-           t.run_count,
-           t.latest_run_id,
-           (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id) AS latest_run_step_count,
-           (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
-               AS latest_run_artifact_count,
-           t.created_at, t.updated_at
-    FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id";
 
 impl TaskRecord {
     /// What the task's runs may reach.
@@ -152,12 +139,28 @@ pub async fn insert(
             allowed_root,
         } => ("in_place", Some(directory), allowed_root.as_ref()),
     };
-    sqlx::query(
-        "INSERT INTO tasks (id, execution_kind, prompt, shell_command, git_command, file_path,
-                            file_content, file_operation, working_directory, workspace_mode,
-                            sandbox_allowed_root, sandbox_network, sandbox_read_only,
-                            timeout_ms, priority, budget_micros_usd, workspace_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+    // One statement: the row, its audit record, and the row as the API shows it (a new
+    // task has no run, so its projection is written out rather than read).
+    let created = sqlx::query_as(
+        "WITH created AS (
+             INSERT INTO tasks (id, execution_kind, prompt, shell_command, git_command, file_path,
+                                file_content, file_operation, working_directory, workspace_mode,
+                                sandbox_allowed_root, sandbox_network, sandbox_read_only,
+                                timeout_ms, priority, budget_micros_usd, workspace_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+             RETURNING *
+         ), audit AS (
+             INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id,
+                                            from_status, to_status, reason, actor)
+             SELECT workspace_id, 'task', id, id, NULL, 'not_started', 'created', $18
+             FROM created
+         )
+         SELECT id, execution_kind, 'not_started' AS status, prompt, shell_command, git_command,
+                file_path, file_content, file_operation, working_directory, workspace_mode,
+                sandbox_allowed_root, sandbox_network, sandbox_read_only, timeout_ms, priority,
+                budget_micros_usd, run_count, latest_run_id, 0::bigint AS latest_run_step_count,
+                0::bigint AS latest_run_artifact_count, created_at, updated_at
+         FROM created",
     )
     .bind(&id)
     .bind(kind)
@@ -176,24 +179,27 @@ pub async fn insert(
     .bind(task.priority)
     .bind(task.budget_micros_usd)
     .bind(scope.workspace())
-    .execute(&mut *conn)
+    .bind(actor.to_string())
+    .fetch_one(conn)
     .await?;
-    let created = Transition {
-        entity_type: "task",
-        entity_id: &id,
-        task_id: Some(&id),
-        from: None,
-        to: "not_started",
-        reason: Some("created"),
-    };
-    transitions::record(conn, scope, created, actor).await?;
-    get(conn, scope, &id).await
+    Ok(created)
 }
 
 pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<TaskRecord> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{SELECT_TASK} WHERE t.workspace_id = $1 AND t.id = $2"
-    )))
+    sqlx::query_as(
+        "SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
+                t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
+                t.working_directory, t.workspace_mode, t.sandbox_allowed_root, t.sandbox_network,
+                t.sandbox_read_only, t.timeout_ms, t.priority, t.budget_micros_usd, t.run_count,
+                t.latest_run_id,
+                (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
+                    AS latest_run_step_count,
+                (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
+                    AS latest_run_artifact_count,
+                t.created_at, t.updated_at
+         FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
+         WHERE t.workspace_id = $1 AND t.id = $2",
+    )
     .bind(scope.workspace())
     .bind(id)
     .fetch_optional(conn)
@@ -209,13 +215,23 @@ pub async fn list(
     before: Option<&str>,
     limit: i64,
 ) -> Result<Vec<TaskRecord>> {
-    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{SELECT_TASK}
+    let rows = sqlx::query_as(
+        "SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
+                t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
+                t.working_directory, t.workspace_mode, t.sandbox_allowed_root, t.sandbox_network,
+                t.sandbox_read_only, t.timeout_ms, t.priority, t.budget_micros_usd, t.run_count,
+                t.latest_run_id,
+                (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
+                    AS latest_run_step_count,
+                (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
+                    AS latest_run_artifact_count,
+                t.created_at, t.updated_at
+         FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
          WHERE t.workspace_id = $1
            AND ($2::text IS NULL OR COALESCE(r.status, 'not_started') = $2)
            AND ($3::text IS NULL OR t.id < $3)
-         ORDER BY t.id DESC LIMIT $4"
-    )))
+         ORDER BY t.id DESC LIMIT $4",
+    )
     .bind(scope.workspace())
     .bind(status.map(TaskStatus::as_str))
     .bind(before)
@@ -236,6 +252,30 @@ pub async fn lock(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()
     .fetch_optional(conn)
     .await?
     .map(|_| ())
+    .ok_or(StoreError::NotFound("task"))
+}
+
+/// Reads the task and locks its row, as [`lock`] does.
+pub async fn get_locked(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<TaskRecord> {
+    sqlx::query_as(
+        "SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
+                t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
+                t.working_directory, t.workspace_mode, t.sandbox_allowed_root, t.sandbox_network,
+                t.sandbox_read_only, t.timeout_ms, t.priority, t.budget_micros_usd, t.run_count,
+                t.latest_run_id,
+                (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
+                    AS latest_run_step_count,
+                (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
+                    AS latest_run_artifact_count,
+                t.created_at, t.updated_at
+         FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
+         WHERE t.workspace_id = $1 AND t.id = $2
+         FOR UPDATE OF t",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .fetch_optional(conn)
+    .await?
     .ok_or(StoreError::NotFound("task"))
 }
 

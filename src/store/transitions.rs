@@ -38,18 +38,34 @@ pub async fn record(
     transition: Transition<'_>,
     actor: &Actor,
 ) -> Result<()> {
+    record_all(conn, scope, &[transition], actor).await
+}
+
+/// Records several changes by one actor in one statement, in order.
+pub async fn record_all(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    transitions: &[Transition<'_>],
+    actor: &Actor,
+) -> Result<()> {
+    let column = |f: fn(&Transition<'_>) -> Option<String>| -> Vec<Option<String>> {
+        transitions.iter().map(f).collect()
+    };
     sqlx::query(
         "INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id, from_status,
                                         to_status, reason, actor)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+         SELECT $1, entity_type, entity_id, task_id, from_status, to_status, reason, $8
+         FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+              WITH ORDINALITY AS t(entity_type, entity_id, task_id, from_status, to_status, reason, n)
+         ORDER BY n",
     )
     .bind(scope.workspace())
-    .bind(transition.entity_type)
-    .bind(transition.entity_id)
-    .bind(transition.task_id)
-    .bind(transition.from)
-    .bind(transition.to)
-    .bind(transition.reason)
+    .bind(column(|t| Some(t.entity_type.to_string())))
+    .bind(column(|t| Some(t.entity_id.to_string())))
+    .bind(column(|t| t.task_id.map(str::to_string)))
+    .bind(column(|t| t.from.map(str::to_string)))
+    .bind(column(|t| Some(t.to.to_string())))
+    .bind(column(|t| t.reason.map(str::to_string)))
     .bind(actor.to_string())
     .execute(conn)
     .await?;

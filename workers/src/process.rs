@@ -23,10 +23,10 @@ const STDERR_TAIL_BYTES: usize = 2048;
 /// process holds open must not keep the run going.
 const DRAIN: Duration = Duration::from_millis(500);
 
+/// How the process ended; None from [`wait`] when the attempt was interrupted instead.
 enum Exit {
     Status(std::process::ExitStatus),
     TimedOut(Duration),
-    Interrupted,
 }
 
 pub(crate) async fn run<C: RunContext>(
@@ -73,24 +73,15 @@ pub(crate) async fn run<C: RunContext>(
         pump(ctx, &stdout_artifact, stdout, &ended),
         pump(ctx, &stderr_artifact, stderr, &ended),
     );
-    if matches!(exit, Exit::Interrupted) || ctx.cancellation().is_cancelled() {
+    let Some(exit) = exit.filter(|_| !ctx.cancellation().is_cancelled()) else {
         return Err(ContextError::Interrupted);
-    }
+    };
     stdout_result?;
     let stderr_tail = stderr_result?;
     ctx.close_output(&stdout_artifact).await?;
     ctx.close_output(&stderr_artifact).await?;
 
-    let outcome = outcome_of(exit, &stderr_tail);
-    let step_result = match &outcome {
-        Outcome::Completed { exit_code } => StepResult::Completed {
-            output: serde_json::json!({ "exit_code": exit_code }),
-        },
-        Outcome::Failed { error, .. } => StepResult::Failed {
-            error: error.clone(),
-        },
-        Outcome::Interrupted | Outcome::Retry { .. } => unreachable!("handled above"),
-    };
+    let (step_result, outcome) = ending_of(exit, &stderr_tail);
     ctx.finish_step(&step, step_result).await?;
     Ok(outcome)
 }
@@ -148,7 +139,11 @@ async fn spawn(
         .spawn()
 }
 
-async fn wait<C: RunContext>(ctx: &C, child: &mut Child, timeout: Option<Duration>) -> Exit {
+async fn wait<C: RunContext>(
+    ctx: &C,
+    child: &mut Child,
+    timeout: Option<Duration>,
+) -> Option<Exit> {
     let deadline = timeout.map(|limit| (Instant::now() + limit, limit));
     let timer = async {
         match deadline {
@@ -160,19 +155,21 @@ async fn wait<C: RunContext>(ctx: &C, child: &mut Child, timeout: Option<Duratio
         }
     };
     tokio::select! {
-        status = child.wait() => match status {
-            Ok(status) => Exit::Status(status),
-            // wait() only fails if the child was already reaped; treat it as killed.
-            Err(_) => Exit::Interrupted,
-        },
-        limit = timer => Exit::TimedOut(limit),
-        _ = ctx.cancellation().cancelled() => Exit::Interrupted,
+        // wait() only fails if the child was already reaped; treat it as killed.
+        status = child.wait() => status.ok().map(Exit::Status),
+        limit = timer => Some(Exit::TimedOut(limit)),
+        _ = ctx.cancellation().cancelled() => None,
     }
 }
 
-fn outcome_of(exit: Exit, stderr_tail: &str) -> Outcome {
-    match exit {
-        Exit::Status(status) if status.success() => Outcome::Completed { exit_code: Some(0) },
+/// The step's result and the attempt's outcome for a process that ended.
+fn ending_of(exit: Exit, stderr_tail: &str) -> (StepResult, Outcome) {
+    let (exit_code, error) = match exit {
+        Exit::Status(status) if status.success() => {
+            let output = serde_json::json!({ "exit_code": 0 });
+            let completed = Outcome::Completed { exit_code: Some(0) };
+            return (StepResult::Completed { output }, completed);
+        }
         Exit::Status(status) => {
             let exit_code = status.code();
             let cause = match exit_code {
@@ -184,14 +181,14 @@ fn outcome_of(exit: Exit, stderr_tail: &str) -> Outcome {
             } else {
                 format!("process {cause}: {stderr_tail}")
             };
-            Outcome::Failed { exit_code, error }
+            (exit_code, error)
         }
-        Exit::TimedOut(limit) => Outcome::Failed {
-            exit_code: None,
-            error: format!("timed out after {} ms", limit.as_millis()),
-        },
-        Exit::Interrupted => unreachable!("interrupted attempts have no outcome"),
-    }
+        Exit::TimedOut(limit) => (None, format!("timed out after {} ms", limit.as_millis())),
+    };
+    let step = StepResult::Failed {
+        error: error.clone(),
+    };
+    (step, Outcome::Failed { exit_code, error })
 }
 
 /// Copies a pipe into an artifact in batches; returns the stream's tail as text. It stops
