@@ -48,6 +48,24 @@ pub enum Command {
     Migrate,
     /// Prints the HTTP API's OpenAPI 3.1 document (as served at /v1/openapi.json).
     Openapi,
+    /// Checks or renders a WORKFLOW.md; fails with the error class when it cannot be used.
+    #[command(subcommand)]
+    Workflow(WorkflowCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorkflowCommand {
+    /// Parses the file and prints its settings, defaults applied.
+    Check { file: std::path::PathBuf },
+    /// Prints the prompt the file renders for an item (a normalized issue as JSON).
+    Render {
+        file: std::path::PathBuf,
+        #[arg(long)]
+        issue: std::path::PathBuf,
+        /// The retry number; omitted on a first run.
+        #[arg(long)]
+        attempt: Option<u32>,
+    },
 }
 
 impl Command {
@@ -59,6 +77,7 @@ impl Command {
             Command::Worker(_) => "worker",
             Command::Migrate => "migrate",
             Command::Openapi => "openapi",
+            Command::Workflow(_) => "workflow",
         }
     }
 }
@@ -121,7 +140,32 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             run_worker(pool, &common, &args, shutdown).await
         }
         Command::Serve { api, worker } => serve_all(&common, &api, &worker, shutdown).await,
+        Command::Workflow(command) => workflow(command),
     }
+}
+
+/// `keel workflow check|render`: the error's class leads its message.
+fn workflow(command: WorkflowCommand) -> anyhow::Result<()> {
+    use crate::domain::workflow::{Issue, Workflow};
+    let failed = |e: crate::domain::workflow::WorkflowError| anyhow::anyhow!("{}: {e}", e.code());
+    match command {
+        WorkflowCommand::Check { file } => {
+            let workflow = Workflow::load(&file).map_err(failed)?;
+            println!("{}", serde_json::to_string_pretty(&workflow.config)?);
+        }
+        WorkflowCommand::Render {
+            file,
+            issue,
+            attempt,
+        } => {
+            let workflow = Workflow::load(&file).map_err(failed)?;
+            let issue = std::fs::read_to_string(&issue)
+                .with_context(|| format!("reading {}", issue.display()))?;
+            let issue: Issue = serde_json::from_str(&issue).context("the issue JSON")?;
+            println!("{}", workflow.render(&issue, attempt).map_err(failed)?);
+        }
+    }
+    Ok(())
 }
 
 async fn serve_all(

@@ -39,6 +39,7 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ("GET", "/v1/approvals", RemoteSafe),
     ("GET", "/v1/events", RemoteSafe),
     ("GET", "/v1/events/stream", RemoteSafe),
+    ("POST", "/v1/external-work/render", RemoteSafe),
     ("GET", "/v1/media-jobs", RemoteSafe),
     ("POST", "/v1/media-jobs", RemoteSafe),
     ("GET", "/v1/media-jobs/{media_job_id}", RemoteSafe),
