@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ApiArgs, Common, WorkerArgs};
 use crate::jobs::media::MediaJobs;
+use crate::jobs::poll::{PollJobs, Poller};
 use crate::jobs::run::RunJobs;
 use crate::queue::worker::{JobHandler, Worker};
 use crate::store::content::ContentStore;
@@ -279,6 +280,9 @@ pub async fn run_worker(
         workspace_roots: rules.workspace_roots.clone(),
         passthrough_env: args.passthrough_env(),
     });
+    let polls = Arc::new(PollJobs {
+        poller: Poller::new(pool.clone(), rules.clone(), common.secrets.policy()),
+    });
     let media = Arc::new(MediaJobs {
         pool: pool.clone(),
         limits: args.media.limits(),
@@ -286,7 +290,7 @@ pub async fn run_worker(
         secrets: common.secrets.policy(),
         hosts: common.provider_hosts(),
     });
-    let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media];
+    let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media, polls];
     let sweep = scheduler::workspaces::WorkspaceSweep {
         root: crate::jobs::run::ephemeral_root(&std::path::absolute(&common.data_dir)?),
         retention: std::time::Duration::from_millis(common.workspace_retention_ms),

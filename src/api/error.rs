@@ -209,3 +209,17 @@ impl From<crate::domain::workflow::WorkflowError> for ApiError {
         }
     }
 }
+
+impl From<crate::jobs::poll::ExternalError> for ApiError {
+    fn from(error: crate::jobs::poll::ExternalError) -> Self {
+        use crate::jobs::poll::ExternalError;
+        match error {
+            ExternalError::Workflow(e) => e.into(),
+            ExternalError::Unusable(message) => ApiError::Invalid {
+                status: StatusCode::UNPROCESSABLE_ENTITY,
+                message,
+            },
+            ExternalError::Store(e) => e.into(),
+        }
+    }
+}

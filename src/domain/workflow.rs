@@ -56,7 +56,8 @@ impl TrackerKind {
         }
     }
 
-    fn default_endpoint(self) -> &'static str {
+    /// The public endpoint, used when the workflow names none.
+    pub fn default_endpoint(self) -> &'static str {
         match self {
             TrackerKind::Github => "https://api.github.com",
             TrackerKind::Linear => "https://api.linear.app/graphql",

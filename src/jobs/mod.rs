@@ -2,6 +2,7 @@
 
 mod fence;
 pub mod media;
+pub mod poll;
 pub mod run;
 
 use std::future::Future;
