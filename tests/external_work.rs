@@ -481,3 +481,74 @@ async fn two_workers_polling_one_source_in_the_background_create_each_task_once(
         );
     }
 }
+
+#[tokio::test]
+async fn a_worker_killed_mid_poll_loses_nothing_and_duplicates_nothing() {
+    let github = MockServer::start().await;
+    // Slow enough that the first worker is still waiting on it when it is killed.
+    let issues = json!([github_issue(1, "open"), github_issue(2, "open")]);
+    Mock::given(method("GET"))
+        .and(path("/repos/acme/widgets/issues"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(issues)
+                .set_delay(Duration::from_secs(2)),
+        )
+        .mount(&github)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/repos/acme/widgets/pulls"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!([])))
+        .mount(&github)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
+    let client = api.client.clone().unwrap();
+    let worker = |name: &str| {
+        let data = dir.path().join(name);
+        std::fs::create_dir_all(&data).unwrap();
+        support::spawn_worker_with_env(&db_url, dir.path(), name, 1_000, &data, &[TOKEN_ENV])
+    };
+    let mut first = worker("worker-a");
+    let (_, body) = register(&client, &github_workflow(&github.uri(), 100)).await;
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let background = format!("/v1/external-work/sources/{id}/background");
+    let (status, body) = client.post(&background, json!({ "enabled": true })).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    wait_for(
+        Duration::from_secs(20),
+        "the first worker to be mid-poll",
+        || async {
+            let asked = github.received_requests().await.unwrap().len();
+            (asked >= 1).then_some(())
+        },
+    )
+    .await;
+    first.kill9();
+    assert_eq!(
+        task_count(&client).await,
+        0,
+        "the killed poll imported nothing"
+    );
+
+    // The poll job's lease expires; the other worker takes the schedule over.
+    let _second = worker("worker-b");
+    wait_for(
+        Duration::from_secs(30),
+        "the second worker's imports",
+        || async { (task_count(&client).await == 2).then_some(()) },
+    )
+    .await;
+    let asked = github.received_requests().await.unwrap().len();
+    wait_for(Duration::from_secs(30), "two more polls", || async {
+        let now = github.received_requests().await.unwrap().len();
+        (now >= asked + 4).then_some(())
+    })
+    .await;
+    assert_eq!(task_count(&client).await, 2);
+    let (_, items) = client
+        .get(&format!("/v1/external-work/sources/{id}/items"))
+        .await;
+    assert_eq!(items["data"].as_array().unwrap().len(), 2, "{items}");
+}
