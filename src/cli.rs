@@ -281,7 +281,12 @@ pub async fn run_worker(
         passthrough_env: args.passthrough_env(),
     });
     let polls = Arc::new(PollJobs {
-        poller: Poller::new(pool.clone(), rules.clone(), common.secrets.policy()),
+        poller: Poller::new(
+            pool.clone(),
+            rules.clone(),
+            content.clone(),
+            common.secrets.policy(),
+        ),
     });
     let media = Arc::new(MediaJobs {
         pool: pool.clone(),

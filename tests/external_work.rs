@@ -333,6 +333,34 @@ async fn github_polls_import_each_item_once_honour_etags_and_back_off_on_rate_li
         .await;
     assert_eq!(task["data"]["prompt"], "Work on acme/widgets#1: issue 1");
     assert_eq!(task["data"]["status"], "queued", "{task}");
+    let run = format!(
+        "/v1/tasks/{}/runs/{}",
+        claimed["task_id"].as_str().unwrap(),
+        claimed["run_id"].as_str().unwrap()
+    );
+    let (_, evidence) = client.get(&format!("{run}/artifacts")).await;
+    let names: Vec<&str> = evidence["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2, "{evidence}");
+    assert!(names.contains(&"external_work_item.json") && names.contains(&"prompt.md"));
+    let item_artifact = evidence["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "external_work_item.json")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, item_json) = client
+        .get(&format!("{run}/artifacts/{item_artifact}/content"))
+        .await;
+    assert_eq!(item_json["identifier"], "acme/widgets#1", "{item_json}");
+    assert_eq!(item_json["labels"], json!(["bug"]));
 
     // 304: nothing changes.
     let (status, body) = poll().await;

@@ -356,6 +356,7 @@ fn poller(state: &AppState) -> Poller {
     Poller::new(
         state.pool.clone(),
         state.rules.clone(),
+        state.content.clone(),
         (*state.secrets).clone(),
     )
 }

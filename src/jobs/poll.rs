@@ -26,17 +26,23 @@ use crate::domain::workflow::{Issue, Tracker, TrackerKind, Workflow, WorkflowErr
 use crate::domain::{Actor, Invalid, NewTask, Scope};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
+use crate::store::content::ContentStore;
+use crate::store::events::Subject;
 use crate::store::external::{
     self, ItemChange, ItemRecord, NewItem, POLL_KIND, PollRecord, SourceRecord,
 };
 use crate::store::runs::{self, Admission, AdmissionRules, Admitted, Origin};
-use crate::store::{StoreError, tasks};
+use crate::store::{StoreError, artifacts, tasks};
 
 /// Items read per list when the caller names no limit (the seed's default).
 pub const DEFAULT_LIMIT: u32 = 50;
 /// A rate limit that says nothing about when it lifts waits this long.
 const DEFAULT_BACKOFF: Duration = Duration::from_secs(60);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The evidence a started run carries: the normalized item and the prompt rendered from it.
+const ITEM_ARTIFACT: &str = "external_work_item.json";
+const PROMPT_ARTIFACT: &str = "prompt.md";
+const MAX_EVIDENCE_BYTES: i64 = 1024 * 1024;
 
 /// Why an import or a poll was refused, beside the store's own errors.
 #[derive(Debug, thiserror::Error)]
@@ -55,13 +61,20 @@ pub enum ExternalError {
 pub struct Poller {
     pub pool: PgPool,
     pub rules: AdmissionRules,
+    /// Where the evidence artifacts (the item, the prompt) of a started run go.
+    pub content: ContentStore,
     /// Checked at each resolution of a tracker token.
     pub secrets: SecretPolicy,
     http: reqwest::Client,
 }
 
 impl Poller {
-    pub fn new(pool: PgPool, rules: AdmissionRules, secrets: SecretPolicy) -> Poller {
+    pub fn new(
+        pool: PgPool,
+        rules: AdmissionRules,
+        content: ContentStore,
+        secrets: SecretPolicy,
+    ) -> Poller {
         let http = reqwest::Client::builder()
             .timeout(REQUEST_TIMEOUT)
             .user_agent(concat!("keel/", env!("CARGO_PKG_VERSION")))
@@ -70,6 +83,7 @@ impl Poller {
         Poller {
             pool,
             rules,
+            content,
             secrets,
             http,
         }
@@ -201,7 +215,8 @@ pub struct Imported {
 
 /// Imports one candidate in one transaction: the item, and for a new item in an active
 /// state the task the workflow's `task` section makes of it, with the rendered prompt,
-/// started through the normal admission path (approval gates included). The subject's
+/// started through the normal admission path (approval gates included), with the item and
+/// the prompt as evidence artifacts of its run. The subject's
 /// lock makes two importers of versions of one item give it one task between them.
 pub async fn import(
     poller: &Poller,
@@ -282,6 +297,29 @@ async fn start(
     let run = match runs::admit(conn, scope, &record.id, admission, &poller.rules, actor).await? {
         Admitted::New(run) | Admitted::Replayed(run) => run,
     };
+    let prompt = task.prompt.as_deref().unwrap_or_default();
+    let run_subject = Subject::Run {
+        task_id: &record.id,
+        run_id: &run.id,
+    };
+    let item_json = serde_json::to_vec_pretty(&item.issue).expect("JSON serializes");
+    let evidence = [
+        (ITEM_ARTIFACT, "application/json", item_json.as_slice()),
+        (
+            PROMPT_ARTIFACT,
+            "text/markdown; charset=utf-8",
+            prompt.as_bytes(),
+        ),
+    ];
+    for (name, content_type, bytes) in evidence {
+        let artifact =
+            artifacts::open(conn, scope, run_subject, name, "metadata", content_type).await?;
+        poller
+            .content
+            .append(conn, scope, &artifact.id, bytes, MAX_EVIDENCE_BYTES)
+            .await?;
+        artifacts::close(conn, scope, &artifact.id).await?;
+    }
     let change = ItemChange {
         state: "claimed",
         prompt: task.prompt.as_deref(),
