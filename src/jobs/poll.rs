@@ -639,7 +639,19 @@ impl PollJobs {
         };
         let actor = Actor::Worker(lease.owner.clone());
         let (summary, interval) =
-            poll(&self.poller, &scope, &source, DEFAULT_LIMIT, &actor).await?;
+            match poll(&self.poller, &scope, &source, DEFAULT_LIMIT, &actor).await {
+                Ok(polled) => polled,
+                Err(StoreError::LeaseLost) => return Err(StoreError::LeaseLost),
+                Err(error) => {
+                    // The schedule outlives a failing database: try again, backing off.
+                    tracing::warn!(source_id = %source.id, %error, "background poll failed");
+                    let mut tx = queue::begin_fenced(&self.poller.pool, lease).await?;
+                    let delay = queue::backoff(lease.attempts);
+                    queue::retry(&mut tx, lease, &error.to_string(), delay, true).await?;
+                    tx.commit().await?;
+                    return Ok("retried");
+                }
+            };
         let wait = summary
             .backoff_until
             .and_then(|until| (until - Utc::now()).to_std().ok())
