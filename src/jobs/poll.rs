@@ -155,11 +155,13 @@ pub fn github_candidate(repository: &str, value: &Value) -> Result<Candidate, St
                 .collect()
         })
         .unwrap_or_default();
-    let id = value
-        .get("id")
-        .map_or_else(|| number.to_string(), |id| id.to_string());
+    let id = match value.get("id") {
+        Some(Value::String(id)) => id.clone(),
+        Some(id) => id.to_string(),
+        None => number.to_string(),
+    };
     let issue = Issue {
-        id: id.trim_matches('"').to_string(),
+        id,
         identifier: format!("{repository}#{number}"),
         title: text("title").unwrap_or_default().to_string(),
         description: text("body").map(String::from),
@@ -260,7 +262,7 @@ pub async fn import(
         // Not to be worked on, or an earlier version of it already has its task.
         item
     } else {
-        start(&mut tx, poller, scope, workflow, &item, actor).await?
+        start(&mut tx, poller, scope, workflow, &item, issue, actor).await?
     };
     tx.commit().await.map_err(StoreError::from)?;
     Ok(Imported {
@@ -277,10 +279,10 @@ async fn start(
     scope: &Scope,
     workflow: &Workflow,
     item: &ItemRecord,
+    issue: &Issue,
     actor: &Actor,
 ) -> Result<ItemRecord, StoreError> {
-    let issue: Issue = serde_json::from_value(item.issue.clone()).expect("stored by import");
-    let task = match new_task(poller, workflow, &issue) {
+    let task = match new_task(poller, workflow, issue) {
         Ok(task) => task,
         Err((code, message)) => {
             let change = ItemChange {
