@@ -580,3 +580,35 @@ async fn a_worker_killed_mid_poll_loses_nothing_and_duplicates_nothing() {
         .await;
     assert_eq!(items["data"].as_array().unwrap().len(), 2, "{items}");
 }
+
+#[tokio::test]
+async fn a_remote_caller_cannot_aim_a_token_elsewhere_or_read_the_hosts_files() {
+    const SECRET: &str = "external-shared-secret-0123456789";
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let env = [
+        ("KEEL_REMOTE_MODE", "1"),
+        ("KEEL_RUNTIME_ID", "rt_external"),
+        ("KEEL_REMOTE_SHARED_SECRET", SECRET),
+    ];
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &env).await;
+    let base = api.client.as_ref().unwrap().base.clone();
+    let remote = support::client_with_headers(
+        &base,
+        &[
+            ("x-keel-remote-secret", SECRET),
+            ("x-keel-actor-id", "actor_x"),
+            ("x-keel-org-id", "org_x"),
+            ("x-keel-runtime-id", "rt_external"),
+        ],
+    );
+    let (status, body) = register(&remote, &github_workflow("http://127.0.0.1:9", 30_000)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let file = dir.path().join("WORKFLOW.md");
+    std::fs::write(&file, WORKFLOW).unwrap();
+    let by_path = json!({ "workflow_path": file.to_str().unwrap() });
+    let (status, body) = remote.post("/v1/external-work/sources", by_path).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, body) = register(&remote, WORKFLOW).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
