@@ -396,29 +396,25 @@ pub async fn poll(
     limit: u32,
     actor: &Actor,
 ) -> Result<(PollSummary, Duration), StoreError> {
-    let mut summary = PollSummary::default();
-    let mut record = PollRecord {
-        backoff_until: source.backoff_until.filter(|until| *until > Utc::now()),
-        ..PollRecord::default()
+    let mut outcome = Outcome {
+        summary: PollSummary::default(),
+        record: PollRecord {
+            backoff_until: source.backoff_until.filter(|until| *until > Utc::now()),
+            ..PollRecord::default()
+        },
     };
     let mut interval = Duration::from_millis(30_000);
     match load_workflow(source) {
-        Err(error) => summary.failed(error.code(), error.to_string()),
+        Err(error) => outcome.summary.failed(error.code(), error.to_string()),
         Ok(workflow) => {
             interval = Duration::from_millis(workflow.config.polling_interval_ms);
-            poll_with(
-                poller,
-                scope,
-                source,
-                &workflow,
-                limit,
-                actor,
-                &mut summary,
-                &mut record,
-            )
-            .await?;
+            poll_with(poller, scope, source, &workflow, limit, actor, &mut outcome).await?;
         }
     }
+    let Outcome {
+        mut summary,
+        mut record,
+    } = outcome;
     summary.backoff_until = record.backoff_until;
     record.summary = serde_json::to_value(&summary).expect("a summary serializes");
     record.error = summary.error_code.clone().zip(summary.error.clone());
@@ -427,7 +423,12 @@ pub async fn poll(
     Ok((summary, interval))
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What a poll reports, and what it leaves on its source.
+struct Outcome {
+    summary: PollSummary,
+    record: PollRecord,
+}
+
 async fn poll_with(
     poller: &Poller,
     scope: &Scope,
@@ -435,9 +436,9 @@ async fn poll_with(
     workflow: &Workflow,
     limit: u32,
     actor: &Actor,
-    summary: &mut PollSummary,
-    record: &mut PollRecord,
+    outcome: &mut Outcome,
 ) -> Result<(), StoreError> {
+    let Outcome { summary, record } = outcome;
     let Ok(tracker) = tracker(workflow) else {
         summary.failed(
             "workflow_parse_error",
