@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ApiArgs, Common, WorkerArgs};
 use crate::jobs::media::MediaJobs;
+use crate::jobs::poll::{PollJobs, Poller};
 use crate::jobs::run::RunJobs;
 use crate::queue::worker::{JobHandler, Worker};
 use crate::store::embedded::{Durability, EmbeddedPostgres};
@@ -47,6 +48,24 @@ pub enum Command {
     Migrate,
     /// Prints the HTTP API's OpenAPI 3.1 document (as served at /v1/openapi.json).
     Openapi,
+    /// Checks or renders a WORKFLOW.md; fails with the error class when it cannot be used.
+    #[command(subcommand)]
+    Workflow(WorkflowCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorkflowCommand {
+    /// Parses the file and prints its settings, defaults applied.
+    Check { file: std::path::PathBuf },
+    /// Prints the prompt the file renders for an item (a normalized issue as JSON).
+    Render {
+        file: std::path::PathBuf,
+        #[arg(long)]
+        issue: std::path::PathBuf,
+        /// The retry number; omitted on a first run.
+        #[arg(long)]
+        attempt: Option<u32>,
+    },
 }
 
 impl Command {
@@ -58,6 +77,7 @@ impl Command {
             Command::Worker(_) => "worker",
             Command::Migrate => "migrate",
             Command::Openapi => "openapi",
+            Command::Workflow(_) => "workflow",
         }
     }
 }
@@ -120,7 +140,32 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             run_worker(pool, &common, &args, shutdown).await
         }
         Command::Serve { api, worker } => serve_all(&common, &api, &worker, shutdown).await,
+        Command::Workflow(command) => workflow(command),
     }
+}
+
+/// `keel workflow check|render`: the error's class leads its message.
+fn workflow(command: WorkflowCommand) -> anyhow::Result<()> {
+    use crate::domain::workflow::{Issue, Workflow};
+    let failed = |e: crate::domain::workflow::WorkflowError| anyhow::anyhow!("{}: {e}", e.code());
+    match command {
+        WorkflowCommand::Check { file } => {
+            let workflow = Workflow::load(&file).map_err(failed)?;
+            println!("{}", serde_json::to_string_pretty(&workflow.config)?);
+        }
+        WorkflowCommand::Render {
+            file,
+            issue,
+            attempt,
+        } => {
+            let workflow = Workflow::load(&file).map_err(failed)?;
+            let issue = std::fs::read_to_string(&issue)
+                .with_context(|| format!("reading {}", issue.display()))?;
+            let issue: Issue = serde_json::from_str(&issue).context("the issue JSON")?;
+            println!("{}", workflow.render(&issue, attempt).map_err(failed)?);
+        }
+    }
+    Ok(())
 }
 
 async fn serve_all(
@@ -234,6 +279,14 @@ pub async fn run_worker(
         workspace_roots: rules.workspace_roots.clone(),
         passthrough_env: args.passthrough_env(),
     });
+    let polls = Arc::new(PollJobs {
+        poller: Poller::new(
+            pool.clone(),
+            rules.clone(),
+            content.clone(),
+            common.secrets.policy(),
+        ),
+    });
     let media = Arc::new(MediaJobs {
         pool: pool.clone(),
         limits: args.media.limits(),
@@ -241,7 +294,7 @@ pub async fn run_worker(
         secrets: common.secrets.policy(),
         hosts: common.provider_hosts(),
     });
-    let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media];
+    let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media, polls];
     let sweep = scheduler::workspaces::WorkspaceSweep {
         root: crate::jobs::run::ephemeral_root(&std::path::absolute(&common.data_dir)?),
         retention: std::time::Duration::from_millis(common.workspace_retention_ms),

@@ -50,9 +50,12 @@ enum Walk {
     Operator(&'static str),
     /// Local-only: 403 `forbidden` in remote mode.
     LocalOnly,
+    /// Computes from its body alone (a workflow render): 200 with none of the other
+    /// workspace's ids.
+    Compute(&'static str),
 }
 
-use Walk::{Create, FeedStream, Global, List, LocalOnly, Operator, Read, Write};
+use Walk::{Compute, Create, FeedStream, Global, List, LocalOnly, Operator, Read, Write};
 
 /// Every route of the API (the test below fails until a new one is added here).
 const ROUTES: &[(&str, &str, Walk)] = &[
@@ -107,6 +110,42 @@ const ROUTES: &[(&str, &str, Walk)] = &[
         ]),
     ),
     ("GET", "/v1/events/stream", FeedStream),
+    (
+        "POST",
+        "/v1/external-work/import",
+        Create(
+            r#"{"source_id":"{source_id}","payload":{"number":1,"state":"open","updated_at":"2026-01-01T00:00:00Z"}}"#,
+        ),
+    ),
+    (
+        "POST",
+        "/v1/external-work/render",
+        Compute(
+            r#"{"workflow_markdown":"Hi {{ issue.title }}","issue":{"id":"1","identifier":"a/b#1","title":"t","state":"open"}}"#,
+        ),
+    ),
+    ("GET", "/v1/external-work/sources", List(&["?limit=200"])),
+    (
+        "POST",
+        "/v1/external-work/sources",
+        Create(
+            r#"{"workflow_markdown":"---\ntracker: {kind: github, repository: intruder/repo}\n---\nhi"}"#,
+        ),
+    ),
+    ("GET", "/v1/external-work/sources/{source_id}", Read),
+    ("DELETE", "/v1/external-work/sources/{source_id}", Write("")),
+    (
+        "POST",
+        "/v1/external-work/sources/{source_id}/background",
+        Write(r#"{"enabled":true}"#),
+    ),
+    ("GET", "/v1/external-work/sources/{source_id}/items", Read),
+    (
+        "POST",
+        "/v1/external-work/sources/{source_id}/poll",
+        Write("{}"),
+    ),
+    ("GET", "/v1/external-work/sources/{source_id}/status", Read),
     (
         "GET",
         "/v1/media-jobs",
@@ -236,6 +275,7 @@ struct Tree {
     tasks: Vec<TaskNode>,
     providers: Vec<String>,
     media_jobs: Vec<(String, Vec<String>)>,
+    external_sources: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -415,6 +455,10 @@ async fn seed(c: &Client, vendor: &str) -> Gated {
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     media_job(c, &image).await;
+    let source = json!({ "workflow_markdown":
+        "---\ntracker: {kind: github, repository: acme/widgets}\n---\nWork on {{ issue.title }}" });
+    let (status, body) = c.post("/v1/external-work/sources", source).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
 
     let run_id = &done.run_id;
     let run = c.wait_terminal(&done.task_id, run_id, TIMEOUT).await;
@@ -557,6 +601,13 @@ async fn snapshot(c: &Client) -> (BTreeMap<String, Value>, Tree) {
             .await;
         tree.media_jobs.push((job, artifacts));
     }
+    for source in seen.ids(c, "/v1/external-work/sources?limit=200").await {
+        let base = format!("/v1/external-work/sources/{source}");
+        for path in ["", "/status", "/items?limit=200"] {
+            seen.read(c, &format!("{base}{path}")).await;
+        }
+        tree.external_sources.push(source);
+    }
     for list in [
         "/v1/approvals?limit=200",
         "/v1/task-schedules?limit=200",
@@ -688,6 +739,7 @@ async fn walk(owner: (&'static str, &Client), intruder: (&'static str, &Client))
             Operator(body) => w.by_id(method, template, body, StatusCode::FORBIDDEN).await,
             Create(body) => w.create(template, body).await,
             LocalOnly => w.local_only(method, template).await,
+            Compute(body) => w.compute(method, template, body).await,
         }
     }
     let (after, _) = snapshot(&w.owner.client).await;
@@ -711,6 +763,12 @@ impl Walker {
             .await;
         assert_eq!(status, StatusCode::OK, "GET {template}: {body}");
         assert_shows_none_of(&body.to_string(), &self.secrets, template);
+    }
+
+    async fn compute(&self, method: &str, template: &str, body: &str) {
+        let (status, got) = call(&self.intruder.client, method, template, body).await;
+        assert_eq!(status, StatusCode::OK, "{method} {template}: {got}");
+        assert_shows_none_of(&got.to_string(), &self.secrets, template);
     }
 
     async fn local_only(&self, method: &str, template: &str) {
@@ -850,7 +908,14 @@ fn assert_unchanged(
 }
 
 /// The placeholders a query or a body may hold.
-const PLACEHOLDERS: [&str; 5] = ["task_id", "run_id", "approval_id", "media_job_id", "id"];
+const PLACEHOLDERS: [&str; 6] = [
+    "task_id",
+    "run_id",
+    "approval_id",
+    "media_job_id",
+    "source_id",
+    "id",
+];
 
 /// `text` with its placeholder (if any) taking each of the tree's ids of that kind, each
 /// with the id it took.
@@ -877,6 +942,7 @@ impl Tree {
             "run_id" => runs().map(|(id, _)| id).collect(),
             "approval_id" => self.tasks.iter().flat_map(|t| &t.approvals).collect(),
             "media_job_id" => self.media_jobs.iter().map(|(id, _)| id).collect(),
+            "source_id" => self.external_sources.iter().collect(),
             "id" => self.providers.iter().collect(),
             other => panic!("no ids for {{{other}}}"),
         };
@@ -896,6 +962,11 @@ impl Tree {
             [] => vec![vec![]],
             ["workspace_id"] => vec![vec![workspace.to_string()]],
             ["id"] => self.providers.iter().map(|p| vec![p.clone()]).collect(),
+            ["source_id", rest @ ..] => self
+                .external_sources
+                .iter()
+                .flat_map(|id| prepend(id, children(&[], rest)))
+                .collect(),
             ["media_job_id", rest @ ..] => self
                 .media_jobs
                 .iter()

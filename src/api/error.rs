@@ -197,3 +197,29 @@ impl IntoResponse for ApiError {
 /// The full error text, kept on the response for the logging middleware.
 #[derive(Clone)]
 pub struct ErrorDetail(pub String);
+
+/// A workflow that cannot be used answers 422 with its class as the error type
+/// (`missing_workflow_file`, `workflow_parse_error`, …).
+impl From<crate::domain::workflow::WorkflowError> for ApiError {
+    fn from(error: crate::domain::workflow::WorkflowError) -> Self {
+        ApiError::Coded {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            code: error.code(),
+            message: error.to_string(),
+        }
+    }
+}
+
+impl From<crate::jobs::poll::ExternalError> for ApiError {
+    fn from(error: crate::jobs::poll::ExternalError) -> Self {
+        use crate::jobs::poll::ExternalError;
+        match error {
+            ExternalError::Workflow(e) => e.into(),
+            ExternalError::Unusable(message) => ApiError::Invalid {
+                status: StatusCode::UNPROCESSABLE_ENTITY,
+                message,
+            },
+            ExternalError::Store(e) => e.into(),
+        }
+    }
+}

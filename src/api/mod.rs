@@ -5,6 +5,7 @@ mod approvals;
 mod auth;
 mod error;
 mod events;
+mod external_work;
 mod extract;
 mod media_jobs;
 mod middleware;
@@ -147,6 +148,7 @@ fn routes() -> OpenApiRouter<AppState> {
                 .merge(approvals::router())
                 .merge(schedules::router())
                 .merge(events::router())
+                .merge(external_work::router())
                 .merge(providers::router())
                 .merge(media_jobs::router())
                 .merge(system::v1_router())

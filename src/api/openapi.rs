@@ -103,6 +103,7 @@ pub struct ErrorBody {
         (name = "events", description = "Append-only event logs and live streams"),
         (name = "providers", description = "Provider presets and secret references"),
         (name = "media", description = "Image and video generation jobs"),
+        (name = "external-work", description = "Tracker items polled and imported as tasks, driven by WORKFLOW.md"),
         (name = "system", description = "Health, diagnostics and the API contract")
     ),
     components(schemas(ErrorEnvelope, ErrorBody))

@@ -11,6 +11,7 @@ pub mod run;
 pub mod schedule;
 pub mod secret;
 pub mod task;
+pub mod workflow;
 
 pub use event::EventType;
 pub use identity::{Caller, Scope};

@@ -3,6 +3,7 @@
 mod attempt;
 mod fence;
 pub mod media;
+pub mod poll;
 pub mod run;
 
 use std::future::Future;

@@ -7,6 +7,7 @@ pub mod artifacts;
 pub mod content;
 pub mod embedded;
 pub mod events;
+pub mod external;
 pub mod leases;
 pub mod media_jobs;
 pub mod providers;

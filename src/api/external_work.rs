@@ -1,0 +1,433 @@
+//! External work: WORKFLOW.md rendering, sources (a tracker target and its workflow), polls
+//! and imports of tracker items into tasks.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::extract::{ApiJson, ApiQuery, OptionalJson};
+use super::{
+    ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object, page_limit,
+};
+use crate::domain::Caller;
+use crate::domain::secret::SecretStatus;
+use crate::domain::workflow::{Issue, Workflow, WorkflowError};
+use crate::jobs::poll::{self, DEFAULT_LIMIT, Imported, PollSummary, Poller};
+use crate::queue::{self, Locked};
+use crate::store::external::{self, ItemRecord, POLL_KIND, SourceRecord, WorkflowOrigin};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(render))
+        .routes(routes!(create_source, list_sources))
+        .routes(routes!(get_source, delete_source))
+        .routes(routes!(source_status))
+        .routes(routes!(list_items))
+        .routes(routes!(poll_source))
+        .routes(routes!(set_background))
+        .routes(routes!(import))
+}
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct RenderRequest {
+    /// The whole WORKFLOW.md: front matter and prompt template.
+    workflow_markdown: String,
+    /// The normalized item the template sees as `issue`.
+    issue: Issue,
+    /// Null on a first run, the retry number after.
+    #[serde(default)]
+    attempt: Option<u32>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+struct Rendered {
+    prompt: String,
+}
+
+/// Renders a workflow's prompt for an item, as a poll would; every workflow error class
+/// answers 422 with its own type.
+#[utoipa::path(post, path = "/external-work/render", tag = "external-work", request_body = RenderRequest,
+    responses((status = 200, description = "The rendered prompt", body = ObjectEnvelope<Rendered>)))]
+async fn render(
+    _caller: Caller,
+    ApiJson(request): ApiJson<RenderRequest>,
+) -> Result<Json<ObjectEnvelope<Rendered>>> {
+    let workflow = Workflow::parse(&request.workflow_markdown)?;
+    let prompt = workflow.render(&request.issue, request.attempt)?;
+    Ok(Json(object("workflow_render", Rendered { prompt })))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct SourceRequest {
+    /// The WORKFLOW.md text, kept on the source.
+    workflow_markdown: Option<String>,
+    /// An absolute path to a WORKFLOW.md, read at each use (local mode only: it reads the
+    /// host's files).
+    workflow_path: Option<String>,
+}
+
+/// Registers a source: 201 when new, 200 with the existing one when its tracker target is
+/// registered already. The workflow must parse and name a tracker.
+#[utoipa::path(post, path = "/external-work/sources", tag = "external-work", request_body = SourceRequest,
+    responses((status = 201, description = "The new source", body = ObjectEnvelope<SourceRecord>),
+              (status = 200, description = "The source already registered for this target", body = ObjectEnvelope<SourceRecord>)))]
+async fn create_source(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJson(request): ApiJson<SourceRequest>,
+) -> Result<(StatusCode, Json<ObjectEnvelope<SourceRecord>>)> {
+    let (origin, workflow) = match (request.workflow_markdown, request.workflow_path) {
+        (Some(text), None) => {
+            let workflow = Workflow::parse(&text)?;
+            (WorkflowOrigin::Markdown(text), workflow)
+        }
+        (None, Some(path)) => {
+            if !caller.is_operator() {
+                return Err(ApiError::Forbidden(
+                    "workflow_path reads the host's files: only in local mode".into(),
+                ));
+            }
+            if !std::path::Path::new(&path).is_absolute() {
+                return Err(ApiError::invalid("workflow_path must be absolute"));
+            }
+            let workflow = Workflow::load(std::path::Path::new(&path))?;
+            (WorkflowOrigin::Path(path), workflow)
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "give exactly one of workflow_markdown and workflow_path",
+            ));
+        }
+    };
+    let tracker = poll::tracker(&workflow)?;
+    // A remote caller could otherwise send the operator's token to a host of its choosing.
+    if !caller.is_operator() && tracker.endpoint != tracker.kind.default_endpoint() {
+        return Err(ApiError::Forbidden(
+            "tracker.endpoint: only the tracker's public endpoint in remote mode".into(),
+        ));
+    }
+    let mut conn = state.pool.acquire().await?;
+    let kind = tracker.kind.as_str();
+    let (source, created) =
+        external::insert_source(&mut conn, &caller.scope, kind, &tracker.target(), &origin).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(object("external_work_source", source))))
+}
+
+/// Lists sources, oldest first.
+#[utoipa::path(get, path = "/external-work/sources", tag = "external-work", params(PageQuery),
+    responses((status = 200, description = "A page of sources", body = ListEnvelope<SourceRecord>)))]
+async fn list_sources(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiQuery(page): ApiQuery<PageQuery>,
+) -> Result<Json<ListEnvelope<SourceRecord>>> {
+    let limit = page_limit(page.limit)?;
+    let mut conn = state.pool.acquire().await?;
+    let cursor = page.cursor.as_deref();
+    let rows = external::list_sources(&mut conn, &caller.scope, cursor, limit + 1).await?;
+    Ok(Json(list(rows, limit, |s| s.id.clone())))
+}
+
+#[utoipa::path(get, path = "/external-work/sources/{source_id}", tag = "external-work",
+    params(("source_id" = String, Path)),
+    responses((status = 200, description = "The source", body = ObjectEnvelope<SourceRecord>)))]
+async fn get_source(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(source_id): Path<String>,
+) -> Result<Json<ObjectEnvelope<SourceRecord>>> {
+    let mut conn = state.pool.acquire().await?;
+    let source = external::get_source(&mut conn, &caller.scope, &source_id).await?;
+    Ok(Json(object("external_work_source", source)))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+struct Deleted {
+    #[schema(example = "external_work_source")]
+    object: &'static str,
+    id: String,
+    deleted: bool,
+}
+
+/// Deletes a source, its items and its background polling; the tasks it created stay.
+#[utoipa::path(delete, path = "/external-work/sources/{source_id}", tag = "external-work",
+    params(("source_id" = String, Path)),
+    responses((status = 200, description = "The source is gone", body = Deleted)))]
+async fn delete_source(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(source_id): Path<String>,
+) -> Result<Json<Deleted>> {
+    let mut tx = state.pool.begin().await?;
+    external::delete_source(&mut tx, &caller.scope, &source_id).await?;
+    queue::remove(&mut tx, &caller.scope, POLL_KIND, &source_id, Locked::Skip).await?;
+    tx.commit().await?;
+    Ok(Json(Deleted {
+        object: "external_work_source",
+        id: source_id,
+        deleted: true,
+    }))
+}
+
+/// Seed 000's status shape: whether the workflow can be used (200 with `valid: false` and
+/// the error when not, so a console can show setup guidance), whether its token resolves
+/// (never its value), item counts, background polling and the last error.
+#[derive(Debug, Serialize, ToSchema)]
+struct SourceStatus {
+    source_id: String,
+    workflow: WorkflowHealth,
+    /// Null when the workflow names no token (GitHub is then read unauthenticated).
+    secret: Option<SecretStatus>,
+    /// Items by state, with `total`.
+    records: BTreeMap<String, i64>,
+    background: Background,
+    /// The last poll's error, by what failed (`poll`).
+    last_errors: BTreeMap<String, LastError>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+struct WorkflowHealth {
+    path: Option<String>,
+    valid: bool,
+    source_kind: Option<&'static str>,
+    repository: Option<String>,
+    project_slug: Option<String>,
+    events: Vec<String>,
+    secret_ref: Option<String>,
+    polling_interval_ms: Option<u64>,
+    /// `{type, message}` when not valid.
+    #[schema(value_type = Option<Object>)]
+    error: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+struct Background {
+    supported: bool,
+    running: bool,
+    /// `running` or `stopped`.
+    status: &'static str,
+    last_poll_at: Option<DateTime<Utc>>,
+    /// Set while a tracker rate limit holds polls back.
+    backoff_until: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+struct LastError {
+    code: String,
+    message: Option<String>,
+    at: Option<DateTime<Utc>>,
+}
+
+#[utoipa::path(get, path = "/external-work/sources/{source_id}/status", tag = "external-work",
+    params(("source_id" = String, Path)),
+    responses((status = 200, description = "The source's health", body = ObjectEnvelope<SourceStatus>)))]
+async fn source_status(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(source_id): Path<String>,
+) -> Result<Json<ObjectEnvelope<SourceStatus>>> {
+    let mut conn = state.pool.acquire().await?;
+    let source = external::get_source(&mut conn, &caller.scope, &source_id).await?;
+    let mut records = external::item_counts(&mut conn, &caller.scope, &source_id).await?;
+    drop(conn);
+    records.insert("total".into(), records.values().sum());
+    let loaded = poll::load_workflow(&source);
+    let tracker = loaded.as_ref().ok().and_then(|w| w.config.tracker.clone());
+    let secret = tracker
+        .as_ref()
+        .and_then(|t| t.api_key.as_ref())
+        .map(|key| key.status(&state.secrets));
+    let workflow = WorkflowHealth {
+        path: source.workflow_path.clone(),
+        valid: loaded.is_ok() && tracker.is_some(),
+        source_kind: tracker.as_ref().map(|t| t.kind.as_str()),
+        repository: tracker.as_ref().and_then(|t| t.repository.clone()),
+        project_slug: tracker.as_ref().and_then(|t| t.project_slug.clone()),
+        events: tracker
+            .as_ref()
+            .map(|t| t.events.clone())
+            .unwrap_or_default(),
+        secret_ref: secret.as_ref().map(|s| s.r#ref.clone()),
+        polling_interval_ms: loaded.as_ref().ok().map(|w| w.config.polling_interval_ms),
+        error: loaded.err().map(
+            |e: WorkflowError| serde_json::json!({ "type": e.code(), "message": e.to_string() }),
+        ),
+    };
+    let running = source.background_enabled;
+    let last_errors = source
+        .last_error_code
+        .clone()
+        .map(|code| {
+            let error = LastError {
+                code,
+                message: source.last_error.clone(),
+                at: source.last_error_at,
+            };
+            BTreeMap::from([("poll".to_string(), error)])
+        })
+        .unwrap_or_default();
+    let status = SourceStatus {
+        source_id: source.id,
+        workflow,
+        secret,
+        records,
+        background: Background {
+            supported: true,
+            running,
+            status: if running { "running" } else { "stopped" },
+            last_poll_at: source.last_poll_at,
+            backoff_until: source.backoff_until.filter(|until| *until > Utc::now()),
+        },
+        last_errors,
+    };
+    Ok(Json(object("external_work_status", status)))
+}
+
+/// Lists a source's items, oldest first.
+#[utoipa::path(get, path = "/external-work/sources/{source_id}/items", tag = "external-work",
+    params(("source_id" = String, Path), PageQuery),
+    responses((status = 200, description = "A page of items", body = ListEnvelope<ItemRecord>)))]
+async fn list_items(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(source_id): Path<String>,
+    ApiQuery(page): ApiQuery<PageQuery>,
+) -> Result<Json<ListEnvelope<ItemRecord>>> {
+    let limit = page_limit(page.limit)?;
+    let mut conn = state.pool.acquire().await?;
+    let scope = &caller.scope;
+    external::get_source(&mut conn, scope, &source_id).await?;
+    let cursor = page.cursor.as_deref();
+    let rows = external::list_items(&mut conn, scope, &source_id, cursor, limit + 1).await?;
+    Ok(Json(list(rows, limit, |i| i.id.clone())))
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct PollRequest {
+    /// Items read per list, 1 to 100 (default 50).
+    limit: Option<u32>,
+}
+
+/// Polls the source now, in this request, and answers what the poll did. Safe beside a
+/// background poll of the same source: imports are idempotent by item key.
+#[utoipa::path(post, path = "/external-work/sources/{source_id}/poll", tag = "external-work",
+    params(("source_id" = String, Path)), request_body(content = Option<PollRequest>),
+    responses((status = 200, description = "What the poll did", body = ObjectEnvelope<PollSummary>)))]
+async fn poll_source(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(source_id): Path<String>,
+    OptionalJson(request): OptionalJson<PollRequest>,
+) -> Result<Json<ObjectEnvelope<PollSummary>>> {
+    let limit = match request.limit.unwrap_or(DEFAULT_LIMIT) {
+        n @ 1..=100 => n,
+        n => {
+            return Err(ApiError::invalid(format!(
+                "limit must be 1 to 100, not {n}"
+            )));
+        }
+    };
+    let mut conn = state.pool.acquire().await?;
+    let source = external::get_source(&mut conn, &caller.scope, &source_id).await?;
+    drop(conn);
+    let poller = poller(&state);
+    let (summary, _) = poll::poll(&poller, &caller.scope, &source, limit, &caller.actor()).await?;
+    Ok(Json(object("external_work_poll", summary)))
+}
+
+fn poller(state: &AppState) -> Poller {
+    Poller::new(
+        state.pool.clone(),
+        state.rules.clone(),
+        state.content.clone(),
+        (*state.secrets).clone(),
+    )
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct BackgroundRequest {
+    enabled: bool,
+}
+
+/// Turns background polling on (the source's `poll` job, shared by every worker, polls
+/// every `polling.interval_ms`) or off.
+#[utoipa::path(post, path = "/external-work/sources/{source_id}/background", tag = "external-work",
+    params(("source_id" = String, Path)), request_body = BackgroundRequest,
+    responses((status = 200, description = "The source", body = ObjectEnvelope<SourceRecord>)))]
+async fn set_background(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(source_id): Path<String>,
+    ApiJson(request): ApiJson<BackgroundRequest>,
+) -> Result<Json<ObjectEnvelope<SourceRecord>>> {
+    let scope = &caller.scope;
+    let mut tx = state.pool.begin().await?;
+    let source = external::set_background(&mut tx, scope, &source_id, request.enabled).await?;
+    if request.enabled {
+        queue::enqueue(&mut tx, scope, POLL_KIND, &source_id, 0, None).await?;
+    } else {
+        // A poll in flight finds the flag off when it ends, and acks its job.
+        queue::remove(&mut tx, scope, POLL_KIND, &source_id, Locked::Skip).await?;
+    }
+    tx.commit().await?;
+    Ok(Json(object("external_work_source", source)))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct ImportRequest {
+    source_id: String,
+    /// A GitHub issue or pull request, or a webhook payload holding one.
+    #[schema(value_type = Object)]
+    payload: serde_json::Value,
+}
+
+/// Imports one item by hand, through the same path as a poll: 201 for a new item (a task
+/// when it is active), 200 with `duplicate: true` when its key was imported before.
+#[utoipa::path(post, path = "/external-work/import", tag = "external-work", request_body = ImportRequest,
+    responses((status = 201, description = "The new item", body = ObjectEnvelope<Imported>),
+              (status = 200, description = "The item imported before", body = ObjectEnvelope<Imported>)))]
+async fn import(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJson(request): ApiJson<ImportRequest>,
+) -> Result<(StatusCode, Json<ObjectEnvelope<Imported>>)> {
+    let mut conn = state.pool.acquire().await?;
+    let source = external::get_source(&mut conn, &caller.scope, &request.source_id).await?;
+    drop(conn);
+    let workflow = poll::load_workflow(&source)?;
+    let tracker = poll::tracker(&workflow)?;
+    let candidate = poll::payload_candidate(tracker, &request.payload).map_err(|message| {
+        ApiError::Invalid {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            message: format!("payload: {message}"),
+        }
+    })?;
+    let poller = poller(&state);
+    let (scope, actor) = (&caller.scope, &caller.actor());
+    let imported = poll::import(&poller, scope, &source, &workflow, &candidate, actor).await?;
+    let status = if imported.duplicate {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((status, Json(object("external_work_import", imported))))
+}

@@ -1,0 +1,382 @@
+//! External work rows: sources (a tracker target and its WORKFLOW.md) and the items their
+//! polls and imports found, each keyed by its idempotency key.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+use sqlx::types::Json;
+
+use super::{Result, StoreError};
+use crate::domain::{Scope, new_id};
+
+/// The queue kind of a source's polls; the job's ref_id is the source id, so a source has
+/// at most one poll queued or in flight across every worker.
+pub const POLL_KIND: &str = "poll";
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct SourceRecord {
+    pub id: String,
+    pub tracker_kind: String,
+    /// `kind:endpoint:repository` (or project): one source per target and workspace.
+    pub target: String,
+    pub workflow_markdown: Option<String>,
+    pub workflow_path: Option<String>,
+    #[serde(skip)]
+    pub etags: Json<BTreeMap<String, String>>,
+    /// Set by a rate limit: no request to the tracker before then.
+    pub backoff_until: Option<DateTime<Utc>>,
+    pub background_enabled: bool,
+    pub last_poll_at: Option<DateTime<Utc>>,
+    #[schema(value_type = Option<Object>)]
+    pub last_poll: Option<serde_json::Value>,
+    pub last_error_code: Option<String>,
+    pub last_error: Option<String>,
+    pub last_error_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Where a source's workflow comes from.
+#[derive(Debug, Clone)]
+pub enum WorkflowOrigin {
+    Markdown(String),
+    Path(String),
+}
+
+const SOURCE_COLUMNS: &str = "id, tracker_kind, target, workflow_markdown, workflow_path, etags,
+    backoff_until, background_enabled, last_poll_at, last_poll, last_error_code, last_error,
+    last_error_at, created_at, updated_at";
+
+/// Registers a source; the same target again returns the existing one (and false).
+pub async fn insert_source(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    tracker_kind: &str,
+    target: &str,
+    workflow: &WorkflowOrigin,
+) -> Result<(SourceRecord, bool)> {
+    let (markdown, path) = match workflow {
+        WorkflowOrigin::Markdown(text) => (Some(text), None),
+        WorkflowOrigin::Path(path) => (None, Some(path)),
+    };
+    let inserted: Option<SourceRecord> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO external_sources (id, workspace_id, tracker_kind, target,
+                                       workflow_markdown, workflow_path)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (workspace_id, target) DO NOTHING
+         RETURNING {SOURCE_COLUMNS}"
+    )))
+    .bind(new_id("extsrc"))
+    .bind(scope.workspace())
+    .bind(tracker_kind)
+    .bind(target)
+    .bind(markdown)
+    .bind(path)
+    .fetch_optional(&mut *conn)
+    .await?;
+    match inserted {
+        Some(source) => Ok((source, true)),
+        None => {
+            let existing: SourceRecord = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT {SOURCE_COLUMNS} FROM external_sources
+                 WHERE workspace_id = $1 AND target = $2"
+            )))
+            .bind(scope.workspace())
+            .bind(target)
+            .fetch_one(&mut *conn)
+            .await?;
+            Ok((existing, false))
+        }
+    }
+}
+
+pub async fn get_source(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<SourceRecord> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {SOURCE_COLUMNS} FROM external_sources WHERE workspace_id = $1 AND id = $2"
+    )))
+    .bind(scope.workspace())
+    .bind(id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("external work source"))
+}
+
+/// Oldest first; `after` is the id of the last source of the previous page.
+pub async fn list_sources(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<SourceRecord>> {
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {SOURCE_COLUMNS} FROM external_sources
+         WHERE workspace_id = $1 AND ($2::text IS NULL OR id > $2) ORDER BY id LIMIT $3"
+    )))
+    .bind(scope.workspace())
+    .bind(after)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Deletes a source with its items (the tasks they created stay).
+pub async fn delete_source(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
+    let deleted = sqlx::query("DELETE FROM external_sources WHERE workspace_id = $1 AND id = $2")
+        .bind(scope.workspace())
+        .bind(id)
+        .execute(conn)
+        .await?;
+    if deleted.rows_affected() == 0 {
+        return Err(StoreError::NotFound("external work source"));
+    }
+    Ok(())
+}
+
+pub async fn set_background(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    enabled: bool,
+) -> Result<SourceRecord> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE external_sources SET background_enabled = $3, updated_at = now()
+         WHERE workspace_id = $1 AND id = $2 RETURNING {SOURCE_COLUMNS}"
+    )))
+    .bind(scope.workspace())
+    .bind(id)
+    .bind(enabled)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("external work source"))
+}
+
+/// What one poll leaves on its source.
+#[derive(Debug, Clone, Default)]
+pub struct PollRecord {
+    /// ETags to remember, by list URL (merged into the stored ones).
+    pub etags: BTreeMap<String, String>,
+    pub backoff_until: Option<DateTime<Utc>>,
+    pub summary: serde_json::Value,
+    /// `(code, message)`; None clears the last error.
+    pub error: Option<(String, String)>,
+}
+
+pub async fn record_poll(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    poll: &PollRecord,
+) -> Result<()> {
+    let (code, message) = poll.error.clone().unzip();
+    sqlx::query(
+        "UPDATE external_sources
+         SET etags = etags || $3, backoff_until = $4, last_poll_at = now(), last_poll = $5,
+             last_error_code = $6, last_error = $7,
+             last_error_at = CASE WHEN $6::text IS NULL THEN last_error_at ELSE now() END,
+             updated_at = now()
+         WHERE workspace_id = $1 AND id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .bind(Json(&poll.etags))
+    .bind(poll.backoff_until)
+    .bind(&poll.summary)
+    .bind(code)
+    .bind(message)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct ItemRecord {
+    pub id: String,
+    pub source_id: String,
+    pub idempotency_key: String,
+    /// `github_issue`, `github_pull_request` or `linear_issue`.
+    pub kind: String,
+    pub identifier: String,
+    pub tracker_state: String,
+    /// `discovered`, `claimed`, `blocked` or `terminal` in this slice.
+    pub state: String,
+    /// The normalized item, as the template saw it.
+    #[schema(value_type = Object)]
+    pub issue: serde_json::Value,
+    pub prompt: Option<String>,
+    pub task_id: Option<String>,
+    pub run_id: Option<String>,
+    pub last_error_code: Option<String>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+const ITEM_COLUMNS: &str = "id, source_id, idempotency_key, kind, identifier, tracker_state,
+    state, issue, prompt, task_id, run_id, last_error_code, last_error, created_at, updated_at";
+
+/// A version of a tracker item, as a poll or import found it.
+#[derive(Debug, Clone)]
+pub struct NewItem<'a> {
+    pub source_id: &'a str,
+    pub idempotency_key: &'a str,
+    pub kind: &'a str,
+    pub identifier: &'a str,
+    pub tracker_state: &'a str,
+    pub issue: &'a serde_json::Value,
+}
+
+/// Records an item; None when its idempotency key was recorded before (a duplicate). A
+/// concurrent insert of the same key waits for the first to commit, then finds it.
+pub async fn insert_item(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    item: &NewItem<'_>,
+) -> Result<Option<ItemRecord>> {
+    let row = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO external_work_items (id, workspace_id, source_id, idempotency_key, kind,
+                                          identifier, tracker_state, state, issue)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'discovered', $8)
+         ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
+         RETURNING {ITEM_COLUMNS}"
+    )))
+    .bind(new_id("extitem"))
+    .bind(scope.workspace())
+    .bind(item.source_id)
+    .bind(item.idempotency_key)
+    .bind(item.kind)
+    .bind(item.identifier)
+    .bind(item.tracker_state)
+    .bind(item.issue)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row)
+}
+
+/// Serializes the imports of one subject (every version of one issue or pull request) for
+/// the rest of the transaction, so two workers never both give it a task.
+pub async fn lock_subject(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+    identifier: &str,
+) -> Result<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!(
+            "external_work:{}:{source_id}:{identifier}",
+            scope.workspace()
+        ))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The item of this subject that already has a task, if any.
+pub async fn claimed_version(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+    identifier: &str,
+) -> Result<Option<String>> {
+    let id = sqlx::query_scalar(
+        "SELECT id FROM external_work_items
+         WHERE workspace_id = $1 AND source_id = $2 AND identifier = $3 AND task_id IS NOT NULL
+         LIMIT 1",
+    )
+    .bind(scope.workspace())
+    .bind(source_id)
+    .bind(identifier)
+    .fetch_optional(conn)
+    .await?;
+    Ok(id)
+}
+
+/// Where an item stands after its import.
+#[derive(Debug, Clone, Default)]
+pub struct ItemChange<'a> {
+    pub state: &'a str,
+    pub prompt: Option<&'a str>,
+    pub task_id: Option<&'a str>,
+    pub run_id: Option<&'a str>,
+    pub error: Option<(&'a str, &'a str)>,
+}
+
+pub async fn update_item(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    change: &ItemChange<'_>,
+) -> Result<ItemRecord> {
+    let (code, message) = change.error.unzip();
+    let row = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE external_work_items
+         SET state = $3, prompt = $4, task_id = $5, run_id = $6, last_error_code = $7,
+             last_error = $8, updated_at = now()
+         WHERE workspace_id = $1 AND id = $2 RETURNING {ITEM_COLUMNS}"
+    )))
+    .bind(scope.workspace())
+    .bind(id)
+    .bind(change.state)
+    .bind(change.prompt)
+    .bind(change.task_id)
+    .bind(change.run_id)
+    .bind(code)
+    .bind(message)
+    .fetch_one(conn)
+    .await?;
+    Ok(row)
+}
+
+/// The item a key names (the one a duplicate import found).
+pub async fn item_by_key(conn: &mut PgConnection, scope: &Scope, key: &str) -> Result<ItemRecord> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {ITEM_COLUMNS} FROM external_work_items
+         WHERE workspace_id = $1 AND idempotency_key = $2"
+    )))
+    .bind(scope.workspace())
+    .bind(key)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("external work item"))
+}
+
+/// A source's items, oldest first.
+pub async fn list_items(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ItemRecord>> {
+    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {ITEM_COLUMNS} FROM external_work_items
+         WHERE workspace_id = $1 AND source_id = $2 AND ($3::text IS NULL OR id > $3)
+         ORDER BY id LIMIT $4"
+    )))
+    .bind(scope.workspace())
+    .bind(source_id)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// How many of a source's items are in each state.
+pub async fn item_counts(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+) -> Result<BTreeMap<String, i64>> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT state, count(*) FROM external_work_items
+         WHERE workspace_id = $1 AND source_id = $2 GROUP BY state",
+    )
+    .bind(scope.workspace())
+    .bind(source_id)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().collect())
+}

@@ -1,0 +1,614 @@
+//! External work against real `keel` processes: WORKFLOW.md errors over HTTP and on the
+//! command line, sources, GitHub polls against a local server speaking GitHub's REST
+//! protocol (ETags, 304, rate limits), and imports that create each task once.
+
+mod support;
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use support::{Client, TestApp, wait_for};
+use wiremock::matchers::{header, method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+/// The tracker token: it must reach GitHub and nothing else (no row, event, log, artifact).
+const CANARY: &str = "ghp_canary_5e1f0c0ffee";
+const TOKEN_ENV: (&str, &str) = ("ACME_GITHUB_TOKEN", CANARY);
+
+const WORKFLOW: &str = "---
+tracker:
+  kind: github
+  repository: acme/widgets
+task:
+  execution_kind: shell
+  shell_command: echo imported
+---
+Fix {{ issue.identifier }}: {{ issue.title }}{% if attempt %} (attempt {{ attempt }}){% endif %}
+";
+
+fn issue() -> Value {
+    json!({ "id": "1", "identifier": "acme/widgets#7", "title": "broken", "state": "open" })
+}
+
+#[tokio::test]
+async fn render_answers_every_workflow_error_class_with_its_type() {
+    let app = TestApp::api_only().await;
+    let render = |markdown: &str, issue: Value| {
+        let body = json!({ "workflow_markdown": markdown, "issue": issue, "attempt": 2 });
+        app.client.post("/v1/external-work/render", body)
+    };
+    let (status, body) = render(WORKFLOW, issue()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["data"]["prompt"],
+        "Fix acme/widgets#7: broken (attempt 2)"
+    );
+    let cases = [
+        ("---\ntracker: [\n---\n", "workflow_parse_error"),
+        ("---\n- a list\n---\n", "workflow_front_matter_not_a_map"),
+        ("{% if %}", "template_parse_error"),
+        ("{{ issue.title | shout }}", "template_render_error"),
+        ("{{ issue.missing }}", "template_render_error"),
+    ];
+    for (markdown, expected) in cases {
+        let (status, body) = render(markdown, issue()).await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{markdown}: {body}"
+        );
+        assert_eq!(body["error"]["type"], expected, "{markdown}: {body}");
+    }
+    let (status, body) = render(WORKFLOW, json!({ "title": "no id" })).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request");
+}
+
+#[test]
+fn keel_workflow_checks_and_renders_and_fails_with_the_error_class() {
+    let dir = tempfile::tempdir().unwrap();
+    let (workflow, broken, issue_file) = (
+        dir.path().join("WORKFLOW.md"),
+        dir.path().join("BROKEN.md"),
+        dir.path().join("issue.json"),
+    );
+    std::fs::write(&workflow, WORKFLOW).unwrap();
+    std::fs::write(&broken, "---\n- not a map\n---\n").unwrap();
+    std::fs::write(&issue_file, issue().to_string()).unwrap();
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let (ok, out) = support::run_keel("", &["workflow", "check", &path(&workflow)]);
+    assert!(ok, "{out}");
+    assert!(out.contains("\"repository\": \"acme/widgets\""), "{out}");
+    let (ok, out) = support::run_keel(
+        "",
+        &[
+            "workflow",
+            "render",
+            &path(&workflow),
+            "--issue",
+            &path(&issue_file),
+            "--attempt",
+            "3",
+        ],
+    );
+    assert!(ok, "{out}");
+    assert_eq!(out.trim(), "Fix acme/widgets#7: broken (attempt 3)");
+    let (ok, out) = support::run_keel("", &["workflow", "check", &path(&broken)]);
+    assert!(
+        !ok && out.contains("workflow_front_matter_not_a_map"),
+        "{out}"
+    );
+    let missing = dir.path().join("nope.md");
+    let (ok, out) = support::run_keel("", &["workflow", "check", &path(&missing)]);
+    assert!(!ok && out.contains("missing_workflow_file"), "{out}");
+}
+
+/// A workflow polling `acme/widgets` on the local GitHub at `endpoint`.
+fn github_workflow(endpoint: &str, interval_ms: u64) -> String {
+    format!(
+        "---
+tracker:
+  kind: github
+  endpoint: {endpoint}
+  repository: acme/widgets
+  api_key: $ACME_GITHUB_TOKEN
+polling:
+  interval_ms: {interval_ms}
+task:
+  execution_kind: shell
+  shell_command: echo imported
+---
+Work on {{{{ issue.identifier }}}}: {{{{ issue.title }}}}
+"
+    )
+}
+
+fn github_issue(number: u64, state: &str) -> Value {
+    json!({ "id": 1000 + number, "number": number, "title": format!("issue {number}"),
+            "state": state, "updated_at": "2026-11-30T09:00:00Z",
+            "html_url": format!("https://github.com/acme/widgets/issues/{number}"),
+            "labels": [{ "name": "Bug" }] })
+}
+
+fn github_pull(number: u64) -> Value {
+    json!({ "id": 2000 + number, "number": number, "title": format!("pull {number}"),
+            "state": "open", "updated_at": "2026-11-30T09:30:00Z",
+            "head": { "sha": "0123abc", "ref": "fix-branch" } })
+}
+
+/// A list answering 200 with an ETag to a request carrying the token.
+fn list(list: &str, items: Value, etag: &str) -> Mock {
+    Mock::given(method("GET"))
+        .and(path(format!("/repos/acme/widgets/{list}")))
+        .and(header("authorization", format!("Bearer {CANARY}").as_str()))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header("etag", etag)
+                .insert_header("x-ratelimit-remaining", "4999")
+                .set_body_json(items),
+        )
+}
+
+async fn register(client: &Client, markdown: &str) -> (StatusCode, Value) {
+    client
+        .post(
+            "/v1/external-work/sources",
+            json!({ "workflow_markdown": markdown }),
+        )
+        .await
+}
+
+async fn task_count(client: &Client) -> usize {
+    let (status, body) = client.get("/v1/tasks?limit=200").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["data"].as_array().unwrap().len()
+}
+
+/// Every table's rows, as text, that contain `needle`.
+async fn rows_containing(db_url: &str, needle: &str) -> Vec<String> {
+    let pool = support::pool(db_url).await;
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables
+         WHERE table_schema = 'public' AND table_type = 'BASE TABLE'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut found = Vec::new();
+    for table in tables {
+        let statement = format!("SELECT t::text FROM \"{table}\" t WHERE t::text LIKE $1");
+        let rows: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(statement))
+            .bind(format!("%{needle}%"))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        found.extend(rows.into_iter().map(|row| format!("{table}: {row}")));
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_source_registers_once_and_reports_its_health() {
+    let app = TestApp::api_only().await;
+    let markdown = github_workflow("http://127.0.0.1:9", 30_000);
+    let (status, first) = register(&app.client, &markdown).await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    let id = first["data"]["id"].as_str().unwrap().to_string();
+    let (status, again) = register(&app.client, &markdown).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["data"]["id"], id.as_str());
+    let (status, listed) = app.client.get("/v1/external-work/sources?limit=1").await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    assert_eq!(listed["data"][0]["id"], id.as_str());
+    assert_eq!(listed["has_more"], false);
+
+    let (status, body) = app
+        .client
+        .get(&format!("/v1/external-work/sources/{id}/status"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let health = &body["data"];
+    assert_eq!(health["workflow"]["valid"], true, "{body}");
+    assert_eq!(health["workflow"]["repository"], "acme/widgets");
+    assert_eq!(health["secret"]["ref"], "env:ACME_GITHUB_TOKEN");
+    assert_eq!(health["secret"]["configured"], false, "{body}");
+    assert_eq!(health["records"]["total"], 0);
+    assert_eq!(health["background"]["running"], false);
+
+    // Each error class refuses a registration with its type.
+    for (markdown, expected) in [
+        ("---\ntracker: [\n---\n", "workflow_parse_error"),
+        ("---\n- a\n---\n", "workflow_front_matter_not_a_map"),
+        ("{% if %}", "template_parse_error"),
+        ("{{ issue.title | shout }}", "template_render_error"),
+    ] {
+        let (status, body) = register(&app.client, markdown).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(body["error"]["type"], expected, "{body}");
+    }
+    let missing = json!({ "workflow_path": "/nonexistent/WORKFLOW.md" });
+    let (status, body) = app.client.post("/v1/external-work/sources", missing).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["type"], "missing_workflow_file");
+
+    // A file-backed source that breaks later still answers its status, with the error.
+    let file = app.data_dir.path().join("WORKFLOW.md");
+    std::fs::write(&file, github_workflow("http://127.0.0.1:10", 30_000)).unwrap();
+    let by_path = json!({ "workflow_path": file.to_str().unwrap() });
+    let (status, body) = app.client.post("/v1/external-work/sources", by_path).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let file_id = body["data"]["id"].as_str().unwrap().to_string();
+    std::fs::write(&file, "---\n- broken\n---\n").unwrap();
+    let (status, body) = app
+        .client
+        .get(&format!("/v1/external-work/sources/{file_id}/status"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["workflow"]["valid"], false);
+    assert_eq!(
+        body["data"]["workflow"]["error"]["type"],
+        "workflow_front_matter_not_a_map"
+    );
+
+    let (status, body) = app
+        .client
+        .delete(&format!("/v1/external-work/sources/{id}"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _) = app
+        .client
+        .get(&format!("/v1/external-work/sources/{id}"))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn github_polls_import_each_item_once_honour_etags_and_back_off_on_rate_limits() {
+    let github = MockServer::start().await;
+    // A second poll sends the ETags back: 304, nothing new.
+    for (list, etag) in [("issues", "\"i1\""), ("pulls", "\"p1\"")] {
+        Mock::given(method("GET"))
+            .and(path(format!("/repos/acme/widgets/{list}")))
+            .and(header("if-none-match", etag))
+            .respond_with(ResponseTemplate::new(304))
+            .with_priority(1)
+            .mount(&github)
+            .await;
+    }
+    // The issues list has pull requests too (with `pull_request`); the pulls list has them
+    // with their head SHA.
+    let mut pull_in_issues = github_issue(3, "open");
+    pull_in_issues["pull_request"] = json!({ "url": "…" });
+    let issues = json!([
+        github_issue(1, "open"),
+        github_issue(2, "closed"),
+        pull_in_issues
+    ]);
+    list("issues", issues, "\"i1\"").mount(&github).await;
+    list("pulls", json!([github_pull(3)]), "\"p1\"")
+        .mount(&github)
+        .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
+    let client = api.client.clone().unwrap();
+    let (status, body) = register(&client, &github_workflow(&github.uri(), 30_000)).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let poll_path = format!("/v1/external-work/sources/{id}/poll");
+    let poll = || client.post(&poll_path, json!({}));
+
+    let (status, body) = poll().await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let summary = &body["data"];
+    assert_eq!(summary["candidates"], 3, "{body}");
+    assert_eq!(summary["claimed"], 2, "{body}");
+    assert_eq!(summary["terminal"], 1, "{body}");
+    assert_eq!(task_count(&client).await, 2);
+    let (_, items) = client
+        .get(&format!("/v1/external-work/sources/{id}/items"))
+        .await;
+    let items = items["data"].as_array().unwrap().clone();
+    let keys: Vec<&str> = items
+        .iter()
+        .map(|i| i["idempotency_key"].as_str().unwrap())
+        .collect();
+    assert!(
+        keys.contains(&"github:pull_request:acme/widgets:3:0123abc:2026-11-30T09:30:00Z"),
+        "{keys:?}"
+    );
+    let claimed = items
+        .iter()
+        .find(|i| i["identifier"] == "acme/widgets#1")
+        .unwrap();
+    assert_eq!(claimed["state"], "claimed");
+    assert_eq!(claimed["prompt"], "Work on acme/widgets#1: issue 1");
+    let (_, task) = client
+        .get(&format!(
+            "/v1/tasks/{}",
+            claimed["task_id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(task["data"]["prompt"], "Work on acme/widgets#1: issue 1");
+    assert_eq!(task["data"]["status"], "queued", "{task}");
+    let run = format!(
+        "/v1/tasks/{}/runs/{}",
+        claimed["task_id"].as_str().unwrap(),
+        claimed["run_id"].as_str().unwrap()
+    );
+    let (_, evidence) = client.get(&format!("{run}/artifacts")).await;
+    let names: Vec<&str> = evidence["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2, "{evidence}");
+    assert!(names.contains(&"external_work_item.json") && names.contains(&"prompt.md"));
+    let item_artifact = evidence["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "external_work_item.json")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, item_json) = client
+        .get(&format!("{run}/artifacts/{item_artifact}/content"))
+        .await;
+    assert_eq!(item_json["identifier"], "acme/widgets#1", "{item_json}");
+    assert_eq!(item_json["labels"], json!(["bug"]));
+
+    // 304: nothing changes.
+    let (status, body) = poll().await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["not_modified"], true, "{body}");
+    assert_eq!(body["data"]["candidates"], 0);
+    assert_eq!(task_count(&client).await, 2);
+
+    // A manual import of a known version is a duplicate; a new one becomes a task.
+    let import = |payload: Value| {
+        client.post(
+            "/v1/external-work/import",
+            json!({ "source_id": id, "payload": payload }),
+        )
+    };
+    let webhook =
+        json!({ "repository": { "full_name": "acme/widgets" }, "issue": github_issue(1, "open") });
+    let (status, body) = import(webhook).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["duplicate"], true);
+    let (status, body) = import(github_issue(4, "open")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["data"]["item"]["state"], "claimed");
+    let (status, again) = import(github_issue(4, "open")).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["data"]["item"]["id"], body["data"]["item"]["id"]);
+    assert_eq!(task_count(&client).await, 3);
+    let other_repo =
+        json!({ "repository": { "full_name": "evil/repo" }, "issue": github_issue(5, "open") });
+    let (status, body) = import(other_repo).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+
+    // A 429 with Retry-After backs off: the source keeps working, and asks nothing more
+    // of GitHub until then.
+    github.reset().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "120"))
+        .mount(&github)
+        .await;
+    let (status, body) = poll().await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["error_code"], "rate_limited", "{body}");
+    assert!(body["data"]["backoff_until"].is_string(), "{body}");
+    let asked = github.received_requests().await.unwrap().len();
+    let (_, body) = poll().await;
+    assert_eq!(body["data"]["candidates"], 0, "{body}");
+    assert_eq!(github.received_requests().await.unwrap().len(), asked);
+    let (_, status) = client
+        .get(&format!("/v1/external-work/sources/{id}/status"))
+        .await;
+    let health = &status["data"];
+    assert_eq!(health["workflow"]["valid"], true);
+    assert_eq!(health["secret"]["configured"], true, "{status}");
+    assert!(
+        health["background"]["backoff_until"].is_string(),
+        "{status}"
+    );
+    assert_eq!(
+        health["last_errors"]["poll"]["code"], "rate_limited",
+        "{status}"
+    );
+    assert_eq!(health["records"]["claimed"], 3, "{status}");
+    assert!(!status.to_string().contains(CANARY));
+
+    assert_eq!(rows_containing(&db_url, CANARY).await, Vec::<String>::new());
+    drop(api);
+    let log = std::fs::read_to_string(dir.path().join("api.log")).unwrap();
+    assert!(!log.contains(CANARY), "the token is in the API log");
+}
+
+#[tokio::test]
+async fn two_workers_polling_one_source_in_the_background_create_each_task_once() {
+    let github = MockServer::start().await;
+    // No ETags: every poll reads every item again, and each is a duplicate after the first.
+    let issues = json!([
+        github_issue(1, "open"),
+        github_issue(2, "open"),
+        github_issue(3, "open")
+    ]);
+    Mock::given(method("GET"))
+        .and(path("/repos/acme/widgets/issues"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(issues))
+        .mount(&github)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/repos/acme/widgets/pulls"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!([])))
+        .mount(&github)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
+    let client = api.client.clone().unwrap();
+    let workers: Vec<_> = ["worker-a", "worker-b"]
+        .iter()
+        .map(|name| {
+            let data = dir.path().join(name);
+            std::fs::create_dir_all(&data).unwrap();
+            support::spawn_worker_with_env(&db_url, dir.path(), name, 2_000, &data, &[TOKEN_ENV])
+        })
+        .collect();
+    let (status, body) = register(&client, &github_workflow(&github.uri(), 100)).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let background = format!("/v1/external-work/sources/{id}/background");
+    let (status, body) = client.post(&background, json!({ "enabled": true })).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    // Many polls, by both workers over time, each reading all three items.
+    wait_for(Duration::from_secs(30), "ten background polls", || async {
+        let lists = github.received_requests().await.unwrap().len();
+        (lists >= 20).then_some(())
+    })
+    .await;
+    assert_eq!(task_count(&client).await, 3);
+    let (_, status) = client
+        .get(&format!("/v1/external-work/sources/{id}/status"))
+        .await;
+    assert_eq!(status["data"]["records"]["total"], 3, "{status}");
+    assert_eq!(status["data"]["background"]["running"], true);
+    let last_poll = &status["data"];
+    assert!(
+        last_poll["last_errors"].as_object().unwrap().is_empty(),
+        "{status}"
+    );
+
+    // Stopped: the polls end.
+    let (status, body) = client.post(&background, json!({ "enabled": false })).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let pool = support::pool(&db_url).await;
+    wait_for(Duration::from_secs(10), "the poll job to end", || async {
+        let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs WHERE kind = 'poll'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        (jobs == 0).then_some(())
+    })
+    .await;
+
+    assert_eq!(rows_containing(&db_url, CANARY).await, Vec::<String>::new());
+    for mut worker in workers {
+        worker.terminate(Duration::from_secs(10));
+        assert!(
+            !worker.log_text().contains(CANARY),
+            "the token is in a worker's log"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_poll_loses_nothing_and_duplicates_nothing() {
+    let github = MockServer::start().await;
+    // Slow enough that the first worker is still waiting on it when it is killed.
+    let issues = json!([github_issue(1, "open"), github_issue(2, "open")]);
+    Mock::given(method("GET"))
+        .and(path("/repos/acme/widgets/issues"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(issues)
+                .set_delay(Duration::from_secs(2)),
+        )
+        .mount(&github)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/repos/acme/widgets/pulls"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!([])))
+        .mount(&github)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
+    let client = api.client.clone().unwrap();
+    let worker = |name: &str| {
+        let data = dir.path().join(name);
+        std::fs::create_dir_all(&data).unwrap();
+        support::spawn_worker_with_env(&db_url, dir.path(), name, 1_000, &data, &[TOKEN_ENV])
+    };
+    let mut first = worker("worker-a");
+    let (_, body) = register(&client, &github_workflow(&github.uri(), 100)).await;
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let background = format!("/v1/external-work/sources/{id}/background");
+    let (status, body) = client.post(&background, json!({ "enabled": true })).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    wait_for(
+        Duration::from_secs(20),
+        "the first worker to be mid-poll",
+        || async {
+            let asked = github.received_requests().await.unwrap().len();
+            (asked >= 1).then_some(())
+        },
+    )
+    .await;
+    first.kill9();
+    assert_eq!(
+        task_count(&client).await,
+        0,
+        "the killed poll imported nothing"
+    );
+
+    // The poll job's lease expires; the other worker takes the schedule over.
+    let _second = worker("worker-b");
+    wait_for(
+        Duration::from_secs(30),
+        "the second worker's imports",
+        || async { (task_count(&client).await == 2).then_some(()) },
+    )
+    .await;
+    let asked = github.received_requests().await.unwrap().len();
+    wait_for(Duration::from_secs(30), "two more polls", || async {
+        let now = github.received_requests().await.unwrap().len();
+        (now >= asked + 4).then_some(())
+    })
+    .await;
+    assert_eq!(task_count(&client).await, 2);
+    let (_, items) = client
+        .get(&format!("/v1/external-work/sources/{id}/items"))
+        .await;
+    assert_eq!(items["data"].as_array().unwrap().len(), 2, "{items}");
+}
+
+#[tokio::test]
+async fn a_remote_caller_cannot_aim_a_token_elsewhere_or_read_the_hosts_files() {
+    const SECRET: &str = "external-shared-secret-0123456789";
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let env = [
+        ("KEEL_REMOTE_MODE", "1"),
+        ("KEEL_RUNTIME_ID", "rt_external"),
+        ("KEEL_REMOTE_SHARED_SECRET", SECRET),
+    ];
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &env).await;
+    let base = api.client.as_ref().unwrap().base.clone();
+    let remote = support::client_with_headers(
+        &base,
+        &[
+            ("x-keel-remote-secret", SECRET),
+            ("x-keel-actor-id", "actor_x"),
+            ("x-keel-org-id", "org_x"),
+            ("x-keel-runtime-id", "rt_external"),
+        ],
+    );
+    let (status, body) = register(&remote, &github_workflow("http://127.0.0.1:9", 30_000)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let file = dir.path().join("WORKFLOW.md");
+    std::fs::write(&file, WORKFLOW).unwrap();
+    let by_path = json!({ "workflow_path": file.to_str().unwrap() });
+    let (status, body) = remote.post("/v1/external-work/sources", by_path).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, body) = register(&remote, WORKFLOW).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
