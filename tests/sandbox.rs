@@ -58,7 +58,10 @@ async fn a_run_sees_only_its_allowlisted_environment() {
     let s = stack(&[]).await;
     let (task_id, run_id) = s
         .client
-        .start_task(json!({ "execution_kind": "shell", "shell_command": "env; pwd" }))
+        .start_task(json!({
+            "execution_kind": "shell", "shell_command": "env; pwd",
+            "prompt": "work-on-the-prompt"
+        }))
         .await;
     let run = s.client.wait_terminal(&task_id, &run_id, SOON).await;
     assert_eq!(run["status"], "completed", "{run}");
@@ -82,6 +85,11 @@ async fn a_run_sees_only_its_allowlisted_environment() {
     );
     assert!(vars.contains(&("KEEL_RUN_ID", run_id.as_str())), "{out}");
     assert!(vars.contains(&("KEEL_TASK_ID", task_id.as_str())), "{out}");
+    // A task's prompt (external work renders one) reaches its shell run.
+    assert!(
+        vars.contains(&("KEEL_RUN_PROMPT", "work-on-the-prompt")),
+        "{out}"
+    );
     assert!(!names.contains(&"SANDBOX_UNSET"), "{out}");
     let workspace = out.lines().last().unwrap();
     let var = |name: &str| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
@@ -101,6 +109,7 @@ async fn a_run_sees_only_its_allowlisted_environment() {
         "KEEL_TASK_ID",
         "KEEL_RUN_ID",
         "KEEL_RUN_ATTEMPT",
+        "KEEL_RUN_PROMPT",
         "KEEL_RUN_SANDBOX_ID",
         "SANDBOX_PASSED",
         // What `sh` itself sets.

@@ -20,8 +20,7 @@ use crate::domain::Caller;
 use crate::domain::secret::SecretStatus;
 use crate::domain::workflow::{Issue, Workflow, WorkflowError};
 use crate::jobs::poll::{self, DEFAULT_LIMIT, Imported, PollSummary, Poller};
-use crate::queue::{self, Locked};
-use crate::store::external::{self, ItemRecord, POLL_KIND, SourceRecord, WorkflowOrigin};
+use crate::store::external::{self, ItemRecord, SourceRecord, WorkflowOrigin};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -176,7 +175,6 @@ async fn delete_source(
 ) -> Result<Json<Deleted>> {
     let mut tx = state.pool.begin().await?;
     external::delete_source(&mut tx, &caller.scope, &source_id).await?;
-    queue::remove(&mut tx, &caller.scope, POLL_KIND, &source_id, Locked::Skip).await?;
     tx.commit().await?;
     Ok(Json(Deleted {
         object: "external_work_source",
@@ -381,12 +379,6 @@ async fn set_background(
     let scope = &caller.scope;
     let mut tx = state.pool.begin().await?;
     let source = external::set_background(&mut tx, scope, &source_id, request.enabled).await?;
-    if request.enabled {
-        queue::enqueue(&mut tx, scope, POLL_KIND, &source_id, 0, None).await?;
-    } else {
-        // A poll in flight finds the flag off when it ends, and acks its job.
-        queue::remove(&mut tx, scope, POLL_KIND, &source_id, Locked::Skip).await?;
-    }
     tx.commit().await?;
     Ok(Json(object("external_work_source", source)))
 }

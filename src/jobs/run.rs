@@ -322,6 +322,12 @@ impl RunJobs {
                     .iter()
                     .map(|id| ("KEEL_RESUMED_FROM_RUN_ID".into(), id.clone())),
             )
+            // A task imported from external work carries its rendered prompt.
+            .chain(
+                task.prompt
+                    .iter()
+                    .map(|prompt| ("KEEL_RUN_PROMPT".into(), prompt.clone())),
+            )
             .chain(self.passthrough_env.iter().cloned())
             .collect(),
             checkpoint: run.checkpoint.clone(),

@@ -10,6 +10,7 @@ use sqlx::types::Json;
 
 use super::{Result, StoreError};
 use crate::domain::{Scope, new_id};
+use crate::queue::{self, Locked};
 
 /// The queue kind of a source's polls; the job's ref_id is the source id, so a source has
 /// at most one poll queued or in flight across every worker.
@@ -45,10 +46,6 @@ pub enum WorkflowOrigin {
     Path(String),
 }
 
-const SOURCE_COLUMNS: &str = "id, tracker_kind, target, workflow_markdown, workflow_path, etags,
-    backoff_until, background_enabled, last_poll_at, last_poll, last_error_code, last_error,
-    last_error_at, created_at, updated_at";
-
 /// Registers a source; the same target again returns the existing one (and false).
 pub async fn insert_source(
     conn: &mut PgConnection,
@@ -61,13 +58,13 @@ pub async fn insert_source(
         WorkflowOrigin::Markdown(text) => (Some(text), None),
         WorkflowOrigin::Path(path) => (None, Some(path)),
     };
-    let inserted: Option<SourceRecord> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let inserted: Option<SourceRecord> = sqlx::query_as(
         "INSERT INTO external_sources (id, workspace_id, tracker_kind, target,
                                        workflow_markdown, workflow_path)
          VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (workspace_id, target) DO NOTHING
-         RETURNING {SOURCE_COLUMNS}"
-    )))
+         RETURNING *",
+    )
     .bind(new_id("extsrc"))
     .bind(scope.workspace())
     .bind(tracker_kind)
@@ -79,10 +76,10 @@ pub async fn insert_source(
     match inserted {
         Some(source) => Ok((source, true)),
         None => {
-            let existing: SourceRecord = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "SELECT {SOURCE_COLUMNS} FROM external_sources
-                 WHERE workspace_id = $1 AND target = $2"
-            )))
+            let existing: SourceRecord = sqlx::query_as(
+                "SELECT * FROM external_sources
+                 WHERE workspace_id = $1 AND target = $2",
+            )
             .bind(scope.workspace())
             .bind(target)
             .fetch_one(&mut *conn)
@@ -93,14 +90,12 @@ pub async fn insert_source(
 }
 
 pub async fn get_source(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<SourceRecord> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {SOURCE_COLUMNS} FROM external_sources WHERE workspace_id = $1 AND id = $2"
-    )))
-    .bind(scope.workspace())
-    .bind(id)
-    .fetch_optional(conn)
-    .await?
-    .ok_or(StoreError::NotFound("external work source"))
+    sqlx::query_as("SELECT * FROM external_sources WHERE workspace_id = $1 AND id = $2")
+        .bind(scope.workspace())
+        .bind(id)
+        .fetch_optional(conn)
+        .await?
+        .ok_or(StoreError::NotFound("external work source"))
 }
 
 /// Oldest first; `after` is the id of the last source of the previous page.
@@ -110,10 +105,10 @@ pub async fn list_sources(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<SourceRecord>> {
-    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {SOURCE_COLUMNS} FROM external_sources
-         WHERE workspace_id = $1 AND ($2::text IS NULL OR id > $2) ORDER BY id LIMIT $3"
-    )))
+    let rows = sqlx::query_as(
+        "SELECT * FROM external_sources
+         WHERE workspace_id = $1 AND ($2::text IS NULL OR id > $2) ORDER BY id LIMIT $3",
+    )
     .bind(scope.workspace())
     .bind(after)
     .bind(limit)
@@ -122,35 +117,45 @@ pub async fn list_sources(
     Ok(rows)
 }
 
-/// Deletes a source with its items (the tasks they created stay).
+/// Deletes a source with its items and its background poll job (the tasks they created
+/// stay).
 pub async fn delete_source(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
     let deleted = sqlx::query("DELETE FROM external_sources WHERE workspace_id = $1 AND id = $2")
         .bind(scope.workspace())
         .bind(id)
-        .execute(conn)
+        .execute(&mut *conn)
         .await?;
     if deleted.rows_affected() == 0 {
         return Err(StoreError::NotFound("external work source"));
     }
+    queue::remove(conn, scope, POLL_KIND, id, Locked::Skip).await?;
     Ok(())
 }
 
+/// Turns background polling on (the source's one `poll` job, shared by every worker) or off;
+/// a poll in flight finds the flag off when it ends, and acks its job.
 pub async fn set_background(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &str,
     enabled: bool,
 ) -> Result<SourceRecord> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let source = sqlx::query_as(
         "UPDATE external_sources SET background_enabled = $3, updated_at = now()
-         WHERE workspace_id = $1 AND id = $2 RETURNING {SOURCE_COLUMNS}"
-    )))
+         WHERE workspace_id = $1 AND id = $2 RETURNING *",
+    )
     .bind(scope.workspace())
     .bind(id)
     .bind(enabled)
-    .fetch_optional(conn)
+    .fetch_optional(&mut *conn)
     .await?
-    .ok_or(StoreError::NotFound("external work source"))
+    .ok_or(StoreError::NotFound("external work source"))?;
+    if enabled {
+        queue::enqueue(conn, scope, POLL_KIND, id, 0, None).await?;
+    } else {
+        queue::remove(conn, scope, POLL_KIND, id, Locked::Skip).await?;
+    }
+    Ok(source)
 }
 
 /// What one poll leaves on its source.
@@ -214,9 +219,6 @@ pub struct ItemRecord {
     pub updated_at: DateTime<Utc>,
 }
 
-const ITEM_COLUMNS: &str = "id, source_id, idempotency_key, kind, identifier, tracker_state,
-    state, issue, prompt, task_id, run_id, last_error_code, last_error, created_at, updated_at";
-
 /// A version of a tracker item, as a poll or import found it.
 #[derive(Debug, Clone)]
 pub struct NewItem<'a> {
@@ -235,13 +237,13 @@ pub async fn insert_item(
     scope: &Scope,
     item: &NewItem<'_>,
 ) -> Result<Option<ItemRecord>> {
-    let row = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let row = sqlx::query_as(
         "INSERT INTO external_work_items (id, workspace_id, source_id, idempotency_key, kind,
                                           identifier, tracker_state, state, issue)
          VALUES ($1, $2, $3, $4, $5, $6, $7, 'discovered', $8)
          ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
-         RETURNING {ITEM_COLUMNS}"
-    )))
+         RETURNING *",
+    )
     .bind(new_id("extitem"))
     .bind(scope.workspace())
     .bind(item.source_id)
@@ -310,12 +312,12 @@ pub async fn update_item(
     change: &ItemChange<'_>,
 ) -> Result<ItemRecord> {
     let (code, message) = change.error.unzip();
-    let row = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+    let row = sqlx::query_as(
         "UPDATE external_work_items
          SET state = $3, prompt = $4, task_id = $5, run_id = $6, last_error_code = $7,
              last_error = $8, updated_at = now()
-         WHERE workspace_id = $1 AND id = $2 RETURNING {ITEM_COLUMNS}"
-    )))
+         WHERE workspace_id = $1 AND id = $2 RETURNING *",
+    )
     .bind(scope.workspace())
     .bind(id)
     .bind(change.state)
@@ -331,10 +333,10 @@ pub async fn update_item(
 
 /// The item a key names (the one a duplicate import found).
 pub async fn item_by_key(conn: &mut PgConnection, scope: &Scope, key: &str) -> Result<ItemRecord> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {ITEM_COLUMNS} FROM external_work_items
-         WHERE workspace_id = $1 AND idempotency_key = $2"
-    )))
+    sqlx::query_as(
+        "SELECT * FROM external_work_items
+         WHERE workspace_id = $1 AND idempotency_key = $2",
+    )
     .bind(scope.workspace())
     .bind(key)
     .fetch_optional(conn)
@@ -350,11 +352,11 @@ pub async fn list_items(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ItemRecord>> {
-    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT {ITEM_COLUMNS} FROM external_work_items
+    let rows = sqlx::query_as(
+        "SELECT * FROM external_work_items
          WHERE workspace_id = $1 AND source_id = $2 AND ($3::text IS NULL OR id > $3)
-         ORDER BY id LIMIT $4"
-    )))
+         ORDER BY id LIMIT $4",
+    )
     .bind(scope.workspace())
     .bind(source_id)
     .bind(after)
