@@ -24,7 +24,7 @@ fn kinds() -> Vec<String> {
 
 async fn enqueue(pool: &PgPool, ref_id: &str, priority: i32) {
     let mut conn = pool.acquire().await.unwrap();
-    queue::enqueue(&mut conn, &Scope::local(), KIND, ref_id, priority, None)
+    queue::enqueue(&mut conn, &Scope::local(), KIND, ref_id, priority)
         .await
         .unwrap();
 }

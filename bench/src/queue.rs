@@ -77,7 +77,7 @@ pub async fn latency(
     for i in 0..samples {
         let ref_id = format!("l-{i}");
         let enqueued = Instant::now();
-        queue::enqueue(&mut conn, &Scope::local(), KIND, &ref_id, 0, None).await?;
+        queue::enqueue(&mut conn, &Scope::local(), KIND, &ref_id, 0).await?;
         let (started_id, started) = starts
             .recv()
             .await

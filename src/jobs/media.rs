@@ -125,7 +125,8 @@ impl Attempted for MediaJobRecord {
         reason: &'static str,
         actor: &Actor,
     ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
-        let (record, event) = requeue_lost(conn, scope, &self.id, reason, actor).await?;
+        let (record, event) =
+            media_jobs::requeue_lost(conn, scope, &self.id, reason, actor).await?;
         Ok((record, vec![event]))
     }
 
@@ -305,36 +306,6 @@ impl MediaJobs {
             limits: self.limits.clone(),
         }))
     }
-}
-
-/// Puts a running job whose worker is gone back to `queued`.
-pub async fn disconnect(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    id: &str,
-    reason: &str,
-    actor: &Actor,
-) -> Result<(), StoreError> {
-    let (_, event) = requeue_lost(conn, scope, id, reason, actor).await?;
-    events::append(conn, scope, &[event]).await
-}
-
-/// [`disconnect`]'s write; returns the queued job and its event for the caller to append.
-async fn requeue_lost<'r>(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    id: &'r str,
-    reason: &str,
-    actor: &Actor,
-) -> Result<(MediaJobRecord, NewEvent<'r>), StoreError> {
-    let (queued, change) = (MediaJobStatus::Queued, Change::default());
-    let record =
-        media_jobs::transition(conn, scope, id, queued, change, actor, Some(reason)).await?;
-    let data = serde_json::json!({ "reason": reason });
-    Ok((
-        record,
-        NewEvent::media_job(id, EventType::MediaJobQueued).with(data),
-    ))
 }
 
 /// The runtime side of [`MediaContext`]: each write is one fenced transaction; artifact

@@ -162,7 +162,7 @@ impl Attempted for RunWithTask {
         reason: &'static str,
         actor: &Actor,
     ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
-        let (run, events) = requeue_lost(conn, scope, &self.run, reason, actor).await?;
+        let (run, events) = runs::requeue_lost(conn, scope, &self.run, reason, actor).await?;
         let task = self.task.clone();
         Ok((RunWithTask { run, task }, events))
     }
@@ -333,52 +333,6 @@ impl RunJobs {
             checkpoint: run.checkpoint.clone(),
         })
     }
-}
-
-/// Requeues a run whose worker is gone: closes what the attempt left open, records the
-/// gap, and puts the run back to `queued`. Events are appended last (see store::events).
-pub async fn disconnect(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    run: &RunRecord,
-    reason: &str,
-    actor: &Actor,
-) -> Result<(), StoreError> {
-    let (_, events) = requeue_lost(conn, scope, run, reason, actor).await?;
-    events::append(conn, scope, &events).await
-}
-
-/// [`disconnect`]'s writes, in the caller's transaction that locked `run`; returns the
-/// queued run and the events for the caller to append.
-async fn requeue_lost<'r>(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    run: &'r RunRecord,
-    reason: &str,
-    actor: &Actor,
-) -> Result<(RunRecord, Vec<NewEvent<'r>>), StoreError> {
-    runs::close_open_work(conn, scope, &run.id, "failed", "worker disconnected").await?;
-    let queued = runs::transition_locked(
-        conn,
-        scope,
-        run,
-        RunStatus::Queued,
-        Change::default(),
-        actor,
-        Some(reason),
-    )
-    .await?;
-    let gap = serde_json::json!({
-        "reason": reason,
-        "previous_worker_id": run.worker_id,
-        "attempt": run.attempt,
-    });
-    let events = vec![
-        NewEvent::new(&run.task_id, &run.id, EventType::GapRunDisconnected).with(gap),
-        NewEvent::new(&run.task_id, &run.id, EventType::RunQueued)
-            .with(serde_json::json!({ "reason": reason })),
-    ];
-    Ok((queued, events))
 }
 
 /// The runtime side of [`RunContext`]. Steps and artifacts are held back ([`Held`]) and

@@ -9,23 +9,25 @@ use super::{CANCEL_CHANNEL, JOBS_CHANNEL};
 use crate::domain::Scope;
 
 /// Enqueues a job of the scope's domain row; idempotent: at most one live row per
-/// (kind, ref_id). `traceparent` links the job's execution to the enqueueing trace.
+/// (kind, ref_id); true when the row is new. The current span's `traceparent` (when exporting traces) links the job's
+/// execution to the enqueueing trace.
 pub async fn enqueue(
     conn: &mut PgConnection,
     scope: &Scope,
     kind: &str,
     ref_id: &str,
     priority: i32,
-    traceparent: Option<&str>,
-) -> Result<()> {
+) -> Result<bool> {
+    let traceparent = crate::telemetry::current_traceparent();
     // One statement, the notification included: one round trip in the caller's transaction.
-    sqlx::query(
+    let inserted: i64 = sqlx::query_scalar(
         "WITH inserted AS (
              INSERT INTO queue_jobs (kind, ref_id, priority, traceparent, workspace_id)
              VALUES ($1, $2, $3, $4, $5)
              ON CONFLICT (kind, ref_id) DO NOTHING
+             RETURNING 1
          )
-         SELECT pg_notify($6, $1)",
+         SELECT (SELECT count(*) FROM inserted), pg_notify($6, $1)",
     )
     .bind(kind)
     .bind(ref_id)
@@ -33,9 +35,9 @@ pub async fn enqueue(
     .bind(traceparent)
     .bind(scope.workspace())
     .bind(JOBS_CHANNEL)
-    .execute(conn)
+    .fetch_one(conn)
     .await?;
-    Ok(())
+    Ok(inserted > 0)
 }
 
 /// Enqueues many jobs of one kind in one statement, with [`enqueue`]'s idempotency;
@@ -85,30 +87,43 @@ pub async fn remove(
     ref_id: &str,
     locked: Locked,
 ) -> Result<()> {
-    let skip = if locked == Locked::Skip {
-        "SKIP LOCKED"
-    } else {
-        ""
+    let statement = match locked {
+        Locked::Wait => {
+            "WITH target AS (SELECT id FROM queue_jobs
+                             WHERE kind = $1 AND ref_id = $2 AND workspace_id = $3 FOR UPDATE),
+                  done AS (DELETE FROM queue_jobs WHERE id IN (SELECT id FROM target) RETURNING *),
+                  ended AS (
+                      INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token,
+                                                 claimed_at, expires_at, heartbeats, workspace_id,
+                                                 outcome)
+                      SELECT id, kind, ref_id, lease_owner, fencing_token, claimed_at,
+                             lease_expires_at, heartbeats, workspace_id, 'withdrawn'
+                      FROM done WHERE lease_owner IS NOT NULL
+                  )
+             SELECT lease_owner FROM done"
+        }
+        Locked::Skip => {
+            "WITH target AS (SELECT id FROM queue_jobs
+                             WHERE kind = $1 AND ref_id = $2 AND workspace_id = $3
+                             FOR UPDATE SKIP LOCKED),
+                  done AS (DELETE FROM queue_jobs WHERE id IN (SELECT id FROM target) RETURNING *),
+                  ended AS (
+                      INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token,
+                                                 claimed_at, expires_at, heartbeats, workspace_id,
+                                                 outcome)
+                      SELECT id, kind, ref_id, lease_owner, fencing_token, claimed_at,
+                             lease_expires_at, heartbeats, workspace_id, 'withdrawn'
+                      FROM done WHERE lease_owner IS NOT NULL
+                  )
+             SELECT lease_owner FROM done"
+        }
     };
-    let owner: Option<Option<String>> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "WITH target AS (SELECT id FROM queue_jobs
-                         WHERE kind = $1 AND ref_id = $2 AND workspace_id = $3 FOR UPDATE {skip}),
-              done AS (DELETE FROM queue_jobs WHERE id IN (SELECT id FROM target) RETURNING *),
-              ended AS (
-                  INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token,
-                                             claimed_at, expires_at, heartbeats, workspace_id,
-                                             outcome)
-                  SELECT id, kind, ref_id, lease_owner, fencing_token, claimed_at,
-                         lease_expires_at, heartbeats, workspace_id, 'withdrawn'
-                  FROM done WHERE lease_owner IS NOT NULL
-              )
-         SELECT lease_owner FROM done"
-    )))
-    .bind(kind)
-    .bind(ref_id)
-    .bind(scope.workspace())
-    .fetch_optional(&mut *conn)
-    .await?;
+    let owner: Option<Option<String>> = sqlx::query_scalar(statement)
+        .bind(kind)
+        .bind(ref_id)
+        .bind(scope.workspace())
+        .fetch_optional(&mut *conn)
+        .await?;
     if matches!(owner, Some(Some(_))) || locked == Locked::Skip {
         notify(conn, CANCEL_CHANNEL, &format!("{kind}:{ref_id}")).await?;
     }

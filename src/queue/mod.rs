@@ -29,7 +29,7 @@ pub use claim::{
     begin_ordered_reads, catch_all_pause, claim, claim_from, oldest_snapshot,
 };
 pub use enqueue::{Locked, enqueue, enqueue_many, remove};
-pub use lease::{begin_fenced, expired, fence, heartbeat};
+pub use lease::{begin_fenced, expired, fence, heartbeat, transaction_time};
 
 /// Errors of the queue. The store, which enqueues inside its own transactions, turns them
 /// into its errors (`From<QueueError> for StoreError`).

@@ -19,10 +19,10 @@ use chrono::{DateTime, TimeDelta, Utc};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::jobs;
+use crate::domain::Scope;
 use crate::queue;
 use crate::store::runs::AdmissionRules;
-use crate::store::{self, Result, media_jobs, runs};
+use crate::store::{self, Result, events, media_jobs, runs};
 use crate::telemetry::metrics::{self, KindGauge};
 
 const RECOVERY_PAGE: i64 = 500;
@@ -34,33 +34,17 @@ pub async fn recover(pool: &PgPool) -> Result<u64> {
     let mut cursor = String::new();
     let mut enqueued = 0;
     loop {
-        let page: Vec<(String, i32, String)> = sqlx::query_as(
-            "SELECT r.id, t.priority, r.workspace_id FROM runs r JOIN tasks t ON t.id = r.task_id
-             WHERE r.status IN ('queued', 'running') AND r.id > $1
-             ORDER BY r.id LIMIT $2",
-        )
-        .bind(&cursor)
-        .bind(RECOVERY_PAGE)
-        .fetch_all(pool)
-        .await?;
-        let Some((last, ..)) = page.last() else {
+        let page = runs::active_page(&mut *pool.acquire().await?, &cursor, RECOVERY_PAGE).await?;
+        let Some(last) = page.last() else {
             break;
         };
-        cursor = last.clone();
+        cursor = last.run_id.clone();
         let mut tx = pool.begin().await?;
-        for (run_id, priority, workspace) in &page {
-            let inserted: u64 = sqlx::query(
-                "INSERT INTO queue_jobs (kind, ref_id, priority, workspace_id) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (kind, ref_id) DO NOTHING",
-            )
-            .bind(queue::RUN_KIND)
-            .bind(run_id)
-            .bind(priority)
-            .bind(workspace)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            enqueued += inserted;
+        for run in &page {
+            let scope = Scope::new(run.workspace_id.clone());
+            let new =
+                queue::enqueue(&mut tx, &scope, queue::RUN_KIND, &run.run_id, run.priority).await?;
+            enqueued += u64::from(new);
         }
         tx.commit().await?;
     }
@@ -108,9 +92,7 @@ impl Reconciler {
         let full = started >= self.next_full;
         let from = self.since.filter(|_| !full).map(|t| t - RECONCILE_OVERLAP);
         let mut tx = queue::begin_ordered_reads(pool).await?;
-        let read_at: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(&mut *tx)
-            .await?;
+        let read_at = queue::transaction_time(&mut tx).await?;
         let expired = queue::expired(&mut tx, RECONCILE_BATCH, from).await?;
         for lease in &expired {
             queue::retry(&mut tx, lease, "worker lease expired", Duration::ZERO, true).await?;
@@ -146,13 +128,16 @@ async fn requeue_domain(conn: &mut sqlx::PgConnection, lease: &queue::Lease) -> 
         queue::RUN_KIND => {
             let run = runs::get_by_id(conn, scope, &lease.ref_id).await?;
             if run.status() == crate::domain::RunStatus::Running {
-                jobs::run::disconnect(conn, scope, &run, REASON, system).await?;
+                let (_, gap) = runs::requeue_lost(conn, scope, &run, REASON, system).await?;
+                events::append(conn, scope, &gap).await?;
             }
         }
         media_jobs::KIND => {
             let job = media_jobs::lock(conn, scope, &lease.ref_id).await?;
             if job.status() == crate::domain::media::MediaJobStatus::Running {
-                jobs::media::disconnect(conn, scope, &job.id, REASON, system).await?;
+                let (_, queued) =
+                    media_jobs::requeue_lost(conn, scope, &job.id, REASON, system).await?;
+                events::append(conn, scope, &[queued]).await?;
             }
         }
         _ => {}

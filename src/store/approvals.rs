@@ -236,16 +236,7 @@ pub async fn resolve(
             )
             .await?;
             let priority = runs::priority_of(conn, scope, &run_id).await?;
-            let traceparent = crate::telemetry::current_traceparent();
-            queue::enqueue(
-                conn,
-                scope,
-                queue::RUN_KIND,
-                &run_id,
-                priority,
-                traceparent.as_deref(),
-            )
-            .await?;
+            queue::enqueue(conn, scope, queue::RUN_KIND, &run_id, priority).await?;
             run_event = Some(EventType::RunQueued);
             run
         }

@@ -151,7 +151,7 @@ pub async fn set_background(
     .await?
     .ok_or(StoreError::NotFound("external work source"))?;
     if enabled {
-        queue::enqueue(conn, scope, POLL_KIND, id, 0, None).await?;
+        queue::enqueue(conn, scope, POLL_KIND, id, 0).await?;
     } else {
         queue::remove(conn, scope, POLL_KIND, id, Locked::Skip).await?;
     }

@@ -307,8 +307,7 @@ pub async fn run(
         )
         .await?;
     }
-    let traceparent = crate::telemetry::current_traceparent();
-    queue::enqueue(conn, scope, KIND, id, 0, traceparent.as_deref())
+    queue::enqueue(conn, scope, KIND, id, 0)
         .await
         .map_err(StoreError::from)?;
     let data = serde_json::json!({ "actor": actor.to_string() });
@@ -371,4 +370,22 @@ pub async fn save_vendor_task(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// Puts a running job whose worker is gone back to `queued`, in the caller's transaction;
+/// returns the queued job and its event, for the caller to append last.
+pub async fn requeue_lost<'r>(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &'r str,
+    reason: &str,
+    actor: &Actor,
+) -> Result<(MediaJobRecord, NewEvent<'r>)> {
+    let (queued, change) = (MediaJobStatus::Queued, Change::default());
+    let record = transition(conn, scope, id, queued, change, actor, Some(reason)).await?;
+    let data = serde_json::json!({ "reason": reason });
+    Ok((
+        record,
+        NewEvent::media_job(id, EventType::MediaJobQueued).with(data),
+    ))
 }

@@ -1,6 +1,8 @@
-//! All SQL lives under this module. Store functions take a connection (or a transaction,
-//! which derefs to one), so one transaction can span a domain write, its events and the
-//! enqueue of its job.
+//! The domain's SQL: every statement on the domain's tables lives under this module (the
+//! queue protocol's own tables, `queue_jobs`, `lease_history` and `workers`, are
+//! `src/queue`'s). Store functions take a connection (or a transaction, which derefs to
+//! one), so one transaction can span a domain write, its events and the enqueue of its job
+//! (store → queue, never the other way).
 
 pub mod approvals;
 pub mod artifacts;

@@ -226,16 +226,7 @@ pub async fn admit(
     }
     let mut gated = Vec::new();
     if gates.is_empty() {
-        let traceparent = crate::telemetry::current_traceparent();
-        queue::enqueue(
-            conn,
-            scope,
-            queue::RUN_KIND,
-            &run.id,
-            task.priority,
-            traceparent.as_deref(),
-        )
-        .await?;
+        queue::enqueue(conn, scope, queue::RUN_KIND, &run.id, task.priority).await?;
         appended.push(NewEvent::new(task_id, &run.id, EventType::RunQueued));
     } else {
         let summary =
@@ -729,4 +720,66 @@ pub async fn close_open_work(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// Requeues a run whose worker is gone, in the caller's transaction that locked it: closes
+/// what the attempt left open, records the gap, and puts the run back to `queued`; returns
+/// the queued run and its events, for the caller to append last (see store::events).
+pub async fn requeue_lost<'r>(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run: &'r RunRecord,
+    reason: &str,
+    actor: &Actor,
+) -> Result<(RunRecord, Vec<NewEvent<'r>>)> {
+    close_open_work(conn, scope, &run.id, "failed", "worker disconnected").await?;
+    let queued = transition_locked(
+        conn,
+        scope,
+        run,
+        RunStatus::Queued,
+        Change::default(),
+        actor,
+        Some(reason),
+    )
+    .await?;
+    let gap = serde_json::json!({
+        "reason": reason,
+        "previous_worker_id": run.worker_id,
+        "attempt": run.attempt,
+    });
+    let events = vec![
+        NewEvent::new(&run.task_id, &run.id, EventType::GapRunDisconnected).with(gap),
+        NewEvent::new(&run.task_id, &run.id, EventType::RunQueued)
+            .with(serde_json::json!({ "reason": reason })),
+    ];
+    Ok((queued, events))
+}
+
+/// A `queued` or `running` run, as boot recovery pages through them.
+#[derive(Debug, sqlx::FromRow)]
+pub struct ActiveRun {
+    pub run_id: String,
+    pub priority: i32,
+    pub workspace_id: String,
+}
+
+/// Up to `limit` active runs after `after` in id order, in every workspace (boot recovery
+/// re-enqueues those that lost their queue row).
+pub async fn active_page(
+    conn: &mut PgConnection,
+    after: &str,
+    limit: i64,
+) -> Result<Vec<ActiveRun>> {
+    let page = sqlx::query_as(
+        "SELECT r.id AS run_id, t.priority, r.workspace_id
+         FROM runs r JOIN tasks t ON t.id = r.task_id
+         WHERE r.status IN ('queued', 'running') AND r.id > $1
+         ORDER BY r.id LIMIT $2",
+    )
+    .bind(after)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(page)
 }
