@@ -124,9 +124,8 @@ async fn spawn(
         Some(isolation) => isolation.wrap(argv.to_vec()),
         None => argv.to_vec(),
     };
-    // The cgroup joins outermost, so the wrapper itself is already contained.
-    let argv = containment.wrap(argv);
-    Command::new(&argv[0])
+    let mut command = Command::new(&argv[0]);
+    command
         .args(&argv[1..])
         .current_dir(&spec.workspace)
         .env_clear()
@@ -135,8 +134,10 @@ async fn spawn(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
+        .kill_on_drop(true);
+    // The cgroup joins outermost, so the namespace wrapper itself is already contained.
+    containment.enter_on_spawn(&mut command);
+    command.spawn()
 }
 
 async fn wait<C: RunContext>(

@@ -1,6 +1,8 @@
 //! A cgroup v2 per attempt: every process the attempt starts (after `setsid`, a double
 //! fork, `nohup`, …) stays in it, and `cgroup.kill` ends them all at once.
 
+use std::fs::File;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -8,10 +10,6 @@ use tokio::time::Instant;
 
 /// How long an ended cgroup may take to empty before it is left behind (with a warning).
 const EMPTY_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Joins the cgroup whose `cgroup.procs` is `$0`, then becomes the command. Writing `0`
-/// moves the writing process itself.
-const JOIN_SCRIPT: &str = r#"{ echo 0 > "$0"; } 2>/dev/null || { echo "keel: sandbox_unavailable: could not enter the run's cgroup" >&2; exit 125; }; exec "$@""#;
 
 /// The directory run cgroups go under: a child of this process's own cgroup v2, if this
 /// process may create one there and the kernel has `cgroup.kill` (Linux 5.14).
@@ -42,6 +40,9 @@ fn own_cgroup() -> Option<PathBuf> {
 #[derive(Debug)]
 pub(super) struct RunCgroup {
     path: PathBuf,
+    /// Its `cgroup.procs`, opened (close-on-exec) before any child forks, so the child only
+    /// has to write to it.
+    procs: File,
     removed: bool,
 }
 
@@ -54,22 +55,38 @@ impl RunCgroup {
                 format!("sandbox_unavailable: creating {}: {e}", path.display()),
             )
         })?;
-        Ok(RunCgroup {
+        let mut run = RunCgroup {
             path,
+            procs: File::open("/dev/null")?,
             removed: false,
-        })
+        };
+        // Assigned after the struct exists, so a failure here still removes the directory.
+        run.procs = File::options()
+            .write(true)
+            .open(run.path.join("cgroup.procs"))
+            .map_err(|e| std::io::Error::new(e.kind(), format!("sandbox_unavailable: {e}")))?;
+        Ok(run)
     }
 
-    pub(super) fn wrap(&self, argv: Vec<String>) -> Vec<String> {
-        let procs = self
-            .path
-            .join("cgroup.procs")
-            .to_string_lossy()
-            .into_owned();
-        ["sh".to_string(), "-c".into(), JOIN_SCRIPT.into(), procs]
-            .into_iter()
-            .chain(argv)
-            .collect()
+    /// Makes `command`'s child join the cgroup between fork and exec, so not even its
+    /// first instruction runs outside. (It used to exec a `sh` that joined and then exec'd
+    /// the command: a second exec and dynamic-loader start-up per run.) A child that cannot
+    /// join never runs: the spawn fails with the write's error.
+    #[allow(unsafe_code)]
+    pub(super) fn join_on_spawn(&self, command: &mut tokio::process::Command) {
+        let procs = self.procs.as_raw_fd();
+        // SAFETY: the closure runs in the forked child, where only async-signal-safe calls
+        // are allowed; it makes one write(2) to an fd the parent keeps open until the spawn
+        // returns (this cgroup outlives the spawn), and allocates nothing. Writing `0` moves
+        // the writing process itself.
+        unsafe {
+            command.pre_exec(move || {
+                let fd = BorrowedFd::borrow_raw(procs);
+                nix::unistd::write(fd, b"0")
+                    .map(drop)
+                    .map_err(std::io::Error::from)
+            });
+        }
     }
 
     pub(super) fn kill_now(&self) {
@@ -111,5 +128,30 @@ impl Drop for RunCgroup {
             // Still populated while the kill lands: then the directory stays (empty soon).
             let _ = std::fs::remove_dir(&self.path);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The child is in the run's cgroup from its first instruction on (skipped on a host
+    /// without a writable cgroup v2, where the sweep contains runs instead).
+    #[tokio::test]
+    async fn a_spawned_child_starts_inside_the_run_s_cgroup() {
+        let Some(base) = probe() else { return };
+        let id = format!("test-{}", std::process::id());
+        let mut cgroup = RunCgroup::create(&base, &id).unwrap();
+        let mut command = tokio::process::Command::new("cat");
+        command.arg("/proc/self/cgroup");
+        cgroup.join_on_spawn(&mut command);
+        let output = command.output().await.unwrap();
+        let membership = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            membership.contains(&format!("/keel-run-{id}")),
+            "{membership}"
+        );
+        cgroup.end().await;
+        assert!(!cgroup.path.exists());
     }
 }

@@ -91,12 +91,11 @@ impl Containment {
         (MARKER.to_string(), self.id.clone())
     }
 
-    /// The argv that starts `argv` inside the containment: with a cgroup, a shell joins it
-    /// before it execs the command, so not even the first fork happens outside.
-    pub(crate) fn wrap(&self, argv: Vec<String>) -> Vec<String> {
-        match &self.cgroup {
-            Some(cgroup) => cgroup.wrap(argv),
-            None => argv,
+    /// Starts `command`'s child inside the containment: with a cgroup, the child joins it
+    /// before it execs, so not even the first fork happens outside.
+    pub(crate) fn enter_on_spawn(&self, command: &mut tokio::process::Command) {
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.join_on_spawn(command);
         }
     }
 
