@@ -222,12 +222,11 @@ impl Worker {
             let room = (self.settings.concurrency + self.settings.prefetch)
                 .saturating_sub(tasks.len() + waiting.len() + acks.backlog());
             claimer.shared.room.store(room, Ordering::Relaxed);
-            // One claim in flight, sized to all the room there is, so the whole buffer
-            // covers a claim's round trip: waiting until half the prefetch was used (the
-            // old rule) left half of it to cover the trip, and a worker 5 ms from its
-            // database emptied it while each claim travelled. With a prefetch, a claim
-            // waits for a quarter of it to be free, so a worker whose jobs are the
-            // limit claims in batches rather than one per freed slot.
+            // One claim in flight, sized to all the room there is. With a prefetch, a
+            // claim waits for a quarter of it to be free, so a worker whose jobs are the
+            // limit claims in batches rather than one per freed slot. What bounds a
+            // worker far from its database is the buffer itself, jobs held per claim
+            // round trip (docs/benchmarks.md, "Remote database"), not when it claims.
             if want_claim && claims.is_empty() && room > self.settings.prefetch / 4 {
                 want_claim = false;
                 claims.spawn(self.claim(&claimer, kinds, room));
