@@ -465,3 +465,67 @@ async fn claims_read_in_index_order_whatever_the_statistics_say() {
         "claims of 10 jobs read {full} and {from_head} rows and index entries"
     );
 }
+
+/// A kind that acks each job with `Job::ack` and says whether it wants them batched.
+struct AckingJobs {
+    batched: bool,
+}
+
+impl queue::worker::JobHandler for AckingJobs {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    fn run(
+        self: std::sync::Arc<Self>,
+        job: queue::worker::Job,
+    ) -> futures_util::future::BoxFuture<'static, ()> {
+        Box::pin(async move { job.ack().await.expect("the ack commits") })
+    }
+
+    fn batches_acks(&self) -> bool {
+        self.batched
+    }
+}
+
+/// `Job::ack` acks every job, fenced and archived, whether the worker batches acks (a kind
+/// asked for it) or runs no batcher and acks each alone (the production kinds' workers).
+#[tokio::test]
+async fn job_ack_acks_with_and_without_a_batcher() {
+    for batched in [false, true] {
+        let pool = support::pool(&support::fresh_database().await).await;
+        for i in 0..40 {
+            enqueue(&pool, &format!("j-{i}"), 0).await;
+        }
+        let settings = queue::worker::WorkerSettings {
+            concurrency: 4,
+            prefetch: 8,
+            lease: LEASE,
+            poll_interval: Duration::from_millis(100),
+            drain_timeout: Duration::from_secs(5),
+            max_per_workspace: None,
+        };
+        let handler = std::sync::Arc::new(AckingJobs { batched });
+        let worker = queue::worker::Worker::new(pool.clone(), settings, vec![handler]);
+        let stop = tokio_util::sync::CancellationToken::new();
+        let running = tokio::spawn(worker.run(stop.clone()));
+        support::wait_for(Duration::from_secs(30), "every job acked", || async {
+            let acked: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM lease_history WHERE outcome = 'acked' AND kind = $1",
+            )
+            .bind(KIND)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (acked == 40).then_some(())
+        })
+        .await;
+        stop.cancel();
+        running.await.unwrap().unwrap();
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(left, 0, "batched: {batched}: no job left behind");
+    }
+}

@@ -77,6 +77,11 @@ impl JobHandler for BenchJobs {
         KIND
     }
 
+    /// Every job acks by itself, thousands a second: batched, they share statements.
+    fn batches_acks(&self) -> bool {
+        true
+    }
+
     fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()> {
         async move {
             self.probe.started(&job.lease.ref_id);

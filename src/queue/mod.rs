@@ -112,6 +112,14 @@ impl QueuePool {
         )
     }
 
+    /// Opens `count` connections at once, ahead of their first statements: each takes a
+    /// few round trips to open (startup, authentication), which a database 5 ms away
+    /// turns into 40 ms or more in front of a worker's first claim and first ack batch.
+    pub async fn open(&self, count: usize) -> Result<()> {
+        futures_util::future::try_join_all((0..count).map(|_| self.0.acquire())).await?;
+        Ok(())
+    }
+
     /// The connections themselves, for statements the queue does not run (a test reading
     /// a session's statistics).
     pub fn pool(&self) -> &PgPool {

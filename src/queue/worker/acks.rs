@@ -1,11 +1,14 @@
-//! The worker's ack batcher, for jobs with no domain change to commit alongside their ack
-//! ([`super::Job::ack`]): concurrent acks share one statement, each fenced by its own token.
+//! How [`super::Job::ack`] acks a job with no domain change to commit alongside: alone in
+//! its own fenced transaction, or, in a worker one of whose kinds asked for it
+//! ([`super::JobHandler::batches_acks`]), through the ack batcher, where concurrent acks
+//! share one statement, each fenced by its own token.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use sqlx::PgPool;
 use tokio::sync::{Notify, mpsc, oneshot};
 
@@ -17,11 +20,12 @@ const ACK_BATCH: usize = 1_000;
 
 type AckRequest = (i64, i64, oneshot::Sender<Option<bool>>);
 
-/// The way into a worker's ack batcher ([`batch_acks`]).
+/// The way a worker's jobs ack: into its ack batcher ([`batch_acks`]) when it runs one.
 #[derive(Clone)]
 pub(super) struct Acks {
     pool: PgPool,
-    requests: mpsc::UnboundedSender<AckRequest>,
+    /// None: the worker runs no batcher, each ack commits alone.
+    requests: Option<mpsc::UnboundedSender<AckRequest>>,
     /// Acks queued and not yet resolved. A handler returns before its ack commits, so
     /// without a bound a worker whose acks are slower than its claims (an old snapshot
     /// held, an overloaded database) would pile up acks, and their unrenewed leases,
@@ -34,10 +38,22 @@ pub(super) struct Acks {
 }
 
 impl Acks {
+    /// Each ack alone, on `pool`, when it is awaited: no batcher task, no connection of
+    /// its own, nothing pending outside the handler (the production kinds' workers).
+    pub(super) fn alone(pool: &PgPool, wake: Arc<Notify>) -> Acks {
+        Acks {
+            pool: pool.clone(),
+            requests: None,
+            pending: Arc::default(),
+            allowance: 0,
+            wake,
+        }
+    }
+
     /// Starts the batcher of `owner`'s acks. Pending acks beyond `allowance` take claim
     /// room; `wake` is told when they fall back within it. A batch that fails falls back
     /// to one fenced ack per job, on `pool`.
-    pub(super) fn start(
+    pub(super) fn batched(
         pool: &PgPool,
         queue: &QueuePool,
         owner: &str,
@@ -48,7 +64,7 @@ impl Acks {
         tokio::spawn(batch_acks(queue.clone(), owner.to_string(), pending_acks));
         Acks {
             pool: pool.clone(),
-            requests,
+            requests: Some(requests),
             pending: Arc::default(),
             allowance,
             wake,
@@ -78,13 +94,15 @@ impl Acks {
         &self,
         lease: &Lease,
     ) -> impl Future<Output = Result<(), QueueError>> + Send + 'static {
+        let (pool, lease) = (self.pool.clone(), lease.clone());
+        let Some(requests) = &self.requests else {
+            return async move { ack_alone(&pool, &lease).await }.boxed();
+        };
         let (reply, answer) = oneshot::channel();
-        let queued = self
-            .requests
+        let queued = requests
             .send((lease.job_id, lease.fencing_token, reply))
             .is_ok();
         self.pending.fetch_add(1, Ordering::Relaxed);
-        let (pool, lease) = (self.pool.clone(), lease.clone());
         let (pending, allowance, wake) = (self.pending.clone(), self.allowance, self.wake.clone());
         async move {
             let acked = async {
@@ -96,10 +114,7 @@ impl Acks {
                     }
                 }
                 // The batch failed: ack alone, so this job gets its own answer (or error).
-                let mut tx = crate::queue::begin_fenced(&pool, &lease).await?;
-                crate::queue::complete(&mut tx, &lease).await?;
-                tx.commit().await?;
-                Ok(())
+                ack_alone(&pool, &lease).await
             }
             .await;
             if pending.fetch_sub(1, Ordering::Relaxed) == allowance + 1 {
@@ -107,7 +122,16 @@ impl Acks {
             }
             acked
         }
+        .boxed()
     }
+}
+
+/// One job's ack in its own fenced transaction.
+async fn ack_alone(pool: &PgPool, lease: &Lease) -> Result<(), QueueError> {
+    let mut tx = crate::queue::begin_fenced(pool, lease).await?;
+    crate::queue::complete(&mut tx, lease).await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 /// Acks what the jobs sent, one statement per batch: whatever arrived while the previous
@@ -121,8 +145,12 @@ async fn batch_acks(
     let mut batch = Vec::with_capacity(ACK_BATCH);
     while requests.recv_many(&mut batch, ACK_BATCH).await > 0 {
         let held: Vec<(i64, i64)> = batch.iter().map(|(id, token, _)| (*id, *token)).collect();
+        let started = Instant::now();
         let acked = match crate::queue::complete_many(&pool, &owner, &held).await {
-            Ok(ids) => Some(ids.into_iter().collect::<HashSet<i64>>()),
+            Ok(ids) => {
+                tracing::debug!(jobs = held.len(), elapsed = ?started.elapsed(), "acked a batch");
+                Some(ids.into_iter().collect::<HashSet<i64>>())
+            }
             Err(error) => {
                 tracing::warn!(%error, jobs = held.len(), "batched ack failed; acking one by one");
                 None

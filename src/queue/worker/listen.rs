@@ -4,12 +4,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::Registry;
-use crate::queue::JOBS_CHANNEL;
+use crate::queue::{CANCEL_CHANNEL, JOBS_CHANNEL, QueueError};
+
+/// A connection of its own listening on the queue's channels.
+pub(super) async fn subscribe(pool: &PgPool) -> Result<PgListener, QueueError> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen_all([JOBS_CHANNEL, CANCEL_CHANNEL]).await?;
+    Ok(listener)
+}
 
 /// Wakes the claim loop on new jobs and interrupts jobs whose domain row was withdrawn.
 pub(super) async fn listen(

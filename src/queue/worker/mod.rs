@@ -2,8 +2,9 @@
 //! hands each to the handler of its kind, and on shutdown stops claiming, lets running
 //! jobs finish within the drain window, then interrupts and releases the rest. Beside the
 //! loop run the heartbeat (`heartbeat.rs`), the listener (`listen.rs`: new jobs, withdrawn
-//! ones) and the ack batcher (`acks.rs`) for jobs with nothing to commit alongside their
-//! ack ([`Job::ack`]); `registry.rs` keeps the worker's row in `workers`.
+//! ones) and, when a kind asks for it ([`JobHandler::batches_acks`]), the ack batcher
+//! (`acks.rs`) for jobs with nothing to commit alongside their ack ([`Job::ack`]);
+//! `registry.rs` keeps the worker's row in `workers`.
 
 mod acks;
 mod claims;
@@ -20,12 +21,11 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use sqlx::PgPool;
-use sqlx::postgres::PgListener;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::{CANCEL_CHANNEL, JOBS_CHANNEL, Lease, QueuePool};
+use super::{Lease, QueuePool};
 use crate::queue::QueueError;
 use crate::telemetry;
 use acks::Acks;
@@ -37,6 +37,14 @@ use claims::Claimer;
 pub trait JobHandler: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
     fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()>;
+
+    /// True for a kind whose jobs ack with [`Job::ack`] in great numbers: the worker then
+    /// runs an ack batcher, and every kind's [`Job::ack`] goes through it. The production
+    /// kinds ack inside their own domain transaction and leave this false, so `keel
+    /// worker` runs no batcher.
+    fn batches_acks(&self) -> bool {
+        false
+    }
 }
 
 /// One claimed job, as its handler sees it.
@@ -50,11 +58,12 @@ pub struct Job {
 
 impl Job {
     /// Acks the job by itself, for work that commits nothing else (a `run` job's ack
-    /// commits with the run's terminal state instead). The ack is queued when this is
-    /// called; the returned receipt resolves once it committed (or `LeaseLost` when the
-    /// lease had moved on), so a handler may return, freeing its slot, before it does.
-    /// Acks queued while another batch is in flight share the next statement; each is
-    /// still fenced by its own token.
+    /// commits with the run's terminal state instead). The receipt resolves once the ack
+    /// committed (or `LeaseLost` when the lease had moved on). Without an ack batcher
+    /// ([`JobHandler::batches_acks`]) the ack is one fenced transaction, run when the
+    /// receipt is awaited. With one, the ack is queued when this is called, so a handler
+    /// may return, freeing its slot, before it commits; acks queued while another batch is
+    /// in flight share the next statement, each still fenced by its own token.
     #[must_use = "the ack is counted as pending (it takes claim room, and shutdown waits for \
                   it) until the receipt is awaited"]
     pub fn ack(&self) -> impl Future<Output = Result<(), QueueError>> + Send + 'static {
@@ -124,13 +133,22 @@ impl Worker {
     /// Runs until `shutdown` fires, then drains.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), QueueError> {
         let kinds = self.kinds();
-        registry::register(&self.pool, &self.id, &kinds, self.settings.concurrency).await?;
+        let batched = self.handlers.values().any(|h| h.batches_acks());
+        // Registering, listening and opening the connections of the first claim and ack
+        // batch go on side by side: each costs round trips, and a database far away
+        // made their sum most of the time before the first claim.
+        let (registered, listener, opened) = tokio::join!(
+            registry::register(&self.pool, &self.id, &kinds, self.settings.concurrency),
+            listen::subscribe(&self.pool),
+            self.queue.open(if batched { 2 } else { 1 }),
+        );
+        registered?;
+        opened?;
+        // Listening before the first claim, so no enqueue between the two is missed.
+        let listener = listener?;
         tracing::info!(worker_id = %self.id, ?kinds, concurrency = self.settings.concurrency, "worker started");
         let registry: Registry = Arc::default();
         let wake = Arc::new(Notify::new());
-        // Listen before the first claim, so no enqueue between the two is missed.
-        let mut listener = PgListener::connect_with(&self.pool).await?;
-        listener.listen_all([JOBS_CHANNEL, CANCEL_CHANNEL]).await?;
         let background = CancellationToken::new();
         tokio::spawn(listen::listen(
             listener,
@@ -147,7 +165,11 @@ impl Worker {
         ));
 
         let allowance = self.settings.concurrency + self.settings.prefetch;
-        let acks = Acks::start(&self.pool, &self.queue, &self.id, allowance, wake.clone());
+        let acks = if batched {
+            Acks::batched(&self.pool, &self.queue, &self.id, allowance, wake.clone())
+        } else {
+            Acks::alone(&self.pool, wake.clone())
+        };
         let mut tasks = JoinSet::new();
         self.claim_loop(&kinds, &registry, &wake, &acks, &mut tasks, &shutdown)
             .await;
@@ -200,13 +222,12 @@ impl Worker {
             let room = (self.settings.concurrency + self.settings.prefetch)
                 .saturating_sub(tasks.len() + waiting.len() + acks.backlog());
             claimer.shared.room.store(room, Ordering::Relaxed);
-            // With a prefetch, claim again once half of it is used: one claim per half
-            // buffer rather than one per freed slot.
-            if want_claim
-                && claims.is_empty()
-                && room > 0
-                && waiting.len() <= self.settings.prefetch / 2
-            {
+            // One claim in flight, sized to all the room there is. With a prefetch, a
+            // claim waits for a quarter of it to be free, so a worker whose jobs are the
+            // limit claims in batches rather than one per freed slot. What bounds a
+            // worker far from its database is the buffer itself, jobs held per claim
+            // round trip (docs/benchmarks.md, "Remote database"), not when it claims.
+            if want_claim && claims.is_empty() && room > self.settings.prefetch / 4 {
                 want_claim = false;
                 claims.spawn(self.claim(&claimer, kinds, room));
             }
@@ -252,9 +273,14 @@ impl Worker {
         let (claimer, pool, owner) = (claimer.clone(), self.queue.clone(), self.id.clone());
         let (kinds, settings) = (kinds.to_vec(), self.settings.clone());
         async move {
+            let started = std::time::Instant::now();
             let leases = claimer
                 .claim(&pool, &owner, &kinds, room, &settings)
                 .await?;
+            // What sizes a claim and how long it travels: the numbers that say whether
+            // the buffer covers a claim's round trip (docs/queue.md, "Ack batching and
+            // prefetch").
+            tracing::debug!(jobs = leases.len(), room, elapsed = ?started.elapsed(), "claimed");
             Ok((leases, room))
         }
     }
@@ -420,5 +446,5 @@ fn finished(registry: &Registry, done: Result<i64, tokio::task::JoinError>) {
 }
 
 /// Connections of a worker's [`QueuePool`]: the claim, the sweep, the heartbeat, the ack
-/// batcher and the snapshot watch each use one at a time.
+/// batcher (if any) and the snapshot watch each use one at a time.
 const QUEUE_CONNECTIONS: u32 = 5;
