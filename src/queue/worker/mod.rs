@@ -4,13 +4,15 @@
 //! loop run the heartbeat (`heartbeat.rs`), the listener (`listen.rs`: new jobs, withdrawn
 //! ones) and, when a kind asks for it ([`JobHandler::batches_acks`]), the ack batcher
 //! (`acks.rs`) for jobs with nothing to commit alongside their ack ([`Job::ack`]);
-//! `registry.rs` keeps the worker's row in `workers`.
+//! `registry.rs` keeps the worker's row in `workers`; `window.rs` sizes how many jobs it
+//! holds.
 
 mod acks;
 mod claims;
 mod heartbeat;
 mod listen;
 mod registry;
+mod window;
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
@@ -25,6 +27,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use self::window::Window;
 use super::{Lease, QueuePool};
 use crate::queue::QueueError;
 use crate::telemetry;
@@ -198,6 +201,7 @@ impl Worker {
         // waiting jobs in the slots that free meanwhile.
         let mut claims: JoinSet<ClaimResult> = JoinSet::new();
         let mut want_claim = true;
+        let mut window = Window::new(self.settings.concurrency, self.settings.prefetch);
         let (swept_tx, mut swept) = mpsc::unbounded_channel();
         let stop_sweep = CancellationToken::new();
         tokio::spawn(claims::watch_snapshots(
@@ -219,15 +223,16 @@ impl Worker {
                 finished(registry, done);
             }
             self.start_waiting(&mut waiting, tasks);
-            let room = (self.settings.concurrency + self.settings.prefetch)
+            let room = window
+                .size()
                 .saturating_sub(tasks.len() + waiting.len() + acks.backlog());
             claimer.shared.room.store(room, Ordering::Relaxed);
             // One claim in flight, sized to all the room there is. With a prefetch, a
             // claim waits for a quarter of it to be free, so a worker whose jobs are the
             // limit claims in batches rather than one per freed slot. What bounds a
-            // worker far from its database is the buffer itself, jobs held per claim
-            // round trip (docs/benchmarks.md, "Remote database"), not when it claims.
-            if want_claim && claims.is_empty() && room > self.settings.prefetch / 4 {
+            // worker far from its database is the window itself, jobs held per claim
+            // round trip, which is why it widens while claims starve the slots.
+            if want_claim && claims.is_empty() && room > window.prefetch() / 4 {
                 want_claim = false;
                 claims.spawn(self.claim(&claimer, kinds, room));
             }
@@ -239,8 +244,12 @@ impl Worker {
                     want_claim = true;
                 }
                 Some(claimed) = claims.join_next(), if !claims.is_empty() => {
+                    let starved =
+                        tasks.len() < self.settings.concurrency && waiting.is_empty();
                     // A full batch suggests more is due: claim again at once.
-                    want_claim |= self.take_claimed(claimed, registry, acks, &mut waiting);
+                    let full = self.take_claimed(claimed, registry, acks, &mut waiting);
+                    window.claimed(full, starved);
+                    want_claim |= full;
                     self.start_waiting(&mut waiting, tasks);
                 }
                 Some(leases) = swept.recv() => {
