@@ -11,6 +11,7 @@ pub mod run;
 pub mod schedule;
 pub mod secret;
 pub mod task;
+pub mod usage;
 pub mod workflow;
 
 pub use event::EventType;

@@ -7,6 +7,7 @@
 // exec (`sandbox::cgroup`), which needs `pre_exec`.
 #![deny(unsafe_code)]
 
+pub mod agent;
 mod context;
 mod file;
 pub mod media;
