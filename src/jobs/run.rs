@@ -285,6 +285,11 @@ impl RunJobs {
             // What the context held back goes: the retry runs the attempt again.
             Outcome::Retry { error } => Verdict::Retry(error),
             Outcome::Interrupted => Verdict::Interrupted,
+            // Only agent loops wait mid-run; until they run here, nothing returns this.
+            Outcome::AwaitingApproval { .. } => ended(End::Failed {
+                exit_code: None,
+                error: "an approval was asked for mid-run by an executor that cannot wait".into(),
+            }),
         };
         attempt::conclude(&self.pool, &job, &row, verdict).await
     }

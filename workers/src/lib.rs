@@ -90,6 +90,13 @@ pub enum Outcome {
         exit_code: Option<i32>,
         error: String,
     },
+    /// An agent loop's model asked for tool calls an approval policy gates: the run waits,
+    /// holding no lease, until an operator decides. `summary` is the bounded, sanitized
+    /// description of the whole bundle the approval covers.
+    AwaitingApproval {
+        summary: Vec<String>,
+        incomplete: bool,
+    },
     /// The attempt stopped because the run was cancelled or the lease was lost: the
     /// runtime must write nothing more for it.
     Interrupted,
