@@ -578,6 +578,86 @@ async fn linear_polls_page_through_the_project_import_each_issue_once_and_back_o
 }
 
 #[tokio::test]
+async fn an_item_that_leaves_the_active_states_has_its_run_cancelled() {
+    let linear = MockServer::start().await;
+    let first = json!([linear_issue(1, "Todo"), linear_issue(2, "Todo")]);
+    linear_page(Value::Null, first, None).mount(&linear).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let env = [("ACME_LINEAR_API_KEY", LINEAR_CANARY)];
+    // No worker: the imported runs stay queued, which is active.
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &env).await;
+    let client = api.client.clone().unwrap();
+    let endpoint = format!("{}/graphql", linear.uri());
+    let (_, body) = register(&client, &linear_workflow(&endpoint)).await;
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let poll_path = format!("/v1/external-work/sources/{id}/poll");
+    let (_, body) = client.post(&poll_path, json!({})).await;
+    assert_eq!(body["data"]["claimed"], 2, "{body}");
+    let (_, items) = client
+        .get(&format!("/v1/external-work/sources/{id}/items"))
+        .await;
+    let one = items["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["identifier"] == "ENG-1")
+        .unwrap()
+        .clone();
+
+    // ENG-1 moved to Done: the active query no longer has it, the question by id does.
+    linear.reset().await;
+    linear_page(Value::Null, json!([linear_issue(2, "Todo")]), None)
+        .mount(&linear)
+        .await;
+    let mut done = linear_issue(1, "Done");
+    done["updatedAt"] = json!("2026-11-30T12:00:00.000Z");
+    Mock::given(method("POST"))
+        .and(path("/graphql"))
+        .and(header("authorization", LINEAR_CANARY))
+        .and(body_partial_json(
+            json!({ "variables": { "ids": ["uuid-1"] } }),
+        ))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(json!({ "data": { "issues": {
+            "nodes": [done], "pageInfo": { "hasNextPage": false, "endCursor": null } } } })),
+        )
+        .mount(&linear)
+        .await;
+    let (_, body) = client.post(&poll_path, json!({})).await;
+    assert_eq!(body["data"]["error_code"], Value::Null, "{body}");
+    assert_eq!(body["data"]["cancelled_runs"], 1, "{body}");
+    assert_eq!(body["data"]["terminal"], 1, "{body}");
+    assert_eq!(body["data"]["duplicates"], 1, "{body}");
+    let (task_id, run_id) = (
+        one["task_id"].as_str().unwrap(),
+        one["run_id"].as_str().unwrap(),
+    );
+    let run = client.run(task_id, run_id).await;
+    assert_eq!(run["status"], "cancelled", "{run}");
+    let reason = run["last_error"].as_str().unwrap();
+    assert!(reason.contains("ENG-1 left the active states"), "{reason}");
+    // ENG-2's run goes on.
+    let (_, items) = client
+        .get(&format!("/v1/external-work/sources/{id}/items"))
+        .await;
+    let two = items["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["identifier"] == "ENG-2")
+        .unwrap()
+        .clone();
+    let run = client
+        .run(
+            two["task_id"].as_str().unwrap(),
+            two["run_id"].as_str().unwrap(),
+        )
+        .await;
+    assert_eq!(run["status"], "queued", "{run}");
+}
+
+#[tokio::test]
 async fn two_workers_polling_one_source_in_the_background_create_each_task_once() {
     let github = MockServer::start().await;
     // No ETags: every poll reads every item again, and each is a duplicate after the first.

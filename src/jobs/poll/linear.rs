@@ -11,25 +11,46 @@ use super::{Candidate, Fetched, LimitHeaders, Poller, Refusal, resume_at};
 use crate::domain::workflow::{BlockerRef, Issue, Tracker};
 
 /// Linear's page size (its default and Symphony's).
-const PAGE: u32 = 50;
+pub(super) const PAGE: u32 = 50;
 
-/// The candidates: issues of the project in the active states, with what the prompt's
-/// `issue` needs. A blocker is an inverse relation of type `blocks`.
-const CANDIDATES: &str = "query KeelCandidates($projectSlug: String!, $states: [String!]!, \
-$first: Int!, $after: String) {
+/// An issue's fields: what the prompt's `issue` needs. A blocker is an inverse relation of
+/// type `blocks`.
+macro_rules! issue_fields {
+    () => {
+        "id identifier title description priority branchName url createdAt updatedAt
+      state { name }
+      labels { nodes { name } }
+      inverseRelations { nodes { type issue { id identifier state { name } } } }"
+    };
+}
+
+/// The candidates: issues of the project in the active states.
+const CANDIDATES: &str = concat!(
+    "query KeelCandidates($projectSlug: String!, $states: [String!]!, $first: Int!, \
+     $after: String) {
   issues(first: $first, after: $after, filter: {
       project: { slugId: { eq: $projectSlug } }
       state: { name: { in: $states } }
   }) {
-    nodes {
-      id identifier title description priority branchName url createdAt updatedAt
-      state { name }
-      labels { nodes { name } }
-      inverseRelations { nodes { type issue { id identifier state { name } } } }
-    }
+    nodes { ",
+    issue_fields!(),
+    " }
     pageInfo { hasNextPage endCursor }
   }
-}";
+}"
+);
+
+/// Issues by id, whatever their state: reconciliation's question.
+const BY_IDS: &str = concat!(
+    "query KeelIssues($ids: [ID!]!, $first: Int!) {
+  issues(first: $first, filter: { id: { in: $ids } }) {
+    nodes { ",
+    issue_fields!(),
+    " }
+    pageInfo { hasNextPage endCursor }
+  }
+}"
+);
 
 /// Linear's own limit headers; the reset is in epoch milliseconds.
 const LIMIT_HEADERS: LimitHeaders = LimitHeaders {
@@ -82,6 +103,29 @@ struct Stop {
     backoff_until: Option<chrono::DateTime<Utc>>,
 }
 
+/// The current versions of the issues with these ids (at most [`PAGE`]), whatever their
+/// state.
+pub(super) async fn fetch_by_ids(
+    poller: &Poller,
+    tracker: &Tracker,
+    token: Option<&Secret>,
+    ids: &[&str],
+) -> Fetched {
+    let mut fetched = Fetched::default();
+    let variables = json!({ "ids": ids, "first": PAGE });
+    match query(poller, tracker, token, BY_IDS, variables).await {
+        Ok(page) => {
+            fetched.items = page.nodes;
+            fetched.backoff_until = page.backoff_until;
+        }
+        Err(stop) => {
+            fetched.backoff_until = stop.backoff_until;
+            fetched.error = Some(stop.error);
+        }
+    }
+    fetched
+}
+
 async fn fetch_page(
     poller: &Poller,
     tracker: &Tracker,
@@ -95,7 +139,18 @@ async fn fetch_page(
         "first": first,
         "after": after,
     });
-    let body = json!({ "query": CANDIDATES, "variables": variables });
+    query(poller, tracker, token, CANDIDATES, variables).await
+}
+
+/// Sends one `issues` query and reads its page.
+async fn query(
+    poller: &Poller,
+    tracker: &Tracker,
+    token: Option<&Secret>,
+    query: &str,
+    variables: Value,
+) -> Result<Page, Stop> {
+    let body = json!({ "query": query, "variables": variables });
     let mut request = poller.http.post(&tracker.endpoint).json(&body);
     if let Some(token) = token {
         // Linear's personal API keys go in the header as they are, without a scheme.

@@ -141,6 +141,8 @@ pub struct Imported {
     pub item: ItemRecord,
     /// True when the key was imported before: nothing changed.
     pub duplicate: bool,
+    /// The run this version cancelled: its item left the active states.
+    pub cancelled_run_id: Option<String>,
 }
 
 /// Imports one candidate in one transaction: the item, and for a new item in an active
@@ -174,29 +176,57 @@ pub async fn import(
         return Ok(Imported {
             item,
             duplicate: true,
+            cancelled_run_id: None,
         });
     };
+    let claimed = external::claimed_version(&mut tx, scope, &source.id, &issue.identifier).await?;
     let item = if tracker.is_terminal(&issue.state) {
         let change = ItemChange {
             state: "terminal",
             ..ItemChange::default()
         };
         external::update_item(&mut tx, scope, &item.id, &change).await?
-    } else if !tracker.is_active(&issue.state)
-        || external::claimed_version(&mut tx, scope, &source.id, &issue.identifier)
-            .await?
-            .is_some()
-    {
+    } else if tracker.is_active(&issue.state) && claimed.is_none() {
+        start(&mut tx, poller, scope, workflow, &item, issue, actor).await?
+    } else {
         // Not to be worked on, or an earlier version of it already has its task.
         item
-    } else {
-        start(&mut tx, poller, scope, workflow, &item, issue, actor).await?
+    };
+    let cancelled_run_id = match claimed {
+        Some(claimed) if !tracker.is_active(&issue.state) => {
+            stop_claimed_run(&mut tx, scope, &claimed, &issue.state).await?
+        }
+        _ => None,
     };
     tx.commit().await.map_err(StoreError::from)?;
     Ok(Imported {
         item,
         duplicate: false,
+        cancelled_run_id,
     })
+}
+
+/// Reconciliation: an item that left the active states has its run cancelled (a finished
+/// run stays as it is). Returns the run's id when it was still active.
+async fn stop_claimed_run(
+    conn: &mut sqlx::PgConnection,
+    scope: &Scope,
+    claimed: &ItemRecord,
+    state: &str,
+) -> Result<Option<String>, StoreError> {
+    let (Some(task_id), Some(run_id)) = (&claimed.task_id, &claimed.run_id) else {
+        return Ok(None);
+    };
+    let reason = format!(
+        "the tracker item {} left the active states (now {state})",
+        claimed.identifier
+    );
+    let before = runs::get(conn, scope, task_id, run_id).await?;
+    if before.status().is_terminal() {
+        return Ok(None);
+    }
+    runs::cancel_because(conn, scope, task_id, run_id, &Actor::System, &reason).await?;
+    Ok(Some(run_id.clone()))
 }
 
 /// Renders the prompt, creates the task and admits its first run; an item the workflow
@@ -286,6 +316,8 @@ pub struct PollSummary {
     /// New items neither active nor terminal, or whose subject already has a task.
     pub discovered: u64,
     pub terminal: u64,
+    /// Runs cancelled because their item left the active states.
+    pub cancelled_runs: u64,
     /// Every list answered 304: nothing changed.
     pub not_modified: bool,
     /// Set while a rate limit holds requests back.
@@ -297,6 +329,7 @@ pub struct PollSummary {
 impl PollSummary {
     fn count(&mut self, imported: &Imported) {
         self.candidates += 1;
+        self.cancelled_runs += u64::from(imported.cancelled_run_id.is_some());
         if imported.duplicate {
             self.duplicates += 1;
             return;
@@ -394,27 +427,86 @@ async fn poll_with(
         TrackerKind::Github => github::fetch(poller, tracker, token, &source.etags.0, limit).await,
         TrackerKind::Linear => linear::fetch(poller, tracker, token, limit).await,
     };
-    record.etags = fetched.etags;
-    record.backoff_until = fetched.backoff_until;
     summary.not_modified = fetched.items.is_empty() && fetched.not_modified;
-    if let Some((code, message)) = fetched.error {
-        summary.failed(code, message);
-    }
-    for value in &fetched.items {
-        let candidate = match polled_candidate(tracker, value) {
-            Ok(candidate) => candidate,
-            Err(message) => {
-                tracing::warn!(source_id = %source.id, %message, "skipped a tracker item");
-                continue;
-            }
-        };
-        match import(poller, scope, source, workflow, &candidate, actor).await {
-            Ok(imported) => summary.count(&imported),
-            Err(ExternalError::Store(error)) => return Err(error),
-            Err(other) => summary.failed("import_failed", other.to_string()),
+    record.etags = fetched.etags.clone();
+    let items = take(fetched, record, summary);
+    let imports = Imports {
+        poller,
+        scope,
+        source,
+        workflow,
+        actor,
+    };
+    imports.all(tracker, &items, summary).await?;
+    // GitHub's lists have every state; Linear's query only the active ones, so the runs of
+    // items that may have left them are asked about by id.
+    let limited = record.backoff_until.is_some() || summary.error_code.is_some();
+    if tracker.kind == TrackerKind::Linear && !limited {
+        let claimed = external::claimed_with_active_runs(
+            &mut *poller.pool.acquire().await?,
+            scope,
+            &source.id,
+            linear::PAGE,
+        )
+        .await?;
+        let ids: Vec<&str> = claimed
+            .iter()
+            .filter_map(|item| item.issue["id"].as_str())
+            .filter(|id| !items.iter().any(|seen| seen["id"] == *id))
+            .collect();
+        if !ids.is_empty() {
+            let refreshed = linear::fetch_by_ids(poller, tracker, token, &ids).await;
+            let items = take(refreshed, record, summary);
+            imports.all(tracker, &items, summary).await?;
         }
     }
     Ok(())
+}
+
+/// Keeps what a fetch says of the source (a rate limit, an error) and gives its items.
+fn take(fetched: Fetched, record: &mut PollRecord, summary: &mut PollSummary) -> Vec<Value> {
+    record.backoff_until = record.backoff_until.or(fetched.backoff_until);
+    if let Some((code, message)) = fetched.error {
+        summary.failed(code, message);
+    }
+    fetched.items
+}
+
+/// What importing a poll's items needs.
+struct Imports<'a> {
+    poller: &'a Poller,
+    scope: &'a Scope,
+    source: &'a SourceRecord,
+    workflow: &'a Workflow,
+    actor: &'a Actor,
+}
+
+impl Imports<'_> {
+    /// Imports each item in turn; an item that cannot be read is skipped with a warning.
+    async fn all(
+        &self,
+        tracker: &Tracker,
+        items: &[Value],
+        summary: &mut PollSummary,
+    ) -> Result<(), StoreError> {
+        for value in items {
+            let candidate = match polled_candidate(tracker, value) {
+                Ok(candidate) => candidate,
+                Err(message) => {
+                    let source_id = &self.source.id;
+                    tracing::warn!(%source_id, %message, "skipped a tracker item");
+                    continue;
+                }
+            };
+            let (poller, scope, source) = (self.poller, self.scope, self.source);
+            match import(poller, scope, source, self.workflow, &candidate, self.actor).await {
+                Ok(imported) => summary.count(&imported),
+                Err(ExternalError::Store(error)) => return Err(error),
+                Err(other) => summary.failed("import_failed", other.to_string()),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What the tracker's lists gave.
