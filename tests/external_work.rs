@@ -363,11 +363,13 @@ async fn github_polls_import_each_item_once_honour_etags_and_back_off_on_rate_li
     assert_eq!(item_json["identifier"], "acme/widgets#1", "{item_json}");
     assert_eq!(item_json["labels"], json!(["bug"]));
 
-    // 304: nothing changes.
-    let (status, body) = poll().await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["not_modified"], true, "{body}");
-    assert_eq!(body["data"]["candidates"], 0);
+    // 304: nothing changes, and the ETags stay for the poll after.
+    for _ in 0..2 {
+        let (status, body) = poll().await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["data"]["not_modified"], true, "{body}");
+        assert_eq!(body["data"]["candidates"], 0);
+    }
     assert_eq!(task_count(&client).await, 2);
 
     // A manual import of a known version is a duplicate; a new one becomes a task.
@@ -655,6 +657,63 @@ async fn an_item_that_leaves_the_active_states_has_its_run_cancelled() {
         )
         .await;
     assert_eq!(run["status"], "queued", "{run}");
+}
+
+#[tokio::test]
+async fn reconcile_asks_github_for_the_items_with_active_runs_only() {
+    let github = MockServer::start().await;
+    list("issues", json!([github_issue(1, "open")]), "\"i1\"")
+        .mount(&github)
+        .await;
+    list("pulls", json!([]), "\"p1\"").mount(&github).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
+    let client = api.client.clone().unwrap();
+    let (_, body) = register(&client, &github_workflow(&github.uri(), 30_000)).await;
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let (_, body) = client
+        .post(&format!("/v1/external-work/sources/{id}/poll"), json!({}))
+        .await;
+    assert_eq!(body["data"]["claimed"], 1, "{body}");
+
+    github.reset().await;
+    let mut closed = github_issue(1, "closed");
+    closed["updated_at"] = json!("2026-11-30T12:00:00Z");
+    Mock::given(method("GET"))
+        .and(path("/repos/acme/widgets/issues/1"))
+        .and(header("authorization", format!("Bearer {CANARY}").as_str()))
+        .respond_with(ResponseTemplate::new(200).set_body_json(closed))
+        .mount(&github)
+        .await;
+    let reconcile = format!("/v1/external-work/sources/{id}/reconcile");
+    let (status, body) = client.post(&reconcile, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["cancelled_runs"], 1, "{body}");
+    // One question, about the one item; the lists were not asked for.
+    let asked = github.received_requests().await.unwrap();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    let (_, items) = client
+        .get(&format!("/v1/external-work/sources/{id}/items"))
+        .await;
+    let claimed = items["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["state"] == "claimed")
+        .unwrap()
+        .clone();
+    let run = client
+        .run(
+            claimed["task_id"].as_str().unwrap(),
+            claimed["run_id"].as_str().unwrap(),
+        )
+        .await;
+    assert_eq!(run["status"], "cancelled", "{run}");
+    // Nothing is active any more: a second reconciliation asks nothing.
+    let (_, body) = client.post(&reconcile, json!({})).await;
+    assert_eq!(body["data"]["candidates"], 0, "{body}");
+    assert_eq!(github.received_requests().await.unwrap().len(), 1);
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::{Candidate, Fetched, LimitHeaders, Poller, Refusal, resume_at};
 use crate::domain::workflow::{Issue, Tracker};
+use crate::store::external::ItemRecord;
 
 /// A GitHub issue or pull request (as the REST API or a webhook payload has it) of
 /// `repository`, normalized. The key carries `updated_at` (and a pull request's head SHA):
@@ -147,7 +148,13 @@ pub(super) async fn fetch(
             }
         }
         match status {
-            StatusCode::NOT_MODIFIED => fetched.not_modified = true,
+            StatusCode::NOT_MODIFIED => {
+                // The list is as it was: its ETag stays for the next poll.
+                fetched.not_modified = true;
+                if let Some(etag) = etags.get(&url) {
+                    fetched.etags.insert(url.clone(), etag.clone());
+                }
+            }
             status if status.is_success() => {
                 if let Some(etag) = headers.get(header::ETAG).and_then(|v| v.to_str().ok()) {
                     fetched.etags.insert(url.clone(), etag.to_string());
@@ -168,6 +175,72 @@ pub(super) async fn fetch(
             }
             status => {
                 let message = format!("GitHub answered the {list} list with {status}");
+                fetched.error = Some(("tracker_error", message));
+                return fetched;
+            }
+        }
+    }
+    fetched
+}
+
+/// The current version of each of these items: `GET /repos/{repository}/pulls/{n}` for a
+/// pull request, `/issues/{n}` for an issue. A rate limit stops there; an item that is gone
+/// (404) is left as it is.
+pub(super) async fn fetch_items(
+    poller: &Poller,
+    tracker: &Tracker,
+    token: Option<&Secret>,
+    items: &[&ItemRecord],
+) -> Fetched {
+    let mut fetched = Fetched::default();
+    let base = tracker.endpoint.trim_end_matches('/');
+    let repository = tracker.repository.as_deref().unwrap_or_default();
+    for item in items {
+        let Some((_, number)) = item.identifier.rsplit_once('#') else {
+            continue;
+        };
+        let list = match item.kind.as_str() {
+            "github_pull_request" => "pulls",
+            _ => "issues",
+        };
+        let url = format!("{base}/repos/{repository}/{list}/{number}");
+        let mut request = poller
+            .http
+            .get(&url)
+            .header(header::ACCEPT, "application/vnd.github+json")
+            .header("X-GitHub-Api-Version", "2022-11-28");
+        if let Some(token) = token {
+            request = request.bearer_auth(token.expose());
+        }
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(error) => {
+                let message = format!("GET {list}/{number} failed: {}", error.without_url());
+                fetched.error = Some(("tracker_unreachable", message));
+                return fetched;
+            }
+        };
+        let status = response.status();
+        if let Some(until) = rate_limited(status, response.headers(), Utc::now()) {
+            fetched.backoff_until = Some(until);
+            if status == StatusCode::FORBIDDEN || status == StatusCode::TOO_MANY_REQUESTS {
+                let message = format!("GitHub rate limited {list}/{number} ({status})");
+                fetched.error = Some(("rate_limited", message));
+                return fetched;
+            }
+        }
+        match status {
+            StatusCode::NOT_FOUND => {}
+            status if status.is_success() => match response.json::<Value>().await {
+                Ok(value) => fetched.items.push(value),
+                Err(error) => {
+                    let message = format!("GitHub's {list}/{number} is not JSON: {error}");
+                    fetched.error = Some(("tracker_error", message));
+                    return fetched;
+                }
+            },
+            status => {
+                let message = format!("GitHub answered {list}/{number} with {status}");
                 fetched.error = Some(("tracker_error", message));
                 return fetched;
             }
