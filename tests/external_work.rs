@@ -717,6 +717,66 @@ async fn reconcile_asks_github_for_the_items_with_active_runs_only() {
 }
 
 #[tokio::test]
+async fn max_concurrent_agents_holds_items_back_until_a_slot_frees() {
+    let github = MockServer::start().await;
+    let issues = json!([github_issue(1, "open"), github_issue(2, "open")]);
+    list("issues", issues, "\"i1\"").mount(&github).await;
+    list("pulls", json!([]), "\"p1\"").mount(&github).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
+    let client = api.client.clone().unwrap();
+    let markdown = github_workflow(&github.uri(), 30_000).replacen(
+        "polling:",
+        "agent:\n  max_concurrent_agents: 1\npolling:",
+        1,
+    );
+    let (status, body) = register(&client, &markdown).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let poll_path = format!("/v1/external-work/sources/{id}/poll");
+    let (_, body) = client.post(&poll_path, json!({})).await;
+    assert_eq!(body["data"]["claimed"], 1, "{body}");
+    assert_eq!(body["data"]["discovered"], 1, "{body}");
+    assert_eq!(task_count(&client).await, 1);
+    let items_path = format!("/v1/external-work/sources/{id}/items");
+    let (_, items) = client.get(&items_path).await;
+    let items = items["data"].as_array().unwrap().clone();
+    let waiting = items.iter().find(|i| i["state"] == "discovered").unwrap();
+    assert_eq!(waiting["last_error_code"], "no_free_slot", "{waiting}");
+    let claimed = items.iter().find(|i| i["state"] == "claimed").unwrap();
+
+    // Still full: the next poll starts nothing.
+    let (_, body) = client.post(&poll_path, json!({})).await;
+    assert_eq!(body["data"]["claimed"], 0, "{body}");
+    // The first run ends: the next poll starts the waiting item, from what it stored.
+    let (task_id, run_id) = (
+        claimed["task_id"].as_str().unwrap(),
+        claimed["run_id"].as_str().unwrap(),
+    );
+    let (status, body) = client
+        .post(
+            &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, body) = client.post(&poll_path, json!({})).await;
+    assert_eq!(body["data"]["claimed"], 1, "{body}");
+    assert_eq!(task_count(&client).await, 2);
+    let (_, items) = client.get(&items_path).await;
+    let started = items["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["id"] == waiting["id"])
+        .unwrap()
+        .clone();
+    assert_eq!(started["state"], "claimed", "{started}");
+    assert_eq!(started["last_error_code"], Value::Null, "{started}");
+}
+
+#[tokio::test]
 async fn two_workers_polling_one_source_in_the_background_create_each_task_once() {
     let github = MockServer::start().await;
     // No ETags: every poll reads every item again, and each is a duplicate after the first.

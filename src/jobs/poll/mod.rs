@@ -230,8 +230,9 @@ async fn stop_claimed_run(
     Ok(Some(run_id.clone()))
 }
 
-/// Renders the prompt, creates the task and admits its first run; an item the workflow
-/// cannot make a task of is left `blocked` with the reason.
+/// Renders the prompt, creates the task and admits its first run, when the workflow's
+/// concurrency limits leave a slot; an item the workflow cannot make a task of is left
+/// `blocked` with the reason, one without a slot `discovered` with `no_free_slot`.
 async fn start(
     conn: &mut sqlx::PgConnection,
     poller: &Poller,
@@ -241,6 +242,14 @@ async fn start(
     issue: &Issue,
     actor: &Actor,
 ) -> Result<ItemRecord, StoreError> {
+    if let Some(full) = no_free_slot(conn, scope, workflow, item).await? {
+        let change = ItemChange {
+            state: "discovered",
+            error: Some(("no_free_slot", &full)),
+            ..ItemChange::default()
+        };
+        return external::update_item(conn, scope, &item.id, &change).await;
+    }
     let task = match new_task(poller, workflow, issue) {
         Ok(task) => task,
         Err((code, message)) => {
@@ -289,6 +298,35 @@ async fn start(
         error: None,
     };
     external::update_item(conn, scope, &item.id, &change).await
+}
+
+/// Why the item may not start now: `agent.max_concurrent_agents` (or the limit for its
+/// state) items of the source already have an active run.
+async fn no_free_slot(
+    conn: &mut sqlx::PgConnection,
+    scope: &Scope,
+    workflow: &Workflow,
+    item: &ItemRecord,
+) -> Result<Option<String>, StoreError> {
+    external::lock_slots(conn, scope, &item.source_id).await?;
+    let state = item.tracker_state.trim().to_lowercase();
+    let (all, in_state) = external::active_runs(conn, scope, &item.source_id, &state).await?;
+    let agent = &workflow.config.agent;
+    if all as u64 >= agent.max_concurrent_agents {
+        let max = agent.max_concurrent_agents;
+        return Ok(Some(format!(
+            "agent.max_concurrent_agents ({max}) items of this source have active runs"
+        )));
+    }
+    Ok(agent
+        .max_concurrent_agents_by_state
+        .get(&state)
+        .filter(|max| in_state as u64 >= **max)
+        .map(|max| {
+            format!(
+                "{max} items in state {state} have active runs (max_concurrent_agents_by_state)"
+            )
+        }))
 }
 
 fn new_task(
@@ -475,6 +513,52 @@ impl Imports<'_> {
         if asks && !limited {
             self.reconcile(tracker, token, &seen, record, summary)
                 .await?;
+        }
+        // Runs that ended or were cancelled since may have freed slots.
+        self.start_waiting(tracker, summary).await
+    }
+
+    /// Starts the items that waited for a free slot, oldest first, while slots are free.
+    async fn start_waiting(
+        &self,
+        tracker: &Tracker,
+        summary: &mut PollSummary,
+    ) -> Result<(), StoreError> {
+        let (poller, scope, source) = (self.poller, self.scope, self.source);
+        let mut conn = poller.pool.acquire().await?;
+        let waiting = external::waiting_for_slots(&mut conn, scope, &source.id, 50).await?;
+        drop(conn);
+        for item in waiting {
+            let Ok(issue) = serde_json::from_value::<Issue>(item.issue.clone()) else {
+                continue;
+            };
+            if !tracker.is_active(&issue.state) {
+                continue;
+            }
+            let mut tx = poller.pool.begin().await?;
+            external::lock_subject(&mut tx, scope, &source.id, &item.identifier).await?;
+            if external::claimed_version(&mut tx, scope, &source.id, &item.identifier)
+                .await?
+                .is_some()
+            {
+                continue;
+            }
+            let started = start(
+                &mut tx,
+                poller,
+                scope,
+                self.workflow,
+                &item,
+                &issue,
+                self.actor,
+            )
+            .await?;
+            tx.commit().await?;
+            match started.state.as_str() {
+                "claimed" => summary.claimed += 1,
+                _ if started.last_error_code.as_deref() == Some("no_free_slot") => break,
+                _ => {}
+            }
         }
         Ok(())
     }
