@@ -171,8 +171,9 @@ impl Turn {
     }
 
     /// Holds the turn mid-stream until `release` is cancelled: the status, headers and
-    /// first chunk (with the first piece of text, if any) are sent, the rest waits. An
-    /// error turn is held before it answers. Use it to act while a call is in flight.
+    /// the chunks up to the first piece of text (or the first chunk, without text) are
+    /// sent, the rest waits. An error turn is held before it answers. Use it to act while
+    /// a call is in flight (the client has seen a delta by then).
     pub fn hold(mut self, release: CancellationToken) -> Turn {
         self.hold = Some(release);
         self
@@ -342,11 +343,19 @@ async fn answer(
     }
     let model = body["model"].as_str().unwrap_or("fake-model").to_string();
     let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
-    let events = match protocol {
+    let frames = match protocol {
         Protocol::OpenAi => openai_events(&turn, &model, id),
         Protocol::Anthropic => anthropic_events(&turn, &model, id),
     };
-    stream(shared.clone(), events, turn.hold)
+    // The frame with the first piece of text, when there is text.
+    let first_text = turn.text.as_ref().and_then(|text| {
+        let piece = serde_json::to_string(&pieces(text)[0]).unwrap();
+        frames.iter().position(|frame| frame.contains(&piece))
+    });
+    let hold = turn
+        .hold
+        .map(|release| (first_text.map_or(1, |i| i + 1), release));
+    stream(shared.clone(), frames, hold)
 }
 
 fn failure(status: u16, message: &str) -> Failure {
@@ -379,13 +388,17 @@ fn error_response(protocol: Protocol, failure: &Failure) -> Response {
     response
 }
 
-/// Streams the SSE frames; after the first one it waits for `hold`, and it counts the turn
-/// completed only once the client has taken the last frame.
-fn stream(shared: Arc<Shared>, frames: Vec<String>, hold: Option<CancellationToken>) -> Response {
+/// Streams the SSE frames; after `hold.0` of them it waits for `hold.1`, and it counts the
+/// turn completed only once the client has taken the last frame.
+fn stream(
+    shared: Arc<Shared>,
+    frames: Vec<String>,
+    hold: Option<(usize, CancellationToken)>,
+) -> Response {
     struct Feed {
         frames: VecDeque<String>,
         sent: usize,
-        hold: Option<CancellationToken>,
+        hold: Option<(usize, CancellationToken)>,
         shared: Arc<Shared>,
     }
     let feed = Feed {
@@ -395,9 +408,7 @@ fn stream(shared: Arc<Shared>, frames: Vec<String>, hold: Option<CancellationTok
         shared,
     };
     let body = futures_util::stream::unfold(feed, |mut feed| async move {
-        if feed.sent == 1
-            && let Some(release) = feed.hold.take()
-        {
+        if let Some((_, release)) = feed.hold.take_if(|(after, _)| *after == feed.sent) {
             release.cancelled().await;
         }
         match feed.frames.pop_front() {
