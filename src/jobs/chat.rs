@@ -81,3 +81,101 @@ fn max_tokens(preset: &ProviderRecord) -> Option<u32> {
     let value = preset.compat.0.get("max_tokens")?.as_u64()?;
     u32::try_from(value).ok().filter(|&n| n > 0)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use sqlx::types::Json;
+
+    use super::*;
+
+    fn preset(api: &str, key_ref: Option<String>) -> ProviderRecord {
+        ProviderRecord {
+            id: "provider_1".into(),
+            kind: "local-llm".into(),
+            display_name: "Local".into(),
+            provider_id: "local-llm".into(),
+            model: "qwen-coder".into(),
+            api: api.into(),
+            base_url: "http://llm.internal:8000/v1".into(),
+            api_key_ref: key_ref,
+            headers: Json(BTreeMap::from([("x-team".into(), "keel".into())])),
+            secret_header_refs: Json(BTreeMap::new()),
+            capabilities: vec!["chat".into(), "tool_call".into()],
+            input: vec!["text".into()],
+            compat: Json(serde_json::Map::new()),
+            enabled: true,
+            last_check: None,
+            created_at: chrono::Utc::now(),
+            updated_at: chrono::Utc::now(),
+        }
+    }
+
+    const LIMITS: ChatLimits = ChatLimits {
+        request_timeout: Duration::from_secs(42),
+        allow_private_addresses: true,
+    };
+
+    #[test]
+    fn a_chat_preset_resolves_with_its_secret_and_the_tasks_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let path: PathBuf = dir.path().join("key");
+        std::fs::write(&path, "sk-from-a-file\n").unwrap();
+        let secrets = SecretPolicy::new(vec![], vec![dir.path().to_path_buf()]);
+        let mut record = preset(
+            "anthropic-messages",
+            Some(format!("file:{}", path.display())),
+        );
+        record
+            .compat
+            .0
+            .insert("max_tokens".into(), serde_json::json!(2048));
+
+        let config = chat_config(&record, Some(" claude-x "), &secrets, &LIMITS).unwrap();
+        assert_eq!(config.api, ChatApi::AnthropicMessages);
+        assert_eq!(config.provider, "provider_1");
+        assert_eq!(config.model, "claude-x");
+        assert_eq!(
+            config.api_key.as_ref().map(|k| k.expose()),
+            Some("sk-from-a-file")
+        );
+        assert_eq!(config.headers, [("x-team".to_string(), "keel".to_string())]);
+        assert_eq!(config.max_tokens, Some(2048));
+        assert_eq!(config.request_timeout, Duration::from_secs(42));
+        assert!(config.allow_private_addresses);
+
+        let preset_model = chat_config(&record, Some(""), &secrets, &LIMITS).unwrap();
+        assert_eq!(preset_model.model, "qwen-coder");
+    }
+
+    #[test]
+    fn presets_that_cannot_chat_are_unresolved_with_a_code() {
+        let secrets = SecretPolicy::default();
+        let code = |record: &ProviderRecord| {
+            chat_config(record, None, &secrets, &LIMITS)
+                .err()
+                .map(|u| u.code)
+        };
+        let keyless = preset("openai-completions", None);
+        assert_eq!(code(&keyless), None, "a local model needs no key");
+        assert_eq!(code(&preset("media-job", None)), Some("invalid_request"));
+        assert_eq!(
+            code(&preset("openai-responses", None)),
+            Some("invalid_request")
+        );
+        let mut no_model = preset("openai-completions", None);
+        no_model.model = " ".into();
+        assert_eq!(code(&no_model), Some("model_not_configured"));
+        let mut disabled = preset("openai-completions", None);
+        disabled.enabled = false;
+        assert_eq!(code(&disabled), Some("provider_disabled"));
+        let missing = preset(
+            "openai-completions",
+            Some("env:NOT_SET_ANYWHERE_API_KEY".into()),
+        );
+        assert_eq!(code(&missing), Some("secret_missing"));
+    }
+}
