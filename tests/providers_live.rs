@@ -135,6 +135,20 @@ async fn live_checks_refuse_media_presets_and_private_addresses_by_default() {
         check(&client, media, "?live=maybe").await.0,
         StatusCode::BAD_REQUEST
     );
+
+    // A chat preset without a key (a model served locally) is ready.
+    let (status, body) = client
+        .post(
+            "/v1/providers",
+            json!({"kind": "local-llm", "model": "qwen", "api": "openai-completions",
+                "base_url": "http://llm.internal:8000/v1", "capabilities": ["chat"],
+                "enabled": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let keyless = body["data"]["id"].as_str().unwrap();
+    let (_, body) = check(&client, keyless, "").await;
+    assert_eq!(body["data"]["code"], "ready", "{body}");
 }
 
 /// The SSE `data:` payloads of a response body.

@@ -517,10 +517,14 @@ fn readiness(
     if let Some(Err(message)) = vendor.map(|v| hosts.check(v, &provider.base_url)) {
         return ("provider_host_not_allowed", message);
     }
-    let Some(key) = provider.api_key() else {
+    // A chat model served locally may need no key; a media vendor always does.
+    let key = provider.api_key();
+    if key.is_none() && chat_api(&provider.api).is_none() {
         return ("secret_missing", "the preset names no api_key_ref".into());
-    };
-    let refs = std::iter::once(key).chain(provider.secret_headers().into_iter().map(|(_, r)| r));
+    }
+    let refs = key
+        .into_iter()
+        .chain(provider.secret_headers().into_iter().map(|(_, r)| r));
     for secret in refs {
         let status = secret.status(secrets);
         if let Some(code) = status.error_code {

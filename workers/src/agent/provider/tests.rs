@@ -396,6 +396,47 @@ async fn an_unreadable_stream_is_fatal() {
 }
 
 #[tokio::test]
+async fn an_error_event_mid_stream_is_transient_when_the_provider_is_overloaded() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    let events = |error_type: &str| {
+        format!(
+            "event: message_start\ndata: {}\n\nevent: error\ndata: {}\n\n",
+            json!({"type": "message_start", "message": {"model": "m", "usage": {"input_tokens": 3}}}),
+            json!({"type": "error", "error": {"type": error_type, "message": "try later"}}),
+        )
+    };
+    Mock::given(method("POST"))
+        .and(path("/v1/messages"))
+        .respond_with(ResponseTemplate::new(200).set_body_string(events("overloaded_error")))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/messages"))
+        .respond_with(ResponseTemplate::new(200).set_body_string(events("invalid_request_error")))
+        .mount(&server)
+        .await;
+    let mut config = config(&FakeLlm::start(vec![]).await, ChatApi::AnthropicMessages);
+    config.base_url = server.uri();
+    let client = ChatClient::new(config).unwrap();
+    let (overloaded, _) = call(&client, &conversation()[..2]).await;
+    assert_eq!(
+        overloaded,
+        Err(ProviderError::Transient {
+            message: "the provider failed mid-stream: overloaded_error: try later".into(),
+            retry_after: None
+        })
+    );
+    let (invalid, _) = call(&client, &conversation()[..2]).await;
+    assert!(
+        matches!(invalid, Err(ProviderError::Fatal { .. })),
+        "{invalid:?}"
+    );
+}
+
+#[tokio::test]
 async fn retries_give_up_with_the_last_transient_error() {
     let llm = FakeLlm::start(vec![
         Turn::error(500, "boom"),
