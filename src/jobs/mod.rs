@@ -1,6 +1,7 @@
 //! Job handlers, one per queue kind: they connect the generic queue to the domain.
 
 mod attempt;
+pub mod chat;
 mod fence;
 pub mod media;
 pub mod poll;
