@@ -160,6 +160,21 @@ async fn register(client: &Client, markdown: &str) -> (StatusCode, Value) {
         .await
 }
 
+/// The items a source found.
+async fn items_of(client: &Client, source_id: &str) -> Vec<Value> {
+    let (status, body) = client
+        .get(&format!("/v1/external-work/sources/{source_id}/items"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["data"].as_array().unwrap().clone()
+}
+
+/// The run of an item that has one.
+async fn run_of(client: &Client, item: &Value) -> Value {
+    let (task_id, run_id) = (item["task_id"].as_str(), item["run_id"].as_str());
+    client.run(task_id.unwrap(), run_id.unwrap()).await
+}
+
 async fn task_count(client: &Client) -> usize {
     let (status, body) = client.get("/v1/tasks?limit=200").await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -506,10 +521,7 @@ async fn linear_polls_page_through_the_project_import_each_issue_once_and_back_o
     assert_eq!(body["data"]["candidates"], 3, "{body}");
     assert_eq!(body["data"]["error_code"], Value::Null, "{body}");
     assert_eq!(linear.received_requests().await.unwrap().len(), 2);
-    let (_, items) = client
-        .get(&format!("/v1/external-work/sources/{id}/items"))
-        .await;
-    let items = items["data"].as_array().unwrap().clone();
+    let items = items_of(&client, &id).await;
     let third = items.iter().find(|i| i["identifier"] == "ENG-3").unwrap();
     assert_eq!(
         third["idempotency_key"],
@@ -596,16 +608,8 @@ async fn an_item_that_leaves_the_active_states_has_its_run_cancelled() {
     let poll_path = format!("/v1/external-work/sources/{id}/poll");
     let (_, body) = client.post(&poll_path, json!({})).await;
     assert_eq!(body["data"]["claimed"], 2, "{body}");
-    let (_, items) = client
-        .get(&format!("/v1/external-work/sources/{id}/items"))
-        .await;
-    let one = items["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["identifier"] == "ENG-1")
-        .unwrap()
-        .clone();
+    let items = items_of(&client, &id).await;
+    let one = items.iter().find(|i| i["identifier"] == "ENG-1").unwrap();
 
     // ENG-1 moved to Done: the active query no longer has it, the question by id does.
     linear.reset().await;
@@ -640,23 +644,8 @@ async fn an_item_that_leaves_the_active_states_has_its_run_cancelled() {
     let reason = run["last_error"].as_str().unwrap();
     assert!(reason.contains("ENG-1 left the active states"), "{reason}");
     // ENG-2's run goes on.
-    let (_, items) = client
-        .get(&format!("/v1/external-work/sources/{id}/items"))
-        .await;
-    let two = items["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["identifier"] == "ENG-2")
-        .unwrap()
-        .clone();
-    let run = client
-        .run(
-            two["task_id"].as_str().unwrap(),
-            two["run_id"].as_str().unwrap(),
-        )
-        .await;
-    assert_eq!(run["status"], "queued", "{run}");
+    let two = items.iter().find(|i| i["identifier"] == "ENG-2").unwrap();
+    assert_eq!(run_of(&client, two).await["status"], "queued");
 }
 
 #[tokio::test]
@@ -693,23 +682,9 @@ async fn reconcile_asks_github_for_the_items_with_active_runs_only() {
     // One question, about the one item; the lists were not asked for.
     let asked = github.received_requests().await.unwrap();
     assert_eq!(asked.len(), 1, "{asked:?}");
-    let (_, items) = client
-        .get(&format!("/v1/external-work/sources/{id}/items"))
-        .await;
-    let claimed = items["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["state"] == "claimed")
-        .unwrap()
-        .clone();
-    let run = client
-        .run(
-            claimed["task_id"].as_str().unwrap(),
-            claimed["run_id"].as_str().unwrap(),
-        )
-        .await;
-    assert_eq!(run["status"], "cancelled", "{run}");
+    let items = items_of(&client, &id).await;
+    let claimed = items.iter().find(|i| i["state"] == "claimed").unwrap();
+    assert_eq!(run_of(&client, claimed).await["status"], "cancelled");
     // Nothing is active any more: a second reconciliation asks nothing.
     let (_, body) = client.post(&reconcile, json!({})).await;
     assert_eq!(body["data"]["candidates"], 0, "{body}");
@@ -739,9 +714,7 @@ async fn max_concurrent_agents_holds_items_back_until_a_slot_frees() {
     assert_eq!(body["data"]["claimed"], 1, "{body}");
     assert_eq!(body["data"]["discovered"], 1, "{body}");
     assert_eq!(task_count(&client).await, 1);
-    let items_path = format!("/v1/external-work/sources/{id}/items");
-    let (_, items) = client.get(&items_path).await;
-    let items = items["data"].as_array().unwrap().clone();
+    let items = items_of(&client, &id).await;
     let waiting = items.iter().find(|i| i["state"] == "discovered").unwrap();
     assert_eq!(waiting["last_error_code"], "no_free_slot", "{waiting}");
     let claimed = items.iter().find(|i| i["state"] == "claimed").unwrap();
@@ -764,14 +737,8 @@ async fn max_concurrent_agents_holds_items_back_until_a_slot_frees() {
     let (_, body) = client.post(&poll_path, json!({})).await;
     assert_eq!(body["data"]["claimed"], 1, "{body}");
     assert_eq!(task_count(&client).await, 2);
-    let (_, items) = client.get(&items_path).await;
-    let started = items["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["id"] == waiting["id"])
-        .unwrap()
-        .clone();
+    let items = items_of(&client, &id).await;
+    let started = items.iter().find(|i| i["id"] == waiting["id"]).unwrap();
     assert_eq!(started["state"], "claimed", "{started}");
     assert_eq!(started["last_error_code"], Value::Null, "{started}");
 }

@@ -305,16 +305,7 @@ mod tests {
     use reqwest::header::HeaderMap;
 
     fn tracker() -> Tracker {
-        Tracker {
-            kind: TrackerKind::Linear,
-            endpoint: TrackerKind::Linear.default_endpoint().into(),
-            api_key: None,
-            repository: None,
-            project_slug: Some("eng".into()),
-            active_states: vec!["Todo".into()],
-            terminal_states: vec!["Done".into()],
-            events: Vec::new(),
-        }
+        super::super::test_tracker(TrackerKind::Linear, "eng", "Todo", "Done")
     }
 
     fn node() -> Value {

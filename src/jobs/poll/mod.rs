@@ -10,6 +10,26 @@
 mod github;
 mod linear;
 
+/// A tracker of `kind` on its public endpoint, for the trackers' unit tests.
+#[cfg(test)]
+fn test_tracker(kind: TrackerKind, subject: &str, active: &str, terminal: &str) -> Tracker {
+    let subject = Some(subject.to_string());
+    let (repository, project_slug) = match kind {
+        TrackerKind::Github => (subject, None),
+        TrackerKind::Linear => (None, subject),
+    };
+    Tracker {
+        kind,
+        endpoint: kind.default_endpoint().into(),
+        api_key: None,
+        repository,
+        project_slug,
+        active_states: vec![active.into()],
+        terminal_states: vec![terminal.into()],
+        events: Vec::new(),
+    }
+}
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
