@@ -744,6 +744,71 @@ async fn max_concurrent_agents_holds_items_back_until_a_slot_frees() {
 }
 
 #[tokio::test]
+async fn a_failed_run_of_an_active_item_is_retried_with_its_attempt_rendered() {
+    let github = MockServer::start().await;
+    list("issues", json!([github_issue(1, "open")]), "\"i1\"")
+        .mount(&github)
+        .await;
+    list("pulls", json!([]), "\"p1\"").mount(&github).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
+    let client = api.client.clone().unwrap();
+    let data = dir.path().join("worker");
+    std::fs::create_dir_all(&data).unwrap();
+    let _worker = support::spawn_worker(&db_url, dir.path(), "worker", 2_000, &data);
+    // The run succeeds only when its prompt says it is retry 1.
+    let markdown = format!(
+        "---
+tracker:
+  kind: github
+  endpoint: {}
+  repository: acme/widgets
+  api_key: $ACME_GITHUB_TOKEN
+agent:
+  max_retry_backoff_ms: 1
+task:
+  execution_kind: shell
+  shell_command: test \"$KEEL_RUN_PROMPT\" = \"Try 1\"
+---
+Try {{% if attempt %}}{{{{ attempt }}}}{{% else %}}0{{% endif %}}
+",
+        github.uri()
+    );
+    let (status, body) = register(&client, &markdown).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let poll_path = format!("/v1/external-work/sources/{id}/poll");
+    let (_, body) = client.post(&poll_path, json!({})).await;
+    assert_eq!(body["data"]["claimed"], 1, "{body}");
+    let first = items_of(&client, &id).await[0].clone();
+    let (task_id, run_id) = (
+        first["task_id"].as_str().unwrap(),
+        first["run_id"].as_str().unwrap(),
+    );
+    let failed = client
+        .wait_terminal(task_id, run_id, Duration::from_secs(30))
+        .await;
+    assert_eq!(failed["status"], "failed", "{failed}");
+
+    let (_, body) = client.post(&poll_path, json!({})).await;
+    assert_eq!(body["data"]["retried"], 1, "{body}");
+    let item = items_of(&client, &id).await[0].clone();
+    assert_eq!(item["state"], "claimed", "{item}");
+    assert_eq!(item["prompt"], "Try 1", "{item}");
+    let retry_id = item["run_id"].as_str().unwrap();
+    assert_ne!(retry_id, run_id);
+    let retried = client
+        .wait_terminal(task_id, retry_id, Duration::from_secs(30))
+        .await;
+    assert_eq!(retried["status"], "completed", "{retried}");
+    assert_eq!(retried["retried_from_run_id"], run_id, "{retried}");
+    // Completed: nothing more to retry.
+    let (_, body) = client.post(&poll_path, json!({})).await;
+    assert_eq!(body["data"]["retried"], 0, "{body}");
+}
+
+#[tokio::test]
 async fn two_workers_polling_one_source_in_the_background_create_each_task_once() {
     let github = MockServer::start().await;
     // No ETags: every poll reads every item again, and each is a duplicate after the first.

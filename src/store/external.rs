@@ -295,9 +295,9 @@ pub async fn claimed_version(
     Ok(row)
 }
 
-/// The source's claimed items whose run is still active, oldest first: what a
-/// reconciliation asks the tracker about.
-pub async fn claimed_with_active_runs(
+/// The source's claimed items whose run is still active or failed (a retry is coming),
+/// oldest first: what a reconciliation asks the tracker about.
+pub async fn claimed_to_reconcile(
     conn: &mut PgConnection,
     scope: &Scope,
     source_id: &str,
@@ -307,7 +307,7 @@ pub async fn claimed_with_active_runs(
         "SELECT i.* FROM external_work_items i
          JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
          WHERE i.workspace_id = $1 AND i.source_id = $2
-           AND r.status IN ('queued', 'running', 'awaiting_approval')
+           AND r.status IN ('queued', 'running', 'awaiting_approval', 'failed')
          ORDER BY i.id LIMIT $3",
     )
     .bind(scope.workspace())
@@ -352,6 +352,48 @@ pub async fn active_runs(
     .fetch_one(conn)
     .await?;
     Ok(counts)
+}
+
+/// A claimed item whose run failed, with what its retry needs.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct FailedClaim {
+    #[sqlx(flatten)]
+    pub item: ItemRecord,
+    pub run_finished_at: DateTime<Utc>,
+    pub run_error: Option<String>,
+    /// The task's runs so far: the next one is retry number `run_count`.
+    pub run_count: i32,
+    /// The tracker state of the subject's newest version.
+    pub newest_tracker_state: String,
+}
+
+/// The source's items whose task's latest run failed, oldest first.
+pub async fn claimed_with_failed_runs(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+    limit: u32,
+) -> Result<Vec<FailedClaim>> {
+    let rows = sqlx::query_as(
+        "SELECT i.*, r.finished_at AS run_finished_at, r.last_error AS run_error,
+                t.run_count,
+                (SELECT n.tracker_state FROM external_work_items n
+                 WHERE n.workspace_id = i.workspace_id AND n.source_id = i.source_id
+                   AND n.identifier = i.identifier
+                 ORDER BY n.id DESC LIMIT 1) AS newest_tracker_state
+         FROM external_work_items i
+         JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
+         JOIN tasks t ON t.workspace_id = i.workspace_id AND t.id = i.task_id
+         WHERE i.workspace_id = $1 AND i.source_id = $2 AND r.status = 'failed'
+           AND t.latest_run_id = r.id
+         ORDER BY i.id LIMIT $3",
+    )
+    .bind(scope.workspace())
+    .bind(source_id)
+    .bind(i64::from(limit))
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
 }
 
 /// Items left waiting for a free slot, the newest version of each subject, oldest subject

@@ -280,6 +280,25 @@ pub async fn get_locked(conn: &mut PgConnection, scope: &Scope, id: &str) -> Res
 }
 
 /// Deletes a task with its runs, steps, artifacts and events; refuses while a run is active.
+/// Replaces a task's prompt: an external work item's retry renders it again with its
+/// `attempt`.
+pub async fn set_prompt(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    prompt: &str,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE tasks SET prompt = $3, updated_at = now() WHERE workspace_id = $1 AND id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .bind(prompt)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str, actor: &Actor) -> Result<()> {
     let task = get(conn, scope, id).await?;
     lock(conn, scope, id).await?;

@@ -50,7 +50,7 @@ use crate::queue::{self, Lease};
 use crate::store::content::ContentStore;
 use crate::store::events::Subject;
 use crate::store::external::{
-    self, ItemChange, ItemRecord, NewItem, POLL_KIND, PollRecord, SourceRecord,
+    self, FailedClaim, ItemChange, ItemRecord, NewItem, POLL_KIND, PollRecord, SourceRecord,
 };
 use crate::store::runs::{self, Admission, AdmissionRules, Admitted, Origin};
 use crate::store::{StoreError, artifacts, tasks};
@@ -292,6 +292,26 @@ async fn start(
         task_id: &record.id,
         run_id: &run.id,
     };
+    write_evidence(conn, poller, scope, run_subject, item, prompt).await?;
+    let change = ItemChange {
+        state: "claimed",
+        prompt: task.prompt.as_deref(),
+        task_id: Some(&record.id),
+        run_id: Some(&run.id),
+        error: None,
+    };
+    external::update_item(conn, scope, &item.id, &change).await
+}
+
+/// The evidence a started run carries: the normalized item and the prompt rendered from it.
+async fn write_evidence(
+    conn: &mut sqlx::PgConnection,
+    poller: &Poller,
+    scope: &Scope,
+    run: Subject<'_>,
+    item: &ItemRecord,
+    prompt: &str,
+) -> Result<(), StoreError> {
     let item_json = serde_json::to_vec_pretty(&item.issue).expect("JSON serializes");
     let evidence = [
         (ITEM_ARTIFACT, "application/json", item_json.as_slice()),
@@ -302,22 +322,91 @@ async fn start(
         ),
     ];
     for (name, content_type, bytes) in evidence {
-        let artifact =
-            artifacts::open(conn, scope, run_subject, name, "metadata", content_type).await?;
+        let artifact = artifacts::open(conn, scope, run, name, "metadata", content_type).await?;
         poller
             .content
             .append(conn, scope, &artifact.id, bytes, MAX_EVIDENCE_BYTES)
             .await?;
         artifacts::close(conn, scope, &artifact.id).await?;
     }
-    let change = ItemChange {
+    Ok(())
+}
+
+/// How long a failed item waits before retry number `attempt` (1-based): Symphony's
+/// `min(10 s × 2^(attempt − 1), agent.max_retry_backoff_ms)`.
+fn retry_delay(attempt: u32, max_backoff_ms: u64) -> Duration {
+    let exponent = attempt.saturating_sub(1).min(20);
+    Duration::from_millis((10_000u64 << exponent).min(max_backoff_ms))
+}
+
+/// Retries a claimed item's failed run once its backoff has passed, if its newest version
+/// is still active and a slot is free: the prompt rendered again with `attempt`, a retry
+/// run of its task. Before then the item waits as `retry_wait`. Returns whether it started.
+async fn retry(
+    conn: &mut sqlx::PgConnection,
+    poller: &Poller,
+    scope: &Scope,
+    workflow: &Workflow,
+    failed: &FailedClaim,
+    actor: &Actor,
+) -> Result<bool, StoreError> {
+    let item = &failed.item;
+    let (Some(task_id), Some(run_id)) = (&item.task_id, &item.run_id) else {
+        return Ok(false);
+    };
+    let attempt = u32::try_from(failed.run_count).unwrap_or(u32::MAX);
+    let due =
+        failed.run_finished_at + retry_delay(attempt, workflow.config.agent.max_retry_backoff_ms);
+    let waiting = ItemChange {
+        state: "retry_wait",
+        prompt: item.prompt.as_deref(),
+        task_id: Some(task_id),
+        run_id: Some(run_id),
+        error: Some((
+            "run_failed",
+            failed.run_error.as_deref().unwrap_or("the run failed"),
+        )),
+    };
+    if Utc::now() < due || no_free_slot(conn, scope, workflow, item).await?.is_some() {
+        if item.state != "retry_wait" {
+            external::update_item(conn, scope, &item.id, &waiting).await?;
+        }
+        return Ok(false);
+    }
+    let issue: Issue = serde_json::from_value(item.issue.clone())
+        .map_err(|e| StoreError::Conflict(format!("item {} cannot be read: {e}", item.id)))?;
+    let prompt = match workflow.render(&issue, Some(attempt)) {
+        Ok(prompt) => prompt,
+        Err(error) => {
+            let blocked = ItemChange {
+                state: "blocked",
+                error: Some((error.code(), &error.to_string())),
+                ..waiting
+            };
+            external::update_item(conn, scope, &item.id, &blocked).await?;
+            return Ok(false);
+        }
+    };
+    tasks::set_prompt(conn, scope, task_id, &prompt).await?;
+    let mut admission = Admission::new(Origin::Retry(run_id.clone()));
+    admission.reason = Some(format!("retry {attempt} of {}", item.identifier));
+    let run = match runs::admit(conn, scope, task_id, admission, &poller.rules, actor).await? {
+        Admitted::New(run) | Admitted::Replayed(run) => run,
+    };
+    let run_subject = Subject::Run {
+        task_id,
+        run_id: &run.id,
+    };
+    write_evidence(conn, poller, scope, run_subject, item, &prompt).await?;
+    let claimed = ItemChange {
         state: "claimed",
-        prompt: task.prompt.as_deref(),
-        task_id: Some(&record.id),
+        prompt: Some(&prompt),
+        task_id: Some(task_id),
         run_id: Some(&run.id),
         error: None,
     };
-    external::update_item(conn, scope, &item.id, &change).await
+    external::update_item(conn, scope, &item.id, &claimed).await?;
+    Ok(true)
 }
 
 /// Why the item may not start now: `agent.max_concurrent_agents` (or the limit for its
@@ -377,6 +466,8 @@ pub struct PollSummary {
     pub terminal: u64,
     /// Runs cancelled because their item left the active states.
     pub cancelled_runs: u64,
+    /// Failed runs of items still active, tried again after their backoff.
+    pub retried: u64,
     /// Every list answered 304: nothing changed.
     pub not_modified: bool,
     /// Set while a rate limit holds requests back.
@@ -534,8 +625,40 @@ impl Imports<'_> {
             self.reconcile(tracker, token, &seen, record, summary)
                 .await?;
         }
-        // Runs that ended or were cancelled since may have freed slots.
+        // Runs that ended or were cancelled since may have freed slots; failed ones of
+        // items still active are tried again first.
+        self.retry_failed(tracker, summary).await?;
         self.start_waiting(tracker, summary).await
+    }
+
+    /// Retries the failed runs of items whose newest version is still active (see [`retry`]).
+    async fn retry_failed(
+        &self,
+        tracker: &Tracker,
+        summary: &mut PollSummary,
+    ) -> Result<(), StoreError> {
+        let (poller, scope, source) = (self.poller, self.scope, self.source);
+        let mut conn = poller.pool.acquire().await?;
+        let failed = external::claimed_with_failed_runs(&mut conn, scope, &source.id, 50).await?;
+        drop(conn);
+        for failed in failed {
+            let state = &failed.newest_tracker_state;
+            if !tracker.is_active(state) || tracker.is_terminal(state) {
+                continue;
+            }
+            let mut tx = poller.pool.begin().await?;
+            let identifier = &failed.item.identifier;
+            external::lock_subject(&mut tx, scope, &source.id, identifier).await?;
+            // Another poller may have retried it since it was read.
+            let current = external::claimed_version(&mut tx, scope, &source.id, identifier).await?;
+            if current.is_none_or(|c| c.run_id != failed.item.run_id) {
+                continue;
+            }
+            let started = retry(&mut tx, poller, scope, self.workflow, &failed, self.actor).await?;
+            tx.commit().await?;
+            summary.retried += u64::from(started);
+        }
+        Ok(())
     }
 
     /// Starts the items that waited for a free slot, oldest first, while slots are free.
@@ -584,8 +707,8 @@ impl Imports<'_> {
     }
 
     /// Asks the tracker for the current version of each claimed item whose run is still
-    /// active (but those in `seen`), and imports them: one that left the active states has
-    /// its run cancelled.
+    /// active or failed (but those in `seen`), and imports them: one that left the active
+    /// states has its run cancelled, or is not retried.
     async fn reconcile(
         &self,
         tracker: &Tracker,
@@ -595,13 +718,9 @@ impl Imports<'_> {
         summary: &mut PollSummary,
     ) -> Result<(), StoreError> {
         let mut conn = self.poller.pool.acquire().await?;
-        let claimed = external::claimed_with_active_runs(
-            &mut conn,
-            self.scope,
-            &self.source.id,
-            linear::PAGE,
-        )
-        .await?;
+        let claimed =
+            external::claimed_to_reconcile(&mut conn, self.scope, &self.source.id, linear::PAGE)
+                .await?;
         drop(conn);
         let unseen: Vec<&ItemRecord> = claimed
             .iter()
@@ -795,5 +914,19 @@ impl PollJobs {
         }
         tx.commit().await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_exponentially_up_to_the_workflows_cap() {
+        assert_eq!(retry_delay(1, 300_000), Duration::from_secs(10));
+        assert_eq!(retry_delay(3, 300_000), Duration::from_secs(40));
+        assert_eq!(retry_delay(10, 300_000), Duration::from_secs(300));
+        assert_eq!(retry_delay(u32::MAX, 300_000), Duration::from_secs(300));
+        assert_eq!(retry_delay(1, 1), Duration::from_millis(1));
     }
 }
