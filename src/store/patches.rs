@@ -69,3 +69,100 @@ pub fn created_event<'a>(run: Subject<'a>, record: &ArtifactRecord) -> NewEvent<
                                   "kind": record.kind }),
     }
 }
+
+/// A patch artifact's row: what lists and reverts need before reading its content.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PatchRow {
+    pub id: String,
+    pub name: String,
+    pub patch_status: String,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// A page of a run's patch artifacts, in id (creation) order.
+pub async fn list(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<PatchRow>> {
+    let rows = sqlx::query_as(
+        "SELECT id, name, patch_status, created_at FROM artifacts
+         WHERE workspace_id = $1 AND run_id = $2 AND kind = 'patch'
+           AND ($3::text IS NULL OR id > $3)
+         ORDER BY id LIMIT $4",
+    )
+    .bind(scope.workspace())
+    .bind(run_id)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// One patch artifact of a run; with `lock`, its row is locked until the transaction ends.
+pub async fn get(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+    artifact_id: &str,
+    lock: bool,
+) -> Result<PatchRow> {
+    let query = if lock {
+        "SELECT id, name, patch_status, created_at FROM artifacts
+         WHERE workspace_id = $1 AND run_id = $2 AND id = $3 AND kind = 'patch' FOR UPDATE"
+    } else {
+        "SELECT id, name, patch_status, created_at FROM artifacts
+         WHERE workspace_id = $1 AND run_id = $2 AND id = $3 AND kind = 'patch'"
+    };
+    sqlx::query_as(query)
+        .bind(scope.workspace())
+        .bind(run_id)
+        .bind(artifact_id)
+        .fetch_optional(conn)
+        .await?
+        .ok_or(StoreError::NotFound("patch"))
+}
+
+/// The [`Patch`] a patch artifact holds.
+pub async fn content(
+    content: &ContentStore,
+    pool: &sqlx::PgPool,
+    artifact_id: &str,
+) -> Result<Patch> {
+    use futures_util::TryStreamExt;
+
+    let chunks: Vec<bytes::Bytes> = content
+        .stream(pool.clone(), artifact_id.to_string())
+        .try_collect()
+        .await?;
+    serde_json::from_slice(&chunks.concat()).map_err(|e| {
+        StoreError::Content(format!("patch artifact {artifact_id} cannot be read: {e}"))
+    })
+}
+
+/// Marks a patch reverted, with its `tool.file.reverted` event, in the caller's transaction.
+pub async fn mark_reverted(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run: Subject<'_>,
+    artifact_id: &str,
+    path: &str,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE artifacts SET patch_status = 'reverted', updated_at = now()
+         WHERE workspace_id = $1 AND id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(artifact_id)
+    .execute(&mut *conn)
+    .await?;
+    let event = NewEvent {
+        subject: run,
+        event_type: EventType::ToolFileReverted,
+        data: serde_json::json!({ "artifact_id": artifact_id, "path": path }),
+    };
+    super::events::append(conn, scope, &[event]).await
+}

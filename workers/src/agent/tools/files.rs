@@ -374,3 +374,28 @@ pub(super) fn apply_patch(ws: &Path, args: ApplyPatch) -> Result<Done, ToolError
     let message = format!("patched {} file(s): {}", names.len(), names.join(", "));
     Ok(Done::patched(message, patches))
 }
+
+/// Why a patch could not be reverted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RevertError {
+    /// The file is no longer what the patch left: reverting would lose a later change.
+    #[error("{0}")]
+    Drift(String),
+    /// The path cannot be reached inside the workspace, or the file cannot be read/written.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// Restores `patch.before` in `workspace` (removes the file when it is None), only if the
+/// file's content is `patch.after` (absent when None); the path is confined like a tool's.
+pub fn revert(workspace: &Path, patch: &Patch) -> Result<(), RevertError> {
+    let target = target(workspace, &patch.path).map_err(RevertError::Refused)?;
+    if target.before != patch.after {
+        return Err(RevertError::Drift(format!(
+            "{} changed since the patch was applied; it was left as it is",
+            patch.path
+        )));
+    }
+    write_or_remove(&target.file.full, patch.before.as_deref())
+        .map_err(|e| RevertError::Refused(format!("{}: {e}", patch.path)))
+}

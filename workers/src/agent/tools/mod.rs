@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Patch, ToolCall, ToolResult};
 use crate::SandboxPolicy;
 
+pub use files::{RevertError, revert};
 pub use specs::specs;
 
 /// The output limit per result when the configuration says nothing.

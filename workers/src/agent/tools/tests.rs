@@ -447,3 +447,33 @@ fn specs_follow_the_catalog_order_of_the_allowed_tools() {
             .all(|s| s.parameters["type"] == "object")
     );
 }
+
+#[tokio::test]
+async fn a_patch_reverts_only_over_its_own_after() {
+    let (dir, env) = workspace();
+    let written = run(
+        &env,
+        "file_write",
+        json!({"path": "src/lib.rs", "content": "new"}),
+    )
+    .await;
+    let patch = &written.patches[0];
+    std::fs::write(dir.path().join("src/lib.rs"), "changed later").unwrap();
+    assert!(matches!(
+        revert(&env.workspace, patch),
+        Err(RevertError::Drift(_))
+    ));
+    std::fs::write(dir.path().join("src/lib.rs"), "new").unwrap();
+    revert(&env.workspace, patch).unwrap();
+    let lib = std::fs::read_to_string(dir.path().join("src/lib.rs")).unwrap();
+    assert_eq!(lib, "fn a() {}\nfn b() {}\n");
+    let escape = Patch {
+        path: "../x".into(),
+        before: None,
+        after: None,
+    };
+    assert!(matches!(
+        revert(&env.workspace, &escape),
+        Err(RevertError::Refused(_))
+    ));
+}
