@@ -167,13 +167,13 @@ async fn dispatch(
     let args = arguments(call)?;
     let ws = &env.workspace;
     match name {
-        "read_file" => blocking(ws, cancel, move |ws| files::read_file(ws, parse(args)?)).await,
-        "list_dir" => blocking(ws, cancel, move |ws| files::list_dir(ws, parse(args)?)).await,
-        "grep" => blocking(ws, cancel, move |ws| files::grep(ws, parse(args)?)).await,
-        "glob" => blocking(ws, cancel, move |ws| files::glob(ws, parse(args)?)).await,
-        "file_write" => blocking(ws, cancel, move |ws| files::file_write(ws, parse(args)?)).await,
-        "file_edit" => blocking(ws, cancel, move |ws| files::file_edit(ws, parse(args)?)).await,
-        "apply_patch" => blocking(ws, cancel, move |ws| files::apply_patch(ws, parse(args)?)).await,
+        "read_file" => reading(ws, cancel, move |ws| files::read_file(ws, parse(args)?)).await,
+        "list_dir" => reading(ws, cancel, move |ws| files::list_dir(ws, parse(args)?)).await,
+        "grep" => reading(ws, cancel, move |ws| files::grep(ws, parse(args)?)).await,
+        "glob" => reading(ws, cancel, move |ws| files::glob(ws, parse(args)?)).await,
+        "file_write" => writing(ws, move |ws| files::file_write(ws, parse(args)?)).await,
+        "file_edit" => writing(ws, move |ws| files::file_edit(ws, parse(args)?)).await,
+        "apply_patch" => writing(ws, move |ws| files::apply_patch(ws, parse(args)?)).await,
         "shell_exec" => exec::shell_exec(env, parse(args)?, cancel).await,
         "git_status" => exec::git_status(env, cancel).await,
         "git_diff" => exec::git_diff(env, parse(args)?, cancel).await,
@@ -198,19 +198,30 @@ fn parse<T: DeserializeOwned>(args: serde_json::Value) -> Result<T, ToolError> {
     serde_json::from_value(args).map_err(|e| format!("invalid arguments: {e}").into())
 }
 
-/// Runs a file tool off the async runtime; a cancelled call stops waiting for it (file
-/// operations are short and bounded).
-async fn blocking(
+/// Runs a reading file tool off the async runtime; a cancelled call stops waiting for it
+/// (the walk is bounded and changes nothing).
+async fn reading(
     workspace: &Path,
     cancel: &CancellationToken,
     work: impl FnOnce(&Path) -> Result<Done, ToolError> + Send + 'static,
 ) -> Result<Done, ToolError> {
-    let workspace = workspace.to_path_buf();
-    let task = tokio::task::spawn_blocking(move || work(&workspace));
     tokio::select! {
-        joined = task => joined.unwrap_or_else(|e| Err(format!("the tool failed: {e}").into())),
+        done = writing(workspace, work) => done,
         _ = cancel.cancelled() => Err("the tool call was cancelled".into()),
     }
+}
+
+/// Runs a file tool off the async runtime to its end, cancelled or not: a writer left
+/// running behind a "cancelled" result would change files no patch records. Writers touch
+/// a few files of bounded size, so this is short.
+async fn writing(
+    workspace: &Path,
+    work: impl FnOnce(&Path) -> Result<Done, ToolError> + Send + 'static,
+) -> Result<Done, ToolError> {
+    let workspace = workspace.to_path_buf();
+    tokio::task::spawn_blocking(move || work(&workspace))
+        .await
+        .unwrap_or_else(|e| Err(format!("the tool failed: {e}").into()))
 }
 
 /// `content` cut to `max` bytes (at a char boundary), with a marker naming the full size.

@@ -17,6 +17,13 @@ pub(super) struct Confined {
 /// `.` or an empty path names the workspace itself. What does not exist yet resolves
 /// through its nearest existing parent.
 pub(super) fn confine(workspace: &Path, path: &str) -> Result<Confined, String> {
+    // Canonical already, normally; resolved again so a caller's spelling cannot matter.
+    let workspace = &std::fs::canonicalize(workspace).map_err(|e| {
+        format!(
+            "the workspace {} cannot be resolved: {e}",
+            workspace.display()
+        )
+    })?;
     let given = Path::new(path);
     if given.is_absolute() {
         return Err(format!(
