@@ -17,7 +17,8 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
-use super::{Patch, ToolCall, ToolResult};
+use super::run_loop::Toolbox;
+use super::{Patch, ToolCall, ToolResult, ToolSpec};
 use crate::SandboxPolicy;
 
 pub use files::{RevertError, revert};
@@ -76,6 +77,32 @@ pub struct ToolEnv {
     pub max_output_bytes: usize,
     /// http_request may reach loopback and private addresses: tests only.
     pub allow_private_addresses: bool,
+}
+
+/// The workspace tools as the loop's [`Toolbox`]: one run's environment and allowed tools.
+#[derive(Debug, Clone)]
+pub struct WorkspaceTools {
+    pub env: ToolEnv,
+    /// From [`allowed`].
+    pub allowed: Vec<String>,
+}
+
+impl Toolbox for WorkspaceTools {
+    fn specs(&self) -> Vec<ToolSpec> {
+        specs(&self.allowed)
+    }
+
+    fn summarize(&self, call: &ToolCall) -> String {
+        summarize(call)
+    }
+
+    fn call(
+        &self,
+        tool_call: &ToolCall,
+        cancel: &CancellationToken,
+    ) -> impl Future<Output = ToolResult> + Send {
+        call(&self.env, &self.allowed, tool_call, cancel)
+    }
 }
 
 /// What a tool did: the text for the model, whether it counts as a failure (a non-zero
