@@ -371,17 +371,41 @@ pub(super) fn apply_patch(ws: &Path, args: ApplyPatch) -> Result<Done, ToolError
     for (target, after) in &planned {
         match commit(ws, target, after.as_deref()) {
             Ok(patch) => patches.push(patch),
-            Err(error) => {
-                for (done, _) in planned.iter().take(patches.len()) {
-                    let _ = write_or_remove(ws, &done.file.relative, done.before.as_deref());
-                }
-                return Err(format!("{error}; no file was changed").into());
-            }
+            Err(error) => return Err(roll_back(ws, &planned, patches, error)),
         }
     }
     let names: Vec<&str> = patches.iter().map(|p| p.path.as_str()).collect();
     let message = format!("patched {} file(s): {}", names.len(), names.join(", "));
     Ok(Done::patched(message, patches))
+}
+
+/// Puts back the files a failed apply_patch already wrote. A file that cannot be put back
+/// stays changed, so its patch is still returned (the runtime records it).
+fn roll_back(
+    ws: &Path,
+    planned: &[(Target, Option<String>)],
+    written: Vec<Patch>,
+    error: String,
+) -> ToolError {
+    let mut stuck = Vec::new();
+    let mut failures = Vec::new();
+    for ((target, _), patch) in planned.iter().zip(written) {
+        if let Err(e) = write_or_remove(ws, &target.file.relative, target.before.as_deref()) {
+            failures.push(format!("{}: {e}", patch.path));
+            stuck.push(patch);
+        }
+    }
+    if stuck.is_empty() {
+        return format!("{error}; no file was changed").into();
+    }
+    ToolError::Partial(Done {
+        content: format!(
+            "{error}; these files could not be put back and stay changed: {}",
+            failures.join("; ")
+        ),
+        failed: true,
+        patches: stuck,
+    })
 }
 
 /// Why a patch could not be reverted.

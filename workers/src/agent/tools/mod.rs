@@ -132,17 +132,22 @@ impl Done {
 }
 
 /// A refused or failed call, in words for the model.
-struct ToolError(String);
+enum ToolError {
+    Message(String),
+    /// A failure that still changed files (a roll-back that could not finish): the
+    /// result keeps their patches.
+    Partial(Done),
+}
 
 impl From<String> for ToolError {
     fn from(message: String) -> Self {
-        ToolError(message)
+        ToolError::Message(message)
     }
 }
 
 impl From<&str> for ToolError {
     fn from(message: &str) -> Self {
-        ToolError(message.to_string())
+        ToolError::Message(message.to_string())
     }
 }
 
@@ -156,8 +161,8 @@ pub async fn call(
     cancel: &CancellationToken,
 ) -> ToolResult {
     let (content, is_error, patches) = match dispatch(env, allowed, call, cancel).await {
-        Ok(done) => (done.content, done.failed, done.patches),
-        Err(ToolError(message)) => (message, true, Vec::new()),
+        Ok(done) | Err(ToolError::Partial(done)) => (done.content, done.failed, done.patches),
+        Err(ToolError::Message(message)) => (message, true, Vec::new()),
     };
     ToolResult {
         content: bound(content, env.max_output_bytes),

@@ -508,3 +508,24 @@ async fn a_link_inside_is_written_as_its_target_and_hard_links_are_refused() {
         "s"
     );
 }
+
+#[tokio::test]
+async fn reverting_a_deletion_restores_the_file_only_while_it_is_still_absent() {
+    let (dir, env) = workspace();
+    let deleted = Patch {
+        path: "src/lib.rs".into(),
+        before: Some("old".into()),
+        after: None,
+    };
+    std::fs::write(dir.path().join("src/lib.rs"), "recreated").unwrap();
+    assert!(matches!(
+        revert(&env.workspace, &deleted),
+        Err(RevertError::Drift(_))
+    ));
+    std::fs::remove_file(dir.path().join("src/lib.rs")).unwrap();
+    revert(&env.workspace, &deleted).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("src/lib.rs")).unwrap(),
+        "old"
+    );
+}
