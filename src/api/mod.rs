@@ -7,6 +7,7 @@ mod error;
 mod events;
 mod external_work;
 mod extract;
+mod lineage;
 mod media_jobs;
 mod middleware;
 mod openapi;

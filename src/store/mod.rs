@@ -11,6 +11,7 @@ pub mod embedded;
 pub mod events;
 pub mod external;
 pub mod leases;
+pub mod lineage;
 pub mod media_jobs;
 pub mod providers;
 pub mod retention;

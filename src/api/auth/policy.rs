@@ -133,7 +133,17 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ),
     (
         "POST",
+        "/v1/tasks/{task_id}/runs/{run_id}/continue",
+        RemoteSafe,
+    ),
+    (
+        "POST",
         "/v1/tasks/{task_id}/runs/{run_id}/resume",
+        RemoteSafe,
+    ),
+    (
+        "POST",
+        "/v1/tasks/{task_id}/runs/{run_id}/retry-from-model-call",
         RemoteSafe,
     ),
     (
