@@ -16,6 +16,7 @@ mod runtime;
 mod schedules;
 mod system;
 mod tasks;
+mod usage;
 mod workspaces;
 
 use std::net::SocketAddr;
@@ -155,6 +156,7 @@ fn routes() -> OpenApiRouter<AppState> {
                 .merge(system::v1_router())
                 .merge(workspaces::router())
                 .merge(runtime::router())
+                .merge(usage::router())
                 .merge(openapi::router()),
         )
 }

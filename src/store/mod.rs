@@ -22,6 +22,7 @@ pub mod stats;
 pub mod steps;
 pub mod tasks;
 pub mod transitions;
+pub mod usage;
 pub mod workers;
 pub mod workspaces;
 

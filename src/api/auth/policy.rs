@@ -88,6 +88,8 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ("DELETE", "/v1/providers/{id}", RemoteSafe),
     ("POST", "/v1/providers/{id}/check", RemoteSafe),
     ("GET", "/v1/secrets/status", RemoteSafe),
+    ("GET", "/v1/usage/events", RemoteSafe),
+    ("GET", "/v1/usage/summary", RemoteSafe),
     ("GET", "/v1/task-schedules", RemoteSafe),
     ("GET", "/v1/tasks", RemoteSafe),
     ("POST", "/v1/tasks", RemoteSafe),
