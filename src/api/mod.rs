@@ -52,6 +52,8 @@ pub struct AppState {
     pub events: watch::Receiver<i64>,
     /// How often a stream re-reads the database when no notification arrives.
     pub stream_poll: Duration,
+    /// Live model text for run streams.
+    pub deltas: Arc<events::ModelDeltas>,
     /// Fires at shutdown; open streams end so the server can drain.
     pub shutdown: CancellationToken,
     pub rules: AdmissionRules,
@@ -114,6 +116,7 @@ pub async fn serve_with_auth(
             .map_err(std::io::Error::other)?
     };
     let events = events::follow_commits(pool.clone(), shutdown.clone());
+    let deltas = events::ModelDeltas::new(pool.clone(), shutdown.clone());
     tracing::info!(
         address = %listener.local_addr()?,
         mode = ?auth.mode(),
@@ -124,6 +127,7 @@ pub async fn serve_with_auth(
         pool,
         events,
         stream_poll: settings.stream_poll,
+        deltas,
         shutdown: shutdown.clone(),
         rules: settings.rules,
         content: settings.content,
