@@ -21,7 +21,8 @@ use crate::queue;
     "number": 1, "status": "completed", "attempt": 1,
     "worker_id": "wrk_01a22b04aa0e7c5d9f3b2a1c0d9e8f7a", "exit_code": 0, "last_error": null,
     "retried_from_run_id": null, "resumed_from_run_id": null, "checkpoint": null,
-    "prior_cost_micros_usd": 0, "total_cost_micros_usd": 0, "schedule_id": null,
+    "prior_cost_micros_usd": 0, "total_cost_micros_usd": 0, "model_call_count": 0,
+    "model": null, "provider": null, "schedule_id": null,
     "schedule_occurrence_id": null, "scheduled_for": null,
     "created_at": "2026-11-30T09:00:05Z", "started_at": "2026-11-30T09:00:05Z",
     "finished_at": "2026-11-30T09:01:12Z", "updated_at": "2026-11-30T09:01:12Z"
@@ -41,6 +42,11 @@ pub struct RunRecord {
     pub checkpoint: Option<serde_json::Value>,
     pub prior_cost_micros_usd: i64,
     pub total_cost_micros_usd: i64,
+    /// Agent loops: the model calls this run completed, and the model and provider preset
+    /// of the latest (null before the first).
+    pub model_call_count: i32,
+    pub model: Option<String>,
+    pub provider: Option<String>,
     /// The run whose ephemeral workspace this run uses (itself unless resumed).
     #[serde(skip)]
     pub workspace_run_id: Option<String>,
@@ -193,8 +199,17 @@ pub async fn admit(
         )));
     }
     let task = raise_budget(conn, scope, task, admission.budget_micros_usd).await?;
-    let execution = task.execution().map_err(StoreError::Conflict)?;
-    let gates = rules.approvals.gates_for(&execution, task.sandbox());
+    // An agent loop's tool calls are gated mid-loop, not before it starts.
+    let execution = if task.execution_kind == "agent_loop" {
+        tasks::chat_preset(conn, scope, &task).await?;
+        None
+    } else {
+        Some(task.execution().map_err(StoreError::Conflict)?)
+    };
+    let gates = execution
+        .as_ref()
+        .map(|execution| rules.approvals.gates_for(execution, task.sandbox()))
+        .unwrap_or_default();
     let status = if gates.is_empty() {
         RunStatus::Queued
     } else {
@@ -229,8 +244,9 @@ pub async fn admit(
         queue::enqueue(conn, scope, queue::RUN_KIND, &run.id, task.priority).await?;
         appended.push(NewEvent::new(task_id, &run.id, EventType::RunQueued));
     } else {
+        let execution = execution.as_ref().expect("only processes have gates");
         let summary =
-            ActionSummary::describe(&execution, &task.workspace_description(), task.timeout_ms);
+            ActionSummary::describe(execution, &task.workspace_description(), task.timeout_ms);
         for kind in gates {
             gated.push(
                 approvals::create(conn, scope, &run, kind, &summary, rules.approval_ttl, actor)
@@ -295,7 +311,8 @@ async fn insert(
          )
          SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
+                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at
          FROM inserted",
     )
@@ -393,7 +410,8 @@ async fn find_by_idempotency_key(
     let seen: Option<Seen> = sqlx::query_as(
         "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
+                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at,
                 idempotency_request
          FROM runs WHERE workspace_id = $3 AND task_id = $1 AND idempotency_key = $2",
@@ -429,7 +447,8 @@ pub async fn get(
     sqlx::query_as(
         "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
+                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at
          FROM runs WHERE workspace_id = $3 AND task_id = $1 AND id = $2",
     )
@@ -445,7 +464,8 @@ pub async fn get_by_id(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> 
     sqlx::query_as(
         "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
+                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at
          FROM runs WHERE workspace_id = $1 AND id = $2",
     )
@@ -474,7 +494,8 @@ pub async fn lock_with_task(
     sqlx::query_as(
         "SELECT r.id, r.task_id, r.number, r.status, r.attempt, r.worker_id, r.exit_code,
                 r.last_error, r.retried_from_run_id, r.resumed_from_run_id, r.checkpoint,
-                r.prior_cost_micros_usd, r.total_cost_micros_usd, r.workspace_run_id,
+                r.prior_cost_micros_usd, r.total_cost_micros_usd, r.model_call_count, r.model,
+                r.provider, r.workspace_run_id,
                 r.schedule_id, r.schedule_occurrence_id, r.scheduled_for, r.created_at,
                 r.started_at, r.finished_at, r.updated_at, to_jsonb(task) AS task
          FROM runs r
@@ -483,7 +504,8 @@ pub async fn lock_with_task(
                     t.prompt, t.shell_command, t.git_command, t.file_path, t.file_content,
                     t.file_operation, t.working_directory, t.workspace_mode,
                     t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only, t.timeout_ms,
-                    t.priority, t.budget_micros_usd, t.run_count, t.latest_run_id,
+                    t.priority, t.budget_micros_usd, t.system_prompt, t.requested_provider,
+                    t.requested_model, t.max_model_calls, t.tools, t.run_count, t.latest_run_id,
                     (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
                         AS latest_run_step_count,
                     (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
@@ -507,7 +529,8 @@ pub async fn lock(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Resul
     sqlx::query_as(
         "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
+                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at
          FROM runs WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
     )
@@ -541,7 +564,8 @@ pub async fn list(
     let rows = sqlx::query_as(
         "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
+                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at
          FROM runs
          WHERE workspace_id = $4 AND task_id = $1 AND ($2::text IS NULL OR id > $2)
@@ -627,7 +651,8 @@ pub async fn transition_locked(
          )
          SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
+                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at
          FROM updated",
     )
