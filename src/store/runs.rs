@@ -249,8 +249,19 @@ pub async fn admit(
             ActionSummary::describe(execution, &task.workspace_description(), task.timeout_ms);
         for kind in gates {
             gated.push(
-                approvals::create(conn, scope, &run, kind, &summary, rules.approval_ttl, actor)
-                    .await?,
+                approvals::create(
+                    conn,
+                    scope,
+                    &run,
+                    approvals::Gate {
+                        kind,
+                        step_id: None,
+                    },
+                    &summary,
+                    rules.approval_ttl,
+                    actor,
+                )
+                .await?,
             );
         }
         appended.extend(gated.iter().map(approvals::requested_event));
