@@ -681,15 +681,28 @@ pub async fn transition_locked(
     Ok(run)
 }
 
-/// Cancels a run: the terminal state is committed first; the worker holding the job sees
-/// its job row vanish and stops the process. Pending approvals are cancelled by the
-/// system. Cancelling a finished run returns it unchanged.
+/// Cancels a run at a caller's request; see [`cancel_because`].
 pub async fn cancel(
     conn: &mut PgConnection,
     scope: &Scope,
     task_id: &str,
     run_id: &str,
     actor: &Actor,
+) -> Result<RunRecord> {
+    cancel_because(conn, scope, task_id, run_id, actor, "cancelled by request").await
+}
+
+/// Cancels a run: the terminal state is committed first; the worker holding the job sees
+/// its job row vanish and stops the process. Pending approvals are cancelled by the
+/// system. Cancelling a finished run returns it unchanged. `reason` becomes the run's
+/// `last_error` and the transition's reason.
+pub async fn cancel_because(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    run_id: &str,
+    actor: &Actor,
+    reason: &str,
 ) -> Result<RunRecord> {
     get(conn, scope, task_id, run_id).await?;
     // The job row is locked (deleted) before the run row, the order every worker
@@ -700,19 +713,11 @@ pub async fn cancel(
         return Ok(run);
     }
     let change = Change {
-        last_error: Some("cancelled by request"),
+        last_error: Some(reason),
         ..Change::default()
     };
-    let run = transition(
-        conn,
-        scope,
-        run_id,
-        RunStatus::Cancelled,
-        change,
-        actor,
-        Some("cancelled by request"),
-    )
-    .await?;
+    let cancelled = RunStatus::Cancelled;
+    let run = transition(conn, scope, run_id, cancelled, change, actor, Some(reason)).await?;
     approvals::cancel_pending(conn, scope, run_id, "the run was cancelled").await?;
     close_open_work(conn, scope, run_id, "cancelled", "run cancelled").await?;
     // An approval that won the race for the run lock may have enqueued it since the first
