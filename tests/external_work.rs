@@ -1,6 +1,7 @@
 //! External work against real `keel` processes: WORKFLOW.md errors over HTTP and on the
 //! command line, sources, GitHub polls against a local server speaking GitHub's REST
-//! protocol (ETags, 304, rate limits), and imports that create each task once.
+//! protocol (ETags, 304, rate limits), Linear polls against one speaking Linear's GraphQL
+//! (pages, `RATELIMITED`), and imports that create each task once.
 
 mod support;
 
@@ -9,7 +10,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::{Client, TestApp, wait_for};
-use wiremock::matchers::{header, method, path};
+use wiremock::matchers::{body_partial_json, header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 /// The tracker token: it must reach GitHub and nothing else (no row, event, log, artifact).
@@ -429,6 +430,231 @@ async fn github_polls_import_each_item_once_honour_etags_and_back_off_on_rate_li
     drop(api);
     let log = std::fs::read_to_string(dir.path().join("api.log")).unwrap();
     assert!(!log.contains(CANARY), "the token is in the API log");
+}
+
+const LINEAR_CANARY: &str = "lin_api_canary_0badf00d";
+
+fn linear_workflow(endpoint: &str) -> String {
+    format!(
+        "---
+tracker:
+  kind: linear
+  endpoint: {endpoint}
+  project_slug: eng
+  api_key: $ACME_LINEAR_API_KEY
+task:
+  execution_kind: shell
+  shell_command: echo imported
+---
+Work on {{{{ issue.identifier }}}} ({{{{ issue.state }}}}), blocked by {{{{ issue.blocked_by.size }}}}
+"
+    )
+}
+
+fn linear_issue(number: u64, state: &str) -> Value {
+    json!({ "id": format!("uuid-{number}"), "identifier": format!("ENG-{number}"),
+            "title": format!("issue {number}"), "priority": 1, "state": { "name": state },
+            "updatedAt": "2026-11-30T10:00:00.000Z", "labels": { "nodes": [] },
+            "inverseRelations": { "nodes": [] } })
+}
+
+/// One page of the project's issues, answering the query whose `after` is `after`.
+fn linear_page(after: Value, nodes: Value, next: Option<&str>) -> Mock {
+    let query = json!({ "variables": { "projectSlug": "eng", "after": after } });
+    let page = json!({ "data": { "issues": { "nodes": nodes,
+        "pageInfo": { "hasNextPage": next.is_some(), "endCursor": next } } } });
+    Mock::given(method("POST"))
+        .and(path("/graphql"))
+        .and(header("authorization", LINEAR_CANARY))
+        .and(body_partial_json(query))
+        .respond_with(ResponseTemplate::new(200).set_body_json(page))
+}
+
+#[tokio::test]
+async fn linear_polls_page_through_the_project_import_each_issue_once_and_back_off() {
+    let linear = MockServer::start().await;
+    let mut with_blocker = linear_issue(3, "In Progress");
+    with_blocker["inverseRelations"]["nodes"] = json!([{ "type": "blocks",
+        "issue": { "id": "uuid-1", "identifier": "ENG-1", "state": { "name": "Todo" } } }]);
+    linear_page(
+        Value::Null,
+        json!([linear_issue(1, "Todo"), linear_issue(2, "Todo")]),
+        Some("cursor-2"),
+    )
+    .mount(&linear)
+    .await;
+    linear_page(json!("cursor-2"), json!([with_blocker]), None)
+        .mount(&linear)
+        .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let env = [("ACME_LINEAR_API_KEY", LINEAR_CANARY)];
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &env).await;
+    let client = api.client.clone().unwrap();
+    let endpoint = format!("{}/graphql", linear.uri());
+    let (status, body) = register(&client, &linear_workflow(&endpoint)).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let poll_path = format!("/v1/external-work/sources/{id}/poll");
+    let poll = || client.post(&poll_path, json!({}));
+
+    let (status, body) = poll().await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["candidates"], 3, "{body}");
+    assert_eq!(body["data"]["error_code"], Value::Null, "{body}");
+    assert_eq!(linear.received_requests().await.unwrap().len(), 2);
+    let (_, items) = client
+        .get(&format!("/v1/external-work/sources/{id}/items"))
+        .await;
+    let items = items["data"].as_array().unwrap().clone();
+    let third = items.iter().find(|i| i["identifier"] == "ENG-3").unwrap();
+    assert_eq!(
+        third["idempotency_key"],
+        "linear:issue:eng:ENG-3:2026-11-30T10:00:00.000Z"
+    );
+    assert_eq!(third["prompt"], "Work on ENG-3 (In Progress), blocked by 1");
+    assert_eq!(body["data"]["claimed"], 3, "{body}");
+    let tasks = task_count(&client).await;
+    assert_eq!(tasks, 3, "{items:?}");
+
+    // The same versions again: duplicates, nothing new.
+    let (_, body) = poll().await;
+    assert_eq!(body["data"]["duplicates"], 3, "{body}");
+    assert_eq!(task_count(&client).await, tasks);
+
+    // A webhook payload of a new version goes through the same import.
+    let mut changed = linear_issue(1, "Todo");
+    changed["updatedAt"] = json!("2026-11-30T11:00:00.000Z");
+    let webhook = json!({ "action": "update", "type": "Issue", "data": changed });
+    let (status, body) = client
+        .post(
+            "/v1/external-work/import",
+            json!({ "source_id": id, "payload": webhook }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["data"]["duplicate"], false, "{body}");
+    // ENG-1 already has its task: the new version is recorded, no second task.
+    assert_eq!(task_count(&client).await, tasks);
+
+    // Linear's RATELIMITED error backs off until its reset, without failing the source.
+    linear.reset().await;
+    let reset = chrono::Utc::now() + chrono::Duration::minutes(2);
+    let limited = json!({ "errors": [{ "message": "Rate limit exceeded",
+        "extensions": { "code": "RATELIMITED" } }] });
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(400)
+                .insert_header("x-ratelimit-requests-remaining", "0")
+                .insert_header(
+                    "x-ratelimit-requests-reset",
+                    reset.timestamp_millis().to_string().as_str(),
+                )
+                .set_body_json(limited),
+        )
+        .mount(&linear)
+        .await;
+    let (_, body) = poll().await;
+    assert_eq!(body["data"]["error_code"], "rate_limited", "{body}");
+    let until: chrono::DateTime<chrono::Utc> = body["data"]["backoff_until"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(until.timestamp(), reset.timestamp(), "{body}");
+    let asked = linear.received_requests().await.unwrap().len();
+    let (_, body) = poll().await;
+    assert_eq!(body["data"]["candidates"], 0, "{body}");
+    assert_eq!(linear.received_requests().await.unwrap().len(), asked);
+
+    assert_eq!(
+        rows_containing(&db_url, LINEAR_CANARY).await,
+        Vec::<String>::new()
+    );
+    drop(api);
+    let log = std::fs::read_to_string(dir.path().join("api.log")).unwrap();
+    assert!(!log.contains(LINEAR_CANARY), "the key is in the API log");
+}
+
+#[tokio::test]
+async fn an_item_that_leaves_the_active_states_has_its_run_cancelled() {
+    let linear = MockServer::start().await;
+    let first = json!([linear_issue(1, "Todo"), linear_issue(2, "Todo")]);
+    linear_page(Value::Null, first, None).mount(&linear).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let env = [("ACME_LINEAR_API_KEY", LINEAR_CANARY)];
+    // No worker: the imported runs stay queued, which is active.
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &env).await;
+    let client = api.client.clone().unwrap();
+    let endpoint = format!("{}/graphql", linear.uri());
+    let (_, body) = register(&client, &linear_workflow(&endpoint)).await;
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let poll_path = format!("/v1/external-work/sources/{id}/poll");
+    let (_, body) = client.post(&poll_path, json!({})).await;
+    assert_eq!(body["data"]["claimed"], 2, "{body}");
+    let (_, items) = client
+        .get(&format!("/v1/external-work/sources/{id}/items"))
+        .await;
+    let one = items["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["identifier"] == "ENG-1")
+        .unwrap()
+        .clone();
+
+    // ENG-1 moved to Done: the active query no longer has it, the question by id does.
+    linear.reset().await;
+    linear_page(Value::Null, json!([linear_issue(2, "Todo")]), None)
+        .mount(&linear)
+        .await;
+    let mut done = linear_issue(1, "Done");
+    done["updatedAt"] = json!("2026-11-30T12:00:00.000Z");
+    Mock::given(method("POST"))
+        .and(path("/graphql"))
+        .and(header("authorization", LINEAR_CANARY))
+        .and(body_partial_json(
+            json!({ "variables": { "ids": ["uuid-1"] } }),
+        ))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(json!({ "data": { "issues": {
+            "nodes": [done], "pageInfo": { "hasNextPage": false, "endCursor": null } } } })),
+        )
+        .mount(&linear)
+        .await;
+    let (_, body) = client.post(&poll_path, json!({})).await;
+    assert_eq!(body["data"]["error_code"], Value::Null, "{body}");
+    assert_eq!(body["data"]["cancelled_runs"], 1, "{body}");
+    assert_eq!(body["data"]["terminal"], 1, "{body}");
+    assert_eq!(body["data"]["duplicates"], 1, "{body}");
+    let (task_id, run_id) = (
+        one["task_id"].as_str().unwrap(),
+        one["run_id"].as_str().unwrap(),
+    );
+    let run = client.run(task_id, run_id).await;
+    assert_eq!(run["status"], "cancelled", "{run}");
+    let reason = run["last_error"].as_str().unwrap();
+    assert!(reason.contains("ENG-1 left the active states"), "{reason}");
+    // ENG-2's run goes on.
+    let (_, items) = client
+        .get(&format!("/v1/external-work/sources/{id}/items"))
+        .await;
+    let two = items["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["identifier"] == "ENG-2")
+        .unwrap()
+        .clone();
+    let run = client
+        .run(
+            two["task_id"].as_str().unwrap(),
+            two["run_id"].as_str().unwrap(),
+        )
+        .await;
+    assert_eq!(run["status"], "queued", "{run}");
 }
 
 #[tokio::test]

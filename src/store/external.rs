@@ -275,15 +275,15 @@ pub async fn lock_subject(
     Ok(())
 }
 
-/// The item of this subject that already has a task, if any.
+/// The version of this subject that has its task, if any.
 pub async fn claimed_version(
     conn: &mut PgConnection,
     scope: &Scope,
     source_id: &str,
     identifier: &str,
-) -> Result<Option<String>> {
-    let id = sqlx::query_scalar(
-        "SELECT id FROM external_work_items
+) -> Result<Option<ItemRecord>> {
+    let row = sqlx::query_as(
+        "SELECT * FROM external_work_items
          WHERE workspace_id = $1 AND source_id = $2 AND identifier = $3 AND task_id IS NOT NULL
          LIMIT 1",
     )
@@ -292,7 +292,30 @@ pub async fn claimed_version(
     .bind(identifier)
     .fetch_optional(conn)
     .await?;
-    Ok(id)
+    Ok(row)
+}
+
+/// The source's claimed items whose run is still active, oldest first: what a
+/// reconciliation asks the tracker about.
+pub async fn claimed_with_active_runs(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+    limit: u32,
+) -> Result<Vec<ItemRecord>> {
+    let rows = sqlx::query_as(
+        "SELECT i.* FROM external_work_items i
+         JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
+         WHERE i.workspace_id = $1 AND i.source_id = $2
+           AND r.status IN ('queued', 'running', 'awaiting_approval')
+         ORDER BY i.id LIMIT $3",
+    )
+    .bind(scope.workspace())
+    .bind(source_id)
+    .bind(i64::from(limit))
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
 }
 
 /// Where an item stands after its import.

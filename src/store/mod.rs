@@ -43,6 +43,10 @@ pub enum StoreError {
     /// A conflict with its own error code, for clients that branch on it.
     #[error("{message}")]
     Refused { code: &'static str, message: String },
+    /// The request cannot be carried out as the stored rows stand (422), with its own code:
+    /// `model_not_configured`.
+    #[error("{message}")]
+    Unprocessable { code: &'static str, message: String },
     /// A fenced write found that this worker no longer holds the job's lease.
     #[error("the lease on this job was lost")]
     LeaseLost,

@@ -43,9 +43,9 @@ pub struct RunRecord {
     pub checkpoint: Option<serde_json::Value>,
     pub prior_cost_micros_usd: i64,
     pub total_cost_micros_usd: i64,
-    /// Completed provider model calls of this run (agent loops; 0 otherwise).
+    /// Agent loops: the model calls this run completed, and the model and provider preset
+    /// of the latest (null before the first).
     pub model_call_count: i32,
-    /// The model and provider preset this run's model calls used.
     pub model: Option<String>,
     pub provider: Option<String>,
     /// How the run came from `resumed_from_run_id`: `resume`, `continue` or
@@ -253,8 +253,17 @@ pub async fn admit(
         )));
     }
     let task = raise_budget(conn, scope, task, admission.budget_micros_usd).await?;
-    let execution = task.execution().map_err(StoreError::Conflict)?;
-    let gates = rules.approvals.gates_for(&execution, task.sandbox());
+    // An agent loop's tool calls are gated mid-loop, not before it starts.
+    let execution = if task.execution_kind == "agent_loop" {
+        tasks::chat_preset(conn, scope, &task).await?;
+        None
+    } else {
+        Some(task.execution().map_err(StoreError::Conflict)?)
+    };
+    let gates = execution
+        .as_ref()
+        .map(|execution| rules.approvals.gates_for(execution, task.sandbox()))
+        .unwrap_or_default();
     let status = if gates.is_empty() {
         RunStatus::Queued
     } else {
@@ -289,12 +298,24 @@ pub async fn admit(
         queue::enqueue(conn, scope, queue::RUN_KIND, &run.id, task.priority).await?;
         appended.push(NewEvent::new(task_id, &run.id, EventType::RunQueued));
     } else {
+        let execution = execution.as_ref().expect("only processes have gates");
         let summary =
-            ActionSummary::describe(&execution, &task.workspace_description(), task.timeout_ms);
+            ActionSummary::describe(execution, &task.workspace_description(), task.timeout_ms);
         for kind in gates {
             gated.push(
-                approvals::create(conn, scope, &run, kind, &summary, rules.approval_ttl, actor)
-                    .await?,
+                approvals::create(
+                    conn,
+                    scope,
+                    &run,
+                    approvals::Gate {
+                        kind,
+                        step_id: None,
+                    },
+                    &summary,
+                    rules.approval_ttl,
+                    actor,
+                )
+                .await?,
             );
         }
         appended.extend(gated.iter().map(approvals::requested_event));
@@ -362,9 +383,10 @@ async fn insert(
          )
          SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at, model_call_count,
-                model, provider, lineage_kind, from_model_call_index, conversation_base
+                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base
          FROM inserted",
     )
     .bind(new_id("run"))
@@ -464,9 +486,10 @@ async fn find_by_idempotency_key(
     let seen: Option<Seen> = sqlx::query_as(
         "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at, model_call_count,
-                model, provider, lineage_kind, from_model_call_index, conversation_base,
+                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base,
                 idempotency_request
          FROM runs WHERE workspace_id = $3 AND task_id = $1 AND idempotency_key = $2",
     )
@@ -501,9 +524,10 @@ pub async fn get(
     sqlx::query_as(
         "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at, model_call_count,
-                model, provider, lineage_kind, from_model_call_index, conversation_base
+                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base
          FROM runs WHERE workspace_id = $3 AND task_id = $1 AND id = $2",
     )
     .bind(task_id)
@@ -518,9 +542,10 @@ pub async fn get_by_id(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> 
     sqlx::query_as(
         "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at, model_call_count,
-                model, provider, lineage_kind, from_model_call_index, conversation_base
+                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base
          FROM runs WHERE workspace_id = $1 AND id = $2",
     )
     .bind(scope.workspace())
@@ -548,9 +573,10 @@ pub async fn lock_with_task(
     sqlx::query_as(
         "SELECT r.id, r.task_id, r.number, r.status, r.attempt, r.worker_id, r.exit_code,
                 r.last_error, r.retried_from_run_id, r.resumed_from_run_id, r.checkpoint,
-                r.prior_cost_micros_usd, r.total_cost_micros_usd, r.workspace_run_id,
+                r.prior_cost_micros_usd, r.total_cost_micros_usd, r.model_call_count, r.model,
+                r.provider, r.workspace_run_id,
                 r.schedule_id, r.schedule_occurrence_id, r.scheduled_for, r.created_at,
-                r.started_at, r.finished_at, r.updated_at, r.model_call_count, r.model, r.provider,
+                r.started_at, r.finished_at, r.updated_at,
                 r.lineage_kind, r.from_model_call_index, r.conversation_base,
                 to_jsonb(task) AS task
          FROM runs r
@@ -559,7 +585,8 @@ pub async fn lock_with_task(
                     t.prompt, t.shell_command, t.git_command, t.file_path, t.file_content,
                     t.file_operation, t.working_directory, t.workspace_mode,
                     t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only, t.timeout_ms,
-                    t.priority, t.budget_micros_usd, t.run_count, t.latest_run_id,
+                    t.priority, t.budget_micros_usd, t.system_prompt, t.requested_provider,
+                    t.requested_model, t.max_model_calls, t.tools, t.run_count, t.latest_run_id,
                     (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
                         AS latest_run_step_count,
                     (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
@@ -583,9 +610,10 @@ pub async fn lock(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Resul
     sqlx::query_as(
         "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at, model_call_count,
-                model, provider, lineage_kind, from_model_call_index, conversation_base
+                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base
          FROM runs WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
     )
     .bind(scope.workspace())
@@ -618,9 +646,10 @@ pub async fn list(
     let rows = sqlx::query_as(
         "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at, model_call_count,
-                model, provider, lineage_kind, from_model_call_index, conversation_base
+                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base
          FROM runs
          WHERE workspace_id = $4 AND task_id = $1 AND ($2::text IS NULL OR id > $2)
          ORDER BY id LIMIT $3",
@@ -705,9 +734,10 @@ pub async fn transition_locked(
          )
          SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, workspace_run_id, schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at, model_call_count,
-                model, provider, lineage_kind, from_model_call_index, conversation_base
+                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base
          FROM updated",
     )
     .bind(&current.id)
@@ -724,15 +754,28 @@ pub async fn transition_locked(
     Ok(run)
 }
 
-/// Cancels a run: the terminal state is committed first; the worker holding the job sees
-/// its job row vanish and stops the process. Pending approvals are cancelled by the
-/// system. Cancelling a finished run returns it unchanged.
+/// Cancels a run at a caller's request; see [`cancel_because`].
 pub async fn cancel(
     conn: &mut PgConnection,
     scope: &Scope,
     task_id: &str,
     run_id: &str,
     actor: &Actor,
+) -> Result<RunRecord> {
+    cancel_because(conn, scope, task_id, run_id, actor, "cancelled by request").await
+}
+
+/// Cancels a run: the terminal state is committed first; the worker holding the job sees
+/// its job row vanish and stops the process. Pending approvals are cancelled by the
+/// system. Cancelling a finished run returns it unchanged. `reason` becomes the run's
+/// `last_error` and the transition's reason.
+pub async fn cancel_because(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    run_id: &str,
+    actor: &Actor,
+    reason: &str,
 ) -> Result<RunRecord> {
     get(conn, scope, task_id, run_id).await?;
     // The job row is locked (deleted) before the run row, the order every worker
@@ -743,19 +786,11 @@ pub async fn cancel(
         return Ok(run);
     }
     let change = Change {
-        last_error: Some("cancelled by request"),
+        last_error: Some(reason),
         ..Change::default()
     };
-    let run = transition(
-        conn,
-        scope,
-        run_id,
-        RunStatus::Cancelled,
-        change,
-        actor,
-        Some("cancelled by request"),
-    )
-    .await?;
+    let cancelled = RunStatus::Cancelled;
+    let run = transition(conn, scope, run_id, cancelled, change, actor, Some(reason)).await?;
     approvals::cancel_pending(conn, scope, run_id, "the run was cancelled").await?;
     close_open_work(conn, scope, run_id, "cancelled", "run cancelled").await?;
     // An approval that won the race for the run lock may have enqueued it since the first

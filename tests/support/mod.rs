@@ -18,6 +18,7 @@ use sqlx::{Connection, PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
 pub mod fake_s3;
+pub mod llm;
 pub mod proxy;
 
 const TEMPLATE: &str = "keel_test_template";

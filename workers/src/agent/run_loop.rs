@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::{Message, ModelResponse, ProviderError, ToolCall, ToolResult, ToolSpec};
-use crate::{ContextError, RunContext};
+use crate::{ContextError, Outcome, RunContext};
 
 /// The model the loop calls. The providers implement it (retries of transient failures
 /// included); the loop's tests implement it with a script.
@@ -124,3 +124,287 @@ pub struct Budget {
     /// the call may be made; None when the price table does not know the model.
     pub input_micros_per_token: Option<f64>,
 }
+
+/// Runs an agent attempt until the model answers without tool calls, a limit stops it, a
+/// gated tool call needs an approval, or the attempt is interrupted.
+pub async fn run<C: AgentContext, M: Model, T: Toolbox>(
+    plan: &AgentPlan,
+    model: &M,
+    tools: &T,
+    ctx: &C,
+) -> Outcome {
+    let mut attempt = Attempt {
+        messages: plan.messages.clone(),
+        model_calls: plan.model_calls,
+        spent_micros: plan.budget.spent_micros,
+        approval: plan.approval,
+    };
+    match attempt.drive(plan, model, tools, ctx).await {
+        Ok(outcome) => outcome,
+        Err(ContextError::Interrupted) => Outcome::Interrupted,
+        Err(ContextError::Runtime(error)) => Outcome::Retry { error },
+    }
+}
+
+/// The state one attempt advances: what it adds is persisted before it is used.
+struct Attempt {
+    messages: Vec<Message>,
+    model_calls: u32,
+    spent_micros: i64,
+    /// Applies to the bundle pending when the attempt started, and to no later one.
+    approval: Option<ApprovalDecision>,
+}
+
+/// Why the loop stops, before it is saved.
+enum Stop {
+    Finished,
+    Failed(String),
+    AwaitingApproval(Vec<String>),
+}
+
+impl Attempt {
+    async fn drive<C: AgentContext, M: Model, T: Toolbox>(
+        &mut self,
+        plan: &AgentPlan,
+        model: &M,
+        tools: &T,
+        ctx: &C,
+    ) -> Result<Outcome, ContextError> {
+        let specs = tools.specs();
+        let stop = loop {
+            let pending = unanswered(&self.messages);
+            if !pending.is_empty() {
+                if let Some(stop) = self.answer(plan, &pending, tools, ctx).await? {
+                    break stop;
+                }
+                continue;
+            }
+            if finished(&self.messages) {
+                break Stop::Finished;
+            }
+            if let Some(refusal) = self.refuse_call(plan) {
+                break Stop::Failed(refusal);
+            }
+            if let Some(failure) = self.call_model(plan, model, &specs, ctx).await? {
+                break Stop::Failed(failure);
+            }
+        };
+        ctx.save_conversation(&self.messages).await?;
+        Ok(match stop {
+            Stop::Finished => Outcome::Completed { exit_code: None },
+            Stop::Failed(error) => Outcome::Failed {
+                exit_code: None,
+                error,
+            },
+            Stop::AwaitingApproval(summary) => Outcome::AwaitingApproval {
+                summary,
+                incomplete: false,
+            },
+        })
+    }
+
+    /// Answers the pending tool calls: dispatches them, refuses them, or stops for an
+    /// approval when one is gated and undecided. Approving one gated call of a response
+    /// authorizes the whole response.
+    async fn answer<C: AgentContext, T: Toolbox>(
+        &mut self,
+        plan: &AgentPlan,
+        pending: &[ToolCall],
+        tools: &T,
+        ctx: &C,
+    ) -> Result<Option<Stop>, ContextError> {
+        let gated = pending
+            .iter()
+            .any(|call| plan.gated_tools.contains(&call.name));
+        let decision = self.approval.take();
+        if gated && decision.is_none() {
+            let summary = pending.iter().map(|call| tools.summarize(call)).collect();
+            return Ok(Some(Stop::AwaitingApproval(summary)));
+        }
+        for call in pending {
+            if past(plan.deadline) {
+                return Ok(Some(Stop::Failed(timed_out())));
+            }
+            let result = match decision {
+                Some(ApprovalDecision::Refused) => refused(call),
+                _ => self.dispatch(plan, call, tools, ctx).await?,
+            };
+            ctx.record_tool_result(call, &result).await?;
+            self.messages.push(Message::Tool {
+                tool_call_id: call.id.clone(),
+                name: call.name.clone(),
+                content: result.content,
+            });
+        }
+        Ok(None)
+    }
+
+    async fn dispatch<C: AgentContext, T: Toolbox>(
+        &self,
+        plan: &AgentPlan,
+        call: &ToolCall,
+        tools: &T,
+        ctx: &C,
+    ) -> Result<ToolResult, ContextError> {
+        let cancel = ctx.cancellation().child_token();
+        let run = tools.call(call, &cancel);
+        let result = match plan.deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, run).await.ok(),
+            None => Some(run.await),
+        };
+        cancel.cancel();
+        if ctx.cancellation().is_cancelled() {
+            return Err(ContextError::Interrupted);
+        }
+        Ok(result.unwrap_or_else(|| ToolResult {
+            content: format!("{} stopped: the run reached its timeout", call.name),
+            is_error: true,
+            patches: Vec::new(),
+        }))
+    }
+
+    /// Why the next model call may not be made, if it may not.
+    fn refuse_call(&self, plan: &AgentPlan) -> Option<String> {
+        if past(plan.deadline) {
+            return Some(timed_out());
+        }
+        let made = plan.prior_model_calls + self.model_calls;
+        if let Some(max) = plan.max_model_calls
+            && made >= max
+        {
+            return Some(format!(
+                "max_model_calls_reached: the task allows {max} model calls and {made} were made"
+            ));
+        }
+        let budget = &plan.budget;
+        if budget.limit_micros <= 0 {
+            return None;
+        }
+        let estimate = budget.input_micros_per_token.map_or(0, |price| {
+            (estimated_prompt_tokens(&self.messages) as f64 * price) as i64
+        });
+        (self.spent_micros + estimate >= budget.limit_micros).then(|| {
+            format!(
+                "budget_exceeded: the task's budget is {} micro-USD, {} are spent, and the next \
+                 model call would cost about {estimate} more",
+                budget.limit_micros, self.spent_micros
+            )
+        })
+    }
+
+    /// Makes one model call and persists its response; returns why the run fails when the
+    /// provider refused.
+    async fn call_model<C: AgentContext, M: Model>(
+        &mut self,
+        plan: &AgentPlan,
+        model: &M,
+        specs: &[ToolSpec],
+        ctx: &C,
+    ) -> Result<Option<String>, ContextError> {
+        let index = self.model_calls + 1;
+        let started = tokio::time::Instant::now();
+        let mut on_delta = |text: &str| ctx.model_delta(index, text);
+        let call = model.complete(&self.messages, specs, &mut on_delta, ctx.cancellation());
+        let result = match plan.deadline {
+            Some(deadline) => match tokio::time::timeout_at(deadline, call).await {
+                Ok(result) => result,
+                Err(_) => return Ok(Some(timed_out())),
+            },
+            None => call.await,
+        };
+        let (response, retries) = match result {
+            Ok(answer) => answer,
+            Err(ProviderError::Interrupted) => return Err(ContextError::Interrupted),
+            Err(ProviderError::Transient { message, .. }) => {
+                return Ok(Some(format!("provider_unavailable: {message}")));
+            }
+            Err(ProviderError::Fatal { message, .. }) => {
+                return Ok(Some(format!("provider_error: {message}")));
+            }
+        };
+        let call = ModelCall {
+            index,
+            response,
+            duration: started.elapsed(),
+            retries,
+        };
+        let cost = ctx.record_model_call(&call).await?;
+        self.spent_micros += cost.unwrap_or(0);
+        self.model_calls = index;
+        self.messages.push(call.response.message);
+        Ok(None)
+    }
+}
+
+/// The tool calls of the last assistant message that have no result yet, in order.
+fn unanswered(messages: &[Message]) -> Vec<ToolCall> {
+    let Some(position) = messages
+        .iter()
+        .rposition(|m| matches!(m, Message::Assistant { .. }))
+    else {
+        return Vec::new();
+    };
+    let Message::Assistant { tool_calls, .. } = &messages[position] else {
+        return Vec::new();
+    };
+    let answered: Vec<&str> = messages[position + 1..]
+        .iter()
+        .filter_map(|m| match m {
+            Message::Tool { tool_call_id, .. } => Some(tool_call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    tool_calls
+        .iter()
+        .filter(|call| !answered.contains(&call.id.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// Whether the model has had the last word: an answer without tool calls.
+fn finished(messages: &[Message]) -> bool {
+    matches!(messages.last(), Some(Message::Assistant { tool_calls, .. }) if tool_calls.is_empty())
+}
+
+/// What the model reads for a call an operator rejected.
+fn refused(call: &ToolCall) -> ToolResult {
+    ToolResult {
+        content: format!(
+            "The operator rejected this {} call; it was not run. Continue without it.",
+            call.name
+        ),
+        is_error: true,
+        patches: Vec::new(),
+    }
+}
+
+/// An estimate of the prompt's tokens, at about four bytes of text per token (English text
+/// and code); the provider's count is known only once the call is made.
+fn estimated_prompt_tokens(messages: &[Message]) -> u64 {
+    let bytes: usize = messages
+        .iter()
+        .map(|message| match message {
+            Message::System { content } | Message::User { content } => content.len(),
+            Message::Assistant {
+                content,
+                tool_calls,
+            } => {
+                content.as_ref().map_or(0, String::len)
+                    + tool_calls.iter().map(|c| c.arguments.len()).sum::<usize>()
+            }
+            Message::Tool { content, .. } => content.len(),
+        })
+        .sum();
+    (bytes / 4) as u64
+}
+
+fn past(deadline: Option<tokio::time::Instant>) -> bool {
+    deadline.is_some_and(|d| tokio::time::Instant::now() >= d)
+}
+
+fn timed_out() -> String {
+    "timeout: the run reached its timeout_ms".to_string()
+}
+
+#[cfg(test)]
+mod tests;

@@ -246,7 +246,7 @@ pub(super) fn transport_error(error: reqwest::Error) -> MediaOutcome {
 }
 
 /// reqwest's own message is terse ("error sending request"); the cause is in its sources.
-pub(super) fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn describe(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -16,7 +16,8 @@ use serde_json::json;
 use tracing::Instrument;
 use url::{Host, Url};
 
-use super::api::{describe, vendor_span};
+pub(crate) use super::api::describe;
+use super::api::vendor_span;
 use super::artifacts::{Output, SourceKind, file_name, sniff, too_large};
 use super::{
     MediaArtifactKind, MediaContext, MediaErrorCode, MediaLimits, MediaOutcome, Step, cancellable,
@@ -125,7 +126,7 @@ fn check_status(status: reqwest::StatusCode) -> Step<()> {
 /// A client builder whose connections reach only public addresses (unless
 /// `allow_private`): names resolve through [`PublicOnly`], and the connection uses the
 /// addresses it checked, so a name rebound between check and connect cannot aim inward.
-pub(super) fn guarded(builder: ClientBuilder, allow_private: bool) -> ClientBuilder {
+pub(crate) fn guarded(builder: ClientBuilder, allow_private: bool) -> ClientBuilder {
     // A proxy would resolve names itself, past the address filter.
     let builder = builder.no_proxy();
     if allow_private {
@@ -168,7 +169,7 @@ fn download_error(error: reqwest::Error) -> MediaOutcome {
     }
 }
 
-pub(super) fn refusal<'e>(error: &'e (dyn Error + 'static)) -> Option<&'e Refused> {
+pub(crate) fn refusal<'e>(error: &'e (dyn Error + 'static)) -> Option<&'e Refused> {
     let mut cause = Some(error);
     while let Some(error) = cause {
         if let Some(refused) = error.downcast_ref::<Refused>() {
@@ -188,7 +189,7 @@ fn refused(why: &str) -> MediaOutcome {
 
 /// Why a download target was refused; found again in reqwest's error chain.
 #[derive(Debug)]
-pub(super) struct Refused(pub(super) String);
+pub(crate) struct Refused(pub(crate) String);
 
 impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -200,7 +201,7 @@ impl Error for Refused {}
 
 /// Scheme and IP-literal checks; names are checked when they resolve, by [`PublicOnly`],
 /// because only the connection's address is safe from DNS rebinding.
-pub(super) fn check_url(url: &Url, allow_private: bool) -> Result<(), Refused> {
+pub(crate) fn check_url(url: &Url, allow_private: bool) -> Result<(), Refused> {
     if !matches!(url.scheme(), "http" | "https") {
         return Err(Refused(format!("scheme {:?} is not http(s)", url.scheme())));
     }

@@ -4,7 +4,7 @@
 
 mod api;
 mod artifacts;
-mod download;
+pub(crate) mod download;
 mod images;
 mod openai;
 mod seedance;

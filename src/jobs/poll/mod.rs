@@ -5,8 +5,10 @@
 //! restart (or a worker killed mid-poll) loses nothing. Imports are idempotent by the item's
 //! key, so a poll repeated after a crash duplicates nothing.
 //!
-//! GitHub only in this slice: REST `GET`s of the repository's issues and pull requests,
-//! with the stored ETag as `If-None-Match` and rate limits honoured.
+//! Each tracker has its module: [`github`] (REST, ETags) and [`linear`] (GraphQL, paginated).
+
+mod github;
+mod linear;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,8 +16,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
-use keel_workers::media::Secret;
-use reqwest::StatusCode;
 use reqwest::header::{self, HeaderMap};
 use serde::Serialize;
 use serde_json::Value;
@@ -118,93 +118,21 @@ pub struct Candidate {
     pub issue: Issue,
 }
 
-/// A GitHub issue or pull request (as the REST API or a webhook payload has it) of
-/// `repository`, normalized. The key carries `updated_at` (and a pull request's head SHA):
-/// a changed item is a new version, the same version again a duplicate.
-pub fn github_candidate(repository: &str, value: &Value) -> Result<Candidate, String> {
-    let text = |field: &str| value.get(field).and_then(Value::as_str);
-    let number = value
-        .get("number")
-        .and_then(Value::as_u64)
-        .ok_or("a GitHub item needs its number")?;
-    let updated_at = text("updated_at").ok_or("a GitHub item needs its updated_at")?;
-    let state = text("state").ok_or("a GitHub item needs its state")?;
-    let head = value.get("head");
-    let (kind, key) = match head {
-        Some(head) => {
-            let sha = head
-                .get("sha")
-                .and_then(Value::as_str)
-                .ok_or("a pull request needs its head.sha")?;
-            let key = format!("github:pull_request:{repository}:{number}:{sha}:{updated_at}");
-            ("github_pull_request", key)
-        }
-        None => (
-            "github_issue",
-            format!("github:issue:{repository}:{number}:{updated_at}"),
-        ),
-    };
-    let labels = value
-        .get("labels")
-        .and_then(Value::as_array)
-        .map(|labels| {
-            labels
-                .iter()
-                .filter_map(|l| l.get("name").and_then(Value::as_str))
-                .map(str::to_lowercase)
-                .collect()
-        })
-        .unwrap_or_default();
-    let id = match value.get("id") {
-        Some(Value::String(id)) => id.clone(),
-        Some(id) => id.to_string(),
-        None => number.to_string(),
-    };
-    let issue = Issue {
-        id,
-        identifier: format!("{repository}#{number}"),
-        title: text("title").unwrap_or_default().to_string(),
-        description: text("body").map(String::from),
-        priority: None,
-        state: state.to_string(),
-        branch_name: head
-            .and_then(|h| h.get("ref"))
-            .and_then(Value::as_str)
-            .map(String::from),
-        url: text("html_url").map(String::from),
-        labels,
-        blocked_by: Vec::new(),
-        created_at: text("created_at").map(String::from),
-        updated_at: Some(updated_at.to_string()),
-    };
-    Ok(Candidate {
-        idempotency_key: key,
-        kind,
-        issue,
-    })
+/// The item of a manual import's payload: a webhook payload or the item itself, as the
+/// tracker's API has it.
+pub fn payload_candidate(tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
+    match tracker.kind {
+        TrackerKind::Github => github::payload_candidate(tracker, payload),
+        TrackerKind::Linear => linear::payload_candidate(tracker, payload),
+    }
 }
 
-/// The item of a manual import's payload: a webhook payload (`pull_request` or `issue`
-/// beside `repository`) or the item itself.
-pub fn payload_candidate(tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
-    if tracker.kind != TrackerKind::Github {
-        return Err("only GitHub payloads can be imported in this version".into());
+/// A polled item of the tracker, normalized.
+fn polled_candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
+    match tracker.kind {
+        TrackerKind::Github => github::candidate(tracker, value),
+        TrackerKind::Linear => linear::candidate(tracker, value),
     }
-    let repository = tracker.repository.as_deref().unwrap_or_default();
-    if let Some(named) = payload
-        .pointer("/repository/full_name")
-        .and_then(Value::as_str)
-        && !named.eq_ignore_ascii_case(repository)
-    {
-        return Err(format!(
-            "the payload is of {named}, not of the source's repository {repository}"
-        ));
-    }
-    let item = ["pull_request", "issue"]
-        .iter()
-        .find_map(|field| payload.get(*field))
-        .unwrap_or(payload);
-    github_candidate(repository, item)
 }
 
 /// How one candidate's import ended.
@@ -213,6 +141,8 @@ pub struct Imported {
     pub item: ItemRecord,
     /// True when the key was imported before: nothing changed.
     pub duplicate: bool,
+    /// The run this version cancelled: its item left the active states.
+    pub cancelled_run_id: Option<String>,
 }
 
 /// Imports one candidate in one transaction: the item, and for a new item in an active
@@ -246,29 +176,57 @@ pub async fn import(
         return Ok(Imported {
             item,
             duplicate: true,
+            cancelled_run_id: None,
         });
     };
+    let claimed = external::claimed_version(&mut tx, scope, &source.id, &issue.identifier).await?;
     let item = if tracker.is_terminal(&issue.state) {
         let change = ItemChange {
             state: "terminal",
             ..ItemChange::default()
         };
         external::update_item(&mut tx, scope, &item.id, &change).await?
-    } else if !tracker.is_active(&issue.state)
-        || external::claimed_version(&mut tx, scope, &source.id, &issue.identifier)
-            .await?
-            .is_some()
-    {
+    } else if tracker.is_active(&issue.state) && claimed.is_none() {
+        start(&mut tx, poller, scope, workflow, &item, issue, actor).await?
+    } else {
         // Not to be worked on, or an earlier version of it already has its task.
         item
-    } else {
-        start(&mut tx, poller, scope, workflow, &item, issue, actor).await?
+    };
+    let cancelled_run_id = match claimed {
+        Some(claimed) if !tracker.is_active(&issue.state) => {
+            stop_claimed_run(&mut tx, scope, &claimed, &issue.state).await?
+        }
+        _ => None,
     };
     tx.commit().await.map_err(StoreError::from)?;
     Ok(Imported {
         item,
         duplicate: false,
+        cancelled_run_id,
     })
+}
+
+/// Reconciliation: an item that left the active states has its run cancelled (a finished
+/// run stays as it is). Returns the run's id when it was still active.
+async fn stop_claimed_run(
+    conn: &mut sqlx::PgConnection,
+    scope: &Scope,
+    claimed: &ItemRecord,
+    state: &str,
+) -> Result<Option<String>, StoreError> {
+    let (Some(task_id), Some(run_id)) = (&claimed.task_id, &claimed.run_id) else {
+        return Ok(None);
+    };
+    let reason = format!(
+        "the tracker item {} left the active states (now {state})",
+        claimed.identifier
+    );
+    let before = runs::get(conn, scope, task_id, run_id).await?;
+    if before.status().is_terminal() {
+        return Ok(None);
+    }
+    runs::cancel_because(conn, scope, task_id, run_id, &Actor::System, &reason).await?;
+    Ok(Some(run_id.clone()))
 }
 
 /// Renders the prompt, creates the task and admits its first run; an item the workflow
@@ -358,6 +316,8 @@ pub struct PollSummary {
     /// New items neither active nor terminal, or whose subject already has a task.
     pub discovered: u64,
     pub terminal: u64,
+    /// Runs cancelled because their item left the active states.
+    pub cancelled_runs: u64,
     /// Every list answered 304: nothing changed.
     pub not_modified: bool,
     /// Set while a rate limit holds requests back.
@@ -369,6 +329,7 @@ pub struct PollSummary {
 impl PollSummary {
     fn count(&mut self, imported: &Imported) {
         self.candidates += 1;
+        self.cancelled_runs += u64::from(imported.cancelled_run_id.is_some());
         if imported.duplicate {
             self.duplicates += 1;
             return;
@@ -451,13 +412,6 @@ async fn poll_with(
         summary.failed("rate_limited", message);
         return Ok(());
     }
-    if tracker.kind != TrackerKind::Github {
-        summary.failed(
-            "tracker_not_supported",
-            "Linear polling is not implemented yet".into(),
-        );
-        return Ok(());
-    }
     let token = match &tracker.api_key {
         None => None,
         Some(reference) => match reference.resolve(&poller.secrets) {
@@ -468,29 +422,91 @@ async fn poll_with(
             }
         },
     };
-    let fetched = fetch_github(poller, tracker, token.as_ref(), &source.etags.0, limit).await;
-    record.etags = fetched.etags;
-    record.backoff_until = fetched.backoff_until;
+    let token = token.as_ref();
+    let fetched = match tracker.kind {
+        TrackerKind::Github => github::fetch(poller, tracker, token, &source.etags.0, limit).await,
+        TrackerKind::Linear => linear::fetch(poller, tracker, token, limit).await,
+    };
     summary.not_modified = fetched.items.is_empty() && fetched.not_modified;
-    if let Some((code, message)) = fetched.error {
-        summary.failed(code, message);
-    }
-    let repository = tracker.repository.as_deref().unwrap_or_default();
-    for value in &fetched.items {
-        let candidate = match github_candidate(repository, value) {
-            Ok(candidate) => candidate,
-            Err(message) => {
-                tracing::warn!(source_id = %source.id, %message, "skipped a GitHub item");
-                continue;
-            }
-        };
-        match import(poller, scope, source, workflow, &candidate, actor).await {
-            Ok(imported) => summary.count(&imported),
-            Err(ExternalError::Store(error)) => return Err(error),
-            Err(other) => summary.failed("import_failed", other.to_string()),
+    record.etags = fetched.etags.clone();
+    let items = take(fetched, record, summary);
+    let imports = Imports {
+        poller,
+        scope,
+        source,
+        workflow,
+        actor,
+    };
+    imports.all(tracker, &items, summary).await?;
+    // GitHub's lists have every state; Linear's query only the active ones, so the runs of
+    // items that may have left them are asked about by id.
+    let limited = record.backoff_until.is_some() || summary.error_code.is_some();
+    if tracker.kind == TrackerKind::Linear && !limited {
+        let claimed = external::claimed_with_active_runs(
+            &mut *poller.pool.acquire().await?,
+            scope,
+            &source.id,
+            linear::PAGE,
+        )
+        .await?;
+        let ids: Vec<&str> = claimed
+            .iter()
+            .filter_map(|item| item.issue["id"].as_str())
+            .filter(|id| !items.iter().any(|seen| seen["id"] == *id))
+            .collect();
+        if !ids.is_empty() {
+            let refreshed = linear::fetch_by_ids(poller, tracker, token, &ids).await;
+            let items = take(refreshed, record, summary);
+            imports.all(tracker, &items, summary).await?;
         }
     }
     Ok(())
+}
+
+/// Keeps what a fetch says of the source (a rate limit, an error) and gives its items.
+fn take(fetched: Fetched, record: &mut PollRecord, summary: &mut PollSummary) -> Vec<Value> {
+    record.backoff_until = record.backoff_until.or(fetched.backoff_until);
+    if let Some((code, message)) = fetched.error {
+        summary.failed(code, message);
+    }
+    fetched.items
+}
+
+/// What importing a poll's items needs.
+struct Imports<'a> {
+    poller: &'a Poller,
+    scope: &'a Scope,
+    source: &'a SourceRecord,
+    workflow: &'a Workflow,
+    actor: &'a Actor,
+}
+
+impl Imports<'_> {
+    /// Imports each item in turn; an item that cannot be read is skipped with a warning.
+    async fn all(
+        &self,
+        tracker: &Tracker,
+        items: &[Value],
+        summary: &mut PollSummary,
+    ) -> Result<(), StoreError> {
+        for value in items {
+            let candidate = match polled_candidate(tracker, value) {
+                Ok(candidate) => candidate,
+                Err(message) => {
+                    let source_id = &self.source.id;
+                    tracing::warn!(%source_id, %message, "skipped a tracker item");
+                    continue;
+                }
+            };
+            let (poller, scope, source) = (self.poller, self.scope, self.source);
+            match import(poller, scope, source, self.workflow, &candidate, self.actor).await {
+                Ok(imported) => summary.count(&imported),
+                Err(ExternalError::Store(error)) => return Err(error),
+                Err(other) => summary.failed("import_failed", other.to_string()),
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What the tracker's lists gave.
@@ -504,90 +520,32 @@ struct Fetched {
     error: Option<(&'static str, String)>,
 }
 
-/// GETs the repository's issues, then its pull requests (the issues list has pull requests
-/// too, without their head SHA: those entries are left to the second list). A rate limit
-/// stops the poll there, without failing the source.
-async fn fetch_github(
-    poller: &Poller,
-    tracker: &Tracker,
-    token: Option<&Secret>,
-    etags: &BTreeMap<String, String>,
-    limit: u32,
-) -> Fetched {
-    let mut fetched = Fetched::default();
-    let base = tracker.endpoint.trim_end_matches('/');
-    let repository = tracker.repository.as_deref().unwrap_or_default();
-    let per_page = limit.clamp(1, 100);
-    for list in ["issues", "pulls"] {
-        let url = format!(
-            "{base}/repos/{repository}/{list}?state=all&sort=updated&direction=desc&per_page={per_page}"
-        );
-        let mut request = poller
-            .http
-            .get(&url)
-            .header(header::ACCEPT, "application/vnd.github+json")
-            .header("X-GitHub-Api-Version", "2022-11-28");
-        if let Some(token) = token {
-            request = request.bearer_auth(token.expose());
-        }
-        if let Some(etag) = etags.get(&url) {
-            request = request.header(header::IF_NONE_MATCH, etag);
-        }
-        let response = match request.send().await {
-            Ok(response) => response,
-            Err(error) => {
-                // Without the URL: reqwest's message would repeat it, and it is known.
-                let message = format!("GET {list} failed: {}", error.without_url());
-                fetched.error = Some(("tracker_unreachable", message));
-                return fetched;
-            }
-        };
-        let status = response.status();
-        let headers = response.headers().clone();
-        if let Some(until) = rate_limited(status, &headers, Utc::now()) {
-            fetched.backoff_until = Some(until);
-            if status == StatusCode::FORBIDDEN || status == StatusCode::TOO_MANY_REQUESTS {
-                let message = format!("GitHub rate limited the {list} list ({status})");
-                fetched.error = Some(("rate_limited", message));
-                return fetched;
-            }
-        }
-        match status {
-            StatusCode::NOT_MODIFIED => fetched.not_modified = true,
-            status if status.is_success() => {
-                if let Some(etag) = headers.get(header::ETAG).and_then(|v| v.to_str().ok()) {
-                    fetched.etags.insert(url.clone(), etag.to_string());
-                }
-                match response.json::<Vec<Value>>().await {
-                    Ok(items) => fetched.items.extend(
-                        items
-                            .into_iter()
-                            .filter(|item| list == "pulls" || item.get("pull_request").is_none())
-                            .take(limit as usize),
-                    ),
-                    Err(error) => {
-                        let message = format!("GitHub's {list} list is not JSON: {error}");
-                        fetched.error = Some(("tracker_error", message));
-                        return fetched;
-                    }
-                }
-            }
-            status => {
-                let message = format!("GitHub answered the {list} list with {status}");
-                fetched.error = Some(("tracker_error", message));
-                return fetched;
-            }
-        }
-    }
-    fetched
+/// Whether a tracker's answer refused the request for its rate limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// The answer says so (a 429, Linear's `RATELIMITED`).
+    Certain,
+    /// A refusal that is a rate limit only when the limit is spent (GitHub's 403).
+    Possible,
+    None,
 }
 
-/// When requests may resume, if the response says to wait: `Retry-After` (seconds) on a
-/// 403 or 429, else `X-RateLimit-Reset` (epoch seconds) once `X-RateLimit-Remaining` is 0;
-/// a 429 (or a 403 with the limit spent) naming neither waits [`DEFAULT_BACKOFF`].
-fn rate_limited(
-    status: StatusCode,
+/// The headers in which a tracker tells how much of its limit is left and when it resets.
+struct LimitHeaders {
+    remaining: &'static str,
+    reset: &'static str,
+    /// The reset time is in epoch milliseconds, not seconds.
+    reset_in_ms: bool,
+}
+
+/// When requests may resume, if the answer says to wait: `Retry-After` (seconds) on a
+/// refusal, else the reset time once the remaining count is 0; a refusal that is certainly
+/// a rate limit (or a possible one with the limit spent) naming neither waits
+/// [`DEFAULT_BACKOFF`].
+fn resume_at(
+    refusal: Refusal,
     headers: &HeaderMap,
+    names: &LimitHeaders,
     now: DateTime<Utc>,
 ) -> Option<DateTime<Utc>> {
     let number = |name: &str| {
@@ -596,15 +554,20 @@ fn rate_limited(
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<i64>().ok())
     };
-    let limited = status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::FORBIDDEN;
-    if limited && let Some(seconds) = number(header::RETRY_AFTER.as_str()) {
+    let refused = refusal != Refusal::None;
+    if refused && let Some(seconds) = number(header::RETRY_AFTER.as_str()) {
         return Some(now + chrono::Duration::seconds(seconds.max(1)));
     }
-    let spent = number("x-ratelimit-remaining") == Some(0);
-    if spent && let Some(reset) = number("x-ratelimit-reset") {
-        return DateTime::from_timestamp(reset, 0).filter(|at| *at > now);
+    let spent = number(names.remaining) == Some(0);
+    if spent && let Some(reset) = number(names.reset) {
+        let at = if names.reset_in_ms {
+            DateTime::from_timestamp_millis(reset)
+        } else {
+            DateTime::from_timestamp(reset, 0)
+        };
+        return at.filter(|at| *at > now);
     }
-    (status == StatusCode::TOO_MANY_REQUESTS || (limited && spent))
+    (refusal == Refusal::Certain || (refused && spent))
         .then(|| now + chrono::Duration::from_std(DEFAULT_BACKOFF).expect("a minute"))
 }
 
@@ -690,75 +653,5 @@ impl PollJobs {
         }
         tx.commit().await?;
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn github_items_are_keyed_by_version() {
-        let issue = json!({ "id": 11, "number": 7, "title": "Broken", "state": "open",
-            "updated_at": "2026-01-01T00:00:00Z", "labels": [{ "name": "Bug" }],
-            "html_url": "https://github.com/a/b/issues/7" });
-        let candidate = github_candidate("a/b", &issue).unwrap();
-        assert_eq!(
-            candidate.idempotency_key,
-            "github:issue:a/b:7:2026-01-01T00:00:00Z"
-        );
-        assert_eq!(candidate.kind, "github_issue");
-        assert_eq!(candidate.issue.identifier, "a/b#7");
-        assert_eq!(candidate.issue.labels, ["bug"]);
-        let pull = json!({ "id": 12, "number": 8, "title": "Fix", "state": "open",
-            "updated_at": "2026-01-02T00:00:00Z", "head": { "sha": "abc", "ref": "fix-it" } });
-        let candidate = github_candidate("a/b", &pull).unwrap();
-        assert_eq!(
-            candidate.idempotency_key,
-            "github:pull_request:a/b:8:abc:2026-01-02T00:00:00Z"
-        );
-        assert_eq!(candidate.issue.branch_name.as_deref(), Some("fix-it"));
-        assert!(github_candidate("a/b", &json!({ "number": 1 })).is_err());
-    }
-
-    #[test]
-    fn rate_limits_come_from_the_headers() {
-        let now = Utc::now();
-        let headers = |pairs: &[(&'static str, &str)]| {
-            let mut map = HeaderMap::new();
-            for (name, value) in pairs {
-                map.insert(*name, value.parse().unwrap());
-            }
-            map
-        };
-        let retry = rate_limited(
-            StatusCode::TOO_MANY_REQUESTS,
-            &headers(&[("retry-after", "7")]),
-            now,
-        );
-        assert_eq!(retry, Some(now + chrono::Duration::seconds(7)));
-        let reset = (now + chrono::Duration::seconds(90)).timestamp();
-        let spent = headers(&[
-            ("x-ratelimit-remaining", "0"),
-            ("x-ratelimit-reset", &reset.to_string()),
-        ]);
-        assert_eq!(
-            rate_limited(StatusCode::FORBIDDEN, &spent, now),
-            DateTime::from_timestamp(reset, 0)
-        );
-        assert_eq!(
-            rate_limited(
-                StatusCode::OK,
-                &headers(&[("x-ratelimit-remaining", "5")]),
-                now
-            ),
-            None
-        );
-        assert_eq!(
-            rate_limited(StatusCode::FORBIDDEN, &HeaderMap::new(), now),
-            None
-        );
-        assert!(rate_limited(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new(), now).is_some());
     }
 }
