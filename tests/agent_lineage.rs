@@ -351,16 +351,7 @@ async fn model_deltas_reach_the_streams_of_their_run_alone() {
     let mut feed = SseReader::open(&stack.a, "/v1/events/stream", None).await;
 
     // The API process listens once its first stream opened (deltas are not replayed).
-    wait_for(TIMEOUT, "the API to LISTEN on keel_model_delta", || async {
-        let listening: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%keel_model_delta%'",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        (listening == 1).then_some(())
-    })
-    .await;
+    let listener = listening_backend(pool, None).await;
 
     let delta = |ws: &str, task: &str, run: &str, index: i64, text: &str| {
         json!({ "workspace_id": ws, "task_id": task, "run_id": run,
@@ -397,6 +388,20 @@ async fn model_deltas_reach_the_streams_of_their_run_alone() {
         json!({ "model_call_index": 3, "text": "b's own" })
     );
 
+    // The listener's connection dies: it listens again, and deltas flow again.
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(listener)
+        .execute(pool)
+        .await
+        .unwrap();
+    listening_backend(pool, Some(listener)).await;
+    notify(pool, delta(&a_ws, &a_task, &a_run, 3, "after the drop")).await;
+    let after = next_delta(&mut a_stream).await;
+    assert_eq!(
+        after.data,
+        json!({ "model_call_index": 3, "text": "after the drop" })
+    );
+
     // The feed carries logged events only: up to a's cancellation, no delta.
     cancel(&stack.a, &a_task, &a_run).await;
     loop {
@@ -428,13 +433,29 @@ async fn model_deltas_reach_the_streams_of_their_run_alone() {
     // Once every stream has closed, the listener stops.
     drop((a_stream, a_stream2, b_stream, feed));
     wait_for(TIMEOUT, "the listener to stop", || async {
-        let listening: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%keel_model_delta%'",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        (listening == 0).then_some(())
+        listeners(pool).await.is_empty().then_some(())
     })
     .await;
+}
+
+/// The backends whose last statement was the API's `LISTEN keel_model_delta`.
+async fn listeners(pool: &sqlx::PgPool) -> Vec<i32> {
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity
+         WHERE query ILIKE 'LISTEN%keel_model_delta%' AND state = 'idle'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// Waits for the one listening backend (other than `not`) and returns its pid.
+async fn listening_backend(pool: &sqlx::PgPool, not: Option<i32>) -> i32 {
+    wait_for(TIMEOUT, "the API to LISTEN on keel_model_delta", || async {
+        match listeners(pool).await[..] {
+            [pid] if Some(pid) != not => Some(pid),
+            _ => None,
+        }
+    })
+    .await
 }
