@@ -10,7 +10,7 @@ use utoipa_axum::routes;
 use super::extract::{ApiJson, ApiQuery};
 use super::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object, page_limit};
 use crate::domain::Caller;
-use crate::domain::approval::Decision;
+use crate::domain::approval::{ApprovalKind, Decision};
 use crate::store::approvals::ApprovalRecord;
 use crate::store::runs::RunRecord;
 use crate::store::{approvals, tasks};
@@ -120,6 +120,11 @@ struct ResolveRequest {
     decision: Option<String>,
     /// Why; kept on the approval (at most 4096 bytes).
     note: Option<String>,
+    /// With `reject`, on an `agent_loop_tool_call` approval only: the model reads a refusal
+    /// as each gated call's result and the run goes on instead of being cancelled.
+    #[serde(rename = "continue")]
+    #[schema(rename = "continue")]
+    continue_on_reject: Option<bool>,
 }
 
 /// A decision's result: the approval and the run it gated.
@@ -132,7 +137,9 @@ struct Resolution {
 const MAX_NOTE_BYTES: usize = 4096;
 
 /// Approves or rejects a pending approval; approving the last gate queues the run,
-/// rejecting cancels it. 409 when the approval is not pending.
+/// rejecting cancels it (a tool-call approval rejected with `continue` queues it, the
+/// model reading a refusal). 409 when the approval is not pending; 400 for `continue`
+/// on another kind.
 #[utoipa::path(post, path = "/tasks/{task_id}/approvals/{approval_id}/resolve", tag = "approvals",
     params(("task_id" = String, Path), ("approval_id" = String, Path)), request_body = ResolveRequest,
     responses((status = 200, description = "The resolved approval and its run", body = ObjectEnvelope<Resolution>)))]
@@ -148,7 +155,8 @@ async fn resolve_approval(
             "is required (approve or reject)",
         ))
     })?;
-    let decision = Decision::parse(decision)?;
+    let continues = request.continue_on_reject.unwrap_or(false);
+    let decision = Decision::of_request(decision, continues)?;
     if request
         .note
         .as_ref()
@@ -161,6 +169,16 @@ async fn resolve_approval(
         .into());
     }
     let mut tx = state.pool.begin().await?;
+    if continues {
+        // The kind never changes: read before the locks resolve takes.
+        let approval = approvals::get(&mut tx, &caller.scope, &task_id, &approval_id).await?;
+        if approval.kind != ApprovalKind::AgentLoopToolCall.as_str() {
+            return Err(ApiError::invalid(format!(
+                "continue is only for agent_loop_tool_call approvals; {approval_id} is {}",
+                approval.kind
+            )));
+        }
+    }
     let (approval, run) = approvals::resolve(
         &mut tx,
         &caller.scope,

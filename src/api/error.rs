@@ -136,6 +136,11 @@ impl From<StoreError> for ApiError {
                 code,
                 message,
             },
+            StoreError::Unprocessable { code, message } => ApiError::Coded {
+                status: StatusCode::UNPROCESSABLE_ENTITY,
+                code,
+                message,
+            },
             StoreError::LeaseLost => ApiError::Internal(error.to_string()),
             StoreError::Database(
                 e @ (sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed),

@@ -18,6 +18,8 @@ pub enum ApprovalKind {
     GitExec,
     FileWrite,
     NetworkEgress,
+    /// An agent loop's model asked for tool calls a policy gates (mid-run).
+    AgentLoopToolCall,
 }
 
 impl ApprovalKind {
@@ -27,6 +29,7 @@ impl ApprovalKind {
             ApprovalKind::GitExec => "git_exec",
             ApprovalKind::FileWrite => "file_write",
             ApprovalKind::NetworkEgress => "network_egress",
+            ApprovalKind::AgentLoopToolCall => "agent_loop_tool_call",
         }
     }
 }
@@ -103,6 +106,25 @@ impl fmt::Display for ApprovalPolicy {
 impl ApprovalPolicy {
     fn has(&self, policy: Policy) -> bool {
         self.policies.contains(&policy) || self.policies.contains(&Policy::AllTools)
+    }
+
+    /// The agent loop tools whose calls need an approval mid-loop, in catalog order.
+    pub fn gated_tools(&self) -> Vec<String> {
+        let gated_by = |tool: &str| match tool {
+            "shell_exec" => Some(Policy::ShellExec),
+            "git_status" | "git_diff" => Some(Policy::GitExec),
+            "file_write" | "file_edit" | "apply_patch" => Some(Policy::FileWrite),
+            "http_request" => Some(Policy::NetworkEgress),
+            _ => None,
+        };
+        keel_workers::agent::tools::CATALOG
+            .iter()
+            .filter(|tool| {
+                self.policies.contains(&Policy::AllTools)
+                    || gated_by(tool).is_some_and(|p| self.has(p))
+            })
+            .map(|tool| tool.to_string())
+            .collect()
     }
 
     /// The gates a run of this execution needs, in a stable order. A run without network
@@ -229,9 +251,21 @@ fn config_runs_code(setting: &str) -> bool {
 pub enum Decision {
     Approve,
     Reject,
+    /// A tool-call approval rejected with `continue`: the model reads a refusal as each
+    /// call's result and the loop goes on.
+    RejectAndContinue,
 }
 
 impl Decision {
+    /// The decision of a resolve body: `decision`, and `continue` (reject only).
+    pub fn of_request(value: &str, continues: bool) -> Result<Decision, Invalid> {
+        match (Decision::parse(value)?, continues) {
+            (Decision::Reject, true) => Ok(Decision::RejectAndContinue),
+            (_, true) => Err(Invalid::new("continue", "is only for decision reject")),
+            (decision, false) => Ok(decision),
+        }
+    }
+
     pub fn parse(value: &str) -> Result<Decision, Invalid> {
         match value {
             "approve" => Ok(Decision::Approve),
@@ -291,6 +325,14 @@ impl ActionSummary {
             raw.push(format!("timeout: {ms} ms"));
         }
         ActionSummary::bounded(raw.iter().map(|line| redact(line)))
+    }
+
+    /// The summary of lines someone else wrote (an agent loop's tool calls), redacted and
+    /// bounded the same way; `incomplete` when the writer already cut something.
+    pub fn of_lines(lines: &[String], incomplete: bool) -> ActionSummary {
+        let mut summary = ActionSummary::bounded(lines.iter().map(|line| redact(line)));
+        summary.incomplete |= incomplete;
+        summary
     }
 
     fn bounded(lines: impl Iterator<Item = String>) -> ActionSummary {
@@ -421,6 +463,30 @@ mod tests {
         network: true,
         read_only: false,
     };
+
+    #[test]
+    fn gated_tools_follow_the_policies() {
+        let gated = |policies: &str| policies.parse::<ApprovalPolicy>().unwrap().gated_tools();
+        assert_eq!(gated("shell_exec"), ["shell_exec"]);
+        assert_eq!(gated("git_exec"), ["git_status", "git_diff"]);
+        assert_eq!(
+            gated("file_write"),
+            ["file_write", "file_edit", "apply_patch"]
+        );
+        assert_eq!(gated("network_egress"), ["http_request"]);
+        assert_eq!(gated("all_tools"), keel_workers::agent::tools::CATALOG);
+        assert!(gated("none").is_empty());
+    }
+
+    #[test]
+    fn summaries_of_tool_calls_are_redacted_and_bounded() {
+        let lines: Vec<String> = (0..20).map(|i| format!("call {i} TOKEN=abc")).collect();
+        let summary = ActionSummary::of_lines(&lines, false);
+        assert_eq!(summary.lines.len(), 16);
+        assert!(summary.incomplete);
+        assert_eq!(summary.lines[0], "call 0 TOKEN=[redacted]");
+        assert!(ActionSummary::of_lines(&lines[..1], true).incomplete);
+    }
 
     fn shell(command: &str) -> Execution {
         Execution::Shell {

@@ -1,5 +1,6 @@
 //! The run state machine: `queued → running → completed | failed | cancelled`, with
-//! `awaiting_approval` before `queued` when a gate stops a run. [`RunStatus::can_become`] is
+//! `awaiting_approval` before `queued` when a gate stops a run, and `running →
+//! awaiting_approval → queued` when an agent loop's tool calls wait for one mid-run. [`RunStatus::can_become`] is
 //! the one place that decides which transitions exist; the store guards every status
 //! update with the states it allows.
 
@@ -56,6 +57,8 @@ impl RunStatus {
             (Queued, Running | Cancelled | Failed) => true,
             // Running → Queued: the lease was lost and the run waits for another worker.
             (Running, Queued | Completed | Failed | Cancelled) => true,
+            // An agent loop's model asked for gated tool calls: the run waits, leaseless.
+            (Running, AwaitingApproval) => true,
             _ => false,
         }
     }
@@ -89,6 +92,9 @@ mod tests {
         assert!(Running.can_become(Completed));
         assert!(Running.can_become(Queued));
         assert!(AwaitingApproval.can_become(Queued));
+        // Mid-loop: an agent run waits for a tool-call approval, then is queued again.
+        assert!(Running.can_become(AwaitingApproval));
+        assert!(!Queued.can_become(AwaitingApproval));
         assert!(!Queued.can_become(Completed));
         assert!(!AwaitingApproval.can_become(Running));
         assert_eq!(

@@ -40,6 +40,35 @@ pub struct TaskDraft {
     pub timeout_ms: Option<i64>,
     pub priority: Option<i32>,
     pub budget_micros_usd: Option<i64>,
+    /// For `agent_loop`: the system prompt the conversation starts with.
+    pub system_prompt: Option<String>,
+    /// For `agent_loop`: a provider preset id; absent: the workspace's first enabled chat
+    /// preset.
+    pub requested_provider: Option<String>,
+    /// For `agent_loop`: the model to ask for, instead of the preset's.
+    pub requested_model: Option<String>,
+    /// For `agent_loop`: the most model calls across the run's resume chain (> 0).
+    pub max_model_calls: Option<i32>,
+    /// For `agent_loop`: the tools the model may call (a subset of the catalog); absent:
+    /// the whole catalog the sandbox allows.
+    pub tools: Option<Vec<String>>,
+}
+
+/// What a task runs: a process-like execution, or an agent loop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskExecution {
+    Process(Execution),
+    AgentLoop(AgentLoop),
+}
+
+/// An agent loop's settings (its prompt is the task's `prompt`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentLoop {
+    pub system_prompt: Option<String>,
+    pub requested_provider: Option<String>,
+    pub requested_model: Option<String>,
+    pub max_model_calls: Option<i32>,
+    pub tools: Option<Vec<String>>,
 }
 
 /// Where a run works.
@@ -204,7 +233,7 @@ impl Default for RunTimeouts {
 /// A validated task, ready to store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewTask {
-    pub execution: Execution,
+    pub execution: TaskExecution,
     pub prompt: Option<String>,
     pub workspace: WorkspaceMode,
     pub sandbox: keel_workers::SandboxPolicy,
@@ -217,18 +246,24 @@ pub struct NewTask {
 
 impl NewTask {
     pub fn parse(draft: TaskDraft, timeouts: &RunTimeouts) -> Result<NewTask, Invalid> {
-        let kind = draft
-            .execution_kind
-            .as_deref()
-            .ok_or_else(|| Invalid::new("execution_kind", "is required (shell, git or file)"))?;
+        let kind = draft.execution_kind.as_deref().ok_or_else(|| {
+            Invalid::new(
+                "execution_kind",
+                "is required (shell, git, file or agent_loop)",
+            )
+        })?;
+        let process = TaskExecution::Process;
         let execution = match kind {
-            "shell" => parse_shell(&draft)?,
-            "git" => parse_git(&draft)?,
-            "file" => parse_file(&draft)?,
+            "shell" => process(parse_shell(&draft)?),
+            "git" => process(parse_git(&draft)?),
+            "file" => process(parse_file(&draft)?),
+            "agent_loop" => TaskExecution::AgentLoop(parse_agent_loop(&draft)?),
             other => {
                 return Err(Invalid::new(
                     "execution_kind",
-                    format!("unknown execution kind '{other}' (expected shell, git or file)"),
+                    format!(
+                        "unknown execution kind '{other}' (expected shell, git, file or agent_loop)"
+                    ),
                 ));
             }
         };
@@ -322,14 +357,68 @@ fn parse_file(draft: &TaskDraft) -> Result<Execution, Invalid> {
     })
 }
 
+fn parse_agent_loop(draft: &TaskDraft) -> Result<AgentLoop, Invalid> {
+    only_for("agent_loop", draft)?;
+    required("prompt", draft.prompt.as_deref())?;
+    check_len(
+        "system_prompt",
+        draft.system_prompt.as_deref(),
+        MAX_PROMPT_BYTES,
+    )?;
+    let optional = |field, value: &Option<String>| match value {
+        Some(v) if v.trim().is_empty() => Err(Invalid::new(field, "must not be empty")),
+        _ => Ok(value.clone()),
+    };
+    if draft.max_model_calls.is_some_and(|n| n <= 0) {
+        return Err(Invalid::new("max_model_calls", "must be greater than 0"));
+    }
+    if let Some(tools) = &draft.tools {
+        check_tools(tools)?;
+    }
+    Ok(AgentLoop {
+        system_prompt: draft.system_prompt.clone(),
+        requested_provider: optional("requested_provider", &draft.requested_provider)?,
+        requested_model: optional("requested_model", &draft.requested_model)?,
+        max_model_calls: draft.max_model_calls,
+        tools: draft.tools.clone(),
+    })
+}
+
+/// Each tool is in the catalog, once.
+fn check_tools(tools: &[String]) -> Result<(), Invalid> {
+    for (i, name) in tools.iter().enumerate() {
+        if !keel_workers::agent::tools::is_known(name) {
+            let known = keel_workers::agent::tools::CATALOG.join(", ");
+            return Err(Invalid::new(
+                "tools",
+                format!("unknown tool '{name}' (known: {known})"),
+            ));
+        }
+        if tools[..i].contains(name) {
+            return Err(Invalid::new("tools", format!("lists '{name}' twice")));
+        }
+    }
+    Ok(())
+}
+
 /// Refuses fields that belong to another execution kind, so a typo cannot be ignored.
 fn only_for(kind: &str, draft: &TaskDraft) -> Result<(), Invalid> {
-    let fields: [(&'static str, bool, &str); 5] = [
+    const AGENT: &str = "agent_loop";
+    let fields: [(&'static str, bool, &str); 10] = [
         ("shell_command", draft.shell_command.is_some(), "shell"),
         ("git_command", draft.git_command.is_some(), "git"),
         ("file_path", draft.file_path.is_some(), "file"),
         ("file_content", draft.file_content.is_some(), "file"),
         ("file_operation", draft.file_operation.is_some(), "file"),
+        ("system_prompt", draft.system_prompt.is_some(), AGENT),
+        (
+            "requested_provider",
+            draft.requested_provider.is_some(),
+            AGENT,
+        ),
+        ("requested_model", draft.requested_model.is_some(), AGENT),
+        ("max_model_calls", draft.max_model_calls.is_some(), AGENT),
+        ("tools", draft.tools.is_some(), AGENT),
     ];
     match fields
         .into_iter()
@@ -382,13 +471,13 @@ fn parse_workspace(draft: &TaskDraft) -> Result<WorkspaceMode, Invalid> {
 /// the worker, not in a sandboxed child.
 fn parse_sandbox(
     draft: &TaskDraft,
-    execution: &Execution,
+    execution: &TaskExecution,
 ) -> Result<keel_workers::SandboxPolicy, Invalid> {
     let policy = keel_workers::SandboxPolicy {
         network: draft.sandbox_network.unwrap_or(true),
         read_only: draft.sandbox_read_only.unwrap_or(false),
     };
-    if matches!(execution, Execution::File { .. }) && policy.read_only {
+    if matches!(execution, TaskExecution::Process(Execution::File { .. })) && policy.read_only {
         return Err(Invalid::new(
             "sandbox_read_only",
             "refuses file runs: write, append and delete all change the read-only workspace",
@@ -501,7 +590,48 @@ mod tests {
     fn refusals_name_the_field() {
         let cases = [
             (TaskDraft::default(), "execution_kind"),
-            (draft("agent_loop"), "execution_kind"),
+            (draft("agent_loop"), "prompt"),
+            (draft("rocket"), "execution_kind"),
+            (
+                TaskDraft {
+                    prompt: Some("hi".into()),
+                    shell_command: Some("true".into()),
+                    ..draft("agent_loop")
+                },
+                "shell_command",
+            ),
+            (
+                TaskDraft {
+                    shell_command: Some("true".into()),
+                    tools: Some(vec!["read_file".into()]),
+                    ..draft("shell")
+                },
+                "tools",
+            ),
+            (
+                TaskDraft {
+                    prompt: Some("hi".into()),
+                    tools: Some(vec!["read_file".into(), "rm_rf".into()]),
+                    ..draft("agent_loop")
+                },
+                "tools",
+            ),
+            (
+                TaskDraft {
+                    prompt: Some("hi".into()),
+                    tools: Some(vec!["grep".into(), "grep".into()]),
+                    ..draft("agent_loop")
+                },
+                "tools",
+            ),
+            (
+                TaskDraft {
+                    prompt: Some("hi".into()),
+                    max_model_calls: Some(0),
+                    ..draft("agent_loop")
+                },
+                "max_model_calls",
+            ),
             (draft("shell"), "shell_command"),
             (
                 TaskDraft {

@@ -22,7 +22,8 @@ use crate::queue;
     "id": "appr_01a22b05d2aa7b6c8d9e0f1a2b3c4d5e", "task_id": "task_01a22b05c3e1734c9d7a0f2b6e41d890",
     "run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "kind": "shell_command", "status": "pending",
     "action_summary": ["shell: echo hello from keel"],
-    "action_summary_incomplete": false, "decision_note": null, "resolved_by": null,
+    "action_summary_incomplete": false, "step_id": null, "continue_on_reject": false,
+    "decision_note": null, "resolved_by": null,
     "created_at": "2026-11-30T09:00:05Z", "expires_at": null, "resolved_at": null
 }))]
 pub struct ApprovalRecord {
@@ -35,6 +36,11 @@ pub struct ApprovalRecord {
     pub status: String,
     pub action_summary: Vec<String>,
     pub action_summary_incomplete: bool,
+    /// `agent_loop_tool_call` only: the `model_call` step whose tool calls it covers.
+    pub step_id: Option<String>,
+    /// Rejected with `continue`: the model got a refusal as each call's result and the
+    /// run went on.
+    pub continue_on_reject: bool,
     pub decision_note: Option<String>,
     pub resolved_by: Option<String>,
     pub created_at: DateTime<Utc>,
@@ -42,13 +48,21 @@ pub struct ApprovalRecord {
     pub resolved_at: Option<DateTime<Utc>>,
 }
 
-/// Opens a pending approval on a run (inside its admission transaction). The caller
-/// appends the `approval.requested` event last.
+/// What an approval gates: a kind, and for a tool-call approval the `model_call` step
+/// whose calls it covers.
+#[derive(Debug, Clone, Copy)]
+pub struct Gate<'a> {
+    pub kind: ApprovalKind,
+    pub step_id: Option<&'a str>,
+}
+
+/// Opens a pending approval on a run (inside its admission transaction, or an agent
+/// attempt's end). The caller appends the `approval.requested` event last.
 pub async fn create(
     conn: &mut PgConnection,
     scope: &Scope,
     run: &RunRecord,
-    kind: ApprovalKind,
+    gate: Gate<'_>,
     summary: &ActionSummary,
     ttl: Option<Duration>,
     actor: &Actor,
@@ -57,30 +71,27 @@ pub async fn create(
     // Just inserted as pending with a TTL in the future: it reads as stored.
     let approval: ApprovalRecord = sqlx::query_as(
         "INSERT INTO approvals (id, task_id, run_id, kind, status, action_summary,
-                                action_summary_incomplete, expires_at, workspace_id)
-         VALUES ($1, $2, $3, $4, 'pending', $5, $6, now() + $7 * interval '1 millisecond', $8)
+                                action_summary_incomplete, expires_at, workspace_id, step_id)
+         VALUES ($1, $2, $3, $4, 'pending', $5, $6, now() + $7 * interval '1 millisecond', $8,
+                 $9)
          RETURNING *",
     )
     .bind(new_id("apr"))
     .bind(&run.task_id)
     .bind(&run.id)
-    .bind(kind.as_str())
+    .bind(gate.kind.as_str())
     .bind(&summary.lines)
     .bind(summary.incomplete)
     .bind(ttl_ms)
     .bind(scope.workspace())
+    .bind(gate.step_id)
     .fetch_one(&mut *conn)
     .await?;
-    record(
-        conn,
-        scope,
-        &approval,
-        None,
-        "pending",
-        Some("run gated by the approval policy"),
-        actor,
-    )
-    .await?;
+    let reason = match gate.step_id {
+        Some(_) => "tool calls gated by the approval policy",
+        None => "run gated by the approval policy",
+    };
+    record(conn, scope, &approval, None, "pending", Some(reason), actor).await?;
     Ok(approval)
 }
 
@@ -130,7 +141,8 @@ pub async fn get(
         "SELECT id, task_id, run_id, kind,
                 CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END
                     AS status,
-                action_summary, action_summary_incomplete, decision_note, resolved_by,
+                action_summary, action_summary_incomplete, step_id, continue_on_reject,
+                decision_note, resolved_by,
                 created_at, expires_at, resolved_at
          FROM approvals
          WHERE workspace_id = $3 AND task_id = $1 AND id = $2",
@@ -157,7 +169,8 @@ pub async fn list(
              SELECT id, task_id, run_id, kind,
                     CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END
                         AS status,
-                    action_summary, action_summary_incomplete, decision_note, resolved_by,
+                    action_summary, action_summary_incomplete, step_id, continue_on_reject,
+                    decision_note, resolved_by,
                     created_at, expires_at, resolved_at
              FROM approvals
              WHERE workspace_id = $5) a
@@ -176,7 +189,8 @@ pub async fn list(
 }
 
 /// Applies an operator's decision. Approving the run's last pending gate queues it;
-/// rejecting any gate cancels the run and its other gates.
+/// rejecting any gate cancels the run and its other gates, except a tool-call approval
+/// rejected with `continue`, which queues the run (the model then reads a refusal).
 pub async fn resolve(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -186,13 +200,15 @@ pub async fn resolve(
     note: Option<&str>,
     actor: &Actor,
 ) -> Result<(ApprovalRecord, RunRecord)> {
+    let continues = decision == Decision::RejectAndContinue;
     let run_id = get(conn, scope, task_id, approval_id).await?.run_id;
     let run = runs::lock(conn, scope, &run_id).await?;
     let approval: ApprovalRecord = sqlx::query_as(
         "SELECT id, task_id, run_id, kind,
                 CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END
                     AS status,
-                action_summary, action_summary_incomplete, decision_note, resolved_by,
+                action_summary, action_summary_incomplete, step_id, continue_on_reject,
+                decision_note, resolved_by,
                 created_at, expires_at, resolved_at
          FROM approvals
          WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
@@ -215,16 +231,22 @@ pub async fn resolve(
     }
     let to = match decision {
         Decision::Approve => "approved",
-        Decision::Reject => "rejected",
+        Decision::Reject | Decision::RejectAndContinue => "rejected",
     };
-    let approval = settle(conn, scope, &approval.id, to, note, actor).await?;
+    let approval = settle(conn, scope, &approval.id, to, note, continues, actor).await?;
     record(conn, scope, &approval, Some("pending"), to, note, actor).await?;
     let resolved = serde_json::json!({ "approval_id": approval.id, "kind": approval.kind,
-                                       "decision": to, "note": note, "resolved_by": actor.to_string() });
+                                       "decision": to, "continue": continues, "note": note,
+                                       "resolved_by": actor.to_string() });
     let mut run_event = None;
     let run = match decision {
-        Decision::Approve if pending_count(conn, scope, &run_id).await? == 0 => {
-            let reason = Some("all approvals granted");
+        Decision::Approve | Decision::RejectAndContinue
+            if pending_count(conn, scope, &run_id).await? == 0 =>
+        {
+            let reason = Some(match decision {
+                Decision::RejectAndContinue => "tool calls refused; the loop goes on",
+                _ => "all approvals granted",
+            });
             let run = runs::transition(
                 conn,
                 scope,
@@ -240,7 +262,7 @@ pub async fn resolve(
             run_event = Some(EventType::RunQueued);
             run
         }
-        Decision::Approve => run,
+        Decision::Approve | Decision::RejectAndContinue => run,
         Decision::Reject => {
             let reason = "another approval of the run was rejected";
             cancel_pending(conn, scope, &run_id, reason).await?;
@@ -275,11 +297,13 @@ async fn settle(
     approval_id: &str,
     to: &str,
     note: Option<&str>,
+    continue_on_reject: bool,
     actor: &Actor,
 ) -> Result<ApprovalRecord> {
     // Settled: no longer pending, so it reads as stored.
     let approval = sqlx::query_as(
-        "UPDATE approvals SET status = $2, decision_note = $3, resolved_by = $4, resolved_at = now()
+        "UPDATE approvals SET status = $2, decision_note = $3, resolved_by = $4, resolved_at = now(),
+                              continue_on_reject = $6
          WHERE workspace_id = $5 AND id = $1 RETURNING *",
     )
     .bind(approval_id)
@@ -287,6 +311,7 @@ async fn settle(
     .bind(note)
     .bind(actor.to_string())
     .bind(scope.workspace())
+    .bind(continue_on_reject)
     .fetch_one(conn)
     .await?;
     Ok(approval)
@@ -319,7 +344,16 @@ pub async fn cancel_pending(
     .fetch_all(&mut *conn)
     .await?;
     for id in pending {
-        let approval = settle(conn, scope, &id, "cancelled", Some(reason), &Actor::System).await?;
+        let approval = settle(
+            conn,
+            scope,
+            &id,
+            "cancelled",
+            Some(reason),
+            false,
+            &Actor::System,
+        )
+        .await?;
         record(
             conn,
             scope,

@@ -11,6 +11,7 @@ pub mod embedded;
 pub mod events;
 pub mod external;
 pub mod leases;
+pub mod lineage;
 pub mod media_jobs;
 pub mod patches;
 pub mod providers;
@@ -22,6 +23,7 @@ pub mod stats;
 pub mod steps;
 pub mod tasks;
 pub mod transitions;
+pub mod usage;
 pub mod workers;
 pub mod workspaces;
 
@@ -42,6 +44,10 @@ pub enum StoreError {
     /// A conflict with its own error code, for clients that branch on it.
     #[error("{message}")]
     Refused { code: &'static str, message: String },
+    /// The request cannot be carried out as the stored rows stand (422), with its own code:
+    /// `model_not_configured`.
+    #[error("{message}")]
+    Unprocessable { code: &'static str, message: String },
     /// A fenced write found that this worker no longer holds the job's lease.
     #[error("the lease on this job was lost")]
     LeaseLost,

@@ -5,9 +5,11 @@ use keel_workers::{Execution, FileOperation};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
+use super::providers::ProviderRecord;
 use super::transitions::{self, Transition};
 use super::{Result, StoreError};
-use crate::domain::task::WorkspaceMode;
+use crate::domain::provider::Api;
+use crate::domain::task::{AgentLoop, TaskExecution, WorkspaceMode};
 use crate::domain::{Actor, NewTask, Scope, TaskStatus, new_id};
 
 #[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -15,7 +17,9 @@ use crate::domain::{Actor, NewTask, Scope, TaskStatus, new_id};
     "id": "task_01a22b05c3e1734c9d7a0f2b6e41d890", "execution_kind": "shell", "status": "completed",
     "prompt": null, "shell_command": "echo hello from keel", "git_command": null,
     "file_path": null, "file_content": null, "file_operation": null,
-    "working_directory": null, "workspace_mode": "ephemeral", "sandbox_allowed_root": null, "sandbox_network": true, "sandbox_read_only": false, "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000, "run_count": 1,
+    "working_directory": null, "workspace_mode": "ephemeral", "sandbox_allowed_root": null, "sandbox_network": true, "sandbox_read_only": false, "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000,
+    "system_prompt": null, "requested_provider": null, "requested_model": null,
+    "max_model_calls": null, "tools": null, "run_count": 1,
     "latest_run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "latest_run_step_count": 1,
     "latest_run_artifact_count": 2, "created_at": "2026-11-30T09:00:00Z",
     "updated_at": "2026-11-30T09:01:12Z"
@@ -41,6 +45,18 @@ pub struct TaskRecord {
     pub timeout_ms: Option<i64>,
     pub priority: i32,
     pub budget_micros_usd: i64,
+    /// `agent_loop` only (null otherwise): the system prompt.
+    pub system_prompt: Option<String>,
+    /// `agent_loop` only: the provider preset id asked for (null: the workspace's first
+    /// enabled chat preset).
+    pub requested_provider: Option<String>,
+    /// `agent_loop` only: the model asked for (null: the preset's).
+    pub requested_model: Option<String>,
+    /// `agent_loop` only: the most model calls across the resume chain.
+    pub max_model_calls: Option<i32>,
+    /// `agent_loop` only: the tools the model may call (null: the whole catalog the sandbox
+    /// allows).
+    pub tools: Option<Vec<String>>,
     pub run_count: i32,
     pub latest_run_id: Option<String>,
     pub latest_run_step_count: i64,
@@ -87,6 +103,7 @@ impl TaskRecord {
                     operation,
                 })
             }
+            "agent_loop" => Err(format!("task {} is an agent loop, not a process", self.id)),
             other => Err(format!("unknown execution kind {other}")),
         }
     }
@@ -109,14 +126,20 @@ pub async fn insert(
     actor: &Actor,
 ) -> Result<TaskRecord> {
     let id = new_id("task");
-    let (kind, shell, git, path, content, operation) = match &task.execution {
-        Execution::Shell { command } => ("shell", Some(command), None, None, None, None),
-        Execution::Git { command } => ("git", None, Some(command), None, None, None),
-        Execution::File {
+    let none = AgentLoop::default();
+    let (process, agent) = match &task.execution {
+        TaskExecution::Process(execution) => (Some(execution), &none),
+        TaskExecution::AgentLoop(agent) => (None, agent),
+    };
+    let (kind, shell, git, path, content, operation) = match process {
+        None => ("agent_loop", None, None, None, None, None),
+        Some(Execution::Shell { command }) => ("shell", Some(command), None, None, None, None),
+        Some(Execution::Git { command }) => ("git", None, Some(command), None, None, None),
+        Some(Execution::File {
             path,
             content,
             operation,
-        } => {
+        }) => {
             let operation = match operation {
                 FileOperation::Write => "write",
                 FileOperation::Append => "append",
@@ -146,8 +169,11 @@ pub async fn insert(
              INSERT INTO tasks (id, execution_kind, prompt, shell_command, git_command, file_path,
                                 file_content, file_operation, working_directory, workspace_mode,
                                 sandbox_allowed_root, sandbox_network, sandbox_read_only,
-                                timeout_ms, priority, budget_micros_usd, workspace_id)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+                                timeout_ms, priority, budget_micros_usd, workspace_id,
+                                system_prompt, requested_provider, requested_model,
+                                max_model_calls, tools)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                     $19, $20, $21, $22, $23)
              RETURNING *
          ), audit AS (
              INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id,
@@ -158,7 +184,8 @@ pub async fn insert(
          SELECT id, execution_kind, 'not_started' AS status, prompt, shell_command, git_command,
                 file_path, file_content, file_operation, working_directory, workspace_mode,
                 sandbox_allowed_root, sandbox_network, sandbox_read_only, timeout_ms, priority,
-                budget_micros_usd, run_count, latest_run_id, 0::bigint AS latest_run_step_count,
+                budget_micros_usd, system_prompt, requested_provider, requested_model,
+                max_model_calls, tools, run_count, latest_run_id, 0::bigint AS latest_run_step_count,
                 0::bigint AS latest_run_artifact_count, created_at, updated_at
          FROM created",
     )
@@ -180,6 +207,11 @@ pub async fn insert(
     .bind(task.budget_micros_usd)
     .bind(scope.workspace())
     .bind(actor.to_string())
+    .bind(&agent.system_prompt)
+    .bind(&agent.requested_provider)
+    .bind(&agent.requested_model)
+    .bind(agent.max_model_calls)
+    .bind(&agent.tools)
     .fetch_one(conn)
     .await?;
     Ok(created)
@@ -190,8 +222,9 @@ pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<Tas
         "SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
                 t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
                 t.working_directory, t.workspace_mode, t.sandbox_allowed_root, t.sandbox_network,
-                t.sandbox_read_only, t.timeout_ms, t.priority, t.budget_micros_usd, t.run_count,
-                t.latest_run_id,
+                t.sandbox_read_only, t.timeout_ms, t.priority, t.budget_micros_usd,
+                t.system_prompt, t.requested_provider, t.requested_model, t.max_model_calls,
+                t.tools, t.run_count, t.latest_run_id,
                 (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
                     AS latest_run_step_count,
                 (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
@@ -219,8 +252,9 @@ pub async fn list(
         "SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
                 t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
                 t.working_directory, t.workspace_mode, t.sandbox_allowed_root, t.sandbox_network,
-                t.sandbox_read_only, t.timeout_ms, t.priority, t.budget_micros_usd, t.run_count,
-                t.latest_run_id,
+                t.sandbox_read_only, t.timeout_ms, t.priority, t.budget_micros_usd,
+                t.system_prompt, t.requested_provider, t.requested_model, t.max_model_calls,
+                t.tools, t.run_count, t.latest_run_id,
                 (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
                     AS latest_run_step_count,
                 (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
@@ -261,8 +295,9 @@ pub async fn get_locked(conn: &mut PgConnection, scope: &Scope, id: &str) -> Res
         "SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
                 t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
                 t.working_directory, t.workspace_mode, t.sandbox_allowed_root, t.sandbox_network,
-                t.sandbox_read_only, t.timeout_ms, t.priority, t.budget_micros_usd, t.run_count,
-                t.latest_run_id,
+                t.sandbox_read_only, t.timeout_ms, t.priority, t.budget_micros_usd,
+                t.system_prompt, t.requested_provider, t.requested_model, t.max_model_calls,
+                t.tools, t.run_count, t.latest_run_id,
                 (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
                     AS latest_run_step_count,
                 (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
@@ -335,4 +370,75 @@ pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str, actor: &Ac
         reason: None,
     };
     transitions::record(conn, scope, deleted, actor).await
+}
+
+/// The provider preset and model an agent loop task's runs call: its `requested_provider`,
+/// else the workspace's first enabled chat preset (api `openai-completions` or
+/// `anthropic-messages`), and its `requested_model`, else the preset's. Refused with
+/// `model_not_configured` (422) when there is no such preset or it names no model.
+pub async fn chat_preset(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task: &TaskRecord,
+) -> Result<(ProviderRecord, String)> {
+    let refused = |message: String| StoreError::Unprocessable {
+        code: "model_not_configured",
+        message,
+    };
+    let preset: Option<ProviderRecord> = match &task.requested_provider {
+        Some(id) => {
+            sqlx::query_as("SELECT * FROM providers WHERE workspace_id = $1 AND id = $2")
+                .bind(scope.workspace())
+                .bind(id)
+                .fetch_optional(&mut *conn)
+                .await?
+        }
+        None => {
+            sqlx::query_as(
+                "SELECT * FROM providers WHERE workspace_id = $1 AND enabled
+               AND api IN ('openai-completions', 'anthropic-messages')
+             ORDER BY created_at, id LIMIT 1",
+            )
+            .bind(scope.workspace())
+            .fetch_optional(&mut *conn)
+            .await?
+        }
+    };
+    let preset = match (preset, &task.requested_provider) {
+        (Some(preset), _) => preset,
+        (None, Some(id)) => {
+            return Err(refused(format!(
+                "requested_provider {id} is not a provider preset of this workspace"
+            )));
+        }
+        (None, None) => {
+            return Err(refused(
+                "the workspace has no enabled chat provider preset (api openai-completions or \
+                 anthropic-messages); create one or set requested_provider"
+                    .into(),
+            ));
+        }
+    };
+    if !matches!(
+        preset.api(),
+        Api::OpenAiCompletions | Api::AnthropicMessages
+    ) {
+        return Err(refused(format!(
+            "provider preset {} speaks {}, not a chat api (openai-completions or \
+             anthropic-messages)",
+            preset.id, preset.api
+        )));
+    }
+    let model = task
+        .requested_model
+        .clone()
+        .or_else(|| Some(preset.model.clone()))
+        .filter(|model| !model.trim().is_empty());
+    match model {
+        Some(model) => Ok((preset, model)),
+        None => Err(refused(format!(
+            "provider preset {} has no model and the task sets no requested_model",
+            preset.id
+        ))),
+    }
 }
