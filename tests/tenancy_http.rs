@@ -148,6 +148,11 @@ const ROUTES: &[(&str, &str, Walk)] = &[
         "/v1/external-work/sources/{source_id}/poll",
         Write("{}"),
     ),
+    (
+        "POST",
+        "/v1/external-work/sources/{source_id}/reconcile",
+        Write("{}"),
+    ),
     ("GET", "/v1/external-work/sources/{source_id}/status", Read),
     (
         "GET",
