@@ -10,6 +10,7 @@ mod extract;
 mod media_jobs;
 mod middleware;
 mod openapi;
+mod patches;
 mod providers;
 mod runtime;
 mod schedules;
@@ -146,6 +147,7 @@ fn routes() -> OpenApiRouter<AppState> {
             "/v1",
             tasks::router()
                 .merge(approvals::router())
+                .merge(patches::router())
                 .merge(schedules::router())
                 .merge(events::router())
                 .merge(external_work::router())

@@ -12,6 +12,8 @@ pub enum EventType {
     StepFinished,
     StepFailed,
     ArtifactCreated,
+    /// A patch artifact's file was restored to its `before` through the API.
+    ToolFileReverted,
     GapRunDisconnected,
     RunResumedFromEvent,
     ApprovalRequested,
@@ -37,6 +39,7 @@ impl EventType {
             EventType::StepFinished => "step.finished",
             EventType::StepFailed => "step.failed",
             EventType::ArtifactCreated => "artifact.created",
+            EventType::ToolFileReverted => "tool.file.reverted",
             EventType::GapRunDisconnected => "gap.run_disconnected",
             EventType::RunResumedFromEvent => "run.resumed_from_event",
             EventType::ApprovalRequested => "approval.requested",

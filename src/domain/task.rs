@@ -114,6 +114,11 @@ impl WorkspaceRoots {
         })
     }
 
+    /// The data directory the roots were configured with (it holds ephemeral workspaces).
+    pub fn data_dir(&self) -> Option<&Path> {
+        self.data_dir.as_deref()
+    }
+
     /// The canonical directory an `in_place` workspace resolves to, if the roots allow it.
     pub fn confine(&self, directory: &str, allowed_root: Option<&str>) -> Result<PathBuf, Invalid> {
         if self.roots.is_empty() {

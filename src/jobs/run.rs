@@ -61,6 +61,23 @@ pub fn ephemeral_root(data_dir: &Path) -> PathBuf {
     data_dir.join("workspaces")
 }
 
+/// The directory a run works in: its task's `in_place` directory, re-confined to the
+/// workspace roots, or its ephemeral `<data_dir>/workspaces/<workspace owner>` (which may
+/// not exist yet). Workers run there; the patches API reverts files there.
+pub fn workspace_dir(
+    roots: &WorkspaceRoots,
+    data_dir: &Path,
+    task: &TaskRecord,
+    run: &RunRecord,
+) -> Result<PathBuf, String> {
+    match &task.working_directory {
+        Some(directory) if task.workspace_mode == "in_place" => roots
+            .confine(directory, task.sandbox_allowed_root.as_deref())
+            .map_err(|e| format!("workspace_refused: {}: {}", e.field, e.message)),
+        _ => Ok(ephemeral_root(data_dir).join(run.workspace_owner())),
+    }
+}
+
 impl JobHandler for RunJobs {
     fn kind(&self) -> &'static str {
         queue::RUN_KIND
@@ -295,19 +312,13 @@ impl RunJobs {
     }
 
     async fn spec(&self, task: &TaskRecord, run: &RunRecord) -> Result<RunSpec, String> {
-        let workspace = match &task.working_directory {
-            Some(directory) if task.workspace_mode == "in_place" => self
-                .workspace_roots
-                .confine(directory, task.sandbox_allowed_root.as_deref())
-                .map_err(|e| format!("workspace_refused: {}: {}", e.field, e.message))?,
-            _ => {
-                let path = ephemeral_root(&self.data_dir).join(run.workspace_owner());
-                tokio::fs::create_dir_all(&path).await.map_err(|e| {
-                    format!("could not create the workspace {}: {e}", path.display())
-                })?;
-                path
-            }
-        };
+        let workspace = workspace_dir(&self.workspace_roots, &self.data_dir, task, run)?;
+        tokio::fs::create_dir_all(&workspace).await.map_err(|e| {
+            format!(
+                "could not create the workspace {}: {e}",
+                workspace.display()
+            )
+        })?;
         Ok(RunSpec {
             execution: task.execution()?,
             workspace,

@@ -12,6 +12,7 @@ pub mod events;
 pub mod external;
 pub mod leases;
 pub mod media_jobs;
+pub mod patches;
 pub mod providers;
 pub mod retention;
 pub mod runs;

@@ -2,6 +2,7 @@
 //! environment, streams its stdout and stderr into artifacts while it runs, and kills
 //! everything it started on cancellation, timeout or exit.
 
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -11,7 +12,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::sandbox::{self, Containment};
-use crate::{ArtifactHandle, ContextError, Outcome, OutputStream, RunContext, RunSpec, StepResult};
+use crate::{
+    ArtifactHandle, ContextError, Outcome, OutputStream, RunContext, RunSpec, SandboxPolicy,
+    StepResult,
+};
 
 /// Output is flushed to the runtime at least this often while a process writes...
 const FLUSH_INTERVAL: Duration = Duration::from_millis(200);
@@ -21,10 +25,10 @@ const FLUSH_BYTES: usize = 64 * 1024;
 const STDERR_TAIL_BYTES: usize = 2048;
 /// How long the pipes are still read once the run's processes are gone: a pipe a stray
 /// process holds open must not keep the run going.
-const DRAIN: Duration = Duration::from_millis(500);
+pub(crate) const DRAIN: Duration = Duration::from_millis(500);
 
 /// How the process ended; None from [`wait`] when the attempt was interrupted instead.
-enum Exit {
+pub(crate) enum Exit {
     Status(std::process::ExitStatus),
     TimedOut(Duration),
 }
@@ -41,27 +45,17 @@ pub(crate) async fn run<C: RunContext>(
     let stdout_artifact = ctx.open_output(OutputStream::Stdout).await?;
     let stderr_artifact = ctx.open_output(OutputStream::Stderr).await?;
 
-    let mut containment = match Containment::prepare() {
-        Ok(containment) => containment,
-        Err(error) => return fail(ctx, &step, cannot_start(&argv, error)).await,
-    };
-    let isolation = sandbox::Isolation::for_policy(spec.sandbox, &spec.workspace);
-    if let Some(isolation) = &isolation
-        && let Err(error) = isolation.probe(spec.sandbox).await
-    {
-        return fail(ctx, &step, error).await;
-    }
-    let mut child = match spawn(&argv, spec, &containment, isolation.as_ref()).await {
-        Ok(child) => child,
-        Err(error) => return fail(ctx, &step, cannot_start(&argv, error)).await,
-    };
-    containment.started(child.id());
+    let (mut child, mut containment) =
+        match start(&argv, &spec.workspace, &spec.env, spec.sandbox).await {
+            Ok(started) => started,
+            Err(error) => return fail(ctx, &step, error).await,
+        };
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
 
     let ended = CancellationToken::new();
     let waited = async {
-        let exit = wait(ctx, &mut child, spec.timeout).await;
+        let exit = wait(&mut child, spec.timeout, ctx.cancellation()).await;
         // Whatever the process left behind goes too: a background child would otherwise
         // keep the pipes open and outlive the run.
         containment.end().await;
@@ -110,16 +104,39 @@ pub(crate) async fn fail<C: RunContext>(
     })
 }
 
+/// Starts `argv` in the workspace inside a fresh containment and the namespaces `sandbox`
+/// asks for (shell and git runs, and the agent tools that run processes). The error is the
+/// message the caller reports: the process never started, or the host cannot provide the
+/// sandbox. Ending (or dropping) the containment kills everything the child started.
+pub(crate) async fn start(
+    argv: &[String],
+    workspace: &Path,
+    env: &[(String, String)],
+    sandbox: SandboxPolicy,
+) -> Result<(Child, Containment), String> {
+    let mut containment = Containment::prepare().map_err(|e| cannot_start(argv, e))?;
+    let isolation = sandbox::Isolation::for_policy(sandbox, workspace);
+    if let Some(isolation) = &isolation {
+        isolation.probe(sandbox).await?;
+    }
+    let child = spawn(argv, workspace, env, &containment, isolation.as_ref())
+        .await
+        .map_err(|e| cannot_start(argv, e))?;
+    containment.started(child.id());
+    Ok((child, containment))
+}
+
 /// Starts the child from an empty environment plus the sandbox's allowlist, inside the
 /// namespaces the task's sandbox flags ask for.
 async fn spawn(
     argv: &[String],
-    spec: &RunSpec,
+    workspace: &Path,
+    env: &[(String, String)],
     containment: &Containment,
     isolation: Option<&sandbox::Isolation>,
 ) -> std::io::Result<Child> {
-    let extra = spec.env.iter().cloned().chain([containment.marker()]);
-    let env = sandbox::environment(&spec.workspace, extra).await?;
+    let extra = env.iter().cloned().chain([containment.marker()]);
+    let env = sandbox::environment(workspace, extra).await?;
     let argv = match isolation {
         Some(isolation) => isolation.wrap(argv.to_vec()),
         None => argv.to_vec(),
@@ -127,7 +144,7 @@ async fn spawn(
     let mut command = Command::new(&argv[0]);
     command
         .args(&argv[1..])
-        .current_dir(&spec.workspace)
+        .current_dir(workspace)
         .env_clear()
         .envs(env)
         .stdin(Stdio::null())
@@ -140,10 +157,11 @@ async fn spawn(
     command.spawn()
 }
 
-async fn wait<C: RunContext>(
-    ctx: &C,
+/// Waits for the child's exit, its timeout, or `cancel` (None).
+pub(crate) async fn wait(
     child: &mut Child,
     timeout: Option<Duration>,
+    cancel: &CancellationToken,
 ) -> Option<Exit> {
     let deadline = timeout.map(|limit| (Instant::now() + limit, limit));
     let timer = async {
@@ -159,7 +177,7 @@ async fn wait<C: RunContext>(
         // wait() only fails if the child was already reaped; treat it as killed.
         status = child.wait() => status.ok().map(Exit::Status),
         limit = timer => Some(Exit::TimedOut(limit)),
-        _ = ctx.cancellation().cancelled() => None,
+        _ = cancel.cancelled() => None,
     }
 }
 

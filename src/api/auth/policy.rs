@@ -128,6 +128,21 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ),
     (
         "GET",
+        "/v1/tasks/{task_id}/runs/{run_id}/patches",
+        RemoteSafe,
+    ),
+    (
+        "GET",
+        "/v1/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}",
+        RemoteSafe,
+    ),
+    (
+        "POST",
+        "/v1/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}/revert",
+        RemoteSafe,
+    ),
+    (
+        "GET",
         "/v1/tasks/{task_id}/runs/{run_id}/events",
         RemoteSafe,
     ),

@@ -136,9 +136,9 @@ pub(crate) fn guarded(builder: ClientBuilder, allow_private: bool) -> ClientBuil
     }
 }
 
-fn client(limits: &MediaLimits) -> Step<Client> {
-    let allow_private = limits.allow_private_addresses;
-    let builder = Client::builder().redirect(redirect::Policy::custom(move |attempt| {
+/// Follows a few redirects, each target checked like the first URL.
+pub(crate) fn checked_redirects(allow_private: bool) -> redirect::Policy {
+    redirect::Policy::custom(move |attempt| {
         if attempt.previous().len() > MAX_REDIRECTS {
             return attempt.error(Refused("too many redirects".into()));
         }
@@ -146,7 +146,12 @@ fn client(limits: &MediaLimits) -> Step<Client> {
             Ok(()) => attempt.follow(),
             Err(why) => attempt.error(why),
         }
-    }));
+    })
+}
+
+fn client(limits: &MediaLimits) -> Step<Client> {
+    let allow_private = limits.allow_private_addresses;
+    let builder = Client::builder().redirect(checked_redirects(allow_private));
     guarded(builder, allow_private).build().map_err(|error| {
         MediaOutcome::retry(
             MediaErrorCode::ProviderUnavailable,

@@ -1,5 +1,32 @@
 //! The tools an agent loop's model may call, each confined to the run's workspace and
-//! sandbox.
+//! sandbox: path arguments through [`paths::confine`], processes through the shell runs'
+//! containment ([`exec`]), network through the public-address filter ([`http`]). A call
+//! never panics: bad arguments, refusals and failures are results with `is_error`, in words
+//! the model can act on, cut to the output limit.
+
+mod diff;
+mod exec;
+mod files;
+mod http;
+mod paths;
+mod specs;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use super::{Patch, ToolCall, ToolResult};
+use crate::SandboxPolicy;
+
+pub use files::{RevertError, revert};
+pub use specs::specs;
+
+/// The output limit per result when the configuration says nothing.
+pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 16 * 1024;
+/// The longest [`summarize`] line.
+const MAX_SUMMARY_BYTES: usize = 512;
 
 /// Every tool, in catalog order.
 pub const CATALOG: [&str; 11] = [
@@ -34,16 +61,283 @@ pub fn allowed(requested: Option<&[String]>, read_only: bool) -> Vec<String> {
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Where and how a run's tool calls act.
+#[derive(Debug, Clone)]
+pub struct ToolEnv {
+    /// Exists, and is canonical.
+    pub workspace: PathBuf,
+    /// As for shell runs: network and read-only.
+    pub sandbox: SandboxPolicy,
+    /// The run's allowlisted variables (`RunSpec.env`) for the processes a call starts.
+    pub env: Vec<(String, String)>,
+    /// Per call of shell_exec, git_status, git_diff and http_request.
+    pub call_timeout: Duration,
+    /// Per result, into the conversation.
+    pub max_output_bytes: usize,
+    /// http_request may reach loopback and private addresses: tests only.
+    pub allow_private_addresses: bool,
+}
 
-    #[test]
-    fn read_only_removes_the_writers_and_order_is_the_catalogs() {
-        let asked = vec!["shell_exec".to_string(), "read_file".to_string()];
-        assert_eq!(allowed(Some(&asked), false), ["read_file", "shell_exec"]);
-        assert_eq!(allowed(Some(&asked), true), ["read_file"]);
-        assert_eq!(allowed(None, true).len(), CATALOG.len() - WRITERS.len());
-        assert!(is_known("grep") && !is_known("rm"));
+/// What a tool did: the text for the model, whether it counts as a failure (a non-zero
+/// exit, an HTTP error status), and the files it changed.
+struct Done {
+    content: String,
+    failed: bool,
+    patches: Vec<Patch>,
+}
+
+impl Done {
+    fn text(content: impl Into<String>) -> Done {
+        Done {
+            content: content.into(),
+            failed: false,
+            patches: Vec::new(),
+        }
+    }
+
+    fn patched(content: String, patches: Vec<Patch>) -> Done {
+        Done {
+            content,
+            failed: false,
+            patches,
+        }
     }
 }
+
+/// A refused or failed call, in words for the model.
+struct ToolError(String);
+
+impl From<String> for ToolError {
+    fn from(message: String) -> Self {
+        ToolError(message)
+    }
+}
+
+impl From<&str> for ToolError {
+    fn from(message: &str) -> Self {
+        ToolError(message.to_string())
+    }
+}
+
+/// Runs one tool call. Never panics; bad arguments, refusals and failures are results with
+/// `is_error` and a message the model can act on. A call to a tool not in `allowed` is
+/// refused the same way. Stops (killing its processes) when `cancel` fires.
+pub async fn call(
+    env: &ToolEnv,
+    allowed: &[String],
+    call: &ToolCall,
+    cancel: &CancellationToken,
+) -> ToolResult {
+    let (content, is_error, patches) = match dispatch(env, allowed, call, cancel).await {
+        Ok(done) => (done.content, done.failed, done.patches),
+        Err(ToolError(message)) => (message, true, Vec::new()),
+    };
+    ToolResult {
+        content: bound(content, env.max_output_bytes),
+        is_error,
+        patches,
+    }
+}
+
+async fn dispatch(
+    env: &ToolEnv,
+    allowed: &[String],
+    call: &ToolCall,
+    cancel: &CancellationToken,
+) -> Result<Done, ToolError> {
+    let name = call.name.as_str();
+    if !is_known(name) {
+        return Err(format!(
+            "there is no tool {:?}; the tools are: {}",
+            clean(name, 64),
+            allowed.join(", ")
+        )
+        .into());
+    }
+    if env.sandbox.read_only && WRITERS.contains(&name) {
+        return Err(format!("{name} is refused: this run's workspace is read-only").into());
+    }
+    if !allowed.iter().any(|a| a == name) {
+        return Err(format!(
+            "{name} is not available in this run; the tools are: {}",
+            allowed.join(", ")
+        )
+        .into());
+    }
+    let args = arguments(call)?;
+    let ws = &env.workspace;
+    match name {
+        "read_file" => blocking(ws, cancel, move |ws| files::read_file(ws, parse(args)?)).await,
+        "list_dir" => blocking(ws, cancel, move |ws| files::list_dir(ws, parse(args)?)).await,
+        "grep" => blocking(ws, cancel, move |ws| files::grep(ws, parse(args)?)).await,
+        "glob" => blocking(ws, cancel, move |ws| files::glob(ws, parse(args)?)).await,
+        "file_write" => blocking(ws, cancel, move |ws| files::file_write(ws, parse(args)?)).await,
+        "file_edit" => blocking(ws, cancel, move |ws| files::file_edit(ws, parse(args)?)).await,
+        "apply_patch" => blocking(ws, cancel, move |ws| files::apply_patch(ws, parse(args)?)).await,
+        "shell_exec" => exec::shell_exec(env, parse(args)?, cancel).await,
+        "git_status" => exec::git_status(env, cancel).await,
+        "git_diff" => exec::git_diff(env, parse(args)?, cancel).await,
+        "http_request" => http::http_request(env, parse(args)?, cancel).await,
+        _ => unreachable!("every catalog tool is dispatched"),
+    }
+}
+
+/// The call's arguments as a JSON object; an empty text is no arguments.
+fn arguments(call: &ToolCall) -> Result<serde_json::Value, ToolError> {
+    if call.arguments.trim().is_empty() {
+        return Ok(serde_json::json!({}));
+    }
+    match serde_json::from_str(&call.arguments) {
+        Ok(value @ serde_json::Value::Object(_)) => Ok(value),
+        Ok(_) => Err("the arguments must be a JSON object".into()),
+        Err(e) => Err(format!("the arguments are not valid JSON: {e}").into()),
+    }
+}
+
+fn parse<T: DeserializeOwned>(args: serde_json::Value) -> Result<T, ToolError> {
+    serde_json::from_value(args).map_err(|e| format!("invalid arguments: {e}").into())
+}
+
+/// Runs a file tool off the async runtime; a cancelled call stops waiting for it (file
+/// operations are short and bounded).
+async fn blocking(
+    workspace: &Path,
+    cancel: &CancellationToken,
+    work: impl FnOnce(&Path) -> Result<Done, ToolError> + Send + 'static,
+) -> Result<Done, ToolError> {
+    let workspace = workspace.to_path_buf();
+    let task = tokio::task::spawn_blocking(move || work(&workspace));
+    tokio::select! {
+        joined = task => joined.unwrap_or_else(|e| Err(format!("the tool failed: {e}").into())),
+        _ = cancel.cancelled() => Err("the tool call was cancelled".into()),
+    }
+}
+
+/// `content` cut to `max` bytes (at a char boundary), with a marker naming the full size.
+fn bound(mut content: String, max: usize) -> String {
+    if content.len() <= max {
+        return content;
+    }
+    let total = content.len();
+    let mut cut = max;
+    while !content.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    content.truncate(cut);
+    if !content.ends_with('\n') {
+        content.push('\n');
+    }
+    content.push_str(&truncation_marker(total));
+    content
+}
+
+fn truncation_marker(total: usize) -> String {
+    format!("[… truncated: {} bytes total]", thousands(total as u64))
+}
+
+/// `1234567` as `1,234,567`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A one-line, sanitized description of a call for an approval's action summary: the
+/// tool's name and the call's shape, never command bodies, file contents, patches or HTTP
+/// headers and bodies. At most 512 bytes.
+pub fn summarize(call: &ToolCall) -> String {
+    let name = clean(&call.name, 64);
+    let args: serde_json::Value = match arguments(call) {
+        Ok(args) => args,
+        Err(_) => {
+            let n = thousands(call.arguments.len() as u64);
+            return cap(format!("{name}: unreadable arguments ({n} bytes)"));
+        }
+    };
+    let text = |key: &str| args.get(key).and_then(|v| v.as_str());
+    let size = |key: &str| thousands(text(key).map_or(0, str::len) as u64);
+    let path = |key: &str| clean(text(key).unwrap_or("."), 200);
+    let line = match name.as_str() {
+        "read_file" | "list_dir" | "git_diff" => format!("{name}: {}", path("path")),
+        "git_status" => name.clone(),
+        "grep" => format!(
+            "{name}: a {}-byte pattern in {}",
+            size("pattern"),
+            path("path")
+        ),
+        "glob" => format!("{name}: a {}-byte pattern", size("pattern")),
+        "file_write" => format!("{name}: {} ({} bytes)", path("path"), size("content")),
+        "file_edit" => format!(
+            "{name}: {} (replacing {} bytes with {} bytes{})",
+            path("path"),
+            size("old_string"),
+            size("new_string"),
+            if args.get("replace_all") == Some(&serde_json::Value::Bool(true)) {
+                ", every occurrence"
+            } else {
+                ""
+            }
+        ),
+        "apply_patch" => {
+            let files = text("patch")
+                .and_then(|p| diff::split(p).ok())
+                .map(|sections| {
+                    sections
+                        .iter()
+                        .map(|s| clean(s.path(), 100))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                });
+            match files {
+                Some(files) => format!("{name}: a {}-byte patch to {files}", size("patch")),
+                None => format!("{name}: a {}-byte patch", size("patch")),
+            }
+        }
+        "shell_exec" => format!("{name}: a {}-byte command", size("command")),
+        "http_request" => {
+            let method = clean(text("method").unwrap_or("?"), 16).to_ascii_uppercase();
+            // The host only: a path or query may carry a token.
+            let host = text("url")
+                .and_then(|u| url::Url::parse(u).ok())
+                .and_then(|u| u.host_str().map(|h| clean(h, 200)))
+                .unwrap_or_else(|| "an unreadable URL".into());
+            format!("{name}: {method} {host}")
+        }
+        _ => format!("{name}: an unknown tool"),
+    };
+    cap(line)
+}
+
+/// `text` without control characters, cut to `max` bytes.
+fn clean(text: &str, max: usize) -> String {
+    let cleaned: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    cap_to(cleaned, max)
+}
+
+fn cap(line: String) -> String {
+    cap_to(line, MAX_SUMMARY_BYTES)
+}
+
+fn cap_to(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut cut = max.saturating_sub('…'.len_utf8());
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests;

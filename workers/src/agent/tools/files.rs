@@ -1,0 +1,401 @@
+//! The file tools: reading, listing and searching the workspace, and the writers, which
+//! return one [`Patch`] per file they changed. Everything here blocks, so [`super::call`]
+//! runs it off the async runtime.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::io::ErrorKind;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use globset::{Glob, GlobMatcher};
+use regex::Regex;
+use serde::Deserialize;
+
+use super::paths::{Confined, confine};
+use super::{Done, ToolError};
+use crate::agent::Patch;
+
+/// Text files up to this size are read, edited and recorded in patches.
+pub(super) const MAX_FILE_BYTES: u64 = 1024 * 1024;
+/// read_file's default number of lines.
+const DEFAULT_LINES: usize = 2000;
+/// Entries grep, glob and list_dir visit at most, so a huge tree cannot stall a call.
+const MAX_VISITED: usize = 50_000;
+/// Matching lines grep reports at most.
+const MAX_MATCHES: usize = 500;
+/// Directories the walks skip: the repository's internals and the run's private state.
+const SKIPPED_DIRS: [&str; 2] = [".git", ".keel"];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ReadFile {
+    path: String,
+    offset: Option<usize>,
+    limit: Option<usize>,
+}
+
+pub(super) fn read_file(ws: &Path, args: ReadFile) -> Result<Done, ToolError> {
+    let file = confine(ws, &args.path)?;
+    let text = read_text(&file)?.ok_or_else(|| format!("{}: no such file", args.path))?;
+    let first = args.offset.unwrap_or(1).max(1);
+    let limit = args.limit.unwrap_or(DEFAULT_LINES).max(1);
+    let total = text.lines().count();
+    let mut out = String::new();
+    for (n, line) in text.lines().enumerate().skip(first - 1).take(limit) {
+        let _ = writeln!(out, "{:>6}\t{line}", n + 1);
+    }
+    if out.is_empty() {
+        out = format!(
+            "[{}: {total} lines; nothing from line {first}]",
+            file.relative
+        );
+    } else if first - 1 + limit < total {
+        let _ = writeln!(out, "[{total} lines in all; continue with offset]");
+    }
+    Ok(Done::text(out))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListDir {
+    path: Option<String>,
+}
+
+pub(super) fn list_dir(ws: &Path, args: ListDir) -> Result<Done, ToolError> {
+    let dir = confine(ws, args.path.as_deref().unwrap_or("."))?;
+    let entries = fs::read_dir(&dir.full).map_err(|e| format!("{}: {e}", dir.relative))?;
+    let mut names: Vec<String> = entries
+        .take(MAX_VISITED)
+        .filter_map(Result::ok)
+        .map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => format!("{name}/"),
+                Ok(t) if t.is_symlink() => format!("{name}@"),
+                _ => name,
+            }
+        })
+        .collect();
+    names.sort();
+    if names.is_empty() {
+        return Ok(Done::text(format!("[{} is empty]", dir.relative)));
+    }
+    Ok(Done::text(names.join("\n")))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Grep {
+    pattern: String,
+    path: Option<String>,
+    glob: Option<String>,
+}
+
+pub(super) fn grep(ws: &Path, args: Grep) -> Result<Done, ToolError> {
+    let regex = Regex::new(&args.pattern).map_err(|e| format!("invalid pattern: {e}"))?;
+    let filter = args.glob.as_deref().map(matcher).transpose()?;
+    let start = confine(ws, args.path.as_deref().unwrap_or("."))?;
+    let mut out = String::new();
+    let mut matches = 0;
+    walk(ws, &start, &mut |file| {
+        if filter.as_ref().is_some_and(|g| !g.is_match(&file.relative)) {
+            return true;
+        }
+        // Binary and oversize files are skipped: grep answers about text.
+        let Ok(Some(text)) = read_text(file) else {
+            return true;
+        };
+        for (n, line) in text.lines().enumerate() {
+            if regex.is_match(line) {
+                let _ = writeln!(out, "{}:{}:{line}", file.relative, n + 1);
+                matches += 1;
+                if matches == MAX_MATCHES {
+                    let _ = writeln!(out, "[stopped at {MAX_MATCHES} matches]");
+                    return false;
+                }
+            }
+        }
+        true
+    })?;
+    if out.is_empty() {
+        out = "[no matches]".into();
+    }
+    Ok(Done::text(out))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GlobArgs {
+    pattern: String,
+}
+
+pub(super) fn glob(ws: &Path, args: GlobArgs) -> Result<Done, ToolError> {
+    let glob = matcher(&args.pattern)?;
+    let root = confine(ws, ".")?;
+    let mut found = Vec::new();
+    walk(ws, &root, &mut |file| {
+        if glob.is_match(&file.relative) {
+            found.push(file.relative.clone());
+        }
+        true
+    })?;
+    found.sort();
+    if found.is_empty() {
+        return Ok(Done::text("[no files match]"));
+    }
+    Ok(Done::text(found.join("\n")))
+}
+
+fn matcher(pattern: &str) -> Result<GlobMatcher, String> {
+    Glob::new(pattern)
+        .map(|g| g.compile_matcher())
+        .map_err(|e| format!("invalid glob: {e}"))
+}
+
+/// Visits the regular files under `start` (depth first, symbolic links not followed, the
+/// [`SKIPPED_DIRS`] skipped) until `visit` returns false or [`MAX_VISITED`] entries.
+fn walk(
+    ws: &Path,
+    start: &Confined,
+    visit: &mut dyn FnMut(&Confined) -> bool,
+) -> Result<(), ToolError> {
+    let meta = fs::symlink_metadata(&start.full).map_err(|e| format!("{}: {e}", start.relative))?;
+    if meta.is_file() {
+        visit(start);
+        return Ok(());
+    }
+    let mut pending = vec![start.full.clone()];
+    let mut visited = 0;
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut entries: Vec<_> = entries.filter_map(Result::ok).collect();
+        entries.sort_by_key(|e| std::cmp::Reverse(e.file_name()));
+        for entry in entries {
+            visited += 1;
+            if visited > MAX_VISITED {
+                return Ok(());
+            }
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            let full = entry.path();
+            if kind.is_dir() {
+                let name = entry.file_name();
+                if !SKIPPED_DIRS.iter().any(|s| name == *s) {
+                    pending.push(full);
+                }
+            } else if kind.is_file() {
+                let relative = full
+                    .strip_prefix(ws)
+                    .map(|r| r.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                if !visit(&Confined { full, relative }) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A text file's content; None when it does not exist. Directories, other non-regular
+/// files, binary (not UTF-8) and oversize files are errors.
+fn read_text(file: &Confined) -> Result<Option<String>, String> {
+    let meta = match fs::metadata(&file.full) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", file.relative)),
+    };
+    if !meta.is_file() {
+        return Err(format!("{}: not a regular file", file.relative));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(format!(
+            "{}: {} bytes is more than the tools handle ({MAX_FILE_BYTES} bytes)",
+            file.relative,
+            meta.len()
+        ));
+    }
+    let bytes = fs::read(&file.full).map_err(|e| format!("{}: {e}", file.relative))?;
+    String::from_utf8(bytes)
+        .map(Some)
+        .map_err(|_| format!("{}: a binary file (not UTF-8 text)", file.relative))
+}
+
+/// A file a writer is about to change: where, and its content now.
+struct Target {
+    file: Confined,
+    before: Option<String>,
+}
+
+fn target(ws: &Path, path: &str) -> Result<Target, String> {
+    let file = confine(ws, path)?;
+    if file.relative == "." {
+        return Err(format!("{path}: names the workspace, not a file"));
+    }
+    if let Ok(meta) = fs::metadata(&file.full)
+        && meta.is_file()
+        && meta.nlink() > 1
+    {
+        // Writing through another hard link would change a file that may be outside.
+        return Err(format!("{path}: the file has other hard links; refused"));
+    }
+    let before = read_text(&file)?;
+    Ok(Target { file, before })
+}
+
+/// Writes (or, with None, removes) the target's file; returns its patch.
+fn commit(target: &Target, after: Option<&str>) -> Result<Patch, String> {
+    let path = &target.file.relative;
+    if let Some(text) = after
+        && text.len() as u64 > MAX_FILE_BYTES
+    {
+        return Err(format!(
+            "{path}: {} bytes is more than the tools write ({MAX_FILE_BYTES} bytes)",
+            text.len()
+        ));
+    }
+    write_or_remove(&target.file.full, after).map_err(|e| format!("{path}: {e}"))?;
+    Ok(Patch {
+        path: path.clone(),
+        before: target.before.clone(),
+        after: after.map(str::to_string),
+    })
+}
+
+fn write_or_remove(full: &Path, content: Option<&str>) -> std::io::Result<()> {
+    match content {
+        Some(text) => {
+            if let Some(parent) = full.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            fs::write(full, text)
+        }
+        None => match fs::remove_file(full) {
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            done => done,
+        },
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileWrite {
+    path: String,
+    content: String,
+}
+
+pub(super) fn file_write(ws: &Path, args: FileWrite) -> Result<Done, ToolError> {
+    let target = target(ws, &args.path)?;
+    let patch = commit(&target, Some(&args.content))?;
+    let verb = if target.before.is_some() {
+        "overwrote"
+    } else {
+        "created"
+    };
+    let message = format!("{verb} {} ({} bytes)", patch.path, args.content.len());
+    Ok(Done::patched(message, vec![patch]))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileEdit {
+    path: String,
+    old_string: String,
+    new_string: String,
+    #[serde(default)]
+    replace_all: bool,
+}
+
+pub(super) fn file_edit(ws: &Path, args: FileEdit) -> Result<Done, ToolError> {
+    if args.old_string.is_empty() {
+        return Err("old_string is empty; use file_write to create a file".into());
+    }
+    let target = target(ws, &args.path)?;
+    let Some(before) = &target.before else {
+        return Err(format!("{}: no such file", args.path).into());
+    };
+    let count = before.matches(&args.old_string).count();
+    let after = match count {
+        0 => return Err(format!("{}: old_string was not found", args.path).into()),
+        1 => before.replacen(&args.old_string, &args.new_string, 1),
+        _ if args.replace_all => before.replace(&args.old_string, &args.new_string),
+        n => {
+            return Err(format!(
+                "{}: old_string occurs {n} times; give more context to make it unique, \
+                 or set replace_all",
+                args.path
+            )
+            .into());
+        }
+    };
+    let patch = commit(&target, Some(&after))?;
+    let message = format!("edited {}: {count} replacement(s)", patch.path);
+    Ok(Done::patched(message, vec![patch]))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ApplyPatch {
+    patch: String,
+}
+
+/// Applies a unified diff of one or more files, all or nothing: every file's new content
+/// is computed before anything is written, and a write that fails puts back the files
+/// already written.
+pub(super) fn apply_patch(ws: &Path, args: ApplyPatch) -> Result<Done, ToolError> {
+    let sections = super::diff::split(&args.patch)?;
+    let mut planned: Vec<(Target, Option<String>)> = Vec::new();
+    for section in &sections {
+        let path = section.path();
+        let target = target(ws, path)?;
+        if planned.iter().any(|(t, _)| t.file.full == target.file.full) {
+            return Err(format!("{path}: appears twice in the patch").into());
+        }
+        let after = section.apply(target.before.as_deref())?;
+        planned.push((target, after));
+    }
+    let mut patches = Vec::new();
+    for (target, after) in &planned {
+        match commit(target, after.as_deref()) {
+            Ok(patch) => patches.push(patch),
+            Err(error) => {
+                for (done, _) in planned.iter().take(patches.len()) {
+                    let _ = write_or_remove(&done.file.full, done.before.as_deref());
+                }
+                return Err(format!("{error}; no file was changed").into());
+            }
+        }
+    }
+    let names: Vec<&str> = patches.iter().map(|p| p.path.as_str()).collect();
+    let message = format!("patched {} file(s): {}", names.len(), names.join(", "));
+    Ok(Done::patched(message, patches))
+}
+
+/// Why a patch could not be reverted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RevertError {
+    /// The file is no longer what the patch left: reverting would lose a later change.
+    #[error("{0}")]
+    Drift(String),
+    /// The path cannot be reached inside the workspace, or the file cannot be read/written.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// Restores `patch.before` in `workspace` (removes the file when it is None), only if the
+/// file's content is `patch.after` (absent when None); the path is confined like a tool's.
+pub fn revert(workspace: &Path, patch: &Patch) -> Result<(), RevertError> {
+    let target = target(workspace, &patch.path).map_err(RevertError::Refused)?;
+    if target.before != patch.after {
+        return Err(RevertError::Drift(format!(
+            "{} changed since the patch was applied; it was left as it is",
+            patch.path
+        )));
+    }
+    write_or_remove(&target.file.full, patch.before.as_deref())
+        .map_err(|e| RevertError::Refused(format!("{}: {e}", patch.path)))
+}
