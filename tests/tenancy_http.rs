@@ -71,6 +71,9 @@ const ROUTES: &[(&str, &str, Walk)] = &[
         Global("?ref=env:KEEL_SECRET_WALK_MEDIA_KEY"),
     ),
     ("POST", "/v1/system/shutdown", LocalOnly),
+    // The ledger of the caller's workspace (the walk's rows make no model calls).
+    ("GET", "/v1/usage/summary", Global("?scope=workspace")),
+    ("GET", "/v1/usage/events", Global("?limit=200")),
     ("GET", "/v1/system/stats", List(&[""])),
     ("GET", "/v1/workspace", List(&[""])),
     (
@@ -226,8 +229,18 @@ const ROUTES: &[(&str, &str, Walk)] = &[
     ("GET", "/v1/tasks/{task_id}/runs/{run_id}/events", Read),
     (
         "POST",
+        "/v1/tasks/{task_id}/runs/{run_id}/continue",
+        Write(r#"{"prompt":"intruder"}"#),
+    ),
+    (
+        "POST",
         "/v1/tasks/{task_id}/runs/{run_id}/resume",
         Write("{}"),
+    ),
+    (
+        "POST",
+        "/v1/tasks/{task_id}/runs/{run_id}/retry-from-model-call",
+        Write(r#"{"model_call_index":1}"#),
     ),
     (
         "POST",

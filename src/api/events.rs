@@ -3,12 +3,17 @@
 //! [`AppState::events`], see [`follow_commits`]) with a polling fallback, so a client on
 //! any API process sees what any worker wrote, in order, and a client resuming with
 //! `Last-Event-ID` misses nothing and sees nothing twice.
+//!
+//! A run's stream also carries the live text of its model calls as `model.delta` events
+//! (see [`ModelDeltas`]): not persisted, so they have no `id` and resumption ignores them.
 
 use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::PgPool;
-use tokio::sync::watch;
+use sqlx::postgres::PgListener;
+use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use axum::Json;
@@ -23,7 +28,7 @@ use utoipa_axum::routes;
 
 use super::extract::ApiQuery;
 use super::{ApiError, AppState, ListEnvelope, list, page_limit};
-use crate::domain::Caller;
+use crate::domain::{Caller, Scope};
 use crate::store::events::{self, EventRecord, FeedCursor, FeedFilter};
 use crate::store::{StoreError, runs};
 
@@ -178,6 +183,8 @@ async fn stream_run_events(
     let mut after = run_cursor(query.after_sequence, &headers)?;
     let scope = caller.scope;
     runs::get(&mut *state.pool.acquire().await?, &scope, &task_id, &run_id).await?;
+    // Subscribed before the first read, so no delta sent after the stream opened is missed.
+    let mut deltas = Some(state.deltas.subscribe());
     let stream = async_stream::stream! {
         let mut wake = state.events.clone();
         loop {
@@ -209,10 +216,44 @@ async fn stream_run_events(
             if ended || state.shutdown.is_cancelled() {
                 break;
             }
-            wait(&mut wake, &state).await;
+            // Until the next commit (or the polling fallback), forward this run's deltas.
+            let deadline = tokio::time::Instant::now() + state.stream_poll;
+            while let Some(delta) = next_delta(&mut wake, &mut deltas, &state, deadline).await {
+                if delta.is_for(&scope, &run_id) {
+                    yield Ok(delta.event());
+                }
+            }
         }
     };
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// Waits for a delta (Some) or for a reason to read the run's events again (None): a
+/// commit, the polling deadline, or shutdown.
+async fn next_delta(
+    wake: &mut watch::Receiver<i64>,
+    deltas: &mut Option<broadcast::Receiver<Arc<ModelDelta>>>,
+    state: &AppState,
+    deadline: tokio::time::Instant,
+) -> Option<Arc<ModelDelta>> {
+    loop {
+        let delta = async {
+            match deltas.as_mut() {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::timeout_at(deadline, wake.changed()) => return None,
+            _ = state.shutdown.cancelled() => return None,
+            received = delta => match received {
+                Ok(delta) => return Some(delta),
+                // A slow client loses deltas, never events: they are only a preview.
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => *deltas = None,
+            },
+        }
+    }
 }
 
 /// The workspace's public feed as server-sent events from the cursor on (`after` or the
@@ -300,6 +341,128 @@ async fn wait(wake: &mut watch::Receiver<i64>, state: &AppState) {
     tokio::select! {
         _ = tokio::time::timeout(state.stream_poll, wake.changed()) => {}
         _ = state.shutdown.cancelled() => {}
+    }
+}
+
+/// The channel workers send live model text on (`pg_notify`, outside any transaction).
+const DELTA_CHANNEL: &str = "keel_model_delta";
+/// How many deltas a stream may fall behind before it skips some.
+const DELTA_BUFFER: usize = 1024;
+/// How soon the listener notices that the last stream has closed.
+const DELTA_IDLE_CHECK: Duration = Duration::from_secs(1);
+/// The wait before listening again after the database refused.
+const DELTA_RETRY: Duration = Duration::from_millis(500);
+
+/// A worker's `keel_model_delta` payload.
+#[derive(Debug, Deserialize)]
+pub struct ModelDelta {
+    workspace_id: String,
+    run_id: String,
+    model_call_index: i64,
+    text: String,
+}
+
+impl ModelDelta {
+    fn is_for(&self, scope: &Scope, run_id: &str) -> bool {
+        self.workspace_id == scope.workspace() && self.run_id == run_id
+    }
+
+    /// `model.delta` without an `id`: it is not an event of the log.
+    fn event(&self) -> Event {
+        let data = serde_json::json!({
+            "model_call_index": self.model_call_index,
+            "text": self.text,
+        });
+        Event::default().event("model.delta").data(data.to_string())
+    }
+}
+
+/// Live model text for this process's run streams: one `LISTEN keel_model_delta`
+/// connection, started by the first stream to subscribe and stopped once the last one
+/// has closed, whose payloads every open stream receives (each keeps its run's).
+pub struct ModelDeltas {
+    pool: PgPool,
+    shutdown: CancellationToken,
+    /// The sender of the running listener; None while none runs.
+    sender: Mutex<Option<broadcast::Sender<Arc<ModelDelta>>>>,
+}
+
+impl ModelDeltas {
+    pub(super) fn new(pool: PgPool, shutdown: CancellationToken) -> Arc<Self> {
+        Arc::new(ModelDeltas {
+            pool,
+            shutdown,
+            sender: Mutex::new(None),
+        })
+    }
+
+    /// A receiver of every delta this process hears, starting the listener if none runs.
+    fn subscribe(self: &Arc<Self>) -> broadcast::Receiver<Arc<ModelDelta>> {
+        let mut sender = self.sender.lock().expect("never poisoned");
+        if let Some(running) = sender.as_ref() {
+            return running.subscribe();
+        }
+        let (tx, rx) = broadcast::channel(DELTA_BUFFER);
+        *sender = Some(tx.clone());
+        tokio::spawn(self.clone().listen(tx));
+        rx
+    }
+
+    /// Whether the last stream has gone; if so the listener is forgotten under the same
+    /// lock [`subscribe`](Self::subscribe) takes, so a new stream starts a new one.
+    fn unused(&self, tx: &broadcast::Sender<Arc<ModelDelta>>) -> bool {
+        let mut sender = self.sender.lock().expect("never poisoned");
+        let unused = tx.receiver_count() == 0;
+        if unused {
+            *sender = None;
+        }
+        unused
+    }
+
+    async fn listen(self: Arc<Self>, tx: broadcast::Sender<Arc<ModelDelta>>) {
+        let mut listener: Option<PgListener> = None;
+        loop {
+            if self.shutdown.is_cancelled() || self.unused(&tx) {
+                return;
+            }
+            let Some(connected) = listener.as_mut() else {
+                match self.connect().await {
+                    Ok(connected) => listener = Some(connected),
+                    Err(error) => {
+                        tracing::warn!(%error, "listening for model deltas failed; retrying");
+                        tokio::time::sleep(DELTA_RETRY).await;
+                    }
+                }
+                continue;
+            };
+            // `recv` reconnects by itself after the connection drops (deltas sent meanwhile
+            // are lost: they are a preview, the step holds the text).
+            let received = tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(DELTA_IDLE_CHECK) => continue,
+                received = connected.recv() => received,
+            };
+            match received {
+                Ok(notification) => match serde_json::from_str(notification.payload()) {
+                    Ok(delta) => {
+                        // No receiver right now is not an error: the check above decides.
+                        let _ = tx.send(Arc::new(delta));
+                    }
+                    Err(error) => tracing::warn!(%error, "a model delta payload is malformed"),
+                },
+                Err(error) => {
+                    tracing::warn!(%error, "the model delta listener lost its connection");
+                    listener = None;
+                    tokio::time::sleep(DELTA_RETRY).await;
+                }
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<PgListener, sqlx::Error> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(DELTA_CHANNEL).await?;
+        Ok(listener)
     }
 }
 

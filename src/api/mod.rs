@@ -7,6 +7,7 @@ mod error;
 mod events;
 mod external_work;
 mod extract;
+mod lineage;
 mod media_jobs;
 mod middleware;
 mod openapi;
@@ -16,6 +17,7 @@ mod runtime;
 mod schedules;
 mod system;
 mod tasks;
+mod usage;
 mod workspaces;
 
 use std::net::SocketAddr;
@@ -51,6 +53,8 @@ pub struct AppState {
     pub events: watch::Receiver<i64>,
     /// How often a stream re-reads the database when no notification arrives.
     pub stream_poll: Duration,
+    /// Live model text for run streams.
+    pub deltas: Arc<events::ModelDeltas>,
     /// Fires at shutdown; open streams end so the server can drain.
     pub shutdown: CancellationToken,
     pub rules: AdmissionRules,
@@ -113,6 +117,7 @@ pub async fn serve_with_auth(
             .map_err(std::io::Error::other)?
     };
     let events = events::follow_commits(pool.clone(), shutdown.clone());
+    let deltas = events::ModelDeltas::new(pool.clone(), shutdown.clone());
     tracing::info!(
         address = %listener.local_addr()?,
         mode = ?auth.mode(),
@@ -123,6 +128,7 @@ pub async fn serve_with_auth(
         pool,
         events,
         stream_poll: settings.stream_poll,
+        deltas,
         shutdown: shutdown.clone(),
         rules: settings.rules,
         content: settings.content,
@@ -156,6 +162,7 @@ fn routes() -> OpenApiRouter<AppState> {
                 .merge(system::v1_router())
                 .merge(workspaces::router())
                 .merge(runtime::router())
+                .merge(usage::router())
                 .merge(openapi::router()),
         )
 }

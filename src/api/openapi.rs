@@ -104,6 +104,7 @@ pub struct ErrorBody {
         (name = "providers", description = "Provider presets and secret references"),
         (name = "media", description = "Image and video generation jobs"),
         (name = "external-work", description = "Tracker items polled and imported as tasks, driven by WORKFLOW.md"),
+        (name = "usage", description = "Model calls of agent loop runs: tokens and cost"),
         (name = "system", description = "Health, diagnostics and the API contract")
     ),
     components(schemas(ErrorEnvelope, ErrorBody))

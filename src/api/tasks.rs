@@ -33,6 +33,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_run))
         .routes(routes!(retry_run))
         .routes(routes!(resume_run))
+        .merge(super::lineage::router())
         .routes(routes!(cancel_run))
         .routes(routes!(list_steps))
         .routes(routes!(list_artifacts))
@@ -138,16 +139,16 @@ async fn delete_task(
 #[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({ "reason": "nightly check", "budget_micros_usd": 5000000 }))]
-struct StartRequest {
+pub(super) struct StartRequest {
     /// Why, for the run's `run.created` event.
-    reason: Option<String>,
+    pub(super) reason: Option<String>,
     /// Raises the task's budget (never lowers it); micro-USD, not negative.
     #[schema(minimum = 0)]
-    budget_micros_usd: Option<i64>,
+    pub(super) budget_micros_usd: Option<i64>,
 }
 
 /// A run: 201 when created, 200 when an `Idempotency-Key` replays an earlier request.
-type Admitted201 = (StatusCode, Json<ObjectEnvelope<RunRecord>>);
+pub(super) type Admitted201 = (StatusCode, Json<ObjectEnvelope<RunRecord>>);
 
 /// Starts the task: creates its next run, queued (or awaiting approval), in one transaction.
 #[utoipa::path(post, path = "/tasks/{task_id}/start", tag = "runs", request_body(content = Option<StartRequest>),
@@ -161,7 +162,16 @@ async fn start_task(
     headers: HeaderMap,
     OptionalJson(request): OptionalJson<StartRequest>,
 ) -> Result<Admitted201> {
-    admit(&state, &caller, &task_id, Origin::Start, &headers, request).await
+    admit(
+        &state,
+        &caller,
+        &task_id,
+        Origin::Start,
+        &headers,
+        request,
+        None,
+    )
+    .await
 }
 
 /// Retries: a new run of the task in a fresh workspace, linked to the source run.
@@ -177,10 +187,11 @@ async fn retry_run(
     OptionalJson(request): OptionalJson<StartRequest>,
 ) -> Result<Admitted201> {
     let origin = Origin::Retry(run_id);
-    admit(&state, &caller, &task_id, origin, &headers, request).await
+    admit(&state, &caller, &task_id, origin, &headers, request, None).await
 }
 
-/// Resumes a finished run: a new run in its workspace, with its checkpoint and cost.
+/// Resumes a finished run: a new run in its workspace, with its checkpoint and cost; an
+/// agent loop run's conversation carries on from its `agent_conversation` artifact.
 #[utoipa::path(post, path = "/tasks/{task_id}/runs/{run_id}/resume", tag = "runs", request_body(content = Option<StartRequest>),
     params(("task_id" = String, Path), ("run_id" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
     responses((status = 201, description = "The new run", body = ObjectEnvelope<RunRecord>),
@@ -192,19 +203,22 @@ async fn resume_run(
     headers: HeaderMap,
     OptionalJson(request): OptionalJson<StartRequest>,
 ) -> Result<Admitted201> {
+    let base = super::lineage::resume_base(&state, &caller, &task_id, &run_id).await?;
     let origin = Origin::Resume(run_id);
-    admit(&state, &caller, &task_id, origin, &headers, request).await
+    admit(&state, &caller, &task_id, origin, &headers, request, base).await
 }
 
-/// Start, retry and resume: one transaction that creates the run, gates or enqueues it
-/// and records its events. A replayed `Idempotency-Key` returns the original run with 200.
-async fn admit(
+/// Start, retry, resume, continue and retry-from-model-call: one transaction that creates
+/// the run (starting from `conversation_base`, for agent loops), gates or enqueues it and
+/// records its events. A replayed `Idempotency-Key` returns the original run with 200.
+pub(super) async fn admit(
     state: &AppState,
     caller: &Caller,
     task_id: &str,
     origin: Origin,
     headers: &HeaderMap,
     request: StartRequest,
+    conversation_base: Option<serde_json::Value>,
 ) -> Result<Admitted201> {
     let budget_micros_usd = request
         .budget_micros_usd
@@ -231,6 +245,7 @@ async fn admit(
         reason: request.reason,
         budget_micros_usd,
         schedule: None,
+        conversation_base,
     };
     let mut tx = state.pool.begin().await?;
     let (scope, actor) = (&caller.scope, &caller.actor());

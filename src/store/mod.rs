@@ -11,6 +11,7 @@ pub mod embedded;
 pub mod events;
 pub mod external;
 pub mod leases;
+pub mod lineage;
 pub mod media_jobs;
 pub mod patches;
 pub mod providers;
@@ -22,6 +23,7 @@ pub mod stats;
 pub mod steps;
 pub mod tasks;
 pub mod transitions;
+pub mod usage;
 pub mod workers;
 pub mod workspaces;
 

@@ -22,7 +22,8 @@ use crate::queue;
     "worker_id": "wrk_01a22b04aa0e7c5d9f3b2a1c0d9e8f7a", "exit_code": 0, "last_error": null,
     "retried_from_run_id": null, "resumed_from_run_id": null, "checkpoint": null,
     "prior_cost_micros_usd": 0, "total_cost_micros_usd": 0, "model_call_count": 0,
-    "model": null, "provider": null, "schedule_id": null,
+    "model": null, "provider": null, "lineage_kind": null, "from_model_call_index": null,
+    "schedule_id": null,
     "schedule_occurrence_id": null, "scheduled_for": null,
     "created_at": "2026-11-30T09:00:05Z", "started_at": "2026-11-30T09:00:05Z",
     "finished_at": "2026-11-30T09:01:12Z", "updated_at": "2026-11-30T09:01:12Z"
@@ -47,6 +48,15 @@ pub struct RunRecord {
     pub model_call_count: i32,
     pub model: Option<String>,
     pub provider: Option<String>,
+    /// How the run came from `resumed_from_run_id`: `resume`, `continue` or
+    /// `retry_from_model_call` (null for a start or a retry).
+    pub lineage_kind: Option<String>,
+    /// For `retry_from_model_call`: the source run's 1-based model call this run re-issues.
+    pub from_model_call_index: Option<i32>,
+    /// The conversation an agent loop run starts from; null: the task's prompts. Not
+    /// rendered (it can be large): read the source's `agent_conversation` artifact.
+    #[serde(skip)]
+    pub conversation_base: Option<serde_json::Value>,
     /// The run whose ephemeral workspace this run uses (itself unless resumed).
     #[serde(skip)]
     pub workspace_run_id: Option<String>,
@@ -92,6 +102,16 @@ pub enum Origin {
     Retry(String),
     /// Carries on from a finished run: its workspace, checkpoint and cost.
     Resume(String),
+    /// Resumes a finished agent loop run with one more user turn.
+    Continue {
+        run_id: String,
+        prompt: String,
+    },
+    /// Resumes a finished agent loop run from before its `index`-th (1-based) model call.
+    RetryFromModelCall {
+        run_id: String,
+        index: i32,
+    },
 }
 
 impl Origin {
@@ -102,6 +122,34 @@ impl Origin {
             Origin::Start => serde_json::json!({ "kind": "start" }),
             Origin::Retry(run_id) => serde_json::json!({ "kind": "retry", "run_id": run_id }),
             Origin::Resume(run_id) => serde_json::json!({ "kind": "resume", "run_id": run_id }),
+            Origin::Continue { run_id, prompt } => {
+                serde_json::json!({ "kind": "continue", "run_id": run_id, "prompt": prompt })
+            }
+            Origin::RetryFromModelCall { run_id, index } => serde_json::json!({
+                "kind": "retry_from_model_call", "run_id": run_id, "model_call_index": index
+            }),
+        }
+    }
+
+    /// The source run of a retry or of a lineage origin; None for a start.
+    pub fn source_run(&self) -> Option<&str> {
+        match self {
+            Origin::Start => None,
+            Origin::Retry(id)
+            | Origin::Resume(id)
+            | Origin::Continue { run_id: id, .. }
+            | Origin::RetryFromModelCall { run_id: id, .. } => Some(id),
+        }
+    }
+
+    /// `runs.lineage_kind` of a run of this origin: how it carries on from its source (in
+    /// the source's workspace, with its checkpoint and cost). None for a start or a retry.
+    pub fn lineage_kind(&self) -> Option<&'static str> {
+        match self {
+            Origin::Start | Origin::Retry(_) => None,
+            Origin::Resume(_) => Some("resume"),
+            Origin::Continue { .. } => Some("continue"),
+            Origin::RetryFromModelCall { .. } => Some("retry_from_model_call"),
         }
     }
 }
@@ -117,6 +165,9 @@ pub struct Admission {
     pub budget_micros_usd: Option<i64>,
     /// Set when a schedule occurrence, not a client, asks for the run.
     pub schedule: Option<ScheduleProvenance>,
+    /// The conversation an agent loop run starts from (`runs.conversation_base`), built by
+    /// the caller from the source run's `agent_conversation` artifact.
+    pub conversation_base: Option<serde_json::Value>,
 }
 
 /// Which schedule occurrence created a run, and the nominal time it fired for.
@@ -135,6 +186,7 @@ impl Admission {
             reason: None,
             budget_micros_usd: None,
             schedule: None,
+            conversation_base: None,
         }
     }
 }
@@ -168,19 +220,21 @@ pub async fn admit(
         }
         return Ok(Admitted::Replayed(run));
     }
-    let source = match &admission.origin {
-        Origin::Start => None,
-        Origin::Retry(id) | Origin::Resume(id) => Some(get(conn, scope, task_id, id).await?),
+    let source = match admission.origin.source_run() {
+        None => None,
+        Some(id) => Some(get(conn, scope, task_id, id).await?),
     };
-    if let (Origin::Resume(_), Some(source)) = (&admission.origin, &source)
+    let carries_on = admission.origin.lineage_kind().is_some();
+    if let (true, Some(source)) = (carries_on, &source)
         && !source.status().is_terminal()
     {
         return Err(StoreError::Conflict(format!(
-            "run {} is {}; only a finished run can be resumed",
+            "run {} is {}; only a finished run can be resumed, continued or retried from a \
+             model call",
             source.id, source.status
         )));
     }
-    if let (Origin::Resume(_), Some(source)) = (&admission.origin, &source)
+    if let (true, Some(source)) = (carries_on, &source)
         && workspace_removed(conn, scope, source.workspace_owner()).await?
     {
         return Err(StoreError::Refused {
@@ -281,19 +335,24 @@ async fn insert(
     status: RunStatus,
     actor: &Actor,
 ) -> Result<RunRecord> {
+    let lineage_kind = admission.origin.lineage_kind();
     let (retried_from, resumed, checkpoint, prior_cost) = match (&admission.origin, source) {
         (Origin::Retry(_), Some(source)) => (Some(&source.id), None, None, 0),
-        (Origin::Resume(_), Some(source)) => {
+        (_, Some(source)) if lineage_kind.is_some() => {
             let checkpoint = checkpoint_of(conn, scope, source).await?;
             let prior = source.prior_cost_micros_usd + source.total_cost_micros_usd;
             (None, Some(source), Some(checkpoint), prior)
         }
         _ => (None, None, None, 0),
     };
-    let reason = match admission.origin {
-        Origin::Start => "started",
-        Origin::Retry(_) => "retry",
-        Origin::Resume(_) => "resume",
+    let reason = match (&admission.origin, lineage_kind) {
+        (_, Some(kind)) => kind,
+        (Origin::Retry(_), None) => "retry",
+        _ => "started",
+    };
+    let from_model_call_index = match admission.origin {
+        Origin::RetryFromModelCall { index, .. } => Some(index),
+        _ => None,
     };
     let (key, request) = admission.idempotency.clone().unzip();
     let schedule = admission.schedule.as_ref();
@@ -307,8 +366,10 @@ async fn insert(
              INSERT INTO runs (id, task_id, number, status, retried_from_run_id,
                                resumed_from_run_id, workspace_run_id, checkpoint,
                                prior_cost_micros_usd, idempotency_key, idempotency_request,
-                               schedule_id, schedule_occurrence_id, scheduled_for, workspace_id)
-             SELECT $1, $2, run_count, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14
+                               schedule_id, schedule_occurrence_id, scheduled_for, workspace_id,
+                               lineage_kind, from_model_call_index, conversation_base)
+             SELECT $1, $2, run_count, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
+                    $18, $19, $20
              FROM counted
              RETURNING *
          ), audit AS (
@@ -324,7 +385,8 @@ async fn insert(
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
                 total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base
          FROM inserted",
     )
     .bind(new_id("run"))
@@ -344,6 +406,9 @@ async fn insert(
     .bind(&task.status)
     .bind(reason)
     .bind(actor.to_string())
+    .bind(lineage_kind)
+    .bind(from_model_call_index)
+    .bind(&admission.conversation_base)
     .fetch_one(&mut *conn)
     .await;
     match inserted {
@@ -423,7 +488,8 @@ async fn find_by_idempotency_key(
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
                 total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at,
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base,
                 idempotency_request
          FROM runs WHERE workspace_id = $3 AND task_id = $1 AND idempotency_key = $2",
     )
@@ -460,7 +526,8 @@ pub async fn get(
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
                 total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base
          FROM runs WHERE workspace_id = $3 AND task_id = $1 AND id = $2",
     )
     .bind(task_id)
@@ -477,7 +544,8 @@ pub async fn get_by_id(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> 
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
                 total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base
          FROM runs WHERE workspace_id = $1 AND id = $2",
     )
     .bind(scope.workspace())
@@ -508,7 +576,9 @@ pub async fn lock_with_task(
                 r.prior_cost_micros_usd, r.total_cost_micros_usd, r.model_call_count, r.model,
                 r.provider, r.workspace_run_id,
                 r.schedule_id, r.schedule_occurrence_id, r.scheduled_for, r.created_at,
-                r.started_at, r.finished_at, r.updated_at, to_jsonb(task) AS task
+                r.started_at, r.finished_at, r.updated_at,
+                r.lineage_kind, r.from_model_call_index, r.conversation_base,
+                to_jsonb(task) AS task
          FROM runs r
          CROSS JOIN LATERAL (
              SELECT t.id, t.execution_kind, COALESCE(latest.status, 'not_started') AS status,
@@ -542,7 +612,8 @@ pub async fn lock(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Resul
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
                 total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base
          FROM runs WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
     )
     .bind(scope.workspace())
@@ -577,7 +648,8 @@ pub async fn list(
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
                 total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base
          FROM runs
          WHERE workspace_id = $4 AND task_id = $1 AND ($2::text IS NULL OR id > $2)
          ORDER BY id LIMIT $3",
@@ -664,7 +736,8 @@ pub async fn transition_locked(
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
                 total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base
          FROM updated",
     )
     .bind(&current.id)

@@ -88,6 +88,8 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ("DELETE", "/v1/providers/{id}", RemoteSafe),
     ("POST", "/v1/providers/{id}/check", RemoteSafe),
     ("GET", "/v1/secrets/status", RemoteSafe),
+    ("GET", "/v1/usage/events", RemoteSafe),
+    ("GET", "/v1/usage/summary", RemoteSafe),
     ("GET", "/v1/task-schedules", RemoteSafe),
     ("GET", "/v1/tasks", RemoteSafe),
     ("POST", "/v1/tasks", RemoteSafe),
@@ -148,7 +150,17 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ),
     (
         "POST",
+        "/v1/tasks/{task_id}/runs/{run_id}/continue",
+        RemoteSafe,
+    ),
+    (
+        "POST",
         "/v1/tasks/{task_id}/runs/{run_id}/resume",
+        RemoteSafe,
+    ),
+    (
+        "POST",
+        "/v1/tasks/{task_id}/runs/{run_id}/retry-from-model-call",
         RemoteSafe,
     ),
     (
