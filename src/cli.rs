@@ -278,6 +278,11 @@ pub async fn run_worker(
         timeouts: rules.timeouts,
         workspace_roots: rules.workspace_roots.clone(),
         passthrough_env: args.passthrough_env(),
+        approvals: rules.approvals.clone(),
+        approval_ttl: rules.approval_ttl,
+        prices: common.model_prices.clone(),
+        secrets: common.secrets.policy(),
+        allow_private_addresses: args.media.media_allow_private_addresses,
     });
     let polls = Arc::new(PollJobs {
         poller: Poller::new(
