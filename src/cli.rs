@@ -251,6 +251,7 @@ pub async fn serve_api(
         stream_poll: std::time::Duration::from_millis(args.stream_poll_ms.max(10)),
         secrets: common.secrets.policy(),
         provider_hosts: common.provider_hosts(),
+        chat: common.chat.limits(),
     };
     api::serve_with_auth(pool, listener, settings, auth, shutdown)
         .await

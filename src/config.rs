@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 use clap::builder::BoolishValueParser;
+use keel_workers::agent::provider::ChatLimits;
 use keel_workers::media::MediaLimits;
 use object_store::aws::AmazonS3Builder;
 
@@ -97,6 +98,9 @@ pub struct Common {
 
     #[command(flatten)]
     pub secrets: SecretArgs,
+
+    #[command(flatten)]
+    pub chat: ChatArgs,
 
     /// Hosts a media preset's `base_url` may name beside the vendor's documented ones
     /// (api.openai.com; ark.ap-southeast.bytepluses.com, ark.cn-beijing.volces.com): a
@@ -205,6 +209,46 @@ pub struct ContentArgs {
     #[arg(long, env = "KEEL_S3_ALLOW_HTTP", global = true, action = clap::ArgAction::SetTrue,
           value_parser = BoolishValueParser::new())]
     pub s3_allow_http: bool,
+}
+
+/// How chat providers are called: by workers for agent runs, by the API for live checks
+/// (docs/configuration.md#chat-providers).
+#[derive(Debug, Clone, Args)]
+pub struct ChatArgs {
+    /// Timeout of each model call, connecting, headers and the whole stream (ms).
+    #[arg(
+        long,
+        env = "KEEL_CHAT_REQUEST_TIMEOUT_MS",
+        default_value_t = 600_000,
+        global = true
+    )]
+    pub chat_request_timeout_ms: u64,
+
+    /// Let model calls reach loopback, private, link-local, unique-local, CGNAT, 6to4 and
+    /// Teredo addresses (a model served on this host or in this network). Off by default: a
+    /// preset must not make a worker or the API call into its own network.
+    #[arg(long, env = "KEEL_CHAT_ALLOW_PRIVATE_ADDRESSES", global = true,
+          action = clap::ArgAction::SetTrue, value_parser = BoolishValueParser::new())]
+    pub chat_allow_private_addresses: bool,
+}
+
+impl Default for ChatArgs {
+    fn default() -> Self {
+        let limits = ChatLimits::default();
+        ChatArgs {
+            chat_request_timeout_ms: limits.request_timeout.as_millis() as u64,
+            chat_allow_private_addresses: limits.allow_private_addresses,
+        }
+    }
+}
+
+impl ChatArgs {
+    pub fn limits(&self) -> ChatLimits {
+        ChatLimits {
+            request_timeout: Duration::from_millis(self.chat_request_timeout_ms.max(100)),
+            allow_private_addresses: self.chat_allow_private_addresses,
+        }
+    }
 }
 
 /// Which secret references presets may name (docs/configuration.md#secret-references). The

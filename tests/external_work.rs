@@ -160,6 +160,21 @@ async fn register(client: &Client, markdown: &str) -> (StatusCode, Value) {
         .await
 }
 
+/// The items a source found.
+async fn items_of(client: &Client, source_id: &str) -> Vec<Value> {
+    let (status, body) = client
+        .get(&format!("/v1/external-work/sources/{source_id}/items"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["data"].as_array().unwrap().clone()
+}
+
+/// The run of an item that has one.
+async fn run_of(client: &Client, item: &Value) -> Value {
+    let (task_id, run_id) = (item["task_id"].as_str(), item["run_id"].as_str());
+    client.run(task_id.unwrap(), run_id.unwrap()).await
+}
+
 async fn task_count(client: &Client) -> usize {
     let (status, body) = client.get("/v1/tasks?limit=200").await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -363,11 +378,13 @@ async fn github_polls_import_each_item_once_honour_etags_and_back_off_on_rate_li
     assert_eq!(item_json["identifier"], "acme/widgets#1", "{item_json}");
     assert_eq!(item_json["labels"], json!(["bug"]));
 
-    // 304: nothing changes.
-    let (status, body) = poll().await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["not_modified"], true, "{body}");
-    assert_eq!(body["data"]["candidates"], 0);
+    // 304: nothing changes, and the ETags stay for the poll after.
+    for _ in 0..2 {
+        let (status, body) = poll().await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["data"]["not_modified"], true, "{body}");
+        assert_eq!(body["data"]["candidates"], 0);
+    }
     assert_eq!(task_count(&client).await, 2);
 
     // A manual import of a known version is a duplicate; a new one becomes a task.
@@ -504,10 +521,7 @@ async fn linear_polls_page_through_the_project_import_each_issue_once_and_back_o
     assert_eq!(body["data"]["candidates"], 3, "{body}");
     assert_eq!(body["data"]["error_code"], Value::Null, "{body}");
     assert_eq!(linear.received_requests().await.unwrap().len(), 2);
-    let (_, items) = client
-        .get(&format!("/v1/external-work/sources/{id}/items"))
-        .await;
-    let items = items["data"].as_array().unwrap().clone();
+    let items = items_of(&client, &id).await;
     let third = items.iter().find(|i| i["identifier"] == "ENG-3").unwrap();
     assert_eq!(
         third["idempotency_key"],
@@ -594,16 +608,8 @@ async fn an_item_that_leaves_the_active_states_has_its_run_cancelled() {
     let poll_path = format!("/v1/external-work/sources/{id}/poll");
     let (_, body) = client.post(&poll_path, json!({})).await;
     assert_eq!(body["data"]["claimed"], 2, "{body}");
-    let (_, items) = client
-        .get(&format!("/v1/external-work/sources/{id}/items"))
-        .await;
-    let one = items["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["identifier"] == "ENG-1")
-        .unwrap()
-        .clone();
+    let items = items_of(&client, &id).await;
+    let one = items.iter().find(|i| i["identifier"] == "ENG-1").unwrap();
 
     // ENG-1 moved to Done: the active query no longer has it, the question by id does.
     linear.reset().await;
@@ -638,23 +644,103 @@ async fn an_item_that_leaves_the_active_states_has_its_run_cancelled() {
     let reason = run["last_error"].as_str().unwrap();
     assert!(reason.contains("ENG-1 left the active states"), "{reason}");
     // ENG-2's run goes on.
-    let (_, items) = client
-        .get(&format!("/v1/external-work/sources/{id}/items"))
+    let two = items.iter().find(|i| i["identifier"] == "ENG-2").unwrap();
+    assert_eq!(run_of(&client, two).await["status"], "queued");
+}
+
+#[tokio::test]
+async fn reconcile_asks_github_for_the_items_with_active_runs_only() {
+    let github = MockServer::start().await;
+    list("issues", json!([github_issue(1, "open")]), "\"i1\"")
+        .mount(&github)
         .await;
-    let two = items["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["identifier"] == "ENG-2")
-        .unwrap()
-        .clone();
-    let run = client
-        .run(
-            two["task_id"].as_str().unwrap(),
-            two["run_id"].as_str().unwrap(),
+    list("pulls", json!([]), "\"p1\"").mount(&github).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
+    let client = api.client.clone().unwrap();
+    let (_, body) = register(&client, &github_workflow(&github.uri(), 30_000)).await;
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let (_, body) = client
+        .post(&format!("/v1/external-work/sources/{id}/poll"), json!({}))
+        .await;
+    assert_eq!(body["data"]["claimed"], 1, "{body}");
+
+    github.reset().await;
+    let mut closed = github_issue(1, "closed");
+    closed["updated_at"] = json!("2026-11-30T12:00:00Z");
+    Mock::given(method("GET"))
+        .and(path("/repos/acme/widgets/issues/1"))
+        .and(header("authorization", format!("Bearer {CANARY}").as_str()))
+        .respond_with(ResponseTemplate::new(200).set_body_json(closed))
+        .mount(&github)
+        .await;
+    let reconcile = format!("/v1/external-work/sources/{id}/reconcile");
+    let (status, body) = client.post(&reconcile, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["cancelled_runs"], 1, "{body}");
+    // One question, about the one item; the lists were not asked for.
+    let asked = github.received_requests().await.unwrap();
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    let items = items_of(&client, &id).await;
+    let claimed = items.iter().find(|i| i["state"] == "claimed").unwrap();
+    assert_eq!(run_of(&client, claimed).await["status"], "cancelled");
+    // Nothing is active any more: a second reconciliation asks nothing.
+    let (_, body) = client.post(&reconcile, json!({})).await;
+    assert_eq!(body["data"]["candidates"], 0, "{body}");
+    assert_eq!(github.received_requests().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn max_concurrent_agents_holds_items_back_until_a_slot_frees() {
+    let github = MockServer::start().await;
+    let issues = json!([github_issue(1, "open"), github_issue(2, "open")]);
+    list("issues", issues, "\"i1\"").mount(&github).await;
+    list("pulls", json!([]), "\"p1\"").mount(&github).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
+    let client = api.client.clone().unwrap();
+    let markdown = github_workflow(&github.uri(), 30_000).replacen(
+        "polling:",
+        "agent:\n  max_concurrent_agents: 1\npolling:",
+        1,
+    );
+    let (status, body) = register(&client, &markdown).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let poll_path = format!("/v1/external-work/sources/{id}/poll");
+    let (_, body) = client.post(&poll_path, json!({})).await;
+    assert_eq!(body["data"]["claimed"], 1, "{body}");
+    assert_eq!(body["data"]["discovered"], 1, "{body}");
+    assert_eq!(task_count(&client).await, 1);
+    let items = items_of(&client, &id).await;
+    let waiting = items.iter().find(|i| i["state"] == "discovered").unwrap();
+    assert_eq!(waiting["last_error_code"], "no_free_slot", "{waiting}");
+    let claimed = items.iter().find(|i| i["state"] == "claimed").unwrap();
+
+    // Still full: the next poll starts nothing.
+    let (_, body) = client.post(&poll_path, json!({})).await;
+    assert_eq!(body["data"]["claimed"], 0, "{body}");
+    // The first run ends: the next poll starts the waiting item, from what it stored.
+    let (task_id, run_id) = (
+        claimed["task_id"].as_str().unwrap(),
+        claimed["run_id"].as_str().unwrap(),
+    );
+    let (status, body) = client
+        .post(
+            &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
+            json!({}),
         )
         .await;
-    assert_eq!(run["status"], "queued", "{run}");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, body) = client.post(&poll_path, json!({})).await;
+    assert_eq!(body["data"]["claimed"], 1, "{body}");
+    assert_eq!(task_count(&client).await, 2);
+    let items = items_of(&client, &id).await;
+    let started = items.iter().find(|i| i["id"] == waiting["id"]).unwrap();
+    assert_eq!(started["state"], "claimed", "{started}");
+    assert_eq!(started["last_error_code"], Value::Null, "{started}");
 }
 
 #[tokio::test]

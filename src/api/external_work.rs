@@ -19,7 +19,7 @@ use super::{
 use crate::domain::Caller;
 use crate::domain::secret::SecretStatus;
 use crate::domain::workflow::{Issue, Workflow, WorkflowError};
-use crate::jobs::poll::{self, DEFAULT_LIMIT, Imported, PollSummary, Poller};
+use crate::jobs::poll::{self, DEFAULT_LIMIT, Imported, Pass, PollSummary, Poller};
 use crate::store::external::{self, ItemRecord, SourceRecord, WorkflowOrigin};
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -30,6 +30,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(source_status))
         .routes(routes!(list_items))
         .routes(routes!(poll_source))
+        .routes(routes!(reconcile_source))
         .routes(routes!(set_background))
         .routes(routes!(import))
 }
@@ -345,8 +346,27 @@ async fn poll_source(
     let mut conn = state.pool.acquire().await?;
     let source = external::get_source(&mut conn, &caller.scope, &source_id).await?;
     drop(conn);
-    let poller = poller(&state);
-    let (summary, _) = poll::poll(&poller, &caller.scope, &source, limit, &caller.actor()).await?;
+    let (poller, pass) = (poller(&state), Pass::Poll { limit });
+    let (summary, _) = poll::poll(&poller, &caller.scope, &source, pass, &caller.actor()).await?;
+    Ok(Json(object("external_work_poll", summary)))
+}
+
+/// Reconciles the source now: asks the tracker for the current version of each item whose
+/// run is still active, and cancels the run of one that left the active states. Every
+/// poll does this too; this asks nothing else.
+#[utoipa::path(post, path = "/external-work/sources/{source_id}/reconcile", tag = "external-work",
+    params(("source_id" = String, Path)),
+    responses((status = 200, description = "What the reconciliation did", body = ObjectEnvelope<PollSummary>)))]
+async fn reconcile_source(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(source_id): Path<String>,
+) -> Result<Json<ObjectEnvelope<PollSummary>>> {
+    let mut conn = state.pool.acquire().await?;
+    let source = external::get_source(&mut conn, &caller.scope, &source_id).await?;
+    drop(conn);
+    let (poller, pass) = (poller(&state), Pass::Reconcile);
+    let (summary, _) = poll::poll(&poller, &caller.scope, &source, pass, &caller.actor()).await?;
     Ok(Json(object("external_work_poll", summary)))
 }
 

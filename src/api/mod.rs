@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use keel_workers::agent::provider::ChatLimits;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio::sync::watch;
@@ -68,6 +69,8 @@ pub struct AppState {
     pub secrets: Arc<SecretPolicy>,
     /// Which hosts media presets may aim at.
     pub provider_hosts: Arc<ProviderHosts>,
+    /// How live checks call chat providers.
+    pub chat: ChatLimits,
 }
 
 /// What an API process is configured with, beside its pool, listener and authentication.
@@ -78,6 +81,7 @@ pub struct ApiSettings {
     pub stream_poll: Duration,
     pub secrets: SecretPolicy,
     pub provider_hosts: ProviderHosts,
+    pub chat: ChatLimits,
 }
 
 /// Serves the API on `listener` until `shutdown` fires, in local mode without a runtime
@@ -97,6 +101,7 @@ pub async fn serve(
         stream_poll,
         secrets: SecretPolicy::default(),
         provider_hosts: ProviderHosts::default(),
+        chat: ChatLimits::default(),
     };
     serve_with_auth(pool, listener, settings, auth, shutdown).await
 }
@@ -136,6 +141,7 @@ pub async fn serve_with_auth(
         runtime_host_id: runtime_host_id.into(),
         secrets: Arc::new(settings.secrets),
         provider_hosts: Arc::new(settings.provider_hosts),
+        chat: settings.chat,
     };
     // The peer address tells local-only routes whether a request came from this host.
     let service = app(state).into_make_service_with_connect_info::<SocketAddr>();

@@ -3,11 +3,14 @@
 //! process, never its value.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
+use keel_workers::agent::provider::{ChatClient, ChatLimits};
+use keel_workers::agent::{Message, ProviderError};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -21,6 +24,7 @@ use crate::domain::media::Vendor;
 use crate::domain::provider::{Api, ProviderFields, ProviderHosts};
 use crate::domain::secret::{SecretPolicy, SecretRef, SecretStatus};
 use crate::domain::{Caller, Invalid};
+use crate::jobs::chat::{chat_api, chat_config};
 use crate::store::providers::{self, ProviderRecord};
 
 type Result<T> = std::result::Result<T, ApiError>;
@@ -386,36 +390,108 @@ async fn delete_provider(
 pub struct ProviderCheck {
     ok: bool,
     /// `ready`, `provider_disabled`, `secret_missing`, `secret_store_unavailable`,
-    /// `secret_not_allowed` or `unsupported_capability`.
+    /// `secret_not_allowed`, `unsupported_capability`, `provider_host_not_allowed`,
+    /// `model_not_configured` or (a live check whose call failed) `live_call_failed`.
     code: &'static str,
+    /// Of a failed live call: the provider's error, with the preset's secrets redacted.
     message: String,
+    /// Whether a live call was made (`?live=true` on a chat preset that is ready).
+    live: bool,
     checked_at: DateTime<Utc>,
 }
 
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct CheckQuery {
+    /// Also make one tiny live call, on chat presets only (400 on a media preset): one
+    /// user message "ping", `max_tokens` 1, no tools, 10 s at most. The provider bills it.
+    #[serde(default)]
+    live: bool,
+}
+
+/// Longest a live check waits for the provider, connecting and streaming included.
+const LIVE_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Checks a preset's readiness in this process: enabled, secrets resolvable, capabilities
-/// runnable. Static: it sends nothing to the vendor (a live check of a media vendor would
-/// generate, and bill, media).
+/// runnable. Static unless `live=true`, which also calls a chat preset's model once; a
+/// media preset cannot be checked live (a call would generate, and bill, media).
 #[utoipa::path(post, path = "/providers/{id}/check", tag = "providers",
-    params(("id" = String, Path, description = "The preset's id (`provider_…`)")),
-    responses((status = 200, description = "The check", body = ObjectEnvelope<ProviderCheck>)))]
+    params(("id" = String, Path, description = "The preset's id (`provider_…`)"), CheckQuery),
+    responses((status = 200, description = "The check", body = ObjectEnvelope<ProviderCheck>),
+        (status = 400, description = "`live=true` on a preset that is not a chat preset")))]
 async fn check_provider(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<CheckQuery>,
 ) -> Result<Json<ObjectEnvelope<ProviderCheck>>> {
     let mut conn = state.pool.acquire().await?;
     let provider = providers::get(&mut conn, &caller.scope, &id).await?;
+    if query.live && chat_api(&provider.api).is_none() {
+        return Err(ApiError::invalid(format!(
+            "live checks are for chat presets (openai-completions, anthropic-messages); \
+             {} speaks {}",
+            provider.id, provider.api
+        )));
+    }
     let hosts = state.provider_hosts.clone();
-    let (code, message) = off_runtime(&state, move |s| readiness(&provider, s, &hosts)).await?;
+    let static_check = provider.clone();
+    let (mut code, mut message) =
+        off_runtime(&state, move |s| readiness(&static_check, s, &hosts)).await?;
+    let live = query.live && code == "ready";
+    if live {
+        (code, message) = live_call(&state, provider).await?;
+    }
     let check = ProviderCheck {
         ok: code == "ready",
         code,
         message,
+        live,
         checked_at: Utc::now(),
     };
     let stored = serde_json::to_value(&check).map_err(|e| ApiError::Internal(e.to_string()))?;
     providers::record_check(&mut conn, &caller.scope, &id, &stored).await?;
     Ok(Json(object("provider_check", check)))
+}
+
+/// One "ping" to the preset's model, answered in at most one token.
+async fn live_call(state: &AppState, provider: ProviderRecord) -> Result<(&'static str, String)> {
+    let limits = ChatLimits {
+        request_timeout: LIVE_CHECK_TIMEOUT,
+        ..state.chat
+    };
+    let resolved = off_runtime(state, move |s| chat_config(&provider, None, s, &limits)).await?;
+    let mut config = match resolved {
+        Ok(config) => config,
+        Err(unresolved) => return Ok((unresolved.code, unresolved.message)),
+    };
+    config.max_tokens = Some(1);
+    let failed = |error: ProviderError| Ok(("live_call_failed", error.to_string()));
+    let client = match ChatClient::new(config) {
+        Ok(client) => client,
+        Err(error) => return failed(error),
+    };
+    let ping = [Message::User {
+        content: "ping".into(),
+    }];
+    let mut ignore_text = |_: &str| {};
+    let call = client.complete(&ping, &[], &mut ignore_text);
+    match tokio::time::timeout(LIVE_CHECK_TIMEOUT, call).await {
+        Ok(Ok(response)) => Ok((
+            "ready",
+            format!(
+                "The preset is enabled, its secrets resolve in this process, and {} answered \
+                 a live call.",
+                response.model
+            ),
+        )),
+        Ok(Err(error)) => failed(error),
+        Err(_) => Ok((
+            "live_call_failed",
+            format!("the provider did not answer within {LIVE_CHECK_TIMEOUT:?}"),
+        )),
+    }
 }
 
 /// Blocking: resolving the references may read files.
@@ -441,10 +517,14 @@ fn readiness(
     if let Some(Err(message)) = vendor.map(|v| hosts.check(v, &provider.base_url)) {
         return ("provider_host_not_allowed", message);
     }
-    let Some(key) = provider.api_key() else {
+    // A chat model served locally may need no key; a media vendor always does.
+    let key = provider.api_key();
+    if key.is_none() && chat_api(&provider.api).is_none() {
         return ("secret_missing", "the preset names no api_key_ref".into());
-    };
-    let refs = std::iter::once(key).chain(provider.secret_headers().into_iter().map(|(_, r)| r));
+    }
+    let refs = key
+        .into_iter()
+        .chain(provider.secret_headers().into_iter().map(|(_, r)| r));
     for secret in refs {
         let status = secret.status(secrets);
         if let Some(code) = status.error_code {

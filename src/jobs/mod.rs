@@ -2,6 +2,7 @@
 
 mod agent;
 mod attempt;
+pub mod chat;
 mod fence;
 pub mod media;
 pub mod poll;

@@ -318,6 +318,67 @@ pub async fn claimed_with_active_runs(
     Ok(rows)
 }
 
+/// Serializes the starts of one source's items across every importer, so that two of them
+/// cannot both take the last free slot. Taken after the subject's lock.
+pub async fn lock_slots(conn: &mut PgConnection, scope: &Scope, source_id: &str) -> Result<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!(
+            "external_work_slots:{}:{source_id}",
+            scope.workspace()
+        ))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// How many of the source's items have an active run: all of them, and those whose
+/// tracker state (trimmed, lowercased) is `state`.
+pub async fn active_runs(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+    state: &str,
+) -> Result<(i64, i64)> {
+    let counts = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE lower(btrim(i.tracker_state)) = $3)
+         FROM external_work_items i
+         JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
+         WHERE i.workspace_id = $1 AND i.source_id = $2
+           AND r.status IN ('queued', 'running', 'awaiting_approval')",
+    )
+    .bind(scope.workspace())
+    .bind(source_id)
+    .bind(state.trim().to_lowercase())
+    .fetch_one(conn)
+    .await?;
+    Ok(counts)
+}
+
+/// Items left waiting for a free slot, the newest version of each subject, oldest subject
+/// first: what a poll starts once slots free up.
+pub async fn waiting_for_slots(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+    limit: u32,
+) -> Result<Vec<ItemRecord>> {
+    let rows = sqlx::query_as(
+        "SELECT * FROM (
+             SELECT DISTINCT ON (identifier) * FROM external_work_items
+             WHERE workspace_id = $1 AND source_id = $2
+             ORDER BY identifier, id DESC
+         ) newest
+         WHERE state = 'discovered' AND last_error_code = 'no_free_slot'
+         ORDER BY id LIMIT $3",
+    )
+    .bind(scope.workspace())
+    .bind(source_id)
+    .bind(i64::from(limit))
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
 /// Where an item stands after its import.
 #[derive(Debug, Clone, Default)]
 pub struct ItemChange<'a> {

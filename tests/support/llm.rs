@@ -84,6 +84,7 @@ pub struct Turn {
     error: Option<Failure>,
     delay: Duration,
     hold: Option<CancellationToken>,
+    reset: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -103,6 +104,7 @@ impl Turn {
             error: None,
             delay: Duration::ZERO,
             hold: None,
+            reset: false,
         }
     }
 
@@ -176,6 +178,13 @@ impl Turn {
     /// a call is in flight (the client has seen a delta by then).
     pub fn hold(mut self, release: CancellationToken) -> Turn {
         self.hold = Some(release);
+        self
+    }
+
+    /// Aborts the connection mid-stream, after the chunk with the first piece of text (or
+    /// the first chunk): a reset the client should retry. The turn never completes.
+    pub fn reset_mid_stream(mut self) -> Turn {
+        self.reset = true;
         self
     }
 }
@@ -352,10 +361,13 @@ async fn answer(
         let piece = serde_json::to_string(&pieces(text)[0]).unwrap();
         frames.iter().position(|frame| frame.contains(&piece))
     });
-    let hold = turn
-        .hold
-        .map(|release| (first_text.map_or(1, |i| i + 1), release));
-    stream(shared.clone(), frames, hold)
+    let cut = first_text.map_or(1, |i| i + 1);
+    let mut frames = frames;
+    if turn.reset {
+        frames.truncate(cut);
+    }
+    let hold = turn.hold.map(|release| (cut, release));
+    stream(shared.clone(), frames, hold, turn.reset)
 }
 
 fn failure(status: u16, message: &str) -> Failure {
@@ -388,23 +400,27 @@ fn error_response(protocol: Protocol, failure: &Failure) -> Response {
     response
 }
 
-/// Streams the SSE frames; after `hold.0` of them it waits for `hold.1`, and it counts the
-/// turn completed only once the client has taken the last frame.
+/// Streams the SSE frames; after `hold.0` of them it waits for `hold.1`. It counts the
+/// turn completed once the client has taken the last frame, unless `reset`: then it fails
+/// the body there, and the server aborts the connection.
 fn stream(
     shared: Arc<Shared>,
     frames: Vec<String>,
     hold: Option<(usize, CancellationToken)>,
+    reset: bool,
 ) -> Response {
     struct Feed {
         frames: VecDeque<String>,
         sent: usize,
         hold: Option<(usize, CancellationToken)>,
+        reset: bool,
         shared: Arc<Shared>,
     }
     let feed = Feed {
         frames: frames.into(),
         sent: 0,
         hold,
+        reset,
         shared,
     };
     let body = futures_util::stream::unfold(feed, |mut feed| async move {
@@ -418,7 +434,16 @@ fn stream(
                 if feed.sent > 1 {
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-                Some((Ok::<_, std::convert::Infallible>(Bytes::from(frame)), feed))
+                Some((Ok(Bytes::from(frame)), feed))
+            }
+            None if feed.reset => {
+                feed.reset = false;
+                // Let what was sent reach the client before the connection goes.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Some((
+                    Err(std::io::Error::other("fake llm: connection reset")),
+                    feed,
+                ))
             }
             None => {
                 feed.shared.completed.fetch_add(1, Ordering::SeqCst);

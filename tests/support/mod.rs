@@ -368,6 +368,11 @@ impl TestApp {
             content: Default::default(),
             timeouts: Default::default(),
             secrets: Default::default(),
+            // The fake LLM (support::llm) listens on loopback.
+            chat: keel::config::ChatArgs {
+                chat_request_timeout_ms: 30_000,
+                chat_allow_private_addresses: true,
+            },
             provider_hosts: Vec::new(),
         };
         tokio::spawn(keel::api::serve(

@@ -65,6 +65,11 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
         RemoteSafe,
     ),
     (
+        "POST",
+        "/v1/external-work/sources/{source_id}/reconcile",
+        RemoteSafe,
+    ),
+    (
         "GET",
         "/v1/external-work/sources/{source_id}/status",
         RemoteSafe,

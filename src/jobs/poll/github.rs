@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::{Candidate, Fetched, LimitHeaders, Poller, Refusal, resume_at};
 use crate::domain::workflow::{Issue, Tracker};
+use crate::store::external::ItemRecord;
 
 /// A GitHub issue or pull request (as the REST API or a webhook payload has it) of
 /// `repository`, normalized. The key carries `updated_at` (and a pull request's head SHA):
@@ -116,63 +117,141 @@ pub(super) async fn fetch(
         let url = format!(
             "{base}/repos/{repository}/{list}?state=all&sort=updated&direction=desc&per_page={per_page}"
         );
-        let mut request = poller
-            .http
-            .get(&url)
-            .header(header::ACCEPT, "application/vnd.github+json")
-            .header("X-GitHub-Api-Version", "2022-11-28");
-        if let Some(token) = token {
-            request = request.bearer_auth(token.expose());
-        }
-        if let Some(etag) = etags.get(&url) {
-            request = request.header(header::IF_NONE_MATCH, etag);
-        }
-        let response = match request.send().await {
-            Ok(response) => response,
-            Err(error) => {
-                // Without the URL: reqwest's message would repeat it, and it is known.
-                let message = format!("GET {list} failed: {}", error.without_url());
-                fetched.error = Some(("tracker_unreachable", message));
-                return fetched;
-            }
+        let what = format!("the {list} list");
+        let etag = etags.get(&url).map(String::as_str);
+        let Some(response) = get(poller, token, &url, etag, &what, &mut fetched).await else {
+            return fetched;
         };
-        let status = response.status();
-        let headers = response.headers().clone();
-        if let Some(until) = rate_limited(status, &headers, Utc::now()) {
-            fetched.backoff_until = Some(until);
-            if status == StatusCode::FORBIDDEN || status == StatusCode::TOO_MANY_REQUESTS {
-                let message = format!("GitHub rate limited the {list} list ({status})");
-                fetched.error = Some(("rate_limited", message));
-                return fetched;
+        match response.status() {
+            StatusCode::NOT_MODIFIED => {
+                // The list is as it was: its ETag stays for the next poll.
+                fetched.not_modified = true;
+                if let Some(etag) = etag {
+                    fetched.etags.insert(url.clone(), etag.to_string());
+                }
             }
-        }
-        match status {
-            StatusCode::NOT_MODIFIED => fetched.not_modified = true,
             status if status.is_success() => {
+                let headers = response.headers();
                 if let Some(etag) = headers.get(header::ETAG).and_then(|v| v.to_str().ok()) {
                     fetched.etags.insert(url.clone(), etag.to_string());
                 }
-                match response.json::<Vec<Value>>().await {
-                    Ok(items) => fetched.items.extend(
-                        items
-                            .into_iter()
-                            .filter(|item| list == "pulls" || item.get("pull_request").is_none())
-                            .take(limit as usize),
-                    ),
-                    Err(error) => {
-                        let message = format!("GitHub's {list} list is not JSON: {error}");
-                        fetched.error = Some(("tracker_error", message));
-                        return fetched;
-                    }
-                }
+                let Some(items) = read::<Vec<Value>>(response, &what, &mut fetched).await else {
+                    return fetched;
+                };
+                fetched.items.extend(
+                    items
+                        .into_iter()
+                        .filter(|item| list == "pulls" || item.get("pull_request").is_none())
+                        .take(limit as usize),
+                );
             }
-            status => {
-                let message = format!("GitHub answered the {list} list with {status}");
-                fetched.error = Some(("tracker_error", message));
-                return fetched;
-            }
+            status => return unexpected(fetched, &what, status),
         }
     }
+    fetched
+}
+
+/// The current version of each of these items: `GET /repos/{repository}/pulls/{n}` for a
+/// pull request, `/issues/{n}` for an issue. A rate limit stops there; an item that is gone
+/// (404) is left as it is.
+pub(super) async fn fetch_items(
+    poller: &Poller,
+    tracker: &Tracker,
+    token: Option<&Secret>,
+    items: &[&ItemRecord],
+) -> Fetched {
+    let mut fetched = Fetched::default();
+    let base = tracker.endpoint.trim_end_matches('/');
+    let repository = tracker.repository.as_deref().unwrap_or_default();
+    for item in items {
+        let Some((_, number)) = item.identifier.rsplit_once('#') else {
+            continue;
+        };
+        let list = match item.kind.as_str() {
+            "github_pull_request" => "pulls",
+            _ => "issues",
+        };
+        let url = format!("{base}/repos/{repository}/{list}/{number}");
+        let what = format!("{list}/{number}");
+        let Some(response) = get(poller, token, &url, None, &what, &mut fetched).await else {
+            return fetched;
+        };
+        match response.status() {
+            StatusCode::NOT_FOUND => {}
+            status if status.is_success() => {
+                let Some(value) = read::<Value>(response, &what, &mut fetched).await else {
+                    return fetched;
+                };
+                fetched.items.push(value);
+            }
+            status => return unexpected(fetched, &what, status),
+        }
+    }
+    fetched
+}
+
+/// One GET of GitHub's REST API. None when the pass must stop there: the request failed
+/// or GitHub refused it for its rate limit (recorded on `fetched`). A rate limit that an
+/// answer announces without refusing it sets `fetched.backoff_until` too.
+async fn get(
+    poller: &Poller,
+    token: Option<&Secret>,
+    url: &str,
+    etag: Option<&str>,
+    what: &str,
+    fetched: &mut Fetched,
+) -> Option<reqwest::Response> {
+    let mut request = poller
+        .http
+        .get(url)
+        .header(header::ACCEPT, "application/vnd.github+json")
+        .header("X-GitHub-Api-Version", "2022-11-28");
+    if let Some(token) = token {
+        request = request.bearer_auth(token.expose());
+    }
+    if let Some(etag) = etag {
+        request = request.header(header::IF_NONE_MATCH, etag);
+    }
+    let response = match request.send().await {
+        Ok(response) => response,
+        Err(error) => {
+            // Without the URL: reqwest's message would repeat it, and it is known.
+            let message = format!("GET {what} failed: {}", error.without_url());
+            fetched.error = Some(("tracker_unreachable", message));
+            return None;
+        }
+    };
+    let status = response.status();
+    if let Some(until) = rate_limited(status, response.headers(), Utc::now()) {
+        fetched.backoff_until = Some(until);
+        if status == StatusCode::FORBIDDEN || status == StatusCode::TOO_MANY_REQUESTS {
+            let message = format!("GitHub rate limited {what} ({status})");
+            fetched.error = Some(("rate_limited", message));
+            return None;
+        }
+    }
+    Some(response)
+}
+
+/// A successful answer's JSON; None (recorded on `fetched`) when it is not.
+async fn read<T: serde::de::DeserializeOwned>(
+    response: reqwest::Response,
+    what: &str,
+    fetched: &mut Fetched,
+) -> Option<T> {
+    match response.json::<T>().await {
+        Ok(value) => Some(value),
+        Err(error) => {
+            let message = format!("GitHub's {what} is not JSON: {error}");
+            fetched.error = Some(("tracker_error", message));
+            None
+        }
+    }
+}
+
+fn unexpected(mut fetched: Fetched, what: &str, status: StatusCode) -> Fetched {
+    let message = format!("GitHub answered {what} with {status}");
+    fetched.error = Some(("tracker_error", message));
     fetched
 }
 
@@ -203,16 +282,7 @@ mod tests {
     use serde_json::json;
 
     fn tracker() -> Tracker {
-        Tracker {
-            kind: TrackerKind::Github,
-            endpoint: TrackerKind::Github.default_endpoint().into(),
-            api_key: None,
-            repository: Some("a/b".into()),
-            project_slug: None,
-            active_states: vec!["open".into()],
-            terminal_states: vec!["closed".into()],
-            events: Vec::new(),
-        }
+        super::super::test_tracker(TrackerKind::Github, "a/b", "open", "closed")
     }
 
     #[test]

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::{Candidate, Fetched, LimitHeaders, Poller, Refusal, resume_at};
 use crate::domain::workflow::{BlockerRef, Issue, Tracker};
+use crate::store::external::ItemRecord;
 
 /// Linear's page size (its default and Symphony's).
 pub(super) const PAGE: u32 = 50;
@@ -103,15 +104,18 @@ struct Stop {
     backoff_until: Option<chrono::DateTime<Utc>>,
 }
 
-/// The current versions of the issues with these ids (at most [`PAGE`]), whatever their
-/// state.
-pub(super) async fn fetch_by_ids(
+/// The current versions of these items' issues (at most [`PAGE`]), whatever their state.
+pub(super) async fn fetch_items(
     poller: &Poller,
     tracker: &Tracker,
     token: Option<&Secret>,
-    ids: &[&str],
+    items: &[&ItemRecord],
 ) -> Fetched {
     let mut fetched = Fetched::default();
+    let ids: Vec<&str> = items
+        .iter()
+        .filter_map(|item| item.issue["id"].as_str())
+        .collect();
     let variables = json!({ "ids": ids, "first": PAGE });
     match query(poller, tracker, token, BY_IDS, variables).await {
         Ok(page) => {
@@ -301,16 +305,7 @@ mod tests {
     use reqwest::header::HeaderMap;
 
     fn tracker() -> Tracker {
-        Tracker {
-            kind: TrackerKind::Linear,
-            endpoint: TrackerKind::Linear.default_endpoint().into(),
-            api_key: None,
-            repository: None,
-            project_slug: Some("eng".into()),
-            active_states: vec!["Todo".into()],
-            terminal_states: vec!["Done".into()],
-            events: Vec::new(),
-        }
+        super::super::test_tracker(TrackerKind::Linear, "eng", "Todo", "Done")
     }
 
     fn node() -> Value {

@@ -10,12 +10,33 @@
 mod github;
 mod linear;
 
+/// A tracker of `kind` on its public endpoint, for the trackers' unit tests.
+#[cfg(test)]
+fn test_tracker(kind: TrackerKind, subject: &str, active: &str, terminal: &str) -> Tracker {
+    let subject = Some(subject.to_string());
+    let (repository, project_slug) = match kind {
+        TrackerKind::Github => (subject, None),
+        TrackerKind::Linear => (None, subject),
+    };
+    Tracker {
+        kind,
+        endpoint: kind.default_endpoint().into(),
+        api_key: None,
+        repository,
+        project_slug,
+        active_states: vec![active.into()],
+        terminal_states: vec![terminal.into()],
+        events: Vec::new(),
+    }
+}
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
+use keel_workers::media::Secret;
 use reqwest::header::{self, HeaderMap};
 use serde::Serialize;
 use serde_json::Value;
@@ -229,8 +250,9 @@ async fn stop_claimed_run(
     Ok(Some(run_id.clone()))
 }
 
-/// Renders the prompt, creates the task and admits its first run; an item the workflow
-/// cannot make a task of is left `blocked` with the reason.
+/// Renders the prompt, creates the task and admits its first run, when the workflow's
+/// concurrency limits leave a slot; an item the workflow cannot make a task of is left
+/// `blocked` with the reason, one without a slot `discovered` with `no_free_slot`.
 async fn start(
     conn: &mut sqlx::PgConnection,
     poller: &Poller,
@@ -240,6 +262,14 @@ async fn start(
     issue: &Issue,
     actor: &Actor,
 ) -> Result<ItemRecord, StoreError> {
+    if let Some(full) = no_free_slot(conn, scope, workflow, item).await? {
+        let change = ItemChange {
+            state: "discovered",
+            error: Some(("no_free_slot", &full)),
+            ..ItemChange::default()
+        };
+        return external::update_item(conn, scope, &item.id, &change).await;
+    }
     let task = match new_task(poller, workflow, issue) {
         Ok(task) => task,
         Err((code, message)) => {
@@ -288,6 +318,35 @@ async fn start(
         error: None,
     };
     external::update_item(conn, scope, &item.id, &change).await
+}
+
+/// Why the item may not start now: `agent.max_concurrent_agents` (or the limit for its
+/// state) items of the source already have an active run.
+async fn no_free_slot(
+    conn: &mut sqlx::PgConnection,
+    scope: &Scope,
+    workflow: &Workflow,
+    item: &ItemRecord,
+) -> Result<Option<String>, StoreError> {
+    external::lock_slots(conn, scope, &item.source_id).await?;
+    let state = item.tracker_state.trim().to_lowercase();
+    let (all, in_state) = external::active_runs(conn, scope, &item.source_id, &state).await?;
+    let agent = &workflow.config.agent;
+    if all as u64 >= agent.max_concurrent_agents {
+        let max = agent.max_concurrent_agents;
+        return Ok(Some(format!(
+            "agent.max_concurrent_agents ({max}) items of this source have active runs"
+        )));
+    }
+    Ok(agent
+        .max_concurrent_agents_by_state
+        .get(&state)
+        .filter(|max| in_state as u64 >= **max)
+        .map(|max| {
+            format!(
+                "{max} items in state {state} have active runs (max_concurrent_agents_by_state)"
+            )
+        }))
 }
 
 fn new_task(
@@ -348,19 +407,30 @@ impl PollSummary {
     }
 }
 
-/// Polls a source once and records the outcome on it; returns the summary and the
+/// What one pass over a source asks its tracker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    /// The candidate lists (up to `limit` items), then, where the lists do not show every
+    /// state, the claimed items with active runs.
+    Poll { limit: u32 },
+    /// Only the claimed items with active runs.
+    Reconcile,
+}
+
+/// Runs one pass over a source and records the outcome on it; returns the summary and the
 /// workflow's polling interval (the default when the workflow cannot be read).
 pub async fn poll(
     poller: &Poller,
     scope: &Scope,
     source: &SourceRecord,
-    limit: u32,
+    pass: Pass,
     actor: &Actor,
 ) -> Result<(PollSummary, Duration), StoreError> {
     let mut outcome = Outcome {
         summary: PollSummary::default(),
         record: PollRecord {
             backoff_until: source.backoff_until.filter(|until| *until > Utc::now()),
+            etags: source.etags.0.clone(),
             ..PollRecord::default()
         },
     };
@@ -369,7 +439,14 @@ pub async fn poll(
         Err(error) => outcome.summary.failed(error.code(), error.to_string()),
         Ok(workflow) => {
             interval = Duration::from_millis(workflow.config.polling_interval_ms);
-            poll_with(poller, scope, source, &workflow, limit, actor, &mut outcome).await?;
+            let imports = Imports {
+                poller,
+                scope,
+                source,
+                workflow: &workflow,
+                actor,
+            };
+            imports.pass(pass, &mut outcome).await?;
         }
     }
     let Outcome {
@@ -388,79 +465,6 @@ pub async fn poll(
 struct Outcome {
     summary: PollSummary,
     record: PollRecord,
-}
-
-async fn poll_with(
-    poller: &Poller,
-    scope: &Scope,
-    source: &SourceRecord,
-    workflow: &Workflow,
-    limit: u32,
-    actor: &Actor,
-    outcome: &mut Outcome,
-) -> Result<(), StoreError> {
-    let Outcome { summary, record } = outcome;
-    let Ok(tracker) = tracker(workflow) else {
-        summary.failed(
-            "workflow_parse_error",
-            "the workflow names no tracker".into(),
-        );
-        return Ok(());
-    };
-    if let Some(until) = record.backoff_until {
-        let message = format!("rate limited until {until}; no request was sent");
-        summary.failed("rate_limited", message);
-        return Ok(());
-    }
-    let token = match &tracker.api_key {
-        None => None,
-        Some(reference) => match reference.resolve(&poller.secrets) {
-            Ok(token) => Some(token),
-            Err(unresolved) => {
-                summary.failed(unresolved.code, unresolved.message);
-                return Ok(());
-            }
-        },
-    };
-    let token = token.as_ref();
-    let fetched = match tracker.kind {
-        TrackerKind::Github => github::fetch(poller, tracker, token, &source.etags.0, limit).await,
-        TrackerKind::Linear => linear::fetch(poller, tracker, token, limit).await,
-    };
-    summary.not_modified = fetched.items.is_empty() && fetched.not_modified;
-    record.etags = fetched.etags.clone();
-    let items = take(fetched, record, summary);
-    let imports = Imports {
-        poller,
-        scope,
-        source,
-        workflow,
-        actor,
-    };
-    imports.all(tracker, &items, summary).await?;
-    // GitHub's lists have every state; Linear's query only the active ones, so the runs of
-    // items that may have left them are asked about by id.
-    let limited = record.backoff_until.is_some() || summary.error_code.is_some();
-    if tracker.kind == TrackerKind::Linear && !limited {
-        let claimed = external::claimed_with_active_runs(
-            &mut *poller.pool.acquire().await?,
-            scope,
-            &source.id,
-            linear::PAGE,
-        )
-        .await?;
-        let ids: Vec<&str> = claimed
-            .iter()
-            .filter_map(|item| item.issue["id"].as_str())
-            .filter(|id| !items.iter().any(|seen| seen["id"] == *id))
-            .collect();
-        if !ids.is_empty() {
-            let refreshed = linear::fetch_by_ids(poller, tracker, token, &ids).await;
-            let items = take(refreshed, record, summary);
-            imports.all(tracker, &items, summary).await?;
-        }
-    }
-    Ok(())
 }
 
 /// Keeps what a fetch says of the source (a rate limit, an error) and gives its items.
@@ -482,13 +486,148 @@ struct Imports<'a> {
 }
 
 impl Imports<'_> {
+    async fn pass(&self, pass: Pass, outcome: &mut Outcome) -> Result<(), StoreError> {
+        let Outcome { summary, record } = outcome;
+        let Ok(tracker) = tracker(self.workflow) else {
+            let message = "the workflow names no tracker".to_string();
+            summary.failed("workflow_parse_error", message);
+            return Ok(());
+        };
+        if let Some(until) = record.backoff_until {
+            let message = format!("rate limited until {until}; no request was sent");
+            summary.failed("rate_limited", message);
+            return Ok(());
+        }
+        let token = match tracker
+            .api_key
+            .as_ref()
+            .map(|r| r.resolve(&self.poller.secrets))
+        {
+            None => None,
+            Some(Ok(token)) => Some(token),
+            Some(Err(unresolved)) => {
+                summary.failed(unresolved.code, unresolved.message);
+                return Ok(());
+            }
+        };
+        let token = token.as_ref();
+        let seen = match pass {
+            Pass::Poll { limit } => {
+                let (poller, etags) = (self.poller, &self.source.etags.0);
+                let fetched = match tracker.kind {
+                    TrackerKind::Github => {
+                        github::fetch(poller, tracker, token, etags, limit).await
+                    }
+                    TrackerKind::Linear => linear::fetch(poller, tracker, token, limit).await,
+                };
+                summary.not_modified = fetched.items.is_empty() && fetched.not_modified;
+                record.etags = fetched.etags.clone();
+                let items = take(fetched, record, summary);
+                self.all(tracker, &items, summary).await?
+            }
+            Pass::Reconcile => Vec::new(),
+        };
+        // GitHub's lists have every state; Linear's query only the active ones.
+        let asks = pass == Pass::Reconcile || tracker.kind == TrackerKind::Linear;
+        let limited = record.backoff_until.is_some() || summary.error_code.is_some();
+        if asks && !limited {
+            self.reconcile(tracker, token, &seen, record, summary)
+                .await?;
+        }
+        // Runs that ended or were cancelled since may have freed slots.
+        self.start_waiting(tracker, summary).await
+    }
+
+    /// Starts the items that waited for a free slot, oldest first, while slots are free.
+    async fn start_waiting(
+        &self,
+        tracker: &Tracker,
+        summary: &mut PollSummary,
+    ) -> Result<(), StoreError> {
+        let (poller, scope, source) = (self.poller, self.scope, self.source);
+        let mut conn = poller.pool.acquire().await?;
+        let waiting = external::waiting_for_slots(&mut conn, scope, &source.id, 50).await?;
+        drop(conn);
+        for item in waiting {
+            let Ok(issue) = serde_json::from_value::<Issue>(item.issue.clone()) else {
+                continue;
+            };
+            if !tracker.is_active(&issue.state) {
+                continue;
+            }
+            let mut tx = poller.pool.begin().await?;
+            external::lock_subject(&mut tx, scope, &source.id, &item.identifier).await?;
+            if external::claimed_version(&mut tx, scope, &source.id, &item.identifier)
+                .await?
+                .is_some()
+            {
+                continue;
+            }
+            let started = start(
+                &mut tx,
+                poller,
+                scope,
+                self.workflow,
+                &item,
+                &issue,
+                self.actor,
+            )
+            .await?;
+            tx.commit().await?;
+            match started.state.as_str() {
+                "claimed" => summary.claimed += 1,
+                _ if started.last_error_code.as_deref() == Some("no_free_slot") => break,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Asks the tracker for the current version of each claimed item whose run is still
+    /// active (but those in `seen`), and imports them: one that left the active states has
+    /// its run cancelled.
+    async fn reconcile(
+        &self,
+        tracker: &Tracker,
+        token: Option<&Secret>,
+        seen: &[String],
+        record: &mut PollRecord,
+        summary: &mut PollSummary,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.poller.pool.acquire().await?;
+        let claimed = external::claimed_with_active_runs(
+            &mut conn,
+            self.scope,
+            &self.source.id,
+            linear::PAGE,
+        )
+        .await?;
+        drop(conn);
+        let unseen: Vec<&ItemRecord> = claimed
+            .iter()
+            .filter(|item| !seen.iter().any(|id| item.issue["id"] == *id.as_str()))
+            .collect();
+        if unseen.is_empty() {
+            return Ok(());
+        }
+        let fetched = match tracker.kind {
+            TrackerKind::Github => github::fetch_items(self.poller, tracker, token, &unseen).await,
+            TrackerKind::Linear => linear::fetch_items(self.poller, tracker, token, &unseen).await,
+        };
+        let items = take(fetched, record, summary);
+        self.all(tracker, &items, summary).await?;
+        Ok(())
+    }
+
     /// Imports each item in turn; an item that cannot be read is skipped with a warning.
+    /// Returns the tracker ids of the items it read.
     async fn all(
         &self,
         tracker: &Tracker,
         items: &[Value],
         summary: &mut PollSummary,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Vec<String>, StoreError> {
+        let mut seen = Vec::new();
         for value in items {
             let candidate = match polled_candidate(tracker, value) {
                 Ok(candidate) => candidate,
@@ -498,6 +637,7 @@ impl Imports<'_> {
                     continue;
                 }
             };
+            seen.push(candidate.issue.id.clone());
             let (poller, scope, source) = (self.poller, self.scope, self.source);
             match import(poller, scope, source, self.workflow, &candidate, self.actor).await {
                 Ok(imported) => summary.count(&imported),
@@ -505,7 +645,7 @@ impl Imports<'_> {
                 Err(other) => summary.failed("import_failed", other.to_string()),
             }
         }
-        Ok(())
+        Ok(seen)
     }
 }
 
@@ -604,20 +744,22 @@ impl PollJobs {
             return Ok("stopped");
         };
         let actor = Actor::Worker(lease.owner.clone());
-        let (summary, interval) =
-            match poll(&self.poller, &scope, &source, DEFAULT_LIMIT, &actor).await {
-                Ok(polled) => polled,
-                Err(StoreError::LeaseLost) => return Err(StoreError::LeaseLost),
-                Err(error) => {
-                    // The schedule outlives a failing database: try again, backing off.
-                    tracing::warn!(source_id = %source.id, %error, "background poll failed");
-                    let mut tx = queue::begin_fenced(&self.poller.pool, lease).await?;
-                    let delay = queue::backoff(lease.attempts);
-                    queue::retry(&mut tx, lease, &error.to_string(), delay, true).await?;
-                    tx.commit().await?;
-                    return Ok("retried");
-                }
-            };
+        let pass = Pass::Poll {
+            limit: DEFAULT_LIMIT,
+        };
+        let (summary, interval) = match poll(&self.poller, &scope, &source, pass, &actor).await {
+            Ok(polled) => polled,
+            Err(StoreError::LeaseLost) => return Err(StoreError::LeaseLost),
+            Err(error) => {
+                // The schedule outlives a failing database: try again, backing off.
+                tracing::warn!(source_id = %source.id, %error, "background poll failed");
+                let mut tx = queue::begin_fenced(&self.poller.pool, lease).await?;
+                let delay = queue::backoff(lease.attempts);
+                queue::retry(&mut tx, lease, &error.to_string(), delay, true).await?;
+                tx.commit().await?;
+                return Ok("retried");
+            }
+        };
         let wait = summary
             .backoff_until
             .and_then(|until| (until - Utc::now()).to_std().ok())

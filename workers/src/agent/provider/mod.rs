@@ -64,6 +64,25 @@ pub struct ProviderConfig {
     pub allow_private_addresses: bool,
 }
 
+/// A process's settings for chat calls; a preset's [`ProviderConfig`] takes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChatLimits {
+    /// The whole call: connecting, the headers and the full stream.
+    pub request_timeout: Duration,
+    /// Lets calls reach loopback and private addresses: tests and on-premise models.
+    pub allow_private_addresses: bool,
+}
+
+impl Default for ChatLimits {
+    fn default() -> Self {
+        ChatLimits {
+            // Long answers of slow models stream for minutes.
+            request_timeout: Duration::from_secs(600),
+            allow_private_addresses: false,
+        }
+    }
+}
+
 /// A client for one provider preset. Cheap to share; holds one connection pool.
 #[derive(Debug, Clone)]
 pub struct ChatClient {

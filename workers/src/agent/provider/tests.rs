@@ -338,6 +338,105 @@ async fn a_refused_request_is_fatal_with_the_providers_message_and_no_secret() {
 }
 
 #[tokio::test]
+async fn a_reset_mid_stream_is_retried() {
+    for api in [ChatApi::OpenAiCompletions, ChatApi::AnthropicMessages] {
+        let llm = FakeLlm::start(vec![
+            Turn::text("half an answer").reset_mid_stream(),
+            Turn::text("a whole answer"),
+        ])
+        .await;
+        let client = ChatClient::new(config(&llm, api)).unwrap();
+        let mut text = String::new();
+        let (response, retries) = complete_with_retry(
+            &client,
+            &conversation()[..2],
+            &[],
+            &mut |d: &str| text.push_str(d),
+            &fast(),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(retries, 1, "{api:?}");
+        assert_eq!(
+            response.message,
+            Message::Assistant {
+                content: Some("a whole answer".into()),
+                tool_calls: vec![]
+            }
+        );
+        // The failed try's first piece streamed before the retry's whole text.
+        assert!(text.ends_with("a whole answer") && text.len() > "a whole answer".len());
+        assert_eq!(llm.completed(), 1);
+    }
+}
+
+#[tokio::test]
+async fn an_unreadable_stream_is_fatal() {
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header("content-type", "text/event-stream")
+                .set_body_string("data: {\"choices\": [oops\n\n"),
+        )
+        .mount(&server)
+        .await;
+    let mut config = config(&FakeLlm::start(vec![]).await, ChatApi::OpenAiCompletions);
+    config.base_url = format!("{}/v1", server.uri());
+    let client = ChatClient::new(config).unwrap();
+    let (result, _) = call(&client, &conversation()[..2]).await;
+    assert!(
+        matches!(&result, Err(ProviderError::Fatal { status: None, message })
+            if message.contains("unreadable chunk")),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_error_event_mid_stream_is_transient_when_the_provider_is_overloaded() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    let events = |error_type: &str| {
+        format!(
+            "event: message_start\ndata: {}\n\nevent: error\ndata: {}\n\n",
+            json!({"type": "message_start", "message": {"model": "m", "usage": {"input_tokens": 3}}}),
+            json!({"type": "error", "error": {"type": error_type, "message": "try later"}}),
+        )
+    };
+    Mock::given(method("POST"))
+        .and(path("/v1/messages"))
+        .respond_with(ResponseTemplate::new(200).set_body_string(events("overloaded_error")))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/messages"))
+        .respond_with(ResponseTemplate::new(200).set_body_string(events("invalid_request_error")))
+        .mount(&server)
+        .await;
+    let mut config = config(&FakeLlm::start(vec![]).await, ChatApi::AnthropicMessages);
+    config.base_url = server.uri();
+    let client = ChatClient::new(config).unwrap();
+    let (overloaded, _) = call(&client, &conversation()[..2]).await;
+    assert_eq!(
+        overloaded,
+        Err(ProviderError::Transient {
+            message: "the provider failed mid-stream: overloaded_error: try later".into(),
+            retry_after: None
+        })
+    );
+    let (invalid, _) = call(&client, &conversation()[..2]).await;
+    assert!(
+        matches!(invalid, Err(ProviderError::Fatal { .. })),
+        "{invalid:?}"
+    );
+}
+
+#[tokio::test]
 async fn retries_give_up_with_the_last_transient_error() {
     let llm = FakeLlm::start(vec![
         Turn::error(500, "boom"),
