@@ -154,6 +154,24 @@ async fn an_active_run_or_another_runs_patch_is_refused() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (status, _) = c.get(&format!("{base}/art_missing")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // A workspace this process cannot reach (here: removed) is named as such.
+    let gone = Patch {
+        path: "a.txt".into(),
+        before: None,
+        after: Some("x".into()),
+    };
+    let id = insert(&app, &other_task, &other_run, "patch-1-1", &gone).await;
+    let workspace = app.data_dir.path().join("workspaces").join(&other_run);
+    std::fs::remove_dir_all(&workspace).unwrap();
+    let (status, error) = c
+        .post(
+            &format!("/v1/tasks/{other_task}/runs/{other_run}/patches/{id}/revert"),
+            serde_json::json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{error}");
+    assert_eq!(error["error"]["type"], "workspace_unavailable", "{error}");
     c.post(
         &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
         serde_json::json!({}),

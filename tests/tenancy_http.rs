@@ -227,6 +227,17 @@ const ROUTES: &[(&str, &str, Walk)] = &[
         Write(""),
     ),
     ("GET", "/v1/tasks/{task_id}/runs/{run_id}/events", Read),
+    ("GET", "/v1/tasks/{task_id}/runs/{run_id}/patches", Read),
+    (
+        "GET",
+        "/v1/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}",
+        Read,
+    ),
+    (
+        "POST",
+        "/v1/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}/revert",
+        Write(""),
+    ),
     (
         "POST",
         "/v1/tasks/{task_id}/runs/{run_id}/continue",

@@ -190,8 +190,9 @@ async fn revert_patch(
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))?
         .map_err(|e| match e {
-            RevertError::Drift(message) => ApiError::Conflict(message),
-            RevertError::Refused(message) => unavailable(message),
+            RevertError::Drift(message) | RevertError::Refused(message) => {
+                ApiError::Conflict(message)
+            }
         })?;
     let subject = Subject::Run {
         task_id: &task_id,

@@ -79,7 +79,7 @@ async fn apply(
 /// even one that stays inside, which could be swapped between a check and a use), nothing
 /// outside the workspace is reached, and a missing directory is created with `mkdirat` in
 /// the directory already opened, never by path.
-mod beneath {
+pub(crate) mod beneath {
     use std::ffi::OsStr;
     use std::fs::File;
     use std::io::Write;
@@ -93,7 +93,7 @@ mod beneath {
 
     use crate::FileOperation;
 
-    pub(super) fn apply(
+    pub(crate) fn apply(
         workspace: &Path,
         relative: &Path,
         content: &[u8],

@@ -54,14 +54,13 @@ pub(crate) async fn run<C: RunContext>(
     let stderr = child.stderr.take().expect("stderr is piped");
 
     let ended = CancellationToken::new();
-    let waited = async {
-        let exit = wait(&mut child, spec.timeout, ctx.cancellation()).await;
-        // Whatever the process left behind goes too: a background child would otherwise
-        // keep the pipes open and outlive the run.
-        containment.end().await;
-        ended.cancel();
-        exit
-    };
+    let waited = wait_and_end(
+        &mut child,
+        &mut containment,
+        spec.timeout,
+        ctx.cancellation(),
+        &ended,
+    );
     let (exit, stdout_result, stderr_result) = tokio::join!(
         waited,
         pump(ctx, &stdout_artifact, stdout, &ended),
@@ -157,8 +156,25 @@ async fn spawn(
     command.spawn()
 }
 
+/// Waits for the child (see [`wait`]), then ends the containment and fires `ended`, which
+/// tells the pipe readers to stop soon.
+pub(crate) async fn wait_and_end(
+    child: &mut Child,
+    containment: &mut Containment,
+    timeout: Option<Duration>,
+    cancel: &CancellationToken,
+    ended: &CancellationToken,
+) -> Option<Exit> {
+    let exit = wait(child, timeout, cancel).await;
+    // Whatever the process left behind goes too: a background child would otherwise keep
+    // the pipes open and outlive the run.
+    containment.end().await;
+    ended.cancel();
+    exit
+}
+
 /// Waits for the child's exit, its timeout, or `cancel` (None).
-pub(crate) async fn wait(
+async fn wait(
     child: &mut Child,
     timeout: Option<Duration>,
     cancel: &CancellationToken,

@@ -71,12 +71,8 @@ async fn run(
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
     let ended = CancellationToken::new();
-    let waited = async {
-        let exit = process::wait(&mut child, Some(env.call_timeout), cancel).await;
-        containment.end().await;
-        ended.cancel();
-        exit
-    };
+    let timeout = Some(env.call_timeout);
+    let waited = process::wait_and_end(&mut child, &mut containment, timeout, cancel, &ended);
     let cap = env.max_output_bytes;
     let (exit, stdout, stderr) = tokio::join!(
         waited,

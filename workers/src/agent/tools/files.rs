@@ -14,7 +14,9 @@ use serde::Deserialize;
 
 use super::paths::{Confined, confine};
 use super::{Done, ToolError};
+use crate::FileOperation;
 use crate::agent::Patch;
+use crate::file::beneath;
 
 /// Text files up to this size are read, edited and recorded in patches.
 pub(super) const MAX_FILE_BYTES: u64 = 1024 * 1024;
@@ -22,8 +24,10 @@ pub(super) const MAX_FILE_BYTES: u64 = 1024 * 1024;
 const DEFAULT_LINES: usize = 2000;
 /// Entries grep, glob and list_dir visit at most, so a huge tree cannot stall a call.
 const MAX_VISITED: usize = 50_000;
-/// Matching lines grep reports at most.
+/// Matching lines grep reports at most...
 const MAX_MATCHES: usize = 500;
+/// ...and file bytes it reads at most.
+const MAX_GREP_BYTES: u64 = 64 * 1024 * 1024;
 /// Directories the walks skip: the repository's internals and the run's private state.
 const SKIPPED_DIRS: [&str; 2] = [".git", ".keel"];
 
@@ -98,6 +102,7 @@ pub(super) fn grep(ws: &Path, args: Grep) -> Result<Done, ToolError> {
     let start = confine(ws, args.path.as_deref().unwrap_or("."))?;
     let mut out = String::new();
     let mut matches = 0;
+    let mut read = 0u64;
     walk(ws, &start, &mut |file| {
         if filter.as_ref().is_some_and(|g| !g.is_match(&file.relative)) {
             return true;
@@ -106,6 +111,14 @@ pub(super) fn grep(ws: &Path, args: Grep) -> Result<Done, ToolError> {
         let Ok(Some(text)) = read_text(file) else {
             return true;
         };
+        read += text.len() as u64;
+        if read > MAX_GREP_BYTES {
+            let _ = writeln!(
+                out,
+                "[stopped after reading {MAX_GREP_BYTES} bytes; narrow path or glob]"
+            );
+            return false;
+        }
         for (n, line) in text.lines().enumerate() {
             if regex.is_match(line) {
                 let _ = writeln!(out, "{}:{}:{line}", file.relative, n + 1);
@@ -248,7 +261,7 @@ fn target(ws: &Path, path: &str) -> Result<Target, String> {
 }
 
 /// Writes (or, with None, removes) the target's file; returns its patch.
-fn commit(target: &Target, after: Option<&str>) -> Result<Patch, String> {
+fn commit(ws: &Path, target: &Target, after: Option<&str>) -> Result<Patch, String> {
     let path = &target.file.relative;
     if let Some(text) = after
         && text.len() as u64 > MAX_FILE_BYTES
@@ -258,7 +271,7 @@ fn commit(target: &Target, after: Option<&str>) -> Result<Patch, String> {
             text.len()
         ));
     }
-    write_or_remove(&target.file.full, after).map_err(|e| format!("{path}: {e}"))?;
+    write_or_remove(ws, path, after).map_err(|e| format!("{path}: {e}"))?;
     Ok(Patch {
         path: path.clone(),
         before: target.before.clone(),
@@ -266,19 +279,15 @@ fn commit(target: &Target, after: Option<&str>) -> Result<Patch, String> {
     })
 }
 
-fn write_or_remove(full: &Path, content: Option<&str>) -> std::io::Result<()> {
-    match content {
-        Some(text) => {
-            if let Some(parent) = full.parent() {
-                fs::create_dir_all(parent)?;
-            }
-            fs::write(full, text)
-        }
-        None => match fs::remove_file(full) {
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-            done => done,
-        },
-    }
+/// Writes the file (creating missing directories) or removes it, through the shell-free
+/// file runs' `openat2` walk from the workspace: the confined path has no symbolic link,
+/// and one swapped in since the check is refused rather than followed.
+fn write_or_remove(ws: &Path, relative: &str, content: Option<&str>) -> Result<(), String> {
+    let (bytes, operation) = match content {
+        Some(text) => (text.as_bytes(), FileOperation::Write),
+        None => (&[][..], FileOperation::Delete),
+    };
+    beneath::apply(ws, Path::new(relative), bytes, operation).map(|_| ())
 }
 
 #[derive(Deserialize)]
@@ -290,7 +299,7 @@ pub(super) struct FileWrite {
 
 pub(super) fn file_write(ws: &Path, args: FileWrite) -> Result<Done, ToolError> {
     let target = target(ws, &args.path)?;
-    let patch = commit(&target, Some(&args.content))?;
+    let patch = commit(ws, &target, Some(&args.content))?;
     let verb = if target.before.is_some() {
         "overwrote"
     } else {
@@ -332,7 +341,7 @@ pub(super) fn file_edit(ws: &Path, args: FileEdit) -> Result<Done, ToolError> {
             .into());
         }
     };
-    let patch = commit(&target, Some(&after))?;
+    let patch = commit(ws, &target, Some(&after))?;
     let message = format!("edited {}: {count} replacement(s)", patch.path);
     Ok(Done::patched(message, vec![patch]))
 }
@@ -360,19 +369,43 @@ pub(super) fn apply_patch(ws: &Path, args: ApplyPatch) -> Result<Done, ToolError
     }
     let mut patches = Vec::new();
     for (target, after) in &planned {
-        match commit(target, after.as_deref()) {
+        match commit(ws, target, after.as_deref()) {
             Ok(patch) => patches.push(patch),
-            Err(error) => {
-                for (done, _) in planned.iter().take(patches.len()) {
-                    let _ = write_or_remove(&done.file.full, done.before.as_deref());
-                }
-                return Err(format!("{error}; no file was changed").into());
-            }
+            Err(error) => return Err(roll_back(ws, &planned, patches, error)),
         }
     }
     let names: Vec<&str> = patches.iter().map(|p| p.path.as_str()).collect();
     let message = format!("patched {} file(s): {}", names.len(), names.join(", "));
     Ok(Done::patched(message, patches))
+}
+
+/// Puts back the files a failed apply_patch already wrote. A file that cannot be put back
+/// stays changed, so its patch is still returned (the runtime records it).
+fn roll_back(
+    ws: &Path,
+    planned: &[(Target, Option<String>)],
+    written: Vec<Patch>,
+    error: String,
+) -> ToolError {
+    let mut stuck = Vec::new();
+    let mut failures = Vec::new();
+    for ((target, _), patch) in planned.iter().zip(written) {
+        if let Err(e) = write_or_remove(ws, &target.file.relative, target.before.as_deref()) {
+            failures.push(format!("{}: {e}", patch.path));
+            stuck.push(patch);
+        }
+    }
+    if stuck.is_empty() {
+        return format!("{error}; no file was changed").into();
+    }
+    ToolError::Partial(Done {
+        content: format!(
+            "{error}; these files could not be put back and stay changed: {}",
+            failures.join("; ")
+        ),
+        failed: true,
+        patches: stuck,
+    })
 }
 
 /// Why a patch could not be reverted.
@@ -396,6 +429,6 @@ pub fn revert(workspace: &Path, patch: &Patch) -> Result<(), RevertError> {
             patch.path
         )));
     }
-    write_or_remove(&target.file.full, patch.before.as_deref())
+    write_or_remove(workspace, &target.file.relative, patch.before.as_deref())
         .map_err(|e| RevertError::Refused(format!("{}: {e}", patch.path)))
 }

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use futures_util::StreamExt;
+use reqwest::header::{HeaderName, HeaderValue};
 use reqwest::{Client, Method};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
@@ -49,6 +50,11 @@ pub(super) async fn http_request(
         .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
     let mut request = client.request(method, url);
     for (name, value) in &args.headers {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("not a valid header name: {name:?}"))?;
+        // The value is not echoed: it may be a credential.
+        let value = HeaderValue::from_str(value)
+            .map_err(|_| format!("the value of header {name} is not a valid header value"))?;
         request = request.header(name, value);
     }
     if let Some(body) = args.body {

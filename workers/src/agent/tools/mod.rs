@@ -17,7 +17,8 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
-use super::{Patch, ToolCall, ToolResult};
+use super::run_loop::Toolbox;
+use super::{Patch, ToolCall, ToolResult, ToolSpec};
 use crate::SandboxPolicy;
 
 pub use files::{RevertError, revert};
@@ -78,6 +79,32 @@ pub struct ToolEnv {
     pub allow_private_addresses: bool,
 }
 
+/// The workspace tools as the loop's [`Toolbox`]: one run's environment and allowed tools.
+#[derive(Debug, Clone)]
+pub struct WorkspaceTools {
+    pub env: ToolEnv,
+    /// From [`allowed`].
+    pub allowed: Vec<String>,
+}
+
+impl Toolbox for WorkspaceTools {
+    fn specs(&self) -> Vec<ToolSpec> {
+        specs(&self.allowed)
+    }
+
+    fn summarize(&self, call: &ToolCall) -> String {
+        summarize(call)
+    }
+
+    fn call(
+        &self,
+        tool_call: &ToolCall,
+        cancel: &CancellationToken,
+    ) -> impl Future<Output = ToolResult> + Send {
+        call(&self.env, &self.allowed, tool_call, cancel)
+    }
+}
+
 /// What a tool did: the text for the model, whether it counts as a failure (a non-zero
 /// exit, an HTTP error status), and the files it changed.
 struct Done {
@@ -105,17 +132,22 @@ impl Done {
 }
 
 /// A refused or failed call, in words for the model.
-struct ToolError(String);
+enum ToolError {
+    Message(String),
+    /// A failure that still changed files (a roll-back that could not finish): the
+    /// result keeps their patches.
+    Partial(Done),
+}
 
 impl From<String> for ToolError {
     fn from(message: String) -> Self {
-        ToolError(message)
+        ToolError::Message(message)
     }
 }
 
 impl From<&str> for ToolError {
     fn from(message: &str) -> Self {
-        ToolError(message.to_string())
+        ToolError::Message(message.to_string())
     }
 }
 
@@ -129,8 +161,8 @@ pub async fn call(
     cancel: &CancellationToken,
 ) -> ToolResult {
     let (content, is_error, patches) = match dispatch(env, allowed, call, cancel).await {
-        Ok(done) => (done.content, done.failed, done.patches),
-        Err(ToolError(message)) => (message, true, Vec::new()),
+        Ok(done) | Err(ToolError::Partial(done)) => (done.content, done.failed, done.patches),
+        Err(ToolError::Message(message)) => (message, true, Vec::new()),
     };
     ToolResult {
         content: bound(content, env.max_output_bytes),
@@ -167,13 +199,13 @@ async fn dispatch(
     let args = arguments(call)?;
     let ws = &env.workspace;
     match name {
-        "read_file" => blocking(ws, cancel, move |ws| files::read_file(ws, parse(args)?)).await,
-        "list_dir" => blocking(ws, cancel, move |ws| files::list_dir(ws, parse(args)?)).await,
-        "grep" => blocking(ws, cancel, move |ws| files::grep(ws, parse(args)?)).await,
-        "glob" => blocking(ws, cancel, move |ws| files::glob(ws, parse(args)?)).await,
-        "file_write" => blocking(ws, cancel, move |ws| files::file_write(ws, parse(args)?)).await,
-        "file_edit" => blocking(ws, cancel, move |ws| files::file_edit(ws, parse(args)?)).await,
-        "apply_patch" => blocking(ws, cancel, move |ws| files::apply_patch(ws, parse(args)?)).await,
+        "read_file" => reading(ws, cancel, move |ws| files::read_file(ws, parse(args)?)).await,
+        "list_dir" => reading(ws, cancel, move |ws| files::list_dir(ws, parse(args)?)).await,
+        "grep" => reading(ws, cancel, move |ws| files::grep(ws, parse(args)?)).await,
+        "glob" => reading(ws, cancel, move |ws| files::glob(ws, parse(args)?)).await,
+        "file_write" => writing(ws, move |ws| files::file_write(ws, parse(args)?)).await,
+        "file_edit" => writing(ws, move |ws| files::file_edit(ws, parse(args)?)).await,
+        "apply_patch" => writing(ws, move |ws| files::apply_patch(ws, parse(args)?)).await,
         "shell_exec" => exec::shell_exec(env, parse(args)?, cancel).await,
         "git_status" => exec::git_status(env, cancel).await,
         "git_diff" => exec::git_diff(env, parse(args)?, cancel).await,
@@ -198,19 +230,30 @@ fn parse<T: DeserializeOwned>(args: serde_json::Value) -> Result<T, ToolError> {
     serde_json::from_value(args).map_err(|e| format!("invalid arguments: {e}").into())
 }
 
-/// Runs a file tool off the async runtime; a cancelled call stops waiting for it (file
-/// operations are short and bounded).
-async fn blocking(
+/// Runs a reading file tool off the async runtime; a cancelled call stops waiting for it
+/// (the walk is bounded and changes nothing).
+async fn reading(
     workspace: &Path,
     cancel: &CancellationToken,
     work: impl FnOnce(&Path) -> Result<Done, ToolError> + Send + 'static,
 ) -> Result<Done, ToolError> {
-    let workspace = workspace.to_path_buf();
-    let task = tokio::task::spawn_blocking(move || work(&workspace));
     tokio::select! {
-        joined = task => joined.unwrap_or_else(|e| Err(format!("the tool failed: {e}").into())),
+        done = writing(workspace, work) => done,
         _ = cancel.cancelled() => Err("the tool call was cancelled".into()),
     }
+}
+
+/// Runs a file tool off the async runtime to its end, cancelled or not: a writer left
+/// running behind a "cancelled" result would change files no patch records. Writers touch
+/// a few files of bounded size, so this is short.
+async fn writing(
+    workspace: &Path,
+    work: impl FnOnce(&Path) -> Result<Done, ToolError> + Send + 'static,
+) -> Result<Done, ToolError> {
+    let workspace = workspace.to_path_buf();
+    tokio::task::spawn_blocking(move || work(&workspace))
+        .await
+        .unwrap_or_else(|e| Err(format!("the tool failed: {e}").into()))
 }
 
 /// `content` cut to `max` bytes (at a char boundary), with a marker naming the full size.

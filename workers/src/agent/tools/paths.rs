@@ -17,6 +17,13 @@ pub(super) struct Confined {
 /// `.` or an empty path names the workspace itself. What does not exist yet resolves
 /// through its nearest existing parent.
 pub(super) fn confine(workspace: &Path, path: &str) -> Result<Confined, String> {
+    // Canonical already, normally; resolved again so a caller's spelling cannot matter.
+    let workspace = &std::fs::canonicalize(workspace).map_err(|e| {
+        format!(
+            "the workspace {} cannot be resolved: {e}",
+            workspace.display()
+        )
+    })?;
     let given = Path::new(path);
     if given.is_absolute() {
         return Err(format!(
@@ -59,9 +66,15 @@ pub(super) fn confine(workspace: &Path, path: &str) -> Result<Confined, String> 
         relative.push(name);
         full.push(name);
     }
-    let relative = match relative.to_string_lossy() {
-        r if r.is_empty() => ".".to_string(),
-        r => r.into_owned(),
+    // Results and patches name the file by this text, and writers reach it by it again.
+    let relative = match relative.to_str() {
+        Some("") => ".".to_string(),
+        Some(r) => r.to_string(),
+        None => {
+            return Err(format!(
+                "{path}: resolves to a name that is not UTF-8; refused"
+            ));
+        }
     };
     Ok(Confined { full, relative })
 }

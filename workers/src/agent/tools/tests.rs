@@ -477,3 +477,55 @@ async fn a_patch_reverts_only_over_its_own_after() {
         Err(RevertError::Refused(_))
     ));
 }
+
+#[tokio::test]
+async fn a_link_inside_is_written_as_its_target_and_hard_links_are_refused() {
+    let (dir, env) = workspace();
+    std::os::unix::fs::symlink("src/lib.rs", dir.path().join("link.rs")).unwrap();
+    let written = run(
+        &env,
+        "file_write",
+        json!({"path": "link.rs", "content": "x"}),
+    )
+    .await;
+    assert!(!written.is_error, "{}", written.content);
+    assert_eq!(written.patches[0].path, "src/lib.rs");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("src/lib.rs")).unwrap(),
+        "x"
+    );
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), "s").unwrap();
+    std::fs::hard_link(outside.path().join("secret"), dir.path().join("hard")).unwrap();
+    let refused = run(&env, "file_write", json!({"path": "hard", "content": "y"})).await;
+    assert!(
+        refused.is_error && refused.content.contains("hard links"),
+        "{}",
+        refused.content
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.path().join("secret")).unwrap(),
+        "s"
+    );
+}
+
+#[tokio::test]
+async fn reverting_a_deletion_restores_the_file_only_while_it_is_still_absent() {
+    let (dir, env) = workspace();
+    let deleted = Patch {
+        path: "src/lib.rs".into(),
+        before: Some("old".into()),
+        after: None,
+    };
+    std::fs::write(dir.path().join("src/lib.rs"), "recreated").unwrap();
+    assert!(matches!(
+        revert(&env.workspace, &deleted),
+        Err(RevertError::Drift(_))
+    ));
+    std::fs::remove_file(dir.path().join("src/lib.rs")).unwrap();
+    revert(&env.workspace, &deleted).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("src/lib.rs")).unwrap(),
+        "old"
+    );
+}
