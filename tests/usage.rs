@@ -6,56 +6,16 @@
 #[path = "support/agent_rows.rs"]
 mod agent_rows;
 mod support;
+#[path = "support/two_orgs.rs"]
+mod two_orgs;
 
 use std::collections::BTreeSet;
 
 use agent_rows::{Call, assistant, model_call};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use support::{Client, KeelProcess, client_with_headers};
-
-const RUNTIME_ID: &str = "rt_usage";
-const SHARED_SECRET: &str = "usage-shared-secret-0123456789";
-
-fn org_client(base: &str, org: &str) -> Client {
-    client_with_headers(
-        base,
-        &[
-            ("x-keel-remote-secret", SHARED_SECRET),
-            ("x-keel-actor-id", &format!("actor_{org}")),
-            ("x-keel-org-id", &format!("org_{org}")),
-            ("x-keel-runtime-id", RUNTIME_ID),
-        ],
-    )
-}
-
-struct Stack {
-    _api: KeelProcess,
-    pool: sqlx::PgPool,
-    a: Client,
-    b: Client,
-    _logs: tempfile::TempDir,
-}
-
-/// A remote-mode API without a worker: started runs stay queued.
-async fn stack() -> Stack {
-    let db = support::fresh_database().await;
-    let logs = tempfile::tempdir().unwrap();
-    let env = [
-        ("KEEL_REMOTE_MODE", "1"),
-        ("KEEL_RUNTIME_ID", RUNTIME_ID),
-        ("KEEL_REMOTE_SHARED_SECRET", SHARED_SECRET),
-    ];
-    let api = support::spawn_api_with_env(&db, logs.path(), "api", &env).await;
-    let base = api.client.as_ref().unwrap().base.clone();
-    Stack {
-        _api: api,
-        pool: support::pool(&db).await,
-        a: org_client(&base, "a"),
-        b: org_client(&base, "b"),
-        _logs: logs,
-    }
-}
+use support::Client;
+use two_orgs::{Stack, stack, workspace_of};
 
 fn call<'a>(provider: &'a str, model: &'a str, tokens: i64, cost: Option<i64>) -> Call<'a> {
     Call {
@@ -93,14 +53,6 @@ async fn ledger_totals(pool: &sqlx::PgPool, filter: &str, value: &str) -> Value 
     );
     sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
         .bind(value)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
-async fn workspace_of(pool: &sqlx::PgPool, run_id: &str) -> String {
-    sqlx::query_scalar("SELECT workspace_id FROM runs WHERE id = $1")
-        .bind(run_id)
         .fetch_one(pool)
         .await
         .unwrap()

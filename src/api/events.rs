@@ -168,11 +168,12 @@ async fn list_feed(
 }
 
 /// The run's events as server-sent events from the cursor on (`after_sequence` or the
-/// `Last-Event-ID` header); the stream ends after the run's terminal event.
+/// `Last-Event-ID` header); the stream ends after the run's terminal event. Between them,
+/// `model.delta` frames without an id carry the live text of the run's model calls.
 #[utoipa::path(get, path = "/tasks/{task_id}/runs/{run_id}/stream", tag = "events",
     params(("task_id" = String, Path), ("run_id" = String, Path), EventsQuery,
            ("Last-Event-ID" = Option<String>, Header, description = "Resume after this sequence")),
-    responses((status = 200, description = "An SSE stream; each event's data is an event object", content_type = "text/event-stream", body = String)))]
+    responses((status = 200, description = "An SSE stream; each event's data is an event object, except `model.delta` (no id): `{\"model_call_index\", \"text\"}`", content_type = "text/event-stream", body = String)))]
 async fn stream_run_events(
     State(state): State<AppState>,
     caller: Caller,

@@ -189,6 +189,8 @@ async fn finished_agent_run(
 ) -> Result<RunRecord> {
     let mut conn = state.pool.acquire().await?;
     let task = tasks::get(&mut conn, &caller.scope, task_id).await?;
+    // Both exist in the caller's workspace before anything about them is said.
+    let source = runs::get(&mut conn, &caller.scope, task_id, run_id).await?;
     if task.execution_kind != AGENT_LOOP {
         return Err(ApiError::invalid(format!(
             "task {task_id} is a {} task; only agent_loop runs can be continued or retried \
@@ -196,7 +198,6 @@ async fn finished_agent_run(
             task.execution_kind
         )));
     }
-    let source = runs::get(&mut conn, &caller.scope, task_id, run_id).await?;
     if !source.status().is_terminal() {
         return Err(ApiError::Conflict(format!(
             "run {run_id} is {}; only a finished run can be continued or retried from a \

@@ -1,0 +1,58 @@
+//! A `keel api` in remote mode (the header identity form) without a worker, and a client
+//! for each of two orgs, so each has a workspace of its own; started runs stay queued.
+//! Include with `#[path = "support/two_orgs.rs"] mod two_orgs;`.
+
+#![allow(dead_code)]
+
+use crate::support::{self, Client, KeelProcess, client_with_headers};
+
+const RUNTIME_ID: &str = "rt_two_orgs";
+const SHARED_SECRET: &str = "two-orgs-shared-secret-0123456789";
+
+pub struct Stack {
+    pub api: KeelProcess,
+    pub pool: sqlx::PgPool,
+    pub a: Client,
+    pub b: Client,
+    _logs: tempfile::TempDir,
+}
+
+pub fn org_client(base: &str, org: &str) -> Client {
+    client_with_headers(
+        base,
+        &[
+            ("x-keel-remote-secret", SHARED_SECRET),
+            ("x-keel-actor-id", &format!("actor_{org}")),
+            ("x-keel-org-id", &format!("org_{org}")),
+            ("x-keel-runtime-id", RUNTIME_ID),
+        ],
+    )
+}
+
+pub async fn stack() -> Stack {
+    let db = support::fresh_database().await;
+    let logs = tempfile::tempdir().unwrap();
+    let env = [
+        ("KEEL_REMOTE_MODE", "1"),
+        ("KEEL_RUNTIME_ID", RUNTIME_ID),
+        ("KEEL_REMOTE_SHARED_SECRET", SHARED_SECRET),
+    ];
+    let api = support::spawn_api_with_env(&db, logs.path(), "api", &env).await;
+    let base = api.client.as_ref().unwrap().base.clone();
+    Stack {
+        api,
+        pool: support::pool(&db).await,
+        a: org_client(&base, "a"),
+        b: org_client(&base, "b"),
+        _logs: logs,
+    }
+}
+
+/// The workspace a run is in.
+pub async fn workspace_of(pool: &sqlx::PgPool, run_id: &str) -> String {
+    sqlx::query_scalar("SELECT workspace_id FROM runs WHERE id = $1")
+        .bind(run_id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
