@@ -283,7 +283,7 @@ pub async fn run_worker(
         approval_ttl: rules.approval_ttl,
         prices: common.model_prices.clone(),
         secrets: common.secrets.policy(),
-        allow_private_addresses: args.media.media_allow_private_addresses,
+        chat: common.chat.limits(),
     });
     let polls = Arc::new(PollJobs {
         poller: Poller::new(

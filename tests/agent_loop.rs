@@ -71,7 +71,7 @@ impl Stack {
             ("KEEL_APPROVAL_POLICIES", self.policies.as_str()),
             ("KEEL_MODEL_PRICES", PRICES),
             ("FAKE_LLM_API_KEY", CANARY),
-            ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "true"),
+            ("KEEL_CHAT_ALLOW_PRIVATE_ADDRESSES", "true"),
         ];
         let worker =
             support::spawn_worker_with_env(&self.db_url, self.dir.path(), name, 2_000, &data, &env);

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use keel_workers::agent::provider::{ChatApi, ChatClient, ChatModel, ProviderConfig, RetryPolicy};
+use keel_workers::agent::provider::{ChatClient, ChatModel, RetryPolicy};
 use keel_workers::agent::run_loop::{
     self, AgentContext, AgentPlan, ApprovalDecision, Budget, ModelCall, Toolbox,
 };
@@ -21,8 +21,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::attempt;
+use super::chat::chat_config;
 use super::run::{FencedContext, RunJobs};
-use crate::domain::provider::Api;
 use crate::domain::usage::PriceTable;
 use crate::domain::{EventType, Scope, new_id};
 use crate::queue::worker::Job;
@@ -162,9 +162,9 @@ async fn prepare(
         }
         Err(error) => return Err(error),
     };
-    let config = match provider_config(jobs, task, &preset, &model_name) {
+    let config = match chat_config(&preset, Some(&model_name), &jobs.secrets, &jobs.chat) {
         Ok(config) => config,
-        Err(error) => return Ok(Err(error)),
+        Err(unresolved) => return Ok(Err(format!("{}: {}", unresolved.code, unresolved.message))),
     };
     let client = match ChatClient::new(config) {
         Ok(client) => client,
@@ -197,7 +197,7 @@ async fn prepare(
             env: jobs.env(task, run),
             call_timeout: timeout,
             max_output_bytes: tools::DEFAULT_MAX_OUTPUT_BYTES,
-            allow_private_addresses: jobs.allow_private_addresses,
+            allow_private_addresses: jobs.chat.allow_private_addresses,
         },
     };
     let plan = AgentPlan {
@@ -225,43 +225,6 @@ async fn prepare(
         model_name,
         last_step: history.last_step,
     }))
-}
-
-/// The preset's fields with its secrets, resolved now; a failure names its code.
-fn provider_config(
-    jobs: &RunJobs,
-    task: &TaskRecord,
-    preset: &crate::store::providers::ProviderRecord,
-    model: &str,
-) -> Result<ProviderConfig, String> {
-    let api = match preset.api() {
-        Api::AnthropicMessages => ChatApi::AnthropicMessages,
-        _ => ChatApi::OpenAiCompletions,
-    };
-    let unresolved = |u: crate::domain::secret::Unresolved| format!("{}: {}", u.code, u.message);
-    let api_key = preset
-        .api_key()
-        .map(|key| key.resolve(&jobs.secrets))
-        .transpose()
-        .map_err(unresolved)?;
-    let secret_headers = preset
-        .secret_headers()
-        .into_iter()
-        .map(|(name, key)| Ok((name, key.resolve(&jobs.secrets)?)))
-        .collect::<Result<_, _>>()
-        .map_err(unresolved)?;
-    Ok(ProviderConfig {
-        api,
-        provider: preset.id.clone(),
-        base_url: preset.base_url.clone(),
-        model: model.to_string(),
-        api_key,
-        headers: preset.headers.0.clone().into_iter().collect(),
-        secret_headers,
-        request_timeout: jobs.timeout(task),
-        max_tokens: None,
-        allow_private_addresses: jobs.allow_private_addresses,
-    })
 }
 
 /// The conversation so far and what it was built from.

@@ -16,6 +16,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use futures_util::future::BoxFuture;
+use keel_workers::agent::provider::ChatLimits;
 use keel_workers::{
     ArtifactHandle, ContextError, Outcome, OutputStream, RunContext, RunSpec, StepHandle,
     StepResult,
@@ -64,8 +65,9 @@ pub struct RunJobs {
     pub prices: PriceTable,
     /// Agent loops: which secret references a chat preset's API key may use.
     pub secrets: SecretPolicy,
-    /// Agent loops: chat providers and `http_request` may reach private addresses.
-    pub allow_private_addresses: bool,
+    /// Agent loops: how model calls are made (`KEEL_CHAT_*`); its private-address switch
+    /// also lets `http_request` reach private addresses.
+    pub chat: ChatLimits,
 }
 
 /// The longest a step or artifact row is held back before it is written on its own.
