@@ -615,3 +615,38 @@ async fn agent_tasks_are_validated_and_need_a_configured_model() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["error"]["type"], "model_not_configured");
 }
+
+#[tokio::test]
+async fn a_call_in_flight_streams_its_text_to_the_runs_stream_as_model_delta() {
+    let release = tokio_util::sync::CancellationToken::new();
+    let stack = Stack::start(
+        "none",
+        vec![Turn::text("Streaming hello from the model").hold(release.clone())],
+    )
+    .await;
+    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let path = format!("/v1/tasks/{task_id}/runs/{run_id}/stream");
+    let mut stream = support::SseReader::open(&stack.client, &path, None).await;
+    // The fake holds the call after its first piece of text: the delta comes mid-call.
+    let delta = loop {
+        let event = stream
+            .next(WAIT)
+            .await
+            .expect("a model.delta while the call is held");
+        if event.event.as_deref() == Some("model.delta") {
+            break event;
+        }
+    };
+    // The stream is the run's: the data carries only the call's index and the text.
+    assert_eq!(delta.id, None);
+    assert_eq!(delta.data["model_call_index"], 1);
+    assert!(
+        !delta.data["text"].as_str().unwrap().is_empty(),
+        "{:?}",
+        delta.data
+    );
+    assert_eq!(stack.llm.completed(), 0);
+    release.cancel();
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+}
