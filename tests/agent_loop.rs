@@ -650,3 +650,30 @@ async fn a_call_in_flight_streams_its_text_to_the_runs_stream_as_model_delta() {
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
     assert_eq!(run["status"], "completed", "{run}");
 }
+
+#[tokio::test]
+async fn cancelling_a_run_that_waits_for_a_tool_call_approval_cancels_the_approval() {
+    let stack = Stack::start(
+        "shell_exec",
+        vec![Turn::tool_call(
+            "s1",
+            "shell_exec",
+            r#"{"command":"echo hi"}"#,
+        )],
+    )
+    .await;
+    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let approval = stack.pending_approval(&task_id).await;
+    let cancel = format!("/v1/tasks/{task_id}/runs/{run_id}/cancel");
+    let (status, body) = stack.client.post(&cancel, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["status"], "cancelled");
+    let path = format!(
+        "/v1/tasks/{task_id}/approvals/{}",
+        approval["id"].as_str().unwrap()
+    );
+    let (_, approval) = stack.client.get(&path).await;
+    assert_eq!(approval["data"]["status"], "cancelled");
+    assert_eq!(approval["data"]["resolved_by"], "system");
+    assert_eq!(stack.queue_rows(&run_id).await, 0);
+}
