@@ -279,6 +279,11 @@ pub async fn run_worker(
         timeouts: rules.timeouts,
         workspace_roots: rules.workspace_roots.clone(),
         passthrough_env: args.passthrough_env(),
+        approvals: rules.approvals.clone(),
+        approval_ttl: rules.approval_ttl,
+        prices: common.model_prices.clone(),
+        secrets: common.secrets.policy(),
+        chat: common.chat.limits(),
     });
     let polls = Arc::new(PollJobs {
         poller: Poller::new(

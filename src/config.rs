@@ -56,6 +56,19 @@ pub struct Common {
     #[arg(long, env = "KEEL_APPROVAL_POLICIES", default_value = DEFAULT_POLICIES, global = true)]
     pub approval_policies: ApprovalPolicy,
 
+    /// Agent loop model prices: a JSON object from model name (as the provider reports it)
+    /// to `{"input_usd_per_mtok", "output_usd_per_mtok", "cached_input_usd_per_mtok"?}`.
+    /// Empty: no prices (calls record tokens, their cost stays null). Invalid JSON stops
+    /// start-up.
+    #[arg(
+        long,
+        env = "KEEL_MODEL_PRICES",
+        default_value = "",
+        global = true,
+        hide_env_values = true
+    )]
+    pub model_prices: crate::domain::usage::PriceTable,
+
     /// How long an approval stays actionable (ms); 0 keeps it until it is resolved.
     #[arg(long, env = "KEEL_APPROVAL_TTL_MS", default_value_t = 0, global = true)]
     pub approval_ttl_ms: u64,

@@ -14,6 +14,8 @@ pub enum EventType {
     ArtifactCreated,
     /// A patch artifact's file was restored to its `before` through the API.
     ToolFileReverted,
+    /// An agent loop's model call completed and was persisted (usage and cost).
+    ModelCallCompleted,
     GapRunDisconnected,
     RunResumedFromEvent,
     ApprovalRequested,
@@ -40,6 +42,7 @@ impl EventType {
             EventType::StepFailed => "step.failed",
             EventType::ArtifactCreated => "artifact.created",
             EventType::ToolFileReverted => "tool.file.reverted",
+            EventType::ModelCallCompleted => "model.call.completed",
             EventType::GapRunDisconnected => "gap.run_disconnected",
             EventType::RunResumedFromEvent => "run.resumed_from_event",
             EventType::ApprovalRequested => "approval.requested",

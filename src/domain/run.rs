@@ -1,8 +1,8 @@
 //! The run state machine: `queued → running → completed | failed | cancelled`, with
 //! `awaiting_approval` before `queued` when a gate stops a run, and `running →
-//! awaiting_approval → queued` when an agent loop's tool calls wait for one mid-run. [`RunStatus::can_become`] is
-//! the one place that decides which transitions exist; the store guards every status
-//! update with the states it allows.
+//! awaiting_approval → queued` when an agent loop's tool calls wait for one mid-run.
+//! [`RunStatus::can_become`] is the one place that decides which transitions exist; the
+//! store guards every status update with the states it allows.
 
 use serde::Serialize;
 

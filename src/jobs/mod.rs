@@ -1,5 +1,6 @@
 //! Job handlers, one per queue kind: they connect the generic queue to the domain.
 
+mod agent;
 mod attempt;
 pub mod chat;
 mod fence;

@@ -16,6 +16,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use futures_util::future::BoxFuture;
+use keel_workers::agent::provider::ChatLimits;
 use keel_workers::{
     ArtifactHandle, ContextError, Outcome, OutputStream, RunContext, RunSpec, StepHandle,
     StepResult,
@@ -24,12 +25,17 @@ use sqlx::{PgConnection, PgPool};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use super::agent;
 use super::attempt::{self, Attempted, Verdict};
 use super::fence::{DomainRow, Fence};
+use crate::domain::approval::{ActionSummary, ApprovalKind, ApprovalPolicy};
+use crate::domain::secret::SecretPolicy;
 use crate::domain::task::{RunTimeouts, WorkspaceRoots};
+use crate::domain::usage::PriceTable;
 use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
+use crate::store::approvals::{self, Gate};
 use crate::store::artifacts::{NewArtifact, Upserted};
 use crate::store::content::ContentStore;
 use crate::store::events::{self, NewEvent, Subject};
@@ -51,6 +57,17 @@ pub struct RunJobs {
     pub workspace_roots: WorkspaceRoots,
     /// The operator's `KEEL_RUN_ENV_PASSTHROUGH` variables, with this worker's values.
     pub passthrough_env: Vec<(String, String)>,
+    /// Agent loops: the tools whose calls wait for an approval, and how long one stays
+    /// actionable.
+    pub approvals: ApprovalPolicy,
+    pub approval_ttl: Option<Duration>,
+    /// Agent loops: the cost of each model call (`KEEL_MODEL_PRICES`).
+    pub prices: PriceTable,
+    /// Agent loops: which secret references a chat preset's API key may use.
+    pub secrets: SecretPolicy,
+    /// Agent loops: how model calls are made (`KEEL_CHAT_*`); its private-address switch
+    /// also lets `http_request` reach private addresses.
+    pub chat: ChatLimits,
 }
 
 /// The longest a step or artifact row is held back before it is written on its own.
@@ -117,10 +134,12 @@ impl DomainRow for RunWithTask {
 pub struct RunEnding {
     held: Held,
     written: Written,
+    /// An agent loop's conversation, written as its `agent_conversation` artifact.
+    conversation: Option<agent::Conversation>,
     end: End,
 }
 
-enum End {
+pub(super) enum End {
     Completed {
         exit_code: Option<i32>,
     },
@@ -128,15 +147,31 @@ enum End {
         exit_code: Option<i32>,
         error: String,
     },
+    /// An agent loop's tool calls (those of the `model_call` step `step_id`) wait for an
+    /// approval: the run holds no lease meanwhile.
+    AwaitingApproval {
+        summary: ActionSummary,
+        step_id: String,
+        ttl: Option<Duration>,
+    },
 }
 
 impl RunEnding {
-    fn new(held: Held, end: End) -> RunEnding {
+    pub(super) fn new(held: Held, end: End) -> RunEnding {
         RunEnding {
             held,
             written: Written::default(),
+            conversation: None,
             end,
         }
+    }
+
+    pub(super) fn with_conversation(
+        mut self,
+        conversation: Option<agent::Conversation>,
+    ) -> RunEnding {
+        self.conversation = conversation;
+        self
     }
 }
 
@@ -161,6 +196,7 @@ impl Attempted for RunWithTask {
         match ending.end {
             End::Completed { .. } => "completed",
             End::Failed { .. } => "failed",
+            End::AwaitingApproval { .. } => "awaiting_approval",
         }
     }
 
@@ -222,6 +258,10 @@ impl Attempted for RunWithTask {
             run_id: &run.id,
         };
         let mut events = ending.written.events(owner);
+        if let Some(conversation) = &ending.conversation {
+            let written = agent::write_conversation(conn, &scope, owner, conversation).await?;
+            events.extend(artifacts::created_event(owner, &written));
+        }
         let (status, change, reason, event) = match &ending.end {
             End::Completed { exit_code } => {
                 let change = Change {
@@ -241,6 +281,41 @@ impl Attempted for RunWithTask {
                 let data = serde_json::json!({ "exit_code": exit_code, "error": error });
                 let event = NewEvent::new(&run.task_id, &run.id, EventType::RunFailed).with(data);
                 (RunStatus::Failed, change, error.as_str(), event)
+            }
+            End::AwaitingApproval {
+                summary,
+                step_id,
+                ttl,
+            } => {
+                let actor = attempt::worker(lease);
+                let (waiting, reason) = (RunStatus::AwaitingApproval, "tool calls need approval");
+                let change = Change::default();
+                let run = runs::transition_locked(
+                    conn,
+                    &scope,
+                    run,
+                    waiting,
+                    change,
+                    &actor,
+                    Some(reason),
+                )
+                .await?;
+                let gate = Gate {
+                    kind: ApprovalKind::AgentLoopToolCall,
+                    step_id: Some(step_id),
+                };
+                let approval =
+                    approvals::create(conn, &scope, &run, gate, summary, *ttl, &actor).await?;
+                let data = approvals::requested_data(&approval);
+                events.push(
+                    NewEvent::new(
+                        &self.run.task_id,
+                        &self.run.id,
+                        EventType::ApprovalRequested,
+                    )
+                    .with(data),
+                );
+                return Ok(events);
             }
         };
         let actor = attempt::worker(lease);
@@ -272,46 +347,64 @@ impl RunJobs {
         let Some(row) = attempt::begin::<RunWithTask>(&self.pool, &job.lease).await? else {
             return Ok("skipped");
         };
+        if row.task.execution_kind == "agent_loop" {
+            return agent::execute(self, job, row).await;
+        }
         let spec = match self.spec(&row.task, &row.run).await {
             Ok(spec) => spec,
-            Err(error) => {
-                let failed = End::Failed {
-                    exit_code: None,
-                    error,
-                };
-                let verdict = Verdict::Ended(RunEnding::new(Held::default(), failed));
-                return attempt::conclude(&self.pool, &job, &row, verdict).await;
-            }
+            Err(error) => return self.fail(&job, &row, error).await,
         };
-        let ctx = FencedContext {
+        let ctx = self.context(&job, &row);
+        let outcome = keel_workers::execute(&spec, &ctx).await;
+        let verdict = ctx.verdict(outcome, None).await;
+        attempt::conclude(&self.pool, &job, &row, verdict).await
+    }
+
+    /// Ends an attempt that could not start its executor.
+    pub(super) async fn fail(
+        &self,
+        job: &Job,
+        row: &RunWithTask,
+        error: String,
+    ) -> Result<&'static str, StoreError> {
+        let failed = End::Failed {
+            exit_code: None,
+            error,
+        };
+        let verdict = Verdict::Ended(RunEnding::new(Held::default(), failed));
+        attempt::conclude(&self.pool, job, row, verdict).await
+    }
+
+    pub(super) fn context(&self, job: &Job, row: &RunWithTask) -> FencedContext {
+        FencedContext {
             shared: Arc::new(Shared {
-                fence: Fence::new(&self.pool, &job),
+                fence: Fence::new(&self.pool, job),
                 task_id: row.task.id.clone(),
                 run_id: row.run.id.clone(),
                 artifact_max_bytes: self.artifact_max_bytes,
                 content: self.content.clone(),
                 held: Mutex::default(),
             }),
-        };
-        let outcome = keel_workers::execute(&spec, &ctx).await;
-        let held = std::mem::take(&mut *ctx.shared.held.lock().await);
-        let ended = |end| Verdict::Ended(RunEnding::new(held, end));
-        let verdict = match outcome {
-            Outcome::Completed { exit_code } => ended(End::Completed { exit_code }),
-            Outcome::Failed { exit_code, error } => ended(End::Failed { exit_code, error }),
-            // What the context held back goes: the retry runs the attempt again.
-            Outcome::Retry { error } => Verdict::Retry(error),
-            Outcome::Interrupted => Verdict::Interrupted,
-            // Only agent loops wait mid-run; until they run here, nothing returns this.
-            Outcome::AwaitingApproval { .. } => ended(End::Failed {
-                exit_code: None,
-                error: "an approval was asked for mid-run by an executor that cannot wait".into(),
-            }),
-        };
-        attempt::conclude(&self.pool, &job, &row, verdict).await
+        }
     }
 
     async fn spec(&self, task: &TaskRecord, run: &RunRecord) -> Result<RunSpec, String> {
+        Ok(RunSpec {
+            execution: task.execution()?,
+            workspace: self.workspace(task, run).await?,
+            sandbox: task.sandbox(),
+            timeout: Some(self.timeout(task)),
+            env: self.env(task, run),
+            checkpoint: run.checkpoint.clone(),
+        })
+    }
+
+    /// The run's workspace directory, created if it is an ephemeral one.
+    pub(super) async fn workspace(
+        &self,
+        task: &TaskRecord,
+        run: &RunRecord,
+    ) -> Result<PathBuf, String> {
         let workspace = workspace_dir(&self.workspace_roots, &self.data_dir, task, run)?;
         tokio::fs::create_dir_all(&workspace).await.map_err(|e| {
             format!(
@@ -319,35 +412,74 @@ impl RunJobs {
                 workspace.display()
             )
         })?;
-        Ok(RunSpec {
-            execution: task.execution()?,
-            workspace,
-            sandbox: task.sandbox(),
-            // Tasks stored before the timeout settings may have none, or a longer one.
-            timeout: Some(Duration::from_millis(
-                self.timeouts.effective_ms(task.timeout_ms).max(1) as u64,
-            )),
-            env: vec![
-                ("KEEL_TASK_ID".into(), task.id.clone()),
-                ("KEEL_RUN_ID".into(), run.id.clone()),
-                ("KEEL_RUN_ATTEMPT".into(), run.attempt.to_string()),
-            ]
-            .into_iter()
-            .chain(
-                run.resumed_from_run_id
-                    .iter()
-                    .map(|id| ("KEEL_RESUMED_FROM_RUN_ID".into(), id.clone())),
-            )
-            // A task imported from external work carries its rendered prompt.
-            .chain(
-                task.prompt
-                    .iter()
-                    .map(|prompt| ("KEEL_RUN_PROMPT".into(), prompt.clone())),
-            )
-            .chain(self.passthrough_env.iter().cloned())
-            .collect(),
-            checkpoint: run.checkpoint.clone(),
-        })
+        Ok(workspace)
+    }
+
+    /// Tasks stored before the timeout settings may have none, or a longer one.
+    pub(super) fn timeout(&self, task: &TaskRecord) -> Duration {
+        Duration::from_millis(self.timeouts.effective_ms(task.timeout_ms).max(1) as u64)
+    }
+
+    /// The variables of the processes a run starts.
+    pub(super) fn env(&self, task: &TaskRecord, run: &RunRecord) -> Vec<(String, String)> {
+        vec![
+            ("KEEL_TASK_ID".into(), task.id.clone()),
+            ("KEEL_RUN_ID".into(), run.id.clone()),
+            ("KEEL_RUN_ATTEMPT".into(), run.attempt.to_string()),
+        ]
+        .into_iter()
+        .chain(
+            run.resumed_from_run_id
+                .iter()
+                .map(|id| ("KEEL_RESUMED_FROM_RUN_ID".into(), id.clone())),
+        )
+        // A task imported from external work carries its rendered prompt.
+        .chain(
+            task.prompt
+                .iter()
+                .map(|prompt| ("KEEL_RUN_PROMPT".into(), prompt.clone())),
+        )
+        .chain(self.passthrough_env.iter().cloned())
+        .collect()
+    }
+}
+
+impl FencedContext {
+    /// How the attempt leaves the run, with the rows the context still holds (and for an
+    /// agent loop, its conversation and the step an approval would cover).
+    pub(super) async fn verdict(
+        &self,
+        outcome: Outcome,
+        agent: Option<agent::AgentEnding>,
+    ) -> Verdict<RunWithTask> {
+        let held = std::mem::take(&mut *self.shared.held.lock().await);
+        let (conversation, waiting) = match agent {
+            Some(agent) => (agent.conversation, agent.step_id.map(|id| (id, agent.ttl))),
+            None => (None, None),
+        };
+        let ended = |end| Verdict::Ended(RunEnding::new(held, end).with_conversation(conversation));
+        match (outcome, waiting) {
+            (Outcome::Completed { exit_code }, _) => ended(End::Completed { exit_code }),
+            (Outcome::Failed { exit_code, error }, _) => ended(End::Failed { exit_code, error }),
+            // What the context held back goes: the retry runs the attempt again.
+            (Outcome::Retry { error }, _) => Verdict::Retry(error),
+            (Outcome::Interrupted, _) => Verdict::Interrupted,
+            (
+                Outcome::AwaitingApproval {
+                    summary,
+                    incomplete,
+                },
+                Some((step_id, ttl)),
+            ) => ended(End::AwaitingApproval {
+                summary: ActionSummary::of_lines(&summary, incomplete),
+                step_id,
+                ttl,
+            }),
+            (Outcome::AwaitingApproval { .. }, None) => ended(End::Failed {
+                exit_code: None,
+                error: "an approval was asked for with no model call to cover".into(),
+            }),
+        }
     }
 }
 
@@ -355,23 +487,23 @@ impl RunJobs {
 /// written, fenced, with the next write that must be durable: an output append, the end
 /// of the attempt, or a flush [`HOLD_LIMIT`] after the first held row. A crash before
 /// then loses only rows of an attempt that will run again.
-struct FencedContext {
-    shared: Arc<Shared>,
+pub(super) struct FencedContext {
+    pub(super) shared: Arc<Shared>,
 }
 
-struct Shared {
-    fence: Fence,
-    task_id: String,
-    run_id: String,
+pub(super) struct Shared {
+    pub(super) fence: Fence,
+    pub(super) task_id: String,
+    pub(super) run_id: String,
     artifact_max_bytes: i64,
-    content: ContentStore,
+    pub(super) content: ContentStore,
     /// Held across a flush's transaction, so rows are written once and in order.
-    held: Mutex<Held>,
+    pub(super) held: Mutex<Held>,
 }
 
 /// Rows the executor reported and the database does not have yet, in the order reported.
 #[derive(Default)]
-struct Held {
+pub(super) struct Held {
     writes: Vec<HeldWrite>,
     /// Artifact handles to the ids of their rows (a takeover reopens an older row).
     artifact_ids: HashMap<String, String>,
@@ -436,6 +568,10 @@ impl Written {
 }
 
 impl Held {
+    pub(super) fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
+
     fn hold(&mut self, write: HeldWrite) {
         self.writes.push(write);
     }
@@ -566,7 +702,7 @@ impl Held {
 }
 
 impl Shared {
-    fn owner(&self) -> Subject<'_> {
+    pub(super) fn owner(&self) -> Subject<'_> {
         Subject::Run {
             task_id: &self.task_id,
             run_id: &self.run_id,
@@ -575,7 +711,7 @@ impl Shared {
 
     /// Writes the held rows, then `then` (a durable write that needs them), in one fenced
     /// transaction with their events.
-    async fn flush_with(
+    pub(super) async fn flush_with(
         &self,
         held: &mut Held,
         then: Option<(&str, &[u8])>,

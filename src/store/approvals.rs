@@ -118,17 +118,22 @@ async fn record(
 /// The feed carries the approval's id and kind but never its summary (seed 004): the feed
 /// reaches every reader of the workspace, the summary only those who fetch the approval.
 pub fn requested_event(approval: &ApprovalRecord) -> NewEvent<'_> {
-    let data = serde_json::json!({
-        "approval_id": approval.id,
-        "kind": approval.kind,
-        "expires_at": approval.expires_at,
-    });
     NewEvent::new(
         &approval.task_id,
         &approval.run_id,
         EventType::ApprovalRequested,
     )
-    .with(data)
+    .with(requested_data(approval))
+}
+
+/// The data of an `approval.requested` event.
+pub fn requested_data(approval: &ApprovalRecord) -> serde_json::Value {
+    serde_json::json!({
+        "approval_id": approval.id,
+        "kind": approval.kind,
+        "step_id": approval.step_id,
+        "expires_at": approval.expires_at,
+    })
 }
 
 pub async fn get(

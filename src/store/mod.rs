@@ -13,6 +13,7 @@ pub mod external;
 pub mod leases;
 pub mod lineage;
 pub mod media_jobs;
+pub mod model_calls;
 pub mod patches;
 pub mod providers;
 pub mod retention;

@@ -254,16 +254,17 @@ pub async fn admit(
     }
     let task = raise_budget(conn, scope, task, admission.budget_micros_usd).await?;
     // An agent loop's tool calls are gated mid-loop, not before it starts.
-    let execution = if task.execution_kind == "agent_loop" {
+    let (gates, summary) = if task.execution_kind == "agent_loop" {
         tasks::chat_preset(conn, scope, &task).await?;
-        None
+        (Vec::new(), None)
     } else {
-        Some(task.execution().map_err(StoreError::Conflict)?)
+        let execution = task.execution().map_err(StoreError::Conflict)?;
+        let gates = rules.approvals.gates_for(&execution, task.sandbox());
+        let describe =
+            || ActionSummary::describe(&execution, &task.workspace_description(), task.timeout_ms);
+        let summary = (!gates.is_empty()).then(describe);
+        (gates, summary)
     };
-    let gates = execution
-        .as_ref()
-        .map(|execution| rules.approvals.gates_for(execution, task.sandbox()))
-        .unwrap_or_default();
     let status = if gates.is_empty() {
         RunStatus::Queued
     } else {
@@ -294,13 +295,8 @@ pub async fn admit(
         appended.push(NewEvent::new(task_id, &run.id, EventType::RunResumedFromEvent).with(data));
     }
     let mut gated = Vec::new();
-    if gates.is_empty() {
-        queue::enqueue(conn, scope, queue::RUN_KIND, &run.id, task.priority).await?;
-        appended.push(NewEvent::new(task_id, &run.id, EventType::RunQueued));
-    } else {
-        let execution = execution.as_ref().expect("only processes have gates");
-        let summary =
-            ActionSummary::describe(execution, &task.workspace_description(), task.timeout_ms);
+    // A summary exactly when there are gates.
+    if let Some(summary) = summary {
         for kind in gates {
             gated.push(
                 approvals::create(
@@ -319,6 +315,9 @@ pub async fn admit(
             );
         }
         appended.extend(gated.iter().map(approvals::requested_event));
+    } else {
+        queue::enqueue(conn, scope, queue::RUN_KIND, &run.id, task.priority).await?;
+        appended.push(NewEvent::new(task_id, &run.id, EventType::RunQueued));
     }
     events::append(conn, scope, &appended).await?;
     Ok(Admitted::New(run))

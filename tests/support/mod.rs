@@ -360,6 +360,7 @@ impl TestApp {
             log_format: LogFormat::Text,
             db_max_connections: 10,
             approval_policies: policies.parse().expect("known approval policies"),
+            model_prices: Default::default(),
             approval_ttl_ms: 0,
             // The tests' in_place directories are temporary ones.
             workspace_roots: vec![std::env::temp_dir()],
