@@ -10,6 +10,7 @@
 //! Benchmarks are not tests: nothing here asserts a timing. The bench owns the database
 //! it is given (it clears the `bench` kind's rows and the lease history): use a throwaway.
 
+mod agent;
 mod children;
 mod history;
 mod noop;
@@ -57,6 +58,7 @@ pub enum Figure {
     Recovery,
     History,
     Snapshot,
+    Agent,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -66,7 +68,7 @@ pub struct RunArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "queue,runs,scaling,recovery,history,snapshot"
+        default_value = "queue,runs,scaling,recovery,history,snapshot,agent"
     )]
     pub figures: Vec<Figure>,
     /// Jobs per queue throughput measurement (N).
@@ -82,6 +84,12 @@ pub struct RunArgs {
     /// Latency samples: jobs enqueued one at a time to an idle worker.
     #[arg(long, default_value_t = 300)]
     pub samples: usize,
+    /// Agent runs for the agent figure.
+    #[arg(long, default_value_t = 200)]
+    pub agent_runs: usize,
+    /// Model calls each agent run makes (all but the last ask for one tool call).
+    #[arg(long, default_value_t = 5)]
+    pub agent_calls: usize,
     /// Shell runs of `true` for the runs figure.
     #[arg(long, default_value_t = 1_000)]
     pub runs: usize,
@@ -155,6 +163,8 @@ pub struct Report {
     pub recovery: Option<recovery::RecoveryFigures>,
     pub history: Option<history::HistoryFigures>,
     pub snapshot: Option<snapshot::SnapshotFigures>,
+    #[serde(default)]
+    pub agent: Option<agent::AgentFigures>,
 }
 
 pub async fn main(
@@ -195,6 +205,7 @@ async fn run(common: &Common, args: &RunArgs) -> anyhow::Result<()> {
             Figure::Scaling => report.scaling = Some(queue::scaling(&pool, &url, args).await?),
             Figure::Recovery => report.recovery = Some(recovery::figures(&pool, &url, args).await?),
             Figure::History => report.history = Some(history::figures(&pool, &url, args).await?),
+            Figure::Agent => report.agent = Some(agent::figures(&pool, &url, args).await?),
             Figure::Snapshot => {
                 let peak = report.queue.as_ref().map(|q| q.throughput.jobs_per_s);
                 let rate = args

@@ -129,6 +129,18 @@ fn rows(report: &Report, peer: Option<&PeerReport>) -> Vec<Row> {
         rows.push(row("transactions per run", r.transactions_per_run));
         rows.push(row("sessions waiting on a lock (share)", r.lock_wait_share));
     }
+    if let Some(a) = &report.agent {
+        let row = |figure: &str, value: f64| Row::keel(format!("agent: {figure}"), value);
+        rows.push(row(
+            "loop overhead per model call p50 (ms)",
+            a.overhead.p50_ms,
+        ));
+        rows.push(row(
+            "loop overhead per model call p99 (ms)",
+            a.overhead.p99_ms,
+        ));
+        rows.push(row("model calls/s", a.calls_per_s));
+    }
     for s in report.scaling.iter().flatten() {
         let figure = format!(
             "scaling: {} proc × C={} (jobs/s)",

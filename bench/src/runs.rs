@@ -61,7 +61,7 @@ pub struct RunsPoint {
 }
 
 /// What the event stream delivered, per task: (event type, arrival).
-type Arrivals = Arc<Mutex<HashMap<String, Vec<(String, Instant)>>>>;
+pub(crate) type Arrivals = Arc<Mutex<HashMap<String, Vec<(String, Instant)>>>>;
 
 pub async fn figures(pool: &PgPool, url: &str, args: &RunArgs) -> anyhow::Result<RunsFigures> {
     let data_dir = std::env::temp_dir().join(format!("keel-bench-{}", std::process::id()));
@@ -105,7 +105,7 @@ async fn point(
     workers: usize,
     statements: bool,
 ) -> anyhow::Result<RunsPoint> {
-    let deployment = Deployment::start(pool, url, args, data_dir, workers).await?;
+    let deployment = Deployment::start(pool, url, args, data_dir, workers, &[]).await?;
     let before = DatabaseCounters::read(pool, statements).await?;
     let sampling = CancellationToken::new();
     let sampler = tokio::spawn(sample_lock_waits(pool.clone(), sampling.clone()));
@@ -154,7 +154,7 @@ async fn lone_runs(
     data_dir: &std::path::Path,
     workers: usize,
 ) -> anyhow::Result<Latency> {
-    let deployment = Deployment::start(pool, url, args, data_dir, workers).await?;
+    let deployment = Deployment::start(pool, url, args, data_dir, workers, &[]).await?;
     let mut ended = deployment.ended.clone();
     let mut requested = HashMap::new();
     for i in 0..LONE_SAMPLES.min(args.runs) {
@@ -169,43 +169,49 @@ async fn lone_runs(
 }
 
 /// A `keel api` and `workers` `keel worker` processes, and a reader of the event stream.
-struct Deployment {
+pub(crate) struct Deployment {
     processes: Vec<Process>,
-    base: String,
-    http: reqwest::Client,
-    arrivals: Arrivals,
+    pub(crate) base: String,
+    pub(crate) http: reqwest::Client,
+    pub(crate) arrivals: Arrivals,
     /// Terminal run events read so far.
-    ended: watch::Receiver<usize>,
+    pub(crate) ended: watch::Receiver<usize>,
     reader: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
 impl Deployment {
-    async fn start(
+    /// Every process gets `env` besides the bench's own settings.
+    pub(crate) async fn start(
         pool: &PgPool,
         url: &str,
         args: &RunArgs,
         data_dir: &std::path::Path,
         workers: usize,
+        env: &[(&str, &str)],
     ) -> anyhow::Result<Deployment> {
         let base = format!("http://127.0.0.1:{}", free_port()?);
         let no_approvals = ("KEEL_APPROVAL_POLICIES", "none");
         let listen = base.trim_start_matches("http://").to_string();
+        let api_env: Vec<(&str, &str)> = std::iter::once(no_approvals)
+            .chain(env.iter().copied())
+            .collect();
         let mut processes = vec![Process::keel(
             url,
             &["api".into(), "--listen".into(), listen],
-            &[no_approvals],
+            &api_env,
         )?];
         let dir = data_dir.to_string_lossy();
+        let worker_env: Vec<(&str, &str)> = api_env
+            .iter()
+            .copied()
+            .chain([("KEEL_DATA_DIR", dir.as_ref())])
+            .collect();
         for _ in 0..workers {
             let flags = [
                 "worker".into(),
                 format!("--concurrency={}", args.concurrency),
             ];
-            processes.push(Process::keel(
-                url,
-                &flags,
-                &[no_approvals, ("KEEL_DATA_DIR", &dir)],
-            )?);
+            processes.push(Process::keel(url, &flags, &worker_env)?);
         }
         let pids: Vec<i32> = processes[1..].iter().map(Process::pid).collect();
         children::wait_registered(pool, &pids).await?;
@@ -239,7 +245,7 @@ impl Deployment {
     }
 
     /// Stops the processes and waits until their database sessions are gone.
-    async fn stop(self, pool: &PgPool) -> anyhow::Result<()> {
+    pub(crate) async fn stop(self, pool: &PgPool) -> anyhow::Result<()> {
         self.reader.abort();
         drop(self.processes);
         let deadline = Instant::now() + Duration::from_secs(30);

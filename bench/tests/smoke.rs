@@ -10,6 +10,7 @@ use serde_json::Value;
 
 const JOBS: u64 = 200;
 const RUNS: u64 = 20;
+const AGENT_RUNS: u64 = 4;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_figure_is_measured_and_every_job_processed() {
@@ -44,6 +45,12 @@ async fn every_figure_is_measured_and_every_job_processed() {
         .args(["--history-rows", "1000", "--snapshot-rate", "100"])
         .args(["--snapshot-before-secs", "1", "--hold-secs", "1"])
         .args(["--snapshot-after-secs", "1"])
+        .args([
+            "--agent-runs",
+            &AGENT_RUNS.to_string(),
+            "--agent-calls",
+            "3",
+        ])
         .env("RUST_LOG", "warn,sqlx=error")
         .status()
         .expect("keel-bench started");
@@ -74,6 +81,11 @@ async fn every_figure_is_measured_and_every_job_processed() {
         "the pickup series counts the jobs started: {series:?}"
     );
 
+    let agent = &report["agent"];
+    assert_eq!(agent["failed"], 0, "{agent}");
+    // Three calls a run: two gaps between an answer and the next call.
+    assert_eq!(agent["overhead"]["samples"], AGENT_RUNS * 2, "{agent}");
+
     // Every job was processed: none is left in the queue, every run completed.
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs")
@@ -85,11 +97,11 @@ async fn every_figure_is_measured_and_every_job_processed() {
         .fetch_one(&pool)
         .await
         .unwrap();
-    // The runs figure's runs, then its lone runs.
+    // The runs figure's runs, then its lone runs, and the agent figure's.
     let lone = report["runs"]["points"][0]["lone"]["samples"]
         .as_u64()
         .unwrap();
-    assert_eq!(completed as u64, RUNS + lone);
+    assert_eq!(completed as u64, RUNS + lone + AGENT_RUNS);
 
     // The table prints every figure from the saved report.
     let table = Command::new(env!("CARGO_BIN_EXE_keel-bench"))
