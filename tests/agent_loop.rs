@@ -677,3 +677,142 @@ async fn cancelling_a_run_that_waits_for_a_tool_call_approval_cancels_the_approv
     assert_eq!(approval["data"]["resolved_by"], "system");
     assert_eq!(stack.queue_rows(&run_id).await, 0);
 }
+
+/// (role, text) of each message a request carried.
+fn said(request: &support::llm::Request) -> Vec<(String, String)> {
+    request
+        .messages()
+        .iter()
+        .map(|m| {
+            let text = m["content"].as_str().unwrap_or_default().to_string();
+            (m["role"].as_str().unwrap_or_default().to_string(), text)
+        })
+        .collect()
+}
+
+fn turn(role: &str, text: &str) -> (String, String) {
+    (role.to_string(), text.to_string())
+}
+
+#[tokio::test]
+async fn continue_retry_from_model_call_and_resume_run_on_a_real_worker() {
+    let stack = Stack::start("none", vec![Turn::text("First answer.")]).await;
+    let (task_id, first) = stack.start_agent(json!({})).await;
+    let run = stack.client.wait_terminal(&task_id, &first, WAIT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let runs = format!("/v1/tasks/{task_id}/runs");
+
+    // Continue: the model sees the whole first conversation and the new user turn.
+    stack.llm.push([Turn::text("Second answer.")]);
+    let (status, body) = stack
+        .client
+        .post(
+            &format!("{runs}/{first}/continue"),
+            json!({ "prompt": "And the rest?" }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let continued = body["data"]["id"].as_str().unwrap().to_string();
+    assert_eq!(body["data"]["lineage_kind"], "continue");
+    let run = stack.client.wait_terminal(&task_id, &continued, WAIT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["model_call_count"], 1);
+    let asked = stack.llm.requests();
+    let expected = vec![
+        turn("system", "You are careful."),
+        turn("user", "Tidy the notes."),
+        turn("assistant", "First answer."),
+        turn("user", "And the rest?"),
+    ];
+    assert_eq!(said(&asked[1]), expected);
+
+    // Retry the continued run from its first call: the same conversation, asked again.
+    stack.llm.push([Turn::text("Another second answer.")]);
+    let (status, body) = stack
+        .client
+        .post(
+            &format!("{runs}/{continued}/retry-from-model-call"),
+            json!({ "model_call_index": 1, "reason": "try again" }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let branched = body["data"]["id"].as_str().unwrap().to_string();
+    let run = stack.client.wait_terminal(&task_id, &branched, WAIT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let asked = stack.llm.requests();
+    assert_eq!(asked.len(), 3);
+    assert_eq!(said(&asked[2]), expected);
+    let conversation = stack.conversation(&task_id, &branched).await;
+    assert_eq!(
+        conversation.last().unwrap()["content"],
+        "Another second answer."
+    );
+
+    // Resuming a run whose model had the last word has nothing to ask: no call is made.
+    let (status, body) = stack
+        .client
+        .post(&format!("{runs}/{first}/resume"), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let resumed = body["data"]["id"].as_str().unwrap().to_string();
+    let run = stack.client.wait_terminal(&task_id, &resumed, WAIT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["model_call_count"], 0);
+    assert_eq!(stack.llm.requests().len(), 3);
+
+    // Usage adds up to the calls made: one per run that called.
+    let (_, usage) = stack.client.get("/v1/usage/summary").await;
+    assert_eq!(usage["data"]["totals"]["calls"], 3, "{usage}");
+}
+
+#[tokio::test]
+async fn an_anthropic_preset_runs_the_loop_over_the_messages_api() {
+    let mut stack = Stack::start(
+        "none",
+        vec![
+            Turn::tool_call("toolu_1", "list_dir", "{}").usage(50, 5, 10),
+            Turn::text("The workspace is empty.").usage(80, 6, 0),
+        ],
+    )
+    .await;
+    let (status, preset) = stack
+        .client
+        .post(
+            "/v1/providers",
+            json!({ "kind": "anthropic", "model": MODEL, "api": "anthropic-messages",
+                    "base_url": stack.llm.anthropic_base(), "api_key_ref": "env:FAKE_LLM_API_KEY",
+                    "capabilities": ["chat", "tool_call"], "enabled": true }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{preset}");
+    stack.provider_id = preset["data"]["id"].as_str().unwrap().to_string();
+    let provider = stack.provider_id.clone();
+    let (task_id, run_id) = stack
+        .start_agent(json!({ "requested_provider": provider, "tools": ["list_dir"] }))
+        .await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["provider"], provider.as_str());
+    let asked = stack.llm.requests();
+    assert_eq!(asked.len(), 2);
+    assert!(
+        asked
+            .iter()
+            .all(|r| r.protocol == support::llm::Protocol::Anthropic)
+    );
+    assert_eq!(asked[0].header("x-api-key"), Some(CANARY));
+    assert_eq!(asked[0].body["system"], "You are careful.");
+    // The second call carries the tool's result as a tool_result block of a user turn.
+    let last = asked[1].messages().last().unwrap().clone();
+    assert_eq!(last["role"], "user", "{last}");
+    assert_eq!(last["content"][0]["type"], "tool_result", "{last}");
+    assert_eq!(last["content"][0]["tool_use_id"], "toolu_1", "{last}");
+    // Cached prompt tokens are recorded apart.
+    let cached: i64 =
+        sqlx::query_scalar("SELECT cached_tokens FROM model_calls WHERE run_id = $1 AND index = 1")
+            .bind(&run_id)
+            .fetch_one(&stack.pool)
+            .await
+            .unwrap();
+    assert_eq!(cached, 10);
+}
