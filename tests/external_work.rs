@@ -649,6 +649,63 @@ async fn an_item_that_leaves_the_active_states_has_its_run_cancelled() {
 }
 
 #[tokio::test]
+async fn a_todo_issue_waits_for_its_blockers_to_finish() {
+    let linear = MockServer::start().await;
+    let blocked_by = |state: &str| {
+        let mut issue = linear_issue(5, "Todo");
+        issue["inverseRelations"]["nodes"] = json!([{ "type": "blocks",
+            "issue": { "id": "uuid-4", "identifier": "ENG-4", "state": { "name": state } } }]);
+        issue
+    };
+    let first = json!([linear_issue(4, "In Progress"), blocked_by("In Progress")]);
+    linear_page(Value::Null, first, None).mount(&linear).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let env = [("ACME_LINEAR_API_KEY", LINEAR_CANARY)];
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &env).await;
+    let client = api.client.clone().unwrap();
+    let endpoint = format!("{}/graphql", linear.uri());
+    let (_, body) = register(&client, &linear_workflow(&endpoint)).await;
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let poll_path = format!("/v1/external-work/sources/{id}/poll");
+    let (_, body) = client.post(&poll_path, json!({})).await;
+    assert_eq!(body["data"]["claimed"], 1, "{body}");
+    let items = items_of(&client, &id).await;
+    let five = items.iter().find(|i| i["identifier"] == "ENG-5").unwrap();
+    assert_eq!(five["state"], "discovered", "{five}");
+    assert_eq!(five["last_error_code"], "blocked_by_open_issues", "{five}");
+    assert!(
+        five["last_error"].as_str().unwrap().contains("ENG-4"),
+        "{five}"
+    );
+
+    // ENG-4 is done; ENG-5's version is the same, its blocker's state is not.
+    linear.reset().await;
+    linear_page(Value::Null, json!([blocked_by("Done")]), None)
+        .mount(&linear)
+        .await;
+    let mut done = linear_issue(4, "Done");
+    done["updatedAt"] = json!("2026-11-30T12:00:00.000Z");
+    Mock::given(method("POST"))
+        .and(body_partial_json(
+            json!({ "variables": { "ids": ["uuid-4"] } }),
+        ))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(json!({ "data": { "issues": {
+            "nodes": [done], "pageInfo": { "hasNextPage": false, "endCursor": null } } } })),
+        )
+        .mount(&linear)
+        .await;
+    let (_, body) = client.post(&poll_path, json!({})).await;
+    assert_eq!(body["data"]["claimed"], 1, "{body}");
+    assert_eq!(body["data"]["cancelled_runs"], 1, "{body}");
+    let items = items_of(&client, &id).await;
+    let five = items.iter().find(|i| i["identifier"] == "ENG-5").unwrap();
+    assert_eq!(five["state"], "claimed", "{five}");
+    assert_eq!(task_count(&client).await, 2);
+}
+
+#[tokio::test]
 async fn reconcile_asks_github_for_the_items_with_active_runs_only() {
     let github = MockServer::start().await;
     list("issues", json!([github_issue(1, "open")]), "\"i1\"")

@@ -457,6 +457,26 @@ pub async fn update_item(
     Ok(row)
 }
 
+/// Replaces an item's normalized issue with a fresher reading of the same version (its
+/// blockers' states change without a new version).
+pub async fn refresh_issue(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    issue: &serde_json::Value,
+) -> Result<ItemRecord> {
+    let row = sqlx::query_as(
+        "UPDATE external_work_items SET issue = $3, updated_at = now()
+         WHERE workspace_id = $1 AND id = $2 RETURNING *",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .bind(issue)
+    .fetch_one(conn)
+    .await?;
+    Ok(row)
+}
+
 /// The item a key names (the one a duplicate import found).
 pub async fn item_by_key(conn: &mut PgConnection, scope: &Scope, key: &str) -> Result<ItemRecord> {
     sqlx::query_as(

@@ -55,6 +55,8 @@ use crate::store::external::{
 use crate::store::runs::{self, Admission, AdmissionRules, Admitted, Origin};
 use crate::store::{StoreError, artifacts, tasks};
 
+/// The code of an item a `Todo` blocker holds back.
+const BLOCKED: &str = "blocked_by_open_issues";
 /// Items read per list when the caller names no limit (the seed's default).
 pub const DEFAULT_LIMIT: u32 = 50;
 /// A rate limit that says nothing about when it lifts waits this long.
@@ -193,10 +195,23 @@ pub async fn import(
         issue: &issue_json,
     };
     let Some(item) = external::insert_item(&mut tx, scope, &new).await? else {
-        let item = external::item_by_key(&mut tx, scope, &candidate.idempotency_key).await?;
+        let mut item = external::item_by_key(&mut tx, scope, &candidate.idempotency_key).await?;
+        // The same version, but its blockers may have finished since.
+        let held = item.last_error_code.as_deref() == Some(BLOCKED) && item.state == "discovered";
+        let mut started = false;
+        if held
+            && external::claimed_version(&mut tx, scope, &source.id, &issue.identifier)
+                .await?
+                .is_none()
+        {
+            item = external::refresh_issue(&mut tx, scope, &item.id, &issue_json).await?;
+            item = start(&mut tx, poller, scope, workflow, &item, issue, actor).await?;
+            tx.commit().await.map_err(StoreError::from)?;
+            started = item.state == "claimed";
+        }
         return Ok(Imported {
             item,
-            duplicate: true,
+            duplicate: !started,
             cancelled_run_id: None,
         });
     };
@@ -262,6 +277,14 @@ async fn start(
     issue: &Issue,
     actor: &Actor,
 ) -> Result<ItemRecord, StoreError> {
+    if let Some(open) = open_blockers(workflow, issue) {
+        let change = ItemChange {
+            state: "discovered",
+            error: Some((BLOCKED, &open)),
+            ..ItemChange::default()
+        };
+        return external::update_item(conn, scope, &item.id, &change).await;
+    }
     if let Some(full) = no_free_slot(conn, scope, workflow, item).await? {
         let change = ItemChange {
             state: "discovered",
@@ -407,6 +430,27 @@ async fn retry(
     };
     external::update_item(conn, scope, &item.id, &claimed).await?;
     Ok(true)
+}
+
+/// Why a `Todo` item may not start yet (Symphony's blocker rule): a blocker that is not in
+/// a terminal state, or whose state is unknown.
+fn open_blockers(workflow: &Workflow, issue: &Issue) -> Option<String> {
+    let tracker = workflow.config.tracker.as_ref()?;
+    if issue.state.trim().to_lowercase() != "todo" {
+        return None;
+    }
+    let open: Vec<&str> = issue
+        .blocked_by
+        .iter()
+        .filter(|b| b.state.as_deref().is_none_or(|s| !tracker.is_terminal(s)))
+        .map(|b| {
+            b.identifier
+                .as_deref()
+                .or(b.id.as_deref())
+                .unwrap_or("an issue")
+        })
+        .collect();
+    (!open.is_empty()).then(|| format!("blocked by {} (not finished)", open.join(", ")))
 }
 
 /// Why the item may not start now: `agent.max_concurrent_agents` (or the limit for its
