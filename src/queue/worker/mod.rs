@@ -202,6 +202,9 @@ impl Worker {
         let mut claims: JoinSet<ClaimResult> = JoinSet::new();
         let mut want_claim = true;
         let mut window = Window::new(self.settings.concurrency, self.settings.prefetch);
+        // Whether a slot sat idle with no job waiting while the claim in flight travelled:
+        // then the claim round trip, not the jobs, is what the worker waits on.
+        let mut starved = false;
         let (swept_tx, mut swept) = mpsc::unbounded_channel();
         let stop_sweep = CancellationToken::new();
         tokio::spawn(claims::watch_snapshots(
@@ -223,6 +226,7 @@ impl Worker {
                 finished(registry, done);
             }
             self.start_waiting(&mut waiting, tasks);
+            starved |= tasks.len() < self.settings.concurrency && waiting.is_empty();
             let room = window
                 .size()
                 .saturating_sub(tasks.len() + waiting.len() + acks.backlog());
@@ -234,6 +238,7 @@ impl Worker {
             // round trip, which is why it widens while claims starve the slots.
             if want_claim && claims.is_empty() && room > window.prefetch() / 4 {
                 want_claim = false;
+                starved = false;
                 claims.spawn(self.claim(&claimer, kinds, room));
             }
             tokio::select! {
@@ -244,8 +249,7 @@ impl Worker {
                     want_claim = true;
                 }
                 Some(claimed) = claims.join_next(), if !claims.is_empty() => {
-                    let starved =
-                        tasks.len() < self.settings.concurrency && waiting.is_empty();
+                    starved |= tasks.len() < self.settings.concurrency && waiting.is_empty();
                     // A full batch suggests more is due: claim again at once.
                     let full = self.take_claimed(claimed, registry, acks, &mut waiting);
                     window.claimed(full, starved);

@@ -3,8 +3,8 @@
 //!
 //! A worker far from its database finishes short jobs faster than a claim travels: with a
 //! fixed prefetch its slots sit idle between claims (docs/benchmarks.md, "Remote database").
-//! So after a claim that filled all its room and came back to a free slot with nothing
-//! waiting, the prefetch doubles, up to [`GROWTH`] times the configured one; after a claim
+//! So after a claim that filled all its room while a slot sat free with nothing waiting
+//! at some moment of its round trip, the prefetch doubles, up to [`GROWTH`] times the configured one; after a claim
 //! that came back short (the queue had no more), it halves back towards the configured one.
 //! A prefetch of 0 stays 0: a worker told to claim only for free slots never holds more.
 
@@ -37,7 +37,7 @@ impl Window {
     }
 
     /// After a claim came back: `full`, it filled the room it was given; `starved`, a slot
-    /// was free with no job waiting for it when it did.
+    /// was free with no job waiting for it while the claim travelled.
     pub(super) fn claimed(&mut self, full: bool, starved: bool) {
         if full && starved {
             self.prefetch = (self.prefetch * 2).min(self.configured * GROWTH);
