@@ -536,8 +536,19 @@ async fn lease_losses_and_reclaims_are_counted() {
         .client()
         .wait_status(&task_id, &run_id, "running", LONG)
         .await;
-    // A renewal means the attempt is past its first writes and only waits on `sleep`: on
-    // waking, its heartbeat (not a fenced write) is what finds the lease gone.
+    // Once its step is written the attempt has made its last fenced write and only waits
+    // on `sleep`: on waking, its heartbeat (not a fenced write) is what finds the lease
+    // gone. (A renewal alone says nothing: the first heartbeat runs, renewing nothing,
+    // as the worker starts.)
+    let steps = format!("/v1/tasks/{task_id}/runs/{run_id}/steps");
+    wait_for(LONG, "the attempt's step to be written", || async {
+        let (_, body) = keel.client().get(&steps).await;
+        body["data"]
+            .as_array()
+            .is_some_and(|steps| !steps.is_empty())
+            .then_some(())
+    })
+    .await;
     keel.wait_for_metrics(&["keel.lease.renewals"]).await;
     keel.workers[0].signal(Signal::SIGSTOP);
     keel.add_worker(lease_ms);
