@@ -487,6 +487,45 @@ fn linear_page(after: Value, nodes: Value, next: Option<&str>) -> Mock {
         .respond_with(ResponseTemplate::new(200).set_body_json(page))
 }
 
+/// The answer to reconciliation's question about the issues with these ids.
+fn linear_by_ids(ids: Value, nodes: Value) -> Mock {
+    let page = json!({ "data": { "issues": { "nodes": nodes,
+        "pageInfo": { "hasNextPage": false, "endCursor": null } } } });
+    Mock::given(method("POST"))
+        .and(path("/graphql"))
+        .and(header("authorization", LINEAR_CANARY))
+        .and(body_partial_json(json!({ "variables": { "ids": ids } })))
+        .respond_with(ResponseTemplate::new(200).set_body_json(page))
+}
+
+/// A `keel api` (no worker) with the Linear key, and a source registered on `linear`.
+struct LinearSource {
+    dir: tempfile::TempDir,
+    db_url: String,
+    api: support::KeelProcess,
+    client: Client,
+    id: String,
+}
+
+async fn linear_source(linear: &MockServer) -> LinearSource {
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let env = [("ACME_LINEAR_API_KEY", LINEAR_CANARY)];
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &env).await;
+    let client = api.client.clone().unwrap();
+    let endpoint = format!("{}/graphql", linear.uri());
+    let (status, body) = register(&client, &linear_workflow(&endpoint)).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    LinearSource {
+        dir,
+        db_url,
+        api,
+        client,
+        id,
+    }
+}
+
 #[tokio::test]
 async fn linear_polls_page_through_the_project_import_each_issue_once_and_back_off() {
     let linear = MockServer::start().await;
@@ -504,15 +543,13 @@ async fn linear_polls_page_through_the_project_import_each_issue_once_and_back_o
         .mount(&linear)
         .await;
 
-    let dir = tempfile::tempdir().unwrap();
-    let db_url = support::fresh_database().await;
-    let env = [("ACME_LINEAR_API_KEY", LINEAR_CANARY)];
-    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &env).await;
-    let client = api.client.clone().unwrap();
-    let endpoint = format!("{}/graphql", linear.uri());
-    let (status, body) = register(&client, &linear_workflow(&endpoint)).await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let LinearSource {
+        dir,
+        db_url,
+        api,
+        client,
+        id,
+    } = linear_source(&linear).await;
     let poll_path = format!("/v1/external-work/sources/{id}/poll");
     let poll = || client.post(&poll_path, json!({}));
 
@@ -596,15 +633,9 @@ async fn an_item_that_leaves_the_active_states_has_its_run_cancelled() {
     let linear = MockServer::start().await;
     let first = json!([linear_issue(1, "Todo"), linear_issue(2, "Todo")]);
     linear_page(Value::Null, first, None).mount(&linear).await;
-    let dir = tempfile::tempdir().unwrap();
-    let db_url = support::fresh_database().await;
-    let env = [("ACME_LINEAR_API_KEY", LINEAR_CANARY)];
     // No worker: the imported runs stay queued, which is active.
-    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &env).await;
-    let client = api.client.clone().unwrap();
-    let endpoint = format!("{}/graphql", linear.uri());
-    let (_, body) = register(&client, &linear_workflow(&endpoint)).await;
-    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let source = linear_source(&linear).await;
+    let (client, id) = (source.client.clone(), source.id.clone());
     let poll_path = format!("/v1/external-work/sources/{id}/poll");
     let (_, body) = client.post(&poll_path, json!({})).await;
     assert_eq!(body["data"]["claimed"], 2, "{body}");
@@ -618,16 +649,7 @@ async fn an_item_that_leaves_the_active_states_has_its_run_cancelled() {
         .await;
     let mut done = linear_issue(1, "Done");
     done["updatedAt"] = json!("2026-11-30T12:00:00.000Z");
-    Mock::given(method("POST"))
-        .and(path("/graphql"))
-        .and(header("authorization", LINEAR_CANARY))
-        .and(body_partial_json(
-            json!({ "variables": { "ids": ["uuid-1"] } }),
-        ))
-        .respond_with(
-            ResponseTemplate::new(200).set_body_json(json!({ "data": { "issues": {
-            "nodes": [done], "pageInfo": { "hasNextPage": false, "endCursor": null } } } })),
-        )
+    linear_by_ids(json!(["uuid-1"]), json!([done]))
         .mount(&linear)
         .await;
     let (_, body) = client.post(&poll_path, json!({})).await;
@@ -635,11 +657,7 @@ async fn an_item_that_leaves_the_active_states_has_its_run_cancelled() {
     assert_eq!(body["data"]["cancelled_runs"], 1, "{body}");
     assert_eq!(body["data"]["terminal"], 1, "{body}");
     assert_eq!(body["data"]["duplicates"], 1, "{body}");
-    let (task_id, run_id) = (
-        one["task_id"].as_str().unwrap(),
-        one["run_id"].as_str().unwrap(),
-    );
-    let run = client.run(task_id, run_id).await;
+    let run = run_of(&client, one).await;
     assert_eq!(run["status"], "cancelled", "{run}");
     let reason = run["last_error"].as_str().unwrap();
     assert!(reason.contains("ENG-1 left the active states"), "{reason}");
@@ -659,14 +677,8 @@ async fn a_todo_issue_waits_for_its_blockers_to_finish() {
     };
     let first = json!([linear_issue(4, "In Progress"), blocked_by("In Progress")]);
     linear_page(Value::Null, first, None).mount(&linear).await;
-    let dir = tempfile::tempdir().unwrap();
-    let db_url = support::fresh_database().await;
-    let env = [("ACME_LINEAR_API_KEY", LINEAR_CANARY)];
-    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &env).await;
-    let client = api.client.clone().unwrap();
-    let endpoint = format!("{}/graphql", linear.uri());
-    let (_, body) = register(&client, &linear_workflow(&endpoint)).await;
-    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let source = linear_source(&linear).await;
+    let (client, id) = (source.client.clone(), source.id.clone());
     let poll_path = format!("/v1/external-work/sources/{id}/poll");
     let (_, body) = client.post(&poll_path, json!({})).await;
     assert_eq!(body["data"]["claimed"], 1, "{body}");
@@ -686,14 +698,7 @@ async fn a_todo_issue_waits_for_its_blockers_to_finish() {
         .await;
     let mut done = linear_issue(4, "Done");
     done["updatedAt"] = json!("2026-11-30T12:00:00.000Z");
-    Mock::given(method("POST"))
-        .and(body_partial_json(
-            json!({ "variables": { "ids": ["uuid-4"] } }),
-        ))
-        .respond_with(
-            ResponseTemplate::new(200).set_body_json(json!({ "data": { "issues": {
-            "nodes": [done], "pageInfo": { "hasNextPage": false, "endCursor": null } } } })),
-        )
+    linear_by_ids(json!(["uuid-4"]), json!([done]))
         .mount(&linear)
         .await;
     let (_, body) = client.post(&poll_path, json!({})).await;
