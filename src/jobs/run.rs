@@ -347,7 +347,7 @@ impl RunJobs {
         let Some(row) = attempt::begin::<RunWithTask>(&self.pool, &job.lease).await? else {
             return Ok("skipped");
         };
-        if row.task.execution_kind == "agent_loop" {
+        if row.task.is_agent_loop() {
             return agent::execute(self, job, row).await;
         }
         let spec = match self.spec(&row.task, &row.run).await {

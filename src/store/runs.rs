@@ -254,7 +254,7 @@ pub async fn admit(
     }
     let task = raise_budget(conn, scope, task, admission.budget_micros_usd).await?;
     // An agent loop's tool calls are gated mid-loop, not before it starts.
-    let (gates, summary) = if task.execution_kind == "agent_loop" {
+    let (gates, summary) = if task.is_agent_loop() {
         tasks::chat_preset(conn, scope, &task).await?;
         (Vec::new(), None)
     } else {

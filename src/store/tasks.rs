@@ -5,12 +5,15 @@ use keel_workers::{Execution, FileOperation};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
-use super::providers::ProviderRecord;
+use super::providers::{self, ProviderRecord};
 use super::transitions::{self, Transition};
 use super::{Result, StoreError};
 use crate::domain::provider::Api;
 use crate::domain::task::{AgentLoop, TaskExecution, WorkspaceMode};
 use crate::domain::{Actor, NewTask, Scope, TaskStatus, new_id};
+
+/// The `execution_kind` of an agent loop; every other kind is a process.
+const AGENT_LOOP: &str = "agent_loop";
 
 #[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 #[schema(example = json!({
@@ -103,9 +106,13 @@ impl TaskRecord {
                     operation,
                 })
             }
-            "agent_loop" => Err(format!("task {} is an agent loop, not a process", self.id)),
+            AGENT_LOOP => Err(format!("task {} is an agent loop, not a process", self.id)),
             other => Err(format!("unknown execution kind {other}")),
         }
+    }
+
+    pub fn is_agent_loop(&self) -> bool {
+        self.execution_kind == AGENT_LOOP
     }
 
     /// Where runs of this task work, for people: `ephemeral` or `in_place: <dir>`.
@@ -132,7 +139,7 @@ pub async fn insert(
         TaskExecution::AgentLoop(agent) => (None, agent),
     };
     let (kind, shell, git, path, content, operation) = match process {
-        None => ("agent_loop", None, None, None, None, None),
+        None => (AGENT_LOOP, None, None, None, None, None),
         Some(Execution::Shell { command }) => ("shell", Some(command), None, None, None, None),
         Some(Execution::Git { command }) => ("git", None, Some(command), None, None, None),
         Some(Execution::File {
@@ -386,13 +393,11 @@ pub async fn chat_preset(
         message,
     };
     let preset: Option<ProviderRecord> = match &task.requested_provider {
-        Some(id) => {
-            sqlx::query_as("SELECT * FROM providers WHERE workspace_id = $1 AND id = $2")
-                .bind(scope.workspace())
-                .bind(id)
-                .fetch_optional(&mut *conn)
-                .await?
-        }
+        Some(id) => match providers::get(conn, scope, id).await {
+            Ok(preset) => Some(preset),
+            Err(StoreError::NotFound(_)) => None,
+            Err(error) => return Err(error),
+        },
         None => {
             sqlx::query_as(
                 "SELECT * FROM providers WHERE workspace_id = $1 AND enabled
