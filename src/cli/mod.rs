@@ -1,4 +1,11 @@
-//! The `keel` command line: one binary, a subcommand per role.
+//! The `keel` command line: one binary, a subcommand per role. This file owns the server
+//! roles (serve, api, worker, migrate, openapi, workflow); the operator commands over the
+//! API are in `ops` (arguments and calls), `output` (tables, JSON, errors) and `watch`
+//! (following a run or a media job live).
+
+mod ops;
+mod output;
+mod watch;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -26,6 +33,8 @@ use crate::{api, scheduler, store, telemetry};
 pub struct Cli {
     #[command(flatten)]
     pub common: Common,
+    #[command(flatten, next_help_heading = "Operator commands (a client of the API)")]
+    pub remote: ops::Remote,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -51,6 +60,9 @@ pub enum Command {
     /// Checks or renders a WORKFLOW.md; fails with the error class when it cannot be used.
     #[command(subcommand)]
     Workflow(WorkflowCommand),
+    /// The operator commands: a client of a running Keel's API (`--url`).
+    #[command(flatten)]
+    Ops(ops::Operation),
 }
 
 #[derive(Debug, Subcommand)]
@@ -78,12 +90,18 @@ impl Command {
             Command::Migrate => "migrate",
             Command::Openapi => "openapi",
             Command::Workflow(_) => "workflow",
+            Command::Ops(_) => "client",
         }
     }
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A client of the API: none of the server's runtime set-up or telemetry.
+    let cli = match cli.command {
+        Command::Ops(operation) => return ops::main(cli.remote, operation),
+        command => Cli { command, ..cli },
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -141,6 +159,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Serve { api, worker } => serve_all(&common, &api, &worker, shutdown).await,
         Command::Workflow(command) => workflow(command),
+        Command::Ops(_) => unreachable!("operator commands return before the server runtime"),
     }
 }
 

@@ -1,0 +1,247 @@
+//! One request to the API, built by an operation of [`ops`](crate::ops): awaited it yields
+//! the typed answer, [`Call::raw`] the answer's bytes unchanged, and on a list
+//! [`Call::items`] every item of every page.
+
+use std::future::{Future, IntoFuture};
+use std::marker::PhantomData;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use futures_util::Stream;
+use reqwest::Method;
+use serde::de::DeserializeOwned;
+
+use crate::Client;
+use crate::error::{ApiError, Error};
+use crate::types::Page;
+
+/// A request whose answer is a `T`.
+#[must_use = "a call does nothing until awaited"]
+pub struct Call<'c, T> {
+    client: &'c Client,
+    method: Method,
+    path: String,
+    query: Vec<(&'static str, String)>,
+    body: Option<serde_json::Value>,
+    headers: Vec<(&'static str, String)>,
+    /// The query parameter a list's `next_cursor` goes back in.
+    cursor_param: &'static str,
+    answer: PhantomData<fn() -> T>,
+}
+
+impl<'c, T> Call<'c, T> {
+    pub(crate) fn new(client: &'c Client, method: Method, path: String) -> Self {
+        Call {
+            client,
+            method,
+            path,
+            query: Vec::new(),
+            body: None,
+            headers: Vec::new(),
+            cursor_param: "cursor",
+            answer: PhantomData,
+        }
+    }
+
+    /// Adds a query parameter (none when `value` is None).
+    pub fn query(mut self, name: &'static str, value: Option<impl ToString>) -> Self {
+        if let Some(value) = value {
+            self.query.push((name, value.to_string()));
+        }
+        self
+    }
+
+    pub(crate) fn json(mut self, body: &impl serde::Serialize) -> Self {
+        self.body = Some(serde_json::to_value(body).expect("request bodies serialize"));
+        self
+    }
+
+    /// Adds a request header (for example `Idempotency-Key`).
+    pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Self {
+        self.headers.push((name, value.into()));
+        self
+    }
+
+    pub(crate) fn cursor_param(mut self, name: &'static str) -> Self {
+        self.cursor_param = name;
+        self
+    }
+
+    pub(crate) fn url(&self) -> String {
+        self.client.url(&self.path)
+    }
+
+    /// The request, without the per-request timeout (streams set none).
+    pub(crate) fn request(&self) -> reqwest::RequestBuilder {
+        let mut request = self
+            .client
+            .http
+            .request(self.method.clone(), self.url())
+            .query(&self.query);
+        for (name, value) in &self.headers {
+            request = request.header(*name, value);
+        }
+        if let Some(body) = &self.body {
+            request = request.json(body);
+        }
+        request
+    }
+
+    /// Sends the request; an error status becomes [`Error::Api`] with its envelope.
+    pub(crate) async fn response(&self, timeout: bool) -> Result<reqwest::Response, Error> {
+        let mut request = self.request();
+        if timeout {
+            request = request.timeout(self.client.timeout);
+        }
+        let response = request.send().await.map_err(|e| self.transport(e))?;
+        checked(response, &self.url()).await
+    }
+
+    fn transport(&self, source: reqwest::Error) -> Error {
+        Error::Transport {
+            url: self.url(),
+            source,
+        }
+    }
+
+    /// The answer's body exactly as the server sent it.
+    pub async fn raw(self) -> Result<Bytes, Error> {
+        let response = self.response(true).await?;
+        response.bytes().await.map_err(|e| self.transport(e))
+    }
+
+    /// The answer's body as a stream of chunks, without the request timeout: an
+    /// artifact's content can be large, or still growing.
+    pub async fn bytes_stream(
+        self,
+    ) -> Result<impl Stream<Item = Result<Bytes, Error>> + use<T>, Error> {
+        use futures_util::TryStreamExt;
+        let url = self.url();
+        let response = self.response(false).await?;
+        Ok(response
+            .bytes_stream()
+            .map_err(move |source| Error::Transport {
+                url: url.clone(),
+                source,
+            }))
+    }
+}
+
+impl Call<'_, ()> {
+    /// The content's bytes after the first `offset`: a reader that keeps its offset
+    /// follows a growing artifact without reading anything twice (the API has no ranges,
+    /// so the skipped bytes are streamed past, never held).
+    pub async fn tail(self, offset: u64) -> Result<Bytes, Error> {
+        use futures_util::StreamExt;
+        let mut skip = offset;
+        let mut out = Vec::new();
+        let mut chunks = std::pin::pin!(self.bytes_stream().await?);
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk?;
+            let skipped = skip.min(chunk.len() as u64);
+            skip -= skipped;
+            out.extend_from_slice(&chunk[skipped as usize..]);
+        }
+        Ok(out.into())
+    }
+}
+
+impl<T: DeserializeOwned> Call<'_, T> {
+    /// Sends the request and reads the typed answer.
+    pub async fn send(self) -> Result<T, Error> {
+        let url = self.url();
+        let body = self.raw().await?;
+        decode(&url, &body)
+    }
+}
+
+impl<'c, T: DeserializeOwned + 'c> IntoFuture for Call<'c, T> {
+    type Output = Result<T, Error>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'c>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.send())
+    }
+}
+
+impl<'c, T: DeserializeOwned + 'c> Call<'c, Page<T>> {
+    /// Every item of the list, page after page, following `next_cursor` until the last.
+    pub fn items(self) -> impl Stream<Item = Result<T, Error>> + 'c {
+        use futures_util::stream::{self, TryStreamExt};
+        let pages = stream::try_unfold(Some(self), |call| async move {
+            let Some(call) = call else {
+                return Ok(None);
+            };
+            let template = call.clone();
+            let page: Page<T> = call.send().await?;
+            let next = page
+                .next_cursor
+                .clone()
+                .filter(|_| page.has_more)
+                .map(|cursor| {
+                    let param = template.cursor_param;
+                    let mut next = template;
+                    next.query.retain(|(name, _)| *name != param);
+                    next.query.push((param, cursor));
+                    next
+                });
+            Ok(Some((page.data, next)))
+        });
+        pages
+            .map_ok(|items| stream::iter(items.into_iter().map(Ok)))
+            .try_flatten()
+    }
+}
+
+impl<T> Clone for Call<'_, T> {
+    fn clone(&self) -> Self {
+        Call {
+            client: self.client,
+            method: self.method.clone(),
+            path: self.path.clone(),
+            query: self.query.clone(),
+            body: self.body.clone(),
+            headers: self.headers.clone(),
+            cursor_param: self.cursor_param,
+            answer: PhantomData,
+        }
+    }
+}
+
+/// The response when its status is a success; else its envelope as [`Error::Api`].
+pub(crate) async fn checked(
+    response: reqwest::Response,
+    url: &str,
+) -> Result<reqwest::Response, Error> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let request_id = response
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = response.bytes().await.map_err(|source| Error::Transport {
+        url: url.to_string(),
+        source,
+    })?;
+    Err(Error::Api(Box::new(ApiError::from_body(
+        status.as_u16(),
+        request_id,
+        &body,
+    ))))
+}
+
+/// A typed answer; an empty body (204) reads as JSON `null`, which `()` accepts.
+fn decode<T: DeserializeOwned>(url: &str, body: &[u8]) -> Result<T, Error> {
+    let body = if body.is_empty() {
+        b"null".as_slice()
+    } else {
+        body
+    };
+    serde_json::from_slice(body).map_err(|e| Error::Decode {
+        url: url.to_string(),
+        message: e.to_string(),
+    })
+}

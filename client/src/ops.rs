@@ -1,0 +1,241 @@
+//! One method per API operation, each a [`Call`] on its path.
+
+use reqwest::Method;
+
+use crate::call::Call;
+use crate::types::*;
+use crate::{Client, Error, segment};
+
+fn run_path(task_id: &str, run_id: &str) -> String {
+    format!("/v1/tasks/{}/runs/{}", segment(task_id), segment(run_id))
+}
+
+impl Client {
+    fn get<T>(&self, path: String) -> Call<'_, T> {
+        Call::new(self, Method::GET, path)
+    }
+
+    fn post<T>(&self, path: String) -> Call<'_, T> {
+        Call::new(self, Method::POST, path)
+    }
+
+    // Tasks.
+
+    pub fn create_task(&self, draft: &TaskDraft) -> Call<'_, Object<Task>> {
+        self.post("/v1/tasks".into()).json(draft)
+    }
+
+    /// Tasks, newest first; `status` is `not_started` or a run status.
+    pub fn list_tasks(&self, status: Option<&str>) -> Call<'_, Page<Task>> {
+        self.get("/v1/tasks".into()).query("status", status)
+    }
+
+    pub fn get_task(&self, task_id: &str) -> Call<'_, Object<Task>> {
+        self.get(format!("/v1/tasks/{}", segment(task_id)))
+    }
+
+    pub fn delete_task(&self, task_id: &str) -> Call<'_, Deleted> {
+        Call::new(
+            self,
+            Method::DELETE,
+            format!("/v1/tasks/{}", segment(task_id)),
+        )
+    }
+
+    /// Creates the task's next run.
+    pub fn start_task(&self, task_id: &str, request: &StartRequest) -> Call<'_, Object<Run>> {
+        self.post(format!("/v1/tasks/{}/start", segment(task_id)))
+            .json(request)
+    }
+
+    // Runs.
+
+    /// A task's runs, oldest first.
+    pub fn list_runs(&self, task_id: &str) -> Call<'_, Page<Run>> {
+        self.get(format!("/v1/tasks/{}/runs", segment(task_id)))
+    }
+
+    pub fn get_run(&self, task_id: &str, run_id: &str) -> Call<'_, Object<Run>> {
+        self.get(run_path(task_id, run_id))
+    }
+
+    pub fn cancel_run(&self, task_id: &str, run_id: &str) -> Call<'_, Object<Run>> {
+        self.post(format!("{}/cancel", run_path(task_id, run_id)))
+    }
+
+    /// A new run of the task in a fresh workspace.
+    pub fn retry_run(
+        &self,
+        task_id: &str,
+        run_id: &str,
+        request: &StartRequest,
+    ) -> Call<'_, Object<Run>> {
+        self.post(format!("{}/retry", run_path(task_id, run_id)))
+            .json(request)
+    }
+
+    /// A new run in the finished run's workspace, from its checkpoint.
+    pub fn resume_run(
+        &self,
+        task_id: &str,
+        run_id: &str,
+        request: &StartRequest,
+    ) -> Call<'_, Object<Run>> {
+        self.post(format!("{}/resume", run_path(task_id, run_id)))
+            .json(request)
+    }
+
+    pub fn list_steps(&self, task_id: &str, run_id: &str) -> Call<'_, Page<Step>> {
+        self.get(format!("{}/steps", run_path(task_id, run_id)))
+    }
+
+    /// A run's events in order, after `after_sequence`.
+    pub fn list_run_events(
+        &self,
+        task_id: &str,
+        run_id: &str,
+        after_sequence: Option<i64>,
+    ) -> Call<'_, Page<Event>> {
+        self.get(format!("{}/events", run_path(task_id, run_id)))
+            .query("after_sequence", after_sequence)
+            .cursor_param("after_sequence")
+    }
+
+    pub fn list_artifacts(&self, task_id: &str, run_id: &str) -> Call<'_, Page<Artifact>> {
+        self.get(format!("{}/artifacts", run_path(task_id, run_id)))
+    }
+
+    /// An artifact's bytes so far (readable while the run still writes it): see
+    /// [`Call::bytes_stream`] and [`Call::tail`].
+    pub fn artifact_content(&self, task_id: &str, run_id: &str, artifact_id: &str) -> Call<'_, ()> {
+        let path = format!(
+            "{}/artifacts/{}/content",
+            run_path(task_id, run_id),
+            segment(artifact_id)
+        );
+        self.get(path)
+    }
+
+    /// The run a run id names: the API addresses runs under their task, and an operator
+    /// often has only the run id.
+    pub async fn find_run(&self, run_id: &str) -> Result<Object<Run>, Error> {
+        let task_id = self.task_of("run", run_id).await?;
+        self.get_run(&task_id, run_id).await
+    }
+
+    /// The task a run or an approval belongs to, read from the audit trail (which records
+    /// every entity's creation with its task).
+    pub async fn task_of(&self, entity_type: &str, id: &str) -> Result<String, Error> {
+        let transitions: Page<Transition> = self
+            .get("/v1/state-transitions".into())
+            .query("entity_type", Some(entity_type))
+            .query("entity_id", Some(id))
+            .query("limit", Some(1))
+            .await?;
+        transitions
+            .data
+            .into_iter()
+            .find_map(|t| t.task_id)
+            .ok_or_else(|| Error::Usage(format!("no {entity_type} {id} in this workspace")))
+    }
+
+    // Approvals.
+
+    /// Approvals across tasks, oldest first; `status` is `pending`, `approved`, …
+    pub fn list_approvals(&self, status: Option<&str>) -> Call<'_, Page<Approval>> {
+        self.get("/v1/approvals".into()).query("status", status)
+    }
+
+    pub fn list_task_approvals(
+        &self,
+        task_id: &str,
+        status: Option<&str>,
+    ) -> Call<'_, Page<Approval>> {
+        self.get(format!("/v1/tasks/{}/approvals", segment(task_id)))
+            .query("status", status)
+    }
+
+    pub fn get_approval(&self, task_id: &str, approval_id: &str) -> Call<'_, Object<Approval>> {
+        self.get(format!(
+            "/v1/tasks/{}/approvals/{}",
+            segment(task_id),
+            segment(approval_id)
+        ))
+    }
+
+    pub fn resolve_approval(
+        &self,
+        task_id: &str,
+        approval_id: &str,
+        request: &ResolveRequest,
+    ) -> Call<'_, Object<Resolution>> {
+        let path = format!(
+            "/v1/tasks/{}/approvals/{}/resolve",
+            segment(task_id),
+            segment(approval_id)
+        );
+        self.post(path).json(request)
+    }
+
+    // Schedules.
+
+    pub fn get_schedule(&self, task_id: &str) -> Call<'_, Object<Schedule>> {
+        self.get(format!("/v1/tasks/{}/schedule", segment(task_id)))
+    }
+
+    pub fn put_schedule(&self, task_id: &str, draft: &ScheduleDraft) -> Call<'_, Object<Schedule>> {
+        Call::new(
+            self,
+            Method::PUT,
+            format!("/v1/tasks/{}/schedule", segment(task_id)),
+        )
+        .json(draft)
+    }
+
+    pub fn delete_schedule(&self, task_id: &str) -> Call<'_, ()> {
+        Call::new(
+            self,
+            Method::DELETE,
+            format!("/v1/tasks/{}/schedule", segment(task_id)),
+        )
+    }
+
+    // Media jobs.
+
+    pub fn create_media_job(&self, draft: &MediaJobDraft) -> Call<'_, Object<MediaJob>> {
+        self.post("/v1/media-jobs".into()).json(draft)
+    }
+
+    pub fn get_media_job(&self, media_job_id: &str) -> Call<'_, Object<MediaJob>> {
+        self.get(format!("/v1/media-jobs/{}", segment(media_job_id)))
+    }
+
+    pub fn list_media_artifacts(&self, media_job_id: &str) -> Call<'_, Page<Artifact>> {
+        self.get(format!(
+            "/v1/media-jobs/{}/artifacts",
+            segment(media_job_id)
+        ))
+    }
+
+    // Providers.
+
+    pub fn list_providers(&self) -> Call<'_, Page<Provider>> {
+        self.get("/v1/providers".into())
+    }
+
+    pub fn get_provider(&self, id: &str) -> Call<'_, Object<Provider>> {
+        self.get(format!("/v1/providers/{}", segment(id)))
+    }
+
+    /// Checks the preset; `live` also makes one tiny billed call (chat presets only).
+    pub fn check_provider(&self, id: &str, live: bool) -> Call<'_, Object<ProviderCheck>> {
+        self.post(format!("/v1/providers/{}/check", segment(id)))
+            .query("live", live.then_some(true))
+    }
+
+    // System.
+
+    pub fn system_stats(&self) -> Call<'_, Object<SystemStats>> {
+        self.get("/v1/system/stats".into())
+    }
+}

@@ -1,0 +1,742 @@
+//! The operator commands (`keel tasks|runs|approvals|schedules|media|providers|status`):
+//! their arguments, and each one as calls of the typed client.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use keel_client::{
+    Approval, Client, Credentials, Error, MediaJob, MediaJobDraft, Object, Provider,
+    ResolveRequest, Run, Schedule, ScheduleDraft, StartRequest, Task, TaskDraft,
+};
+
+use super::output::{self, Format, PageArgs, Table, or_dash, time};
+use super::watch::{self, Outcome};
+
+/// Where the API is and how to reach it: global options of every operator command.
+#[derive(Debug, Args)]
+pub struct Remote {
+    /// The API's base URL.
+    #[arg(long, env = "KEEL_URL", default_value = keel_client::DEFAULT_URL, global = true)]
+    pub url: String,
+    /// The runtime token (sent as `Authorization: Bearer`).
+    #[arg(
+        long,
+        env = "KEEL_RUNTIME_TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
+    pub token: Option<String>,
+    /// A signed identity from the trusted proxy (sent as `X-Keel-Identity`).
+    #[arg(
+        long,
+        env = "KEEL_IDENTITY",
+        hide_env_values = true,
+        global = true,
+        conflicts_with = "token"
+    )]
+    pub identity: Option<String>,
+    /// `table` (fit to the terminal) or `json` (the API's JSON unchanged).
+    #[arg(long, value_enum, default_value = "table", global = true)]
+    pub output: Format,
+    /// How long one request may take, in seconds.
+    #[arg(long, default_value_t = 30, global = true)]
+    pub timeout_secs: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Operation {
+    /// Tasks: create, list, show, start, delete.
+    #[command(subcommand)]
+    Tasks(TaskCommand),
+    /// Runs: list, show, watch, logs, cancel, retry, resume.
+    #[command(subcommand)]
+    Runs(RunCommand),
+    /// Approvals: list, approve, reject.
+    #[command(subcommand)]
+    Approvals(ApprovalCommand),
+    /// A task's schedule: show, set, delete.
+    #[command(subcommand)]
+    Schedules(ScheduleCommand),
+    /// Media jobs: create, show, watch.
+    #[command(subcommand)]
+    Media(MediaCommand),
+    /// Provider presets: list, show, check.
+    #[command(subcommand)]
+    Providers(ProviderCommand),
+    /// The workspace's queue (depth and age per kind), leases and live workers.
+    Status,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TaskCommand {
+    /// Creates a task (nothing runs until it is started).
+    Create(CreateTask),
+    /// Lists tasks, newest first.
+    List {
+        /// `not_started` or a run status (`running`, `failed`, …).
+        #[arg(long)]
+        status: Option<String>,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    Show {
+        task_id: String,
+    },
+    /// Starts the task's next run.
+    Start {
+        task_id: String,
+        #[command(flatten)]
+        watch: WatchArgs,
+        /// Why, for the run's `run.created` event.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Deletes the task with its runs (refused while a run is active).
+    Delete {
+        task_id: String,
+    },
+}
+
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("execution").required(true))]
+pub struct CreateTask {
+    /// A shell task: the command (run with `sh -c`).
+    #[arg(long, group = "execution")]
+    shell: Option<String>,
+    /// A git task: the git arguments (`status --short`).
+    #[arg(long, group = "execution")]
+    git: Option<String>,
+    /// A file task: the path to write, with `--content`.
+    #[arg(long, group = "execution", requires = "content")]
+    file: Option<String>,
+    /// The file task's content.
+    #[arg(long, requires = "file")]
+    content: Option<String>,
+    /// An agent loop task: the prompt.
+    #[arg(long, group = "execution")]
+    prompt: Option<String>,
+    /// Agent loops: the provider preset id (default: the workspace's first chat preset).
+    #[arg(long, requires = "prompt")]
+    provider: Option<String>,
+    /// Agent loops: a tool the model may call (repeat for several).
+    #[arg(long = "tool", requires = "prompt")]
+    tools: Vec<String>,
+    #[arg(long)]
+    working_directory: Option<String>,
+    #[arg(long)]
+    timeout_ms: Option<i64>,
+    /// Print only the new task's id.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+impl CreateTask {
+    fn draft(&self) -> TaskDraft {
+        let kind = if self.shell.is_some() {
+            "shell"
+        } else if self.git.is_some() {
+            "git"
+        } else if self.file.is_some() {
+            "file"
+        } else {
+            "agent_loop"
+        };
+        TaskDraft {
+            execution_kind: Some(kind.into()),
+            prompt: self.prompt.clone(),
+            shell_command: self.shell.clone(),
+            git_command: self.git.clone(),
+            file_path: self.file.clone(),
+            file_content: self.content.clone(),
+            working_directory: self.working_directory.clone(),
+            timeout_ms: self.timeout_ms,
+            requested_provider: self.provider.clone(),
+            tools: (!self.tools.is_empty()).then(|| self.tools.clone()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Args)]
+pub struct WatchArgs {
+    /// Stream the run live until it ends; the exit code is the run's.
+    #[arg(long)]
+    pub watch: bool,
+    /// With --watch: exit with 3 as soon as the run waits for an approval.
+    #[arg(long, requires = "watch")]
+    pub no_wait: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RunCommand {
+    /// Lists a task's runs, oldest first.
+    List {
+        task_id: String,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    Show {
+        run_id: String,
+    },
+    /// Streams the run live: a line per step, approval prompts, its output lines. Exit
+    /// code: 0 completed, 1 failed, 2 cancelled, 3 awaiting approval (with --no-wait).
+    Watch {
+        run_id: String,
+        /// Exit with 3 as soon as the run waits for an approval.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Prints the run's output so far (stdout, and stderr on stderr).
+    Logs {
+        run_id: String,
+    },
+    /// Cancels the run (a finished run is left as it is).
+    Cancel {
+        run_id: String,
+    },
+    /// A new run of the task in a fresh workspace.
+    Retry {
+        run_id: String,
+        #[command(flatten)]
+        watch: WatchArgs,
+    },
+    /// A new run in the finished run's workspace, from its checkpoint.
+    Resume {
+        run_id: String,
+        #[command(flatten)]
+        watch: WatchArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ApprovalCommand {
+    /// Lists approvals across tasks, oldest first.
+    List {
+        /// `pending`, `approved`, `rejected`, `cancelled` or `expired`.
+        #[arg(long)]
+        status: Option<String>,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    /// Approves: the last gate approved queues the run.
+    Approve {
+        approval_id: String,
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Rejects: the run is cancelled.
+    Reject {
+        approval_id: String,
+        #[arg(long)]
+        note: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ScheduleCommand {
+    Show {
+        task_id: String,
+    },
+    /// Creates or replaces the task's schedule: `--cron` or `--at`.
+    Set {
+        task_id: String,
+        /// A five-field cron expression, read on `--timezone`'s wall clock.
+        #[arg(long, conflicts_with = "at", required_unless_present = "at")]
+        cron: Option<String>,
+        /// Once, at this RFC 3339 time.
+        #[arg(long)]
+        at: Option<String>,
+        /// An IANA zone (default UTC).
+        #[arg(long)]
+        timezone: Option<String>,
+        /// Saved paused.
+        #[arg(long)]
+        disabled: bool,
+        /// The revision you read: the edit fails if the schedule changed since.
+        #[arg(long)]
+        revision: Option<i64>,
+    },
+    Delete {
+        task_id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MediaCommand {
+    /// Creates a media job (queued at once).
+    Create {
+        /// The provider preset (`api: media-job`).
+        #[arg(long)]
+        provider: String,
+        /// `image_generate`, `image_edit` or `video_generate`.
+        #[arg(long, default_value = "image_generate")]
+        operation: String,
+        #[arg(long)]
+        prompt: String,
+        /// Vendor options as a JSON object (`{"size":"1024x1024"}`).
+        #[arg(long, default_value = "{}")]
+        input: String,
+        /// Print only the new job's id.
+        #[arg(long, short)]
+        quiet: bool,
+        /// Follow the job until it ends; the exit code is its outcome.
+        #[arg(long)]
+        watch: bool,
+    },
+    Show {
+        media_job_id: String,
+    },
+    /// Follows the job until it ends: 0 succeeded, 1 failed, 2 cancelled.
+    Watch {
+        media_job_id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProviderCommand {
+    List {
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    Show {
+        id: String,
+    },
+    /// Checks the preset can be used; `--live` also makes one tiny billed call.
+    Check {
+        id: String,
+        #[arg(long)]
+        live: bool,
+    },
+}
+
+/// Runs an operator command on its own runtime, without the server's telemetry: 0 or the
+/// watched run's exit code, [`ERROR_EXIT`] when the command failed.
+pub fn main(remote: Remote, operation: Operation) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::from(ERROR_EXIT);
+        }
+    };
+    let result = runtime.block_on(async {
+        let client = client(&remote)?;
+        run(&client, remote.output, operation).await
+    });
+    match result {
+        Ok(outcome) => ExitCode::from(outcome.code()),
+        Err(error) => {
+            output::print_error(&error);
+            ExitCode::from(ERROR_EXIT)
+        }
+    }
+}
+
+/// The exit code of a command that failed (not of a run that failed, which is 1).
+pub const ERROR_EXIT: u8 = 4;
+
+fn client(remote: &Remote) -> Result<Client, Error> {
+    let credentials = match (&remote.token, &remote.identity) {
+        (Some(token), _) => Credentials::RuntimeToken(token.clone()),
+        (None, Some(identity)) => Credentials::Identity(identity.clone()),
+        (None, None) => Credentials::None,
+    };
+    Client::new(
+        &remote.url,
+        credentials,
+        Duration::from_secs(remote.timeout_secs.max(1)),
+    )
+}
+
+async fn run(client: &Client, format: Format, operation: Operation) -> Result<Outcome, Error> {
+    match operation {
+        Operation::Tasks(command) => tasks(client, format, command).await,
+        Operation::Runs(command) => runs(client, format, command).await,
+        Operation::Approvals(command) => approvals(client, format, command)
+            .await
+            .map(|_| Outcome::Done),
+        Operation::Schedules(command) => schedules(client, format, command)
+            .await
+            .map(|_| Outcome::Done),
+        Operation::Media(command) => media(client, format, command).await,
+        Operation::Providers(command) => providers(client, format, command)
+            .await
+            .map(|_| Outcome::Done),
+        Operation::Status => status(client, format).await.map(|_| Outcome::Done),
+    }
+}
+
+async fn tasks(client: &Client, format: Format, command: TaskCommand) -> Result<Outcome, Error> {
+    match command {
+        TaskCommand::Create(create) => {
+            let call = client.create_task(&create.draft());
+            if create.quiet {
+                println!("{}", call.await?.data.id);
+            } else {
+                output::show(format, call, |t| task_fields(&t.data)).await?;
+            }
+        }
+        TaskCommand::List { status, page } => {
+            let headers = ["ID", "KIND", "STATUS", "RUNS", "CREATED", "WHAT"];
+            let call = client.list_tasks(status.as_deref());
+            output::list(format, &page, call, &headers, |t: &Task| {
+                let what = [&t.shell_command, &t.git_command, &t.file_path, &t.prompt]
+                    .into_iter()
+                    .find_map(|w| w.clone());
+                let cells = [&t.id, &t.execution_kind, &t.status];
+                let mut row: Vec<String> = cells.into_iter().cloned().collect();
+                row.extend([t.run_count.to_string(), time(&t.created_at), or_dash(what)]);
+                row
+            })
+            .await?;
+        }
+        TaskCommand::Show { task_id } => {
+            output::show(format, client.get_task(&task_id), |t| task_fields(&t.data)).await?;
+        }
+        TaskCommand::Start {
+            task_id,
+            watch,
+            reason,
+        } => {
+            let request = StartRequest {
+                reason,
+                budget_micros_usd: None,
+            };
+            return admitted(client, format, client.start_task(&task_id, &request), watch).await;
+        }
+        TaskCommand::Delete { task_id } => {
+            output::show(format, client.delete_task(&task_id), |d| {
+                Table::fields(&[("id", d.id.clone()), ("deleted", d.deleted.to_string())])
+            })
+            .await?;
+        }
+    }
+    Ok(Outcome::Done)
+}
+
+/// A new run (start, retry, resume): shown, or with `--watch` streamed to its end.
+async fn admitted(
+    client: &Client,
+    format: Format,
+    call: keel_client::Call<'_, Object<Run>>,
+    args: WatchArgs,
+) -> Result<Outcome, Error> {
+    if !args.watch {
+        output::show(format, call, |r| run_fields(&r.data)).await?;
+        return Ok(Outcome::Done);
+    }
+    let run = call.await?.data;
+    watch::run(client, &run, args.no_wait).await
+}
+
+async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Outcome, Error> {
+    match command {
+        RunCommand::List { task_id, page } => {
+            let headers = ["ID", "NUMBER", "STATUS", "EXIT", "CREATED", "FINISHED"];
+            output::list(
+                format,
+                &page,
+                client.list_runs(&task_id),
+                &headers,
+                |r: &Run| {
+                    vec![
+                        r.id.clone(),
+                        r.number.to_string(),
+                        r.status.clone(),
+                        or_dash(r.exit_code),
+                        time(&r.created_at),
+                        or_dash(r.finished_at.as_ref().map(time)),
+                    ]
+                },
+            )
+            .await?;
+        }
+        RunCommand::Show { run_id } => {
+            let run = client.find_run(&run_id).await?.data;
+            output::show(format, client.get_run(&run.task_id, &run_id), |r| {
+                run_fields(&r.data)
+            })
+            .await?;
+        }
+        RunCommand::Watch { run_id, no_wait } => {
+            let run = client.find_run(&run_id).await?.data;
+            return watch::run(client, &run, no_wait).await;
+        }
+        RunCommand::Logs { run_id } => {
+            let run = client.find_run(&run_id).await?.data;
+            watch::print_logs(client, &run).await?;
+        }
+        RunCommand::Cancel { run_id } => {
+            let run = client.find_run(&run_id).await?.data;
+            output::show(format, client.cancel_run(&run.task_id, &run_id), |r| {
+                run_fields(&r.data)
+            })
+            .await?;
+        }
+        RunCommand::Retry { run_id, watch } => {
+            let run = client.find_run(&run_id).await?.data;
+            let call = client.retry_run(&run.task_id, &run_id, &StartRequest::default());
+            return admitted(client, format, call, watch).await;
+        }
+        RunCommand::Resume { run_id, watch } => {
+            let run = client.find_run(&run_id).await?.data;
+            let call = client.resume_run(&run.task_id, &run_id, &StartRequest::default());
+            return admitted(client, format, call, watch).await;
+        }
+    }
+    Ok(Outcome::Done)
+}
+
+async fn approvals(client: &Client, format: Format, command: ApprovalCommand) -> Result<(), Error> {
+    let (approval_id, decision, note) = match command {
+        ApprovalCommand::List { status, page } => {
+            let headers = ["ID", "TASK", "RUN", "KIND", "STATUS", "ACTION"];
+            let call = client.list_approvals(status.as_deref());
+            return output::list(format, &page, call, &headers, |a: &Approval| {
+                let cells = [&a.id, &a.task_id, &a.run_id, &a.kind, &a.status];
+                let mut row: Vec<String> = cells.into_iter().cloned().collect();
+                row.push(a.action_summary.join("; "));
+                row
+            })
+            .await;
+        }
+        ApprovalCommand::Approve { approval_id, note } => (approval_id, "approve", note),
+        ApprovalCommand::Reject { approval_id, note } => (approval_id, "reject", note),
+    };
+    let task_id = client.task_of("approval", &approval_id).await?;
+    let request = ResolveRequest {
+        decision: decision.into(),
+        note,
+    };
+    output::show(
+        format,
+        client.resolve_approval(&task_id, &approval_id, &request),
+        |r| {
+            let (approval, run) = (&r.data.approval, &r.data.run);
+            Table::fields(&[
+                ("approval", approval.id.clone()),
+                ("status", approval.status.clone()),
+                ("run", run.id.clone()),
+                ("run status", run.status.clone()),
+            ])
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+async fn schedules(client: &Client, format: Format, command: ScheduleCommand) -> Result<(), Error> {
+    let fields = |s: &Object<Schedule>| {
+        let s = &s.data;
+        Table::fields(&[
+            ("id", s.id.clone()),
+            ("task", s.task_id.clone()),
+            ("kind", s.kind.clone()),
+            ("cron", or_dash(s.cron_expression.as_ref())),
+            ("run at", or_dash(s.run_at.as_ref().map(time))),
+            ("timezone", s.timezone.clone()),
+            ("enabled", s.enabled.to_string()),
+            ("next run", or_dash(s.next_run_at.as_ref().map(time))),
+            ("revision", s.revision.to_string()),
+        ])
+    };
+    match command {
+        ScheduleCommand::Show { task_id } => {
+            output::show(format, client.get_schedule(&task_id), fields).await?;
+        }
+        ScheduleCommand::Set {
+            task_id,
+            cron,
+            at,
+            timezone,
+            disabled,
+            revision,
+        } => {
+            let draft = ScheduleDraft {
+                kind: Some(if cron.is_some() { "cron" } else { "once" }.into()),
+                timezone,
+                enabled: Some(!disabled),
+                run_at: at,
+                cron_expression: cron,
+                revision,
+            };
+            output::show(format, client.put_schedule(&task_id, &draft), fields).await?;
+        }
+        ScheduleCommand::Delete { task_id } => {
+            client.delete_schedule(&task_id).await?;
+            if format == Format::Table {
+                println!("deleted the schedule of {task_id}");
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn media(client: &Client, format: Format, command: MediaCommand) -> Result<Outcome, Error> {
+    let fields = |j: &Object<MediaJob>| media_fields(&j.data);
+    match command {
+        MediaCommand::Create {
+            provider,
+            operation,
+            prompt,
+            input,
+            quiet,
+            watch,
+        } => {
+            let input = serde_json::from_str(&input)
+                .map_err(|e| Error::Usage(format!("--input must be a JSON object: {e}")))?;
+            let draft = MediaJobDraft {
+                provider_id: provider,
+                operation,
+                prompt,
+                input,
+            };
+            let call = client.create_media_job(&draft);
+            let job = if quiet {
+                let job = call.await?.data;
+                println!("{}", job.id);
+                job
+            } else {
+                output::show(format, call, fields).await?.data
+            };
+            if watch {
+                return watch::media(client, &job.id, quiet).await;
+            }
+        }
+        MediaCommand::Show { media_job_id } => {
+            output::show(format, client.get_media_job(&media_job_id), fields).await?;
+        }
+        MediaCommand::Watch { media_job_id } => {
+            return watch::media(client, &media_job_id, false).await;
+        }
+    }
+    Ok(Outcome::Done)
+}
+
+async fn providers(client: &Client, format: Format, command: ProviderCommand) -> Result<(), Error> {
+    match command {
+        ProviderCommand::List { page } => {
+            let headers = ["ID", "KIND", "API", "MODEL", "ENABLED", "KEY", "NAME"];
+            output::list(
+                format,
+                &page,
+                client.list_providers(),
+                &headers,
+                |p: &Provider| {
+                    let cells = [&p.id, &p.kind, &p.api, &p.model];
+                    let mut row: Vec<String> = cells.into_iter().cloned().collect();
+                    let key = if p.api_key_configured {
+                        "configured"
+                    } else {
+                        "missing"
+                    };
+                    row.extend([p.enabled.to_string(), key.into(), p.display_name.clone()]);
+                    row
+                },
+            )
+            .await
+        }
+        ProviderCommand::Show { id } => output::show(format, client.get_provider(&id), |p| {
+            let p = &p.data;
+            Table::fields(&[
+                ("id", p.id.clone()),
+                ("name", p.display_name.clone()),
+                ("kind", p.kind.clone()),
+                ("api", p.api.clone()),
+                ("base url", p.base_url.clone()),
+                ("model", p.model.clone()),
+                ("capabilities", p.capabilities.join(", ")),
+                ("enabled", p.enabled.to_string()),
+                ("key configured", p.api_key_configured.to_string()),
+            ])
+        })
+        .await
+        .map(drop),
+        ProviderCommand::Check { id, live } => {
+            output::show(format, client.check_provider(&id, live), |c| {
+                let c = &c.data;
+                Table::fields(&[
+                    ("ok", c.ok.to_string()),
+                    ("code", c.code.clone()),
+                    ("message", c.message.clone()),
+                    ("live", c.live.to_string()),
+                    ("checked at", time(&c.checked_at)),
+                ])
+            })
+            .await
+            .map(drop)
+        }
+    }
+}
+
+async fn status(client: &Client, format: Format) -> Result<(), Error> {
+    output::show(format, client.system_stats(), |stats| {
+        let stats = &stats.data;
+        let mut table = Table::new(&["KIND", "DEPTH", "READY", "LEASED", "OLDEST READY"]);
+        for kind in &stats.queue {
+            table.row(vec![
+                kind.kind.clone(),
+                kind.depth.to_string(),
+                kind.ready.to_string(),
+                kind.leased.to_string(),
+                or_dash(
+                    kind.oldest_age_ms
+                        .map(|ms| format!("{:.1}s", ms as f64 / 1000.0)),
+                ),
+            ]);
+        }
+        table.row(vec![format!(
+            "leases: {}  live workers: {}  version: {}",
+            stats.active_leases, stats.workers.live, stats.version
+        )]);
+        table
+    })
+    .await
+    .map(drop)
+}
+
+fn task_fields(t: &Task) -> Table {
+    Table::fields(&[
+        ("id", t.id.clone()),
+        ("kind", t.execution_kind.clone()),
+        ("status", t.status.clone()),
+        ("shell", or_dash(t.shell_command.as_ref())),
+        ("git", or_dash(t.git_command.as_ref())),
+        ("file", or_dash(t.file_path.as_ref())),
+        ("prompt", or_dash(t.prompt.as_ref())),
+        ("runs", t.run_count.to_string()),
+        ("latest run", or_dash(t.latest_run_id.as_ref())),
+        ("created", time(&t.created_at)),
+    ])
+}
+
+fn run_fields(r: &Run) -> Table {
+    Table::fields(&[
+        ("id", r.id.clone()),
+        ("task", r.task_id.clone()),
+        ("number", r.number.to_string()),
+        ("status", r.status.clone()),
+        ("attempt", r.attempt.to_string()),
+        ("exit code", or_dash(r.exit_code)),
+        ("error", or_dash(r.last_error.as_ref())),
+        ("created", time(&r.created_at)),
+        ("started", or_dash(r.started_at.as_ref().map(time))),
+        ("finished", or_dash(r.finished_at.as_ref().map(time))),
+    ])
+}
+
+fn media_fields(j: &MediaJob) -> Table {
+    Table::fields(&[
+        ("id", j.id.clone()),
+        ("provider", j.provider_id.clone()),
+        ("operation", j.operation.clone()),
+        ("status", j.status.clone()),
+        ("attempt", j.attempt.to_string()),
+        ("error", or_dash(j.last_error.as_ref())),
+        ("artifacts", j.artifact_ids.join(", ")),
+        ("created", time(&j.created_at)),
+    ])
+}

@@ -1,0 +1,249 @@
+//! How the operator commands print: tables fit to the terminal's width, `--output json` as
+//! the API sent it, and errors as the envelope's user message, action and request id.
+
+use std::io::Write;
+
+use keel_client::{Call, Error, Page};
+use serde::de::DeserializeOwned;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+/// Rows under headers; each cell one line.
+pub struct Table {
+    headers: Vec<&'static str>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(headers: &[&'static str]) -> Table {
+        Table {
+            headers: headers.to_vec(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// A two-column table of a resource's fields.
+    pub fn fields(fields: &[(&'static str, String)]) -> Table {
+        let mut table = Table::new(&["FIELD", "VALUE"]);
+        for (name, value) in fields {
+            table.row(vec![name.to_string(), value.clone()]);
+        }
+        table
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        // A cell is one line: newlines in commands or messages would break the columns.
+        let cells = cells
+            .into_iter()
+            .map(|c| c.replace(['\n', '\r'], " "))
+            .collect();
+        self.rows.push(cells);
+    }
+
+    pub fn print(&self) {
+        let mut stdout = std::io::stdout().lock();
+        for line in self.lines(terminal_width()) {
+            // A closed pipe (`| head`) ends the output, not the command.
+            if writeln!(stdout, "{}", line.trim_end()).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The table's lines, the widest columns shrunk (cells cut with `…`) until the
+    /// table fits `width`.
+    fn lines(&self, width: Option<usize>) -> Vec<String> {
+        use console::{measure_text_width, truncate_str};
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.len()).collect();
+        for row in &self.rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(measure_text_width(cell));
+            }
+        }
+        if let Some(width) = width {
+            const GAP: usize = 2;
+            const NARROWEST: usize = 6;
+            let total = |ws: &[usize]| ws.iter().sum::<usize>() + GAP * ws.len().saturating_sub(1);
+            while total(&widths) > width {
+                let (widest, w) = widths
+                    .iter()
+                    .copied()
+                    .enumerate()
+                    .max_by_key(|(_, w)| *w)
+                    .expect("a column");
+                if w <= NARROWEST {
+                    break;
+                }
+                widths[widest] = w - 1;
+            }
+        }
+        let header: Vec<String> = self.headers.iter().map(|h| h.to_string()).collect();
+        std::iter::once(&header)
+            .chain(&self.rows)
+            .map(|row| {
+                row.iter()
+                    .zip(&widths)
+                    .map(|(cell, w)| {
+                        let cell = truncate_str(cell, *w, "…");
+                        let pad = w.saturating_sub(measure_text_width(&cell));
+                        format!("{cell}{}", " ".repeat(pad))
+                    })
+                    .collect::<Vec<_>>()
+                    .join("  ")
+            })
+            .collect()
+    }
+}
+
+/// The terminal's width when stdout is one; None (no cutting) for a pipe or a file.
+fn terminal_width() -> Option<usize> {
+    console::Term::stdout()
+        .size_checked()
+        .map(|(_, columns)| columns as usize)
+}
+
+/// Prints one answer: its JSON as sent, or the table `render` makes of it.
+pub async fn show<T: DeserializeOwned>(
+    format: Format,
+    call: Call<'_, T>,
+    render: impl FnOnce(&T) -> Table,
+) -> Result<T, Error> {
+    match format {
+        Format::Json => {
+            let raw = call.raw().await?;
+            print_raw(&raw);
+            serde_json::from_slice(&raw).map_err(|e| Error::Decode {
+                url: "the answer".into(),
+                message: e.to_string(),
+            })
+        }
+        Format::Table => {
+            let value = call.send().await?;
+            render(&value).print();
+            Ok(value)
+        }
+    }
+}
+
+/// How much of a list to print.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PageArgs {
+    /// Page size, 1 to 200.
+    #[arg(long)]
+    pub limit: Option<u32>,
+    /// Start after this cursor (a page's `next_cursor`).
+    #[arg(long)]
+    pub cursor: Option<String>,
+    /// Every page: a table of all rows, or with `--output json` one item per line.
+    #[arg(long, conflicts_with = "cursor")]
+    pub all: bool,
+}
+
+/// Prints a list: one page (as the API sent it, or a table with a hint to the next page),
+/// or with `--all` every item of every page.
+pub async fn list<T: DeserializeOwned + serde::Serialize + 'static>(
+    format: Format,
+    page: &PageArgs,
+    call: Call<'_, Page<T>>,
+    headers: &[&'static str],
+    row: impl Fn(&T) -> Vec<String>,
+) -> Result<(), Error> {
+    use futures_util::TryStreamExt;
+    let call = call
+        .query("limit", page.limit)
+        .query("cursor", page.cursor.as_deref());
+    let mut table = Table::new(headers);
+    if page.all {
+        let mut items = std::pin::pin!(call.items());
+        while let Some(item) = items.try_next().await? {
+            match format {
+                Format::Json => {
+                    print_raw(serde_json::to_string(&item).expect("serializes").as_bytes())
+                }
+                Format::Table => table.row(row(&item)),
+            }
+        }
+        if format == Format::Table {
+            table.print();
+        }
+        return Ok(());
+    }
+    let page = show(format, call, |page| {
+        for item in &page.data {
+            table.row(row(item));
+        }
+        table
+    })
+    .await?;
+    if let Some(cursor) = page
+        .next_cursor
+        .filter(|_| format == Format::Table && page.has_more)
+    {
+        eprintln!("more: --cursor {cursor} (or --all)");
+    }
+    Ok(())
+}
+
+/// Bytes as the API sent them, with a final newline.
+pub fn print_raw(raw: &[u8]) {
+    let mut stdout = std::io::stdout().lock();
+    let newline: &[u8] = if raw.ends_with(b"\n") { b"" } else { b"\n" };
+    let _ = stdout
+        .write_all(raw)
+        .and_then(|_| stdout.write_all(newline));
+}
+
+/// An error in one or two lines: the envelope's user message and message with the
+/// request id, then the operator action.
+pub fn print_error(error: &Error) {
+    match error.api() {
+        Some(api) => {
+            let said = api.user_message.as_deref().unwrap_or("The request failed.");
+            let request = api.request_id.as_deref().unwrap_or("none");
+            eprintln!(
+                "error: {said} {} ({}, HTTP {}, request id {request})",
+                api.message, api.kind, api.status
+            );
+            if let Some(action) = &api.operator_action {
+                eprintln!("hint: {action}");
+            }
+        }
+        None => eprintln!("error: {error}"),
+    }
+}
+
+/// A time as the tables show it: UTC, to the second.
+pub fn time(at: &chrono::DateTime<chrono::Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M:%S").to_string()
+}
+
+pub fn or_dash(value: Option<impl ToString>) -> String {
+    value.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Table;
+
+    #[test]
+    fn tables_fit_the_width() {
+        let mut table = Table::new(&["ID", "COMMAND"]);
+        table.row(vec![
+            "task_1".into(),
+            "echo a very long command line indeed".into(),
+        ]);
+        let lines = table.lines(Some(24));
+        assert!(
+            lines.iter().all(|l| console::measure_text_width(l) <= 24),
+            "{lines:?}"
+        );
+        assert!(lines[1].starts_with("task_1  echo"), "{lines:?}");
+        assert!(lines[1].ends_with('…'), "{lines:?}");
+        let lines = table.lines(None);
+        assert!(lines[1].ends_with("indeed"), "{lines:?}");
+    }
+}

@@ -1,0 +1,440 @@
+//! Following a run or a media job live: a line per step with its elapsed time (a spinner
+//! on a terminal, plain lines otherwise), approval prompts with the command that approves,
+//! the run's output lines as they are written, and the exit code of the outcome.
+//!
+//! Nothing is printed twice or lost across a reconnect: events resume by `Last-Event-ID`
+//! (see `keel_client::sse`), and output is read from the byte offset already printed.
+
+use std::io::IsTerminal;
+use std::pin::pin;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::StreamExt;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use keel_client::sse::{RECONNECT_FOR, RunItem};
+use keel_client::{Client, Error, Event, Run};
+
+/// What a command ends with, as its exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Not a watch: the command did what it was asked.
+    Done,
+    Completed,
+    Failed,
+    Cancelled,
+    /// The run waits for an approval (`--no-wait`).
+    AwaitingApproval,
+}
+
+impl Outcome {
+    pub fn code(self) -> u8 {
+        match self {
+            Outcome::Done | Outcome::Completed => 0,
+            Outcome::Failed => 1,
+            Outcome::Cancelled => 2,
+            Outcome::AwaitingApproval => 3,
+        }
+    }
+}
+
+/// How often the output of a running run is read.
+const LOG_POLL: Duration = Duration::from_millis(250);
+
+/// Where progress goes: a spinner above which lines print, or plain lines.
+struct View {
+    bar: Option<ProgressBar>,
+}
+
+impl View {
+    fn new() -> View {
+        let bar = std::io::stdout().is_terminal().then(|| {
+            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stdout());
+            let style = ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+                .expect("a valid template");
+            bar.set_style(style);
+            bar.enable_steady_tick(Duration::from_millis(120));
+            bar
+        });
+        View { bar }
+    }
+
+    fn line(&self, text: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(text),
+            None => println!("{text}"),
+        }
+    }
+
+    fn error_line(&self, text: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| eprintln!("{text}")),
+            None => eprintln!("{text}"),
+        }
+    }
+
+    /// What is going on now: the spinner's message (plain output has the lines only).
+    fn status(&self, text: String) {
+        if let Some(bar) = &self.bar {
+            bar.set_message(text);
+        }
+    }
+
+    fn done(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// One output artifact being followed: how much of it is printed.
+struct Tail {
+    artifact_id: String,
+    to_stderr: bool,
+    printed: u64,
+    /// The bytes after the last newline, printed once the line is complete.
+    partial: Vec<u8>,
+}
+
+/// A run's stdout and stderr, followed by byte offset.
+struct Logs<'a> {
+    run: &'a Run,
+    tails: Vec<Tail>,
+}
+
+impl<'a> Logs<'a> {
+    fn new(run: &'a Run) -> Self {
+        Logs {
+            run,
+            tails: Vec::new(),
+        }
+    }
+
+    /// Follows an artifact the run created, if it is one of its output streams.
+    fn add(&mut self, artifact_id: &str, name: &str) {
+        let known = self.tails.iter().any(|t| t.artifact_id == artifact_id);
+        if known || !matches!(name, "stdout" | "stderr") {
+            return;
+        }
+        self.tails.push(Tail {
+            artifact_id: artifact_id.to_string(),
+            to_stderr: name == "stderr",
+            printed: 0,
+            partial: Vec::new(),
+        });
+    }
+
+    /// Prints the complete lines written since the last read. A failed read leaves the
+    /// offsets as they were, so the next read picks up from the same byte.
+    async fn read(&mut self, client: &Client, view: &View) -> Result<(), Error> {
+        for tail in &mut self.tails {
+            let call = client.artifact_content(&self.run.task_id, &self.run.id, &tail.artifact_id);
+            let bytes = call.tail(tail.printed).await?;
+            tail.printed += bytes.len() as u64;
+            tail.partial.extend_from_slice(&bytes);
+            if let Some(end) = tail.partial.iter().rposition(|b| *b == b'\n') {
+                let lines: Vec<u8> = tail.partial.drain(..=end).collect();
+                for line in String::from_utf8_lossy(&lines[..end]).split('\n') {
+                    emit(view, tail.to_stderr, line);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The last read once the run has ended (retried while the API is unreachable), and
+    /// any last line without a newline.
+    async fn finish(&mut self, client: &Client, view: &View) -> Result<(), Error> {
+        let deadline = tokio::time::Instant::now() + RECONNECT_FOR;
+        loop {
+            match self.read(client, view).await {
+                Ok(()) => break,
+                Err(error) if error.is_transient() && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(LOG_POLL).await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        for tail in &mut self.tails {
+            if !tail.partial.is_empty() {
+                let rest = std::mem::take(&mut tail.partial);
+                emit(view, tail.to_stderr, &String::from_utf8_lossy(&rest));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn emit(view: &View, to_stderr: bool, line: &str) {
+    if to_stderr {
+        view.error_line(line);
+    } else {
+        view.line(line);
+    }
+}
+
+/// What the run's events have told so far.
+#[derive(Default)]
+struct Progress {
+    started_at: Option<DateTime<Utc>>,
+    /// When each step started, by index.
+    steps: Vec<(i64, DateTime<Utc>)>,
+    outcome: Option<Outcome>,
+    /// Live model text not yet printed (up to its next newline).
+    model_text: String,
+}
+
+/// Streams `run` until it ends (or, with `no_wait`, until it waits for an approval).
+pub async fn run(client: &Client, run: &Run, no_wait: bool) -> Result<Outcome, Error> {
+    let view = View::new();
+    view.line(&format!(
+        "run {} (task {}, #{}): {}",
+        run.id, run.task_id, run.number, run.status
+    ));
+    let mut logs = Logs::new(run);
+    let mut progress = Progress::default();
+    let mut events = pin!(client.stream_run(&run.task_id, &run.id, None));
+    let mut poll = tokio::time::interval(LOG_POLL);
+    loop {
+        tokio::select! {
+            item = events.next() => match item {
+                None => break,
+                Some(Err(error)) => {
+                    view.done();
+                    return Err(error);
+                }
+                Some(Ok(RunItem::Delta(delta))) => model_text(&view, &mut progress, &delta.text),
+                Some(Ok(RunItem::Event(event))) => {
+                    let waits = on_event(client, &view, &mut logs, &mut progress, &event).await?;
+                    if waits && no_wait {
+                        logs.finish(client, &view).await?;
+                        view.done();
+                        return Ok(Outcome::AwaitingApproval);
+                    }
+                }
+            },
+            _ = poll.tick() => {
+                // The API may be down for a moment: the next tick reads from the same offset.
+                let _ = logs.read(client, &view).await;
+            }
+        }
+    }
+    logs.finish(client, &view).await?;
+    view.done();
+    match progress.outcome {
+        Some(outcome) => Ok(outcome),
+        // The stream ended without a terminal event: the run's status decides.
+        None => Ok(
+            match client
+                .get_run(&run.task_id, &run.id)
+                .await?
+                .data
+                .status
+                .as_str()
+            {
+                "completed" => Outcome::Completed,
+                "cancelled" => Outcome::Cancelled,
+                _ => Outcome::Failed,
+            },
+        ),
+    }
+}
+
+/// Prints what an event says; true when it is an approval the run now waits for.
+async fn on_event(
+    client: &Client,
+    view: &View,
+    logs: &mut Logs<'_>,
+    progress: &mut Progress,
+    event: &Event,
+) -> Result<bool, Error> {
+    let data = &event.data;
+    let text = |key: &str| data[key].as_str().unwrap_or_default().to_string();
+    let at = event.occurred_at;
+    match event.event_type.as_str() {
+        "run.started" => {
+            progress.started_at = Some(at);
+            view.line(&format!("run started (attempt {})", data["attempt"]));
+        }
+        "step.started" => {
+            let index = data["index"].as_i64().unwrap_or_default();
+            progress.steps.push((index, at));
+            view.status(format!("step {index} {}", text("name")));
+        }
+        "step.finished" | "step.failed" => {
+            // The step's output first, where it belongs (a failed read is retried later).
+            let _ = logs.read(client, view).await;
+            let index = data["index"].as_i64().unwrap_or_default();
+            let began = progress
+                .steps
+                .iter()
+                .find(|(i, _)| *i == index)
+                .map(|(_, t)| *t);
+            let elapsed = began.map(|b| seconds(at - b)).unwrap_or_default();
+            let mut line = format!("step {index} {} {} {elapsed}", text("name"), text("status"));
+            if let Some(error) = data["error"].as_str() {
+                line.push_str(&format!(": {error}"));
+            }
+            view.line(line.trim_end());
+        }
+        "artifact.created" => logs.add(&text("artifact_id"), &text("name")),
+        "model.call.completed" => {
+            flush_model_text(view, progress);
+            view.status(format!("model call {} done", data["model_call_index"]));
+        }
+        "approval.requested" => {
+            let run = &logs.run;
+            let approval_id = text("approval_id");
+            let approval = client.get_approval(&run.task_id, &approval_id).await?.data;
+            view.line(&format!(
+                "approval {approval_id} ({}) requested:",
+                approval.kind
+            ));
+            for action in &approval.action_summary {
+                view.line(&format!("    {action}"));
+            }
+            view.line(&format!(
+                "  approve: {}",
+                command(client, "approve", &approval_id)
+            ));
+            view.line(&format!(
+                "  reject:  {}",
+                command(client, "reject", &approval_id)
+            ));
+            // Replayed history holds requests resolved since: only a live one waits.
+            let status = client.get_run(&run.task_id, &run.id).await?.data.status;
+            return Ok(status == "awaiting_approval" && approval.status == "pending");
+        }
+        "approval.resolved" => {
+            let by = text("resolved_by");
+            view.line(&format!(
+                "approval {} {} by {by}",
+                text("approval_id"),
+                text("decision")
+            ));
+        }
+        "run.finished" | "run.failed" | "run.cancelled" => {
+            logs.finish(client, view).await?;
+            flush_model_text(view, progress);
+            let outcome = match event.event_type.as_str() {
+                "run.finished" => Outcome::Completed,
+                "run.failed" => Outcome::Failed,
+                _ => Outcome::Cancelled,
+            };
+            progress.outcome = Some(outcome);
+            let elapsed = progress
+                .started_at
+                .map(|s| format!(" in {}", seconds(at - s)));
+            let detail = match outcome {
+                Outcome::Cancelled => format!(" by {}", text("actor")),
+                _ => format!(" (exit code {})", data["exit_code"]),
+            };
+            let error = data["error"]
+                .as_str()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default();
+            let status = &event.event_type["run.".len()..];
+            view.line(&format!(
+                "run {status}{}{detail}{error}",
+                elapsed.unwrap_or_default()
+            ));
+        }
+        _ => {}
+    }
+    Ok(false)
+}
+
+/// The command line that resolves an approval against this same API.
+fn command(client: &Client, decision: &str, approval_id: &str) -> String {
+    let url = client.base_url();
+    if url == keel_client::DEFAULT_URL {
+        format!("keel approvals {decision} {approval_id}")
+    } else {
+        format!("keel --url {url} approvals {decision} {approval_id}")
+    }
+}
+
+fn model_text(view: &View, progress: &mut Progress, text: &str) {
+    progress.model_text.push_str(text);
+    if let Some(end) = progress.model_text.rfind('\n') {
+        let lines: String = progress.model_text.drain(..=end).collect();
+        for line in lines.trim_end_matches('\n').split('\n') {
+            view.line(&format!("model: {line}"));
+        }
+    }
+}
+
+fn flush_model_text(view: &View, progress: &mut Progress) {
+    if !progress.model_text.is_empty() {
+        let rest = std::mem::take(&mut progress.model_text);
+        view.line(&format!("model: {rest}"));
+    }
+}
+
+fn seconds(elapsed: chrono::TimeDelta) -> String {
+    format!("{:.1}s", elapsed.num_milliseconds().max(0) as f64 / 1000.0)
+}
+
+/// `keel runs logs`: the run's output so far, stdout to stdout and stderr to stderr.
+pub async fn print_logs(client: &Client, run: &Run) -> Result<(), Error> {
+    use futures_util::TryStreamExt;
+    let view = View { bar: None };
+    let mut logs = Logs::new(run);
+    let artifacts: Vec<_> = client
+        .list_artifacts(&run.task_id, &run.id)
+        .items()
+        .try_collect()
+        .await?;
+    for artifact in &artifacts {
+        logs.add(&artifact.id, &artifact.name);
+    }
+    logs.finish(client, &view).await
+}
+
+/// Follows a media job until it ends: its progress events, then its artifacts.
+pub async fn media(client: &Client, media_job_id: &str, quiet: bool) -> Result<Outcome, Error> {
+    let view = View::new();
+    let outcome = |status: &str| match status {
+        "succeeded" => Some(Outcome::Completed),
+        "failed" => Some(Outcome::Failed),
+        "cancelled" => Some(Outcome::Cancelled),
+        _ => None,
+    };
+    let job = client.get_media_job(media_job_id).await?.data;
+    let mut ended = outcome(&job.status);
+    let mut events = pin!(client.stream_feed(Some(media_job_id), None));
+    while ended.is_none() {
+        let Some(event) = events.next().await else {
+            break;
+        };
+        let event = event?;
+        let status = event.event_type.trim_start_matches("media_job.");
+        if !quiet {
+            let detail = event
+                .data
+                .get("progress")
+                .map(|p| format!(" {p}"))
+                .unwrap_or_default();
+            view.line(&format!(
+                "{} {status}{detail}",
+                event.occurred_at.format("%H:%M:%S")
+            ));
+        }
+        view.status(format!("media job {media_job_id}: {status}"));
+        ended = outcome(status);
+    }
+    view.done();
+    let job = client.get_media_job(media_job_id).await?.data;
+    if !quiet {
+        let error = job
+            .last_error
+            .as_deref()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default();
+        view.line(&format!("media job {} {}{error}", job.id, job.status));
+        for artifact in &job.artifact_ids {
+            view.line(&format!("  artifact {artifact}"));
+        }
+    }
+    Ok(ended.unwrap_or(Outcome::Failed))
+}

@@ -1,0 +1,339 @@
+//! The operator CLI: the real `keel` binary against a real `keel api` and `keel worker`
+//! over HTTP — ids on stdout, JSON as the API sent it, watch output and exit codes, error
+//! envelopes, and a watch that outlives a killed and restarted API.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::{KeelProcess, spawn_api_with_approvals, spawn_worker, wait_for};
+
+const CLI_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// An API (with `approvals` gates) and a worker on a fresh database.
+struct Keel {
+    api: KeelProcess,
+    _worker: KeelProcess,
+    /// Logs and the worker's data directory, removed after the processes.
+    _dir: tempfile::TempDir,
+}
+
+impl Keel {
+    async fn start(approvals: &str) -> Keel {
+        let db = support::fresh_database().await;
+        let dir = tempfile::tempdir().unwrap();
+        let api = spawn_api_with_approvals(&db, dir.path(), "api", approvals).await;
+        let worker = spawn_worker(&db, dir.path(), "worker", 5_000, &dir.path().join("w"));
+        Keel {
+            api,
+            _worker: worker,
+            _dir: dir,
+        }
+    }
+
+    fn client(&self) -> &support::Client {
+        self.api.client.as_ref().unwrap()
+    }
+
+    fn url(&self) -> &str {
+        &self.client().base
+    }
+}
+
+/// `keel <args>` against `url`, to its exit.
+async fn cli(url: &str, args: &[&str]) -> Output {
+    let output = command(url, args).output();
+    tokio::time::timeout(CLI_TIMEOUT, output)
+        .await
+        .expect("the CLI exits in time")
+        .expect("the CLI ran")
+}
+
+fn command(url: &str, args: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
+        .args(args)
+        .env("KEEL_URL", url)
+        .env_remove("KEEL_RUNTIME_TOKEN")
+        .env_remove("KEEL_IDENTITY")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().expect("exited, not killed")
+}
+
+fn describe(output: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status.code(),
+        stdout(output),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// `keel tasks create --quiet --shell command`: the new task's id.
+async fn create_shell(url: &str, command: &str) -> String {
+    let output = cli(url, &["tasks", "create", "--quiet", "--shell", command]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    stdout(&output).trim().to_string()
+}
+
+/// How many lines of `text` are exactly `line`.
+fn count(text: &str, line: &str) -> usize {
+    text.lines().filter(|l| *l == line).count()
+}
+
+#[tokio::test]
+async fn create_quiet_prints_the_id_and_json_output_is_the_apis() {
+    let keel = Keel::start("none").await;
+    let output = cli(keel.url(), &["tasks", "create", "-q", "--shell", "echo hi"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let id = stdout(&output);
+    assert!(
+        id.starts_with("task_") && id.trim_end().lines().count() == 1,
+        "{id:?}"
+    );
+    let (_, task) = keel.client().get(&format!("/v1/tasks/{}", id.trim())).await;
+    assert_eq!(task["data"]["shell_command"], "echo hi");
+
+    let output = cli(keel.url(), &["tasks", "list", "--output", "json"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let printed: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    let (_, api) = keel.client().get("/v1/tasks").await;
+    assert_eq!(printed, api);
+
+    // The table has the task, one row under the headers.
+    let output = cli(keel.url(), &["tasks", "list"]).await;
+    let table = stdout(&output);
+    assert!(table.lines().next().unwrap().starts_with("ID"), "{table}");
+    assert!(
+        table.contains(id.trim()) && table.contains("echo hi"),
+        "{table}"
+    );
+}
+
+#[tokio::test]
+async fn start_watch_prints_each_output_line_once_and_exits_with_the_run() {
+    let keel = Keel::start("none").await;
+    let task = create_shell(
+        keel.url(),
+        "for i in 1 2 3; do echo line $i; sleep 0.3; done; echo warn >&2",
+    )
+    .await;
+    let output = cli(keel.url(), &["tasks", "start", &task, "--watch"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let text = stdout(&output);
+    for i in 1..=3 {
+        assert_eq!(count(&text, &format!("line {i}")), 1, "{text}");
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("step 1 shell completed ") && l.ends_with('s')),
+        "a step line with its elapsed time: {text}"
+    );
+    assert!(text.contains("run finished in"), "{text}");
+    assert_eq!(
+        count(&String::from_utf8_lossy(&output.stderr), "warn"),
+        1,
+        "{}",
+        describe(&output)
+    );
+
+    // A failing command: exit code 1, its output still printed.
+    let task = create_shell(keel.url(), "echo before failing; exit 3").await;
+    let output = cli(keel.url(), &["tasks", "start", &task, "--watch"]).await;
+    assert_eq!(code(&output), 1, "{}", describe(&output));
+    assert_eq!(
+        count(&stdout(&output), "before failing"),
+        1,
+        "{}",
+        describe(&output)
+    );
+}
+
+#[tokio::test]
+async fn an_approval_gated_run_exits_3_then_approve_and_watch_exit_0() {
+    let keel = Keel::start("shell_exec").await;
+    let url = keel.url();
+    let task = create_shell(url, "echo approved output").await;
+    let output = cli(url, &["tasks", "start", &task, "--watch", "--no-wait"]).await;
+    assert_eq!(code(&output), 3, "{}", describe(&output));
+    let text = stdout(&output);
+    let prompt = format!("keel --url {url} approvals approve apr_");
+    let approve = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("approve: "))
+        .unwrap_or_else(|| panic!("an approve command: {text}"));
+    assert!(approve.starts_with(&prompt), "{text}");
+    assert!(
+        text.contains("echo approved output"),
+        "the action summary: {text}"
+    );
+    let approval = approve.rsplit(' ').next().unwrap();
+
+    let output = cli(url, &["approvals", "approve", approval]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let (_, task_json) = keel.client().get(&format!("/v1/tasks/{task}")).await;
+    let run = task_json["data"]["latest_run_id"].as_str().unwrap();
+    let output = cli(url, &["runs", "watch", run]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    assert_eq!(
+        count(&stdout(&output), "approved output"),
+        1,
+        "{}",
+        describe(&output)
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_run_exits_2() {
+    let keel = Keel::start("none").await;
+    let url = keel.url().to_string();
+    let task = create_shell(&url, "echo started; sleep 60").await;
+    let watch = command(&url, &["tasks", "start", &task, "--watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let client = keel.client();
+    let run = wait_for(Duration::from_secs(30), "the run to be running", || async {
+        let (_, task) = client.get(&format!("/v1/tasks/{task}")).await;
+        let run = task["data"]["latest_run_id"].as_str()?.to_string();
+        (client.run(task["data"]["id"].as_str()?, &run).await["status"] == "running").then_some(run)
+    })
+    .await;
+    let output = cli(&url, &["runs", "cancel", &run]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let output = tokio::time::timeout(CLI_TIMEOUT, watch.wait_with_output())
+        .await
+        .expect("the watch ends with the run")
+        .unwrap();
+    assert_eq!(code(&output), 2, "{}", describe(&output));
+}
+
+#[tokio::test]
+async fn an_error_prints_the_envelope_with_its_request_id() {
+    let keel = Keel::start("none").await;
+    let output = cli(keel.url(), &["tasks", "show", "task_missing"]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert!(
+        lines[0].contains("The resource does not exist."),
+        "{stderr}"
+    );
+    assert!(lines[0].contains("task not found"), "{stderr}");
+    assert!(lines[0].contains("request id req_"), "{stderr}");
+    assert!(lines[1].starts_with("hint: Check the id"), "{stderr}");
+    assert!(output.stdout.is_empty());
+}
+
+/// What the run has written to stdout so far (nothing before its artifact exists).
+async fn written(client: &support::Client, task: &str, run: &str) -> String {
+    let (_, artifacts) = client
+        .get(&format!("/v1/tasks/{task}/runs/{run}/artifacts"))
+        .await;
+    let artifacts = artifacts["data"].as_array().cloned().unwrap_or_default();
+    match artifacts.iter().find(|a| a["name"] == "stdout") {
+        Some(_) => client.stdout(task, run).await,
+        None => String::new(),
+    }
+}
+
+/// Starts `keel api` on `port` (no approval gates) and waits until it answers.
+async fn spawn_api_on(db: &str, dir: &Path, name: &str, port: u16) -> KeelProcess {
+    let log = dir.join(format!("{name}.log"));
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .env("KEEL_DATABASE_URL", db)
+        .env("KEEL_APPROVAL_POLICIES", "none")
+        .args(["api", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--stream-poll-ms", "500"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let client = support::Client::new(format!("http://127.0.0.1:{port}"));
+    let process = KeelProcess {
+        child,
+        client: Some(client.clone()),
+        log,
+    };
+    wait_for(Duration::from_secs(20), "keel api to answer", || async {
+        client.healthy().await.then_some(())
+    })
+    .await;
+    process
+}
+
+#[tokio::test]
+async fn watch_prints_every_line_once_across_an_api_killed_and_restarted() {
+    let db = support::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut api = spawn_api_on(&db, dir.path(), "api-1", port).await;
+    let _worker = spawn_worker(&db, dir.path(), "worker", 5_000, &dir.path().join("w"));
+    let url = format!("http://127.0.0.1:{port}");
+    let task = create_shell(
+        &url,
+        "for i in $(seq 1 12); do echo line $i; sleep 0.4; done",
+    )
+    .await;
+    let output = cli(&url, &["tasks", "start", &task, "--output", "json"]).await;
+    let run: Value = serde_json::from_slice(&output.stdout).expect("the run as JSON");
+    let run = run["data"]["id"].as_str().unwrap().to_string();
+    let watch = command(&url, &["runs", "watch", &run])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    // Mid-run: some lines are out, most are still to come.
+    let client = api.client.clone().unwrap();
+    wait_for(
+        Duration::from_secs(30),
+        "the run to print line 3",
+        || async {
+            written(&client, &task, &run)
+                .await
+                .contains("line 3\n")
+                .then_some(())
+        },
+    )
+    .await;
+    api.kill9();
+    let api = spawn_api_on(&db, dir.path(), "api-2", port).await;
+
+    let output = tokio::time::timeout(CLI_TIMEOUT, watch.wait_with_output())
+        .await
+        .expect("the watch ends with the run")
+        .unwrap();
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let text = stdout(&output);
+    for i in 1..=12 {
+        assert_eq!(count(&text, &format!("line {i}")), 1, "line {i}: {text}");
+    }
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("run finished"))
+            .count(),
+        1,
+        "{text}"
+    );
+    drop(api);
+}
