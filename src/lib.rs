@@ -7,6 +7,7 @@ pub mod config;
 pub mod domain;
 pub mod jobs;
 pub mod queue;
+pub mod rpc;
 pub mod scheduler;
 pub mod store;
 pub mod telemetry;

@@ -2,6 +2,7 @@
 //! the typed answer, [`Call::raw`] the answer's bytes unchanged, and on a list
 //! [`Call::items`] every item of every page.
 
+use std::borrow::Cow;
 use std::future::{Future, IntoFuture};
 use std::marker::PhantomData;
 use std::pin::Pin;
@@ -21,9 +22,9 @@ pub struct Call<'c, T> {
     client: &'c Client,
     method: Method,
     path: String,
-    query: Vec<(&'static str, String)>,
+    query: Vec<(Cow<'static, str>, String)>,
     body: Option<serde_json::Value>,
-    headers: Vec<(&'static str, String)>,
+    headers: Vec<(Cow<'static, str>, String)>,
     /// The query parameter a list's `next_cursor` goes back in.
     cursor_param: &'static str,
     answer: PhantomData<fn() -> T>,
@@ -43,10 +44,34 @@ impl<'c, T> Call<'c, T> {
         }
     }
 
+    /// A request whose route, parameters and body the caller knows at run time, not
+    /// this crate: for bridges that pass the API's JSON through (`keel rpc`).
+    pub(crate) fn route(
+        client: &'c Client,
+        method: Method,
+        path: String,
+        query: Vec<(String, String)>,
+        headers: Vec<(String, String)>,
+        body: Option<serde_json::Value>,
+    ) -> Self {
+        let owned = |pairs: Vec<(String, String)>| {
+            pairs
+                .into_iter()
+                .map(|(name, value)| (Cow::Owned(name), value))
+                .collect()
+        };
+        Call {
+            query: owned(query),
+            headers: owned(headers),
+            body,
+            ..Call::new(client, method, path)
+        }
+    }
+
     /// Adds a query parameter (none when `value` is None).
     pub fn query(mut self, name: &'static str, value: Option<impl ToString>) -> Self {
         if let Some(value) = value {
-            self.query.push((name, value.to_string()));
+            self.query.push((name.into(), value.to_string()));
         }
         self
     }
@@ -58,7 +83,7 @@ impl<'c, T> Call<'c, T> {
 
     /// Adds a request header (for example `Idempotency-Key`).
     pub fn header(mut self, name: &'static str, value: impl Into<String>) -> Self {
-        self.headers.push((name, value.into()));
+        self.headers.push((name.into(), value.into()));
         self
     }
 
@@ -79,7 +104,7 @@ impl<'c, T> Call<'c, T> {
             .request(self.method.clone(), self.url())
             .query(&self.query);
         for (name, value) in &self.headers {
-            request = request.header(*name, value);
+            request = request.header(name.as_ref(), value);
         }
         if let Some(body) = &self.body {
             request = request.json(body);
@@ -181,8 +206,8 @@ impl<'c, T: DeserializeOwned + 'c> Call<'c, Page<T>> {
                 .map(|cursor| {
                     let param = template.cursor_param;
                     let mut next = template;
-                    next.query.retain(|(name, _)| *name != param);
-                    next.query.push((param, cursor));
+                    next.query.retain(|(name, _)| name != param);
+                    next.query.push((param.into(), cursor));
                     next
                 });
             Ok(Some((page.data, next)))

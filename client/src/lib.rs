@@ -102,13 +102,26 @@ impl Client {
         &self.base
     }
 
+    /// A request to any route, answered with the API's JSON: for bridges that take routes
+    /// from the OpenAPI document rather than from this crate (`keel rpc`).
+    pub fn request(
+        &self,
+        method: reqwest::Method,
+        path: String,
+        query: Vec<(String, String)>,
+        headers: Vec<(String, String)>,
+        body: Option<serde_json::Value>,
+    ) -> Call<'_, serde_json::Value> {
+        Call::route(self, method, path, query, headers, body)
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
 }
 
 /// A path segment, percent-encoded: ids come from users and must not add segments.
-pub(crate) fn segment(id: &str) -> String {
+pub fn segment(id: &str) -> String {
     let mut out = String::with_capacity(id.len());
     for byte in id.bytes() {
         match byte {

@@ -9,6 +9,7 @@ mod watch;
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -63,6 +64,19 @@ pub enum Command {
     /// The operator commands: a client of a running Keel's API (`--url`).
     #[command(flatten)]
     Ops(ops::Operation),
+    /// NDJSON RPC for hosts that are not Rust programs, bridged to the API (`--url`).
+    Rpc(RpcArgs),
+}
+
+#[derive(Debug, clap::Args)]
+#[group(required = true, multiple = false)]
+pub struct RpcArgs {
+    /// One session on stdin and stdout (stdout carries protocol lines only).
+    #[arg(long)]
+    stdio: bool,
+    /// One session per connection on a Unix socket created mode 0600.
+    #[arg(long, value_name = "PATH")]
+    socket: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -91,6 +105,7 @@ impl Command {
             Command::Openapi => "openapi",
             Command::Workflow(_) => "workflow",
             Command::Ops(_) => "client",
+            Command::Rpc(_) => "rpc",
         }
     }
 }
@@ -124,6 +139,9 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(run(cli));
     // Flushes the last spans and metrics while the runtime still runs.
     drop(telemetry);
+    // Not an unbounded wait for blocking threads: a read of stdin (`keel rpc --stdio` told
+    // to stop) never ends by itself. Everything else has finished by now.
+    runtime.shutdown_timeout(Duration::from_secs(1));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -136,6 +154,7 @@ pub fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let shutdown = shutdown_on_signal();
     let common = cli.common;
+    let remote = cli.remote;
     match cli.command {
         Command::Openapi => {
             println!("{}", serde_json::to_string_pretty(&api::openapi())?);
@@ -159,8 +178,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Serve { api, worker } => serve_all(&common, &api, &worker, shutdown).await,
         Command::Workflow(command) => workflow(command),
+        Command::Rpc(args) => rpc(&remote, args, shutdown).await,
         Command::Ops(_) => unreachable!("operator commands return before the server runtime"),
     }
+}
+
+/// `keel rpc --stdio|--socket PATH`.
+async fn rpc(
+    remote: &ops::Remote,
+    args: RpcArgs,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let server = crate::rpc::Server::new(ops::client(remote)?);
+    match args.socket {
+        Some(path) => crate::rpc::serve_socket(server, &path, shutdown).await?,
+        None if args.stdio => tokio::select! {
+            served = crate::rpc::serve_stdio(server) => served?,
+            () = shutdown.cancelled() => {}
+        },
+        None => anyhow::bail!("give --stdio or --socket PATH"),
+    }
+    Ok(())
 }
 
 /// `keel workflow check|render`: the error's class leads its message.

@@ -338,7 +338,7 @@ pub fn main(remote: Remote, operation: Operation) -> ExitCode {
 /// The exit code of a command that failed (not of a run that failed, which is 1).
 pub const ERROR_EXIT: u8 = 4;
 
-fn client(remote: &Remote) -> Result<Client, Error> {
+pub(super) fn client(remote: &Remote) -> Result<Client, Error> {
     let credentials = match (&remote.token, &remote.identity) {
         (Some(token), _) => Credentials::RuntimeToken(token.clone()),
         (None, Some(identity)) => Credentials::Identity(identity.clone()),
