@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use super::RunArgs;
+use super::children;
 use super::runs::Deployment;
 use super::stats::Latency;
 
@@ -48,10 +49,10 @@ struct Calls {
 type Shared = Arc<(Mutex<Calls>, usize)>;
 
 pub async fn figures(pool: &PgPool, url: &str, args: &RunArgs) -> anyhow::Result<AgentFigures> {
-    let data_dir = std::env::temp_dir().join(format!("keel-bench-agent-{}", std::process::id()));
-    let result = measure(pool, url, args, &data_dir).await;
-    let _ = std::fs::remove_dir_all(&data_dir);
-    result
+    children::in_data_dir("keel-bench-agent", |data_dir| async move {
+        measure(pool, url, args, &data_dir).await
+    })
+    .await
 }
 
 async fn measure(

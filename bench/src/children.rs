@@ -156,3 +156,15 @@ fn keel_binary() -> anyhow::Result<PathBuf> {
     );
     Ok(keel)
 }
+
+/// Runs `measure` with a fresh data directory for the processes it starts, removed after
+/// whatever the outcome.
+pub async fn in_data_dir<T, F>(name: &str, measure: impl FnOnce(PathBuf) -> F) -> anyhow::Result<T>
+where
+    F: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let data_dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    let result = measure(data_dir.clone()).await;
+    let _ = std::fs::remove_dir_all(&data_dir);
+    result
+}

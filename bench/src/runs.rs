@@ -64,10 +64,10 @@ pub struct RunsPoint {
 pub(crate) type Arrivals = Arc<Mutex<HashMap<String, Vec<(String, Instant)>>>>;
 
 pub async fn figures(pool: &PgPool, url: &str, args: &RunArgs) -> anyhow::Result<RunsFigures> {
-    let data_dir = std::env::temp_dir().join(format!("keel-bench-{}", std::process::id()));
-    let result = measure(pool, url, args, &data_dir).await;
-    let _ = std::fs::remove_dir_all(&data_dir);
-    result
+    children::in_data_dir("keel-bench", |data_dir| async move {
+        measure(pool, url, args, &data_dir).await
+    })
+    .await
 }
 
 async fn measure(

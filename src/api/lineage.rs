@@ -28,7 +28,6 @@ use crate::store::{runs, tasks};
 
 /// The longest follow-up prompt, as for a task's prompt.
 const MAX_PROMPT_BYTES: usize = 64 * 1024;
-const AGENT_LOOP: &str = "agent_loop";
 
 type Result<T> = std::result::Result<T, ApiError>;
 
@@ -170,7 +169,7 @@ pub(super) async fn resume_base(
     let task = tasks::get(&mut conn, &caller.scope, task_id).await?;
     let source = runs::get(&mut conn, &caller.scope, task_id, run_id).await?;
     drop(conn);
-    if task.execution_kind != AGENT_LOOP || !source.status().is_terminal() {
+    if !task.is_agent_loop() || !source.status().is_terminal() {
         return Ok(None);
     }
     Ok(match conversation(state, caller, &source).await? {
@@ -191,7 +190,7 @@ async fn finished_agent_run(
     let task = tasks::get(&mut conn, &caller.scope, task_id).await?;
     // Both exist in the caller's workspace before anything about them is said.
     let source = runs::get(&mut conn, &caller.scope, task_id, run_id).await?;
-    if task.execution_kind != AGENT_LOOP {
+    if !task.is_agent_loop() {
         return Err(ApiError::invalid(format!(
             "task {task_id} is a {} task; only agent_loop runs can be continued or retried \
              from a model call",

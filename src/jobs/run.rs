@@ -41,7 +41,7 @@ use crate::store::content::ContentStore;
 use crate::store::events::{self, NewEvent, Subject};
 use crate::store::runs::{self, Change, RunRecord, RunWithTask};
 use crate::store::steps::{NewStep, StepRecord};
-use crate::store::tasks::TaskRecord;
+use crate::store::tasks::{TaskRecord, TaskRecordExt};
 use crate::store::{StoreError, artifacts, steps};
 
 pub struct RunJobs {
@@ -347,7 +347,7 @@ impl RunJobs {
         let Some(row) = attempt::begin::<RunWithTask>(&self.pool, &job.lease).await? else {
             return Ok("skipped");
         };
-        if row.task.execution_kind == "agent_loop" {
+        if row.task.is_agent_loop() {
             return agent::execute(self, job, row).await;
         }
         let spec = match self.spec(&row.task, &row.run).await {
