@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 
 use crate::Client;
 use crate::error::{ApiError, Error};
-use crate::types::Page;
+use crate::types::ListEnvelope;
 
 /// A request whose answer is a `T`.
 #[must_use = "a call does nothing until awaited"]
@@ -164,7 +164,7 @@ impl<'c, T: DeserializeOwned + 'c> IntoFuture for Call<'c, T> {
     }
 }
 
-impl<'c, T: DeserializeOwned + 'c> Call<'c, Page<T>> {
+impl<'c, T: DeserializeOwned + 'c> Call<'c, ListEnvelope<T>> {
     /// Every item of the list, page after page, following `next_cursor` until the last.
     pub fn items(self) -> impl Stream<Item = Result<T, Error>> + 'c {
         use futures_util::stream::{self, TryStreamExt};
@@ -173,7 +173,7 @@ impl<'c, T: DeserializeOwned + 'c> Call<'c, Page<T>> {
                 return Ok(None);
             };
             let template = call.clone();
-            let page: Page<T> = call.send().await?;
+            let page: ListEnvelope<T> = call.send().await?;
             let next = page
                 .next_cursor
                 .clone()

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use keel_client::{
-    Approval, Client, Credentials, Error, MediaJob, MediaJobDraft, Object, Provider,
-    ResolveRequest, Run, Schedule, ScheduleDraft, StartRequest, Task, TaskDraft,
+    ApprovalRecord, Client, Credentials, Error, MediaJobDraft, MediaJobRecord, ObjectEnvelope,
+    ProviderView, ResolveRequest, RunRecord, ScheduleDraft, ScheduleRecord, StartRequest,
+    TaskDraft, TaskRecord,
 };
 
 use super::output::{self, Format, PageArgs, Table, or_dash, time};
@@ -61,7 +62,7 @@ pub enum Operation {
     /// Media jobs: create, show, watch.
     #[command(subcommand)]
     Media(MediaCommand),
-    /// Provider presets: list, show, check.
+    /// ProviderView presets: list, show, check.
     #[command(subcommand)]
     Providers(ProviderCommand),
     /// The workspace's queue (depth and age per kind), leases and live workers.
@@ -153,6 +154,7 @@ impl CreateTask {
             timeout_ms: self.timeout_ms,
             requested_provider: self.provider.clone(),
             tools: (!self.tools.is_empty()).then(|| self.tools.clone()),
+            ..TaskDraft::default()
         }
     }
 }
@@ -229,6 +231,9 @@ pub enum ApprovalCommand {
         approval_id: String,
         #[arg(long)]
         note: Option<String>,
+        /// A tool-call approval only: the model reads a refusal and the run goes on.
+        #[arg(long = "continue")]
+        continue_run: bool,
     },
 }
 
@@ -382,7 +387,7 @@ async fn tasks(client: &Client, format: Format, command: TaskCommand) -> Result<
         TaskCommand::List { status, page } => {
             let headers = ["ID", "KIND", "STATUS", "RUNS", "CREATED", "WHAT"];
             let call = client.list_tasks(status.as_deref());
-            output::list(format, &page, call, &headers, |t: &Task| {
+            output::list(format, &page, call, &headers, |t: &TaskRecord| {
                 let what = [&t.shell_command, &t.git_command, &t.file_path, &t.prompt]
                     .into_iter()
                     .find_map(|w| w.clone());
@@ -421,7 +426,7 @@ async fn tasks(client: &Client, format: Format, command: TaskCommand) -> Result<
 async fn admitted(
     client: &Client,
     format: Format,
-    call: keel_client::Call<'_, Object<Run>>,
+    call: keel_client::Call<'_, ObjectEnvelope<RunRecord>>,
     args: WatchArgs,
 ) -> Result<Outcome, Error> {
     if !args.watch {
@@ -441,7 +446,7 @@ async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Ou
                 &page,
                 client.list_runs(&task_id),
                 &headers,
-                |r: &Run| {
+                |r: &RunRecord| {
                     vec![
                         r.id.clone(),
                         r.number.to_string(),
@@ -491,11 +496,11 @@ async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Ou
 }
 
 async fn approvals(client: &Client, format: Format, command: ApprovalCommand) -> Result<(), Error> {
-    let (approval_id, decision, note) = match command {
+    let (approval_id, decision, note, continue_run) = match command {
         ApprovalCommand::List { status, page } => {
             let headers = ["ID", "TASK", "RUN", "KIND", "STATUS", "ACTION"];
             let call = client.list_approvals(status.as_deref());
-            return output::list(format, &page, call, &headers, |a: &Approval| {
+            return output::list(format, &page, call, &headers, |a: &ApprovalRecord| {
                 let cells = [&a.id, &a.task_id, &a.run_id, &a.kind, &a.status];
                 let mut row: Vec<String> = cells.into_iter().cloned().collect();
                 row.push(a.action_summary.join("; "));
@@ -503,13 +508,18 @@ async fn approvals(client: &Client, format: Format, command: ApprovalCommand) ->
             })
             .await;
         }
-        ApprovalCommand::Approve { approval_id, note } => (approval_id, "approve", note),
-        ApprovalCommand::Reject { approval_id, note } => (approval_id, "reject", note),
+        ApprovalCommand::Approve { approval_id, note } => (approval_id, "approve", note, false),
+        ApprovalCommand::Reject {
+            approval_id,
+            note,
+            continue_run,
+        } => (approval_id, "reject", note, continue_run),
     };
     let task_id = client.task_of("approval", &approval_id).await?;
     let request = ResolveRequest {
-        decision: decision.into(),
+        decision: Some(decision.into()),
         note,
+        continue_on_reject: continue_run.then_some(true),
     };
     output::show(
         format,
@@ -529,7 +539,7 @@ async fn approvals(client: &Client, format: Format, command: ApprovalCommand) ->
 }
 
 async fn schedules(client: &Client, format: Format, command: ScheduleCommand) -> Result<(), Error> {
-    let fields = |s: &Object<Schedule>| {
+    let fields = |s: &ObjectEnvelope<ScheduleRecord>| {
         let s = &s.data;
         Table::fields(&[
             ("id", s.id.clone()),
@@ -576,7 +586,7 @@ async fn schedules(client: &Client, format: Format, command: ScheduleCommand) ->
 }
 
 async fn media(client: &Client, format: Format, command: MediaCommand) -> Result<Outcome, Error> {
-    let fields = |j: &Object<MediaJob>| media_fields(&j.data);
+    let fields = |j: &ObjectEnvelope<MediaJobRecord>| media_fields(&j.data);
     match command {
         MediaCommand::Create {
             provider,
@@ -625,7 +635,7 @@ async fn providers(client: &Client, format: Format, command: ProviderCommand) ->
                 &page,
                 client.list_providers(),
                 &headers,
-                |p: &Provider| {
+                |p: &ProviderView| {
                     let cells = [&p.id, &p.kind, &p.api, &p.model];
                     let mut row: Vec<String> = cells.into_iter().cloned().collect();
                     let key = if p.api_key_configured {
@@ -698,7 +708,7 @@ async fn status(client: &Client, format: Format) -> Result<(), Error> {
     .map(drop)
 }
 
-fn task_fields(t: &Task) -> Table {
+fn task_fields(t: &TaskRecord) -> Table {
     Table::fields(&[
         ("id", t.id.clone()),
         ("kind", t.execution_kind.clone()),
@@ -713,7 +723,7 @@ fn task_fields(t: &Task) -> Table {
     ])
 }
 
-fn run_fields(r: &Run) -> Table {
+fn run_fields(r: &RunRecord) -> Table {
     Table::fields(&[
         ("id", r.id.clone()),
         ("task", r.task_id.clone()),
@@ -728,7 +738,7 @@ fn run_fields(r: &Run) -> Table {
     ])
 }
 
-fn media_fields(j: &MediaJob) -> Table {
+fn media_fields(j: &MediaJobRecord) -> Table {
     Table::fields(&[
         ("id", j.id.clone()),
         ("provider", j.provider_id.clone()),

@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use keel_client::{Call, Error, Page};
+use keel_client::{Call, Error, ListEnvelope};
 use serde::de::DeserializeOwned;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -132,7 +132,7 @@ pub async fn show<T: DeserializeOwned>(
 /// How much of a list to print.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PageArgs {
-    /// Page size, 1 to 200.
+    /// ListEnvelope size, 1 to 200.
     #[arg(long)]
     pub limit: Option<u32>,
     /// Start after this cursor (a page's `next_cursor`).
@@ -148,7 +148,7 @@ pub struct PageArgs {
 pub async fn list<T: DeserializeOwned + serde::Serialize + 'static>(
     format: Format,
     page: &PageArgs,
-    call: Call<'_, Page<T>>,
+    call: Call<'_, ListEnvelope<T>>,
     headers: &[&'static str],
     row: impl Fn(&T) -> Vec<String>,
 ) -> Result<(), Error> {
@@ -202,15 +202,13 @@ pub fn print_raw(raw: &[u8]) {
 pub fn print_error(error: &Error) {
     match error.api() {
         Some(api) => {
-            let said = api.user_message.as_deref().unwrap_or("The request failed.");
-            let request = api.request_id.as_deref().unwrap_or("none");
+            let body = &api.error;
+            let request = body.request_id.as_deref().unwrap_or("none");
             eprintln!(
-                "error: {said} {} ({}, HTTP {}, request id {request})",
-                api.message, api.kind, api.status
+                "error: {} {} ({}, HTTP {}, request id {request})",
+                body.user_message, body.message, body.kind, api.status
             );
-            if let Some(action) = &api.operator_action {
-                eprintln!("hint: {action}");
-            }
+            eprintln!("hint: {}", body.operator_action);
         }
         None => eprintln!("error: {error}"),
     }
