@@ -149,9 +149,14 @@ impl Call<'_, ()> {
 impl<T: DeserializeOwned> Call<'_, T> {
     /// Sends the request and reads the typed answer.
     pub async fn send(self) -> Result<T, Error> {
+        Ok(self.fetch().await?.0)
+    }
+
+    /// The typed answer and the body it was read from, as the server sent it.
+    pub async fn fetch(self) -> Result<(T, Bytes), Error> {
         let url = self.url();
         let body = self.raw().await?;
-        decode(&url, &body)
+        Ok((decode(&url, &body)?, body))
     }
 }
 

@@ -229,6 +229,11 @@ impl Client {
         self.get(format!("/v1/media-jobs/{}", segment(media_job_id)))
     }
 
+    /// Queues a `queued`, `failed` or `cancelled` job to run.
+    pub fn run_media_job(&self, media_job_id: &str) -> Call<'_, ObjectEnvelope<MediaJobRecord>> {
+        self.post(format!("/v1/media-jobs/{}/run", segment(media_job_id)))
+    }
+
     pub fn list_media_artifacts(
         &self,
         media_job_id: &str,

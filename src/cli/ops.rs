@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use keel_client::{
-    ApprovalRecord, Client, Credentials, Error, MediaJobDraft, MediaJobRecord, ObjectEnvelope,
-    ProviderView, ResolveRequest, RunRecord, ScheduleDraft, ScheduleRecord, StartRequest,
-    TaskDraft, TaskRecord,
+    ApprovalRecord, Call, Client, Credentials, Error, MediaJobDraft, MediaJobRecord,
+    ObjectEnvelope, ProviderView, ResolveRequest, RunRecord, ScheduleDraft, ScheduleRecord,
+    StartRequest, TaskDraft, TaskRecord,
 };
 
 use super::output::{self, Format, PageArgs, Table, or_dash, time};
@@ -251,9 +251,9 @@ pub enum ScheduleCommand {
         /// Once, at this RFC 3339 time.
         #[arg(long)]
         at: Option<String>,
-        /// An IANA zone (default UTC).
-        #[arg(long)]
-        timezone: Option<String>,
+        /// The IANA zone the schedule is read in.
+        #[arg(long, default_value = "UTC")]
+        timezone: String,
         /// Saved paused.
         #[arg(long)]
         disabled: bool,
@@ -268,7 +268,7 @@ pub enum ScheduleCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum MediaCommand {
-    /// Creates a media job (queued at once).
+    /// Creates a media job and runs it (sends it to a worker).
     Create {
         /// The provider preset (`api: media-job`).
         #[arg(long)]
@@ -284,6 +284,9 @@ pub enum MediaCommand {
         /// Print only the new job's id.
         #[arg(long, short)]
         quiet: bool,
+        /// Only create the job; `POST /v1/media-jobs/{id}/run` starts it later.
+        #[arg(long, conflicts_with = "watch")]
+        no_run: bool,
         /// Follow the job until it ends; the exit code is its outcome.
         #[arg(long)]
         watch: bool,
@@ -426,7 +429,7 @@ async fn tasks(client: &Client, format: Format, command: TaskCommand) -> Result<
 async fn admitted(
     client: &Client,
     format: Format,
-    call: keel_client::Call<'_, ObjectEnvelope<RunRecord>>,
+    call: Call<'_, ObjectEnvelope<RunRecord>>,
     args: WatchArgs,
 ) -> Result<Outcome, Error> {
     if !args.watch {
@@ -567,7 +570,7 @@ async fn schedules(client: &Client, format: Format, command: ScheduleCommand) ->
         } => {
             let draft = ScheduleDraft {
                 kind: Some(if cron.is_some() { "cron" } else { "once" }.into()),
-                timezone,
+                timezone: Some(timezone),
                 enabled: Some(!disabled),
                 run_at: at,
                 cron_expression: cron,
@@ -594,6 +597,7 @@ async fn media(client: &Client, format: Format, command: MediaCommand) -> Result
             prompt,
             input,
             quiet,
+            no_run,
             watch,
         } => {
             let input = serde_json::from_str(&input)
@@ -604,13 +608,13 @@ async fn media(client: &Client, format: Format, command: MediaCommand) -> Result
                 prompt,
                 input,
             };
-            let call = client.create_media_job(&draft);
-            let job = if quiet {
-                let job = call.await?.data;
-                println!("{}", job.id);
-                job
+            // What is printed is the last answer: the job as created, or as queued to run.
+            let create = client.create_media_job(&draft);
+            let job = if no_run {
+                print_job(format, quiet, create).await?
             } else {
-                output::show(format, call, fields).await?.data
+                let id = create.await?.data.id;
+                print_job(format, quiet, client.run_media_job(&id)).await?
             };
             if watch {
                 return watch::media(client, &job.id, quiet).await;
@@ -624,6 +628,21 @@ async fn media(client: &Client, format: Format, command: MediaCommand) -> Result
         }
     }
     Ok(Outcome::Done)
+}
+
+/// A media job answer: its id alone with `quiet`, else shown.
+async fn print_job(
+    format: Format,
+    quiet: bool,
+    call: Call<'_, ObjectEnvelope<MediaJobRecord>>,
+) -> Result<MediaJobRecord, Error> {
+    if quiet {
+        let job = call.await?.data;
+        println!("{}", job.id);
+        return Ok(job);
+    }
+    let job = output::show(format, call, |j| media_fields(&j.data)).await?;
+    Ok(job.data)
 }
 
 async fn providers(client: &Client, format: Format, command: ProviderCommand) -> Result<(), Error> {

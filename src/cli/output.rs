@@ -114,12 +114,9 @@ pub async fn show<T: DeserializeOwned>(
 ) -> Result<T, Error> {
     match format {
         Format::Json => {
-            let raw = call.raw().await?;
+            let (value, raw) = call.fetch().await?;
             print_raw(&raw);
-            serde_json::from_slice(&raw).map_err(|e| Error::Decode {
-                url: "the answer".into(),
-                message: e.to_string(),
-            })
+            Ok(value)
         }
         Format::Table => {
             let value = call.send().await?;
