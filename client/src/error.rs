@@ -9,7 +9,7 @@ pub enum Error {
     #[error("{0}")]
     Api(Box<ApiError>),
     /// The API could not be reached, or the connection broke.
-    #[error("cannot reach {url}: {source}")]
+    #[error("cannot reach {url}: {}", root_cause(source))]
     Transport {
         url: String,
         #[source]
@@ -24,6 +24,15 @@ pub enum Error {
     /// The caller asked for something impossible before any request was sent.
     #[error("{0}")]
     Usage(String),
+}
+
+/// The innermost cause ("Connection refused"), which reqwest's own message leaves out.
+fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = error;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
 }
 
 impl Error {

@@ -704,24 +704,25 @@ async fn providers(client: &Client, format: Format, command: ProviderCommand) ->
 async fn status(client: &Client, format: Format) -> Result<(), Error> {
     output::show(format, client.system_stats(), |stats| {
         let stats = &stats.data;
-        let mut table = Table::new(&["KIND", "DEPTH", "READY", "LEASED", "OLDEST READY"]);
+        let mut fields = vec![
+            ("version".to_string(), stats.version.clone()),
+            ("live workers".into(), stats.workers.live.to_string()),
+            ("active leases".into(), stats.active_leases.to_string()),
+        ];
         for kind in &stats.queue {
-            table.row(vec![
-                kind.kind.clone(),
-                kind.depth.to_string(),
-                kind.ready.to_string(),
-                kind.leased.to_string(),
-                or_dash(
-                    kind.oldest_age_ms
-                        .map(|ms| format!("{:.1}s", ms as f64 / 1000.0)),
-                ),
-            ]);
+            let oldest = kind
+                .oldest_age_ms
+                .map(|ms| format!("{:.1}s", ms as f64 / 1000.0));
+            let figures = format!(
+                "depth {}, ready {}, leased {}, oldest ready {}",
+                kind.depth,
+                kind.ready,
+                kind.leased,
+                or_dash(oldest)
+            );
+            fields.push((format!("queue {}", kind.kind), figures));
         }
-        table.row(vec![format!(
-            "leases: {}  live workers: {}  version: {}",
-            stats.active_leases, stats.workers.live, stats.version
-        )]);
-        table
+        Table::fields(&fields)
     })
     .await
     .map(drop)

@@ -27,10 +27,10 @@ impl Table {
     }
 
     /// A two-column table of a resource's fields.
-    pub fn fields(fields: &[(&'static str, String)]) -> Table {
+    pub fn fields<K: AsRef<str>>(fields: &[(K, String)]) -> Table {
         let mut table = Table::new(&["FIELD", "VALUE"]);
         for (name, value) in fields {
-            table.row(vec![name.to_string(), value.clone()]);
+            table.row(vec![name.as_ref().to_string(), value.clone()]);
         }
         table
     }
@@ -54,8 +54,8 @@ impl Table {
         }
     }
 
-    /// The table's lines, the widest columns shrunk (cells cut with `…`) until the
-    /// table fits `width`.
+    /// The table's lines fit to `width`: the last column (free text: a command, a
+    /// message, a value) is cut first, then the widest; cut cells end with `…`.
     fn lines(&self, width: Option<usize>) -> Vec<String> {
         use console::{measure_text_width, truncate_str};
         let mut widths: Vec<usize> = self.headers.iter().map(|h| h.len()).collect();
@@ -68,6 +68,11 @@ impl Table {
             const GAP: usize = 2;
             const NARROWEST: usize = 6;
             let total = |ws: &[usize]| ws.iter().sum::<usize>() + GAP * ws.len().saturating_sub(1);
+            let last = widths.len() - 1;
+            let over = total(&widths).saturating_sub(width);
+            widths[last] = widths[last]
+                .saturating_sub(over)
+                .max(NARROWEST.min(widths[last]));
             while total(&widths) > width {
                 let (widest, w) = widths
                     .iter()

@@ -191,6 +191,7 @@ pub async fn run(client: &Client, run: &RunRecord, no_wait: bool) -> Result<Outc
         "run {} (task {}, #{}): {}",
         run.id, run.task_id, run.number, run.status
     ));
+    view.status(format!("run {}", run.status));
     let mut logs = Logs::new(run);
     let mut progress = Progress::default();
     let mut events = pin!(client.stream_run(&run.task_id, &run.id, None));
@@ -255,6 +256,7 @@ async fn on_event(
         "run.started" => {
             progress.started_at = Some(at);
             view.line(&format!("run started (attempt {})", data["attempt"]));
+            view.status("running".into());
         }
         "step.started" => {
             let index = data["index"].as_i64().unwrap_or_default();
