@@ -337,3 +337,72 @@ async fn watch_prints_every_line_once_across_an_api_killed_and_restarted() {
     );
     drop(api);
 }
+
+#[tokio::test]
+async fn the_other_commands_answer_from_the_api() {
+    let keel = Keel::start("none").await;
+    let url = keel.url();
+    let first = create_shell(url, "echo one").await;
+    let second = create_shell(url, "echo two").await;
+
+    // Every page: one task a page, both rows.
+    let output = cli(url, &["tasks", "list", "--limit", "1", "--all"]).await;
+    let table = stdout(&output);
+    assert!(
+        table.contains(&first) && table.contains(&second),
+        "{}",
+        describe(&output)
+    );
+    let output = cli(url, &["tasks", "list", "--limit", "1"]).await;
+    assert!(!stdout(&output).contains(&first), "{}", describe(&output));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("more: --cursor "));
+
+    let output = cli(url, &["tasks", "start", &first, "--watch"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let (_, task) = keel.client().get(&format!("/v1/tasks/{first}")).await;
+    let run = task["data"]["latest_run_id"].as_str().unwrap();
+    let output = cli(url, &["runs", "logs", run]).await;
+    assert_eq!(stdout(&output), "one\n", "{}", describe(&output));
+    let output = cli(url, &["runs", "show", run, "--output", "json"]).await;
+    let (_, api) = keel
+        .client()
+        .get(&format!("/v1/tasks/{first}/runs/{run}"))
+        .await;
+    assert_eq!(
+        serde_json::from_slice::<Value>(&output.stdout).unwrap(),
+        api
+    );
+    let output = cli(url, &["runs", "list", &first]).await;
+    assert!(stdout(&output).contains(run), "{}", describe(&output));
+
+    let set = ["schedules", "set", &second, "--cron", "0 9 * * 1-5"];
+    let output = cli(url, &set).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let output = cli(url, &["schedules", "show", &second, "--output", "json"]).await;
+    let schedule: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(schedule["data"]["cron_expression"], "0 9 * * 1-5");
+    let output = cli(url, &["schedules", "delete", &second]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let output = cli(url, &["schedules", "show", &second]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
+
+    for args in [
+        &["status"][..],
+        &["providers", "list"],
+        &["approvals", "list"],
+    ] {
+        let output = cli(url, args).await;
+        assert_eq!(code(&output), 0, "{args:?}: {}", describe(&output));
+    }
+    let output = cli(url, &["status", "--output", "json"]).await;
+    let stats: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert!(
+        stats["data"]["workers"]["live"].as_u64() >= Some(1),
+        "{stats}"
+    );
+
+    let output = cli(url, &["tasks", "delete", &second]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let (status, _) = keel.client().get(&format!("/v1/tasks/{second}")).await;
+    assert_eq!(status, 404);
+}

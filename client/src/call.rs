@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 
 use crate::Client;
 use crate::error::{ApiError, Error};
-use crate::types::Page;
+use crate::types::ListEnvelope;
 
 /// A request whose answer is a `T`.
 #[must_use = "a call does nothing until awaited"]
@@ -174,9 +174,14 @@ impl Call<'_, ()> {
 impl<T: DeserializeOwned> Call<'_, T> {
     /// Sends the request and reads the typed answer.
     pub async fn send(self) -> Result<T, Error> {
+        Ok(self.fetch().await?.0)
+    }
+
+    /// The typed answer and the body it was read from, as the server sent it.
+    pub async fn fetch(self) -> Result<(T, Bytes), Error> {
         let url = self.url();
         let body = self.raw().await?;
-        decode(&url, &body)
+        Ok((decode(&url, &body)?, body))
     }
 }
 
@@ -189,7 +194,7 @@ impl<'c, T: DeserializeOwned + 'c> IntoFuture for Call<'c, T> {
     }
 }
 
-impl<'c, T: DeserializeOwned + 'c> Call<'c, Page<T>> {
+impl<'c, T: DeserializeOwned + 'c> Call<'c, ListEnvelope<T>> {
     /// Every item of the list, page after page, following `next_cursor` until the last.
     pub fn items(self) -> impl Stream<Item = Result<T, Error>> + 'c {
         use futures_util::stream::{self, TryStreamExt};
@@ -198,7 +203,7 @@ impl<'c, T: DeserializeOwned + 'c> Call<'c, Page<T>> {
                 return Ok(None);
             };
             let template = call.clone();
-            let page: Page<T> = call.send().await?;
+            let page: ListEnvelope<T> = call.send().await?;
             let next = page
                 .next_cursor
                 .clone()

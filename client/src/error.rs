@@ -1,7 +1,7 @@
 //! The client's one error type. An error answer keeps the server's envelope as sent:
 //! `{"error": {"type", "message", "user_message", "operator_action", "request_id"}}`.
 
-use serde::Deserialize;
+use keel_api_types::{ErrorBody, ErrorEnvelope};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -9,7 +9,7 @@ pub enum Error {
     #[error("{0}")]
     Api(Box<ApiError>),
     /// The API could not be reached, or the connection broke.
-    #[error("cannot reach {url}: {source}")]
+    #[error("cannot reach {url}: {}", root_cause(source))]
     Transport {
         url: String,
         #[source]
@@ -24,6 +24,15 @@ pub enum Error {
     /// The caller asked for something impossible before any request was sent.
     #[error("{0}")]
     Usage(String),
+}
+
+/// The innermost cause ("Connection refused"), which reqwest's own message leaves out.
+fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = error;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
 }
 
 impl Error {
@@ -46,53 +55,43 @@ impl Error {
     }
 }
 
-/// An error answer: its HTTP status and envelope.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// An error answer: its HTTP status and the envelope's body as the server sent it.
+#[derive(Debug, Clone)]
 pub struct ApiError {
-    /// The HTTP status (not part of the envelope).
-    #[serde(skip)]
     pub status: u16,
-    /// The stable error type (`not_found`, `invalid_request`, `conflict`, …).
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub message: String,
-    pub user_message: Option<String>,
-    pub operator_action: Option<String>,
-    pub request_id: Option<String>,
-    pub trace_id: Option<String>,
+    pub error: ErrorBody,
 }
 
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({}): {}", self.status, self.kind, self.message)
+        write!(
+            f,
+            "{} ({}): {}",
+            self.status, self.error.kind, self.error.message
+        )
     }
-}
-
-#[derive(Deserialize)]
-struct Envelope {
-    error: ApiError,
 }
 
 impl ApiError {
     /// The envelope of an error body; a body without one (a proxy's page) still yields an
     /// error with the status, its text as the message, and the response's request id.
     pub(crate) fn from_body(status: u16, request_id: Option<String>, body: &[u8]) -> ApiError {
-        match serde_json::from_slice::<Envelope>(body) {
-            Ok(Envelope { mut error }) => {
-                error.status = status;
+        let error = match serde_json::from_slice::<ErrorEnvelope>(body) {
+            Ok(ErrorEnvelope { mut error }) => {
                 error.request_id = error.request_id.or(request_id);
                 error
             }
-            Err(_) => ApiError {
-                status,
+            Err(_) => ErrorBody {
                 kind: "unexpected_response".into(),
                 message: String::from_utf8_lossy(body).chars().take(500).collect(),
-                user_message: None,
-                operator_action: None,
+                user_message: "The server answered with an error that is not Keel's.".into(),
+                operator_action: "Check that the URL points at Keel's API, not a proxy's page."
+                    .into(),
                 request_id,
                 trace_id: None,
             },
-        }
+        };
+        ApiError { status, error }
     }
 }
 
@@ -106,11 +105,17 @@ mod tests {
             "user_message":"The resource does not exist.","operator_action":"Check the id.",
             "request_id":"req_1"}}"#;
         let error = ApiError::from_body(404, Some("header".into()), body);
-        assert_eq!(error.kind, "not_found");
-        assert_eq!(error.request_id.as_deref(), Some("req_1"));
-        assert_eq!(error.operator_action.as_deref(), Some("Check the id."));
+        assert_eq!(
+            (error.status, error.error.kind.as_str()),
+            (404, "not_found")
+        );
+        assert_eq!(error.error.request_id.as_deref(), Some("req_1"));
+        assert_eq!(error.error.operator_action, "Check the id.");
         let error = ApiError::from_body(502, Some("req_2".into()), b"Bad Gateway");
-        assert_eq!((error.status, error.message.as_str()), (502, "Bad Gateway"));
-        assert_eq!(error.request_id.as_deref(), Some("req_2"));
+        assert_eq!(
+            (error.status, error.error.message.as_str()),
+            (502, "Bad Gateway")
+        );
+        assert_eq!(error.error.request_id.as_deref(), Some("req_2"));
     }
 }

@@ -21,16 +21,16 @@ impl Client {
 
     // Tasks.
 
-    pub fn create_task(&self, draft: &TaskDraft) -> Call<'_, Object<Task>> {
+    pub fn create_task(&self, draft: &TaskDraft) -> Call<'_, ObjectEnvelope<TaskRecord>> {
         self.post("/v1/tasks".into()).json(draft)
     }
 
     /// Tasks, newest first; `status` is `not_started` or a run status.
-    pub fn list_tasks(&self, status: Option<&str>) -> Call<'_, Page<Task>> {
+    pub fn list_tasks(&self, status: Option<&str>) -> Call<'_, ListEnvelope<TaskRecord>> {
         self.get("/v1/tasks".into()).query("status", status)
     }
 
-    pub fn get_task(&self, task_id: &str) -> Call<'_, Object<Task>> {
+    pub fn get_task(&self, task_id: &str) -> Call<'_, ObjectEnvelope<TaskRecord>> {
         self.get(format!("/v1/tasks/{}", segment(task_id)))
     }
 
@@ -43,7 +43,11 @@ impl Client {
     }
 
     /// Creates the task's next run.
-    pub fn start_task(&self, task_id: &str, request: &StartRequest) -> Call<'_, Object<Run>> {
+    pub fn start_task(
+        &self,
+        task_id: &str,
+        request: &StartRequest,
+    ) -> Call<'_, ObjectEnvelope<RunRecord>> {
         self.post(format!("/v1/tasks/{}/start", segment(task_id)))
             .json(request)
     }
@@ -51,15 +55,15 @@ impl Client {
     // Runs.
 
     /// A task's runs, oldest first.
-    pub fn list_runs(&self, task_id: &str) -> Call<'_, Page<Run>> {
+    pub fn list_runs(&self, task_id: &str) -> Call<'_, ListEnvelope<RunRecord>> {
         self.get(format!("/v1/tasks/{}/runs", segment(task_id)))
     }
 
-    pub fn get_run(&self, task_id: &str, run_id: &str) -> Call<'_, Object<Run>> {
+    pub fn get_run(&self, task_id: &str, run_id: &str) -> Call<'_, ObjectEnvelope<RunRecord>> {
         self.get(run_path(task_id, run_id))
     }
 
-    pub fn cancel_run(&self, task_id: &str, run_id: &str) -> Call<'_, Object<Run>> {
+    pub fn cancel_run(&self, task_id: &str, run_id: &str) -> Call<'_, ObjectEnvelope<RunRecord>> {
         self.post(format!("{}/cancel", run_path(task_id, run_id)))
     }
 
@@ -69,7 +73,7 @@ impl Client {
         task_id: &str,
         run_id: &str,
         request: &StartRequest,
-    ) -> Call<'_, Object<Run>> {
+    ) -> Call<'_, ObjectEnvelope<RunRecord>> {
         self.post(format!("{}/retry", run_path(task_id, run_id)))
             .json(request)
     }
@@ -80,12 +84,12 @@ impl Client {
         task_id: &str,
         run_id: &str,
         request: &StartRequest,
-    ) -> Call<'_, Object<Run>> {
+    ) -> Call<'_, ObjectEnvelope<RunRecord>> {
         self.post(format!("{}/resume", run_path(task_id, run_id)))
             .json(request)
     }
 
-    pub fn list_steps(&self, task_id: &str, run_id: &str) -> Call<'_, Page<Step>> {
+    pub fn list_steps(&self, task_id: &str, run_id: &str) -> Call<'_, ListEnvelope<StepRecord>> {
         self.get(format!("{}/steps", run_path(task_id, run_id)))
     }
 
@@ -95,13 +99,17 @@ impl Client {
         task_id: &str,
         run_id: &str,
         after_sequence: Option<i64>,
-    ) -> Call<'_, Page<Event>> {
+    ) -> Call<'_, ListEnvelope<EventRecord>> {
         self.get(format!("{}/events", run_path(task_id, run_id)))
             .query("after_sequence", after_sequence)
             .cursor_param("after_sequence")
     }
 
-    pub fn list_artifacts(&self, task_id: &str, run_id: &str) -> Call<'_, Page<Artifact>> {
+    pub fn list_artifacts(
+        &self,
+        task_id: &str,
+        run_id: &str,
+    ) -> Call<'_, ListEnvelope<ArtifactRecord>> {
         self.get(format!("{}/artifacts", run_path(task_id, run_id)))
     }
 
@@ -118,7 +126,7 @@ impl Client {
 
     /// The run a run id names: the API addresses runs under their task, and an operator
     /// often has only the run id.
-    pub async fn find_run(&self, run_id: &str) -> Result<Object<Run>, Error> {
+    pub async fn find_run(&self, run_id: &str) -> Result<ObjectEnvelope<RunRecord>, Error> {
         let task_id = self.task_of("run", run_id).await?;
         self.get_run(&task_id, run_id).await
     }
@@ -126,7 +134,7 @@ impl Client {
     /// The task a run or an approval belongs to, read from the audit trail (which records
     /// every entity's creation with its task).
     pub async fn task_of(&self, entity_type: &str, id: &str) -> Result<String, Error> {
-        let transitions: Page<Transition> = self
+        let transitions: ListEnvelope<TransitionRecord> = self
             .get("/v1/state-transitions".into())
             .query("entity_type", Some(entity_type))
             .query("entity_id", Some(id))
@@ -142,7 +150,7 @@ impl Client {
     // Approvals.
 
     /// Approvals across tasks, oldest first; `status` is `pending`, `approved`, …
-    pub fn list_approvals(&self, status: Option<&str>) -> Call<'_, Page<Approval>> {
+    pub fn list_approvals(&self, status: Option<&str>) -> Call<'_, ListEnvelope<ApprovalRecord>> {
         self.get("/v1/approvals".into()).query("status", status)
     }
 
@@ -150,12 +158,16 @@ impl Client {
         &self,
         task_id: &str,
         status: Option<&str>,
-    ) -> Call<'_, Page<Approval>> {
+    ) -> Call<'_, ListEnvelope<ApprovalRecord>> {
         self.get(format!("/v1/tasks/{}/approvals", segment(task_id)))
             .query("status", status)
     }
 
-    pub fn get_approval(&self, task_id: &str, approval_id: &str) -> Call<'_, Object<Approval>> {
+    pub fn get_approval(
+        &self,
+        task_id: &str,
+        approval_id: &str,
+    ) -> Call<'_, ObjectEnvelope<ApprovalRecord>> {
         self.get(format!(
             "/v1/tasks/{}/approvals/{}",
             segment(task_id),
@@ -168,7 +180,7 @@ impl Client {
         task_id: &str,
         approval_id: &str,
         request: &ResolveRequest,
-    ) -> Call<'_, Object<Resolution>> {
+    ) -> Call<'_, ObjectEnvelope<Resolution>> {
         let path = format!(
             "/v1/tasks/{}/approvals/{}/resolve",
             segment(task_id),
@@ -179,11 +191,15 @@ impl Client {
 
     // Schedules.
 
-    pub fn get_schedule(&self, task_id: &str) -> Call<'_, Object<Schedule>> {
+    pub fn get_schedule(&self, task_id: &str) -> Call<'_, ObjectEnvelope<ScheduleRecord>> {
         self.get(format!("/v1/tasks/{}/schedule", segment(task_id)))
     }
 
-    pub fn put_schedule(&self, task_id: &str, draft: &ScheduleDraft) -> Call<'_, Object<Schedule>> {
+    pub fn put_schedule(
+        &self,
+        task_id: &str,
+        draft: &ScheduleDraft,
+    ) -> Call<'_, ObjectEnvelope<ScheduleRecord>> {
         Call::new(
             self,
             Method::PUT,
@@ -202,15 +218,26 @@ impl Client {
 
     // Media jobs.
 
-    pub fn create_media_job(&self, draft: &MediaJobDraft) -> Call<'_, Object<MediaJob>> {
+    pub fn create_media_job(
+        &self,
+        draft: &MediaJobDraft,
+    ) -> Call<'_, ObjectEnvelope<MediaJobRecord>> {
         self.post("/v1/media-jobs".into()).json(draft)
     }
 
-    pub fn get_media_job(&self, media_job_id: &str) -> Call<'_, Object<MediaJob>> {
+    pub fn get_media_job(&self, media_job_id: &str) -> Call<'_, ObjectEnvelope<MediaJobRecord>> {
         self.get(format!("/v1/media-jobs/{}", segment(media_job_id)))
     }
 
-    pub fn list_media_artifacts(&self, media_job_id: &str) -> Call<'_, Page<Artifact>> {
+    /// Queues a `queued`, `failed` or `cancelled` job to run.
+    pub fn run_media_job(&self, media_job_id: &str) -> Call<'_, ObjectEnvelope<MediaJobRecord>> {
+        self.post(format!("/v1/media-jobs/{}/run", segment(media_job_id)))
+    }
+
+    pub fn list_media_artifacts(
+        &self,
+        media_job_id: &str,
+    ) -> Call<'_, ListEnvelope<ArtifactRecord>> {
         self.get(format!(
             "/v1/media-jobs/{}/artifacts",
             segment(media_job_id)
@@ -219,23 +246,23 @@ impl Client {
 
     // Providers.
 
-    pub fn list_providers(&self) -> Call<'_, Page<Provider>> {
+    pub fn list_providers(&self) -> Call<'_, ListEnvelope<ProviderView>> {
         self.get("/v1/providers".into())
     }
 
-    pub fn get_provider(&self, id: &str) -> Call<'_, Object<Provider>> {
+    pub fn get_provider(&self, id: &str) -> Call<'_, ObjectEnvelope<ProviderView>> {
         self.get(format!("/v1/providers/{}", segment(id)))
     }
 
     /// Checks the preset; `live` also makes one tiny billed call (chat presets only).
-    pub fn check_provider(&self, id: &str, live: bool) -> Call<'_, Object<ProviderCheck>> {
+    pub fn check_provider(&self, id: &str, live: bool) -> Call<'_, ObjectEnvelope<ProviderCheck>> {
         self.post(format!("/v1/providers/{}/check", segment(id)))
             .query("live", live.then_some(true))
     }
 
     // System.
 
-    pub fn system_stats(&self) -> Call<'_, Object<SystemStats>> {
+    pub fn system_stats(&self) -> Call<'_, ObjectEnvelope<SystemStats>> {
         self.get("/v1/system/stats".into())
     }
 }

@@ -1,5 +1,5 @@
-//! Event streams that survive a dropped connection: after an error, an idle connection or
-//! an end the stream did not announce, the client reconnects with `Last-Event-ID` set to
+//! EventRecord streams that survive a dropped connection: after an error, an idle connection or
+//! an end the stream did not announce, the client reconnects with `Last-EventRecord-ID` set to
 //! the last id it saw, so the server resumes exactly after it (nothing missed, nothing
 //! twice), for as long as [`RECONNECT_FOR`] of failures in a row.
 
@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::call::{Call, checked};
 use crate::error::Error;
-use crate::types::{Event, ModelDelta};
+use crate::types::{EventRecord, ModelDelta};
 use crate::{Client, segment};
 
 /// How long a stream keeps reconnecting to an API that is down before giving up.
@@ -34,7 +34,7 @@ pub struct SseEvent {
 #[derive(Debug, Clone)]
 pub enum RunItem {
     /// An event of the run's log.
-    Event(Event),
+    Event(EventRecord),
     /// Live model text (`model.delta`), not persisted: a reconnect does not replay it.
     Delta(ModelDelta),
 }
@@ -74,7 +74,7 @@ impl Client {
         &self,
         media_job_id: Option<&str>,
         after: Option<String>,
-    ) -> impl Stream<Item = Result<Event, Error>> + Send + '_ {
+    ) -> impl Stream<Item = Result<EventRecord, Error>> + Send + '_ {
         let call = Call::new(self, reqwest::Method::GET, "/v1/events/stream".into())
             .query("media_job_id", media_job_id);
         resumable(call, after, |_| false).map(|item| decode(&item?))

@@ -2,8 +2,9 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use keel_api_types::{Resolution, ResolveRequest};
+use serde::Deserialize;
+use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -12,7 +13,6 @@ use super::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object, page
 use crate::domain::Caller;
 use crate::domain::approval::{ApprovalKind, Decision};
 use crate::store::approvals::ApprovalRecord;
-use crate::store::runs::RunRecord;
 use crate::store::{approvals, tasks};
 
 const STATUSES: [&str; 5] = ["pending", "approved", "rejected", "cancelled", "expired"];
@@ -109,29 +109,6 @@ async fn get_approval(
     let mut conn = state.pool.acquire().await?;
     let approval = approvals::get(&mut conn, &caller.scope, &task_id, &approval_id).await?;
     Ok(Json(object("task_approval", approval)))
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({ "decision": "approve", "note": "checked the command" }))]
-struct ResolveRequest {
-    /// `approve` or `reject` (required).
-    #[schema(example = "approve")]
-    decision: Option<String>,
-    /// Why; kept on the approval (at most 4096 bytes).
-    note: Option<String>,
-    /// With `reject`, on an `agent_loop_tool_call` approval only: the model reads a refusal
-    /// as each gated call's result and the run goes on instead of being cancelled.
-    #[serde(rename = "continue")]
-    #[schema(rename = "continue")]
-    continue_on_reject: Option<bool>,
-}
-
-/// A decision's result: the approval and the run it gated.
-#[derive(Debug, Serialize, ToSchema)]
-struct Resolution {
-    approval: ApprovalRecord,
-    run: RunRecord,
 }
 
 const MAX_NOTE_BYTES: usize = 4096;

@@ -5,8 +5,9 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
+use keel_api_types::MediaJobDraft;
 use serde::Deserialize;
-use utoipa::{IntoParams, ToSchema};
+use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -49,28 +50,6 @@ impl From<Refused> for ApiError {
             },
         }
     }
-}
-
-/// A media job to create; it is not run until `POST /media-jobs/{id}/run`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct MediaJobDraft {
-    /// The id of an enabled provider preset with `api: "media-job"`.
-    #[schema(example = "provider_0190...")]
-    provider_id: String,
-    /// `image_generate`, `image_edit` or `video_generate`; the preset must list it.
-    #[schema(example = "image_generate")]
-    operation: String,
-    #[schema(example = "A lighthouse at dusk, watercolour")]
-    prompt: String,
-    /// Vendor options (`size`, `n`, `image` for edits, …).
-    #[serde(default = "empty_object")]
-    #[schema(value_type = Object)]
-    input: serde_json::Value,
-}
-
-fn empty_object() -> serde_json::Value {
-    serde_json::json!({})
 }
 
 /// Creates a media job, `queued`.

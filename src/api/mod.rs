@@ -27,11 +27,11 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use keel_workers::agent::provider::ChatLimits;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sqlx::PgPool;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use utoipa::{IntoParams, ToSchema};
+use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 
 use crate::domain::provider::ProviderHosts;
@@ -41,6 +41,7 @@ use crate::store::runs::AdmissionRules;
 
 pub use auth::{Auth, ROUTE_POLICY, RouteClass, SettingsError};
 pub use error::ApiError;
+pub use keel_api_types::{ListEnvelope, ObjectEnvelope};
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
@@ -224,45 +225,6 @@ pub fn page_limit(limit: Option<i64>) -> Result<i64, ApiError> {
     }
 }
 
-/// A page of a list.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ListEnvelope<T> {
-    /// Always `list`.
-    #[schema(example = "list")]
-    pub object: &'static str,
-    pub data: Vec<T>,
-    /// Whether another page follows.
-    pub has_more: bool,
-    /// Pass as `cursor` to get the next page; null on the last page.
-    pub next_cursor: Option<String>,
-}
-
-impl<T> ListEnvelope<T> {
-    /// The same page with each item transformed.
-    pub fn map<U>(self, f: impl FnMut(T) -> U) -> ListEnvelope<U> {
-        let ListEnvelope {
-            object,
-            data,
-            has_more,
-            next_cursor,
-        } = self;
-        ListEnvelope {
-            object,
-            data: data.into_iter().map(f).collect(),
-            has_more,
-            next_cursor,
-        }
-    }
-}
-
-/// One resource.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ObjectEnvelope<T> {
-    /// The resource's type, for example `task` or `task_run`.
-    pub object: &'static str,
-    pub data: T,
-}
-
 /// A list envelope from `limit + 1` fetched rows: `has_more` tells whether a next page
 /// exists and `next_cursor` is what to pass as `cursor` to get it.
 pub fn list<T>(mut rows: Vec<T>, limit: i64, cursor_of: impl Fn(&T) -> String) -> ListEnvelope<T> {
@@ -274,7 +236,7 @@ pub fn list<T>(mut rows: Vec<T>, limit: i64, cursor_of: impl Fn(&T) -> String) -
         None
     };
     ListEnvelope {
-        object: "list",
+        object: "list".to_string(),
         data: rows,
         has_more,
         next_cursor,
@@ -282,7 +244,10 @@ pub fn list<T>(mut rows: Vec<T>, limit: i64, cursor_of: impl Fn(&T) -> String) -
 }
 
 pub fn object<T>(name: &'static str, data: T) -> ObjectEnvelope<T> {
-    ObjectEnvelope { object: name, data }
+    ObjectEnvelope {
+        object: name.to_string(),
+        data,
+    }
 }
 
 /// An artifact's bytes as a streamed response, chunk by chunk from its content store. The

@@ -6,6 +6,8 @@ use std::sync::OnceLock;
 
 use axum::Json;
 use axum::response::Html;
+use keel_api_types::{ErrorBody, ErrorEnvelope};
+use utoipa::OpenApi as _;
 use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::response::ResponseBuilder;
@@ -13,7 +15,6 @@ use utoipa::openapi::security::{
     ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
 };
 use utoipa::openapi::{Content, OpenApi, OpenApiBuilder, Ref, RefOr};
-use utoipa::{OpenApi as _, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -52,41 +53,6 @@ const ERROR_STATUSES: [(&str, &str); 12] = [
     ),
     ("503", "Keel cannot reach its database."),
 ];
-
-/// The error envelope every 4xx and 5xx response carries.
-#[derive(Debug, serde::Serialize, ToSchema)]
-#[schema(example = json!({ "error": {
-    "type": "invalid_request", "message": "unknown field `shell_comand`, expected one of …",
-    "user_message": "The request was not valid.",
-    "operator_action": "Fix the request as the message says and send it again.",
-    "request_id": "req_01a229b431bc7222aa7a08b65e97e649",
-    "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"
-}}))]
-pub struct ErrorEnvelope {
-    pub error: ErrorBody,
-}
-
-#[derive(Debug, serde::Serialize, ToSchema)]
-pub struct ErrorBody {
-    /// Stable machine code: `invalid_request`, `unauthorized`, `forbidden`, `not_found`,
-    /// `conflict`, `rate_limit_exceeded`, `internal_error`, `unavailable`.
-    #[serde(rename = "type")]
-    #[schema(example = "invalid_request")]
-    pub kind: &'static str,
-    /// What went wrong, naming the field or resource at fault.
-    pub message: String,
-    /// A short summary for people.
-    pub user_message: &'static str,
-    /// What to do next.
-    pub operator_action: &'static str,
-    /// Mirrors the `X-Request-Id` response header.
-    #[schema(example = "req_01a229b431bc7222aa7a08b65e97e649")]
-    pub request_id: Option<String>,
-    /// The OpenTelemetry trace id of the request, present when Keel exports traces: look
-    /// the request up in the tracing backend with it.
-    #[schema(example = "4bf92f3577b34da6a3ce929d0e0e4736")]
-    pub trace_id: Option<String>,
-}
 
 #[derive(utoipa::OpenApi)]
 #[openapi(

@@ -2,13 +2,13 @@
 //! Presets" and "Secrets"). Responses report whether a secret reference resolves in this
 //! process, never its value.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use chrono::{DateTime, Utc};
+use chrono::Utc;
+use keel_api_types::{ProviderCheck, ProviderDraft, ProviderPatch, ProviderView};
 use keel_workers::agent::provider::{ChatClient, ChatLimits};
 use keel_workers::agent::{Message, ProviderError};
 use serde::{Deserialize, Serialize};
@@ -38,96 +38,31 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(secret_status))
 }
 
-/// A preset as the API shows it: its fields, and whether its secrets resolve here.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ProviderView {
-    #[schema(example = "provider_0190...")]
-    pub id: String,
-    /// `openai-images`, `seedream` or `seedance` for media presets; any slug for chat ones.
-    pub kind: String,
-    pub display_name: String,
-    pub provider_id: String,
-    pub model: String,
-    #[schema(value_type = String, example = "media-job")]
-    pub api: String,
-    pub base_url: String,
-    pub api_key_ref: Option<String>,
-    /// Whether `api_key_ref` resolves in the API process answering.
-    pub api_key_configured: bool,
-    pub api_key_status: Option<SecretStatus>,
-    pub headers: BTreeMap<String, String>,
-    pub secret_header_refs: BTreeMap<String, String>,
-    pub capabilities: Vec<String>,
-    pub input: Vec<String>,
-    #[schema(value_type = Object)]
-    pub compat: serde_json::Map<String, serde_json::Value>,
-    pub enabled: bool,
-    /// The result of the last `POST /providers/{id}/check`; cleared by any edit.
-    #[schema(value_type = Option<Object>)]
-    pub last_check: Option<serde_json::Value>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-}
-
-impl ProviderView {
-    /// Blocking: telling whether `api_key_ref` resolves may read a file.
-    fn new(p: ProviderRecord, secrets: &SecretPolicy) -> Self {
-        let api_key_status = p.api_key().map(|r| r.status(secrets));
-        ProviderView {
-            api_key_configured: api_key_status.as_ref().is_some_and(|s| s.configured),
-            api_key_status,
-            id: p.id,
-            kind: p.kind,
-            display_name: p.display_name,
-            provider_id: p.provider_id,
-            model: p.model,
-            api: p.api,
-            base_url: p.base_url,
-            api_key_ref: p.api_key_ref,
-            headers: p.headers.0,
-            secret_header_refs: p.secret_header_refs.0,
-            capabilities: p.capabilities,
-            input: p.input,
-            compat: p.compat.0,
-            enabled: p.enabled,
-            last_check: p.last_check.map(|c| c.0),
-            created_at: p.created_at,
-            updated_at: p.updated_at,
-        }
+/// A preset as the API shows it. Blocking: telling whether `api_key_ref` resolves may read
+/// a file.
+fn render(p: ProviderRecord, secrets: &SecretPolicy) -> ProviderView {
+    let api_key_status = p.api_key().map(|r| r.status(secrets));
+    ProviderView {
+        api_key_configured: api_key_status.as_ref().is_some_and(|s| s.configured),
+        api_key_status,
+        id: p.id,
+        kind: p.kind,
+        display_name: p.display_name,
+        provider_id: p.provider_id,
+        model: p.model,
+        api: p.api,
+        base_url: p.base_url,
+        api_key_ref: p.api_key_ref,
+        headers: p.headers.0,
+        secret_header_refs: p.secret_header_refs.0,
+        capabilities: p.capabilities,
+        input: p.input,
+        compat: p.compat.0,
+        enabled: p.enabled,
+        last_check: p.last_check.map(|c| c.0),
+        created_at: p.created_at,
+        updated_at: p.updated_at,
     }
-}
-
-/// A preset to create. A raw API key is never accepted: name it with `api_key_ref`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ProviderDraft {
-    #[schema(example = "seedance")]
-    kind: String,
-    display_name: Option<String>,
-    provider_id: Option<String>,
-    #[schema(example = "seedance-1-0-pro-250528")]
-    model: String,
-    #[schema(example = "media-job")]
-    api: String,
-    #[schema(example = "https://ark.ap-southeast.bytepluses.com/api/v3")]
-    base_url: String,
-    /// `env:NAME`, `file:/absolute/path` or `keychain:NAME`.
-    #[schema(example = "env:ARK_API_KEY")]
-    api_key_ref: Option<String>,
-    #[serde(default)]
-    headers: BTreeMap<String, String>,
-    /// Header name → secret reference.
-    #[serde(default)]
-    secret_header_refs: BTreeMap<String, String>,
-    #[serde(default)]
-    capabilities: Vec<String>,
-    #[serde(default)]
-    input: Vec<String>,
-    #[serde(default)]
-    #[schema(value_type = Object)]
-    compat: serde_json::Map<String, serde_json::Value>,
-    #[serde(default)]
-    enabled: bool,
 }
 
 impl From<ProviderDraft> for ProviderFields {
@@ -150,52 +85,22 @@ impl From<ProviderDraft> for ProviderFields {
     }
 }
 
-/// Fields to change; absent fields stay. `api_key_ref: null` removes the reference.
-#[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ProviderPatch {
-    kind: Option<String>,
-    display_name: Option<String>,
-    provider_id: Option<String>,
-    model: Option<String>,
-    api: Option<String>,
-    base_url: Option<String>,
-    #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<String>)]
-    api_key_ref: Option<Option<String>>,
-    headers: Option<BTreeMap<String, String>>,
-    secret_header_refs: Option<BTreeMap<String, String>>,
-    capabilities: Option<Vec<String>>,
-    input: Option<Vec<String>>,
-    #[schema(value_type = Option<Object>)]
-    compat: Option<serde_json::Map<String, serde_json::Value>>,
-    enabled: Option<bool>,
-}
-
-/// Tells an explicit `null` (Some(None)) from an absent field (None).
-fn present<'de, D: serde::Deserializer<'de>>(
-    deserializer: D,
-) -> std::result::Result<Option<Option<String>>, D::Error> {
-    Option::<String>::deserialize(deserializer).map(Some)
-}
-
-impl ProviderPatch {
-    fn apply(self, mut f: ProviderFields) -> ProviderFields {
-        f.kind = self.kind.unwrap_or(f.kind);
-        f.display_name = self.display_name.or(f.display_name);
-        f.provider_id = self.provider_id.or(f.provider_id);
-        f.model = self.model.unwrap_or(f.model);
-        f.api = self.api.unwrap_or(f.api);
-        f.base_url = self.base_url.unwrap_or(f.base_url);
-        f.api_key_ref = self.api_key_ref.unwrap_or(f.api_key_ref);
-        f.headers = self.headers.unwrap_or(f.headers);
-        f.secret_header_refs = self.secret_header_refs.unwrap_or(f.secret_header_refs);
-        f.capabilities = self.capabilities.unwrap_or(f.capabilities);
-        f.input = self.input.unwrap_or(f.input);
-        f.compat = self.compat.unwrap_or(f.compat);
-        f.enabled = self.enabled.unwrap_or(f.enabled);
-        f
-    }
+/// The preset's fields with a patch applied.
+fn patched(patch: ProviderPatch, mut f: ProviderFields) -> ProviderFields {
+    f.kind = patch.kind.unwrap_or(f.kind);
+    f.display_name = patch.display_name.or(f.display_name);
+    f.provider_id = patch.provider_id.or(f.provider_id);
+    f.model = patch.model.unwrap_or(f.model);
+    f.api = patch.api.unwrap_or(f.api);
+    f.base_url = patch.base_url.unwrap_or(f.base_url);
+    f.api_key_ref = patch.api_key_ref.unwrap_or(f.api_key_ref);
+    f.headers = patch.headers.unwrap_or(f.headers);
+    f.secret_header_refs = patch.secret_header_refs.unwrap_or(f.secret_header_refs);
+    f.capabilities = patch.capabilities.unwrap_or(f.capabilities);
+    f.input = patch.input.unwrap_or(f.input);
+    f.compat = patch.compat.unwrap_or(f.compat);
+    f.enabled = patch.enabled.unwrap_or(f.enabled);
+    f
 }
 
 /// A reusable request body for `POST /providers`: disabled, with secret refs.
@@ -300,7 +205,7 @@ async fn list_providers(
     let cursor = page.cursor.as_deref();
     let rows = providers::list(&mut conn, &caller.scope, cursor, limit + 1).await?;
     let page = list(rows, limit, |p| p.id.clone());
-    let views = off_runtime(&state, move |s| page.map(|p| ProviderView::new(p, s))).await?;
+    let views = off_runtime(&state, move |s| page.map(|p| render(p, s))).await?;
     Ok(Json(views))
 }
 
@@ -317,7 +222,7 @@ async fn off_runtime<T: Send + 'static>(
 }
 
 async fn view(state: &AppState, provider: ProviderRecord) -> Result<ProviderView> {
-    off_runtime(state, move |s| ProviderView::new(provider, s)).await
+    off_runtime(state, move |s| render(provider, s)).await
 }
 
 /// Creates a provider preset.
@@ -362,9 +267,7 @@ async fn patch_provider(
     let mut tx = state.pool.begin().await?;
     let scope = &caller.scope;
     let current = providers::lock(&mut tx, scope, &id, providers::LockMode::Update).await?;
-    let spec = patch
-        .apply(current.fields())
-        .validate(&state.secrets, &state.provider_hosts)?;
+    let spec = patched(patch, current.fields()).validate(&state.secrets, &state.provider_hosts)?;
     let provider = providers::update(&mut tx, scope, &id, &spec).await?;
     tx.commit().await?;
     Ok(Json(object("provider", view(&state, provider).await?)))
@@ -383,21 +286,6 @@ async fn delete_provider(
     providers::delete(&mut tx, &caller.scope, &id).await?;
     tx.commit().await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// The outcome of a provider check.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ProviderCheck {
-    ok: bool,
-    /// `ready`, `provider_disabled`, `secret_missing`, `secret_store_unavailable`,
-    /// `secret_not_allowed`, `unsupported_capability`, `provider_host_not_allowed`,
-    /// `model_not_configured` or (a live check whose call failed) `live_call_failed`.
-    code: &'static str,
-    /// Of a failed live call: the provider's error, with the preset's secrets redacted.
-    message: String,
-    /// Whether a live call was made (`?live=true` on a chat preset that is ready).
-    live: bool,
-    checked_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -445,7 +333,7 @@ async fn check_provider(
     }
     let check = ProviderCheck {
         ok: code == "ready",
-        code,
+        code: code.to_string(),
         message,
         live,
         checked_at: Utc::now(),
@@ -526,9 +414,8 @@ fn readiness(
         .into_iter()
         .chain(provider.secret_headers().into_iter().map(|(_, r)| r));
     for secret in refs {
-        let status = secret.status(secrets);
-        if let Some(code) = status.error_code {
-            return (code, status.message.unwrap_or_default());
+        if let Err(unresolved) = secret.resolve(secrets) {
+            return (unresolved.code, unresolved.message);
         }
     }
     (

@@ -3,9 +3,10 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use chrono::Utc;
+use keel_api_types::{Health, Readiness, SystemStats, Workers};
+use serde::Deserialize;
+use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -13,7 +14,6 @@ use super::extract::ApiQuery;
 use super::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object, page_limit};
 use crate::domain::Caller;
 use crate::store::leases::{self, LeaseRecord, LeaseStatus};
-use crate::store::stats::{KindStats, WorkerStats};
 use crate::store::transitions::TransitionRecord;
 use crate::store::{self, stats, transitions};
 
@@ -131,33 +131,15 @@ async fn runtime_leases(
     ))
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-struct Health {
-    #[schema(example = "ok")]
-    status: &'static str,
-    time: DateTime<Utc>,
-    version: &'static str,
-}
-
 /// Liveness: the process serves HTTP. Touches nothing else.
 #[utoipa::path(get, path = "/healthz", tag = "system",
     responses((status = 200, description = "Alive", body = Health)))]
 async fn healthz() -> Json<Health> {
     Json(Health {
-        status: "ok",
+        status: "ok".to_string(),
         time: Utc::now(),
-        version: VERSION,
+        version: VERSION.to_string(),
     })
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-struct Readiness {
-    /// `ready` or `not_ready`.
-    status: &'static str,
-    /// `ok` or `unreachable`.
-    database: &'static str,
-    /// `current`, `pending` or `unknown`.
-    migrations: &'static str,
 }
 
 /// Readiness: the database answers and has every migration this binary needs.
@@ -178,30 +160,11 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) 
     (
         status,
         Json(Readiness {
-            status: ready,
-            database,
-            migrations,
+            status: ready.to_string(),
+            database: database.to_string(),
+            migrations: migrations.to_string(),
         }),
     )
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-struct SystemStats {
-    /// Per job kind, of the caller's workspace: depth, ready, leased, age of the oldest
-    /// ready job.
-    queue: Vec<KindStats>,
-    active_leases: i64,
-    workers: Workers,
-    #[schema(example = "postgres")]
-    queue_backend: &'static str,
-    version: &'static str,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-struct Workers {
-    /// Workers with a fresh heartbeat, across every replica.
-    live: usize,
-    list: Vec<WorkerStats>,
 }
 
 /// The workspace's queue depth and age per kind and its leases, and live workers across
@@ -224,8 +187,8 @@ async fn system_stats(
         queue,
         active_leases,
         workers,
-        queue_backend: "postgres",
-        version: VERSION,
+        queue_backend: "postgres".to_string(),
+        version: VERSION.to_string(),
     };
     Ok(Json(object("system_stats", stats)))
 }

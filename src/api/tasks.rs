@@ -4,8 +4,10 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use keel_api_types::Deleted;
+pub(super) use keel_api_types::StartRequest;
+use serde::Deserialize;
+use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -108,15 +110,6 @@ async fn get_task(
     Ok(Json(object("task", task)))
 }
 
-/// What a deletion removed.
-#[derive(Debug, Serialize, ToSchema)]
-struct Deleted {
-    #[schema(example = "task")]
-    object: &'static str,
-    id: String,
-    deleted: bool,
-}
-
 /// Deletes a task with its runs, steps, artifacts and events; 409 while a run is active.
 #[utoipa::path(delete, path = "/tasks/{task_id}", tag = "tasks", params(("task_id" = String, Path)),
     responses((status = 200, description = "The task is gone", body = Deleted)))]
@@ -129,22 +122,10 @@ async fn delete_task(
     tasks::delete(&mut tx, &caller.scope, &task_id, &caller.actor()).await?;
     tx.commit().await?;
     Ok(Json(Deleted {
-        object: "task",
+        object: "task".to_string(),
         id: task_id,
         deleted: true,
     }))
-}
-
-/// Optional body of start, retry and resume.
-#[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({ "reason": "nightly check", "budget_micros_usd": 5000000 }))]
-pub(super) struct StartRequest {
-    /// Why, for the run's `run.created` event.
-    pub(super) reason: Option<String>,
-    /// Raises the task's budget (never lowers it); micro-USD, not negative.
-    #[schema(minimum = 0)]
-    pub(super) budget_micros_usd: Option<i64>,
 }
 
 /// A run: 201 when created, 200 when an `Idempotency-Key` replays an earlier request.

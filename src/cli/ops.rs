@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use keel_client::{
-    Approval, Client, Credentials, Error, MediaJob, MediaJobDraft, Object, Provider,
-    ResolveRequest, Run, Schedule, ScheduleDraft, StartRequest, Task, TaskDraft,
+    ApprovalRecord, Call, Client, Credentials, Error, MediaJobDraft, MediaJobRecord,
+    ObjectEnvelope, ProviderView, ResolveRequest, RunRecord, ScheduleDraft, ScheduleRecord,
+    StartRequest, TaskDraft, TaskRecord,
 };
 
 use super::output::{self, Format, PageArgs, Table, or_dash, time};
@@ -61,7 +62,7 @@ pub enum Operation {
     /// Media jobs: create, show, watch.
     #[command(subcommand)]
     Media(MediaCommand),
-    /// Provider presets: list, show, check.
+    /// ProviderView presets: list, show, check.
     #[command(subcommand)]
     Providers(ProviderCommand),
     /// The workspace's queue (depth and age per kind), leases and live workers.
@@ -153,6 +154,7 @@ impl CreateTask {
             timeout_ms: self.timeout_ms,
             requested_provider: self.provider.clone(),
             tools: (!self.tools.is_empty()).then(|| self.tools.clone()),
+            ..TaskDraft::default()
         }
     }
 }
@@ -229,6 +231,9 @@ pub enum ApprovalCommand {
         approval_id: String,
         #[arg(long)]
         note: Option<String>,
+        /// A tool-call approval only: the model reads a refusal and the run goes on.
+        #[arg(long = "continue")]
+        continue_run: bool,
     },
 }
 
@@ -246,9 +251,9 @@ pub enum ScheduleCommand {
         /// Once, at this RFC 3339 time.
         #[arg(long)]
         at: Option<String>,
-        /// An IANA zone (default UTC).
-        #[arg(long)]
-        timezone: Option<String>,
+        /// The IANA zone the schedule is read in.
+        #[arg(long, default_value = "UTC")]
+        timezone: String,
         /// Saved paused.
         #[arg(long)]
         disabled: bool,
@@ -263,7 +268,7 @@ pub enum ScheduleCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum MediaCommand {
-    /// Creates a media job (queued at once).
+    /// Creates a media job and runs it (sends it to a worker).
     Create {
         /// The provider preset (`api: media-job`).
         #[arg(long)]
@@ -279,6 +284,9 @@ pub enum MediaCommand {
         /// Print only the new job's id.
         #[arg(long, short)]
         quiet: bool,
+        /// Only create the job; `POST /v1/media-jobs/{id}/run` starts it later.
+        #[arg(long, conflicts_with = "watch")]
+        no_run: bool,
         /// Follow the job until it ends; the exit code is its outcome.
         #[arg(long)]
         watch: bool,
@@ -382,7 +390,7 @@ async fn tasks(client: &Client, format: Format, command: TaskCommand) -> Result<
         TaskCommand::List { status, page } => {
             let headers = ["ID", "KIND", "STATUS", "RUNS", "CREATED", "WHAT"];
             let call = client.list_tasks(status.as_deref());
-            output::list(format, &page, call, &headers, |t: &Task| {
+            output::list(format, &page, call, &headers, |t: &TaskRecord| {
                 let what = [&t.shell_command, &t.git_command, &t.file_path, &t.prompt]
                     .into_iter()
                     .find_map(|w| w.clone());
@@ -421,7 +429,7 @@ async fn tasks(client: &Client, format: Format, command: TaskCommand) -> Result<
 async fn admitted(
     client: &Client,
     format: Format,
-    call: keel_client::Call<'_, Object<Run>>,
+    call: Call<'_, ObjectEnvelope<RunRecord>>,
     args: WatchArgs,
 ) -> Result<Outcome, Error> {
     if !args.watch {
@@ -441,7 +449,7 @@ async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Ou
                 &page,
                 client.list_runs(&task_id),
                 &headers,
-                |r: &Run| {
+                |r: &RunRecord| {
                     vec![
                         r.id.clone(),
                         r.number.to_string(),
@@ -491,11 +499,11 @@ async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Ou
 }
 
 async fn approvals(client: &Client, format: Format, command: ApprovalCommand) -> Result<(), Error> {
-    let (approval_id, decision, note) = match command {
+    let (approval_id, decision, note, continue_run) = match command {
         ApprovalCommand::List { status, page } => {
             let headers = ["ID", "TASK", "RUN", "KIND", "STATUS", "ACTION"];
             let call = client.list_approvals(status.as_deref());
-            return output::list(format, &page, call, &headers, |a: &Approval| {
+            return output::list(format, &page, call, &headers, |a: &ApprovalRecord| {
                 let cells = [&a.id, &a.task_id, &a.run_id, &a.kind, &a.status];
                 let mut row: Vec<String> = cells.into_iter().cloned().collect();
                 row.push(a.action_summary.join("; "));
@@ -503,13 +511,18 @@ async fn approvals(client: &Client, format: Format, command: ApprovalCommand) ->
             })
             .await;
         }
-        ApprovalCommand::Approve { approval_id, note } => (approval_id, "approve", note),
-        ApprovalCommand::Reject { approval_id, note } => (approval_id, "reject", note),
+        ApprovalCommand::Approve { approval_id, note } => (approval_id, "approve", note, false),
+        ApprovalCommand::Reject {
+            approval_id,
+            note,
+            continue_run,
+        } => (approval_id, "reject", note, continue_run),
     };
     let task_id = client.task_of("approval", &approval_id).await?;
     let request = ResolveRequest {
-        decision: decision.into(),
+        decision: Some(decision.into()),
         note,
+        continue_on_reject: continue_run.then_some(true),
     };
     output::show(
         format,
@@ -529,7 +542,7 @@ async fn approvals(client: &Client, format: Format, command: ApprovalCommand) ->
 }
 
 async fn schedules(client: &Client, format: Format, command: ScheduleCommand) -> Result<(), Error> {
-    let fields = |s: &Object<Schedule>| {
+    let fields = |s: &ObjectEnvelope<ScheduleRecord>| {
         let s = &s.data;
         Table::fields(&[
             ("id", s.id.clone()),
@@ -557,7 +570,7 @@ async fn schedules(client: &Client, format: Format, command: ScheduleCommand) ->
         } => {
             let draft = ScheduleDraft {
                 kind: Some(if cron.is_some() { "cron" } else { "once" }.into()),
-                timezone,
+                timezone: Some(timezone),
                 enabled: Some(!disabled),
                 run_at: at,
                 cron_expression: cron,
@@ -576,7 +589,7 @@ async fn schedules(client: &Client, format: Format, command: ScheduleCommand) ->
 }
 
 async fn media(client: &Client, format: Format, command: MediaCommand) -> Result<Outcome, Error> {
-    let fields = |j: &Object<MediaJob>| media_fields(&j.data);
+    let fields = |j: &ObjectEnvelope<MediaJobRecord>| media_fields(&j.data);
     match command {
         MediaCommand::Create {
             provider,
@@ -584,6 +597,7 @@ async fn media(client: &Client, format: Format, command: MediaCommand) -> Result
             prompt,
             input,
             quiet,
+            no_run,
             watch,
         } => {
             let input = serde_json::from_str(&input)
@@ -594,13 +608,13 @@ async fn media(client: &Client, format: Format, command: MediaCommand) -> Result
                 prompt,
                 input,
             };
-            let call = client.create_media_job(&draft);
-            let job = if quiet {
-                let job = call.await?.data;
-                println!("{}", job.id);
-                job
+            // What is printed is the last answer: the job as created, or as queued to run.
+            let create = client.create_media_job(&draft);
+            let job = if no_run {
+                print_job(format, quiet, create).await?
             } else {
-                output::show(format, call, fields).await?.data
+                let id = create.await?.data.id;
+                print_job(format, quiet, client.run_media_job(&id)).await?
             };
             if watch {
                 return watch::media(client, &job.id, quiet).await;
@@ -616,6 +630,21 @@ async fn media(client: &Client, format: Format, command: MediaCommand) -> Result
     Ok(Outcome::Done)
 }
 
+/// A media job answer: its id alone with `quiet`, else shown.
+async fn print_job(
+    format: Format,
+    quiet: bool,
+    call: Call<'_, ObjectEnvelope<MediaJobRecord>>,
+) -> Result<MediaJobRecord, Error> {
+    if quiet {
+        let job = call.await?.data;
+        println!("{}", job.id);
+        return Ok(job);
+    }
+    let job = output::show(format, call, |j| media_fields(&j.data)).await?;
+    Ok(job.data)
+}
+
 async fn providers(client: &Client, format: Format, command: ProviderCommand) -> Result<(), Error> {
     match command {
         ProviderCommand::List { page } => {
@@ -625,7 +654,7 @@ async fn providers(client: &Client, format: Format, command: ProviderCommand) ->
                 &page,
                 client.list_providers(),
                 &headers,
-                |p: &Provider| {
+                |p: &ProviderView| {
                     let cells = [&p.id, &p.kind, &p.api, &p.model];
                     let mut row: Vec<String> = cells.into_iter().cloned().collect();
                     let key = if p.api_key_configured {
@@ -675,30 +704,31 @@ async fn providers(client: &Client, format: Format, command: ProviderCommand) ->
 async fn status(client: &Client, format: Format) -> Result<(), Error> {
     output::show(format, client.system_stats(), |stats| {
         let stats = &stats.data;
-        let mut table = Table::new(&["KIND", "DEPTH", "READY", "LEASED", "OLDEST READY"]);
+        let mut fields = vec![
+            ("version".to_string(), stats.version.clone()),
+            ("live workers".into(), stats.workers.live.to_string()),
+            ("active leases".into(), stats.active_leases.to_string()),
+        ];
         for kind in &stats.queue {
-            table.row(vec![
-                kind.kind.clone(),
-                kind.depth.to_string(),
-                kind.ready.to_string(),
-                kind.leased.to_string(),
-                or_dash(
-                    kind.oldest_age_ms
-                        .map(|ms| format!("{:.1}s", ms as f64 / 1000.0)),
-                ),
-            ]);
+            let oldest = kind
+                .oldest_age_ms
+                .map(|ms| format!("{:.1}s", ms as f64 / 1000.0));
+            let figures = format!(
+                "depth {}, ready {}, leased {}, oldest ready {}",
+                kind.depth,
+                kind.ready,
+                kind.leased,
+                or_dash(oldest)
+            );
+            fields.push((format!("queue {}", kind.kind), figures));
         }
-        table.row(vec![format!(
-            "leases: {}  live workers: {}  version: {}",
-            stats.active_leases, stats.workers.live, stats.version
-        )]);
-        table
+        Table::fields(&fields)
     })
     .await
     .map(drop)
 }
 
-fn task_fields(t: &Task) -> Table {
+fn task_fields(t: &TaskRecord) -> Table {
     Table::fields(&[
         ("id", t.id.clone()),
         ("kind", t.execution_kind.clone()),
@@ -713,7 +743,7 @@ fn task_fields(t: &Task) -> Table {
     ])
 }
 
-fn run_fields(r: &Run) -> Table {
+fn run_fields(r: &RunRecord) -> Table {
     Table::fields(&[
         ("id", r.id.clone()),
         ("task", r.task_id.clone()),
@@ -728,7 +758,7 @@ fn run_fields(r: &Run) -> Table {
     ])
 }
 
-fn media_fields(j: &MediaJob) -> Table {
+fn media_fields(j: &MediaJobRecord) -> Table {
     Table::fields(&[
         ("id", j.id.clone()),
         ("provider", j.provider_id.clone()),

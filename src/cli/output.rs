@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use keel_client::{Call, Error, Page};
+use keel_client::{Call, Error, ListEnvelope};
 use serde::de::DeserializeOwned;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -27,10 +27,10 @@ impl Table {
     }
 
     /// A two-column table of a resource's fields.
-    pub fn fields(fields: &[(&'static str, String)]) -> Table {
+    pub fn fields<K: AsRef<str>>(fields: &[(K, String)]) -> Table {
         let mut table = Table::new(&["FIELD", "VALUE"]);
         for (name, value) in fields {
-            table.row(vec![name.to_string(), value.clone()]);
+            table.row(vec![name.as_ref().to_string(), value.clone()]);
         }
         table
     }
@@ -54,8 +54,8 @@ impl Table {
         }
     }
 
-    /// The table's lines, the widest columns shrunk (cells cut with `…`) until the
-    /// table fits `width`.
+    /// The table's lines fit to `width`: the last column (free text: a command, a
+    /// message, a value) is cut first, then the widest; cut cells end with `…`.
     fn lines(&self, width: Option<usize>) -> Vec<String> {
         use console::{measure_text_width, truncate_str};
         let mut widths: Vec<usize> = self.headers.iter().map(|h| h.len()).collect();
@@ -68,6 +68,11 @@ impl Table {
             const GAP: usize = 2;
             const NARROWEST: usize = 6;
             let total = |ws: &[usize]| ws.iter().sum::<usize>() + GAP * ws.len().saturating_sub(1);
+            let last = widths.len() - 1;
+            let over = total(&widths).saturating_sub(width);
+            widths[last] = widths[last]
+                .saturating_sub(over)
+                .max(NARROWEST.min(widths[last]));
             while total(&widths) > width {
                 let (widest, w) = widths
                     .iter()
@@ -114,12 +119,9 @@ pub async fn show<T: DeserializeOwned>(
 ) -> Result<T, Error> {
     match format {
         Format::Json => {
-            let raw = call.raw().await?;
+            let (value, raw) = call.fetch().await?;
             print_raw(&raw);
-            serde_json::from_slice(&raw).map_err(|e| Error::Decode {
-                url: "the answer".into(),
-                message: e.to_string(),
-            })
+            Ok(value)
         }
         Format::Table => {
             let value = call.send().await?;
@@ -132,7 +134,7 @@ pub async fn show<T: DeserializeOwned>(
 /// How much of a list to print.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PageArgs {
-    /// Page size, 1 to 200.
+    /// ListEnvelope size, 1 to 200.
     #[arg(long)]
     pub limit: Option<u32>,
     /// Start after this cursor (a page's `next_cursor`).
@@ -148,7 +150,7 @@ pub struct PageArgs {
 pub async fn list<T: DeserializeOwned + serde::Serialize + 'static>(
     format: Format,
     page: &PageArgs,
-    call: Call<'_, Page<T>>,
+    call: Call<'_, ListEnvelope<T>>,
     headers: &[&'static str],
     row: impl Fn(&T) -> Vec<String>,
 ) -> Result<(), Error> {
@@ -202,15 +204,13 @@ pub fn print_raw(raw: &[u8]) {
 pub fn print_error(error: &Error) {
     match error.api() {
         Some(api) => {
-            let said = api.user_message.as_deref().unwrap_or("The request failed.");
-            let request = api.request_id.as_deref().unwrap_or("none");
+            let body = &api.error;
+            let request = body.request_id.as_deref().unwrap_or("none");
             eprintln!(
-                "error: {said} {} ({}, HTTP {}, request id {request})",
-                api.message, api.kind, api.status
+                "error: {} {} ({}, HTTP {}, request id {request})",
+                body.user_message, body.message, body.kind, api.status
             );
-            if let Some(action) = &api.operator_action {
-                eprintln!("hint: {action}");
-            }
+            eprintln!("hint: {}", body.operator_action);
         }
         None => eprintln!("error: {error}"),
     }

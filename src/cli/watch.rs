@@ -2,7 +2,7 @@
 //! on a terminal, plain lines otherwise), approval prompts with the command that approves,
 //! the run's output lines as they are written, and the exit code of the outcome.
 //!
-//! Nothing is printed twice or lost across a reconnect: events resume by `Last-Event-ID`
+//! Nothing is printed twice or lost across a reconnect: events resume by `Last-EventRecord-ID`
 //! (see `keel_client::sse`), and output is read from the byte offset already printed.
 
 use std::io::IsTerminal;
@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use keel_client::sse::{RECONNECT_FOR, RunItem};
-use keel_client::{Client, Error, Event, Run};
+use keel_client::{Client, Error, EventRecord, RunRecord};
 
 /// What a command ends with, as its exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,12 +98,12 @@ struct Tail {
 
 /// A run's stdout and stderr, followed by byte offset.
 struct Logs<'a> {
-    run: &'a Run,
+    run: &'a RunRecord,
     tails: Vec<Tail>,
 }
 
 impl<'a> Logs<'a> {
-    fn new(run: &'a Run) -> Self {
+    fn new(run: &'a RunRecord) -> Self {
         Logs {
             run,
             tails: Vec::new(),
@@ -185,12 +185,13 @@ struct Progress {
 }
 
 /// Streams `run` until it ends (or, with `no_wait`, until it waits for an approval).
-pub async fn run(client: &Client, run: &Run, no_wait: bool) -> Result<Outcome, Error> {
+pub async fn run(client: &Client, run: &RunRecord, no_wait: bool) -> Result<Outcome, Error> {
     let view = View::new();
     view.line(&format!(
         "run {} (task {}, #{}): {}",
         run.id, run.task_id, run.number, run.status
     ));
+    view.status(format!("run {}", run.status));
     let mut logs = Logs::new(run);
     let mut progress = Progress::default();
     let mut events = pin!(client.stream_run(&run.task_id, &run.id, None));
@@ -246,7 +247,7 @@ async fn on_event(
     view: &View,
     logs: &mut Logs<'_>,
     progress: &mut Progress,
-    event: &Event,
+    event: &EventRecord,
 ) -> Result<bool, Error> {
     let data = &event.data;
     let text = |key: &str| data[key].as_str().unwrap_or_default().to_string();
@@ -255,6 +256,7 @@ async fn on_event(
         "run.started" => {
             progress.started_at = Some(at);
             view.line(&format!("run started (attempt {})", data["attempt"]));
+            view.status("running".into());
         }
         "step.started" => {
             let index = data["index"].as_i64().unwrap_or_default();
@@ -376,7 +378,7 @@ fn seconds(elapsed: chrono::TimeDelta) -> String {
 }
 
 /// `keel runs logs`: the run's output so far, stdout to stdout and stderr to stderr.
-pub async fn print_logs(client: &Client, run: &Run) -> Result<(), Error> {
+pub async fn print_logs(client: &Client, run: &RunRecord) -> Result<(), Error> {
     use futures_util::TryStreamExt;
     let view = View { bar: None };
     let mut logs = Logs::new(run);

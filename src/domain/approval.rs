@@ -5,34 +5,10 @@
 use std::fmt;
 use std::str::FromStr;
 
+pub use keel_api_types::ApprovalKind;
 use keel_workers::{Execution, FileOperation, SandboxPolicy};
-use serde::Serialize;
 
 use super::Invalid;
-
-/// What an approval gates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ApprovalKind {
-    ShellCommand,
-    GitExec,
-    FileWrite,
-    NetworkEgress,
-    /// An agent loop's model asked for tool calls a policy gates (mid-run).
-    AgentLoopToolCall,
-}
-
-impl ApprovalKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApprovalKind::ShellCommand => "shell_command",
-            ApprovalKind::GitExec => "git_exec",
-            ApprovalKind::FileWrite => "file_write",
-            ApprovalKind::NetworkEgress => "network_egress",
-            ApprovalKind::AgentLoopToolCall => "agent_loop_tool_call",
-        }
-    }
-}
 
 /// The policies an operator can turn on with `KEEL_APPROVAL_POLICIES`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

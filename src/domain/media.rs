@@ -5,87 +5,11 @@
 //! attempt was handed back or retried returns to `queued`. [`MediaJobStatus::can_become`]
 //! is the one place that decides which transitions exist.
 
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+pub use keel_api_types::MediaJobStatus;
+pub use keel_workers::media::{Operation, Vendor};
 
 use super::Invalid;
 use super::provider::Api;
-
-pub use keel_workers::media::{Operation, Vendor};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum MediaJobStatus {
-    Queued,
-    Running,
-    Succeeded,
-    Failed,
-    Cancelled,
-}
-
-impl MediaJobStatus {
-    pub const ALL: [MediaJobStatus; 5] = [
-        MediaJobStatus::Queued,
-        MediaJobStatus::Running,
-        MediaJobStatus::Succeeded,
-        MediaJobStatus::Failed,
-        MediaJobStatus::Cancelled,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MediaJobStatus::Queued => "queued",
-            MediaJobStatus::Running => "running",
-            MediaJobStatus::Succeeded => "succeeded",
-            MediaJobStatus::Failed => "failed",
-            MediaJobStatus::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(value: &str) -> Option<MediaJobStatus> {
-        MediaJobStatus::ALL
-            .into_iter()
-            .find(|s| s.as_str() == value)
-    }
-
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            MediaJobStatus::Succeeded | MediaJobStatus::Failed | MediaJobStatus::Cancelled
-        )
-    }
-
-    /// Whether `POST /media-jobs/{id}/run` may (re)start a job in this state. A queued
-    /// job is enqueued again, which is a no-op if its queue row already exists.
-    pub fn is_runnable(self) -> bool {
-        matches!(
-            self,
-            MediaJobStatus::Queued | MediaJobStatus::Failed | MediaJobStatus::Cancelled
-        )
-    }
-
-    /// Whether a job in this state may move to `next`.
-    pub fn can_become(self, next: MediaJobStatus) -> bool {
-        use MediaJobStatus::*;
-        match (self, next) {
-            // Queued → Failed: the job used up its attempts before one could start.
-            (Queued, Running | Cancelled | Failed) => true,
-            // Running → Queued: the attempt was retried or handed back at shutdown.
-            (Running, Queued | Succeeded | Failed | Cancelled) => true,
-            (Failed | Cancelled, Queued) => true,
-            _ => false,
-        }
-    }
-
-    /// Every state from which `next` may be reached: the guard of a status update.
-    pub fn sources_of(next: MediaJobStatus) -> Vec<&'static str> {
-        MediaJobStatus::ALL
-            .into_iter()
-            .filter(|s| s.can_become(next))
-            .map(MediaJobStatus::as_str)
-            .collect()
-    }
-}
 
 /// Why a media job cannot be created against a provider preset.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -142,27 +66,4 @@ pub fn parse_operation(value: &str) -> Result<Operation, Invalid> {
             ),
         )
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::MediaJobStatus::{self, *};
-
-    #[test]
-    fn succeeded_is_final_and_failures_can_run_again() {
-        for to in MediaJobStatus::ALL {
-            assert!(!Succeeded.can_become(to));
-        }
-        assert!(Failed.can_become(Queued) && Cancelled.can_become(Queued));
-        assert!(!Failed.can_become(Running), "a rerun is queued first");
-    }
-
-    #[test]
-    fn runnable_states_match_the_api() {
-        let runnable: Vec<_> = MediaJobStatus::ALL
-            .into_iter()
-            .filter(|s| s.is_runnable())
-            .collect();
-        assert_eq!(runnable, [Queued, Failed, Cancelled]);
-    }
 }

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
-use serde::Deserialize;
+pub use keel_api_types::ScheduleDraft;
 
 use super::Invalid;
 
@@ -18,24 +18,6 @@ const MONTH_NAMES: [&str; 12] = [
     "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
 ];
 const DAY_NAMES: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
-
-/// The body of `PUT /v1/tasks/{id}/schedule`, as the client sent it.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({
-    "kind": "cron", "timezone": "Europe/Madrid", "cron_expression": "0 9 * * 1-5",
-    "enabled": true, "revision": 3
-}))]
-pub struct ScheduleDraft {
-    pub kind: Option<String>,
-    pub timezone: Option<String>,
-    pub enabled: Option<bool>,
-    pub run_at: Option<String>,
-    pub cron_expression: Option<String>,
-    /// The revision the client read; a stale one makes the edit fail instead of
-    /// overwriting what a dispatcher or another edit did since.
-    pub revision: Option<i64>,
-}
 
 /// What makes a schedule fire.
 #[derive(Debug, Clone)]

@@ -12,9 +12,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
+pub use keel_api_types::SecretStatus;
 use keel_workers::media::Secret;
-use serde::Serialize;
-use utoipa::ToSchema;
 
 /// Largest secret file read; a credential is small, and a wrong path should not load a
 /// large file into memory.
@@ -25,24 +24,6 @@ pub enum SecretRef {
     Env(String),
     File(PathBuf),
     Keychain(String),
-}
-
-/// Whether a reference resolves, as `GET /v1/secrets/status` and provider views report it:
-/// never the value.
-#[derive(Debug, Clone, Serialize, ToSchema, PartialEq, Eq)]
-pub struct SecretStatus {
-    /// The reference as given.
-    #[schema(example = "env:OPENAI_API_KEY")]
-    pub r#ref: String,
-    /// `env`, `file` or `keychain`.
-    pub kind: &'static str,
-    pub configured: bool,
-    /// Why it is not configured: `secret_missing`, `secret_store_unavailable` or
-    /// `secret_not_allowed` (a stored preset the secret policy now refuses).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error_code: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
 }
 
 /// A reference that does not resolve; the message names the reference, never a value.
@@ -116,11 +97,11 @@ impl SecretRef {
         let resolved = self.resolve(policy);
         let (error_code, message) = match &resolved {
             Ok(_) => (None, None),
-            Err(e) => (Some(e.code), Some(e.message.clone())),
+            Err(e) => (Some(e.code.to_string()), Some(e.message.clone())),
         };
         SecretStatus {
             r#ref: self.to_string(),
-            kind: self.kind(),
+            kind: self.kind().to_string(),
             configured: resolved.is_ok(),
             error_code,
             message,
@@ -331,9 +312,12 @@ mod tests {
         assert!(status.configured);
         assert!(!serde_json::to_string(&status).unwrap().contains("s3cr3t"));
         let keychain = SecretRef::parse("keychain:x").unwrap().status(&policy);
-        assert_eq!(keychain.error_code, Some("secret_store_unavailable"));
+        assert_eq!(
+            keychain.error_code.as_deref(),
+            Some("secret_store_unavailable")
+        );
         let missing = SecretRef::File(dir.path().join("nope")).status(&policy);
-        assert_eq!(missing.error_code, Some("secret_missing"));
+        assert_eq!(missing.error_code.as_deref(), Some("secret_missing"));
     }
 
     #[test]

@@ -2,57 +2,14 @@
 
 use std::path::{Component, Path, PathBuf};
 
+pub use keel_api_types::{TaskDraft, TaskStatus};
 use keel_workers::{Execution, FileOperation};
-use serde::Deserialize;
 
-use super::{Invalid, RunStatus};
+use super::Invalid;
 
 const MAX_COMMAND_BYTES: usize = 64 * 1024;
 const MAX_FILE_CONTENT_BYTES: usize = 1024 * 1024;
 const MAX_PROMPT_BYTES: usize = 64 * 1024;
-
-/// The body of `POST /v1/tasks`, as the client sent it.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({
-    "execution_kind": "shell", "shell_command": "echo hello from keel",
-    "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000
-}))]
-pub struct TaskDraft {
-    pub execution_kind: Option<String>,
-    pub prompt: Option<String>,
-    pub shell_command: Option<String>,
-    pub git_command: Option<String>,
-    pub file_path: Option<String>,
-    pub file_content: Option<String>,
-    pub file_operation: Option<String>,
-    pub working_directory: Option<String>,
-    pub workspace_mode: Option<String>,
-    /// For `in_place`: a directory beneath `KEEL_WORKSPACE_ROOTS` that the working
-    /// directory must lie beneath, narrowing the operator's roots for this task.
-    pub sandbox_allowed_root: Option<String>,
-    /// Whether shell and git children may use the network (default true); false runs them
-    /// in a network namespace with only loopback.
-    pub sandbox_network: Option<bool>,
-    /// Whether the workspace is read-only for the run (default false): shell and git children
-    /// see it mounted read-only, and file writes are refused.
-    pub sandbox_read_only: Option<bool>,
-    pub timeout_ms: Option<i64>,
-    pub priority: Option<i32>,
-    pub budget_micros_usd: Option<i64>,
-    /// For `agent_loop`: the system prompt the conversation starts with.
-    pub system_prompt: Option<String>,
-    /// For `agent_loop`: a provider preset id; absent: the workspace's first enabled chat
-    /// preset.
-    pub requested_provider: Option<String>,
-    /// For `agent_loop`: the model to ask for, instead of the preset's.
-    pub requested_model: Option<String>,
-    /// For `agent_loop`: the most model calls across the run's resume chain (> 0).
-    pub max_model_calls: Option<i32>,
-    /// For `agent_loop`: the tools the model may call (a subset of the catalog); absent:
-    /// the whole catalog the sandbox allows.
-    pub tools: Option<Vec<String>>,
-}
 
 /// What a task runs: a process-like execution, or an agent loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -520,29 +477,6 @@ fn check_len(field: &'static str, value: Option<&str>, max: usize) -> Result<(),
     }
 }
 
-/// A task's status: `not_started` until its first run, then its latest run's status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TaskStatus {
-    NotStarted,
-    Run(RunStatus),
-}
-
-impl TaskStatus {
-    pub fn parse(value: &str) -> Option<TaskStatus> {
-        match value {
-            "not_started" => Some(TaskStatus::NotStarted),
-            other => RunStatus::parse(other).map(TaskStatus::Run),
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskStatus::NotStarted => "not_started",
-            TaskStatus::Run(status) => status.as_str(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -757,18 +691,5 @@ mod tests {
         };
         let shell = parse(shell).unwrap();
         assert!(shell.sandbox.read_only && shell.sandbox.network);
-    }
-
-    #[test]
-    fn task_status_names() {
-        assert_eq!(
-            TaskStatus::parse("not_started"),
-            Some(TaskStatus::NotStarted)
-        );
-        assert_eq!(
-            TaskStatus::parse("running"),
-            Some(TaskStatus::Run(RunStatus::Running))
-        );
-        assert_eq!(TaskStatus::parse("bogus"), None);
     }
 }

@@ -33,7 +33,7 @@ use crate::store::lineage::CONVERSATION_ARTIFACT;
 use crate::store::model_calls::{self, NewModelCall};
 use crate::store::runs::RunWithTask;
 use crate::store::steps::{self, NewStep, StepRecord};
-use crate::store::tasks::{self, TaskRecord};
+use crate::store::tasks::{self, TaskRecord, TaskRecordExt};
 use crate::store::{StoreError, patches};
 
 /// How long live text is gathered before one notification carries it.

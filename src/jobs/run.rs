@@ -41,7 +41,7 @@ use crate::store::content::ContentStore;
 use crate::store::events::{self, NewEvent, Subject};
 use crate::store::runs::{self, Change, RunRecord, RunWithTask};
 use crate::store::steps::{NewStep, StepRecord};
-use crate::store::tasks::TaskRecord;
+use crate::store::tasks::{TaskRecord, TaskRecordExt};
 use crate::store::{StoreError, artifacts, steps};
 
 pub struct RunJobs {

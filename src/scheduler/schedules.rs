@@ -20,7 +20,9 @@ use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::domain::{Actor, Scope};
 use crate::store::runs::{self, Admission, AdmissionRules, Admitted, Origin, ScheduleProvenance};
-use crate::store::schedules::{self, Claim, OccurrenceRecord, Outcome, ScheduleRecord};
+use crate::store::schedules::{
+    self, Claim, OccurrenceRecord, Outcome, ScheduleRecord, ScheduleRecordExt,
+};
 use crate::store::{Result, StoreError, tasks};
 
 /// Schedules claimed per transaction.

@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::events::{self, NewEvent};
@@ -17,36 +15,7 @@ use crate::domain::approval::{ActionSummary, ApprovalKind, Decision};
 use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
 use crate::queue;
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-#[schema(example = json!({
-    "id": "appr_01a22b05d2aa7b6c8d9e0f1a2b3c4d5e", "task_id": "task_01a22b05c3e1734c9d7a0f2b6e41d890",
-    "run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "kind": "shell_command", "status": "pending",
-    "action_summary": ["shell: echo hello from keel"],
-    "action_summary_incomplete": false, "step_id": null, "continue_on_reject": false,
-    "decision_note": null, "resolved_by": null,
-    "created_at": "2026-11-30T09:00:05Z", "expires_at": null, "resolved_at": null
-}))]
-pub struct ApprovalRecord {
-    pub id: String,
-    pub task_id: String,
-    pub run_id: String,
-    pub kind: String,
-    /// `pending`, `approved`, `rejected`, `cancelled`, or `expired` (a pending approval
-    /// past its `expires_at` reads as expired).
-    pub status: String,
-    pub action_summary: Vec<String>,
-    pub action_summary_incomplete: bool,
-    /// `agent_loop_tool_call` only: the `model_call` step whose tool calls it covers.
-    pub step_id: Option<String>,
-    /// Rejected with `continue`: the model got a refusal as each call's result and the
-    /// run went on.
-    pub continue_on_reject: bool,
-    pub decision_note: Option<String>,
-    pub resolved_by: Option<String>,
-    pub created_at: DateTime<Utc>,
-    pub expires_at: Option<DateTime<Utc>>,
-    pub resolved_at: Option<DateTime<Utc>>,
-}
+pub use keel_api_types::ApprovalRecord;
 
 /// What an approval gates: a kind, and for a tool-call approval the `model_call` step
 /// whose calls it covers.

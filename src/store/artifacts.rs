@@ -2,32 +2,13 @@
 //! [`ContentStore`](super::content::ContentStore), which keeps them in Postgres or in an
 //! object store; metadata stays in Postgres either way.
 
-use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::events::{self, NewEvent, Subject};
 use super::{Result, StoreError};
 use crate::domain::{EventType, Scope, new_id};
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-pub struct ArtifactRecord {
-    pub id: String,
-    /// The run that wrote it and its task (null for a media job's artifact).
-    pub run_id: Option<String>,
-    pub task_id: Option<String>,
-    /// The media job that produced it (null for a run's artifact).
-    pub media_job_id: Option<String>,
-    pub name: String,
-    pub kind: String,
-    pub content_type: String,
-    pub size_bytes: i64,
-    pub truncated: bool,
-    pub status: String,
-    pub storage: String,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-}
+pub use keel_api_types::ArtifactRecord;
 
 /// An artifact a writer names, with the id it is created under if it does not exist yet.
 pub struct NewArtifact<'a> {

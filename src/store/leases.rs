@@ -1,29 +1,12 @@
 //! Queue leases for diagnostics: live ones from `queue_jobs`, ended ones from
 //! `lease_history` (pruned after a retention window).
 
-use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::Result;
 use crate::domain::Scope;
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-pub struct LeaseRecord {
-    /// `active`, `expired` or `released`.
-    pub status: String,
-    pub job_id: i64,
-    pub kind: String,
-    pub ref_id: String,
-    pub owner: String,
-    pub fencing_token: i64,
-    pub claimed_at: DateTime<Utc>,
-    pub expires_at: DateTime<Utc>,
-    pub heartbeats: i32,
-    pub released_at: Option<DateTime<Utc>>,
-    /// How a released lease ended: `acked`, `retried`, `released`, `expired`, `withdrawn`.
-    pub outcome: Option<String>,
-}
+pub use keel_api_types::LeaseRecord;
 
 /// Which leases to list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,10 +2,7 @@
 //! `media`). Every status change goes through [`transition`], guarded by the states
 //! [`MediaJobStatus::can_become`] allows, recorded in the audit trail.
 
-use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sqlx::PgConnection;
-use utoipa::ToSchema;
 
 use super::events::{self, NewEvent};
 use super::transitions::{self, Transition};
@@ -16,42 +13,7 @@ use crate::queue;
 
 pub const KIND: &str = "media";
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, ToSchema)]
-pub struct MediaJobRecord {
-    #[schema(example = "media_job_0190...")]
-    pub id: String,
-    /// The provider preset the job runs against.
-    pub provider_id: String,
-    /// `image_generate`, `image_edit` or `video_generate`.
-    pub operation: String,
-    pub prompt: String,
-    #[schema(value_type = Object)]
-    pub input: serde_json::Value,
-    /// `queued`, `running`, `succeeded`, `failed` or `cancelled`.
-    pub status: String,
-    /// The vendor's id of the generation task (video jobs), once submitted.
-    pub vendor_task_id: Option<String>,
-    /// Attempts started so far.
-    pub attempt: i32,
-    pub worker_id: Option<String>,
-    /// Why the last attempt failed: `auth_failed`, `rate_limited`, `invalid_request`,
-    /// `provider_unavailable`, `timeout`, `download_too_large`, `download_refused`,
-    /// `provider_error`, `secret_missing`, `secret_store_unavailable`, `gave_up`.
-    pub last_error_code: Option<String>,
-    pub last_error: Option<String>,
-    /// The job's artifacts, in creation order.
-    pub artifact_ids: Vec<String>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    pub started_at: Option<DateTime<Utc>>,
-    pub finished_at: Option<DateTime<Utc>>,
-}
-
-impl MediaJobRecord {
-    pub fn status(&self) -> MediaJobStatus {
-        MediaJobStatus::parse(&self.status).expect("the table's check constraint")
-    }
-}
+pub use keel_api_types::MediaJobRecord;
 
 /// A media job a request asks for.
 pub struct NewMediaJob<'a> {

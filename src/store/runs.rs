@@ -8,79 +8,14 @@ use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::events::{self, NewEvent};
-use super::tasks::{self, TaskRecord};
+use super::tasks::{self, TaskRecord, TaskRecordExt};
 use super::{Result, StoreError, approvals, violates};
 use crate::domain::approval::{ActionSummary, ApprovalPolicy};
 use crate::domain::task::{RunTimeouts, WorkspaceRoots};
 use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
 use crate::queue;
 
-#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-#[schema(example = json!({
-    "id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "task_id": "task_01a22b05c3e1734c9d7a0f2b6e41d890",
-    "number": 1, "status": "completed", "attempt": 1,
-    "worker_id": "wrk_01a22b04aa0e7c5d9f3b2a1c0d9e8f7a", "exit_code": 0, "last_error": null,
-    "retried_from_run_id": null, "resumed_from_run_id": null, "checkpoint": null,
-    "prior_cost_micros_usd": 0, "total_cost_micros_usd": 0, "model_call_count": 0,
-    "model": null, "provider": null, "lineage_kind": null, "from_model_call_index": null,
-    "schedule_id": null,
-    "schedule_occurrence_id": null, "scheduled_for": null,
-    "created_at": "2026-11-30T09:00:05Z", "started_at": "2026-11-30T09:00:05Z",
-    "finished_at": "2026-11-30T09:01:12Z", "updated_at": "2026-11-30T09:01:12Z"
-}))]
-pub struct RunRecord {
-    pub id: String,
-    pub task_id: String,
-    pub number: i32,
-    pub status: String,
-    pub attempt: i32,
-    pub worker_id: Option<String>,
-    pub exit_code: Option<i32>,
-    pub last_error: Option<String>,
-    pub retried_from_run_id: Option<String>,
-    pub resumed_from_run_id: Option<String>,
-    /// For a resumed run: where it picks up (source run, last completed step, last event).
-    pub checkpoint: Option<serde_json::Value>,
-    pub prior_cost_micros_usd: i64,
-    pub total_cost_micros_usd: i64,
-    /// Agent loops: the model calls this run completed, and the model and provider preset
-    /// of the latest (null before the first).
-    pub model_call_count: i32,
-    pub model: Option<String>,
-    pub provider: Option<String>,
-    /// How the run came from `resumed_from_run_id`: `resume`, `continue` or
-    /// `retry_from_model_call` (null for a start or a retry).
-    pub lineage_kind: Option<String>,
-    /// For `retry_from_model_call`: the source run's 1-based model call this run re-issues.
-    pub from_model_call_index: Option<i32>,
-    /// The conversation an agent loop run starts from; null: the task's prompts. Not
-    /// rendered (it can be large): read the source's `agent_conversation` artifact.
-    #[serde(skip)]
-    pub conversation_base: Option<serde_json::Value>,
-    /// The run whose ephemeral workspace this run uses (itself unless resumed).
-    #[serde(skip)]
-    pub workspace_run_id: Option<String>,
-    /// Set on runs a schedule created.
-    pub schedule_id: Option<String>,
-    pub schedule_occurrence_id: Option<String>,
-    /// The schedule's nominal fire time (UTC); may precede `started_at` after downtime.
-    pub scheduled_for: Option<DateTime<Utc>>,
-    pub created_at: DateTime<Utc>,
-    pub started_at: Option<DateTime<Utc>>,
-    pub finished_at: Option<DateTime<Utc>>,
-    pub updated_at: DateTime<Utc>,
-}
-
-impl RunRecord {
-    pub fn status(&self) -> RunStatus {
-        RunStatus::parse(&self.status).expect("the database only holds known statuses")
-    }
-
-    /// The run whose ephemeral workspace directory this run works in.
-    pub fn workspace_owner(&self) -> &str {
-        self.workspace_run_id.as_deref().unwrap_or(&self.id)
-    }
-}
+pub use keel_api_types::RunRecord;
 
 /// The rules every run-creating path applies, from configuration.
 #[derive(Debug, Clone, Default)]

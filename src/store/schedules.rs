@@ -7,7 +7,6 @@
 //! taking over stale claims) use `SKIP LOCKED` and never wait, so they cannot deadlock.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::transitions::{self, Transition};
@@ -15,54 +14,23 @@ use super::{Result, StoreError, tasks};
 use crate::domain::schedule::{NewSchedule, Schedule, Trigger};
 use crate::domain::{Actor, Scope, new_id};
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-#[schema(example = json!({
-    "id": "sched_01a22b05d4cc7d6e8f9a0b1c2d3e4f5a", "task_id": "task_01a22b05c3e1734c9d7a0f2b6e41d890",
-    "kind": "cron", "timezone": "Europe/Madrid", "run_at": null, "cron_expression": "0 9 * * 1-5",
-    "enabled": true, "next_run_at": "2026-12-01T08:00:00Z", "revision": 3,
-    "created_at": "2026-11-30T09:00:00Z", "updated_at": "2026-11-30T09:00:00Z"
-}))]
-pub struct ScheduleRecord {
-    pub id: String,
-    pub task_id: String,
-    pub kind: String,
-    pub timezone: String,
-    pub run_at: Option<DateTime<Utc>>,
-    pub cron_expression: Option<String>,
-    pub enabled: bool,
-    /// Omitted while paused (or spent), as the API promises.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_run_at: Option<DateTime<Utc>>,
-    pub revision: i64,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    /// The workspace the schedule (and the runs it creates) belongs to.
-    #[serde(skip)]
-    pub workspace_id: String,
+pub use keel_api_types::{OccurrenceRecord, ScheduleRecord};
+
+/// What the dispatcher reads off a stored schedule.
+pub trait ScheduleRecordExt {
+    /// The schedule's workspace, for the dispatcher's writes on its behalf.
+    fn scope(&self) -> Scope;
+    fn definition(&self) -> Result<Schedule, crate::domain::Invalid>;
 }
 
-impl ScheduleRecord {
-    /// The schedule's workspace, for the dispatcher's writes on its behalf.
-    pub fn scope(&self) -> Scope {
+impl ScheduleRecordExt for ScheduleRecord {
+    fn scope(&self) -> Scope {
         Scope::new(self.workspace_id.clone())
     }
 
-    pub fn definition(&self) -> Result<Schedule, crate::domain::Invalid> {
+    fn definition(&self) -> Result<Schedule, crate::domain::Invalid> {
         Schedule::from_stored(&self.timezone, self.run_at, self.cron_expression.as_deref())
     }
-}
-
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-pub struct OccurrenceRecord {
-    pub id: String,
-    pub task_id: String,
-    pub schedule_id: String,
-    pub scheduled_for: DateTime<Utc>,
-    pub status: String,
-    pub claimed_at: DateTime<Utc>,
-    pub run_id: Option<String>,
-    pub error: Option<String>,
-    pub completed_at: Option<DateTime<Utc>>,
 }
 
 /// An occurrence this dispatcher holds: only the holder of `token` may resolve it.

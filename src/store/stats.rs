@@ -1,6 +1,5 @@
 //! Queue and worker figures for `GET /v1/system/stats`.
 
-use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::Result;
@@ -9,29 +8,7 @@ use crate::domain::Scope;
 /// A worker is live while its registry heartbeat is younger than this.
 pub const WORKER_LIVE_MS: i64 = 30_000;
 
-#[derive(Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-pub struct KindStats {
-    pub kind: String,
-    /// Jobs waiting to be claimed (due now or later).
-    pub depth: i64,
-    /// Jobs due now and not yet claimed.
-    pub ready: i64,
-    pub leased: i64,
-    /// Age of the oldest unclaimed due job, in milliseconds.
-    pub oldest_age_ms: Option<i64>,
-}
-
-#[derive(Debug, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-pub struct WorkerStats {
-    pub id: String,
-    pub hostname: String,
-    pub pid: i32,
-    pub kinds: Vec<String>,
-    pub concurrency: i32,
-    /// Leases the worker holds; in an API response, of the caller's workspace only.
-    pub active_leases: i64,
-    pub last_seen_ms_ago: i64,
-}
+pub use keel_api_types::{KindStats, WorkerStats};
 
 /// One workspace's queue figures, for `GET /v1/system/stats`.
 pub async fn queue(conn: &mut PgConnection, scope: &Scope) -> Result<Vec<KindStats>> {

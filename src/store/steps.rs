@@ -2,27 +2,13 @@
 
 use chrono::{DateTime, Utc};
 use keel_workers::StepResult;
-use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::events::{self, NewEvent};
 use super::{Result, StoreError};
 use crate::domain::{EventType, Scope, new_id};
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-pub struct StepRecord {
-    pub id: String,
-    pub run_id: String,
-    pub task_id: String,
-    pub index: i32,
-    pub name: String,
-    pub status: String,
-    pub input: serde_json::Value,
-    pub output: Option<serde_json::Value>,
-    pub error: Option<String>,
-    pub started_at: DateTime<Utc>,
-    pub finished_at: Option<DateTime<Utc>>,
-}
+pub use keel_api_types::StepRecord;
 
 /// A step as its executor reported it, possibly already ended: a run context may hold a
 /// step back and write it once, started and finished, with the next durable write.

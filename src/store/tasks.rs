@@ -1,8 +1,6 @@
 //! Task rows, with the latest-run projection computed at read time.
 
-use chrono::{DateTime, Utc};
 use keel_workers::{Execution, FileOperation};
-use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 
 use super::providers::{self, ProviderRecord};
@@ -12,87 +10,45 @@ use crate::domain::provider::Api;
 use crate::domain::task::{AgentLoop, TaskExecution, WorkspaceMode};
 use crate::domain::{Actor, NewTask, Scope, TaskStatus, new_id};
 
-/// The `execution_kind` of an agent loop; every other kind is a process.
-const AGENT_LOOP: &str = "agent_loop";
+use keel_api_types::ExecutionKind;
+pub use keel_api_types::TaskRecord;
 
-#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
-#[schema(example = json!({
-    "id": "task_01a22b05c3e1734c9d7a0f2b6e41d890", "execution_kind": "shell", "status": "completed",
-    "prompt": null, "shell_command": "echo hello from keel", "git_command": null,
-    "file_path": null, "file_content": null, "file_operation": null,
-    "working_directory": null, "workspace_mode": "ephemeral", "sandbox_allowed_root": null, "sandbox_network": true, "sandbox_read_only": false, "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000,
-    "system_prompt": null, "requested_provider": null, "requested_model": null,
-    "max_model_calls": null, "tools": null, "run_count": 1,
-    "latest_run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "latest_run_step_count": 1,
-    "latest_run_artifact_count": 2, "created_at": "2026-11-30T09:00:00Z",
-    "updated_at": "2026-11-30T09:01:12Z"
-}))]
-pub struct TaskRecord {
-    pub id: String,
-    pub execution_kind: String,
-    pub status: String,
-    pub prompt: Option<String>,
-    pub shell_command: Option<String>,
-    pub git_command: Option<String>,
-    pub file_path: Option<String>,
-    pub file_content: Option<String>,
-    pub file_operation: Option<String>,
-    pub working_directory: Option<String>,
-    pub workspace_mode: String,
-    /// For `in_place`: the directory the task narrows the workspace roots to.
-    pub sandbox_allowed_root: Option<String>,
-    /// False: shell and git children run with only loopback, and need no `network_egress`.
-    pub sandbox_network: bool,
-    /// True: the workspace is read-only for shell and git children; file writes are refused.
-    pub sandbox_read_only: bool,
-    pub timeout_ms: Option<i64>,
-    pub priority: i32,
-    pub budget_micros_usd: i64,
-    /// `agent_loop` only (null otherwise): the system prompt.
-    pub system_prompt: Option<String>,
-    /// `agent_loop` only: the provider preset id asked for (null: the workspace's first
-    /// enabled chat preset).
-    pub requested_provider: Option<String>,
-    /// `agent_loop` only: the model asked for (null: the preset's).
-    pub requested_model: Option<String>,
-    /// `agent_loop` only: the most model calls across the resume chain.
-    pub max_model_calls: Option<i32>,
-    /// `agent_loop` only: the tools the model may call (null: the whole catalog the sandbox
-    /// allows).
-    pub tools: Option<Vec<String>>,
-    pub run_count: i32,
-    pub latest_run_id: Option<String>,
-    pub latest_run_step_count: i64,
-    pub latest_run_artifact_count: i64,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
+/// What the runtime reads off a stored task (the wire type lives in `keel-api-types`,
+/// which knows nothing of executors).
+pub trait TaskRecordExt {
+    /// What the task's runs may reach.
+    fn sandbox(&self) -> keel_workers::SandboxPolicy;
+    /// What a run of this task executes.
+    fn execution(&self) -> std::result::Result<Execution, String>;
+    /// Where runs of this task work, for people: `ephemeral` or `in_place: <dir>`.
+    fn workspace_description(&self) -> String;
 }
 
-impl TaskRecord {
-    /// What the task's runs may reach.
-    pub fn sandbox(&self) -> keel_workers::SandboxPolicy {
+impl TaskRecordExt for TaskRecord {
+    fn sandbox(&self) -> keel_workers::SandboxPolicy {
         keel_workers::SandboxPolicy {
             network: self.sandbox_network,
             read_only: self.sandbox_read_only,
         }
     }
 
-    /// What a run of this task executes.
-    pub fn execution(&self) -> std::result::Result<Execution, String> {
+    fn execution(&self) -> std::result::Result<Execution, String> {
         let missing = || {
             format!(
                 "task {} is missing its {} fields",
                 self.id, self.execution_kind
             )
         };
-        match self.execution_kind.as_str() {
-            "shell" => Ok(Execution::Shell {
+        let kind = ExecutionKind::parse(&self.execution_kind)
+            .ok_or_else(|| format!("unknown execution kind {}", self.execution_kind))?;
+        match kind {
+            ExecutionKind::Shell => Ok(Execution::Shell {
                 command: self.shell_command.clone().ok_or_else(missing)?,
             }),
-            "git" => Ok(Execution::Git {
+            ExecutionKind::Git => Ok(Execution::Git {
                 command: self.git_command.clone().ok_or_else(missing)?,
             }),
-            "file" => {
+            ExecutionKind::File => {
                 let operation = match self.file_operation.as_deref() {
                     Some("write") => FileOperation::Write,
                     Some("append") => FileOperation::Append,
@@ -106,17 +62,13 @@ impl TaskRecord {
                     operation,
                 })
             }
-            AGENT_LOOP => Err(format!("task {} is an agent loop, not a process", self.id)),
-            other => Err(format!("unknown execution kind {other}")),
+            ExecutionKind::AgentLoop => {
+                Err(format!("task {} is an agent loop, not a process", self.id))
+            }
         }
     }
 
-    pub fn is_agent_loop(&self) -> bool {
-        self.execution_kind == AGENT_LOOP
-    }
-
-    /// Where runs of this task work, for people: `ephemeral` or `in_place: <dir>`.
-    pub fn workspace_description(&self) -> String {
+    fn workspace_description(&self) -> String {
         match &self.working_directory {
             Some(directory) if self.workspace_mode == "in_place" => {
                 format!("in_place: {directory}")
@@ -139,7 +91,14 @@ pub async fn insert(
         TaskExecution::AgentLoop(agent) => (None, agent),
     };
     let (kind, shell, git, path, content, operation) = match process {
-        None => (AGENT_LOOP, None, None, None, None, None),
+        None => (
+            ExecutionKind::AgentLoop.as_str(),
+            None,
+            None,
+            None,
+            None,
+            None,
+        ),
         Some(Execution::Shell { command }) => ("shell", Some(command), None, None, None, None),
         Some(Execution::Git { command }) => ("git", None, Some(command), None, None, None),
         Some(Execution::File {

@@ -1,8 +1,6 @@
 //! The audit trail: one row per state change of a task, run, approval or media job, written in the
 //! transaction that made the change.
 
-use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::Result;
@@ -19,18 +17,7 @@ pub struct Transition<'a> {
     pub reason: Option<&'a str>,
 }
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-pub struct TransitionRecord {
-    pub id: i64,
-    pub entity_type: String,
-    pub entity_id: String,
-    pub task_id: Option<String>,
-    pub from_status: Option<String>,
-    pub to_status: String,
-    pub reason: Option<String>,
-    pub actor: String,
-    pub occurred_at: DateTime<Utc>,
-}
+pub use keel_api_types::TransitionRecord;
 
 pub async fn record(
     conn: &mut PgConnection,

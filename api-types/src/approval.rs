@@ -1,0 +1,136 @@
+//! Approvals: human gates on runs, as the API shows them, and the body that resolves one.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::RunRecord;
+
+/// What an approval gates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalKind {
+    ShellCommand,
+    GitExec,
+    FileWrite,
+    NetworkEgress,
+    /// An agent loop's model asked for tool calls a policy gates (mid-run).
+    AgentLoopToolCall,
+}
+
+impl ApprovalKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalKind::ShellCommand => "shell_command",
+            ApprovalKind::GitExec => "git_exec",
+            ApprovalKind::FileWrite => "file_write",
+            ApprovalKind::NetworkEgress => "network_egress",
+            ApprovalKind::AgentLoopToolCall => "agent_loop_tool_call",
+        }
+    }
+}
+
+/// Where an approval stands. A pending approval past its `expires_at` reads as `expired`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalStatus {
+    Pending,
+    Approved,
+    Rejected,
+    Cancelled,
+    Expired,
+}
+
+impl ApprovalStatus {
+    pub const ALL: [ApprovalStatus; 5] = [
+        ApprovalStatus::Pending,
+        ApprovalStatus::Approved,
+        ApprovalStatus::Rejected,
+        ApprovalStatus::Cancelled,
+        ApprovalStatus::Expired,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalStatus::Pending => "pending",
+            ApprovalStatus::Approved => "approved",
+            ApprovalStatus::Rejected => "rejected",
+            ApprovalStatus::Cancelled => "cancelled",
+            ApprovalStatus::Expired => "expired",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<ApprovalStatus> {
+        ApprovalStatus::ALL
+            .into_iter()
+            .find(|s| s.as_str() == value)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[cfg_attr(feature = "sqlx", derive(sqlx::FromRow))]
+#[schema(example = json!({
+    "id": "appr_01a22b05d2aa7b6c8d9e0f1a2b3c4d5e", "task_id": "task_01a22b05c3e1734c9d7a0f2b6e41d890",
+    "run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "kind": "shell_command", "status": "pending",
+    "action_summary": ["shell: echo hello from keel"],
+    "action_summary_incomplete": false, "step_id": null, "continue_on_reject": false,
+    "decision_note": null, "resolved_by": null,
+    "created_at": "2026-11-30T09:00:05Z", "expires_at": null, "resolved_at": null
+}))]
+pub struct ApprovalRecord {
+    pub id: String,
+    pub task_id: String,
+    pub run_id: String,
+    pub kind: String,
+    /// `pending`, `approved`, `rejected`, `cancelled`, or `expired` (a pending approval
+    /// past its `expires_at` reads as expired).
+    pub status: String,
+    pub action_summary: Vec<String>,
+    pub action_summary_incomplete: bool,
+    /// `agent_loop_tool_call` only: the `model_call` step whose tool calls it covers.
+    pub step_id: Option<String>,
+    /// Rejected with `continue`: the model got a refusal as each call's result and the
+    /// run went on.
+    pub continue_on_reject: bool,
+    pub decision_note: Option<String>,
+    pub resolved_by: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub resolved_at: Option<DateTime<Utc>>,
+}
+
+/// The body of `POST …/approvals/{approval_id}/resolve`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({ "decision": "approve", "note": "checked the command" }))]
+pub struct ResolveRequest {
+    /// `approve` or `reject` (required).
+    #[schema(example = "approve")]
+    pub decision: Option<String>,
+    /// Why; kept on the approval (at most 4096 bytes).
+    pub note: Option<String>,
+    /// With `reject`, on an `agent_loop_tool_call` approval only: the model reads a refusal
+    /// as each gated call's result and the run goes on instead of being cancelled.
+    #[serde(rename = "continue")]
+    #[schema(rename = "continue")]
+    pub continue_on_reject: Option<bool>,
+}
+
+/// A decision's result: the approval and the run it gated.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Resolution {
+    pub approval: ApprovalRecord,
+    pub run: RunRecord,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ApprovalStatus;
+
+    #[test]
+    fn status_names_round_trip() {
+        for status in ApprovalStatus::ALL {
+            assert_eq!(ApprovalStatus::parse(status.as_str()), Some(status));
+        }
+    }
+}

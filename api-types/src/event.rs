@@ -1,0 +1,35 @@
+//! The events of runs and media jobs, as lists and streams deliver them.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[cfg_attr(feature = "sqlx", derive(sqlx::FromRow))]
+#[schema(example = json!({
+    "schema_version": 1, "event_id": "evt_01a22b05d3bb7c6d8e9f0a1b2c3d4e5f",
+    "task_id": "task_01a22b05c3e1734c9d7a0f2b6e41d890",
+    "run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "media_job_id": null, "sequence": 3,
+    "cursor": "918273-1207", "occurred_at": "2026-11-30T09:01:12Z", "type": "run.finished",
+    "data": { "status": "completed", "exit_code": 0 }
+}))]
+pub struct EventRecord {
+    pub schema_version: i32,
+    pub event_id: String,
+    /// The run's task and the run (null on a media job's events).
+    pub task_id: Option<String>,
+    pub run_id: Option<String>,
+    /// The media job (null on a run's events).
+    pub media_job_id: Option<String>,
+    /// The event's position among its run's (or media job's) events.
+    pub sequence: i64,
+    /// The event's position in the public feed: an opaque string, the feed's `after`
+    /// parameter and its stream's SSE id.
+    #[schema(pattern = "^[0-9]+-[0-9]+$")]
+    pub cursor: String,
+    pub occurred_at: DateTime<Utc>,
+    #[serde(rename = "type")]
+    #[cfg_attr(feature = "sqlx", sqlx(rename = "type"))]
+    pub event_type: String,
+    pub data: serde_json::Value,
+}

@@ -1,0 +1,138 @@
+//! Provider presets: reusable, non-secret provider configuration, named secrets by
+//! reference only, and what checking a preset or a reference tells.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// A preset as the API shows it: its fields, and whether its secrets resolve here.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProviderView {
+    #[schema(example = "provider_0190...")]
+    pub id: String,
+    /// `openai-images`, `seedream` or `seedance` for media presets; any slug for chat ones.
+    pub kind: String,
+    pub display_name: String,
+    pub provider_id: String,
+    pub model: String,
+    #[schema(value_type = String, example = "media-job")]
+    pub api: String,
+    pub base_url: String,
+    pub api_key_ref: Option<String>,
+    /// Whether `api_key_ref` resolves in the API process answering.
+    pub api_key_configured: bool,
+    pub api_key_status: Option<SecretStatus>,
+    pub headers: BTreeMap<String, String>,
+    pub secret_header_refs: BTreeMap<String, String>,
+    pub capabilities: Vec<String>,
+    pub input: Vec<String>,
+    #[schema(value_type = Object)]
+    pub compat: serde_json::Map<String, serde_json::Value>,
+    pub enabled: bool,
+    /// The result of the last `POST /providers/{id}/check`; cleared by any edit.
+    #[schema(value_type = Option<Object>)]
+    pub last_check: Option<serde_json::Value>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A preset to create. A raw API key is never accepted: name it with `api_key_ref`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderDraft {
+    #[schema(example = "seedance")]
+    pub kind: String,
+    pub display_name: Option<String>,
+    pub provider_id: Option<String>,
+    #[schema(example = "seedance-1-0-pro-250528")]
+    pub model: String,
+    #[schema(example = "media-job")]
+    pub api: String,
+    #[schema(example = "https://ark.ap-southeast.bytepluses.com/api/v3")]
+    pub base_url: String,
+    /// `env:NAME`, `file:/absolute/path` or `keychain:NAME`.
+    #[schema(example = "env:ARK_API_KEY")]
+    pub api_key_ref: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Header name → secret reference.
+    #[serde(default)]
+    pub secret_header_refs: BTreeMap<String, String>,
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    #[serde(default)]
+    pub input: Vec<String>,
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub compat: serde_json::Map<String, serde_json::Value>,
+    #[serde(default)]
+    pub enabled: bool,
+}
+
+/// Fields to change; absent fields stay. `api_key_ref: null` removes the reference.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderPatch {
+    pub kind: Option<String>,
+    pub display_name: Option<String>,
+    pub provider_id: Option<String>,
+    pub model: Option<String>,
+    pub api: Option<String>,
+    pub base_url: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<String>)]
+    pub api_key_ref: Option<Option<String>>,
+    pub headers: Option<BTreeMap<String, String>>,
+    pub secret_header_refs: Option<BTreeMap<String, String>>,
+    pub capabilities: Option<Vec<String>>,
+    pub input: Option<Vec<String>>,
+    #[schema(value_type = Option<Object>)]
+    pub compat: Option<serde_json::Map<String, serde_json::Value>>,
+    pub enabled: Option<bool>,
+}
+
+/// Tells an explicit `null` (Some(None)) from an absent field (None).
+fn present<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(deserializer).map(Some)
+}
+
+/// The outcome of a provider check.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProviderCheck {
+    pub ok: bool,
+    /// `ready`, `provider_disabled`, `secret_missing`, `secret_store_unavailable`,
+    /// `secret_not_allowed`, `unsupported_capability`, `provider_host_not_allowed`,
+    /// `model_not_configured` or (a live check whose call failed) `live_call_failed`.
+    pub code: String,
+    /// Of a failed live call: the provider's error, with the preset's secrets redacted.
+    pub message: String,
+    /// Whether a live call was made (`?live=true` on a chat preset that is ready).
+    pub live: bool,
+    pub checked_at: DateTime<Utc>,
+}
+
+/// Whether a reference resolves, as `GET /v1/secrets/status` and provider views report it:
+/// never the value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SecretStatus {
+    /// The reference as given.
+    #[schema(example = "env:OPENAI_API_KEY")]
+    pub r#ref: String,
+    /// `env`, `file` or `keychain`.
+    pub kind: String,
+    pub configured: bool,
+    /// Why it is not configured: `secret_missing`, `secret_store_unavailable` or
+    /// `secret_not_allowed` (a stored preset the secret policy now refuses).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}

@@ -1,0 +1,221 @@
+//! The run state machine: `queued → running → completed | failed | cancelled`, with
+//! `awaiting_approval` before `queued` when a gate stops a run, and `running →
+//! awaiting_approval → queued` when an agent loop's tool calls wait for one mid-run.
+//! [`RunStatus::can_become`] is the one place that decides which transitions exist; the
+//! store guards every status update with the states it allows.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Queued,
+    Running,
+    AwaitingApproval,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl RunStatus {
+    pub const ALL: [RunStatus; 6] = [
+        RunStatus::Queued,
+        RunStatus::Running,
+        RunStatus::AwaitingApproval,
+        RunStatus::Completed,
+        RunStatus::Failed,
+        RunStatus::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Queued => "queued",
+            RunStatus::Running => "running",
+            RunStatus::AwaitingApproval => "awaiting_approval",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<RunStatus> {
+        RunStatus::ALL.into_iter().find(|s| s.as_str() == value)
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled
+        )
+    }
+
+    /// Whether a run in this state may move to `next`.
+    pub fn can_become(self, next: RunStatus) -> bool {
+        use RunStatus::*;
+        match (self, next) {
+            (AwaitingApproval, Queued | Cancelled) => true,
+            (Queued, Running | Cancelled | Failed) => true,
+            // Running → Queued: the lease was lost and the run waits for another worker.
+            (Running, Queued | Completed | Failed | Cancelled) => true,
+            // An agent loop's model asked for gated tool calls: the run waits, leaseless.
+            (Running, AwaitingApproval) => true,
+            _ => false,
+        }
+    }
+
+    /// Every state from which `next` may be reached: the guard of a status update.
+    pub fn sources_of(next: RunStatus) -> Vec<&'static str> {
+        RunStatus::ALL
+            .into_iter()
+            .filter(|s| s.can_become(next))
+            .map(RunStatus::as_str)
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[cfg_attr(feature = "sqlx", derive(sqlx::FromRow))]
+#[schema(example = json!({
+    "id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "task_id": "task_01a22b05c3e1734c9d7a0f2b6e41d890",
+    "number": 1, "status": "completed", "attempt": 1,
+    "worker_id": "wrk_01a22b04aa0e7c5d9f3b2a1c0d9e8f7a", "exit_code": 0, "last_error": null,
+    "retried_from_run_id": null, "resumed_from_run_id": null, "checkpoint": null,
+    "prior_cost_micros_usd": 0, "total_cost_micros_usd": 0, "model_call_count": 0,
+    "model": null, "provider": null, "lineage_kind": null, "from_model_call_index": null,
+    "schedule_id": null,
+    "schedule_occurrence_id": null, "scheduled_for": null,
+    "created_at": "2026-11-30T09:00:05Z", "started_at": "2026-11-30T09:00:05Z",
+    "finished_at": "2026-11-30T09:01:12Z", "updated_at": "2026-11-30T09:01:12Z"
+}))]
+pub struct RunRecord {
+    pub id: String,
+    pub task_id: String,
+    pub number: i32,
+    pub status: String,
+    pub attempt: i32,
+    pub worker_id: Option<String>,
+    pub exit_code: Option<i32>,
+    pub last_error: Option<String>,
+    pub retried_from_run_id: Option<String>,
+    pub resumed_from_run_id: Option<String>,
+    /// For a resumed run: where it picks up (source run, last completed step, last event).
+    pub checkpoint: Option<serde_json::Value>,
+    pub prior_cost_micros_usd: i64,
+    pub total_cost_micros_usd: i64,
+    /// Agent loops: the model calls this run completed, and the model and provider preset
+    /// of the latest (null before the first).
+    pub model_call_count: i32,
+    pub model: Option<String>,
+    pub provider: Option<String>,
+    /// How the run came from `resumed_from_run_id`: `resume`, `continue` or
+    /// `retry_from_model_call` (null for a start or a retry).
+    pub lineage_kind: Option<String>,
+    /// For `retry_from_model_call`: the source run's 1-based model call this run re-issues.
+    pub from_model_call_index: Option<i32>,
+    /// The conversation an agent loop run starts from; null: the task's prompts. Not
+    /// rendered (it can be large): read the source's `agent_conversation` artifact.
+    #[serde(skip)]
+    pub conversation_base: Option<serde_json::Value>,
+    /// The run whose ephemeral workspace this run uses (itself unless resumed).
+    #[serde(skip)]
+    pub workspace_run_id: Option<String>,
+    /// Set on runs a schedule created.
+    pub schedule_id: Option<String>,
+    pub schedule_occurrence_id: Option<String>,
+    /// The schedule's nominal fire time (UTC); may precede `started_at` after downtime.
+    pub scheduled_for: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl RunRecord {
+    /// The run's status. The server stores only statuses it knows; a client of a newer
+    /// server reads `status` with [`RunStatus::parse`] instead.
+    pub fn status(&self) -> RunStatus {
+        RunStatus::parse(&self.status).expect("the database only holds known statuses")
+    }
+
+    /// The run whose ephemeral workspace directory this run works in.
+    pub fn workspace_owner(&self) -> &str {
+        self.workspace_run_id.as_deref().unwrap_or(&self.id)
+    }
+}
+
+/// One step of a run: what its executor did.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[cfg_attr(feature = "sqlx", derive(sqlx::FromRow))]
+pub struct StepRecord {
+    pub id: String,
+    pub run_id: String,
+    pub task_id: String,
+    pub index: i32,
+    pub name: String,
+    pub status: String,
+    pub input: serde_json::Value,
+    pub output: Option<serde_json::Value>,
+    pub error: Option<String>,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[cfg_attr(feature = "sqlx", derive(sqlx::FromRow))]
+pub struct ArtifactRecord {
+    pub id: String,
+    /// The run that wrote it and its task (null for a media job's artifact).
+    pub run_id: Option<String>,
+    pub task_id: Option<String>,
+    /// The media job that produced it (null for a run's artifact).
+    pub media_job_id: Option<String>,
+    pub name: String,
+    pub kind: String,
+    pub content_type: String,
+    pub size_bytes: i64,
+    pub truncated: bool,
+    pub status: String,
+    pub storage: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RunStatus::{self, *};
+
+    #[test]
+    fn terminal_states_are_final() {
+        for from in [Completed, Failed, Cancelled] {
+            for to in RunStatus::ALL {
+                assert!(!from.can_become(to), "{from:?} -> {to:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn lifecycle_transitions() {
+        assert!(Queued.can_become(Running));
+        assert!(Running.can_become(Completed));
+        assert!(Running.can_become(Queued));
+        assert!(AwaitingApproval.can_become(Queued));
+        // Mid-loop: an agent run waits for a tool-call approval, then is queued again.
+        assert!(Running.can_become(AwaitingApproval));
+        assert!(!Queued.can_become(AwaitingApproval));
+        assert!(!Queued.can_become(Completed));
+        assert!(!AwaitingApproval.can_become(Running));
+        assert_eq!(
+            RunStatus::sources_of(Cancelled),
+            ["queued", "running", "awaiting_approval"]
+        );
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for status in RunStatus::ALL {
+            assert_eq!(RunStatus::parse(status.as_str()), Some(status));
+        }
+    }
+}
