@@ -424,19 +424,12 @@ async fn bridge(client: &Client, outbound: &Outbound) -> Result<Value, RpcError>
 fn failure(error: keel_client::Error) -> RpcError {
     match &error {
         keel_client::Error::Api(api) => {
-            let message = match &api.request_id {
-                Some(request_id) => format!("{} (request {request_id})", api.message),
-                None => api.message.clone(),
+            let body = &api.error;
+            let message = match &body.request_id {
+                Some(request_id) => format!("{} (request {request_id})", body.message),
+                None => body.message.clone(),
             };
-            let hint = api
-                .operator_action
-                .clone()
-                .or_else(|| api.user_message.clone());
-            RpcError {
-                code: api.kind.clone(),
-                message,
-                hint,
-            }
+            RpcError::new(&body.kind, message).with_hint(body.operator_action.clone())
         }
         keel_client::Error::Usage(message) => RpcError::new(code::INVALID_PARAMS, message.clone()),
         _ => RpcError::new(code::UNAVAILABLE, error.to_string())
