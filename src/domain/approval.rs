@@ -20,6 +20,9 @@ pub enum ApprovalKind {
     NetworkEgress,
     /// An agent loop's model asked for tool calls a policy gates (mid-run).
     AgentLoopToolCall,
+    /// A write to an external tracker (a comment, labels, a review) proposed on an item.
+    /// It never holds or moves the run it is attached to.
+    ExternalAction,
 }
 
 impl ApprovalKind {
@@ -30,6 +33,7 @@ impl ApprovalKind {
             ApprovalKind::FileWrite => "file_write",
             ApprovalKind::NetworkEgress => "network_egress",
             ApprovalKind::AgentLoopToolCall => "agent_loop_tool_call",
+            ApprovalKind::ExternalAction => "external_action",
         }
     }
 }
