@@ -360,14 +360,17 @@ async fn a_fresh_comment_is_sent_once_after_approval_and_changed_targets_are_ref
     );
     assert_eq!(stale["last_error_code"], "stale_target", "{stale}");
     let reason = stale["last_error"].as_str().unwrap();
-    assert!(reason.contains("updated at"), "{reason}");
+    assert!(
+        reason.contains("updated at 2026-11-30T10:00:00Z (was 2026-11-30T09:00:00Z)"),
+        "{reason}"
+    );
     let evidence = app.evidence(&stale).await;
     assert_eq!(
         evidence["evidence"]["target_now"]["updated_at"],
         "2026-11-30T10:00:00Z"
     );
     let reason = moved["last_error"].as_str().unwrap();
-    assert!(reason.contains("head is now \"bbb\""), "{reason}");
+    assert!(reason.contains("head is now bbb (was aaa)"), "{reason}");
 
     let at = format!(
         "/v1/external-work/items/{}/actions",

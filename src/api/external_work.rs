@@ -497,7 +497,7 @@ async fn propose_action(
     tx.commit().await?;
     Ok((
         StatusCode::CREATED,
-        Json(object("external_work_action", proposed)),
+        Json(object("external_work_action_proposal", proposed)),
     ))
 }
 

@@ -245,7 +245,7 @@ pub async fn update(
              SET status = $3, response = coalesce($4, response),
                  artifact_id = coalesce($5, artifact_id), last_error_code = $6,
                  last_error = $7, updated_at = now(),
-                 decided_at = CASE WHEN $3 IN ('approved', 'rejected') THEN now()
+                 decided_at = CASE WHEN status = 'pending_approval' THEN now()
                                    ELSE decided_at END,
                  sending_at = CASE WHEN $3 = 'sending' AND status <> 'sending' THEN now()
                                    ELSE sending_at END,

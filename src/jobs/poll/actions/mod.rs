@@ -238,8 +238,10 @@ fn summary(
     let body = match action {
         ProposedAction::Comment { body } => Some(body.as_str()),
         ProposedAction::Labels { add, remove } => {
-            lines.push(format!("add labels: {}", add.join(", ")));
-            lines.push(format!("remove labels: {}", remove.join(", ")));
+            let changes = [("add", add), ("remove", remove)];
+            for (verb, names) in changes.iter().filter(|(_, names)| !names.is_empty()) {
+                lines.push(format!("{verb} labels: {}", names.join(", ")));
+            }
             None
         }
         ProposedAction::Review { event, body } => {
@@ -573,18 +575,17 @@ fn compare(target: &Target<'_>, action: &ActionRecord, current: &Value) -> Optio
         "idempotency_key": key,
     });
     let then = &action.target;
-    let reason = if now["state"] != then["state"] {
-        format!("its state is now {} (was {})", now["state"], then["state"])
-    } else if now["head_sha"] != then["head_sha"] {
-        format!(
-            "its head is now {} (was {})",
-            now["head_sha"], then["head_sha"]
-        )
+    let change = |field: &str| {
+        let text = |value: &Value| value.as_str().unwrap_or("none").to_string();
+        (now[field] != then[field]).then(|| (text(&now[field]), text(&then[field])))
+    };
+    let reason = if let Some((now, then)) = change("state") {
+        format!("its state is now {now} (was {then})")
+    } else if let Some((now, then)) = change("head_sha") {
+        format!("its head is now {now} (was {then})")
     } else if *key != target.item.idempotency_key {
-        format!(
-            "it was updated at {} (was {})",
-            now["updated_at"], then["updated_at"]
-        )
+        let (now, then) = change("updated_at").unwrap_or_default();
+        format!("it was updated at {now} (was {then})")
     } else {
         return None;
     };
