@@ -39,11 +39,11 @@ const MAX_EVIDENCE_BYTES: i64 = 1024 * 1024;
 
 /// One call to the tracker, as stored on the action and made by its job.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(super) struct Call {
-    pub method: String,
+struct Call {
+    method: String,
     /// Relative to the tracker's endpoint (empty for Linear's GraphQL endpoint itself).
-    pub path: String,
-    pub body: Value,
+    path: String,
+    body: Value,
 }
 
 /// A proposal as recorded: the action and its pending approval.
@@ -299,12 +299,18 @@ enum Ending {
     },
 }
 
+/// What an attempt leads to.
+enum Next {
+    End(Ending),
+    Again(Pause),
+}
+
 /// Why an attempt stops without an ending: the tracker could not be asked (unreachable,
 /// unavailable, rate limited). The job tries again later.
-pub(super) struct Pause {
-    pub code: &'static str,
-    pub message: String,
-    pub until: Option<chrono::DateTime<chrono::Utc>>,
+struct Pause {
+    code: &'static str,
+    message: String,
+    until: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// What sending an action needs, besides the action.
@@ -322,7 +328,7 @@ impl ActionJobs {
         let action = external_actions::lock(&mut tx, &scope, &lease.ref_id).await?;
         let Some(action) = action.filter(|a| matches!(a.status.as_str(), "approved" | "sending"))
         else {
-            // Gone with its item, or ended by an earlier attempt that was not acked.
+            // Gone with its item (its source was deleted): nothing to send.
             queue::complete(&mut tx, lease).await?;
             tx.commit().await?;
             return Ok("ended");
@@ -340,46 +346,55 @@ impl ActionJobs {
             Ok(target) => target,
             Err(ending) => return self.finish(lease, &action, None, ending).await,
         };
+        match self.attempt(lease, &action, &target).await? {
+            Next::End(ending) => self.finish(lease, &action, Some(&target), ending).await,
+            Next::Again(pause) => self.again(lease, &action, pause).await,
+        }
+    }
+
+    /// An approved action is checked against its target, marked `sending` and sent; one
+    /// already `sending` is looked for by its marker first, and sent only when not found.
+    async fn attempt(
+        &self,
+        lease: &Lease,
+        action: &ActionRecord,
+        target: &Target<'_>,
+    ) -> Result<Next, StoreError> {
         let calls: Vec<Call> = serde_json::from_value(action.calls.clone()).map_err(|e| {
             StoreError::Conflict(format!("action {} is unreadable: {e}", action.id))
         })?;
         if action.status == "approved" {
-            match send::changed(&target, &action).await {
-                Err(pause) => return self.again(lease, &action, pause).await,
-                Ok(Some((reason, now))) => {
-                    let ending = Ending::Stale { reason, now };
-                    return self.finish(lease, &action, Some(&target), ending).await;
-                }
+            match send::changed(target, action).await {
+                Err(pause) => return Ok(Next::Again(pause)),
+                Ok(Some((reason, now))) => return Ok(Next::End(Ending::Stale { reason, now })),
                 Ok(None) => {}
             }
+            // Committed before the call: a later attempt then knows it may have gone out.
             let mut tx = queue::begin_fenced(&self.poller.pool, lease).await?;
-            external_actions::update(&mut tx, &scope, &action.id, "sending", &Outcome::default())
+            let sending = Outcome::default();
+            external_actions::update(&mut tx, &lease.scope(), &action.id, "sending", &sending)
                 .await?;
             tx.commit().await?;
         } else {
-            match send::find_marked(&target, &calls, &marker(&action.id)).await {
-                Err(pause) => return self.again(lease, &action, pause).await,
-                Ok(Some(found)) => {
-                    let ending = Ending::Sent(vec![found]);
-                    return self.finish(lease, &action, Some(&target), ending).await;
-                }
+            match send::find_marked(target, &calls, &marker(&action.id)).await {
+                Err(pause) => return Ok(Next::Again(pause)),
+                Ok(Some(found)) => return Ok(Next::End(Ending::Sent(vec![found]))),
                 Ok(None) => {}
             }
         }
-        let ending = match send::perform(&target, &calls).await {
-            Ok(answers) => Ending::Sent(answers),
-            Err(send::Failure::Pause(pause)) => return self.again(lease, &action, pause).await,
+        Ok(match send::perform(target, &calls).await {
+            Ok(answers) => Next::End(Ending::Sent(answers)),
+            Err(send::Failure::Pause(pause)) => Next::Again(pause),
             Err(send::Failure::Refused {
                 code,
                 message,
                 answers,
-            }) => Ending::Failed {
+            }) => Next::End(Ending::Failed {
                 code,
                 message,
                 answers,
-            },
-        };
-        self.finish(lease, &action, Some(&target), ending).await
+            }),
+        })
     }
 
     /// The item, its tracker and the token, resolved now; an ending when the action can no
