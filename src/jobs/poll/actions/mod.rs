@@ -625,6 +625,85 @@ mod tests {
         assert_eq!(head_sha("linear:issue:eng:ENG-1:2026"), None);
     }
 
+    fn item(kind: &str, identifier: &str, key: &str) -> ItemRecord {
+        ItemRecord {
+            id: "extitem_1".into(),
+            source_id: "extsrc_1".into(),
+            idempotency_key: key.into(),
+            kind: kind.into(),
+            identifier: identifier.into(),
+            tracker_state: "open".into(),
+            state: "claimed".into(),
+            issue: json!({ "id": "uuid-1", "updated_at": "2026-01-02T00:00:00Z" }),
+            prompt: None,
+            task_id: Some("task_1".into()),
+            run_id: Some("run_1".into()),
+            last_error_code: None,
+            last_error: None,
+            created_at: chrono::Utc::now(),
+            updated_at: chrono::Utc::now(),
+        }
+    }
+
+    #[test]
+    fn each_action_is_its_trackers_exact_calls() {
+        let github = super::super::test_tracker(TrackerKind::Github, "a/b", "open", "closed");
+        let pull = item(
+            "github_pull_request",
+            "a/b#8",
+            "github:pull_request:a/b:8:abc:2026-01-02T00:00:00Z",
+        );
+        let approve = ProposedAction::Review {
+            event: crate::domain::external_action::ReviewEvent::Approve,
+            body: None,
+        };
+        let calls = calls(&github, &pull, &approve, "xact_1").unwrap();
+        assert_eq!(calls[0].path, "/repos/a/b/pulls/8/reviews");
+        assert_eq!(
+            calls[0].body,
+            json!({ "event": "APPROVE", "body": "<!-- keel-action:xact_1 -->", "commit_id": "abc" })
+        );
+        let issue = item(
+            "github_issue",
+            "a/b#7",
+            "github:issue:a/b:7:2026-01-02T00:00:00Z",
+        );
+        let refused = calls_error(&github, &issue, &approve);
+        assert_eq!(refused, "unsupported_action");
+        let labels = ProposedAction::Labels {
+            add: vec![],
+            remove: vec!["needs review".into(), "bug".into()],
+        };
+        let calls = super::calls(&github, &issue, &labels, "xact_1").unwrap();
+        let paths: Vec<(&str, &str)> = calls
+            .iter()
+            .map(|c| (c.method.as_str(), c.path.as_str()))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                ("DELETE", "/repos/a/b/issues/7/labels/needs%20review"),
+                ("DELETE", "/repos/a/b/issues/7/labels/bug")
+            ]
+        );
+        let linear = super::super::test_tracker(TrackerKind::Linear, "eng", "Todo", "Done");
+        let comment = ProposedAction::Comment { body: "hi".into() };
+        let calls = super::calls(&linear, &issue, &comment, "xact_1").unwrap();
+        assert_eq!(calls[0].path, "");
+        assert_eq!(
+            calls[0].body["variables"],
+            json!({ "issueId": "uuid-1", "body": "hi\n\n<!-- keel-action:xact_1 -->" })
+        );
+        assert_eq!(calls_error(&linear, &issue, &labels), "unsupported_action");
+    }
+
+    fn calls_error(tracker: &Tracker, item: &ItemRecord, action: &ProposedAction) -> &'static str {
+        match calls(tracker, item, action, "xact_1") {
+            Err(StoreError::Unprocessable { code, .. }) => code,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
     #[test]
     fn label_names_are_one_path_segment() {
         assert_eq!(path_segment("needs review/ok"), "needs%20review%2Fok");
