@@ -717,3 +717,77 @@ async fn a_worker_killed_after_its_call_is_not_followed_by_a_second_call() {
     assert_eq!(sent["response"]["id"], 900, "{sent}");
     app.assert_no_canary(CANARY).await;
 }
+
+#[tokio::test]
+async fn a_refusal_fails_the_action_and_a_rate_limit_sends_it_later_once() {
+    let github = MockServer::start().await;
+    let issues = json!([issue(7, "open", T1), issue(9, "open", T1)]);
+    answer(&github, "GET", "/repos/acme/widgets/issues", issues).await;
+    answer(&github, "GET", "/repos/acme/widgets/pulls", json!([])).await;
+    answer(
+        &github,
+        "GET",
+        "/repos/acme/widgets/issues/7",
+        issue(7, "open", T1),
+    )
+    .await;
+    answer(
+        &github,
+        "GET",
+        "/repos/acme/widgets/issues/9",
+        issue(9, "open", T1),
+    )
+    .await;
+    let seven = "/repos/acme/widgets/issues/7/comments";
+    Mock::given(method("POST"))
+        .and(path(seven))
+        .respond_with(
+            ResponseTemplate::new(422).set_body_json(json!({ "message": "Validation Failed" })),
+        )
+        .mount(&github)
+        .await;
+    // #9's first call is refused for the rate limit (nothing written), the next accepted.
+    let nine = "/repos/acme/widgets/issues/9/comments";
+    Mock::given(method("POST"))
+        .and(path(nine))
+        .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "1"))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&github)
+        .await;
+    let written = mount_list(&github, nine, Duration::ZERO).await;
+    let app = Tracked::start(&github_workflow(&github.uri()), TOKEN_ENV, &["worker"]).await;
+
+    let comment = json!({ "kind": "comment", "body": "Hello." });
+    let (refused, approval) = app
+        .proposed(&app.item("acme/widgets#7").await, comment.clone())
+        .await;
+    app.resolve(&approval, "approve").await;
+    let (limited, approval) = app
+        .proposed(&app.item("acme/widgets#9").await, comment)
+        .await;
+    app.resolve(&approval, "approve").await;
+
+    let refused = app.wait_action(&refused, "failed").await;
+    assert_eq!(refused["last_error_code"], "tracker_refused", "{refused}");
+    let reason = refused["last_error"].as_str().unwrap();
+    assert!(
+        reason.contains("422") && reason.contains("Validation Failed"),
+        "{reason}"
+    );
+    let evidence = app.evidence(&refused).await;
+    assert_eq!(
+        evidence["evidence"]["answers"][0]["http_status"], 422,
+        "{evidence}"
+    );
+    assert_eq!(requests(&github, "POST", seven).await.len(), 1);
+
+    // Sending when refused: the retry looks for the marker, finds none, sends once more.
+    let sent = app.wait_action(&limited, "sent").await;
+    assert_eq!(requests(&github, "POST", nine).await.len(), 2);
+    assert_eq!(written.all().len(), 1);
+    assert!(!requests(&github, "GET", nine).await.is_empty());
+    assert_eq!(sent["response"]["http_status"], 201, "{sent}");
+    assert_eq!(sent["last_error_code"], Value::Null, "{sent}");
+    app.assert_no_canary(CANARY).await;
+}
