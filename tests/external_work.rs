@@ -477,6 +477,11 @@ fn linear_issue(number: u64, state: &str) -> Value {
 
 /// One page of the project's issues, answering the query whose `after` is `after`.
 fn linear_page(after: Value, nodes: Value, next: Option<&str>) -> Mock {
+    held_linear_page(after, nodes, next, Duration::ZERO)
+}
+
+/// [`linear_page`], answered only after `delay`.
+fn held_linear_page(after: Value, nodes: Value, next: Option<&str>, delay: Duration) -> Mock {
     let query = json!({ "variables": { "projectSlug": "eng", "after": after } });
     let page = json!({ "data": { "issues": { "nodes": nodes,
         "pageInfo": { "hasNextPage": next.is_some(), "endCursor": next } } } });
@@ -484,7 +489,11 @@ fn linear_page(after: Value, nodes: Value, next: Option<&str>) -> Mock {
         .and(path("/graphql"))
         .and(header("authorization", LINEAR_CANARY))
         .and(body_partial_json(query))
-        .respond_with(ResponseTemplate::new(200).set_body_json(page))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(page)
+                .set_delay(delay),
+        )
 }
 
 /// The answer to reconciliation's question about the issues with these ids.
@@ -1018,6 +1027,78 @@ async fn a_worker_killed_mid_poll_loses_nothing_and_duplicates_nothing() {
         .get(&format!("/v1/external-work/sources/{id}/items"))
         .await;
     assert_eq!(items["data"].as_array().unwrap().len(), 2, "{items}");
+}
+
+#[tokio::test]
+async fn a_worker_killed_while_linear_holds_a_page_loses_nothing_and_duplicates_nothing() {
+    let linear = MockServer::start().await;
+    let first = json!([linear_issue(1, "Todo"), linear_issue(2, "Todo")]);
+    linear_page(Value::Null, first, Some("cursor-2"))
+        .mount(&linear)
+        .await;
+    // The second page is slow enough that the first worker is still waiting on it when it
+    // is killed: nothing of the poll was imported yet.
+    let held = Duration::from_secs(2);
+    held_linear_page(
+        json!("cursor-2"),
+        json!([linear_issue(3, "Todo")]),
+        None,
+        held,
+    )
+    .mount(&linear)
+    .await;
+    let source = linear_source(&linear).await;
+    let (client, id) = (source.client.clone(), source.id.clone());
+    let env = [("ACME_LINEAR_API_KEY", LINEAR_CANARY)];
+    let worker = |name: &str| {
+        let data = source.dir.path().join(name);
+        std::fs::create_dir_all(&data).unwrap();
+        support::spawn_worker_with_env(&source.db_url, source.dir.path(), name, 1_000, &data, &env)
+    };
+    let second_pages = || async {
+        let asked = linear.received_requests().await.unwrap();
+        asked
+            .iter()
+            .filter(|r| {
+                let body: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+                body["variables"]["after"] == "cursor-2"
+            })
+            .count()
+    };
+    let mut first = worker("worker-a");
+    let background = format!("/v1/external-work/sources/{id}/background");
+    let (status, body) = client.post(&background, json!({ "enabled": true })).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    wait_for(
+        Duration::from_secs(20),
+        "the first worker to wait on the second page",
+        || async { (second_pages().await >= 1).then_some(()) },
+    )
+    .await;
+    first.kill9();
+    assert_eq!(
+        task_count(&client).await,
+        0,
+        "the killed poll imported nothing"
+    );
+
+    // The poll job's lease expires; the other worker polls the source to its end.
+    let _second = worker("worker-b");
+    wait_for(
+        Duration::from_secs(30),
+        "the second worker's imports",
+        || async { (task_count(&client).await == 3).then_some(()) },
+    )
+    .await;
+    // Reading the project again (the background interval is the default 30 s, so by hand)
+    // finds only duplicates.
+    let (_, body) = client
+        .post(&format!("/v1/external-work/sources/{id}/poll"), json!({}))
+        .await;
+    assert_eq!(body["data"]["duplicates"], 3, "{body}");
+    assert_eq!(task_count(&client).await, 3);
+    assert_eq!(items_of(&client, &id).await.len(), 3);
+    assert!(!first.log_text().contains(LINEAR_CANARY));
 }
 
 #[tokio::test]

@@ -113,6 +113,7 @@ const ROUTES: &[(&str, &str, Walk)] = &[
         ]),
     ),
     ("GET", "/v1/events/stream", FeedStream),
+    ("GET", "/v1/external-work/actions/{action_id}", Read),
     (
         "POST",
         "/v1/external-work/import",
@@ -126,6 +127,12 @@ const ROUTES: &[(&str, &str, Walk)] = &[
         Compute(
             r#"{"workflow_markdown":"Hi {{ issue.title }}","issue":{"id":"1","identifier":"a/b#1","title":"t","state":"open"}}"#,
         ),
+    ),
+    ("GET", "/v1/external-work/items/{item_id}/actions", Read),
+    (
+        "POST",
+        "/v1/external-work/items/{item_id}/actions",
+        Write(r#"{"kind":"comment","body":"from the intruder"}"#),
     ),
     ("GET", "/v1/external-work/sources", List(&["?limit=200"])),
     (
@@ -305,6 +312,8 @@ struct Tree {
     providers: Vec<String>,
     media_jobs: Vec<(String, Vec<String>)>,
     external_sources: Vec<String>,
+    external_items: Vec<String>,
+    external_actions: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -485,8 +494,19 @@ async fn seed(c: &Client, vendor: &str) -> Gated {
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     media_job(c, &image).await;
     let source = json!({ "workflow_markdown":
-        "---\ntracker: {kind: github, repository: acme/widgets}\n---\nWork on {{ issue.title }}" });
+        "---\ntracker: {kind: github, repository: acme/widgets}\n\
+         task: {execution_kind: shell, shell_command: echo ext}\n---\nWork on {{ issue.title }}" });
     let (status, body) = c.post("/v1/external-work/sources", source).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    // An imported item with its task, and an action proposed on it (never approved).
+    let payload = json!({ "number": 3, "state": "open", "updated_at": "2026-01-01T00:00:00Z" });
+    let import = json!({ "source_id": body["data"]["id"], "payload": payload });
+    let (status, body) = c.post("/v1/external-work/import", import).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let item = body["data"]["item"]["id"].as_str().unwrap();
+    let comment = json!({ "kind": "comment", "body": "seeded" });
+    let proposal = format!("/v1/external-work/items/{item}/actions");
+    let (status, body) = c.post(&proposal, comment).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
 
     let run_id = &done.run_id;
@@ -632,8 +652,17 @@ async fn snapshot(c: &Client) -> (BTreeMap<String, Value>, Tree) {
     }
     for source in seen.ids(c, "/v1/external-work/sources?limit=200").await {
         let base = format!("/v1/external-work/sources/{source}");
-        for path in ["", "/status", "/items?limit=200"] {
+        for path in ["", "/status"] {
             seen.read(c, &format!("{base}{path}")).await;
+        }
+        for item in seen.ids(c, &format!("{base}/items?limit=200")).await {
+            let actions = format!("/v1/external-work/items/{item}/actions?limit=200");
+            for action in seen.ids(c, &actions).await {
+                seen.read(c, &format!("/v1/external-work/actions/{action}"))
+                    .await;
+                tree.external_actions.push(action);
+            }
+            tree.external_items.push(item);
         }
         tree.external_sources.push(source);
     }
@@ -991,6 +1020,8 @@ impl Tree {
             [] => vec![vec![]],
             ["workspace_id"] => vec![vec![workspace.to_string()]],
             ["id"] => self.providers.iter().map(|p| vec![p.clone()]).collect(),
+            ["item_id"] => children(&self.external_items, params),
+            ["action_id"] => children(&self.external_actions, params),
             ["source_id", rest @ ..] => self
                 .external_sources
                 .iter()

@@ -16,6 +16,9 @@ pub enum ApprovalKind {
     NetworkEgress,
     /// An agent loop's model asked for tool calls a policy gates (mid-run).
     AgentLoopToolCall,
+    /// A write to an external tracker (a comment, labels, a review) proposed on an item.
+    /// It never holds or moves the run it is attached to.
+    ExternalAction,
 }
 
 impl ApprovalKind {
@@ -26,6 +29,7 @@ impl ApprovalKind {
             ApprovalKind::FileWrite => "file_write",
             ApprovalKind::NetworkEgress => "network_egress",
             ApprovalKind::AgentLoopToolCall => "agent_loop_tool_call",
+            ApprovalKind::ExternalAction => "external_action",
         }
     }
 }
@@ -74,7 +78,7 @@ impl ApprovalStatus {
     "run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "kind": "shell_command", "status": "pending",
     "action_summary": ["shell: echo hello from keel"],
     "action_summary_incomplete": false, "step_id": null, "continue_on_reject": false,
-    "decision_note": null, "resolved_by": null,
+    "external_action_id": null, "decision_note": null, "resolved_by": null,
     "created_at": "2026-11-30T09:00:05Z", "expires_at": null, "resolved_at": null
 }))]
 pub struct ApprovalRecord {
@@ -92,6 +96,8 @@ pub struct ApprovalRecord {
     /// Rejected with `continue`: the model got a refusal as each call's result and the
     /// run went on.
     pub continue_on_reject: bool,
+    /// `external_action` only: the action it gates (`GET /v1/external-work/actions/{id}`).
+    pub external_action_id: Option<String>,
     pub decision_note: Option<String>,
     pub resolved_by: Option<String>,
     pub created_at: DateTime<Utc>,

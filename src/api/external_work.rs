@@ -1,5 +1,5 @@
 //! External work: WORKFLOW.md rendering, sources (a tracker target and its workflow), polls
-//! and imports of tracker items into tasks.
+//! and imports of tracker items into tasks, and the approval-gated actions on items.
 
 use std::collections::BTreeMap;
 
@@ -17,10 +17,12 @@ use super::{
     ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object, page_limit,
 };
 use crate::domain::Caller;
+use crate::domain::external_action::{ActionDraft, ProposedAction};
 use crate::domain::secret::SecretStatus;
 use crate::domain::workflow::{Issue, Workflow, WorkflowError};
-use crate::jobs::poll::{self, DEFAULT_LIMIT, Imported, Pass, PollSummary, Poller};
+use crate::jobs::poll::{self, DEFAULT_LIMIT, Imported, Pass, PollSummary, Poller, Proposed};
 use crate::store::external::{self, ItemRecord, SourceRecord, WorkflowOrigin};
+use crate::store::external_actions::{self, ActionRecord};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -33,6 +35,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(reconcile_source))
         .routes(routes!(set_background))
         .routes(routes!(import))
+        .routes(routes!(propose_action, list_item_actions))
+        .routes(routes!(get_action))
 }
 
 type Result<T> = std::result::Result<T, ApiError>;
@@ -442,4 +446,92 @@ async fn import(
         StatusCode::CREATED
     };
     Ok((status, Json(object("external_work_import", imported))))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({ "kind": "comment", "body": "Fixed in the linked branch." }))]
+struct ActionRequest {
+    /// `comment` (`body`), `labels` (`add`, `remove`) or `review` (`event`, `body`; pull
+    /// requests only). Linear issues take comments only.
+    kind: Option<String>,
+    /// A comment's or review's text, at most 64 KiB; a hidden marker is appended to it.
+    body: Option<String>,
+    /// Labels to add; with `remove`, at most 20 in all.
+    add: Option<Vec<String>>,
+    /// Labels to remove.
+    remove: Option<Vec<String>>,
+    /// A review's `COMMENT`, `APPROVE` or `REQUEST_CHANGES`.
+    event: Option<String>,
+    /// The run of the item's task proposing it; by default the task's current run, to
+    /// which the approval is attached either way.
+    run_id: Option<String>,
+}
+
+/// Proposes one write on an item's tracker: records exactly what will be sent and the
+/// target as it stands, and opens an `external_action` approval of the item's task. Nothing
+/// is sent before it is approved; then the target is asked for again and a changed one is
+/// refused (`stale_target`). 409 `item_not_claimed` when no task works on the item yet,
+/// 422 `unsupported_action` for a review of an issue or labels and reviews on Linear.
+#[utoipa::path(post, path = "/external-work/items/{item_id}/actions", tag = "external-work",
+    params(("item_id" = String, Path)), request_body = ActionRequest,
+    responses((status = 201, description = "The proposed action and its approval", body = ObjectEnvelope<Proposed>)))]
+async fn propose_action(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(item_id): Path<String>,
+    ApiJson(request): ApiJson<ActionRequest>,
+) -> Result<(StatusCode, Json<ObjectEnvelope<Proposed>>)> {
+    let draft = ActionDraft {
+        kind: request.kind,
+        body: request.body,
+        add: request.add,
+        remove: request.remove,
+        event: request.event,
+    };
+    let action = ProposedAction::parse(draft)?;
+    let mut tx = state.pool.begin().await?;
+    let (scope, actor) = (&caller.scope, &caller.actor());
+    let run_id = request.run_id.as_deref();
+    let proposed = poll::propose(&mut tx, scope, &item_id, &action, run_id, actor).await?;
+    tx.commit().await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(object("external_work_action_proposal", proposed)),
+    ))
+}
+
+/// Lists an item's actions, oldest first.
+#[utoipa::path(get, path = "/external-work/items/{item_id}/actions", tag = "external-work",
+    params(("item_id" = String, Path), PageQuery),
+    responses((status = 200, description = "A page of actions", body = ListEnvelope<ActionRecord>)))]
+async fn list_item_actions(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(item_id): Path<String>,
+    ApiQuery(page): ApiQuery<PageQuery>,
+) -> Result<Json<ListEnvelope<ActionRecord>>> {
+    let limit = page_limit(page.limit)?;
+    let mut conn = state.pool.acquire().await?;
+    let scope = &caller.scope;
+    external_actions::item(&mut conn, scope, &item_id).await?;
+    let cursor = page.cursor.as_deref();
+    let rows =
+        external_actions::list_for_item(&mut conn, scope, &item_id, cursor, limit + 1).await?;
+    Ok(Json(list(rows, limit, |a| a.id.clone())))
+}
+
+/// Reads an action: what it sends, the target it was proposed on, where it stands, and
+/// the tracker's answer.
+#[utoipa::path(get, path = "/external-work/actions/{action_id}", tag = "external-work",
+    params(("action_id" = String, Path)),
+    responses((status = 200, description = "The action", body = ObjectEnvelope<ActionRecord>)))]
+async fn get_action(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(action_id): Path<String>,
+) -> Result<Json<ObjectEnvelope<ActionRecord>>> {
+    let mut conn = state.pool.acquire().await?;
+    let action = external_actions::get(&mut conn, &caller.scope, &action_id).await?;
+    Ok(Json(object("external_work_action", action)))
 }

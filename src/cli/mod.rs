@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ApiArgs, Common, WorkerArgs};
 use crate::jobs::media::MediaJobs;
-use crate::jobs::poll::{PollJobs, Poller};
+use crate::jobs::poll::{ActionJobs, PollJobs, Poller};
 use crate::jobs::run::RunJobs;
 use crate::queue::worker::{JobHandler, Worker};
 use crate::store::embedded::{Durability, EmbeddedPostgres};
@@ -342,14 +342,16 @@ pub async fn run_worker(
         secrets: common.secrets.policy(),
         chat: common.chat.limits(),
     });
-    let polls = Arc::new(PollJobs {
-        poller: Poller::new(
-            pool.clone(),
-            rules.clone(),
-            content.clone(),
-            common.secrets.policy(),
-        ),
+    let poller = Poller::new(
+        pool.clone(),
+        rules.clone(),
+        content.clone(),
+        common.secrets.policy(),
+    );
+    let actions = Arc::new(ActionJobs {
+        poller: poller.clone(),
     });
+    let polls = Arc::new(PollJobs { poller });
     let media = Arc::new(MediaJobs {
         pool: pool.clone(),
         limits: args.media.limits(),
@@ -357,7 +359,7 @@ pub async fn run_worker(
         secrets: common.secrets.policy(),
         hosts: common.provider_hosts(),
     });
-    let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media, polls];
+    let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media, polls, actions];
     let sweep = scheduler::workspaces::WorkspaceSweep {
         root: crate::jobs::run::ephemeral_root(&std::path::absolute(&common.data_dir)?),
         retention: std::time::Duration::from_millis(common.workspace_retention_ms),

@@ -4,6 +4,7 @@
 
 pub mod approval;
 pub mod event;
+pub mod external_action;
 pub mod identity;
 pub mod media;
 pub mod provider;

@@ -1,13 +1,16 @@
 //! Approvals: gates that hold a run in `awaiting_approval` until an operator decides.
 //! Resolving one moves the approval, the run and the task, enqueues or cancels the run,
 //! and records the events, in one transaction. Rows are locked run first, approval
-//! second, the same order cancellation takes them in.
+//! second, the same order cancellation takes them in. An `external_action` approval is
+//! attached to a run but never holds or moves it: resolving one locks the approval, then
+//! the action, and approves (queues its sending) or rejects the action.
 
 use std::time::Duration;
 
 use sqlx::PgConnection;
 
 use super::events::{self, NewEvent};
+use super::external_actions;
 use super::runs::{self, Change, RunRecord};
 use super::transitions::{self, Transition};
 use super::{Result, StoreError};
@@ -36,13 +39,53 @@ pub async fn create(
     ttl: Option<Duration>,
     actor: &Actor,
 ) -> Result<ApprovalRecord> {
+    let approval = insert(conn, scope, run, gate, None, summary, ttl).await?;
+    let reason = match gate.step_id {
+        Some(_) => "tool calls gated by the approval policy",
+        None => "run gated by the approval policy",
+    };
+    record(conn, scope, &approval, None, "pending", Some(reason), actor).await?;
+    Ok(approval)
+}
+
+/// Opens the pending approval of an external action, attached to the action's task and
+/// run without holding the run. It does not expire: the action's target is checked again
+/// when it is sent. The caller appends the `approval.requested` event last.
+pub async fn create_for_action(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run: &RunRecord,
+    action_id: &str,
+    summary: &ActionSummary,
+    actor: &Actor,
+) -> Result<ApprovalRecord> {
+    let gate = Gate {
+        kind: ApprovalKind::ExternalAction,
+        step_id: None,
+    };
+    let approval = insert(conn, scope, run, gate, Some(action_id), summary, None).await?;
+    let reason = Some("a write to the tracker, proposed");
+    record(conn, scope, &approval, None, "pending", reason, actor).await?;
+    Ok(approval)
+}
+
+async fn insert(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run: &RunRecord,
+    gate: Gate<'_>,
+    external_action_id: Option<&str>,
+    summary: &ActionSummary,
+    ttl: Option<Duration>,
+) -> Result<ApprovalRecord> {
     let ttl_ms = ttl.map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
     // Just inserted as pending with a TTL in the future: it reads as stored.
-    let approval: ApprovalRecord = sqlx::query_as(
+    let approval = sqlx::query_as(
         "INSERT INTO approvals (id, task_id, run_id, kind, status, action_summary,
-                                action_summary_incomplete, expires_at, workspace_id, step_id)
+                                action_summary_incomplete, expires_at, workspace_id, step_id,
+                                external_action_id)
          VALUES ($1, $2, $3, $4, 'pending', $5, $6, now() + $7 * interval '1 millisecond', $8,
-                 $9)
+                 $9, $10)
          RETURNING *",
     )
     .bind(new_id("apr"))
@@ -54,13 +97,9 @@ pub async fn create(
     .bind(ttl_ms)
     .bind(scope.workspace())
     .bind(gate.step_id)
+    .bind(external_action_id)
     .fetch_one(&mut *conn)
     .await?;
-    let reason = match gate.step_id {
-        Some(_) => "tool calls gated by the approval policy",
-        None => "run gated by the approval policy",
-    };
-    record(conn, scope, &approval, None, "pending", Some(reason), actor).await?;
     Ok(approval)
 }
 
@@ -116,7 +155,7 @@ pub async fn get(
                 CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END
                     AS status,
                 action_summary, action_summary_incomplete, step_id, continue_on_reject,
-                decision_note, resolved_by,
+                external_action_id, decision_note, resolved_by,
                 created_at, expires_at, resolved_at
          FROM approvals
          WHERE workspace_id = $3 AND task_id = $1 AND id = $2",
@@ -144,7 +183,7 @@ pub async fn list(
                     CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END
                         AS status,
                     action_summary, action_summary_incomplete, step_id, continue_on_reject,
-                    decision_note, resolved_by,
+                    external_action_id, decision_note, resolved_by,
                     created_at, expires_at, resolved_at
              FROM approvals
              WHERE workspace_id = $5) a
@@ -164,7 +203,8 @@ pub async fn list(
 
 /// Applies an operator's decision. Approving the run's last pending gate queues it;
 /// rejecting any gate cancels the run and its other gates, except a tool-call approval
-/// rejected with `continue`, which queues the run (the model then reads a refusal).
+/// rejected with `continue`, which queues the run (the model then reads a refusal). An
+/// external action's approval decides its action only.
 pub async fn resolve(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -175,28 +215,13 @@ pub async fn resolve(
     actor: &Actor,
 ) -> Result<(ApprovalRecord, RunRecord)> {
     let continues = decision == Decision::RejectAndContinue;
-    let run_id = get(conn, scope, task_id, approval_id).await?.run_id;
-    let run = runs::lock(conn, scope, &run_id).await?;
-    let approval: ApprovalRecord = sqlx::query_as(
-        "SELECT id, task_id, run_id, kind,
-                CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END
-                    AS status,
-                action_summary, action_summary_incomplete, step_id, continue_on_reject,
-                decision_note, resolved_by,
-                created_at, expires_at, resolved_at
-         FROM approvals
-         WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
-    )
-    .bind(scope.workspace())
-    .bind(approval_id)
-    .fetch_one(&mut *conn)
-    .await?;
-    if approval.status != "pending" {
-        return Err(StoreError::Conflict(format!(
-            "approval {approval_id} is {}, not pending; it can no longer be resolved",
-            approval.status
-        )));
+    let found = get(conn, scope, task_id, approval_id).await?;
+    if let Some(action_id) = &found.external_action_id {
+        return resolve_action(conn, scope, &found, action_id, decision, note, actor).await;
     }
+    let run_id = found.run_id;
+    let run = runs::lock(conn, scope, &run_id).await?;
+    let approval = lock_pending(conn, scope, approval_id).await?;
     if run.status() != RunStatus::AwaitingApproval {
         return Err(StoreError::Conflict(format!(
             "run {run_id} is {}, not awaiting approval",
@@ -265,6 +290,67 @@ pub async fn resolve(
     Ok((approval, run))
 }
 
+/// Locks an approval that is still pending; a conflict when it was resolved or expired.
+async fn lock_pending(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    approval_id: &str,
+) -> Result<ApprovalRecord> {
+    let approval: ApprovalRecord = sqlx::query_as(
+        "SELECT id, task_id, run_id, kind,
+                CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END
+                    AS status,
+                action_summary, action_summary_incomplete, step_id, continue_on_reject,
+                external_action_id, decision_note, resolved_by,
+                created_at, expires_at, resolved_at
+         FROM approvals
+         WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
+    )
+    .bind(scope.workspace())
+    .bind(approval_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    if approval.status != "pending" {
+        return Err(StoreError::Conflict(format!(
+            "approval {approval_id} is {}, not pending; it can no longer be resolved",
+            approval.status
+        )));
+    }
+    Ok(approval)
+}
+
+/// Resolves an external action's approval: the action is approved (its sending job
+/// queued) or rejected, and its run is left as it is.
+async fn resolve_action(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    found: &ApprovalRecord,
+    action_id: &str,
+    decision: Decision,
+    note: Option<&str>,
+    actor: &Actor,
+) -> Result<(ApprovalRecord, RunRecord)> {
+    let approval = lock_pending(conn, scope, &found.id).await?;
+    let approved = decision == Decision::Approve;
+    let to = if approved { "approved" } else { "rejected" };
+    let approval = settle(conn, scope, &approval.id, to, note, false, actor).await?;
+    record(conn, scope, &approval, Some("pending"), to, note, actor).await?;
+    external_actions::decide(conn, scope, action_id, approved).await?;
+    let run = runs::get(conn, scope, &approval.task_id, &approval.run_id).await?;
+    let resolved = serde_json::json!({ "approval_id": approval.id, "kind": approval.kind,
+                                       "decision": to, "continue": false, "note": note,
+                                       "resolved_by": actor.to_string(),
+                                       "external_action_id": action_id });
+    let event = NewEvent::new(
+        &approval.task_id,
+        &approval.run_id,
+        EventType::ApprovalResolved,
+    )
+    .with(resolved);
+    events::append(conn, scope, &[event]).await?;
+    Ok((approval, run))
+}
+
 async fn settle(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -293,7 +379,9 @@ async fn settle(
 
 async fn pending_count(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<i64> {
     let n = sqlx::query_scalar(
-        "SELECT count(*) FROM approvals WHERE workspace_id = $1 AND run_id = $2 AND status = 'pending'",
+        "SELECT count(*) FROM approvals
+         WHERE workspace_id = $1 AND run_id = $2 AND status = 'pending'
+           AND kind <> 'external_action'",
     )
     .bind(scope.workspace())
     .bind(run_id)
@@ -310,7 +398,9 @@ pub async fn cancel_pending(
     reason: &str,
 ) -> Result<()> {
     let pending: Vec<String> = sqlx::query_scalar(
-        "SELECT id FROM approvals WHERE workspace_id = $1 AND run_id = $2 AND status = 'pending'
+        "SELECT id FROM approvals
+         WHERE workspace_id = $1 AND run_id = $2 AND status = 'pending'
+           AND kind <> 'external_action'
          ORDER BY id FOR UPDATE",
     )
     .bind(scope.workspace())

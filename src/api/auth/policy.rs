@@ -39,7 +39,18 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ("GET", "/v1/approvals", RemoteSafe),
     ("GET", "/v1/events", RemoteSafe),
     ("GET", "/v1/events/stream", RemoteSafe),
+    ("GET", "/v1/external-work/actions/{action_id}", RemoteSafe),
     ("POST", "/v1/external-work/import", RemoteSafe),
+    (
+        "GET",
+        "/v1/external-work/items/{item_id}/actions",
+        RemoteSafe,
+    ),
+    (
+        "POST",
+        "/v1/external-work/items/{item_id}/actions",
+        RemoteSafe,
+    ),
     ("POST", "/v1/external-work/render", RemoteSafe),
     ("GET", "/v1/external-work/sources", RemoteSafe),
     ("POST", "/v1/external-work/sources", RemoteSafe),

@@ -190,6 +190,24 @@ pub(super) async fn fetch_items(
     fetched
 }
 
+/// A request to GitHub's REST API, with its media type, version and the token.
+pub(super) fn request(
+    poller: &Poller,
+    method: reqwest::Method,
+    url: &str,
+    token: Option<&Secret>,
+) -> reqwest::RequestBuilder {
+    let request = poller
+        .http
+        .request(method, url)
+        .header(header::ACCEPT, "application/vnd.github+json")
+        .header("X-GitHub-Api-Version", "2022-11-28");
+    match token {
+        Some(token) => request.bearer_auth(token.expose()),
+        None => request,
+    }
+}
+
 /// One GET of GitHub's REST API. None when the pass must stop there: the request failed
 /// or GitHub refused it for its rate limit (recorded on `fetched`). A rate limit that an
 /// answer announces without refusing it sets `fetched.backoff_until` too.
@@ -201,14 +219,7 @@ async fn get(
     what: &str,
     fetched: &mut Fetched,
 ) -> Option<reqwest::Response> {
-    let mut request = poller
-        .http
-        .get(url)
-        .header(header::ACCEPT, "application/vnd.github+json")
-        .header("X-GitHub-Api-Version", "2022-11-28");
-    if let Some(token) = token {
-        request = request.bearer_auth(token.expose());
-    }
+    let mut request = request(poller, reqwest::Method::GET, url, token);
     if let Some(etag) = etag {
         request = request.header(header::IF_NONE_MATCH, etag);
     }
@@ -257,7 +268,7 @@ fn unexpected(mut fetched: Fetched, what: &str, status: StatusCode) -> Fetched {
 
 /// When requests may resume, if the response says to wait: GitHub refuses with 429, or
 /// with 403 once `X-RateLimit-Remaining` is 0 (its `X-RateLimit-Reset` in epoch seconds).
-fn rate_limited(
+pub(super) fn rate_limited(
     status: StatusCode,
     headers: &HeaderMap,
     now: DateTime<Utc>,

@@ -98,10 +98,10 @@ struct Page {
     backoff_until: Option<chrono::DateTime<Utc>>,
 }
 
-/// Why a poll stops at a page.
-struct Stop {
-    error: (&'static str, String),
-    backoff_until: Option<chrono::DateTime<Utc>>,
+/// Why a poll (or an action) stops at a request.
+pub(super) struct Stop {
+    pub error: (&'static str, String),
+    pub backoff_until: Option<chrono::DateTime<Utc>>,
 }
 
 /// The current versions of these items' issues (at most [`PAGE`]), whatever their state.
@@ -154,6 +154,38 @@ async fn query(
     query: &str,
     variables: Value,
 ) -> Result<Page, Stop> {
+    let (answer, backoff_until) =
+        graphql(poller, tracker, token, "the issues query", query, variables).await?;
+    let issues = &answer["data"]["issues"];
+    let Some(nodes) = issues["nodes"].as_array() else {
+        let message = "Linear's answer has no data.issues.nodes".to_string();
+        return Err(Stop {
+            error: ("tracker_error", message),
+            backoff_until: None,
+        });
+    };
+    let info = &issues["pageInfo"];
+    let next = (info["hasNextPage"] == true)
+        .then(|| info["endCursor"].as_str().map(String::from))
+        .flatten();
+    Ok(Page {
+        nodes: nodes.clone(),
+        next,
+        backoff_until,
+    })
+}
+
+/// Sends one GraphQL document (`what` names it in errors) and returns Linear's answer
+/// without errors, with when requests must pause if its limit is spent. A rate limit, a
+/// failed request, or an answer with errors is a [`Stop`].
+pub(super) async fn graphql(
+    poller: &Poller,
+    tracker: &Tracker,
+    token: Option<&Secret>,
+    what: &str,
+    query: &str,
+    variables: Value,
+) -> Result<(Value, Option<chrono::DateTime<Utc>>), Stop> {
     let body = json!({ "query": query, "variables": variables });
     let mut request = poller.http.post(&tracker.endpoint).json(&body);
     if let Some(token) = token {
@@ -165,7 +197,7 @@ async fn query(
         backoff_until: None,
     };
     let response = request.send().await.map_err(|error| {
-        let message = format!("Linear's issues query failed: {}", error.without_url());
+        let message = format!("Linear's {what} failed: {}", error.without_url());
         stop("tracker_unreachable", message)
     })?;
     let status = response.status();
@@ -178,34 +210,25 @@ async fn query(
     };
     let backoff_until = resume_at(refusal, &headers, &LIMIT_HEADERS, Utc::now());
     if refusal == Refusal::Certain {
-        let message = format!("Linear rate limited the issues query ({status})");
+        let message = format!("Linear rate limited {what} ({status})");
         return Err(Stop {
             error: ("rate_limited", message),
             backoff_until,
         });
     }
     let Some(answer) = answer.filter(|_| status.is_success()) else {
-        let message = format!("Linear answered the issues query with {status}");
-        return Err(stop("tracker_error", message));
+        let code = if status.is_server_error() {
+            "tracker_unavailable"
+        } else {
+            "tracker_error"
+        };
+        return Err(stop(code, format!("Linear answered {what} with {status}")));
     };
     if let Some(messages) = graphql_messages(&answer) {
-        let message = format!("Linear refused the issues query: {messages}");
+        let message = format!("Linear refused {what}: {messages}");
         return Err(stop("tracker_error", message));
     }
-    let issues = &answer["data"]["issues"];
-    let Some(nodes) = issues["nodes"].as_array() else {
-        let message = "Linear's answer has no data.issues.nodes".to_string();
-        return Err(stop("tracker_error", message));
-    };
-    let info = &issues["pageInfo"];
-    let next = (info["hasNextPage"] == true)
-        .then(|| info["endCursor"].as_str().map(String::from))
-        .flatten();
-    Ok(Page {
-        nodes: nodes.clone(),
-        next,
-        backoff_until,
-    })
+    Ok((answer, backoff_until))
 }
 
 /// The `extensions.code` of each GraphQL error of an answer.

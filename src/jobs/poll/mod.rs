@@ -6,13 +6,16 @@
 //! key, so a poll repeated after a crash duplicates nothing.
 //!
 //! Each tracker has its module: [`github`] (REST, ETags) and [`linear`] (GraphQL, paginated);
-//! [`import`] records one item and acts on it. This module runs the passes over a source
-//! (poll, reconcile, retries, waiting items) and the background job.
+//! [`import`] records one item and acts on it; [`actions`] proposes and sends the
+//! approval-gated writes, the only ones Keel makes on a tracker. This module runs the passes
+//! over a source (poll, reconcile, retries, waiting items) and the background job.
 
+mod actions;
 mod github;
 mod import;
 mod linear;
 
+pub use actions::{ActionJobs, Proposed, propose};
 pub use import::{Imported, import};
 use import::{retry, start};
 
@@ -48,7 +51,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgPool;
 
-use crate::domain::secret::SecretPolicy;
+use crate::domain::secret::{SecretPolicy, Unresolved};
 use crate::domain::workflow::{Issue, Tracker, TrackerKind, Workflow, WorkflowError};
 use crate::domain::{Actor, Scope};
 use crate::queue::worker::{Job, JobHandler};
@@ -291,14 +294,9 @@ impl Imports<'_> {
             summary.failed("rate_limited", message);
             return Ok(());
         }
-        let token = match tracker
-            .api_key
-            .as_ref()
-            .map(|r| r.resolve(&self.poller.secrets))
-        {
-            None => None,
-            Some(Ok(token)) => Some(token),
-            Some(Err(unresolved)) => {
+        let token = match token(tracker, &self.poller.secrets) {
+            Ok(token) => token,
+            Err(unresolved) => {
                 summary.failed(unresolved.code, unresolved.message);
                 return Ok(());
             }
@@ -431,10 +429,7 @@ impl Imports<'_> {
         if unseen.is_empty() {
             return Ok(());
         }
-        let fetched = match tracker.kind {
-            TrackerKind::Github => github::fetch_items(self.poller, tracker, token, &unseen).await,
-            TrackerKind::Linear => linear::fetch_items(self.poller, tracker, token, &unseen).await,
-        };
+        let fetched = fetch_items(self.poller, tracker, token, &unseen).await;
         let items = take(fetched, record, summary);
         self.all(tracker, &items, summary).await?;
         Ok(())
@@ -467,6 +462,29 @@ impl Imports<'_> {
             }
         }
         Ok(seen)
+    }
+}
+
+/// The tracker's token, resolved now (it is never kept): None when the workflow names
+/// none.
+fn token(tracker: &Tracker, secrets: &SecretPolicy) -> Result<Option<Secret>, Unresolved> {
+    tracker
+        .api_key
+        .as_ref()
+        .map(|r| r.resolve(secrets))
+        .transpose()
+}
+
+/// The current version of each of these items, whatever their state, from the tracker.
+async fn fetch_items(
+    poller: &Poller,
+    tracker: &Tracker,
+    token: Option<&Secret>,
+    items: &[&ItemRecord],
+) -> Fetched {
+    match tracker.kind {
+        TrackerKind::Github => github::fetch_items(poller, tracker, token, items).await,
+        TrackerKind::Linear => linear::fetch_items(poller, tracker, token, items).await,
     }
 }
 

@@ -1,0 +1,269 @@
+//! External action rows: what will be sent to a tracker, the target as it stood at the
+//! proposal, and where the action stands. The `external_action` queue job (ref_id: the
+//! action id) sends it; its approval lives in `approvals` and points here.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+
+use super::external::ItemRecord;
+use super::{Result, StoreError};
+use crate::domain::Scope;
+use crate::queue;
+
+/// The queue kind of an approved action's sending; one job per action.
+pub const ACTION_KIND: &str = "external_action";
+
+/// An action's columns with the id of its approval.
+macro_rules! columns {
+    () => {
+        "a.id, a.item_id, a.task_id, a.run_id, a.kind, a.proposal, a.calls, a.target,
+         a.status, a.proposed_by, a.proposed_by_run_id, a.response, a.artifact_id,
+         a.last_error_code, a.last_error, a.created_at, a.decided_at, a.sending_at,
+         a.finished_at, a.updated_at,
+         (SELECT p.id FROM approvals p
+          WHERE p.workspace_id = a.workspace_id AND p.external_action_id = a.id) AS approval_id"
+    };
+}
+
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(example = json!({
+    "id": "xact_01a22b05d2aa7b6c8d9e0f1a2b3c4d5e", "item_id": "extitem_01a22b05c3e1734c9d7a0f2b6e41d890",
+    "task_id": "task_01a22b05c3e1734c9d7a0f2b6e41d890", "run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d",
+    "approval_id": "apr_01a22b05d2aa7b6c8d9e0f1a2b3c4d5f", "kind": "comment",
+    "proposal": { "kind": "comment", "body": "Fixed in the linked branch." },
+    "calls": [{ "method": "POST", "path": "/repos/acme/widgets/issues/7/comments",
+                "body": { "body": "Fixed in the linked branch.\n\n<!-- keel-action:xact_01a22b05d2aa7b6c8d9e0f1a2b3c4d5e -->" } }],
+    "target": { "identifier": "acme/widgets#7", "state": "open", "updated_at": "2026-11-30T09:00:00Z",
+                "head_sha": null, "idempotency_key": "github:issue:acme/widgets:7:2026-11-30T09:00:00Z" },
+    "status": "sent", "proposed_by": "operator", "proposed_by_run_id": null,
+    "response": { "http_status": 201, "id": 99, "url": "https://github.com/acme/widgets/issues/7#issuecomment-99" },
+    "artifact_id": "art_01a22b05d2aa7b6c8d9e0f1a2b3c4d60", "last_error_code": null, "last_error": null,
+    "created_at": "2026-11-30T09:00:05Z", "decided_at": "2026-11-30T09:01:00Z",
+    "sending_at": "2026-11-30T09:01:01Z", "finished_at": "2026-11-30T09:01:02Z",
+    "updated_at": "2026-11-30T09:01:02Z"
+}))]
+pub struct ActionRecord {
+    pub id: String,
+    pub item_id: String,
+    /// The task and run the approval is attached to; the run's artifacts carry the answer.
+    pub task_id: String,
+    pub run_id: String,
+    pub approval_id: Option<String>,
+    /// `comment`, `labels` or `review`.
+    pub kind: String,
+    /// What was proposed.
+    #[schema(value_type = Object)]
+    pub proposal: serde_json::Value,
+    /// Exactly what the job sends: `[{method, path, body}]`, paths relative to the tracker's
+    /// endpoint, bodies ending with the hidden marker `<!-- keel-action:ID -->`.
+    #[schema(value_type = Vec<Object>)]
+    pub calls: serde_json::Value,
+    /// The target when proposed: `identifier`, `state`, `updated_at`, `head_sha`,
+    /// `idempotency_key`.
+    #[schema(value_type = Object)]
+    pub target: serde_json::Value,
+    /// `pending_approval`, `approved`, `sending`, `sent`, `stale_target`, `failed` or
+    /// `rejected`.
+    pub status: String,
+    pub proposed_by: String,
+    /// The run that proposed it, when a run did.
+    pub proposed_by_run_id: Option<String>,
+    /// The tracker's answer, short: `http_status`, `id`, `url`.
+    #[schema(value_type = Option<Object>)]
+    pub response: Option<serde_json::Value>,
+    /// The artifact (of `run_id`) with the tracker's answer, or the target that had changed.
+    pub artifact_id: Option<String>,
+    pub last_error_code: Option<String>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub decided_at: Option<DateTime<Utc>>,
+    pub sending_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A proposal to record.
+#[derive(Debug, Clone)]
+pub struct NewAction<'a> {
+    pub id: &'a str,
+    pub item_id: &'a str,
+    pub task_id: &'a str,
+    pub run_id: &'a str,
+    pub kind: &'a str,
+    pub proposal: &'a serde_json::Value,
+    pub calls: &'a serde_json::Value,
+    pub target: &'a serde_json::Value,
+    pub proposed_by: &'a str,
+    pub proposed_by_run_id: Option<&'a str>,
+}
+
+/// Records a proposal, `pending_approval`; its approval is created next, by the caller.
+pub async fn insert(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    action: &NewAction<'_>,
+) -> Result<ActionRecord> {
+    let row = sqlx::query_as(concat!(
+        "WITH a AS (
+             INSERT INTO external_actions (id, workspace_id, item_id, task_id, run_id, kind,
+                                           proposal, calls, target, status, proposed_by,
+                                           proposed_by_run_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending_approval', $10, $11)
+             RETURNING *)
+         SELECT ",
+        columns!(),
+        " FROM a"
+    ))
+    .bind(action.id)
+    .bind(scope.workspace())
+    .bind(action.item_id)
+    .bind(action.task_id)
+    .bind(action.run_id)
+    .bind(action.kind)
+    .bind(action.proposal)
+    .bind(action.calls)
+    .bind(action.target)
+    .bind(action.proposed_by)
+    .bind(action.proposed_by_run_id)
+    .fetch_one(conn)
+    .await?;
+    Ok(row)
+}
+
+pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<ActionRecord> {
+    sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM external_actions a WHERE a.workspace_id = $1 AND a.id = $2"
+    ))
+    .bind(scope.workspace())
+    .bind(id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("external action"))
+}
+
+/// Locks an action for the rest of the transaction; None when it is gone.
+pub async fn lock(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+) -> Result<Option<ActionRecord>> {
+    let row = sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM external_actions a WHERE a.workspace_id = $1 AND a.id = $2 FOR UPDATE OF a"
+    ))
+    .bind(scope.workspace())
+    .bind(id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row)
+}
+
+/// An item's actions, oldest first.
+pub async fn list_for_item(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    item_id: &str,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ActionRecord>> {
+    let rows = sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM external_actions a
+          WHERE a.workspace_id = $1 AND a.item_id = $2 AND ($3::text IS NULL OR a.id > $3)
+          ORDER BY a.id LIMIT $4"
+    ))
+    .bind(scope.workspace())
+    .bind(item_id)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// The item an action is proposed on.
+pub async fn item(conn: &mut PgConnection, scope: &Scope, item_id: &str) -> Result<ItemRecord> {
+    sqlx::query_as("SELECT * FROM external_work_items WHERE workspace_id = $1 AND id = $2")
+        .bind(scope.workspace())
+        .bind(item_id)
+        .fetch_optional(conn)
+        .await?
+        .ok_or(StoreError::NotFound("external work item"))
+}
+
+/// The operator's decision, from the approval's resolution (in its transaction): approved
+/// queues the sending job, rejected ends the action with nothing sent.
+pub async fn decide(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    approved: bool,
+) -> Result<ActionRecord> {
+    let action = lock(conn, scope, id)
+        .await?
+        .ok_or(StoreError::NotFound("external action"))?;
+    if action.status != "pending_approval" {
+        return Err(StoreError::Conflict(format!(
+            "external action {id} is {}, not pending approval",
+            action.status
+        )));
+    }
+    let status = if approved { "approved" } else { "rejected" };
+    let action = update(conn, scope, id, status, &Outcome::default()).await?;
+    if approved {
+        queue::enqueue(conn, scope, ACTION_KIND, id, 0).await?;
+    }
+    Ok(action)
+}
+
+/// What an attempt leaves on its action besides its status.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome<'a> {
+    pub response: Option<&'a serde_json::Value>,
+    pub artifact_id: Option<&'a str>,
+    /// `(code, message)`; None clears the last error.
+    pub error: Option<(&'a str, &'a str)>,
+}
+
+/// Moves an action to `status`, stamping the time of its step.
+pub async fn update(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    status: &str,
+    outcome: &Outcome<'_>,
+) -> Result<ActionRecord> {
+    let (code, message) = outcome.error.unzip();
+    let row = sqlx::query_as(concat!(
+        "WITH a AS (
+             UPDATE external_actions
+             SET status = $3, response = coalesce($4, response),
+                 artifact_id = coalesce($5, artifact_id), last_error_code = $6,
+                 last_error = $7, updated_at = now(),
+                 decided_at = CASE WHEN status = 'pending_approval' THEN now()
+                                   ELSE decided_at END,
+                 sending_at = CASE WHEN $3 = 'sending' AND status <> 'sending' THEN now()
+                                   ELSE sending_at END,
+                 finished_at = CASE WHEN $3 IN ('sent', 'stale_target', 'failed', 'rejected')
+                                    THEN now() END
+             WHERE workspace_id = $1 AND id = $2 RETURNING *)
+         SELECT ",
+        columns!(),
+        " FROM a"
+    ))
+    .bind(scope.workspace())
+    .bind(id)
+    .bind(status)
+    .bind(outcome.response)
+    .bind(outcome.artifact_id)
+    .bind(code)
+    .bind(message)
+    .fetch_one(conn)
+    .await?;
+    Ok(row)
+}
