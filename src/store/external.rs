@@ -205,7 +205,8 @@ pub struct ItemRecord {
     pub kind: String,
     pub identifier: String,
     pub tracker_state: String,
-    /// `discovered`, `claimed`, `blocked` or `terminal` in this slice.
+    /// `discovered`, `workspace_preparing`, `ready`, `claimed`, `blocked`, `retry_wait` or
+    /// `terminal`.
     pub state: String,
     /// The normalized item, as the template saw it.
     #[schema(value_type = Object)]
@@ -215,6 +216,12 @@ pub struct ItemRecord {
     pub run_id: Option<String>,
     pub last_error_code: Option<String>,
     pub last_error: Option<String>,
+    /// With `workspace.root`: the item's directory, from the start of its preparation until
+    /// a terminal version had it removed.
+    pub workspace_path: Option<String>,
+    /// What `after_create` and `before_remove` printed, by hook name.
+    #[schema(value_type = Option<Object>)]
+    pub hook_output: Option<serde_json::Value>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }

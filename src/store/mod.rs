@@ -10,6 +10,7 @@ pub mod content;
 pub mod embedded;
 pub mod events;
 pub mod external;
+pub mod item_workspaces;
 pub mod leases;
 pub mod lineage;
 pub mod media_jobs;

@@ -4,12 +4,14 @@ use chrono::{DateTime, Utc};
 use keel_workers::{Execution, FileOperation};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
+use sqlx::types::Json;
 
 use super::providers::ProviderRecord;
 use super::transitions::{self, Transition};
 use super::{Result, StoreError};
 use crate::domain::provider::Api;
 use crate::domain::task::{AgentLoop, TaskExecution, WorkspaceMode};
+use crate::domain::workflow::Hooks;
 use crate::domain::{Actor, NewTask, Scope, TaskStatus, new_id};
 
 #[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -57,6 +59,12 @@ pub struct TaskRecord {
     /// `agent_loop` only: the tools the model may call (null: the whole catalog the sandbox
     /// allows).
     pub tools: Option<Vec<String>>,
+    /// External work: the hooks its runs run around each attempt. Read by the worker that
+    /// locks a run (never shown: the API's task reads do not select it).
+    #[serde(default, skip_serializing)]
+    #[sqlx(skip)]
+    #[schema(ignore)]
+    pub hooks: Option<Hooks>,
     pub run_count: i32,
     pub latest_run_id: Option<String>,
     pub latest_run_step_count: i64,
@@ -171,9 +179,9 @@ pub async fn insert(
                                 sandbox_allowed_root, sandbox_network, sandbox_read_only,
                                 timeout_ms, priority, budget_micros_usd, workspace_id,
                                 system_prompt, requested_provider, requested_model,
-                                max_model_calls, tools)
+                                max_model_calls, tools, hooks)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                     $19, $20, $21, $22, $23)
+                     $19, $20, $21, $22, $23, $24)
              RETURNING *
          ), audit AS (
              INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id,
@@ -212,6 +220,7 @@ pub async fn insert(
     .bind(&agent.requested_model)
     .bind(agent.max_model_calls)
     .bind(&agent.tools)
+    .bind(task.hooks.as_ref().map(Json))
     .fetch_one(conn)
     .await?;
     Ok(created)
