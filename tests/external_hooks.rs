@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::{Client, KeelProcess, wait_for};
-use wiremock::MockServer;
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
 #[path = "support/tracker.rs"]
 mod tracker;
 use tracker::{CANARY, TOKEN_ENV, github_issue, items_of, list, register};
@@ -280,13 +281,16 @@ async fn a_hook_past_its_timeout_is_killed() {
 
 #[tokio::test]
 async fn a_terminal_items_workspace_is_removed_after_before_remove() {
-    let setup = Setup::new(json!([github_issue(1, "open")])).await;
+    let open = json!([github_issue(1, "open"), github_issue(2, "open")]);
+    let setup = Setup::new(open.clone()).await;
     let hooks = "  before_remove: echo \"bye from $KEEL_ITEM_IDENTIFIER\"; ls; env >&2";
     let markdown = workflow(&setup.github, &setup.root, hooks, "touch work.txt");
     let id = setup.source(&markdown).await;
-    setup.poll(&id).await;
-    let item = setup.newest_item(&id).await;
-    assert_eq!(setup.finished_run(&item).await["status"], "completed");
+    let summary = setup.poll(&id).await;
+    assert_eq!(summary["claimed"], 2, "{summary}");
+    for item in items_of(setup.client(), &id).await {
+        assert_eq!(setup.finished_run(&item).await["status"], "completed");
+    }
     let workspace = setup.root.join("acme_widgets_1");
     assert!(workspace.join("work.txt").exists());
     // A link inside the workspace to a file outside it: the removal must not follow it.
@@ -294,15 +298,17 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     std::fs::write(&outside, "kept").unwrap();
     std::os::unix::fs::symlink(&outside, workspace.join("link")).unwrap();
 
+    // A poll's list shows issue 1 closed.
     let mut closed = github_issue(1, "closed");
     closed["updated_at"] = json!("2026-11-30T11:00:00Z");
-    serve(&setup.github, json!([closed])).await;
+    serve(&setup.github, json!([closed, github_issue(2, "open")])).await;
     let summary = setup.poll(&id).await;
     assert_eq!(summary["terminal"], 1, "{summary}");
     assert_eq!(summary["removed_workspaces"], 1, "{summary}");
     assert!(!workspace.exists());
+    assert!(setup.root.join("acme_widgets_2").exists());
     assert_eq!(std::fs::read_to_string(&outside).unwrap(), "kept");
-    let terminal = setup.newest_item(&id).await;
+    let terminal = newest_of(setup.client(), &id, "acme/widgets#1").await;
     assert_eq!(terminal["state"], "terminal", "{terminal}");
     assert_eq!(terminal["workspace_path"], Value::Null, "{terminal}");
     let before_remove = &terminal["hook_output"]["before_remove"];
@@ -315,9 +321,36 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
         env.contains("KEEL_WORKSPACE=") && !env.contains(CANARY),
         "{env}"
     );
-    // Nothing left to remove.
-    let summary = setup.poll(&id).await;
-    assert_eq!(summary["removed_workspaces"], 0, "{summary}");
+
+    // A reconcile asks about issue 2 (its run completed, its workspace stays) and finds it
+    // closed.
+    let mut closed = github_issue(2, "closed");
+    closed["updated_at"] = json!("2026-11-30T12:00:00Z");
+    Mock::given(method("GET"))
+        .and(path("/repos/acme/widgets/issues/2"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(closed))
+        .mount(&setup.github)
+        .await;
+    let reconcile = format!("/v1/external-work/sources/{id}/reconcile");
+    let (status, body) = setup.client().post(&reconcile, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["removed_workspaces"], 1, "{body}");
+    assert!(!setup.root.join("acme_widgets_2").exists());
+    // Nothing left to remove or to ask about.
+    let requests = setup.github.received_requests().await.unwrap().len();
+    let (_, body) = setup.client().post(&reconcile, json!({})).await;
+    assert_eq!(body["data"]["removed_workspaces"], 0, "{body}");
+    assert_eq!(
+        setup.github.received_requests().await.unwrap().len(),
+        requests
+    );
+}
+
+/// The newest version of the item `identifier`.
+async fn newest_of(client: &Client, source_id: &str, identifier: &str) -> Value {
+    let items = items_of(client, source_id).await;
+    let mut versions = items.into_iter().filter(|i| i["identifier"] == identifier);
+    versions.next_back().unwrap()
 }
 
 #[tokio::test]

@@ -303,7 +303,8 @@ pub async fn claimed_version(
 }
 
 /// The source's claimed items whose run is still active or failed (a retry is coming),
-/// oldest first: what a reconciliation asks the tracker about.
+/// oldest first, then those that still have a workspace (a terminal version removes it):
+/// what a reconciliation asks the tracker about.
 pub async fn claimed_to_reconcile(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -314,8 +315,10 @@ pub async fn claimed_to_reconcile(
         "SELECT i.* FROM external_work_items i
          JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
          WHERE i.workspace_id = $1 AND i.source_id = $2
-           AND r.status IN ('queued', 'running', 'awaiting_approval', 'failed')
-         ORDER BY i.id LIMIT $3",
+           AND (r.status IN ('queued', 'running', 'awaiting_approval', 'failed')
+                OR i.workspace_path IS NOT NULL)
+         ORDER BY r.status IN ('queued', 'running', 'awaiting_approval', 'failed') DESC, i.id
+         LIMIT $3",
     )
     .bind(scope.workspace())
     .bind(source_id)
