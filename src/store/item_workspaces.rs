@@ -9,11 +9,6 @@ use super::Result;
 use super::external::ItemRecord;
 use crate::domain::Scope;
 
-/// The newest version of each subject of the source, as a derived table `newest`.
-const NEWEST: &str = "SELECT DISTINCT ON (identifier) * FROM external_work_items
-                      WHERE workspace_id = $1 AND source_id = $2
-                      ORDER BY identifier, id DESC";
-
 /// Marks an item `workspace_preparing` in `path` (the error cleared).
 pub async fn begin_preparation(
     conn: &mut PgConnection,
@@ -94,10 +89,15 @@ pub async fn unstarted(
     source_id: &str,
     limit: u32,
 ) -> Result<Vec<ItemRecord>> {
-    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT * FROM ({NEWEST}) newest
-         WHERE state IN ('workspace_preparing', 'ready') ORDER BY id LIMIT $3"
-    )))
+    let rows = sqlx::query_as(
+        "SELECT * FROM external_work_items i
+         WHERE i.workspace_id = $1 AND i.source_id = $2
+           AND i.state IN ('workspace_preparing', 'ready')
+           AND NOT EXISTS (SELECT 1 FROM external_work_items n
+                           WHERE n.workspace_id = i.workspace_id AND n.source_id = i.source_id
+                             AND n.identifier = i.identifier AND n.id > i.id)
+         ORDER BY i.id LIMIT $3",
+    )
     .bind(scope.workspace())
     .bind(source_id)
     .bind(i64::from(limit))
@@ -121,16 +121,20 @@ pub async fn to_remove(
     source_id: &str,
     limit: u32,
 ) -> Result<Vec<Removal>> {
-    let rows = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT newest.*, w.workspace_path AS directory FROM ({NEWEST}) newest
+    // From the few subjects with a workspace (a partial index), to their newest version.
+    let rows = sqlx::query_as(
+        "SELECT newest.*, w.workspace_path AS directory
+         FROM (SELECT DISTINCT ON (identifier) identifier, workspace_path
+               FROM external_work_items
+               WHERE workspace_id = $1 AND source_id = $2 AND workspace_path IS NOT NULL
+               ORDER BY identifier) w
          CROSS JOIN LATERAL (
-             SELECT v.workspace_path FROM external_work_items v
-             WHERE v.workspace_id = newest.workspace_id AND v.source_id = newest.source_id
-               AND v.identifier = newest.identifier AND v.workspace_path IS NOT NULL
-             LIMIT 1
-         ) w
-         WHERE newest.state = 'terminal' ORDER BY newest.id LIMIT $3"
-    )))
+             SELECT * FROM external_work_items n
+             WHERE n.workspace_id = $1 AND n.source_id = $2 AND n.identifier = w.identifier
+             ORDER BY n.id DESC LIMIT 1
+         ) newest
+         WHERE newest.state = 'terminal' ORDER BY newest.id LIMIT $3",
+    )
     .bind(scope.workspace())
     .bind(source_id)
     .bind(i64::from(limit))
