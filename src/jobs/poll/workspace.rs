@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use keel_workers::SandboxPolicy;
 use keel_workers::hooks::{self, HookRun};
-use sqlx::PgConnection;
+use sqlx::{Connection, PgConnection};
 use tokio_util::sync::CancellationToken;
 
 use super::Poller;
@@ -157,12 +157,12 @@ impl WorkspaceLock {
         Ok(Some(WorkspaceLock { conn }))
     }
 
-    /// Unlocks and closes; a failure leaves the lock to the connection's end.
-    async fn release(mut self, scope: &Scope, item: &ItemRecord) {
-        if let Err(error) = rows::unlock(&mut self.conn, scope, item).await {
-            tracing::warn!(%error, "releasing a workspace lock failed; closing its connection");
+    /// Closes the connection, which releases the lock (dropping it mid-hook, as a
+    /// cancelled request does, closes it too).
+    async fn release(self) {
+        if let Err(error) = self.conn.close().await {
+            tracing::warn!(%error, "closing a workspace lock's connection failed");
         }
-        drop(self.conn);
     }
 }
 
@@ -179,7 +179,7 @@ async fn prepare(
         return Ok(item.clone());
     };
     let prepared = prepare_locked(&mut lock.conn, scope, workflow, item).await;
-    lock.release(scope, item).await;
+    lock.release().await;
     prepared
 }
 
@@ -284,7 +284,7 @@ pub(super) async fn remove_terminal(
             continue;
         };
         let done = remove(&mut lock.conn, scope, workflow, &removal).await;
-        lock.release(scope, &removal.item).await;
+        lock.release().await;
         removed += u64::from(done?);
     }
     Ok(removed)
