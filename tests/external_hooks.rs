@@ -281,13 +281,17 @@ async fn a_hook_past_its_timeout_is_killed() {
 
 #[tokio::test]
 async fn a_terminal_items_workspace_is_removed_after_before_remove() {
-    let open = json!([github_issue(1, "open"), github_issue(2, "open")]);
+    let open = json!([
+        github_issue(1, "open"),
+        github_issue(2, "open"),
+        github_issue(3, "open")
+    ]);
     let setup = Setup::new(open.clone()).await;
     let hooks = "  before_remove: echo \"bye from $KEEL_ITEM_IDENTIFIER\"; ls; env >&2";
     let markdown = workflow(&setup.github, &setup.root, hooks, "touch work.txt");
     let id = setup.source(&markdown).await;
     let summary = setup.poll(&id).await;
-    assert_eq!(summary["claimed"], 2, "{summary}");
+    assert_eq!(summary["claimed"], 3, "{summary}");
     for item in items_of(setup.client(), &id).await {
         assert_eq!(setup.finished_run(&item).await["status"], "completed");
     }
@@ -297,15 +301,33 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     let outside = setup.root.parent().unwrap().join("keep.txt");
     std::fs::write(&outside, "kept").unwrap();
     std::os::unix::fs::symlink(&outside, workspace.join("link")).unwrap();
+    // Issue 3's workspace swapped for a link to a directory outside the root.
+    let elsewhere = setup.root.parent().unwrap().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("precious.txt"), "kept").unwrap();
+    let swapped = setup.root.join("acme_widgets_3");
+    std::fs::remove_dir_all(&swapped).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &swapped).unwrap();
 
-    // A poll's list shows issue 1 closed.
-    let mut closed = github_issue(1, "closed");
-    closed["updated_at"] = json!("2026-11-30T11:00:00Z");
-    serve(&setup.github, json!([closed, github_issue(2, "open")])).await;
+    // A poll's list shows issues 1 and 3 closed.
+    let closed = |number| {
+        let mut closed = github_issue(number, "closed");
+        closed["updated_at"] = json!("2026-11-30T11:00:00Z");
+        closed
+    };
+    serve(
+        &setup.github,
+        json!([closed(1), github_issue(2, "open"), closed(3)]),
+    )
+    .await;
     let summary = setup.poll(&id).await;
-    assert_eq!(summary["terminal"], 1, "{summary}");
+    assert_eq!(summary["terminal"], 2, "{summary}");
     assert_eq!(summary["removed_workspaces"], 1, "{summary}");
     assert!(!workspace.exists());
+    assert!(elsewhere.join("precious.txt").exists());
+    let refused = newest_of(setup.client(), &id, "acme/widgets#3").await;
+    assert_eq!(refused["last_error_code"], "workspace_refused", "{refused}");
+    assert_eq!(refused["hook_output"], Value::Null, "{refused}");
     assert!(setup.root.join("acme_widgets_2").exists());
     assert_eq!(std::fs::read_to_string(&outside).unwrap(), "kept");
     let terminal = newest_of(setup.client(), &id, "acme/widgets#1").await;

@@ -290,9 +290,9 @@ pub(super) async fn remove_terminal(
     Ok(removed)
 }
 
-/// Removes one workspace, under its lock. A directory that is not one (a symbolic link,
-/// a file) is left alone and the item says why; a removal that fails is tried again at
-/// the next pass.
+/// Removes one workspace, under its lock; true when it went (or was gone already). A
+/// directory that is not one (a symbolic link, a file) is left alone and the item says
+/// why; a removal that fails is tried again at the next pass.
 async fn remove(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -335,6 +335,9 @@ async fn remove(
                 ..ItemChange::default()
             };
             external::update_item(conn, scope, &item.id, &refused).await?;
+            // Forgotten, not removed: nothing would make a later pass remove it.
+            rows::clear(conn, scope, item).await?;
+            return Ok(false);
         }
     }
     rows::clear(conn, scope, item).await?;
