@@ -422,6 +422,9 @@ async fn a_process_killed_while_after_create_runs_leaves_the_item_to_the_next_po
     .await;
     let item = setup.newest_item(&id).await;
     assert_eq!(item["state"], "workspace_preparing", "{item}");
+    let status = format!("/v1/external-work/sources/{id}/status");
+    let (_, body) = setup.client().get(&status).await;
+    assert_eq!(body["data"]["records"]["workspace_preparing"], 1, "{body}");
     setup.restart_api().await;
     poll.abort();
 
