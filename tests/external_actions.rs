@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use support::{Client, KeelProcess, wait_for};
-use tracker_actions::{mount_list, requests, rows_containing};
+use support::{Client, KeelProcess, rows_containing, wait_for};
+use tracker_actions::{mount_list, requests};
 use wiremock::matchers::{body_partial_json, header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 

@@ -9,13 +9,12 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use support::{Client, TestApp, wait_for};
+use support::{Client, TestApp, rows_containing, wait_for};
+#[path = "support/tracker.rs"]
+mod tracker;
+use tracker::{CANARY, TOKEN_ENV, github_issue, items_of, list, register, run_of};
 use wiremock::matchers::{body_partial_json, header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
-
-/// The tracker token: it must reach GitHub and nothing else (no row, event, log, artifact).
-const CANARY: &str = "ghp_canary_5e1f0c0ffee";
-const TOKEN_ENV: (&str, &str) = ("ACME_GITHUB_TOKEN", CANARY);
 
 const WORKFLOW: &str = "---
 tracker:
@@ -125,83 +124,16 @@ Work on {{{{ issue.identifier }}}}: {{{{ issue.title }}}}
     )
 }
 
-fn github_issue(number: u64, state: &str) -> Value {
-    json!({ "id": 1000 + number, "number": number, "title": format!("issue {number}"),
-            "state": state, "updated_at": "2026-11-30T09:00:00Z",
-            "html_url": format!("https://github.com/acme/widgets/issues/{number}"),
-            "labels": [{ "name": "Bug" }] })
-}
-
 fn github_pull(number: u64) -> Value {
     json!({ "id": 2000 + number, "number": number, "title": format!("pull {number}"),
             "state": "open", "updated_at": "2026-11-30T09:30:00Z",
             "head": { "sha": "0123abc", "ref": "fix-branch" } })
 }
 
-/// A list answering 200 with an ETag to a request carrying the token.
-fn list(list: &str, items: Value, etag: &str) -> Mock {
-    Mock::given(method("GET"))
-        .and(path(format!("/repos/acme/widgets/{list}")))
-        .and(header("authorization", format!("Bearer {CANARY}").as_str()))
-        .respond_with(
-            ResponseTemplate::new(200)
-                .insert_header("etag", etag)
-                .insert_header("x-ratelimit-remaining", "4999")
-                .set_body_json(items),
-        )
-}
-
-async fn register(client: &Client, markdown: &str) -> (StatusCode, Value) {
-    client
-        .post(
-            "/v1/external-work/sources",
-            json!({ "workflow_markdown": markdown }),
-        )
-        .await
-}
-
-/// The items a source found.
-async fn items_of(client: &Client, source_id: &str) -> Vec<Value> {
-    let (status, body) = client
-        .get(&format!("/v1/external-work/sources/{source_id}/items"))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    body["data"].as_array().unwrap().clone()
-}
-
-/// The run of an item that has one.
-async fn run_of(client: &Client, item: &Value) -> Value {
-    let (task_id, run_id) = (item["task_id"].as_str(), item["run_id"].as_str());
-    client.run(task_id.unwrap(), run_id.unwrap()).await
-}
-
 async fn task_count(client: &Client) -> usize {
     let (status, body) = client.get("/v1/tasks?limit=200").await;
     assert_eq!(status, StatusCode::OK, "{body}");
     body["data"].as_array().unwrap().len()
-}
-
-/// Every table's rows, as text, that contain `needle`.
-async fn rows_containing(db_url: &str, needle: &str) -> Vec<String> {
-    let pool = support::pool(db_url).await;
-    let tables: Vec<String> = sqlx::query_scalar(
-        "SELECT table_name::text FROM information_schema.tables
-         WHERE table_schema = 'public' AND table_type = 'BASE TABLE'",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    let mut found = Vec::new();
-    for table in tables {
-        let statement = format!("SELECT t::text FROM \"{table}\" t WHERE t::text LIKE $1");
-        let rows: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(statement))
-            .bind(format!("%{needle}%"))
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-        found.extend(rows.into_iter().map(|row| format!("{table}: {row}")));
-    }
-    found
 }
 
 #[tokio::test]

@@ -199,6 +199,8 @@ pub struct NewTask {
     pub priority: i32,
     /// Cost ceiling in micro-USD for the task's runs; 0 disables it.
     pub budget_micros_usd: i64,
+    /// External work: the workflow's hooks, run around each attempt (never from a request).
+    pub hooks: Option<crate::domain::workflow::Hooks>,
 }
 
 impl NewTask {
@@ -236,6 +238,7 @@ impl NewTask {
             timeout_ms,
             priority: draft.priority.unwrap_or(0),
             budget_micros_usd: parse_budget(draft.budget_micros_usd)?,
+            hooks: None,
         })
     }
 

@@ -135,7 +135,9 @@ fn display_ref<S: serde::Serializer>(
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+/// Shell scripts run in an item's workspace (Symphony's hooks). A task imported from the
+/// workflow stores them, so the workers that run it need not read the workflow again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Hooks {
     pub after_create: Option<String>,
     pub before_run: Option<String>,

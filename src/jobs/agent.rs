@@ -117,7 +117,8 @@ pub async fn execute(
         conversation: std::sync::Mutex::new(None),
         deltas: Deltas::start(jobs.pool.clone(), job.lease.scope(), ids),
     };
-    let outcome = run_loop::run(&setup.plan, &setup.model, &setup.tools, &ctx).await;
+    let attempt = run_loop::run(&setup.plan, &setup.model, &setup.tools, &ctx);
+    let outcome = ctx.run.around(attempt).await;
     let ending = AgentEnding {
         conversation: ctx
             .conversation

@@ -17,6 +17,7 @@ use chrono::{DateTime, Utc};
 
 use futures_util::future::BoxFuture;
 use keel_workers::agent::provider::ChatLimits;
+use keel_workers::hooks::HookRun;
 use keel_workers::{
     ArtifactHandle, ContextError, Outcome, OutputStream, RunContext, RunSpec, StepHandle,
     StepResult,
@@ -32,6 +33,7 @@ use crate::domain::approval::{ActionSummary, ApprovalKind, ApprovalPolicy};
 use crate::domain::secret::SecretPolicy;
 use crate::domain::task::{RunTimeouts, WorkspaceRoots};
 use crate::domain::usage::PriceTable;
+use crate::domain::workflow::Hooks;
 use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
@@ -216,8 +218,8 @@ impl Attempted for RunWithTask {
         actor: &Actor,
     ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
         let (run, events) = runs::requeue_lost(conn, scope, &self.run, reason, actor).await?;
-        let task = self.task.clone();
-        Ok((RunWithTask { run, task }, events))
+        let (task, hooks) = (self.task.clone(), self.hooks.clone());
+        Ok((RunWithTask { run, task, hooks }, events))
     }
 
     async fn start<'r>(
@@ -236,8 +238,8 @@ impl Attempted for RunWithTask {
             .await?;
         let data = serde_json::json!({ "attempt": run.attempt, "worker_id": lease.owner });
         let event = NewEvent::new(&current.task_id, &current.id, EventType::RunStarted).with(data);
-        let task = self.task.clone();
-        Ok((RunWithTask { run, task }, event))
+        let (task, hooks) = (self.task.clone(), self.hooks.clone());
+        Ok((RunWithTask { run, task, hooks }, event))
     }
 
     async fn end<'r>(
@@ -355,7 +357,7 @@ impl RunJobs {
             Err(error) => return self.fail(&job, &row, error).await,
         };
         let ctx = self.context(&job, &row);
-        let outcome = keel_workers::execute(&spec, &ctx).await;
+        let outcome = ctx.around(keel_workers::execute(&spec, &ctx)).await;
         let verdict = ctx.verdict(outcome, None).await;
         attempt::conclude(&self.pool, &job, &row, verdict).await
     }
@@ -384,8 +386,23 @@ impl RunJobs {
                 artifact_max_bytes: self.artifact_max_bytes,
                 content: self.content.clone(),
                 held: Mutex::default(),
+                hooks: self.hooks(row),
             }),
         }
+    }
+
+    /// What an imported task's attempts need to run its workflow hooks; None without any
+    /// (or with a workspace the attempt will refuse anyway).
+    fn hooks(&self, row: &RunWithTask) -> Option<AttemptHooks> {
+        let (task, run) = (&row.task, &row.run);
+        let hooks = row.hooks.clone()?;
+        let workspace = workspace_dir(&self.workspace_roots, &self.data_dir, task, run).ok()?;
+        Some(AttemptHooks {
+            hooks,
+            workspace,
+            env: self.env(task, run),
+            sandbox: task.sandbox(),
+        })
     }
 
     async fn spec(&self, task: &TaskRecord, run: &RunRecord) -> Result<RunSpec, String> {
@@ -445,6 +462,65 @@ impl RunJobs {
 }
 
 impl FencedContext {
+    /// Runs the attempt `body` between the task's `before_run` and `after_run` hooks
+    /// (Symphony's rules): a `before_run` that fails ends the attempt failed with
+    /// `hook_failed:` and `body` never runs; an `after_run` failure is logged and ignored.
+    /// Each hook's output is an artifact of the run.
+    pub(super) async fn around(&self, body: impl Future<Output = Outcome>) -> Outcome {
+        let Some(hooks) = &self.shared.hooks else {
+            return body.await;
+        };
+        if let Some(script) = &hooks.hooks.before_run {
+            let ran = match self.run_hook(hooks, "before_run", script).await {
+                Ok(ran) => ran,
+                Err(stopped) => return stopped,
+            };
+            if let Some(error) = ran.failure() {
+                return Outcome::Failed {
+                    exit_code: None,
+                    error,
+                };
+            }
+        }
+        let outcome = body.await;
+        if let (Some(script), false) = (&hooks.hooks.after_run, outcome == Outcome::Interrupted) {
+            match self.run_hook(hooks, "after_run", script).await {
+                Ok(ran) => {
+                    if let Some(failure) = ran.failure() {
+                        let run_id = &self.shared.run_id;
+                        tracing::warn!(%run_id, %failure, "after_run failed; ignored");
+                    }
+                }
+                Err(stopped) => {
+                    let run_id = &self.shared.run_id;
+                    tracing::warn!(%run_id, ?stopped, "after_run's output was not recorded");
+                }
+            }
+        }
+        outcome
+    }
+
+    /// Runs one hook and records its output; Err: how the attempt stops instead (it was
+    /// interrupted, or the output could not be written).
+    async fn run_hook(
+        &self,
+        hooks: &AttemptHooks,
+        hook: &str,
+        script: &str,
+    ) -> Result<HookRun, Outcome> {
+        let timeout = Duration::from_millis(hooks.hooks.timeout_ms);
+        let (workspace, env, cancel) = (&hooks.workspace, &hooks.env, self.cancellation());
+        let ran =
+            keel_workers::hooks::run(hook, script, workspace, env, hooks.sandbox, timeout, cancel)
+                .await
+                .ok_or(Outcome::Interrupted)?;
+        self.shared.record_hook(&ran).await.map_err(|e| match e {
+            ContextError::Interrupted => Outcome::Interrupted,
+            ContextError::Runtime(error) => Outcome::Retry { error },
+        })?;
+        Ok(ran)
+    }
+
     /// How the attempt leaves the run, with the rows the context still holds (and for an
     /// agent loop, its conversation and the step an approval would cover).
     pub(super) async fn verdict(
@@ -499,6 +575,16 @@ pub(super) struct Shared {
     pub(super) content: ContentStore,
     /// Held across a flush's transaction, so rows are written once and in order.
     pub(super) held: Mutex<Held>,
+    hooks: Option<AttemptHooks>,
+}
+
+/// The workflow hooks (`before_run`, `after_run`) around an imported task's attempts, run
+/// by the worker that runs the attempt, in its workspace, with its environment and sandbox.
+pub(super) struct AttemptHooks {
+    hooks: Hooks,
+    workspace: PathBuf,
+    env: Vec<(String, String)>,
+    sandbox: keel_workers::SandboxPolicy,
 }
 
 /// Rows the executor reported and the database does not have yet, in the order reported.
@@ -702,6 +788,30 @@ impl Held {
 }
 
 impl Shared {
+    /// A hook's stdout and stderr as two closed artifacts of the run (`<hook>.stdout` of
+    /// kind `stdout`, `<hook>.stderr` of kind `stderr`), in one fenced transaction.
+    async fn record_hook(&self, ran: &HookRun) -> Result<(), ContextError> {
+        let mut tx = self.fence.begin().await?;
+        let scope = &self.fence.scope;
+        let streams = [("stdout", &ran.stdout), ("stderr", &ran.stderr)];
+        for (stream, text) in streams {
+            let name = format!("{}.{stream}", ran.hook);
+            let written = async {
+                let content_type = "text/plain; charset=utf-8";
+                let owner = self.owner();
+                let artifact =
+                    artifacts::open(&mut tx, scope, owner, &name, stream, content_type).await?;
+                let bytes = text.as_bytes();
+                self.content
+                    .append(&mut tx, scope, &artifact.id, bytes, self.artifact_max_bytes)
+                    .await?;
+                artifacts::close(&mut tx, scope, &artifact.id).await
+            };
+            written.await.map_err(|e| self.fence.context_error(e))?;
+        }
+        self.fence.commit(tx).await
+    }
+
     pub(super) fn owner(&self) -> Subject<'_> {
         Subject::Run {
             task_id: &self.task_id,

@@ -205,7 +205,8 @@ pub struct ItemRecord {
     pub kind: String,
     pub identifier: String,
     pub tracker_state: String,
-    /// `discovered`, `claimed`, `blocked` or `terminal` in this slice.
+    /// `discovered`, `workspace_preparing`, `ready`, `claimed`, `blocked`, `retry_wait` or
+    /// `terminal`.
     pub state: String,
     /// The normalized item, as the template saw it.
     #[schema(value_type = Object)]
@@ -215,6 +216,12 @@ pub struct ItemRecord {
     pub run_id: Option<String>,
     pub last_error_code: Option<String>,
     pub last_error: Option<String>,
+    /// With `workspace.root`: the item's directory, from the start of its preparation until
+    /// a terminal version had it removed.
+    pub workspace_path: Option<String>,
+    /// What `after_create` and `before_remove` printed, by hook name.
+    #[schema(value_type = Option<Object>)]
+    pub hook_output: Option<serde_json::Value>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -296,7 +303,8 @@ pub async fn claimed_version(
 }
 
 /// The source's claimed items whose run is still active or failed (a retry is coming),
-/// oldest first: what a reconciliation asks the tracker about.
+/// oldest first, then those that still have a workspace (a terminal version removes it):
+/// what a reconciliation asks the tracker about.
 pub async fn claimed_to_reconcile(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -307,8 +315,10 @@ pub async fn claimed_to_reconcile(
         "SELECT i.* FROM external_work_items i
          JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
          WHERE i.workspace_id = $1 AND i.source_id = $2
-           AND r.status IN ('queued', 'running', 'awaiting_approval', 'failed')
-         ORDER BY i.id LIMIT $3",
+           AND (r.status IN ('queued', 'running', 'awaiting_approval', 'failed')
+                OR i.workspace_path IS NOT NULL)
+         ORDER BY r.status IN ('queued', 'running', 'awaiting_approval', 'failed') DESC, i.id
+         LIMIT $3",
     )
     .bind(scope.workspace())
     .bind(source_id)

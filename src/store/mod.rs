@@ -11,6 +11,7 @@ pub mod embedded;
 pub mod events;
 pub mod external;
 pub mod external_actions;
+pub mod item_workspaces;
 pub mod leases;
 pub mod lineage;
 pub mod media_jobs;

@@ -12,6 +12,7 @@ use super::tasks::{self, TaskRecord, TaskRecordExt};
 use super::{Result, StoreError, approvals, violates};
 use crate::domain::approval::{ActionSummary, ApprovalPolicy};
 use crate::domain::task::{RunTimeouts, WorkspaceRoots};
+use crate::domain::workflow::Hooks;
 use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
 use crate::queue;
 
@@ -496,6 +497,10 @@ pub struct RunWithTask {
     pub run: RunRecord,
     #[sqlx(json)]
     pub task: TaskRecord,
+    /// External work: the hooks the task's attempts run around themselves (never part of
+    /// the task as the API shows it).
+    #[sqlx(json)]
+    pub hooks: Option<Hooks>,
 }
 
 /// Locks a run row for the rest of the transaction and reads its task: one statement.
@@ -512,7 +517,7 @@ pub async fn lock_with_task(
                 r.schedule_id, r.schedule_occurrence_id, r.scheduled_for, r.created_at,
                 r.started_at, r.finished_at, r.updated_at,
                 r.lineage_kind, r.from_model_call_index, r.conversation_base,
-                to_jsonb(task) AS task
+                to_jsonb(task) - 'hooks' AS task, to_jsonb(task) -> 'hooks' AS hooks
          FROM runs r
          CROSS JOIN LATERAL (
              SELECT t.id, t.execution_kind, COALESCE(latest.status, 'not_started') AS status,
@@ -520,7 +525,8 @@ pub async fn lock_with_task(
                     t.file_operation, t.working_directory, t.workspace_mode,
                     t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only, t.timeout_ms,
                     t.priority, t.budget_micros_usd, t.system_prompt, t.requested_provider,
-                    t.requested_model, t.max_model_calls, t.tools, t.run_count, t.latest_run_id,
+                    t.requested_model, t.max_model_calls, t.tools, t.hooks, t.run_count,
+                    t.latest_run_id,
                     (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
                         AS latest_run_step_count,
                     (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)

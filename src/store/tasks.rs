@@ -2,6 +2,7 @@
 
 use keel_workers::{Execution, FileOperation};
 use sqlx::PgConnection;
+use sqlx::types::Json;
 
 use super::providers::{self, ProviderRecord};
 use super::transitions::{self, Transition};
@@ -137,9 +138,9 @@ pub async fn insert(
                                 sandbox_allowed_root, sandbox_network, sandbox_read_only,
                                 timeout_ms, priority, budget_micros_usd, workspace_id,
                                 system_prompt, requested_provider, requested_model,
-                                max_model_calls, tools)
+                                max_model_calls, tools, hooks)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                     $19, $20, $21, $22, $23)
+                     $19, $20, $21, $22, $23, $24)
              RETURNING *
          ), audit AS (
              INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id,
@@ -178,6 +179,7 @@ pub async fn insert(
     .bind(&agent.requested_model)
     .bind(agent.max_model_calls)
     .bind(&agent.tools)
+    .bind(task.hooks.as_ref().map(Json))
     .fetch_one(conn)
     .await?;
     Ok(created)

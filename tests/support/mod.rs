@@ -713,3 +713,26 @@ pub async fn json_or_null(response: reqwest::Response) -> Value {
         Value::Null
     }
 }
+
+/// Every table's rows, as text, that contain `needle`.
+pub async fn rows_containing(db_url: &str, needle: &str) -> Vec<String> {
+    let pool = pool(db_url).await;
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables
+         WHERE table_schema = 'public' AND table_type = 'BASE TABLE'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut found = Vec::new();
+    for table in tables {
+        let statement = format!("SELECT t::text FROM \"{table}\" t WHERE t::text LIKE $1");
+        let rows: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(statement))
+            .bind(format!("%{needle}%"))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        found.extend(rows.into_iter().map(|row| format!("{table}: {row}")));
+    }
+    found
+}

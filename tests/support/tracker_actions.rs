@@ -1,6 +1,6 @@
 //! A local tracker that remembers what it was sent, for the approval-gated action tests:
 //! GitHub's comment and review lists answer with what was POSTed to them (so a worker can
-//! find an earlier attempt's marker), and a table scan for a canary.
+//! find an earlier attempt's marker).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -79,27 +79,4 @@ pub async fn requests(server: &MockServer, verb: &str, at: &str) -> Vec<Request>
     all.into_iter()
         .filter(|r| r.method.as_str() == verb && r.url.path() == at)
         .collect()
-}
-
-/// Every table's rows, as text, that contain `needle`.
-pub async fn rows_containing(db_url: &str, needle: &str) -> Vec<String> {
-    let pool = crate::support::pool(db_url).await;
-    let tables: Vec<String> = sqlx::query_scalar(
-        "SELECT table_name::text FROM information_schema.tables
-         WHERE table_schema = 'public' AND table_type = 'BASE TABLE'",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    let mut found = Vec::new();
-    for table in tables {
-        let statement = format!("SELECT t::text FROM \"{table}\" t WHERE t::text LIKE $1");
-        let rows: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(statement))
-            .bind(format!("%{needle}%"))
-            .fetch_all(&pool)
-            .await
-            .unwrap();
-        found.extend(rows.into_iter().map(|row| format!("{table}: {row}")));
-    }
-    found
 }

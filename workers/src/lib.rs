@@ -10,6 +10,7 @@
 pub mod agent;
 mod context;
 mod file;
+pub mod hooks;
 pub mod media;
 mod process;
 mod sandbox;

@@ -302,3 +302,59 @@ fn keep_tail(tail: &mut Vec<u8>, bytes: &[u8]) {
         tail.drain(..tail.len() - STDERR_TAIL_BYTES);
     }
 }
+
+/// Reads a pipe to its end (or [`DRAIN`] after `ended`), keeping the first `cap`
+/// bytes, as text with a truncation marker when it kept less than it read.
+pub(crate) async fn collect(
+    mut reader: impl AsyncRead + Unpin,
+    cap: usize,
+    ended: &CancellationToken,
+) -> String {
+    let mut kept = Vec::new();
+    let mut total = 0usize;
+    let mut buf = vec![0u8; 16 * 1024];
+    let stop = async {
+        ended.cancelled().await;
+        tokio::time::sleep(DRAIN).await;
+    };
+    tokio::pin!(stop);
+    loop {
+        let n = tokio::select! {
+            read = reader.read(&mut buf) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            },
+            _ = &mut stop => break,
+        };
+        total += n;
+        let room = cap.saturating_sub(kept.len()).min(n);
+        kept.extend_from_slice(&buf[..room]);
+    }
+    let mut text = String::from_utf8_lossy(&kept).into_owned();
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    if total > kept.len() {
+        text.push_str(&truncation_marker(total));
+        text.push('\n');
+    }
+    text
+}
+
+/// What a bounded output says in place of what it left out.
+pub(crate) fn truncation_marker(total: usize) -> String {
+    format!("[… truncated: {} bytes total]", thousands(total as u64))
+}
+
+/// `1234567` as `1,234,567`.
+pub(crate) fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::Utc;
 use serde::Serialize;
 
-use super::{Candidate, ExternalError, Poller, tracker};
+use super::{Candidate, ExternalError, Poller, tracker, workspace};
 use crate::domain::workflow::{Issue, Workflow, WorkflowError};
 use crate::domain::{Actor, Invalid, NewTask, Scope};
 use crate::store::events::Subject;
@@ -32,12 +32,32 @@ pub struct Imported {
     pub cancelled_run_id: Option<String>,
 }
 
-/// Imports one candidate in one transaction: the item, and for a new item in an active
-/// state the task the workflow's `task` section makes of it, with the rendered prompt,
-/// started through the normal admission path (approval gates included), with the item and
-/// the prompt as evidence artifacts of its run. The subject's
-/// lock makes two importers of versions of one item give it one task between them.
+/// Imports one candidate: the item, and for a new item in an active state the task the
+/// workflow's `task` section makes of it, with the rendered prompt, started through the
+/// normal admission path (approval gates included), with the item and the prompt as
+/// evidence artifacts of its run. With `workspace.root`, the item's workspace is prepared
+/// first (see [`workspace`]).
 pub async fn import(
+    poller: &Poller,
+    scope: &Scope,
+    source: &SourceRecord,
+    workflow: &Workflow,
+    candidate: &Candidate,
+    actor: &Actor,
+) -> Result<Imported, ExternalError> {
+    let mut imported = record(poller, scope, source, workflow, candidate, actor).await?;
+    if imported.item.state == "workspace_preparing" {
+        let item = &imported.item;
+        imported.item = workspace::advance(poller, scope, workflow, item, actor).await?;
+        // A known version left mid-preparation (a process stopped) that starts now.
+        imported.duplicate &= imported.item.state != "claimed";
+    }
+    Ok(imported)
+}
+
+/// Records one candidate and acts on it in one transaction. The subject's lock makes two
+/// importers of versions of one item give it one task between them.
+async fn record(
     poller: &Poller,
     scope: &Scope,
     source: &SourceRecord,
@@ -131,7 +151,9 @@ pub(super) async fn stop_claimed_run(
 
 /// Renders the prompt, creates the task and admits its first run, when the workflow's
 /// concurrency limits leave a slot; an item the workflow cannot make a task of is left
-/// `blocked` with the reason, one without a slot `discovered` with `no_free_slot`.
+/// `blocked` with the reason, one without a slot `discovered` with `no_free_slot`. With
+/// `workspace.root`, an item that is not `ready` is only marked `workspace_preparing`: its
+/// workspace is prepared outside the transaction (see [`workspace`]), then this starts it.
 pub(super) async fn start(
     conn: &mut sqlx::PgConnection,
     poller: &Poller,
@@ -157,7 +179,13 @@ pub(super) async fn start(
         };
         return external::update_item(conn, scope, &item.id, &change).await;
     }
-    let task = match new_task(poller, workflow, issue) {
+    if let Some(root) = &workflow.config.workspace_root
+        && item.state != "ready"
+    {
+        return workspace::claim(conn, poller, scope, root, item).await;
+    }
+    let directory = item.workspace_path.as_deref();
+    let task = match new_task(poller, workflow, issue, directory) {
         Ok(task) => task,
         Err((code, message)) => {
             let change = ItemChange {
@@ -346,16 +374,25 @@ pub(super) async fn no_free_slot(
         }))
 }
 
+/// The task an item becomes; in `directory` (its workspace) when the workflow has a
+/// `workspace.root`, carrying the workflow's hooks.
 pub(super) fn new_task(
     poller: &Poller,
     workflow: &Workflow,
     issue: &Issue,
+    directory: Option<&str>,
 ) -> Result<NewTask, (&'static str, String)> {
     let workflow_error = |e: WorkflowError| (e.code(), e.to_string());
     let invalid_task = |e: Invalid| ("invalid_task", e.to_string());
     let prompt = workflow.render(issue, None).map_err(workflow_error)?;
-    let draft = workflow.task_draft(prompt).map_err(workflow_error)?;
-    let task = NewTask::parse(draft, &poller.rules.timeouts).map_err(invalid_task)?;
+    let mut draft = workflow.task_draft(prompt).map_err(workflow_error)?;
+    if let Some(directory) = directory {
+        draft.workspace_mode = Some("in_place".into());
+        draft.working_directory = Some(directory.into());
+    }
+    let mut task = NewTask::parse(draft, &poller.rules.timeouts).map_err(invalid_task)?;
+    let hooks = &workflow.config.hooks;
+    task.hooks = Some(hooks.clone()).filter(|h| h.before_run.is_some() || h.after_run.is_some());
     task.check_workspace(&poller.rules.workspace_roots)
         .map_err(invalid_task)?;
     Ok(task)

@@ -6,14 +6,16 @@
 //! key, so a poll repeated after a crash duplicates nothing.
 //!
 //! Each tracker has its module: [`github`] (REST, ETags) and [`linear`] (GraphQL, paginated);
-//! [`import`] records one item and acts on it; [`actions`] proposes and sends the
-//! approval-gated writes, the only ones Keel makes on a tracker. This module runs the passes
-//! over a source (poll, reconcile, retries, waiting items) and the background job.
+//! [`import`] records one item and acts on it; [`workspace`] prepares and removes items'
+//! workspaces and runs their hooks; [`actions`] proposes and sends the approval-gated
+//! writes, the only ones Keel makes on a tracker. This module runs the passes over a source
+//! (poll, reconcile, retries, waiting items) and the background job.
 
 mod actions;
 mod github;
 mod import;
 mod linear;
+mod workspace;
 
 pub use actions::{ActionJobs, Proposed, propose};
 pub use import::{Imported, import};
@@ -173,6 +175,8 @@ pub struct PollSummary {
     pub cancelled_runs: u64,
     /// Failed runs of items still active, tried again after their backoff.
     pub retried: u64,
+    /// Workspaces of terminal items removed (`before_remove` first).
+    pub removed_workspaces: u64,
     /// Every list answered 304: nothing changed.
     pub not_modified: bool,
     /// Set while a rate limit holds requests back.
@@ -189,7 +193,13 @@ impl PollSummary {
             self.duplicates += 1;
             return;
         }
-        match imported.item.state.as_str() {
+        let item = &imported.item;
+        if let (Some(workspace::REFUSED), Some(message)) =
+            (item.last_error_code.as_deref(), &item.last_error)
+        {
+            self.failed(workspace::REFUSED, message.clone());
+        }
+        match item.state.as_str() {
             "claimed" => self.claimed += 1,
             "blocked" => self.blocked += 1,
             "terminal" => self.terminal += 1,
@@ -328,7 +338,14 @@ impl Imports<'_> {
         // Runs that ended or were cancelled since may have freed slots; failed ones of
         // items still active are tried again first.
         self.retry_failed(tracker, summary).await?;
-        self.start_waiting(tracker, summary).await
+        self.start_waiting(tracker, summary).await?;
+        let (poller, scope, source, workflow) =
+            (self.poller, self.scope, self.source, self.workflow);
+        summary.claimed +=
+            workspace::advance_unstarted(poller, scope, source, workflow, self.actor).await?;
+        summary.removed_workspaces +=
+            workspace::remove_terminal(poller, scope, source, workflow).await?;
+        Ok(())
     }
 
     /// Retries the failed runs of items whose newest version is still active (see [`retry`]).

@@ -640,6 +640,8 @@ mod tests {
             run_id: Some("run_1".into()),
             last_error_code: None,
             last_error: None,
+            workspace_path: None,
+            hook_output: None,
             created_at: chrono::Utc::now(),
             updated_at: chrono::Utc::now(),
         }

@@ -4,12 +4,11 @@
 //! out or is cancelled.
 
 use serde::Deserialize;
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::sync::CancellationToken;
 
 use super::paths::confine;
 use super::{Done, ToolEnv, ToolError};
-use crate::process::{self, Exit};
+use crate::process::{self, Exit, collect};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -99,42 +98,4 @@ async fn run(
             })
         }
     }
-}
-
-/// Reads a pipe to its end (or [`process::DRAIN`] after `ended`), keeping the first `cap`
-/// bytes, as text with a truncation marker when it kept less than it read.
-async fn collect(
-    mut reader: impl AsyncRead + Unpin,
-    cap: usize,
-    ended: &CancellationToken,
-) -> String {
-    let mut kept = Vec::new();
-    let mut total = 0usize;
-    let mut buf = vec![0u8; 16 * 1024];
-    let stop = async {
-        ended.cancelled().await;
-        tokio::time::sleep(process::DRAIN).await;
-    };
-    tokio::pin!(stop);
-    loop {
-        let n = tokio::select! {
-            read = reader.read(&mut buf) => match read {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            },
-            _ = &mut stop => break,
-        };
-        total += n;
-        let room = cap.saturating_sub(kept.len()).min(n);
-        kept.extend_from_slice(&buf[..room]);
-    }
-    let mut text = String::from_utf8_lossy(&kept).into_owned();
-    if !text.is_empty() && !text.ends_with('\n') {
-        text.push('\n');
-    }
-    if total > kept.len() {
-        text.push_str(&super::truncation_marker(total));
-        text.push('\n');
-    }
-    text
 }

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::run_loop::Toolbox;
 use super::{Patch, ToolCall, ToolResult, ToolSpec};
 use crate::SandboxPolicy;
+use crate::process::{thousands, truncation_marker};
 
 pub use files::{RevertError, revert};
 pub use specs::specs;
@@ -272,23 +273,6 @@ fn bound(mut content: String, max: usize) -> String {
     }
     content.push_str(&truncation_marker(total));
     content
-}
-
-fn truncation_marker(total: usize) -> String {
-    format!("[… truncated: {} bytes total]", thousands(total as u64))
-}
-
-/// `1234567` as `1,234,567`.
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// A one-line, sanitized description of a call for an approval's action summary: the

@@ -1,0 +1,401 @@
+//! Per-item workspaces (`workspace.root`, after Symphony): each item, keyed by its
+//! identifier (not its versioned key), gets one directory `<root>/<workspace key>`, which
+//! its task's runs work in (`in_place`) and its later versions and retries reuse.
+//!
+//! An item about to start is first `workspace_preparing` (committed with its directory),
+//! then the directory is made and `after_create` runs when it is new, then the item is
+//! `ready` and its run starts through the normal admission path. A process that stops
+//! anywhere in between leaves the item in one of those states, and the next pass carries
+//! it on ([`advance`]). Whether `after_create` finished is a marker file in the
+//! workspace's `.keel/` (Keel's own directory there, which git ignores): it lives and goes
+//! with the directory, so every worker host that shares the root sees it, and a directory
+//! without it (a preparation cut short) has `after_create` run again.
+//!
+//! A terminal item's workspace is removed at each pass, `before_remove` first ([`remove`]).
+//! Preparation and removal of one item hold its workspace lock, so two processes never
+//! work in one directory at once.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use keel_workers::SandboxPolicy;
+use keel_workers::hooks::{self, HookRun};
+use sqlx::{Connection, PgConnection};
+use tokio_util::sync::CancellationToken;
+
+use super::Poller;
+use super::import::start;
+use crate::domain::workflow::{Issue, Workflow};
+use crate::domain::{Actor, Scope};
+use crate::store::StoreError;
+use crate::store::external::{self, ItemChange, ItemRecord, SourceRecord};
+use crate::store::item_workspaces::{self as rows, Removal};
+
+/// Written in the workspace once it was fully created (`after_create` included).
+const PREPARED_MARKER: &str = ".keel/workspace-prepared";
+/// An item whose root `KEEL_WORKSPACE_ROOTS` does not allow.
+pub(super) const REFUSED: &str = "workspace_refused";
+const HOOK_FAILED: &str = "hook_failed";
+const UNAVAILABLE: &str = "workspace_unavailable";
+/// Items carried on, and workspaces removed, per pass.
+const PER_PASS: u32 = 50;
+
+/// Symphony's workspace key: every character outside `[A-Za-z0-9._-]` becomes `_`, and a
+/// key that would name the root or its parent (`.`, `..`) has its dots replaced too.
+pub(super) fn key(identifier: &str) -> String {
+    let key: String = identifier
+        .chars()
+        .map(|c| match c {
+            'A'..='Z' | 'a'..='z' | '0'..='9' | '.' | '_' | '-' => c,
+            _ => '_',
+        })
+        .collect();
+    match key.as_str() {
+        "" => "_".to_string(),
+        "." | ".." => key.replace('.', "_"),
+        _ => key,
+    }
+}
+
+/// Under the subject's lock, in `start`: records the item's directory and marks it
+/// `workspace_preparing`, or `blocked` (`workspace_refused`) when the workspace roots do
+/// not allow `root`.
+pub(super) async fn claim(
+    conn: &mut PgConnection,
+    poller: &Poller,
+    scope: &Scope,
+    root: &str,
+    item: &ItemRecord,
+) -> Result<ItemRecord, StoreError> {
+    match poller.rules.workspace_roots.confine(root, None) {
+        Ok(root) => {
+            let directory = root.join(key(&item.identifier));
+            let directory = directory.to_string_lossy();
+            rows::begin_preparation(conn, scope, &item.id, &directory).await
+        }
+        Err(refused) => {
+            let message = format!(
+                "workspace.root is refused: {}; nothing was started",
+                refused.message
+            );
+            blocked(conn, scope, item, REFUSED, &message).await
+        }
+    }
+}
+
+/// Carries an item on from `workspace_preparing` (its workspace prepared) or `ready` to
+/// its started run; returns it as it ends (still `workspace_preparing` when another
+/// process is preparing it).
+pub(super) async fn advance(
+    poller: &Poller,
+    scope: &Scope,
+    workflow: &Workflow,
+    item: &ItemRecord,
+    actor: &Actor,
+) -> Result<ItemRecord, StoreError> {
+    let mut item = item.clone();
+    if item.state == "workspace_preparing" {
+        item = prepare(poller, scope, workflow, &item).await?;
+    }
+    if item.state != "ready" {
+        return Ok(item);
+    }
+    let mut tx = poller.pool.begin().await?;
+    external::lock_subject(&mut tx, scope, &item.source_id, &item.identifier).await?;
+    let current = rows::get(&mut tx, scope, &item.id).await?;
+    let claimed = external::claimed_version(&mut tx, scope, &item.source_id, &item.identifier)
+        .await?
+        .is_some();
+    // A newer version (or another process) takes it on from here.
+    if current.state != "ready" || claimed || !rows::is_newest(&mut tx, scope, &current).await? {
+        return Ok(current);
+    }
+    let Ok(issue) = serde_json::from_value::<Issue>(current.issue.clone()) else {
+        return Ok(current);
+    };
+    let started = start(&mut tx, poller, scope, workflow, &current, &issue, actor).await?;
+    tx.commit().await?;
+    Ok(started)
+}
+
+/// Carries on the items a pass (or a process that stopped) left `workspace_preparing` or
+/// `ready`; returns how many started.
+pub(super) async fn advance_unstarted(
+    poller: &Poller,
+    scope: &Scope,
+    source: &SourceRecord,
+    workflow: &Workflow,
+    actor: &Actor,
+) -> Result<u64, StoreError> {
+    let mut conn = poller.pool.acquire().await?;
+    let unstarted = rows::unstarted(&mut conn, scope, &source.id, PER_PASS).await?;
+    drop(conn);
+    let mut started = 0;
+    for item in unstarted {
+        let item = advance(poller, scope, workflow, &item, actor).await?;
+        started += u64::from(item.state == "claimed");
+    }
+    Ok(started)
+}
+
+/// The item's workspace lock, on a connection of its own (see [`rows::try_lock`]).
+struct WorkspaceLock {
+    conn: PgConnection,
+}
+
+impl WorkspaceLock {
+    /// None when another process holds it.
+    async fn take(
+        poller: &Poller,
+        scope: &Scope,
+        item: &ItemRecord,
+    ) -> Result<Option<WorkspaceLock>, StoreError> {
+        let mut conn = poller.pool.acquire().await?.detach();
+        if !rows::try_lock(&mut conn, scope, item).await? {
+            return Ok(None);
+        }
+        Ok(Some(WorkspaceLock { conn }))
+    }
+
+    /// Closes the connection, which releases the lock (dropping it mid-hook, as a
+    /// cancelled request does, closes it too).
+    async fn release(self) {
+        if let Err(error) = self.conn.close().await {
+            tracing::warn!(%error, "closing a workspace lock's connection failed");
+        }
+    }
+}
+
+/// Makes the item's directory and runs `after_create` when the directory is new (or was
+/// left without its marker), under its workspace lock; the item ends `ready`, or `blocked`
+/// with why.
+async fn prepare(
+    poller: &Poller,
+    scope: &Scope,
+    workflow: &Workflow,
+    item: &ItemRecord,
+) -> Result<ItemRecord, StoreError> {
+    let Some(mut lock) = WorkspaceLock::take(poller, scope, item).await? else {
+        return Ok(item.clone());
+    };
+    let prepared = prepare_locked(&mut lock.conn, scope, workflow, item).await;
+    lock.release().await;
+    prepared
+}
+
+async fn prepare_locked(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    workflow: &Workflow,
+    item: &ItemRecord,
+) -> Result<ItemRecord, StoreError> {
+    // Another process may have prepared it since it was read.
+    let item = rows::get(conn, scope, &item.id).await?;
+    let (true, Some(directory)) = (item.state == "workspace_preparing", &item.workspace_path)
+    else {
+        return Ok(item);
+    };
+    let directory = PathBuf::from(directory);
+    let created = match create(&directory).await {
+        Ok(created) => created,
+        Err(message) => return blocked(conn, scope, &item, UNAVAILABLE, &message).await,
+    };
+    let marker = directory.join(PREPARED_MARKER);
+    if created || !tokio::fs::try_exists(&marker).await.unwrap_or(false) {
+        if let Some(script) = &workflow.config.hooks.after_create {
+            let ran = run_hook(workflow, "after_create", script, &directory, &item).await;
+            rows::record_hook(conn, scope, &item.id, "after_create", &ran).await?;
+            if let Some(failure) = ran.failure() {
+                // Symphony: a new workspace whose creation failed goes, so the next
+                // attempt creates it afresh.
+                if created && let Err(error) = tokio::fs::remove_dir_all(&directory).await {
+                    tracing::warn!(%error, "removing a workspace whose after_create failed");
+                }
+                return blocked(conn, scope, &item, HOOK_FAILED, &failure).await;
+            }
+        }
+        if let Err(error) = write_marker(&marker).await {
+            let message = format!("{}: {error}", marker.display());
+            return blocked(conn, scope, &item, UNAVAILABLE, &message).await;
+        }
+    }
+    let ready = ItemChange {
+        state: "ready",
+        ..ItemChange::default()
+    };
+    external::update_item(conn, scope, &item.id, &ready).await
+}
+
+/// Creates the directory; true when this call created it. An existing directory is
+/// reused; anything else there (a file, a symbolic link) is refused.
+async fn create(directory: &Path) -> Result<bool, String> {
+    inside_root(directory).await?;
+    match tokio::fs::create_dir(directory).await {
+        Ok(()) => Ok(true),
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+            match tokio::fs::symlink_metadata(directory).await {
+                Ok(meta) if meta.is_dir() => Ok(false),
+                _ => Err(format!(
+                    "{} exists and is not a directory (a symbolic link is never followed)",
+                    directory.display()
+                )),
+            }
+        }
+        Err(error) => Err(format!("{}: {error}", directory.display())),
+    }
+}
+
+/// The root the directory was named under must still be that directory itself, not a
+/// symbolic link swapped in since.
+async fn inside_root(directory: &Path) -> Result<(), String> {
+    let root = directory.parent().unwrap_or(directory);
+    match tokio::fs::canonicalize(root).await {
+        Ok(real) if real == root => Ok(()),
+        Ok(real) => Err(format!(
+            "the workspace root {} now resolves to {}; refused",
+            root.display(),
+            real.display()
+        )),
+        Err(error) => Err(format!("{}: {error}", root.display())),
+    }
+}
+
+async fn write_marker(marker: &Path) -> std::io::Result<()> {
+    if let Some(parent) = marker.parent() {
+        tokio::fs::create_dir_all(parent).await?;
+    }
+    tokio::fs::write(marker, b"").await
+}
+
+/// Removes the workspaces of items that became terminal, `before_remove` first (a failure
+/// is logged and ignored); returns how many went.
+pub(super) async fn remove_terminal(
+    poller: &Poller,
+    scope: &Scope,
+    source: &SourceRecord,
+    workflow: &Workflow,
+) -> Result<u64, StoreError> {
+    let mut conn = poller.pool.acquire().await?;
+    let removals = rows::to_remove(&mut conn, scope, &source.id, PER_PASS).await?;
+    drop(conn);
+    let mut removed = 0;
+    for removal in removals {
+        let Some(mut lock) = WorkspaceLock::take(poller, scope, &removal.item).await? else {
+            continue;
+        };
+        let done = remove(&mut lock.conn, scope, workflow, &removal).await;
+        lock.release().await;
+        removed += u64::from(done?);
+    }
+    Ok(removed)
+}
+
+/// Removes one workspace, under its lock; true when it went (or was gone already). A
+/// directory that is not one (a symbolic link, a file) is left alone and the item says
+/// why; a removal that fails is tried again at the next pass.
+async fn remove(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    workflow: &Workflow,
+    removal: &Removal,
+) -> Result<bool, StoreError> {
+    let item = &removal.item;
+    // A newer version reopened the item: its preparation reuses the directory.
+    if !rows::is_newest(conn, scope, item).await? {
+        return Ok(false);
+    }
+    let directory = Path::new(&removal.directory);
+    match tokio::fs::symlink_metadata(directory).await {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Ok(meta) if meta.is_dir() && inside_root(directory).await.is_ok() => {
+            if let Some(script) = &workflow.config.hooks.before_remove {
+                let ran = run_hook(workflow, "before_remove", script, directory, item).await;
+                rows::record_hook(conn, scope, &item.id, "before_remove", &ran).await?;
+                if let Some(failure) = ran.failure() {
+                    let identifier = &item.identifier;
+                    tracing::warn!(%identifier, %failure, "before_remove failed; removing anyway");
+                }
+            }
+            // remove_dir_all removes symbolic links inside, never what they point to.
+            if let Err(error) = tokio::fs::remove_dir_all(directory).await {
+                let identifier = &item.identifier;
+                tracing::warn!(%identifier, %error, "removing a workspace failed");
+                return Ok(false);
+            }
+        }
+        _ => {
+            let message = format!(
+                "{} is not a directory inside the workspace root (a symbolic link is never \
+                 followed); not removed",
+                directory.display()
+            );
+            let refused = ItemChange {
+                state: "terminal",
+                error: Some((REFUSED, &message)),
+                ..ItemChange::default()
+            };
+            external::update_item(conn, scope, &item.id, &refused).await?;
+            // Forgotten, not removed: nothing would make a later pass remove it.
+            rows::clear(conn, scope, item).await?;
+            return Ok(false);
+        }
+    }
+    rows::clear(conn, scope, item).await?;
+    Ok(true)
+}
+
+/// Runs a workspace hook of the poll side (`after_create`, `before_remove`): a shell run's
+/// containment with network and a writable workspace, the item's identifier and directory
+/// in its environment, and never the tracker's token.
+async fn run_hook(
+    workflow: &Workflow,
+    hook: &str,
+    script: &str,
+    directory: &Path,
+    item: &ItemRecord,
+) -> HookRun {
+    let env = [
+        ("KEEL_ITEM_IDENTIFIER".to_string(), item.identifier.clone()),
+        (
+            "KEEL_WORKSPACE".to_string(),
+            directory.to_string_lossy().into_owned(),
+        ),
+    ];
+    let timeout = Duration::from_millis(workflow.config.hooks.timeout_ms);
+    let never = CancellationToken::new();
+    let policy = SandboxPolicy::default();
+    hooks::run(hook, script, directory, &env, policy, timeout, &never)
+        .await
+        .expect("a hook that cannot be cancelled ends with a run")
+}
+
+async fn blocked(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    item: &ItemRecord,
+    code: &str,
+    message: &str,
+) -> Result<ItemRecord, StoreError> {
+    let change = ItemChange {
+        state: "blocked",
+        error: Some((code, message)),
+        ..ItemChange::default()
+    };
+    external::update_item(conn, scope, &item.id, &change).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_keys_keep_symphonys_characters_and_stay_inside_the_root() {
+        assert_eq!(key("ENG-12"), "ENG-12");
+        assert_eq!(key("acme/widgets#7"), "acme_widgets_7");
+        assert_eq!(key("a b/../c"), "a_b_.._c");
+        assert_eq!(key(".."), "__");
+        assert_eq!(key("."), "_");
+        assert_eq!(key(""), "_");
+        assert_eq!(key("ünï"), "_n_");
+    }
+}

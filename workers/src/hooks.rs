@@ -1,0 +1,167 @@
+//! Workspace hooks (Symphony's `after_create`, `before_run`, `after_run`, `before_remove`):
+//! a shell script run with `sh -lc` in a workspace, started through
+//! [`crate::process::start`], so it gets a shell run's containment, clean environment and
+//! namespaces, and everything it started is killed when it ends, times out or is cancelled.
+//! What it printed is kept, each stream bounded, for the caller to record.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::SandboxPolicy;
+use crate::process::{self, Exit, collect};
+
+/// The most of each stream a hook's record keeps; the rest is named by a marker.
+pub const MAX_HOOK_OUTPUT_BYTES: usize = 64 * 1024;
+/// How much of stderr's end a failure's message carries.
+const ERROR_TAIL_BYTES: usize = 512;
+
+/// One hook's run: how it ended and what it printed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HookRun {
+    /// `after_create`, `before_run`, `after_run` or `before_remove`.
+    pub hook: String,
+    pub exit_code: Option<i32>,
+    /// Why it failed (a non-zero exit, a signal, the timeout, a start that failed); None
+    /// when it exited 0.
+    pub error: Option<String>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl HookRun {
+    pub fn succeeded(&self) -> bool {
+        self.error.is_none()
+    }
+
+    /// The run's `last_error` (or the item's) for a hook that failed: `hook_failed:` and
+    /// the cause.
+    pub fn failure(&self) -> Option<String> {
+        self.error
+            .as_ref()
+            .map(|error| format!("hook_failed: {} {error}", self.hook))
+    }
+}
+
+/// Runs `script` with `sh -lc` in `workspace` with the runtime's `env`, killing it and
+/// everything it started after `timeout`. None when `cancel` fired first.
+pub async fn run(
+    hook: &str,
+    script: &str,
+    workspace: &Path,
+    env: &[(String, String)],
+    sandbox: SandboxPolicy,
+    timeout: Duration,
+    cancel: &CancellationToken,
+) -> Option<HookRun> {
+    let argv = vec!["sh".to_string(), "-lc".to_string(), script.to_string()];
+    let ran = |exit_code, error: Option<String>, stdout, stderr| HookRun {
+        hook: hook.to_string(),
+        exit_code,
+        error,
+        stdout,
+        stderr,
+    };
+    let (mut child, mut containment) = match process::start(&argv, workspace, env, sandbox).await {
+        Ok(started) => started,
+        Err(error) => return Some(ran(None, Some(error), String::new(), String::new())),
+    };
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let ended = CancellationToken::new();
+    let waited = process::wait_and_end(&mut child, &mut containment, Some(timeout), cancel, &ended);
+    let cap = MAX_HOOK_OUTPUT_BYTES;
+    let (exit, stdout, stderr) = tokio::join!(
+        waited,
+        collect(stdout, cap, &ended),
+        collect(stderr, cap, &ended)
+    );
+    let exit = exit?;
+    let exit_code = match &exit {
+        Exit::Status(status) => status.code(),
+        Exit::TimedOut(_) => None,
+    };
+    let error = match exit {
+        Exit::Status(status) if status.success() => None,
+        Exit::Status(status) => Some(match status.code() {
+            Some(code) => format!("exited with code {code}{}", tail(&stderr)),
+            None => format!("was killed by a signal{}", tail(&stderr)),
+        }),
+        Exit::TimedOut(limit) => Some(format!(
+            "timed out after {} ms; it and everything it started were killed",
+            limit.as_millis()
+        )),
+    };
+    Some(ran(exit_code, error, stdout, stderr))
+}
+
+/// `: ` and the end of stderr, for a failure's message; nothing when stderr is empty.
+fn tail(stderr: &str) -> String {
+    let text = stderr.trim();
+    if text.is_empty() {
+        return String::new();
+    }
+    let mut start = text.len().saturating_sub(ERROR_TAIL_BYTES);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    format!(": {}", &text[start..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn hook(script: &str, timeout: Duration) -> HookRun {
+        let dir = tempfile::tempdir().unwrap();
+        let policy = SandboxPolicy::default();
+        let never = CancellationToken::new();
+        run(
+            "before_run",
+            script,
+            dir.path(),
+            &[],
+            policy,
+            timeout,
+            &never,
+        )
+        .await
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_hook_reports_its_output_and_how_it_ended() {
+        let ok = hook("echo out; echo err >&2", Duration::from_secs(10)).await;
+        assert!(ok.succeeded(), "{ok:?}");
+        assert_eq!((ok.stdout.as_str(), ok.stderr.as_str()), ("out\n", "err\n"));
+        let failed = hook("echo nope >&2; exit 3", Duration::from_secs(10)).await;
+        assert_eq!(failed.exit_code, Some(3));
+        assert_eq!(
+            failed.failure().as_deref(),
+            Some("hook_failed: before_run exited with code 3: nope")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_hook_past_its_timeout_is_killed_and_its_output_bounded() {
+        let started = std::time::Instant::now();
+        let slow = hook("sleep 30", Duration::from_millis(300)).await;
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert_eq!(slow.exit_code, None);
+        assert!(slow.error.unwrap().starts_with("timed out after 300 ms"));
+        let loud = hook(
+            "head -c 200000 /dev/zero | tr '\\0' a",
+            Duration::from_secs(10),
+        )
+        .await;
+        assert!(loud.stdout.len() < MAX_HOOK_OUTPUT_BYTES + 100);
+        assert!(
+            loud.stdout
+                .ends_with("[… truncated: 200,000 bytes total]\n"),
+            "{}",
+            &loud.stdout[65_000..]
+        );
+    }
+}
