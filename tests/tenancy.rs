@@ -26,6 +26,7 @@ use keel::store::{
 use reqwest::StatusCode;
 use serde_json::json;
 use sqlx::PgPool;
+use support::wait_for;
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -258,6 +259,20 @@ async fn another_workspace_lists_none_of_a_workspaces_rows() {
     let media_owner = Subject::MediaJob(&s.media_job_id);
     let no_filter = schedules::ScheduleFilter::default();
     let (feed, start) = (FeedFilter::default(), FeedCursor::default());
+    // The feed shows an event once every transaction older than its own has ended, in any
+    // database of the cluster: another test running alongside may hold one open a moment.
+    wait_for(
+        Duration::from_secs(20),
+        "A's events to reach its feed",
+        || async {
+            let mut conn = s.pool.acquire().await.unwrap();
+            let listed = events::list_feed(&mut conn, a, &feed, start, 1)
+                .await
+                .unwrap();
+            (!listed.is_empty()).then_some(())
+        },
+    )
+    .await;
 
     // Each list, as (A's count, B's count).
     let counts = [
