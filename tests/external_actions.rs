@@ -382,6 +382,11 @@ async fn a_fresh_comment_is_sent_once_after_approval_and_changed_targets_are_ref
     assert_eq!(page["data"][0]["approval_id"], approval["id"]);
     let (status, body) = app.resolve(&approval, "reject").await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let at = format!("/v1/external-work/sources/{}/status", app.source_id);
+    let (status, body) = app.client.get(&at).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let counts = json!({ "sent": 1, "stale_target": 2, "total": 3 });
+    assert_eq!(body["data"]["actions"], counts, "{body}");
     // The approval never held the run: it ran as any other.
     let run = app
         .client

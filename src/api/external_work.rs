@@ -199,6 +199,8 @@ struct SourceStatus {
     secret: Option<SecretStatus>,
     /// Items by state, with `total`.
     records: BTreeMap<String, i64>,
+    /// The items' proposed tracker actions by status, with `total`.
+    actions: BTreeMap<String, i64>,
     background: Background,
     /// The last poll's error, by what failed (`poll`).
     last_errors: BTreeMap<String, LastError>,
@@ -248,8 +250,12 @@ async fn source_status(
     let mut conn = state.pool.acquire().await?;
     let source = external::get_source(&mut conn, &caller.scope, &source_id).await?;
     let mut records = external::item_counts(&mut conn, &caller.scope, &source_id).await?;
+    let mut actions =
+        external_actions::counts_for_source(&mut conn, &caller.scope, &source_id).await?;
     drop(conn);
-    records.insert("total".into(), records.values().sum());
+    for counts in [&mut records, &mut actions] {
+        counts.insert("total".into(), counts.values().sum());
+    }
     let loaded = poll::load_workflow(&source);
     let tracker = loaded.as_ref().ok().and_then(|w| w.config.tracker.clone());
     let secret = tracker
@@ -290,6 +296,7 @@ async fn source_status(
         workflow,
         secret,
         records,
+        actions,
         background: Background {
             supported: true,
             running,

@@ -2,6 +2,8 @@
 //! proposal, and where the action stands. The `external_action` queue job (ref_id: the
 //! action id) sends it; its approval lives in `approvals` and points here.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
@@ -184,6 +186,24 @@ pub async fn list_for_item(
     .fetch_all(conn)
     .await?;
     Ok(rows)
+}
+
+/// How many of a source's actions are in each status.
+pub async fn counts_for_source(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+) -> Result<BTreeMap<String, i64>> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT a.status, count(*) FROM external_actions a
+         JOIN external_work_items i ON i.id = a.item_id AND i.workspace_id = a.workspace_id
+         WHERE a.workspace_id = $1 AND i.source_id = $2 GROUP BY a.status",
+    )
+    .bind(scope.workspace())
+    .bind(source_id)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().collect())
 }
 
 /// The item an action is proposed on.
