@@ -180,6 +180,22 @@ async fn an_approval_gated_run_exits_3_then_approve_and_watch_exit_0() {
         "the action summary: {text}"
     );
     let approval = approve.rsplit(' ').next().unwrap();
+    let pending = [
+        "approvals",
+        "list",
+        "--task",
+        &task,
+        "--status",
+        "pending",
+        "-q",
+    ];
+    let output = cli(url, &pending).await;
+    assert_eq!(
+        stdout(&output),
+        format!("{approval}\n"),
+        "{}",
+        describe(&output)
+    );
 
     let output = cli(url, &["approvals", "approve", approval]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
@@ -294,9 +310,9 @@ async fn watch_prints_every_line_once_across_an_api_killed_and_restarted() {
         "for i in $(seq 1 12); do echo line $i; sleep 0.4; done",
     )
     .await;
-    let output = cli(&url, &["tasks", "start", &task, "--output", "json"]).await;
-    let run: Value = serde_json::from_slice(&output.stdout).expect("the run as JSON");
-    let run = run["data"]["id"].as_str().unwrap().to_string();
+    let output = cli(&url, &["tasks", "start", &task, "--quiet"]).await;
+    let run = stdout(&output).trim().to_string();
+    assert!(run.starts_with("run_"), "{}", describe(&output));
     let watch = command(&url, &["runs", "watch", &run])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

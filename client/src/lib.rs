@@ -1,7 +1,7 @@
 //! A typed client of Keel's HTTP API (`/v1`): one [`Client`] with a method per operation
 //! (see [`ops`](crate::ops)), errors that keep the server's envelope ([`Error`]), a
 //! paginating stream over every list ([`Call::items`]), event streams that resume with
-//! `Last-EventRecord-ID` after a dropped connection ([`sse`]), and an artifact content reader.
+//! `Last-Event-ID` after a dropped connection ([`sse`]), and an artifact content reader.
 //!
 //! Every operation returns a [`Call`]: await it for the typed value, or call
 //! [`Call::raw`] for the API's JSON exactly as the server sent it.

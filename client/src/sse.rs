@@ -1,5 +1,5 @@
-//! EventRecord streams that survive a dropped connection: after an error, an idle connection or
-//! an end the stream did not announce, the client reconnects with `Last-EventRecord-ID` set to
+//! Event streams that survive a dropped connection: after an error, an idle connection or
+//! an end the stream did not announce, the client reconnects with `Last-Event-ID` set to
 //! the last id it saw, so the server resumes exactly after it (nothing missed, nothing
 //! twice), for as long as [`RECONNECT_FOR`] of failures in a row.
 

@@ -2,7 +2,7 @@
 //! on a terminal, plain lines otherwise), approval prompts with the command that approves,
 //! the run's output lines as they are written, and the exit code of the outcome.
 //!
-//! Nothing is printed twice or lost across a reconnect: events resume by `Last-EventRecord-ID`
+//! Nothing is printed twice or lost across a reconnect: events resume by `Last-Event-ID`
 //! (see `keel_client::sse`), and output is read from the byte offset already printed.
 
 use std::io::IsTerminal;
