@@ -203,12 +203,14 @@ async fn an_approval_gated_run_exits_3_then_approve_and_watch_exit_0() {
     let run = task_json["data"]["latest_run_id"].as_str().unwrap();
     let output = cli(url, &["runs", "watch", run]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
-    assert_eq!(
-        count(&stdout(&output), "approved output"),
-        1,
-        "{}",
-        describe(&output)
+    let text = stdout(&output);
+    assert_eq!(count(&text, "approved output"), 1, "{text}");
+    // The replayed request is history now: no command to approve it again.
+    assert!(
+        text.contains(&format!("approval {approval} approved by")),
+        "{text}"
     );
+    assert!(!text.contains("approve: "), "{text}");
 }
 
 #[tokio::test]

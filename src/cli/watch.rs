@@ -295,6 +295,10 @@ async fn on_event(
             for action in &approval.action_summary {
                 view.line(&format!("    {action}"));
             }
+            // Replayed history holds requests resolved since: only a pending one waits.
+            if approval.status != "pending" {
+                return Ok(false);
+            }
             view.line(&format!(
                 "  approve: {}",
                 command(client, "approve", &approval_id)
@@ -303,9 +307,8 @@ async fn on_event(
                 "  reject:  {}",
                 command(client, "reject", &approval_id)
             ));
-            // Replayed history holds requests resolved since: only a live one waits.
             let status = client.get_run(&run.task_id, &run.id).await?.data.status;
-            return Ok(status == "awaiting_approval" && approval.status == "pending");
+            return Ok(status == "awaiting_approval");
         }
         "approval.resolved" => {
             let by = text("resolved_by");
