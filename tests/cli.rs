@@ -424,3 +424,78 @@ async fn the_other_commands_answer_from_the_api() {
     let (status, _) = keel.client().get(&format!("/v1/tasks/{second}")).await;
     assert_eq!(status, 404);
 }
+
+#[tokio::test]
+async fn a_media_job_is_created_run_and_watched_to_its_end() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    const KEY_ENV: &str = "KEEL_SECRET_TEST_CLI_MEDIA_KEY";
+    let env = [
+        (KEY_ENV, "sk-cli-test"),
+        ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "true"),
+        ("KEEL_PROVIDER_HOSTS", "127.0.0.1"),
+    ];
+    let db = support::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = support::spawn_api_with_env(&db, dir.path(), "api", &env).await;
+    let work = dir.path().join("w");
+    let _worker = support::spawn_worker_with_env(&db, dir.path(), "worker", 5_000, &work, &env);
+    let vendor = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/api/v3/images/generations"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+            "model": "seedream-model", "created": 1,
+            "data": [{ "url": format!("{}/files/out.png", vendor.uri()) }],
+        })))
+        .mount(&vendor)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/files/out.png"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_raw(&b"\x89PNG\r\n\x1a\n"[..], "image/png"),
+        )
+        .mount(&vendor)
+        .await;
+    let client = api.client.clone().unwrap();
+    let (_, preset) = client
+        .post(
+            "/v1/providers",
+            serde_json::json!({
+                "kind": "seedream", "model": "seedream-model", "api": "media-job",
+                "base_url": format!("{}/api/v3", vendor.uri()),
+                "api_key_ref": format!("env:{KEY_ENV}"),
+                "capabilities": ["image_generate"], "enabled": true,
+            }),
+        )
+        .await;
+    let provider = preset["data"]["id"].as_str().expect("a preset").to_string();
+    let url = &client.base;
+
+    let output = cli(url, &["providers", "check", &provider]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    assert!(stdout(&output).contains("ready"), "{}", describe(&output));
+
+    let create = [
+        "media",
+        "create",
+        "--provider",
+        &provider,
+        "--prompt",
+        "a lighthouse",
+    ];
+    let output = cli(url, &[&create[..], &["--quiet", "--watch"]].concat()).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let id = stdout(&output).trim().to_string();
+    assert!(id.starts_with("media_job_"), "{}", describe(&output));
+    let output = cli(url, &["media", "show", &id, "--output", "json"]).await;
+    let job: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(job["data"]["status"], "succeeded", "{job}");
+    // Watching an ended job tells its end at once.
+    let output = cli(url, &["media", "watch", &id]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    assert!(
+        stdout(&output).contains(&format!("media job {id} succeeded")),
+        "{}",
+        describe(&output)
+    );
+}
