@@ -60,6 +60,12 @@ pub struct Client {
 impl Client {
     /// A client of the API at `base_url` (for example `http://127.0.0.1:8420`).
     pub fn new(base_url: &str, credentials: Credentials, timeout: Duration) -> Result<Self, Error> {
+        let base = base_url.trim_end_matches('/').to_string();
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(Error::Usage(format!(
+                "the API URL must start with http:// or https://, not '{base_url}'"
+            )));
+        }
         let mut headers = HeaderMap::new();
         let credential = match credentials {
             Credentials::None => None,
@@ -84,12 +90,6 @@ impl Client {
                 url: base_url.to_string(),
                 source,
             })?;
-        let base = base_url.trim_end_matches('/').to_string();
-        if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(Error::Usage(format!(
-                "the API URL must start with http:// or https://, not '{base_url}'"
-            )));
-        }
         Ok(Client {
             http,
             base,
