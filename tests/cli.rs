@@ -499,3 +499,22 @@ async fn a_media_job_is_created_run_and_watched_to_its_end() {
         describe(&output)
     );
 }
+
+#[tokio::test]
+async fn the_runtime_token_is_sent_when_given() {
+    const TOKEN: &str = "cli-test-runtime-token-0123456789";
+    let db = support::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("KEEL_RUNTIME_TOKEN", TOKEN)];
+    let api = support::spawn_api_with_env(&db, dir.path(), "api", &env).await;
+    let url = &api.client.as_ref().unwrap().base;
+    let output = cli(url, &["tasks", "list"]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("(unauthorized, HTTP 401"),
+        "{}",
+        describe(&output)
+    );
+    let output = cli(url, &["tasks", "list", "--token", TOKEN]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+}

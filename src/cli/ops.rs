@@ -28,14 +28,9 @@ pub struct Remote {
         global = true
     )]
     pub token: Option<String>,
-    /// A signed identity from the trusted proxy (sent as `X-Keel-Identity`).
-    #[arg(
-        long,
-        env = "KEEL_IDENTITY",
-        hide_env_values = true,
-        global = true,
-        conflicts_with = "token"
-    )]
+    /// A signed identity from the trusted proxy (sent as `X-Keel-Identity`); unused when a
+    /// token is given (no conflict error: both may sit in the environment of a server).
+    #[arg(long, env = "KEEL_IDENTITY", hide_env_values = true, global = true)]
     pub identity: Option<String>,
     /// `table` (fit to the terminal) or `json` (the API's JSON unchanged).
     #[arg(long, value_enum, default_value = "table", global = true)]
