@@ -110,25 +110,26 @@ impl<'a> Logs<'a> {
         }
     }
 
-    /// Follows an artifact the run created, if it is one of its output streams.
-    fn add(&mut self, artifact_id: &str, name: &str) {
-        let known = self.tails.iter().any(|t| t.artifact_id == artifact_id);
-        if known || !matches!(name, "stdout" | "stderr") {
-            return;
-        }
-        self.tails.push(Tail {
-            artifact_id: artifact_id.to_string(),
-            to_stderr: name == "stderr",
-            printed: 0,
-            partial: Vec::new(),
-        });
-    }
-
-    /// Prints the complete lines written since the last read. A failed read leaves the
-    /// offsets as they were, so the next read picks up from the same byte.
+    /// Prints the complete lines written since the last read: one listing of the run's
+    /// artifacts tells which output streams exist and which grew, and only those are read.
+    /// A failed read leaves the offsets as they were, so the next one picks up from the
+    /// same byte.
     async fn read(&mut self, client: &Client, view: &View) -> Result<(), Error> {
-        for tail in &mut self.tails {
-            let call = client.artifact_content(&self.run.task_id, &self.run.id, &tail.artifact_id);
+        let (task_id, run_id) = (&self.run.task_id, &self.run.id);
+        let artifacts = client
+            .list_artifacts(task_id, run_id)
+            .query("limit", Some(200))
+            .await?
+            .data;
+        let outputs = artifacts
+            .iter()
+            .filter(|a| matches!(a.name.as_str(), "stdout" | "stderr"));
+        for artifact in outputs {
+            let tail = self.tail(&artifact.id, &artifact.name);
+            if artifact.size_bytes.max(0) as u64 <= tail.printed {
+                continue;
+            }
+            let call = client.artifact_content(task_id, run_id, &artifact.id);
             let bytes = call.tail(tail.printed).await?;
             tail.printed += bytes.len() as u64;
             tail.partial.extend_from_slice(&bytes);
@@ -140,6 +141,23 @@ impl<'a> Logs<'a> {
             }
         }
         Ok(())
+    }
+
+    /// The tail of an output artifact, new at its first sight.
+    fn tail(&mut self, artifact_id: &str, name: &str) -> &mut Tail {
+        let index = match self.tails.iter().position(|t| t.artifact_id == artifact_id) {
+            Some(index) => index,
+            None => {
+                self.tails.push(Tail {
+                    artifact_id: artifact_id.to_string(),
+                    to_stderr: name == "stderr",
+                    printed: 0,
+                    partial: Vec::new(),
+                });
+                self.tails.len() - 1
+            }
+        };
+        &mut self.tails[index]
     }
 
     /// The last read once the run has ended (retried while the API is unreachable), and
@@ -279,7 +297,6 @@ async fn on_event(
             }
             view.line(line.trim_end());
         }
-        "artifact.created" => logs.add(&text("artifact_id"), &text("name")),
         "model.call.completed" => {
             flush_model_text(view, progress);
             view.status(format!("model call {} done", data["model_call_index"]));
@@ -382,18 +399,8 @@ fn seconds(elapsed: chrono::TimeDelta) -> String {
 
 /// `keel runs logs`: the run's output so far, stdout to stdout and stderr to stderr.
 pub async fn print_logs(client: &Client, run: &RunRecord) -> Result<(), Error> {
-    use futures_util::TryStreamExt;
     let view = View { bar: None };
-    let mut logs = Logs::new(run);
-    let artifacts: Vec<_> = client
-        .list_artifacts(&run.task_id, &run.id)
-        .items()
-        .try_collect()
-        .await?;
-    for artifact in &artifacts {
-        logs.add(&artifact.id, &artifact.name);
-    }
-    logs.finish(client, &view).await
+    Logs::new(run).finish(client, &view).await
 }
 
 /// Follows a media job until it ends: its progress events, then its artifacts.
