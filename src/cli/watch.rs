@@ -205,6 +205,17 @@ struct Progress {
 /// Streams `run` until it ends (or, with `no_wait`, until it waits for an approval).
 pub async fn run(client: &Client, run: &RunRecord, no_wait: bool) -> Result<Outcome, Error> {
     let view = View::new();
+    let outcome = follow(client, run, no_wait, &view).await;
+    view.done();
+    outcome
+}
+
+async fn follow(
+    client: &Client,
+    run: &RunRecord,
+    no_wait: bool,
+    view: &View,
+) -> Result<Outcome, Error> {
     view.line(&format!(
         "run {} (task {}, #{}): {}",
         run.id, run.task_id, run.number, run.status
@@ -217,46 +228,29 @@ pub async fn run(client: &Client, run: &RunRecord, no_wait: bool) -> Result<Outc
     loop {
         tokio::select! {
             item = events.next() => match item {
+                // The stream ends only after the run's terminal event.
                 None => break,
-                Some(Err(error)) => {
-                    view.done();
-                    return Err(error);
-                }
-                Some(Ok(RunItem::Delta(delta))) => model_text(&view, &mut progress, &delta.text),
+                Some(Err(error)) => return Err(error),
+                Some(Ok(RunItem::Delta(delta))) => model_text(view, &mut progress, &delta.text),
                 Some(Ok(RunItem::Event(event))) => {
-                    let waits = on_event(client, &view, &mut logs, &mut progress, &event).await?;
+                    let waits = on_event(client, view, &mut logs, &mut progress, &event).await?;
                     if waits && no_wait {
-                        logs.finish(client, &view).await?;
-                        view.done();
+                        logs.finish(client, view).await?;
                         return Ok(Outcome::AwaitingApproval);
                     }
                 }
             },
             _ = poll.tick() => {
                 // The API may be down for a moment: the next tick reads from the same offset.
-                let _ = logs.read(client, &view).await;
+                let _ = logs.read(client, view).await;
             }
         }
     }
-    logs.finish(client, &view).await?;
-    view.done();
-    match progress.outcome {
-        Some(outcome) => Ok(outcome),
-        // The stream ended without a terminal event: the run's status decides.
-        None => Ok(
-            match client
-                .get_run(&run.task_id, &run.id)
-                .await?
-                .data
-                .status
-                .as_str()
-            {
-                "completed" => Outcome::Completed,
-                "cancelled" => Outcome::Cancelled,
-                _ => Outcome::Failed,
-            },
-        ),
-    }
+    // The terminal event printed the last of the output (`on_event`).
+    progress.outcome.ok_or_else(|| Error::Decode {
+        url: format!("the stream of run {}", run.id),
+        message: "it ended before the run did".into(),
+    })
 }
 
 /// Prints what an event says; true when it is an approval the run now waits for.
