@@ -383,11 +383,8 @@ async fn tasks(client: &Client, format: Format, command: TaskCommand) -> Result<
     match command {
         TaskCommand::Create(create) => {
             let call = client.create_task(&create.draft());
-            if create.quiet {
-                println!("{}", call.await?.data.id);
-            } else {
-                output::show(format, call, |t| task_fields(&t.data)).await?;
-            }
+            let id = |t: &ObjectEnvelope<TaskRecord>| t.data.id.clone();
+            output::show_or_id(format, create.quiet, call, id, |t| task_fields(&t.data)).await?;
         }
         TaskCommand::List { status, page } => {
             let headers = ["ID", "KIND", "STATUS", "RUNS", "CREATED", "WHAT"];
@@ -438,11 +435,8 @@ async fn admitted(
         let run = call.await?.data;
         return watch::run(client, &run, args.no_wait).await;
     }
-    if args.quiet {
-        println!("{}", call.await?.data.id);
-    } else {
-        output::show(format, call, |r| run_fields(&r.data)).await?;
-    }
+    let id = |r: &ObjectEnvelope<RunRecord>| r.data.id.clone();
+    output::show_or_id(format, args.quiet, call, id, |r| run_fields(&r.data)).await?;
     Ok(Outcome::Done)
 }
 
@@ -645,12 +639,8 @@ async fn print_job(
     quiet: bool,
     call: Call<'_, ObjectEnvelope<MediaJobRecord>>,
 ) -> Result<MediaJobRecord, Error> {
-    if quiet {
-        let job = call.await?.data;
-        println!("{}", job.id);
-        return Ok(job);
-    }
-    let job = output::show(format, call, |j| media_fields(&j.data)).await?;
+    let id = |j: &ObjectEnvelope<MediaJobRecord>| j.data.id.clone();
+    let job = output::show_or_id(format, quiet, call, id, |j| media_fields(&j.data)).await?;
     Ok(job.data)
 }
 

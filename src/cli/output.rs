@@ -142,6 +142,23 @@ pub async fn show<T: DeserializeOwned>(
     }
 }
 
+/// Prints a new resource's id alone (`--quiet`, for `$(…)` in scripts), or the answer as
+/// [`show`] does.
+pub async fn show_or_id<T: DeserializeOwned>(
+    format: Format,
+    quiet: bool,
+    call: Call<'_, T>,
+    id: impl FnOnce(&T) -> String,
+    render: impl FnOnce(&T) -> Table,
+) -> Result<T, Error> {
+    if !quiet {
+        return show(format, call, render).await;
+    }
+    let value = call.send().await?;
+    println!("{}", id(&value));
+    Ok(value)
+}
+
 /// How much of a list to print.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PageArgs {
