@@ -1,4 +1,4 @@
-//! One request to the API, built by an operation of [`ops`](crate::ops): awaited it yields
+//! One request to the API, built by an operation of [`Client`]: awaited it yields
 //! the typed answer, [`Call::raw`] the answer's bytes unchanged, and on a list
 //! [`Call::items`] every item of every page.
 

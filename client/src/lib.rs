@@ -1,5 +1,5 @@
-//! A typed client of Keel's HTTP API (`/v1`): one [`Client`] with a method per operation
-//! (see [`ops`](crate::ops)), errors that keep the server's envelope ([`Error`]), a
+//! A typed client of Keel's HTTP API (`/v1`): one [`Client`] with a method per operation,
+//! errors that keep the server's envelope ([`Error`]), a
 //! paginating stream over every list ([`Call::items`]), event streams that resume with
 //! `Last-Event-ID` after a dropped connection ([`sse`]), and an artifact content reader.
 //!
@@ -8,7 +8,7 @@
 
 mod call;
 mod error;
-pub mod ops;
+mod ops;
 pub mod sse;
 pub mod types;
 

@@ -49,13 +49,13 @@ impl Table {
 
     pub fn print(&self) {
         let mut stdout = std::io::stdout().lock();
-        let lines = match self.ids_only {
-            true => self
-                .rows
+        let lines = if self.ids_only {
+            self.rows
                 .iter()
                 .filter_map(|r| r.first().cloned())
-                .collect(),
-            false => self.lines(terminal_width()),
+                .collect()
+        } else {
+            self.lines(terminal_width())
         };
         for line in lines {
             // A closed pipe (`| head`) ends the output, not the command.
