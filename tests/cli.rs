@@ -180,6 +180,22 @@ async fn an_approval_gated_run_exits_3_then_approve_and_watch_exit_0() {
         "the action summary: {text}"
     );
     let approval = approve.rsplit(' ').next().unwrap();
+    let pending = [
+        "approvals",
+        "list",
+        "--task",
+        &task,
+        "--status",
+        "pending",
+        "-q",
+    ];
+    let output = cli(url, &pending).await;
+    assert_eq!(
+        stdout(&output),
+        format!("{approval}\n"),
+        "{}",
+        describe(&output)
+    );
 
     let output = cli(url, &["approvals", "approve", approval]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
@@ -187,12 +203,14 @@ async fn an_approval_gated_run_exits_3_then_approve_and_watch_exit_0() {
     let run = task_json["data"]["latest_run_id"].as_str().unwrap();
     let output = cli(url, &["runs", "watch", run]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
-    assert_eq!(
-        count(&stdout(&output), "approved output"),
-        1,
-        "{}",
-        describe(&output)
+    let text = stdout(&output);
+    assert_eq!(count(&text, "approved output"), 1, "{text}");
+    // The replayed request is history now: no command to approve it again.
+    assert!(
+        text.contains(&format!("approval {approval} approved by")),
+        "{text}"
     );
+    assert!(!text.contains("approve: "), "{text}");
 }
 
 #[tokio::test]
@@ -294,9 +312,9 @@ async fn watch_prints_every_line_once_across_an_api_killed_and_restarted() {
         "for i in $(seq 1 12); do echo line $i; sleep 0.4; done",
     )
     .await;
-    let output = cli(&url, &["tasks", "start", &task, "--output", "json"]).await;
-    let run: Value = serde_json::from_slice(&output.stdout).expect("the run as JSON");
-    let run = run["data"]["id"].as_str().unwrap().to_string();
+    let output = cli(&url, &["tasks", "start", &task, "--quiet"]).await;
+    let run = stdout(&output).trim().to_string();
+    assert!(run.starts_with("run_"), "{}", describe(&output));
     let watch = command(&url, &["runs", "watch", &run])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -405,4 +423,98 @@ async fn the_other_commands_answer_from_the_api() {
     assert_eq!(code(&output), 0, "{}", describe(&output));
     let (status, _) = keel.client().get(&format!("/v1/tasks/{second}")).await;
     assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn a_media_job_is_created_run_and_watched_to_its_end() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    const KEY_ENV: &str = "KEEL_SECRET_TEST_CLI_MEDIA_KEY";
+    let env = [
+        (KEY_ENV, "sk-cli-test"),
+        ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "true"),
+        ("KEEL_PROVIDER_HOSTS", "127.0.0.1"),
+    ];
+    let db = support::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = support::spawn_api_with_env(&db, dir.path(), "api", &env).await;
+    let work = dir.path().join("w");
+    let _worker = support::spawn_worker_with_env(&db, dir.path(), "worker", 5_000, &work, &env);
+    let vendor = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/api/v3/images/generations"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+            "model": "seedream-model", "created": 1,
+            "data": [{ "url": format!("{}/files/out.png", vendor.uri()) }],
+        })))
+        .mount(&vendor)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/files/out.png"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_raw(&b"\x89PNG\r\n\x1a\n"[..], "image/png"),
+        )
+        .mount(&vendor)
+        .await;
+    let client = api.client.clone().unwrap();
+    let (_, preset) = client
+        .post(
+            "/v1/providers",
+            serde_json::json!({
+                "kind": "seedream", "model": "seedream-model", "api": "media-job",
+                "base_url": format!("{}/api/v3", vendor.uri()),
+                "api_key_ref": format!("env:{KEY_ENV}"),
+                "capabilities": ["image_generate"], "enabled": true,
+            }),
+        )
+        .await;
+    let provider = preset["data"]["id"].as_str().expect("a preset").to_string();
+    let url = &client.base;
+
+    let output = cli(url, &["providers", "check", &provider]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    assert!(stdout(&output).contains("ready"), "{}", describe(&output));
+
+    let create = [
+        "media",
+        "create",
+        "--provider",
+        &provider,
+        "--prompt",
+        "a lighthouse",
+    ];
+    let output = cli(url, &[&create[..], &["--quiet", "--watch"]].concat()).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let id = stdout(&output).trim().to_string();
+    assert!(id.starts_with("media_job_"), "{}", describe(&output));
+    let output = cli(url, &["media", "show", &id, "--output", "json"]).await;
+    let job: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(job["data"]["status"], "succeeded", "{job}");
+    // Watching an ended job tells its end at once.
+    let output = cli(url, &["media", "watch", &id]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    assert!(
+        stdout(&output).contains(&format!("media job {id} succeeded")),
+        "{}",
+        describe(&output)
+    );
+}
+
+#[tokio::test]
+async fn the_runtime_token_is_sent_when_given() {
+    const TOKEN: &str = "cli-test-runtime-token-0123456789";
+    let db = support::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("KEEL_RUNTIME_TOKEN", TOKEN)];
+    let api = support::spawn_api_with_env(&db, dir.path(), "api", &env).await;
+    let url = &api.client.as_ref().unwrap().base;
+    let output = cli(url, &["tasks", "list"]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("(unauthorized, HTTP 401"),
+        "{}",
+        describe(&output)
+    );
+    let output = cli(url, &["tasks", "list", "--token", TOKEN]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
 }

@@ -271,3 +271,137 @@ async fn hostile_input_gets_a_4xx_with_the_envelope() {
     )
     .await;
 }
+
+/// The document says exactly what the server takes: a task draft is a union on
+/// `execution_kind` whose variants require their own fields and refuse others', the
+/// resolve and schedule bodies are unions too, and closed sets are enums, query filters
+/// included.
+#[test]
+fn the_document_states_unions_bounds_and_closed_sets() {
+    let doc = serde_json::to_value(keel::api::openapi()).unwrap();
+    let schemas = &doc["components"]["schemas"];
+    let variants = |union: &str, tag: &str| -> Vec<(String, Value)> {
+        let union = &schemas[union];
+        assert_eq!(union["discriminator"]["propertyName"], tag, "{union}");
+        let mapping = union["discriminator"]["mapping"].as_object().unwrap();
+        assert_eq!(union["oneOf"].as_array().unwrap().len(), mapping.len());
+        mapping
+            .iter()
+            .map(|(value, reference)| {
+                let name = reference.as_str().unwrap().rsplit('/').next().unwrap();
+                let variant = schemas[name].clone();
+                assert_eq!(
+                    variant["properties"][tag]["enum"],
+                    serde_json::json!([value])
+                );
+                assert_eq!(variant["additionalProperties"], false, "{name}");
+                (value.clone(), variant)
+            })
+            .collect()
+    };
+    let required = |variant: &Value, field: &str| {
+        variant["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f == field)
+    };
+
+    let tasks = variants("TaskDraft", "execution_kind");
+    let kinds: Vec<&str> = tasks.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(kinds, ["agent_loop", "file", "git", "shell"]);
+    for (kind, variant) in &tasks {
+        let own = match kind.as_str() {
+            "shell" => "shell_command",
+            "git" => "git_command",
+            "file" => "file_operation",
+            _ => "prompt",
+        };
+        assert!(
+            required(variant, own) && required(variant, "execution_kind"),
+            "{kind}"
+        );
+        let fields = &variant["properties"];
+        assert_eq!(fields["budget_micros_usd"]["minimum"], 0, "{kind}");
+        assert_eq!(fields["timeout_ms"]["minimum"], 1, "{kind}");
+        // Another kind's field is refused, not ignored.
+        let foreign = if kind == "shell" {
+            "git_command"
+        } else {
+            "shell_command"
+        };
+        assert!(fields[foreign].is_null(), "{kind} takes {foreign}");
+    }
+    let file = &tasks[1].1["properties"];
+    assert_eq!(
+        file["file_operation"]["enum"],
+        serde_json::json!(["write", "append", "delete"])
+    );
+
+    let decisions = variants("ResolveRequest", "decision");
+    assert_eq!(decisions.len(), 2);
+    let schedules = variants("ScheduleDraft", "kind");
+    for (kind, variant) in &schedules {
+        assert!(
+            required(variant, "timezone") && required(variant, "enabled"),
+            "{kind}"
+        );
+        assert_eq!(variant["properties"]["revision"]["minimum"], 1, "{kind}");
+    }
+
+    let enum_of = |schema: &Value| -> Vec<String> {
+        let schema = match schema["$ref"].as_str() {
+            Some(reference) => &schemas[reference.rsplit('/').next().unwrap()],
+            None => schema,
+        };
+        let values = schema["enum"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{schema}"));
+        values
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    };
+    let parameter = |path: &str, name: &str| -> Value {
+        let parameters = doc["paths"][path]["get"]["parameters"].as_array().unwrap();
+        let found = parameters.iter().find(|p| p["name"] == name);
+        found.unwrap_or_else(|| panic!("{path} has no {name}"))["schema"].clone()
+    };
+    for (path, name, count) in [
+        ("/v1/tasks", "status", 7),
+        ("/v1/approvals", "status", 5),
+        ("/v1/media-jobs", "status", 5),
+        ("/v1/runtime/leases", "status", 3),
+        ("/v1/state-transitions", "entity_type", 5),
+        ("/v1/usage/summary", "scope", 3),
+        ("/v1/secrets/status", "purpose", 6),
+    ] {
+        let values = enum_of(&parameter(path, name));
+        assert_eq!(values.len(), count, "{path} {name}: {values:?}");
+        assert!(values.iter().all(|v| !v.is_empty()), "{path} {name}");
+    }
+    assert!(enum_of(&parameter("/v1/tasks", "status")).contains(&"not_started".to_string()));
+
+    // Every reference resolves.
+    let text = doc.to_string();
+    for reference in text.split("\"#/components/schemas/").skip(1) {
+        let name = reference.split('"').next().unwrap();
+        assert!(schemas[name].is_object(), "dangling reference to {name}");
+    }
+
+    // PostgreSQL stores no NUL, so no string parameter takes one.
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for operation in item.as_object().unwrap().values() {
+            let parameters = operation["parameters"].as_array().into_iter().flatten();
+            for schema in parameters.map(|p| &p["schema"]) {
+                let free_text = schema["type"] == "string"
+                    && schema["enum"].is_null()
+                    && schema["format"].is_null();
+                if free_text {
+                    let pattern = schema["pattern"].as_str().unwrap_or_default();
+                    assert!(!pattern.is_empty(), "{path}: {schema}");
+                }
+            }
+        }
+    }
+}

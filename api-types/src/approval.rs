@@ -1,10 +1,14 @@
 //! Approvals: human gates on runs, as the API shows them, and the body that resolves one.
 
+use std::borrow::Cow;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+use utoipa::openapi::{RefOr, schema::Schema};
 
 use crate::RunRecord;
+use crate::schema::{Field, NO_NUL, Variant, boolean, string, tagged_union};
 
 /// What an approval gates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
@@ -34,40 +38,15 @@ impl ApprovalKind {
     }
 }
 
-/// Where an approval stands. A pending approval past its `expires_at` reads as `expired`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ApprovalStatus {
-    Pending,
-    Approved,
-    Rejected,
-    Cancelled,
-    Expired,
-}
-
-impl ApprovalStatus {
-    pub const ALL: [ApprovalStatus; 5] = [
-        ApprovalStatus::Pending,
-        ApprovalStatus::Approved,
-        ApprovalStatus::Rejected,
-        ApprovalStatus::Cancelled,
-        ApprovalStatus::Expired,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApprovalStatus::Pending => "pending",
-            ApprovalStatus::Approved => "approved",
-            ApprovalStatus::Rejected => "rejected",
-            ApprovalStatus::Cancelled => "cancelled",
-            ApprovalStatus::Expired => "expired",
-        }
-    }
-
-    pub fn parse(value: &str) -> Option<ApprovalStatus> {
-        ApprovalStatus::ALL
-            .into_iter()
-            .find(|s| s.as_str() == value)
+closed_set! {
+    /// Where an approval stands. A pending approval past its `expires_at` reads as
+    /// `expired`.
+    ApprovalStatus {
+        Pending = "pending",
+        Approved = "approved",
+        Rejected = "rejected",
+        Cancelled = "cancelled",
+        Expired = "expired",
     }
 }
 
@@ -105,21 +84,81 @@ pub struct ApprovalRecord {
     pub resolved_at: Option<DateTime<Utc>>,
 }
 
-/// The body of `POST …/approvals/{approval_id}/resolve`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+/// The body of `POST …/approvals/{approval_id}/resolve`. The fields are optional here so
+/// the server can name the one at fault; the document states the contract, a union on
+/// `decision`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({ "decision": "approve", "note": "checked the command" }))]
 pub struct ResolveRequest {
     /// `approve` or `reject` (required).
-    #[schema(example = "approve")]
     pub decision: Option<String>,
     /// Why; kept on the approval (at most 4096 bytes).
     pub note: Option<String>,
     /// With `reject`, on an `agent_loop_tool_call` approval only: the model reads a refusal
     /// as each gated call's result and the run goes on instead of being cancelled.
     #[serde(rename = "continue")]
-    #[schema(rename = "continue")]
     pub continue_on_reject: Option<bool>,
+}
+
+/// Longest decision note (bytes).
+const MAX_NOTE_BYTES: usize = 4096;
+
+impl utoipa::PartialSchema for ResolveRequest {
+    fn schema() -> RefOr<Schema> {
+        resolve_union(&mut Vec::new())
+    }
+}
+
+impl ToSchema for ResolveRequest {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("ResolveRequest")
+    }
+
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        resolve_union(schemas);
+    }
+}
+
+fn resolve_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
+    let note = || -> Field {
+        let note = string(true, NO_NUL, Some(MAX_NOTE_BYTES));
+        (
+            "note",
+            false,
+            note.description(Some("Why; kept on the approval (at most 4096 bytes)."))
+                .into(),
+        )
+    };
+    let never = boolean(true)
+        .enum_values(Some([
+            serde_json::Value::Bool(false),
+            serde_json::Value::Null,
+        ]))
+        .description(Some("Only a rejection can continue."));
+    let continues = boolean(true).description(Some(
+        "On an `agent_loop_tool_call` approval only (400 on another kind): the model reads \
+         a refusal as each gated call's result and the run goes on instead of being \
+         cancelled.",
+    ));
+    tagged_union(
+        "decision",
+        "A decision on a pending approval.",
+        vec![
+            Variant {
+                tag: "approve",
+                name: "ApproveRequest",
+                description: "Approve: the last approved gate queues the run.",
+                fields: vec![note(), ("continue", false, never.into())],
+            },
+            Variant {
+                tag: "reject",
+                name: "RejectRequest",
+                description: "Reject: the run is cancelled, unless it continues.",
+                fields: vec![note(), ("continue", false, continues.into())],
+            },
+        ],
+        schemas,
+    )
 }
 
 /// A decision's result: the approval and the run it gated.
@@ -127,16 +166,4 @@ pub struct ResolveRequest {
 pub struct Resolution {
     pub approval: ApprovalRecord,
     pub run: RunRecord,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ApprovalStatus;
-
-    #[test]
-    fn status_names_round_trip() {
-        for status in ApprovalStatus::ALL {
-            assert_eq!(ApprovalStatus::parse(status.as_str()), Some(status));
-        }
-    }
 }

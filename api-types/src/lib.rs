@@ -18,6 +18,47 @@
 //! from PostgreSQL. Row fields the API never renders (`#[serde(skip)]`) exist only for
 //! that reading and are always `None` or empty in a client.
 
+/// A closed set of names: the enum, its wire names, `ALL`, `as_str` and `parse`.
+macro_rules! closed_set {
+    ($(#[$meta:meta])* $name:ident { $($(#[$variant_meta:meta])* $variant:ident = $text:literal,)+ }) => {
+        $(#[$meta])*
+        #[derive(
+            Debug, Clone, Copy, PartialEq, Eq, Hash,
+            serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+        )]
+        // The wire names are the variants' in snake_case (a `rename` from a macro
+        // fragment is lost on utoipa); the tests check them against `as_str`.
+        #[serde(rename_all = "snake_case")]
+        pub enum $name {
+            $($(#[$variant_meta])* $variant,)+
+        }
+
+        impl $name {
+            pub const ALL: [$name; [$($text),+].len()] = [$($name::$variant),+];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+
+            pub fn parse(value: &str) -> Option<$name> {
+                $name::ALL.into_iter().find(|v| v.as_str() == value)
+            }
+
+            /// The names, for messages: `a, b or c`.
+            pub fn names() -> String {
+                let names: Vec<&str> = $name::ALL.iter().map(|v| v.as_str()).collect();
+                match names.split_last() {
+                    Some((last, [])) => last.to_string(),
+                    Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+                    None => String::new(),
+                }
+            }
+        }
+    };
+}
+
 mod approval;
 mod envelope;
 mod event;
@@ -25,6 +66,8 @@ mod media;
 mod provider;
 mod run;
 mod schedule;
+pub mod schema;
+mod sets;
 mod system;
 mod task;
 
@@ -35,5 +78,6 @@ pub use media::*;
 pub use provider::*;
 pub use run::*;
 pub use schedule::*;
+pub use sets::*;
 pub use system::*;
 pub use task::*;

@@ -8,6 +8,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::MediaOperation;
+use crate::schema::JsonObject;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum MediaJobStatus {
@@ -129,14 +132,20 @@ pub struct MediaJobDraft {
     /// The id of an enabled provider preset with `api: "media-job"`.
     #[schema(example = "provider_0190...")]
     pub provider_id: String,
-    /// `image_generate`, `image_edit` or `video_generate`; the preset must list it.
-    #[schema(example = "image_generate")]
+    /// The preset must be enabled, speak `media-job` and list the operation in its
+    /// capabilities (422 `provider_disabled` or `unsupported_capability` otherwise).
+    #[schema(value_type = MediaOperation, example = "image_generate")]
     pub operation: String,
-    #[schema(example = "A lighthouse at dusk, watercolour")]
+    /// Not blank, at most 32 KiB of UTF-8.
+    #[schema(
+        example = "A lighthouse at dusk, watercolour",
+        pattern = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$",
+        max_length = 32768
+    )]
     pub prompt: String,
     /// Vendor options (`size`, `n`, `image` for edits, …).
     #[serde(default = "empty_object")]
-    #[schema(value_type = Object)]
+    #[schema(value_type = JsonObject)]
     pub input: serde_json::Value,
 }
 

@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+use utoipa::openapi::schema::ObjectBuilder;
+
+use crate::schema::{JsonObject, one_of_strings};
 
 /// A preset as the API shows it: its fields, and whether its secrets resolve here.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -42,17 +45,27 @@ pub struct ProviderView {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderDraft {
-    #[schema(example = "seedance")]
+    /// `openai-images`, `seedream` or `seedance` for media presets; any slug for chat ones.
+    #[schema(example = "seedance", pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
     pub kind: String,
     pub display_name: Option<String>,
+    /// A slug; absent: the preset's `kind`.
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
     pub provider_id: Option<String>,
-    #[schema(example = "seedance-1-0-pro-250528")]
+    #[schema(
+        example = "seedance-1-0-pro-250528",
+        pattern = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$",
+        max_length = 200
+    )]
     pub model: String,
-    #[schema(example = "media-job")]
+    #[schema(schema_with = api_schema)]
     pub api: String,
+    /// An http or https URL without a fragment; a media preset's host must be its vendor's
+    /// documented one or in KEEL_PROVIDER_HOSTS (422 otherwise).
     #[schema(example = "https://ark.ap-southeast.bytepluses.com/api/v3")]
     pub base_url: String,
-    /// `env:NAME`, `file:/absolute/path` or `keychain:NAME`.
+    /// `env:NAME`, `file:/absolute/path` or `keychain:NAME`, allowed by the operator's
+    /// secret policy (422 otherwise).
     #[schema(example = "env:ARK_API_KEY")]
     pub api_key_ref: Option<String>,
     #[serde(default)]
@@ -65,7 +78,7 @@ pub struct ProviderDraft {
     #[serde(default)]
     pub input: Vec<String>,
     #[serde(default)]
-    #[schema(value_type = Object)]
+    #[schema(value_type = JsonObject)]
     pub compat: serde_json::Map<String, serde_json::Value>,
     #[serde(default)]
     pub enabled: bool,
@@ -75,10 +88,14 @@ pub struct ProviderDraft {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderPatch {
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
     pub kind: Option<String>,
     pub display_name: Option<String>,
+    #[schema(pattern = "^[a-z0-9][a-z0-9-]{0,63}$")]
     pub provider_id: Option<String>,
+    #[schema(pattern = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$", max_length = 200)]
     pub model: Option<String>,
+    #[schema(schema_with = nullable_api_schema)]
     pub api: Option<String>,
     pub base_url: Option<String>,
     #[serde(
@@ -92,7 +109,7 @@ pub struct ProviderPatch {
     pub secret_header_refs: Option<BTreeMap<String, String>>,
     pub capabilities: Option<Vec<String>>,
     pub input: Option<Vec<String>>,
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<JsonObject>)]
     pub compat: Option<serde_json::Map<String, serde_json::Value>>,
     pub enabled: Option<bool>,
 }
@@ -102,6 +119,22 @@ fn present<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
 ) -> std::result::Result<Option<Option<String>>, D::Error> {
     Option::<String>::deserialize(deserializer).map(Some)
+}
+
+/// The wire protocols a preset may speak.
+const APIS: [&str; 4] = [
+    "media-job",
+    "openai-completions",
+    "openai-responses",
+    "anthropic-messages",
+];
+
+fn api_schema() -> ObjectBuilder {
+    one_of_strings(false, &APIS).description(Some("The wire protocol the preset speaks."))
+}
+
+fn nullable_api_schema() -> ObjectBuilder {
+    one_of_strings(true, &APIS).description(Some("The wire protocol the preset speaks."))
 }
 
 /// The outcome of a provider check.

@@ -1,16 +1,20 @@
 //! Schedules: a task's one trigger, `once` at an instant or `cron` in an IANA time zone.
 
+use std::borrow::Cow;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{KnownFormat, Schema, SchemaFormat};
 
-/// The body of `PUT /v1/tasks/{id}/schedule`, as the client sent it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+use crate::schema::{Field, NO_NUL, NOT_BLANK, Variant, boolean, integer, string, tagged_union};
+
+/// The body of `PUT /v1/tasks/{id}/schedule`, as the client sent it. The fields are
+/// optional here so the server can name the one at fault; the document states the
+/// contract, a union on `kind`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({
-    "kind": "cron", "timezone": "Europe/Madrid", "cron_expression": "0 9 * * 1-5",
-    "enabled": true, "revision": 3
-}))]
 pub struct ScheduleDraft {
     pub kind: Option<String>,
     pub timezone: Option<String>,
@@ -20,6 +24,77 @@ pub struct ScheduleDraft {
     /// The revision the client read; a stale one makes the edit fail instead of
     /// overwriting what a dispatcher or another edit did since.
     pub revision: Option<i64>,
+}
+
+/// Longest cron expression (bytes).
+const MAX_EXPRESSION_BYTES: usize = 256;
+
+impl utoipa::PartialSchema for ScheduleDraft {
+    fn schema() -> RefOr<Schema> {
+        schedule_union(&mut Vec::new())
+    }
+}
+
+impl ToSchema for ScheduleDraft {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("ScheduleDraft")
+    }
+
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schedule_union(schemas);
+    }
+}
+
+fn schedule_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
+    let common = || -> Vec<Field> {
+        let timezone = string(false, NOT_BLANK, None).description(Some(
+            "An IANA time zone such as `Europe/Madrid` or `UTC` (422 for a name the tz \
+             database does not know).",
+        ));
+        let revision = integer(true, 1, i64::MAX).description(Some(
+            "The revision the client read; a stale one makes the edit fail (409) instead of \
+             overwriting what a dispatcher or another edit did since.",
+        ));
+        vec![
+            ("timezone", true, timezone.into()),
+            ("enabled", true, boolean(false).into()),
+            ("revision", false, revision.into()),
+        ]
+    };
+    let run_at = string(false, NO_NUL, None)
+        .format(Some(SchemaFormat::KnownFormat(KnownFormat::DateTime)))
+        .description(Some(
+            "An RFC 3339 instant in the future (422 once it has passed).",
+        ));
+    let cron = string(false, NOT_BLANK, Some(MAX_EXPRESSION_BYTES)).description(Some(
+        "A standard five-field cron expression (minute hour day-of-month month day-of-week, \
+         names allowed) that fires at least once more; 422 for one that does not parse.",
+    ));
+    let variant = |tag, name, description, field: Field| Variant {
+        tag,
+        name,
+        description,
+        fields: std::iter::once(field).chain(common()).collect(),
+    };
+    tagged_union(
+        "kind",
+        "A task's one trigger, by `kind`.",
+        vec![
+            variant(
+                "once",
+                "OnceScheduleDraft",
+                "Fire once, at `run_at`.",
+                ("run_at", true, run_at.into()),
+            ),
+            variant(
+                "cron",
+                "CronScheduleDraft",
+                "Fire at every time the expression names, on the zone's wall clock.",
+                ("cron_expression", true, cron.into()),
+            ),
+        ],
+        schemas,
+    )
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -1,18 +1,25 @@
 //! Tasks: the body that creates one, the task as the API shows it, and its status.
 
+use std::borrow::Cow;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+use utoipa::openapi::{RefOr, schema::Schema};
 
 use crate::RunStatus;
+use crate::schema::{
+    Field, NO_NUL, NOT_BLANK, Variant, boolean, integer, names, one_of_strings, string,
+    tagged_union,
+};
 
 /// The body of `POST /v1/tasks`, as the client sent it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+///
+/// Every field is optional here so the server can name the one at fault; the document
+/// states the contract instead, as a union with one variant per `execution_kind` (see
+/// [`TaskDraft::schema`](utoipa::PartialSchema::schema)).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({
-    "execution_kind": "shell", "shell_command": "echo hello from keel",
-    "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000
-}))]
 pub struct TaskDraft {
     pub execution_kind: Option<String>,
     pub prompt: Option<String>,
@@ -47,6 +54,269 @@ pub struct TaskDraft {
     /// For `agent_loop`: the tools the model may call (a subset of the catalog); absent:
     /// the whole catalog the sandbox allows.
     pub tools: Option<Vec<String>>,
+}
+
+/// Longest command of a shell or git task, and longest prompt or system prompt (bytes).
+const MAX_COMMAND_BYTES: usize = 64 * 1024;
+/// Longest content of a file task (bytes).
+const MAX_FILE_CONTENT_BYTES: usize = 1024 * 1024;
+/// The server's default `KEEL_RUN_TIMEOUT_MAX_MS` (24 h).
+const DEFAULT_MAX_TIMEOUT_MS: i64 = 24 * 3600 * 1000;
+
+impl utoipa::PartialSchema for TaskDraft {
+    fn schema() -> RefOr<Schema> {
+        task_draft_union(&mut Vec::new())
+    }
+}
+
+impl ToSchema for TaskDraft {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("TaskDraft")
+    }
+
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        task_draft_union(schemas);
+    }
+}
+
+/// The draft as a union on `execution_kind`. Rules JSON Schema cannot state are in the
+/// descriptions, and the server answers 422 naming the field.
+fn task_draft_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
+    let command = |description: &'static str| -> RefOr<Schema> {
+        string(false, NOT_BLANK, Some(MAX_COMMAND_BYTES))
+            .description(Some(description))
+            .into()
+    };
+    let not_blank = |description: &'static str| -> RefOr<Schema> {
+        string(true, NOT_BLANK, None)
+            .description(Some(description))
+            .into()
+    };
+    let shell = vec![(
+        "shell_command",
+        true,
+        command("Run with `sh -c` (at most 64 KiB of UTF-8)."),
+    )];
+    let git = vec![(
+        "git_command",
+        true,
+        command(
+            "The arguments of `git`, split like a shell would; the quotes must balance \
+             (422 otherwise). At most 64 KiB of UTF-8.",
+        ),
+    )];
+    let file = vec![
+        (
+            "file_path",
+            true,
+            string(false, NOT_BLANK, None)
+                .description(Some(
+                    "A path relative to the workspace naming a file in it: not absolute, no \
+                     `..` component (422 otherwise).",
+                ))
+                .into(),
+        ),
+        (
+            "file_operation",
+            true,
+            one_of_strings(false, &["write", "append", "delete"]).into(),
+        ),
+        (
+            "file_content",
+            false,
+            string(true, NO_NUL, Some(MAX_FILE_CONTENT_BYTES))
+                .description(Some(
+                    "Required for `write` and `append`, refused for `delete` (422). At most \
+                     1 MiB of UTF-8.",
+                ))
+                .into(),
+        ),
+        (
+            "sandbox_read_only",
+            false,
+            boolean(true)
+                .enum_values(Some([
+                    serde_json::Value::Bool(false),
+                    serde_json::Value::Null,
+                ]))
+                .description(Some(
+                    "A file task changes its workspace, so it cannot be read-only.",
+                ))
+                .into(),
+        ),
+    ];
+    let agent_loop = vec![
+        (
+            "prompt",
+            true,
+            string(false, NOT_BLANK, Some(MAX_COMMAND_BYTES))
+                .description(Some(
+                    "The user message the loop starts with (at most 64 KiB).",
+                ))
+                .into(),
+        ),
+        (
+            "system_prompt",
+            false,
+            string(true, NO_NUL, Some(MAX_COMMAND_BYTES))
+                .description(Some("The system prompt the conversation starts with."))
+                .into(),
+        ),
+        (
+            "requested_provider",
+            false,
+            not_blank(
+                "A chat provider preset's id; absent: the workspace's first enabled chat \
+                 preset. Starting the task fails (409) if no such preset is enabled.",
+            ),
+        ),
+        (
+            "requested_model",
+            false,
+            not_blank("The model to ask for, instead of the preset's."),
+        ),
+        (
+            "max_model_calls",
+            false,
+            integer(true, 1, i32::MAX.into())
+                .description(Some("The most model calls across the run's resume chain."))
+                .into(),
+        ),
+        (
+            "tools",
+            false,
+            names(
+                "The tools the model may call, each once, from the catalog (`read_file`, \
+                 `list_dir`, `grep`, `glob`, `file_write`, `file_edit`, `apply_patch`, \
+                 `shell_exec`, …; an unknown name is refused with 422); absent: the whole \
+                 catalog the sandbox allows.",
+            ),
+        ),
+    ];
+    let variant = |tag, name, description, fields: Vec<Field>| Variant {
+        tag,
+        name,
+        description,
+        fields: fields.into_iter().chain(common_fields(tag)).collect(),
+    };
+    tagged_union(
+        "execution_kind",
+        "A task to create, by `execution_kind`.",
+        vec![
+            variant("shell", "ShellTaskDraft", "A shell command.", shell),
+            variant("git", "GitTaskDraft", "A git command.", git),
+            variant(
+                "file",
+                "FileTaskDraft",
+                "A file write, append or delete.",
+                file,
+            ),
+            variant(
+                "agent_loop",
+                "AgentLoopTaskDraft",
+                "A model loop calling tools in the workspace.",
+                agent_loop,
+            ),
+        ],
+        schemas,
+    )
+}
+
+/// The fields every kind takes (`prompt` and `sandbox_read_only` where the kind does not
+/// state its own).
+fn common_fields(kind: &str) -> Vec<Field> {
+    let mut fields: Vec<Field> = vec![
+        (
+            "workspace_mode",
+            false,
+            one_of_strings(true, &["ephemeral", "in_place"])
+                .description(Some(
+                    "`ephemeral` (default): a fresh directory per run. `in_place`: \
+                     `working_directory` as it is, only where the operator configured \
+                     workspace roots (KEEL_WORKSPACE_ROOTS; 422 otherwise).",
+                ))
+                .into(),
+        ),
+        (
+            "working_directory",
+            false,
+            string(true, NO_NUL, None)
+                .description(Some(
+                    "`in_place` only (required there, refused otherwise): an absolute \
+                     directory without `..`, beneath a workspace root and outside Keel's \
+                     data directory once links are resolved (422 otherwise).",
+                ))
+                .into(),
+        ),
+        (
+            "sandbox_allowed_root",
+            false,
+            string(true, NO_NUL, None)
+                .description(Some(
+                    "`in_place` only: an absolute directory beneath a workspace root that \
+                     `working_directory` must lie beneath, narrowing the roots for this \
+                     task.",
+                ))
+                .into(),
+        ),
+        (
+            "sandbox_network",
+            false,
+            boolean(true)
+                .description(Some(
+                    "Whether shell and git children may use the network (default true); \
+                     false runs them with only loopback.",
+                ))
+                .into(),
+        ),
+        (
+            "timeout_ms",
+            false,
+            integer(true, 1, DEFAULT_MAX_TIMEOUT_MS)
+                .description(Some(
+                    "At most KEEL_RUN_TIMEOUT_MAX_MS (24 h unless the operator changed it); \
+                     absent: KEEL_RUN_TIMEOUT_MS.",
+                ))
+                .into(),
+        ),
+        (
+            "priority",
+            false,
+            integer(true, i32::MIN.into(), i32::MAX.into())
+                .description(Some("Higher runs first (default 0)."))
+                .into(),
+        ),
+        (
+            "budget_micros_usd",
+            false,
+            integer(true, 0, i64::MAX)
+                .description(Some(
+                    "Cost ceiling of the task's runs in micro-USD; 0 or absent: none.",
+                ))
+                .into(),
+        ),
+    ];
+    if kind != "agent_loop" {
+        fields.push((
+            "prompt",
+            false,
+            string(true, NO_NUL, Some(MAX_COMMAND_BYTES))
+                .description(Some("Kept with the task, for people (at most 64 KiB)."))
+                .into(),
+        ));
+    }
+    if kind != "file" {
+        fields.push((
+            "sandbox_read_only",
+            false,
+            boolean(true)
+                .description(Some(
+                    "Whether the workspace is read-only for the run (default false).",
+                ))
+                .into(),
+        ));
+    }
+    fields
 }
 
 /// A task as the API shows it, with its latest run's projection.
@@ -111,35 +381,13 @@ impl TaskRecord {
     }
 }
 
-/// What a task runs: a shell command, git arguments, a file operation, or an agent loop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ExecutionKind {
-    Shell,
-    Git,
-    File,
-    AgentLoop,
-}
-
-impl ExecutionKind {
-    pub const ALL: [ExecutionKind; 4] = [
-        ExecutionKind::Shell,
-        ExecutionKind::Git,
-        ExecutionKind::File,
-        ExecutionKind::AgentLoop,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ExecutionKind::Shell => "shell",
-            ExecutionKind::Git => "git",
-            ExecutionKind::File => "file",
-            ExecutionKind::AgentLoop => "agent_loop",
-        }
-    }
-
-    pub fn parse(value: &str) -> Option<ExecutionKind> {
-        ExecutionKind::ALL.into_iter().find(|k| k.as_str() == value)
+closed_set! {
+    /// What a task runs: a shell command, git arguments, a file operation, or an agent loop.
+    ExecutionKind {
+        Shell = "shell",
+        Git = "git",
+        File = "file",
+        AgentLoop = "agent_loop",
     }
 }
 
@@ -217,13 +465,6 @@ mod tests {
         assert_eq!(TaskStatus::parse("bogus"), None);
         for status in RunStatus::ALL {
             assert_eq!(TaskStatus::from(status).as_str(), status.as_str());
-        }
-    }
-
-    #[test]
-    fn execution_kind_names_round_trip() {
-        for kind in ExecutionKind::ALL {
-            assert_eq!(ExecutionKind::parse(kind.as_str()), Some(kind));
         }
     }
 }

@@ -1,4 +1,4 @@
-//! One request to the API, built by an operation of [`ops`](crate::ops): awaited it yields
+//! One request to the API, built by an operation of [`Client`]: awaited it yields
 //! the typed answer, [`Call::raw`] the answer's bytes unchanged, and on a list
 //! [`Call::items`] every item of every page.
 
@@ -76,8 +76,15 @@ impl<'c, T> Call<'c, T> {
         self
     }
 
+    /// The request body, without its unset fields: the drafts' optional fields are null
+    /// when unset, and the document's variants (a shell task's draft has no `prompt`) want
+    /// them absent. No operation here gives null a meaning of its own.
     pub(crate) fn json(mut self, body: &impl serde::Serialize) -> Self {
-        self.body = Some(serde_json::to_value(body).expect("request bodies serialize"));
+        let mut body = serde_json::to_value(body).expect("request bodies serialize");
+        if let serde_json::Value::Object(fields) = &mut body {
+            fields.retain(|_, value| !value.is_null());
+        }
+        self.body = Some(body);
         self
     }
 
@@ -274,4 +281,26 @@ fn decode<T: DeserializeOwned>(url: &str, body: &[u8]) -> Result<T, Error> {
         url: url.to_string(),
         message: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Client, Credentials, TaskDraft};
+
+    #[test]
+    fn unset_draft_fields_are_not_sent() {
+        let client = Client::new(
+            "http://127.0.0.1:1",
+            Credentials::None,
+            crate::DEFAULT_TIMEOUT,
+        );
+        let draft = TaskDraft {
+            execution_kind: Some("shell".into()),
+            shell_command: Some("echo hi".into()),
+            ..TaskDraft::default()
+        };
+        let call = client.unwrap().create_task(&draft).body;
+        let expected = serde_json::json!({ "execution_kind": "shell", "shell_command": "echo hi" });
+        assert_eq!(call, Some(expected));
+    }
 }

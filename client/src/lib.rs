@@ -1,14 +1,14 @@
-//! A typed client of Keel's HTTP API (`/v1`): one [`Client`] with a method per operation
-//! (see [`ops`](crate::ops)), errors that keep the server's envelope ([`Error`]), a
+//! A typed client of Keel's HTTP API (`/v1`): one [`Client`] with a method per operation,
+//! errors that keep the server's envelope ([`Error`]), a
 //! paginating stream over every list ([`Call::items`]), event streams that resume with
-//! `Last-EventRecord-ID` after a dropped connection ([`sse`]), and an artifact content reader.
+//! `Last-Event-ID` after a dropped connection ([`sse`]), and an artifact content reader.
 //!
 //! Every operation returns a [`Call`]: await it for the typed value, or call
 //! [`Call::raw`] for the API's JSON exactly as the server sent it.
 
 mod call;
 mod error;
-pub mod ops;
+mod ops;
 pub mod sse;
 pub mod types;
 
@@ -60,6 +60,12 @@ pub struct Client {
 impl Client {
     /// A client of the API at `base_url` (for example `http://127.0.0.1:8420`).
     pub fn new(base_url: &str, credentials: Credentials, timeout: Duration) -> Result<Self, Error> {
+        let base = base_url.trim_end_matches('/').to_string();
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(Error::Usage(format!(
+                "the API URL must start with http:// or https://, not '{base_url}'"
+            )));
+        }
         let mut headers = HeaderMap::new();
         let credential = match credentials {
             Credentials::None => None,
@@ -84,12 +90,6 @@ impl Client {
                 url: base_url.to_string(),
                 source,
             })?;
-        let base = base_url.trim_end_matches('/').to_string();
-        if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(Error::Usage(format!(
-                "the API URL must start with http:// or https://, not '{base_url}'"
-            )));
-        }
         Ok(Client {
             http,
             base,

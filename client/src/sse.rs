@@ -1,5 +1,5 @@
-//! EventRecord streams that survive a dropped connection: after an error, an idle connection or
-//! an end the stream did not announce, the client reconnects with `Last-EventRecord-ID` set to
+//! Event streams that survive a dropped connection: after an error, an idle connection or
+//! an end the stream did not announce, the client reconnects with `Last-Event-ID` set to
 //! the last id it saw, so the server resumes exactly after it (nothing missed, nothing
 //! twice), for as long as [`RECONNECT_FOR`] of failures in a row.
 
@@ -98,9 +98,14 @@ struct Resumable<'c> {
     /// The stream announced its end: the next disconnect is the end, not a drop.
     ending: bool,
     done: bool,
-    /// Since when connecting has failed, and the wait before the next try.
+    /// Since when connecting has failed.
     down_since: Option<Instant>,
+    /// The wait before the next connection: it grows while connections fail or end with
+    /// no event (a server refusing or cutting every stream is not hammered), and is reset
+    /// by the next event.
     backoff: Duration,
+    /// Whether a connection was made before: the first one does not wait.
+    reconnecting: bool,
 }
 
 /// The events of `call`'s stream after `last_id`, reconnecting as the module says; it
@@ -119,6 +124,7 @@ pub(crate) fn resumable<'c>(
         done: false,
         down_since: None,
         backoff: FIRST_BACKOFF,
+        reconnecting: false,
     };
     futures_util::stream::unfold(state, |mut state| async move {
         let item = state.next().await?;
@@ -136,14 +142,17 @@ impl Resumable<'_> {
                 if self.ending {
                     return None;
                 }
+                if self.reconnecting {
+                    tokio::time::sleep(self.backoff).await;
+                    self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                }
+                self.reconnecting = true;
                 if let Err(error) = self.connect().await {
                     let since = *self.down_since.get_or_insert_with(Instant::now);
                     if !error.is_transient() || since.elapsed() >= RECONNECT_FOR {
                         self.done = true;
                         return Some(Err(error));
                     }
-                    tokio::time::sleep(self.backoff).await;
-                    self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
                 }
                 continue;
             };
@@ -162,6 +171,7 @@ impl Resumable<'_> {
                     if !event.id.is_empty() {
                         self.last_id = Some(event.id.clone());
                     }
+                    self.backoff = FIRST_BACKOFF;
                     self.ending |= (self.ends)(&event);
                     return Some(Ok(event));
                 }
@@ -196,7 +206,83 @@ impl Resumable<'_> {
             .map(|frame| frame.map_err(|e| e.to_string()));
         self.frames = Some(Box::pin(frames));
         self.down_since = None;
-        self.backoff = FIRST_BACKOFF;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures_util::StreamExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use crate::sse::RunItem;
+    use crate::{Client, Credentials};
+
+    fn event(sequence: i64, kind: &str) -> String {
+        let data = serde_json::json!({
+            "schema_version": 1, "event_id": format!("evt_{sequence}"), "task_id": "task_1",
+            "run_id": "run_1", "media_job_id": null, "sequence": sequence,
+            "cursor": format!("1-{sequence}"), "occurred_at": "2026-12-01T00:00:00Z",
+            "type": kind, "data": {}
+        });
+        format!("id: {sequence}\nevent: {kind}\ndata: {data}\n\n")
+    }
+
+    /// A stream server that answers each connection with the next of `bodies` and closes
+    /// it; it returns the `Last-Event-ID` each connection sent.
+    async fn serve(bodies: Vec<String>) -> (String, tokio::task::JoinHandle<Vec<Option<String>>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for body in bodies {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let mut request = Vec::new();
+                while !request.ends_with(b"\r\n\r\n") {
+                    let mut byte = [0u8; 1];
+                    socket.read_exact(&mut byte).await.unwrap();
+                    request.push(byte[0]);
+                }
+                let request = String::from_utf8(request).unwrap().to_ascii_lowercase();
+                let last = request
+                    .lines()
+                    .find_map(|l| l.strip_prefix("last-event-id: "))
+                    .map(str::to_string);
+                seen.push(last);
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+                socket.write_all(head.as_bytes()).await.unwrap();
+                socket.write_all(body.as_bytes()).await.unwrap();
+            }
+            seen
+        });
+        (url, server)
+    }
+
+    #[tokio::test]
+    async fn a_dropped_stream_resumes_after_the_last_event_and_ends_with_the_run() {
+        let bodies = vec![
+            // Cut off after two events, then the server's own interruption notice.
+            format!("{}{}", event(1, "run.started"), event(2, "step.started")),
+            format!("{}event: error\ndata: {{}}\n\n", event(3, "step.finished")),
+            format!(
+                "event: model.delta\ndata: {{\"model_call_index\":1,\"text\":\"hi\"}}\n\n{}",
+                event(4, "run.finished")
+            ),
+        ];
+        let (url, server) = serve(bodies).await;
+        let client = Client::new(&url, Credentials::None, Duration::from_secs(5)).unwrap();
+        let items: Vec<_> = client.stream_run("task_1", "run_1", None).collect().await;
+        let sequences: Vec<String> = items
+            .into_iter()
+            .map(|item| match item.unwrap() {
+                RunItem::Event(e) => e.sequence.to_string(),
+                RunItem::Delta(d) => d.text,
+            })
+            .collect();
+        assert_eq!(sequences, ["1", "2", "3", "hi", "4"]);
+        let seen = server.await.unwrap();
+        assert_eq!(seen, [None, Some("2".into()), Some("3".into())]);
     }
 }

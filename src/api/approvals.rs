@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
-use keel_api_types::{Resolution, ResolveRequest};
+use keel_api_types::{ApprovalStatus, Resolution, ResolveRequest};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
@@ -14,8 +14,6 @@ use crate::domain::Caller;
 use crate::domain::approval::{ApprovalKind, Decision};
 use crate::store::approvals::ApprovalRecord;
 use crate::store::{approvals, tasks};
-
-const STATUSES: [&str; 5] = ["pending", "approved", "rejected", "cancelled", "expired"];
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -29,7 +27,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct ApprovalQuery {
-    /// `pending`, `approved`, `rejected`, `cancelled` or `expired`.
+    #[param(value_type = Option<ApprovalStatus>, inline)]
     status: Option<String>,
     /// Page size, 1 to 200 (default 50).
     #[param(minimum = 1, maximum = 200)]
@@ -41,10 +39,12 @@ struct ApprovalQuery {
 impl ApprovalQuery {
     fn status(&self) -> Result<Option<&str>, ApiError> {
         match self.status.as_deref() {
-            Some(status) if !STATUSES.contains(&status) => Err(ApiError::invalid(format!(
-                "unknown approval status '{status}' (expected one of {})",
-                STATUSES.join(", ")
-            ))),
+            Some(status) if ApprovalStatus::parse(status).is_none() => {
+                Err(ApiError::invalid(format!(
+                    "unknown approval status '{status}' (expected {})",
+                    ApprovalStatus::names()
+                )))
+            }
             other => Ok(other),
         }
     }

@@ -61,7 +61,9 @@ struct EventsQuery {
 #[into_params(parameter_in = Query)]
 struct FeedQuery {
     /// Only events after this feed position: an event's `cursor` (default: from the start).
-    #[param(pattern = "^[0-9]+-[0-9]+$")]
+    // As many digits as always fit (a u64 transaction id, an i64 event id): longer ones
+    // that still fit are cursors too, but a schema can only count digits.
+    #[param(pattern = "^[0-9]{1,19}-[0-9]{1,18}$")]
     after: Option<String>,
     /// Page size, 1 to 200 (default 50).
     #[param(minimum = 1, maximum = 200)]

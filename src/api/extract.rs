@@ -1,6 +1,7 @@
 //! Extractors whose rejections speak the error envelope.
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
@@ -8,17 +9,68 @@ use serde::de::DeserializeOwned;
 use super::error::ApiError;
 
 /// `Json<T>` that answers malformed JSON, unknown fields, wrong types and oversized bodies
-/// with the envelope (400, 413, 415, 422), naming what was wrong.
+/// with the envelope (400, 413, 415, 422), naming what was wrong. An integer field also
+/// takes an integral number written with a fraction or an exponent (`3.0`, `1e3`): JSON
+/// Schema calls those integers, so a client generated from the document may send them.
 pub struct ApiJson<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let (parts, body) = req.into_parts();
+        let bytes = Bytes::from_request(Request::from_parts(parts.clone(), body), state)
+            .await
+            .map_err(bytes_rejection)?;
+        let req = Request::from_parts(parts, Body::from(bytes.clone()));
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(value)) => Ok(ApiJson(value)),
+            Err(JsonRejection::JsonDataError(error)) => with_integers(&bytes)
+                .map(ApiJson)
+                .ok_or_else(|| json_rejection(JsonRejection::JsonDataError(error))),
             Err(rejection) => Err(json_rejection(rejection)),
         }
+    }
+}
+
+/// The body read again with every integral number as an integer, when it had any to
+/// rewrite and then fits `T`; the first reading's error stands otherwise, since it names
+/// the line and column.
+fn with_integers<T: DeserializeOwned>(bytes: &[u8]) -> Option<T> {
+    let mut value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    if !integral_to_integer(&mut value) {
+        return None;
+    }
+    serde_json::from_value(value).ok()
+}
+
+/// Rewrites `3.0` as `3` throughout (within the range of an i64); whether it changed
+/// anything.
+fn integral_to_integer(value: &mut serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::Number(n) if !n.is_i64() && !n.is_u64() => {
+            match n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9.2e18) {
+                Some(f) => {
+                    *value = serde_json::Value::from(f as i64);
+                    true
+                }
+                None => false,
+            }
+        }
+        serde_json::Value::Array(items) => items
+            .iter_mut()
+            .fold(false, |changed, v| integral_to_integer(v) | changed),
+        serde_json::Value::Object(map) => map
+            .values_mut()
+            .fold(false, |changed, v| integral_to_integer(v) | changed),
+        _ => false,
+    }
+}
+
+fn bytes_rejection(rejection: BytesRejection) -> ApiError {
+    ApiError::Invalid {
+        status: rejection.status(),
+        message: rejection.body_text(),
     }
 }
 
@@ -63,24 +115,25 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
     }
 }
 
-/// An optional JSON body: absent or empty gives `T::default()`; otherwise as [`ApiJson`].
+/// An optional JSON body: absent, empty or `null` gives `T::default()`; otherwise as
+/// [`ApiJson`].
 pub struct OptionalJson<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = axum::body::Bytes::from_request(req, state)
+        let bytes = Bytes::from_request(req, state)
             .await
-            .map_err(|e| ApiError::Invalid {
-                status: e.status(),
-                message: e.body_text(),
-            })?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
+            .map_err(bytes_rejection)?;
+        if bytes.iter().all(u8::is_ascii_whitespace) || bytes.trim_ascii() == b"null" {
             return Ok(OptionalJson(T::default()));
         }
-        serde_json::from_slice(&bytes)
-            .map(OptionalJson)
-            .map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
+        match serde_json::from_slice(&bytes) {
+            Ok(value) => Ok(OptionalJson(value)),
+            Err(error) => with_integers(&bytes)
+                .map(OptionalJson)
+                .ok_or_else(|| ApiError::invalid(format!("invalid JSON body: {error}"))),
+        }
     }
 }

@@ -43,6 +43,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[schema(example = json!({ "prompt": "now add a test for it" }))]
 struct ContinueRequest {
     /// The next user turn; not empty, at most 64 KiB.
+    #[schema(pattern = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$", max_length = 65536)]
     prompt: String,
 }
 
@@ -52,7 +53,7 @@ struct ContinueRequest {
 #[schema(example = json!({ "model_call_index": 2, "reason": "explore an alternative" }))]
 struct RetryFromModelCallRequest {
     /// The source run's model call to re-issue: 1-based, at most its `model_call_count`.
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
     model_call_index: i64,
     /// Why, for the run's `run.created` event.
     reason: Option<String>,
@@ -62,7 +63,7 @@ struct RetryFromModelCallRequest {
 /// workspace, with its cost, whose conversation is the source's plus the user turn `prompt`.
 #[utoipa::path(post, path = "/tasks/{task_id}/runs/{run_id}/continue", tag = "runs",
     request_body = ContinueRequest,
-    params(("task_id" = String, Path), ("run_id" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
+    params(("task_id" = String, Path), ("run_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, pattern = "^[!-~]{1,255}$")),
     responses((status = 201, description = "The new run", body = ObjectEnvelope<RunRecord>),
               (status = 200, description = "A replayed request's run", body = ObjectEnvelope<RunRecord>),
               (status = 400, description = "Not an agent loop task, an empty prompt, or no readable conversation"),
@@ -106,7 +107,7 @@ async fn continue_run(
 /// answers it again. The new run's model call and step indices restart at 1.
 #[utoipa::path(post, path = "/tasks/{task_id}/runs/{run_id}/retry-from-model-call", tag = "runs",
     request_body = RetryFromModelCallRequest,
-    params(("task_id" = String, Path), ("run_id" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
+    params(("task_id" = String, Path), ("run_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, pattern = "^[!-~]{1,255}$")),
     responses((status = 201, description = "The new run", body = ObjectEnvelope<RunRecord>),
               (status = 200, description = "A replayed request's run", body = ObjectEnvelope<RunRecord>),
               (status = 400, description = "Not an agent loop task, an index outside [1, model_call_count], or no readable conversation"),

@@ -93,7 +93,7 @@ struct MediaJobListQuery {
     limit: Option<i64>,
     /// `next_cursor` of the previous page.
     cursor: Option<String>,
-    /// `queued`, `running`, `succeeded`, `failed` or `cancelled`.
+    #[param(value_type = Option<MediaJobStatus>, inline)]
     status: Option<String>,
     /// Only jobs of this provider preset.
     provider_id: Option<String>,

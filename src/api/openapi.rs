@@ -6,11 +6,13 @@ use std::sync::OnceLock;
 
 use axum::Json;
 use axum::response::Html;
+use keel_api_types::schema::NO_NUL;
 use keel_api_types::{ErrorBody, ErrorEnvelope};
 use utoipa::OpenApi as _;
 use utoipa::openapi::link::LinkBuilder;
-use utoipa::openapi::path::Operation;
+use utoipa::openapi::path::{Operation, Parameter};
 use utoipa::openapi::response::ResponseBuilder;
+use utoipa::openapi::schema::{AdditionalProperties, ArrayItems, Schema, SchemaType, Type};
 use utoipa::openapi::security::{
     ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
 };
@@ -128,6 +130,7 @@ fn security_schemes() -> [(&'static str, SecurityScheme); 4] {
 
 /// Adds the security schemes, and the shared error responses to every operation.
 pub fn finish(mut doc: OpenApi) -> OpenApi {
+    forbid_nul_in_requests(&mut doc);
     let schemes = security_schemes();
     let requirements: Vec<SecurityRequirement> = schemes
         .iter()
@@ -165,6 +168,111 @@ pub fn finish(mut doc: OpenApi) -> OpenApi {
         }
     }
     OpenApiBuilder::from(doc).build()
+}
+
+/// PostgreSQL cannot store a NUL character, so every string a request carries refuses
+/// it: each string schema of a parameter or a request body (and of the components they
+/// name) without a pattern, a format or an enum of its own gets one that says so (the
+/// hand-written patterns exclude NUL themselves). Responses are left alone: an error
+/// message may quote the input it refuses.
+fn forbid_nul_in_requests(doc: &mut OpenApi) {
+    let mut named = Vec::new();
+    for item in doc.paths.paths.values_mut() {
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        for operation in operations.into_iter().flatten() {
+            for parameter in operation.parameters.iter_mut().flatten() {
+                if let RefOr::T(Parameter {
+                    schema: Some(schema),
+                    ..
+                }) = parameter
+                {
+                    forbid_nul(schema, &mut named);
+                }
+            }
+            if let Some(RefOr::T(body)) = &mut operation.request_body {
+                for content in body.content.values_mut() {
+                    if let RefOr::T(Content {
+                        schema: Some(schema),
+                        ..
+                    }) = content
+                    {
+                        forbid_nul(schema, &mut named);
+                    }
+                }
+            }
+        }
+    }
+    let Some(components) = doc.components.as_mut() else {
+        return;
+    };
+    let mut done = std::collections::BTreeSet::new();
+    while let Some(name) = named.pop() {
+        if let (true, Some(schema)) = (done.insert(name.clone()), components.schemas.get_mut(&name))
+        {
+            forbid_nul(schema, &mut named);
+        }
+    }
+}
+
+/// Gives `schema`'s free-text strings the NUL-free pattern; collects the components it
+/// names into `named`.
+fn forbid_nul(schema: &mut RefOr<Schema>, named: &mut Vec<String>) {
+    let schema = match schema {
+        RefOr::Ref(reference) => {
+            let name = reference
+                .ref_location
+                .rsplit('/')
+                .next()
+                .unwrap_or_default();
+            named.push(name.to_string());
+            return;
+        }
+        RefOr::T(schema) => schema,
+    };
+    let mut each = |schemas: &mut Vec<RefOr<Schema>>| {
+        schemas.iter_mut().for_each(|s| forbid_nul(s, named));
+    };
+    match schema {
+        Schema::Object(object) => {
+            let free_text =
+                object.pattern.is_none() && object.format.is_none() && object.enum_values.is_none();
+            if free_text && is_string(&object.schema_type) {
+                object.pattern = Some(NO_NUL.to_string());
+            }
+            object
+                .properties
+                .values_mut()
+                .for_each(|s| forbid_nul(s, named));
+            if let Some(AdditionalProperties::RefOr(values)) =
+                object.additional_properties.as_deref_mut()
+            {
+                forbid_nul(values, named);
+            }
+        }
+        Schema::Array(array) => {
+            if let ArrayItems::RefOrSchema(items) = &mut array.items {
+                forbid_nul(items, named);
+            }
+        }
+        Schema::OneOf(one_of) => each(&mut one_of.items),
+        Schema::AllOf(all_of) => each(&mut all_of.items),
+        Schema::AnyOf(any_of) => each(&mut any_of.items),
+        _ => {}
+    }
+}
+
+fn is_string(schema_type: &SchemaType) -> bool {
+    match schema_type {
+        SchemaType::Type(kind) => *kind == Type::String,
+        SchemaType::Array(kinds) => kinds.contains(&Type::String),
+        SchemaType::AnyValue => false,
+    }
 }
 
 /// Where a created task or run leads: OpenAPI links let clients (and stateful fuzzers)

@@ -8,7 +8,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use chrono::Utc;
-use keel_api_types::{ProviderCheck, ProviderDraft, ProviderPatch, ProviderView};
+use keel_api_types::{ProviderCheck, ProviderDraft, ProviderPatch, ProviderView, SecretPurpose};
 use keel_workers::agent::provider::{ChatClient, ChatLimits};
 use keel_workers::agent::{Message, ProviderError};
 use serde::{Deserialize, Serialize};
@@ -428,21 +428,16 @@ fn readiness(
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct SecretQuery {
-    /// The reference: `env:NAME`, `file:/path` or `keychain:NAME`.
+    /// The reference: `env:NAME`, `file:/absolute/path` or `keychain:NAME`. Only
+    /// references the operator's secret policy allows are looked at (422 for others).
+    #[param(
+        pattern = "^(env:[A-Za-z_][A-Za-z0-9_]*|file:/[^\\u0000]*|keychain:[^\\u0000]{1,200})$"
+    )]
     r#ref: String,
-    /// What the secret is for: `provider_api_key`, `github_token`, `linear_token`,
-    /// `webhook_secret`, `custom_header` or `automation_token`.
+    /// What the secret is for.
+    #[param(value_type = Option<SecretPurpose>, inline)]
     purpose: Option<String>,
 }
-
-const PURPOSES: [&str; 6] = [
-    "provider_api_key",
-    "github_token",
-    "linear_token",
-    "webhook_secret",
-    "custom_header",
-    "automation_token",
-];
 
 /// Whether a secret reference resolves in this process; never its value. Only references
 /// the secret policy allows are looked at (422 for others), so the route cannot tell
@@ -453,10 +448,11 @@ async fn secret_status(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<SecretQuery>,
 ) -> Result<Json<ObjectEnvelope<SecretStatus>>> {
-    if let Some(purpose) = query.purpose.as_deref().filter(|p| !PURPOSES.contains(p)) {
+    let known = |p: &&str| SecretPurpose::parse(p).is_some();
+    if let Some(purpose) = query.purpose.as_deref().filter(|p| !known(p)) {
         return Err(ApiError::invalid(format!(
-            "unknown purpose {purpose:?}; expected one of {}",
-            PURPOSES.join(", ")
+            "unknown purpose {purpose:?}; expected {}",
+            SecretPurpose::names()
         )));
     }
     let secret = SecretRef::parse(&query.r#ref)

@@ -165,7 +165,8 @@ async fn delete_schedule(
 /// The schedule's occurrences, newest first; the cursor is the `scheduled_for` of the
 /// last occurrence of a page.
 #[utoipa::path(get, path = "/tasks/{task_id}/schedule/occurrences", tag = "schedules",
-    params(("task_id" = String, Path), PageQuery),
+    params(("task_id" = String, Path), ("limit" = Option<i64>, Query, minimum = 1, maximum = 200, description = "Page size, 1 to 200 (default 50)"),
+           ("cursor" = Option<String>, Query, format = DateTime, description = "`next_cursor` of the previous page: an occurrence's `scheduled_for`")),
     responses((status = 200, description = "A page of occurrences", body = ListEnvelope<OccurrenceRecord>)))]
 async fn list_occurrences(
     State(state): State<AppState>,

@@ -4,7 +4,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::Utc;
-use keel_api_types::{Health, Readiness, SystemStats, Workers};
+use keel_api_types::{EntityType, Health, Readiness, SystemStats, Workers};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
@@ -36,29 +36,28 @@ pub fn v1_router() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct TransitionQuery {
-    /// `task`, `run`, `approval`, `media_job` or `schedule`.
+    #[param(value_type = Option<EntityType>, inline)]
     entity_type: Option<String>,
     entity_id: Option<String>,
     /// Page size, 1 to 200 (default 50).
     #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
     /// `next_cursor` of the previous page.
+    #[param(pattern = "^[0-9]{1,18}$")]
     cursor: Option<String>,
 }
 
+/// A page's position: ASCII digits, at most 18 (so it fits an i64), as the document's
+/// pattern says.
 fn numeric_cursor(cursor: Option<&str>) -> Result<i64, ApiError> {
     match cursor {
         None => Ok(0),
-        Some(c) => c
-            .parse()
-            .ok()
-            .filter(|n: &i64| *n >= 0)
+        Some(c) => Some(c)
+            .filter(|c| (1..=18).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|c| c.parse().ok())
             .ok_or_else(|| ApiError::invalid("cursor must be a number from a previous page")),
     }
 }
-
-/// What the audit trail records the state changes of.
-const ENTITY_TYPES: [&str; 5] = ["task", "run", "approval", "media_job", "schedule"];
 
 /// The workspace's audit trail: every state change of its tasks, runs, approvals, media
 /// jobs and schedules, oldest first.
@@ -73,11 +72,11 @@ async fn state_transitions(
     if let Some(kind) = query
         .entity_type
         .as_deref()
-        .filter(|k| !ENTITY_TYPES.contains(k))
+        .filter(|k| EntityType::parse(k).is_none())
     {
         return Err(ApiError::invalid(format!(
-            "unknown entity_type '{kind}' (expected one of {})",
-            ENTITY_TYPES.join(", ")
+            "unknown entity_type '{kind}' (expected {})",
+            EntityType::names()
         )));
     }
     let after = numeric_cursor(query.cursor.as_deref())?;
@@ -98,12 +97,14 @@ async fn state_transitions(
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 struct LeaseQuery {
-    /// `active` (default), `expired` or `released`.
+    /// Default `active`.
+    #[param(value_type = Option<LeaseStatus>, inline)]
     status: Option<String>,
     /// Page size, 1 to 200 (default 50).
     #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
     /// `next_cursor` of the previous page.
+    #[param(pattern = "^[0-9]{1,18}$")]
     cursor: Option<String>,
 }
 

@@ -70,6 +70,7 @@ struct TaskListQuery {
     /// `next_cursor` of the previous page.
     cursor: Option<String>,
     /// `not_started` or a run status.
+    #[param(value_type = Option<TaskStatus>, inline)]
     status: Option<String>,
 }
 
@@ -133,7 +134,7 @@ pub(super) type Admitted201 = (StatusCode, Json<ObjectEnvelope<RunRecord>>);
 
 /// Starts the task: creates its next run, queued (or awaiting approval), in one transaction.
 #[utoipa::path(post, path = "/tasks/{task_id}/start", tag = "runs", request_body(content = Option<StartRequest>),
-    params(("task_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, description = "Replays return the original run")),
+    params(("task_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, pattern = "^[!-~]{1,255}$", description = "Replays return the original run")),
     responses((status = 201, description = "The new run", body = ObjectEnvelope<RunRecord>),
               (status = 200, description = "The run an earlier request with this Idempotency-Key created", body = ObjectEnvelope<RunRecord>)))]
 async fn start_task(
@@ -157,7 +158,7 @@ async fn start_task(
 
 /// Retries: a new run of the task in a fresh workspace, linked to the source run.
 #[utoipa::path(post, path = "/tasks/{task_id}/runs/{run_id}/retry", tag = "runs", request_body(content = Option<StartRequest>),
-    params(("task_id" = String, Path), ("run_id" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
+    params(("task_id" = String, Path), ("run_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, pattern = "^[!-~]{1,255}$")),
     responses((status = 201, description = "The new run", body = ObjectEnvelope<RunRecord>),
               (status = 200, description = "A replayed request's run", body = ObjectEnvelope<RunRecord>)))]
 async fn retry_run(
@@ -174,7 +175,7 @@ async fn retry_run(
 /// Resumes a finished run: a new run in its workspace, with its checkpoint and cost; an
 /// agent loop run's conversation carries on from its `agent_conversation` artifact.
 #[utoipa::path(post, path = "/tasks/{task_id}/runs/{run_id}/resume", tag = "runs", request_body(content = Option<StartRequest>),
-    params(("task_id" = String, Path), ("run_id" = String, Path), ("Idempotency-Key" = Option<String>, Header)),
+    params(("task_id" = String, Path), ("run_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, pattern = "^[!-~]{1,255}$")),
     responses((status = 201, description = "The new run", body = ObjectEnvelope<RunRecord>),
               (status = 200, description = "A replayed request's run", body = ObjectEnvelope<RunRecord>)))]
 async fn resume_run(
@@ -295,7 +296,8 @@ async fn cancel_run(
 
 /// Lists a run's steps in order; the cursor is a step index.
 #[utoipa::path(get, path = "/tasks/{task_id}/runs/{run_id}/steps", tag = "runs",
-    params(("task_id" = String, Path), ("run_id" = String, Path), PageQuery),
+    params(("task_id" = String, Path), ("run_id" = String, Path), ("limit" = Option<i64>, Query, minimum = 1, maximum = 200, description = "Page size, 1 to 200 (default 50)"),
+           ("cursor" = Option<String>, Query, pattern = "^[0-9]{1,9}$", description = "`next_cursor` of the previous page: a step index")),
     responses((status = 200, description = "A page of steps", body = ListEnvelope<StepRecord>)))]
 async fn list_steps(
     State(state): State<AppState>,
@@ -306,9 +308,10 @@ async fn list_steps(
     let limit = page_limit(page.limit)?;
     let after: i32 = match page.cursor.as_deref() {
         None => 0,
-        Some(cursor) => cursor
-            .parse()
-            .map_err(|_| ApiError::invalid("cursor must be a step index"))?,
+        Some(cursor) => Some(cursor)
+            .filter(|c| (1..=9).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| ApiError::invalid("cursor must be a step index"))?,
     };
     let mut conn = state.pool.acquire().await?;
     let scope = &caller.scope;

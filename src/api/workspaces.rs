@@ -46,7 +46,7 @@ fn operator_scope(caller: &Caller, workspace_id: String) -> Result<Scope, ApiErr
 
 /// A workspace's limits (operators only).
 #[utoipa::path(get, path = "/workspaces/{workspace_id}/limits", tag = "system",
-    params(("workspace_id" = String, Path)),
+    params(("workspace_id" = String, Path, pattern = "^[!-~]{1,128}$")),
     responses((status = 200, description = "The workspace's limits", body = ObjectEnvelope<WorkspaceLimits>)))]
 async fn get_limits(
     State(state): State<AppState>,
@@ -73,7 +73,7 @@ struct LimitsRequest {
 /// Sets a workspace's limits (operators only). Workers apply them at their next claim
 /// when they run with `KEEL_MAX_CONCURRENT_PER_WORKSPACE` set.
 #[utoipa::path(put, path = "/workspaces/{workspace_id}/limits", tag = "system",
-    params(("workspace_id" = String, Path)), request_body = LimitsRequest,
+    params(("workspace_id" = String, Path, pattern = "^[!-~]{1,128}$")), request_body = LimitsRequest,
     responses((status = 200, description = "The workspace's limits", body = ObjectEnvelope<WorkspaceLimits>)))]
 async fn put_limits(
     State(state): State<AppState>,

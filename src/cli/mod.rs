@@ -111,7 +111,19 @@ impl Command {
 }
 
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // Help and version exit 0; a usage error exits like any failed command, never with
+        // 2, which a watch reserves for a cancelled run.
+        Err(error) => {
+            let _ = error.print();
+            return if error.use_stderr() {
+                ExitCode::from(ops::ERROR_EXIT)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     // A client of the API: none of the server's runtime set-up or telemetry.
     let cli = match cli.command {
         Command::Ops(operation) => return ops::main(cli.remote, operation),

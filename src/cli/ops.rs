@@ -28,14 +28,9 @@ pub struct Remote {
         global = true
     )]
     pub token: Option<String>,
-    /// A signed identity from the trusted proxy (sent as `X-Keel-Identity`).
-    #[arg(
-        long,
-        env = "KEEL_IDENTITY",
-        hide_env_values = true,
-        global = true,
-        conflicts_with = "token"
-    )]
+    /// A signed identity from the trusted proxy (sent as `X-Keel-Identity`); unused when a
+    /// token is given (no conflict error: both may sit in the environment of a server).
+    #[arg(long, env = "KEEL_IDENTITY", hide_env_values = true, global = true)]
     pub identity: Option<String>,
     /// `table` (fit to the terminal) or `json` (the API's JSON unchanged).
     #[arg(long, value_enum, default_value = "table", global = true)]
@@ -62,7 +57,7 @@ pub enum Operation {
     /// Media jobs: create, show, watch.
     #[command(subcommand)]
     Media(MediaCommand),
-    /// ProviderView presets: list, show, check.
+    /// Provider presets: list, show, check.
     #[command(subcommand)]
     Providers(ProviderCommand),
     /// The workspace's queue (depth and age per kind), leases and live workers.
@@ -88,7 +83,7 @@ pub enum TaskCommand {
     Start {
         task_id: String,
         #[command(flatten)]
-        watch: WatchArgs,
+        watch: AdmitArgs,
         /// Why, for the run's `run.created` event.
         #[arg(long)]
         reason: Option<String>,
@@ -159,14 +154,18 @@ impl CreateTask {
     }
 }
 
+/// What to do with a new run (start, retry, resume).
 #[derive(Debug, Clone, Copy, Args)]
-pub struct WatchArgs {
+pub struct AdmitArgs {
     /// Stream the run live until it ends; the exit code is the run's.
     #[arg(long)]
     pub watch: bool,
     /// With --watch: exit with 3 as soon as the run waits for an approval.
     #[arg(long, requires = "watch")]
     pub no_wait: bool,
+    /// Print only the new run's id.
+    #[arg(long, short, conflicts_with = "watch")]
+    pub quiet: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -200,23 +199,26 @@ pub enum RunCommand {
     Retry {
         run_id: String,
         #[command(flatten)]
-        watch: WatchArgs,
+        watch: AdmitArgs,
     },
     /// A new run in the finished run's workspace, from its checkpoint.
     Resume {
         run_id: String,
         #[command(flatten)]
-        watch: WatchArgs,
+        watch: AdmitArgs,
     },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum ApprovalCommand {
-    /// Lists approvals across tasks, oldest first.
+    /// Lists approvals (across tasks, or one task's), oldest first.
     List {
         /// `pending`, `approved`, `rejected`, `cancelled` or `expired`.
         #[arg(long)]
         status: Option<String>,
+        /// Only this task's.
+        #[arg(long)]
+        task: Option<String>,
         #[command(flatten)]
         page: PageArgs,
     },
@@ -381,11 +383,8 @@ async fn tasks(client: &Client, format: Format, command: TaskCommand) -> Result<
     match command {
         TaskCommand::Create(create) => {
             let call = client.create_task(&create.draft());
-            if create.quiet {
-                println!("{}", call.await?.data.id);
-            } else {
-                output::show(format, call, |t| task_fields(&t.data)).await?;
-            }
+            let id = |t: &ObjectEnvelope<TaskRecord>| t.data.id.clone();
+            output::show_or_id(format, create.quiet, call, id, |t| task_fields(&t.data)).await?;
         }
         TaskCommand::List { status, page } => {
             let headers = ["ID", "KIND", "STATUS", "RUNS", "CREATED", "WHAT"];
@@ -425,19 +424,20 @@ async fn tasks(client: &Client, format: Format, command: TaskCommand) -> Result<
     Ok(Outcome::Done)
 }
 
-/// A new run (start, retry, resume): shown, or with `--watch` streamed to its end.
+/// A new run (start, retry, resume): shown, its id alone, or streamed to its end.
 async fn admitted(
     client: &Client,
     format: Format,
     call: Call<'_, ObjectEnvelope<RunRecord>>,
-    args: WatchArgs,
+    args: AdmitArgs,
 ) -> Result<Outcome, Error> {
-    if !args.watch {
-        output::show(format, call, |r| run_fields(&r.data)).await?;
-        return Ok(Outcome::Done);
+    if args.watch {
+        let run = call.await?.data;
+        return watch::run(client, &run, args.no_wait).await;
     }
-    let run = call.await?.data;
-    watch::run(client, &run, args.no_wait).await
+    let id = |r: &ObjectEnvelope<RunRecord>| r.data.id.clone();
+    output::show_or_id(format, args.quiet, call, id, |r| run_fields(&r.data)).await?;
+    Ok(Outcome::Done)
 }
 
 async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Outcome, Error> {
@@ -500,9 +500,12 @@ async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Ou
 
 async fn approvals(client: &Client, format: Format, command: ApprovalCommand) -> Result<(), Error> {
     let (approval_id, decision, note, continue_run) = match command {
-        ApprovalCommand::List { status, page } => {
+        ApprovalCommand::List { status, task, page } => {
             let headers = ["ID", "TASK", "RUN", "KIND", "STATUS", "ACTION"];
-            let call = client.list_approvals(status.as_deref());
+            let call = match &task {
+                Some(task) => client.list_task_approvals(task, status.as_deref()),
+                None => client.list_approvals(status.as_deref()),
+            };
             return output::list(format, &page, call, &headers, |a: &ApprovalRecord| {
                 let cells = [&a.id, &a.task_id, &a.run_id, &a.kind, &a.status];
                 let mut row: Vec<String> = cells.into_iter().cloned().collect();
@@ -636,12 +639,8 @@ async fn print_job(
     quiet: bool,
     call: Call<'_, ObjectEnvelope<MediaJobRecord>>,
 ) -> Result<MediaJobRecord, Error> {
-    if quiet {
-        let job = call.await?.data;
-        println!("{}", job.id);
-        return Ok(job);
-    }
-    let job = output::show(format, call, |j| media_fields(&j.data)).await?;
+    let id = |j: &ObjectEnvelope<MediaJobRecord>| j.data.id.clone();
+    let job = output::show_or_id(format, quiet, call, id, |j| media_fields(&j.data)).await?;
     Ok(job.data)
 }
 

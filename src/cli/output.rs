@@ -16,6 +16,8 @@ pub enum Format {
 pub struct Table {
     headers: Vec<&'static str>,
     rows: Vec<Vec<String>>,
+    /// Print the first column alone, without its header (`--quiet`).
+    ids_only: bool,
 }
 
 impl Table {
@@ -23,6 +25,7 @@ impl Table {
         Table {
             headers: headers.to_vec(),
             rows: Vec::new(),
+            ids_only: false,
         }
     }
 
@@ -46,7 +49,15 @@ impl Table {
 
     pub fn print(&self) {
         let mut stdout = std::io::stdout().lock();
-        for line in self.lines(terminal_width()) {
+        let lines = if self.ids_only {
+            self.rows
+                .iter()
+                .filter_map(|r| r.first().cloned())
+                .collect()
+        } else {
+            self.lines(terminal_width())
+        };
+        for line in lines {
             // A closed pipe (`| head`) ends the output, not the command.
             if writeln!(stdout, "{}", line.trim_end()).is_err() {
                 return;
@@ -131,10 +142,27 @@ pub async fn show<T: DeserializeOwned>(
     }
 }
 
+/// Prints a new resource's id alone (`--quiet`, for `$(…)` in scripts), or the answer as
+/// [`show`] does.
+pub async fn show_or_id<T: DeserializeOwned>(
+    format: Format,
+    quiet: bool,
+    call: Call<'_, T>,
+    id: impl FnOnce(&T) -> String,
+    render: impl FnOnce(&T) -> Table,
+) -> Result<T, Error> {
+    if !quiet {
+        return show(format, call, render).await;
+    }
+    let value = call.send().await?;
+    println!("{}", id(&value));
+    Ok(value)
+}
+
 /// How much of a list to print.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PageArgs {
-    /// ListEnvelope size, 1 to 200.
+    /// Page size, 1 to 200.
     #[arg(long)]
     pub limit: Option<u32>,
     /// Start after this cursor (a page's `next_cursor`).
@@ -143,6 +171,9 @@ pub struct PageArgs {
     /// Every page: a table of all rows, or with `--output json` one item per line.
     #[arg(long, conflicts_with = "cursor")]
     pub all: bool,
+    /// Print only the ids (the first column), one a line.
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 /// Prints a list: one page (as the API sent it, or a table with a hint to the next page),
@@ -158,7 +189,9 @@ pub async fn list<T: DeserializeOwned + serde::Serialize + 'static>(
     let call = call
         .query("limit", page.limit)
         .query("cursor", page.cursor.as_deref());
+    let format = if page.quiet { Format::Table } else { format };
     let mut table = Table::new(headers);
+    table.ids_only = page.quiet;
     if page.all {
         let mut items = std::pin::pin!(call.items());
         while let Some(item) = items.try_next().await? {

@@ -2,7 +2,7 @@
 //! on a terminal, plain lines otherwise), approval prompts with the command that approves,
 //! the run's output lines as they are written, and the exit code of the outcome.
 //!
-//! Nothing is printed twice or lost across a reconnect: events resume by `Last-EventRecord-ID`
+//! Nothing is printed twice or lost across a reconnect: events resume by `Last-Event-ID`
 //! (see `keel_client::sse`), and output is read from the byte offset already printed.
 
 use std::io::IsTerminal;
@@ -110,25 +110,26 @@ impl<'a> Logs<'a> {
         }
     }
 
-    /// Follows an artifact the run created, if it is one of its output streams.
-    fn add(&mut self, artifact_id: &str, name: &str) {
-        let known = self.tails.iter().any(|t| t.artifact_id == artifact_id);
-        if known || !matches!(name, "stdout" | "stderr") {
-            return;
-        }
-        self.tails.push(Tail {
-            artifact_id: artifact_id.to_string(),
-            to_stderr: name == "stderr",
-            printed: 0,
-            partial: Vec::new(),
-        });
-    }
-
-    /// Prints the complete lines written since the last read. A failed read leaves the
-    /// offsets as they were, so the next read picks up from the same byte.
+    /// Prints the complete lines written since the last read: one listing of the run's
+    /// artifacts tells which output streams exist and which grew, and only those are read.
+    /// A failed read leaves the offsets as they were, so the next one picks up from the
+    /// same byte.
     async fn read(&mut self, client: &Client, view: &View) -> Result<(), Error> {
-        for tail in &mut self.tails {
-            let call = client.artifact_content(&self.run.task_id, &self.run.id, &tail.artifact_id);
+        let (task_id, run_id) = (&self.run.task_id, &self.run.id);
+        let artifacts = client
+            .list_artifacts(task_id, run_id)
+            .query("limit", Some(200))
+            .await?
+            .data;
+        let outputs = artifacts
+            .iter()
+            .filter(|a| matches!(a.name.as_str(), "stdout" | "stderr"));
+        for artifact in outputs {
+            let tail = self.tail(&artifact.id, &artifact.name);
+            if artifact.size_bytes.max(0) as u64 <= tail.printed {
+                continue;
+            }
+            let call = client.artifact_content(task_id, run_id, &artifact.id);
             let bytes = call.tail(tail.printed).await?;
             tail.printed += bytes.len() as u64;
             tail.partial.extend_from_slice(&bytes);
@@ -140,6 +141,23 @@ impl<'a> Logs<'a> {
             }
         }
         Ok(())
+    }
+
+    /// The tail of an output artifact, new at its first sight.
+    fn tail(&mut self, artifact_id: &str, name: &str) -> &mut Tail {
+        let index = match self.tails.iter().position(|t| t.artifact_id == artifact_id) {
+            Some(index) => index,
+            None => {
+                self.tails.push(Tail {
+                    artifact_id: artifact_id.to_string(),
+                    to_stderr: name == "stderr",
+                    printed: 0,
+                    partial: Vec::new(),
+                });
+                self.tails.len() - 1
+            }
+        };
+        &mut self.tails[index]
     }
 
     /// The last read once the run has ended (retried while the API is unreachable), and
@@ -187,6 +205,17 @@ struct Progress {
 /// Streams `run` until it ends (or, with `no_wait`, until it waits for an approval).
 pub async fn run(client: &Client, run: &RunRecord, no_wait: bool) -> Result<Outcome, Error> {
     let view = View::new();
+    let outcome = follow(client, run, no_wait, &view).await;
+    view.done();
+    outcome
+}
+
+async fn follow(
+    client: &Client,
+    run: &RunRecord,
+    no_wait: bool,
+    view: &View,
+) -> Result<Outcome, Error> {
     view.line(&format!(
         "run {} (task {}, #{}): {}",
         run.id, run.task_id, run.number, run.status
@@ -199,46 +228,29 @@ pub async fn run(client: &Client, run: &RunRecord, no_wait: bool) -> Result<Outc
     loop {
         tokio::select! {
             item = events.next() => match item {
+                // The stream ends only after the run's terminal event.
                 None => break,
-                Some(Err(error)) => {
-                    view.done();
-                    return Err(error);
-                }
-                Some(Ok(RunItem::Delta(delta))) => model_text(&view, &mut progress, &delta.text),
+                Some(Err(error)) => return Err(error),
+                Some(Ok(RunItem::Delta(delta))) => model_text(view, &mut progress, &delta.text),
                 Some(Ok(RunItem::Event(event))) => {
-                    let waits = on_event(client, &view, &mut logs, &mut progress, &event).await?;
+                    let waits = on_event(client, view, &mut logs, &mut progress, &event).await?;
                     if waits && no_wait {
-                        logs.finish(client, &view).await?;
-                        view.done();
+                        logs.finish(client, view).await?;
                         return Ok(Outcome::AwaitingApproval);
                     }
                 }
             },
             _ = poll.tick() => {
                 // The API may be down for a moment: the next tick reads from the same offset.
-                let _ = logs.read(client, &view).await;
+                let _ = logs.read(client, view).await;
             }
         }
     }
-    logs.finish(client, &view).await?;
-    view.done();
-    match progress.outcome {
-        Some(outcome) => Ok(outcome),
-        // The stream ended without a terminal event: the run's status decides.
-        None => Ok(
-            match client
-                .get_run(&run.task_id, &run.id)
-                .await?
-                .data
-                .status
-                .as_str()
-            {
-                "completed" => Outcome::Completed,
-                "cancelled" => Outcome::Cancelled,
-                _ => Outcome::Failed,
-            },
-        ),
-    }
+    // The terminal event printed the last of the output (`on_event`).
+    progress.outcome.ok_or_else(|| Error::Decode {
+        url: format!("the stream of run {}", run.id),
+        message: "it ended before the run did".into(),
+    })
 }
 
 /// Prints what an event says; true when it is an approval the run now waits for.
@@ -279,7 +291,6 @@ async fn on_event(
             }
             view.line(line.trim_end());
         }
-        "artifact.created" => logs.add(&text("artifact_id"), &text("name")),
         "model.call.completed" => {
             flush_model_text(view, progress);
             view.status(format!("model call {} done", data["model_call_index"]));
@@ -295,6 +306,10 @@ async fn on_event(
             for action in &approval.action_summary {
                 view.line(&format!("    {action}"));
             }
+            // Replayed history holds requests resolved since: only a pending one waits.
+            if approval.status != "pending" {
+                return Ok(false);
+            }
             view.line(&format!(
                 "  approve: {}",
                 command(client, "approve", &approval_id)
@@ -303,9 +318,8 @@ async fn on_event(
                 "  reject:  {}",
                 command(client, "reject", &approval_id)
             ));
-            // Replayed history holds requests resolved since: only a live one waits.
             let status = client.get_run(&run.task_id, &run.id).await?.data.status;
-            return Ok(status == "awaiting_approval" && approval.status == "pending");
+            return Ok(status == "awaiting_approval");
         }
         "approval.resolved" => {
             let by = text("resolved_by");
@@ -379,18 +393,8 @@ fn seconds(elapsed: chrono::TimeDelta) -> String {
 
 /// `keel runs logs`: the run's output so far, stdout to stdout and stderr to stderr.
 pub async fn print_logs(client: &Client, run: &RunRecord) -> Result<(), Error> {
-    use futures_util::TryStreamExt;
     let view = View { bar: None };
-    let mut logs = Logs::new(run);
-    let artifacts: Vec<_> = client
-        .list_artifacts(&run.task_id, &run.id)
-        .items()
-        .try_collect()
-        .await?;
-    for artifact in &artifacts {
-        logs.add(&artifact.id, &artifact.name);
-    }
-    logs.finish(client, &view).await
+    Logs::new(run).finish(client, &view).await
 }
 
 /// Follows a media job until it ends: its progress events, then its artifacts.

@@ -67,7 +67,7 @@ impl Invalid {
 /// Largest magnitude a number in free-form JSON (`compat`, a media job's `input`) may
 /// have: 2^53 - 1, the range every JSON reader holds exactly. PostgreSQL keeps larger
 /// numbers in full, and reading one back as a float would fail.
-const MAX_JSON_NUMBER: f64 = 9_007_199_254_740_991.0;
+const MAX_JSON_NUMBER: f64 = keel_api_types::schema::MAX_JSON_NUMBER as f64;
 
 /// Checks the numbers in free-form JSON against [`MAX_JSON_NUMBER`].
 pub fn check_json_numbers(field: &'static str, value: &serde_json::Value) -> Result<(), Invalid> {

@@ -8,24 +8,7 @@ use crate::domain::Scope;
 
 pub use keel_api_types::LeaseRecord;
 
-/// Which leases to list.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseStatus {
-    Active,
-    Expired,
-    Released,
-}
-
-impl LeaseStatus {
-    pub fn parse(value: &str) -> Option<LeaseStatus> {
-        match value {
-            "active" => Some(LeaseStatus::Active),
-            "expired" => Some(LeaseStatus::Expired),
-            "released" => Some(LeaseStatus::Released),
-            _ => None,
-        }
-    }
-}
+pub use keel_api_types::LeaseStatus;
 
 /// Live leases by job id, or released ones by history id; `after` is the previous page's
 /// last cursor.

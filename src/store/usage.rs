@@ -31,32 +31,7 @@ pub struct UsageGroup {
     pub totals: UsageTotals,
 }
 
-/// How the summary groups its rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Grouping {
-    Global,
-    Provider,
-    Workspace,
-}
-
-impl Grouping {
-    pub fn parse(value: &str) -> Option<Self> {
-        match value {
-            "global" => Some(Grouping::Global),
-            "provider" => Some(Grouping::Provider),
-            "workspace" => Some(Grouping::Workspace),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Grouping::Global => "global",
-            Grouping::Provider => "provider",
-            Grouping::Workspace => "workspace",
-        }
-    }
-}
+pub use keel_api_types::Grouping;
 
 /// A time window over `created_at`: `since` inclusive, `until` exclusive; either open.
 #[derive(Debug, Clone, Copy, Default)]
