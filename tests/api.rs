@@ -1002,6 +1002,8 @@ async fn public_feed_filters_and_streams() {
     c.wait_terminal(&task_a, &run_a, RUN_TIMEOUT).await;
     c.wait_terminal(&task_b, &run_b, RUN_TIMEOUT).await;
 
+    let ends = "/v1/events?event_type=run.finished,run.failed";
+    let ends = c.feed_when(ends, |events| events.len() == 2).await;
     let (_, all) = c.get("/v1/events?limit=200").await;
     let cursors: Vec<&str> = all["data"]
         .as_array()
@@ -1011,7 +1013,6 @@ async fn public_feed_filters_and_streams() {
         .collect();
     let position = |cursor: &str| FeedCursor::parse(cursor).unwrap();
     assert!(cursors.windows(2).all(|w| position(w[0]) < position(w[1])));
-    let (_, ends) = c.get("/v1/events?event_type=run.finished,run.failed").await;
     let types: Vec<&str> = ends["data"]
         .as_array()
         .unwrap()

@@ -153,10 +153,9 @@ impl Stack {
     }
 
     async fn event_types(&self, id: &str) -> Vec<String> {
-        let (_, body) = self
-            .client
-            .get(&format!("/v1/events?media_job_id={id}&limit=200"))
-            .await;
+        let ended = |events: &[Value]| events.iter().any(|e| e["type"] == "media_job.succeeded");
+        let path = format!("/v1/events?media_job_id={id}&limit=200");
+        let body = self.client.feed_when(&path, ended).await;
         body["data"]
             .as_array()
             .unwrap()
@@ -309,14 +308,9 @@ async fn assert_secret_nowhere(stack: &Stack, id: &str, artifacts: &[Value]) {
         );
     }
     let mut seen = vec![stack.job(id).await.to_string()];
-    seen.push(
-        stack
-            .client
-            .get(&format!("/v1/events?media_job_id={id}&limit=200"))
-            .await
-            .1
-            .to_string(),
-    );
+    let path = format!("/v1/events?media_job_id={id}&limit=200");
+    let events = stack.client.feed_when(&path, |e| !e.is_empty()).await;
+    seen.push(events.to_string());
     seen.push(stack.client.get("/v1/providers").await.1.to_string());
     for artifact in artifacts {
         seen.push(String::from_utf8_lossy(&stack.content(id, artifact).await.1).into_owned());
@@ -391,11 +385,9 @@ async fn vendor_failures_end_with_clear_codes_and_rate_limits_retry() {
         job["attempt"], 2,
         "one rate-limited attempt, one that succeeded"
     );
-    let events = stack
-        .client
-        .get(&format!("/v1/events?media_job_id={retried}"))
-        .await
-        .1;
+    let retried_again = |events: &[Value]| events.iter().any(|e| e["data"]["reason"] == "retry");
+    let path = format!("/v1/events?media_job_id={retried}");
+    let events = stack.client.feed_when(&path, retried_again).await;
     let retry = events["data"]
         .as_array()
         .unwrap()
@@ -523,11 +515,13 @@ async fn a_worker_killed_during_a_video_poll_is_replaced_without_a_second_submis
         stack.content(&id, &video).await,
         ("video/mp4".to_string(), MP4.to_vec())
     );
-    let events = stack
-        .client
-        .get(&format!("/v1/events?media_job_id={id}&limit=200"))
-        .await
-        .1;
+    let taken_over = |events: &[Value]| {
+        events
+            .iter()
+            .any(|e| e["data"]["reason"] == "worker_lease_expired")
+    };
+    let path = format!("/v1/events?media_job_id={id}&limit=200");
+    let events = stack.client.feed_when(&path, taken_over).await;
     let takeover =
         events["data"].as_array().unwrap().iter().any(|e| {
             e["type"] == "media_job.queued" && e["data"]["reason"] == "worker_lease_expired"

@@ -160,10 +160,11 @@ async fn a_worker_caps_vendor_answers_and_the_feed_keeps_approval_summaries_out(
             .contains("echo summary-canary-7f3a | sh"),
         "{approval}"
     );
-    let (_, events) = client
-        .get(&format!(
-            "/v1/events?task_id={task_id}&event_type=approval.requested"
-        ))
+    let events = client
+        .feed_when(
+            &format!("/v1/events?task_id={task_id}&event_type=approval.requested"),
+            |events| !events.is_empty(),
+        )
         .await;
     let event = &events["data"][0];
     assert_eq!(event["data"]["approval_id"], approval["id"], "{events}");

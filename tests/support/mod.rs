@@ -195,6 +195,18 @@ impl Client {
             .await
     }
 
+    /// The feed page at `path` (a `/v1/events?…` list) once `ready` holds for it. The feed
+    /// shows an event once every transaction older than the event's has ended, in any
+    /// database of the cluster, and tests running alongside hold some open for a moment.
+    pub async fn feed_when(&self, path: &str, ready: impl Fn(&[Value]) -> bool) -> Value {
+        wait_for(Duration::from_secs(20), path, || async {
+            let (status, page) = self.get(path).await;
+            assert_eq!(status, StatusCode::OK, "{page}");
+            ready(page["data"].as_array().expect("a list")).then_some(page)
+        })
+        .await
+    }
+
     pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
         self.send(self.http.delete(format!("{}{path}", self.base)))
             .await
