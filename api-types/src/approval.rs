@@ -60,9 +60,11 @@ pub struct ApprovalRecord {
     pub id: String,
     pub task_id: String,
     pub run_id: String,
+    #[schema(value_type = ApprovalKind)]
     pub kind: String,
     /// `pending`, `approved`, `rejected`, `cancelled`, or `expired` (a pending approval
     /// past its `expires_at` reads as expired).
+    #[schema(value_type = ApprovalStatus)]
     pub status: String,
     pub action_summary: Vec<String>,
     pub action_summary_incomplete: bool,

@@ -322,7 +322,9 @@ fn common_fields(kind: &str) -> Vec<Field> {
 }))]
 pub struct TaskRecord {
     pub id: String,
+    #[schema(value_type = ExecutionKind)]
     pub execution_kind: String,
+    #[schema(value_type = TaskStatus)]
     pub status: String,
     pub prompt: Option<String>,
     pub shell_command: Option<String>,
