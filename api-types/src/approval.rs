@@ -64,9 +64,11 @@ pub struct ApprovalRecord {
     pub id: String,
     pub task_id: String,
     pub run_id: String,
+    #[schema(value_type = ApprovalKind)]
     pub kind: String,
     /// `pending`, `approved`, `rejected`, `cancelled`, or `expired` (a pending approval
     /// past its `expires_at` reads as expired).
+    #[schema(value_type = ApprovalStatus)]
     pub status: String,
     pub action_summary: Vec<String>,
     pub action_summary_incomplete: bool,
@@ -129,12 +131,6 @@ fn resolve_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
                 .into(),
         )
     };
-    let never = boolean(true)
-        .enum_values(Some([
-            serde_json::Value::Bool(false),
-            serde_json::Value::Null,
-        ]))
-        .description(Some("Only a rejection can continue."));
     let continues = boolean(true).description(Some(
         "On an `agent_loop_tool_call` approval only (400 on another kind): the model reads \
          a refusal as each gated call's result and the run goes on instead of being \
@@ -147,8 +143,9 @@ fn resolve_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
             Variant {
                 tag: "approve",
                 name: "ApproveRequest",
-                description: "Approve: the last approved gate queues the run.",
-                fields: vec![note(), ("continue", false, never.into())],
+                description: "Approve: the last approved gate queues the run (only a \
+                              rejection can `continue`).",
+                fields: vec![note()],
             },
             Variant {
                 tag: "reject",

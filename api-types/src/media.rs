@@ -92,12 +92,12 @@ pub struct MediaJobRecord {
     pub id: String,
     /// The provider preset the job runs against.
     pub provider_id: String,
-    /// `image_generate`, `image_edit` or `video_generate`.
+    #[schema(value_type = MediaOperation)]
     pub operation: String,
     pub prompt: String,
     #[schema(value_type = Object)]
     pub input: serde_json::Value,
-    /// `queued`, `running`, `succeeded`, `failed` or `cancelled`.
+    #[schema(value_type = MediaJobStatus)]
     pub status: String,
     /// The vendor's id of the generation task (video jobs), once submitted.
     pub vendor_task_id: Option<String>,

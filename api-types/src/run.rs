@@ -93,6 +93,7 @@ pub struct RunRecord {
     pub id: String,
     pub task_id: String,
     pub number: i32,
+    #[schema(value_type = RunStatus)]
     pub status: String,
     pub attempt: i32,
     pub worker_id: Option<String>,

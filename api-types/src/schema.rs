@@ -6,8 +6,8 @@
 use std::borrow::Cow;
 
 use utoipa::openapi::schema::{
-    AdditionalProperties, AnyOfBuilder, ArrayBuilder, Discriminator, ObjectBuilder, OneOfBuilder,
-    Schema, SchemaType, Type,
+    AdditionalProperties, ArrayBuilder, Discriminator, ObjectBuilder, OneOfBuilder, Schema,
+    SchemaType, Type,
 };
 use utoipa::openapi::{Ref, RefOr};
 use utoipa::{PartialSchema, ToSchema};
@@ -118,13 +118,23 @@ pub fn tagged_union(
 pub const MAX_JSON_NUMBER: i64 = 9_007_199_254_740_991;
 
 /// The schema of free-form JSON a request carries (a media job's `input`, a preset's
-/// `compat`): an object of [`JsonValue`](json_value)s. Only a schema; the Rust fields stay
-/// `serde_json` values.
+/// `compat`): any object. Only a schema; the Rust fields stay `serde_json` values. Its
+/// rules on nested values are in its description: JSON Schema states them only by
+/// recursion, which mainstream client generators do not follow.
 pub struct JsonObject;
 
 impl PartialSchema for JsonObject {
     fn schema() -> RefOr<Schema> {
-        json_object().into()
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .property_names(Some(string(false, NO_NUL, None)))
+            .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(true)))
+            .description(Some(
+                "Any JSON object whose strings and keys hold no NUL and whose numbers are \
+                 within ±(2^53 - 1), the range every JSON reader holds exactly (422 \
+                 otherwise).",
+            ))
+            .into()
     }
 }
 
@@ -132,36 +142,4 @@ impl ToSchema for JsonObject {
     fn name() -> Cow<'static, str> {
         Cow::Borrowed("JsonObject")
     }
-
-    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
-        schemas.push(("JsonValue".to_string(), json_value()));
-    }
-}
-
-fn json_object() -> ObjectBuilder {
-    ObjectBuilder::new()
-        .schema_type(Type::Object)
-        .property_names(Some(string(false, NO_NUL, None)))
-        .additional_properties(Some(Ref::from_schema_name("JsonValue")))
-}
-
-/// Any JSON value PostgreSQL stores and every reader reads back exactly: strings and keys
-/// without NUL, numbers within ±(2^53 - 1), and arrays and objects of those.
-fn json_value() -> RefOr<Schema> {
-    let number = ObjectBuilder::new()
-        .schema_type(Type::Number)
-        .minimum(Some(-MAX_JSON_NUMBER))
-        .maximum(Some(MAX_JSON_NUMBER));
-    let array = ArrayBuilder::new().items(Ref::from_schema_name("JsonValue"));
-    AnyOfBuilder::new()
-        .item(string(false, NO_NUL, None))
-        .item(number)
-        .item(ObjectBuilder::new().schema_type(SchemaType::from_iter([Type::Boolean, Type::Null])))
-        .item(array)
-        .item(json_object())
-        .description(Some(
-            "Any JSON value without NUL in its strings and keys, its numbers within \
-             ±(2^53 - 1).",
-        ))
-        .into()
 }

@@ -77,7 +77,7 @@ pub struct WorkerStats {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[cfg_attr(feature = "sqlx", derive(sqlx::FromRow))]
 pub struct LeaseRecord {
-    /// `active`, `expired` or `released`.
+    #[schema(value_type = crate::LeaseStatus)]
     pub status: String,
     pub job_id: i64,
     pub kind: String,

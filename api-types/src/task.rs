@@ -131,19 +131,6 @@ fn task_draft_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema>
                 ))
                 .into(),
         ),
-        (
-            "sandbox_read_only",
-            false,
-            boolean(true)
-                .enum_values(Some([
-                    serde_json::Value::Bool(false),
-                    serde_json::Value::Null,
-                ]))
-                .description(Some(
-                    "A file task changes its workspace, so it cannot be read-only.",
-                ))
-                .into(),
-        ),
     ];
     let agent_loop = vec![
         (
@@ -222,8 +209,8 @@ fn task_draft_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema>
     )
 }
 
-/// The fields every kind takes (`prompt` and `sandbox_read_only` where the kind does not
-/// state its own).
+/// The fields every kind takes (`prompt` where the kind does not state its own). A file
+/// task changes its workspace, so it has no `sandbox_read_only`.
 fn common_fields(kind: &str) -> Vec<Field> {
     let mut fields: Vec<Field> = vec![
         (
@@ -335,7 +322,9 @@ fn common_fields(kind: &str) -> Vec<Field> {
 }))]
 pub struct TaskRecord {
     pub id: String,
+    #[schema(value_type = ExecutionKind)]
     pub execution_kind: String,
+    #[schema(value_type = TaskStatus)]
     pub status: String,
     pub prompt: Option<String>,
     pub shell_command: Option<String>,

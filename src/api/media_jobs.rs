@@ -67,7 +67,7 @@ async fn create_media_job(
     if !draft.input.is_object() {
         return Err(invalid("input", "must be an object"));
     }
-    crate::domain::check_json_numbers("input", &draft.input)?;
+    crate::domain::check_free_json("input", &draft.input)?;
     let job = NewMediaJob {
         provider_id: &draft.provider_id,
         operation,

@@ -69,8 +69,11 @@ impl Invalid {
 /// numbers in full, and reading one back as a float would fail.
 const MAX_JSON_NUMBER: f64 = keel_api_types::schema::MAX_JSON_NUMBER as f64;
 
-/// Checks the numbers in free-form JSON against [`MAX_JSON_NUMBER`].
-pub fn check_json_numbers(field: &'static str, value: &serde_json::Value) -> Result<(), Invalid> {
+/// Checks free-form JSON as its schema (`JsonObject`) describes it: numbers within
+/// [`MAX_JSON_NUMBER`], and no NUL in a string or a key, which PostgreSQL cannot store
+/// (caught here, the field named, rather than by the database).
+pub fn check_free_json(field: &'static str, value: &serde_json::Value) -> Result<(), Invalid> {
+    const NUL: &str = "holds a NUL character (\\u0000), which PostgreSQL cannot store";
     match value {
         serde_json::Value::Number(n) if n.as_f64().is_none_or(|f| f.abs() > MAX_JSON_NUMBER) => {
             Err(Invalid::new(
@@ -78,12 +81,14 @@ pub fn check_json_numbers(field: &'static str, value: &serde_json::Value) -> Res
                 format!("the number {n} is out of range (at most 2^53 - 1 in magnitude)"),
             ))
         }
-        serde_json::Value::Array(items) => {
-            items.iter().try_for_each(|v| check_json_numbers(field, v))
-        }
-        serde_json::Value::Object(map) => {
-            map.values().try_for_each(|v| check_json_numbers(field, v))
-        }
+        serde_json::Value::String(text) if text.contains('\0') => Err(Invalid::new(field, NUL)),
+        serde_json::Value::Array(items) => items.iter().try_for_each(|v| check_free_json(field, v)),
+        serde_json::Value::Object(map) => map.iter().try_for_each(|(key, v)| {
+            if key.contains('\0') {
+                return Err(Invalid::new(field, NUL));
+            }
+            check_free_json(field, v)
+        }),
         _ => Ok(()),
     }
 }

@@ -134,8 +134,7 @@ impl ProviderFields {
                 .map_err(|m| Invalid::new("base_url", m))?;
         }
         check_inputs(&self.input)?;
-        let numbers = |v| super::check_json_numbers("compat", v);
-        self.compat.values().try_for_each(numbers)?;
+        super::check_free_json("compat", &serde_json::Value::Object(self.compat.clone()))?;
         let provider_id = match self.provider_id {
             Some(id) => slug("provider_id", id)?,
             None => kind.clone(),
@@ -414,19 +413,20 @@ mod tests {
     }
 
     #[test]
-    fn numbers_postgres_could_not_give_back_are_refused() {
-        let mut fields = seedance();
-        fields.compat.insert(
-            "x".into(),
-            serde_json::json!([{ "y": -1.7976931348623157e308 }]),
-        );
-        assert_eq!(
-            fields
+    fn free_json_postgres_could_not_give_back_is_refused() {
+        let refused = [
+            ("x", serde_json::json!([{ "y": -1.7976931348623157e308 }])),
+            ("x", serde_json::json!({ "y": ["a\u{0}b"] })),
+            ("x\u{0}", serde_json::json!(1)),
+        ];
+        for (key, value) in refused {
+            let mut fields = seedance();
+            fields.compat.insert(key.into(), value);
+            let error = fields
                 .validate(&SecretPolicy::default(), &ProviderHosts::default())
-                .unwrap_err()
-                .field,
-            "compat"
-        );
+                .unwrap_err();
+            assert_eq!(error.field, "compat", "{error}");
+        }
         let mut fields = seedance();
         fields
             .compat
