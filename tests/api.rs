@@ -300,6 +300,10 @@ async fn idempotency_key_returns_the_original_run_or_conflicts() {
             .unwrap()
             .contains("Idempotency-Key")
     );
+    // Visible ASCII only, as the document's pattern says: no spaces inside.
+    let (status, spaced) = start("two words", json!({})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{spaced}");
+    assert_eq!(spaced["error"]["type"], "invalid_request", "{spaced}");
     let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs")
         .fetch_one(&app.pool)
         .await

@@ -212,7 +212,10 @@ pub(super) async fn admit(
             let key = value
                 .to_str()
                 .ok()
-                .filter(|k| !k.is_empty() && k.len() <= 255)
+                .filter(|k| {
+                    let visible = k.bytes().all(|b| b.is_ascii_graphic());
+                    visible && !k.is_empty() && k.len() <= 255
+                })
                 .ok_or_else(|| {
                     ApiError::invalid("Idempotency-Key must be 1 to 255 visible ASCII characters")
                 })?;
