@@ -144,22 +144,29 @@ pub fn requested_data(approval: &ApprovalRecord) -> serde_json::Value {
     })
 }
 
+/// An approval's columns as the API shows them: a pending approval past its `expires_at`
+/// reads as `expired`.
+macro_rules! columns {
+    () => {
+        "id, task_id, run_id, kind,
+         CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END
+             AS status,
+         action_summary, action_summary_incomplete, step_id, continue_on_reject,
+         external_action_id, decision_note, resolved_by, created_at, expires_at, resolved_at"
+    };
+}
+
 pub async fn get(
     conn: &mut PgConnection,
     scope: &Scope,
     task_id: &str,
     approval_id: &str,
 ) -> Result<ApprovalRecord> {
-    sqlx::query_as(
-        "SELECT id, task_id, run_id, kind,
-                CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END
-                    AS status,
-                action_summary, action_summary_incomplete, step_id, continue_on_reject,
-                external_action_id, decision_note, resolved_by,
-                created_at, expires_at, resolved_at
-         FROM approvals
-         WHERE workspace_id = $3 AND task_id = $1 AND id = $2",
-    )
+    sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM approvals WHERE workspace_id = $3 AND task_id = $1 AND id = $2"
+    ))
     .bind(task_id)
     .bind(approval_id)
     .bind(scope.workspace())
@@ -177,20 +184,14 @@ pub async fn list(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ApprovalRecord>> {
-    let rows = sqlx::query_as(
-        "SELECT * FROM (
-             SELECT id, task_id, run_id, kind,
-                    CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END
-                        AS status,
-                    action_summary, action_summary_incomplete, step_id, continue_on_reject,
-                    external_action_id, decision_note, resolved_by,
-                    created_at, expires_at, resolved_at
-             FROM approvals
-             WHERE workspace_id = $5) a
-         WHERE ($1::text IS NULL OR a.task_id = $1) AND ($2::text IS NULL OR a.status = $2)
-           AND ($3::text IS NULL OR a.id > $3)
-         ORDER BY a.id LIMIT $4",
-    )
+    let rows = sqlx::query_as(concat!(
+        "SELECT * FROM (SELECT ",
+        columns!(),
+        " FROM approvals WHERE workspace_id = $5) a
+             WHERE ($1::text IS NULL OR a.task_id = $1) AND ($2::text IS NULL OR a.status = $2)
+               AND ($3::text IS NULL OR a.id > $3)
+             ORDER BY a.id LIMIT $4"
+    ))
     .bind(task_id)
     .bind(status)
     .bind(after)
@@ -296,16 +297,11 @@ async fn lock_pending(
     scope: &Scope,
     approval_id: &str,
 ) -> Result<ApprovalRecord> {
-    let approval: ApprovalRecord = sqlx::query_as(
-        "SELECT id, task_id, run_id, kind,
-                CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END
-                    AS status,
-                action_summary, action_summary_incomplete, step_id, continue_on_reject,
-                external_action_id, decision_note, resolved_by,
-                created_at, expires_at, resolved_at
-         FROM approvals
-         WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
-    )
+    let approval: ApprovalRecord = sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM approvals WHERE workspace_id = $1 AND id = $2 FOR UPDATE"
+    ))
     .bind(scope.workspace())
     .bind(approval_id)
     .fetch_one(&mut *conn)
