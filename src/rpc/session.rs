@@ -217,11 +217,8 @@ impl Session {
         } = &target
         {
             // A run that does not exist is this request's error, not a failed stream.
-            bridge(
-                &self.server.client,
-                &Outbound::get(&run_path(task_id, run_id)),
-            )
-            .await?;
+            let run = self.server.client.get_run(task_id, run_id);
+            run.raw().await.map_err(failure)?;
         }
         let subscription = format!("sub_{}", self.next_subscription);
         self.next_subscription += 1;
@@ -385,14 +382,6 @@ impl Pump {
             .send(protocol::event_line(&self.subscription, &event))
             .await;
     }
-}
-
-fn run_path(task_id: &str, run_id: &str) -> String {
-    format!(
-        "/v1/tasks/{}/runs/{}",
-        keel_client::segment(task_id),
-        keel_client::segment(run_id)
-    )
 }
 
 /// Sends one request to the API; its JSON answer (null when it has no body) is the result.
