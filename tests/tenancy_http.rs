@@ -75,6 +75,7 @@ const ROUTES: &[(&str, &str, Walk)] = &[
     ("GET", "/v1/usage/summary", Global("?scope=workspace")),
     ("GET", "/v1/usage/events", Global("?limit=200")),
     ("GET", "/v1/system/stats", List(&[""])),
+    ("GET", "/v1/system/throughput", List(&["?minutes=60"])),
     ("GET", "/v1/workspace", List(&[""])),
     (
         "GET",

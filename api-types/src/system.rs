@@ -106,3 +106,40 @@ pub struct TransitionRecord {
     pub actor: String,
     pub occurred_at: DateTime<Utc>,
 }
+
+/// Queue throughput of the caller's workspace over the last minutes: attempts that ended,
+/// per job kind, in buckets of equal width, oldest first; the last bucket is the current,
+/// partial one.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Throughput {
+    /// The window asked for.
+    pub minutes: i64,
+    /// Width of a bucket: 10 s for windows up to 15 minutes, 60 s beyond.
+    pub bucket_seconds: i64,
+    /// Start of the first bucket.
+    pub since: DateTime<Utc>,
+    /// Only kinds with an ended attempt in the window, by name.
+    pub kinds: Vec<KindThroughput>,
+}
+
+/// One job kind's ended attempts in the window.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct KindThroughput {
+    pub kind: String,
+    /// Jobs acked in the window: their work is over, whatever the domain outcome (a run
+    /// whose command exited 1 is a completed job with a failed run).
+    pub completed: i64,
+    /// Attempts that failed in the window: put back to be retried, or whose lease expired
+    /// and was taken over.
+    pub failed: i64,
+    /// Every bucket of the window, empty ones included.
+    pub buckets: Vec<ThroughputBucket>,
+}
+
+/// One bucket of a kind's throughput.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ThroughputBucket {
+    pub start: DateTime<Utc>,
+    pub completed: i64,
+    pub failed: i64,
+}

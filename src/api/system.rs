@@ -1,10 +1,10 @@
-//! Health, readiness, system stats, the audit trail and queue leases.
+//! Health, readiness, system stats and throughput, the audit trail and queue leases.
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::Utc;
-use keel_api_types::{EntityType, Health, Readiness, SystemStats, Workers};
+use keel_api_types::{EntityType, Health, Readiness, SystemStats, Throughput, Workers};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
@@ -28,6 +28,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 pub fn v1_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(system_stats))
+        .routes(routes!(system_throughput))
         .routes(routes!(state_transitions))
         .routes(routes!(runtime_leases))
 }
@@ -192,4 +193,39 @@ async fn system_stats(
         version: VERSION.to_string(),
     };
     Ok(Json(object("system_stats", stats)))
+}
+
+/// The longest throughput window, in minutes.
+const MAX_THROUGHPUT_MINUTES: i64 = 60;
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct ThroughputQuery {
+    /// The window, 1 to 60 minutes back from now (default 15).
+    #[param(minimum = 1, maximum = 60)]
+    minutes: Option<i64>,
+}
+
+/// The workspace's queue throughput: attempts that ended in the last minutes, completed
+/// (acked) and failed (retried or lease expired), per job kind in buckets of 10 s (windows
+/// up to 15 minutes) or 60 s.
+#[utoipa::path(get, path = "/system/throughput", tag = "system", params(ThroughputQuery),
+    responses((status = 200, description = "The buckets", body = ObjectEnvelope<Throughput>)))]
+async fn system_throughput(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiQuery(query): ApiQuery<ThroughputQuery>,
+) -> Result<Json<ObjectEnvelope<Throughput>>, ApiError> {
+    let minutes = match query.minutes.unwrap_or(15) {
+        n @ 1..=MAX_THROUGHPUT_MINUTES => n,
+        n => {
+            return Err(ApiError::invalid(format!(
+                "minutes must be between 1 and {MAX_THROUGHPUT_MINUTES}, not {n}"
+            )));
+        }
+    };
+    let mut conn = state.pool.acquire().await?;
+    let throughput = stats::throughput(&mut conn, &caller.scope, minutes).await?;
+    Ok(Json(object("throughput", throughput)))
 }

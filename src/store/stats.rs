@@ -1,5 +1,7 @@
-//! Queue and worker figures for `GET /v1/system/stats`.
+//! Queue and worker figures for `GET /v1/system/stats`, and the queue's throughput for
+//! `GET /v1/system/throughput`.
 
+use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 use super::Result;
@@ -8,7 +10,7 @@ use crate::domain::Scope;
 /// A worker is live while its registry heartbeat is younger than this.
 pub const WORKER_LIVE_MS: i64 = 30_000;
 
-pub use keel_api_types::{KindStats, WorkerStats};
+pub use keel_api_types::{KindStats, KindThroughput, Throughput, ThroughputBucket, WorkerStats};
 
 /// One workspace's queue figures, for `GET /v1/system/stats`.
 pub async fn queue(conn: &mut PgConnection, scope: &Scope) -> Result<Vec<KindStats>> {
@@ -79,4 +81,107 @@ async fn workers_of(
     .fetch_all(conn)
     .await?;
     Ok(rows)
+}
+
+/// Width of a throughput bucket for a window of `minutes`: at most 90 buckets.
+pub fn bucket_seconds(minutes: i64) -> i64 {
+    if minutes <= 15 { 10 } else { 60 }
+}
+
+/// The workspace's ended attempts of the last `minutes`, from `lease_history` (every ack,
+/// nack and takeover writes a row there, stamped `released_at`).
+///
+/// Cheap at any volume: `released_at` is its transaction's start and ids grow with
+/// inserts, so the window's rows are the workspace's from the first id released a minute
+/// before the window on. That id comes from the `released_at` index (one probe), the rows
+/// from `(workspace_id, id)` — the indexes the table already has, so acks (the hot path)
+/// pay for no new one. A row is missed only if its transaction ran for over a minute
+/// before it wrote the row; the acking transactions are short.
+pub async fn throughput(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    minutes: i64,
+) -> Result<Throughput> {
+    let width = bucket_seconds(minutes);
+    let count = minutes * 60 / width;
+    let rows: Vec<BucketRow> = sqlx::query_as(
+        "WITH bounds AS (
+             SELECT to_timestamp((floor(extract(epoch FROM now()) / $2) - ($3 - 1)) * $2) AS since
+         ), first_row AS (
+             SELECT coalesce((SELECT h.id FROM lease_history h, bounds b
+                              WHERE h.released_at >= b.since - interval '1 minute'
+                              ORDER BY h.released_at LIMIT 1), 9223372036854775807) AS id
+         )
+         SELECT b.since, h.kind,
+                floor(extract(epoch FROM h.released_at - b.since) / $2)::bigint AS bucket,
+                count(*) FILTER (WHERE h.outcome = 'acked') AS completed,
+                count(*) FILTER (WHERE h.outcome IN ('retried', 'expired')) AS failed
+         FROM bounds b
+         LEFT JOIN lease_history h
+                ON h.workspace_id = $1 AND h.id >= (SELECT id FROM first_row)
+               AND h.released_at >= b.since AND h.outcome IN ('acked', 'retried', 'expired')
+         GROUP BY b.since, h.kind, bucket
+         ORDER BY h.kind, bucket",
+    )
+    .bind(scope.workspace())
+    .bind(width)
+    .bind(count)
+    .fetch_all(conn)
+    .await?;
+    // The LEFT JOIN from `bounds` gives at least one row, an empty window included.
+    let since = rows.first().expect("one row per window at least").since;
+    Ok(Throughput {
+        minutes,
+        bucket_seconds: width,
+        since,
+        kinds: per_kind(&rows, since, width, count),
+    })
+}
+
+#[derive(sqlx::FromRow)]
+struct BucketRow {
+    since: DateTime<Utc>,
+    /// None on the one row of a window with nothing in it.
+    kind: Option<String>,
+    bucket: Option<i64>,
+    completed: i64,
+    failed: i64,
+}
+
+/// The sparse rows (ordered by kind) as every bucket of each kind.
+fn per_kind(
+    rows: &[BucketRow],
+    since: DateTime<Utc>,
+    width: i64,
+    count: i64,
+) -> Vec<KindThroughput> {
+    let mut kinds: Vec<KindThroughput> = Vec::new();
+    for row in rows {
+        let (Some(kind), Some(bucket)) = (&row.kind, row.bucket) else {
+            continue;
+        };
+        if kinds.last().is_none_or(|k| &k.kind != kind) {
+            kinds.push(KindThroughput {
+                kind: kind.clone(),
+                completed: 0,
+                failed: 0,
+                buckets: (0..count)
+                    .map(|n| ThroughputBucket {
+                        start: since + chrono::Duration::seconds(n * width),
+                        completed: 0,
+                        failed: 0,
+                    })
+                    .collect(),
+            });
+        }
+        let entry = kinds.last_mut().expect("pushed above");
+        entry.completed += row.completed;
+        entry.failed += row.failed;
+        // A transaction that began just after this statement's now() can have committed a
+        // row one bucket past the window: it counts in the last one.
+        let slot = &mut entry.buckets[bucket.clamp(0, count - 1) as usize];
+        slot.completed += row.completed;
+        slot.failed += row.failed;
+    }
+    kinds
 }

@@ -29,6 +29,7 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ("GET", "/v1/whoami", RemoteSafe),
     ("POST", "/v1/system/shutdown", LocalOnly),
     ("GET", "/v1/system/stats", RemoteSafe),
+    ("GET", "/v1/system/throughput", RemoteSafe),
     ("GET", "/v1/state-transitions", RemoteSafe),
     ("GET", "/v1/runtime/leases", RemoteSafe),
     ("GET", "/v1/workspace", RemoteSafe),

@@ -1,0 +1,150 @@
+//! The API the console's queue page reads beyond the system stats: the queue's throughput
+//! (`GET /v1/system/throughput`), against a real `keel api` in remote mode (two orgs, the
+//! header identity form) and real `keel worker`s on one database.
+
+mod support;
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use support::{Client, client_with_headers, wait_for};
+
+const RUNTIME_ID: &str = "rt_console";
+const SHARED_SECRET: &str = "console-shared-secret-0123456789";
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn org_client(base: &str, org: &str) -> Client {
+    client_with_headers(
+        base,
+        &[
+            ("x-keel-remote-secret", SHARED_SECRET),
+            ("x-keel-actor-id", &format!("actor_{org}")),
+            ("x-keel-org-id", &format!("org_{org}")),
+            ("x-keel-runtime-id", RUNTIME_ID),
+        ],
+    )
+}
+
+/// The caller's throughput figures for `query`, answered 200.
+async fn throughput(c: &Client, query: &str) -> Value {
+    let (status, body) = c.get(&format!("/v1/system/throughput{query}")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["object"], "throughput", "{body}");
+    body["data"].clone()
+}
+
+/// A kind's (completed, failed) totals; (0, 0) when the kind is not listed.
+fn totals(figures: &Value, kind: &str) -> (i64, i64) {
+    figures["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["kind"] == kind)
+        .map_or((0, 0), |k| {
+            (
+                k["completed"].as_i64().unwrap(),
+                k["failed"].as_i64().unwrap(),
+            )
+        })
+}
+
+/// Every kind lists each bucket of the window, aligned to the width from `since` on, and
+/// its buckets add up to its totals.
+fn assert_dense(figures: &Value, buckets: usize, width: i64) {
+    assert_eq!(figures["bucket_seconds"], width, "{figures}");
+    let since = chrono::DateTime::parse_from_rfc3339(figures["since"].as_str().unwrap()).unwrap();
+    assert_eq!(since.timestamp() % width, 0, "{figures}");
+    for kind in figures["kinds"].as_array().unwrap() {
+        let list = kind["buckets"].as_array().unwrap();
+        assert_eq!(list.len(), buckets, "{kind}");
+        for (n, bucket) in list.iter().enumerate() {
+            let start = chrono::DateTime::parse_from_rfc3339(bucket["start"].as_str().unwrap());
+            assert_eq!(
+                start.unwrap().timestamp(),
+                since.timestamp() + n as i64 * width
+            );
+        }
+        for field in ["completed", "failed"] {
+            let sum: i64 = list.iter().map(|b| b[field].as_i64().unwrap()).sum();
+            assert_eq!(sum, kind[field].as_i64().unwrap(), "{field}: {kind}");
+        }
+    }
+}
+
+/// Runs finish in org a and org b; each org's buckets count its own runs alone, a worker
+/// killed under a run counts as a failed attempt once another worker takes the job over,
+/// and the window is bounded.
+#[tokio::test]
+async fn throughput_counts_each_workspaces_finished_runs_alone() {
+    let db = support::fresh_database().await;
+    let (logs, data) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let env = [
+        ("KEEL_REMOTE_MODE", "1"),
+        ("KEEL_RUNTIME_ID", RUNTIME_ID),
+        ("KEEL_REMOTE_SHARED_SECRET", SHARED_SECRET),
+    ];
+    let api = support::spawn_api_with_env(&db, logs.path(), "api", &env).await;
+    let mut first =
+        support::spawn_worker_with_env(&db, logs.path(), "worker1", 2_000, data.path(), &env);
+    let base = api.client.as_ref().unwrap().base.clone();
+    let (a, b) = (org_client(&base, "a"), org_client(&base, "b"));
+
+    let nothing = throughput(&a, "").await;
+    assert_eq!(nothing["minutes"], 15, "{nothing}");
+    assert_eq!(nothing["kinds"], json!([]), "{nothing}");
+
+    for (client, runs) in [(&a, 3), (&b, 2)] {
+        for n in 0..runs {
+            let (task, run) = client.run_shell(&format!("echo {n}")).await;
+            let done = client.wait_terminal(&task, &run, TIMEOUT).await;
+            assert_eq!(done["status"], "completed", "{done}");
+        }
+    }
+    // Org b sees its two runs, none of org a's.
+    let theirs = throughput(&b, "?minutes=60").await;
+    assert_eq!(totals(&theirs, "run"), (2, 0), "{theirs}");
+    assert_dense(&theirs, 60, 60);
+    let one = throughput(&b, "?minutes=1").await;
+    assert_dense(&one, 6, 10);
+    assert_eq!(totals(&one, "run"), (2, 0), "{one}");
+
+    // A run whose command fails is still a job the queue completed.
+    let (task, run) = a.run_shell("exit 3").await;
+    let done = a.wait_terminal(&task, &run, TIMEOUT).await;
+    assert_eq!(done["status"], "failed", "{done}");
+
+    // The worker dies under a run; the next one takes the expired lease over.
+    let (long_task, long_run) = a.run_shell("sleep 60").await;
+    a.wait_status(&long_task, &long_run, "running", TIMEOUT)
+        .await;
+    first.kill9();
+    let _second =
+        support::spawn_worker_with_env(&db, logs.path(), "worker2", 2_000, data.path(), &env);
+    let figures = wait_for(TIMEOUT, "the lost attempt to count", || async {
+        let figures = throughput(&a, "").await;
+        (totals(&figures, "run").1 >= 1).then_some(figures)
+    })
+    .await;
+    assert_eq!(totals(&figures, "run").0, 4, "{figures}");
+    assert_dense(&figures, 90, 10);
+    let (status, body) = a
+        .post(
+            &format!("/v1/tasks/{long_task}/runs/{long_run}/cancel"),
+            json!({}),
+        )
+        .await;
+    assert!(status.is_success(), "{body}");
+
+    for query in [
+        "?minutes=0",
+        "?minutes=61",
+        "?minutes=-5",
+        "?minutes=ten",
+        "?hours=1",
+    ] {
+        let (status, body) = a.get(&format!("/v1/system/throughput{query}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
+        assert_eq!(body["error"]["type"], "invalid_request", "{query}: {body}");
+    }
+}
