@@ -4,6 +4,7 @@
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod console;
 pub mod domain;
 pub mod jobs;
 pub mod queue;

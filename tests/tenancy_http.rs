@@ -53,15 +53,29 @@ enum Walk {
     /// Computes from its body alone (a workflow render): 200 with none of the other
     /// workspace's ids.
     Compute(&'static str),
+    /// A console asset: GET of this path answers 200 with none of the other's ids.
+    Page(&'static str),
 }
 
-use Walk::{Compute, Create, FeedStream, Global, List, LocalOnly, Operator, Read, Write};
+use Walk::{Compute, Create, FeedStream, Global, List, LocalOnly, Operator, Page, Read, Write};
 
 /// Every route of the API (the test below fails until a new one is added here).
 const ROUTES: &[(&str, &str, Walk)] = &[
     ("GET", "/healthz", Global("")),
     ("GET", "/readyz", Global("")),
     ("GET", "/docs", Global("")),
+    // The console: its pages and the caller's own session (signing in with a runtime token
+    // is refused in remote mode).
+    ("GET", "/", Global("")),
+    ("GET", "/console", Global("")),
+    (
+        "GET",
+        "/console/assets/{*path}",
+        Page("/console/assets/app.js"),
+    ),
+    ("GET", "/console/session", Global("")),
+    ("POST", "/console/session", LocalOnly),
+    ("DELETE", "/console/session", Compute("")),
     ("GET", "/v1/openapi.json", Global("")),
     ("GET", "/v1/whoami", Global("")),
     ("GET", "/v1/provider-templates", Global("")),
@@ -283,7 +297,10 @@ const ROUTES: &[(&str, &str, Walk)] = &[
 #[test]
 fn the_walk_names_every_documented_route() {
     let doc = serde_json::to_value(keel::api::openapi()).unwrap();
-    let mut documented = vec![("GET".to_string(), "/docs".to_string())];
+    let mut documented: Vec<(String, String)> = keel::api::PAGE_ROUTES
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
     for (path, item) in doc["paths"].as_object().unwrap() {
         for method in ["get", "post", "put", "patch", "delete"] {
             if item.get(method).is_some() {
@@ -799,6 +816,7 @@ async fn walk(owner: (&'static str, &Client), intruder: (&'static str, &Client))
             Create(body) => w.create(template, body).await,
             LocalOnly => w.local_only(method, template).await,
             Compute(body) => w.compute(method, template, body).await,
+            Page(path) => w.global(path, "").await,
         }
     }
     let (after, _) = snapshot(&w.owner.client).await;

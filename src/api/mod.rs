@@ -39,7 +39,7 @@ use crate::domain::secret::SecretPolicy;
 use crate::store::content::ContentStore;
 use crate::store::runs::AdmissionRules;
 
-pub use auth::{Auth, ROUTE_POLICY, RouteClass, SettingsError};
+pub use auth::{Auth, PAGE_ROUTES, ROUTE_POLICY, RouteClass, SettingsError};
 pub use error::ApiError;
 pub use keel_api_types::{ListEnvelope, ObjectEnvelope};
 
@@ -185,6 +185,7 @@ pub fn app(state: AppState) -> Router {
     let auth = state.auth.clone();
     let router = router
         .route("/docs", axum::routing::get(openapi::reference_page))
+        .merge(crate::console::router())
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)
         .with_state(state)

@@ -2,7 +2,8 @@
 //! the caller as an extractor, so a route cannot forget to ask for it.
 //!
 //! In order: open routes (probes) pass; the Host must be on the allowlist; the credentials
-//! of the runtime's mode must prove a caller; the route must be in the policy table (and a
+//! of the runtime's mode must prove a caller (in local mode with a token, the console's
+//! session cookie also does, with its CSRF header on changes); the route must be in the policy table (and a
 //! local-only route needs local access); and the caller must be within its rate limit.
 
 mod headers;
@@ -10,6 +11,7 @@ mod host;
 mod jwt;
 mod policy;
 mod ratelimit;
+mod session;
 mod settings;
 mod token;
 
@@ -24,7 +26,8 @@ use axum::response::{IntoResponse, Response};
 use super::ApiError;
 use crate::domain::Caller;
 use policy::Lookup;
-pub use policy::{ROUTE_POLICY, RouteClass, local_only_actions};
+pub use policy::{PAGE_ROUTES, ROUTE_POLICY, RouteClass, local_only_actions};
+use settings::Proof;
 pub use settings::{Auth, RuntimeMode, SettingsError};
 
 /// Whether this request may use local-only routes (see [`policy::local_access`]).
@@ -62,9 +65,19 @@ fn admit(auth: &Auth, request: &Request) -> Result<Option<(Caller, LocalAccess)>
             "the Host header names a host this runtime does not serve (KEEL_ALLOWED_HOSTS)".into(),
         ));
     }
-    let caller = auth
+    let (caller, proof) = auth
         .authenticate(request.headers())
         .map_err(ApiError::Unauthorized)?;
+    // A browser attaches the cookie to any request to this origin, so a change it proves
+    // must also show the session's CSRF token, which only this origin's pages can read.
+    if proof == Proof::Cookie
+        && !request.method().is_safe()
+        && !auth.csrf_presented(request.headers())
+    {
+        return Err(ApiError::Forbidden(
+            "a console session's changes need its X-Keel-CSRF header (GET /console/session)".into(),
+        ));
+    }
     let peer = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()

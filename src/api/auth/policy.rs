@@ -8,8 +8,10 @@ use axum::http::{HeaderMap, Method};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RouteClass {
-    /// Liveness and readiness probes and the reference page: no credentials and no Host
-    /// check (orchestrators probe pod IPs), and nothing they serve is a workspace's.
+    /// Liveness and readiness probes, the reference page and the console's static assets:
+    /// no credentials and no Host check (orchestrators probe pod IPs), and nothing they
+    /// serve is a workspace's. The console's session endpoints are open too and check the
+    /// Host and the credentials themselves (signing in is how a browser gets credentials).
     Open,
     /// Needs an identity; acts only inside the caller's workspace and the data directory.
     RemoteSafe,
@@ -25,6 +27,12 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ("GET", "/healthz", Open),
     ("GET", "/readyz", Open),
     ("GET", "/docs", Open),
+    ("GET", "/", Open),
+    ("GET", "/console", Open),
+    ("GET", "/console/assets/{*path}", Open),
+    ("GET", "/console/session", Open),
+    ("POST", "/console/session", Open),
+    ("DELETE", "/console/session", Open),
     ("GET", "/v1/openapi.json", RemoteSafe),
     ("GET", "/v1/whoami", RemoteSafe),
     ("POST", "/v1/system/shutdown", LocalOnly),
@@ -202,6 +210,18 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ("POST", "/v1/tasks/{task_id}/start", RemoteSafe),
 ];
 
+/// The routes outside the OpenAPI document: pages for people (the reference page and the
+/// console), not the API. Every other row of [`ROUTE_POLICY`] is a documented operation.
+pub const PAGE_ROUTES: &[(&str, &str)] = &[
+    ("GET", "/docs"),
+    ("GET", "/"),
+    ("GET", "/console"),
+    ("GET", "/console/assets/{*path}"),
+    ("GET", "/console/session"),
+    ("POST", "/console/session"),
+    ("DELETE", "/console/session"),
+];
+
 /// What the table says about a matched route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lookup {
@@ -256,11 +276,14 @@ mod tests {
     use axum::http::HeaderValue;
 
     /// The table and the OpenAPI document name the same routes (the router is built from
-    /// the document's annotations; `/docs` is the one page outside it).
+    /// the document's annotations; the pages are the routes outside it).
     #[test]
     fn the_table_classifies_every_documented_route_and_nothing_else() {
         let doc = serde_json::to_value(crate::api::openapi()).unwrap();
-        let mut documented: Vec<(String, String)> = vec![("GET".into(), "/docs".into())];
+        let mut documented: Vec<(String, String)> = PAGE_ROUTES
+            .iter()
+            .map(|(m, p)| (m.to_string(), p.to_string()))
+            .collect();
         for (path, item) in doc["paths"].as_object().unwrap() {
             for method in ["get", "post", "put", "patch", "delete"] {
                 if item.get(method).is_some() {

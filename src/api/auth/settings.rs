@@ -13,7 +13,8 @@ use super::headers;
 use super::host::HostAllowlist;
 use super::jwt::{IDENTITY_HEADER, JwtVerifier, Rejected};
 use super::ratelimit::Limiter;
-use super::token;
+use super::{session, token};
+use crate::api::ApiError;
 use crate::config::{AuthArgs, Redacted};
 use crate::domain::Caller;
 use crate::domain::identity::RemoteIdentity;
@@ -107,6 +108,12 @@ impl Auth {
         }
     }
 
+    /// Whether the request addresses a host this runtime serves (`KEEL_ALLOWED_HOSTS`): open
+    /// routes that check credentials themselves ask first.
+    pub fn serves_host(&self, request: &axum::extract::Request) -> bool {
+        self.hosts.allows(request)
+    }
+
     /// The runtime's label in `GET /v1/whoami`.
     pub fn label(&self) -> &str {
         &self.label
@@ -143,16 +150,124 @@ impl Auth {
         )
     }
 
-    /// The caller the request's credentials prove, in this runtime's mode.
-    pub(super) fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, Rejected> {
+    /// The caller the request's credentials prove, in this runtime's mode, and how. The
+    /// console's cookie counts only when no token header is sent: a wrong header is
+    /// refused as before, whatever cookie rides along.
+    pub(super) fn authenticate(&self, headers: &HeaderMap) -> Result<(Caller, Proof), Rejected> {
         match &self.credentials {
-            Credentials::Local(None) => Ok(Caller::local()),
-            Credentials::Local(Some(token)) => token::presented(headers, token)
-                .then(Caller::local)
+            Credentials::Local(None) => Ok((Caller::local(), Proof::Credentials)),
+            Credentials::Local(Some(token)) if token::offered(headers) => {
+                token::presented(headers, token)
+                    .then(|| (Caller::local(), Proof::Credentials))
+                    .ok_or("missing or wrong runtime token")
+            }
+            Credentials::Local(Some(token)) => session::presented(headers, token)
+                .then(|| (Caller::local(), Proof::Cookie))
                 .ok_or("missing or wrong runtime token"),
-            Credentials::Remote(remote) => remote.identify(headers).map(Caller::remote),
+            Credentials::Remote(remote) => remote
+                .identify(headers)
+                .map(|identity| (Caller::remote(identity), Proof::Credentials)),
         }
     }
+
+    /// The runtime token, in local mode when one is configured: what a console session is
+    /// derived from.
+    fn session_token(&self) -> Option<&Redacted> {
+        match &self.credentials {
+            Credentials::Local(token) => token.as_ref(),
+            Credentials::Remote(_) => None,
+        }
+    }
+
+    /// Whether a cookie-authenticated request carries its session's CSRF token.
+    pub(super) fn csrf_presented(&self, headers: &HeaderMap) -> bool {
+        self.session_token()
+            .is_some_and(|token| session::csrf_presented(headers, token))
+    }
+
+    /// What the console's `GET /console/session` tells a browser: how it signs in,
+    /// whether the request is signed in, and (for a cookie session) its CSRF token.
+    pub fn console_session(&self, headers: &HeaderMap) -> ConsoleSession {
+        let caller = self.authenticate(headers).ok();
+        let sign_in = match (&self.credentials, self.session_token()) {
+            (Credentials::Remote(_), _) => SignIn::Proxy,
+            (_, Some(_)) => SignIn::Token,
+            (_, None) => SignIn::None,
+        };
+        let csrf_token = self
+            .session_token()
+            .filter(|_| caller.is_some())
+            .map(|token| session::csrf_token(token).expose().to_string());
+        ConsoleSession {
+            mode: self.mode(),
+            sign_in,
+            signed_in: caller.is_some(),
+            actor_id: caller.map(|(caller, _)| caller.actor_id),
+            csrf_token,
+        }
+    }
+
+    /// The `Set-Cookie` value that ends a console session.
+    pub fn console_sign_out(&self, secure: bool) -> String {
+        session::clear_cookie(secure)
+    }
+
+    /// Whether this runtime signs browsers in with its token: only local mode with one.
+    pub fn console_sign_in_offered(&self) -> Result<(), ApiError> {
+        match &self.credentials {
+            Credentials::Remote(_) => Err(ApiError::Forbidden(
+                "remote mode: your proxy signs you in".into(),
+            )),
+            Credentials::Local(None) => Err(ApiError::Conflict(
+                "this runtime has no token: there is nothing to sign in to".into(),
+            )),
+            Credentials::Local(Some(_)) => Ok(()),
+        }
+    }
+
+    /// The `Set-Cookie` value of a console session, when `presented` is the runtime token
+    /// (compared in constant time, like the bearer header).
+    pub fn console_sign_in(&self, presented: &str, secure: bool) -> Result<String, ApiError> {
+        self.console_sign_in_offered()?;
+        match self.session_token() {
+            Some(token) if token::matches(presented, token) => {
+                Ok(session::set_cookie(token, secure))
+            }
+            _ => Err(ApiError::Unauthorized("wrong console token")),
+        }
+    }
+}
+
+/// How a request's caller was proved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proof {
+    /// A header the request's sender set: the token, an identity JWT or identity headers.
+    Credentials,
+    /// The console's session cookie, which a browser attaches by itself.
+    Cookie,
+}
+
+/// How the console signs a browser in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SignIn {
+    /// Local mode with a runtime token: the token, once, for a session cookie.
+    Token,
+    /// Local mode without a token: nothing to sign in to.
+    None,
+    /// Remote mode: the proxy's identity.
+    Proxy,
+}
+
+/// The console's view of its session.
+#[derive(Debug, Serialize)]
+pub struct ConsoleSession {
+    pub mode: RuntimeMode,
+    pub sign_in: SignIn,
+    pub signed_in: bool,
+    pub actor_id: Option<String>,
+    /// Sent as `X-Keel-CSRF` with every state-changing request of the session.
+    pub csrf_token: Option<String>,
 }
 
 impl Remote {

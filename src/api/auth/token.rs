@@ -33,6 +33,11 @@ pub fn presented(headers: &HeaderMap, token: &Redacted) -> bool {
     candidates.peek().is_some() && candidates.all(|c| c.is_some_and(|c| matches(c, token)))
 }
 
+/// Whether the request sends a token header at all, right or wrong.
+pub fn offered(headers: &HeaderMap) -> bool {
+    headers.contains_key(AUTHORIZATION) || headers.contains_key(RUNTIME_TOKEN_HEADER)
+}
+
 /// The token of an `Authorization: Bearer <token>` value (the scheme is case-insensitive).
 fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;

@@ -1,0 +1,25 @@
+//! Every file of the console, embedded at build time: its path under `/console/assets/`
+//! and its bytes. A test checks that each file in `assets/` is listed here.
+
+macro_rules! files {
+    ($($path:literal),* $(,)?) => {
+        pub const FILES: &[(&str, &[u8])] = &[
+            $(($path, include_bytes!(concat!("assets/", $path)))),*
+        ];
+    };
+}
+
+files![
+    "index.html",
+    "console.css",
+    "app.js",
+    "lib/api.js",
+    "lib/dom.js",
+    "lib/sse.js",
+    "lib/time.js",
+    "pages/approvals.js",
+    "pages/run.js",
+    "pages/task.js",
+    "pages/tasks.js",
+    // Part 2's pages.
+];

@@ -1,0 +1,97 @@
+// Builds elements. Data only ever becomes text (textContent, text nodes, attribute values):
+// nothing here parses HTML, so a task's command or an approval's summary cannot inject markup.
+
+/** `h('a', {href: '#/tasks', class: 'x', onclick: fn}, 'text', child, [more])` */
+export function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith('on') && typeof value === 'function') {
+      node.addEventListener(key.slice(2), value);
+    } else if (key === 'class') {
+      node.className = value;
+    } else if (key === 'for') {
+      node.htmlFor = value;
+    } else if (value === true) {
+      node.setAttribute(key, '');
+    } else {
+      node.setAttribute(key, String(value));
+    }
+  }
+  append(node, children);
+  return node;
+}
+
+/** Appends children: nodes as they are, strings and numbers as text, arrays flattened. */
+export function append(node, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+/** Empties `node` and fills it with `children`. */
+export function replace(node, ...children) {
+  node.replaceChildren();
+  return append(node, children);
+}
+
+/** A status as a badge the stylesheet colours by its value. */
+export function badge(status) {
+  return h('span', { class: `badge status-${String(status).replace(/[^a-z_]/g, '')}` }, status);
+}
+
+/** A `<dl>` of [term, value] pairs, leaving out empty values. */
+export function details(pairs) {
+  const list = h('dl', { class: 'details' });
+  for (const [term, value] of pairs) {
+    if (value === null || value === undefined || value === '') continue;
+    append(list, [h('dt', {}, term), h('dd', {}, value)]);
+  }
+  return list;
+}
+
+/** A table with a caption, headings and rows of cells, in a box that scrolls sideways on
+ *  a narrow screen instead of the page. */
+export function table(caption, headings, rows, empty = 'Nothing here yet.') {
+  if (rows.length === 0) return h('p', { class: 'empty' }, empty);
+  return h('div', { class: 'table-wrap' },
+    h('table', {},
+      h('caption', { class: 'visually-hidden' }, caption),
+      h('thead', {}, h('tr', {}, headings.map((text) => h('th', { scope: 'col' }, text)))),
+      h('tbody', {}, rows.map((cells) => h('tr', {}, cells.map((cell) => h('td', {}, cell)))))));
+}
+
+/** A message in the page's live region. */
+export function toast(message) {
+  const region = document.getElementById('toast');
+  replace(region, message);
+  region.classList.add('shown');
+  clearTimeout(toast.timer);
+  toast.timer = setTimeout(() => region.classList.remove('shown'), 5000);
+}
+
+/** An error as the API reported it: its message and the request id to look it up by. */
+export function errorBox(error) {
+  return h('p', { class: 'error', role: 'alert' }, error.message,
+    error.requestId ? h('span', { class: 'request-id' }, ` (request ${error.requestId})`) : null);
+}
+
+/** Runs an action from a button: disabled while it runs, its error shown beside it. */
+export function action(label, run, attrs = {}) {
+  const button = h('button', { type: 'button', ...attrs }, label);
+  button.addEventListener('click', async () => {
+    const slot = button.parentElement?.querySelector(':scope > .error');
+    slot?.remove();
+    button.disabled = true;
+    try {
+      await run();
+    } catch (error) {
+      button.after(errorBox(error));
+    } finally {
+      if (button.isConnected && !attrs.disabled) button.disabled = false;
+    }
+  });
+  return button;
+}

@@ -1,0 +1,27 @@
+// Times in the browser's zone, with the UTC instant on hover and the age beside it.
+
+const local = new Intl.DateTimeFormat(undefined, { dateStyle: 'medium', timeStyle: 'medium' });
+const relative = new Intl.RelativeTimeFormat(undefined, { numeric: 'auto' });
+const STEPS = [[60, 'second'], [60, 'minute'], [24, 'hour'], [30, 'day'], [12, 'month'], [Infinity, 'year']];
+
+/** How long ago (or from now) `date` is, in words: "3 minutes ago", "in 2 hours". */
+export function age(date, now = Date.now()) {
+  let amount = (date.getTime() - now) / 1000;
+  for (const [size, unit] of STEPS) {
+    if (Math.abs(amount) < size) return relative.format(Math.round(amount), unit);
+    amount /= size;
+  }
+  return '';
+}
+
+/** A `<time>` element for an RFC 3339 instant, or an empty string for none. */
+export function when(iso) {
+  if (!iso) return '';
+  const date = new Date(iso);
+  if (Number.isNaN(date.getTime())) return iso;
+  const node = document.createElement('time');
+  node.dateTime = iso;
+  node.title = `${date.toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z')} (UTC)`;
+  node.textContent = `${local.format(date)} · ${age(date)}`;
+  return node;
+}
