@@ -57,6 +57,8 @@ async function route() {
   renderNav(found.page);
   const root = h('div', { class: 'page', 'data-page': found.page.module });
   replace(main, root);
+  // Keyboard and screen reader users land on the new page, not on what was removed.
+  main.focus({ preventScroll: true });
   const ctx = {
     signal: leaving.signal,
     query: found.query,

@@ -78,20 +78,36 @@ export function errorBox(error) {
     error.requestId ? h('span', { class: 'request-id' }, ` (request ${error.requestId})`) : null);
 }
 
-/** Runs an action from a button: disabled while it runs, its error shown beside it. */
+/** Runs an action from a button: disabled while it runs, its error shown beside it.
+ *  `attrs.disabled` (and later `enable`) say whether it may be used at all. */
 export function action(label, run, attrs = {}) {
-  const button = h('button', { type: 'button', ...attrs }, label);
+  const { disabled = false, ...rest } = attrs;
+  const button = h('button', { type: 'button', ...rest }, label);
+  enable(button, !disabled);
   button.addEventListener('click', async () => {
-    const slot = button.parentElement?.querySelector(':scope > .error');
-    slot?.remove();
+    button.parentElement?.querySelector(':scope > .error')?.remove();
     button.disabled = true;
     try {
       await run();
     } catch (error) {
       button.after(errorBox(error));
     } finally {
-      if (button.isConnected && !attrs.disabled) button.disabled = false;
+      button.disabled = button.dataset.off === '1';
     }
   });
   return button;
+}
+
+/** Whether an action's button may be used. */
+export function enable(button, on) {
+  button.dataset.off = on ? '' : '1';
+  button.disabled = !on;
+}
+
+/** Whether `key` differs from what `node` shows now (and records it): a view rebuilt only
+ *  on change keeps the keyboard focus and text selection of people reading it. */
+export function changed(node, key) {
+  if (node.dataset.key === key) return false;
+  node.dataset.key = key;
+  return true;
 }

@@ -1,6 +1,253 @@
-// Filled in below the shell.
-import { h, replace } from "../lib/dom.js";
+// A run: its status and steps as they change, its event stream live over SSE, its stdout
+// and stderr as they grow, its artifacts (images previewed), its lineage, and the buttons
+// its status allows.
 
-export async function render(root) {
-  replace(root, h("p", {}, "Coming up."));
+import { ApiError, get, post, seg, withQuery } from '../lib/api.js';
+import { action, badge, changed, details, enable, h, replace, table, toast } from '../lib/dom.js';
+import { follow } from '../lib/sse.js';
+import { when } from '../lib/time.js';
+import { summaryText } from './approvals.js';
+import { lineage } from './task.js';
+
+const ACTIVE = ['awaiting_approval', 'queued', 'running'];
+const TERMINAL_EVENTS = ['run.finished', 'run.failed', 'run.cancelled'];
+const EVENT_TYPES = [
+  'run.created', 'run.queued', 'run.started', ...TERMINAL_EVENTS, 'step.started', 'step.finished',
+  'step.failed', 'artifact.created', 'gap.run_disconnected', 'run.resumed_from_event',
+  'approval.requested', 'approval.resolved', 'model.call.completed', 'tool.file.reverted',
+  'model.delta', 'error',
+];
+/** Types the API serves inline (raster images): the only ones previewed. */
+const PREVIEWED = ['image/png', 'image/jpeg', 'image/gif', 'image/webp', 'image/avif'];
+/** While a run is active its output grows without events: it is re-read this often. */
+const OUTPUT_POLL_MS = 1000;
+
+export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
+  const base = `/v1/tasks/${seg(taskId)}/runs/${seg(runId)}`;
+  const [task, run] = await Promise.all([
+    get(`/v1/tasks/${seg(taskId)}`).then((r) => r.data),
+    get(base).then((r) => r.data),
+  ]);
+  if (ctx.signal.aborted) return;
+
+  const view = {
+    status: h('span', { id: 'run-status' }),
+    live: h('span', { class: 'live', 'aria-live': 'polite' }, 'connecting'),
+    actions: h('div', { class: 'actions' }),
+    facts: h('div'),
+    approvals: h('div'),
+    stdout: h('pre', { class: 'output', id: 'stdout', tabindex: 0, 'aria-label': 'stdout' }),
+    stderr: h('pre', { class: 'output', id: 'stderr', tabindex: 0, 'aria-label': 'stderr' }),
+    model: h('pre', { class: 'output', hidden: true, 'aria-label': 'model text' }),
+    steps: h('div'),
+    artifacts: h('div'),
+    events: h('ol', { class: 'events', id: 'events', 'aria-label': 'Events' }),
+  };
+  replace(root,
+    h('p', {}, h('a', { href: `#/tasks/${seg(taskId)}` }, `\u2190 Task ${taskId}`)),
+    h('h1', {}, `Run ${run.number} of ${task.id}`),
+    h('div', { class: 'toolbar' }, view.status, view.live),
+    view.actions,
+    view.facts,
+    view.approvals,
+    h('div', { class: 'grid2' },
+      h('section', {}, h('h2', {}, 'stdout'), view.stdout),
+      h('section', {}, h('h2', {}, 'stderr'), view.stderr)),
+    view.model,
+    h('section', {}, h('h2', {}, 'Steps'), view.steps),
+    h('section', {}, h('h2', {}, 'Artifacts'), view.artifacts),
+    h('section', {}, h('h2', {}, 'Events'), view.events));
+
+  const state = { run, outputSizes: {}, descendants: await descendantsOf(taskId, runId) };
+  state.buttons = actions(view, state, task, base, ctx);
+  const refresh = refresher(async () => {
+    state.run = (await get(base)).data;
+    const [steps, artifacts] = await Promise.all([
+      get(withQuery(`${base}/steps`, { limit: 200 })).then((r) => r.data),
+      get(withQuery(`${base}/artifacts`, { limit: 200 })).then((r) => r.data),
+    ]);
+    if (ctx.signal.aborted) return;
+    showRun(view, state, task);
+    showSteps(view, steps);
+    showArtifacts(view, artifacts, base);
+    await showOutput(view, state, artifacts, base);
+    if (state.run.status === 'awaiting_approval') await showApprovals(view, taskId, runId);
+    else if (changed(view.approvals, '')) replace(view.approvals);
+  });
+
+  await refresh();
+  const poll = setInterval(() => ACTIVE.includes(state.run.status) && refresh(), OUTPUT_POLL_MS);
+  ctx.signal.addEventListener('abort', () => clearInterval(poll));
+
+  follow({
+    url: `${base}/stream`,
+    urlAfter: (sequence) => `${base}/stream?after_sequence=${encodeURIComponent(sequence)}`,
+    types: EVENT_TYPES,
+    signal: ctx.signal,
+    isLast: (type) => TERMINAL_EVENTS.includes(type),
+    onState: (live) => {
+      view.live.dataset.state = live;
+      view.live.textContent = { live: 'live', reconnecting: 'reconnecting\u2026', ended: 'stream ended' }[live];
+      if (live === 'ended') refresh();
+    },
+    onEvent: (type, data) => {
+      if (type === 'model.delta') {
+        view.model.hidden = false;
+        view.model.append(document.createTextNode(data.text || ''));
+        return;
+      }
+      if (type === 'error') {
+        view.events.append(h('li', { class: 'error' }, data.message || 'the stream was interrupted'));
+        return;
+      }
+      view.events.append(eventItem(data));
+      view.events.scrollTop = view.events.scrollHeight;
+      refresh();
+    },
+  });
+}
+
+/** Runs `work` now, or once more after the current pass when asked during one. */
+function refresher(work) {
+  let running = null;
+  let again = false;
+  const run = async () => {
+    if (running) {
+      again = true;
+      return running;
+    }
+    running = (async () => {
+      do {
+        again = false;
+        try {
+          await work();
+        } catch (error) {
+          if (!(error instanceof ApiError)) throw error;
+          toast(error.message);
+        }
+      } while (again);
+    })();
+    try {
+      await running;
+    } finally {
+      running = null;
+    }
+  };
+  return run;
+}
+
+/** The runs of the task that were retried or resumed from this one. */
+async function descendantsOf(taskId, runId) {
+  const page = await get(withQuery(`/v1/tasks/${seg(taskId)}/runs`, { limit: 200 }));
+  return page.data.filter((r) => r.retried_from_run_id === runId || r.resumed_from_run_id === runId);
+}
+
+/** The buttons, made once; each refresh only says which the status allows. */
+function actions(view, state, task, base, ctx) {
+  const carryOn = (verb) => async () => {
+    const next = (await post(`${base}/${verb}`, { reason: `${verb} from the console` })).data;
+    toast(`Run ${next.number} created (${verb}).`);
+    ctx.navigate(`#/runs/${seg(task.id)}/${seg(next.id)}`);
+  };
+  const buttons = {
+    cancel: action('Cancel', async () => {
+      await post(`${base}/cancel`, {});
+      toast(`Cancelling run ${state.run.number}.`);
+    }, { class: 'danger' }),
+    retry: action('Retry', carryOn('retry'), { class: 'secondary' }),
+    resume: action('Resume', carryOn('resume'), { class: 'secondary' }),
+  };
+  replace(view.actions, buttons.cancel, buttons.retry, buttons.resume);
+  return buttons;
+}
+
+function showRun(view, state, task) {
+  const { run } = state;
+  const active = ACTIVE.includes(run.status);
+  enable(state.buttons.cancel, active);
+  enable(state.buttons.retry, !active);
+  enable(state.buttons.resume, !active);
+  if (changed(view.status, run.status)) replace(view.status, badge(run.status));
+  if (!changed(view.facts, JSON.stringify([run, state.descendants.map((d) => d.id)]))) return;
+  const error = run.last_error;
+  replace(view.facts, details([
+    ['Run id', run.id],
+    ['Origin', lineage(run)],
+    ['Carried on by', state.descendants.length
+      ? state.descendants.map((d, i) => [i ? ', ' : '',
+        h('a', { href: `#/runs/${seg(task.id)}/${seg(d.id)}` }, `run ${d.number}`),
+        ` (${d.retried_from_run_id ? 'retry' : d.lineage_kind || 'resume'})`])
+      : null],
+    ['Attempt', run.attempt],
+    ['Worker', run.worker_id],
+    ['Exit code', run.exit_code],
+    ['Last error', error ? (error.message || JSON.stringify(error)) : null],
+    ['Model', run.model ? `${run.provider || ''} ${run.model} (${run.model_call_count} calls)` : null],
+    ['Created', when(run.created_at)],
+    ['Started', when(run.started_at)],
+    ['Finished', when(run.finished_at)],
+  ]));
+}
+
+async function showApprovals(view, taskId, runId) {
+  const page = await get(withQuery(`/v1/tasks/${seg(taskId)}/approvals`, { status: 'pending' }));
+  const mine = page.data.filter((a) => a.run_id === runId);
+  if (!changed(view.approvals, mine.map((a) => a.id).join(','))) return;
+  replace(view.approvals, mine.length === 0 ? null : h('div', { class: 'panel' },
+    h('h2', {}, 'Waiting for approval'),
+    mine.map((a) => [h('p', {}, a.kind), h('pre', { class: 'summary' }, summaryText(a))]),
+    h('p', {}, h('a', { href: '#/approvals' }, 'Decide in the approvals inbox'))));
+}
+
+function showSteps(view, steps) {
+  if (!changed(view.steps, JSON.stringify(steps))) return;
+  replace(view.steps, table('Steps', ['#', 'Step', 'Status', 'Started', 'Finished', 'Error'],
+    steps.map((step) => [step.index, step.name, badge(step.status), when(step.started_at),
+      when(step.finished_at), step.error ? String(step.error.message || step.error) : '']),
+    'No steps yet.'));
+}
+
+function contentUrl(base, artifact) {
+  return `${base}/artifacts/${seg(artifact.id)}/content`;
+}
+
+function showArtifacts(view, artifacts, base) {
+  if (!changed(view.artifacts, JSON.stringify(artifacts))) return;
+  replace(view.artifacts, table('Artifacts', ['Name', 'Type', 'Size', 'Status', 'Content'],
+    artifacts.map((a) => [a.name, a.content_type, `${a.size_bytes} B${a.truncated ? ' (truncated)' : ''}`,
+      badge(a.status),
+      [h('a', { href: contentUrl(base, a), target: '_blank', rel: 'noopener' }, 'open'),
+        PREVIEWED.includes(String(a.content_type).split(';')[0].trim().toLowerCase())
+          ? h('img', { class: 'preview', src: contentUrl(base, a), alt: `preview of ${a.name}`, loading: 'lazy' })
+          : null]]),
+    'No artifacts yet.'));
+}
+
+/** stdout and stderr, re-read when their size changed. */
+async function showOutput(view, state, artifacts, base) {
+  for (const kind of ['stdout', 'stderr']) {
+    const artifact = artifacts.find((a) => a.kind === kind || a.name === kind);
+    const target = view[kind];
+    if (!artifact) {
+      if (!target.textContent) target.textContent = '(nothing yet)';
+      continue;
+    }
+    if (state.outputSizes[kind] === artifact.size_bytes && target.dataset.filled) continue;
+    const response = await fetch(contentUrl(base, artifact), { credentials: 'same-origin' });
+    if (!response.ok) continue;
+    state.outputSizes[kind] = artifact.size_bytes;
+    target.dataset.filled = '1';
+    target.textContent = (await response.text()) || '(empty)';
+    target.scrollTop = target.scrollHeight;
+  }
+}
+
+function eventItem(event) {
+  const facts = [];
+  const data = event.data || {};
+  for (const key of ['name', 'step', 'exit_code', 'kind', 'reason', 'error', 'status']) {
+    if (data[key] !== undefined && data[key] !== null && typeof data[key] !== 'object') facts.push(`${key} ${data[key]}`);
+  }
+  return h('li', { 'data-type': event.type }, h('strong', {}, `#${event.sequence} ${event.type}`), ' ',
+    facts.length ? `(${facts.join(', ')}) ` : '', when(event.occurred_at));
 }

@@ -1,6 +1,70 @@
-// Filled in below the shell.
-import { h, replace } from "../lib/dom.js";
+// A task: what it does, its runs (paginated), and a start button.
 
-export async function render(root) {
-  replace(root, h("p", {}, "Coming up."));
+import { Pager, get, seg } from '../lib/api.js';
+import { action, badge, details, errorBox, h, replace, table } from '../lib/dom.js';
+import { when } from '../lib/time.js';
+import { startTask, summary } from './tasks.js';
+
+const ACTIVE = ['awaiting_approval', 'queued', 'running'];
+
+/** How a run came to be, as a short phrase with a link to its source. */
+export function lineage(run) {
+  const source = run.retried_from_run_id || run.resumed_from_run_id;
+  if (!source) return run.schedule_id ? 'scheduled' : 'started';
+  const how = run.retried_from_run_id ? 'retry of' : `${run.lineage_kind || 'resume'} of`;
+  return [`${how} `, h('a', { href: `#/runs/${seg(run.task_id)}/${seg(source)}` }, source)];
+}
+
+export async function render(root, { task_id: taskId }, ctx) {
+  const task = (await get(`/v1/tasks/${seg(taskId)}`)).data;
+  if (ctx.signal.aborted) return;
+  const runs = h('section', { 'aria-labelledby': 'runs-heading' });
+  const pager = new Pager(`/v1/tasks/${seg(taskId)}/runs`, {}, 20);
+
+  const show = async (load) => {
+    let page;
+    try {
+      page = await load();
+    } catch (error) {
+      replace(runs, errorBox(error));
+      return;
+    }
+    const rows = page.data.map((run) => [
+      h('a', { href: `#/runs/${seg(taskId)}/${seg(run.id)}` }, `run ${run.number}`),
+      badge(run.status),
+      lineage(run),
+      run.exit_code ?? '',
+      when(run.created_at),
+      when(run.finished_at),
+    ]);
+    replace(runs,
+      h('h2', { id: 'runs-heading' }, 'Runs'),
+      table('Runs of this task', ['Run', 'Status', 'Origin', 'Exit code', 'Created', 'Finished'], rows,
+        'No runs yet: start the task.'),
+      h('div', { class: 'pager' },
+        h('button', { type: 'button', disabled: !pager.hasPrevious(), onclick: () => show(() => pager.previous()) }, 'Previous'),
+        h('span', {}, `page ${pager.number()}`),
+        h('button', { type: 'button', disabled: !pager.hasNext(), onclick: () => show(() => pager.next()) }, 'Next')));
+  };
+
+  replace(root,
+    h('p', {}, h('a', { href: '#/tasks' }, '\u2190 Tasks')),
+    h('h1', {}, `Task ${task.id}`),
+    details([
+      ['Status', badge(task.status)],
+      ['Kind', task.execution_kind],
+      ['What it does', h('code', { class: 'command' }, summary(task))],
+      ['Description', task.execution_kind === 'agent_loop' ? null : task.prompt],
+      ['Workspace', task.workspace_mode],
+      ['Working directory', task.working_directory],
+      ['Timeout', task.timeout_ms ? `${task.timeout_ms / 1000} s` : null],
+      ['Priority', task.priority],
+      ['Runs', task.run_count],
+      ['Created', when(task.created_at)],
+      ['Updated', when(task.updated_at)],
+    ]),
+    h('div', { class: 'actions' },
+      action('Start', () => startTask(task, ctx), { disabled: ACTIVE.includes(task.status) })),
+    runs);
+  await show(() => pager.load());
 }

@@ -81,11 +81,13 @@ function createForm(ctx) {
     h('h2', { id: 'create-heading' }, 'New shell task'),
     h('p', { class: 'hint' }, 'Shell runs wait for an operator\u2019s approval when the runtime\u2019s approval policy gates them (the default).'),
     h('label', { for: 'shell-command' }, 'Shell command (sh -c)'), command,
-    h('label', { for: 'task-prompt' }, 'Description (optional)'), prompt,
-    h('label', { for: 'task-timeout' }, 'Timeout in seconds (optional)'), timeout,
-    h('div', { class: 'check' }, startNow, h('label', { for: 'start-now' }, 'Start it now')),
+    h('div', { class: 'fields' },
+      h('div', { class: 'field grow' }, h('label', { for: 'task-prompt' }, 'Description (optional)'), prompt),
+      h('div', { class: 'field' }, h('label', { for: 'task-timeout' }, 'Timeout in seconds (optional)'), timeout)),
     problems,
-    h('button', { type: 'submit' }, 'Create task'));
+    h('div', { class: 'actions' },
+      h('button', { type: 'submit' }, 'Create task'),
+      h('div', { class: 'check' }, startNow, h('label', { for: 'start-now' }, 'Start it now'))));
   form.addEventListener('submit', async (event) => {
     event.preventDefault();
     replace(problems);
