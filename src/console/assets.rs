@@ -22,4 +22,11 @@ files![
     "pages/task.js",
     "pages/tasks.js",
     // Part 2's pages.
+    "pages/external_work.js",
+    "pages/media.js",
+    "pages/paged.js",
+    "pages/providers.js",
+    "pages/queue.js",
+    "pages/schedules.js",
+    "pages/usage.js",
 ];

@@ -11,6 +11,13 @@ export const PAGES = [
   { module: 'task', route: '/tasks/:task_id' },
   { module: 'run', route: '/runs/:task_id/:run_id' },
   { module: 'approvals', route: '/approvals', nav: 'Approvals' },
+  { module: 'schedules', route: '/schedules', nav: 'Schedules' },
+  { module: 'media', route: '/media', nav: 'Media' },
+  { module: 'media', route: '/media/:media_job_id' },
+  { module: 'providers', route: '/providers', nav: 'Providers' },
+  { module: 'queue', route: '/queue', nav: 'Queue' },
+  { module: 'external_work', route: '/external-work', nav: 'External work' },
+  { module: 'usage', route: '/usage', nav: 'Usage' },
 ];
 
 const DEFAULT_ROUTE = '#/tasks';

@@ -1,0 +1,195 @@
+"""Browser tests of the console's schedules, media, providers, queue, external-work and
+usage pages against a real `keel serve` (issue 20, part 2). A tiny image vendor (Python's
+http.server, speaking the OpenAI images protocol) serves a real PNG for the media job.
+Writes docs/screenshots/{queue,media,providers,schedules,...}.png.
+
+    python3 tests/console/pages_test.py path/to/keel
+"""
+
+import base64
+import http.server
+import json
+import os
+import struct
+import sys
+import threading
+import zlib
+
+sys.dont_write_bytecode = True  # noqa: E402  (no __pycache__ beside the sources)
+
+from playwright.sync_api import expect
+
+from console_test import api
+from harness import Console, run_tests, screenshot
+
+# A value that must never reach a page: the media preset's API key.
+CANARY_ENV = "KEEL_SECRET_CONSOLE_CANARY_KEY"
+CANARY = "sk-console-canary-7f3a9c"
+
+
+def png(width=16, height=16):
+    """A real PNG: a blue square (so the browser decodes it and the preview has a size)."""
+    def chunk(kind, data):
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+    rows = b"".join(b"\x00" + b"\x20\x60\xc0" * width for _ in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+class Vendor(http.server.BaseHTTPRequestHandler):
+    """`POST /v1/images/generations` answers one base64 image, as the OpenAI API does."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path != "/v1/images/generations":
+            self.send_error(404)
+            return
+        body = json.dumps({"data": [{"b64_json": base64.b64encode(png()).decode()}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def ok(answer, status=(200, 201, 202)):
+    code, body = answer
+    assert code in status, (code, body)
+    return body["data"]
+
+
+def approved_run(page, command):
+    """A shell task started and approved through the API from the page; returns the task."""
+    task = ok(api(page, "POST", "/v1/tasks", {"execution_kind": "shell", "shell_command": command}))
+    ok(api(page, "POST", f"/v1/tasks/{task['id']}/start", {}))
+    page.wait_for_function(
+        """async (id) => (await (await fetch(`/v1/tasks/${id}/approvals?status=pending`)).json()).data.length > 0""",
+        arg=task["id"])
+    approval = ok(api(page, "GET", f"/v1/tasks/{task['id']}/approvals?status=pending"))[0]
+    ok(api(page, "POST", f"/v1/tasks/{task['id']}/approvals/{approval['id']}/resolve", {"decision": "approve"}))
+    return task
+
+
+def open_page(page, route):
+    page.goto(page.url.split("#")[0] + route)
+
+
+def test_the_queue_page_shows_depth_and_the_chart_bars_after_runs(console):
+    page = console.signed_in_page()
+    # A paused workspace keeps its approved run in the queue: depth 1 for kind `run`.
+    limits = "/v1/workspaces/default/limits"
+    ok(api(page, "PUT", limits, {"max_concurrent": 0}))
+    approved_run(page, "echo queued-run")
+    open_page(page, "#/queue")
+    row = page.locator("tr").filter(has=page.locator("span.kind", has_text="run"))
+    expect(row.locator("td").nth(1)).to_have_text("1")
+    # Unpaused, the run and two more finish: the chart draws their bucket.
+    ok(api(page, "PUT", limits, {"max_concurrent": None}))
+    approved_run(page, "echo second")
+    approved_run(page, "echo third")
+    expect(page.locator("svg.throughput rect.bar").first).to_be_visible()
+    expect(page.locator("figure.chart figcaption")).to_contain_text("3 jobs completed")
+    expect(row.locator("td").nth(1)).to_have_text("0")
+    expect(page.get_by_role("heading", name="Live workers (1)")).to_be_visible()
+    screenshot(page, "queue")
+
+
+def test_a_media_job_shows_its_image_preview_and_providers_show_readiness_without_the_secret(console):
+    vendor = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Vendor)
+    threading.Thread(target=vendor.serve_forever, daemon=True).start()
+    try:
+        page = console.signed_in_page()
+        templates = ok(api(page, "GET", "/v1/provider-templates"))
+        preset = dict(next(t for t in templates if t["template_id"] == "openai-images"))
+        preset.pop("template_id", None)
+        preset.pop("description", None)
+        preset.update(base_url=f"http://127.0.0.1:{vendor.server_port}/v1", api_key_ref=f"env:{CANARY_ENV}", enabled=True)
+        provider = ok(api(page, "POST", "/v1/providers", preset))
+        job = ok(api(page, "POST", "/v1/media-jobs", {"provider_id": provider["id"], "operation": "image_generate",
+                                                      "prompt": "a lighthouse at dusk"}))
+        ok(api(page, "POST", f"/v1/media-jobs/{job['id']}/run", {}))
+
+        open_page(page, "#/media")
+        page.get_by_role("link", name=job["id"]).click()
+        expect(page.locator(".details")).to_contain_text("succeeded")
+        preview = page.locator("img.preview")
+        expect(preview).to_be_visible()
+        page.wait_for_function("(img) => img.complete && img.naturalWidth === 16", arg=preview.element_handle())
+        expect(page.get_by_role("button", name="Cancel")).to_be_disabled()
+        screenshot(page, "media-job")
+        open_page(page, "#/media?status=succeeded")
+        expect(page.get_by_role("link", name=job["id"])).to_be_visible()
+        screenshot(page, "media")
+
+        open_page(page, "#/providers")
+        row = page.locator("tr").filter(has_text=provider["display_name"])
+        expect(row.locator(".secret-status")).to_contain_text("ready")
+        row.get_by_role("button", name="Check").click()
+        expect(row.locator(".check-result")).to_contain_text("ready")
+        screenshot(page, "providers")
+        for text in (page.content(), page.inner_text("body")):
+            assert CANARY not in text, "a secret value reached the page"
+    finally:
+        vendor.shutdown()
+
+
+def test_the_schedules_page_shows_the_next_fire_time_in_its_zone(console):
+    page = console.signed_in_page()
+    task = ok(api(page, "POST", "/v1/tasks", {"execution_kind": "shell", "shell_command": "echo nightly"}))
+    schedule = ok(api(page, "PUT", f"/v1/tasks/{task['id']}/schedule",
+                      {"kind": "cron", "cron_expression": "0 3 * * *", "timezone": "Asia/Tokyo", "enabled": True}))
+    open_page(page, "#/schedules")
+    row = page.locator("tr").filter(has_text=task["id"])
+    expect(row.locator(".next-fire")).to_contain_text("Asia/Tokyo")
+    expect(row.locator(".next-fire")).to_contain_text("3:00")
+    # The browser's zone, with the UTC instant on hover.
+    expect(row.locator("time")).to_have_attribute("datetime", schedule["next_run_at"])
+    expect(row.locator("time")).to_have_attribute("title", schedule["next_run_at"].replace("T", " ").split(".")[0].rstrip("Z") + "Z (UTC)")
+    row.get_by_role("button", name="Occurrences").click()
+    expect(page.get_by_role("heading", name=f"Occurrences of {schedule['id']}")).to_be_visible()
+    expect(page.get_by_text("It has not fired yet.")).to_be_visible()
+    screenshot(page, "schedules")
+
+
+def test_the_usage_and_external_work_pages_render(console):
+    page = console.signed_in_page()
+    source = ok(api(page, "POST", "/v1/external-work/sources", {"workflow_markdown":
+        "---\ntracker: {kind: github, repository: acme/widgets}\n"
+        "task: {execution_kind: shell, shell_command: echo ext}\n---\nWork on {{ issue.title }}"}))
+    payload = {"number": 3, "state": "open", "updated_at": "2026-01-01T00:00:00Z", "title": "console item"}
+    ok(api(page, "POST", "/v1/external-work/import", {"source_id": source["id"], "payload": payload}))
+    open_page(page, "#/external-work")
+    row = page.locator("tr").filter(has_text=source["id"])
+    expect(row).to_contain_text("total 1")
+    row.get_by_role("button", name="Items").click()
+    expect(page.get_by_role("heading", name=f"Items of {source['id']}")).to_be_visible()
+    expect(page.locator("section").filter(has_text="Items of").locator("tbody tr")).to_have_count(1)
+    screenshot(page, "external-work")
+    open_page(page, "#/usage")
+    expect(page.get_by_role("heading", name="Totals")).to_be_visible()
+    expect(page.get_by_text("No model calls in this window.")).to_be_visible()
+    screenshot(page, "usage")
+
+
+TESTS = [
+    test_the_queue_page_shows_depth_and_the_chart_bars_after_runs,
+    test_a_media_job_shows_its_image_preview_and_providers_show_readiness_without_the_secret,
+    test_the_schedules_page_shows_the_next_fire_time_in_its_zone,
+    test_the_usage_and_external_work_pages_render,
+]
+
+if __name__ == "__main__":
+    # keel serve inherits these: the media preset's key (the canary), a vendor on
+    # loopback, and per-workspace limits applied at claims (the queue test pauses one).
+    os.environ.update({
+        CANARY_ENV: CANARY,
+        "KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES": "1",
+        "KEEL_PROVIDER_HOSTS": "127.0.0.1",
+        "KEEL_MAX_CONCURRENT_PER_WORKSPACE": "8",
+    })
+    with Console(sys.argv[1] if len(sys.argv) > 1 else "target/debug/keel") as console:
+        sys.exit(0 if run_tests(console, TESTS) else 1)
