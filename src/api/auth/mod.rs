@@ -1,10 +1,11 @@
 //! Who may call the API: every request gets a [`Caller`] here or is refused. Handlers take
 //! the caller as an extractor, so a route cannot forget to ask for it.
 //!
-//! In order: open routes (probes) pass; the Host must be on the allowlist; the credentials
-//! of the runtime's mode must prove a caller (in local mode with a token, the console's
-//! session cookie also does, with its CSRF header on changes); the route must be in the policy table (and a
-//! local-only route needs local access); and the caller must be within its rate limit.
+//! In order: open routes (probes, the console's assets and session endpoints) pass; the
+//! Host must be on the allowlist; the credentials of the runtime's mode must prove a caller
+//! (in local mode with a token, the console's session cookie also does, with its CSRF
+//! header on changes); the route must be in the policy table (and a local-only route needs
+//! local access); and the caller must be within its rate limit.
 
 mod headers;
 mod host;
