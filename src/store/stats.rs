@@ -93,10 +93,12 @@ pub fn bucket_seconds(minutes: i64) -> i64 {
 ///
 /// Cheap at any volume: `released_at` is its transaction's start and ids grow with
 /// inserts, so the window's rows are the workspace's from the first id released a minute
-/// before the window on. That id comes from the `released_at` index (one probe), the rows
-/// from `(workspace_id, id)` — the indexes the table already has, so acks (the hot path)
-/// pay for no new one. A row is missed only if its transaction ran for over a minute
-/// before it wrote the row; the acking transactions are short.
+/// before the window on. That id comes from the `released_at` index (one probe: `since`
+/// is a scalar subquery so it is an index condition; as a join it was a filter over the
+/// whole index, 131 ms instead of 0.5 ms over 300 000 rows), the rows from an id range —
+/// the indexes the table already has, so acks (the hot path) pay for no new one. A row
+/// is missed only if its transaction ran for over a minute before it wrote the row; the
+/// acking transactions are short.
 pub async fn throughput(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -108,8 +110,8 @@ pub async fn throughput(
         "WITH bounds AS (
              SELECT to_timestamp((floor(extract(epoch FROM now()) / $2) - ($3 - 1)) * $2) AS since
          ), first_row AS (
-             SELECT coalesce((SELECT h.id FROM lease_history h, bounds b
-                              WHERE h.released_at >= b.since - interval '1 minute'
+             SELECT coalesce((SELECT h.id FROM lease_history h
+                              WHERE h.released_at >= (SELECT since FROM bounds) - interval '1 minute'
                               ORDER BY h.released_at LIMIT 1), 9223372036854775807) AS id
          )
          SELECT b.since, h.kind,
