@@ -12,6 +12,7 @@
 
 mod agent;
 mod children;
+mod cpu;
 mod history;
 mod noop;
 mod queue;

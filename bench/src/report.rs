@@ -128,6 +128,13 @@ fn rows(report: &Report, peer: Option<&PeerReport>) -> Vec<Row> {
         ));
         rows.push(row("transactions per run", r.transactions_per_run));
         rows.push(row("sessions waiting on a lock (share)", r.lock_wait_share));
+        let cpu = &r.cpu;
+        rows.push(row("CPU ms per run: postgres", cpu.postgres_ms));
+        rows.push(row("CPU ms per run: api", cpu.api_ms));
+        rows.push(row("CPU ms per run: workers + runs", cpu.workers_ms));
+        rows.push(row("CPU ms per run: bench", cpu.bench_ms));
+        rows.push(row("CPU ms per run: total", cpu.total_ms()));
+        rows.push(row("ceiling on 2 cores (runs/s)", cpu.ceiling(2.0)));
     }
     if let Some(a) = &report.agent {
         let row = |figure: &str, value: f64| Row::keel(format!("agent: {figure}"), value);

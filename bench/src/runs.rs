@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::children::{self, Process};
+use super::cpu::{CpuPerRun, CpuSample};
 use super::stats::Latency;
 use super::{POLL, RunArgs};
 
@@ -58,6 +59,8 @@ pub struct RunsPoint {
     pub lock_wait_share: f64,
     /// Lone runs, each started once the one before ended: start → `run.finished`.
     pub lone: Latency,
+    /// CPU per run of the throughput phase, by process.
+    pub cpu: CpuPerRun,
 }
 
 /// What the event stream delivered, per task: (event type, arrival).
@@ -107,6 +110,7 @@ async fn point(
 ) -> anyhow::Result<RunsPoint> {
     let deployment = Deployment::start(pool, url, args, data_dir, workers, &[]).await?;
     let before = DatabaseCounters::read(pool, statements).await?;
+    let cpu_before = deployment.cpu(pool).await?;
     let sampling = CancellationToken::new();
     let sampler = tokio::spawn(sample_lock_waits(pool.clone(), sampling.clone()));
     let first = Instant::now();
@@ -119,6 +123,19 @@ async fn point(
     ended.wait_for(|n| *n >= args.runs).await?;
     sampling.cancel();
     let lock_wait_share = sampler.await??;
+    let cpu = deployment
+        .cpu(pool)
+        .await?
+        .per_run(&cpu_before, args.runs)?;
+    eprintln!(
+        "keel-bench: runs, {workers} workers: CPU ms/run postgres {:.2}, api {:.2}, workers+runs {:.2}, bench {:.2}, total {:.2}; ceiling on 2 cores {:.0} runs/s",
+        cpu.postgres_ms,
+        cpu.api_ms,
+        cpu.workers_ms,
+        cpu.bench_ms,
+        cpu.total_ms(),
+        cpu.ceiling(2.0)
+    );
     let arrivals = deployment.arrivals.clone();
     deployment.stop(pool).await?;
     let after = DatabaseCounters::read(pool, statements).await?;
@@ -143,6 +160,7 @@ async fn point(
         transactions_per_run: per_run(after.commits - before.commits),
         lock_wait_share,
         lone: lone_runs(pool, url, args, data_dir, workers).await?,
+        cpu,
     })
 }
 
@@ -242,6 +260,12 @@ impl Deployment {
             ended,
             reader,
         })
+    }
+
+    /// CPU so far of the processes (the api is the first) and of the cluster.
+    async fn cpu(&self, pool: &PgPool) -> anyhow::Result<CpuSample> {
+        let workers: Vec<i32> = self.processes[1..].iter().map(Process::pid).collect();
+        CpuSample::read(pool, self.processes[0].pid(), &workers).await
     }
 
     /// Stops the processes and waits until their database sessions are gone.

@@ -1,0 +1,158 @@
+//! CPU time of the processes a figure runs, from `/proc/<pid>/stat`: what the shared
+//! machine's other load disturbs far less than wall-clock throughput.
+
+use std::process::Command;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+/// CPU milliseconds per run, by part.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct CpuPerRun {
+    /// The postmaster and all its children (backends, background processes).
+    pub postgres_ms: f64,
+    pub api_ms: f64,
+    /// The worker processes and the runs they spawned (their reaped children).
+    pub workers_ms: f64,
+    /// This process.
+    pub bench_ms: f64,
+}
+
+impl CpuPerRun {
+    pub fn total_ms(&self) -> f64 {
+        self.postgres_ms + self.api_ms + self.workers_ms + self.bench_ms
+    }
+
+    /// The most runs/s `cores` cores can give at this CPU cost per run.
+    pub fn ceiling(&self, cores: f64) -> f64 {
+        cores * 1000.0 / self.total_ms()
+    }
+}
+
+/// Cumulative CPU ticks of each part at one instant.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuSample {
+    postgres: u64,
+    api: u64,
+    workers: u64,
+    bench: u64,
+}
+
+impl CpuSample {
+    /// `api` and `workers` must be alive; the postmaster is the parent of `pool`'s backend.
+    pub async fn read(pool: &PgPool, api: i32, workers: &[i32]) -> anyhow::Result<CpuSample> {
+        let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(pool)
+            .await?;
+        let postmaster = stat(backend)?.ppid;
+        Ok(CpuSample {
+            postgres: tree_ticks(postmaster)?,
+            api: stat(api)?.with_children(),
+            workers: workers
+                .iter()
+                .map(|&pid| Ok(stat(pid)?.with_children()))
+                .sum::<anyhow::Result<u64>>()?,
+            bench: stat(std::process::id() as i32)?.own(),
+        })
+    }
+
+    pub fn per_run(&self, before: &CpuSample, runs: usize) -> anyhow::Result<CpuPerRun> {
+        let ms_per_tick = 1000.0 / clock_ticks()?;
+        let per = |after: u64, before: u64| {
+            after.saturating_sub(before) as f64 * ms_per_tick / runs.max(1) as f64
+        };
+        Ok(CpuPerRun {
+            postgres_ms: per(self.postgres, before.postgres),
+            api_ms: per(self.api, before.api),
+            workers_ms: per(self.workers, before.workers),
+            bench_ms: per(self.bench, before.bench),
+        })
+    }
+}
+
+/// The fields of `/proc/<pid>/stat` this module reads (ticks).
+struct Stat {
+    ppid: i32,
+    utime: u64,
+    stime: u64,
+    cutime: u64,
+    cstime: u64,
+}
+
+impl Stat {
+    fn own(&self) -> u64 {
+        self.utime + self.stime
+    }
+
+    /// Its own time and that of the children it has waited for.
+    fn with_children(&self) -> u64 {
+        self.own() + self.cutime + self.cstime
+    }
+}
+
+fn stat(pid: i32) -> anyhow::Result<Stat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    parse_stat(&text).with_context(|| format!("parsing /proc/{pid}/stat"))
+}
+
+/// The command name (field 2) may hold spaces and parentheses: fields are counted from
+/// its last `)`.
+fn parse_stat(text: &str) -> Option<Stat> {
+    let rest = &text[text.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3 (state): field n is fields[n - 3].
+    let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+    Some(Stat {
+        ppid: fields.get(1)?.parse().ok()?,
+        utime: field(14)?,
+        stime: field(15)?,
+        cutime: field(16)?,
+        cstime: field(17)?,
+    })
+}
+
+/// A parent's time with its reaped children's, plus its live children's own time: a child
+/// that exits between two samples moves from the second term to the first.
+fn tree_ticks(parent: i32) -> anyhow::Result<u64> {
+    let mut ticks = stat(parent)?.with_children();
+    for entry in std::fs::read_dir("/proc")? {
+        let Some(pid) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // A process may exit while the directory is read.
+        if let Ok(child) = stat(pid)
+            && child.ppid == parent
+        {
+            ticks += child.own();
+        }
+    }
+    Ok(ticks)
+}
+
+fn clock_ticks() -> anyhow::Result<f64> {
+    let out = Command::new("getconf").arg("CLK_TCK").output()?;
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .context("getconf CLK_TCK")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parse_stat_counts_fields_after_the_command() {
+        let text = "42 (a (b) c) S 7 42 42 0 -1 4194304 10 0 0 0 11 12 13 14 20 0 1 0";
+        let stat = super::parse_stat(text).unwrap();
+        assert_eq!(stat.ppid, 7);
+        assert_eq!(
+            (stat.utime, stat.stime, stat.cutime, stat.cstime),
+            (11, 12, 13, 14)
+        );
+    }
+}
