@@ -11,8 +11,8 @@
 //! The rules are pure, so clients get them too, for example to tell a terminal status.
 //!
 //! What is not here: the server's validation of a request (`NewTask::parse` and friends
-//! turn a draft into a domain value), and the external-work types, which are still
-//! changing in the server.
+//! turn a draft into a domain value) and logic that needs the server (extension traits
+//! there, such as `TaskRecordExt`).
 //!
 //! Features: `sqlx` derives `sqlx::FromRow` on the resources the server reads straight
 //! from PostgreSQL. Row fields the API never renders (`#[serde(skip)]`) exist only for
@@ -62,9 +62,11 @@ macro_rules! closed_set {
 mod approval;
 mod envelope;
 mod event;
+mod external;
 mod media;
 mod provider;
 mod run;
+mod runtime;
 mod schedule;
 pub mod schema;
 mod sets;
@@ -74,9 +76,11 @@ mod task;
 pub use approval::*;
 pub use envelope::*;
 pub use event::*;
+pub use external::*;
 pub use media::*;
 pub use provider::*;
 pub use run::*;
+pub use runtime::*;
 pub use schedule::*;
 pub use sets::*;
 pub use system::*;
