@@ -29,8 +29,17 @@ macro_rules! closed_set {
         // The wire names are the variants' in snake_case (a `rename` from a macro
         // fragment is lost on utoipa); the tests check them against `as_str`.
         #[serde(rename_all = "snake_case")]
+        // A text column; an unknown value is a decode error, never a panic.
+        #[cfg_attr(feature = "sqlx", derive(sqlx::Type))]
+        #[cfg_attr(feature = "sqlx", sqlx(type_name = "text", rename_all = "snake_case"))]
         pub enum $name {
             $($(#[$variant_meta])* $variant,)+
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
         }
 
         impl $name {
