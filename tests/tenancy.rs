@@ -513,11 +513,11 @@ async fn another_workspace_changes_none_of_a_workspaces_rows() {
     let mut conn = s.pool.acquire().await.unwrap();
     let c = &mut *conn;
     let run = runs::get(c, a, &s.task_id, &s.run_id).await.unwrap();
-    assert_eq!(run.status, "awaiting_approval");
+    assert_eq!(run.status.as_str(), "awaiting_approval");
     let approval = approvals::get(c, a, &s.task_id, &s.approval_id)
         .await
         .unwrap();
-    assert_eq!(approval.status, "pending");
+    assert_eq!(approval.status.as_str(), "pending");
     assert_eq!(
         steps::list(c, a, &s.run_id, 0, 10).await.unwrap()[0].status,
         "running"
@@ -525,7 +525,7 @@ async fn another_workspace_changes_none_of_a_workspaces_rows() {
     assert_eq!(schedules::get(c, a, &s.task_id).await.unwrap().revision, 1);
     providers::get(c, a, &s.provider_id).await.unwrap();
     let job = media_jobs::get(c, a, &s.media_job_id).await.unwrap();
-    assert_eq!(job.status, "queued");
+    assert_eq!(job.status.as_str(), "queued");
     let bobs: Vec<_> = transitions::list(c, a, None, None, 0, 200)
         .await
         .unwrap()

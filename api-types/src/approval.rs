@@ -68,8 +68,7 @@ pub struct ApprovalRecord {
     pub kind: String,
     /// `pending`, `approved`, `rejected`, `cancelled`, or `expired` (a pending approval
     /// past its `expires_at` reads as expired).
-    #[schema(value_type = ApprovalStatus)]
-    pub status: String,
+    pub status: ApprovalStatus,
     pub action_summary: Vec<String>,
     pub action_summary_incomplete: bool,
     /// `agent_loop_tool_call` only: the `model_call` step whose tool calls it covers.

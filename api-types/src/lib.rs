@@ -11,8 +11,8 @@
 //! The rules are pure, so clients get them too, for example to tell a terminal status.
 //!
 //! What is not here: the server's validation of a request (`NewTask::parse` and friends
-//! turn a draft into a domain value), and the external-work types, which are still
-//! changing in the server.
+//! turn a draft into a domain value) and logic that needs the server (extension traits
+//! there, such as `TaskRecordExt`).
 //!
 //! Features: `sqlx` derives `sqlx::FromRow` on the resources the server reads straight
 //! from PostgreSQL. Row fields the API never renders (`#[serde(skip)]`) exist only for
@@ -29,8 +29,17 @@ macro_rules! closed_set {
         // The wire names are the variants' in snake_case (a `rename` from a macro
         // fragment is lost on utoipa); the tests check them against `as_str`.
         #[serde(rename_all = "snake_case")]
+        // A text column; an unknown value is a decode error, never a panic.
+        #[cfg_attr(feature = "sqlx", derive(sqlx::Type))]
+        #[cfg_attr(feature = "sqlx", sqlx(type_name = "text", rename_all = "snake_case"))]
         pub enum $name {
             $($(#[$variant_meta])* $variant,)+
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
         }
 
         impl $name {
@@ -62,9 +71,11 @@ macro_rules! closed_set {
 mod approval;
 mod envelope;
 mod event;
+mod external;
 mod media;
 mod provider;
 mod run;
+mod runtime;
 mod schedule;
 pub mod schema;
 mod sets;
@@ -74,9 +85,11 @@ mod task;
 pub use approval::*;
 pub use envelope::*;
 pub use event::*;
+pub use external::*;
 pub use media::*;
 pub use provider::*;
 pub use run::*;
+pub use runtime::*;
 pub use schedule::*;
 pub use sets::*;
 pub use system::*;

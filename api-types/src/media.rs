@@ -13,12 +13,21 @@ use crate::schema::JsonObject;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
+// A text column; an unknown value is a decode error, never a panic.
+#[cfg_attr(feature = "sqlx", derive(sqlx::Type))]
+#[cfg_attr(feature = "sqlx", sqlx(type_name = "text", rename_all = "snake_case"))]
 pub enum MediaJobStatus {
     Queued,
     Running,
     Succeeded,
     Failed,
     Cancelled,
+}
+
+impl std::fmt::Display for MediaJobStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl MediaJobStatus {
@@ -97,8 +106,7 @@ pub struct MediaJobRecord {
     pub prompt: String,
     #[schema(value_type = Object)]
     pub input: serde_json::Value,
-    #[schema(value_type = MediaJobStatus)]
-    pub status: String,
+    pub status: MediaJobStatus,
     /// The vendor's id of the generation task (video jobs), once submitted.
     pub vendor_task_id: Option<String>,
     /// Attempts started so far.
@@ -118,10 +126,8 @@ pub struct MediaJobRecord {
 }
 
 impl MediaJobRecord {
-    /// The job's status. The server stores only statuses it knows; a client of a newer
-    /// server reads `status` with [`MediaJobStatus::parse`] instead.
     pub fn status(&self) -> MediaJobStatus {
-        MediaJobStatus::parse(&self.status).expect("the table's check constraint")
+        self.status
     }
 }
 

@@ -6,6 +6,11 @@ use crate::call::Call;
 use crate::types::*;
 use crate::{Client, Error, segment};
 
+/// A source's path, with `rest` (a sub-resource) after it.
+fn source_path(source_id: &str, rest: &str) -> String {
+    format!("/v1/external-work/sources/{}{rest}", segment(source_id))
+}
+
 fn run_path(task_id: &str, run_id: &str) -> String {
     format!("/v1/tasks/{}/runs/{}", segment(task_id), segment(run_id))
 }
@@ -260,9 +265,165 @@ impl Client {
             .query("live", live.then_some(true))
     }
 
+    /// Creates a preset; secrets are named by reference, never sent.
+    pub fn create_provider(&self, draft: &ProviderDraft) -> Call<'_, ObjectEnvelope<ProviderView>> {
+        self.post("/v1/providers".into()).json(draft)
+    }
+
+    /// Request bodies for [`Client::create_provider`], disabled by default.
+    pub fn list_provider_templates(&self) -> Call<'_, ListEnvelope<ProviderTemplate>> {
+        self.get("/v1/provider-templates".into())
+    }
+
+    // External work.
+
+    pub fn render_workflow(&self, request: &RenderRequest) -> Call<'_, ObjectEnvelope<Rendered>> {
+        self.post("/v1/external-work/render".into()).json(request)
+    }
+
+    /// Registers a source (the existing one when its tracker target is registered already).
+    pub fn create_source(&self, request: &SourceRequest) -> Call<'_, ObjectEnvelope<SourceRecord>> {
+        self.post("/v1/external-work/sources".into()).json(request)
+    }
+
+    pub fn list_sources(&self) -> Call<'_, ListEnvelope<SourceRecord>> {
+        self.get("/v1/external-work/sources".into())
+    }
+
+    pub fn get_source(&self, source_id: &str) -> Call<'_, ObjectEnvelope<SourceRecord>> {
+        self.get(source_path(source_id, ""))
+    }
+
+    pub fn delete_source(&self, source_id: &str) -> Call<'_, Deleted> {
+        Call::new(self, Method::DELETE, source_path(source_id, ""))
+    }
+
+    pub fn source_status(&self, source_id: &str) -> Call<'_, ObjectEnvelope<SourceStatus>> {
+        self.get(source_path(source_id, "/status"))
+    }
+
+    pub fn list_items(&self, source_id: &str) -> Call<'_, ListEnvelope<ItemRecord>> {
+        self.get(source_path(source_id, "/items"))
+    }
+
+    /// Polls the source now and answers what the poll did.
+    pub fn poll_source(
+        &self,
+        source_id: &str,
+        request: &PollRequest,
+    ) -> Call<'_, ObjectEnvelope<PollSummary>> {
+        self.post(source_path(source_id, "/poll")).json(request)
+    }
+
+    pub fn reconcile_source(&self, source_id: &str) -> Call<'_, ObjectEnvelope<PollSummary>> {
+        self.post(source_path(source_id, "/reconcile"))
+    }
+
+    pub fn set_background(
+        &self,
+        source_id: &str,
+        request: &BackgroundRequest,
+    ) -> Call<'_, ObjectEnvelope<SourceRecord>> {
+        self.post(source_path(source_id, "/background"))
+            .json(request)
+    }
+
+    pub fn import_item(&self, request: &ImportRequest) -> Call<'_, ObjectEnvelope<Imported>> {
+        self.post("/v1/external-work/import".into()).json(request)
+    }
+
+    pub fn propose_action(
+        &self,
+        item_id: &str,
+        request: &ActionRequest,
+    ) -> Call<'_, ObjectEnvelope<Proposed>> {
+        self.post(format!(
+            "/v1/external-work/items/{}/actions",
+            segment(item_id)
+        ))
+        .json(request)
+    }
+
+    pub fn list_item_actions(&self, item_id: &str) -> Call<'_, ListEnvelope<ActionRecord>> {
+        self.get(format!(
+            "/v1/external-work/items/{}/actions",
+            segment(item_id)
+        ))
+    }
+
+    pub fn get_action(&self, action_id: &str) -> Call<'_, ObjectEnvelope<ActionRecord>> {
+        self.get(format!("/v1/external-work/actions/{}", segment(action_id)))
+    }
+
+    // Usage.
+
+    /// Usage totals; `scope` groups them per provider preset or workspace.
+    pub fn usage_summary(&self, scope: Option<Grouping>) -> Call<'_, ObjectEnvelope<UsageSummary>> {
+        self.get("/v1/usage/summary".into())
+            .query("scope", scope.map(Grouping::as_str))
+    }
+
+    pub fn list_usage_events(&self) -> Call<'_, ListEnvelope<UsageEvent>> {
+        self.get("/v1/usage/events".into())
+    }
+
+    // Agent loop lineage and patches.
+
+    pub fn continue_run(
+        &self,
+        task_id: &str,
+        run_id: &str,
+        request: &ContinueRequest,
+    ) -> Call<'_, ObjectEnvelope<RunRecord>> {
+        self.post(format!("{}/continue", run_path(task_id, run_id)))
+            .json(request)
+    }
+
+    pub fn retry_from_model_call(
+        &self,
+        task_id: &str,
+        run_id: &str,
+        request: &RetryFromModelCallRequest,
+    ) -> Call<'_, ObjectEnvelope<RunRecord>> {
+        self.post(format!(
+            "{}/retry-from-model-call",
+            run_path(task_id, run_id)
+        ))
+        .json(request)
+    }
+
+    pub fn list_patches(
+        &self,
+        task_id: &str,
+        run_id: &str,
+    ) -> Call<'_, ListEnvelope<PatchSummary>> {
+        self.get(format!("{}/patches", run_path(task_id, run_id)))
+    }
+
     // System.
 
     pub fn system_stats(&self) -> Call<'_, ObjectEnvelope<SystemStats>> {
         self.get("/v1/system/stats".into())
+    }
+
+    /// This runtime host and the caller.
+    pub fn whoami(&self) -> Call<'_, ObjectEnvelope<Session>> {
+        self.get("/v1/whoami".into())
+    }
+
+    pub fn get_workspace_limits(
+        &self,
+        workspace_id: &str,
+    ) -> Call<'_, ObjectEnvelope<WorkspaceLimits>> {
+        self.get(format!("/v1/workspaces/{}/limits", segment(workspace_id)))
+    }
+
+    pub fn put_workspace_limits(
+        &self,
+        workspace_id: &str,
+        request: &LimitsRequest,
+    ) -> Call<'_, ObjectEnvelope<WorkspaceLimits>> {
+        let path = format!("/v1/workspaces/{}/limits", segment(workspace_id));
+        Call::new(self, Method::PUT, path).json(request)
     }
 }

@@ -6,9 +6,11 @@ use std::collections::BTreeMap;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use chrono::Utc;
+use keel_api_types::{
+    ActionRequest, Background, BackgroundRequest, Deleted, ImportRequest, LastError, PollRequest,
+    RenderRequest, Rendered, SourceRequest, SourceStatus, WorkflowHealth,
+};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -18,8 +20,7 @@ use super::{
 };
 use crate::domain::Caller;
 use crate::domain::external_action::{ActionDraft, ProposedAction};
-use crate::domain::secret::SecretStatus;
-use crate::domain::workflow::{Issue, Workflow, WorkflowError};
+use crate::domain::workflow::{Workflow, WorkflowError};
 use crate::jobs::poll::{self, DEFAULT_LIMIT, Imported, Pass, PollSummary, Poller, Proposed};
 use crate::store::external::{self, ItemRecord, SourceRecord, WorkflowOrigin};
 use crate::store::external_actions::{self, ActionRecord};
@@ -41,23 +42,6 @@ pub fn router() -> OpenApiRouter<AppState> {
 
 type Result<T> = std::result::Result<T, ApiError>;
 
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-struct RenderRequest {
-    /// The whole WORKFLOW.md: front matter and prompt template.
-    workflow_markdown: String,
-    /// The normalized item the template sees as `issue`.
-    issue: Issue,
-    /// Null on a first run, the retry number after.
-    #[serde(default)]
-    attempt: Option<u32>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-struct Rendered {
-    prompt: String,
-}
-
 /// Renders a workflow's prompt for an item, as a poll would; every workflow error class
 /// answers 422 with its own type.
 #[utoipa::path(post, path = "/external-work/render", tag = "external-work", request_body = RenderRequest,
@@ -69,16 +53,6 @@ async fn render(
     let workflow = Workflow::parse(&request.workflow_markdown)?;
     let prompt = workflow.render(&request.issue, request.attempt)?;
     Ok(Json(object("workflow_render", Rendered { prompt })))
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-struct SourceRequest {
-    /// The WORKFLOW.md text, kept on the source.
-    workflow_markdown: Option<String>,
-    /// An absolute path to a WORKFLOW.md, read at each use (local mode only: it reads the
-    /// host's files).
-    workflow_path: Option<String>,
 }
 
 /// Registers a source: 201 when new, 200 with the existing one when its tracker target is
@@ -161,14 +135,6 @@ async fn get_source(
     Ok(Json(object("external_work_source", source)))
 }
 
-#[derive(Debug, Serialize, ToSchema)]
-struct Deleted {
-    #[schema(example = "external_work_source")]
-    object: &'static str,
-    id: String,
-    deleted: bool,
-}
-
 /// Deletes a source, its items and its background polling; the tasks it created stay.
 #[utoipa::path(delete, path = "/external-work/sources/{source_id}", tag = "external-work",
     params(("source_id" = String, Path)),
@@ -182,61 +148,10 @@ async fn delete_source(
     external::delete_source(&mut tx, &caller.scope, &source_id).await?;
     tx.commit().await?;
     Ok(Json(Deleted {
-        object: "external_work_source",
+        object: "external_work_source".into(),
         id: source_id,
         deleted: true,
     }))
-}
-
-/// Seed 000's status shape: whether the workflow can be used (200 with `valid: false` and
-/// the error when not, so a console can show setup guidance), whether its token resolves
-/// (never its value), item counts, background polling and the last error.
-#[derive(Debug, Serialize, ToSchema)]
-struct SourceStatus {
-    source_id: String,
-    workflow: WorkflowHealth,
-    /// Null when the workflow names no token (GitHub is then read unauthenticated).
-    secret: Option<SecretStatus>,
-    /// Items by state, with `total`.
-    records: BTreeMap<String, i64>,
-    /// The items' proposed tracker actions by status, with `total`.
-    actions: BTreeMap<String, i64>,
-    background: Background,
-    /// The last poll's error, by what failed (`poll`).
-    last_errors: BTreeMap<String, LastError>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-struct WorkflowHealth {
-    path: Option<String>,
-    valid: bool,
-    source_kind: Option<&'static str>,
-    repository: Option<String>,
-    project_slug: Option<String>,
-    events: Vec<String>,
-    secret_ref: Option<String>,
-    polling_interval_ms: Option<u64>,
-    /// `{type, message}` when not valid.
-    #[schema(value_type = Option<Object>)]
-    error: Option<serde_json::Value>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-struct Background {
-    supported: bool,
-    running: bool,
-    /// `running` or `stopped`.
-    status: &'static str,
-    last_poll_at: Option<DateTime<Utc>>,
-    /// Set while a tracker rate limit holds polls back.
-    backoff_until: Option<DateTime<Utc>>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-struct LastError {
-    code: String,
-    message: Option<String>,
-    at: Option<DateTime<Utc>>,
 }
 
 #[utoipa::path(get, path = "/external-work/sources/{source_id}/status", tag = "external-work",
@@ -265,7 +180,7 @@ async fn source_status(
     let workflow = WorkflowHealth {
         path: source.workflow_path.clone(),
         valid: loaded.is_ok() && tracker.is_some(),
-        source_kind: tracker.as_ref().map(|t| t.kind.as_str()),
+        source_kind: tracker.as_ref().map(|t| t.kind.as_str().to_string()),
         repository: tracker.as_ref().and_then(|t| t.repository.clone()),
         project_slug: tracker.as_ref().and_then(|t| t.project_slug.clone()),
         events: tracker
@@ -300,7 +215,7 @@ async fn source_status(
         background: Background {
             supported: true,
             running,
-            status: if running { "running" } else { "stopped" },
+            status: if running { "running" } else { "stopped" }.into(),
             last_poll_at: source.last_poll_at,
             backoff_until: source.backoff_until.filter(|until| *until > Utc::now()),
         },
@@ -326,13 +241,6 @@ async fn list_items(
     let cursor = page.cursor.as_deref();
     let rows = external::list_items(&mut conn, scope, &source_id, cursor, limit + 1).await?;
     Ok(Json(list(rows, limit, |i| i.id.clone())))
-}
-
-#[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-struct PollRequest {
-    /// Items read per list, 1 to 100 (default 50).
-    limit: Option<u32>,
 }
 
 /// Polls the source now, in this request, and answers what the poll did. Safe beside a
@@ -390,12 +298,6 @@ fn poller(state: &AppState) -> Poller {
     )
 }
 
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-struct BackgroundRequest {
-    enabled: bool,
-}
-
 /// Turns background polling on (the source's `poll` job, shared by every worker, polls
 /// every `polling.interval_ms`) or off.
 #[utoipa::path(post, path = "/external-work/sources/{source_id}/background", tag = "external-work",
@@ -412,15 +314,6 @@ async fn set_background(
     let source = external::set_background(&mut tx, scope, &source_id, request.enabled).await?;
     tx.commit().await?;
     Ok(Json(object("external_work_source", source)))
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-struct ImportRequest {
-    source_id: String,
-    /// A GitHub issue or pull request, or a webhook payload holding one.
-    #[schema(value_type = Object)]
-    payload: serde_json::Value,
 }
 
 /// Imports one item by hand, through the same path as a poll: 201 for a new item (a task
@@ -453,26 +346,6 @@ async fn import(
         StatusCode::CREATED
     };
     Ok((status, Json(object("external_work_import", imported))))
-}
-
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({ "kind": "comment", "body": "Fixed in the linked branch." }))]
-struct ActionRequest {
-    /// `comment` (`body`), `labels` (`add`, `remove`) or `review` (`event`, `body`; pull
-    /// requests only). Linear issues take comments only.
-    kind: Option<String>,
-    /// A comment's or review's text, at most 64 KiB; a hidden marker is appended to it.
-    body: Option<String>,
-    /// Labels to add; with `remove`, at most 20 in all.
-    add: Option<Vec<String>>,
-    /// Labels to remove.
-    remove: Option<Vec<String>>,
-    /// A review's `COMMENT`, `APPROVE` or `REQUEST_CHANGES`.
-    event: Option<String>,
-    /// The run of the item's task proposing it; by default the task's current run, to
-    /// which the approval is attached either way.
-    run_id: Option<String>,
 }
 
 /// Proposes one write on an item's tracker: records exactly what will be sent and the

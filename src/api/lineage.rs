@@ -11,9 +11,8 @@
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use futures_util::StreamExt;
+use keel_api_types::{ContinueRequest, RetryFromModelCallRequest};
 use keel_workers::agent::Message;
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -35,28 +34,6 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(continue_run))
         .routes(routes!(retry_from_model_call))
-}
-
-/// Body of continue.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({ "prompt": "now add a test for it" }))]
-struct ContinueRequest {
-    /// The next user turn; not empty, at most 64 KiB.
-    #[schema(pattern = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$", max_length = 65536)]
-    prompt: String,
-}
-
-/// Body of retry-from-model-call.
-#[derive(Debug, Deserialize, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({ "model_call_index": 2, "reason": "explore an alternative" }))]
-struct RetryFromModelCallRequest {
-    /// The source run's model call to re-issue: 1-based, at most its `model_call_count`.
-    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
-    model_call_index: i64,
-    /// Why, for the run's `run.created` event.
-    reason: Option<String>,
 }
 
 /// Continues a finished agent loop run: a new run (`lineage_kind` `continue`) in its

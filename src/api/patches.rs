@@ -6,11 +6,9 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use chrono::{DateTime, Utc};
+use keel_api_types::{PatchDetail, PatchSummary};
 use keel_workers::agent::Patch;
 use keel_workers::agent::tools::{self, RevertError};
-use serde::Serialize;
-use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -32,33 +30,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(list_patches))
         .routes(routes!(get_patch))
         .routes(routes!(revert_patch))
-}
-
-/// One file's change by an agent tool.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct PatchSummary {
-    /// The patch artifact's id.
-    pub id: String,
-    /// The artifact's name, `patch-<step_index>-<n>`.
-    pub name: String,
-    /// The file, relative to the run's workspace.
-    pub path: String,
-    /// `applied` or `reverted`.
-    pub status: String,
-    pub created_at: DateTime<Utc>,
-    /// The file's size before and after the change; null: the file did not exist / was
-    /// removed.
-    pub before_bytes: Option<usize>,
-    pub after_bytes: Option<usize>,
-}
-
-/// A patch with the file's content before and after.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct PatchDetail {
-    #[serde(flatten)]
-    pub summary: PatchSummary,
-    pub before: Option<String>,
-    pub after: Option<String>,
 }
 
 fn summary(row: PatchRow, patch: &Patch) -> PatchSummary {

@@ -2,17 +2,20 @@
 //! Presets" and "Secrets"). Responses report whether a secret reference resolves in this
 //! process, never its value.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use chrono::Utc;
-use keel_api_types::{ProviderCheck, ProviderDraft, ProviderPatch, ProviderView, SecretPurpose};
+use keel_api_types::{
+    ProviderCheck, ProviderDraft, ProviderPatch, ProviderTemplate, ProviderView, SecretPurpose,
+};
 use keel_workers::agent::provider::{ChatClient, ChatLimits};
 use keel_workers::agent::{Message, ProviderError};
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use serde::Deserialize;
+use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -103,80 +106,76 @@ fn patched(patch: ProviderPatch, mut f: ProviderFields) -> ProviderFields {
     f
 }
 
-/// A reusable request body for `POST /providers`: disabled, with secret refs.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ProviderTemplate {
-    template_id: &'static str,
-    kind: &'static str,
-    display_name: &'static str,
-    description: &'static str,
-    provider_id: &'static str,
-    model: &'static str,
-    api: &'static str,
-    base_url: &'static str,
-    api_key_ref: &'static str,
-    capabilities: &'static [&'static str],
-    input: &'static [&'static str],
-    enabled: bool,
-}
-
 const BYTEPLUS_ARK: &str = "https://ark.ap-southeast.bytepluses.com/api/v3";
 
 const TEMPLATES: [ProviderTemplate; 4] = [
     ProviderTemplate {
-        template_id: "openai-images",
-        kind: "openai-images",
-        display_name: "OpenAI Images",
-        description: "OpenAI image generation (POST /images/generations).",
-        provider_id: "openai",
-        model: "gpt-image-1",
-        api: "media-job",
-        base_url: "https://api.openai.com/v1",
-        api_key_ref: "env:OPENAI_API_KEY",
-        capabilities: &["image_generate"],
-        input: &["text"],
+        template_id: Cow::Borrowed("openai-images"),
+        kind: Cow::Borrowed("openai-images"),
+        display_name: Cow::Borrowed("OpenAI Images"),
+        description: Cow::Borrowed("OpenAI image generation (POST /images/generations)."),
+        provider_id: Cow::Borrowed("openai"),
+        model: Cow::Borrowed("gpt-image-1"),
+        api: Cow::Borrowed("media-job"),
+        base_url: Cow::Borrowed("https://api.openai.com/v1"),
+        api_key_ref: Cow::Borrowed("env:OPENAI_API_KEY"),
+        capabilities: Cow::Borrowed(&[Cow::Borrowed("image_generate")]),
+        input: Cow::Borrowed(&[Cow::Borrowed("text")]),
         enabled: false,
     },
     ProviderTemplate {
-        template_id: "seedream",
-        kind: "seedream",
-        display_name: "Seedream",
-        description: "BytePlus ModelArk Seedream: image generation, and edits from an image URL.",
-        provider_id: "byteplus",
-        model: "seedream-4-0-250828",
-        api: "media-job",
-        base_url: BYTEPLUS_ARK,
-        api_key_ref: "env:ARK_API_KEY",
-        capabilities: &["image_generate", "image_edit"],
-        input: &["text", "image"],
+        template_id: Cow::Borrowed("seedream"),
+        kind: Cow::Borrowed("seedream"),
+        display_name: Cow::Borrowed("Seedream"),
+        description: Cow::Borrowed(
+            "BytePlus ModelArk Seedream: image generation, and edits from an image URL.",
+        ),
+        provider_id: Cow::Borrowed("byteplus"),
+        model: Cow::Borrowed("seedream-4-0-250828"),
+        api: Cow::Borrowed("media-job"),
+        base_url: Cow::Borrowed(BYTEPLUS_ARK),
+        api_key_ref: Cow::Borrowed("env:ARK_API_KEY"),
+        capabilities: Cow::Borrowed(&[
+            Cow::Borrowed("image_generate"),
+            Cow::Borrowed("image_edit"),
+        ]),
+        input: Cow::Borrowed(&[Cow::Borrowed("text"), Cow::Borrowed("image")]),
         enabled: false,
     },
     ProviderTemplate {
-        template_id: "seedance",
-        kind: "seedance",
-        display_name: "Seedance",
-        description: "BytePlus ModelArk Seedance: video generation as a polled task.",
-        provider_id: "byteplus",
-        model: "seedance-1-0-pro-250528",
-        api: "media-job",
-        base_url: BYTEPLUS_ARK,
-        api_key_ref: "env:ARK_API_KEY",
-        capabilities: &["video_generate"],
-        input: &["text", "image"],
+        template_id: Cow::Borrowed("seedance"),
+        kind: Cow::Borrowed("seedance"),
+        display_name: Cow::Borrowed("Seedance"),
+        description: Cow::Borrowed(
+            "BytePlus ModelArk Seedance: video generation as a polled task.",
+        ),
+        provider_id: Cow::Borrowed("byteplus"),
+        model: Cow::Borrowed("seedance-1-0-pro-250528"),
+        api: Cow::Borrowed("media-job"),
+        base_url: Cow::Borrowed(BYTEPLUS_ARK),
+        api_key_ref: Cow::Borrowed("env:ARK_API_KEY"),
+        capabilities: Cow::Borrowed(&[Cow::Borrowed("video_generate")]),
+        input: Cow::Borrowed(&[Cow::Borrowed("text"), Cow::Borrowed("image")]),
         enabled: false,
     },
     ProviderTemplate {
-        template_id: "local-openai-compatible-relay",
-        kind: "openai-compatible",
-        display_name: "Local OpenAI-Compatible Relay",
-        description: "Local relay, LiteLLM, OpenRouter-style or private compatible gateways.",
-        provider_id: "local-relay",
-        model: "dpv4",
-        api: "openai-completions",
-        base_url: "http://127.0.0.1:8317/v1",
-        api_key_ref: "env:LOCAL_RELAY_API_KEY",
-        capabilities: &["chat", "tool_call", "reasoning"],
-        input: &["text"],
+        template_id: Cow::Borrowed("local-openai-compatible-relay"),
+        kind: Cow::Borrowed("openai-compatible"),
+        display_name: Cow::Borrowed("Local OpenAI-Compatible Relay"),
+        description: Cow::Borrowed(
+            "Local relay, LiteLLM, OpenRouter-style or private compatible gateways.",
+        ),
+        provider_id: Cow::Borrowed("local-relay"),
+        model: Cow::Borrowed("dpv4"),
+        api: Cow::Borrowed("openai-completions"),
+        base_url: Cow::Borrowed("http://127.0.0.1:8317/v1"),
+        api_key_ref: Cow::Borrowed("env:LOCAL_RELAY_API_KEY"),
+        capabilities: Cow::Borrowed(&[
+            Cow::Borrowed("chat"),
+            Cow::Borrowed("tool_call"),
+            Cow::Borrowed("reasoning"),
+        ]),
+        input: Cow::Borrowed(&[Cow::Borrowed("text")]),
         enabled: false,
     },
 ];

@@ -4,52 +4,18 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use serde::Serialize;
-use utoipa::ToSchema;
+use keel_api_types::{RuntimeHost, Session, ShutdownAccepted};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::{LocalAccess, RuntimeMode, local_only_actions};
 use super::{AppState, ObjectEnvelope, object};
 use crate::domain::Caller;
-use crate::domain::identity::RemoteIdentity;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(whoami))
         .routes(routes!(shutdown))
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-struct Session {
-    /// Always `operator`.
-    #[schema(example = "operator")]
-    role: &'static str,
-    /// The actor this request acts as (`local` in local mode).
-    actor_id: String,
-    /// The workspace this request sees and changes.
-    workspace: String,
-    runtime_host: RuntimeHost,
-    /// The identity the trusted proxy vouched for; absent in local mode.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    remote_identity: Option<RemoteIdentity>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-struct RuntimeHost {
-    /// Generated once per database, stable across restarts and replicas.
-    #[schema(example = "runtime_0190f7c1d2e37b4c8a5d6e7f80912a3b")]
-    id: String,
-    /// `KEEL_RUNTIME_LABEL`, else the host name.
-    label: String,
-    runtime_mode: RuntimeMode,
-    /// `local_operator` or `remote_supervision`.
-    #[schema(example = "local_operator")]
-    operator_access: &'static str,
-    /// Whether this request could use the local-only actions.
-    local_only_actions_available: bool,
-    /// The local-only actions this request may use (`METHOD /path`).
-    local_only_actions: Vec<String>,
 }
 
 /// This runtime host and the caller of this request. Neither field grants access.
@@ -66,14 +32,14 @@ async fn whoami(
         RuntimeMode::Remote => "remote_supervision",
     };
     let session = Session {
-        role: "operator",
+        role: "operator".into(),
         workspace: caller.scope.workspace().to_string(),
         actor_id: caller.actor_id,
         runtime_host: RuntimeHost {
             id: state.runtime_host_id.to_string(),
             label: state.auth.label().to_string(),
             runtime_mode: mode,
-            operator_access,
+            operator_access: operator_access.into(),
             local_only_actions_available: local,
             local_only_actions: if local {
                 local_only_actions()
@@ -84,12 +50,6 @@ async fn whoami(
         remote_identity: caller.remote,
     };
     Json(object("session", session))
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-struct ShutdownAccepted {
-    #[schema(example = "shutting_down")]
-    status: &'static str,
 }
 
 /// Stops this process cleanly (local-only): the API drains its requests and, under
@@ -103,7 +63,7 @@ async fn shutdown(
     tracing::info!(actor = %caller.actor_id, "shutdown requested through the API");
     state.shutdown.cancel();
     let accepted = ShutdownAccepted {
-        status: "shutting_down",
+        status: "shutting_down".into(),
     };
     (StatusCode::ACCEPTED, Json(object("shutdown", accepted)))
 }

@@ -3,17 +3,16 @@
 use axum::Json;
 use axum::extract::State;
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use keel_api_types::UsageSummary;
+use serde::Deserialize;
+use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::extract::ApiQuery;
 use super::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object, page_limit};
 use crate::domain::Caller;
-use crate::store::usage::{
-    self, EventFilter, Grouping, UsageEvent, UsageGroup, UsageTotals, Window,
-};
+use crate::store::usage::{self, EventFilter, Grouping, UsageEvent, Window};
 
 type Result<T> = std::result::Result<T, ApiError>;
 
@@ -37,24 +36,6 @@ struct SummaryQuery {
     /// Only calls before this time (RFC 3339); before `since`, nothing matches.
     #[param(format = DateTime)]
     until: Option<String>,
-}
-
-/// Usage totals and, for `scope=provider|workspace`, its rows.
-#[derive(Debug, Serialize, ToSchema)]
-#[schema(example = json!({
-    "scope": "provider", "since": null, "until": null,
-    "totals": { "calls": 3, "prompt_tokens": 1200, "completion_tokens": 300,
-                "cached_tokens": 0, "cost_micros_usd": 1600, "calls_without_price": 1 },
-    "rows": [{ "key": "openai", "calls": 3, "prompt_tokens": 1200, "completion_tokens": 300,
-               "cached_tokens": 0, "cost_micros_usd": 1600, "calls_without_price": 1 }]
-}))]
-struct UsageSummary {
-    scope: &'static str,
-    since: Option<DateTime<Utc>>,
-    until: Option<DateTime<Utc>>,
-    totals: UsageTotals,
-    /// One per provider preset or workspace, by key; empty for `global`.
-    rows: Vec<UsageGroup>,
 }
 
 /// Sums of the model calls of the caller's workspace (a remote caller sees only its own
@@ -81,7 +62,7 @@ async fn usage_summary(
     let totals = usage::totals(&mut conn, &caller.scope, window).await?;
     let rows = usage::groups(&mut conn, &caller.scope, grouping, window).await?;
     let summary = UsageSummary {
-        scope: grouping.as_str(),
+        scope: grouping,
         since: window.since,
         until: window.until,
         totals,

@@ -2,8 +2,7 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
-use serde::Deserialize;
-use utoipa::ToSchema;
+use keel_api_types::LimitsRequest;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -57,17 +56,6 @@ async fn get_limits(
     let mut conn = state.pool.acquire().await?;
     let limits = workspaces::limits(&mut conn, &scope).await?;
     Ok(Json(object("workspace_limits", limits)))
-}
-
-/// New limits for a workspace.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(example = json!({ "max_concurrent": 4 }))]
-struct LimitsRequest {
-    /// Most jobs the workspace runs at once (0 pauses it); null returns it to the workers'
-    /// `KEEL_MAX_CONCURRENT_PER_WORKSPACE`.
-    #[schema(minimum = 0, maximum = 2147483647)]
-    max_concurrent: Option<u32>,
 }
 
 /// Sets a workspace's limits (operators only). Workers apply them at their next claim

@@ -453,7 +453,7 @@ async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Ou
                     vec![
                         r.id.clone(),
                         r.number.to_string(),
-                        r.status.clone(),
+                        r.status.to_string(),
                         or_dash(r.exit_code),
                         time(&r.created_at),
                         or_dash(r.finished_at.as_ref().map(time)),
@@ -507,7 +507,8 @@ async fn approvals(client: &Client, format: Format, command: ApprovalCommand) ->
                 None => client.list_approvals(status.as_deref()),
             };
             return output::list(format, &page, call, &headers, |a: &ApprovalRecord| {
-                let cells = [&a.id, &a.task_id, &a.run_id, &a.kind, &a.status];
+                let status = a.status.to_string();
+                let cells = [&a.id, &a.task_id, &a.run_id, &a.kind, &status];
                 let mut row: Vec<String> = cells.into_iter().cloned().collect();
                 row.push(a.action_summary.join("; "));
                 row
@@ -534,9 +535,9 @@ async fn approvals(client: &Client, format: Format, command: ApprovalCommand) ->
             let (approval, run) = (&r.data.approval, &r.data.run);
             Table::fields(&[
                 ("approval", approval.id.clone()),
-                ("status", approval.status.clone()),
+                ("status", approval.status.to_string()),
                 ("run", run.id.clone()),
-                ("run status", run.status.clone()),
+                ("run status", run.status.to_string()),
             ])
         },
     )
@@ -747,7 +748,7 @@ fn run_fields(r: &RunRecord) -> Table {
         ("id", r.id.clone()),
         ("task", r.task_id.clone()),
         ("number", r.number.to_string()),
-        ("status", r.status.clone()),
+        ("status", r.status.to_string()),
         ("attempt", r.attempt.to_string()),
         ("exit code", or_dash(r.exit_code)),
         ("error", or_dash(r.last_error.as_ref())),
@@ -762,7 +763,7 @@ fn media_fields(j: &MediaJobRecord) -> Table {
         ("id", j.id.clone()),
         ("provider", j.provider_id.clone()),
         ("operation", j.operation.clone()),
-        ("status", j.status.clone()),
+        ("status", j.status.to_string()),
         ("attempt", j.attempt.to_string()),
         ("error", or_dash(j.last_error.as_ref())),
         ("artifacts", j.artifact_ids.join(", ")),

@@ -13,7 +13,9 @@ use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use keel_client::sse::{RECONNECT_FOR, RunItem};
-use keel_client::{Client, Error, EventRecord, RunRecord};
+use keel_client::{
+    ApprovalStatus, Client, Error, EventRecord, MediaJobStatus, RunRecord, RunStatus,
+};
 
 /// What a command ends with, as its exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -307,7 +309,7 @@ async fn on_event(
                 view.line(&format!("    {action}"));
             }
             // Replayed history holds requests resolved since: only a pending one waits.
-            if approval.status != "pending" {
+            if approval.status != ApprovalStatus::Pending {
                 return Ok(false);
             }
             view.line(&format!(
@@ -319,7 +321,7 @@ async fn on_event(
                 command(client, "reject", &approval_id)
             ));
             let status = client.get_run(&run.task_id, &run.id).await?.data.status;
-            return Ok(status == "awaiting_approval");
+            return Ok(status == RunStatus::AwaitingApproval);
         }
         "approval.resolved" => {
             let by = text("resolved_by");
@@ -400,10 +402,10 @@ pub async fn print_logs(client: &Client, run: &RunRecord) -> Result<(), Error> {
 /// Follows a media job until it ends: its progress events, then its artifacts.
 pub async fn media(client: &Client, media_job_id: &str, quiet: bool) -> Result<Outcome, Error> {
     let view = View::new();
-    let outcome = |status: &str| match status {
-        "succeeded" => Some(Outcome::Completed),
-        "failed" => Some(Outcome::Failed),
-        "cancelled" => Some(Outcome::Cancelled),
+    let outcome = |status: &MediaJobStatus| match status {
+        MediaJobStatus::Succeeded => Some(Outcome::Completed),
+        MediaJobStatus::Failed => Some(Outcome::Failed),
+        MediaJobStatus::Cancelled => Some(Outcome::Cancelled),
         _ => None,
     };
     let job = client.get_media_job(media_job_id).await?.data;
@@ -427,7 +429,7 @@ pub async fn media(client: &Client, media_job_id: &str, quiet: bool) -> Result<O
             ));
         }
         view.status(format!("media job {media_job_id}: {status}"));
-        ended = outcome(status);
+        ended = MediaJobStatus::parse(status).and_then(|s| outcome(&s));
     }
     view.done();
     let job = client.get_media_job(media_job_id).await?.data;

@@ -43,26 +43,7 @@ impl Scope {
     }
 }
 
-/// How a remote request proved who it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum IdentityForm {
-    /// A signed JWT in `X-Keel-Identity`.
-    Jwt,
-    /// `X-Keel-Remote-Secret` with `X-Keel-Actor-Id`, `X-Keel-Org-Id`, … headers.
-    Headers,
-}
-
-/// The identity a trusted proxy vouched for.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
-pub struct RemoteIdentity {
-    pub actor_id: String,
-    pub org_id: String,
-    pub runtime_id: String,
-    pub project_id: Option<String>,
-    pub name: Option<String>,
-    pub form: IdentityForm,
-}
+pub use keel_api_types::{IdentityForm, RemoteIdentity};
 
 /// The caller of one API request.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -182,39 +182,7 @@ pub struct Workflow {
     pub prompt_template: String,
 }
 
-/// The normalized item a template sees as `issue`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Issue {
-    pub id: String,
-    pub identifier: String,
-    pub title: String,
-    #[serde(default)]
-    pub description: Option<String>,
-    #[serde(default)]
-    pub priority: Option<i64>,
-    pub state: String,
-    #[serde(default)]
-    pub branch_name: Option<String>,
-    #[serde(default)]
-    pub url: Option<String>,
-    #[serde(default)]
-    pub labels: Vec<String>,
-    #[serde(default)]
-    pub blocked_by: Vec<BlockerRef>,
-    #[serde(default)]
-    pub created_at: Option<String>,
-    #[serde(default)]
-    pub updated_at: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct BlockerRef {
-    pub id: Option<String>,
-    pub identifier: Option<String>,
-    pub state: Option<String>,
-}
+pub use keel_api_types::{BlockerRef, Issue};
 
 impl Workflow {
     /// Reads and parses a workflow file.

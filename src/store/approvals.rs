@@ -19,6 +19,7 @@ use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
 use crate::queue;
 
 pub use keel_api_types::ApprovalRecord;
+use keel_api_types::ApprovalStatus;
 
 /// What an approval gates: a kind, and for a tool-call approval the `model_call` step
 /// whose calls it covers.
@@ -306,7 +307,7 @@ async fn lock_pending(
     .bind(approval_id)
     .fetch_one(&mut *conn)
     .await?;
-    if approval.status != "pending" {
+    if approval.status != ApprovalStatus::Pending {
         return Err(StoreError::Conflict(format!(
             "approval {approval_id} is {}, not pending; it can no longer be resolved",
             approval.status

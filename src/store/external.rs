@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sqlx::PgConnection;
 use sqlx::types::Json;
+
+pub use keel_api_types::{Etags, ItemRecord, SourceRecord};
 
 use super::{Result, StoreError};
 use crate::domain::{Scope, new_id};
@@ -15,29 +16,6 @@ use crate::queue::{self, Locked};
 /// The queue kind of a source's polls; the job's ref_id is the source id, so a source has
 /// at most one poll queued or in flight across every worker.
 pub const POLL_KIND: &str = "poll";
-
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-pub struct SourceRecord {
-    pub id: String,
-    pub tracker_kind: String,
-    /// `kind:endpoint:repository` (or project): one source per target and workspace.
-    pub target: String,
-    pub workflow_markdown: Option<String>,
-    pub workflow_path: Option<String>,
-    #[serde(skip)]
-    pub etags: Json<BTreeMap<String, String>>,
-    /// Set by a rate limit: no request to the tracker before then.
-    pub backoff_until: Option<DateTime<Utc>>,
-    pub background_enabled: bool,
-    pub last_poll_at: Option<DateTime<Utc>>,
-    #[schema(value_type = Option<Object>)]
-    pub last_poll: Option<serde_json::Value>,
-    pub last_error_code: Option<String>,
-    pub last_error: Option<String>,
-    pub last_error_at: Option<DateTime<Utc>>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-}
 
 /// Where a source's workflow comes from.
 #[derive(Debug, Clone)]
@@ -194,36 +172,6 @@ pub async fn record_poll(
     .execute(conn)
     .await?;
     Ok(())
-}
-
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-pub struct ItemRecord {
-    pub id: String,
-    pub source_id: String,
-    pub idempotency_key: String,
-    /// `github_issue`, `github_pull_request` or `linear_issue`.
-    pub kind: String,
-    pub identifier: String,
-    pub tracker_state: String,
-    /// `discovered`, `workspace_preparing`, `ready`, `claimed`, `blocked`, `retry_wait` or
-    /// `terminal`.
-    pub state: String,
-    /// The normalized item, as the template saw it.
-    #[schema(value_type = Object)]
-    pub issue: serde_json::Value,
-    pub prompt: Option<String>,
-    pub task_id: Option<String>,
-    pub run_id: Option<String>,
-    pub last_error_code: Option<String>,
-    pub last_error: Option<String>,
-    /// With `workspace.root`: the item's directory, from the start of its preparation until
-    /// a terminal version had it removed.
-    pub workspace_path: Option<String>,
-    /// What `after_create` and `before_remove` printed, by hook name.
-    #[schema(value_type = Option<Object>)]
-    pub hook_output: Option<serde_json::Value>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
 }
 
 /// A version of a tracker item, as a poll or import found it.

@@ -4,8 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::external::ItemRecord;
@@ -28,62 +26,7 @@ macro_rules! columns {
     };
 }
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-#[schema(example = json!({
-    "id": "xact_01a22b05d2aa7b6c8d9e0f1a2b3c4d5e", "item_id": "extitem_01a22b05c3e1734c9d7a0f2b6e41d890",
-    "task_id": "task_01a22b05c3e1734c9d7a0f2b6e41d890", "run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d",
-    "approval_id": "apr_01a22b05d2aa7b6c8d9e0f1a2b3c4d5f", "kind": "comment",
-    "proposal": { "kind": "comment", "body": "Fixed in the linked branch." },
-    "calls": [{ "method": "POST", "path": "/repos/acme/widgets/issues/7/comments",
-                "body": { "body": "Fixed in the linked branch.\n\n<!-- keel-action:xact_01a22b05d2aa7b6c8d9e0f1a2b3c4d5e -->" } }],
-    "target": { "identifier": "acme/widgets#7", "state": "open", "updated_at": "2026-11-30T09:00:00Z",
-                "head_sha": null, "idempotency_key": "github:issue:acme/widgets:7:2026-11-30T09:00:00Z" },
-    "status": "sent", "proposed_by": "operator", "proposed_by_run_id": null,
-    "response": { "http_status": 201, "id": 99, "url": "https://github.com/acme/widgets/issues/7#issuecomment-99" },
-    "artifact_id": "art_01a22b05d2aa7b6c8d9e0f1a2b3c4d60", "last_error_code": null, "last_error": null,
-    "created_at": "2026-11-30T09:00:05Z", "decided_at": "2026-11-30T09:01:00Z",
-    "sending_at": "2026-11-30T09:01:01Z", "finished_at": "2026-11-30T09:01:02Z",
-    "updated_at": "2026-11-30T09:01:02Z"
-}))]
-pub struct ActionRecord {
-    pub id: String,
-    pub item_id: String,
-    /// The task and run the approval is attached to; the run's artifacts carry the answer.
-    pub task_id: String,
-    pub run_id: String,
-    pub approval_id: Option<String>,
-    /// `comment`, `labels` or `review`.
-    pub kind: String,
-    /// What was proposed.
-    #[schema(value_type = Object)]
-    pub proposal: serde_json::Value,
-    /// Exactly what the job sends: `[{method, path, body}]`, paths relative to the tracker's
-    /// endpoint, bodies ending with the hidden marker `<!-- keel-action:ID -->`.
-    #[schema(value_type = Vec<Object>)]
-    pub calls: serde_json::Value,
-    /// The target when proposed: `identifier`, `state`, `updated_at`, `head_sha`,
-    /// `idempotency_key`.
-    #[schema(value_type = Object)]
-    pub target: serde_json::Value,
-    /// `pending_approval`, `approved`, `sending`, `sent`, `stale_target`, `failed` or
-    /// `rejected`.
-    pub status: String,
-    pub proposed_by: String,
-    /// The run that proposed it, when a run did.
-    pub proposed_by_run_id: Option<String>,
-    /// The tracker's answer, short: `http_status`, `id`, `url`.
-    #[schema(value_type = Option<Object>)]
-    pub response: Option<serde_json::Value>,
-    /// The artifact (of `run_id`) with the tracker's answer, or the target that had changed.
-    pub artifact_id: Option<String>,
-    pub last_error_code: Option<String>,
-    pub last_error: Option<String>,
-    pub created_at: DateTime<Utc>,
-    pub decided_at: Option<DateTime<Utc>>,
-    pub sending_at: Option<DateTime<Utc>>,
-    pub finished_at: Option<DateTime<Utc>>,
-    pub updated_at: DateTime<Utc>,
-}
+pub use keel_api_types::ActionRecord;
 
 /// A proposal to record.
 #[derive(Debug, Clone)]

@@ -686,7 +686,7 @@ pub async fn transition_locked(
     .bind(change.exit_code)
     .bind(change.last_error)
     .bind(scope.workspace())
-    .bind(&current.status)
+    .bind(current.status)
     .bind(reason)
     .bind(actor.to_string())
     .fetch_one(&mut *conn)

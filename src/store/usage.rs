@@ -2,36 +2,12 @@
 //! always within the caller's workspace.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sqlx::PgConnection;
 
 use super::Result;
 use crate::domain::Scope;
 
-/// Sums over a set of model calls.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-pub struct UsageTotals {
-    pub calls: i64,
-    pub prompt_tokens: i64,
-    pub completion_tokens: i64,
-    pub cached_tokens: i64,
-    /// The cost of the calls whose model has a price; the others are counted in
-    /// `calls_without_price`, never guessed.
-    pub cost_micros_usd: i64,
-    pub calls_without_price: i64,
-}
-
-/// The totals of one provider preset or one workspace.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-pub struct UsageGroup {
-    /// The provider preset id (`scope=provider`) or the workspace id (`scope=workspace`).
-    pub key: String,
-    #[sqlx(flatten)]
-    #[serde(flatten)]
-    pub totals: UsageTotals,
-}
-
-pub use keel_api_types::Grouping;
+pub use keel_api_types::{Grouping, UsageEvent, UsageGroup, UsageTotals};
 
 /// A time window over `created_at`: `since` inclusive, `until` exclusive; either open.
 #[derive(Debug, Clone, Copy, Default)]
@@ -101,25 +77,6 @@ pub async fn groups(
     .fetch_all(conn)
     .await?;
     Ok(rows)
-}
-
-/// One model call, as the usage ledger holds it.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-pub struct UsageEvent {
-    pub id: String,
-    pub task_id: String,
-    pub run_id: String,
-    /// The call's 1-based index within its run.
-    pub index: i32,
-    pub provider: String,
-    pub model: String,
-    pub prompt_tokens: i64,
-    pub completion_tokens: i64,
-    pub cached_tokens: i64,
-    /// Null when the price table has no entry for the model.
-    pub cost_micros_usd: Option<i64>,
-    pub duration_ms: i64,
-    pub created_at: DateTime<Utc>,
 }
 
 /// Which model calls a list holds.

@@ -1,25 +1,12 @@
 //! What an operator sets per workspace: its concurrency limit, which the fair claim reads
 //! (`queue::fair`).
 
-use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sqlx::PgConnection;
+
+pub use keel_api_types::WorkspaceLimits;
 
 use super::Result;
 use crate::domain::{Actor, Scope};
-
-#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
-#[schema(example = json!({ "workspace_id": "acme", "max_concurrent": 4,
-    "updated_at": "2026-12-01T10:00:00Z", "updated_by": "local" }))]
-pub struct WorkspaceLimits {
-    pub workspace_id: String,
-    /// Most jobs the workspace runs at once; null: the workers'
-    /// `KEEL_MAX_CONCURRENT_PER_WORKSPACE`.
-    pub max_concurrent: Option<i32>,
-    /// When an operator last set it; null if never.
-    pub updated_at: Option<DateTime<Utc>>,
-    pub updated_by: Option<String>,
-}
 
 /// The workspace's limits (the workers' default when no operator set them).
 pub async fn limits(conn: &mut PgConnection, scope: &Scope) -> Result<WorkspaceLimits> {

@@ -5,9 +5,7 @@
 use std::net::SocketAddr;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
-use serde::Serialize;
 use tower_http::cors::{AllowOrigin, CorsLayer};
-use utoipa::ToSchema;
 
 use super::headers;
 use super::host::HostAllowlist;
@@ -35,13 +33,7 @@ pub enum SettingsError {
     Invalid(String),
 }
 
-/// `local`: the operator on this host; `remote`: people a trusted proxy vouches for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RuntimeMode {
-    Local,
-    Remote,
-}
+pub use keel_api_types::RuntimeMode;
 
 enum Credentials {
     /// Local mode: the runtime token, when one is configured.

@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use serde::Serialize;
 
 use super::{Candidate, ExternalError, Poller, tracker, workspace};
 use crate::domain::workflow::{Issue, Workflow, WorkflowError};
@@ -22,15 +21,7 @@ const ITEM_ARTIFACT: &str = "external_work_item.json";
 const PROMPT_ARTIFACT: &str = "prompt.md";
 const MAX_EVIDENCE_BYTES: i64 = 1024 * 1024;
 
-/// How one candidate's import ended.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct Imported {
-    pub item: ItemRecord,
-    /// True when the key was imported before: nothing changed.
-    pub duplicate: bool,
-    /// The run this version cancelled: its item left the active states.
-    pub cancelled_run_id: Option<String>,
-}
+pub use keel_api_types::Imported;
 
 /// Imports one candidate: the item, and for a new item in an active state the task the
 /// workflow's `task` section makes of it, with the rendered prompt, started through the

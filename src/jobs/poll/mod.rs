@@ -49,7 +49,6 @@ use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use keel_workers::media::Secret;
 use reqwest::header::{self, HeaderMap};
-use serde::Serialize;
 use serde_json::Value;
 use sqlx::PgPool;
 
@@ -160,32 +159,15 @@ fn polled_candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, Strin
     }
 }
 
-/// What one poll did, as `POST .../poll` answers and the source's `last_poll` keeps.
-#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
-pub struct PollSummary {
-    pub candidates: u64,
-    /// New items that became tasks.
-    pub claimed: u64,
-    pub duplicates: u64,
-    pub blocked: u64,
-    /// New items neither active nor terminal, or whose subject already has a task.
-    pub discovered: u64,
-    pub terminal: u64,
-    /// Runs cancelled because their item left the active states.
-    pub cancelled_runs: u64,
-    /// Failed runs of items still active, tried again after their backoff.
-    pub retried: u64,
-    /// Workspaces of terminal items removed (`before_remove` first).
-    pub removed_workspaces: u64,
-    /// Every list answered 304: nothing changed.
-    pub not_modified: bool,
-    /// Set while a rate limit holds requests back.
-    pub backoff_until: Option<DateTime<Utc>>,
-    pub error_code: Option<String>,
-    pub error: Option<String>,
+pub use keel_api_types::PollSummary;
+
+/// How a poll counts what it did (the summary is a wire type, defined in the contract crate).
+trait Tally {
+    fn count(&mut self, imported: &Imported);
+    fn failed(&mut self, code: &str, message: String);
 }
 
-impl PollSummary {
+impl Tally for PollSummary {
     fn count(&mut self, imported: &Imported) {
         self.candidates += 1;
         self.cancelled_runs += u64::from(imported.cancelled_run_id.is_some());

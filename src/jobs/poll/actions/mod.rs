@@ -28,7 +28,7 @@ use crate::domain::workflow::{Tracker, TrackerKind};
 use crate::domain::{Actor, Scope, new_id};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
-use crate::store::approvals::{self, ApprovalRecord};
+use crate::store::approvals;
 use crate::store::events::{self, Subject};
 use crate::store::external::{self, ItemRecord};
 use crate::store::external_actions::{self, ACTION_KIND, ActionRecord, NewAction, Outcome};
@@ -46,12 +46,7 @@ struct Call {
     body: Value,
 }
 
-/// A proposal as recorded: the action and its pending approval.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct Proposed {
-    pub action: ActionRecord,
-    pub approval: ApprovalRecord,
-}
+pub use keel_api_types::Proposed;
 
 /// Records a proposal on an item: the calls it makes, the target as stored now, and its
 /// approval, attached to the item's task and to `run_id` (a run of that task proposing

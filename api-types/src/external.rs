@@ -1,0 +1,348 @@
+//! External work: WORKFLOW.md rendering, sources (a tracker target and its workflow), the
+//! items their polls and imports found, and the approval-gated actions on items.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::{ApprovalRecord, SecretStatus};
+
+/// The normalized item a template sees as `issue`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Issue {
+    pub id: String,
+    pub identifier: String,
+    pub title: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub priority: Option<i64>,
+    pub state: String,
+    #[serde(default)]
+    pub branch_name: Option<String>,
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub labels: Vec<String>,
+    #[serde(default)]
+    pub blocked_by: Vec<BlockerRef>,
+    #[serde(default)]
+    pub created_at: Option<String>,
+    #[serde(default)]
+    pub updated_at: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BlockerRef {
+    pub id: Option<String>,
+    pub identifier: Option<String>,
+    pub state: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RenderRequest {
+    /// The whole WORKFLOW.md: front matter and prompt template.
+    pub workflow_markdown: String,
+    /// The normalized item the template sees as `issue`.
+    pub issue: Issue,
+    /// Null on a first run, the retry number after.
+    #[serde(default)]
+    pub attempt: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Rendered {
+    pub prompt: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SourceRequest {
+    /// The WORKFLOW.md text, kept on the source.
+    pub workflow_markdown: Option<String>,
+    /// An absolute path to a WORKFLOW.md, read at each use (local mode only: it reads the
+    /// host's files).
+    pub workflow_path: Option<String>,
+}
+
+/// ETags a source remembers, by list URL. Never rendered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Etags(pub BTreeMap<String, String>);
+
+#[cfg(feature = "sqlx")]
+mod etags_column {
+    use super::*;
+    use sqlx::postgres::{PgTypeInfo, PgValueRef};
+    use sqlx::types::Json;
+    use sqlx::{Decode, Postgres, Type};
+
+    /// A `jsonb` column, read as [`Json`] reads it.
+    impl Type<Postgres> for Etags {
+        fn type_info() -> PgTypeInfo {
+            <Json<BTreeMap<String, String>> as Type<Postgres>>::type_info()
+        }
+
+        fn compatible(ty: &PgTypeInfo) -> bool {
+            <Json<BTreeMap<String, String>> as Type<Postgres>>::compatible(ty)
+        }
+    }
+
+    impl<'r> Decode<'r, Postgres> for Etags {
+        fn decode(value: PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+            <Json<BTreeMap<String, String>> as Decode<Postgres>>::decode(value).map(|j| Etags(j.0))
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[cfg_attr(feature = "sqlx", derive(sqlx::FromRow))]
+pub struct SourceRecord {
+    pub id: String,
+    pub tracker_kind: String,
+    /// `kind:endpoint:repository` (or project): one source per target and workspace.
+    pub target: String,
+    pub workflow_markdown: Option<String>,
+    pub workflow_path: Option<String>,
+    #[serde(skip)]
+    pub etags: Etags,
+    /// Set by a rate limit: no request to the tracker before then.
+    pub backoff_until: Option<DateTime<Utc>>,
+    pub background_enabled: bool,
+    pub last_poll_at: Option<DateTime<Utc>>,
+    #[schema(value_type = Option<Object>)]
+    pub last_poll: Option<serde_json::Value>,
+    pub last_error_code: Option<String>,
+    pub last_error: Option<String>,
+    pub last_error_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[cfg_attr(feature = "sqlx", derive(sqlx::FromRow))]
+pub struct ItemRecord {
+    pub id: String,
+    pub source_id: String,
+    pub idempotency_key: String,
+    /// `github_issue`, `github_pull_request` or `linear_issue`.
+    pub kind: String,
+    pub identifier: String,
+    pub tracker_state: String,
+    /// `discovered`, `workspace_preparing`, `ready`, `claimed`, `blocked`, `retry_wait` or
+    /// `terminal`.
+    pub state: String,
+    /// The normalized item, as the template saw it.
+    #[schema(value_type = Object)]
+    pub issue: serde_json::Value,
+    pub prompt: Option<String>,
+    pub task_id: Option<String>,
+    pub run_id: Option<String>,
+    pub last_error_code: Option<String>,
+    pub last_error: Option<String>,
+    /// With `workspace.root`: the item's directory, from the start of its preparation until
+    /// a terminal version had it removed.
+    pub workspace_path: Option<String>,
+    /// What `after_create` and `before_remove` printed, by hook name.
+    #[schema(value_type = Option<Object>)]
+    pub hook_output: Option<serde_json::Value>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[cfg_attr(feature = "sqlx", derive(sqlx::FromRow))]
+#[schema(example = json!({
+    "id": "xact_01a22b05d2aa7b6c8d9e0f1a2b3c4d5e", "item_id": "extitem_01a22b05c3e1734c9d7a0f2b6e41d890",
+    "task_id": "task_01a22b05c3e1734c9d7a0f2b6e41d890", "run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d",
+    "approval_id": "apr_01a22b05d2aa7b6c8d9e0f1a2b3c4d5f", "kind": "comment",
+    "proposal": { "kind": "comment", "body": "Fixed in the linked branch." },
+    "calls": [{ "method": "POST", "path": "/repos/acme/widgets/issues/7/comments",
+                "body": { "body": "Fixed in the linked branch.\n\n<!-- keel-action:xact_01a22b05d2aa7b6c8d9e0f1a2b3c4d5e -->" } }],
+    "target": { "identifier": "acme/widgets#7", "state": "open", "updated_at": "2026-11-30T09:00:00Z",
+                "head_sha": null, "idempotency_key": "github:issue:acme/widgets:7:2026-11-30T09:00:00Z" },
+    "status": "sent", "proposed_by": "operator", "proposed_by_run_id": null,
+    "response": { "http_status": 201, "id": 99, "url": "https://github.com/acme/widgets/issues/7#issuecomment-99" },
+    "artifact_id": "art_01a22b05d2aa7b6c8d9e0f1a2b3c4d60", "last_error_code": null, "last_error": null,
+    "created_at": "2026-11-30T09:00:05Z", "decided_at": "2026-11-30T09:01:00Z",
+    "sending_at": "2026-11-30T09:01:01Z", "finished_at": "2026-11-30T09:01:02Z",
+    "updated_at": "2026-11-30T09:01:02Z"
+}))]
+pub struct ActionRecord {
+    pub id: String,
+    pub item_id: String,
+    /// The task and run the approval is attached to; the run's artifacts carry the answer.
+    pub task_id: String,
+    pub run_id: String,
+    pub approval_id: Option<String>,
+    /// `comment`, `labels` or `review`.
+    pub kind: String,
+    /// What was proposed.
+    #[schema(value_type = Object)]
+    pub proposal: serde_json::Value,
+    /// Exactly what the job sends: `[{method, path, body}]`, paths relative to the tracker's
+    /// endpoint, bodies ending with the hidden marker `<!-- keel-action:ID -->`.
+    #[schema(value_type = Vec<Object>)]
+    pub calls: serde_json::Value,
+    /// The target when proposed: `identifier`, `state`, `updated_at`, `head_sha`,
+    /// `idempotency_key`.
+    #[schema(value_type = Object)]
+    pub target: serde_json::Value,
+    /// `pending_approval`, `approved`, `sending`, `sent`, `stale_target`, `failed` or
+    /// `rejected`.
+    pub status: String,
+    pub proposed_by: String,
+    /// The run that proposed it, when a run did.
+    pub proposed_by_run_id: Option<String>,
+    /// The tracker's answer, short: `http_status`, `id`, `url`.
+    #[schema(value_type = Option<Object>)]
+    pub response: Option<serde_json::Value>,
+    /// The artifact (of `run_id`) with the tracker's answer, or the target that had changed.
+    pub artifact_id: Option<String>,
+    pub last_error_code: Option<String>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub decided_at: Option<DateTime<Utc>>,
+    pub sending_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// What one poll did, as `POST .../poll` answers and the source's `last_poll` keeps.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+pub struct PollSummary {
+    pub candidates: u64,
+    /// New items that became tasks.
+    pub claimed: u64,
+    pub duplicates: u64,
+    pub blocked: u64,
+    /// New items neither active nor terminal, or whose subject already has a task.
+    pub discovered: u64,
+    pub terminal: u64,
+    /// Runs cancelled because their item left the active states.
+    pub cancelled_runs: u64,
+    /// Failed runs of items still active, tried again after their backoff.
+    pub retried: u64,
+    /// Workspaces of terminal items removed (`before_remove` first).
+    pub removed_workspaces: u64,
+    /// Every list answered 304: nothing changed.
+    pub not_modified: bool,
+    /// Set while a rate limit holds requests back.
+    pub backoff_until: Option<DateTime<Utc>>,
+    pub error_code: Option<String>,
+    pub error: Option<String>,
+}
+
+/// How one candidate's import ended.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Imported {
+    pub item: ItemRecord,
+    /// True when the key was imported before: nothing changed.
+    pub duplicate: bool,
+    /// The run this version cancelled: its item left the active states.
+    pub cancelled_run_id: Option<String>,
+}
+
+/// A proposal as recorded: the action and its pending approval.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Proposed {
+    pub action: ActionRecord,
+    pub approval: ApprovalRecord,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PollRequest {
+    /// Items read per list, 1 to 100 (default 50).
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BackgroundRequest {
+    pub enabled: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ImportRequest {
+    pub source_id: String,
+    /// A GitHub issue or pull request, or a webhook payload holding one.
+    #[schema(value_type = Object)]
+    pub payload: serde_json::Value,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({ "kind": "comment", "body": "Fixed in the linked branch." }))]
+pub struct ActionRequest {
+    /// `comment` (`body`), `labels` (`add`, `remove`) or `review` (`event`, `body`; pull
+    /// requests only). Linear issues take comments only.
+    pub kind: Option<String>,
+    /// A comment's or review's text, at most 64 KiB; a hidden marker is appended to it.
+    pub body: Option<String>,
+    /// Labels to add; with `remove`, at most 20 in all.
+    pub add: Option<Vec<String>>,
+    /// Labels to remove.
+    pub remove: Option<Vec<String>>,
+    /// A review's `COMMENT`, `APPROVE` or `REQUEST_CHANGES`.
+    pub event: Option<String>,
+    /// The run of the item's task proposing it; by default the task's current run, to
+    /// which the approval is attached either way.
+    pub run_id: Option<String>,
+}
+
+/// Seed 000's status shape: whether the workflow can be used (200 with `valid: false` and
+/// the error when not, so a console can show setup guidance), whether its token resolves
+/// (never its value), item counts, background polling and the last error.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SourceStatus {
+    pub source_id: String,
+    pub workflow: WorkflowHealth,
+    /// Null when the workflow names no token (GitHub is then read unauthenticated).
+    pub secret: Option<SecretStatus>,
+    /// Items by state, with `total`.
+    pub records: BTreeMap<String, i64>,
+    /// The items' proposed tracker actions by status, with `total`.
+    pub actions: BTreeMap<String, i64>,
+    pub background: Background,
+    /// The last poll's error, by what failed (`poll`).
+    pub last_errors: BTreeMap<String, LastError>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WorkflowHealth {
+    pub path: Option<String>,
+    pub valid: bool,
+    pub source_kind: Option<String>,
+    pub repository: Option<String>,
+    pub project_slug: Option<String>,
+    pub events: Vec<String>,
+    pub secret_ref: Option<String>,
+    pub polling_interval_ms: Option<u64>,
+    /// `{type, message}` when not valid.
+    #[schema(value_type = Option<Object>)]
+    pub error: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Background {
+    pub supported: bool,
+    pub running: bool,
+    /// `running` or `stopped`.
+    pub status: String,
+    pub last_poll_at: Option<DateTime<Utc>>,
+    /// Set while a tracker rate limit holds polls back.
+    pub backoff_until: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct LastError {
+    pub code: String,
+    pub message: Option<String>,
+    pub at: Option<DateTime<Utc>>,
+}
