@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
+use serde::Serialize;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use super::headers;
