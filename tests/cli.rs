@@ -8,8 +8,10 @@ use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use support::{KeelProcess, spawn_api_with_approvals, spawn_worker, wait_for};
+#[path = "support/tracker.rs"]
+mod tracker;
 
 const CLI_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -517,4 +519,127 @@ async fn the_runtime_token_is_sent_when_given() {
     );
     let output = cli(url, &["tasks", "list", "--token", TOKEN]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
+}
+
+/// The JSON a `--output json` command printed.
+fn json_of(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(output)))
+}
+
+#[tokio::test]
+async fn an_external_work_source_is_created_polled_listed_and_deleted() {
+    let github = wiremock::MockServer::start().await;
+    let issues = json!([tracker::github_issue(1, "open")]);
+    tracker::list("issues", issues, "\"i1\"")
+        .mount(&github)
+        .await;
+    tracker::list("pulls", json!([]), "\"p1\"")
+        .mount(&github)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = support::fresh_database().await;
+    let api = support::spawn_api_with_env(&db, dir.path(), "api", &[tracker::TOKEN_ENV]).await;
+    let url = &api.client.as_ref().unwrap().base;
+    let workflow = dir.path().join("WORKFLOW.md");
+    let text = format!(
+        "---\ntracker:\n  kind: github\n  endpoint: {}\n  repository: acme/widgets\n  \
+         api_key: $ACME_GITHUB_TOKEN\ntask:\n  execution_kind: shell\n  \
+         shell_command: echo imported\n---\nWork on {{{{ issue.identifier }}}}\n",
+        github.uri()
+    );
+    std::fs::write(&workflow, text).unwrap();
+
+    let file = workflow.to_str().unwrap();
+    let output = cli(
+        url,
+        &[
+            "external-work",
+            "sources",
+            "create",
+            "--quiet",
+            "--file",
+            file,
+        ],
+    )
+    .await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let id = stdout(&output).trim().to_string();
+    assert!(
+        id.starts_with("extsrc_") || !id.is_empty(),
+        "{}",
+        describe(&output)
+    );
+
+    let output = cli(url, &["external-work", "sources", "list"]).await;
+    assert!(stdout(&output).contains(&id), "{}", describe(&output));
+    let args = ["--output", "json", "external-work", "sources", "show", &id];
+    assert_eq!(json_of(&cli(url, &args).await)["data"]["id"], id.as_str());
+
+    let args = ["--output", "json", "external-work", "sources", "poll", &id];
+    let output = cli(url, &args).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    assert_eq!(
+        json_of(&output)["data"]["candidates"],
+        1,
+        "{}",
+        describe(&output)
+    );
+
+    let args = ["--output", "json", "external-work", "items", "list", &id];
+    let items = json_of(&cli(url, &args).await);
+    assert_eq!(items["data"][0]["identifier"], "acme/widgets#1", "{items}");
+    // The token reached GitHub only: never the CLI's output.
+    assert!(!items.to_string().contains(tracker::CANARY));
+
+    let output = cli(url, &["external-work", "sources", "delete", &id]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let output = cli(url, &["external-work", "sources", "show", &id]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
+}
+
+#[tokio::test]
+async fn providers_create_then_show_names_the_secret_by_reference_only() {
+    const KEY: (&str, &str) = ("RELAY_CLI_TEST_API_KEY", "sk-cli-canary-81f3");
+    let dir = tempfile::tempdir().unwrap();
+    let db = support::fresh_database().await;
+    let api = support::spawn_api_with_env(&db, dir.path(), "api", &[KEY]).await;
+    let url = &api.client.as_ref().unwrap().base;
+    let args = [
+        "providers",
+        "create",
+        "--quiet",
+        "--kind",
+        "openai-compatible",
+        "--provider-id",
+        "relay",
+        "--model",
+        "dpv4",
+        "--api",
+        "openai-completions",
+        "--base-url",
+        "http://127.0.0.1:8317/v1",
+        "--api-key-ref",
+        "env:RELAY_CLI_TEST_API_KEY",
+        "--capability",
+        "chat",
+        "--input",
+        "text",
+    ];
+    let output = cli(url, &args).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let id = stdout(&output).trim().to_string();
+
+    for format in ["table", "json"] {
+        let output = cli(url, &["--output", format, "providers", "show", &id]).await;
+        assert_eq!(code(&output), 0, "{}", describe(&output));
+        let text = stdout(&output);
+        assert!(
+            text.contains("env:RELAY_CLI_TEST_API_KEY") && text.contains("dpv4"),
+            "{text}"
+        );
+        assert!(
+            !text.contains(KEY.1),
+            "the secret's value was printed: {text}"
+        );
+    }
 }

@@ -3,6 +3,7 @@
 //! API are in `ops` (arguments and calls), `output` (tables, JSON, errors) and `watch`
 //! (following a run or a media job live).
 
+mod external;
 mod ops;
 mod output;
 mod watch;

@@ -7,10 +7,11 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use keel_client::{
     ApprovalRecord, Call, Client, Credentials, Error, MediaJobDraft, MediaJobRecord,
-    ObjectEnvelope, ProviderView, ResolveRequest, RunRecord, ScheduleDraft, ScheduleRecord,
-    StartRequest, TaskDraft, TaskRecord,
+    ObjectEnvelope, ProviderDraft, ProviderView, ResolveRequest, RunRecord, ScheduleDraft,
+    ScheduleRecord, StartRequest, TaskDraft, TaskRecord,
 };
 
+use super::external::{self, ExternalCommand};
 use super::output::{self, Format, PageArgs, Table, or_dash, time};
 use super::watch::{self, Outcome};
 
@@ -57,9 +58,12 @@ pub enum Operation {
     /// Media jobs: create, show, watch.
     #[command(subcommand)]
     Media(MediaCommand),
-    /// Provider presets: list, show, check.
+    /// Provider presets: list, show, create, check.
     #[command(subcommand)]
     Providers(ProviderCommand),
+    /// External work: tracker sources (list, show, create, poll, delete) and their items.
+    #[command(subcommand)]
+    ExternalWork(ExternalCommand),
     /// The workspace's queue (depth and age per kind), leases and live workers.
     Status,
 }
@@ -311,12 +315,69 @@ pub enum ProviderCommand {
     Show {
         id: String,
     },
+    /// Creates a preset. Secrets are named by reference (`--api-key-ref env:NAME`), never
+    /// given.
+    Create(CreateProvider),
     /// Checks the preset can be used; `--live` also makes one tiny billed call.
     Check {
         id: String,
         #[arg(long)]
         live: bool,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct CreateProvider {
+    /// `openai-images`, `seedream` or `seedance` for media presets; any slug for chat ones.
+    #[arg(long)]
+    kind: String,
+    #[arg(long)]
+    model: String,
+    /// `media-job`, `openai-completions`, `openai-responses` or `anthropic-messages`.
+    #[arg(long)]
+    api: String,
+    #[arg(long)]
+    base_url: String,
+    /// `env:NAME`, `file:/absolute/path` or `keychain:NAME`.
+    #[arg(long)]
+    api_key_ref: Option<String>,
+    /// A slug; default: the kind.
+    #[arg(long)]
+    provider_id: Option<String>,
+    #[arg(long)]
+    display_name: Option<String>,
+    /// A capability (`chat`, `tool_call`, `image_generate`, …); repeat for several.
+    #[arg(long = "capability")]
+    capabilities: Vec<String>,
+    /// An input kind (`text`, `image`); repeat for several.
+    #[arg(long = "input")]
+    input: Vec<String>,
+    /// Create it enabled (presets are created disabled otherwise).
+    #[arg(long)]
+    enabled: bool,
+    /// Print only the new preset's id.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+impl CreateProvider {
+    fn draft(self) -> ProviderDraft {
+        ProviderDraft {
+            kind: self.kind,
+            display_name: self.display_name,
+            provider_id: self.provider_id,
+            model: self.model,
+            api: self.api,
+            base_url: self.base_url,
+            api_key_ref: self.api_key_ref,
+            headers: Default::default(),
+            secret_header_refs: Default::default(),
+            capabilities: self.capabilities,
+            input: self.input,
+            compat: Default::default(),
+            enabled: self.enabled,
+        }
+    }
 }
 
 /// Runs an operator command on its own runtime, without the server's telemetry: 0 or the
@@ -373,6 +434,9 @@ async fn run(client: &Client, format: Format, operation: Operation) -> Result<Ou
             .map(|_| Outcome::Done),
         Operation::Media(command) => media(client, format, command).await,
         Operation::Providers(command) => providers(client, format, command)
+            .await
+            .map(|_| Outcome::Done),
+        Operation::ExternalWork(command) => external::run(client, format, command)
             .await
             .map(|_| Outcome::Done),
         Operation::Status => status(client, format).await.map(|_| Outcome::Done),
@@ -669,21 +733,24 @@ async fn providers(client: &Client, format: Format, command: ProviderCommand) ->
             .await
         }
         ProviderCommand::Show { id } => output::show(format, client.get_provider(&id), |p| {
-            let p = &p.data;
-            Table::fields(&[
-                ("id", p.id.clone()),
-                ("name", p.display_name.clone()),
-                ("kind", p.kind.clone()),
-                ("api", p.api.clone()),
-                ("base url", p.base_url.clone()),
-                ("model", p.model.clone()),
-                ("capabilities", p.capabilities.join(", ")),
-                ("enabled", p.enabled.to_string()),
-                ("key configured", p.api_key_configured.to_string()),
-            ])
+            provider_fields(&p.data)
         })
         .await
         .map(drop),
+        ProviderCommand::Create(args) => {
+            let quiet = args.quiet;
+            let draft = args.draft();
+            let call = client.create_provider(&draft);
+            output::show_or_id(
+                format,
+                quiet,
+                call,
+                |p| p.data.id.clone(),
+                |p| provider_fields(&p.data),
+            )
+            .await
+            .map(drop)
+        }
         ProviderCommand::Check { id, live } => {
             output::show(format, client.check_provider(&id, live), |c| {
                 let c = &c.data;
@@ -768,5 +835,21 @@ fn media_fields(j: &MediaJobRecord) -> Table {
         ("error", or_dash(j.last_error.as_ref())),
         ("artifacts", j.artifact_ids.join(", ")),
         ("created", time(&j.created_at)),
+    ])
+}
+
+/// A preset's fields: its secret by reference and whether it resolves, never a value.
+fn provider_fields(p: &ProviderView) -> Table {
+    Table::fields(&[
+        ("id", p.id.clone()),
+        ("name", p.display_name.clone()),
+        ("kind", p.kind.clone()),
+        ("api", p.api.clone()),
+        ("base url", p.base_url.clone()),
+        ("model", p.model.clone()),
+        ("capabilities", p.capabilities.join(", ")),
+        ("enabled", p.enabled.to_string()),
+        ("key ref", or_dash(p.api_key_ref.as_ref())),
+        ("key configured", p.api_key_configured.to_string()),
     ])
 }
