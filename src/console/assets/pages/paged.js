@@ -1,4 +1,4 @@
-// Part 2's pages share this: a list route shown page by page in a slot, with
+// Every paginated list shares this: a list route shown page by page in a slot, with
 // Previous / page n / Next under it.
 
 import { errorBox, h, replace } from '../lib/dom.js';

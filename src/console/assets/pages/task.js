@@ -1,7 +1,8 @@
 // A task: what it does, its runs (paginated), and a start button.
 
 import { Pager, get, seg } from '../lib/api.js';
-import { action, badge, details, errorBox, h, replace, table } from '../lib/dom.js';
+import { action, badge, details, h, replace, table } from '../lib/dom.js';
+import { paged } from './paged.js';
 import { when } from '../lib/time.js';
 import { startTask, summary } from './tasks.js';
 
@@ -21,14 +22,7 @@ export async function render(root, { task_id: taskId }, ctx) {
   const runs = h('section', { 'aria-labelledby': 'runs-heading' });
   const pager = new Pager(`/v1/tasks/${seg(taskId)}/runs`, {}, 20);
 
-  const show = async (load) => {
-    let page;
-    try {
-      page = await load();
-    } catch (error) {
-      replace(runs, errorBox(error));
-      return;
-    }
+  const draw = (page) => {
     const rows = page.data.map((run) => [
       h('a', { href: `#/runs/${seg(taskId)}/${seg(run.id)}` }, `run ${run.number}`),
       badge(run.status),
@@ -37,14 +31,11 @@ export async function render(root, { task_id: taskId }, ctx) {
       when(run.created_at),
       when(run.finished_at),
     ]);
-    replace(runs,
+    return [
       h('h2', { id: 'runs-heading' }, 'Runs'),
       table('Runs of this task', ['Run', 'Status', 'Origin', 'Exit code', 'Created', 'Finished'], rows,
         'No runs yet: start the task.'),
-      h('div', { class: 'pager' },
-        h('button', { type: 'button', disabled: !pager.hasPrevious(), onclick: () => show(() => pager.previous()) }, 'Previous'),
-        h('span', {}, `page ${pager.number()}`),
-        h('button', { type: 'button', disabled: !pager.hasNext(), onclick: () => show(() => pager.next()) }, 'Next')));
+    ];
   };
 
   replace(root,
@@ -66,5 +57,5 @@ export async function render(root, { task_id: taskId }, ctx) {
     h('div', { class: 'actions' },
       action('Start', () => startTask(task, ctx), { disabled: ACTIVE.includes(task.status) })),
     runs);
-  await show(() => pager.load());
+  await paged(runs, pager, draw, ctx.signal);
 }

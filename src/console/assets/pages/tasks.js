@@ -3,6 +3,7 @@
 import { Pager, post, seg } from '../lib/api.js';
 import { action, badge, errorBox, h, replace, table, toast } from '../lib/dom.js';
 import { when } from '../lib/time.js';
+import { paged } from './paged.js';
 
 const STATUSES = ['not_started', 'awaiting_approval', 'queued', 'running', 'completed', 'failed', 'cancelled'];
 const ACTIVE = ['awaiting_approval', 'queued', 'running'];
@@ -33,15 +34,7 @@ export async function render(root, _params, ctx) {
     STATUSES.map((s) => h('option', { value: s, selected: s === status }, s)));
   filter.addEventListener('change', () => ctx.navigate(filter.value ? `#/tasks?status=${filter.value}` : '#/tasks'));
 
-  const show = async (load) => {
-    let page;
-    try {
-      page = await load();
-    } catch (error) {
-      replace(list, errorBox(error));
-      return;
-    }
-    if (ctx.signal.aborted) return;
+  const draw = (page) => {
     const rows = page.data.map((task) => [
       h('a', { href: `#/tasks/${seg(task.id)}` }, task.id),
       task.execution_kind,
@@ -53,14 +46,11 @@ export async function render(root, _params, ctx) {
       when(task.updated_at),
       action('Start', () => startTask(task, ctx), { disabled: ACTIVE.includes(task.status) }),
     ]);
-    replace(list,
+    return [
       h('h2', { id: 'tasks-heading' }, status ? `Tasks that are ${status}` : 'All tasks'),
       table('Tasks', ['Task', 'Kind', 'What it does', 'Status', 'Latest run', 'Updated', ''], rows,
         status ? `No task is ${status}.` : 'No tasks yet: create one above.'),
-      h('div', { class: 'pager' },
-        h('button', { type: 'button', disabled: !pager.hasPrevious(), onclick: () => show(() => pager.previous()) }, 'Previous'),
-        h('span', {}, `page ${pager.number()}`),
-        h('button', { type: 'button', disabled: !pager.hasNext(), onclick: () => show(() => pager.next()) }, 'Next')));
+    ];
   };
 
   replace(root,
@@ -68,7 +58,7 @@ export async function render(root, _params, ctx) {
     createForm(ctx),
     h('div', { class: 'toolbar' }, h('label', { for: 'status-filter' }, 'Status'), filter),
     list);
-  await show(() => pager.load());
+  await paged(list, pager, draw, ctx.signal);
 }
 
 function createForm(ctx) {
