@@ -92,13 +92,16 @@ pub fn bucket_seconds(minutes: i64) -> i64 {
 /// nack and takeover writes a row there, stamped `released_at`).
 ///
 /// Cheap at any volume: `released_at` is its transaction's start and ids grow with
-/// inserts, so the window's rows are the workspace's from the first id released a minute
-/// before the window on. That id comes from the `released_at` index (one probe: `since`
-/// is a scalar subquery so it is an index condition; as a join it was a filter over the
-/// whole index, 131 ms instead of 0.5 ms over 300 000 rows), the rows from an id range —
-/// the indexes the table already has, so acks (the hot path) pay for no new one. A row
-/// is missed only if its transaction ran for over a minute before it wrote the row; the
-/// acking transactions are short.
+/// inserts, so the window's rows all come after the anchor, the last row released over a
+/// minute before the window (or, with none, the table's start). Rows are not in
+/// `released_at` order by id (a transaction that began earlier can insert later), so the
+/// anchor is a row before the window, not the window's earliest row: with that, a fresh
+/// table lost the rows inserted before its earliest-started one. The anchor is one probe
+/// of the `released_at` index (`since` is a scalar subquery so it is an index condition;
+/// as a join it was a filter over the whole index, 131 ms instead of 0.5 ms over 300 000
+/// rows), the rows an id range — the indexes the table already has, so acks (the hot
+/// path) pay for no new one. A row is missed only if the anchor's transaction ran for
+/// over a minute before it wrote its row; the acking transactions are short.
 pub async fn throughput(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -109,10 +112,10 @@ pub async fn throughput(
     let rows: Vec<BucketRow> = sqlx::query_as(
         "WITH bounds AS (
              SELECT to_timestamp((floor(extract(epoch FROM now()) / $2) - ($3 - 1)) * $2) AS since
-         ), first_row AS (
+         ), anchor AS (
              SELECT coalesce((SELECT h.id FROM lease_history h
-                              WHERE h.released_at >= (SELECT since FROM bounds) - interval '1 minute'
-                              ORDER BY h.released_at LIMIT 1), 9223372036854775807) AS id
+                              WHERE h.released_at < (SELECT since FROM bounds) - interval '1 minute'
+                              ORDER BY h.released_at DESC LIMIT 1), 0) AS id
          )
          SELECT b.since, h.kind,
                 floor(extract(epoch FROM h.released_at - b.since) / $2)::bigint AS bucket,
@@ -120,7 +123,7 @@ pub async fn throughput(
                 count(*) FILTER (WHERE h.outcome IN ('retried', 'expired')) AS failed
          FROM bounds b
          LEFT JOIN lease_history h
-                ON h.workspace_id = $1 AND h.id >= (SELECT id FROM first_row)
+                ON h.workspace_id = $1 AND h.id > (SELECT id FROM anchor)
                AND h.released_at >= b.since AND h.outcome IN ('acked', 'retried', 'expired')
          GROUP BY b.since, h.kind, bucket
          ORDER BY h.kind, bucket",
