@@ -487,7 +487,7 @@ async fn a_once_schedule_fires_once_even_when_overdue_then_disables_itself() {
     let restart = run_at + TimeDelta::days(3);
     let fired = dispatch_due(&app.pool, &no_gates(), restart).await.unwrap();
     assert_eq!(fired.len(), 1, "{fired:?}");
-    assert_eq!(fired[0].status, "started");
+    assert_eq!(fired[0].status.as_str(), "started");
     assert_eq!(fired[0].scheduled_for, run_at);
     let spent = schedule(c, &task_id).await;
     assert_eq!(spent["enabled"], false);
@@ -587,12 +587,12 @@ async fn three_dispatchers_record_exactly_one_occurrence_per_minute() {
         assert_eq!(occurrence.scheduled_for, first + minutes(minute));
         match &active {
             None => {
-                assert_eq!(occurrence.status, "started", "minute {minute}");
+                assert_eq!(occurrence.status.as_str(), "started", "minute {minute}");
                 active = occurrence.run_id.clone();
                 started += 1;
             }
             Some(_) => {
-                assert_eq!(occurrence.status, "skipped", "minute {minute}");
+                assert_eq!(occurrence.status.as_str(), "skipped", "minute {minute}");
                 assert!(occurrence.error.as_deref().unwrap().contains("active run"));
             }
         }
@@ -637,7 +637,7 @@ async fn an_active_run_makes_the_occurrence_skipped_not_a_backlog() {
     let manual_id = manual["data"]["id"].as_str().unwrap().to_string();
 
     let skipped = dispatch_due(&app.pool, &no_gates(), first).await.unwrap();
-    assert_eq!(skipped[0].status, "skipped");
+    assert_eq!(skipped[0].status.as_str(), "skipped");
     assert_eq!(skipped[0].run_id, None);
     assert!(skipped[0].error.as_deref().unwrap().contains(&manual_id));
     assert!(skipped[0].completed_at.is_some());
@@ -651,7 +651,7 @@ async fn an_active_run_makes_the_occurrence_skipped_not_a_backlog() {
     let skipped = dispatch_due(&app.pool, &no_gates(), first + minutes(1))
         .await
         .unwrap();
-    assert_eq!(skipped[0].status, "skipped");
+    assert_eq!(skipped[0].status.as_str(), "skipped");
 
     // Once the task is idle, the next time starts a run; the skipped ones are not replayed.
     cancel(&app.pool, &task_id, &manual_id).await;
@@ -659,7 +659,7 @@ async fn an_active_run_makes_the_occurrence_skipped_not_a_backlog() {
         .await
         .unwrap();
     assert_eq!(started.len(), 1);
-    assert_eq!(started[0].status, "started");
+    assert_eq!(started[0].status.as_str(), "started");
     assert_eq!(started[0].scheduled_for, first + minutes(2));
     assert_eq!(runs_of(c, &task_id).await.len(), 2);
     let statuses: Vec<Value> = occurrences(c, &task_id)
@@ -685,7 +685,7 @@ async fn missed_cron_times_coalesce_into_one_occurrence_without_backfill() {
     let restart = first + minutes(5 * 60 + 4);
     let fired = dispatch_due(&app.pool, &no_gates(), restart).await.unwrap();
     assert_eq!(fired.len(), 1, "{fired:?}");
-    assert_eq!(fired[0].status, "started");
+    assert_eq!(fired[0].status.as_str(), "started");
     assert_eq!(
         fired[0].scheduled_for,
         first + minutes(5 * 60),
@@ -749,7 +749,7 @@ async fn a_stale_claim_is_taken_over_and_its_late_dispatcher_changes_nothing() {
     .unwrap();
     assert_eq!(taken.len(), 1, "{taken:?}");
     assert_eq!(taken[0].id, abandoned.occurrence_id);
-    assert_eq!(taken[0].status, "started");
+    assert_eq!(taken[0].status.as_str(), "started");
     assert_eq!(taken[0].scheduled_for, due);
 
     // The dead dispatcher's token no longer holds the occurrence.

@@ -520,7 +520,7 @@ async fn another_workspace_changes_none_of_a_workspaces_rows() {
     assert_eq!(approval.status.as_str(), "pending");
     assert_eq!(
         steps::list(c, a, &s.run_id, 0, 10).await.unwrap()[0].status,
-        "running"
+        keel_api_types::StepStatus::Running
     );
     assert_eq!(schedules::get(c, a, &s.task_id).await.unwrap().revision, 1);
     providers::get(c, a, &s.provider_id).await.unwrap();

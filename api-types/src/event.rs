@@ -30,12 +30,14 @@ pub struct EventRecord {
     pub occurred_at: DateTime<Utc>,
     #[serde(rename = "type")]
     #[cfg_attr(feature = "sqlx", sqlx(rename = "type"))]
-    pub event_type: String,
+    pub event_type: EventType,
     pub data: serde_json::Value,
 }
 
-/// The types of the events recorded in the append-only log of runs and media jobs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The types of the events recorded in the append-only log of runs and media jobs. Their
+/// wire names are dotted (`run.finished`), which serde's renames cannot derive, so the
+/// serde, schema and column impls below all read the one table in [`EventType::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventType {
     RunCreated,
     RunQueued,
@@ -88,6 +90,96 @@ impl EventType {
             EventType::MediaJobSucceeded => "media_job.succeeded",
             EventType::MediaJobFailed => "media_job.failed",
             EventType::MediaJobCancelled => "media_job.cancelled",
+        }
+    }
+
+    pub const ALL: [EventType; 22] = [
+        EventType::RunCreated,
+        EventType::RunQueued,
+        EventType::RunStarted,
+        EventType::RunFinished,
+        EventType::RunFailed,
+        EventType::RunCancelled,
+        EventType::StepStarted,
+        EventType::StepFinished,
+        EventType::StepFailed,
+        EventType::ArtifactCreated,
+        EventType::ToolFileReverted,
+        EventType::ModelCallCompleted,
+        EventType::GapRunDisconnected,
+        EventType::RunResumedFromEvent,
+        EventType::ApprovalRequested,
+        EventType::ApprovalResolved,
+        EventType::MediaJobQueued,
+        EventType::MediaJobStarted,
+        EventType::MediaJobProgress,
+        EventType::MediaJobSucceeded,
+        EventType::MediaJobFailed,
+        EventType::MediaJobCancelled,
+    ];
+
+    pub fn parse(value: &str) -> Option<EventType> {
+        EventType::ALL.into_iter().find(|t| t.as_str() == value)
+    }
+}
+
+impl std::fmt::Display for EventType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for EventType {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for EventType {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = std::borrow::Cow::<str>::deserialize(deserializer)?;
+        EventType::parse(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown event type '{name}'")))
+    }
+}
+
+impl utoipa::PartialSchema for EventType {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let names: Vec<&str> = EventType::ALL.iter().map(|t| t.as_str()).collect();
+        crate::schema::one_of_strings(false, &names)
+            .description(Some("What happened: the event's type."))
+            .into()
+    }
+}
+
+impl ToSchema for EventType {
+    fn name() -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("EventType")
+    }
+}
+
+#[cfg(feature = "sqlx")]
+mod event_type_column {
+    use sqlx::postgres::{PgTypeInfo, PgValueRef};
+    use sqlx::{Decode, Postgres, Type};
+
+    use super::EventType;
+
+    /// A text column holding [`EventType::as_str`]; another value is a decode error.
+    impl Type<Postgres> for EventType {
+        fn type_info() -> PgTypeInfo {
+            <&str as Type<Postgres>>::type_info()
+        }
+
+        fn compatible(ty: &PgTypeInfo) -> bool {
+            <&str as Type<Postgres>>::compatible(ty)
+        }
+    }
+
+    impl<'r> Decode<'r, Postgres> for EventType {
+        fn decode(value: PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+            let name = <&str as Decode<Postgres>>::decode(value)?;
+            EventType::parse(name).ok_or_else(|| format!("unknown event type '{name}'").into())
         }
     }
 }

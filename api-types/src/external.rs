@@ -1,12 +1,20 @@
 //! External work: WORKFLOW.md rendering, sources (a tracker target and its workflow), the
 //! items their polls and imports found, and the approval-gated actions on items.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{
+    AdditionalProperties, ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, SchemaType, Type,
+};
 
+use crate::schema::{
+    ABSOLUTE_PATH, Field, NO_NUL, NOT_BLANK, Variant, one_of_strings, string, tagged_union,
+};
 use crate::{ApprovalRecord, SecretStatus};
 
 /// The normalized item a template sees as `issue`.
@@ -52,6 +60,7 @@ pub struct RenderRequest {
     pub issue: Issue,
     /// Null on a first run, the retry number after.
     #[serde(default)]
+    #[schema(value_type = Option<u64>, maximum = 4294967295_u64)]
     pub attempt: Option<u32>,
 }
 
@@ -60,7 +69,10 @@ pub struct Rendered {
     pub prompt: String,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+/// The body of `POST /v1/external-work/sources`: exactly one of the two fields (the
+/// document states it as a `oneOf`; here both are optional so the server can say which
+/// rule was broken).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceRequest {
     /// The WORKFLOW.md text, kept on the source.
@@ -68,6 +80,41 @@ pub struct SourceRequest {
     /// An absolute path to a WORKFLOW.md, read at each use (local mode only: it reads the
     /// host's files).
     pub workflow_path: Option<String>,
+}
+
+impl utoipa::PartialSchema for SourceRequest {
+    fn schema() -> RefOr<Schema> {
+        let markdown = string(false, NO_NUL, None).description(Some(
+            "The WORKFLOW.md text, kept on the source (422 when it does not parse or names no \
+             tracker).",
+        ));
+        let path = string(false, ABSOLUTE_PATH, None).description(Some(
+            "An absolute path to a WORKFLOW.md on the server's host, read at each use: local \
+             mode only (403 in remote mode); 422 when it cannot be read or does not parse.",
+        ));
+        let only = |given: &'static str, schema: ObjectBuilder, other: &'static str| {
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .property(given, schema)
+                .required(given)
+                .property(other, ObjectBuilder::new().schema_type(Type::Null))
+                .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(false)))
+        };
+        OneOfBuilder::new()
+            .description(Some(
+                "Where the source's WORKFLOW.md is: exactly one of `workflow_markdown` and \
+                 `workflow_path`.",
+            ))
+            .item(only("workflow_markdown", markdown, "workflow_path"))
+            .item(only("workflow_path", path, "workflow_markdown"))
+            .into()
+    }
+}
+
+impl ToSchema for SourceRequest {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("SourceRequest")
+    }
 }
 
 /// ETags a source remembers, by list URL. Never rendered.
@@ -123,19 +170,73 @@ pub struct SourceRecord {
     pub updated_at: DateTime<Utc>,
 }
 
+closed_set! {
+    /// Whether a source's background polling is on.
+    BackgroundStatus {
+        Running = "running",
+        Stopped = "stopped",
+    }
+}
+
+closed_set! {
+    /// What a tracker item is.
+    ItemKind {
+        GithubIssue = "github_issue",
+        GithubPullRequest = "github_pull_request",
+        LinearIssue = "linear_issue",
+    }
+}
+
+closed_set! {
+    /// Where an item is on its way to a run: `discovered`, its workspace
+    /// `workspace_preparing`, `ready` for a task, `claimed` by one, `blocked` by another
+    /// item, `retry_wait` after a failed run, or `terminal` (done, closed or removed).
+    ItemState {
+        Discovered = "discovered",
+        Claimed = "claimed",
+        WorkspacePreparing = "workspace_preparing",
+        Ready = "ready",
+        Blocked = "blocked",
+        RetryWait = "retry_wait",
+        Terminal = "terminal",
+    }
+}
+
+closed_set! {
+    /// What a proposed tracker write does.
+    ActionKind {
+        Comment = "comment",
+        Labels = "labels",
+        Review = "review",
+    }
+}
+
+closed_set! {
+    /// A proposed tracker write: `pending_approval`, then `approved` and `sending`, ending
+    /// `sent`, `stale_target` (the target changed since the proposal), `failed` or
+    /// `rejected`.
+    ActionStatus {
+        PendingApproval = "pending_approval",
+        Approved = "approved",
+        Sending = "sending",
+        Sent = "sent",
+        StaleTarget = "stale_target",
+        Failed = "failed",
+        Rejected = "rejected",
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[cfg_attr(feature = "sqlx", derive(sqlx::FromRow))]
 pub struct ItemRecord {
     pub id: String,
     pub source_id: String,
     pub idempotency_key: String,
-    /// `github_issue`, `github_pull_request` or `linear_issue`.
+    #[schema(value_type = ItemKind)]
     pub kind: String,
     pub identifier: String,
     pub tracker_state: String,
-    /// `discovered`, `workspace_preparing`, `ready`, `claimed`, `blocked`, `retry_wait` or
-    /// `terminal`.
-    pub state: String,
+    pub state: ItemState,
     /// The normalized item, as the template saw it.
     #[schema(value_type = Object)]
     pub issue: serde_json::Value,
@@ -179,7 +280,7 @@ pub struct ActionRecord {
     pub task_id: String,
     pub run_id: String,
     pub approval_id: Option<String>,
-    /// `comment`, `labels` or `review`.
+    #[schema(value_type = ActionKind)]
     pub kind: String,
     /// What was proposed.
     #[schema(value_type = Object)]
@@ -192,9 +293,7 @@ pub struct ActionRecord {
     /// `idempotency_key`.
     #[schema(value_type = Object)]
     pub target: serde_json::Value,
-    /// `pending_approval`, `approved`, `sending`, `sent`, `stale_target`, `failed` or
-    /// `rejected`.
-    pub status: String,
+    pub status: ActionStatus,
     pub proposed_by: String,
     /// The run that proposed it, when a run did.
     pub proposed_by_run_id: Option<String>,
@@ -258,6 +357,7 @@ pub struct Proposed {
 #[serde(deny_unknown_fields)]
 pub struct PollRequest {
     /// Items read per list, 1 to 100 (default 50).
+    #[schema(minimum = 1, maximum = 100)]
     pub limit: Option<u32>,
 }
 
@@ -276,9 +376,10 @@ pub struct ImportRequest {
     pub payload: serde_json::Value,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+/// The body of a proposal, as the client sent it: optional fields so the server can name
+/// the one at fault; the document states the contract, a union on `kind`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({ "kind": "comment", "body": "Fixed in the linked branch." }))]
 pub struct ActionRequest {
     /// `comment` (`body`), `labels` (`add`, `remove`) or `review` (`event`, `body`; pull
     /// requests only). Linear issues take comments only.
@@ -294,6 +395,93 @@ pub struct ActionRequest {
     /// The run of the item's task proposing it; by default the task's current run, to
     /// which the approval is attached either way.
     pub run_id: Option<String>,
+}
+
+/// Longest comment or review body (bytes, before the marker).
+pub const MAX_ACTION_BODY_BYTES: usize = 64 * 1024;
+/// The most labels one change adds and removes together.
+pub const MAX_LABELS: usize = 20;
+/// GitHub's own limit on a label's name (bytes).
+pub const MAX_LABEL_BYTES: usize = 50;
+
+impl utoipa::PartialSchema for ActionRequest {
+    fn schema() -> RefOr<Schema> {
+        action_union(&mut Vec::new())
+    }
+}
+
+impl ToSchema for ActionRequest {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("ActionRequest")
+    }
+
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        action_union(schemas);
+    }
+}
+
+fn action_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
+    let body = |nullable| -> RefOr<Schema> {
+        string(nullable, NOT_BLANK, Some(MAX_ACTION_BODY_BYTES))
+            .description(Some(
+                "The text, at most 64 KiB (bytes; 422 beyond); a hidden marker is appended.",
+            ))
+            .into()
+    };
+    let labels = |what| -> RefOr<Schema> {
+        ArrayBuilder::new()
+            .schema_type(SchemaType::from_iter([Type::Array, Type::Null]))
+            .items(string(false, NOT_BLANK, Some(MAX_LABEL_BYTES)))
+            .max_items(Some(MAX_LABELS))
+            .description(Some(what))
+            .into()
+    };
+    let run_id = || -> Field {
+        let run = string(true, NO_NUL, None).description(Some(
+            "The run of the item's task proposing it; by default the task's current run, to \
+             which the approval is attached either way.",
+        ));
+        ("run_id", false, run.into())
+    };
+    let variant = |tag, name, description, fields: Vec<Field>| Variant {
+        tag,
+        name,
+        description,
+        fields: fields.into_iter().chain([run_id()]).collect(),
+    };
+    let event = one_of_strings(false, &["COMMENT", "APPROVE", "REQUEST_CHANGES"])
+        .description(Some("The review's verdict, as GitHub spells it."));
+    tagged_union(
+        "kind",
+        "One write on the item's tracker, by `kind`. Linear issues take comments only, and \
+         reviews are for pull requests (422 `unsupported_action`).",
+        vec![
+            variant(
+                "comment",
+                "CommentActionRequest",
+                "A comment on the item.",
+                vec![("body", true, body(false))],
+            ),
+            variant(
+                "labels",
+                "LabelsActionRequest",
+                "Labels to add and to remove: at least one and at most 20 in all, names \
+                 without surrounding spaces or control characters, not differing by case \
+                 alone (422 otherwise).",
+                vec![
+                    ("add", false, labels("Labels to add.")),
+                    ("remove", false, labels("Labels to remove.")),
+                ],
+            ),
+            variant(
+                "review",
+                "ReviewActionRequest",
+                "A pull request's review; `body` is required but for `APPROVE` (422).",
+                vec![("event", true, event.into()), ("body", false, body(true))],
+            ),
+        ],
+        schemas,
+    )
 }
 
 /// Seed 000's status shape: whether the workflow can be used (200 with `valid: false` and
@@ -334,6 +522,7 @@ pub struct Background {
     pub supported: bool,
     pub running: bool,
     /// `running` or `stopped`.
+    #[schema(value_type = BackgroundStatus)]
     pub status: String,
     pub last_poll_at: Option<DateTime<Utc>>,
     /// Set while a tracker rate limit holds polls back.

@@ -161,12 +161,45 @@ pub struct StepRecord {
     pub task_id: String,
     pub index: i32,
     pub name: String,
-    pub status: String,
+    pub status: StepStatus,
     pub input: serde_json::Value,
     pub output: Option<serde_json::Value>,
     pub error: Option<String>,
     pub started_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+}
+
+closed_set! {
+    /// A step's state: `running` until its executor ends it.
+    StepStatus {
+        Running = "running",
+        Completed = "completed",
+        Failed = "failed",
+        Cancelled = "cancelled",
+    }
+}
+
+closed_set! {
+    /// What an artifact holds: a run's output streams and files, a media job's results, an
+    /// agent loop's patches and conversation.
+    ArtifactKind {
+        Stdout = "stdout",
+        Stderr = "stderr",
+        File = "file",
+        Image = "image",
+        Video = "video",
+        Metadata = "metadata",
+        Patch = "patch",
+        AgentConversation = "agent_conversation",
+    }
+}
+
+closed_set! {
+    /// `writing` while its producer may still append to it, `complete` after.
+    ArtifactStatus {
+        Writing = "writing",
+        Complete = "complete",
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -179,11 +212,11 @@ pub struct ArtifactRecord {
     /// The media job that produced it (null for a run's artifact).
     pub media_job_id: Option<String>,
     pub name: String,
-    pub kind: String,
+    pub kind: ArtifactKind,
     pub content_type: String,
     pub size_bytes: i64,
     pub truncated: bool,
-    pub status: String,
+    pub status: ArtifactStatus,
     pub storage: String,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,

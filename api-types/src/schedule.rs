@@ -108,6 +108,8 @@ fn schedule_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
 pub struct ScheduleRecord {
     pub id: String,
     pub task_id: String,
+    /// `once` (at `run_at`) or `cron` (at each firing of `cron_expression`).
+    #[schema(value_type = ScheduleKind)]
     pub kind: String,
     pub timezone: String,
     pub run_at: Option<DateTime<Utc>>,
@@ -124,6 +126,25 @@ pub struct ScheduleRecord {
     pub workspace_id: String,
 }
 
+closed_set! {
+    /// How a schedule fires.
+    ScheduleKind {
+        Once = "once",
+        Cron = "cron",
+    }
+}
+
+closed_set! {
+    /// What became of one firing: `claimed` by the scheduler, `started` (its run exists),
+    /// `skipped` (the task had an active run) or `failed` (the run could not be created).
+    OccurrenceStatus {
+        Claimed = "claimed",
+        Started = "started",
+        Skipped = "skipped",
+        Failed = "failed",
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[cfg_attr(feature = "sqlx", derive(sqlx::FromRow))]
 pub struct OccurrenceRecord {
@@ -131,7 +152,7 @@ pub struct OccurrenceRecord {
     pub task_id: String,
     pub schedule_id: String,
     pub scheduled_for: DateTime<Utc>,
-    pub status: String,
+    pub status: OccurrenceStatus,
     pub claimed_at: DateTime<Utc>,
     pub run_id: Option<String>,
     pub error: Option<String>,

@@ -14,6 +14,8 @@ use utoipa::{PartialSchema, ToSchema};
 
 /// Text PostgreSQL can store: no NUL character. Every string the API takes refuses NUL.
 pub const NO_NUL: &str = "^[^\\u0000]*$";
+/// An absolute path on a Unix host, without NUL.
+pub const ABSOLUTE_PATH: &str = "^/[^\\u0000]*$";
 /// Text with something other than white space in it, and no NUL.
 pub const NOT_BLANK: &str = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$";
 

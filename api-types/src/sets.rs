@@ -78,7 +78,18 @@ mod tests {
             Grouping,
             MediaOperation,
             crate::ApprovalStatus,
-            crate::ExecutionKind
+            crate::ExecutionKind,
+            crate::StepStatus,
+            crate::ArtifactKind,
+            crate::ArtifactStatus,
+            crate::ScheduleKind,
+            crate::OccurrenceStatus,
+            crate::BackgroundStatus,
+            crate::ItemKind,
+            crate::ItemState,
+            crate::ActionKind,
+            crate::ActionStatus,
+            crate::EventType
         );
         assert_eq!(LeaseStatus::names(), "active, expired or released");
         assert_eq!(

@@ -324,8 +324,7 @@ pub struct TaskRecord {
     pub id: String,
     #[schema(value_type = ExecutionKind)]
     pub execution_kind: String,
-    #[schema(value_type = TaskStatus)]
-    pub status: String,
+    pub status: TaskStatus,
     pub prompt: Option<String>,
     pub shell_command: Option<String>,
     pub git_command: Option<String>,
@@ -395,6 +394,8 @@ pub struct StartRequest {
 /// A task's status: `not_started` until its first run, then its latest run's status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "sqlx", derive(sqlx::Type))]
+#[cfg_attr(feature = "sqlx", sqlx(type_name = "text", rename_all = "snake_case"))]
 pub enum TaskStatus {
     NotStarted,
     Queued,
@@ -406,6 +407,14 @@ pub enum TaskStatus {
 }
 
 impl TaskStatus {
+    /// Whether the task's latest run is still going (or waiting for an approval).
+    pub fn is_active(self) -> bool {
+        matches!(
+            self,
+            TaskStatus::Queued | TaskStatus::Running | TaskStatus::AwaitingApproval
+        )
+    }
+
     pub fn parse(value: &str) -> Option<TaskStatus> {
         match value {
             "not_started" => Some(TaskStatus::NotStarted),
@@ -423,6 +432,12 @@ impl TaskStatus {
             TaskStatus::Failed => "failed",
             TaskStatus::Cancelled => "cancelled",
         }
+    }
+}
+
+impl std::fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

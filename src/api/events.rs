@@ -472,7 +472,7 @@ impl ModelDeltas {
 fn sse_event(event: &EventRecord, id: &str) -> Event {
     Event::default()
         .id(id)
-        .event(event.event_type.clone())
+        .event(event.event_type.as_str())
         .json_data(event)
         .expect("events serialize")
 }

@@ -77,7 +77,7 @@ pub async fn run(client: &Client, format: Format, command: ExternalCommand) -> R
                         i.id.clone(),
                         i.kind.clone(),
                         i.identifier.clone(),
-                        i.state.clone(),
+                        i.state.to_string(),
                         or_dash(i.task_id.as_ref()),
                         i.tracker_state.clone(),
                     ]

@@ -457,7 +457,8 @@ async fn tasks(client: &Client, format: Format, command: TaskCommand) -> Result<
                 let what = [&t.shell_command, &t.git_command, &t.file_path, &t.prompt]
                     .into_iter()
                     .find_map(|w| w.clone());
-                let cells = [&t.id, &t.execution_kind, &t.status];
+                let status = t.status.to_string();
+                let cells = [&t.id, &t.execution_kind, &status];
                 let mut row: Vec<String> = cells.into_iter().cloned().collect();
                 row.extend([t.run_count.to_string(), time(&t.created_at), or_dash(what)]);
                 row
@@ -799,7 +800,7 @@ fn task_fields(t: &TaskRecord) -> Table {
     Table::fields(&[
         ("id", t.id.clone()),
         ("kind", t.execution_kind.clone()),
-        ("status", t.status.clone()),
+        ("status", t.status.to_string()),
         ("shell", or_dash(t.shell_command.as_ref())),
         ("git", or_dash(t.git_command.as_ref())),
         ("file", or_dash(t.file_path.as_ref())),

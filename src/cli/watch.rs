@@ -351,7 +351,7 @@ async fn on_event(
                 .as_str()
                 .map(|e| format!(": {e}"))
                 .unwrap_or_default();
-            let status = &event.event_type["run.".len()..];
+            let status = &event.event_type.as_str()["run.".len()..];
             view.line(&format!(
                 "run {status}{}{detail}{error}",
                 elapsed.unwrap_or_default()
@@ -416,7 +416,7 @@ pub async fn media(client: &Client, media_job_id: &str, quiet: bool) -> Result<O
             break;
         };
         let event = event?;
-        let status = event.event_type.trim_start_matches("media_job.");
+        let status = event.event_type.as_str().trim_start_matches("media_job.");
         if !quiet {
             let detail = event
                 .data

@@ -8,23 +8,7 @@ use serde_json::{Value, json};
 
 use super::Invalid;
 
-/// The longest comment or review body, before the marker.
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
-/// The most labels one change adds and removes together.
-pub const MAX_LABELS: usize = 20;
-/// GitHub's own limit on a label's name.
-const MAX_LABEL_BYTES: usize = 50;
-
-/// The statuses an action passes through (see the module's state machine).
-pub const STATUSES: [&str; 7] = [
-    "pending_approval",
-    "approved",
-    "sending",
-    "sent",
-    "stale_target",
-    "failed",
-    "rejected",
-];
+use keel_api_types::{MAX_ACTION_BODY_BYTES, MAX_LABEL_BYTES, MAX_LABELS};
 
 /// A pull-request review's verdict, as GitHub spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +57,7 @@ pub enum ProposedAction {
 
 impl ProposedAction {
     /// Checks a draft: its kind's fields only, bodies non-empty and at most
-    /// [`MAX_BODY_BYTES`], at most [`MAX_LABELS`] distinct, sane label names.
+    /// [`MAX_ACTION_BODY_BYTES`], at most [`MAX_LABELS`] distinct, sane label names.
     pub fn parse(draft: ActionDraft) -> Result<ProposedAction, Invalid> {
         let kind = draft
             .kind
@@ -184,10 +168,10 @@ fn checked_body(body: String) -> Result<String, Invalid> {
     if body.trim().is_empty() {
         return Err(Invalid::new("body", "must not be empty"));
     }
-    if body.len() > MAX_BODY_BYTES {
+    if body.len() > MAX_ACTION_BODY_BYTES {
         return Err(Invalid::new(
             "body",
-            format!("is {} bytes; at most {MAX_BODY_BYTES}", body.len()),
+            format!("is {} bytes; at most {MAX_ACTION_BODY_BYTES}", body.len()),
         ));
     }
     if body.contains('\0') {
@@ -288,7 +272,7 @@ mod tests {
     #[test]
     fn bodies_and_labels_are_bounded() {
         let long = ActionDraft {
-            body: Some("x".repeat(MAX_BODY_BYTES + 1)),
+            body: Some("x".repeat(MAX_ACTION_BODY_BYTES + 1)),
             ..draft("comment")
         };
         assert_eq!(ProposedAction::parse(long).unwrap_err().field, "body");

@@ -10,6 +10,7 @@ use super::external::ItemRecord;
 use super::{Result, StoreError};
 use crate::domain::Scope;
 use crate::queue;
+use keel_api_types::ActionStatus;
 
 /// The queue kind of an approved action's sending; one job per action.
 pub const ACTION_KIND: &str = "external_action";
@@ -170,13 +171,17 @@ pub async fn decide(
     let action = lock(conn, scope, id)
         .await?
         .ok_or(StoreError::NotFound("external action"))?;
-    if action.status != "pending_approval" {
+    if action.status != ActionStatus::PendingApproval {
         return Err(StoreError::Conflict(format!(
             "external action {id} is {}, not pending approval",
             action.status
         )));
     }
-    let status = if approved { "approved" } else { "rejected" };
+    let status = if approved {
+        ActionStatus::Approved
+    } else {
+        ActionStatus::Rejected
+    };
     let action = update(conn, scope, id, status, &Outcome::default()).await?;
     if approved {
         queue::enqueue(conn, scope, ACTION_KIND, id, 0).await?;
@@ -198,7 +203,7 @@ pub async fn update(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &str,
-    status: &str,
+    status: ActionStatus,
     outcome: &Outcome<'_>,
 ) -> Result<ActionRecord> {
     let (code, message) = outcome.error.unzip();

@@ -183,7 +183,7 @@ pub async fn admit(
         });
     }
     // Only the latest run can be active: admission creates a run only when none is.
-    if let (true, Some(active)) = (is_active(&task.status), &task.latest_run_id) {
+    if let (true, Some(active)) = (task.status.is_active(), &task.latest_run_id) {
         return Err(StoreError::Conflict(format!(
             "task {task_id} already has an active run ({active})"
         )));
@@ -338,7 +338,7 @@ async fn insert(
     .bind(schedule.map(|s| &s.schedule_occurrence_id))
     .bind(schedule.map(|s| s.scheduled_for))
     .bind(scope.workspace())
-    .bind(&task.status)
+    .bind(task.status)
     .bind(reason)
     .bind(actor.to_string())
     .bind(lineage_kind)
@@ -400,10 +400,6 @@ async fn raise_budget(
         task.budget_micros_usd = budget;
     }
     Ok(task)
-}
-
-fn is_active(status: &str) -> bool {
-    RunStatus::parse(status).is_some_and(|s| !s.is_terminal())
 }
 
 async fn find_by_idempotency_key(

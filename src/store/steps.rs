@@ -7,6 +7,7 @@ use sqlx::PgConnection;
 use super::events::{self, NewEvent};
 use super::{Result, StoreError};
 use crate::domain::{EventType, Scope, new_id};
+use keel_api_types::StepStatus;
 
 pub use keel_api_types::StepRecord;
 
@@ -149,7 +150,7 @@ pub fn started_event(step: &StepRecord) -> NewEvent<'_> {
 
 /// `step.finished` or `step.failed` of an ended step.
 pub fn finished_event(step: &StepRecord) -> NewEvent<'_> {
-    let event_type = if step.status == "failed" {
+    let event_type = if step.status == StepStatus::Failed {
         EventType::StepFailed
     } else {
         EventType::StepFinished

@@ -333,7 +333,7 @@ pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str, actor: &Ac
         entity_type: "task",
         entity_id: id,
         task_id: Some(id),
-        from: Some(&task.status),
+        from: Some(task.status.as_str()),
         to: "deleted",
         reason: None,
     };

@@ -13,6 +13,7 @@ use crate::store::events::Subject;
 use crate::store::external::{self, FailedClaim, ItemChange, ItemRecord, NewItem, SourceRecord};
 use crate::store::runs::{self, Admission, Admitted, Origin};
 use crate::store::{StoreError, artifacts, tasks};
+use keel_api_types::ItemState;
 
 /// The code of an item a `Todo` blocker holds back.
 const BLOCKED: &str = "blocked_by_open_issues";
@@ -37,11 +38,11 @@ pub async fn import(
     actor: &Actor,
 ) -> Result<Imported, ExternalError> {
     let mut imported = record(poller, scope, source, workflow, candidate, actor).await?;
-    if imported.item.state == "workspace_preparing" {
+    if imported.item.state == ItemState::WorkspacePreparing {
         let item = &imported.item;
         imported.item = workspace::advance(poller, scope, workflow, item, actor).await?;
         // A known version left mid-preparation (a process stopped) that starts now.
-        imported.duplicate &= imported.item.state != "claimed";
+        imported.duplicate &= imported.item.state != ItemState::Claimed;
     }
     Ok(imported)
 }
@@ -72,7 +73,8 @@ async fn record(
     let Some(item) = external::insert_item(&mut tx, scope, &new).await? else {
         let mut item = external::item_by_key(&mut tx, scope, &candidate.idempotency_key).await?;
         // The same version, but its blockers may have finished since.
-        let held = item.last_error_code.as_deref() == Some(BLOCKED) && item.state == "discovered";
+        let held =
+            item.last_error_code.as_deref() == Some(BLOCKED) && item.state == ItemState::Discovered;
         let mut started = false;
         if held
             && external::claimed_version(&mut tx, scope, &source.id, &issue.identifier)
@@ -82,7 +84,7 @@ async fn record(
             item = external::refresh_issue(&mut tx, scope, &item.id, &issue_json).await?;
             item = start(&mut tx, poller, scope, workflow, &item, issue, actor).await?;
             tx.commit().await.map_err(StoreError::from)?;
-            started = item.state == "claimed";
+            started = item.state == ItemState::Claimed;
         }
         return Ok(Imported {
             item,
@@ -171,7 +173,7 @@ pub(super) async fn start(
         return external::update_item(conn, scope, &item.id, &change).await;
     }
     if let Some(root) = &workflow.config.workspace_root
-        && item.state != "ready"
+        && item.state != ItemState::Ready
     {
         return workspace::claim(conn, poller, scope, root, item).await;
     }
@@ -274,7 +276,7 @@ pub(super) async fn retry(
         )),
     };
     if Utc::now() < due || no_free_slot(conn, scope, workflow, item).await?.is_some() {
-        if item.state != "retry_wait" {
+        if item.state != ItemState::RetryWait {
             external::update_item(conn, scope, &item.id, &waiting).await?;
         }
         return Ok(false);

@@ -30,6 +30,7 @@ use crate::domain::{Actor, Scope};
 use crate::store::StoreError;
 use crate::store::external::{self, ItemChange, ItemRecord, SourceRecord};
 use crate::store::item_workspaces::{self as rows, Removal};
+use keel_api_types::ItemState;
 
 /// Written in the workspace once it was fully created (`after_create` included).
 const PREPARED_MARKER: &str = ".keel/workspace-prepared";
@@ -94,10 +95,10 @@ pub(super) async fn advance(
     actor: &Actor,
 ) -> Result<ItemRecord, StoreError> {
     let mut item = item.clone();
-    if item.state == "workspace_preparing" {
+    if item.state == ItemState::WorkspacePreparing {
         item = prepare(poller, scope, workflow, &item).await?;
     }
-    if item.state != "ready" {
+    if item.state != ItemState::Ready {
         return Ok(item);
     }
     let mut tx = poller.pool.begin().await?;
@@ -107,7 +108,10 @@ pub(super) async fn advance(
         .await?
         .is_some();
     // A newer version (or another process) takes it on from here.
-    if current.state != "ready" || claimed || !rows::is_newest(&mut tx, scope, &current).await? {
+    if current.state != ItemState::Ready
+        || claimed
+        || !rows::is_newest(&mut tx, scope, &current).await?
+    {
         return Ok(current);
     }
     let Ok(issue) = serde_json::from_value::<Issue>(current.issue.clone()) else {
@@ -133,7 +137,7 @@ pub(super) async fn advance_unstarted(
     let mut started = 0;
     for item in unstarted {
         let item = advance(poller, scope, workflow, &item, actor).await?;
-        started += u64::from(item.state == "claimed");
+        started += u64::from(item.state == ItemState::Claimed);
     }
     Ok(started)
 }
@@ -191,8 +195,10 @@ async fn prepare_locked(
 ) -> Result<ItemRecord, StoreError> {
     // Another process may have prepared it since it was read.
     let item = rows::get(conn, scope, &item.id).await?;
-    let (true, Some(directory)) = (item.state == "workspace_preparing", &item.workspace_path)
-    else {
+    let (true, Some(directory)) = (
+        item.state == ItemState::WorkspacePreparing,
+        &item.workspace_path,
+    ) else {
         return Ok(item);
     };
     let directory = PathBuf::from(directory);

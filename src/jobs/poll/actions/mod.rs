@@ -33,6 +33,7 @@ use crate::store::events::{self, Subject};
 use crate::store::external::{self, ItemRecord};
 use crate::store::external_actions::{self, ACTION_KIND, ActionRecord, NewAction, Outcome};
 use crate::store::{StoreError, artifacts, runs};
+use keel_api_types::ActionStatus;
 
 /// The evidence of one action's end: the tracker's answer, or the target that changed.
 const MAX_EVIDENCE_BYTES: i64 = 1024 * 1024;
@@ -321,7 +322,8 @@ impl ActionJobs {
         let scope = lease.scope();
         let mut tx = queue::begin_fenced(&self.poller.pool, lease).await?;
         let action = external_actions::lock(&mut tx, &scope, &lease.ref_id).await?;
-        let Some(action) = action.filter(|a| matches!(a.status.as_str(), "approved" | "sending"))
+        let Some(action) =
+            action.filter(|a| matches!(a.status, ActionStatus::Approved | ActionStatus::Sending))
         else {
             // Gone with its item (its source was deleted): nothing to send.
             queue::complete(&mut tx, lease).await?;
@@ -358,7 +360,7 @@ impl ActionJobs {
         let calls: Vec<Call> = serde_json::from_value(action.calls.clone()).map_err(|e| {
             StoreError::Conflict(format!("action {} is unreadable: {e}", action.id))
         })?;
-        if action.status == "approved" {
+        if action.status == ActionStatus::Approved {
             match send::changed(target, action).await {
                 Err(pause) => return Ok(Next::Again(pause)),
                 Ok(Some((reason, now))) => return Ok(Next::End(Ending::Stale { reason, now })),
@@ -367,8 +369,14 @@ impl ActionJobs {
             // Committed before the call: a later attempt then knows it may have gone out.
             let mut tx = queue::begin_fenced(&self.poller.pool, lease).await?;
             let sending = Outcome::default();
-            external_actions::update(&mut tx, &lease.scope(), &action.id, "sending", &sending)
-                .await?;
+            external_actions::update(
+                &mut tx,
+                &lease.scope(),
+                &action.id,
+                ActionStatus::Sending,
+                &sending,
+            )
+            .await?;
             tx.commit().await?;
         } else {
             match send::find_marked(target, &calls, &marker(&action.id)).await {
@@ -441,7 +449,7 @@ impl ActionJobs {
             Ending::Sent(answers) => {
                 let evidence = json!({ "outcome": "sent", "answers": answers });
                 (
-                    "sent",
+                    ActionStatus::Sent,
                     evidence,
                     answers.last().map(send::Answer::short),
                     None,
@@ -451,7 +459,7 @@ impl ActionJobs {
                 let evidence = json!({ "outcome": "stale_target", "reason": reason,
                                        "target_then": action.target, "target_now": now });
                 let error = Some(("stale_target", reason.as_str()));
-                ("stale_target", evidence, None, error)
+                (ActionStatus::StaleTarget, evidence, None, error)
             }
             Ending::Failed {
                 code,
@@ -460,7 +468,12 @@ impl ActionJobs {
             } => {
                 let evidence = json!({ "outcome": "failed", "code": code, "message": message,
                                        "answers": answers });
-                ("failed", evidence, None, Some((*code, message.as_str())))
+                (
+                    ActionStatus::Failed,
+                    evidence,
+                    None,
+                    Some((*code, message.as_str())),
+                )
             }
         };
         let text =
@@ -499,7 +512,7 @@ impl ActionJobs {
         external_actions::update(&mut tx, &scope, &action.id, status, &outcome).await?;
         queue::complete(&mut tx, lease).await?;
         tx.commit().await?;
-        Ok(status)
+        Ok(status.as_str())
     }
 
     /// The tracker could not be asked: try again later (when its rate limit lifts), up to
@@ -524,7 +537,7 @@ impl ActionJobs {
             error: Some((pause.code, &pause.message)),
             ..Outcome::default()
         };
-        external_actions::update(&mut tx, &scope, &action.id, &status, &outcome).await?;
+        external_actions::update(&mut tx, &scope, &action.id, status, &outcome).await?;
         queue::retry(&mut tx, lease, &pause.message, delay, true).await?;
         tx.commit().await?;
         Ok("retried")
@@ -541,7 +554,7 @@ impl ActionJobs {
         let mut conn = self.poller.pool.acquire().await?;
         let status = current_status(&mut conn, &lease.scope(), &action.id).await?;
         drop(conn);
-        let unsure = if status == "sending" {
+        let unsure = if status == ActionStatus::Sending {
             "; it may have been sent: look for its marker on the tracker"
         } else {
             ""
@@ -559,7 +572,7 @@ async fn current_status(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &str,
-) -> Result<String, StoreError> {
+) -> Result<ActionStatus, StoreError> {
     Ok(external_actions::get(conn, scope, id).await?.status)
 }
 
@@ -628,7 +641,7 @@ mod tests {
             kind: kind.into(),
             identifier: identifier.into(),
             tracker_state: "open".into(),
-            state: "claimed".into(),
+            state: keel_api_types::ItemState::Claimed,
             issue: json!({ "id": "uuid-1", "updated_at": "2026-01-02T00:00:00Z" }),
             prompt: None,
             task_id: Some("task_1".into()),
