@@ -120,6 +120,7 @@ pub struct RunRecord {
     pub provider: Option<String>,
     /// How the run came from `resumed_from_run_id`: `resume`, `continue` or
     /// `retry_from_model_call` (null for a start or a retry).
+    #[schema(value_type = Option<LineageKind>)]
     pub lineage_kind: Option<String>,
     /// For `retry_from_model_call`: the source run's 1-based model call this run re-issues.
     pub from_model_call_index: Option<i32>,
@@ -167,6 +168,15 @@ pub struct StepRecord {
     pub error: Option<String>,
     pub started_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+}
+
+closed_set! {
+    /// How a run carries on from the run it was resumed from.
+    LineageKind {
+        Resume = "resume",
+        Continue = "continue",
+        RetryFromModelCall = "retry_from_model_call",
+    }
 }
 
 closed_set! {

@@ -192,6 +192,14 @@ pub struct ProviderTemplate {
     pub enabled: bool,
 }
 
+closed_set! {
+    /// Whether a patch's change is in the file (`applied`) or was undone (`reverted`).
+    PatchStatus {
+        Applied = "applied",
+        Reverted = "reverted",
+    }
+}
+
 /// One file's change by an agent tool.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct PatchSummary {
@@ -201,7 +209,7 @@ pub struct PatchSummary {
     pub name: String,
     /// The file, relative to the run's workspace.
     pub path: String,
-    /// `applied` or `reverted`.
+    #[schema(value_type = PatchStatus)]
     pub status: String,
     pub created_at: DateTime<Utc>,
     /// The file's size before and after the change; null: the file did not exist / was

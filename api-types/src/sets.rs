@@ -89,7 +89,11 @@ mod tests {
             crate::ItemState,
             crate::ActionKind,
             crate::ActionStatus,
-            crate::EventType
+            crate::EventType,
+            crate::FileOperation,
+            crate::WorkspaceMode,
+            crate::LineageKind,
+            crate::PatchStatus
         );
         assert_eq!(LeaseStatus::names(), "active, expired or released");
         assert_eq!(

@@ -97,6 +97,7 @@ pub struct LeaseRecord {
 #[cfg_attr(feature = "sqlx", derive(sqlx::FromRow))]
 pub struct TransitionRecord {
     pub id: i64,
+    #[schema(value_type = crate::EntityType)]
     pub entity_type: String,
     pub entity_id: String,
     pub task_id: Option<String>,

@@ -119,7 +119,7 @@ fn task_draft_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema>
         (
             "file_operation",
             true,
-            one_of_strings(false, &["write", "append", "delete"]).into(),
+            one_of_strings(false, &FileOperation::ALL.map(FileOperation::as_str)).into(),
         ),
         (
             "file_content",
@@ -216,7 +216,7 @@ fn common_fields(kind: &str) -> Vec<Field> {
         (
             "workspace_mode",
             false,
-            one_of_strings(true, &["ephemeral", "in_place"])
+            one_of_strings(true, &WorkspaceMode::ALL.map(WorkspaceMode::as_str))
                 .description(Some(
                     "`ephemeral` (default): a fresh directory per run. `in_place`: \
                      `working_directory` as it is, only where the operator configured \
@@ -330,8 +330,10 @@ pub struct TaskRecord {
     pub git_command: Option<String>,
     pub file_path: Option<String>,
     pub file_content: Option<String>,
+    #[schema(value_type = Option<FileOperation>)]
     pub file_operation: Option<String>,
     pub working_directory: Option<String>,
+    #[schema(value_type = WorkspaceMode)]
     pub workspace_mode: String,
     /// For `in_place`: the directory the task narrows the workspace roots to.
     pub sandbox_allowed_root: Option<String>,
@@ -366,6 +368,24 @@ impl TaskRecord {
     /// Whether the task is an agent loop; every other kind runs a process.
     pub fn is_agent_loop(&self) -> bool {
         self.execution_kind == ExecutionKind::AgentLoop.as_str()
+    }
+}
+
+closed_set! {
+    /// What a `file` task does to its path.
+    FileOperation {
+        Write = "write",
+        Append = "append",
+        Delete = "delete",
+    }
+}
+
+closed_set! {
+    /// Where a task's runs work: a fresh directory of their own (`ephemeral`) or an
+    /// existing one beneath the workspace roots (`in_place`).
+    WorkspaceMode {
+        Ephemeral = "ephemeral",
+        InPlace = "in_place",
     }
 }
 
