@@ -259,7 +259,9 @@ async fn an_approval_gated_run_exits_3_then_approve_and_watch_exit_0() {
         describe(&output)
     );
 
-    let output = cli(url, &["approvals", "approve", approval]).await;
+    // The printed command itself, `--url` before the subcommand and all.
+    let printed: Vec<&str> = approve.split(' ').skip(1).collect();
+    let output = cli(url, &printed).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
     let (_, task_json) = keel.client().get(&format!("/v1/tasks/{task}")).await;
     let run = task_json["data"]["latest_run_id"].as_str().unwrap();
@@ -616,6 +618,35 @@ async fn the_runtime_token_is_sent_when_given() {
     );
     let output = cli(url, &["tasks", "list", "--token", TOKEN]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
+}
+
+#[tokio::test]
+async fn server_settings_belong_to_the_server_roles_not_to_operator_help() {
+    // No API needed: help is printed before anything is reached.
+    let output = cli("http://127.0.0.1:9", &["tasks", "list", "--help"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let help = stdout(&output);
+    for server in ["--database-url", "--approval-policies", "--data-dir"] {
+        assert!(!help.contains(server), "{server} in: {help}");
+    }
+    for operator in ["--url", "--token", "--output", "--status"] {
+        assert!(help.contains(operator), "{operator} missing: {help}");
+    }
+    let output = cli("http://127.0.0.1:9", &["serve", "--help"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let help = stdout(&output);
+    assert!(
+        help.contains("--database-url") && help.contains("--approval-policies"),
+        "{help}"
+    );
+
+    // After the role's name they work; before it they are no longer options of `keel`.
+    let db = support::fresh_database().await;
+    let output = cli("", &["migrate", "--database-url", &db]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    assert_eq!(stdout(&output), "migrations applied\n");
+    let output = cli("", &["--database-url", &db, "migrate"]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
 }
 
 /// The JSON a `--output json` command printed.
