@@ -20,6 +20,9 @@ use crate::store::content::{ContentStore, S3Settings};
 use crate::store::runs::AdmissionRules;
 use crate::telemetry::LogFormat;
 
+/// The settings of the server roles (`keel serve|api|worker|migrate`, `keel-bench`), not of
+/// the operator commands, which only talk to an API. `global` serves `keel-bench`, which
+/// takes them before or after its subcommand.
 #[derive(Debug, Clone, Args)]
 pub struct Common {
     /// PostgreSQL URL (also read from DATABASE_URL). `keel serve` without one starts a
@@ -31,15 +34,8 @@ pub struct Common {
     #[arg(long, env = "KEEL_DATA_DIR", default_value = ".keel", global = true)]
     pub data_dir: PathBuf,
 
-    /// Log format.
-    #[arg(
-        long,
-        env = "KEEL_LOG_FORMAT",
-        value_enum,
-        default_value = "text",
-        global = true
-    )]
-    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub log: LogArgs,
 
     /// Most database connections this process opens.
     #[arg(
@@ -113,6 +109,20 @@ pub struct Common {
         global = true
     )]
     pub provider_hosts: Vec<String>,
+}
+
+/// How a process logs: part of [`Common`], and of `keel rpc`, a client that logs too.
+#[derive(Debug, Clone, Args)]
+pub struct LogArgs {
+    /// Log format.
+    #[arg(
+        long,
+        env = "KEEL_LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    pub log_format: LogFormat,
 }
 
 impl Common {

@@ -163,6 +163,66 @@ async fn start_watch_prints_each_output_line_once_and_exits_with_the_run() {
     );
 }
 
+/// The events a `--output json` watch printed: every stdout line an event object, in
+/// strictly increasing `sequence` (so none twice).
+fn events_of(output: &Output) -> Vec<Value> {
+    let events: Vec<Value> = stdout(output)
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{e}: {line:?}\n{}", describe(output)))
+        })
+        .collect();
+    assert!(!events.is_empty(), "{}", describe(output));
+    for event in &events {
+        assert!(event["type"].is_string(), "{event}\n{}", describe(output));
+    }
+    let sequences: Vec<i64> = events
+        .iter()
+        .map(|e| e["sequence"].as_i64().unwrap())
+        .collect();
+    assert!(
+        sequences.windows(2).all(|w| w[0] < w[1]),
+        "{sequences:?}\n{}",
+        describe(output)
+    );
+    events
+}
+
+#[tokio::test]
+async fn a_json_watch_prints_the_events_alone_one_a_line() {
+    let keel = Keel::start("none").await;
+    let task = create_shell(keel.url(), "echo one; echo two").await;
+    let args = ["tasks", "start", &task, "--watch", "--output", "json"];
+    let output = cli(keel.url(), &args).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let events = events_of(&output);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "run.finished", "{}", describe(&output));
+    // run.finished carries the exit code; the step's event carries its status.
+    assert_eq!(last["data"]["exit_code"], 0, "{last}");
+    let step = events.iter().rfind(|e| e["type"] == "step.finished");
+    assert_eq!(step.unwrap()["data"]["status"], "completed", "{events:?}");
+    // The run's output lines are not there: stdout is the events'.
+    assert_eq!(count(&stdout(&output), "one"), 0, "{}", describe(&output));
+    // The events as the API lists them, unchanged.
+    let run = last["run_id"].as_str().unwrap();
+    let (_, listed) = keel
+        .client()
+        .get(&format!("/v1/tasks/{task}/runs/{run}/events?limit=200"))
+        .await;
+    assert_eq!(listed["data"].as_array().unwrap(), &events);
+
+    let task = create_shell(keel.url(), "exit 3").await;
+    let args = ["tasks", "start", &task, "--watch", "--output", "json"];
+    let output = cli(keel.url(), &args).await;
+    assert_eq!(code(&output), 1, "{}", describe(&output));
+    let events = events_of(&output);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "run.failed", "{}", describe(&output));
+    assert_eq!(last["data"]["exit_code"], 3, "{last}");
+}
+
 #[tokio::test]
 async fn an_approval_gated_run_exits_3_then_approve_and_watch_exit_0() {
     let keel = Keel::start("shell_exec").await;
@@ -199,7 +259,9 @@ async fn an_approval_gated_run_exits_3_then_approve_and_watch_exit_0() {
         describe(&output)
     );
 
-    let output = cli(url, &["approvals", "approve", approval]).await;
+    // The printed command itself, `--url` before the subcommand and all.
+    let printed: Vec<&str> = approve.split(' ').skip(1).collect();
+    let output = cli(url, &printed).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
     let (_, task_json) = keel.client().get(&format!("/v1/tasks/{task}")).await;
     let run = task_json["data"]["latest_run_id"].as_str().unwrap();
@@ -298,7 +360,7 @@ async fn spawn_api_on(db: &str, dir: &Path, name: &str, port: u16) -> KeelProces
 }
 
 #[tokio::test]
-async fn watch_prints_every_line_once_across_an_api_killed_and_restarted() {
+async fn watch_prints_every_line_and_event_once_across_an_api_killed_and_restarted() {
     let db = support::fresh_database().await;
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -317,11 +379,15 @@ async fn watch_prints_every_line_once_across_an_api_killed_and_restarted() {
     let output = cli(&url, &["tasks", "start", &task, "--quiet"]).await;
     let run = stdout(&output).trim().to_string();
     assert!(run.starts_with("run_"), "{}", describe(&output));
-    let watch = command(&url, &["runs", "watch", &run])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let follow = |args: &[&str]| {
+        command(&url, args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let watch = follow(&["runs", "watch", &run]);
+    let json_watch = follow(&["runs", "watch", &run, "--output", "json"]);
 
     // Mid-run: some lines are out, most are still to come.
     let client = api.client.clone().unwrap();
@@ -355,6 +421,18 @@ async fn watch_prints_every_line_once_across_an_api_killed_and_restarted() {
         1,
         "{text}"
     );
+    let output = tokio::time::timeout(CLI_TIMEOUT, json_watch.wait_with_output())
+        .await
+        .expect("the JSON watch ends with the run")
+        .unwrap();
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let (_, listed) = api
+        .client
+        .as_ref()
+        .unwrap()
+        .get(&format!("/v1/tasks/{task}/runs/{run}/events?limit=200"))
+        .await;
+    assert_eq!(listed["data"].as_array().unwrap(), &events_of(&output));
     drop(api);
 }
 
@@ -492,6 +570,27 @@ async fn a_media_job_is_created_run_and_watched_to_its_end() {
     let output = cli(url, &["media", "show", &id, "--output", "json"]).await;
     let job: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(job["data"]["status"], "succeeded", "{job}");
+    // As JSON: the create answer's object, then the job's events, one a line.
+    let output = cli(
+        url,
+        &[&create[..], &["--watch", "--output", "json"]].concat(),
+    )
+    .await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let text = stdout(&output);
+    let (created, events) = text.split_once('\n').expect("lines");
+    let created: Value = serde_json::from_str(created).unwrap();
+    let job_id = created["data"]["id"].as_str().expect("the job");
+    let events: Vec<Value> = events
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(events.iter().all(|e| e["media_job_id"] == job_id), "{text}");
+    assert_eq!(
+        events.last().unwrap()["type"],
+        "media_job.succeeded",
+        "{text}"
+    );
     // Watching an ended job tells its end at once.
     let output = cli(url, &["media", "watch", &id]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
@@ -519,6 +618,35 @@ async fn the_runtime_token_is_sent_when_given() {
     );
     let output = cli(url, &["tasks", "list", "--token", TOKEN]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
+}
+
+#[tokio::test]
+async fn server_settings_belong_to_the_server_roles_not_to_operator_help() {
+    // No API needed: help is printed before anything is reached.
+    let output = cli("http://127.0.0.1:9", &["tasks", "list", "--help"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let help = stdout(&output);
+    for server in ["--database-url", "--approval-policies", "--data-dir"] {
+        assert!(!help.contains(server), "{server} in: {help}");
+    }
+    for operator in ["--url", "--token", "--output", "--status"] {
+        assert!(help.contains(operator), "{operator} missing: {help}");
+    }
+    let output = cli("http://127.0.0.1:9", &["serve", "--help"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let help = stdout(&output);
+    assert!(
+        help.contains("--database-url") && help.contains("--approval-policies"),
+        "{help}"
+    );
+
+    // After the role's name they work; before it they are no longer options of `keel`.
+    let db = support::fresh_database().await;
+    let output = cli("", &["migrate", "--database-url", &db]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    assert_eq!(stdout(&output), "migrations applied\n");
+    let output = cli("", &["--database-url", &db, "migrate"]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
 }
 
 /// The JSON a `--output json` command printed.

@@ -32,7 +32,7 @@ fn main() -> ExitCode {
     };
     let telemetry = {
         let _runtime = runtime.enter();
-        keel::telemetry::init(cli.common.log_format, "bench")
+        keel::telemetry::init(cli.common.log.log_format, "bench")
     };
     let telemetry = match telemetry {
         Ok(telemetry) => telemetry,

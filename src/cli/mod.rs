@@ -1,7 +1,9 @@
 //! The `keel` command line: one binary, a subcommand per role. This file owns the server
 //! roles (serve, api, worker, migrate, openapi, workflow); the operator commands over the
 //! API are in `ops` (arguments and calls), `output` (tables, JSON, errors) and `watch`
-//! (following a run or a media job live).
+//! (following a run or a media job live). The server settings ([`Common`]) belong to the
+//! roles that read them, so an operator command's `--help` lists only its own options and
+//! the API's address and credentials.
 
 mod external;
 mod ops;
@@ -17,13 +19,14 @@ use clap::{Parser, Subcommand};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ApiArgs, Common, WorkerArgs};
+use crate::config::{ApiArgs, Common, LogArgs, WorkerArgs};
 use crate::jobs::media::MediaJobs;
 use crate::jobs::poll::{ActionJobs, PollJobs, Poller};
 use crate::jobs::run::RunJobs;
 use crate::queue::worker::{JobHandler, Worker};
 use crate::store::embedded::{Durability, EmbeddedPostgres};
 use crate::store::runs::AdmissionRules;
+use crate::telemetry::LogFormat;
 use crate::{api, scheduler, store, telemetry};
 
 #[derive(Debug, Parser)]
@@ -33,8 +36,6 @@ use crate::{api, scheduler, store, telemetry};
     about = "A durable runtime for long-running work on Postgres"
 )]
 pub struct Cli {
-    #[command(flatten)]
-    pub common: Common,
     #[command(flatten, next_help_heading = "Operator commands (a client of the API)")]
     pub remote: ops::Remote,
     #[command(subcommand)]
@@ -47,16 +48,28 @@ pub enum Command {
     /// PostgreSQL cluster under the data directory.
     Serve {
         #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
         api: ApiArgs,
         #[command(flatten)]
         worker: WorkerArgs,
     },
     /// The HTTP API only (stateless; run several behind a proxy).
-    Api(ApiArgs),
+    Api {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
     /// A worker: claims and executes jobs, and runs the maintenance duties.
-    Worker(WorkerArgs),
+    Worker {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        worker: WorkerArgs,
+    },
     /// Applies database migrations and exits.
-    Migrate,
+    Migrate(Common),
     /// Prints the HTTP API's OpenAPI 3.1 document (as served at /v1/openapi.json).
     Openapi,
     /// Checks or renders a WORKFLOW.md; fails with the error class when it cannot be used.
@@ -66,7 +79,14 @@ pub enum Command {
     #[command(flatten)]
     Ops(ops::Operation),
     /// NDJSON RPC for hosts that are not Rust programs, bridged to the API (`--url`).
-    Rpc(RpcArgs),
+    Rpc {
+        // Beside the session's group, not in it: clap makes a group with a flattened
+        // struct inside an empty `<>` that no arguments satisfy.
+        #[command(flatten)]
+        log: LogArgs,
+        #[command(flatten)]
+        session: RpcArgs,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -100,13 +120,25 @@ impl Command {
     fn role(&self) -> &'static str {
         match self {
             Command::Serve { .. } => "serve",
-            Command::Api(_) => "api",
-            Command::Worker(_) => "worker",
-            Command::Migrate => "migrate",
+            Command::Api { .. } => "api",
+            Command::Worker { .. } => "worker",
+            Command::Migrate(_) => "migrate",
             Command::Openapi => "openapi",
             Command::Workflow(_) => "workflow",
             Command::Ops(_) => "client",
-            Command::Rpc(_) => "rpc",
+            Command::Rpc { .. } => "rpc",
+        }
+    }
+
+    /// How the process logs: openapi and workflow print their answer and log nothing.
+    fn log_format(&self) -> LogFormat {
+        match self {
+            Command::Serve { common, .. }
+            | Command::Api { common, .. }
+            | Command::Worker { common, .. }
+            | Command::Migrate(common) => common.log.log_format,
+            Command::Rpc { log, .. } => log.log_format,
+            Command::Openapi | Command::Workflow(_) | Command::Ops(_) => LogFormat::Text,
         }
     }
 }
@@ -140,7 +172,7 @@ pub fn main() -> ExitCode {
     // Inside the runtime: the gRPC exporter needs it to connect.
     let telemetry = {
         let _runtime = runtime.enter();
-        telemetry::init(cli.common.log_format, cli.command.role())
+        telemetry::init(cli.command.log_format(), cli.command.role())
     };
     let telemetry = match telemetry {
         Ok(telemetry) => telemetry,
@@ -166,32 +198,35 @@ pub fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let shutdown = shutdown_on_signal();
-    let common = cli.common;
     let remote = cli.remote;
     match cli.command {
         Command::Openapi => {
             println!("{}", serde_json::to_string_pretty(&api::openapi())?);
             Ok(())
         }
-        Command::Migrate => {
+        Command::Migrate(common) => {
             let pool = connect(&common, "migrate").await?;
             store::migrate(&pool).await.context("applying migrations")?;
             println!("migrations applied");
             Ok(())
         }
-        Command::Api(args) => {
+        Command::Api { common, api } => {
             // Before anything else: an unprotected listener must not start at all.
-            let auth = api::Auth::from_args(&args.auth, args.listen)?;
+            let auth = api::Auth::from_args(&api.auth, api.listen)?;
             let pool = connect(&common, "api").await?;
-            serve_api(pool, &common, &args, auth, shutdown).await
+            serve_api(pool, &common, &api, auth, shutdown).await
         }
-        Command::Worker(args) => {
+        Command::Worker { common, worker } => {
             let pool = connect(&common, "worker").await?;
-            run_worker(pool, &common, &args, shutdown).await
+            run_worker(pool, &common, &worker, shutdown).await
         }
-        Command::Serve { api, worker } => serve_all(&common, &api, &worker, shutdown).await,
+        Command::Serve {
+            common,
+            api,
+            worker,
+        } => serve_all(&common, &api, &worker, shutdown).await,
         Command::Workflow(command) => workflow(command),
-        Command::Rpc(args) => rpc(&remote, args, shutdown).await,
+        Command::Rpc { session, .. } => rpc(&remote, session, shutdown).await,
         Command::Ops(_) => unreachable!("operator commands return before the server runtime"),
     }
 }

@@ -498,7 +498,7 @@ async fn admitted(
 ) -> Result<Outcome, Error> {
     if args.watch {
         let run = call.await?.data;
-        return watch::run(client, &run, args.no_wait).await;
+        return watch::run(client, format, &run, args.no_wait).await;
     }
     let id = |r: &ObjectEnvelope<RunRecord>| r.data.id.clone();
     output::show_or_id(format, args.quiet, call, id, |r| run_fields(&r.data)).await?;
@@ -536,7 +536,7 @@ async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Ou
         }
         RunCommand::Watch { run_id, no_wait } => {
             let run = client.find_run(&run_id).await?.data;
-            return watch::run(client, &run, no_wait).await;
+            return watch::run(client, format, &run, no_wait).await;
         }
         RunCommand::Logs { run_id } => {
             let run = client.find_run(&run_id).await?.data;
@@ -686,14 +686,14 @@ async fn media(client: &Client, format: Format, command: MediaCommand) -> Result
                 print_job(format, quiet, client.run_media_job(&id)).await?
             };
             if watch {
-                return watch::media(client, &job.id, quiet).await;
+                return watch::media(client, format, &job.id, quiet).await;
             }
         }
         MediaCommand::Show { media_job_id } => {
             output::show(format, client.get_media_job(&media_job_id), fields).await?;
         }
         MediaCommand::Watch { media_job_id } => {
-            return watch::media(client, &media_job_id, false).await;
+            return watch::media(client, format, &media_job_id, false).await;
         }
     }
     Ok(Outcome::Done)

@@ -1,11 +1,12 @@
 //! Following a run or a media job live: a line per step with its elapsed time (a spinner
 //! on a terminal, plain lines otherwise), approval prompts with the command that approves,
-//! the run's output lines as they are written, and the exit code of the outcome.
+//! the run's output lines as they are written, and the exit code of the outcome. With
+//! `--output json`, stdout carries the events alone instead: each one's object, one a line.
 //!
 //! Nothing is printed twice or lost across a reconnect: events resume by `Last-Event-ID`
 //! (see `keel_client::sse`), and output is read from the byte offset already printed.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::pin::pin;
 use std::time::Duration;
 
@@ -16,6 +17,8 @@ use keel_client::sse::{RECONNECT_FOR, RunItem};
 use keel_client::{
     ApprovalStatus, Client, Error, EventRecord, MediaJobStatus, RunRecord, RunStatus,
 };
+
+use super::output::Format;
 
 /// What a command ends with, as its exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,14 +46,18 @@ impl Outcome {
 /// How often the output of a running run is read.
 const LOG_POLL: Duration = Duration::from_millis(250);
 
-/// Where progress goes: a spinner above which lines print, or plain lines.
+/// Where progress goes: a spinner above which lines print, plain lines, or (`--output
+/// json`) nowhere, the events' objects being all of stdout.
 struct View {
     bar: Option<ProgressBar>,
+    /// `--output json`: a program reads stdout line by line, so nothing else may be there.
+    events: bool,
 }
 
 impl View {
-    fn new() -> View {
-        let bar = std::io::stdout().is_terminal().then(|| {
+    fn new(format: Format) -> View {
+        let events = format == Format::Json;
+        let bar = (!events && std::io::stdout().is_terminal()).then(|| {
             let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stdout());
             let style = ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
                 .expect("a valid template");
@@ -58,10 +65,33 @@ impl View {
             bar.enable_steady_tick(Duration::from_millis(120));
             bar
         });
-        View { bar }
+        View { bar, events }
+    }
+
+    /// Plain text with no spinner, for `keel runs logs`.
+    fn plain() -> View {
+        View {
+            bar: None,
+            events: false,
+        }
+    }
+
+    /// An event of the log, with `--output json`: its object as the API sent it, on one
+    /// line, flushed so that a reader of a pipe sees it as it happens.
+    fn event(&self, event: &EventRecord) {
+        if !self.events {
+            return;
+        }
+        let mut stdout = std::io::stdout().lock();
+        let line = serde_json::to_string(event).expect("an event serializes");
+        // A closed pipe ends the output; the watch still ends with the run's exit code.
+        let _ = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
     }
 
     fn line(&self, text: &str) {
+        if self.events {
+            return;
+        }
         match &self.bar {
             Some(bar) => bar.println(text),
             None => println!("{text}"),
@@ -69,6 +99,9 @@ impl View {
     }
 
     fn error_line(&self, text: &str) {
+        if self.events {
+            return;
+        }
         match &self.bar {
             Some(bar) => bar.suspend(|| eprintln!("{text}")),
             None => eprintln!("{text}"),
@@ -117,6 +150,10 @@ impl<'a> Logs<'a> {
     /// A failed read leaves the offsets as they were, so the next one picks up from the
     /// same byte.
     async fn read(&mut self, client: &Client, view: &View) -> Result<(), Error> {
+        // `--output json` prints events only: output that goes nowhere is not fetched.
+        if view.events {
+            return Ok(());
+        }
         let (task_id, run_id) = (&self.run.task_id, &self.run.id);
         let artifacts = client
             .list_artifacts(task_id, run_id)
@@ -205,8 +242,13 @@ struct Progress {
 }
 
 /// Streams `run` until it ends (or, with `no_wait`, until it waits for an approval).
-pub async fn run(client: &Client, run: &RunRecord, no_wait: bool) -> Result<Outcome, Error> {
-    let view = View::new();
+pub async fn run(
+    client: &Client,
+    format: Format,
+    run: &RunRecord,
+    no_wait: bool,
+) -> Result<Outcome, Error> {
+    let view = View::new(format);
     let outcome = follow(client, run, no_wait, &view).await;
     view.done();
     outcome
@@ -235,6 +277,7 @@ async fn follow(
                 Some(Err(error)) => return Err(error),
                 Some(Ok(RunItem::Delta(delta))) => model_text(view, &mut progress, &delta.text),
                 Some(Ok(RunItem::Event(event))) => {
+                    view.event(&event);
                     let waits = on_event(client, view, &mut logs, &mut progress, &event).await?;
                     if waits && no_wait {
                         logs.finish(client, view).await?;
@@ -395,13 +438,18 @@ fn seconds(elapsed: chrono::TimeDelta) -> String {
 
 /// `keel runs logs`: the run's output so far, stdout to stdout and stderr to stderr.
 pub async fn print_logs(client: &Client, run: &RunRecord) -> Result<(), Error> {
-    let view = View { bar: None };
+    let view = View::plain();
     Logs::new(run).finish(client, &view).await
 }
 
 /// Follows a media job until it ends: its progress events, then its artifacts.
-pub async fn media(client: &Client, media_job_id: &str, quiet: bool) -> Result<Outcome, Error> {
-    let view = View::new();
+pub async fn media(
+    client: &Client,
+    format: Format,
+    media_job_id: &str,
+    quiet: bool,
+) -> Result<Outcome, Error> {
+    let view = View::new(format);
     let outcome = |status: &MediaJobStatus| match status {
         MediaJobStatus::Succeeded => Some(Outcome::Completed),
         MediaJobStatus::Failed => Some(Outcome::Failed),
@@ -418,6 +466,7 @@ pub async fn media(client: &Client, media_job_id: &str, quiet: bool) -> Result<O
         let event = event?;
         let status = event.event_type.as_str().trim_start_matches("media_job.");
         if !quiet {
+            view.event(&event);
             let detail = event
                 .data
                 .get("progress")

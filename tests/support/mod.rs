@@ -369,7 +369,9 @@ impl TestApp {
         let common = Common {
             database_url: Some(db_url.clone()),
             data_dir: data_dir.path().to_path_buf(),
-            log_format: LogFormat::Text,
+            log: keel::config::LogArgs {
+                log_format: LogFormat::Text,
+            },
             db_max_connections: 10,
             approval_policies: policies.parse().expect("known approval policies"),
             model_prices: Default::default(),
