@@ -1,7 +1,5 @@
 //! Approvals: human gates on runs, as the API shows them, and the body that resolves one.
 
-use std::borrow::Cow;
-
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -104,21 +102,7 @@ pub struct ResolveRequest {
 /// Longest decision note (bytes).
 const MAX_NOTE_BYTES: usize = 4096;
 
-impl utoipa::PartialSchema for ResolveRequest {
-    fn schema() -> RefOr<Schema> {
-        resolve_union(&mut Vec::new())
-    }
-}
-
-impl ToSchema for ResolveRequest {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("ResolveRequest")
-    }
-
-    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
-        resolve_union(schemas);
-    }
-}
+hand_written_schema!(ResolveRequest, resolve_union);
 
 fn resolve_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
     let note = || -> Field {

@@ -404,21 +404,7 @@ pub const MAX_LABELS: usize = 20;
 /// GitHub's own limit on a label's name (bytes).
 pub const MAX_LABEL_BYTES: usize = 50;
 
-impl utoipa::PartialSchema for ActionRequest {
-    fn schema() -> RefOr<Schema> {
-        action_union(&mut Vec::new())
-    }
-}
-
-impl ToSchema for ActionRequest {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("ActionRequest")
-    }
-
-    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
-        action_union(schemas);
-    }
-}
+hand_written_schema!(ActionRequest, action_union);
 
 fn action_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
     let body = |nullable| -> RefOr<Schema> {

@@ -18,6 +18,33 @@
 //! from PostgreSQL. Row fields the API never renders (`#[serde(skip)]`) exist only for
 //! that reading and are always `None` or empty in a client.
 
+/// The schema impls of a request body whose document schema is hand-written: `build`
+/// returns the schema and registers the components it refers to.
+macro_rules! hand_written_schema {
+    ($type:ident, $build:path) => {
+        impl utoipa::PartialSchema for $type {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                $build(&mut Vec::new())
+            }
+        }
+
+        impl utoipa::ToSchema for $type {
+            fn name() -> std::borrow::Cow<'static, str> {
+                std::borrow::Cow::Borrowed(stringify!($type))
+            }
+
+            fn schemas(
+                schemas: &mut Vec<(
+                    String,
+                    utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+                )>,
+            ) {
+                $build(schemas);
+            }
+        }
+    };
+}
+
 /// A closed set of names: the enum, its wire names, `ALL`, `as_str` and `parse`.
 macro_rules! closed_set {
     ($(#[$meta:meta])* $name:ident { $($(#[$variant_meta:meta])* $variant:ident = $text:literal,)+ }) => {

@@ -1,7 +1,5 @@
 //! Schedules: a task's one trigger, `once` at an instant or `cron` in an IANA time zone.
 
-use std::borrow::Cow;
-
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -29,21 +27,7 @@ pub struct ScheduleDraft {
 /// Longest cron expression (bytes).
 const MAX_EXPRESSION_BYTES: usize = 256;
 
-impl utoipa::PartialSchema for ScheduleDraft {
-    fn schema() -> RefOr<Schema> {
-        schedule_union(&mut Vec::new())
-    }
-}
-
-impl ToSchema for ScheduleDraft {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("ScheduleDraft")
-    }
-
-    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
-        schedule_union(schemas);
-    }
-}
+hand_written_schema!(ScheduleDraft, schedule_union);
 
 fn schedule_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
     let common = || -> Vec<Field> {

@@ -1,7 +1,5 @@
 //! Tasks: the body that creates one, the task as the API shows it, and its status.
 
-use std::borrow::Cow;
-
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -63,21 +61,7 @@ const MAX_FILE_CONTENT_BYTES: usize = 1024 * 1024;
 /// The server's default `KEEL_RUN_TIMEOUT_MAX_MS` (24 h).
 const DEFAULT_MAX_TIMEOUT_MS: i64 = 24 * 3600 * 1000;
 
-impl utoipa::PartialSchema for TaskDraft {
-    fn schema() -> RefOr<Schema> {
-        task_draft_union(&mut Vec::new())
-    }
-}
-
-impl ToSchema for TaskDraft {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("TaskDraft")
-    }
-
-    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
-        task_draft_union(schemas);
-    }
-}
+hand_written_schema!(TaskDraft, task_draft_union);
 
 /// The draft as a union on `execution_kind`. Rules JSON Schema cannot state are in the
 /// descriptions, and the server answers 422 naming the field.
