@@ -345,3 +345,94 @@ async fn a_stream_reads_page_after_page_up_to_the_size_it_started_at() {
         "bytes appended after the read began are not in it"
     );
 }
+
+#[tokio::test]
+async fn content_after_an_offset_skips_the_bytes_already_read() {
+    let app = TestApp::api_only().await;
+    let (task_id, run_id) = app.client.run_shell("true").await;
+    let owner = Subject::Run {
+        task_id: &task_id,
+        run_id: &run_id,
+    };
+    let mut conn = app.pool.acquire().await.unwrap();
+    let id = artifacts::open(
+        &mut conn,
+        &Scope::local(),
+        owner,
+        "log",
+        "file",
+        "text/plain",
+    )
+    .await
+    .unwrap()
+    .id;
+    drop(conn);
+    let store = ContentStore::Postgres;
+    for chunk in ["abc", "def", "gh\u{e9}"] {
+        let mut tx = app.pool.begin().await.unwrap();
+        let (bytes, scope) = (chunk.as_bytes(), &Scope::local());
+        store
+            .append(&mut tx, scope, &id, bytes, 1_000)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+    let url = format!(
+        "{}/v1/tasks/{task_id}/runs/{run_id}/artifacts/{id}/content",
+        app.client.base
+    );
+    let get = |query: &'static str| {
+        let request = app.client.http.get(format!("{url}{query}"));
+        async move {
+            let response = request.send().await.unwrap();
+            (response.status(), response.bytes().await.unwrap().to_vec())
+        }
+    };
+    let whole = "abcdefgh\u{e9}".as_bytes().to_vec();
+    assert_eq!(get("").await, (StatusCode::OK, whole.clone()));
+    assert_eq!(get("?offset=0").await, (StatusCode::OK, whole.clone()));
+    // Inside a chunk, at a chunk's start, inside a character, at and past the end.
+    assert_eq!(
+        get("?offset=4").await,
+        (StatusCode::OK, whole[4..].to_vec())
+    );
+    assert_eq!(
+        get("?offset=6").await,
+        (StatusCode::OK, whole[6..].to_vec())
+    );
+    assert_eq!(
+        get("?offset=9").await,
+        (StatusCode::OK, whole[9..].to_vec())
+    );
+    assert_eq!(get("?offset=10").await, (StatusCode::OK, Vec::new()));
+    let beyond = "?offset=9223372036854775807";
+    assert_eq!(get(beyond).await, (StatusCode::OK, Vec::new()));
+    let bad = [
+        "?offset=-1",
+        "?offset=9223372036854775808",
+        "?offset=ten",
+        "?offset=1&x=2",
+    ];
+    for bad in bad {
+        let (status, body) = get(bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+        let envelope: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert!(
+            envelope["error"]["message"].is_string(),
+            "{bad}: {envelope}"
+        );
+    }
+
+    // The typed client's reader asks the server for the tail alone.
+    let client = keel_client::Client::new(
+        &app.client.base,
+        keel_client::Credentials::None,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let tail = client
+        .artifact_content(&task_id, &run_id, &id)
+        .tail(5)
+        .await;
+    assert_eq!(tail.unwrap().to_vec(), whole[5..].to_vec());
+}

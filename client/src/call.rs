@@ -160,21 +160,13 @@ impl<'c, T> Call<'c, T> {
 }
 
 impl Call<'_, ()> {
-    /// The content's bytes after the first `offset`: a reader that keeps its offset
-    /// follows a growing artifact without reading anything twice (the API has no ranges,
-    /// so the skipped bytes are streamed past, never held).
+    /// The content's bytes after the first `offset` (the API's `offset` parameter): a
+    /// reader that keeps its offset follows a growing artifact without reading anything
+    /// twice, and the server skips what was read without sending it.
     pub async fn tail(self, offset: u64) -> Result<Bytes, Error> {
-        use futures_util::StreamExt;
-        let mut skip = offset;
-        let mut out = Vec::new();
-        let mut chunks = std::pin::pin!(self.bytes_stream().await?);
-        while let Some(chunk) = chunks.next().await {
-            let chunk = chunk?;
-            let skipped = skip.min(chunk.len() as u64);
-            skip -= skipped;
-            out.extend_from_slice(&chunk[skipped as usize..]);
-        }
-        Ok(out.into())
+        self.query("offset", (offset > 0).then_some(offset))
+            .raw()
+            .await
     }
 }
 

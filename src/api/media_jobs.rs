@@ -13,7 +13,8 @@ use utoipa_axum::routes;
 
 use super::extract::{ApiJson, ApiQuery};
 use super::{
-    ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object, page_limit,
+    ApiError, AppState, ContentQuery, ListEnvelope, ObjectEnvelope, PageQuery, list, object,
+    page_limit,
 };
 use crate::domain::Caller;
 use crate::domain::media::{MediaJobStatus, Unrunnable, parse_operation};
@@ -191,18 +192,19 @@ async fn list_media_artifacts(
     Ok(Json(list(rows, limit, |a| a.id.clone())))
 }
 
-/// An artifact's bytes, with its content type.
+/// An artifact's bytes (after `offset`), with its content type.
 #[utoipa::path(get, path = "/media-jobs/{media_job_id}/artifacts/{artifact_id}/content", tag = "media",
-    params(("media_job_id" = String, Path), ("artifact_id" = String, Path)),
+    params(("media_job_id" = String, Path), ("artifact_id" = String, Path), ContentQuery),
     responses((status = 200, description = "The bytes", content_type = "application/octet-stream", body = String)))]
 async fn media_artifact_content(
     State(state): State<AppState>,
     caller: Caller,
     Path((id, artifact_id)): Path<(String, String)>,
+    ApiQuery(query): ApiQuery<ContentQuery>,
 ) -> Result<Response> {
     let mut conn = state.pool.acquire().await?;
     let owner = Subject::MediaJob(&id);
     let artifact = artifacts::get(&mut conn, &caller.scope, owner, &artifact_id).await?;
     drop(conn);
-    super::artifact_body(&state, artifact).await
+    super::artifact_body(&state, artifact, query).await
 }

@@ -205,6 +205,17 @@ pub fn app(state: AppState) -> Router {
     router.layer(axum::middleware::from_fn(middleware::request_context))
 }
 
+/// Where an artifact's content starts.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ContentQuery {
+    /// Skip the first `offset` bytes (default 0): a reader following a growing log asks
+    /// for the bytes it has not read. At or past the end: an empty body.
+    #[param(minimum = 0)]
+    pub offset: Option<i64>,
+}
+
 /// `limit` and `cursor` of a paginated list.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -258,15 +269,24 @@ pub fn object<T>(name: &'static str, data: T) -> ObjectEnvelope<T> {
 pub async fn artifact_body(
     state: &AppState,
     artifact: crate::store::artifacts::ArtifactRecord,
+    query: ContentQuery,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
     use futures_util::StreamExt;
 
-    let mut chunks = Box::pin(
-        state
-            .content
-            .stream(state.pool.clone(), artifact.id.clone()),
-    );
+    let from = match query.offset.unwrap_or(0) {
+        n @ 0.. => n,
+        n => {
+            return Err(ApiError::invalid(format!(
+                "offset must be 0 or more, not {n}"
+            )));
+        }
+    };
+    let mut chunks = Box::pin(state.content.stream_from(
+        state.pool.clone(),
+        artifact.id.clone(),
+        from,
+    ));
     let first = chunks.next().await.transpose()?;
     let rest = chunks.inspect(|chunk| {
         if let Err(error) = chunk {

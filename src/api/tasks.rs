@@ -13,7 +13,8 @@ use utoipa_axum::routes;
 
 use super::extract::{ApiJson, ApiQuery, OptionalJson};
 use super::{
-    ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object, page_limit,
+    ApiError, AppState, ContentQuery, ListEnvelope, ObjectEnvelope, PageQuery, list, object,
+    page_limit,
 };
 use crate::domain::task::{TaskDraft, parse_budget};
 use crate::domain::{Caller, NewTask, TaskStatus};
@@ -357,19 +358,21 @@ async fn get_artifact(
     Ok(Json(object("task_artifact", artifact)))
 }
 
-/// The artifact's bytes so far; readable while the run is still writing them.
+/// The artifact's bytes so far (after `offset`); readable while the run is still writing
+/// them.
 #[utoipa::path(get, path = "/tasks/{task_id}/runs/{run_id}/artifacts/{artifact_id}/content", tag = "runs",
-    params(("task_id" = String, Path), ("run_id" = String, Path), ("artifact_id" = String, Path)),
+    params(("task_id" = String, Path), ("run_id" = String, Path), ("artifact_id" = String, Path), ContentQuery),
     responses((status = 200, description = "The bytes", content_type = "text/plain", body = String)))]
 async fn artifact_content(
     State(state): State<AppState>,
     caller: Caller,
     Path((task_id, run_id, artifact_id)): Path<(String, String, String)>,
+    ApiQuery(query): ApiQuery<ContentQuery>,
 ) -> Result<Response> {
     let mut conn = state.pool.acquire().await?;
     let artifact = run_artifact(&mut conn, &caller, &task_id, &run_id, &artifact_id).await?;
     drop(conn);
-    super::artifact_body(&state, artifact).await
+    super::artifact_body(&state, artifact, query).await
 }
 
 /// A run's artifact, in the caller's workspace.

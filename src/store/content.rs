@@ -205,6 +205,18 @@ impl ContentStore {
         pool: PgPool,
         artifact_id: String,
     ) -> impl Stream<Item = Result<Bytes>> + Send + 'static {
+        self.stream_from(pool, artifact_id, 0)
+    }
+
+    /// The bytes after the first `from`, as [`ContentStore::stream`] reads them: a reader
+    /// following a growing log asks for what it has not seen, and the chunks before the
+    /// one holding `from` are never read.
+    pub fn stream_from(
+        &self,
+        pool: PgPool,
+        artifact_id: String,
+        from: i64,
+    ) -> impl Stream<Item = Result<Bytes>> + Send + 'static {
         let store = self.clone();
         async_stream::try_stream! {
             let size: i64 = sqlx::query_scalar("SELECT size_bytes FROM artifacts WHERE id = $1")
@@ -212,7 +224,15 @@ impl ContentStore {
                 .fetch_optional(&pool)
                 .await?
                 .ok_or(StoreError::NotFound("artifact"))?;
-            let mut next = 0i64;
+            // The chunk holding `from` starts at or before it (one probe of the key).
+            let mut next: i64 = sqlx::query_scalar(
+                "SELECT coalesce(max(offset_bytes), 0) FROM artifact_chunks
+                 WHERE artifact_id = $1 AND offset_bytes <= $2",
+            )
+            .bind(&artifact_id)
+            .bind(from)
+            .fetch_one(&pool)
+            .await?;
             while next < size {
                 let page: Vec<(i64, Option<Vec<u8>>, Option<String>)> = sqlx::query_as(
                     "SELECT offset_bytes, data, object_key FROM artifact_chunks
@@ -231,7 +251,10 @@ impl ContentStore {
                 for (offset, data, key) in page {
                     let bytes = store.chunk(&artifact_id, data, key).await?;
                     next = offset + bytes.len() as i64;
-                    yield bytes;
+                    let skip = (from - offset).clamp(0, bytes.len() as i64) as usize;
+                    if skip < bytes.len() {
+                        yield bytes.slice(skip..);
+                    }
                 }
             }
         }

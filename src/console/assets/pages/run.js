@@ -58,7 +58,7 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
     h('section', {}, h('h2', {}, 'Artifacts'), view.artifacts),
     h('section', {}, h('h2', {}, 'Events'), view.events));
 
-  const state = { run, outputSizes: {}, descendants: await descendantsOf(taskId, runId) };
+  const state = { run, outputs: {}, descendants: await descendantsOf(taskId, runId) };
   state.buttons = actions(view, state, task, base, ctx);
   const refresh = refresher(async () => {
     state.run = (await get(base)).data;
@@ -223,7 +223,11 @@ function showArtifacts(view, artifacts, base) {
     'No artifacts yet.'));
 }
 
-/** stdout and stderr, re-read when their size changed. */
+/**
+ * stdout and stderr as they grow: only the bytes after those already shown are fetched
+ * (the content's `offset`), and a decoder per stream keeps a character split across two
+ * reads whole.
+ */
 async function showOutput(view, state, artifacts, base) {
   for (const kind of ['stdout', 'stderr']) {
     const artifact = artifacts.find((a) => a.kind === kind || a.name === kind);
@@ -232,12 +236,16 @@ async function showOutput(view, state, artifacts, base) {
       if (!target.textContent) target.textContent = '(nothing yet)';
       continue;
     }
-    if (state.outputSizes[kind] === artifact.size_bytes && target.dataset.filled) continue;
-    const response = await fetch(contentUrl(base, artifact), { credentials: 'same-origin' });
+    const shown = state.outputs[kind] ||= { bytes: 0, text: '', decoder: new TextDecoder() };
+    if (shown.read && shown.bytes >= artifact.size_bytes) continue;
+    const url = `${contentUrl(base, artifact)}?offset=${shown.bytes}`;
+    const response = await fetch(url, { credentials: 'same-origin' });
     if (!response.ok) continue;
-    state.outputSizes[kind] = artifact.size_bytes;
-    target.dataset.filled = '1';
-    target.textContent = (await response.text()) || '(empty)';
+    const bytes = new Uint8Array(await response.arrayBuffer());
+    shown.read = true;
+    shown.bytes += bytes.length;
+    shown.text += shown.decoder.decode(bytes, { stream: true });
+    target.textContent = shown.text || '(empty)';
     target.scrollTop = target.scrollHeight;
   }
 }
