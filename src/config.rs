@@ -343,6 +343,9 @@ pub struct ApiArgs {
     pub auth: AuthArgs,
 }
 
+/// The longest console sign-in (30 days).
+pub const MAX_CONSOLE_SESSION_SECS: u64 = 30 * 24 * 3600;
+
 /// Who may call the API (docs/configuration.md#authentication).
 #[derive(Debug, Clone, Default, Args)]
 pub struct AuthArgs {
@@ -393,6 +396,12 @@ pub struct AuthArgs {
     /// Secret of the header form (`X-Keel-Remote-Secret`), at least 16 characters.
     #[arg(long, env = "KEEL_REMOTE_SHARED_SECRET", hide_env_values = true)]
     pub remote_shared_secret: Option<Redacted>,
+
+    /// How long a console sign-in lasts (seconds, 60 to 30 days): the browser's session
+    /// cookie carries its signed expiry and is refused after it.
+    #[arg(long, env = "KEEL_CONSOLE_SESSION_TTL_SECS", default_value_t = 12 * 3600,
+          value_parser = clap::value_parser!(u64).range(60..=MAX_CONSOLE_SESSION_SECS))]
+    pub console_session_ttl_secs: u64,
 
     /// This runtime's label in `GET /v1/whoami` (default: the host name).
     #[arg(long, env = "KEEL_RUNTIME_LABEL")]

@@ -47,13 +47,26 @@ async fn call(
     (status, headers, support::json_or_null(response).await)
 }
 
+/// A session cookie's value as the server signs one under [`TOKEN`] (the documented
+/// `<expiry>.<hex HMAC-SHA256 of "keel-console-session:<expiry>">`), ending at `expires`.
+fn session_cookie(expires: i64) -> String {
+    use hmac::{Hmac, KeyInit, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(TOKEN.as_bytes()).unwrap();
+    mac.update(format!("keel-console-session:{expires}").as_bytes());
+    format!("{expires}.{}", hex::encode(mac.finalize().into_bytes()))
+}
+
 fn set_cookie(headers: &reqwest::header::HeaderMap) -> String {
     headers[SET_COOKIE].to_str().unwrap().to_string()
 }
 
 #[tokio::test]
 async fn the_session_cookie_stands_for_the_token_and_its_changes_need_the_csrf_header() {
-    let (_process, client, _logs) = spawn("console-token", &[("KEEL_RUNTIME_TOKEN", TOKEN)]).await;
+    let env = [
+        ("KEEL_RUNTIME_TOKEN", TOKEN),
+        ("KEEL_CONSOLE_SESSION_TTL_SECS", "600"),
+    ];
+    let (_process, client, _logs) = spawn("console-token", &env).await;
     use reqwest::Method as M;
 
     let (status, headers, body) = call(&client, M::GET, "/console/session", &[], None).await;
@@ -91,7 +104,7 @@ async fn the_session_cookie_stands_for_the_token_and_its_changes_need_the_csrf_h
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let cookie = set_cookie(&headers);
-    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age=600"] {
         assert!(cookie.contains(attribute), "{cookie}");
     }
     assert!(
@@ -152,6 +165,31 @@ async fn the_session_cookie_stands_for_the_token_and_its_changes_need_the_csrf_h
     let stale = [(COOKIE.as_str(), "keel_session=0123abcd")];
     let (status, _, _) = call(&client, M::GET, "/v1/tasks", &stale, None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    // The cookie carries its signed expiry, KEEL_CONSOLE_SESSION_TTL_SECS from sign-in.
+    let value = pair.strip_prefix("keel_session=").unwrap();
+    let (expires, signature) = value.split_once('.').unwrap();
+    let left = expires.parse::<i64>().unwrap() - chrono::Utc::now().timestamp();
+    assert!((590..=600).contains(&left), "{left} s left");
+    // Signed here as the server signs (so the refusals below are of the expiry alone), a
+    // live cookie is a session; one whose expiry has passed is not, and neither is the
+    // live signature under a later expiry.
+    let signed_here = format!(
+        "keel_session={}",
+        session_cookie(chrono::Utc::now().timestamp() + 300)
+    );
+    let headers = [(COOKIE.as_str(), signed_here.as_str())];
+    let (status, _, _) = call(&client, M::GET, "/v1/tasks", &headers, None).await;
+    assert_eq!(status, StatusCode::OK, "{signed_here}");
+    let ended = chrono::Utc::now().timestamp() - 1;
+    let extended = format!("keel_session={}.{signature}", ended + 86_400);
+    for cookie in [format!("keel_session={}", session_cookie(ended)), extended] {
+        let headers = [(COOKIE.as_str(), cookie.as_str())];
+        let (status, _, _) = call(&client, M::GET, "/v1/tasks", &headers, None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{cookie}");
+        let (_, _, body) = call(&client, M::GET, "/console/session", &headers, None).await;
+        assert_eq!(body["data"]["signed_in"], false, "{cookie}");
+    }
 
     // A browser without script signs in with the form and is sent back to the console.
     let form = reqwest::Client::builder()

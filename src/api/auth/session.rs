@@ -1,9 +1,10 @@
 //! The console's browser session in local mode with a runtime token. The cookie is not the
-//! token: it is HMAC-SHA256 of a fixed label keyed by the token, so it is stateless (every
-//! API replica with the same token accepts it), it dies when the token rotates, and a leaked
-//! cookie does not reveal the token. Requests the cookie authenticates that change state
-//! must also carry the CSRF token (another HMAC of the token), which only a page of this
-//! origin can read from `GET /console/session`.
+//! token: it is `<expiry>.<HMAC-SHA256 of a label and the expiry, keyed by the token>`, so
+//! it is stateless (every API replica with the same token accepts it), it ends at its
+//! signed expiry and whenever the token rotates, and a leaked cookie does not reveal the
+//! token. Requests the cookie authenticates that change state must also carry the CSRF
+//! token (another HMAC of the token), which only a page of this origin can read from
+//! `GET /console/session`.
 
 use axum::http::HeaderMap;
 use axum::http::header::COOKIE;
@@ -30,9 +31,15 @@ fn derive(token: &Redacted, label: &str) -> Redacted {
     derived
 }
 
-/// The session cookie's value for this runtime token.
-pub fn cookie_value(token: &Redacted) -> Redacted {
-    derive(token, SESSION_LABEL)
+/// The signature of a session that ends at `expires` (Unix seconds).
+fn signature(token: &Redacted, expires: i64) -> Redacted {
+    derive(token, &format!("{SESSION_LABEL}:{expires}"))
+}
+
+/// The session cookie's value for this runtime token, ending at `expires` (Unix seconds).
+pub fn cookie_value(token: &Redacted, expires: i64) -> Redacted {
+    let Ok(value) = format!("{expires}.{}", signature(token, expires).expose()).parse();
+    value
 }
 
 /// The CSRF token of a session under this runtime token.
@@ -52,12 +59,23 @@ fn session_cookies(headers: &HeaderMap) -> impl Iterator<Item = &str> {
         .map(|(_, value)| value.trim())
 }
 
-/// Whether the request carries a session cookie of this token. Every such cookie is
-/// compared, in constant time, so a stale one beside a fresh one refuses.
-pub fn presented(headers: &HeaderMap, token: &Redacted) -> bool {
-    let expected = cookie_value(token);
+/// Whether one cookie value is a session of this token that has not ended by `now`.
+fn valid(cookie: &str, token: &Redacted, now: i64) -> bool {
+    let Some((expires, presented)) = cookie.split_once('.') else {
+        return false;
+    };
+    let Ok(expires) = expires.parse::<i64>() else {
+        return false;
+    };
+    // The signature covers the expiry, so a later one written into the cookie refuses.
+    token::matches(presented, &signature(token, expires)) && now < expires
+}
+
+/// Whether the request carries a live session cookie of this token at `now` (Unix
+/// seconds). Every such cookie is checked, so a stale one beside a fresh one refuses.
+pub fn presented(headers: &HeaderMap, token: &Redacted, now: i64) -> bool {
     let mut cookies = session_cookies(headers).peekable();
-    cookies.peek().is_some() && cookies.all(|c| token::matches(c, &expected))
+    cookies.peek().is_some() && cookies.all(|c| valid(c, token, now))
 }
 
 /// Whether the request carries this session's CSRF token, exactly once.
@@ -66,13 +84,14 @@ pub fn csrf_presented(headers: &HeaderMap, token: &Redacted) -> bool {
         .is_some_and(|presented| token::matches(presented, &csrf_token(token)))
 }
 
-/// The `Set-Cookie` value that signs a browser in: the script of a page cannot read it,
-/// no other site's request carries it, and over https it never travels in the clear.
-pub fn set_cookie(token: &Redacted, secure: bool) -> String {
+/// The `Set-Cookie` value that signs a browser in for `ttl_secs` from `now`: the script
+/// of a page cannot read it, no other site's request carries it, over https it never
+/// travels in the clear, and the browser drops it when the server stops accepting it.
+pub fn set_cookie(token: &Redacted, secure: bool, now: i64, ttl_secs: i64) -> String {
     let secure = if secure { "; Secure" } else { "" };
     format!(
-        "{COOKIE_NAME}={}; HttpOnly; SameSite=Strict; Path=/{secure}",
-        cookie_value(token).expose()
+        "{COOKIE_NAME}={}; HttpOnly; SameSite=Strict; Path=/; Max-Age={ttl_secs}{secure}",
+        cookie_value(token, now + ttl_secs).expose()
     )
 }
 
@@ -97,30 +116,66 @@ mod tests {
         headers
     }
 
+    /// A fixed "now" (Unix seconds) and a session ending an hour after it.
+    const NOW: i64 = 1_800_000_000;
+    const EXPIRES: i64 = NOW + 3600;
+
     #[test]
-    fn the_cookie_is_derived_from_the_token_and_is_not_the_token() {
-        let value = cookie_value(&token());
-        assert_eq!(value.expose().len(), 64);
+    fn the_cookie_is_derived_from_the_token_and_its_expiry_and_is_not_the_token() {
+        let value = cookie_value(&token(), EXPIRES);
+        let (expires, signature) = value.expose().split_once('.').unwrap();
+        assert_eq!(
+            (expires, signature.len()),
+            (EXPIRES.to_string().as_str(), 64)
+        );
         assert!(!value.expose().contains(token().expose()));
-        assert_ne!(value.expose(), csrf_token(&token()).expose());
+        assert_ne!(signature, csrf_token(&token()).expose());
         let other: Redacted = "another-token-of-16-chars".parse().unwrap();
-        assert_ne!(value.expose(), cookie_value(&other).expose());
+        assert_ne!(value.expose(), cookie_value(&other, EXPIRES).expose());
+        let later = cookie_value(&token(), EXPIRES + 1);
+        assert_ne!(signature, later.expose().split_once('.').unwrap().1);
     }
 
     #[test]
-    fn only_the_right_cookie_authenticates_and_a_wrong_one_beside_it_refuses() {
-        let right = format!(
-            "theme=dark; {COOKIE_NAME}={}",
-            cookie_value(&token()).expose()
-        );
-        assert!(presented(&with_cookie(&right), &token()));
-        assert!(!presented(&with_cookie("theme=dark"), &token()));
+    fn only_the_right_live_cookie_authenticates_and_a_wrong_one_beside_it_refuses() {
+        let live = cookie_value(&token(), EXPIRES);
+        let right = format!("theme=dark; {COOKIE_NAME}={}", live.expose());
+        assert!(presented(&with_cookie(&right), &token(), NOW));
+        assert!(!presented(&with_cookie("theme=dark"), &token(), NOW));
         assert!(!presented(
             &with_cookie(&format!("{COOKIE_NAME}={}", token().expose())),
-            &token()
+            &token(),
+            NOW
         ));
         let both = format!("{right}; {COOKIE_NAME}=stale");
-        assert!(!presented(&with_cookie(&both), &token()));
+        assert!(!presented(&with_cookie(&both), &token(), NOW));
+    }
+
+    #[test]
+    fn a_session_ends_at_its_signed_expiry() {
+        let cookie = |value: &str| with_cookie(&format!("{COOKIE_NAME}={value}"));
+        let live = cookie_value(&token(), EXPIRES);
+        assert!(presented(&cookie(live.expose()), &token(), EXPIRES - 1));
+        assert!(!presented(&cookie(live.expose()), &token(), EXPIRES));
+        // A later expiry written over the signed one does not extend the session.
+        let signature = live.expose().split_once('.').unwrap().1;
+        let extended = format!("{}.{signature}", EXPIRES + 86_400);
+        assert!(!presented(&cookie(&extended), &token(), EXPIRES));
+        assert!(!presented(&cookie(&extended), &token(), NOW));
+        for malformed in ["", ".", "soon.abc", signature] {
+            assert!(!presented(&cookie(malformed), &token(), NOW), "{malformed}");
+        }
+    }
+
+    #[test]
+    fn the_set_cookie_says_how_long_the_browser_keeps_it() {
+        let header = set_cookie(&token(), false, NOW, 3600);
+        let value = cookie_value(&token(), EXPIRES);
+        assert!(
+            header.contains(&format!("{COOKIE_NAME}={};", value.expose())),
+            "{header}"
+        );
+        assert!(header.contains("; Max-Age=3600"), "{header}");
     }
 
     #[test]

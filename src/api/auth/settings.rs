@@ -14,7 +14,7 @@ use super::jwt::{IDENTITY_HEADER, JwtVerifier, Rejected};
 use super::ratelimit::Limiter;
 use super::{session, token};
 use crate::api::ApiError;
-use crate::config::{AuthArgs, Redacted};
+use crate::config::{AuthArgs, MAX_CONSOLE_SESSION_SECS, Redacted};
 use crate::domain::Caller;
 use crate::domain::identity::RemoteIdentity;
 use crate::domain::identity::checked_id;
@@ -54,6 +54,12 @@ pub struct Auth {
     pub(super) limiter: Option<Limiter>,
     cors_origins: Vec<HeaderValue>,
     label: String,
+    console_session_ttl_secs: i64,
+}
+
+/// The time a console session's expiry is compared with (Unix seconds).
+fn unix_now() -> i64 {
+    chrono::Utc::now().timestamp()
 }
 
 impl Auth {
@@ -86,6 +92,9 @@ impl Auth {
             limiter: args.rate_limit.map(Limiter::new),
             cors_origins,
             label: args.runtime_label.clone().unwrap_or_else(host_name),
+            // The flag's parser bounds it already; the clamp makes the cast lossless.
+            console_session_ttl_secs: args.console_session_ttl_secs.min(MAX_CONSOLE_SESSION_SECS)
+                as i64,
         })
     }
 
@@ -154,7 +163,7 @@ impl Auth {
                     .then(|| (Caller::local(), Proof::Credentials))
                     .ok_or("missing or wrong runtime token")
             }
-            Credentials::Local(Some(token)) => session::presented(headers, token)
+            Credentials::Local(Some(token)) => session::presented(headers, token, unix_now())
                 .then(|| (Caller::local(), Proof::Cookie))
                 .ok_or("missing or wrong runtime token"),
             Credentials::Remote(remote) => remote
@@ -224,7 +233,8 @@ impl Auth {
         self.console_sign_in_offered()?;
         match self.session_token() {
             Some(token) if token::matches(presented, token) => {
-                Ok(session::set_cookie(token, secure))
+                let ttl = self.console_session_ttl_secs;
+                Ok(session::set_cookie(token, secure, unix_now(), ttl))
             }
             _ => Err(ApiError::Unauthorized("wrong console token")),
         }
