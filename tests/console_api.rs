@@ -3,28 +3,17 @@
 //! header identity form) and real `keel worker`s on one database.
 
 mod support;
+#[path = "support/two_orgs.rs"]
+mod two_orgs;
 
 use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use support::{Client, client_with_headers, wait_for};
+use support::{Client, wait_for};
+use two_orgs::{REMOTE_ENV, org_client};
 
-const RUNTIME_ID: &str = "rt_console";
-const SHARED_SECRET: &str = "console-shared-secret-0123456789";
 const TIMEOUT: Duration = Duration::from_secs(60);
-
-fn org_client(base: &str, org: &str) -> Client {
-    client_with_headers(
-        base,
-        &[
-            ("x-keel-remote-secret", SHARED_SECRET),
-            ("x-keel-actor-id", &format!("actor_{org}")),
-            ("x-keel-org-id", &format!("org_{org}")),
-            ("x-keel-runtime-id", RUNTIME_ID),
-        ],
-    )
-}
 
 /// The caller's throughput figures for `query`, answered 200.
 async fn throughput(c: &Client, query: &str) -> Value {
@@ -79,14 +68,15 @@ fn assert_dense(figures: &Value, buckets: usize, width: i64) {
 async fn throughput_counts_each_workspaces_finished_runs_alone() {
     let db = support::fresh_database().await;
     let (logs, data) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let env = [
-        ("KEEL_REMOTE_MODE", "1"),
-        ("KEEL_RUNTIME_ID", RUNTIME_ID),
-        ("KEEL_REMOTE_SHARED_SECRET", SHARED_SECRET),
-    ];
-    let api = support::spawn_api_with_env(&db, logs.path(), "api", &env).await;
-    let mut first =
-        support::spawn_worker_with_env(&db, logs.path(), "worker1", 2_000, data.path(), &env);
+    let api = support::spawn_api_with_env(&db, logs.path(), "api", &REMOTE_ENV).await;
+    let mut first = support::spawn_worker_with_env(
+        &db,
+        logs.path(),
+        "worker1",
+        2_000,
+        data.path(),
+        &REMOTE_ENV,
+    );
     let base = api.client.as_ref().unwrap().base.clone();
     let (a, b) = (org_client(&base, "a"), org_client(&base, "b"));
 
@@ -119,8 +109,14 @@ async fn throughput_counts_each_workspaces_finished_runs_alone() {
     a.wait_status(&long_task, &long_run, "running", TIMEOUT)
         .await;
     first.kill9();
-    let _second =
-        support::spawn_worker_with_env(&db, logs.path(), "worker2", 2_000, data.path(), &env);
+    let _second = support::spawn_worker_with_env(
+        &db,
+        logs.path(),
+        "worker2",
+        2_000,
+        data.path(),
+        &REMOTE_ENV,
+    );
     let figures = wait_for(TIMEOUT, "the lost attempt to count", || async {
         let figures = throughput(&a, "").await;
         (totals(&figures, "run").1 >= 1).then_some(figures)

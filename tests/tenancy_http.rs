@@ -7,18 +7,19 @@
 //! events. Then the same walk the other way round.
 
 mod support;
+#[path = "support/two_orgs.rs"]
+mod two_orgs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::{Client, KeelProcess, SseReader, client_with_headers, wait_for};
+use support::{Client, KeelProcess, SseReader, wait_for};
+use two_orgs::{REMOTE_ENV, SHARED_SECRET, org_client};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-const RUNTIME_ID: &str = "rt_walk";
-const SHARED_SECRET: &str = "walk-shared-secret-0123456789";
 const KEY_ENV: &str = "KEEL_SECRET_WALK_MEDIA_KEY";
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a stream must stay silent to count as having nothing more to say.
@@ -341,20 +342,6 @@ struct TaskNode {
     approvals: Vec<String>,
 }
 
-fn org_client(base: &str, org: &str) -> Client {
-    let actor = format!("actor_{org}");
-    let org_id = format!("org_{org}");
-    client_with_headers(
-        base,
-        &[
-            ("x-keel-remote-secret", SHARED_SECRET),
-            ("x-keel-actor-id", &actor),
-            ("x-keel-org-id", &org_id),
-            ("x-keel-runtime-id", RUNTIME_ID),
-        ],
-    )
-}
-
 /// A vendor that answers every image generation with one PNG.
 async fn image_vendor() -> MockServer {
     use base64::Engine;
@@ -382,15 +369,13 @@ struct Stack {
 async fn stack() -> Stack {
     let db = support::fresh_database().await;
     let (logs, data) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let env = [
-        ("KEEL_REMOTE_MODE", "1"),
-        ("KEEL_RUNTIME_ID", RUNTIME_ID),
-        ("KEEL_REMOTE_SHARED_SECRET", SHARED_SECRET),
+    let settings = [
         ("KEEL_APPROVAL_POLICIES", "shell_exec"),
         (KEY_ENV, "sk-walk-test-key"),
         ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "1"),
         ("KEEL_PROVIDER_HOSTS", "127.0.0.1"),
     ];
+    let env = [REMOTE_ENV.as_slice(), &settings].concat();
     let api = support::spawn_api_with_env(&db, logs.path(), "api", &env).await;
     let worker =
         support::spawn_worker_with_env(&db, logs.path(), "worker", 2_000, data.path(), &env);

@@ -1,13 +1,22 @@
 //! A `keel api` in remote mode (the header identity form) without a worker, and a client
 //! for each of two orgs, so each has a workspace of its own; started runs stay queued.
-//! Include with `#[path = "support/two_orgs.rs"] mod two_orgs;`.
+//! Tests that start their own processes take the settings ([`REMOTE_ENV`]) and the
+//! clients ([`org_client`]) alone. Include with
+//! `#[path = "support/two_orgs.rs"] mod two_orgs;`.
 
 #![allow(dead_code)]
 
 use crate::support::{self, Client, KeelProcess, client_with_headers};
 
 const RUNTIME_ID: &str = "rt_two_orgs";
-const SHARED_SECRET: &str = "two-orgs-shared-secret-0123456789";
+pub const SHARED_SECRET: &str = "two-orgs-shared-secret-0123456789";
+
+/// The settings of a runtime in remote mode that [`org_client`]'s headers identify to.
+pub const REMOTE_ENV: [(&str, &str); 3] = [
+    ("KEEL_REMOTE_MODE", "1"),
+    ("KEEL_RUNTIME_ID", RUNTIME_ID),
+    ("KEEL_REMOTE_SHARED_SECRET", SHARED_SECRET),
+];
 
 pub struct Stack {
     pub api: KeelProcess,
@@ -32,12 +41,7 @@ pub fn org_client(base: &str, org: &str) -> Client {
 pub async fn stack() -> Stack {
     let db = support::fresh_database().await;
     let logs = tempfile::tempdir().unwrap();
-    let env = [
-        ("KEEL_REMOTE_MODE", "1"),
-        ("KEEL_RUNTIME_ID", RUNTIME_ID),
-        ("KEEL_REMOTE_SHARED_SECRET", SHARED_SECRET),
-    ];
-    let api = support::spawn_api_with_env(&db, logs.path(), "api", &env).await;
+    let api = support::spawn_api_with_env(&db, logs.path(), "api", &REMOTE_ENV).await;
     let base = api.client.as_ref().unwrap().base.clone();
     Stack {
         api,
