@@ -397,6 +397,35 @@ pub struct ActionRequest {
     pub run_id: Option<String>,
 }
 
+/// A pull-request review's verdict, as GitHub spells it (upper case, so not a
+/// `closed_set!`, whose names are snake_case).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReviewEvent {
+    Comment,
+    Approve,
+    RequestChanges,
+}
+
+impl ReviewEvent {
+    pub const ALL: [ReviewEvent; 3] = [
+        ReviewEvent::Comment,
+        ReviewEvent::Approve,
+        ReviewEvent::RequestChanges,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReviewEvent::Comment => "COMMENT",
+            ReviewEvent::Approve => "APPROVE",
+            ReviewEvent::RequestChanges => "REQUEST_CHANGES",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<ReviewEvent> {
+        ReviewEvent::ALL.into_iter().find(|e| e.as_str() == value)
+    }
+}
+
 /// Longest comment or review body (bytes, before the marker).
 pub const MAX_ACTION_BODY_BYTES: usize = 64 * 1024;
 /// The most labels one change adds and removes together.
@@ -435,7 +464,7 @@ fn action_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
         description,
         fields: fields.into_iter().chain([run_id()]).collect(),
     };
-    let event = one_of_strings(false, &["COMMENT", "APPROVE", "REQUEST_CHANGES"])
+    let event = one_of_strings(false, &ReviewEvent::ALL.map(ReviewEvent::as_str))
         .description(Some("The review's verdict, as GitHub spells it."));
     tagged_union(
         "kind",

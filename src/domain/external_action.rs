@@ -10,23 +10,7 @@ use super::Invalid;
 
 use keel_api_types::{MAX_ACTION_BODY_BYTES, MAX_LABEL_BYTES, MAX_LABELS};
 
-/// A pull-request review's verdict, as GitHub spells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReviewEvent {
-    Comment,
-    Approve,
-    RequestChanges,
-}
-
-impl ReviewEvent {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ReviewEvent::Comment => "COMMENT",
-            ReviewEvent::Approve => "APPROVE",
-            ReviewEvent::RequestChanges => "REQUEST_CHANGES",
-        }
-    }
-}
+pub use keel_api_types::ReviewEvent;
 
 /// A proposal as a request has it, before it is checked.
 #[derive(Debug, Clone, Default)]
@@ -108,9 +92,7 @@ impl ProposedAction {
             }
             _ => {
                 let event = match draft.event.as_deref() {
-                    Some("COMMENT") => ReviewEvent::Comment,
-                    Some("APPROVE") => ReviewEvent::Approve,
-                    Some("REQUEST_CHANGES") => ReviewEvent::RequestChanges,
+                    Some(name) if let Some(event) = ReviewEvent::parse(name) => event,
                     Some(other) => {
                         return Err(Invalid::new(
                             "event",
