@@ -457,11 +457,14 @@ async fn tasks(client: &Client, format: Format, command: TaskCommand) -> Result<
                 let what = [&t.shell_command, &t.git_command, &t.file_path, &t.prompt]
                     .into_iter()
                     .find_map(|w| w.clone());
-                let status = t.status.to_string();
-                let cells = [&t.id, &t.execution_kind, &status];
-                let mut row: Vec<String> = cells.into_iter().cloned().collect();
-                row.extend([t.run_count.to_string(), time(&t.created_at), or_dash(what)]);
-                row
+                vec![
+                    t.id.clone(),
+                    t.execution_kind.clone(),
+                    t.status.to_string(),
+                    t.run_count.to_string(),
+                    time(&t.created_at),
+                    or_dash(what),
+                ]
             })
             .await?;
         }
@@ -572,11 +575,14 @@ async fn approvals(client: &Client, format: Format, command: ApprovalCommand) ->
                 None => client.list_approvals(status.as_deref()),
             };
             return output::list(format, &page, call, &headers, |a: &ApprovalRecord| {
-                let status = a.status.to_string();
-                let cells = [&a.id, &a.task_id, &a.run_id, &a.kind, &status];
-                let mut row: Vec<String> = cells.into_iter().cloned().collect();
-                row.push(a.action_summary.join("; "));
-                row
+                vec![
+                    a.id.clone(),
+                    a.task_id.clone(),
+                    a.run_id.clone(),
+                    a.kind.clone(),
+                    a.status.to_string(),
+                    a.action_summary.join("; "),
+                ]
             })
             .await;
         }
