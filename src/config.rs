@@ -9,6 +9,7 @@ use clap::Args;
 use clap::builder::BoolishValueParser;
 use keel_workers::agent::provider::ChatLimits;
 use keel_workers::media::MediaLimits;
+use keel_workers::{SandboxMode, SandboxSettings};
 use object_store::aws::AmazonS3Builder;
 
 use crate::domain::approval::{ApprovalPolicy, DEFAULT_POLICIES};
@@ -98,6 +99,9 @@ pub struct Common {
     #[command(flatten)]
     pub chat: ChatArgs,
 
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+
     /// Hosts a media preset's `base_url` may name beside the vendor's documented ones
     /// (api.openai.com; ark.ap-southeast.bytepluses.com, ark.cn-beijing.volces.com): a
     /// comma list of host names or IP addresses, checked when a preset is written and
@@ -109,6 +113,87 @@ pub struct Common {
         global = true
     )]
     pub provider_hosts: Vec<String>,
+}
+
+/// How runs, hooks and agent tool processes are confined (docs/operations.md, "The run
+/// sandbox").
+#[derive(Debug, Clone, Args)]
+pub struct SandboxArgs {
+    /// `auto` (`isolated` when the process runs as root, else `namespaces`), `isolated`
+    /// (each attempt a uid of its own, in bubblewrap's user, PID, mount, IPC, UTS and
+    /// cgroup namespaces), `namespaces` (the namespaces, the worker's uid outside them) or
+    /// `off` (no namespaces; refused in remote mode).
+    #[arg(long, env = "KEEL_SANDBOX", default_value = "auto", value_parser = SandboxMode::parse,
+          global = true)]
+    pub sandbox: SandboxMode,
+
+    /// The bubblewrap binary.
+    #[arg(
+        long,
+        env = "KEEL_SANDBOX_BWRAP",
+        default_value = "bwrap",
+        global = true
+    )]
+    pub sandbox_bwrap: PathBuf,
+
+    /// The uids `isolated` attempts run as, `FIRST-LAST`: one attempt holds one at a time,
+    /// across every Keel process of the host. None of them may be a user's.
+    #[arg(long, env = "KEEL_SANDBOX_UIDS", default_value = "1900000000-1900009999",
+          value_parser = parse_uid_range, global = true)]
+    pub sandbox_uids: std::ops::RangeInclusive<u32>,
+
+    /// Directories (a comma list) attempts see read-only beside the system's (`/usr`,
+    /// `/etc`, `/opt`): toolchains installed elsewhere, for example.
+    #[arg(
+        long,
+        env = "KEEL_SANDBOX_READ_ONLY_PATHS",
+        value_delimiter = ',',
+        global = true
+    )]
+    pub sandbox_read_only_paths: Vec<PathBuf>,
+}
+
+impl SandboxArgs {
+    /// The sandbox's settings; `off` is refused when the deployment is remote (tenants share
+    /// its workers), whichever role this process has.
+    pub fn settings(&self) -> Result<SandboxSettings, String> {
+        // As clap's boolish parser reads KEEL_REMOTE_MODE for the API, which a worker lacks.
+        let remote = keel_workers::seal::var("KEEL_REMOTE_MODE").is_some_and(|value| {
+            ["y", "yes", "t", "true", "on", "1"].contains(&value.to_ascii_lowercase().as_str())
+        });
+        if self.sandbox == SandboxMode::Off && remote {
+            return Err(
+                "KEEL_SANDBOX=off is refused in remote mode: tenants share the workers, \
+                        and without the sandbox a run reads the worker's secrets and other \
+                        tenants' files"
+                    .into(),
+            );
+        }
+        Ok(SandboxSettings {
+            mode: self.sandbox,
+            bwrap: self.sandbox_bwrap.clone(),
+            uids: self.sandbox_uids.clone(),
+            read_only_paths: self.sandbox_read_only_paths.clone(),
+        })
+    }
+}
+
+fn parse_uid_range(value: &str) -> Result<std::ops::RangeInclusive<u32>, String> {
+    let (first, last) = value
+        .split_once('-')
+        .ok_or_else(|| format!("{value:?} is not FIRST-LAST"))?;
+    let number = |n: &str| {
+        n.trim()
+            .parse::<u32>()
+            .map_err(|e| format!("{n:?} in {value:?}: {e}"))
+    };
+    let (first, last) = (number(first)?, number(last)?);
+    if first == 0 || first > last {
+        return Err(format!(
+            "{value:?} must be FIRST-LAST with 0 < FIRST <= LAST"
+        ));
+    }
+    Ok(first..=last)
 }
 
 /// How a process logs: part of [`Common`], and of `keel rpc`, a client that logs too.
@@ -146,7 +231,7 @@ impl Common {
     pub fn database_url(&self) -> Option<String> {
         self.database_url
             .clone()
-            .or_else(|| std::env::var("DATABASE_URL").ok())
+            .or_else(|| keel_workers::seal::var("DATABASE_URL"))
             .filter(|u| !u.is_empty())
     }
 }
@@ -647,7 +732,7 @@ impl WorkerArgs {
     pub fn passthrough_env(&self) -> Vec<(String, String)> {
         self.run_env_passthrough
             .iter()
-            .filter_map(|name| Some((name.clone(), std::env::var(name).ok()?)))
+            .filter_map(|name| Some((name.clone(), keel_workers::seal::var(name)?)))
             .collect()
     }
 

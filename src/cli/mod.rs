@@ -162,6 +162,15 @@ pub fn main() -> ExitCode {
         Command::Ops(operation) => return ops::main(cli.remote, operation),
         command => Cli { command, ..cli },
     };
+    // A server role keeps its secrets to itself: before the runtime starts its threads.
+    let server = matches!(
+        cli.command,
+        Command::Serve { .. } | Command::Api { .. } | Command::Worker { .. }
+    );
+    if server && let Err(error) = keel_workers::seal::begin() {
+        eprintln!("keel: {error}");
+        return ExitCode::FAILURE;
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -181,6 +190,9 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if server {
+        keel_workers::seal::finish();
+    }
     let result = runtime.block_on(run(cli));
     // Flushes the last spans and metrics while the runtime still runs.
     drop(telemetry);
@@ -350,6 +362,8 @@ pub async fn serve_api(
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
+    // The API runs external work's workspace hooks, in the sandbox.
+    sandbox(common, &std::path::absolute(&common.data_dir)?)?;
     let settings = api::ApiSettings {
         rules: common.admission_rules().map_err(anyhow::Error::msg)?,
         content: common.content.store()?,
@@ -371,6 +385,8 @@ pub async fn run_worker(
 ) -> anyhow::Result<()> {
     let rules = common.admission_rules().map_err(anyhow::Error::msg)?;
     let content = common.content.store()?;
+    let data_dir = std::path::absolute(&common.data_dir)?;
+    sandbox(common, &data_dir)?;
     tracing::info!(
         containment = %keel_workers::containment_name(),
         passthrough = ?args.run_env_passthrough,
@@ -378,7 +394,7 @@ pub async fn run_worker(
     );
     let runs = Arc::new(RunJobs {
         pool: pool.clone(),
-        data_dir: std::path::absolute(&common.data_dir)?,
+        data_dir: data_dir.clone(),
         artifact_max_bytes: args.artifact_max_bytes,
         content: content.clone(),
         timeouts: rules.timeouts,
@@ -409,7 +425,7 @@ pub async fn run_worker(
     });
     let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media, polls, actions];
     let sweep = scheduler::workspaces::WorkspaceSweep {
-        root: crate::jobs::run::ephemeral_root(&std::path::absolute(&common.data_dir)?),
+        root: crate::jobs::run::ephemeral_root(&data_dir),
         retention: std::time::Duration::from_millis(common.workspace_retention_ms),
     };
     let sweeping = CancellationToken::new();
@@ -417,6 +433,20 @@ pub async fn run_worker(
     let result = run_worker_with(pool, rules, args, handlers, shutdown).await;
     sweeping.cancel();
     result
+}
+
+/// Sets how this process confines what it runs (the first role to call it decides), and
+/// makes the ephemeral workspaces' directory one the attempts' uids can pass through.
+fn sandbox(common: &Common, data_dir: &std::path::Path) -> anyhow::Result<()> {
+    let settings = common.sandbox.settings().map_err(anyhow::Error::msg)?;
+    let mode = keel_workers::configure_sandbox(settings);
+    if mode == keel_workers::SandboxMode::Isolated {
+        let root = crate::jobs::run::ephemeral_root(data_dir);
+        if let Err(error) = keel_workers::open_workspace_root(&root) {
+            tracing::error!(%error, "runs in ephemeral workspaces will fail with sandbox_unavailable");
+        }
+    }
+    Ok(())
 }
 
 /// A worker process's duties around the given handlers: boot recovery, the maintenance

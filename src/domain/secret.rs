@@ -75,8 +75,8 @@ impl SecretRef {
             message,
         };
         let value = match self {
-            SecretRef::Env(name) => std::env::var(name)
-                .map_err(|_| missing(format!("environment variable {name} is not set")))?,
+            SecretRef::Env(name) => keel_workers::seal::var(name)
+                .ok_or_else(|| missing(format!("environment variable {name} is not set")))?,
             SecretRef::File(path) => read_secret_file(path, policy).map_err(missing)?,
             SecretRef::Keychain(_) => {
                 return Err(Unresolved {

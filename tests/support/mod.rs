@@ -388,6 +388,12 @@ impl TestApp {
                 chat_allow_private_addresses: true,
             },
             provider_hosts: Vec::new(),
+            sandbox: keel::config::SandboxArgs {
+                sandbox: keel_workers::SandboxMode::Auto,
+                sandbox_bwrap: "bwrap".into(),
+                sandbox_uids: keel_workers::DEFAULT_SANDBOX_UIDS,
+                sandbox_read_only_paths: Vec::new(),
+            },
         };
         tokio::spawn(keel::api::serve(
             pool.clone(),
@@ -472,6 +478,7 @@ impl Drop for KeelProcess {
 }
 
 fn keel_command(db_url: &str, log_dir: &Path, name: &str) -> (Command, PathBuf) {
+    let_the_sandbox_through(log_dir);
     let log = log_dir.join(format!("{name}.log"));
     let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
     command
@@ -484,6 +491,23 @@ fn keel_command(db_url: &str, log_dir: &Path, name: &str) -> (Command, PathBuf) 
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap());
     (command, log)
+}
+
+/// Gives `dir` and its ancestors below the temporary directory search permission for
+/// others (`tempfile` makes them 0700): a root worker's runs are other uids, which must
+/// pass through them to their workspaces, as through a deployment's data directory.
+pub fn let_the_sandbox_through(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let temp = std::env::temp_dir();
+    for ancestor in dir
+        .ancestors()
+        .take_while(|a| a.starts_with(&temp) && *a != temp)
+    {
+        if let Ok(meta) = std::fs::metadata(ancestor) {
+            let mode = meta.permissions().mode() | 0o001;
+            let _ = std::fs::set_permissions(ancestor, std::fs::Permissions::from_mode(mode));
+        }
+    }
 }
 
 /// Starts `keel api` on a free port with no approval gates and waits until it answers.

@@ -3,8 +3,9 @@
 //! runtime: no SQL, no queue here. The runtime implements the context with fenced database
 //! writes; the tests implement it in memory. The [`media`] executors, the only ones that speak
 //! HTTP (to media vendors), have a context of their own, [`media::MediaContext`].
-// Denied, not forbidden, for the one exception: joining a run's cgroup between fork and
-// exec (`sandbox::cgroup`), which needs `pre_exec`.
+// Denied, not forbidden, for the two exceptions: joining a run's cgroup between fork and
+// exec (`sandbox::cgroup`), which needs `pre_exec`, and clearing the environment block a
+// server process started with (`sandbox::seal`).
 #![deny(unsafe_code)]
 
 pub mod agent;
@@ -20,7 +21,10 @@ use std::time::Duration;
 
 pub use context::{ArtifactHandle, ContextError, OutputStream, RunContext, StepHandle, StepResult};
 pub use file::validate_relative_path;
-pub use sandbox::containment_name;
+pub use sandbox::{
+    DEFAULT_UIDS as DEFAULT_SANDBOX_UIDS, SandboxMode, SandboxSettings,
+    configure as configure_sandbox, containment_name, open_workspace_root, seal,
+};
 
 /// What a run executes, validated by the runtime before it reaches an executor.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::sandbox::{self, Containment};
+use crate::sandbox::{self, Containment, Jail};
 use crate::{
     ArtifactHandle, ContextError, Outcome, OutputStream, RunContext, RunSpec, SandboxPolicy,
     StepResult,
@@ -103,10 +103,10 @@ pub(crate) async fn fail<C: RunContext>(
     })
 }
 
-/// Starts `argv` in the workspace inside a fresh containment and the namespaces `sandbox`
-/// asks for (shell and git runs, and the agent tools that run processes). The error is the
-/// message the caller reports: the process never started, or the host cannot provide the
-/// sandbox. Ending (or dropping) the containment kills everything the child started.
+/// Starts `argv` in the workspace inside a fresh containment and its jail (shell and git
+/// runs, hooks, and the agent tools that run processes). The error is the message the
+/// caller reports: the process never started, or the host cannot provide the sandbox.
+/// Ending (or dropping) the containment kills everything the child started.
 pub(crate) async fn start(
     argv: &[String],
     workspace: &Path,
@@ -114,30 +114,28 @@ pub(crate) async fn start(
     sandbox: SandboxPolicy,
 ) -> Result<(Child, Containment), String> {
     let mut containment = Containment::prepare().map_err(|e| cannot_start(argv, e))?;
-    let isolation = sandbox::Isolation::for_policy(sandbox, workspace);
-    if let Some(isolation) = &isolation {
-        isolation.probe(sandbox).await?;
-    }
-    let child = spawn(argv, workspace, env, &containment, isolation.as_ref())
+    let extra = env.iter().cloned().chain([containment.marker()]);
+    // Before the jail: its `.keel/` directories are handed over with the workspace.
+    let env = sandbox::environment(workspace, extra)
         .await
         .map_err(|e| cannot_start(argv, e))?;
-    containment.started(child.id());
+    let jail = Jail::prepare(sandbox, workspace).await?;
+    let child = spawn(argv, workspace, env, &containment, jail.as_ref())
+        .map_err(|e| cannot_start(argv, e))?;
+    containment.started(child.id(), jail);
     Ok((child, containment))
 }
 
-/// Starts the child from an empty environment plus the sandbox's allowlist, inside the
-/// namespaces the task's sandbox flags ask for.
-async fn spawn(
+/// Starts the child from the given environment alone, inside its jail (if any).
+fn spawn(
     argv: &[String],
     workspace: &Path,
-    env: &[(String, String)],
+    env: Vec<(String, String)>,
     containment: &Containment,
-    isolation: Option<&sandbox::Isolation>,
+    jail: Option<&Jail>,
 ) -> std::io::Result<Child> {
-    let extra = env.iter().cloned().chain([containment.marker()]);
-    let env = sandbox::environment(workspace, extra).await?;
-    let argv = match isolation {
-        Some(isolation) => isolation.wrap(argv.to_vec()),
+    let argv = match jail {
+        Some(jail) => jail.wrap(argv),
         None => argv.to_vec(),
     };
     let mut command = Command::new(&argv[0]);
@@ -151,7 +149,10 @@ async fn spawn(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    // The cgroup joins outermost, so the namespace wrapper itself is already contained.
+    if let Some(jail) = jail {
+        jail.apply(&mut command);
+    }
+    // The cgroup joins outermost, so the jail itself is already contained.
     containment.enter_on_spawn(&mut command);
     command.spawn()
 }

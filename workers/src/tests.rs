@@ -171,30 +171,46 @@ async fn cancellation_interrupts_and_kills_the_whole_group() {
     let spec = spec(&dir, shell(&command));
     let cancel = ctx.cancel.clone();
     let marker_for_cancel = marker.clone();
-    tokio::spawn(async move {
+    // The run's pids are its own PID namespace's: the host finds its processes by the
+    // home directory their environment names, which is this test's alone.
+    let home = format!("HOME={}", dir.path().join(".keel/home").display());
+    let found = tokio::spawn(async move {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while !marker_for_cancel.exists() && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        let sleeping = processes_with(&home, "sleep");
         cancel.cancel();
+        sleeping
     });
     let outcome = tokio::time::timeout(Duration::from_secs(20), execute(&spec, &ctx))
         .await
         .unwrap();
     assert_eq!(outcome, Outcome::Interrupted);
-    let pid: i32 = std::fs::read_to_string(&marker)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let sleeping = found.await.unwrap();
+    assert!(!sleeping.is_empty(), "the background sleep was never seen");
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while is_running(pid) && std::time::Instant::now() < deadline {
+    while sleeping.iter().any(|pid| is_running(*pid)) && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let survivors: Vec<_> = sleeping.iter().filter(|pid| is_running(**pid)).collect();
     assert!(
-        !is_running(pid),
-        "the background sleep {pid} survived the cancellation"
+        survivors.is_empty(),
+        "the background sleep {survivors:?} survived the cancellation"
     );
+}
+
+/// Host pids of the live processes running `program` whose environment holds `entry`.
+fn processes_with(entry: &str, program: &str) -> Vec<i32> {
+    let pids = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok());
+    pids.filter(|pid| {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        comm.trim() == program && environ.split(|b| *b == 0).any(|e| e == entry.as_bytes())
+    })
+    .collect()
 }
 
 /// Alive and not a zombie waiting to be reaped.

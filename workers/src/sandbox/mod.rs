@@ -1,18 +1,26 @@
-//! What confines a run's processes: the environment they start with ([`environment`]) and
-//! the containment that kills every process the run started once it ends ([`Containment`]),
-//! and the namespaces a task's sandbox flags ask for ([`Isolation`]).
+//! What confines a run's processes: the environment they start with ([`environment`]),
+//! the namespaces and uid they run in ([`Jail`], as [`settings`] say), and the containment
+//! that kills every process the run started once it ends ([`Containment`]). [`seal`] is
+//! the other side: what a server process does to itself so that nothing it runs can read
+//! it.
 
 mod cgroup;
 mod env;
-mod namespace;
+mod jail;
+mod owner;
+pub mod seal;
+mod settings;
 mod sweep;
+mod uids;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) use env::environment;
-pub(crate) use namespace::Isolation;
+pub(crate) use jail::Jail;
+pub use owner::open_workspace_root;
+pub use settings::{DEFAULT_UIDS, SandboxMode, SandboxSettings, configure};
 
 /// The variable that marks every process of one attempt; the sweep finds them by it.
 const MARKER: &str = "KEEL_RUN_SANDBOX_ID";
@@ -44,12 +52,23 @@ fn started_at() -> u128 {
     })
 }
 
-/// Names the containment runs get on this host, for the worker's start-up log.
+/// Names the sandbox and the containment runs get on this host, for the start-up log.
 pub fn containment_name() -> String {
-    match mechanism() {
+    let containment = match mechanism() {
         Mechanism::Cgroup(base) => format!("cgroup v2 per run under {}", base.display()),
         Mechanism::Sweep => "process group and /proc sweep (no writable cgroup v2)".into(),
-    }
+    };
+    let resolved = settings::current();
+    let sandbox = match resolved.mode {
+        SandboxMode::Isolated => format!(
+            "a uid of its own ({}-{}) in bubblewrap namespaces",
+            resolved.settings.uids.start(),
+            resolved.settings.uids.end()
+        ),
+        SandboxMode::Namespaces => "bubblewrap namespaces, the worker's uid outside".into(),
+        SandboxMode::Off | SandboxMode::Auto => "no sandbox (KEEL_SANDBOX=off)".into(),
+    };
+    format!("{sandbox}; {containment}")
 }
 
 /// Everything one attempt's processes run in; ending it (or dropping it) kills them all.
@@ -59,6 +78,8 @@ pub(crate) struct Containment {
     cgroup: Option<cgroup::RunCgroup>,
     /// The first process's pid, which is also its process group.
     leader: Option<i32>,
+    /// Declared after the cgroup: its uid is given back only once the processes are gone.
+    jail: Option<Jail>,
     ended: bool,
 }
 
@@ -82,6 +103,7 @@ impl Containment {
             id,
             cgroup,
             leader: None,
+            jail: None,
             ended: false,
         })
     }
@@ -99,8 +121,11 @@ impl Containment {
         }
     }
 
-    pub(crate) fn started(&mut self, pid: Option<u32>) {
+    /// Records the attempt's first process and the jail it started in, which the
+    /// containment keeps until it has ended.
+    pub(crate) fn started(&mut self, pid: Option<u32>, jail: Option<Jail>) {
         self.leader = pid.map(|pid| pid as i32);
+        self.jail = jail;
     }
 
     /// Kills every process of the attempt and waits (briefly) until they are gone.
@@ -110,6 +135,7 @@ impl Containment {
             None => sweep::kill_all(self.leader, MARKER, &self.id),
         }
         self.ended = true;
+        self.jail = None;
     }
 }
 
