@@ -20,9 +20,10 @@ RUN touch src/main.rs src/lib.rs workers/src/lib.rs \
  && strip target/release/keel
 
 FROM debian:bookworm-slim
-# git for git runs; ca-certificates for TLS to remote repositories; curl for health checks.
+# git for git runs; ca-certificates for TLS to remote repositories; curl for health checks;
+# bubblewrap for the run sandbox (docs/operations.md, "The run sandbox").
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates git curl \
+ && apt-get install -y --no-install-recommends ca-certificates git curl bubblewrap \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --create-home --home-dir /var/lib/keel --uid 10001 keel
 COPY --from=build /src/target/release/keel /usr/local/bin/keel

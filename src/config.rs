@@ -389,10 +389,7 @@ impl ContentArgs {
     pub fn store(&self) -> anyhow::Result<ContentStore> {
         match self.content_store {
             ContentStoreKind::Postgres => Ok(ContentStore::Postgres),
-            ContentStoreKind::S3 => Ok(ContentStore::s3(
-                &self.s3_settings(),
-                AmazonS3Builder::from_env(),
-            )?),
+            ContentStoreKind::S3 => Ok(ContentStore::s3(&self.s3_settings(), aws_from_env())?),
         }
     }
 
@@ -405,6 +402,20 @@ impl ContentArgs {
             allow_http: self.s3_allow_http,
         }
     }
+}
+
+/// `AmazonS3Builder::from_env`, from the environment the process started with (a sealed
+/// server process keeps it out of its live environment).
+fn aws_from_env() -> AmazonS3Builder {
+    keel_workers::seal::vars_with_prefix("AWS_")
+        .into_iter()
+        .fold(AmazonS3Builder::new(), |builder, (name, value)| match name
+            .to_ascii_lowercase()
+            .parse()
+        {
+            Ok(key) => builder.with_config(key, value),
+            Err(_) => builder,
+        })
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -163,8 +163,13 @@ fn the_compose_stack_is_wired_as_documented() {
         !fixed,
         "workers must scale by count: no fixed ports or names"
     );
+    // The run sandbox's needs (docs/operations.md, "The run sandbox").
+    for needle in ["KEEL_SANDBOX: isolated", "user: root", "seccomp=unconfined"] {
+        assert!(worker.contains(needle), "the worker service lacks {needle}");
+    }
     let dockerfile = read("Dockerfile");
     assert!(dockerfile.contains("USER keel") && dockerfile.matches("FROM ").count() == 2);
+    assert!(dockerfile.contains("bubblewrap"), "the image lacks bwrap");
 }
 
 /// The block of one service (or top-level entry) of a compose file: its header line and the

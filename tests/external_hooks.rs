@@ -407,17 +407,18 @@ async fn a_root_outside_the_workspace_roots_is_refused_and_nothing_starts() {
 #[tokio::test]
 async fn a_process_killed_while_after_create_runs_leaves_the_item_to_the_next_poll() {
     let mut setup = Setup::new(json!([github_issue(1, "open")])).await;
-    // The first after_create hangs, after leaving a sign that it started; the next one ends.
-    let hooks = "  after_create: if [ -e ../started ]; then echo again; else touch ../started; sleep 30; fi";
+    // The first after_create hangs, after leaving a sign that it started in the workspace
+    // (the only directory its sandbox can write); the next one ends.
+    let hooks =
+        "  after_create: if [ -e started ]; then echo again; else touch started; sleep 30; fi";
     let markdown = workflow(&setup.github, &setup.root, hooks, "pwd");
     let id = setup.source(&markdown).await;
     // The poll's request ends with its process: its answer is never read.
     let client = setup.client().clone();
     let url = format!("{}/v1/external-work/sources/{id}/poll", client.base);
     let poll = tokio::spawn(async move { client.http.post(url).json(&json!({})).send().await });
-    let started = setup.root.join("started");
     wait_for(Duration::from_secs(20), "after_create to start", || async {
-        started.exists().then_some(())
+        found_below(&setup.root, "started").then_some(())
     })
     .await;
     let item = setup.newest_item(&id).await;
@@ -444,4 +445,16 @@ async fn a_process_killed_while_after_create_runs_leaves_the_item_to_the_next_po
     let artifacts = artifacts(setup.client(), &run).await;
     let stdout = text_of(&artifacts, "stdout");
     assert_eq!(stdout, format!("{}\n", workspace.display()));
+}
+
+/// Whether a file named `name` exists anywhere below `root`.
+fn found_below(root: &std::path::Path, name: &str) -> bool {
+    std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|entry| {
+            let path = entry.path();
+            entry.file_name() == name || (path.is_dir() && found_below(&path, name))
+        })
 }

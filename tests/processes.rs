@@ -11,7 +11,8 @@ use nix::sys::signal::Signal;
 use serde_json::json;
 use sqlx::PgPool;
 use support::{
-    Client, KeelProcess, SseReader, spawn_api, spawn_api_with_approvals, spawn_worker, wait_for,
+    Client, KeelProcess, SseReader, spawn_api, spawn_api_with_approvals, spawn_worker,
+    spawn_worker_with_env, wait_for,
 };
 
 const LONG: Duration = Duration::from_secs(180);
@@ -80,6 +81,12 @@ async fn db_now(pool: &PgPool) -> DateTime<Utc> {
         .unwrap()
 }
 
+/// Workers whose runs may append to the test's file of executions, outside their
+/// workspaces: the count of executions per run is what this test is about, and the sandbox
+/// (which would keep the runs inside) has tests of its own (tests/sandbox.rs,
+/// tests/hostile_runs.rs).
+const COUNTED: [(&str, &str); 1] = [("KEEL_SANDBOX", "off")];
+
 #[tokio::test]
 async fn killing_a_worker_mid_run_loses_nothing() {
     const RUNS: usize = 200;
@@ -110,27 +117,30 @@ async fn killing_a_worker_mid_run_loses_nothing() {
 
     approve_all(&client, RUNS).await;
 
-    let mut victim = spawn_worker(
+    let mut victim = spawn_worker_with_env(
         &db,
         dir.path(),
         "worker-1",
         LEASE_MS,
         &dir.path().join("w1"),
+        &COUNTED,
     );
     let survivors = [
-        spawn_worker(
+        spawn_worker_with_env(
             &db,
             dir.path(),
             "worker-2",
             LEASE_MS,
             &dir.path().join("w2"),
+            &COUNTED,
         ),
-        spawn_worker(
+        spawn_worker_with_env(
             &db,
             dir.path(),
             "worker-3",
             LEASE_MS,
             &dir.path().join("w3"),
+            &COUNTED,
         ),
     ];
     let victim_id = worker_id_of(&pool, &victim).await;

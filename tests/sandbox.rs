@@ -203,13 +203,20 @@ fn processes_with(marker: &str) -> Vec<i32> {
 
 /// Ways a run's process tries to outlive it; `{m}` is the marker, and the escaped process
 /// touches `ready` once it runs.
-const ESCAPES: [(&str, &str); 4] = [
+const ESCAPES: [(&str, &str); 5] = [
     ("setsid", "setsid sh -c 'touch ready; exec sleep {m}' &"),
     ("double fork", "(sh -c 'touch ready; exec sleep {m}' &) &"),
     ("nohup", "nohup sh -c 'touch ready; exec sleep {m}' &"),
     (
         "ignores SIGTERM",
         "sh -c 'trap \"\" TERM; touch ready; exec sleep {m}' &",
+    ),
+    // Out of the run's cgroup into the root one, wherever the host mounts cgroup2: the run
+    // has no /sys, and its uid owns no cgroup.
+    (
+        "joins the root cgroup",
+        "sh -c 'for f in /sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/unified/cgroup.procs; \
+         do echo $$ > $f; done 2>/dev/null; touch ready; exec sleep {m}' &",
     ),
 ];
 

@@ -439,7 +439,7 @@ pub async fn run_worker(
 /// makes the ephemeral workspaces' directory one the attempts' uids can pass through.
 fn sandbox(common: &Common, data_dir: &std::path::Path) -> anyhow::Result<()> {
     let settings = common.sandbox.settings().map_err(anyhow::Error::msg)?;
-    let mode = keel_workers::configure_sandbox(settings);
+    let mode = keel_workers::configure_sandbox(settings).map_err(anyhow::Error::msg)?;
     if mode == keel_workers::SandboxMode::Isolated {
         let root = crate::jobs::run::ephemeral_root(data_dir);
         if let Err(error) = keel_workers::open_workspace_root(&root) {

@@ -510,6 +510,20 @@ pub fn let_the_sandbox_through(dir: &Path) {
     }
 }
 
+/// Host pids of the live processes whose environment holds `entry` (`NAME=value`). A run's
+/// own pids are its PID namespace's; the host finds its processes this way, by the home
+/// directory in its workspace, say.
+pub fn processes_with_env(entry: &str) -> Vec<i32> {
+    let pids = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok());
+    pids.filter(|pid| {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        environ.split(|b| *b == 0).any(|e| e == entry.as_bytes())
+    })
+    .collect()
+}
+
 /// Starts `keel api` on a free port with no approval gates and waits until it answers.
 pub async fn spawn_api(db_url: &str, log_dir: &Path, name: &str) -> KeelProcess {
     spawn_api_with_approvals(db_url, log_dir, name, "none").await
@@ -586,7 +600,24 @@ pub fn spawn_worker_with_env(
     data_dir: &Path,
     env: &[(&str, &str)],
 ) -> KeelProcess {
+    spawn_worker_as(None, db_url, log_dir, name, lease_ms, data_dir, env)
+}
+
+/// [`spawn_worker_with_env`] as `uid` (and its gid) when given: a worker that is not root.
+pub fn spawn_worker_as(
+    uid: Option<u32>,
+    db_url: &str,
+    log_dir: &Path,
+    name: &str,
+    lease_ms: u64,
+    data_dir: &Path,
+    env: &[(&str, &str)],
+) -> KeelProcess {
     let (mut command, log) = keel_command(db_url, log_dir, name);
+    if let Some(uid) = uid {
+        use std::os::unix::process::CommandExt;
+        command.uid(uid).gid(uid);
+    }
     command.envs(env.iter().copied());
     command.args([
         "worker",

@@ -52,6 +52,19 @@ pub fn var(name: &str) -> Option<String> {
     }
 }
 
+/// Every variable whose name starts with `prefix`, as [`var`] reads them.
+pub fn vars_with_prefix(prefix: &str) -> Vec<(String, String)> {
+    let matching = |(name, _): &(String, String)| name.starts_with(prefix);
+    match SNAPSHOT.get() {
+        Some(snapshot) => snapshot
+            .iter()
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .filter(matching)
+            .collect(),
+        None => std::env::vars().filter(matching).collect(),
+    }
+}
+
 /// Seals the process: keeps its environment in memory, clears what is secret from the
 /// process environment and the kernel's copy of it, and makes the process non-dumpable.
 /// Call it once, before the process starts any thread.

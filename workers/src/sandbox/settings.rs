@@ -82,9 +82,18 @@ pub(super) struct Resolved {
 static SETTINGS: OnceLock<Resolved> = OnceLock::new();
 
 /// Sets how this process confines what it runs; the first call wins, and a process that
-/// never calls it gets the defaults. Returns the mode in effect.
-pub fn configure(settings: SandboxSettings) -> SandboxMode {
-    SETTINGS.get_or_init(|| resolve(settings)).mode
+/// never calls it gets the defaults. Returns the mode in effect; refuses `namespaces` for
+/// a root process, whose attempts would be root outside their namespaces.
+pub fn configure(settings: SandboxSettings) -> Result<SandboxMode, String> {
+    if settings.mode == SandboxMode::Namespaces && nix::unistd::geteuid().is_root() {
+        return Err(
+            "KEEL_SANDBOX=namespaces keeps the worker's uid outside the namespaces, and \
+                    this worker runs as root: use isolated (or auto), which gives each run a \
+                    uid of its own"
+                .into(),
+        );
+    }
+    Ok(SETTINGS.get_or_init(|| resolve(settings)).mode)
 }
 
 pub(super) fn current() -> &'static Resolved {
