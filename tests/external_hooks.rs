@@ -368,6 +368,30 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     );
 }
 
+#[tokio::test]
+async fn a_hook_timeout_over_the_cap_is_refused_at_registration() {
+    let setup = Setup::new(json!([])).await;
+    let hooks = "  after_create: echo hi
+  timeout_ms: 999999999999";
+    let markdown = workflow(&setup.github, &setup.root, hooks, "exit 0");
+    let (status, body) = register(setup.client(), &markdown).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["type"], "workflow_parse_error", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("at most 3600000 ms"), "{message}");
+    let (_, sources) = setup.client().get("/v1/external-work/sources").await;
+    assert_eq!(sources["data"], json!([]), "{sources}");
+    // One hour is the most a hook may have.
+    let hour = workflow(
+        &setup.github,
+        &setup.root,
+        "  timeout_ms: 3600000",
+        "exit 0",
+    );
+    let (status, body) = register(setup.client(), &hour).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
 /// The newest version of the item `identifier`.
 async fn newest_of(client: &Client, source_id: &str, identifier: &str) -> Value {
     let items = items_of(client, source_id).await;

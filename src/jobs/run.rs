@@ -508,7 +508,7 @@ impl FencedContext {
         hook: &str,
         script: &str,
     ) -> Result<HookRun, Outcome> {
-        let timeout = Duration::from_millis(hooks.hooks.timeout_ms);
+        let timeout = hooks.hooks.timeout();
         let (workspace, env, cancel) = (&hooks.workspace, &hooks.env, self.cancellation());
         let ran =
             keel_workers::hooks::run(hook, script, workspace, env, hooks.sandbox, timeout, cancel)

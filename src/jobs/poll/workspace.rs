@@ -16,7 +16,6 @@
 //! work in one directory at once.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use keel_workers::SandboxPolicy;
 use keel_workers::hooks::{self, HookRun};
@@ -367,7 +366,7 @@ async fn run_hook(
             directory.to_string_lossy().into_owned(),
         ),
     ];
-    let timeout = Duration::from_millis(workflow.config.hooks.timeout_ms);
+    let timeout = workflow.config.hooks.timeout();
     let never = CancellationToken::new();
     let policy = SandboxPolicy::default();
     hooks::run(hook, script, directory, &env, policy, timeout, &never)
