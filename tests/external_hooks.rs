@@ -392,6 +392,83 @@ async fn a_hook_timeout_over_the_cap_is_refused_at_registration() {
     assert_eq!(status, StatusCode::CREATED, "{body}");
 }
 
+/// The API's connections to the database now, as PostgreSQL counts them.
+async fn api_connections(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = 'keel-api'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn concurrent_imports_hold_no_more_connections_than_the_pool() {
+    const POOL: i64 = 4;
+    const IMPORTS: u64 = 30;
+    let dir = tempfile::tempdir().unwrap();
+    let allowed = dir.path().join("allowed");
+    std::fs::create_dir_all(allowed.join("items")).unwrap();
+    let root = std::fs::canonicalize(allowed.join("items")).unwrap();
+    let github = MockServer::start().await;
+    let db_url = support::fresh_database().await;
+    let env = [
+        TOKEN_ENV,
+        ("KEEL_WORKSPACE_ROOTS", allowed.to_str().unwrap()),
+        ("KEEL_DB_MAX_CONNECTIONS", "4"),
+    ];
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &env).await;
+    let client = api.client.clone().unwrap();
+    // Every item gets a slot, so each one's workspace is prepared under its lock.
+    let hooks = "  after_create: sleep 0.3
+agent:
+  max_concurrent_agents: 100";
+    let markdown = workflow(&github, &root, hooks, "exit 0");
+    let (status, body) = register(&client, &markdown).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let source_id = body["data"]["id"].as_str().unwrap().to_string();
+
+    let pool = support::pool(&db_url).await;
+    let done = tokio_util::sync::CancellationToken::new();
+    let watcher = tokio::spawn({
+        let (pool, done) = (pool.clone(), done.clone());
+        async move {
+            let mut most = 0;
+            while !done.is_cancelled() {
+                most = most.max(api_connections(&pool).await);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            most
+        }
+    });
+    let imports = (1..=IMPORTS).map(|number| {
+        let (client, source_id) = (client.clone(), source_id.clone());
+        async move {
+            let body = json!({ "source_id": source_id, "payload": github_issue(number, "open") });
+            client.post("/v1/external-work/import", body).await
+        }
+    });
+    let answers = futures_util::future::join_all(imports).await;
+    done.cancel();
+    let most = watcher.await.unwrap();
+    eprintln!("{IMPORTS} concurrent imports: at most {most} API connections (pool {POOL})");
+    for (status, body) in &answers {
+        assert_eq!(*status, StatusCode::CREATED, "{body}");
+    }
+    let items = items_of(&client, &source_id).await;
+    assert_eq!(items.len() as u64, IMPORTS);
+    assert!(
+        items.iter().all(|item| item["state"] == "claimed"),
+        "{items:?}"
+    );
+    assert!(most >= 1, "the API was never seen connected");
+    assert!(
+        most <= POOL,
+        "{IMPORTS} concurrent imports held {most} connections; the pool has {POOL}"
+    );
+}
+
 /// The newest version of the item `identifier`.
 async fn newest_of(client: &Client, source_id: &str, identifier: &str) -> Value {
     let items = items_of(client, source_id).await;

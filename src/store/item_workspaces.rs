@@ -169,8 +169,8 @@ fn lock_key(scope: &Scope, item: &ItemRecord) -> String {
 
 /// Takes the item's workspace lock for the session, if no other process holds it. Hooks
 /// run for up to `hooks.timeout_ms`, longer than a transaction may stay idle, so this is a
-/// session lock: the caller holds a connection of its own (out of the pool) and releases
-/// the lock by closing it, as the death of its process does.
+/// session lock: the caller releases it by closing the connection, as the death of its
+/// process does, and never hands the connection back to the pool.
 pub async fn try_lock(conn: &mut PgConnection, scope: &Scope, item: &ItemRecord) -> Result<bool> {
     let locked = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
         .bind(lock_key(scope, item))

@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 
 use keel_workers::SandboxPolicy;
 use keel_workers::hooks::{self, HookRun};
-use sqlx::{Connection, PgConnection};
+use sqlx::pool::PoolConnection;
+use sqlx::{PgConnection, Postgres};
 use tokio_util::sync::CancellationToken;
 
 use super::Poller;
@@ -141,9 +142,13 @@ pub(super) async fn advance_unstarted(
     Ok(started)
 }
 
-/// The item's workspace lock, on a connection of its own (see [`rows::try_lock`]).
+/// The item's workspace lock (see [`rows::try_lock`]): a session lock on a connection of
+/// the pool, so the pool's size bounds how many are held at once. The connection is never
+/// handed back to the pool holding the lock: it is closed, by [`WorkspaceLock::release`]
+/// or on drop (a cancelled request, a panic), which releases the lock, as the death of the
+/// process does.
 struct WorkspaceLock {
-    conn: PgConnection,
+    conn: PoolConnection<Postgres>,
 }
 
 impl WorkspaceLock {
@@ -153,15 +158,14 @@ impl WorkspaceLock {
         scope: &Scope,
         item: &ItemRecord,
     ) -> Result<Option<WorkspaceLock>, StoreError> {
-        let mut conn = poller.pool.acquire().await?.detach();
+        let mut conn = poller.pool.acquire().await?;
+        conn.close_on_drop();
         if !rows::try_lock(&mut conn, scope, item).await? {
             return Ok(None);
         }
         Ok(Some(WorkspaceLock { conn }))
     }
 
-    /// Closes the connection, which releases the lock (dropping it mid-hook, as a
-    /// cancelled request does, closes it too).
     async fn release(self) {
         if let Err(error) = self.conn.close().await {
             tracing::warn!(%error, "closing a workspace lock's connection failed");
