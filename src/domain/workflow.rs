@@ -151,6 +151,23 @@ pub struct Hooks {
 pub const MAX_HOOK_TIMEOUT_MS: u64 = 3_600_000;
 
 impl Hooks {
+    /// Whether any hook is set.
+    pub fn any(&self) -> bool {
+        self.scripts().next().is_some()
+    }
+
+    /// Each hook that is set, by name, in the order they run.
+    pub fn scripts(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        [
+            ("after_create", &self.after_create),
+            ("before_run", &self.before_run),
+            ("after_run", &self.after_run),
+            ("before_remove", &self.before_remove),
+        ]
+        .into_iter()
+        .filter_map(|(name, script)| Some((name, script.as_deref()?)))
+    }
+
     /// How long each hook may run before it and everything it started are killed. Capped
     /// here too: a task stored before the cap may carry a longer timeout.
     pub fn timeout(&self) -> std::time::Duration {
