@@ -1,8 +1,11 @@
 //! External work items' workspaces and hooks against real `keel api` and `keel worker`
 //! processes and a local GitHub: one directory per item under `workspace.root`,
-//! `after_create` once per directory, `before_run`/`after_run` around each attempt with
-//! their output as run artifacts, hook timeouts, the removal of a terminal item's
-//! workspace after `before_remove`, and a root `KEEL_WORKSPACE_ROOTS` does not allow.
+//! `after_create` once per directory and `before_run`/`after_run` around each attempt, all
+//! in the worker, in the run sandbox, once the run was admitted (approved, where the
+//! `shell_exec` policy gates it), their output as run artifacts; hook timeouts and their
+//! cap; the removal of a terminal item's workspace by the workers' maintenance, after
+//! `before_remove`; a root `KEEL_WORKSPACE_ROOTS` does not allow; and the database
+//! connections concurrent imports hold.
 
 mod support;
 
@@ -16,7 +19,7 @@ use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 #[path = "support/tracker.rs"]
 mod tracker;
-use tracker::{CANARY, TOKEN_ENV, github_issue, items_of, list, register};
+use tracker::{CANARY, TOKEN_ENV, github_issue, items_of, list, register, run_of};
 
 /// A GitHub source on `github` whose items work under `root`, with `hooks` (YAML lines
 /// under `hooks:`) and the task's shell command.
@@ -48,7 +51,7 @@ Work on {{{{ issue.identifier }}}}
 struct Setup {
     github: MockServer,
     api: KeelProcess,
-    _worker: KeelProcess,
+    worker: KeelProcess,
     /// `workspace.root`, canonical, beneath the allowed root.
     root: PathBuf,
     db_url: String,
@@ -58,6 +61,15 @@ struct Setup {
 
 impl Setup {
     async fn new(issues: Value) -> Setup {
+        Setup::with_env(issues, &[], &[]).await
+    }
+
+    /// With more settings for the API and for the worker.
+    async fn with_env(
+        issues: Value,
+        api_env: &[(&str, &str)],
+        worker_env: &[(&str, &str)],
+    ) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let allowed = dir.path().join("allowed");
         let root = allowed.join("items");
@@ -68,15 +80,23 @@ impl Setup {
         let db_url = support::fresh_database().await;
         let roots = ("KEEL_WORKSPACE_ROOTS", allowed.to_str().unwrap());
         let env = [TOKEN_ENV, roots];
-        let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &env).await;
+        let api_env = [&env[..], api_env].concat();
+        let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &api_env).await;
         let data = dir.path().join("worker");
         std::fs::create_dir_all(&data).unwrap();
-        let worker =
-            support::spawn_worker_with_env(&db_url, dir.path(), "worker", 2_000, &data, &env);
+        let worker_env = [&env[..], worker_env].concat();
+        let worker = support::spawn_worker_with_env(
+            &db_url,
+            dir.path(),
+            "worker",
+            2_000,
+            &data,
+            &worker_env,
+        );
         Setup {
             github,
             api,
-            _worker: worker,
+            worker,
             root,
             db_url,
             allowed,
@@ -84,13 +104,14 @@ impl Setup {
         }
     }
 
-    /// Kills the API process (SIGKILL) and starts another.
-    async fn restart_api(&mut self) {
-        self.api.kill9();
+    /// Kills the worker process (SIGKILL) and starts another.
+    fn restart_worker(&mut self) {
+        self.worker.kill9();
         let roots = ("KEEL_WORKSPACE_ROOTS", self.allowed.to_str().unwrap());
         let (db_url, dir) = (&self.db_url, self.dir.path());
+        let data = dir.join("worker");
         let env = [TOKEN_ENV, roots];
-        self.api = support::spawn_api_with_env(db_url, dir, "api-2", &env).await;
+        self.worker = support::spawn_worker_with_env(db_url, dir, "worker-2", 2_000, &data, &env);
     }
 
     fn client(&self) -> &Client {
@@ -177,17 +198,17 @@ async fn an_items_run_works_in_its_workspace_between_its_hooks() {
         workspace.to_str().unwrap(),
         "{item}"
     );
-    let after_create = &item["hook_output"]["after_create"];
-    assert_eq!(after_create["stdout"], "made it\n", "{item}");
-    assert_eq!(after_create["error"], Value::Null, "{item}");
+    // after_create runs in the worker, with the run: nothing ran in the poll.
+    assert_eq!(item["hook_output"], Value::Null, "{item}");
     let created = workspace.join("after_create.txt");
-    assert_eq!(std::fs::read_to_string(&created).unwrap(), "created\n");
 
     // The run works in the item's workspace; after_run failed, the run did not.
     let run = setup.finished_run(&item).await;
     assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(std::fs::read_to_string(&created).unwrap(), "created\n");
     let artifacts = artifacts(setup.client(), &run).await;
     let path = workspace.to_str().unwrap();
+    assert_eq!(text_of(&artifacts, "after_create.stdout"), "made it\n");
     assert_eq!(text_of(&artifacts, "stdout"), format!("{path}\n"));
     assert_eq!(
         text_of(&artifacts, "before_run.stdout"),
@@ -202,30 +223,165 @@ async fn an_items_run_works_in_its_workspace_between_its_hooks() {
         "{env}"
     );
     // In the order they ran, each stream of kind stdout or stderr.
-    let written: Vec<(&str, &str)> = artifacts
-        .iter()
-        .filter(|(_, kind, _)| kind != "metadata")
-        .map(|(name, kind, _)| (name.as_str(), kind.as_str()))
-        .collect();
+    let written = |artifacts: &[(String, String, String)]| -> Vec<(String, String)> {
+        artifacts
+            .iter()
+            .filter(|(_, kind, _)| kind != "metadata")
+            .map(|(name, kind, _)| (name.clone(), kind.clone()))
+            .collect()
+    };
     let expected = [
+        ("after_create.stdout", "stdout"),
+        ("after_create.stderr", "stderr"),
         ("before_run.stdout", "stdout"),
         ("before_run.stderr", "stderr"),
         ("stdout", "stdout"),
         ("stderr", "stderr"),
         ("after_run.stdout", "stdout"),
         ("after_run.stderr", "stderr"),
-    ];
-    assert_eq!(written, expected, "{artifacts:?}");
+    ]
+    .map(|(name, kind)| (name.to_string(), kind.to_string()));
+    assert_eq!(written(&artifacts), expected, "{artifacts:?}");
 
-    // A new version of the same item reuses the directory: after_create does not run again.
-    let mut changed = github_issue(1, "open");
-    changed["updated_at"] = json!("2026-11-30T10:00:00Z");
-    serve(&setup.github, json!([changed])).await;
-    let summary = setup.poll(&id).await;
-    assert_eq!(summary["duplicates"], 0, "{summary}");
+    // A retry of the task works in the same, prepared, workspace: after_create does not run
+    // again; before_run and after_run do.
+    let (task_id, run_id) = (run["task_id"].as_str(), run["id"].as_str());
+    let (task_id, run_id) = (task_id.unwrap(), run_id.unwrap());
+    let path = format!("/v1/tasks/{task_id}/runs/{run_id}/retry");
+    let (status, retry) = setup.client().post(&path, json!({})).await;
+    assert_eq!(status, StatusCode::CREATED, "{retry}");
+    let retry_id = retry["data"]["id"].as_str().unwrap();
+    let timeout = Duration::from_secs(30);
+    let retried = setup
+        .client()
+        .wait_terminal(task_id, retry_id, timeout)
+        .await;
+    assert_eq!(retried["status"], "completed", "{retried}");
     assert_eq!(std::fs::read_to_string(&created).unwrap(), "created\n");
-    let newest = setup.newest_item(&id).await;
-    assert_eq!(newest["hook_output"], Value::Null, "{newest}");
+    let names = written(&self::artifacts(setup.client(), &retried).await);
+    assert_eq!(names[..], expected[2..], "{names:?}");
+}
+
+/// Something the worker is started with that no hook may learn.
+const OPERATOR_KEY: (&str, &str) = ("OPENAI_API_KEY", "canary-operator-key-for-hooks");
+
+#[tokio::test]
+async fn a_hook_runs_as_a_run_does_and_cannot_read_the_worker_s_secrets() {
+    let setup = Setup::with_env(json!([github_issue(1, "open")]), &[], &[OPERATOR_KEY]).await;
+    let worker = setup.worker.pid();
+    let probe = format!(
+        "cat /proc/$PPID/environ /proc/1/environ /proc/{worker}/environ 2>&1; \
+         for f in /proc/[0-9]*/environ; do cat $f; done 2>&1; env; kill -0 {worker} 2>&1 \
+         && echo SIGNALLED; echo uid=$(id -u); true"
+    );
+    let hooks = format!("  after_create: '{probe}'\n  before_run: '{probe}'");
+    let markdown = workflow(&setup.github, &setup.root, &hooks, "echo uid=$(id -u)");
+    let id = setup.source(&markdown).await;
+    setup.poll(&id).await;
+    let item = setup.newest_item(&id).await;
+    let run = setup.finished_run(&item).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let artifacts = artifacts(setup.client(), &run).await;
+    let run_uid = text_of(&artifacts, "stdout").trim().to_string();
+    assert!(
+        run_uid.starts_with("uid=") && run_uid != "uid=0",
+        "{run_uid}"
+    );
+    for hook in ["after_create.stdout", "before_run.stdout"] {
+        let out = text_of(&artifacts, hook);
+        for secret in [CANARY, OPERATOR_KEY.1] {
+            assert!(
+                !out.contains(secret),
+                "{hook}: a secret reached the hook: {out}"
+            );
+        }
+        assert!(!out.contains("SIGNALLED"), "{hook}: {out}");
+        // The run's sandbox: a uid that is not the (root) worker's, as the run has.
+        let uid = out.lines().last().unwrap();
+        assert!(uid.starts_with("uid=") && uid != "uid=0", "{hook}: {out}");
+    }
+}
+
+#[tokio::test]
+async fn hooks_wait_for_the_run_s_approval_and_the_approver_sees_them() {
+    let gated = [("KEEL_APPROVAL_POLICIES", "shell_exec")];
+    let setup = Setup::with_env(
+        json!([github_issue(1, "open"), github_issue(2, "open")]),
+        &gated,
+        &[],
+    )
+    .await;
+    let hooks = "  after_create: touch created.txt
+  before_remove: echo bye from $KEEL_ITEM_IDENTIFIER";
+    let markdown = workflow(&setup.github, &setup.root, hooks, "echo ran");
+    let id = setup.source(&markdown).await;
+    let summary = setup.poll(&id).await;
+    assert_eq!(summary["claimed"], 2, "{summary}");
+    // The poll prepared the directories and ran nothing: the runs wait for approval.
+    let first = setup.root.join("acme_widgets_1");
+    assert!(first.is_dir());
+    assert!(!found_below(&setup.root, "created.txt"));
+    let item = newest_of(setup.client(), &id, "acme/widgets#1").await;
+    let run = run_of(setup.client(), &item).await;
+    assert_eq!(run["status"], "awaiting_approval", "{run}");
+    let task_id = item["task_id"].as_str().unwrap();
+    let (status, approvals) = setup
+        .client()
+        .get(&format!("/v1/tasks/{task_id}/approvals"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{approvals}");
+    let approval = &approvals["data"][0];
+    assert_eq!(approval["kind"], "shell_command", "{approval}");
+    let lines: Vec<&str> = approval["action_summary"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|line| line.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        lines[..5],
+        [
+            "run the workflow hook after_create (sh -lc, at most 60000 ms):",
+            "  touch created.txt",
+            "run the workflow hook before_remove (sh -lc, at most 60000 ms):",
+            "  echo bye from $KEEL_ITEM_IDENTIFIER",
+            "run a shell command (sh -c):",
+        ],
+        "{approval}"
+    );
+
+    // Approved, the worker runs after_create, then the command.
+    let approval_id = approval["id"].as_str().unwrap();
+    let resolve = format!("/v1/tasks/{task_id}/approvals/{approval_id}/resolve");
+    let approve = json!({ "decision": "approve" });
+    let (status, body) = setup.client().post(&resolve, approve).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let run = setup.finished_run(&item).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert!(first.join("created.txt").exists());
+
+    // Both close: the approved item's workspace goes after before_remove; the other's run
+    // was never approved, so no hook of its source ran in its workspace, before_remove
+    // included.
+    let closed = |number| {
+        let mut closed = github_issue(number, "closed");
+        closed["updated_at"] = json!("2026-11-30T11:00:00Z");
+        closed
+    };
+    serve(&setup.github, json!([closed(1), closed(2)])).await;
+    setup.poll(&id).await;
+    let second = setup.root.join("acme_widgets_2");
+    let gone = || async { (!first.exists() && !second.exists()).then_some(()) };
+    wait_for(Duration::from_secs(20), "the workspaces to go", gone).await;
+    let approved = newest_of(setup.client(), &id, "acme/widgets#1").await;
+    let before_remove = &approved["hook_output"]["before_remove"];
+    assert_eq!(
+        before_remove["stdout"], "bye from acme/widgets#1\n",
+        "{approved}"
+    );
+    let never = newest_of(setup.client(), &id, "acme/widgets#2").await;
+    assert_eq!(never["hook_output"], Value::Null, "{never}");
+    assert!(!found_below(&setup.root, "created.txt"));
 }
 
 #[tokio::test]
@@ -322,8 +478,18 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     .await;
     let summary = setup.poll(&id).await;
     assert_eq!(summary["terminal"], 2, "{summary}");
-    assert_eq!(summary["removed_workspaces"], 1, "{summary}");
-    assert!(!workspace.exists());
+    // The workers' maintenance removes it, not the poll.
+    let gone = || async { (!workspace.exists()).then_some(()) };
+    wait_for(Duration::from_secs(20), "the workspace to go", gone).await;
+    wait_for(
+        Duration::from_secs(20),
+        "the link to be refused",
+        || async {
+            let refused = newest_of(setup.client(), &id, "acme/widgets#3").await;
+            (refused["last_error_code"] == "workspace_refused").then_some(())
+        },
+    )
+    .await;
     assert!(elsewhere.join("precious.txt").exists());
     let refused = newest_of(setup.client(), &id, "acme/widgets#3").await;
     assert_eq!(refused["last_error_code"], "workspace_refused", "{refused}");
@@ -356,15 +522,118 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     let reconcile = format!("/v1/external-work/sources/{id}/reconcile");
     let (status, body) = setup.client().post(&reconcile, json!({})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["removed_workspaces"], 1, "{body}");
-    assert!(!setup.root.join("acme_widgets_2").exists());
-    // Nothing left to remove or to ask about.
+    assert_eq!(body["data"]["terminal"], 1, "{body}");
+    let second = setup.root.join("acme_widgets_2");
+    let gone = || async { (!second.exists()).then_some(()) };
+    wait_for(Duration::from_secs(20), "the second workspace to go", gone).await;
+    // Nothing left to ask about.
     let requests = setup.github.received_requests().await.unwrap().len();
-    let (_, body) = setup.client().post(&reconcile, json!({})).await;
-    assert_eq!(body["data"]["removed_workspaces"], 0, "{body}");
+    let (status, body) = setup.client().post(&reconcile, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
         setup.github.received_requests().await.unwrap().len(),
         requests
+    );
+}
+
+#[tokio::test]
+async fn a_hook_timeout_over_the_cap_is_refused_at_registration() {
+    let setup = Setup::new(json!([])).await;
+    let hooks = "  after_create: echo hi
+  timeout_ms: 999999999999";
+    let markdown = workflow(&setup.github, &setup.root, hooks, "exit 0");
+    let (status, body) = register(setup.client(), &markdown).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["type"], "workflow_parse_error", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("at most 3600000 ms"), "{message}");
+    let (_, sources) = setup.client().get("/v1/external-work/sources").await;
+    assert_eq!(sources["data"], json!([]), "{sources}");
+    // One hour is the most a hook may have.
+    let hour = workflow(
+        &setup.github,
+        &setup.root,
+        "  timeout_ms: 3600000",
+        "exit 0",
+    );
+    let (status, body) = register(setup.client(), &hour).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+/// The API's connections to the database now, as PostgreSQL counts them.
+async fn api_connections(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = 'keel-api'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn concurrent_imports_hold_no_more_connections_than_the_pool() {
+    const POOL: i64 = 4;
+    const IMPORTS: u64 = 30;
+    let dir = tempfile::tempdir().unwrap();
+    let allowed = dir.path().join("allowed");
+    std::fs::create_dir_all(allowed.join("items")).unwrap();
+    let root = std::fs::canonicalize(allowed.join("items")).unwrap();
+    let github = MockServer::start().await;
+    let db_url = support::fresh_database().await;
+    let env = [
+        TOKEN_ENV,
+        ("KEEL_WORKSPACE_ROOTS", allowed.to_str().unwrap()),
+        ("KEEL_DB_MAX_CONNECTIONS", "4"),
+    ];
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &env).await;
+    let client = api.client.clone().unwrap();
+    // Every item gets a slot, so each one's workspace is prepared under its lock.
+    let hooks = "  after_create: sleep 0.3
+agent:
+  max_concurrent_agents: 100";
+    let markdown = workflow(&github, &root, hooks, "exit 0");
+    let (status, body) = register(&client, &markdown).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let source_id = body["data"]["id"].as_str().unwrap().to_string();
+
+    let pool = support::pool(&db_url).await;
+    let done = tokio_util::sync::CancellationToken::new();
+    let watcher = tokio::spawn({
+        let (pool, done) = (pool.clone(), done.clone());
+        async move {
+            let mut most = 0;
+            while !done.is_cancelled() {
+                most = most.max(api_connections(&pool).await);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            most
+        }
+    });
+    let imports = (1..=IMPORTS).map(|number| {
+        let (client, source_id) = (client.clone(), source_id.clone());
+        async move {
+            let body = json!({ "source_id": source_id, "payload": github_issue(number, "open") });
+            client.post("/v1/external-work/import", body).await
+        }
+    });
+    let answers = futures_util::future::join_all(imports).await;
+    done.cancel();
+    let most = watcher.await.unwrap();
+    eprintln!("{IMPORTS} concurrent imports: at most {most} API connections (pool {POOL})");
+    for (status, body) in &answers {
+        assert_eq!(*status, StatusCode::CREATED, "{body}");
+    }
+    let items = items_of(&client, &source_id).await;
+    assert_eq!(items.len() as u64, IMPORTS);
+    assert!(
+        items.iter().all(|item| item["state"] == "claimed"),
+        "{items:?}"
+    );
+    assert!(most >= 1, "the API was never seen connected");
+    assert!(
+        most <= POOL,
+        "{IMPORTS} concurrent imports held {most} connections; the pool has {POOL}"
     );
 }
 
@@ -405,7 +674,7 @@ async fn a_root_outside_the_workspace_roots_is_refused_and_nothing_starts() {
 }
 
 #[tokio::test]
-async fn a_process_killed_while_after_create_runs_leaves_the_item_to_the_next_poll() {
+async fn a_worker_killed_while_after_create_runs_leaves_it_to_the_next_attempt() {
     let mut setup = Setup::new(json!([github_issue(1, "open")])).await;
     // The first after_create hangs, after leaving a sign that it started in the workspace
     // (the only directory its sandbox can write); the next one ends.
@@ -413,36 +682,22 @@ async fn a_process_killed_while_after_create_runs_leaves_the_item_to_the_next_po
         "  after_create: if [ -e started ]; then echo again; else touch started; sleep 30; fi";
     let markdown = workflow(&setup.github, &setup.root, hooks, "pwd");
     let id = setup.source(&markdown).await;
-    // The poll's request ends with its process: its answer is never read.
-    let client = setup.client().clone();
-    let url = format!("{}/v1/external-work/sources/{id}/poll", client.base);
-    let poll = tokio::spawn(async move { client.http.post(url).json(&json!({})).send().await });
+    let summary = setup.poll(&id).await;
+    assert_eq!(summary["claimed"], 1, "{summary}");
     wait_for(Duration::from_secs(20), "after_create to start", || async {
         found_below(&setup.root, "started").then_some(())
     })
     .await;
-    let item = setup.newest_item(&id).await;
-    assert_eq!(item["state"], "workspace_preparing", "{item}");
-    let status = format!("/v1/external-work/sources/{id}/status");
-    let (_, body) = setup.client().get(&status).await;
-    assert_eq!(body["data"]["records"]["workspace_preparing"], 1, "{body}");
-    setup.restart_api().await;
-    poll.abort();
+    setup.restart_worker();
 
-    // The next poll prepares the item again: the directory was never marked prepared, so
-    // after_create runs again, then the run starts there.
-    let summary = setup.poll(&id).await;
+    // The next worker takes the run over once the lease lapses: the workspace was never
+    // marked prepared, so after_create runs again there, then the run.
     let item = setup.newest_item(&id).await;
-    assert_eq!(summary["claimed"], 1, "{summary} {item}");
-    assert_eq!(item["state"], "claimed", "{item}");
-    assert_eq!(
-        item["hook_output"]["after_create"]["stdout"], "again\n",
-        "{item}"
-    );
     let run = setup.finished_run(&item).await;
     assert_eq!(run["status"], "completed", "{run}");
     let workspace = setup.root.join("acme_widgets_1");
     let artifacts = artifacts(setup.client(), &run).await;
+    assert_eq!(text_of(&artifacts, "after_create.stdout"), "again\n");
     let stdout = text_of(&artifacts, "stdout");
     assert_eq!(stdout, format!("{}\n", workspace.display()));
 }

@@ -248,7 +248,8 @@ pub struct ItemRecord {
     /// With `workspace.root`: the item's directory, from the start of its preparation until
     /// a terminal version had it removed.
     pub workspace_path: Option<String>,
-    /// What `after_create` and `before_remove` printed, by hook name.
+    /// What `before_remove` printed, under its name (the other hooks' output is their
+    /// run's artifacts).
     #[schema(value_type = Option<Object>)]
     pub hook_output: Option<serde_json::Value>,
     pub created_at: DateTime<Utc>,
@@ -326,8 +327,6 @@ pub struct PollSummary {
     pub cancelled_runs: u64,
     /// Failed runs of items still active, tried again after their backoff.
     pub retried: u64,
-    /// Workspaces of terminal items removed (`before_remove` first).
-    pub removed_workspaces: u64,
     /// Every list answered 304: nothing changed.
     pub not_modified: bool,
     /// Set while a rate limit holds requests back.

@@ -362,8 +362,7 @@ pub async fn serve_api(
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    // The API runs external work's workspace hooks, in the sandbox.
-    sandbox(common, &std::path::absolute(&common.data_dir)?)?;
+    // The API starts no process: hooks, like runs, run in the workers.
     let settings = api::ApiSettings {
         rules: common.admission_rules().map_err(anyhow::Error::msg)?,
         content: common.content.store()?,
@@ -430,6 +429,9 @@ pub async fn run_worker(
     };
     let sweeping = CancellationToken::new();
     tokio::spawn(sweep.run(pool.clone(), args.reconcile_interval(), sweeping.clone()));
+    let removing =
+        scheduler::item_workspaces::run(pool.clone(), args.reconcile_interval(), sweeping.clone());
+    tokio::spawn(removing);
     let result = run_worker_with(pool, rules, args, handlers, shutdown).await;
     sweeping.cancel();
     result

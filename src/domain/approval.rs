@@ -9,6 +9,7 @@ pub use keel_api_types::ApprovalKind;
 use keel_workers::{Execution, FileOperation, SandboxPolicy};
 
 use super::Invalid;
+use super::workflow::Hooks;
 
 /// The policies an operator can turn on with `KEEL_APPROVAL_POLICIES`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +102,12 @@ impl ApprovalPolicy {
             })
             .map(|tool| tool.to_string())
             .collect()
+    }
+
+    /// Whether an imported task's workflow hooks (shell scripts its worker runs in the
+    /// workspace) need an approval: the one a shell command needs.
+    pub fn gates_hooks(&self) -> bool {
+        self.has(Policy::ShellExec)
     }
 
     /// The gates a run of this execution needs, in a stable order. A run without network
@@ -267,23 +274,34 @@ pub struct ActionSummary {
 }
 
 impl ActionSummary {
+    /// What a run would do: its hooks first (in the order they run), then its execution
+    /// (none for an agent loop, whose tool calls are gated one by one).
     pub fn describe(
-        execution: &Execution,
+        execution: Option<&Execution>,
+        hooks: Option<&Hooks>,
         workspace: &str,
         timeout_ms: Option<i64>,
     ) -> ActionSummary {
         let mut raw = Vec::new();
+        for (name, script) in hooks.into_iter().flat_map(Hooks::scripts) {
+            let limit = hooks.map_or(0, |h| h.timeout().as_millis());
+            raw.push(format!(
+                "run the workflow hook {name} (sh -lc, at most {limit} ms):"
+            ));
+            raw.extend(script.lines().map(|line| format!("  {line}")));
+        }
         match execution {
-            Execution::Shell { command } => {
+            None => {}
+            Some(Execution::Shell { command }) => {
                 raw.push("run a shell command (sh -c):".to_string());
                 raw.extend(command.lines().map(|line| format!("  {line}")));
             }
-            Execution::Git { command } => raw.push(format!("run git {command}")),
-            Execution::File {
+            Some(Execution::Git { command }) => raw.push(format!("run git {command}")),
+            Some(Execution::File {
                 path,
                 content,
                 operation,
-            } => {
+            }) => {
                 let verb = match operation {
                     FileOperation::Write => "write",
                     FileOperation::Append => "append to",
@@ -540,10 +558,46 @@ mod tests {
     }
 
     #[test]
+    fn a_tasks_hooks_are_gated_as_a_shell_command_and_shown_first() {
+        let policy: ApprovalPolicy = "shell_exec".parse().unwrap();
+        assert!(policy.gates_hooks() && !ApprovalPolicy::default().gates_hooks());
+        assert!(
+            !"git_exec,file_write"
+                .parse::<ApprovalPolicy>()
+                .unwrap()
+                .gates_hooks()
+        );
+        let hooks = Hooks {
+            after_create: Some("git clone -q https://x.example/r src\ncd src".into()),
+            before_run: None,
+            after_run: Some("./logs.sh".into()),
+            before_remove: None,
+            timeout_ms: 5000,
+        };
+        let run = ActionSummary::describe(Some(&shell("make")), Some(&hooks), "/srv/i/x", None);
+        assert_eq!(
+            run.lines,
+            [
+                "run the workflow hook after_create (sh -lc, at most 5000 ms):",
+                "  git clone -q https://x.example/r src",
+                "  cd src",
+                "run the workflow hook after_run (sh -lc, at most 5000 ms):",
+                "  ./logs.sh",
+                "run a shell command (sh -c):",
+                "  make",
+                "workspace: /srv/i/x",
+            ]
+        );
+        // An agent loop has no execution to show: its hooks alone.
+        let agent = ActionSummary::describe(None, Some(&hooks), "ephemeral", None);
+        assert_eq!(agent.lines.len(), 6, "{:?}", agent.lines);
+    }
+
+    #[test]
     fn summaries_hide_secrets_and_file_contents() {
         let command = "curl -H 'Authorization: Bearer abc123' https://user:hunter2@example.com/x \
                        --password s3cret API_TOKEN=tok_live_1 --token=zzz";
-        let summary = ActionSummary::describe(&shell(command), "ephemeral", Some(500));
+        let summary = ActionSummary::describe(Some(&shell(command)), None, "ephemeral", Some(500));
         let text = summary.lines.join("\n");
         for secret in ["abc123", "hunter2", "s3cret", "tok_live_1", "zzz"] {
             assert!(!text.contains(secret), "{secret} leaked: {text}");
@@ -557,7 +611,7 @@ mod tests {
             content: Some("top secret body".into()),
             operation: FileOperation::Write,
         };
-        let text = ActionSummary::describe(&file, "ephemeral", None)
+        let text = ActionSummary::describe(Some(&file), None, "ephemeral", None)
             .lines
             .join("\n");
         assert!(
@@ -644,12 +698,12 @@ mod tests {
         let long_lines: String = (0..40)
             .map(|i| format!("echo {i} {}\n", "x".repeat(900)))
             .collect();
-        let summary = ActionSummary::describe(&shell(&long_lines), "ephemeral", None);
+        let summary = ActionSummary::describe(Some(&shell(&long_lines)), None, "ephemeral", None);
         assert!(summary.incomplete);
         assert!(summary.lines.len() <= SUMMARY_LINES);
         assert!(summary.lines.iter().all(|l| l.len() <= SUMMARY_LINE_BYTES));
         assert!(summary.lines.iter().map(String::len).sum::<usize>() <= SUMMARY_TOTAL_BYTES);
-        let short = ActionSummary::describe(&shell("true"), "ephemeral", None);
+        let short = ActionSummary::describe(Some(&shell("true")), None, "ephemeral", None);
         assert!(!short.incomplete);
         assert_eq!(
             short.lines,

@@ -143,7 +143,36 @@ pub struct Hooks {
     pub before_run: Option<String>,
     pub after_run: Option<String>,
     pub before_remove: Option<String>,
+    /// At most [`MAX_HOOK_TIMEOUT_MS`].
     pub timeout_ms: u64,
+}
+
+/// The longest a hook may run (one hour): a workflow asking for more is refused.
+pub const MAX_HOOK_TIMEOUT_MS: u64 = 3_600_000;
+
+impl Hooks {
+    /// Whether any hook is set.
+    pub fn any(&self) -> bool {
+        self.scripts().next().is_some()
+    }
+
+    /// Each hook that is set, by name, in the order they run.
+    pub fn scripts(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        [
+            ("after_create", &self.after_create),
+            ("before_run", &self.before_run),
+            ("after_run", &self.after_run),
+            ("before_remove", &self.before_remove),
+        ]
+        .into_iter()
+        .filter_map(|(name, script)| Some((name, script.as_deref()?)))
+    }
+
+    /// How long each hook may run before it and everything it started are killed. Capped
+    /// here too: a task stored before the cap may carry a longer timeout.
+    pub fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.timeout_ms.min(MAX_HOOK_TIMEOUT_MS))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
@@ -430,6 +459,12 @@ impl WorkflowConfig {
         let hooks = raw.hooks;
         // Symphony: a hook timeout that is not positive falls back to the default.
         let timeout_ms = match hooks.timeout_ms.map(|n| n.value("hooks.timeout_ms")) {
+            Some(Ok(n)) if n > MAX_HOOK_TIMEOUT_MS as i64 => {
+                return Err(WorkflowError::Parse(format!(
+                    "hooks.timeout_ms is {n}; a hook may run for at most {MAX_HOOK_TIMEOUT_MS} \
+                     ms (one hour)"
+                )));
+            }
             Some(Ok(n)) if n > 0 => n as u64,
             Some(Err(e)) => return Err(e),
             _ => DEFAULT_HOOK_TIMEOUT_MS,
@@ -702,6 +737,15 @@ Fix {{ issue.identifier }}: {{ issue.title | upcase }}{% if attempt %} (retry {{
         assert_eq!(
             code("---\npolling: {interval_ms: -1}\n---\n"),
             "workflow_parse_error"
+        );
+        let capped = Workflow::parse("---\nhooks: {timeout_ms: 999999999999}\n---\n");
+        let error = capped.unwrap_err();
+        assert_eq!(error.code(), "workflow_parse_error");
+        assert!(error.to_string().contains("at most 3600000 ms"), "{error}");
+        let hour = Workflow::parse("---\nhooks: {timeout_ms: 3600000}\n---\n").unwrap();
+        assert_eq!(
+            hour.config.hooks.timeout(),
+            std::time::Duration::from_secs(3600)
         );
         assert_eq!(
             code("---\n- a\n- b\n---\n"),

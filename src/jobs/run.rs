@@ -463,13 +463,19 @@ impl RunJobs {
 
 impl FencedContext {
     /// Runs the attempt `body` between the task's `before_run` and `after_run` hooks
-    /// (Symphony's rules): a `before_run` that fails ends the attempt failed with
+    /// (Symphony's rules), after `after_create` in a workspace not prepared yet ([`prepare`]):
+    /// an `after_create` or a `before_run` that fails ends the attempt failed with
     /// `hook_failed:` and `body` never runs; an `after_run` failure is logged and ignored.
     /// Each hook's output is an artifact of the run.
+    ///
+    /// [`prepare`]: FencedContext::prepare
     pub(super) async fn around(&self, body: impl Future<Output = Outcome>) -> Outcome {
         let Some(hooks) = &self.shared.hooks else {
             return body.await;
         };
+        if let Err(stopped) = self.prepare(hooks).await {
+            return stopped;
+        }
         if let Some(script) = &hooks.hooks.before_run {
             let ran = match self.run_hook(hooks, "before_run", script).await {
                 Ok(ran) => ran,
@@ -500,6 +506,37 @@ impl FencedContext {
         outcome
     }
 
+    /// Runs `after_create` in a workspace no attempt prepared yet (a new one, or one whose
+    /// preparation was cut short), then marks it prepared: once per workspace, in the
+    /// worker, once the run was admitted (approved, where the policy gates it). A failure
+    /// ends the attempt and empties the workspace, so the next attempt's `after_create`
+    /// starts afresh (Symphony); the directory stays, as the task's `in_place` directory.
+    async fn prepare(&self, hooks: &AttemptHooks) -> Result<(), Outcome> {
+        let workspace = &hooks.workspace;
+        if keel_workers::hooks::is_prepared(workspace) {
+            return Ok(());
+        }
+        if let Some(script) = &hooks.hooks.after_create {
+            let ran = self.run_hook(hooks, "after_create", script).await?;
+            if let Some(error) = ran.failure() {
+                if let Err(failed) = empty(workspace).await {
+                    let run_id = &self.shared.run_id;
+                    tracing::warn!(%run_id, %failed, "emptying a workspace whose after_create failed");
+                }
+                return Err(Outcome::Failed {
+                    exit_code: None,
+                    error,
+                });
+            }
+        }
+        keel_workers::hooks::mark_prepared(workspace)
+            .await
+            .map_err(|error| Outcome::Failed {
+                exit_code: None,
+                error: format!("workspace_unavailable: {error}"),
+            })
+    }
+
     /// Runs one hook and records its output; Err: how the attempt stops instead (it was
     /// interrupted, or the output could not be written).
     async fn run_hook(
@@ -508,7 +545,7 @@ impl FencedContext {
         hook: &str,
         script: &str,
     ) -> Result<HookRun, Outcome> {
-        let timeout = Duration::from_millis(hooks.hooks.timeout_ms);
+        let timeout = hooks.hooks.timeout();
         let (workspace, env, cancel) = (&hooks.workspace, &hooks.env, self.cancellation());
         let ran =
             keel_workers::hooks::run(hook, script, workspace, env, hooks.sandbox, timeout, cancel)
@@ -578,8 +615,23 @@ pub(super) struct Shared {
     hooks: Option<AttemptHooks>,
 }
 
-/// The workflow hooks (`before_run`, `after_run`) around an imported task's attempts, run
-/// by the worker that runs the attempt, in its workspace, with its environment and sandbox.
+/// Removes everything in `directory` but the directory itself. Nothing of the run's is
+/// running then, and `remove_dir_all` removes symbolic links, never what they point to.
+async fn empty(directory: &Path) -> std::io::Result<()> {
+    let mut entries = tokio::fs::read_dir(directory).await?;
+    while let Some(entry) = entries.next_entry().await? {
+        if entry.file_type().await?.is_dir() {
+            tokio::fs::remove_dir_all(entry.path()).await?;
+        } else {
+            tokio::fs::remove_file(entry.path()).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The workflow hooks (`after_create`, `before_run`, `after_run`) around an imported task's
+/// attempts, run by the worker that runs the attempt, in its workspace, with its
+/// environment and sandbox.
 pub(super) struct AttemptHooks {
     hooks: Hooks,
     workspace: PathBuf,

@@ -8,8 +8,11 @@
 //! - the worker registry forgets workers that stopped heartbeating;
 //! - ended leases older than a week leave the lease history;
 //! - ephemeral workspaces whose retention ended leave this worker's disk (see
-//!   [`workspaces`]).
+//!   [`workspaces`]);
+//! - terminal external work items' workspaces are removed, `before_remove` first (see
+//!   [`item_workspaces`]).
 
+pub mod item_workspaces;
 pub mod schedules;
 pub mod workspaces;
 
@@ -143,6 +146,24 @@ async fn requeue_domain(conn: &mut sqlx::PgConnection, lease: &queue::Lease) -> 
         _ => {}
     }
     Ok(())
+}
+
+/// Runs `pass` every `interval` until `stop` fires: the loop of a duty that runs apart
+/// from the others.
+async fn every<F, Pass>(interval: Duration, stop: CancellationToken, mut pass: F)
+where
+    F: FnMut() -> Pass,
+    Pass: Future<Output = ()>,
+{
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        pass().await;
+    }
 }
 
 /// Runs the periodic duties until `stop` fires.

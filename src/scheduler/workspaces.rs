@@ -117,17 +117,12 @@ impl WorkspaceSweep {
 
     /// Sweeps every `interval` until `stop` fires.
     pub async fn run(self, pool: PgPool, interval: Duration, stop: CancellationToken) {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tick.tick() => {}
-            }
+        super::every(interval, stop, || async {
             if let Err(error) = self.pass(&pool).await {
                 tracing::warn!(%error, "workspace retention sweep failed");
             }
-        }
+        })
+        .await
     }
 }
 

@@ -111,32 +111,29 @@ pub async fn unstarted(
 pub struct Removal {
     #[sqlx(flatten)]
     pub item: ItemRecord,
+    pub workspace_id: String,
     pub directory: String,
 }
 
-/// Terminal items whose subject still has a workspace, oldest first.
-pub async fn to_remove(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    source_id: &str,
-    limit: u32,
-) -> Result<Vec<Removal>> {
+/// Terminal items whose subject still has a workspace, in every workspace, oldest first
+/// (the workers' maintenance removes them).
+pub async fn to_remove(conn: &mut PgConnection, limit: u32) -> Result<Vec<Removal>> {
     // From the few subjects with a workspace (a partial index), to their newest version.
     let rows = sqlx::query_as(
         "SELECT newest.*, w.workspace_path AS directory
-         FROM (SELECT DISTINCT ON (identifier) identifier, workspace_path
+         FROM (SELECT DISTINCT ON (workspace_id, source_id, identifier)
+                      workspace_id, source_id, identifier, workspace_path
                FROM external_work_items
-               WHERE workspace_id = $1 AND source_id = $2 AND workspace_path IS NOT NULL
-               ORDER BY identifier) w
+               WHERE workspace_path IS NOT NULL
+               ORDER BY workspace_id, source_id, identifier) w
          CROSS JOIN LATERAL (
              SELECT * FROM external_work_items n
-             WHERE n.workspace_id = $1 AND n.source_id = $2 AND n.identifier = w.identifier
+             WHERE n.workspace_id = w.workspace_id AND n.source_id = w.source_id
+               AND n.identifier = w.identifier
              ORDER BY n.id DESC LIMIT 1
          ) newest
-         WHERE newest.state = 'terminal' ORDER BY newest.id LIMIT $3",
+         WHERE newest.state = 'terminal' ORDER BY newest.id LIMIT $1",
     )
-    .bind(scope.workspace())
-    .bind(source_id)
     .bind(i64::from(limit))
     .fetch_all(conn)
     .await?;
@@ -167,10 +164,10 @@ fn lock_key(scope: &Scope, item: &ItemRecord) -> String {
     )
 }
 
-/// Takes the item's workspace lock for the session, if no other process holds it. Hooks
-/// run for up to `hooks.timeout_ms`, longer than a transaction may stay idle, so this is a
-/// session lock: the caller holds a connection of its own (out of the pool) and releases
-/// the lock by closing it, as the death of its process does.
+/// Takes the item's workspace lock for the session, if no other process holds it.
+/// `before_remove` runs for up to `hooks.timeout_ms`, longer than a transaction may stay
+/// idle, so this is a session lock: the caller releases it by closing the connection, as
+/// the death of its process does, and never hands the connection back to the pool.
 pub async fn try_lock(conn: &mut PgConnection, scope: &Scope, item: &ItemRecord) -> Result<bool> {
     let locked = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
         .bind(lock_key(scope, item))

@@ -10,7 +10,7 @@ use sqlx::PgConnection;
 use super::events::{self, NewEvent};
 use super::tasks::{self, TaskRecord, TaskRecordExt};
 use super::{Result, StoreError, approvals, violates};
-use crate::domain::approval::{ActionSummary, ApprovalPolicy};
+use crate::domain::approval::{ActionSummary, ApprovalKind, ApprovalPolicy};
 use crate::domain::task::{RunTimeouts, WorkspaceRoots};
 use crate::domain::workflow::Hooks;
 use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
@@ -189,18 +189,7 @@ pub async fn admit(
         )));
     }
     let task = raise_budget(conn, scope, task, admission.budget_micros_usd).await?;
-    // An agent loop's tool calls are gated mid-loop, not before it starts.
-    let (gates, summary) = if task.is_agent_loop() {
-        tasks::chat_preset(conn, scope, &task).await?;
-        (Vec::new(), None)
-    } else {
-        let execution = task.execution().map_err(StoreError::Conflict)?;
-        let gates = rules.approvals.gates_for(&execution, task.sandbox());
-        let describe =
-            || ActionSummary::describe(&execution, &task.workspace_description(), task.timeout_ms);
-        let summary = (!gates.is_empty()).then(describe);
-        (gates, summary)
-    };
+    let (gates, summary) = gates(conn, scope, &task, rules).await?;
     let status = if gates.is_empty() {
         RunStatus::Queued
     } else {
@@ -257,6 +246,39 @@ pub async fn admit(
     }
     events::append(conn, scope, &appended).await?;
     Ok(Admitted::New(run))
+}
+
+/// The gates a new run of `task` waits on, and what its approver then sees. An agent
+/// loop's tool calls are gated mid-loop, not here. An imported task's workflow hooks are
+/// shell scripts its worker runs in the workspace: they need the approval a shell command
+/// needs, and the summary shows each of them.
+async fn gates(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task: &TaskRecord,
+    rules: &AdmissionRules,
+) -> Result<(Vec<ApprovalKind>, Option<ActionSummary>)> {
+    let execution = if task.is_agent_loop() {
+        tasks::chat_preset(conn, scope, task).await?;
+        None
+    } else {
+        Some(task.execution().map_err(StoreError::Conflict)?)
+    };
+    let mut gates = match &execution {
+        Some(execution) => rules.approvals.gates_for(execution, task.sandbox()),
+        None => Vec::new(),
+    };
+    let hooks = tasks::hooks(conn, scope, &task.id).await?;
+    let hooks = hooks.as_ref().filter(|hooks| hooks.any());
+    let shell = ApprovalKind::ShellCommand;
+    if hooks.is_some() && rules.approvals.gates_hooks() && !gates.contains(&shell) {
+        gates.insert(0, shell);
+    }
+    let workspace = task.workspace_description();
+    let describe =
+        || ActionSummary::describe(execution.as_ref(), hooks, &workspace, task.timeout_ms);
+    let summary = (!gates.is_empty()).then(describe);
+    Ok((gates, summary))
 }
 
 /// Stores the run row, points the task at it (its next number) and records both changes

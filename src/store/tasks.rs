@@ -9,6 +9,7 @@ use super::transitions::{self, Transition};
 use super::{Result, StoreError};
 use crate::domain::provider::Api;
 use crate::domain::task::{AgentLoop, TaskExecution, WorkspaceMode};
+use crate::domain::workflow::Hooks;
 use crate::domain::{Actor, NewTask, Scope, TaskStatus, new_id};
 
 use keel_api_types::ExecutionKind;
@@ -255,6 +256,18 @@ pub async fn lock(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()
     .await?
     .map(|_| ())
     .ok_or(StoreError::NotFound("task"))
+}
+
+/// An imported task's workflow hooks (never part of its record): None for any other task.
+pub async fn hooks(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<Option<Hooks>> {
+    let hooks: Option<Json<Hooks>> =
+        sqlx::query_scalar("SELECT hooks FROM tasks WHERE workspace_id = $1 AND id = $2")
+            .bind(scope.workspace())
+            .bind(id)
+            .fetch_optional(conn)
+            .await?
+            .flatten();
+    Ok(hooks.map(|Json(hooks)| hooks))
 }
 
 /// Reads the task and locks its row, as [`lock`] does.

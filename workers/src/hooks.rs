@@ -3,6 +3,9 @@
 //! [`crate::process::start`], so it gets a shell run's containment, clean environment and
 //! namespaces, and everything it started is killed when it ends, times out or is cancelled.
 //! What it printed is kept, each stream bounded, for the caller to record.
+//!
+//! Whether a workspace was prepared (its `after_create` exited 0, or it has none) is a
+//! marker file inside it, which lives and goes with the directory.
 
 use std::path::Path;
 use std::time::Duration;
@@ -10,8 +13,12 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::SandboxPolicy;
 use crate::process::{self, Exit, collect};
+use crate::{FileOperation, SandboxPolicy};
+
+/// Written in a workspace once its preparation finished; `.keel/` is the runs' own
+/// directory there, which git ignores.
+const PREPARED_MARKER: &str = ".keel/workspace-prepared";
 
 /// The most of each stream a hook's record keeps; the rest is named by a marker.
 pub const MAX_HOOK_OUTPUT_BYTES: usize = 64 * 1024;
@@ -97,6 +104,25 @@ pub async fn run(
     Some(ran(exit_code, error, stdout, stderr))
 }
 
+/// Whether the workspace's preparation finished (its marker is a regular file).
+pub fn is_prepared(workspace: &Path) -> bool {
+    std::fs::symlink_metadata(workspace.join(PREPARED_MARKER)).is_ok_and(|meta| meta.is_file())
+}
+
+/// Marks the workspace prepared. Its runs may have planted links in it (at `.keel`, at the
+/// marker): the marker is written without following any.
+pub async fn mark_prepared(workspace: &Path) -> Result<(), String> {
+    let workspace = workspace.to_path_buf();
+    let marker = Path::new(PREPARED_MARKER);
+    let write = FileOperation::Write;
+    tokio::task::spawn_blocking(move || {
+        crate::file::beneath::apply(&workspace, marker, b"", write).map(|_| ())
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| format!("marking {} prepared: {e}", PREPARED_MARKER))
+}
+
 /// `: ` and the end of stderr, for a failure's message; nothing when stderr is empty.
 fn tail(stderr: &str) -> String {
     let text = stderr.trim();
@@ -129,6 +155,31 @@ mod tests {
         )
         .await
         .unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_prepared_marker_is_never_written_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let workspace = dir.path().join("ws");
+        std::fs::create_dir(&workspace).unwrap();
+        assert!(!is_prepared(&workspace));
+        mark_prepared(&workspace).await.unwrap();
+        assert!(is_prepared(&workspace));
+        // A run swaps the marker for a link to a file outside: it is not written through,
+        // and a link does not count as prepared.
+        let outside = dir.path().join("outside.txt");
+        std::fs::write(&outside, "kept").unwrap();
+        let marker = workspace.join(PREPARED_MARKER);
+        std::fs::remove_file(&marker).unwrap();
+        std::os::unix::fs::symlink(&outside, &marker).unwrap();
+        assert!(!is_prepared(&workspace));
+        assert!(mark_prepared(&workspace).await.is_err());
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "kept");
+        // Nor through a link at `.keel`.
+        std::fs::remove_dir_all(workspace.join(".keel")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), workspace.join(".keel")).unwrap();
+        assert!(mark_prepared(&workspace).await.is_err());
+        assert!(!dir.path().join("workspace-prepared").exists());
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::Utc;
 
 use super::{Candidate, ExternalError, Poller, tracker, workspace};
-use crate::domain::workflow::{Issue, Workflow, WorkflowError};
+use crate::domain::workflow::{Hooks, Issue, Workflow, WorkflowError};
 use crate::domain::{Actor, Invalid, NewTask, Scope};
 use crate::store::events::Subject;
 use crate::store::external::{self, FailedClaim, ItemChange, ItemRecord, NewItem, SourceRecord};
@@ -368,7 +368,8 @@ pub(super) async fn no_free_slot(
 }
 
 /// The task an item becomes; in `directory` (its workspace) when the workflow has a
-/// `workspace.root`, carrying the workflow's hooks.
+/// `workspace.root`, carrying the workflow's hooks (all of them: its workers run them, and
+/// its approval shows them).
 pub(super) fn new_task(
     poller: &Poller,
     workflow: &Workflow,
@@ -385,7 +386,7 @@ pub(super) fn new_task(
     }
     let mut task = NewTask::parse(draft, &poller.rules.timeouts).map_err(invalid_task)?;
     let hooks = &workflow.config.hooks;
-    task.hooks = Some(hooks.clone()).filter(|h| h.before_run.is_some() || h.after_run.is_some());
+    task.hooks = Some(hooks.clone()).filter(Hooks::any);
     task.check_workspace(&poller.rules.workspace_roots)
         .map_err(invalid_task)?;
     Ok(task)

@@ -6,8 +6,8 @@
 //! key, so a poll repeated after a crash duplicates nothing.
 //!
 //! Each tracker has its module: [`github`] (REST, ETags) and [`linear`] (GraphQL, paginated);
-//! [`import`] records one item and acts on it; [`workspace`] prepares and removes items'
-//! workspaces and runs their hooks; [`actions`] proposes and sends the approval-gated
+//! [`import`] records one item and acts on it; [`workspace`] prepares items' workspaces
+//! and removes those of terminal items (a duty of the workers' maintenance); [`actions`] proposes and sends the approval-gated
 //! writes, the only ones Keel makes on a tracker. This module runs the passes over a source
 //! (poll, reconcile, retries, waiting items) and the background job.
 
@@ -20,6 +20,7 @@ mod workspace;
 pub use actions::{ActionJobs, Proposed, propose};
 pub use import::{Imported, import};
 use import::{retry, start};
+pub use workspace::remove_terminal_workspaces;
 
 /// A tracker of `kind` on its public endpoint, for the trackers' unit tests.
 #[cfg(test)]
@@ -325,8 +326,6 @@ impl Imports<'_> {
             (self.poller, self.scope, self.source, self.workflow);
         summary.claimed +=
             workspace::advance_unstarted(poller, scope, source, workflow, self.actor).await?;
-        summary.removed_workspaces +=
-            workspace::remove_terminal(poller, scope, source, workflow).await?;
         Ok(())
     }
 

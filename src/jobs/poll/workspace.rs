@@ -3,28 +3,27 @@
 //! its task's runs work in (`in_place`) and its later versions and retries reuse.
 //!
 //! An item about to start is first `workspace_preparing` (committed with its directory),
-//! then the directory is made and `after_create` runs when it is new, then the item is
-//! `ready` and its run starts through the normal admission path. A process that stops
-//! anywhere in between leaves the item in one of those states, and the next pass carries
-//! it on ([`advance`]). Whether `after_create` finished is a marker file in the
-//! workspace's `.keel/` (Keel's own directory there, which git ignores): it lives and goes
-//! with the directory, so every worker host that shares the root sees it, and a directory
-//! without it (a preparation cut short) has `after_create` run again.
+//! then the directory is made, then the item is `ready` and its run starts through the
+//! normal admission path. A process that stops anywhere in between leaves the item in one
+//! of those states, and the next pass carries it on ([`advance`]). No hook runs here, in a
+//! poll or an import (which may be the API process): `after_create` runs in the worker, as
+//! the first thing its run's first attempt does there, once the run was admitted (see
+//! `jobs::run`).
 //!
-//! A terminal item's workspace is removed at each pass, `before_remove` first ([`remove`]).
-//! Preparation and removal of one item hold its workspace lock, so two processes never
-//! work in one directory at once.
+//! A terminal item's workspace is removed by the workers' maintenance, `before_remove`
+//! first where a run prepared it ([`remove_terminal_workspaces`]). Preparation and removal of one
+//! item hold its workspace lock, so two processes never work in one directory at once.
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
 use keel_workers::SandboxPolicy;
 use keel_workers::hooks::{self, HookRun};
-use sqlx::{Connection, PgConnection};
+use sqlx::pool::PoolConnection;
+use sqlx::{PgConnection, PgPool, Postgres};
 use tokio_util::sync::CancellationToken;
 
-use super::Poller;
 use super::import::start;
+use super::{Poller, load_workflow};
 use crate::domain::workflow::{Issue, Workflow};
 use crate::domain::{Actor, Scope};
 use crate::store::StoreError;
@@ -32,11 +31,8 @@ use crate::store::external::{self, ItemChange, ItemRecord, SourceRecord};
 use crate::store::item_workspaces::{self as rows, Removal};
 use keel_api_types::ItemState;
 
-/// Written in the workspace once it was fully created (`after_create` included).
-const PREPARED_MARKER: &str = ".keel/workspace-prepared";
 /// An item whose root `KEEL_WORKSPACE_ROOTS` does not allow.
 pub(super) const REFUSED: &str = "workspace_refused";
-const HOOK_FAILED: &str = "hook_failed";
 const UNAVAILABLE: &str = "workspace_unavailable";
 /// Items carried on, and workspaces removed, per pass.
 const PER_PASS: u32 = 50;
@@ -96,7 +92,7 @@ pub(super) async fn advance(
 ) -> Result<ItemRecord, StoreError> {
     let mut item = item.clone();
     if item.state == ItemState::WorkspacePreparing {
-        item = prepare(poller, scope, workflow, &item).await?;
+        item = prepare(poller, scope, &item).await?;
     }
     if item.state != ItemState::Ready {
         return Ok(item);
@@ -142,27 +138,30 @@ pub(super) async fn advance_unstarted(
     Ok(started)
 }
 
-/// The item's workspace lock, on a connection of its own (see [`rows::try_lock`]).
+/// The item's workspace lock (see [`rows::try_lock`]): a session lock on a connection of
+/// the pool, so the pool's size bounds how many are held at once. The connection is never
+/// handed back to the pool holding the lock: it is closed, by [`WorkspaceLock::release`]
+/// or on drop (a cancelled request, a panic), which releases the lock, as the death of the
+/// process does.
 struct WorkspaceLock {
-    conn: PgConnection,
+    conn: PoolConnection<Postgres>,
 }
 
 impl WorkspaceLock {
     /// None when another process holds it.
     async fn take(
-        poller: &Poller,
+        pool: &PgPool,
         scope: &Scope,
         item: &ItemRecord,
     ) -> Result<Option<WorkspaceLock>, StoreError> {
-        let mut conn = poller.pool.acquire().await?.detach();
+        let mut conn = pool.acquire().await?;
+        conn.close_on_drop();
         if !rows::try_lock(&mut conn, scope, item).await? {
             return Ok(None);
         }
         Ok(Some(WorkspaceLock { conn }))
     }
 
-    /// Closes the connection, which releases the lock (dropping it mid-hook, as a
-    /// cancelled request does, closes it too).
     async fn release(self) {
         if let Err(error) = self.conn.close().await {
             tracing::warn!(%error, "closing a workspace lock's connection failed");
@@ -170,19 +169,17 @@ impl WorkspaceLock {
     }
 }
 
-/// Makes the item's directory and runs `after_create` when the directory is new (or was
-/// left without its marker), under its workspace lock; the item ends `ready`, or `blocked`
-/// with why.
+/// Makes the item's directory (or finds it made), under its workspace lock; the item
+/// ends `ready`, or `blocked` with why.
 async fn prepare(
     poller: &Poller,
     scope: &Scope,
-    workflow: &Workflow,
     item: &ItemRecord,
 ) -> Result<ItemRecord, StoreError> {
-    let Some(mut lock) = WorkspaceLock::take(poller, scope, item).await? else {
+    let Some(mut lock) = WorkspaceLock::take(&poller.pool, scope, item).await? else {
         return Ok(item.clone());
     };
-    let prepared = prepare_locked(&mut lock.conn, scope, workflow, item).await;
+    let prepared = prepare_locked(&mut lock.conn, scope, item).await;
     lock.release().await;
     prepared
 }
@@ -190,7 +187,6 @@ async fn prepare(
 async fn prepare_locked(
     conn: &mut PgConnection,
     scope: &Scope,
-    workflow: &Workflow,
     item: &ItemRecord,
 ) -> Result<ItemRecord, StoreError> {
     // Another process may have prepared it since it was read.
@@ -201,29 +197,8 @@ async fn prepare_locked(
     ) else {
         return Ok(item);
     };
-    let directory = PathBuf::from(directory);
-    let created = match create(&directory).await {
-        Ok(created) => created,
-        Err(message) => return blocked(conn, scope, &item, UNAVAILABLE, &message).await,
-    };
-    let marker = directory.join(PREPARED_MARKER);
-    if created || !tokio::fs::try_exists(&marker).await.unwrap_or(false) {
-        if let Some(script) = &workflow.config.hooks.after_create {
-            let ran = run_hook(workflow, "after_create", script, &directory, &item).await;
-            rows::record_hook(conn, scope, &item.id, "after_create", &ran).await?;
-            if let Some(failure) = ran.failure() {
-                // Symphony: a new workspace whose creation failed goes, so the next
-                // attempt creates it afresh.
-                if created && let Err(error) = tokio::fs::remove_dir_all(&directory).await {
-                    tracing::warn!(%error, "removing a workspace whose after_create failed");
-                }
-                return blocked(conn, scope, &item, HOOK_FAILED, &failure).await;
-            }
-        }
-        if let Err(error) = write_marker(&marker).await {
-            let message = format!("{}: {error}", marker.display());
-            return blocked(conn, scope, &item, UNAVAILABLE, &message).await;
-        }
+    if let Err(message) = create(Path::new(directory)).await {
+        return blocked(conn, scope, &item, UNAVAILABLE, &message).await;
     }
     let ready = ItemChange {
         state: "ready",
@@ -232,15 +207,15 @@ async fn prepare_locked(
     external::update_item(conn, scope, &item.id, &ready).await
 }
 
-/// Creates the directory; true when this call created it. An existing directory is
-/// reused; anything else there (a file, a symbolic link) is refused.
-async fn create(directory: &Path) -> Result<bool, String> {
+/// Creates the directory. An existing directory is reused; anything else there (a file, a
+/// symbolic link) is refused.
+async fn create(directory: &Path) -> Result<(), String> {
     inside_root(directory).await?;
     match tokio::fs::create_dir(directory).await {
-        Ok(()) => Ok(true),
+        Ok(()) => Ok(()),
         Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
             match tokio::fs::symlink_metadata(directory).await {
-                Ok(meta) if meta.is_dir() => Ok(false),
+                Ok(meta) if meta.is_dir() => Ok(()),
                 _ => Err(format!(
                     "{} exists and is not a directory (a symbolic link is never followed)",
                     directory.display()
@@ -266,30 +241,34 @@ async fn inside_root(directory: &Path) -> Result<(), String> {
     }
 }
 
-async fn write_marker(marker: &Path) -> std::io::Result<()> {
-    if let Some(parent) = marker.parent() {
-        tokio::fs::create_dir_all(parent).await?;
-    }
-    tokio::fs::write(marker, b"").await
-}
-
-/// Removes the workspaces of items that became terminal, `before_remove` first (a failure
-/// is logged and ignored); returns how many went.
-pub(super) async fn remove_terminal(
-    poller: &Poller,
-    scope: &Scope,
-    source: &SourceRecord,
-    workflow: &Workflow,
-) -> Result<u64, StoreError> {
-    let mut conn = poller.pool.acquire().await?;
-    let removals = rows::to_remove(&mut conn, scope, &source.id, PER_PASS).await?;
+/// The workers' maintenance duty: removes the workspaces of items that became terminal,
+/// in every workspace, `before_remove` first where a run prepared the directory (a failure
+/// is logged and ignored); returns how many went. An item whose source is gone, or whose
+/// workflow no longer reads, keeps its workspace until it does.
+pub async fn remove_terminal_workspaces(pool: &PgPool) -> Result<u64, StoreError> {
+    let mut conn = pool.acquire().await?;
+    let removals = rows::to_remove(&mut conn, PER_PASS).await?;
     drop(conn);
     let mut removed = 0;
     for removal in removals {
-        let Some(mut lock) = WorkspaceLock::take(poller, scope, &removal.item).await? else {
+        let scope = Scope::new(removal.workspace_id.clone());
+        let mut conn = pool.acquire().await?;
+        let source = external::get_source(&mut conn, &scope, &removal.item.source_id).await;
+        drop(conn);
+        let workflow = match source.map(|source| load_workflow(&source)) {
+            Ok(Ok(workflow)) => workflow,
+            Ok(Err(error)) => {
+                let source_id = &removal.item.source_id;
+                tracing::warn!(%source_id, %error, "a workspace waits for its workflow to read");
+                continue;
+            }
+            Err(StoreError::NotFound(_)) => continue,
+            Err(error) => return Err(error),
+        };
+        let Some(mut lock) = WorkspaceLock::take(pool, &scope, &removal.item).await? else {
             continue;
         };
-        let done = remove(&mut lock.conn, scope, workflow, &removal).await;
+        let done = remove(&mut lock.conn, &scope, &workflow, &removal).await;
         lock.release().await;
         removed += u64::from(done?);
     }
@@ -314,8 +293,10 @@ async fn remove(
     match tokio::fs::symlink_metadata(directory).await {
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
         Ok(meta) if meta.is_dir() && inside_root(directory).await.is_ok() => {
-            if let Some(script) = &workflow.config.hooks.before_remove {
-                let ran = run_hook(workflow, "before_remove", script, directory, item).await;
+            // Where no run was admitted, no approval covered the source's hooks.
+            let prepared = hooks::is_prepared(directory);
+            if let (Some(script), true) = (&workflow.config.hooks.before_remove, prepared) {
+                let ran = before_remove(workflow, script, directory, item).await;
                 rows::record_hook(conn, scope, &item.id, "before_remove", &ran).await?;
                 if let Some(failure) = ran.failure() {
                     let identifier = &item.identifier;
@@ -350,12 +331,11 @@ async fn remove(
     Ok(true)
 }
 
-/// Runs a workspace hook of the poll side (`after_create`, `before_remove`): a shell run's
-/// containment with network and a writable workspace, the item's identifier and directory
-/// in its environment, and never the tracker's token.
-async fn run_hook(
+/// Runs `before_remove` as the workers' maintenance does: in the run sandbox, with network
+/// and a writable workspace, the item's identifier and directory in its environment, and
+/// never the tracker's token.
+async fn before_remove(
     workflow: &Workflow,
-    hook: &str,
     script: &str,
     directory: &Path,
     item: &ItemRecord,
@@ -367,12 +347,20 @@ async fn run_hook(
             directory.to_string_lossy().into_owned(),
         ),
     ];
-    let timeout = Duration::from_millis(workflow.config.hooks.timeout_ms);
+    let timeout = workflow.config.hooks.timeout();
     let never = CancellationToken::new();
     let policy = SandboxPolicy::default();
-    hooks::run(hook, script, directory, &env, policy, timeout, &never)
-        .await
-        .expect("a hook that cannot be cancelled ends with a run")
+    hooks::run(
+        "before_remove",
+        script,
+        directory,
+        &env,
+        policy,
+        timeout,
+        &never,
+    )
+    .await
+    .expect("a hook that cannot be cancelled ends with a run")
 }
 
 async fn blocked(
