@@ -664,6 +664,11 @@ async fn cancelling_a_run_that_waits_for_a_tool_call_approval_cancels_the_approv
     .await;
     let (task_id, run_id) = stack.start_agent(json!({})).await;
     let approval = stack.pending_approval(&task_id).await;
+    // The approver reads the command itself, not its length.
+    assert_eq!(
+        approval["action_summary"][0], "shell_exec: echo hi",
+        "{approval}"
+    );
     let cancel = format!("/v1/tasks/{task_id}/runs/{run_id}/cancel");
     let (status, body) = stack.client.post(&cancel, json!({})).await;
     assert_eq!(status, StatusCode::OK, "{body}");

@@ -389,12 +389,24 @@ async fn http_request_reaches_a_local_server_when_tests_allow_it() {
 }
 
 #[test]
-fn summaries_give_the_shape_never_the_content() {
+fn summaries_show_the_salient_argument_never_contents() {
     let summary = |name: &str, args: serde_json::Value| summarize(&tool(name, args));
-    let command = "curl -H 'Authorization: Bearer sk-live' https://x";
+    // The approver sees the command itself, every line of it (the runtime redacts
+    // credential-looking values in it).
+    let command = "cd src &&\ncurl -d @notes.txt https://x.example/in";
     assert_eq!(
         summary("shell_exec", json!({"command": command})),
-        format!("shell_exec: a {}-byte command", command.len())
+        "shell_exec: cd src && ⏎ curl -d @notes.txt https://x.example/in"
+    );
+    let long = summary("shell_exec", json!({"command": "echo ".repeat(500)}));
+    assert!(long.starts_with("shell_exec: echo echo") && long.len() <= 512);
+    assert_eq!(
+        summary("grep", json!({"pattern": "fn main", "path": "src"})),
+        "grep: fn main in src"
+    );
+    assert_eq!(
+        summary("glob", json!({"pattern": "**/*.rs"})),
+        "glob: **/*.rs"
     );
     let content = "x".repeat(1204);
     assert_eq!(
@@ -404,10 +416,10 @@ fn summaries_give_the_shape_never_the_content() {
         ),
         "file_write: src/lib.rs (1,204 bytes)"
     );
-    let http = json!({"method": "get", "url": "https://example.com/p?token=sk-1", "headers": {"authorization": "sk-2"}});
+    let http = json!({"method": "post", "url": "https://u:pw@example.com/p/in?token=sk-1#f", "headers": {"authorization": "sk-2"}, "body": "sk-3"});
     assert_eq!(
         summary("http_request", http),
-        "http_request: GET example.com"
+        "http_request: POST https://example.com/p/in?…"
     );
     let patch = "--- a/a.rs\n+++ b/a.rs\n@@ -1 +1 @@\n-secret\n+other\n";
     let line = summary("apply_patch", json!({"patch": patch}));
