@@ -522,6 +522,35 @@ async fn a_link_inside_is_written_as_its_target_and_hard_links_are_refused() {
 }
 
 #[tokio::test]
+async fn readers_refuse_a_hard_link_to_a_file_outside() {
+    let (dir, env) = workspace();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), "the-secret-line\n").unwrap();
+    std::fs::hard_link(
+        outside.path().join("secret"),
+        dir.path().join("src/notes.txt"),
+    )
+    .unwrap();
+    let read = run(&env, "read_file", json!({"path": "src/notes.txt"})).await;
+    assert!(
+        read.is_error && read.content.contains("hard links"),
+        "{}",
+        read.content
+    );
+    assert!(!read.content.contains("the-secret-line"));
+    let grep = run(&env, "grep", json!({"pattern": "the-secret"})).await;
+    assert_eq!(grep.content, "[no matches]");
+    // The file itself is still readable once it is the only name of its content.
+    std::fs::remove_file(outside.path().join("secret")).unwrap();
+    let read = run(&env, "read_file", json!({"path": "src/notes.txt"})).await;
+    assert!(
+        !read.is_error && read.content.contains("the-secret-line"),
+        "{}",
+        read.content
+    );
+}
+
+#[tokio::test]
 async fn reverting_a_deletion_restores_the_file_only_while_it_is_still_absent() {
     let (dir, env) = workspace();
     let deleted = Patch {
