@@ -26,7 +26,8 @@ const MAX_VISITED: usize = 50_000;
 const MAX_MATCHES: usize = 500;
 /// ...and file bytes it reads at most.
 const MAX_GREP_BYTES: u64 = 64 * 1024 * 1024;
-/// Directories the walks skip: the repository's internals and the run's private state.
+/// Directories the walks skip and the writers refuse: the repository's internals and the
+/// run's private state.
 const SKIPPED_DIRS: [&str; 2] = [".git", ".keel"];
 
 #[derive(Deserialize)]
@@ -250,6 +251,15 @@ fn target(ws: &Path, path: &str) -> Result<Target, String> {
     let file = confine(ws, path)?;
     if file.relative == "." {
         return Err(format!("{path}: names the workspace, not a file"));
+    }
+    // A repository's internals hold configuration that makes git run programs (filters,
+    // hooks), and `.keel` is the run's own state: neither is the model's to write. The
+    // resolved path is checked, so a link to them is refused too.
+    if let Some(dir) = Path::new(&file.relative)
+        .components()
+        .find_map(|c| SKIPPED_DIRS.into_iter().find(|d| c.as_os_str() == *d))
+    {
+        return Err(format!("{path}: writing under {dir}/ is refused"));
     }
     // Refuses a file with other hard links too: writing through one would change a file
     // that may be outside.

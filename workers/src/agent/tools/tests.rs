@@ -342,6 +342,79 @@ async fn git_tools_report_the_workspace() {
 }
 
 #[tokio::test]
+async fn writers_refuse_git_and_keel_internals() {
+    let (dir, env) = workspace();
+    std::fs::create_dir_all(dir.path().join(".git")).unwrap();
+    std::os::unix::fs::symlink(".git", dir.path().join("g")).unwrap();
+    for path in [
+        ".git/config",
+        "sub/.git/config",
+        "g/config",
+        ".keel/home/.gitconfig",
+    ] {
+        let refused = run(&env, "file_write", json!({"path": path, "content": "x"})).await;
+        assert!(
+            refused.is_error && refused.content.contains("is refused"),
+            "{path}: {}",
+            refused.content
+        );
+    }
+    let patch = "--- a/.git/config\n+++ b/.git/config\n@@ -0,0 +1 @@\n+x\n";
+    let refused = run(&env, "apply_patch", json!({"patch": patch})).await;
+    assert!(refused.is_error, "{}", refused.content);
+    assert!(!dir.path().join(".git/config").exists());
+    assert!(!dir.path().join("sub").exists());
+}
+
+/// `git` in `dir`, for setting up a repository as a run's own processes could.
+fn git_in(dir: &Path, args: &[&str]) -> bool {
+    std::process::Command::new("git")
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "commit.gpgsign=false",
+        ])
+        .args(args)
+        .current_dir(dir)
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[tokio::test]
+async fn read_only_git_tools_run_no_filter_driver_a_repository_configures() {
+    let (dir, env) = workspace();
+    let root = dir.path();
+    std::fs::write(root.join("a.txt"), "one\n").unwrap();
+    if !git_in(root, &["init", "-q"]) {
+        return; // no git on this host
+    }
+    assert!(git_in(root, &["add", "a.txt"]) && git_in(root, &["commit", "-qm", "a"]));
+    // What a shell_exec call could leave behind: a filter, a diff driver and an fsmonitor
+    // that each leave a marker when git runs them.
+    std::fs::write(root.join(".gitattributes"), "*.txt filter=mark diff=mark\n").unwrap();
+    let config = "[filter \"mark\"]\n\tclean = touch ran-clean; cat\n\tsmudge = cat\n\
+                  [diff \"mark\"]\n\ttextconv = touch ran-textconv; cat\n\
+                  [core]\n\tfsmonitor = touch ran-fsmonitor; true\n";
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(root.join(".git/config"))
+        .unwrap();
+    std::io::Write::write_all(&mut file, config.as_bytes()).unwrap();
+    // Same size, new content: status has to hash the file (through the filter) to see it.
+    std::fs::write(root.join("a.txt"), "two\n").unwrap();
+    let status = run(&env, "git_status", json!({})).await;
+    assert!(status.content.contains(" M a.txt"), "{}", status.content);
+    let diff = run(&env, "git_diff", json!({})).await;
+    assert!(diff.content.contains("+two"), "{}", diff.content);
+    for marker in ["ran-clean", "ran-textconv", "ran-fsmonitor"] {
+        assert!(!root.join(marker).exists(), "git ran the {marker} command");
+    }
+}
+
+#[tokio::test]
 async fn http_request_refuses_private_addresses_and_offline_runs() {
     let (_dir, mut env) = workspace();
     let urls = [
