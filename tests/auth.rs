@@ -394,6 +394,11 @@ async fn hs256_identities_are_verified_claim_by_claim() {
             "an org that is no id",
             hs256(&with(json!({ "org": "a b" })), JWT_SECRET),
         ),
+        // Local mode's workspace: an org of that name would see every local-mode row.
+        (
+            "the reserved org default",
+            hs256(&with(json!({ "org": "default" })), JWT_SECRET),
+        ),
         (
             "wrong key",
             hs256(&claims("org_a"), "another-secret-of-at-least-32-bytes!!"),
@@ -541,6 +546,8 @@ async fn the_header_form_needs_the_shared_secret_and_this_runtime() {
     );
     let mut no_actor = identity_headers(SHARED_SECRET, "actor_h", RUNTIME_ID);
     no_actor.remove(1);
+    let mut default_org = identity_headers(SHARED_SECRET, "actor_h", RUNTIME_ID);
+    default_org[2].1 = "default";
     let cases = [
         (
             "wrong secret",
@@ -555,6 +562,7 @@ async fn the_header_form_needs_the_shared_secret_and_this_runtime() {
             identity_headers(SHARED_SECRET, "actor h", RUNTIME_ID),
         ),
         ("no actor", no_actor),
+        ("the reserved org default", default_org),
     ];
     for (case, headers) in &cases {
         let (status, body) = status_with(&client, "/v1/whoami", headers).await;
