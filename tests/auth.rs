@@ -225,6 +225,44 @@ async fn the_host_must_be_on_the_allowlist_and_cors_is_off_unless_configured() {
     );
 }
 
+/// Sends `request` as it is over a new connection to the API at `base` and returns the
+/// response's status code and body, read until the server closes.
+async fn raw_exchange(base: &str, request: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {response:?}"));
+    (status, response)
+}
+
+#[tokio::test]
+async fn a_malformed_or_repeated_host_is_a_bad_request() {
+    let (_process, client, _logs) = spawn("hosts-strict", &[]).await;
+    let request = |hosts: &[&str]| {
+        let lines: String = hosts.iter().map(|h| format!("Host: {h}\r\n")).collect();
+        format!("GET /v1/tasks HTTP/1.1\r\n{lines}Connection: close\r\n\r\n")
+    };
+    let (status, response) = raw_exchange(&client.base, &request(&["localhost"])).await;
+    assert_eq!(status, 200, "{response}");
+    for hosts in [
+        &["[::1]evil.example"][..],
+        &["localhost", "evil.example"],
+        &["localhost", "localhost"],
+    ] {
+        let (status, response) = raw_exchange(&client.base, &request(hosts)).await;
+        assert_eq!(status, 400, "{hosts:?}: {response}");
+        assert!(response.contains("\"invalid_request\""), "{response}");
+    }
+}
+
 #[tokio::test]
 async fn a_non_loopback_listener_needs_credentials() {
     let db = fresh_database().await;

@@ -61,11 +61,7 @@ fn admit(auth: &Auth, request: &Request) -> Result<Option<(Caller, LocalAccess)>
     if lookup == Some(Lookup::Class(RouteClass::Open)) {
         return Ok(None);
     }
-    if !auth.hosts.allows(request) {
-        return Err(ApiError::Forbidden(
-            "the Host header names a host this runtime does not serve (KEEL_ALLOWED_HOSTS)".into(),
-        ));
-    }
+    auth.hosts.check(request)?;
     let (caller, proof) = auth
         .authenticate(request.headers())
         .map_err(ApiError::Unauthorized)?;

@@ -110,10 +110,10 @@ impl Auth {
         }
     }
 
-    /// Whether the request addresses a host this runtime serves (`KEEL_ALLOWED_HOSTS`): open
-    /// routes that check credentials themselves ask first.
-    pub fn serves_host(&self, request: &axum::extract::Request) -> bool {
-        self.hosts.allows(request)
+    /// Whether the request addresses a host this runtime serves (`KEEL_ALLOWED_HOSTS`), in
+    /// one well-formed Host header: open routes that check credentials themselves ask first.
+    pub fn check_host(&self, request: &axum::extract::Request) -> Result<(), ApiError> {
+        self.hosts.check(request)
     }
 
     /// The runtime's label in `GET /v1/whoami`.
