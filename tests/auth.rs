@@ -264,6 +264,94 @@ async fn a_malformed_or_repeated_host_is_a_bad_request() {
 }
 
 #[tokio::test]
+async fn a_web_page_cannot_change_a_local_keel_without_a_token() {
+    let (_process, client, _logs) = spawn("cross-site", &[]).await;
+    let task = client
+        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
+        .await;
+    let start = format!(
+        "{}/v1/tasks/{}/start",
+        client.base,
+        task["id"].as_str().unwrap()
+    );
+    let shutdown = format!("{}/v1/system/shutdown", client.base);
+    let send = |url: &str, headers: &[(&str, &str)], body: &'static str| {
+        let mut request = client.http.post(url).body(body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        client.send(request)
+    };
+    let own = client.base.clone();
+    let json = ("content-type", "application/json");
+    // What a form or fetch() on another site's page sends without a preflight.
+    let cases: [(&str, &str, Vec<(&str, &str)>, &str, StatusCode); 5] = [
+        (
+            "a text/plain body",
+            &start,
+            vec![("content-type", "text/plain")],
+            "{}",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+        (
+            "another origin",
+            &start,
+            vec![json, ("origin", "https://evil.example")],
+            "{}",
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "a cross-site fetch",
+            &start,
+            vec![json, ("sec-fetch-site", "cross-site")],
+            "{}",
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "another port of this host",
+            &start,
+            vec![json, ("origin", "http://127.0.0.1:1")],
+            "{}",
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "a stop from another origin",
+            &shutdown,
+            vec![("origin", "https://evil.example")],
+            "",
+            StatusCode::FORBIDDEN,
+        ),
+    ];
+    for (case, url, headers, body, expected) in &cases {
+        let (status, response) = send(url, headers, body).await;
+        assert_eq!(status, *expected, "{case}: {response}");
+        assert!(response["error"]["type"].is_string(), "{case}: {response}");
+    }
+    let (_, runs) = client
+        .get(&format!("/v1/tasks/{}/runs", task["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(runs["data"], json!([]), "nothing was started");
+    // The console's own pages (same origin) and clients that are no browser still work.
+    let same_origin = [
+        json,
+        ("origin", own.as_str()),
+        ("sec-fetch-site", "same-origin"),
+    ];
+    let (status, response) = send(&start, &same_origin, "{}").await;
+    assert_eq!(status, StatusCode::CREATED, "{response}");
+    let other = client
+        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
+        .await;
+    let start_other = format!(
+        "{}/v1/tasks/{}/start",
+        client.base,
+        other["id"].as_str().unwrap()
+    );
+    let (status, response) = send(&start_other, &[], "").await;
+    assert_eq!(status, StatusCode::CREATED, "{response}");
+}
+
+#[tokio::test]
 async fn a_non_loopback_listener_needs_credentials() {
     let db = fresh_database().await;
     let logs = tempfile::tempdir().unwrap();
