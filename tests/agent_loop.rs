@@ -664,6 +664,11 @@ async fn cancelling_a_run_that_waits_for_a_tool_call_approval_cancels_the_approv
     .await;
     let (task_id, run_id) = stack.start_agent(json!({})).await;
     let approval = stack.pending_approval(&task_id).await;
+    // The approver reads the command itself, not its length.
+    assert_eq!(
+        approval["action_summary"][0], "shell_exec: echo hi",
+        "{approval}"
+    );
     let cancel = format!("/v1/tasks/{task_id}/runs/{run_id}/cancel");
     let (status, body) = stack.client.post(&cancel, json!({})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -676,6 +681,44 @@ async fn cancelling_a_run_that_waits_for_a_tool_call_approval_cancels_the_approv
     assert_eq!(approval["data"]["status"], "cancelled");
     assert_eq!(approval["data"]["resolved_by"], "system");
     assert_eq!(stack.queue_rows(&run_id).await, 0);
+}
+
+#[tokio::test]
+async fn the_default_policy_gates_http_request_so_nothing_is_posted_out_unapproved() {
+    let listener = wiremock::MockServer::start().await;
+    wiremock::Mock::given(wiremock::matchers::any())
+        .respond_with(wiremock::ResponseTemplate::new(200))
+        .expect(0)
+        .mount(&listener)
+        .await;
+    let post = json!({ "method": "POST", "url": format!("{}/in?key=k-1", listener.uri()),
+                       "body": "the notes the model just read" });
+    let stack = Stack::start(
+        // KEEL_APPROVAL_POLICIES' default.
+        "shell_exec,git_exec,file_write",
+        vec![Turn::tool_call("h1", "http_request", &post.to_string())],
+    )
+    .await;
+    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let approval = stack.pending_approval(&task_id).await;
+    assert_eq!(approval["kind"], "agent_loop_tool_call");
+    assert_eq!(
+        approval["action_summary"][0],
+        format!("http_request: POST {}/in?…", listener.uri()),
+        "{approval}"
+    );
+    let (status, body) = stack
+        .resolve(
+            &task_id,
+            approval["id"].as_str().unwrap(),
+            json!({ "decision": "reject" }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run["status"], "cancelled", "{run}");
+    // `expect(0)` is checked when the listener drops; say it here too.
+    assert!(listener.received_requests().await.unwrap().is_empty());
 }
 
 /// (role, text) of each message a request carried.

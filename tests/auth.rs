@@ -225,6 +225,132 @@ async fn the_host_must_be_on_the_allowlist_and_cors_is_off_unless_configured() {
     );
 }
 
+/// Sends `request` as it is over a new connection to the API at `base` and returns the
+/// response's status code and body, read until the server closes.
+async fn raw_exchange(base: &str, request: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {response:?}"));
+    (status, response)
+}
+
+#[tokio::test]
+async fn a_malformed_or_repeated_host_is_a_bad_request() {
+    let (_process, client, _logs) = spawn("hosts-strict", &[]).await;
+    let request = |hosts: &[&str]| {
+        let lines: String = hosts.iter().map(|h| format!("Host: {h}\r\n")).collect();
+        format!("GET /v1/tasks HTTP/1.1\r\n{lines}Connection: close\r\n\r\n")
+    };
+    let (status, response) = raw_exchange(&client.base, &request(&["localhost"])).await;
+    assert_eq!(status, 200, "{response}");
+    for hosts in [
+        &["[::1]evil.example"][..],
+        &["localhost", "evil.example"],
+        &["localhost", "localhost"],
+    ] {
+        let (status, response) = raw_exchange(&client.base, &request(hosts)).await;
+        assert_eq!(status, 400, "{hosts:?}: {response}");
+        assert!(response.contains("\"invalid_request\""), "{response}");
+    }
+}
+
+#[tokio::test]
+async fn a_web_page_cannot_change_a_local_keel_without_a_token() {
+    let (_process, client, _logs) = spawn("cross-site", &[]).await;
+    let task = client
+        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
+        .await;
+    let start = format!(
+        "{}/v1/tasks/{}/start",
+        client.base,
+        task["id"].as_str().unwrap()
+    );
+    let shutdown = format!("{}/v1/system/shutdown", client.base);
+    let send = |url: &str, headers: &[(&str, &str)], body: &'static str| {
+        let mut request = client.http.post(url).body(body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        client.send(request)
+    };
+    let own = client.base.clone();
+    let json = ("content-type", "application/json");
+    // What a form or fetch() on another site's page sends without a preflight.
+    let cases: [(&str, &str, Vec<(&str, &str)>, &str, StatusCode); 5] = [
+        (
+            "a text/plain body",
+            &start,
+            vec![("content-type", "text/plain")],
+            "{}",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ),
+        (
+            "another origin",
+            &start,
+            vec![json, ("origin", "https://evil.example")],
+            "{}",
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "a cross-site fetch",
+            &start,
+            vec![json, ("sec-fetch-site", "cross-site")],
+            "{}",
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "another port of this host",
+            &start,
+            vec![json, ("origin", "http://127.0.0.1:1")],
+            "{}",
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "a stop from another origin",
+            &shutdown,
+            vec![("origin", "https://evil.example")],
+            "",
+            StatusCode::FORBIDDEN,
+        ),
+    ];
+    for (case, url, headers, body, expected) in &cases {
+        let (status, response) = send(url, headers, body).await;
+        assert_eq!(status, *expected, "{case}: {response}");
+        assert!(response["error"]["type"].is_string(), "{case}: {response}");
+    }
+    let (_, runs) = client
+        .get(&format!("/v1/tasks/{}/runs", task["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(runs["data"], json!([]), "nothing was started");
+    // The console's own pages (same origin) and clients that are no browser still work.
+    let same_origin = [
+        json,
+        ("origin", own.as_str()),
+        ("sec-fetch-site", "same-origin"),
+    ];
+    let (status, response) = send(&start, &same_origin, "{}").await;
+    assert_eq!(status, StatusCode::CREATED, "{response}");
+    let other = client
+        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
+        .await;
+    let start_other = format!(
+        "{}/v1/tasks/{}/start",
+        client.base,
+        other["id"].as_str().unwrap()
+    );
+    let (status, response) = send(&start_other, &[], "").await;
+    assert_eq!(status, StatusCode::CREATED, "{response}");
+}
+
 #[tokio::test]
 async fn a_non_loopback_listener_needs_credentials() {
     let db = fresh_database().await;
@@ -394,6 +520,11 @@ async fn hs256_identities_are_verified_claim_by_claim() {
             "an org that is no id",
             hs256(&with(json!({ "org": "a b" })), JWT_SECRET),
         ),
+        // Local mode's workspace: an org of that name would see every local-mode row.
+        (
+            "the reserved org default",
+            hs256(&with(json!({ "org": "default" })), JWT_SECRET),
+        ),
         (
             "wrong key",
             hs256(&claims("org_a"), "another-secret-of-at-least-32-bytes!!"),
@@ -541,6 +672,8 @@ async fn the_header_form_needs_the_shared_secret_and_this_runtime() {
     );
     let mut no_actor = identity_headers(SHARED_SECRET, "actor_h", RUNTIME_ID);
     no_actor.remove(1);
+    let mut default_org = identity_headers(SHARED_SECRET, "actor_h", RUNTIME_ID);
+    default_org[2].1 = "default";
     let cases = [
         (
             "wrong secret",
@@ -555,6 +688,7 @@ async fn the_header_form_needs_the_shared_secret_and_this_runtime() {
             identity_headers(SHARED_SECRET, "actor h", RUNTIME_ID),
         ),
         ("no actor", no_actor),
+        ("the reserved org default", default_org),
     ];
     for (case, headers) in &cases {
         let (status, body) = status_with(&client, "/v1/whoami", headers).await;

@@ -84,6 +84,7 @@ impl Client {
         // Each plain request gets `timeout` instead (see `Call`).
         let http = reqwest::Client::builder()
             .default_headers(headers)
+            .redirect(same_origin_redirects())
             .connect_timeout(timeout.min(Duration::from_secs(10)))
             .build()
             .map_err(|source| Error::Transport {
@@ -118,6 +119,27 @@ impl Client {
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
+}
+
+/// Redirects are followed within the API's origin alone (at most 10): the credential is a
+/// default header, which reqwest sends on every hop and strips only when it is
+/// `Authorization`, so a redirect to another host would hand it `X-Keel-Identity`.
+fn same_origin_redirects() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let first = attempt.previous()[0].origin();
+        if attempt.url().origin() != first {
+            let refused = format!(
+                "refusing a redirect to {}: it leaves the API's origin, and the credential \
+                 would go with it",
+                attempt.url().origin().ascii_serialization()
+            );
+            attempt.error(refused)
+        } else if attempt.previous().len() > 10 {
+            attempt.error("more than 10 redirects")
+        } else {
+            attempt.follow()
+        }
+    })
 }
 
 /// A path segment, percent-encoded: ids come from users and must not add segments.

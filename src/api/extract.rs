@@ -3,7 +3,9 @@
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
@@ -98,6 +100,20 @@ fn source_text(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// Whether the request says its body is JSON (`application/json` or `application/*+json`),
+/// as axum's `Json` asks.
+fn json_content_type(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or_default().trim();
+    let essence = essence.to_ascii_lowercase();
+    essence == "application/json"
+        || essence
+            .strip_prefix("application/")
+            .is_some_and(|subtype| subtype.ends_with("+json"))
+}
+
 /// `Query<T>` with envelope rejections.
 pub struct ApiQuery<T>(pub T);
 
@@ -115,18 +131,29 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
     }
 }
 
-/// An optional JSON body: absent, empty or `null` gives `T::default()`; otherwise as
-/// [`ApiJson`].
+/// An optional JSON body: absent or empty gives `T::default()`; otherwise as [`ApiJson`],
+/// `Content-Type: application/json` included (415 without it), so a web page's
+/// `text/plain` form post, which a browser sends without asking, is no body at all.
 pub struct OptionalJson<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let json = json_content_type(req.headers());
         let bytes = Bytes::from_request(req, state)
             .await
             .map_err(bytes_rejection)?;
-        if bytes.iter().all(u8::is_ascii_whitespace) || bytes.trim_ascii() == b"null" {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(OptionalJson(T::default()));
+        }
+        if !json {
+            return Err(ApiError::Invalid {
+                status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                message: "expected a JSON body with 'Content-Type: application/json'".into(),
+            });
+        }
+        if bytes.trim_ascii() == b"null" {
             return Ok(OptionalJson(T::default()));
         }
         match serde_json::from_slice(&bytes) {

@@ -18,7 +18,7 @@ pub struct SignInForm {
 
 /// `GET`: the mode, how to sign in, whether this request is signed in, and the CSRF token.
 pub async fn show(State(state): State<AppState>, request: Request) -> Result<Response, ApiError> {
-    served_host(&state, &request)?;
+    state.auth.check_host(&request)?;
     Ok(session_response(&state, request.headers(), None))
 }
 
@@ -28,7 +28,7 @@ pub async fn sign_in(
     State(state): State<AppState>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    served_host(&state, &request)?;
+    state.auth.check_host(&request)?;
     state.auth.console_sign_in_offered()?;
     let secure = over_https(request.headers());
     let is_form = request
@@ -68,21 +68,11 @@ pub async fn sign_out(
     State(state): State<AppState>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    served_host(&state, &request)?;
+    state.auth.check_host(&request)?;
     let cookie = state.auth.console_sign_out(over_https(request.headers()));
     let mut headers = request.headers().clone();
     headers.remove(header::COOKIE);
     Ok(session_response(&state, &headers, Some(&cookie)))
-}
-
-fn served_host(state: &AppState, request: &Request) -> Result<(), ApiError> {
-    if state.auth.serves_host(request) {
-        Ok(())
-    } else {
-        Err(ApiError::Forbidden(
-            "the Host header names a host this runtime does not serve (KEEL_ALLOWED_HOSTS)".into(),
-        ))
-    }
 }
 
 /// The session JSON, never cached (it carries the CSRF token), with a cookie to set.

@@ -86,19 +86,21 @@ impl ApprovalPolicy {
     }
 
     /// The agent loop tools whose calls need an approval mid-loop, in catalog order.
+    /// `http_request` is gated by `shell_exec` as well as `network_egress`: a request out
+    /// can carry whatever the model has read, as a command can, so the default policy
+    /// stops a prompt-injected model from posting the workspace away.
     pub fn gated_tools(&self) -> Vec<String> {
         let gated_by = |tool: &str| match tool {
-            "shell_exec" => Some(Policy::ShellExec),
-            "git_status" | "git_diff" => Some(Policy::GitExec),
-            "file_write" | "file_edit" | "apply_patch" => Some(Policy::FileWrite),
-            "http_request" => Some(Policy::NetworkEgress),
-            _ => None,
+            "shell_exec" => &[Policy::ShellExec][..],
+            "git_status" | "git_diff" => &[Policy::GitExec],
+            "file_write" | "file_edit" | "apply_patch" => &[Policy::FileWrite],
+            "http_request" => &[Policy::NetworkEgress, Policy::ShellExec],
+            _ => &[],
         };
         keel_workers::agent::tools::CATALOG
             .iter()
             .filter(|tool| {
-                self.policies.contains(&Policy::AllTools)
-                    || gated_by(tool).is_some_and(|p| self.has(p))
+                gated_by(tool).iter().any(|p| self.has(*p)) || self.has(Policy::AllTools)
             })
             .map(|tool| tool.to_string())
             .collect()
@@ -461,7 +463,19 @@ mod tests {
     #[test]
     fn gated_tools_follow_the_policies() {
         let gated = |policies: &str| policies.parse::<ApprovalPolicy>().unwrap().gated_tools();
-        assert_eq!(gated("shell_exec"), ["shell_exec"]);
+        assert_eq!(gated("shell_exec"), ["shell_exec", "http_request"]);
+        assert_eq!(
+            gated(DEFAULT_POLICIES),
+            [
+                "file_write",
+                "file_edit",
+                "apply_patch",
+                "shell_exec",
+                "git_status",
+                "git_diff",
+                "http_request"
+            ]
+        );
         assert_eq!(gated("git_exec"), ["git_status", "git_diff"]);
         assert_eq!(
             gated("file_write"),

@@ -20,6 +20,13 @@ pub fn checked_id(value: &str) -> Option<String> {
         .then(|| value.to_string())
 }
 
+/// An org id a remote identity may name: a [`checked_id`] other than
+/// [`DEFAULT_WORKSPACE`], which is local mode's workspace (and every row's from before
+/// workspaces): an org of that name would see them all.
+pub fn checked_org_id(value: &str) -> Option<String> {
+    checked_id(value).filter(|id| id != DEFAULT_WORKSPACE)
+}
+
 /// The tenant a store query is confined to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Scope {
@@ -98,5 +105,7 @@ mod tests {
         assert!(checked_id("a\u{0}").is_none());
         assert!(checked_id("é").is_none());
         assert!(checked_id(&"a".repeat(129)).is_none());
+        assert_eq!(checked_org_id("org_1").as_deref(), Some("org_1"));
+        assert!(checked_org_id(DEFAULT_WORKSPACE).is_none());
     }
 }

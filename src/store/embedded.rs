@@ -143,11 +143,11 @@ impl EmbeddedPostgres {
     fn command(&self, program: &Path) -> Command {
         match &self.run_as {
             Some(user) => {
-                let mut command = Command::new("runuser");
+                let mut command = bare("runuser");
                 command.args(["-u", user, "--"]).arg(program);
                 command
             }
-            None => Command::new(program),
+            None => bare(program),
         }
     }
 
@@ -155,7 +155,7 @@ impl EmbeddedPostgres {
     /// reach it at all.
     fn hand_over(&self, root: &Path, user: &str) -> Result<(), EmbeddedError> {
         for ancestor in root.ancestors().skip(1) {
-            let mut probe = Command::new("runuser");
+            let mut probe = bare("runuser");
             probe.args(["-u", user, "--", "test", "-x"]).arg(ancestor);
             if !probe.status().is_ok_and(|s| s.success()) {
                 return Err(EmbeddedError::Unreachable {
@@ -164,7 +164,7 @@ impl EmbeddedPostgres {
                 });
             }
         }
-        let mut chown = Command::new("chown");
+        let mut chown = bare("chown");
         chown.arg("-R").arg(format!("{user}:")).arg(root);
         run(chown, "chown")
     }
@@ -273,7 +273,7 @@ impl EmbeddedPostgres {
         if self.durability == Durability::Throwaway {
             script.push_str(&format!("; rm -rf '{}'", self.root.display()));
         }
-        Command::new("sh")
+        bare("sh")
             .args(["-c", &script])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -282,6 +282,21 @@ impl EmbeddedPostgres {
             .spawn()?;
         Ok(())
     }
+}
+
+/// A command that starts with only the locale, time zone and `PATH` of this process's
+/// environment: the cluster and the tools around it need nothing else of Keel's, and a
+/// process that runs as the `postgres` user must not carry Keel's settings or secrets.
+fn bare(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut command = Command::new(program);
+    command.env_clear().envs(
+        std::env::vars_os().filter(|(name, _)| name.to_str().is_some_and(kept_for_the_cluster)),
+    );
+    command
+}
+
+fn kept_for_the_cluster(name: &str) -> bool {
+    matches!(name, "PATH" | "LANG" | "LANGUAGE" | "TZ") || name.starts_with("LC_")
 }
 
 /// The cluster's password, from its file, or a new random one written to a new file
@@ -376,7 +391,7 @@ fn find_bindir() -> Option<PathBuf> {
             .iter()
             .all(|b| dir.join(b).exists())
     };
-    let from_pg_config = Command::new("pg_config")
+    let from_pg_config = bare("pg_config")
         .arg("--bindir")
         .output()
         .ok()
@@ -407,4 +422,39 @@ fn version_of(bindir: &Path) -> u32 {
         .and_then(|n| n.to_str())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The postmaster's environment holds none of this process's variables but the kept
+    /// ones (the test process has cargo's, at least). runuser and pg_ctl set a few of their
+    /// own (HOME, USER, PGDATA…), so entries are compared whole, name and value; PWD is
+    /// left out, since pg_ctl's shell sets it from the working directory.
+    #[test]
+    fn the_cluster_starts_with_a_cleared_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = EmbeddedPostgres::start(&dir.path().join("pg"), Durability::Throwaway)
+            .expect("the embedded cluster starts");
+        let pid_file = std::fs::read_to_string(cluster.data.join("postmaster.pid")).unwrap();
+        let pid = pid_file.lines().next().unwrap().trim();
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        cluster.stop();
+        let theirs: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+        let ours: Vec<(String, String)> = std::env::vars()
+            .filter(|(name, _)| !kept_for_the_cluster(name) && name != "PWD")
+            .collect();
+        assert!(
+            !ours.is_empty(),
+            "the test process has variables to leave out"
+        );
+        for (name, value) in &ours {
+            let entry = format!("{name}={value}");
+            assert!(
+                !theirs.contains(&entry.as_bytes()),
+                "the postmaster inherited {name}"
+            );
+        }
+    }
 }

@@ -75,14 +75,14 @@ async fn apply(
 }
 
 /// Every lookup goes through `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` from a
-/// descriptor of the workspace, one component at a time: no symbolic link is followed (not
+/// descriptor of the workspace (a writer's one component at a time): no symbolic link is followed (not
 /// even one that stays inside, which could be swapped between a check and a use), nothing
 /// outside the workspace is reached, and a missing directory is created with `mkdirat` in
 /// the directory already opened, never by path.
 pub(crate) mod beneath {
     use std::ffi::OsStr;
     use std::fs::File;
-    use std::io::Write;
+    use std::io::{Read, Write};
     use std::os::fd::{AsFd, OwnedFd};
     use std::path::{Component, Path};
 
@@ -121,6 +121,54 @@ pub(crate) mod beneath {
             FileOperation::Write => write(&parent, file, content, OFlag::O_WRONLY),
             FileOperation::Append => write(&parent, file, content, OFlag::O_APPEND),
         }
+    }
+
+    /// Why [`read`] did not return a file's bytes.
+    pub(crate) enum Unreadable {
+        NotRegular,
+        /// The file has other hard links: its other names may be outside the workspace,
+        /// since a hard link can be made to any file its maker can read.
+        Linked,
+        TooLarge(u64),
+        Failed(String),
+    }
+
+    /// The bytes of the regular file at `relative` in `workspace`, when it has no other
+    /// link and at most `max` bytes; None when it does not exist. Opened non-blocking, so
+    /// a FIFO swapped in for the file cannot stall the caller.
+    pub(crate) fn read(
+        workspace: &Path,
+        relative: &Path,
+        max: u64,
+    ) -> Result<Option<Vec<u8>>, Unreadable> {
+        let failed = |e: Errno| Unreadable::Failed(explain(e));
+        let root = open(workspace, directory_flags(), Mode::empty()).map_err(failed)?;
+        let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let fd = match openat2(&root, relative, confined(flags, Mode::empty())) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(error) => return Err(failed(error)),
+        };
+        let stat = fstat(fd.as_fd()).map_err(failed)?;
+        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+            return Err(Unreadable::NotRegular);
+        }
+        if stat.st_nlink > 1 {
+            return Err(Unreadable::Linked);
+        }
+        let size = stat.st_size as u64;
+        if size > max {
+            return Err(Unreadable::TooLarge(size));
+        }
+        let mut bytes = Vec::with_capacity(size as usize);
+        File::from(fd)
+            .take(max + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| Unreadable::Failed(e.to_string()))?;
+        if bytes.len() as u64 > max {
+            return Err(Unreadable::TooLarge(bytes.len() as u64));
+        }
+        Ok(Some(bytes))
     }
 
     fn directory_flags() -> OFlag {

@@ -8,7 +8,7 @@ use axum::http::HeaderMap;
 use super::jwt::Rejected;
 use super::token;
 use crate::config::Redacted;
-use crate::domain::identity::{IdentityForm, RemoteIdentity, checked_id};
+use crate::domain::identity::{IdentityForm, RemoteIdentity, checked_id, checked_org_id};
 
 pub const SECRET_HEADER: &str = "x-keel-remote-secret";
 const ACTOR_HEADER: &str = "x-keel-actor-id";
@@ -39,7 +39,9 @@ pub fn verify(
     };
     Ok(RemoteIdentity {
         actor_id: id(ACTOR_HEADER).ok_or("missing or invalid actor id")?,
-        org_id: id(ORG_HEADER).ok_or("missing or invalid org id")?,
+        org_id: single(headers, ORG_HEADER)
+            .and_then(checked_org_id)
+            .ok_or("missing, invalid or reserved org id")?,
         runtime_id: runtime,
         project_id: project,
         name: None,

@@ -11,8 +11,8 @@ use serde::Deserialize;
 
 use super::headers::checked_name;
 use super::settings::SettingsError;
-use crate::domain::identity::checked_id;
 use crate::domain::identity::{IdentityForm, RemoteIdentity};
+use crate::domain::identity::{checked_id, checked_org_id};
 
 pub const IDENTITY_HEADER: &str = "x-keel-identity";
 
@@ -179,7 +179,8 @@ impl JwtVerifier {
         }
         Ok(RemoteIdentity {
             actor_id: checked_id(&claims.sub).ok_or("JWT sub is not a valid id")?,
-            org_id: checked_id(&claims.org).ok_or("JWT org is not a valid id")?,
+            org_id: checked_org_id(&claims.org)
+                .ok_or("JWT org is not a valid id or is reserved")?,
             runtime_id: self.audience.clone(),
             project_id: match claims.project.as_deref().filter(|p| !p.is_empty()) {
                 Some(project) => Some(checked_id(project).ok_or("JWT project is not a valid id")?),

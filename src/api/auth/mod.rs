@@ -2,7 +2,8 @@
 //! the caller as an extractor, so a route cannot forget to ask for it.
 //!
 //! In order: open routes (probes, the console's assets and session endpoints) pass; the
-//! Host must be on the allowlist; the credentials of the runtime's mode must prove a caller
+//! Host must be well-formed and on the allowlist; a change must not come from another
+//! site's page; the credentials of the runtime's mode must prove a caller
 //! (in local mode with a token, the console's session cookie also does, with its CSRF
 //! header on changes); the route must be in the policy table (and a local-only route needs
 //! local access); and the caller must be within its rate limit.
@@ -10,6 +11,7 @@
 mod headers;
 mod host;
 mod jwt;
+mod origin;
 mod policy;
 mod ratelimit;
 mod session;
@@ -61,10 +63,12 @@ fn admit(auth: &Auth, request: &Request) -> Result<Option<(Caller, LocalAccess)>
     if lookup == Some(Lookup::Class(RouteClass::Open)) {
         return Ok(None);
     }
-    if !auth.hosts.allows(request) {
-        return Err(ApiError::Forbidden(
-            "the Host header names a host this runtime does not serve (KEEL_ALLOWED_HOSTS)".into(),
-        ));
+    auth.hosts.check(request)?;
+    if let Some(why) = auth.cross_site(request) {
+        return Err(ApiError::Forbidden(format!(
+            "{why}: changes are accepted only from this server's own pages and the origins \
+             in KEEL_CORS_ORIGINS"
+        )));
     }
     let (caller, proof) = auth
         .authenticate(request.headers())

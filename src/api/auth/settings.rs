@@ -12,7 +12,7 @@ use super::headers;
 use super::host::HostAllowlist;
 use super::jwt::{IDENTITY_HEADER, JwtVerifier, Rejected};
 use super::ratelimit::Limiter;
-use super::{session, token};
+use super::{origin, session, token};
 use crate::api::ApiError;
 use crate::config::{AuthArgs, MAX_CONSOLE_SESSION_SECS, Redacted};
 use crate::domain::Caller;
@@ -110,15 +110,20 @@ impl Auth {
         }
     }
 
-    /// Whether the request addresses a host this runtime serves (`KEEL_ALLOWED_HOSTS`): open
-    /// routes that check credentials themselves ask first.
-    pub fn serves_host(&self, request: &axum::extract::Request) -> bool {
-        self.hosts.allows(request)
+    /// Whether the request addresses a host this runtime serves (`KEEL_ALLOWED_HOSTS`), in
+    /// one well-formed Host header: open routes that check credentials themselves ask first.
+    pub fn check_host(&self, request: &axum::extract::Request) -> Result<(), ApiError> {
+        self.hosts.check(request)
     }
 
     /// The runtime's label in `GET /v1/whoami`.
     pub fn label(&self) -> &str {
         &self.label
+    }
+
+    /// Why a state-changing request is refused as another site's (see [`origin`]), or None.
+    pub fn cross_site(&self, request: &axum::extract::Request) -> Option<&'static str> {
+        origin::cross_site(request, &self.cors_origins)
     }
 
     /// CORS for the configured origins; none configured, no CORS headers at all.

@@ -35,7 +35,8 @@ pub(super) async fn git_status(
     env: &ToolEnv,
     cancel: &CancellationToken,
 ) -> Result<Done, ToolError> {
-    run(env, git(&["status", "--short", "--branch"]), cancel).await
+    let argv = ["status", "--short", "--branch", "--ignore-submodules=all"];
+    read_only_git(env, &argv, cancel).await
 }
 
 pub(super) async fn git_diff(
@@ -43,18 +44,107 @@ pub(super) async fn git_diff(
     args: GitDiff,
     cancel: &CancellationToken,
 ) -> Result<Done, ToolError> {
-    let mut argv = git(&["diff", "--no-ext-diff", "--no-textconv", "--no-color"]);
-    if let Some(path) = &args.path {
-        argv.extend(["--".to_string(), confine(&env.workspace, path)?.relative]);
+    let mut argv = vec![
+        "diff",
+        "--no-ext-diff",
+        "--no-textconv",
+        "--no-color",
+        "--ignore-submodules=all",
+    ];
+    let path = match &args.path {
+        Some(path) => Some(confine(&env.workspace, path)?.relative),
+        None => None,
+    };
+    if let Some(path) = &path {
+        argv.extend(["--", path]);
     }
-    run(env, argv, cancel).await
+    read_only_git(env, &argv, cancel).await
 }
 
-/// git with the repository's own command hooks off: a workspace's `.git/config` must not
-/// make a read-only tool run a program (core.fsmonitor) or page its output.
+/// Runs a read-only git command with every way the repository's configuration (which a
+/// run's own processes can write) could make it run a program switched off: no system or
+/// global configuration, no fsmonitor, pager or hooks, no index write (whose hook git
+/// would run), no submodules (each has a configuration of its own), and every configured
+/// filter driver emptied (git runs a clean filter to compare a changed file). External
+/// diff and textconv drivers are off by the diff's own flags.
+async fn read_only_git(
+    env: &ToolEnv,
+    args: &[&str],
+    cancel: &CancellationToken,
+) -> Result<Done, ToolError> {
+    let mut overrides: Vec<(String, String)> = [
+        ("core.fsmonitor", "false"),
+        ("core.hooksPath", "/dev/null"),
+        ("core.pager", "cat"),
+    ]
+    .map(|(key, value)| (key.to_string(), value.to_string()))
+    .into();
+    for driver in filter_drivers(env, cancel).await? {
+        for part in ["clean", "smudge", "process"] {
+            overrides.push((format!("filter.{driver}.{part}"), String::new()));
+        }
+        overrides.push((format!("filter.{driver}.required"), "false".into()));
+    }
+    let mut argv = git(&["--no-pager", "--no-optional-locks"]);
+    argv.extend(args.iter().map(|a| a.to_string()));
+    run(&hardened(env, &overrides), argv, cancel).await
+}
+
+/// The names of the filter drivers the repository's configuration defines (its includes
+/// followed). Reading configuration runs nothing.
+async fn filter_drivers(
+    env: &ToolEnv,
+    cancel: &CancellationToken,
+) -> Result<Vec<String>, ToolError> {
+    let argv = git(&["config", "-z", "--name-only", "--get-regexp", r"^filter\."]);
+    let listed = run(&hardened(env, &[]), argv, cancel).await?;
+    // The content is `exit code N\n[stdout]\n…[stderr]\n…`; exit code 1 with nothing on
+    // stdout: no filter is configured (or there is no repository).
+    let names = listed
+        .content
+        .split_once("[stdout]\n")
+        .and_then(|(_, rest)| rest.split_once("[stderr]\n"))
+        .map_or("", |(stdout, _)| stdout);
+    if names.contains("[… truncated: ") {
+        return Err(
+            "the repository configures more filter drivers than git_status and \
+                    git_diff can switch off; refused"
+                .into(),
+        );
+    }
+    let mut drivers: Vec<String> = names
+        .split('\0')
+        .filter_map(|key| key.strip_prefix("filter."))
+        .filter_map(|rest| rest.rsplit_once('.').map(|(driver, _)| driver.to_string()))
+        .collect();
+    drivers.sort();
+    drivers.dedup();
+    Ok(drivers)
+}
+
+/// `env` with git's system and global configuration off and `overrides` given as
+/// command-line configuration (through `GIT_CONFIG_*`, so a key's text is never parsed
+/// as `key=value`).
+fn hardened(env: &ToolEnv, overrides: &[(String, String)]) -> ToolEnv {
+    let mut hardened = env.clone();
+    hardened.env.extend([
+        ("GIT_CONFIG_NOSYSTEM".to_string(), "1".to_string()),
+        ("GIT_CONFIG_GLOBAL".to_string(), "/dev/null".to_string()),
+        ("GIT_CONFIG_COUNT".to_string(), overrides.len().to_string()),
+    ]);
+    for (n, (key, value)) in overrides.iter().enumerate() {
+        hardened
+            .env
+            .push((format!("GIT_CONFIG_KEY_{n}"), key.clone()));
+        hardened
+            .env
+            .push((format!("GIT_CONFIG_VALUE_{n}"), value.clone()));
+    }
+    hardened
+}
+
 fn git(args: &[&str]) -> Vec<String> {
-    ["git", "--no-pager", "-c", "core.fsmonitor=false"]
-        .iter()
+    std::iter::once(&"git")
         .chain(args)
         .map(|s| s.to_string())
         .collect()

@@ -4,8 +4,6 @@
 
 use std::fmt::Write as _;
 use std::fs;
-use std::io::ErrorKind;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use globset::{Glob, GlobMatcher};
@@ -16,7 +14,7 @@ use super::paths::{Confined, confine};
 use super::{Done, ToolError};
 use crate::FileOperation;
 use crate::agent::Patch;
-use crate::file::beneath;
+use crate::file::beneath::{self, Unreadable};
 
 /// Text files up to this size are read, edited and recorded in patches.
 pub(super) const MAX_FILE_BYTES: u64 = 1024 * 1024;
@@ -28,7 +26,8 @@ const MAX_VISITED: usize = 50_000;
 const MAX_MATCHES: usize = 500;
 /// ...and file bytes it reads at most.
 const MAX_GREP_BYTES: u64 = 64 * 1024 * 1024;
-/// Directories the walks skip: the repository's internals and the run's private state.
+/// Directories the walks skip and the writers refuse: the repository's internals and the
+/// run's private state.
 const SKIPPED_DIRS: [&str; 2] = [".git", ".keel"];
 
 #[derive(Deserialize)]
@@ -41,7 +40,7 @@ pub(super) struct ReadFile {
 
 pub(super) fn read_file(ws: &Path, args: ReadFile) -> Result<Done, ToolError> {
     let file = confine(ws, &args.path)?;
-    let text = read_text(&file)?.ok_or_else(|| format!("{}: no such file", args.path))?;
+    let text = read_text(ws, &file)?.ok_or_else(|| format!("{}: no such file", args.path))?;
     let first = args.offset.unwrap_or(1).max(1);
     let limit = args.limit.unwrap_or(DEFAULT_LINES).max(1);
     let total = text.lines().count();
@@ -108,7 +107,7 @@ pub(super) fn grep(ws: &Path, args: Grep) -> Result<Done, ToolError> {
             return true;
         }
         // Binary and oversize files are skipped: grep answers about text.
-        let Ok(Some(text)) = read_text(file) else {
+        let Ok(Some(text)) = read_text(ws, file) else {
             return true;
         };
         read += text.len() as u64;
@@ -214,28 +213,32 @@ fn walk(
     Ok(())
 }
 
-/// A text file's content; None when it does not exist. Directories, other non-regular
-/// files, binary (not UTF-8) and oversize files are errors.
-fn read_text(file: &Confined) -> Result<Option<String>, String> {
-    let meta = match fs::metadata(&file.full) {
-        Ok(meta) => meta,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", file.relative)),
+/// A text file's content; None when it does not exist. It is opened beneath the workspace
+/// without following any link; directories, other non-regular files, files with other
+/// hard links (which may be outside the workspace), binary (not UTF-8) and oversize files
+/// are errors.
+fn read_text(ws: &Path, file: &Confined) -> Result<Option<String>, String> {
+    let name = &file.relative;
+    let bytes = match beneath::read(ws, Path::new(name), MAX_FILE_BYTES) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return Ok(None),
+        Err(Unreadable::NotRegular) => return Err(format!("{name}: not a regular file")),
+        Err(Unreadable::Linked) => {
+            return Err(format!(
+                "{name}: the file has other hard links (they may be outside the workspace); \
+                 refused"
+            ));
+        }
+        Err(Unreadable::TooLarge(size)) => {
+            return Err(format!(
+                "{name}: {size} bytes is more than the tools handle ({MAX_FILE_BYTES} bytes)"
+            ));
+        }
+        Err(Unreadable::Failed(error)) => return Err(format!("{name}: {error}")),
     };
-    if !meta.is_file() {
-        return Err(format!("{}: not a regular file", file.relative));
-    }
-    if meta.len() > MAX_FILE_BYTES {
-        return Err(format!(
-            "{}: {} bytes is more than the tools handle ({MAX_FILE_BYTES} bytes)",
-            file.relative,
-            meta.len()
-        ));
-    }
-    let bytes = fs::read(&file.full).map_err(|e| format!("{}: {e}", file.relative))?;
     String::from_utf8(bytes)
         .map(Some)
-        .map_err(|_| format!("{}: a binary file (not UTF-8 text)", file.relative))
+        .map_err(|_| format!("{name}: a binary file (not UTF-8 text)"))
 }
 
 /// A file a writer is about to change: where, and its content now.
@@ -249,14 +252,18 @@ fn target(ws: &Path, path: &str) -> Result<Target, String> {
     if file.relative == "." {
         return Err(format!("{path}: names the workspace, not a file"));
     }
-    if let Ok(meta) = fs::metadata(&file.full)
-        && meta.is_file()
-        && meta.nlink() > 1
+    // A repository's internals hold configuration that makes git run programs (filters,
+    // hooks), and `.keel` is the run's own state: neither is the model's to write. The
+    // resolved path is checked, so a link to them is refused too.
+    if let Some(dir) = Path::new(&file.relative)
+        .components()
+        .find_map(|c| SKIPPED_DIRS.into_iter().find(|d| c.as_os_str() == *d))
     {
-        // Writing through another hard link would change a file that may be outside.
-        return Err(format!("{path}: the file has other hard links; refused"));
+        return Err(format!("{path}: writing under {dir}/ is refused"));
     }
-    let before = read_text(&file)?;
+    // Refuses a file with other hard links too: writing through one would change a file
+    // that may be outside.
+    let before = read_text(ws, &file)?;
     Ok(Target { file, before })
 }
 

@@ -275,9 +275,11 @@ fn bound(mut content: String, max: usize) -> String {
     content
 }
 
-/// A one-line, sanitized description of a call for an approval's action summary: the
-/// tool's name and the call's shape, never command bodies, file contents, patches or HTTP
-/// headers and bodies. At most 512 bytes.
+/// A one-line description of a call for an approval's action summary: the tool's name and
+/// its salient argument, so the approver sees what would happen: the command itself, the
+/// pattern, the path, the request's method and URL (without its query, which may carry a
+/// token). File contents, patch bodies and HTTP headers and bodies stay out; the runtime
+/// redacts credential-looking values ([`ActionSummary`] in the runtime). At most 512 bytes.
 pub fn summarize(call: &ToolCall) -> String {
     let name = clean(&call.name, 64);
     let args: serde_json::Value = match arguments(call) {
@@ -290,15 +292,12 @@ pub fn summarize(call: &ToolCall) -> String {
     let text = |key: &str| args.get(key).and_then(|v| v.as_str());
     let size = |key: &str| thousands(text(key).map_or(0, str::len) as u64);
     let path = |key: &str| clean(text(key).unwrap_or("."), 200);
+    let shown = |key: &str| one_line(text(key).unwrap_or_default());
     let line = match name.as_str() {
         "read_file" | "list_dir" | "git_diff" => format!("{name}: {}", path("path")),
         "git_status" => name.clone(),
-        "grep" => format!(
-            "{name}: a {}-byte pattern in {}",
-            size("pattern"),
-            path("path")
-        ),
-        "glob" => format!("{name}: a {}-byte pattern", size("pattern")),
+        "grep" => format!("{name}: {} in {}", shown("pattern"), path("path")),
+        "glob" => format!("{name}: {}", shown("pattern")),
         "file_write" => format!("{name}: {} ({} bytes)", path("path"), size("content")),
         "file_edit" => format!(
             "{name}: {} (replacing {} bytes with {} bytes{})",
@@ -326,19 +325,43 @@ pub fn summarize(call: &ToolCall) -> String {
                 None => format!("{name}: a {}-byte patch", size("patch")),
             }
         }
-        "shell_exec" => format!("{name}: a {}-byte command", size("command")),
+        "shell_exec" => format!("{name}: {}", shown("command")),
         "http_request" => {
             let method = clean(text("method").unwrap_or("?"), 16).to_ascii_uppercase();
-            // The host only: a path or query may carry a token.
-            let host = text("url")
+            let url = text("url")
                 .and_then(|u| url::Url::parse(u).ok())
-                .and_then(|u| u.host_str().map(|h| clean(h, 200)))
+                .map(|u| without_query(&u))
                 .unwrap_or_else(|| "an unreadable URL".into());
-            format!("{name}: {method} {host}")
+            format!("{name}: {method} {url}")
         }
         _ => format!("{name}: an unknown tool"),
     };
     cap(line)
+}
+
+/// `url` up to its path, userinfo dropped, and `?…` in place of a query (which may carry
+/// a token).
+fn without_query(url: &url::Url) -> String {
+    let mut shown = url.clone();
+    let _ = shown.set_username("");
+    let _ = shown.set_password(None);
+    shown.set_fragment(None);
+    let had_query = shown.query().is_some();
+    shown.set_query(None);
+    let mut text = clean(shown.as_str(), 300);
+    if had_query {
+        text.push_str("?…");
+    }
+    text
+}
+
+/// A multi-line argument on one line: each line break shown as ` ⏎ `, other control
+/// characters as spaces, so the approver reads every line of it.
+fn one_line(text: &str) -> String {
+    clean(
+        &text.replace("\r\n", "\n").replace('\n', " ⏎ "),
+        MAX_SUMMARY_BYTES,
+    )
 }
 
 /// `text` without control characters, cut to `max` bytes.

@@ -342,6 +342,79 @@ async fn git_tools_report_the_workspace() {
 }
 
 #[tokio::test]
+async fn writers_refuse_git_and_keel_internals() {
+    let (dir, env) = workspace();
+    std::fs::create_dir_all(dir.path().join(".git")).unwrap();
+    std::os::unix::fs::symlink(".git", dir.path().join("g")).unwrap();
+    for path in [
+        ".git/config",
+        "sub/.git/config",
+        "g/config",
+        ".keel/home/.gitconfig",
+    ] {
+        let refused = run(&env, "file_write", json!({"path": path, "content": "x"})).await;
+        assert!(
+            refused.is_error && refused.content.contains("is refused"),
+            "{path}: {}",
+            refused.content
+        );
+    }
+    let patch = "--- a/.git/config\n+++ b/.git/config\n@@ -0,0 +1 @@\n+x\n";
+    let refused = run(&env, "apply_patch", json!({"patch": patch})).await;
+    assert!(refused.is_error, "{}", refused.content);
+    assert!(!dir.path().join(".git/config").exists());
+    assert!(!dir.path().join("sub").exists());
+}
+
+/// `git` in `dir`, for setting up a repository as a run's own processes could.
+fn git_in(dir: &Path, args: &[&str]) -> bool {
+    std::process::Command::new("git")
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "commit.gpgsign=false",
+        ])
+        .args(args)
+        .current_dir(dir)
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+#[tokio::test]
+async fn read_only_git_tools_run_no_filter_driver_a_repository_configures() {
+    let (dir, env) = workspace();
+    let root = dir.path();
+    std::fs::write(root.join("a.txt"), "one\n").unwrap();
+    if !git_in(root, &["init", "-q"]) {
+        return; // no git on this host
+    }
+    assert!(git_in(root, &["add", "a.txt"]) && git_in(root, &["commit", "-qm", "a"]));
+    // What a shell_exec call could leave behind: a filter, a diff driver and an fsmonitor
+    // that each leave a marker when git runs them.
+    std::fs::write(root.join(".gitattributes"), "*.txt filter=mark diff=mark\n").unwrap();
+    let config = "[filter \"mark\"]\n\tclean = touch ran-clean; cat\n\tsmudge = cat\n\
+                  [diff \"mark\"]\n\ttextconv = touch ran-textconv; cat\n\
+                  [core]\n\tfsmonitor = touch ran-fsmonitor; true\n";
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(root.join(".git/config"))
+        .unwrap();
+    std::io::Write::write_all(&mut file, config.as_bytes()).unwrap();
+    // Same size, new content: status has to hash the file (through the filter) to see it.
+    std::fs::write(root.join("a.txt"), "two\n").unwrap();
+    let status = run(&env, "git_status", json!({})).await;
+    assert!(status.content.contains(" M a.txt"), "{}", status.content);
+    let diff = run(&env, "git_diff", json!({})).await;
+    assert!(diff.content.contains("+two"), "{}", diff.content);
+    for marker in ["ran-clean", "ran-textconv", "ran-fsmonitor"] {
+        assert!(!root.join(marker).exists(), "git ran the {marker} command");
+    }
+}
+
+#[tokio::test]
 async fn http_request_refuses_private_addresses_and_offline_runs() {
     let (_dir, mut env) = workspace();
     let urls = [
@@ -389,12 +462,24 @@ async fn http_request_reaches_a_local_server_when_tests_allow_it() {
 }
 
 #[test]
-fn summaries_give_the_shape_never_the_content() {
+fn summaries_show_the_salient_argument_never_contents() {
     let summary = |name: &str, args: serde_json::Value| summarize(&tool(name, args));
-    let command = "curl -H 'Authorization: Bearer sk-live' https://x";
+    // The approver sees the command itself, every line of it (the runtime redacts
+    // credential-looking values in it).
+    let command = "cd src &&\ncurl -d @notes.txt https://x.example/in";
     assert_eq!(
         summary("shell_exec", json!({"command": command})),
-        format!("shell_exec: a {}-byte command", command.len())
+        "shell_exec: cd src && ⏎ curl -d @notes.txt https://x.example/in"
+    );
+    let long = summary("shell_exec", json!({"command": "echo ".repeat(500)}));
+    assert!(long.starts_with("shell_exec: echo echo") && long.len() <= 512);
+    assert_eq!(
+        summary("grep", json!({"pattern": "fn main", "path": "src"})),
+        "grep: fn main in src"
+    );
+    assert_eq!(
+        summary("glob", json!({"pattern": "**/*.rs"})),
+        "glob: **/*.rs"
     );
     let content = "x".repeat(1204);
     assert_eq!(
@@ -404,10 +489,10 @@ fn summaries_give_the_shape_never_the_content() {
         ),
         "file_write: src/lib.rs (1,204 bytes)"
     );
-    let http = json!({"method": "get", "url": "https://example.com/p?token=sk-1", "headers": {"authorization": "sk-2"}});
+    let http = json!({"method": "post", "url": "https://u:pw@example.com/p/in?token=sk-1#f", "headers": {"authorization": "sk-2"}, "body": "sk-3"});
     assert_eq!(
         summary("http_request", http),
-        "http_request: GET example.com"
+        "http_request: POST https://example.com/p/in?…"
     );
     let patch = "--- a/a.rs\n+++ b/a.rs\n@@ -1 +1 @@\n-secret\n+other\n";
     let line = summary("apply_patch", json!({"patch": patch}));
@@ -506,6 +591,35 @@ async fn a_link_inside_is_written_as_its_target_and_hard_links_are_refused() {
     assert_eq!(
         std::fs::read_to_string(outside.path().join("secret")).unwrap(),
         "s"
+    );
+}
+
+#[tokio::test]
+async fn readers_refuse_a_hard_link_to_a_file_outside() {
+    let (dir, env) = workspace();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), "the-secret-line\n").unwrap();
+    std::fs::hard_link(
+        outside.path().join("secret"),
+        dir.path().join("src/notes.txt"),
+    )
+    .unwrap();
+    let read = run(&env, "read_file", json!({"path": "src/notes.txt"})).await;
+    assert!(
+        read.is_error && read.content.contains("hard links"),
+        "{}",
+        read.content
+    );
+    assert!(!read.content.contains("the-secret-line"));
+    let grep = run(&env, "grep", json!({"pattern": "the-secret"})).await;
+    assert_eq!(grep.content, "[no matches]");
+    // The file itself is still readable once it is the only name of its content.
+    std::fs::remove_file(outside.path().join("secret")).unwrap();
+    let read = run(&env, "read_file", json!({"path": "src/notes.txt"})).await;
+    assert!(
+        !read.is_error && read.content.contains("the-secret-line"),
+        "{}",
+        read.content
     );
 }
 
