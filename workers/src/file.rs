@@ -99,20 +99,10 @@ pub(crate) mod beneath {
         content: &[u8],
         operation: FileOperation,
     ) -> Result<u64, String> {
-        let names: Vec<&OsStr> = relative
-            .components()
-            .filter_map(|c| match c {
-                Component::Normal(name) => Some(name),
-                _ => None,
-            })
-            .collect();
+        let names = names(relative);
         let (file, parents) = names.split_last().ok_or("the path names no file")?;
-        let root = open(workspace, directory_flags(), Mode::empty())
-            .map_err(|e| format!("opening the workspace: {e}"))?;
         let create = !matches!(operation, FileOperation::Delete);
-        let parent = parents
-            .iter()
-            .try_fold(root, |dir, name| open_directory(&dir, name, create))?;
+        let parent = open_directories(workspace, parents, create)?;
         match operation {
             FileOperation::Delete => {
                 unlinkat(&parent, *file, UnlinkatFlags::NoRemoveDir).map_err(explain)?;
@@ -121,6 +111,36 @@ pub(crate) mod beneath {
             FileOperation::Write => write(&parent, file, content, OFlag::O_WRONLY),
             FileOperation::Append => write(&parent, file, content, OFlag::O_APPEND),
         }
+    }
+
+    /// Creates the directory `relative` beneath `workspace` and what is missing above it,
+    /// following no link (the worker prepares a run's own directories this way, in a
+    /// workspace an earlier attempt's processes could have filled with links).
+    pub(crate) fn create_directories(workspace: &Path, relative: &Path) -> Result<(), String> {
+        open_directories(workspace, &names(relative), true).map(drop)
+    }
+
+    fn names(relative: &Path) -> Vec<&OsStr> {
+        relative
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(name) => Some(name),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Opens the directory `names` leads to from `workspace`, one component at a time.
+    fn open_directories(
+        workspace: &Path,
+        names: &[&OsStr],
+        create: bool,
+    ) -> Result<OwnedFd, String> {
+        let root = open(workspace, directory_flags(), Mode::empty())
+            .map_err(|e| format!("opening the workspace: {e}"))?;
+        names
+            .iter()
+            .try_fold(root, |dir, name| open_directory(&dir, name, create))
     }
 
     /// Why [`read`] did not return a file's bytes.
