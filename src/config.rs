@@ -435,6 +435,12 @@ pub struct ApiArgs {
     #[arg(long, env = "KEEL_STREAM_POLL_MS", default_value_t = 1000)]
     pub stream_poll_ms: u64,
 
+    /// How long a client may take to send a request's line and headers before its
+    /// connection is closed (seconds, 1 to 3600).
+    #[arg(long, env = "KEEL_HEADER_READ_TIMEOUT_SECS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub header_read_timeout_secs: u64,
+
     #[command(flatten)]
     pub auth: AuthArgs,
 }

@@ -948,6 +948,16 @@ async fn health_readiness_and_stats() {
     )
     .await;
     assert_eq!(stats["data"]["queue_backend"], "postgres");
+    // The local caller operates the runtime: it sees where its workers run.
+    let worker = &stats["data"]["workers"]["list"][0];
+    assert!(
+        worker["hostname"].as_str().is_some_and(|h| !h.is_empty()),
+        "{worker}"
+    );
+    assert!(
+        worker["pid"].as_i64().is_some_and(|pid| pid > 0),
+        "{worker}"
+    );
     // A queued job shows in the depth while no worker can take it.
     let api = TestApp::api_only().await;
     api.client.run_shell("true").await;

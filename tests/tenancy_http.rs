@@ -419,6 +419,13 @@ async fn a_running_job_counts_in_its_own_workspace_alone() {
     a.wait_status(&running.task_id, &running.run_id, "running", TIMEOUT)
         .await;
     let (a_stats, b_stats) = (live_stats(&a).await, live_stats(&b).await);
+    // Tenants learn that workers are live, not the deployment's hosts and pids.
+    for stats in [&a_stats, &b_stats] {
+        let worker = &stats["workers"]["list"][0];
+        assert!(worker["id"].is_string(), "{stats}");
+        assert_eq!(worker["hostname"], Value::Null, "{stats}");
+        assert_eq!(worker["pid"], Value::Null, "{stats}");
+    }
     assert_eq!(a_stats["active_leases"], 1, "{a_stats}");
     assert_eq!(worker_leases(&a_stats), 1, "{a_stats}");
     assert_eq!(b_stats["active_leases"], 0, "{b_stats}");

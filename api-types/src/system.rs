@@ -64,8 +64,11 @@ pub struct KindStats {
 #[cfg_attr(feature = "sqlx", derive(sqlx::FromRow))]
 pub struct WorkerStats {
     pub id: String,
-    pub hostname: String,
-    pub pid: i32,
+    /// The worker's host; null for a remote caller (tenants do not learn the deployment's
+    /// hosts).
+    pub hostname: Option<String>,
+    /// The worker's process id; null for a remote caller.
+    pub pid: Option<i32>,
     pub kinds: Vec<String>,
     pub concurrency: i32,
     /// Leases the worker holds; in an API response, of the caller's workspace only.

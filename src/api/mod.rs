@@ -8,6 +8,7 @@ mod events;
 mod external_work;
 mod extract;
 mod lineage;
+mod listen;
 mod media_jobs;
 mod middleware;
 mod openapi;
@@ -20,7 +21,6 @@ mod tasks;
 mod usage;
 mod workspaces;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,7 +83,12 @@ pub struct ApiSettings {
     pub secrets: SecretPolicy,
     pub provider_hosts: ProviderHosts,
     pub chat: ChatLimits,
+    /// How long a client may take to send a request's line and headers.
+    pub header_read_timeout: Duration,
 }
+
+/// The header read timeout when the configuration says nothing.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Serves the API on `listener` until `shutdown` fires, in local mode without a runtime
 /// token (the listener must be on a loopback address) and the default secret policy.
@@ -103,6 +108,7 @@ pub async fn serve(
         secrets: SecretPolicy::default(),
         provider_hosts: ProviderHosts::default(),
         chat: ChatLimits::default(),
+        header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
     };
     serve_with_auth(pool, listener, settings, auth, shutdown).await
 }
@@ -144,11 +150,7 @@ pub async fn serve_with_auth(
         provider_hosts: Arc::new(settings.provider_hosts),
         chat: settings.chat,
     };
-    // The peer address tells local-only routes whether a request came from this host.
-    let service = app(state).into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, service)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    listen::serve(listener, app(state), settings.header_read_timeout, shutdown).await
 }
 
 /// Every documented route: the router and the OpenAPI document come from the same

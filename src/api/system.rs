@@ -170,7 +170,8 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) 
 }
 
 /// The workspace's queue depth and age per kind and its leases, and live workers across
-/// all replicas (with the leases each holds of the workspace).
+/// all replicas (with the leases each holds of the workspace; their hosts and pids for
+/// operators only).
 #[utoipa::path(get, path = "/system/stats", tag = "system",
     responses((status = 200, description = "The figures", body = ObjectEnvelope<SystemStats>)))]
 async fn system_stats(
@@ -179,7 +180,15 @@ async fn system_stats(
 ) -> Result<Json<ObjectEnvelope<SystemStats>>, ApiError> {
     let mut conn = state.pool.acquire().await?;
     let queue = stats::queue(&mut conn, &caller.scope).await?;
-    let workers = stats::live_workers(&mut conn, &caller.scope, stats::WORKER_LIVE_MS).await?;
+    let mut workers = stats::live_workers(&mut conn, &caller.scope, stats::WORKER_LIVE_MS).await?;
+    // A tenant sees that workers are live and what they hold of its workspace, not where
+    // the deployment runs them.
+    if !caller.is_operator() {
+        for worker in &mut workers {
+            worker.hostname = None;
+            worker.pid = None;
+        }
+    }
     let active_leases: i64 = queue.iter().map(|k| k.leased).sum();
     let workers = Workers {
         live: workers.len(),

@@ -370,6 +370,7 @@ pub async fn serve_api(
         secrets: common.secrets.policy(),
         provider_hosts: common.provider_hosts(),
         chat: common.chat.limits(),
+        header_read_timeout: std::time::Duration::from_secs(args.header_read_timeout_secs),
     };
     api::serve_with_auth(pool, listener, settings, auth, shutdown)
         .await

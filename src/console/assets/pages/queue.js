@@ -105,7 +105,7 @@ function leasesTable(leases) {
 
 function workersTable(workers) {
   return table('Live workers', ['Worker', 'Host', 'PID', 'Kinds', 'Concurrency', 'Leases held', 'Last heartbeat'],
-    workers.list.map((w) => [w.id, w.hostname, String(w.pid), w.kinds.join(', '), String(w.concurrency),
+    workers.list.map((w) => [w.id, w.hostname ?? '—', w.pid === null ? '—' : String(w.pid), w.kinds.join(', '), String(w.concurrency),
       String(w.active_leases), duration(w.last_seen_ms_ago) + ' ago']),
     'No worker is live: start one with `keel worker` (or `keel serve`).');
 }
