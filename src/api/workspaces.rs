@@ -32,11 +32,9 @@ async fn own_limits(
 
 /// A workspace an operator names in the path.
 fn operator_scope(caller: &Caller, workspace_id: String) -> Result<Scope, ApiError> {
-    if !caller.is_operator() {
-        return Err(ApiError::Forbidden(
-            "only an operator may read or set another workspace's limits".into(),
-        ));
-    }
+    caller
+        .require_operator("read or set a workspace's limits")
+        .map_err(ApiError::Forbidden)?;
     // The same rule as the org ids that name workspaces in remote mode.
     checked_id(&workspace_id).map(Scope::new).ok_or_else(|| {
         ApiError::invalid("workspace_id must be 1 to 128 printable ASCII characters, no spaces")

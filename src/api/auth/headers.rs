@@ -1,13 +1,16 @@
 //! The header form of a remote identity, for proxies that cannot sign: the shared secret
 //! in `X-Keel-Remote-Secret` vouches for `X-Keel-Actor-Id`, `X-Keel-Org-Id`,
 //! `X-Keel-Runtime-Id` and the optional `X-Keel-Project-Id`. Without the secret, those
-//! headers are whatever a client chose to send, and count for nothing.
+//! headers are whatever a client chose to send, and count for nothing. `X-Keel-Role`
+//! counts only when the operator says the proxy sets it (`KEEL_REMOTE_ROLE_HEADER`);
+//! otherwise every caller of this form is a member.
 
 use axum::http::HeaderMap;
 
 use super::jwt::Rejected;
 use super::token;
 use crate::config::Redacted;
+use crate::domain::Role;
 use crate::domain::identity::{IdentityForm, RemoteIdentity, checked_id};
 
 pub const SECRET_HEADER: &str = "x-keel-remote-secret";
@@ -15,15 +18,18 @@ const ACTOR_HEADER: &str = "x-keel-actor-id";
 const ORG_HEADER: &str = "x-keel-org-id";
 const RUNTIME_HEADER: &str = "x-keel-runtime-id";
 const PROJECT_HEADER: &str = "x-keel-project-id";
+const ROLE_HEADER: &str = "x-keel-role";
 
 const MAX_NAME_LEN: usize = 256;
 
-/// The identity the headers vouch for, when the secret is right.
+/// The identity the headers vouch for, when the secret is right, and its role: the
+/// `X-Keel-Role` header's when `role_header` is on, else member.
 pub fn verify(
     headers: &HeaderMap,
     secret: &Redacted,
     runtime_id: &str,
-) -> Result<RemoteIdentity, Rejected> {
+    role_header: bool,
+) -> Result<(RemoteIdentity, Role), Rejected> {
     let presented = single(headers, SECRET_HEADER).ok_or("no remote secret")?;
     if !token::matches(presented, secret) {
         return Err("wrong remote secret");
@@ -37,14 +43,21 @@ pub fn verify(
         Some(project) => Some(checked_id(project).ok_or("invalid project id")?),
         None => None,
     };
-    Ok(RemoteIdentity {
+    let role = match role_header {
+        true if headers.contains_key(ROLE_HEADER) => {
+            Role::parse(single(headers, ROLE_HEADER)).ok_or("invalid role header")?
+        }
+        _ => Role::Member,
+    };
+    let identity = RemoteIdentity {
         actor_id: id(ACTOR_HEADER).ok_or("missing or invalid actor id")?,
         org_id: id(ORG_HEADER).ok_or("missing or invalid org id")?,
         runtime_id: runtime,
         project_id: project,
         name: None,
         form: IdentityForm::Headers,
-    })
+    };
+    Ok((identity, role))
 }
 
 /// The header's value when it is sent exactly once: a repeated identity header is ambiguous.

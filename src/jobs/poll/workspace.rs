@@ -1,6 +1,8 @@
 //! Per-item workspaces (`workspace.root`, after Symphony): each item, keyed by its
-//! identifier (not its versioned key), gets one directory `<root>/<workspace key>`, which
-//! its task's runs work in (`in_place`) and its later versions and retries reuse.
+//! identifier (not its versioned key), gets one directory
+//! `<root>/<Keel workspace>/<workspace key>`, which its task's runs work in (`in_place`)
+//! and its later versions and retries reuse. The Keel workspace (the tenant,
+//! [`Scope::directory_name`]) keeps two orgs that track the same repository apart.
 //!
 //! An item about to start is first `workspace_preparing` (committed with its directory),
 //! then the directory is made and `after_create` runs when it is new, then the item is
@@ -70,7 +72,9 @@ pub(super) async fn claim(
 ) -> Result<ItemRecord, StoreError> {
     match poller.rules.workspace_roots.confine(root, None) {
         Ok(root) => {
-            let directory = root.join(key(&item.identifier));
+            let directory = root
+                .join(scope.directory_name())
+                .join(key(&item.identifier));
             let directory = directory.to_string_lossy();
             rows::begin_preparation(conn, scope, &item.id, &directory).await
         }
@@ -232,9 +236,18 @@ async fn prepare_locked(
     external::update_item(conn, scope, &item.id, &ready).await
 }
 
-/// Creates the directory; true when this call created it. An existing directory is
-/// reused; anything else there (a file, a symbolic link) is refused.
+/// Creates the directory, and its tenant's directory above it when that is new; true when
+/// this call created the item's. An existing directory is reused; anything else there (a
+/// file, a symbolic link) is refused.
 async fn create(directory: &Path) -> Result<bool, String> {
+    let tenant = directory.parent().unwrap_or(directory);
+    make_dir(tenant).await?;
+    make_dir(directory).await
+}
+
+/// Makes one directory beneath a parent that is still itself (no symbolic link swapped
+/// in); true when this call made it.
+async fn make_dir(directory: &Path) -> Result<bool, String> {
     inside_root(directory).await?;
     match tokio::fs::create_dir(directory).await {
         Ok(()) => Ok(true),
