@@ -51,6 +51,8 @@ struct Setup {
     _worker: KeelProcess,
     /// `workspace.root`, canonical, beneath the allowed root.
     root: PathBuf,
+    /// Where the items' directories are: the local workspace's beneath the root.
+    items: PathBuf,
     db_url: String,
     allowed: PathBuf,
     dir: tempfile::TempDir,
@@ -77,6 +79,7 @@ impl Setup {
             github,
             api,
             _worker: worker,
+            items: root.join("default"),
             root,
             db_url,
             allowed,
@@ -169,7 +172,7 @@ async fn an_items_run_works_in_its_workspace_between_its_hooks() {
     let summary = setup.poll(&id).await;
     assert_eq!(summary["claimed"], 1, "{summary}");
 
-    let workspace = setup.root.join("acme_widgets_1");
+    let workspace = setup.items.join("acme_widgets_1");
     let item = setup.newest_item(&id).await;
     assert_eq!(item["state"], "claimed", "{item}");
     assert_eq!(
@@ -243,7 +246,7 @@ async fn a_failing_before_run_fails_the_attempt_and_the_item_waits_to_retry() {
         "{run}"
     );
     // The command never ran.
-    assert!(!setup.root.join("acme_widgets_1/ran.txt").exists());
+    assert!(!setup.items.join("acme_widgets_1/ran.txt").exists());
     let artifacts = artifacts(setup.client(), &run).await;
     assert_eq!(text_of(&artifacts, "before_run.stderr"), "no checkout\n");
 
@@ -295,7 +298,7 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     for item in items_of(setup.client(), &id).await {
         assert_eq!(setup.finished_run(&item).await["status"], "completed");
     }
-    let workspace = setup.root.join("acme_widgets_1");
+    let workspace = setup.items.join("acme_widgets_1");
     assert!(workspace.join("work.txt").exists());
     // A link inside the workspace to a file outside it: the removal must not follow it.
     let outside = setup.root.parent().unwrap().join("keep.txt");
@@ -305,7 +308,7 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     let elsewhere = setup.root.parent().unwrap().join("elsewhere");
     std::fs::create_dir(&elsewhere).unwrap();
     std::fs::write(elsewhere.join("precious.txt"), "kept").unwrap();
-    let swapped = setup.root.join("acme_widgets_3");
+    let swapped = setup.items.join("acme_widgets_3");
     std::fs::remove_dir_all(&swapped).unwrap();
     std::os::unix::fs::symlink(&elsewhere, &swapped).unwrap();
 
@@ -328,7 +331,7 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     let refused = newest_of(setup.client(), &id, "acme/widgets#3").await;
     assert_eq!(refused["last_error_code"], "workspace_refused", "{refused}");
     assert_eq!(refused["hook_output"], Value::Null, "{refused}");
-    assert!(setup.root.join("acme_widgets_2").exists());
+    assert!(setup.items.join("acme_widgets_2").exists());
     assert_eq!(std::fs::read_to_string(&outside).unwrap(), "kept");
     let terminal = newest_of(setup.client(), &id, "acme/widgets#1").await;
     assert_eq!(terminal["state"], "terminal", "{terminal}");
@@ -357,7 +360,7 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     let (status, body) = setup.client().post(&reconcile, json!({})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["data"]["removed_workspaces"], 1, "{body}");
-    assert!(!setup.root.join("acme_widgets_2").exists());
+    assert!(!setup.items.join("acme_widgets_2").exists());
     // Nothing left to remove or to ask about.
     let requests = setup.github.received_requests().await.unwrap().len();
     let (_, body) = setup.client().post(&reconcile, json!({})).await;
@@ -441,7 +444,7 @@ async fn a_process_killed_while_after_create_runs_leaves_the_item_to_the_next_po
     );
     let run = setup.finished_run(&item).await;
     assert_eq!(run["status"], "completed", "{run}");
-    let workspace = setup.root.join("acme_widgets_1");
+    let workspace = setup.items.join("acme_widgets_1");
     let artifacts = artifacts(setup.client(), &run).await;
     let stdout = text_of(&artifacts, "stdout");
     assert_eq!(stdout, format!("{}\n", workspace.display()));
