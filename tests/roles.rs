@@ -78,6 +78,16 @@ impl Stack {
     }
 }
 
+/// 422 `invalid_request`: what the domain refuses.
+fn assert_invalid(status: StatusCode, body: &Value) {
+    assert_refused(
+        status,
+        body,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_request",
+    );
+}
+
 fn assert_refused(status: StatusCode, body: &Value, expected: StatusCode, kind: &str) {
     assert_eq!(status, expected, "{body}");
     assert_eq!(body["error"]["type"], kind, "{body}");
@@ -113,14 +123,17 @@ async fn assert_still_pending(
     assert!(approval["data"]["resolved_by"].is_null(), "{approval}");
 }
 
-async fn quiet_listener() -> FakeLlm {
-    FakeLlm::start(vec![Turn::text("pong")]).await
+/// The tenant's listener (a chat model answering once) and a stack that allows presets
+/// to reach it.
+async fn started() -> (FakeLlm, Stack) {
+    let llm = FakeLlm::start(vec![Turn::text("pong")]).await;
+    let stack = stack(&llm.openai_base()).await;
+    (llm, stack)
 }
 
 #[tokio::test]
 async fn whoami_tells_a_member_from_an_operator() {
-    let llm = quiet_listener().await;
-    let stack = stack(&llm.openai_base()).await;
+    let (_llm, stack) = started().await;
     let (_, member) = stack.member("a").get("/v1/whoami").await;
     assert_eq!(member["data"]["role"], "member", "{member}");
     let (_, operator) = stack.operator("a").get("/v1/whoami").await;
@@ -140,15 +153,21 @@ async fn whoami_tells_a_member_from_an_operator() {
     assert_refused(status, &body, StatusCode::UNAUTHORIZED, "unauthorized");
 }
 
+/// `approver` resolving `gate` is refused (403) and the run still waits; the refusal's
+/// message.
+async fn refused_resolution(approver: &Client, gate: &(String, String, String)) -> String {
+    let (status, body) = resolve(approver, gate).await;
+    assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    assert_still_pending(approver, gate).await;
+    body["error"]["message"].as_str().unwrap().to_string()
+}
+
 #[tokio::test]
 async fn a_member_cannot_resolve_an_approval() {
-    let llm = quiet_listener().await;
-    let stack = stack(&llm.openai_base()).await;
+    let (_llm, stack) = started().await;
     let member = stack.member("a");
     let gate = gated(&member).await;
-    let (status, body) = resolve(&member, &gate).await;
-    assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
-    assert_still_pending(&member, &gate).await;
+    refused_resolution(&member, &gate).await;
     // The org's operator (someone else) may.
     let (status, body) = resolve(&stack.operator("a"), &gate).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -160,31 +179,18 @@ async fn a_member_cannot_resolve_an_approval() {
 
 #[tokio::test]
 async fn an_operator_cannot_approve_their_own_run() {
-    let llm = quiet_listener().await;
-    let stack = stack(&llm.openai_base()).await;
+    let (_llm, stack) = started().await;
     let operator = stack.operator("a");
     let own = gated(&operator).await;
-    let (status, body) = resolve(&operator, &own).await;
-    assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("KEEL_ALLOW_SELF_APPROVAL"),
-        "{body}"
-    );
-    assert_still_pending(&operator, &own).await;
+    let message = refused_resolution(&operator, &own).await;
+    assert!(message.contains("KEEL_ALLOW_SELF_APPROVAL"), "{message}");
     // Nor does a member of the org decide it for them.
-    let member = stack.member("a");
-    let (status, body) = resolve(&member, &own).await;
-    assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
-    assert_still_pending(&operator, &own).await;
+    refused_resolution(&stack.member("a"), &own).await;
 }
 
 #[tokio::test]
 async fn a_member_cannot_set_limits_not_even_its_own() {
-    let llm = quiet_listener().await;
-    let stack = stack(&llm.openai_base()).await;
+    let (_llm, stack) = started().await;
     let member = stack.member("b");
     for workspace in ["org_b", "org_a"] {
         let url = format!("{}/v1/workspaces/{workspace}/limits", stack.base);
@@ -224,8 +230,7 @@ async fn register(c: &Client, markdown: &str) -> (StatusCode, Value) {
 
 #[tokio::test]
 async fn a_member_cannot_register_hooks_or_roots_or_in_place_work() {
-    let llm = quiet_listener().await;
-    let stack = stack(&llm.openai_base()).await;
+    let (_llm, stack) = started().await;
     let member = stack.member("a");
     let hook = workflow(None, "hooks:\n  after_create: cat /proc/$PPID/environ\n");
     let rooted = workflow(Some(&stack.root), "");
@@ -252,8 +257,7 @@ fn chat_preset(base_url: &str, key: &str) -> Value {
 
 #[tokio::test]
 async fn a_member_cannot_send_the_operators_secrets_to_its_listener() {
-    let llm = quiet_listener().await;
-    let stack = stack(&llm.openai_base()).await;
+    let (llm, stack) = started().await;
     let member = stack.member("a");
     let mine = llm.openai_base();
     // The operator's key, in the key or a secret header, aimed at the member's listener.
@@ -261,12 +265,7 @@ async fn a_member_cannot_send_the_operators_secrets_to_its_listener() {
     header["secret_header_refs"] = json!({ "x-forward": "env:GITHUB_TOKEN" });
     for body in [chat_preset(&mine, "env:OPENAI_API_KEY"), header] {
         let (status, refused) = member.post("/v1/providers", body).await;
-        assert_refused(
-            status,
-            &refused,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_request",
-        );
+        assert_invalid(status, &refused);
         assert!(
             refused["error"]["message"]
                 .as_str()
@@ -284,12 +283,7 @@ async fn a_member_cannot_send_the_operators_secrets_to_its_listener() {
     let url = format!("{}/v1/providers/{id}", stack.base);
     let patch = member.http.patch(url).json(&json!({ "base_url": mine }));
     let (status, body) = member.send(patch).await;
-    assert_refused(
-        status,
-        &body,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_request",
-    );
+    assert_invalid(status, &body);
     let (_, kept) = member.get(&format!("/v1/providers/{id}")).await;
     assert_eq!(
         kept["data"]["base_url"], "https://api.openai.com/v1",
@@ -299,23 +293,13 @@ async fn a_member_cannot_send_the_operators_secrets_to_its_listener() {
     let (status, body) = member
         .get("/v1/secrets/status?ref=env:OPENAI_API_KEY")
         .await;
-    assert_refused(
-        status,
-        &body,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_request",
-    );
+    assert_invalid(status, &body);
     // Org b was granted nothing, not even org a's key.
     let (status, body) = stack
         .member("b")
         .post("/v1/providers", chat_preset(&mine, "env:ORG_A_API_KEY"))
         .await;
-    assert_refused(
-        status,
-        &body,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_request",
-    );
+    assert_invalid(status, &body);
     assert!(llm.requests().is_empty(), "a request reached the listener");
 
     // What org a was granted does reach an allowed host: the listener hears org a's key.
@@ -337,8 +321,7 @@ async fn a_member_cannot_send_the_operators_secrets_to_its_listener() {
 
 #[tokio::test]
 async fn a_members_chat_preset_reaches_only_allowed_hosts_over_https() {
-    let llm = quiet_listener().await;
-    let stack = stack(&llm.openai_base()).await;
+    let (llm, stack) = started().await;
     let member = stack.member("a");
     let port = reqwest::Url::parse(&llm.openai_base())
         .unwrap()
@@ -354,12 +337,7 @@ async fn a_members_chat_preset_reaches_only_allowed_hosts_over_https() {
         let (status, body) = member
             .post("/v1/providers", chat_preset(&base_url, "env:ORG_A_API_KEY"))
             .await;
-        assert_refused(
-            status,
-            &body,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_request",
-        );
+        assert_invalid(status, &body);
         assert!(
             body["error"]["message"]
                 .as_str()
@@ -392,8 +370,7 @@ async fn import(c: &Client, source: &str, state: &str, updated_at: &str) -> Valu
 
 #[tokio::test]
 async fn two_orgs_tracking_one_repository_keep_their_directories_apart() {
-    let llm = quiet_listener().await;
-    let stack = stack(&llm.openai_base()).await;
+    let (_llm, stack) = started().await;
     let markdown = workflow(Some(&stack.root), "");
     let (a, b) = (stack.operator("a"), stack.operator("b"));
     let mut sources = Vec::new();
@@ -441,19 +418,9 @@ async fn two_orgs_tracking_one_repository_keep_their_directories_apart() {
                 "workspace_mode": "in_place", "working_directory": dir.to_str().unwrap() })
     };
     let (status, body) = member.post("/v1/tasks", in_place(&a_dir)).await;
-    assert_refused(
-        status,
-        &body,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_request",
-    );
+    assert_invalid(status, &body);
     let (status, body) = member.post("/v1/tasks", in_place(&stack.root)).await;
-    assert_refused(
-        status,
-        &body,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid_request",
-    );
+    assert_invalid(status, &body);
     let own = stack.root.join("org_b").join("scratch");
     std::fs::create_dir(&own).unwrap();
     let task = member.create_task(in_place(&own)).await;

@@ -277,7 +277,7 @@ impl NewTask {
             "working_directory"
         };
         let wanted = allowed_root.as_deref().unwrap_or(directory);
-        let real = std::fs::canonicalize(&*wanted)
+        let real = std::fs::canonicalize(wanted)
             .map_err(|e| Invalid::new(field, format!("{wanted} cannot be resolved: {e}")))?;
         let within = granted.iter().find(|tenant| real.starts_with(tenant));
         match (within, allowed_root.is_some()) {

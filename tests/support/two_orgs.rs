@@ -31,30 +31,26 @@ pub struct Stack {
 
 /// A member of `org_<org>`, actor `actor_<org>`.
 pub fn org_client(base: &str, org: &str) -> Client {
-    client_with_headers(
-        base,
-        &[
-            ("x-keel-remote-secret", SHARED_SECRET),
-            ("x-keel-actor-id", &format!("actor_{org}")),
-            ("x-keel-org-id", &format!("org_{org}")),
-            ("x-keel-runtime-id", RUNTIME_ID),
-        ],
-    )
+    identified(base, org, &format!("actor_{org}"), &[])
 }
 
 /// An operator of `org_<org>`, actor `operator_<org>`: it resolves the approvals of the
 /// member's runs (nobody resolves their own).
 pub fn operator_client(base: &str, org: &str) -> Client {
-    client_with_headers(
-        base,
-        &[
-            ("x-keel-remote-secret", SHARED_SECRET),
-            ("x-keel-actor-id", &format!("operator_{org}")),
-            ("x-keel-org-id", &format!("org_{org}")),
-            ("x-keel-runtime-id", RUNTIME_ID),
-            ("x-keel-role", "operator"),
-        ],
-    )
+    let role = [("x-keel-role", "operator")];
+    identified(base, org, &format!("operator_{org}"), &role)
+}
+
+/// A client the proxy's headers identify as `actor` in `org_<org>`, with `more` headers.
+fn identified(base: &str, org: &str, actor: &str, more: &[(&str, &str)]) -> Client {
+    let org_id = format!("org_{org}");
+    let identity = [
+        ("x-keel-remote-secret", SHARED_SECRET),
+        ("x-keel-actor-id", actor),
+        ("x-keel-org-id", org_id.as_str()),
+        ("x-keel-runtime-id", RUNTIME_ID),
+    ];
+    client_with_headers(base, &[identity.as_slice(), more].concat())
 }
 
 pub async fn stack() -> Stack {
