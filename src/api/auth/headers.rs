@@ -82,6 +82,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_role_header_counts_only_when_the_operator_says_the_proxy_sets_it() {
+        let secret: Redacted = "a-shared-secret-of-16".parse().unwrap();
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            (SECRET_HEADER, "a-shared-secret-of-16"),
+            (ACTOR_HEADER, "alice"),
+            (ORG_HEADER, "org_a"),
+            (RUNTIME_HEADER, "rt"),
+            (ROLE_HEADER, "operator"),
+        ] {
+            headers.insert(name, value.parse().unwrap());
+        }
+        let role = |headers: &HeaderMap, counted| verify(headers, &secret, "rt", counted);
+        assert_eq!(role(&headers, false).unwrap().1, Role::Member);
+        assert_eq!(role(&headers, true).unwrap().1, Role::Operator);
+        headers.insert(ROLE_HEADER, "root".parse().unwrap());
+        assert!(role(&headers, true).is_err());
+        headers.remove(ROLE_HEADER);
+        assert_eq!(role(&headers, true).unwrap().1, Role::Member);
+    }
+
+    #[test]
     fn names_have_no_control_characters() {
         assert!(checked_name("Ada Lovelace").is_some());
         assert!(checked_name("bad\nname").is_none());
