@@ -363,6 +363,13 @@ pub struct SecretArgs {
     #[arg(long, env = "KEEL_SECRET_FILE_ROOTS", default_value = DEFAULT_FILE_ROOTS,
           value_delimiter = ',', global = true)]
     pub secret_file_roots: Vec<PathBuf>,
+
+    /// What each workspace's members may name in a preset: a comma list of
+    /// `WORKSPACE=REFERENCE` (`org_a=env:OPENAI_API_KEY`, `org_a=env:ORG_A_*`). Every other
+    /// reference the policy allows is the operator's: only an operator writes a preset
+    /// that names it. Unset: members name no secret.
+    #[arg(long, env = "KEEL_SECRET_GRANTS", value_delimiter = ',', global = true)]
+    pub secret_grants: Vec<String>,
 }
 
 impl Default for SecretArgs {
@@ -370,16 +377,19 @@ impl Default for SecretArgs {
         SecretArgs {
             secret_env_allow: vec![DEFAULT_ENV_ALLOW.into()],
             secret_file_roots: vec![DEFAULT_FILE_ROOTS.into()],
+            secret_grants: Vec::new(),
         }
     }
 }
 
 impl SecretArgs {
-    pub fn policy(&self) -> SecretPolicy {
+    /// Fails on a grant that is not `WORKSPACE=REFERENCE`.
+    pub fn policy(&self) -> Result<SecretPolicy, String> {
         SecretPolicy::new(
             self.secret_env_allow.clone(),
             self.secret_file_roots.clone(),
         )
+        .with_grants(&self.secret_grants)
     }
 }
 
@@ -498,6 +508,19 @@ pub struct AuthArgs {
     /// Secret of the header form (`X-Keel-Remote-Secret`), at least 16 characters.
     #[arg(long, env = "KEEL_REMOTE_SHARED_SECRET", hide_env_values = true)]
     pub remote_shared_secret: Option<Redacted>,
+
+    /// The header form's `X-Keel-Role` (`member` or `operator`) counts: set it only when
+    /// the proxy sets that header itself and drops the clients'. Off: every caller of the
+    /// header form is a member.
+    #[arg(long, env = "KEEL_REMOTE_ROLE_HEADER", action = clap::ArgAction::SetTrue,
+          value_parser = BoolishValueParser::new())]
+    pub remote_role_header: bool,
+
+    /// In remote mode, an operator may resolve an approval of a run (or an action) they
+    /// requested themselves. Off: 403, someone else must decide.
+    #[arg(long, env = "KEEL_ALLOW_SELF_APPROVAL", action = clap::ArgAction::SetTrue,
+          value_parser = BoolishValueParser::new())]
+    pub allow_self_approval: bool,
 
     /// How long a console sign-in lasts (seconds, 60 to 30 days): the browser's session
     /// cookie carries its signed expiry and is refused after it.

@@ -494,6 +494,7 @@ async fn hs256_identities_are_verified_claim_by_claim() {
     let session = &body["data"];
     assert_eq!(session["actor_id"], "actor_1");
     assert_eq!(session["workspace"], "org_a");
+    assert_eq!(session["role"], "member", "no role claim: a member");
     assert_eq!(session["runtime_host"]["runtime_mode"], "remote");
     assert_eq!(
         session["runtime_host"]["operator_access"],
@@ -521,6 +522,9 @@ async fn hs256_identities_are_verified_claim_by_claim() {
         c.as_object_mut().unwrap().remove(claim);
         c
     };
+    let operator = hs256(&with(json!({ "role": "operator" })), JWT_SECRET);
+    let (_, body) = status_with(&client, "/v1/whoami", &[("x-keel-identity", &operator)]).await;
+    assert_eq!(body["data"]["role"], "operator", "{body}");
     let cases = [
         (
             "expired",
@@ -564,6 +568,10 @@ async fn hs256_identities_are_verified_claim_by_claim() {
             ed25519(&claims("org_a"), "ed25519.pem", None),
         ),
         ("malformed", "not.a.jwt".to_string()),
+        (
+            "a role that is neither member nor operator",
+            hs256(&with(json!({ "role": "admin" })), JWT_SECRET),
+        ),
     ];
     for (case, token) in &cases {
         let (status, body) = status_with(&client, "/v1/tasks", &[("x-keel-identity", token)]).await;

@@ -402,12 +402,13 @@ fn nginx_block(tokens: &mut impl Iterator<Item = Token>) -> Vec<Directive> {
 }
 
 /// The headers a client could send to claim an identity or a credential of its own.
-const FORGEABLE: [&str; 8] = [
+const FORGEABLE: [&str; 9] = [
     "X-Keel-Remote-Secret",
     "X-Keel-Actor-Id",
     "X-Keel-Org-Id",
     "X-Keel-Runtime-Id",
     "X-Keel-Project-Id",
+    "X-Keel-Role",
     "X-Keel-Runtime-Token",
     "Authorization",
     "Cookie",

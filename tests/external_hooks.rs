@@ -54,6 +54,8 @@ struct Setup {
     worker: KeelProcess,
     /// `workspace.root`, canonical, beneath the allowed root.
     root: PathBuf,
+    /// Where the items' directories are: the local workspace's beneath the root.
+    items: PathBuf,
     db_url: String,
     allowed: PathBuf,
     dir: tempfile::TempDir,
@@ -97,6 +99,7 @@ impl Setup {
             github,
             api,
             worker,
+            items: root.join("default"),
             root,
             db_url,
             allowed,
@@ -190,7 +193,7 @@ async fn an_items_run_works_in_its_workspace_between_its_hooks() {
     let summary = setup.poll(&id).await;
     assert_eq!(summary["claimed"], 1, "{summary}");
 
-    let workspace = setup.root.join("acme_widgets_1");
+    let workspace = setup.items.join("acme_widgets_1");
     let item = setup.newest_item(&id).await;
     assert_eq!(item["state"], "claimed", "{item}");
     assert_eq!(
@@ -318,7 +321,7 @@ async fn hooks_wait_for_the_run_s_approval_and_the_approver_sees_them() {
     let summary = setup.poll(&id).await;
     assert_eq!(summary["claimed"], 2, "{summary}");
     // The poll prepared the directories and ran nothing: the runs wait for approval.
-    let first = setup.root.join("acme_widgets_1");
+    let first = setup.items.join("acme_widgets_1");
     assert!(first.is_dir());
     assert!(!found_below(&setup.root, "created.txt"));
     let item = newest_of(setup.client(), &id, "acme/widgets#1").await;
@@ -370,7 +373,7 @@ async fn hooks_wait_for_the_run_s_approval_and_the_approver_sees_them() {
     };
     serve(&setup.github, json!([closed(1), closed(2)])).await;
     setup.poll(&id).await;
-    let second = setup.root.join("acme_widgets_2");
+    let second = setup.items.join("acme_widgets_2");
     let gone = || async { (!first.exists() && !second.exists()).then_some(()) };
     wait_for(Duration::from_secs(20), "the workspaces to go", gone).await;
     let approved = newest_of(setup.client(), &id, "acme/widgets#1").await;
@@ -399,7 +402,7 @@ async fn a_failing_before_run_fails_the_attempt_and_the_item_waits_to_retry() {
         "{run}"
     );
     // The command never ran.
-    assert!(!setup.root.join("acme_widgets_1/ran.txt").exists());
+    assert!(!setup.items.join("acme_widgets_1/ran.txt").exists());
     let artifacts = artifacts(setup.client(), &run).await;
     assert_eq!(text_of(&artifacts, "before_run.stderr"), "no checkout\n");
 
@@ -451,7 +454,7 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     for item in items_of(setup.client(), &id).await {
         assert_eq!(setup.finished_run(&item).await["status"], "completed");
     }
-    let workspace = setup.root.join("acme_widgets_1");
+    let workspace = setup.items.join("acme_widgets_1");
     assert!(workspace.join("work.txt").exists());
     // A link inside the workspace to a file outside it: the removal must not follow it.
     let outside = setup.root.parent().unwrap().join("keep.txt");
@@ -461,7 +464,7 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     let elsewhere = setup.root.parent().unwrap().join("elsewhere");
     std::fs::create_dir(&elsewhere).unwrap();
     std::fs::write(elsewhere.join("precious.txt"), "kept").unwrap();
-    let swapped = setup.root.join("acme_widgets_3");
+    let swapped = setup.items.join("acme_widgets_3");
     std::fs::remove_dir_all(&swapped).unwrap();
     std::os::unix::fs::symlink(&elsewhere, &swapped).unwrap();
 
@@ -494,7 +497,7 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     let refused = newest_of(setup.client(), &id, "acme/widgets#3").await;
     assert_eq!(refused["last_error_code"], "workspace_refused", "{refused}");
     assert_eq!(refused["hook_output"], Value::Null, "{refused}");
-    assert!(setup.root.join("acme_widgets_2").exists());
+    assert!(setup.items.join("acme_widgets_2").exists());
     assert_eq!(std::fs::read_to_string(&outside).unwrap(), "kept");
     let terminal = newest_of(setup.client(), &id, "acme/widgets#1").await;
     assert_eq!(terminal["state"], "terminal", "{terminal}");
@@ -523,7 +526,7 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     let (status, body) = setup.client().post(&reconcile, json!({})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["data"]["terminal"], 1, "{body}");
-    let second = setup.root.join("acme_widgets_2");
+    let second = setup.items.join("acme_widgets_2");
     let gone = || async { (!second.exists()).then_some(()) };
     wait_for(Duration::from_secs(20), "the second workspace to go", gone).await;
     // Nothing left to ask about.
@@ -695,7 +698,7 @@ async fn a_worker_killed_while_after_create_runs_leaves_it_to_the_next_attempt()
     let item = setup.newest_item(&id).await;
     let run = setup.finished_run(&item).await;
     assert_eq!(run["status"], "completed", "{run}");
-    let workspace = setup.root.join("acme_widgets_1");
+    let workspace = setup.items.join("acme_widgets_1");
     let artifacts = artifacts(setup.client(), &run).await;
     assert_eq!(text_of(&artifacts, "after_create.stdout"), "again\n");
     let stdout = text_of(&artifacts, "stdout");

@@ -107,6 +107,7 @@ fn image_preset() -> keel::domain::provider::ProviderSpec {
     .validate(
         &keel::domain::secret::SecretPolicy::new(vec!["*".into()], vec![]),
         &Default::default(),
+        &keel::domain::Caller::local(),
     )
     .unwrap()
 }
@@ -453,7 +454,10 @@ async fn another_workspace_changes_none_of_a_workspaces_rows() {
         &s.approval_id,
         Decision::Approve,
         None,
-        &bob
+        &approvals::Approver {
+            actor: bob.clone(),
+            may_approve_own: true,
+        }
     ));
     attempt!("finish step", |c| steps::finish(
         c,

@@ -16,7 +16,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use support::{Client, KeelProcess, SseReader, wait_for};
-use two_orgs::{REMOTE_ENV, SHARED_SECRET, org_client};
+use two_orgs::{REMOTE_ENV, SHARED_SECRET, operator_client};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -358,7 +358,9 @@ async fn image_vendor() -> MockServer {
 }
 
 /// A `keel api` in remote mode (the header form; shell runs wait for approval) and a
-/// `keel worker`, on a fresh database.
+/// `keel worker`, on a fresh database. The walks' callers are each org's operator, who may
+/// do the most inside its workspace (resolve its own approvals included): a member may do
+/// less (tests/roles.rs).
 struct Stack {
     api: KeelProcess,
     worker: KeelProcess,
@@ -374,6 +376,7 @@ async fn stack() -> Stack {
         (KEY_ENV, "sk-walk-test-key"),
         ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "1"),
         ("KEEL_PROVIDER_HOSTS", "127.0.0.1"),
+        ("KEEL_ALLOW_SELF_APPROVAL", "1"),
     ];
     let env = [REMOTE_ENV.as_slice(), &settings].concat();
     let api = support::spawn_api_with_env(&db, logs.path(), "api", &env).await;
@@ -392,7 +395,10 @@ async fn stack() -> Stack {
 async fn neither_workspace_can_read_change_list_or_stream_the_others_rows() {
     let mut stack = stack().await;
     let vendor = image_vendor().await;
-    let (a, b) = (org_client(&stack.base, "a"), org_client(&stack.base, "b"));
+    let (a, b) = (
+        operator_client(&stack.base, "a"),
+        operator_client(&stack.base, "b"),
+    );
     let a_gated = seed(&a, &vendor.uri()).await;
     let b_gated = seed(&b, &vendor.uri()).await;
     // Without a worker, an approved run stays queued: each org gets a queue row of its own.
@@ -413,7 +419,10 @@ async fn neither_workspace_can_read_change_list_or_stream_the_others_rows() {
 #[tokio::test]
 async fn a_running_job_counts_in_its_own_workspace_alone() {
     let stack = stack().await;
-    let (a, b) = (org_client(&stack.base, "a"), org_client(&stack.base, "b"));
+    let (a, b) = (
+        operator_client(&stack.base, "a"),
+        operator_client(&stack.base, "b"),
+    );
     let running = gated_run(&a, "sleep 30").await;
     resolve(&a, &running, "approve").await;
     a.wait_status(&running.task_id, &running.run_id, "running", TIMEOUT)

@@ -39,7 +39,8 @@ pub struct RemoteIdentity {
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Session {
-    /// Always `operator`.
+    /// `operator` (always in local mode) or `member`: what the caller may do (in remote
+    /// mode, the identity's `role`).
     #[schema(example = "operator")]
     pub role: String,
     /// The actor this request acts as (`local` in local mode).

@@ -145,6 +145,13 @@ async fn resolve_approval(
         )
         .into());
     }
+    caller
+        .require_operator("resolve an approval")
+        .map_err(ApiError::Forbidden)?;
+    let approver = approvals::Approver {
+        actor: caller.actor(),
+        may_approve_own: state.auth.may_approve_own(&caller),
+    };
     let mut tx = state.pool.begin().await?;
     if continues {
         // The kind never changes: read before the locks resolve takes.
@@ -163,7 +170,7 @@ async fn resolve_approval(
         &approval_id,
         decision,
         request.note.as_deref(),
-        &caller.actor(),
+        &approver,
     )
     .await?;
     tx.commit().await?;

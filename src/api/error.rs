@@ -141,6 +141,7 @@ impl From<StoreError> for ApiError {
                 code,
                 message,
             },
+            StoreError::Forbidden(message) => ApiError::Forbidden(message),
             StoreError::LeaseLost => ApiError::Internal(error.to_string()),
             StoreError::Database(
                 e @ (sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed),

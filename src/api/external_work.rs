@@ -71,7 +71,7 @@ async fn create_source(
             (WorkflowOrigin::Markdown(text), workflow)
         }
         (None, Some(path)) => {
-            if !caller.is_operator() {
+            if !caller.is_local() {
                 return Err(ApiError::Forbidden(
                     "workflow_path reads the host's files: only in local mode".into(),
                 ));
@@ -88,9 +88,14 @@ async fn create_source(
             ));
         }
     };
+    if let Some(what) = operator_setting(&workflow) {
+        caller
+            .require_operator(&format!("register a source with {what}"))
+            .map_err(ApiError::Forbidden)?;
+    }
     let tracker = poll::tracker(&workflow)?;
     // A remote caller could otherwise send the operator's token to a host of its choosing.
-    if !caller.is_operator() && tracker.endpoint != tracker.kind.default_endpoint() {
+    if !caller.is_local() && tracker.endpoint != tracker.kind.default_endpoint() {
         return Err(ApiError::Forbidden(
             "tracker.endpoint: only the tracker's public endpoint in remote mode".into(),
         ));
@@ -105,6 +110,34 @@ async fn create_source(
         StatusCode::OK
     };
     Ok((status, Json(object("external_work_source", source))))
+}
+
+/// What in a workflow only an operator may register, if anything: hooks are shell
+/// scripts outside any run's approval, and `workspace.root` or an `in_place` task makes
+/// Keel work in directories of the host.
+fn operator_setting(workflow: &Workflow) -> Option<&'static str> {
+    let config = &workflow.config;
+    let hooks = &config.hooks;
+    let scripts = [
+        &hooks.after_create,
+        &hooks.before_run,
+        &hooks.after_run,
+        &hooks.before_remove,
+    ];
+    let in_place = config
+        .task
+        .as_ref()
+        .and_then(|task| task.get("workspace_mode"))
+        .is_some_and(|mode| mode == "in_place");
+    if scripts.iter().any(|script| script.is_some()) {
+        Some("hooks")
+    } else if config.workspace_root.is_some() {
+        Some("a workspace.root")
+    } else if in_place {
+        Some("an in_place task")
+    } else {
+        None
+    }
 }
 
 /// Lists sources, oldest first.

@@ -232,7 +232,8 @@ async fn create_provider(
     caller: Caller,
     ApiJson(draft): ApiJson<ProviderDraft>,
 ) -> Result<(StatusCode, Json<ObjectEnvelope<ProviderView>>)> {
-    let spec = ProviderFields::from(draft).validate(&state.secrets, &state.provider_hosts)?;
+    let spec =
+        ProviderFields::from(draft).validate(&state.secrets, &state.provider_hosts, &caller)?;
     let mut conn = state.pool.acquire().await?;
     let provider = providers::create(&mut conn, &caller.scope, &spec).await?;
     let view = view(&state, provider).await?;
@@ -266,7 +267,13 @@ async fn patch_provider(
     let mut tx = state.pool.begin().await?;
     let scope = &caller.scope;
     let current = providers::lock(&mut tx, scope, &id, providers::LockMode::Update).await?;
-    let spec = patched(patch, current.fields()).validate(&state.secrets, &state.provider_hosts)?;
+    // The whole preset as changed, as this caller writes it: a member cannot re-aim an
+    // operator's preset that names the operator's secrets.
+    let spec = patched(patch, current.fields()).validate(
+        &state.secrets,
+        &state.provider_hosts,
+        &caller,
+    )?;
     let provider = providers::update(&mut tx, scope, &id, &spec).await?;
     tx.commit().await?;
     Ok(Json(object("provider", view(&state, provider).await?)))
@@ -439,12 +446,14 @@ struct SecretQuery {
 }
 
 /// Whether a secret reference resolves in this process; never its value. Only references
-/// the secret policy allows are looked at (422 for others), so the route cannot tell
-/// whether an arbitrary file or variable exists.
+/// the secret policy allows are looked at (422 for others), and for a member only those
+/// its workspace was granted, so the route cannot tell whether an arbitrary file or
+/// variable exists.
 #[utoipa::path(get, path = "/secrets/status", tag = "providers", params(SecretQuery),
     responses((status = 200, description = "The status", body = ObjectEnvelope<SecretStatus>)))]
 async fn secret_status(
     State(state): State<AppState>,
+    caller: Caller,
     ApiQuery(query): ApiQuery<SecretQuery>,
 ) -> Result<Json<ObjectEnvelope<SecretStatus>>> {
     let known = |p: &&str| SecretPurpose::parse(p).is_some();
@@ -456,10 +465,13 @@ async fn secret_status(
     }
     let secret = SecretRef::parse(&query.r#ref)
         .map_err(|message| ApiError::invalid(format!("ref {message}")))?;
-    state
-        .secrets
-        .check(&secret)
-        .map_err(|message| Invalid::new("ref", message))?;
+    let checked = match caller.is_operator() {
+        true => state.secrets.check(&secret),
+        false => state
+            .secrets
+            .check_granted(caller.scope.workspace(), &secret),
+    };
+    checked.map_err(|message| Invalid::new("ref", message))?;
     let status = off_runtime(&state, move |s| secret.status(s)).await?;
     Ok(Json(object("secret_status", status)))
 }

@@ -32,7 +32,7 @@ async fn whoami(
         RuntimeMode::Remote => "remote_supervision",
     };
     let session = Session {
-        role: "operator".into(),
+        role: caller.role.as_str().into(),
         workspace: caller.scope.workspace().to_string(),
         actor_id: caller.actor_id,
         runtime_host: RuntimeHost {

@@ -54,7 +54,10 @@ async fn create_task(
     caller: Caller,
     ApiJson(draft): ApiJson<TaskDraft>,
 ) -> Result<(StatusCode, Json<ObjectEnvelope<TaskRecord>>)> {
-    let task = NewTask::parse(draft, &state.rules.timeouts)?;
+    let mut task = NewTask::parse(draft, &state.rules.timeouts)?;
+    if !caller.is_local() {
+        task.confine_to_tenant(&state.rules.workspace_roots, &caller.scope)?;
+    }
     task.check_workspace(&state.rules.workspace_roots)?;
     let mut conn = state.pool.acquire().await?;
     let task = tasks::insert(&mut conn, &caller.scope, &task, &caller.actor()).await?;

@@ -1,4 +1,5 @@
-//! The caller's workspace, and the limits an operator sets on any workspace.
+//! The caller's workspace, and the limits an operator sets: the local operator on any
+//! workspace, a remote operator on its own (its org is where it acts, as everywhere).
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -32,15 +33,19 @@ async fn own_limits(
 
 /// A workspace an operator names in the path.
 fn operator_scope(caller: &Caller, workspace_id: String) -> Result<Scope, ApiError> {
-    if !caller.is_operator() {
+    caller
+        .require_operator("read or set a workspace's limits")
+        .map_err(ApiError::Forbidden)?;
+    // The same rule as the org ids that name workspaces in remote mode.
+    let scope = checked_id(&workspace_id).map(Scope::new).ok_or_else(|| {
+        ApiError::invalid("workspace_id must be 1 to 128 printable ASCII characters, no spaces")
+    })?;
+    if !caller.is_local() && scope != caller.scope {
         return Err(ApiError::Forbidden(
-            "only an operator may read or set another workspace's limits".into(),
+            "a remote operator reads and sets its own workspace's limits only".into(),
         ));
     }
-    // The same rule as the org ids that name workspaces in remote mode.
-    checked_id(&workspace_id).map(Scope::new).ok_or_else(|| {
-        ApiError::invalid("workspace_id must be 1 to 128 printable ASCII characters, no spaces")
-    })
+    Ok(scope)
 }
 
 /// A workspace's limits (operators only).

@@ -367,7 +367,7 @@ pub async fn serve_api(
         rules: common.admission_rules().map_err(anyhow::Error::msg)?,
         content: common.content.store()?,
         stream_poll: std::time::Duration::from_millis(args.stream_poll_ms.max(10)),
-        secrets: common.secrets.policy(),
+        secrets: common.secrets.policy().map_err(anyhow::Error::msg)?,
         provider_hosts: common.provider_hosts(),
         chat: common.chat.limits(),
         header_read_timeout: std::time::Duration::from_secs(args.header_read_timeout_secs),
@@ -384,6 +384,7 @@ pub async fn run_worker(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let rules = common.admission_rules().map_err(anyhow::Error::msg)?;
+    let secrets = common.secrets.policy().map_err(anyhow::Error::msg)?;
     let content = common.content.store()?;
     let data_dir = std::path::absolute(&common.data_dir)?;
     sandbox(common, &data_dir)?;
@@ -403,14 +404,14 @@ pub async fn run_worker(
         approvals: rules.approvals.clone(),
         approval_ttl: rules.approval_ttl,
         prices: common.model_prices.clone(),
-        secrets: common.secrets.policy(),
+        secrets: secrets.clone(),
         chat: common.chat.limits(),
     });
     let poller = Poller::new(
         pool.clone(),
         rules.clone(),
         content.clone(),
-        common.secrets.policy(),
+        secrets.clone(),
     );
     let actions = Arc::new(ActionJobs {
         poller: poller.clone(),
@@ -420,7 +421,7 @@ pub async fn run_worker(
         pool: pool.clone(),
         limits: args.media.limits(),
         content,
-        secrets: common.secrets.policy(),
+        secrets,
         hosts: common.provider_hosts(),
     });
     let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media, polls, actions];

@@ -48,9 +48,59 @@ impl Scope {
     pub fn workspace(&self) -> &str {
         &self.workspace
     }
+
+    /// The workspace id as one directory name, under which every directory Keel makes for
+    /// the workspace lives (and beneath which its remote callers' `in_place` directories
+    /// must lie): letters, digits, `_`, `-` and `.` as they are, every other byte `%XX`,
+    /// and the dots of `.` and `..` too, so two workspaces never share a name and none
+    /// names a root or its parent.
+    pub fn directory_name(&self) -> String {
+        let kept = |b: u8| b.is_ascii_alphanumeric() || b"_-.".contains(&b);
+        let name: String = self
+            .workspace
+            .bytes()
+            .map(|b| match kept(b) {
+                true => char::from(b).to_string(),
+                false => format!("%{b:02X}"),
+            })
+            .collect();
+        match name.as_str() {
+            "." | ".." => name.replace('.', "%2E"),
+            _ => name,
+        }
+    }
 }
 
 pub use keel_api_types::{IdentityForm, RemoteIdentity};
+
+/// What a caller may do. A member works in its workspace: tasks, runs, schedules,
+/// presets with the secrets its workspace was granted, sources without hooks or roots. An
+/// operator also resolves approvals, sets limits, registers sources with hooks or
+/// `workspace.root`, and writes presets that name secrets not granted to the workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    #[default]
+    Member,
+    Operator,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Member => "member",
+            Role::Operator => "operator",
+        }
+    }
+
+    /// The role a `role` claim or `X-Keel-Role` header names; absent means member.
+    pub fn parse(value: Option<&str>) -> Option<Role> {
+        match value {
+            None | Some("member") => Some(Role::Member),
+            Some("operator") => Some(Role::Operator),
+            Some(_) => None,
+        }
+    }
+}
 
 /// The caller of one API request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +109,8 @@ pub struct Caller {
     pub scope: Scope,
     /// Present in remote mode.
     pub remote: Option<RemoteIdentity>,
+    /// The local caller is always an operator; a remote one is what its identity says.
+    pub role: Role,
 }
 
 impl Caller {
@@ -68,23 +120,41 @@ impl Caller {
             actor_id: LOCAL_ACTOR.into(),
             scope: Scope::local(),
             remote: None,
+            role: Role::Operator,
         }
     }
 
     /// A request vouched for by a trusted proxy: the org is the workspace.
-    pub fn remote(identity: RemoteIdentity) -> Self {
+    pub fn remote(identity: RemoteIdentity, role: Role) -> Self {
         Caller {
             actor_id: identity.actor_id.clone(),
             scope: Scope::new(identity.org_id.clone()),
             remote: Some(identity),
+            role,
         }
     }
 
-    /// Whether the caller operates the runtime rather than using one workspace of it: the
-    /// local caller (who could stop the process or read its database anyway). Remote
-    /// callers act only inside their own workspace.
+    /// Whether the caller may do what only operators do (see [`Role`]): the local caller
+    /// (who could stop the process or read its database anyway), and remote callers whose
+    /// identity carries the operator role.
     pub fn is_operator(&self) -> bool {
+        self.role == Role::Operator
+    }
+
+    /// Whether the caller is on the runtime's own side of the API (local mode): only it
+    /// may name the host's files or aim the operator's tracker token at another endpoint.
+    pub fn is_local(&self) -> bool {
         self.remote.is_none()
+    }
+
+    /// Refuses (with the reason) what only an operator may do.
+    pub fn require_operator(&self, what: &str) -> Result<(), String> {
+        if self.is_operator() {
+            return Ok(());
+        }
+        Err(format!(
+            "only an operator may {what}; this identity's role is member"
+        ))
     }
 
     /// The actor the audit trail records for this caller's changes.
@@ -96,6 +166,19 @@ impl Caller {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn directory_names_are_one_component_and_never_shared() {
+        let name = |id: &str| Scope::new(id).directory_name();
+        assert_eq!(name("org_a"), "org_a");
+        assert_eq!(name("org/a"), "org%2Fa");
+        assert_ne!(name("org/a"), name("org_a"));
+        assert_ne!(name("org%2Fa"), name("org/a"));
+        assert_eq!(name(".."), "%2E%2E");
+        assert_eq!(name("."), "%2E");
+        assert_eq!(name("a..b"), "a..b");
+        assert!(!name("../x").contains('/'));
+    }
 
     #[test]
     fn ids_are_bounded_printable_and_non_empty() {

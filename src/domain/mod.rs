@@ -16,7 +16,7 @@ pub mod usage;
 pub mod workflow;
 
 pub use event::EventType;
-pub use identity::{Caller, Scope};
+pub use identity::{Caller, Role, Scope};
 pub use run::RunStatus;
 pub use task::{NewTask, TaskStatus};
 

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::Invalid;
 use super::media::{Operation, Vendor};
 use super::secret::{SecretPolicy, SecretRef};
+use super::{Caller, Invalid};
 
 /// The wire protocol a preset speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -94,13 +94,26 @@ pub struct ProviderFields {
 }
 
 impl ProviderFields {
-    /// Checks the fields; every secret reference must also be one `secrets` allows, and a
-    /// media preset's host one `hosts` allows.
+    /// Checks the fields as `writer` writes them; every secret reference must also be one
+    /// `secrets` allows, and a media preset's host one `hosts` allows. A member's preset
+    /// (a tenant's) may name only the secrets its workspace was granted, and a chat
+    /// preset's host must be one `hosts` allows too: an operator's chat preset may aim at
+    /// any host, since the operator owns the secrets it sends.
     pub fn validate(
         self,
         secrets: &SecretPolicy,
         hosts: &ProviderHosts,
+        writer: &Caller,
     ) -> Result<ProviderSpec, Invalid> {
+        let member = !writer.is_operator();
+        let workspace = writer.scope.workspace();
+        let secret_ref = |value: &str| match member {
+            true => SecretRef::parse(value).and_then(|parsed| {
+                secrets.check_granted(workspace, &parsed)?;
+                Ok(parsed)
+            }),
+            false => secret_ref(value, secrets),
+        };
         let kind = slug("kind", self.kind)?;
         let api = Api::parse(&self.api).ok_or_else(|| {
             Invalid::new(
@@ -115,14 +128,14 @@ impl ProviderFields {
         let base_url = base_url(self.base_url)?;
         let api_key_ref = self
             .api_key_ref
-            .map(|r| secret_ref(&r, secrets).map_err(|m| Invalid::new("api_key_ref", m)))
+            .map(|r| secret_ref(&r).map_err(|m| Invalid::new("api_key_ref", m)))
             .transpose()?;
         check_headers(&self.headers)?;
         let secret_header_refs = self
             .secret_header_refs
             .into_iter()
             .map(|(name, r)| {
-                let parsed = secret_ref(&r, secrets)
+                let parsed = secret_ref(&r)
                     .map_err(|m| Invalid::new("secret_header_refs", format!("{name}: {m}")))?;
                 Ok((header_name("secret_header_refs", name)?, parsed))
             })
@@ -131,6 +144,10 @@ impl ProviderFields {
         if let Some(vendor) = Vendor::parse(&kind).filter(|_| api == Api::MediaJob) {
             hosts
                 .check(vendor, &base_url)
+                .map_err(|m| Invalid::new("base_url", m))?;
+        } else if member && api != Api::MediaJob {
+            hosts
+                .check_chat(&base_url)
                 .map_err(|m| Invalid::new("base_url", m))?;
         }
         check_inputs(&self.input)?;
@@ -218,42 +235,108 @@ fn documented_hosts(vendor: Vendor) -> &'static [&'static str] {
     }
 }
 
-/// Which hosts a media preset's `base_url` may name: the vendor's documented ones plus
-/// those the operator lists (`KEEL_PROVIDER_HOSTS`). Checked by the API when a preset is
-/// written and again by the worker before each call, since the list may have narrowed.
+/// The chat APIs' documented hosts, for a member's chat preset.
+const CHAT_HOSTS: [&str; 2] = ["api.openai.com", "api.anthropic.com"];
+
+/// A host the operator lists, with the one port it may be called on (any, when unset).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ListedHost {
+    host: String,
+    port: Option<u16>,
+}
+
+impl ListedHost {
+    /// `host`, `host:port`, `[v6]`, `[v6]:port` or a bare IPv6 address.
+    fn parse(entry: &str) -> ListedHost {
+        let entry = entry.trim().to_ascii_lowercase();
+        let (host, port) = match entry.strip_prefix('[') {
+            Some(rest) => match rest.split_once(']') {
+                Some((host, tail)) => (host.to_string(), tail.strip_prefix(':')),
+                None => (rest.to_string(), None),
+            },
+            None => match entry.split_once(':') {
+                Some((host, port)) if !port.contains(':') => (host.to_string(), Some(port)),
+                _ => (entry.clone(), None),
+            },
+        };
+        ListedHost {
+            host,
+            // A port that does not parse matches no URL's.
+            port: port.map(|p| p.parse().unwrap_or(0)),
+        }
+    }
+}
+
+/// Which hosts a preset's `base_url` may name: the vendor's documented ones over https on
+/// port 443, plus those the operator lists (`KEEL_PROVIDER_HOSTS`) on their port (any when
+/// the entry names none), over https, or over http when the host is a loopback address.
+/// Media presets are checked by the API when written and by the worker before each call,
+/// since the list may have narrowed; members' chat presets when written.
 #[derive(Debug, Clone, Default)]
 pub struct ProviderHosts {
-    extra: Vec<String>,
+    extra: Vec<ListedHost>,
 }
 
 impl ProviderHosts {
     pub fn new(extra: impl IntoIterator<Item = String>) -> Self {
         let extra = extra
             .into_iter()
-            .map(|host| host.trim().trim_matches(['[', ']']).to_ascii_lowercase())
-            .filter(|host| !host.is_empty())
+            .map(|entry| ListedHost::parse(&entry))
+            .filter(|listed| !listed.host.is_empty())
             .collect();
         ProviderHosts { extra }
     }
 
+    /// A media preset's host, for `vendor`.
     pub fn check(&self, vendor: Vendor, base_url: &str) -> Result<(), String> {
+        self.check_url(vendor.as_str(), documented_hosts(vendor), base_url)
+    }
+
+    /// A member's chat preset's host.
+    pub fn check_chat(&self, base_url: &str) -> Result<(), String> {
+        self.check_url("a chat api", &CHAT_HOSTS, base_url)
+    }
+
+    fn check_url(&self, who: &str, documented: &[&str], base_url: &str) -> Result<(), String> {
         let url = reqwest::Url::parse(base_url).map_err(|e| format!("not a URL: {e}"))?;
         let host = url
             .host_str()
             .unwrap_or_default()
             .trim_matches(['[', ']'])
             .to_ascii_lowercase();
-        let documented = documented_hosts(vendor);
-        if documented.contains(&host.as_str()) || self.extra.contains(&host) {
+        let port = url.port_or_known_default();
+        let https = url.scheme() == "https";
+        let listed = self
+            .extra
+            .iter()
+            .any(|l| l.host == host && l.port.is_none_or(|p| Some(p) == port));
+        if listed && (https || is_loopback(&host)) {
+            return Ok(());
+        }
+        if listed {
+            return Err(format!(
+                "{base_url}: http is only for loopback hosts; {host} must be called over https"
+            ));
+        }
+        if documented.contains(&host.as_str()) && https && port == Some(443) {
             return Ok(());
         }
         Err(format!(
-            "host {host} is not one {} documents ({}); an operator must list it in \
-             KEEL_PROVIDER_HOSTS",
-            vendor.as_str(),
+            "{host} (over {}, port {}) is not a host {who} documents ({}, over https on \
+             port 443); an operator must list it in KEEL_PROVIDER_HOSTS",
+            url.scheme(),
+            port.map_or("none".into(), |p| p.to_string()),
             documented.join(", ")
         ))
     }
+}
+
+/// `localhost` and loopback addresses: plain http to them never leaves the machine.
+fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn header_name(field: &'static str, name: String) -> Result<String, Invalid> {
@@ -358,7 +441,11 @@ mod tests {
     #[test]
     fn a_media_preset_validates_and_normalises() {
         let spec = seedance()
-            .validate(&SecretPolicy::default(), &ProviderHosts::default())
+            .validate(
+                &SecretPolicy::default(),
+                &ProviderHosts::default(),
+                &Caller::local(),
+            )
             .unwrap();
         assert_eq!(
             spec.base_url,
@@ -376,7 +463,11 @@ mod tests {
             .insert("Authorization".into(), "Bearer x".into());
         assert_eq!(
             fields
-                .validate(&SecretPolicy::default(), &ProviderHosts::default())
+                .validate(
+                    &SecretPolicy::default(),
+                    &ProviderHosts::default(),
+                    &Caller::local()
+                )
                 .unwrap_err()
                 .field,
             "headers"
@@ -385,7 +476,11 @@ mod tests {
         fields.base_url = "https://user:pw@ark.ap-southeast.bytepluses.com".into();
         assert_eq!(
             fields
-                .validate(&SecretPolicy::default(), &ProviderHosts::default())
+                .validate(
+                    &SecretPolicy::default(),
+                    &ProviderHosts::default(),
+                    &Caller::local()
+                )
                 .unwrap_err()
                 .field,
             "base_url"
@@ -394,7 +489,11 @@ mod tests {
         fields.api_key_ref = Some("sk-raw-key".into());
         assert_eq!(
             fields
-                .validate(&SecretPolicy::default(), &ProviderHosts::default())
+                .validate(
+                    &SecretPolicy::default(),
+                    &ProviderHosts::default(),
+                    &Caller::local()
+                )
                 .unwrap_err()
                 .field,
             "api_key_ref"
@@ -402,7 +501,11 @@ mod tests {
         let mut fields = seedance();
         fields.api_key_ref = Some("env:KEEL_DATABASE_URL".into());
         let refused = fields
-            .validate(&SecretPolicy::default(), &ProviderHosts::default())
+            .validate(
+                &SecretPolicy::default(),
+                &ProviderHosts::default(),
+                &Caller::local(),
+            )
             .unwrap_err();
         assert_eq!(refused.field, "api_key_ref");
         assert!(
@@ -423,7 +526,11 @@ mod tests {
             let mut fields = seedance();
             fields.compat.insert(key.into(), value);
             let error = fields
-                .validate(&SecretPolicy::default(), &ProviderHosts::default())
+                .validate(
+                    &SecretPolicy::default(),
+                    &ProviderHosts::default(),
+                    &Caller::local(),
+                )
                 .unwrap_err();
             assert_eq!(error.field, "compat", "{error}");
         }
@@ -433,7 +540,11 @@ mod tests {
             .insert("x".into(), serde_json::json!(9_007_199_254_740_991u64));
         assert!(
             fields
-                .validate(&SecretPolicy::default(), &ProviderHosts::default())
+                .validate(
+                    &SecretPolicy::default(),
+                    &ProviderHosts::default(),
+                    &Caller::local()
+                )
                 .is_ok()
         );
     }
@@ -444,7 +555,11 @@ mod tests {
         fields.capabilities = vec!["image_edit".into()];
         assert_eq!(
             fields
-                .validate(&SecretPolicy::default(), &ProviderHosts::default())
+                .validate(
+                    &SecretPolicy::default(),
+                    &ProviderHosts::default(),
+                    &Caller::local()
+                )
                 .unwrap_err()
                 .field,
             "capabilities"
@@ -453,7 +568,11 @@ mod tests {
         fields.kind = "openai-compatible".into();
         assert_eq!(
             fields
-                .validate(&SecretPolicy::default(), &ProviderHosts::default())
+                .validate(
+                    &SecretPolicy::default(),
+                    &ProviderHosts::default(),
+                    &Caller::local()
+                )
                 .unwrap_err()
                 .field,
             "kind"
@@ -466,7 +585,7 @@ mod tests {
             let mut fields = seedance();
             fields.base_url = url.into();
             fields
-                .validate(&SecretPolicy::default(), hosts)
+                .validate(&SecretPolicy::default(), hosts, &Caller::local())
                 .err()
                 .map(|e| (e.field, e.message))
         };
@@ -491,12 +610,77 @@ mod tests {
         assert!(refused("http://127.0.0.1:9/v3", &listed).is_none());
         assert!(refused("http://[::1]:9/v3", &listed).is_none());
         assert!(refused("http://169.254.169.254/latest", &listed).is_some());
-        // Chat presets are not called by Keel's workers: their host is the client's business.
-        let mut chat = seedance();
-        chat.kind = "openai-compatible".into();
-        chat.api = "openai-completions".into();
-        chat.capabilities = vec!["chat".into()];
-        chat.base_url = "http://127.0.0.1:8317/v1".into();
-        assert!(chat.validate(&SecretPolicy::default(), &none).is_ok());
+        // A listed host over plain http only when it is loopback; documented hosts only
+        // over https on 443; a listed port is the only one.
+        let remote = ProviderHosts::new(["relay.example".to_string(), "127.0.0.1:8317".into()]);
+        assert!(refused("http://relay.example/v3", &remote).is_some());
+        assert!(refused("https://relay.example:8443/v3", &remote).is_none());
+        assert!(refused("http://127.0.0.1:8317/v3", &remote).is_none());
+        assert!(refused("http://127.0.0.1:8318/v3", &remote).is_some());
+        assert!(refused("http://ark.cn-beijing.volces.com/api/v3", &none).is_some());
+        assert!(refused("https://ark.cn-beijing.volces.com:8443/api/v3", &none).is_some());
+    }
+
+    fn member() -> Caller {
+        let identity = crate::domain::identity::RemoteIdentity {
+            actor_id: "alice".into(),
+            org_id: "org_a".into(),
+            runtime_id: "rt".into(),
+            project_id: None,
+            name: None,
+            form: crate::domain::identity::IdentityForm::Headers,
+        };
+        Caller::remote(identity, crate::domain::Role::Member)
+    }
+
+    fn chat(base_url: &str, key: &str) -> ProviderFields {
+        ProviderFields {
+            kind: "openai-compatible".into(),
+            model: "m".into(),
+            api: "openai-completions".into(),
+            base_url: base_url.into(),
+            api_key_ref: Some(key.into()),
+            capabilities: vec!["chat".into()],
+            ..ProviderFields::default()
+        }
+    }
+
+    #[test]
+    fn an_operators_chat_preset_aims_anywhere_a_members_only_at_allowed_hosts() {
+        let granted = SecretPolicy::default()
+            .with_grants(&["org_a=env:ORG_A_API_KEY".into()])
+            .unwrap();
+        let none = ProviderHosts::default();
+        let local = chat("http://127.0.0.1:8317/v1", "env:OPENAI_API_KEY");
+        assert!(local.validate(&granted, &none, &Caller::local()).is_ok());
+        let refused = |fields: ProviderFields, hosts: &ProviderHosts| {
+            fields
+                .validate(&granted, hosts, &member())
+                .err()
+                .map(|e| e.field)
+        };
+        let own = "env:ORG_A_API_KEY";
+        assert_eq!(
+            refused(chat("https://evil.example/v1", own), &none),
+            Some("base_url")
+        );
+        assert_eq!(
+            refused(chat("http://127.0.0.1:8317/v1", own), &none),
+            Some("base_url")
+        );
+        assert_eq!(refused(chat("https://api.openai.com/v1", own), &none), None);
+        let listed = ProviderHosts::new(["127.0.0.1".to_string()]);
+        assert_eq!(
+            refused(chat("http://127.0.0.1:8317/v1", own), &listed),
+            None
+        );
+        // The operator's key is not the member's to name, wherever it would go.
+        let operators = chat("https://api.openai.com/v1", "env:OPENAI_API_KEY");
+        assert_eq!(refused(operators, &none), Some("api_key_ref"));
+        let mut header = chat("https://api.openai.com/v1", own);
+        header
+            .secret_header_refs
+            .insert("x-extra".into(), "env:GITHUB_TOKEN".into());
+        assert_eq!(refused(header, &none), Some("secret_header_refs"));
     }
 }

@@ -5,7 +5,9 @@
 //!
 //! Which references may be used at all is the operator's [`SecretPolicy`]: whoever can
 //! write a preset can send its credential to any URL, so a preset must not be able to name
-//! Keel's own database URL or an arbitrary file.
+//! Keel's own database URL or an arbitrary file. Which of those a workspace's members may
+//! name is the operator's grants (`KEEL_SECRET_GRANTS`): every other allowed reference is
+//! the operator's, and only an operator writes a preset that names it.
 
 use std::io::Read;
 use std::os::fd::AsRawFd;
@@ -176,6 +178,8 @@ const RESERVED_ENV: [&str; 4] = ["DATABASE_URL", "PG*", "AWS_*", "OTEL_*"];
 pub struct SecretPolicy {
     env_allow: Vec<String>,
     file_roots: Vec<PathBuf>,
+    /// (workspace, reference pattern): what that workspace's members may name.
+    grants: Vec<(String, String)>,
 }
 
 impl Default for SecretPolicy {
@@ -199,7 +203,43 @@ impl SecretPolicy {
                 .filter(|p| !p.is_empty())
                 .collect(),
             file_roots: file_roots.into_iter().filter(|r| r.is_absolute()).collect(),
+            grants: Vec::new(),
         }
+    }
+
+    /// The policy with the operator's grants: `WORKSPACE=PATTERN` entries (a pattern is a
+    /// reference, `*` matching any run of characters: `env:ORG_A_*`). The workspace is
+    /// what precedes the first `=`.
+    pub fn with_grants(mut self, entries: &[String]) -> Result<Self, String> {
+        for entry in entries.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
+            let (workspace, pattern) = entry
+                .split_once('=')
+                .filter(|(w, p)| !w.is_empty() && !p.is_empty())
+                .ok_or_else(|| {
+                    format!("KEEL_SECRET_GRANTS: {entry:?} is not WORKSPACE=REFERENCE")
+                })?;
+            self.grants
+                .push((workspace.to_string(), pattern.to_string()));
+        }
+        Ok(self)
+    }
+
+    /// Whether `workspace`'s members may name `secret`: the policy allows it and a grant
+    /// of that workspace matches it.
+    pub fn check_granted(&self, workspace: &str, secret: &SecretRef) -> Result<(), String> {
+        self.check(secret)?;
+        let reference = secret.to_string();
+        let granted = self
+            .grants
+            .iter()
+            .any(|(w, pattern)| w == workspace && glob_match(pattern, &reference));
+        if granted {
+            return Ok(());
+        }
+        Err(format!(
+            "{secret} is not granted to workspace {workspace} (KEEL_SECRET_GRANTS); only an \
+             operator may name it"
+        ))
     }
 
     /// Whether the policy allows `secret`; the message names the reference and the
@@ -361,6 +401,42 @@ mod tests {
         ] {
             let checked = default.check(&SecretRef::Env(name.into()));
             assert_eq!(checked.is_ok(), allowed, "{name}");
+        }
+    }
+
+    #[test]
+    fn members_name_only_what_their_workspace_was_granted() {
+        let grants = [
+            "org_a=env:OPENAI_API_KEY".into(),
+            "org_a=env:ORG_A_*".into(),
+        ];
+        let policy = SecretPolicy::default().with_grants(&grants).unwrap();
+        let env = |name: &str| SecretRef::Env(name.into());
+        assert!(
+            policy
+                .check_granted("org_a", &env("OPENAI_API_KEY"))
+                .is_ok()
+        );
+        assert!(policy.check_granted("org_a", &env("ORG_A_API_KEY")).is_ok());
+        assert!(
+            policy
+                .check_granted("org_b", &env("OPENAI_API_KEY"))
+                .is_err()
+        );
+        assert!(policy.check_granted("org_a", &env("GITHUB_TOKEN")).is_err());
+        // A grant does not widen the policy: Keel's own settings stay out of reach.
+        let wide = SecretPolicy::default()
+            .with_grants(&["org_a=env:*".into()])
+            .unwrap();
+        assert!(
+            wide.check_granted("org_a", &env("KEEL_RUNTIME_TOKEN"))
+                .is_err()
+        );
+        for bad in ["org_a", "=env:X", "org_a="] {
+            assert!(
+                SecretPolicy::default().with_grants(&[bad.into()]).is_err(),
+                "{bad}"
+            );
         }
     }
 

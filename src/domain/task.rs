@@ -5,7 +5,7 @@ use std::path::{Component, Path, PathBuf};
 pub use keel_api_types::{TaskDraft, TaskStatus};
 use keel_workers::{Execution, FileOperation};
 
-use super::Invalid;
+use super::{Invalid, Scope};
 
 const MAX_COMMAND_BYTES: usize = 64 * 1024;
 const MAX_FILE_CONTENT_BYTES: usize = 1024 * 1024;
@@ -129,6 +129,18 @@ impl WorkspaceRoots {
         }
         Ok(real)
     }
+
+    /// The roots granted to `scope`'s remote callers: `<root>/<workspace directory name>`
+    /// beneath each root where an operator (or Keel, for an item workspace) made that
+    /// directory, a directory itself and no symbolic link.
+    fn granted_to(&self, scope: &Scope) -> Vec<PathBuf> {
+        self.roots
+            .iter()
+            .map(|root| root.join(scope.directory_name()))
+            .filter(|tenant| std::fs::canonicalize(tenant).is_ok_and(|real| &real == tenant))
+            .filter(|tenant| tenant.is_dir())
+            .collect()
+    }
 }
 
 /// How long runs may take (`KEEL_RUN_TIMEOUT_MS`, `KEEL_RUN_TIMEOUT_MAX_MS`): the API
@@ -240,6 +252,50 @@ impl NewTask {
             budget_micros_usd: parse_budget(draft.budget_micros_usd)?,
             hooks: None,
         })
+    }
+
+    /// Narrows a remote caller's `in_place` task to its workspace's granted roots
+    /// ([`Scope::directory_name`] beneath a workspace root): the task's `allowed_root`
+    /// becomes the granted root its directory lies beneath, or must itself lie beneath
+    /// one. Stored with the task, it is checked again before each run.
+    pub fn confine_to_tenant(
+        &mut self,
+        roots: &WorkspaceRoots,
+        scope: &Scope,
+    ) -> Result<(), Invalid> {
+        let WorkspaceMode::InPlace {
+            directory,
+            allowed_root,
+        } = &mut self.workspace
+        else {
+            return Ok(());
+        };
+        let granted = roots.granted_to(scope);
+        let field = if allowed_root.is_some() {
+            "sandbox_allowed_root"
+        } else {
+            "working_directory"
+        };
+        let wanted = allowed_root.as_deref().unwrap_or(directory);
+        let real = std::fs::canonicalize(wanted)
+            .map_err(|e| Invalid::new(field, format!("{wanted} cannot be resolved: {e}")))?;
+        let within = granted.iter().find(|tenant| real.starts_with(tenant));
+        match (within, allowed_root.is_some()) {
+            (Some(_), true) => Ok(()),
+            (Some(tenant), false) => {
+                *allowed_root = Some(tenant.to_string_lossy().into_owned());
+                Ok(())
+            }
+            (None, _) => Err(Invalid::new(
+                field,
+                format!(
+                    "{wanted} is not beneath a root granted to workspace {} (an operator \
+                     grants one by making <root>/{} beneath a KEEL_WORKSPACE_ROOTS root)",
+                    scope.workspace(),
+                    scope.directory_name()
+                ),
+            )),
+        }
     }
 
     /// Refuses an `in_place` directory the workspace roots do not allow (the field named).

@@ -21,6 +21,14 @@ use crate::queue;
 pub use keel_api_types::ApprovalRecord;
 use keel_api_types::ApprovalStatus;
 
+/// Who decides an approval, and whether they may decide one they requested.
+#[derive(Debug, Clone)]
+pub struct Approver {
+    pub actor: Actor,
+    /// Local mode, or remote mode with `KEEL_ALLOW_SELF_APPROVAL`.
+    pub may_approve_own: bool,
+}
+
 /// What an approval gates: a kind, and for a tool-call approval the `model_call` step
 /// whose calls it covers.
 #[derive(Debug, Clone, Copy)]
@@ -40,7 +48,7 @@ pub async fn create(
     ttl: Option<Duration>,
     actor: &Actor,
 ) -> Result<ApprovalRecord> {
-    let approval = insert(conn, scope, run, gate, None, summary, ttl).await?;
+    let approval = insert(conn, scope, run, gate, None, summary, ttl, None).await?;
     let reason = match gate.step_id {
         Some(_) => "tool calls gated by the approval policy",
         None => "run gated by the approval policy",
@@ -64,12 +72,25 @@ pub async fn create_for_action(
         kind: ApprovalKind::ExternalAction,
         step_id: None,
     };
-    let approval = insert(conn, scope, run, gate, Some(action_id), summary, None).await?;
+    let proposer = actor.to_string();
+    let approval = insert(
+        conn,
+        scope,
+        run,
+        gate,
+        Some(action_id),
+        summary,
+        None,
+        Some(&proposer),
+    )
+    .await?;
     let reason = Some("a write to the tracker, proposed");
     record(conn, scope, &approval, None, "pending", reason, actor).await?;
     Ok(approval)
 }
 
+/// Opens the approval row. Its requester is `requested_by`, else its run's requester.
+#[allow(clippy::too_many_arguments)]
 async fn insert(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -78,15 +99,18 @@ async fn insert(
     external_action_id: Option<&str>,
     summary: &ActionSummary,
     ttl: Option<Duration>,
+    requested_by: Option<&str>,
 ) -> Result<ApprovalRecord> {
     let ttl_ms = ttl.map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
     // Just inserted as pending with a TTL in the future: it reads as stored.
     let approval = sqlx::query_as(
         "INSERT INTO approvals (id, task_id, run_id, kind, status, action_summary,
                                 action_summary_incomplete, expires_at, workspace_id, step_id,
-                                external_action_id)
+                                external_action_id, requested_by)
          VALUES ($1, $2, $3, $4, 'pending', $5, $6, now() + $7 * interval '1 millisecond', $8,
-                 $9, $10)
+                 $9, $10,
+                 COALESCE($11, (SELECT requested_by FROM runs
+                                WHERE workspace_id = $8 AND id = $3)))
          RETURNING *",
     )
     .bind(new_id("apr"))
@@ -99,6 +123,7 @@ async fn insert(
     .bind(scope.workspace())
     .bind(gate.step_id)
     .bind(external_action_id)
+    .bind(requested_by)
     .fetch_one(&mut *conn)
     .await?;
     Ok(approval)
@@ -203,10 +228,40 @@ pub async fn list(
     Ok(rows)
 }
 
+/// Who requested what an approval gates, if it is known.
+async fn requester(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    approval_id: &str,
+) -> Result<Option<String>> {
+    let requested_by = sqlx::query_scalar(
+        "SELECT requested_by FROM approvals WHERE workspace_id = $1 AND id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(approval_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(requested_by.flatten())
+}
+
+/// Refuses an approver deciding their own request, unless they may.
+fn check_approver(requested_by: Option<&str>, approver: &Approver) -> Result<()> {
+    let own = requested_by == Some(approver.actor.to_string().as_str());
+    if own && !approver.may_approve_own {
+        return Err(StoreError::Forbidden(format!(
+            "{} requested this; someone else must resolve its approval \
+             (KEEL_ALLOW_SELF_APPROVAL lets requesters resolve their own)",
+            approver.actor
+        )));
+    }
+    Ok(())
+}
+
 /// Applies an operator's decision. Approving the run's last pending gate queues it;
 /// rejecting any gate cancels the run and its other gates, except a tool-call approval
 /// rejected with `continue`, which queues the run (the model then reads a refusal). An
-/// external action's approval decides its action only.
+/// external action's approval decides its action only. The approver must not be the
+/// requester, unless they may approve their own.
 pub async fn resolve(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -214,10 +269,15 @@ pub async fn resolve(
     approval_id: &str,
     decision: Decision,
     note: Option<&str>,
-    actor: &Actor,
+    approver: &Approver,
 ) -> Result<(ApprovalRecord, RunRecord)> {
     let continues = decision == Decision::RejectAndContinue;
     let found = get(conn, scope, task_id, approval_id).await?;
+    check_approver(
+        requester(conn, scope, approval_id).await?.as_deref(),
+        approver,
+    )?;
+    let actor = &approver.actor;
     if let Some(action_id) = &found.external_action_id {
         return resolve_action(conn, scope, &found, action_id, decision, note, actor).await;
     }

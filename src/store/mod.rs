@@ -51,6 +51,9 @@ pub enum StoreError {
     /// `model_not_configured`.
     #[error("{message}")]
     Unprocessable { code: &'static str, message: String },
+    /// The caller may not do this to these rows (403): someone else must.
+    #[error("{0}")]
+    Forbidden(String),
     /// A fenced write found that this worker no longer holds the job's lease.
     #[error("the lease on this job was lost")]
     LeaseLost,

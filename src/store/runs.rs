@@ -324,9 +324,10 @@ async fn insert(
                                resumed_from_run_id, workspace_run_id, checkpoint,
                                prior_cost_micros_usd, idempotency_key, idempotency_request,
                                schedule_id, schedule_occurrence_id, scheduled_for, workspace_id,
-                               lineage_kind, from_model_call_index, conversation_base)
+                               lineage_kind, from_model_call_index, conversation_base,
+                               requested_by)
              SELECT $1, $2, run_count, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
-                    $18, $19, $20
+                    $18, $19, $20, $17
              FROM counted
              RETURNING *
          ), audit AS (

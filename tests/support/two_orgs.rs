@@ -1,7 +1,8 @@
 //! A `keel api` in remote mode (the header identity form) without a worker, and a client
 //! for each of two orgs, so each has a workspace of its own; started runs stay queued.
 //! Tests that start their own processes take the settings ([`REMOTE_ENV`]) and the
-//! clients ([`org_client`]) alone. Include with
+//! clients ([`org_client`], a member; [`operator_client`], the org's operator) alone.
+//! Include with
 //! `#[path = "support/two_orgs.rs"] mod two_orgs;`.
 
 #![allow(dead_code)]
@@ -11,11 +12,13 @@ use crate::support::{self, Client, KeelProcess, client_with_headers};
 const RUNTIME_ID: &str = "rt_two_orgs";
 pub const SHARED_SECRET: &str = "two-orgs-shared-secret-0123456789";
 
-/// The settings of a runtime in remote mode that [`org_client`]'s headers identify to.
-pub const REMOTE_ENV: [(&str, &str); 3] = [
+/// The settings of a runtime in remote mode that [`org_client`]'s headers identify to;
+/// the proxy's `X-Keel-Role` counts.
+pub const REMOTE_ENV: [(&str, &str); 4] = [
     ("KEEL_REMOTE_MODE", "1"),
     ("KEEL_RUNTIME_ID", RUNTIME_ID),
     ("KEEL_REMOTE_SHARED_SECRET", SHARED_SECRET),
+    ("KEEL_REMOTE_ROLE_HEADER", "1"),
 ];
 
 pub struct Stack {
@@ -26,16 +29,28 @@ pub struct Stack {
     _logs: tempfile::TempDir,
 }
 
+/// A member of `org_<org>`, actor `actor_<org>`.
 pub fn org_client(base: &str, org: &str) -> Client {
-    client_with_headers(
-        base,
-        &[
-            ("x-keel-remote-secret", SHARED_SECRET),
-            ("x-keel-actor-id", &format!("actor_{org}")),
-            ("x-keel-org-id", &format!("org_{org}")),
-            ("x-keel-runtime-id", RUNTIME_ID),
-        ],
-    )
+    identified(base, org, &format!("actor_{org}"), &[])
+}
+
+/// An operator of `org_<org>`, actor `operator_<org>`: it resolves the approvals of the
+/// member's runs (nobody resolves their own).
+pub fn operator_client(base: &str, org: &str) -> Client {
+    let role = [("x-keel-role", "operator")];
+    identified(base, org, &format!("operator_{org}"), &role)
+}
+
+/// A client the proxy's headers identify as `actor` in `org_<org>`, with `more` headers.
+fn identified(base: &str, org: &str, actor: &str, more: &[(&str, &str)]) -> Client {
+    let org_id = format!("org_{org}");
+    let identity = [
+        ("x-keel-remote-secret", SHARED_SECRET),
+        ("x-keel-actor-id", actor),
+        ("x-keel-org-id", org_id.as_str()),
+        ("x-keel-runtime-id", RUNTIME_ID),
+    ];
+    client_with_headers(base, &[identity.as_slice(), more].concat())
 }
 
 pub async fn stack() -> Stack {

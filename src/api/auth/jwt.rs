@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use super::headers::checked_name;
 use super::settings::SettingsError;
+use crate::domain::Role;
 use crate::domain::identity::{IdentityForm, RemoteIdentity};
 use crate::domain::identity::{checked_id, checked_org_id};
 
@@ -49,6 +50,8 @@ struct Claims {
     iat: u64,
     project: Option<String>,
     name: Option<String>,
+    /// `member` (also when absent) or `operator`.
+    role: Option<String>,
 }
 
 /// Why a token was refused, for the log; the client hears only "unauthorized".
@@ -150,8 +153,8 @@ impl JwtVerifier {
         }
     }
 
-    /// The identity a valid token vouches for.
-    pub fn verify(&self, token: &str) -> Result<RemoteIdentity, Rejected> {
+    /// The identity a valid token vouches for, and its role.
+    pub fn verify(&self, token: &str) -> Result<(RemoteIdentity, Role), Rejected> {
         // `alg: none` and unknown algorithms fail here: the header does not parse.
         let header = jsonwebtoken::decode_header(token).map_err(|_| "malformed JWT")?;
         let key = match &self.keys {
@@ -177,7 +180,9 @@ impl JwtVerifier {
         if claims.iat > now + self.leeway {
             return Err("JWT issued in the future");
         }
-        Ok(RemoteIdentity {
+        let role =
+            Role::parse(claims.role.as_deref()).ok_or("JWT role is not member or operator")?;
+        let identity = RemoteIdentity {
             actor_id: checked_id(&claims.sub).ok_or("JWT sub is not a valid id")?,
             org_id: checked_org_id(&claims.org)
                 .ok_or("JWT org is not a valid id or is reserved")?,
@@ -191,7 +196,8 @@ impl JwtVerifier {
                 None => None,
             },
             form: IdentityForm::Jwt,
-        })
+        };
+        Ok((identity, role))
     }
 }
 

@@ -15,9 +15,9 @@ use super::ratelimit::Limiter;
 use super::{origin, session, token};
 use crate::api::ApiError;
 use crate::config::{AuthArgs, MAX_CONSOLE_SESSION_SECS, Redacted};
-use crate::domain::Caller;
 use crate::domain::identity::RemoteIdentity;
 use crate::domain::identity::checked_id;
+use crate::domain::{Caller, Role};
 
 /// Shortest runtime token or shared secret accepted.
 const MIN_SECRET_LEN: usize = 16;
@@ -46,6 +46,8 @@ struct Remote {
     runtime_id: String,
     jwt: Option<JwtVerifier>,
     shared_secret: Option<Redacted>,
+    /// Whether the header form's `X-Keel-Role` counts (`KEEL_REMOTE_ROLE_HEADER`).
+    role_header: bool,
 }
 
 pub struct Auth {
@@ -55,6 +57,7 @@ pub struct Auth {
     cors_origins: Vec<HeaderValue>,
     label: String,
     console_session_ttl_secs: i64,
+    allow_self_approval: bool,
 }
 
 /// The time a console session's expiry is compared with (Unix seconds).
@@ -95,6 +98,7 @@ impl Auth {
             // The flag's parser bounds it already; the clamp makes the cast lossless.
             console_session_ttl_secs: args.console_session_ttl_secs.min(MAX_CONSOLE_SESSION_SECS)
                 as i64,
+            allow_self_approval: args.allow_self_approval,
         })
     }
 
@@ -114,6 +118,12 @@ impl Auth {
     /// one well-formed Host header: open routes that check credentials themselves ask first.
     pub fn check_host(&self, request: &axum::extract::Request) -> Result<(), ApiError> {
         self.hosts.check(request)
+    }
+
+    /// Whether `caller` may resolve an approval it requested: in local mode (one person)
+    /// always, in remote mode only with `KEEL_ALLOW_SELF_APPROVAL`.
+    pub fn may_approve_own(&self, caller: &Caller) -> bool {
+        caller.is_local() || self.allow_self_approval
     }
 
     /// The runtime's label in `GET /v1/whoami`.
@@ -173,7 +183,7 @@ impl Auth {
                 .ok_or("missing or wrong runtime token"),
             Credentials::Remote(remote) => remote
                 .identify(headers)
-                .map(|identity| (Caller::remote(identity), Proof::Credentials)),
+                .map(|(identity, role)| (Caller::remote(identity, role), Proof::Credentials)),
         }
     }
 
@@ -321,16 +331,24 @@ impl Remote {
                     .into(),
             ));
         }
+        if args.remote_role_header && shared_secret.is_none() {
+            return Err(SettingsError::Invalid(
+                "KEEL_REMOTE_ROLE_HEADER is for the header form: it needs \
+                 KEEL_REMOTE_SHARED_SECRET"
+                    .into(),
+            ));
+        }
         Ok(Remote {
             runtime_id,
             jwt,
             shared_secret,
+            role_header: args.remote_role_header,
         })
     }
 
     /// A JWT when the request carries one, else the header form. Identity headers only
     /// count with the shared secret, so in JWT-only mode they are refused like any guess.
-    fn identify(&self, headers: &HeaderMap) -> Result<RemoteIdentity, Rejected> {
+    fn identify(&self, headers: &HeaderMap) -> Result<(RemoteIdentity, Role), Rejected> {
         if headers.contains_key(IDENTITY_HEADER) {
             let jwt = self
                 .jwt
@@ -340,7 +358,7 @@ impl Remote {
             return jwt.verify(token);
         }
         match &self.shared_secret {
-            Some(secret) => headers::verify(headers, secret, &self.runtime_id),
+            Some(secret) => headers::verify(headers, secret, &self.runtime_id, self.role_header),
             None => Err("no identity JWT"),
         }
     }

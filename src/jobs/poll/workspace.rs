@@ -1,6 +1,8 @@
 //! Per-item workspaces (`workspace.root`, after Symphony): each item, keyed by its
-//! identifier (not its versioned key), gets one directory `<root>/<workspace key>`, which
-//! its task's runs work in (`in_place`) and its later versions and retries reuse.
+//! identifier (not its versioned key), gets one directory
+//! `<root>/<Keel workspace>/<workspace key>`, which its task's runs work in (`in_place`)
+//! and its later versions and retries reuse. The Keel workspace (the tenant,
+//! [`Scope::directory_name`]) keeps two orgs that track the same repository apart.
 //!
 //! An item about to start is first `workspace_preparing` (committed with its directory),
 //! then the directory is made, then the item is `ready` and its run starts through the
@@ -66,7 +68,9 @@ pub(super) async fn claim(
 ) -> Result<ItemRecord, StoreError> {
     match poller.rules.workspace_roots.confine(root, None) {
         Ok(root) => {
-            let directory = root.join(key(&item.identifier));
+            let directory = root
+                .join(scope.directory_name())
+                .join(key(&item.identifier));
             let directory = directory.to_string_lossy();
             rows::begin_preparation(conn, scope, &item.id, &directory).await
         }
@@ -207,9 +211,17 @@ async fn prepare_locked(
     external::update_item(conn, scope, &item.id, &ready).await
 }
 
-/// Creates the directory. An existing directory is reused; anything else there (a file, a
-/// symbolic link) is refused.
+/// Creates the directory, and its tenant's directory above it when that is new. An
+/// existing directory is reused; anything else there (a file, a symbolic link) is refused.
 async fn create(directory: &Path) -> Result<(), String> {
+    let tenant = directory.parent().unwrap_or(directory);
+    make_dir(tenant).await?;
+    make_dir(directory).await
+}
+
+/// Makes one directory beneath a parent that is still itself (no symbolic link swapped
+/// in).
+async fn make_dir(directory: &Path) -> Result<(), String> {
     inside_root(directory).await?;
     match tokio::fs::create_dir(directory).await {
         Ok(()) => Ok(()),
