@@ -171,7 +171,7 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) 
 
 /// The workspace's queue depth and age per kind and its leases, and live workers across
 /// all replicas (with the leases each holds of the workspace; their hosts and pids for
-/// operators only).
+/// the local caller only).
 #[utoipa::path(get, path = "/system/stats", tag = "system",
     responses((status = 200, description = "The figures", body = ObjectEnvelope<SystemStats>)))]
 async fn system_stats(
@@ -181,9 +181,9 @@ async fn system_stats(
     let mut conn = state.pool.acquire().await?;
     let queue = stats::queue(&mut conn, &caller.scope).await?;
     let mut workers = stats::live_workers(&mut conn, &caller.scope, stats::WORKER_LIVE_MS).await?;
-    // A tenant sees that workers are live and what they hold of its workspace, not where
-    // the deployment runs them.
-    if !caller.is_operator() {
+    // A tenant (its operators too) sees that workers are live and what they hold of its
+    // workspace, not where the deployment runs them.
+    if !caller.is_local() {
         for worker in &mut workers {
             worker.hostname = None;
             worker.pid = None;
