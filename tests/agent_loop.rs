@@ -130,6 +130,15 @@ impl Stack {
         self.client.post(&path, body).await
     }
 
+    /// Resolves `approval` with `decision` alone; the resolution must be taken (its body).
+    async fn decide(&self, task_id: &str, approval: &Value, decision: &str) -> Value {
+        let approval_id = approval["id"].as_str().unwrap();
+        let body = json!({ "decision": decision });
+        let (status, body) = self.resolve(task_id, approval_id, body).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
+    }
+
     async fn queue_rows(&self, run_id: &str) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM queue_jobs WHERE ref_id = $1")
             .bind(run_id)
@@ -351,14 +360,7 @@ async fn gated_tool_calls_wait_without_a_lease_then_approve_reject_or_refuse() {
     // No queue row: no lease, no worker slot while it waits.
     assert_eq!(stack.queue_rows(&run_id).await, 0);
     assert_eq!(stack.llm.requests().len(), 1);
-    let (status, body) = stack
-        .resolve(
-            &task_id,
-            approval["id"].as_str().unwrap(),
-            json!({ "decision": "approve" }),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    stack.decide(&task_id, &approval, "approve").await;
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
     assert_eq!(run["status"], "completed", "{run}");
     // One call for the gated response, one after the tool ran: none repeated.
@@ -374,14 +376,7 @@ async fn gated_tool_calls_wait_without_a_lease_then_approve_reject_or_refuse() {
     // Reject: cancelled.
     let (task_id, _) = stack.start_agent(json!({})).await;
     let approval = stack.pending_approval(&task_id).await;
-    let (status, body) = stack
-        .resolve(
-            &task_id,
-            approval["id"].as_str().unwrap(),
-            json!({ "decision": "reject" }),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    let body = stack.decide(&task_id, &approval, "reject").await;
     assert_eq!(body["data"]["run"]["status"], "cancelled");
     assert_eq!(body["data"]["run"]["last_error"], "approval rejected");
 
@@ -707,14 +702,7 @@ async fn the_default_policy_gates_http_request_so_nothing_is_posted_out_unapprov
         format!("http_request: POST {}/in?…", listener.uri()),
         "{approval}"
     );
-    let (status, body) = stack
-        .resolve(
-            &task_id,
-            approval["id"].as_str().unwrap(),
-            json!({ "decision": "reject" }),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    stack.decide(&task_id, &approval, "reject").await;
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
     assert_eq!(run["status"], "cancelled", "{run}");
     // `expect(0)` is checked when the listener drops; say it here too.
