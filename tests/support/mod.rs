@@ -324,6 +324,8 @@ pub fn worker_args(lease_ms: u64) -> WorkerArgs {
         concurrency: 8,
         prefetch: 0,
         lease_ms,
+        lease_margin_ms: None,
+        heartbeat_timeout_ms: None,
         poll_interval_ms: 200,
         drain_timeout_ms: 2_000,
         reconcile_interval_ms: 500,
