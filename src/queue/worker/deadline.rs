@@ -170,7 +170,7 @@ fn stop_passed(registry: &Registry, now: Instant) -> Option<Instant> {
                 job_id,
                 kind = %job.kind,
                 late_ms = now.duration_since(at).as_millis() as u64,
-                "lease deadline passed without a confirmed renewal; stopping the job"
+                "lease lost locally: its deadline passed without a confirmed renewal; stopping the job"
             );
             telemetry::metrics::lease_lost(&job.kind);
             job.past_deadline = true;
