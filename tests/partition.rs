@@ -233,3 +233,51 @@ fn lease_timings_that_could_overlap_are_refused_at_start_up() {
     assert!(!ok);
     assert!(output.contains("less than the lease"), "{output}");
 }
+
+/// The API in front of a frozen database: every request answers 503 with the envelope and
+/// a Retry-After within the API's bound (the client here gives up far later), `/readyz`
+/// says the database is unreachable, and once thawed the API serves again by itself.
+#[tokio::test]
+async fn an_api_cut_off_from_its_database_answers_503_then_recovers() {
+    let db = support::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = DelayProxy::freezable(&db).await;
+    let api = spawn_api(&proxy.url, dir.path(), "api").await;
+    let client = api.client.clone().unwrap();
+    let base = client.base.clone();
+    let (status, _) = client.get("/v1/tasks").await;
+    assert_eq!(status, reqwest::StatusCode::OK);
+
+    proxy.freeze();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(90))
+        .build()
+        .unwrap();
+    let asked = Instant::now();
+    let (tasks, ready) = tokio::join!(
+        http.get(format!("{base}/v1/tasks")).send(),
+        http.get(format!("{base}/readyz")).send(),
+    );
+    let answered = asked.elapsed();
+    let tasks = tasks.expect("an answer, not a hang");
+    assert_eq!(tasks.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(tasks.headers()["retry-after"], "5");
+    let body: serde_json::Value = tasks.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "unavailable", "{body}");
+    assert!(body["error"]["request_id"].is_string(), "{body}");
+    let ready = ready.expect("an answer, not a hang");
+    assert_eq!(ready.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+    let ready: serde_json::Value = ready.json().await.unwrap();
+    assert_eq!(ready["database"], "unreachable", "{ready}");
+
+    let thawed = Instant::now();
+    proxy.thaw();
+    wait_for(LONG, "the API to serve again", || async {
+        (client.get("/v1/tasks").await.0 == reqwest::StatusCode::OK).then_some(())
+    })
+    .await;
+    eprintln!(
+        "API figures: frozen database answered 503 after {answered:?}; serving again {:?} after the thaw",
+        thawed.elapsed()
+    );
+}
