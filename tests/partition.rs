@@ -106,6 +106,35 @@ fn watch_processes(
     (seen, handle)
 }
 
+/// The longest overlap, and the latest times from the freeze to a run's last process on
+/// the cut-off worker and to its first on the other; asserts that each run's processes
+/// left the cut-off worker before they started on the other.
+fn figures(
+    seen: &HashMap<String, Seen>,
+    runs: &[(String, String)],
+    frozen: Instant,
+) -> (Duration, Duration, Duration) {
+    let (mut longest_overlap, mut kill, mut takeover) =
+        (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    for (_, run_id) in runs {
+        let entry = seen.get(run_id).expect("the watch saw the run");
+        longest_overlap = longest_overlap.max(entry.longest_overlap);
+        let last = entry
+            .cut_last
+            .expect("the cut-off worker's processes were seen");
+        let first = entry
+            .other_first
+            .expect("the other worker's processes were seen");
+        assert!(
+            last < first,
+            "{run_id}: the cut-off worker still ran it after the takeover"
+        );
+        kill = kill.max(last.saturating_duration_since(frozen));
+        takeover = takeover.max(first.saturating_duration_since(frozen));
+    }
+    (longest_overlap, kill, takeover)
+}
+
 async fn start_shell_run(client: &Client, command: &str) -> (String, String) {
     client
         .start_task(json!({ "execution_kind": "shell", "shell_command": command }))
@@ -156,32 +185,12 @@ async fn a_cut_off_worker_kills_its_runs_before_another_takes_them_over() {
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     watcher.join().unwrap();
 
-    let seen = seen.lock().unwrap();
-    let mut longest_overlap = Duration::ZERO;
-    let mut kill = Duration::ZERO;
-    let mut takeover = Duration::ZERO;
-    for (_, run_id) in &runs {
-        let entry = seen.get(run_id).expect("the watch saw the run");
-        longest_overlap = longest_overlap.max(entry.longest_overlap);
-        let last = entry
-            .cut_last
-            .expect("the cut-off worker's processes were seen");
-        let first = entry
-            .other_first
-            .expect("the other worker's processes were seen");
-        assert!(
-            last < first,
-            "{run_id}: the cut-off worker still ran it after the takeover"
-        );
-        kill = kill.max(last.saturating_duration_since(frozen));
-        takeover = takeover.max(first.saturating_duration_since(frozen));
-    }
+    let (longest_overlap, kill, takeover) = figures(&seen.lock().unwrap(), &runs, frozen);
     assert_eq!(
         longest_overlap,
         Duration::ZERO,
         "processes of one run on two workers"
     );
-    drop(seen);
 
     // Healed: the cut-off worker claims again, on connections that recovered by themselves.
     let mut other = other;

@@ -84,7 +84,7 @@ async fn a_stale_lease_holder_is_fenced_out_after_a_takeover() {
         .remove(0);
     assert_eq!(
         queue::heartbeat(
-            &mut *pool.acquire().await.unwrap(),
+            &mut pool.acquire().await.unwrap(),
             "worker-a",
             &[(a.job_id, a.fencing_token)],
             LEASE
@@ -106,7 +106,7 @@ async fn a_stale_lease_holder_is_fenced_out_after_a_takeover() {
     // Every write of the old holder is refused.
     assert!(
         queue::heartbeat(
-            &mut *pool.acquire().await.unwrap(),
+            &mut pool.acquire().await.unwrap(),
             "worker-a",
             &[(a.job_id, a.fencing_token)],
             LEASE
