@@ -16,7 +16,7 @@ use crate::domain::approval::{ApprovalPolicy, DEFAULT_POLICIES};
 use crate::domain::provider::ProviderHosts;
 use crate::domain::secret::{DEFAULT_ENV_ALLOW, DEFAULT_FILE_ROOTS, SecretPolicy};
 use crate::domain::task::{RunTimeouts, WorkspaceRoots};
-use crate::queue::worker::WorkerSettings;
+use crate::queue::worker::{LeaseTiming, WorkerSettings};
 use crate::store::content::{ContentStore, S3Settings};
 use crate::store::runs::AdmissionRules;
 use crate::telemetry::LogFormat;
@@ -623,6 +623,18 @@ pub struct WorkerArgs {
     #[arg(long, env = "KEEL_LEASE_MS", default_value_t = 30_000)]
     pub lease_ms: u64,
 
+    /// Taken off the lease for the worker's own deadline on each job (ms): a job whose
+    /// lease was not renewed for lease − margin is stopped, its processes killed, before
+    /// another worker can take it over. Default: a tenth of the lease.
+    #[arg(long, env = "KEEL_LEASE_MARGIN_MS")]
+    pub lease_margin_ms: Option<u64>,
+
+    /// Longest a lease heartbeat may take before it is abandoned and the next one opens a
+    /// new connection (ms); the lease must be at least three of them. Default: a fifth of
+    /// the lease.
+    #[arg(long, env = "KEEL_HEARTBEAT_TIMEOUT_MS")]
+    pub heartbeat_timeout_ms: Option<u64>,
+
     /// Fallback poll interval when no notification arrives (ms).
     #[arg(long, env = "KEEL_POLL_INTERVAL_MS", default_value_t = 1000)]
     pub poll_interval_ms: u64,
@@ -776,15 +788,29 @@ impl WorkerArgs {
             .collect()
     }
 
-    pub fn settings(&self) -> WorkerSettings {
-        WorkerSettings {
+    /// The worker's settings; refuses lease timings under which jobs could overlap or
+    /// stop between healthy heartbeats ([`LeaseTiming::new`]).
+    pub fn settings(&self) -> Result<WorkerSettings, String> {
+        Ok(WorkerSettings {
             concurrency: self.concurrency.max(1),
             prefetch: self.prefetch,
-            lease: Duration::from_millis(self.lease_ms.max(300)),
+            timing: self.lease_timing()?,
             poll_interval: Duration::from_millis(self.poll_interval_ms.max(10)),
             drain_timeout: Duration::from_millis(self.drain_timeout_ms),
             max_per_workspace: self.max_concurrent_per_workspace,
-        }
+        })
+    }
+
+    fn lease_timing(&self) -> Result<LeaseTiming, String> {
+        let lease = Duration::from_millis(self.lease_ms.max(300));
+        let defaults = LeaseTiming::for_lease(lease);
+        let ms =
+            |value: Option<u64>, default: Duration| value.map_or(default, Duration::from_millis);
+        LeaseTiming::new(
+            lease,
+            ms(self.lease_margin_ms, defaults.margin),
+            ms(self.heartbeat_timeout_ms, defaults.heartbeat_timeout),
+        )
     }
 
     pub fn reconcile_interval(&self) -> Duration {

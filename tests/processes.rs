@@ -12,26 +12,10 @@ use serde_json::json;
 use sqlx::PgPool;
 use support::{
     Client, KeelProcess, SseReader, spawn_api, spawn_api_with_approvals, spawn_worker,
-    spawn_worker_with_env, wait_for,
+    spawn_worker_with_env, wait_for, worker_id_of,
 };
 
 const LONG: Duration = Duration::from_secs(180);
-
-async fn worker_id_of(pool: &PgPool, process: &KeelProcess) -> String {
-    let pid = process.pid();
-    wait_for(
-        Duration::from_secs(30),
-        "the worker to register",
-        || async {
-            sqlx::query_scalar("SELECT id FROM workers WHERE pid = $1")
-                .bind(pid)
-                .fetch_optional(pool)
-                .await
-                .unwrap()
-        },
-    )
-    .await
-}
 
 async fn leases_of(pool: &PgPool, worker_id: &str) -> Vec<String> {
     sqlx::query_scalar("SELECT ref_id FROM queue_jobs WHERE lease_owner = $1")

@@ -83,9 +83,14 @@ async fn a_stale_lease_holder_is_fenced_out_after_a_takeover() {
         .unwrap()
         .remove(0);
     assert_eq!(
-        queue::heartbeat(&q(&pool), "worker-a", &[(a.job_id, a.fencing_token)], LEASE)
-            .await
-            .unwrap(),
+        queue::heartbeat(
+            &mut pool.acquire().await.unwrap(),
+            "worker-a",
+            &[(a.job_id, a.fencing_token)],
+            LEASE
+        )
+        .await
+        .unwrap(),
         [a.job_id]
     );
 
@@ -100,10 +105,15 @@ async fn a_stale_lease_holder_is_fenced_out_after_a_takeover() {
 
     // Every write of the old holder is refused.
     assert!(
-        queue::heartbeat(&q(&pool), "worker-a", &[(a.job_id, a.fencing_token)], LEASE)
-            .await
-            .unwrap()
-            .is_empty()
+        queue::heartbeat(
+            &mut pool.acquire().await.unwrap(),
+            "worker-a",
+            &[(a.job_id, a.fencing_token)],
+            LEASE
+        )
+        .await
+        .unwrap()
+        .is_empty()
     );
     assert!(matches!(
         queue::begin_fenced(&pool, &a).await,
@@ -500,7 +510,7 @@ async fn job_ack_acks_with_and_without_a_batcher() {
         let settings = queue::worker::WorkerSettings {
             concurrency: 4,
             prefetch: 8,
-            lease: LEASE,
+            timing: queue::worker::LeaseTiming::for_lease(LEASE),
             poll_interval: Duration::from_millis(100),
             drain_timeout: Duration::from_secs(5),
             max_per_workspace: None,

@@ -125,6 +125,8 @@ pub fn worker_args(concurrency: usize, prefetch: usize, lease_ms: u64) -> Worker
         concurrency,
         prefetch,
         lease_ms,
+        lease_margin_ms: None,
+        heartbeat_timeout_ms: None,
         poll_interval_ms: 1_000,
         drain_timeout_ms: 1_000,
         reconcile_interval_ms: 5_000,

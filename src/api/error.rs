@@ -188,7 +188,12 @@ impl IntoResponse for ApiError {
             "operator_action": operator_action,
         }});
         let mut response = (status, Json(body)).into_response();
-        if let ApiError::RateLimited { retry_after } = self {
+        let retry_after = match self {
+            ApiError::RateLimited { retry_after } => Some(retry_after),
+            ApiError::Unavailable(_) => Some(UNAVAILABLE_RETRY_AFTER_SECS),
+            _ => None,
+        };
+        if let Some(retry_after) = retry_after {
             response
                 .headers_mut()
                 .insert(axum::http::header::RETRY_AFTER, retry_after.into());
@@ -199,6 +204,10 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+/// When a client should try again after a 503: a failover or a partition's heal takes
+/// seconds, and every process reconnects by itself.
+const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 5;
 
 /// The full error text, kept on the response for the logging middleware.
 #[derive(Clone)]

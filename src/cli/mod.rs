@@ -229,6 +229,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             serve_api(pool, &common, &api, auth, shutdown).await
         }
         Command::Worker { common, worker } => {
+            // Before anything else: lease timings that let two workers run one job at once
+            // (or stop healthy jobs) must not start a worker at all.
+            worker.settings().map_err(anyhow::Error::msg)?;
             let pool = connect(&common, "worker").await?;
             run_worker(pool, &common, &worker, shutdown).await
         }
@@ -292,6 +295,7 @@ async fn serve_all(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let auth = api::Auth::from_args(&api.auth, api.listen)?;
+    worker.settings().map_err(anyhow::Error::msg)?;
     let (url, embedded) = match common.database_url() {
         Some(url) => (url, None),
         None => {
@@ -470,7 +474,8 @@ pub async fn run_worker_with(
         args.reconcile_interval(),
         maintenance.clone(),
     ));
-    let worker = Worker::new(pool, args.settings(), handlers);
+    let settings = args.settings().map_err(anyhow::Error::msg)?;
+    let worker = Worker::new(pool, settings, handlers);
     let result = worker.run(shutdown).await;
     maintenance.cancel();
     result.context("worker")

@@ -429,6 +429,10 @@ impl RunContext for FencedAgent {
         self.run.cancellation()
     }
 
+    async fn clear_ahead(&self) -> Result<(), ContextError> {
+        self.run.clear_ahead().await
+    }
+
     async fn start_step(&self, name: &str, input: Value) -> Result<StepHandle, ContextError> {
         self.run.start_step(name, input).await
     }

@@ -1,12 +1,13 @@
 //! What every executor context shares: each write it makes for a job is one transaction
-//! fenced by the job's lease, and a lost lease interrupts the attempt.
+//! fenced by the job's lease, a lost lease interrupts the attempt, and no external call
+//! that cannot be undone starts unless the lease's local deadline is safely ahead.
 
 use keel_workers::ContextError;
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::Scope;
-use crate::queue::worker::Job;
+use crate::queue::worker::{Job, LeaseDeadline};
 use crate::queue::{self, Lease};
 use crate::store::StoreError;
 
@@ -15,8 +16,9 @@ pub struct Fence {
     lease: Lease,
     /// The job's workspace: every write of the attempt goes there.
     pub scope: Scope,
-    /// Fires when the job is cancelled or the lease lost.
+    /// Fires when the job is cancelled, the lease lost or its local deadline passed.
     pub interrupt: CancellationToken,
+    deadline: LeaseDeadline,
 }
 
 impl Fence {
@@ -26,7 +28,25 @@ impl Fence {
             lease: job.lease.clone(),
             scope: job.lease.scope(),
             interrupt: job.interrupt.clone(),
+            deadline: job.deadline.clone(),
         }
+    }
+
+    /// Before an external call that cannot be undone (a process, a model or tool call, a
+    /// tracker POST, a vendor submission): Ok while the lease's local deadline is safely
+    /// ahead, renewing it first when it is near; otherwise the attempt stops here, before
+    /// the call, so a worker cut off from the database makes no call after its deadline.
+    pub async fn clear_ahead(&self) -> Result<(), ContextError> {
+        if self.interrupt.is_cancelled() {
+            return Err(ContextError::Interrupted);
+        }
+        if let Err(near) = self.deadline.ensure_ahead().await {
+            tracing::warn!(kind = %self.lease.kind, ref_id = %self.lease.ref_id,
+                           remaining = ?self.deadline.remaining(), "{near}; stopping the attempt");
+            self.interrupt.cancel();
+            return Err(ContextError::Interrupted);
+        }
+        Ok(())
     }
 
     /// A transaction holding the job row, or `Interrupted` once the lease is gone.

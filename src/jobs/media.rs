@@ -353,6 +353,10 @@ impl MediaContext for FencedMediaContext {
         &self.fence.interrupt
     }
 
+    async fn clear_ahead(&self) -> Result<(), ContextError> {
+        self.fence.clear_ahead().await
+    }
+
     fn vendor_task(&self) -> Option<String> {
         self.vendor_task.clone()
     }

@@ -934,6 +934,10 @@ impl RunContext for FencedContext {
         &self.shared.fence.interrupt
     }
 
+    async fn clear_ahead(&self) -> Result<(), ContextError> {
+        self.shared.fence.clear_ahead().await
+    }
+
     async fn start_step(
         &self,
         name: &str,

@@ -6,11 +6,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
-use super::{Lease, QueuePool, in_id_order, millis};
+use super::{Lease, in_id_order, millis};
 use super::{QueueError, Result};
 
 /// Extends the leases still held and marks the worker alive in the worker registry, in one
-/// statement; returns the ids of the leases renewed (the others are lost). The rows are
+/// statement, on the heartbeat's own connection (the worker drops it when a heartbeat hangs);
+/// returns the ids of the leases renewed (the others are lost). The rows are
 /// looked up by id, each with its own token (no join: joined with an `unnest`, a table
 /// bloated by an old snapshot was planned as a full scan, and heartbeats that fell behind
 /// the lease lost it). The owner is matched with `IS NOT DISTINCT FROM` (the same, since
@@ -19,7 +20,7 @@ use super::{QueueError, Result};
 /// that whole index, stepping over every entry an old snapshot keeps, for cheaper than 500
 /// primary-key probes.
 pub async fn heartbeat(
-    pool: &QueuePool,
+    conn: &mut PgConnection,
     owner: &str,
     held: &[(i64, i64)],
     lease: Duration,
@@ -37,7 +38,7 @@ pub async fn heartbeat(
     .bind(tokens)
     .bind(owner)
     .bind(millis(lease))
-    .fetch_all(&pool.0)
+    .fetch_all(conn)
     .await?;
     Ok(renewed)
 }

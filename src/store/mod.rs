@@ -81,28 +81,68 @@ impl From<crate::queue::QueueError> for StoreError {
 /// locks (and the event-order lock) and stall every other process until it woke up.
 const IDLE_IN_TRANSACTION_TIMEOUT: &str = "5s";
 
-/// Opens a pool; every connection says which Keel process it belongs to.
+/// The longest any one statement of Keel's runs: its statements are small (a claim, an
+/// ack, a page of rows), so one that runs this long is stuck behind a lock or a server in
+/// trouble, and is better cancelled (and retried) than waited on. Migrations, which may
+/// build an index, lift it for their own connection ([`migrate`]).
+const STATEMENT_TIMEOUT: &str = "60s";
+
+/// How the server finds a client that vanished (a worker's host gone, a partition): TCP
+/// keepalives after 10 s idle, every 5 s, 3 unanswered ones end the session, and data
+/// unacknowledged for 20 s ends it (Linux servers; elsewhere the server only logs that it
+/// cannot). Its locks and its backend go with it. sqlx 0.9 sets no socket option on the
+/// client's end; there every call is bounded by a timeout of its own instead (docs/queue.md,
+/// "Bounds").
+const SERVER_KEEPALIVES: [(&str, &str); 4] = [
+    ("tcp_keepalives_idle", "10"),
+    ("tcp_keepalives_interval", "5"),
+    ("tcp_keepalives_count", "3"),
+    ("tcp_user_timeout", "20000"),
+];
+
+/// How long a request for a connection waits when every one is busy, being opened or
+/// tested (a database that does not answer): then it fails, and the API answers 503.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Opens a pool; every connection says which Keel process it belongs to, and carries the
+/// bounds above.
 pub async fn connect(url: &str, max_connections: u32, role: &str) -> Result<PgPool> {
     let options: PgConnectOptions = url.parse()?;
-    let options = options.application_name(&format!("keel-{role}")).options([(
-        "idle_in_transaction_session_timeout",
-        IDLE_IN_TRANSACTION_TIMEOUT,
-    )]);
+    let options = options.application_name(&format!("keel-{role}")).options(
+        [
+            (
+                "idle_in_transaction_session_timeout",
+                IDLE_IN_TRANSACTION_TIMEOUT,
+            ),
+            ("statement_timeout", STATEMENT_TIMEOUT),
+        ]
+        .into_iter()
+        .chain(SERVER_KEEPALIVES),
+    );
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(10))
+        .acquire_timeout(ACQUIRE_TIMEOUT)
         .connect_with(options)
         .await?;
     Ok(pool)
 }
 
 /// Applies pending migrations. Safe to run from several processes at once: sqlx holds an
-/// advisory lock while it migrates.
+/// advisory lock while it migrates. The migrating connection has no statement timeout (an
+/// index build may take longer); `RESET` gives it back to the pool with the pool's.
 pub async fn migrate(pool: &PgPool) -> Result<()> {
+    let mut conn = pool.acquire().await?;
+    sqlx::query("SET statement_timeout = 0")
+        .execute(&mut *conn)
+        .await?;
     MIGRATOR
-        .run(pool)
+        .run(&mut *conn)
         .await
-        .map_err(|e| StoreError::Database(e.into()))
+        .map_err(|e| StoreError::Database(e.into()))?;
+    sqlx::query("RESET statement_timeout")
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 /// Whether the database has every migration this binary knows.

@@ -161,6 +161,23 @@ where
     }
 }
 
+/// The id a `keel worker` process registered under.
+pub async fn worker_id_of(pool: &PgPool, process: &KeelProcess) -> String {
+    let pid = process.pid();
+    wait_for(
+        Duration::from_secs(30),
+        "the worker to register",
+        || async {
+            sqlx::query_scalar("SELECT id FROM workers WHERE pid = $1")
+                .bind(pid)
+                .fetch_optional(pool)
+                .await
+                .unwrap()
+        },
+    )
+    .await
+}
+
 /// A small JSON client for Keel's API.
 #[derive(Clone)]
 pub struct Client {
@@ -324,6 +341,8 @@ pub fn worker_args(lease_ms: u64) -> WorkerArgs {
         concurrency: 8,
         prefetch: 0,
         lease_ms,
+        lease_margin_ms: None,
+        heartbeat_timeout_ms: None,
         poll_interval_ms: 200,
         drain_timeout_ms: 2_000,
         reconcile_interval_ms: 500,

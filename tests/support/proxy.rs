@@ -1,14 +1,17 @@
 //! A TCP proxy that delays every chunk by a fixed time in each direction: a database "far
 //! away" for tests (the Rust twin of ../shared/bench/tools/delay-proxy.py, which CI lacks).
 //! Each chunk is forwarded at its arrival time plus the delay, in order, so the delay adds
-//! latency without throttling what is in flight.
+//! latency without throttling what is in flight. It can also be frozen: it then reads,
+//! writes and accepts nothing, as a proxy stopped with SIGSTOP (the kernel still takes the
+//! bytes and the connections; nothing is refused, everything hangs), a network partition
+//! seen from both ends; thawed, it forwards what waited.
 
 use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -17,6 +20,7 @@ pub struct DelayProxy {
     /// `database_url` with its host and port replaced by the proxy's.
     pub url: String,
     stop: CancellationToken,
+    frozen: watch::Sender<bool>,
 }
 
 impl DelayProxy {
@@ -27,9 +31,29 @@ impl DelayProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = database_url.replacen(&target, &listener.local_addr().unwrap().to_string(), 1);
         let stop = CancellationToken::new();
-        tokio::spawn(accept(listener, target, delay, stop.clone()));
-        DelayProxy { url, stop }
+        let (frozen, thawed) = watch::channel(false);
+        tokio::spawn(accept(listener, target, delay, thawed, stop.clone()));
+        DelayProxy { url, stop, frozen }
     }
+
+    /// Proxies the server of `database_url` without delay, to be frozen.
+    pub async fn freezable(database_url: &str) -> DelayProxy {
+        DelayProxy::start(database_url, Duration::ZERO).await
+    }
+
+    /// Stops forwarding anything, on every connection, until [`DelayProxy::thaw`].
+    pub fn freeze(&self) {
+        self.frozen.send_replace(true);
+    }
+
+    pub fn thaw(&self) {
+        self.frozen.send_replace(false);
+    }
+}
+
+/// Returns once the proxy is not frozen.
+async fn unfrozen(thawed: &mut watch::Receiver<bool>) {
+    let _ = thawed.wait_for(|frozen| !frozen).await;
 }
 
 impl Drop for DelayProxy {
@@ -38,8 +62,15 @@ impl Drop for DelayProxy {
     }
 }
 
-async fn accept(listener: TcpListener, target: String, delay: Duration, stop: CancellationToken) {
+async fn accept(
+    listener: TcpListener,
+    target: String,
+    delay: Duration,
+    mut thawed: watch::Receiver<bool>,
+    stop: CancellationToken,
+) {
     loop {
+        unfrozen(&mut thawed).await;
         let client = tokio::select! {
             _ = stop.cancelled() => return,
             accepted = listener.accept() => match accepted {
@@ -52,21 +83,40 @@ async fn accept(listener: TcpListener, target: String, delay: Duration, stop: Ca
         };
         let (client_read, client_write) = client.into_split();
         let (server_read, server_write) = server.into_split();
-        tokio::spawn(pipe(client_read, server_write, delay, stop.clone()));
-        tokio::spawn(pipe(server_read, client_write, delay, stop.clone()));
+        tokio::spawn(pipe(
+            client_read,
+            server_write,
+            delay,
+            thawed.clone(),
+            stop.clone(),
+        ));
+        tokio::spawn(pipe(
+            server_read,
+            client_write,
+            delay,
+            thawed.clone(),
+            stop.clone(),
+        ));
     }
 }
 
-/// Copies `from` to `to`, each chunk `delay` after it was read.
-async fn pipe<R, W>(mut from: R, mut to: W, delay: Duration, stop: CancellationToken)
-where
+/// Copies `from` to `to`, each chunk `delay` after it was read, and none while frozen.
+async fn pipe<R, W>(
+    mut from: R,
+    mut to: W,
+    delay: Duration,
+    thawed: watch::Receiver<bool>,
+    stop: CancellationToken,
+) where
     R: AsyncReadExt + Unpin + Send + 'static,
     W: AsyncWriteExt + Unpin + Send + 'static,
 {
     let (chunks, mut due) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let mut write_thawed = thawed.clone();
     let writer = tokio::spawn(async move {
         while let Some((at, chunk)) = due.recv().await {
             tokio::time::sleep_until(at).await;
+            unfrozen(&mut write_thawed).await;
             if to.write_all(&chunk).await.is_err() {
                 return;
             }
@@ -74,7 +124,9 @@ where
         let _ = to.shutdown().await;
     });
     let mut buffer = vec![0; 64 * 1024];
+    let mut thawed = thawed;
     loop {
+        unfrozen(&mut thawed).await;
         let read = tokio::select! {
             _ = stop.cancelled() => break,
             read = from.read(&mut buffer) => read,

@@ -53,6 +53,11 @@ pub trait RunContext: Send + Sync {
     /// Fires when the run is cancelled or the lease is lost.
     fn cancellation(&self) -> &CancellationToken;
 
+    /// Before an external effect that cannot be undone (starting a process, a model call,
+    /// a tool call): Ok while this worker's lease is safely ahead of its local deadline
+    /// (renewed first when near); `Interrupted` when it is not, and the call must not start.
+    fn clear_ahead(&self) -> impl Future<Output = Result<(), ContextError>> + Send;
+
     fn start_step(
         &self,
         name: &str,

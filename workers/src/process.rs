@@ -45,6 +45,7 @@ pub(crate) async fn run<C: RunContext>(
     let stdout_artifact = ctx.open_output(OutputStream::Stdout).await?;
     let stderr_artifact = ctx.open_output(OutputStream::Stderr).await?;
 
+    ctx.clear_ahead().await?;
     let (mut child, mut containment) =
         match start(&argv, &spec.workspace, &spec.env, spec.sandbox).await {
             Ok(started) => started,

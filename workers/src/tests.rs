@@ -21,6 +21,10 @@ impl RunContext for Recorder {
         &self.cancel
     }
 
+    async fn clear_ahead(&self) -> Result<(), ContextError> {
+        Ok(())
+    }
+
     async fn start_step(
         &self,
         name: &str,

@@ -112,14 +112,14 @@ impl Claimer {
         settings: &WorkerSettings,
     ) -> Result<Vec<Lease>, QueueError> {
         if let Some(max) = settings.max_per_workspace {
-            return Self::claim_fair(pool, owner, kinds, room, settings.lease, max).await;
+            return Self::claim_fair(pool, owner, kinds, room, settings.timing.lease, max).await;
         }
         let leases = if self.shared.positioned() {
             self.claim_from(pool, owner, kinds, room, settings).await?
         } else {
             let started = Instant::now();
             let leases =
-                crate::queue::claim(pool, owner, kinds, room as i64, settings.lease).await?;
+                crate::queue::claim(pool, owner, kinds, room as i64, settings.timing.lease).await?;
             self.shared.record(started);
             leases
         };
@@ -159,8 +159,16 @@ impl Claimer {
                 (from.clone(), slack)
             };
             async move {
-                crate::queue::claim_from(pool, owner, kind, &from, slack, limit, settings.lease)
-                    .await
+                crate::queue::claim_from(
+                    pool,
+                    owner,
+                    kind,
+                    &from,
+                    slack,
+                    limit,
+                    settings.timing.lease,
+                )
+                .await
             }
         })
         .await
@@ -210,7 +218,7 @@ pub(super) async fn sweep(
     kinds: Vec<String>,
     settings: WorkerSettings,
     state: Arc<ClaimState>,
-    found: mpsc::UnboundedSender<Vec<Lease>>,
+    found: mpsc::UnboundedSender<(Vec<Lease>, tokio::time::Instant)>,
     stop: CancellationToken,
 ) {
     loop {
@@ -228,10 +236,10 @@ pub(super) async fn sweep(
         // swept beyond the free slots wait, leased, for one (as prefetched jobs do).
         let room = state.room.load(Ordering::Relaxed).max(settings.concurrency);
         let started = Instant::now();
-        match crate::queue::claim(&pool, &owner, &kinds, room as i64, settings.lease).await {
+        match crate::queue::claim(&pool, &owner, &kinds, room as i64, settings.timing.lease).await {
             Ok(leases) => {
                 state.record(started);
-                if !leases.is_empty() && found.send(leases).is_err() {
+                if !leases.is_empty() && found.send((leases, started.into())).is_err() {
                     return;
                 }
             }

@@ -1,7 +1,8 @@
 //! The worker and its claim loop: claims jobs up to its concurrency (how: `claims.rs`),
 //! hands each to the handler of its kind, and on shutdown stops claiming, lets running
 //! jobs finish within the drain window, then interrupts and releases the rest. Beside the
-//! loop run the heartbeat (`heartbeat.rs`), the listener (`listen.rs`: new jobs, withdrawn
+//! loop run the heartbeat (`heartbeat.rs`), the self-fence that stops a job once its
+//! lease's local deadline passes (`deadline.rs`), the listener (`listen.rs`: new jobs, withdrawn
 //! ones) and, when a kind asks for it ([`JobHandler::batches_acks`]), the ack batcher
 //! (`acks.rs`) for jobs with nothing to commit alongside their ack ([`Job::ack`]);
 //! `registry.rs` keeps the worker's row in `workers`; `window.rs` sizes how many jobs it
@@ -9,6 +10,7 @@
 
 mod acks;
 mod claims;
+mod deadline;
 mod heartbeat;
 mod listen;
 mod registry;
@@ -23,8 +25,9 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use sqlx::PgPool;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use self::window::Window;
@@ -33,6 +36,7 @@ use crate::queue::QueueError;
 use crate::telemetry;
 use acks::Acks;
 use claims::Claimer;
+pub use deadline::{DeadlineNear, LeaseDeadline, LeaseTiming};
 
 /// Executes jobs of one kind. The handler owns the job's domain transitions: it acks or
 /// nacks with [`super::complete`] / [`super::retry`] inside its own fenced transaction,
@@ -53,8 +57,11 @@ pub trait JobHandler: Send + Sync + 'static {
 /// One claimed job, as its handler sees it.
 pub struct Job {
     pub lease: Lease,
-    /// Fires when the job must stop: cancelled, lease lost, or released at shutdown.
+    /// Fires when the job must stop: cancelled, lease lost, its local deadline passed, or
+    /// released at shutdown.
     pub interrupt: CancellationToken,
+    /// The lease's local deadline: checked before each external call that cannot be undone.
+    pub deadline: LeaseDeadline,
     released: Arc<AtomicBool>,
     acks: Acks,
 }
@@ -86,7 +93,8 @@ pub struct WorkerSettings {
     /// Jobs claimed ahead of a free slot, leased while they wait (0: claim only for free
     /// slots). Saves claim round trips for short jobs; hoards long ones from other workers.
     pub prefetch: usize,
-    pub lease: Duration,
+    /// The lease, its local deadline's margin and the heartbeat's timeout.
+    pub timing: LeaseTiming,
     pub poll_interval: Duration,
     pub drain_timeout: Duration,
     /// Set: claims are fair across workspaces ([`super::fair`]) and no workspace holds more
@@ -100,12 +108,17 @@ struct InFlight {
     fencing_token: i64,
     interrupt: CancellationToken,
     released: Arc<AtomicBool>,
+    /// The lease's local deadline, moved by each confirmed renewal.
+    deadline: watch::Sender<Instant>,
+    /// Stopped by its deadline: renewed no more.
+    past_deadline: bool,
 }
 
 type Registry = Arc<Mutex<HashMap<i64, InFlight>>>;
 
-/// A claim's leases and the room it was given.
-type ClaimResult = Result<(Vec<Lease>, usize), QueueError>;
+/// A claim's leases, the room it was given and when it was sent (the leases' local
+/// deadlines count from then).
+type ClaimResult = Result<(Vec<Lease>, usize, Instant), QueueError>;
 
 pub struct Worker {
     pub id: String,
@@ -114,6 +127,8 @@ pub struct Worker {
     queue: QueuePool,
     settings: WorkerSettings,
     handlers: HashMap<&'static str, Arc<dyn JobHandler>>,
+    /// Asks the heartbeat for a renewal now (a job's deadline is near).
+    renew: Arc<Notify>,
 }
 
 impl Worker {
@@ -126,6 +141,7 @@ impl Worker {
             pool,
             settings,
             handlers,
+            renew: Arc::new(Notify::new()),
         }
     }
 
@@ -162,8 +178,16 @@ impl Worker {
         tokio::spawn(heartbeat::heartbeat(
             self.queue.clone(),
             self.id.clone(),
-            self.settings.lease,
+            self.settings.timing,
             registry.clone(),
+            self.renew.clone(),
+            background.clone(),
+        ));
+        // Stops each job at its deadline whatever the database does; it wakes at least
+        // every quarter margin to see the deadlines of jobs claimed meanwhile.
+        tokio::spawn(deadline::self_fence(
+            registry.clone(),
+            self.settings.timing.margin / 4,
             background.clone(),
         ));
 
@@ -256,9 +280,9 @@ impl Worker {
                     want_claim |= full;
                     self.start_waiting(&mut waiting, tasks);
                 }
-                Some(leases) = swept.recv() => {
+                Some((leases, sent)) = swept.recv() => {
                     claimer.advance(&leases);
-                    self.hold(leases, registry, acks, &mut waiting);
+                    self.hold(leases, sent, registry, acks, &mut waiting);
                 }
                 _ = tokio::time::sleep(self.settings.poll_interval) => want_claim = true,
             }
@@ -270,8 +294,8 @@ impl Worker {
             self.take_claimed(claimed, registry, acks, &mut waiting);
         }
         swept.close();
-        while let Some(leases) = swept.recv().await {
-            self.hold(leases, registry, acks, &mut waiting);
+        while let Some((leases, sent)) = swept.recv().await {
+            self.hold(leases, sent, registry, acks, &mut waiting);
         }
         self.release_waiting(waiting, registry).await;
     }
@@ -286,7 +310,7 @@ impl Worker {
         let (claimer, pool, owner) = (claimer.clone(), self.queue.clone(), self.id.clone());
         let (kinds, settings) = (kinds.to_vec(), self.settings.clone());
         async move {
-            let started = std::time::Instant::now();
+            let started = Instant::now();
             let leases = claimer
                 .claim(&pool, &owner, &kinds, room, &settings)
                 .await?;
@@ -294,7 +318,7 @@ impl Worker {
             // the buffer covers a claim's round trip (docs/queue.md, "Ack batching and
             // prefetch").
             tracing::debug!(jobs = leases.len(), room, elapsed = ?started.elapsed(), "claimed");
-            Ok((leases, room))
+            Ok((leases, room, started))
         }
     }
 
@@ -307,9 +331,9 @@ impl Worker {
         waiting: &mut VecDeque<Job>,
     ) -> bool {
         match claimed {
-            Ok(Ok((leases, room))) => {
+            Ok(Ok((leases, room, sent))) => {
                 let full = leases.len() >= room;
-                self.hold(leases, registry, acks, waiting);
+                self.hold(leases, sent, registry, acks, waiting);
                 full
             }
             Ok(Err(error)) => {
@@ -323,10 +347,11 @@ impl Worker {
         }
     }
 
-    /// Registers claimed jobs and queues them for a free slot.
+    /// Registers jobs claimed by a statement sent at `sent` and queues them for a free slot.
     fn hold(
         &self,
         leases: Vec<Lease>,
+        sent: Instant,
         registry: &Registry,
         acks: &Acks,
         waiting: &mut VecDeque<Job>,
@@ -334,18 +359,26 @@ impl Worker {
         waiting.extend(
             leases
                 .into_iter()
-                .filter_map(|l| self.register(l, registry, acks)),
+                .filter_map(|l| self.register(l, sent, registry, acks)),
         );
     }
 
     /// Records a claimed job as held by this worker; None for a kind with no handler.
-    fn register(&self, lease: Lease, registry: &Registry, acks: &Acks) -> Option<Job> {
+    fn register(
+        &self,
+        lease: Lease,
+        sent: Instant,
+        registry: &Registry,
+        acks: &Acks,
+    ) -> Option<Job> {
         if !self.handlers.contains_key(lease.kind.as_str()) {
             tracing::error!(kind = %lease.kind, "claimed a job of a kind with no handler");
             return None;
         }
         let interrupt = CancellationToken::new();
         let released = Arc::new(AtomicBool::new(false));
+        let timing = &self.settings.timing;
+        let (deadline, watched) = watch::channel(timing.deadline(sent));
         registry.lock().unwrap().insert(
             lease.job_id,
             InFlight {
@@ -354,11 +387,14 @@ impl Worker {
                 fencing_token: lease.fencing_token,
                 interrupt: interrupt.clone(),
                 released: released.clone(),
+                deadline,
+                past_deadline: false,
             },
         );
         Some(Job {
             lease,
             interrupt,
+            deadline: LeaseDeadline::new(watched, self.renew.clone(), timing),
             released,
             acks: acks.clone(),
         })

@@ -246,6 +246,7 @@ impl Attempt {
         tools: &T,
         ctx: &C,
     ) -> Result<ToolResult, ContextError> {
+        ctx.clear_ahead().await?;
         let cancel = ctx.cancellation().child_token();
         let run = tools.call(call, &cancel);
         let result = match plan.deadline {
@@ -302,6 +303,9 @@ impl Attempt {
         ctx: &C,
     ) -> Result<Option<String>, ContextError> {
         let index = self.model_calls + 1;
+        // No model call starts after the lease's local deadline: past it, another worker
+        // may be making the same call.
+        ctx.clear_ahead().await?;
         let started = tokio::time::Instant::now();
         let mut on_delta = |text: &str| ctx.model_delta(index, text);
         let call = model.complete(&self.messages, specs, &mut on_delta, ctx.cancellation());

@@ -19,6 +19,7 @@ pub(super) async fn run(spec: &MediaSpec, ctx: &impl MediaContext) -> Step<()> {
     let api = VendorApi::new(spec)?;
     ctx.progress(json!({"stage": "submitting", "vendor": spec.vendor.as_str()}))
         .await?;
+    ctx.clear_ahead().await?;
     let response = api.post(ctx, "images/generations", &body).await?;
     let images = results(&response)?;
     if images.len() > spec.limits.max_outputs {

@@ -188,6 +188,10 @@ pub trait MediaContext: Send + Sync {
     /// Fires when the job is cancelled or the lease is lost.
     fn cancellation(&self) -> &CancellationToken;
 
+    /// Before a vendor submission (which is paid for): Ok while this worker's lease is
+    /// safely ahead of its local deadline; `Interrupted` when it is not.
+    fn clear_ahead(&self) -> impl Future<Output = Result<(), ContextError>> + Send;
+
     /// The vendor task id a previous attempt saved, so this one resumes instead of paying
     /// for a second generation.
     fn vendor_task(&self) -> Option<String>;

@@ -47,6 +47,7 @@ async fn submit(spec: &MediaSpec, ctx: &impl MediaContext, api: &VendorApi<'_>) 
     let body = request_body(spec, &input_object(&spec.input)?)?;
     ctx.progress(json!({"stage": "submitting", "vendor": spec.vendor.as_str()}))
         .await?;
+    ctx.clear_ahead().await?;
     let response = api.post(ctx, TASKS, &body).await?;
     let task_id = task_id(&response)?;
     // Saved before the first poll, so a retry after a crash finds the task it paid for.

@@ -48,6 +48,10 @@ impl MediaContext for Recorder {
         &self.cancel
     }
 
+    async fn clear_ahead(&self) -> Result<(), ContextError> {
+        Ok(())
+    }
+
     fn vendor_task(&self) -> Option<String> {
         self.resume_task.clone()
     }

@@ -26,7 +26,7 @@ use crate::domain::approval::ActionSummary;
 use crate::domain::external_action::{ProposedAction, marked, marker};
 use crate::domain::workflow::{Tracker, TrackerKind};
 use crate::domain::{Actor, Scope, new_id};
-use crate::queue::worker::{Job, JobHandler};
+use crate::queue::worker::{Job, JobHandler, LeaseDeadline};
 use crate::queue::{self, Lease};
 use crate::store::approvals;
 use crate::store::events::{self, Subject};
@@ -276,7 +276,7 @@ impl JobHandler for ActionJobs {
         );
         let ref_id = job.lease.ref_id.clone();
         super::super::observe(ACTION_KIND, ref_id, span, async move {
-            self.execute(&job.lease).await
+            self.execute(&job.lease, &job.deadline).await
         })
     }
 }
@@ -318,7 +318,11 @@ struct Target<'a> {
 }
 
 impl ActionJobs {
-    async fn execute(&self, lease: &Lease) -> Result<&'static str, StoreError> {
+    async fn execute(
+        &self,
+        lease: &Lease,
+        deadline: &LeaseDeadline,
+    ) -> Result<&'static str, StoreError> {
         let scope = lease.scope();
         let mut tx = queue::begin_fenced(&self.poller.pool, lease).await?;
         let action = external_actions::lock(&mut tx, &scope, &lease.ref_id).await?;
@@ -343,7 +347,7 @@ impl ActionJobs {
             Ok(target) => target,
             Err(ending) => return self.finish(lease, &action, None, ending).await,
         };
-        match self.attempt(lease, &action, &target).await? {
+        match self.attempt(lease, deadline, &action, &target).await? {
             Next::End(ending) => self.finish(lease, &action, Some(&target), ending).await,
             Next::Again(pause) => self.again(lease, &action, pause).await,
         }
@@ -354,6 +358,7 @@ impl ActionJobs {
     async fn attempt(
         &self,
         lease: &Lease,
+        deadline: &LeaseDeadline,
         action: &ActionRecord,
         target: &Target<'_>,
     ) -> Result<Next, StoreError> {
@@ -384,6 +389,13 @@ impl ActionJobs {
                 Ok(Some(found)) => return Ok(Next::End(Ending::Sent(vec![found]))),
                 Ok(None) => {}
             }
+        }
+        // The POST cannot be taken back: it goes out only while the lease is safely ahead
+        // of its local deadline. Past it, another worker may hold the action, finds it
+        // `sending` and looks for its marker before sending anything.
+        if let Err(near) = deadline.ensure_ahead().await {
+            tracing::warn!(action_id = %action.id, "{near}; not sending");
+            return Err(StoreError::LeaseLost);
         }
         Ok(match send::perform(target, &calls).await {
             Ok(answers) => Next::End(Ending::Sent(answers)),

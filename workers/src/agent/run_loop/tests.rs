@@ -135,6 +135,10 @@ impl RunContext for Ledger {
         &self.cancel
     }
 
+    async fn clear_ahead(&self) -> Result<(), ContextError> {
+        Ok(())
+    }
+
     async fn start_step(&self, _: &str, _: serde_json::Value) -> Result<StepHandle, ContextError> {
         unreachable!("the loop records steps through the agent calls")
     }
