@@ -467,6 +467,51 @@ async fn a_members_preset_is_refused_at_use_once_its_grant_or_host_is_withdrawn(
     stack.assert_no_secret_logged();
 }
 
+/// A member's media preset at the vendor's stand-in, submitted to a worker started after the
+/// grant was withdrawn: the job fails with `secret_not_granted` and the vendor hears nothing.
+#[tokio::test]
+async fn a_members_media_job_is_refused_once_its_grant_is_withdrawn() {
+    let vendor = wiremock::MockServer::start().await;
+    let stack = stack(&vendor.uri()).await;
+    let member = stack.member("a");
+    let preset = json!({ "kind": "openai-images", "model": "gpt-image-1", "api": "media-job",
+        "base_url": format!("{}/v1", vendor.uri()), "api_key_ref": "env:ORG_A_API_KEY",
+        "capabilities": ["image_generate"], "enabled": true });
+    let (status, body) = member.post("/v1/providers", preset).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let provider = body["data"]["id"].as_str().unwrap();
+    // The stand-in is on loopback: the worker may call it, so only the grant stops it.
+    let ungranted = stack.narrowed(&[
+        ("KEEL_SECRET_GRANTS", "org_b=env:ORG_A_API_KEY"),
+        ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "true"),
+    ]);
+    let env: Vec<(&str, &str)> = ungranted.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    let data = stack.dir.path().join("worker-data");
+    let _worker =
+        support::spawn_worker_with_env(&stack.db, stack.dir.path(), "worker", 3000, &data, &env);
+
+    let job = json!({ "provider_id": provider, "operation": "image_generate",
+                      "prompt": "a lighthouse at dusk", "input": {} });
+    let (status, body) = member.post("/v1/media-jobs", job).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let (status, body) = member
+        .post(&format!("/v1/media-jobs/{id}/run"), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let ended = support::wait_for(Duration::from_secs(60), "the media job to end", || async {
+        let (_, body) = member.get(&format!("/v1/media-jobs/{id}")).await;
+        let job = body["data"].clone();
+        matches!(job["status"].as_str(), Some("succeeded" | "failed")).then_some(job)
+    })
+    .await;
+    assert_eq!(ended["status"], "failed", "{ended}");
+    assert_eq!(ended["last_error_code"], "secret_not_granted", "{ended}");
+    let heard = vendor.received_requests().await.unwrap_or_default();
+    assert!(heard.is_empty(), "a request reached the vendor");
+    stack.assert_no_secret_logged();
+}
+
 /// An item of acme/widgets#7 imported into `source` (open, or closed later).
 async fn import(c: &Client, source: &str, state: &str, updated_at: &str) -> Value {
     let payload =
