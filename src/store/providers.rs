@@ -85,9 +85,8 @@ impl ProviderRecord {
         if Role::parse(Some(&self.written_by_role)) == Some(Role::Operator) {
             return Ok(());
         }
-        let named: Vec<SecretRef> = (self.api_key().into_iter())
-            .chain(self.secret_headers().into_iter().map(|(_, secret)| secret))
-            .collect();
+        let headers = self.secret_headers().into_iter().map(|(_, secret)| secret);
+        let named: Vec<SecretRef> = self.api_key().into_iter().chain(headers).collect();
         provider::check_members_use(
             &self.workspace_id,
             self.api(),
