@@ -11,29 +11,26 @@ import secrets
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 
 sys.dont_write_bytecode = True  # noqa: E402  (no __pycache__ beside the sources)
 
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
-from harness import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, WIDE
+from harness import TIMEOUT_MS, WIDE, Console, run_tests
 
 RUNTIME_ID = "rt_console_roles"
 
 
-class RemoteConsole:
-    """A `keel serve` in remote mode and a browser whose contexts carry a proxy's headers."""
+class RemoteConsole(Console):
+    """A `keel serve` in remote mode; its pages carry a trusted proxy's headers."""
 
     def __init__(self, keel):
-        self.keel = os.path.abspath(keel)
+        super().__init__(keel)
         self.secret = secrets.token_urlsafe(32)
 
-    def __enter__(self):
-        self.data = tempfile.TemporaryDirectory(prefix="keel-console-roles-")
-        os.chmod(self.data.name, 0o755)
+    def start_server(self):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
@@ -43,34 +40,20 @@ class RemoteConsole:
                    KEEL_LISTEN=f"127.0.0.1:{port}")
         env.pop("KEEL_APPROVAL_POLICIES", None)  # the default gates shell runs
         env.pop("KEEL_ALLOW_SELF_APPROVAL", None)
-        self.log = open(os.path.join(self.data.name, "serve.log"), "wb")
-        self.server = subprocess.Popen([self.keel, "serve"], env=env, stdout=self.log,
-                                       stderr=self.log)
-        self.base = f"http://127.0.0.1:{port}"
+        log = open(os.path.join(self.data.name, "serve.log"), "wb")
+        server = subprocess.Popen([self.keel, "serve"], env=env, stdout=log, stderr=log)
+        base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:
-            assert self.server.poll() is None, "keel serve exited"
+            assert server.poll() is None, "keel serve exited"
             try:
-                urllib.request.urlopen(f"{self.base}/healthz", timeout=2)
-                break
+                urllib.request.urlopen(f"{base}/healthz", timeout=2)
+                return server, base, None
             except OSError:
                 assert time.monotonic() < deadline, "keel serve did not answer"
                 time.sleep(0.5)
-        self.playwright = sync_playwright().start()
-        self.browser = self.playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        return self
 
-    def __exit__(self, *exc):
-        try:
-            self.browser.close()
-            self.playwright.stop()
-        finally:
-            self.server.terminate()
-            self.server.wait(timeout=60)
-            self.log.close()
-            self.data.cleanup()
-
-    def page(self, actor, role):
+    def page_as(self, actor, role):
         """The console as `actor` of org_a with `role`, as a trusted proxy would send it."""
         headers = {"X-Keel-Remote-Secret": self.secret, "X-Keel-Actor-Id": actor,
                    "X-Keel-Org-Id": "org_a", "X-Keel-Runtime-Id": RUNTIME_ID, "X-Keel-Role": role}
@@ -80,10 +63,6 @@ class RemoteConsole:
         page.goto(f"{self.base}/console")
         expect(page.locator("#who")).to_contain_text(actor)
         return page
-
-    def log_tail(self, lines=40):
-        with open(os.path.join(self.data.name, "serve.log"), "rb") as log:
-            return b"\n".join(log.read().splitlines()[-lines:]).decode(errors="replace")
 
 
 START = """async (command) => {
@@ -114,8 +93,8 @@ def card_of(page, command):
 
 
 def test_the_inbox_offers_decisions_only_to_a_caller_who_may_make_them(console):
-    member = console.page("member_a", "member")
-    operator = console.page("operator_a", "operator")
+    member = console.page_as("member_a", "member")
+    operator = console.page_as("operator_a", "operator")
     start_gated_run(member, "echo requested by the member")
     start_gated_run(operator, "echo requested by the operator")
 
@@ -139,8 +118,6 @@ TESTS = [test_the_inbox_offers_decisions_only_to_a_caller_who_may_make_them]
 
 
 def main():
-    from harness import run_tests
-
     keel = sys.argv[1] if len(sys.argv) > 1 else "target/debug/keel"
     with RemoteConsole(keel) as console:
         ok = run_tests(console, TESTS)
