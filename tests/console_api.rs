@@ -11,7 +11,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::{Client, wait_for};
-use two_orgs::{REMOTE_ENV, org_client};
+use two_orgs::{REMOTE_ENV, operator_client, org_client};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -143,4 +143,82 @@ async fn throughput_counts_each_workspaces_finished_runs_alone() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
         assert_eq!(body["error"]["type"], "invalid_request", "{query}: {body}");
     }
+}
+
+/// What the console decides its approve and reject buttons from, in remote mode with
+/// shell runs gated: whoami's `role` and `may_approve_own`, and the requester on the run
+/// and its approval. Without `KEEL_ALLOW_SELF_APPROVAL` the requester is refused (so the
+/// console hides the buttons from them); with it, whoami says so and the requester
+/// resolves.
+#[tokio::test]
+async fn runs_and_approvals_name_their_requester_and_whoami_whether_it_may_resolve_its_own() {
+    let db = support::fresh_database().await;
+    let logs = tempfile::tempdir().unwrap();
+    let gated = [("KEEL_APPROVAL_POLICIES", "shell_exec")];
+    let strict_env = [REMOTE_ENV.as_slice(), &gated].concat();
+    let strict = support::spawn_api_with_env(&db, logs.path(), "strict", &strict_env).await;
+    let base = strict.client.as_ref().unwrap().base.clone();
+    let (member, operator) = (org_client(&base, "a"), operator_client(&base, "a"));
+
+    let whoami = |c: Client| async move {
+        let (status, body) = c.get("/v1/whoami").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body["data"].clone()
+    };
+    let me = whoami(member.clone()).await;
+    assert_eq!(
+        (me["role"].as_str(), me["may_approve_own"].as_bool()),
+        (Some("member"), Some(false)),
+        "{me}"
+    );
+    let me = whoami(operator.clone()).await;
+    assert_eq!(
+        (me["role"].as_str(), me["may_approve_own"].as_bool()),
+        (Some("operator"), Some(false)),
+        "{me}"
+    );
+
+    // The operator's own run: it and its approval name the operator.
+    let (task, run) = operator.run_shell("echo mine").await;
+    let record = operator.run(&task, &run).await;
+    assert_eq!(record["requested_by"], "operator_a", "{record}");
+    let (status, approvals) = operator.get(&format!("/v1/tasks/{task}/approvals")).await;
+    assert_eq!(status, StatusCode::OK, "{approvals}");
+    let approval = approvals["data"][0].clone();
+    assert_eq!(approval["requested_by"], "operator_a", "{approval}");
+    let (status, inbox) = operator.get("/v1/approvals?status=pending").await;
+    assert_eq!(status, StatusCode::OK, "{inbox}");
+    assert_eq!(inbox["data"][0]["requested_by"], "operator_a", "{inbox}");
+    let resolve = format!(
+        "/v1/tasks/{task}/approvals/{}/resolve",
+        approval["id"].as_str().unwrap()
+    );
+    let (status, body) = operator
+        .post(&resolve, json!({ "decision": "approve" }))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+
+    // The member's run names the member; its operator may decide it.
+    let (member_task, member_run) = member.run_shell("echo theirs").await;
+    assert_eq!(
+        member.run(&member_task, &member_run).await["requested_by"],
+        "actor_a"
+    );
+
+    // With self-approval allowed, whoami says so and the requester's decision stands.
+    let allowed_env = [strict_env.as_slice(), &[("KEEL_ALLOW_SELF_APPROVAL", "1")]].concat();
+    let allowed = support::spawn_api_with_env(&db, logs.path(), "allowed", &allowed_env).await;
+    let own = operator_client(&allowed.client.as_ref().unwrap().base, "a");
+    let me = whoami(own.clone()).await;
+    assert_eq!(me["may_approve_own"], true, "{me}");
+    let (status, body) = own.post(&resolve, json!({ "decision": "approve" })).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["data"]["approval"]["requested_by"], "operator_a",
+        "{body}"
+    );
+    assert_eq!(
+        body["data"]["approval"]["resolved_by"], "operator_a",
+        "{body}"
+    );
 }

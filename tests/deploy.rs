@@ -490,6 +490,15 @@ fn the_proxy_forwards_only_identities_its_signer_made() {
                 route.host
             );
         }
+        for header in ["User", "Email", "Preferred-Username", "Groups"] {
+            let name = format!("X-Auth-Request-{header}");
+            assert_eq!(
+                location.header(&name),
+                Some(""),
+                "{} forwards {name}",
+                route.host
+            );
+        }
         assert!(
             upstreams[route.signer].ends_with(":8088"),
             "{}",
@@ -513,7 +522,8 @@ fn the_proxy_forwards_only_identities_its_signer_made() {
         for name in FORGEABLE {
             assert_eq!(location.header(name), Some(""), "tier 1 forwards {name}");
         }
-        for header in ["user", "email"] {
+        // The groups too: the signer makes operators of the operator groups' users.
+        for header in ["user", "email", "groups"] {
             let var = location
                 .auth_variable(&format!("$upstream_http_x_auth_request_{header}"))
                 .unwrap();
@@ -571,6 +581,7 @@ impl Signer {
         let orgs = dir.path().join("orgs.json");
         let mapping = json!({
             "alice@example.com": { "org": "acme", "project": "web", "name": "Alice" },
+            "ops@example.com": { "org": "acme", "role": "operator" },
             "@globex.example": "globex",
         });
         std::fs::write(&orgs, mapping.to_string()).unwrap();
@@ -675,6 +686,7 @@ async fn the_signer_signs_a_short_lived_identity_for_its_runtime() {
     assert_eq!(claims["aud"], "keel-a");
     assert_eq!(claims["project"], "web");
     assert_eq!(claims["name"], "Alice");
+    assert_eq!(claims["role"], "member", "the default role, stated");
     let (iat, nbf, exp) = (
         claims["iat"].as_i64().unwrap(),
         claims["nbf"].as_i64().unwrap(),
@@ -739,6 +751,62 @@ async fn the_signer_refuses_a_request_without_a_user_or_an_org() {
     );
 }
 
+/// The role claim: `operator` from the mapping's `role` or from an operator group in the
+/// groups header nginx passes (oauth2-proxy's `X-Auth-Request-Groups`), else `member`.
+#[tokio::test]
+async fn the_signer_makes_operators_only_of_the_mapping_and_the_operator_groups() {
+    let signer = Signer::start("keel-a", &[("SIGNER_OPERATOR_GROUPS", "keel-ops, sre")]).await;
+    let role = |headers: Vec<(&'static str, &'static str)>| {
+        let signer = &signer;
+        async move {
+            let (status, token) = signer.identity(reqwest::Method::GET, &headers).await;
+            assert_eq!(status, StatusCode::OK);
+            verify(&token.unwrap(), "keel-a").unwrap()["role"].clone()
+        }
+    };
+    let carol = |groups: &'static str| {
+        vec![
+            ("X-Auth-Request-User", "carol"),
+            ("X-Auth-Request-Email", "carol@globex.example"),
+            ("X-Auth-Request-Groups", groups),
+        ]
+    };
+    assert_eq!(role(ALICE.to_vec()).await, "member");
+    let ops = vec![
+        ("X-Auth-Request-User", "ops"),
+        ("X-Auth-Request-Email", "ops@example.com"),
+    ];
+    assert_eq!(role(ops).await, "operator", "the mapping's role");
+    assert_eq!(role(carol("staff,keel-ops")).await, "operator");
+    assert_eq!(role(carol("sre")).await, "operator");
+    for not_operator in ["staff", "keel-ops-readers", "keel", ""] {
+        assert_eq!(role(carol(not_operator)).await, "member", "{not_operator}");
+    }
+    // Without operator groups, no group makes an operator.
+    let plain = Signer::start("keel-a", &[]).await;
+    let (_, token) = plain
+        .identity(reqwest::Method::GET, &carol("keel-ops"))
+        .await;
+    assert_eq!(verify(&token.unwrap(), "keel-a").unwrap()["role"], "member");
+}
+
+#[test]
+fn the_signer_refuses_a_mapping_with_an_unknown_role() {
+    let dir = tempfile::tempdir().unwrap();
+    let orgs = dir.path().join("orgs.json");
+    std::fs::write(
+        &orgs,
+        json!({ "eve@example.com": { "org": "acme", "role": "admin" } }).to_string(),
+    )
+    .unwrap();
+    let refused = signer_command("keel-a", SECRET)
+        .env("SIGNER_ORGS_FILE", &orgs)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("'admin'"));
+}
+
 #[test]
 fn the_signer_refuses_to_start_with_a_weak_secret_or_a_long_lifetime() {
     let weak = signer_command("keel-a", "short").output().unwrap();
@@ -793,6 +861,16 @@ async fn a_remote_runtime_accepts_the_signers_identity_and_nothing_else() {
     assert_eq!(identity["runtime_id"], "keel-e2e", "{body}");
     assert_eq!(identity["project_id"], "web", "{body}");
     assert_eq!(identity["name"], "Alice", "{body}");
+    assert_eq!(body["data"]["role"], "member", "{body}");
+    // The mapping's operator is an operator to the runtime.
+    let ops = [
+        ("X-Auth-Request-User", "ops"),
+        ("X-Auth-Request-Email", "ops@example.com"),
+    ];
+    let (_, token) = signer.identity(reqwest::Method::GET, &ops).await;
+    let (status, body) = whoami(token.as_deref(), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["role"], "operator", "{body}");
 
     let (status, body) = whoami(None, &[]).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");

@@ -375,6 +375,143 @@ async fn a_members_chat_preset_reaches_only_allowed_hosts_over_https() {
     assert!(llm.requests().is_empty());
 }
 
+impl Stack {
+    /// The stack's settings with `changed` ones in their place: what a process started
+    /// after the operator narrowed them sees.
+    fn narrowed(&self, changed: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut env = self.env.clone();
+        env.retain(|(k, _)| changed.iter().all(|(c, _)| c != k));
+        env.extend(changed.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        env
+    }
+
+    /// A second API on the same database with the narrowed settings; its client as org
+    /// a's member.
+    async fn api_with(&self, name: &str, env: &[(String, String)]) -> (KeelProcess, Client) {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+        let api = support::spawn_api_with_env(&self.db, self.dir.path(), name, &env).await;
+        let base = api.client.as_ref().unwrap().base.clone();
+        (api, org_client(&base, "a"))
+    }
+}
+
+/// A check of preset `id` through `c` (live when it is a chat preset): its code and message.
+async fn checked(c: &Client, id: &str) -> (String, String) {
+    let (status, body) = c
+        .post(&format!("/v1/providers/{id}/check?live=true"), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let check = &body["data"];
+    let text = |k: &str| check[k].as_str().unwrap_or_default().to_string();
+    (text("code"), text("message"))
+}
+
+#[tokio::test]
+async fn a_members_preset_is_refused_at_use_once_its_grant_or_host_is_withdrawn() {
+    let (llm, stack) = started().await;
+    let mine = llm.openai_base();
+    let (status, body) = stack
+        .member("a")
+        .post("/v1/providers", chat_preset(&mine, "env:ORG_A_API_KEY"))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let member_preset = body["data"]["id"].as_str().unwrap().to_string();
+    // The operator's preset at the same listener with the operator's key.
+    let (status, body) = stack
+        .operator("a")
+        .post("/v1/providers", chat_preset(&mine, "env:OPENAI_API_KEY"))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let operator_preset = body["data"]["id"].as_str().unwrap().to_string();
+
+    // The grant moved to org b: an API started since refuses the member's preset.
+    let ungranted = stack.narrowed(&[("KEEL_SECRET_GRANTS", "org_b=env:ORG_A_API_KEY")]);
+    let (api, member) = stack.api_with("api-ungranted", &ungranted).await;
+    let (code, message) = checked(&member, &member_preset).await;
+    assert_eq!(code, "secret_not_granted", "{message}");
+    assert!(message.contains("env:ORG_A_API_KEY"), "{message}");
+    // The chat host delisted: refused too.
+    let delisted = stack.narrowed(&[("KEEL_PROVIDER_HOSTS", "127.0.0.1:1")]);
+    let (api_delisted, member_delisted) = stack.api_with("api-delisted", &delisted).await;
+    let (code, message) = checked(&member_delisted, &member_preset).await;
+    assert_eq!(code, "provider_host_not_allowed", "{message}");
+    assert!(llm.requests().is_empty(), "a request reached the listener");
+
+    // A worker started with the narrowed grants fails the member's agent run before any
+    // call; the operator's preset is not held to the grants and its run calls the model.
+    let env: Vec<(&str, &str)> = ungranted.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    let data = stack.dir.path().join("worker-data");
+    let _worker =
+        support::spawn_worker_with_env(&stack.db, stack.dir.path(), "worker", 3000, &data, &env);
+    let agent = |provider: &str| json!({ "execution_kind": "agent_loop", "prompt": "hi", "requested_provider": provider });
+    let (task_id, run_id) = member.start_task(agent(&member_preset)).await;
+    let run = member
+        .wait_terminal(&task_id, &run_id, Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"], "failed", "{run}");
+    let error = run["last_error"].as_str().unwrap();
+    assert!(error.starts_with("secret_not_granted"), "{error}");
+    assert!(llm.requests().is_empty(), "a request reached the listener");
+    let operator = operator_client(&api.client.as_ref().unwrap().base, "a");
+    let (task_id, run_id) = operator.start_task(agent(&operator_preset)).await;
+    operator
+        .wait_terminal(&task_id, &run_id, Duration::from_secs(60))
+        .await;
+    let heard = llm.requests();
+    assert_eq!(heard.len(), 1, "the operator's preset called its host");
+    let authorization = heard[0].header("authorization").unwrap_or_default();
+    assert_eq!(authorization, format!("Bearer {OPERATOR_KEY}"));
+    for log in [api.log_text(), api_delisted.log_text()] {
+        assert!(!log.contains(ORG_A_KEY) && !log.contains(OPERATOR_KEY));
+    }
+    stack.assert_no_secret_logged();
+}
+
+/// A member's media preset at the vendor's stand-in, submitted to a worker started after the
+/// grant was withdrawn: the job fails with `secret_not_granted` and the vendor hears nothing.
+#[tokio::test]
+async fn a_members_media_job_is_refused_once_its_grant_is_withdrawn() {
+    let vendor = wiremock::MockServer::start().await;
+    let stack = stack(&vendor.uri()).await;
+    let member = stack.member("a");
+    let preset = json!({ "kind": "openai-images", "model": "gpt-image-1", "api": "media-job",
+        "base_url": format!("{}/v1", vendor.uri()), "api_key_ref": "env:ORG_A_API_KEY",
+        "capabilities": ["image_generate"], "enabled": true });
+    let (status, body) = member.post("/v1/providers", preset).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let provider = body["data"]["id"].as_str().unwrap();
+    // The stand-in is on loopback: the worker may call it, so only the grant stops it.
+    let ungranted = stack.narrowed(&[
+        ("KEEL_SECRET_GRANTS", "org_b=env:ORG_A_API_KEY"),
+        ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "true"),
+    ]);
+    let env: Vec<(&str, &str)> = ungranted.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    let data = stack.dir.path().join("worker-data");
+    let _worker =
+        support::spawn_worker_with_env(&stack.db, stack.dir.path(), "worker", 3000, &data, &env);
+
+    let job = json!({ "provider_id": provider, "operation": "image_generate",
+                      "prompt": "a lighthouse at dusk", "input": {} });
+    let (status, body) = member.post("/v1/media-jobs", job).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let (status, body) = member
+        .post(&format!("/v1/media-jobs/{id}/run"), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let ended = support::wait_for(Duration::from_secs(60), "the media job to end", || async {
+        let (_, body) = member.get(&format!("/v1/media-jobs/{id}")).await;
+        let job = body["data"].clone();
+        matches!(job["status"].as_str(), Some("succeeded" | "failed")).then_some(job)
+    })
+    .await;
+    assert_eq!(ended["status"], "failed", "{ended}");
+    assert_eq!(ended["last_error_code"], "secret_not_granted", "{ended}");
+    let heard = vendor.received_requests().await.unwrap_or_default();
+    assert!(heard.is_empty(), "a request reached the vendor");
+    stack.assert_no_secret_logged();
+}
+
 /// An item of acme/widgets#7 imported into `source` (open, or closed later).
 async fn import(c: &Client, source: &str, state: &str, updated_at: &str) -> Value {
     let payload =

@@ -55,7 +55,7 @@ closed_set! {
     "run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "kind": "shell_command", "status": "pending",
     "action_summary": ["shell: echo hello from keel"],
     "action_summary_incomplete": false, "step_id": null, "continue_on_reject": false,
-    "external_action_id": null, "decision_note": null, "resolved_by": null,
+    "external_action_id": null, "decision_note": null, "requested_by": "alice", "resolved_by": null,
     "created_at": "2026-11-30T09:00:05Z", "expires_at": null, "resolved_at": null
 }))]
 pub struct ApprovalRecord {
@@ -77,6 +77,10 @@ pub struct ApprovalRecord {
     /// `external_action` only: the action it gates (`GET /v1/external-work/actions/{id}`).
     pub external_action_id: Option<String>,
     pub decision_note: Option<String>,
+    /// Who requested what it gates: its run's requester, or the proposer of an external
+    /// action (null for approvals from before requesters were recorded). In remote mode
+    /// they cannot resolve it unless `KEEL_ALLOW_SELF_APPROVAL` is set.
+    pub requested_by: Option<String>,
     pub resolved_by: Option<String>,
     pub created_at: DateTime<Utc>,
     pub expires_at: Option<DateTime<Utc>>,

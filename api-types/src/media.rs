@@ -114,7 +114,8 @@ pub struct MediaJobRecord {
     pub worker_id: Option<String>,
     /// Why the last attempt failed: `auth_failed`, `rate_limited`, `invalid_request`,
     /// `provider_unavailable`, `timeout`, `download_too_large`, `download_refused`,
-    /// `provider_error`, `secret_missing`, `secret_store_unavailable`, `gave_up`.
+    /// `provider_error`, `secret_missing`, `secret_store_unavailable`, `secret_not_allowed`,
+    /// `secret_not_granted`, `provider_host_not_allowed`, `gave_up`.
     pub last_error_code: Option<String>,
     pub last_error: Option<String>,
     /// The job's artifacts, in creation order.

@@ -94,7 +94,7 @@ impl std::fmt::Display for RunStatus {
     "prior_cost_micros_usd": 0, "total_cost_micros_usd": 0, "model_call_count": 0,
     "model": null, "provider": null, "lineage_kind": null, "from_model_call_index": null,
     "schedule_id": null,
-    "schedule_occurrence_id": null, "scheduled_for": null,
+    "schedule_occurrence_id": null, "scheduled_for": null, "requested_by": "local",
     "created_at": "2026-11-30T09:00:05Z", "started_at": "2026-11-30T09:00:05Z",
     "finished_at": "2026-11-30T09:01:12Z", "updated_at": "2026-11-30T09:01:12Z"
 }))]
@@ -136,6 +136,11 @@ pub struct RunRecord {
     pub schedule_occurrence_id: Option<String>,
     /// The schedule's nominal fire time (UTC); may precede `started_at` after downtime.
     pub scheduled_for: Option<DateTime<Utc>>,
+    /// Who asked for the run: the actor id that started, retried or resumed it (`local` in
+    /// local mode), `system` for scheduled and imported runs; null for runs from before
+    /// requesters were recorded. In remote mode this actor cannot resolve the run's
+    /// approvals unless `KEEL_ALLOW_SELF_APPROVAL` is set.
+    pub requested_by: Option<String>,
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,

@@ -47,6 +47,10 @@ pub struct Session {
     pub actor_id: String,
     /// The workspace this request sees and changes.
     pub workspace: String,
+    /// Whether this caller may resolve an approval of its own request (`requested_by` is
+    /// its `actor_id`): always in local mode, in remote mode only with
+    /// `KEEL_ALLOW_SELF_APPROVAL`. Members resolve none either way.
+    pub may_approve_own: bool,
     pub runtime_host: RuntimeHost,
     /// The identity the trusted proxy vouched for; absent in local mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -355,7 +355,11 @@ async fn live_call(state: &AppState, provider: ProviderRecord) -> Result<(&'stat
         request_timeout: LIVE_CHECK_TIMEOUT,
         ..state.chat
     };
-    let resolved = off_runtime(state, move |s| chat_config(&provider, None, s, &limits)).await?;
+    let hosts = state.provider_hosts.clone();
+    let resolved = off_runtime(state, move |s| {
+        chat_config(&provider, None, s, &hosts, &limits)
+    })
+    .await?;
     let mut config = match resolved {
         Ok(config) => config,
         Err(unresolved) => return Ok((unresolved.code, unresolved.message)),
@@ -410,6 +414,10 @@ fn readiness(
     let vendor = Vendor::parse(&provider.kind).filter(|_| provider.api() == Api::MediaJob);
     if let Some(Err(message)) = vendor.map(|v| hosts.check(v, &provider.base_url)) {
         return ("provider_host_not_allowed", message);
+    }
+    // A member's preset whose grants or chat host were withdrawn since it was written.
+    if let Err(unresolved) = provider.check_use(secrets, hosts) {
+        return (unresolved.code, unresolved.message);
     }
     // A chat model served locally may need no key; a media vendor always does.
     let key = provider.api_key();

@@ -32,6 +32,7 @@ async fn whoami(
         RuntimeMode::Remote => "remote_supervision",
     };
     let session = Session {
+        may_approve_own: state.auth.may_approve_own(&caller),
         role: caller.role.as_str().into(),
         workspace: caller.scope.workspace().to_string(),
         actor_id: caller.actor_id,

@@ -409,6 +409,7 @@ pub async fn run_worker(
         approval_ttl: rules.approval_ttl,
         prices: common.model_prices.clone(),
         secrets: secrets.clone(),
+        provider_hosts: common.provider_hosts(),
         chat: common.chat.limits(),
     });
     let poller = Poller::new(

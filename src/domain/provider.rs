@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::media::{Operation, Vendor};
-use super::secret::{SecretPolicy, SecretRef};
-use super::{Caller, Invalid};
+use super::secret::{SecretPolicy, SecretRef, Unresolved};
+use super::{Caller, Invalid, Role};
 
 /// The wire protocol a preset speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -73,6 +73,9 @@ pub struct ProviderSpec {
     pub input: Vec<String>,
     pub compat: serde_json::Map<String, serde_json::Value>,
     pub enabled: bool,
+    /// The writer's role: a member's preset is checked again at each use
+    /// ([`check_members_use`]).
+    pub written_by: Role,
 }
 
 /// The fields of a preset as a request names them, before validation.
@@ -170,8 +173,41 @@ impl ProviderFields {
             input: self.input,
             compat: self.compat,
             enabled: self.enabled,
+            written_by: writer.role,
         })
     }
+}
+
+/// Whether a member's preset may still be used as stored, under the settings of the
+/// process about to use it: every secret it names is granted to its `workspace`, and a
+/// chat preset's host is one `hosts` allows. The grants and the host list may have
+/// narrowed since the preset was written, and the member's check then was the API's; an
+/// operator's preset is not held to them (the operator owns the secrets it names). Nothing
+/// is read: a refused preset resolves no secret and calls no host.
+pub fn check_members_use<'a>(
+    workspace: &str,
+    api: Api,
+    base_url: &str,
+    secrets: impl IntoIterator<Item = &'a SecretRef>,
+    policy: &SecretPolicy,
+    hosts: &ProviderHosts,
+) -> Result<(), Unresolved> {
+    for secret in secrets {
+        policy
+            .check_granted(workspace, secret)
+            .map_err(|message| Unresolved {
+                code: "secret_not_granted",
+                message,
+            })?;
+    }
+    if api == Api::MediaJob {
+        // A media preset's host is checked for every writer before each call.
+        return Ok(());
+    }
+    hosts.check_chat(base_url).map_err(|message| Unresolved {
+        code: "provider_host_not_allowed",
+        message,
+    })
 }
 
 /// A well-formed reference the policy allows.
@@ -271,7 +307,8 @@ impl ListedHost {
 /// port 443, plus those the operator lists (`KEEL_PROVIDER_HOSTS`) on their port (any when
 /// the entry names none), over https, or over http when the host is a loopback address.
 /// Media presets are checked by the API when written and by the worker before each call,
-/// since the list may have narrowed; members' chat presets when written.
+/// since the list may have narrowed; members' chat presets when written and again at each
+/// use ([`check_members_use`]).
 #[derive(Debug, Clone, Default)]
 pub struct ProviderHosts {
     extra: Vec<ListedHost>,

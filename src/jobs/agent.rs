@@ -163,7 +163,13 @@ async fn prepare(
         }
         Err(error) => return Err(error),
     };
-    let config = match chat_config(&preset, Some(&model_name), &jobs.secrets, &jobs.chat) {
+    let config = match chat_config(
+        &preset,
+        Some(&model_name),
+        &jobs.secrets,
+        &jobs.provider_hosts,
+        &jobs.chat,
+    ) {
         Ok(config) => config,
         Err(unresolved) => return Ok(Err(format!("{}: {}", unresolved.code, unresolved.message))),
     };

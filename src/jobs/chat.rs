@@ -4,7 +4,7 @@
 
 use keel_workers::agent::provider::{ChatApi, ChatLimits, ProviderConfig};
 
-use crate::domain::provider::Api;
+use crate::domain::provider::{Api, ProviderHosts};
 use crate::domain::secret::{SecretPolicy, Unresolved};
 use crate::store::providers::ProviderRecord;
 
@@ -14,11 +14,14 @@ use crate::store::providers::ProviderRecord;
 /// Unresolved codes: `provider_disabled`, `invalid_request` (not a chat preset: only
 /// `openai-completions` and `anthropic-messages` are), `model_not_configured`, and the
 /// secrets' own (`secret_missing`, `secret_not_allowed`, …). A preset without an
-/// `api_key_ref` calls without a key (a model served locally).
+/// `api_key_ref` calls without a key (a model served locally). A member's preset whose
+/// secrets are no longer granted or whose host is no longer allowed is
+/// `secret_not_granted` or `provider_host_not_allowed`, before any secret resolves.
 pub fn chat_config(
     preset: &ProviderRecord,
     model: Option<&str>,
     secrets: &SecretPolicy,
+    hosts: &ProviderHosts,
     limits: &ChatLimits,
 ) -> Result<ProviderConfig, Unresolved> {
     if !preset.enabled {
@@ -44,6 +47,7 @@ pub fn chat_config(
             message: format!("provider {} names no model and the task none", preset.id),
         });
     }
+    preset.check_use(secrets, hosts)?;
     let api_key = preset
         .api_key()
         .map(|key| key.resolve(secrets))
@@ -111,6 +115,8 @@ mod tests {
             last_check: None,
             created_at: chrono::Utc::now(),
             updated_at: chrono::Utc::now(),
+            workspace_id: "default".into(),
+            written_by_role: "operator".into(),
         }
     }
 
@@ -134,7 +140,14 @@ mod tests {
             .0
             .insert("max_tokens".into(), serde_json::json!(2048));
 
-        let config = chat_config(&record, Some(" claude-x "), &secrets, &LIMITS).unwrap();
+        let config = chat_config(
+            &record,
+            Some(" claude-x "),
+            &secrets,
+            &ProviderHosts::default(),
+            &LIMITS,
+        )
+        .unwrap();
         assert_eq!(config.api, ChatApi::AnthropicMessages);
         assert_eq!(config.provider, "provider_1");
         assert_eq!(config.model, "claude-x");
@@ -147,7 +160,14 @@ mod tests {
         assert_eq!(config.request_timeout, Duration::from_secs(42));
         assert!(config.allow_private_addresses);
 
-        let preset_model = chat_config(&record, Some(""), &secrets, &LIMITS).unwrap();
+        let preset_model = chat_config(
+            &record,
+            Some(""),
+            &secrets,
+            &ProviderHosts::default(),
+            &LIMITS,
+        )
+        .unwrap();
         assert_eq!(preset_model.model, "qwen-coder");
     }
 
@@ -155,7 +175,7 @@ mod tests {
     fn presets_that_cannot_chat_are_unresolved_with_a_code() {
         let secrets = SecretPolicy::default();
         let code = |record: &ProviderRecord| {
-            chat_config(record, None, &secrets, &LIMITS)
+            chat_config(record, None, &secrets, &ProviderHosts::default(), &LIMITS)
                 .err()
                 .map(|u| u.code)
         };
@@ -177,5 +197,44 @@ mod tests {
             Some("env:NOT_SET_ANYWHERE_API_KEY".into()),
         );
         assert_eq!(code(&missing), Some("secret_missing"));
+    }
+
+    #[test]
+    fn a_members_preset_is_checked_again_at_use() {
+        let granted = SecretPolicy::new(vec!["ORG_A_*".into()], vec![])
+            .with_grants(&["org_a=env:ORG_A_KEY".into()])
+            .unwrap();
+        let listed = ProviderHosts::new(["llm.internal:8000".to_string()]);
+        let mut member = preset("openai-completions", Some("env:ORG_A_KEY".into()));
+        member.workspace_id = "org_a".into();
+        member.written_by_role = "member".into();
+        member.base_url = "https://llm.internal:8000/v1".into();
+        let code = |record: &ProviderRecord, secrets: &SecretPolicy, hosts: &ProviderHosts| {
+            chat_config(record, None, secrets, hosts, &LIMITS)
+                .err()
+                .map(|u| u.code)
+        };
+        // Granted and listed: it resolves on to its (unset) secret.
+        assert_eq!(code(&member, &granted, &listed), Some("secret_missing"));
+        // The grant withdrawn, the host delisted: refused before anything resolves.
+        let withdrawn = SecretPolicy::new(vec!["ORG_A_*".into()], vec![]);
+        assert_eq!(
+            code(&member, &withdrawn, &listed),
+            Some("secret_not_granted")
+        );
+        assert_eq!(
+            code(&member, &granted, &ProviderHosts::default()),
+            Some("provider_host_not_allowed")
+        );
+        let mut header = member.clone();
+        header.secret_header_refs =
+            Json(BTreeMap::from([("x-k".into(), "env:ORG_A_OTHER".into())]));
+        assert_eq!(code(&header, &granted, &listed), Some("secret_not_granted"));
+        // An operator's preset names the operator's secrets and any host.
+        member.written_by_role = "operator".into();
+        assert_eq!(
+            code(&member, &withdrawn, &ProviderHosts::default()),
+            Some("secret_missing")
+        );
     }
 }

@@ -282,6 +282,9 @@ impl MediaJobs {
                 message: format!("provider {} names no api_key_ref", preset.id),
             }));
         };
+        if let Err(unresolved) = preset.check_use(&self.secrets, &self.hosts) {
+            return Ok(Err(unresolved));
+        }
         let api_key = match key.resolve(&self.secrets) {
             Ok(secret) => secret,
             Err(unresolved) => return Ok(Err(unresolved)),

@@ -30,6 +30,7 @@ use super::agent;
 use super::attempt::{self, Attempted, Verdict};
 use super::fence::{DomainRow, Fence};
 use crate::domain::approval::{ActionSummary, ApprovalKind, ApprovalPolicy};
+use crate::domain::provider::ProviderHosts;
 use crate::domain::secret::SecretPolicy;
 use crate::domain::task::{RunTimeouts, WorkspaceRoots};
 use crate::domain::usage::PriceTable;
@@ -67,6 +68,8 @@ pub struct RunJobs {
     pub prices: PriceTable,
     /// Agent loops: which secret references a chat preset's API key may use.
     pub secrets: SecretPolicy,
+    /// Agent loops: which hosts a member's chat preset may still call.
+    pub provider_hosts: ProviderHosts,
     /// Agent loops: how model calls are made (`KEEL_CHAT_*`); its private-address switch
     /// also lets `http_request` reach private addresses.
     pub chat: ChatLimits,

@@ -178,7 +178,8 @@ macro_rules! columns {
          CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END
              AS status,
          action_summary, action_summary_incomplete, step_id, continue_on_reject,
-         external_action_id, decision_note, resolved_by, created_at, expires_at, resolved_at"
+         external_action_id, decision_note, requested_by, resolved_by, created_at, expires_at,
+         resolved_at"
     };
 }
 

@@ -8,9 +8,9 @@ use sqlx::PgConnection;
 use sqlx::types::Json;
 
 use super::{Result, StoreError};
-use crate::domain::provider::{Api, ProviderFields, ProviderSpec};
-use crate::domain::secret::SecretRef;
-use crate::domain::{Scope, new_id};
+use crate::domain::provider::{self, Api, ProviderFields, ProviderHosts, ProviderSpec};
+use crate::domain::secret::{SecretPolicy, SecretRef, Unresolved};
+use crate::domain::{Role, Scope, new_id};
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ProviderRecord {
@@ -31,6 +31,9 @@ pub struct ProviderRecord {
     pub last_check: Option<Json<serde_json::Value>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    pub workspace_id: String,
+    /// `member` or `operator` (the table's check constraint).
+    pub written_by_role: String,
 }
 
 impl ProviderRecord {
@@ -69,6 +72,29 @@ impl ProviderRecord {
             .iter()
             .filter_map(|(name, r)| Some((name.clone(), SecretRef::parse(r).ok()?)))
             .collect()
+    }
+
+    /// Whether the preset may be used now: an operator's always, a member's only while
+    /// its secrets are granted to its workspace and its chat host is allowed
+    /// ([`provider::check_members_use`]). Checked before its secrets resolve.
+    pub fn check_use(
+        &self,
+        secrets: &SecretPolicy,
+        hosts: &ProviderHosts,
+    ) -> Result<(), Unresolved> {
+        if Role::parse(Some(&self.written_by_role)) == Some(Role::Operator) {
+            return Ok(());
+        }
+        let headers = self.secret_headers().into_iter().map(|(_, secret)| secret);
+        let named: Vec<SecretRef> = self.api_key().into_iter().chain(headers).collect();
+        provider::check_members_use(
+            &self.workspace_id,
+            self.api(),
+            &self.base_url,
+            &named,
+            secrets,
+            hosts,
+        )
     }
 }
 
@@ -115,8 +141,8 @@ async fn save(
     let row = sqlx::query_as(
         "INSERT INTO providers (id, kind, display_name, provider_id, model, api, base_url,
                                 api_key_ref, headers, secret_header_refs, capabilities, input,
-                                compat, enabled, workspace_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+                                compat, enabled, workspace_id, written_by_role)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
          ON CONFLICT (id) DO UPDATE SET
              kind = EXCLUDED.kind, display_name = EXCLUDED.display_name,
              provider_id = EXCLUDED.provider_id, model = EXCLUDED.model, api = EXCLUDED.api,
@@ -124,7 +150,7 @@ async fn save(
              headers = EXCLUDED.headers, secret_header_refs = EXCLUDED.secret_header_refs,
              capabilities = EXCLUDED.capabilities, input = EXCLUDED.input,
              compat = EXCLUDED.compat, enabled = EXCLUDED.enabled, last_check = NULL,
-             updated_at = now()
+             written_by_role = EXCLUDED.written_by_role, updated_at = now()
          WHERE providers.workspace_id = EXCLUDED.workspace_id
          RETURNING *",
     )
@@ -143,6 +169,7 @@ async fn save(
     .bind(Json(&spec.compat))
     .bind(spec.enabled)
     .bind(scope.workspace())
+    .bind(spec.written_by.as_str())
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("provider"))?;

@@ -344,7 +344,7 @@ async fn insert(
                 total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
-                from_model_call_index, conversation_base
+                from_model_call_index, conversation_base, requested_by
          FROM inserted",
     )
     .bind(new_id("run"))
@@ -443,7 +443,7 @@ async fn find_by_idempotency_key(
                 total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
-                from_model_call_index, conversation_base,
+                from_model_call_index, conversation_base, requested_by,
                 idempotency_request
          FROM runs WHERE workspace_id = $3 AND task_id = $1 AND idempotency_key = $2",
     )
@@ -481,7 +481,7 @@ pub async fn get(
                 total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
-                from_model_call_index, conversation_base
+                from_model_call_index, conversation_base, requested_by
          FROM runs WHERE workspace_id = $3 AND task_id = $1 AND id = $2",
     )
     .bind(task_id)
@@ -499,7 +499,7 @@ pub async fn get_by_id(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> 
                 total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
-                from_model_call_index, conversation_base
+                from_model_call_index, conversation_base, requested_by
          FROM runs WHERE workspace_id = $1 AND id = $2",
     )
     .bind(scope.workspace())
@@ -535,7 +535,7 @@ pub async fn lock_with_task(
                 r.provider, r.workspace_run_id,
                 r.schedule_id, r.schedule_occurrence_id, r.scheduled_for, r.created_at,
                 r.started_at, r.finished_at, r.updated_at,
-                r.lineage_kind, r.from_model_call_index, r.conversation_base,
+                r.lineage_kind, r.from_model_call_index, r.conversation_base, r.requested_by,
                 to_jsonb(task) - 'hooks' AS task, to_jsonb(task) -> 'hooks' AS hooks
          FROM runs r
          CROSS JOIN LATERAL (
@@ -572,7 +572,7 @@ pub async fn lock(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Resul
                 total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
-                from_model_call_index, conversation_base
+                from_model_call_index, conversation_base, requested_by
          FROM runs WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
     )
     .bind(scope.workspace())
@@ -608,7 +608,7 @@ pub async fn list(
                 total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
-                from_model_call_index, conversation_base
+                from_model_call_index, conversation_base, requested_by
          FROM runs
          WHERE workspace_id = $4 AND task_id = $1 AND ($2::text IS NULL OR id > $2)
          ORDER BY id LIMIT $3",
@@ -696,7 +696,7 @@ pub async fn transition_locked(
                 total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
-                from_model_call_index, conversation_base
+                from_model_call_index, conversation_base, requested_by
          FROM updated",
     )
     .bind(&current.id)

@@ -40,7 +40,7 @@ class Console:
     def __enter__(self):
         self.data = tempfile.TemporaryDirectory(prefix="keel-console-")
         os.chmod(self.data.name, 0o755)
-        self.server, self.base, self.token = serve(self.keel, self.data.name)
+        self.server, self.base, self.token = self.start_server()
         self.playwright = sync_playwright().start()
         self.browser = self.playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         return self
@@ -53,6 +53,11 @@ class Console:
             self.server.terminate()
             self.server.wait(timeout=60)
             self.data.cleanup()
+
+    def start_server(self):
+        """The process under test, its base URL and its runtime token: `keel serve` (in
+        local mode) writing `serve.log` into the data directory."""
+        return serve(self.keel, self.data.name)
 
     def page(self, viewport=WIDE):
         """A fresh page in a fresh browser context (no cookies), on the console."""

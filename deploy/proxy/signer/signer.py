@@ -4,7 +4,9 @@ HS256 JWT that a Keel runtime in remote mode accepts in `X-Keel-Identity`.
 
 nginx calls it with `auth_request` for every request to a runtime. It reads the user from the
 authenticating proxy's headers (oauth2-proxy: `X-Auth-Request-User`, `X-Auth-Request-Email`,
-`X-Auth-Request-Preferred-Username`), maps the user to an org (the Keel workspace), and answers
+`X-Auth-Request-Preferred-Username`, `X-Auth-Request-Groups`), maps the user to an org (the Keel
+workspace) and a role (`member` unless the mapping or one of the user's groups makes them an
+`operator`), and answers
 200 with the token in the `X-Keel-Identity` response header; 401 when no user is present, 403
 when the user has no org. It trusts those headers, so it must be reachable only from nginx (a
 private network or loopback), and nginx must set them itself (see deploy/proxy/nginx.conf).
@@ -20,6 +22,8 @@ Standard library only. Settings (environment):
   SIGNER_USER_HEADER      default X-Auth-Request-User
   SIGNER_EMAIL_HEADER     default X-Auth-Request-Email
   SIGNER_NAME_HEADER      default X-Auth-Request-Preferred-Username
+  SIGNER_GROUPS_HEADER    default X-Auth-Request-Groups (a comma list, as oauth2-proxy sends it)
+  SIGNER_OPERATOR_GROUPS  comma list of groups whose users are operators (unset: none)
 """
 
 import base64
@@ -36,6 +40,9 @@ MAX_TTL_SECONDS = 300
 MIN_SECRET_LENGTH = 32
 # Header values longer than this are not an identity; refuse rather than sign them.
 MAX_VALUE_LENGTH = 256
+# A groups header carries many names; longer than this, it is ignored (no group counts).
+MAX_GROUPS_LENGTH = 8192
+ROLES = ("member", "operator")
 
 
 class ConfigError(Exception):
@@ -60,7 +67,7 @@ def sign_hs256(claims, secret, kid=None):
 
 def load_orgs(path):
     """The mapping file: keys are a user, an email or `@domain`; values an org name or an
-    object with `org` and optional `project` and `name`."""
+    object with `org` and optional `project`, `name` and `role` (`member` or `operator`)."""
     if not path:
         return {}
     with open(path, encoding="utf-8") as f:
@@ -72,6 +79,8 @@ def load_orgs(path):
         entry = {"org": value} if isinstance(value, str) else value
         if not isinstance(entry, dict) or not isinstance(entry.get("org"), str):
             raise ConfigError(f"{path}: {key!r} has no org")
+        if entry.get("role", "member") not in ROLES:
+            raise ConfigError(f"{path}: {key!r} has role {entry['role']!r}, not one of {ROLES}")
         entries[key.lower()] = entry
     return entries
 
@@ -101,6 +110,8 @@ class Config:
         self.name_header = env.get(
             "SIGNER_NAME_HEADER", "X-Auth-Request-Preferred-Username"
         )
+        self.groups_header = env.get("SIGNER_GROUPS_HEADER", "X-Auth-Request-Groups")
+        self.operator_groups = set(split_list(env.get("SIGNER_OPERATOR_GROUPS", "")))
 
     def org_of(self, user, email):
         """The most specific mapping wins: email, then user, then the email's domain."""
@@ -112,13 +123,21 @@ class Config:
                 return self.orgs[key.lower()]
         return {"org": self.default_org} if self.default_org else None
 
-    def claims(self, user, email, display_name, now):
+    def role_of(self, entry, groups):
+        """`operator` when the mapping entry says so or one of the user's groups is an
+        operator group; else `member`, Keel's default, which the token states anyway."""
+        if entry.get("role") == "operator" or self.operator_groups & set(groups):
+            return "operator"
+        return "member"
+
+    def claims(self, user, email, display_name, now, groups=()):
         entry = self.org_of(user, email)
         if entry is None:
             return None
         claims = {
             "sub": user,
             "org": entry["org"],
+            "role": self.role_of(entry, groups),
             "aud": self.runtime_id,
             "iat": now,
             "nbf": now,
@@ -132,11 +151,15 @@ class Config:
         return claims
 
 
-def header_value(headers, name):
+def header_value(headers, name, limit=MAX_VALUE_LENGTH):
     value = (headers.get(name) or "").strip()
-    if len(value) > MAX_VALUE_LENGTH or any(ord(c) < 0x20 for c in value):
+    if len(value) > limit or any(ord(c) < 0x20 for c in value):
         return ""
     return value
+
+
+def split_list(value):
+    return [part.strip() for part in value.split(",") if part.strip()]
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -152,7 +175,10 @@ class Handler(BaseHTTPRequestHandler):
         if not user:
             return self.reply(401)
         display_name = header_value(self.headers, self.config.name_header)
-        claims = self.config.claims(user, email, display_name, int(time.time()))
+        groups = split_list(
+            header_value(self.headers, self.config.groups_header, MAX_GROUPS_LENGTH)
+        )
+        claims = self.config.claims(user, email, display_name, int(time.time()), groups)
         if claims is None:
             return self.reply(403)
         token = sign_hs256(claims, self.config.secret, self.config.kid)

@@ -1,7 +1,7 @@
 // The approvals inbox: pending approvals across tasks, what each would do, approve or
 // reject with a note.
 
-import { Pager, post, seg } from '../lib/api.js';
+import { Pager, get, post, seg } from '../lib/api.js';
 import { badge, errorBox, h, replace, toast } from '../lib/dom.js';
 import { when } from '../lib/time.js';
 
@@ -9,6 +9,7 @@ import { when } from '../lib/time.js';
 const REFRESH_MS = 3000;
 
 export async function render(root, _params, ctx) {
+  const me = (await get('/v1/whoami')).data;
   const pager = new Pager('/v1/approvals', { status: 'pending' }, 20);
   const list = h('div', { id: 'approval-list' });
   replace(root, h('h1', {}, 'Approvals'),
@@ -32,7 +33,7 @@ export async function render(root, _params, ctx) {
     shown = key;
     replace(list,
       page.data.length === 0 ? h('p', { class: 'empty' }, 'No approvals are pending.') : null,
-      page.data.map((approval) => card(approval, () => show(() => pager.load(), true))),
+      page.data.map((approval) => card(approval, me, () => show(() => pager.load(), true))),
       h('div', { class: 'pager' },
         h('button', { type: 'button', disabled: !pager.hasPrevious(), onclick: () => show(() => pager.previous(), true) }, 'Previous'),
         h('span', {}, `page ${pager.number()}`),
@@ -49,7 +50,24 @@ export function summaryText(approval) {
   return lines.length ? lines.join('\n') : '(no summary)';
 }
 
-function card(approval, done) {
+/**
+ * Whether the caller (`me`, from whoami) may decide `approval`, as the API decides it:
+ * operators only, and not an approval of their own request unless self-approval is
+ * allowed. The buttons are shown only then, so nobody is offered a 403.
+ */
+export function mayDecide(me, approval) {
+  if (!me || me.role !== 'operator') return false;
+  return me.may_approve_own || approval.requested_by !== me.actor_id;
+}
+
+/** Why the caller cannot decide `approval` (see mayDecide). */
+function undecidable(me) {
+  return me && me.role === 'operator'
+    ? 'You requested this; another operator decides it.'
+    : 'Only an operator decides approvals.';
+}
+
+function card(approval, me, done) {
   const noteId = `note-${approval.id}`;
   const note = h('input', { id: noteId, class: 'note', type: 'text', name: 'note', maxlength: 2000 });
   const problems = h('div');
@@ -73,11 +91,14 @@ function card(approval, done) {
         : null,
       ' \u00b7 asked ', when(approval.created_at),
       approval.expires_at ? [' \u00b7 expires ', when(approval.expires_at)] : null),
+    approval.requested_by ? h('p', {}, 'Requested by ', approval.requested_by) : null,
     h('pre', { class: 'summary' }, summaryText(approval)),
     approval.action_summary_incomplete ? h('p', { class: 'hint' }, 'The summary was cut short.') : null,
-    h('label', { for: noteId }, 'Note (optional)'), note,
-    problems,
-    h('div', { class: 'actions' },
-      h('button', { type: 'button', onclick: decide('approve') }, 'Approve'),
-      h('button', { type: 'button', class: 'danger', onclick: decide('reject') }, 'Reject')));
+    mayDecide(me, approval)
+      ? [h('label', { for: noteId }, 'Note (optional)'), note,
+        problems,
+        h('div', { class: 'actions' },
+          h('button', { type: 'button', onclick: decide('approve') }, 'Approve'),
+          h('button', { type: 'button', class: 'danger', onclick: decide('reject') }, 'Reject'))]
+      : h('p', { class: 'hint' }, undecidable(me)));
 }

@@ -178,6 +178,7 @@ function showRun(view, state, task) {
         h('a', { href: `#/runs/${seg(task.id)}/${seg(d.id)}` }, `run ${d.number}`),
         ` (${d.retried_from_run_id ? 'retry' : d.lineage_kind || 'resume'})`])
       : null],
+    ['Requested by', run.requested_by],
     ['Attempt', run.attempt],
     ['Worker', run.worker_id],
     ['Exit code', run.exit_code],
