@@ -340,10 +340,14 @@ async fn every_acknowledged_start_completes_once_across_a_failover() {
     lines.sort();
     lines.dedup();
     assert_eq!(lines.len(), all, "a run's side effect twice: {written}");
+    let rewritten = std::fs::read_to_string(&worker.log)
+        .unwrap()
+        .matches("could not write the attempt's end; trying again")
+        .count();
     eprintln!(
         "failover figures (lease {LEASE_MS} ms): {} acknowledged of {attempts} starts tried, \
          kill + promote + move took {promoted:?}; from the kill to the first run started \
-         after it seen completed {recovered:?}",
+         after it seen completed {recovered:?}; attempt ends written again {rewritten}",
         runs.len(),
     );
 }
