@@ -13,7 +13,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::{Client, KeelProcess, rows_containing, wait_for};
-use tracker_actions::{mount_list, requests};
+use tracker_actions::{Written, mount_list, requests};
 use wiremock::matchers::{body_partial_json, header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -158,6 +158,23 @@ impl Tracked {
             body["data"]["action"].clone(),
             body["data"]["approval"].clone(),
         )
+    }
+
+    /// Proposes and approves a comment on #7; returns the action once its POST reached
+    /// GitHub's `comments` list.
+    async fn comment_reaching(&self, comments: &Written) -> Value {
+        let item = self.item("acme/widgets#7").await;
+        let (action, approval) = self
+            .proposed(&item, json!({ "kind": "comment", "body": "Once." }))
+            .await;
+        self.resolve(&approval, "approve").await;
+        wait_for(
+            Duration::from_secs(30),
+            "the call to reach GitHub",
+            || async { (!comments.all().is_empty()).then_some(()) },
+        )
+        .await;
+        action
     }
 
     async fn resolve(&self, approval: &Value, decision: &str) -> (StatusCode, Value) {
@@ -688,17 +705,7 @@ async fn a_worker_killed_after_its_call_is_not_followed_by_a_second_call() {
     let comments = "/repos/acme/widgets/issues/7/comments";
     let written = mount_list(&github, comments, Duration::from_secs(25)).await;
     let mut app = Tracked::start(&github_workflow(&github.uri()), TOKEN_ENV, &["worker-a"]).await;
-    let item = app.item("acme/widgets#7").await;
-    let (action, approval) = app
-        .proposed(&item, json!({ "kind": "comment", "body": "Once." }))
-        .await;
-    app.resolve(&approval, "approve").await;
-    wait_for(
-        Duration::from_secs(30),
-        "the call to reach GitHub",
-        || async { (!written.all().is_empty()).then_some(()) },
-    )
-    .await;
+    let action = app.comment_reaching(&written).await;
     let mut killed = app.workers.remove(0);
     killed.kill9();
     assert!(
@@ -747,17 +754,7 @@ async fn a_worker_cut_off_after_its_call_is_not_followed_by_a_second_call() {
     let mut app = Tracked::start(&github_workflow(&github.uri()), TOKEN_ENV, &[]).await;
     let proxy = support::proxy::DelayProxy::freezable(&app.db_url).await;
     app.worker_through(&proxy.url, "worker-cut", TOKEN_ENV);
-    let item = app.item("acme/widgets#7").await;
-    let (action, approval) = app
-        .proposed(&item, json!({ "kind": "comment", "body": "Once." }))
-        .await;
-    app.resolve(&approval, "approve").await;
-    wait_for(
-        Duration::from_secs(30),
-        "the call to reach GitHub",
-        || async { (!written.all().is_empty()).then_some(()) },
-    )
-    .await;
+    let action = app.comment_reaching(&written).await;
     let frozen = std::time::Instant::now();
     proxy.freeze();
     // The attempt stops at the deadline, its POST's answer (25 s away) unawaited.

@@ -193,34 +193,33 @@ struct Acknowledged {
     at: Instant,
 }
 
+/// The body of a POST to `path` answered 201; None for any other answer or none.
+async fn created(
+    client: &Client,
+    path: &str,
+    body: &serde_json::Value,
+) -> Option<serde_json::Value> {
+    let response = client
+        .http
+        .post(format!("{}{path}", client.base))
+        .json(body)
+        .send()
+        .await
+        .ok()?;
+    if response.status() != StatusCode::CREATED {
+        return None;
+    }
+    response.json().await.ok()
+}
+
 /// Creates and starts a shell run appending `line` to `effects`; `None` unless both
 /// requests were acknowledged (a start that failed may or may not exist: it is not counted).
 async fn try_start(client: &Client, effects: &Path, line: &str) -> Option<Acknowledged> {
     let command = format!("echo {line} >> {}", effects.display());
     let body = json!({ "execution_kind": "shell", "shell_command": command });
-    let created = client
-        .http
-        .post(format!("{}/v1/tasks", client.base))
-        .json(&body)
-        .send()
-        .await
-        .ok()?;
-    if created.status() != StatusCode::CREATED {
-        return None;
-    }
-    let task: serde_json::Value = created.json().await.ok()?;
+    let task = created(client, "/v1/tasks", &body).await?;
     let task_id = task["data"]["id"].as_str()?.to_string();
-    let started = client
-        .http
-        .post(format!("{}/v1/tasks/{task_id}/start", client.base))
-        .json(&json!({}))
-        .send()
-        .await
-        .ok()?;
-    if started.status() != StatusCode::CREATED {
-        return None;
-    }
-    let run: serde_json::Value = started.json().await.ok()?;
+    let run = created(client, &format!("/v1/tasks/{task_id}/start"), &json!({})).await?;
     Some(Acknowledged {
         run_id: run["data"]["id"].as_str()?.to_string(),
         task_id,
