@@ -13,7 +13,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::{Client, KeelProcess, rows_containing, wait_for};
-use tracker_actions::{mount_list, requests};
+use tracker_actions::{Written, mount_list, requests};
 use wiremock::matchers::{body_partial_json, header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -116,10 +116,16 @@ impl Tracked {
     }
 
     fn worker(&mut self, name: &str, env: (&str, &str)) {
+        let db_url = self.db_url.clone();
+        self.worker_through(&db_url, name, env);
+    }
+
+    /// A worker reaching the database at `db_url` (a proxy in front of it, say).
+    fn worker_through(&mut self, db_url: &str, name: &str, env: (&str, &str)) {
         let data = self.dir.path().join(name);
         std::fs::create_dir_all(&data).unwrap();
         let dir = self.dir.path();
-        let worker = support::spawn_worker_with_env(&self.db_url, dir, name, 1_000, &data, &[env]);
+        let worker = support::spawn_worker_with_env(db_url, dir, name, 1_000, &data, &[env]);
         self.workers.push(worker);
     }
 
@@ -152,6 +158,23 @@ impl Tracked {
             body["data"]["action"].clone(),
             body["data"]["approval"].clone(),
         )
+    }
+
+    /// Proposes and approves a comment on #7; returns the action once its POST reached
+    /// GitHub's `comments` list.
+    async fn comment_reaching(&self, comments: &Written) -> Value {
+        let item = self.item("acme/widgets#7").await;
+        let (action, approval) = self
+            .proposed(&item, json!({ "kind": "comment", "body": "Once." }))
+            .await;
+        self.resolve(&approval, "approve").await;
+        wait_for(
+            Duration::from_secs(30),
+            "the call to reach GitHub",
+            || async { (!comments.all().is_empty()).then_some(()) },
+        )
+        .await;
+        action
     }
 
     async fn resolve(&self, approval: &Value, decision: &str) -> (StatusCode, Value) {
@@ -682,17 +705,7 @@ async fn a_worker_killed_after_its_call_is_not_followed_by_a_second_call() {
     let comments = "/repos/acme/widgets/issues/7/comments";
     let written = mount_list(&github, comments, Duration::from_secs(25)).await;
     let mut app = Tracked::start(&github_workflow(&github.uri()), TOKEN_ENV, &["worker-a"]).await;
-    let item = app.item("acme/widgets#7").await;
-    let (action, approval) = app
-        .proposed(&item, json!({ "kind": "comment", "body": "Once." }))
-        .await;
-    app.resolve(&approval, "approve").await;
-    wait_for(
-        Duration::from_secs(30),
-        "the call to reach GitHub",
-        || async { (!written.all().is_empty()).then_some(()) },
-    )
-    .await;
+    let action = app.comment_reaching(&written).await;
     let mut killed = app.workers.remove(0);
     killed.kill9();
     assert!(
@@ -721,6 +734,60 @@ async fn a_worker_killed_after_its_call_is_not_followed_by_a_second_call() {
     );
     assert_eq!(sent["response"]["id"], 900, "{sent}");
     app.assert_no_canary(CANARY).await;
+}
+
+/// The worker whose call reached GitHub is cut off from PostgreSQL (its proxy frozen:
+/// connections hang, nothing is refused) before it can record the answer: it stops at its
+/// lease's local deadline, the other worker finds the comment by its marker, and nothing
+/// is POSTed twice, before or after the heal. (Multi-threaded: the proxy keeps forwarding
+/// while the test waits for the healed worker to exit.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_cut_off_after_its_call_is_not_followed_by_a_second_call() {
+    let github = MockServer::start().await;
+    let issues = json!([issue(7, "open", T1)]);
+    answer(&github, "GET", "/repos/acme/widgets/issues", issues).await;
+    answer(&github, "GET", "/repos/acme/widgets/pulls", json!([])).await;
+    let target = issue(7, "open", T1);
+    answer(&github, "GET", "/repos/acme/widgets/issues/7", target).await;
+    let comments = "/repos/acme/widgets/issues/7/comments";
+    let written = mount_list(&github, comments, Duration::from_secs(25)).await;
+    let mut app = Tracked::start(&github_workflow(&github.uri()), TOKEN_ENV, &[]).await;
+    let proxy = support::proxy::DelayProxy::freezable(&app.db_url).await;
+    app.worker_through(&proxy.url, "worker-cut", TOKEN_ENV);
+    let action = app.comment_reaching(&written).await;
+    let frozen = std::time::Instant::now();
+    proxy.freeze();
+    // The attempt stops at the deadline, its POST's answer (25 s away) unawaited.
+    let abandoned = |log: String| {
+        log.lines().any(|line| {
+            line.contains("action_id") && line.contains("the job is left to its new owner")
+        })
+    };
+    wait_for(
+        Duration::from_secs(20),
+        "the cut-off worker to abandon its call at its deadline",
+        || async { abandoned(app.workers[0].log_text()).then_some(()) },
+    )
+    .await;
+    let stopped = frozen.elapsed();
+
+    app.worker("worker-b", TOKEN_ENV);
+    let sent = app.wait_action(&action, "sent").await;
+    proxy.thaw();
+    // Healed, the cut-off worker shuts down cleanly, having sent nothing more.
+    let mut healed = app.workers.remove(0);
+    healed.terminate(Duration::from_secs(30));
+    assert_eq!(
+        requests(&github, "POST", comments).await.len(),
+        1,
+        "sent twice"
+    );
+    assert_eq!(written.all().len(), 1);
+    assert_eq!(sent["response"]["id"], 900, "{sent}");
+    eprintln!(
+        "tracker partition figures (lease 1000 ms): POSTs 1, repeated 0; freeze to the \
+         cut-off worker stopping the action {stopped:?}"
+    );
 }
 
 #[tokio::test]

@@ -290,3 +290,96 @@ async fn an_api_cut_off_from_its_database_answers_503_then_recovers() {
         thawed.elapsed()
     );
 }
+
+const LLM_KEY: &str = "sk-partition-test";
+
+/// A worker's settings for agent loops on the fake model server.
+fn agent_worker_env() -> [(&'static str, &'static str); 3] {
+    [
+        ("KEEL_APPROVAL_POLICIES", "none"),
+        ("FAKE_LLM_API_KEY", LLM_KEY),
+        ("KEEL_CHAT_ALLOW_PRIVATE_ADDRESSES", "true"),
+    ]
+}
+
+/// An agent loop cut off mid-call: the worker's proxy freezes while its second model call
+/// is in flight. No model request starts after the freeze while only the cut-off worker
+/// runs, past its local deadline (freeze + lease − margin bounds it from above); the other
+/// worker repeats only the call that was in flight, and the run ends once.
+#[tokio::test]
+async fn a_cut_off_agent_loop_starts_no_model_call_after_its_deadline() {
+    let held = tokio_util::sync::CancellationToken::new();
+    let llm = support::llm::FakeLlm::start(vec![
+        support::llm::Turn::tool_call("c1", "list_dir", "{}"),
+        support::llm::Turn::text("in flight at the freeze").hold(held.clone()),
+        support::llm::Turn::text("answered after the takeover"),
+    ])
+    .await
+    .require_key(LLM_KEY);
+    let db = support::fresh_database().await;
+    let pool = support::pool(&db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = spawn_api(&db, dir.path(), "api").await;
+    let client = api.client.clone().unwrap();
+    let (status, preset) = client
+        .post(
+            "/v1/providers",
+            json!({ "kind": "openai-compatible", "model": "fake-model", "api": "openai-completions",
+                    "base_url": llm.openai_base(), "api_key_ref": "env:FAKE_LLM_API_KEY",
+                    "capabilities": ["chat", "tool_call"], "enabled": true }),
+        )
+        .await;
+    assert_eq!(status, reqwest::StatusCode::CREATED, "{preset}");
+    let proxy = DelayProxy::freezable(&db).await;
+    let env = agent_worker_env();
+    let cut_data = dir.path().join("cut");
+    let cut =
+        support::spawn_worker_with_env(&proxy.url, dir.path(), "cut", LEASE_MS, &cut_data, &env);
+    let cut_id = worker_id_of(&pool, &cut).await;
+    let (task_id, run_id) = client
+        .start_task(json!({ "execution_kind": "agent_loop", "prompt": "Tidy the notes." }))
+        .await;
+    llm.wait_for_requests(2, LONG).await;
+
+    let frozen = Instant::now();
+    proxy.freeze();
+    // Past the cut-off worker's deadline (at most freeze + lease − margin), and then some:
+    // it started nothing more, alone with the run.
+    tokio::time::sleep(Duration::from_millis(LEASE_MS + 500)).await;
+    let after_deadline = llm.requests().len();
+    let log = std::fs::read_to_string(&cut.log).unwrap();
+    assert!(log.contains("lease lost locally"), "{log}");
+    let other_data = dir.path().join("other");
+    let other =
+        support::spawn_worker_with_env(&db, dir.path(), "other", LEASE_MS, &other_data, &env);
+    let other_id = worker_id_of(&pool, &other).await;
+    let run = client.wait_terminal(&task_id, &run_id, LONG).await;
+    let taken_over = frozen.elapsed();
+    held.cancel();
+    proxy.thaw();
+
+    assert_eq!(after_deadline, 2, "a model call started after the deadline");
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["worker_id"], other_id.as_str(), "{run}");
+    assert_eq!(run["model_call_count"], 2, "{run}");
+    let requests = llm.requests().len();
+    // Call 1 once, call 2 twice: the one in flight at the freeze, and its repeat.
+    assert_eq!(
+        requests, 3,
+        "model calls beyond the one in flight were repeated"
+    );
+    assert_eq!(llm.completed(), 2);
+    let events = client.events(&task_id, &run_id).await;
+    let finished = events
+        .iter()
+        .filter(|e| e["type"] == "run.finished")
+        .count();
+    assert_eq!(finished, 1, "{events:?}");
+    assert_ne!(cut_id, other_id);
+    eprintln!(
+        "agent-loop partition figures (lease {LEASE_MS} ms): model requests {requests} for 2 calls \
+         (repeated: {}), none after the cut-off worker's deadline; freeze to the run completed \
+         on the other worker {taken_over:?}",
+        requests - 2
+    );
+}

@@ -121,9 +121,9 @@ pub async fn conclude<R: Attempted>(
 ) -> Result<&'static str, StoreError> {
     let lease = &job.lease;
     match verdict {
-        Verdict::Ended(ending) => {
+        Verdict::Ended(mut ending) => {
             let label = R::label(&ending);
-            finish(pool, lease, row, ending).await?;
+            finish_while_leased(pool, job, row, &mut ending).await?;
             Ok(label)
         }
         Verdict::Retry(retry) => {
@@ -145,15 +145,40 @@ pub async fn conclude<R: Attempted>(
     }
 }
 
+/// How long [`finish_while_leased`] waits before it tries again on a fresh connection.
+const REFINISH_PAUSE: Duration = Duration::from_millis(200);
+
+/// [`finish`], tried again while the database cannot be reached (a failover, a dropped
+/// connection) and the lease's local deadline is a heartbeat ahead: the attempt's work is
+/// done and its effects happened; given up here, the job would run again, effects and all,
+/// once its lease expired. A try whose commit did go through leaves the next one fenced
+/// off (the job is acked): nothing is written twice.
+async fn finish_while_leased<R: Attempted>(
+    pool: &PgPool,
+    job: &Job,
+    row: &R,
+    ending: &mut R::Ending,
+) -> Result<(), StoreError> {
+    loop {
+        match finish(pool, &job.lease, row, ending).await {
+            Err(error) if error.is_unreachable() && job.deadline.ensure_ahead().await.is_ok() => {
+                tracing::warn!(%error, "could not write the attempt's end; trying again");
+                tokio::time::sleep(REFINISH_PAUSE).await;
+            }
+            done => return done,
+        }
+    }
+}
+
 /// The terminal state, its events and the ack, in one transaction.
 pub async fn finish<R: Attempted>(
     pool: &PgPool,
     lease: &Lease,
     row: &R,
-    mut ending: R::Ending,
+    ending: &mut R::Ending,
 ) -> Result<(), StoreError> {
     let mut tx = queue::begin_fenced(pool, lease).await?;
-    let events = row.end(&mut tx, lease, &mut ending).await?;
+    let events = row.end(&mut tx, lease, ending).await?;
     queue::complete(&mut tx, lease).await?;
     events::append(&mut tx, &lease.scope(), &events).await?;
     tx.commit().await?;
@@ -174,7 +199,7 @@ async fn nack<R: Attempted>(
             lease.attempts,
             R::retry_error(&retry)
         );
-        return finish(pool, lease, row, R::gave_up(error, Some(&retry))).await;
+        return finish(pool, lease, row, &mut R::gave_up(error, Some(&retry))).await;
     }
     let mut tx = queue::begin_fenced(pool, lease).await?;
     let delay = R::retry_delay(&retry).unwrap_or_else(|| queue::backoff(lease.attempts));

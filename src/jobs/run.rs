@@ -253,6 +253,8 @@ impl Attempted for RunWithTask {
     ) -> Result<Vec<NewEvent<'r>>, StoreError> {
         let (scope, run) = (lease.scope(), &self.run);
         let ids = (run.task_id.as_str(), run.id.as_str());
+        // What an earlier try of this transaction wrote was rolled back with it.
+        ending.written = Written::default();
         ending
             .held
             .write(conn, &scope, ids, &mut ending.written)

@@ -66,6 +66,23 @@ pub enum StoreError {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+impl StoreError {
+    /// Whether the database could not be reached or ended the session (a failover, a cut
+    /// connection, a server shutting down): the same statements may succeed on a fresh
+    /// connection.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            StoreError::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)) => true,
+            // Class 08: connection exceptions; 57P01-57P03: the server is shutting down,
+            // crashed or cannot take connections yet.
+            StoreError::Database(sqlx::Error::Database(e)) => e
+                .code()
+                .is_some_and(|code| code.starts_with("08") || code.starts_with("57P")),
+            _ => false,
+        }
+    }
+}
+
 impl From<crate::queue::QueueError> for StoreError {
     fn from(error: crate::queue::QueueError) -> Self {
         match error {

@@ -4,8 +4,10 @@
 //! latency without throttling what is in flight. It can also be frozen: it then reads,
 //! writes and accepts nothing, as a proxy stopped with SIGSTOP (the kernel still takes the
 //! bytes and the connections; nothing is refused, everything hangs), a network partition
-//! seen from both ends; thawed, it forwards what waited.
+//! seen from both ends; thawed, it forwards what waited. Its upstream can be moved, as a
+//! failover manager moves a virtual IP: new connections go to the new server.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
@@ -21,19 +23,44 @@ pub struct DelayProxy {
     pub url: String,
     stop: CancellationToken,
     frozen: watch::Sender<bool>,
+    /// `host:port` of the server new connections go to.
+    target: Arc<Mutex<String>>,
+}
+
+/// `host:port` of the server of `database_url`.
+fn server_of(database_url: &str) -> String {
+    let options: PgConnectOptions = database_url.parse().expect("a database URL");
+    format!("{}:{}", options.get_host(), options.get_port())
 }
 
 impl DelayProxy {
     /// Proxies the server of `database_url`, delaying each way by `delay`.
     pub async fn start(database_url: &str, delay: Duration) -> DelayProxy {
-        let options: PgConnectOptions = database_url.parse().expect("a database URL");
-        let target = format!("{}:{}", options.get_host(), options.get_port());
+        let server = server_of(database_url);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = database_url.replacen(&target, &listener.local_addr().unwrap().to_string(), 1);
+        let url = database_url.replacen(&server, &listener.local_addr().unwrap().to_string(), 1);
         let stop = CancellationToken::new();
         let (frozen, thawed) = watch::channel(false);
-        tokio::spawn(accept(listener, target, delay, thawed, stop.clone()));
-        DelayProxy { url, stop, frozen }
+        let target = Arc::new(Mutex::new(server));
+        tokio::spawn(accept(
+            listener,
+            target.clone(),
+            delay,
+            thawed,
+            stop.clone(),
+        ));
+        DelayProxy {
+            url,
+            stop,
+            frozen,
+            target,
+        }
+    }
+
+    /// Sends new connections to the server of `database_url` (the address moved after a
+    /// failover); connections already open stay where they are.
+    pub fn retarget(&self, database_url: &str) {
+        *self.target.lock().unwrap() = server_of(database_url);
     }
 
     /// Proxies the server of `database_url` without delay, to be frozen.
@@ -64,7 +91,7 @@ impl Drop for DelayProxy {
 
 async fn accept(
     listener: TcpListener,
-    target: String,
+    target: Arc<Mutex<String>>,
     delay: Duration,
     mut thawed: watch::Receiver<bool>,
     stop: CancellationToken,
@@ -78,7 +105,8 @@ async fn accept(
                 Err(_) => continue,
             },
         };
-        let Ok(server) = TcpStream::connect(&target).await else {
+        let server = target.lock().unwrap().clone();
+        let Ok(server) = TcpStream::connect(&server).await else {
             continue;
         };
         let (client_read, client_write) = client.into_split();

@@ -276,7 +276,13 @@ impl JobHandler for ActionJobs {
         );
         let ref_id = job.lease.ref_id.clone();
         super::super::observe(ACTION_KIND, ref_id, span, async move {
-            self.execute(&job.lease, &job.deadline).await
+            tokio::select! {
+                done = self.execute(&job.lease, &job.deadline) => done,
+                // Past its local deadline (or lease lost, or shut down) the attempt stops
+                // where it is: a POST in flight is abandoned, its answer unawaited. The
+                // action stays `sending`, and its next owner looks for its marker first.
+                () = job.interrupt.cancelled() => Err(StoreError::LeaseLost),
+            }
         })
     }
 }
