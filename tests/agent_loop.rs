@@ -240,6 +240,8 @@ async fn a_multi_turn_run_persists_every_call_and_result_and_completes() {
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
     assert_eq!(run["status"], "completed", "{run}");
     assert_eq!(run["model_call_count"], 2);
+    // Both calls recorded: none left in flight to count as abandoned.
+    assert_eq!(run["abandoned_model_calls"], 0, "{run}");
     assert_eq!(run["model"], MODEL);
     assert_eq!(run["provider"], stack.provider_id.as_str());
     // 2 per prompt token, 10 per completion token: (200 + 200) + (600 + 100).

@@ -362,6 +362,8 @@ async fn a_cut_off_agent_loop_starts_no_model_call_after_its_deadline() {
     assert_eq!(run["status"], "completed", "{run}");
     assert_eq!(run["worker_id"], other_id.as_str(), "{run}");
     assert_eq!(run["model_call_count"], 2, "{run}");
+    // The call in flight at the freeze is the one the other worker found abandoned.
+    assert_eq!(run["abandoned_model_calls"], 1, "{run}");
     let requests = llm.requests().len();
     // Call 1 once, call 2 twice: the one in flight at the freeze, and its repeat.
     assert_eq!(
@@ -375,6 +377,12 @@ async fn a_cut_off_agent_loop_starts_no_model_call_after_its_deadline() {
         .filter(|e| e["type"] == "run.finished")
         .count();
     assert_eq!(finished, 1, "{events:?}");
+    let abandoned: Vec<_> = events
+        .iter()
+        .filter(|e| e["type"] == "model.call.abandoned")
+        .map(|e| e["data"]["index"].clone())
+        .collect();
+    assert_eq!(abandoned, [json!(2)], "{events:?}");
     assert_ne!(cut_id, other_id);
     eprintln!(
         "agent-loop partition figures (lease {LEASE_MS} ms): model requests {requests} for 2 calls \

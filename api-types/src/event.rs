@@ -53,6 +53,9 @@ pub enum EventType {
     ToolFileReverted,
     /// An agent loop's model call completed and was persisted (usage and cost).
     ModelCallCompleted,
+    /// An agent loop attempt stopped with a model call in flight, never recorded; the next
+    /// attempt counts it (`abandoned_model_calls`) and makes it again.
+    ModelCallAbandoned,
     GapRunDisconnected,
     RunResumedFromEvent,
     ApprovalRequested,
@@ -80,6 +83,7 @@ impl EventType {
             EventType::ArtifactCreated => "artifact.created",
             EventType::ToolFileReverted => "tool.file.reverted",
             EventType::ModelCallCompleted => "model.call.completed",
+            EventType::ModelCallAbandoned => "model.call.abandoned",
             EventType::GapRunDisconnected => "gap.run_disconnected",
             EventType::RunResumedFromEvent => "run.resumed_from_event",
             EventType::ApprovalRequested => "approval.requested",
@@ -93,7 +97,7 @@ impl EventType {
         }
     }
 
-    pub const ALL: [EventType; 22] = [
+    pub const ALL: [EventType; 23] = [
         EventType::RunCreated,
         EventType::RunQueued,
         EventType::RunStarted,
@@ -106,6 +110,7 @@ impl EventType {
         EventType::ArtifactCreated,
         EventType::ToolFileReverted,
         EventType::ModelCallCompleted,
+        EventType::ModelCallAbandoned,
         EventType::GapRunDisconnected,
         EventType::RunResumedFromEvent,
         EventType::ApprovalRequested,

@@ -92,6 +92,7 @@ impl std::fmt::Display for RunStatus {
     "worker_id": "wrk_01a22b04aa0e7c5d9f3b2a1c0d9e8f7a", "exit_code": 0, "last_error": null,
     "retried_from_run_id": null, "resumed_from_run_id": null, "checkpoint": null,
     "prior_cost_micros_usd": 0, "total_cost_micros_usd": 0, "model_call_count": 0,
+    "abandoned_model_calls": 0,
     "model": null, "provider": null, "lineage_kind": null, "from_model_call_index": null,
     "schedule_id": null,
     "schedule_occurrence_id": null, "scheduled_for": null, "requested_by": "local",
@@ -116,6 +117,10 @@ pub struct RunRecord {
     /// Agent loops: the model calls this run completed, and the model and provider preset
     /// of the latest (null before the first).
     pub model_call_count: i32,
+    /// Agent loops: model calls an attempt started and never recorded (it was stopped at its
+    /// lease's local deadline or killed while the call was in flight). The provider may have
+    /// billed them; the next attempt repeats each one.
+    pub abandoned_model_calls: i32,
     pub model: Option<String>,
     pub provider: Option<String>,
     /// How the run came from `resumed_from_run_id`: `resume`, `continue` or

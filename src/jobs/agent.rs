@@ -117,7 +117,12 @@ pub async fn execute(
         conversation: std::sync::Mutex::new(None),
         deltas: Deltas::start(jobs.pool.clone(), job.lease.scope(), ids),
     };
-    let attempt = run_loop::run(&setup.plan, &setup.model, &setup.tools, &ctx);
+    let attempt = async {
+        match ctx.settle_abandoned().await {
+            Ok(()) => run_loop::run(&setup.plan, &setup.model, &setup.tools, &ctx).await,
+            Err(stopped) => stopped.into(),
+        }
+    };
     let outcome = ctx.run.around(attempt).await;
     let ending = AgentEnding {
         conversation: ctx
@@ -417,6 +422,23 @@ impl FencedAgent {
         shared.fence.commit(tx).await
     }
 
+    /// Counts the model call a previous attempt left in flight as abandoned, with a
+    /// `model.call.abandoned` event, before this attempt makes it again.
+    async fn settle_abandoned(&self) -> Result<(), ContextError> {
+        let shared = &self.run.shared;
+        let (task_id, run_id) = (shared.task_id.as_str(), shared.run_id.as_str());
+        let scope = &shared.fence.scope;
+        self.persist(async |conn: &mut PgConnection| {
+            let Some(index) = model_calls::settle_abandoned(conn, scope, run_id).await? else {
+                return Ok(());
+            };
+            let event = NewEvent::new(task_id, run_id, EventType::ModelCallAbandoned)
+                .with(json!({ "index": index }));
+            events::append(conn, scope, &[event]).await
+        })
+        .await
+    }
+
     /// A step's events, about this run.
     fn step_events(&self, step: &StepRecord) -> [NewEvent<'_>; 2] {
         let shared = &self.run.shared;
@@ -465,6 +487,15 @@ impl RunContext for FencedAgent {
 }
 
 impl AgentContext for FencedAgent {
+    async fn start_model_call(&self, index: u32) -> Result<(), ContextError> {
+        let shared = &self.run.shared;
+        let (run_id, scope) = (shared.run_id.as_str(), &shared.fence.scope);
+        self.persist(async |conn: &mut PgConnection| {
+            model_calls::start(conn, scope, run_id, index).await
+        })
+        .await
+    }
+
     async fn record_model_call(&self, call: &ModelCall) -> Result<Option<i64>, ContextError> {
         let shared = &self.run.shared;
         let response = &call.response;

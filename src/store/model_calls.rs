@@ -23,7 +23,8 @@ pub struct NewModelCall<'a> {
 }
 
 /// Writes the ledger row and bumps the run's `model_call_count`, `model`, `provider` and
-/// `total_cost_micros_usd`, in the caller's transaction: one statement.
+/// `total_cost_micros_usd`, clearing its `model_call_in_flight`, in the caller's
+/// transaction: one statement.
 pub async fn insert(conn: &mut PgConnection, scope: &Scope, call: &NewModelCall<'_>) -> Result<()> {
     let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     sqlx::query(
@@ -35,7 +36,7 @@ pub async fn insert(conn: &mut PgConnection, scope: &Scope, call: &NewModelCall<
          )
          UPDATE runs SET model_call_count = model_call_count + 1, model = $8, provider = $7,
                          total_cost_micros_usd = total_cost_micros_usd + COALESCE($12, 0),
-                         updated_at = now()
+                         model_call_in_flight = NULL, updated_at = now()
          WHERE workspace_id = $2 AND id = $4",
     )
     .bind(new_id("mc"))
@@ -54,4 +55,39 @@ pub async fn insert(conn: &mut PgConnection, scope: &Scope, call: &NewModelCall<
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// Marks model call `index` of the run in flight, in the caller's (fenced) transaction,
+/// before the call starts; [`insert`] clears it.
+pub async fn start(conn: &mut PgConnection, scope: &Scope, run_id: &str, index: u32) -> Result<()> {
+    sqlx::query("UPDATE runs SET model_call_in_flight = $3 WHERE workspace_id = $1 AND id = $2")
+        .bind(scope.workspace())
+        .bind(run_id)
+        .bind(index as i32)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The model call a previous attempt of the run left in flight (it stopped before recording
+/// it), counted into `abandoned_model_calls` and cleared: one statement. None when there was
+/// none.
+pub async fn settle_abandoned(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+) -> Result<Option<u32>> {
+    let index: Option<i32> = sqlx::query_scalar(
+        "UPDATE runs r SET abandoned_model_calls = r.abandoned_model_calls + 1,
+                           model_call_in_flight = NULL, updated_at = now()
+         FROM (SELECT id, model_call_in_flight FROM runs
+               WHERE workspace_id = $1 AND id = $2 FOR UPDATE) AS before
+         WHERE r.id = before.id AND before.model_call_in_flight IS NOT NULL
+         RETURNING before.model_call_in_flight",
+    )
+    .bind(scope.workspace())
+    .bind(run_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(index.map(|index| index as u32))
 }

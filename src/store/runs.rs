@@ -341,7 +341,7 @@ async fn insert(
          )
          SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
                 from_model_call_index, conversation_base, requested_by
@@ -440,7 +440,7 @@ async fn find_by_idempotency_key(
     let seen: Option<Seen> = sqlx::query_as(
         "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
                 from_model_call_index, conversation_base, requested_by,
@@ -478,7 +478,7 @@ pub async fn get(
     sqlx::query_as(
         "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
                 from_model_call_index, conversation_base, requested_by
@@ -496,7 +496,7 @@ pub async fn get_by_id(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> 
     sqlx::query_as(
         "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
                 from_model_call_index, conversation_base, requested_by
@@ -531,7 +531,7 @@ pub async fn lock_with_task(
     sqlx::query_as(
         "SELECT r.id, r.task_id, r.number, r.status, r.attempt, r.worker_id, r.exit_code,
                 r.last_error, r.retried_from_run_id, r.resumed_from_run_id, r.checkpoint,
-                r.prior_cost_micros_usd, r.total_cost_micros_usd, r.model_call_count, r.model,
+                r.prior_cost_micros_usd, r.total_cost_micros_usd, r.model_call_count, r.abandoned_model_calls, r.model,
                 r.provider, r.workspace_run_id,
                 r.schedule_id, r.schedule_occurrence_id, r.scheduled_for, r.created_at,
                 r.started_at, r.finished_at, r.updated_at,
@@ -569,7 +569,7 @@ pub async fn lock(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Resul
     sqlx::query_as(
         "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
                 from_model_call_index, conversation_base, requested_by
@@ -605,7 +605,7 @@ pub async fn list(
     let rows = sqlx::query_as(
         "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
                 from_model_call_index, conversation_base, requested_by
@@ -693,7 +693,7 @@ pub async fn transition_locked(
          )
          SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, model_call_count, model, provider, workspace_run_id,
+                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
                 schedule_id, schedule_occurrence_id,
                 scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
                 from_model_call_index, conversation_base, requested_by

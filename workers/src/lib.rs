@@ -134,10 +134,16 @@ pub async fn execute<C: RunContext>(spec: &RunSpec, ctx: &C) -> Outcome {
             operation,
         } => file::run(ctx, spec, path, content.as_deref(), *operation).await,
     };
-    match result {
-        Ok(outcome) => outcome,
-        Err(ContextError::Interrupted) => Outcome::Interrupted,
-        Err(ContextError::Runtime(error)) => Outcome::Retry { error },
+    result.unwrap_or_else(Outcome::from)
+}
+
+/// An attempt stopped by its context: interrupted, or retried after a runtime error.
+impl From<ContextError> for Outcome {
+    fn from(error: ContextError) -> Self {
+        match error {
+            ContextError::Interrupted => Outcome::Interrupted,
+            ContextError::Runtime(error) => Outcome::Retry { error },
+        }
     }
 }
 

@@ -63,6 +63,11 @@ pub enum ApprovalDecision {
 /// What the loop asks of the runtime beyond [`RunContext`]. Every call is fenced by the
 /// worker's lease.
 pub trait AgentContext: RunContext {
+    /// Marks model call `index` in flight, fenced, before it starts; recording it clears the
+    /// mark. An attempt stopped in between leaves it for the next one to count as abandoned.
+    fn start_model_call(&self, index: u32)
+    -> impl Future<Output = Result<(), ContextError>> + Send;
+
     /// Persists a completed model call in one fenced transaction: a `model_call` step whose
     /// output holds the response, its usage row, the run's counters and a
     /// `model.call.completed` event. Returns the call's cost in micro-USD (None: the price
@@ -139,11 +144,10 @@ pub async fn run<C: AgentContext, M: Model, T: Toolbox>(
         spent_micros: plan.budget.spent_micros,
         approval: plan.approval,
     };
-    match attempt.drive(plan, model, tools, ctx).await {
-        Ok(outcome) => outcome,
-        Err(ContextError::Interrupted) => Outcome::Interrupted,
-        Err(ContextError::Runtime(error)) => Outcome::Retry { error },
-    }
+    attempt
+        .drive(plan, model, tools, ctx)
+        .await
+        .unwrap_or_else(Outcome::from)
 }
 
 /// The state one attempt advances: what it adds is persisted before it is used.
@@ -306,6 +310,7 @@ impl Attempt {
         // No model call starts after the lease's local deadline: past it, another worker
         // may be making the same call.
         ctx.clear_ahead().await?;
+        ctx.start_model_call(index).await?;
         let started = tokio::time::Instant::now();
         let mut on_delta = |text: &str| ctx.model_delta(index, text);
         let call = model.complete(&self.messages, specs, &mut on_delta, ctx.cancellation());

@@ -161,6 +161,10 @@ impl RunContext for Ledger {
 }
 
 impl AgentContext for Ledger {
+    async fn start_model_call(&self, _: u32) -> Result<(), ContextError> {
+        Ok(())
+    }
+
     async fn record_model_call(&self, call: &ModelCall) -> Result<Option<i64>, ContextError> {
         self.model_calls.lock().unwrap().push(call.index);
         Ok(self.cost)
