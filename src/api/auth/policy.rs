@@ -1,6 +1,6 @@
 //! The route policy: one table classifies every route. The middleware looks up the route
 //! axum matched; a route missing from the table is refused, so a new route is closed until
-//! someone decides what it may do (and `tests/auth.rs` fails until they do).
+//! someone decides what it may do (and `tests/it/auth.rs` fails until they do).
 
 use std::net::SocketAddr;
 

@@ -1,4 +1,4 @@
-//! Both protocols against the fake LLM the integration tests use (tests/support/llm.rs),
+//! Both protocols against the fake LLM the integration tests use (tests/it/support/llm.rs),
 //! over real HTTP on loopback.
 
 use std::sync::{Arc, Mutex};
@@ -10,7 +10,11 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 use crate::agent::{ToolCall, Usage};
 
-#[path = "../../../../tests/support/llm.rs"]
+#[path = "../../../../tests/it/support/llm.rs"]
+#[allow(
+    dead_code,
+    reason = "the integration tests' fake LLM: these tests use part of it"
+)]
 mod llm;
 
 use llm::{FakeLlm, Turn};

@@ -1,0 +1,851 @@
+//! Agent loop runs end to end: real Postgres, real `keel api` and `keel worker` processes,
+//! and the scripted fake LLM of tests/support/llm.rs as the chat provider.
+
+use crate::support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::support::llm::{FakeLlm, Turn};
+use crate::support::{Client, KeelProcess};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+/// The API key the fake provider demands: it must appear nowhere Keel writes.
+const CANARY: &str = "sk-canary-7f3a9c1e5b";
+const MODEL: &str = "fake-model";
+/// 2 USD / 10 USD per million tokens: micro-USD 2 per prompt token, 10 per completion one.
+const PRICES: &str = r#"{"fake-model": {"input_usd_per_mtok": 2.0, "output_usd_per_mtok": 10.0}}"#;
+const WAIT: Duration = Duration::from_secs(30);
+
+struct Stack {
+    db_url: String,
+    pool: PgPool,
+    dir: tempfile::TempDir,
+    policies: String,
+    /// Kept running for the test's length.
+    _api: KeelProcess,
+    workers: Vec<KeelProcess>,
+    client: Client,
+    llm: FakeLlm,
+    provider_id: String,
+}
+
+impl Stack {
+    /// An API and a worker gating tools with `policies`, and a chat preset on the fake.
+    async fn start(policies: &str, script: Vec<Turn>) -> Stack {
+        let llm = FakeLlm::start(script).await.require_key(CANARY);
+        let db_url = support::fresh_database().await;
+        let dir = tempfile::tempdir().unwrap();
+        let env = [("KEEL_APPROVAL_POLICIES", policies)];
+        let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &env).await;
+        let client = api.client.clone().unwrap();
+        let (status, preset) = client
+            .post(
+                "/v1/providers",
+                json!({ "kind": "openai-compatible", "model": MODEL, "api": "openai-completions",
+                        "base_url": llm.openai_base(), "api_key_ref": "env:FAKE_LLM_API_KEY",
+                        "capabilities": ["chat", "tool_call"], "enabled": true }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{preset}");
+        let mut stack = Stack {
+            pool: support::pool(&db_url).await,
+            db_url,
+            dir,
+            policies: policies.to_string(),
+            _api: api,
+            workers: Vec::new(),
+            client,
+            llm,
+            provider_id: preset["data"]["id"].as_str().unwrap().to_string(),
+        };
+        stack.spawn_worker("worker-1");
+        stack
+    }
+
+    fn spawn_worker(&mut self, name: &str) {
+        let data = self.dir.path().join("data");
+        let env = [
+            ("KEEL_APPROVAL_POLICIES", self.policies.as_str()),
+            ("KEEL_MODEL_PRICES", PRICES),
+            ("FAKE_LLM_API_KEY", CANARY),
+            ("KEEL_CHAT_ALLOW_PRIVATE_ADDRESSES", "true"),
+        ];
+        let worker =
+            support::spawn_worker_with_env(&self.db_url, self.dir.path(), name, 2_000, &data, &env);
+        self.workers.push(worker);
+    }
+
+    /// Creates an agent loop task and starts it.
+    async fn start_agent(&self, extra: Value) -> (String, String) {
+        let mut body = json!({ "execution_kind": "agent_loop", "prompt": "Tidy the notes.",
+                               "system_prompt": "You are careful." });
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        self.client.start_task(body).await
+    }
+
+    async fn steps(&self, task_id: &str, run_id: &str) -> Vec<Value> {
+        let path = format!("/v1/tasks/{task_id}/runs/{run_id}/steps?limit=200");
+        let (status, body) = self.client.get(&path).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body["data"].as_array().unwrap().clone()
+    }
+
+    /// The run's `agent_conversation` artifact, parsed.
+    async fn conversation(&self, task_id: &str, run_id: &str) -> Vec<Value> {
+        let base = format!("/v1/tasks/{task_id}/runs/{run_id}/artifacts");
+        let (_, artifacts) = self.client.get(&base).await;
+        let artifact = artifacts["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["name"] == "agent_conversation")
+            .unwrap_or_else(|| panic!("no agent_conversation artifact: {artifacts}"))
+            .clone();
+        assert_eq!(artifact["kind"], "agent_conversation");
+        let url = format!(
+            "{}{base}/{}/content",
+            self.client.base,
+            artifact["id"].as_str().unwrap()
+        );
+        let bytes = self.client.http.get(url).send().await.unwrap();
+        serde_json::from_slice(&bytes.bytes().await.unwrap()).unwrap()
+    }
+
+    async fn pending_approval(&self, task_id: &str) -> Value {
+        let path = format!("/v1/tasks/{task_id}/approvals?status=pending");
+        support::wait_for(WAIT, "a pending approval", || async {
+            let (_, body) = self.client.get(&path).await;
+            body["data"].as_array().and_then(|a| a.first().cloned())
+        })
+        .await
+    }
+
+    async fn resolve(&self, task_id: &str, approval_id: &str, body: Value) -> (StatusCode, Value) {
+        let path = format!("/v1/tasks/{task_id}/approvals/{approval_id}/resolve");
+        self.client.post(&path, body).await
+    }
+
+    /// Resolves `approval` with `decision` alone; the resolution must be taken (its body).
+    async fn decide(&self, task_id: &str, approval: &Value, decision: &str) -> Value {
+        let approval_id = approval["id"].as_str().unwrap();
+        let body = json!({ "decision": decision });
+        let (status, body) = self.resolve(task_id, approval_id, body).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
+    }
+
+    async fn queue_rows(&self, run_id: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM queue_jobs WHERE ref_id = $1")
+            .bind(run_id)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+}
+
+/// The conversation as the OpenAI protocol carries it, reduced to what both sides share:
+/// role, text, tool call ids and names.
+fn wire_shape(message: &Value) -> Value {
+    let calls: Vec<Value> = message["tool_calls"]
+        .as_array()
+        .map(|calls| {
+            calls
+                .iter()
+                .map(|c| {
+                    let name = c["function"]["name"].as_str().or(c["name"].as_str());
+                    let arguments = c["function"]["arguments"]
+                        .as_str()
+                        .or(c["arguments"].as_str());
+                    json!([c["id"], name, arguments])
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let content = match &message["content"] {
+        Value::String(text) if !text.is_empty() => Value::String(text.clone()),
+        _ => Value::Null,
+    };
+    json!({ "role": message["role"], "content": content, "tool_calls": calls,
+            "tool_call_id": message["tool_call_id"] })
+}
+
+/// Every row of every table, as text, contains no `needle`.
+async fn assert_nowhere_in_the_database(pool: &PgPool, needle: &str) {
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT quote_ident(tablename) FROM pg_tables WHERE schemaname = 'public'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(tables.len() > 10, "{tables:?}");
+    for table in tables {
+        // The names come from the catalog, quoted.
+        let hits: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {table} t WHERE t::text LIKE '%' || $1 || '%'"
+        )))
+        .bind(needle)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        assert_eq!(hits, 0, "the canary is in table {table}");
+    }
+    // Artifact bytes live in chunk rows (bytea): look at them as text too.
+    let in_chunks: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM artifact_chunks WHERE position($1::bytea IN data) > 0",
+    )
+    .bind(needle.as_bytes())
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(in_chunks, 0, "the canary is in an artifact's bytes");
+}
+
+fn assert_not_in_logs(dir: &Path, needle: &str) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(
+                !text.contains(needle),
+                "the canary is in {}",
+                path.display()
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_multi_turn_run_persists_every_call_and_result_and_completes() {
+    let stack = Stack::start(
+        "none",
+        vec![
+            Turn::text("Let me look.")
+                .and_tool_call("call_1", "read_file", r#"{"path":"notes.txt"}"#)
+                .and_tool_call(
+                    "call_2",
+                    "file_write",
+                    r#"{"path":"notes.txt","content":"tidy\n"}"#,
+                )
+                .usage(100, 20, 40),
+            Turn::text("Done: notes.txt is tidy.").usage(300, 10, 0),
+        ],
+    )
+    .await;
+    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["model_call_count"], 2);
+    // Both calls recorded: none left in flight to count as abandoned.
+    assert_eq!(run["abandoned_model_calls"], 0, "{run}");
+    assert_eq!(run["model"], MODEL);
+    assert_eq!(run["provider"], stack.provider_id.as_str());
+    // 2 per prompt token, 10 per completion token: (200 + 200) + (600 + 100).
+    assert_eq!(run["total_cost_micros_usd"], 1_100);
+
+    let steps = stack.steps(&task_id, &run_id).await;
+    let names: Vec<&str> = steps.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["model_call", "tool_call", "tool_call", "model_call"]
+    );
+    assert!(steps.iter().all(|s| s["status"] == "completed"));
+    assert_eq!(steps[0]["input"], json!({ "index": 1 }));
+    assert_eq!(steps[0]["output"]["cost_micros_usd"], 400);
+    assert_eq!(steps[1]["input"]["name"], "read_file");
+    assert_eq!(steps[1]["output"]["result"]["is_error"], true);
+    assert_eq!(
+        steps[2]["output"]["result"]["is_error"], false,
+        "{}",
+        steps[2]
+    );
+
+    let ledger: Vec<(i32, i64, i64, i64, Option<i64>, String)> = sqlx::query_as(
+        "SELECT index, prompt_tokens, completion_tokens, cached_tokens, cost_micros_usd, model
+         FROM model_calls WHERE run_id = $1 ORDER BY index",
+    )
+    .bind(&run_id)
+    .fetch_all(&stack.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        ledger,
+        [
+            (1, 100, 20, 40, Some(400), MODEL.to_string()),
+            (2, 300, 10, 0, Some(700), MODEL.to_string())
+        ]
+    );
+
+    let events = stack.client.events(&task_id, &run_id).await;
+    let completed: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "model.call.completed")
+        .collect();
+    assert_eq!(completed.len(), 2);
+    assert_eq!(completed[1]["data"]["index"], 2);
+    assert_eq!(completed[1]["data"]["usage"]["prompt_tokens"], 300);
+    assert_eq!(completed[1]["data"]["cost_micros_usd"], 700);
+
+    // The conversation: the persisted one is what the model saw, turn by turn.
+    let conversation = stack.conversation(&task_id, &run_id).await;
+    let roles: Vec<&str> = conversation
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        roles,
+        ["system", "user", "assistant", "tool", "tool", "assistant"]
+    );
+    let requests = stack.llm.requests();
+    assert_eq!(requests.len(), 2);
+    for (n, request) in requests.iter().enumerate() {
+        let seen: Vec<Value> = request.messages().iter().map(wire_shape).collect();
+        let persisted: Vec<Value> = conversation[..seen.len()].iter().map(wire_shape).collect();
+        assert_eq!(seen, persisted, "call {}", n + 1);
+    }
+    assert_eq!(requests[1].messages().len(), 5);
+
+    // The file_write left its patch artifact.
+    let (_, artifacts) = stack
+        .client
+        .get(&format!("/v1/tasks/{task_id}/runs/{run_id}/artifacts"))
+        .await;
+    let patch = artifacts["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["kind"] == "patch")
+        .unwrap_or_else(|| panic!("{artifacts}"))
+        .clone();
+    assert_eq!(patch["name"], format!("patch-{}-1", steps[2]["index"]));
+
+    assert_nowhere_in_the_database(&stack.pool, CANARY).await;
+    assert_not_in_logs(stack.dir.path(), CANARY);
+}
+
+#[tokio::test]
+async fn gated_tool_calls_wait_without_a_lease_then_approve_reject_or_refuse() {
+    let write = r#"{"path":"a.txt","content":"x"}"#;
+    let stack = Stack::start(
+        "file_write",
+        vec![
+            // Approve: the call runs without the model being asked again for it.
+            Turn::tool_call("w1", "file_write", write),
+            Turn::text("written"),
+            // Reject: the run is cancelled.
+            Turn::tool_call("w2", "file_write", write),
+            // Reject and continue: the model reads the refusal.
+            Turn::tool_call("w3", "file_write", write),
+            Turn::text("understood, not writing"),
+        ],
+    )
+    .await;
+
+    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let approval = stack.pending_approval(&task_id).await;
+    assert_eq!(approval["kind"], "agent_loop_tool_call");
+    assert!(
+        approval["action_summary"][0]
+            .as_str()
+            .unwrap()
+            .contains("file_write"),
+        "{approval}"
+    );
+    let run = stack.client.run(&task_id, &run_id).await;
+    assert_eq!(run["status"], "awaiting_approval");
+    let steps = stack.steps(&task_id, &run_id).await;
+    assert_eq!(approval["step_id"], steps.last().unwrap()["id"]);
+    // No queue row: no lease, no worker slot while it waits.
+    assert_eq!(stack.queue_rows(&run_id).await, 0);
+    assert_eq!(stack.llm.requests().len(), 1);
+    stack.decide(&task_id, &approval, "approve").await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    // One call for the gated response, one after the tool ran: none repeated.
+    assert_eq!(stack.llm.requests().len(), 2);
+    let names: Vec<String> = stack
+        .steps(&task_id, &run_id)
+        .await
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["model_call", "tool_call", "model_call"]);
+
+    // Reject: cancelled.
+    let (task_id, _) = stack.start_agent(json!({})).await;
+    let approval = stack.pending_approval(&task_id).await;
+    let body = stack.decide(&task_id, &approval, "reject").await;
+    assert_eq!(body["data"]["run"]["status"], "cancelled");
+    assert_eq!(body["data"]["run"]["last_error"], "approval rejected");
+
+    // Reject and continue: the refusal is the tool result the model reads.
+    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let approval = stack.pending_approval(&task_id).await;
+    let approval_id = approval["id"].as_str().unwrap();
+    let (status, _) = stack
+        .resolve(
+            &task_id,
+            approval_id,
+            json!({ "decision": "approve", "continue": true }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let (status, body) = stack
+        .resolve(
+            &task_id,
+            approval_id,
+            json!({ "decision": "reject", "continue": true }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["approval"]["continue_on_reject"], true);
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let requests = stack.llm.requests();
+    let last = requests.last().unwrap().messages().last().unwrap().clone();
+    assert_eq!(last["role"], "tool");
+    assert_eq!(last["tool_call_id"], "w3");
+    assert!(
+        last["content"]
+            .as_str()
+            .unwrap()
+            .to_lowercase()
+            .contains("reject")
+            || last["content"]
+                .as_str()
+                .unwrap()
+                .to_lowercase()
+                .contains("refus"),
+        "{last}"
+    );
+    assert!(
+        !stack
+            .dir
+            .path()
+            .join("data")
+            .join("workspaces")
+            .join(&run_id)
+            .join("a.txt")
+            .exists()
+    );
+}
+
+#[tokio::test]
+async fn continue_is_refused_on_a_pre_execution_gate() {
+    let stack = Stack::start("shell_exec", Vec::new()).await;
+    let (task_id, _) = stack
+        .client
+        .start_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
+        .await;
+    let approval = stack.pending_approval(&task_id).await;
+    let (status, body) = stack
+        .resolve(
+            &task_id,
+            approval["id"].as_str().unwrap(),
+            json!({ "decision": "reject", "continue": true }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+}
+
+#[tokio::test]
+async fn a_call_over_the_budget_is_not_made() {
+    let stack = Stack::start(
+        "none",
+        vec![
+            Turn::tool_call("c1", "list_dir", "{}").usage(400, 100, 0),
+            Turn::text("never sent"),
+        ],
+    )
+    .await;
+    // The first call costs 800 + 1000: the second would go over 1,500.
+    let (task_id, run_id) = stack
+        .start_agent(json!({ "budget_micros_usd": 1_500 }))
+        .await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run["status"], "failed", "{run}");
+    let error = run["last_error"].as_str().unwrap();
+    assert!(error.starts_with("budget_exceeded"), "{error}");
+    assert!(error.contains("1500") && error.contains("1800"), "{error}");
+    assert_eq!(stack.llm.requests().len(), 1);
+    assert_eq!(run["model_call_count"], 1);
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_is_retried_within_the_attempt() {
+    let stack = Stack::start(
+        "none",
+        vec![
+            Turn::error(429, "slow down").retry_after("1"),
+            Turn::text("hello"),
+        ],
+    )
+    .await;
+    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["attempt"], 1);
+    assert_eq!(run["model_call_count"], 1);
+    assert_eq!(stack.llm.requests().len(), 2);
+    let events = stack.client.events(&task_id, &run_id).await;
+    let completed = events
+        .iter()
+        .find(|e| e["type"] == "model.call.completed")
+        .unwrap();
+    assert_eq!(completed["data"]["retries"], 1);
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_call_is_replaced_and_no_completed_call_is_repeated() {
+    let release = tokio_util::sync::CancellationToken::new();
+    let mut stack = Stack::start(
+        "none",
+        vec![
+            Turn::tool_call("c1", "list_dir", "{}"),
+            Turn::tool_call("c2", "list_dir", "{}"),
+            Turn::text("third, held").hold(release.clone()),
+            Turn::text("third, answered by the second worker"),
+        ],
+    )
+    .await;
+    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    stack.llm.wait_for_requests(3, WAIT).await;
+    // Calls 1 and 2 are persisted before call 3 starts.
+    let persisted: i64 = sqlx::query_scalar("SELECT count(*) FROM model_calls WHERE run_id = $1")
+        .bind(&run_id)
+        .fetch_one(&stack.pool)
+        .await
+        .unwrap();
+    assert_eq!(persisted, 2);
+    stack.workers[0].kill9();
+    stack.spawn_worker("worker-2");
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    release.cancel();
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["model_call_count"], 3);
+    assert_eq!(stack.llm.completed(), 3);
+    assert_eq!(
+        stack.llm.requests().len(),
+        4,
+        "3 completed calls and the one in flight"
+    );
+    let indexes: Vec<i32> =
+        sqlx::query_scalar("SELECT index FROM model_calls WHERE run_id = $1 ORDER BY index")
+            .bind(&run_id)
+            .fetch_all(&stack.pool)
+            .await
+            .unwrap();
+    assert_eq!(indexes, [1, 2, 3]);
+    let conversation = stack.conversation(&task_id, &run_id).await;
+    assert_eq!(
+        conversation.last().unwrap()["content"],
+        "third, answered by the second worker"
+    );
+}
+
+#[tokio::test]
+async fn agent_tasks_are_validated_and_need_a_configured_model() {
+    let stack = Stack::start("none", Vec::new()).await;
+    let c = &stack.client;
+    let cases = [
+        (json!({ "execution_kind": "agent_loop" }), "prompt"),
+        (
+            json!({ "execution_kind": "agent_loop", "prompt": "x", "tools": ["rm_rf"] }),
+            "rm_rf",
+        ),
+        (
+            json!({ "execution_kind": "agent_loop", "prompt": "x", "tools": ["grep", "grep"] }),
+            "twice",
+        ),
+        (
+            json!({ "execution_kind": "agent_loop", "prompt": "x", "max_model_calls": 0 }),
+            "max_model_calls",
+        ),
+        (
+            json!({ "execution_kind": "agent_loop", "prompt": "x", "shell_command": "ls" }),
+            "shell_command",
+        ),
+        (
+            json!({ "execution_kind": "shell", "shell_command": "ls", "max_model_calls": 3 }),
+            "max_model_calls",
+        ),
+        (
+            json!({ "execution_kind": "agent_loop", "prompt": "x".repeat(64 * 1024 + 1) }),
+            "prompt",
+        ),
+    ];
+    for (body, named) in cases {
+        let (status, error) = c.post("/v1/tasks", body.clone()).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {error}");
+        assert!(error.to_string().contains(named), "{body}: {error}");
+    }
+
+    let task = c
+        .create_task(
+            json!({ "execution_kind": "agent_loop", "prompt": "hi", "tools": ["read_file"],
+                             "max_model_calls": 4, "requested_model": "other" }),
+        )
+        .await;
+    assert_eq!(task["tools"], json!(["read_file"]));
+    assert_eq!(task["max_model_calls"], 4);
+    assert_eq!(task["shell_command"], Value::Null);
+
+    // A provider that does not exist, then a workspace with no chat preset at all.
+    let missing = c
+        .create_task(json!({ "execution_kind": "agent_loop", "prompt": "hi",
+                             "requested_provider": "provider_nope" }))
+        .await;
+    let id = missing["id"].as_str().unwrap();
+    let (status, body) = c.post(&format!("/v1/tasks/{id}/start"), json!({})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["type"], "model_not_configured");
+    let (status, _) = c
+        .delete(&format!("/v1/providers/{}", stack.provider_id))
+        .await;
+    assert!(status.is_success());
+    let id = task["id"].as_str().unwrap();
+    let (status, body) = c.post(&format!("/v1/tasks/{id}/start"), json!({})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["type"], "model_not_configured");
+}
+
+#[tokio::test]
+async fn a_call_in_flight_streams_its_text_to_the_runs_stream_as_model_delta() {
+    let release = tokio_util::sync::CancellationToken::new();
+    let stack = Stack::start(
+        "none",
+        vec![Turn::text("Streaming hello from the model").hold(release.clone())],
+    )
+    .await;
+    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let path = format!("/v1/tasks/{task_id}/runs/{run_id}/stream");
+    let mut stream = support::SseReader::open(&stack.client, &path, None).await;
+    // The fake holds the call after its first piece of text: the delta comes mid-call.
+    let delta = loop {
+        let event = stream
+            .next(WAIT)
+            .await
+            .expect("a model.delta while the call is held");
+        if event.event.as_deref() == Some("model.delta") {
+            break event;
+        }
+    };
+    // The stream is the run's: the data carries only the call's index and the text.
+    assert_eq!(delta.id, None);
+    assert_eq!(delta.data["model_call_index"], 1);
+    assert!(
+        !delta.data["text"].as_str().unwrap().is_empty(),
+        "{:?}",
+        delta.data
+    );
+    assert_eq!(stack.llm.completed(), 0);
+    release.cancel();
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+}
+
+#[tokio::test]
+async fn cancelling_a_run_that_waits_for_a_tool_call_approval_cancels_the_approval() {
+    let stack = Stack::start(
+        "shell_exec",
+        vec![Turn::tool_call(
+            "s1",
+            "shell_exec",
+            r#"{"command":"echo hi"}"#,
+        )],
+    )
+    .await;
+    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let approval = stack.pending_approval(&task_id).await;
+    // The approver reads the command itself, not its length.
+    assert_eq!(
+        approval["action_summary"][0], "shell_exec: echo hi",
+        "{approval}"
+    );
+    let cancel = format!("/v1/tasks/{task_id}/runs/{run_id}/cancel");
+    let (status, body) = stack.client.post(&cancel, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["status"], "cancelled");
+    let path = format!(
+        "/v1/tasks/{task_id}/approvals/{}",
+        approval["id"].as_str().unwrap()
+    );
+    let (_, approval) = stack.client.get(&path).await;
+    assert_eq!(approval["data"]["status"], "cancelled");
+    assert_eq!(approval["data"]["resolved_by"], "system");
+    assert_eq!(stack.queue_rows(&run_id).await, 0);
+}
+
+#[tokio::test]
+async fn the_default_policy_gates_http_request_so_nothing_is_posted_out_unapproved() {
+    let listener = wiremock::MockServer::start().await;
+    wiremock::Mock::given(wiremock::matchers::any())
+        .respond_with(wiremock::ResponseTemplate::new(200))
+        .expect(0)
+        .mount(&listener)
+        .await;
+    let post = json!({ "method": "POST", "url": format!("{}/in?key=k-1", listener.uri()),
+                       "body": "the notes the model just read" });
+    let stack = Stack::start(
+        // KEEL_APPROVAL_POLICIES' default.
+        "shell_exec,git_exec,file_write",
+        vec![Turn::tool_call("h1", "http_request", &post.to_string())],
+    )
+    .await;
+    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let approval = stack.pending_approval(&task_id).await;
+    assert_eq!(approval["kind"], "agent_loop_tool_call");
+    assert_eq!(
+        approval["action_summary"][0],
+        format!("http_request: POST {}/in?…", listener.uri()),
+        "{approval}"
+    );
+    stack.decide(&task_id, &approval, "reject").await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run["status"], "cancelled", "{run}");
+    // `expect(0)` is checked when the listener drops; say it here too.
+    assert!(listener.received_requests().await.unwrap().is_empty());
+}
+
+/// (role, text) of each message a request carried.
+fn said(request: &support::llm::Request) -> Vec<(String, String)> {
+    request
+        .messages()
+        .iter()
+        .map(|m| {
+            let text = m["content"].as_str().unwrap_or_default().to_string();
+            (m["role"].as_str().unwrap_or_default().to_string(), text)
+        })
+        .collect()
+}
+
+fn turn(role: &str, text: &str) -> (String, String) {
+    (role.to_string(), text.to_string())
+}
+
+#[tokio::test]
+async fn continue_retry_from_model_call_and_resume_run_on_a_real_worker() {
+    let stack = Stack::start("none", vec![Turn::text("First answer.")]).await;
+    let (task_id, first) = stack.start_agent(json!({})).await;
+    let run = stack.client.wait_terminal(&task_id, &first, WAIT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let runs = format!("/v1/tasks/{task_id}/runs");
+
+    // Continue: the model sees the whole first conversation and the new user turn.
+    stack.llm.push([Turn::text("Second answer.")]);
+    let (status, body) = stack
+        .client
+        .post(
+            &format!("{runs}/{first}/continue"),
+            json!({ "prompt": "And the rest?" }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let continued = body["data"]["id"].as_str().unwrap().to_string();
+    assert_eq!(body["data"]["lineage_kind"], "continue");
+    let run = stack.client.wait_terminal(&task_id, &continued, WAIT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["model_call_count"], 1);
+    let asked = stack.llm.requests();
+    let expected = vec![
+        turn("system", "You are careful."),
+        turn("user", "Tidy the notes."),
+        turn("assistant", "First answer."),
+        turn("user", "And the rest?"),
+    ];
+    assert_eq!(said(&asked[1]), expected);
+
+    // Retry the continued run from its first call: the same conversation, asked again.
+    stack.llm.push([Turn::text("Another second answer.")]);
+    let (status, body) = stack
+        .client
+        .post(
+            &format!("{runs}/{continued}/retry-from-model-call"),
+            json!({ "model_call_index": 1, "reason": "try again" }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let branched = body["data"]["id"].as_str().unwrap().to_string();
+    let run = stack.client.wait_terminal(&task_id, &branched, WAIT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let asked = stack.llm.requests();
+    assert_eq!(asked.len(), 3);
+    assert_eq!(said(&asked[2]), expected);
+    let conversation = stack.conversation(&task_id, &branched).await;
+    assert_eq!(
+        conversation.last().unwrap()["content"],
+        "Another second answer."
+    );
+
+    // Resuming a run whose model had the last word has nothing to ask: no call is made.
+    let (status, body) = stack
+        .client
+        .post(&format!("{runs}/{first}/resume"), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let resumed = body["data"]["id"].as_str().unwrap().to_string();
+    let run = stack.client.wait_terminal(&task_id, &resumed, WAIT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["model_call_count"], 0);
+    assert_eq!(stack.llm.requests().len(), 3);
+
+    // Usage adds up to the calls made: one per run that called.
+    let (_, usage) = stack.client.get("/v1/usage/summary").await;
+    assert_eq!(usage["data"]["totals"]["calls"], 3, "{usage}");
+}
+
+#[tokio::test]
+async fn an_anthropic_preset_runs_the_loop_over_the_messages_api() {
+    let mut stack = Stack::start(
+        "none",
+        vec![
+            Turn::tool_call("toolu_1", "list_dir", "{}").usage(50, 5, 10),
+            Turn::text("The workspace is empty.").usage(80, 6, 0),
+        ],
+    )
+    .await;
+    let (status, preset) = stack
+        .client
+        .post(
+            "/v1/providers",
+            json!({ "kind": "anthropic", "model": MODEL, "api": "anthropic-messages",
+                    "base_url": stack.llm.anthropic_base(), "api_key_ref": "env:FAKE_LLM_API_KEY",
+                    "capabilities": ["chat", "tool_call"], "enabled": true }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{preset}");
+    stack.provider_id = preset["data"]["id"].as_str().unwrap().to_string();
+    let provider = stack.provider_id.clone();
+    let (task_id, run_id) = stack
+        .start_agent(json!({ "requested_provider": provider, "tools": ["list_dir"] }))
+        .await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["provider"], provider.as_str());
+    let asked = stack.llm.requests();
+    assert_eq!(asked.len(), 2);
+    assert!(
+        asked
+            .iter()
+            .all(|r| r.protocol == support::llm::Protocol::Anthropic)
+    );
+    assert_eq!(asked[0].header("x-api-key"), Some(CANARY));
+    assert_eq!(asked[0].body["system"], "You are careful.");
+    // The second call carries the tool's result as a tool_result block of a user turn.
+    let last = asked[1].messages().last().unwrap().clone();
+    assert_eq!(last["role"], "user", "{last}");
+    assert_eq!(last["content"][0]["type"], "tool_result", "{last}");
+    assert_eq!(last["content"][0]["tool_use_id"], "toolu_1", "{last}");
+    // Cached prompt tokens are recorded apart.
+    let cached: i64 =
+        sqlx::query_scalar("SELECT cached_tokens FROM model_calls WHERE run_id = $1 AND index = 1")
+            .bind(&run_id)
+            .fetch_one(&stack.pool)
+            .await
+            .unwrap();
+    assert_eq!(cached, 10);
+}

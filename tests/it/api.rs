@@ -1,0 +1,1120 @@
+//! The HTTP API against a real Postgres, with Keel's API and a worker in this process.
+
+use crate::support;
+
+use std::time::Duration;
+
+use crate::support::{Client, SseReader, TestApp, wait_for};
+use keel::domain::Caller;
+use keel::queue::Locked;
+use keel::store::events::FeedCursor;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+const RUN_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn event_types(events: &[Value]) -> Vec<&str> {
+    events.iter().map(|e| e["type"].as_str().unwrap()).collect()
+}
+
+#[tokio::test]
+async fn a_shell_run_goes_from_created_to_completed_with_its_output() {
+    let app = TestApp::start().await;
+    let c = &app.client;
+    let task = c
+        .create_task(
+            json!({ "execution_kind": "shell", "shell_command": "echo hello; echo warn >&2" }),
+        )
+        .await;
+    assert_eq!(task["status"], "not_started");
+    assert_eq!(task["latest_run_id"], Value::Null);
+    let task_id = task["id"].as_str().unwrap();
+
+    let (status, run) = c
+        .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    assert_eq!(run["object"], "task_run");
+    assert_eq!(run["data"]["status"], "queued");
+    assert_eq!(run["data"]["number"], 1);
+    let run_id = run["data"]["id"].as_str().unwrap();
+
+    let run = c.wait_terminal(task_id, run_id, RUN_TIMEOUT).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["exit_code"], 0);
+    assert_eq!(run["attempt"], 1);
+    assert!(run["worker_id"].as_str().unwrap().starts_with("wrk_"));
+
+    let (_, task) = c.get(&format!("/v1/tasks/{task_id}")).await;
+    assert_eq!(task["data"]["status"], "completed");
+    assert_eq!(task["data"]["latest_run_id"], run_id);
+    assert_eq!(task["data"]["latest_run_step_count"], 1);
+    assert_eq!(task["data"]["latest_run_artifact_count"], 2);
+
+    let events = c.events(task_id, run_id).await;
+    let types = event_types(&events);
+    assert_eq!(
+        types,
+        [
+            "run.created",
+            "run.queued",
+            "run.started",
+            "step.started",
+            "artifact.created",
+            "artifact.created",
+            "step.finished",
+            "run.finished"
+        ]
+    );
+    let sequences: Vec<i64> = events
+        .iter()
+        .map(|e| e["sequence"].as_i64().unwrap())
+        .collect();
+    assert_eq!(sequences, (1..=8).collect::<Vec<_>>());
+
+    let (_, steps) = c
+        .get(&format!("/v1/tasks/{task_id}/runs/{run_id}/steps"))
+        .await;
+    assert_eq!(steps["data"][0]["name"], "shell");
+    assert_eq!(steps["data"][0]["status"], "completed");
+
+    let (_, artifacts) = c
+        .get(&format!("/v1/tasks/{task_id}/runs/{run_id}/artifacts"))
+        .await;
+    let artifacts = artifacts["data"].as_array().unwrap().clone();
+    let by_name = |name: &str| {
+        artifacts
+            .iter()
+            .find(|a| a["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    let stdout = by_name("stdout");
+    assert_eq!(stdout["size_bytes"], 6);
+    assert_eq!(stdout["status"], "complete");
+    let path = format!(
+        "/v1/tasks/{task_id}/runs/{run_id}/artifacts/{}",
+        stdout["id"].as_str().unwrap()
+    );
+    let (status, one) = c.get(&path).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(one["data"]["id"], stdout["id"]);
+    let content = c
+        .http
+        .get(format!("{}{path}/content", c.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(content, "hello\n");
+    let stderr_id = by_name("stderr")["id"].as_str().unwrap().to_string();
+    let stderr_path = format!(
+        "{}/v1/tasks/{task_id}/runs/{run_id}/artifacts/{stderr_id}/content",
+        c.base
+    );
+    assert_eq!(
+        c.http
+            .get(stderr_path)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+        "warn\n"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_command_fails_the_run_with_exit_code_and_stderr() {
+    let app = TestApp::start().await;
+    let (task_id, run_id) = app
+        .client
+        .run_shell("echo 'disk is full' >&2; exit 3")
+        .await;
+    let run = app
+        .client
+        .wait_terminal(&task_id, &run_id, RUN_TIMEOUT)
+        .await;
+    assert_eq!(run["status"], "failed");
+    assert_eq!(run["exit_code"], 3);
+    assert_eq!(
+        run["last_error"],
+        "process exited with code 3: disk is full"
+    );
+    let events = app.client.events(&task_id, &run_id).await;
+    assert_eq!(event_types(&events).last(), Some(&"run.failed"));
+    assert_eq!(events.last().unwrap()["data"]["exit_code"], 3);
+}
+
+#[tokio::test]
+async fn a_timeout_fails_the_run() {
+    let app = TestApp::start().await;
+    let task = app
+        .client
+        .create_task(
+            json!({ "execution_kind": "shell", "shell_command": "sleep 30", "timeout_ms": 300 }),
+        )
+        .await;
+    let task_id = task["id"].as_str().unwrap();
+    let (_, run) = app
+        .client
+        .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
+        .await;
+    let run = app
+        .client
+        .wait_terminal(task_id, run["data"]["id"].as_str().unwrap(), RUN_TIMEOUT)
+        .await;
+    assert_eq!(run["status"], "failed");
+    assert_eq!(run["last_error"], "timed out after 300 ms");
+}
+
+#[tokio::test]
+async fn file_and_git_runs_work_in_their_workspace() {
+    let app = TestApp::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let directory = dir.path().to_str().unwrap();
+    let c = &app.client;
+    let tasks = [
+        json!({ "execution_kind": "file", "file_path": "docs/a.txt", "file_operation": "write",
+                "file_content": "one\n", "workspace_mode": "in_place", "working_directory": directory }),
+        json!({ "execution_kind": "file", "file_path": "docs/a.txt", "file_operation": "append",
+                "file_content": "two\n", "workspace_mode": "in_place", "working_directory": directory }),
+        json!({ "execution_kind": "git", "git_command": "init -q 'new repo'",
+                "workspace_mode": "in_place", "working_directory": directory }),
+    ];
+    for body in tasks {
+        let task = c.create_task(body).await;
+        let task_id = task["id"].as_str().unwrap();
+        let (_, run) = c
+            .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
+            .await;
+        let run = c
+            .wait_terminal(task_id, run["data"]["id"].as_str().unwrap(), RUN_TIMEOUT)
+            .await;
+        assert_eq!(run["status"], "completed", "{task}: {run}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("docs/a.txt")).unwrap(),
+        "one\ntwo\n"
+    );
+    assert!(dir.path().join("new repo/.git").is_dir());
+
+    // An ephemeral run gets a fresh directory of its own under the data directory.
+    let (task_id, run_id) = c.run_shell("pwd; echo x > made-here").await;
+    assert_eq!(
+        c.wait_terminal(&task_id, &run_id, RUN_TIMEOUT).await["status"],
+        "completed"
+    );
+    let workspace = app.data_dir.path().join("workspaces").join(&run_id);
+    assert!(
+        workspace.join("made-here").is_file(),
+        "{}",
+        workspace.display()
+    );
+}
+
+#[tokio::test]
+async fn twenty_parallel_starts_create_exactly_one_run() {
+    let app = TestApp::api_only().await;
+    let task = app
+        .client
+        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
+        .await;
+    let path = format!("/v1/tasks/{}/start", task["id"].as_str().unwrap());
+    let starts = (0..20).map(|_| {
+        let client = app.client.clone();
+        let path = path.clone();
+        tokio::spawn(async move { client.post(&path, json!({})).await })
+    });
+    let mut created = 0;
+    for start in futures_util::future::join_all(starts).await {
+        let (status, body) = start.unwrap();
+        match status {
+            StatusCode::CREATED => created += 1,
+            StatusCode::CONFLICT => assert_eq!(body["error"]["type"], "conflict"),
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    assert_eq!(created, 1);
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(runs, 1);
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs, 1);
+}
+
+#[tokio::test]
+async fn the_database_refuses_a_second_active_run() {
+    let app = TestApp::api_only().await;
+    let task = app
+        .client
+        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
+        .await;
+    let task_id = task["id"].as_str().unwrap();
+    app.client
+        .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
+        .await;
+    let second = sqlx::query(
+        "INSERT INTO runs (id, task_id, number, status, workspace_id)
+         VALUES ('run_x', $1, 2, 'running', 'default')",
+    )
+    .bind(task_id)
+    .execute(&app.pool)
+    .await;
+    let error = second.unwrap_err();
+    assert!(
+        error.to_string().contains("runs_one_active_per_task"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn idempotency_key_returns_the_original_run_or_conflicts() {
+    let app = TestApp::api_only().await;
+    let c = &app.client;
+    let task = c
+        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
+        .await;
+    let url = format!("{}/v1/tasks/{}/start", c.base, task["id"].as_str().unwrap());
+    let start = |key: &str, body: Value| {
+        c.send(c.http.post(&url).header("Idempotency-Key", key).json(&body))
+    };
+    let (status, first) = start("k1", json!({ "reason": "deploy" })).await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    let (status, again) = start("k1", json!({ "reason": "deploy" })).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["data"]["id"], first["data"]["id"]);
+    let (status, different) = start("k1", json!({ "reason": "other" })).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(
+        different["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Idempotency-Key")
+    );
+    // Visible ASCII only, as the document's pattern says: no spaces inside.
+    let (status, spaced) = start("two words", json!({})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{spaced}");
+    assert_eq!(spaced["error"]["type"], "invalid_request", "{spaced}");
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(runs, 1);
+}
+
+#[tokio::test]
+async fn retry_creates_a_new_run_only_when_none_is_active() {
+    let app = TestApp::start().await;
+    let c = &app.client;
+    let (task_id, run_id) = c.run_shell("exit 1").await;
+    assert_eq!(
+        c.wait_terminal(&task_id, &run_id, RUN_TIMEOUT).await["status"],
+        "failed"
+    );
+
+    let (status, retry) = c
+        .post(
+            &format!("/v1/tasks/{task_id}/runs/{run_id}/retry"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{retry}");
+    assert_eq!(retry["data"]["number"], 2);
+    assert_eq!(retry["data"]["retried_from_run_id"], run_id.as_str());
+
+    let (status, runs) = c.get(&format!("/v1/tasks/{task_id}/runs?limit=1")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(runs["data"].as_array().unwrap().len(), 1);
+    assert_eq!(runs["has_more"], true);
+    let cursor = runs["next_cursor"].as_str().unwrap();
+    let (_, rest) = c
+        .get(&format!(
+            "/v1/tasks/{task_id}/runs?limit=10&cursor={cursor}"
+        ))
+        .await;
+    assert_eq!(rest["has_more"], false);
+    assert_eq!(rest["data"][0]["number"], 2);
+}
+
+#[tokio::test]
+async fn retry_while_a_run_is_active_conflicts() {
+    let app = TestApp::api_only().await;
+    let c = &app.client;
+    let (task_id, run_id) = c.run_shell("true").await;
+    let (status, body) = c
+        .post(
+            &format!("/v1/tasks/{task_id}/runs/{run_id}/retry"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (status, _) = c
+        .post(
+            &format!("/v1/tasks/{task_id}/runs/run_missing/retry"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn cancel_stops_a_running_process_tree_within_seconds() {
+    let app = TestApp::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let c = &app.client;
+    let task = c
+        .create_task(json!({
+            "execution_kind": "shell",
+            "shell_command": "echo $$ > shell.pid; sleep 600 & echo $! > sleep.pid; wait",
+            "workspace_mode": "in_place",
+            "working_directory": dir.path(),
+        }))
+        .await;
+    let task_id = task["id"].as_str().unwrap();
+    let (_, run) = c
+        .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
+        .await;
+    let run_id = run["data"]["id"].as_str().unwrap();
+    c.wait_status(task_id, run_id, "running", RUN_TIMEOUT).await;
+    // The pids the shell wrote are its PID namespace's; the host finds the tree by the
+    // home directory its environment names, inside the workspace.
+    let home = format!("HOME={}", dir.path().join(".keel/home").display());
+    let pids: Vec<i32> = wait_for(RUN_TIMEOUT, "the pid files", || async {
+        let written = ["shell.pid", "sleep.pid"].map(|name| dir.path().join(name).exists());
+        let pids = support::processes_with_env(&home);
+        (written.iter().all(|w| *w) && pids.len() >= 2).then_some(pids)
+    })
+    .await;
+    assert!(pids.iter().all(|pid| is_running(*pid)));
+    // The worker writes a step's row with its next durable write, or within ~200 ms.
+    let steps_path = format!("/v1/tasks/{task_id}/runs/{run_id}/steps");
+    wait_for(RUN_TIMEOUT, "the running step", || async {
+        let (_, steps) = c.get(&steps_path).await;
+        (steps["data"][0]["status"] == "running").then_some(())
+    })
+    .await;
+
+    let cancelled_at = std::time::Instant::now();
+    let (status, body) = c
+        .post(
+            &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["status"], "cancelled");
+    wait_for(
+        Duration::from_secs(5),
+        "the process tree to die",
+        || async { pids.iter().all(|pid| !is_running(*pid)).then_some(()) },
+    )
+    .await;
+    println!("cancel → process tree gone in {:?}", cancelled_at.elapsed());
+
+    let run = c.run(task_id, run_id).await;
+    assert_eq!(run["status"], "cancelled");
+    let (_, steps) = c
+        .get(&format!("/v1/tasks/{task_id}/runs/{run_id}/steps"))
+        .await;
+    assert_eq!(steps["data"][0]["status"], "cancelled");
+    let events = c.events(task_id, run_id).await;
+    assert_eq!(
+        event_types(&events)
+            .iter()
+            .filter(|t| **t == "run.cancelled")
+            .count(),
+        1
+    );
+    // Cancelling a finished run is a no-op that returns it.
+    let (status, again) = c
+        .post(
+            &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(again["data"]["finished_at"], run["finished_at"]);
+    // The worker wrote nothing after the cancellation.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(c.events(task_id, run_id).await.len(), events.len());
+}
+
+/// A cancel removes the job row a second time once it holds the run lock, skipping a row
+/// another transaction holds (a worker's heartbeat, at that moment). The worker holding the
+/// job must still stop and clear it, or the lease would be renewed as long as the process
+/// runs.
+#[tokio::test]
+async fn a_cancel_that_finds_the_job_row_locked_still_stops_the_worker() {
+    let app = TestApp::start().await;
+    let c = &app.client;
+    let task = c
+        .create_task(json!({ "execution_kind": "shell", "shell_command": "sleep 600" }))
+        .await;
+    let task_id = task["id"].as_str().unwrap();
+    let (_, run) = c
+        .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
+        .await;
+    let run_id = run["data"]["id"].as_str().unwrap();
+    c.wait_status(task_id, run_id, "running", RUN_TIMEOUT).await;
+
+    let mut heartbeat = app.pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM queue_jobs WHERE ref_id = $1 FOR UPDATE")
+        .bind(run_id)
+        .fetch_one(&mut *heartbeat)
+        .await
+        .unwrap();
+    let mut cancel = app.pool.begin().await.unwrap();
+    let reason = Some("cancelled by the test");
+    let change = keel::store::runs::Change::default();
+    let cancelled = keel::domain::RunStatus::Cancelled;
+    let (scope, actor) = (Caller::local().scope, Caller::local().actor());
+    keel::store::runs::transition(
+        &mut cancel,
+        &scope,
+        run_id,
+        cancelled,
+        change,
+        &actor,
+        reason,
+    )
+    .await
+    .unwrap();
+    keel::queue::remove(&mut cancel, &scope, "run", run_id, Locked::Skip)
+        .await
+        .unwrap();
+    cancel.commit().await.unwrap();
+    heartbeat.commit().await.unwrap();
+
+    let outcome: String = wait_for(RUN_TIMEOUT, "the worker to ack the job", || async {
+        sqlx::query_scalar("SELECT outcome FROM lease_history WHERE ref_id = $1")
+            .bind(run_id)
+            .fetch_optional(&app.pool)
+            .await
+            .unwrap()
+    })
+    .await;
+    assert_eq!(outcome, "acked");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs WHERE ref_id = $1")
+        .bind(run_id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+    assert_eq!(c.run(task_id, run_id).await["status"], "cancelled");
+}
+
+fn is_running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            stat.rsplit(')')
+                .next()
+                .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+#[tokio::test]
+async fn delete_refuses_while_a_run_is_active_then_removes_everything() {
+    let app = TestApp::api_only().await;
+    let c = &app.client;
+    let (task_id, run_id) = c.run_shell("true").await;
+    let (status, body) = c.delete(&format!("/v1/tasks/{task_id}")).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    c.post(
+        &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
+        json!({}),
+    )
+    .await;
+    let (status, body) = c.delete(&format!("/v1/tasks/{task_id}")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        c.get(&format!("/v1/tasks/{task_id}")).await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        c.get(&format!("/v1/tasks/{task_id}/runs/{run_id}")).await.0,
+        StatusCode::NOT_FOUND
+    );
+    let left: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM runs) + (SELECT count(*) FROM run_events)",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(left, 0);
+}
+
+#[tokio::test]
+async fn task_list_paginates_and_filters_by_status() {
+    let app = TestApp::api_only().await;
+    let c = &app.client;
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let task = c
+            .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
+            .await;
+        ids.push(task["id"].as_str().unwrap().to_string());
+    }
+    c.post(&format!("/v1/tasks/{}/start", ids[0]), json!({}))
+        .await;
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(cursor) => format!("/v1/tasks?limit=2&cursor={cursor}"),
+            None => "/v1/tasks?limit=2".to_string(),
+        };
+        let (status, page) = c.get(&path).await;
+        assert_eq!(status, StatusCode::OK);
+        seen.extend(
+            page["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["id"].as_str().unwrap().to_string()),
+        );
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
+            None => break,
+        }
+    }
+    let newest_first: Vec<String> = ids.iter().rev().cloned().collect();
+    assert_eq!(seen, newest_first);
+    let (_, queued) = c.get("/v1/tasks?status=queued").await;
+    assert_eq!(queued["data"].as_array().unwrap().len(), 1);
+    assert_eq!(queued["data"][0]["id"], ids[0].as_str());
+    let (_, not_started) = c.get("/v1/tasks?status=not_started").await;
+    assert_eq!(not_started["data"].as_array().unwrap().len(), 4);
+}
+
+/// Every refusal carries the envelope and the request id.
+async fn assert_refused(
+    c: &Client,
+    request: reqwest::RequestBuilder,
+    status: StatusCode,
+    kind: &str,
+    mention: &str,
+) {
+    let response = request.send().await.unwrap();
+    let header_id = response
+        .headers()
+        .get("x-request-id")
+        .map(|v| v.to_str().unwrap().to_string());
+    assert_eq!(response.status(), status, "expected {status} for {mention}");
+    let body: Value = response.json().await.unwrap();
+    let error = &body["error"];
+    assert_eq!(error["type"], kind, "{body}");
+    for field in ["message", "user_message", "operator_action", "request_id"] {
+        assert!(
+            error[field].as_str().is_some_and(|s| !s.is_empty()),
+            "{field} missing in {body}"
+        );
+    }
+    assert_eq!(header_id.as_deref(), error["request_id"].as_str());
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains(mention),
+        "'{message}' should mention '{mention}'"
+    );
+    let _ = c;
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_4xx_with_the_envelope() {
+    let app = TestApp::api_only().await;
+    let c = &app.client;
+    let url = |path: &str| format!("{}{path}", c.base);
+    let post_json = |body: &str| {
+        c.http
+            .post(url("/v1/tasks"))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+    };
+    let bad = StatusCode::BAD_REQUEST;
+    let unprocessable = StatusCode::UNPROCESSABLE_ENTITY;
+    assert_refused(
+        c,
+        post_json("{bad"),
+        bad,
+        "invalid_request",
+        "malformed JSON",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http.post(url("/v1/tasks")).body("{}"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "invalid_request",
+        "Content-Type",
+    )
+    .await;
+    assert_refused(
+        c,
+        post_json(r#"{"execution_kind":"shell","shell_command":"true","colour":1}"#),
+        unprocessable,
+        "invalid_request",
+        "colour",
+    )
+    .await;
+    assert_refused(
+        c,
+        post_json(r#"{"execution_kind":"shell","shell_command":42}"#),
+        unprocessable,
+        "invalid_request",
+        "shell_command",
+    )
+    .await;
+    assert_refused(
+        c,
+        post_json(r#"{"execution_kind":"shell","priority":"high"}"#),
+        unprocessable,
+        "invalid_request",
+        "priority",
+    )
+    .await;
+    assert_refused(
+        c,
+        post_json(r#"{}"#),
+        unprocessable,
+        "invalid_request",
+        "execution_kind",
+    )
+    .await;
+    assert_refused(
+        c,
+        post_json(r#"{"execution_kind":"shell"}"#),
+        unprocessable,
+        "invalid_request",
+        "shell_command",
+    )
+    .await;
+    assert_refused(
+        c,
+        post_json(r#"{"execution_kind":"teleport"}"#),
+        unprocessable,
+        "invalid_request",
+        "teleport",
+    )
+    .await;
+    assert_refused(c, post_json(r#"{"execution_kind":"shell","shell_command":"true","workspace_mode":"in_place","working_directory":"rel/dir"}"#), unprocessable, "invalid_request", "working_directory").await;
+    assert_refused(c, post_json(r#"{"execution_kind":"shell","shell_command":"true","workspace_mode":"in_place","working_directory":"/tmp/../etc"}"#), unprocessable, "invalid_request", "working_directory").await;
+    assert_refused(c, post_json(r#"{"execution_kind":"file","file_path":"../../etc/passwd","file_operation":"write","file_content":"x"}"#), unprocessable, "invalid_request", "file_path").await;
+    assert_refused(c, post_json(r#"{"execution_kind":"file","file_path":"/etc/passwd","file_operation":"write","file_content":"x"}"#), unprocessable, "invalid_request", "file_path").await;
+    assert_refused(
+        c,
+        post_json(r#"{"execution_kind":"file","file_path":"a","file_operation":"chmod"}"#),
+        unprocessable,
+        "invalid_request",
+        "chmod",
+    )
+    .await;
+    assert_refused(
+        c,
+        post_json(r#"{"execution_kind":"shell","shell_command":"true","timeout_ms":-5}"#),
+        unprocessable,
+        "invalid_request",
+        "timeout_ms",
+    )
+    .await;
+    let huge = format!(
+        r#"{{"execution_kind":"shell","shell_command":"{}"}}"#,
+        "x".repeat(3 * 1024 * 1024)
+    );
+    assert_refused(
+        c,
+        post_json(&huge),
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "invalid_request",
+        "length limit",
+    )
+    .await;
+
+    assert_refused(
+        c,
+        c.http.get(url("/v1/tasks/task_nope")),
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "task",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http.delete(url("/v1/tasks/task_nope")),
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "task",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http.post(url("/v1/tasks/task_nope/start")),
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "task",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http.get(url("/v1/tasks/task_nope/runs")),
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "task",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http.get(url("/v1/nowhere")),
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "/v1/nowhere",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http.put(url("/v1/tasks")),
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request",
+        "PUT",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http.get(url("/v1/tasks?limit=0")),
+        bad,
+        "invalid_request",
+        "limit",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http.get(url("/v1/tasks?limit=abc")),
+        bad,
+        "invalid_request",
+        "limit",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http.get(url("/v1/tasks?status=sleeping")),
+        bad,
+        "invalid_request",
+        "sleeping",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http.get(url("/v1/tasks?colour=red")),
+        bad,
+        "invalid_request",
+        "colour",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http.get(url("/v1/events?after=-1")),
+        bad,
+        "invalid_request",
+        "after",
+    )
+    .await;
+
+    let (task_id, run_id) = c.run_shell("true").await;
+    let run = |rest: &str| url(&format!("/v1/tasks/{task_id}/runs/{rest}"));
+    assert_refused(
+        c,
+        c.http.get(run("run_nope")),
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "run",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http.post(run("run_nope/cancel")),
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "run",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http.get(run("run_nope/steps")),
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "run",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http.get(run("run_nope/events")),
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "run",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http.get(run("run_nope/stream")),
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "run",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http.get(run(&format!("{run_id}/artifacts/art_nope"))),
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "artifact",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http
+            .get(run(&format!("{run_id}/artifacts/art_nope/content"))),
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "artifact",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http.get(run(&format!("{run_id}/steps?cursor=x"))),
+        bad,
+        "invalid_request",
+        "cursor",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http
+            .get(run(&format!("{run_id}/stream")))
+            .header("Last-Event-ID", "abc"),
+        bad,
+        "invalid_request",
+        "Last-Event-ID",
+    )
+    .await;
+    assert_refused(
+        c,
+        c.http
+            .post(run(&format!("{run_id}/retry")))
+            .header("content-type", "application/json")
+            .body(r#"{"why":1}"#),
+        bad,
+        "invalid_request",
+        "why",
+    )
+    .await;
+    // A run of another task is not found under this one.
+    let (other_task, _) = c.run_shell("true").await;
+    let foreign = url(&format!("/v1/tasks/{other_task}/runs/{run_id}"));
+    assert_refused(
+        c,
+        c.http.get(foreign),
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "run",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn health_readiness_and_stats() {
+    let app = TestApp::start().await;
+    let c = &app.client;
+    let (status, health) = c.get("/healthz").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(health["status"], "ok");
+    let (status, ready) = c.get("/readyz").await;
+    assert_eq!(status, StatusCode::OK, "{ready}");
+    assert_eq!(ready["migrations"], "current");
+    let stats = wait_for(
+        Duration::from_secs(10),
+        "the worker to register",
+        || async {
+            let (_, stats) = c.get("/v1/system/stats").await;
+            (stats["data"]["workers"]["live"] == 1).then_some(stats)
+        },
+    )
+    .await;
+    assert_eq!(stats["data"]["queue_backend"], "postgres");
+    // The local caller operates the runtime: it sees where its workers run.
+    let worker = &stats["data"]["workers"]["list"][0];
+    assert!(
+        worker["hostname"].as_str().is_some_and(|h| !h.is_empty()),
+        "{worker}"
+    );
+    assert!(
+        worker["pid"].as_i64().is_some_and(|pid| pid > 0),
+        "{worker}"
+    );
+    // A queued job shows in the depth while no worker can take it.
+    let api = TestApp::api_only().await;
+    api.client.run_shell("true").await;
+    let (_, stats) = api.client.get("/v1/system/stats").await;
+    assert_eq!(stats["data"]["queue"][0]["kind"], "run");
+    assert_eq!(stats["data"]["queue"][0]["depth"], 1);
+    assert!(stats["data"]["queue"][0]["oldest_age_ms"].as_i64().unwrap() >= 0);
+}
+
+#[tokio::test]
+async fn run_stream_replays_in_order_and_resumes_after_last_event_id() {
+    let app = TestApp::start().await;
+    let c = &app.client;
+    let (task_id, run_id) = c
+        .run_shell("for i in 1 2 3; do echo $i; sleep 0.1; done")
+        .await;
+    let path = format!("/v1/tasks/{task_id}/runs/{run_id}/stream");
+    let mut stream = SseReader::open(c, &path, None).await;
+    let mut received = Vec::new();
+    while let Some(event) = stream.next(RUN_TIMEOUT).await {
+        received.push(event);
+    }
+    let sequences: Vec<i64> = received
+        .iter()
+        .map(|e| e.data["sequence"].as_i64().unwrap())
+        .collect();
+    assert_eq!(sequences, (1..=received.len() as i64).collect::<Vec<_>>());
+    assert_eq!(
+        received.last().unwrap().event.as_deref(),
+        Some("run.finished"),
+        "the stream ends after the run"
+    );
+    for event in &received {
+        assert_eq!(
+            event.id.as_deref(),
+            Some(event.data["sequence"].to_string().as_str())
+        );
+        assert_eq!(event.event.as_deref(), event.data["type"].as_str());
+    }
+    let mut resumed = SseReader::open(c, &path, Some("3")).await;
+    let mut rest = Vec::new();
+    while let Some(event) = resumed.next(RUN_TIMEOUT).await {
+        rest.push(event.data["sequence"].as_i64().unwrap());
+    }
+    assert_eq!(rest, (4..=received.len() as i64).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn public_feed_filters_and_streams() {
+    let app = TestApp::start().await;
+    let c = &app.client;
+    let (task_a, run_a) = c.run_shell("true").await;
+    let (task_b, run_b) = c.run_shell("exit 1").await;
+    c.wait_terminal(&task_a, &run_a, RUN_TIMEOUT).await;
+    c.wait_terminal(&task_b, &run_b, RUN_TIMEOUT).await;
+
+    let ends = "/v1/events?event_type=run.finished,run.failed";
+    let ends = c.feed_when(ends, |events| events.len() == 2).await;
+    let (_, all) = c.get("/v1/events?limit=200").await;
+    let cursors: Vec<&str> = all["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["cursor"].as_str().unwrap())
+        .collect();
+    let position = |cursor: &str| FeedCursor::parse(cursor).unwrap();
+    assert!(cursors.windows(2).all(|w| position(w[0]) < position(w[1])));
+    let types: Vec<&str> = ends["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types.len(), 2);
+    assert!(types.contains(&"run.finished") && types.contains(&"run.failed"));
+    let (_, only_b) = c
+        .get(&format!(
+            "/v1/events?task_id={task_b}&event_type=run.failed"
+        ))
+        .await;
+    assert_eq!(only_b["data"].as_array().unwrap().len(), 1);
+    assert_eq!(only_b["data"][0]["run_id"], run_b.as_str());
+    let after = cursors[2];
+    let (_, later) = c.get(&format!("/v1/events?after={after}&limit=1")).await;
+    assert_eq!(later["data"][0]["cursor"], cursors[3]);
+    assert_eq!(later["next_cursor"], cursors[3]);
+    assert_eq!(later["has_more"], true);
+
+    // The live feed: replay from a cursor, then a new run's events as they happen.
+    let mut feed = SseReader::open(
+        c,
+        "/v1/events/stream?event_type=run.created,run.finished",
+        Some(after),
+    )
+    .await;
+    let first = feed.next(RUN_TIMEOUT).await.unwrap();
+    assert!(position(first.data["cursor"].as_str().unwrap()) > position(after));
+    assert_eq!(first.id.as_deref(), first.data["cursor"].as_str());
+    let (task_c, run_c) = c.run_shell("true").await;
+    let mut seen_finish = false;
+    while let Some(event) = feed.next(RUN_TIMEOUT).await {
+        if event.data["run_id"] == run_c.as_str() && event.event.as_deref() == Some("run.finished")
+        {
+            seen_finish = true;
+            break;
+        }
+        assert!(matches!(
+            event.event.as_deref(),
+            Some("run.created" | "run.finished")
+        ));
+    }
+    assert!(seen_finish, "the feed delivered the new run's end");
+    let _ = task_c;
+}
+
+#[tokio::test]
+async fn output_is_readable_while_the_run_writes_it() {
+    let app = TestApp::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let c = &app.client;
+    let task = c
+        .create_task(json!({
+            "execution_kind": "shell",
+            "shell_command": "echo first; while [ ! -f go ]; do sleep 0.05; done; echo second",
+            "workspace_mode": "in_place",
+            "working_directory": dir.path(),
+        }))
+        .await;
+    let task_id = task["id"].as_str().unwrap();
+    let (_, run) = c
+        .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
+        .await;
+    let run_id = run["data"]["id"].as_str().unwrap();
+    let content = wait_for(RUN_TIMEOUT, "stdout to hold the first line", || async {
+        let (_, list) = c
+            .get(&format!("/v1/tasks/{task_id}/runs/{run_id}/artifacts"))
+            .await;
+        let stdout = list["data"]
+            .as_array()?
+            .iter()
+            .find(|a| a["name"] == "stdout")?
+            .clone();
+        let path = format!(
+            "{}/v1/tasks/{task_id}/runs/{run_id}/artifacts/{}/content",
+            c.base,
+            stdout["id"].as_str()?
+        );
+        let text = c.http.get(path).send().await.ok()?.text().await.ok()?;
+        (!text.is_empty()).then_some((stdout, text))
+    })
+    .await;
+    assert_eq!(content.1, "first\n");
+    assert_eq!(content.0["status"], "writing");
+    assert_eq!(c.run(task_id, run_id).await["status"], "running");
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    assert_eq!(
+        c.wait_terminal(task_id, run_id, RUN_TIMEOUT).await["status"],
+        "completed"
+    );
+}

@@ -1,0 +1,772 @@
+//! The operator CLI: the real `keel` binary against a real `keel api` and `keel worker`
+//! over HTTP — ids on stdout, JSON as the API sent it, watch output and exit codes, error
+//! envelopes, and a watch that outlives a killed and restarted API.
+
+use crate::support;
+
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use crate::support::tracker;
+use crate::support::{KeelProcess, spawn_api_with_approvals, spawn_worker, wait_for};
+use serde_json::{Value, json};
+
+const CLI_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// An API (with `approvals` gates) and a worker on a fresh database.
+struct Keel {
+    api: KeelProcess,
+    _worker: KeelProcess,
+    /// Logs and the worker's data directory, removed after the processes.
+    _dir: tempfile::TempDir,
+}
+
+impl Keel {
+    async fn start(approvals: &str) -> Keel {
+        let db = support::fresh_database().await;
+        let dir = tempfile::tempdir().unwrap();
+        let api = spawn_api_with_approvals(&db, dir.path(), "api", approvals).await;
+        let worker = spawn_worker(&db, dir.path(), "worker", 5_000, &dir.path().join("w"));
+        Keel {
+            api,
+            _worker: worker,
+            _dir: dir,
+        }
+    }
+
+    fn client(&self) -> &support::Client {
+        self.api.client.as_ref().unwrap()
+    }
+
+    fn url(&self) -> &str {
+        &self.client().base
+    }
+}
+
+/// `keel <args>` against `url`, to its exit.
+async fn cli(url: &str, args: &[&str]) -> Output {
+    let output = command(url, args).output();
+    tokio::time::timeout(CLI_TIMEOUT, output)
+        .await
+        .expect("the CLI exits in time")
+        .expect("the CLI ran")
+}
+
+fn command(url: &str, args: &[&str]) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
+        .args(args)
+        .env("KEEL_URL", url)
+        .env_remove("KEEL_RUNTIME_TOKEN")
+        .env_remove("KEEL_IDENTITY")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    command
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().expect("exited, not killed")
+}
+
+fn describe(output: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status.code(),
+        stdout(output),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// `keel tasks create --quiet --shell command`: the new task's id.
+async fn create_shell(url: &str, command: &str) -> String {
+    let output = cli(url, &["tasks", "create", "--quiet", "--shell", command]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    stdout(&output).trim().to_string()
+}
+
+/// How many lines of `text` are exactly `line`.
+fn count(text: &str, line: &str) -> usize {
+    text.lines().filter(|l| *l == line).count()
+}
+
+#[tokio::test]
+async fn create_quiet_prints_the_id_and_json_output_is_the_apis() {
+    let keel = Keel::start("none").await;
+    let output = cli(keel.url(), &["tasks", "create", "-q", "--shell", "echo hi"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let id = stdout(&output);
+    assert!(
+        id.starts_with("task_") && id.trim_end().lines().count() == 1,
+        "{id:?}"
+    );
+    let (_, task) = keel.client().get(&format!("/v1/tasks/{}", id.trim())).await;
+    assert_eq!(task["data"]["shell_command"], "echo hi");
+
+    let output = cli(keel.url(), &["tasks", "list", "--output", "json"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let printed: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    let (_, api) = keel.client().get("/v1/tasks").await;
+    assert_eq!(printed, api);
+
+    // The table has the task, one row under the headers.
+    let output = cli(keel.url(), &["tasks", "list"]).await;
+    let table = stdout(&output);
+    assert!(table.lines().next().unwrap().starts_with("ID"), "{table}");
+    assert!(
+        table.contains(id.trim()) && table.contains("echo hi"),
+        "{table}"
+    );
+}
+
+#[tokio::test]
+async fn start_watch_prints_each_output_line_once_and_exits_with_the_run() {
+    let keel = Keel::start("none").await;
+    let task = create_shell(
+        keel.url(),
+        "for i in 1 2 3; do echo line $i; sleep 0.3; done; echo warn >&2",
+    )
+    .await;
+    let output = cli(keel.url(), &["tasks", "start", &task, "--watch"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let text = stdout(&output);
+    for i in 1..=3 {
+        assert_eq!(count(&text, &format!("line {i}")), 1, "{text}");
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("step 1 shell completed ") && l.ends_with('s')),
+        "a step line with its elapsed time: {text}"
+    );
+    assert!(text.contains("run finished in"), "{text}");
+    assert_eq!(
+        count(&String::from_utf8_lossy(&output.stderr), "warn"),
+        1,
+        "{}",
+        describe(&output)
+    );
+
+    // A failing command: exit code 1, its output still printed.
+    let task = create_shell(keel.url(), "echo before failing; exit 3").await;
+    let output = cli(keel.url(), &["tasks", "start", &task, "--watch"]).await;
+    assert_eq!(code(&output), 1, "{}", describe(&output));
+    assert_eq!(
+        count(&stdout(&output), "before failing"),
+        1,
+        "{}",
+        describe(&output)
+    );
+}
+
+/// The events a `--output json` watch printed: every stdout line an event object, in
+/// strictly increasing `sequence` (so none twice).
+fn events_of(output: &Output) -> Vec<Value> {
+    let events: Vec<Value> = stdout(output)
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{e}: {line:?}\n{}", describe(output)))
+        })
+        .collect();
+    assert!(!events.is_empty(), "{}", describe(output));
+    for event in &events {
+        assert!(event["type"].is_string(), "{event}\n{}", describe(output));
+    }
+    let sequences: Vec<i64> = events
+        .iter()
+        .map(|e| e["sequence"].as_i64().unwrap())
+        .collect();
+    assert!(
+        sequences.windows(2).all(|w| w[0] < w[1]),
+        "{sequences:?}\n{}",
+        describe(output)
+    );
+    events
+}
+
+#[tokio::test]
+async fn a_json_watch_prints_the_events_alone_one_a_line() {
+    let keel = Keel::start("none").await;
+    let task = create_shell(keel.url(), "echo one; echo two").await;
+    let args = ["tasks", "start", &task, "--watch", "--output", "json"];
+    let output = cli(keel.url(), &args).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let events = events_of(&output);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "run.finished", "{}", describe(&output));
+    // run.finished carries the exit code; the step's event carries its status.
+    assert_eq!(last["data"]["exit_code"], 0, "{last}");
+    let step = events.iter().rfind(|e| e["type"] == "step.finished");
+    assert_eq!(step.unwrap()["data"]["status"], "completed", "{events:?}");
+    // The run's output lines are not there: stdout is the events'.
+    assert_eq!(count(&stdout(&output), "one"), 0, "{}", describe(&output));
+    // The events as the API lists them, unchanged.
+    let run = last["run_id"].as_str().unwrap();
+    let (_, listed) = keel
+        .client()
+        .get(&format!("/v1/tasks/{task}/runs/{run}/events?limit=200"))
+        .await;
+    assert_eq!(listed["data"].as_array().unwrap(), &events);
+
+    let task = create_shell(keel.url(), "exit 3").await;
+    let args = ["tasks", "start", &task, "--watch", "--output", "json"];
+    let output = cli(keel.url(), &args).await;
+    assert_eq!(code(&output), 1, "{}", describe(&output));
+    let events = events_of(&output);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "run.failed", "{}", describe(&output));
+    assert_eq!(last["data"]["exit_code"], 3, "{last}");
+}
+
+#[tokio::test]
+async fn an_approval_gated_run_exits_3_then_approve_and_watch_exit_0() {
+    let keel = Keel::start("shell_exec").await;
+    let url = keel.url();
+    let task = create_shell(url, "echo approved output").await;
+    let output = cli(url, &["tasks", "start", &task, "--watch", "--no-wait"]).await;
+    assert_eq!(code(&output), 3, "{}", describe(&output));
+    let text = stdout(&output);
+    let prompt = format!("keel --url {url} approvals approve apr_");
+    let approve = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("approve: "))
+        .unwrap_or_else(|| panic!("an approve command: {text}"));
+    assert!(approve.starts_with(&prompt), "{text}");
+    assert!(
+        text.contains("echo approved output"),
+        "the action summary: {text}"
+    );
+    let approval = approve.rsplit(' ').next().unwrap();
+    let pending = [
+        "approvals",
+        "list",
+        "--task",
+        &task,
+        "--status",
+        "pending",
+        "-q",
+    ];
+    let output = cli(url, &pending).await;
+    assert_eq!(
+        stdout(&output),
+        format!("{approval}\n"),
+        "{}",
+        describe(&output)
+    );
+
+    // The printed command itself, `--url` before the subcommand and all.
+    let printed: Vec<&str> = approve.split(' ').skip(1).collect();
+    let output = cli(url, &printed).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let (_, task_json) = keel.client().get(&format!("/v1/tasks/{task}")).await;
+    let run = task_json["data"]["latest_run_id"].as_str().unwrap();
+    let output = cli(url, &["runs", "watch", run]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let text = stdout(&output);
+    assert_eq!(count(&text, "approved output"), 1, "{text}");
+    // The replayed request is history now: no command to approve it again.
+    assert!(
+        text.contains(&format!("approval {approval} approved by")),
+        "{text}"
+    );
+    assert!(!text.contains("approve: "), "{text}");
+}
+
+#[tokio::test]
+async fn a_cancelled_run_exits_2() {
+    let keel = Keel::start("none").await;
+    let url = keel.url().to_string();
+    let task = create_shell(&url, "echo started; sleep 60").await;
+    let watch = command(&url, &["tasks", "start", &task, "--watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let client = keel.client();
+    let run = wait_for(Duration::from_secs(30), "the run to be running", || async {
+        let (_, task) = client.get(&format!("/v1/tasks/{task}")).await;
+        let run = task["data"]["latest_run_id"].as_str()?.to_string();
+        (client.run(task["data"]["id"].as_str()?, &run).await["status"] == "running").then_some(run)
+    })
+    .await;
+    let output = cli(&url, &["runs", "cancel", &run]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let output = tokio::time::timeout(CLI_TIMEOUT, watch.wait_with_output())
+        .await
+        .expect("the watch ends with the run")
+        .unwrap();
+    assert_eq!(code(&output), 2, "{}", describe(&output));
+}
+
+#[tokio::test]
+async fn an_error_prints_the_envelope_with_its_request_id() {
+    let keel = Keel::start("none").await;
+    let output = cli(keel.url(), &["tasks", "show", "task_missing"]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert!(
+        lines[0].contains("The resource does not exist."),
+        "{stderr}"
+    );
+    assert!(lines[0].contains("task not found"), "{stderr}");
+    assert!(lines[0].contains("request id req_"), "{stderr}");
+    assert!(lines[1].starts_with("hint: Check the id"), "{stderr}");
+    assert!(output.stdout.is_empty());
+}
+
+/// What the run has written to stdout so far (nothing before its artifact exists).
+async fn written(client: &support::Client, task: &str, run: &str) -> String {
+    let (_, artifacts) = client
+        .get(&format!("/v1/tasks/{task}/runs/{run}/artifacts"))
+        .await;
+    let artifacts = artifacts["data"].as_array().cloned().unwrap_or_default();
+    match artifacts.iter().find(|a| a["name"] == "stdout") {
+        Some(_) => client.stdout(task, run).await,
+        None => String::new(),
+    }
+}
+
+/// Starts `keel api` on `port` (no approval gates) and waits until it answers.
+async fn spawn_api_on(db: &str, dir: &Path, name: &str, port: u16) -> KeelProcess {
+    let log = dir.join(format!("{name}.log"));
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .env("KEEL_DATABASE_URL", db)
+        .env("KEEL_APPROVAL_POLICIES", "none")
+        .args(["api", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--stream-poll-ms", "500"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let client = support::Client::new(format!("http://127.0.0.1:{port}"));
+    let process = KeelProcess {
+        child,
+        client: Some(client.clone()),
+        log,
+    };
+    wait_for(Duration::from_secs(20), "keel api to answer", || async {
+        client.healthy().await.then_some(())
+    })
+    .await;
+    process
+}
+
+#[tokio::test]
+async fn watch_prints_every_line_and_event_once_across_an_api_killed_and_restarted() {
+    let db = support::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut api = spawn_api_on(&db, dir.path(), "api-1", port).await;
+    let _worker = spawn_worker(&db, dir.path(), "worker", 5_000, &dir.path().join("w"));
+    let url = format!("http://127.0.0.1:{port}");
+    let task = create_shell(
+        &url,
+        "for i in $(seq 1 12); do echo line $i; sleep 0.4; done",
+    )
+    .await;
+    let output = cli(&url, &["tasks", "start", &task, "--quiet"]).await;
+    let run = stdout(&output).trim().to_string();
+    assert!(run.starts_with("run_"), "{}", describe(&output));
+    let follow = |args: &[&str]| {
+        command(&url, args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let watch = follow(&["runs", "watch", &run]);
+    let json_watch = follow(&["runs", "watch", &run, "--output", "json"]);
+
+    // Mid-run: some lines are out, most are still to come.
+    let client = api.client.clone().unwrap();
+    wait_for(
+        Duration::from_secs(30),
+        "the run to print line 3",
+        || async {
+            written(&client, &task, &run)
+                .await
+                .contains("line 3\n")
+                .then_some(())
+        },
+    )
+    .await;
+    api.kill9();
+    let api = spawn_api_on(&db, dir.path(), "api-2", port).await;
+
+    let output = tokio::time::timeout(CLI_TIMEOUT, watch.wait_with_output())
+        .await
+        .expect("the watch ends with the run")
+        .unwrap();
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let text = stdout(&output);
+    for i in 1..=12 {
+        assert_eq!(count(&text, &format!("line {i}")), 1, "line {i}: {text}");
+    }
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("run finished"))
+            .count(),
+        1,
+        "{text}"
+    );
+    let output = tokio::time::timeout(CLI_TIMEOUT, json_watch.wait_with_output())
+        .await
+        .expect("the JSON watch ends with the run")
+        .unwrap();
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let (_, listed) = api
+        .client
+        .as_ref()
+        .unwrap()
+        .get(&format!("/v1/tasks/{task}/runs/{run}/events?limit=200"))
+        .await;
+    assert_eq!(listed["data"].as_array().unwrap(), &events_of(&output));
+    drop(api);
+}
+
+#[tokio::test]
+async fn the_other_commands_answer_from_the_api() {
+    let keel = Keel::start("none").await;
+    let url = keel.url();
+    let first = create_shell(url, "echo one").await;
+    let second = create_shell(url, "echo two").await;
+
+    // Every page: one task a page, both rows.
+    let output = cli(url, &["tasks", "list", "--limit", "1", "--all"]).await;
+    let table = stdout(&output);
+    assert!(
+        table.contains(&first) && table.contains(&second),
+        "{}",
+        describe(&output)
+    );
+    let output = cli(url, &["tasks", "list", "--limit", "1"]).await;
+    assert!(!stdout(&output).contains(&first), "{}", describe(&output));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("more: --cursor "));
+
+    let output = cli(url, &["tasks", "start", &first, "--watch"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let (_, task) = keel.client().get(&format!("/v1/tasks/{first}")).await;
+    let run = task["data"]["latest_run_id"].as_str().unwrap();
+    let output = cli(url, &["runs", "logs", run]).await;
+    assert_eq!(stdout(&output), "one\n", "{}", describe(&output));
+    let output = cli(url, &["runs", "show", run, "--output", "json"]).await;
+    let (_, api) = keel
+        .client()
+        .get(&format!("/v1/tasks/{first}/runs/{run}"))
+        .await;
+    assert_eq!(
+        serde_json::from_slice::<Value>(&output.stdout).unwrap(),
+        api
+    );
+    let output = cli(url, &["runs", "list", &first]).await;
+    assert!(stdout(&output).contains(run), "{}", describe(&output));
+
+    let set = ["schedules", "set", &second, "--cron", "0 9 * * 1-5"];
+    let output = cli(url, &set).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let output = cli(url, &["schedules", "show", &second, "--output", "json"]).await;
+    let schedule: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(schedule["data"]["cron_expression"], "0 9 * * 1-5");
+    let output = cli(url, &["schedules", "delete", &second]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let output = cli(url, &["schedules", "show", &second]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
+
+    for args in [
+        &["status"][..],
+        &["providers", "list"],
+        &["approvals", "list"],
+    ] {
+        let output = cli(url, args).await;
+        assert_eq!(code(&output), 0, "{args:?}: {}", describe(&output));
+    }
+    let output = cli(url, &["status", "--output", "json"]).await;
+    let stats: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert!(
+        stats["data"]["workers"]["live"].as_u64() >= Some(1),
+        "{stats}"
+    );
+
+    let output = cli(url, &["tasks", "delete", &second]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let (status, _) = keel.client().get(&format!("/v1/tasks/{second}")).await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn a_media_job_is_created_run_and_watched_to_its_end() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    const KEY_ENV: &str = "KEEL_SECRET_TEST_CLI_MEDIA_KEY";
+    let env = [
+        (KEY_ENV, "sk-cli-test"),
+        ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "true"),
+        ("KEEL_PROVIDER_HOSTS", "127.0.0.1"),
+    ];
+    let db = support::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = support::spawn_api_with_env(&db, dir.path(), "api", &env).await;
+    let work = dir.path().join("w");
+    let _worker = support::spawn_worker_with_env(&db, dir.path(), "worker", 5_000, &work, &env);
+    let vendor = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/api/v3/images/generations"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({
+            "model": "seedream-model", "created": 1,
+            "data": [{ "url": format!("{}/files/out.png", vendor.uri()) }],
+        })))
+        .mount(&vendor)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/files/out.png"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_raw(&b"\x89PNG\r\n\x1a\n"[..], "image/png"),
+        )
+        .mount(&vendor)
+        .await;
+    let client = api.client.clone().unwrap();
+    let (_, preset) = client
+        .post(
+            "/v1/providers",
+            serde_json::json!({
+                "kind": "seedream", "model": "seedream-model", "api": "media-job",
+                "base_url": format!("{}/api/v3", vendor.uri()),
+                "api_key_ref": format!("env:{KEY_ENV}"),
+                "capabilities": ["image_generate"], "enabled": true,
+            }),
+        )
+        .await;
+    let provider = preset["data"]["id"].as_str().expect("a preset").to_string();
+    let url = &client.base;
+
+    let output = cli(url, &["providers", "check", &provider]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    assert!(stdout(&output).contains("ready"), "{}", describe(&output));
+
+    let create = [
+        "media",
+        "create",
+        "--provider",
+        &provider,
+        "--prompt",
+        "a lighthouse",
+    ];
+    let output = cli(url, &[&create[..], &["--quiet", "--watch"]].concat()).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let id = stdout(&output).trim().to_string();
+    assert!(id.starts_with("media_job_"), "{}", describe(&output));
+    let output = cli(url, &["media", "show", &id, "--output", "json"]).await;
+    let job: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(job["data"]["status"], "succeeded", "{job}");
+    // As JSON: the create answer's object, then the job's events, one a line.
+    let output = cli(
+        url,
+        &[&create[..], &["--watch", "--output", "json"]].concat(),
+    )
+    .await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let text = stdout(&output);
+    let (created, events) = text.split_once('\n').expect("lines");
+    let created: Value = serde_json::from_str(created).unwrap();
+    let job_id = created["data"]["id"].as_str().expect("the job");
+    let events: Vec<Value> = events
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(events.iter().all(|e| e["media_job_id"] == job_id), "{text}");
+    assert_eq!(
+        events.last().unwrap()["type"],
+        "media_job.succeeded",
+        "{text}"
+    );
+    // Watching an ended job tells its end at once.
+    let output = cli(url, &["media", "watch", &id]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    assert!(
+        stdout(&output).contains(&format!("media job {id} succeeded")),
+        "{}",
+        describe(&output)
+    );
+}
+
+#[tokio::test]
+async fn the_runtime_token_is_sent_when_given() {
+    const TOKEN: &str = "cli-test-runtime-token-0123456789";
+    let db = support::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("KEEL_RUNTIME_TOKEN", TOKEN)];
+    let api = support::spawn_api_with_env(&db, dir.path(), "api", &env).await;
+    let url = &api.client.as_ref().unwrap().base;
+    let output = cli(url, &["tasks", "list"]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("(unauthorized, HTTP 401"),
+        "{}",
+        describe(&output)
+    );
+    let output = cli(url, &["tasks", "list", "--token", TOKEN]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+}
+
+#[tokio::test]
+async fn server_settings_belong_to_the_server_roles_not_to_operator_help() {
+    // No API needed: help is printed before anything is reached.
+    let output = cli("http://127.0.0.1:9", &["tasks", "list", "--help"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let help = stdout(&output);
+    for server in ["--database-url", "--approval-policies", "--data-dir"] {
+        assert!(!help.contains(server), "{server} in: {help}");
+    }
+    for operator in ["--url", "--token", "--output", "--status"] {
+        assert!(help.contains(operator), "{operator} missing: {help}");
+    }
+    let output = cli("http://127.0.0.1:9", &["serve", "--help"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let help = stdout(&output);
+    assert!(
+        help.contains("--database-url") && help.contains("--approval-policies"),
+        "{help}"
+    );
+
+    // After the role's name they work; before it they are no longer options of `keel`.
+    let db = support::fresh_database().await;
+    let output = cli("", &["migrate", "--database-url", &db]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    assert_eq!(stdout(&output), "migrations applied\n");
+    let output = cli("", &["--database-url", &db, "migrate"]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
+}
+
+/// The JSON a `--output json` command printed.
+fn json_of(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(output)))
+}
+
+#[tokio::test]
+async fn an_external_work_source_is_created_polled_listed_and_deleted() {
+    let github = wiremock::MockServer::start().await;
+    let issues = json!([tracker::github_issue(1, "open")]);
+    tracker::list("issues", issues, "\"i1\"")
+        .mount(&github)
+        .await;
+    tracker::list("pulls", json!([]), "\"p1\"")
+        .mount(&github)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = support::fresh_database().await;
+    let api = support::spawn_api_with_env(&db, dir.path(), "api", &[tracker::TOKEN_ENV]).await;
+    let url = &api.client.as_ref().unwrap().base;
+    let workflow = dir.path().join("WORKFLOW.md");
+    let text = format!(
+        "---\ntracker:\n  kind: github\n  endpoint: {}\n  repository: acme/widgets\n  \
+         api_key: $ACME_GITHUB_TOKEN\ntask:\n  execution_kind: shell\n  \
+         shell_command: echo imported\n---\nWork on {{{{ issue.identifier }}}}\n",
+        github.uri()
+    );
+    std::fs::write(&workflow, text).unwrap();
+
+    let file = workflow.to_str().unwrap();
+    let output = cli(
+        url,
+        &[
+            "external-work",
+            "sources",
+            "create",
+            "--quiet",
+            "--file",
+            file,
+        ],
+    )
+    .await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let id = stdout(&output).trim().to_string();
+    assert!(
+        id.starts_with("extsrc_") || !id.is_empty(),
+        "{}",
+        describe(&output)
+    );
+
+    let output = cli(url, &["external-work", "sources", "list"]).await;
+    assert!(stdout(&output).contains(&id), "{}", describe(&output));
+    let args = ["--output", "json", "external-work", "sources", "show", &id];
+    assert_eq!(json_of(&cli(url, &args).await)["data"]["id"], id.as_str());
+
+    let args = ["--output", "json", "external-work", "sources", "poll", &id];
+    let output = cli(url, &args).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    assert_eq!(
+        json_of(&output)["data"]["candidates"],
+        1,
+        "{}",
+        describe(&output)
+    );
+
+    let args = ["--output", "json", "external-work", "items", "list", &id];
+    let items = json_of(&cli(url, &args).await);
+    assert_eq!(items["data"][0]["identifier"], "acme/widgets#1", "{items}");
+    // The token reached GitHub only: never the CLI's output.
+    assert!(!items.to_string().contains(tracker::CANARY));
+
+    let output = cli(url, &["external-work", "sources", "delete", &id]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let output = cli(url, &["external-work", "sources", "show", &id]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
+}
+
+#[tokio::test]
+async fn providers_create_then_show_names_the_secret_by_reference_only() {
+    const KEY: (&str, &str) = ("RELAY_CLI_TEST_API_KEY", "sk-cli-canary-81f3");
+    let dir = tempfile::tempdir().unwrap();
+    let db = support::fresh_database().await;
+    let api = support::spawn_api_with_env(&db, dir.path(), "api", &[KEY]).await;
+    let url = &api.client.as_ref().unwrap().base;
+    let args = [
+        "providers",
+        "create",
+        "--quiet",
+        "--kind",
+        "openai-compatible",
+        "--provider-id",
+        "relay",
+        "--model",
+        "dpv4",
+        "--api",
+        "openai-completions",
+        "--base-url",
+        "http://127.0.0.1:8317/v1",
+        "--api-key-ref",
+        "env:RELAY_CLI_TEST_API_KEY",
+        "--capability",
+        "chat",
+        "--input",
+        "text",
+    ];
+    let output = cli(url, &args).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let id = stdout(&output).trim().to_string();
+
+    for format in ["table", "json"] {
+        let output = cli(url, &["--output", format, "providers", "show", &id]).await;
+        assert_eq!(code(&output), 0, "{}", describe(&output));
+        let text = stdout(&output);
+        assert!(
+            text.contains("env:RELAY_CLI_TEST_API_KEY") && text.contains("dpv4"),
+            "{text}"
+        );
+        assert!(
+            !text.contains(KEY.1),
+            "the secret's value was printed: {text}"
+        );
+    }
+}

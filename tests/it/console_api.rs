@@ -1,0 +1,223 @@
+//! The API the console's queue page reads beyond the system stats: the queue's throughput
+//! (`GET /v1/system/throughput`), against a real `keel api` in remote mode (two orgs, the
+//! header identity form) and real `keel worker`s on one database.
+
+use crate::support;
+use crate::support::two_orgs;
+
+use std::time::Duration;
+
+use crate::support::{Client, wait_for};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use two_orgs::{REMOTE_ENV, operator_client, org_client};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The caller's throughput figures for `query`, answered 200.
+async fn throughput(c: &Client, query: &str) -> Value {
+    let (status, body) = c.get(&format!("/v1/system/throughput{query}")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["object"], "throughput", "{body}");
+    body["data"].clone()
+}
+
+/// A kind's (completed, failed) totals; (0, 0) when the kind is not listed.
+fn totals(figures: &Value, kind: &str) -> (i64, i64) {
+    figures["kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["kind"] == kind)
+        .map_or((0, 0), |k| {
+            (
+                k["completed"].as_i64().unwrap(),
+                k["failed"].as_i64().unwrap(),
+            )
+        })
+}
+
+/// Every kind lists each bucket of the window, aligned to the width from `since` on, and
+/// its buckets add up to its totals.
+fn assert_dense(figures: &Value, buckets: usize, width: i64) {
+    assert_eq!(figures["bucket_seconds"], width, "{figures}");
+    let since = chrono::DateTime::parse_from_rfc3339(figures["since"].as_str().unwrap()).unwrap();
+    assert_eq!(since.timestamp() % width, 0, "{figures}");
+    for kind in figures["kinds"].as_array().unwrap() {
+        let list = kind["buckets"].as_array().unwrap();
+        assert_eq!(list.len(), buckets, "{kind}");
+        for (n, bucket) in list.iter().enumerate() {
+            let start = chrono::DateTime::parse_from_rfc3339(bucket["start"].as_str().unwrap());
+            assert_eq!(
+                start.unwrap().timestamp(),
+                since.timestamp() + n as i64 * width
+            );
+        }
+        for field in ["completed", "failed"] {
+            let sum: i64 = list.iter().map(|b| b[field].as_i64().unwrap()).sum();
+            assert_eq!(sum, kind[field].as_i64().unwrap(), "{field}: {kind}");
+        }
+    }
+}
+
+/// Runs finish in org a and org b; each org's buckets count its own runs alone, a worker
+/// killed under a run counts as a failed attempt once another worker takes the job over,
+/// and the window is bounded.
+#[tokio::test]
+async fn throughput_counts_each_workspaces_finished_runs_alone() {
+    let db = support::fresh_database().await;
+    let (logs, data) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let api = support::spawn_api_with_env(&db, logs.path(), "api", &REMOTE_ENV).await;
+    let mut first = support::spawn_worker_with_env(
+        &db,
+        logs.path(),
+        "worker1",
+        2_000,
+        data.path(),
+        &REMOTE_ENV,
+    );
+    let base = api.client.as_ref().unwrap().base.clone();
+    let (a, b) = (org_client(&base, "a"), org_client(&base, "b"));
+
+    let nothing = throughput(&a, "").await;
+    assert_eq!(nothing["minutes"], 15, "{nothing}");
+    assert_eq!(nothing["kinds"], json!([]), "{nothing}");
+
+    for (client, runs) in [(&a, 3), (&b, 2)] {
+        for n in 0..runs {
+            let (task, run) = client.run_shell(&format!("echo {n}")).await;
+            let done = client.wait_terminal(&task, &run, TIMEOUT).await;
+            assert_eq!(done["status"], "completed", "{done}");
+        }
+    }
+    // Org b sees its two runs, none of org a's.
+    let theirs = throughput(&b, "?minutes=60").await;
+    assert_eq!(totals(&theirs, "run"), (2, 0), "{theirs}");
+    assert_dense(&theirs, 60, 60);
+    let one = throughput(&b, "?minutes=1").await;
+    assert_dense(&one, 6, 10);
+    assert_eq!(totals(&one, "run"), (2, 0), "{one}");
+
+    // A run whose command fails is still a job the queue completed.
+    let (task, run) = a.run_shell("exit 3").await;
+    let done = a.wait_terminal(&task, &run, TIMEOUT).await;
+    assert_eq!(done["status"], "failed", "{done}");
+
+    // The worker dies under a run; the next one takes the expired lease over.
+    let (long_task, long_run) = a.run_shell("sleep 60").await;
+    a.wait_status(&long_task, &long_run, "running", TIMEOUT)
+        .await;
+    first.kill9();
+    let _second = support::spawn_worker_with_env(
+        &db,
+        logs.path(),
+        "worker2",
+        2_000,
+        data.path(),
+        &REMOTE_ENV,
+    );
+    let figures = wait_for(TIMEOUT, "the lost attempt to count", || async {
+        let figures = throughput(&a, "").await;
+        (totals(&figures, "run").1 >= 1).then_some(figures)
+    })
+    .await;
+    assert_eq!(totals(&figures, "run").0, 4, "{figures}");
+    assert_dense(&figures, 90, 10);
+    let (status, body) = a
+        .post(
+            &format!("/v1/tasks/{long_task}/runs/{long_run}/cancel"),
+            json!({}),
+        )
+        .await;
+    assert!(status.is_success(), "{body}");
+
+    for query in [
+        "?minutes=0",
+        "?minutes=61",
+        "?minutes=-5",
+        "?minutes=ten",
+        "?hours=1",
+    ] {
+        let (status, body) = a.get(&format!("/v1/system/throughput{query}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
+        assert_eq!(body["error"]["type"], "invalid_request", "{query}: {body}");
+    }
+}
+
+/// What the console decides its approve and reject buttons from, in remote mode with
+/// shell runs gated: whoami's `role` and `may_approve_own`, and the requester on the run
+/// and its approval. Without `KEEL_ALLOW_SELF_APPROVAL` the requester is refused (so the
+/// console hides the buttons from them); with it, whoami says so and the requester
+/// resolves.
+#[tokio::test]
+async fn runs_and_approvals_name_their_requester_and_whoami_whether_it_may_resolve_its_own() {
+    let db = support::fresh_database().await;
+    let logs = tempfile::tempdir().unwrap();
+    let gated = [("KEEL_APPROVAL_POLICIES", "shell_exec")];
+    let strict_env = [REMOTE_ENV.as_slice(), &gated].concat();
+    let strict = support::spawn_api_with_env(&db, logs.path(), "strict", &strict_env).await;
+    let base = strict.client.as_ref().unwrap().base.clone();
+    let (member, operator) = (org_client(&base, "a"), operator_client(&base, "a"));
+
+    let whoami = |c: Client| async move {
+        let (status, body) = c.get("/v1/whoami").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body["data"].clone()
+    };
+    let me = whoami(member.clone()).await;
+    assert_eq!(
+        (me["role"].as_str(), me["may_approve_own"].as_bool()),
+        (Some("member"), Some(false)),
+        "{me}"
+    );
+    let me = whoami(operator.clone()).await;
+    assert_eq!(
+        (me["role"].as_str(), me["may_approve_own"].as_bool()),
+        (Some("operator"), Some(false)),
+        "{me}"
+    );
+
+    // The operator's own run: it and its approval name the operator.
+    let (task, run) = operator.run_shell("echo mine").await;
+    let record = operator.run(&task, &run).await;
+    assert_eq!(record["requested_by"], "operator_a", "{record}");
+    let (status, approvals) = operator.get(&format!("/v1/tasks/{task}/approvals")).await;
+    assert_eq!(status, StatusCode::OK, "{approvals}");
+    let approval = approvals["data"][0].clone();
+    assert_eq!(approval["requested_by"], "operator_a", "{approval}");
+    let (status, inbox) = operator.get("/v1/approvals?status=pending").await;
+    assert_eq!(status, StatusCode::OK, "{inbox}");
+    assert_eq!(inbox["data"][0]["requested_by"], "operator_a", "{inbox}");
+    let resolve = format!(
+        "/v1/tasks/{task}/approvals/{}/resolve",
+        approval["id"].as_str().unwrap()
+    );
+    let (status, body) = operator
+        .post(&resolve, json!({ "decision": "approve" }))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+
+    // The member's run names the member; its operator may decide it.
+    let (member_task, member_run) = member.run_shell("echo theirs").await;
+    assert_eq!(
+        member.run(&member_task, &member_run).await["requested_by"],
+        "actor_a"
+    );
+
+    // With self-approval allowed, whoami says so and the requester's decision stands.
+    let allowed_env = [strict_env.as_slice(), &[("KEEL_ALLOW_SELF_APPROVAL", "1")]].concat();
+    let allowed = support::spawn_api_with_env(&db, logs.path(), "allowed", &allowed_env).await;
+    let own = operator_client(&allowed.client.as_ref().unwrap().base, "a");
+    let me = whoami(own.clone()).await;
+    assert_eq!(me["may_approve_own"], true, "{me}");
+    let (status, body) = own.post(&resolve, json!({ "decision": "approve" })).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["data"]["approval"]["requested_by"], "operator_a",
+        "{body}"
+    );
+    assert_eq!(
+        body["data"]["approval"]["resolved_by"], "operator_a",
+        "{body}"
+    );
+}

@@ -1,0 +1,891 @@
+//! The deployment files: the Grafana dashboard queries only metrics Keel exports, the
+//! compose file wires the stack the way docs/operations.md says and never publishes an
+//! unauthenticated API, and the proxy example of deploy/proxy/ forwards only identities its
+//! signer made; the signer itself runs here and its tokens are checked.
+
+use crate::support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::support::wait_for;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+fn path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+fn read(relative: &str) -> String {
+    std::fs::read_to_string(path(relative)).unwrap()
+}
+
+/// Metric names as Prometheus sees them after the collector's OTLP translation (dots to
+/// underscores, unit and `_total` suffixes), for the metrics Keel exports.
+const EXPORTED: [&str; 10] = [
+    "keel_queue_depth",
+    "keel_queue_oldest_age_seconds",
+    "keel_job_wait_seconds",
+    "keel_job_duration_seconds",
+    "keel_claims_total",
+    "keel_lease_renewals_total",
+    "keel_lease_losses_total",
+    "keel_reclaims_total",
+    "keel_workers_alive",
+    "http_server_request_duration_seconds",
+];
+
+/// The metric names a PromQL expression reads: label matchers (`{…}`) and grouping labels
+/// (`by (…)`) are dropped first, then what remains that looks like a metric is one.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut selectors = String::new();
+    let mut depth = 0;
+    for c in expr.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            _ if depth == 0 => selectors.push(c),
+            _ => {}
+        }
+    }
+    for grouping in ["by (", "without ("] {
+        while let Some(start) = selectors.find(grouping) {
+            let end = start + selectors[start..].find(')').expect("a closed grouping");
+            selectors.replace_range(start..=end, "");
+        }
+    }
+    selectors
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|word| word.starts_with("keel_") || word.starts_with("http_"))
+        .map(|word| {
+            word.trim_end_matches("_bucket")
+                .trim_end_matches("_count")
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn every_dashboard_query_names_an_exported_metric() {
+    let dashboard: Value =
+        serde_json::from_str(&read("deploy/grafana/dashboards/keel.json")).unwrap();
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(panels.len() >= 10);
+    let mut covered = std::collections::BTreeSet::new();
+    for panel in panels {
+        assert!(
+            panel["description"].as_str().is_some_and(|d| !d.is_empty()),
+            "{} has no description",
+            panel["title"]
+        );
+        for target in panel["targets"].as_array().unwrap() {
+            let Some(expr) = target["expr"].as_str() else {
+                continue;
+            };
+            let names = metric_names(expr);
+            assert!(!names.is_empty(), "{}: no metric in {expr}", panel["title"]);
+            for name in names {
+                assert!(
+                    EXPORTED.contains(&name.as_str()),
+                    "{}: {name} is not a metric Keel exports",
+                    panel["title"]
+                );
+                covered.insert(name);
+            }
+        }
+    }
+    assert_eq!(
+        covered.len(),
+        EXPORTED.len(),
+        "every exported metric has a panel: {covered:?}"
+    );
+}
+
+/// The dashboard's names are the Prometheus forms of names the code really registers
+/// (src/telemetry/metrics.rs): dots become underscores, then a unit or `_total` suffix.
+#[test]
+fn the_dashboards_metric_names_are_the_ones_the_code_registers() {
+    let source = read("src/telemetry/metrics.rs");
+    let registered: Vec<String> = source
+        .split('"')
+        .filter(|literal| literal.starts_with("keel.") || literal.starts_with("http.server."))
+        .map(|name| name.replace('.', "_"))
+        .collect();
+    for exported in EXPORTED {
+        let base = exported
+            .trim_end_matches("_total")
+            .trim_end_matches("_seconds");
+        assert!(
+            registered.iter().any(|r| r == base),
+            "{exported} matches no metric in the code: {registered:?}"
+        );
+    }
+}
+
+#[test]
+fn the_compose_stack_is_wired_as_documented() {
+    let compose = read("docker-compose.yml");
+    for service in [
+        "postgres:",
+        "migrate:",
+        "api:",
+        "worker:",
+        "otel-collector:",
+        "grafana:",
+    ] {
+        assert!(
+            compose.contains(&format!("\n  {service}")),
+            "no {service} service"
+        );
+    }
+    for needle in [
+        "pg_isready",                                // postgres health check
+        "condition: service_healthy",                // migrate waits for postgres
+        "condition: service_completed_successfully", // api and workers wait for migrate
+        "http://127.0.0.1:8420/healthz",             // api health check
+        "pgdata:/var/lib/postgresql/data",           // a named volume
+        "OTEL_EXPORTER_OTLP_ENDPOINT: http://otel-collector:4318",
+    ] {
+        assert!(
+            compose.contains(needle),
+            "docker-compose.yml lacks {needle}"
+        );
+    }
+    let worker = &compose
+        [compose.find("\n  worker:").unwrap()..compose.find("\n  otel-collector:").unwrap()];
+    let fixed = worker
+        .lines()
+        .any(|l| l.trim_start().starts_with("ports:") || l.contains("container_name"));
+    assert!(
+        !fixed,
+        "workers must scale by count: no fixed ports or names"
+    );
+    // The run sandbox's needs (docs/operations.md, "The run sandbox").
+    for needle in ["KEEL_SANDBOX: isolated", "user: root", "seccomp=unconfined"] {
+        assert!(worker.contains(needle), "the worker service lacks {needle}");
+    }
+    let dockerfile = read("Dockerfile");
+    assert!(dockerfile.contains("USER keel") && dockerfile.matches("FROM ").count() == 2);
+    assert!(dockerfile.contains("bubblewrap"), "the image lacks bwrap");
+}
+
+/// The block of one service (or top-level entry) of a compose file: its header line and the
+/// lines indented deeper than it.
+fn service<'a>(compose: &'a str, name: &str) -> &'a str {
+    let header = format!("\n  {name}:\n");
+    let start = compose
+        .find(&header)
+        .unwrap_or_else(|| panic!("no service {name}"))
+        + 1;
+    let body = &compose[start + header.len() - 1..];
+    let len: usize = body
+        .lines()
+        .take_while(|line| line.is_empty() || line.starts_with("   "))
+        .map(|line| line.len() + 1)
+        .sum();
+    &compose[start..(start + header.len() - 1 + len).min(compose.len())]
+}
+
+/// The value of `key:` in a compose block (an environment entry), unquoted.
+fn setting<'a>(block: &'a str, key: &str) -> Option<&'a str> {
+    block.lines().find_map(|line| {
+        let value = line.trim().strip_prefix(key)?.strip_prefix(':')?;
+        Some(value.trim().trim_matches('"'))
+    })
+}
+
+/// Every entry of every `ports:` list in a compose file, unquoted.
+fn published_ports(compose: &str) -> Vec<String> {
+    let mut ports = Vec::new();
+    let mut list_indent = None;
+    for line in compose.lines() {
+        let indent = line.len() - line.trim_start().len();
+        let trimmed = line.trim();
+        if let Some(key_indent) = list_indent {
+            if trimmed.starts_with('#') {
+                continue;
+            }
+            if let Some(entry) = trimmed.strip_prefix("- ").filter(|_| indent > key_indent) {
+                ports.push(entry.trim_matches('"').to_string());
+                continue;
+            }
+            list_indent = None;
+        }
+        if trimmed == "ports:" {
+            list_indent = Some(indent);
+        }
+    }
+    ports
+}
+
+/// Published on loopback: `127.0.0.1:…`, or a variable whose default is 127.0.0.1.
+fn on_loopback(port: &str) -> bool {
+    port.starts_with("127.0.0.1:") || (port.starts_with("${") && port.contains(":-127.0.0.1}:"))
+}
+
+#[test]
+fn the_compose_api_needs_a_runtime_token_and_publishes_nothing_beyond_loopback() {
+    let compose = read("docker-compose.yml");
+    let api = service(&compose, "api");
+    assert!(
+        api.contains("KEEL_RUNTIME_TOKEN: ${KEEL_RUNTIME_TOKEN:?"),
+        "the api takes KEEL_RUNTIME_TOKEN with compose's required-variable syntax:\n{api}"
+    );
+    // Only the API holds the token: not the shared settings, migrations or workers.
+    let uses: Vec<&str> = compose
+        .lines()
+        .filter(|line| !line.trim_start().starts_with('#') && line.contains("KEEL_RUNTIME_TOKEN"))
+        .collect();
+    assert_eq!(uses.len(), 1, "{uses:?}");
+    assert!(api.contains(uses[0]));
+
+    let ports = published_ports(&compose);
+    assert!(ports.len() >= 2, "{ports:?}");
+    assert!(ports.iter().any(|p| p.ends_with(":8420:8420")), "{ports:?}");
+    for port in &ports {
+        assert!(on_loopback(port), "{port} is published beyond loopback");
+    }
+
+    let example = read(".env.example");
+    assert!(example.lines().any(|l| l == "KEEL_RUNTIME_TOKEN="));
+    assert!(example.contains("openssl rand -hex 32"));
+    assert!(read(".gitignore").lines().any(|l| l == "/.env"));
+}
+
+#[test]
+fn behind_the_proxy_only_nginx_is_published() {
+    let proxy = read("deploy/proxy/docker-compose.proxy.yml");
+    let nginx = published_ports(service(&proxy, "nginx"));
+    assert_eq!(nginx, ["443:443", "80:80"]);
+    assert_eq!(
+        published_ports(&proxy),
+        nginx,
+        "no other service publishes a port"
+    );
+    for runtime in ["api", "api-b"] {
+        let block = service(&proxy, runtime);
+        assert_eq!(setting(block, "KEEL_REMOTE_MODE"), Some("1"), "{block}");
+    }
+}
+
+/// One nginx token: a word (quoted or not), `;`, `{` or `}`.
+#[derive(Debug, PartialEq)]
+enum Token {
+    Word(String),
+    End,
+    Open,
+    Close,
+}
+
+fn nginx_tokens(text: &str) -> Vec<Token> {
+    let mut tokens = Vec::new();
+    for line in text.lines() {
+        let mut word = String::new();
+        let mut chars = line.chars();
+        while let Some(c) = chars.next() {
+            let punctuation = match c {
+                ';' => Some(Token::End),
+                '{' => Some(Token::Open),
+                '}' => Some(Token::Close),
+                _ => None,
+            };
+            if c.is_whitespace() || c == '#' || c == '"' || punctuation.is_some() {
+                if !word.is_empty() {
+                    tokens.push(Token::Word(std::mem::take(&mut word)));
+                }
+            } else {
+                word.push(c);
+            }
+            match c {
+                '#' => break,
+                '"' => tokens.push(Token::Word(
+                    chars.by_ref().take_while(|&c| c != '"').collect(),
+                )),
+                _ => tokens.extend(punctuation),
+            }
+        }
+        if !word.is_empty() {
+            tokens.push(Token::Word(word));
+        }
+    }
+    tokens
+}
+
+/// One nginx directive: `name args…;` or `name args… { block }`.
+#[derive(Debug)]
+struct Directive {
+    name: String,
+    args: Vec<String>,
+    block: Vec<Directive>,
+}
+
+impl Directive {
+    fn all(&self, name: &'static str) -> impl Iterator<Item = &Directive> {
+        self.block.iter().filter(move |d| d.name == name)
+    }
+
+    fn arg(&self, name: &'static str) -> Option<&str> {
+        self.all(name).next().map(|d| d.args[0].as_str())
+    }
+
+    /// What this location sends the next hop as header `name` ("" drops the client's).
+    fn header(&self, name: &str) -> Option<&str> {
+        let values: Vec<&str> = self
+            .all("proxy_set_header")
+            .filter(|d| d.args[0].eq_ignore_ascii_case(name))
+            .map(|d| d.args[1].as_str())
+            .collect();
+        assert!(values.len() <= 1, "{name} is set twice: {values:?}");
+        values.first().copied()
+    }
+
+    /// The variable `auth_request_set` fills from the auth subrequest's header `upstream_var`.
+    fn auth_variable(&self, upstream_var: &str) -> Option<&str> {
+        self.all("auth_request_set")
+            .find(|d| d.args[1] == upstream_var)
+            .map(|d| d.args[0].as_str())
+    }
+
+    /// The upstream a `proxy_pass http://name` goes to.
+    fn upstream(&self) -> Option<&str> {
+        let target = self.arg("proxy_pass")?.strip_prefix("http://").unwrap();
+        Some(target.split('/').next().unwrap())
+    }
+}
+
+/// Parses an nginx file, expanding `include /etc/nginx/keel/X` from deploy/proxy/snippets/X
+/// (where the compose override mounts them from).
+fn nginx(relative: &str) -> Vec<Directive> {
+    let mut tokens = nginx_tokens(&read(relative)).into_iter();
+    let directives = nginx_block(&mut tokens);
+    assert!(tokens.next().is_none(), "{relative}: unbalanced braces");
+    directives
+}
+
+fn nginx_block(tokens: &mut impl Iterator<Item = Token>) -> Vec<Directive> {
+    let mut directives = Vec::new();
+    let mut words = Vec::new();
+    while let Some(token) = tokens.next() {
+        let mut directive = || {
+            let mut words = std::mem::take(&mut words).into_iter();
+            Directive {
+                name: words.next().expect("a directive has a name"),
+                args: words.collect(),
+                block: Vec::new(),
+            }
+        };
+        match token {
+            Token::Word(word) => words.push(word),
+            Token::End => {
+                let d = directive();
+                if d.name == "include" {
+                    let snippet = d.args[0]
+                        .strip_prefix("/etc/nginx/keel/")
+                        .unwrap_or_else(|| panic!("{} is not in deploy/proxy/snippets", d.args[0]));
+                    directives.extend(nginx(&format!("deploy/proxy/snippets/{snippet}")));
+                } else {
+                    directives.push(d);
+                }
+            }
+            Token::Open => {
+                let mut d = directive();
+                d.block = nginx_block(tokens);
+                directives.push(d);
+            }
+            Token::Close => break,
+        }
+    }
+    directives
+}
+
+/// The headers a client could send to claim an identity or a credential of its own.
+const FORGEABLE: [&str; 9] = [
+    "X-Keel-Remote-Secret",
+    "X-Keel-Actor-Id",
+    "X-Keel-Org-Id",
+    "X-Keel-Runtime-Id",
+    "X-Keel-Project-Id",
+    "X-Keel-Role",
+    "X-Keel-Runtime-Token",
+    "Authorization",
+    "Cookie",
+];
+
+/// The proxy's view of its upstreams: name → `host:port` of its first server.
+fn upstreams(conf: &[Directive]) -> BTreeMap<&str, &str> {
+    conf.iter()
+        .filter(|d| d.name == "upstream")
+        .map(|d| (d.args[0].as_str(), d.arg("server").unwrap()))
+        .collect()
+}
+
+/// A route from a host name to a Keel runtime: the tier-2 location, and its signer's upstream.
+struct RuntimeRoute<'a> {
+    host: &'a str,
+    location: &'a Directive,
+    signer: &'a str,
+}
+
+/// Every location that proxies to a Keel API (an upstream on Keel's port, 8420).
+fn runtime_routes(conf: &[Directive]) -> Vec<RuntimeRoute<'_>> {
+    let upstreams = upstreams(conf);
+    let mut routes = Vec::new();
+    for server in conf.iter().filter(|d| d.name == "server") {
+        for location in server.all("location") {
+            let Some(upstream) = location.upstream() else {
+                continue;
+            };
+            if !upstreams[upstream].ends_with(":8420") {
+                continue;
+            }
+            let auth = location.arg("auth_request").unwrap_or_else(|| {
+                panic!(
+                    "location {:?} reaches Keel without auth_request",
+                    location.args
+                )
+            });
+            let signer_location = server
+                .all("location")
+                .find(|l| l.args == ["=", auth])
+                .unwrap_or_else(|| panic!("no location = {auth}"));
+            assert!(
+                signer_location.all("internal").next().is_some(),
+                "{auth} must be internal: a client could call the signer through it"
+            );
+            routes.push(RuntimeRoute {
+                host: server.arg("server_name").unwrap(),
+                location,
+                signer: signer_location.upstream().unwrap(),
+            });
+            assert!(
+                server.arg("listen").unwrap().starts_with("127.0.0.1:"),
+                "the signing tier listens on loopback only, behind tier 1"
+            );
+        }
+    }
+    routes
+}
+
+#[test]
+fn the_proxy_forwards_only_identities_its_signer_made() {
+    let conf = nginx("deploy/proxy/nginx.conf");
+    let upstreams = upstreams(&conf);
+
+    let routes = runtime_routes(&conf);
+    assert_eq!(routes.len(), 2, "two runtimes behind one proxy");
+    for route in &routes {
+        let location = route.location;
+        let identity = location
+            .auth_variable("$upstream_http_x_keel_identity")
+            .expect("X-Keel-Identity comes from the signer's answer");
+        assert_eq!(location.header("X-Keel-Identity"), Some(identity));
+        for name in FORGEABLE {
+            assert_eq!(
+                location.header(name),
+                Some(""),
+                "{} forwards {name}",
+                route.host
+            );
+        }
+        for header in ["User", "Email", "Preferred-Username", "Groups"] {
+            let name = format!("X-Auth-Request-{header}");
+            assert_eq!(
+                location.header(&name),
+                Some(""),
+                "{} forwards {name}",
+                route.host
+            );
+        }
+        assert!(
+            upstreams[route.signer].ends_with(":8088"),
+            "{}",
+            route.signer
+        );
+    }
+
+    // Tier 1: every location that leads to a runtime asks oauth2-proxy, drops what a client
+    // sent as an identity, and passes the person as oauth2-proxy named them.
+    let tier1: Vec<&Directive> = conf
+        .iter()
+        .filter(|d| d.name == "server")
+        .flat_map(|server| server.all("location"))
+        .filter(|l| l.upstream() == Some("keel_signing_tier"))
+        .collect();
+    assert!(tier1.len() >= 2, "the browser and API locations");
+    assert_eq!(upstreams["keel_signing_tier"], "127.0.0.1:8081");
+    for location in tier1 {
+        assert_eq!(location.arg("auth_request"), Some("/oauth2/auth"));
+        assert_eq!(location.header("X-Keel-Identity"), Some(""));
+        for name in FORGEABLE {
+            assert_eq!(location.header(name), Some(""), "tier 1 forwards {name}");
+        }
+        // The groups too: the signer makes operators of the operator groups' users.
+        for header in ["user", "email", "groups"] {
+            let var = location
+                .auth_variable(&format!("$upstream_http_x_auth_request_{header}"))
+                .unwrap();
+            assert_eq!(
+                location.header(&format!("X-Auth-Request-{header}")),
+                Some(var)
+            );
+        }
+    }
+}
+
+#[test]
+fn each_runtime_behind_the_proxy_has_its_own_audience_and_signer() {
+    let conf = nginx("deploy/proxy/nginx.conf");
+    let upstreams = upstreams(&conf);
+    let proxy = read("deploy/proxy/docker-compose.proxy.yml");
+    let service_of = |upstream: &str| upstreams[upstream].split(':').next().unwrap().to_string();
+    let mut audiences = std::collections::BTreeSet::new();
+    for route in runtime_routes(&conf) {
+        let api = service(&proxy, &service_of(route.location.upstream().unwrap()));
+        let signer = service(&proxy, &service_of(route.signer));
+        let audience = setting(api, "KEEL_RUNTIME_ID").unwrap();
+        assert_eq!(setting(signer, "KEEL_RUNTIME_ID"), Some(audience));
+        assert_eq!(
+            setting(signer, "KEEL_REMOTE_JWT_SECRET"),
+            setting(api, "KEEL_REMOTE_JWT_SECRET"),
+            "{audience}: the signer signs with the key its runtime verifies"
+        );
+        assert_eq!(setting(api, "KEEL_ALLOWED_HOSTS"), Some(route.host));
+        audiences.insert(audience);
+    }
+    assert_eq!(audiences.len(), 2, "one runtime id each: {audiences:?}");
+}
+
+/// The signing secret of the signer tests (and of the runtime in the end-to-end test).
+const SECRET: &str = "5f1c0d9e2b7a4c36a8e91f0b3d2c7e6a5f1c0d9e2b7a4c36a8e91f0b3d2c7e6a";
+
+/// The user oauth2-proxy vouched for, as nginx passes them to the signer.
+const ALICE: [(&str, &str); 2] = [
+    ("X-Auth-Request-User", "alice-id"),
+    ("X-Auth-Request-Email", "alice@example.com"),
+];
+
+/// deploy/proxy/signer/signer.py on a free loopback port; killed when dropped.
+struct Signer {
+    child: Child,
+    url: String,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Signer {
+    async fn start(runtime_id: &str, env: &[(&str, &str)]) -> Signer {
+        let dir = tempfile::tempdir().unwrap();
+        let orgs = dir.path().join("orgs.json");
+        let mapping = json!({
+            "alice@example.com": { "org": "acme", "project": "web", "name": "Alice" },
+            "ops@example.com": { "org": "acme", "role": "operator" },
+            "@globex.example": "globex",
+        });
+        std::fs::write(&orgs, mapping.to_string()).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = signer_command(runtime_id, SECRET)
+            .env("SIGNER_LISTEN", format!("127.0.0.1:{port}"))
+            .env("SIGNER_ORGS_FILE", &orgs)
+            .envs(env.iter().copied())
+            .stderr(std::fs::File::create(dir.path().join("signer.log")).unwrap())
+            .spawn()
+            .expect("python3 runs the signer");
+        let signer = Signer {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            http: reqwest::Client::new(),
+            _dir: dir,
+        };
+        wait_for(Duration::from_secs(10), "the signer to answer", || async {
+            let response = signer
+                .http
+                .get(format!("{}/healthz", signer.url))
+                .send()
+                .await;
+            response
+                .ok()
+                .filter(|r| r.status() == StatusCode::OK)
+                .map(|_| ())
+        })
+        .await;
+        signer
+    }
+
+    /// Asks as nginx's auth_request does: the client's method and path, the user's headers.
+    async fn identity(
+        &self,
+        method: reqwest::Method,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, Option<String>) {
+        let mut request = self.http.request(method, format!("{}/v1/tasks", self.url));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await.unwrap();
+        let token = response
+            .headers()
+            .get("X-Keel-Identity")
+            .map(|v| v.to_str().unwrap().to_string());
+        (response.status(), token)
+    }
+}
+
+impl Drop for Signer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn signer_command(runtime_id: &str, secret: &str) -> Command {
+    let mut command = Command::new("python3");
+    command
+        .arg(path("deploy/proxy/signer/signer.py"))
+        .env("KEEL_RUNTIME_ID", runtime_id)
+        .env("KEEL_REMOTE_JWT_SECRET", secret)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    command
+}
+
+/// The claims of a signer token, verified as a runtime with id `audience` verifies them.
+fn verify(token: &str, audience: &str) -> jsonwebtoken::errors::Result<Value> {
+    let mut validation = Validation::new(Algorithm::HS256);
+    validation.set_audience(&[audience]);
+    validation.set_required_spec_claims(&["exp", "nbf", "aud", "sub"]);
+    validation.validate_nbf = true;
+    let key = DecodingKey::from_secret(SECRET.as_bytes()).unwrap();
+    jsonwebtoken::decode::<Value>(token, &key, &validation).map(|data| data.claims)
+}
+
+fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+#[tokio::test]
+async fn the_signer_signs_a_short_lived_identity_for_its_runtime() {
+    let signer = Signer::start("keel-a", &[]).await;
+    let before = now();
+    let (status, token) = signer.identity(reqwest::Method::POST, &ALICE).await;
+    assert_eq!(status, StatusCode::OK);
+    let token = token.expect("the identity is in X-Keel-Identity");
+
+    let claims = verify(&token, "keel-a").expect("a token Keel's verification accepts");
+    assert_eq!(claims["sub"], "alice-id");
+    assert_eq!(claims["org"], "acme");
+    assert_eq!(claims["aud"], "keel-a");
+    assert_eq!(claims["project"], "web");
+    assert_eq!(claims["name"], "Alice");
+    assert_eq!(claims["role"], "member", "the default role, stated");
+    let (iat, nbf, exp) = (
+        claims["iat"].as_i64().unwrap(),
+        claims["nbf"].as_i64().unwrap(),
+        claims["exp"].as_i64().unwrap(),
+    );
+    assert!((before..=now()).contains(&iat), "iat {iat} is now");
+    assert_eq!(nbf, iat);
+    assert_eq!(exp - iat, 60, "one minute");
+    assert!(
+        exp <= now() + 300,
+        "Keel refuses tokens valid for over 5 minutes"
+    );
+
+    let other_runtime = verify(&token, "keel-b").unwrap_err();
+    assert_eq!(
+        *other_runtime.kind(),
+        jsonwebtoken::errors::ErrorKind::InvalidAudience
+    );
+
+    // A user the mapping names only by their email's domain.
+    let carol = [
+        ("X-Auth-Request-User", "carol"),
+        ("X-Auth-Request-Email", "carol@globex.example"),
+    ];
+    let (status, token) = signer.identity(reqwest::Method::GET, &carol).await;
+    assert_eq!(status, StatusCode::OK);
+    let claims = verify(&token.unwrap(), "keel-a").unwrap();
+    assert_eq!(
+        (&claims["sub"], &claims["org"]),
+        (&json!("carol"), &json!("globex"))
+    );
+    assert_eq!(claims["name"], "carol@globex.example");
+    assert!(claims.get("project").is_none());
+}
+
+#[tokio::test]
+async fn the_signer_refuses_a_request_without_a_user_or_an_org() {
+    let signer = Signer::start("keel-a", &[]).await;
+    let (status, token) = signer.identity(reqwest::Method::GET, &[]).await;
+    assert_eq!((status, token), (StatusCode::UNAUTHORIZED, None));
+    let (status, token) = signer
+        .identity(
+            reqwest::Method::GET,
+            &[("X-Auth-Request-Email", "alice@example.com")],
+        )
+        .await;
+    assert_eq!((status, token), (StatusCode::UNAUTHORIZED, None), "no user");
+    let stranger = [
+        ("X-Auth-Request-User", "mallory"),
+        ("X-Auth-Request-Email", "mallory@elsewhere.example"),
+    ];
+    let (status, token) = signer.identity(reqwest::Method::GET, &stranger).await;
+    assert_eq!((status, token), (StatusCode::FORBIDDEN, None), "no org");
+
+    // With a default org, everyone oauth2-proxy admitted gets one.
+    let open = Signer::start("keel-a", &[("SIGNER_DEFAULT_ORG", "everyone")]).await;
+    let (status, token) = open.identity(reqwest::Method::GET, &stranger).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        verify(&token.unwrap(), "keel-a").unwrap()["org"],
+        "everyone"
+    );
+}
+
+/// The role claim: `operator` from the mapping's `role` or from an operator group in the
+/// groups header nginx passes (oauth2-proxy's `X-Auth-Request-Groups`), else `member`.
+#[tokio::test]
+async fn the_signer_makes_operators_only_of_the_mapping_and_the_operator_groups() {
+    let signer = Signer::start("keel-a", &[("SIGNER_OPERATOR_GROUPS", "keel-ops, sre")]).await;
+    let role = |headers: Vec<(&'static str, &'static str)>| {
+        let signer = &signer;
+        async move {
+            let (status, token) = signer.identity(reqwest::Method::GET, &headers).await;
+            assert_eq!(status, StatusCode::OK);
+            verify(&token.unwrap(), "keel-a").unwrap()["role"].clone()
+        }
+    };
+    let carol = |groups: &'static str| {
+        vec![
+            ("X-Auth-Request-User", "carol"),
+            ("X-Auth-Request-Email", "carol@globex.example"),
+            ("X-Auth-Request-Groups", groups),
+        ]
+    };
+    assert_eq!(role(ALICE.to_vec()).await, "member");
+    let ops = vec![
+        ("X-Auth-Request-User", "ops"),
+        ("X-Auth-Request-Email", "ops@example.com"),
+    ];
+    assert_eq!(role(ops).await, "operator", "the mapping's role");
+    assert_eq!(role(carol("staff,keel-ops")).await, "operator");
+    assert_eq!(role(carol("sre")).await, "operator");
+    for not_operator in ["staff", "keel-ops-readers", "keel", ""] {
+        assert_eq!(role(carol(not_operator)).await, "member", "{not_operator}");
+    }
+    // Without operator groups, no group makes an operator.
+    let plain = Signer::start("keel-a", &[]).await;
+    let (_, token) = plain
+        .identity(reqwest::Method::GET, &carol("keel-ops"))
+        .await;
+    assert_eq!(verify(&token.unwrap(), "keel-a").unwrap()["role"], "member");
+}
+
+#[test]
+fn the_signer_refuses_a_mapping_with_an_unknown_role() {
+    let dir = tempfile::tempdir().unwrap();
+    let orgs = dir.path().join("orgs.json");
+    std::fs::write(
+        &orgs,
+        json!({ "eve@example.com": { "org": "acme", "role": "admin" } }).to_string(),
+    )
+    .unwrap();
+    let refused = signer_command("keel-a", SECRET)
+        .env("SIGNER_ORGS_FILE", &orgs)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("'admin'"));
+}
+
+#[test]
+fn the_signer_refuses_to_start_with_a_weak_secret_or_a_long_lifetime() {
+    let weak = signer_command("keel-a", "short").output().unwrap();
+    assert_eq!(weak.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&weak.stderr).contains("at least 32 characters"));
+    let long = signer_command("keel-a", SECRET)
+        .env("SIGNER_TTL_SECONDS", "301")
+        .output()
+        .unwrap();
+    assert_eq!(long.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&long.stderr).contains("SIGNER_TTL_SECONDS"));
+}
+
+#[tokio::test]
+async fn a_remote_runtime_accepts_the_signers_identity_and_nothing_else() {
+    let db = support::fresh_database().await;
+    let logs = tempfile::tempdir().unwrap();
+    let api = support::spawn_api_with_env(
+        &db,
+        logs.path(),
+        "api",
+        &[
+            ("KEEL_REMOTE_MODE", "1"),
+            ("KEEL_RUNTIME_ID", "keel-e2e"),
+            ("KEEL_REMOTE_JWT_SECRET", SECRET),
+        ],
+    )
+    .await;
+    let client = api.client.clone().unwrap();
+    let whoami = |identity: Option<&str>, headers: &[(&str, &str)]| {
+        let mut request = client.http.get(format!("{}/v1/whoami", client.base));
+        if let Some(token) = identity {
+            request = request.header("X-Keel-Identity", token);
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        client.send(request)
+    };
+
+    let signer = Signer::start("keel-e2e", &[]).await;
+    let (_, token) = signer.identity(reqwest::Method::GET, &ALICE).await;
+    let (status, body) = whoami(token.as_deref(), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["data"]["runtime_host"]["runtime_mode"], "remote",
+        "{body}"
+    );
+    let identity = &body["data"]["remote_identity"];
+    assert_eq!(identity["actor_id"], "alice-id", "{body}");
+    assert_eq!(identity["org_id"], "acme", "{body}");
+    assert_eq!(identity["runtime_id"], "keel-e2e", "{body}");
+    assert_eq!(identity["project_id"], "web", "{body}");
+    assert_eq!(identity["name"], "Alice", "{body}");
+    assert_eq!(body["data"]["role"], "member", "{body}");
+    // The mapping's operator is an operator to the runtime.
+    let ops = [
+        ("X-Auth-Request-User", "ops"),
+        ("X-Auth-Request-Email", "ops@example.com"),
+    ];
+    let (_, token) = signer.identity(reqwest::Method::GET, &ops).await;
+    let (status, body) = whoami(token.as_deref(), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["role"], "operator", "{body}");
+
+    let (status, body) = whoami(None, &[]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert_eq!(body["error"]["type"], "unauthorized", "{body}");
+    // What nginx drops: identity headers a client made up are no identity.
+    let forged = [
+        ("X-Keel-Actor-Id", "alice-id"),
+        ("X-Keel-Org-Id", "acme"),
+        ("X-Keel-Runtime-Id", "keel-e2e"),
+    ];
+    let (status, body) = whoami(None, &forged).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    // A token another runtime's signer made (same secret, other audience).
+    let other = Signer::start("keel-other", &[]).await;
+    let (_, token) = other.identity(reqwest::Method::GET, &ALICE).await;
+    let (status, body) = whoami(token.as_deref(), &[]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+}

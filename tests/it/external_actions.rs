@@ -1,0 +1,864 @@
+//! Approval-gated tracker actions against real `keel api` and `keel worker` processes and
+//! local servers speaking GitHub's REST and Linear's GraphQL: nothing is sent before the
+//! approval, a target that changed since the proposal is refused, a fresh one is sent
+//! exactly once (even when the worker dies after the call, before recording it), and the
+//! tracker token is in no row, log, event or artifact.
+
+use crate::support;
+use crate::support::tracker_actions;
+
+use std::time::Duration;
+
+use crate::support::{Client, KeelProcess, rows_containing, wait_for};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tracker_actions::{Written, mount_list, requests};
+use wiremock::matchers::{body_partial_json, header, method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+const CANARY: &str = "ghp_canary_act10n5";
+const TOKEN_ENV: (&str, &str) = ("ACME_GITHUB_TOKEN", CANARY);
+const LINEAR_CANARY: &str = "lin_api_canary_act10n5";
+const LINEAR_ENV: (&str, &str) = ("ACME_LINEAR_API_KEY", LINEAR_CANARY);
+const T1: &str = "2026-11-30T09:00:00Z";
+
+fn github_workflow(endpoint: &str) -> String {
+    format!(
+        "---
+tracker:
+  kind: github
+  endpoint: {endpoint}
+  repository: acme/widgets
+  api_key: $ACME_GITHUB_TOKEN
+task:
+  execution_kind: shell
+  shell_command: echo imported
+---
+Work on {{{{ issue.identifier }}}}
+"
+    )
+}
+
+fn linear_workflow(endpoint: &str) -> String {
+    format!(
+        "---
+tracker:
+  kind: linear
+  endpoint: {endpoint}
+  project_slug: eng
+  api_key: $ACME_LINEAR_API_KEY
+task:
+  execution_kind: shell
+  shell_command: echo imported
+---
+Work on {{{{ issue.identifier }}}}
+"
+    )
+}
+
+fn issue(number: u64, state: &str, updated_at: &str) -> Value {
+    json!({ "id": 1000 + number, "number": number, "title": format!("issue {number}"),
+            "state": state, "updated_at": updated_at, "labels": [] })
+}
+
+fn pull(number: u64, sha: &str) -> Value {
+    json!({ "id": 2000 + number, "number": number, "title": format!("pull {number}"),
+            "state": "open", "updated_at": T1, "head": { "sha": sha, "ref": "fix" } })
+}
+
+/// GitHub answering `at` with `body` to a request carrying the token.
+async fn answer(github: &MockServer, verb: &str, at: &str, body: Value) {
+    Mock::given(method(verb))
+        .and(path(at))
+        .and(header("authorization", format!("Bearer {CANARY}").as_str()))
+        .respond_with(ResponseTemplate::new(200).set_body_json(body))
+        .mount(github)
+        .await;
+}
+
+/// A `keel api`, a source registered and polled once (its items claimed), and workers.
+struct Tracked {
+    dir: tempfile::TempDir,
+    db_url: String,
+    api: KeelProcess,
+    client: Client,
+    source_id: String,
+    workers: Vec<KeelProcess>,
+}
+
+impl Tracked {
+    async fn start(markdown: &str, env: (&str, &str), workers: &[&str]) -> Tracked {
+        let dir = tempfile::tempdir().unwrap();
+        let db_url = support::fresh_database().await;
+        let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[env]).await;
+        let client = api.client.clone().unwrap();
+        let body = json!({ "workflow_markdown": markdown });
+        let (status, body) = client.post("/v1/external-work/sources", body).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        let source_id = body["data"]["id"].as_str().unwrap().to_string();
+        let poll = format!("/v1/external-work/sources/{source_id}/poll");
+        let (status, body) = client.post(&poll, json!({})).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["data"]["error_code"], Value::Null, "{body}");
+        let mut tracked = Tracked {
+            dir,
+            db_url,
+            api,
+            client,
+            source_id,
+            workers: Vec::new(),
+        };
+        for name in workers {
+            tracked.worker(name, env);
+        }
+        tracked
+    }
+
+    fn worker(&mut self, name: &str, env: (&str, &str)) {
+        let db_url = self.db_url.clone();
+        self.worker_through(&db_url, name, env);
+    }
+
+    /// A worker reaching the database at `db_url` (a proxy in front of it, say).
+    fn worker_through(&mut self, db_url: &str, name: &str, env: (&str, &str)) {
+        let data = self.dir.path().join(name);
+        std::fs::create_dir_all(&data).unwrap();
+        let dir = self.dir.path();
+        let worker = support::spawn_worker_with_env(db_url, dir, name, 1_000, &data, &[env]);
+        self.workers.push(worker);
+    }
+
+    /// The item of `identifier` that has its task.
+    async fn item(&self, identifier: &str) -> Value {
+        let at = format!("/v1/external-work/sources/{}/items", self.source_id);
+        let (status, body) = self.client.get(&at).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let items = body["data"].as_array().unwrap();
+        items
+            .iter()
+            .find(|i| i["identifier"] == identifier && !i["task_id"].is_null())
+            .unwrap_or_else(|| panic!("no claimed item {identifier}: {body}"))
+            .clone()
+    }
+
+    async fn propose(&self, item: &Value, body: Value) -> (StatusCode, Value) {
+        let at = format!(
+            "/v1/external-work/items/{}/actions",
+            item["id"].as_str().unwrap()
+        );
+        self.client.post(&at, body).await
+    }
+
+    /// Proposes, expecting 201; returns the action and its approval.
+    async fn proposed(&self, item: &Value, body: Value) -> (Value, Value) {
+        let (status, body) = self.propose(item, body).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        (
+            body["data"]["action"].clone(),
+            body["data"]["approval"].clone(),
+        )
+    }
+
+    /// Proposes and approves a comment on #7; returns the action once its POST reached
+    /// GitHub's `comments` list.
+    async fn comment_reaching(&self, comments: &Written) -> Value {
+        let item = self.item("acme/widgets#7").await;
+        let (action, approval) = self
+            .proposed(&item, json!({ "kind": "comment", "body": "Once." }))
+            .await;
+        self.resolve(&approval, "approve").await;
+        wait_for(
+            Duration::from_secs(30),
+            "the call to reach GitHub",
+            || async { (!comments.all().is_empty()).then_some(()) },
+        )
+        .await;
+        action
+    }
+
+    async fn resolve(&self, approval: &Value, decision: &str) -> (StatusCode, Value) {
+        let at = format!(
+            "/v1/tasks/{}/approvals/{}/resolve",
+            approval["task_id"].as_str().unwrap(),
+            approval["id"].as_str().unwrap()
+        );
+        self.client.post(&at, json!({ "decision": decision })).await
+    }
+
+    async fn action(&self, id: &str) -> Value {
+        let (status, body) = self
+            .client
+            .get(&format!("/v1/external-work/actions/{id}"))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body["data"].clone()
+    }
+
+    async fn wait_action(&self, action: &Value, status: &str) -> Value {
+        let id = action["id"].as_str().unwrap();
+        wait_for(
+            Duration::from_secs(30),
+            &format!("action {id} {status}"),
+            || async {
+                let current = self.action(id).await;
+                (current["status"] == status).then_some(current)
+            },
+        )
+        .await
+    }
+
+    /// The evidence artifact an action's end left on its run.
+    async fn evidence(&self, action: &Value) -> Value {
+        let at = format!(
+            "/v1/tasks/{}/runs/{}/artifacts/{}/content",
+            action["task_id"].as_str().unwrap(),
+            action["run_id"].as_str().unwrap(),
+            action["artifact_id"].as_str().unwrap()
+        );
+        let (status, body) = self.client.get(&at).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
+    }
+
+    /// The canary is in no row, and in no process's log.
+    async fn assert_no_canary(mut self, canary: &str) {
+        assert_eq!(
+            rows_containing(&self.db_url, canary).await,
+            Vec::<String>::new()
+        );
+        for mut worker in self.workers.drain(..) {
+            worker.terminate(Duration::from_secs(10));
+            assert!(
+                !worker.log_text().contains(canary),
+                "the token is in a worker's log"
+            );
+        }
+        drop(self.api);
+        let log = std::fs::read_to_string(self.dir.path().join("api.log")).unwrap();
+        assert!(!log.contains(canary), "the token is in the API log");
+    }
+}
+
+#[tokio::test]
+async fn a_fresh_comment_is_sent_once_after_approval_and_changed_targets_are_refused() {
+    let github = MockServer::start().await;
+    let issues = json!([issue(7, "open", T1), issue(9, "open", T1)]);
+    answer(&github, "GET", "/repos/acme/widgets/issues", issues).await;
+    answer(
+        &github,
+        "GET",
+        "/repos/acme/widgets/pulls",
+        json!([pull(8, "aaa")]),
+    )
+    .await;
+    // Asked again at the approval: #7 as it was, #9 updated since, #8 with a new head.
+    answer(
+        &github,
+        "GET",
+        "/repos/acme/widgets/issues/7",
+        issue(7, "open", T1),
+    )
+    .await;
+    let updated = issue(9, "open", "2026-11-30T10:00:00Z");
+    answer(&github, "GET", "/repos/acme/widgets/issues/9", updated).await;
+    answer(
+        &github,
+        "GET",
+        "/repos/acme/widgets/pulls/8",
+        pull(8, "bbb"),
+    )
+    .await;
+    let seven = "/repos/acme/widgets/issues/7/comments";
+    let nine = "/repos/acme/widgets/issues/9/comments";
+    let reviews = "/repos/acme/widgets/pulls/8/reviews";
+    let written = mount_list(&github, seven, Duration::ZERO).await;
+    for list in [nine, reviews] {
+        mount_list(&github, list, Duration::ZERO).await;
+    }
+    let app = Tracked::start(&github_workflow(&github.uri()), TOKEN_ENV, &["worker"]).await;
+
+    let item = app.item("acme/widgets#7").await;
+    let (action, approval) = app
+        .proposed(
+            &item,
+            json!({ "kind": "comment", "body": "Looks fixed.\nThanks!" }),
+        )
+        .await;
+    let id = action["id"].as_str().unwrap();
+    assert_eq!(action["status"], "pending_approval", "{action}");
+    assert_eq!(action["task_id"], item["task_id"]);
+    assert_eq!(action["run_id"], item["run_id"]);
+    assert_eq!(action["target"]["updated_at"], T1, "{action}");
+    assert_eq!(approval["kind"], "external_action", "{approval}");
+    assert_eq!(approval["status"], "pending");
+    assert_eq!(approval["external_action_id"], id);
+    let summary: Vec<&str> = approval["action_summary"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        summary[0],
+        format!("POST {}{seven}", github.uri()),
+        "{summary:?}"
+    );
+    assert!(
+        summary.contains(&"  Looks fixed.") && summary.contains(&"  Thanks!"),
+        "{summary:?}"
+    );
+    assert!(
+        summary
+            .iter()
+            .any(|l| l.contains(&format!("<!-- keel-action:{id} -->")))
+    );
+    let (_, listed) = app
+        .client
+        .get(&format!(
+            "/v1/tasks/{}/approvals?status=pending",
+            item["task_id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(listed["data"][0]["id"], approval["id"], "{listed}");
+
+    let stale_item = app.item("acme/widgets#9").await;
+    let (stale, stale_approval) = app
+        .proposed(&stale_item, json!({ "kind": "comment", "body": "Done?" }))
+        .await;
+    let pull_item = app.item("acme/widgets#8").await;
+    let review = json!({ "kind": "review", "event": "COMMENT", "body": "One nit." });
+    let (moved, moved_approval) = app.proposed(&pull_item, review).await;
+    assert_eq!(moved["target"]["head_sha"], "aaa", "{moved}");
+    assert!(
+        github
+            .received_requests()
+            .await
+            .unwrap()
+            .iter()
+            .all(|r| r.method.as_str() == "GET")
+    );
+
+    for approval in [&approval, &stale_approval, &moved_approval] {
+        let (status, body) = app.resolve(approval, "approve").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["data"]["approval"]["status"], "approved", "{body}");
+    }
+    let sent = app.wait_action(&action, "sent").await;
+    let stale = app.wait_action(&stale, "stale_target").await;
+    let moved = app.wait_action(&moved, "stale_target").await;
+
+    // Exactly one call, with the marker, carrying the token; nothing to the changed ones.
+    let posts = requests(&github, "POST", seven).await;
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    let body: Value = serde_json::from_slice(&posts[0].body).unwrap();
+    assert_eq!(
+        body,
+        json!({ "body": format!("Looks fixed.\nThanks!\n\n<!-- keel-action:{id} -->") })
+    );
+    assert_eq!(
+        posts[0]
+            .headers
+            .get("authorization")
+            .unwrap()
+            .to_str()
+            .unwrap(),
+        format!("Bearer {CANARY}")
+    );
+    assert_eq!(written.all().len(), 1);
+    assert!(requests(&github, "POST", nine).await.is_empty());
+    assert!(requests(&github, "POST", reviews).await.is_empty());
+
+    assert_eq!(sent["response"]["http_status"], 201, "{sent}");
+    assert_eq!(sent["response"]["id"], 900, "{sent}");
+    assert!(
+        sent["finished_at"].is_string() && sent["sending_at"].is_string(),
+        "{sent}"
+    );
+    let evidence = app.evidence(&sent).await;
+    assert_eq!(evidence["evidence"]["outcome"], "sent", "{evidence}");
+    assert_eq!(
+        evidence["evidence"]["answers"][0]["http_status"], 201,
+        "{evidence}"
+    );
+    assert_eq!(stale["last_error_code"], "stale_target", "{stale}");
+    let reason = stale["last_error"].as_str().unwrap();
+    assert!(
+        reason.contains("updated at 2026-11-30T10:00:00Z (was 2026-11-30T09:00:00Z)"),
+        "{reason}"
+    );
+    let evidence = app.evidence(&stale).await;
+    assert_eq!(
+        evidence["evidence"]["target_now"]["updated_at"],
+        "2026-11-30T10:00:00Z"
+    );
+    let reason = moved["last_error"].as_str().unwrap();
+    assert!(reason.contains("head is now bbb (was aaa)"), "{reason}");
+
+    let at = format!(
+        "/v1/external-work/items/{}/actions",
+        item["id"].as_str().unwrap()
+    );
+    let (status, page) = app.client.get(&at).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(page["data"].as_array().unwrap().len(), 1, "{page}");
+    assert_eq!(page["data"][0]["approval_id"], approval["id"]);
+    let (status, body) = app.resolve(&approval, "reject").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let at = format!("/v1/external-work/sources/{}/status", app.source_id);
+    let (status, body) = app.client.get(&at).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let counts = json!({ "sent": 1, "stale_target": 2, "total": 3 });
+    assert_eq!(body["data"]["actions"], counts, "{body}");
+    // The approval never held the run: it ran as any other.
+    let run = app
+        .client
+        .wait_terminal(
+            item["task_id"].as_str().unwrap(),
+            item["run_id"].as_str().unwrap(),
+            Duration::from_secs(30),
+        )
+        .await;
+    assert_eq!(run["status"], "completed", "{run}");
+    app.assert_no_canary(CANARY).await;
+}
+
+#[tokio::test]
+async fn rejected_actions_send_nothing_labels_and_reviews_round_trip_and_bad_bodies_are_refused() {
+    let github = MockServer::start().await;
+    let issues = json!([issue(7, "open", T1), issue(5, "closed", T1)]);
+    answer(&github, "GET", "/repos/acme/widgets/issues", issues).await;
+    answer(
+        &github,
+        "GET",
+        "/repos/acme/widgets/pulls",
+        json!([pull(8, "aaa")]),
+    )
+    .await;
+    answer(
+        &github,
+        "GET",
+        "/repos/acme/widgets/issues/7",
+        issue(7, "open", T1),
+    )
+    .await;
+    answer(
+        &github,
+        "GET",
+        "/repos/acme/widgets/pulls/8",
+        pull(8, "aaa"),
+    )
+    .await;
+    let labels = "/repos/acme/widgets/issues/7/labels";
+    answer(&github, "POST", labels, json!([{ "name": "ready" }])).await;
+    answer(&github, "DELETE", &format!("{labels}/triage"), json!([])).await;
+    let comments = "/repos/acme/widgets/issues/7/comments";
+    mount_list(&github, comments, Duration::ZERO).await;
+    let reviews = "/repos/acme/widgets/pulls/8/reviews";
+    let written = mount_list(&github, reviews, Duration::ZERO).await;
+    let app = Tracked::start(&github_workflow(&github.uri()), TOKEN_ENV, &["worker"]).await;
+    let (seven, eight) = (
+        app.item("acme/widgets#7").await,
+        app.item("acme/widgets#8").await,
+    );
+
+    let (rejected, approval) = app
+        .proposed(&seven, json!({ "kind": "comment", "body": "No." }))
+        .await;
+    let (status, body) = app.resolve(&approval, "reject").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let rejected = app.action(rejected["id"].as_str().unwrap()).await;
+    assert_eq!(rejected["status"], "rejected", "{rejected}");
+    assert!(rejected["finished_at"].is_string());
+
+    let change = json!({ "kind": "labels", "add": ["ready"], "remove": ["triage"] });
+    let (label_action, approval) = app.proposed(&seven, change).await;
+    let summary = approval["action_summary"].to_string();
+    assert!(
+        summary.contains(&format!("DELETE {}{labels}/triage", github.uri())),
+        "{summary}"
+    );
+    app.resolve(&approval, "approve").await;
+    let review = json!({ "kind": "review", "event": "REQUEST_CHANGES", "body": "Add a test." });
+    let (review_action, approval) = app.proposed(&eight, review).await;
+    app.resolve(&approval, "approve").await;
+    app.wait_action(&label_action, "sent").await;
+    let sent_review = app.wait_action(&review_action, "sent").await;
+
+    assert!(
+        requests(&github, "POST", comments).await.is_empty(),
+        "the rejected one was sent"
+    );
+    let added = requests(&github, "POST", labels).await;
+    assert_eq!(added.len(), 1);
+    let body: Value = serde_json::from_slice(&added[0].body).unwrap();
+    assert_eq!(body, json!({ "labels": ["ready"] }));
+    assert_eq!(
+        requests(&github, "DELETE", &format!("{labels}/triage"))
+            .await
+            .len(),
+        1
+    );
+    let posted = requests(&github, "POST", reviews).await;
+    assert_eq!(posted.len(), 1);
+    let body: Value = serde_json::from_slice(&posted[0].body).unwrap();
+    let id = review_action["id"].as_str().unwrap();
+    assert_eq!(
+        body,
+        json!({ "event": "REQUEST_CHANGES", "commit_id": "aaa",
+                "body": format!("Add a test.\n\n<!-- keel-action:{id} -->") })
+    );
+    assert_eq!(written.all()[0]["state"], "REQUEST_CHANGES");
+    assert_eq!(sent_review["response"]["http_status"], 201, "{sent_review}");
+
+    // Bad proposals: 4xx with the envelope, and nothing recorded.
+    let big = "x".repeat(64 * 1024 + 1);
+    let many: Vec<String> = (0..21).map(|i| format!("l{i}")).collect();
+    let cases = [
+        (
+            json!({ "body": "no kind" }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+        ),
+        (
+            json!({ "kind": "merge" }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+        ),
+        (
+            json!({ "kind": "comment" }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+        ),
+        (
+            json!({ "kind": "comment", "body": big }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+        ),
+        (
+            json!({ "kind": "comment", "body": "x", "add": ["a"] }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+        ),
+        (
+            json!({ "kind": "labels", "add": many }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+        ),
+        (
+            json!({ "kind": "labels", "add": ["a\nb"] }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+        ),
+        (
+            json!({ "kind": "review", "event": "MERGE", "body": "x" }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+        ),
+        (
+            json!({ "kind": "review", "event": "APPROVE" }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unsupported_action",
+        ),
+        (
+            json!({ "kind": "comment", "body": "x", "run_id": "run_nope" }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+        ),
+        (
+            json!({ "kind": "comment", "body": 7 }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+        ),
+        (
+            json!({ "kind": "comment", "body": "x", "extra": 1 }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+        ),
+    ];
+    for (body, expected, kind) in cases {
+        let (status, answer) = app.propose(&seven, body.clone()).await;
+        assert_eq!(status, expected, "{body}: {answer}");
+        assert_eq!(answer["error"]["type"], kind, "{body}: {answer}");
+        assert!(answer["error"]["request_id"].is_string(), "{answer}");
+    }
+    // A closed item no task works on, and an unknown item.
+    let at = format!("/v1/external-work/sources/{}/items", app.source_id);
+    let (_, items) = app.client.get(&at).await;
+    let closed = items["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["identifier"] == "acme/widgets#5")
+        .unwrap()
+        .clone();
+    let (status, answer) = app
+        .propose(&closed, json!({ "kind": "comment", "body": "x" }))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{answer}");
+    assert_eq!(answer["error"]["type"], "item_not_claimed", "{answer}");
+    let unknown = json!({ "id": "extitem_nope" });
+    let (status, answer) = app
+        .propose(&unknown, json!({ "kind": "comment", "body": "x" }))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    let (status, _) = app.client.get("/v1/external-work/actions/xact_nope").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let at = format!(
+        "/v1/external-work/items/{}/actions?limit=2",
+        seven["id"].as_str().unwrap()
+    );
+    let (_, page) = app.client.get(&at).await;
+    assert_eq!(page["has_more"], false, "two proposals on #7 only: {page}");
+    assert_eq!(page["data"].as_array().unwrap().len(), 2, "{page}");
+    app.assert_no_canary(CANARY).await;
+}
+
+#[tokio::test]
+async fn a_linear_comment_goes_through_the_comment_create_mutation() {
+    let linear = MockServer::start().await;
+    let node = json!({ "id": "uuid-1", "identifier": "ENG-1", "title": "issue 1",
+        "state": { "name": "Todo" }, "updatedAt": "2026-11-30T10:00:00.000Z",
+        "labels": { "nodes": [] }, "inverseRelations": { "nodes": [] } });
+    let page = |nodes: Value| {
+        json!({ "data": { "issues": { "nodes": nodes,
+        "pageInfo": { "hasNextPage": false, "endCursor": null } } } })
+    };
+    let graphql = |variables: Value, answer: Value| {
+        Mock::given(method("POST"))
+            .and(path("/graphql"))
+            .and(header("authorization", LINEAR_CANARY))
+            .and(body_partial_json(json!({ "variables": variables })))
+            .respond_with(ResponseTemplate::new(200).set_body_json(answer))
+    };
+    graphql(json!({ "projectSlug": "eng" }), page(json!([node.clone()])))
+        .mount(&linear)
+        .await;
+    graphql(json!({ "ids": ["uuid-1"] }), page(json!([node])))
+        .mount(&linear)
+        .await;
+    let created = json!({ "data": { "commentCreate": { "success": true,
+        "comment": { "id": "comment-1", "url": "https://linear.app/acme/issue/ENG-1#comment-1" } } } });
+    graphql(json!({ "issueId": "uuid-1" }), created)
+        .mount(&linear)
+        .await;
+    let endpoint = format!("{}/graphql", linear.uri());
+    let app = Tracked::start(&linear_workflow(&endpoint), LINEAR_ENV, &["worker"]).await;
+    let item = app.item("ENG-1").await;
+
+    for (body, code) in [
+        (
+            json!({ "kind": "labels", "add": ["bug"] }),
+            "unsupported_action",
+        ),
+        (
+            json!({ "kind": "review", "event": "APPROVE" }),
+            "unsupported_action",
+        ),
+    ] {
+        let (status, answer) = app.propose(&item, body).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+        assert_eq!(answer["error"]["type"], code, "{answer}");
+    }
+    let (action, approval) = app
+        .proposed(&item, json!({ "kind": "comment", "body": "On it." }))
+        .await;
+    assert_eq!(action["calls"][0]["path"], "", "{action}");
+    app.resolve(&approval, "approve").await;
+    let sent = app.wait_action(&action, "sent").await;
+    assert_eq!(sent["response"]["id"], "comment-1", "{sent}");
+
+    let all = linear.received_requests().await.unwrap();
+    let mutations: Vec<Value> = all
+        .iter()
+        .map(|r| serde_json::from_slice::<Value>(&r.body).unwrap())
+        .filter(|b| b["query"].as_str().unwrap().contains("commentCreate"))
+        .collect();
+    assert_eq!(mutations.len(), 1, "{mutations:?}");
+    let id = action["id"].as_str().unwrap();
+    assert_eq!(
+        mutations[0]["variables"],
+        json!({ "issueId": "uuid-1", "body": format!("On it.\n\n<!-- keel-action:{id} -->") })
+    );
+    app.assert_no_canary(LINEAR_CANARY).await;
+}
+
+#[tokio::test]
+async fn a_worker_killed_after_its_call_is_not_followed_by_a_second_call() {
+    let github = MockServer::start().await;
+    answer(
+        &github,
+        "GET",
+        "/repos/acme/widgets/issues",
+        json!([issue(7, "open", T1)]),
+    )
+    .await;
+    answer(&github, "GET", "/repos/acme/widgets/pulls", json!([])).await;
+    answer(
+        &github,
+        "GET",
+        "/repos/acme/widgets/issues/7",
+        issue(7, "open", T1),
+    )
+    .await;
+    // The comment is written when the call arrives; its answer is held long past the kill.
+    let comments = "/repos/acme/widgets/issues/7/comments";
+    let written = mount_list(&github, comments, Duration::from_secs(25)).await;
+    let mut app = Tracked::start(&github_workflow(&github.uri()), TOKEN_ENV, &["worker-a"]).await;
+    let action = app.comment_reaching(&written).await;
+    let mut killed = app.workers.remove(0);
+    killed.kill9();
+    assert!(
+        !killed.log_text().contains(CANARY),
+        "the token is in the killed worker's log"
+    );
+    assert_eq!(
+        app.action(action["id"].as_str().unwrap()).await["status"],
+        "sending"
+    );
+
+    app.worker("worker-b", TOKEN_ENV);
+    let sent = app.wait_action(&action, "sent").await;
+    assert_eq!(
+        requests(&github, "POST", comments).await.len(),
+        1,
+        "sent twice"
+    );
+    assert_eq!(written.all().len(), 1);
+    // Found by its marker in the comments list, not sent again.
+    assert!(!requests(&github, "GET", comments).await.is_empty());
+    let evidence = app.evidence(&sent).await;
+    assert_eq!(
+        evidence["evidence"]["answers"][0]["method"], "GET",
+        "{evidence}"
+    );
+    assert_eq!(sent["response"]["id"], 900, "{sent}");
+    app.assert_no_canary(CANARY).await;
+}
+
+/// The worker whose call reached GitHub is cut off from PostgreSQL (its proxy frozen:
+/// connections hang, nothing is refused) before it can record the answer: it stops at its
+/// lease's local deadline, the other worker finds the comment by its marker, and nothing
+/// is POSTed twice, before or after the heal. (Multi-threaded: the proxy keeps forwarding
+/// while the test waits for the healed worker to exit.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_cut_off_after_its_call_is_not_followed_by_a_second_call() {
+    let github = MockServer::start().await;
+    let issues = json!([issue(7, "open", T1)]);
+    answer(&github, "GET", "/repos/acme/widgets/issues", issues).await;
+    answer(&github, "GET", "/repos/acme/widgets/pulls", json!([])).await;
+    let target = issue(7, "open", T1);
+    answer(&github, "GET", "/repos/acme/widgets/issues/7", target).await;
+    let comments = "/repos/acme/widgets/issues/7/comments";
+    let written = mount_list(&github, comments, Duration::from_secs(25)).await;
+    let mut app = Tracked::start(&github_workflow(&github.uri()), TOKEN_ENV, &[]).await;
+    let proxy = support::proxy::DelayProxy::freezable(&app.db_url).await;
+    app.worker_through(&proxy.url, "worker-cut", TOKEN_ENV);
+    let action = app.comment_reaching(&written).await;
+    let frozen = std::time::Instant::now();
+    proxy.freeze();
+    // The attempt stops at the deadline, its POST's answer (25 s away) unawaited.
+    let abandoned = |log: String| {
+        log.lines().any(|line| {
+            line.contains("action_id") && line.contains("the job is left to its new owner")
+        })
+    };
+    wait_for(
+        Duration::from_secs(20),
+        "the cut-off worker to abandon its call at its deadline",
+        || async { abandoned(app.workers[0].log_text()).then_some(()) },
+    )
+    .await;
+    let stopped = frozen.elapsed();
+
+    app.worker("worker-b", TOKEN_ENV);
+    let sent = app.wait_action(&action, "sent").await;
+    proxy.thaw();
+    // Healed, the cut-off worker shuts down cleanly, having sent nothing more.
+    let mut healed = app.workers.remove(0);
+    healed.terminate(Duration::from_secs(30));
+    assert_eq!(
+        requests(&github, "POST", comments).await.len(),
+        1,
+        "sent twice"
+    );
+    assert_eq!(written.all().len(), 1);
+    assert_eq!(sent["response"]["id"], 900, "{sent}");
+    eprintln!(
+        "tracker partition figures (lease 1000 ms): POSTs 1, repeated 0; freeze to the \
+         cut-off worker stopping the action {stopped:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_refusal_fails_the_action_and_a_rate_limit_sends_it_later_once() {
+    let github = MockServer::start().await;
+    let issues = json!([issue(7, "open", T1), issue(9, "open", T1)]);
+    answer(&github, "GET", "/repos/acme/widgets/issues", issues).await;
+    answer(&github, "GET", "/repos/acme/widgets/pulls", json!([])).await;
+    answer(
+        &github,
+        "GET",
+        "/repos/acme/widgets/issues/7",
+        issue(7, "open", T1),
+    )
+    .await;
+    answer(
+        &github,
+        "GET",
+        "/repos/acme/widgets/issues/9",
+        issue(9, "open", T1),
+    )
+    .await;
+    let seven = "/repos/acme/widgets/issues/7/comments";
+    Mock::given(method("POST"))
+        .and(path(seven))
+        .respond_with(
+            ResponseTemplate::new(422).set_body_json(json!({ "message": "Validation Failed" })),
+        )
+        .mount(&github)
+        .await;
+    // #9's first call is refused for the rate limit (nothing written), the next accepted.
+    let nine = "/repos/acme/widgets/issues/9/comments";
+    Mock::given(method("POST"))
+        .and(path(nine))
+        .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "1"))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&github)
+        .await;
+    let written = mount_list(&github, nine, Duration::ZERO).await;
+    let app = Tracked::start(&github_workflow(&github.uri()), TOKEN_ENV, &["worker"]).await;
+
+    let comment = json!({ "kind": "comment", "body": "Hello." });
+    let (refused, approval) = app
+        .proposed(&app.item("acme/widgets#7").await, comment.clone())
+        .await;
+    app.resolve(&approval, "approve").await;
+    let (limited, approval) = app
+        .proposed(&app.item("acme/widgets#9").await, comment)
+        .await;
+    app.resolve(&approval, "approve").await;
+
+    let refused = app.wait_action(&refused, "failed").await;
+    assert_eq!(refused["last_error_code"], "tracker_refused", "{refused}");
+    let reason = refused["last_error"].as_str().unwrap();
+    assert!(
+        reason.contains("422") && reason.contains("Validation Failed"),
+        "{reason}"
+    );
+    let evidence = app.evidence(&refused).await;
+    assert_eq!(
+        evidence["evidence"]["answers"][0]["http_status"], 422,
+        "{evidence}"
+    );
+    assert_eq!(requests(&github, "POST", seven).await.len(), 1);
+
+    // Sending when refused: the retry looks for the marker, finds none, sends once more.
+    let sent = app.wait_action(&limited, "sent").await;
+    assert_eq!(requests(&github, "POST", nine).await.len(), 2);
+    assert_eq!(written.all().len(), 1);
+    assert!(!requests(&github, "GET", nine).await.is_empty());
+    assert_eq!(sent["response"]["http_status"], 201, "{sent}");
+    assert_eq!(sent["last_error_code"], Value::Null, "{sent}");
+    app.assert_no_canary(CANARY).await;
+}

@@ -1,0 +1,407 @@
+//! The API contract: the OpenAPI document is served, covers every route, and hostile
+//! input gets a 4xx with the error envelope.
+
+use crate::support;
+
+use crate::support::TestApp;
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+const METHODS: [&str; 5] = ["get", "post", "put", "patch", "delete"];
+
+fn operations(doc: &Value) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in METHODS.iter().filter(|m| item.get(**m).is_some()) {
+            found.push((method.to_string(), path.clone()));
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn the_document_is_served_and_matches_the_build() {
+    let app = TestApp::api_only().await;
+    let (status, served) = app.client.get("/v1/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(served["openapi"], "3.1.0");
+    assert_eq!(served["info"]["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(served, serde_json::to_value(keel::api::openapi()).unwrap());
+    let ops = operations(&served);
+    assert!(ops.len() >= 30, "{ops:?}");
+    for (method, path) in &ops {
+        let operation = &served["paths"][path][method];
+        assert!(
+            operation["operationId"].is_string(),
+            "{method} {path} has no operationId"
+        );
+        assert!(
+            operation["tags"][0].is_string(),
+            "{method} {path} has no tag"
+        );
+        for status in ["400", "404", "422", "500"] {
+            assert!(
+                operation["responses"][status].is_object(),
+                "{method} {path} lacks {status}"
+            );
+        }
+    }
+}
+
+/// Every documented operation is routed: no documented path falls through to the
+/// unknown-route handler, and no documented method is refused.
+#[tokio::test]
+async fn every_documented_operation_is_routed() {
+    let app = TestApp::api_only().await;
+    let doc = serde_json::to_value(keel::api::openapi()).unwrap();
+    for (method, path) in operations(&doc) {
+        // A local-only action acts on the host (the shutdown would stop this server
+        // mid-walk); tests/auth.rs covers those.
+        let local_only = keel::api::ROUTE_POLICY.iter().any(|(m, p, class)| {
+            m.eq_ignore_ascii_case(&method)
+                && *p == path
+                && *class == keel::api::RouteClass::LocalOnly
+        });
+        if local_only {
+            continue;
+        }
+        let concrete = path.replace(['{', '}'], "");
+        let url = format!(
+            "{}{}",
+            app.client.base,
+            concrete
+                .replace("task_id", "task_x")
+                .replace("run_id", "run_x")
+        );
+        let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+        let response = app
+            .client
+            .http
+            .request(method.clone(), &url)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let body = support::json_or_null(response).await;
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            !message.starts_with("route "),
+            "{method} {path} is documented but not routed"
+        );
+        assert_ne!(
+            status,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "{method} {path} is documented but refused"
+        );
+    }
+}
+
+/// Routes are registered only through `utoipa_axum::routes!`, which documents them; a
+/// plain axum `.route(` would add an undocumented route. `/docs` is the one page for
+/// people, not part of the API.
+#[test]
+fn no_route_is_registered_outside_the_document() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/api");
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&path).unwrap();
+        for (number, line) in source.lines().enumerate() {
+            let plain_route = line.contains(".route(") || line.contains(".route_service(");
+            if plain_route && !line.contains("\"/docs\"") {
+                panic!(
+                    "{}:{}: undocumented route: {line}",
+                    path.display(),
+                    number + 1
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_reference_page_renders_the_document_without_network() {
+    let app = TestApp::api_only().await;
+    let response = app
+        .client
+        .http
+        .get(format!("{}/docs", app.client.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    let html = response.text().await.unwrap();
+    assert!(html.contains("/v1/openapi.json"));
+    assert!(
+        !html.contains("https://") && !html.contains("http://"),
+        "the page fetches nothing from elsewhere"
+    );
+}
+
+async fn assert_envelope(response: reqwest::Response, status: StatusCode, mention: &str) {
+    assert_eq!(response.status(), status, "expected {status} ({mention})");
+    let body: Value = response.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(body["error"]["request_id"].is_string(), "{body}");
+    assert!(
+        message.contains(mention),
+        "'{message}' should mention '{mention}'"
+    );
+}
+
+#[tokio::test]
+async fn hostile_input_gets_a_4xx_with_the_envelope() {
+    let app = TestApp::api_only().await;
+    let c = &app.client;
+    let post = |body: Vec<u8>| {
+        c.http
+            .post(format!("{}/v1/tasks", c.base))
+            .header("content-type", "application/json")
+            .body(body)
+    };
+    let deep = format!(
+        "{{\"execution_kind\":\"shell\",\"prompt\":{}1{}}}",
+        "[".repeat(5000),
+        "]".repeat(5000)
+    );
+    assert_envelope(
+        post(deep.into_bytes()).send().await.unwrap(),
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "prompt",
+    )
+    .await;
+    let invalid_utf8 = b"{\"execution_kind\":\"shell\",\"shell_command\":\"\xff\xfe\"}".to_vec();
+    assert_envelope(
+        post(invalid_utf8).send().await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "shell_command",
+    )
+    .await;
+    let nul = br#"{"execution_kind":"shell","shell_command":"echo \u0000"}"#.to_vec();
+    assert_envelope(
+        post(nul).send().await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "NUL",
+    )
+    .await;
+    let unknown = br#"{"execution_kind":"shell","shell_command":"true","colour":"red"}"#.to_vec();
+    assert_envelope(
+        post(unknown).send().await.unwrap(),
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "colour",
+    )
+    .await;
+    let big = vec![b' '; keel::api::MAX_BODY_BYTES + 1];
+    assert_envelope(
+        post(big).send().await.unwrap(),
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "length limit",
+    )
+    .await;
+
+    let get = |path: String| c.http.get(format!("{}{path}", c.base));
+    let long_id = "t".repeat(20_000);
+    assert_envelope(
+        get(format!("/v1/tasks/{long_id}")).send().await.unwrap(),
+        StatusCode::NOT_FOUND,
+        "task",
+    )
+    .await;
+    assert_envelope(
+        get(format!("/v1/events?task_id=%00{long_id}"))
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::BAD_REQUEST,
+        "NUL",
+    )
+    .await;
+    assert_envelope(
+        get("/v1/tasks?limit=-1".into()).send().await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "limit",
+    )
+    .await;
+    assert_envelope(
+        get("/v1/tasks?limit=99999999999999999999".into())
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::BAD_REQUEST,
+        "limit",
+    )
+    .await;
+    assert_envelope(
+        get("/v1/tasks?limit=1&limit=2".into())
+            .send()
+            .await
+            .unwrap(),
+        StatusCode::BAD_REQUEST,
+        "duplicate",
+    )
+    .await;
+    let after = "/v1/events?after=99999999999999999999999-1";
+    assert_envelope(
+        get(after.into()).send().await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "after",
+    )
+    .await;
+    for bad in ["-4", "12", "+1-2", "1-2-3", "1-%202"] {
+        assert_envelope(
+            get(format!("/v1/events?after={bad}")).send().await.unwrap(),
+            StatusCode::BAD_REQUEST,
+            "after",
+        )
+        .await;
+    }
+    let runs = "/v1/tasks/task_x/runs/run_x/events?after_sequence=-4";
+    assert_envelope(
+        get(runs.into()).send().await.unwrap(),
+        StatusCode::BAD_REQUEST,
+        "after_sequence",
+    )
+    .await;
+}
+
+/// The document says exactly what the server takes: a task draft is a union on
+/// `execution_kind` whose variants require their own fields and refuse others', the
+/// resolve and schedule bodies are unions too, and closed sets are enums, query filters
+/// included.
+#[test]
+fn the_document_states_unions_bounds_and_closed_sets() {
+    let doc = serde_json::to_value(keel::api::openapi()).unwrap();
+    let schemas = &doc["components"]["schemas"];
+    let variants = |union: &str, tag: &str| -> Vec<(String, Value)> {
+        let union = &schemas[union];
+        assert_eq!(union["discriminator"]["propertyName"], tag, "{union}");
+        let mapping = union["discriminator"]["mapping"].as_object().unwrap();
+        assert_eq!(union["oneOf"].as_array().unwrap().len(), mapping.len());
+        mapping
+            .iter()
+            .map(|(value, reference)| {
+                let name = reference.as_str().unwrap().rsplit('/').next().unwrap();
+                let variant = schemas[name].clone();
+                assert_eq!(
+                    variant["properties"][tag]["enum"],
+                    serde_json::json!([value])
+                );
+                assert_eq!(variant["additionalProperties"], false, "{name}");
+                (value.clone(), variant)
+            })
+            .collect()
+    };
+    let required = |variant: &Value, field: &str| {
+        variant["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f == field)
+    };
+
+    let tasks = variants("TaskDraft", "execution_kind");
+    let kinds: Vec<&str> = tasks.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(kinds, ["agent_loop", "file", "git", "shell"]);
+    for (kind, variant) in &tasks {
+        let own = match kind.as_str() {
+            "shell" => "shell_command",
+            "git" => "git_command",
+            "file" => "file_operation",
+            _ => "prompt",
+        };
+        assert!(
+            required(variant, own) && required(variant, "execution_kind"),
+            "{kind}"
+        );
+        let fields = &variant["properties"];
+        assert_eq!(fields["budget_micros_usd"]["minimum"], 0, "{kind}");
+        assert_eq!(fields["timeout_ms"]["minimum"], 1, "{kind}");
+        // Another kind's field is refused, not ignored.
+        let foreign = if kind == "shell" {
+            "git_command"
+        } else {
+            "shell_command"
+        };
+        assert!(fields[foreign].is_null(), "{kind} takes {foreign}");
+    }
+    let file = &tasks[1].1["properties"];
+    assert_eq!(
+        file["file_operation"]["enum"],
+        serde_json::json!(["write", "append", "delete"])
+    );
+
+    let decisions = variants("ResolveRequest", "decision");
+    assert_eq!(decisions.len(), 2);
+    let schedules = variants("ScheduleDraft", "kind");
+    for (kind, variant) in &schedules {
+        assert!(
+            required(variant, "timezone") && required(variant, "enabled"),
+            "{kind}"
+        );
+        assert_eq!(variant["properties"]["revision"]["minimum"], 1, "{kind}");
+    }
+
+    let enum_of = |schema: &Value| -> Vec<String> {
+        let schema = match schema["$ref"].as_str() {
+            Some(reference) => &schemas[reference.rsplit('/').next().unwrap()],
+            None => schema,
+        };
+        let values = schema["enum"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{schema}"));
+        values
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    };
+    let parameter = |path: &str, name: &str| -> Value {
+        let parameters = doc["paths"][path]["get"]["parameters"].as_array().unwrap();
+        let found = parameters.iter().find(|p| p["name"] == name);
+        found.unwrap_or_else(|| panic!("{path} has no {name}"))["schema"].clone()
+    };
+    for (path, name, count) in [
+        ("/v1/tasks", "status", 7),
+        ("/v1/approvals", "status", 5),
+        ("/v1/media-jobs", "status", 5),
+        ("/v1/runtime/leases", "status", 3),
+        ("/v1/state-transitions", "entity_type", 5),
+        ("/v1/usage/summary", "scope", 3),
+        ("/v1/secrets/status", "purpose", 6),
+    ] {
+        let values = enum_of(&parameter(path, name));
+        assert_eq!(values.len(), count, "{path} {name}: {values:?}");
+        assert!(values.iter().all(|v| !v.is_empty()), "{path} {name}");
+    }
+    assert!(enum_of(&parameter("/v1/tasks", "status")).contains(&"not_started".to_string()));
+
+    // Every reference resolves.
+    let text = doc.to_string();
+    for reference in text.split("\"#/components/schemas/").skip(1) {
+        let name = reference.split('"').next().unwrap();
+        assert!(schemas[name].is_object(), "dangling reference to {name}");
+    }
+
+    // PostgreSQL stores no NUL, so no string parameter takes one.
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for operation in item.as_object().unwrap().values() {
+            let parameters = operation["parameters"].as_array().into_iter().flatten();
+            for schema in parameters.map(|p| &p["schema"]) {
+                let free_text = schema["type"] == "string"
+                    && schema["enum"].is_null()
+                    && schema["format"].is_null();
+                if free_text {
+                    let pattern = schema["pattern"].as_str().unwrap_or_default();
+                    assert!(!pattern.is_empty(), "{path}: {schema}");
+                }
+            }
+        }
+    }
+}

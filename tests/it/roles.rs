@@ -1,0 +1,587 @@
+//! Roles, secret grants, provider hosts and tenant directories in remote mode, over real
+//! HTTP against a `keel api` with two orgs (the header form, `X-Keel-Role` counted): one
+//! test per attack a member (or an operator on its own request) could try, each asserting
+//! the attack is refused and the victim's rows and files are as they were.
+
+use crate::support;
+use crate::support::two_orgs;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::support::llm::{FakeLlm, Turn};
+use crate::support::{Client, KeelProcess};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use two_orgs::{REMOTE_ENV, operator_client, org_client};
+
+/// The operator's own secrets: in the API's environment, granted to no workspace.
+const OPERATOR_KEY: &str = "sk-operator-openai-canary-7f3a";
+const OPERATOR_GITHUB: &str = "ghp_operator_canary_51c2";
+/// Org a's own key, granted to it.
+const ORG_A_KEY: &str = "sk-org-a-granted-key-90d1";
+
+/// An API in remote mode (shell runs wait for approval, no worker), org a granted
+/// `env:ORG_A_API_KEY`, presets allowed to reach `listener` (127.0.0.1 on its port), and a
+/// workspace root.
+struct Stack {
+    api: KeelProcess,
+    base: String,
+    root: PathBuf,
+    db: String,
+    env: Vec<(String, String)>,
+    dir: tempfile::TempDir,
+}
+
+async fn stack(listener: &str) -> Stack {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("roots");
+    std::fs::create_dir(&root).unwrap();
+    let root = std::fs::canonicalize(root).unwrap();
+    let port = reqwest::Url::parse(listener).unwrap().port().unwrap();
+    let hosts = format!("127.0.0.1:{port}");
+    let settings = [
+        ("KEEL_APPROVAL_POLICIES", "shell_exec"),
+        ("KEEL_SECRET_GRANTS", "org_a=env:ORG_A_API_KEY"),
+        ("KEEL_PROVIDER_HOSTS", hosts.as_str()),
+        ("KEEL_CHAT_ALLOW_PRIVATE_ADDRESSES", "true"),
+        ("KEEL_WORKSPACE_ROOTS", root.to_str().unwrap()),
+        ("OPENAI_API_KEY", OPERATOR_KEY),
+        ("GITHUB_TOKEN", OPERATOR_GITHUB),
+        ("ORG_A_API_KEY", ORG_A_KEY),
+    ];
+    let env = [REMOTE_ENV.as_slice(), &settings].concat();
+    let db = support::fresh_database().await;
+    let api = support::spawn_api_with_env(&db, dir.path(), "api", &env).await;
+    let base = api.client.as_ref().unwrap().base.clone();
+    let env = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Stack {
+        api,
+        base,
+        root,
+        db,
+        env,
+        dir,
+    }
+}
+
+impl Stack {
+    /// A worker with the API's settings: it runs the maintenance that removes terminal
+    /// items' workspaces.
+    fn spawn_worker(&self) -> KeelProcess {
+        let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+        let data = self.dir.path().join("worker-data");
+        support::spawn_worker_with_env(&self.db, self.dir.path(), "worker", 3000, &data, &env)
+    }
+
+    fn member(&self, org: &str) -> Client {
+        org_client(&self.base, org)
+    }
+
+    fn operator(&self, org: &str) -> Client {
+        operator_client(&self.base, org)
+    }
+
+    /// The API's log holds none of the operator's secrets.
+    fn assert_no_secret_logged(&self) {
+        let log = self.api.log_text();
+        for secret in [OPERATOR_KEY, OPERATOR_GITHUB, ORG_A_KEY] {
+            assert!(!log.contains(secret), "a secret reached the log");
+        }
+    }
+}
+
+/// 422 `invalid_request`: what the domain refuses.
+fn assert_invalid(status: StatusCode, body: &Value) {
+    assert_refused(
+        status,
+        body,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_request",
+    );
+}
+
+fn assert_refused(status: StatusCode, body: &Value, expected: StatusCode, kind: &str) {
+    assert_eq!(status, expected, "{body}");
+    assert_eq!(body["error"]["type"], kind, "{body}");
+}
+
+/// A started shell run that waits for approval: (task, run, approval).
+async fn gated(c: &Client) -> (String, String, String) {
+    let (task_id, run_id) = c.run_shell("echo gated").await;
+    let (status, body) = c.get(&format!("/v1/tasks/{task_id}/approvals")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let approval_id = body["data"][0]["id"].as_str().unwrap().to_string();
+    (task_id, run_id, approval_id)
+}
+
+async fn resolve(
+    c: &Client,
+    (task_id, _, approval_id): &(String, String, String),
+) -> (StatusCode, Value) {
+    let path = format!("/v1/tasks/{task_id}/approvals/{approval_id}/resolve");
+    c.post(&path, json!({ "decision": "approve" })).await
+}
+
+/// The run still waits and its approval is still pending.
+async fn assert_still_pending(
+    c: &Client,
+    (task_id, run_id, approval_id): &(String, String, String),
+) {
+    let run = c.run(task_id, run_id).await;
+    assert_eq!(run["status"], "awaiting_approval", "{run}");
+    let path = format!("/v1/tasks/{task_id}/approvals/{approval_id}");
+    let (_, approval) = c.get(&path).await;
+    assert_eq!(approval["data"]["status"], "pending", "{approval}");
+    assert!(approval["data"]["resolved_by"].is_null(), "{approval}");
+}
+
+/// The tenant's listener (a chat model answering once) and a stack that allows presets
+/// to reach it.
+async fn started() -> (FakeLlm, Stack) {
+    let llm = FakeLlm::start(vec![Turn::text("pong")]).await;
+    let stack = stack(&llm.openai_base()).await;
+    (llm, stack)
+}
+
+#[tokio::test]
+async fn whoami_tells_a_member_from_an_operator() {
+    let (_llm, stack) = started().await;
+    let (_, member) = stack.member("a").get("/v1/whoami").await;
+    assert_eq!(member["data"]["role"], "member", "{member}");
+    let (_, operator) = stack.operator("a").get("/v1/whoami").await;
+    assert_eq!(operator["data"]["role"], "operator", "{operator}");
+    // An unknown role proves nothing.
+    let forged = support::client_with_headers(
+        &stack.base,
+        &[
+            ("x-keel-remote-secret", two_orgs::SHARED_SECRET),
+            ("x-keel-actor-id", "mallory"),
+            ("x-keel-org-id", "org_a"),
+            ("x-keel-runtime-id", "rt_two_orgs"),
+            ("x-keel-role", "root"),
+        ],
+    );
+    let (status, body) = forged.get("/v1/whoami").await;
+    assert_refused(status, &body, StatusCode::UNAUTHORIZED, "unauthorized");
+}
+
+/// `approver` resolving `gate` is refused (403) and the run still waits; the refusal's
+/// message.
+async fn refused_resolution(approver: &Client, gate: &(String, String, String)) -> String {
+    let (status, body) = resolve(approver, gate).await;
+    assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    assert_still_pending(approver, gate).await;
+    body["error"]["message"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn a_member_cannot_resolve_an_approval() {
+    let (_llm, stack) = started().await;
+    let member = stack.member("a");
+    let gate = gated(&member).await;
+    refused_resolution(&member, &gate).await;
+    // The org's operator (someone else) may.
+    let (status, body) = resolve(&stack.operator("a"), &gate).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["data"]["approval"]["resolved_by"], "operator_a",
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn an_operator_cannot_approve_their_own_run() {
+    let (_llm, stack) = started().await;
+    let operator = stack.operator("a");
+    let own = gated(&operator).await;
+    let message = refused_resolution(&operator, &own).await;
+    assert!(message.contains("KEEL_ALLOW_SELF_APPROVAL"), "{message}");
+    // Nor does a member of the org decide it for them.
+    refused_resolution(&stack.member("a"), &own).await;
+}
+
+#[tokio::test]
+async fn a_member_cannot_set_limits_not_even_its_own() {
+    let (_llm, stack) = started().await;
+    let member = stack.member("b");
+    for workspace in ["org_b", "org_a"] {
+        let url = format!("{}/v1/workspaces/{workspace}/limits", stack.base);
+        let put = member.http.put(url).json(&json!({ "max_concurrent": 100 }));
+        let (status, body) = member.send(put).await;
+        assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    }
+    // An operator of org b sets b's, never a's.
+    let operator = stack.operator("b");
+    let url = format!("{}/v1/workspaces/org_a/limits", stack.base);
+    let put = operator.http.put(url).json(&json!({ "max_concurrent": 0 }));
+    let (status, body) = operator.send(put).await;
+    assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    for org in ["a", "b"] {
+        let (_, limits) = stack.operator(org).get("/v1/workspace").await;
+        assert!(limits["data"]["max_concurrent"].is_null(), "{limits}");
+    }
+}
+
+fn workflow(root: Option<&Path>, hooks: &str) -> String {
+    let workspace = root.map_or(String::new(), |r| {
+        format!("workspace:\n  root: {}\n", r.display())
+    });
+    format!(
+        "---\ntracker:\n  kind: github\n  repository: acme/widgets\n{workspace}{hooks}\
+         task:\n  execution_kind: shell\n  shell_command: echo item\n---\nWork on {{{{ issue.title }}}}\n"
+    )
+}
+
+async fn register(c: &Client, markdown: &str) -> (StatusCode, Value) {
+    c.post(
+        "/v1/external-work/sources",
+        json!({ "workflow_markdown": markdown }),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_member_cannot_register_hooks_or_roots_or_in_place_work() {
+    let (_llm, stack) = started().await;
+    let member = stack.member("a");
+    let hook = workflow(None, "hooks:\n  after_create: cat /proc/$PPID/environ\n");
+    let rooted = workflow(Some(&stack.root), "");
+    let in_place = "---\ntracker: {kind: github, repository: acme/widgets}\n\
+                    task: {execution_kind: shell, shell_command: ls, workspace_mode: in_place, \
+                    working_directory: /}\n---\nx";
+    for markdown in [hook.as_str(), rooted.as_str(), in_place] {
+        let (status, body) = register(&member, markdown).await;
+        assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    }
+    let (_, sources) = member.get("/v1/external-work/sources").await;
+    assert_eq!(sources["data"], json!([]), "{sources}");
+    // A plain source is a member's to register; the operator's hooks are the operator's.
+    let (status, body) = register(&member, &workflow(None, "")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = register(&stack.operator("b"), &hook).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+fn chat_preset(base_url: &str, key: &str) -> Value {
+    json!({ "kind": "openai-compatible", "model": "fake-chat-1", "api": "openai-completions",
+            "base_url": base_url, "api_key_ref": key, "capabilities": ["chat"], "enabled": true })
+}
+
+#[tokio::test]
+async fn a_member_cannot_send_the_operators_secrets_to_its_listener() {
+    let (llm, stack) = started().await;
+    let member = stack.member("a");
+    let mine = llm.openai_base();
+    // The operator's key, in the key or a secret header, aimed at the member's listener.
+    let mut header = chat_preset(&mine, "env:ORG_A_API_KEY");
+    header["secret_header_refs"] = json!({ "x-forward": "env:GITHUB_TOKEN" });
+    for body in [chat_preset(&mine, "env:OPENAI_API_KEY"), header] {
+        let (status, refused) = member.post("/v1/providers", body).await;
+        assert_invalid(status, &refused);
+        assert!(
+            refused["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("not granted"),
+            "{refused}"
+        );
+    }
+    // An operator's preset naming its key at the vendor: the member cannot re-aim it.
+    let operator = stack.operator("a");
+    let vendor = chat_preset("https://api.openai.com/v1", "env:OPENAI_API_KEY");
+    let (status, body) = operator.post("/v1/providers", vendor).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let url = format!("{}/v1/providers/{id}", stack.base);
+    let patch = member.http.patch(url).json(&json!({ "base_url": mine }));
+    let (status, body) = member.send(patch).await;
+    assert_invalid(status, &body);
+    let (_, kept) = member.get(&format!("/v1/providers/{id}")).await;
+    assert_eq!(
+        kept["data"]["base_url"], "https://api.openai.com/v1",
+        "{kept}"
+    );
+    // Nor ask whether the operator's secrets are set.
+    let (status, body) = member
+        .get("/v1/secrets/status?ref=env:OPENAI_API_KEY")
+        .await;
+    assert_invalid(status, &body);
+    // Org b was granted nothing, not even org a's key.
+    let (status, body) = stack
+        .member("b")
+        .post("/v1/providers", chat_preset(&mine, "env:ORG_A_API_KEY"))
+        .await;
+    assert_invalid(status, &body);
+    assert!(llm.requests().is_empty(), "a request reached the listener");
+
+    // What org a was granted does reach an allowed host: the listener hears org a's key.
+    let (status, body) = member
+        .post("/v1/providers", chat_preset(&mine, "env:ORG_A_API_KEY"))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let own = body["data"]["id"].as_str().unwrap();
+    let check = format!("/v1/providers/{own}/check?live=true");
+    let (status, body) = member.post(&check, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let heard = llm.requests();
+    assert_eq!(heard.len(), 1);
+    let authorization = heard[0].header("authorization").unwrap_or_default();
+    assert_eq!(authorization, format!("Bearer {ORG_A_KEY}"));
+    assert!(heard[0].header("x-forward").is_none());
+    stack.assert_no_secret_logged();
+}
+
+#[tokio::test]
+async fn a_members_chat_preset_reaches_only_allowed_hosts_over_https() {
+    let (llm, stack) = started().await;
+    let member = stack.member("a");
+    let port = reqwest::Url::parse(&llm.openai_base())
+        .unwrap()
+        .port()
+        .unwrap();
+    for base_url in [
+        "https://evil.example/v1".to_string(),
+        "http://api.openai.com/v1".to_string(),
+        "https://api.openai.com:8443/v1".to_string(),
+        format!("http://127.0.0.1:{}/v1", port + 1),
+        "http://169.254.169.254/latest".to_string(),
+    ] {
+        let (status, body) = member
+            .post("/v1/providers", chat_preset(&base_url, "env:ORG_A_API_KEY"))
+            .await;
+        assert_invalid(status, &body);
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("base_url"),
+            "{base_url}: {body}"
+        );
+    }
+    let (_, presets) = member.get("/v1/providers").await;
+    assert_eq!(presets["data"], json!([]), "{presets}");
+    let (status, body) = member
+        .post(
+            "/v1/providers",
+            chat_preset("https://api.openai.com/v1", "env:ORG_A_API_KEY"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert!(llm.requests().is_empty());
+}
+
+impl Stack {
+    /// The stack's settings with `changed` ones in their place: what a process started
+    /// after the operator narrowed them sees.
+    fn narrowed(&self, changed: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut env = self.env.clone();
+        env.retain(|(k, _)| changed.iter().all(|(c, _)| c != k));
+        env.extend(changed.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        env
+    }
+
+    /// A second API on the same database with the narrowed settings; its client as org
+    /// a's member.
+    async fn api_with(&self, name: &str, env: &[(String, String)]) -> (KeelProcess, Client) {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+        let api = support::spawn_api_with_env(&self.db, self.dir.path(), name, &env).await;
+        let base = api.client.as_ref().unwrap().base.clone();
+        (api, org_client(&base, "a"))
+    }
+}
+
+/// A check of preset `id` through `c` (live when it is a chat preset): its code and message.
+async fn checked(c: &Client, id: &str) -> (String, String) {
+    let (status, body) = c
+        .post(&format!("/v1/providers/{id}/check?live=true"), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let check = &body["data"];
+    let text = |k: &str| check[k].as_str().unwrap_or_default().to_string();
+    (text("code"), text("message"))
+}
+
+#[tokio::test]
+async fn a_members_preset_is_refused_at_use_once_its_grant_or_host_is_withdrawn() {
+    let (llm, stack) = started().await;
+    let mine = llm.openai_base();
+    let (status, body) = stack
+        .member("a")
+        .post("/v1/providers", chat_preset(&mine, "env:ORG_A_API_KEY"))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let member_preset = body["data"]["id"].as_str().unwrap().to_string();
+    // The operator's preset at the same listener with the operator's key.
+    let (status, body) = stack
+        .operator("a")
+        .post("/v1/providers", chat_preset(&mine, "env:OPENAI_API_KEY"))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let operator_preset = body["data"]["id"].as_str().unwrap().to_string();
+
+    // The grant moved to org b: an API started since refuses the member's preset.
+    let ungranted = stack.narrowed(&[("KEEL_SECRET_GRANTS", "org_b=env:ORG_A_API_KEY")]);
+    let (api, member) = stack.api_with("api-ungranted", &ungranted).await;
+    let (code, message) = checked(&member, &member_preset).await;
+    assert_eq!(code, "secret_not_granted", "{message}");
+    assert!(message.contains("env:ORG_A_API_KEY"), "{message}");
+    // The chat host delisted: refused too.
+    let delisted = stack.narrowed(&[("KEEL_PROVIDER_HOSTS", "127.0.0.1:1")]);
+    let (api_delisted, member_delisted) = stack.api_with("api-delisted", &delisted).await;
+    let (code, message) = checked(&member_delisted, &member_preset).await;
+    assert_eq!(code, "provider_host_not_allowed", "{message}");
+    assert!(llm.requests().is_empty(), "a request reached the listener");
+
+    // A worker started with the narrowed grants fails the member's agent run before any
+    // call; the operator's preset is not held to the grants and its run calls the model.
+    let env: Vec<(&str, &str)> = ungranted.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    let data = stack.dir.path().join("worker-data");
+    let _worker =
+        support::spawn_worker_with_env(&stack.db, stack.dir.path(), "worker", 3000, &data, &env);
+    let agent = |provider: &str| json!({ "execution_kind": "agent_loop", "prompt": "hi", "requested_provider": provider });
+    let (task_id, run_id) = member.start_task(agent(&member_preset)).await;
+    let run = member
+        .wait_terminal(&task_id, &run_id, Duration::from_secs(60))
+        .await;
+    assert_eq!(run["status"], "failed", "{run}");
+    let error = run["last_error"].as_str().unwrap();
+    assert!(error.starts_with("secret_not_granted"), "{error}");
+    assert!(llm.requests().is_empty(), "a request reached the listener");
+    let operator = operator_client(&api.client.as_ref().unwrap().base, "a");
+    let (task_id, run_id) = operator.start_task(agent(&operator_preset)).await;
+    operator
+        .wait_terminal(&task_id, &run_id, Duration::from_secs(60))
+        .await;
+    let heard = llm.requests();
+    assert_eq!(heard.len(), 1, "the operator's preset called its host");
+    let authorization = heard[0].header("authorization").unwrap_or_default();
+    assert_eq!(authorization, format!("Bearer {OPERATOR_KEY}"));
+    for log in [api.log_text(), api_delisted.log_text()] {
+        assert!(!log.contains(ORG_A_KEY) && !log.contains(OPERATOR_KEY));
+    }
+    stack.assert_no_secret_logged();
+}
+
+/// A member's media preset at the vendor's stand-in, submitted to a worker started after the
+/// grant was withdrawn: the job fails with `secret_not_granted` and the vendor hears nothing.
+#[tokio::test]
+async fn a_members_media_job_is_refused_once_its_grant_is_withdrawn() {
+    let vendor = wiremock::MockServer::start().await;
+    let stack = stack(&vendor.uri()).await;
+    let member = stack.member("a");
+    let preset = json!({ "kind": "openai-images", "model": "gpt-image-1", "api": "media-job",
+        "base_url": format!("{}/v1", vendor.uri()), "api_key_ref": "env:ORG_A_API_KEY",
+        "capabilities": ["image_generate"], "enabled": true });
+    let (status, body) = member.post("/v1/providers", preset).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let provider = body["data"]["id"].as_str().unwrap();
+    // The stand-in is on loopback: the worker may call it, so only the grant stops it.
+    let ungranted = stack.narrowed(&[
+        ("KEEL_SECRET_GRANTS", "org_b=env:ORG_A_API_KEY"),
+        ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "true"),
+    ]);
+    let env: Vec<(&str, &str)> = ungranted.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    let data = stack.dir.path().join("worker-data");
+    let _worker =
+        support::spawn_worker_with_env(&stack.db, stack.dir.path(), "worker", 3000, &data, &env);
+
+    let job = json!({ "provider_id": provider, "operation": "image_generate",
+                      "prompt": "a lighthouse at dusk", "input": {} });
+    let (status, body) = member.post("/v1/media-jobs", job).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let (status, body) = member
+        .post(&format!("/v1/media-jobs/{id}/run"), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let ended = support::wait_for(Duration::from_secs(60), "the media job to end", || async {
+        let (_, body) = member.get(&format!("/v1/media-jobs/{id}")).await;
+        let job = body["data"].clone();
+        matches!(job["status"].as_str(), Some("succeeded" | "failed")).then_some(job)
+    })
+    .await;
+    assert_eq!(ended["status"], "failed", "{ended}");
+    assert_eq!(ended["last_error_code"], "secret_not_granted", "{ended}");
+    let heard = vendor.received_requests().await.unwrap_or_default();
+    assert!(heard.is_empty(), "a request reached the vendor");
+    stack.assert_no_secret_logged();
+}
+
+/// An item of acme/widgets#7 imported into `source` (open, or closed later).
+async fn import(c: &Client, source: &str, state: &str, updated_at: &str) -> Value {
+    let payload =
+        json!({ "number": 7, "title": "shared", "state": state, "updated_at": updated_at });
+    let body = json!({ "source_id": source, "payload": payload });
+    let (status, body) = c.post("/v1/external-work/import", body).await;
+    assert!(status.is_success(), "{body}");
+    body["data"]["item"].clone()
+}
+
+#[tokio::test]
+async fn two_orgs_tracking_one_repository_keep_their_directories_apart() {
+    let (_llm, stack) = started().await;
+    let markdown = workflow(Some(&stack.root), "");
+    let (a, b) = (stack.operator("a"), stack.operator("b"));
+    let mut sources = Vec::new();
+    for c in [&a, &b] {
+        let (status, body) = register(c, &markdown).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        sources.push(body["data"]["id"].as_str().unwrap().to_string());
+    }
+    let (a_source, b_source) = (&sources[0], &sources[1]);
+    let a_item = import(&a, a_source, "open", "2026-11-30T09:00:00Z").await;
+    let b_item = import(&b, b_source, "open", "2026-11-30T09:00:00Z").await;
+    let a_dir = PathBuf::from(a_item["workspace_path"].as_str().unwrap());
+    let b_dir = PathBuf::from(b_item["workspace_path"].as_str().unwrap());
+    assert_eq!(a_dir, stack.root.join("org_a").join("acme_widgets_7"));
+    assert_eq!(b_dir, stack.root.join("org_b").join("acme_widgets_7"));
+    assert!(a_dir.is_dir() && b_dir.is_dir());
+    // Org a's run would write here; org b's run works in its own directory and sees none.
+    std::fs::write(a_dir.join("notes.txt"), "org a's notes").unwrap();
+    assert!(!b_dir.join("notes.txt").exists());
+
+    // Org b's item closes; its reconcile and removal touch org b's workspace alone.
+    let closed = import(&b, b_source, "closed", "2026-11-30T10:00:00Z").await;
+    assert_eq!(closed["state"], "terminal", "{closed}");
+    let reconcile = format!("/v1/external-work/sources/{b_source}/reconcile");
+    let _worker = stack.spawn_worker();
+    let (status, body) = b.post(&reconcile, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // The workers' maintenance removes a terminal item's workspace.
+    let gone = || async { (!b_dir.exists()).then_some(()) };
+    support::wait_for(Duration::from_secs(20), "org b's workspace to go", gone).await;
+    assert_eq!(
+        std::fs::read_to_string(a_dir.join("notes.txt")).unwrap(),
+        "org a's notes"
+    );
+    let (_, items) = a
+        .get(&format!("/v1/external-work/sources/{a_source}/items"))
+        .await;
+    assert_eq!(
+        items["data"][0]["workspace_path"], a_item["workspace_path"],
+        "{items}"
+    );
+
+    // A member of org b cannot work in place in org a's directory, only beneath its own.
+    let member = stack.member("b");
+    let in_place = |dir: &Path| {
+        json!({ "execution_kind": "shell", "shell_command": "cat notes.txt",
+                "workspace_mode": "in_place", "working_directory": dir.to_str().unwrap() })
+    };
+    let (status, body) = member.post("/v1/tasks", in_place(&a_dir)).await;
+    assert_invalid(status, &body);
+    let (status, body) = member.post("/v1/tasks", in_place(&stack.root)).await;
+    assert_invalid(status, &body);
+    let own = stack.root.join("org_b").join("scratch");
+    std::fs::create_dir(&own).unwrap();
+    let task = member.create_task(in_place(&own)).await;
+    assert_eq!(
+        task["sandbox_allowed_root"],
+        stack.root.join("org_b").to_str().unwrap(),
+        "{task}"
+    );
+}

@@ -1,0 +1,454 @@
+//! The run sandbox with real `keel api` and `keel worker` processes: a run sees none of the
+//! worker's environment but its allowlist, nothing a run started outlives it (whatever the
+//! way it ends, even when its worker lost the lease), run timeouts have a default and a
+//! maximum, and the sandbox flags cut a run off the network or make its workspace read-only.
+
+use crate::support;
+
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use crate::support::{Client, KeelProcess, spawn_api_with_env, spawn_worker_with_env, wait_for};
+use reqwest::StatusCode;
+use serde_json::json;
+
+const SOON: Duration = Duration::from_secs(30);
+
+/// Worker variables no run may see.
+const CANARIES: [(&str, &str); 4] = [
+    ("KEEL_CANARY_SECRET", "canary-keel-secret"),
+    ("DATABASE_URL", "postgres://canary-database-url"),
+    ("AWS_SECRET_ACCESS_KEY", "canary-aws-secret"),
+    ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=canary-otlp"),
+];
+
+struct Stack {
+    client: Client,
+    _api: KeelProcess,
+    _worker: KeelProcess,
+    _dir: tempfile::TempDir,
+}
+
+async fn stack(api_env: &[(&str, &str)]) -> Stack {
+    let db = support::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = spawn_api_with_env(&db, dir.path(), "api", api_env).await;
+    let mut worker_env = CANARIES.to_vec();
+    worker_env.push(("KEEL_RUN_ENV_PASSTHROUGH", "SANDBOX_PASSED,SANDBOX_UNSET"));
+    worker_env.push(("SANDBOX_PASSED", "passed-through"));
+    let worker = spawn_worker_with_env(
+        &db,
+        dir.path(),
+        "worker",
+        30_000,
+        &dir.path().join("data"),
+        &worker_env,
+    );
+    Stack {
+        client: api.client.clone().unwrap(),
+        _api: api,
+        _worker: worker,
+        _dir: dir,
+    }
+}
+
+#[tokio::test]
+async fn a_run_sees_only_its_allowlisted_environment() {
+    let s = stack(&[]).await;
+    let (task_id, run_id) = s
+        .client
+        .start_task(json!({
+            "execution_kind": "shell", "shell_command": "env; pwd",
+            "prompt": "work-on-the-prompt"
+        }))
+        .await;
+    let run = s.client.wait_terminal(&task_id, &run_id, SOON).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let out = s.client.stdout(&task_id, &run_id).await;
+    let vars: Vec<(&str, &str)> = out.lines().filter_map(|l| l.split_once('=')).collect();
+    let names: Vec<&str> = vars.iter().map(|(name, _)| *name).collect();
+    for (name, value) in CANARIES {
+        assert!(
+            !out.contains(value),
+            "{name}'s value reached the run: {out}"
+        );
+    }
+    assert!(!names.contains(&"KEEL_DATABASE_URL"), "{out}");
+    assert!(
+        !out.contains("postgres://"),
+        "a database URL reached the run: {out}"
+    );
+    assert!(
+        vars.contains(&("SANDBOX_PASSED", "passed-through")),
+        "{out}"
+    );
+    assert!(vars.contains(&("KEEL_RUN_ID", run_id.as_str())), "{out}");
+    assert!(vars.contains(&("KEEL_TASK_ID", task_id.as_str())), "{out}");
+    // A task's prompt (external work renders one) reaches its shell run.
+    assert!(
+        vars.contains(&("KEEL_RUN_PROMPT", "work-on-the-prompt")),
+        "{out}"
+    );
+    assert!(!names.contains(&"SANDBOX_UNSET"), "{out}");
+    let workspace = out.lines().last().unwrap();
+    let var = |name: &str| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+    assert_eq!(
+        var("HOME"),
+        Some(format!("{workspace}/.keel/home").as_str())
+    );
+    assert_eq!(
+        var("TMPDIR"),
+        Some(format!("{workspace}/.keel/tmp").as_str())
+    );
+    let allowed = [
+        "PATH",
+        "LANG",
+        "HOME",
+        "TMPDIR",
+        "KEEL_TASK_ID",
+        "KEEL_RUN_ID",
+        "KEEL_RUN_ATTEMPT",
+        "KEEL_RUN_PROMPT",
+        "KEEL_RUN_SANDBOX_ID",
+        "SANDBOX_PASSED",
+        // What `sh` itself sets.
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "_",
+    ];
+    for name in &names {
+        assert!(allowed.contains(name), "{name} reached the run: {out}");
+    }
+}
+
+#[tokio::test]
+async fn a_worker_refuses_to_pass_keel_s_own_variables() {
+    let db = support::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut worker = spawn_worker_with_env(
+        &db,
+        dir.path(),
+        "worker",
+        30_000,
+        &dir.path().join("data"),
+        &[("KEEL_RUN_ENV_PASSTHROUGH", "HTTP_PROXY,KEEL_DATABASE_URL")],
+    );
+    let status = worker.wait_exit(SOON);
+    assert!(!status.success());
+    let log = worker.log_text();
+    assert!(
+        log.contains("KEEL_DATABASE_URL is one of Keel's own settings"),
+        "{log}"
+    );
+}
+
+#[tokio::test]
+async fn timeouts_have_a_default_and_a_maximum() {
+    let s = stack(&[
+        ("KEEL_RUN_TIMEOUT_MS", "120000"),
+        ("KEEL_RUN_TIMEOUT_MAX_MS", "600000"),
+    ])
+    .await;
+    let task = s
+        .client
+        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
+        .await;
+    assert_eq!(task["timeout_ms"], 120_000, "{task}");
+    let task = s
+        .client
+        .create_task(
+            json!({ "execution_kind": "shell", "shell_command": "true", "timeout_ms": 600_000 }),
+        )
+        .await;
+    assert_eq!(task["timeout_ms"], 600_000, "{task}");
+    let (status, body) = s
+        .client
+        .post(
+            "/v1/tasks",
+            json!({ "execution_kind": "shell", "shell_command": "true", "timeout_ms": 600_001 }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("timeout_ms"), "{body}");
+}
+
+/// A marker no other process on the machine has in its command line.
+fn marker() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "1000.{}{:03}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Live processes whose command line holds `marker`.
+fn processes_with(marker: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                cmdline
+                    .windows(marker.len())
+                    .any(|window| window == marker.as_bytes())
+            })
+        })
+        .collect()
+}
+
+/// Ways a run's process tries to outlive it; `{m}` is the marker, and the escaped process
+/// touches `ready` once it runs.
+const ESCAPES: [(&str, &str); 5] = [
+    ("setsid", "setsid sh -c 'touch ready; exec sleep {m}' &"),
+    ("double fork", "(sh -c 'touch ready; exec sleep {m}' &) &"),
+    ("nohup", "nohup sh -c 'touch ready; exec sleep {m}' &"),
+    (
+        "ignores SIGTERM",
+        "sh -c 'trap \"\" TERM; touch ready; exec sleep {m}' &",
+    ),
+    // Out of the run's cgroup into the root one, wherever the host mounts cgroup2: the run
+    // has no /sys, and its uid owns no cgroup.
+    (
+        "joins the root cgroup",
+        "sh -c 'for f in /sys/fs/cgroup/cgroup.procs /sys/fs/cgroup/unified/cgroup.procs; \
+         do echo $$ > $f; done 2>/dev/null; touch ready; exec sleep {m}' &",
+    ),
+];
+
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    Completion,
+    Timeout,
+    Cancel,
+}
+
+/// Starts a run that leaves an escaped process behind and ends it the given way; returns
+/// the marker once the run has ended.
+async fn escape_and_end(client: &Client, escape: &str, ending: Ending) -> String {
+    let m = marker();
+    let wait_ready = "until [ -e ready ]; do sleep 0.05; done";
+    let tail = match ending {
+        Ending::Completion => "echo done".to_string(),
+        Ending::Timeout | Ending::Cancel => format!("exec sleep {m}"),
+    };
+    let command = format!("{}\n{wait_ready}\n{tail}", escape.replace("{m}", &m));
+    let mut body = json!({ "execution_kind": "shell", "shell_command": command });
+    if let Ending::Timeout = ending {
+        body["timeout_ms"] = json!(1_500);
+    }
+    let (task_id, run_id) = client.start_task(body).await;
+    if let Ending::Cancel = ending {
+        wait_for(SOON, "the escaped process to run", || async {
+            (!processes_with(&m).is_empty()).then_some(())
+        })
+        .await;
+        let (status, body) = client
+            .post(
+                &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
+                json!({}),
+            )
+            .await;
+        assert!(status.is_success(), "{body}");
+    }
+    let run = client.wait_terminal(&task_id, &run_id, SOON).await;
+    let expected = match ending {
+        Ending::Completion => "completed",
+        Ending::Timeout => "failed",
+        Ending::Cancel => "cancelled",
+    };
+    assert_eq!(run["status"], expected, "{ending:?}: {run}");
+    if let Ending::Timeout = ending {
+        let error = run["last_error"].as_str().unwrap_or_default();
+        assert!(error.contains("timed out"), "{run}");
+    }
+    m
+}
+
+#[tokio::test]
+async fn no_process_outlives_its_run() {
+    let s = stack(&[]).await;
+    let runs = ESCAPES.iter().flat_map(|(name, escape)| {
+        [Ending::Completion, Ending::Timeout, Ending::Cancel]
+            .into_iter()
+            .map(move |ending| (*name, *escape, ending))
+    });
+    let ended = futures_util::future::join_all(runs.map(|(name, escape, ending)| {
+        let client = s.client.clone();
+        async move {
+            let m = escape_and_end(&client, escape, ending).await;
+            (name, ending, m)
+        }
+    }))
+    .await;
+    // The cgroup (or sweep) kills before the run is recorded as ended; the wait only
+    // covers the kernel tearing the processes down.
+    for (name, ending, m) in ended {
+        wait_for(
+            Duration::from_secs(10),
+            &format!("{name} processes to be gone after {ending:?}"),
+            || async { processes_with(&m).is_empty().then_some(()) },
+        )
+        .await;
+    }
+}
+
+/// Whether the listener has a connection waiting (accepted and dropped if so).
+fn connected(listener: &TcpListener) -> bool {
+    match listener.accept() {
+        Ok(_) => true,
+        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => false,
+        Err(error) => panic!("accept failed: {error}"),
+    }
+}
+
+#[tokio::test]
+async fn a_run_without_network_cannot_reach_the_host_s_loopback() {
+    let s = stack(&[]).await;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let command = format!("bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}' && echo connected");
+    let run_with = |network: bool| {
+        let body = json!({
+            "execution_kind": "shell", "shell_command": command, "sandbox_network": network
+        });
+        let client = s.client.clone();
+        async move {
+            let (task_id, run_id) = client.start_task(body).await;
+            let run = client.wait_terminal(&task_id, &run_id, SOON).await;
+            (run, client.stdout(&task_id, &run_id).await)
+        }
+    };
+
+    let (run, out) = run_with(false).await;
+    assert_eq!(run["status"], "failed", "{run}");
+    let error = run["last_error"].as_str().unwrap_or_default();
+    assert!(!error.contains("sandbox_unavailable"), "{run}");
+    assert!(!out.contains("connected"), "{out}");
+    assert!(
+        !connected(&listener),
+        "a run without network reached the host"
+    );
+
+    let (run, out) = run_with(true).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert!(out.contains("connected"), "{out}");
+    assert!(connected(&listener), "the listener saw no connection");
+}
+
+#[tokio::test]
+async fn a_read_only_workspace_refuses_writes() {
+    let s = stack(&[]).await;
+    let (task_id, run_id) = s
+        .client
+        .start_task(json!({
+            "execution_kind": "shell", "shell_command": "pwd; touch \"$PWD/x\"",
+            "sandbox_read_only": true
+        }))
+        .await;
+    let run = s.client.wait_terminal(&task_id, &run_id, SOON).await;
+    assert_eq!(run["status"], "failed", "{run}");
+    let error = run["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("Read-only file system"), "{run}");
+    let out = s.client.stdout(&task_id, &run_id).await;
+    let workspace = std::path::Path::new(out.trim());
+    assert!(workspace.is_dir(), "{out}");
+    assert!(!workspace.join("x").exists(), "the run wrote its workspace");
+
+    let (status, body) = s
+        .client
+        .post(
+            "/v1/tasks",
+            json!({
+                "execution_kind": "file", "file_path": "a.txt", "file_operation": "write",
+                "file_content": "x", "sandbox_read_only": true
+            }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("sandbox_read_only"), "{body}");
+}
+
+#[tokio::test]
+async fn a_worker_that_lost_its_lease_kills_its_run_s_processes() {
+    let db = support::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = spawn_api_with_env(&db, dir.path(), "api", &[]).await;
+    let client = api.client.clone().unwrap();
+    let worker = |name: &str| {
+        let data = dir.path().join(name);
+        spawn_worker_with_env(&db, dir.path(), name, 1_500, &data, &[])
+    };
+    // Dropping it SIGKILLs it, stopped or not.
+    let first = worker("first");
+    let m = marker();
+    // Each attempt's escaped process carries its attempt number, so the takeover's own
+    // does not count against the first.
+    let command = format!("setsid sleep {m}$KEEL_RUN_ATTEMPT &\nsleep 1000");
+    let (task_id, run_id) = client
+        .start_task(json!({ "execution_kind": "shell", "shell_command": command }))
+        .await;
+    let stray = format!("{m}1");
+    wait_for(SOON, "the first attempt's escaped process", || async {
+        (!processes_with(&stray).is_empty()).then_some(())
+    })
+    .await;
+
+    first.signal(nix::sys::signal::Signal::SIGSTOP);
+    let _second = worker("second");
+    wait_for(SOON, "a second worker to take the run over", || async {
+        let run = client.run(&task_id, &run_id).await;
+        (run["attempt"].as_i64() >= Some(2)).then_some(())
+    })
+    .await;
+    first.signal(nix::sys::signal::Signal::SIGCONT);
+    wait_for(
+        Duration::from_secs(15),
+        "the first worker to kill its lost run's processes",
+        || async { processes_with(&stray).is_empty().then_some(()) },
+    )
+    .await;
+    // The takeover's processes go with its run.
+    let (status, body) = client
+        .post(
+            &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
+            json!({}),
+        )
+        .await;
+    assert!(status.is_success(), "{body}");
+    client.wait_terminal(&task_id, &run_id, SOON).await;
+}
+
+#[tokio::test]
+async fn network_egress_gates_only_tasks_with_network() {
+    let s = stack(&[("KEEL_APPROVAL_POLICIES", "network_egress")]).await;
+    let fetch = |network: bool| {
+        json!({
+            "execution_kind": "git", "git_command": "fetch https://example.com/r.git",
+            "sandbox_network": network
+        })
+    };
+    let task = s.client.create_task(fetch(true)).await;
+    let (status, run) = s
+        .client
+        .post(
+            &format!("/v1/tasks/{}/start", task["id"].as_str().unwrap()),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    assert_eq!(run["data"]["status"], "awaiting_approval", "{run}");
+
+    let (task_id, run_id) = s.client.start_task(fetch(false)).await;
+    // Queued without an approval; the fetch then fails for want of a network.
+    let run = s.client.wait_terminal(&task_id, &run_id, SOON).await;
+    assert_eq!(run["status"], "failed", "{run}");
+    let error = run["last_error"].as_str().unwrap_or_default();
+    assert!(!error.contains("sandbox_unavailable"), "{run}");
+}
