@@ -12,13 +12,13 @@ use keel_workers::media::MediaLimits;
 use keel_workers::{SandboxMode, SandboxSettings};
 use object_store::aws::AmazonS3Builder;
 
-use crate::domain::approval::{ApprovalPolicy, DEFAULT_POLICIES};
-use crate::domain::provider::ProviderHosts;
-use crate::domain::secret::{DEFAULT_ENV_ALLOW, DEFAULT_FILE_ROOTS, SecretPolicy};
-use crate::domain::task::{RunTimeouts, WorkspaceRoots};
+use crate::approvals::{ApprovalPolicy, DEFAULT_POLICIES};
+use crate::artifacts::content::{ContentStore, S3Settings};
+use crate::providers::ProviderHosts;
+use crate::providers::secrets::{DEFAULT_ENV_ALLOW, DEFAULT_FILE_ROOTS, SecretPolicy};
 use crate::queue::worker::{LeaseTiming, WorkerSettings};
-use crate::store::content::{ContentStore, S3Settings};
-use crate::store::runs::AdmissionRules;
+use crate::runs::AdmissionRules;
+use crate::tasks::{RunTimeouts, WorkspaceRoots};
 use crate::telemetry::LogFormat;
 
 /// The settings of the server roles (`keel serve|api|worker|migrate`, `keel-bench`), not of
@@ -64,7 +64,7 @@ pub struct Common {
         global = true,
         hide_env_values = true
     )]
-    pub model_prices: crate::domain::usage::PriceTable,
+    pub model_prices: crate::agent::prices::PriceTable,
 
     /// How long an approval stays actionable (ms); 0 keeps it until it is resolved.
     #[arg(long, env = "KEEL_APPROVAL_TTL_MS", default_value_t = 0, global = true)]

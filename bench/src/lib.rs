@@ -31,8 +31,8 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use keel::config::{Common, WorkerArgs};
-use keel::store;
-use keel::store::embedded::{Durability, EmbeddedPostgres};
+use keel::db;
+use keel::db::embedded::{Durability, EmbeddedPostgres};
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
@@ -188,8 +188,8 @@ async fn run(common: &Common, args: &RunArgs) -> anyhow::Result<()> {
     let url = common.database_url().context(
         "no database URL: pass --database-url or set KEEL_DATABASE_URL (or DATABASE_URL)",
     )?;
-    let pool = store::connect(&url, 4, "bench").await?;
-    store::migrate(&pool).await.context("applying migrations")?;
+    let pool = db::connect(&url, 4, "bench").await?;
+    db::migrate(&pool).await.context("applying migrations")?;
     let mut report = Report {
         keel: env!("CARGO_PKG_VERSION").to_string(),
         jobs: args.jobs,
@@ -232,7 +232,7 @@ async fn postgres(root: PathBuf, shutdown: CancellationToken) -> anyhow::Result<
         tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&root, Durability::Durable))
             .await?
             .context("starting PostgreSQL")?;
-    let admin = store::connect(&cluster.url("postgres"), 1, "bench").await?;
+    let admin = db::connect(&cluster.url("postgres"), 1, "bench").await?;
     sqlx::query("CREATE DATABASE bench").execute(&admin).await?;
     // The runs figure counts statements per run with pg_stat_statements, which only a
     // restart loads.

@@ -14,8 +14,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use keel::config::WorkerArgs;
+use keel::db;
 use keel::queue::worker::{Job, JobHandler};
-use keel::store;
 
 pub const KIND: &str = "bench";
 /// Jobs whose ref_id starts with this hold their lease until interrupted (the recovery
@@ -112,7 +112,7 @@ pub async fn run_worker(
 ) -> anyhow::Result<()> {
     let handler = Arc::new(BenchJobs { probe });
     // The bench database has no schedules, so no admission rules are needed.
-    let rules = keel::store::runs::AdmissionRules::default();
+    let rules = keel::runs::AdmissionRules::default();
     keel::cli::run_worker_with(pool, rules, args, vec![handler], shutdown).await
 }
 
@@ -152,7 +152,7 @@ impl InProcess {
         prefetch: usize,
         probe: Probe,
     ) -> anyhow::Result<Self> {
-        let pool = store::connect(url, super::worker_pool_size(concurrency), "bench-worker")
+        let pool = db::connect(url, super::worker_pool_size(concurrency), "bench-worker")
             .await
             .context("connecting the bench worker")?;
         let stop = CancellationToken::new();

@@ -8,12 +8,12 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{ApiJson, ApiQuery};
-use super::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object, page_limit};
+use crate::api::extract::{ApiJson, ApiQuery};
+use crate::api::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object, page_limit};
+use crate::approvals::ApprovalRecord;
+use crate::approvals::{ApprovalKind, Decision};
 use crate::domain::Caller;
-use crate::domain::approval::{ApprovalKind, Decision};
-use crate::store::approvals::ApprovalRecord;
-use crate::store::{approvals, tasks};
+use crate::{approvals, tasks};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

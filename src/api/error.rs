@@ -7,8 +7,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use crate::db::StoreError;
 use crate::domain::Invalid;
-use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -215,8 +215,8 @@ pub struct ErrorDetail(pub String);
 
 /// A workflow that cannot be used answers 422 with its class as the error type
 /// (`missing_workflow_file`, `workflow_parse_error`, …).
-impl From<crate::domain::workflow::WorkflowError> for ApiError {
-    fn from(error: crate::domain::workflow::WorkflowError) -> Self {
+impl From<crate::external::workflow::WorkflowError> for ApiError {
+    fn from(error: crate::external::workflow::WorkflowError) -> Self {
         ApiError::Coded {
             status: StatusCode::UNPROCESSABLE_ENTITY,
             code: error.code(),
@@ -225,9 +225,9 @@ impl From<crate::domain::workflow::WorkflowError> for ApiError {
     }
 }
 
-impl From<crate::jobs::poll::ExternalError> for ApiError {
-    fn from(error: crate::jobs::poll::ExternalError) -> Self {
-        use crate::jobs::poll::ExternalError;
+impl From<crate::external::poll::ExternalError> for ApiError {
+    fn from(error: crate::external::poll::ExternalError) -> Self {
+        use crate::external::poll::ExternalError;
         match error {
             ExternalError::Workflow(e) => e.into(),
             ExternalError::Unusable(message) => ApiError::Invalid {

@@ -26,11 +26,13 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::ApiQuery;
-use super::{ApiError, AppState, ListEnvelope, list, page_limit};
+use crate::api::extract::ApiQuery;
+use crate::api::{ApiError, AppState, ListEnvelope, list, page_limit};
+use crate::db::StoreError;
 use crate::domain::{Caller, Scope};
-use crate::store::events::{self, EventRecord, FeedCursor, FeedFilter};
-use crate::store::{StoreError, runs};
+use crate::events;
+use crate::events::{EventRecord, FeedCursor, FeedFilter};
+use crate::runs;
 
 const STREAM_PAGE: i64 = 500;
 /// How often an API process with open streams reads the snapshot to learn of commits.

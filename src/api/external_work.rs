@@ -14,16 +14,18 @@ use keel_api_types::{
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{ApiJson, ApiQuery, OptionalJson};
-use super::{
+use crate::api::extract::{ApiJson, ApiQuery, OptionalJson};
+use crate::api::{
     ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object, page_limit,
 };
 use crate::domain::Caller;
-use crate::domain::external_action::{ActionDraft, ProposedAction};
-use crate::domain::workflow::{Workflow, WorkflowError};
-use crate::jobs::poll::{self, DEFAULT_LIMIT, Imported, Pass, PollSummary, Poller, Proposed};
-use crate::store::external::{self, ItemRecord, SourceRecord, WorkflowOrigin};
-use crate::store::external_actions::{self, ActionRecord};
+use crate::external;
+use crate::external::actions::ActionRecord;
+use crate::external::actions::{ActionDraft, ProposedAction};
+use crate::external::poll;
+use crate::external::poll::{DEFAULT_LIMIT, Imported, Pass, PollSummary, Poller, Proposed};
+use crate::external::workflow::{Workflow, WorkflowError};
+use crate::external::{ItemRecord, SourceRecord, WorkflowOrigin};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -199,7 +201,7 @@ async fn source_status(
     let source = external::get_source(&mut conn, &caller.scope, &source_id).await?;
     let mut records = external::item_counts(&mut conn, &caller.scope, &source_id).await?;
     let mut actions =
-        external_actions::counts_for_source(&mut conn, &caller.scope, &source_id).await?;
+        crate::external::actions::counts_for_source(&mut conn, &caller.scope, &source_id).await?;
     drop(conn);
     for counts in [&mut records, &mut actions] {
         counts.insert("total".into(), counts.values().sum());
@@ -427,10 +429,11 @@ async fn list_item_actions(
     let limit = page_limit(page.limit)?;
     let mut conn = state.pool.acquire().await?;
     let scope = &caller.scope;
-    external_actions::item(&mut conn, scope, &item_id).await?;
+    crate::external::actions::item(&mut conn, scope, &item_id).await?;
     let cursor = page.cursor.as_deref();
     let rows =
-        external_actions::list_for_item(&mut conn, scope, &item_id, cursor, limit + 1).await?;
+        crate::external::actions::list_for_item(&mut conn, scope, &item_id, cursor, limit + 1)
+            .await?;
     Ok(Json(list(rows, limit, |a| a.id.clone())))
 }
 
@@ -445,6 +448,6 @@ async fn get_action(
     Path(action_id): Path<String>,
 ) -> Result<Json<ObjectEnvelope<ActionRecord>>> {
     let mut conn = state.pool.acquire().await?;
-    let action = external_actions::get(&mut conn, &caller.scope, &action_id).await?;
+    let action = crate::external::actions::get(&mut conn, &caller.scope, &action_id).await?;
     Ok(Json(object("external_work_action", action)))
 }

@@ -8,7 +8,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 
-use super::error::ApiError;
+use crate::api::error::ApiError;
 
 /// `Json<T>` that answers malformed JSON, unknown fields, wrong types and oversized bodies
 /// with the envelope (400, 413, 415, 422), naming what was wrong. An integer field also

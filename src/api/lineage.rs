@@ -2,7 +2,7 @@
 //! the conversation a resume hydrates. Each reads the finished source run's
 //! `agent_conversation` artifact, builds the new run's `conversation_base` from it, and
 //! admits the run through the same transaction as start, retry and resume
-//! ([`super::tasks::admit`]), which keeps one active run per task and the workspace scope.
+//! ([`crate::api::tasks::admit`]), which keeps one active run per task and the workspace scope.
 //!
 //! The checks here run before that transaction; they are stable because a finished run never
 //! changes again (its conversation, status and model call count are final), and the
@@ -16,14 +16,15 @@ use keel_workers::agent::Message;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::ApiJson;
-use super::tasks::{Admitted201, StartRequest, admit};
-use super::{ApiError, AppState, ObjectEnvelope};
+use crate::api::extract::ApiJson;
+use crate::api::tasks::{Admitted201, StartRequest, admit};
+use crate::api::{ApiError, AppState, ObjectEnvelope};
+use crate::artifacts::ArtifactRecord;
 use crate::domain::Caller;
-use crate::store::artifacts::ArtifactRecord;
-use crate::store::lineage::{self, CONVERSATION_ARTIFACT};
-use crate::store::runs::{Origin, RunRecord};
-use crate::store::{runs, tasks};
+use crate::runs::lineage;
+use crate::runs::lineage::CONVERSATION_ARTIFACT;
+use crate::runs::{Origin, RunRecord};
+use crate::{runs, tasks};
 
 /// The longest follow-up prompt, as for a task's prompt.
 const MAX_PROMPT_BYTES: usize = 64 * 1024;

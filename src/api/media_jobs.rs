@@ -11,16 +11,17 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{ApiJson, ApiQuery};
-use super::{
+use crate::api::extract::{ApiJson, ApiQuery};
+use crate::api::{
     ApiError, AppState, ContentQuery, ListEnvelope, ObjectEnvelope, PageQuery, list, object,
     page_limit,
 };
+use crate::artifacts;
+use crate::artifacts::ArtifactRecord;
 use crate::domain::Caller;
-use crate::domain::media::{MediaJobStatus, Unrunnable, parse_operation};
-use crate::store::artifacts::{self, ArtifactRecord};
-use crate::store::events::Subject;
-use crate::store::media_jobs::{self, ListFilter, MediaJobRecord, NewMediaJob, Refused};
+use crate::events::Subject;
+use crate::media::{ListFilter, MediaJobRecord, NewMediaJob, Refused};
+use crate::media::{MediaJobStatus, Unrunnable, parse_operation};
 
 type Result<T> = std::result::Result<T, ApiError>;
 
@@ -76,7 +77,7 @@ async fn create_media_job(
         input: &draft.input,
     };
     let mut tx = state.pool.begin().await?;
-    let job = media_jobs::create(&mut tx, &caller.scope, job, &caller.actor()).await?;
+    let job = crate::media::create(&mut tx, &caller.scope, job, &caller.actor()).await?;
     tx.commit().await?;
     Ok((StatusCode::CREATED, Json(object("media_job", job))))
 }
@@ -123,7 +124,7 @@ async fn list_media_jobs(
     };
     let mut conn = state.pool.acquire().await?;
     let (scope, cursor) = (&caller.scope, query.cursor.as_deref());
-    let rows = media_jobs::list(&mut conn, scope, &filter, cursor, limit + 1).await?;
+    let rows = crate::media::list(&mut conn, scope, &filter, cursor, limit + 1).await?;
     Ok(Json(list(rows, limit, |j| j.id.clone())))
 }
 
@@ -137,7 +138,7 @@ async fn get_media_job(
     Path(id): Path<String>,
 ) -> Result<Json<ObjectEnvelope<MediaJobRecord>>> {
     let mut conn = state.pool.acquire().await?;
-    let job = media_jobs::get(&mut conn, &caller.scope, &id).await?;
+    let job = crate::media::get(&mut conn, &caller.scope, &id).await?;
     Ok(Json(object("media_job", job)))
 }
 
@@ -152,7 +153,7 @@ async fn run_media_job(
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<ObjectEnvelope<MediaJobRecord>>)> {
     let mut tx = state.pool.begin().await?;
-    let job = media_jobs::run(&mut tx, &caller.scope, &id, &caller.actor()).await?;
+    let job = crate::media::run(&mut tx, &caller.scope, &id, &caller.actor()).await?;
     tx.commit().await?;
     Ok((StatusCode::ACCEPTED, Json(object("media_job", job))))
 }
@@ -168,7 +169,7 @@ async fn cancel_media_job(
     Path(id): Path<String>,
 ) -> Result<Json<ObjectEnvelope<MediaJobRecord>>> {
     let mut tx = state.pool.begin().await?;
-    let job = media_jobs::cancel(&mut tx, &caller.scope, &id, &caller.actor()).await?;
+    let job = crate::media::cancel(&mut tx, &caller.scope, &id, &caller.actor()).await?;
     tx.commit().await?;
     Ok(Json(object("media_job", job)))
 }
@@ -186,7 +187,7 @@ async fn list_media_artifacts(
     let limit = page_limit(page.limit)?;
     let mut conn = state.pool.acquire().await?;
     let scope = &caller.scope;
-    media_jobs::get(&mut conn, scope, &id).await?;
+    crate::media::get(&mut conn, scope, &id).await?;
     let (owner, cursor) = (Subject::MediaJob(&id), page.cursor.as_deref());
     let rows = artifacts::list(&mut conn, scope, owner, cursor, limit + 1).await?;
     Ok(Json(list(rows, limit, |a| a.id.clone())))
@@ -206,5 +207,5 @@ async fn media_artifact_content(
     let owner = Subject::MediaJob(&id);
     let artifact = artifacts::get(&mut conn, &caller.scope, owner, &artifact_id).await?;
     drop(conn);
-    super::artifact_body(&state, artifact, query).await
+    crate::api::artifact_body(&state, artifact, query).await
 }

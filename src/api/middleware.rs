@@ -10,7 +10,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tracing::Instrument;
 
-use super::error::{ApiError, ErrorDetail};
+use crate::api::error::{ApiError, ErrorDetail};
 use crate::telemetry;
 
 const REQUEST_ID: &str = "x-request-id";
@@ -20,7 +20,7 @@ const TRACEPARENT: &str = "traceparent";
 /// handler makes (a live provider check, 10 s), so only a database that stopped answering
 /// mid-request reaches it, and the request gets a 503 instead of hanging.
 const RESPONSE_BOUND: std::time::Duration =
-    crate::store::ACQUIRE_TIMEOUT.saturating_add(std::time::Duration::from_secs(20));
+    crate::db::ACQUIRE_TIMEOUT.saturating_add(std::time::Duration::from_secs(20));
 /// Error bodies are small; anything larger is passed through untouched.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 

@@ -3,6 +3,7 @@
 
 mod approvals;
 mod auth;
+mod console;
 mod error;
 mod events;
 mod external_work;
@@ -34,10 +35,10 @@ use tokio_util::sync::CancellationToken;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 
-use crate::domain::provider::ProviderHosts;
-use crate::domain::secret::SecretPolicy;
-use crate::store::content::ContentStore;
-use crate::store::runs::AdmissionRules;
+use crate::artifacts::content::ContentStore;
+use crate::providers::ProviderHosts;
+use crate::providers::secrets::SecretPolicy;
+use crate::runs::AdmissionRules;
 
 pub use auth::{Auth, PAGE_ROUTES, ROUTE_POLICY, RouteClass, SettingsError};
 pub use error::ApiError;
@@ -124,7 +125,7 @@ pub async fn serve_with_auth(
 ) -> Result<(), std::io::Error> {
     let runtime_host_id = {
         let mut conn = pool.acquire().await.map_err(std::io::Error::other)?;
-        crate::store::runtime::host_id(&mut conn)
+        crate::system::runtime::host_id(&mut conn)
             .await
             .map_err(std::io::Error::other)?
     };
@@ -187,7 +188,7 @@ pub fn app(state: AppState) -> Router {
     let auth = state.auth.clone();
     let router = router
         .route("/docs", axum::routing::get(openapi::reference_page))
-        .merge(crate::console::router())
+        .merge(crate::api::console::router())
         .fallback(middleware::not_found)
         .method_not_allowed_fallback(middleware::method_not_allowed)
         .with_state(state)
@@ -270,7 +271,7 @@ pub fn object<T>(name: &'static str, data: T) -> ObjectEnvelope<T> {
 /// short (and is logged).
 pub async fn artifact_body(
     state: &AppState,
-    artifact: crate::store::artifacts::ArtifactRecord,
+    artifact: crate::artifacts::ArtifactRecord,
     query: ContentQuery,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
@@ -315,7 +316,7 @@ const INLINE_CONTENT_TYPES: [&str; 7] = [
 
 /// The headers of an artifact's content: its type, never sniffed, in a sandbox that loads
 /// nothing, and as an attachment unless the type is in [`INLINE_CONTENT_TYPES`].
-fn artifact_headers(artifact: &crate::store::artifacts::ArtifactRecord) -> axum::http::HeaderMap {
+fn artifact_headers(artifact: &crate::artifacts::ArtifactRecord) -> axum::http::HeaderMap {
     use axum::http::{HeaderValue, header};
 
     let mut headers = axum::http::HeaderMap::new();

@@ -20,7 +20,7 @@ use utoipa::openapi::{Content, OpenApi, OpenApiBuilder, Ref, RefOr};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::AppState;
+use crate::api::AppState;
 
 /// Statuses any operation may answer with the error envelope.
 const ERROR_STATUSES: [(&str, &str); 12] = [
@@ -404,7 +404,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     responses((status = 200, description = "The OpenAPI document", content_type = "application/json", body = Object)))]
 async fn openapi_json() -> Json<&'static OpenApi> {
     static DOC: OnceLock<OpenApi> = OnceLock::new();
-    Json(DOC.get_or_init(super::openapi))
+    Json(DOC.get_or_init(crate::api::openapi))
 }
 
 /// A reference page for people, rendered in the browser from `/v1/openapi.json`.

@@ -12,16 +12,17 @@ use keel_workers::agent::tools::{self, RevertError};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::ApiQuery;
-use super::{
+use crate::api::extract::ApiQuery;
+use crate::api::{
     ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object as envelope,
     page_limit,
 };
 use crate::domain::Caller;
-use crate::jobs::run::workspace_dir;
-use crate::store::events::Subject;
-use crate::store::patches::{self, PatchRow};
-use crate::store::{runs, tasks};
+use crate::events::Subject;
+use crate::runs::job::workspace_dir;
+use crate::runs::patches;
+use crate::runs::patches::PatchRow;
+use crate::{runs, tasks};
 
 type Result<T, E = ApiError> = std::result::Result<T, E>;
 

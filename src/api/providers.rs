@@ -19,16 +19,17 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{ApiJson, ApiQuery};
-use super::{
+use crate::api::extract::{ApiJson, ApiQuery};
+use crate::api::{
     ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object, page_limit,
 };
-use crate::domain::media::Vendor;
-use crate::domain::provider::{Api, ProviderFields, ProviderHosts};
-use crate::domain::secret::{SecretPolicy, SecretRef, SecretStatus};
 use crate::domain::{Caller, Invalid};
-use crate::jobs::chat::{chat_api, chat_config};
-use crate::store::providers::{self, ProviderRecord};
+use crate::media::Vendor;
+use crate::providers;
+use crate::providers::ProviderRecord;
+use crate::providers::chat::{chat_api, chat_config};
+use crate::providers::secrets::{SecretPolicy, SecretRef, SecretStatus};
+use crate::providers::{Api, ProviderFields, ProviderHosts};
 
 type Result<T> = std::result::Result<T, ApiError>;
 

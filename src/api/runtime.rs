@@ -8,8 +8,8 @@ use keel_api_types::{RuntimeHost, Session, ShutdownAccepted};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::auth::{LocalAccess, RuntimeMode, local_only_actions};
-use super::{AppState, ObjectEnvelope, object};
+use crate::api::auth::{LocalAccess, RuntimeMode, local_only_actions};
+use crate::api::{AppState, ObjectEnvelope, object};
 use crate::domain::Caller;
 
 pub fn router() -> OpenApiRouter<AppState> {

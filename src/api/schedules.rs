@@ -9,13 +9,14 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{ApiJson, ApiQuery};
-use super::{
+use crate::api::extract::{ApiJson, ApiQuery};
+use crate::api::{
     ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object, page_limit,
 };
 use crate::domain::Caller;
-use crate::domain::schedule::{NewSchedule, ScheduleDraft};
-use crate::store::schedules::{self, OccurrenceRecord, ScheduleFilter, ScheduleRecord};
+use crate::schedules;
+use crate::schedules::{NewSchedule, ScheduleDraft};
+use crate::schedules::{OccurrenceRecord, ScheduleFilter, ScheduleRecord};
 
 const DEFAULT_SCHEDULE_PAGE: i64 = 100;
 const MAX_SCHEDULE_PAGE: i64 = 200;

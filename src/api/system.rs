@@ -10,12 +10,14 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::ApiQuery;
-use super::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object, page_limit};
+use crate::api::extract::ApiQuery;
+use crate::api::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object, page_limit};
 use crate::domain::Caller;
-use crate::store::leases::{self, LeaseRecord, LeaseStatus};
-use crate::store::transitions::TransitionRecord;
-use crate::store::{self, stats, transitions};
+use crate::events::transitions;
+use crate::events::transitions::TransitionRecord;
+use crate::system::leases;
+use crate::system::leases::{LeaseRecord, LeaseStatus};
+use crate::system::stats;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -149,7 +151,7 @@ async fn healthz() -> Json<Health> {
     responses((status = 200, description = "Ready", body = Readiness),
               (status = 503, description = "Not ready", body = Readiness)))]
 async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) {
-    let (status, database, migrations) = match store::migrations_current(&state.pool).await {
+    let (status, database, migrations) = match crate::db::migrations_current(&state.pool).await {
         Ok(true) => (StatusCode::OK, "ok", "current"),
         Ok(false) => (StatusCode::SERVICE_UNAVAILABLE, "ok", "pending"),
         Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "unreachable", "unknown"),

@@ -11,19 +11,21 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{ApiJson, ApiQuery, OptionalJson};
-use super::{
+use crate::api::extract::{ApiJson, ApiQuery, OptionalJson};
+use crate::api::{
     ApiError, AppState, ContentQuery, ListEnvelope, ObjectEnvelope, PageQuery, list, object,
     page_limit,
 };
-use crate::domain::task::{TaskDraft, parse_budget};
-use crate::domain::{Caller, NewTask, TaskStatus};
-use crate::store::artifacts::ArtifactRecord;
-use crate::store::events::Subject;
-use crate::store::runs::{Admission, Admitted, Origin, RunRecord};
-use crate::store::steps::StepRecord;
-use crate::store::tasks::TaskRecord;
-use crate::store::{artifacts, runs, steps, tasks};
+use crate::artifacts::ArtifactRecord;
+use crate::domain::Caller;
+use crate::events::Subject;
+use crate::runs::steps;
+use crate::runs::steps::StepRecord;
+use crate::runs::{Admission, Admitted, Origin, RunRecord};
+use crate::tasks::TaskRecord;
+use crate::tasks::{NewTask, TaskStatus};
+use crate::tasks::{TaskDraft, parse_budget};
+use crate::{artifacts, runs, tasks};
 
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
@@ -36,7 +38,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_run))
         .routes(routes!(retry_run))
         .routes(routes!(resume_run))
-        .merge(super::lineage::router())
+        .merge(crate::api::lineage::router())
         .routes(routes!(cancel_run))
         .routes(routes!(list_steps))
         .routes(routes!(list_artifacts))
@@ -189,7 +191,7 @@ async fn resume_run(
     headers: HeaderMap,
     OptionalJson(request): OptionalJson<StartRequest>,
 ) -> Result<Admitted201> {
-    let base = super::lineage::resume_base(&state, &caller, &task_id, &run_id).await?;
+    let base = crate::api::lineage::resume_base(&state, &caller, &task_id, &run_id).await?;
     let origin = Origin::Resume(run_id);
     admit(&state, &caller, &task_id, origin, &headers, request, base).await
 }
@@ -375,7 +377,7 @@ async fn artifact_content(
     let mut conn = state.pool.acquire().await?;
     let artifact = run_artifact(&mut conn, &caller, &task_id, &run_id, &artifact_id).await?;
     drop(conn);
-    super::artifact_body(&state, artifact, query).await
+    crate::api::artifact_body(&state, artifact, query).await
 }
 
 /// A run's artifact, in the caller's workspace.

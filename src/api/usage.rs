@@ -9,10 +9,11 @@ use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::ApiQuery;
-use super::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object, page_limit};
+use crate::agent::usage;
+use crate::agent::usage::{EventFilter, Grouping, UsageEvent, Window};
+use crate::api::extract::ApiQuery;
+use crate::api::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object, page_limit};
 use crate::domain::Caller;
-use crate::store::usage::{self, EventFilter, Grouping, UsageEvent, Window};
 
 type Result<T> = std::result::Result<T, ApiError>;
 

@@ -7,11 +7,12 @@ use keel_api_types::LimitsRequest;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::ApiJson;
-use super::{ApiError, AppState, ObjectEnvelope, object};
+use crate::api::extract::ApiJson;
+use crate::api::{ApiError, AppState, ObjectEnvelope, object};
 use crate::domain::identity::checked_id;
 use crate::domain::{Caller, Scope};
-use crate::store::workspaces::{self, WorkspaceLimits};
+use crate::workspaces;
+use crate::workspaces::WorkspaceLimits;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

@@ -4,7 +4,8 @@
 use clap::Subcommand;
 use keel_client::{Client, Error, ItemRecord, PollRequest, SourceRecord, SourceRequest};
 
-use super::output::{self, Format, PageArgs, Table, or_dash, time};
+use crate::cli::output;
+use crate::cli::output::{Format, PageArgs, Table, or_dash, time};
 
 #[derive(Debug, Subcommand)]
 pub enum ExternalCommand {

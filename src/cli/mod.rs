@@ -20,14 +20,14 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ApiArgs, Common, LogArgs, WorkerArgs};
-use crate::jobs::media::MediaJobs;
-use crate::jobs::poll::{ActionJobs, PollJobs, Poller};
-use crate::jobs::run::RunJobs;
+use crate::db::embedded::{Durability, EmbeddedPostgres};
+use crate::external::poll::{ActionJobs, PollJobs, Poller};
+use crate::media::job::MediaJobs;
 use crate::queue::worker::{JobHandler, Worker};
-use crate::store::embedded::{Durability, EmbeddedPostgres};
-use crate::store::runs::AdmissionRules;
+use crate::runs::AdmissionRules;
+use crate::runs::job::RunJobs;
 use crate::telemetry::LogFormat;
-use crate::{api, scheduler, store, telemetry};
+use crate::{api, telemetry};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -218,7 +218,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Migrate(common) => {
             let pool = connect(&common, "migrate").await?;
-            store::migrate(&pool).await.context("applying migrations")?;
+            crate::db::migrate(&pool)
+                .await
+                .context("applying migrations")?;
             println!("migrations applied");
             Ok(())
         }
@@ -266,8 +268,8 @@ async fn rpc(
 
 /// `keel workflow check|render`: the error's class leads its message.
 fn workflow(command: WorkflowCommand) -> anyhow::Result<()> {
-    use crate::domain::workflow::{Issue, Workflow};
-    let failed = |e: crate::domain::workflow::WorkflowError| anyhow::anyhow!("{}: {e}", e.code());
+    use crate::external::workflow::{Issue, Workflow};
+    let failed = |e: crate::external::workflow::WorkflowError| anyhow::anyhow!("{}: {e}", e.code());
     match command {
         WorkflowCommand::Check { file } => {
             let workflow = Workflow::load(&file).map_err(failed)?;
@@ -313,10 +315,12 @@ async fn serve_all(
             (cluster.url("keel"), Some(cluster))
         }
     };
-    let pool = store::connect(&url, common.db_max_connections, "serve")
+    let pool = crate::db::connect(&url, common.db_max_connections, "serve")
         .await
         .context("connecting to PostgreSQL")?;
-    store::migrate(&pool).await.context("applying migrations")?;
+    crate::db::migrate(&pool)
+        .await
+        .context("applying migrations")?;
     let result = tokio::try_join!(
         serve_api(pool.clone(), common, api, auth, shutdown.clone()),
         run_worker(pool.clone(), common, worker, shutdown.clone()),
@@ -329,7 +333,7 @@ async fn serve_all(
 }
 
 async fn create_database(admin_url: &str, name: &str) -> anyhow::Result<()> {
-    let pool = store::connect(admin_url, 1, "setup").await?;
+    let pool = crate::db::connect(admin_url, 1, "setup").await?;
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
             .bind(name)
@@ -351,7 +355,7 @@ pub async fn connect(common: &Common, role: &str) -> anyhow::Result<PgPool> {
         "no database URL: pass --database-url or set KEEL_DATABASE_URL (or DATABASE_URL); \
          only `keel serve` can start its own PostgreSQL",
     )?;
-    store::connect(&url, common.db_max_connections, role)
+    crate::db::connect(&url, common.db_max_connections, role)
         .await
         .context("connecting to PostgreSQL")
 }
@@ -430,14 +434,17 @@ pub async fn run_worker(
         hosts: common.provider_hosts(),
     });
     let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media, polls, actions];
-    let sweep = scheduler::workspaces::WorkspaceSweep {
-        root: crate::jobs::run::ephemeral_root(&data_dir),
+    let sweep = crate::maintenance::workspaces::WorkspaceSweep {
+        root: crate::runs::job::ephemeral_root(&data_dir),
         retention: std::time::Duration::from_millis(common.workspace_retention_ms),
     };
     let sweeping = CancellationToken::new();
     tokio::spawn(sweep.run(pool.clone(), args.reconcile_interval(), sweeping.clone()));
-    let removing =
-        scheduler::item_workspaces::run(pool.clone(), args.reconcile_interval(), sweeping.clone());
+    let removing = crate::maintenance::item_workspaces::run(
+        pool.clone(),
+        args.reconcile_interval(),
+        sweeping.clone(),
+    );
     tokio::spawn(removing);
     let result = run_worker_with(pool, rules, args, handlers, shutdown).await;
     sweeping.cancel();
@@ -450,7 +457,7 @@ fn sandbox(common: &Common, data_dir: &std::path::Path) -> anyhow::Result<()> {
     let settings = common.sandbox.settings().map_err(anyhow::Error::msg)?;
     let mode = keel_workers::configure_sandbox(settings).map_err(anyhow::Error::msg)?;
     if mode == keel_workers::SandboxMode::Isolated {
-        let root = crate::jobs::run::ephemeral_root(data_dir);
+        let root = crate::runs::job::ephemeral_root(data_dir);
         if let Err(error) = keel_workers::open_workspace_root(&root) {
             tracing::error!(%error, "runs in ephemeral workspaces will fail with sandbox_unavailable");
         }
@@ -467,9 +474,11 @@ pub async fn run_worker_with(
     handlers: Vec<Arc<dyn JobHandler>>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    scheduler::recover(&pool).await.context("boot recovery")?;
+    crate::maintenance::recover(&pool)
+        .await
+        .context("boot recovery")?;
     let maintenance = CancellationToken::new();
-    tokio::spawn(scheduler::run(
+    tokio::spawn(crate::maintenance::run(
         pool.clone(),
         rules,
         args.reconcile_interval(),

@@ -11,9 +11,12 @@ use keel_client::{
     ScheduleRecord, StartRequest, TaskDraft, TaskRecord,
 };
 
-use super::external::{self, ExternalCommand};
-use super::output::{self, Format, PageArgs, Table, or_dash, time};
-use super::watch::{self, Outcome};
+use crate::cli::external;
+use crate::cli::external::ExternalCommand;
+use crate::cli::output;
+use crate::cli::output::{Format, PageArgs, Table, or_dash, time};
+use crate::cli::watch;
+use crate::cli::watch::Outcome;
 
 /// Where the API is and how to reach it: global options of every operator command.
 #[derive(Debug, Args)]

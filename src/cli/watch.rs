@@ -18,7 +18,7 @@ use keel_client::{
     ApprovalStatus, Client, Error, EventRecord, MediaJobStatus, RunRecord, RunStatus,
 };
 
-use super::output::Format;
+use crate::cli::output::Format;
 
 /// What a command ends with, as its exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

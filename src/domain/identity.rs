@@ -2,7 +2,7 @@
 //! [`Caller`] for every request; the store takes its [`Scope`] on every query that reads
 //! or changes a workspace's rows, so one workspace can never see another's.
 
-use super::Actor;
+use crate::domain::Actor;
 
 /// The workspace of local mode, and of every row written before workspaces existed.
 pub const DEFAULT_WORKSPACE: &str = "default";

@@ -2,23 +2,13 @@
 //! that decide every transition. No SQL and no HTTP here; `store` persists these types and
 //! `api` renders them.
 
-pub mod approval;
 pub mod event;
-pub mod external_action;
 pub mod identity;
-pub mod media;
-pub mod provider;
 pub mod run;
-pub mod schedule;
-pub mod secret;
-pub mod task;
-pub mod usage;
-pub mod workflow;
 
 pub use event::EventType;
 pub use identity::{Caller, Role, Scope};
 pub use run::RunStatus;
-pub use task::{NewTask, TaskStatus};
 
 /// A new, time-ordered id with a type prefix (`task_…`, `run_…`): ids sort by creation.
 pub fn new_id(prefix: &str) -> String {

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use sqlx::PgConnection;
 
-use super::{JOBS_CHANNEL, Lease, QueuePool, in_id_order, millis};
-use super::{QueueError, Result};
+use crate::queue::{JOBS_CHANNEL, Lease, QueuePool, in_id_order, millis};
+use crate::queue::{QueueError, Result};
 
 /// Acks a job: its row goes, in the caller's transaction with the domain change.
 pub async fn complete(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
@@ -35,7 +35,7 @@ pub async fn complete(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
 /// Acks many jobs in one statement, each fenced by its own token and owner; returns the
 /// ids acked (a job missing from them had lost its lease). For jobs with no domain change
 /// to commit alongside the ack; `run` jobs ack with [`complete`] in their own transaction.
-/// The rows are looked up as [`super::heartbeat`] looks them up, and for the same reasons: as a
+/// The rows are looked up as [`crate::queue::heartbeat`] looks them up, and for the same reasons: as a
 /// join with `unnest`, a generic plan probed the primary key once per pair for every pair,
 /// 57 ms for 500 acks instead of 3.
 pub async fn complete_many(pool: &QueuePool, owner: &str, held: &[(i64, i64)]) -> Result<Vec<i64>> {

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
-use super::Result;
-use super::{Lease, QueuePool, millis};
+use crate::queue::Result;
+use crate::queue::{Lease, QueuePool, millis};
 
 /// Where a worker's claims of one kind have reached in claim order: for each priority it
 /// claimed, the latest `run_after` it took. [`claim_from`] reads each of these priorities

@@ -4,9 +4,9 @@
 
 use sqlx::PgConnection;
 
-use super::Result;
-use super::{CANCEL_CHANNEL, JOBS_CHANNEL};
 use crate::domain::Scope;
+use crate::queue::Result;
+use crate::queue::{CANCEL_CHANNEL, JOBS_CHANNEL};
 
 /// Enqueues a job of the scope's domain row; idempotent: at most one live row per
 /// (kind, ref_id); true when the row is new. The current span's `traceparent` (when exporting traces) links the job's

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use super::Result;
-use super::{Lease, begin_ordered_reads, millis};
+use crate::queue::Result;
+use crate::queue::{Lease, begin_ordered_reads, millis};
 
 /// Claims up to `limit` jobs of `kind` fairly across workspaces, none beyond its limit
 /// (`default_max` for workspaces without an operator's override). Two statements in one

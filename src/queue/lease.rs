@@ -6,8 +6,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 
-use super::{Lease, in_id_order, millis};
-use super::{QueueError, Result};
+use crate::queue::{Lease, in_id_order, millis};
+use crate::queue::{QueueError, Result};
 
 /// Extends the leases still held and marks the worker alive in the worker registry, in one
 /// statement, on the heartbeat's own connection (the worker drops it when a heartbeat hangs);
@@ -72,7 +72,7 @@ pub async fn begin_fenced(
 /// Expired leases, for the reconciler: it hands each to its kind's requeue. With `since`,
 /// only leases that expired from then on: the read then skips the index entries of jobs
 /// acked before, which vacuum cannot remove while an old snapshot is held. Run inside
-/// [`super::begin_ordered_reads`].
+/// [`crate::queue::begin_ordered_reads`].
 /// The start of the current transaction on the database's clock (`now()`), which the
 /// statements of the same transaction compare leases against.
 pub async fn transaction_time(conn: &mut PgConnection) -> Result<DateTime<Utc>> {

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use reqwest::Method;
 use serde_json::{Map, Value, json};
 
-use super::protocol::{RpcError, code};
+use crate::rpc::protocol::{RpcError, code};
 
 /// RPC method → API operation. Adding a row is an additive change; renaming or removing
 /// one breaks hosts.

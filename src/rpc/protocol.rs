@@ -29,7 +29,7 @@ pub mod code {
     pub const INVALID_REQUEST: &str = "invalid_request";
     /// `v` is missing or not 1.
     pub const UNSUPPORTED_VERSION: &str = "unsupported_version";
-    /// The line is longer than [`MAX_LINE_BYTES`](super::MAX_LINE_BYTES).
+    /// The line is longer than [`MAX_LINE_BYTES`](crate::rpc::MAX_LINE_BYTES).
     pub const LINE_TOO_LONG: &str = "line_too_long";
     pub const METHOD_NOT_FOUND: &str = "method_not_found";
     /// The params do not fit the method (see `harness.methods`).

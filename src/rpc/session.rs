@@ -20,8 +20,9 @@ use tokio::task::JoinSet;
 use tokio_util::codec::{Decoder, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 
-use super::methods::{Outbound, Own, Table};
-use super::protocol::{self, MAX_LINE_BYTES, Request, RpcError, code};
+use crate::rpc::methods::{Outbound, Own, Table};
+use crate::rpc::protocol;
+use crate::rpc::protocol::{MAX_LINE_BYTES, Request, RpcError, code};
 
 /// Lines waiting for a slow host before events and answers wait for it.
 const OUTPUT_BUFFER: usize = 1024;

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
-use super::session::{self, Server};
+use crate::rpc::session;
+use crate::rpc::session::Server;
 
 /// Serves every connection to `path` until `shutdown`, then removes the socket.
 pub async fn serve_socket(

@@ -7,10 +7,11 @@ use crate::support;
 use std::time::Duration;
 
 use crate::support::TestApp;
+use keel::artifacts::content::ContentStore;
 use keel::domain::Scope;
-use keel::store::content::ContentStore;
-use keel::store::events::{self, Subject};
-use keel::store::patches;
+use keel::events;
+use keel::events::Subject;
+use keel::runs::patches;
 use keel_workers::agent::Patch;
 use reqwest::StatusCode;
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::support::{Client, SseReader, TestApp, wait_for};
 use keel::domain::Caller;
+use keel::events::FeedCursor;
 use keel::queue::Locked;
-use keel::store::events::FeedCursor;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -474,10 +474,10 @@ async fn a_cancel_that_finds_the_job_row_locked_still_stops_the_worker() {
         .unwrap();
     let mut cancel = app.pool.begin().await.unwrap();
     let reason = Some("cancelled by the test");
-    let change = keel::store::runs::Change::default();
+    let change = keel::runs::Change::default();
     let cancelled = keel::domain::RunStatus::Cancelled;
     let (scope, actor) = (Caller::local().scope, Caller::local().actor());
-    keel::store::runs::transition(
+    keel::runs::transition(
         &mut cancel,
         &scope,
         run_id,

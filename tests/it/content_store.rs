@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use crate::support::fake_s3::{ACCESS_KEY_ID, BUCKET, FakeS3, SECRET_ACCESS_KEY};
 use crate::support::{TestApp, spawn_api, spawn_api_with_env, spawn_worker_with_env, wait_for};
+use keel::artifacts;
+use keel::artifacts::content::ContentStore;
 use keel::config::{ContentArgs, ContentStoreKind};
 use keel::domain::Scope;
-use keel::store::artifacts;
-use keel::store::content::ContentStore;
-use keel::store::events::Subject;
+use keel::events::Subject;
 use object_store::aws::AmazonS3Builder;
 use reqwest::StatusCode;
 use sqlx::PgPool;

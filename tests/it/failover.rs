@@ -181,7 +181,7 @@ async fn synchronous_pair(root: &Path) -> (Server, Server, String) {
     let mut keel_db = PgConnection::connect(&primary.url(&password, "keel"))
         .await
         .unwrap();
-    keel::store::MIGRATOR.run(&mut keel_db).await.unwrap();
+    keel::db::MIGRATOR.run(&mut keel_db).await.unwrap();
     (primary, standby, password)
 }
 

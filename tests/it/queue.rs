@@ -208,7 +208,7 @@ async fn the_reconciler_requeues_a_run_whose_lease_expired() {
         .await
         .unwrap();
     assert_eq!(
-        keel::scheduler::Reconciler::default()
+        keel::maintenance::Reconciler::default()
             .pass(&app.pool)
             .await
             .unwrap(),
@@ -217,7 +217,7 @@ async fn the_reconciler_requeues_a_run_whose_lease_expired() {
     );
     expire_all(&app.pool).await;
     assert_eq!(
-        keel::scheduler::Reconciler::default()
+        keel::maintenance::Reconciler::default()
             .pass(&app.pool)
             .await
             .unwrap(),
@@ -258,9 +258,9 @@ async fn boot_recovery_re_enqueues_runs_that_lost_their_queue_row() {
         .execute(&app.pool)
         .await
         .unwrap();
-    assert_eq!(keel::scheduler::recover(&app.pool).await.unwrap(), 3);
+    assert_eq!(keel::maintenance::recover(&app.pool).await.unwrap(), 3);
     assert_eq!(
-        keel::scheduler::recover(&app.pool).await.unwrap(),
+        keel::maintenance::recover(&app.pool).await.unwrap(),
         0,
         "recovery is idempotent"
     );
@@ -423,7 +423,7 @@ async fn rows_read(pool: &PgPool, queue: &queue::QueuePool) -> i64 {
 
 #[tokio::test]
 async fn claims_read_in_index_order_whatever_the_statistics_say() {
-    let pool = keel::store::connect(&support::fresh_database().await, 1, "test")
+    let pool = keel::db::connect(&support::fresh_database().await, 1, "test")
         .await
         .unwrap();
     let ids = |prefix: &str, n| (0..n).map(|i| format!("{prefix}-{i}")).collect::<Vec<_>>();

@@ -10,15 +10,15 @@ use std::time::Duration;
 
 use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
 use keel::domain::{Actor, Scope};
-use keel::scheduler::schedules::{STALE_CLAIM, dispatch_due};
-use keel::store::runs::AdmissionRules;
+use keel::runs::AdmissionRules;
+use keel::schedules::dispatch::{STALE_CLAIM, dispatch_due};
 
 /// Dispatch with no approval gates, as the test apps run.
 fn no_gates() -> AdmissionRules {
     AdmissionRules::default()
 }
 use crate::support::{Client, TestApp, wait_for};
-use keel::store::{runs, schedules};
+use keel::{runs, schedules};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sqlx::PgPool;

@@ -10,11 +10,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::support::{Client, wait_for};
+use keel::artifacts;
+use keel::artifacts::content::ContentStore;
+use keel::db::embedded::{Durability, EmbeddedPostgres};
 use keel::domain::Scope;
-use keel::store::artifacts;
-use keel::store::content::ContentStore;
-use keel::store::embedded::{Durability, EmbeddedPostgres};
-use keel::store::events::Subject;
+use keel::events::Subject;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use wiremock::MockServer;
@@ -261,7 +261,7 @@ fn mode(path: &Path) -> u32 {
 
 /// Connects once and runs a query: whether the server let `url` in.
 async fn admits(url: &str) -> bool {
-    match keel::store::connect(url, 1, "test").await {
+    match keel::db::connect(url, 1, "test").await {
         Ok(pool) => {
             let one: Result<i32, _> = sqlx::query_scalar("SELECT 1").fetch_one(&pool).await;
             pool.close().await;

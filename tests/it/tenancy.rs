@@ -9,21 +9,24 @@ use std::time::Duration;
 
 use crate::support::wait_for;
 use chrono::Utc;
-use keel::domain::approval::Decision;
-use keel::domain::media::Operation;
-use keel::domain::provider::ProviderFields;
-use keel::domain::schedule::{NewSchedule, ScheduleDraft};
-use keel::domain::task::TaskDraft;
-use keel::domain::{Actor, NewTask, Scope};
+use keel::approvals::Decision;
+use keel::db::StoreError;
+use keel::domain::{Actor, Scope};
+use keel::events::transitions;
+use keel::events::{EventRecord, FeedCursor, FeedFilter, Subject};
+use keel::media;
+use keel::media::Operation;
+use keel::media::{NewMediaJob, Refused};
+use keel::providers::ProviderFields;
 use keel::queue;
-use keel::store::events::{EventRecord, FeedCursor, FeedFilter, Subject};
-use keel::store::leases::LeaseStatus;
-use keel::store::media_jobs::{self, NewMediaJob, Refused};
-use keel::store::runs::{Admission, AdmissionRules, Admitted, Origin, RunRecord};
-use keel::store::{
-    StoreError, approvals, artifacts, events, leases, providers, runs, schedules, stats, steps,
-    tasks, transitions,
-};
+use keel::runs::steps;
+use keel::runs::{Admission, AdmissionRules, Admitted, Origin, RunRecord};
+use keel::schedules::{NewSchedule, ScheduleDraft};
+use keel::system::leases::LeaseStatus;
+use keel::system::{leases, stats};
+use keel::tasks::NewTask;
+use keel::tasks::TaskDraft;
+use keel::{approvals, artifacts, events, providers, runs, schedules, tasks};
 use reqwest::StatusCode;
 use serde_json::json;
 use sqlx::PgPool;
@@ -93,7 +96,7 @@ fn cron_schedule() -> NewSchedule {
     NewSchedule::parse(draft, Utc::now()).unwrap()
 }
 
-fn image_preset() -> keel::domain::provider::ProviderSpec {
+fn image_preset() -> keel::providers::ProviderSpec {
     ProviderFields {
         kind: "openai-images".into(),
         model: "gpt-image-1".into(),
@@ -105,7 +108,7 @@ fn image_preset() -> keel::domain::provider::ProviderSpec {
         ..ProviderFields::default()
     }
     .validate(
-        &keel::domain::secret::SecretPolicy::new(vec!["*".into()], vec![]),
+        &keel::providers::secrets::SecretPolicy::new(vec!["*".into()], vec![]),
         &Default::default(),
         &keel::domain::Caller::local(),
     )
@@ -157,15 +160,12 @@ async fn seed() -> Seeded {
         prompt: "a lighthouse",
         input: &json!({}),
     };
-    let media_job_id = media_jobs::create(&mut tx, &a, job, &alice())
-        .await
-        .unwrap()
-        .id;
-    media_jobs::run(&mut tx, &a, &media_job_id, &alice())
+    let media_job_id = media::create(&mut tx, &a, job, &alice()).await.unwrap().id;
+    media::run(&mut tx, &a, &media_job_id, &alice())
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    let kinds = [media_jobs::KIND.to_string()];
+    let kinds = [media::KIND.to_string()];
     let claimed = queue::claim(
         &queue::QueuePool::new(&pool, 1),
         "wrk_tenancy",
@@ -223,7 +223,7 @@ async fn another_workspace_gets_not_found_for_each_of_a_workspaces_rows() {
         .unwrap();
     schedules::get(c, a, &s.task_id).await.unwrap();
     providers::get(c, a, &s.provider_id).await.unwrap();
-    media_jobs::get(c, a, &s.media_job_id).await.unwrap();
+    media::get(c, a, &s.media_job_id).await.unwrap();
 
     // ...and B gets NotFound for every one, as for an id that does not exist.
     assert_not_found(tasks::get(c, b, &s.task_id).await, "task");
@@ -244,7 +244,7 @@ async fn another_workspace_gets_not_found_for_each_of_a_workspaces_rows() {
         "occurrences",
     );
     assert_not_found(providers::get(c, b, &s.provider_id).await, "provider");
-    assert_not_found(media_jobs::get(c, b, &s.media_job_id).await, "media job");
+    assert_not_found(media::get(c, b, &s.media_job_id).await, "media job");
 }
 
 #[tokio::test]
@@ -343,11 +343,11 @@ async fn another_workspace_lists_none_of_a_workspaces_rows() {
         ),
         (
             "media jobs",
-            media_jobs::list(c, a, &Default::default(), None, 50)
+            media::list(c, a, &Default::default(), None, 50)
                 .await
                 .unwrap()
                 .len(),
-            media_jobs::list(c, b, &Default::default(), None, 50)
+            media::list(c, b, &Default::default(), None, 50)
                 .await
                 .unwrap()
                 .len(),
@@ -488,7 +488,7 @@ async fn another_workspace_changes_none_of_a_workspaces_rows() {
         b,
         &s.provider_id
     ));
-    attempt!("cancel media job", |c| media_jobs::cancel(
+    attempt!("cancel media job", |c| media::cancel(
         c,
         b,
         &s.media_job_id,
@@ -501,12 +501,12 @@ async fn another_workspace_changes_none_of_a_workspaces_rows() {
         prompt: "not yours",
         input: &json!({}),
     };
-    let refused = media_jobs::create(&mut tx, b, job, &bob).await;
+    let refused = media::create(&mut tx, b, job, &bob).await;
     assert!(
         matches!(refused, Err(Refused::Store(StoreError::NotFound(_)))),
         "{refused:?}"
     );
-    let refused = media_jobs::run(&mut tx, b, &s.media_job_id, &bob).await;
+    let refused = media::run(&mut tx, b, &s.media_job_id, &bob).await;
     assert!(
         matches!(refused, Err(Refused::Store(StoreError::NotFound(_)))),
         "{refused:?}"
@@ -528,7 +528,7 @@ async fn another_workspace_changes_none_of_a_workspaces_rows() {
     );
     assert_eq!(schedules::get(c, a, &s.task_id).await.unwrap().revision, 1);
     providers::get(c, a, &s.provider_id).await.unwrap();
-    let job = media_jobs::get(c, a, &s.media_job_id).await.unwrap();
+    let job = media::get(c, a, &s.media_job_id).await.unwrap();
     assert_eq!(job.status.as_str(), "queued");
     let bobs: Vec<_> = transitions::list(c, a, None, None, 0, 200)
         .await

@@ -7,8 +7,8 @@
 
 use axum::http::HeaderMap;
 
-use super::jwt::Rejected;
-use super::token;
+use crate::api::auth::jwt::Rejected;
+use crate::api::auth::token;
 use crate::config::Redacted;
 use crate::domain::Role;
 use crate::domain::identity::{IdentityForm, RemoteIdentity, checked_id, checked_org_id};

@@ -9,8 +9,8 @@ use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, KeyAlgorithm
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
-use super::headers::checked_name;
-use super::settings::SettingsError;
+use crate::api::auth::headers::checked_name;
+use crate::api::auth::settings::SettingsError;
 use crate::domain::Role;
 use crate::domain::identity::{IdentityForm, RemoteIdentity};
 use crate::domain::identity::{checked_id, checked_org_id};

@@ -26,7 +26,7 @@ use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::ApiError;
+use crate::api::ApiError;
 use crate::domain::Caller;
 use policy::Lookup;
 pub use policy::{PAGE_ROUTES, ROUTE_POLICY, RouteClass, local_only_actions};

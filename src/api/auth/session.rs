@@ -11,7 +11,7 @@ use axum::http::header::COOKIE;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
-use super::token;
+use crate::api::auth::token;
 use crate::config::Redacted;
 
 /// The session cookie's name.
@@ -80,7 +80,7 @@ pub fn presented(headers: &HeaderMap, token: &Redacted, now: i64) -> bool {
 
 /// Whether the request carries this session's CSRF token, exactly once.
 pub fn csrf_presented(headers: &HeaderMap, token: &Redacted) -> bool {
-    super::headers::single(headers, CSRF_HEADER)
+    crate::api::auth::headers::single(headers, CSRF_HEADER)
         .is_some_and(|presented| token::matches(presented, &csrf_token(token)))
 }
 

@@ -8,12 +8,12 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use serde::Serialize;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use super::headers;
-use super::host::HostAllowlist;
-use super::jwt::{IDENTITY_HEADER, JwtVerifier, Rejected};
-use super::ratelimit::Limiter;
-use super::{origin, session, token};
 use crate::api::ApiError;
+use crate::api::auth::headers;
+use crate::api::auth::host::HostAllowlist;
+use crate::api::auth::jwt::{IDENTITY_HEADER, JwtVerifier, Rejected};
+use crate::api::auth::ratelimit::Limiter;
+use crate::api::auth::{origin, session, token};
 use crate::config::{AuthArgs, MAX_CONSOLE_SESSION_SECS, Redacted};
 use crate::domain::identity::RemoteIdentity;
 use crate::domain::identity::checked_id;

@@ -1,6 +1,6 @@
-//! How [`super::Job::ack`] acks a job with no domain change to commit alongside: alone in
+//! How [`crate::queue::worker::Job::ack`] acks a job with no domain change to commit alongside: alone in
 //! its own fenced transaction, or, in a worker one of whose kinds asked for it
-//! ([`super::JobHandler::batches_acks`]), through the ack batcher, where concurrent acks
+//! ([`crate::queue::worker::JobHandler::batches_acks`]), through the ack batcher, where concurrent acks
 //! share one statement, each fenced by its own token.
 
 use std::collections::HashSet;

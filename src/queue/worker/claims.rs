@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::WorkerSettings;
 use crate::queue::QueueError;
+use crate::queue::worker::WorkerSettings;
 use crate::queue::{Lease, Positions, QueuePool};
 
 /// A snapshot held this long means vacuum is leaving dead index entries at the head of the

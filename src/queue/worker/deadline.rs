@@ -14,7 +14,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::Registry;
+use crate::queue::worker::Registry;
 use crate::telemetry;
 
 /// How a worker times its leases: validated once, at start-up ([`LeaseTiming::new`]).

@@ -1,5 +1,5 @@
 //! The worker's heartbeat: renews every lease it holds (and its registry row) on a
-//! connection of its own, moves each renewed lease's local deadline ([`super::deadline`]),
+//! connection of its own, moves each renewed lease's local deadline ([`crate::queue::worker::deadline`]),
 //! and interrupts a job whose lease was lost. Every heartbeat is bounded: one that fails
 //! or outlasts its timeout is abandoned with its connection, and the next runs on a fresh
 //! one, so a connection that hangs (a partition, a frozen proxy) cannot stall renewals.
@@ -11,8 +11,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::Registry;
-use super::deadline::LeaseTiming;
+use crate::queue::worker::Registry;
+use crate::queue::worker::deadline::LeaseTiming;
 use crate::queue::{QueueError, QueuePool};
 use crate::telemetry;
 

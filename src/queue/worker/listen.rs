@@ -9,7 +9,7 @@ use sqlx::postgres::PgListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::Registry;
+use crate::queue::worker::Registry;
 use crate::queue::{CANCEL_CHANNEL, JOBS_CHANNEL, QueueError};
 
 /// A connection of its own listening on the queue's channels.

@@ -30,16 +30,16 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use self::window::Window;
-use super::{Lease, QueuePool};
 use crate::queue::QueueError;
+use crate::queue::worker::window::Window;
+use crate::queue::{Lease, QueuePool};
 use crate::telemetry;
 use acks::Acks;
 use claims::Claimer;
 pub use deadline::{DeadlineNear, LeaseDeadline, LeaseTiming};
 
 /// Executes jobs of one kind. The handler owns the job's domain transitions: it acks or
-/// nacks with [`super::complete`] / [`super::retry`] inside its own fenced transaction,
+/// nacks with [`crate::queue::complete`] / [`crate::queue::retry`] inside its own fenced transaction,
 /// or, when the job has no domain change to commit, acks with [`Job::ack`].
 pub trait JobHandler: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
@@ -97,7 +97,7 @@ pub struct WorkerSettings {
     pub timing: LeaseTiming,
     pub poll_interval: Duration,
     pub drain_timeout: Duration,
-    /// Set: claims are fair across workspaces ([`super::fair`]) and no workspace holds more
+    /// Set: claims are fair across workspaces ([`crate::queue::fair`]) and no workspace holds more
     /// than this many jobs at once unless an operator set its own limit.
     pub max_per_workspace: Option<u32>,
 }
@@ -432,7 +432,7 @@ impl Worker {
             registry.lock().unwrap().remove(&job.lease.job_id);
             let released = async {
                 let mut conn = self.pool.acquire().await?;
-                super::retry(
+                crate::queue::retry(
                     &mut conn,
                     &job.lease,
                     "worker shut down",

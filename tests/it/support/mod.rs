@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use keel::config::{Common, WorkerArgs};
-use keel::store::embedded::{Durability, EmbeddedPostgres};
+use keel::db::embedded::{Durability, EmbeddedPostgres};
 use keel::telemetry::LogFormat;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -69,7 +69,7 @@ pub async fn private_cluster() -> (EmbeddedPostgres, String) {
         .unwrap();
     let url = postgres.url("postgres");
     let mut conn = PgConnection::connect(&url).await.expect("connecting");
-    keel::store::MIGRATOR
+    keel::db::MIGRATOR
         .run(&mut conn)
         .await
         .expect("migrating the private cluster");
@@ -106,7 +106,7 @@ pub async fn fresh_database() -> String {
             let mut template = PgConnection::connect(&database_url(&admin_url, TEMPLATE))
                 .await
                 .unwrap();
-            keel::store::MIGRATOR
+            keel::db::MIGRATOR
                 .run(&mut template)
                 .await
                 .expect("migrating the template");
@@ -162,9 +162,7 @@ fn uuid_like() -> String {
 }
 
 pub async fn pool(url: &str) -> PgPool {
-    keel::store::connect(url, 10, "test")
-        .await
-        .expect("test pool")
+    keel::db::connect(url, 10, "test").await.expect("test pool")
 }
 
 /// Waits until `check` returns Some, or panics after `timeout` with `what`.
@@ -443,7 +441,7 @@ impl TestApp {
             pool.clone(),
             listener,
             common.admission_rules().expect("consistent settings"),
-            keel::store::content::ContentStore::Postgres,
+            keel::artifacts::content::ContentStore::Postgres,
             Duration::from_millis(500),
             shutdown.clone(),
         ));

@@ -1,0 +1,701 @@
+//! The attempt of an `agent_loop` run: the loop's plan rebuilt from the run's rows, its
+//! model (the task's chat preset) and tools (the run's workspace), and [`AgentContext`] on
+//! the run's fenced context. Each model response and tool result is one fenced transaction
+//! before the loop goes on; the conversation is written with the attempt's end.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use keel_workers::agent::provider::{ChatClient, ChatModel, RetryPolicy};
+use keel_workers::agent::run_loop::{
+    self, AgentContext, AgentPlan, ApprovalDecision, Budget, ModelCall, Toolbox,
+};
+use keel_workers::agent::tools::{self, ToolEnv};
+use keel_workers::agent::{Message, ModelResponse, ToolCall, ToolResult, ToolSpec};
+use keel_workers::{
+    ArtifactHandle, ContextError, OutputStream, RunContext, StepHandle, StepResult,
+};
+use serde_json::{Value, json};
+use sqlx::{PgConnection, PgPool};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::model_calls;
+use crate::agent::model_calls::NewModelCall;
+use crate::agent::prices::PriceTable;
+use crate::artifacts;
+use crate::artifacts::content::ContentStore;
+use crate::artifacts::{NewArtifact, Upserted};
+use crate::attempt;
+use crate::db::StoreError;
+use crate::domain::{EventType, Scope, new_id};
+use crate::events;
+use crate::events::{NewEvent, Subject};
+use crate::providers::chat::chat_config;
+use crate::queue::worker::Job;
+use crate::runs::RunWithTask;
+use crate::runs::job::{FencedContext, RunJobs};
+use crate::runs::lineage::CONVERSATION_ARTIFACT;
+use crate::runs::patches;
+use crate::runs::steps;
+use crate::runs::steps::{NewStep, StepRecord};
+use crate::tasks;
+use crate::tasks::{TaskRecord, TaskRecordExt};
+
+/// How long live text is gathered before one notification carries it.
+const DELTA_BATCH: Duration = Duration::from_millis(50);
+/// `pg_notify` refuses payloads of 8000 bytes or more; the text is cut to stay below this.
+const DELTA_PAYLOAD_MAX_BYTES: usize = 7_500;
+/// The channel the API's event streams listen on for live text.
+const DELTA_CHANNEL: &str = "keel_model_delta";
+
+/// The conversation an attempt ended with, for its end transaction.
+pub struct Conversation {
+    content: ContentStore,
+    bytes: Vec<u8>,
+}
+
+/// What an agent attempt leaves for its end beyond the executor's rows.
+pub struct AgentEnding {
+    pub conversation: Option<Conversation>,
+    /// The last persisted `model_call` step: the one an approval covers.
+    pub step_id: Option<String>,
+    pub ttl: Option<Duration>,
+}
+
+/// Replaces the run's `agent_conversation` artifact with `conversation`, in the caller's
+/// transaction; the caller appends its `artifact.created` event.
+pub async fn write_conversation(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    owner: Subject<'_>,
+    conversation: &Conversation,
+) -> Result<Upserted, StoreError> {
+    let Subject::Run { run_id, .. } = owner else {
+        return Err(StoreError::Conflict(
+            "a conversation belongs to a run".into(),
+        ));
+    };
+    // Its chunks go with it (ON DELETE CASCADE): the content is replaced, not appended.
+    sqlx::query("DELETE FROM artifacts WHERE workspace_id = $1 AND run_id = $2 AND name = $3")
+        .bind(scope.workspace())
+        .bind(run_id)
+        .bind(CONVERSATION_ARTIFACT)
+        .execute(&mut *conn)
+        .await?;
+    let id = new_id("art");
+    let artifact = NewArtifact {
+        id: &id,
+        owner,
+        name: CONVERSATION_ARTIFACT,
+        kind: CONVERSATION_ARTIFACT,
+        content_type: "application/json",
+        closed: true,
+    };
+    let mut upserted = artifacts::upsert(conn, scope, &artifact).await?;
+    let bytes = &conversation.bytes;
+    // No cap: a cut JSON document could not be read back by resume and continue.
+    conversation
+        .content
+        .append(conn, scope, &id, bytes, i64::MAX)
+        .await?;
+    upserted.artifact.size_bytes = bytes.len() as i64;
+    Ok(upserted)
+}
+
+/// Runs one attempt of an agent loop run that [`attempt::begin`] marked running.
+pub async fn execute(
+    jobs: &RunJobs,
+    job: Job,
+    row: RunWithTask,
+) -> Result<&'static str, StoreError> {
+    let setup = match prepare(jobs, &job.lease.scope(), &row).await? {
+        Ok(setup) => setup,
+        Err(error) => return jobs.fail(&job, &row, error).await,
+    };
+    let ids = (row.task.id.clone(), row.run.id.clone());
+    let ctx = FencedAgent {
+        run: jobs.context(&job, &row),
+        prices: jobs.prices.clone(),
+        provider: setup.provider,
+        model: setup.model_name,
+        last_step: std::sync::Mutex::new(setup.last_step),
+        conversation: std::sync::Mutex::new(None),
+        deltas: Deltas::start(jobs.pool.clone(), job.lease.scope(), ids),
+    };
+    let attempt = async {
+        match ctx.settle_abandoned().await {
+            Ok(()) => run_loop::run(&setup.plan, &setup.model, &setup.tools, &ctx).await,
+            Err(stopped) => stopped.into(),
+        }
+    };
+    let outcome = ctx.run.around(attempt).await;
+    let ending = AgentEnding {
+        conversation: ctx
+            .conversation
+            .lock()
+            .expect("not poisoned")
+            .take()
+            .map(|bytes| Conversation {
+                content: jobs.content.clone(),
+                bytes,
+            }),
+        step_id: ctx.last_step.lock().expect("not poisoned").take(),
+        ttl: jobs.approval_ttl,
+    };
+    let verdict = ctx.run.verdict(outcome, Some(ending)).await;
+    drop(ctx);
+    attempt::conclude(&jobs.pool, &job, &row, verdict).await
+}
+
+/// What an attempt runs with.
+struct Setup {
+    plan: AgentPlan,
+    model: ChatModel,
+    tools: WorkspaceTools,
+    provider: String,
+    model_name: String,
+    last_step: Option<String>,
+}
+
+/// Builds the attempt from the rows; `Err(message)` fails the run (a preset that no longer
+/// resolves, a secret that cannot be read, a workspace that cannot be used).
+async fn prepare(
+    jobs: &RunJobs,
+    scope: &Scope,
+    row: &RunWithTask,
+) -> Result<Result<Setup, String>, StoreError> {
+    let (task, run) = (&row.task, &row.run);
+    let mut conn = jobs.pool.acquire().await?;
+    let (preset, model_name) = match tasks::chat_preset(&mut conn, scope, task).await {
+        Ok(resolved) => resolved,
+        Err(StoreError::Unprocessable { code, message }) => {
+            return Ok(Err(format!("{code}: {message}")));
+        }
+        Err(error) => return Err(error),
+    };
+    let config = match chat_config(
+        &preset,
+        Some(&model_name),
+        &jobs.secrets,
+        &jobs.provider_hosts,
+        &jobs.chat,
+    ) {
+        Ok(config) => config,
+        Err(unresolved) => return Ok(Err(format!("{}: {}", unresolved.code, unresolved.message))),
+    };
+    let client = match ChatClient::new(config) {
+        Ok(client) => client,
+        Err(error) => return Ok(Err(format!("provider_error: {error}"))),
+    };
+    let history = match history(&mut conn, scope, task, run).await? {
+        Ok(history) => history,
+        Err(error) => return Ok(Err(error)),
+    };
+    let prior_model_calls = prior_model_calls(&mut conn, scope, &run.id).await?;
+    let approval = match &history.last_step {
+        Some(step_id) => decision(&mut conn, scope, &run.id, step_id).await?,
+        None => None,
+    };
+    drop(conn);
+    let workspace = match jobs.workspace(task, run).await {
+        Ok(workspace) => workspace,
+        Err(error) => return Ok(Err(error)),
+    };
+    let workspace = match tokio::fs::canonicalize(&workspace).await {
+        Ok(workspace) => workspace,
+        Err(error) => return Ok(Err(format!("workspace {}: {error}", workspace.display()))),
+    };
+    let timeout = jobs.timeout(task);
+    let tools = WorkspaceTools {
+        allowed: tools::allowed(task.tools.as_deref(), task.sandbox_read_only),
+        env: ToolEnv {
+            workspace,
+            sandbox: task.sandbox(),
+            env: jobs.env(task, run),
+            call_timeout: timeout,
+            max_output_bytes: tools::DEFAULT_MAX_OUTPUT_BYTES,
+            allow_private_addresses: jobs.chat.allow_private_addresses,
+        },
+    };
+    let plan = AgentPlan {
+        messages: history.messages,
+        model_calls: history.model_calls,
+        prior_model_calls,
+        max_model_calls: task.max_model_calls.map(|n| n.max(0) as u32),
+        gated_tools: jobs.approvals.gated_tools(),
+        approval,
+        budget: Budget {
+            limit_micros: task.budget_micros_usd,
+            spent_micros: run.prior_cost_micros_usd + run.total_cost_micros_usd,
+            input_micros_per_token: jobs.prices.price(&model_name).map(|p| p.input_usd_per_mtok),
+        },
+        deadline: Some(tokio::time::Instant::now() + timeout),
+    };
+    Ok(Ok(Setup {
+        plan,
+        model: ChatModel {
+            client,
+            policy: RetryPolicy::default(),
+        },
+        tools,
+        provider: preset.id,
+        model_name,
+        last_step: history.last_step,
+    }))
+}
+
+/// The conversation so far and what it was built from.
+struct History {
+    messages: Vec<Message>,
+    /// This run's completed model calls.
+    model_calls: u32,
+    last_step: Option<String>,
+}
+
+#[derive(sqlx::FromRow)]
+struct Persisted {
+    id: String,
+    name: String,
+    input: Value,
+    output: Option<Value>,
+}
+
+/// The run's base (or the task's prompts) and, in step order, each completed model call's
+/// response and each completed tool call's result.
+async fn history(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task: &TaskRecord,
+    run: &crate::runs::RunRecord,
+) -> Result<Result<History, String>, StoreError> {
+    let mut messages = match &run.conversation_base {
+        Some(base) => match serde_json::from_value::<Vec<Message>>(base.clone()) {
+            Ok(base) => base,
+            Err(error) => return Ok(Err(format!("the run's conversation_base: {error}"))),
+        },
+        None => task
+            .system_prompt
+            .iter()
+            .map(|content| Message::System {
+                content: content.clone(),
+            })
+            .chain(std::iter::once(Message::User {
+                content: task.prompt.clone().unwrap_or_default(),
+            }))
+            .collect(),
+    };
+    let rows: Vec<Persisted> = sqlx::query_as(
+        "SELECT id, name, input, output FROM steps
+         WHERE workspace_id = $1 AND run_id = $2 AND status = 'completed'
+           AND name IN ('model_call', 'tool_call')
+         ORDER BY index",
+    )
+    .bind(scope.workspace())
+    .bind(&run.id)
+    .fetch_all(&mut *conn)
+    .await?;
+    let (mut model_calls, mut last_step) = (0, None);
+    for row in rows {
+        let output = row.output.unwrap_or(Value::Null);
+        let message = if row.name == "model_call" {
+            model_calls += 1;
+            last_step = Some(row.id.clone());
+            serde_json::from_value::<ModelResponse>(output["response"].clone())
+                .map(|response| response.message)
+        } else {
+            let text = |key: &str| row.input[key].as_str().unwrap_or_default().to_string();
+            serde_json::from_value::<ToolResult>(output["result"].clone()).map(|result| {
+                Message::Tool {
+                    tool_call_id: text("tool_call_id"),
+                    name: text("name"),
+                    content: result.content,
+                }
+            })
+        };
+        match message {
+            Ok(message) => messages.push(message),
+            Err(error) => return Ok(Err(format!("step {}: {error}", row.id))),
+        }
+    }
+    Ok(Ok(History {
+        messages,
+        model_calls,
+        last_step,
+    }))
+}
+
+/// The model calls of the runs this one carries on from (its `resumed_from` chain).
+async fn prior_model_calls(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+) -> Result<u32, StoreError> {
+    let calls: i64 = sqlx::query_scalar(
+        "WITH RECURSIVE chain (id, depth) AS (
+             SELECT resumed_from_run_id, 1 FROM runs WHERE workspace_id = $1 AND id = $2
+             UNION ALL
+             SELECT r.resumed_from_run_id, c.depth + 1 FROM runs r JOIN chain c ON r.id = c.id
+             WHERE r.workspace_id = $1 AND c.depth < 10000
+         )
+         SELECT COALESCE(sum(r.model_call_count), 0)::bigint
+         FROM runs r JOIN chain c ON r.id = c.id WHERE r.workspace_id = $1",
+    )
+    .bind(scope.workspace())
+    .bind(run_id)
+    .fetch_one(conn)
+    .await?;
+    Ok(u32::try_from(calls).unwrap_or(u32::MAX))
+}
+
+/// The operator's decision on the tool calls of model call step `step_id`, if one was made.
+async fn decision(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+    step_id: &str,
+) -> Result<Option<ApprovalDecision>, StoreError> {
+    let decided: Option<(String, bool)> = sqlx::query_as(
+        "SELECT status, continue_on_reject FROM approvals
+         WHERE workspace_id = $1 AND run_id = $2 AND step_id = $3
+           AND kind = 'agent_loop_tool_call'
+         ORDER BY id DESC LIMIT 1",
+    )
+    .bind(scope.workspace())
+    .bind(run_id)
+    .bind(step_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(match decided {
+        Some((status, _)) if status == "approved" => Some(ApprovalDecision::Approved),
+        Some((status, true)) if status == "rejected" => Some(ApprovalDecision::Refused),
+        _ => None,
+    })
+}
+
+/// The workspace tools a run may call.
+struct WorkspaceTools {
+    env: ToolEnv,
+    allowed: Vec<String>,
+}
+
+impl Toolbox for WorkspaceTools {
+    fn specs(&self) -> Vec<ToolSpec> {
+        tools::specs(&self.allowed)
+    }
+
+    fn summarize(&self, call: &ToolCall) -> String {
+        tools::summarize(call)
+    }
+
+    async fn call(&self, call: &ToolCall, cancel: &CancellationToken) -> ToolResult {
+        tools::call(&self.env, &self.allowed, call, cancel).await
+    }
+}
+
+/// [`AgentContext`] on the run's fenced context: its held rows are flushed before each
+/// model call and tool result, which are then written in one fenced transaction each.
+struct FencedAgent {
+    run: FencedContext,
+    prices: PriceTable,
+    provider: String,
+    /// The model asked for, when the provider does not say which answered.
+    model: String,
+    last_step: std::sync::Mutex<Option<String>>,
+    conversation: std::sync::Mutex<Option<Vec<u8>>>,
+    deltas: Deltas,
+}
+
+impl FencedAgent {
+    /// Writes the held rows first (their own transaction), then `write`, with the events
+    /// it appends, in one fenced transaction.
+    async fn persist(
+        &self,
+        write: impl AsyncFnOnce(&mut PgConnection) -> Result<(), StoreError>,
+    ) -> Result<(), ContextError> {
+        let shared = &self.run.shared;
+        if shared.fence.interrupt.is_cancelled() {
+            return Err(ContextError::Interrupted);
+        }
+        let mut held = shared.held.lock().await;
+        if !held.is_empty() {
+            shared.flush_with(&mut held, None).await?;
+        }
+        let mut tx = shared.fence.begin().await?;
+        write(&mut tx)
+            .await
+            .map_err(|e| shared.fence.context_error(e))?;
+        shared.fence.commit(tx).await
+    }
+
+    /// Counts the model call a previous attempt left in flight as abandoned, with a
+    /// `model.call.abandoned` event, before this attempt makes it again.
+    async fn settle_abandoned(&self) -> Result<(), ContextError> {
+        let shared = &self.run.shared;
+        let (task_id, run_id) = (shared.task_id.as_str(), shared.run_id.as_str());
+        let scope = &shared.fence.scope;
+        self.persist(async |conn: &mut PgConnection| {
+            let Some(index) = model_calls::settle_abandoned(conn, scope, run_id).await? else {
+                return Ok(());
+            };
+            let event = NewEvent::new(task_id, run_id, EventType::ModelCallAbandoned)
+                .with(json!({ "index": index }));
+            events::append(conn, scope, &[event]).await
+        })
+        .await
+    }
+
+    /// A step's events, about this run.
+    fn step_events(&self, step: &StepRecord) -> [NewEvent<'_>; 2] {
+        let shared = &self.run.shared;
+        let about = |event: NewEvent<'_>| {
+            NewEvent::new(&shared.task_id, &shared.run_id, event.event_type).with(event.data)
+        };
+        [
+            about(steps::started_event(step)),
+            about(steps::finished_event(step)),
+        ]
+    }
+}
+
+impl RunContext for FencedAgent {
+    fn cancellation(&self) -> &CancellationToken {
+        self.run.cancellation()
+    }
+
+    async fn clear_ahead(&self) -> Result<(), ContextError> {
+        self.run.clear_ahead().await
+    }
+
+    async fn start_step(&self, name: &str, input: Value) -> Result<StepHandle, ContextError> {
+        self.run.start_step(name, input).await
+    }
+
+    async fn finish_step(&self, step: &StepHandle, result: StepResult) -> Result<(), ContextError> {
+        self.run.finish_step(step, result).await
+    }
+
+    async fn open_output(&self, stream: OutputStream) -> Result<ArtifactHandle, ContextError> {
+        self.run.open_output(stream).await
+    }
+
+    async fn append_output(
+        &self,
+        artifact: &ArtifactHandle,
+        bytes: &[u8],
+    ) -> Result<(), ContextError> {
+        self.run.append_output(artifact, bytes).await
+    }
+
+    async fn close_output(&self, artifact: &ArtifactHandle) -> Result<(), ContextError> {
+        self.run.close_output(artifact).await
+    }
+}
+
+impl AgentContext for FencedAgent {
+    async fn start_model_call(&self, index: u32) -> Result<(), ContextError> {
+        let shared = &self.run.shared;
+        let (run_id, scope) = (shared.run_id.as_str(), &shared.fence.scope);
+        self.persist(async |conn: &mut PgConnection| {
+            model_calls::start(conn, scope, run_id, index).await
+        })
+        .await
+    }
+
+    async fn record_model_call(&self, call: &ModelCall) -> Result<Option<i64>, ContextError> {
+        let shared = &self.run.shared;
+        let response = &call.response;
+        let model = match response.model.trim() {
+            "" => self.model.as_str(),
+            answered => answered,
+        };
+        let cost = self.prices.cost_micros(model, &response.usage);
+        let step_id = new_id("step");
+        let input = json!({ "index": call.index });
+        let result = StepResult::Completed {
+            output: json!({ "response": response, "cost_micros_usd": cost }),
+        };
+        let now = Utc::now();
+        let started_at = now - chrono::Duration::from_std(call.duration).unwrap_or_default();
+        let duration_ms = i64::try_from(call.duration.as_millis()).unwrap_or(i64::MAX);
+        let (task_id, run_id) = (shared.task_id.as_str(), shared.run_id.as_str());
+        let scope = &shared.fence.scope;
+        self.persist(async |conn: &mut PgConnection| {
+            let step = NewStep {
+                id: &step_id,
+                task_id,
+                run_id,
+                name: "model_call",
+                input: &input,
+                started_at,
+                ended: Some((&result, now)),
+            };
+            let step = steps::insert(conn, scope, &step).await?;
+            let ledger = NewModelCall {
+                task_id,
+                run_id,
+                step_id: &step.id,
+                index: call.index,
+                provider: &self.provider,
+                model,
+                usage: &response.usage,
+                cost_micros_usd: cost,
+                duration_ms,
+            };
+            model_calls::insert(conn, scope, &ledger).await?;
+            let data = json!({
+                "index": call.index, "provider": self.provider, "model": model,
+                "usage": response.usage, "cost_micros_usd": cost, "duration_ms": duration_ms,
+                "retries": call.retries,
+            });
+            let mut appended = Vec::from(self.step_events(&step));
+            appended.push(NewEvent::new(task_id, run_id, EventType::ModelCallCompleted).with(data));
+            events::append(conn, scope, &appended).await
+        })
+        .await?;
+        *self.last_step.lock().expect("not poisoned") = Some(step_id);
+        Ok(cost)
+    }
+
+    async fn record_tool_result(
+        &self,
+        call: &ToolCall,
+        result: &ToolResult,
+    ) -> Result<(), ContextError> {
+        let shared = &self.run.shared;
+        let input =
+            json!({ "tool_call_id": call.id, "name": call.name, "arguments": call.arguments });
+        let ended = StepResult::Completed {
+            output: json!({ "result": result }),
+        };
+        let now = Utc::now();
+        let (task_id, run_id) = (shared.task_id.as_str(), shared.run_id.as_str());
+        let owner = shared.owner();
+        let (scope, content) = (&shared.fence.scope, &shared.content);
+        let step_id = new_id("step");
+        self.persist(async |conn: &mut PgConnection| {
+            let step = NewStep {
+                id: &step_id,
+                task_id,
+                run_id,
+                name: "tool_call",
+                input: &input,
+                started_at: now,
+                ended: Some((&ended, now)),
+            };
+            let step = steps::insert(conn, scope, &step).await?;
+            let mut appended = Vec::from(self.step_events(&step));
+            for (n, patch) in result.patches.iter().enumerate() {
+                let name = format!("patch-{}-{}", step.index, n + 1);
+                let record =
+                    patches::insert_patch(conn, content, scope, owner, &name, patch).await?;
+                appended.push(patches::created_event(owner, &record));
+            }
+            events::append(conn, scope, &appended).await
+        })
+        .await
+    }
+
+    async fn save_conversation(&self, messages: &[Message]) -> Result<(), ContextError> {
+        let bytes = serde_json::to_vec(messages).expect("messages serialize");
+        *self.conversation.lock().expect("not poisoned") = Some(bytes);
+        Ok(())
+    }
+
+    fn model_delta(&self, index: u32, text: &str) {
+        self.deltas.send(index, text);
+    }
+}
+
+/// Live text of the model calls: batched every [`DELTA_BATCH`] by a task of its own and
+/// sent with `pg_notify` outside any transaction. Never blocks the loop; stops (dropping
+/// what it has not sent) when the attempt ends.
+struct Deltas {
+    sender: mpsc::UnboundedSender<(u32, String)>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Deltas {
+    fn start(pool: PgPool, scope: Scope, (task_id, run_id): (String, String)) -> Deltas {
+        let (sender, mut receiver) = mpsc::unbounded_channel::<(u32, String)>();
+        let task = tokio::spawn(async move {
+            while let Some(first) = receiver.recv().await {
+                let mut batch = vec![first];
+                let until = tokio::time::Instant::now() + DELTA_BATCH;
+                while let Ok(Some(next)) = tokio::time::timeout_at(until, receiver.recv()).await {
+                    match batch.last_mut() {
+                        Some((index, text)) if *index == next.0 => text.push_str(&next.1),
+                        _ => batch.push(next),
+                    }
+                }
+                for (index, text) in batch {
+                    for piece in pieces(&text) {
+                        let payload = json!({
+                            "workspace_id": scope.workspace(), "task_id": task_id,
+                            "run_id": run_id, "model_call_index": index, "text": piece,
+                        });
+                        let sent = sqlx::query("SELECT pg_notify($1, $2)")
+                            .bind(DELTA_CHANNEL)
+                            .bind(payload.to_string())
+                            .execute(&pool)
+                            .await;
+                        if let Err(error) = sent {
+                            tracing::debug!(%error, "a model delta was not delivered");
+                        }
+                    }
+                }
+            }
+        });
+        Deltas { sender, task }
+    }
+
+    fn send(&self, index: u32, text: &str) {
+        // The receiver lives as long as the attempt; after it, text has nowhere to go.
+        let _ = self.sender.send((index, text.to_string()));
+    }
+}
+
+impl Drop for Deltas {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// `text` cut into pieces whose JSON-escaped form keeps a payload under
+/// [`DELTA_PAYLOAD_MAX_BYTES`] (the ids and keys take well under 500 bytes).
+fn pieces(text: &str) -> Vec<&str> {
+    const MAX_ESCAPED: usize = DELTA_PAYLOAD_MAX_BYTES - 500;
+    let mut pieces = Vec::new();
+    let (mut start, mut size) = (0, 0);
+    for (at, c) in text.char_indices() {
+        let escaped = match c {
+            '"' | '\\' | '\n' | '\r' | '\t' => 2,
+            c if (c as u32) < 0x20 => 6,
+            c => c.len_utf8(),
+        };
+        if size + escaped > MAX_ESCAPED {
+            pieces.push(&text[start..at]);
+            (start, size) = (at, 0);
+        }
+        size += escaped;
+    }
+    pieces.push(&text[start..]);
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delta_pieces_keep_each_payload_under_the_limit() {
+        let text = "\"é\n".repeat(5_000);
+        let cut = pieces(&text);
+        assert!(cut.len() > 1);
+        assert_eq!(cut.concat(), text);
+        for piece in cut {
+            assert!(serde_json::to_string(piece).unwrap().len() < DELTA_PAYLOAD_MAX_BYTES - 400);
+        }
+        assert_eq!(pieces("hi"), ["hi"]);
+    }
+}

@@ -1,0 +1,125 @@
+//! Usage: sums and rows of the `model_calls` ledger (one row per completed model call),
+//! always within the caller's workspace.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+use crate::db::Result;
+use crate::domain::Scope;
+
+pub use keel_api_types::{Grouping, UsageEvent, UsageGroup, UsageTotals};
+
+/// A time window over `created_at`: `since` inclusive, `until` exclusive; either open.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Window {
+    pub since: Option<DateTime<Utc>>,
+    pub until: Option<DateTime<Utc>>,
+}
+
+/// The sums of [`UsageTotals`] and the window filter, shared by the queries below.
+macro_rules! sums {
+    () => {
+        "count(*) AS calls,
+         COALESCE(sum(prompt_tokens), 0)::bigint AS prompt_tokens,
+         COALESCE(sum(completion_tokens), 0)::bigint AS completion_tokens,
+         COALESCE(sum(cached_tokens), 0)::bigint AS cached_tokens,
+         COALESCE(sum(cost_micros_usd), 0)::bigint AS cost_micros_usd,
+         count(*) FILTER (WHERE cost_micros_usd IS NULL) AS calls_without_price"
+    };
+}
+
+macro_rules! in_window {
+    () => {
+        "workspace_id = $1
+         AND ($2::timestamptz IS NULL OR created_at >= $2)
+         AND ($3::timestamptz IS NULL OR created_at < $3)"
+    };
+}
+
+/// The workspace's totals in the window.
+pub async fn totals(conn: &mut PgConnection, scope: &Scope, window: Window) -> Result<UsageTotals> {
+    let totals = sqlx::query_as(concat!(
+        "SELECT ",
+        sums!(),
+        " FROM model_calls WHERE ",
+        in_window!()
+    ))
+    .bind(scope.workspace())
+    .bind(window.since)
+    .bind(window.until)
+    .fetch_one(conn)
+    .await?;
+    Ok(totals)
+}
+
+/// The workspace's totals in the window, one row per provider or workspace (by key); none
+/// for [`Grouping::Global`].
+pub async fn groups(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    grouping: Grouping,
+    window: Window,
+) -> Result<Vec<UsageGroup>> {
+    if grouping == Grouping::Global {
+        return Ok(Vec::new());
+    }
+    let rows = sqlx::query_as(concat!(
+        "SELECT CASE WHEN $4 = 'provider' THEN provider ELSE workspace_id END AS key, ",
+        sums!(),
+        " FROM model_calls WHERE ",
+        in_window!(),
+        " GROUP BY 1 ORDER BY 1"
+    ))
+    .bind(scope.workspace())
+    .bind(window.since)
+    .bind(window.until)
+    .bind(grouping.as_str())
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Which model calls a list holds.
+#[derive(Debug, Clone, Default)]
+pub struct EventFilter {
+    pub task_id: Option<String>,
+    pub run_id: Option<String>,
+    pub provider: Option<String>,
+    pub model: Option<String>,
+    pub window: Window,
+}
+
+/// Newest first; `before` is the id of the last call of the previous page (ids are
+/// time-ordered UUIDv7s).
+pub async fn events(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    filter: &EventFilter,
+    before: Option<&str>,
+    limit: i64,
+) -> Result<Vec<UsageEvent>> {
+    let rows = sqlx::query_as(concat!(
+        "SELECT id, task_id, run_id, index, provider, model, prompt_tokens, completion_tokens,
+                cached_tokens, cost_micros_usd, duration_ms, created_at
+         FROM model_calls WHERE ",
+        in_window!(),
+        " AND ($4::text IS NULL OR id < $4)
+          AND ($5::text IS NULL OR task_id = $5)
+          AND ($6::text IS NULL OR run_id = $6)
+          AND ($7::text IS NULL OR provider = $7)
+          AND ($8::text IS NULL OR model = $8)
+         ORDER BY id DESC LIMIT $9"
+    ))
+    .bind(scope.workspace())
+    .bind(filter.window.since)
+    .bind(filter.window.until)
+    .bind(before)
+    .bind(&filter.task_id)
+    .bind(&filter.run_id)
+    .bind(&filter.provider)
+    .bind(&filter.model)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}

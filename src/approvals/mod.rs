@@ -1,0 +1,5 @@
+mod policy;
+mod store;
+
+pub use policy::*;
+pub use store::*;

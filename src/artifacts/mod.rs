@@ -1,0 +1,191 @@
+//! Artifacts: metadata rows. Their bytes are appended and read through
+//! [`ContentStore`](crate::artifacts::content::ContentStore), which keeps them in Postgres or in an
+//! object store; metadata stays in Postgres either way.
+
+pub mod content;
+
+use sqlx::PgConnection;
+
+use crate::db::{Result, StoreError};
+use crate::domain::{EventType, Scope, new_id};
+use crate::events;
+use crate::events::{NewEvent, Subject};
+
+pub use keel_api_types::ArtifactRecord;
+
+/// An artifact a writer names, with the id it is created under if it does not exist yet.
+pub struct NewArtifact<'a> {
+    pub id: &'a str,
+    pub owner: Subject<'a>,
+    pub name: &'a str,
+    pub kind: &'a str,
+    pub content_type: &'a str,
+    /// `complete` when the writer already closed it (it was held back until then).
+    pub closed: bool,
+}
+
+/// An upserted artifact, and whether this call created it.
+#[derive(sqlx::FromRow)]
+pub struct Upserted {
+    #[sqlx(flatten)]
+    pub artifact: ArtifactRecord,
+    pub created: bool,
+}
+
+/// Opens an artifact for writing, with its `artifact.created` event when it is new.
+pub async fn open(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    owner: Subject<'_>,
+    name: &str,
+    kind: &str,
+    content_type: &str,
+) -> Result<ArtifactRecord> {
+    let id = new_id("art");
+    let artifact = NewArtifact {
+        id: &id,
+        owner,
+        name,
+        kind,
+        content_type,
+        closed: false,
+    };
+    let upserted = upsert(conn, scope, &artifact).await?;
+    if let Some(event) = created_event(owner, &upserted) {
+        events::append(conn, scope, &[event]).await?;
+    }
+    Ok(upserted.artifact)
+}
+
+/// Creates an artifact, or, for an attempt that takes over from a lost one, reopens the
+/// one of the same owner and name (its writes append after what was already written).
+pub async fn upsert(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    artifact: &NewArtifact<'_>,
+) -> Result<Upserted> {
+    let (task_id, run_id, media_job_id) = artifact.owner.columns();
+    let status = if artifact.closed {
+        "complete"
+    } else {
+        "writing"
+    };
+    // `xmax = 0`: the row version is this statement's insert, not an update of an old row.
+    let query = match artifact.owner {
+        Subject::Run { .. } => sqlx::query_as(
+            "INSERT INTO artifacts (id, run_id, task_id, media_job_id, name, kind, content_type,
+                                    status, workspace_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+             ON CONFLICT (run_id, name)
+                 DO UPDATE SET status = EXCLUDED.status, updated_at = now()
+                 WHERE artifacts.workspace_id = EXCLUDED.workspace_id
+             RETURNING id, run_id, task_id, media_job_id, name, kind, content_type, size_bytes,
+                       truncated, status, storage, created_at, updated_at, xmax = 0 AS created",
+        ),
+        Subject::MediaJob(_) => sqlx::query_as(
+            "INSERT INTO artifacts (id, run_id, task_id, media_job_id, name, kind, content_type,
+                                    status, workspace_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+             ON CONFLICT (media_job_id, name)
+                 DO UPDATE SET status = EXCLUDED.status, updated_at = now()
+                 WHERE artifacts.workspace_id = EXCLUDED.workspace_id
+             RETURNING id, run_id, task_id, media_job_id, name, kind, content_type, size_bytes,
+                       truncated, status, storage, created_at, updated_at, xmax = 0 AS created",
+        ),
+    };
+    let upserted = query
+        .bind(artifact.id)
+        .bind(run_id)
+        .bind(task_id)
+        .bind(media_job_id)
+        .bind(artifact.name)
+        .bind(artifact.kind)
+        .bind(artifact.content_type)
+        .bind(status)
+        .bind(scope.workspace())
+        .fetch_optional(conn)
+        .await?
+        .ok_or(StoreError::NotFound("artifact"))?;
+    Ok(upserted)
+}
+
+/// `artifact.created` of an artifact [`upsert`] created; None for a reopened one.
+pub fn created_event<'a>(owner: Subject<'a>, upserted: &Upserted) -> Option<NewEvent<'a>> {
+    let artifact = &upserted.artifact;
+    upserted.created.then(|| NewEvent {
+        subject: owner,
+        event_type: EventType::ArtifactCreated,
+        data: serde_json::json!({ "artifact_id": artifact.id, "name": artifact.name,
+                                  "kind": artifact.kind }),
+    })
+}
+
+pub async fn close(conn: &mut PgConnection, scope: &Scope, artifact_id: &str) -> Result<()> {
+    sqlx::query(
+        "UPDATE artifacts SET status = 'complete', updated_at = now()
+         WHERE workspace_id = $1 AND id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(artifact_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+pub async fn get(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    owner: Subject<'_>,
+    artifact_id: &str,
+) -> Result<ArtifactRecord> {
+    let (task_id, run_id, media_job_id) = owner.columns();
+    sqlx::query_as(
+        "SELECT id, run_id, task_id, media_job_id, name, kind, content_type, size_bytes, truncated,
+                status, storage, created_at, updated_at
+         FROM artifacts
+         WHERE workspace_id = $1 AND id = $2
+           AND run_id IS NOT DISTINCT FROM $3 AND task_id IS NOT DISTINCT FROM $4
+           AND media_job_id IS NOT DISTINCT FROM $5",
+    )
+    .bind(scope.workspace())
+    .bind(artifact_id)
+    .bind(run_id)
+    .bind(task_id)
+    .bind(media_job_id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("artifact"))
+}
+
+pub async fn list(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    owner: Subject<'_>,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ArtifactRecord>> {
+    let query = match owner {
+        Subject::Run { .. } => sqlx::query_as(
+            "SELECT id, run_id, task_id, media_job_id, name, kind, content_type, size_bytes,
+                    truncated, status, storage, created_at, updated_at
+             FROM artifacts
+             WHERE workspace_id = $4 AND run_id = $1 AND ($2::text IS NULL OR id > $2)
+             ORDER BY id LIMIT $3",
+        ),
+        Subject::MediaJob(_) => sqlx::query_as(
+            "SELECT id, run_id, task_id, media_job_id, name, kind, content_type, size_bytes,
+                    truncated, status, storage, created_at, updated_at
+             FROM artifacts
+             WHERE workspace_id = $4 AND media_job_id = $1 AND ($2::text IS NULL OR id > $2)
+             ORDER BY id LIMIT $3",
+        ),
+    };
+    let rows = query
+        .bind(owner.key().1)
+        .bind(after)
+        .bind(limit)
+        .bind(scope.workspace())
+        .fetch_all(conn)
+        .await?;
+    Ok(rows)
+}

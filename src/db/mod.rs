@@ -1,0 +1,154 @@
+//! The domain's SQL: every statement on the domain's tables lives under this module (the
+//! queue protocol's own tables, `queue_jobs`, `lease_history` and `workers`, are
+//! `src/queue`'s). Store functions take a connection (or a transaction, which derefs to
+//! one), so one transaction can span a domain write, its events and the enqueue of its job
+//! (store → queue, never the other way).
+
+pub mod embedded;
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Errors of the store layer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    #[error("{0}")]
+    Conflict(String),
+    /// A conflict with its own error code, for clients that branch on it.
+    #[error("{message}")]
+    Refused { code: &'static str, message: String },
+    /// The request cannot be carried out as the stored rows stand (422), with its own code:
+    /// `model_not_configured`.
+    #[error("{message}")]
+    Unprocessable { code: &'static str, message: String },
+    /// The caller may not do this to these rows (403): someone else must.
+    #[error("{0}")]
+    Forbidden(String),
+    /// A fenced write found that this worker no longer holds the job's lease.
+    #[error("the lease on this job was lost")]
+    LeaseLost,
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    /// The object store holding artifact bytes failed, or this process has none.
+    #[error("content store: {0}")]
+    Content(String),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+impl StoreError {
+    /// Whether the database could not be reached or ended the session (a failover, a cut
+    /// connection, a server shutting down): the same statements may succeed on a fresh
+    /// connection.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            StoreError::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)) => true,
+            // Class 08: connection exceptions; 57P01-57P03: the server is shutting down,
+            // crashed or cannot take connections yet.
+            StoreError::Database(sqlx::Error::Database(e)) => e
+                .code()
+                .is_some_and(|code| code.starts_with("08") || code.starts_with("57P")),
+            _ => false,
+        }
+    }
+}
+
+impl From<crate::queue::QueueError> for StoreError {
+    fn from(error: crate::queue::QueueError) -> Self {
+        match error {
+            crate::queue::QueueError::LeaseLost => StoreError::LeaseLost,
+            crate::queue::QueueError::Database(error) => StoreError::Database(error),
+        }
+    }
+}
+
+/// A transaction left idle this long is ended by the server. Keel's transactions are
+/// short and never span executor work, so this only ever fires on a process that was
+/// paused or partitioned mid-transaction: without it, such a process would hold its row
+/// locks (and the event-order lock) and stall every other process until it woke up.
+const IDLE_IN_TRANSACTION_TIMEOUT: &str = "5s";
+
+/// The longest any one statement of Keel's runs: its statements are small (a claim, an
+/// ack, a page of rows), so one that runs this long is stuck behind a lock or a server in
+/// trouble, and is better cancelled (and retried) than waited on. Migrations, which may
+/// build an index, lift it for their own connection ([`migrate`]).
+const STATEMENT_TIMEOUT: &str = "60s";
+
+/// How the server finds a client that vanished (a worker's host gone, a partition): TCP
+/// keepalives after 10 s idle, every 5 s, 3 unanswered ones end the session, and data
+/// unacknowledged for 20 s ends it (Linux servers; elsewhere the server only logs that it
+/// cannot). Its locks and its backend go with it. sqlx 0.9 sets no socket option on the
+/// client's end; there every call is bounded by a timeout of its own instead (docs/queue.md,
+/// "Bounds").
+const SERVER_KEEPALIVES: [(&str, &str); 4] = [
+    ("tcp_keepalives_idle", "10"),
+    ("tcp_keepalives_interval", "5"),
+    ("tcp_keepalives_count", "3"),
+    ("tcp_user_timeout", "20000"),
+];
+
+/// How long a request for a connection waits when every one is busy, being opened or
+/// tested (a database that does not answer): then it fails, and the API answers 503.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Opens a pool; every connection says which Keel process it belongs to, and carries the
+/// bounds above.
+pub async fn connect(url: &str, max_connections: u32, role: &str) -> Result<PgPool> {
+    let options: PgConnectOptions = url.parse()?;
+    let options = options.application_name(&format!("keel-{role}")).options(
+        [
+            (
+                "idle_in_transaction_session_timeout",
+                IDLE_IN_TRANSACTION_TIMEOUT,
+            ),
+            ("statement_timeout", STATEMENT_TIMEOUT),
+        ]
+        .into_iter()
+        .chain(SERVER_KEEPALIVES),
+    );
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_with(options)
+        .await?;
+    Ok(pool)
+}
+
+/// Applies pending migrations. Safe to run from several processes at once: sqlx holds an
+/// advisory lock while it migrates. The migrating connection has no statement timeout (an
+/// index build may take longer); `RESET` gives it back to the pool with the pool's.
+pub async fn migrate(pool: &PgPool) -> Result<()> {
+    let mut conn = pool.acquire().await?;
+    sqlx::query("SET statement_timeout = 0")
+        .execute(&mut *conn)
+        .await?;
+    MIGRATOR
+        .run(&mut *conn)
+        .await
+        .map_err(|e| StoreError::Database(e.into()))?;
+    sqlx::query("RESET statement_timeout")
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Whether the database has every migration this binary knows.
+pub async fn migrations_current(pool: &PgPool) -> Result<bool> {
+    let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    let applied: Option<i64> =
+        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+            .fetch_one(pool)
+            .await?;
+    Ok(applied.unwrap_or(0) >= latest)
+}
+
+/// True when a database error is a violation of the named unique index or constraint.
+pub(crate) fn violates(error: &sqlx::Error, constraint: &str) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.constraint() == Some(constraint))
+}

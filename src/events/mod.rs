@@ -1,0 +1,263 @@
+//! The append-only event log: a per-subject `sequence` and the public feed's position.
+//!
+//! Nothing serializes appends across the deployment. Each event stores `feed_xid`, the id
+//! of the transaction that wrote it (or its subject's previous event's, when that is
+//! greater, so a subject's events stay in order in the feed), and the feed is ordered by
+//! `(feed_xid, id)`. Readers deliver only events below the horizon, the oldest transaction
+//! still running (`pg_snapshot_xmin`): every transaction below it has ended, so no event
+//! can later appear before a position already delivered (see docs/api.md, "Events").
+//!
+//! Appends of one subject are serialized by a transaction-level advisory lock on the
+//! subject, held until commit, so its `sequence` is gap-free and commits in order. Append
+//! events last in a transaction, after every row lock it takes, and once per transaction
+//! (the locks of all its subjects are taken in one sorted order), so no lock cycle can
+//! form through them.
+
+pub mod transitions;
+
+use sqlx::PgConnection;
+
+use crate::db::Result;
+use crate::domain::{EventType, Scope, new_id};
+
+/// Arbitrary constant naming the class of the per-subject append locks (the two-key form of
+/// advisory locks, so they cannot collide with Keel's one-key locks).
+const SUBJECT_LOCK_CLASS: i32 = 0x6b65_6576;
+
+/// What an event is about: each subject has its own `sequence`.
+#[derive(Debug, Clone, Copy)]
+pub enum Subject<'a> {
+    Run { task_id: &'a str, run_id: &'a str },
+    MediaJob(&'a str),
+}
+
+impl<'a> Subject<'a> {
+    /// The column naming the subject in `run_events` and `artifacts`, and its id.
+    pub fn key(self) -> (&'static str, &'a str) {
+        match self {
+            Subject::Run { run_id, .. } => ("run_id", run_id),
+            Subject::MediaJob(id) => ("media_job_id", id),
+        }
+    }
+
+    fn id(self) -> &'a str {
+        self.key().1
+    }
+
+    pub fn columns(self) -> (Option<&'a str>, Option<&'a str>, Option<&'a str>) {
+        match self {
+            Subject::Run { task_id, run_id } => (Some(task_id), Some(run_id), None),
+            Subject::MediaJob(id) => (None, None, Some(id)),
+        }
+    }
+}
+
+pub struct NewEvent<'a> {
+    pub subject: Subject<'a>,
+    pub event_type: EventType,
+    pub data: serde_json::Value,
+}
+
+impl<'a> NewEvent<'a> {
+    pub fn new(task_id: &'a str, run_id: &'a str, event_type: EventType) -> Self {
+        NewEvent {
+            subject: Subject::Run { task_id, run_id },
+            event_type,
+            data: serde_json::json!({}),
+        }
+    }
+
+    pub fn media_job(media_job_id: &'a str, event_type: EventType) -> Self {
+        NewEvent {
+            subject: Subject::MediaJob(media_job_id),
+            event_type,
+            data: serde_json::json!({}),
+        }
+    }
+
+    pub fn with(mut self, data: serde_json::Value) -> Self {
+        self.data = data;
+        self
+    }
+}
+
+pub use keel_api_types::EventRecord;
+
+/// A position in the public feed: the `(feed_xid, id)` of the last event delivered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FeedCursor {
+    xid: u64,
+    id: i64,
+}
+
+impl FeedCursor {
+    /// Reads a cursor as [`EventRecord::cursor`] writes it, `<feed_xid>-<id>`, ASCII digits
+    /// only (no sign, no spaces); `None` for anything else.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (xid, id) = text.split_once('-')?;
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(xid) || !digits(id) {
+            return None;
+        }
+        Some(FeedCursor {
+            xid: xid.parse().ok()?,
+            id: id.parse().ok()?,
+        })
+    }
+}
+
+/// Appends events of one workspace's subjects: two statements whatever their number (the
+/// subjects' locks, then one INSERT that numbers the events).
+///
+/// No NOTIFY: PostgreSQL serializes the commits of every transaction that notifies (one
+/// lock on the notification queue, held through the commit's WAL flush), which would make
+/// every event-writing transaction of the deployment commit one at a time. Streams learn
+/// of commits from the snapshot instead ([`snapshot`]).
+pub async fn append(conn: &mut PgConnection, scope: &Scope, events: &[NewEvent<'_>]) -> Result<()> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let subjects: Vec<&str> = events.iter().map(|e| e.subject.id()).collect();
+    // A statement of its own: the INSERT's snapshot must begin after the locks are held,
+    // or it could miss the events of the transaction it waited for. Sorted keys, so two
+    // transactions locking the same subjects take them in the same order.
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock($1, key)
+         FROM (SELECT DISTINCT hashtext(subject) AS key FROM unnest($2::text[]) AS subject) AS keys
+         ORDER BY key",
+    )
+    .bind(SUBJECT_LOCK_CLASS)
+    .bind(&subjects)
+    .execute(&mut *conn)
+    .await?;
+    let mut columns = EventColumns::default();
+    for event in events {
+        let (task_id, run_id, media_job_id) = event.subject.columns();
+        columns.event_ids.push(new_id("evt"));
+        columns.task_ids.push(task_id);
+        columns.run_ids.push(run_id);
+        columns.media_job_ids.push(media_job_id);
+        columns.types.push(event.event_type.as_str());
+        columns.data.push(&event.data);
+    }
+    // Each event numbers on from its subject's last committed one (`nth` counts the call's
+    // events per subject) and takes the greater of this transaction's id and that event's
+    // `feed_xid`. Ids are drawn in the call's order, so a subject's events order by id too.
+    sqlx::query(
+        "WITH new AS (
+             SELECT n.*, row_number() OVER (PARTITION BY n.run_id, n.media_job_id ORDER BY n.ord) AS nth
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[])
+                  WITH ORDINALITY AS n (event_id, task_id, run_id, media_job_id, type, data, ord)
+         )
+         INSERT INTO run_events (event_id, task_id, run_id, media_job_id, sequence, feed_xid,
+                                 type, data, workspace_id)
+         SELECT new.event_id, new.task_id, new.run_id, new.media_job_id,
+                COALESCE(last.sequence, 0) + new.nth,
+                GREATEST(pg_current_xact_id(), last.feed_xid),
+                new.type, new.data, $7
+         FROM new
+         LEFT JOIN LATERAL (
+             (SELECT e.sequence, e.feed_xid FROM run_events e
+              WHERE e.run_id = new.run_id ORDER BY e.sequence DESC LIMIT 1)
+             UNION ALL
+             (SELECT e.sequence, e.feed_xid FROM run_events e
+              WHERE e.media_job_id = new.media_job_id ORDER BY e.sequence DESC LIMIT 1)
+         ) AS last ON true
+         ORDER BY new.ord",
+    )
+    .bind(&columns.event_ids)
+    .bind(&columns.task_ids)
+    .bind(&columns.run_ids)
+    .bind(&columns.media_job_ids)
+    .bind(&columns.types)
+    .bind(&columns.data)
+    .bind(scope.workspace())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// One call's events as the columns `unnest` reads.
+#[derive(Default)]
+struct EventColumns<'a> {
+    event_ids: Vec<String>,
+    task_ids: Vec<Option<&'a str>>,
+    run_ids: Vec<Option<&'a str>>,
+    media_job_ids: Vec<Option<&'a str>>,
+    types: Vec<&'static str>,
+    data: Vec<&'a serde_json::Value>,
+}
+
+pub async fn list_for_run(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+    after_sequence: i64,
+    limit: i64,
+) -> Result<Vec<EventRecord>> {
+    let rows = sqlx::query_as(
+        "SELECT 1 AS schema_version, event_id, task_id, run_id, media_job_id, sequence,
+                feed_xid::text || '-' || id AS cursor, occurred_at, type, data
+         FROM run_events
+         WHERE workspace_id = $1 AND run_id = $2 AND sequence > $3
+         ORDER BY sequence LIMIT $4",
+    )
+    .bind(scope.workspace())
+    .bind(run_id)
+    .bind(after_sequence)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Filters of the public feed: they AND together; the types within `event_types` OR.
+#[derive(Debug, Clone, Default)]
+pub struct FeedFilter {
+    pub event_types: Option<Vec<String>>,
+    pub task_id: Option<String>,
+    pub media_job_id: Option<String>,
+}
+
+/// One workspace's events after the cursor in feed order, only those below the horizon:
+/// another workspace's never appear, though their positions interleave.
+pub async fn list_feed(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    filter: &FeedFilter,
+    after: FeedCursor,
+    limit: i64,
+) -> Result<Vec<EventRecord>> {
+    // The horizon comes from the statement's own snapshot, the one its rows come from.
+    let rows = sqlx::query_as(
+        "SELECT 1 AS schema_version, event_id, task_id, run_id, media_job_id, sequence,
+                feed_xid::text || '-' || id AS cursor, occurred_at, type, data
+         FROM run_events
+         WHERE workspace_id = $1 AND (feed_xid, id) > ($2::text::xid8, $3)
+           AND feed_xid < (SELECT pg_snapshot_xmin(pg_current_snapshot()))
+           AND ($4::text[] IS NULL OR type = ANY($4))
+           AND ($5::text IS NULL OR task_id = $5)
+           AND ($6::text IS NULL OR media_job_id = $6)
+         ORDER BY feed_xid, id LIMIT $7",
+    )
+    .bind(scope.workspace())
+    .bind(after.xid.to_string())
+    .bind(after.id)
+    .bind(&filter.event_types)
+    .bind(&filter.task_id)
+    .bind(&filter.media_job_id)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// The current snapshot, as text. It changes whenever a writing transaction anywhere in the
+/// cluster takes its id or ends, so with every commit of events and every advance of the
+/// feed's horizon: what the streams poll to learn that there may be something new to read.
+pub async fn snapshot(conn: &mut PgConnection) -> Result<String> {
+    let snapshot = sqlx::query_scalar("SELECT pg_current_snapshot()::text")
+        .fetch_one(conn)
+        .await?;
+    Ok(snapshot)
+}

@@ -1,0 +1,86 @@
+//! The audit trail: one row per state change of a task, run, approval or media job, written in the
+//! transaction that made the change.
+
+use sqlx::PgConnection;
+
+use crate::db::Result;
+use crate::domain::{Actor, Scope};
+
+/// One state change to record.
+pub struct Transition<'a> {
+    pub entity_type: &'static str,
+    pub entity_id: &'a str,
+    /// The task a task, run or approval belongs to; None for a media job.
+    pub task_id: Option<&'a str>,
+    pub from: Option<&'a str>,
+    pub to: &'a str,
+    pub reason: Option<&'a str>,
+}
+
+pub use keel_api_types::TransitionRecord;
+
+pub async fn record(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    transition: Transition<'_>,
+    actor: &Actor,
+) -> Result<()> {
+    record_all(conn, scope, &[transition], actor).await
+}
+
+/// Records several changes by one actor in one statement, in order.
+pub async fn record_all(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    transitions: &[Transition<'_>],
+    actor: &Actor,
+) -> Result<()> {
+    let column = |f: fn(&Transition<'_>) -> Option<String>| -> Vec<Option<String>> {
+        transitions.iter().map(f).collect()
+    };
+    sqlx::query(
+        "INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id, from_status,
+                                        to_status, reason, actor)
+         SELECT $1, entity_type, entity_id, task_id, from_status, to_status, reason, $8
+         FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+              WITH ORDINALITY AS t(entity_type, entity_id, task_id, from_status, to_status, reason, n)
+         ORDER BY n",
+    )
+    .bind(scope.workspace())
+    .bind(column(|t| Some(t.entity_type.to_string())))
+    .bind(column(|t| Some(t.entity_id.to_string())))
+    .bind(column(|t| t.task_id.map(str::to_string)))
+    .bind(column(|t| t.from.map(str::to_string)))
+    .bind(column(|t| Some(t.to.to_string())))
+    .bind(column(|t| t.reason.map(str::to_string)))
+    .bind(actor.to_string())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Oldest first; `after` is the id of the last record of the previous page.
+pub async fn list(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    entity_type: Option<&str>,
+    entity_id: Option<&str>,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<TransitionRecord>> {
+    let rows = sqlx::query_as(
+        "SELECT id, entity_type, entity_id, task_id, from_status, to_status, reason, actor, occurred_at
+         FROM state_transitions
+         WHERE workspace_id = $1 AND ($2::text IS NULL OR entity_type = $2)
+           AND ($3::text IS NULL OR entity_id = $3) AND id > $4
+         ORDER BY id LIMIT $5",
+    )
+    .bind(scope.workspace())
+    .bind(entity_type)
+    .bind(entity_id)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}

@@ -1,0 +1,288 @@
+//! External actions: the only writes Keel makes on a tracker. One is proposed on an item
+//! (a comment, a label change, or a pull-request review), gated by an `external_action`
+//! approval, and sent once after it. Its state machine:
+//! `pending_approval` → `approved` → `sending` → `sent` | `stale_target` | `failed`, or
+//! `pending_approval` → `rejected`.
+
+use serde_json::{Value, json};
+
+use crate::domain::Invalid;
+
+use keel_api_types::{MAX_ACTION_BODY_BYTES, MAX_LABEL_BYTES, MAX_LABELS};
+
+pub use keel_api_types::ReviewEvent;
+
+/// A proposal as a request has it, before it is checked.
+#[derive(Debug, Clone, Default)]
+pub struct ActionDraft {
+    pub kind: Option<String>,
+    pub body: Option<String>,
+    pub add: Option<Vec<String>>,
+    pub remove: Option<Vec<String>>,
+    pub event: Option<String>,
+}
+
+/// One checked proposal: exactly one thing to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProposedAction {
+    Comment {
+        body: String,
+    },
+    Labels {
+        add: Vec<String>,
+        remove: Vec<String>,
+    },
+    /// A pull request's review; the body is required but for `APPROVE`.
+    Review {
+        event: ReviewEvent,
+        body: Option<String>,
+    },
+}
+
+impl ProposedAction {
+    /// Checks a draft: its kind's fields only, bodies non-empty and at most
+    /// [`MAX_ACTION_BODY_BYTES`], at most [`MAX_LABELS`] distinct, sane label names.
+    pub fn parse(draft: ActionDraft) -> Result<ProposedAction, Invalid> {
+        let kind = draft
+            .kind
+            .as_deref()
+            .ok_or_else(|| Invalid::new("kind", "is required (comment, labels or review)"))?;
+        let allowed: &[&str] = match kind {
+            "comment" => &["body"],
+            "labels" => &["add", "remove"],
+            "review" => &["event", "body"],
+            other => {
+                return Err(Invalid::new(
+                    "kind",
+                    format!("must be comment, labels or review, not '{other}'"),
+                ));
+            }
+        };
+        let given = [
+            ("body", draft.body.is_some()),
+            ("add", draft.add.is_some()),
+            ("remove", draft.remove.is_some()),
+            ("event", draft.event.is_some()),
+        ];
+        if let Some((field, _)) = given
+            .iter()
+            .find(|(field, set)| *set && !allowed.contains(field))
+        {
+            return Err(Invalid::new(
+                "kind",
+                format!("a {kind} action has no field {field}"),
+            ));
+        }
+        match kind {
+            "comment" => {
+                let body = draft
+                    .body
+                    .ok_or_else(|| Invalid::new("body", "is required for a comment"))?;
+                Ok(ProposedAction::Comment {
+                    body: checked_body(body)?,
+                })
+            }
+            "labels" => {
+                let (add, remove) = (
+                    draft.add.unwrap_or_default(),
+                    draft.remove.unwrap_or_default(),
+                );
+                check_labels(&add, &remove)?;
+                Ok(ProposedAction::Labels { add, remove })
+            }
+            _ => {
+                let event = match draft.event.as_deref() {
+                    Some(name) if let Some(event) = ReviewEvent::parse(name) => event,
+                    Some(other) => {
+                        return Err(Invalid::new(
+                            "event",
+                            format!("must be COMMENT, APPROVE or REQUEST_CHANGES, not '{other}'"),
+                        ));
+                    }
+                    None => return Err(Invalid::new("event", "is required for a review")),
+                };
+                let body = draft.body.map(checked_body).transpose()?;
+                if body.is_none() && event != ReviewEvent::Approve {
+                    return Err(Invalid::new(
+                        "body",
+                        format!("is required for a {} review", event.as_str()),
+                    ));
+                }
+                Ok(ProposedAction::Review { event, body })
+            }
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ProposedAction::Comment { .. } => "comment",
+            ProposedAction::Labels { .. } => "labels",
+            ProposedAction::Review { .. } => "review",
+        }
+    }
+
+    /// The proposal as stored and shown.
+    pub fn to_json(&self) -> Value {
+        match self {
+            ProposedAction::Comment { body } => json!({ "kind": "comment", "body": body }),
+            ProposedAction::Labels { add, remove } => {
+                json!({ "kind": "labels", "add": add, "remove": remove })
+            }
+            ProposedAction::Review { event, body } => {
+                json!({ "kind": "review", "event": event.as_str(), "body": body })
+            }
+        }
+    }
+}
+
+/// The hidden marker appended to what an action writes: a worker that cannot tell whether
+/// an earlier attempt's call went through looks for it before writing again.
+pub fn marker(action_id: &str) -> String {
+    format!("<!-- keel-action:{action_id} -->")
+}
+
+/// `body` as sent: the proposed text, then the marker.
+pub fn marked(body: &str, action_id: &str) -> String {
+    format!("{body}\n\n{}", marker(action_id))
+}
+
+fn checked_body(body: String) -> Result<String, Invalid> {
+    if body.trim().is_empty() {
+        return Err(Invalid::new("body", "must not be empty"));
+    }
+    if body.len() > MAX_ACTION_BODY_BYTES {
+        return Err(Invalid::new(
+            "body",
+            format!("is {} bytes; at most {MAX_ACTION_BODY_BYTES}", body.len()),
+        ));
+    }
+    if body.contains('\0') {
+        return Err(Invalid::new("body", "must not contain NUL characters"));
+    }
+    Ok(body)
+}
+
+fn check_labels(add: &[String], remove: &[String]) -> Result<(), Invalid> {
+    let all: Vec<&String> = add.iter().chain(remove).collect();
+    if all.is_empty() {
+        return Err(Invalid::new(
+            "add",
+            "or remove must name at least one label",
+        ));
+    }
+    if all.len() > MAX_LABELS {
+        return Err(Invalid::new(
+            "add",
+            format!("and remove name {} labels; at most {MAX_LABELS}", all.len()),
+        ));
+    }
+    for (index, name) in all.iter().enumerate() {
+        let field = if index < add.len() { "add" } else { "remove" };
+        if name.trim().is_empty() || name.trim() != name.as_str() {
+            return Err(Invalid::new(
+                field,
+                format!("label '{name}' must be non-empty without surrounding spaces"),
+            ));
+        }
+        if name.len() > MAX_LABEL_BYTES || name.chars().any(char::is_control) {
+            return Err(Invalid::new(
+                field,
+                format!(
+                    "label names are at most {MAX_LABEL_BYTES} bytes without control characters"
+                ),
+            ));
+        }
+        // GitHub's label names do not differ by case alone.
+        if all[..index].iter().any(|n| n.eq_ignore_ascii_case(name)) {
+            return Err(Invalid::new(
+                field,
+                format!("label '{name}' is named twice"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn draft(kind: &str) -> ActionDraft {
+        ActionDraft {
+            kind: Some(kind.into()),
+            ..ActionDraft::default()
+        }
+    }
+
+    #[test]
+    fn each_kind_takes_its_own_fields() {
+        let comment = ActionDraft {
+            body: Some("hi".into()),
+            ..draft("comment")
+        };
+        assert_eq!(
+            ProposedAction::parse(comment.clone()).unwrap(),
+            ProposedAction::Comment { body: "hi".into() }
+        );
+        let mixed = ActionDraft {
+            add: Some(vec!["a".into()]),
+            ..comment
+        };
+        assert_eq!(ProposedAction::parse(mixed).unwrap_err().field, "kind");
+        let approve = ActionDraft {
+            event: Some("APPROVE".into()),
+            ..draft("review")
+        };
+        assert!(ProposedAction::parse(approve).is_ok());
+        let bare = ActionDraft {
+            event: Some("REQUEST_CHANGES".into()),
+            ..draft("review")
+        };
+        assert_eq!(ProposedAction::parse(bare).unwrap_err().field, "body");
+        assert_eq!(
+            ProposedAction::parse(draft("merge")).unwrap_err().field,
+            "kind"
+        );
+        assert_eq!(
+            ProposedAction::parse(ActionDraft::default())
+                .unwrap_err()
+                .field,
+            "kind"
+        );
+    }
+
+    #[test]
+    fn bodies_and_labels_are_bounded() {
+        let long = ActionDraft {
+            body: Some("x".repeat(MAX_ACTION_BODY_BYTES + 1)),
+            ..draft("comment")
+        };
+        assert_eq!(ProposedAction::parse(long).unwrap_err().field, "body");
+        let blank = ActionDraft {
+            body: Some("  \n".into()),
+            ..draft("comment")
+        };
+        assert!(ProposedAction::parse(blank).is_err());
+        let labels = |add: &[&str], remove: &[&str]| {
+            ProposedAction::parse(ActionDraft {
+                add: Some(add.iter().map(|s| s.to_string()).collect()),
+                remove: Some(remove.iter().map(|s| s.to_string()).collect()),
+                ..draft("labels")
+            })
+        };
+        assert!(labels(&["bug"], &["triage"]).is_ok());
+        assert!(labels(&[], &[]).is_err());
+        assert!(labels(&["Bug"], &["bug"]).is_err());
+        assert!(labels(&[" bug"], &[]).is_err());
+        assert!(labels(&["a\nb"], &[]).is_err());
+        let many: Vec<String> = (0..21).map(|i| format!("l{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert!(labels(&many, &[]).is_err());
+        assert!(labels(&many[..20], &[]).is_ok());
+    }
+
+    #[test]
+    fn the_marker_follows_the_body() {
+        assert_eq!(marked("hi", "xa_1"), "hi\n\n<!-- keel-action:xa_1 -->");
+    }
+}

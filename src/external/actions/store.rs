@@ -1,0 +1,237 @@
+//! External action rows: what will be sent to a tracker, the target as it stood at the
+//! proposal, and where the action stands. The `external_action` queue job (ref_id: the
+//! action id) sends it; its approval lives in `approvals` and points here.
+
+use std::collections::BTreeMap;
+
+use sqlx::PgConnection;
+
+use crate::db::{Result, StoreError};
+use crate::domain::Scope;
+use crate::external::ItemRecord;
+use crate::queue;
+use keel_api_types::ActionStatus;
+
+/// The queue kind of an approved action's sending; one job per action.
+pub const ACTION_KIND: &str = "external_action";
+
+/// An action's columns with the id of its approval.
+macro_rules! columns {
+    () => {
+        "a.id, a.item_id, a.task_id, a.run_id, a.kind, a.proposal, a.calls, a.target,
+         a.status, a.proposed_by, a.proposed_by_run_id, a.response, a.artifact_id,
+         a.last_error_code, a.last_error, a.created_at, a.decided_at, a.sending_at,
+         a.finished_at, a.updated_at,
+         (SELECT p.id FROM approvals p
+          WHERE p.workspace_id = a.workspace_id AND p.external_action_id = a.id) AS approval_id"
+    };
+}
+
+pub use keel_api_types::ActionRecord;
+
+/// A proposal to record.
+#[derive(Debug, Clone)]
+pub struct NewAction<'a> {
+    pub id: &'a str,
+    pub item_id: &'a str,
+    pub task_id: &'a str,
+    pub run_id: &'a str,
+    pub kind: &'a str,
+    pub proposal: &'a serde_json::Value,
+    pub calls: &'a serde_json::Value,
+    pub target: &'a serde_json::Value,
+    pub proposed_by: &'a str,
+    pub proposed_by_run_id: Option<&'a str>,
+}
+
+/// Records a proposal, `pending_approval`; its approval is created next, by the caller.
+pub async fn insert(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    action: &NewAction<'_>,
+) -> Result<ActionRecord> {
+    let row = sqlx::query_as(concat!(
+        "WITH a AS (
+             INSERT INTO external_actions (id, workspace_id, item_id, task_id, run_id, kind,
+                                           proposal, calls, target, status, proposed_by,
+                                           proposed_by_run_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending_approval', $10, $11)
+             RETURNING *)
+         SELECT ",
+        columns!(),
+        " FROM a"
+    ))
+    .bind(action.id)
+    .bind(scope.workspace())
+    .bind(action.item_id)
+    .bind(action.task_id)
+    .bind(action.run_id)
+    .bind(action.kind)
+    .bind(action.proposal)
+    .bind(action.calls)
+    .bind(action.target)
+    .bind(action.proposed_by)
+    .bind(action.proposed_by_run_id)
+    .fetch_one(conn)
+    .await?;
+    Ok(row)
+}
+
+pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<ActionRecord> {
+    sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM external_actions a WHERE a.workspace_id = $1 AND a.id = $2"
+    ))
+    .bind(scope.workspace())
+    .bind(id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("external action"))
+}
+
+/// Locks an action for the rest of the transaction; None when it is gone.
+pub async fn lock(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+) -> Result<Option<ActionRecord>> {
+    let row = sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM external_actions a WHERE a.workspace_id = $1 AND a.id = $2 FOR UPDATE OF a"
+    ))
+    .bind(scope.workspace())
+    .bind(id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row)
+}
+
+/// An item's actions, oldest first.
+pub async fn list_for_item(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    item_id: &str,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ActionRecord>> {
+    let rows = sqlx::query_as(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM external_actions a
+          WHERE a.workspace_id = $1 AND a.item_id = $2 AND ($3::text IS NULL OR a.id > $3)
+          ORDER BY a.id LIMIT $4"
+    ))
+    .bind(scope.workspace())
+    .bind(item_id)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// How many of a source's actions are in each status.
+pub async fn counts_for_source(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+) -> Result<BTreeMap<String, i64>> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT a.status, count(*) FROM external_actions a
+         JOIN external_work_items i ON i.id = a.item_id AND i.workspace_id = a.workspace_id
+         WHERE a.workspace_id = $1 AND i.source_id = $2 GROUP BY a.status",
+    )
+    .bind(scope.workspace())
+    .bind(source_id)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// The item an action is proposed on.
+pub async fn item(conn: &mut PgConnection, scope: &Scope, item_id: &str) -> Result<ItemRecord> {
+    sqlx::query_as("SELECT * FROM external_work_items WHERE workspace_id = $1 AND id = $2")
+        .bind(scope.workspace())
+        .bind(item_id)
+        .fetch_optional(conn)
+        .await?
+        .ok_or(StoreError::NotFound("external work item"))
+}
+
+/// The operator's decision, from the approval's resolution (in its transaction): approved
+/// queues the sending job, rejected ends the action with nothing sent.
+pub async fn decide(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    approved: bool,
+) -> Result<ActionRecord> {
+    let action = lock(conn, scope, id)
+        .await?
+        .ok_or(StoreError::NotFound("external action"))?;
+    if action.status != ActionStatus::PendingApproval {
+        return Err(StoreError::Conflict(format!(
+            "external action {id} is {}, not pending approval",
+            action.status
+        )));
+    }
+    let status = if approved {
+        ActionStatus::Approved
+    } else {
+        ActionStatus::Rejected
+    };
+    let action = update(conn, scope, id, status, &Outcome::default()).await?;
+    if approved {
+        queue::enqueue(conn, scope, ACTION_KIND, id, 0).await?;
+    }
+    Ok(action)
+}
+
+/// What an attempt leaves on its action besides its status.
+#[derive(Debug, Clone, Default)]
+pub struct Outcome<'a> {
+    pub response: Option<&'a serde_json::Value>,
+    pub artifact_id: Option<&'a str>,
+    /// `(code, message)`; None clears the last error.
+    pub error: Option<(&'a str, &'a str)>,
+}
+
+/// Moves an action to `status`, stamping the time of its step.
+pub async fn update(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    status: ActionStatus,
+    outcome: &Outcome<'_>,
+) -> Result<ActionRecord> {
+    let (code, message) = outcome.error.unzip();
+    let row = sqlx::query_as(concat!(
+        "WITH a AS (
+             UPDATE external_actions
+             SET status = $3, response = coalesce($4, response),
+                 artifact_id = coalesce($5, artifact_id), last_error_code = $6,
+                 last_error = $7, updated_at = now(),
+                 decided_at = CASE WHEN status = 'pending_approval' THEN now()
+                                   ELSE decided_at END,
+                 sending_at = CASE WHEN $3 = 'sending' AND status <> 'sending' THEN now()
+                                   ELSE sending_at END,
+                 finished_at = CASE WHEN $3 IN ('sent', 'stale_target', 'failed', 'rejected')
+                                    THEN now() END
+             WHERE workspace_id = $1 AND id = $2 RETURNING *)
+         SELECT ",
+        columns!(),
+        " FROM a"
+    ))
+    .bind(scope.workspace())
+    .bind(id)
+    .bind(status)
+    .bind(outcome.response)
+    .bind(outcome.artifact_id)
+    .bind(code)
+    .bind(message)
+    .fetch_one(conn)
+    .await?;
+    Ok(row)
+}

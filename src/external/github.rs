@@ -1,0 +1,362 @@
+//! GitHub: REST `GET`s of a repository's issues and pull requests, with the stored ETags
+//! as `If-None-Match` and the rate-limit headers honoured, and their normalization.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use keel_workers::media::Secret;
+use reqwest::StatusCode;
+use reqwest::header::{self, HeaderMap};
+use serde_json::Value;
+
+use crate::external::ItemRecord;
+use crate::external::poll::{Candidate, Fetched, LimitHeaders, Poller, Refusal, resume_at};
+use crate::external::workflow::{Issue, Tracker};
+
+/// A GitHub issue or pull request (as the REST API or a webhook payload has it) of
+/// `repository`, normalized. The key carries `updated_at` (and a pull request's head SHA):
+/// a changed item is a new version, the same version again a duplicate.
+pub(crate) fn candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
+    let repository = tracker.repository.as_deref().unwrap_or_default();
+    let text = |field: &str| value.get(field).and_then(Value::as_str);
+    let number = value
+        .get("number")
+        .and_then(Value::as_u64)
+        .ok_or("a GitHub item needs its number")?;
+    let updated_at = text("updated_at").ok_or("a GitHub item needs its updated_at")?;
+    let state = text("state").ok_or("a GitHub item needs its state")?;
+    let head = value.get("head");
+    let (kind, key) = match head {
+        Some(head) => {
+            let sha = head
+                .get("sha")
+                .and_then(Value::as_str)
+                .ok_or("a pull request needs its head.sha")?;
+            let key = format!("github:pull_request:{repository}:{number}:{sha}:{updated_at}");
+            ("github_pull_request", key)
+        }
+        None => (
+            "github_issue",
+            format!("github:issue:{repository}:{number}:{updated_at}"),
+        ),
+    };
+    let labels = value
+        .get("labels")
+        .and_then(Value::as_array)
+        .map(|labels| {
+            labels
+                .iter()
+                .filter_map(|l| l.get("name").and_then(Value::as_str))
+                .map(str::to_lowercase)
+                .collect()
+        })
+        .unwrap_or_default();
+    let id = match value.get("id") {
+        Some(Value::String(id)) => id.clone(),
+        Some(id) => id.to_string(),
+        None => number.to_string(),
+    };
+    let issue = Issue {
+        id,
+        identifier: format!("{repository}#{number}"),
+        title: text("title").unwrap_or_default().to_string(),
+        description: text("body").map(String::from),
+        priority: None,
+        state: state.to_string(),
+        branch_name: head
+            .and_then(|h| h.get("ref"))
+            .and_then(Value::as_str)
+            .map(String::from),
+        url: text("html_url").map(String::from),
+        labels,
+        blocked_by: Vec::new(),
+        created_at: text("created_at").map(String::from),
+        updated_at: Some(updated_at.to_string()),
+    };
+    Ok(Candidate {
+        idempotency_key: key,
+        kind,
+        issue,
+    })
+}
+
+/// A webhook payload (`pull_request` or `issue` beside `repository`) or the item itself.
+pub(crate) fn payload_candidate(tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
+    let repository = tracker.repository.as_deref().unwrap_or_default();
+    if let Some(named) = payload
+        .pointer("/repository/full_name")
+        .and_then(Value::as_str)
+        && !named.eq_ignore_ascii_case(repository)
+    {
+        return Err(format!(
+            "the payload is of {named}, not of the source's repository {repository}"
+        ));
+    }
+    let item = ["pull_request", "issue"]
+        .iter()
+        .find_map(|field| payload.get(*field))
+        .unwrap_or(payload);
+    candidate(tracker, item)
+}
+
+/// GETs the repository's issues, then its pull requests (the issues list has pull requests
+/// too, without their head SHA: those entries are left to the second list). A rate limit
+/// stops the poll there, without failing the source.
+pub(crate) async fn fetch(
+    poller: &Poller,
+    tracker: &Tracker,
+    token: Option<&Secret>,
+    etags: &BTreeMap<String, String>,
+    limit: u32,
+) -> Fetched {
+    let mut fetched = Fetched::default();
+    let base = tracker.endpoint.trim_end_matches('/');
+    let repository = tracker.repository.as_deref().unwrap_or_default();
+    let per_page = limit.clamp(1, 100);
+    for list in ["issues", "pulls"] {
+        let url = format!(
+            "{base}/repos/{repository}/{list}?state=all&sort=updated&direction=desc&per_page={per_page}"
+        );
+        let what = format!("the {list} list");
+        let etag = etags.get(&url).map(String::as_str);
+        let Some(response) = get(poller, token, &url, etag, &what, &mut fetched).await else {
+            return fetched;
+        };
+        match response.status() {
+            StatusCode::NOT_MODIFIED => {
+                // The list is as it was: its ETag stays for the next poll.
+                fetched.not_modified = true;
+                if let Some(etag) = etag {
+                    fetched.etags.insert(url.clone(), etag.to_string());
+                }
+            }
+            status if status.is_success() => {
+                let headers = response.headers();
+                if let Some(etag) = headers.get(header::ETAG).and_then(|v| v.to_str().ok()) {
+                    fetched.etags.insert(url.clone(), etag.to_string());
+                }
+                let Some(items) = read::<Vec<Value>>(response, &what, &mut fetched).await else {
+                    return fetched;
+                };
+                fetched.items.extend(
+                    items
+                        .into_iter()
+                        .filter(|item| list == "pulls" || item.get("pull_request").is_none())
+                        .take(limit as usize),
+                );
+            }
+            status => return unexpected(fetched, &what, status),
+        }
+    }
+    fetched
+}
+
+/// The current version of each of these items: `GET /repos/{repository}/pulls/{n}` for a
+/// pull request, `/issues/{n}` for an issue. A rate limit stops there; an item that is gone
+/// (404) is left as it is.
+pub(crate) async fn fetch_items(
+    poller: &Poller,
+    tracker: &Tracker,
+    token: Option<&Secret>,
+    items: &[&ItemRecord],
+) -> Fetched {
+    let mut fetched = Fetched::default();
+    let base = tracker.endpoint.trim_end_matches('/');
+    let repository = tracker.repository.as_deref().unwrap_or_default();
+    for item in items {
+        let Some((_, number)) = item.identifier.rsplit_once('#') else {
+            continue;
+        };
+        let list = match item.kind.as_str() {
+            "github_pull_request" => "pulls",
+            _ => "issues",
+        };
+        let url = format!("{base}/repos/{repository}/{list}/{number}");
+        let what = format!("{list}/{number}");
+        let Some(response) = get(poller, token, &url, None, &what, &mut fetched).await else {
+            return fetched;
+        };
+        match response.status() {
+            StatusCode::NOT_FOUND => {}
+            status if status.is_success() => {
+                let Some(value) = read::<Value>(response, &what, &mut fetched).await else {
+                    return fetched;
+                };
+                fetched.items.push(value);
+            }
+            status => return unexpected(fetched, &what, status),
+        }
+    }
+    fetched
+}
+
+/// A request to GitHub's REST API, with its media type, version and the token.
+pub(crate) fn request(
+    poller: &Poller,
+    method: reqwest::Method,
+    url: &str,
+    token: Option<&Secret>,
+) -> reqwest::RequestBuilder {
+    let request = poller
+        .http
+        .request(method, url)
+        .header(header::ACCEPT, "application/vnd.github+json")
+        .header("X-GitHub-Api-Version", "2022-11-28");
+    match token {
+        Some(token) => request.bearer_auth(token.expose()),
+        None => request,
+    }
+}
+
+/// One GET of GitHub's REST API. None when the pass must stop there: the request failed
+/// or GitHub refused it for its rate limit (recorded on `fetched`). A rate limit that an
+/// answer announces without refusing it sets `fetched.backoff_until` too.
+async fn get(
+    poller: &Poller,
+    token: Option<&Secret>,
+    url: &str,
+    etag: Option<&str>,
+    what: &str,
+    fetched: &mut Fetched,
+) -> Option<reqwest::Response> {
+    let mut request = request(poller, reqwest::Method::GET, url, token);
+    if let Some(etag) = etag {
+        request = request.header(header::IF_NONE_MATCH, etag);
+    }
+    let response = match request.send().await {
+        Ok(response) => response,
+        Err(error) => {
+            // Without the URL: reqwest's message would repeat it, and it is known.
+            let message = format!("GET {what} failed: {}", error.without_url());
+            fetched.error = Some(("tracker_unreachable", message));
+            return None;
+        }
+    };
+    let status = response.status();
+    if let Some(until) = rate_limited(status, response.headers(), Utc::now()) {
+        fetched.backoff_until = Some(until);
+        if status == StatusCode::FORBIDDEN || status == StatusCode::TOO_MANY_REQUESTS {
+            let message = format!("GitHub rate limited {what} ({status})");
+            fetched.error = Some(("rate_limited", message));
+            return None;
+        }
+    }
+    Some(response)
+}
+
+/// A successful answer's JSON; None (recorded on `fetched`) when it is not.
+async fn read<T: serde::de::DeserializeOwned>(
+    response: reqwest::Response,
+    what: &str,
+    fetched: &mut Fetched,
+) -> Option<T> {
+    match response.json::<T>().await {
+        Ok(value) => Some(value),
+        Err(error) => {
+            let message = format!("GitHub's {what} is not JSON: {error}");
+            fetched.error = Some(("tracker_error", message));
+            None
+        }
+    }
+}
+
+fn unexpected(mut fetched: Fetched, what: &str, status: StatusCode) -> Fetched {
+    let message = format!("GitHub answered {what} with {status}");
+    fetched.error = Some(("tracker_error", message));
+    fetched
+}
+
+/// When requests may resume, if the response says to wait: GitHub refuses with 429, or
+/// with 403 once `X-RateLimit-Remaining` is 0 (its `X-RateLimit-Reset` in epoch seconds).
+pub(crate) fn rate_limited(
+    status: StatusCode,
+    headers: &HeaderMap,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    let refusal = match status {
+        StatusCode::TOO_MANY_REQUESTS => Refusal::Certain,
+        StatusCode::FORBIDDEN => Refusal::Possible,
+        _ => Refusal::None,
+    };
+    let names = LimitHeaders {
+        remaining: "x-ratelimit-remaining",
+        reset: "x-ratelimit-reset",
+        reset_in_ms: false,
+    };
+    resume_at(refusal, headers, &names, now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::external::workflow::TrackerKind;
+    use serde_json::json;
+
+    fn tracker() -> Tracker {
+        crate::external::poll::test_tracker(TrackerKind::Github, "a/b", "open", "closed")
+    }
+
+    #[test]
+    fn github_items_are_keyed_by_version() {
+        let issue = json!({ "id": 11, "number": 7, "title": "Broken", "state": "open",
+            "updated_at": "2026-01-01T00:00:00Z", "labels": [{ "name": "Bug" }],
+            "html_url": "https://github.com/a/b/issues/7" });
+        let found = candidate(&tracker(), &issue).unwrap();
+        assert_eq!(
+            found.idempotency_key,
+            "github:issue:a/b:7:2026-01-01T00:00:00Z"
+        );
+        assert_eq!(found.kind, "github_issue");
+        assert_eq!(found.issue.identifier, "a/b#7");
+        assert_eq!(found.issue.labels, ["bug"]);
+        let pull = json!({ "id": 12, "number": 8, "title": "Fix", "state": "open",
+            "updated_at": "2026-01-02T00:00:00Z", "head": { "sha": "abc", "ref": "fix-it" } });
+        let found = candidate(&tracker(), &pull).unwrap();
+        assert_eq!(
+            found.idempotency_key,
+            "github:pull_request:a/b:8:abc:2026-01-02T00:00:00Z"
+        );
+        assert_eq!(found.issue.branch_name.as_deref(), Some("fix-it"));
+        assert!(candidate(&tracker(), &json!({ "number": 1 })).is_err());
+    }
+
+    #[test]
+    fn rate_limits_come_from_the_headers() {
+        let now = Utc::now();
+        let headers = |pairs: &[(&'static str, &str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.insert(*name, value.parse().unwrap());
+            }
+            map
+        };
+        let retry = rate_limited(
+            StatusCode::TOO_MANY_REQUESTS,
+            &headers(&[("retry-after", "7")]),
+            now,
+        );
+        assert_eq!(retry, Some(now + chrono::Duration::seconds(7)));
+        let reset = (now + chrono::Duration::seconds(90)).timestamp();
+        let spent = headers(&[
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", &reset.to_string()),
+        ]);
+        assert_eq!(
+            rate_limited(StatusCode::FORBIDDEN, &spent, now),
+            DateTime::from_timestamp(reset, 0)
+        );
+        assert_eq!(
+            rate_limited(
+                StatusCode::OK,
+                &headers(&[("x-ratelimit-remaining", "5")]),
+                now
+            ),
+            None
+        );
+        assert_eq!(
+            rate_limited(StatusCode::FORBIDDEN, &HeaderMap::new(), now),
+            None
+        );
+        assert!(rate_limited(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new(), now).is_some());
+    }
+}

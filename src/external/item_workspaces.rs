@@ -1,0 +1,177 @@
+//! The rows behind external work items' workspaces (`workspace.root`): which items are
+//! being prepared or wait to start, which terminal items still have a directory, the
+//! hooks' output, and the lock that keeps two processes out of one item's directory.
+
+use serde::Serialize;
+use sqlx::PgConnection;
+
+use crate::db::Result;
+use crate::domain::Scope;
+use crate::external::ItemRecord;
+
+/// Marks an item `workspace_preparing` in `path` (the error cleared).
+pub async fn begin_preparation(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    path: &str,
+) -> Result<ItemRecord> {
+    let row = sqlx::query_as(
+        "UPDATE external_work_items
+         SET state = 'workspace_preparing', workspace_path = $3, last_error_code = NULL,
+             last_error = NULL, updated_at = now()
+         WHERE workspace_id = $1 AND id = $2 RETURNING *",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .bind(path)
+    .fetch_one(conn)
+    .await?;
+    Ok(row)
+}
+
+/// Keeps what a hook printed on the item, under the hook's name.
+pub async fn record_hook(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    hook: &str,
+    output: &impl Serialize,
+) -> Result<()> {
+    let output = serde_json::to_value(output).expect("a hook's output serializes");
+    sqlx::query(
+        "UPDATE external_work_items
+         SET hook_output = COALESCE(hook_output, '{}') || jsonb_build_object($3::text, $4::jsonb),
+             updated_at = now()
+         WHERE workspace_id = $1 AND id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .bind(hook)
+    .bind(output)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<ItemRecord> {
+    let row =
+        sqlx::query_as("SELECT * FROM external_work_items WHERE workspace_id = $1 AND id = $2")
+            .bind(scope.workspace())
+            .bind(id)
+            .fetch_one(conn)
+            .await?;
+    Ok(row)
+}
+
+/// Whether `id` is the newest version of its subject.
+pub async fn is_newest(conn: &mut PgConnection, scope: &Scope, item: &ItemRecord) -> Result<bool> {
+    let newer: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM external_work_items
+                        WHERE workspace_id = $1 AND source_id = $2 AND identifier = $3
+                          AND id > $4)",
+    )
+    .bind(scope.workspace())
+    .bind(&item.source_id)
+    .bind(&item.identifier)
+    .bind(&item.id)
+    .fetch_one(conn)
+    .await?;
+    Ok(!newer)
+}
+
+/// Items whose preparation began or ended without their run starting (a process that
+/// stopped in between, a slot taken meanwhile): the newest version of each subject, oldest
+/// first.
+pub async fn unstarted(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+    limit: u32,
+) -> Result<Vec<ItemRecord>> {
+    let rows = sqlx::query_as(
+        "SELECT * FROM external_work_items i
+         WHERE i.workspace_id = $1 AND i.source_id = $2
+           AND i.state IN ('workspace_preparing', 'ready')
+           AND NOT EXISTS (SELECT 1 FROM external_work_items n
+                           WHERE n.workspace_id = i.workspace_id AND n.source_id = i.source_id
+                             AND n.identifier = i.identifier AND n.id > i.id)
+         ORDER BY i.id LIMIT $3",
+    )
+    .bind(scope.workspace())
+    .bind(source_id)
+    .bind(i64::from(limit))
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// A subject whose newest version is terminal and which still has a workspace.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Removal {
+    #[sqlx(flatten)]
+    pub item: ItemRecord,
+    pub workspace_id: String,
+    pub directory: String,
+}
+
+/// Terminal items whose subject still has a workspace, in every workspace, oldest first
+/// (the workers' maintenance removes them).
+pub async fn to_remove(conn: &mut PgConnection, limit: u32) -> Result<Vec<Removal>> {
+    // From the few subjects with a workspace (a partial index), to their newest version.
+    let rows = sqlx::query_as(
+        "SELECT newest.*, w.workspace_path AS directory
+         FROM (SELECT DISTINCT ON (workspace_id, source_id, identifier)
+                      workspace_id, source_id, identifier, workspace_path
+               FROM external_work_items
+               WHERE workspace_path IS NOT NULL
+               ORDER BY workspace_id, source_id, identifier) w
+         CROSS JOIN LATERAL (
+             SELECT * FROM external_work_items n
+             WHERE n.workspace_id = w.workspace_id AND n.source_id = w.source_id
+               AND n.identifier = w.identifier
+             ORDER BY n.id DESC LIMIT 1
+         ) newest
+         WHERE newest.state = 'terminal' ORDER BY newest.id LIMIT $1",
+    )
+    .bind(i64::from(limit))
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Forgets a subject's workspace, once removed.
+pub async fn clear(conn: &mut PgConnection, scope: &Scope, item: &ItemRecord) -> Result<()> {
+    sqlx::query(
+        "UPDATE external_work_items SET workspace_path = NULL, updated_at = now()
+         WHERE workspace_id = $1 AND source_id = $2 AND identifier = $3
+           AND workspace_path IS NOT NULL",
+    )
+    .bind(scope.workspace())
+    .bind(&item.source_id)
+    .bind(&item.identifier)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+fn lock_key(scope: &Scope, item: &ItemRecord) -> String {
+    format!(
+        "external_work_workspace:{}:{}:{}",
+        scope.workspace(),
+        item.source_id,
+        item.identifier
+    )
+}
+
+/// Takes the item's workspace lock for the session, if no other process holds it.
+/// `before_remove` runs for up to `hooks.timeout_ms`, longer than a transaction may stay
+/// idle, so this is a session lock: the caller releases it by closing the connection, as
+/// the death of its process does, and never hands the connection back to the pool.
+pub async fn try_lock(conn: &mut PgConnection, scope: &Scope, item: &ItemRecord) -> Result<bool> {
+    let locked = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
+        .bind(lock_key(scope, item))
+        .fetch_one(conn)
+        .await?;
+    Ok(locked)
+}

@@ -1,0 +1,488 @@
+//! External work rows: sources (a tracker target and its WORKFLOW.md) and the items their
+//! polls and imports found, each keyed by its idempotency key.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use sqlx::types::Json;
+
+pub use keel_api_types::{Etags, ItemRecord, SourceRecord};
+
+use crate::db::{Result, StoreError};
+use crate::domain::{Scope, new_id};
+use crate::queue::{self, Locked};
+
+/// The queue kind of a source's polls; the job's ref_id is the source id, so a source has
+/// at most one poll queued or in flight across every worker.
+pub const POLL_KIND: &str = "poll";
+
+/// Where a source's workflow comes from.
+#[derive(Debug, Clone)]
+pub enum WorkflowOrigin {
+    Markdown(String),
+    Path(String),
+}
+
+/// Registers a source; the same target again returns the existing one (and false).
+pub async fn insert_source(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    tracker_kind: &str,
+    target: &str,
+    workflow: &WorkflowOrigin,
+) -> Result<(SourceRecord, bool)> {
+    let (markdown, path) = match workflow {
+        WorkflowOrigin::Markdown(text) => (Some(text), None),
+        WorkflowOrigin::Path(path) => (None, Some(path)),
+    };
+    let inserted: Option<SourceRecord> = sqlx::query_as(
+        "INSERT INTO external_sources (id, workspace_id, tracker_kind, target,
+                                       workflow_markdown, workflow_path)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (workspace_id, target) DO NOTHING
+         RETURNING *",
+    )
+    .bind(new_id("extsrc"))
+    .bind(scope.workspace())
+    .bind(tracker_kind)
+    .bind(target)
+    .bind(markdown)
+    .bind(path)
+    .fetch_optional(&mut *conn)
+    .await?;
+    match inserted {
+        Some(source) => Ok((source, true)),
+        None => {
+            let existing: SourceRecord = sqlx::query_as(
+                "SELECT * FROM external_sources
+                 WHERE workspace_id = $1 AND target = $2",
+            )
+            .bind(scope.workspace())
+            .bind(target)
+            .fetch_one(&mut *conn)
+            .await?;
+            Ok((existing, false))
+        }
+    }
+}
+
+pub async fn get_source(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<SourceRecord> {
+    sqlx::query_as("SELECT * FROM external_sources WHERE workspace_id = $1 AND id = $2")
+        .bind(scope.workspace())
+        .bind(id)
+        .fetch_optional(conn)
+        .await?
+        .ok_or(StoreError::NotFound("external work source"))
+}
+
+/// Oldest first; `after` is the id of the last source of the previous page.
+pub async fn list_sources(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<SourceRecord>> {
+    let rows = sqlx::query_as(
+        "SELECT * FROM external_sources
+         WHERE workspace_id = $1 AND ($2::text IS NULL OR id > $2) ORDER BY id LIMIT $3",
+    )
+    .bind(scope.workspace())
+    .bind(after)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Deletes a source with its items and its background poll job (the tasks they created
+/// stay).
+pub async fn delete_source(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
+    let deleted = sqlx::query("DELETE FROM external_sources WHERE workspace_id = $1 AND id = $2")
+        .bind(scope.workspace())
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+    if deleted.rows_affected() == 0 {
+        return Err(StoreError::NotFound("external work source"));
+    }
+    queue::remove(conn, scope, POLL_KIND, id, Locked::Skip).await?;
+    Ok(())
+}
+
+/// Turns background polling on (the source's one `poll` job, shared by every worker) or off;
+/// a poll in flight finds the flag off when it ends, and acks its job.
+pub async fn set_background(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    enabled: bool,
+) -> Result<SourceRecord> {
+    let source = sqlx::query_as(
+        "UPDATE external_sources SET background_enabled = $3, updated_at = now()
+         WHERE workspace_id = $1 AND id = $2 RETURNING *",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .bind(enabled)
+    .fetch_optional(&mut *conn)
+    .await?
+    .ok_or(StoreError::NotFound("external work source"))?;
+    if enabled {
+        queue::enqueue(conn, scope, POLL_KIND, id, 0).await?;
+    } else {
+        queue::remove(conn, scope, POLL_KIND, id, Locked::Skip).await?;
+    }
+    Ok(source)
+}
+
+/// What one poll leaves on its source.
+#[derive(Debug, Clone, Default)]
+pub struct PollRecord {
+    /// ETags to remember, by list URL (merged into the stored ones).
+    pub etags: BTreeMap<String, String>,
+    pub backoff_until: Option<DateTime<Utc>>,
+    pub summary: serde_json::Value,
+    /// `(code, message)`; None clears the last error.
+    pub error: Option<(String, String)>,
+}
+
+pub async fn record_poll(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    poll: &PollRecord,
+) -> Result<()> {
+    let (code, message) = poll.error.clone().unzip();
+    sqlx::query(
+        "UPDATE external_sources
+         SET etags = etags || $3, backoff_until = $4, last_poll_at = now(), last_poll = $5,
+             last_error_code = $6, last_error = $7,
+             last_error_at = CASE WHEN $6::text IS NULL THEN last_error_at ELSE now() END,
+             updated_at = now()
+         WHERE workspace_id = $1 AND id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .bind(Json(&poll.etags))
+    .bind(poll.backoff_until)
+    .bind(&poll.summary)
+    .bind(code)
+    .bind(message)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A version of a tracker item, as a poll or import found it.
+#[derive(Debug, Clone)]
+pub struct NewItem<'a> {
+    pub source_id: &'a str,
+    pub idempotency_key: &'a str,
+    pub kind: &'a str,
+    pub identifier: &'a str,
+    pub tracker_state: &'a str,
+    pub issue: &'a serde_json::Value,
+}
+
+/// Records an item; None when its idempotency key was recorded before (a duplicate). A
+/// concurrent insert of the same key waits for the first to commit, then finds it.
+pub async fn insert_item(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    item: &NewItem<'_>,
+) -> Result<Option<ItemRecord>> {
+    let row = sqlx::query_as(
+        "INSERT INTO external_work_items (id, workspace_id, source_id, idempotency_key, kind,
+                                          identifier, tracker_state, state, issue)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'discovered', $8)
+         ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
+         RETURNING *",
+    )
+    .bind(new_id("extitem"))
+    .bind(scope.workspace())
+    .bind(item.source_id)
+    .bind(item.idempotency_key)
+    .bind(item.kind)
+    .bind(item.identifier)
+    .bind(item.tracker_state)
+    .bind(item.issue)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row)
+}
+
+/// Serializes the imports of one subject (every version of one issue or pull request) for
+/// the rest of the transaction, so two workers never both give it a task.
+pub async fn lock_subject(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+    identifier: &str,
+) -> Result<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!(
+            "external_work:{}:{source_id}:{identifier}",
+            scope.workspace()
+        ))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The version of this subject that has its task, if any.
+pub async fn claimed_version(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+    identifier: &str,
+) -> Result<Option<ItemRecord>> {
+    let row = sqlx::query_as(
+        "SELECT * FROM external_work_items
+         WHERE workspace_id = $1 AND source_id = $2 AND identifier = $3 AND task_id IS NOT NULL
+         LIMIT 1",
+    )
+    .bind(scope.workspace())
+    .bind(source_id)
+    .bind(identifier)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row)
+}
+
+/// The source's claimed items whose run is still active or failed (a retry is coming),
+/// oldest first, then those that still have a workspace (a terminal version removes it):
+/// what a reconciliation asks the tracker about.
+pub async fn claimed_to_reconcile(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+    limit: u32,
+) -> Result<Vec<ItemRecord>> {
+    let rows = sqlx::query_as(
+        "SELECT i.* FROM external_work_items i
+         JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
+         WHERE i.workspace_id = $1 AND i.source_id = $2
+           AND (r.status IN ('queued', 'running', 'awaiting_approval', 'failed')
+                OR i.workspace_path IS NOT NULL)
+         ORDER BY r.status IN ('queued', 'running', 'awaiting_approval', 'failed') DESC, i.id
+         LIMIT $3",
+    )
+    .bind(scope.workspace())
+    .bind(source_id)
+    .bind(i64::from(limit))
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Serializes the starts of one source's items across every importer, so that two of them
+/// cannot both take the last free slot. Taken after the subject's lock.
+pub async fn lock_slots(conn: &mut PgConnection, scope: &Scope, source_id: &str) -> Result<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+        .bind(format!(
+            "external_work_slots:{}:{source_id}",
+            scope.workspace()
+        ))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// How many of the source's items have an active run: all of them, and those whose
+/// tracker state (trimmed, lowercased) is `state`.
+pub async fn active_runs(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+    state: &str,
+) -> Result<(i64, i64)> {
+    let counts = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE lower(btrim(i.tracker_state)) = $3)
+         FROM external_work_items i
+         JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
+         WHERE i.workspace_id = $1 AND i.source_id = $2
+           AND r.status IN ('queued', 'running', 'awaiting_approval')",
+    )
+    .bind(scope.workspace())
+    .bind(source_id)
+    .bind(state.trim().to_lowercase())
+    .fetch_one(conn)
+    .await?;
+    Ok(counts)
+}
+
+/// A claimed item whose run failed, with what its retry needs.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct FailedClaim {
+    #[sqlx(flatten)]
+    pub item: ItemRecord,
+    pub run_finished_at: DateTime<Utc>,
+    pub run_error: Option<String>,
+    /// The task's runs so far: the next one is retry number `run_count`.
+    pub run_count: i32,
+    /// The tracker state of the subject's newest version.
+    pub newest_tracker_state: String,
+}
+
+/// The source's items whose task's latest run failed, oldest first.
+pub async fn claimed_with_failed_runs(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+    limit: u32,
+) -> Result<Vec<FailedClaim>> {
+    let rows = sqlx::query_as(
+        "SELECT i.*, r.finished_at AS run_finished_at, r.last_error AS run_error,
+                t.run_count,
+                (SELECT n.tracker_state FROM external_work_items n
+                 WHERE n.workspace_id = i.workspace_id AND n.source_id = i.source_id
+                   AND n.identifier = i.identifier
+                 ORDER BY n.id DESC LIMIT 1) AS newest_tracker_state
+         FROM external_work_items i
+         JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
+         JOIN tasks t ON t.workspace_id = i.workspace_id AND t.id = i.task_id
+         WHERE i.workspace_id = $1 AND i.source_id = $2 AND r.status = 'failed'
+           AND t.latest_run_id = r.id
+         ORDER BY i.id LIMIT $3",
+    )
+    .bind(scope.workspace())
+    .bind(source_id)
+    .bind(i64::from(limit))
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Items left waiting for a free slot, the newest version of each subject, oldest subject
+/// first: what a poll starts once slots free up.
+pub async fn waiting_for_slots(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+    limit: u32,
+) -> Result<Vec<ItemRecord>> {
+    let rows = sqlx::query_as(
+        "SELECT * FROM (
+             SELECT DISTINCT ON (identifier) * FROM external_work_items
+             WHERE workspace_id = $1 AND source_id = $2
+             ORDER BY identifier, id DESC
+         ) newest
+         WHERE state = 'discovered' AND last_error_code = 'no_free_slot'
+         ORDER BY id LIMIT $3",
+    )
+    .bind(scope.workspace())
+    .bind(source_id)
+    .bind(i64::from(limit))
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Where an item stands after its import.
+#[derive(Debug, Clone, Default)]
+pub struct ItemChange<'a> {
+    pub state: &'a str,
+    pub prompt: Option<&'a str>,
+    pub task_id: Option<&'a str>,
+    pub run_id: Option<&'a str>,
+    pub error: Option<(&'a str, &'a str)>,
+}
+
+pub async fn update_item(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    change: &ItemChange<'_>,
+) -> Result<ItemRecord> {
+    let (code, message) = change.error.unzip();
+    let row = sqlx::query_as(
+        "UPDATE external_work_items
+         SET state = $3, prompt = $4, task_id = $5, run_id = $6, last_error_code = $7,
+             last_error = $8, updated_at = now()
+         WHERE workspace_id = $1 AND id = $2 RETURNING *",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .bind(change.state)
+    .bind(change.prompt)
+    .bind(change.task_id)
+    .bind(change.run_id)
+    .bind(code)
+    .bind(message)
+    .fetch_one(conn)
+    .await?;
+    Ok(row)
+}
+
+/// Replaces an item's normalized issue with a fresher reading of the same version (its
+/// blockers' states change without a new version).
+pub async fn refresh_issue(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    issue: &serde_json::Value,
+) -> Result<ItemRecord> {
+    let row = sqlx::query_as(
+        "UPDATE external_work_items SET issue = $3, updated_at = now()
+         WHERE workspace_id = $1 AND id = $2 RETURNING *",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .bind(issue)
+    .fetch_one(conn)
+    .await?;
+    Ok(row)
+}
+
+/// The item a key names (the one a duplicate import found).
+pub async fn item_by_key(conn: &mut PgConnection, scope: &Scope, key: &str) -> Result<ItemRecord> {
+    sqlx::query_as(
+        "SELECT * FROM external_work_items
+         WHERE workspace_id = $1 AND idempotency_key = $2",
+    )
+    .bind(scope.workspace())
+    .bind(key)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("external work item"))
+}
+
+/// A source's items, oldest first.
+pub async fn list_items(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ItemRecord>> {
+    let rows = sqlx::query_as(
+        "SELECT * FROM external_work_items
+         WHERE workspace_id = $1 AND source_id = $2 AND ($3::text IS NULL OR id > $3)
+         ORDER BY id LIMIT $4",
+    )
+    .bind(scope.workspace())
+    .bind(source_id)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// How many of a source's items are in each state.
+pub async fn item_counts(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+) -> Result<BTreeMap<String, i64>> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT state, count(*) FROM external_work_items
+         WHERE workspace_id = $1 AND source_id = $2 GROUP BY state",
+    )
+    .bind(scope.workspace())
+    .bind(source_id)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().collect())
+}

@@ -1,0 +1,778 @@
+//! WORKFLOW.md, after OpenAI Symphony's SPEC.md: optional YAML front matter between `---`
+//! lines (the source's settings) and a Markdown body, the prompt template each external work
+//! item is rendered with under strict Liquid semantics (an unknown variable or filter fails).
+//! Seed 000's `source` {kind, repository, projectSlug, secretRef, events} form is read as the
+//! same `tracker` model. Unknown keys are ignored, for forward compatibility.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::providers::secrets::SecretRef;
+use crate::tasks::TaskDraft;
+
+/// Why a workflow file cannot be used; `code` is the error's stable `type`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorkflowError {
+    #[error("the workflow file cannot be read: {0}")]
+    MissingFile(String),
+    #[error("the workflow front matter is not valid: {0}")]
+    Parse(String),
+    #[error("the workflow front matter must be a YAML map")]
+    FrontMatterNotAMap,
+    #[error("the prompt template does not parse: {0}")]
+    TemplateParse(String),
+    #[error("the prompt template does not render: {0}")]
+    TemplateRender(String),
+}
+
+impl WorkflowError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            WorkflowError::MissingFile(_) => "missing_workflow_file",
+            WorkflowError::Parse(_) => "workflow_parse_error",
+            WorkflowError::FrontMatterNotAMap => "workflow_front_matter_not_a_map",
+            WorkflowError::TemplateParse(_) => "template_parse_error",
+            WorkflowError::TemplateRender(_) => "template_render_error",
+        }
+    }
+}
+
+type Result<T, E = WorkflowError> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TrackerKind {
+    Github,
+    Linear,
+}
+
+impl TrackerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrackerKind::Github => "github",
+            TrackerKind::Linear => "linear",
+        }
+    }
+
+    /// The public endpoint, used when the workflow names none.
+    pub fn default_endpoint(self) -> &'static str {
+        match self {
+            TrackerKind::Github => "https://api.github.com",
+            TrackerKind::Linear => "https://api.linear.app/graphql",
+        }
+    }
+
+    /// GitHub has two states, `open` and `closed`; Linear's are Symphony's defaults.
+    fn default_states(self) -> (&'static [&'static str], &'static [&'static str]) {
+        match self {
+            TrackerKind::Github => (&["open"], &["closed"]),
+            TrackerKind::Linear => (
+                &["Todo", "In Progress"],
+                &["Closed", "Cancelled", "Canceled", "Duplicate", "Done"],
+            ),
+        }
+    }
+}
+
+/// Where items come from. `api_key` is a secret reference (`$VAR` is read as `env:VAR`),
+/// resolved only when a poll uses it; a raw token is refused.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Tracker {
+    pub kind: TrackerKind,
+    pub endpoint: String,
+    #[schema(value_type = Option<String>, example = "env:GITHUB_TOKEN")]
+    #[serde(serialize_with = "display_ref")]
+    pub api_key: Option<SecretRef>,
+    /// `owner/repo`, for GitHub.
+    pub repository: Option<String>,
+    /// For Linear.
+    pub project_slug: Option<String>,
+    pub active_states: Vec<String>,
+    pub terminal_states: Vec<String>,
+    /// Seed 000's event filter (`pull_request.opened`, …), kept as given.
+    pub events: Vec<String>,
+}
+
+impl Tracker {
+    /// What the tracker polls, the same string for the same target: a source's identity.
+    pub fn target(&self) -> String {
+        let subject = match self.kind {
+            TrackerKind::Github => self.repository.as_deref(),
+            TrackerKind::Linear => self.project_slug.as_deref(),
+        };
+        format!(
+            "{}:{}:{}",
+            self.kind.as_str(),
+            self.endpoint.trim_end_matches('/'),
+            subject.unwrap_or_default()
+        )
+    }
+
+    /// Whether an item in `state` is to be worked on (compared trimmed, without case).
+    pub fn is_active(&self, state: &str) -> bool {
+        contains_state(&self.active_states, state)
+    }
+
+    pub fn is_terminal(&self, state: &str) -> bool {
+        contains_state(&self.terminal_states, state)
+    }
+}
+
+fn contains_state(states: &[String], state: &str) -> bool {
+    let state = state.trim().to_lowercase();
+    states.iter().any(|s| s.trim().to_lowercase() == state)
+}
+
+fn display_ref<S: serde::Serializer>(
+    value: &Option<SecretRef>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(r) => serializer.serialize_some(&r.to_string()),
+        None => serializer.serialize_none(),
+    }
+}
+
+/// Shell scripts run in an item's workspace (Symphony's hooks). A task imported from the
+/// workflow stores them, so the workers that run it need not read the workflow again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Hooks {
+    pub after_create: Option<String>,
+    pub before_run: Option<String>,
+    pub after_run: Option<String>,
+    pub before_remove: Option<String>,
+    /// At most [`MAX_HOOK_TIMEOUT_MS`].
+    pub timeout_ms: u64,
+}
+
+/// The longest a hook may run (one hour): a workflow asking for more is refused.
+pub const MAX_HOOK_TIMEOUT_MS: u64 = 3_600_000;
+
+impl Hooks {
+    /// Whether any hook is set.
+    pub fn any(&self) -> bool {
+        self.scripts().next().is_some()
+    }
+
+    /// Each hook that is set, by name, in the order they run.
+    pub fn scripts(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        [
+            ("after_create", &self.after_create),
+            ("before_run", &self.before_run),
+            ("after_run", &self.after_run),
+            ("before_remove", &self.before_remove),
+        ]
+        .into_iter()
+        .filter_map(|(name, script)| Some((name, script.as_deref()?)))
+    }
+
+    /// How long each hook may run before it and everything it started are killed. Capped
+    /// here too: a task stored before the cap may carry a longer timeout.
+    pub fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.timeout_ms.min(MAX_HOOK_TIMEOUT_MS))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct AgentLimits {
+    pub max_concurrent_agents: u64,
+    pub max_turns: Option<u64>,
+    pub max_retry_backoff_ms: u64,
+    /// Keyed by state, trimmed and lowercased; entries that are not positive are dropped.
+    pub max_concurrent_agents_by_state: BTreeMap<String, u64>,
+}
+
+/// The typed front matter, defaults applied.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct WorkflowConfig {
+    /// None when the file has no tracker (a prompt-only workflow can still be rendered).
+    pub tracker: Option<Tracker>,
+    pub polling_interval_ms: u64,
+    pub workspace_root: Option<String>,
+    pub hooks: Hooks,
+    pub agent: AgentLimits,
+    /// What each item becomes: the fields of `POST /v1/tasks`.
+    #[schema(value_type = Option<Object>)]
+    pub task: Option<serde_json::Value>,
+}
+
+const DEFAULT_POLLING_INTERVAL_MS: u64 = 30_000;
+const DEFAULT_HOOK_TIMEOUT_MS: u64 = 60_000;
+const DEFAULT_MAX_CONCURRENT_AGENTS: u64 = 10;
+const DEFAULT_MAX_RETRY_BACKOFF_MS: u64 = 300_000;
+
+/// A parsed WORKFLOW.md: its settings and its prompt template, which parsed.
+#[derive(Debug, Clone)]
+pub struct Workflow {
+    pub config: WorkflowConfig,
+    /// The body, trimmed.
+    pub prompt_template: String,
+}
+
+pub use keel_api_types::{BlockerRef, Issue};
+
+impl Workflow {
+    /// Reads and parses a workflow file.
+    pub fn load(path: &std::path::Path) -> Result<Workflow> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| WorkflowError::MissingFile(format!("{}: {e}", path.display())))?;
+        Workflow::parse(&text)
+    }
+
+    /// Parses a workflow's text: the front matter into settings, and the template, so a
+    /// workflow that cannot render anything is refused up front.
+    pub fn parse(text: &str) -> Result<Workflow> {
+        let (front, body) = split_front_matter(text)?;
+        let config = match front {
+            None => WorkflowConfig::from_raw(RawConfig::default())?,
+            Some(yaml) => parse_front_matter(yaml)?,
+        };
+        let prompt_template = body.trim().to_string();
+        compile(&prompt_template)?;
+        Ok(Workflow {
+            config,
+            prompt_template,
+        })
+    }
+
+    /// The prompt for `issue`; `attempt` is None on a first run, the retry number after.
+    pub fn render(&self, issue: &Issue, attempt: Option<u32>) -> Result<String> {
+        let template = compile(&self.prompt_template)?;
+        let render_error = |e: liquid::Error| WorkflowError::TemplateRender(e.to_string());
+        let mut globals = liquid::Object::new();
+        let issue = liquid::model::to_value(issue).map_err(render_error)?;
+        globals.insert("issue".into(), issue);
+        let attempt = attempt.map_or(liquid::model::Value::Nil, |n| {
+            liquid::model::Value::scalar(i64::from(n))
+        });
+        globals.insert("attempt".into(), attempt);
+        template.render(&globals).map_err(render_error)
+    }
+
+    /// The task each item becomes, as `POST /v1/tasks` would read it, with the prompt.
+    pub fn task_draft(&self, prompt: String) -> Result<TaskDraft> {
+        let mut draft = task_draft(self.config.task.as_ref())?;
+        draft.prompt = Some(prompt);
+        Ok(draft)
+    }
+}
+
+fn task_draft(task: Option<&serde_json::Value>) -> Result<TaskDraft> {
+    let Some(task) = task else {
+        return Ok(TaskDraft::default());
+    };
+    serde_json::from_value(task.clone()).map_err(|e| WorkflowError::Parse(format!("task: {e}")))
+}
+
+/// Front matter (None without one) and body. Front matter is there when the first line is
+/// `---`, and runs to the next `---` line.
+fn split_front_matter(text: &str) -> Result<(Option<&str>, &str)> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let Some(rest) = strip_delimiter_line(text) else {
+        return Ok((None, text));
+    };
+    let mut offset = 0;
+    for line in rest.split_inclusive('\n') {
+        if line.trim_end() == "---" {
+            return Ok((Some(&rest[..offset]), &rest[offset + line.len()..]));
+        }
+        offset += line.len();
+    }
+    Err(WorkflowError::Parse(
+        "the front matter opened with --- is never closed by a --- line".into(),
+    ))
+}
+
+fn strip_delimiter_line(text: &str) -> Option<&str> {
+    let (first, rest) = text.split_once('\n').unwrap_or((text, ""));
+    (first.trim_end() == "---").then_some(rest)
+}
+
+fn parse_front_matter(yaml: &str) -> Result<WorkflowConfig> {
+    let value: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(yaml).map_err(|e| WorkflowError::Parse(e.to_string()))?;
+    let value = match value {
+        // An empty front matter is an empty map.
+        serde_yaml_ng::Value::Null => serde_yaml_ng::Value::Mapping(Default::default()),
+        map @ serde_yaml_ng::Value::Mapping(_) => map,
+        _ => return Err(WorkflowError::FrontMatterNotAMap),
+    };
+    let raw: RawConfig =
+        serde_yaml_ng::from_value(value).map_err(|e| WorkflowError::Parse(e.to_string()))?;
+    WorkflowConfig::from_raw(raw)
+}
+
+/// The Liquid template, parsed with the standard filters only: a filter outside them fails.
+fn compile(template: &str) -> Result<liquid::Template> {
+    let parser = liquid::ParserBuilder::with_stdlib()
+        .build()
+        .map_err(|e| WorkflowError::TemplateParse(e.to_string()))?;
+    parser.parse(template).map_err(|e| {
+        let message = e.to_string();
+        // The parser finds unknown filters; Symphony counts them as render errors.
+        if message.contains("Unknown filter") {
+            WorkflowError::TemplateRender(message)
+        } else {
+            WorkflowError::TemplateParse(message)
+        }
+    })
+}
+
+/// The front matter as written: every field optional, unknown keys ignored.
+#[derive(Debug, Default, Deserialize)]
+struct RawConfig {
+    tracker: Option<RawTracker>,
+    /// Seed 000's form of `tracker`.
+    source: Option<RawSource>,
+    #[serde(default)]
+    polling: RawPolling,
+    #[serde(default)]
+    workspace: RawWorkspace,
+    #[serde(default)]
+    hooks: RawHooks,
+    #[serde(default)]
+    agent: RawAgent,
+    task: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawTracker {
+    kind: Option<String>,
+    endpoint: Option<String>,
+    api_key: Option<String>,
+    repository: Option<String>,
+    project_slug: Option<String>,
+    active_states: Option<States>,
+    terminal_states: Option<States>,
+    /// Seed 000's event filter.
+    #[serde(default)]
+    events: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawSource {
+    kind: Option<String>,
+    repository: Option<String>,
+    project_slug: Option<String>,
+    secret_ref: Option<String>,
+    #[serde(default)]
+    events: Vec<String>,
+}
+
+/// A list of states, or one comma-separated string.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum States {
+    List(Vec<String>),
+    Joined(String),
+}
+
+impl States {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            States::List(states) => states,
+            States::Joined(joined) => joined
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect(),
+        }
+    }
+}
+
+/// An integer, or a string holding one (Symphony accepts both).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum Number {
+    Int(i64),
+    Text(String),
+}
+
+impl Number {
+    fn value(&self, field: &str) -> Result<i64> {
+        match self {
+            Number::Int(n) => Ok(*n),
+            Number::Text(text) => text
+                .trim()
+                .parse()
+                .map_err(|_| WorkflowError::Parse(format!("{field} must be an integer"))),
+        }
+    }
+
+    /// A positive value, or the default when absent.
+    fn positive(field: &str, value: Option<&Number>, default: u64) -> Result<u64> {
+        match value.map(|n| n.value(field)).transpose()? {
+            None => Ok(default),
+            Some(n) if n > 0 => Ok(n as u64),
+            Some(_) => Err(WorkflowError::Parse(format!("{field} must be positive"))),
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RawPolling {
+    interval_ms: Option<Number>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RawWorkspace {
+    root: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RawHooks {
+    after_create: Option<String>,
+    before_run: Option<String>,
+    after_run: Option<String>,
+    before_remove: Option<String>,
+    timeout_ms: Option<Number>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RawAgent {
+    max_concurrent_agents: Option<Number>,
+    max_turns: Option<Number>,
+    max_retry_backoff_ms: Option<Number>,
+    #[serde(default)]
+    max_concurrent_agents_by_state: BTreeMap<String, serde_yaml_ng::Value>,
+}
+
+impl WorkflowConfig {
+    fn from_raw(raw: RawConfig) -> Result<WorkflowConfig> {
+        let tracker = match (raw.tracker, raw.source) {
+            (Some(_), Some(_)) => {
+                return Err(WorkflowError::Parse(
+                    "give either tracker or source, not both".into(),
+                ));
+            }
+            (Some(tracker), None) => Some(tracker),
+            (None, Some(source)) => Some(source.into_tracker()),
+            (None, None) => None,
+        };
+        let tracker = tracker.map(RawTracker::resolve).transpose()?;
+        // Refused here, not when the first item arrives.
+        task_draft(raw.task.as_ref())?;
+        let hooks = raw.hooks;
+        // Symphony: a hook timeout that is not positive falls back to the default.
+        let timeout_ms = match hooks.timeout_ms.map(|n| n.value("hooks.timeout_ms")) {
+            Some(Ok(n)) if n > MAX_HOOK_TIMEOUT_MS as i64 => {
+                return Err(WorkflowError::Parse(format!(
+                    "hooks.timeout_ms is {n}; a hook may run for at most {MAX_HOOK_TIMEOUT_MS} \
+                     ms (one hour)"
+                )));
+            }
+            Some(Ok(n)) if n > 0 => n as u64,
+            Some(Err(e)) => return Err(e),
+            _ => DEFAULT_HOOK_TIMEOUT_MS,
+        };
+        let agent = raw.agent;
+        let max_turns = agent
+            .max_turns
+            .as_ref()
+            .map(|n| Number::positive("agent.max_turns", Some(n), 1))
+            .transpose()?;
+        Ok(WorkflowConfig {
+            tracker,
+            polling_interval_ms: Number::positive(
+                "polling.interval_ms",
+                raw.polling.interval_ms.as_ref(),
+                DEFAULT_POLLING_INTERVAL_MS,
+            )?,
+            workspace_root: raw.workspace.root,
+            hooks: Hooks {
+                after_create: hooks.after_create,
+                before_run: hooks.before_run,
+                after_run: hooks.after_run,
+                before_remove: hooks.before_remove,
+                timeout_ms,
+            },
+            agent: AgentLimits {
+                max_concurrent_agents: Number::positive(
+                    "agent.max_concurrent_agents",
+                    agent.max_concurrent_agents.as_ref(),
+                    DEFAULT_MAX_CONCURRENT_AGENTS,
+                )?,
+                max_turns,
+                max_retry_backoff_ms: Number::positive(
+                    "agent.max_retry_backoff_ms",
+                    agent.max_retry_backoff_ms.as_ref(),
+                    DEFAULT_MAX_RETRY_BACKOFF_MS,
+                )?,
+                max_concurrent_agents_by_state: by_state(agent.max_concurrent_agents_by_state),
+            },
+            task: raw.task,
+        })
+    }
+}
+
+/// Symphony: keys normalized, entries that are not positive integers ignored.
+fn by_state(raw: BTreeMap<String, serde_yaml_ng::Value>) -> BTreeMap<String, u64> {
+    raw.into_iter()
+        .filter_map(|(state, limit)| {
+            let limit = limit.as_u64().filter(|n| *n > 0)?;
+            Some((state.trim().to_lowercase(), limit))
+        })
+        .collect()
+}
+
+impl RawSource {
+    fn into_tracker(self) -> RawTracker {
+        RawTracker {
+            kind: self.kind,
+            endpoint: None,
+            api_key: self.secret_ref,
+            repository: self.repository,
+            project_slug: self.project_slug,
+            active_states: None,
+            terminal_states: None,
+            events: self.events,
+        }
+    }
+}
+
+impl RawTracker {
+    fn resolve(self) -> Result<Tracker> {
+        let kind = match self.kind.as_deref().map(str::trim) {
+            Some("github") => TrackerKind::Github,
+            Some("linear") => TrackerKind::Linear,
+            Some(other) => {
+                return Err(WorkflowError::Parse(format!(
+                    "tracker.kind must be github or linear, not {other}"
+                )));
+            }
+            None => return Err(WorkflowError::Parse("tracker.kind is required".into())),
+        };
+        match kind {
+            TrackerKind::Github => check_repository(self.repository.as_deref())?,
+            TrackerKind::Linear if self.project_slug.as_deref().is_none_or(str::is_empty) => {
+                return Err(WorkflowError::Parse(
+                    "tracker.project_slug is required for linear".into(),
+                ));
+            }
+            TrackerKind::Linear => {}
+        }
+        let (active, terminal) = kind.default_states();
+        let strings = |states: &[&str]| states.iter().map(|s| s.to_string()).collect();
+        Ok(Tracker {
+            kind,
+            endpoint: self
+                .endpoint
+                .unwrap_or_else(|| kind.default_endpoint().to_string()),
+            api_key: self.api_key.as_deref().map(api_key_ref).transpose()?,
+            repository: self.repository,
+            project_slug: self.project_slug,
+            active_states: self
+                .active_states
+                .map_or_else(|| strings(active), States::into_vec),
+            terminal_states: self
+                .terminal_states
+                .map_or_else(|| strings(terminal), States::into_vec),
+            events: self.events,
+        })
+    }
+}
+
+fn check_repository(repository: Option<&str>) -> Result<()> {
+    let valid = repository
+        .and_then(|r| r.split_once('/'))
+        .is_some_and(|(owner, name)| {
+            let part = |p: &str| {
+                !p.is_empty()
+                    && p.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            };
+            part(owner) && part(name)
+        });
+    if valid {
+        Ok(())
+    } else {
+        Err(WorkflowError::Parse(
+            "tracker.repository must be owner/repo for github".into(),
+        ))
+    }
+}
+
+/// `$VAR` is `env:VAR`; anything else must be a Keel secret reference. The value is never
+/// echoed: it may be a token someone pasted.
+fn api_key_ref(value: &str) -> Result<SecretRef> {
+    let reference = match value.strip_prefix('$') {
+        Some(name) => format!("env:{name}"),
+        None => value.to_string(),
+    };
+    SecretRef::parse(&reference).map_err(|_| {
+        WorkflowError::Parse(
+            "tracker.api_key must be $VAR or a secret reference (env:NAME, file:/path, \
+             keychain:NAME); raw tokens are never accepted"
+                .into(),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GITHUB: &str = "---
+tracker:
+  kind: github
+  repository: acme/widgets
+  api_key: $GITHUB_TOKEN
+  active_states: open, triage
+polling:
+  interval_ms: '5000'
+agent:
+  max_concurrent_agents_by_state: { ' Open ': 2, closed: 0 }
+task:
+  execution_kind: shell
+  shell_command: echo hi
+future_key: ignored
+---
+Fix {{ issue.identifier }}: {{ issue.title | upcase }}{% if attempt %} (retry {{ attempt }}){% endif %}
+";
+
+    fn issue() -> Issue {
+        serde_json::from_value(serde_json::json!({
+            "id": "1", "identifier": "acme/widgets#7", "title": "broken", "state": "open",
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_github_workflow_parses_with_its_defaults_and_renders() {
+        let workflow = Workflow::parse(GITHUB).unwrap();
+        let tracker = workflow.config.tracker.clone().unwrap();
+        assert_eq!(tracker.kind, TrackerKind::Github);
+        assert_eq!(tracker.endpoint, "https://api.github.com");
+        assert_eq!(tracker.api_key, Some(SecretRef::Env("GITHUB_TOKEN".into())));
+        assert_eq!(tracker.active_states, ["open", "triage"]);
+        assert_eq!(tracker.terminal_states, ["closed"]);
+        assert!(tracker.is_active(" OPEN") && !tracker.is_active("closed"));
+        assert_eq!(
+            tracker.target(),
+            "github:https://api.github.com:acme/widgets"
+        );
+        let config = &workflow.config;
+        assert_eq!(config.polling_interval_ms, 5000);
+        assert_eq!(config.hooks.timeout_ms, 60_000);
+        assert_eq!(config.agent.max_concurrent_agents, 10);
+        assert_eq!(config.agent.max_retry_backoff_ms, 300_000);
+        let by_state = &config.agent.max_concurrent_agents_by_state;
+        assert_eq!(
+            by_state.iter().collect::<Vec<_>>(),
+            [(&"open".to_string(), &2)]
+        );
+        assert_eq!(
+            workflow.render(&issue(), None).unwrap(),
+            "Fix acme/widgets#7: BROKEN"
+        );
+        assert_eq!(
+            workflow.render(&issue(), Some(2)).unwrap(),
+            "Fix acme/widgets#7: BROKEN (retry 2)"
+        );
+        let draft = workflow.task_draft("the prompt".into()).unwrap();
+        assert_eq!(draft.shell_command.as_deref(), Some("echo hi"));
+        assert_eq!(draft.prompt.as_deref(), Some("the prompt"));
+    }
+
+    #[test]
+    fn seed_000s_source_form_is_the_same_model() {
+        let workflow = Workflow::parse(
+            "---\nsource:\n  kind: linear\n  projectSlug: eng\n  secretRef: keychain:LINEAR\n  \
+             events: [issue.created]\n---\nbody",
+        )
+        .unwrap();
+        let tracker = workflow.config.tracker.unwrap();
+        assert_eq!(tracker.kind, TrackerKind::Linear);
+        assert_eq!(tracker.project_slug.as_deref(), Some("eng"));
+        assert_eq!(tracker.api_key, Some(SecretRef::Keychain("LINEAR".into())));
+        assert_eq!(tracker.events, ["issue.created"]);
+        assert_eq!(tracker.active_states, ["Todo", "In Progress"]);
+        assert_eq!(tracker.endpoint, "https://api.linear.app/graphql");
+        let github = Workflow::parse(
+            "---\nsource: {kind: github, repository: a/b, secretRef: env:GITHUB_TOKEN}\n---\n",
+        )
+        .unwrap();
+        let from_source = github.config.tracker.unwrap();
+        let from_tracker = Workflow::parse(
+            "---\ntracker: {kind: github, repository: a/b, api_key: env:GITHUB_TOKEN}\n---\n",
+        )
+        .unwrap()
+        .config
+        .tracker
+        .unwrap();
+        assert_eq!(from_source, from_tracker);
+    }
+
+    #[test]
+    fn without_front_matter_the_whole_file_is_the_template() {
+        let workflow = Workflow::parse("Hello {{ issue.title }}\n").unwrap();
+        assert_eq!(workflow.config.tracker, None);
+        assert_eq!(workflow.config.polling_interval_ms, 30_000);
+        assert_eq!(workflow.render(&issue(), None).unwrap(), "Hello broken");
+    }
+
+    fn code(text: &str) -> &'static str {
+        Workflow::parse(text).unwrap_err().code()
+    }
+
+    #[test]
+    fn every_error_class_has_its_code() {
+        let missing = Workflow::load(std::path::Path::new("/nonexistent/WORKFLOW.md"));
+        assert_eq!(missing.unwrap_err().code(), "missing_workflow_file");
+        assert_eq!(code("---\ntracker: [\n---\n"), "workflow_parse_error");
+        assert_eq!(
+            code("---\ntracker: {kind: jira}\n---\n"),
+            "workflow_parse_error"
+        );
+        assert_eq!(
+            code("---\ntracker: {kind: github}\n---\n"),
+            "workflow_parse_error"
+        );
+        assert_eq!(code("---\nno: end\n"), "workflow_parse_error");
+        assert_eq!(code("---\ntask: {shell: x}\n---\n"), "workflow_parse_error");
+        assert_eq!(
+            code("---\npolling: {interval_ms: -1}\n---\n"),
+            "workflow_parse_error"
+        );
+        let capped = Workflow::parse("---\nhooks: {timeout_ms: 999999999999}\n---\n");
+        let error = capped.unwrap_err();
+        assert_eq!(error.code(), "workflow_parse_error");
+        assert!(error.to_string().contains("at most 3600000 ms"), "{error}");
+        let hour = Workflow::parse("---\nhooks: {timeout_ms: 3600000}\n---\n").unwrap();
+        assert_eq!(
+            hour.config.hooks.timeout(),
+            std::time::Duration::from_secs(3600)
+        );
+        assert_eq!(
+            code("---\n- a\n- b\n---\n"),
+            "workflow_front_matter_not_a_map"
+        );
+        assert_eq!(
+            code("---\njust text\n---\n"),
+            "workflow_front_matter_not_a_map"
+        );
+        assert_eq!(code("{% if %}"), "template_parse_error");
+        assert_eq!(code("{{ issue.title "), "template_parse_error");
+        assert_eq!(code("{{ issue.title | shout }}"), "template_render_error");
+        let unknown = Workflow::parse("{{ issue.nope }} {{ nobody }}").unwrap();
+        let error = unknown.render(&issue(), None).unwrap_err();
+        assert_eq!(error.code(), "template_render_error");
+        let unknown = Workflow::parse("{{ nobody }}").unwrap();
+        let error = unknown.render(&issue(), None).unwrap_err();
+        assert_eq!(error.code(), "template_render_error");
+    }
+
+    #[test]
+    fn a_raw_token_is_refused_without_being_echoed() {
+        let error = Workflow::parse(
+            "---\ntracker: {kind: github, repository: a/b, api_key: ghp_canary123}\n---\n",
+        )
+        .unwrap_err();
+        assert_eq!(error.code(), "workflow_parse_error");
+        assert!(!error.to_string().contains("ghp_canary123"), "{error}");
+    }
+}

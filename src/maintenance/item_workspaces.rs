@@ -1,0 +1,23 @@
+//! External work items' workspaces: a terminal item's directory is removed here, by the
+//! workers, `before_remove` first (see [`remove_terminal_workspaces`]), never by a poll or
+//! an import, which may run in the API process. The duty has a loop of its own: a hook may
+//! run for up to an hour, which must hold up no other duty.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::external::poll::remove_terminal_workspaces;
+
+/// Removes terminal items' workspaces every `interval` until `stop` fires.
+pub async fn run(pool: PgPool, interval: Duration, stop: CancellationToken) {
+    crate::maintenance::every(interval, stop, || async {
+        match remove_terminal_workspaces(&pool).await {
+            Ok(0) => {}
+            Ok(removed) => tracing::info!(removed, "removed terminal items' workspaces"),
+            Err(error) => tracing::warn!(%error, "removing terminal items' workspaces failed"),
+        }
+    })
+    .await
+}

@@ -1,0 +1,6 @@
+pub mod job;
+mod rules;
+mod store;
+
+pub use rules::*;
+pub use store::*;

@@ -1,0 +1,7 @@
+pub mod chat;
+mod presets;
+pub mod secrets;
+mod store;
+
+pub use presets::*;
+pub use store::*;

@@ -1,0 +1,271 @@
+//! Provider presets. Secret references are stored as written (`env:NAME`, `file:/path`);
+//! no secret value ever reaches these rows.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use sqlx::types::Json;
+
+use crate::db::{Result, StoreError};
+use crate::domain::{Role, Scope, new_id};
+use crate::providers::secrets::{SecretPolicy, SecretRef, Unresolved};
+use crate::providers::{Api, ProviderFields, ProviderHosts, ProviderSpec};
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ProviderRecord {
+    pub id: String,
+    pub kind: String,
+    pub display_name: String,
+    pub provider_id: String,
+    pub model: String,
+    pub api: String,
+    pub base_url: String,
+    pub api_key_ref: Option<String>,
+    pub headers: Json<BTreeMap<String, String>>,
+    pub secret_header_refs: Json<BTreeMap<String, String>>,
+    pub capabilities: Vec<String>,
+    pub input: Vec<String>,
+    pub compat: Json<serde_json::Map<String, serde_json::Value>>,
+    pub enabled: bool,
+    pub last_check: Option<Json<serde_json::Value>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub workspace_id: String,
+    /// `member` or `operator` (the table's check constraint).
+    pub written_by_role: String,
+}
+
+impl ProviderRecord {
+    /// The stored fields, to patch and validate again.
+    pub fn fields(&self) -> ProviderFields {
+        ProviderFields {
+            kind: self.kind.clone(),
+            display_name: Some(self.display_name.clone()),
+            provider_id: Some(self.provider_id.clone()),
+            model: self.model.clone(),
+            api: self.api.clone(),
+            base_url: self.base_url.clone(),
+            api_key_ref: self.api_key_ref.clone(),
+            headers: self.headers.0.clone(),
+            secret_header_refs: self.secret_header_refs.0.clone(),
+            capabilities: self.capabilities.clone(),
+            input: self.input.clone(),
+            compat: self.compat.0.clone(),
+            enabled: self.enabled,
+        }
+    }
+
+    /// The stored api; the table's check constraint admits only known ones.
+    pub fn api(&self) -> Api {
+        Api::parse(&self.api).unwrap_or(Api::OpenAiCompletions)
+    }
+
+    pub fn api_key(&self) -> Option<SecretRef> {
+        self.api_key_ref
+            .as_deref()
+            .and_then(|r| SecretRef::parse(r).ok())
+    }
+
+    pub fn secret_headers(&self) -> Vec<(String, SecretRef)> {
+        self.secret_header_refs
+            .iter()
+            .filter_map(|(name, r)| Some((name.clone(), SecretRef::parse(r).ok()?)))
+            .collect()
+    }
+
+    /// Whether the preset may be used now: an operator's always, a member's only while
+    /// its secrets are granted to its workspace and its chat host is allowed
+    /// ([`crate::providers::check_members_use`]). Checked before its secrets resolve.
+    pub fn check_use(
+        &self,
+        secrets: &SecretPolicy,
+        hosts: &ProviderHosts,
+    ) -> Result<(), Unresolved> {
+        if Role::parse(Some(&self.written_by_role)) == Some(Role::Operator) {
+            return Ok(());
+        }
+        let headers = self.secret_headers().into_iter().map(|(_, secret)| secret);
+        let named: Vec<SecretRef> = self.api_key().into_iter().chain(headers).collect();
+        crate::providers::check_members_use(
+            &self.workspace_id,
+            self.api(),
+            &self.base_url,
+            &named,
+            secrets,
+            hosts,
+        )
+    }
+}
+
+fn refs(spec: &ProviderSpec) -> (Option<String>, BTreeMap<String, String>) {
+    let api_key = spec.api_key_ref.as_ref().map(ToString::to_string);
+    let headers = spec
+        .secret_header_refs
+        .iter()
+        .map(|(name, r)| (name.clone(), r.to_string()))
+        .collect();
+    (api_key, headers)
+}
+
+pub async fn create(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    spec: &ProviderSpec,
+) -> Result<ProviderRecord> {
+    save(conn, scope, &new_id("provider"), spec).await
+}
+
+/// Replaces a preset's fields (the caller holds its row lock). An edit clears the last
+/// check: it described the old fields.
+pub async fn update(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    spec: &ProviderSpec,
+) -> Result<ProviderRecord> {
+    get(&mut *conn, scope, id).await?;
+    save(conn, scope, id, spec).await
+}
+
+/// Inserts the preset, or replaces the fields of the scope's preset with this id. The
+/// conflict update is confined to the scope too: an id of another workspace's preset
+/// updates nothing, and the insert then returns no row.
+async fn save(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    spec: &ProviderSpec,
+) -> Result<ProviderRecord> {
+    let (api_key_ref, secret_header_refs) = refs(spec);
+    let row = sqlx::query_as(
+        "INSERT INTO providers (id, kind, display_name, provider_id, model, api, base_url,
+                                api_key_ref, headers, secret_header_refs, capabilities, input,
+                                compat, enabled, workspace_id, written_by_role)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+         ON CONFLICT (id) DO UPDATE SET
+             kind = EXCLUDED.kind, display_name = EXCLUDED.display_name,
+             provider_id = EXCLUDED.provider_id, model = EXCLUDED.model, api = EXCLUDED.api,
+             base_url = EXCLUDED.base_url, api_key_ref = EXCLUDED.api_key_ref,
+             headers = EXCLUDED.headers, secret_header_refs = EXCLUDED.secret_header_refs,
+             capabilities = EXCLUDED.capabilities, input = EXCLUDED.input,
+             compat = EXCLUDED.compat, enabled = EXCLUDED.enabled, last_check = NULL,
+             written_by_role = EXCLUDED.written_by_role, updated_at = now()
+         WHERE providers.workspace_id = EXCLUDED.workspace_id
+         RETURNING *",
+    )
+    .bind(id)
+    .bind(&spec.kind)
+    .bind(&spec.display_name)
+    .bind(&spec.provider_id)
+    .bind(&spec.model)
+    .bind(spec.api.as_str())
+    .bind(&spec.base_url)
+    .bind(api_key_ref)
+    .bind(Json(&spec.headers))
+    .bind(Json(secret_header_refs))
+    .bind(&spec.capabilities)
+    .bind(&spec.input)
+    .bind(Json(&spec.compat))
+    .bind(spec.enabled)
+    .bind(scope.workspace())
+    .bind(spec.written_by.as_str())
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("provider"))?;
+    Ok(row)
+}
+
+pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<ProviderRecord> {
+    sqlx::query_as("SELECT * FROM providers WHERE workspace_id = $1 AND id = $2")
+        .bind(scope.workspace())
+        .bind(id)
+        .fetch_optional(conn)
+        .await?
+        .ok_or(StoreError::NotFound("provider"))
+}
+
+/// How [`lock`] holds a preset: shared by the media jobs it admits, exclusively by an edit.
+#[derive(Debug, Clone, Copy)]
+pub enum LockMode {
+    Share,
+    Update,
+}
+
+/// Reads a preset under a row lock.
+pub async fn lock(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    mode: LockMode,
+) -> Result<ProviderRecord> {
+    let statement = match mode {
+        LockMode::Share => "SELECT * FROM providers WHERE workspace_id = $1 AND id = $2 FOR SHARE",
+        LockMode::Update => {
+            "SELECT * FROM providers WHERE workspace_id = $1 AND id = $2 FOR UPDATE"
+        }
+    };
+    sqlx::query_as(statement)
+        .bind(scope.workspace())
+        .bind(id)
+        .fetch_optional(conn)
+        .await?
+        .ok_or(StoreError::NotFound("provider"))
+}
+
+pub async fn list(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ProviderRecord>> {
+    let rows = sqlx::query_as(
+        "SELECT * FROM providers
+         WHERE workspace_id = $3 AND ($1::text IS NULL OR id > $1) ORDER BY id LIMIT $2",
+    )
+    .bind(after)
+    .bind(limit)
+    .bind(scope.workspace())
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Deletes a preset no media job names. The row lock orders this against a media job
+/// being created for the preset (which holds it `FOR SHARE`).
+pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
+    lock(&mut *conn, scope, id, LockMode::Update).await?;
+    let jobs: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM media_jobs WHERE workspace_id = $1 AND provider_id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .fetch_one(&mut *conn)
+    .await?;
+    if jobs > 0 {
+        return Err(StoreError::Conflict(format!(
+            "provider {id} has {jobs} media job(s); it stays while they name it (disable it instead)"
+        )));
+    }
+    sqlx::query("DELETE FROM providers WHERE workspace_id = $1 AND id = $2")
+        .bind(scope.workspace())
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+pub async fn record_check(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    check: &serde_json::Value,
+) -> Result<()> {
+    sqlx::query("UPDATE providers SET last_check = $2 WHERE workspace_id = $3 AND id = $1")
+        .bind(id)
+        .bind(Json(check))
+        .bind(scope.workspace())
+        .execute(conn)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,168 @@
+//! Patch artifacts: one file's change by an agent tool (kind `patch`, content the
+//! [`Patch`] JSON through the content store), and their `patch_status` (`applied` when a
+//! tool wrote it, `reverted` once the API restored the file's `before`).
+
+use keel_workers::agent::Patch;
+use sqlx::PgConnection;
+
+use crate::artifacts::ArtifactRecord;
+use crate::artifacts::content::ContentStore;
+use crate::db::{Result, StoreError};
+use crate::domain::{EventType, Scope, new_id};
+use crate::events::{NewEvent, Subject};
+
+/// The content type of a patch artifact's bytes.
+pub const CONTENT_TYPE: &str = "application/json";
+
+/// Writes one patch artifact of a run, complete and `applied`, with `patch` as its content,
+/// in the caller's transaction. Events go last in a transaction, so the caller appends the
+/// artifact's [`created_event`] itself (with the rest of its events).
+pub async fn insert_patch(
+    conn: &mut PgConnection,
+    content: &ContentStore,
+    scope: &Scope,
+    run: Subject<'_>,
+    name: &str,
+    patch: &Patch,
+) -> Result<ArtifactRecord> {
+    let Subject::Run { task_id, run_id } = run else {
+        return Err(StoreError::Conflict("a patch belongs to a run".into()));
+    };
+    let mut record: ArtifactRecord = sqlx::query_as(
+        "INSERT INTO artifacts (id, run_id, task_id, name, kind, content_type, status,
+                                patch_status, workspace_id)
+         VALUES ($1, $2, $3, $4, 'patch', $5, 'complete', 'applied', $6)
+         RETURNING id, run_id, task_id, media_job_id, name, kind, content_type, size_bytes,
+                   truncated, status, storage, created_at, updated_at",
+    )
+    .bind(new_id("art"))
+    .bind(run_id)
+    .bind(task_id)
+    .bind(name)
+    .bind(CONTENT_TYPE)
+    .bind(scope.workspace())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(|e| match e {
+        e if crate::db::violates(&e, "artifacts_run_id_name_key") => {
+            StoreError::Conflict(format!("run {run_id} already has an artifact named {name}"))
+        }
+        e => StoreError::Database(e),
+    })?;
+    let bytes = serde_json::to_vec(patch).expect("a Patch serializes");
+    // No cap: the tools only change text files of bounded size, and a cut JSON document
+    // could not be read back.
+    content
+        .append(conn, scope, &record.id, &bytes, i64::MAX)
+        .await?;
+    record.size_bytes = bytes.len() as i64;
+    record.storage = content.name().to_string();
+    Ok(record)
+}
+
+/// The `artifact.created` event of a patch [`insert_patch`] wrote.
+pub fn created_event<'a>(run: Subject<'a>, record: &ArtifactRecord) -> NewEvent<'a> {
+    NewEvent {
+        subject: run,
+        event_type: EventType::ArtifactCreated,
+        data: serde_json::json!({ "artifact_id": record.id, "name": record.name,
+                                  "kind": record.kind }),
+    }
+}
+
+/// A patch artifact's row: what lists and reverts need before reading its content.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PatchRow {
+    pub id: String,
+    pub name: String,
+    pub patch_status: String,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// A page of a run's patch artifacts, in id (creation) order.
+pub async fn list(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<PatchRow>> {
+    let rows = sqlx::query_as(
+        "SELECT id, name, patch_status, created_at FROM artifacts
+         WHERE workspace_id = $1 AND run_id = $2 AND kind = 'patch'
+           AND ($3::text IS NULL OR id > $3)
+         ORDER BY id LIMIT $4",
+    )
+    .bind(scope.workspace())
+    .bind(run_id)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// One patch artifact of a run; with `lock`, its row is locked until the transaction ends.
+pub async fn get(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+    artifact_id: &str,
+    lock: bool,
+) -> Result<PatchRow> {
+    let query = if lock {
+        "SELECT id, name, patch_status, created_at FROM artifacts
+         WHERE workspace_id = $1 AND run_id = $2 AND id = $3 AND kind = 'patch' FOR UPDATE"
+    } else {
+        "SELECT id, name, patch_status, created_at FROM artifacts
+         WHERE workspace_id = $1 AND run_id = $2 AND id = $3 AND kind = 'patch'"
+    };
+    sqlx::query_as(query)
+        .bind(scope.workspace())
+        .bind(run_id)
+        .bind(artifact_id)
+        .fetch_optional(conn)
+        .await?
+        .ok_or(StoreError::NotFound("patch"))
+}
+
+/// The [`Patch`] a patch artifact holds.
+pub async fn content(
+    content: &ContentStore,
+    pool: &sqlx::PgPool,
+    artifact_id: &str,
+) -> Result<Patch> {
+    use futures_util::TryStreamExt;
+
+    let chunks: Vec<bytes::Bytes> = content
+        .stream(pool.clone(), artifact_id.to_string())
+        .try_collect()
+        .await?;
+    serde_json::from_slice(&chunks.concat()).map_err(|e| {
+        StoreError::Content(format!("patch artifact {artifact_id} cannot be read: {e}"))
+    })
+}
+
+/// Marks a patch reverted, with its `tool.file.reverted` event, in the caller's transaction.
+pub async fn mark_reverted(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run: Subject<'_>,
+    artifact_id: &str,
+    path: &str,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE artifacts SET patch_status = 'reverted', updated_at = now()
+         WHERE workspace_id = $1 AND id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(artifact_id)
+    .execute(&mut *conn)
+    .await?;
+    let event = NewEvent {
+        subject: run,
+        event_type: EventType::ToolFileReverted,
+        data: serde_json::json!({ "artifact_id": artifact_id, "path": path }),
+    };
+    crate::events::append(conn, scope, &[event]).await
+}

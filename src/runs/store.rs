@@ -1,0 +1,861 @@
+//! Run rows: admission (the one-active-run guard, approval gates, lineage, budget), status
+//! transitions with their audit records, and cancellation.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgConnection;
+
+use crate::approvals;
+use crate::approvals::{ActionSummary, ApprovalKind, ApprovalPolicy};
+use crate::db::{Result, StoreError, violates};
+use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
+use crate::events;
+use crate::events::NewEvent;
+use crate::external::workflow::Hooks;
+use crate::queue;
+use crate::tasks;
+use crate::tasks::{RunTimeouts, WorkspaceRoots};
+use crate::tasks::{TaskRecord, TaskRecordExt};
+
+pub use keel_api_types::RunRecord;
+
+/// The rules every run-creating path applies, from configuration.
+#[derive(Debug, Clone, Default)]
+pub struct AdmissionRules {
+    pub approvals: ApprovalPolicy,
+    /// How long an approval stays actionable; None: until resolved.
+    pub approval_ttl: Option<Duration>,
+    /// The default and longest run timeout a task may have.
+    pub timeouts: RunTimeouts,
+    /// Where `in_place` tasks may work.
+    pub workspace_roots: WorkspaceRoots,
+}
+
+/// Where a new run comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    Start,
+    /// A fresh attempt at the task, in a fresh workspace.
+    Retry(String),
+    /// Carries on from a finished run: its workspace, checkpoint and cost.
+    Resume(String),
+    /// Resumes a finished agent loop run with one more user turn.
+    Continue {
+        run_id: String,
+        prompt: String,
+    },
+    /// Resumes a finished agent loop run from before its `index`-th (1-based) model call.
+    RetryFromModelCall {
+        run_id: String,
+        index: i32,
+    },
+}
+
+impl Origin {
+    /// The origin as a stable JSON value, for idempotency fingerprints: it must compare
+    /// equal across versions, which a `Debug` rendering does not promise.
+    pub fn fingerprint(&self) -> serde_json::Value {
+        match self {
+            Origin::Start => serde_json::json!({ "kind": "start" }),
+            Origin::Retry(run_id) => serde_json::json!({ "kind": "retry", "run_id": run_id }),
+            Origin::Resume(run_id) => serde_json::json!({ "kind": "resume", "run_id": run_id }),
+            Origin::Continue { run_id, prompt } => {
+                serde_json::json!({ "kind": "continue", "run_id": run_id, "prompt": prompt })
+            }
+            Origin::RetryFromModelCall { run_id, index } => serde_json::json!({
+                "kind": "retry_from_model_call", "run_id": run_id, "model_call_index": index
+            }),
+        }
+    }
+
+    /// The source run of a retry or of a lineage origin; None for a start.
+    pub fn source_run(&self) -> Option<&str> {
+        match self {
+            Origin::Start => None,
+            Origin::Retry(id)
+            | Origin::Resume(id)
+            | Origin::Continue { run_id: id, .. }
+            | Origin::RetryFromModelCall { run_id: id, .. } => Some(id),
+        }
+    }
+
+    /// `runs.lineage_kind` of a run of this origin: how it carries on from its source (in
+    /// the source's workspace, with its checkpoint and cost). None for a start or a retry.
+    pub fn lineage_kind(&self) -> Option<&'static str> {
+        match self {
+            Origin::Start | Origin::Retry(_) => None,
+            Origin::Resume(_) => Some("resume"),
+            Origin::Continue { .. } => Some("continue"),
+            Origin::RetryFromModelCall { .. } => Some("retry_from_model_call"),
+        }
+    }
+}
+
+/// What a run-creating request asks for.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    pub origin: Origin,
+    /// The `Idempotency-Key` header and the request it came with.
+    pub idempotency: Option<(String, serde_json::Value)>,
+    pub reason: Option<String>,
+    /// Raises the task's budget; a lower value leaves it as it is.
+    pub budget_micros_usd: Option<i64>,
+    /// Set when a schedule occurrence, not a client, asks for the run.
+    pub schedule: Option<ScheduleProvenance>,
+    /// The conversation an agent loop run starts from (`runs.conversation_base`), built by
+    /// the caller from the source run's `agent_conversation` artifact.
+    pub conversation_base: Option<serde_json::Value>,
+}
+
+/// Which schedule occurrence created a run, and the nominal time it fired for.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScheduleProvenance {
+    pub schedule_id: String,
+    pub schedule_occurrence_id: String,
+    pub scheduled_for: DateTime<Utc>,
+}
+
+impl Admission {
+    pub fn new(origin: Origin) -> Self {
+        Admission {
+            origin,
+            idempotency: None,
+            reason: None,
+            budget_micros_usd: None,
+            schedule: None,
+            conversation_base: None,
+        }
+    }
+}
+
+pub enum Admitted {
+    New(RunRecord),
+    /// The same idempotency key and request were seen before: the original run.
+    Replayed(RunRecord),
+}
+
+/// Creates the next run of a task, in the caller's transaction: queued and enqueued, or
+/// `awaiting_approval` with its pending approvals when the policy gates it. At most one
+/// run per task is active: the task row lock serializes admissions (and deletion), and the
+/// partial unique index `runs_one_active_per_task` refuses a second whatever the code does.
+pub async fn admit(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    admission: Admission,
+    rules: &AdmissionRules,
+    actor: &Actor,
+) -> Result<Admitted> {
+    let task = tasks::get_locked(conn, scope, task_id).await?;
+    if let Some((key, request)) = &admission.idempotency
+        && let Some((run, seen)) = find_by_idempotency_key(conn, scope, task_id, key).await?
+    {
+        if &seen != request {
+            return Err(StoreError::Conflict(format!(
+                "Idempotency-Key '{key}' was already used with a different request"
+            )));
+        }
+        return Ok(Admitted::Replayed(run));
+    }
+    let source = match admission.origin.source_run() {
+        None => None,
+        Some(id) => Some(get(conn, scope, task_id, id).await?),
+    };
+    let carries_on = admission.origin.lineage_kind().is_some();
+    if let (true, Some(source)) = (carries_on, &source)
+        && !source.status().is_terminal()
+    {
+        return Err(StoreError::Conflict(format!(
+            "run {} is {}; only a finished run can be resumed, continued or retried from a \
+             model call",
+            source.id, source.status
+        )));
+    }
+    if let (true, Some(source)) = (carries_on, &source)
+        && workspace_removed(conn, scope, source.workspace_owner()).await?
+    {
+        return Err(StoreError::Refused {
+            code: "workspace_expired",
+            message: format!(
+                "run {}'s workspace was removed when its retention ended \
+                 (KEEL_WORKSPACE_RETENTION_MS); retry or start the task instead",
+                source.id
+            ),
+        });
+    }
+    // Only the latest run can be active: admission creates a run only when none is.
+    if let (true, Some(active)) = (task.status.is_active(), &task.latest_run_id) {
+        return Err(StoreError::Conflict(format!(
+            "task {task_id} already has an active run ({active})"
+        )));
+    }
+    let task = raise_budget(conn, scope, task, admission.budget_micros_usd).await?;
+    let (gates, summary) = gates(conn, scope, &task, rules).await?;
+    let status = if gates.is_empty() {
+        RunStatus::Queued
+    } else {
+        RunStatus::AwaitingApproval
+    };
+    let run = insert(
+        conn,
+        scope,
+        &task,
+        &admission,
+        source.as_ref(),
+        status,
+        actor,
+    )
+    .await?;
+
+    let created = serde_json::json!({
+        "actor": actor.to_string(),
+        "number": run.number,
+        "retried_from_run_id": run.retried_from_run_id,
+        "resumed_from_run_id": run.resumed_from_run_id,
+        "reason": admission.reason,
+        "schedule": admission.schedule,
+    });
+    let mut appended = vec![NewEvent::new(task_id, &run.id, EventType::RunCreated).with(created)];
+    if let Some(checkpoint) = &run.checkpoint {
+        let data = serde_json::json!({ "checkpoint": checkpoint, "reason": admission.reason });
+        appended.push(NewEvent::new(task_id, &run.id, EventType::RunResumedFromEvent).with(data));
+    }
+    let mut gated = Vec::new();
+    // A summary exactly when there are gates.
+    if let Some(summary) = summary {
+        for kind in gates {
+            gated.push(
+                approvals::create(
+                    conn,
+                    scope,
+                    &run,
+                    approvals::Gate {
+                        kind,
+                        step_id: None,
+                    },
+                    &summary,
+                    rules.approval_ttl,
+                    actor,
+                )
+                .await?,
+            );
+        }
+        appended.extend(gated.iter().map(approvals::requested_event));
+    } else {
+        queue::enqueue(conn, scope, queue::RUN_KIND, &run.id, task.priority).await?;
+        appended.push(NewEvent::new(task_id, &run.id, EventType::RunQueued));
+    }
+    events::append(conn, scope, &appended).await?;
+    Ok(Admitted::New(run))
+}
+
+/// The gates a new run of `task` waits on, and what its approver then sees. An agent
+/// loop's tool calls are gated mid-loop, not here. An imported task's workflow hooks are
+/// shell scripts its worker runs in the workspace: they need the approval a shell command
+/// needs, and the summary shows each of them.
+async fn gates(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task: &TaskRecord,
+    rules: &AdmissionRules,
+) -> Result<(Vec<ApprovalKind>, Option<ActionSummary>)> {
+    let execution = if task.is_agent_loop() {
+        tasks::chat_preset(conn, scope, task).await?;
+        None
+    } else {
+        Some(task.execution().map_err(StoreError::Conflict)?)
+    };
+    let mut gates = match &execution {
+        Some(execution) => rules.approvals.gates_for(execution, task.sandbox()),
+        None => Vec::new(),
+    };
+    let hooks = tasks::hooks(conn, scope, &task.id).await?;
+    let hooks = hooks.as_ref().filter(|hooks| hooks.any());
+    let shell = ApprovalKind::ShellCommand;
+    if hooks.is_some() && rules.approvals.gates_hooks() && !gates.contains(&shell) {
+        gates.insert(0, shell);
+    }
+    let workspace = task.workspace_description();
+    let describe =
+        || ActionSummary::describe(execution.as_ref(), hooks, &workspace, task.timeout_ms);
+    let summary = (!gates.is_empty()).then(describe);
+    Ok((gates, summary))
+}
+
+/// Stores the run row, points the task at it (its next number) and records both changes
+/// in the audit trail: one statement.
+async fn insert(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task: &TaskRecord,
+    admission: &Admission,
+    source: Option<&RunRecord>,
+    status: RunStatus,
+    actor: &Actor,
+) -> Result<RunRecord> {
+    let lineage_kind = admission.origin.lineage_kind();
+    let (retried_from, resumed, checkpoint, prior_cost) = match (&admission.origin, source) {
+        (Origin::Retry(_), Some(source)) => (Some(&source.id), None, None, 0),
+        (_, Some(source)) if lineage_kind.is_some() => {
+            let checkpoint = checkpoint_of(conn, scope, source).await?;
+            let prior = source.prior_cost_micros_usd + source.total_cost_micros_usd;
+            (None, Some(source), Some(checkpoint), prior)
+        }
+        _ => (None, None, None, 0),
+    };
+    let reason = match (&admission.origin, lineage_kind) {
+        (_, Some(kind)) => kind,
+        (Origin::Retry(_), None) => "retry",
+        _ => "started",
+    };
+    let from_model_call_index = match admission.origin {
+        Origin::RetryFromModelCall { index, .. } => Some(index),
+        _ => None,
+    };
+    let (key, request) = admission.idempotency.clone().unzip();
+    let schedule = admission.schedule.as_ref();
+    // The task's audit row is written only when its projection (its latest run's status)
+    // changes, as in `transition`.
+    let inserted = sqlx::query_as(
+        "WITH counted AS (
+             UPDATE tasks SET run_count = run_count + 1, latest_run_id = $1, updated_at = now()
+             WHERE workspace_id = $14 AND id = $2 RETURNING run_count
+         ), inserted AS (
+             INSERT INTO runs (id, task_id, number, status, retried_from_run_id,
+                               resumed_from_run_id, workspace_run_id, checkpoint,
+                               prior_cost_micros_usd, idempotency_key, idempotency_request,
+                               schedule_id, schedule_occurrence_id, scheduled_for, workspace_id,
+                               lineage_kind, from_model_call_index, conversation_base,
+                               requested_by)
+             SELECT $1, $2, run_count, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
+                    $18, $19, $20, $17
+             FROM counted
+             RETURNING *
+         ), audit AS (
+             INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id,
+                                            from_status, to_status, reason, actor)
+             SELECT $14, e.entity_type, e.entity_id, r.task_id, e.from_status, r.status, $16, $17
+             FROM inserted r
+             CROSS JOIN LATERAL (VALUES ('run', r.id, NULL), ('task', r.task_id, $15))
+                 AS e(entity_type, entity_id, from_status)
+             WHERE e.entity_type = 'run' OR $15 IS DISTINCT FROM r.status
+         )
+         SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
+                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
+                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base, requested_by
+         FROM inserted",
+    )
+    .bind(new_id("run"))
+    .bind(&task.id)
+    .bind(status.as_str())
+    .bind(retried_from)
+    .bind(resumed.map(|s| &s.id))
+    .bind(resumed.map(|s| s.workspace_owner()))
+    .bind(checkpoint)
+    .bind(prior_cost)
+    .bind(key)
+    .bind(request)
+    .bind(schedule.map(|s| &s.schedule_id))
+    .bind(schedule.map(|s| &s.schedule_occurrence_id))
+    .bind(schedule.map(|s| s.scheduled_for))
+    .bind(scope.workspace())
+    .bind(task.status)
+    .bind(reason)
+    .bind(actor.to_string())
+    .bind(lineage_kind)
+    .bind(from_model_call_index)
+    .bind(&admission.conversation_base)
+    .fetch_one(&mut *conn)
+    .await;
+    match inserted {
+        Err(e) if violates(&e, "runs_one_active_per_task") => Err(StoreError::Conflict(format!(
+            "task {} already has an active run",
+            task.id
+        ))),
+        other => Ok(other?),
+    }
+}
+
+/// Where a resumed run picks up: the source run, its last completed step and last event.
+async fn checkpoint_of(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source: &RunRecord,
+) -> Result<serde_json::Value> {
+    let step: Option<(i32, String)> = sqlx::query_as(
+        "SELECT index, name FROM steps WHERE workspace_id = $1 AND run_id = $2 AND status = 'completed'
+         ORDER BY index DESC LIMIT 1",
+    )
+    .bind(scope.workspace())
+    .bind(&source.id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let last_sequence: Option<i64> = sqlx::query_scalar(
+        "SELECT max(sequence) FROM run_events WHERE workspace_id = $1 AND run_id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(&source.id)
+    .fetch_one(conn)
+    .await?;
+    Ok(serde_json::json!({
+        "source_run_id": source.id,
+        "last_completed_step": step.map(|(index, name)| serde_json::json!({ "index": index, "name": name })),
+        "last_event_sequence": last_sequence.unwrap_or(0),
+    }))
+}
+
+/// Preserves or raises the task's budget, never lowers it; returns the task as it is now.
+async fn raise_budget(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    mut task: TaskRecord,
+    budget: Option<i64>,
+) -> Result<TaskRecord> {
+    if let Some(budget) = budget.filter(|b| *b > task.budget_micros_usd) {
+        sqlx::query("UPDATE tasks SET budget_micros_usd = $2 WHERE workspace_id = $3 AND id = $1")
+            .bind(&task.id)
+            .bind(budget)
+            .bind(scope.workspace())
+            .execute(&mut *conn)
+            .await?;
+        task.budget_micros_usd = budget;
+    }
+    Ok(task)
+}
+
+async fn find_by_idempotency_key(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    key: &str,
+) -> Result<Option<(RunRecord, serde_json::Value)>> {
+    #[derive(sqlx::FromRow)]
+    struct Seen {
+        #[sqlx(flatten)]
+        run: RunRecord,
+        idempotency_request: serde_json::Value,
+    }
+    let seen: Option<Seen> = sqlx::query_as(
+        "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
+                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
+                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base, requested_by,
+                idempotency_request
+         FROM runs WHERE workspace_id = $3 AND task_id = $1 AND idempotency_key = $2",
+    )
+    .bind(task_id)
+    .bind(key)
+    .bind(scope.workspace())
+    .fetch_optional(conn)
+    .await?;
+    Ok(seen.map(|s| (s.run, s.idempotency_request)))
+}
+
+/// Whether the retention sweep removed the ephemeral workspace of run `owner`. Read under
+/// the task's lock, which the sweep also takes: a resume admitted first keeps the
+/// workspace (its run is active), one admitted after sees it gone.
+async fn workspace_removed(conn: &mut PgConnection, scope: &Scope, owner: &str) -> Result<bool> {
+    let removed: Option<bool> = sqlx::query_scalar(
+        "SELECT workspace_removed_at IS NOT NULL FROM runs WHERE workspace_id = $1 AND id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(owner)
+    .fetch_optional(conn)
+    .await?;
+    Ok(removed.unwrap_or(false))
+}
+
+pub async fn get(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    run_id: &str,
+) -> Result<RunRecord> {
+    sqlx::query_as(
+        "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
+                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
+                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base, requested_by
+         FROM runs WHERE workspace_id = $3 AND task_id = $1 AND id = $2",
+    )
+    .bind(task_id)
+    .bind(run_id)
+    .bind(scope.workspace())
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("run"))
+}
+
+pub async fn get_by_id(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<RunRecord> {
+    sqlx::query_as(
+        "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
+                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
+                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base, requested_by
+         FROM runs WHERE workspace_id = $1 AND id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(run_id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("run"))
+}
+
+/// A run as its worker locks it when an attempt starts, with its task.
+#[derive(Debug, sqlx::FromRow)]
+pub struct RunWithTask {
+    #[sqlx(flatten)]
+    pub run: RunRecord,
+    #[sqlx(json)]
+    pub task: TaskRecord,
+    /// External work: the hooks the task's attempts run around themselves (never part of
+    /// the task as the API shows it).
+    #[sqlx(json)]
+    pub hooks: Option<Hooks>,
+}
+
+/// Locks a run row for the rest of the transaction and reads its task: one statement.
+pub async fn lock_with_task(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+) -> Result<RunWithTask> {
+    sqlx::query_as(
+        "SELECT r.id, r.task_id, r.number, r.status, r.attempt, r.worker_id, r.exit_code,
+                r.last_error, r.retried_from_run_id, r.resumed_from_run_id, r.checkpoint,
+                r.prior_cost_micros_usd, r.total_cost_micros_usd, r.model_call_count, r.abandoned_model_calls, r.model,
+                r.provider, r.workspace_run_id,
+                r.schedule_id, r.schedule_occurrence_id, r.scheduled_for, r.created_at,
+                r.started_at, r.finished_at, r.updated_at,
+                r.lineage_kind, r.from_model_call_index, r.conversation_base, r.requested_by,
+                to_jsonb(task) - 'hooks' AS task, to_jsonb(task) -> 'hooks' AS hooks
+         FROM runs r
+         CROSS JOIN LATERAL (
+             SELECT t.id, t.execution_kind, COALESCE(latest.status, 'not_started') AS status,
+                    t.prompt, t.shell_command, t.git_command, t.file_path, t.file_content,
+                    t.file_operation, t.working_directory, t.workspace_mode,
+                    t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only, t.timeout_ms,
+                    t.priority, t.budget_micros_usd, t.system_prompt, t.requested_provider,
+                    t.requested_model, t.max_model_calls, t.tools, t.hooks, t.run_count,
+                    t.latest_run_id,
+                    (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
+                        AS latest_run_step_count,
+                    (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
+                        AS latest_run_artifact_count,
+                    t.created_at, t.updated_at
+             FROM tasks t LEFT JOIN runs latest ON latest.id = t.latest_run_id
+             WHERE t.workspace_id = r.workspace_id AND t.id = r.task_id
+         ) task
+         WHERE r.workspace_id = $1 AND r.id = $2
+         FOR UPDATE OF r",
+    )
+    .bind(scope.workspace())
+    .bind(run_id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("run"))
+}
+
+/// Locks a run row for the rest of the transaction.
+pub async fn lock(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<RunRecord> {
+    sqlx::query_as(
+        "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
+                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
+                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base, requested_by
+         FROM runs WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
+    )
+    .bind(scope.workspace())
+    .bind(run_id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("run"))
+}
+
+pub async fn priority_of(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<i32> {
+    let priority = sqlx::query_scalar(
+        "SELECT t.priority FROM runs r JOIN tasks t ON t.id = r.task_id
+         WHERE r.workspace_id = $1 AND r.id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(run_id)
+    .fetch_one(conn)
+    .await?;
+    Ok(priority)
+}
+
+/// Oldest first; `after` is the id of the last run of the previous page.
+pub async fn list(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<RunRecord>> {
+    let rows = sqlx::query_as(
+        "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
+                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
+                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base, requested_by
+         FROM runs
+         WHERE workspace_id = $4 AND task_id = $1 AND ($2::text IS NULL OR id > $2)
+         ORDER BY id LIMIT $3",
+    )
+    .bind(task_id)
+    .bind(after)
+    .bind(limit)
+    .bind(scope.workspace())
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// What a transition records besides the new status.
+#[derive(Debug, Clone, Default)]
+pub struct Change<'a> {
+    pub worker_id: Option<&'a str>,
+    pub exit_code: Option<i32>,
+    pub last_error: Option<&'a str>,
+}
+
+/// Moves a run to `next` if the state machine allows it from the run's current state
+/// (otherwise a conflict, and nothing changes), and records the change of the run and of
+/// its task's projection in the audit trail.
+pub async fn transition(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+    next: RunStatus,
+    change: Change<'_>,
+    actor: &Actor,
+    reason: Option<&str>,
+) -> Result<RunRecord> {
+    let current = lock(conn, scope, run_id).await?;
+    transition_locked(conn, scope, &current, next, change, actor, reason).await
+}
+
+/// [`transition`] of a run the caller has locked in this transaction (as `current`).
+pub async fn transition_locked(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    current: &RunRecord,
+    next: RunStatus,
+    change: Change<'_>,
+    actor: &Actor,
+    reason: Option<&str>,
+) -> Result<RunRecord> {
+    if !current.status().can_become(next) {
+        return Err(StoreError::Conflict(format!(
+            "run {} is {}; it cannot become {}",
+            current.id,
+            current.status,
+            next.as_str()
+        )));
+    }
+    // One statement: the change, and its audit rows (the task's only while this run is
+    // its latest, whose status the task's projects).
+    let run = sqlx::query_as(
+        "WITH updated AS (
+             UPDATE runs SET
+                status = $2,
+                attempt = attempt + CASE WHEN $2 = 'running' THEN 1 ELSE 0 END,
+                worker_id = CASE WHEN $2 = 'running' THEN $3 ELSE worker_id END,
+                started_at = CASE WHEN $2 = 'running' THEN now() ELSE started_at END,
+                finished_at = CASE WHEN $2 IN ('completed', 'failed', 'cancelled') THEN now() END,
+                exit_code = COALESCE($4, exit_code),
+                last_error = COALESCE($5, last_error),
+                updated_at = now()
+             WHERE workspace_id = $6 AND id = $1
+             RETURNING *
+         ), audit AS (
+             INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id,
+                                            from_status, to_status, reason, actor)
+             SELECT $6, e.entity_type, e.entity_id, r.task_id, $7, r.status, $8, $9
+             FROM updated r
+             CROSS JOIN LATERAL (VALUES ('run', r.id), ('task', r.task_id))
+                 AS e(entity_type, entity_id)
+             WHERE e.entity_type = 'run'
+                OR ($7 IS DISTINCT FROM r.status
+                    AND EXISTS (SELECT 1 FROM tasks t WHERE t.workspace_id = $6
+                                AND t.id = r.task_id AND t.latest_run_id = r.id))
+         )
+         SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
+                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
+                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
+                schedule_id, schedule_occurrence_id,
+                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
+                from_model_call_index, conversation_base, requested_by
+         FROM updated",
+    )
+    .bind(&current.id)
+    .bind(next.as_str())
+    .bind(change.worker_id)
+    .bind(change.exit_code)
+    .bind(change.last_error)
+    .bind(scope.workspace())
+    .bind(current.status)
+    .bind(reason)
+    .bind(actor.to_string())
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(run)
+}
+
+/// Cancels a run at a caller's request; see [`cancel_because`].
+pub async fn cancel(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    run_id: &str,
+    actor: &Actor,
+) -> Result<RunRecord> {
+    cancel_because(conn, scope, task_id, run_id, actor, "cancelled by request").await
+}
+
+/// Cancels a run: the terminal state is committed first; the worker holding the job sees
+/// its job row vanish and stops the process. Pending approvals are cancelled by the
+/// system. Cancelling a finished run returns it unchanged. `reason` becomes the run's
+/// `last_error` and the transition's reason.
+pub async fn cancel_because(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    run_id: &str,
+    actor: &Actor,
+    reason: &str,
+) -> Result<RunRecord> {
+    get(conn, scope, task_id, run_id).await?;
+    // The job row is locked (deleted) before the run row, the order every worker
+    // transaction takes them in, so a cancel and a worker write cannot deadlock.
+    queue::remove(conn, scope, queue::RUN_KIND, run_id, queue::Locked::Wait).await?;
+    let run = lock(conn, scope, run_id).await?;
+    if run.status().is_terminal() {
+        return Ok(run);
+    }
+    let change = Change {
+        last_error: Some(reason),
+        ..Change::default()
+    };
+    let cancelled = RunStatus::Cancelled;
+    let run = transition(conn, scope, run_id, cancelled, change, actor, Some(reason)).await?;
+    approvals::cancel_pending(conn, scope, run_id, "the run was cancelled").await?;
+    close_open_work(conn, scope, run_id, "cancelled", "run cancelled").await?;
+    // An approval that won the race for the run lock may have enqueued it since the first
+    // removal. A worker that already claimed that job waits on the run row and will find
+    // the run cancelled, so its locked row is skipped rather than waited for.
+    queue::remove(conn, scope, queue::RUN_KIND, run_id, queue::Locked::Skip).await?;
+    let data = serde_json::json!({ "actor": actor.to_string() });
+    events::append(
+        conn,
+        scope,
+        &[NewEvent::new(task_id, run_id, EventType::RunCancelled).with(data)],
+    )
+    .await?;
+    Ok(run)
+}
+
+/// Ends the steps and artifacts an interrupted attempt left open.
+pub async fn close_open_work(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+    step_status: &str,
+    reason: &str,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE steps SET status = $2, error = $3, finished_at = now()
+         WHERE workspace_id = $4 AND run_id = $1 AND status = 'running'",
+    )
+    .bind(run_id)
+    .bind(step_status)
+    .bind(reason)
+    .bind(scope.workspace())
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "UPDATE artifacts SET status = 'complete', updated_at = now()
+         WHERE workspace_id = $2 AND run_id = $1 AND status = 'writing'",
+    )
+    .bind(run_id)
+    .bind(scope.workspace())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Requeues a run whose worker is gone, in the caller's transaction that locked it: closes
+/// what the attempt left open, records the gap, and puts the run back to `queued`; returns
+/// the queued run and its events, for the caller to append last (see store::events).
+pub async fn requeue_lost<'r>(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run: &'r RunRecord,
+    reason: &str,
+    actor: &Actor,
+) -> Result<(RunRecord, Vec<NewEvent<'r>>)> {
+    close_open_work(conn, scope, &run.id, "failed", "worker disconnected").await?;
+    let queued = transition_locked(
+        conn,
+        scope,
+        run,
+        RunStatus::Queued,
+        Change::default(),
+        actor,
+        Some(reason),
+    )
+    .await?;
+    let gap = serde_json::json!({
+        "reason": reason,
+        "previous_worker_id": run.worker_id,
+        "attempt": run.attempt,
+    });
+    let events = vec![
+        NewEvent::new(&run.task_id, &run.id, EventType::GapRunDisconnected).with(gap),
+        NewEvent::new(&run.task_id, &run.id, EventType::RunQueued)
+            .with(serde_json::json!({ "reason": reason })),
+    ];
+    Ok((queued, events))
+}
+
+/// A `queued` or `running` run, as boot recovery pages through them.
+#[derive(Debug, sqlx::FromRow)]
+pub struct ActiveRun {
+    pub run_id: String,
+    pub priority: i32,
+    pub workspace_id: String,
+}
+
+/// Up to `limit` active runs after `after` in id order, in every workspace (boot recovery
+/// re-enqueues those that lost their queue row).
+pub async fn active_page(
+    conn: &mut PgConnection,
+    after: &str,
+    limit: i64,
+) -> Result<Vec<ActiveRun>> {
+    let page = sqlx::query_as(
+        "SELECT r.id AS run_id, t.priority, r.workspace_id
+         FROM runs r JOIN tasks t ON t.id = r.task_id
+         WHERE r.status IN ('queued', 'running') AND r.id > $1
+         ORDER BY r.id LIMIT $2",
+    )
+    .bind(after)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(page)
+}

@@ -1,0 +1,486 @@
+//! Schedule rows and their occurrences: the definition a client writes (checked against the
+//! revision it read), and the steps dispatch takes: lock due schedules, claim an occurrence
+//! and advance, take over stale claims, resolve a claim.
+//!
+//! Lock order, shared with run admission and task deletion: task row, then schedule row,
+//! then occurrence row. The two dispatch steps that start elsewhere (locking due schedules,
+//! taking over stale claims) use `SKIP LOCKED` and never wait, so they cannot deadlock.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+use crate::db::{Result, StoreError};
+use crate::domain::{Actor, Scope, new_id};
+use crate::events::transitions;
+use crate::events::transitions::Transition;
+use crate::schedules::{NewSchedule, Schedule, Trigger};
+use crate::tasks;
+
+pub use keel_api_types::{OccurrenceRecord, ScheduleRecord};
+
+/// What the dispatcher reads off a stored schedule.
+pub trait ScheduleRecordExt {
+    /// The schedule's workspace, for the dispatcher's writes on its behalf.
+    fn scope(&self) -> Scope;
+    fn definition(&self) -> Result<Schedule, crate::domain::Invalid>;
+}
+
+impl ScheduleRecordExt for ScheduleRecord {
+    fn scope(&self) -> Scope {
+        Scope::new(self.workspace_id.clone())
+    }
+
+    fn definition(&self) -> Result<Schedule, crate::domain::Invalid> {
+        Schedule::from_stored(&self.timezone, self.run_at, self.cron_expression.as_deref())
+    }
+}
+
+/// An occurrence this dispatcher holds: only the holder of `token` may resolve it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Claim {
+    pub occurrence_id: String,
+    pub schedule_id: String,
+    pub task_id: String,
+    pub scheduled_for: DateTime<Utc>,
+    pub token: String,
+    pub workspace_id: String,
+}
+
+impl Claim {
+    /// The workspace of the claimed occurrence's schedule and task.
+    pub fn scope(&self) -> Scope {
+        Scope::new(self.workspace_id.clone())
+    }
+}
+
+/// How a claimed occurrence ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Started {
+        run_id: String,
+    },
+    /// Another run of the task was active; there is no backlog.
+    Skipped {
+        reason: String,
+    },
+    /// The run could not be created.
+    Failed {
+        reason: String,
+    },
+}
+
+pub async fn get(conn: &mut PgConnection, scope: &Scope, task_id: &str) -> Result<ScheduleRecord> {
+    let schedule =
+        sqlx::query_as("SELECT * FROM task_schedules WHERE workspace_id = $1 AND task_id = $2")
+            .bind(scope.workspace())
+            .bind(task_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    match schedule {
+        Some(schedule) => Ok(schedule),
+        None => Err(missing(conn, scope, task_id).await),
+    }
+}
+
+/// A missing schedule, told apart from a missing task.
+async fn missing(conn: &mut PgConnection, scope: &Scope, task_id: &str) -> StoreError {
+    let task = sqlx::query_scalar::<_, bool>(
+        "SELECT EXISTS (SELECT 1 FROM tasks WHERE workspace_id = $1 AND id = $2)",
+    )
+    .bind(scope.workspace())
+    .bind(task_id)
+    .fetch_one(conn)
+    .await;
+    match task {
+        Ok(true) => StoreError::NotFound("schedule"),
+        Ok(false) => StoreError::NotFound("task"),
+        Err(error) => error.into(),
+    }
+}
+
+/// What `GET /v1/task-schedules` filters on; an empty `task_ids` matches every task.
+#[derive(Debug, Clone, Default)]
+pub struct ScheduleFilter {
+    pub task_ids: Vec<String>,
+    pub enabled: Option<bool>,
+}
+
+/// Newest first; `before` is the id of the last schedule of the previous page.
+pub async fn list(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    filter: &ScheduleFilter,
+    before: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ScheduleRecord>> {
+    let rows = sqlx::query_as(
+        "SELECT * FROM task_schedules
+         WHERE workspace_id = $5 AND (cardinality($1::text[]) = 0 OR task_id = ANY($1))
+           AND ($2::boolean IS NULL OR enabled = $2)
+           AND ($3::text IS NULL OR id < $3)
+         ORDER BY id DESC LIMIT $4",
+    )
+    .bind(&filter.task_ids)
+    .bind(filter.enabled)
+    .bind(before)
+    .bind(limit)
+    .bind(scope.workspace())
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Creates or replaces the task's schedule. A replacement keeps the id, `created_at` and
+/// the occurrence history and bumps the revision. When the client says which revision it
+/// read and the schedule has moved on since (an edit, or a dispatch that advanced it), the
+/// edit is refused rather than applied over a state the client never saw.
+pub async fn put(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    new: &NewSchedule,
+    now: DateTime<Utc>,
+    actor: &Actor,
+) -> Result<ScheduleRecord> {
+    tasks::lock(conn, scope, task_id).await?;
+    let current: Option<(String, i64, bool)> = sqlx::query_as(
+        "SELECT id, revision, enabled FROM task_schedules
+         WHERE workspace_id = $1 AND task_id = $2 FOR UPDATE",
+    )
+    .bind(scope.workspace())
+    .bind(task_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    check_revision(
+        task_id,
+        current.as_ref().map(|c| c.1),
+        new.expected_revision,
+    )?;
+    if let (Some((schedule_id, ..)), Trigger::Once { run_at }) = (&current, &new.schedule.trigger) {
+        refuse_consumed_instant(conn, scope, schedule_id, *run_at).await?;
+    }
+    let (run_at, cron_expression) = match &new.schedule.trigger {
+        Trigger::Once { run_at } => (Some(*run_at), None),
+        Trigger::Cron { expression, .. } => (None, Some(expression.as_str())),
+    };
+    let next_run_at = new.next_run_at(now);
+    let schedule: ScheduleRecord = sqlx::query_as(
+        "INSERT INTO task_schedules (id, task_id, kind, timezone, run_at, cron_expression,
+                                     enabled, next_run_at, workspace_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+         ON CONFLICT (task_id) DO UPDATE SET
+             kind = EXCLUDED.kind, timezone = EXCLUDED.timezone, run_at = EXCLUDED.run_at,
+             cron_expression = EXCLUDED.cron_expression, enabled = EXCLUDED.enabled,
+             next_run_at = EXCLUDED.next_run_at, revision = task_schedules.revision + 1,
+             updated_at = now()
+         RETURNING *",
+    )
+    .bind(new_id("sched"))
+    .bind(task_id)
+    .bind(new.schedule.kind())
+    .bind(new.schedule.timezone.name())
+    .bind(run_at)
+    .bind(cron_expression)
+    .bind(next_run_at.is_some())
+    .bind(next_run_at)
+    .bind(scope.workspace())
+    .fetch_one(&mut *conn)
+    .await?;
+    let was = current.map(|c| state(c.2));
+    let (is, reason) = (
+        state(schedule.enabled),
+        if was.is_some() { "replaced" } else { "created" },
+    );
+    if was != Some(is) {
+        record(conn, scope, &schedule, was, is, reason, actor).await?;
+    }
+    Ok(schedule)
+}
+
+/// A schedule's state in the audit trail: `enabled` or `disabled` (paused, or spent), and
+/// `deleted` at the end.
+fn state(enabled: bool) -> &'static str {
+    if enabled { "enabled" } else { "disabled" }
+}
+
+async fn record(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    schedule: &ScheduleRecord,
+    from: Option<&str>,
+    to: &str,
+    reason: &str,
+    actor: &Actor,
+) -> Result<()> {
+    let change = Transition {
+        entity_type: "schedule",
+        entity_id: &schedule.id,
+        task_id: Some(&schedule.task_id),
+        from,
+        to,
+        reason: Some(reason),
+    };
+    transitions::record(conn, scope, change, actor).await
+}
+
+fn check_revision(task_id: &str, current: Option<i64>, expected: Option<i64>) -> Result<()> {
+    let reload =
+        format!("reload it (GET /v1/tasks/{task_id}/schedule) and apply your change again");
+    match (current, expected) {
+        (_, None) => Ok(()),
+        (Some(current), Some(expected)) if current == expected => Ok(()),
+        (Some(current), Some(expected)) => Err(StoreError::Conflict(format!(
+            "the schedule changed since revision {expected} was read (it is at revision \
+             {current} now): {reload}"
+        ))),
+        (None, Some(expected)) => Err(StoreError::Conflict(format!(
+            "the schedule read at revision {expected} no longer exists: {reload}"
+        ))),
+    }
+}
+
+/// A `once` schedule whose instant already fired cannot be armed again for that instant:
+/// the occurrence exists, so it would never fire. This catches a replacement racing the
+/// dispatch that consumed it.
+async fn refuse_consumed_instant(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    schedule_id: &str,
+    run_at: DateTime<Utc>,
+) -> Result<()> {
+    let fired: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM schedule_occurrences
+                        WHERE workspace_id = $3 AND schedule_id = $1 AND scheduled_for = $2)",
+    )
+    .bind(schedule_id)
+    .bind(run_at)
+    .bind(scope.workspace())
+    .fetch_one(conn)
+    .await?;
+    if fired {
+        return Err(StoreError::Conflict(format!(
+            "the schedule already fired for run_at {}; reload it and choose a new future run_at",
+            run_at.to_rfc3339()
+        )));
+    }
+    Ok(())
+}
+
+/// Removes the task's schedule and its occurrence history.
+pub async fn delete(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    actor: &Actor,
+) -> Result<()> {
+    tasks::lock(conn, scope, task_id).await?;
+    let deleted: Option<ScheduleRecord> = sqlx::query_as(
+        "DELETE FROM task_schedules WHERE workspace_id = $1 AND task_id = $2
+         RETURNING *",
+    )
+    .bind(scope.workspace())
+    .bind(task_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let deleted = deleted.ok_or(StoreError::NotFound("schedule"))?;
+    let was = state(deleted.enabled);
+    record(
+        conn,
+        scope,
+        &deleted,
+        Some(was),
+        "deleted",
+        "deleted",
+        actor,
+    )
+    .await
+}
+
+/// The task's occurrences, newest first; `before` is the `scheduled_for` of the last
+/// occurrence of the previous page.
+pub async fn occurrences(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    before: Option<DateTime<Utc>>,
+    limit: i64,
+) -> Result<Vec<OccurrenceRecord>> {
+    let schedule = get(conn, scope, task_id).await?;
+    let rows = sqlx::query_as(
+        "SELECT * FROM schedule_occurrences
+         WHERE workspace_id = $4 AND schedule_id = $1
+           AND ($2::timestamptz IS NULL OR scheduled_for < $2)
+         ORDER BY scheduled_for DESC LIMIT $3",
+    )
+    .bind(&schedule.id)
+    .bind(before)
+    .bind(limit)
+    .bind(scope.workspace())
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Locks up to `limit` schedules due at `now`, in every workspace (dispatch serves them
+/// all; each record carries its workspace), skipping those another dispatcher (or an
+/// edit) holds: they are being handled.
+pub async fn lock_due(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<ScheduleRecord>> {
+    let rows = sqlx::query_as(
+        "SELECT * FROM task_schedules
+         WHERE enabled AND next_run_at <= $1
+         ORDER BY next_run_at LIMIT $2
+         FOR UPDATE SKIP LOCKED",
+    )
+    .bind(now)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Moves a locked schedule to its next time (`None`: spent, so disabled), fenced by the
+/// revision it was read at, and bumps the revision so an edit based on the old state fails.
+pub async fn advance(
+    conn: &mut PgConnection,
+    schedule: &ScheduleRecord,
+    next_run_at: Option<DateTime<Utc>>,
+) -> Result<()> {
+    let updated = sqlx::query(
+        "UPDATE task_schedules
+         SET next_run_at = $3, enabled = $3 IS NOT NULL, revision = revision + 1,
+             updated_at = now()
+         WHERE workspace_id = $4 AND id = $1 AND revision = $2",
+    )
+    .bind(&schedule.id)
+    .bind(schedule.revision)
+    .bind(next_run_at)
+    .bind(&schedule.workspace_id)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if updated != 1 {
+        return Err(StoreError::Conflict(format!(
+            "schedule {} changed while it was being dispatched",
+            schedule.id
+        )));
+    }
+    match next_run_at {
+        None if schedule.enabled => {
+            let reason = "no time left to fire";
+            record(
+                conn,
+                &schedule.scope(),
+                schedule,
+                Some("enabled"),
+                "disabled",
+                reason,
+                &Actor::System,
+            )
+            .await
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Records the occurrence for `scheduled_for` as claimed by a fresh token. None when that
+/// time already has an occurrence: it was recorded once, and that is all it gets.
+pub async fn claim(
+    conn: &mut PgConnection,
+    schedule: &ScheduleRecord,
+    scheduled_for: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<Option<Claim>> {
+    let claim = sqlx::query_as(
+        "INSERT INTO schedule_occurrences (id, schedule_id, task_id, scheduled_for, status,
+                                           claim_token, claimed_at, workspace_id)
+         VALUES ($1, $2, $3, $4, 'claimed', gen_random_uuid()::text, $5, $6)
+         ON CONFLICT (schedule_id, scheduled_for) DO NOTHING
+         RETURNING id AS occurrence_id, schedule_id, task_id, scheduled_for,
+                   claim_token AS token, workspace_id",
+    )
+    .bind(new_id("occ"))
+    .bind(&schedule.id)
+    .bind(&schedule.task_id)
+    .bind(scheduled_for)
+    .bind(now)
+    .bind(&schedule.workspace_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(claim)
+}
+
+/// Re-claims, with new tokens, occurrences still `claimed` since before `claimed_before`,
+/// in every workspace:
+/// their dispatcher died or stalled between claiming and resolving. A stalled one that
+/// wakes finds its token gone and does nothing.
+pub async fn take_over_stale(
+    conn: &mut PgConnection,
+    claimed_before: DateTime<Utc>,
+    now: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<Claim>> {
+    let claims = sqlx::query_as(
+        "UPDATE schedule_occurrences SET claim_token = gen_random_uuid()::text, claimed_at = $2
+         WHERE id IN (SELECT id FROM schedule_occurrences
+                      WHERE status = 'claimed' AND claimed_at < $1
+                      ORDER BY claimed_at LIMIT $3
+                      FOR UPDATE SKIP LOCKED)
+         RETURNING id AS occurrence_id, schedule_id, task_id, scheduled_for,
+                   claim_token AS token, workspace_id",
+    )
+    .bind(claimed_before)
+    .bind(now)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(claims)
+}
+
+/// Locks the claimed occurrence if `claim` still holds it; false when it was resolved or
+/// taken over meanwhile.
+pub async fn lock_claim(conn: &mut PgConnection, claim: &Claim) -> Result<bool> {
+    let held: Option<String> = sqlx::query_scalar(
+        "SELECT id FROM schedule_occurrences
+         WHERE workspace_id = $3 AND id = $1 AND status = 'claimed' AND claim_token = $2
+         FOR UPDATE",
+    )
+    .bind(&claim.occurrence_id)
+    .bind(&claim.token)
+    .bind(&claim.workspace_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(held.is_some())
+}
+
+/// Ends a claim (locked with [`lock_claim`]) with its outcome.
+pub async fn resolve(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    occurrence_id: &str,
+    outcome: &Outcome,
+    now: DateTime<Utc>,
+) -> Result<OccurrenceRecord> {
+    let (status, run_id, error) = match outcome {
+        Outcome::Started { run_id } => ("started", Some(run_id), None),
+        Outcome::Skipped { reason } => ("skipped", None, Some(reason)),
+        Outcome::Failed { reason } => ("failed", None, Some(reason)),
+    };
+    let occurrence = sqlx::query_as(
+        "UPDATE schedule_occurrences
+         SET status = $2, run_id = $3, error = $4, completed_at = $5, claim_token = NULL
+         WHERE workspace_id = $6 AND id = $1 RETURNING *",
+    )
+    .bind(occurrence_id)
+    .bind(status)
+    .bind(run_id)
+    .bind(error)
+    .bind(now)
+    .bind(scope.workspace())
+    .fetch_one(conn)
+    .await?;
+    Ok(occurrence)
+}

@@ -1,0 +1,4 @@
+pub mod leases;
+pub mod runtime;
+pub mod stats;
+pub mod workers;

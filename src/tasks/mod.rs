@@ -1,0 +1,5 @@
+mod rules;
+mod store;
+
+pub use rules::*;
+pub use store::*;

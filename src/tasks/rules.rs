@@ -1,0 +1,754 @@
+//! Tasks: durable execution intent. A task is validated once, here, when it is created.
+
+use std::path::{Component, Path, PathBuf};
+
+pub use keel_api_types::{TaskDraft, TaskStatus};
+use keel_workers::{Execution, FileOperation};
+
+use crate::domain::{Invalid, Scope};
+
+const MAX_COMMAND_BYTES: usize = 64 * 1024;
+const MAX_FILE_CONTENT_BYTES: usize = 1024 * 1024;
+const MAX_PROMPT_BYTES: usize = 64 * 1024;
+
+/// What a task runs: a process-like execution, or an agent loop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskExecution {
+    Process(Execution),
+    AgentLoop(AgentLoop),
+}
+
+/// An agent loop's settings (its prompt is the task's `prompt`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentLoop {
+    pub system_prompt: Option<String>,
+    pub requested_provider: Option<String>,
+    pub requested_model: Option<String>,
+    pub max_model_calls: Option<i32>,
+    pub tools: Option<Vec<String>>,
+}
+
+/// Where a run works.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkspaceMode {
+    /// A fresh directory per run under the worker's data directory.
+    Ephemeral,
+    /// The given absolute directory, as it is, beneath the workspace roots (and beneath
+    /// `allowed_root` when the task narrows them).
+    InPlace {
+        directory: String,
+        allowed_root: Option<String>,
+    },
+}
+
+/// Where `in_place` runs may work (`KEEL_WORKSPACE_ROOTS`). Paths are compared in their
+/// canonical form, so a symbolic link inside a root that leads out of every root is refused;
+/// the data directory (other runs' workspaces, the embedded cluster) is always refused. The
+/// API checks at task creation and workers again before each run, since the directories
+/// (and the roots) may have changed in between.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkspaceRoots {
+    roots: Vec<PathBuf>,
+    data_dir: Option<PathBuf>,
+}
+
+impl WorkspaceRoots {
+    /// Fails on a root that does not exist.
+    pub fn new(roots: &[PathBuf], data_dir: &Path) -> Result<WorkspaceRoots, String> {
+        let roots = roots
+            .iter()
+            .filter(|root| !root.as_os_str().is_empty())
+            .map(|root| {
+                std::fs::canonicalize(root)
+                    .map_err(|e| format!("KEEL_WORKSPACE_ROOTS: {}: {e}", root.display()))
+            })
+            .collect::<Result<_, _>>()?;
+        let data_dir = std::path::absolute(data_dir)
+            .map_err(|e| format!("KEEL_DATA_DIR: {}: {e}", data_dir.display()))?;
+        Ok(WorkspaceRoots {
+            roots,
+            data_dir: Some(data_dir),
+        })
+    }
+
+    /// The data directory the roots were configured with (it holds ephemeral workspaces).
+    pub fn data_dir(&self) -> Option<&Path> {
+        self.data_dir.as_deref()
+    }
+
+    /// The canonical directory an `in_place` workspace resolves to, if the roots allow it.
+    pub fn confine(&self, directory: &str, allowed_root: Option<&str>) -> Result<PathBuf, Invalid> {
+        if self.roots.is_empty() {
+            return Err(Invalid::new(
+                "working_directory",
+                "workspace_mode in_place is refused: no workspace roots are configured \
+                 (set KEEL_WORKSPACE_ROOTS to the directories runs may work in)",
+            ));
+        }
+        let within = match allowed_root {
+            Some(root) => vec![self.resolve("sandbox_allowed_root", root, &self.roots)?],
+            None => self.roots.clone(),
+        };
+        self.resolve("working_directory", directory, &within)
+    }
+
+    /// Canonicalizes `path` and checks that it lies beneath one of `within` and outside the
+    /// data directory.
+    fn resolve(
+        &self,
+        field: &'static str,
+        path: &str,
+        within: &[PathBuf],
+    ) -> Result<PathBuf, Invalid> {
+        let real = std::fs::canonicalize(path)
+            .map_err(|e| Invalid::new(field, format!("{path} cannot be resolved: {e}")))?;
+        if !real.is_dir() {
+            return Err(Invalid::new(field, format!("{path} is not a directory")));
+        }
+        // Resolved at each check: the API may start before a worker creates the directory.
+        let data_dir = self
+            .data_dir
+            .as_ref()
+            .map(|d| std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()));
+        if data_dir.is_some_and(|d| real.starts_with(d)) {
+            return Err(Invalid::new(
+                field,
+                format!("{path} is inside Keel's data directory (KEEL_DATA_DIR)"),
+            ));
+        }
+        if !within.iter().any(|root| real.starts_with(root)) {
+            let roots: Vec<_> = within.iter().map(|r| r.display().to_string()).collect();
+            return Err(Invalid::new(
+                field,
+                format!(
+                    "{path} (resolved to {}) is not beneath {}",
+                    real.display(),
+                    roots.join(", ")
+                ),
+            ));
+        }
+        Ok(real)
+    }
+
+    /// The roots granted to `scope`'s remote callers: `<root>/<workspace directory name>`
+    /// beneath each root where an operator (or Keel, for an item workspace) made that
+    /// directory, a directory itself and no symbolic link.
+    fn granted_to(&self, scope: &Scope) -> Vec<PathBuf> {
+        self.roots
+            .iter()
+            .map(|root| root.join(scope.directory_name()))
+            .filter(|tenant| std::fs::canonicalize(tenant).is_ok_and(|real| &real == tenant))
+            .filter(|tenant| tenant.is_dir())
+            .collect()
+    }
+}
+
+/// How long runs may take (`KEEL_RUN_TIMEOUT_MS`, `KEEL_RUN_TIMEOUT_MAX_MS`): the API
+/// refuses a task asking for more than the max and records the default on a task that
+/// asks for nothing; workers apply both to tasks stored before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunTimeouts {
+    default_ms: i64,
+    max_ms: i64,
+}
+
+impl RunTimeouts {
+    pub const DEFAULT_MS: u64 = 3600 * 1000;
+    pub const DEFAULT_MAX_MS: u64 = 24 * 3600 * 1000;
+
+    pub fn new(default_ms: u64, max_ms: u64) -> Result<RunTimeouts, String> {
+        let max_ms = i64::try_from(max_ms)
+            .ok()
+            .filter(|ms| *ms >= 1)
+            .ok_or("KEEL_RUN_TIMEOUT_MAX_MS must be at least 1 ms")?;
+        let default_ms = i64::try_from(default_ms)
+            .ok()
+            .filter(|ms| (1..=max_ms).contains(ms))
+            .ok_or_else(|| {
+                format!(
+                    "KEEL_RUN_TIMEOUT_MS must be between 1 and KEEL_RUN_TIMEOUT_MAX_MS ({max_ms})"
+                )
+            })?;
+        Ok(RunTimeouts { default_ms, max_ms })
+    }
+
+    /// The timeout a run of a task gets: the task's own, or the default, never above the
+    /// max.
+    pub fn effective_ms(&self, task_ms: Option<i64>) -> i64 {
+        task_ms.unwrap_or(self.default_ms).min(self.max_ms)
+    }
+
+    fn parse(&self, requested: Option<i64>) -> Result<i64, Invalid> {
+        match requested {
+            Some(ms) if !(1..=self.max_ms).contains(&ms) => Err(Invalid::new(
+                "timeout_ms",
+                format!(
+                    "must be between 1 and {} (KEEL_RUN_TIMEOUT_MAX_MS)",
+                    self.max_ms
+                ),
+            )),
+            requested => Ok(self.effective_ms(requested)),
+        }
+    }
+}
+
+impl Default for RunTimeouts {
+    fn default() -> Self {
+        RunTimeouts::new(RunTimeouts::DEFAULT_MS, RunTimeouts::DEFAULT_MAX_MS)
+            .expect("the defaults are consistent")
+    }
+}
+
+/// A validated task, ready to store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewTask {
+    pub execution: TaskExecution,
+    pub prompt: Option<String>,
+    pub workspace: WorkspaceMode,
+    pub sandbox: keel_workers::SandboxPolicy,
+    /// The task's timeout, or the default when it asked for none.
+    pub timeout_ms: i64,
+    pub priority: i32,
+    /// Cost ceiling in micro-USD for the task's runs; 0 disables it.
+    pub budget_micros_usd: i64,
+    /// External work: the workflow's hooks, run around each attempt (never from a request).
+    pub hooks: Option<crate::external::workflow::Hooks>,
+}
+
+impl NewTask {
+    pub fn parse(draft: TaskDraft, timeouts: &RunTimeouts) -> Result<NewTask, Invalid> {
+        let kind = draft.execution_kind.as_deref().ok_or_else(|| {
+            Invalid::new(
+                "execution_kind",
+                "is required (shell, git, file or agent_loop)",
+            )
+        })?;
+        let process = TaskExecution::Process;
+        let execution = match kind {
+            "shell" => process(parse_shell(&draft)?),
+            "git" => process(parse_git(&draft)?),
+            "file" => process(parse_file(&draft)?),
+            "agent_loop" => TaskExecution::AgentLoop(parse_agent_loop(&draft)?),
+            other => {
+                return Err(Invalid::new(
+                    "execution_kind",
+                    format!(
+                        "unknown execution kind '{other}' (expected shell, git, file or agent_loop)"
+                    ),
+                ));
+            }
+        };
+        let prompt = draft.prompt.clone();
+        check_len("prompt", prompt.as_deref(), MAX_PROMPT_BYTES)?;
+        let timeout_ms = timeouts.parse(draft.timeout_ms)?;
+        let sandbox = parse_sandbox(&draft, &execution)?;
+        Ok(NewTask {
+            execution,
+            prompt,
+            workspace: parse_workspace(&draft)?,
+            sandbox,
+            timeout_ms,
+            priority: draft.priority.unwrap_or(0),
+            budget_micros_usd: parse_budget(draft.budget_micros_usd)?,
+            hooks: None,
+        })
+    }
+
+    /// Narrows a remote caller's `in_place` task to its workspace's granted roots
+    /// ([`Scope::directory_name`] beneath a workspace root): the task's `allowed_root`
+    /// becomes the granted root its directory lies beneath, or must itself lie beneath
+    /// one. Stored with the task, it is checked again before each run.
+    pub fn confine_to_tenant(
+        &mut self,
+        roots: &WorkspaceRoots,
+        scope: &Scope,
+    ) -> Result<(), Invalid> {
+        let WorkspaceMode::InPlace {
+            directory,
+            allowed_root,
+        } = &mut self.workspace
+        else {
+            return Ok(());
+        };
+        let granted = roots.granted_to(scope);
+        let field = if allowed_root.is_some() {
+            "sandbox_allowed_root"
+        } else {
+            "working_directory"
+        };
+        let wanted = allowed_root.as_deref().unwrap_or(directory);
+        let real = std::fs::canonicalize(wanted)
+            .map_err(|e| Invalid::new(field, format!("{wanted} cannot be resolved: {e}")))?;
+        let within = granted.iter().find(|tenant| real.starts_with(tenant));
+        match (within, allowed_root.is_some()) {
+            (Some(_), true) => Ok(()),
+            (Some(tenant), false) => {
+                *allowed_root = Some(tenant.to_string_lossy().into_owned());
+                Ok(())
+            }
+            (None, _) => Err(Invalid::new(
+                field,
+                format!(
+                    "{wanted} is not beneath a root granted to workspace {} (an operator \
+                     grants one by making <root>/{} beneath a KEEL_WORKSPACE_ROOTS root)",
+                    scope.workspace(),
+                    scope.directory_name()
+                ),
+            )),
+        }
+    }
+
+    /// Refuses an `in_place` directory the workspace roots do not allow (the field named).
+    pub fn check_workspace(&self, roots: &WorkspaceRoots) -> Result<(), Invalid> {
+        match &self.workspace {
+            WorkspaceMode::Ephemeral => Ok(()),
+            WorkspaceMode::InPlace {
+                directory,
+                allowed_root,
+            } => roots.confine(directory, allowed_root.as_deref()).map(drop),
+        }
+    }
+}
+
+fn parse_shell(draft: &TaskDraft) -> Result<Execution, Invalid> {
+    only_for("shell", draft)?;
+    let command = required("shell_command", draft.shell_command.as_deref())?;
+    check_len("shell_command", Some(command), MAX_COMMAND_BYTES)?;
+    Ok(Execution::Shell {
+        command: command.to_string(),
+    })
+}
+
+fn parse_git(draft: &TaskDraft) -> Result<Execution, Invalid> {
+    only_for("git", draft)?;
+    let command = required("git_command", draft.git_command.as_deref())?;
+    check_len("git_command", Some(command), MAX_COMMAND_BYTES)?;
+    if shlex::split(command).is_none_or(|args| args.is_empty()) {
+        return Err(Invalid::new(
+            "git_command",
+            "must be git arguments with balanced quotes",
+        ));
+    }
+    Ok(Execution::Git {
+        command: command.to_string(),
+    })
+}
+
+fn parse_file(draft: &TaskDraft) -> Result<Execution, Invalid> {
+    only_for("file", draft)?;
+    let path = required("file_path", draft.file_path.as_deref())?;
+    keel_workers::validate_relative_path(path).map_err(|e| Invalid::new("file_path", e))?;
+    let operation = match required("file_operation", draft.file_operation.as_deref())? {
+        "write" => FileOperation::Write,
+        "append" => FileOperation::Append,
+        "delete" => FileOperation::Delete,
+        other => {
+            return Err(Invalid::new(
+                "file_operation",
+                format!("unknown operation '{other}' (expected write, append or delete)"),
+            ));
+        }
+    };
+    let content = draft.file_content.clone();
+    check_len("file_content", content.as_deref(), MAX_FILE_CONTENT_BYTES)?;
+    match (operation, &content) {
+        (FileOperation::Delete, Some(_)) => {
+            return Err(Invalid::new(
+                "file_content",
+                "is not allowed with file_operation delete",
+            ));
+        }
+        (FileOperation::Write | FileOperation::Append, None) => {
+            return Err(Invalid::new(
+                "file_content",
+                "is required for write and append",
+            ));
+        }
+        _ => {}
+    }
+    Ok(Execution::File {
+        path: path.to_string(),
+        content,
+        operation,
+    })
+}
+
+fn parse_agent_loop(draft: &TaskDraft) -> Result<AgentLoop, Invalid> {
+    only_for("agent_loop", draft)?;
+    required("prompt", draft.prompt.as_deref())?;
+    check_len(
+        "system_prompt",
+        draft.system_prompt.as_deref(),
+        MAX_PROMPT_BYTES,
+    )?;
+    let optional = |field, value: &Option<String>| match value {
+        Some(v) if v.trim().is_empty() => Err(Invalid::new(field, "must not be empty")),
+        _ => Ok(value.clone()),
+    };
+    if draft.max_model_calls.is_some_and(|n| n <= 0) {
+        return Err(Invalid::new("max_model_calls", "must be greater than 0"));
+    }
+    if let Some(tools) = &draft.tools {
+        check_tools(tools)?;
+    }
+    Ok(AgentLoop {
+        system_prompt: draft.system_prompt.clone(),
+        requested_provider: optional("requested_provider", &draft.requested_provider)?,
+        requested_model: optional("requested_model", &draft.requested_model)?,
+        max_model_calls: draft.max_model_calls,
+        tools: draft.tools.clone(),
+    })
+}
+
+/// Each tool is in the catalog, once.
+fn check_tools(tools: &[String]) -> Result<(), Invalid> {
+    for (i, name) in tools.iter().enumerate() {
+        if !keel_workers::agent::tools::is_known(name) {
+            let known = keel_workers::agent::tools::CATALOG.join(", ");
+            return Err(Invalid::new(
+                "tools",
+                format!("unknown tool '{name}' (known: {known})"),
+            ));
+        }
+        if tools[..i].contains(name) {
+            return Err(Invalid::new("tools", format!("lists '{name}' twice")));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses fields that belong to another execution kind, so a typo cannot be ignored.
+fn only_for(kind: &str, draft: &TaskDraft) -> Result<(), Invalid> {
+    const AGENT: &str = "agent_loop";
+    let fields: [(&'static str, bool, &str); 10] = [
+        ("shell_command", draft.shell_command.is_some(), "shell"),
+        ("git_command", draft.git_command.is_some(), "git"),
+        ("file_path", draft.file_path.is_some(), "file"),
+        ("file_content", draft.file_content.is_some(), "file"),
+        ("file_operation", draft.file_operation.is_some(), "file"),
+        ("system_prompt", draft.system_prompt.is_some(), AGENT),
+        (
+            "requested_provider",
+            draft.requested_provider.is_some(),
+            AGENT,
+        ),
+        ("requested_model", draft.requested_model.is_some(), AGENT),
+        ("max_model_calls", draft.max_model_calls.is_some(), AGENT),
+        ("tools", draft.tools.is_some(), AGENT),
+    ];
+    match fields
+        .into_iter()
+        .find(|(_, set, owner)| *set && *owner != kind)
+    {
+        Some((field, _, owner)) => Err(Invalid::new(
+            field,
+            format!("is only for execution_kind {owner}, not {kind}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn parse_workspace(draft: &TaskDraft) -> Result<WorkspaceMode, Invalid> {
+    match draft.workspace_mode.as_deref().unwrap_or("ephemeral") {
+        "ephemeral" => {
+            let stray = [
+                ("working_directory", draft.working_directory.is_some()),
+                ("sandbox_allowed_root", draft.sandbox_allowed_root.is_some()),
+            ];
+            match stray.into_iter().find(|(_, set)| *set) {
+                Some((field, _)) => Err(Invalid::new(
+                    field,
+                    "is only for workspace_mode in_place; ephemeral runs get a fresh directory",
+                )),
+                None => Ok(WorkspaceMode::Ephemeral),
+            }
+        }
+        "in_place" => {
+            let directory = required("working_directory", draft.working_directory.as_deref())?;
+            absolute_path("working_directory", directory)?;
+            let allowed_root = draft.sandbox_allowed_root.as_deref();
+            if let Some(root) = allowed_root {
+                absolute_path("sandbox_allowed_root", root)?;
+            }
+            Ok(WorkspaceMode::InPlace {
+                directory: directory.to_string(),
+                allowed_root: allowed_root.map(str::to_string),
+            })
+        }
+        other => Err(Invalid::new(
+            "workspace_mode",
+            format!("unknown workspace mode '{other}' (expected ephemeral or in_place)"),
+        )),
+    }
+}
+
+/// A read-only workspace refuses file runs, at creation rather than at run time: every file
+/// operation (write, append, delete) changes the workspace, and the file executor runs in
+/// the worker, not in a sandboxed child.
+fn parse_sandbox(
+    draft: &TaskDraft,
+    execution: &TaskExecution,
+) -> Result<keel_workers::SandboxPolicy, Invalid> {
+    let policy = keel_workers::SandboxPolicy {
+        network: draft.sandbox_network.unwrap_or(true),
+        read_only: draft.sandbox_read_only.unwrap_or(false),
+    };
+    if matches!(execution, TaskExecution::Process(Execution::File { .. })) && policy.read_only {
+        return Err(Invalid::new(
+            "sandbox_read_only",
+            "refuses file runs: write, append and delete all change the read-only workspace",
+        ));
+    }
+    Ok(policy)
+}
+
+fn absolute_path(field: &'static str, path: &str) -> Result<(), Invalid> {
+    let path = Path::new(path);
+    if !path.is_absolute() {
+        return Err(Invalid::new(field, "must be an absolute path"));
+    }
+    if path.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(Invalid::new(field, "must not contain '..'"));
+    }
+    Ok(())
+}
+
+/// A budget is a non-negative amount of micro-USD; absent means 0 (no ceiling).
+pub fn parse_budget(budget: Option<i64>) -> Result<i64, Invalid> {
+    match budget {
+        Some(b) if b < 0 => Err(Invalid::new("budget_micros_usd", "must not be negative")),
+        other => Ok(other.unwrap_or(0)),
+    }
+}
+
+fn required<'a>(field: &'static str, value: Option<&'a str>) -> Result<&'a str, Invalid> {
+    match value {
+        Some(v) if !v.trim().is_empty() => Ok(v),
+        Some(_) => Err(Invalid::new(field, "must not be empty")),
+        None => Err(Invalid::new(field, "is required")),
+    }
+}
+
+fn check_len(field: &'static str, value: Option<&str>, max: usize) -> Result<(), Invalid> {
+    match value {
+        Some(v) if v.len() > max => Err(Invalid::new(field, format!("is longer than {max} bytes"))),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn draft(kind: &str) -> TaskDraft {
+        TaskDraft {
+            execution_kind: Some(kind.into()),
+            ..TaskDraft::default()
+        }
+    }
+
+    #[test]
+    fn shell_task_defaults_to_an_ephemeral_workspace() {
+        let task = NewTask::parse(
+            TaskDraft {
+                shell_command: Some("true".into()),
+                ..draft("shell")
+            },
+            &RunTimeouts::default(),
+        );
+        let task = task.unwrap();
+        assert_eq!(task.workspace, WorkspaceMode::Ephemeral);
+        assert_eq!(task.priority, 0);
+        assert_eq!(task.timeout_ms, RunTimeouts::DEFAULT_MS as i64);
+    }
+
+    #[test]
+    fn timeouts_are_bounded_by_the_max() {
+        let timeouts = RunTimeouts::new(1_000, 5_000).unwrap();
+        let shell = |timeout_ms| TaskDraft {
+            shell_command: Some("true".into()),
+            timeout_ms,
+            ..draft("shell")
+        };
+        let parse = |timeout_ms| NewTask::parse(shell(timeout_ms), &timeouts);
+        assert_eq!(parse(None).unwrap().timeout_ms, 1_000);
+        assert_eq!(parse(Some(5_000)).unwrap().timeout_ms, 5_000);
+        assert_eq!(parse(Some(5_001)).unwrap_err().field, "timeout_ms");
+        assert_eq!(timeouts.effective_ms(Some(9_000)), 5_000);
+        assert!(RunTimeouts::new(6_000, 5_000).is_err());
+        assert!(RunTimeouts::new(1, 0).is_err());
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        let cases = [
+            (TaskDraft::default(), "execution_kind"),
+            (draft("agent_loop"), "prompt"),
+            (draft("rocket"), "execution_kind"),
+            (
+                TaskDraft {
+                    prompt: Some("hi".into()),
+                    shell_command: Some("true".into()),
+                    ..draft("agent_loop")
+                },
+                "shell_command",
+            ),
+            (
+                TaskDraft {
+                    shell_command: Some("true".into()),
+                    tools: Some(vec!["read_file".into()]),
+                    ..draft("shell")
+                },
+                "tools",
+            ),
+            (
+                TaskDraft {
+                    prompt: Some("hi".into()),
+                    tools: Some(vec!["read_file".into(), "rm_rf".into()]),
+                    ..draft("agent_loop")
+                },
+                "tools",
+            ),
+            (
+                TaskDraft {
+                    prompt: Some("hi".into()),
+                    tools: Some(vec!["grep".into(), "grep".into()]),
+                    ..draft("agent_loop")
+                },
+                "tools",
+            ),
+            (
+                TaskDraft {
+                    prompt: Some("hi".into()),
+                    max_model_calls: Some(0),
+                    ..draft("agent_loop")
+                },
+                "max_model_calls",
+            ),
+            (draft("shell"), "shell_command"),
+            (
+                TaskDraft {
+                    shell_command: Some(" ".into()),
+                    ..draft("shell")
+                },
+                "shell_command",
+            ),
+            (
+                TaskDraft {
+                    git_command: Some("x".into()),
+                    ..draft("shell")
+                },
+                "git_command",
+            ),
+            (
+                TaskDraft {
+                    git_command: Some("log 'x".into()),
+                    ..draft("git")
+                },
+                "git_command",
+            ),
+            (
+                TaskDraft {
+                    file_path: Some("../x".into()),
+                    file_operation: Some("write".into()),
+                    ..draft("file")
+                },
+                "file_path",
+            ),
+            (
+                TaskDraft {
+                    file_path: Some("x".into()),
+                    file_operation: Some("write".into()),
+                    ..draft("file")
+                },
+                "file_content",
+            ),
+            (
+                TaskDraft {
+                    shell_command: Some("true".into()),
+                    workspace_mode: Some("in_place".into()),
+                    working_directory: Some("relative/dir".into()),
+                    ..draft("shell")
+                },
+                "working_directory",
+            ),
+            (
+                TaskDraft {
+                    shell_command: Some("true".into()),
+                    timeout_ms: Some(0),
+                    ..draft("shell")
+                },
+                "timeout_ms",
+            ),
+        ];
+        for (draft, field) in cases {
+            let error = NewTask::parse(draft.clone(), &RunTimeouts::default()).unwrap_err();
+            assert_eq!(error.field, field, "{draft:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn workspace_roots_resolve_links_and_keep_out_of_the_data_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, outside) = (dir.path().join("root"), dir.path().join("outside"));
+        let data = root.join("data");
+        for path in [&root.join("a/b"), &outside, &data] {
+            std::fs::create_dir_all(path).unwrap();
+        }
+        std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+        let roots = WorkspaceRoots::new(std::slice::from_ref(&root), &data).unwrap();
+        let field = |directory: &Path, allowed: Option<&Path>| {
+            let allowed = allowed.map(|a| a.to_str().unwrap());
+            roots
+                .confine(directory.to_str().unwrap(), allowed)
+                .err()
+                .map(|e| e.field)
+        };
+        assert_eq!(field(&root.join("a"), None), None);
+        assert_eq!(field(&root.join("a/b"), Some(&root.join("a"))), None);
+        for refused in [&outside, &root.join("link"), &data, &root.join("nope")] {
+            assert_eq!(
+                field(refused, None),
+                Some("working_directory"),
+                "{refused:?}"
+            );
+        }
+        assert_eq!(
+            field(&root, Some(&root.join("a"))),
+            Some("working_directory")
+        );
+        assert_eq!(
+            field(&root.join("a"), Some(&outside)),
+            Some("sandbox_allowed_root")
+        );
+        let none = WorkspaceRoots::new(&[], &data).unwrap();
+        let error = none.confine(root.to_str().unwrap(), None).unwrap_err();
+        assert!(error.message.contains("KEEL_WORKSPACE_ROOTS"), "{error}");
+    }
+
+    #[test]
+    fn read_only_refuses_every_file_operation() {
+        let file = |operation: &str, content: Option<&str>| TaskDraft {
+            file_path: Some("a.txt".into()),
+            file_operation: Some(operation.into()),
+            file_content: content.map(str::to_string),
+            sandbox_read_only: Some(true),
+            ..draft("file")
+        };
+        let parse = |draft| NewTask::parse(draft, &RunTimeouts::default());
+        for refused in [
+            file("write", Some("x")),
+            file("append", Some("x")),
+            file("delete", None),
+        ] {
+            assert_eq!(parse(refused).unwrap_err().field, "sandbox_read_only");
+        }
+        let shell = TaskDraft {
+            shell_command: Some("true".into()),
+            sandbox_read_only: Some(true),
+            ..draft("shell")
+        };
+        let shell = parse(shell).unwrap();
+        assert!(shell.sandbox.read_only && shell.sandbox.network);
+    }
+}

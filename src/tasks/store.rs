@@ -1,0 +1,426 @@
+//! Task rows, with the latest-run projection computed at read time.
+
+use keel_workers::{Execution, FileOperation};
+use sqlx::PgConnection;
+use sqlx::types::Json;
+
+use crate::db::{Result, StoreError};
+use crate::domain::{Actor, Scope, new_id};
+use crate::events::transitions;
+use crate::events::transitions::Transition;
+use crate::external::workflow::Hooks;
+use crate::providers;
+use crate::providers::Api;
+use crate::providers::ProviderRecord;
+use crate::tasks::{AgentLoop, TaskExecution, WorkspaceMode};
+use crate::tasks::{NewTask, TaskStatus};
+
+use keel_api_types::ExecutionKind;
+pub use keel_api_types::TaskRecord;
+
+/// What the runtime reads off a stored task (the wire type lives in `keel-api-types`,
+/// which knows nothing of executors).
+pub trait TaskRecordExt {
+    /// What the task's runs may reach.
+    fn sandbox(&self) -> keel_workers::SandboxPolicy;
+    /// What a run of this task executes.
+    fn execution(&self) -> std::result::Result<Execution, String>;
+    /// Where runs of this task work, for people: `ephemeral` or `in_place: <dir>`.
+    fn workspace_description(&self) -> String;
+}
+
+impl TaskRecordExt for TaskRecord {
+    fn sandbox(&self) -> keel_workers::SandboxPolicy {
+        keel_workers::SandboxPolicy {
+            network: self.sandbox_network,
+            read_only: self.sandbox_read_only,
+        }
+    }
+
+    fn execution(&self) -> std::result::Result<Execution, String> {
+        let missing = || {
+            format!(
+                "task {} is missing its {} fields",
+                self.id, self.execution_kind
+            )
+        };
+        let kind = ExecutionKind::parse(&self.execution_kind)
+            .ok_or_else(|| format!("unknown execution kind {}", self.execution_kind))?;
+        match kind {
+            ExecutionKind::Shell => Ok(Execution::Shell {
+                command: self.shell_command.clone().ok_or_else(missing)?,
+            }),
+            ExecutionKind::Git => Ok(Execution::Git {
+                command: self.git_command.clone().ok_or_else(missing)?,
+            }),
+            ExecutionKind::File => {
+                let operation = match self.file_operation.as_deref() {
+                    Some("write") => FileOperation::Write,
+                    Some("append") => FileOperation::Append,
+                    Some("delete") => FileOperation::Delete,
+                    _ => return Err(missing()),
+                };
+                let path = self.file_path.clone().ok_or_else(missing)?;
+                Ok(Execution::File {
+                    path,
+                    content: self.file_content.clone(),
+                    operation,
+                })
+            }
+            ExecutionKind::AgentLoop => {
+                Err(format!("task {} is an agent loop, not a process", self.id))
+            }
+        }
+    }
+
+    fn workspace_description(&self) -> String {
+        match &self.working_directory {
+            Some(directory) if self.workspace_mode == "in_place" => {
+                format!("in_place: {directory}")
+            }
+            _ => "ephemeral (a fresh directory per run)".to_string(),
+        }
+    }
+}
+
+pub async fn insert(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task: &NewTask,
+    actor: &Actor,
+) -> Result<TaskRecord> {
+    let id = new_id("task");
+    let none = AgentLoop::default();
+    let (process, agent) = match &task.execution {
+        TaskExecution::Process(execution) => (Some(execution), &none),
+        TaskExecution::AgentLoop(agent) => (None, agent),
+    };
+    let (kind, shell, git, path, content, operation) = match process {
+        None => (
+            ExecutionKind::AgentLoop.as_str(),
+            None,
+            None,
+            None,
+            None,
+            None,
+        ),
+        Some(Execution::Shell { command }) => ("shell", Some(command), None, None, None, None),
+        Some(Execution::Git { command }) => ("git", None, Some(command), None, None, None),
+        Some(Execution::File {
+            path,
+            content,
+            operation,
+        }) => {
+            let operation = match operation {
+                FileOperation::Write => "write",
+                FileOperation::Append => "append",
+                FileOperation::Delete => "delete",
+            };
+            (
+                "file",
+                None,
+                None,
+                Some(path),
+                content.as_ref(),
+                Some(operation),
+            )
+        }
+    };
+    let (mode, directory, allowed_root) = match &task.workspace {
+        WorkspaceMode::Ephemeral => ("ephemeral", None, None),
+        WorkspaceMode::InPlace {
+            directory,
+            allowed_root,
+        } => ("in_place", Some(directory), allowed_root.as_ref()),
+    };
+    // One statement: the row, its audit record, and the row as the API shows it (a new
+    // task has no run, so its projection is written out rather than read).
+    let created = sqlx::query_as(
+        "WITH created AS (
+             INSERT INTO tasks (id, execution_kind, prompt, shell_command, git_command, file_path,
+                                file_content, file_operation, working_directory, workspace_mode,
+                                sandbox_allowed_root, sandbox_network, sandbox_read_only,
+                                timeout_ms, priority, budget_micros_usd, workspace_id,
+                                system_prompt, requested_provider, requested_model,
+                                max_model_calls, tools, hooks)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                     $19, $20, $21, $22, $23, $24)
+             RETURNING *
+         ), audit AS (
+             INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id,
+                                            from_status, to_status, reason, actor)
+             SELECT workspace_id, 'task', id, id, NULL, 'not_started', 'created', $18
+             FROM created
+         )
+         SELECT id, execution_kind, 'not_started' AS status, prompt, shell_command, git_command,
+                file_path, file_content, file_operation, working_directory, workspace_mode,
+                sandbox_allowed_root, sandbox_network, sandbox_read_only, timeout_ms, priority,
+                budget_micros_usd, system_prompt, requested_provider, requested_model,
+                max_model_calls, tools, run_count, latest_run_id, 0::bigint AS latest_run_step_count,
+                0::bigint AS latest_run_artifact_count, created_at, updated_at
+         FROM created",
+    )
+    .bind(&id)
+    .bind(kind)
+    .bind(&task.prompt)
+    .bind(shell)
+    .bind(git)
+    .bind(path)
+    .bind(content)
+    .bind(operation)
+    .bind(directory)
+    .bind(mode)
+    .bind(allowed_root)
+    .bind(task.sandbox.network)
+    .bind(task.sandbox.read_only)
+    .bind(task.timeout_ms)
+    .bind(task.priority)
+    .bind(task.budget_micros_usd)
+    .bind(scope.workspace())
+    .bind(actor.to_string())
+    .bind(&agent.system_prompt)
+    .bind(&agent.requested_provider)
+    .bind(&agent.requested_model)
+    .bind(agent.max_model_calls)
+    .bind(&agent.tools)
+    .bind(task.hooks.as_ref().map(Json))
+    .fetch_one(conn)
+    .await?;
+    Ok(created)
+}
+
+pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<TaskRecord> {
+    sqlx::query_as(
+        "SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
+                t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
+                t.working_directory, t.workspace_mode, t.sandbox_allowed_root, t.sandbox_network,
+                t.sandbox_read_only, t.timeout_ms, t.priority, t.budget_micros_usd,
+                t.system_prompt, t.requested_provider, t.requested_model, t.max_model_calls,
+                t.tools, t.run_count, t.latest_run_id,
+                (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
+                    AS latest_run_step_count,
+                (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
+                    AS latest_run_artifact_count,
+                t.created_at, t.updated_at
+         FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
+         WHERE t.workspace_id = $1 AND t.id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("task"))
+}
+
+/// Newest first; `before` is the id of the last task of the previous page.
+pub async fn list(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    status: Option<TaskStatus>,
+    before: Option<&str>,
+    limit: i64,
+) -> Result<Vec<TaskRecord>> {
+    let rows = sqlx::query_as(
+        "SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
+                t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
+                t.working_directory, t.workspace_mode, t.sandbox_allowed_root, t.sandbox_network,
+                t.sandbox_read_only, t.timeout_ms, t.priority, t.budget_micros_usd,
+                t.system_prompt, t.requested_provider, t.requested_model, t.max_model_calls,
+                t.tools, t.run_count, t.latest_run_id,
+                (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
+                    AS latest_run_step_count,
+                (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
+                    AS latest_run_artifact_count,
+                t.created_at, t.updated_at
+         FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
+         WHERE t.workspace_id = $1
+           AND ($2::text IS NULL OR COALESCE(r.status, 'not_started') = $2)
+           AND ($3::text IS NULL OR t.id < $3)
+         ORDER BY t.id DESC LIMIT $4",
+    )
+    .bind(scope.workspace())
+    .bind(status.map(TaskStatus::as_str))
+    .bind(before)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// Locks the task row: run admission and deletion both take this lock first, so they
+/// serialize and a race between them has one durable winner.
+pub async fn lock(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
+    sqlx::query_scalar::<_, String>(
+        "SELECT id FROM tasks WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .fetch_optional(conn)
+    .await?
+    .map(|_| ())
+    .ok_or(StoreError::NotFound("task"))
+}
+
+/// An imported task's workflow hooks (never part of its record): None for any other task.
+pub async fn hooks(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<Option<Hooks>> {
+    let hooks: Option<Json<Hooks>> =
+        sqlx::query_scalar("SELECT hooks FROM tasks WHERE workspace_id = $1 AND id = $2")
+            .bind(scope.workspace())
+            .bind(id)
+            .fetch_optional(conn)
+            .await?
+            .flatten();
+    Ok(hooks.map(|Json(hooks)| hooks))
+}
+
+/// Reads the task and locks its row, as [`lock`] does.
+pub async fn get_locked(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<TaskRecord> {
+    sqlx::query_as(
+        "SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
+                t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
+                t.working_directory, t.workspace_mode, t.sandbox_allowed_root, t.sandbox_network,
+                t.sandbox_read_only, t.timeout_ms, t.priority, t.budget_micros_usd,
+                t.system_prompt, t.requested_provider, t.requested_model, t.max_model_calls,
+                t.tools, t.run_count, t.latest_run_id,
+                (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
+                    AS latest_run_step_count,
+                (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
+                    AS latest_run_artifact_count,
+                t.created_at, t.updated_at
+         FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
+         WHERE t.workspace_id = $1 AND t.id = $2
+         FOR UPDATE OF t",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("task"))
+}
+
+/// Deletes a task with its runs, steps, artifacts and events; refuses while a run is active.
+/// Replaces a task's prompt: an external work item's retry renders it again with its
+/// `attempt`.
+pub async fn set_prompt(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    prompt: &str,
+) -> Result<()> {
+    sqlx::query(
+        "UPDATE tasks SET prompt = $3, updated_at = now() WHERE workspace_id = $1 AND id = $2",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .bind(prompt)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str, actor: &Actor) -> Result<()> {
+    let task = get(conn, scope, id).await?;
+    lock(conn, scope, id).await?;
+    let active: Option<String> = sqlx::query_scalar(
+        "SELECT id FROM runs WHERE workspace_id = $1 AND task_id = $2
+           AND status IN ('queued', 'running', 'awaiting_approval') LIMIT 1",
+    )
+    .bind(scope.workspace())
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(run_id) = active {
+        return Err(StoreError::Conflict(format!(
+            "task {id} has an active run ({run_id}); cancel it before deleting the task"
+        )));
+    }
+    sqlx::query("DELETE FROM run_events WHERE workspace_id = $1 AND task_id = $2")
+        .bind(scope.workspace())
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("DELETE FROM tasks WHERE workspace_id = $1 AND id = $2")
+        .bind(scope.workspace())
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+    // The audit trail outlives the task: it records the deletion too.
+    let deleted = Transition {
+        entity_type: "task",
+        entity_id: id,
+        task_id: Some(id),
+        from: Some(task.status.as_str()),
+        to: "deleted",
+        reason: None,
+    };
+    transitions::record(conn, scope, deleted, actor).await
+}
+
+/// The provider preset and model an agent loop task's runs call: its `requested_provider`,
+/// else the workspace's first enabled chat preset (api `openai-completions` or
+/// `anthropic-messages`), and its `requested_model`, else the preset's. Refused with
+/// `model_not_configured` (422) when there is no such preset or it names no model.
+pub async fn chat_preset(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task: &TaskRecord,
+) -> Result<(ProviderRecord, String)> {
+    let refused = |message: String| StoreError::Unprocessable {
+        code: "model_not_configured",
+        message,
+    };
+    let preset: Option<ProviderRecord> = match &task.requested_provider {
+        Some(id) => match providers::get(conn, scope, id).await {
+            Ok(preset) => Some(preset),
+            Err(StoreError::NotFound(_)) => None,
+            Err(error) => return Err(error),
+        },
+        None => {
+            sqlx::query_as(
+                "SELECT * FROM providers WHERE workspace_id = $1 AND enabled
+               AND api IN ('openai-completions', 'anthropic-messages')
+             ORDER BY created_at, id LIMIT 1",
+            )
+            .bind(scope.workspace())
+            .fetch_optional(&mut *conn)
+            .await?
+        }
+    };
+    let preset = match (preset, &task.requested_provider) {
+        (Some(preset), _) => preset,
+        (None, Some(id)) => {
+            return Err(refused(format!(
+                "requested_provider {id} is not a provider preset of this workspace"
+            )));
+        }
+        (None, None) => {
+            return Err(refused(
+                "the workspace has no enabled chat provider preset (api openai-completions or \
+                 anthropic-messages); create one or set requested_provider"
+                    .into(),
+            ));
+        }
+    };
+    if !matches!(
+        preset.api(),
+        Api::OpenAiCompletions | Api::AnthropicMessages
+    ) {
+        return Err(refused(format!(
+            "provider preset {} speaks {}, not a chat api (openai-completions or \
+             anthropic-messages)",
+            preset.id, preset.api
+        )));
+    }
+    let model = task
+        .requested_model
+        .clone()
+        .or_else(|| Some(preset.model.clone()))
+        .filter(|model| !model.trim().is_empty());
+    match model {
+        Some(model) => Ok((preset, model)),
+        None => Err(refused(format!(
+            "provider preset {} has no model and the task sets no requested_model",
+            preset.id
+        ))),
+    }
+}
