@@ -12,6 +12,7 @@ pub mod db;
 pub mod domain;
 pub mod events;
 pub mod external;
+pub mod jobs;
 pub mod maintenance;
 pub mod media;
 pub mod providers;

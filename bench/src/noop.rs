@@ -113,7 +113,7 @@ pub async fn run_worker(
     let handler = Arc::new(BenchJobs { probe });
     // The bench database has no schedules, so no admission rules are needed.
     let rules = keel::runs::AdmissionRules::default();
-    keel::cli::run_worker_with(pool, rules, args, vec![handler], shutdown).await
+    keel::jobs::run_worker_with(pool, rules, args, vec![handler], shutdown).await
 }
 
 /// Worker settings for the bench: production defaults with the given concurrency,

@@ -23,24 +23,25 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::model_calls;
 use crate::agent::model_calls::NewModelCall;
 use crate::agent::prices::PriceTable;
-use crate::artifacts;
-use crate::artifacts::content::ContentStore;
-use crate::artifacts::{NewArtifact, Upserted};
+use crate::approvals::ApprovalPolicy;
 use crate::attempt;
 use crate::db::StoreError;
 use crate::domain::{EventType, Scope, new_id};
 use crate::events;
-use crate::events::{NewEvent, Subject};
+use crate::events::NewEvent;
+use crate::providers::ProviderHosts;
 use crate::providers::chat::chat_config;
+use crate::providers::secrets::SecretPolicy;
 use crate::queue::worker::Job;
 use crate::runs::RunWithTask;
-use crate::runs::job::{FencedContext, RunJobs};
-use crate::runs::lineage::CONVERSATION_ARTIFACT;
+use crate::runs::job::{AgentEnding, FencedContext, RunJobs};
+use crate::runs::lineage::Conversation;
 use crate::runs::patches;
 use crate::runs::steps;
 use crate::runs::steps::{NewStep, StepRecord};
 use crate::tasks;
 use crate::tasks::{TaskRecord, TaskRecordExt};
+use keel_workers::agent::provider::ChatLimits;
 
 /// How long live text is gathered before one notification carries it.
 const DELTA_BATCH: Duration = Duration::from_millis(50);
@@ -49,74 +50,38 @@ const DELTA_PAYLOAD_MAX_BYTES: usize = 7_500;
 /// The channel the API's event streams listen on for live text.
 const DELTA_CHANNEL: &str = "keel_model_delta";
 
-/// The conversation an attempt ended with, for its end transaction.
-pub struct Conversation {
-    content: ContentStore,
-    bytes: Vec<u8>,
-}
-
-/// What an agent attempt leaves for its end beyond the executor's rows.
-pub struct AgentEnding {
-    pub conversation: Option<Conversation>,
-    /// The last persisted `model_call` step: the one an approval covers.
-    pub step_id: Option<String>,
-    pub ttl: Option<Duration>,
-}
-
-/// Replaces the run's `agent_conversation` artifact with `conversation`, in the caller's
-/// transaction; the caller appends its `artifact.created` event.
-pub async fn write_conversation(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    owner: Subject<'_>,
-    conversation: &Conversation,
-) -> Result<Upserted, StoreError> {
-    let Subject::Run { run_id, .. } = owner else {
-        return Err(StoreError::Conflict(
-            "a conversation belongs to a run".into(),
-        ));
-    };
-    // Its chunks go with it (ON DELETE CASCADE): the content is replaced, not appended.
-    sqlx::query("DELETE FROM artifacts WHERE workspace_id = $1 AND run_id = $2 AND name = $3")
-        .bind(scope.workspace())
-        .bind(run_id)
-        .bind(CONVERSATION_ARTIFACT)
-        .execute(&mut *conn)
-        .await?;
-    let id = new_id("art");
-    let artifact = NewArtifact {
-        id: &id,
-        owner,
-        name: CONVERSATION_ARTIFACT,
-        kind: CONVERSATION_ARTIFACT,
-        content_type: "application/json",
-        closed: true,
-    };
-    let mut upserted = artifacts::upsert(conn, scope, &artifact).await?;
-    let bytes = &conversation.bytes;
-    // No cap: a cut JSON document could not be read back by resume and continue.
-    conversation
-        .content
-        .append(conn, scope, &id, bytes, i64::MAX)
-        .await?;
-    upserted.artifact.size_bytes = bytes.len() as i64;
-    Ok(upserted)
+/// What an agent loop's attempts run with, beside what every run's attempt has
+/// ([`RunJobs`]).
+pub struct AgentJobs {
+    /// The tools whose calls wait for an approval, and how long one stays actionable.
+    pub approvals: ApprovalPolicy,
+    pub approval_ttl: Option<Duration>,
+    /// The cost of each model call (`KEEL_MODEL_PRICES`).
+    pub prices: PriceTable,
+    /// Which secret references a chat preset's API key may use.
+    pub secrets: SecretPolicy,
+    /// Which hosts a member's chat preset may still call.
+    pub provider_hosts: ProviderHosts,
+    /// How model calls are made (`KEEL_CHAT_*`); its private-address switch also lets
+    /// `http_request` reach private addresses.
+    pub chat: ChatLimits,
 }
 
 /// Runs one attempt of an agent loop run that [`attempt::begin`] marked running.
 pub async fn execute(
     jobs: &RunJobs,
+    agent: &AgentJobs,
     job: Job,
     row: RunWithTask,
 ) -> Result<&'static str, StoreError> {
-    let setup = match prepare(jobs, &job.lease.scope(), &row).await? {
+    let setup = match prepare(jobs, agent, &job.lease.scope(), &row).await? {
         Ok(setup) => setup,
         Err(error) => return jobs.fail(&job, &row, error).await,
     };
     let ids = (row.task.id.clone(), row.run.id.clone());
     let ctx = FencedAgent {
         run: jobs.context(&job, &row),
-        prices: jobs.prices.clone(),
+        prices: agent.prices.clone(),
         provider: setup.provider,
         model: setup.model_name,
         last_step: std::sync::Mutex::new(setup.last_step),
@@ -141,7 +106,7 @@ pub async fn execute(
                 bytes,
             }),
         step_id: ctx.last_step.lock().expect("not poisoned").take(),
-        ttl: jobs.approval_ttl,
+        ttl: agent.approval_ttl,
     };
     let verdict = ctx.run.verdict(outcome, Some(ending)).await;
     drop(ctx);
@@ -162,6 +127,7 @@ struct Setup {
 /// resolves, a secret that cannot be read, a workspace that cannot be used).
 async fn prepare(
     jobs: &RunJobs,
+    agent: &AgentJobs,
     scope: &Scope,
     row: &RunWithTask,
 ) -> Result<Result<Setup, String>, StoreError> {
@@ -177,9 +143,9 @@ async fn prepare(
     let config = match chat_config(
         &preset,
         Some(&model_name),
-        &jobs.secrets,
-        &jobs.provider_hosts,
-        &jobs.chat,
+        &agent.secrets,
+        &agent.provider_hosts,
+        &agent.chat,
     ) {
         Ok(config) => config,
         Err(unresolved) => return Ok(Err(format!("{}: {}", unresolved.code, unresolved.message))),
@@ -215,7 +181,7 @@ async fn prepare(
             env: jobs.env(task, run),
             call_timeout: timeout,
             max_output_bytes: tools::DEFAULT_MAX_OUTPUT_BYTES,
-            allow_private_addresses: jobs.chat.allow_private_addresses,
+            allow_private_addresses: agent.chat.allow_private_addresses,
         },
     };
     let plan = AgentPlan {
@@ -223,12 +189,15 @@ async fn prepare(
         model_calls: history.model_calls,
         prior_model_calls,
         max_model_calls: task.max_model_calls.map(|n| n.max(0) as u32),
-        gated_tools: jobs.approvals.gated_tools(),
+        gated_tools: agent.approvals.gated_tools(),
         approval,
         budget: Budget {
             limit_micros: task.budget_micros_usd,
             spent_micros: run.prior_cost_micros_usd + run.total_cost_micros_usd,
-            input_micros_per_token: jobs.prices.price(&model_name).map(|p| p.input_usd_per_mtok),
+            input_micros_per_token: agent
+                .prices
+                .price(&model_name)
+                .map(|p| p.input_usd_per_mtok),
         },
         deadline: Some(tokio::time::Instant::now() + timeout),
     };

@@ -13,7 +13,7 @@ use crate::api::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object,
 use crate::approvals::ApprovalRecord;
 use crate::approvals::{ApprovalKind, Decision};
 use crate::domain::Caller;
-use crate::{approvals, tasks};
+use crate::{approvals, external, runs, tasks};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -163,16 +163,18 @@ async fn resolve_approval(
             )));
         }
     }
-    let (approval, run) = approvals::resolve(
-        &mut tx,
-        &caller.scope,
-        &task_id,
-        &approval_id,
-        decision,
-        request.note.as_deref(),
-        &approver,
-    )
-    .await?;
+    let (scope, note, actor) = (&caller.scope, request.note.as_deref(), &approver.actor);
+    let found = approvals::decidable(&mut tx, scope, &task_id, &approval_id, &approver).await?;
+    // An external action's approval decides its action; any other is a gate of its run.
+    let (approval, run) = match &found.external_action_id {
+        Some(action_id) => {
+            external::actions::resolve_approval(
+                &mut tx, scope, &found, action_id, decision, note, actor,
+            )
+            .await?
+        }
+        None => runs::resolve_gate(&mut tx, scope, &found, decision, note, actor).await?,
+    };
     tx.commit().await?;
     Ok(Json(object("task_approval", Resolution { approval, run })))
 }

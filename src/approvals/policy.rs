@@ -9,7 +9,7 @@ pub use keel_api_types::ApprovalKind;
 use keel_workers::{Execution, FileOperation, SandboxPolicy};
 
 use crate::domain::Invalid;
-use crate::external::workflow::Hooks;
+use crate::tasks::Hooks;
 
 /// The policies an operator can turn on with `KEEL_APPROVAL_POLICIES`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,9 +1,9 @@
-//! Approvals: gates that hold a run in `awaiting_approval` until an operator decides.
-//! Resolving one moves the approval, the run and the task, enqueues or cancels the run,
-//! and records the events, in one transaction. Rows are locked run first, approval
-//! second, the same order cancellation takes them in. An `external_action` approval is
-//! attached to a run but never holds or moves it: resolving one locks the approval, then
-//! the action, and approves (queues its sending) or rejects the action.
+//! Approvals: gates that hold a run in `awaiting_approval` until an operator decides, or
+//! hold an external action until one approves it. This is the approval's own row: opened
+//! with its run's admission or an agent attempt's end (or an action's proposal), listed,
+//! settled, cancelled with its run. What a decision does to its subject is the subject's:
+//! a run's gates are resolved by `runs::resolve_gate`, an action's approval by
+//! `external::actions::resolve_approval`, each in one transaction.
 
 use std::time::Duration;
 
@@ -11,17 +11,13 @@ use sqlx::PgConnection;
 
 use crate::approvals::{ActionSummary, ApprovalKind, Decision};
 use crate::db::{Result, StoreError};
-use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
-use crate::events;
+use crate::domain::{Actor, EventType, Scope, new_id};
 use crate::events::NewEvent;
 use crate::events::transitions;
 use crate::events::transitions::Transition;
-use crate::queue;
-use crate::runs;
-use crate::runs::{Change, RunRecord};
 
 pub use keel_api_types::ApprovalRecord;
-use keel_api_types::ApprovalStatus;
+use keel_api_types::{ApprovalStatus, RunRecord};
 
 /// Who decides an approval, and whether they may decide one they requested.
 #[derive(Debug, Clone)]
@@ -260,103 +256,75 @@ fn check_approver(requested_by: Option<&str>, approver: &Approver) -> Result<()>
     Ok(())
 }
 
-/// Applies an operator's decision. Approving the run's last pending gate queues it;
-/// rejecting any gate cancels the run and its other gates, except a tool-call approval
-/// rejected with `continue`, which queues the run (the model then reads a refusal). An
-/// external action's approval decides its action only. The approver must not be the
-/// requester, unless they may approve their own.
-pub async fn resolve(
+/// An approval `approver` may decide: found in the scope, and not requested by the approver
+/// unless they may approve their own.
+pub async fn decidable(
     conn: &mut PgConnection,
     scope: &Scope,
     task_id: &str,
     approval_id: &str,
-    decision: Decision,
-    note: Option<&str>,
     approver: &Approver,
-) -> Result<(ApprovalRecord, RunRecord)> {
-    let continues = decision == Decision::RejectAndContinue;
+) -> Result<ApprovalRecord> {
     let found = get(conn, scope, task_id, approval_id).await?;
     check_approver(
         requester(conn, scope, approval_id).await?.as_deref(),
         approver,
     )?;
-    let actor = &approver.actor;
-    if let Some(action_id) = &found.external_action_id {
-        return resolve_action(conn, scope, &found, action_id, decision, note, actor).await;
-    }
-    let run_id = found.run_id;
-    let run = runs::lock(conn, scope, &run_id).await?;
-    let approval = lock_pending(conn, scope, approval_id).await?;
-    if run.status() != RunStatus::AwaitingApproval {
-        return Err(StoreError::Conflict(format!(
-            "run {run_id} is {}, not awaiting approval",
-            run.status
-        )));
-    }
-    let to = match decision {
+    Ok(found)
+}
+
+/// What an approval becomes when `decision` is applied to it.
+pub fn settled_status(decision: Decision) -> &'static str {
+    match decision {
         Decision::Approve => "approved",
         Decision::Reject | Decision::RejectAndContinue => "rejected",
-    };
-    let approval = settle(conn, scope, &approval.id, to, note, continues, actor).await?;
+    }
+}
+
+/// Settles an approval locked by [`lock_pending`] as `to`, with its trail.
+pub async fn settle_decided(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    approval_id: &str,
+    to: &str,
+    note: Option<&str>,
+    continue_on_reject: bool,
+    actor: &Actor,
+) -> Result<ApprovalRecord> {
+    let approval = settle(
+        conn,
+        scope,
+        approval_id,
+        to,
+        note,
+        continue_on_reject,
+        actor,
+    )
+    .await?;
     record(conn, scope, &approval, Some("pending"), to, note, actor).await?;
-    let resolved = serde_json::json!({ "approval_id": approval.id, "kind": approval.kind,
-                                       "decision": to, "continue": continues, "note": note,
+    Ok(approval)
+}
+
+/// The `approval.resolved` event of a settled approval.
+pub fn resolved_event<'a>(approval: &'a ApprovalRecord, actor: &Actor) -> NewEvent<'a> {
+    let mut data = serde_json::json!({ "approval_id": approval.id, "kind": approval.kind,
+                                       "decision": approval.status,
+                                       "continue": approval.continue_on_reject,
+                                       "note": approval.decision_note,
                                        "resolved_by": actor.to_string() });
-    let mut run_event = None;
-    let run = match decision {
-        Decision::Approve | Decision::RejectAndContinue
-            if pending_count(conn, scope, &run_id).await? == 0 =>
-        {
-            let reason = Some(match decision {
-                Decision::RejectAndContinue => "tool calls refused; the loop goes on",
-                _ => "all approvals granted",
-            });
-            let run = runs::transition(
-                conn,
-                scope,
-                &run_id,
-                RunStatus::Queued,
-                Change::default(),
-                actor,
-                reason,
-            )
-            .await?;
-            let priority = runs::priority_of(conn, scope, &run_id).await?;
-            queue::enqueue(conn, scope, queue::RUN_KIND, &run_id, priority).await?;
-            run_event = Some(EventType::RunQueued);
-            run
-        }
-        Decision::Approve | Decision::RejectAndContinue => run,
-        Decision::Reject => {
-            let reason = "another approval of the run was rejected";
-            cancel_pending(conn, scope, &run_id, reason).await?;
-            let change = Change {
-                last_error: Some("approval rejected"),
-                ..Change::default()
-            };
-            let run = runs::transition(
-                conn,
-                scope,
-                &run_id,
-                RunStatus::Cancelled,
-                change,
-                actor,
-                Some("approval rejected"),
-            )
-            .await?;
-            run_event = Some(EventType::RunCancelled);
-            run
-        }
-    };
-    let mut appended =
-        vec![NewEvent::new(task_id, &run_id, EventType::ApprovalResolved).with(resolved)];
-    appended.extend(run_event.map(|event| NewEvent::new(task_id, &run_id, event)));
-    events::append(conn, scope, &appended).await?;
-    Ok((approval, run))
+    if let Some(action_id) = &approval.external_action_id {
+        data["external_action_id"] = action_id.as_str().into();
+    }
+    NewEvent::new(
+        &approval.task_id,
+        &approval.run_id,
+        EventType::ApprovalResolved,
+    )
+    .with(data)
 }
 
 /// Locks an approval that is still pending; a conflict when it was resolved or expired.
-async fn lock_pending(
+pub async fn lock_pending(
     conn: &mut PgConnection,
     scope: &Scope,
     approval_id: &str,
@@ -377,38 +345,6 @@ async fn lock_pending(
         )));
     }
     Ok(approval)
-}
-
-/// Resolves an external action's approval: the action is approved (its sending job
-/// queued) or rejected, and its run is left as it is.
-async fn resolve_action(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    found: &ApprovalRecord,
-    action_id: &str,
-    decision: Decision,
-    note: Option<&str>,
-    actor: &Actor,
-) -> Result<(ApprovalRecord, RunRecord)> {
-    let approval = lock_pending(conn, scope, &found.id).await?;
-    let approved = decision == Decision::Approve;
-    let to = if approved { "approved" } else { "rejected" };
-    let approval = settle(conn, scope, &approval.id, to, note, false, actor).await?;
-    record(conn, scope, &approval, Some("pending"), to, note, actor).await?;
-    crate::external::actions::decide(conn, scope, action_id, approved).await?;
-    let run = runs::get(conn, scope, &approval.task_id, &approval.run_id).await?;
-    let resolved = serde_json::json!({ "approval_id": approval.id, "kind": approval.kind,
-                                       "decision": to, "continue": false, "note": note,
-                                       "resolved_by": actor.to_string(),
-                                       "external_action_id": action_id });
-    let event = NewEvent::new(
-        &approval.task_id,
-        &approval.run_id,
-        EventType::ApprovalResolved,
-    )
-    .with(resolved);
-    events::append(conn, scope, &[event]).await?;
-    Ok((approval, run))
 }
 
 async fn settle(
@@ -437,7 +373,8 @@ async fn settle(
     Ok(approval)
 }
 
-async fn pending_count(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<i64> {
+/// How many of a run's gates are still pending (an external action's approval holds none).
+pub async fn pending_count(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<i64> {
     let n = sqlx::query_scalar(
         "SELECT count(*) FROM approvals
          WHERE workspace_id = $1 AND run_id = $2 AND status = 'pending'

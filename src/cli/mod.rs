@@ -11,7 +11,6 @@ mod output;
 mod watch;
 
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -21,11 +20,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ApiArgs, Common, LogArgs, WorkerArgs};
 use crate::db::embedded::{Durability, EmbeddedPostgres};
-use crate::external::poll::{ActionJobs, PollJobs, Poller};
-use crate::media::job::MediaJobs;
-use crate::queue::worker::{JobHandler, Worker};
-use crate::runs::AdmissionRules;
-use crate::runs::job::RunJobs;
 use crate::telemetry::LogFormat;
 use crate::{api, telemetry};
 
@@ -235,7 +229,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // (or stop healthy jobs) must not start a worker at all.
             worker.settings().map_err(anyhow::Error::msg)?;
             let pool = connect(&common, "worker").await?;
-            run_worker(pool, &common, &worker, shutdown).await
+            crate::jobs::run_worker(pool, &common, &worker, shutdown).await
         }
         Command::Serve {
             common,
@@ -323,7 +317,7 @@ async fn serve_all(
         .context("applying migrations")?;
     let result = tokio::try_join!(
         serve_api(pool.clone(), common, api, auth, shutdown.clone()),
-        run_worker(pool.clone(), common, worker, shutdown.clone()),
+        crate::jobs::run_worker(pool.clone(), common, worker, shutdown.clone()),
     );
     pool.close().await;
     if let Some(cluster) = embedded {
@@ -383,112 +377,6 @@ pub async fn serve_api(
     api::serve_with_auth(pool, listener, settings, auth, shutdown)
         .await
         .context("serving HTTP")
-}
-
-pub async fn run_worker(
-    pool: PgPool,
-    common: &Common,
-    args: &WorkerArgs,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    let rules = common.admission_rules().map_err(anyhow::Error::msg)?;
-    let secrets = common.secrets.policy().map_err(anyhow::Error::msg)?;
-    let content = common.content.store()?;
-    let data_dir = std::path::absolute(&common.data_dir)?;
-    sandbox(common, &data_dir)?;
-    tracing::info!(
-        containment = %keel_workers::containment_name(),
-        passthrough = ?args.run_env_passthrough,
-        "run sandbox"
-    );
-    let runs = Arc::new(RunJobs {
-        pool: pool.clone(),
-        data_dir: data_dir.clone(),
-        artifact_max_bytes: args.artifact_max_bytes,
-        content: content.clone(),
-        timeouts: rules.timeouts,
-        workspace_roots: rules.workspace_roots.clone(),
-        passthrough_env: args.passthrough_env(),
-        approvals: rules.approvals.clone(),
-        approval_ttl: rules.approval_ttl,
-        prices: common.model_prices.clone(),
-        secrets: secrets.clone(),
-        provider_hosts: common.provider_hosts(),
-        chat: common.chat.limits(),
-    });
-    let poller = Poller::new(
-        pool.clone(),
-        rules.clone(),
-        content.clone(),
-        secrets.clone(),
-    );
-    let actions = Arc::new(ActionJobs {
-        poller: poller.clone(),
-    });
-    let polls = Arc::new(PollJobs { poller });
-    let media = Arc::new(MediaJobs {
-        pool: pool.clone(),
-        limits: args.media.limits(),
-        content,
-        secrets,
-        hosts: common.provider_hosts(),
-    });
-    let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media, polls, actions];
-    let sweep = crate::maintenance::workspaces::WorkspaceSweep {
-        root: crate::runs::job::ephemeral_root(&data_dir),
-        retention: std::time::Duration::from_millis(common.workspace_retention_ms),
-    };
-    let sweeping = CancellationToken::new();
-    tokio::spawn(sweep.run(pool.clone(), args.reconcile_interval(), sweeping.clone()));
-    let removing = crate::maintenance::item_workspaces::run(
-        pool.clone(),
-        args.reconcile_interval(),
-        sweeping.clone(),
-    );
-    tokio::spawn(removing);
-    let result = run_worker_with(pool, rules, args, handlers, shutdown).await;
-    sweeping.cancel();
-    result
-}
-
-/// Sets how this process confines what it runs (the first role to call it decides), and
-/// makes the ephemeral workspaces' directory one the attempts' uids can pass through.
-fn sandbox(common: &Common, data_dir: &std::path::Path) -> anyhow::Result<()> {
-    let settings = common.sandbox.settings().map_err(anyhow::Error::msg)?;
-    let mode = keel_workers::configure_sandbox(settings).map_err(anyhow::Error::msg)?;
-    if mode == keel_workers::SandboxMode::Isolated {
-        let root = crate::runs::job::ephemeral_root(data_dir);
-        if let Err(error) = keel_workers::open_workspace_root(&root) {
-            tracing::error!(%error, "runs in ephemeral workspaces will fail with sandbox_unavailable");
-        }
-    }
-    Ok(())
-}
-
-/// A worker process's duties around the given handlers: boot recovery, the maintenance
-/// loop and the worker itself (`keel-bench` starts its no-op kind through this too).
-pub async fn run_worker_with(
-    pool: PgPool,
-    rules: AdmissionRules,
-    args: &WorkerArgs,
-    handlers: Vec<Arc<dyn JobHandler>>,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    crate::maintenance::recover(&pool)
-        .await
-        .context("boot recovery")?;
-    let maintenance = CancellationToken::new();
-    tokio::spawn(crate::maintenance::run(
-        pool.clone(),
-        rules,
-        args.reconcile_interval(),
-        maintenance.clone(),
-    ));
-    let settings = args.settings().map_err(anyhow::Error::msg)?;
-    let worker = Worker::new(pool, settings, handlers);
-    let result = worker.run(shutdown).await;
-    maintenance.cancel();
-    result.context("worker")
 }
 
 /// A token cancelled on SIGINT or SIGTERM.

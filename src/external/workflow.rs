@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::providers::secrets::SecretRef;
-use crate::tasks::TaskDraft;
+use crate::tasks::{Hooks, MAX_HOOK_TIMEOUT_MS, TaskDraft};
 
 /// Why a workflow file cannot be used; `code` is the error's stable `type`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -132,46 +132,6 @@ fn display_ref<S: serde::Serializer>(
     match value {
         Some(r) => serializer.serialize_some(&r.to_string()),
         None => serializer.serialize_none(),
-    }
-}
-
-/// Shell scripts run in an item's workspace (Symphony's hooks). A task imported from the
-/// workflow stores them, so the workers that run it need not read the workflow again.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct Hooks {
-    pub after_create: Option<String>,
-    pub before_run: Option<String>,
-    pub after_run: Option<String>,
-    pub before_remove: Option<String>,
-    /// At most [`MAX_HOOK_TIMEOUT_MS`].
-    pub timeout_ms: u64,
-}
-
-/// The longest a hook may run (one hour): a workflow asking for more is refused.
-pub const MAX_HOOK_TIMEOUT_MS: u64 = 3_600_000;
-
-impl Hooks {
-    /// Whether any hook is set.
-    pub fn any(&self) -> bool {
-        self.scripts().next().is_some()
-    }
-
-    /// Each hook that is set, by name, in the order they run.
-    pub fn scripts(&self) -> impl Iterator<Item = (&'static str, &str)> {
-        [
-            ("after_create", &self.after_create),
-            ("before_run", &self.before_run),
-            ("after_run", &self.after_run),
-            ("before_remove", &self.before_remove),
-        ]
-        .into_iter()
-        .filter_map(|(name, script)| Some((name, script.as_deref()?)))
-    }
-
-    /// How long each hook may run before it and everything it started are killed. Capped
-    /// here too: a task stored before the cap may carry a longer timeout.
-    pub fn timeout(&self) -> std::time::Duration {
-        std::time::Duration::from_millis(self.timeout_ms.min(MAX_HOOK_TIMEOUT_MS))
     }
 }
 

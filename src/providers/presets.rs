@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::domain::{Caller, Invalid, Role};
-use crate::media::{Operation, Vendor};
 use crate::providers::secrets::{SecretPolicy, SecretRef, Unresolved};
+use keel_workers::media::{Operation, Vendor};
 
 /// The wire protocol a preset speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -1,3 +1,4 @@
+pub mod gates;
 pub mod job;
 pub mod lineage;
 pub mod patches;
@@ -5,4 +6,5 @@ pub mod retention;
 pub mod steps;
 mod store;
 
+pub use gates::resolve_gate;
 pub use store::*;

@@ -13,9 +13,9 @@ use crate::db::{Result, StoreError, violates};
 use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
 use crate::events;
 use crate::events::NewEvent;
-use crate::external::workflow::Hooks;
 use crate::queue;
 use crate::tasks;
+use crate::tasks::Hooks;
 use crate::tasks::{RunTimeouts, WorkspaceRoots};
 use crate::tasks::{TaskRecord, TaskRecordExt};
 

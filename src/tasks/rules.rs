@@ -212,7 +212,7 @@ pub struct NewTask {
     /// Cost ceiling in micro-USD for the task's runs; 0 disables it.
     pub budget_micros_usd: i64,
     /// External work: the workflow's hooks, run around each attempt (never from a request).
-    pub hooks: Option<crate::external::workflow::Hooks>,
+    pub hooks: Option<crate::tasks::Hooks>,
 }
 
 impl NewTask {

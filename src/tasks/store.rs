@@ -8,10 +8,10 @@ use crate::db::{Result, StoreError};
 use crate::domain::{Actor, Scope, new_id};
 use crate::events::transitions;
 use crate::events::transitions::Transition;
-use crate::external::workflow::Hooks;
 use crate::providers;
 use crate::providers::Api;
 use crate::providers::ProviderRecord;
+use crate::tasks::Hooks;
 use crate::tasks::{AgentLoop, TaskExecution, WorkspaceMode};
 use crate::tasks::{NewTask, TaskStatus};
 

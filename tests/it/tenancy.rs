@@ -447,18 +447,16 @@ async fn another_workspace_changes_none_of_a_workspaces_rows() {
     attempt!("cancel run", |c| runs::cancel(
         c, b, &s.task_id, &s.run_id, &bob
     ));
-    attempt!("resolve approval", |c| approvals::resolve(
-        c,
-        b,
-        &s.task_id,
-        &s.approval_id,
-        Decision::Approve,
-        None,
-        &approvals::Approver {
+    attempt!("resolve approval", |c| async {
+        let approver = approvals::Approver {
             actor: bob.clone(),
             may_approve_own: true,
-        }
-    ));
+        };
+        let found = approvals::decidable(c, b, &s.task_id, &s.approval_id, &approver).await?;
+        runs::resolve_gate(c, b, &found, Decision::Approve, None, &bob)
+            .await
+            .map(|_| ())
+    });
     attempt!("finish step", |c| steps::finish(
         c,
         b,

@@ -6,10 +6,13 @@ use std::collections::BTreeMap;
 
 use sqlx::PgConnection;
 
+use crate::approvals::{self, ApprovalRecord, Decision};
 use crate::db::{Result, StoreError};
-use crate::domain::Scope;
+use crate::domain::{Actor, Scope};
+use crate::events;
 use crate::external::ItemRecord;
 use crate::queue;
+use crate::runs::{self, RunRecord};
 use keel_api_types::ActionStatus;
 
 /// The queue kind of an approved action's sending; one job per action.
@@ -187,6 +190,30 @@ pub async fn decide(
         queue::enqueue(conn, scope, ACTION_KIND, id, 0).await?;
     }
     Ok(action)
+}
+
+/// Applies an operator's decision to `found`, an action's approval that
+/// [`approvals::decidable`] found for them: the approval is settled and the action approved
+/// (its sending queued) or rejected; its run is left as it is. Locks the approval, then
+/// the action.
+pub async fn resolve_approval(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    found: &ApprovalRecord,
+    action_id: &str,
+    decision: Decision,
+    note: Option<&str>,
+    actor: &Actor,
+) -> Result<(ApprovalRecord, RunRecord)> {
+    let approval = approvals::lock_pending(conn, scope, &found.id).await?;
+    let to = approvals::settled_status(decision);
+    let approval =
+        approvals::settle_decided(conn, scope, &approval.id, to, note, false, actor).await?;
+    decide(conn, scope, action_id, decision == Decision::Approve).await?;
+    let run = runs::get(conn, scope, &approval.task_id, &approval.run_id).await?;
+    let event = approvals::resolved_event(&approval, actor);
+    events::append(conn, scope, &[event]).await?;
+    Ok((approval, run))
 }
 
 /// What an attempt leaves on its action besides its status.

@@ -1,0 +1,296 @@
+//! How an attempt of a run ends: its terminal state (or its wait for an approval), the
+//! rows its context still held and, for an agent loop, its conversation, written with the
+//! ack in one transaction.
+
+use std::time::Duration;
+
+use keel_workers::Outcome;
+use sqlx::PgConnection;
+
+use super::context::{FencedContext, Held, Written};
+use crate::approvals;
+use crate::approvals::Gate;
+use crate::approvals::{ActionSummary, ApprovalKind};
+use crate::artifacts;
+use crate::attempt;
+use crate::attempt::fence::DomainRow;
+use crate::attempt::{Attempted, Verdict};
+use crate::db::StoreError;
+use crate::domain::{Actor, EventType, RunStatus, Scope};
+use crate::events::{NewEvent, Subject};
+use crate::queue::Lease;
+use crate::runs;
+use crate::runs::lineage::{Conversation, write_conversation};
+use crate::runs::{Change, RunWithTask};
+
+/// What an agent attempt leaves for its end beyond the executor's rows.
+pub struct AgentEnding {
+    pub conversation: Option<Conversation>,
+    /// The last persisted `model_call` step: the one an approval covers.
+    pub step_id: Option<String>,
+    pub ttl: Option<Duration>,
+}
+
+impl DomainRow for RunWithTask {
+    fn lock(
+        conn: &mut PgConnection,
+        scope: &Scope,
+        id: &str,
+    ) -> impl Future<Output = Result<Self, StoreError>> + Send {
+        runs::lock_with_task(conn, scope, id)
+    }
+
+    fn has_ended(&self) -> bool {
+        self.run.status().is_terminal()
+    }
+}
+
+/// How an attempt that ran to its end leaves the run, with the rows its context still
+/// held (written in the same transaction).
+pub struct RunEnding {
+    held: Held,
+    written: Written,
+    /// An agent loop's conversation, written as its `agent_conversation` artifact.
+    conversation: Option<Conversation>,
+    end: End,
+}
+
+pub(crate) enum End {
+    Completed {
+        exit_code: Option<i32>,
+    },
+    Failed {
+        exit_code: Option<i32>,
+        error: String,
+    },
+    /// An agent loop's tool calls (those of the `model_call` step `step_id`) wait for an
+    /// approval: the run holds no lease meanwhile.
+    AwaitingApproval {
+        summary: ActionSummary,
+        step_id: String,
+        ttl: Option<Duration>,
+    },
+}
+
+impl RunEnding {
+    pub(crate) fn new(held: Held, end: End) -> RunEnding {
+        RunEnding {
+            held,
+            written: Written::default(),
+            conversation: None,
+            end,
+        }
+    }
+
+    pub(crate) fn with_conversation(mut self, conversation: Option<Conversation>) -> RunEnding {
+        self.conversation = conversation;
+        self
+    }
+}
+
+impl Attempted for RunWithTask {
+    type Ending = RunEnding;
+    /// The runtime's error.
+    type Retry = String;
+
+    fn is_running(&self) -> bool {
+        self.run.status() == RunStatus::Running
+    }
+
+    fn gave_up(error: String, _: Option<&String>) -> RunEnding {
+        let failed = End::Failed {
+            exit_code: None,
+            error,
+        };
+        RunEnding::new(Held::default(), failed)
+    }
+
+    fn label(ending: &RunEnding) -> &'static str {
+        match ending.end {
+            End::Completed { .. } => "completed",
+            End::Failed { .. } => "failed",
+            End::AwaitingApproval { .. } => "awaiting_approval",
+        }
+    }
+
+    fn retry_error(retry: &String) -> &str {
+        retry
+    }
+
+    fn retry_delay(_: &String) -> Option<Duration> {
+        None
+    }
+
+    async fn requeue_lost<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        scope: &Scope,
+        reason: &'static str,
+        actor: &Actor,
+    ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
+        let (run, events) = runs::requeue_lost(conn, scope, &self.run, reason, actor).await?;
+        let (task, hooks) = (self.task.clone(), self.hooks.clone());
+        Ok((RunWithTask { run, task, hooks }, events))
+    }
+
+    async fn start<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+    ) -> Result<(Self, NewEvent<'r>), StoreError> {
+        let change = Change {
+            worker_id: Some(&lease.owner),
+            ..Change::default()
+        };
+        let (scope, actor) = (lease.scope(), attempt::worker(lease));
+        let current = &self.run;
+        let (running, claimed) = (RunStatus::Running, Some("claimed"));
+        let run = runs::transition_locked(conn, &scope, current, running, change, &actor, claimed)
+            .await?;
+        let data = serde_json::json!({ "attempt": run.attempt, "worker_id": lease.owner });
+        let event = NewEvent::new(&current.task_id, &current.id, EventType::RunStarted).with(data);
+        let (task, hooks) = (self.task.clone(), self.hooks.clone());
+        Ok((RunWithTask { run, task, hooks }, event))
+    }
+
+    async fn end<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        ending: &'r mut RunEnding,
+    ) -> Result<Vec<NewEvent<'r>>, StoreError> {
+        let (scope, run) = (lease.scope(), &self.run);
+        let ids = (run.task_id.as_str(), run.id.as_str());
+        // What an earlier try of this transaction wrote was rolled back with it.
+        ending.written = Written::default();
+        ending
+            .held
+            .write(conn, &scope, ids, &mut ending.written)
+            .await?;
+        let ending: &'r RunEnding = ending;
+        let owner = Subject::Run {
+            task_id: &run.task_id,
+            run_id: &run.id,
+        };
+        let mut events = ending.written.events(owner);
+        if let Some(conversation) = &ending.conversation {
+            let written = write_conversation(conn, &scope, owner, conversation).await?;
+            events.extend(artifacts::created_event(owner, &written));
+        }
+        let (status, change, reason, event) = match &ending.end {
+            End::Completed { exit_code } => {
+                let change = Change {
+                    exit_code: *exit_code,
+                    ..Change::default()
+                };
+                let data = serde_json::json!({ "exit_code": exit_code });
+                let event = NewEvent::new(&run.task_id, &run.id, EventType::RunFinished).with(data);
+                (RunStatus::Completed, change, "process exited 0", event)
+            }
+            End::Failed { exit_code, error } => {
+                let change = Change {
+                    exit_code: *exit_code,
+                    last_error: Some(error),
+                    ..Change::default()
+                };
+                let data = serde_json::json!({ "exit_code": exit_code, "error": error });
+                let event = NewEvent::new(&run.task_id, &run.id, EventType::RunFailed).with(data);
+                (RunStatus::Failed, change, error.as_str(), event)
+            }
+            End::AwaitingApproval {
+                summary,
+                step_id,
+                ttl,
+            } => {
+                let actor = attempt::worker(lease);
+                let (waiting, reason) = (RunStatus::AwaitingApproval, "tool calls need approval");
+                let change = Change::default();
+                let run = runs::transition_locked(
+                    conn,
+                    &scope,
+                    run,
+                    waiting,
+                    change,
+                    &actor,
+                    Some(reason),
+                )
+                .await?;
+                let gate = Gate {
+                    kind: ApprovalKind::AgentLoopToolCall,
+                    step_id: Some(step_id),
+                };
+                let approval =
+                    approvals::create(conn, &scope, &run, gate, summary, *ttl, &actor).await?;
+                let data = approvals::requested_data(&approval);
+                events.push(
+                    NewEvent::new(
+                        &self.run.task_id,
+                        &self.run.id,
+                        EventType::ApprovalRequested,
+                    )
+                    .with(data),
+                );
+                return Ok(events);
+            }
+        };
+        let actor = attempt::worker(lease);
+        runs::transition_locked(conn, &scope, run, status, change, &actor, Some(reason)).await?;
+        events.push(event);
+        Ok(events)
+    }
+
+    async fn requeue<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        error: &'r String,
+        _: Duration,
+    ) -> Result<NewEvent<'r>, StoreError> {
+        let (scope, run) = (lease.scope(), &self.run);
+        let (queued, actor) = (RunStatus::Queued, attempt::worker(lease));
+        let change = Change::default();
+        runs::transition_locked(conn, &scope, run, queued, change, &actor, Some(error)).await?;
+        runs::close_open_work(conn, &scope, &run.id, "failed", error).await?;
+        let data = serde_json::json!({ "reason": "retry", "error": error });
+        Ok(NewEvent::new(&run.task_id, &run.id, EventType::RunQueued).with(data))
+    }
+}
+
+impl FencedContext {
+    /// How the attempt leaves the run, with the rows the context still holds (and for an
+    /// agent loop, its conversation and the step an approval would cover).
+    pub(crate) async fn verdict(
+        &self,
+        outcome: Outcome,
+        agent: Option<AgentEnding>,
+    ) -> Verdict<RunWithTask> {
+        let held = std::mem::take(&mut *self.shared.held.lock().await);
+        let (conversation, waiting) = match agent {
+            Some(agent) => (agent.conversation, agent.step_id.map(|id| (id, agent.ttl))),
+            None => (None, None),
+        };
+        let ended = |end| Verdict::Ended(RunEnding::new(held, end).with_conversation(conversation));
+        match (outcome, waiting) {
+            (Outcome::Completed { exit_code }, _) => ended(End::Completed { exit_code }),
+            (Outcome::Failed { exit_code, error }, _) => ended(End::Failed { exit_code, error }),
+            // What the context held back goes: the retry runs the attempt again.
+            (Outcome::Retry { error }, _) => Verdict::Retry(error),
+            (Outcome::Interrupted, _) => Verdict::Interrupted,
+            (
+                Outcome::AwaitingApproval {
+                    summary,
+                    incomplete,
+                },
+                Some((step_id, ttl)),
+            ) => ended(End::AwaitingApproval {
+                summary: ActionSummary::of_lines(&summary, incomplete),
+                step_id,
+                ttl,
+            }),
+            (Outcome::AwaitingApproval { .. }, None) => ended(End::Failed {
+                exit_code: None,
+                error: "an approval was asked for with no model call to cover".into(),
+            }),
+        }
+    }
+}

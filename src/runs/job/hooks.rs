@@ -1,0 +1,159 @@
+//! The workflow hooks around an imported task's attempts, run by the worker that runs the
+//! attempt, in its workspace, with its environment and sandbox.
+
+use std::path::{Path, PathBuf};
+
+use keel_workers::hooks::HookRun;
+use keel_workers::{ContextError, Outcome, RunContext};
+
+use super::context::{FencedContext, Shared};
+use crate::artifacts;
+use crate::tasks::Hooks;
+
+/// The workflow hooks (`after_create`, `before_run`, `after_run`) around an imported task's
+/// attempts, run by the worker that runs the attempt, in its workspace, with its
+/// environment and sandbox.
+pub(crate) struct AttemptHooks {
+    pub(super) hooks: Hooks,
+    pub(super) workspace: PathBuf,
+    pub(super) env: Vec<(String, String)>,
+    pub(super) sandbox: keel_workers::SandboxPolicy,
+}
+
+impl FencedContext {
+    /// Runs the attempt `body` between the task's `before_run` and `after_run` hooks
+    /// (Symphony's rules), after `after_create` in a workspace not prepared yet ([`prepare`]):
+    /// an `after_create` or a `before_run` that fails ends the attempt failed with
+    /// `hook_failed:` and `body` never runs; an `after_run` failure is logged and ignored.
+    /// Each hook's output is an artifact of the run.
+    ///
+    /// [`prepare`]: FencedContext::prepare
+    pub(crate) async fn around(&self, body: impl Future<Output = Outcome>) -> Outcome {
+        let Some(hooks) = &self.shared.hooks else {
+            return body.await;
+        };
+        if let Err(stopped) = self.prepare(hooks).await {
+            return stopped;
+        }
+        if let Some(script) = &hooks.hooks.before_run {
+            let ran = match self.run_hook(hooks, "before_run", script).await {
+                Ok(ran) => ran,
+                Err(stopped) => return stopped,
+            };
+            if let Some(error) = ran.failure() {
+                return Outcome::Failed {
+                    exit_code: None,
+                    error,
+                };
+            }
+        }
+        let outcome = body.await;
+        if let (Some(script), false) = (&hooks.hooks.after_run, outcome == Outcome::Interrupted) {
+            match self.run_hook(hooks, "after_run", script).await {
+                Ok(ran) => {
+                    if let Some(failure) = ran.failure() {
+                        let run_id = &self.shared.run_id;
+                        tracing::warn!(%run_id, %failure, "after_run failed; ignored");
+                    }
+                }
+                Err(stopped) => {
+                    let run_id = &self.shared.run_id;
+                    tracing::warn!(%run_id, ?stopped, "after_run's output was not recorded");
+                }
+            }
+        }
+        outcome
+    }
+
+    /// Runs `after_create` in a workspace no attempt prepared yet (a new one, or one whose
+    /// preparation was cut short), then marks it prepared: once per workspace, in the
+    /// worker, once the run was admitted (approved, where the policy gates it). A failure
+    /// ends the attempt and empties the workspace, so the next attempt's `after_create`
+    /// starts afresh (Symphony); the directory stays, as the task's `in_place` directory.
+    async fn prepare(&self, hooks: &AttemptHooks) -> Result<(), Outcome> {
+        let workspace = &hooks.workspace;
+        if keel_workers::hooks::is_prepared(workspace) {
+            return Ok(());
+        }
+        if let Some(script) = &hooks.hooks.after_create {
+            let ran = self.run_hook(hooks, "after_create", script).await?;
+            if let Some(error) = ran.failure() {
+                if let Err(failed) = empty(workspace).await {
+                    let run_id = &self.shared.run_id;
+                    tracing::warn!(%run_id, %failed, "emptying a workspace whose after_create failed");
+                }
+                return Err(Outcome::Failed {
+                    exit_code: None,
+                    error,
+                });
+            }
+        }
+        keel_workers::hooks::mark_prepared(workspace)
+            .await
+            .map_err(|error| Outcome::Failed {
+                exit_code: None,
+                error: format!("workspace_unavailable: {error}"),
+            })
+    }
+
+    /// Runs one hook and records its output; Err: how the attempt stops instead (it was
+    /// interrupted, or the output could not be written).
+    async fn run_hook(
+        &self,
+        hooks: &AttemptHooks,
+        hook: &str,
+        script: &str,
+    ) -> Result<HookRun, Outcome> {
+        let timeout = hooks.hooks.timeout();
+        let (workspace, env, cancel) = (&hooks.workspace, &hooks.env, self.cancellation());
+        let ran =
+            keel_workers::hooks::run(hook, script, workspace, env, hooks.sandbox, timeout, cancel)
+                .await
+                .ok_or(Outcome::Interrupted)?;
+        self.shared.record_hook(&ran).await.map_err(|e| match e {
+            ContextError::Interrupted => Outcome::Interrupted,
+            ContextError::Runtime(error) => Outcome::Retry { error },
+        })?;
+        Ok(ran)
+    }
+}
+
+/// Removes everything in `directory` but the directory itself. Nothing of the run's is
+/// running then, and `remove_dir_all` removes symbolic links, never what they point to.
+async fn empty(directory: &Path) -> std::io::Result<()> {
+    let mut entries = tokio::fs::read_dir(directory).await?;
+    while let Some(entry) = entries.next_entry().await? {
+        if entry.file_type().await?.is_dir() {
+            tokio::fs::remove_dir_all(entry.path()).await?;
+        } else {
+            tokio::fs::remove_file(entry.path()).await?;
+        }
+    }
+    Ok(())
+}
+
+impl Shared {
+    /// A hook's stdout and stderr as two closed artifacts of the run (`<hook>.stdout` of
+    /// kind `stdout`, `<hook>.stderr` of kind `stderr`), in one fenced transaction.
+    async fn record_hook(&self, ran: &HookRun) -> Result<(), ContextError> {
+        let mut tx = self.fence.begin().await?;
+        let scope = &self.fence.scope;
+        let streams = [("stdout", &ran.stdout), ("stderr", &ran.stderr)];
+        for (stream, text) in streams {
+            let name = format!("{}.{stream}", ran.hook);
+            let written = async {
+                let content_type = "text/plain; charset=utf-8";
+                let owner = self.owner();
+                let artifact =
+                    artifacts::open(&mut tx, scope, owner, &name, stream, content_type).await?;
+                let bytes = text.as_bytes();
+                self.content
+                    .append(&mut tx, scope, &artifact.id, bytes, self.artifact_max_bytes)
+                    .await?;
+                artifacts::close(&mut tx, scope, &artifact.id).await
+            };
+            written.await.map_err(|e| self.fence.context_error(e))?;
+        }
+        self.fence.commit(tx).await
+    }
+}

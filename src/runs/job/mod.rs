@@ -1,0 +1,171 @@
+//! The `run` job: drives one run through an executor. Every write it makes on the run's
+//! behalf happens in a transaction fenced by the job's lease, so a worker that lost its
+//! lease (paused, partitioned, presumed dead) cannot change the run afterwards.
+//!
+//! An attempt whose process writes no output is two transactions: the start (the run
+//! `running`, `run.started`) and the end (its step and output artifacts, the run's
+//! terminal state and events, the ack). The executor's step and artifact rows are held
+//! back ([`FencedContext`]) and written with the next durable write (output bytes, the
+//! end), or after [`HOLD_LIMIT`], so a long process's step shows up while it runs.
+
+mod context;
+mod ending;
+mod hooks;
+mod workspace;
+
+pub(crate) use context::FencedContext;
+pub use ending::{AgentEnding, RunEnding};
+pub use workspace::{ephemeral_root, workspace_dir};
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_workers::RunSpec;
+use sqlx::PgPool;
+use tokio::sync::Mutex;
+
+use crate::artifacts::content::ContentStore;
+use crate::attempt;
+use crate::attempt::Verdict;
+use crate::attempt::fence::Fence;
+use crate::db::StoreError;
+use crate::queue::worker::Job;
+use crate::runs::{RunRecord, RunWithTask};
+use crate::tasks::{RunTimeouts, WorkspaceRoots};
+use crate::tasks::{TaskRecord, TaskRecordExt};
+use context::{Held, Shared};
+use ending::End;
+use hooks::AttemptHooks;
+
+pub struct RunJobs {
+    pub pool: PgPool,
+    /// Ephemeral workspaces live under `<data_dir>/workspaces/<run_id>` (a resumed run
+    /// reuses the directory of the run it resumes).
+    pub data_dir: PathBuf,
+    pub artifact_max_bytes: i64,
+    pub content: ContentStore,
+    pub timeouts: RunTimeouts,
+    /// Checked again before each `in_place` run: the directory or the roots may have
+    /// changed since the API accepted the task.
+    pub workspace_roots: WorkspaceRoots,
+    /// The operator's `KEEL_RUN_ENV_PASSTHROUGH` variables, with this worker's values.
+    pub passthrough_env: Vec<(String, String)>,
+}
+
+impl RunJobs {
+    /// Runs one attempt of a process run (shell, git, file) that [`attempt::begin`] marked
+    /// running; returns its outcome, as the job duration metric labels it.
+    pub async fn execute_process(
+        &self,
+        job: Job,
+        row: RunWithTask,
+    ) -> Result<&'static str, StoreError> {
+        let spec = match self.spec(&row.task, &row.run).await {
+            Ok(spec) => spec,
+            Err(error) => return self.fail(&job, &row, error).await,
+        };
+        let ctx = self.context(&job, &row);
+        let outcome = ctx.around(keel_workers::execute(&spec, &ctx)).await;
+        let verdict = ctx.verdict(outcome, None).await;
+        attempt::conclude(&self.pool, &job, &row, verdict).await
+    }
+
+    /// Ends an attempt that could not start its executor.
+    pub(crate) async fn fail(
+        &self,
+        job: &Job,
+        row: &RunWithTask,
+        error: String,
+    ) -> Result<&'static str, StoreError> {
+        let failed = End::Failed {
+            exit_code: None,
+            error,
+        };
+        let verdict = Verdict::Ended(RunEnding::new(Held::default(), failed));
+        attempt::conclude(&self.pool, job, row, verdict).await
+    }
+
+    pub(crate) fn context(&self, job: &Job, row: &RunWithTask) -> FencedContext {
+        FencedContext {
+            shared: Arc::new(Shared {
+                fence: Fence::new(&self.pool, job),
+                task_id: row.task.id.clone(),
+                run_id: row.run.id.clone(),
+                artifact_max_bytes: self.artifact_max_bytes,
+                content: self.content.clone(),
+                held: Mutex::default(),
+                hooks: self.hooks(row),
+            }),
+        }
+    }
+
+    /// What an imported task's attempts need to run its workflow hooks; None without any
+    /// (or with a workspace the attempt will refuse anyway).
+    fn hooks(&self, row: &RunWithTask) -> Option<AttemptHooks> {
+        let (task, run) = (&row.task, &row.run);
+        let hooks = row.hooks.clone()?;
+        let workspace = workspace_dir(&self.workspace_roots, &self.data_dir, task, run).ok()?;
+        Some(AttemptHooks {
+            hooks,
+            workspace,
+            env: self.env(task, run),
+            sandbox: task.sandbox(),
+        })
+    }
+
+    async fn spec(&self, task: &TaskRecord, run: &RunRecord) -> Result<RunSpec, String> {
+        Ok(RunSpec {
+            execution: task.execution()?,
+            workspace: self.workspace(task, run).await?,
+            sandbox: task.sandbox(),
+            timeout: Some(self.timeout(task)),
+            env: self.env(task, run),
+            checkpoint: run.checkpoint.clone(),
+        })
+    }
+
+    /// The run's workspace directory, created if it is an ephemeral one.
+    pub(crate) async fn workspace(
+        &self,
+        task: &TaskRecord,
+        run: &RunRecord,
+    ) -> Result<PathBuf, String> {
+        let workspace = workspace_dir(&self.workspace_roots, &self.data_dir, task, run)?;
+        tokio::fs::create_dir_all(&workspace).await.map_err(|e| {
+            format!(
+                "could not create the workspace {}: {e}",
+                workspace.display()
+            )
+        })?;
+        Ok(workspace)
+    }
+
+    /// Tasks stored before the timeout settings may have none, or a longer one.
+    pub(crate) fn timeout(&self, task: &TaskRecord) -> Duration {
+        Duration::from_millis(self.timeouts.effective_ms(task.timeout_ms).max(1) as u64)
+    }
+
+    /// The variables of the processes a run starts.
+    pub(crate) fn env(&self, task: &TaskRecord, run: &RunRecord) -> Vec<(String, String)> {
+        vec![
+            ("KEEL_TASK_ID".into(), task.id.clone()),
+            ("KEEL_RUN_ID".into(), run.id.clone()),
+            ("KEEL_RUN_ATTEMPT".into(), run.attempt.to_string()),
+        ]
+        .into_iter()
+        .chain(
+            run.resumed_from_run_id
+                .iter()
+                .map(|id| ("KEEL_RESUMED_FROM_RUN_ID".into(), id.clone())),
+        )
+        // A task imported from external work carries its rendered prompt.
+        .chain(
+            task.prompt
+                .iter()
+                .map(|prompt| ("KEEL_RUN_PROMPT".into(), prompt.clone())),
+        )
+        .chain(self.passthrough_env.iter().cloned())
+        .collect()
+    }
+}
