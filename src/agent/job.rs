@@ -94,7 +94,7 @@ pub async fn execute(
             Err(stopped) => stopped.into(),
         }
     };
-    let outcome = ctx.run.around(attempt).await;
+    let outcome = jobs.around(&row, &ctx.run, attempt).await;
     let ending = AgentEnding {
         conversation: ctx
             .conversation

@@ -2,7 +2,7 @@
 //! the conversation a resume hydrates. Each reads the finished source run's
 //! `agent_conversation` artifact, builds the new run's `conversation_base` from it, and
 //! admits the run through the same transaction as start, retry and resume
-//! ([`crate::api::tasks::admit`]), which keeps one active run per task and the workspace scope.
+//! ([`crate::api::admission::admit`]), which keeps one active run per task and the workspace scope.
 //!
 //! The checks here run before that transaction; they are stable because a finished run never
 //! changes again (its conversation, status and model call count are final), and the
@@ -11,13 +11,13 @@
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use futures_util::StreamExt;
-use keel_api_types::{ContinueRequest, RetryFromModelCallRequest};
+use keel_api_types::{ContinueRequest, RetryFromModelCallRequest, StartRequest};
 use keel_workers::agent::Message;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::api::admission::{Admitted201, admit};
 use crate::api::extract::ApiJson;
-use crate::api::tasks::{Admitted201, StartRequest, admit};
 use crate::api::{ApiError, AppState, ObjectEnvelope};
 use crate::artifacts::ArtifactRecord;
 use crate::domain::Caller;

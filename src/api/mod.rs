@@ -1,6 +1,7 @@
 //! The HTTP API: `/healthz`, `/readyz` and the native API under `/v1`, with one error
 //! envelope, a request id on every response, and cursor pagination on every list.
 
+mod admission;
 mod approvals;
 mod auth;
 mod console;

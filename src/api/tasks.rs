@@ -5,12 +5,13 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use keel_api_types::Deleted;
-pub(super) use keel_api_types::StartRequest;
+use keel_api_types::StartRequest;
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::api::admission::{Admitted201, admit};
 use crate::api::extract::{ApiJson, ApiQuery, OptionalJson};
 use crate::api::{
     ApiError, AppState, ContentQuery, ListEnvelope, ObjectEnvelope, PageQuery, list, object,
@@ -21,13 +22,11 @@ use crate::domain::Caller;
 use crate::events::Subject;
 use crate::runs::steps;
 use crate::runs::steps::StepRecord;
-use crate::runs::{Admission, Admitted, Origin, RunRecord};
+use crate::runs::{Origin, RunRecord};
+use crate::tasks::TaskDraft;
 use crate::tasks::TaskRecord;
 use crate::tasks::{NewTask, TaskStatus};
-use crate::tasks::{TaskDraft, parse_budget};
 use crate::{artifacts, runs, tasks};
-
-const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -135,9 +134,6 @@ async fn delete_task(
     }))
 }
 
-/// A run: 201 when created, 200 when an `Idempotency-Key` replays an earlier request.
-pub(super) type Admitted201 = (StatusCode, Json<ObjectEnvelope<RunRecord>>);
-
 /// Starts the task: creates its next run, queued (or awaiting approval), in one transaction.
 #[utoipa::path(post, path = "/tasks/{task_id}/start", tag = "runs", request_body(content = Option<StartRequest>),
     params(("task_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, pattern = "^[!-~]{1,255}$", description = "Replays return the original run")),
@@ -194,58 +190,6 @@ async fn resume_run(
     let base = crate::api::lineage::resume_base(&state, &caller, &task_id, &run_id).await?;
     let origin = Origin::Resume(run_id);
     admit(&state, &caller, &task_id, origin, &headers, request, base).await
-}
-
-/// Start, retry, resume, continue and retry-from-model-call: one transaction that creates
-/// the run (starting from `conversation_base`, for agent loops), gates or enqueues it and
-/// records its events. A replayed `Idempotency-Key` returns the original run with 200.
-pub(super) async fn admit(
-    state: &AppState,
-    caller: &Caller,
-    task_id: &str,
-    origin: Origin,
-    headers: &HeaderMap,
-    request: StartRequest,
-    conversation_base: Option<serde_json::Value>,
-) -> Result<Admitted201> {
-    let budget_micros_usd = request
-        .budget_micros_usd
-        .map(|b| parse_budget(Some(b)))
-        .transpose()?;
-    let idempotency = match headers.get(IDEMPOTENCY_KEY) {
-        None => None,
-        Some(value) => {
-            let key = value
-                .to_str()
-                .ok()
-                .filter(|k| {
-                    let visible = k.bytes().all(|b| b.is_ascii_graphic());
-                    visible && !k.is_empty() && k.len() <= 255
-                })
-                .ok_or_else(|| {
-                    ApiError::invalid("Idempotency-Key must be 1 to 255 visible ASCII characters")
-                })?;
-            let fingerprint =
-                serde_json::json!({ "origin": origin.fingerprint(), "body": request });
-            Some((key.to_string(), fingerprint))
-        }
-    };
-    let admission = Admission {
-        origin,
-        idempotency,
-        reason: request.reason,
-        budget_micros_usd,
-        schedule: None,
-        conversation_base,
-    };
-    let mut tx = state.pool.begin().await?;
-    let (scope, actor) = (&caller.scope, &caller.actor());
-    let admitted = runs::admit(&mut tx, scope, task_id, admission, &state.rules, actor).await?;
-    tx.commit().await?;
-    Ok(match admitted {
-        Admitted::New(run) => (StatusCode::CREATED, Json(object("task_run", run))),
-        Admitted::Replayed(run) => (StatusCode::OK, Json(object("task_run", run))),
-    })
 }
 
 /// Lists a task's runs, oldest first.

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use keel_workers::hooks::HookRun;
 use keel_workers::{
     ArtifactHandle, ContextError, OutputStream, RunContext, StepHandle, StepResult,
 };
@@ -14,7 +15,6 @@ use sqlx::PgConnection;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::hooks::AttemptHooks;
 use crate::artifacts;
 use crate::artifacts::content::ContentStore;
 use crate::artifacts::{NewArtifact, Upserted};
@@ -45,7 +45,6 @@ pub(crate) struct Shared {
     pub(crate) content: ContentStore,
     /// Held across a flush's transaction, so rows are written once and in order.
     pub(crate) held: Mutex<Held>,
-    pub(super) hooks: Option<AttemptHooks>,
 }
 
 /// Rows the executor reported and the database does not have yet, in the order reported.
@@ -391,5 +390,31 @@ impl RunContext for FencedContext {
 
     async fn close_output(&self, artifact: &ArtifactHandle) -> Result<(), ContextError> {
         self.shared.hold(|held| held.close(&artifact.0)).await
+    }
+}
+
+impl Shared {
+    /// A hook's stdout and stderr as two closed artifacts of the run (`<hook>.stdout` of
+    /// kind `stdout`, `<hook>.stderr` of kind `stderr`), in one fenced transaction.
+    pub(super) async fn record_hook(&self, ran: &HookRun) -> Result<(), ContextError> {
+        let mut tx = self.fence.begin().await?;
+        let scope = &self.fence.scope;
+        let streams = [("stdout", &ran.stdout), ("stderr", &ran.stderr)];
+        for (stream, text) in streams {
+            let name = format!("{}.{stream}", ran.hook);
+            let written = async {
+                let content_type = "text/plain; charset=utf-8";
+                let owner = self.owner();
+                let artifact =
+                    artifacts::open(&mut tx, scope, owner, &name, stream, content_type).await?;
+                let bytes = text.as_bytes();
+                self.content
+                    .append(&mut tx, scope, &artifact.id, bytes, self.artifact_max_bytes)
+                    .await?;
+                artifacts::close(&mut tx, scope, &artifact.id).await
+            };
+            written.await.map_err(|e| self.fence.context_error(e))?;
+        }
+        self.fence.commit(tx).await
     }
 }

@@ -6,8 +6,7 @@ use std::path::{Path, PathBuf};
 use keel_workers::hooks::HookRun;
 use keel_workers::{ContextError, Outcome, RunContext};
 
-use super::context::{FencedContext, Shared};
-use crate::artifacts;
+use super::context::FencedContext;
 use crate::tasks::Hooks;
 
 /// The workflow hooks (`after_create`, `before_run`, `after_run`) around an imported task's
@@ -20,23 +19,24 @@ pub(crate) struct AttemptHooks {
     pub(super) sandbox: keel_workers::SandboxPolicy,
 }
 
-impl FencedContext {
+impl AttemptHooks {
     /// Runs the attempt `body` between the task's `before_run` and `after_run` hooks
     /// (Symphony's rules), after `after_create` in a workspace not prepared yet ([`prepare`]):
     /// an `after_create` or a `before_run` that fails ends the attempt failed with
     /// `hook_failed:` and `body` never runs; an `after_run` failure is logged and ignored.
     /// Each hook's output is an artifact of the run.
     ///
-    /// [`prepare`]: FencedContext::prepare
-    pub(crate) async fn around(&self, body: impl Future<Output = Outcome>) -> Outcome {
-        let Some(hooks) = &self.shared.hooks else {
-            return body.await;
-        };
-        if let Err(stopped) = self.prepare(hooks).await {
+    /// [`prepare`]: AttemptHooks::prepare
+    pub(super) async fn around(
+        &self,
+        ctx: &FencedContext,
+        body: impl Future<Output = Outcome>,
+    ) -> Outcome {
+        if let Err(stopped) = self.prepare(ctx).await {
             return stopped;
         }
-        if let Some(script) = &hooks.hooks.before_run {
-            let ran = match self.run_hook(hooks, "before_run", script).await {
+        if let Some(script) = &self.hooks.before_run {
+            let ran = match self.run_hook(ctx, "before_run", script).await {
                 Ok(ran) => ran,
                 Err(stopped) => return stopped,
             };
@@ -48,16 +48,16 @@ impl FencedContext {
             }
         }
         let outcome = body.await;
-        if let (Some(script), false) = (&hooks.hooks.after_run, outcome == Outcome::Interrupted) {
-            match self.run_hook(hooks, "after_run", script).await {
+        if let (Some(script), false) = (&self.hooks.after_run, outcome == Outcome::Interrupted) {
+            match self.run_hook(ctx, "after_run", script).await {
                 Ok(ran) => {
                     if let Some(failure) = ran.failure() {
-                        let run_id = &self.shared.run_id;
+                        let run_id = &ctx.shared.run_id;
                         tracing::warn!(%run_id, %failure, "after_run failed; ignored");
                     }
                 }
                 Err(stopped) => {
-                    let run_id = &self.shared.run_id;
+                    let run_id = &ctx.shared.run_id;
                     tracing::warn!(%run_id, ?stopped, "after_run's output was not recorded");
                 }
             }
@@ -70,16 +70,16 @@ impl FencedContext {
     /// worker, once the run was admitted (approved, where the policy gates it). A failure
     /// ends the attempt and empties the workspace, so the next attempt's `after_create`
     /// starts afresh (Symphony); the directory stays, as the task's `in_place` directory.
-    async fn prepare(&self, hooks: &AttemptHooks) -> Result<(), Outcome> {
-        let workspace = &hooks.workspace;
+    async fn prepare(&self, ctx: &FencedContext) -> Result<(), Outcome> {
+        let workspace = &self.workspace;
         if keel_workers::hooks::is_prepared(workspace) {
             return Ok(());
         }
-        if let Some(script) = &hooks.hooks.after_create {
-            let ran = self.run_hook(hooks, "after_create", script).await?;
+        if let Some(script) = &self.hooks.after_create {
+            let ran = self.run_hook(ctx, "after_create", script).await?;
             if let Some(error) = ran.failure() {
                 if let Err(failed) = empty(workspace).await {
-                    let run_id = &self.shared.run_id;
+                    let run_id = &ctx.shared.run_id;
                     tracing::warn!(%run_id, %failed, "emptying a workspace whose after_create failed");
                 }
                 return Err(Outcome::Failed {
@@ -100,17 +100,17 @@ impl FencedContext {
     /// interrupted, or the output could not be written).
     async fn run_hook(
         &self,
-        hooks: &AttemptHooks,
+        ctx: &FencedContext,
         hook: &str,
         script: &str,
     ) -> Result<HookRun, Outcome> {
-        let timeout = hooks.hooks.timeout();
-        let (workspace, env, cancel) = (&hooks.workspace, &hooks.env, self.cancellation());
+        let timeout = self.hooks.timeout();
+        let (workspace, env, cancel) = (&self.workspace, &self.env, ctx.cancellation());
         let ran =
-            keel_workers::hooks::run(hook, script, workspace, env, hooks.sandbox, timeout, cancel)
+            keel_workers::hooks::run(hook, script, workspace, env, self.sandbox, timeout, cancel)
                 .await
                 .ok_or(Outcome::Interrupted)?;
-        self.shared.record_hook(&ran).await.map_err(|e| match e {
+        ctx.shared.record_hook(&ran).await.map_err(|e| match e {
             ContextError::Interrupted => Outcome::Interrupted,
             ContextError::Runtime(error) => Outcome::Retry { error },
         })?;
@@ -130,30 +130,4 @@ async fn empty(directory: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
-}
-
-impl Shared {
-    /// A hook's stdout and stderr as two closed artifacts of the run (`<hook>.stdout` of
-    /// kind `stdout`, `<hook>.stderr` of kind `stderr`), in one fenced transaction.
-    async fn record_hook(&self, ran: &HookRun) -> Result<(), ContextError> {
-        let mut tx = self.fence.begin().await?;
-        let scope = &self.fence.scope;
-        let streams = [("stdout", &ran.stdout), ("stderr", &ran.stderr)];
-        for (stream, text) in streams {
-            let name = format!("{}.{stream}", ran.hook);
-            let written = async {
-                let content_type = "text/plain; charset=utf-8";
-                let owner = self.owner();
-                let artifact =
-                    artifacts::open(&mut tx, scope, owner, &name, stream, content_type).await?;
-                let bytes = text.as_bytes();
-                self.content
-                    .append(&mut tx, scope, &artifact.id, bytes, self.artifact_max_bytes)
-                    .await?;
-                artifacts::close(&mut tx, scope, &artifact.id).await
-            };
-            written.await.map_err(|e| self.fence.context_error(e))?;
-        }
-        self.fence.commit(tx).await
-    }
 }

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_workers::RunSpec;
+use keel_workers::{Outcome, RunSpec};
 use sqlx::PgPool;
 use tokio::sync::Mutex;
 
@@ -66,7 +66,9 @@ impl RunJobs {
             Err(error) => return self.fail(&job, &row, error).await,
         };
         let ctx = self.context(&job, &row);
-        let outcome = ctx.around(keel_workers::execute(&spec, &ctx)).await;
+        let outcome = self
+            .around(&row, &ctx, keel_workers::execute(&spec, &ctx))
+            .await;
         let verdict = ctx.verdict(outcome, None).await;
         attempt::conclude(&self.pool, &job, &row, verdict).await
     }
@@ -95,8 +97,21 @@ impl RunJobs {
                 artifact_max_bytes: self.artifact_max_bytes,
                 content: self.content.clone(),
                 held: Mutex::default(),
-                hooks: self.hooks(row),
             }),
+        }
+    }
+
+    /// Runs the attempt `body` within the task's workflow hooks, if it has any
+    /// ([`AttemptHooks::around`]).
+    pub(crate) async fn around(
+        &self,
+        row: &RunWithTask,
+        ctx: &FencedContext,
+        body: impl Future<Output = Outcome>,
+    ) -> Outcome {
+        match self.hooks(row) {
+            Some(hooks) => hooks.around(ctx, body).await,
+            None => body.await,
         }
     }
 
