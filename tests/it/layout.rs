@@ -1,0 +1,241 @@
+//! The layout's arrows (docs/architecture.md): each top-level module of `src/` may use only
+//! the modules this table names, and the table itself has no cycle, so every arrow points
+//! one way. A new `use crate::…` across modules fails here until the table (and the
+//! document) say it belongs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// Each module and what it may use, from the bottom up.
+const MAY_USE: &[(&str, &[&str])] = &[
+    // Shared vocabulary and infrastructure.
+    ("domain", &[]),
+    ("telemetry", &[]),
+    ("queue", &["domain", "telemetry"]),
+    ("db", &["queue"]),
+    ("events", &["db", "domain"]),
+    ("artifacts", &["db", "domain", "events"]),
+    ("attempt", &["db", "domain", "events", "queue", "telemetry"]),
+    // Features.
+    ("providers", &["db", "domain"]),
+    ("workspaces", &["db", "domain"]),
+    ("system", &["db", "domain"]),
+    ("tasks", &["db", "domain", "events", "providers"]),
+    ("approvals", &["db", "domain", "events", "tasks"]),
+    (
+        "runs",
+        &[
+            "approvals",
+            "artifacts",
+            "attempt",
+            "db",
+            "domain",
+            "events",
+            "queue",
+            "tasks",
+        ],
+    ),
+    (
+        "agent",
+        &[
+            "approvals",
+            "attempt",
+            "db",
+            "domain",
+            "events",
+            "providers",
+            "queue",
+            "runs",
+            "tasks",
+        ],
+    ),
+    (
+        "media",
+        &[
+            "artifacts",
+            "attempt",
+            "db",
+            "domain",
+            "events",
+            "providers",
+            "queue",
+        ],
+    ),
+    (
+        "external",
+        &[
+            "approvals",
+            "artifacts",
+            "attempt",
+            "db",
+            "domain",
+            "events",
+            "providers",
+            "queue",
+            "runs",
+            "tasks",
+        ],
+    ),
+    ("schedules", &["db", "domain", "events", "runs", "tasks"]),
+    // The processes, composed of the features.
+    (
+        "maintenance",
+        &[
+            "db",
+            "domain",
+            "external",
+            "media",
+            "queue",
+            "runs",
+            "schedules",
+            "system",
+            "telemetry",
+        ],
+    ),
+    (
+        "config",
+        &[
+            "agent",
+            "approvals",
+            "artifacts",
+            "providers",
+            "queue",
+            "runs",
+            "tasks",
+            "telemetry",
+        ],
+    ),
+    (
+        "jobs",
+        &[
+            "agent",
+            "attempt",
+            "config",
+            "db",
+            "external",
+            "maintenance",
+            "media",
+            "queue",
+            "runs",
+        ],
+    ),
+    (
+        "api",
+        &[
+            "agent",
+            "approvals",
+            "artifacts",
+            "config",
+            "db",
+            "domain",
+            "events",
+            "external",
+            "media",
+            "providers",
+            "runs",
+            "schedules",
+            "system",
+            "tasks",
+            "telemetry",
+            "workspaces",
+        ],
+    ),
+    ("rpc", &["api"]),
+    (
+        "cli",
+        &["config", "db", "external", "jobs", "rpc", "telemetry"],
+    ),
+];
+
+/// The top-level module a file of `src/` belongs to (`runs` for `src/runs/job/mod.rs`).
+fn module_of(relative: &Path) -> String {
+    let first = relative.components().next().unwrap().as_os_str();
+    first.to_string_lossy().trim_end_matches(".rs").to_string()
+}
+
+/// The modules each module uses: every `crate::<module>` in its code (comments left out).
+fn uses() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    let mut dirs = vec![src.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let relative = path.strip_prefix(&src).unwrap();
+            let module = module_of(relative);
+            let text = std::fs::read_to_string(&path).unwrap();
+            for line in text.lines() {
+                let code = line.split("//").next().unwrap();
+                for (at, _) in code.match_indices("crate::") {
+                    let used: String = code[at + "crate::".len()..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                        .collect();
+                    if used != module && !used.is_empty() {
+                        found
+                            .entry(module.clone())
+                            .or_default()
+                            .entry(used)
+                            .or_default()
+                            .insert(relative.display().to_string());
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn each_module_uses_only_what_the_layout_allows() {
+    let allowed: BTreeMap<&str, &[&str]> = MAY_USE.iter().copied().collect();
+    let mut unexpected = Vec::new();
+    for (module, used) in uses() {
+        if module == "lib" || module == "main" {
+            continue;
+        }
+        let may = allowed
+            .get(module.as_str())
+            .unwrap_or_else(|| panic!("src/{module} is not in the layout's table"));
+        for (target, files) in used {
+            if !may.contains(&target.as_str()) {
+                unexpected.push(format!("{module} -> {target} (in {files:?})"));
+            }
+        }
+    }
+    assert!(
+        unexpected.is_empty(),
+        "arrows the layout does not allow:\n{}",
+        unexpected.join("\n")
+    );
+}
+
+#[test]
+fn the_layout_has_no_cycle() {
+    // Every module may use only modules listed before it.
+    let mut seen = BTreeSet::new();
+    for (module, may) in MAY_USE {
+        for used in *may {
+            assert!(
+                seen.contains(used),
+                "{module} may use {used}, which is not below it"
+            );
+        }
+        seen.insert(*module);
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let name = module_of(Path::new(&entry.unwrap().file_name()));
+        assert!(
+            name == "lib" || name == "main" || seen.contains(name.as_str()),
+            "src/{name} is not in the layout's table"
+        );
+    }
+}
