@@ -1,4 +1,5 @@
-//! Job handlers, one per queue kind: they connect the generic queue to the domain.
+//! How an attempt of any kind is observed: its outcome on the job's span and in the job
+//! metrics, and a runtime failure logged (its lease then expires and the job runs again).
 
 use std::future::Future;
 use std::time::Instant;

@@ -1,8 +1,8 @@
-//! The domain's SQL: every statement on the domain's tables lives under this module (the
-//! queue protocol's own tables, `queue_jobs`, `lease_history` and `workers`, are
-//! `src/queue`'s). Store functions take a connection (or a transaction, which derefs to
-//! one), so one transaction can span a domain write, its events and the enqueue of its job
-//! (store → queue, never the other way).
+//! The database: the pool every process opens (with the bounds each session carries),
+//! migrations, and [`StoreError`], the one error type of every store function. The SQL
+//! itself lives with the feature whose tables it reads and writes (docs/architecture.md);
+//! store functions take a connection (or a transaction, which derefs to one), so one
+//! transaction can span a domain write, its events and the enqueue of its job.
 
 pub mod embedded;
 

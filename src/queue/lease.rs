@@ -69,16 +69,16 @@ pub async fn begin_fenced(
     Ok(tx)
 }
 
-/// Expired leases, for the reconciler: it hands each to its kind's requeue. With `since`,
-/// only leases that expired from then on: the read then skips the index entries of jobs
-/// acked before, which vacuum cannot remove while an old snapshot is held. Run inside
-/// [`crate::queue::begin_ordered_reads`].
 /// The start of the current transaction on the database's clock (`now()`), which the
 /// statements of the same transaction compare leases against.
 pub async fn transaction_time(conn: &mut PgConnection) -> Result<DateTime<Utc>> {
     Ok(sqlx::query_scalar("SELECT now()").fetch_one(conn).await?)
 }
 
+/// Expired leases, for the reconciler: it hands each to its kind's requeue. With `since`,
+/// only leases that expired from then on: the read then skips the index entries of jobs
+/// acked before, which vacuum cannot remove while an old snapshot is held. Run inside
+/// [`crate::queue::begin_ordered_reads`].
 pub async fn expired(
     conn: &mut PgConnection,
     limit: i64,

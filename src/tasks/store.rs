@@ -298,7 +298,6 @@ pub async fn get_locked(conn: &mut PgConnection, scope: &Scope, id: &str) -> Res
     .ok_or(StoreError::NotFound("task"))
 }
 
-/// Deletes a task with its runs, steps, artifacts and events; refuses while a run is active.
 /// Replaces a task's prompt: an external work item's retry renders it again with its
 /// `attempt`.
 pub async fn set_prompt(
@@ -318,6 +317,7 @@ pub async fn set_prompt(
     Ok(())
 }
 
+/// Deletes a task with its runs, steps, artifacts and events; refuses while a run is active.
 pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str, actor: &Actor) -> Result<()> {
     let task = get(conn, scope, id).await?;
     lock(conn, scope, id).await?;

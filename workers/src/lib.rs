@@ -1,8 +1,10 @@
 //! Keel's executors. They run one attempt of a run (a shell command, a git command, a file
 //! operation) and report what happened through [`RunContext`], the only way they reach the
 //! runtime: no SQL, no queue here. The runtime implements the context with fenced database
-//! writes; the tests implement it in memory. The [`media`] executors, the only ones that speak
-//! HTTP (to media vendors), have a context of their own, [`media::MediaContext`].
+//! writes; the tests implement it in memory. The [`agent`] loop's context extends it with
+//! model calls and tool results ([`agent::run_loop::AgentContext`]); the [`media`] executors,
+//! which speak to media vendors rather than run anything, have a context of their own,
+//! [`media::MediaContext`].
 // Denied, not forbidden, for the two exceptions: joining a run's cgroup between fork and
 // exec (`sandbox::cgroup`), which needs `pre_exec`, and clearing the environment block a
 // server process started with (`sandbox::seal`).

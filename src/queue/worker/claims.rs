@@ -91,8 +91,8 @@ pub(super) async fn watch_snapshots(
     }
 }
 
-/// How the claim loop claims (docs/queue.md, "Old snapshots"). While full claims are
-/// no old snapshot is held, each claim is one full claim ([`crate::queue::claim`]: due jobs from
+/// How the claim loop claims (docs/queue.md, "Old snapshots"). While no old snapshot is
+/// held, each claim is one full claim ([`crate::queue::claim`]: due jobs from
 /// the head of the index, and expired leases). While one is ([`watch_snapshots`]), the
 /// loop claims each kind from where its claims have reached ([`crate::queue::claim_from`]) and
 /// [`sweep`] runs the full claim, spaced out, off the loop.
