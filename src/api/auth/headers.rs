@@ -7,8 +7,9 @@
 
 use axum::http::HeaderMap;
 
-use crate::api::auth::jwt::Rejected;
+use crate::api::auth::error::Rejected;
 use crate::api::auth::token;
+use crate::api::auth::values::single;
 use crate::config::Redacted;
 use crate::domain::Role;
 use crate::domain::identity::{IdentityForm, RemoteIdentity, checked_id, checked_org_id};
@@ -19,8 +20,6 @@ const ORG_HEADER: &str = "x-keel-org-id";
 const RUNTIME_HEADER: &str = "x-keel-runtime-id";
 const PROJECT_HEADER: &str = "x-keel-project-id";
 const ROLE_HEADER: &str = "x-keel-role";
-
-const MAX_NAME_LEN: usize = 256;
 
 /// The identity the headers vouch for, when the secret is right, and its role: the
 /// `X-Keel-Role` header's when `role_header` is on, else member.
@@ -62,23 +61,6 @@ pub fn verify(
     Ok((identity, role))
 }
 
-/// The header's value when it is sent exactly once: a repeated identity header is ambiguous.
-pub fn single<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    let mut values = headers.get_all(name).iter();
-    let value = values.next()?;
-    values
-        .next()
-        .is_none()
-        .then(|| value.to_str().ok())
-        .flatten()
-}
-
-/// A display name: up to 256 characters, no control characters.
-pub fn checked_name(value: &str) -> Option<String> {
-    (value.chars().count() <= MAX_NAME_LEN && !value.chars().any(char::is_control))
-        .then(|| value.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,11 +85,5 @@ mod tests {
         assert!(role(&headers, true).is_err());
         headers.remove(ROLE_HEADER);
         assert_eq!(role(&headers, true).unwrap().1, Role::Member);
-    }
-
-    #[test]
-    fn names_have_no_control_characters() {
-        assert!(checked_name("Ada Lovelace").is_some());
-        assert!(checked_name("bad\nname").is_none());
     }
 }

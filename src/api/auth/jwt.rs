@@ -9,8 +9,8 @@ use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, KeyAlgorithm
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
-use crate::api::auth::headers::checked_name;
-use crate::api::auth::settings::SettingsError;
+use crate::api::auth::error::{Rejected, SettingsError};
+use crate::api::auth::values::checked_name;
 use crate::domain::Role;
 use crate::domain::identity::{IdentityForm, RemoteIdentity};
 use crate::domain::identity::{checked_id, checked_org_id};
@@ -53,9 +53,6 @@ struct Claims {
     /// `member` (also when absent) or `operator`.
     role: Option<String>,
 }
-
-/// Why a token was refused, for the log; the client hears only "unauthorized".
-pub type Rejected = &'static str;
 
 impl JwtVerifier {
     pub fn hs256(secret: &str, audience: &str, leeway: u64) -> Result<Self, SettingsError> {

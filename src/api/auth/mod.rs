@@ -8,6 +8,7 @@
 //! header on changes); the route must be in the policy table (and a local-only route needs
 //! local access); and the caller must be within its rate limit.
 
+mod error;
 mod headers;
 mod host;
 mod jwt;
@@ -17,6 +18,7 @@ mod ratelimit;
 mod session;
 mod settings;
 mod token;
+mod values;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,10 +30,11 @@ use axum::response::{IntoResponse, Response};
 
 use crate::api::ApiError;
 use crate::domain::Caller;
+pub use error::SettingsError;
 use policy::Lookup;
 pub use policy::{PAGE_ROUTES, ROUTE_POLICY, RouteClass, local_only_actions};
 use settings::Proof;
-pub use settings::{Auth, RuntimeMode, SettingsError};
+pub use settings::{Auth, RuntimeMode};
 
 /// Whether this request may use local-only routes (see [`policy::local_access`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

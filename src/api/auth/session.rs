@@ -12,6 +12,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
 use crate::api::auth::token;
+use crate::api::auth::values::single;
 use crate::config::Redacted;
 
 /// The session cookie's name.
@@ -80,7 +81,7 @@ pub fn presented(headers: &HeaderMap, token: &Redacted, now: i64) -> bool {
 
 /// Whether the request carries this session's CSRF token, exactly once.
 pub fn csrf_presented(headers: &HeaderMap, token: &Redacted) -> bool {
-    crate::api::auth::headers::single(headers, CSRF_HEADER)
+    single(headers, CSRF_HEADER)
         .is_some_and(|presented| token::matches(presented, &csrf_token(token)))
 }
 

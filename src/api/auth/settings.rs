@@ -9,11 +9,12 @@ use serde::Serialize;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::api::ApiError;
-use crate::api::auth::headers;
+use crate::api::auth::error::{Rejected, SettingsError};
 use crate::api::auth::host::HostAllowlist;
-use crate::api::auth::jwt::{IDENTITY_HEADER, JwtVerifier, Rejected};
+use crate::api::auth::jwt::{IDENTITY_HEADER, JwtVerifier};
 use crate::api::auth::ratelimit::Limiter;
-use crate::api::auth::{origin, session, token};
+use crate::api::auth::values::single;
+use crate::api::auth::{headers, origin, session, token};
 use crate::config::{AuthArgs, MAX_CONSOLE_SESSION_SECS, Redacted};
 use crate::domain::identity::RemoteIdentity;
 use crate::domain::identity::checked_id;
@@ -21,18 +22,6 @@ use crate::domain::{Caller, Role};
 
 /// Shortest runtime token or shared secret accepted.
 const MIN_SECRET_LEN: usize = 16;
-
-#[derive(Debug, thiserror::Error)]
-pub enum SettingsError {
-    #[error(
-        "refusing to listen on {0} without authentication: anyone who reaches the port could \
-         run commands. Set KEEL_RUNTIME_TOKEN (--runtime-token), or KEEL_REMOTE_MODE=1 with \
-         an identity verifier, or listen on a loopback address"
-    )]
-    Unprotected(SocketAddr),
-    #[error("{0}")]
-    Invalid(String),
-}
 
 pub use keel_api_types::RuntimeMode;
 
@@ -354,7 +343,7 @@ impl Remote {
                 .jwt
                 .as_ref()
                 .ok_or("JWT identities are not configured")?;
-            let token = headers::single(headers, IDENTITY_HEADER).ok_or("malformed JWT header")?;
+            let token = single(headers, IDENTITY_HEADER).ok_or("malformed JWT header")?;
             return jwt.verify(token);
         }
         match &self.shared_secret {

@@ -9,7 +9,7 @@ use reqwest::{Client, Method, Response, StatusCode, Url};
 use serde_json::Value;
 use tracing::Instrument;
 
-use super::download::{check_url, guarded, refusal};
+use super::egress::{check_url, describe, guarded, refusal};
 use super::{MediaContext, MediaErrorCode, MediaOutcome, MediaSpec, Step, cancellable};
 
 /// Most of a vendor's error body read: only its start reaches the job's message.
@@ -243,16 +243,4 @@ pub(super) fn transport_error(error: reqwest::Error) -> MediaOutcome {
     } else {
         MediaOutcome::retry(MediaErrorCode::ProviderUnavailable, message)
     }
-}
-
-/// reqwest's own message is terse ("error sending request"); the cause is in its sources.
-pub(crate) fn describe(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

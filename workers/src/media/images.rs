@@ -1,10 +1,12 @@
-//! The image vendors' shared flow: one synchronous `POST /images/generations`, then each
-//! returned image saved as an artifact.
+//! The image vendors' shared flow: one synchronous `POST /images/generations`, its body
+//! built by the vendor's own file ([`openai`](super::openai), [`seedream`](super::seedream)),
+//! then each returned image saved as an artifact.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::api::VendorApi;
 use super::artifacts::{self, Media};
+use super::input::input_object;
 use super::{
     MediaArtifactKind, MediaContext, MediaErrorCode, MediaOutcome, MediaSpec, Step, Vendor, openai,
     seedream,
@@ -43,30 +45,6 @@ pub(super) async fn run(spec: &MediaSpec, ctx: &impl MediaContext) -> Step<()> {
     artifacts::write_metadata(ctx, spec, None, &outputs).await
 }
 
-/// The job's input as an object; `null` means no options.
-pub(super) fn input_object(input: &Value) -> Step<Map<String, Value>> {
-    match input {
-        Value::Null => Ok(Map::new()),
-        Value::Object(map) => Ok(map.clone()),
-        _ => Err(MediaOutcome::failed(
-            MediaErrorCode::InvalidRequest,
-            "the job's input must be a JSON object",
-        )),
-    }
-}
-
-pub(super) fn copy_fields(
-    input: &Map<String, Value>,
-    names: &[&str],
-    body: &mut Map<String, Value>,
-) {
-    for name in names {
-        if let Some(value) = input.get(*name) {
-            body.insert((*name).to_string(), value.clone());
-        }
-    }
-}
-
 /// `data[]` of an images response: each entry has `b64_json` or `url`.
 fn results(response: &Value) -> Step<Vec<Media>> {
     let entries = response.get("data").and_then(Value::as_array);
@@ -90,34 +68,4 @@ fn results(response: &Value) -> Step<Vec<Media>> {
         ));
     }
     Ok(images)
-}
-
-/// `input.image` or `input.image_url`: one URL string, or a list of them.
-pub(super) fn reference_images(input: &Map<String, Value>) -> Step<Option<Value>> {
-    let Some(image) = input.get("image").or_else(|| input.get("image_url")) else {
-        return Ok(None);
-    };
-    let valid = match image {
-        Value::String(url) => is_image_url(url),
-        Value::Array(urls) => {
-            !urls.is_empty()
-                && urls
-                    .iter()
-                    .all(|url| url.as_str().is_some_and(is_image_url))
-        }
-        _ => false,
-    };
-    if !valid {
-        return Err(MediaOutcome::failed(
-            MediaErrorCode::InvalidRequest,
-            "input.image must be an http(s) or data URL, or a list of them",
-        ));
-    }
-    Ok(Some(image.clone()))
-}
-
-fn is_image_url(url: &str) -> bool {
-    ["http://", "https://", "data:image/"]
-        .iter()
-        .any(|prefix| url.starts_with(prefix))
 }

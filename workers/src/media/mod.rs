@@ -4,9 +4,12 @@
 
 mod api;
 mod artifacts;
-pub(crate) mod download;
+mod download;
+pub(crate) mod egress;
 mod images;
+mod input;
 mod openai;
+mod output;
 mod seedance;
 mod seedream;
 

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::MediaSpec;
-use super::images::copy_fields;
+use super::input::copy_fields;
 
 /// Request options taken from the job's input; anything else there is not OpenAI's.
 const OPTIONS: &[&str] = &[

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::api::{VendorApi, error_text};
 use super::artifacts::{self, Media};
-use super::images::{copy_fields, input_object, reference_images};
+use super::input::{copy_fields, input_object, reference_images};
 use super::{
     MediaArtifactKind, MediaContext, MediaErrorCode, MediaOutcome, MediaSpec, Step, cancellable,
 };

@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use super::images::{copy_fields, reference_images};
+use super::input::{copy_fields, reference_images};
 use super::{MediaErrorCode, MediaOutcome, MediaSpec, Operation, Step};
 
 const OPTIONS: &[&str] = &[

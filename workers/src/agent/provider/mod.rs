@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::{Message, ModelResponse, ProviderError, ToolSpec};
 use crate::media::Secret;
-use crate::media::download::{check_url, describe, guarded, refusal};
+use crate::media::egress::{check_url, describe, guarded, refusal};
 
 mod anthropic;
 mod openai;

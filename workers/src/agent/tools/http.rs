@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use url::Url;
 
 use super::{Done, ToolEnv, ToolError};
-use crate::media::download::{check_url, checked_redirects, guarded, refusal};
+use crate::media::egress::{check_url, checked_redirects, guarded, refusal};
 
 /// Response bytes read at most (the result is cut further to the output limit).
 const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
