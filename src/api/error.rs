@@ -225,9 +225,9 @@ impl From<crate::external::workflow::WorkflowError> for ApiError {
     }
 }
 
-impl From<crate::external::poll::ExternalError> for ApiError {
-    fn from(error: crate::external::poll::ExternalError) -> Self {
-        use crate::external::poll::ExternalError;
+impl From<crate::external::tracker::ExternalError> for ApiError {
+    fn from(error: crate::external::tracker::ExternalError) -> Self {
+        use crate::external::tracker::ExternalError;
         match error {
             ExternalError::Workflow(e) => e.into(),
             ExternalError::Unusable(message) => ApiError::Invalid {

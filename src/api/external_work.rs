@@ -21,9 +21,13 @@ use crate::api::{
 use crate::domain::Caller;
 use crate::external;
 use crate::external::actions::ActionRecord;
+use crate::external::actions::job::Proposed;
 use crate::external::actions::{ActionDraft, ProposedAction};
+use crate::external::import::Imported;
 use crate::external::poll;
-use crate::external::poll::{DEFAULT_LIMIT, Imported, Pass, PollSummary, Poller, Proposed};
+use crate::external::poll::{DEFAULT_LIMIT, Pass, PollSummary};
+use crate::external::read;
+use crate::external::tracker::{self, Poller};
 use crate::external::workflow::{Workflow, WorkflowError};
 use crate::external::{ItemRecord, SourceRecord, WorkflowOrigin};
 
@@ -95,7 +99,7 @@ async fn create_source(
             .require_operator(&format!("register a source with {what}"))
             .map_err(ApiError::Forbidden)?;
     }
-    let tracker = poll::tracker(&workflow)?;
+    let tracker = tracker::tracker(&workflow)?;
     // A remote caller could otherwise send the operator's token to a host of its choosing.
     if !caller.is_local() && tracker.endpoint != tracker.kind.default_endpoint() {
         return Err(ApiError::Forbidden(
@@ -206,7 +210,7 @@ async fn source_status(
     for counts in [&mut records, &mut actions] {
         counts.insert("total".into(), counts.values().sum());
     }
-    let loaded = poll::load_workflow(&source);
+    let loaded = tracker::load_workflow(&source);
     let tracker = loaded.as_ref().ok().and_then(|w| w.config.tracker.clone());
     let secret = tracker
         .as_ref()
@@ -364,9 +368,9 @@ async fn import(
     let mut conn = state.pool.acquire().await?;
     let source = external::get_source(&mut conn, &caller.scope, &request.source_id).await?;
     drop(conn);
-    let workflow = poll::load_workflow(&source)?;
-    let tracker = poll::tracker(&workflow)?;
-    let candidate = poll::payload_candidate(tracker, &request.payload).map_err(|message| {
+    let workflow = tracker::load_workflow(&source)?;
+    let tracker = tracker::tracker(&workflow)?;
+    let candidate = read::payload_candidate(tracker, &request.payload).map_err(|message| {
         ApiError::Invalid {
             status: StatusCode::UNPROCESSABLE_ENTITY,
             message: format!("payload: {message}"),
@@ -374,7 +378,8 @@ async fn import(
     })?;
     let poller = poller(&state);
     let (scope, actor) = (&caller.scope, &caller.actor());
-    let imported = poll::import(&poller, scope, &source, &workflow, &candidate, actor).await?;
+    let imported =
+        external::import::import(&poller, scope, &source, &workflow, &candidate, actor).await?;
     let status = if imported.duplicate {
         StatusCode::OK
     } else {
@@ -408,7 +413,8 @@ async fn propose_action(
     let mut tx = state.pool.begin().await?;
     let (scope, actor) = (&caller.scope, &caller.actor());
     let run_id = request.run_id.as_deref();
-    let proposed = poll::propose(&mut tx, scope, &item_id, &action, run_id, actor).await?;
+    let proposed =
+        external::actions::job::propose(&mut tx, scope, &item_id, &action, run_id, actor).await?;
     tx.commit().await?;
     Ok((
         StatusCode::CREATED,

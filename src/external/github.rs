@@ -10,7 +10,7 @@ use reqwest::header::{self, HeaderMap};
 use serde_json::Value;
 
 use crate::external::ItemRecord;
-use crate::external::poll::{Candidate, Fetched, LimitHeaders, Poller, Refusal, resume_at};
+use crate::external::tracker::{Candidate, Fetched, LimitHeaders, Poller, Refusal, resume_at};
 use crate::external::workflow::{Issue, Tracker};
 
 /// A GitHub issue or pull request (as the REST API or a webhook payload has it) of
@@ -78,6 +78,15 @@ pub(crate) fn candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, S
         kind,
         issue,
     })
+}
+
+/// A pull request version's head SHA, from its key
+/// (`github:pull_request:owner/repo:123:<head_sha>:<updated_at>`).
+pub(crate) fn head_sha(key: &str) -> Option<&str> {
+    let mut parts = key.splitn(6, ':');
+    (parts.nth(1) == Some("pull_request"))
+        .then(|| parts.nth(2))
+        .flatten()
 }
 
 /// A webhook payload (`pull_request` or `issue` beside `repository`) or the item itself.
@@ -293,7 +302,15 @@ mod tests {
     use serde_json::json;
 
     fn tracker() -> Tracker {
-        crate::external::poll::test_tracker(TrackerKind::Github, "a/b", "open", "closed")
+        crate::external::tracker::test_tracker(TrackerKind::Github, "a/b", "open", "closed")
+    }
+
+    #[test]
+    fn head_shas_come_from_pull_request_keys() {
+        let key = "github:pull_request:a/b:8:abc:2026-01-02T00:00:00Z";
+        assert_eq!(head_sha(key), Some("abc"));
+        assert_eq!(head_sha("github:issue:a/b:7:2026-01-01T00:00:00Z"), None);
+        assert_eq!(head_sha("linear:issue:eng:ENG-1:2026"), None);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The import of one tracker item: its version recorded once under its key, and what
 //! follows from its state: a task started (within the workflow's concurrency limits and
-//! blocker rule), the run of an earlier version cancelled, or a failed run retried.
+//! blocker rule), the run of an earlier version cancelled, or a failed run retried. An item
+//! with a workspace is carried on from `workspace_preparing` or `ready` to its started run
+//! ([`advance`]), its directory made by [`workspace`].
 
 use std::time::Duration;
 
@@ -10,7 +12,7 @@ use crate::db::StoreError;
 use crate::domain::{Actor, Invalid, Scope};
 use crate::events::Subject;
 use crate::external;
-use crate::external::poll::{Candidate, ExternalError, Poller, tracker};
+use crate::external::tracker::{Candidate, ExternalError, Poller, tracker};
 use crate::external::workflow::{Issue, Workflow, WorkflowError};
 use crate::external::workspace;
 use crate::external::{FailedClaim, ItemChange, ItemRecord, NewItem, SourceRecord};
@@ -46,11 +48,75 @@ pub async fn import(
     let mut imported = record(poller, scope, source, workflow, candidate, actor).await?;
     if imported.item.state == ItemState::WorkspacePreparing {
         let item = &imported.item;
-        imported.item = workspace::advance(poller, scope, workflow, item, actor).await?;
+        imported.item = advance(poller, scope, workflow, item, actor).await?;
         // A known version left mid-preparation (a process stopped) that starts now.
         imported.duplicate &= imported.item.state != ItemState::Claimed;
     }
     Ok(imported)
+}
+
+/// Carries an item on from `workspace_preparing` (its workspace prepared) or `ready` to
+/// its started run; returns it as it ends (still `workspace_preparing` when another
+/// process is preparing it).
+pub(crate) async fn advance(
+    poller: &Poller,
+    scope: &Scope,
+    workflow: &Workflow,
+    item: &ItemRecord,
+    actor: &Actor,
+) -> Result<ItemRecord, StoreError> {
+    let mut item = item.clone();
+    if item.state == ItemState::WorkspacePreparing {
+        item = workspace::prepare(poller, scope, &item).await?;
+    }
+    if item.state != ItemState::Ready {
+        return Ok(item);
+    }
+    let mut tx = poller.pool.begin().await?;
+    external::lock_subject(&mut tx, scope, &item.source_id, &item.identifier).await?;
+    let current = crate::external::item_workspaces::get(&mut tx, scope, &item.id).await?;
+    let claimed = external::claimed_version(&mut tx, scope, &item.source_id, &item.identifier)
+        .await?
+        .is_some();
+    // A newer version (or another process) takes it on from here.
+    if current.state != ItemState::Ready
+        || claimed
+        || !crate::external::item_workspaces::is_newest(&mut tx, scope, &current).await?
+    {
+        return Ok(current);
+    }
+    let Ok(issue) = serde_json::from_value::<Issue>(current.issue.clone()) else {
+        return Ok(current);
+    };
+    let started = start(&mut tx, poller, scope, workflow, &current, &issue, actor).await?;
+    tx.commit().await?;
+    Ok(started)
+}
+
+/// Carries on the items a pass (or a process that stopped) left `workspace_preparing` or
+/// `ready`; returns how many started.
+pub(crate) async fn advance_unstarted(
+    poller: &Poller,
+    scope: &Scope,
+    source: &SourceRecord,
+    workflow: &Workflow,
+    actor: &Actor,
+) -> Result<u64, StoreError> {
+    let mut conn = poller.pool.acquire().await?;
+    let unstarted = crate::external::item_workspaces::unstarted(
+        &mut conn,
+        scope,
+        &source.id,
+        workspace::PER_PASS,
+    )
+    .await?;
+    drop(conn);
+    let mut started = 0;
+    for item in unstarted {
+        let item = advance(poller, scope, workflow, &item, actor).await?;
+        started += u64::from(item.state == ItemState::Claimed);
+    }
+    Ok(started)
 }
 
 /// Records one candidate and acts on it in one transaction. The subject's lock makes two

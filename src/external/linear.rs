@@ -8,7 +8,7 @@ use reqwest::header;
 use serde_json::{Value, json};
 
 use crate::external::ItemRecord;
-use crate::external::poll::{Candidate, Fetched, LimitHeaders, Poller, Refusal, resume_at};
+use crate::external::tracker::{Candidate, Fetched, LimitHeaders, Poller, Refusal, resume_at};
 use crate::external::workflow::{BlockerRef, Issue, Tracker};
 
 /// Linear's page size (its default and Symphony's).
@@ -328,7 +328,7 @@ mod tests {
     use reqwest::header::HeaderMap;
 
     fn tracker() -> Tracker {
-        crate::external::poll::test_tracker(TrackerKind::Linear, "eng", "Todo", "Done")
+        crate::external::tracker::test_tracker(TrackerKind::Linear, "eng", "Todo", "Done")
     }
 
     fn node() -> Value {

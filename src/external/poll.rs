@@ -5,161 +5,36 @@
 //! restart (or a worker killed mid-poll) loses nothing. Imports are idempotent by the item's
 //! key, so a poll repeated after a crash duplicates nothing.
 //!
-//! Each tracker has its module: [`github`] (REST, ETags) and [`linear`] (GraphQL, paginated);
-//! [`import`] records one item and acts on it; [`workspace`] prepares items' workspaces
-//! and removes those of terminal items (a duty of the workers' maintenance); [`actions`] proposes and sends the approval-gated
-//! writes, the only ones Keel makes on a tracker. This module runs the passes over a source
-//! (poll, reconcile, retries, waiting items) and the background job.
+//! Beneath it: [`tracker`](super::tracker) (what the trackers share), [`github`] (REST,
+//! ETags) and [`linear`] (GraphQL, paginated), [`read`](super::read) (either tracker, by its
+//! kind); [`import`](super::import) records one item and acts on it, and carries on the
+//! items left unstarted; [`workspace`] prepares items' workspaces and removes those of
+//! terminal items (a duty of the workers' maintenance). This module runs the passes over a
+//! source (poll, reconcile, retries, waiting items, items left unstarted) and the
+//! background job.
 
-pub use crate::external::actions::job::{ActionJobs, Proposed, propose};
-pub use crate::external::import::{Imported, import};
-use crate::external::import::{retry, start};
-pub use crate::external::workspace::remove_terminal_workspaces;
-
-/// A tracker of `kind` on its public endpoint, for the trackers' unit tests.
-#[cfg(test)]
-pub(crate) fn test_tracker(
-    kind: TrackerKind,
-    subject: &str,
-    active: &str,
-    terminal: &str,
-) -> Tracker {
-    let subject = Some(subject.to_string());
-    let (repository, project_slug) = match kind {
-        TrackerKind::Github => (subject, None),
-        TrackerKind::Linear => (None, subject),
-    };
-    Tracker {
-        kind,
-        endpoint: kind.default_endpoint().into(),
-        api_key: None,
-        repository,
-        project_slug,
-        active_states: vec![active.into()],
-        terminal_states: vec![terminal.into()],
-        events: Vec::new(),
-    }
-}
-
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use futures_util::future::BoxFuture;
 use keel_workers::media::Secret;
-use reqwest::header::{self, HeaderMap};
 use serde_json::Value;
-use sqlx::PgPool;
 
-use crate::artifacts::content::ContentStore;
 use crate::db::StoreError;
 use crate::domain::{Actor, Scope};
 use crate::external;
-use crate::external::workflow::{Issue, Tracker, TrackerKind, Workflow, WorkflowError};
+use crate::external::import::{Imported, advance_unstarted, import, retry, start};
+use crate::external::read::{fetch_items, polled_candidate};
+use crate::external::tracker::{ExternalError, Fetched, Poller, load_workflow, token, tracker};
+use crate::external::workflow::{Issue, Tracker, TrackerKind, Workflow};
 use crate::external::{ItemRecord, POLL_KIND, PollRecord, SourceRecord};
 use crate::external::{github, linear, workspace};
-use crate::providers::secrets::{SecretPolicy, Unresolved};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
-use crate::runs::AdmissionRules;
 
 /// Items read per list when the caller names no limit (the seed's default).
 pub const DEFAULT_LIMIT: u32 = 50;
-/// A rate limit that says nothing about when it lifts waits this long.
-const DEFAULT_BACKOFF: Duration = Duration::from_secs(60);
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Why an import or a poll was refused, beside the store's own errors.
-#[derive(Debug, thiserror::Error)]
-pub enum ExternalError {
-    #[error(transparent)]
-    Workflow(#[from] WorkflowError),
-    /// The source or the payload cannot be imported (no tracker, an unknown payload shape).
-    #[error("{0}")]
-    Unusable(String),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// What polls and imports need, in a worker or (for `POST .../poll`) in the API.
-#[derive(Clone)]
-pub struct Poller {
-    pub pool: PgPool,
-    pub rules: AdmissionRules,
-    /// Where the evidence artifacts (the item, the prompt) of a started run go.
-    pub content: ContentStore,
-    /// Checked at each resolution of a tracker token.
-    pub secrets: SecretPolicy,
-    pub(crate) http: reqwest::Client,
-}
-
-impl Poller {
-    pub fn new(
-        pool: PgPool,
-        rules: AdmissionRules,
-        content: ContentStore,
-        secrets: SecretPolicy,
-    ) -> Poller {
-        let http = reqwest::Client::builder()
-            .timeout(REQUEST_TIMEOUT)
-            .user_agent(concat!("keel/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .expect("a client with a timeout and a user agent builds");
-        Poller {
-            pool,
-            rules,
-            content,
-            secrets,
-            http,
-        }
-    }
-}
-
-/// A source's workflow, read from its row or its file, now.
-pub fn load_workflow(source: &SourceRecord) -> Result<Workflow, WorkflowError> {
-    match (&source.workflow_markdown, &source.workflow_path) {
-        (Some(text), _) => Workflow::parse(text),
-        (None, Some(path)) => Workflow::load(std::path::Path::new(path)),
-        (None, None) => Err(WorkflowError::MissingFile(
-            "the source names no workflow".into(),
-        )),
-    }
-}
-
-/// The workflow's tracker; a source cannot exist without one.
-pub fn tracker(workflow: &Workflow) -> Result<&Tracker, ExternalError> {
-    workflow
-        .config
-        .tracker
-        .as_ref()
-        .ok_or_else(|| ExternalError::Unusable("the workflow names no tracker".into()))
-}
-
-/// One tracker item, normalized, with what keys it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Candidate {
-    pub idempotency_key: String,
-    pub kind: &'static str,
-    pub issue: Issue,
-}
-
-/// The item of a manual import's payload: a webhook payload or the item itself, as the
-/// tracker's API has it.
-pub fn payload_candidate(tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
-    match tracker.kind {
-        TrackerKind::Github => github::payload_candidate(tracker, payload),
-        TrackerKind::Linear => linear::payload_candidate(tracker, payload),
-    }
-}
-
-/// A polled item of the tracker, normalized.
-pub(crate) fn polled_candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
-    match tracker.kind {
-        TrackerKind::Github => github::candidate(tracker, value),
-        TrackerKind::Linear => linear::candidate(tracker, value),
-    }
-}
 
 pub use keel_api_types::PollSummary;
 
@@ -325,8 +200,7 @@ impl Imports<'_> {
         self.start_waiting(tracker, summary).await?;
         let (poller, scope, source, workflow) =
             (self.poller, self.scope, self.source, self.workflow);
-        summary.claimed +=
-            workspace::advance_unstarted(poller, scope, source, workflow, self.actor).await?;
+        summary.claimed += advance_unstarted(poller, scope, source, workflow, self.actor).await?;
         Ok(())
     }
 
@@ -462,94 +336,6 @@ impl Imports<'_> {
         }
         Ok(seen)
     }
-}
-
-/// The tracker's token, resolved now (it is never kept): None when the workflow names
-/// none.
-pub(crate) fn token(
-    tracker: &Tracker,
-    secrets: &SecretPolicy,
-) -> Result<Option<Secret>, Unresolved> {
-    tracker
-        .api_key
-        .as_ref()
-        .map(|r| r.resolve(secrets))
-        .transpose()
-}
-
-/// The current version of each of these items, whatever their state, from the tracker.
-pub(crate) async fn fetch_items(
-    poller: &Poller,
-    tracker: &Tracker,
-    token: Option<&Secret>,
-    items: &[&ItemRecord],
-) -> Fetched {
-    match tracker.kind {
-        TrackerKind::Github => github::fetch_items(poller, tracker, token, items).await,
-        TrackerKind::Linear => linear::fetch_items(poller, tracker, token, items).await,
-    }
-}
-
-/// What the tracker's lists gave.
-#[derive(Debug, Default)]
-pub(crate) struct Fetched {
-    pub(crate) items: Vec<Value>,
-    pub(crate) etags: BTreeMap<String, String>,
-    /// Some list answered 304 (and none answered anything new).
-    pub(crate) not_modified: bool,
-    pub(crate) backoff_until: Option<DateTime<Utc>>,
-    pub(crate) error: Option<(&'static str, String)>,
-}
-
-/// Whether a tracker's answer refused the request for its rate limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
-    /// The answer says so (a 429, Linear's `RATELIMITED`).
-    Certain,
-    /// A refusal that is a rate limit only when the limit is spent (GitHub's 403).
-    Possible,
-    None,
-}
-
-/// The headers in which a tracker tells how much of its limit is left and when it resets.
-pub(crate) struct LimitHeaders {
-    pub(crate) remaining: &'static str,
-    pub(crate) reset: &'static str,
-    /// The reset time is in epoch milliseconds, not seconds.
-    pub(crate) reset_in_ms: bool,
-}
-
-/// When requests may resume, if the answer says to wait: `Retry-After` (seconds) on a
-/// refusal, else the reset time once the remaining count is 0; a refusal that is certainly
-/// a rate limit (or a possible one with the limit spent) naming neither waits
-/// [`DEFAULT_BACKOFF`].
-pub(crate) fn resume_at(
-    refusal: Refusal,
-    headers: &HeaderMap,
-    names: &LimitHeaders,
-    now: DateTime<Utc>,
-) -> Option<DateTime<Utc>> {
-    let number = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<i64>().ok())
-    };
-    let refused = refusal != Refusal::None;
-    if refused && let Some(seconds) = number(header::RETRY_AFTER.as_str()) {
-        return Some(now + chrono::Duration::seconds(seconds.max(1)));
-    }
-    let spent = number(names.remaining) == Some(0);
-    if spent && let Some(reset) = number(names.reset) {
-        let at = if names.reset_in_ms {
-            DateTime::from_timestamp_millis(reset)
-        } else {
-            DateTime::from_timestamp(reset, 0)
-        };
-        return at.filter(|at| *at > now);
-    }
-    (refusal == Refusal::Certain || (refused && spent))
-        .then(|| now + chrono::Duration::from_std(DEFAULT_BACKOFF).expect("a minute"))
 }
 
 /// The handler of `poll` jobs: a background poll of the job's source, then the job row is

@@ -7,10 +7,10 @@
 //! An item about to start is first `workspace_preparing` (committed with its directory),
 //! then the directory is made, then the item is `ready` and its run starts through the
 //! normal admission path. A process that stops anywhere in between leaves the item in one
-//! of those states, and the next pass carries it on ([`advance`]). No hook runs here, in a
-//! poll or an import (which may be the API process): `after_create` runs in the worker, as
-//! the first thing its run's first attempt does there, once the run was admitted (see
-//! `jobs::run`).
+//! of those states, and the next pass carries it on (the import's `advance`, which starts
+//! the run once [`prepare`] made the directory). No hook runs here, in a poll or an import
+//! (which may be the API process): `after_create` runs in the worker, as the first thing
+//! its run's first attempt does there, once the run was admitted (see `jobs::run`).
 //!
 //! A terminal item's workspace is removed by the workers' maintenance, `before_remove`
 //! first where a run prepared it ([`remove_terminal_workspaces`]). Preparation and removal of one
@@ -25,20 +25,19 @@ use sqlx::{PgConnection, PgPool, Postgres};
 use tokio_util::sync::CancellationToken;
 
 use crate::db::StoreError;
-use crate::domain::{Actor, Scope};
+use crate::domain::Scope;
 use crate::external;
-use crate::external::import::start;
 use crate::external::item_workspaces::Removal;
-use crate::external::poll::{Poller, load_workflow};
-use crate::external::workflow::{Issue, Workflow};
-use crate::external::{ItemChange, ItemRecord, SourceRecord};
+use crate::external::tracker::{Poller, load_workflow};
+use crate::external::workflow::Workflow;
+use crate::external::{ItemChange, ItemRecord};
 use keel_api_types::ItemState;
 
 /// An item whose root `KEEL_WORKSPACE_ROOTS` does not allow.
 pub(crate) const REFUSED: &str = "workspace_refused";
 const UNAVAILABLE: &str = "workspace_unavailable";
 /// Items carried on, and workspaces removed, per pass.
-const PER_PASS: u32 = 50;
+pub(crate) const PER_PASS: u32 = 50;
 
 /// Symphony's workspace key: every character outside `[A-Za-z0-9._-]` becomes `_`, and a
 /// key that would name the root or its parent (`.`, `..`) has its dots replaced too.
@@ -86,65 +85,6 @@ pub(crate) async fn claim(
     }
 }
 
-/// Carries an item on from `workspace_preparing` (its workspace prepared) or `ready` to
-/// its started run; returns it as it ends (still `workspace_preparing` when another
-/// process is preparing it).
-pub(crate) async fn advance(
-    poller: &Poller,
-    scope: &Scope,
-    workflow: &Workflow,
-    item: &ItemRecord,
-    actor: &Actor,
-) -> Result<ItemRecord, StoreError> {
-    let mut item = item.clone();
-    if item.state == ItemState::WorkspacePreparing {
-        item = prepare(poller, scope, &item).await?;
-    }
-    if item.state != ItemState::Ready {
-        return Ok(item);
-    }
-    let mut tx = poller.pool.begin().await?;
-    external::lock_subject(&mut tx, scope, &item.source_id, &item.identifier).await?;
-    let current = crate::external::item_workspaces::get(&mut tx, scope, &item.id).await?;
-    let claimed = external::claimed_version(&mut tx, scope, &item.source_id, &item.identifier)
-        .await?
-        .is_some();
-    // A newer version (or another process) takes it on from here.
-    if current.state != ItemState::Ready
-        || claimed
-        || !crate::external::item_workspaces::is_newest(&mut tx, scope, &current).await?
-    {
-        return Ok(current);
-    }
-    let Ok(issue) = serde_json::from_value::<Issue>(current.issue.clone()) else {
-        return Ok(current);
-    };
-    let started = start(&mut tx, poller, scope, workflow, &current, &issue, actor).await?;
-    tx.commit().await?;
-    Ok(started)
-}
-
-/// Carries on the items a pass (or a process that stopped) left `workspace_preparing` or
-/// `ready`; returns how many started.
-pub(crate) async fn advance_unstarted(
-    poller: &Poller,
-    scope: &Scope,
-    source: &SourceRecord,
-    workflow: &Workflow,
-    actor: &Actor,
-) -> Result<u64, StoreError> {
-    let mut conn = poller.pool.acquire().await?;
-    let unstarted =
-        crate::external::item_workspaces::unstarted(&mut conn, scope, &source.id, PER_PASS).await?;
-    drop(conn);
-    let mut started = 0;
-    for item in unstarted {
-        let item = advance(poller, scope, workflow, &item, actor).await?;
-        started += u64::from(item.state == ItemState::Claimed);
-    }
-    Ok(started)
-}
-
 /// The item's workspace lock (see [`crate::external::item_workspaces::try_lock`]): a session lock on a connection of
 /// the pool, so the pool's size bounds how many are held at once. The connection is never
 /// handed back to the pool holding the lock: it is closed, by [`WorkspaceLock::release`]
@@ -178,7 +118,7 @@ impl WorkspaceLock {
 
 /// Makes the item's directory (or finds it made), under its workspace lock; the item
 /// ends `ready`, or `blocked` with why.
-async fn prepare(
+pub(crate) async fn prepare(
     poller: &Poller,
     scope: &Scope,
     item: &ItemRecord,

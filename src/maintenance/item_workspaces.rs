@@ -8,7 +8,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::external::poll::remove_terminal_workspaces;
+use crate::external::workspace::remove_terminal_workspaces;
 
 /// Removes terminal items' workspaces every `interval` until `stop` fires.
 pub async fn run(pool: PgPool, interval: Duration, stop: CancellationToken) {

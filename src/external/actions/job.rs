@@ -14,8 +14,6 @@
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
-use keel_workers::media::Secret;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 
@@ -28,11 +26,11 @@ use crate::events::Subject;
 use crate::external;
 use crate::external::ItemRecord;
 use crate::external::actions::send;
+use crate::external::actions::send::{Call, Pause, Target};
 use crate::external::actions::{ACTION_KIND, ActionRecord, NewAction, Outcome};
 use crate::external::actions::{ProposedAction, marked, marker};
-use crate::external::poll::{
-    ExternalError, Poller, load_workflow, polled_candidate, token, tracker,
-};
+use crate::external::github::head_sha;
+use crate::external::tracker::{ExternalError, Poller, load_workflow, token, tracker};
 use crate::external::workflow::{Tracker, TrackerKind};
 use crate::queue::worker::{Job, JobHandler, LeaseDeadline};
 use crate::queue::{self, Lease};
@@ -41,15 +39,6 @@ use keel_api_types::ActionStatus;
 
 /// The evidence of one action's end: the tracker's answer, or the target that changed.
 const MAX_EVIDENCE_BYTES: i64 = 1024 * 1024;
-
-/// One call to the tracker, as stored on the action and made by its job.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct Call {
-    pub(crate) method: String,
-    /// Relative to the tracker's endpoint (empty for Linear's GraphQL endpoint itself).
-    pub(crate) path: String,
-    pub(crate) body: Value,
-}
 
 pub use keel_api_types::Proposed;
 
@@ -194,15 +183,6 @@ fn path_segment(name: &str) -> String {
     url.path()[1..].to_string()
 }
 
-/// A pull request version's head SHA, from its key
-/// (`github:pull_request:owner/repo:123:<head_sha>:<updated_at>`).
-fn head_sha(key: &str) -> Option<&str> {
-    let mut parts = key.splitn(6, ':');
-    (parts.nth(1) == Some("pull_request"))
-        .then(|| parts.nth(2))
-        .flatten()
-}
-
 /// The target as the proposer saw it: the item's version.
 fn snapshot(item: &ItemRecord) -> Value {
     json!({
@@ -309,22 +289,6 @@ enum Ending {
 enum Next {
     End(Ending),
     Again(Pause),
-}
-
-/// Why an attempt stops without an ending: the tracker could not be asked (unreachable,
-/// unavailable, rate limited). The job tries again later.
-pub(crate) struct Pause {
-    pub(crate) code: &'static str,
-    pub(crate) message: String,
-    pub(crate) until: Option<chrono::DateTime<chrono::Utc>>,
-}
-
-/// What sending an action needs, besides the action.
-pub(crate) struct Target<'a> {
-    pub(crate) poller: &'a Poller,
-    pub(crate) item: ItemRecord,
-    pub(crate) tracker: Tracker,
-    pub(crate) token: Option<Secret>,
 }
 
 impl ActionJobs {
@@ -598,66 +562,9 @@ async fn current_status(
     Ok(crate::external::actions::get(conn, scope, id).await?.status)
 }
 
-/// Whether the target changed since the proposal: the tracker's current version has
-/// another key (a new `updated_at`, a new head SHA) or state. Returns why, and the target
-/// now.
-pub(crate) fn compare(
-    target: &Target<'_>,
-    action: &ActionRecord,
-    current: &Value,
-) -> Option<(String, Value)> {
-    let candidate = match polled_candidate(&target.tracker, current) {
-        Ok(candidate) => candidate,
-        Err(message) => {
-            return Some((
-                format!("the tracker's answer is unreadable: {message}"),
-                current.clone(),
-            ));
-        }
-    };
-    let key = &candidate.idempotency_key;
-    let now = json!({
-        "identifier": candidate.issue.identifier,
-        "state": candidate.issue.state,
-        "updated_at": candidate.issue.updated_at,
-        "head_sha": head_sha(key),
-        "idempotency_key": key,
-    });
-    let then = &action.target;
-    let change = |field: &str| {
-        let text = |value: &Value| value.as_str().unwrap_or("none").to_string();
-        (now[field] != then[field]).then(|| (text(&now[field]), text(&then[field])))
-    };
-    let reason = if let Some((now, then)) = change("state") {
-        format!("its state is now {now} (was {then})")
-    } else if let Some((now, then)) = change("head_sha") {
-        format!("its head is now {now} (was {then})")
-    } else if *key != target.item.idempotency_key {
-        let (now, then) = change("updated_at").unwrap_or_default();
-        format!("it was updated at {now} (was {then})")
-    } else {
-        return None;
-    };
-    Some((
-        format!(
-            "{} changed since the proposal: {reason}",
-            target.item.identifier
-        ),
-        now,
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn head_shas_come_from_pull_request_keys() {
-        let key = "github:pull_request:a/b:8:abc:2026-01-02T00:00:00Z";
-        assert_eq!(head_sha(key), Some("abc"));
-        assert_eq!(head_sha("github:issue:a/b:7:2026-01-01T00:00:00Z"), None);
-        assert_eq!(head_sha("linear:issue:eng:ENG-1:2026"), None);
-    }
 
     fn item(kind: &str, identifier: &str, key: &str) -> ItemRecord {
         ItemRecord {
@@ -684,7 +591,7 @@ mod tests {
     #[test]
     fn each_action_is_its_trackers_exact_calls() {
         let github =
-            crate::external::poll::test_tracker(TrackerKind::Github, "a/b", "open", "closed");
+            crate::external::tracker::test_tracker(TrackerKind::Github, "a/b", "open", "closed");
         let pull = item(
             "github_pull_request",
             "a/b#8",
@@ -724,7 +631,7 @@ mod tests {
             ]
         );
         let linear =
-            crate::external::poll::test_tracker(TrackerKind::Linear, "eng", "Todo", "Done");
+            crate::external::tracker::test_tracker(TrackerKind::Linear, "eng", "Todo", "Done");
         let comment = ProposedAction::Comment { body: "hi".into() };
         let calls = super::calls(&linear, &issue, &comment, "xact_1").unwrap();
         assert_eq!(calls[0].path, "");

@@ -1,16 +1,20 @@
-//! An action's requests to its tracker: the target asked for again, the stored calls made,
-//! and the marker looked for when an earlier attempt's outcome is unknown.
+//! An action's requests to its tracker: what sending needs ([`Target`]), the target asked
+//! for again and compared with the proposal's, the stored calls ([`Call`]) made, and the
+//! marker looked for when an earlier attempt's outcome is unknown; a [`Pause`] when the
+//! tracker could not be asked.
 
 use chrono::Utc;
+use keel_workers::media::Secret;
 use reqwest::{Method, StatusCode};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::external::actions::ActionRecord;
-use crate::external::actions::job::{Call, Pause, Target, compare};
-use crate::external::poll::fetch_items;
-use crate::external::workflow::TrackerKind;
-use crate::external::{github, linear};
+use crate::external::github::head_sha;
+use crate::external::read::{fetch_items, polled_candidate};
+use crate::external::tracker::Poller;
+use crate::external::workflow::{Tracker, TrackerKind};
+use crate::external::{ItemRecord, github, linear};
 
 /// Linear's comment mutation: the only write Keel makes there.
 pub(crate) const COMMENT_CREATE: &str = "mutation KeelComment($issueId: String!, $body: String!) {
@@ -25,6 +29,31 @@ const MARKED_COMMENTS: &str = "query KeelMarked($id: String!, $marker: String!) 
 
 /// Pages of a GitHub list read when looking for a marker (100 entries each).
 const MARKER_PAGES: u32 = 10;
+
+/// One call to the tracker, as stored on the action and made by its job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Call {
+    pub(crate) method: String,
+    /// Relative to the tracker's endpoint (empty for Linear's GraphQL endpoint itself).
+    pub(crate) path: String,
+    pub(crate) body: Value,
+}
+
+/// Why an attempt stops without an ending: the tracker could not be asked (unreachable,
+/// unavailable, rate limited). The job tries again later.
+pub(crate) struct Pause {
+    pub(crate) code: &'static str,
+    pub(crate) message: String,
+    pub(crate) until: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// What sending an action needs, besides the action.
+pub(crate) struct Target<'a> {
+    pub(crate) poller: &'a Poller,
+    pub(crate) item: ItemRecord,
+    pub(crate) tracker: Tracker,
+    pub(crate) token: Option<Secret>,
+}
 
 /// One answer of the tracker, as the evidence keeps it.
 #[derive(Debug, Clone, Serialize)]
@@ -98,6 +127,51 @@ fn id_text(id: &Value) -> String {
         Value::String(id) => id.clone(),
         other => other.to_string(),
     }
+}
+
+/// Whether the target changed since the proposal: the tracker's current version has
+/// another key (a new `updated_at`, a new head SHA) or state. Returns why, and the target
+/// now.
+fn compare(target: &Target<'_>, action: &ActionRecord, current: &Value) -> Option<(String, Value)> {
+    let candidate = match polled_candidate(&target.tracker, current) {
+        Ok(candidate) => candidate,
+        Err(message) => {
+            return Some((
+                format!("the tracker's answer is unreadable: {message}"),
+                current.clone(),
+            ));
+        }
+    };
+    let key = &candidate.idempotency_key;
+    let now = json!({
+        "identifier": candidate.issue.identifier,
+        "state": candidate.issue.state,
+        "updated_at": candidate.issue.updated_at,
+        "head_sha": head_sha(key),
+        "idempotency_key": key,
+    });
+    let then = &action.target;
+    let change = |field: &str| {
+        let text = |value: &Value| value.as_str().unwrap_or("none").to_string();
+        (now[field] != then[field]).then(|| (text(&now[field]), text(&then[field])))
+    };
+    let reason = if let Some((now, then)) = change("state") {
+        format!("its state is now {now} (was {then})")
+    } else if let Some((now, then)) = change("head_sha") {
+        format!("its head is now {now} (was {then})")
+    } else if *key != target.item.idempotency_key {
+        let (now, then) = change("updated_at").unwrap_or_default();
+        format!("it was updated at {now} (was {then})")
+    } else {
+        return None;
+    };
+    Some((
+        format!(
+            "{} changed since the proposal: {reason}",
+            target.item.identifier
+        ),
+        now,
+    ))
 }
 
 /// Makes the calls in order.
