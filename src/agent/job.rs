@@ -52,23 +52,23 @@ const DELTA_CHANNEL: &str = "keel_model_delta";
 
 /// What an agent loop's attempts run with, beside what every run's attempt has
 /// ([`RunJobs`]).
-pub struct AgentJobs {
+pub(crate) struct AgentJobs {
     /// The tools whose calls wait for an approval, and how long one stays actionable.
-    pub approvals: ApprovalPolicy,
-    pub approval_ttl: Option<Duration>,
+    pub(crate) approvals: ApprovalPolicy,
+    pub(crate) approval_ttl: Option<Duration>,
     /// The cost of each model call (`KEEL_MODEL_PRICES`).
-    pub prices: PriceTable,
+    pub(crate) prices: PriceTable,
     /// Which secret references a chat preset's API key may use.
-    pub secrets: SecretPolicy,
+    pub(crate) secrets: SecretPolicy,
     /// Which hosts a member's chat preset may still call.
-    pub provider_hosts: ProviderHosts,
+    pub(crate) provider_hosts: ProviderHosts,
     /// How model calls are made (`KEEL_CHAT_*`); its private-address switch also lets
     /// `http_request` reach private addresses.
-    pub chat: ChatLimits,
+    pub(crate) chat: ChatLimits,
 }
 
 /// Runs one attempt of an agent loop run that [`attempt::begin`] marked running.
-pub async fn execute(
+pub(crate) async fn execute(
     jobs: &RunJobs,
     agent: &AgentJobs,
     job: Job,

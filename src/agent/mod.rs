@@ -1,6 +1,6 @@
 mod job;
-pub mod model_calls;
-pub mod prices;
-pub mod usage;
+pub(crate) mod model_calls;
+pub(crate) mod prices;
+pub(crate) mod usage;
 
-pub use job::*;
+pub(crate) use job::*;

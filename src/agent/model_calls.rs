@@ -8,18 +8,18 @@ use crate::db::Result;
 use crate::domain::{Scope, new_id};
 
 /// One completed call, as the ledger records it.
-pub struct NewModelCall<'a> {
-    pub task_id: &'a str,
-    pub run_id: &'a str,
-    pub step_id: &'a str,
+pub(crate) struct NewModelCall<'a> {
+    pub(crate) task_id: &'a str,
+    pub(crate) run_id: &'a str,
+    pub(crate) step_id: &'a str,
     /// Run-local and 1-based.
-    pub index: u32,
-    pub provider: &'a str,
-    pub model: &'a str,
-    pub usage: &'a Usage,
+    pub(crate) index: u32,
+    pub(crate) provider: &'a str,
+    pub(crate) model: &'a str,
+    pub(crate) usage: &'a Usage,
     /// None: the price table does not know the model.
-    pub cost_micros_usd: Option<i64>,
-    pub duration_ms: i64,
+    pub(crate) cost_micros_usd: Option<i64>,
+    pub(crate) duration_ms: i64,
 }
 
 /// Writes the ledger row and bumps the run's `model_call_count`, `model`, `provider` and
@@ -59,7 +59,12 @@ pub async fn insert(conn: &mut PgConnection, scope: &Scope, call: &NewModelCall<
 
 /// Marks model call `index` of the run in flight, in the caller's (fenced) transaction,
 /// before the call starts; [`insert`] clears it.
-pub async fn start(conn: &mut PgConnection, scope: &Scope, run_id: &str, index: u32) -> Result<()> {
+pub(crate) async fn start(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+    index: u32,
+) -> Result<()> {
     sqlx::query("UPDATE runs SET model_call_in_flight = $3 WHERE workspace_id = $1 AND id = $2")
         .bind(scope.workspace())
         .bind(run_id)
@@ -72,7 +77,7 @@ pub async fn start(conn: &mut PgConnection, scope: &Scope, run_id: &str, index: 
 /// The model call a previous attempt of the run left in flight (it stopped before recording
 /// it), counted into `abandoned_model_calls` and cleared: one statement. None when there was
 /// none.
-pub async fn settle_abandoned(
+pub(crate) async fn settle_abandoned(
     conn: &mut PgConnection,
     scope: &Scope,
     run_id: &str,

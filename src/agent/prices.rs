@@ -10,11 +10,11 @@ use serde::Deserialize;
 /// A model's prices in USD per million tokens, which is also micro-USD per token.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Price {
-    pub input_usd_per_mtok: f64,
-    pub output_usd_per_mtok: f64,
+pub(crate) struct Price {
+    pub(crate) input_usd_per_mtok: f64,
+    pub(crate) output_usd_per_mtok: f64,
     /// For prompt tokens served from the provider's cache; the input price when absent.
-    pub cached_input_usd_per_mtok: Option<f64>,
+    pub(crate) cached_input_usd_per_mtok: Option<f64>,
 }
 
 /// Prices by model name, exactly as the provider reports the model.
@@ -52,12 +52,12 @@ impl FromStr for PriceTable {
 }
 
 impl PriceTable {
-    pub fn price(&self, model: &str) -> Option<&Price> {
+    pub(crate) fn price(&self, model: &str) -> Option<&Price> {
         self.0.get(model)
     }
 
     /// The cost of a call in micro-USD, rounded up; None when the model has no price.
-    pub fn cost_micros(&self, model: &str, usage: &Usage) -> Option<i64> {
+    pub(crate) fn cost_micros(&self, model: &str, usage: &Usage) -> Option<i64> {
         let price = self.price(model)?;
         let cached = usage.cached_tokens.min(usage.prompt_tokens);
         let uncached = usage.prompt_tokens - cached;

@@ -7,13 +7,13 @@ use sqlx::PgConnection;
 use crate::db::Result;
 use crate::domain::Scope;
 
-pub use keel_api_types::{Grouping, UsageEvent, UsageGroup, UsageTotals};
+pub(crate) use keel_api_types::{Grouping, UsageEvent, UsageGroup, UsageTotals};
 
 /// A time window over `created_at`: `since` inclusive, `until` exclusive; either open.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Window {
-    pub since: Option<DateTime<Utc>>,
-    pub until: Option<DateTime<Utc>>,
+pub(crate) struct Window {
+    pub(crate) since: Option<DateTime<Utc>>,
+    pub(crate) until: Option<DateTime<Utc>>,
 }
 
 /// The sums of [`UsageTotals`] and the window filter, shared by the queries below.
@@ -37,7 +37,11 @@ macro_rules! in_window {
 }
 
 /// The workspace's totals in the window.
-pub async fn totals(conn: &mut PgConnection, scope: &Scope, window: Window) -> Result<UsageTotals> {
+pub(crate) async fn totals(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    window: Window,
+) -> Result<UsageTotals> {
     let totals = sqlx::query_as(concat!(
         "SELECT ",
         sums!(),
@@ -54,7 +58,7 @@ pub async fn totals(conn: &mut PgConnection, scope: &Scope, window: Window) -> R
 
 /// The workspace's totals in the window, one row per provider or workspace (by key); none
 /// for [`Grouping::Global`].
-pub async fn groups(
+pub(crate) async fn groups(
     conn: &mut PgConnection,
     scope: &Scope,
     grouping: Grouping,
@@ -81,17 +85,17 @@ pub async fn groups(
 
 /// Which model calls a list holds.
 #[derive(Debug, Clone, Default)]
-pub struct EventFilter {
-    pub task_id: Option<String>,
-    pub run_id: Option<String>,
-    pub provider: Option<String>,
-    pub model: Option<String>,
-    pub window: Window,
+pub(crate) struct EventFilter {
+    pub(crate) task_id: Option<String>,
+    pub(crate) run_id: Option<String>,
+    pub(crate) provider: Option<String>,
+    pub(crate) model: Option<String>,
+    pub(crate) window: Window,
 }
 
 /// Newest first; `before` is the id of the last call of the previous page (ids are
 /// time-ordered UUIDv7s).
-pub async fn events(
+pub(crate) async fn events(
     conn: &mut PgConnection,
     scope: &Scope,
     filter: &EventFilter,

@@ -15,7 +15,7 @@ use crate::approvals::{ApprovalKind, Decision};
 use crate::domain::Caller;
 use crate::{approvals, external, runs, tasks};
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_approvals))
         .routes(routes!(list_task_approvals))

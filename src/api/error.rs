@@ -42,14 +42,14 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    pub fn invalid(message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
         ApiError::Invalid {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
         }
     }
 
-    pub fn method_not_allowed(method: &axum::http::Method, path: &str) -> Self {
+    pub(crate) fn method_not_allowed(method: &axum::http::Method, path: &str) -> Self {
         ApiError::Invalid {
             status: StatusCode::METHOD_NOT_ALLOWED,
             message: format!("method {method} is not allowed on {path}"),
@@ -211,7 +211,7 @@ const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 5;
 
 /// The full error text, kept on the response for the logging middleware.
 #[derive(Clone)]
-pub struct ErrorDetail(pub String);
+pub(crate) struct ErrorDetail(pub(crate) String);
 
 /// A workflow that cannot be used answers 422 with its class as the error type
 /// (`missing_workflow_file`, `workflow_parse_error`, …).

@@ -38,7 +38,7 @@ const STREAM_PAGE: i64 = 500;
 /// How often an API process with open streams reads the snapshot to learn of commits.
 const SNAPSHOT_POLL: Duration = Duration::from_millis(5);
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_run_events))
         .routes(routes!(stream_run_events))
@@ -360,7 +360,7 @@ const DELTA_RETRY: Duration = Duration::from_millis(500);
 
 /// A worker's `keel_model_delta` payload.
 #[derive(Debug, Deserialize)]
-pub struct ModelDelta {
+pub(crate) struct ModelDelta {
     workspace_id: String,
     run_id: String,
     model_call_index: i64,
@@ -385,7 +385,7 @@ impl ModelDelta {
 /// Live model text for this process's run streams: one `LISTEN keel_model_delta`
 /// connection, started by the first stream to subscribe and stopped once the last one
 /// has closed, whose payloads every open stream receives (each keeps its run's).
-pub struct ModelDeltas {
+pub(crate) struct ModelDeltas {
     pool: PgPool,
     shutdown: CancellationToken,
     /// The sender of the running listener; None while none runs.

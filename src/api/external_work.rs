@@ -31,7 +31,7 @@ use crate::external::tracker::{self, Poller};
 use crate::external::workflow::{Workflow, WorkflowError};
 use crate::external::{ItemRecord, SourceRecord, WorkflowOrigin};
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(render))
         .routes(routes!(create_source, list_sources))

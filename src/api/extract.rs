@@ -14,7 +14,7 @@ use crate::api::error::ApiError;
 /// with the envelope (400, 413, 415, 422), naming what was wrong. An integer field also
 /// takes an integral number written with a fraction or an exponent (`3.0`, `1e3`): JSON
 /// Schema calls those integers, so a client generated from the document may send them.
-pub struct ApiJson<T>(pub T);
+pub(crate) struct ApiJson<T>(pub(crate) T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
@@ -115,7 +115,7 @@ fn json_content_type(headers: &HeaderMap) -> bool {
 }
 
 /// `Query<T>` with envelope rejections.
-pub struct ApiQuery<T>(pub T);
+pub(crate) struct ApiQuery<T>(pub(crate) T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
     type Rejection = ApiError;
@@ -134,7 +134,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
 /// An optional JSON body: absent or empty gives `T::default()`; otherwise as [`ApiJson`],
 /// `Content-Type: application/json` included (415 without it), so a web page's
 /// `text/plain` form post, which a browser sends without asking, is no body at all.
-pub struct OptionalJson<T>(pub T);
+pub(crate) struct OptionalJson<T>(pub(crate) T);
 
 impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJson<T> {
     type Rejection = ApiError;

@@ -31,7 +31,7 @@ const MAX_PROMPT_BYTES: usize = 64 * 1024;
 
 type Result<T> = std::result::Result<T, ApiError>;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(continue_run))
         .routes(routes!(retry_from_model_call))

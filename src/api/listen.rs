@@ -19,7 +19,7 @@ use tower::ServiceExt;
 /// Serves `app` over HTTP/1.1 on `listener` until `shutdown` fires, then waits for open
 /// connections to finish. Every request carries its peer address ([`ConnectInfo`]) for
 /// the local-only routes.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     header_read_timeout: Duration,

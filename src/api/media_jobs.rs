@@ -28,7 +28,7 @@ type Result<T> = std::result::Result<T, ApiError>;
 /// Longest accepted prompt, in bytes.
 const MAX_PROMPT_BYTES: usize = 32 * 1024;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_media_jobs, create_media_job))
         .routes(routes!(get_media_job))

@@ -28,7 +28,7 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 /// a span (a child of the caller's span when a `traceparent` header names one), records its
 /// duration, logs errors with their internal detail, and writes the request id and trace id
 /// into error envelopes.
-pub async fn request_context(request: Request, next: Next) -> Response {
+pub(crate) async fn request_context(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let request_id = request
         .headers()
@@ -123,7 +123,7 @@ async fn with_ids(response: Response, ids: &[(&str, Option<String>)]) -> Respons
     Response::from_parts(parts, Body::from(value.to_string()))
 }
 
-pub async fn not_found(request: Request) -> ApiError {
+pub(crate) async fn not_found(request: Request) -> ApiError {
     ApiError::NotFound(format!(
         "route {} {}",
         request.method(),
@@ -131,11 +131,11 @@ pub async fn not_found(request: Request) -> ApiError {
     ))
 }
 
-pub async fn method_not_allowed(request: Request) -> ApiError {
+pub(crate) async fn method_not_allowed(request: Request) -> ApiError {
     ApiError::method_not_allowed(request.method(), request.uri().path())
 }
 
-pub fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+pub(crate) fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
     let detail = panic
         .downcast_ref::<String>()
         .cloned()

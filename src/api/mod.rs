@@ -43,7 +43,7 @@ use crate::runs::AdmissionRules;
 
 pub use auth::{Auth, PAGE_ROUTES, ROUTE_POLICY, RouteClass, SettingsError};
 pub use error::ApiError;
-pub use keel_api_types::{ListEnvelope, ObjectEnvelope};
+pub(crate) use keel_api_types::{ListEnvelope, ObjectEnvelope};
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
@@ -51,46 +51,46 @@ const DEFAULT_PAGE: i64 = 50;
 const MAX_PAGE: i64 = 200;
 
 #[derive(Clone)]
-pub struct AppState {
-    pub pool: PgPool,
+pub(crate) struct AppState {
+    pub(crate) pool: PgPool,
     /// The newest event id this process was notified of; SSE streams wait on it.
-    pub events: watch::Receiver<i64>,
+    pub(crate) events: watch::Receiver<i64>,
     /// How often a stream re-reads the database when no notification arrives.
-    pub stream_poll: Duration,
+    pub(crate) stream_poll: Duration,
     /// Live model text for run streams.
-    pub deltas: Arc<events::ModelDeltas>,
+    pub(crate) deltas: Arc<events::ModelDeltas>,
     /// Fires at shutdown; open streams end so the server can drain.
-    pub shutdown: CancellationToken,
-    pub rules: AdmissionRules,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) rules: AdmissionRules,
     /// Where artifact bytes are read from.
-    pub content: ContentStore,
+    pub(crate) content: ContentStore,
     /// Who may call, and how they prove it.
-    pub auth: Arc<Auth>,
+    pub(crate) auth: Arc<Auth>,
     /// This runtime host's id, kept in the database.
-    pub runtime_host_id: Arc<str>,
+    pub(crate) runtime_host_id: Arc<str>,
     /// Which secret references presets may name.
-    pub secrets: Arc<SecretPolicy>,
+    pub(crate) secrets: Arc<SecretPolicy>,
     /// Which hosts media presets may aim at.
-    pub provider_hosts: Arc<ProviderHosts>,
+    pub(crate) provider_hosts: Arc<ProviderHosts>,
     /// How live checks call chat providers.
-    pub chat: ChatLimits,
+    pub(crate) chat: ChatLimits,
 }
 
 /// What an API process is configured with, beside its pool, listener and authentication.
-pub struct ApiSettings {
-    pub rules: AdmissionRules,
-    pub content: ContentStore,
+pub(crate) struct ApiSettings {
+    pub(crate) rules: AdmissionRules,
+    pub(crate) content: ContentStore,
     /// How often a stream re-reads the database when no notification arrives.
-    pub stream_poll: Duration,
-    pub secrets: SecretPolicy,
-    pub provider_hosts: ProviderHosts,
-    pub chat: ChatLimits,
+    pub(crate) stream_poll: Duration,
+    pub(crate) secrets: SecretPolicy,
+    pub(crate) provider_hosts: ProviderHosts,
+    pub(crate) chat: ChatLimits,
     /// How long a client may take to send a request's line and headers.
-    pub header_read_timeout: Duration,
+    pub(crate) header_read_timeout: Duration,
 }
 
 /// The header read timeout when the configuration says nothing.
-pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Serves the API on `listener` until `shutdown` fires, in local mode without a runtime
 /// token (the listener must be on a loopback address) and the default secret policy.
@@ -117,7 +117,7 @@ pub async fn serve(
 
 /// Serves the API on `listener` until `shutdown` fires (also fired by
 /// `POST /v1/system/shutdown`), with the given authentication.
-pub async fn serve_with_auth(
+pub(crate) async fn serve_with_auth(
     pool: PgPool,
     listener: tokio::net::TcpListener,
     settings: ApiSettings,
@@ -184,7 +184,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     openapi::finish(doc)
 }
 
-pub fn app(state: AppState) -> Router {
+pub(crate) fn app(state: AppState) -> Router {
     let (router, _) = routes().split_for_parts();
     let auth = state.auth.clone();
     let router = router
@@ -213,26 +213,26 @@ pub fn app(state: AppState) -> Router {
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct ContentQuery {
+pub(crate) struct ContentQuery {
     /// Skip the first `offset` bytes (default 0): a reader following a growing log asks
     /// for the bytes it has not read. At or past the end: an empty body.
     #[param(minimum = 0)]
-    pub offset: Option<i64>,
+    pub(crate) offset: Option<i64>,
 }
 
 /// `limit` and `cursor` of a paginated list.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct PageQuery {
+pub(crate) struct PageQuery {
     /// Page size, 1 to 200 (default 50).
     #[param(minimum = 1, maximum = 200)]
-    pub limit: Option<i64>,
+    pub(crate) limit: Option<i64>,
     /// `next_cursor` of the previous page.
-    pub cursor: Option<String>,
+    pub(crate) cursor: Option<String>,
 }
 
-pub fn page_limit(limit: Option<i64>) -> Result<i64, ApiError> {
+pub(crate) fn page_limit(limit: Option<i64>) -> Result<i64, ApiError> {
     match limit.unwrap_or(DEFAULT_PAGE) {
         n @ 1..=MAX_PAGE => Ok(n),
         n => Err(ApiError::invalid(format!(
@@ -259,7 +259,7 @@ pub fn list<T>(mut rows: Vec<T>, limit: i64, cursor_of: impl Fn(&T) -> String) -
     }
 }
 
-pub fn object<T>(name: &'static str, data: T) -> ObjectEnvelope<T> {
+pub(crate) fn object<T>(name: &'static str, data: T) -> ObjectEnvelope<T> {
     ObjectEnvelope {
         object: name.to_string(),
         data,
@@ -270,7 +270,7 @@ pub fn object<T>(name: &'static str, data: T) -> ObjectEnvelope<T> {
 /// first chunk is read before the status is sent, so a store that cannot serve the
 /// artifact at all answers with the error envelope; a failure after that cuts the body
 /// short (and is logged).
-pub async fn artifact_body(
+pub(crate) async fn artifact_body(
     state: &AppState,
     artifact: crate::artifacts::ArtifactRecord,
     query: ContentQuery,

@@ -79,7 +79,7 @@ const ERROR_STATUSES: [(&str, &str); 12] = [
 )]
 struct ApiDoc;
 
-pub fn base() -> OpenApi {
+pub(crate) fn base() -> OpenApi {
     let mut doc = ApiDoc::openapi();
     doc.info.version = env!("CARGO_PKG_VERSION").to_string();
     doc
@@ -129,7 +129,7 @@ fn security_schemes() -> [(&'static str, SecurityScheme); 4] {
 }
 
 /// Adds the security schemes, and the shared error responses to every operation.
-pub fn finish(mut doc: OpenApi) -> OpenApi {
+pub(crate) fn finish(mut doc: OpenApi) -> OpenApi {
     forbid_nul_in_requests(&mut doc);
     let schemes = security_schemes();
     let requirements: Vec<SecurityRequirement> = schemes
@@ -395,7 +395,7 @@ fn add_error_responses(operation: &mut Operation) {
     }
 }
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(openapi_json))
 }
 
@@ -408,6 +408,6 @@ async fn openapi_json() -> Json<&'static OpenApi> {
 }
 
 /// A reference page for people, rendered in the browser from `/v1/openapi.json`.
-pub async fn reference_page() -> Html<&'static str> {
+pub(crate) async fn reference_page() -> Html<&'static str> {
     Html(include_str!("reference.html"))
 }

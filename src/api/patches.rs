@@ -26,7 +26,7 @@ use crate::{runs, tasks};
 
 type Result<T, E = ApiError> = std::result::Result<T, E>;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_patches))
         .routes(routes!(get_patch))

@@ -33,7 +33,7 @@ use crate::providers::{Api, ProviderFields, ProviderHosts};
 
 type Result<T> = std::result::Result<T, ApiError>;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_templates))
         .routes(routes!(list_providers, create_provider))

@@ -12,7 +12,7 @@ use crate::api::auth::{LocalAccess, RuntimeMode, local_only_actions};
 use crate::api::{AppState, ObjectEnvelope, object};
 use crate::domain::Caller;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(whoami))
         .routes(routes!(shutdown))

@@ -23,7 +23,7 @@ const MAX_SCHEDULE_PAGE: i64 = 200;
 /// Most distinct `task_id` values one list request may filter on.
 const MAX_TASK_IDS: usize = 200;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_schedules))
         .routes(routes!(get_schedule, put_schedule, delete_schedule))

@@ -19,15 +19,15 @@ use crate::system::leases;
 use crate::system::leases::{LeaseRecord, LeaseStatus};
 use crate::system::stats;
 
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub(crate) const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(healthz))
         .routes(routes!(readyz))
 }
 
-pub fn v1_router() -> OpenApiRouter<AppState> {
+pub(crate) fn v1_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(system_stats))
         .routes(routes!(system_throughput))

@@ -28,7 +28,7 @@ use crate::tasks::TaskRecord;
 use crate::tasks::{NewTask, TaskStatus};
 use crate::{artifacts, runs, tasks};
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_task, list_tasks))
         .routes(routes!(get_task, delete_task))

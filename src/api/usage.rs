@@ -17,7 +17,7 @@ use crate::domain::Caller;
 
 type Result<T> = std::result::Result<T, ApiError>;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(usage_summary))
         .routes(routes!(usage_events))

@@ -14,7 +14,7 @@ use crate::domain::{Caller, Scope};
 use crate::workspaces;
 use crate::workspaces::WorkspaceLimits;
 
-pub fn router() -> OpenApiRouter<AppState> {
+pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(own_limits))
         .routes(routes!(get_limits, put_limits))

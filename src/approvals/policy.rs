@@ -5,7 +5,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-pub use keel_api_types::ApprovalKind;
+pub(crate) use keel_api_types::ApprovalKind;
 use keel_workers::{Execution, FileOperation, SandboxPolicy};
 
 use crate::domain::Invalid;
@@ -35,7 +35,7 @@ pub struct ApprovalPolicy {
     policies: Vec<Policy>,
 }
 
-pub const DEFAULT_POLICIES: &str = "shell_exec,git_exec,file_write";
+pub(crate) const DEFAULT_POLICIES: &str = "shell_exec,git_exec,file_write";
 
 impl FromStr for ApprovalPolicy {
     type Err = String;
@@ -89,7 +89,7 @@ impl ApprovalPolicy {
     /// `http_request` is gated by `shell_exec` as well as `network_egress`: a request out
     /// can carry whatever the model has read, as a command can, so the default policy
     /// stops a prompt-injected model from posting the workspace away.
-    pub fn gated_tools(&self) -> Vec<String> {
+    pub(crate) fn gated_tools(&self) -> Vec<String> {
         let gated_by = |tool: &str| match tool {
             "shell_exec" => &[Policy::ShellExec][..],
             "git_status" | "git_diff" => &[Policy::GitExec],
@@ -108,13 +108,17 @@ impl ApprovalPolicy {
 
     /// Whether an imported task's workflow hooks (shell scripts its worker runs in the
     /// workspace) need an approval: the one a shell command needs.
-    pub fn gates_hooks(&self) -> bool {
+    pub(crate) fn gates_hooks(&self) -> bool {
         self.has(Policy::ShellExec)
     }
 
     /// The gates a run of this execution needs, in a stable order. A run without network
     /// (`sandbox_network: false`) cannot reach out, so it needs no `network_egress`.
-    pub fn gates_for(&self, execution: &Execution, sandbox: SandboxPolicy) -> Vec<ApprovalKind> {
+    pub(crate) fn gates_for(
+        &self,
+        execution: &Execution,
+        sandbox: SandboxPolicy,
+    ) -> Vec<ApprovalKind> {
         let mut gates = Vec::new();
         match execution {
             Execution::Shell { .. } if self.has(Policy::ShellExec) => {
@@ -243,7 +247,7 @@ pub enum Decision {
 
 impl Decision {
     /// The decision of a resolve body: `decision`, and `continue` (reject only).
-    pub fn of_request(value: &str, continues: bool) -> Result<Decision, Invalid> {
+    pub(crate) fn of_request(value: &str, continues: bool) -> Result<Decision, Invalid> {
         match (Decision::parse(value)?, continues) {
             (Decision::Reject, true) => Ok(Decision::RejectAndContinue),
             (_, true) => Err(Invalid::new("continue", "is only for decision reject")),
@@ -251,7 +255,7 @@ impl Decision {
         }
     }
 
-    pub fn parse(value: &str) -> Result<Decision, Invalid> {
+    pub(crate) fn parse(value: &str) -> Result<Decision, Invalid> {
         match value {
             "approve" => Ok(Decision::Approve),
             "reject" => Ok(Decision::Reject),
@@ -271,14 +275,14 @@ const SUMMARY_TOTAL_BYTES: usize = 4096;
 /// anything that looks like a credential replaced. `incomplete` says something was cut.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActionSummary {
-    pub lines: Vec<String>,
-    pub incomplete: bool,
+    pub(crate) lines: Vec<String>,
+    pub(crate) incomplete: bool,
 }
 
 impl ActionSummary {
     /// What a run would do: its hooks first (in the order they run), then its execution
     /// (none for an agent loop, whose tool calls are gated one by one).
-    pub fn describe(
+    pub(crate) fn describe(
         execution: Option<&Execution>,
         hooks: Option<&Hooks>,
         workspace: &str,
@@ -325,7 +329,7 @@ impl ActionSummary {
 
     /// The summary of lines someone else wrote (an agent loop's tool calls), redacted and
     /// bounded the same way; `incomplete` when the writer already cut something.
-    pub fn of_lines(lines: &[String], incomplete: bool) -> ActionSummary {
+    pub(crate) fn of_lines(lines: &[String], incomplete: bool) -> ActionSummary {
         let mut summary = ActionSummary::bounded(lines.iter().map(|line| redact(line)));
         summary.incomplete |= incomplete;
         summary
@@ -383,7 +387,7 @@ fn truncate(line: &str, max: usize) -> Truncated {
 /// passwords in URLs. Only a value's literal start is hidden: from the first character the
 /// shell treats as code (`$`, a backtick, `|`, `;`, `&`, `<`, `>`, parentheses) on, the
 /// text stays visible, because an approver must see everything that would run.
-pub fn redact(line: &str) -> String {
+pub(crate) fn redact(line: &str) -> String {
     let mut out = Vec::new();
     let mut hide_next = false;
     for word in line.split(' ') {

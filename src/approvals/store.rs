@@ -16,7 +16,7 @@ use crate::events::NewEvent;
 use crate::events::transitions;
 use crate::events::transitions::Transition;
 
-pub use keel_api_types::ApprovalRecord;
+pub(crate) use keel_api_types::ApprovalRecord;
 use keel_api_types::{ApprovalStatus, RunRecord};
 
 /// Who decides an approval, and whether they may decide one they requested.
@@ -31,8 +31,8 @@ pub struct Approver {
 /// whose calls it covers.
 #[derive(Debug, Clone, Copy)]
 pub struct Gate<'a> {
-    pub kind: ApprovalKind,
-    pub step_id: Option<&'a str>,
+    pub(crate) kind: ApprovalKind,
+    pub(crate) step_id: Option<&'a str>,
 }
 
 /// Opens a pending approval on a run (inside its admission transaction, or an agent
@@ -58,7 +58,7 @@ pub async fn create(
 /// Opens the pending approval of an external action, attached to the action's task and
 /// run without holding the run. It does not expire: the action's target is checked again
 /// when it is sent. The caller appends the `approval.requested` event last.
-pub async fn create_for_action(
+pub(crate) async fn create_for_action(
     conn: &mut PgConnection,
     scope: &Scope,
     run: &RunRecord,
@@ -149,7 +149,7 @@ async fn record(
 
 /// The feed carries the approval's id and kind but never its summary (seed 004): the feed
 /// reaches every reader of the workspace, the summary only those who fetch the approval.
-pub fn requested_event(approval: &ApprovalRecord) -> NewEvent<'_> {
+pub(crate) fn requested_event(approval: &ApprovalRecord) -> NewEvent<'_> {
     NewEvent::new(
         &approval.task_id,
         &approval.run_id,
@@ -159,7 +159,7 @@ pub fn requested_event(approval: &ApprovalRecord) -> NewEvent<'_> {
 }
 
 /// The data of an `approval.requested` event.
-pub fn requested_data(approval: &ApprovalRecord) -> serde_json::Value {
+pub(crate) fn requested_data(approval: &ApprovalRecord) -> serde_json::Value {
     serde_json::json!({
         "approval_id": approval.id,
         "kind": approval.kind,
@@ -274,7 +274,7 @@ pub async fn decidable(
 }
 
 /// What an approval becomes when `decision` is applied to it.
-pub fn settled_status(decision: Decision) -> &'static str {
+pub(crate) fn settled_status(decision: Decision) -> &'static str {
     match decision {
         Decision::Approve => "approved",
         Decision::Reject | Decision::RejectAndContinue => "rejected",
@@ -282,7 +282,7 @@ pub fn settled_status(decision: Decision) -> &'static str {
 }
 
 /// Settles an approval locked by [`lock_pending`] as `to`, with its trail.
-pub async fn settle_decided(
+pub(crate) async fn settle_decided(
     conn: &mut PgConnection,
     scope: &Scope,
     approval_id: &str,
@@ -306,7 +306,7 @@ pub async fn settle_decided(
 }
 
 /// The `approval.resolved` event of a settled approval.
-pub fn resolved_event<'a>(approval: &'a ApprovalRecord, actor: &Actor) -> NewEvent<'a> {
+pub(crate) fn resolved_event<'a>(approval: &'a ApprovalRecord, actor: &Actor) -> NewEvent<'a> {
     let mut data = serde_json::json!({ "approval_id": approval.id, "kind": approval.kind,
                                        "decision": approval.status,
                                        "continue": approval.continue_on_reject,
@@ -324,7 +324,7 @@ pub fn resolved_event<'a>(approval: &'a ApprovalRecord, actor: &Actor) -> NewEve
 }
 
 /// Locks an approval that is still pending; a conflict when it was resolved or expired.
-pub async fn lock_pending(
+pub(crate) async fn lock_pending(
     conn: &mut PgConnection,
     scope: &Scope,
     approval_id: &str,
@@ -374,7 +374,11 @@ async fn settle(
 }
 
 /// How many of a run's gates are still pending (an external action's approval holds none).
-pub async fn pending_count(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<i64> {
+pub(crate) async fn pending_count(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+) -> Result<i64> {
     let n = sqlx::query_scalar(
         "SELECT count(*) FROM approvals
          WHERE workspace_id = $1 AND run_id = $2 AND status = 'pending'
@@ -388,7 +392,7 @@ pub async fn pending_count(conn: &mut PgConnection, scope: &Scope, run_id: &str)
 }
 
 /// Cancels a run's pending approvals on behalf of the system (the run was cancelled).
-pub async fn cancel_pending(
+pub(crate) async fn cancel_pending(
     conn: &mut PgConnection,
     scope: &Scope,
     run_id: &str,

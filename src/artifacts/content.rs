@@ -56,11 +56,11 @@ impl fmt::Debug for ContentStore {
 /// Where an S3 content store keeps its objects, as configured (KEEL_S3_*).
 #[derive(Debug, Clone, Default)]
 pub struct S3Settings {
-    pub bucket: Option<String>,
-    pub prefix: Option<String>,
-    pub endpoint: Option<String>,
-    pub region: Option<String>,
-    pub allow_http: bool,
+    pub(crate) bucket: Option<String>,
+    pub(crate) prefix: Option<String>,
+    pub(crate) endpoint: Option<String>,
+    pub(crate) region: Option<String>,
+    pub(crate) allow_http: bool,
 }
 
 impl ContentStore {
@@ -105,7 +105,7 @@ impl ContentStore {
     }
 
     /// The `artifacts.storage` value of artifacts this store starts.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             ContentStore::Postgres => POSTGRES,
             ContentStore::S3(_) => S3,
@@ -211,7 +211,7 @@ impl ContentStore {
     /// The bytes after the first `from`, as [`ContentStore::stream`] reads them: a reader
     /// following a growing log asks for what it has not seen, and the chunks before the
     /// one holding `from` are never read.
-    pub fn stream_from(
+    pub(crate) fn stream_from(
         &self,
         pool: PgPool,
         artifact_id: String,

@@ -11,25 +11,25 @@ use crate::domain::{EventType, Scope, new_id};
 use crate::events;
 use crate::events::{NewEvent, Subject};
 
-pub use keel_api_types::ArtifactRecord;
+pub(crate) use keel_api_types::ArtifactRecord;
 
 /// An artifact a writer names, with the id it is created under if it does not exist yet.
-pub struct NewArtifact<'a> {
-    pub id: &'a str,
-    pub owner: Subject<'a>,
-    pub name: &'a str,
-    pub kind: &'a str,
-    pub content_type: &'a str,
+pub(crate) struct NewArtifact<'a> {
+    pub(crate) id: &'a str,
+    pub(crate) owner: Subject<'a>,
+    pub(crate) name: &'a str,
+    pub(crate) kind: &'a str,
+    pub(crate) content_type: &'a str,
     /// `complete` when the writer already closed it (it was held back until then).
-    pub closed: bool,
+    pub(crate) closed: bool,
 }
 
 /// An upserted artifact, and whether this call created it.
 #[derive(sqlx::FromRow)]
-pub struct Upserted {
+pub(crate) struct Upserted {
     #[sqlx(flatten)]
-    pub artifact: ArtifactRecord,
-    pub created: bool,
+    pub(crate) artifact: ArtifactRecord,
+    pub(crate) created: bool,
 }
 
 /// Opens an artifact for writing, with its `artifact.created` event when it is new.
@@ -59,7 +59,7 @@ pub async fn open(
 
 /// Creates an artifact, or, for an attempt that takes over from a lost one, reopens the
 /// one of the same owner and name (its writes append after what was already written).
-pub async fn upsert(
+pub(crate) async fn upsert(
     conn: &mut PgConnection,
     scope: &Scope,
     artifact: &NewArtifact<'_>,
@@ -110,7 +110,7 @@ pub async fn upsert(
 }
 
 /// `artifact.created` of an artifact [`upsert`] created; None for a reopened one.
-pub fn created_event<'a>(owner: Subject<'a>, upserted: &Upserted) -> Option<NewEvent<'a>> {
+pub(crate) fn created_event<'a>(owner: Subject<'a>, upserted: &Upserted) -> Option<NewEvent<'a>> {
     let artifact = &upserted.artifact;
     upserted.created.then(|| NewEvent {
         subject: owner,

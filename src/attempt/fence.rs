@@ -11,18 +11,18 @@ use crate::domain::Scope;
 use crate::queue::worker::{Job, LeaseDeadline};
 use crate::queue::{self, Lease};
 
-pub struct Fence {
+pub(crate) struct Fence {
     pool: PgPool,
     lease: Lease,
     /// The job's workspace: every write of the attempt goes there.
-    pub scope: Scope,
+    pub(crate) scope: Scope,
     /// Fires when the job is cancelled, the lease lost or its local deadline passed.
-    pub interrupt: CancellationToken,
+    pub(crate) interrupt: CancellationToken,
     deadline: LeaseDeadline,
 }
 
 impl Fence {
-    pub fn new(pool: &PgPool, job: &Job) -> Fence {
+    pub(crate) fn new(pool: &PgPool, job: &Job) -> Fence {
         Fence {
             pool: pool.clone(),
             lease: job.lease.clone(),
@@ -36,7 +36,7 @@ impl Fence {
     /// tracker POST, a vendor submission): Ok while the lease's local deadline is safely
     /// ahead, renewing it first when it is near; otherwise the attempt stops here, before
     /// the call, so a worker cut off from the database makes no call after its deadline.
-    pub async fn clear_ahead(&self) -> Result<(), ContextError> {
+    pub(crate) async fn clear_ahead(&self) -> Result<(), ContextError> {
         if self.interrupt.is_cancelled() {
             return Err(ContextError::Interrupted);
         }
@@ -50,7 +50,9 @@ impl Fence {
     }
 
     /// A transaction holding the job row, or `Interrupted` once the lease is gone.
-    pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, ContextError> {
+    pub(crate) async fn begin(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, ContextError> {
         if self.interrupt.is_cancelled() {
             return Err(ContextError::Interrupted);
         }
@@ -59,7 +61,7 @@ impl Fence {
             .map_err(|e| self.context_error(e.into()))
     }
 
-    pub fn context_error(&self, error: StoreError) -> ContextError {
+    pub(crate) fn context_error(&self, error: StoreError) -> ContextError {
         match error {
             StoreError::LeaseLost => {
                 tracing::warn!(kind = %self.lease.kind, ref_id = %self.lease.ref_id,
@@ -71,7 +73,7 @@ impl Fence {
         }
     }
 
-    pub async fn commit(
+    pub(crate) async fn commit(
         &self,
         tx: sqlx::Transaction<'static, sqlx::Postgres>,
     ) -> Result<(), ContextError> {
@@ -81,7 +83,7 @@ impl Fence {
 
 /// The domain row a job stands for (a run, a media job), as its executor locks it when an
 /// attempt starts.
-pub trait DomainRow: Sized + Send {
+pub(crate) trait DomainRow: Sized + Send {
     fn lock(
         conn: &mut PgConnection,
         scope: &Scope,
@@ -94,7 +96,7 @@ pub trait DomainRow: Sized + Send {
 
 /// Opens the attempt's fenced transaction and locks the job's domain row in it; when the row
 /// has already ended, acks the job in that transaction instead and returns None.
-pub async fn lock_unless_ended<R: DomainRow>(
+pub(crate) async fn lock_unless_ended<R: DomainRow>(
     pool: &PgPool,
     lease: &Lease,
 ) -> Result<Option<(sqlx::Transaction<'static, sqlx::Postgres>, R)>, StoreError> {

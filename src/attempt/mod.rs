@@ -5,7 +5,7 @@
 //! `queued` with a delay), hand back (at shutdown, without penalty) or, when interrupted,
 //! nothing but the ack a cancel may have left to this worker.
 
-pub mod fence;
+pub(crate) mod fence;
 mod observe;
 
 pub(crate) use observe::observe;
@@ -25,7 +25,7 @@ use crate::telemetry::metrics;
 
 /// What a domain row does at each step of an attempt. Every method writes in the caller's
 /// transaction and returns the events for the caller to append, last.
-pub trait Attempted: DomainRow + Sync {
+pub(crate) trait Attempted: DomainRow + Sync {
     /// How an attempt that ran to its end leaves the row.
     type Ending: Send + Sync;
     /// Why an attempt asks to run again later.
@@ -73,7 +73,7 @@ pub trait Attempted: DomainRow + Sync {
 }
 
 /// How an attempt's executor left it.
-pub enum Verdict<R: Attempted> {
+pub(crate) enum Verdict<R: Attempted> {
     Ended(R::Ending),
     Retry(R::Retry),
     /// Cancelled, lease lost, or released at shutdown: see [`conclude`].
@@ -83,7 +83,10 @@ pub enum Verdict<R: Attempted> {
 /// Starts an attempt. A row still running was held by a worker that lost its lease: it
 /// goes back to `queued` first, so the trail shows the takeover. Returns None when there
 /// is nothing to run (the row already ended, or the job used up its attempts).
-pub async fn begin<R: Attempted>(pool: &PgPool, lease: &Lease) -> Result<Option<R>, StoreError> {
+pub(crate) async fn begin<R: Attempted>(
+    pool: &PgPool,
+    lease: &Lease,
+) -> Result<Option<R>, StoreError> {
     let Some((mut tx, row)) = fence::lock_unless_ended::<R>(pool, lease).await? else {
         return Ok(None);
     };
@@ -119,7 +122,7 @@ pub async fn begin<R: Attempted>(pool: &PgPool, lease: &Lease) -> Result<Option<
 
 /// Ends the attempt as the executor left it; returns the job metric's label. `row` is
 /// the row [`begin`] marked running: while the lease holds, nothing else changes it.
-pub async fn conclude<R: Attempted>(
+pub(crate) async fn conclude<R: Attempted>(
     pool: &PgPool,
     job: &Job,
     row: &R,
@@ -177,7 +180,7 @@ async fn finish_while_leased<R: Attempted>(
 }
 
 /// The terminal state, its events and the ack, in one transaction.
-pub async fn finish<R: Attempted>(
+pub(crate) async fn finish<R: Attempted>(
     pool: &PgPool,
     lease: &Lease,
     row: &R,
@@ -227,7 +230,7 @@ async fn hand_back<R: Attempted>(pool: &PgPool, lease: &Lease, row: &R) -> Resul
 }
 
 /// Puts the row of a worker that is gone back to `queued`, with its events.
-pub async fn disconnect<R: Attempted>(
+pub(crate) async fn disconnect<R: Attempted>(
     conn: &mut PgConnection,
     scope: &Scope,
     row: &R,
@@ -245,6 +248,6 @@ fn count_reclaim(reclaimed: bool, lease: &Lease) {
     }
 }
 
-pub fn worker(lease: &Lease) -> Actor {
+pub(crate) fn worker(lease: &Lease) -> Actor {
     Actor::Worker(lease.owner.clone())
 }

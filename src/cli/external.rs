@@ -8,7 +8,7 @@ use crate::cli::output;
 use crate::cli::output::{Format, PageArgs, Table, or_dash, time};
 
 #[derive(Debug, Subcommand)]
-pub enum ExternalCommand {
+pub(crate) enum ExternalCommand {
     /// Sources: list, show, create, poll, delete.
     #[command(subcommand)]
     Sources(SourceCommand),
@@ -18,7 +18,7 @@ pub enum ExternalCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum SourceCommand {
+pub(crate) enum SourceCommand {
     /// Lists sources, oldest first.
     List {
         #[command(flatten)]
@@ -54,7 +54,7 @@ pub enum SourceCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum ItemCommand {
+pub(crate) enum ItemCommand {
     /// Lists a source's items, oldest first.
     List {
         source_id: String,

@@ -29,15 +29,15 @@ use crate::{api, telemetry};
     version,
     about = "A durable runtime for long-running work on Postgres"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(flatten, next_help_heading = "Operator commands (a client of the API)")]
-    pub remote: ops::Remote,
+    pub(crate) remote: ops::Remote,
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// API, workers and maintenance in one process; with no database URL, on a private
     /// PostgreSQL cluster under the data directory.
     Serve {
@@ -85,7 +85,7 @@ pub enum Command {
 
 #[derive(Debug, clap::Args)]
 #[group(required = true, multiple = false)]
-pub struct RpcArgs {
+pub(crate) struct RpcArgs {
     /// One session on stdin and stdout (stdout carries protocol lines only).
     #[arg(long)]
     stdio: bool,
@@ -95,7 +95,7 @@ pub struct RpcArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum WorkflowCommand {
+pub(crate) enum WorkflowCommand {
     /// Parses the file and prints its settings, defaults applied.
     Check { file: std::path::PathBuf },
     /// Prints the prompt the file renders for an item (a normalized issue as JSON).
@@ -354,7 +354,7 @@ pub async fn connect(common: &Common, role: &str) -> anyhow::Result<PgPool> {
         .context("connecting to PostgreSQL")
 }
 
-pub async fn serve_api(
+pub(crate) async fn serve_api(
     pool: PgPool,
     common: &Common,
     args: &ApiArgs,

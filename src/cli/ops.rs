@@ -20,10 +20,10 @@ use crate::cli::watch::Outcome;
 
 /// Where the API is and how to reach it: global options of every operator command.
 #[derive(Debug, Args)]
-pub struct Remote {
+pub(crate) struct Remote {
     /// The API's base URL.
     #[arg(long, env = "KEEL_URL", default_value = keel_client::DEFAULT_URL, global = true)]
-    pub url: String,
+    pub(crate) url: String,
     /// The runtime token (sent as `Authorization: Bearer`).
     #[arg(
         long,
@@ -31,17 +31,17 @@ pub struct Remote {
         hide_env_values = true,
         global = true
     )]
-    pub token: Option<String>,
+    pub(crate) token: Option<String>,
     /// A signed identity from the trusted proxy (sent as `X-Keel-Identity`); unused when a
     /// token is given (no conflict error: both may sit in the environment of a server).
     #[arg(long, env = "KEEL_IDENTITY", hide_env_values = true, global = true)]
-    pub identity: Option<String>,
+    pub(crate) identity: Option<String>,
     /// `table` (fit to the terminal) or `json` (the API's JSON unchanged).
     #[arg(long, value_enum, default_value = "table", global = true)]
-    pub output: Format,
+    pub(crate) output: Format,
     /// How long one request may take, in seconds.
     #[arg(long, default_value_t = 30, global = true)]
-    pub timeout_secs: u64,
+    pub(crate) timeout_secs: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -72,7 +72,7 @@ pub enum Operation {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum TaskCommand {
+pub(crate) enum TaskCommand {
     /// Creates a task (nothing runs until it is started).
     Create(CreateTask),
     /// Lists tasks, newest first.
@@ -103,7 +103,7 @@ pub enum TaskCommand {
 
 #[derive(Debug, Args)]
 #[command(group = clap::ArgGroup::new("execution").required(true))]
-pub struct CreateTask {
+pub(crate) struct CreateTask {
     /// A shell task: the command (run with `sh -c`).
     #[arg(long, group = "execution")]
     shell: Option<String>,
@@ -163,20 +163,20 @@ impl CreateTask {
 
 /// What to do with a new run (start, retry, resume).
 #[derive(Debug, Clone, Copy, Args)]
-pub struct AdmitArgs {
+pub(crate) struct AdmitArgs {
     /// Stream the run live until it ends; the exit code is the run's.
     #[arg(long)]
-    pub watch: bool,
+    pub(crate) watch: bool,
     /// With --watch: exit with 3 as soon as the run waits for an approval.
     #[arg(long, requires = "watch")]
-    pub no_wait: bool,
+    pub(crate) no_wait: bool,
     /// Print only the new run's id.
     #[arg(long, short, conflicts_with = "watch")]
-    pub quiet: bool,
+    pub(crate) quiet: bool,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum RunCommand {
+pub(crate) enum RunCommand {
     /// Lists a task's runs, oldest first.
     List {
         task_id: String,
@@ -217,7 +217,7 @@ pub enum RunCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum ApprovalCommand {
+pub(crate) enum ApprovalCommand {
     /// Lists approvals (across tasks, or one task's), oldest first.
     List {
         /// `pending`, `approved`, `rejected`, `cancelled` or `expired`.
@@ -247,7 +247,7 @@ pub enum ApprovalCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum ScheduleCommand {
+pub(crate) enum ScheduleCommand {
     Show {
         task_id: String,
     },
@@ -276,7 +276,7 @@ pub enum ScheduleCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum MediaCommand {
+pub(crate) enum MediaCommand {
     /// Creates a media job and runs it (sends it to a worker).
     Create {
         /// The provider preset (`api: media-job`).
@@ -310,7 +310,7 @@ pub enum MediaCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum ProviderCommand {
+pub(crate) enum ProviderCommand {
     List {
         #[command(flatten)]
         page: PageArgs,
@@ -330,7 +330,7 @@ pub enum ProviderCommand {
 }
 
 #[derive(Debug, Args)]
-pub struct CreateProvider {
+pub(crate) struct CreateProvider {
     /// `openai-images`, `seedream` or `seedance` for media presets; any slug for chat ones.
     #[arg(long)]
     kind: String,
@@ -385,7 +385,7 @@ impl CreateProvider {
 
 /// Runs an operator command on its own runtime, without the server's telemetry: 0 or the
 /// watched run's exit code, [`ERROR_EXIT`] when the command failed.
-pub fn main(remote: Remote, operation: Operation) -> ExitCode {
+pub(crate) fn main(remote: Remote, operation: Operation) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -410,7 +410,7 @@ pub fn main(remote: Remote, operation: Operation) -> ExitCode {
 }
 
 /// The exit code of a command that failed (not of a run that failed, which is 1).
-pub const ERROR_EXIT: u8 = 4;
+pub(crate) const ERROR_EXIT: u8 = 4;
 
 pub(super) fn client(remote: &Remote) -> Result<Client, Error> {
     let credentials = match (&remote.token, &remote.identity) {

@@ -7,13 +7,13 @@ use keel_client::{Call, Error, ListEnvelope};
 use serde::de::DeserializeOwned;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     Table,
     Json,
 }
 
 /// Rows under headers; each cell one line.
-pub struct Table {
+pub(crate) struct Table {
     headers: Vec<&'static str>,
     rows: Vec<Vec<String>>,
     /// Print the first column alone, without its header (`--quiet`).
@@ -21,7 +21,7 @@ pub struct Table {
 }
 
 impl Table {
-    pub fn new(headers: &[&'static str]) -> Table {
+    pub(crate) fn new(headers: &[&'static str]) -> Table {
         Table {
             headers: headers.to_vec(),
             rows: Vec::new(),
@@ -30,7 +30,7 @@ impl Table {
     }
 
     /// A two-column table of a resource's fields.
-    pub fn fields<K: AsRef<str>>(fields: &[(K, String)]) -> Table {
+    pub(crate) fn fields<K: AsRef<str>>(fields: &[(K, String)]) -> Table {
         let mut table = Table::new(&["FIELD", "VALUE"]);
         for (name, value) in fields {
             table.row(vec![name.as_ref().to_string(), value.clone()]);
@@ -38,7 +38,7 @@ impl Table {
         table
     }
 
-    pub fn row(&mut self, cells: Vec<String>) {
+    pub(crate) fn row(&mut self, cells: Vec<String>) {
         // A cell is one line: newlines in commands or messages would break the columns.
         let cells = cells
             .into_iter()
@@ -47,7 +47,7 @@ impl Table {
         self.rows.push(cells);
     }
 
-    pub fn print(&self) {
+    pub(crate) fn print(&self) {
         let mut stdout = std::io::stdout().lock();
         let lines = if self.ids_only {
             self.rows
@@ -123,7 +123,7 @@ fn terminal_width() -> Option<usize> {
 }
 
 /// Prints one answer: its JSON as sent, or the table `render` makes of it.
-pub async fn show<T: DeserializeOwned>(
+pub(crate) async fn show<T: DeserializeOwned>(
     format: Format,
     call: Call<'_, T>,
     render: impl FnOnce(&T) -> Table,
@@ -144,7 +144,7 @@ pub async fn show<T: DeserializeOwned>(
 
 /// Prints a new resource's id alone (`--quiet`, for `$(…)` in scripts), or the answer as
 /// [`show`] does.
-pub async fn show_or_id<T: DeserializeOwned>(
+pub(crate) async fn show_or_id<T: DeserializeOwned>(
     format: Format,
     quiet: bool,
     call: Call<'_, T>,
@@ -161,19 +161,19 @@ pub async fn show_or_id<T: DeserializeOwned>(
 
 /// How much of a list to print.
 #[derive(Debug, Clone, clap::Args)]
-pub struct PageArgs {
+pub(crate) struct PageArgs {
     /// Page size, 1 to 200.
     #[arg(long)]
-    pub limit: Option<u32>,
+    pub(crate) limit: Option<u32>,
     /// Start after this cursor (a page's `next_cursor`).
     #[arg(long)]
-    pub cursor: Option<String>,
+    pub(crate) cursor: Option<String>,
     /// Every page: a table of all rows, or with `--output json` one item per line.
     #[arg(long, conflicts_with = "cursor")]
-    pub all: bool,
+    pub(crate) all: bool,
     /// Print only the ids (the first column), one a line.
     #[arg(long, short)]
-    pub quiet: bool,
+    pub(crate) quiet: bool,
 }
 
 /// Prints a list: one page (as the API sent it, or a table with a hint to the next page),
@@ -224,7 +224,7 @@ pub async fn list<T: DeserializeOwned + serde::Serialize + 'static>(
 }
 
 /// Bytes as the API sent them, with a final newline.
-pub fn print_raw(raw: &[u8]) {
+pub(crate) fn print_raw(raw: &[u8]) {
     let mut stdout = std::io::stdout().lock();
     let newline: &[u8] = if raw.ends_with(b"\n") { b"" } else { b"\n" };
     let _ = stdout
@@ -234,7 +234,7 @@ pub fn print_raw(raw: &[u8]) {
 
 /// An error in one or two lines: the envelope's user message and message with the
 /// request id, then the operator action.
-pub fn print_error(error: &Error) {
+pub(crate) fn print_error(error: &Error) {
     match error.api() {
         Some(api) => {
             let body = &api.error;
@@ -250,11 +250,11 @@ pub fn print_error(error: &Error) {
 }
 
 /// A time as the tables show it: UTC, to the second.
-pub fn time(at: &chrono::DateTime<chrono::Utc>) -> String {
+pub(crate) fn time(at: &chrono::DateTime<chrono::Utc>) -> String {
     at.format("%Y-%m-%d %H:%M:%S").to_string()
 }
 
-pub fn or_dash(value: Option<impl ToString>) -> String {
+pub(crate) fn or_dash(value: Option<impl ToString>) -> String {
     value.map_or_else(|| "-".to_string(), |v| v.to_string())
 }
 

@@ -22,7 +22,7 @@ use crate::cli::output::Format;
 
 /// What a command ends with, as its exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Not a watch: the command did what it was asked.
     Done,
     Completed,
@@ -33,7 +33,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn code(self) -> u8 {
+    pub(crate) fn code(self) -> u8 {
         match self {
             Outcome::Done | Outcome::Completed => 0,
             Outcome::Failed => 1,
@@ -437,13 +437,13 @@ fn seconds(elapsed: chrono::TimeDelta) -> String {
 }
 
 /// `keel runs logs`: the run's output so far, stdout to stdout and stderr to stderr.
-pub async fn print_logs(client: &Client, run: &RunRecord) -> Result<(), Error> {
+pub(crate) async fn print_logs(client: &Client, run: &RunRecord) -> Result<(), Error> {
     let view = View::plain();
     Logs::new(run).finish(client, &view).await
 }
 
 /// Follows a media job until it ends: its progress events, then its artifacts.
-pub async fn media(
+pub(crate) async fn media(
     client: &Client,
     format: Format,
     media_job_id: &str,

@@ -40,13 +40,13 @@ pub enum StoreError {
     Content(String),
 }
 
-pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 impl StoreError {
     /// Whether the database could not be reached or ended the session (a failover, a cut
     /// connection, a server shutting down): the same statements may succeed on a fresh
     /// connection.
-    pub fn is_unreachable(&self) -> bool {
+    pub(crate) fn is_unreachable(&self) -> bool {
         match self {
             StoreError::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)) => true,
             // Class 08: connection exceptions; 57P01-57P03: the server is shutting down,
@@ -95,7 +95,7 @@ const SERVER_KEEPALIVES: [(&str, &str); 4] = [
 
 /// How long a request for a connection waits when every one is busy, being opened or
 /// tested (a database that does not answer): then it fails, and the API answers 503.
-pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Opens a pool; every connection says which Keel process it belongs to, and carries the
 /// bounds above.
@@ -139,7 +139,7 @@ pub async fn migrate(pool: &PgPool) -> Result<()> {
 }
 
 /// Whether the database has every migration this binary knows.
-pub async fn migrations_current(pool: &PgPool) -> Result<bool> {
+pub(crate) async fn migrations_current(pool: &PgPool) -> Result<bool> {
     let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
     let applied: Option<i64> =
         sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")

@@ -5,17 +5,17 @@
 use crate::domain::Actor;
 
 /// The workspace of local mode, and of every row written before workspaces existed.
-pub const DEFAULT_WORKSPACE: &str = "default";
+pub(crate) const DEFAULT_WORKSPACE: &str = "default";
 
 /// The actor id of a request in local mode.
-pub const LOCAL_ACTOR: &str = "local";
+pub(crate) const LOCAL_ACTOR: &str = "local";
 
 /// Longest id accepted: ids become workspace ids and log fields.
 const MAX_ID_LEN: usize = 128;
 
 /// An id safe as a workspace id and a log field: 1 to 128 printable ASCII characters, no
 /// spaces.
-pub fn checked_id(value: &str) -> Option<String> {
+pub(crate) fn checked_id(value: &str) -> Option<String> {
     (!value.is_empty() && value.len() <= MAX_ID_LEN && value.bytes().all(|b| b.is_ascii_graphic()))
         .then(|| value.to_string())
 }
@@ -23,7 +23,7 @@ pub fn checked_id(value: &str) -> Option<String> {
 /// An org id a remote identity may name: a [`checked_id`] other than
 /// [`DEFAULT_WORKSPACE`], which is local mode's workspace (and every row's from before
 /// workspaces): an org of that name would see them all.
-pub fn checked_org_id(value: &str) -> Option<String> {
+pub(crate) fn checked_org_id(value: &str) -> Option<String> {
     checked_id(value).filter(|id| id != DEFAULT_WORKSPACE)
 }
 
@@ -45,7 +45,7 @@ impl Scope {
         Scope::new(DEFAULT_WORKSPACE)
     }
 
-    pub fn workspace(&self) -> &str {
+    pub(crate) fn workspace(&self) -> &str {
         &self.workspace
     }
 
@@ -54,7 +54,7 @@ impl Scope {
     /// must lie): letters, digits, `_`, `-` and `.` as they are, every other byte `%XX`,
     /// and the dots of `.` and `..` too, so two workspaces never share a name and none
     /// names a root or its parent.
-    pub fn directory_name(&self) -> String {
+    pub(crate) fn directory_name(&self) -> String {
         let kept = |b: u8| b.is_ascii_alphanumeric() || b"_-.".contains(&b);
         let name: String = self
             .workspace
@@ -71,7 +71,7 @@ impl Scope {
     }
 }
 
-pub use keel_api_types::{IdentityForm, RemoteIdentity};
+pub(crate) use keel_api_types::{IdentityForm, RemoteIdentity};
 
 /// What a caller may do. A member works in its workspace: tasks, runs, schedules,
 /// presets with the secrets its workspace was granted, sources without hooks or roots. An
@@ -85,7 +85,7 @@ pub enum Role {
 }
 
 impl Role {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Role::Member => "member",
             Role::Operator => "operator",
@@ -93,7 +93,7 @@ impl Role {
     }
 
     /// The role a `role` claim or `X-Keel-Role` header names; absent means member.
-    pub fn parse(value: Option<&str>) -> Option<Role> {
+    pub(crate) fn parse(value: Option<&str>) -> Option<Role> {
         match value {
             None | Some("member") => Some(Role::Member),
             Some("operator") => Some(Role::Operator),
@@ -105,12 +105,12 @@ impl Role {
 /// The caller of one API request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
-    pub actor_id: String,
+    pub(crate) actor_id: String,
     pub scope: Scope,
     /// Present in remote mode.
-    pub remote: Option<RemoteIdentity>,
+    pub(crate) remote: Option<RemoteIdentity>,
     /// The local caller is always an operator; a remote one is what its identity says.
-    pub role: Role,
+    pub(crate) role: Role,
 }
 
 impl Caller {
@@ -125,7 +125,7 @@ impl Caller {
     }
 
     /// A request vouched for by a trusted proxy: the org is the workspace.
-    pub fn remote(identity: RemoteIdentity, role: Role) -> Self {
+    pub(crate) fn remote(identity: RemoteIdentity, role: Role) -> Self {
         Caller {
             actor_id: identity.actor_id.clone(),
             scope: Scope::new(identity.org_id.clone()),
@@ -137,18 +137,18 @@ impl Caller {
     /// Whether the caller may do what only operators do (see [`Role`]): the local caller
     /// (who could stop the process or read its database anyway), and remote callers whose
     /// identity carries the operator role.
-    pub fn is_operator(&self) -> bool {
+    pub(crate) fn is_operator(&self) -> bool {
         self.role == Role::Operator
     }
 
     /// Whether the caller is on the runtime's own side of the API (local mode): only it
     /// may name the host's files or aim the operator's tracker token at another endpoint.
-    pub fn is_local(&self) -> bool {
+    pub(crate) fn is_local(&self) -> bool {
         self.remote.is_none()
     }
 
     /// Refuses (with the reason) what only an operator may do.
-    pub fn require_operator(&self, what: &str) -> Result<(), String> {
+    pub(crate) fn require_operator(&self, what: &str) -> Result<(), String> {
         if self.is_operator() {
             return Ok(());
         }

@@ -2,9 +2,9 @@
 //! that decide every transition. No SQL and no HTTP here; `store` persists these types and
 //! `api` renders them.
 
-pub mod event;
-pub mod identity;
-pub mod run;
+pub(crate) mod event;
+pub(crate) mod identity;
+pub(crate) mod run;
 
 pub use event::EventType;
 pub use identity::{Caller, Role, Scope};
@@ -41,12 +41,12 @@ impl std::fmt::Display for Actor {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {message}")]
 pub struct Invalid {
-    pub field: &'static str,
-    pub message: String,
+    pub(crate) field: &'static str,
+    pub(crate) message: String,
 }
 
 impl Invalid {
-    pub fn new(field: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(field: &'static str, message: impl Into<String>) -> Self {
         Invalid {
             field,
             message: message.into(),
@@ -62,7 +62,10 @@ const MAX_JSON_NUMBER: f64 = keel_api_types::schema::MAX_JSON_NUMBER as f64;
 /// Checks free-form JSON as its schema (`JsonObject`) describes it: numbers within
 /// [`MAX_JSON_NUMBER`], and no NUL in a string or a key, which PostgreSQL cannot store
 /// (caught here, the field named, rather than by the database).
-pub fn check_free_json(field: &'static str, value: &serde_json::Value) -> Result<(), Invalid> {
+pub(crate) fn check_free_json(
+    field: &'static str,
+    value: &serde_json::Value,
+) -> Result<(), Invalid> {
     const NUL: &str = "holds a NUL character (\\u0000), which PostgreSQL cannot store";
     match value {
         serde_json::Value::Number(n) if n.as_f64().is_none_or(|f| f.abs() > MAX_JSON_NUMBER) => {

@@ -33,7 +33,7 @@ pub enum Subject<'a> {
 
 impl<'a> Subject<'a> {
     /// The column naming the subject in `run_events` and `artifacts`, and its id.
-    pub fn key(self) -> (&'static str, &'a str) {
+    pub(crate) fn key(self) -> (&'static str, &'a str) {
         match self {
             Subject::Run { run_id, .. } => ("run_id", run_id),
             Subject::MediaJob(id) => ("media_job_id", id),
@@ -44,7 +44,7 @@ impl<'a> Subject<'a> {
         self.key().1
     }
 
-    pub fn columns(self) -> (Option<&'a str>, Option<&'a str>, Option<&'a str>) {
+    pub(crate) fn columns(self) -> (Option<&'a str>, Option<&'a str>, Option<&'a str>) {
         match self {
             Subject::Run { task_id, run_id } => (Some(task_id), Some(run_id), None),
             Subject::MediaJob(id) => (None, None, Some(id)),
@@ -53,9 +53,9 @@ impl<'a> Subject<'a> {
 }
 
 pub struct NewEvent<'a> {
-    pub subject: Subject<'a>,
-    pub event_type: EventType,
-    pub data: serde_json::Value,
+    pub(crate) subject: Subject<'a>,
+    pub(crate) event_type: EventType,
+    pub(crate) data: serde_json::Value,
 }
 
 impl<'a> NewEvent<'a> {
@@ -67,7 +67,7 @@ impl<'a> NewEvent<'a> {
         }
     }
 
-    pub fn media_job(media_job_id: &'a str, event_type: EventType) -> Self {
+    pub(crate) fn media_job(media_job_id: &'a str, event_type: EventType) -> Self {
         NewEvent {
             subject: Subject::MediaJob(media_job_id),
             event_type,
@@ -75,7 +75,7 @@ impl<'a> NewEvent<'a> {
         }
     }
 
-    pub fn with(mut self, data: serde_json::Value) -> Self {
+    pub(crate) fn with(mut self, data: serde_json::Value) -> Self {
         self.data = data;
         self
     }
@@ -255,7 +255,7 @@ pub async fn list_feed(
 /// The current snapshot, as text. It changes whenever a writing transaction anywhere in the
 /// cluster takes its id or ends, so with every commit of events and every advance of the
 /// feed's horizon: what the streams poll to learn that there may be something new to read.
-pub async fn snapshot(conn: &mut PgConnection) -> Result<String> {
+pub(crate) async fn snapshot(conn: &mut PgConnection) -> Result<String> {
     let snapshot = sqlx::query_scalar("SELECT pg_current_snapshot()::text")
         .fetch_one(conn)
         .await?;

@@ -7,19 +7,19 @@ use crate::db::Result;
 use crate::domain::{Actor, Scope};
 
 /// One state change to record.
-pub struct Transition<'a> {
-    pub entity_type: &'static str,
-    pub entity_id: &'a str,
+pub(crate) struct Transition<'a> {
+    pub(crate) entity_type: &'static str,
+    pub(crate) entity_id: &'a str,
     /// The task a task, run or approval belongs to; None for a media job.
-    pub task_id: Option<&'a str>,
-    pub from: Option<&'a str>,
-    pub to: &'a str,
-    pub reason: Option<&'a str>,
+    pub(crate) task_id: Option<&'a str>,
+    pub(crate) from: Option<&'a str>,
+    pub(crate) to: &'a str,
+    pub(crate) reason: Option<&'a str>,
 }
 
-pub use keel_api_types::TransitionRecord;
+pub(crate) use keel_api_types::TransitionRecord;
 
-pub async fn record(
+pub(crate) async fn record(
     conn: &mut PgConnection,
     scope: &Scope,
     transition: Transition<'_>,
@@ -29,7 +29,7 @@ pub async fn record(
 }
 
 /// Records several changes by one actor in one statement, in order.
-pub async fn record_all(
+pub(crate) async fn record_all(
     conn: &mut PgConnection,
     scope: &Scope,
     transitions: &[Transition<'_>],

@@ -30,14 +30,14 @@ const ITEM_ARTIFACT: &str = "external_work_item.json";
 const PROMPT_ARTIFACT: &str = "prompt.md";
 const MAX_EVIDENCE_BYTES: i64 = 1024 * 1024;
 
-pub use keel_api_types::Imported;
+pub(crate) use keel_api_types::Imported;
 
 /// Imports one candidate: the item, and for a new item in an active state the task the
 /// workflow's `task` section makes of it, with the rendered prompt, started through the
 /// normal admission path (approval gates included), with the item and the prompt as
 /// evidence artifacts of its run. With `workspace.root`, the item's workspace is prepared
 /// first (see [`workspace`]).
-pub async fn import(
+pub(crate) async fn import(
     poller: &Poller,
     scope: &Scope,
     source: &SourceRecord,
@@ -58,7 +58,7 @@ pub async fn import(
 /// Carries an item on from `workspace_preparing` (its workspace prepared) or `ready` to
 /// its started run; returns it as it ends (still `workspace_preparing` when another
 /// process is preparing it).
-pub(crate) async fn advance(
+pub async fn advance(
     poller: &Poller,
     scope: &Scope,
     workflow: &Workflow,

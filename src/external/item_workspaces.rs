@@ -10,7 +10,7 @@ use crate::domain::Scope;
 use crate::external::ItemRecord;
 
 /// Marks an item `workspace_preparing` in `path` (the error cleared).
-pub async fn begin_preparation(
+pub(crate) async fn begin_preparation(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &str,
@@ -31,7 +31,7 @@ pub async fn begin_preparation(
 }
 
 /// Keeps what a hook printed on the item, under the hook's name.
-pub async fn record_hook(
+pub(crate) async fn record_hook(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &str,
@@ -65,7 +65,11 @@ pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<Ite
 }
 
 /// Whether `id` is the newest version of its subject.
-pub async fn is_newest(conn: &mut PgConnection, scope: &Scope, item: &ItemRecord) -> Result<bool> {
+pub(crate) async fn is_newest(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    item: &ItemRecord,
+) -> Result<bool> {
     let newer: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM external_work_items
                         WHERE workspace_id = $1 AND source_id = $2 AND identifier = $3
@@ -83,7 +87,7 @@ pub async fn is_newest(conn: &mut PgConnection, scope: &Scope, item: &ItemRecord
 /// Items whose preparation began or ended without their run starting (a process that
 /// stopped in between, a slot taken meanwhile): the newest version of each subject, oldest
 /// first.
-pub async fn unstarted(
+pub(crate) async fn unstarted(
     conn: &mut PgConnection,
     scope: &Scope,
     source_id: &str,
@@ -108,16 +112,16 @@ pub async fn unstarted(
 
 /// A subject whose newest version is terminal and which still has a workspace.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct Removal {
+pub(crate) struct Removal {
     #[sqlx(flatten)]
-    pub item: ItemRecord,
-    pub workspace_id: String,
-    pub directory: String,
+    pub(crate) item: ItemRecord,
+    pub(crate) workspace_id: String,
+    pub(crate) directory: String,
 }
 
 /// Terminal items whose subject still has a workspace, in every workspace, oldest first
 /// (the workers' maintenance removes them).
-pub async fn to_remove(conn: &mut PgConnection, limit: u32) -> Result<Vec<Removal>> {
+pub(crate) async fn to_remove(conn: &mut PgConnection, limit: u32) -> Result<Vec<Removal>> {
     // From the few subjects with a workspace (a partial index), to their newest version.
     let rows = sqlx::query_as(
         "SELECT newest.*, w.workspace_path AS directory
@@ -141,7 +145,7 @@ pub async fn to_remove(conn: &mut PgConnection, limit: u32) -> Result<Vec<Remova
 }
 
 /// Forgets a subject's workspace, once removed.
-pub async fn clear(conn: &mut PgConnection, scope: &Scope, item: &ItemRecord) -> Result<()> {
+pub(crate) async fn clear(conn: &mut PgConnection, scope: &Scope, item: &ItemRecord) -> Result<()> {
     sqlx::query(
         "UPDATE external_work_items SET workspace_path = NULL, updated_at = now()
          WHERE workspace_id = $1 AND source_id = $2 AND identifier = $3
@@ -168,7 +172,11 @@ fn lock_key(scope: &Scope, item: &ItemRecord) -> String {
 /// `before_remove` runs for up to `hooks.timeout_ms`, longer than a transaction may stay
 /// idle, so this is a session lock: the caller releases it by closing the connection, as
 /// the death of its process does, and never hands the connection back to the pool.
-pub async fn try_lock(conn: &mut PgConnection, scope: &Scope, item: &ItemRecord) -> Result<bool> {
+pub(crate) async fn try_lock(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    item: &ItemRecord,
+) -> Result<bool> {
     let locked = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
         .bind(lock_key(scope, item))
         .fetch_one(conn)

@@ -100,8 +100,8 @@ struct Page {
 
 /// Why a poll (or an action) stops at a request.
 pub(crate) struct Stop {
-    pub error: (&'static str, String),
-    pub backoff_until: Option<chrono::DateTime<Utc>>,
+    pub(crate) error: (&'static str, String),
+    pub(crate) backoff_until: Option<chrono::DateTime<Utc>>,
 }
 
 /// The current versions of these items' issues (at most [`PAGE`]), whatever their state.

@@ -5,16 +5,16 @@
 //! [`import`] (one item); [`poll`] (the `poll` job) on top. [`actions`] (the approval-gated
 //! writes) builds on the trackers beside them.
 
-pub mod actions;
-pub mod github;
-pub mod import;
-pub mod item_workspaces;
-pub mod linear;
-pub mod poll;
-pub mod read;
+pub(crate) mod actions;
+pub(crate) mod github;
+pub(crate) mod import;
+pub(crate) mod item_workspaces;
+pub(crate) mod linear;
+pub(crate) mod poll;
+pub(crate) mod read;
 mod store;
-pub mod tracker;
-pub mod workflow;
-pub mod workspace;
+pub(crate) mod tracker;
+pub(crate) mod workflow;
+pub(crate) mod workspace;
 
-pub use store::*;
+pub(crate) use store::*;

@@ -34,9 +34,9 @@ use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Lease};
 
 /// Items read per list when the caller names no limit (the seed's default).
-pub const DEFAULT_LIMIT: u32 = 50;
+pub(crate) const DEFAULT_LIMIT: u32 = 50;
 
-pub use keel_api_types::PollSummary;
+pub(crate) use keel_api_types::PollSummary;
 
 /// How a poll counts what it did (the summary is a wire type, defined in the contract crate).
 trait Tally {
@@ -74,7 +74,7 @@ impl Tally for PollSummary {
 
 /// What one pass over a source asks its tracker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pass {
+pub(crate) enum Pass {
     /// The candidate lists (up to `limit` items), then, where the lists do not show every
     /// state, the claimed items with active runs.
     Poll { limit: u32 },
@@ -84,7 +84,7 @@ pub enum Pass {
 
 /// Runs one pass over a source and records the outcome on it; returns the summary and the
 /// workflow's polling interval (the default when the workflow cannot be read).
-pub async fn poll(
+pub(crate) async fn poll(
     poller: &Poller,
     scope: &Scope,
     source: &SourceRecord,
@@ -340,8 +340,8 @@ impl Imports<'_> {
 
 /// The handler of `poll` jobs: a background poll of the job's source, then the job row is
 /// handed back due again after the workflow's interval (or when a rate limit lifts).
-pub struct PollJobs {
-    pub poller: Poller,
+pub(crate) struct PollJobs {
+    pub(crate) poller: Poller,
 }
 
 impl JobHandler for PollJobs {

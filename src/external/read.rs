@@ -12,7 +12,7 @@ use crate::external::{github, linear};
 
 /// The item of a manual import's payload: a webhook payload or the item itself, as the
 /// tracker's API has it.
-pub fn payload_candidate(tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
+pub(crate) fn payload_candidate(tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
     match tracker.kind {
         TrackerKind::Github => github::payload_candidate(tracker, payload),
         TrackerKind::Linear => linear::payload_candidate(tracker, payload),

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use sqlx::types::Json;
 
-pub use keel_api_types::{Etags, ItemRecord, SourceRecord};
+pub(crate) use keel_api_types::{ItemRecord, SourceRecord};
 
 use crate::db::{Result, StoreError};
 use crate::domain::{Scope, new_id};
@@ -15,17 +15,17 @@ use crate::queue::{self, Locked};
 
 /// The queue kind of a source's polls; the job's ref_id is the source id, so a source has
 /// at most one poll queued or in flight across every worker.
-pub const POLL_KIND: &str = "poll";
+pub(crate) const POLL_KIND: &str = "poll";
 
 /// Where a source's workflow comes from.
 #[derive(Debug, Clone)]
-pub enum WorkflowOrigin {
+pub(crate) enum WorkflowOrigin {
     Markdown(String),
     Path(String),
 }
 
 /// Registers a source; the same target again returns the existing one (and false).
-pub async fn insert_source(
+pub(crate) async fn insert_source(
     conn: &mut PgConnection,
     scope: &Scope,
     tracker_kind: &str,
@@ -67,7 +67,11 @@ pub async fn insert_source(
     }
 }
 
-pub async fn get_source(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<SourceRecord> {
+pub(crate) async fn get_source(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+) -> Result<SourceRecord> {
     sqlx::query_as("SELECT * FROM external_sources WHERE workspace_id = $1 AND id = $2")
         .bind(scope.workspace())
         .bind(id)
@@ -77,7 +81,7 @@ pub async fn get_source(conn: &mut PgConnection, scope: &Scope, id: &str) -> Res
 }
 
 /// Oldest first; `after` is the id of the last source of the previous page.
-pub async fn list_sources(
+pub(crate) async fn list_sources(
     conn: &mut PgConnection,
     scope: &Scope,
     after: Option<&str>,
@@ -97,7 +101,7 @@ pub async fn list_sources(
 
 /// Deletes a source with its items and its background poll job (the tasks they created
 /// stay).
-pub async fn delete_source(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
+pub(crate) async fn delete_source(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
     let deleted = sqlx::query("DELETE FROM external_sources WHERE workspace_id = $1 AND id = $2")
         .bind(scope.workspace())
         .bind(id)
@@ -112,7 +116,7 @@ pub async fn delete_source(conn: &mut PgConnection, scope: &Scope, id: &str) -> 
 
 /// Turns background polling on (the source's one `poll` job, shared by every worker) or off;
 /// a poll in flight finds the flag off when it ends, and acks its job.
-pub async fn set_background(
+pub(crate) async fn set_background(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &str,
@@ -138,16 +142,16 @@ pub async fn set_background(
 
 /// What one poll leaves on its source.
 #[derive(Debug, Clone, Default)]
-pub struct PollRecord {
+pub(crate) struct PollRecord {
     /// ETags to remember, by list URL (merged into the stored ones).
-    pub etags: BTreeMap<String, String>,
-    pub backoff_until: Option<DateTime<Utc>>,
-    pub summary: serde_json::Value,
+    pub(crate) etags: BTreeMap<String, String>,
+    pub(crate) backoff_until: Option<DateTime<Utc>>,
+    pub(crate) summary: serde_json::Value,
     /// `(code, message)`; None clears the last error.
-    pub error: Option<(String, String)>,
+    pub(crate) error: Option<(String, String)>,
 }
 
-pub async fn record_poll(
+pub(crate) async fn record_poll(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &str,
@@ -176,18 +180,18 @@ pub async fn record_poll(
 
 /// A version of a tracker item, as a poll or import found it.
 #[derive(Debug, Clone)]
-pub struct NewItem<'a> {
-    pub source_id: &'a str,
-    pub idempotency_key: &'a str,
-    pub kind: &'a str,
-    pub identifier: &'a str,
-    pub tracker_state: &'a str,
-    pub issue: &'a serde_json::Value,
+pub(crate) struct NewItem<'a> {
+    pub(crate) source_id: &'a str,
+    pub(crate) idempotency_key: &'a str,
+    pub(crate) kind: &'a str,
+    pub(crate) identifier: &'a str,
+    pub(crate) tracker_state: &'a str,
+    pub(crate) issue: &'a serde_json::Value,
 }
 
 /// Records an item; None when its idempotency key was recorded before (a duplicate). A
 /// concurrent insert of the same key waits for the first to commit, then finds it.
-pub async fn insert_item(
+pub(crate) async fn insert_item(
     conn: &mut PgConnection,
     scope: &Scope,
     item: &NewItem<'_>,
@@ -214,7 +218,7 @@ pub async fn insert_item(
 
 /// Serializes the imports of one subject (every version of one issue or pull request) for
 /// the rest of the transaction, so two workers never both give it a task.
-pub async fn lock_subject(
+pub(crate) async fn lock_subject(
     conn: &mut PgConnection,
     scope: &Scope,
     source_id: &str,
@@ -231,7 +235,7 @@ pub async fn lock_subject(
 }
 
 /// The version of this subject that has its task, if any.
-pub async fn claimed_version(
+pub(crate) async fn claimed_version(
     conn: &mut PgConnection,
     scope: &Scope,
     source_id: &str,
@@ -253,7 +257,7 @@ pub async fn claimed_version(
 /// The source's claimed items whose run is still active or failed (a retry is coming),
 /// oldest first, then those that still have a workspace (a terminal version removes it):
 /// what a reconciliation asks the tracker about.
-pub async fn claimed_to_reconcile(
+pub(crate) async fn claimed_to_reconcile(
     conn: &mut PgConnection,
     scope: &Scope,
     source_id: &str,
@@ -278,7 +282,11 @@ pub async fn claimed_to_reconcile(
 
 /// Serializes the starts of one source's items across every importer, so that two of them
 /// cannot both take the last free slot. Taken after the subject's lock.
-pub async fn lock_slots(conn: &mut PgConnection, scope: &Scope, source_id: &str) -> Result<()> {
+pub(crate) async fn lock_slots(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+) -> Result<()> {
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
         .bind(format!(
             "external_work_slots:{}:{source_id}",
@@ -291,7 +299,7 @@ pub async fn lock_slots(conn: &mut PgConnection, scope: &Scope, source_id: &str)
 
 /// How many of the source's items have an active run: all of them, and those whose
 /// tracker state (trimmed, lowercased) is `state`.
-pub async fn active_runs(
+pub(crate) async fn active_runs(
     conn: &mut PgConnection,
     scope: &Scope,
     source_id: &str,
@@ -314,19 +322,19 @@ pub async fn active_runs(
 
 /// A claimed item whose run failed, with what its retry needs.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct FailedClaim {
+pub(crate) struct FailedClaim {
     #[sqlx(flatten)]
-    pub item: ItemRecord,
-    pub run_finished_at: DateTime<Utc>,
-    pub run_error: Option<String>,
+    pub(crate) item: ItemRecord,
+    pub(crate) run_finished_at: DateTime<Utc>,
+    pub(crate) run_error: Option<String>,
     /// The task's runs so far: the next one is retry number `run_count`.
-    pub run_count: i32,
+    pub(crate) run_count: i32,
     /// The tracker state of the subject's newest version.
-    pub newest_tracker_state: String,
+    pub(crate) newest_tracker_state: String,
 }
 
 /// The source's items whose task's latest run failed, oldest first.
-pub async fn claimed_with_failed_runs(
+pub(crate) async fn claimed_with_failed_runs(
     conn: &mut PgConnection,
     scope: &Scope,
     source_id: &str,
@@ -356,7 +364,7 @@ pub async fn claimed_with_failed_runs(
 
 /// Items left waiting for a free slot, the newest version of each subject, oldest subject
 /// first: what a poll starts once slots free up.
-pub async fn waiting_for_slots(
+pub(crate) async fn waiting_for_slots(
     conn: &mut PgConnection,
     scope: &Scope,
     source_id: &str,
@@ -381,15 +389,15 @@ pub async fn waiting_for_slots(
 
 /// Where an item stands after its import.
 #[derive(Debug, Clone, Default)]
-pub struct ItemChange<'a> {
-    pub state: &'a str,
-    pub prompt: Option<&'a str>,
-    pub task_id: Option<&'a str>,
-    pub run_id: Option<&'a str>,
-    pub error: Option<(&'a str, &'a str)>,
+pub(crate) struct ItemChange<'a> {
+    pub(crate) state: &'a str,
+    pub(crate) prompt: Option<&'a str>,
+    pub(crate) task_id: Option<&'a str>,
+    pub(crate) run_id: Option<&'a str>,
+    pub(crate) error: Option<(&'a str, &'a str)>,
 }
 
-pub async fn update_item(
+pub(crate) async fn update_item(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &str,
@@ -417,7 +425,7 @@ pub async fn update_item(
 
 /// Replaces an item's normalized issue with a fresher reading of the same version (its
 /// blockers' states change without a new version).
-pub async fn refresh_issue(
+pub(crate) async fn refresh_issue(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &str,
@@ -436,7 +444,11 @@ pub async fn refresh_issue(
 }
 
 /// The item a key names (the one a duplicate import found).
-pub async fn item_by_key(conn: &mut PgConnection, scope: &Scope, key: &str) -> Result<ItemRecord> {
+pub(crate) async fn item_by_key(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    key: &str,
+) -> Result<ItemRecord> {
     sqlx::query_as(
         "SELECT * FROM external_work_items
          WHERE workspace_id = $1 AND idempotency_key = $2",
@@ -449,7 +461,7 @@ pub async fn item_by_key(conn: &mut PgConnection, scope: &Scope, key: &str) -> R
 }
 
 /// A source's items, oldest first.
-pub async fn list_items(
+pub(crate) async fn list_items(
     conn: &mut PgConnection,
     scope: &Scope,
     source_id: &str,
@@ -471,7 +483,7 @@ pub async fn list_items(
 }
 
 /// How many of a source's items are in each state.
-pub async fn item_counts(
+pub(crate) async fn item_counts(
     conn: &mut PgConnection,
     scope: &Scope,
     source_id: &str,

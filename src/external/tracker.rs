@@ -28,7 +28,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why an import or a poll was refused, beside the store's own errors.
 #[derive(Debug, thiserror::Error)]
-pub enum ExternalError {
+pub(crate) enum ExternalError {
     #[error(transparent)]
     Workflow(#[from] WorkflowError),
     /// The source or the payload cannot be imported (no tracker, an unknown payload shape).
@@ -40,18 +40,18 @@ pub enum ExternalError {
 
 /// What polls and imports need, in a worker or (for `POST .../poll`) in the API.
 #[derive(Clone)]
-pub struct Poller {
-    pub pool: PgPool,
-    pub rules: AdmissionRules,
+pub(crate) struct Poller {
+    pub(crate) pool: PgPool,
+    pub(crate) rules: AdmissionRules,
     /// Where the evidence artifacts (the item, the prompt) of a started run go.
-    pub content: ContentStore,
+    pub(crate) content: ContentStore,
     /// Checked at each resolution of a tracker token.
-    pub secrets: SecretPolicy,
+    pub(crate) secrets: SecretPolicy,
     pub(crate) http: reqwest::Client,
 }
 
 impl Poller {
-    pub fn new(
+    pub(crate) fn new(
         pool: PgPool,
         rules: AdmissionRules,
         content: ContentStore,
@@ -73,7 +73,7 @@ impl Poller {
 }
 
 /// A source's workflow, read from its row or its file, now.
-pub fn load_workflow(source: &SourceRecord) -> Result<Workflow, WorkflowError> {
+pub(crate) fn load_workflow(source: &SourceRecord) -> Result<Workflow, WorkflowError> {
     match (&source.workflow_markdown, &source.workflow_path) {
         (Some(text), _) => Workflow::parse(text),
         (None, Some(path)) => Workflow::load(std::path::Path::new(path)),
@@ -84,7 +84,7 @@ pub fn load_workflow(source: &SourceRecord) -> Result<Workflow, WorkflowError> {
 }
 
 /// The workflow's tracker; a source cannot exist without one.
-pub fn tracker(workflow: &Workflow) -> Result<&Tracker, ExternalError> {
+pub(crate) fn tracker(workflow: &Workflow) -> Result<&Tracker, ExternalError> {
     workflow
         .config
         .tracker
@@ -94,10 +94,10 @@ pub fn tracker(workflow: &Workflow) -> Result<&Tracker, ExternalError> {
 
 /// One tracker item, normalized, with what keys it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Candidate {
-    pub idempotency_key: String,
-    pub kind: &'static str,
-    pub issue: Issue,
+pub(crate) struct Candidate {
+    pub(crate) idempotency_key: String,
+    pub(crate) kind: &'static str,
+    pub(crate) issue: Issue,
 }
 
 /// The tracker's token, resolved now (it is never kept): None when the workflow names

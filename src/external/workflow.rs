@@ -14,7 +14,7 @@ use crate::tasks::{Hooks, MAX_HOOK_TIMEOUT_MS, TaskDraft};
 
 /// Why a workflow file cannot be used; `code` is the error's stable `type`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum WorkflowError {
+pub(crate) enum WorkflowError {
     #[error("the workflow file cannot be read: {0}")]
     MissingFile(String),
     #[error("the workflow front matter is not valid: {0}")]
@@ -28,7 +28,7 @@ pub enum WorkflowError {
 }
 
 impl WorkflowError {
-    pub fn code(&self) -> &'static str {
+    pub(crate) fn code(&self) -> &'static str {
         match self {
             WorkflowError::MissingFile(_) => "missing_workflow_file",
             WorkflowError::Parse(_) => "workflow_parse_error",
@@ -43,13 +43,13 @@ type Result<T, E = WorkflowError> = std::result::Result<T, E>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
-pub enum TrackerKind {
+pub(crate) enum TrackerKind {
     Github,
     Linear,
 }
 
 impl TrackerKind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TrackerKind::Github => "github",
             TrackerKind::Linear => "linear",
@@ -57,7 +57,7 @@ impl TrackerKind {
     }
 
     /// The public endpoint, used when the workflow names none.
-    pub fn default_endpoint(self) -> &'static str {
+    pub(crate) fn default_endpoint(self) -> &'static str {
         match self {
             TrackerKind::Github => "https://api.github.com",
             TrackerKind::Linear => "https://api.linear.app/graphql",
@@ -79,25 +79,25 @@ impl TrackerKind {
 /// Where items come from. `api_key` is a secret reference (`$VAR` is read as `env:VAR`),
 /// resolved only when a poll uses it; a raw token is refused.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
-pub struct Tracker {
-    pub kind: TrackerKind,
-    pub endpoint: String,
+pub(crate) struct Tracker {
+    pub(crate) kind: TrackerKind,
+    pub(crate) endpoint: String,
     #[schema(value_type = Option<String>, example = "env:GITHUB_TOKEN")]
     #[serde(serialize_with = "display_ref")]
-    pub api_key: Option<SecretRef>,
+    pub(crate) api_key: Option<SecretRef>,
     /// `owner/repo`, for GitHub.
-    pub repository: Option<String>,
+    pub(crate) repository: Option<String>,
     /// For Linear.
-    pub project_slug: Option<String>,
-    pub active_states: Vec<String>,
-    pub terminal_states: Vec<String>,
+    pub(crate) project_slug: Option<String>,
+    pub(crate) active_states: Vec<String>,
+    pub(crate) terminal_states: Vec<String>,
     /// Seed 000's event filter (`pull_request.opened`, …), kept as given.
-    pub events: Vec<String>,
+    pub(crate) events: Vec<String>,
 }
 
 impl Tracker {
     /// What the tracker polls, the same string for the same target: a source's identity.
-    pub fn target(&self) -> String {
+    pub(crate) fn target(&self) -> String {
         let subject = match self.kind {
             TrackerKind::Github => self.repository.as_deref(),
             TrackerKind::Linear => self.project_slug.as_deref(),
@@ -111,11 +111,11 @@ impl Tracker {
     }
 
     /// Whether an item in `state` is to be worked on (compared trimmed, without case).
-    pub fn is_active(&self, state: &str) -> bool {
+    pub(crate) fn is_active(&self, state: &str) -> bool {
         contains_state(&self.active_states, state)
     }
 
-    pub fn is_terminal(&self, state: &str) -> bool {
+    pub(crate) fn is_terminal(&self, state: &str) -> bool {
         contains_state(&self.terminal_states, state)
     }
 }
@@ -136,26 +136,26 @@ fn display_ref<S: serde::Serializer>(
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
-pub struct AgentLimits {
-    pub max_concurrent_agents: u64,
-    pub max_turns: Option<u64>,
-    pub max_retry_backoff_ms: u64,
+pub(crate) struct AgentLimits {
+    pub(crate) max_concurrent_agents: u64,
+    pub(crate) max_turns: Option<u64>,
+    pub(crate) max_retry_backoff_ms: u64,
     /// Keyed by state, trimmed and lowercased; entries that are not positive are dropped.
-    pub max_concurrent_agents_by_state: BTreeMap<String, u64>,
+    pub(crate) max_concurrent_agents_by_state: BTreeMap<String, u64>,
 }
 
 /// The typed front matter, defaults applied.
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
-pub struct WorkflowConfig {
+pub(crate) struct WorkflowConfig {
     /// None when the file has no tracker (a prompt-only workflow can still be rendered).
-    pub tracker: Option<Tracker>,
-    pub polling_interval_ms: u64,
-    pub workspace_root: Option<String>,
-    pub hooks: Hooks,
-    pub agent: AgentLimits,
+    pub(crate) tracker: Option<Tracker>,
+    pub(crate) polling_interval_ms: u64,
+    pub(crate) workspace_root: Option<String>,
+    pub(crate) hooks: Hooks,
+    pub(crate) agent: AgentLimits,
     /// What each item becomes: the fields of `POST /v1/tasks`.
     #[schema(value_type = Option<Object>)]
-    pub task: Option<serde_json::Value>,
+    pub(crate) task: Option<serde_json::Value>,
 }
 
 const DEFAULT_POLLING_INTERVAL_MS: u64 = 30_000;
@@ -165,17 +165,17 @@ const DEFAULT_MAX_RETRY_BACKOFF_MS: u64 = 300_000;
 
 /// A parsed WORKFLOW.md: its settings and its prompt template, which parsed.
 #[derive(Debug, Clone)]
-pub struct Workflow {
-    pub config: WorkflowConfig,
+pub(crate) struct Workflow {
+    pub(crate) config: WorkflowConfig,
     /// The body, trimmed.
-    pub prompt_template: String,
+    pub(crate) prompt_template: String,
 }
 
-pub use keel_api_types::{BlockerRef, Issue};
+pub(crate) use keel_api_types::{BlockerRef, Issue};
 
 impl Workflow {
     /// Reads and parses a workflow file.
-    pub fn load(path: &std::path::Path) -> Result<Workflow> {
+    pub(crate) fn load(path: &std::path::Path) -> Result<Workflow> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| WorkflowError::MissingFile(format!("{}: {e}", path.display())))?;
         Workflow::parse(&text)
@@ -183,7 +183,7 @@ impl Workflow {
 
     /// Parses a workflow's text: the front matter into settings, and the template, so a
     /// workflow that cannot render anything is refused up front.
-    pub fn parse(text: &str) -> Result<Workflow> {
+    pub(crate) fn parse(text: &str) -> Result<Workflow> {
         let (front, body) = split_front_matter(text)?;
         let config = match front {
             None => WorkflowConfig::from_raw(RawConfig::default())?,
@@ -198,7 +198,7 @@ impl Workflow {
     }
 
     /// The prompt for `issue`; `attempt` is None on a first run, the retry number after.
-    pub fn render(&self, issue: &Issue, attempt: Option<u32>) -> Result<String> {
+    pub(crate) fn render(&self, issue: &Issue, attempt: Option<u32>) -> Result<String> {
         let template = compile(&self.prompt_template)?;
         let render_error = |e: liquid::Error| WorkflowError::TemplateRender(e.to_string());
         let mut globals = liquid::Object::new();
@@ -212,7 +212,7 @@ impl Workflow {
     }
 
     /// The task each item becomes, as `POST /v1/tasks` would read it, with the prompt.
-    pub fn task_draft(&self, prompt: String) -> Result<TaskDraft> {
+    pub(crate) fn task_draft(&self, prompt: String) -> Result<TaskDraft> {
         let mut draft = task_draft(self.config.task.as_ref())?;
         draft.prompt = Some(prompt);
         Ok(draft)

@@ -59,7 +59,7 @@ pub(crate) fn key(identifier: &str) -> String {
 /// Under the subject's lock, in `start`: records the item's directory and marks it
 /// `workspace_preparing`, or `blocked` (`workspace_refused`) when the workspace roots do
 /// not allow `root`.
-pub(crate) async fn claim(
+pub async fn claim(
     conn: &mut PgConnection,
     poller: &Poller,
     scope: &Scope,
@@ -200,7 +200,7 @@ async fn inside_root(directory: &Path) -> Result<(), String> {
 /// in every workspace, `before_remove` first where a run prepared the directory (a failure
 /// is logged and ignored); returns how many went. An item whose source is gone, or whose
 /// workflow no longer reads, keeps its workspace until it does.
-pub async fn remove_terminal_workspaces(pool: &PgPool) -> Result<u64, StoreError> {
+pub(crate) async fn remove_terminal_workspaces(pool: &PgPool) -> Result<u64, StoreError> {
     let mut conn = pool.acquire().await?;
     let removals = crate::external::item_workspaces::to_remove(&mut conn, PER_PASS).await?;
     drop(conn);

@@ -26,9 +26,9 @@ use crate::runs::{AdmissionRules, RunWithTask};
 
 /// The `run` kind: an attempt of a run, begun as every run's is, then driven by the process
 /// executor or, for an `agent_loop` task, by the agent loop.
-pub struct Runs {
-    pub runs: RunJobs,
-    pub agent: AgentJobs,
+pub(crate) struct Runs {
+    pub(crate) runs: RunJobs,
+    pub(crate) agent: AgentJobs,
 }
 
 impl JobHandler for Runs {

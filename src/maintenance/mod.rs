@@ -15,13 +15,13 @@
 //! The first five run on one tick ([`run`]); the two workspace duties have loops of their
 //! own (a removal may wait on a slow disk or an hour-long hook).
 
-pub mod item_workspaces;
+pub(crate) mod item_workspaces;
 mod metrics;
 mod prune;
 mod reconcile;
 mod recover;
 mod schedules;
-pub mod workspaces;
+pub(crate) mod workspaces;
 
 pub use reconcile::Reconciler;
 pub use recover::recover;

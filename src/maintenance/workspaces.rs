@@ -22,7 +22,7 @@ use crate::runs::retention;
 
 /// What a sweep can fail on: the database, or this worker's disk.
 #[derive(Debug, thiserror::Error)]
-pub enum SweepError {
+pub(crate) enum SweepError {
     #[error(transparent)]
     Database(#[from] StoreError),
     #[error("{}: {source}", path.display())]
@@ -38,15 +38,15 @@ type Result<T> = std::result::Result<T, SweepError>;
 const BATCH: usize = 500;
 
 #[derive(Debug, Clone)]
-pub struct WorkspaceSweep {
+pub(crate) struct WorkspaceSweep {
     /// This worker's `<data_dir>/workspaces`.
-    pub root: PathBuf,
-    pub retention: Duration,
+    pub(crate) root: PathBuf,
+    pub(crate) retention: Duration,
 }
 
 impl WorkspaceSweep {
     /// One pass; returns how many workspaces it removed.
-    pub async fn pass(&self, pool: &PgPool) -> Result<usize> {
+    pub(crate) async fn pass(&self, pool: &PgPool) -> Result<usize> {
         let names = self.local_workspaces().await?;
         let mut removed = 0;
         for batch in names.chunks(BATCH) {

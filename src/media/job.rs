@@ -36,14 +36,14 @@ use crate::{artifacts, providers};
 /// transaction per chunk would cost a round trip per few kilobytes.
 const WRITE_BUFFER_BYTES: usize = 1024 * 1024;
 
-pub struct MediaJobs {
-    pub pool: PgPool,
-    pub limits: MediaLimits,
-    pub content: ContentStore,
+pub(crate) struct MediaJobs {
+    pub(crate) pool: PgPool,
+    pub(crate) limits: MediaLimits,
+    pub(crate) content: ContentStore,
     /// Checked again at each resolution: a preset stored under a wider policy must not leak.
-    pub secrets: SecretPolicy,
+    pub(crate) secrets: SecretPolicy,
     /// Checked again at each resolution, like the secrets.
-    pub hosts: ProviderHosts,
+    pub(crate) hosts: ProviderHosts,
 }
 
 impl JobHandler for MediaJobs {
@@ -81,13 +81,13 @@ impl DomainRow for MediaJobRecord {
 }
 
 /// How an attempt that ran to its end leaves the job.
-pub enum MediaEnding {
+pub(crate) enum MediaEnding {
     Succeeded,
     Failed { code: String, message: String },
 }
 
 /// A transient vendor failure, and the vendor's own delay if it gave one.
-pub struct MediaRetry {
+pub(crate) struct MediaRetry {
     code: MediaErrorCode,
     message: String,
     after: Option<Duration>,

@@ -1,4 +1,4 @@
-pub mod job;
+pub(crate) mod job;
 mod rules;
 mod store;
 

@@ -5,7 +5,7 @@
 //! attempt was handed back or retried returns to `queued`. [`MediaJobStatus::can_become`]
 //! is the one place that decides which transitions exist.
 
-pub use keel_api_types::MediaJobStatus;
+pub(crate) use keel_api_types::MediaJobStatus;
 pub use keel_workers::media::{Operation, Vendor};
 
 use crate::domain::Invalid;
@@ -30,7 +30,7 @@ pub enum Unrunnable {
 }
 
 /// What a preset must offer to run `operation` (seed 000, "Create Media Job").
-pub fn check_runnable(
+pub(crate) fn check_runnable(
     provider_id: &str,
     api: Api,
     enabled: bool,
@@ -57,7 +57,7 @@ pub fn check_runnable(
 }
 
 /// Parses an operation named in a request.
-pub fn parse_operation(value: &str) -> Result<Operation, Invalid> {
+pub(crate) fn parse_operation(value: &str) -> Result<Operation, Invalid> {
     Operation::parse(value).ok_or_else(|| {
         Invalid::new(
             "operation",

@@ -17,7 +17,7 @@ use crate::queue;
 
 pub const KIND: &str = "media";
 
-pub use keel_api_types::MediaJobRecord;
+pub(crate) use keel_api_types::MediaJobRecord;
 
 /// A media job a request asks for.
 pub struct NewMediaJob<'a> {
@@ -103,7 +103,11 @@ pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<Med
 }
 
 /// Reads the job under a row lock: every status change and fenced worker write takes it.
-pub async fn lock(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<MediaJobRecord> {
+pub(crate) async fn lock(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+) -> Result<MediaJobRecord> {
     sqlx::query_as(
         "SELECT m.id, m.provider_id, m.operation, m.prompt, m.input, m.status, m.vendor_task_id,
                 m.attempt, m.worker_id, m.last_error_code, m.last_error,
@@ -122,8 +126,8 @@ pub async fn lock(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<Me
 
 #[derive(Debug, Default)]
 pub struct ListFilter {
-    pub status: Option<MediaJobStatus>,
-    pub provider_id: Option<String>,
+    pub(crate) status: Option<MediaJobStatus>,
+    pub(crate) provider_id: Option<String>,
 }
 
 pub async fn list(
@@ -158,9 +162,9 @@ pub async fn list(
 /// What a transition changes besides the status.
 #[derive(Debug, Default)]
 pub struct Change<'a> {
-    pub worker_id: Option<&'a str>,
+    pub(crate) worker_id: Option<&'a str>,
     /// `(code, message)` of a failure; cleared by any transition without one.
-    pub error: Option<(&'a str, &'a str)>,
+    pub(crate) error: Option<(&'a str, &'a str)>,
 }
 
 /// Moves the job to `next` if its current state allows it; the one status write.
@@ -320,7 +324,7 @@ pub async fn cancel(
 
 /// Records the vendor's task id before the worker polls it, in the worker's fenced
 /// transaction: a worker that takes the job over resumes that task.
-pub async fn save_vendor_task(
+pub(crate) async fn save_vendor_task(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &str,
@@ -340,7 +344,7 @@ pub async fn save_vendor_task(
 
 /// Puts a running job whose worker is gone back to `queued`, in the caller's transaction;
 /// returns the queued job and its event, for the caller to append last.
-pub async fn requeue_lost<'r>(
+pub(crate) async fn requeue_lost<'r>(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &'r str,

@@ -17,7 +17,7 @@ use crate::providers::{Api, ProviderHosts};
 /// `api_key_ref` calls without a key (a model served locally). A member's preset whose
 /// secrets are no longer granted or whose host is no longer allowed is
 /// `secret_not_granted` or `provider_host_not_allowed`, before any secret resolves.
-pub fn chat_config(
+pub(crate) fn chat_config(
     preset: &ProviderRecord,
     model: Option<&str>,
     secrets: &SecretPolicy,
@@ -72,7 +72,7 @@ pub fn chat_config(
 }
 
 /// The chat protocol of a preset's `api`, if it is one a model call can speak.
-pub fn chat_api(api: &str) -> Option<ChatApi> {
+pub(crate) fn chat_api(api: &str) -> Option<ChatApi> {
     match Api::parse(api)? {
         Api::OpenAiCompletions => Some(ChatApi::OpenAiCompletions),
         Api::AnthropicMessages => Some(ChatApi::AnthropicMessages),

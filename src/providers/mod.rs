@@ -1,4 +1,4 @@
-pub mod chat;
+pub(crate) mod chat;
 mod presets;
 pub mod secrets;
 mod store;

@@ -12,7 +12,7 @@ use keel_workers::media::{Operation, Vendor};
 
 /// The wire protocol a preset speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub enum Api {
+pub(crate) enum Api {
     #[serde(rename = "media-job")]
     MediaJob,
     #[serde(rename = "openai-completions")]
@@ -31,7 +31,7 @@ impl Api {
         Api::AnthropicMessages,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Api::MediaJob => "media-job",
             Api::OpenAiCompletions => "openai-completions",
@@ -40,7 +40,7 @@ impl Api {
         }
     }
 
-    pub fn parse(value: &str) -> Option<Api> {
+    pub(crate) fn parse(value: &str) -> Option<Api> {
         Api::ALL.into_iter().find(|a| a.as_str() == value)
     }
 }
@@ -60,22 +60,22 @@ const CREDENTIAL_HEADERS: [&str; 6] = [
 /// A preset's fields, validated; what the store writes on create and after a patch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProviderSpec {
-    pub kind: String,
-    pub display_name: String,
-    pub provider_id: String,
-    pub model: String,
-    pub api: Api,
-    pub base_url: String,
-    pub api_key_ref: Option<SecretRef>,
-    pub headers: BTreeMap<String, String>,
-    pub secret_header_refs: BTreeMap<String, SecretRef>,
-    pub capabilities: Vec<String>,
-    pub input: Vec<String>,
-    pub compat: serde_json::Map<String, serde_json::Value>,
-    pub enabled: bool,
+    pub(crate) kind: String,
+    pub(crate) display_name: String,
+    pub(crate) provider_id: String,
+    pub(crate) model: String,
+    pub(crate) api: Api,
+    pub(crate) base_url: String,
+    pub(crate) api_key_ref: Option<SecretRef>,
+    pub(crate) headers: BTreeMap<String, String>,
+    pub(crate) secret_header_refs: BTreeMap<String, SecretRef>,
+    pub(crate) capabilities: Vec<String>,
+    pub(crate) input: Vec<String>,
+    pub(crate) compat: serde_json::Map<String, serde_json::Value>,
+    pub(crate) enabled: bool,
     /// The writer's role: a member's preset is checked again at each use
     /// ([`check_members_use`]).
-    pub written_by: Role,
+    pub(crate) written_by: Role,
 }
 
 /// The fields of a preset as a request names them, before validation.
@@ -184,7 +184,7 @@ impl ProviderFields {
 /// narrowed since the preset was written, and the member's check then was the API's; an
 /// operator's preset is not held to them (the operator owns the secrets it names). Nothing
 /// is read: a refused preset resolves no secret and calls no host.
-pub fn check_members_use<'a>(
+pub(crate) fn check_members_use<'a>(
     workspace: &str,
     api: Api,
     base_url: &str,
@@ -315,7 +315,7 @@ pub struct ProviderHosts {
 }
 
 impl ProviderHosts {
-    pub fn new(extra: impl IntoIterator<Item = String>) -> Self {
+    pub(crate) fn new(extra: impl IntoIterator<Item = String>) -> Self {
         let extra = extra
             .into_iter()
             .map(|entry| ListedHost::parse(&entry))
@@ -325,12 +325,12 @@ impl ProviderHosts {
     }
 
     /// A media preset's host, for `vendor`.
-    pub fn check(&self, vendor: Vendor, base_url: &str) -> Result<(), String> {
+    pub(crate) fn check(&self, vendor: Vendor, base_url: &str) -> Result<(), String> {
         self.check_url(vendor.as_str(), documented_hosts(vendor), base_url)
     }
 
     /// A member's chat preset's host.
-    pub fn check_chat(&self, base_url: &str) -> Result<(), String> {
+    pub(crate) fn check_chat(&self, base_url: &str) -> Result<(), String> {
         self.check_url("a chat api", &CHAT_HOSTS, base_url)
     }
 

@@ -14,7 +14,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
-pub use keel_api_types::SecretStatus;
+pub(crate) use keel_api_types::SecretStatus;
 use keel_workers::media::Secret;
 
 /// Largest secret file read; a credential is small, and a wrong path should not load a
@@ -22,7 +22,7 @@ use keel_workers::media::Secret;
 const MAX_SECRET_FILE_BYTES: u64 = 64 * 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SecretRef {
+pub(crate) enum SecretRef {
     Env(String),
     File(PathBuf),
     Keychain(String),
@@ -31,13 +31,13 @@ pub enum SecretRef {
 /// A reference that does not resolve; the message names the reference, never a value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{code}: {message}")]
-pub struct Unresolved {
-    pub code: &'static str,
-    pub message: String,
+pub(crate) struct Unresolved {
+    pub(crate) code: &'static str,
+    pub(crate) message: String,
 }
 
 impl SecretRef {
-    pub fn parse(value: &str) -> Result<SecretRef, String> {
+    pub(crate) fn parse(value: &str) -> Result<SecretRef, String> {
         let invalid = || {
             "must be a secret reference: env:NAME, file:/absolute/path or keychain:NAME \
              (raw keys are never accepted)"
@@ -56,7 +56,7 @@ impl SecretRef {
         }
     }
 
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             SecretRef::Env(_) => "env",
             SecretRef::File(_) => "file",
@@ -67,7 +67,7 @@ impl SecretRef {
     /// Reads the value, if `policy` allows the reference; the policy is checked first, so a
     /// refused reference reads nothing. Surrounding whitespace (a file's trailing newline)
     /// is dropped. Blocking: it may read a file.
-    pub fn resolve(&self, policy: &SecretPolicy) -> Result<Secret, Unresolved> {
+    pub(crate) fn resolve(&self, policy: &SecretPolicy) -> Result<Secret, Unresolved> {
         policy.check(self).map_err(|message| Unresolved {
             code: "secret_not_allowed",
             message,
@@ -95,7 +95,7 @@ impl SecretRef {
     }
 
     /// Whether the reference resolves under `policy`. Blocking: it may read a file.
-    pub fn status(&self, policy: &SecretPolicy) -> SecretStatus {
+    pub(crate) fn status(&self, policy: &SecretPolicy) -> SecretStatus {
         let resolved = self.resolve(policy);
         let (error_code, message) = match &resolved {
             Ok(_) => (None, None),
@@ -160,9 +160,9 @@ fn read_secret_file(path: &Path, policy: &SecretPolicy) -> Result<String, String
 }
 
 /// `KEEL_SECRET_ENV_ALLOW`'s default.
-pub const DEFAULT_ENV_ALLOW: &str = "*_API_KEY,*_TOKEN,KEEL_SECRET_*";
+pub(crate) const DEFAULT_ENV_ALLOW: &str = "*_API_KEY,*_TOKEN,KEEL_SECRET_*";
 /// `KEEL_SECRET_FILE_ROOTS`' default: where Docker and Kubernetes mount secrets.
-pub const DEFAULT_FILE_ROOTS: &str = "/run/secrets";
+pub(crate) const DEFAULT_FILE_ROOTS: &str = "/run/secrets";
 
 /// Environment names no pattern can allow: Keel's own database (`DATABASE_URL`, libpq's
 /// `PG*`), S3 (`AWS_*`) and telemetry (`OTEL_*`, whose exporter headers carry
@@ -210,7 +210,7 @@ impl SecretPolicy {
     /// The policy with the operator's grants: `WORKSPACE=PATTERN` entries (a pattern is a
     /// reference, `*` matching any run of characters: `env:ORG_A_*`). The workspace is
     /// what precedes the first `=`.
-    pub fn with_grants(mut self, entries: &[String]) -> Result<Self, String> {
+    pub(crate) fn with_grants(mut self, entries: &[String]) -> Result<Self, String> {
         for entry in entries.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
             let (workspace, pattern) = entry
                 .split_once('=')
@@ -226,7 +226,7 @@ impl SecretPolicy {
 
     /// Whether `workspace`'s members may name `secret`: the policy allows it and a grant
     /// of that workspace matches it.
-    pub fn check_granted(&self, workspace: &str, secret: &SecretRef) -> Result<(), String> {
+    pub(crate) fn check_granted(&self, workspace: &str, secret: &SecretRef) -> Result<(), String> {
         self.check(secret)?;
         let reference = secret.to_string();
         let granted = self
@@ -245,7 +245,7 @@ impl SecretPolicy {
     /// Whether the policy allows `secret`; the message names the reference and the
     /// setting that refuses it. Needs no file system: a file is checked by its path here,
     /// and by its real path when it is read.
-    pub fn check(&self, secret: &SecretRef) -> Result<(), String> {
+    pub(crate) fn check(&self, secret: &SecretRef) -> Result<(), String> {
         match secret {
             SecretRef::Env(name) if is_reserved(name) => Err(format!(
                 "{secret} names one of Keel's own settings (database, S3, runtime token, remote \

@@ -15,30 +15,30 @@ use crate::providers::{Api, ProviderFields, ProviderHosts, ProviderSpec};
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ProviderRecord {
     pub id: String,
-    pub kind: String,
-    pub display_name: String,
-    pub provider_id: String,
-    pub model: String,
-    pub api: String,
-    pub base_url: String,
-    pub api_key_ref: Option<String>,
-    pub headers: Json<BTreeMap<String, String>>,
-    pub secret_header_refs: Json<BTreeMap<String, String>>,
-    pub capabilities: Vec<String>,
-    pub input: Vec<String>,
-    pub compat: Json<serde_json::Map<String, serde_json::Value>>,
-    pub enabled: bool,
-    pub last_check: Option<Json<serde_json::Value>>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    pub workspace_id: String,
+    pub(crate) kind: String,
+    pub(crate) display_name: String,
+    pub(crate) provider_id: String,
+    pub(crate) model: String,
+    pub(crate) api: String,
+    pub(crate) base_url: String,
+    pub(crate) api_key_ref: Option<String>,
+    pub(crate) headers: Json<BTreeMap<String, String>>,
+    pub(crate) secret_header_refs: Json<BTreeMap<String, String>>,
+    pub(crate) capabilities: Vec<String>,
+    pub(crate) input: Vec<String>,
+    pub(crate) compat: Json<serde_json::Map<String, serde_json::Value>>,
+    pub(crate) enabled: bool,
+    pub(crate) last_check: Option<Json<serde_json::Value>>,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) updated_at: DateTime<Utc>,
+    pub(crate) workspace_id: String,
     /// `member` or `operator` (the table's check constraint).
-    pub written_by_role: String,
+    pub(crate) written_by_role: String,
 }
 
 impl ProviderRecord {
     /// The stored fields, to patch and validate again.
-    pub fn fields(&self) -> ProviderFields {
+    pub(crate) fn fields(&self) -> ProviderFields {
         ProviderFields {
             kind: self.kind.clone(),
             display_name: Some(self.display_name.clone()),
@@ -57,17 +57,17 @@ impl ProviderRecord {
     }
 
     /// The stored api; the table's check constraint admits only known ones.
-    pub fn api(&self) -> Api {
+    pub(crate) fn api(&self) -> Api {
         Api::parse(&self.api).unwrap_or(Api::OpenAiCompletions)
     }
 
-    pub fn api_key(&self) -> Option<SecretRef> {
+    pub(crate) fn api_key(&self) -> Option<SecretRef> {
         self.api_key_ref
             .as_deref()
             .and_then(|r| SecretRef::parse(r).ok())
     }
 
-    pub fn secret_headers(&self) -> Vec<(String, SecretRef)> {
+    pub(crate) fn secret_headers(&self) -> Vec<(String, SecretRef)> {
         self.secret_header_refs
             .iter()
             .filter_map(|(name, r)| Some((name.clone(), SecretRef::parse(r).ok()?)))
@@ -77,7 +77,7 @@ impl ProviderRecord {
     /// Whether the preset may be used now: an operator's always, a member's only while
     /// its secrets are granted to its workspace and its chat host is allowed
     /// ([`crate::providers::check_members_use`]). Checked before its secrets resolve.
-    pub fn check_use(
+    pub(crate) fn check_use(
         &self,
         secrets: &SecretPolicy,
         hosts: &ProviderHosts,
@@ -187,13 +187,13 @@ pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<Pro
 
 /// How [`lock`] holds a preset: shared by the media jobs it admits, exclusively by an edit.
 #[derive(Debug, Clone, Copy)]
-pub enum LockMode {
+pub(crate) enum LockMode {
     Share,
     Update,
 }
 
 /// Reads a preset under a row lock.
-pub async fn lock(
+pub(crate) async fn lock(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &str,
@@ -255,7 +255,7 @@ pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<
     Ok(())
 }
 
-pub async fn record_check(
+pub(crate) async fn record_check(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &str,

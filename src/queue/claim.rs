@@ -39,7 +39,7 @@ impl Positions {
 
     /// How far behind the positions the next [`claim_from`] reads: [`LATE_COMMIT_SLACK`]
     /// once every [`WIDE_READ_EVERY`], [`COMMIT_SLACK`] otherwise.
-    pub fn slack(&mut self) -> Duration {
+    pub(crate) fn slack(&mut self) -> Duration {
         let now = Instant::now();
         match self.wide_at {
             Some(at) if now.duration_since(at) < WIDE_READ_EVERY => COMMIT_SLACK,

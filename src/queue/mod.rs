@@ -8,11 +8,11 @@
 //! as the domain change, or comes back for a retry. [`fair`] is the claim across
 //! workspaces; [`worker`] the process that runs all of it.
 
-pub mod ack;
-pub mod claim;
-pub mod enqueue;
+pub(crate) mod ack;
+pub(crate) mod claim;
+pub(crate) mod enqueue;
 pub mod fair;
-pub mod lease;
+pub(crate) mod lease;
 pub mod worker;
 
 use std::time::Duration;
@@ -42,33 +42,33 @@ pub enum QueueError {
     Database(#[from] sqlx::Error),
 }
 
-pub type Result<T, E = QueueError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = QueueError> = std::result::Result<T, E>;
 
 pub const RUN_KIND: &str = "run";
 
 /// NOTIFY channel: a job was enqueued (payload: its kind).
-pub const JOBS_CHANNEL: &str = "keel_jobs";
+pub(crate) const JOBS_CHANNEL: &str = "keel_jobs";
 
 /// NOTIFY channel: a leased job was withdrawn (payload: `kind:ref_id`).
-pub const CANCEL_CHANNEL: &str = "keel_cancel";
+pub(crate) const CANCEL_CHANNEL: &str = "keel_cancel";
 
 /// A claimed job: proof of a lease, valid while `fencing_token` matches the row.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Lease {
     pub job_id: i64,
-    pub kind: String,
+    pub(crate) kind: String,
     pub ref_id: String,
-    pub owner: String,
+    pub(crate) owner: String,
     pub fencing_token: i64,
     pub attempts: i32,
-    pub max_attempts: i32,
+    pub(crate) max_attempts: i32,
     /// The enqueueing span's W3C trace context: the execution joins that trace.
-    pub traceparent: Option<String>,
+    pub(crate) traceparent: Option<String>,
     /// How long the job had been due when claimed, in milliseconds (0 outside a claim).
     #[sqlx(default)]
-    pub due_ms: i64,
+    pub(crate) due_ms: i64,
     /// Where the job stood in claim order (see [`Positions`]).
-    pub priority: i32,
+    pub(crate) priority: i32,
     pub run_after: DateTime<Utc>,
     /// The workspace of the job's domain row: the executor's writes go there.
     pub workspace_id: String,
@@ -76,7 +76,7 @@ pub struct Lease {
 
 impl Lease {
     /// The workspace the job's executor acts in.
-    pub fn scope(&self) -> Scope {
+    pub(crate) fn scope(&self) -> Scope {
         Scope::new(self.workspace_id.clone())
     }
 }
@@ -115,7 +115,7 @@ impl QueuePool {
     /// Opens `count` connections at once, ahead of their first statements: each takes a
     /// few round trips to open (startup, authentication), which a database 5 ms away
     /// turns into 40 ms or more in front of a worker's first claim and first ack batch.
-    pub async fn open(&self, count: usize) -> Result<()> {
+    pub(crate) async fn open(&self, count: usize) -> Result<()> {
         futures_util::future::try_join_all((0..count).map(|_| self.0.acquire())).await?;
         Ok(())
     }

@@ -78,7 +78,7 @@ struct Param {
 
 /// A bridged method: the API operation it sends.
 #[derive(Debug, Clone)]
-pub struct Route {
+pub(crate) struct Route {
     method: Method,
     path: String,
     description: String,
@@ -89,12 +89,12 @@ pub struct Route {
 
 /// The HTTP request a method's params ask for.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Outbound {
-    pub method: Method,
-    pub path: String,
-    pub query: Vec<(String, String)>,
-    pub headers: Vec<(String, String)>,
-    pub body: Option<Value>,
+pub(crate) struct Outbound {
+    pub(crate) method: Method,
+    pub(crate) path: String,
+    pub(crate) query: Vec<(String, String)>,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Option<Value>,
 }
 
 impl Outbound {
@@ -112,7 +112,7 @@ impl Outbound {
 
 /// Every method a session answers.
 #[derive(Debug)]
-pub struct Table {
+pub(crate) struct Table {
     routes: BTreeMap<&'static str, Route>,
     /// The document's component schemas, which the params schemas `$ref`.
     components: Value,
@@ -124,7 +124,7 @@ impl Table {
     /// # Panics
     /// When the document lacks an operation the table names: the two are built together,
     /// and a test builds the table from the real document.
-    pub fn new(document: &Value) -> Table {
+    pub(crate) fn new(document: &Value) -> Table {
         let operations = operations_by_id(document);
         let routes = OPERATIONS
             .iter()
@@ -139,13 +139,13 @@ impl Table {
         Table { routes, components }
     }
 
-    pub fn route(&self, name: &str) -> Option<&Route> {
+    pub(crate) fn route(&self, name: &str) -> Option<&Route> {
         self.routes.get(name)
     }
 
     /// `harness.methods`: every method with its params schema. Schemas `$ref`
     /// `#/components/schemas/…` of this same answer.
-    pub fn describe(&self) -> Value {
+    pub(crate) fn describe(&self) -> Value {
         let mut methods: Vec<Value> = own_methods();
         methods.extend(self.routes.iter().map(|(name, route)| {
             json!({
@@ -230,7 +230,7 @@ impl Route {
 
     /// The request `params` ask for; what the API itself checks (the body's fields, an
     /// id's format) it answers itself.
-    pub fn outbound(&self, mut params: Map<String, Value>) -> Result<Outbound, RpcError> {
+    pub(crate) fn outbound(&self, mut params: Map<String, Value>) -> Result<Outbound, RpcError> {
         let mut outbound = Outbound {
             method: self.method.clone(),
             path: self.path.clone(),
@@ -344,7 +344,7 @@ fn own_methods() -> Vec<Value> {
 
 /// A method the session answers itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Own {
+pub(crate) enum Own {
     Methods,
     Status,
     Subscribe,
@@ -352,7 +352,7 @@ pub enum Own {
 }
 
 impl Own {
-    pub fn named(name: &str) -> Option<Own> {
+    pub(crate) fn named(name: &str) -> Option<Own> {
         match name {
             "harness.methods" => Some(Own::Methods),
             "daemon.status" => Some(Own::Status),

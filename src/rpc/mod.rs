@@ -7,15 +7,15 @@
 //! stderr.
 
 mod methods;
-pub mod protocol;
+pub(crate) mod protocol;
 mod session;
 mod socket;
 
-pub use session::Server;
+pub(crate) use session::Server;
 
 /// Serves one peer on stdin and stdout until stdin closes.
-pub async fn serve_stdio(server: std::sync::Arc<Server>) -> std::io::Result<()> {
+pub(crate) async fn serve_stdio(server: std::sync::Arc<Server>) -> std::io::Result<()> {
     session::run(server, tokio::io::stdin(), tokio::io::stdout()).await
 }
 
-pub use socket::serve_socket;
+pub(crate) use socket::serve_socket;

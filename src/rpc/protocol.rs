@@ -6,44 +6,44 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 /// The protocol version every line carries.
-pub const VERSION: u64 = 1;
+pub(crate) const VERSION: u64 = 1;
 
 /// The longest line read; a longer one is answered with `line_too_long` and skipped.
-pub const MAX_LINE_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_LINE_BYTES: usize = 1024 * 1024;
 
 /// A failed request, as the host sees it. `code` is stable: the protocol's own codes
 /// below, or the API envelope's `type` (`not_found`, `invalid_request`, …) passed through.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RpcError {
-    pub code: String,
-    pub message: String,
+pub(crate) struct RpcError {
+    pub(crate) code: String,
+    pub(crate) message: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub hint: Option<String>,
+    pub(crate) hint: Option<String>,
 }
 
 /// The protocol's own error codes.
-pub mod code {
+pub(crate) mod code {
     /// The line is not JSON.
-    pub const PARSE_ERROR: &str = "parse_error";
+    pub(crate) const PARSE_ERROR: &str = "parse_error";
     /// The line is JSON but not a request (not an object, no `id`, no `method`, …).
-    pub const INVALID_REQUEST: &str = "invalid_request";
+    pub(crate) const INVALID_REQUEST: &str = "invalid_request";
     /// `v` is missing or not 1.
-    pub const UNSUPPORTED_VERSION: &str = "unsupported_version";
+    pub(crate) const UNSUPPORTED_VERSION: &str = "unsupported_version";
     /// The line is longer than [`MAX_LINE_BYTES`](crate::rpc::MAX_LINE_BYTES).
-    pub const LINE_TOO_LONG: &str = "line_too_long";
-    pub const METHOD_NOT_FOUND: &str = "method_not_found";
+    pub(crate) const LINE_TOO_LONG: &str = "line_too_long";
+    pub(crate) const METHOD_NOT_FOUND: &str = "method_not_found";
     /// The params do not fit the method (see `harness.methods`).
-    pub const INVALID_PARAMS: &str = "invalid_params";
+    pub(crate) const INVALID_PARAMS: &str = "invalid_params";
     /// The Keel API could not be reached, or answered something unreadable.
-    pub const UNAVAILABLE: &str = "unavailable";
+    pub(crate) const UNAVAILABLE: &str = "unavailable";
     /// No such subscription in this session.
-    pub const NOT_FOUND: &str = "not_found";
+    pub(crate) const NOT_FOUND: &str = "not_found";
     /// The session already holds the most subscriptions it may.
-    pub const TOO_MANY_SUBSCRIPTIONS: &str = "too_many_subscriptions";
+    pub(crate) const TOO_MANY_SUBSCRIPTIONS: &str = "too_many_subscriptions";
 }
 
 impl RpcError {
-    pub fn new(code: &str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(code: &str, message: impl Into<String>) -> Self {
         RpcError {
             code: code.to_string(),
             message: message.into(),
@@ -51,7 +51,7 @@ impl RpcError {
         }
     }
 
-    pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
+    pub(crate) fn with_hint(mut self, hint: impl Into<String>) -> Self {
         self.hint = Some(hint.into());
         self
     }
@@ -59,22 +59,22 @@ impl RpcError {
 
 /// A request line, checked.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Request {
-    pub id: Value,
-    pub method: String,
-    pub params: Map<String, Value>,
+pub(crate) struct Request {
+    pub(crate) id: Value,
+    pub(crate) method: String,
+    pub(crate) params: Map<String, Value>,
 }
 
 /// A line that is not a request: the error to answer with, and the id to answer to
 /// (null when the line had no usable one).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Refused {
-    pub id: Value,
-    pub error: RpcError,
+pub(crate) struct Refused {
+    pub(crate) id: Value,
+    pub(crate) error: RpcError,
 }
 
 /// Parses one line into a request.
-pub fn parse(line: &str) -> Result<Request, Refused> {
+pub(crate) fn parse(line: &str) -> Result<Request, Refused> {
     let refuse = |id: &Value, code: &str, message: &str| Refused {
         id: id.clone(),
         error: RpcError::new(code, message),
@@ -127,22 +127,22 @@ pub fn parse(line: &str) -> Result<Request, Refused> {
 }
 
 /// The line answering `id` with a result.
-pub fn result_line(id: &Value, result: &Value) -> String {
+pub(crate) fn result_line(id: &Value, result: &Value) -> String {
     line(json!({"v": VERSION, "id": id, "result": result}))
 }
 
 /// The line answering `id` with an error.
-pub fn error_line(id: &Value, error: &RpcError) -> String {
+pub(crate) fn error_line(id: &Value, error: &RpcError) -> String {
     line(json!({"v": VERSION, "id": id, "error": error}))
 }
 
 /// A pushed event of a subscription: one the API had already persisted.
-pub fn event_line(subscription: &str, event: &Value) -> String {
+pub(crate) fn event_line(subscription: &str, event: &Value) -> String {
     line(json!({"v": VERSION, "subscription": subscription, "event": event}))
 }
 
 /// A non-fatal condition the host may want to know about.
-pub fn notice_line(notice: &Value) -> String {
+pub(crate) fn notice_line(notice: &Value) -> String {
     line(json!({"v": VERSION, "notice": notice}))
 }
 

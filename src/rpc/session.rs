@@ -32,14 +32,14 @@ const MAX_SUBSCRIPTIONS: usize = 64;
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What every session of one `keel rpc` process shares.
-pub struct Server {
+pub(crate) struct Server {
     client: Client,
     table: Table,
     started_at: DateTime<Utc>,
 }
 
 impl Server {
-    pub fn new(client: Client) -> Arc<Server> {
+    pub(crate) fn new(client: Client) -> Arc<Server> {
         let document =
             serde_json::to_value(crate::api::openapi()).expect("the OpenAPI document serializes");
         Arc::new(Server {

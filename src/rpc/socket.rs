@@ -14,7 +14,7 @@ use crate::rpc::session;
 use crate::rpc::session::Server;
 
 /// Serves every connection to `path` until `shutdown`, then removes the socket.
-pub async fn serve_socket(
+pub(crate) async fn serve_socket(
     server: Arc<Server>,
     path: &Path,
     shutdown: CancellationToken,

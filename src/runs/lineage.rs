@@ -14,10 +14,10 @@ use crate::domain::new_id;
 use crate::events::Subject;
 
 /// The name (and kind) of the artifact holding an agent loop run's conversation.
-pub const CONVERSATION_ARTIFACT: &str = "agent_conversation";
+pub(crate) const CONVERSATION_ARTIFACT: &str = "agent_conversation";
 
 /// The run's `agent_conversation` artifact, if it wrote one.
-pub async fn conversation_artifact(
+pub(crate) async fn conversation_artifact(
     conn: &mut PgConnection,
     scope: &Scope,
     run_id: &str,
@@ -37,14 +37,14 @@ pub async fn conversation_artifact(
 }
 
 /// The conversation an attempt ended with, for its end transaction.
-pub struct Conversation {
-    pub content: ContentStore,
-    pub bytes: Vec<u8>,
+pub(crate) struct Conversation {
+    pub(crate) content: ContentStore,
+    pub(crate) bytes: Vec<u8>,
 }
 
 /// Replaces the run's `agent_conversation` artifact with `conversation`, in the caller's
 /// transaction; the caller appends its `artifact.created` event.
-pub async fn write_conversation(
+pub(crate) async fn write_conversation(
     conn: &mut PgConnection,
     scope: &Scope,
     owner: Subject<'_>,

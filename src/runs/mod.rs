@@ -1,8 +1,8 @@
-pub mod gates;
-pub mod job;
-pub mod lineage;
+pub(crate) mod gates;
+pub(crate) mod job;
+pub(crate) mod lineage;
 pub mod patches;
-pub mod retention;
+pub(crate) mod retention;
 pub mod steps;
 mod store;
 

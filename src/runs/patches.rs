@@ -12,7 +12,7 @@ use crate::domain::{EventType, Scope, new_id};
 use crate::events::{NewEvent, Subject};
 
 /// The content type of a patch artifact's bytes.
-pub const CONTENT_TYPE: &str = "application/json";
+pub(crate) const CONTENT_TYPE: &str = "application/json";
 
 /// Writes one patch artifact of a run, complete and `applied`, with `patch` as its content,
 /// in the caller's transaction. Events go last in a transaction, so the caller appends the
@@ -73,10 +73,10 @@ pub fn created_event<'a>(run: Subject<'a>, record: &ArtifactRecord) -> NewEvent<
 /// A patch artifact's row: what lists and reverts need before reading its content.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct PatchRow {
-    pub id: String,
-    pub name: String,
-    pub patch_status: String,
-    pub created_at: chrono::DateTime<chrono::Utc>,
+    pub(crate) id: String,
+    pub(crate) name: String,
+    pub(crate) patch_status: String,
+    pub(crate) created_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// A page of a run's patch artifacts, in id (creation) order.
@@ -127,7 +127,7 @@ pub async fn get(
 }
 
 /// The [`Patch`] a patch artifact holds.
-pub async fn content(
+pub(crate) async fn content(
     content: &ContentStore,
     pool: &sqlx::PgPool,
     artifact_id: &str,
@@ -144,7 +144,7 @@ pub async fn content(
 }
 
 /// Marks a patch reverted, with its `tool.file.reverted` event, in the caller's transaction.
-pub async fn mark_reverted(
+pub(crate) async fn mark_reverted(
     conn: &mut PgConnection,
     scope: &Scope,
     run: Subject<'_>,

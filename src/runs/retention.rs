@@ -15,7 +15,7 @@ fn retention_ms(retention: Duration) -> f64 {
 }
 
 /// Of these run ids, those whose workspace retention ended, in every workspace.
-pub async fn expired(
+pub(crate) async fn expired(
     conn: &mut PgConnection,
     run_ids: &[String],
     retention: Duration,
@@ -38,7 +38,7 @@ pub async fn expired(
 
 /// Locks the task of the run, the lock a resume admission takes; false when another
 /// replica or an admission holds it.
-pub async fn lock_task_of(conn: &mut PgConnection, run_id: &str) -> Result<bool> {
+pub(crate) async fn lock_task_of(conn: &mut PgConnection, run_id: &str) -> Result<bool> {
     let locked: Option<String> = sqlx::query_scalar(
         "SELECT t.id FROM tasks t JOIN runs o ON o.task_id = t.id WHERE o.id = $1
          FOR UPDATE OF t SKIP LOCKED",
@@ -51,7 +51,7 @@ pub async fn lock_task_of(conn: &mut PgConnection, run_id: &str) -> Result<bool>
 
 /// Marks the run's workspace removed if its retention still ended (checked again under
 /// the task's lock: a resume may have made it live again); false otherwise.
-pub async fn mark_removed(
+pub(crate) async fn mark_removed(
     conn: &mut PgConnection,
     run_id: &str,
     retention: Duration,

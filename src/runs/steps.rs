@@ -10,18 +10,18 @@ use crate::events;
 use crate::events::NewEvent;
 use keel_api_types::StepStatus;
 
-pub use keel_api_types::StepRecord;
+pub(crate) use keel_api_types::StepRecord;
 
 /// A step as its executor reported it, possibly already ended: a run context may hold a
 /// step back and write it once, started and finished, with the next durable write.
 pub struct NewStep<'a> {
-    pub id: &'a str,
-    pub task_id: &'a str,
-    pub run_id: &'a str,
-    pub name: &'a str,
-    pub input: &'a serde_json::Value,
-    pub started_at: DateTime<Utc>,
-    pub ended: Option<(&'a StepResult, DateTime<Utc>)>,
+    pub(crate) id: &'a str,
+    pub(crate) task_id: &'a str,
+    pub(crate) run_id: &'a str,
+    pub(crate) name: &'a str,
+    pub(crate) input: &'a serde_json::Value,
+    pub(crate) started_at: DateTime<Utc>,
+    pub(crate) ended: Option<(&'a StepResult, DateTime<Utc>)>,
 }
 
 /// Starts a step now, with its `step.started` event.
@@ -48,7 +48,8 @@ pub async fn start(
     Ok(step)
 }
 
-/// Stores a step with the next index of its run; its events are [`events_of`] it.
+/// Stores a step with the next index of its run; its events are [`started_event`] and, once
+/// it ended, [`finished_event`].
 pub async fn insert(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -109,7 +110,7 @@ pub async fn finish(
 }
 
 /// Ends a running step; its event is [`finished_event`].
-pub async fn end(
+pub(crate) async fn end(
     conn: &mut PgConnection,
     scope: &Scope,
     step_id: &str,
@@ -134,23 +135,14 @@ pub async fn end(
     .ok_or(StoreError::NotFound("running step"))
 }
 
-/// The events of a stored step: `step.started`, and how it ended if it has.
-pub fn events_of(step: &StepRecord) -> Vec<NewEvent<'_>> {
-    let mut events = vec![started_event(step)];
-    if step.finished_at.is_some() {
-        events.push(finished_event(step));
-    }
-    events
-}
-
 /// `step.started` of a stored step.
-pub fn started_event(step: &StepRecord) -> NewEvent<'_> {
+pub(crate) fn started_event(step: &StepRecord) -> NewEvent<'_> {
     let data = serde_json::json!({ "step_id": step.id, "index": step.index, "name": step.name });
     NewEvent::new(&step.task_id, &step.run_id, EventType::StepStarted).with(data)
 }
 
 /// `step.finished` or `step.failed` of an ended step.
-pub fn finished_event(step: &StepRecord) -> NewEvent<'_> {
+pub(crate) fn finished_event(step: &StepRecord) -> NewEvent<'_> {
     let event_type = if step.status == StepStatus::Failed {
         EventType::StepFailed
     } else {

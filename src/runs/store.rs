@@ -56,7 +56,7 @@ pub enum Origin {
 impl Origin {
     /// The origin as a stable JSON value, for idempotency fingerprints: it must compare
     /// equal across versions, which a `Debug` rendering does not promise.
-    pub fn fingerprint(&self) -> serde_json::Value {
+    pub(crate) fn fingerprint(&self) -> serde_json::Value {
         match self {
             Origin::Start => serde_json::json!({ "kind": "start" }),
             Origin::Retry(run_id) => serde_json::json!({ "kind": "retry", "run_id": run_id }),
@@ -71,7 +71,7 @@ impl Origin {
     }
 
     /// The source run of a retry or of a lineage origin; None for a start.
-    pub fn source_run(&self) -> Option<&str> {
+    pub(crate) fn source_run(&self) -> Option<&str> {
         match self {
             Origin::Start => None,
             Origin::Retry(id)
@@ -83,7 +83,7 @@ impl Origin {
 
     /// `runs.lineage_kind` of a run of this origin: how it carries on from its source (in
     /// the source's workspace, with its checkpoint and cost). None for a start or a retry.
-    pub fn lineage_kind(&self) -> Option<&'static str> {
+    pub(crate) fn lineage_kind(&self) -> Option<&'static str> {
         match self {
             Origin::Start | Origin::Retry(_) => None,
             Origin::Resume(_) => Some("resume"),
@@ -96,25 +96,25 @@ impl Origin {
 /// What a run-creating request asks for.
 #[derive(Debug, Clone)]
 pub struct Admission {
-    pub origin: Origin,
+    pub(crate) origin: Origin,
     /// The `Idempotency-Key` header and the request it came with.
-    pub idempotency: Option<(String, serde_json::Value)>,
-    pub reason: Option<String>,
+    pub(crate) idempotency: Option<(String, serde_json::Value)>,
+    pub(crate) reason: Option<String>,
     /// Raises the task's budget; a lower value leaves it as it is.
-    pub budget_micros_usd: Option<i64>,
+    pub(crate) budget_micros_usd: Option<i64>,
     /// Set when a schedule occurrence, not a client, asks for the run.
-    pub schedule: Option<ScheduleProvenance>,
+    pub(crate) schedule: Option<ScheduleProvenance>,
     /// The conversation an agent loop run starts from (`runs.conversation_base`), built by
     /// the caller from the source run's `agent_conversation` artifact.
-    pub conversation_base: Option<serde_json::Value>,
+    pub(crate) conversation_base: Option<serde_json::Value>,
 }
 
 /// Which schedule occurrence created a run, and the nominal time it fired for.
 #[derive(Debug, Clone, Serialize)]
-pub struct ScheduleProvenance {
-    pub schedule_id: String,
-    pub schedule_occurrence_id: String,
-    pub scheduled_for: DateTime<Utc>,
+pub(crate) struct ScheduleProvenance {
+    pub(crate) schedule_id: String,
+    pub(crate) schedule_occurrence_id: String,
+    pub(crate) scheduled_for: DateTime<Utc>,
 }
 
 impl Admission {
@@ -514,19 +514,19 @@ pub async fn get_by_id(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> 
 
 /// A run as its worker locks it when an attempt starts, with its task.
 #[derive(Debug, sqlx::FromRow)]
-pub struct RunWithTask {
+pub(crate) struct RunWithTask {
     #[sqlx(flatten)]
-    pub run: RunRecord,
+    pub(crate) run: RunRecord,
     #[sqlx(json)]
-    pub task: TaskRecord,
+    pub(crate) task: TaskRecord,
     /// External work: the hooks the task's attempts run around themselves (never part of
     /// the task as the API shows it).
     #[sqlx(json)]
-    pub hooks: Option<Hooks>,
+    pub(crate) hooks: Option<Hooks>,
 }
 
 /// Locks a run row for the rest of the transaction and reads its task: one statement.
-pub async fn lock_with_task(
+pub(crate) async fn lock_with_task(
     conn: &mut PgConnection,
     scope: &Scope,
     run_id: &str,
@@ -568,7 +568,11 @@ pub async fn lock_with_task(
 }
 
 /// Locks a run row for the rest of the transaction.
-pub async fn lock(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<RunRecord> {
+pub(crate) async fn lock(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+) -> Result<RunRecord> {
     sqlx::query_as(
         "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
                 retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
@@ -585,7 +589,11 @@ pub async fn lock(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Resul
     .ok_or(StoreError::NotFound("run"))
 }
 
-pub async fn priority_of(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<i32> {
+pub(crate) async fn priority_of(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+) -> Result<i32> {
     let priority = sqlx::query_scalar(
         "SELECT t.priority FROM runs r JOIN tasks t ON t.id = r.task_id
          WHERE r.workspace_id = $1 AND r.id = $2",
@@ -628,9 +636,9 @@ pub async fn list(
 /// What a transition records besides the new status.
 #[derive(Debug, Clone, Default)]
 pub struct Change<'a> {
-    pub worker_id: Option<&'a str>,
-    pub exit_code: Option<i32>,
-    pub last_error: Option<&'a str>,
+    pub(crate) worker_id: Option<&'a str>,
+    pub(crate) exit_code: Option<i32>,
+    pub(crate) last_error: Option<&'a str>,
 }
 
 /// Moves a run to `next` if the state machine allows it from the run's current state
@@ -650,7 +658,7 @@ pub async fn transition(
 }
 
 /// [`transition`] of a run the caller has locked in this transaction (as `current`).
-pub async fn transition_locked(
+pub(crate) async fn transition_locked(
     conn: &mut PgConnection,
     scope: &Scope,
     current: &RunRecord,
@@ -731,7 +739,7 @@ pub async fn cancel(
 /// its job row vanish and stops the process. Pending approvals are cancelled by the
 /// system. Cancelling a finished run returns it unchanged. `reason` becomes the run's
 /// `last_error` and the transition's reason.
-pub async fn cancel_because(
+pub(crate) async fn cancel_because(
     conn: &mut PgConnection,
     scope: &Scope,
     task_id: &str,
@@ -770,7 +778,7 @@ pub async fn cancel_because(
 }
 
 /// Ends the steps and artifacts an interrupted attempt left open.
-pub async fn close_open_work(
+pub(crate) async fn close_open_work(
     conn: &mut PgConnection,
     scope: &Scope,
     run_id: &str,
@@ -801,7 +809,7 @@ pub async fn close_open_work(
 /// Requeues a run whose worker is gone, in the caller's transaction that locked it: closes
 /// what the attempt left open, records the gap, and puts the run back to `queued`; returns
 /// the queued run and its events, for the caller to append last (see store::events).
-pub async fn requeue_lost<'r>(
+pub(crate) async fn requeue_lost<'r>(
     conn: &mut PgConnection,
     scope: &Scope,
     run: &'r RunRecord,
@@ -834,15 +842,15 @@ pub async fn requeue_lost<'r>(
 
 /// A `queued` or `running` run, as boot recovery pages through them.
 #[derive(Debug, sqlx::FromRow)]
-pub struct ActiveRun {
-    pub run_id: String,
-    pub priority: i32,
-    pub workspace_id: String,
+pub(crate) struct ActiveRun {
+    pub(crate) run_id: String,
+    pub(crate) priority: i32,
+    pub(crate) workspace_id: String,
 }
 
 /// Up to `limit` active runs after `after` in id order, in every workspace (boot recovery
 /// re-enqueues those that lost their queue row).
-pub async fn active_page(
+pub(crate) async fn active_page(
     conn: &mut PgConnection,
     after: &str,
     limit: i64,

@@ -21,7 +21,7 @@ const DAY_NAMES: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
 
 /// What makes a schedule fire.
 #[derive(Debug, Clone)]
-pub enum Trigger {
+pub(crate) enum Trigger {
     /// Once, at this instant.
     Once { run_at: DateTime<Utc> },
     /// At every time the five-field expression names, on the zone's wall clock.
@@ -30,25 +30,25 @@ pub enum Trigger {
 
 /// A valid schedule definition: its trigger and the zone it is read in.
 #[derive(Debug, Clone)]
-pub struct Schedule {
-    pub trigger: Trigger,
-    pub timezone: Tz,
+pub(crate) struct Schedule {
+    pub(crate) trigger: Trigger,
+    pub(crate) timezone: Tz,
 }
 
 /// A validated `PUT` body.
 #[derive(Debug, Clone)]
 pub struct NewSchedule {
-    pub schedule: Schedule,
-    pub enabled: bool,
-    pub expected_revision: Option<i64>,
+    pub(crate) schedule: Schedule,
+    pub(crate) enabled: bool,
+    pub(crate) expected_revision: Option<i64>,
 }
 
 /// What one dispatch of a due schedule does: the occurrence it records and where the
 /// schedule goes next (`None`: it is spent and becomes disabled).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Firing {
-    pub scheduled_for: DateTime<Utc>,
-    pub next_run_at: Option<DateTime<Utc>>,
+pub(crate) struct Firing {
+    pub(crate) scheduled_for: DateTime<Utc>,
+    pub(crate) next_run_at: Option<DateTime<Utc>>,
 }
 
 impl NewSchedule {
@@ -94,7 +94,7 @@ impl NewSchedule {
 
     /// The `next_run_at` this definition starts with: none while paused, else the first
     /// firing after `now` (so re-enabling a cron never fires the past).
-    pub fn next_run_at(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    pub(crate) fn next_run_at(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
         self.enabled
             .then(|| self.schedule.next_after(now))
             .flatten()
@@ -104,7 +104,7 @@ impl NewSchedule {
 impl Schedule {
     /// Rebuilds a stored schedule. Stored rows were validated when written; this fails only
     /// if the cron parser changed its mind about an expression since.
-    pub fn from_stored(
+    pub(crate) fn from_stored(
         timezone: &str,
         run_at: Option<DateTime<Utc>>,
         cron_expression: Option<&str>,
@@ -126,7 +126,7 @@ impl Schedule {
         Ok(Schedule { trigger, timezone })
     }
 
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self.trigger {
             Trigger::Once { .. } => "once",
             Trigger::Cron { .. } => "cron",
@@ -134,7 +134,7 @@ impl Schedule {
     }
 
     /// The first firing strictly after `after`, or None when there is none.
-    pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    pub(crate) fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
         match &self.trigger {
             Trigger::Once { run_at } => (*run_at > after).then_some(*run_at),
             Trigger::Cron { cron, .. } => cron
@@ -148,7 +148,7 @@ impl Schedule {
     /// `now`). A `once` fires for its instant and is spent. A `cron` that missed several
     /// times (the runtime was down) fires once, for the latest missed time: there is no
     /// backfill. Its next time is the first one after `now`.
-    pub fn fire(&self, due: DateTime<Utc>, now: DateTime<Utc>) -> Firing {
+    pub(crate) fn fire(&self, due: DateTime<Utc>, now: DateTime<Utc>) -> Firing {
         match &self.trigger {
             Trigger::Once { .. } => Firing {
                 scheduled_for: due,

@@ -16,10 +16,10 @@ use crate::events::transitions::Transition;
 use crate::schedules::{NewSchedule, Schedule, Trigger};
 use crate::tasks;
 
-pub use keel_api_types::{OccurrenceRecord, ScheduleRecord};
+pub(crate) use keel_api_types::{OccurrenceRecord, ScheduleRecord};
 
 /// What the dispatcher reads off a stored schedule.
-pub trait ScheduleRecordExt {
+pub(crate) trait ScheduleRecordExt {
     /// The schedule's workspace, for the dispatcher's writes on its behalf.
     fn scope(&self) -> Scope;
     fn definition(&self) -> Result<Schedule, crate::domain::Invalid>;
@@ -39,23 +39,23 @@ impl ScheduleRecordExt for ScheduleRecord {
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Claim {
     pub occurrence_id: String,
-    pub schedule_id: String,
-    pub task_id: String,
-    pub scheduled_for: DateTime<Utc>,
-    pub token: String,
-    pub workspace_id: String,
+    pub(crate) schedule_id: String,
+    pub(crate) task_id: String,
+    pub(crate) scheduled_for: DateTime<Utc>,
+    pub(crate) token: String,
+    pub(crate) workspace_id: String,
 }
 
 impl Claim {
     /// The workspace of the claimed occurrence's schedule and task.
-    pub fn scope(&self) -> Scope {
+    pub(crate) fn scope(&self) -> Scope {
         Scope::new(self.workspace_id.clone())
     }
 }
 
 /// How a claimed occurrence ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Started {
         run_id: String,
     },
@@ -101,8 +101,8 @@ async fn missing(conn: &mut PgConnection, scope: &Scope, task_id: &str) -> Store
 /// What `GET /v1/task-schedules` filters on; an empty `task_ids` matches every task.
 #[derive(Debug, Clone, Default)]
 pub struct ScheduleFilter {
-    pub task_ids: Vec<String>,
-    pub enabled: Option<bool>,
+    pub(crate) task_ids: Vec<String>,
+    pub(crate) enabled: Option<bool>,
 }
 
 /// Newest first; `before` is the id of the last schedule of the previous page.
@@ -417,7 +417,7 @@ pub async fn claim(
 /// in every workspace:
 /// their dispatcher died or stalled between claiming and resolving. A stalled one that
 /// wakes finds its token gone and does nothing.
-pub async fn take_over_stale(
+pub(crate) async fn take_over_stale(
     conn: &mut PgConnection,
     claimed_before: DateTime<Utc>,
     now: DateTime<Utc>,
@@ -457,7 +457,7 @@ pub async fn lock_claim(conn: &mut PgConnection, claim: &Claim) -> Result<bool> 
 }
 
 /// Ends a claim (locked with [`lock_claim`]) with its outcome.
-pub async fn resolve(
+pub(crate) async fn resolve(
     conn: &mut PgConnection,
     scope: &Scope,
     occurrence_id: &str,

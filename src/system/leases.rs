@@ -6,7 +6,7 @@ use sqlx::PgConnection;
 use crate::db::Result;
 use crate::domain::Scope;
 
-pub use keel_api_types::LeaseRecord;
+pub(crate) use keel_api_types::LeaseRecord;
 
 pub use keel_api_types::LeaseStatus;
 
@@ -58,7 +58,7 @@ struct LeaseRow {
 }
 
 /// Forgets ended leases older than `days`, in every workspace (retention).
-pub async fn prune(conn: &mut PgConnection, days: i32) -> Result<u64> {
+pub(crate) async fn prune(conn: &mut PgConnection, days: i32) -> Result<u64> {
     let done = sqlx::query(
         "DELETE FROM lease_history WHERE released_at < now() - make_interval(days => $1)",
     )

@@ -1,4 +1,4 @@
 pub mod leases;
-pub mod runtime;
+pub(crate) mod runtime;
 pub mod stats;
-pub mod workers;
+pub(crate) mod workers;

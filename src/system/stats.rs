@@ -8,9 +8,11 @@ use crate::db::Result;
 use crate::domain::Scope;
 
 /// A worker is live while its registry heartbeat is younger than this.
-pub const WORKER_LIVE_MS: i64 = 30_000;
+pub(crate) const WORKER_LIVE_MS: i64 = 30_000;
 
-pub use keel_api_types::{KindStats, KindThroughput, Throughput, ThroughputBucket, WorkerStats};
+pub(crate) use keel_api_types::{
+    KindStats, KindThroughput, Throughput, ThroughputBucket, WorkerStats,
+};
 
 /// One workspace's queue figures, for `GET /v1/system/stats`.
 pub async fn queue(conn: &mut PgConnection, scope: &Scope) -> Result<Vec<KindStats>> {
@@ -19,7 +21,7 @@ pub async fn queue(conn: &mut PgConnection, scope: &Scope) -> Result<Vec<KindSta
 
 /// The figures of the whole queue, every workspace's jobs together: for the operator's
 /// metrics, never for an API response.
-pub async fn queue_everywhere(conn: &mut PgConnection) -> Result<Vec<KindStats>> {
+pub(crate) async fn queue_everywhere(conn: &mut PgConnection) -> Result<Vec<KindStats>> {
     queue_of(conn, None).await
 }
 
@@ -44,7 +46,7 @@ async fn queue_of(conn: &mut PgConnection, workspace: Option<&str>) -> Result<Ve
 /// Workers whose heartbeat is younger than `live_ms`. Workers serve every workspace and
 /// their rows hold no tenant data, so the list is the same for everyone; the leases each
 /// holds are counted in `scope` alone, so one workspace cannot watch another's activity.
-pub async fn live_workers(
+pub(crate) async fn live_workers(
     conn: &mut PgConnection,
     scope: &Scope,
     live_ms: i64,
@@ -54,7 +56,7 @@ pub async fn live_workers(
 
 /// The live workers with every workspace's leases: for the operator's metrics, never for
 /// an API response.
-pub async fn live_workers_everywhere(
+pub(crate) async fn live_workers_everywhere(
     conn: &mut PgConnection,
     live_ms: i64,
 ) -> Result<Vec<WorkerStats>> {
@@ -84,7 +86,7 @@ async fn workers_of(
 }
 
 /// Width of a throughput bucket for a window of `minutes`: at most 90 buckets.
-pub fn bucket_seconds(minutes: i64) -> i64 {
+pub(crate) fn bucket_seconds(minutes: i64) -> i64 {
     if minutes <= 15 { 10 } else { 60 }
 }
 
@@ -102,7 +104,7 @@ pub fn bucket_seconds(minutes: i64) -> i64 {
 /// rows), the rows an id range — the indexes the table already has, so acks (the hot
 /// path) pay for no new one. A row is missed only if the anchor's transaction ran for
 /// over a minute before it wrote its row; the acking transactions are short.
-pub async fn throughput(
+pub(crate) async fn throughput(
     conn: &mut PgConnection,
     scope: &Scope,
     minutes: i64,

@@ -6,7 +6,7 @@ use sqlx::PgPool;
 use crate::db::Result;
 
 /// Forgets workers silent for longer than `stale_ms` (they died without deregistering).
-pub async fn prune(pool: &PgPool, stale_ms: i64) -> Result<u64> {
+pub(crate) async fn prune(pool: &PgPool, stale_ms: i64) -> Result<u64> {
     let done = sqlx::query(
         "DELETE FROM workers WHERE last_seen_at < now() - $1 * interval '1 millisecond'",
     )

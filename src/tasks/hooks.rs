@@ -8,12 +8,12 @@ use utoipa::ToSchema;
 /// The scripts, each run in the task's workspace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Hooks {
-    pub after_create: Option<String>,
-    pub before_run: Option<String>,
-    pub after_run: Option<String>,
-    pub before_remove: Option<String>,
+    pub(crate) after_create: Option<String>,
+    pub(crate) before_run: Option<String>,
+    pub(crate) after_run: Option<String>,
+    pub(crate) before_remove: Option<String>,
     /// At most [`MAX_HOOK_TIMEOUT_MS`].
-    pub timeout_ms: u64,
+    pub(crate) timeout_ms: u64,
 }
 
 /// The longest a hook may run (one hour): a workflow asking for more is refused.
@@ -21,12 +21,12 @@ pub const MAX_HOOK_TIMEOUT_MS: u64 = 3_600_000;
 
 impl Hooks {
     /// Whether any hook is set.
-    pub fn any(&self) -> bool {
+    pub(crate) fn any(&self) -> bool {
         self.scripts().next().is_some()
     }
 
     /// Each hook that is set, by name, in the order they run.
-    pub fn scripts(&self) -> impl Iterator<Item = (&'static str, &str)> {
+    pub(crate) fn scripts(&self) -> impl Iterator<Item = (&'static str, &str)> {
         [
             ("after_create", &self.after_create),
             ("before_run", &self.before_run),
@@ -39,7 +39,7 @@ impl Hooks {
 
     /// How long each hook may run before it and everything it started are killed. Capped
     /// here too: a task stored before the cap may carry a longer timeout.
-    pub fn timeout(&self) -> std::time::Duration {
+    pub(crate) fn timeout(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.timeout_ms.min(MAX_HOOK_TIMEOUT_MS))
     }
 }

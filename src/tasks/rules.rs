@@ -13,24 +13,24 @@ const MAX_PROMPT_BYTES: usize = 64 * 1024;
 
 /// What a task runs: a process-like execution, or an agent loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TaskExecution {
+pub(crate) enum TaskExecution {
     Process(Execution),
     AgentLoop(AgentLoop),
 }
 
 /// An agent loop's settings (its prompt is the task's `prompt`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AgentLoop {
-    pub system_prompt: Option<String>,
-    pub requested_provider: Option<String>,
-    pub requested_model: Option<String>,
-    pub max_model_calls: Option<i32>,
-    pub tools: Option<Vec<String>>,
+pub(crate) struct AgentLoop {
+    pub(crate) system_prompt: Option<String>,
+    pub(crate) requested_provider: Option<String>,
+    pub(crate) requested_model: Option<String>,
+    pub(crate) max_model_calls: Option<i32>,
+    pub(crate) tools: Option<Vec<String>>,
 }
 
 /// Where a run works.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WorkspaceMode {
+pub(crate) enum WorkspaceMode {
     /// A fresh directory per run under the worker's data directory.
     Ephemeral,
     /// The given absolute directory, as it is, beneath the workspace roots (and beneath
@@ -54,7 +54,7 @@ pub struct WorkspaceRoots {
 
 impl WorkspaceRoots {
     /// Fails on a root that does not exist.
-    pub fn new(roots: &[PathBuf], data_dir: &Path) -> Result<WorkspaceRoots, String> {
+    pub(crate) fn new(roots: &[PathBuf], data_dir: &Path) -> Result<WorkspaceRoots, String> {
         let roots = roots
             .iter()
             .filter(|root| !root.as_os_str().is_empty())
@@ -72,12 +72,16 @@ impl WorkspaceRoots {
     }
 
     /// The data directory the roots were configured with (it holds ephemeral workspaces).
-    pub fn data_dir(&self) -> Option<&Path> {
+    pub(crate) fn data_dir(&self) -> Option<&Path> {
         self.data_dir.as_deref()
     }
 
     /// The canonical directory an `in_place` workspace resolves to, if the roots allow it.
-    pub fn confine(&self, directory: &str, allowed_root: Option<&str>) -> Result<PathBuf, Invalid> {
+    pub(crate) fn confine(
+        &self,
+        directory: &str,
+        allowed_root: Option<&str>,
+    ) -> Result<PathBuf, Invalid> {
         if self.roots.is_empty() {
             return Err(Invalid::new(
                 "working_directory",
@@ -153,10 +157,10 @@ pub struct RunTimeouts {
 }
 
 impl RunTimeouts {
-    pub const DEFAULT_MS: u64 = 3600 * 1000;
-    pub const DEFAULT_MAX_MS: u64 = 24 * 3600 * 1000;
+    pub(crate) const DEFAULT_MS: u64 = 3600 * 1000;
+    pub(crate) const DEFAULT_MAX_MS: u64 = 24 * 3600 * 1000;
 
-    pub fn new(default_ms: u64, max_ms: u64) -> Result<RunTimeouts, String> {
+    pub(crate) fn new(default_ms: u64, max_ms: u64) -> Result<RunTimeouts, String> {
         let max_ms = i64::try_from(max_ms)
             .ok()
             .filter(|ms| *ms >= 1)
@@ -174,7 +178,7 @@ impl RunTimeouts {
 
     /// The timeout a run of a task gets: the task's own, or the default, never above the
     /// max.
-    pub fn effective_ms(&self, task_ms: Option<i64>) -> i64 {
+    pub(crate) fn effective_ms(&self, task_ms: Option<i64>) -> i64 {
         task_ms.unwrap_or(self.default_ms).min(self.max_ms)
     }
 
@@ -202,17 +206,17 @@ impl Default for RunTimeouts {
 /// A validated task, ready to store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewTask {
-    pub execution: TaskExecution,
-    pub prompt: Option<String>,
-    pub workspace: WorkspaceMode,
-    pub sandbox: keel_workers::SandboxPolicy,
+    pub(crate) execution: TaskExecution,
+    pub(crate) prompt: Option<String>,
+    pub(crate) workspace: WorkspaceMode,
+    pub(crate) sandbox: keel_workers::SandboxPolicy,
     /// The task's timeout, or the default when it asked for none.
-    pub timeout_ms: i64,
-    pub priority: i32,
+    pub(crate) timeout_ms: i64,
+    pub(crate) priority: i32,
     /// Cost ceiling in micro-USD for the task's runs; 0 disables it.
-    pub budget_micros_usd: i64,
+    pub(crate) budget_micros_usd: i64,
     /// External work: the workflow's hooks, run around each attempt (never from a request).
-    pub hooks: Option<crate::tasks::Hooks>,
+    pub(crate) hooks: Option<crate::tasks::Hooks>,
 }
 
 impl NewTask {
@@ -258,7 +262,7 @@ impl NewTask {
     /// ([`Scope::directory_name`] beneath a workspace root): the task's `allowed_root`
     /// becomes the granted root its directory lies beneath, or must itself lie beneath
     /// one. Stored with the task, it is checked again before each run.
-    pub fn confine_to_tenant(
+    pub(crate) fn confine_to_tenant(
         &mut self,
         roots: &WorkspaceRoots,
         scope: &Scope,
@@ -299,7 +303,7 @@ impl NewTask {
     }
 
     /// Refuses an `in_place` directory the workspace roots do not allow (the field named).
-    pub fn check_workspace(&self, roots: &WorkspaceRoots) -> Result<(), Invalid> {
+    pub(crate) fn check_workspace(&self, roots: &WorkspaceRoots) -> Result<(), Invalid> {
         match &self.workspace {
             WorkspaceMode::Ephemeral => Ok(()),
             WorkspaceMode::InPlace {
@@ -514,7 +518,7 @@ fn absolute_path(field: &'static str, path: &str) -> Result<(), Invalid> {
 }
 
 /// A budget is a non-negative amount of micro-USD; absent means 0 (no ceiling).
-pub fn parse_budget(budget: Option<i64>) -> Result<i64, Invalid> {
+pub(crate) fn parse_budget(budget: Option<i64>) -> Result<i64, Invalid> {
     match budget {
         Some(b) if b < 0 => Err(Invalid::new("budget_micros_usd", "must not be negative")),
         other => Ok(other.unwrap_or(0)),

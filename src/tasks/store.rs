@@ -16,11 +16,11 @@ use crate::tasks::{AgentLoop, TaskExecution, WorkspaceMode};
 use crate::tasks::{NewTask, TaskStatus};
 
 use keel_api_types::ExecutionKind;
-pub use keel_api_types::TaskRecord;
+pub(crate) use keel_api_types::TaskRecord;
 
 /// What the runtime reads off a stored task (the wire type lives in `keel-api-types`,
 /// which knows nothing of executors).
-pub trait TaskRecordExt {
+pub(crate) trait TaskRecordExt {
     /// What the task's runs may reach.
     fn sandbox(&self) -> keel_workers::SandboxPolicy;
     /// What a run of this task executes.
@@ -249,7 +249,7 @@ pub async fn list(
 
 /// Locks the task row: run admission and deletion both take this lock first, so they
 /// serialize and a race between them has one durable winner.
-pub async fn lock(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
+pub(crate) async fn lock(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
     sqlx::query_scalar::<_, String>(
         "SELECT id FROM tasks WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
     )
@@ -262,7 +262,11 @@ pub async fn lock(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()
 }
 
 /// An imported task's workflow hooks (never part of its record): None for any other task.
-pub async fn hooks(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<Option<Hooks>> {
+pub(crate) async fn hooks(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+) -> Result<Option<Hooks>> {
     let hooks: Option<Json<Hooks>> =
         sqlx::query_scalar("SELECT hooks FROM tasks WHERE workspace_id = $1 AND id = $2")
             .bind(scope.workspace())
@@ -274,7 +278,11 @@ pub async fn hooks(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<O
 }
 
 /// Reads the task and locks its row, as [`lock`] does.
-pub async fn get_locked(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<TaskRecord> {
+pub(crate) async fn get_locked(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+) -> Result<TaskRecord> {
     sqlx::query_as(
         "SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
                 t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
@@ -300,7 +308,7 @@ pub async fn get_locked(conn: &mut PgConnection, scope: &Scope, id: &str) -> Res
 
 /// Replaces a task's prompt: an external work item's retry renders it again with its
 /// `attempt`.
-pub async fn set_prompt(
+pub(crate) async fn set_prompt(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &str,
@@ -360,7 +368,7 @@ pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str, actor: &Ac
 /// else the workspace's first enabled chat preset (api `openai-completions` or
 /// `anthropic-messages`), and its `requested_model`, else the preset's. Refused with
 /// `model_not_configured` (422) when there is no such preset or it names no model.
-pub async fn chat_preset(
+pub(crate) async fn chat_preset(
     conn: &mut PgConnection,
     scope: &Scope,
     task: &TaskRecord,

@@ -30,12 +30,12 @@ struct Snapshot {
 
 /// What the queue gauges report of one job kind.
 #[derive(Debug, Clone)]
-pub struct KindGauge {
-    pub kind: String,
+pub(crate) struct KindGauge {
+    pub(crate) kind: String,
     /// Jobs waiting to be claimed.
-    pub depth: i64,
+    pub(crate) depth: i64,
     /// Age of the oldest due, unclaimed job.
-    pub oldest_age_ms: Option<i64>,
+    pub(crate) oldest_age_ms: Option<i64>,
 }
 
 struct Instruments {
@@ -129,12 +129,12 @@ fn register_gauges() {
         .build();
 }
 
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
 /// Replaces the snapshot the queue gauges report (registering them on first use).
-pub fn observe_queue(kinds: Vec<KindGauge>, workers: u64) {
+pub(crate) fn observe_queue(kinds: Vec<KindGauge>, workers: u64) {
     static GAUGES: Once = Once::new();
     *QUEUE.lock().unwrap() = Snapshot { kinds, workers };
     GAUGES.call_once(register_gauges);
@@ -152,7 +152,7 @@ fn record(f: impl FnOnce(&Instruments)) {
     }
 }
 
-pub fn claimed(kind: &str, queue_wait: Duration) {
+pub(crate) fn claimed(kind: &str, queue_wait: Duration) {
     record(|i| {
         let attributes = [kind_attribute(kind)];
         i.claims.add(1, &attributes);
@@ -160,28 +160,28 @@ pub fn claimed(kind: &str, queue_wait: Duration) {
     });
 }
 
-pub fn leases_renewed(count: usize) {
+pub(crate) fn leases_renewed(count: usize) {
     record(|i| i.lease_renewals.add(count as u64, &[]));
 }
 
-pub fn lease_lost(kind: &str) {
+pub(crate) fn lease_lost(kind: &str) {
     record(|i| i.lease_losses.add(1, &[kind_attribute(kind)]));
 }
 
-pub fn reclaimed(kind: &str) {
+pub(crate) fn reclaimed(kind: &str) {
     record(|i| i.reclaims.add(1, &[kind_attribute(kind)]));
 }
 
 /// One attempt ended; `outcome` is `completed`, `failed`, `retried`, `released`,
 /// `interrupted`, `skipped`, `lease_lost` or `error`.
-pub fn job_finished(kind: &str, outcome: &'static str, duration: Duration) {
+pub(crate) fn job_finished(kind: &str, outcome: &'static str, duration: Duration) {
     record(|i| {
         let attributes = [kind_attribute(kind), KeyValue::new("outcome", outcome)];
         i.job_duration.record(duration.as_secs_f64(), &attributes);
     });
 }
 
-pub fn http_request(method: &str, route: &str, status: u16, duration: Duration) {
+pub(crate) fn http_request(method: &str, route: &str, status: u16, duration: Duration) {
     record(|i| {
         let attributes = [
             KeyValue::new("http.request.method", method.to_string()),

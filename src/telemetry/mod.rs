@@ -4,7 +4,7 @@
 //! standard `OTEL_*` variables. With no endpoint there is no exporter, no export thread,
 //! and the meters are the global no-op ones.
 
-pub mod metrics;
+pub(crate) mod metrics;
 mod propagation;
 
 use opentelemetry::KeyValue;
@@ -23,7 +23,7 @@ use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
-pub use propagation::{current_traceparent, set_remote_parent, trace_id};
+pub(crate) use propagation::{current_traceparent, set_remote_parent, trace_id};
 
 const ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 const SERVICE_NAME: &str = "OTEL_SERVICE_NAME";

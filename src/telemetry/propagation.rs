@@ -12,7 +12,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 const TRACEPARENT: &str = "traceparent";
 
 /// The `traceparent` of the current span, when it belongs to an exported trace.
-pub fn current_traceparent() -> Option<String> {
+pub(crate) fn current_traceparent() -> Option<String> {
     let context = tracing::Span::current().context();
     if !context.span().span_context().is_valid() {
         return None;
@@ -24,7 +24,7 @@ pub fn current_traceparent() -> Option<String> {
 
 /// Makes `span` (not yet entered) a child of the remote span `traceparent` names; a missing
 /// or malformed value leaves it a root.
-pub fn set_remote_parent(span: &tracing::Span, traceparent: Option<&str>) {
+pub(crate) fn set_remote_parent(span: &tracing::Span, traceparent: Option<&str>) {
     let Some(traceparent) = traceparent else {
         return;
     };
@@ -37,7 +37,7 @@ pub fn set_remote_parent(span: &tracing::Span, traceparent: Option<&str>) {
 }
 
 /// The trace id of `span`, when it belongs to an exported trace.
-pub fn trace_id(span: &tracing::Span) -> Option<String> {
+pub(crate) fn trace_id(span: &tracing::Span) -> Option<String> {
     let context = span.context();
     let span_context = context.span().span_context().clone();
     span_context

@@ -3,13 +3,13 @@
 
 use sqlx::PgConnection;
 
-pub use keel_api_types::WorkspaceLimits;
+pub(crate) use keel_api_types::WorkspaceLimits;
 
 use crate::db::Result;
 use crate::domain::{Actor, Scope};
 
 /// The workspace's limits (the workers' default when no operator set them).
-pub async fn limits(conn: &mut PgConnection, scope: &Scope) -> Result<WorkspaceLimits> {
+pub(crate) async fn limits(conn: &mut PgConnection, scope: &Scope) -> Result<WorkspaceLimits> {
     let row = sqlx::query_as(
         "SELECT workspace_id, max_concurrent, updated_at, updated_by FROM workspace_limits
          WHERE workspace_id = $1",
@@ -26,7 +26,7 @@ pub async fn limits(conn: &mut PgConnection, scope: &Scope) -> Result<WorkspaceL
 }
 
 /// Sets the workspace's limit (None: back to the workers' default).
-pub async fn set_limits(
+pub(crate) async fn set_limits(
     conn: &mut PgConnection,
     scope: &Scope,
     max_concurrent: Option<i32>,

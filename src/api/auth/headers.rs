@@ -14,7 +14,7 @@ use crate::config::Redacted;
 use crate::domain::Role;
 use crate::domain::identity::{IdentityForm, RemoteIdentity, checked_id, checked_org_id};
 
-pub const SECRET_HEADER: &str = "x-keel-remote-secret";
+pub(crate) const SECRET_HEADER: &str = "x-keel-remote-secret";
 const ACTOR_HEADER: &str = "x-keel-actor-id";
 const ORG_HEADER: &str = "x-keel-org-id";
 const RUNTIME_HEADER: &str = "x-keel-runtime-id";
@@ -23,7 +23,7 @@ const ROLE_HEADER: &str = "x-keel-role";
 
 /// The identity the headers vouch for, when the secret is right, and its role: the
 /// `X-Keel-Role` header's when `role_header` is on, else member.
-pub fn verify(
+pub(crate) fn verify(
     headers: &HeaderMap,
     secret: &Redacted,
     runtime_id: &str,

@@ -15,7 +15,7 @@ use crate::api::ApiError;
 const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
 
 #[derive(Debug, Clone)]
-pub struct HostAllowlist {
+pub(crate) struct HostAllowlist {
     /// `*` was configured: any Host is allowed.
     any: bool,
     /// Normalised host names, without ports.
@@ -24,7 +24,7 @@ pub struct HostAllowlist {
 
 impl HostAllowlist {
     /// The configured names, or (when none are) the loopback names and the listen address.
-    pub fn new(configured: &[String], listen: SocketAddr) -> HostAllowlist {
+    pub(crate) fn new(configured: &[String], listen: SocketAddr) -> HostAllowlist {
         let configured: Vec<&str> = configured
             .iter()
             .map(|h| h.trim())
@@ -52,7 +52,7 @@ impl HostAllowlist {
 
     /// Whether the request addresses an allowed host (`Host`, or the HTTP/2 authority):
     /// 400 for a malformed or repeated Host, 403 for one not on the list.
-    pub fn check(&self, request: &Request) -> Result<(), ApiError> {
+    pub(crate) fn check(&self, request: &Request) -> Result<(), ApiError> {
         let mut hosts = request.headers().get_all(HOST).iter();
         let host = match (hosts.next(), hosts.next()) {
             (Some(host), None) => host.to_str().ok(),

@@ -15,7 +15,7 @@ use crate::domain::Role;
 use crate::domain::identity::{IdentityForm, RemoteIdentity};
 use crate::domain::identity::{checked_id, checked_org_id};
 
-pub const IDENTITY_HEADER: &str = "x-keel-identity";
+pub(crate) const IDENTITY_HEADER: &str = "x-keel-identity";
 
 /// Furthest in the future a token may expire: a stolen token is worth minutes, not hours.
 const MAX_LIFETIME_SECS: u64 = 5 * 60;
@@ -35,7 +35,7 @@ enum Keys {
     ByKid(HashMap<String, Key>),
 }
 
-pub struct JwtVerifier {
+pub(crate) struct JwtVerifier {
     keys: Keys,
     /// This runtime's id, the `aud` every token must name.
     audience: String,
@@ -55,7 +55,7 @@ struct Claims {
 }
 
 impl JwtVerifier {
-    pub fn hs256(secret: &str, audience: &str, leeway: u64) -> Result<Self, SettingsError> {
+    pub(crate) fn hs256(secret: &str, audience: &str, leeway: u64) -> Result<Self, SettingsError> {
         if secret.len() < MIN_HS256_SECRET_BYTES {
             return Err(SettingsError::Invalid(format!(
                 "KEEL_REMOTE_JWT_SECRET must be at least {MIN_HS256_SECRET_BYTES} bytes"
@@ -73,7 +73,7 @@ impl JwtVerifier {
     }
 
     /// An Ed25519 (EdDSA) or RSA (RS256) public key in a PEM file.
-    pub fn public_key_file(
+    pub(crate) fn public_key_file(
         path: &Path,
         audience: &str,
         leeway: u64,
@@ -105,7 +105,11 @@ impl JwtVerifier {
     }
 
     /// A JWKS file of Ed25519 and RSA public keys, each with a `kid`.
-    pub fn jwks_file(path: &Path, audience: &str, leeway: u64) -> Result<Self, SettingsError> {
+    pub(crate) fn jwks_file(
+        path: &Path,
+        audience: &str,
+        leeway: u64,
+    ) -> Result<Self, SettingsError> {
         let invalid = |why: String| {
             SettingsError::Invalid(format!("KEEL_REMOTE_JWKS_FILE {}: {why}", path.display()))
         };
@@ -151,7 +155,7 @@ impl JwtVerifier {
     }
 
     /// The identity a valid token vouches for, and its role.
-    pub fn verify(&self, token: &str) -> Result<(RemoteIdentity, Role), Rejected> {
+    pub(crate) fn verify(&self, token: &str) -> Result<(RemoteIdentity, Role), Rejected> {
         // `alg: none` and unknown algorithms fail here: the header does not parse.
         let header = jsonwebtoken::decode_header(token).map_err(|_| "malformed JWT")?;
         let key = match &self.keys {

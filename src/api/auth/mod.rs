@@ -32,16 +32,22 @@ use crate::api::ApiError;
 use crate::domain::Caller;
 pub use error::SettingsError;
 use policy::Lookup;
-pub use policy::{PAGE_ROUTES, ROUTE_POLICY, RouteClass, local_only_actions};
+pub(crate) use policy::local_only_actions;
+pub use policy::{PAGE_ROUTES, ROUTE_POLICY, RouteClass};
+pub use settings::Auth;
 use settings::Proof;
-pub use settings::{Auth, RuntimeMode};
+pub(crate) use settings::RuntimeMode;
 
 /// Whether this request may use local-only routes (see [`policy::local_access`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LocalAccess(pub bool);
+pub(crate) struct LocalAccess(pub(crate) bool);
 
 /// Identifies the caller of every request, or refuses it.
-pub async fn identify(State(auth): State<Arc<Auth>>, mut request: Request, next: Next) -> Response {
+pub(crate) async fn identify(
+    State(auth): State<Arc<Auth>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     match admit(&auth, &request) {
         Ok(None) => next.run(request).await,
         Ok(Some((caller, access))) => {

@@ -10,7 +10,10 @@ use axum::http::HeaderValue;
 use axum::http::header::{HOST, ORIGIN};
 
 /// Why a state-changing request is refused as cross-site, or None when it is not.
-pub fn cross_site(request: &Request, allowed_origins: &[HeaderValue]) -> Option<&'static str> {
+pub(crate) fn cross_site(
+    request: &Request,
+    allowed_origins: &[HeaderValue],
+) -> Option<&'static str> {
     if request.method().is_safe() {
         return None;
     }

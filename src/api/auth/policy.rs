@@ -224,7 +224,7 @@ pub const PAGE_ROUTES: &[(&str, &str)] = &[
 
 /// What the table says about a matched route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lookup {
+pub(crate) enum Lookup {
     Class(RouteClass),
     /// The path is in the table, with other methods: a wrong method, answered 405.
     OtherMethod,
@@ -233,7 +233,7 @@ pub enum Lookup {
 }
 
 /// The class of `method` on the matched path template (HEAD is served by GET handlers).
-pub fn classify(method: &Method, path: &str) -> Lookup {
+pub(crate) fn classify(method: &Method, path: &str) -> Lookup {
     let method = if method == Method::HEAD {
         "GET"
     } else {
@@ -252,7 +252,7 @@ pub fn classify(method: &Method, path: &str) -> Lookup {
 }
 
 /// The local-only routes, as `METHOD /path`.
-pub fn local_only_actions() -> Vec<String> {
+pub(crate) fn local_only_actions() -> Vec<String> {
     ROUTE_POLICY
         .iter()
         .filter(|(_, _, class)| *class == LocalOnly)
@@ -262,7 +262,11 @@ pub fn local_only_actions() -> Vec<String> {
 
 /// Whether a request may use local-only routes: local mode, a loopback peer, and no sign
 /// of a proxy in between (a proxy on the same host would make every peer loopback).
-pub fn local_access(remote_mode: bool, peer: Option<SocketAddr>, headers: &HeaderMap) -> bool {
+pub(crate) fn local_access(
+    remote_mode: bool,
+    peer: Option<SocketAddr>,
+    headers: &HeaderMap,
+) -> bool {
     let proxied = headers.keys().any(|name| {
         let name = name.as_str();
         name == "forwarded" || name.starts_with("x-forwarded-")

@@ -13,14 +13,14 @@ use crate::domain::Caller;
 /// checks), so the map stays as large as the set of recently active identities.
 const FORGET_IDLE_EVERY: u64 = 4096;
 
-pub struct Limiter {
+pub(crate) struct Limiter {
     buckets: DefaultKeyedRateLimiter<(String, String)>,
     clock: DefaultClock,
     checks: AtomicU64,
 }
 
 impl Limiter {
-    pub fn new(rate: RateLimit) -> Limiter {
+    pub(crate) fn new(rate: RateLimit) -> Limiter {
         let replenish = rate.period / rate.requests.get();
         let quota = Quota::with_period(replenish.max(Duration::from_nanos(1)))
             .expect("a non-zero period")
@@ -34,7 +34,7 @@ impl Limiter {
 
     /// Takes one request from the caller's bucket; when it is empty, how long until it is
     /// not.
-    pub fn check(&self, caller: &Caller) -> Result<(), Duration> {
+    pub(crate) fn check(&self, caller: &Caller) -> Result<(), Duration> {
         if self
             .checks
             .fetch_add(1, Ordering::Relaxed)

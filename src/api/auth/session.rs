@@ -16,9 +16,9 @@ use crate::api::auth::values::single;
 use crate::config::Redacted;
 
 /// The session cookie's name.
-pub const COOKIE_NAME: &str = "keel_session";
+pub(crate) const COOKIE_NAME: &str = "keel_session";
 /// The header a cookie-authenticated state-changing request carries its CSRF token in.
-pub const CSRF_HEADER: &str = "x-keel-csrf";
+pub(crate) const CSRF_HEADER: &str = "x-keel-csrf";
 
 const SESSION_LABEL: &str = "keel-console-session";
 const CSRF_LABEL: &str = "keel-console-csrf";
@@ -38,13 +38,13 @@ fn signature(token: &Redacted, expires: i64) -> Redacted {
 }
 
 /// The session cookie's value for this runtime token, ending at `expires` (Unix seconds).
-pub fn cookie_value(token: &Redacted, expires: i64) -> Redacted {
+pub(crate) fn cookie_value(token: &Redacted, expires: i64) -> Redacted {
     let Ok(value) = format!("{expires}.{}", signature(token, expires).expose()).parse();
     value
 }
 
 /// The CSRF token of a session under this runtime token.
-pub fn csrf_token(token: &Redacted) -> Redacted {
+pub(crate) fn csrf_token(token: &Redacted) -> Redacted {
     derive(token, CSRF_LABEL)
 }
 
@@ -74,13 +74,13 @@ fn valid(cookie: &str, token: &Redacted, now: i64) -> bool {
 
 /// Whether the request carries a live session cookie of this token at `now` (Unix
 /// seconds). Every such cookie is checked, so a stale one beside a fresh one refuses.
-pub fn presented(headers: &HeaderMap, token: &Redacted, now: i64) -> bool {
+pub(crate) fn presented(headers: &HeaderMap, token: &Redacted, now: i64) -> bool {
     let mut cookies = session_cookies(headers).peekable();
     cookies.peek().is_some() && cookies.all(|c| valid(c, token, now))
 }
 
 /// Whether the request carries this session's CSRF token, exactly once.
-pub fn csrf_presented(headers: &HeaderMap, token: &Redacted) -> bool {
+pub(crate) fn csrf_presented(headers: &HeaderMap, token: &Redacted) -> bool {
     single(headers, CSRF_HEADER)
         .is_some_and(|presented| token::matches(presented, &csrf_token(token)))
 }
@@ -88,7 +88,7 @@ pub fn csrf_presented(headers: &HeaderMap, token: &Redacted) -> bool {
 /// The `Set-Cookie` value that signs a browser in for `ttl_secs` from `now`: the script
 /// of a page cannot read it, no other site's request carries it, over https it never
 /// travels in the clear, and the browser drops it when the server stops accepting it.
-pub fn set_cookie(token: &Redacted, secure: bool, now: i64, ttl_secs: i64) -> String {
+pub(crate) fn set_cookie(token: &Redacted, secure: bool, now: i64, ttl_secs: i64) -> String {
     let secure = if secure { "; Secure" } else { "" };
     format!(
         "{COOKIE_NAME}={}; HttpOnly; SameSite=Strict; Path=/; Max-Age={ttl_secs}{secure}",
@@ -97,7 +97,7 @@ pub fn set_cookie(token: &Redacted, secure: bool, now: i64, ttl_secs: i64) -> St
 }
 
 /// The `Set-Cookie` value that signs a browser out.
-pub fn clear_cookie(secure: bool) -> String {
+pub(crate) fn clear_cookie(secure: bool) -> String {
     let secure = if secure { "; Secure" } else { "" };
     format!("{COOKIE_NAME}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0{secure}")
 }

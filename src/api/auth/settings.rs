@@ -23,7 +23,7 @@ use crate::domain::{Caller, Role};
 /// Shortest runtime token or shared secret accepted.
 const MIN_SECRET_LEN: usize = 16;
 
-pub use keel_api_types::RuntimeMode;
+pub(crate) use keel_api_types::RuntimeMode;
 
 enum Credentials {
     /// Local mode: the runtime token, when one is configured.
@@ -55,7 +55,7 @@ fn unix_now() -> i64 {
 }
 
 impl Auth {
-    pub fn from_args(args: &AuthArgs, listen: SocketAddr) -> Result<Auth, SettingsError> {
+    pub(crate) fn from_args(args: &AuthArgs, listen: SocketAddr) -> Result<Auth, SettingsError> {
         let credentials = if args.remote_mode {
             Credentials::Remote(Remote::from_args(args)?)
         } else {
@@ -92,11 +92,11 @@ impl Auth {
     }
 
     /// Local mode without a token, on a loopback `listen` address.
-    pub fn local(listen: SocketAddr) -> Result<Auth, SettingsError> {
+    pub(crate) fn local(listen: SocketAddr) -> Result<Auth, SettingsError> {
         Auth::from_args(&AuthArgs::default(), listen)
     }
 
-    pub fn mode(&self) -> RuntimeMode {
+    pub(crate) fn mode(&self) -> RuntimeMode {
         match self.credentials {
             Credentials::Local(_) => RuntimeMode::Local,
             Credentials::Remote(_) => RuntimeMode::Remote,
@@ -105,28 +105,28 @@ impl Auth {
 
     /// Whether the request addresses a host this runtime serves (`KEEL_ALLOWED_HOSTS`), in
     /// one well-formed Host header: open routes that check credentials themselves ask first.
-    pub fn check_host(&self, request: &axum::extract::Request) -> Result<(), ApiError> {
+    pub(crate) fn check_host(&self, request: &axum::extract::Request) -> Result<(), ApiError> {
         self.hosts.check(request)
     }
 
     /// Whether `caller` may resolve an approval it requested: in local mode (one person)
     /// always, in remote mode only with `KEEL_ALLOW_SELF_APPROVAL`.
-    pub fn may_approve_own(&self, caller: &Caller) -> bool {
+    pub(crate) fn may_approve_own(&self, caller: &Caller) -> bool {
         caller.is_local() || self.allow_self_approval
     }
 
     /// The runtime's label in `GET /v1/whoami`.
-    pub fn label(&self) -> &str {
+    pub(crate) fn label(&self) -> &str {
         &self.label
     }
 
     /// Why a state-changing request is refused as another site's (see [`origin`]), or None.
-    pub fn cross_site(&self, request: &axum::extract::Request) -> Option<&'static str> {
+    pub(crate) fn cross_site(&self, request: &axum::extract::Request) -> Option<&'static str> {
         origin::cross_site(request, &self.cors_origins)
     }
 
     /// CORS for the configured origins; none configured, no CORS headers at all.
-    pub fn cors(&self) -> Option<CorsLayer> {
+    pub(crate) fn cors(&self) -> Option<CorsLayer> {
         if self.cors_origins.is_empty() {
             return None;
         }
@@ -193,7 +193,7 @@ impl Auth {
 
     /// What the console's `GET /console/session` tells a browser: how it signs in,
     /// whether the request is signed in, and (for a cookie session) its CSRF token.
-    pub fn console_session(&self, headers: &HeaderMap) -> ConsoleSession {
+    pub(crate) fn console_session(&self, headers: &HeaderMap) -> ConsoleSession {
         let caller = self.authenticate(headers).ok();
         let sign_in = match (&self.credentials, self.session_token()) {
             (Credentials::Remote(_), _) => SignIn::Proxy,
@@ -214,12 +214,12 @@ impl Auth {
     }
 
     /// The `Set-Cookie` value that ends a console session.
-    pub fn console_sign_out(&self, secure: bool) -> String {
+    pub(crate) fn console_sign_out(&self, secure: bool) -> String {
         session::clear_cookie(secure)
     }
 
     /// Whether this runtime signs browsers in with its token: only local mode with one.
-    pub fn console_sign_in_offered(&self) -> Result<(), ApiError> {
+    pub(crate) fn console_sign_in_offered(&self) -> Result<(), ApiError> {
         match &self.credentials {
             Credentials::Remote(_) => Err(ApiError::Forbidden(
                 "remote mode: your proxy signs you in".into(),
@@ -233,7 +233,11 @@ impl Auth {
 
     /// The `Set-Cookie` value of a console session, when `presented` is the runtime token
     /// (compared in constant time, like the bearer header).
-    pub fn console_sign_in(&self, presented: &str, secure: bool) -> Result<String, ApiError> {
+    pub(crate) fn console_sign_in(
+        &self,
+        presented: &str,
+        secure: bool,
+    ) -> Result<String, ApiError> {
         self.console_sign_in_offered()?;
         match self.session_token() {
             Some(token) if token::matches(presented, token) => {
@@ -247,7 +251,7 @@ impl Auth {
 
 /// How a request's caller was proved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Proof {
+pub(crate) enum Proof {
     /// A header the request's sender set: the token, an identity JWT or identity headers.
     Credentials,
     /// The console's session cookie, which a browser attaches by itself.
@@ -257,7 +261,7 @@ pub enum Proof {
 /// How the console signs a browser in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum SignIn {
+pub(crate) enum SignIn {
     /// Local mode with a runtime token: the token, once, for a session cookie.
     Token,
     /// Local mode without a token: nothing to sign in to.
@@ -268,13 +272,13 @@ pub enum SignIn {
 
 /// The console's view of its session.
 #[derive(Debug, Serialize)]
-pub struct ConsoleSession {
-    pub mode: RuntimeMode,
-    pub sign_in: SignIn,
-    pub signed_in: bool,
-    pub actor_id: Option<String>,
+pub(crate) struct ConsoleSession {
+    pub(crate) mode: RuntimeMode,
+    pub(crate) sign_in: SignIn,
+    pub(crate) signed_in: bool,
+    pub(crate) actor_id: Option<String>,
     /// Sent as `X-Keel-CSRF` with every state-changing request of the session.
-    pub csrf_token: Option<String>,
+    pub(crate) csrf_token: Option<String>,
 }
 
 impl Remote {

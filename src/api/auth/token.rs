@@ -7,10 +7,10 @@ use subtle::ConstantTimeEq;
 
 use crate::config::Redacted;
 
-pub const RUNTIME_TOKEN_HEADER: &str = "x-keel-runtime-token";
+pub(crate) const RUNTIME_TOKEN_HEADER: &str = "x-keel-runtime-token";
 
 /// Whether `presented` is the secret, in time that does not depend on where they differ.
-pub fn matches(presented: &str, secret: &Redacted) -> bool {
+pub(crate) fn matches(presented: &str, secret: &Redacted) -> bool {
     presented
         .as_bytes()
         .ct_eq(secret.expose().as_bytes())
@@ -20,7 +20,7 @@ pub fn matches(presented: &str, secret: &Redacted) -> bool {
 /// Whether the request carries the runtime token, as `Authorization: Bearer <token>` or
 /// `X-Keel-Runtime-Token: <token>`. Every presented value is compared, so a second header
 /// cannot hide a right one, nor a right one vouch for a wrong one sent beside it.
-pub fn presented(headers: &HeaderMap, token: &Redacted) -> bool {
+pub(crate) fn presented(headers: &HeaderMap, token: &Redacted) -> bool {
     let bearer = headers
         .get_all(AUTHORIZATION)
         .iter()
@@ -34,7 +34,7 @@ pub fn presented(headers: &HeaderMap, token: &Redacted) -> bool {
 }
 
 /// Whether the request sends a token header at all, right or wrong.
-pub fn offered(headers: &HeaderMap) -> bool {
+pub(crate) fn offered(headers: &HeaderMap) -> bool {
     headers.contains_key(AUTHORIZATION) || headers.contains_key(RUNTIME_TOKEN_HEADER)
 }
 

@@ -3,7 +3,7 @@
 
 macro_rules! files {
     ($($path:literal),* $(,)?) => {
-        pub const FILES: &[(&str, &[u8])] = &[
+        pub(crate) const FILES: &[(&str, &[u8])] = &[
             $(($path, include_bytes!(concat!("assets/", $path)))),*
         ];
     };

@@ -25,7 +25,7 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
      base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
 /// The console's routes, mounted beside the API by [`crate::api::app`].
-pub fn router() -> Router<AppState> {
+pub(crate) fn router() -> Router<AppState> {
     Router::new()
         .route("/", get(|| async { Redirect::to("/console") }))
         .route("/console", get(index))

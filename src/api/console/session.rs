@@ -12,19 +12,22 @@ use crate::api::{ApiError, AppState};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SignInForm {
+pub(crate) struct SignInForm {
     token: String,
 }
 
 /// `GET`: the mode, how to sign in, whether this request is signed in, and the CSRF token.
-pub async fn show(State(state): State<AppState>, request: Request) -> Result<Response, ApiError> {
+pub(crate) async fn show(
+    State(state): State<AppState>,
+    request: Request,
+) -> Result<Response, ApiError> {
     state.auth.check_host(&request)?;
     Ok(session_response(&state, request.headers(), None))
 }
 
 /// `POST` (JSON `{"token": …}` or a form): the runtime token, once, for a session cookie.
 /// A form post (a browser without script) is sent back to the console.
-pub async fn sign_in(
+pub(crate) async fn sign_in(
     State(state): State<AppState>,
     request: Request,
 ) -> Result<Response, ApiError> {
@@ -64,7 +67,7 @@ pub async fn sign_in(
 }
 
 /// `DELETE`: ends the browser's session (the cookie is cleared; the token stays valid).
-pub async fn sign_out(
+pub(crate) async fn sign_out(
     State(state): State<AppState>,
     request: Request,
 ) -> Result<Response, ApiError> {

@@ -40,12 +40,12 @@ use keel_api_types::ActionStatus;
 /// The evidence of one action's end: the tracker's answer, or the target that changed.
 const MAX_EVIDENCE_BYTES: i64 = 1024 * 1024;
 
-pub use keel_api_types::Proposed;
+pub(crate) use keel_api_types::Proposed;
 
 /// Records a proposal on an item: the calls it makes, the target as stored now, and its
 /// approval, attached to the item's task and to `run_id` (a run of that task proposing
 /// it) or the task's current run. The caller commits.
-pub async fn propose(
+pub(crate) async fn propose(
     conn: &mut PgConnection,
     scope: &Scope,
     item_id: &str,
@@ -241,8 +241,8 @@ fn summary(
 }
 
 /// The handler of `external_action` jobs: sends one approved action.
-pub struct ActionJobs {
-    pub poller: Poller,
+pub(crate) struct ActionJobs {
+    pub(crate) poller: Poller,
 }
 
 impl JobHandler for ActionJobs {

@@ -1,7 +1,7 @@
-pub mod job;
+pub(crate) mod job;
 mod rules;
-pub mod send;
+pub(crate) mod send;
 mod store;
 
-pub use rules::*;
+pub(crate) use rules::*;
 pub use store::*;

@@ -10,21 +10,21 @@ use crate::domain::Invalid;
 
 use keel_api_types::{MAX_ACTION_BODY_BYTES, MAX_LABEL_BYTES, MAX_LABELS};
 
-pub use keel_api_types::ReviewEvent;
+pub(crate) use keel_api_types::ReviewEvent;
 
 /// A proposal as a request has it, before it is checked.
 #[derive(Debug, Clone, Default)]
-pub struct ActionDraft {
-    pub kind: Option<String>,
-    pub body: Option<String>,
-    pub add: Option<Vec<String>>,
-    pub remove: Option<Vec<String>>,
-    pub event: Option<String>,
+pub(crate) struct ActionDraft {
+    pub(crate) kind: Option<String>,
+    pub(crate) body: Option<String>,
+    pub(crate) add: Option<Vec<String>>,
+    pub(crate) remove: Option<Vec<String>>,
+    pub(crate) event: Option<String>,
 }
 
 /// One checked proposal: exactly one thing to write.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProposedAction {
+pub(crate) enum ProposedAction {
     Comment {
         body: String,
     },
@@ -42,7 +42,7 @@ pub enum ProposedAction {
 impl ProposedAction {
     /// Checks a draft: its kind's fields only, bodies non-empty and at most
     /// [`MAX_ACTION_BODY_BYTES`], at most [`MAX_LABELS`] distinct, sane label names.
-    pub fn parse(draft: ActionDraft) -> Result<ProposedAction, Invalid> {
+    pub(crate) fn parse(draft: ActionDraft) -> Result<ProposedAction, Invalid> {
         let kind = draft
             .kind
             .as_deref()
@@ -113,7 +113,7 @@ impl ProposedAction {
         }
     }
 
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             ProposedAction::Comment { .. } => "comment",
             ProposedAction::Labels { .. } => "labels",
@@ -122,7 +122,7 @@ impl ProposedAction {
     }
 
     /// The proposal as stored and shown.
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         match self {
             ProposedAction::Comment { body } => json!({ "kind": "comment", "body": body }),
             ProposedAction::Labels { add, remove } => {
@@ -137,12 +137,12 @@ impl ProposedAction {
 
 /// The hidden marker appended to what an action writes: a worker that cannot tell whether
 /// an earlier attempt's call went through looks for it before writing again.
-pub fn marker(action_id: &str) -> String {
+pub(crate) fn marker(action_id: &str) -> String {
     format!("<!-- keel-action:{action_id} -->")
 }
 
 /// `body` as sent: the proposed text, then the marker.
-pub fn marked(body: &str, action_id: &str) -> String {
+pub(crate) fn marked(body: &str, action_id: &str) -> String {
     format!("{body}\n\n{}", marker(action_id))
 }
 

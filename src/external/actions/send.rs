@@ -58,15 +58,15 @@ pub(crate) struct Target<'a> {
 /// One answer of the tracker, as the evidence keeps it.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Answer {
-    pub method: String,
-    pub path: String,
-    pub http_status: u16,
-    pub body: Value,
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) http_status: u16,
+    pub(crate) body: Value,
 }
 
 impl Answer {
     /// What the action row keeps of it: the status, and what was written's id and URL.
-    pub fn short(&self) -> Value {
+    pub(crate) fn short(&self) -> Value {
         let url = self.body.get("html_url").or_else(|| self.body.get("url"));
         json!({ "http_status": self.http_status, "id": self.body.get("id"), "url": url })
     }

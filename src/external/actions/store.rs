@@ -16,7 +16,7 @@ use crate::runs::{self, RunRecord};
 use keel_api_types::ActionStatus;
 
 /// The queue kind of an approved action's sending; one job per action.
-pub const ACTION_KIND: &str = "external_action";
+pub(crate) const ACTION_KIND: &str = "external_action";
 
 /// An action's columns with the id of its approval.
 macro_rules! columns {
@@ -30,21 +30,21 @@ macro_rules! columns {
     };
 }
 
-pub use keel_api_types::ActionRecord;
+pub(crate) use keel_api_types::ActionRecord;
 
 /// A proposal to record.
 #[derive(Debug, Clone)]
-pub struct NewAction<'a> {
-    pub id: &'a str,
-    pub item_id: &'a str,
-    pub task_id: &'a str,
-    pub run_id: &'a str,
-    pub kind: &'a str,
-    pub proposal: &'a serde_json::Value,
-    pub calls: &'a serde_json::Value,
-    pub target: &'a serde_json::Value,
-    pub proposed_by: &'a str,
-    pub proposed_by_run_id: Option<&'a str>,
+pub(crate) struct NewAction<'a> {
+    pub(crate) id: &'a str,
+    pub(crate) item_id: &'a str,
+    pub(crate) task_id: &'a str,
+    pub(crate) run_id: &'a str,
+    pub(crate) kind: &'a str,
+    pub(crate) proposal: &'a serde_json::Value,
+    pub(crate) calls: &'a serde_json::Value,
+    pub(crate) target: &'a serde_json::Value,
+    pub(crate) proposed_by: &'a str,
+    pub(crate) proposed_by_run_id: Option<&'a str>,
 }
 
 /// Records a proposal, `pending_approval`; its approval is created next, by the caller.
@@ -94,7 +94,7 @@ pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<Act
 }
 
 /// Locks an action for the rest of the transaction; None when it is gone.
-pub async fn lock(
+pub(crate) async fn lock(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &str,
@@ -112,7 +112,7 @@ pub async fn lock(
 }
 
 /// An item's actions, oldest first.
-pub async fn list_for_item(
+pub(crate) async fn list_for_item(
     conn: &mut PgConnection,
     scope: &Scope,
     item_id: &str,
@@ -136,7 +136,7 @@ pub async fn list_for_item(
 }
 
 /// How many of a source's actions are in each status.
-pub async fn counts_for_source(
+pub(crate) async fn counts_for_source(
     conn: &mut PgConnection,
     scope: &Scope,
     source_id: &str,
@@ -154,7 +154,11 @@ pub async fn counts_for_source(
 }
 
 /// The item an action is proposed on.
-pub async fn item(conn: &mut PgConnection, scope: &Scope, item_id: &str) -> Result<ItemRecord> {
+pub(crate) async fn item(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    item_id: &str,
+) -> Result<ItemRecord> {
     sqlx::query_as("SELECT * FROM external_work_items WHERE workspace_id = $1 AND id = $2")
         .bind(scope.workspace())
         .bind(item_id)
@@ -165,7 +169,7 @@ pub async fn item(conn: &mut PgConnection, scope: &Scope, item_id: &str) -> Resu
 
 /// The operator's decision, from the approval's resolution (in its transaction): approved
 /// queues the sending job, rejected ends the action with nothing sent.
-pub async fn decide(
+pub(crate) async fn decide(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &str,
@@ -196,7 +200,7 @@ pub async fn decide(
 /// [`approvals::decidable`] found for them: the approval is settled and the action approved
 /// (its sending queued) or rejected; its run is left as it is. Locks the approval, then
 /// the action.
-pub async fn resolve_approval(
+pub(crate) async fn resolve_approval(
     conn: &mut PgConnection,
     scope: &Scope,
     found: &ApprovalRecord,
@@ -218,11 +222,11 @@ pub async fn resolve_approval(
 
 /// What an attempt leaves on its action besides its status.
 #[derive(Debug, Clone, Default)]
-pub struct Outcome<'a> {
-    pub response: Option<&'a serde_json::Value>,
-    pub artifact_id: Option<&'a str>,
+pub(crate) struct Outcome<'a> {
+    pub(crate) response: Option<&'a serde_json::Value>,
+    pub(crate) artifact_id: Option<&'a str>,
     /// `(code, message)`; None clears the last error.
-    pub error: Option<(&'a str, &'a str)>,
+    pub(crate) error: Option<(&'a str, &'a str)>,
 }
 
 /// Moves an action to `status`, stamping the time of its step.

@@ -21,18 +21,18 @@ use crate::telemetry;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseTiming {
     /// The lease the database grants at each claim and renewal.
-    pub lease: Duration,
+    pub(crate) lease: Duration,
     /// Taken off the lease for the local deadline: the time a kill takes, the watch's
     /// lateness and the clocks' rate drift.
-    pub margin: Duration,
+    pub(crate) margin: Duration,
     /// The longest a heartbeat may take before it is abandoned.
-    pub heartbeat_timeout: Duration,
+    pub(crate) heartbeat_timeout: Duration,
 }
 
 impl LeaseTiming {
     /// Refuses timings under which a healthy worker would stop its own jobs or another
     /// worker could take a job over while this one still runs it.
-    pub fn new(
+    pub(crate) fn new(
         lease: Duration,
         margin: Duration,
         heartbeat_timeout: Duration,
@@ -82,7 +82,7 @@ impl LeaseTiming {
     }
 
     /// The heartbeat interval.
-    pub fn interval(&self) -> Duration {
+    pub(crate) fn interval(&self) -> Duration {
         self.lease / 3
     }
 
@@ -122,14 +122,14 @@ impl LeaseDeadline {
     }
 
     /// What is left until the job must stop.
-    pub fn remaining(&self) -> Duration {
+    pub(crate) fn remaining(&self) -> Duration {
         self.at.borrow().saturating_duration_since(Instant::now())
     }
 
     /// Ok while the deadline is at least a heartbeat interval ahead. Nearer (a heartbeat
     /// was missed), it asks for a renewal at once and waits for one until the deadline;
     /// `DeadlineNear` when none came: the caller must not start its call.
-    pub async fn ensure_ahead(&self) -> Result<(), DeadlineNear> {
+    pub(crate) async fn ensure_ahead(&self) -> Result<(), DeadlineNear> {
         if self.remaining() >= self.headroom {
             return Ok(());
         }

@@ -61,7 +61,7 @@ pub struct Job {
     /// released at shutdown.
     pub interrupt: CancellationToken,
     /// The lease's local deadline: checked before each external call that cannot be undone.
-    pub deadline: LeaseDeadline,
+    pub(crate) deadline: LeaseDeadline,
     released: Arc<AtomicBool>,
     acks: Acks,
 }
@@ -82,7 +82,7 @@ impl Job {
 
     /// True when the interruption is a graceful release at shutdown: the handler should
     /// hand the job back (requeue it) rather than abandon it.
-    pub fn is_released(&self) -> bool {
+    pub(crate) fn is_released(&self) -> bool {
         self.released.load(Ordering::SeqCst)
     }
 }
@@ -121,7 +121,7 @@ type Registry = Arc<Mutex<HashMap<i64, InFlight>>>;
 type ClaimResult = Result<(Vec<Lease>, usize, Instant), QueueError>;
 
 pub struct Worker {
-    pub id: String,
+    pub(crate) id: String,
     pool: PgPool,
     /// Claims, heartbeats, batched acks and the snapshot check ([`QueuePool`]).
     queue: QueuePool,

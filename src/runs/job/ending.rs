@@ -24,11 +24,11 @@ use crate::runs::lineage::{Conversation, write_conversation};
 use crate::runs::{Change, RunWithTask};
 
 /// What an agent attempt leaves for its end beyond the executor's rows.
-pub struct AgentEnding {
-    pub conversation: Option<Conversation>,
+pub(crate) struct AgentEnding {
+    pub(crate) conversation: Option<Conversation>,
     /// The last persisted `model_call` step: the one an approval covers.
-    pub step_id: Option<String>,
-    pub ttl: Option<Duration>,
+    pub(crate) step_id: Option<String>,
+    pub(crate) ttl: Option<Duration>,
 }
 
 impl DomainRow for RunWithTask {
@@ -47,7 +47,7 @@ impl DomainRow for RunWithTask {
 
 /// How an attempt that ran to its end leaves the run, with the rows its context still
 /// held (written in the same transaction).
-pub struct RunEnding {
+pub(crate) struct RunEnding {
     held: Held,
     written: Written,
     /// An agent loop's conversation, written as its `agent_conversation` artifact.

@@ -14,8 +14,8 @@ mod hooks;
 mod workspace;
 
 pub(crate) use context::FencedContext;
-pub use ending::{AgentEnding, RunEnding};
-pub use workspace::{ephemeral_root, workspace_dir};
+pub(crate) use ending::{AgentEnding, RunEnding};
+pub(crate) use workspace::{ephemeral_root, workspace_dir};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,25 +38,25 @@ use context::{Held, Shared};
 use ending::End;
 use hooks::AttemptHooks;
 
-pub struct RunJobs {
-    pub pool: PgPool,
+pub(crate) struct RunJobs {
+    pub(crate) pool: PgPool,
     /// Ephemeral workspaces live under `<data_dir>/workspaces/<run_id>` (a resumed run
     /// reuses the directory of the run it resumes).
-    pub data_dir: PathBuf,
-    pub artifact_max_bytes: i64,
-    pub content: ContentStore,
-    pub timeouts: RunTimeouts,
+    pub(crate) data_dir: PathBuf,
+    pub(crate) artifact_max_bytes: i64,
+    pub(crate) content: ContentStore,
+    pub(crate) timeouts: RunTimeouts,
     /// Checked again before each `in_place` run: the directory or the roots may have
     /// changed since the API accepted the task.
-    pub workspace_roots: WorkspaceRoots,
+    pub(crate) workspace_roots: WorkspaceRoots,
     /// The operator's `KEEL_RUN_ENV_PASSTHROUGH` variables, with this worker's values.
-    pub passthrough_env: Vec<(String, String)>,
+    pub(crate) passthrough_env: Vec<(String, String)>,
 }
 
 impl RunJobs {
     /// Runs one attempt of a process run (shell, git, file) that [`attempt::begin`] marked
     /// running; returns its outcome, as the job duration metric labels it.
-    pub async fn execute_process(
+    pub(crate) async fn execute_process(
         &self,
         job: Job,
         row: RunWithTask,

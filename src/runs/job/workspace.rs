@@ -7,14 +7,14 @@ use crate::tasks::TaskRecord;
 use crate::tasks::WorkspaceRoots;
 
 /// Where a worker keeps its runs' ephemeral workspaces, one directory per run id.
-pub fn ephemeral_root(data_dir: &Path) -> PathBuf {
+pub(crate) fn ephemeral_root(data_dir: &Path) -> PathBuf {
     data_dir.join("workspaces")
 }
 
 /// The directory a run works in: its task's `in_place` directory, re-confined to the
 /// workspace roots, or its ephemeral `<data_dir>/workspaces/<workspace owner>` (which may
 /// not exist yet). Workers run there; the patches API reverts files there.
-pub fn workspace_dir(
+pub(crate) fn workspace_dir(
     roots: &WorkspaceRoots,
     data_dir: &Path,
     task: &TaskRecord,
