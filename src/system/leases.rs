@@ -19,50 +19,88 @@ pub async fn list(
     after: i64,
     limit: i64,
 ) -> Result<Vec<(i64, LeaseRecord)>> {
-    let live = "SELECT id AS cursor, CASE WHEN lease_expires_at > now() THEN 'active' ELSE 'expired' END AS status,
-                       id AS job_id, kind, ref_id, lease_owner AS owner, fencing_token, claimed_at,
-                       lease_expires_at AS expires_at, heartbeats, NULL::timestamptz AS released_at,
-                       NULL::text AS outcome
-                FROM queue_jobs
-                WHERE workspace_id = $4 AND lease_owner IS NOT NULL
-                  AND (lease_expires_at > now()) = $1 AND id > $2
-                ORDER BY id LIMIT $3";
-    let released =
-        "SELECT id AS cursor, 'released' AS status, job_id, kind, ref_id, owner, fencing_token,
-                           claimed_at, expires_at, heartbeats, released_at, outcome
-                    FROM lease_history WHERE workspace_id = $4 AND $1 AND id > $2
-                    ORDER BY id LIMIT $3";
-    let (query, live_flag) = match status {
-        LeaseStatus::Active => (live, true),
-        LeaseStatus::Expired => (live, false),
-        LeaseStatus::Released => (released, true),
+    let rows = match status {
+        LeaseStatus::Active | LeaseStatus::Expired => {
+            sqlx::query_as!(
+                LeaseRow,
+                r#"SELECT id AS cursor,
+                          CASE WHEN lease_expires_at > now() THEN 'active' ELSE 'expired' END
+                              AS "status!",
+                          id AS job_id, kind, ref_id, lease_owner AS "owner!", fencing_token,
+                          claimed_at AS "claimed_at!", lease_expires_at AS "expires_at!",
+                          heartbeats, NULL::timestamptz AS released_at, NULL::text AS outcome
+                   FROM queue_jobs
+                   WHERE workspace_id = $4 AND lease_owner IS NOT NULL
+                     AND (lease_expires_at > now()) = $1 AND id > $2
+                   ORDER BY id LIMIT $3"#,
+                status == LeaseStatus::Active,
+                after,
+                limit,
+                scope.workspace(),
+            )
+            .fetch_all(conn)
+            .await?
+        }
+        LeaseStatus::Released => {
+            sqlx::query_as!(
+                LeaseRow,
+                r#"SELECT id AS cursor, 'released' AS "status!", job_id, kind, ref_id, owner,
+                          fencing_token, claimed_at, expires_at, heartbeats,
+                          released_at AS "released_at?", outcome AS "outcome?"
+                   FROM lease_history WHERE workspace_id = $1 AND id > $2
+                   ORDER BY id LIMIT $3"#,
+                scope.workspace(),
+                after,
+                limit,
+            )
+            .fetch_all(conn)
+            .await?
+        }
     };
-    let rows: Vec<LeaseRow> = sqlx::query_as(query)
-        .bind(live_flag)
-        .bind(after)
-        .bind(limit)
-        .bind(scope.workspace())
-        .fetch_all(conn)
-        .await?;
-    Ok(rows
-        .into_iter()
-        .map(|row| (row.cursor, row.lease))
-        .collect())
+    Ok(rows.into_iter().map(LeaseRow::paged).collect())
 }
 
-#[derive(sqlx::FromRow)]
+/// A lease and its cursor in the list it was read from.
 struct LeaseRow {
     cursor: i64,
-    #[sqlx(flatten)]
-    lease: LeaseRecord,
+    status: String,
+    job_id: i64,
+    kind: String,
+    ref_id: String,
+    owner: String,
+    fencing_token: i64,
+    claimed_at: chrono::DateTime<chrono::Utc>,
+    expires_at: chrono::DateTime<chrono::Utc>,
+    heartbeats: i32,
+    released_at: Option<chrono::DateTime<chrono::Utc>>,
+    outcome: Option<String>,
+}
+
+impl LeaseRow {
+    fn paged(self) -> (i64, LeaseRecord) {
+        let lease = LeaseRecord {
+            status: self.status,
+            job_id: self.job_id,
+            kind: self.kind,
+            ref_id: self.ref_id,
+            owner: self.owner,
+            fencing_token: self.fencing_token,
+            claimed_at: self.claimed_at,
+            expires_at: self.expires_at,
+            heartbeats: self.heartbeats,
+            released_at: self.released_at,
+            outcome: self.outcome,
+        };
+        (self.cursor, lease)
+    }
 }
 
 /// Forgets ended leases older than `days`, in every workspace (retention).
 pub(crate) async fn prune(conn: &mut PgConnection, days: i32) -> Result<u64> {
-    let done = sqlx::query(
+    let done = sqlx::query!(
         "DELETE FROM lease_history WHERE released_at < now() - make_interval(days => $1)",
+        days,
     )
-    .bind(days)
     .execute(conn)
     .await?;
     Ok(done.rows_affected())

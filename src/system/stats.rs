@@ -26,18 +26,19 @@ pub(crate) async fn queue_everywhere(conn: &mut PgConnection) -> Result<Vec<Kind
 }
 
 async fn queue_of(conn: &mut PgConnection, workspace: Option<&str>) -> Result<Vec<KindStats>> {
-    let rows = sqlx::query_as(
-        "SELECT kind,
-                count(*) FILTER (WHERE lease_owner IS NULL) AS depth,
-                count(*) FILTER (WHERE lease_owner IS NULL AND run_after <= now()) AS ready,
-                count(*) FILTER (WHERE lease_owner IS NOT NULL) AS leased,
-                (extract(epoch FROM now() - min(run_after)
-                    FILTER (WHERE lease_owner IS NULL AND run_after <= now())) * 1000)::bigint
-                    AS oldest_age_ms
-         FROM queue_jobs WHERE $1::text IS NULL OR workspace_id = $1
-         GROUP BY kind ORDER BY kind",
+    let rows = sqlx::query_as!(
+        KindStats,
+        r#"SELECT kind,
+                  count(*) FILTER (WHERE lease_owner IS NULL) AS "depth!",
+                  count(*) FILTER (WHERE lease_owner IS NULL AND run_after <= now()) AS "ready!",
+                  count(*) FILTER (WHERE lease_owner IS NOT NULL) AS "leased!",
+                  (extract(epoch FROM now() - min(run_after)
+                      FILTER (WHERE lease_owner IS NULL AND run_after <= now())) * 1000)::bigint
+                      AS oldest_age_ms
+           FROM queue_jobs WHERE $1::text IS NULL OR workspace_id = $1
+           GROUP BY kind ORDER BY kind"#,
+        workspace,
     )
-    .bind(workspace)
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -68,18 +69,20 @@ async fn workers_of(
     workspace: Option<&str>,
     live_ms: i64,
 ) -> Result<Vec<WorkerStats>> {
-    let rows = sqlx::query_as(
-        "SELECT w.id, w.hostname, w.pid, w.kinds, w.concurrency,
-                (SELECT count(*) FROM queue_jobs q
-                  WHERE q.lease_owner = w.id AND q.lease_expires_at > now()
-                    AND ($2::text IS NULL OR q.workspace_id = $2)) AS active_leases,
-                (extract(epoch FROM now() - w.last_seen_at) * 1000)::bigint AS last_seen_ms_ago
-         FROM workers w
-         WHERE w.last_seen_at > now() - $1 * interval '1 millisecond'
-         ORDER BY w.id",
+    let rows = sqlx::query_as!(
+        WorkerStats,
+        r#"SELECT w.id, w.hostname AS "hostname?", w.pid AS "pid?", w.kinds, w.concurrency,
+                  (SELECT count(*) FROM queue_jobs q
+                    WHERE q.lease_owner = w.id AND q.lease_expires_at > now()
+                      AND ($2::text IS NULL OR q.workspace_id = $2)) AS "active_leases!",
+                  (extract(epoch FROM now() - w.last_seen_at) * 1000)::bigint
+                      AS "last_seen_ms_ago!"
+           FROM workers w
+           WHERE w.last_seen_at > now() - $1::bigint * interval '1 millisecond'
+           ORDER BY w.id"#,
+        live_ms,
+        workspace,
     )
-    .bind(live_ms)
-    .bind(workspace)
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -111,28 +114,29 @@ pub(crate) async fn throughput(
 ) -> Result<Throughput> {
     let width = bucket_seconds(minutes);
     let count = minutes * 60 / width;
-    let rows: Vec<BucketRow> = sqlx::query_as(
-        "WITH bounds AS (
-             SELECT to_timestamp((floor(extract(epoch FROM now()) / $2) - ($3 - 1)) * $2) AS since
+    let rows = sqlx::query_as!(
+        BucketRow,
+        r#"WITH bounds AS (
+             SELECT to_timestamp((floor(extract(epoch FROM now()) / $2::bigint) - ($3::bigint - 1)) * $2::bigint) AS since
          ), anchor AS (
              SELECT coalesce((SELECT h.id FROM lease_history h
                               WHERE h.released_at < (SELECT since FROM bounds) - interval '1 minute'
                               ORDER BY h.released_at DESC LIMIT 1), 0) AS id
          )
-         SELECT b.since, h.kind,
-                floor(extract(epoch FROM h.released_at - b.since) / $2)::bigint AS bucket,
-                count(*) FILTER (WHERE h.outcome = 'acked') AS completed,
-                count(*) FILTER (WHERE h.outcome IN ('retried', 'expired')) AS failed
+         SELECT b.since AS "since!", h.kind AS "kind?",
+                floor(extract(epoch FROM h.released_at - b.since) / $2::bigint)::bigint AS bucket,
+                count(*) FILTER (WHERE h.outcome = 'acked') AS "completed!",
+                count(*) FILTER (WHERE h.outcome IN ('retried', 'expired')) AS "failed!"
          FROM bounds b
          LEFT JOIN lease_history h
                 ON h.workspace_id = $1 AND h.id > (SELECT id FROM anchor)
                AND h.released_at >= b.since AND h.outcome IN ('acked', 'retried', 'expired')
          GROUP BY b.since, h.kind, bucket
-         ORDER BY h.kind, bucket",
+         ORDER BY h.kind, bucket"#,
+        scope.workspace(),
+        width,
+        count,
     )
-    .bind(scope.workspace())
-    .bind(width)
-    .bind(count)
     .fetch_all(conn)
     .await?;
     // The LEFT JOIN from `bounds` gives at least one row, an empty window included.
@@ -145,7 +149,6 @@ pub(crate) async fn throughput(
     })
 }
 
-#[derive(sqlx::FromRow)]
 struct BucketRow {
     since: DateTime<Utc>,
     /// None on the one row of a window with nothing in it.

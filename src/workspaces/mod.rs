@@ -10,11 +10,13 @@ use crate::domain::{Actor, Scope};
 
 /// The workspace's limits (the workers' default when no operator set them).
 pub(crate) async fn limits(conn: &mut PgConnection, scope: &Scope) -> Result<WorkspaceLimits> {
-    let row = sqlx::query_as(
-        "SELECT workspace_id, max_concurrent, updated_at, updated_by FROM workspace_limits
-         WHERE workspace_id = $1",
+    let row = sqlx::query_as!(
+        WorkspaceLimits,
+        r#"SELECT workspace_id, max_concurrent, updated_at AS "updated_at?",
+                  updated_by AS "updated_by?"
+           FROM workspace_limits WHERE workspace_id = $1"#,
+        scope.workspace(),
     )
-    .bind(scope.workspace())
     .fetch_optional(conn)
     .await?;
     Ok(row.unwrap_or_else(|| WorkspaceLimits {
@@ -32,17 +34,19 @@ pub(crate) async fn set_limits(
     max_concurrent: Option<i32>,
     actor: &Actor,
 ) -> Result<WorkspaceLimits> {
-    Ok(sqlx::query_as(
-        "INSERT INTO workspace_limits (workspace_id, max_concurrent, updated_by)
-         VALUES ($1, $2, $3)
-         ON CONFLICT (workspace_id) DO UPDATE
-         SET max_concurrent = EXCLUDED.max_concurrent, updated_by = EXCLUDED.updated_by,
-             updated_at = now()
-         RETURNING workspace_id, max_concurrent, updated_at, updated_by",
+    Ok(sqlx::query_as!(
+        WorkspaceLimits,
+        r#"INSERT INTO workspace_limits (workspace_id, max_concurrent, updated_by)
+           VALUES ($1, $2, $3)
+           ON CONFLICT (workspace_id) DO UPDATE
+           SET max_concurrent = EXCLUDED.max_concurrent, updated_by = EXCLUDED.updated_by,
+               updated_at = now()
+           RETURNING workspace_id, max_concurrent, updated_at AS "updated_at?",
+                     updated_by AS "updated_by?""#,
+        scope.workspace(),
+        max_concurrent,
+        actor.to_string(),
     )
-    .bind(scope.workspace())
-    .bind(max_concurrent)
-    .bind(actor.to_string())
     .fetch_one(conn)
     .await?)
 }
