@@ -2,7 +2,7 @@
 //! `bench/compare.sh` needs around them (docs/benchmarks.md).
 //!
 //! The measured queue path is the production one: [`keel::queue::worker::Worker`],
-//! started by [`keel::jobs::run_worker_with`] exactly as `keel worker` starts it, with a
+//! started by [`keel::cli::run_worker_with`] exactly as `keel worker` starts it, with a
 //! no-op handler of its own kind ([`noop::BenchJobs`], kind `bench`). Multi-process
 //! figures re-execute this binary as `keel-bench worker`; the runs figure starts real
 //! `keel api` and `keel worker` processes and talks HTTP to them.

@@ -77,11 +77,6 @@ impl JobHandler for BenchJobs {
         KIND
     }
 
-    /// Every job acks by itself, thousands a second: batched, they share statements.
-    fn batches_acks(&self) -> bool {
-        true
-    }
-
     fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()> {
         async move {
             self.probe.started(&job.lease.ref_id);
@@ -89,8 +84,9 @@ impl JobHandler for BenchJobs {
                 job.interrupt.cancelled().await;
                 return;
             }
-            // The ack is queued now; the slot frees while it commits with its batch.
-            let (receipt, probe, job_id) = (job.ack(), self.probe.clone(), job.lease.job_id);
+            // The settle is queued now; the slot frees while it commits with its batch.
+            let receipt = job.settle(keel::queue::Disposition::Complete);
+            let (probe, job_id) = (self.probe.clone(), job.lease.job_id);
             tokio::spawn(async move {
                 match receipt.await {
                     Ok(()) => probe.acked.send_modify(|n| *n += 1),
@@ -113,7 +109,7 @@ pub async fn run_worker(
     let handler = Arc::new(BenchJobs { probe });
     // The bench database has no schedules, so no admission rules are needed.
     let rules = keel::runs::AdmissionRules::default();
-    keel::jobs::run_worker_with(pool, rules, args, vec![handler], shutdown).await
+    keel::cli::run_worker_with(pool, rules, args, vec![handler], shutdown).await
 }
 
 /// Worker settings for the bench: production defaults with the given concurrency,

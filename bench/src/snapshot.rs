@@ -14,11 +14,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::RunArgs;
-use super::noop::{InProcess, KIND, Probe};
+use super::noop::{InProcess, Probe};
 use super::queue::clear;
 use super::stats::Latency;
-use keel::domain::Scope;
-use keel::queue;
 
 /// How often the offered load is enqueued (rate · TICK jobs at a time).
 const TICK: Duration = Duration::from_millis(10);
@@ -193,7 +191,7 @@ async fn offer(
             .unwrap()
             .extend(ids.iter().map(|id| (id.clone(), at)));
         let mut tx = pool.begin().await?;
-        queue::enqueue_many(&mut tx, &Scope::local(), KIND, &ids, 0).await?;
+        crate::queue::insert_jobs(&mut tx, &ids).await?;
         tx.commit().await?;
         sent = due;
     }

@@ -8,12 +8,12 @@ use std::time::Duration;
 use chrono::Utc;
 use keel_workers::agent::provider::{ChatClient, ChatModel, RetryPolicy};
 use keel_workers::agent::run_loop::{
-    self, AgentContext, AgentPlan, ApprovalDecision, Budget, ModelCall, Toolbox,
+    self, AgentContext, AgentPlan, ApprovalDecision, Budget, LoopOutcome, ModelCall, Toolbox,
 };
 use keel_workers::agent::tools::{self, ToolEnv};
 use keel_workers::agent::{Message, ModelResponse, ToolCall, ToolResult, ToolSpec};
 use keel_workers::{
-    ArtifactHandle, ContextError, OutputStream, RunContext, StepHandle, StepResult,
+    ArtifactHandle, ContextError, Outcome, OutputStream, RunContext, StepHandle, StepResult,
 };
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::model_calls;
 use crate::agent::model_calls::NewModelCall;
 use crate::agent::prices::PriceTable;
-use crate::approvals::ApprovalPolicy;
+use crate::approvals::{ActionSummary, ApprovalPolicy};
 use crate::attempt;
 use crate::db::StoreError;
 use crate::domain::{EventType, Scope, new_id};
@@ -34,7 +34,7 @@ use crate::providers::chat::chat_config;
 use crate::providers::secrets::SecretPolicy;
 use crate::queue::worker::Job;
 use crate::runs::RunWithTask;
-use crate::runs::job::{AgentEnding, FencedContext, RunJobs};
+use crate::runs::job::{FencedContext, RunJobs};
 use crate::runs::lineage::Conversation;
 use crate::runs::patches;
 use crate::runs::steps;
@@ -95,22 +95,46 @@ pub(crate) async fn execute(
         }
     };
     let outcome = jobs.around(&row, &ctx.run, attempt).await;
-    let ending = AgentEnding {
-        conversation: ctx
-            .conversation
-            .lock()
-            .expect("not poisoned")
-            .take()
-            .map(|bytes| Conversation {
-                content: jobs.content.clone(),
-                bytes,
-            }),
-        step_id: ctx.last_step.lock().expect("not poisoned").take(),
-        ttl: agent.approval_ttl,
+    let conversation = ctx
+        .conversation
+        .lock()
+        .expect("not poisoned")
+        .take()
+        .map(|bytes| Conversation {
+            content: jobs.content.clone(),
+            bytes,
+        });
+    let last_step = ctx.last_step.lock().expect("not poisoned").take();
+    let verdict = match (outcome, last_step) {
+        (LoopOutcome::Ended(outcome), _) => ctx.run.verdict(outcome, conversation).await,
+        // The calls came from the model call step the approval covers.
+        (
+            LoopOutcome::AwaitingApproval {
+                summary,
+                incomplete,
+            },
+            Some(step_id),
+        ) => {
+            let summary = ActionSummary::of_lines(&summary, incomplete);
+            let ttl = agent.approval_ttl;
+            let waiting = ctx
+                .run
+                .awaiting_approval(summary, step_id, ttl, conversation);
+            waiting.await
+        }
+        // Unanswered calls with no model call of this run behind them: a conversation it
+        // inherited ended with them.
+        (LoopOutcome::AwaitingApproval { .. }, None) => {
+            let error = "an approval was asked for with no model call to cover".into();
+            let failed = Outcome::Failed {
+                exit_code: None,
+                error,
+            };
+            ctx.run.verdict(failed, conversation).await
+        }
     };
-    let verdict = ctx.run.verdict(outcome, Some(ending)).await;
     drop(ctx);
-    attempt::conclude(&jobs.pool, &job, &row, verdict).await
+    attempt::conclude(&jobs.pool, &job, &row, &(), verdict).await
 }
 
 /// What an attempt runs with.

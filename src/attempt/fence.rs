@@ -81,31 +81,34 @@ impl Fence {
     }
 }
 
-/// The domain row a job stands for (a run, a media job), as its executor locks it when an
-/// attempt starts.
+/// The domain row a job stands for (a run, a media job, an external action, a polled
+/// source), as its executor locks it when an attempt starts.
 pub(crate) trait DomainRow: Sized + Send {
+    /// The row, locked; None when it is gone (and its job with nothing left to do).
     fn lock(
         conn: &mut PgConnection,
         scope: &Scope,
         id: &str,
-    ) -> impl Future<Output = Result<Self, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<Self>, StoreError>> + Send;
     /// Whether the row reached a terminal state (cancelled while queued, or finished by an
     /// earlier holder): the job then has nothing left to do.
     fn has_ended(&self) -> bool;
 }
 
 /// Opens the attempt's fenced transaction and locks the job's domain row in it; when the row
-/// has already ended, acks the job in that transaction instead and returns None.
+/// has already ended or is gone, completes the job in that transaction instead and returns
+/// None.
 pub(crate) async fn lock_unless_ended<R: DomainRow>(
     pool: &PgPool,
     lease: &Lease,
 ) -> Result<Option<(sqlx::Transaction<'static, sqlx::Postgres>, R)>, StoreError> {
     let mut tx = queue::begin_fenced(pool, lease).await?;
-    let row = R::lock(&mut tx, &lease.scope(), &lease.ref_id).await?;
-    if row.has_ended() {
-        queue::complete(&mut tx, lease).await?;
-        tx.commit().await?;
-        return Ok(None);
+    match R::lock(&mut tx, &lease.scope(), &lease.ref_id).await? {
+        Some(row) if !row.has_ended() => Ok(Some((tx, row))),
+        _ => {
+            queue::settle(&mut tx, lease, queue::Disposition::Complete).await?;
+            tx.commit().await?;
+            Ok(None)
+        }
     }
-    Ok(Some((tx, row)))
 }

@@ -1,13 +1,18 @@
-//! One attempt of a job that stands for a domain row (a run, a media job): the skeleton
-//! both kinds share. Each step is one transaction fenced by the job's lease, with one
-//! events append: begin (take over from a lost worker, give up past the attempts, or mark
-//! the row running), then exactly one of finish (terminal state and ack), retry (back to
-//! `queued` with a delay), hand back (at shutdown, without penalty) or, when interrupted,
-//! nothing but the ack a cancel may have left to this worker.
+//! One attempt of a job that stands for a domain row (a run, a media job, an external
+//! action, a polled source): the skeleton every kind shares. Each step is one transaction
+//! fenced by the job's lease, with one events append: begin (take over from a lost worker,
+//! give up past the attempts, or mark the row running), then exactly one of end (the row's
+//! ending, settled as its kind says: complete, or snooze for a schedule that lives on),
+//! retry (the row back for another attempt after a delay), hand back (at shutdown, without
+//! penalty) or, when interrupted, nothing but the settle a cancel may have left to this
+//! worker. Three types carry an attempt's end: the executor's `keel_workers::Outcome`, the
+//! [`Verdict`] a kind makes of it, and the queue's [`Disposition`].
 
 pub(crate) mod fence;
+mod kind;
 mod observe;
 
+pub use kind::JobKind;
 pub(crate) use observe::observe;
 
 use std::time::Duration;
@@ -20,7 +25,7 @@ use crate::domain::{Actor, Scope};
 use crate::events;
 use crate::events::NewEvent;
 use crate::queue::worker::Job;
-use crate::queue::{self, Lease};
+use crate::queue::{self, Disposition, Lease};
 use crate::telemetry::metrics;
 
 /// What a domain row does at each step of an attempt. Every method writes in the caller's
@@ -28,18 +33,22 @@ use crate::telemetry::metrics;
 pub(crate) trait Attempted: DomainRow + Sync {
     /// How an attempt that ran to its end leaves the row.
     type Ending: Send + Sync;
-    /// Why an attempt asks to run again later.
-    type Retry: Send + Sync;
+    /// What the kind's endings need beyond the row (where an action's evidence goes); `()`
+    /// for a kind whose rows hold everything.
+    type Context: Sync;
 
     /// Whether a worker is (or was, before it was lost) running the row.
     fn is_running(&self) -> bool;
-    /// The ending of an attempt that used up its job's attempts (after `retry`, if any).
-    fn gave_up(error: String, retry: Option<&Self::Retry>) -> Self::Ending;
+    /// The ending of an attempt that used up its job's attempts, with the last failure if
+    /// it failed; None for a kind whose job never gives up (a background poll's schedule).
+    fn gave_up(
+        &self,
+        context: &Self::Context,
+        error: String,
+        failure: Option<&Failure>,
+    ) -> Option<Self::Ending>;
     /// The job duration metric's label for an ending.
     fn label(ending: &Self::Ending) -> &'static str;
-    fn retry_error(retry: &Self::Retry) -> &str;
-    /// The delay before the next attempt; None: the queue's backoff.
-    fn retry_delay(retry: &Self::Retry) -> Option<Duration>;
 
     /// Puts the row of a worker that is gone back to `queued`; returns it.
     fn requeue_lost<'r>(
@@ -54,38 +63,64 @@ pub(crate) trait Attempted: DomainRow + Sync {
         &'r self,
         conn: &mut PgConnection,
         lease: &Lease,
-    ) -> impl Future<Output = Result<(Self, NewEvent<'r>), StoreError>> + Send;
-    /// Moves the row to its terminal state (what the ending still carries is written too).
+    ) -> impl Future<Output = Result<(Self, Vec<NewEvent<'r>>), StoreError>> + Send;
+    /// Moves the row to where the ending leaves it (what the ending still carries is
+    /// written too); returns its events and how the job settles.
     fn end<'r>(
         &'r self,
         conn: &mut PgConnection,
         lease: &Lease,
         ending: &'r mut Self::Ending,
-    ) -> impl Future<Output = Result<Vec<NewEvent<'r>>, StoreError>> + Send;
-    /// Puts the row back to `queued` for a retry after `delay`.
+    ) -> impl Future<Output = Result<(Vec<NewEvent<'r>>, Disposition), StoreError>> + Send;
+    /// Puts the row back for another attempt after a failure, `delay` from now; returns
+    /// its events.
     fn requeue<'r>(
         &'r self,
         conn: &mut PgConnection,
         lease: &Lease,
-        retry: &'r Self::Retry,
+        failure: &'r Failure,
         delay: Duration,
-    ) -> impl Future<Output = Result<NewEvent<'r>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<NewEvent<'r>>, StoreError>> + Send;
+}
+
+/// Why an attempt asks to run again: the runtime, a vendor or a tracker failed under it.
+#[derive(Debug, Clone)]
+pub(crate) struct Failure {
+    /// The failure's class, which the row keeps when its job gives up.
+    pub(crate) code: &'static str,
+    pub(crate) message: String,
+    /// When to try again, if the failure says (a vendor's or tracker's `Retry-After`);
+    /// otherwise the queue's backoff.
+    pub(crate) after: Option<Duration>,
+}
+
+impl Failure {
+    /// A failure of the runtime itself (its store, its disk), which says nothing of when to
+    /// try again.
+    pub(crate) fn runtime(message: String) -> Failure {
+        Failure {
+            code: "runtime_error",
+            message,
+            after: None,
+        }
+    }
 }
 
 /// How an attempt's executor left it.
-pub(crate) enum Verdict<R: Attempted> {
-    Ended(R::Ending),
-    Retry(R::Retry),
+pub(crate) enum Verdict<E> {
+    Ended(E),
+    Retry(Failure),
     /// Cancelled, lease lost, or released at shutdown: see [`conclude`].
     Interrupted,
 }
 
 /// Starts an attempt. A row still running was held by a worker that lost its lease: it
 /// goes back to `queued` first, so the trail shows the takeover. Returns None when there
-/// is nothing to run (the row already ended, or the job used up its attempts).
+/// is nothing to run (the row ended or is gone, or the job used up its attempts).
 pub(crate) async fn begin<R: Attempted>(
     pool: &PgPool,
     lease: &Lease,
+    context: &R::Context,
 ) -> Result<Option<R>, StoreError> {
     let Some((mut tx, row)) = fence::lock_unless_ended::<R>(pool, lease).await? else {
         return Ok(None);
@@ -104,16 +139,18 @@ pub(crate) async fn begin<R: Attempted>(
     };
     if lease.attempts > lease.max_attempts {
         let error = format!("gave up after {} attempts", lease.max_attempts);
-        let mut ending = R::gave_up(error, None);
-        events.extend(current.end(&mut tx, lease, &mut ending).await?);
-        queue::complete(&mut tx, lease).await?;
-        events::append(&mut tx, &scope, &events).await?;
-        tx.commit().await?;
-        count_reclaim(reclaimed, lease);
-        return Ok(None);
+        if let Some(mut ending) = current.gave_up(context, error, None) {
+            let (ended, disposition) = current.end(&mut tx, lease, &mut ending).await?;
+            events.extend(ended);
+            queue::settle(&mut tx, lease, disposition).await?;
+            events::append(&mut tx, &scope, &events).await?;
+            tx.commit().await?;
+            count_reclaim(reclaimed, lease);
+            return Ok(None);
+        }
     }
-    let (started, event) = current.start(&mut tx, lease).await?;
-    events.push(event);
+    let (started, started_events) = current.start(&mut tx, lease).await?;
+    events.extend(started_events);
     events::append(&mut tx, &scope, &events).await?;
     tx.commit().await?;
     count_reclaim(reclaimed, lease);
@@ -126,7 +163,8 @@ pub(crate) async fn conclude<R: Attempted>(
     pool: &PgPool,
     job: &Job,
     row: &R,
-    verdict: Verdict<R>,
+    context: &R::Context,
+    verdict: Verdict<R::Ending>,
 ) -> Result<&'static str, StoreError> {
     let lease = &job.lease;
     match verdict {
@@ -135,8 +173,8 @@ pub(crate) async fn conclude<R: Attempted>(
             finish_while_leased(pool, job, row, &mut ending).await?;
             Ok(label)
         }
-        Verdict::Retry(retry) => {
-            nack(pool, lease, row, retry).await?;
+        Verdict::Retry(failure) => {
+            nack(pool, lease, row, context, failure).await?;
             Ok("retried")
         }
         Verdict::Interrupted if job.is_released() => {
@@ -145,7 +183,7 @@ pub(crate) async fn conclude<R: Attempted>(
         }
         Verdict::Interrupted => {
             tracing::info!("attempt interrupted (cancelled or lease lost); writing nothing more");
-            // A cancel that found the job row locked left its ack to this worker.
+            // A cancel that found the job row locked left its settle to this worker.
             match fence::lock_unless_ended::<R>(pool, lease).await {
                 Ok(_) | Err(StoreError::LeaseLost) => Ok("interrupted"),
                 Err(error) => Err(error),
@@ -161,7 +199,7 @@ const REFINISH_PAUSE: Duration = Duration::from_millis(200);
 /// connection) and the lease's local deadline is a heartbeat ahead: the attempt's work is
 /// done and its effects happened; given up here, the job would run again, effects and all,
 /// once its lease expired. A try whose commit did go through leaves the next one fenced
-/// off (the job is acked): nothing is written twice.
+/// off (the job is settled): nothing is written twice.
 async fn finish_while_leased<R: Attempted>(
     pool: &PgPool,
     job: &Job,
@@ -179,42 +217,47 @@ async fn finish_while_leased<R: Attempted>(
     }
 }
 
-/// The terminal state, its events and the ack, in one transaction.
-pub(crate) async fn finish<R: Attempted>(
+/// The row's ending, its events and the job's settle, in one transaction.
+async fn finish<R: Attempted>(
     pool: &PgPool,
     lease: &Lease,
     row: &R,
     ending: &mut R::Ending,
 ) -> Result<(), StoreError> {
     let mut tx = queue::begin_fenced(pool, lease).await?;
-    let events = row.end(&mut tx, lease, ending).await?;
-    queue::complete(&mut tx, lease).await?;
+    let (events, disposition) = row.end(&mut tx, lease, ending).await?;
+    queue::settle(&mut tx, lease, disposition).await?;
     events::append(&mut tx, &lease.scope(), &events).await?;
     tx.commit().await?;
     Ok(())
 }
 
-/// The runtime or the vendor failed under the attempt: retry after a delay, or give up at
-/// the limit.
+/// The runtime, a vendor or a tracker failed under the attempt: retry after a delay, or
+/// give up at the limit (unless the kind never does).
 async fn nack<R: Attempted>(
     pool: &PgPool,
     lease: &Lease,
     row: &R,
-    retry: R::Retry,
+    context: &R::Context,
+    failure: Failure,
 ) -> Result<(), StoreError> {
     if lease.attempts >= lease.max_attempts {
         let error = format!(
             "gave up after {} attempts: {}",
-            lease.attempts,
-            R::retry_error(&retry)
+            lease.attempts, failure.message
         );
-        return finish(pool, lease, row, &mut R::gave_up(error, Some(&retry))).await;
+        if let Some(mut ending) = row.gave_up(context, error, Some(&failure)) {
+            return finish(pool, lease, row, &mut ending).await;
+        }
     }
     let mut tx = queue::begin_fenced(pool, lease).await?;
-    let delay = R::retry_delay(&retry).unwrap_or_else(|| queue::backoff(lease.attempts));
-    let event = row.requeue(&mut tx, lease, &retry, delay).await?;
-    queue::retry(&mut tx, lease, R::retry_error(&retry), delay, true).await?;
-    events::append(&mut tx, &lease.scope(), &[event]).await?;
+    let delay = failure
+        .after
+        .unwrap_or_else(|| queue::backoff(lease.attempts));
+    let events = row.requeue(&mut tx, lease, &failure, delay).await?;
+    let error = failure.message.clone();
+    queue::settle(&mut tx, lease, Disposition::Retry { error, delay }).await?;
+    events::append(&mut tx, &lease.scope(), &events).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -222,7 +265,7 @@ async fn nack<R: Attempted>(
 /// Gives the job back at shutdown so another worker takes it at once, without penalty.
 async fn hand_back<R: Attempted>(pool: &PgPool, lease: &Lease, row: &R) -> Result<(), StoreError> {
     let mut tx = queue::begin_fenced(pool, lease).await?;
-    queue::retry(&mut tx, lease, "worker shut down", Duration::ZERO, false).await?;
+    queue::settle(&mut tx, lease, Disposition::Release).await?;
     let (scope, actor) = (lease.scope(), worker(lease));
     disconnect(&mut tx, &scope, row, "worker_shutdown", &actor).await?;
     tx.commit().await?;

@@ -9,6 +9,7 @@ mod external;
 mod ops;
 mod output;
 mod watch;
+mod worker;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -17,6 +18,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
+
+pub use worker::{run_worker, run_worker_with};
 
 use crate::config::{ApiArgs, Common, LogArgs, WorkerArgs};
 use crate::db::embedded::{Durability, EmbeddedPostgres};
@@ -229,7 +232,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             // (or stop healthy jobs) must not start a worker at all.
             worker.settings().map_err(anyhow::Error::msg)?;
             let pool = connect(&common, "worker").await?;
-            crate::jobs::run_worker(pool, &common, &worker, shutdown).await
+            worker::run_worker(pool, &common, &worker, shutdown).await
         }
         Command::Serve {
             common,
@@ -317,7 +320,7 @@ async fn serve_all(
         .context("applying migrations")?;
     let result = tokio::try_join!(
         serve_api(pool.clone(), common, api, auth, shutdown.clone()),
-        crate::jobs::run_worker(pool.clone(), common, worker, shutdown.clone()),
+        worker::run_worker(pool.clone(), common, worker, shutdown.clone()),
     );
     pool.close().await;
     if let Some(cluster) = embedded {

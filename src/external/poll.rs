@@ -21,17 +21,22 @@ use futures_util::future::BoxFuture;
 use keel_workers::media::Secret;
 use serde_json::Value;
 
+use crate::attempt::JobKind;
+use crate::attempt::fence::DomainRow;
+use crate::attempt::{self, Attempted, Failure, Verdict};
 use crate::db::StoreError;
 use crate::domain::{Actor, Scope};
+use crate::events::NewEvent;
 use crate::external;
 use crate::external::import::{Imported, advance_unstarted, import, retry, start};
 use crate::external::read::{fetch_items, polled_candidate};
 use crate::external::tracker::{ExternalError, Fetched, Poller, load_workflow, token, tracker};
 use crate::external::workflow::{Issue, Tracker, TrackerKind, Workflow};
-use crate::external::{ItemRecord, POLL_KIND, PollRecord, SourceRecord};
+use crate::external::{ItemRecord, PollRecord, SourceRecord};
 use crate::external::{github, linear, workspace};
 use crate::queue::worker::{Job, JobHandler};
-use crate::queue::{self, Lease};
+use crate::queue::{Disposition, Lease};
+use sqlx::PgConnection;
 
 /// Items read per list when the caller names no limit (the seed's default).
 pub(crate) const DEFAULT_LIMIT: u32 = 50;
@@ -346,7 +351,7 @@ pub(crate) struct PollJobs {
 
 impl JobHandler for PollJobs {
     fn kind(&self) -> &'static str {
-        POLL_KIND
+        JobKind::Poll.as_str()
     }
 
     fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()> {
@@ -357,70 +362,129 @@ impl JobHandler for PollJobs {
             otel.status_code = tracing::field::Empty,
         );
         let ref_id = job.lease.ref_id.clone();
-        crate::attempt::observe(POLL_KIND, ref_id, span, async move {
-            self.execute(&job.lease).await
+        crate::attempt::observe(JobKind::Poll.as_str(), ref_id, span, async move {
+            self.execute(job).await
         })
     }
 }
 
 impl PollJobs {
-    async fn execute(&self, lease: &Lease) -> Result<&'static str, StoreError> {
-        let scope = lease.scope();
-        let Some(source) = self.background_source(&scope, lease).await? else {
-            self.finish(lease, None).await?;
+    async fn execute(&self, job: Job) -> Result<&'static str, StoreError> {
+        let (pool, lease) = (&self.poller.pool, &job.lease);
+        let Some(source) = attempt::begin::<SourceRecord>(pool, lease, &()).await? else {
             return Ok("stopped");
         };
         let actor = Actor::Worker(lease.owner.clone());
         let pass = Pass::Poll {
             limit: DEFAULT_LIMIT,
         };
-        let (summary, interval) = match poll(&self.poller, &scope, &source, pass, &actor).await {
-            Ok(polled) => polled,
+        let verdict = match poll(&self.poller, &lease.scope(), &source, pass, &actor).await {
+            Ok((summary, interval)) => {
+                let wait = summary
+                    .backoff_until
+                    .and_then(|until| (until - Utc::now()).to_std().ok())
+                    .map_or(interval, |backoff| backoff.max(interval));
+                Verdict::Ended(Polled { wait })
+            }
             Err(StoreError::LeaseLost) => return Err(StoreError::LeaseLost),
             Err(error) => {
                 // The schedule outlives a failing database: try again, backing off.
                 tracing::warn!(source_id = %source.id, %error, "background poll failed");
-                let mut tx = queue::begin_fenced(&self.poller.pool, lease).await?;
-                let delay = queue::backoff(lease.attempts);
-                queue::retry(&mut tx, lease, &error.to_string(), delay, true).await?;
-                tx.commit().await?;
-                return Ok("retried");
+                Verdict::Retry(Failure::runtime(error.to_string()))
             }
         };
-        let wait = summary
-            .backoff_until
-            .and_then(|until| (until - Utc::now()).to_std().ok())
-            .map_or(interval, |backoff| backoff.max(interval));
-        let next = self.background_source(&scope, lease).await?.map(|_| wait);
-        self.finish(lease, next).await?;
-        Ok("polled")
+        attempt::conclude(pool, &job, &source, &(), verdict).await
     }
+}
 
-    /// The job's source while its background polling is on.
-    async fn background_source(
-        &self,
+/// A background poll's pass that ran: the next one is due after `wait`, while the source's
+/// background polling is on.
+pub(crate) struct Polled {
+    wait: Duration,
+}
+
+/// A source is the row of its `poll` job: the job lives while its background polling is on.
+impl DomainRow for SourceRecord {
+    async fn lock(
+        conn: &mut PgConnection,
         scope: &Scope,
-        lease: &Lease,
-    ) -> Result<Option<SourceRecord>, StoreError> {
-        let mut conn = self.poller.pool.acquire().await?;
-        match external::get_source(&mut conn, scope, &lease.ref_id).await {
-            Ok(source) => Ok(source.background_enabled.then_some(source)),
+        id: &str,
+    ) -> Result<Option<Self>, StoreError> {
+        match external::get_source(conn, scope, id).await {
+            Ok(source) => Ok(Some(source)),
             Err(StoreError::NotFound(_)) => Ok(None),
             Err(error) => Err(error),
         }
     }
 
-    /// Hands the job row back due after `next`, without counting an attempt (the schedule
-    /// lives on in it), or acks it when the source's background polling stopped.
-    async fn finish(&self, lease: &Lease, next: Option<Duration>) -> Result<(), StoreError> {
-        let mut tx = queue::begin_fenced(&self.poller.pool, lease).await?;
-        match next {
-            Some(delay) => {
-                queue::retry(&mut tx, lease, "next background poll", delay, false).await?
-            }
-            None => queue::complete(&mut tx, lease).await?,
-        }
-        tx.commit().await?;
-        Ok(())
+    fn has_ended(&self) -> bool {
+        !self.background_enabled
+    }
+}
+
+/// A poll has no state of its own on the source, and its schedule never gives up: a failed
+/// pass is tried again, backing off.
+impl Attempted for SourceRecord {
+    type Ending = Polled;
+    type Context = ();
+
+    fn is_running(&self) -> bool {
+        false
+    }
+
+    fn gave_up(&self, _: &(), _: String, _: Option<&Failure>) -> Option<Polled> {
+        None
+    }
+
+    fn label(_: &Polled) -> &'static str {
+        "polled"
+    }
+
+    async fn requeue_lost<'r>(
+        &'r self,
+        _: &mut PgConnection,
+        _: &Scope,
+        _: &'static str,
+        _: &Actor,
+    ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
+        Ok((self.clone(), Vec::new()))
+    }
+
+    async fn start<'r>(
+        &'r self,
+        _: &mut PgConnection,
+        _: &Lease,
+    ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
+        Ok((self.clone(), Vec::new()))
+    }
+
+    /// Hands the job row back due after the wait, without counting an attempt (the
+    /// schedule lives on in it), or completes it when the source's background polling
+    /// stopped meanwhile.
+    async fn end<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        polled: &'r mut Polled,
+    ) -> Result<(Vec<NewEvent<'r>>, Disposition), StoreError> {
+        let still = Self::lock(conn, &lease.scope(), &self.id).await?;
+        let disposition = match still {
+            Some(source) if !source.has_ended() => Disposition::Snooze {
+                reason: "next background poll".into(),
+                delay: polled.wait,
+            },
+            _ => Disposition::Complete,
+        };
+        Ok((Vec::new(), disposition))
+    }
+
+    async fn requeue<'r>(
+        &'r self,
+        _: &mut PgConnection,
+        _: &Lease,
+        _: &'r Failure,
+        _: Duration,
+    ) -> Result<Vec<NewEvent<'r>>, StoreError> {
+        Ok(Vec::new())
     }
 }

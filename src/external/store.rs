@@ -9,13 +9,10 @@ use sqlx::types::Json;
 
 pub(crate) use keel_api_types::{ItemRecord, SourceRecord};
 
+use crate::attempt::JobKind;
 use crate::db::{Result, StoreError};
 use crate::domain::{Scope, new_id};
 use crate::queue::{self, Locked};
-
-/// The queue kind of a source's polls; the job's ref_id is the source id, so a source has
-/// at most one poll queued or in flight across every worker.
-pub(crate) const POLL_KIND: &str = "poll";
 
 /// Where a source's workflow comes from.
 #[derive(Debug, Clone)]
@@ -110,7 +107,7 @@ pub(crate) async fn delete_source(conn: &mut PgConnection, scope: &Scope, id: &s
     if deleted.rows_affected() == 0 {
         return Err(StoreError::NotFound("external work source"));
     }
-    queue::remove(conn, scope, POLL_KIND, id, Locked::Skip).await?;
+    queue::remove(conn, scope, JobKind::Poll.as_str(), id, Locked::Skip).await?;
     Ok(())
 }
 
@@ -133,9 +130,9 @@ pub(crate) async fn set_background(
     .await?
     .ok_or(StoreError::NotFound("external work source"))?;
     if enabled {
-        queue::enqueue(conn, scope, POLL_KIND, id, 0).await?;
+        queue::enqueue(conn, scope, JobKind::Poll.as_str(), id, 0).await?;
     } else {
-        queue::remove(conn, scope, POLL_KIND, id, Locked::Skip).await?;
+        queue::remove(conn, scope, JobKind::Poll.as_str(), id, Locked::Skip).await?;
     }
     Ok(source)
 }

@@ -1,28 +1,33 @@
-//! The worker process's work: each job kind's handler, built from the process's settings,
-//! and the duties that run beside them (boot recovery, maintenance, workspace sweeps).
+//! The job kinds ([`JobKind`]) at work: each kind's handler, built from the worker's
+//! settings, and each kind's requeue of a row a lost worker left running (the reconciler's).
 //! Features own their handlers; the `run` kind is composed here because a run is driven
 //! either by the process executor (`runs`) or by the agent loop (`agent`), which builds on
 //! the run's attempt.
 
 use std::sync::Arc;
 
-use anyhow::Context;
 use futures_util::future::BoxFuture;
+use sqlx::PgConnection;
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
 use crate::agent::{self, AgentJobs};
+use crate::artifacts::content::ContentStore;
 use crate::attempt;
+use crate::attempt::JobKind;
 use crate::config::{Common, WorkerArgs};
 use crate::db::StoreError;
+use crate::domain::{Actor, RunStatus};
+use crate::events;
 use crate::external::actions::job::ActionJobs;
 use crate::external::poll::PollJobs;
 use crate::external::tracker::Poller;
+use crate::media::MediaJobStatus;
 use crate::media::job::MediaJobs;
-use crate::queue;
-use crate::queue::worker::{Job, JobHandler, Worker};
+use crate::providers::secrets::SecretPolicy;
+use crate::queue::Lease;
+use crate::queue::worker::{Job, JobHandler};
 use crate::runs::job::RunJobs;
-use crate::runs::{AdmissionRules, RunWithTask};
+use crate::runs::{self, AdmissionRules, RunWithTask};
 
 /// The `run` kind: an attempt of a run, begun as every run's is, then driven by the process
 /// executor or, for an `agent_loop` task, by the agent loop.
@@ -33,7 +38,7 @@ pub(crate) struct Runs {
 
 impl JobHandler for Runs {
     fn kind(&self) -> &'static str {
-        queue::RUN_KIND
+        JobKind::Run.as_str()
     }
 
     fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()> {
@@ -45,7 +50,7 @@ impl JobHandler for Runs {
             otel.status_code = tracing::field::Empty,
         );
         let ref_id = job.lease.ref_id.clone();
-        attempt::observe(queue::RUN_KIND, ref_id, span, async move {
+        attempt::observe(JobKind::Run.as_str(), ref_id, span, async move {
             self.execute(job).await
         })
     }
@@ -54,7 +59,8 @@ impl JobHandler for Runs {
 impl Runs {
     /// Runs one attempt; returns its outcome, as the job duration metric labels it.
     async fn execute(&self, job: Job) -> Result<&'static str, StoreError> {
-        let Some(row) = attempt::begin::<RunWithTask>(&self.runs.pool, &job.lease).await? else {
+        let Some(row) = attempt::begin::<RunWithTask>(&self.runs.pool, &job.lease, &()).await?
+        else {
             return Ok("skipped");
         };
         if row.task.is_agent_loop() {
@@ -64,26 +70,29 @@ impl Runs {
     }
 }
 
-pub async fn run_worker(
-    pool: PgPool,
-    common: &Common,
-    args: &WorkerArgs,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    let rules = common.admission_rules().map_err(anyhow::Error::msg)?;
-    let secrets = common.secrets.policy().map_err(anyhow::Error::msg)?;
-    let content = common.content.store()?;
-    let data_dir = std::path::absolute(&common.data_dir)?;
-    sandbox(common, &data_dir)?;
-    tracing::info!(
-        containment = %keel_workers::containment_name(),
-        passthrough = ?args.run_env_passthrough,
-        "run sandbox"
-    );
+/// What the handlers are built from, beside the worker's settings.
+pub struct Setup<'a> {
+    pub pool: &'a PgPool,
+    pub rules: &'a AdmissionRules,
+    pub secrets: &'a SecretPolicy,
+    pub content: &'a ContentStore,
+    /// Where the runs' ephemeral workspaces go.
+    pub data_dir: &'a std::path::Path,
+}
+
+/// Every kind's handler.
+pub fn handlers(setup: Setup<'_>, common: &Common, args: &WorkerArgs) -> Vec<Arc<dyn JobHandler>> {
+    let Setup {
+        pool,
+        rules,
+        secrets,
+        content,
+        data_dir,
+    } = setup;
     let runs = Arc::new(Runs {
         runs: RunJobs {
             pool: pool.clone(),
-            data_dir: data_dir.clone(),
+            data_dir: data_dir.to_path_buf(),
             artifact_max_bytes: args.artifact_max_bytes,
             content: content.clone(),
             timeouts: rules.timeouts,
@@ -112,64 +121,39 @@ pub async fn run_worker(
     let media = Arc::new(MediaJobs {
         pool: pool.clone(),
         limits: args.media.limits(),
-        content,
-        secrets,
+        content: content.clone(),
+        secrets: secrets.clone(),
         hosts: common.provider_hosts(),
     });
-    let handlers: Vec<Arc<dyn JobHandler>> = vec![runs, media, polls, actions];
-    let sweep = crate::maintenance::workspaces::WorkspaceSweep {
-        root: crate::runs::job::ephemeral_root(&data_dir),
-        retention: std::time::Duration::from_millis(common.workspace_retention_ms),
-    };
-    let sweeping = CancellationToken::new();
-    tokio::spawn(sweep.run(pool.clone(), args.reconcile_interval(), sweeping.clone()));
-    let removing = crate::maintenance::item_workspaces::run(
-        pool.clone(),
-        args.reconcile_interval(),
-        sweeping.clone(),
-    );
-    tokio::spawn(removing);
-    let result = run_worker_with(pool, rules, args, handlers, shutdown).await;
-    sweeping.cancel();
-    result
+    vec![runs, media, polls, actions]
 }
 
-/// Sets how this process confines what it runs (the first role to call it decides), and
-/// makes the ephemeral workspaces' directory one the attempts' uids can pass through.
-fn sandbox(common: &Common, data_dir: &std::path::Path) -> anyhow::Result<()> {
-    let settings = common.sandbox.settings().map_err(anyhow::Error::msg)?;
-    let mode = keel_workers::configure_sandbox(settings).map_err(anyhow::Error::msg)?;
-    if mode == keel_workers::SandboxMode::Isolated {
-        let root = crate::runs::job::ephemeral_root(data_dir);
-        if let Err(error) = keel_workers::open_workspace_root(&root) {
-            tracing::error!(%error, "runs in ephemeral workspaces will fail with sandbox_unavailable");
+/// Puts the domain row of a job whose lease expired back to `queued`, with its gap event,
+/// when its worker left it running; rows of the other kinds hold no running state.
+pub async fn requeue_lost(conn: &mut PgConnection, lease: &Lease) -> Result<(), StoreError> {
+    const REASON: &str = "worker_lease_expired";
+    let system = &Actor::System;
+    let scope = &lease.scope();
+    let Some(kind) = JobKind::parse(&lease.kind) else {
+        return Ok(());
+    };
+    match kind {
+        JobKind::Run => {
+            let run = runs::get_by_id(conn, scope, &lease.ref_id).await?;
+            if run.status() == RunStatus::Running {
+                let (_, gap) = runs::requeue_lost(conn, scope, &run, REASON, system).await?;
+                events::append(conn, scope, &gap).await?;
+            }
         }
+        JobKind::Media => {
+            let job = crate::media::lock(conn, scope, &lease.ref_id).await?;
+            if job.status() == MediaJobStatus::Running {
+                let (_, queued) =
+                    crate::media::requeue_lost(conn, scope, &job.id, REASON, system).await?;
+                events::append(conn, scope, &[queued]).await?;
+            }
+        }
+        JobKind::Poll | JobKind::ExternalAction => {}
     }
     Ok(())
-}
-
-/// A worker process's duties around the given handlers: boot recovery, the maintenance
-/// loop and the worker itself (`keel-bench` starts its no-op kind through this too).
-pub async fn run_worker_with(
-    pool: PgPool,
-    rules: AdmissionRules,
-    args: &WorkerArgs,
-    handlers: Vec<Arc<dyn JobHandler>>,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    crate::maintenance::recover(&pool)
-        .await
-        .context("boot recovery")?;
-    let maintenance = CancellationToken::new();
-    tokio::spawn(crate::maintenance::run(
-        pool.clone(),
-        rules,
-        args.reconcile_interval(),
-        maintenance.clone(),
-    ));
-    let settings = args.settings().map_err(anyhow::Error::msg)?;
-    let worker = Worker::new(pool, settings, handlers);
-    let result = worker.run(shutdown).await;
-    maintenance.cancel();
-    result.context("worker")
 }

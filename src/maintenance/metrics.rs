@@ -3,8 +3,8 @@
 
 use sqlx::PgPool;
 
+use crate::attempt::JobKind;
 use crate::db::Result;
-use crate::queue;
 use crate::system;
 use crate::telemetry::metrics::{self, KindGauge};
 
@@ -31,9 +31,9 @@ async fn sample_queue(pool: &PgPool) -> Result<()> {
         })
         .collect();
     // An empty queue has no row for the kind: report zero rather than nothing.
-    if !kinds.iter().any(|k| k.kind == queue::RUN_KIND) {
+    if !kinds.iter().any(|k| k.kind == JobKind::Run.as_str()) {
         kinds.push(KindGauge {
-            kind: queue::RUN_KIND.to_string(),
+            kind: JobKind::Run.as_str().to_string(),
             depth: 0,
             oldest_age_ms: None,
         });

@@ -8,9 +8,9 @@ use chrono::{DateTime, TimeDelta, Utc};
 use sqlx::PgPool;
 
 use crate::db::Result;
+use crate::jobs;
 use crate::queue;
 use crate::telemetry::metrics;
-use crate::{events, runs};
 
 /// Expired leases one pass requeues at most.
 const RECONCILE_BATCH: i64 = 100;
@@ -50,8 +50,13 @@ impl Reconciler {
         let read_at = queue::transaction_time(&mut tx).await?;
         let expired = queue::expired(&mut tx, RECONCILE_BATCH, from).await?;
         for lease in &expired {
-            queue::retry(&mut tx, lease, "worker lease expired", Duration::ZERO, true).await?;
-            requeue_domain(&mut tx, lease).await?;
+            let error = "worker lease expired".to_string();
+            let expired = queue::Disposition::Retry {
+                error,
+                delay: Duration::ZERO,
+            };
+            queue::settle(&mut tx, lease, expired).await?;
+            jobs::requeue_lost(&mut tx, lease).await?;
         }
         tx.commit().await?;
         // A full batch may have left more in its window: read it again next time.
@@ -72,30 +77,4 @@ impl Reconciler {
         }
         Ok(expired.len())
     }
-}
-
-/// Puts the domain row of a job whose lease expired back to `queued`, with its gap.
-async fn requeue_domain(conn: &mut sqlx::PgConnection, lease: &queue::Lease) -> Result<()> {
-    const REASON: &str = "worker_lease_expired";
-    let system = &crate::domain::Actor::System;
-    let scope = &lease.scope();
-    match lease.kind.as_str() {
-        queue::RUN_KIND => {
-            let run = runs::get_by_id(conn, scope, &lease.ref_id).await?;
-            if run.status() == crate::domain::RunStatus::Running {
-                let (_, gap) = runs::requeue_lost(conn, scope, &run, REASON, system).await?;
-                events::append(conn, scope, &gap).await?;
-            }
-        }
-        crate::media::KIND => {
-            let job = crate::media::lock(conn, scope, &lease.ref_id).await?;
-            if job.status() == crate::media::MediaJobStatus::Running {
-                let (_, queued) =
-                    crate::media::requeue_lost(conn, scope, &job.id, REASON, system).await?;
-                events::append(conn, scope, &[queued]).await?;
-            }
-        }
-        _ => {}
-    }
-    Ok(())
 }

@@ -4,6 +4,7 @@
 
 use sqlx::PgPool;
 
+use crate::attempt::JobKind;
 use crate::db::Result;
 use crate::domain::Scope;
 use crate::queue;
@@ -26,8 +27,14 @@ pub async fn recover(pool: &PgPool) -> Result<u64> {
         let mut tx = pool.begin().await?;
         for run in &page {
             let scope = Scope::new(run.workspace_id.clone());
-            let new =
-                queue::enqueue(&mut tx, &scope, queue::RUN_KIND, &run.run_id, run.priority).await?;
+            let new = queue::enqueue(
+                &mut tx,
+                &scope,
+                JobKind::Run.as_str(),
+                &run.run_id,
+                run.priority,
+            )
+            .await?;
             enqueued += u64::from(new);
         }
         tx.commit().await?;

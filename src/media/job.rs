@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use keel_workers::media::{
-    self, MediaArtifactKind, MediaContext, MediaErrorCode, MediaLimits, MediaOutcome, MediaSpec,
-    Operation, Vendor,
+    self, MediaArtifactKind, MediaContext, MediaLimits, MediaOutcome, MediaSpec, Operation, Vendor,
 };
 use keel_workers::{ArtifactHandle, ContextError};
 use sqlx::{PgConnection, PgPool};
@@ -18,8 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::artifacts::content::ContentStore;
 use crate::attempt;
+use crate::attempt::JobKind;
 use crate::attempt::fence::{DomainRow, Fence};
-use crate::attempt::{Attempted, Verdict};
+use crate::attempt::{Attempted, Failure, Verdict};
 use crate::db::StoreError;
 use crate::domain::{Actor, EventType, Scope};
 use crate::events;
@@ -28,8 +28,8 @@ use crate::media::MediaJobStatus;
 use crate::media::{Change, MediaJobRecord};
 use crate::providers::ProviderHosts;
 use crate::providers::secrets::{SecretPolicy, Unresolved};
-use crate::queue::Lease;
 use crate::queue::worker::{Job, JobHandler};
+use crate::queue::{Disposition, Lease};
 use crate::{artifacts, providers};
 
 /// Bytes gathered before one artifact write: a download arrives in small chunks, and one
@@ -48,7 +48,7 @@ pub(crate) struct MediaJobs {
 
 impl JobHandler for MediaJobs {
     fn kind(&self) -> &'static str {
-        crate::media::KIND
+        JobKind::Media.as_str()
     }
 
     fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()> {
@@ -60,19 +60,19 @@ impl JobHandler for MediaJobs {
             otel.status_code = tracing::field::Empty,
         );
         let ref_id = job.lease.ref_id.clone();
-        crate::attempt::observe(crate::media::KIND, ref_id, span, async move {
+        crate::attempt::observe(JobKind::Media.as_str(), ref_id, span, async move {
             self.execute(job).await
         })
     }
 }
 
 impl DomainRow for MediaJobRecord {
-    fn lock(
+    async fn lock(
         conn: &mut PgConnection,
         scope: &Scope,
         id: &str,
-    ) -> impl Future<Output = Result<Self, StoreError>> + Send {
-        crate::media::lock(conn, scope, id)
+    ) -> Result<Option<Self>, StoreError> {
+        crate::media::lock(conn, scope, id).await.map(Some)
     }
 
     fn has_ended(&self) -> bool {
@@ -86,24 +86,17 @@ pub(crate) enum MediaEnding {
     Failed { code: String, message: String },
 }
 
-/// A transient vendor failure, and the vendor's own delay if it gave one.
-pub(crate) struct MediaRetry {
-    code: MediaErrorCode,
-    message: String,
-    after: Option<Duration>,
-}
-
 impl Attempted for MediaJobRecord {
     type Ending = MediaEnding;
-    type Retry = MediaRetry;
+    type Context = ();
 
     fn is_running(&self) -> bool {
         self.status() == MediaJobStatus::Running
     }
 
-    fn gave_up(message: String, retry: Option<&MediaRetry>) -> MediaEnding {
-        let code = retry.map_or("gave_up", |r| r.code.as_str()).to_string();
-        MediaEnding::Failed { code, message }
+    fn gave_up(&self, _: &(), message: String, failure: Option<&Failure>) -> Option<MediaEnding> {
+        let code = failure.map_or("gave_up", |f| f.code).to_string();
+        Some(MediaEnding::Failed { code, message })
     }
 
     fn label(ending: &MediaEnding) -> &'static str {
@@ -111,14 +104,6 @@ impl Attempted for MediaJobRecord {
             MediaEnding::Succeeded => "completed",
             MediaEnding::Failed { .. } => "failed",
         }
-    }
-
-    fn retry_error(retry: &MediaRetry) -> &str {
-        &retry.message
-    }
-
-    fn retry_delay(retry: &MediaRetry) -> Option<Duration> {
-        retry.after
     }
 
     async fn requeue_lost<'r>(
@@ -137,7 +122,7 @@ impl Attempted for MediaJobRecord {
         &'r self,
         conn: &mut PgConnection,
         lease: &Lease,
-    ) -> Result<(Self, NewEvent<'r>), StoreError> {
+    ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
         let change = Change {
             worker_id: Some(&lease.owner),
             ..Change::default()
@@ -153,7 +138,7 @@ impl Attempted for MediaJobRecord {
             "resumes_vendor_task": record.vendor_task_id.is_some(),
         });
         let event = NewEvent::media_job(&self.id, EventType::MediaJobStarted).with(data);
-        Ok((record, event))
+        Ok((record, vec![event]))
     }
 
     async fn end<'r>(
@@ -161,7 +146,7 @@ impl Attempted for MediaJobRecord {
         conn: &mut PgConnection,
         lease: &Lease,
         ending: &'r mut MediaEnding,
-    ) -> Result<Vec<NewEvent<'r>>, StoreError> {
+    ) -> Result<(Vec<NewEvent<'r>>, Disposition), StoreError> {
         let (scope, actor) = (lease.scope(), attempt::worker(lease));
         let event = match ending {
             MediaEnding::Succeeded => {
@@ -186,17 +171,17 @@ impl Attempted for MediaJobRecord {
                 NewEvent::media_job(&self.id, EventType::MediaJobFailed).with(data)
             }
         };
-        Ok(vec![event])
+        Ok((vec![event], Disposition::Complete))
     }
 
     async fn requeue<'r>(
         &'r self,
         conn: &mut PgConnection,
         lease: &Lease,
-        retry: &'r MediaRetry,
+        failure: &'r Failure,
         delay: Duration,
-    ) -> Result<NewEvent<'r>, StoreError> {
-        let (code, message) = (retry.code.as_str(), retry.message.as_str());
+    ) -> Result<Vec<NewEvent<'r>>, StoreError> {
+        let (code, message) = (failure.code, failure.message.as_str());
         let change = Change {
             error: Some((code, message)),
             ..Change::default()
@@ -206,14 +191,16 @@ impl Attempted for MediaJobRecord {
         crate::media::transition(conn, &scope, &self.id, queued, change, &actor, reason).await?;
         let data = serde_json::json!({ "reason": "retry", "error_code": code,
                                        "error": message, "retry_in_ms": delay.as_millis() as u64 });
-        Ok(NewEvent::media_job(&self.id, EventType::MediaJobQueued).with(data))
+        Ok(vec![
+            NewEvent::media_job(&self.id, EventType::MediaJobQueued).with(data),
+        ])
     }
 }
 
 impl MediaJobs {
     async fn execute(&self, job: Job) -> Result<&'static str, StoreError> {
         let lease = &job.lease;
-        let Some(record) = attempt::begin::<MediaJobRecord>(&self.pool, lease).await? else {
+        let Some(record) = attempt::begin::<MediaJobRecord>(&self.pool, lease, &()).await? else {
             return Ok("skipped");
         };
         let spec = match self.spec(&lease.scope(), &record).await? {
@@ -223,7 +210,8 @@ impl MediaJobs {
                     code: unresolved.code.to_string(),
                     message: unresolved.message,
                 };
-                return attempt::conclude(&self.pool, &job, &record, Verdict::Ended(ending)).await;
+                return attempt::conclude(&self.pool, &job, &record, &(), Verdict::Ended(ending))
+                    .await;
             }
         };
         let ctx = FencedMediaContext {
@@ -245,13 +233,13 @@ impl MediaJobs {
                 code,
                 message,
                 after,
-            } => Verdict::Retry(MediaRetry {
-                code,
+            } => Verdict::Retry(Failure {
+                code: code.as_str(),
                 message,
                 after,
             }),
         };
-        attempt::conclude(&self.pool, &job, &record, verdict).await
+        attempt::conclude(&self.pool, &job, &record, &(), verdict).await
     }
 
     /// The attempt's inputs: the preset's fields and its secrets, resolved here, now.

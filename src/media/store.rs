@@ -4,6 +4,7 @@
 
 use sqlx::PgConnection;
 
+use crate::attempt::JobKind;
 use crate::db::{Result, StoreError};
 use crate::domain::{Actor, EventType, Scope, new_id};
 use crate::events;
@@ -14,8 +15,6 @@ use crate::media;
 use crate::media::{MediaJobStatus, Operation, Unrunnable};
 use crate::providers;
 use crate::queue;
-
-pub const KIND: &str = "media";
 
 pub(crate) use keel_api_types::MediaJobRecord;
 
@@ -277,7 +276,7 @@ pub async fn run(
         )
         .await?;
     }
-    queue::enqueue(conn, scope, KIND, id, 0)
+    queue::enqueue(conn, scope, JobKind::Media.as_str(), id, 0)
         .await
         .map_err(StoreError::from)?;
     let data = serde_json::json!({ "actor": actor.to_string() });
@@ -295,7 +294,14 @@ pub async fn cancel(
     actor: &Actor,
 ) -> Result<MediaJobRecord> {
     get(conn, scope, id).await?;
-    queue::remove(conn, scope, KIND, id, queue::Locked::Wait).await?;
+    queue::remove(
+        conn,
+        scope,
+        JobKind::Media.as_str(),
+        id,
+        queue::Locked::Wait,
+    )
+    .await?;
     let job = lock(conn, scope, id).await?;
     if job.status().is_terminal() {
         return Ok(job);
@@ -311,7 +317,14 @@ pub async fn cancel(
         reason,
     )
     .await?;
-    queue::remove(conn, scope, KIND, id, queue::Locked::Skip).await?;
+    queue::remove(
+        conn,
+        scope,
+        JobKind::Media.as_str(),
+        id,
+        queue::Locked::Skip,
+    )
+    .await?;
     let data = serde_json::json!({ "actor": actor.to_string() });
     events::append(
         conn,

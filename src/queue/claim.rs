@@ -113,12 +113,9 @@ pub async fn claim(
          ), picked AS (
              SELECT id FROM expired UNION ALL SELECT id FROM due LIMIT $4
          ), ended AS (
-             INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token, claimed_at,
-                                        expires_at, heartbeats, workspace_id, outcome)
-             SELECT id, kind, ref_id, lease_owner, fencing_token, claimed_at, lease_expires_at,
-                    heartbeats, workspace_id, 'expired'
-             FROM queue_jobs
-             WHERE id IN (SELECT id FROM expired) AND id IN (SELECT id FROM picked)
+             SELECT archive_leases(array_agg(q), array_agg('expired'::text))
+             FROM queue_jobs q
+             WHERE q.id IN (SELECT id FROM expired) AND q.id IN (SELECT id FROM picked)
          ), leased AS (
              UPDATE queue_jobs q
              SET lease_owner = $1, lease_expires_at = now() + $2 * interval '1 millisecond',
@@ -130,7 +127,7 @@ pub async fn claim(
                        q.run_after, q.workspace_id,
                        (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms
          )
-         SELECT * FROM leased ORDER BY priority DESC, run_after, job_id",
+         SELECT leased.* FROM leased, ended ORDER BY priority DESC, run_after, job_id",
     )
     .bind(owner)
     .bind(millis(lease))

@@ -40,34 +40,6 @@ pub async fn enqueue(
     Ok(inserted > 0)
 }
 
-/// Enqueues many jobs of one kind in one statement, with [`enqueue`]'s idempotency;
-/// returns how many were new. One notification wakes the workers for all of them.
-pub async fn enqueue_many(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    kind: &str,
-    ref_ids: &[String],
-    priority: i32,
-) -> Result<u64> {
-    let inserted: i64 = sqlx::query_scalar(
-        "WITH inserted AS (
-             INSERT INTO queue_jobs (kind, ref_id, priority, workspace_id)
-             SELECT $1, ref_id, $3, $4 FROM unnest($2::text[]) AS r(ref_id)
-             ON CONFLICT (kind, ref_id) DO NOTHING
-             RETURNING 1
-         )
-         SELECT (SELECT count(*) FROM inserted), pg_notify($5, $1)",
-    )
-    .bind(kind)
-    .bind(ref_ids)
-    .bind(priority)
-    .bind(scope.workspace())
-    .bind(JOBS_CHANNEL)
-    .fetch_one(conn)
-    .await?;
-    Ok(inserted as u64)
-}
-
 /// How [`remove`] treats a job row another transaction has locked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Locked {
@@ -91,31 +63,25 @@ pub async fn remove(
         Locked::Wait => {
             "WITH target AS (SELECT id FROM queue_jobs
                              WHERE kind = $1 AND ref_id = $2 AND workspace_id = $3 FOR UPDATE),
-                  done AS (DELETE FROM queue_jobs WHERE id IN (SELECT id FROM target) RETURNING *),
+                  done AS (DELETE FROM queue_jobs q WHERE id IN (SELECT id FROM target)
+                           RETURNING q AS job, q.lease_owner),
                   ended AS (
-                      INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token,
-                                                 claimed_at, expires_at, heartbeats, workspace_id,
-                                                 outcome)
-                      SELECT id, kind, ref_id, lease_owner, fencing_token, claimed_at,
-                             lease_expires_at, heartbeats, workspace_id, 'withdrawn'
-                      FROM done WHERE lease_owner IS NOT NULL
+                      SELECT archive_leases(array_agg(d.job), array_agg('withdrawn'::text))
+                      FROM done d WHERE d.lease_owner IS NOT NULL
                   )
-             SELECT lease_owner FROM done"
+             SELECT done.lease_owner FROM done, ended"
         }
         Locked::Skip => {
             "WITH target AS (SELECT id FROM queue_jobs
                              WHERE kind = $1 AND ref_id = $2 AND workspace_id = $3
                              FOR UPDATE SKIP LOCKED),
-                  done AS (DELETE FROM queue_jobs WHERE id IN (SELECT id FROM target) RETURNING *),
+                  done AS (DELETE FROM queue_jobs q WHERE id IN (SELECT id FROM target)
+                           RETURNING q AS job, q.lease_owner),
                   ended AS (
-                      INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token,
-                                                 claimed_at, expires_at, heartbeats, workspace_id,
-                                                 outcome)
-                      SELECT id, kind, ref_id, lease_owner, fencing_token, claimed_at,
-                             lease_expires_at, heartbeats, workspace_id, 'withdrawn'
-                      FROM done WHERE lease_owner IS NOT NULL
+                      SELECT archive_leases(array_agg(d.job), array_agg('withdrawn'::text))
+                      FROM done d WHERE d.lease_owner IS NOT NULL
                   )
-             SELECT lease_owner FROM done"
+             SELECT done.lease_owner FROM done, ended"
         }
     };
     let owner: Option<Option<String>> = sqlx::query_scalar(statement)

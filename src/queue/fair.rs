@@ -97,11 +97,8 @@ pub async fn claim(
         SELECT id, expired FROM turns WHERE turn <= free
         ORDER BY turn, held, priority DESC, run_after, id LIMIT $4
     ), ended AS (
-        INSERT INTO lease_history (job_id, kind, ref_id, owner, fencing_token, claimed_at,
-                                   expires_at, heartbeats, workspace_id, outcome)
-        SELECT id, kind, ref_id, lease_owner, fencing_token, claimed_at, lease_expires_at,
-               heartbeats, workspace_id, 'expired'
-        FROM queue_jobs WHERE id IN (SELECT id FROM picked WHERE expired)
+        SELECT archive_leases(array_agg(q), array_agg('expired'::text))
+        FROM queue_jobs q WHERE q.id IN (SELECT id FROM picked WHERE expired)
     ), leased AS (
         UPDATE queue_jobs q
         SET lease_owner = $1, lease_expires_at = now() + $2 * interval '1 millisecond',
@@ -113,7 +110,7 @@ pub async fn claim(
                   q.workspace_id,
                   (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms
     )
-    SELECT * FROM leased ORDER BY priority DESC, run_after, job_id",
+    SELECT leased.* FROM leased, ended ORDER BY priority DESC, run_after, job_id",
     )
     .bind(owner)
     .bind(millis(lease))

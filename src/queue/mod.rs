@@ -4,15 +4,16 @@
 //! (and withdraw, with the notifications that wake and stop workers); [`mod@claim`] with
 //! `FOR UPDATE SKIP LOCKED`, taking due rows and rows whose lease expired, bumping the
 //! fencing token; [`lease`]: heartbeats on the worker's own connections, and the fence every
-//! worker write re-checks (token and owner); [`ack`]: the row goes in the same transaction
-//! as the domain change, or comes back for a retry. [`fair`] is the claim across
-//! workspaces; [`worker`] the process that runs all of it.
+//! worker write re-checks (token and owner); [`mod@settle`]: every attempt ends with one
+//! [`Disposition`], in the same transaction as the domain change or batched with others
+//! that have none. [`fair`] is the claim across workspaces; [`worker`] the process that
+//! runs all of it.
 
-pub(crate) mod ack;
 pub(crate) mod claim;
 pub(crate) mod enqueue;
 pub mod fair;
 pub(crate) mod lease;
+pub(crate) mod settle;
 pub mod worker;
 
 use std::time::Duration;
@@ -23,13 +24,13 @@ use sqlx::postgres::PgPoolOptions;
 
 use crate::domain::Scope;
 
-pub use ack::{backoff, complete, complete_many, retry};
 pub use claim::{
     CATCH_ALL_SPACING, COMMIT_SLACK, LATE_COMMIT_SLACK, Positions, WIDE_READ_EVERY,
     begin_ordered_reads, catch_all_pause, claim, claim_from, oldest_snapshot,
 };
-pub use enqueue::{Locked, enqueue, enqueue_many, remove};
+pub use enqueue::{Locked, enqueue, remove};
 pub use lease::{begin_fenced, expired, fence, heartbeat, transaction_time};
+pub use settle::{Disposition, Settlement, backoff, settle, settle_many};
 
 /// Errors of the queue. The store, which enqueues inside its own transactions, turns them
 /// into its errors (`From<QueueError> for StoreError`).
@@ -44,10 +45,8 @@ pub enum QueueError {
 
 pub(crate) type Result<T, E = QueueError> = std::result::Result<T, E>;
 
-pub const RUN_KIND: &str = "run";
-
 /// NOTIFY channel: a job was enqueued (payload: its kind).
-pub(crate) const JOBS_CHANNEL: &str = "keel_jobs";
+pub const JOBS_CHANNEL: &str = "keel_jobs";
 
 /// NOTIFY channel: a leased job was withdrawn (payload: `kind:ref_id`).
 pub(crate) const CANCEL_CHANNEL: &str = "keel_cancel";

@@ -6,6 +6,7 @@
 use sqlx::PgConnection;
 
 use crate::approvals::{self, ApprovalRecord, Decision};
+use crate::attempt::JobKind;
 use crate::db::{Result, StoreError};
 use crate::domain::{Actor, EventType, RunStatus, Scope};
 use crate::events::{self, NewEvent};
@@ -55,7 +56,7 @@ pub async fn resolve_gate(
             )
             .await?;
             let priority = runs::priority_of(conn, scope, run_id).await?;
-            queue::enqueue(conn, scope, queue::RUN_KIND, run_id, priority).await?;
+            queue::enqueue(conn, scope, JobKind::Run.as_str(), run_id, priority).await?;
             (run, Some(EventType::RunQueued))
         }
         Decision::Approve | Decision::RejectAndContinue => (run, None),

@@ -9,6 +9,7 @@ use sqlx::PgConnection;
 
 use crate::approvals;
 use crate::approvals::{ActionSummary, ApprovalKind, ApprovalPolicy};
+use crate::attempt::JobKind;
 use crate::db::{Result, StoreError, violates};
 use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
 use crate::events;
@@ -244,7 +245,7 @@ pub async fn admit(
         }
         appended.extend(gated.iter().map(approvals::requested_event));
     } else {
-        queue::enqueue(conn, scope, queue::RUN_KIND, &run.id, task.priority).await?;
+        queue::enqueue(conn, scope, JobKind::Run.as_str(), &run.id, task.priority).await?;
         appended.push(NewEvent::new(task_id, &run.id, EventType::RunQueued));
     }
     events::append(conn, scope, &appended).await?;
@@ -750,7 +751,14 @@ pub(crate) async fn cancel_because(
     get(conn, scope, task_id, run_id).await?;
     // The job row is locked (deleted) before the run row, the order every worker
     // transaction takes them in, so a cancel and a worker write cannot deadlock.
-    queue::remove(conn, scope, queue::RUN_KIND, run_id, queue::Locked::Wait).await?;
+    queue::remove(
+        conn,
+        scope,
+        JobKind::Run.as_str(),
+        run_id,
+        queue::Locked::Wait,
+    )
+    .await?;
     let run = lock(conn, scope, run_id).await?;
     if run.status().is_terminal() {
         return Ok(run);
@@ -766,7 +774,14 @@ pub(crate) async fn cancel_because(
     // An approval that won the race for the run lock may have enqueued it since the first
     // removal. A worker that already claimed that job waits on the run row and will find
     // the run cancelled, so its locked row is skipped rather than waited for.
-    queue::remove(conn, scope, queue::RUN_KIND, run_id, queue::Locked::Skip).await?;
+    queue::remove(
+        conn,
+        scope,
+        JobKind::Run.as_str(),
+        run_id,
+        queue::Locked::Skip,
+    )
+    .await?;
     let data = serde_json::json!({ "actor": actor.to_string() });
     events::append(
         conn,

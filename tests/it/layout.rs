@@ -79,20 +79,6 @@ const MAY_USE: &[(&str, &[&str])] = &[
     ("schedules", &["db", "domain", "events", "runs", "tasks"]),
     // The processes, composed of the features.
     (
-        "maintenance",
-        &[
-            "db",
-            "domain",
-            "external",
-            "media",
-            "queue",
-            "runs",
-            "schedules",
-            "system",
-            "telemetry",
-        ],
-    ),
-    (
         "config",
         &[
             "agent",
@@ -109,14 +95,33 @@ const MAY_USE: &[(&str, &[&str])] = &[
         "jobs",
         &[
             "agent",
+            "artifacts",
             "attempt",
             "config",
             "db",
+            "domain",
+            "events",
             "external",
-            "maintenance",
+            "media",
+            "providers",
+            "queue",
+            "runs",
+        ],
+    ),
+    (
+        "maintenance",
+        &[
+            "attempt",
+            "db",
+            "domain",
+            "external",
+            "jobs",
             "media",
             "queue",
             "runs",
+            "schedules",
+            "system",
+            "telemetry",
         ],
     ),
     (
@@ -143,7 +148,17 @@ const MAY_USE: &[(&str, &[&str])] = &[
     ("rpc", &["api"]),
     (
         "cli",
-        &["config", "db", "external", "jobs", "rpc", "telemetry"],
+        &[
+            "config",
+            "db",
+            "external",
+            "jobs",
+            "maintenance",
+            "queue",
+            "rpc",
+            "runs",
+            "telemetry",
+        ],
     ),
 ];
 

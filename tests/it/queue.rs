@@ -6,7 +6,7 @@ use crate::support;
 use std::time::Duration;
 
 use keel::domain::Scope;
-use keel::queue::{self, Positions, QueueError};
+use keel::queue::{self, Disposition, Positions, QueueError};
 
 use sqlx::PgPool;
 
@@ -121,16 +121,22 @@ async fn a_stale_lease_holder_is_fenced_out_after_a_takeover() {
     ));
     let mut conn = pool.acquire().await.unwrap();
     assert!(matches!(
-        queue::complete(&mut conn, &a).await,
+        queue::settle(&mut conn, &a, Disposition::Complete).await,
         Err(QueueError::LeaseLost)
     ));
+    let stale = Disposition::Retry {
+        error: "stale".into(),
+        delay: Duration::ZERO,
+    };
     assert!(matches!(
-        queue::retry(&mut conn, &a, "stale", Duration::ZERO, true).await,
+        queue::settle(&mut conn, &a, stale).await,
         Err(QueueError::LeaseLost)
     ));
     // The new holder's are not.
     let mut tx = queue::begin_fenced(&pool, &b).await.unwrap();
-    queue::complete(&mut tx, &b).await.unwrap();
+    queue::settle(&mut tx, &b, Disposition::Complete)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs")
         .fetch_one(&pool)
@@ -148,15 +154,11 @@ async fn nack_delays_the_job_and_shutdown_release_costs_no_attempt() {
         .unwrap()
         .remove(0);
     let mut conn = pool.acquire().await.unwrap();
-    queue::retry(
-        &mut conn,
-        &first,
-        "boom",
-        queue::backoff(first.attempts),
-        true,
-    )
-    .await
-    .unwrap();
+    let boom = Disposition::Retry {
+        error: "boom".into(),
+        delay: queue::backoff(first.attempts),
+    };
+    queue::settle(&mut conn, &first, boom).await.unwrap();
     let (error, waits): (String, bool) =
         sqlx::query_as("SELECT last_error, run_after > now() FROM queue_jobs")
             .fetch_one(&pool)
@@ -180,7 +182,7 @@ async fn nack_delays_the_job_and_shutdown_release_costs_no_attempt() {
         .unwrap()
         .remove(0);
     assert_eq!(second.attempts, 2);
-    queue::retry(&mut conn, &second, "shutdown", Duration::ZERO, false)
+    queue::settle(&mut conn, &second, Disposition::Release)
         .await
         .unwrap();
     let third = queue::claim(&q(&pool), "c", &kinds(), 1, LEASE)
@@ -292,8 +294,11 @@ async fn a_batched_ack_is_fenced_row_by_row() {
         .unwrap();
     assert_eq!(takeover[0].job_id, taken.job_id);
 
-    let tokens: Vec<(i64, i64)> = held.iter().map(|l| (l.job_id, l.fencing_token)).collect();
-    let acked = queue::complete_many(&q(&pool), "worker-a", &tokens)
+    let settlements: Vec<queue::Settlement> = held
+        .iter()
+        .map(|l| queue::Settlement::of(l, queue::Disposition::Complete))
+        .collect();
+    let acked = queue::settle_many(&q(&pool), "worker-a", &settlements)
         .await
         .unwrap();
     let kept = held.iter().find(|l| l.ref_id == "kept").unwrap();
@@ -435,17 +440,13 @@ async fn claims_read_in_index_order_whatever_the_statistics_say() {
     // Statistics from an ANALYZE that found mostly dead rows, as one does while an old
     // snapshot is held: a table of 100 rows, where 5000 more are due by the claim.
     for (prefix, n) in [("early", 100), ("gone", 20_000)] {
-        queue::enqueue_many(&mut conn, &Scope::local(), KIND, &ids(prefix, n), 0)
-            .await
-            .unwrap();
+        insert_due(&mut conn, &ids(prefix, n)).await;
     }
     sqlx::raw_sql("DELETE FROM queue_jobs WHERE ref_id LIKE 'gone-%'; ANALYZE queue_jobs")
         .execute(&mut *conn)
         .await
         .unwrap();
-    queue::enqueue_many(&mut conn, &Scope::local(), KIND, &ids("due", 5000), 0)
-        .await
-        .unwrap();
+    insert_due(&mut conn, &ids("due", 5000)).await;
     drop(conn);
 
     let queue = q(&pool);
@@ -476,12 +477,23 @@ async fn claims_read_in_index_order_whatever_the_statistics_say() {
     );
 }
 
-/// A kind that acks each job with `Job::ack` and says whether it wants them batched.
-struct AckingJobs {
-    batched: bool,
+/// Jobs of the test kind, due now, many to a statement (the queue enqueues one at a time).
+async fn insert_due(conn: &mut sqlx::PgConnection, ref_ids: &[String]) {
+    sqlx::query(
+        "INSERT INTO queue_jobs (kind, ref_id, workspace_id)
+         SELECT $1, ref_id, 'default' FROM unnest($2::text[]) AS r(ref_id)",
+    )
+    .bind(KIND)
+    .bind(ref_ids)
+    .execute(conn)
+    .await
+    .unwrap();
 }
 
-impl queue::worker::JobHandler for AckingJobs {
+/// A kind that settles each job by itself, with `Job::settle`.
+struct SettlingJobs;
+
+impl queue::worker::JobHandler for SettlingJobs {
     fn kind(&self) -> &'static str {
         KIND
     }
@@ -490,52 +502,46 @@ impl queue::worker::JobHandler for AckingJobs {
         self: std::sync::Arc<Self>,
         job: queue::worker::Job,
     ) -> futures_util::future::BoxFuture<'static, ()> {
-        Box::pin(async move { job.ack().await.expect("the ack commits") })
-    }
-
-    fn batches_acks(&self) -> bool {
-        self.batched
+        let settled = job.settle(queue::Disposition::Complete);
+        Box::pin(async move { settled.await.expect("the settle commits") })
     }
 }
 
-/// `Job::ack` acks every job, fenced and archived, whether the worker batches acks (a kind
-/// asked for it) or runs no batcher and acks each alone (the production kinds' workers).
+/// `Job::settle` settles every job, fenced and archived, many to a statement.
 #[tokio::test]
-async fn job_ack_acks_with_and_without_a_batcher() {
-    for batched in [false, true] {
-        let pool = support::pool(&support::fresh_database().await).await;
-        for i in 0..40 {
-            enqueue(&pool, &format!("j-{i}"), 0).await;
-        }
-        let settings = queue::worker::WorkerSettings {
-            concurrency: 4,
-            prefetch: 8,
-            timing: queue::worker::LeaseTiming::for_lease(LEASE),
-            poll_interval: Duration::from_millis(100),
-            drain_timeout: Duration::from_secs(5),
-            max_per_workspace: None,
-        };
-        let handler = std::sync::Arc::new(AckingJobs { batched });
-        let worker = queue::worker::Worker::new(pool.clone(), settings, vec![handler]);
-        let stop = tokio_util::sync::CancellationToken::new();
-        let running = tokio::spawn(worker.run(stop.clone()));
-        support::wait_for(Duration::from_secs(30), "every job acked", || async {
-            let acked: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM lease_history WHERE outcome = 'acked' AND kind = $1",
-            )
-            .bind(KIND)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-            (acked == 40).then_some(())
-        })
-        .await;
-        stop.cancel();
-        running.await.unwrap().unwrap();
-        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        assert_eq!(left, 0, "batched: {batched}: no job left behind");
+async fn job_settle_settles_every_job() {
+    let pool = support::pool(&support::fresh_database().await).await;
+    for i in 0..40 {
+        enqueue(&pool, &format!("j-{i}"), 0).await;
     }
+    let settings = queue::worker::WorkerSettings {
+        concurrency: 4,
+        prefetch: 8,
+        timing: queue::worker::LeaseTiming::for_lease(LEASE),
+        poll_interval: Duration::from_millis(100),
+        drain_timeout: Duration::from_secs(5),
+        max_per_workspace: None,
+    };
+    let handler = std::sync::Arc::new(SettlingJobs);
+    let worker = queue::worker::Worker::new(pool.clone(), settings, vec![handler]);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(worker.run(stop.clone()));
+    support::wait_for(Duration::from_secs(30), "every job acked", || async {
+        let acked: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM lease_history WHERE outcome = 'acked' AND kind = $1",
+        )
+        .bind(KIND)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        (acked == 40).then_some(())
+    })
+    .await;
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "no job left behind");
 }

@@ -165,7 +165,7 @@ async fn seed() -> Seeded {
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    let kinds = [media::KIND.to_string()];
+    let kinds = [keel::attempt::JobKind::Media.as_str().to_string()];
     let claimed = queue::claim(
         &queue::QueuePool::new(&pool, 1),
         "wrk_tenancy",
@@ -591,7 +591,7 @@ async fn the_feed_of_a_workspace_holds_none_of_anothers_events_though_they_inter
             .is_empty()
     );
     // The released lease history is scoped too.
-    let kinds = [queue::RUN_KIND.to_string()];
+    let kinds = [keel::attempt::JobKind::Run.as_str().to_string()];
     let lease = queue::claim(
         &queue::QueuePool::new(&s.pool, 1),
         "wrk_b",
@@ -602,7 +602,9 @@ async fn the_feed_of_a_workspace_holds_none_of_anothers_events_though_they_inter
     .await
     .unwrap();
     let mut tx = s.pool.begin().await.unwrap();
-    queue::complete(&mut tx, &lease[0]).await.unwrap();
+    queue::settle(&mut tx, &lease[0], queue::Disposition::Complete)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     let released = |scope: Scope| {
         let pool = s.pool.clone();

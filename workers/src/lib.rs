@@ -87,7 +87,8 @@ impl Default for SandboxPolicy {
     }
 }
 
-/// How an attempt ended. The runtime turns it into the run's terminal state.
+/// How an attempt ended. The runtime turns it into the run's terminal state. (An agent
+/// loop may also stop to wait for an approval: [`agent::run_loop::LoopOutcome`].)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Completed {
@@ -96,13 +97,6 @@ pub enum Outcome {
     Failed {
         exit_code: Option<i32>,
         error: String,
-    },
-    /// An agent loop's model asked for tool calls an approval policy gates: the run waits,
-    /// holding no lease, until an operator decides. `summary` is the bounded, sanitized
-    /// description of the whole bundle the approval covers.
-    AwaitingApproval {
-        summary: Vec<String>,
-        incomplete: bool,
     },
     /// The attempt stopped because the run was cancelled or the lease was lost: the
     /// runtime must write nothing more for it.

@@ -19,23 +19,30 @@ use sqlx::PgConnection;
 
 use crate::approvals;
 use crate::approvals::ActionSummary;
+use crate::artifacts::content::ContentStore;
+use crate::attempt::JobKind;
+use crate::attempt::fence::DomainRow;
+use crate::attempt::{self, Attempted, Failure, Verdict};
 use crate::db::StoreError;
 use crate::domain::{Actor, Scope, new_id};
 use crate::events;
+use crate::events::NewEvent;
 use crate::events::Subject;
 use crate::external;
 use crate::external::ItemRecord;
 use crate::external::actions::send;
 use crate::external::actions::send::{Call, Pause, Target};
-use crate::external::actions::{ACTION_KIND, ActionRecord, NewAction, Outcome};
+use crate::external::actions::{ActionRecord, NewAction, Outcome};
 use crate::external::actions::{ProposedAction, marked, marker};
 use crate::external::github::head_sha;
 use crate::external::tracker::{ExternalError, Poller, load_workflow, token, tracker};
 use crate::external::workflow::{Tracker, TrackerKind};
 use crate::queue::worker::{Job, JobHandler, LeaseDeadline};
-use crate::queue::{self, Lease};
+use crate::queue::{self, Disposition, Lease};
 use crate::{artifacts, runs};
 use keel_api_types::ActionStatus;
+use keel_workers::media::Secret;
+use std::time::Duration;
 
 /// The evidence of one action's end: the tracker's answer, or the target that changed.
 const MAX_EVIDENCE_BYTES: i64 = 1024 * 1024;
@@ -247,7 +254,7 @@ pub(crate) struct ActionJobs {
 
 impl JobHandler for ActionJobs {
     fn kind(&self) -> &'static str {
-        ACTION_KIND
+        JobKind::ExternalAction.as_str()
     }
 
     fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()> {
@@ -259,9 +266,9 @@ impl JobHandler for ActionJobs {
             otel.status_code = tracing::field::Empty,
         );
         let ref_id = job.lease.ref_id.clone();
-        crate::attempt::observe(ACTION_KIND, ref_id, span, async move {
+        crate::attempt::observe(JobKind::ExternalAction.as_str(), ref_id, span, async move {
             tokio::select! {
-                done = self.execute(&job.lease, &job.deadline) => done,
+                done = self.execute(&job) => done,
                 // Past its local deadline (or lease lost, or shut down) the attempt stops
                 // where it is: a POST in flight is abandoned, its answer unawaited. The
                 // action stays `sending`, and its next owner looks for its marker first.
@@ -272,7 +279,7 @@ impl JobHandler for ActionJobs {
 }
 
 /// How an attempt ends the action.
-enum Ending {
+pub(crate) enum Ending {
     Sent(Vec<send::Answer>),
     Stale {
         reason: String,
@@ -283,48 +290,245 @@ enum Ending {
         message: String,
         answers: Vec<send::Answer>,
     },
+    /// The job used up its attempts without reaching the tracker.
+    GaveUp {
+        code: &'static str,
+        message: String,
+    },
 }
 
-/// What an attempt leads to.
-enum Next {
-    End(Ending),
-    Again(Pause),
+/// An attempt's ending with what writing it needs: where its evidence goes, and the token
+/// the evidence must not hold.
+pub(crate) struct ActionEnding {
+    ending: Ending,
+    content: ContentStore,
+    token: Option<Secret>,
+}
+
+/// An attempt's end as the skeleton takes it: an ending, or a pause for a retry.
+fn verdict(
+    next: Result<Ending, Pause>,
+    target: Option<&Target<'_>>,
+    content: &ContentStore,
+) -> Verdict<ActionEnding> {
+    match next {
+        Ok(ending) => Verdict::Ended(ActionEnding {
+            ending,
+            content: content.clone(),
+            token: target.and_then(|t| t.token.clone()),
+        }),
+        Err(pause) => Verdict::Retry(Failure {
+            code: pause.code,
+            after: pause
+                .until
+                .and_then(|until| (until - chrono::Utc::now()).to_std().ok()),
+            message: pause.message,
+        }),
+    }
+}
+
+impl DomainRow for ActionRecord {
+    fn lock(
+        conn: &mut PgConnection,
+        scope: &Scope,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<Self>, StoreError>> + Send {
+        crate::external::actions::lock(conn, scope, id)
+    }
+
+    /// Only an approved action is sent, or one being sent looked for; any other (or one
+    /// gone with its item, its source deleted) leaves nothing to do.
+    fn has_ended(&self) -> bool {
+        !matches!(self.status, ActionStatus::Approved | ActionStatus::Sending)
+    }
+}
+
+impl Attempted for ActionRecord {
+    type Ending = ActionEnding;
+    /// Where the evidence goes.
+    type Context = ContentStore;
+
+    fn is_running(&self) -> bool {
+        false
+    }
+
+    fn gave_up(
+        &self,
+        content: &ContentStore,
+        error: String,
+        failure: Option<&Failure>,
+    ) -> Option<ActionEnding> {
+        let (code, message) = match failure {
+            Some(failure) => (failure.code, failure.message.clone()),
+            None => ("gave_up", error),
+        };
+        Some(ActionEnding {
+            ending: Ending::GaveUp { code, message },
+            content: content.clone(),
+            token: None,
+        })
+    }
+
+    fn label(ending: &ActionEnding) -> &'static str {
+        match ending.ending {
+            Ending::Sent(_) => ActionStatus::Sent.as_str(),
+            Ending::Stale { .. } => ActionStatus::StaleTarget.as_str(),
+            Ending::Failed { .. } | Ending::GaveUp { .. } => ActionStatus::Failed.as_str(),
+        }
+    }
+
+    async fn requeue_lost<'r>(
+        &'r self,
+        _: &mut PgConnection,
+        _: &Scope,
+        _: &'static str,
+        _: &Actor,
+    ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
+        Ok((self.clone(), Vec::new()))
+    }
+
+    async fn start<'r>(
+        &'r self,
+        _: &mut PgConnection,
+        _: &Lease,
+    ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
+        Ok((self.clone(), Vec::new()))
+    }
+
+    /// The action's evidence artifact and its final status.
+    async fn end<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        ending: &'r mut ActionEnding,
+    ) -> Result<(Vec<NewEvent<'r>>, Disposition), StoreError> {
+        let scope = lease.scope();
+        let current = current_status(conn, &scope, &self.id).await?;
+        let (status, evidence, response, error) = evidence(self, &ending.ending, current);
+        let text =
+            serde_json::to_string_pretty(&json!({ "action_id": self.id, "evidence": evidence }))
+                .expect("JSON serializes");
+        // The tracker may echo what it was sent; the token never goes into a row.
+        let text = match &ending.token {
+            Some(token) if !token.expose().is_empty() => text.replace(token.expose(), "[redacted]"),
+            _ => text,
+        };
+        let run = Subject::Run {
+            task_id: &self.task_id,
+            run_id: &self.run_id,
+        };
+        let name = format!("external_action_{}.json", self.id);
+        let artifact =
+            artifacts::open(conn, &scope, run, &name, "metadata", "application/json").await?;
+        let bytes = text.as_bytes();
+        let content = &ending.content;
+        content
+            .append(conn, &scope, &artifact.id, bytes, MAX_EVIDENCE_BYTES)
+            .await?;
+        artifacts::close(conn, &scope, &artifact.id).await?;
+        let error = error
+            .as_ref()
+            .map(|(code, message)| (*code, message.as_str()));
+        let outcome = Outcome {
+            response: response.as_ref(),
+            artifact_id: Some(&artifact.id),
+            error,
+        };
+        crate::external::actions::update(conn, &scope, &self.id, status, &outcome).await?;
+        Ok((Vec::new(), Disposition::Complete))
+    }
+
+    /// The tracker could not be asked: the action keeps its status, with the error.
+    async fn requeue<'r>(
+        &'r self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        failure: &'r Failure,
+        _: Duration,
+    ) -> Result<Vec<NewEvent<'r>>, StoreError> {
+        let scope = lease.scope();
+        let status = current_status(conn, &scope, &self.id).await?;
+        let outcome = Outcome {
+            error: Some((failure.code, &failure.message)),
+            ..Outcome::default()
+        };
+        crate::external::actions::update(conn, &scope, &self.id, status, &outcome).await?;
+        Ok(Vec::new())
+    }
+}
+
+/// An ending's status, evidence, response and error; one that gave up after the action
+/// was marked `sending` may have reached the tracker, and says so.
+fn evidence(
+    action: &ActionRecord,
+    ending: &Ending,
+    current: ActionStatus,
+) -> (
+    ActionStatus,
+    Value,
+    Option<Value>,
+    Option<(&'static str, String)>,
+) {
+    match ending {
+        Ending::Sent(answers) => {
+            let evidence = json!({ "outcome": "sent", "answers": answers });
+            let response = answers.last().map(send::Answer::short);
+            (ActionStatus::Sent, evidence, response, None)
+        }
+        Ending::Stale { reason, now } => {
+            let evidence = json!({ "outcome": "stale_target", "reason": reason,
+                                   "target_then": action.target, "target_now": now });
+            let error = Some(("stale_target", reason.clone()));
+            (ActionStatus::StaleTarget, evidence, None, error)
+        }
+        Ending::Failed {
+            code,
+            message,
+            answers,
+        } => failed(code, message.clone(), answers),
+        Ending::GaveUp { code, message } => {
+            let unsure = if current == ActionStatus::Sending {
+                "; it may have been sent: look for its marker on the tracker"
+            } else {
+                ""
+            };
+            failed(code, format!("{message}{unsure}"), &[])
+        }
+    }
+}
+
+fn failed(
+    code: &'static str,
+    message: String,
+    answers: &[send::Answer],
+) -> (
+    ActionStatus,
+    Value,
+    Option<Value>,
+    Option<(&'static str, String)>,
+) {
+    let evidence = json!({ "outcome": "failed", "code": code, "message": message,
+                           "answers": answers });
+    (ActionStatus::Failed, evidence, None, Some((code, message)))
 }
 
 impl ActionJobs {
-    async fn execute(
-        &self,
-        lease: &Lease,
-        deadline: &LeaseDeadline,
-    ) -> Result<&'static str, StoreError> {
-        let scope = lease.scope();
-        let mut tx = queue::begin_fenced(&self.poller.pool, lease).await?;
-        let action = crate::external::actions::lock(&mut tx, &scope, &lease.ref_id).await?;
-        let Some(action) =
-            action.filter(|a| matches!(a.status, ActionStatus::Approved | ActionStatus::Sending))
-        else {
-            // Gone with its item (its source was deleted): nothing to send.
-            queue::complete(&mut tx, lease).await?;
-            tx.commit().await?;
+    async fn execute(&self, job: &Job) -> Result<&'static str, StoreError> {
+        let (pool, lease) = (&self.poller.pool, &job.lease);
+        let content = &self.poller.content;
+        let Some(action) = attempt::begin::<ActionRecord>(pool, lease, content).await? else {
             return Ok("ended");
         };
-        tx.commit().await?;
-        if lease.attempts > lease.max_attempts {
-            let pause = Pause {
-                code: "gave_up",
-                message: format!("gave up after {} attempts", lease.max_attempts),
-                until: None,
-            };
-            return self.give_up(lease, &action, pause).await;
-        }
-        let target = match self.target(&scope, &action).await? {
+        let target = match self.target(&lease.scope(), &action).await? {
             Ok(target) => target,
-            Err(ending) => return self.finish(lease, &action, None, ending).await,
+            Err(ending) => {
+                let verdict = verdict(Ok(ending), None, content);
+                return attempt::conclude(pool, job, &action, content, verdict).await;
+            }
         };
-        match self.attempt(lease, deadline, &action, &target).await? {
-            Next::End(ending) => self.finish(lease, &action, Some(&target), ending).await,
-            Next::Again(pause) => self.again(lease, &action, pause).await,
-        }
+        let next = self.attempt(lease, &job.deadline, &action, &target).await?;
+        let verdict = verdict(next, Some(&target), content);
+        attempt::conclude(pool, job, &action, content, verdict).await
     }
 
     /// An approved action is checked against its target, marked `sending` and sent; one
@@ -335,14 +539,14 @@ impl ActionJobs {
         deadline: &LeaseDeadline,
         action: &ActionRecord,
         target: &Target<'_>,
-    ) -> Result<Next, StoreError> {
+    ) -> Result<Result<Ending, Pause>, StoreError> {
         let calls: Vec<Call> = serde_json::from_value(action.calls.clone()).map_err(|e| {
             StoreError::Conflict(format!("action {} is unreadable: {e}", action.id))
         })?;
         if action.status == ActionStatus::Approved {
             match send::changed(target, action).await {
-                Err(pause) => return Ok(Next::Again(pause)),
-                Ok(Some((reason, now))) => return Ok(Next::End(Ending::Stale { reason, now })),
+                Err(pause) => return Ok(Err(pause)),
+                Ok(Some((reason, now))) => return Ok(Ok(Ending::Stale { reason, now })),
                 Ok(None) => {}
             }
             // Committed before the call: a later attempt then knows it may have gone out.
@@ -359,8 +563,8 @@ impl ActionJobs {
             tx.commit().await?;
         } else {
             match send::find_marked(target, &calls, &marker(&action.id)).await {
-                Err(pause) => return Ok(Next::Again(pause)),
-                Ok(Some(found)) => return Ok(Next::End(Ending::Sent(vec![found]))),
+                Err(pause) => return Ok(Err(pause)),
+                Ok(Some(found)) => return Ok(Ok(Ending::Sent(vec![found]))),
                 Ok(None) => {}
             }
         }
@@ -372,13 +576,13 @@ impl ActionJobs {
             return Err(StoreError::LeaseLost);
         }
         Ok(match send::perform(target, &calls).await {
-            Ok(answers) => Next::End(Ending::Sent(answers)),
-            Err(send::Failure::Pause(pause)) => Next::Again(pause),
+            Ok(answers) => Ok(Ending::Sent(answers)),
+            Err(send::Failure::Pause(pause)) => Err(pause),
             Err(send::Failure::Refused {
                 code,
                 message,
                 answers,
-            }) => Next::End(Ending::Failed {
+            }) => Ok(Ending::Failed {
                 code,
                 message,
                 answers,
@@ -420,137 +624,6 @@ impl ActionJobs {
             tracker: tracker.clone(),
             token,
         }))
-    }
-
-    /// Ends the action: its evidence artifact, its status, and the ack, in one fenced
-    /// transaction.
-    async fn finish(
-        &self,
-        lease: &Lease,
-        action: &ActionRecord,
-        target: Option<&Target<'_>>,
-        ending: Ending,
-    ) -> Result<&'static str, StoreError> {
-        let (status, evidence, response, error) = match &ending {
-            Ending::Sent(answers) => {
-                let evidence = json!({ "outcome": "sent", "answers": answers });
-                (
-                    ActionStatus::Sent,
-                    evidence,
-                    answers.last().map(send::Answer::short),
-                    None,
-                )
-            }
-            Ending::Stale { reason, now } => {
-                let evidence = json!({ "outcome": "stale_target", "reason": reason,
-                                       "target_then": action.target, "target_now": now });
-                let error = Some(("stale_target", reason.as_str()));
-                (ActionStatus::StaleTarget, evidence, None, error)
-            }
-            Ending::Failed {
-                code,
-                message,
-                answers,
-            } => {
-                let evidence = json!({ "outcome": "failed", "code": code, "message": message,
-                                       "answers": answers });
-                (
-                    ActionStatus::Failed,
-                    evidence,
-                    None,
-                    Some((*code, message.as_str())),
-                )
-            }
-        };
-        let text =
-            serde_json::to_string_pretty(&json!({ "action_id": action.id, "evidence": evidence }))
-                .expect("JSON serializes");
-        // The tracker may echo what it was sent; the token never goes into a row.
-        let text = match target.and_then(|t| t.token.as_ref()) {
-            Some(token) if !token.expose().is_empty() => text.replace(token.expose(), "[redacted]"),
-            _ => text,
-        };
-        let scope = lease.scope();
-        let mut tx = queue::begin_fenced(&self.poller.pool, lease).await?;
-        let run = Subject::Run {
-            task_id: &action.task_id,
-            run_id: &action.run_id,
-        };
-        let name = format!("external_action_{}.json", action.id);
-        let artifact =
-            artifacts::open(&mut tx, &scope, run, &name, "metadata", "application/json").await?;
-        self.poller
-            .content
-            .append(
-                &mut tx,
-                &scope,
-                &artifact.id,
-                text.as_bytes(),
-                MAX_EVIDENCE_BYTES,
-            )
-            .await?;
-        artifacts::close(&mut tx, &scope, &artifact.id).await?;
-        let outcome = Outcome {
-            response: response.as_ref(),
-            artifact_id: Some(&artifact.id),
-            error,
-        };
-        crate::external::actions::update(&mut tx, &scope, &action.id, status, &outcome).await?;
-        queue::complete(&mut tx, lease).await?;
-        tx.commit().await?;
-        Ok(status.as_str())
-    }
-
-    /// The tracker could not be asked: try again later (when its rate limit lifts), up to
-    /// the job's attempts.
-    async fn again(
-        &self,
-        lease: &Lease,
-        action: &ActionRecord,
-        pause: Pause,
-    ) -> Result<&'static str, StoreError> {
-        if lease.attempts >= lease.max_attempts {
-            return self.give_up(lease, action, pause).await;
-        }
-        let delay = pause
-            .until
-            .and_then(|until| (until - chrono::Utc::now()).to_std().ok())
-            .unwrap_or_else(|| queue::backoff(lease.attempts));
-        let scope = lease.scope();
-        let mut tx = queue::begin_fenced(&self.poller.pool, lease).await?;
-        let status = current_status(&mut tx, &scope, &action.id).await?;
-        let outcome = Outcome {
-            error: Some((pause.code, &pause.message)),
-            ..Outcome::default()
-        };
-        crate::external::actions::update(&mut tx, &scope, &action.id, status, &outcome).await?;
-        queue::retry(&mut tx, lease, &pause.message, delay, true).await?;
-        tx.commit().await?;
-        Ok("retried")
-    }
-
-    /// The last attempt could not reach the tracker: the action fails. One that was being
-    /// sent may have reached it; the message says so.
-    async fn give_up(
-        &self,
-        lease: &Lease,
-        action: &ActionRecord,
-        pause: Pause,
-    ) -> Result<&'static str, StoreError> {
-        let mut conn = self.poller.pool.acquire().await?;
-        let status = current_status(&mut conn, &lease.scope(), &action.id).await?;
-        drop(conn);
-        let unsure = if status == ActionStatus::Sending {
-            "; it may have been sent: look for its marker on the tracker"
-        } else {
-            ""
-        };
-        let ending = Ending::Failed {
-            code: pause.code,
-            message: format!("{}{unsure}", pause.message),
-            answers: Vec::new(),
-        };
-        self.finish(lease, action, None, ending).await
     }
 }
 

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use sqlx::PgConnection;
 
 use crate::approvals::{self, ApprovalRecord, Decision};
+use crate::attempt::JobKind;
 use crate::db::{Result, StoreError};
 use crate::domain::{Actor, Scope};
 use crate::events;
@@ -14,9 +15,6 @@ use crate::external::ItemRecord;
 use crate::queue;
 use crate::runs::{self, RunRecord};
 use keel_api_types::ActionStatus;
-
-/// The queue kind of an approved action's sending; one job per action.
-pub(crate) const ACTION_KIND: &str = "external_action";
 
 /// An action's columns with the id of its approval.
 macro_rules! columns {
@@ -191,7 +189,7 @@ pub(crate) async fn decide(
     };
     let action = update(conn, scope, id, status, &Outcome::default()).await?;
     if approved {
-        queue::enqueue(conn, scope, ACTION_KIND, id, 0).await?;
+        queue::enqueue(conn, scope, JobKind::ExternalAction.as_str(), id, 0).await?;
     }
     Ok(action)
 }

@@ -3,17 +3,17 @@
 //! jobs finish within the drain window, then interrupts and releases the rest. Beside the
 //! loop run the heartbeat (`heartbeat.rs`), the self-fence that stops a job once its
 //! lease's local deadline passes (`deadline.rs`), the listener (`listen.rs`: new jobs, withdrawn
-//! ones) and, when a kind asks for it ([`JobHandler::batches_acks`]), the ack batcher
-//! (`acks.rs`) for jobs with nothing to commit alongside their ack ([`Job::ack`]);
+//! ones) and the settler (`settler.rs`) for jobs with nothing to commit alongside the end
+//! of their attempt ([`Job::settle`]);
 //! `registry.rs` keeps the worker's row in `workers`; `window.rs` sizes how many jobs it
 //! holds.
 
-mod acks;
 mod claims;
 mod deadline;
 mod heartbeat;
 mod listen;
 mod registry;
+mod settler;
 mod window;
 
 use std::collections::{HashMap, VecDeque};
@@ -34,24 +34,17 @@ use crate::queue::QueueError;
 use crate::queue::worker::window::Window;
 use crate::queue::{Lease, QueuePool};
 use crate::telemetry;
-use acks::Acks;
 use claims::Claimer;
 pub use deadline::{DeadlineNear, LeaseDeadline, LeaseTiming};
+use settler::Settler;
 
-/// Executes jobs of one kind. The handler owns the job's domain transitions: it acks or
-/// nacks with [`crate::queue::complete`] / [`crate::queue::retry`] inside its own fenced transaction,
-/// or, when the job has no domain change to commit, acks with [`Job::ack`].
+/// Executes jobs of one kind. The handler owns the job's domain transitions: it ends each
+/// attempt with a [`crate::queue::Disposition`], settled with [`crate::queue::settle`]
+/// inside its own fenced transaction, or, when the job has no domain change to commit, with
+/// [`Job::settle`].
 pub trait JobHandler: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
     fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()>;
-
-    /// True for a kind whose jobs ack with [`Job::ack`] in great numbers: the worker then
-    /// runs an ack batcher, and every kind's [`Job::ack`] goes through it. The production
-    /// kinds ack inside their own domain transaction and leave this false, so `keel
-    /// worker` runs no batcher.
-    fn batches_acks(&self) -> bool {
-        false
-    }
 }
 
 /// One claimed job, as its handler sees it.
@@ -63,21 +56,23 @@ pub struct Job {
     /// The lease's local deadline: checked before each external call that cannot be undone.
     pub(crate) deadline: LeaseDeadline,
     released: Arc<AtomicBool>,
-    acks: Acks,
+    settler: Settler,
 }
 
 impl Job {
-    /// Acks the job by itself, for work that commits nothing else (a `run` job's ack
-    /// commits with the run's terminal state instead). The receipt resolves once the ack
-    /// committed (or `LeaseLost` when the lease had moved on). Without an ack batcher
-    /// ([`JobHandler::batches_acks`]) the ack is one fenced transaction, run when the
-    /// receipt is awaited. With one, the ack is queued when this is called, so a handler
-    /// may return, freeing its slot, before it commits; acks queued while another batch is
-    /// in flight share the next statement, each still fenced by its own token.
-    #[must_use = "the ack is counted as pending (it takes claim room, and shutdown waits for \
-                  it) until the receipt is awaited"]
-    pub fn ack(&self) -> impl Future<Output = Result<(), QueueError>> + Send + 'static {
-        self.acks.submit(&self.lease)
+    /// Settles the job by itself, for an attempt that commits nothing else (a `run` job's
+    /// settle commits with the run's terminal state instead). It is queued when this is
+    /// called, so a handler may return, freeing its slot, before it commits; settles queued
+    /// while another batch is in flight share the next statement, each fenced by its own
+    /// token. The receipt resolves once the settle committed (or `LeaseLost` when the lease
+    /// had moved on).
+    #[must_use = "the settle is counted as pending (it takes claim room, and shutdown waits \
+                  for it) until the receipt is awaited"]
+    pub fn settle(
+        &self,
+        disposition: crate::queue::Disposition,
+    ) -> impl Future<Output = Result<(), QueueError>> + Send + 'static {
+        self.settler.submit(&self.lease, disposition)
     }
 
     /// True when the interruption is a graceful release at shutdown: the handler should
@@ -152,14 +147,13 @@ impl Worker {
     /// Runs until `shutdown` fires, then drains.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), QueueError> {
         let kinds = self.kinds();
-        let batched = self.handlers.values().any(|h| h.batches_acks());
         // Registering, listening and opening the connections of the first claim and ack
         // batch go on side by side: each costs round trips, and a database far away
         // made their sum most of the time before the first claim.
         let (registered, listener, opened) = tokio::join!(
             registry::register(&self.pool, &self.id, &kinds, self.settings.concurrency),
             listen::subscribe(&self.pool),
-            self.queue.open(if batched { 2 } else { 1 }),
+            self.queue.open(2),
         );
         registered?;
         opened?;
@@ -192,16 +186,12 @@ impl Worker {
         ));
 
         let allowance = self.settings.concurrency + self.settings.prefetch;
-        let acks = if batched {
-            Acks::batched(&self.pool, &self.queue, &self.id, allowance, wake.clone())
-        } else {
-            Acks::alone(&self.pool, wake.clone())
-        };
+        let settler = Settler::start(&self.queue, &self.id, allowance, wake.clone());
         let mut tasks = JoinSet::new();
-        self.claim_loop(&kinds, &registry, &wake, &acks, &mut tasks, &shutdown)
+        self.claim_loop(&kinds, &registry, &wake, &settler, &mut tasks, &shutdown)
             .await;
         self.drain(&registry, &mut tasks).await;
-        acks.settle(self.settings.drain_timeout).await;
+        settler.drain(self.settings.drain_timeout).await;
         background.cancel();
         registry::deregister(&self.pool, &self.id).await?;
         tracing::info!(worker_id = %self.id, "worker stopped");
@@ -213,7 +203,7 @@ impl Worker {
         kinds: &[String],
         registry: &Registry,
         wake: &Notify,
-        acks: &Acks,
+        settler: &Settler,
         tasks: &mut JoinSet<i64>,
         shutdown: &CancellationToken,
     ) {
@@ -253,7 +243,7 @@ impl Worker {
             starved |= tasks.len() < self.settings.concurrency && waiting.is_empty();
             let room = window
                 .size()
-                .saturating_sub(tasks.len() + waiting.len() + acks.backlog());
+                .saturating_sub(tasks.len() + waiting.len() + settler.backlog());
             claimer.shared.room.store(room, Ordering::Relaxed);
             // One claim in flight, sized to all the room there is. With a prefetch, a
             // claim waits for a quarter of it to be free, so a worker whose jobs are the
@@ -275,14 +265,14 @@ impl Worker {
                 Some(claimed) = claims.join_next(), if !claims.is_empty() => {
                     starved |= tasks.len() < self.settings.concurrency && waiting.is_empty();
                     // A full batch suggests more is due: claim again at once.
-                    let full = self.take_claimed(claimed, registry, acks, &mut waiting);
+                    let full = self.take_claimed(claimed, registry, settler, &mut waiting);
                     window.claimed(full, starved);
                     want_claim |= full;
                     self.start_waiting(&mut waiting, tasks);
                 }
                 Some((leases, sent)) = swept.recv() => {
                     claimer.advance(&leases);
-                    self.hold(leases, sent, registry, acks, &mut waiting);
+                    self.hold(leases, sent, registry, settler, &mut waiting);
                 }
                 _ = tokio::time::sleep(self.settings.poll_interval) => want_claim = true,
             }
@@ -291,13 +281,13 @@ impl Worker {
         // What a claim or the sweep took after the loop's last look is handed back with
         // the rest.
         while let Some(claimed) = claims.join_next().await {
-            self.take_claimed(claimed, registry, acks, &mut waiting);
+            self.take_claimed(claimed, registry, settler, &mut waiting);
         }
         swept.close();
         while let Some((leases, sent)) = swept.recv().await {
-            self.hold(leases, sent, registry, acks, &mut waiting);
+            self.hold(leases, sent, registry, settler, &mut waiting);
         }
-        self.release_waiting(waiting, registry).await;
+        self.release_waiting(waiting, registry, settler).await;
     }
 
     /// One claim of up to `room` jobs, as a task of its own.
@@ -327,13 +317,13 @@ impl Worker {
         &self,
         claimed: Result<ClaimResult, tokio::task::JoinError>,
         registry: &Registry,
-        acks: &Acks,
+        settler: &Settler,
         waiting: &mut VecDeque<Job>,
     ) -> bool {
         match claimed {
             Ok(Ok((leases, room, sent))) => {
                 let full = leases.len() >= room;
-                self.hold(leases, sent, registry, acks, waiting);
+                self.hold(leases, sent, registry, settler, waiting);
                 full
             }
             Ok(Err(error)) => {
@@ -353,13 +343,13 @@ impl Worker {
         leases: Vec<Lease>,
         sent: Instant,
         registry: &Registry,
-        acks: &Acks,
+        settler: &Settler,
         waiting: &mut VecDeque<Job>,
     ) {
         waiting.extend(
             leases
                 .into_iter()
-                .filter_map(|l| self.register(l, sent, registry, acks)),
+                .filter_map(|l| self.register(l, sent, registry, settler)),
         );
     }
 
@@ -369,7 +359,7 @@ impl Worker {
         lease: Lease,
         sent: Instant,
         registry: &Registry,
-        acks: &Acks,
+        settler: &Settler,
     ) -> Option<Job> {
         if !self.handlers.contains_key(lease.kind.as_str()) {
             tracing::error!(kind = %lease.kind, "claimed a job of a kind with no handler");
@@ -396,7 +386,7 @@ impl Worker {
             interrupt,
             deadline: LeaseDeadline::new(watched, self.renew.clone(), timing),
             released,
-            acks: acks.clone(),
+            settler: settler.clone(),
         })
     }
 
@@ -427,20 +417,15 @@ impl Worker {
 
     /// Hands back, at shutdown, the prefetched jobs that never started: claimable again at
     /// once, with the attempt given back.
-    async fn release_waiting(&self, waiting: VecDeque<Job>, registry: &Registry) {
+    async fn release_waiting(
+        &self,
+        waiting: VecDeque<Job>,
+        registry: &Registry,
+        settler: &Settler,
+    ) {
         for job in waiting {
             registry.lock().unwrap().remove(&job.lease.job_id);
-            let released = async {
-                let mut conn = self.pool.acquire().await?;
-                crate::queue::retry(
-                    &mut conn,
-                    &job.lease,
-                    "worker shut down",
-                    Duration::ZERO,
-                    false,
-                )
-                .await
-            };
+            let released = settler.submit(&job.lease, crate::queue::Disposition::Release);
             if let Err(error) = released.await {
                 // Its lease expires and another worker takes it over.
                 tracing::warn!(%error, job_id = job.lease.job_id, "could not hand back a prefetched job");
@@ -494,6 +479,6 @@ fn finished(registry: &Registry, done: Result<i64, tokio::task::JoinError>) {
     }
 }
 
-/// Connections of a worker's [`QueuePool`]: the claim, the sweep, the heartbeat, the ack
-/// batcher (if any) and the snapshot watch each use one at a time.
+/// Connections of a worker's [`QueuePool`]: the claim, the sweep, the heartbeat, the
+/// settler and the snapshot watch each use one at a time.
 const QUEUE_CONNECTIONS: u32 = 5;

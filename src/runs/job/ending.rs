@@ -14,30 +14,22 @@ use crate::approvals::{ActionSummary, ApprovalKind};
 use crate::artifacts;
 use crate::attempt;
 use crate::attempt::fence::DomainRow;
-use crate::attempt::{Attempted, Verdict};
+use crate::attempt::{Attempted, Failure, Verdict};
 use crate::db::StoreError;
 use crate::domain::{Actor, EventType, RunStatus, Scope};
 use crate::events::{NewEvent, Subject};
-use crate::queue::Lease;
+use crate::queue::{Disposition, Lease};
 use crate::runs;
 use crate::runs::lineage::{Conversation, write_conversation};
 use crate::runs::{Change, RunWithTask};
 
-/// What an agent attempt leaves for its end beyond the executor's rows.
-pub(crate) struct AgentEnding {
-    pub(crate) conversation: Option<Conversation>,
-    /// The last persisted `model_call` step: the one an approval covers.
-    pub(crate) step_id: Option<String>,
-    pub(crate) ttl: Option<Duration>,
-}
-
 impl DomainRow for RunWithTask {
-    fn lock(
+    async fn lock(
         conn: &mut PgConnection,
         scope: &Scope,
         id: &str,
-    ) -> impl Future<Output = Result<Self, StoreError>> + Send {
-        runs::lock_with_task(conn, scope, id)
+    ) -> Result<Option<Self>, StoreError> {
+        runs::lock_with_task(conn, scope, id).await.map(Some)
     }
 
     fn has_ended(&self) -> bool {
@@ -90,19 +82,18 @@ impl RunEnding {
 
 impl Attempted for RunWithTask {
     type Ending = RunEnding;
-    /// The runtime's error.
-    type Retry = String;
+    type Context = ();
 
     fn is_running(&self) -> bool {
         self.run.status() == RunStatus::Running
     }
 
-    fn gave_up(error: String, _: Option<&String>) -> RunEnding {
+    fn gave_up(&self, _: &(), error: String, _: Option<&Failure>) -> Option<RunEnding> {
         let failed = End::Failed {
             exit_code: None,
             error,
         };
-        RunEnding::new(Held::default(), failed)
+        Some(RunEnding::new(Held::default(), failed))
     }
 
     fn label(ending: &RunEnding) -> &'static str {
@@ -111,14 +102,6 @@ impl Attempted for RunWithTask {
             End::Failed { .. } => "failed",
             End::AwaitingApproval { .. } => "awaiting_approval",
         }
-    }
-
-    fn retry_error(retry: &String) -> &str {
-        retry
-    }
-
-    fn retry_delay(_: &String) -> Option<Duration> {
-        None
     }
 
     async fn requeue_lost<'r>(
@@ -137,7 +120,7 @@ impl Attempted for RunWithTask {
         &'r self,
         conn: &mut PgConnection,
         lease: &Lease,
-    ) -> Result<(Self, NewEvent<'r>), StoreError> {
+    ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
         let change = Change {
             worker_id: Some(&lease.owner),
             ..Change::default()
@@ -150,7 +133,7 @@ impl Attempted for RunWithTask {
         let data = serde_json::json!({ "attempt": run.attempt, "worker_id": lease.owner });
         let event = NewEvent::new(&current.task_id, &current.id, EventType::RunStarted).with(data);
         let (task, hooks) = (self.task.clone(), self.hooks.clone());
-        Ok((RunWithTask { run, task, hooks }, event))
+        Ok((RunWithTask { run, task, hooks }, vec![event]))
     }
 
     async fn end<'r>(
@@ -158,7 +141,7 @@ impl Attempted for RunWithTask {
         conn: &mut PgConnection,
         lease: &Lease,
         ending: &'r mut RunEnding,
-    ) -> Result<Vec<NewEvent<'r>>, StoreError> {
+    ) -> Result<(Vec<NewEvent<'r>>, Disposition), StoreError> {
         let (scope, run) = (lease.scope(), &self.run);
         let ids = (run.task_id.as_str(), run.id.as_str());
         // What an earlier try of this transaction wrote was rolled back with it.
@@ -230,67 +213,71 @@ impl Attempted for RunWithTask {
                     )
                     .with(data),
                 );
-                return Ok(events);
+                return Ok((events, Disposition::Complete));
             }
         };
         let actor = attempt::worker(lease);
         runs::transition_locked(conn, &scope, run, status, change, &actor, Some(reason)).await?;
         events.push(event);
-        Ok(events)
+        Ok((events, Disposition::Complete))
     }
 
     async fn requeue<'r>(
         &'r self,
         conn: &mut PgConnection,
         lease: &Lease,
-        error: &'r String,
+        failure: &'r Failure,
         _: Duration,
-    ) -> Result<NewEvent<'r>, StoreError> {
-        let (scope, run) = (lease.scope(), &self.run);
+    ) -> Result<Vec<NewEvent<'r>>, StoreError> {
+        let (scope, run, error) = (lease.scope(), &self.run, &failure.message);
         let (queued, actor) = (RunStatus::Queued, attempt::worker(lease));
         let change = Change::default();
         runs::transition_locked(conn, &scope, run, queued, change, &actor, Some(error)).await?;
         runs::close_open_work(conn, &scope, &run.id, "failed", error).await?;
         let data = serde_json::json!({ "reason": "retry", "error": error });
-        Ok(NewEvent::new(&run.task_id, &run.id, EventType::RunQueued).with(data))
+        Ok(vec![
+            NewEvent::new(&run.task_id, &run.id, EventType::RunQueued).with(data),
+        ])
     }
 }
 
 impl FencedContext {
     /// How the attempt leaves the run, with the rows the context still holds (and for an
-    /// agent loop, its conversation and the step an approval would cover).
+    /// agent loop, its conversation).
     pub(crate) async fn verdict(
         &self,
         outcome: Outcome,
-        agent: Option<AgentEnding>,
-    ) -> Verdict<RunWithTask> {
-        let held = std::mem::take(&mut *self.shared.held.lock().await);
-        let (conversation, waiting) = match agent {
-            Some(agent) => (agent.conversation, agent.step_id.map(|id| (id, agent.ttl))),
-            None => (None, None),
-        };
-        let ended = |end| Verdict::Ended(RunEnding::new(held, end).with_conversation(conversation));
-        match (outcome, waiting) {
-            (Outcome::Completed { exit_code }, _) => ended(End::Completed { exit_code }),
-            (Outcome::Failed { exit_code, error }, _) => ended(End::Failed { exit_code, error }),
+        conversation: Option<Conversation>,
+    ) -> Verdict<RunEnding> {
+        let end = match outcome {
+            Outcome::Completed { exit_code } => End::Completed { exit_code },
+            Outcome::Failed { exit_code, error } => End::Failed { exit_code, error },
             // What the context held back goes: the retry runs the attempt again.
-            (Outcome::Retry { error }, _) => Verdict::Retry(error),
-            (Outcome::Interrupted, _) => Verdict::Interrupted,
-            (
-                Outcome::AwaitingApproval {
-                    summary,
-                    incomplete,
-                },
-                Some((step_id, ttl)),
-            ) => ended(End::AwaitingApproval {
-                summary: ActionSummary::of_lines(&summary, incomplete),
-                step_id,
-                ttl,
-            }),
-            (Outcome::AwaitingApproval { .. }, None) => ended(End::Failed {
-                exit_code: None,
-                error: "an approval was asked for with no model call to cover".into(),
-            }),
-        }
+            Outcome::Retry { error } => return Verdict::Retry(Failure::runtime(error)),
+            Outcome::Interrupted => return Verdict::Interrupted,
+        };
+        self.ended(end, conversation).await
+    }
+
+    /// An agent loop's attempt that stopped for an approval of the tool calls model call
+    /// step `step_id` asked for: the run waits, its gate open for `ttl`.
+    pub(crate) async fn awaiting_approval(
+        &self,
+        summary: ActionSummary,
+        step_id: String,
+        ttl: Option<Duration>,
+        conversation: Option<Conversation>,
+    ) -> Verdict<RunEnding> {
+        let end = End::AwaitingApproval {
+            summary,
+            step_id,
+            ttl,
+        };
+        self.ended(end, conversation).await
+    }
+
+    async fn ended(&self, end: End, conversation: Option<Conversation>) -> Verdict<RunEnding> {
+        let held = std::mem::take(&mut *self.shared.held.lock().await);
+        Verdict::Ended(RunEnding::new(held, end).with_conversation(conversation))
     }
 }

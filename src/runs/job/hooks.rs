@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use keel_workers::agent::run_loop::LoopOutcome;
 use keel_workers::hooks::HookRun;
 use keel_workers::{ContextError, Outcome, RunContext};
 
@@ -19,6 +20,25 @@ pub(crate) struct AttemptHooks {
     pub(super) sandbox: keel_workers::SandboxPolicy,
 }
 
+/// What an attempt within hooks ends with: a process run's `Outcome`, or an agent loop's
+/// `LoopOutcome`, which can also wait for an approval.
+pub(crate) trait Hooked: From<Outcome> {
+    /// Whether the attempt was interrupted: `after_run` then does not run.
+    fn interrupted(&self) -> bool;
+}
+
+impl Hooked for Outcome {
+    fn interrupted(&self) -> bool {
+        *self == Outcome::Interrupted
+    }
+}
+
+impl Hooked for LoopOutcome {
+    fn interrupted(&self) -> bool {
+        *self == LoopOutcome::Ended(Outcome::Interrupted)
+    }
+}
+
 impl AttemptHooks {
     /// Runs the attempt `body` between the task's `before_run` and `after_run` hooks
     /// (Symphony's rules), after `after_create` in a workspace not prepared yet ([`prepare`]):
@@ -27,28 +47,29 @@ impl AttemptHooks {
     /// Each hook's output is an artifact of the run.
     ///
     /// [`prepare`]: AttemptHooks::prepare
-    pub(super) async fn around(
+    pub(super) async fn around<O: Hooked>(
         &self,
         ctx: &FencedContext,
-        body: impl Future<Output = Outcome>,
-    ) -> Outcome {
+        body: impl Future<Output = O>,
+    ) -> O {
         if let Err(stopped) = self.prepare(ctx).await {
-            return stopped;
+            return stopped.into();
         }
         if let Some(script) = &self.hooks.before_run {
             let ran = match self.run_hook(ctx, "before_run", script).await {
                 Ok(ran) => ran,
-                Err(stopped) => return stopped,
+                Err(stopped) => return stopped.into(),
             };
             if let Some(error) = ran.failure() {
-                return Outcome::Failed {
+                let failed = Outcome::Failed {
                     exit_code: None,
                     error,
                 };
+                return failed.into();
             }
         }
         let outcome = body.await;
-        if let (Some(script), false) = (&self.hooks.after_run, outcome == Outcome::Interrupted) {
+        if let (Some(script), false) = (&self.hooks.after_run, outcome.interrupted()) {
             match self.run_hook(ctx, "after_run", script).await {
                 Ok(ran) => {
                     if let Some(failure) = ran.failure() {

@@ -14,14 +14,15 @@ mod hooks;
 mod workspace;
 
 pub(crate) use context::FencedContext;
-pub(crate) use ending::{AgentEnding, RunEnding};
+pub(crate) use ending::RunEnding;
+pub(crate) use hooks::Hooked;
 pub(crate) use workspace::{ephemeral_root, workspace_dir};
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_workers::{Outcome, RunSpec};
+use keel_workers::RunSpec;
 use sqlx::PgPool;
 use tokio::sync::Mutex;
 
@@ -70,7 +71,7 @@ impl RunJobs {
             .around(&row, &ctx, keel_workers::execute(&spec, &ctx))
             .await;
         let verdict = ctx.verdict(outcome, None).await;
-        attempt::conclude(&self.pool, &job, &row, verdict).await
+        attempt::conclude(&self.pool, &job, &row, &(), verdict).await
     }
 
     /// Ends an attempt that could not start its executor.
@@ -85,7 +86,7 @@ impl RunJobs {
             error,
         };
         let verdict = Verdict::Ended(RunEnding::new(Held::default(), failed));
-        attempt::conclude(&self.pool, job, row, verdict).await
+        attempt::conclude(&self.pool, job, row, &(), verdict).await
     }
 
     pub(crate) fn context(&self, job: &Job, row: &RunWithTask) -> FencedContext {
@@ -103,12 +104,12 @@ impl RunJobs {
 
     /// Runs the attempt `body` within the task's workflow hooks, if it has any
     /// ([`AttemptHooks::around`]).
-    pub(crate) async fn around(
+    pub(crate) async fn around<O: Hooked>(
         &self,
         row: &RunWithTask,
         ctx: &FencedContext,
-        body: impl Future<Output = Outcome>,
-    ) -> Outcome {
+        body: impl Future<Output = O>,
+    ) -> O {
         match self.hooks(row) {
             Some(hooks) => hooks.around(ctx, body).await,
             None => body.await,

@@ -448,7 +448,7 @@ impl TestApp {
         if with_worker {
             let (pool, shutdown) = (pool.clone(), shutdown.clone());
             tokio::spawn(async move {
-                keel::jobs::run_worker(pool, &common, &worker_args(2_000), shutdown).await
+                keel::cli::run_worker(pool, &common, &worker_args(2_000), shutdown).await
             });
         }
         let client = Client::new(base);

@@ -130,6 +130,32 @@ pub struct Budget {
     pub input_micros_per_token: Option<f64>,
 }
 
+/// How an attempt of the loop ended: as any attempt does, or stopped to wait for an
+/// approval of the tool calls its model asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoopOutcome {
+    Ended(Outcome),
+    /// The model asked for tool calls an approval policy gates: the run waits, holding no
+    /// lease, until an operator decides. `summary` is the bounded, sanitized description of
+    /// the whole bundle the approval covers.
+    AwaitingApproval {
+        summary: Vec<String>,
+        incomplete: bool,
+    },
+}
+
+impl From<Outcome> for LoopOutcome {
+    fn from(outcome: Outcome) -> Self {
+        LoopOutcome::Ended(outcome)
+    }
+}
+
+impl From<ContextError> for LoopOutcome {
+    fn from(error: ContextError) -> Self {
+        LoopOutcome::Ended(error.into())
+    }
+}
+
 /// Runs an agent attempt until the model answers without tool calls, a limit stops it, a
 /// gated tool call needs an approval, or the attempt is interrupted.
 pub async fn run<C: AgentContext, M: Model, T: Toolbox>(
@@ -137,7 +163,7 @@ pub async fn run<C: AgentContext, M: Model, T: Toolbox>(
     model: &M,
     tools: &T,
     ctx: &C,
-) -> Outcome {
+) -> LoopOutcome {
     let mut attempt = Attempt {
         messages: plan.messages.clone(),
         model_calls: plan.model_calls,
@@ -147,7 +173,7 @@ pub async fn run<C: AgentContext, M: Model, T: Toolbox>(
     attempt
         .drive(plan, model, tools, ctx)
         .await
-        .unwrap_or_else(Outcome::from)
+        .unwrap_or_else(LoopOutcome::from)
 }
 
 /// The state one attempt advances: what it adds is persisted before it is used.
@@ -173,7 +199,7 @@ impl Attempt {
         model: &M,
         tools: &T,
         ctx: &C,
-    ) -> Result<Outcome, ContextError> {
+    ) -> Result<LoopOutcome, ContextError> {
         let specs = tools.specs();
         let stop = loop {
             let pending = unanswered(&self.messages);
@@ -195,12 +221,13 @@ impl Attempt {
         };
         ctx.save_conversation(&self.messages).await?;
         Ok(match stop {
-            Stop::Finished => Outcome::Completed { exit_code: None },
+            Stop::Finished => Outcome::Completed { exit_code: None }.into(),
             Stop::Failed(error) => Outcome::Failed {
                 exit_code: None,
                 error,
-            },
-            Stop::AwaitingApproval(summary) => Outcome::AwaitingApproval {
+            }
+            .into(),
+            Stop::AwaitingApproval(summary) => LoopOutcome::AwaitingApproval {
                 summary,
                 incomplete: false,
             },

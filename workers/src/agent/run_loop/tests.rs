@@ -209,9 +209,9 @@ fn user(content: &str) -> Message {
     }
 }
 
-fn failure(outcome: Outcome) -> String {
+fn failure(outcome: LoopOutcome) -> String {
     match outcome {
-        Outcome::Failed { error, .. } => error,
+        LoopOutcome::Ended(Outcome::Failed { error, .. }) => error,
         other => panic!("expected a failure, got {other:?}"),
     }
 }
@@ -224,7 +224,7 @@ async fn a_conversation_runs_to_the_models_answer_persisting_every_turn() {
     ]);
     let (toolbox, ctx) = (Tools::default(), Ledger::default());
     let outcome = run(&plan(vec![user("look")]), &model, &toolbox, &ctx).await;
-    assert_eq!(outcome, Outcome::Completed { exit_code: None });
+    assert_eq!(outcome, Outcome::Completed { exit_code: None }.into());
     assert_eq!(toolbox.ran(), ["c1", "c2"]);
     assert_eq!(*ctx.model_calls.lock().unwrap(), [1, 2]);
     assert_eq!(ctx.tool_results.lock().unwrap().len(), 2);
@@ -248,7 +248,7 @@ async fn a_gated_call_stops_the_loop_for_an_approval_without_running_anything() 
     let mut plan = plan(vec![user("go")]);
     plan.gated_tools = vec!["shell_exec".into()];
     let outcome = run(&plan, &model, &toolbox, &ctx).await;
-    let Outcome::AwaitingApproval { summary, .. } = outcome else {
+    let LoopOutcome::AwaitingApproval { summary, .. } = outcome else {
         panic!("expected to wait, got {outcome:?}");
     };
     // The approval covers the whole response, the ungated call too.
@@ -272,7 +272,7 @@ async fn an_approved_bundle_is_dispatched_without_calling_the_model_again() {
     plan.approval = Some(ApprovalDecision::Approved);
     plan.model_calls = 1;
     let outcome = run(&plan, &model, &toolbox, &ctx).await;
-    assert_eq!(outcome, Outcome::Completed { exit_code: None });
+    assert_eq!(outcome, Outcome::Completed { exit_code: None }.into());
     assert_eq!(toolbox.ran(), ["c1"]);
     // One call only: the one after the tool result, numbered after the persisted one.
     assert_eq!(model.calls(), 1);
@@ -287,7 +287,7 @@ async fn the_approval_covers_only_the_bundle_it_was_given_for() {
     plan.gated_tools = vec!["shell_exec".into()];
     plan.approval = Some(ApprovalDecision::Approved);
     let outcome = run(&plan, &model, &toolbox, &ctx).await;
-    assert!(matches!(outcome, Outcome::AwaitingApproval { .. }));
+    assert!(matches!(outcome, LoopOutcome::AwaitingApproval { .. }));
     assert_eq!(toolbox.ran(), ["c1"]);
 }
 
@@ -299,7 +299,7 @@ async fn a_refused_bundle_returns_refusals_to_the_model() {
     plan.gated_tools = vec!["shell_exec".into()];
     plan.approval = Some(ApprovalDecision::Refused);
     let outcome = run(&plan, &model, &toolbox, &ctx).await;
-    assert_eq!(outcome, Outcome::Completed { exit_code: None });
+    assert_eq!(outcome, Outcome::Completed { exit_code: None }.into());
     assert!(toolbox.ran().is_empty());
     let seen = model.last_received();
     assert!(matches!(&seen[2], Message::Tool { content, .. } if content.contains("rejected")));
@@ -316,7 +316,7 @@ async fn a_taken_over_bundle_runs_only_its_unanswered_calls() {
         content: "persisted before the crash".into(),
     });
     let outcome = run(&plan(messages), &model, &toolbox, &ctx).await;
-    assert_eq!(outcome, Outcome::Completed { exit_code: None });
+    assert_eq!(outcome, Outcome::Completed { exit_code: None }.into());
     assert_eq!(toolbox.ran(), ["c2"]);
 }
 
@@ -367,7 +367,7 @@ async fn provider_failures_fail_the_run_with_their_message() {
     assert_eq!(error, "provider_error: max_tokens is too large");
     let interrupted = Script::new(vec![Err(ProviderError::Interrupted)]);
     let outcome = run(&plan(vec![user("go")]), &interrupted, &toolbox, &ctx).await;
-    assert_eq!(outcome, Outcome::Interrupted);
+    assert_eq!(outcome, Outcome::Interrupted.into());
 }
 
 #[tokio::test]
