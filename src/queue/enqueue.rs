@@ -20,21 +20,21 @@ pub async fn enqueue(
 ) -> Result<bool> {
     let traceparent = crate::telemetry::current_traceparent();
     // One statement, the notification included: one round trip in the caller's transaction.
-    let inserted: i64 = sqlx::query_scalar(
-        "WITH inserted AS (
-             INSERT INTO queue_jobs (kind, ref_id, priority, traceparent, workspace_id)
-             VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (kind, ref_id) DO NOTHING
-             RETURNING 1
-         )
-         SELECT (SELECT count(*) FROM inserted), pg_notify($6, $1)",
+    let inserted = sqlx::query_scalar!(
+        r#"WITH inserted AS (
+               INSERT INTO queue_jobs (kind, ref_id, priority, traceparent, workspace_id)
+               VALUES ($1, $2, $3, $4, $5)
+               ON CONFLICT (kind, ref_id) DO NOTHING
+               RETURNING 1
+           )
+           SELECT (SELECT count(*) FROM inserted) AS "inserted!" FROM pg_notify($6, $1)"#,
+        kind,
+        ref_id,
+        priority,
+        traceparent,
+        scope.workspace(),
+        JOBS_CHANNEL,
     )
-    .bind(kind)
-    .bind(ref_id)
-    .bind(priority)
-    .bind(traceparent)
-    .bind(scope.workspace())
-    .bind(JOBS_CHANNEL)
     .fetch_one(conn)
     .await?;
     Ok(inserted > 0)
@@ -59,37 +59,48 @@ pub async fn remove(
     ref_id: &str,
     locked: Locked,
 ) -> Result<()> {
-    let statement = match locked {
+    let workspace = scope.workspace();
+    // The same statement but for the lock it takes: a literal each, so both are checked.
+    let owner: Option<Option<String>> = match locked {
         Locked::Wait => {
-            "WITH target AS (SELECT id FROM queue_jobs
-                             WHERE kind = $1 AND ref_id = $2 AND workspace_id = $3 FOR UPDATE),
-                  done AS (DELETE FROM queue_jobs q WHERE id IN (SELECT id FROM target)
-                           RETURNING q AS job, q.lease_owner),
-                  ended AS (
-                      SELECT archive_leases(array_agg(d.job), array_agg('withdrawn'::text))
-                      FROM done d WHERE d.lease_owner IS NOT NULL
-                  )
-             SELECT done.lease_owner FROM done, ended"
+            sqlx::query_scalar!(
+                "WITH target AS (SELECT id FROM queue_jobs
+                                 WHERE kind = $1 AND ref_id = $2 AND workspace_id = $3
+                                 FOR UPDATE),
+                      done AS (DELETE FROM queue_jobs q WHERE id IN (SELECT id FROM target)
+                               RETURNING q AS job, q.lease_owner),
+                      ended AS (
+                          SELECT archive_leases(array_agg(d.job), array_agg('withdrawn'::text))
+                          FROM done d WHERE d.lease_owner IS NOT NULL
+                      )
+                 SELECT done.lease_owner FROM done, ended",
+                kind,
+                ref_id,
+                workspace,
+            )
+            .fetch_optional(&mut *conn)
+            .await?
         }
         Locked::Skip => {
-            "WITH target AS (SELECT id FROM queue_jobs
-                             WHERE kind = $1 AND ref_id = $2 AND workspace_id = $3
-                             FOR UPDATE SKIP LOCKED),
-                  done AS (DELETE FROM queue_jobs q WHERE id IN (SELECT id FROM target)
-                           RETURNING q AS job, q.lease_owner),
-                  ended AS (
-                      SELECT archive_leases(array_agg(d.job), array_agg('withdrawn'::text))
-                      FROM done d WHERE d.lease_owner IS NOT NULL
-                  )
-             SELECT done.lease_owner FROM done, ended"
+            sqlx::query_scalar!(
+                "WITH target AS (SELECT id FROM queue_jobs
+                                 WHERE kind = $1 AND ref_id = $2 AND workspace_id = $3
+                                 FOR UPDATE SKIP LOCKED),
+                      done AS (DELETE FROM queue_jobs q WHERE id IN (SELECT id FROM target)
+                               RETURNING q AS job, q.lease_owner),
+                      ended AS (
+                          SELECT archive_leases(array_agg(d.job), array_agg('withdrawn'::text))
+                          FROM done d WHERE d.lease_owner IS NOT NULL
+                      )
+                 SELECT done.lease_owner FROM done, ended",
+                kind,
+                ref_id,
+                workspace,
+            )
+            .fetch_optional(&mut *conn)
+            .await?
         }
     };
-    let owner: Option<Option<String>> = sqlx::query_scalar(statement)
-        .bind(kind)
-        .bind(ref_id)
-        .bind(scope.workspace())
-        .fetch_optional(&mut *conn)
-        .await?;
     if matches!(owner, Some(Some(_))) || locked == Locked::Skip {
         notify(conn, CANCEL_CHANNEL, &format!("{kind}:{ref_id}")).await?;
     }
@@ -97,9 +108,7 @@ pub async fn remove(
 }
 
 async fn notify(conn: &mut PgConnection, channel: &str, payload: &str) -> Result<()> {
-    sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(channel)
-        .bind(payload)
+    sqlx::query!("SELECT pg_notify($1, $2)", channel, payload)
         .execute(conn)
         .await?;
     Ok(())

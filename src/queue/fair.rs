@@ -29,8 +29,8 @@ pub async fn claim(
     // The workspaces with due jobs of the kind (found by skipping from one workspace's
     // stretch of the index to the next) or with expired leases of it, each locked for the
     // claim's transaction.
-    let workspaces: Vec<String> = sqlx::query_as::<_, (String, String)>(
-        "WITH RECURSIVE due AS (
+    let workspaces: Vec<String> = sqlx::query!(
+        r#"WITH RECURSIVE due AS (
         (SELECT workspace_id FROM queue_jobs
          WHERE kind = $1 AND lease_owner IS NULL AND run_after <= now()
          ORDER BY workspace_id LIMIT 1)
@@ -48,14 +48,15 @@ pub async fn claim(
     ), ordered AS (
         SELECT workspace_id FROM found ORDER BY workspace_id
     )
-    SELECT workspace_id, pg_advisory_xact_lock(hashtextextended('keel.workspace.' || workspace_id, 0))::text
-    FROM ordered",
+    SELECT workspace_id AS "workspace_id!",
+           pg_advisory_xact_lock(hashtextextended('keel.workspace.' || workspace_id, 0))::text
+    FROM ordered"#,
+        kind,
     )
-    .bind(kind)
     .fetch_all(&mut *tx)
     .await?
     .into_iter()
-    .map(|(workspace, _)| workspace)
+    .map(|row| row.workspace_id)
     .collect();
     if workspaces.is_empty() {
         tx.commit().await?;
@@ -63,8 +64,9 @@ pub async fn claim(
     }
     // Up to $4 jobs from the locked workspaces $5, each within its limit (its row in
     // workspace_limits, else $6), leased by an array of ids as the plain claim leases them.
-    let leases = sqlx::query_as(
-        "WITH running AS (
+    let leases = sqlx::query_as!(
+        Lease,
+        r#"WITH running AS (
         SELECT workspace_id, count(*) AS held FROM queue_jobs
         WHERE lease_owner IS NOT NULL AND lease_expires_at >= now() AND workspace_id = ANY($5)
         GROUP BY workspace_id
@@ -101,7 +103,7 @@ pub async fn claim(
         FROM queue_jobs q WHERE q.id IN (SELECT id FROM picked WHERE expired)
     ), leased AS (
         UPDATE queue_jobs q
-        SET lease_owner = $1, lease_expires_at = now() + $2 * interval '1 millisecond',
+        SET lease_owner = $1, lease_expires_at = now() + $2::bigint * interval '1 millisecond',
             claimed_at = now(), fencing_token = fencing_token + 1, attempts = attempts + 1,
             heartbeats = 0
         WHERE q.id = ANY(ARRAY(SELECT id FROM picked))
@@ -110,14 +112,18 @@ pub async fn claim(
                   q.workspace_id,
                   (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms
     )
-    SELECT leased.* FROM leased, ended ORDER BY priority DESC, run_after, job_id",
+    SELECT job_id AS "job_id!", kind AS "kind!", ref_id AS "ref_id!", owner AS "owner!",
+           fencing_token AS "fencing_token!", attempts AS "attempts!",
+           max_attempts AS "max_attempts!", traceparent, due_ms AS "due_ms!",
+           priority AS "priority!", run_after AS "run_after!", workspace_id AS "workspace_id!"
+    FROM leased, ended ORDER BY priority DESC, run_after, job_id"#,
+        owner,
+        millis(lease),
+        kind,
+        limit,
+        &workspaces,
+        i32::try_from(default_max).unwrap_or(i32::MAX),
     )
-    .bind(owner)
-    .bind(millis(lease))
-    .bind(kind)
-    .bind(limit)
-    .bind(&workspaces)
-    .bind(i32::try_from(default_max).unwrap_or(i32::MAX))
     .fetch_all(&mut *tx)
     .await?;
     tx.commit().await?;

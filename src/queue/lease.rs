@@ -26,18 +26,19 @@ pub async fn heartbeat(
     lease: Duration,
 ) -> Result<Vec<i64>> {
     let (ids, tokens) = in_id_order(held);
-    let renewed = sqlx::query_scalar(
+    let renewed = sqlx::query_scalar!(
         "WITH alive AS (UPDATE workers SET last_seen_at = now() WHERE id = $3)
          UPDATE queue_jobs q
-         SET lease_expires_at = now() + $4 * interval '1 millisecond', heartbeats = heartbeats + 1
+         SET lease_expires_at = now() + $4::bigint * interval '1 millisecond',
+             heartbeats = heartbeats + 1
          WHERE q.id = ANY($1) AND q.lease_owner IS NOT DISTINCT FROM $3
            AND q.fencing_token = ($2::bigint[])[array_position($1, q.id)]
          RETURNING q.id",
+        &ids,
+        &tokens,
+        owner,
+        millis(lease),
     )
-    .bind(ids)
-    .bind(tokens)
-    .bind(owner)
-    .bind(millis(lease))
     .fetch_all(conn)
     .await?;
     Ok(renewed)
@@ -46,13 +47,13 @@ pub async fn heartbeat(
 /// Checks, inside a worker's transaction, that it still holds the lease, and locks the
 /// job row so no claim or cancellation can interleave until the transaction ends.
 pub async fn fence(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
-    sqlx::query_scalar::<_, i64>(
+    sqlx::query_scalar!(
         "SELECT id FROM queue_jobs WHERE id = $1 AND fencing_token = $2 AND lease_owner = $3
          FOR UPDATE",
+        lease.job_id,
+        lease.fencing_token,
+        lease.owner,
     )
-    .bind(lease.job_id)
-    .bind(lease.fencing_token)
-    .bind(&lease.owner)
     .fetch_optional(conn)
     .await?
     .map(|_| ())
@@ -72,7 +73,10 @@ pub async fn begin_fenced(
 /// The start of the current transaction on the database's clock (`now()`), which the
 /// statements of the same transaction compare leases against.
 pub async fn transaction_time(conn: &mut PgConnection) -> Result<DateTime<Utc>> {
-    Ok(sqlx::query_scalar("SELECT now()").fetch_one(conn).await?)
+    let now = sqlx::query_scalar!(r#"SELECT now() AS "now!""#)
+        .fetch_one(conn)
+        .await?;
+    Ok(now)
 }
 
 /// Expired leases, for the reconciler: it hands each to its kind's requeue. With `since`,
@@ -84,17 +88,18 @@ pub async fn expired(
     limit: i64,
     since: Option<DateTime<Utc>>,
 ) -> Result<Vec<Lease>> {
-    let leases = sqlx::query_as(
-        "SELECT id AS job_id, kind, ref_id, lease_owner AS owner, fencing_token, attempts,
-                max_attempts, traceparent, priority, run_after, workspace_id
-         FROM queue_jobs
-         WHERE lease_owner IS NOT NULL AND lease_expires_at < now()
-           AND lease_expires_at >= coalesce($2, '-infinity')
-         ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED",
+    let leases = sqlx::query_as!(
+        Lease,
+        r#"SELECT id AS job_id, kind, ref_id, lease_owner AS "owner!", fencing_token, attempts,
+                  max_attempts, traceparent, 0::bigint AS "due_ms!", priority, run_after,
+                  workspace_id
+           FROM queue_jobs
+           WHERE lease_owner IS NOT NULL AND lease_expires_at < now()
+             AND lease_expires_at >= coalesce($2::timestamptz, '-infinity')
+           ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED"#,
+        limit,
+        since,
     )
-    .persistent(false)
-    .bind(limit)
-    .bind(since)
     .fetch_all(conn)
     .await?;
     Ok(leases)

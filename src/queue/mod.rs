@@ -14,6 +14,7 @@ pub(crate) mod enqueue;
 pub mod fair;
 pub(crate) mod lease;
 pub(crate) mod settle;
+pub(crate) mod snapshot;
 pub mod worker;
 
 use std::time::Duration;
@@ -24,13 +25,11 @@ use sqlx::postgres::PgPoolOptions;
 
 use crate::domain::Scope;
 
-pub use claim::{
-    CATCH_ALL_SPACING, COMMIT_SLACK, LATE_COMMIT_SLACK, Positions, WIDE_READ_EVERY,
-    begin_ordered_reads, catch_all_pause, claim, claim_from, oldest_snapshot,
-};
+pub use claim::{begin_ordered_reads, claim};
 pub use enqueue::{Locked, enqueue, remove};
 pub use lease::{begin_fenced, expired, fence, heartbeat, transaction_time};
 pub use settle::{Disposition, Settlement, backoff, settle, settle_many};
+pub use snapshot::{COMMIT_SLACK, LATE_COMMIT_SLACK, Positions, WIDE_READ_EVERY, claim_from};
 
 /// Errors of the queue. The store, which enqueues inside its own transactions, turns them
 /// into its errors (`From<QueueError> for StoreError`).
@@ -112,8 +111,8 @@ impl QueuePool {
     }
 
     /// Opens `count` connections at once, ahead of their first statements: each takes a
-    /// few round trips to open (startup, authentication), which a database 5 ms away
-    /// turns into 40 ms or more in front of a worker's first claim and first ack batch.
+    /// few round trips to open (startup, authentication), which a database far away turns
+    /// into a wait in front of a worker's first claim and first settle.
     pub(crate) async fn open(&self, count: usize) -> Result<()> {
         futures_util::future::try_join_all((0..count).map(|_| self.0.acquire())).await?;
         Ok(())

@@ -103,11 +103,10 @@ pub async fn settle_many(
 }
 
 /// The one settle statement. The rows are looked up as [`super::heartbeat`] looks them
-/// up, by id with each one's token (joined with an `unnest` instead, a generic plan probed
-/// the primary key once per pair for every pair: 57 ms for 500 settles instead of 3), and
-/// taken in id order, so two statements locking the same jobs (a heartbeat renewing a job
-/// whose settle is in flight) cannot deadlock. A job that comes back wakes the workers of
-/// its kind.
+/// up, by id with each one's token rather than joined with an `unnest` (docs/benchmarks.md,
+/// "Why the queue's statements look as they do"), and taken in id order, so two statements
+/// locking the same jobs (a heartbeat renewing a job whose settle is in flight) cannot
+/// deadlock. A job that comes back wakes the workers of its kind.
 async fn statement(
     conn: &mut PgConnection,
     owner: &str,

@@ -103,9 +103,8 @@ pub(crate) fn bucket_seconds(minutes: i64) -> i64 {
 /// anchor is a row before the window, not the window's earliest row: with that, a fresh
 /// table lost the rows inserted before its earliest-started one. The anchor is one probe
 /// of the `released_at` index (`since` is a scalar subquery so it is an index condition;
-/// as a join it was a filter over the whole index, 131 ms instead of 0.5 ms over 300 000
-/// rows), the rows an id range — the indexes the table already has, so acks (the hot
-/// path) pay for no new one. A row is missed only if the anchor's transaction ran for
+/// as a join it is a filter over the whole index), the rows an id range — the indexes the
+/// table already has, so settles (the hot path) pay for no new one. A row is missed only if the anchor's transaction ran for
 /// over a minute before it wrote its row; the acking transactions are short.
 pub(crate) async fn throughput(
     conn: &mut PgConnection,

@@ -25,12 +25,13 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use sqlx::PgPool;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::queue::QueueError;
+use crate::queue::snapshot::{Claiming, HeldSnapshot};
 use crate::queue::worker::window::Window;
 use crate::queue::{Lease, QueuePool};
 use crate::telemetry;
@@ -210,7 +211,6 @@ impl Worker {
         // Leased jobs waiting for a free slot (at most `prefetch`); registered, so their
         // leases are renewed like running ones.
         let mut waiting: VecDeque<Job> = VecDeque::new();
-        let claimer = Arc::new(Claimer::default());
         // The claim in flight (at most one): it runs while the loop goes on starting
         // waiting jobs in the slots that free meanwhile.
         let mut claims: JoinSet<ClaimResult> = JoinSet::new();
@@ -219,22 +219,18 @@ impl Worker {
         // Whether a slot sat idle with no job waiting while the claim in flight travelled:
         // then the claim round trip, not the jobs, is what the worker waits on.
         let mut starved = false;
-        let (swept_tx, mut swept) = mpsc::unbounded_channel();
+        let claiming = Claiming {
+            pool: self.queue.clone(),
+            owner: self.id.clone(),
+            kinds: kinds.to_vec(),
+            lease: self.settings.timing.lease,
+            poll_interval: self.settings.poll_interval,
+            concurrency: self.settings.concurrency,
+        };
         let stop_sweep = CancellationToken::new();
-        tokio::spawn(claims::watch_snapshots(
-            self.queue.clone(),
-            claimer.shared.clone(),
-            stop_sweep.clone(),
-        ));
-        tokio::spawn(claims::sweep(
-            self.queue.clone(),
-            self.id.clone(),
-            kinds.to_vec(),
-            self.settings.clone(),
-            claimer.shared.clone(),
-            swept_tx,
-            stop_sweep.clone(),
-        ));
+        let (snapshot, mut swept) = HeldSnapshot::start(claiming.clone(), stop_sweep.clone());
+        let max_per_workspace = self.settings.max_per_workspace;
+        let claimer = Arc::new(Claimer::new(claiming, max_per_workspace, snapshot));
         while !shutdown.is_cancelled() {
             while let Some(done) = tasks.try_join_next() {
                 finished(registry, done);
@@ -244,7 +240,7 @@ impl Worker {
             let room = window
                 .size()
                 .saturating_sub(tasks.len() + waiting.len() + settler.backlog());
-            claimer.shared.room.store(room, Ordering::Relaxed);
+            claimer.room(room);
             // One claim in flight, sized to all the room there is. With a prefetch, a
             // claim waits for a quarter of it to be free, so a worker whose jobs are the
             // limit claims in batches rather than one per freed slot. What bounds a
@@ -253,7 +249,7 @@ impl Worker {
             if want_claim && claims.is_empty() && room > window.prefetch() / 4 {
                 want_claim = false;
                 starved = false;
-                claims.spawn(self.claim(&claimer, kinds, room));
+                claims.spawn(Self::claim(&claimer, room));
             }
             tokio::select! {
                 _ = shutdown.cancelled() => {}
@@ -292,20 +288,15 @@ impl Worker {
 
     /// One claim of up to `room` jobs, as a task of its own.
     fn claim(
-        &self,
         claimer: &Arc<Claimer>,
-        kinds: &[String],
         room: usize,
     ) -> impl Future<Output = ClaimResult> + Send + 'static {
-        let (claimer, pool, owner) = (claimer.clone(), self.queue.clone(), self.id.clone());
-        let (kinds, settings) = (kinds.to_vec(), self.settings.clone());
+        let claimer = claimer.clone();
         async move {
             let started = Instant::now();
-            let leases = claimer
-                .claim(&pool, &owner, &kinds, room, &settings)
-                .await?;
+            let leases = claimer.claim(room).await?;
             // What sizes a claim and how long it travels: the numbers that say whether
-            // the buffer covers a claim's round trip (docs/queue.md, "Ack batching and
+            // the buffer covers a claim's round trip (docs/queue.md, "Settling and
             // prefetch").
             tracing::debug!(jobs = leases.len(), room, elapsed = ?started.elapsed(), "claimed");
             Ok((leases, room, started))

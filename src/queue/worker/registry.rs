@@ -17,14 +17,14 @@ pub(super) async fn register(
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_else(|| "unknown".into());
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO workers (id, hostname, pid, kinds, concurrency) VALUES ($1, $2, $3, $4, $5)",
+        id,
+        hostname,
+        std::process::id() as i32,
+        kinds,
+        concurrency as i32,
     )
-    .bind(id)
-    .bind(hostname)
-    .bind(std::process::id() as i32)
-    .bind(kinds)
-    .bind(concurrency as i32)
     .execute(pool)
     .await?;
     Ok(())
@@ -32,8 +32,7 @@ pub(super) async fn register(
 
 /// Removes worker `id` at its shutdown.
 pub(super) async fn deregister(pool: &PgPool, id: &str) -> Result<()> {
-    sqlx::query("DELETE FROM workers WHERE id = $1")
-        .bind(id)
+    sqlx::query!("DELETE FROM workers WHERE id = $1", id)
         .execute(pool)
         .await?;
     Ok(())
