@@ -86,3 +86,10 @@ pub struct ErrorBody {
     #[schema(example = "4bf92f3577b34da6a3ce929d0e0e4736")]
     pub trace_id: Option<String>,
 }
+
+impl ErrorBody {
+    /// The error's code, when it is one this contract names (a newer server may send others).
+    pub fn code(&self) -> Option<crate::ErrorCode> {
+        crate::ErrorCode::parse(&self.kind)
+    }
+}

@@ -97,6 +97,7 @@ macro_rules! closed_set {
 
 mod approval;
 mod envelope;
+mod error_code;
 mod event;
 mod external;
 mod media;
@@ -111,6 +112,7 @@ mod task;
 
 pub use approval::*;
 pub use envelope::*;
+pub use error_code::ErrorCode;
 pub use event::*;
 pub use external::*;
 pub use media::*;

@@ -93,7 +93,8 @@ mod tests {
             crate::FileOperation,
             crate::WorkspaceMode,
             crate::LineageKind,
-            crate::PatchStatus
+            crate::PatchStatus,
+            crate::ErrorCode
         );
         assert_eq!(LeaseStatus::names(), "active, expired or released");
         assert_eq!(
