@@ -8,6 +8,7 @@ use sqlx::PgConnection;
 use crate::db::Result;
 use crate::domain::Scope;
 use crate::external::ItemRecord;
+use keel_api_types::ItemState;
 
 /// Marks an item `workspace_preparing` in `path` (the error cleared).
 pub(crate) async fn begin_preparation(
@@ -16,15 +17,20 @@ pub(crate) async fn begin_preparation(
     id: &str,
     path: &str,
 ) -> Result<ItemRecord> {
-    let row = sqlx::query_as(
-        "UPDATE external_work_items
-         SET state = 'workspace_preparing', workspace_path = $3, last_error_code = NULL,
-             last_error = NULL, updated_at = now()
-         WHERE workspace_id = $1 AND id = $2 RETURNING *",
+    let row = sqlx::query_as!(
+        ItemRecord,
+        r#"UPDATE external_work_items
+           SET state = 'workspace_preparing', workspace_path = $3, last_error_code = NULL,
+               last_error = NULL, updated_at = now()
+           WHERE workspace_id = $1 AND id = $2
+           RETURNING id, source_id, idempotency_key, kind, identifier, tracker_state,
+                     state AS "state: ItemState", issue, prompt, task_id, run_id,
+                     last_error_code, last_error, workspace_path, hook_output, created_at,
+                     updated_at"#,
+        scope.workspace(),
+        id,
+        path,
     )
-    .bind(scope.workspace())
-    .bind(id)
-    .bind(path)
     .fetch_one(conn)
     .await?;
     Ok(row)
@@ -39,28 +45,33 @@ pub(crate) async fn record_hook(
     output: &impl Serialize,
 ) -> Result<()> {
     let output = serde_json::to_value(output).expect("a hook's output serializes");
-    sqlx::query(
+    sqlx::query!(
         "UPDATE external_work_items
          SET hook_output = COALESCE(hook_output, '{}') || jsonb_build_object($3::text, $4::jsonb),
              updated_at = now()
          WHERE workspace_id = $1 AND id = $2",
+        scope.workspace(),
+        id,
+        hook,
+        output,
     )
-    .bind(scope.workspace())
-    .bind(id)
-    .bind(hook)
-    .bind(output)
     .execute(conn)
     .await?;
     Ok(())
 }
 
 pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<ItemRecord> {
-    let row =
-        sqlx::query_as("SELECT * FROM external_work_items WHERE workspace_id = $1 AND id = $2")
-            .bind(scope.workspace())
-            .bind(id)
-            .fetch_one(conn)
-            .await?;
+    let row = sqlx::query_as!(
+        ItemRecord,
+        r#"SELECT id, source_id, idempotency_key, kind, identifier, tracker_state,
+                  state AS "state: ItemState", issue, prompt, task_id, run_id, last_error_code,
+                  last_error, workspace_path, hook_output, created_at, updated_at
+           FROM external_work_items WHERE workspace_id = $1 AND id = $2"#,
+        scope.workspace(),
+        id,
+    )
+    .fetch_one(conn)
+    .await?;
     Ok(row)
 }
 
@@ -70,15 +81,15 @@ pub(crate) async fn is_newest(
     scope: &Scope,
     item: &ItemRecord,
 ) -> Result<bool> {
-    let newer: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM external_work_items
-                        WHERE workspace_id = $1 AND source_id = $2 AND identifier = $3
-                          AND id > $4)",
+    let newer = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM external_work_items
+                          WHERE workspace_id = $1 AND source_id = $2 AND identifier = $3
+                            AND id > $4) AS "exists!""#,
+        scope.workspace(),
+        &item.source_id,
+        &item.identifier,
+        &item.id,
     )
-    .bind(scope.workspace())
-    .bind(&item.source_id)
-    .bind(&item.identifier)
-    .bind(&item.id)
     .fetch_one(conn)
     .await?;
     Ok(!newer)
@@ -93,27 +104,32 @@ pub(crate) async fn unstarted(
     source_id: &str,
     limit: u32,
 ) -> Result<Vec<ItemRecord>> {
-    let rows = sqlx::query_as(
-        "SELECT * FROM external_work_items i
-         WHERE i.workspace_id = $1 AND i.source_id = $2
-           AND i.state IN ('workspace_preparing', 'ready')
-           AND NOT EXISTS (SELECT 1 FROM external_work_items n
-                           WHERE n.workspace_id = i.workspace_id AND n.source_id = i.source_id
-                             AND n.identifier = i.identifier AND n.id > i.id)
-         ORDER BY i.id LIMIT $3",
+    let rows = sqlx::query_as!(
+        ItemRecord,
+        r#"SELECT i.id, i.source_id, i.idempotency_key, i.kind, i.identifier, i.tracker_state,
+                  i.state AS "state: ItemState", i.issue, i.prompt, i.task_id, i.run_id,
+                  i.last_error_code, i.last_error, i.workspace_path, i.hook_output,
+                  i.created_at, i.updated_at
+           FROM external_work_items i
+           WHERE i.workspace_id = $1 AND i.source_id = $2
+             AND i.state IN ('workspace_preparing', 'ready')
+             AND NOT EXISTS (SELECT 1 FROM external_work_items n
+                             WHERE n.workspace_id = i.workspace_id
+                               AND n.source_id = i.source_id
+                               AND n.identifier = i.identifier AND n.id > i.id)
+           ORDER BY i.id LIMIT $3"#,
+        scope.workspace(),
+        source_id,
+        i64::from(limit),
     )
-    .bind(scope.workspace())
-    .bind(source_id)
-    .bind(i64::from(limit))
     .fetch_all(conn)
     .await?;
     Ok(rows)
 }
 
 /// A subject whose newest version is terminal and which still has a workspace.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub(crate) struct Removal {
-    #[sqlx(flatten)]
     pub(crate) item: ItemRecord,
     pub(crate) workspace_id: String,
     pub(crate) directory: String,
@@ -123,37 +139,67 @@ pub(crate) struct Removal {
 /// (the workers' maintenance removes them).
 pub(crate) async fn to_remove(conn: &mut PgConnection, limit: u32) -> Result<Vec<Removal>> {
     // From the few subjects with a workspace (a partial index), to their newest version.
-    let rows = sqlx::query_as(
-        "SELECT newest.*, w.workspace_path AS directory
-         FROM (SELECT DISTINCT ON (workspace_id, source_id, identifier)
-                      workspace_id, source_id, identifier, workspace_path
-               FROM external_work_items
-               WHERE workspace_path IS NOT NULL
-               ORDER BY workspace_id, source_id, identifier) w
-         CROSS JOIN LATERAL (
-             SELECT * FROM external_work_items n
-             WHERE n.workspace_id = w.workspace_id AND n.source_id = w.source_id
-               AND n.identifier = w.identifier
-             ORDER BY n.id DESC LIMIT 1
-         ) newest
-         WHERE newest.state = 'terminal' ORDER BY newest.id LIMIT $1",
+    let rows = sqlx::query!(
+        r#"SELECT newest.id, newest.workspace_id, newest.source_id, newest.idempotency_key,
+                  newest.kind, newest.identifier, newest.tracker_state,
+                  newest.state AS "state: ItemState", newest.issue, newest.prompt,
+                  newest.task_id, newest.run_id, newest.last_error_code, newest.last_error,
+                  newest.workspace_path, newest.hook_output, newest.created_at,
+                  newest.updated_at, w.workspace_path AS "directory!"
+           FROM (SELECT DISTINCT ON (workspace_id, source_id, identifier)
+                        workspace_id, source_id, identifier, workspace_path
+                 FROM external_work_items
+                 WHERE workspace_path IS NOT NULL
+                 ORDER BY workspace_id, source_id, identifier) w
+           CROSS JOIN LATERAL (
+               SELECT * FROM external_work_items n
+               WHERE n.workspace_id = w.workspace_id AND n.source_id = w.source_id
+                 AND n.identifier = w.identifier
+               ORDER BY n.id DESC LIMIT 1
+           ) newest
+           WHERE newest.state = 'terminal' ORDER BY newest.id LIMIT $1"#,
+        i64::from(limit),
     )
-    .bind(i64::from(limit))
     .fetch_all(conn)
     .await?;
-    Ok(rows)
+    Ok(rows
+        .into_iter()
+        .map(|row| Removal {
+            item: ItemRecord {
+                id: row.id,
+                source_id: row.source_id,
+                idempotency_key: row.idempotency_key,
+                kind: row.kind,
+                identifier: row.identifier,
+                tracker_state: row.tracker_state,
+                state: row.state,
+                issue: row.issue,
+                prompt: row.prompt,
+                task_id: row.task_id,
+                run_id: row.run_id,
+                last_error_code: row.last_error_code,
+                last_error: row.last_error,
+                workspace_path: row.workspace_path,
+                hook_output: row.hook_output,
+                created_at: row.created_at,
+                updated_at: row.updated_at,
+            },
+            workspace_id: row.workspace_id,
+            directory: row.directory,
+        })
+        .collect())
 }
 
 /// Forgets a subject's workspace, once removed.
 pub(crate) async fn clear(conn: &mut PgConnection, scope: &Scope, item: &ItemRecord) -> Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "UPDATE external_work_items SET workspace_path = NULL, updated_at = now()
          WHERE workspace_id = $1 AND source_id = $2 AND identifier = $3
            AND workspace_path IS NOT NULL",
+        scope.workspace(),
+        &item.source_id,
+        &item.identifier,
     )
-    .bind(scope.workspace())
-    .bind(&item.source_id)
-    .bind(&item.identifier)
     .execute(conn)
     .await?;
     Ok(())
@@ -177,9 +223,11 @@ pub(crate) async fn try_lock(
     scope: &Scope,
     item: &ItemRecord,
 ) -> Result<bool> {
-    let locked = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
-        .bind(lock_key(scope, item))
-        .fetch_one(conn)
-        .await?;
+    let locked = sqlx::query_scalar!(
+        r#"SELECT pg_try_advisory_lock(hashtextextended($1, 0)) AS "locked!""#,
+        lock_key(scope, item),
+    )
+    .fetch_one(conn)
+    .await?;
     Ok(locked)
 }

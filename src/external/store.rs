@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use sqlx::types::Json;
 
+use keel_api_types::{Etags, ItemState};
 pub(crate) use keel_api_types::{ItemRecord, SourceRecord};
 
 use crate::attempt::JobKind;
@@ -33,30 +34,39 @@ pub(crate) async fn insert_source(
         WorkflowOrigin::Markdown(text) => (Some(text), None),
         WorkflowOrigin::Path(path) => (None, Some(path)),
     };
-    let inserted: Option<SourceRecord> = sqlx::query_as(
-        "INSERT INTO external_sources (id, workspace_id, tracker_kind, target,
-                                       workflow_markdown, workflow_path)
-         VALUES ($1, $2, $3, $4, $5, $6)
-         ON CONFLICT (workspace_id, target) DO NOTHING
-         RETURNING *",
+    let inserted = sqlx::query_as!(
+        SourceRecord,
+        r#"INSERT INTO external_sources (id, workspace_id, tracker_kind, target,
+                                         workflow_markdown, workflow_path)
+           VALUES ($1, $2, $3, $4, $5, $6)
+           ON CONFLICT (workspace_id, target) DO NOTHING
+           RETURNING id, tracker_kind, target, workflow_markdown, workflow_path,
+                     etags AS "etags: Etags", backoff_until, background_enabled, last_poll_at,
+                     last_poll, last_error_code, last_error, last_error_at, created_at,
+                     updated_at"#,
+        new_id("extsrc"),
+        scope.workspace(),
+        tracker_kind,
+        target,
+        markdown,
+        path,
     )
-    .bind(new_id("extsrc"))
-    .bind(scope.workspace())
-    .bind(tracker_kind)
-    .bind(target)
-    .bind(markdown)
-    .bind(path)
     .fetch_optional(&mut *conn)
     .await?;
     match inserted {
         Some(source) => Ok((source, true)),
         None => {
-            let existing: SourceRecord = sqlx::query_as(
-                "SELECT * FROM external_sources
-                 WHERE workspace_id = $1 AND target = $2",
+            let existing = sqlx::query_as!(
+                SourceRecord,
+                r#"SELECT id, tracker_kind, target, workflow_markdown, workflow_path,
+                          etags AS "etags: Etags", backoff_until, background_enabled,
+                          last_poll_at, last_poll, last_error_code, last_error, last_error_at,
+                          created_at, updated_at
+                   FROM external_sources
+                   WHERE workspace_id = $1 AND target = $2"#,
+                scope.workspace(),
+                target,
             )
-            .bind(scope.workspace())
-            .bind(target)
             .fetch_one(&mut *conn)
             .await?;
             Ok((existing, false))
@@ -69,12 +79,18 @@ pub(crate) async fn get_source(
     scope: &Scope,
     id: &str,
 ) -> Result<SourceRecord> {
-    sqlx::query_as("SELECT * FROM external_sources WHERE workspace_id = $1 AND id = $2")
-        .bind(scope.workspace())
-        .bind(id)
-        .fetch_optional(conn)
-        .await?
-        .ok_or(StoreError::NotFound("external work source"))
+    sqlx::query_as!(
+        SourceRecord,
+        r#"SELECT id, tracker_kind, target, workflow_markdown, workflow_path,
+                  etags AS "etags: Etags", backoff_until, background_enabled, last_poll_at,
+                  last_poll, last_error_code, last_error, last_error_at, created_at, updated_at
+           FROM external_sources WHERE workspace_id = $1 AND id = $2"#,
+        scope.workspace(),
+        id,
+    )
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("external work source"))
 }
 
 /// Oldest first; `after` is the id of the last source of the previous page.
@@ -84,13 +100,17 @@ pub(crate) async fn list_sources(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<SourceRecord>> {
-    let rows = sqlx::query_as(
-        "SELECT * FROM external_sources
-         WHERE workspace_id = $1 AND ($2::text IS NULL OR id > $2) ORDER BY id LIMIT $3",
+    let rows = sqlx::query_as!(
+        SourceRecord,
+        r#"SELECT id, tracker_kind, target, workflow_markdown, workflow_path,
+                  etags AS "etags: Etags", backoff_until, background_enabled, last_poll_at,
+                  last_poll, last_error_code, last_error, last_error_at, created_at, updated_at
+           FROM external_sources
+           WHERE workspace_id = $1 AND ($2::text IS NULL OR id > $2) ORDER BY id LIMIT $3"#,
+        scope.workspace(),
+        after,
+        limit,
     )
-    .bind(scope.workspace())
-    .bind(after)
-    .bind(limit)
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -99,11 +119,13 @@ pub(crate) async fn list_sources(
 /// Deletes a source with its items and its background poll job (the tasks they created
 /// stay).
 pub(crate) async fn delete_source(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
-    let deleted = sqlx::query("DELETE FROM external_sources WHERE workspace_id = $1 AND id = $2")
-        .bind(scope.workspace())
-        .bind(id)
-        .execute(&mut *conn)
-        .await?;
+    let deleted = sqlx::query!(
+        "DELETE FROM external_sources WHERE workspace_id = $1 AND id = $2",
+        scope.workspace(),
+        id,
+    )
+    .execute(&mut *conn)
+    .await?;
     if deleted.rows_affected() == 0 {
         return Err(StoreError::NotFound("external work source"));
     }
@@ -119,13 +141,18 @@ pub(crate) async fn set_background(
     id: &str,
     enabled: bool,
 ) -> Result<SourceRecord> {
-    let source = sqlx::query_as(
-        "UPDATE external_sources SET background_enabled = $3, updated_at = now()
-         WHERE workspace_id = $1 AND id = $2 RETURNING *",
+    let source = sqlx::query_as!(
+        SourceRecord,
+        r#"UPDATE external_sources SET background_enabled = $3, updated_at = now()
+           WHERE workspace_id = $1 AND id = $2
+           RETURNING id, tracker_kind, target, workflow_markdown, workflow_path,
+                     etags AS "etags: Etags", backoff_until, background_enabled, last_poll_at,
+                     last_poll, last_error_code, last_error, last_error_at, created_at,
+                     updated_at"#,
+        scope.workspace(),
+        id,
+        enabled,
     )
-    .bind(scope.workspace())
-    .bind(id)
-    .bind(enabled)
     .fetch_optional(&mut *conn)
     .await?
     .ok_or(StoreError::NotFound("external work source"))?;
@@ -155,21 +182,21 @@ pub(crate) async fn record_poll(
     poll: &PollRecord,
 ) -> Result<()> {
     let (code, message) = poll.error.clone().unzip();
-    sqlx::query(
+    sqlx::query!(
         "UPDATE external_sources
-         SET etags = etags || $3, backoff_until = $4, last_poll_at = now(), last_poll = $5,
-             last_error_code = $6, last_error = $7,
+         SET etags = etags || $3::jsonb, backoff_until = $4, last_poll_at = now(),
+             last_poll = $5, last_error_code = $6, last_error = $7,
              last_error_at = CASE WHEN $6::text IS NULL THEN last_error_at ELSE now() END,
              updated_at = now()
          WHERE workspace_id = $1 AND id = $2",
+        scope.workspace(),
+        id,
+        Json(&poll.etags) as Json<&BTreeMap<String, String>>,
+        poll.backoff_until,
+        &poll.summary,
+        code,
+        message,
     )
-    .bind(scope.workspace())
-    .bind(id)
-    .bind(Json(&poll.etags))
-    .bind(poll.backoff_until)
-    .bind(&poll.summary)
-    .bind(code)
-    .bind(message)
     .execute(conn)
     .await?;
     Ok(())
@@ -193,21 +220,25 @@ pub(crate) async fn insert_item(
     scope: &Scope,
     item: &NewItem<'_>,
 ) -> Result<Option<ItemRecord>> {
-    let row = sqlx::query_as(
-        "INSERT INTO external_work_items (id, workspace_id, source_id, idempotency_key, kind,
-                                          identifier, tracker_state, state, issue)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, 'discovered', $8)
-         ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
-         RETURNING *",
+    let row = sqlx::query_as!(
+        ItemRecord,
+        r#"INSERT INTO external_work_items (id, workspace_id, source_id, idempotency_key, kind,
+                                            identifier, tracker_state, state, issue)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, 'discovered', $8)
+           ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
+           RETURNING id, source_id, idempotency_key, kind, identifier, tracker_state,
+                     state AS "state: ItemState", issue, prompt, task_id, run_id,
+                     last_error_code, last_error, workspace_path, hook_output, created_at,
+                     updated_at"#,
+        new_id("extitem"),
+        scope.workspace(),
+        item.source_id,
+        item.idempotency_key,
+        item.kind,
+        item.identifier,
+        item.tracker_state,
+        item.issue,
     )
-    .bind(new_id("extitem"))
-    .bind(scope.workspace())
-    .bind(item.source_id)
-    .bind(item.idempotency_key)
-    .bind(item.kind)
-    .bind(item.identifier)
-    .bind(item.tracker_state)
-    .bind(item.issue)
     .fetch_optional(conn)
     .await?;
     Ok(row)
@@ -221,13 +252,15 @@ pub(crate) async fn lock_subject(
     source_id: &str,
     identifier: &str,
 ) -> Result<()> {
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .bind(format!(
+    sqlx::query!(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+        format!(
             "external_work:{}:{source_id}:{identifier}",
             scope.workspace()
-        ))
-        .execute(conn)
-        .await?;
+        ),
+    )
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -238,14 +271,19 @@ pub(crate) async fn claimed_version(
     source_id: &str,
     identifier: &str,
 ) -> Result<Option<ItemRecord>> {
-    let row = sqlx::query_as(
-        "SELECT * FROM external_work_items
-         WHERE workspace_id = $1 AND source_id = $2 AND identifier = $3 AND task_id IS NOT NULL
-         LIMIT 1",
+    let row = sqlx::query_as!(
+        ItemRecord,
+        r#"SELECT id, source_id, idempotency_key, kind, identifier, tracker_state,
+                  state AS "state: ItemState", issue, prompt, task_id, run_id, last_error_code,
+                  last_error, workspace_path, hook_output, created_at, updated_at
+           FROM external_work_items
+           WHERE workspace_id = $1 AND source_id = $2 AND identifier = $3
+             AND task_id IS NOT NULL
+           LIMIT 1"#,
+        scope.workspace(),
+        source_id,
+        identifier,
     )
-    .bind(scope.workspace())
-    .bind(source_id)
-    .bind(identifier)
     .fetch_optional(conn)
     .await?;
     Ok(row)
@@ -260,18 +298,23 @@ pub(crate) async fn claimed_to_reconcile(
     source_id: &str,
     limit: u32,
 ) -> Result<Vec<ItemRecord>> {
-    let rows = sqlx::query_as(
-        "SELECT i.* FROM external_work_items i
-         JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
-         WHERE i.workspace_id = $1 AND i.source_id = $2
-           AND (r.status IN ('queued', 'running', 'awaiting_approval', 'failed')
-                OR i.workspace_path IS NOT NULL)
-         ORDER BY r.status IN ('queued', 'running', 'awaiting_approval', 'failed') DESC, i.id
-         LIMIT $3",
+    let rows = sqlx::query_as!(
+        ItemRecord,
+        r#"SELECT i.id, i.source_id, i.idempotency_key, i.kind, i.identifier, i.tracker_state,
+                  i.state AS "state: ItemState", i.issue, i.prompt, i.task_id, i.run_id,
+                  i.last_error_code, i.last_error, i.workspace_path, i.hook_output,
+                  i.created_at, i.updated_at
+           FROM external_work_items i
+           JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
+           WHERE i.workspace_id = $1 AND i.source_id = $2
+             AND (r.status IN ('queued', 'running', 'awaiting_approval', 'failed')
+                  OR i.workspace_path IS NOT NULL)
+           ORDER BY r.status IN ('queued', 'running', 'awaiting_approval', 'failed') DESC, i.id
+           LIMIT $3"#,
+        scope.workspace(),
+        source_id,
+        i64::from(limit),
     )
-    .bind(scope.workspace())
-    .bind(source_id)
-    .bind(i64::from(limit))
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -284,13 +327,12 @@ pub(crate) async fn lock_slots(
     scope: &Scope,
     source_id: &str,
 ) -> Result<()> {
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-        .bind(format!(
-            "external_work_slots:{}:{source_id}",
-            scope.workspace()
-        ))
-        .execute(conn)
-        .await?;
+    sqlx::query!(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+        format!("external_work_slots:{}:{source_id}", scope.workspace()),
+    )
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -302,25 +344,25 @@ pub(crate) async fn active_runs(
     source_id: &str,
     state: &str,
 ) -> Result<(i64, i64)> {
-    let counts = sqlx::query_as(
-        "SELECT count(*), count(*) FILTER (WHERE lower(btrim(i.tracker_state)) = $3)
-         FROM external_work_items i
-         JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
-         WHERE i.workspace_id = $1 AND i.source_id = $2
-           AND r.status IN ('queued', 'running', 'awaiting_approval')",
+    let counts = sqlx::query!(
+        r#"SELECT count(*) AS "all!",
+                  count(*) FILTER (WHERE lower(btrim(i.tracker_state)) = $3) AS "in_state!"
+           FROM external_work_items i
+           JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
+           WHERE i.workspace_id = $1 AND i.source_id = $2
+             AND r.status IN ('queued', 'running', 'awaiting_approval')"#,
+        scope.workspace(),
+        source_id,
+        state.trim().to_lowercase(),
     )
-    .bind(scope.workspace())
-    .bind(source_id)
-    .bind(state.trim().to_lowercase())
     .fetch_one(conn)
     .await?;
-    Ok(counts)
+    Ok((counts.all, counts.in_state))
 }
 
 /// A claimed item whose run failed, with what its retry needs.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub(crate) struct FailedClaim {
-    #[sqlx(flatten)]
     pub(crate) item: ItemRecord,
     pub(crate) run_finished_at: DateTime<Utc>,
     pub(crate) run_error: Option<String>,
@@ -337,26 +379,56 @@ pub(crate) async fn claimed_with_failed_runs(
     source_id: &str,
     limit: u32,
 ) -> Result<Vec<FailedClaim>> {
-    let rows = sqlx::query_as(
-        "SELECT i.*, r.finished_at AS run_finished_at, r.last_error AS run_error,
-                t.run_count,
-                (SELECT n.tracker_state FROM external_work_items n
-                 WHERE n.workspace_id = i.workspace_id AND n.source_id = i.source_id
-                   AND n.identifier = i.identifier
-                 ORDER BY n.id DESC LIMIT 1) AS newest_tracker_state
-         FROM external_work_items i
-         JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
-         JOIN tasks t ON t.workspace_id = i.workspace_id AND t.id = i.task_id
-         WHERE i.workspace_id = $1 AND i.source_id = $2 AND r.status = 'failed'
-           AND t.latest_run_id = r.id
-         ORDER BY i.id LIMIT $3",
+    let rows = sqlx::query!(
+        r#"SELECT i.id, i.source_id, i.idempotency_key, i.kind, i.identifier, i.tracker_state,
+                  i.state AS "state: ItemState", i.issue, i.prompt, i.task_id, i.run_id,
+                  i.last_error_code, i.last_error, i.workspace_path, i.hook_output,
+                  i.created_at, i.updated_at,
+                  r.finished_at AS "run_finished_at!", r.last_error AS run_error, t.run_count,
+                  (SELECT n.tracker_state FROM external_work_items n
+                   WHERE n.workspace_id = i.workspace_id AND n.source_id = i.source_id
+                     AND n.identifier = i.identifier
+                   ORDER BY n.id DESC LIMIT 1) AS "newest_tracker_state!"
+           FROM external_work_items i
+           JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
+           JOIN tasks t ON t.workspace_id = i.workspace_id AND t.id = i.task_id
+           WHERE i.workspace_id = $1 AND i.source_id = $2 AND r.status = 'failed'
+             AND t.latest_run_id = r.id
+           ORDER BY i.id LIMIT $3"#,
+        scope.workspace(),
+        source_id,
+        i64::from(limit),
     )
-    .bind(scope.workspace())
-    .bind(source_id)
-    .bind(i64::from(limit))
     .fetch_all(conn)
     .await?;
-    Ok(rows)
+    Ok(rows
+        .into_iter()
+        .map(|row| FailedClaim {
+            item: ItemRecord {
+                id: row.id,
+                source_id: row.source_id,
+                idempotency_key: row.idempotency_key,
+                kind: row.kind,
+                identifier: row.identifier,
+                tracker_state: row.tracker_state,
+                state: row.state,
+                issue: row.issue,
+                prompt: row.prompt,
+                task_id: row.task_id,
+                run_id: row.run_id,
+                last_error_code: row.last_error_code,
+                last_error: row.last_error,
+                workspace_path: row.workspace_path,
+                hook_output: row.hook_output,
+                created_at: row.created_at,
+                updated_at: row.updated_at,
+            },
+            run_finished_at: row.run_finished_at,
+            run_error: row.run_error,
+            run_count: row.run_count,
+            newest_tracker_state: row.newest_tracker_state,
+        })
+        .collect())
 }
 
 /// Items left waiting for a free slot, the newest version of each subject, oldest subject
@@ -367,18 +439,22 @@ pub(crate) async fn waiting_for_slots(
     source_id: &str,
     limit: u32,
 ) -> Result<Vec<ItemRecord>> {
-    let rows = sqlx::query_as(
-        "SELECT * FROM (
-             SELECT DISTINCT ON (identifier) * FROM external_work_items
-             WHERE workspace_id = $1 AND source_id = $2
-             ORDER BY identifier, id DESC
-         ) newest
-         WHERE state = 'discovered' AND last_error_code = 'no_free_slot'
-         ORDER BY id LIMIT $3",
+    let rows = sqlx::query_as!(
+        ItemRecord,
+        r#"SELECT id, source_id, idempotency_key, kind, identifier, tracker_state,
+                  state AS "state: ItemState", issue, prompt, task_id, run_id, last_error_code,
+                  last_error, workspace_path, hook_output, created_at, updated_at
+           FROM (
+               SELECT DISTINCT ON (identifier) * FROM external_work_items
+               WHERE workspace_id = $1 AND source_id = $2
+               ORDER BY identifier, id DESC
+           ) newest
+           WHERE state = 'discovered' AND last_error_code = 'no_free_slot'
+           ORDER BY id LIMIT $3"#,
+        scope.workspace(),
+        source_id,
+        i64::from(limit),
     )
-    .bind(scope.workspace())
-    .bind(source_id)
-    .bind(i64::from(limit))
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -401,20 +477,25 @@ pub(crate) async fn update_item(
     change: &ItemChange<'_>,
 ) -> Result<ItemRecord> {
     let (code, message) = change.error.unzip();
-    let row = sqlx::query_as(
-        "UPDATE external_work_items
-         SET state = $3, prompt = $4, task_id = $5, run_id = $6, last_error_code = $7,
-             last_error = $8, updated_at = now()
-         WHERE workspace_id = $1 AND id = $2 RETURNING *",
+    let row = sqlx::query_as!(
+        ItemRecord,
+        r#"UPDATE external_work_items
+           SET state = $3, prompt = $4, task_id = $5, run_id = $6, last_error_code = $7,
+               last_error = $8, updated_at = now()
+           WHERE workspace_id = $1 AND id = $2
+           RETURNING id, source_id, idempotency_key, kind, identifier, tracker_state,
+                     state AS "state: ItemState", issue, prompt, task_id, run_id,
+                     last_error_code, last_error, workspace_path, hook_output, created_at,
+                     updated_at"#,
+        scope.workspace(),
+        id,
+        change.state,
+        change.prompt,
+        change.task_id,
+        change.run_id,
+        code,
+        message,
     )
-    .bind(scope.workspace())
-    .bind(id)
-    .bind(change.state)
-    .bind(change.prompt)
-    .bind(change.task_id)
-    .bind(change.run_id)
-    .bind(code)
-    .bind(message)
     .fetch_one(conn)
     .await?;
     Ok(row)
@@ -428,13 +509,18 @@ pub(crate) async fn refresh_issue(
     id: &str,
     issue: &serde_json::Value,
 ) -> Result<ItemRecord> {
-    let row = sqlx::query_as(
-        "UPDATE external_work_items SET issue = $3, updated_at = now()
-         WHERE workspace_id = $1 AND id = $2 RETURNING *",
+    let row = sqlx::query_as!(
+        ItemRecord,
+        r#"UPDATE external_work_items SET issue = $3, updated_at = now()
+           WHERE workspace_id = $1 AND id = $2
+           RETURNING id, source_id, idempotency_key, kind, identifier, tracker_state,
+                     state AS "state: ItemState", issue, prompt, task_id, run_id,
+                     last_error_code, last_error, workspace_path, hook_output, created_at,
+                     updated_at"#,
+        scope.workspace(),
+        id,
+        issue,
     )
-    .bind(scope.workspace())
-    .bind(id)
-    .bind(issue)
     .fetch_one(conn)
     .await?;
     Ok(row)
@@ -446,12 +532,16 @@ pub(crate) async fn item_by_key(
     scope: &Scope,
     key: &str,
 ) -> Result<ItemRecord> {
-    sqlx::query_as(
-        "SELECT * FROM external_work_items
-         WHERE workspace_id = $1 AND idempotency_key = $2",
+    sqlx::query_as!(
+        ItemRecord,
+        r#"SELECT id, source_id, idempotency_key, kind, identifier, tracker_state,
+                  state AS "state: ItemState", issue, prompt, task_id, run_id, last_error_code,
+                  last_error, workspace_path, hook_output, created_at, updated_at
+           FROM external_work_items
+           WHERE workspace_id = $1 AND idempotency_key = $2"#,
+        scope.workspace(),
+        key,
     )
-    .bind(scope.workspace())
-    .bind(key)
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("external work item"))
@@ -465,15 +555,19 @@ pub(crate) async fn list_items(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ItemRecord>> {
-    let rows = sqlx::query_as(
-        "SELECT * FROM external_work_items
-         WHERE workspace_id = $1 AND source_id = $2 AND ($3::text IS NULL OR id > $3)
-         ORDER BY id LIMIT $4",
+    let rows = sqlx::query_as!(
+        ItemRecord,
+        r#"SELECT id, source_id, idempotency_key, kind, identifier, tracker_state,
+                  state AS "state: ItemState", issue, prompt, task_id, run_id, last_error_code,
+                  last_error, workspace_path, hook_output, created_at, updated_at
+           FROM external_work_items
+           WHERE workspace_id = $1 AND source_id = $2 AND ($3::text IS NULL OR id > $3)
+           ORDER BY id LIMIT $4"#,
+        scope.workspace(),
+        source_id,
+        after,
+        limit,
     )
-    .bind(scope.workspace())
-    .bind(source_id)
-    .bind(after)
-    .bind(limit)
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -485,13 +579,13 @@ pub(crate) async fn item_counts(
     scope: &Scope,
     source_id: &str,
 ) -> Result<BTreeMap<String, i64>> {
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT state, count(*) FROM external_work_items
-         WHERE workspace_id = $1 AND source_id = $2 GROUP BY state",
+    let rows = sqlx::query!(
+        r#"SELECT state, count(*) AS "count!" FROM external_work_items
+           WHERE workspace_id = $1 AND source_id = $2 GROUP BY state"#,
+        scope.workspace(),
+        source_id,
     )
-    .bind(scope.workspace())
-    .bind(source_id)
     .fetch_all(conn)
     .await?;
-    Ok(rows.into_iter().collect())
+    Ok(rows.into_iter().map(|row| (row.state, row.count)).collect())
 }

@@ -16,6 +16,7 @@ use crate::events::transitions::Transition;
 use crate::schedules::{NewSchedule, Schedule, Trigger};
 use crate::tasks;
 
+use keel_api_types::OccurrenceStatus;
 pub(crate) use keel_api_types::{OccurrenceRecord, ScheduleRecord};
 
 /// What the dispatcher reads off a stored schedule.
@@ -36,7 +37,7 @@ impl ScheduleRecordExt for ScheduleRecord {
 }
 
 /// An occurrence this dispatcher holds: only the holder of `token` may resolve it.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct Claim {
     pub occurrence_id: String,
     pub(crate) schedule_id: String,
@@ -70,12 +71,16 @@ pub(crate) enum Outcome {
 }
 
 pub async fn get(conn: &mut PgConnection, scope: &Scope, task_id: &str) -> Result<ScheduleRecord> {
-    let schedule =
-        sqlx::query_as("SELECT * FROM task_schedules WHERE workspace_id = $1 AND task_id = $2")
-            .bind(scope.workspace())
-            .bind(task_id)
-            .fetch_optional(&mut *conn)
-            .await?;
+    let schedule = sqlx::query_as!(
+        ScheduleRecord,
+        "SELECT id, task_id, kind, timezone, run_at, cron_expression, enabled, next_run_at,
+                revision, created_at, updated_at, workspace_id
+         FROM task_schedules WHERE workspace_id = $1 AND task_id = $2",
+        scope.workspace(),
+        task_id,
+    )
+    .fetch_optional(&mut *conn)
+    .await?;
     match schedule {
         Some(schedule) => Ok(schedule),
         None => Err(missing(conn, scope, task_id).await),
@@ -84,11 +89,11 @@ pub async fn get(conn: &mut PgConnection, scope: &Scope, task_id: &str) -> Resul
 
 /// A missing schedule, told apart from a missing task.
 async fn missing(conn: &mut PgConnection, scope: &Scope, task_id: &str) -> StoreError {
-    let task = sqlx::query_scalar::<_, bool>(
-        "SELECT EXISTS (SELECT 1 FROM tasks WHERE workspace_id = $1 AND id = $2)",
+    let task = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM tasks WHERE workspace_id = $1 AND id = $2) AS "exists!""#,
+        scope.workspace(),
+        task_id,
     )
-    .bind(scope.workspace())
-    .bind(task_id)
     .fetch_one(conn)
     .await;
     match task {
@@ -113,18 +118,21 @@ pub async fn list(
     before: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ScheduleRecord>> {
-    let rows = sqlx::query_as(
-        "SELECT * FROM task_schedules
+    let rows = sqlx::query_as!(
+        ScheduleRecord,
+        "SELECT id, task_id, kind, timezone, run_at, cron_expression, enabled, next_run_at,
+                revision, created_at, updated_at, workspace_id
+         FROM task_schedules
          WHERE workspace_id = $5 AND (cardinality($1::text[]) = 0 OR task_id = ANY($1))
            AND ($2::boolean IS NULL OR enabled = $2)
            AND ($3::text IS NULL OR id < $3)
          ORDER BY id DESC LIMIT $4",
+        &filter.task_ids,
+        filter.enabled,
+        before,
+        limit,
+        scope.workspace(),
     )
-    .bind(&filter.task_ids)
-    .bind(filter.enabled)
-    .bind(before)
-    .bind(limit)
-    .bind(scope.workspace())
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -143,14 +151,15 @@ pub async fn put(
     actor: &Actor,
 ) -> Result<ScheduleRecord> {
     tasks::lock(conn, scope, task_id).await?;
-    let current: Option<(String, i64, bool)> = sqlx::query_as(
+    let current = sqlx::query!(
         "SELECT id, revision, enabled FROM task_schedules
          WHERE workspace_id = $1 AND task_id = $2 FOR UPDATE",
+        scope.workspace(),
+        task_id,
     )
-    .bind(scope.workspace())
-    .bind(task_id)
     .fetch_optional(&mut *conn)
-    .await?;
+    .await?
+    .map(|row| (row.id, row.revision, row.enabled));
     check_revision(
         task_id,
         current.as_ref().map(|c| c.1),
@@ -164,7 +173,8 @@ pub async fn put(
         Trigger::Cron { expression, .. } => (None, Some(expression.as_str())),
     };
     let next_run_at = new.next_run_at(now);
-    let schedule: ScheduleRecord = sqlx::query_as(
+    let schedule = sqlx::query_as!(
+        ScheduleRecord,
         "INSERT INTO task_schedules (id, task_id, kind, timezone, run_at, cron_expression,
                                      enabled, next_run_at, workspace_id)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
@@ -173,17 +183,18 @@ pub async fn put(
              cron_expression = EXCLUDED.cron_expression, enabled = EXCLUDED.enabled,
              next_run_at = EXCLUDED.next_run_at, revision = task_schedules.revision + 1,
              updated_at = now()
-         RETURNING *",
+         RETURNING id, task_id, kind, timezone, run_at, cron_expression, enabled,
+                   next_run_at, revision, created_at, updated_at, workspace_id",
+        new_id("sched"),
+        task_id,
+        new.schedule.kind(),
+        new.schedule.timezone.name(),
+        run_at,
+        cron_expression,
+        next_run_at.is_some(),
+        next_run_at,
+        scope.workspace(),
     )
-    .bind(new_id("sched"))
-    .bind(task_id)
-    .bind(new.schedule.kind())
-    .bind(new.schedule.timezone.name())
-    .bind(run_at)
-    .bind(cron_expression)
-    .bind(next_run_at.is_some())
-    .bind(next_run_at)
-    .bind(scope.workspace())
     .fetch_one(&mut *conn)
     .await?;
     let was = current.map(|c| state(c.2));
@@ -248,13 +259,14 @@ async fn refuse_consumed_instant(
     schedule_id: &str,
     run_at: DateTime<Utc>,
 ) -> Result<()> {
-    let fired: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM schedule_occurrences
-                        WHERE workspace_id = $3 AND schedule_id = $1 AND scheduled_for = $2)",
+    let fired = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM schedule_occurrences
+                          WHERE workspace_id = $3 AND schedule_id = $1 AND scheduled_for = $2)
+                  AS "exists!""#,
+        schedule_id,
+        run_at,
+        scope.workspace(),
     )
-    .bind(schedule_id)
-    .bind(run_at)
-    .bind(scope.workspace())
     .fetch_one(conn)
     .await?;
     if fired {
@@ -274,12 +286,14 @@ pub async fn delete(
     actor: &Actor,
 ) -> Result<()> {
     tasks::lock(conn, scope, task_id).await?;
-    let deleted: Option<ScheduleRecord> = sqlx::query_as(
+    let deleted = sqlx::query_as!(
+        ScheduleRecord,
         "DELETE FROM task_schedules WHERE workspace_id = $1 AND task_id = $2
-         RETURNING *",
+         RETURNING id, task_id, kind, timezone, run_at, cron_expression, enabled,
+                   next_run_at, revision, created_at, updated_at, workspace_id",
+        scope.workspace(),
+        task_id,
     )
-    .bind(scope.workspace())
-    .bind(task_id)
     .fetch_optional(&mut *conn)
     .await?;
     let deleted = deleted.ok_or(StoreError::NotFound("schedule"))?;
@@ -306,16 +320,19 @@ pub async fn occurrences(
     limit: i64,
 ) -> Result<Vec<OccurrenceRecord>> {
     let schedule = get(conn, scope, task_id).await?;
-    let rows = sqlx::query_as(
-        "SELECT * FROM schedule_occurrences
-         WHERE workspace_id = $4 AND schedule_id = $1
-           AND ($2::timestamptz IS NULL OR scheduled_for < $2)
-         ORDER BY scheduled_for DESC LIMIT $3",
+    let rows = sqlx::query_as!(
+        OccurrenceRecord,
+        r#"SELECT id, task_id, schedule_id, scheduled_for, status AS "status: OccurrenceStatus",
+                  claimed_at, run_id, error, completed_at
+           FROM schedule_occurrences
+           WHERE workspace_id = $4 AND schedule_id = $1
+             AND ($2::timestamptz IS NULL OR scheduled_for < $2)
+           ORDER BY scheduled_for DESC LIMIT $3"#,
+        &schedule.id,
+        before,
+        limit,
+        scope.workspace(),
     )
-    .bind(&schedule.id)
-    .bind(before)
-    .bind(limit)
-    .bind(scope.workspace())
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -329,14 +346,17 @@ pub async fn lock_due(
     now: DateTime<Utc>,
     limit: i64,
 ) -> Result<Vec<ScheduleRecord>> {
-    let rows = sqlx::query_as(
-        "SELECT * FROM task_schedules
+    let rows = sqlx::query_as!(
+        ScheduleRecord,
+        "SELECT id, task_id, kind, timezone, run_at, cron_expression, enabled, next_run_at,
+                revision, created_at, updated_at, workspace_id
+         FROM task_schedules
          WHERE enabled AND next_run_at <= $1
          ORDER BY next_run_at LIMIT $2
          FOR UPDATE SKIP LOCKED",
+        now,
+        limit,
     )
-    .bind(now)
-    .bind(limit)
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -349,16 +369,16 @@ pub async fn advance(
     schedule: &ScheduleRecord,
     next_run_at: Option<DateTime<Utc>>,
 ) -> Result<()> {
-    let updated = sqlx::query(
+    let updated = sqlx::query!(
         "UPDATE task_schedules
-         SET next_run_at = $3, enabled = $3 IS NOT NULL, revision = revision + 1,
-             updated_at = now()
+         SET next_run_at = $3::timestamptz, enabled = $3::timestamptz IS NOT NULL,
+             revision = revision + 1, updated_at = now()
          WHERE workspace_id = $4 AND id = $1 AND revision = $2",
+        &schedule.id,
+        schedule.revision,
+        next_run_at,
+        &schedule.workspace_id,
     )
-    .bind(&schedule.id)
-    .bind(schedule.revision)
-    .bind(next_run_at)
-    .bind(&schedule.workspace_id)
     .execute(&mut *conn)
     .await?
     .rows_affected();
@@ -394,20 +414,21 @@ pub async fn claim(
     scheduled_for: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Result<Option<Claim>> {
-    let claim = sqlx::query_as(
-        "INSERT INTO schedule_occurrences (id, schedule_id, task_id, scheduled_for, status,
-                                           claim_token, claimed_at, workspace_id)
-         VALUES ($1, $2, $3, $4, 'claimed', gen_random_uuid()::text, $5, $6)
-         ON CONFLICT (schedule_id, scheduled_for) DO NOTHING
-         RETURNING id AS occurrence_id, schedule_id, task_id, scheduled_for,
-                   claim_token AS token, workspace_id",
+    let claim = sqlx::query_as!(
+        Claim,
+        r#"INSERT INTO schedule_occurrences (id, schedule_id, task_id, scheduled_for, status,
+                                             claim_token, claimed_at, workspace_id)
+           VALUES ($1, $2, $3, $4, 'claimed', gen_random_uuid()::text, $5, $6)
+           ON CONFLICT (schedule_id, scheduled_for) DO NOTHING
+           RETURNING id AS occurrence_id, schedule_id, task_id, scheduled_for,
+                     claim_token AS "token!", workspace_id"#,
+        new_id("occ"),
+        &schedule.id,
+        &schedule.task_id,
+        scheduled_for,
+        now,
+        &schedule.workspace_id,
     )
-    .bind(new_id("occ"))
-    .bind(&schedule.id)
-    .bind(&schedule.task_id)
-    .bind(scheduled_for)
-    .bind(now)
-    .bind(&schedule.workspace_id)
     .fetch_optional(conn)
     .await?;
     Ok(claim)
@@ -423,18 +444,19 @@ pub(crate) async fn take_over_stale(
     now: DateTime<Utc>,
     limit: i64,
 ) -> Result<Vec<Claim>> {
-    let claims = sqlx::query_as(
-        "UPDATE schedule_occurrences SET claim_token = gen_random_uuid()::text, claimed_at = $2
-         WHERE id IN (SELECT id FROM schedule_occurrences
-                      WHERE status = 'claimed' AND claimed_at < $1
-                      ORDER BY claimed_at LIMIT $3
-                      FOR UPDATE SKIP LOCKED)
-         RETURNING id AS occurrence_id, schedule_id, task_id, scheduled_for,
-                   claim_token AS token, workspace_id",
+    let claims = sqlx::query_as!(
+        Claim,
+        r#"UPDATE schedule_occurrences SET claim_token = gen_random_uuid()::text, claimed_at = $2
+           WHERE id IN (SELECT id FROM schedule_occurrences
+                        WHERE status = 'claimed' AND claimed_at < $1
+                        ORDER BY claimed_at LIMIT $3
+                        FOR UPDATE SKIP LOCKED)
+           RETURNING id AS occurrence_id, schedule_id, task_id, scheduled_for,
+                     claim_token AS "token!", workspace_id"#,
+        claimed_before,
+        now,
+        limit,
     )
-    .bind(claimed_before)
-    .bind(now)
-    .bind(limit)
     .fetch_all(conn)
     .await?;
     Ok(claims)
@@ -443,14 +465,14 @@ pub(crate) async fn take_over_stale(
 /// Locks the claimed occurrence if `claim` still holds it; false when it was resolved or
 /// taken over meanwhile.
 pub async fn lock_claim(conn: &mut PgConnection, claim: &Claim) -> Result<bool> {
-    let held: Option<String> = sqlx::query_scalar(
+    let held = sqlx::query_scalar!(
         "SELECT id FROM schedule_occurrences
          WHERE workspace_id = $3 AND id = $1 AND status = 'claimed' AND claim_token = $2
          FOR UPDATE",
+        &claim.occurrence_id,
+        &claim.token,
+        &claim.workspace_id,
     )
-    .bind(&claim.occurrence_id)
-    .bind(&claim.token)
-    .bind(&claim.workspace_id)
     .fetch_optional(conn)
     .await?;
     Ok(held.is_some())
@@ -469,17 +491,21 @@ pub(crate) async fn resolve(
         Outcome::Skipped { reason } => ("skipped", None, Some(reason)),
         Outcome::Failed { reason } => ("failed", None, Some(reason)),
     };
-    let occurrence = sqlx::query_as(
-        "UPDATE schedule_occurrences
-         SET status = $2, run_id = $3, error = $4, completed_at = $5, claim_token = NULL
-         WHERE workspace_id = $6 AND id = $1 RETURNING *",
+    let occurrence = sqlx::query_as!(
+        OccurrenceRecord,
+        r#"UPDATE schedule_occurrences
+           SET status = $2, run_id = $3, error = $4, completed_at = $5, claim_token = NULL
+           WHERE workspace_id = $6 AND id = $1
+           RETURNING id, task_id, schedule_id, scheduled_for,
+                     status AS "status: OccurrenceStatus", claimed_at, run_id, error,
+                     completed_at"#,
+        occurrence_id,
+        status,
+        run_id,
+        error,
+        now,
+        scope.workspace(),
     )
-    .bind(occurrence_id)
-    .bind(status)
-    .bind(run_id)
-    .bind(error)
-    .bind(now)
-    .bind(scope.workspace())
     .fetch_one(conn)
     .await?;
     Ok(occurrence)

@@ -14,19 +14,7 @@ use crate::events;
 use crate::external::ItemRecord;
 use crate::queue;
 use crate::runs::{self, RunRecord};
-use keel_api_types::ActionStatus;
-
-/// An action's columns with the id of its approval.
-macro_rules! columns {
-    () => {
-        "a.id, a.item_id, a.task_id, a.run_id, a.kind, a.proposal, a.calls, a.target,
-         a.status, a.proposed_by, a.proposed_by_run_id, a.response, a.artifact_id,
-         a.last_error_code, a.last_error, a.created_at, a.decided_at, a.sending_at,
-         a.finished_at, a.updated_at,
-         (SELECT p.id FROM approvals p
-          WHERE p.workspace_id = a.workspace_id AND p.external_action_id = a.id) AS approval_id"
-    };
-}
+use keel_api_types::{ActionStatus, ItemState};
 
 pub(crate) use keel_api_types::ActionRecord;
 
@@ -51,41 +39,53 @@ pub async fn insert(
     scope: &Scope,
     action: &NewAction<'_>,
 ) -> Result<ActionRecord> {
-    let row = sqlx::query_as(concat!(
-        "WITH a AS (
-             INSERT INTO external_actions (id, workspace_id, item_id, task_id, run_id, kind,
-                                           proposal, calls, target, status, proposed_by,
-                                           proposed_by_run_id)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending_approval', $10, $11)
-             RETURNING *)
-         SELECT ",
-        columns!(),
-        " FROM a"
-    ))
-    .bind(action.id)
-    .bind(scope.workspace())
-    .bind(action.item_id)
-    .bind(action.task_id)
-    .bind(action.run_id)
-    .bind(action.kind)
-    .bind(action.proposal)
-    .bind(action.calls)
-    .bind(action.target)
-    .bind(action.proposed_by)
-    .bind(action.proposed_by_run_id)
+    let row = sqlx::query_as!(
+        ActionRecord,
+        r#"WITH a AS (
+               INSERT INTO external_actions (id, workspace_id, item_id, task_id, run_id, kind,
+                                             proposal, calls, target, status, proposed_by,
+                                             proposed_by_run_id)
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending_approval', $10, $11)
+               RETURNING *)
+           SELECT a.id, a.item_id, a.task_id, a.run_id, a.kind, a.proposal, a.calls, a.target,
+                  a.status AS "status: ActionStatus", a.proposed_by, a.proposed_by_run_id,
+                  a.response, a.artifact_id, a.last_error_code, a.last_error, a.created_at,
+                  a.decided_at, a.sending_at, a.finished_at, a.updated_at,
+                  (SELECT p.id FROM approvals p
+                   WHERE p.workspace_id = a.workspace_id AND p.external_action_id = a.id)
+                      AS approval_id
+           FROM a"#,
+        action.id,
+        scope.workspace(),
+        action.item_id,
+        action.task_id,
+        action.run_id,
+        action.kind,
+        action.proposal,
+        action.calls,
+        action.target,
+        action.proposed_by,
+        action.proposed_by_run_id,
+    )
     .fetch_one(conn)
     .await?;
     Ok(row)
 }
 
 pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<ActionRecord> {
-    sqlx::query_as(concat!(
-        "SELECT ",
-        columns!(),
-        " FROM external_actions a WHERE a.workspace_id = $1 AND a.id = $2"
-    ))
-    .bind(scope.workspace())
-    .bind(id)
+    sqlx::query_as!(
+        ActionRecord,
+        r#"SELECT a.id, a.item_id, a.task_id, a.run_id, a.kind, a.proposal, a.calls, a.target,
+                  a.status AS "status: ActionStatus", a.proposed_by, a.proposed_by_run_id,
+                  a.response, a.artifact_id, a.last_error_code, a.last_error, a.created_at,
+                  a.decided_at, a.sending_at, a.finished_at, a.updated_at,
+                  (SELECT p.id FROM approvals p
+                   WHERE p.workspace_id = a.workspace_id AND p.external_action_id = a.id)
+                      AS approval_id
+           FROM external_actions a WHERE a.workspace_id = $1 AND a.id = $2"#,
+        scope.workspace(),
+        id,
+    )
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("external action"))
@@ -97,13 +97,19 @@ pub(crate) async fn lock(
     scope: &Scope,
     id: &str,
 ) -> Result<Option<ActionRecord>> {
-    let row = sqlx::query_as(concat!(
-        "SELECT ",
-        columns!(),
-        " FROM external_actions a WHERE a.workspace_id = $1 AND a.id = $2 FOR UPDATE OF a"
-    ))
-    .bind(scope.workspace())
-    .bind(id)
+    let row = sqlx::query_as!(
+        ActionRecord,
+        r#"SELECT a.id, a.item_id, a.task_id, a.run_id, a.kind, a.proposal, a.calls, a.target,
+                  a.status AS "status: ActionStatus", a.proposed_by, a.proposed_by_run_id,
+                  a.response, a.artifact_id, a.last_error_code, a.last_error, a.created_at,
+                  a.decided_at, a.sending_at, a.finished_at, a.updated_at,
+                  (SELECT p.id FROM approvals p
+                   WHERE p.workspace_id = a.workspace_id AND p.external_action_id = a.id)
+                      AS approval_id
+           FROM external_actions a WHERE a.workspace_id = $1 AND a.id = $2 FOR UPDATE OF a"#,
+        scope.workspace(),
+        id,
+    )
     .fetch_optional(conn)
     .await?;
     Ok(row)
@@ -117,17 +123,23 @@ pub(crate) async fn list_for_item(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ActionRecord>> {
-    let rows = sqlx::query_as(concat!(
-        "SELECT ",
-        columns!(),
-        " FROM external_actions a
-          WHERE a.workspace_id = $1 AND a.item_id = $2 AND ($3::text IS NULL OR a.id > $3)
-          ORDER BY a.id LIMIT $4"
-    ))
-    .bind(scope.workspace())
-    .bind(item_id)
-    .bind(after)
-    .bind(limit)
+    let rows = sqlx::query_as!(
+        ActionRecord,
+        r#"SELECT a.id, a.item_id, a.task_id, a.run_id, a.kind, a.proposal, a.calls, a.target,
+                  a.status AS "status: ActionStatus", a.proposed_by, a.proposed_by_run_id,
+                  a.response, a.artifact_id, a.last_error_code, a.last_error, a.created_at,
+                  a.decided_at, a.sending_at, a.finished_at, a.updated_at,
+                  (SELECT p.id FROM approvals p
+                   WHERE p.workspace_id = a.workspace_id AND p.external_action_id = a.id)
+                      AS approval_id
+           FROM external_actions a
+           WHERE a.workspace_id = $1 AND a.item_id = $2 AND ($3::text IS NULL OR a.id > $3)
+           ORDER BY a.id LIMIT $4"#,
+        scope.workspace(),
+        item_id,
+        after,
+        limit,
+    )
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -139,16 +151,19 @@ pub(crate) async fn counts_for_source(
     scope: &Scope,
     source_id: &str,
 ) -> Result<BTreeMap<String, i64>> {
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT a.status, count(*) FROM external_actions a
-         JOIN external_work_items i ON i.id = a.item_id AND i.workspace_id = a.workspace_id
-         WHERE a.workspace_id = $1 AND i.source_id = $2 GROUP BY a.status",
+    let rows = sqlx::query!(
+        r#"SELECT a.status, count(*) AS "count!" FROM external_actions a
+           JOIN external_work_items i ON i.id = a.item_id AND i.workspace_id = a.workspace_id
+           WHERE a.workspace_id = $1 AND i.source_id = $2 GROUP BY a.status"#,
+        scope.workspace(),
+        source_id,
     )
-    .bind(scope.workspace())
-    .bind(source_id)
     .fetch_all(conn)
     .await?;
-    Ok(rows.into_iter().collect())
+    Ok(rows
+        .into_iter()
+        .map(|row| (row.status, row.count))
+        .collect())
 }
 
 /// The item an action is proposed on.
@@ -157,12 +172,18 @@ pub(crate) async fn item(
     scope: &Scope,
     item_id: &str,
 ) -> Result<ItemRecord> {
-    sqlx::query_as("SELECT * FROM external_work_items WHERE workspace_id = $1 AND id = $2")
-        .bind(scope.workspace())
-        .bind(item_id)
-        .fetch_optional(conn)
-        .await?
-        .ok_or(StoreError::NotFound("external work item"))
+    sqlx::query_as!(
+        ItemRecord,
+        r#"SELECT id, source_id, idempotency_key, kind, identifier, tracker_state,
+                  state AS "state: ItemState", issue, prompt, task_id, run_id, last_error_code,
+                  last_error, workspace_path, hook_output, created_at, updated_at
+           FROM external_work_items WHERE workspace_id = $1 AND id = $2"#,
+        scope.workspace(),
+        item_id,
+    )
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("external work item"))
 }
 
 /// The operator's decision, from the approval's resolution (in its transaction): approved
@@ -236,30 +257,36 @@ pub async fn update(
     outcome: &Outcome<'_>,
 ) -> Result<ActionRecord> {
     let (code, message) = outcome.error.unzip();
-    let row = sqlx::query_as(concat!(
-        "WITH a AS (
-             UPDATE external_actions
-             SET status = $3, response = coalesce($4, response),
-                 artifact_id = coalesce($5, artifact_id), last_error_code = $6,
-                 last_error = $7, updated_at = now(),
-                 decided_at = CASE WHEN status = 'pending_approval' THEN now()
-                                   ELSE decided_at END,
-                 sending_at = CASE WHEN $3 = 'sending' AND status <> 'sending' THEN now()
-                                   ELSE sending_at END,
-                 finished_at = CASE WHEN $3 IN ('sent', 'stale_target', 'failed', 'rejected')
-                                    THEN now() END
-             WHERE workspace_id = $1 AND id = $2 RETURNING *)
-         SELECT ",
-        columns!(),
-        " FROM a"
-    ))
-    .bind(scope.workspace())
-    .bind(id)
-    .bind(status)
-    .bind(outcome.response)
-    .bind(outcome.artifact_id)
-    .bind(code)
-    .bind(message)
+    let row = sqlx::query_as!(
+        ActionRecord,
+        r#"WITH a AS (
+               UPDATE external_actions
+               SET status = $3, response = coalesce($4, response),
+                   artifact_id = coalesce($5, artifact_id), last_error_code = $6,
+                   last_error = $7, updated_at = now(),
+                   decided_at = CASE WHEN status = 'pending_approval' THEN now()
+                                     ELSE decided_at END,
+                   sending_at = CASE WHEN $3 = 'sending' AND status <> 'sending' THEN now()
+                                     ELSE sending_at END,
+                   finished_at = CASE WHEN $3 IN ('sent', 'stale_target', 'failed', 'rejected')
+                                      THEN now() END
+               WHERE workspace_id = $1 AND id = $2 RETURNING *)
+           SELECT a.id, a.item_id, a.task_id, a.run_id, a.kind, a.proposal, a.calls, a.target,
+                  a.status AS "status: ActionStatus", a.proposed_by, a.proposed_by_run_id,
+                  a.response, a.artifact_id, a.last_error_code, a.last_error, a.created_at,
+                  a.decided_at, a.sending_at, a.finished_at, a.updated_at,
+                  (SELECT p.id FROM approvals p
+                   WHERE p.workspace_id = a.workspace_id AND p.external_action_id = a.id)
+                      AS approval_id
+           FROM a"#,
+        scope.workspace(),
+        id,
+        status.as_str(),
+        outcome.response,
+        outcome.artifact_id,
+        code,
+        message,
+    )
     .fetch_one(conn)
     .await?;
     Ok(row)
