@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::Utc;
 use keel_workers::agent::provider::{ChatClient, ChatModel, RetryPolicy};
 use keel_workers::agent::run_loop::{
-    self, AgentContext, AgentPlan, ApprovalDecision, Budget, LoopOutcome, ModelCall, Toolbox,
+    self, AgentContext, AgentPlan, Budget, LoopOutcome, ModelCall, Toolbox,
 };
 use keel_workers::agent::tools::{self, ToolEnv};
 use keel_workers::agent::{Message, ModelResponse, ToolCall, ToolResult, ToolSpec};
@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::model_calls;
 use crate::agent::model_calls::NewModelCall;
 use crate::agent::prices::PriceTable;
+use crate::agent::store;
 use crate::approvals::{ActionSummary, ApprovalPolicy};
 use crate::attempt;
 use crate::db::StoreError;
@@ -182,9 +183,9 @@ async fn prepare(
         Ok(history) => history,
         Err(error) => return Ok(Err(error)),
     };
-    let prior_model_calls = prior_model_calls(&mut conn, scope, &run.id).await?;
+    let prior_model_calls = store::prior_model_calls(&mut conn, scope, &run.id).await?;
     let approval = match &history.last_step {
-        Some(step_id) => decision(&mut conn, scope, &run.id, step_id).await?,
+        Some(step_id) => store::decision(&mut conn, scope, &run.id, step_id).await?,
         None => None,
     };
     drop(conn);
@@ -246,14 +247,6 @@ struct History {
     last_step: Option<String>,
 }
 
-#[derive(sqlx::FromRow)]
-struct Persisted {
-    id: String,
-    name: String,
-    input: Value,
-    output: Option<Value>,
-}
-
 /// The run's base (or the task's prompts) and, in step order, each completed model call's
 /// response and each completed tool call's result.
 async fn history(
@@ -278,16 +271,7 @@ async fn history(
             }))
             .collect(),
     };
-    let rows: Vec<Persisted> = sqlx::query_as(
-        "SELECT id, name, input, output FROM steps
-         WHERE workspace_id = $1 AND run_id = $2 AND status = 'completed'
-           AND name IN ('model_call', 'tool_call')
-         ORDER BY index",
-    )
-    .bind(scope.workspace())
-    .bind(&run.id)
-    .fetch_all(&mut *conn)
-    .await?;
+    let rows = store::completed_calls(conn, scope, &run.id).await?;
     let (mut model_calls, mut last_step) = (0, None);
     for row in rows {
         let output = row.output.unwrap_or(Value::Null);
@@ -316,54 +300,6 @@ async fn history(
         model_calls,
         last_step,
     }))
-}
-
-/// The model calls of the runs this one carries on from (its `resumed_from` chain).
-async fn prior_model_calls(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    run_id: &str,
-) -> Result<u32, StoreError> {
-    let calls: i64 = sqlx::query_scalar(
-        "WITH RECURSIVE chain (id, depth) AS (
-             SELECT resumed_from_run_id, 1 FROM runs WHERE workspace_id = $1 AND id = $2
-             UNION ALL
-             SELECT r.resumed_from_run_id, c.depth + 1 FROM runs r JOIN chain c ON r.id = c.id
-             WHERE r.workspace_id = $1 AND c.depth < 10000
-         )
-         SELECT COALESCE(sum(r.model_call_count), 0)::bigint
-         FROM runs r JOIN chain c ON r.id = c.id WHERE r.workspace_id = $1",
-    )
-    .bind(scope.workspace())
-    .bind(run_id)
-    .fetch_one(conn)
-    .await?;
-    Ok(u32::try_from(calls).unwrap_or(u32::MAX))
-}
-
-/// The operator's decision on the tool calls of model call step `step_id`, if one was made.
-async fn decision(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    run_id: &str,
-    step_id: &str,
-) -> Result<Option<ApprovalDecision>, StoreError> {
-    let decided: Option<(String, bool)> = sqlx::query_as(
-        "SELECT status, continue_on_reject FROM approvals
-         WHERE workspace_id = $1 AND run_id = $2 AND step_id = $3
-           AND kind = 'agent_loop_tool_call'
-         ORDER BY id DESC LIMIT 1",
-    )
-    .bind(scope.workspace())
-    .bind(run_id)
-    .bind(step_id)
-    .fetch_optional(conn)
-    .await?;
-    Ok(match decided {
-        Some((status, _)) if status == "approved" => Some(ApprovalDecision::Approved),
-        Some((status, true)) if status == "rejected" => Some(ApprovalDecision::Refused),
-        _ => None,
-    })
 }
 
 /// The workspace tools a run may call.
@@ -627,11 +563,7 @@ impl Deltas {
                             "workspace_id": scope.workspace(), "task_id": task_id,
                             "run_id": run_id, "model_call_index": index, "text": piece,
                         });
-                        let sent = sqlx::query("SELECT pg_notify($1, $2)")
-                            .bind(DELTA_CHANNEL)
-                            .bind(payload.to_string())
-                            .execute(&pool)
-                            .await;
+                        let sent = store::notify(&pool, DELTA_CHANNEL, &payload.to_string()).await;
                         if let Err(error) = sent {
                             tracing::debug!(%error, "a model delta was not delivered");
                         }

@@ -27,7 +27,7 @@ pub(crate) struct NewModelCall<'a> {
 /// transaction: one statement.
 pub async fn insert(conn: &mut PgConnection, scope: &Scope, call: &NewModelCall<'_>) -> Result<()> {
     let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-    sqlx::query(
+    sqlx::query!(
         "WITH ledger AS (
              INSERT INTO model_calls (id, workspace_id, task_id, run_id, step_id, index, provider,
                                       model, prompt_tokens, completion_tokens, cached_tokens,
@@ -38,20 +38,20 @@ pub async fn insert(conn: &mut PgConnection, scope: &Scope, call: &NewModelCall<
                          total_cost_micros_usd = total_cost_micros_usd + COALESCE($12, 0),
                          model_call_in_flight = NULL, updated_at = now()
          WHERE workspace_id = $2 AND id = $4",
+        new_id("mc"),
+        scope.workspace(),
+        call.task_id,
+        call.run_id,
+        call.step_id,
+        call.index as i32,
+        call.provider,
+        call.model,
+        tokens(call.usage.prompt_tokens),
+        tokens(call.usage.completion_tokens),
+        tokens(call.usage.cached_tokens),
+        call.cost_micros_usd,
+        call.duration_ms,
     )
-    .bind(new_id("mc"))
-    .bind(scope.workspace())
-    .bind(call.task_id)
-    .bind(call.run_id)
-    .bind(call.step_id)
-    .bind(call.index as i32)
-    .bind(call.provider)
-    .bind(call.model)
-    .bind(tokens(call.usage.prompt_tokens))
-    .bind(tokens(call.usage.completion_tokens))
-    .bind(tokens(call.usage.cached_tokens))
-    .bind(call.cost_micros_usd)
-    .bind(call.duration_ms)
     .execute(conn)
     .await?;
     Ok(())
@@ -65,12 +65,14 @@ pub(crate) async fn start(
     run_id: &str,
     index: u32,
 ) -> Result<()> {
-    sqlx::query("UPDATE runs SET model_call_in_flight = $3 WHERE workspace_id = $1 AND id = $2")
-        .bind(scope.workspace())
-        .bind(run_id)
-        .bind(index as i32)
-        .execute(conn)
-        .await?;
+    sqlx::query!(
+        "UPDATE runs SET model_call_in_flight = $3 WHERE workspace_id = $1 AND id = $2",
+        scope.workspace(),
+        run_id,
+        index as i32,
+    )
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -82,16 +84,16 @@ pub(crate) async fn settle_abandoned(
     scope: &Scope,
     run_id: &str,
 ) -> Result<Option<u32>> {
-    let index: Option<i32> = sqlx::query_scalar(
-        "UPDATE runs r SET abandoned_model_calls = r.abandoned_model_calls + 1,
-                           model_call_in_flight = NULL, updated_at = now()
-         FROM (SELECT id, model_call_in_flight FROM runs
-               WHERE workspace_id = $1 AND id = $2 FOR UPDATE) AS before
-         WHERE r.id = before.id AND before.model_call_in_flight IS NOT NULL
-         RETURNING before.model_call_in_flight",
+    let index = sqlx::query_scalar!(
+        r#"UPDATE runs r SET abandoned_model_calls = r.abandoned_model_calls + 1,
+                             model_call_in_flight = NULL, updated_at = now()
+           FROM (SELECT id, model_call_in_flight FROM runs
+                 WHERE workspace_id = $1 AND id = $2 FOR UPDATE) AS before
+           WHERE r.id = before.id AND before.model_call_in_flight IS NOT NULL
+           RETURNING before.model_call_in_flight AS "model_call_in_flight!""#,
+        scope.workspace(),
+        run_id,
     )
-    .bind(scope.workspace())
-    .bind(run_id)
     .fetch_optional(conn)
     .await?;
     Ok(index.map(|index| index as u32))

@@ -123,15 +123,16 @@ impl ContentStore {
         bytes: &[u8],
         max_bytes: i64,
     ) -> Result<()> {
-        let (size, stored_in): (i64, String) = sqlx::query_as(
+        let row = sqlx::query!(
             "SELECT size_bytes, storage FROM artifacts WHERE workspace_id = $1 AND id = $2
                  FOR UPDATE",
+            scope.workspace(),
+            artifact_id,
         )
-        .bind(scope.workspace())
-        .bind(artifact_id)
         .fetch_optional(&mut *conn)
         .await?
         .ok_or(StoreError::NotFound("artifact"))?;
+        let (size, stored_in) = (row.size_bytes, row.storage);
         let room = usize::try_from((max_bytes - size).max(0)).unwrap_or(usize::MAX);
         let kept = &bytes[..bytes.len().min(room)];
         // An empty artifact has no chunks yet, so it can move to this process's store; one
@@ -145,14 +146,14 @@ impl ContentStore {
         if !kept.is_empty() {
             match storage {
                 POSTGRES => {
-                    sqlx::query(
+                    sqlx::query!(
                         "INSERT INTO artifact_chunks (artifact_id, offset_bytes, data, size_bytes)
                          VALUES ($1, $2, $3, $4)",
+                        artifact_id,
+                        size,
+                        kept,
+                        kept.len() as i64,
                     )
-                    .bind(artifact_id)
-                    .bind(size)
-                    .bind(kept)
-                    .bind(kept.len() as i64)
                     .execute(&mut *conn)
                     .await?;
                 }
@@ -167,28 +168,28 @@ impl ContentStore {
                         .put(&Path::from(key.as_str()), PutPayload::from(kept.to_vec()))
                         .await
                         .map_err(|e| StoreError::Content(e.to_string()))?;
-                    sqlx::query(
+                    sqlx::query!(
                         "INSERT INTO artifact_chunks (artifact_id, offset_bytes, object_key, size_bytes)
                          VALUES ($1, $2, $3, $4)",
+                        artifact_id,
+                        size,
+                        &key,
+                        kept.len() as i64,
                     )
-                    .bind(artifact_id)
-                    .bind(size)
-                    .bind(&key)
-                    .bind(kept.len() as i64)
                     .execute(&mut *conn)
                     .await?;
                 }
             }
         }
-        sqlx::query(
+        sqlx::query!(
             "UPDATE artifacts SET size_bytes = size_bytes + $2, truncated = truncated OR $3,
                                   storage = $4, updated_at = now()
              WHERE id = $1",
+            artifact_id,
+            kept.len() as i64,
+            kept.len() < bytes.len(),
+            storage,
         )
-        .bind(artifact_id)
-        .bind(kept.len() as i64)
-        .bind(kept.len() < bytes.len())
-        .bind(storage)
         .execute(conn)
         .await?;
         Ok(())
@@ -219,36 +220,39 @@ impl ContentStore {
     ) -> impl Stream<Item = Result<Bytes>> + Send + 'static {
         let store = self.clone();
         async_stream::try_stream! {
-            let size: i64 = sqlx::query_scalar("SELECT size_bytes FROM artifacts WHERE id = $1")
-                .bind(&artifact_id)
-                .fetch_optional(&pool)
-                .await?
-                .ok_or(StoreError::NotFound("artifact"))?;
-            // The chunk holding `from` starts at or before it (one probe of the key).
-            let mut next: i64 = sqlx::query_scalar(
-                "SELECT coalesce(max(offset_bytes), 0) FROM artifact_chunks
-                 WHERE artifact_id = $1 AND offset_bytes <= $2",
+            let size = sqlx::query_scalar!(
+                "SELECT size_bytes FROM artifacts WHERE id = $1",
+                &artifact_id,
             )
-            .bind(&artifact_id)
-            .bind(from)
+            .fetch_optional(&pool)
+            .await?
+            .ok_or(StoreError::NotFound("artifact"))?;
+            // The chunk holding `from` starts at or before it (one probe of the key).
+            let mut next = sqlx::query_scalar!(
+                r#"SELECT coalesce(max(offset_bytes), 0) AS "offset!" FROM artifact_chunks
+                   WHERE artifact_id = $1 AND offset_bytes <= $2"#,
+                &artifact_id,
+                from,
+            )
             .fetch_one(&pool)
             .await?;
             while next < size {
-                let page: Vec<(i64, Option<Vec<u8>>, Option<String>)> = sqlx::query_as(
+                let page = sqlx::query!(
                     "SELECT offset_bytes, data, object_key FROM artifact_chunks
                      WHERE artifact_id = $1 AND offset_bytes >= $2 AND offset_bytes < $3
                      ORDER BY offset_bytes LIMIT $4",
+                    &artifact_id,
+                    next,
+                    size,
+                    READ_PAGE_CHUNKS,
                 )
-                .bind(&artifact_id)
-                .bind(next)
-                .bind(size)
-                .bind(READ_PAGE_CHUNKS)
                 .fetch_all(&pool)
                 .await?;
                 if page.is_empty() {
                     break;
                 }
-                for (offset, data, key) in page {
+                for chunk in page {
+                    let (offset, data, key) = (chunk.offset_bytes, chunk.data, chunk.object_key);
                     let bytes = store.chunk(&artifact_id, data, key).await?;
                     next = offset + bytes.len() as i64;
                     let skip = (from - offset).clamp(0, bytes.len() as i64) as usize;

@@ -12,6 +12,7 @@ use crate::events;
 use crate::events::{NewEvent, Subject};
 
 pub(crate) use keel_api_types::ArtifactRecord;
+use keel_api_types::{ArtifactKind, ArtifactStatus};
 
 /// An artifact a writer names, with the id it is created under if it does not exist yet.
 pub(crate) struct NewArtifact<'a> {
@@ -25,11 +26,50 @@ pub(crate) struct NewArtifact<'a> {
 }
 
 /// An upserted artifact, and whether this call created it.
-#[derive(sqlx::FromRow)]
 pub(crate) struct Upserted {
-    #[sqlx(flatten)]
     pub(crate) artifact: ArtifactRecord,
     pub(crate) created: bool,
+}
+
+/// The row [`upsert`] returns: the artifact's columns and `created`.
+struct UpsertedRow {
+    id: String,
+    run_id: Option<String>,
+    task_id: Option<String>,
+    media_job_id: Option<String>,
+    name: String,
+    kind: ArtifactKind,
+    content_type: String,
+    size_bytes: i64,
+    truncated: bool,
+    status: ArtifactStatus,
+    storage: String,
+    created_at: chrono::DateTime<chrono::Utc>,
+    updated_at: chrono::DateTime<chrono::Utc>,
+    created: bool,
+}
+
+impl From<UpsertedRow> for Upserted {
+    fn from(row: UpsertedRow) -> Upserted {
+        Upserted {
+            artifact: ArtifactRecord {
+                id: row.id,
+                run_id: row.run_id,
+                task_id: row.task_id,
+                media_job_id: row.media_job_id,
+                name: row.name,
+                kind: row.kind,
+                content_type: row.content_type,
+                size_bytes: row.size_bytes,
+                truncated: row.truncated,
+                status: row.status,
+                storage: row.storage,
+                created_at: row.created_at,
+                updated_at: row.updated_at,
+            },
+            created: row.created,
+        }
+    }
 }
 
 /// Opens an artifact for writing, with its `artifact.created` event when it is new.
@@ -71,41 +111,61 @@ pub(crate) async fn upsert(
         "writing"
     };
     // `xmax = 0`: the row version is this statement's insert, not an update of an old row.
-    let query = match artifact.owner {
-        Subject::Run { .. } => sqlx::query_as(
-            "INSERT INTO artifacts (id, run_id, task_id, media_job_id, name, kind, content_type,
-                                    status, workspace_id)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-             ON CONFLICT (run_id, name)
-                 DO UPDATE SET status = EXCLUDED.status, updated_at = now()
-                 WHERE artifacts.workspace_id = EXCLUDED.workspace_id
-             RETURNING id, run_id, task_id, media_job_id, name, kind, content_type, size_bytes,
-                       truncated, status, storage, created_at, updated_at, xmax = 0 AS created",
-        ),
-        Subject::MediaJob(_) => sqlx::query_as(
-            "INSERT INTO artifacts (id, run_id, task_id, media_job_id, name, kind, content_type,
-                                    status, workspace_id)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-             ON CONFLICT (media_job_id, name)
-                 DO UPDATE SET status = EXCLUDED.status, updated_at = now()
-                 WHERE artifacts.workspace_id = EXCLUDED.workspace_id
-             RETURNING id, run_id, task_id, media_job_id, name, kind, content_type, size_bytes,
-                       truncated, status, storage, created_at, updated_at, xmax = 0 AS created",
-        ),
+    let row = match artifact.owner {
+        Subject::Run { .. } => {
+            sqlx::query_as!(
+                UpsertedRow,
+                r#"INSERT INTO artifacts (id, run_id, task_id, media_job_id, name, kind,
+                                         content_type, status, workspace_id)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                   ON CONFLICT (run_id, name)
+                       DO UPDATE SET status = EXCLUDED.status, updated_at = now()
+                       WHERE artifacts.workspace_id = EXCLUDED.workspace_id
+                   RETURNING id, run_id, task_id, media_job_id, name,
+                             kind AS "kind: ArtifactKind", content_type, size_bytes, truncated,
+                             status AS "status: ArtifactStatus", storage, created_at,
+                             updated_at, xmax = 0 AS "created!""#,
+                artifact.id,
+                run_id,
+                task_id,
+                media_job_id,
+                artifact.name,
+                artifact.kind,
+                artifact.content_type,
+                status,
+                scope.workspace(),
+            )
+            .fetch_optional(conn)
+            .await?
+        }
+        Subject::MediaJob(_) => {
+            sqlx::query_as!(
+                UpsertedRow,
+                r#"INSERT INTO artifacts (id, run_id, task_id, media_job_id, name, kind,
+                                         content_type, status, workspace_id)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                   ON CONFLICT (media_job_id, name)
+                       DO UPDATE SET status = EXCLUDED.status, updated_at = now()
+                       WHERE artifacts.workspace_id = EXCLUDED.workspace_id
+                   RETURNING id, run_id, task_id, media_job_id, name,
+                             kind AS "kind: ArtifactKind", content_type, size_bytes, truncated,
+                             status AS "status: ArtifactStatus", storage, created_at,
+                             updated_at, xmax = 0 AS "created!""#,
+                artifact.id,
+                run_id,
+                task_id,
+                media_job_id,
+                artifact.name,
+                artifact.kind,
+                artifact.content_type,
+                status,
+                scope.workspace(),
+            )
+            .fetch_optional(conn)
+            .await?
+        }
     };
-    let upserted = query
-        .bind(artifact.id)
-        .bind(run_id)
-        .bind(task_id)
-        .bind(media_job_id)
-        .bind(artifact.name)
-        .bind(artifact.kind)
-        .bind(artifact.content_type)
-        .bind(status)
-        .bind(scope.workspace())
-        .fetch_optional(conn)
-        .await?
-        .ok_or(StoreError::NotFound("artifact"))?;
+    let upserted = row.ok_or(StoreError::NotFound("artifact"))?.into();
     Ok(upserted)
 }
 
@@ -121,12 +181,12 @@ pub(crate) fn created_event<'a>(owner: Subject<'a>, upserted: &Upserted) -> Opti
 }
 
 pub async fn close(conn: &mut PgConnection, scope: &Scope, artifact_id: &str) -> Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "UPDATE artifacts SET status = 'complete', updated_at = now()
          WHERE workspace_id = $1 AND id = $2",
+        scope.workspace(),
+        artifact_id,
     )
-    .bind(scope.workspace())
-    .bind(artifact_id)
     .execute(conn)
     .await?;
     Ok(())
@@ -139,19 +199,21 @@ pub async fn get(
     artifact_id: &str,
 ) -> Result<ArtifactRecord> {
     let (task_id, run_id, media_job_id) = owner.columns();
-    sqlx::query_as(
-        "SELECT id, run_id, task_id, media_job_id, name, kind, content_type, size_bytes, truncated,
-                status, storage, created_at, updated_at
-         FROM artifacts
-         WHERE workspace_id = $1 AND id = $2
-           AND run_id IS NOT DISTINCT FROM $3 AND task_id IS NOT DISTINCT FROM $4
-           AND media_job_id IS NOT DISTINCT FROM $5",
+    sqlx::query_as!(
+        ArtifactRecord,
+        r#"SELECT id, run_id, task_id, media_job_id, name, kind AS "kind: ArtifactKind",
+                  content_type, size_bytes, truncated, status AS "status: ArtifactStatus",
+                  storage, created_at, updated_at
+           FROM artifacts
+           WHERE workspace_id = $1 AND id = $2
+             AND run_id IS NOT DISTINCT FROM $3 AND task_id IS NOT DISTINCT FROM $4
+             AND media_job_id IS NOT DISTINCT FROM $5"#,
+        scope.workspace(),
+        artifact_id,
+        run_id,
+        task_id,
+        media_job_id,
     )
-    .bind(scope.workspace())
-    .bind(artifact_id)
-    .bind(run_id)
-    .bind(task_id)
-    .bind(media_job_id)
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("artifact"))
@@ -164,28 +226,42 @@ pub async fn list(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ArtifactRecord>> {
-    let query = match owner {
-        Subject::Run { .. } => sqlx::query_as(
-            "SELECT id, run_id, task_id, media_job_id, name, kind, content_type, size_bytes,
-                    truncated, status, storage, created_at, updated_at
-             FROM artifacts
-             WHERE workspace_id = $4 AND run_id = $1 AND ($2::text IS NULL OR id > $2)
-             ORDER BY id LIMIT $3",
-        ),
-        Subject::MediaJob(_) => sqlx::query_as(
-            "SELECT id, run_id, task_id, media_job_id, name, kind, content_type, size_bytes,
-                    truncated, status, storage, created_at, updated_at
-             FROM artifacts
-             WHERE workspace_id = $4 AND media_job_id = $1 AND ($2::text IS NULL OR id > $2)
-             ORDER BY id LIMIT $3",
-        ),
+    let (_, owner_id) = owner.key();
+    let rows = match owner {
+        Subject::Run { .. } => {
+            sqlx::query_as!(
+                ArtifactRecord,
+                r#"SELECT id, run_id, task_id, media_job_id, name, kind AS "kind: ArtifactKind",
+                          content_type, size_bytes, truncated,
+                          status AS "status: ArtifactStatus", storage, created_at, updated_at
+                   FROM artifacts
+                   WHERE workspace_id = $4 AND run_id = $1 AND ($2::text IS NULL OR id > $2)
+                   ORDER BY id LIMIT $3"#,
+                owner_id,
+                after,
+                limit,
+                scope.workspace(),
+            )
+            .fetch_all(conn)
+            .await?
+        }
+        Subject::MediaJob(_) => {
+            sqlx::query_as!(
+                ArtifactRecord,
+                r#"SELECT id, run_id, task_id, media_job_id, name, kind AS "kind: ArtifactKind",
+                          content_type, size_bytes, truncated,
+                          status AS "status: ArtifactStatus", storage, created_at, updated_at
+                   FROM artifacts
+                   WHERE workspace_id = $4 AND media_job_id = $1 AND ($2::text IS NULL OR id > $2)
+                   ORDER BY id LIMIT $3"#,
+                owner_id,
+                after,
+                limit,
+                scope.workspace(),
+            )
+            .fetch_all(conn)
+            .await?
+        }
     };
-    let rows = query
-        .bind(owner.key().1)
-        .bind(after)
-        .bind(limit)
-        .bind(scope.workspace())
-        .fetch_all(conn)
-        .await?;
     Ok(rows)
 }

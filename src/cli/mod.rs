@@ -331,13 +331,15 @@ async fn serve_all(
 
 async fn create_database(admin_url: &str, name: &str) -> anyhow::Result<()> {
     let pool = crate::db::connect(admin_url, 1, "setup").await?;
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(name)
-            .fetch_one(&pool)
-            .await?;
+    let exists = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1) AS "exists!""#,
+        name,
+    )
+    .fetch_one(&pool)
+    .await?;
     if !exists {
-        // An identifier cannot be a bound parameter; quote it as PostgreSQL does.
+        // An identifier cannot be a bound parameter, so this statement is built at run time
+        // (no `query!`); quote it as PostgreSQL does.
         let quoted = format!("\"{}\"", name.replace('"', "\"\""));
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {quoted}")))
             .execute(&pool)

@@ -125,14 +125,14 @@ pub async fn connect(url: &str, max_connections: u32, role: &str) -> Result<PgPo
 /// index build may take longer); `RESET` gives it back to the pool with the pool's.
 pub async fn migrate(pool: &PgPool) -> Result<()> {
     let mut conn = pool.acquire().await?;
-    sqlx::query("SET statement_timeout = 0")
+    sqlx::query!("SET statement_timeout = 0")
         .execute(&mut *conn)
         .await?;
     MIGRATOR
         .run(&mut *conn)
         .await
         .map_err(|e| StoreError::Database(e.into()))?;
-    sqlx::query("RESET statement_timeout")
+    sqlx::query!("RESET statement_timeout")
         .execute(&mut *conn)
         .await?;
     Ok(())
@@ -141,6 +141,8 @@ pub async fn migrate(pool: &PgPool) -> Result<()> {
 /// Whether the database has every migration this binary knows.
 pub(crate) async fn migrations_current(pool: &PgPool) -> Result<bool> {
     let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    // Not a `query!`: `_sqlx_migrations` is sqlx's own table, which no migration creates,
+    // so the database scripts/sqlx-prepare describes statements against has none.
     let applied: Option<i64> =
         sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
             .fetch_one(pool)

@@ -121,13 +121,13 @@ pub async fn append(conn: &mut PgConnection, scope: &Scope, events: &[NewEvent<'
     // A statement of its own: the INSERT's snapshot must begin after the locks are held,
     // or it could miss the events of the transaction it waited for. Sorted keys, so two
     // transactions locking the same subjects take them in the same order.
-    sqlx::query(
+    sqlx::query!(
         "SELECT pg_advisory_xact_lock($1, key)
          FROM (SELECT DISTINCT hashtext(subject) AS key FROM unnest($2::text[]) AS subject) AS keys
          ORDER BY key",
+        SUBJECT_LOCK_CLASS,
+        &subjects as &[&str],
     )
-    .bind(SUBJECT_LOCK_CLASS)
-    .bind(&subjects)
     .execute(&mut *conn)
     .await?;
     let mut columns = EventColumns::default();
@@ -143,7 +143,7 @@ pub async fn append(conn: &mut PgConnection, scope: &Scope, events: &[NewEvent<'
     // Each event numbers on from its subject's last committed one (`nth` counts the call's
     // events per subject) and takes the greater of this transaction's id and that event's
     // `feed_xid`. Ids are drawn in the call's order, so a subject's events order by id too.
-    sqlx::query(
+    sqlx::query!(
         "WITH new AS (
              SELECT n.*, row_number() OVER (PARTITION BY n.run_id, n.media_job_id ORDER BY n.ord) AS nth
              FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[])
@@ -164,14 +164,14 @@ pub async fn append(conn: &mut PgConnection, scope: &Scope, events: &[NewEvent<'
               WHERE e.media_job_id = new.media_job_id ORDER BY e.sequence DESC LIMIT 1)
          ) AS last ON true
          ORDER BY new.ord",
+        &columns.event_ids,
+        &columns.task_ids as &[Option<&str>],
+        &columns.run_ids as &[Option<&str>],
+        &columns.media_job_ids as &[Option<&str>],
+        &columns.types as &[&str],
+        &columns.data as &[&serde_json::Value],
+        scope.workspace(),
     )
-    .bind(&columns.event_ids)
-    .bind(&columns.task_ids)
-    .bind(&columns.run_ids)
-    .bind(&columns.media_job_ids)
-    .bind(&columns.types)
-    .bind(&columns.data)
-    .bind(scope.workspace())
     .execute(conn)
     .await?;
     Ok(())
@@ -195,17 +195,19 @@ pub async fn list_for_run(
     after_sequence: i64,
     limit: i64,
 ) -> Result<Vec<EventRecord>> {
-    let rows = sqlx::query_as(
-        "SELECT 1 AS schema_version, event_id, task_id, run_id, media_job_id, sequence,
-                feed_xid::text || '-' || id AS cursor, occurred_at, type, data
-         FROM run_events
-         WHERE workspace_id = $1 AND run_id = $2 AND sequence > $3
-         ORDER BY sequence LIMIT $4",
+    let rows = sqlx::query_as!(
+        EventRecord,
+        r#"SELECT 1 AS "schema_version!", event_id, task_id, run_id, media_job_id, sequence,
+                  feed_xid::text || '-' || id AS "cursor!", occurred_at,
+                  type AS "event_type: EventType", data
+           FROM run_events
+           WHERE workspace_id = $1 AND run_id = $2 AND sequence > $3
+           ORDER BY sequence LIMIT $4"#,
+        scope.workspace(),
+        run_id,
+        after_sequence,
+        limit,
     )
-    .bind(scope.workspace())
-    .bind(run_id)
-    .bind(after_sequence)
-    .bind(limit)
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -229,24 +231,26 @@ pub async fn list_feed(
     limit: i64,
 ) -> Result<Vec<EventRecord>> {
     // The horizon comes from the statement's own snapshot, the one its rows come from.
-    let rows = sqlx::query_as(
-        "SELECT 1 AS schema_version, event_id, task_id, run_id, media_job_id, sequence,
-                feed_xid::text || '-' || id AS cursor, occurred_at, type, data
-         FROM run_events
-         WHERE workspace_id = $1 AND (feed_xid, id) > ($2::text::xid8, $3)
-           AND feed_xid < (SELECT pg_snapshot_xmin(pg_current_snapshot()))
-           AND ($4::text[] IS NULL OR type = ANY($4))
-           AND ($5::text IS NULL OR task_id = $5)
-           AND ($6::text IS NULL OR media_job_id = $6)
-         ORDER BY feed_xid, id LIMIT $7",
+    let rows = sqlx::query_as!(
+        EventRecord,
+        r#"SELECT 1 AS "schema_version!", event_id, task_id, run_id, media_job_id, sequence,
+                  feed_xid::text || '-' || id AS "cursor!", occurred_at,
+                  type AS "event_type: EventType", data
+           FROM run_events
+           WHERE workspace_id = $1 AND (feed_xid, id) > ($2::text::xid8, $3)
+             AND feed_xid < (SELECT pg_snapshot_xmin(pg_current_snapshot()))
+             AND ($4::text[] IS NULL OR type = ANY($4))
+             AND ($5::text IS NULL OR task_id = $5)
+             AND ($6::text IS NULL OR media_job_id = $6)
+           ORDER BY feed_xid, id LIMIT $7"#,
+        scope.workspace(),
+        after.xid.to_string(),
+        after.id,
+        filter.event_types.as_deref(),
+        filter.task_id.as_deref(),
+        filter.media_job_id.as_deref(),
+        limit,
     )
-    .bind(scope.workspace())
-    .bind(after.xid.to_string())
-    .bind(after.id)
-    .bind(&filter.event_types)
-    .bind(&filter.task_id)
-    .bind(&filter.media_job_id)
-    .bind(limit)
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -256,7 +260,7 @@ pub async fn list_feed(
 /// cluster takes its id or ends, so with every commit of events and every advance of the
 /// feed's horizon: what the streams poll to learn that there may be something new to read.
 pub(crate) async fn snapshot(conn: &mut PgConnection) -> Result<String> {
-    let snapshot = sqlx::query_scalar("SELECT pg_current_snapshot()::text")
+    let snapshot = sqlx::query_scalar!(r#"SELECT pg_current_snapshot()::text AS "snapshot!""#)
         .fetch_one(conn)
         .await?;
     Ok(snapshot)

@@ -38,22 +38,28 @@ pub(crate) async fn record_all(
     let column = |f: fn(&Transition<'_>) -> Option<String>| -> Vec<Option<String>> {
         transitions.iter().map(f).collect()
     };
-    sqlx::query(
+    let entity_types = column(|t| Some(t.entity_type.to_string()));
+    let entity_ids = column(|t| Some(t.entity_id.to_string()));
+    let task_ids = column(|t| t.task_id.map(str::to_string));
+    let froms = column(|t| t.from.map(str::to_string));
+    let tos = column(|t| Some(t.to.to_string()));
+    let reasons = column(|t| t.reason.map(str::to_string));
+    sqlx::query!(
         "INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id, from_status,
                                         to_status, reason, actor)
          SELECT $1, entity_type, entity_id, task_id, from_status, to_status, reason, $8
          FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
               WITH ORDINALITY AS t(entity_type, entity_id, task_id, from_status, to_status, reason, n)
          ORDER BY n",
+        scope.workspace(),
+        &entity_types as &[Option<String>],
+        &entity_ids as &[Option<String>],
+        &task_ids as &[Option<String>],
+        &froms as &[Option<String>],
+        &tos as &[Option<String>],
+        &reasons as &[Option<String>],
+        actor.to_string(),
     )
-    .bind(scope.workspace())
-    .bind(column(|t| Some(t.entity_type.to_string())))
-    .bind(column(|t| Some(t.entity_id.to_string())))
-    .bind(column(|t| t.task_id.map(str::to_string)))
-    .bind(column(|t| t.from.map(str::to_string)))
-    .bind(column(|t| Some(t.to.to_string())))
-    .bind(column(|t| t.reason.map(str::to_string)))
-    .bind(actor.to_string())
     .execute(conn)
     .await?;
     Ok(())
@@ -68,18 +74,19 @@ pub async fn list(
     after: i64,
     limit: i64,
 ) -> Result<Vec<TransitionRecord>> {
-    let rows = sqlx::query_as(
+    let rows = sqlx::query_as!(
+        TransitionRecord,
         "SELECT id, entity_type, entity_id, task_id, from_status, to_status, reason, actor, occurred_at
          FROM state_transitions
          WHERE workspace_id = $1 AND ($2::text IS NULL OR entity_type = $2)
            AND ($3::text IS NULL OR entity_id = $3) AND id > $4
          ORDER BY id LIMIT $5",
+        scope.workspace(),
+        entity_type,
+        entity_id,
+        after,
+        limit,
     )
-    .bind(scope.workspace())
-    .bind(entity_type)
-    .bind(entity_id)
-    .bind(after)
-    .bind(limit)
     .fetch_all(conn)
     .await?;
     Ok(rows)

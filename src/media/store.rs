@@ -58,16 +58,16 @@ pub async fn create(
         job.operation,
     )?;
     let id = new_id("media_job");
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO media_jobs (id, provider_id, operation, prompt, input, status, workspace_id)
          VALUES ($1, $2, $3, $4, $5, 'queued', $6)",
+        &id,
+        job.provider_id,
+        job.operation.as_str(),
+        job.prompt,
+        job.input,
+        scope.workspace(),
     )
-    .bind(&id)
-    .bind(job.provider_id)
-    .bind(job.operation.as_str())
-    .bind(job.prompt)
-    .bind(job.input)
-    .bind(scope.workspace())
     .execute(&mut *conn)
     .await
     .map_err(StoreError::from)?;
@@ -85,17 +85,19 @@ pub async fn create(
 }
 
 pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<MediaJobRecord> {
-    sqlx::query_as(
-        "SELECT m.id, m.provider_id, m.operation, m.prompt, m.input, m.status, m.vendor_task_id,
-                m.attempt, m.worker_id, m.last_error_code, m.last_error,
-                ARRAY(SELECT a.id FROM artifacts a WHERE a.media_job_id = m.id ORDER BY a.id)
-                    AS artifact_ids,
-                m.created_at, m.updated_at, m.started_at, m.finished_at
-         FROM media_jobs m
-         WHERE m.workspace_id = $1 AND m.id = $2",
+    sqlx::query_as!(
+        MediaJobRecord,
+        r#"SELECT m.id, m.provider_id, m.operation, m.prompt, m.input,
+                  m.status AS "status: MediaJobStatus", m.vendor_task_id, m.attempt, m.worker_id,
+                  m.last_error_code, m.last_error,
+                  ARRAY(SELECT a.id FROM artifacts a WHERE a.media_job_id = m.id ORDER BY a.id)
+                      AS "artifact_ids!",
+                  m.created_at, m.updated_at, m.started_at, m.finished_at
+           FROM media_jobs m
+           WHERE m.workspace_id = $1 AND m.id = $2"#,
+        scope.workspace(),
+        id,
     )
-    .bind(scope.workspace())
-    .bind(id)
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("media job"))
@@ -107,17 +109,19 @@ pub(crate) async fn lock(
     scope: &Scope,
     id: &str,
 ) -> Result<MediaJobRecord> {
-    sqlx::query_as(
-        "SELECT m.id, m.provider_id, m.operation, m.prompt, m.input, m.status, m.vendor_task_id,
-                m.attempt, m.worker_id, m.last_error_code, m.last_error,
-                ARRAY(SELECT a.id FROM artifacts a WHERE a.media_job_id = m.id ORDER BY a.id)
-                    AS artifact_ids,
-                m.created_at, m.updated_at, m.started_at, m.finished_at
-         FROM media_jobs m
-         WHERE m.workspace_id = $1 AND m.id = $2 FOR UPDATE OF m",
+    sqlx::query_as!(
+        MediaJobRecord,
+        r#"SELECT m.id, m.provider_id, m.operation, m.prompt, m.input,
+                  m.status AS "status: MediaJobStatus", m.vendor_task_id, m.attempt, m.worker_id,
+                  m.last_error_code, m.last_error,
+                  ARRAY(SELECT a.id FROM artifacts a WHERE a.media_job_id = m.id ORDER BY a.id)
+                      AS "artifact_ids!",
+                  m.created_at, m.updated_at, m.started_at, m.finished_at
+           FROM media_jobs m
+           WHERE m.workspace_id = $1 AND m.id = $2 FOR UPDATE OF m"#,
+        scope.workspace(),
+        id,
     )
-    .bind(scope.workspace())
-    .bind(id)
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("media job"))
@@ -136,23 +140,25 @@ pub async fn list(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<MediaJobRecord>> {
-    let rows = sqlx::query_as(
-        "SELECT m.id, m.provider_id, m.operation, m.prompt, m.input, m.status, m.vendor_task_id,
-                m.attempt, m.worker_id, m.last_error_code, m.last_error,
-                ARRAY(SELECT a.id FROM artifacts a WHERE a.media_job_id = m.id ORDER BY a.id)
-                    AS artifact_ids,
-                m.created_at, m.updated_at, m.started_at, m.finished_at
-         FROM media_jobs m
-         WHERE m.workspace_id = $5 AND ($1::text IS NULL OR m.status = $1)
-           AND ($2::text IS NULL OR m.provider_id = $2)
-           AND ($3::text IS NULL OR m.id > $3)
-         ORDER BY m.id LIMIT $4",
+    let rows = sqlx::query_as!(
+        MediaJobRecord,
+        r#"SELECT m.id, m.provider_id, m.operation, m.prompt, m.input,
+                  m.status AS "status: MediaJobStatus", m.vendor_task_id, m.attempt, m.worker_id,
+                  m.last_error_code, m.last_error,
+                  ARRAY(SELECT a.id FROM artifacts a WHERE a.media_job_id = m.id ORDER BY a.id)
+                      AS "artifact_ids!",
+                  m.created_at, m.updated_at, m.started_at, m.finished_at
+           FROM media_jobs m
+           WHERE m.workspace_id = $5 AND ($1::text IS NULL OR m.status = $1)
+             AND ($2::text IS NULL OR m.provider_id = $2)
+             AND ($3::text IS NULL OR m.id > $3)
+           ORDER BY m.id LIMIT $4"#,
+        filter.status.map(MediaJobStatus::as_str),
+        filter.provider_id.as_deref(),
+        after,
+        limit,
+        scope.workspace(),
     )
-    .bind(filter.status.map(MediaJobStatus::as_str))
-    .bind(&filter.provider_id)
-    .bind(after)
-    .bind(limit)
-    .bind(scope.workspace())
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -185,7 +191,7 @@ pub async fn transition(
         )));
     }
     let (code, message) = change.error.unzip();
-    sqlx::query(
+    sqlx::query!(
         "UPDATE media_jobs SET status = $2, updated_at = now(),
              attempt = attempt + CASE WHEN $2 = 'running' THEN 1 ELSE 0 END,
              worker_id = COALESCE($3, worker_id),
@@ -196,13 +202,13 @@ pub async fn transition(
                                    ELSE vendor_task_id END,
              last_error_code = $4, last_error = $5
          WHERE workspace_id = $6 AND id = $1",
+        id,
+        next.as_str(),
+        change.worker_id,
+        code,
+        message,
+        scope.workspace(),
     )
-    .bind(id)
-    .bind(next.as_str())
-    .bind(change.worker_id)
-    .bind(code)
-    .bind(message)
-    .bind(scope.workspace())
     .execute(&mut *conn)
     .await?;
     audit(conn, scope, id, Some(current.status()), next, actor, reason).await?;
@@ -343,13 +349,13 @@ pub(crate) async fn save_vendor_task(
     id: &str,
     task_id: &str,
 ) -> Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "UPDATE media_jobs SET vendor_task_id = $2, updated_at = now()
          WHERE workspace_id = $3 AND id = $1",
+        id,
+        task_id,
+        scope.workspace(),
     )
-    .bind(id)
-    .bind(task_id)
-    .bind(scope.workspace())
     .execute(conn)
     .await?;
     Ok(())

@@ -12,6 +12,7 @@ use crate::domain::{Role, Scope, new_id};
 use crate::providers::secrets::{SecretPolicy, SecretRef, Unresolved};
 use crate::providers::{Api, ProviderFields, ProviderHosts, ProviderSpec};
 
+/// `FromRow` for `tasks::chat_preset`, which reads a preset with a statement of its own.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ProviderRecord {
     pub id: String,
@@ -138,38 +139,45 @@ async fn save(
     spec: &ProviderSpec,
 ) -> Result<ProviderRecord> {
     let (api_key_ref, secret_header_refs) = refs(spec);
-    let row = sqlx::query_as(
-        "INSERT INTO providers (id, kind, display_name, provider_id, model, api, base_url,
-                                api_key_ref, headers, secret_header_refs, capabilities, input,
-                                compat, enabled, workspace_id, written_by_role)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
-         ON CONFLICT (id) DO UPDATE SET
-             kind = EXCLUDED.kind, display_name = EXCLUDED.display_name,
-             provider_id = EXCLUDED.provider_id, model = EXCLUDED.model, api = EXCLUDED.api,
-             base_url = EXCLUDED.base_url, api_key_ref = EXCLUDED.api_key_ref,
-             headers = EXCLUDED.headers, secret_header_refs = EXCLUDED.secret_header_refs,
-             capabilities = EXCLUDED.capabilities, input = EXCLUDED.input,
-             compat = EXCLUDED.compat, enabled = EXCLUDED.enabled, last_check = NULL,
-             written_by_role = EXCLUDED.written_by_role, updated_at = now()
-         WHERE providers.workspace_id = EXCLUDED.workspace_id
-         RETURNING *",
+    let row = sqlx::query_as!(
+        ProviderRecord,
+        r#"INSERT INTO providers (id, kind, display_name, provider_id, model, api, base_url,
+                                 api_key_ref, headers, secret_header_refs, capabilities, input,
+                                 compat, enabled, workspace_id, written_by_role)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+           ON CONFLICT (id) DO UPDATE SET
+               kind = EXCLUDED.kind, display_name = EXCLUDED.display_name,
+               provider_id = EXCLUDED.provider_id, model = EXCLUDED.model, api = EXCLUDED.api,
+               base_url = EXCLUDED.base_url, api_key_ref = EXCLUDED.api_key_ref,
+               headers = EXCLUDED.headers, secret_header_refs = EXCLUDED.secret_header_refs,
+               capabilities = EXCLUDED.capabilities, input = EXCLUDED.input,
+               compat = EXCLUDED.compat, enabled = EXCLUDED.enabled, last_check = NULL,
+               written_by_role = EXCLUDED.written_by_role, updated_at = now()
+           WHERE providers.workspace_id = EXCLUDED.workspace_id
+           RETURNING id, kind, display_name, provider_id, model, api, base_url, api_key_ref,
+                     headers AS "headers: Json<BTreeMap<String, String>>",
+                     secret_header_refs AS "secret_header_refs: Json<BTreeMap<String, String>>",
+                     capabilities, input,
+                     compat AS "compat: Json<serde_json::Map<String, serde_json::Value>>",
+                     enabled, last_check AS "last_check: Json<serde_json::Value>", created_at,
+                     updated_at, workspace_id, written_by_role"#,
+        id,
+        &spec.kind,
+        &spec.display_name,
+        &spec.provider_id,
+        &spec.model,
+        spec.api.as_str(),
+        &spec.base_url,
+        api_key_ref,
+        Json(&spec.headers) as Json<&BTreeMap<String, String>>,
+        Json(secret_header_refs) as Json<BTreeMap<String, String>>,
+        &spec.capabilities,
+        &spec.input,
+        Json(&spec.compat) as Json<&serde_json::Map<String, serde_json::Value>>,
+        spec.enabled,
+        scope.workspace(),
+        spec.written_by.as_str(),
     )
-    .bind(id)
-    .bind(&spec.kind)
-    .bind(&spec.display_name)
-    .bind(&spec.provider_id)
-    .bind(&spec.model)
-    .bind(spec.api.as_str())
-    .bind(&spec.base_url)
-    .bind(api_key_ref)
-    .bind(Json(&spec.headers))
-    .bind(Json(secret_header_refs))
-    .bind(&spec.capabilities)
-    .bind(&spec.input)
-    .bind(Json(&spec.compat))
-    .bind(spec.enabled)
-    .bind(scope.workspace())
-    .bind(spec.written_by.as_str())
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("provider"))?;
@@ -177,12 +185,22 @@ async fn save(
 }
 
 pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<ProviderRecord> {
-    sqlx::query_as("SELECT * FROM providers WHERE workspace_id = $1 AND id = $2")
-        .bind(scope.workspace())
-        .bind(id)
-        .fetch_optional(conn)
-        .await?
-        .ok_or(StoreError::NotFound("provider"))
+    sqlx::query_as!(
+        ProviderRecord,
+        r#"SELECT id, kind, display_name, provider_id, model, api, base_url, api_key_ref,
+                  headers AS "headers: Json<BTreeMap<String, String>>",
+                  secret_header_refs AS "secret_header_refs: Json<BTreeMap<String, String>>",
+                  capabilities, input,
+                  compat AS "compat: Json<serde_json::Map<String, serde_json::Value>>",
+                  enabled, last_check AS "last_check: Json<serde_json::Value>", created_at,
+                  updated_at, workspace_id, written_by_role
+           FROM providers WHERE workspace_id = $1 AND id = $2"#,
+        scope.workspace(),
+        id,
+    )
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("provider"))
 }
 
 /// How [`lock`] holds a preset: shared by the media jobs it admits, exclusively by an edit.
@@ -199,18 +217,45 @@ pub(crate) async fn lock(
     id: &str,
     mode: LockMode,
 ) -> Result<ProviderRecord> {
-    let statement = match mode {
-        LockMode::Share => "SELECT * FROM providers WHERE workspace_id = $1 AND id = $2 FOR SHARE",
+    let row = match mode {
+        LockMode::Share => {
+            sqlx::query_as!(
+                ProviderRecord,
+                r#"SELECT id, kind, display_name, provider_id, model, api, base_url,
+                          api_key_ref, headers AS "headers: Json<BTreeMap<String, String>>",
+                          secret_header_refs
+                              AS "secret_header_refs: Json<BTreeMap<String, String>>",
+                          capabilities, input,
+                          compat AS "compat: Json<serde_json::Map<String, serde_json::Value>>",
+                          enabled, last_check AS "last_check: Json<serde_json::Value>",
+                          created_at, updated_at, workspace_id, written_by_role
+                   FROM providers WHERE workspace_id = $1 AND id = $2 FOR SHARE"#,
+                scope.workspace(),
+                id,
+            )
+            .fetch_optional(conn)
+            .await?
+        }
         LockMode::Update => {
-            "SELECT * FROM providers WHERE workspace_id = $1 AND id = $2 FOR UPDATE"
+            sqlx::query_as!(
+                ProviderRecord,
+                r#"SELECT id, kind, display_name, provider_id, model, api, base_url,
+                          api_key_ref, headers AS "headers: Json<BTreeMap<String, String>>",
+                          secret_header_refs
+                              AS "secret_header_refs: Json<BTreeMap<String, String>>",
+                          capabilities, input,
+                          compat AS "compat: Json<serde_json::Map<String, serde_json::Value>>",
+                          enabled, last_check AS "last_check: Json<serde_json::Value>",
+                          created_at, updated_at, workspace_id, written_by_role
+                   FROM providers WHERE workspace_id = $1 AND id = $2 FOR UPDATE"#,
+                scope.workspace(),
+                id,
+            )
+            .fetch_optional(conn)
+            .await?
         }
     };
-    sqlx::query_as(statement)
-        .bind(scope.workspace())
-        .bind(id)
-        .fetch_optional(conn)
-        .await?
-        .ok_or(StoreError::NotFound("provider"))
+    row.ok_or(StoreError::NotFound("provider"))
 }
 
 pub async fn list(
@@ -219,13 +264,21 @@ pub async fn list(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ProviderRecord>> {
-    let rows = sqlx::query_as(
-        "SELECT * FROM providers
-         WHERE workspace_id = $3 AND ($1::text IS NULL OR id > $1) ORDER BY id LIMIT $2",
+    let rows = sqlx::query_as!(
+        ProviderRecord,
+        r#"SELECT id, kind, display_name, provider_id, model, api, base_url, api_key_ref,
+                  headers AS "headers: Json<BTreeMap<String, String>>",
+                  secret_header_refs AS "secret_header_refs: Json<BTreeMap<String, String>>",
+                  capabilities, input,
+                  compat AS "compat: Json<serde_json::Map<String, serde_json::Value>>",
+                  enabled, last_check AS "last_check: Json<serde_json::Value>", created_at,
+                  updated_at, workspace_id, written_by_role
+           FROM providers
+           WHERE workspace_id = $3 AND ($1::text IS NULL OR id > $1) ORDER BY id LIMIT $2"#,
+        after,
+        limit,
+        scope.workspace(),
     )
-    .bind(after)
-    .bind(limit)
-    .bind(scope.workspace())
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -235,11 +288,12 @@ pub async fn list(
 /// being created for the preset (which holds it `FOR SHARE`).
 pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
     lock(&mut *conn, scope, id, LockMode::Update).await?;
-    let jobs: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM media_jobs WHERE workspace_id = $1 AND provider_id = $2",
+    let jobs = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "count!" FROM media_jobs
+           WHERE workspace_id = $1 AND provider_id = $2"#,
+        scope.workspace(),
+        id,
     )
-    .bind(scope.workspace())
-    .bind(id)
     .fetch_one(&mut *conn)
     .await?;
     if jobs > 0 {
@@ -247,11 +301,13 @@ pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<
             "provider {id} has {jobs} media job(s); it stays while they name it (disable it instead)"
         )));
     }
-    sqlx::query("DELETE FROM providers WHERE workspace_id = $1 AND id = $2")
-        .bind(scope.workspace())
-        .bind(id)
-        .execute(conn)
-        .await?;
+    sqlx::query!(
+        "DELETE FROM providers WHERE workspace_id = $1 AND id = $2",
+        scope.workspace(),
+        id,
+    )
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -261,11 +317,13 @@ pub(crate) async fn record_check(
     id: &str,
     check: &serde_json::Value,
 ) -> Result<()> {
-    sqlx::query("UPDATE providers SET last_check = $2 WHERE workspace_id = $3 AND id = $1")
-        .bind(id)
-        .bind(Json(check))
-        .bind(scope.workspace())
-        .execute(conn)
-        .await?;
+    sqlx::query!(
+        "UPDATE providers SET last_check = $2 WHERE workspace_id = $3 AND id = $1",
+        id,
+        Json(check) as Json<&serde_json::Value>,
+        scope.workspace(),
+    )
+    .execute(conn)
+    .await?;
     Ok(())
 }
