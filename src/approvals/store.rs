@@ -101,27 +101,31 @@ async fn insert(
 ) -> Result<ApprovalRecord> {
     let ttl_ms = ttl.map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
     // Just inserted as pending with a TTL in the future: it reads as stored.
-    let approval = sqlx::query_as(
-        "INSERT INTO approvals (id, task_id, run_id, kind, status, action_summary,
-                                action_summary_incomplete, expires_at, workspace_id, step_id,
-                                external_action_id, requested_by)
-         VALUES ($1, $2, $3, $4, 'pending', $5, $6, now() + $7 * interval '1 millisecond', $8,
-                 $9, $10,
-                 COALESCE($11, (SELECT requested_by FROM runs
-                                WHERE workspace_id = $8 AND id = $3)))
-         RETURNING *",
+    let approval = sqlx::query_as!(
+        ApprovalRecord,
+        r#"INSERT INTO approvals (id, task_id, run_id, kind, status, action_summary,
+                                  action_summary_incomplete, expires_at, workspace_id, step_id,
+                                  external_action_id, requested_by)
+           VALUES ($1, $2, $3, $4, 'pending', $5, $6,
+                   now() + $7::bigint * interval '1 millisecond', $8, $9, $10,
+                   COALESCE($11, (SELECT requested_by FROM runs
+                                  WHERE workspace_id = $8 AND id = $3)))
+           RETURNING id, task_id, run_id, kind, status AS "status: ApprovalStatus",
+                     action_summary, action_summary_incomplete, step_id, continue_on_reject,
+                     external_action_id, decision_note, requested_by, resolved_by, created_at,
+                     expires_at, resolved_at"#,
+        new_id("apr"),
+        run.task_id,
+        run.id,
+        gate.kind.as_str(),
+        summary.lines.as_slice(),
+        summary.incomplete,
+        ttl_ms,
+        scope.workspace(),
+        gate.step_id,
+        external_action_id,
+        requested_by,
     )
-    .bind(new_id("apr"))
-    .bind(&run.task_id)
-    .bind(&run.id)
-    .bind(gate.kind.as_str())
-    .bind(&summary.lines)
-    .bind(summary.incomplete)
-    .bind(ttl_ms)
-    .bind(scope.workspace())
-    .bind(gate.step_id)
-    .bind(external_action_id)
-    .bind(requested_by)
     .fetch_one(&mut *conn)
     .await?;
     Ok(approval)
@@ -168,33 +172,26 @@ pub(crate) fn requested_data(approval: &ApprovalRecord) -> serde_json::Value {
     })
 }
 
-/// An approval's columns as the API shows them: a pending approval past its `expires_at`
-/// reads as `expired`.
-macro_rules! columns {
-    () => {
-        "id, task_id, run_id, kind,
-         CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired' ELSE status END
-             AS status,
-         action_summary, action_summary_incomplete, step_id, continue_on_reject,
-         external_action_id, decision_note, requested_by, resolved_by, created_at, expires_at,
-         resolved_at"
-    };
-}
-
 pub async fn get(
     conn: &mut PgConnection,
     scope: &Scope,
     task_id: &str,
     approval_id: &str,
 ) -> Result<ApprovalRecord> {
-    sqlx::query_as(concat!(
-        "SELECT ",
-        columns!(),
-        " FROM approvals WHERE workspace_id = $3 AND task_id = $1 AND id = $2"
-    ))
-    .bind(task_id)
-    .bind(approval_id)
-    .bind(scope.workspace())
+    // A pending approval past its `expires_at` reads as `expired`.
+    sqlx::query_as!(
+        ApprovalRecord,
+        r#"SELECT id, task_id, run_id, kind,
+                  CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired'
+                       ELSE status END AS "status!: ApprovalStatus",
+                  action_summary, action_summary_incomplete, step_id, continue_on_reject,
+                  external_action_id, decision_note, requested_by, resolved_by, created_at,
+                  expires_at, resolved_at
+           FROM approvals WHERE workspace_id = $3 AND task_id = $1 AND id = $2"#,
+        task_id,
+        approval_id,
+        scope.workspace(),
+    )
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("approval"))
@@ -209,19 +206,29 @@ pub async fn list(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ApprovalRecord>> {
-    let rows = sqlx::query_as(concat!(
-        "SELECT * FROM (SELECT ",
-        columns!(),
-        " FROM approvals WHERE workspace_id = $5) a
-             WHERE ($1::text IS NULL OR a.task_id = $1) AND ($2::text IS NULL OR a.status = $2)
-               AND ($3::text IS NULL OR a.id > $3)
-             ORDER BY a.id LIMIT $4"
-    ))
-    .bind(task_id)
-    .bind(status)
-    .bind(after)
-    .bind(limit)
-    .bind(scope.workspace())
+    // A pending approval past its `expires_at` reads as `expired`, and is filtered as one.
+    let rows = sqlx::query_as!(
+        ApprovalRecord,
+        r#"SELECT a.id, a.task_id, a.run_id, a.kind, a.status AS "status!: ApprovalStatus",
+                  a.action_summary, a.action_summary_incomplete, a.step_id,
+                  a.continue_on_reject, a.external_action_id, a.decision_note, a.requested_by,
+                  a.resolved_by, a.created_at, a.expires_at, a.resolved_at
+           FROM (SELECT id, task_id, run_id, kind,
+                        CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired'
+                             ELSE status END AS status,
+                        action_summary, action_summary_incomplete, step_id,
+                        continue_on_reject, external_action_id, decision_note, requested_by,
+                        resolved_by, created_at, expires_at, resolved_at
+                 FROM approvals WHERE workspace_id = $5) a
+           WHERE ($1::text IS NULL OR a.task_id = $1) AND ($2::text IS NULL OR a.status = $2)
+             AND ($3::text IS NULL OR a.id > $3)
+           ORDER BY a.id LIMIT $4"#,
+        task_id,
+        status,
+        after,
+        limit,
+        scope.workspace(),
+    )
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -233,11 +240,11 @@ async fn requester(
     scope: &Scope,
     approval_id: &str,
 ) -> Result<Option<String>> {
-    let requested_by = sqlx::query_scalar(
+    let requested_by = sqlx::query_scalar!(
         "SELECT requested_by FROM approvals WHERE workspace_id = $1 AND id = $2",
+        scope.workspace(),
+        approval_id,
     )
-    .bind(scope.workspace())
-    .bind(approval_id)
     .fetch_optional(conn)
     .await?;
     Ok(requested_by.flatten())
@@ -329,13 +336,19 @@ pub(crate) async fn lock_pending(
     scope: &Scope,
     approval_id: &str,
 ) -> Result<ApprovalRecord> {
-    let approval: ApprovalRecord = sqlx::query_as(concat!(
-        "SELECT ",
-        columns!(),
-        " FROM approvals WHERE workspace_id = $1 AND id = $2 FOR UPDATE"
-    ))
-    .bind(scope.workspace())
-    .bind(approval_id)
+    // A pending approval past its `expires_at` reads as `expired`.
+    let approval = sqlx::query_as!(
+        ApprovalRecord,
+        r#"SELECT id, task_id, run_id, kind,
+                  CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired'
+                       ELSE status END AS "status!: ApprovalStatus",
+                  action_summary, action_summary_incomplete, step_id, continue_on_reject,
+                  external_action_id, decision_note, requested_by, resolved_by, created_at,
+                  expires_at, resolved_at
+           FROM approvals WHERE workspace_id = $1 AND id = $2 FOR UPDATE"#,
+        scope.workspace(),
+        approval_id,
+    )
     .fetch_one(&mut *conn)
     .await?;
     if approval.status != ApprovalStatus::Pending {
@@ -357,17 +370,22 @@ async fn settle(
     actor: &Actor,
 ) -> Result<ApprovalRecord> {
     // Settled: no longer pending, so it reads as stored.
-    let approval = sqlx::query_as(
-        "UPDATE approvals SET status = $2, decision_note = $3, resolved_by = $4, resolved_at = now(),
-                              continue_on_reject = $6
-         WHERE workspace_id = $5 AND id = $1 RETURNING *",
+    let approval = sqlx::query_as!(
+        ApprovalRecord,
+        r#"UPDATE approvals SET status = $2, decision_note = $3, resolved_by = $4,
+                                resolved_at = now(), continue_on_reject = $6
+           WHERE workspace_id = $5 AND id = $1
+           RETURNING id, task_id, run_id, kind, status AS "status: ApprovalStatus",
+                     action_summary, action_summary_incomplete, step_id, continue_on_reject,
+                     external_action_id, decision_note, requested_by, resolved_by, created_at,
+                     expires_at, resolved_at"#,
+        approval_id,
+        to,
+        note,
+        actor.to_string(),
+        scope.workspace(),
+        continue_on_reject,
     )
-    .bind(approval_id)
-    .bind(to)
-    .bind(note)
-    .bind(actor.to_string())
-    .bind(scope.workspace())
-    .bind(continue_on_reject)
     .fetch_one(conn)
     .await?;
     Ok(approval)
@@ -379,13 +397,13 @@ pub(crate) async fn pending_count(
     scope: &Scope,
     run_id: &str,
 ) -> Result<i64> {
-    let n = sqlx::query_scalar(
-        "SELECT count(*) FROM approvals
-         WHERE workspace_id = $1 AND run_id = $2 AND status = 'pending'
-           AND kind <> 'external_action'",
+    let n = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "count!" FROM approvals
+           WHERE workspace_id = $1 AND run_id = $2 AND status = 'pending'
+             AND kind <> 'external_action'"#,
+        scope.workspace(),
+        run_id,
     )
-    .bind(scope.workspace())
-    .bind(run_id)
     .fetch_one(conn)
     .await?;
     Ok(n)
@@ -398,14 +416,14 @@ pub(crate) async fn cancel_pending(
     run_id: &str,
     reason: &str,
 ) -> Result<()> {
-    let pending: Vec<String> = sqlx::query_scalar(
+    let pending = sqlx::query_scalar!(
         "SELECT id FROM approvals
          WHERE workspace_id = $1 AND run_id = $2 AND status = 'pending'
            AND kind <> 'external_action'
          ORDER BY id FOR UPDATE",
+        scope.workspace(),
+        run_id,
     )
-    .bind(scope.workspace())
-    .bind(run_id)
     .fetch_all(&mut *conn)
     .await?;
     for id in pending {

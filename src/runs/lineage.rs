@@ -12,6 +12,7 @@ use crate::db::StoreError;
 use crate::domain::Scope;
 use crate::domain::new_id;
 use crate::events::Subject;
+use keel_api_types::{ArtifactKind, ArtifactStatus};
 
 /// The name (and kind) of the artifact holding an agent loop run's conversation.
 pub(crate) const CONVERSATION_ARTIFACT: &str = "agent_conversation";
@@ -22,15 +23,17 @@ pub(crate) async fn conversation_artifact(
     scope: &Scope,
     run_id: &str,
 ) -> Result<Option<ArtifactRecord>> {
-    let artifact = sqlx::query_as(
-        "SELECT id, run_id, task_id, media_job_id, name, kind, content_type, size_bytes,
-                truncated, status, storage, created_at, updated_at
-         FROM artifacts
-         WHERE workspace_id = $1 AND run_id = $2 AND name = $3 AND kind = $3",
+    let artifact = sqlx::query_as!(
+        ArtifactRecord,
+        r#"SELECT id, run_id, task_id, media_job_id, name, kind AS "kind: ArtifactKind",
+                  content_type, size_bytes, truncated, status AS "status: ArtifactStatus",
+                  storage, created_at, updated_at
+           FROM artifacts
+           WHERE workspace_id = $1 AND run_id = $2 AND name = $3 AND kind = $3"#,
+        scope.workspace(),
+        run_id,
+        CONVERSATION_ARTIFACT,
     )
-    .bind(scope.workspace())
-    .bind(run_id)
-    .bind(CONVERSATION_ARTIFACT)
     .fetch_optional(conn)
     .await?;
     Ok(artifact)
@@ -56,12 +59,14 @@ pub(crate) async fn write_conversation(
         ));
     };
     // Its chunks go with it (ON DELETE CASCADE): the content is replaced, not appended.
-    sqlx::query("DELETE FROM artifacts WHERE workspace_id = $1 AND run_id = $2 AND name = $3")
-        .bind(scope.workspace())
-        .bind(run_id)
-        .bind(CONVERSATION_ARTIFACT)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query!(
+        "DELETE FROM artifacts WHERE workspace_id = $1 AND run_id = $2 AND name = $3",
+        scope.workspace(),
+        run_id,
+        CONVERSATION_ARTIFACT,
+    )
+    .execute(&mut *conn)
+    .await?;
     let id = new_id("art");
     let artifact = NewArtifact {
         id: &id,

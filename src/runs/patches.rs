@@ -10,6 +10,7 @@ use crate::artifacts::content::ContentStore;
 use crate::db::{Result, StoreError};
 use crate::domain::{EventType, Scope, new_id};
 use crate::events::{NewEvent, Subject};
+use keel_api_types::{ArtifactKind, ArtifactStatus};
 
 /// The content type of a patch artifact's bytes.
 pub(crate) const CONTENT_TYPE: &str = "application/json";
@@ -28,19 +29,21 @@ pub async fn insert_patch(
     let Subject::Run { task_id, run_id } = run else {
         return Err(StoreError::Conflict("a patch belongs to a run".into()));
     };
-    let mut record: ArtifactRecord = sqlx::query_as(
-        "INSERT INTO artifacts (id, run_id, task_id, name, kind, content_type, status,
-                                patch_status, workspace_id)
-         VALUES ($1, $2, $3, $4, 'patch', $5, 'complete', 'applied', $6)
-         RETURNING id, run_id, task_id, media_job_id, name, kind, content_type, size_bytes,
-                   truncated, status, storage, created_at, updated_at",
+    let mut record = sqlx::query_as!(
+        ArtifactRecord,
+        r#"INSERT INTO artifacts (id, run_id, task_id, name, kind, content_type, status,
+                                  patch_status, workspace_id)
+           VALUES ($1, $2, $3, $4, 'patch', $5, 'complete', 'applied', $6)
+           RETURNING id, run_id, task_id, media_job_id, name, kind AS "kind: ArtifactKind",
+                     content_type, size_bytes, truncated, status AS "status: ArtifactStatus",
+                     storage, created_at, updated_at"#,
+        new_id("art"),
+        run_id,
+        task_id,
+        name,
+        CONTENT_TYPE,
+        scope.workspace(),
     )
-    .bind(new_id("art"))
-    .bind(run_id)
-    .bind(task_id)
-    .bind(name)
-    .bind(CONTENT_TYPE)
-    .bind(scope.workspace())
     .fetch_one(&mut *conn)
     .await
     .map_err(|e| match e {
@@ -71,7 +74,7 @@ pub fn created_event<'a>(run: Subject<'a>, record: &ArtifactRecord) -> NewEvent<
 }
 
 /// A patch artifact's row: what lists and reverts need before reading its content.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct PatchRow {
     pub(crate) id: String,
     pub(crate) name: String,
@@ -87,16 +90,18 @@ pub async fn list(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<PatchRow>> {
-    let rows = sqlx::query_as(
-        "SELECT id, name, patch_status, created_at FROM artifacts
-         WHERE workspace_id = $1 AND run_id = $2 AND kind = 'patch'
-           AND ($3::text IS NULL OR id > $3)
-         ORDER BY id LIMIT $4",
+    // A patch artifact always has a `patch_status` (the table's check constraint).
+    let rows = sqlx::query_as!(
+        PatchRow,
+        r#"SELECT id, name, patch_status AS "patch_status!", created_at FROM artifacts
+           WHERE workspace_id = $1 AND run_id = $2 AND kind = 'patch'
+             AND ($3::text IS NULL OR id > $3)
+           ORDER BY id LIMIT $4"#,
+        scope.workspace(),
+        run_id,
+        after,
+        limit,
     )
-    .bind(scope.workspace())
-    .bind(run_id)
-    .bind(after)
-    .bind(limit)
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -110,20 +115,32 @@ pub async fn get(
     artifact_id: &str,
     lock: bool,
 ) -> Result<PatchRow> {
-    let query = if lock {
-        "SELECT id, name, patch_status, created_at FROM artifacts
-         WHERE workspace_id = $1 AND run_id = $2 AND id = $3 AND kind = 'patch' FOR UPDATE"
-    } else {
-        "SELECT id, name, patch_status, created_at FROM artifacts
-         WHERE workspace_id = $1 AND run_id = $2 AND id = $3 AND kind = 'patch'"
-    };
-    sqlx::query_as(query)
-        .bind(scope.workspace())
-        .bind(run_id)
-        .bind(artifact_id)
+    // A patch artifact always has a `patch_status` (the table's check constraint).
+    let row = if lock {
+        sqlx::query_as!(
+            PatchRow,
+            r#"SELECT id, name, patch_status AS "patch_status!", created_at FROM artifacts
+               WHERE workspace_id = $1 AND run_id = $2 AND id = $3 AND kind = 'patch'
+               FOR UPDATE"#,
+            scope.workspace(),
+            run_id,
+            artifact_id,
+        )
         .fetch_optional(conn)
         .await?
-        .ok_or(StoreError::NotFound("patch"))
+    } else {
+        sqlx::query_as!(
+            PatchRow,
+            r#"SELECT id, name, patch_status AS "patch_status!", created_at FROM artifacts
+               WHERE workspace_id = $1 AND run_id = $2 AND id = $3 AND kind = 'patch'"#,
+            scope.workspace(),
+            run_id,
+            artifact_id,
+        )
+        .fetch_optional(conn)
+        .await?
+    };
+    row.ok_or(StoreError::NotFound("patch"))
 }
 
 /// The [`Patch`] a patch artifact holds.
@@ -151,12 +168,12 @@ pub(crate) async fn mark_reverted(
     artifact_id: &str,
     path: &str,
 ) -> Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "UPDATE artifacts SET patch_status = 'reverted', updated_at = now()
          WHERE workspace_id = $1 AND id = $2",
+        scope.workspace(),
+        artifact_id,
     )
-    .bind(scope.workspace())
-    .bind(artifact_id)
     .execute(&mut *conn)
     .await?;
     let event = NewEvent {

@@ -20,7 +20,7 @@ pub(crate) async fn expired(
     run_ids: &[String],
     retention: Duration,
 ) -> Result<Vec<String>> {
-    let expired = sqlx::query_scalar(
+    let expired = sqlx::query_scalar!(
         "SELECT o.id FROM runs o
          WHERE o.id = ANY($1) AND o.workspace_removed_at IS NULL
            AND NOT EXISTS (
@@ -28,9 +28,9 @@ pub(crate) async fn expired(
                WHERE r.task_id = o.task_id AND (r.id = o.id OR r.workspace_run_id = o.id)
                  AND (r.finished_at IS NULL
                       OR r.finished_at > now() - make_interval(secs => $2::float8 / 1000)))",
+        run_ids,
+        retention_ms(retention),
     )
-    .bind(run_ids)
-    .bind(retention_ms(retention))
     .fetch_all(conn)
     .await?;
     Ok(expired)
@@ -39,11 +39,11 @@ pub(crate) async fn expired(
 /// Locks the task of the run, the lock a resume admission takes; false when another
 /// replica or an admission holds it.
 pub(crate) async fn lock_task_of(conn: &mut PgConnection, run_id: &str) -> Result<bool> {
-    let locked: Option<String> = sqlx::query_scalar(
+    let locked = sqlx::query_scalar!(
         "SELECT t.id FROM tasks t JOIN runs o ON o.task_id = t.id WHERE o.id = $1
          FOR UPDATE OF t SKIP LOCKED",
+        run_id,
     )
-    .bind(run_id)
     .fetch_optional(conn)
     .await?;
     Ok(locked.is_some())
@@ -56,7 +56,7 @@ pub(crate) async fn mark_removed(
     run_id: &str,
     retention: Duration,
 ) -> Result<bool> {
-    let marked: Option<String> = sqlx::query_scalar(
+    let marked = sqlx::query_scalar!(
         "UPDATE runs o SET workspace_removed_at = now()
          WHERE o.id = $1 AND o.workspace_removed_at IS NULL
            AND NOT EXISTS (
@@ -65,9 +65,9 @@ pub(crate) async fn mark_removed(
                  AND (r.finished_at IS NULL
                       OR r.finished_at > now() - make_interval(secs => $2::float8 / 1000)))
          RETURNING o.id",
+        run_id,
+        retention_ms(retention),
     )
-    .bind(run_id)
-    .bind(retention_ms(retention))
     .fetch_optional(conn)
     .await?;
     Ok(marked.is_some())

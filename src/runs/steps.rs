@@ -62,26 +62,27 @@ pub async fn insert(
             (status_of(result), output, error, Some(at))
         }
     };
-    let step = sqlx::query_as(
-        "INSERT INTO steps (id, run_id, task_id, index, name, status, input, output, error,
-                            started_at, finished_at, workspace_id)
-         VALUES ($1, $2, $3,
-                 COALESCE((SELECT max(index) FROM steps WHERE run_id = $2), 0) + 1,
-                 $4, $5, $6, $7, $8, $9, $10, $11)
-         RETURNING id, run_id, task_id, index, name, status, input, output, error, started_at,
-                   finished_at",
+    let step = sqlx::query_as!(
+        StepRecord,
+        r#"INSERT INTO steps (id, run_id, task_id, index, name, status, input, output, error,
+                              started_at, finished_at, workspace_id)
+           VALUES ($1, $2, $3,
+                   COALESCE((SELECT max(index) FROM steps WHERE run_id = $2), 0) + 1,
+                   $4, $5, $6, $7, $8, $9, $10, $11)
+           RETURNING id, run_id, task_id, index, name, status AS "status: StepStatus", input,
+                     output, error, started_at, finished_at"#,
+        step.id,
+        step.run_id,
+        step.task_id,
+        step.name,
+        status,
+        step.input,
+        output,
+        error,
+        step.started_at,
+        finished_at,
+        scope.workspace(),
     )
-    .bind(step.id)
-    .bind(step.run_id)
-    .bind(step.task_id)
-    .bind(step.name)
-    .bind(status)
-    .bind(step.input)
-    .bind(output)
-    .bind(error)
-    .bind(step.started_at)
-    .bind(finished_at)
-    .bind(scope.workspace())
     .fetch_one(conn)
     .await?;
     Ok(step)
@@ -118,18 +119,19 @@ pub(crate) async fn end(
     at: DateTime<Utc>,
 ) -> Result<StepRecord> {
     let (output, error) = result_columns(result);
-    sqlx::query_as(
-        "UPDATE steps SET status = $2, output = $3, error = $4, finished_at = $5
-         WHERE id = $1 AND workspace_id = $6 AND status = 'running'
-         RETURNING id, run_id, task_id, index, name, status, input, output, error, started_at,
-                   finished_at",
+    sqlx::query_as!(
+        StepRecord,
+        r#"UPDATE steps SET status = $2, output = $3, error = $4, finished_at = $5
+           WHERE id = $1 AND workspace_id = $6 AND status = 'running'
+           RETURNING id, run_id, task_id, index, name, status AS "status: StepStatus", input,
+                     output, error, started_at, finished_at"#,
+        step_id,
+        status_of(result),
+        output,
+        error,
+        at,
+        scope.workspace(),
     )
-    .bind(step_id)
-    .bind(status_of(result))
-    .bind(output)
-    .bind(error)
-    .bind(at)
-    .bind(scope.workspace())
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("running step"))
@@ -175,16 +177,17 @@ pub async fn list(
     after_index: i32,
     limit: i64,
 ) -> Result<Vec<StepRecord>> {
-    let rows = sqlx::query_as(
-        "SELECT id, run_id, task_id, index, name, status, input, output, error, started_at,
-                finished_at
-         FROM steps WHERE workspace_id = $1 AND run_id = $2 AND index > $3
-         ORDER BY index LIMIT $4",
+    let rows = sqlx::query_as!(
+        StepRecord,
+        r#"SELECT id, run_id, task_id, index, name, status AS "status: StepStatus", input,
+                  output, error, started_at, finished_at
+           FROM steps WHERE workspace_id = $1 AND run_id = $2 AND index > $3
+           ORDER BY index LIMIT $4"#,
+        scope.workspace(),
+        run_id,
+        after_index,
+        limit,
     )
-    .bind(scope.workspace())
-    .bind(run_id)
-    .bind(after_index)
-    .bind(limit)
     .fetch_all(conn)
     .await?;
     Ok(rows)

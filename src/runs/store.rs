@@ -6,6 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgConnection;
+use sqlx::types::Json;
 
 use crate::approvals;
 use crate::approvals::{ActionSummary, ApprovalKind, ApprovalPolicy};
@@ -21,6 +22,44 @@ use crate::tasks::{RunTimeouts, WorkspaceRoots};
 use crate::tasks::{TaskRecord, TaskRecordExt};
 
 pub use keel_api_types::RunRecord;
+
+/// The [`RunRecord`] of a `query!` row that selects its columns (`status` as a
+/// [`RunStatus`]) besides others, which stay readable on the row.
+macro_rules! run_record {
+    ($row:ident) => {
+        RunRecord {
+            id: $row.id,
+            task_id: $row.task_id,
+            number: $row.number,
+            status: $row.status,
+            attempt: $row.attempt,
+            worker_id: $row.worker_id,
+            exit_code: $row.exit_code,
+            last_error: $row.last_error,
+            retried_from_run_id: $row.retried_from_run_id,
+            resumed_from_run_id: $row.resumed_from_run_id,
+            checkpoint: $row.checkpoint,
+            prior_cost_micros_usd: $row.prior_cost_micros_usd,
+            total_cost_micros_usd: $row.total_cost_micros_usd,
+            model_call_count: $row.model_call_count,
+            abandoned_model_calls: $row.abandoned_model_calls,
+            model: $row.model,
+            provider: $row.provider,
+            lineage_kind: $row.lineage_kind,
+            from_model_call_index: $row.from_model_call_index,
+            conversation_base: $row.conversation_base,
+            workspace_run_id: $row.workspace_run_id,
+            schedule_id: $row.schedule_id,
+            schedule_occurrence_id: $row.schedule_occurrence_id,
+            scheduled_for: $row.scheduled_for,
+            requested_by: $row.requested_by,
+            created_at: $row.created_at,
+            started_at: $row.started_at,
+            finished_at: $row.finished_at,
+            updated_at: $row.updated_at,
+        }
+    };
+}
 
 /// The rules every run-creating path applies, from configuration.
 #[derive(Debug, Clone, Default)]
@@ -319,8 +358,9 @@ async fn insert(
     let schedule = admission.schedule.as_ref();
     // The task's audit row is written only when its projection (its latest run's status)
     // changes, as in `transition`.
-    let inserted = sqlx::query_as(
-        "WITH counted AS (
+    let inserted = sqlx::query_as!(
+        RunRecord,
+        r#"WITH counted AS (
              UPDATE tasks SET run_count = run_count + 1, latest_run_id = $1, updated_at = now()
              WHERE workspace_id = $14 AND id = $2 RETURNING run_count
          ), inserted AS (
@@ -339,38 +379,39 @@ async fn insert(
                                             from_status, to_status, reason, actor)
              SELECT $14, e.entity_type, e.entity_id, r.task_id, e.from_status, r.status, $16, $17
              FROM inserted r
-             CROSS JOIN LATERAL (VALUES ('run', r.id, NULL), ('task', r.task_id, $15))
+             CROSS JOIN LATERAL (VALUES ('run', r.id, NULL), ('task', r.task_id, $15::text))
                  AS e(entity_type, entity_id, from_status)
-             WHERE e.entity_type = 'run' OR $15 IS DISTINCT FROM r.status
+             WHERE e.entity_type = 'run' OR $15::text IS DISTINCT FROM r.status
          )
-         SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
-                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
-                schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
-                from_model_call_index, conversation_base, requested_by
-         FROM inserted",
+         SELECT id, task_id, number, status AS "status: RunStatus", attempt, worker_id,
+                exit_code, last_error, retried_from_run_id, resumed_from_run_id, checkpoint,
+                prior_cost_micros_usd, total_cost_micros_usd, model_call_count,
+                abandoned_model_calls, model, provider, workspace_run_id, schedule_id,
+                schedule_occurrence_id, scheduled_for, created_at, started_at, finished_at,
+                updated_at, lineage_kind, from_model_call_index, conversation_base,
+                requested_by
+         FROM inserted"#,
+        new_id("run"),
+        task.id,
+        status.as_str(),
+        retried_from,
+        resumed.map(|s| &s.id),
+        resumed.map(|s| s.workspace_owner()),
+        checkpoint,
+        prior_cost,
+        key,
+        request,
+        schedule.map(|s| &s.schedule_id),
+        schedule.map(|s| &s.schedule_occurrence_id),
+        schedule.map(|s| s.scheduled_for),
+        scope.workspace(),
+        task.status.as_str(),
+        reason,
+        actor.to_string(),
+        lineage_kind,
+        from_model_call_index,
+        admission.conversation_base.as_ref(),
     )
-    .bind(new_id("run"))
-    .bind(&task.id)
-    .bind(status.as_str())
-    .bind(retried_from)
-    .bind(resumed.map(|s| &s.id))
-    .bind(resumed.map(|s| s.workspace_owner()))
-    .bind(checkpoint)
-    .bind(prior_cost)
-    .bind(key)
-    .bind(request)
-    .bind(schedule.map(|s| &s.schedule_id))
-    .bind(schedule.map(|s| &s.schedule_occurrence_id))
-    .bind(schedule.map(|s| s.scheduled_for))
-    .bind(scope.workspace())
-    .bind(task.status)
-    .bind(reason)
-    .bind(actor.to_string())
-    .bind(lineage_kind)
-    .bind(from_model_call_index)
-    .bind(&admission.conversation_base)
     .fetch_one(&mut *conn)
     .await;
     match inserted {
@@ -388,24 +429,26 @@ async fn checkpoint_of(
     scope: &Scope,
     source: &RunRecord,
 ) -> Result<serde_json::Value> {
-    let step: Option<(i32, String)> = sqlx::query_as(
-        "SELECT index, name FROM steps WHERE workspace_id = $1 AND run_id = $2 AND status = 'completed'
+    let step = sqlx::query!(
+        "SELECT index, name FROM steps
+         WHERE workspace_id = $1 AND run_id = $2 AND status = 'completed'
          ORDER BY index DESC LIMIT 1",
+        scope.workspace(),
+        source.id,
     )
-    .bind(scope.workspace())
-    .bind(&source.id)
     .fetch_optional(&mut *conn)
     .await?;
-    let last_sequence: Option<i64> = sqlx::query_scalar(
+    let last_sequence = sqlx::query_scalar!(
         "SELECT max(sequence) FROM run_events WHERE workspace_id = $1 AND run_id = $2",
+        scope.workspace(),
+        source.id,
     )
-    .bind(scope.workspace())
-    .bind(&source.id)
     .fetch_one(conn)
     .await?;
+    let step = step.map(|s| serde_json::json!({ "index": s.index, "name": s.name }));
     Ok(serde_json::json!({
         "source_run_id": source.id,
-        "last_completed_step": step.map(|(index, name)| serde_json::json!({ "index": index, "name": name })),
+        "last_completed_step": step,
         "last_event_sequence": last_sequence.unwrap_or(0),
     }))
 }
@@ -418,12 +461,14 @@ async fn raise_budget(
     budget: Option<i64>,
 ) -> Result<TaskRecord> {
     if let Some(budget) = budget.filter(|b| *b > task.budget_micros_usd) {
-        sqlx::query("UPDATE tasks SET budget_micros_usd = $2 WHERE workspace_id = $3 AND id = $1")
-            .bind(&task.id)
-            .bind(budget)
-            .bind(scope.workspace())
-            .execute(&mut *conn)
-            .await?;
+        sqlx::query!(
+            "UPDATE tasks SET budget_micros_usd = $2 WHERE workspace_id = $3 AND id = $1",
+            task.id,
+            budget,
+            scope.workspace(),
+        )
+        .execute(&mut *conn)
+        .await?;
         task.budget_micros_usd = budget;
     }
     Ok(task)
@@ -435,39 +480,34 @@ async fn find_by_idempotency_key(
     task_id: &str,
     key: &str,
 ) -> Result<Option<(RunRecord, serde_json::Value)>> {
-    #[derive(sqlx::FromRow)]
-    struct Seen {
-        #[sqlx(flatten)]
-        run: RunRecord,
-        idempotency_request: serde_json::Value,
-    }
-    let seen: Option<Seen> = sqlx::query_as(
-        "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
-                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
-                schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
-                from_model_call_index, conversation_base, requested_by,
-                idempotency_request
-         FROM runs WHERE workspace_id = $3 AND task_id = $1 AND idempotency_key = $2",
+    let seen = sqlx::query!(
+        r#"SELECT id, task_id, number, status AS "status: RunStatus", attempt, worker_id,
+                  exit_code, last_error, retried_from_run_id, resumed_from_run_id, checkpoint,
+                  prior_cost_micros_usd, total_cost_micros_usd, model_call_count,
+                  abandoned_model_calls, model, provider, workspace_run_id, schedule_id,
+                  schedule_occurrence_id, scheduled_for, created_at, started_at, finished_at,
+                  updated_at, lineage_kind, from_model_call_index, conversation_base,
+                  requested_by, idempotency_request AS "idempotency_request!"
+           FROM runs WHERE workspace_id = $3 AND task_id = $1 AND idempotency_key = $2"#,
+        task_id,
+        key,
+        scope.workspace(),
     )
-    .bind(task_id)
-    .bind(key)
-    .bind(scope.workspace())
     .fetch_optional(conn)
     .await?;
-    Ok(seen.map(|s| (s.run, s.idempotency_request)))
+    Ok(seen.map(|row| (run_record!(row), row.idempotency_request)))
 }
 
 /// Whether the retention sweep removed the ephemeral workspace of run `owner`. Read under
 /// the task's lock, which the sweep also takes: a resume admitted first keeps the
 /// workspace (its run is active), one admitted after sees it gone.
 async fn workspace_removed(conn: &mut PgConnection, scope: &Scope, owner: &str) -> Result<bool> {
-    let removed: Option<bool> = sqlx::query_scalar(
-        "SELECT workspace_removed_at IS NOT NULL FROM runs WHERE workspace_id = $1 AND id = $2",
+    let removed = sqlx::query_scalar!(
+        r#"SELECT workspace_removed_at IS NOT NULL AS "removed!"
+           FROM runs WHERE workspace_id = $1 AND id = $2"#,
+        scope.workspace(),
+        owner,
     )
-    .bind(scope.workspace())
-    .bind(owner)
     .fetch_optional(conn)
     .await?;
     Ok(removed.unwrap_or(false))
@@ -479,50 +519,51 @@ pub async fn get(
     task_id: &str,
     run_id: &str,
 ) -> Result<RunRecord> {
-    sqlx::query_as(
-        "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
-                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
-                schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
-                from_model_call_index, conversation_base, requested_by
-         FROM runs WHERE workspace_id = $3 AND task_id = $1 AND id = $2",
+    sqlx::query_as!(
+        RunRecord,
+        r#"SELECT id, task_id, number, status AS "status: RunStatus", attempt, worker_id,
+                  exit_code, last_error, retried_from_run_id, resumed_from_run_id, checkpoint,
+                  prior_cost_micros_usd, total_cost_micros_usd, model_call_count,
+                  abandoned_model_calls, model, provider, workspace_run_id, schedule_id,
+                  schedule_occurrence_id, scheduled_for, created_at, started_at, finished_at,
+                  updated_at, lineage_kind, from_model_call_index, conversation_base,
+                  requested_by
+           FROM runs WHERE workspace_id = $3 AND task_id = $1 AND id = $2"#,
+        task_id,
+        run_id,
+        scope.workspace(),
     )
-    .bind(task_id)
-    .bind(run_id)
-    .bind(scope.workspace())
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("run"))
 }
 
 pub async fn get_by_id(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<RunRecord> {
-    sqlx::query_as(
-        "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
-                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
-                schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
-                from_model_call_index, conversation_base, requested_by
-         FROM runs WHERE workspace_id = $1 AND id = $2",
+    sqlx::query_as!(
+        RunRecord,
+        r#"SELECT id, task_id, number, status AS "status: RunStatus", attempt, worker_id,
+                  exit_code, last_error, retried_from_run_id, resumed_from_run_id, checkpoint,
+                  prior_cost_micros_usd, total_cost_micros_usd, model_call_count,
+                  abandoned_model_calls, model, provider, workspace_run_id, schedule_id,
+                  schedule_occurrence_id, scheduled_for, created_at, started_at, finished_at,
+                  updated_at, lineage_kind, from_model_call_index, conversation_base,
+                  requested_by
+           FROM runs WHERE workspace_id = $1 AND id = $2"#,
+        scope.workspace(),
+        run_id,
     )
-    .bind(scope.workspace())
-    .bind(run_id)
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("run"))
 }
 
 /// A run as its worker locks it when an attempt starts, with its task.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub(crate) struct RunWithTask {
-    #[sqlx(flatten)]
     pub(crate) run: RunRecord,
-    #[sqlx(json)]
     pub(crate) task: TaskRecord,
     /// External work: the hooks the task's attempts run around themselves (never part of
     /// the task as the API shows it).
-    #[sqlx(json)]
     pub(crate) hooks: Option<Hooks>,
 }
 
@@ -532,15 +573,16 @@ pub(crate) async fn lock_with_task(
     scope: &Scope,
     run_id: &str,
 ) -> Result<RunWithTask> {
-    sqlx::query_as(
-        "SELECT r.id, r.task_id, r.number, r.status, r.attempt, r.worker_id, r.exit_code,
-                r.last_error, r.retried_from_run_id, r.resumed_from_run_id, r.checkpoint,
-                r.prior_cost_micros_usd, r.total_cost_micros_usd, r.model_call_count, r.abandoned_model_calls, r.model,
-                r.provider, r.workspace_run_id,
-                r.schedule_id, r.schedule_occurrence_id, r.scheduled_for, r.created_at,
-                r.started_at, r.finished_at, r.updated_at,
-                r.lineage_kind, r.from_model_call_index, r.conversation_base, r.requested_by,
-                to_jsonb(task) - 'hooks' AS task, to_jsonb(task) -> 'hooks' AS hooks
+    let row = sqlx::query!(
+        r#"SELECT r.id, r.task_id, r.number, r.status AS "status: RunStatus", r.attempt,
+                  r.worker_id, r.exit_code, r.last_error, r.retried_from_run_id,
+                  r.resumed_from_run_id, r.checkpoint, r.prior_cost_micros_usd,
+                  r.total_cost_micros_usd, r.model_call_count, r.abandoned_model_calls, r.model,
+                  r.provider, r.workspace_run_id, r.schedule_id, r.schedule_occurrence_id,
+                  r.scheduled_for, r.created_at, r.started_at, r.finished_at, r.updated_at,
+                  r.lineage_kind, r.from_model_call_index, r.conversation_base, r.requested_by,
+                  to_jsonb(task) - 'hooks' AS "task!: Json<TaskRecord>",
+                  to_jsonb(task) -> 'hooks' AS "hooks!: Json<Option<Hooks>>"
          FROM runs r
          CROSS JOIN LATERAL (
              SELECT t.id, t.execution_kind, COALESCE(latest.status, 'not_started') AS status,
@@ -559,13 +601,18 @@ pub(crate) async fn lock_with_task(
              WHERE t.workspace_id = r.workspace_id AND t.id = r.task_id
          ) task
          WHERE r.workspace_id = $1 AND r.id = $2
-         FOR UPDATE OF r",
+         FOR UPDATE OF r"#,
+        scope.workspace(),
+        run_id,
     )
-    .bind(scope.workspace())
-    .bind(run_id)
     .fetch_optional(conn)
     .await?
-    .ok_or(StoreError::NotFound("run"))
+    .ok_or(StoreError::NotFound("run"))?;
+    Ok(RunWithTask {
+        run: run_record!(row),
+        task: row.task.0,
+        hooks: row.hooks.0,
+    })
 }
 
 /// Locks a run row for the rest of the transaction.
@@ -574,17 +621,19 @@ pub(crate) async fn lock(
     scope: &Scope,
     run_id: &str,
 ) -> Result<RunRecord> {
-    sqlx::query_as(
-        "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
-                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
-                schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
-                from_model_call_index, conversation_base, requested_by
-         FROM runs WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
+    sqlx::query_as!(
+        RunRecord,
+        r#"SELECT id, task_id, number, status AS "status: RunStatus", attempt, worker_id,
+                  exit_code, last_error, retried_from_run_id, resumed_from_run_id, checkpoint,
+                  prior_cost_micros_usd, total_cost_micros_usd, model_call_count,
+                  abandoned_model_calls, model, provider, workspace_run_id, schedule_id,
+                  schedule_occurrence_id, scheduled_for, created_at, started_at, finished_at,
+                  updated_at, lineage_kind, from_model_call_index, conversation_base,
+                  requested_by
+           FROM runs WHERE workspace_id = $1 AND id = $2 FOR UPDATE"#,
+        scope.workspace(),
+        run_id,
     )
-    .bind(scope.workspace())
-    .bind(run_id)
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("run"))
@@ -595,12 +644,12 @@ pub(crate) async fn priority_of(
     scope: &Scope,
     run_id: &str,
 ) -> Result<i32> {
-    let priority = sqlx::query_scalar(
+    let priority = sqlx::query_scalar!(
         "SELECT t.priority FROM runs r JOIN tasks t ON t.id = r.task_id
          WHERE r.workspace_id = $1 AND r.id = $2",
+        scope.workspace(),
+        run_id,
     )
-    .bind(scope.workspace())
-    .bind(run_id)
     .fetch_one(conn)
     .await?;
     Ok(priority)
@@ -614,21 +663,23 @@ pub async fn list(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<RunRecord>> {
-    let rows = sqlx::query_as(
-        "SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
-                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
-                schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
-                from_model_call_index, conversation_base, requested_by
-         FROM runs
-         WHERE workspace_id = $4 AND task_id = $1 AND ($2::text IS NULL OR id > $2)
-         ORDER BY id LIMIT $3",
+    let rows = sqlx::query_as!(
+        RunRecord,
+        r#"SELECT id, task_id, number, status AS "status: RunStatus", attempt, worker_id,
+                  exit_code, last_error, retried_from_run_id, resumed_from_run_id, checkpoint,
+                  prior_cost_micros_usd, total_cost_micros_usd, model_call_count,
+                  abandoned_model_calls, model, provider, workspace_run_id, schedule_id,
+                  schedule_occurrence_id, scheduled_for, created_at, started_at, finished_at,
+                  updated_at, lineage_kind, from_model_call_index, conversation_base,
+                  requested_by
+           FROM runs
+           WHERE workspace_id = $4 AND task_id = $1 AND ($2::text IS NULL OR id > $2)
+           ORDER BY id LIMIT $3"#,
+        task_id,
+        after,
+        limit,
+        scope.workspace(),
     )
-    .bind(task_id)
-    .bind(after)
-    .bind(limit)
-    .bind(scope.workspace())
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -678,8 +729,9 @@ pub(crate) async fn transition_locked(
     }
     // One statement: the change, and its audit rows (the task's only while this run is
     // its latest, whose status the task's projects).
-    let run = sqlx::query_as(
-        "WITH updated AS (
+    let run = sqlx::query_as!(
+        RunRecord,
+        r#"WITH updated AS (
              UPDATE runs SET
                 status = $2,
                 attempt = attempt + CASE WHEN $2 = 'running' THEN 1 ELSE 0 END,
@@ -703,23 +755,24 @@ pub(crate) async fn transition_locked(
                     AND EXISTS (SELECT 1 FROM tasks t WHERE t.workspace_id = $6
                                 AND t.id = r.task_id AND t.latest_run_id = r.id))
          )
-         SELECT id, task_id, number, status, attempt, worker_id, exit_code, last_error,
-                retried_from_run_id, resumed_from_run_id, checkpoint, prior_cost_micros_usd,
-                total_cost_micros_usd, model_call_count, abandoned_model_calls, model, provider, workspace_run_id,
-                schedule_id, schedule_occurrence_id,
-                scheduled_for, created_at, started_at, finished_at, updated_at, lineage_kind,
-                from_model_call_index, conversation_base, requested_by
-         FROM updated",
+         SELECT id, task_id, number, status AS "status: RunStatus", attempt, worker_id,
+                exit_code, last_error, retried_from_run_id, resumed_from_run_id, checkpoint,
+                prior_cost_micros_usd, total_cost_micros_usd, model_call_count,
+                abandoned_model_calls, model, provider, workspace_run_id, schedule_id,
+                schedule_occurrence_id, scheduled_for, created_at, started_at, finished_at,
+                updated_at, lineage_kind, from_model_call_index, conversation_base,
+                requested_by
+         FROM updated"#,
+        current.id,
+        next.as_str(),
+        change.worker_id,
+        change.exit_code,
+        change.last_error,
+        scope.workspace(),
+        current.status.as_str(),
+        reason,
+        actor.to_string(),
     )
-    .bind(&current.id)
-    .bind(next.as_str())
-    .bind(change.worker_id)
-    .bind(change.exit_code)
-    .bind(change.last_error)
-    .bind(scope.workspace())
-    .bind(current.status)
-    .bind(reason)
-    .bind(actor.to_string())
     .fetch_one(&mut *conn)
     .await?;
     Ok(run)
@@ -800,22 +853,22 @@ pub(crate) async fn close_open_work(
     step_status: &str,
     reason: &str,
 ) -> Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "UPDATE steps SET status = $2, error = $3, finished_at = now()
          WHERE workspace_id = $4 AND run_id = $1 AND status = 'running'",
+        run_id,
+        step_status,
+        reason,
+        scope.workspace(),
     )
-    .bind(run_id)
-    .bind(step_status)
-    .bind(reason)
-    .bind(scope.workspace())
     .execute(&mut *conn)
     .await?;
-    sqlx::query(
+    sqlx::query!(
         "UPDATE artifacts SET status = 'complete', updated_at = now()
          WHERE workspace_id = $2 AND run_id = $1 AND status = 'writing'",
+        run_id,
+        scope.workspace(),
     )
-    .bind(run_id)
-    .bind(scope.workspace())
     .execute(conn)
     .await?;
     Ok(())
@@ -856,7 +909,7 @@ pub(crate) async fn requeue_lost<'r>(
 }
 
 /// A `queued` or `running` run, as boot recovery pages through them.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub(crate) struct ActiveRun {
     pub(crate) run_id: String,
     pub(crate) priority: i32,
@@ -870,14 +923,15 @@ pub(crate) async fn active_page(
     after: &str,
     limit: i64,
 ) -> Result<Vec<ActiveRun>> {
-    let page = sqlx::query_as(
+    let page = sqlx::query_as!(
+        ActiveRun,
         "SELECT r.id AS run_id, t.priority, r.workspace_id
          FROM runs r JOIN tasks t ON t.id = r.task_id
          WHERE r.status IN ('queued', 'running') AND r.id > $1
          ORDER BY r.id LIMIT $2",
+        after,
+        limit,
     )
-    .bind(after)
-    .bind(limit)
     .fetch_all(conn)
     .await?;
     Ok(page)

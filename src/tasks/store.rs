@@ -1,5 +1,7 @@
 //! Task rows, with the latest-run projection computed at read time.
 
+use std::collections::BTreeMap;
+
 use keel_workers::{Execution, FileOperation};
 use sqlx::PgConnection;
 use sqlx::types::Json;
@@ -135,8 +137,13 @@ pub async fn insert(
     };
     // One statement: the row, its audit record, and the row as the API shows it (a new
     // task has no run, so its projection is written out rather than read).
-    let created = sqlx::query_as(
-        "WITH created AS (
+    let hooks = task
+        .hooks
+        .as_ref()
+        .map(|hooks| serde_json::to_value(hooks).expect("hooks serialize"));
+    let created = sqlx::query_as!(
+        TaskRecord,
+        r#"WITH created AS (
              INSERT INTO tasks (id, execution_kind, prompt, shell_command, git_command, file_path,
                                 file_content, file_operation, working_directory, workspace_mode,
                                 sandbox_allowed_root, sandbox_network, sandbox_read_only,
@@ -152,61 +159,64 @@ pub async fn insert(
              SELECT workspace_id, 'task', id, id, NULL, 'not_started', 'created', $18
              FROM created
          )
-         SELECT id, execution_kind, 'not_started' AS status, prompt, shell_command, git_command,
-                file_path, file_content, file_operation, working_directory, workspace_mode,
-                sandbox_allowed_root, sandbox_network, sandbox_read_only, timeout_ms, priority,
-                budget_micros_usd, system_prompt, requested_provider, requested_model,
-                max_model_calls, tools, run_count, latest_run_id, 0::bigint AS latest_run_step_count,
-                0::bigint AS latest_run_artifact_count, created_at, updated_at
-         FROM created",
+         SELECT id, execution_kind, 'not_started' AS "status!: TaskStatus", prompt,
+                shell_command, git_command, file_path, file_content, file_operation,
+                working_directory, workspace_mode, sandbox_allowed_root, sandbox_network,
+                sandbox_read_only, timeout_ms, priority, budget_micros_usd, system_prompt,
+                requested_provider, requested_model, max_model_calls, tools, run_count,
+                latest_run_id, 0::bigint AS "latest_run_step_count!",
+                0::bigint AS "latest_run_artifact_count!", created_at, updated_at
+         FROM created"#,
+        id,
+        kind,
+        task.prompt,
+        shell,
+        git,
+        path,
+        content,
+        operation,
+        directory,
+        mode,
+        allowed_root,
+        task.sandbox.network,
+        task.sandbox.read_only,
+        task.timeout_ms,
+        task.priority,
+        task.budget_micros_usd,
+        scope.workspace(),
+        actor.to_string(),
+        agent.system_prompt,
+        agent.requested_provider,
+        agent.requested_model,
+        agent.max_model_calls,
+        agent.tools.as_deref(),
+        hooks,
     )
-    .bind(&id)
-    .bind(kind)
-    .bind(&task.prompt)
-    .bind(shell)
-    .bind(git)
-    .bind(path)
-    .bind(content)
-    .bind(operation)
-    .bind(directory)
-    .bind(mode)
-    .bind(allowed_root)
-    .bind(task.sandbox.network)
-    .bind(task.sandbox.read_only)
-    .bind(task.timeout_ms)
-    .bind(task.priority)
-    .bind(task.budget_micros_usd)
-    .bind(scope.workspace())
-    .bind(actor.to_string())
-    .bind(&agent.system_prompt)
-    .bind(&agent.requested_provider)
-    .bind(&agent.requested_model)
-    .bind(agent.max_model_calls)
-    .bind(&agent.tools)
-    .bind(task.hooks.as_ref().map(Json))
     .fetch_one(conn)
     .await?;
     Ok(created)
 }
 
 pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<TaskRecord> {
-    sqlx::query_as(
-        "SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
-                t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
-                t.working_directory, t.workspace_mode, t.sandbox_allowed_root, t.sandbox_network,
-                t.sandbox_read_only, t.timeout_ms, t.priority, t.budget_micros_usd,
-                t.system_prompt, t.requested_provider, t.requested_model, t.max_model_calls,
-                t.tools, t.run_count, t.latest_run_id,
-                (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
-                    AS latest_run_step_count,
-                (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
-                    AS latest_run_artifact_count,
-                t.created_at, t.updated_at
-         FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
-         WHERE t.workspace_id = $1 AND t.id = $2",
+    sqlx::query_as!(
+        TaskRecord,
+        r#"SELECT t.id, t.execution_kind,
+                  COALESCE(r.status, 'not_started') AS "status!: TaskStatus", t.prompt,
+                  t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
+                  t.working_directory, t.workspace_mode, t.sandbox_allowed_root,
+                  t.sandbox_network, t.sandbox_read_only, t.timeout_ms, t.priority,
+                  t.budget_micros_usd, t.system_prompt, t.requested_provider, t.requested_model,
+                  t.max_model_calls, t.tools, t.run_count, t.latest_run_id,
+                  (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
+                      AS "latest_run_step_count!",
+                  (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
+                      AS "latest_run_artifact_count!",
+                  t.created_at, t.updated_at
+           FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
+           WHERE t.workspace_id = $1 AND t.id = $2"#,
+        scope.workspace(),
+        id,
     )
-    .bind(scope.workspace())
-    .bind(id)
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("task"))
@@ -220,28 +230,30 @@ pub async fn list(
     before: Option<&str>,
     limit: i64,
 ) -> Result<Vec<TaskRecord>> {
-    let rows = sqlx::query_as(
-        "SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
-                t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
-                t.working_directory, t.workspace_mode, t.sandbox_allowed_root, t.sandbox_network,
-                t.sandbox_read_only, t.timeout_ms, t.priority, t.budget_micros_usd,
-                t.system_prompt, t.requested_provider, t.requested_model, t.max_model_calls,
-                t.tools, t.run_count, t.latest_run_id,
-                (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
-                    AS latest_run_step_count,
-                (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
-                    AS latest_run_artifact_count,
-                t.created_at, t.updated_at
-         FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
-         WHERE t.workspace_id = $1
-           AND ($2::text IS NULL OR COALESCE(r.status, 'not_started') = $2)
-           AND ($3::text IS NULL OR t.id < $3)
-         ORDER BY t.id DESC LIMIT $4",
+    let rows = sqlx::query_as!(
+        TaskRecord,
+        r#"SELECT t.id, t.execution_kind,
+                  COALESCE(r.status, 'not_started') AS "status!: TaskStatus", t.prompt,
+                  t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
+                  t.working_directory, t.workspace_mode, t.sandbox_allowed_root,
+                  t.sandbox_network, t.sandbox_read_only, t.timeout_ms, t.priority,
+                  t.budget_micros_usd, t.system_prompt, t.requested_provider, t.requested_model,
+                  t.max_model_calls, t.tools, t.run_count, t.latest_run_id,
+                  (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
+                      AS "latest_run_step_count!",
+                  (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
+                      AS "latest_run_artifact_count!",
+                  t.created_at, t.updated_at
+           FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
+           WHERE t.workspace_id = $1
+             AND ($2::text IS NULL OR COALESCE(r.status, 'not_started') = $2)
+             AND ($3::text IS NULL OR t.id < $3)
+           ORDER BY t.id DESC LIMIT $4"#,
+        scope.workspace(),
+        status.map(TaskStatus::as_str),
+        before,
+        limit,
     )
-    .bind(scope.workspace())
-    .bind(status.map(TaskStatus::as_str))
-    .bind(before)
-    .bind(limit)
     .fetch_all(conn)
     .await?;
     Ok(rows)
@@ -250,11 +262,11 @@ pub async fn list(
 /// Locks the task row: run admission and deletion both take this lock first, so they
 /// serialize and a race between them has one durable winner.
 pub(crate) async fn lock(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
-    sqlx::query_scalar::<_, String>(
+    sqlx::query_scalar!(
         "SELECT id FROM tasks WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
+        scope.workspace(),
+        id,
     )
-    .bind(scope.workspace())
-    .bind(id)
     .fetch_optional(conn)
     .await?
     .map(|_| ())
@@ -267,13 +279,14 @@ pub(crate) async fn hooks(
     scope: &Scope,
     id: &str,
 ) -> Result<Option<Hooks>> {
-    let hooks: Option<Json<Hooks>> =
-        sqlx::query_scalar("SELECT hooks FROM tasks WHERE workspace_id = $1 AND id = $2")
-            .bind(scope.workspace())
-            .bind(id)
-            .fetch_optional(conn)
-            .await?
-            .flatten();
+    let hooks = sqlx::query_scalar!(
+        r#"SELECT hooks AS "hooks: Json<Hooks>" FROM tasks WHERE workspace_id = $1 AND id = $2"#,
+        scope.workspace(),
+        id,
+    )
+    .fetch_optional(conn)
+    .await?
+    .flatten();
     Ok(hooks.map(|Json(hooks)| hooks))
 }
 
@@ -283,24 +296,26 @@ pub(crate) async fn get_locked(
     scope: &Scope,
     id: &str,
 ) -> Result<TaskRecord> {
-    sqlx::query_as(
-        "SELECT t.id, t.execution_kind, COALESCE(r.status, 'not_started') AS status, t.prompt,
-                t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
-                t.working_directory, t.workspace_mode, t.sandbox_allowed_root, t.sandbox_network,
-                t.sandbox_read_only, t.timeout_ms, t.priority, t.budget_micros_usd,
-                t.system_prompt, t.requested_provider, t.requested_model, t.max_model_calls,
-                t.tools, t.run_count, t.latest_run_id,
-                (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
-                    AS latest_run_step_count,
-                (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
-                    AS latest_run_artifact_count,
-                t.created_at, t.updated_at
-         FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
-         WHERE t.workspace_id = $1 AND t.id = $2
-         FOR UPDATE OF t",
+    sqlx::query_as!(
+        TaskRecord,
+        r#"SELECT t.id, t.execution_kind,
+                  COALESCE(r.status, 'not_started') AS "status!: TaskStatus", t.prompt,
+                  t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
+                  t.working_directory, t.workspace_mode, t.sandbox_allowed_root,
+                  t.sandbox_network, t.sandbox_read_only, t.timeout_ms, t.priority,
+                  t.budget_micros_usd, t.system_prompt, t.requested_provider, t.requested_model,
+                  t.max_model_calls, t.tools, t.run_count, t.latest_run_id,
+                  (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
+                      AS "latest_run_step_count!",
+                  (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
+                      AS "latest_run_artifact_count!",
+                  t.created_at, t.updated_at
+           FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
+           WHERE t.workspace_id = $1 AND t.id = $2
+           FOR UPDATE OF t"#,
+        scope.workspace(),
+        id,
     )
-    .bind(scope.workspace())
-    .bind(id)
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("task"))
@@ -314,12 +329,12 @@ pub(crate) async fn set_prompt(
     id: &str,
     prompt: &str,
 ) -> Result<()> {
-    sqlx::query(
+    sqlx::query!(
         "UPDATE tasks SET prompt = $3, updated_at = now() WHERE workspace_id = $1 AND id = $2",
+        scope.workspace(),
+        id,
+        prompt,
     )
-    .bind(scope.workspace())
-    .bind(id)
-    .bind(prompt)
     .execute(conn)
     .await?;
     Ok(())
@@ -329,12 +344,12 @@ pub(crate) async fn set_prompt(
 pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str, actor: &Actor) -> Result<()> {
     let task = get(conn, scope, id).await?;
     lock(conn, scope, id).await?;
-    let active: Option<String> = sqlx::query_scalar(
+    let active = sqlx::query_scalar!(
         "SELECT id FROM runs WHERE workspace_id = $1 AND task_id = $2
            AND status IN ('queued', 'running', 'awaiting_approval') LIMIT 1",
+        scope.workspace(),
+        id,
     )
-    .bind(scope.workspace())
-    .bind(id)
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(run_id) = active {
@@ -342,16 +357,20 @@ pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str, actor: &Ac
             "task {id} has an active run ({run_id}); cancel it before deleting the task"
         )));
     }
-    sqlx::query("DELETE FROM run_events WHERE workspace_id = $1 AND task_id = $2")
-        .bind(scope.workspace())
-        .bind(id)
-        .execute(&mut *conn)
-        .await?;
-    sqlx::query("DELETE FROM tasks WHERE workspace_id = $1 AND id = $2")
-        .bind(scope.workspace())
-        .bind(id)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query!(
+        "DELETE FROM run_events WHERE workspace_id = $1 AND task_id = $2",
+        scope.workspace(),
+        id,
+    )
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query!(
+        "DELETE FROM tasks WHERE workspace_id = $1 AND id = $2",
+        scope.workspace(),
+        id,
+    )
+    .execute(&mut *conn)
+    .await?;
     // The audit trail outlives the task: it records the deletion too.
     let deleted = Transition {
         entity_type: "task",
@@ -377,23 +396,31 @@ pub(crate) async fn chat_preset(
         code: "model_not_configured",
         message,
     };
-    let preset: Option<ProviderRecord> = match &task.requested_provider {
-        Some(id) => match providers::get(conn, scope, id).await {
-            Ok(preset) => Some(preset),
-            Err(StoreError::NotFound(_)) => None,
-            Err(error) => return Err(error),
-        },
-        None => {
-            sqlx::query_as(
-                "SELECT * FROM providers WHERE workspace_id = $1 AND enabled
-               AND api IN ('openai-completions', 'anthropic-messages')
-             ORDER BY created_at, id LIMIT 1",
+    let preset: Option<ProviderRecord> =
+        match &task.requested_provider {
+            Some(id) => match providers::get(conn, scope, id).await {
+                Ok(preset) => Some(preset),
+                Err(StoreError::NotFound(_)) => None,
+                Err(error) => return Err(error),
+            },
+            None => sqlx::query_as!(
+                ProviderRecord,
+                r#"SELECT id, kind, display_name, provider_id, model, api, base_url, api_key_ref,
+                          headers AS "headers: Json<BTreeMap<String, String>>",
+                          secret_header_refs
+                              AS "secret_header_refs: Json<BTreeMap<String, String>>",
+                          capabilities, input,
+                          compat AS "compat: Json<serde_json::Map<String, serde_json::Value>>",
+                          enabled, last_check AS "last_check: Json<serde_json::Value>",
+                          created_at, updated_at, workspace_id, written_by_role
+                   FROM providers WHERE workspace_id = $1 AND enabled
+                     AND api IN ('openai-completions', 'anthropic-messages')
+                   ORDER BY created_at, id LIMIT 1"#,
+                scope.workspace(),
             )
-            .bind(scope.workspace())
             .fetch_optional(&mut *conn)
-            .await?
-        }
-    };
+            .await?,
+        };
     let preset = match (preset, &task.requested_provider) {
         (Some(preset), _) => preset,
         (None, Some(id)) => {
