@@ -7,6 +7,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use keel_api_types::ErrorCode;
+
 use crate::db::StoreError;
 use crate::domain::Invalid;
 
@@ -23,7 +25,7 @@ pub enum ApiError {
     #[error("{message}")]
     Coded {
         status: StatusCode,
-        code: &'static str,
+        code: ErrorCode,
         message: String,
     },
     #[error("internal error: {0}")]
@@ -56,60 +58,60 @@ impl ApiError {
         }
     }
 
-    fn parts(&self) -> (StatusCode, &'static str, &'static str, &'static str) {
+    fn parts(&self) -> (StatusCode, ErrorCode, &'static str, &'static str) {
         match self {
             ApiError::Invalid { status, .. } => (
                 *status,
-                "invalid_request",
+                ErrorCode::InvalidRequest,
                 "The request is not valid.",
                 "Fix the request as the message says and send it again.",
             ),
             ApiError::NotFound(_) => (
                 StatusCode::NOT_FOUND,
-                "not_found",
+                ErrorCode::NotFound,
                 "The resource does not exist.",
                 "Check the id; list the collection to find existing resources.",
             ),
             ApiError::Conflict(_) => (
                 StatusCode::CONFLICT,
-                "conflict",
+                ErrorCode::Conflict,
                 "The resource is not in a state that allows this.",
                 "Reload the resource, then retry if the action still applies.",
             ),
             ApiError::Coded { status, code, .. } => (
                 *status,
-                code,
+                *code,
                 "The resource cannot do this now.",
                 "Read the message and the error type; fix the resource or the request.",
             ),
             ApiError::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "internal_error",
+                ErrorCode::InternalError,
                 "Keel failed to handle the request.",
                 "Retry; if it persists, look up the request id in the server logs.",
             ),
             ApiError::Unavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
+                ErrorCode::Unavailable,
                 "Keel cannot reach its database.",
                 "Check that PostgreSQL is running and reachable, then retry.",
             ),
             ApiError::Unauthorized(_) => (
                 StatusCode::UNAUTHORIZED,
-                "unauthorized",
+                ErrorCode::Unauthorized,
                 "The request did not prove who sent it.",
                 "Send the runtime token (Authorization: Bearer, or X-Keel-Runtime-Token), or \
                  in remote mode the identity from the trusted proxy.",
             ),
             ApiError::Forbidden(_) => (
                 StatusCode::FORBIDDEN,
-                "forbidden",
+                ErrorCode::Forbidden,
                 "This request is not allowed here.",
                 "Read the message: the host, the route or the caller is not allowed.",
             ),
             ApiError::RateLimited { .. } => (
                 StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_exceeded",
+                ErrorCode::RateLimitExceeded,
                 "Too many requests for this identity.",
                 "Wait for the seconds in Retry-After, then retry.",
             ),
@@ -182,7 +184,7 @@ impl IntoResponse for ApiError {
             other => other.to_string(),
         };
         let body = json!({ "error": {
-            "type": kind,
+            "type": kind.as_str(),
             "message": message,
             "user_message": user_message,
             "operator_action": operator_action,

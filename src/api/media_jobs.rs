@@ -5,6 +5,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
+use keel_api_types::ErrorCode;
 use keel_api_types::MediaJobDraft;
 use serde::Deserialize;
 use utoipa::IntoParams;
@@ -45,8 +46,8 @@ impl From<Refused> for ApiError {
             Refused::Unrunnable(reason) => ApiError::Coded {
                 status: StatusCode::UNPROCESSABLE_ENTITY,
                 code: match reason {
-                    Unrunnable::Disabled(_) => "provider_disabled",
-                    _ => "unsupported_capability",
+                    Unrunnable::Disabled(_) => ErrorCode::ProviderDisabled,
+                    _ => ErrorCode::UnsupportedCapability,
                 },
                 message: reason.to_string(),
             },

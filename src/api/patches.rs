@@ -6,6 +6,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use keel_api_types::ErrorCode;
 use keel_api_types::{PatchDetail, PatchSummary};
 use keel_workers::agent::Patch;
 use keel_workers::agent::tools::{self, RevertError};
@@ -139,7 +140,7 @@ async fn revert_patch(
     let patch = patches::content(&state.content, &state.pool, &row.id).await?;
     let unavailable = |why: String| ApiError::Coded {
         status: StatusCode::CONFLICT,
-        code: "workspace_unavailable",
+        code: ErrorCode::WorkspaceUnavailable,
         message: format!(
             "run {run_id}'s workspace is not reachable from this API process ({why}); revert \
              where the worker's data directory is shared (keel serve, or one KEEL_DATA_DIR)"

@@ -363,7 +363,7 @@ async fn live_call(state: &AppState, provider: ProviderRecord) -> Result<(&'stat
     .await?;
     let mut config = match resolved {
         Ok(config) => config,
-        Err(unresolved) => return Ok((unresolved.code, unresolved.message)),
+        Err(unresolved) => return Ok((unresolved.code.as_str(), unresolved.message)),
     };
     config.max_tokens = Some(1);
     let failed = |error: ProviderError| Ok(("live_call_failed", error.to_string()));
@@ -418,7 +418,7 @@ fn readiness(
     }
     // A member's preset whose grants or chat host were withdrawn since it was written.
     if let Err(unresolved) = provider.check_use(secrets, hosts) {
-        return (unresolved.code, unresolved.message);
+        return (unresolved.code.as_str(), unresolved.message);
     }
     // A chat model served locally may need no key; a media vendor always does.
     let key = provider.api_key();
@@ -430,7 +430,7 @@ fn readiness(
         .chain(provider.secret_headers().into_iter().map(|(_, r)| r));
     for secret in refs {
         if let Err(unresolved) = secret.resolve(secrets) {
-            return (unresolved.code, unresolved.message);
+            return (unresolved.code.as_str(), unresolved.message);
         }
     }
     (

@@ -8,6 +8,7 @@ pub mod embedded;
 
 use std::time::Duration;
 
+use keel_api_types::ErrorCode;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -22,11 +23,11 @@ pub enum StoreError {
     Conflict(String),
     /// A conflict with its own error code, for clients that branch on it.
     #[error("{message}")]
-    Refused { code: &'static str, message: String },
+    Refused { code: ErrorCode, message: String },
     /// The request cannot be carried out as the stored rows stand (422), with its own code:
     /// `model_not_configured`.
     #[error("{message}")]
-    Unprocessable { code: &'static str, message: String },
+    Unprocessable { code: ErrorCode, message: String },
     /// The caller may not do this to these rows (403): someone else must.
     #[error("{0}")]
     Forbidden(String),

@@ -360,7 +360,7 @@ pub(crate) async fn retry(
         Err(error) => {
             let blocked = ItemChange {
                 state: "blocked",
-                error: Some((error.code(), &error.to_string())),
+                error: Some((error.code().as_str(), &error.to_string())),
                 ..waiting
             };
             external::update_item(conn, scope, &item.id, &blocked).await?;
@@ -448,7 +448,7 @@ pub(crate) fn new_task(
     issue: &Issue,
     directory: Option<&str>,
 ) -> Result<NewTask, (&'static str, String)> {
-    let workflow_error = |e: WorkflowError| (e.code(), e.to_string());
+    let workflow_error = |e: WorkflowError| (e.code().as_str(), e.to_string());
     let invalid_task = |e: Invalid| ("invalid_task", e.to_string());
     let prompt = workflow.render(issue, None).map_err(workflow_error)?;
     let mut draft = workflow.task_draft(prompt).map_err(workflow_error)?;

@@ -106,7 +106,9 @@ pub(crate) async fn poll(
     };
     let mut interval = Duration::from_millis(30_000);
     match load_workflow(source) {
-        Err(error) => outcome.summary.failed(error.code(), error.to_string()),
+        Err(error) => outcome
+            .summary
+            .failed(error.code().as_str(), error.to_string()),
         Ok(workflow) => {
             interval = Duration::from_millis(workflow.config.polling_interval_ms);
             let imports = Imports {
@@ -171,7 +173,7 @@ impl Imports<'_> {
         let token = match token(tracker, &self.poller.secrets) {
             Ok(token) => token,
             Err(unresolved) => {
-                summary.failed(unresolved.code, unresolved.message);
+                summary.failed(unresolved.code.as_str(), unresolved.message);
                 return Ok(());
             }
         };

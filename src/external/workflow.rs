@@ -4,6 +4,7 @@
 //! Seed 000's `source` {kind, repository, projectSlug, secretRef, events} form is read as the
 //! same `tracker` model. Unknown keys are ignored, for forward compatibility.
 
+use keel_api_types::ErrorCode;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -28,13 +29,13 @@ pub(crate) enum WorkflowError {
 }
 
 impl WorkflowError {
-    pub(crate) fn code(&self) -> &'static str {
+    pub(crate) fn code(&self) -> ErrorCode {
         match self {
-            WorkflowError::MissingFile(_) => "missing_workflow_file",
-            WorkflowError::Parse(_) => "workflow_parse_error",
-            WorkflowError::FrontMatterNotAMap => "workflow_front_matter_not_a_map",
-            WorkflowError::TemplateParse(_) => "template_parse_error",
-            WorkflowError::TemplateRender(_) => "template_render_error",
+            WorkflowError::MissingFile(_) => ErrorCode::MissingWorkflowFile,
+            WorkflowError::Parse(_) => ErrorCode::WorkflowParseError,
+            WorkflowError::FrontMatterNotAMap => ErrorCode::WorkflowFrontMatterNotAMap,
+            WorkflowError::TemplateParse(_) => ErrorCode::TemplateParseError,
+            WorkflowError::TemplateRender(_) => ErrorCode::TemplateRenderError,
         }
     }
 }
@@ -676,13 +677,16 @@ Fix {{ issue.identifier }}: {{ issue.title | upcase }}{% if attempt %} (retry {{
     }
 
     fn code(text: &str) -> &'static str {
-        Workflow::parse(text).unwrap_err().code()
+        Workflow::parse(text).unwrap_err().code().as_str()
     }
 
     #[test]
     fn every_error_class_has_its_code() {
         let missing = Workflow::load(std::path::Path::new("/nonexistent/WORKFLOW.md"));
-        assert_eq!(missing.unwrap_err().code(), "missing_workflow_file");
+        assert_eq!(
+            missing.unwrap_err().code().as_str(),
+            "missing_workflow_file"
+        );
         assert_eq!(code("---\ntracker: [\n---\n"), "workflow_parse_error");
         assert_eq!(
             code("---\ntracker: {kind: jira}\n---\n"),
@@ -700,7 +704,7 @@ Fix {{ issue.identifier }}: {{ issue.title | upcase }}{% if attempt %} (retry {{
         );
         let capped = Workflow::parse("---\nhooks: {timeout_ms: 999999999999}\n---\n");
         let error = capped.unwrap_err();
-        assert_eq!(error.code(), "workflow_parse_error");
+        assert_eq!(error.code().as_str(), "workflow_parse_error");
         assert!(error.to_string().contains("at most 3600000 ms"), "{error}");
         let hour = Workflow::parse("---\nhooks: {timeout_ms: 3600000}\n---\n").unwrap();
         assert_eq!(
@@ -720,10 +724,10 @@ Fix {{ issue.identifier }}: {{ issue.title | upcase }}{% if attempt %} (retry {{
         assert_eq!(code("{{ issue.title | shout }}"), "template_render_error");
         let unknown = Workflow::parse("{{ issue.nope }} {{ nobody }}").unwrap();
         let error = unknown.render(&issue(), None).unwrap_err();
-        assert_eq!(error.code(), "template_render_error");
+        assert_eq!(error.code().as_str(), "template_render_error");
         let unknown = Workflow::parse("{{ nobody }}").unwrap();
         let error = unknown.render(&issue(), None).unwrap_err();
-        assert_eq!(error.code(), "template_render_error");
+        assert_eq!(error.code().as_str(), "template_render_error");
     }
 
     #[test]
@@ -732,7 +736,7 @@ Fix {{ issue.identifier }}: {{ issue.title | upcase }}{% if attempt %} (retry {{
             "---\ntracker: {kind: github, repository: a/b, api_key: ghp_canary123}\n---\n",
         )
         .unwrap_err();
-        assert_eq!(error.code(), "workflow_parse_error");
+        assert_eq!(error.code().as_str(), "workflow_parse_error");
         assert!(!error.to_string().contains("ghp_canary123"), "{error}");
     }
 }

@@ -3,6 +3,7 @@
 //! committed before polling starts, so a worker that takes over a crashed worker's video
 //! job resumes polling that task and never submits the generation again.
 
+use keel_api_types::ErrorCode;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -251,7 +252,7 @@ impl MediaJobs {
         let mut conn = self.pool.acquire().await?;
         let preset = providers::get(&mut conn, scope, &record.provider_id).await?;
         let unusable = |message: String| Unresolved {
-            code: "invalid_request",
+            code: ErrorCode::InvalidRequest,
             message,
         };
         let Some(vendor) = Vendor::parse(&preset.kind) else {
@@ -263,13 +264,13 @@ impl MediaJobs {
         let operation = Operation::parse(&record.operation).expect("the table's check constraint");
         if let Err(message) = self.hosts.check(vendor, &preset.base_url) {
             return Ok(Err(Unresolved {
-                code: "provider_host_not_allowed",
+                code: ErrorCode::ProviderHostNotAllowed,
                 message,
             }));
         }
         let Some(key) = preset.api_key() else {
             return Ok(Err(Unresolved {
-                code: "secret_missing",
+                code: ErrorCode::SecretMissing,
                 message: format!("provider {} names no api_key_ref", preset.id),
             }));
         };

@@ -2,6 +2,7 @@
 //! `media`). Every status change goes through [`transition`], guarded by the states
 //! [`MediaJobStatus::can_become`] allows, recorded in the audit trail.
 
+use keel_api_types::ErrorCode;
 use sqlx::PgConnection;
 
 use crate::attempt::JobKind;
@@ -246,7 +247,7 @@ pub async fn run(
     let job = lock(conn, scope, id).await?;
     if !job.status().is_runnable() {
         return Err(StoreError::Refused {
-            code: "media_job_not_runnable",
+            code: ErrorCode::MediaJobNotRunnable,
             message: format!(
                 "media job {id} is {}; only queued, failed or cancelled jobs run",
                 job.status

@@ -2,6 +2,7 @@
 //! hand to [`ChatClient`](keel_workers::agent::provider::ChatClient). Secrets are resolved
 //! here, at each call site, under the process's current policy, like media jobs' presets.
 
+use keel_api_types::ErrorCode;
 use keel_workers::agent::provider::{ChatApi, ChatLimits, ProviderConfig};
 
 use crate::providers::ProviderRecord;
@@ -26,12 +27,12 @@ pub(crate) fn chat_config(
 ) -> Result<ProviderConfig, Unresolved> {
     if !preset.enabled {
         return Err(Unresolved {
-            code: "provider_disabled",
+            code: ErrorCode::ProviderDisabled,
             message: format!("provider {} is disabled", preset.id),
         });
     }
     let api = chat_api(&preset.api).ok_or_else(|| Unresolved {
-        code: "invalid_request",
+        code: ErrorCode::InvalidRequest,
         message: format!(
             "provider {} speaks {}, not a chat api (openai-completions or anthropic-messages)",
             preset.id, preset.api
@@ -43,7 +44,7 @@ pub(crate) fn chat_config(
         .unwrap_or(preset.model.trim());
     if model.is_empty() {
         return Err(Unresolved {
-            code: "model_not_configured",
+            code: ErrorCode::ModelNotConfigured,
             message: format!("provider {} names no model and the task none", preset.id),
         });
     }
@@ -177,7 +178,7 @@ mod tests {
         let code = |record: &ProviderRecord| {
             chat_config(record, None, &secrets, &ProviderHosts::default(), &LIMITS)
                 .err()
-                .map(|u| u.code)
+                .map(|u| u.code.as_str())
         };
         let keyless = preset("openai-completions", None);
         assert_eq!(code(&keyless), None, "a local model needs no key");
@@ -212,7 +213,7 @@ mod tests {
         let code = |record: &ProviderRecord, secrets: &SecretPolicy, hosts: &ProviderHosts| {
             chat_config(record, None, secrets, hosts, &LIMITS)
                 .err()
-                .map(|u| u.code)
+                .map(|u| u.code.as_str())
         };
         // Granted and listed: it resolves on to its (unset) secret.
         assert_eq!(code(&member, &granted, &listed), Some("secret_missing"));

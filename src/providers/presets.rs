@@ -1,6 +1,7 @@
 //! Provider presets: reusable, non-secret provider configuration (seed 000, "Provider
 //! Presets"). A preset names its API key and secret headers by reference only.
 
+use keel_api_types::ErrorCode;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -196,7 +197,7 @@ pub(crate) fn check_members_use<'a>(
         policy
             .check_granted(workspace, secret)
             .map_err(|message| Unresolved {
-                code: "secret_not_granted",
+                code: ErrorCode::SecretNotGranted,
                 message,
             })?;
     }
@@ -205,7 +206,7 @@ pub(crate) fn check_members_use<'a>(
         return Ok(());
     }
     hosts.check_chat(base_url).map_err(|message| Unresolved {
-        code: "provider_host_not_allowed",
+        code: ErrorCode::ProviderHostNotAllowed,
         message,
     })
 }

@@ -9,6 +9,7 @@
 //! name is the operator's grants (`KEEL_SECRET_GRANTS`): every other allowed reference is
 //! the operator's, and only an operator writes a preset that names it.
 
+use keel_api_types::ErrorCode;
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
@@ -32,7 +33,7 @@ pub(crate) enum SecretRef {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{code}: {message}")]
 pub(crate) struct Unresolved {
-    pub(crate) code: &'static str,
+    pub(crate) code: ErrorCode,
     pub(crate) message: String,
 }
 
@@ -69,11 +70,11 @@ impl SecretRef {
     /// is dropped. Blocking: it may read a file.
     pub(crate) fn resolve(&self, policy: &SecretPolicy) -> Result<Secret, Unresolved> {
         policy.check(self).map_err(|message| Unresolved {
-            code: "secret_not_allowed",
+            code: ErrorCode::SecretNotAllowed,
             message,
         })?;
         let missing = |message: String| Unresolved {
-            code: "secret_missing",
+            code: ErrorCode::SecretMissing,
             message,
         };
         let value = match self {
@@ -82,7 +83,7 @@ impl SecretRef {
             SecretRef::File(path) => read_secret_file(path, policy).map_err(missing)?,
             SecretRef::Keychain(_) => {
                 return Err(Unresolved {
-                    code: "secret_store_unavailable",
+                    code: ErrorCode::SecretStoreUnavailable,
                     message: "Keychain secret store is unavailable in this runtime.".into(),
                 });
             }
@@ -455,7 +456,7 @@ mod tests {
         assert!(policy.check(&file(root.join("../outside"))).is_err());
         assert!(policy.check(&file("/etc/passwd".into())).is_err());
         let refused = file("/etc/passwd".into()).resolve(&policy).unwrap_err();
-        assert_eq!(refused.code, "secret_not_allowed");
+        assert_eq!(refused.code.as_str(), "secret_not_allowed");
         // Allowed by its path, refused by where it really leads.
         let link = file(root.join("link")).resolve(&policy).unwrap_err();
         assert!(link.message.contains("symbolic link"), "{}", link.message);

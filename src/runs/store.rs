@@ -1,6 +1,7 @@
 //! Run rows: admission (the one-active-run guard, approval gates, lineage, budget), status
 //! transitions with their audit records, and cancellation.
 
+use keel_api_types::ErrorCode;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -217,7 +218,7 @@ pub async fn admit(
         && workspace_removed(conn, scope, source.workspace_owner()).await?
     {
         return Err(StoreError::Refused {
-            code: "workspace_expired",
+            code: ErrorCode::WorkspaceExpired,
             message: format!(
                 "run {}'s workspace was removed when its retention ended \
                  (KEEL_WORKSPACE_RETENTION_MS); retry or start the task instead",

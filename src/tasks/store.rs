@@ -1,5 +1,6 @@
 //! Task rows, with the latest-run projection computed at read time.
 
+use keel_api_types::ErrorCode;
 use std::collections::BTreeMap;
 
 use keel_workers::{Execution, FileOperation};
@@ -393,7 +394,7 @@ pub(crate) async fn chat_preset(
     task: &TaskRecord,
 ) -> Result<(ProviderRecord, String)> {
     let refused = |message: String| StoreError::Unprocessable {
-        code: "model_not_configured",
+        code: ErrorCode::ModelNotConfigured,
         message,
     };
     let preset: Option<ProviderRecord> =

@@ -11,6 +11,7 @@
 //! ends with, and sends only when the tracker has none; a label change is idempotent and
 //! is sent again.
 
+use keel_api_types::ErrorCode;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
@@ -68,7 +69,7 @@ pub(crate) async fn propose(
         .await?
         .and_then(|claimed| claimed.task_id.zip(claimed.run_id))
         .ok_or_else(|| StoreError::Refused {
-            code: "item_not_claimed",
+            code: ErrorCode::ItemNotClaimed,
             message: format!(
                 "{} has no task yet: an action is attached to the task working on it",
                 item.identifier
@@ -78,7 +79,7 @@ pub(crate) async fn propose(
     let run = match runs::get(conn, scope, &task_id, run_id.unwrap_or(&current_run)).await {
         Err(StoreError::NotFound(_)) => {
             return Err(StoreError::Unprocessable {
-                code: "invalid_request",
+                code: ErrorCode::InvalidRequest,
                 message: format!("run_id: not a run of {}'s task {task_id}", item.identifier),
             }
             .into());
@@ -122,7 +123,7 @@ fn calls(
     id: &str,
 ) -> Result<Vec<Call>, StoreError> {
     let unsupported = |what: &str| StoreError::Unprocessable {
-        code: "unsupported_action",
+        code: ErrorCode::UnsupportedAction,
         message: format!("{what} ({} is a {})", item.identifier, item.kind),
     };
     let call = |method: &str, path: String, body: Value| Call {
@@ -608,15 +609,17 @@ impl ActionJobs {
         drop(conn);
         let workflow = match load_workflow(&source) {
             Ok(workflow) => workflow,
-            Err(error) => return Ok(Err(failed(error.code(), error.to_string()))),
+            Err(error) => return Ok(Err(failed(error.code().as_str(), error.to_string()))),
         };
         let Ok(tracker) = tracker(&workflow) else {
             let message = "the workflow names no tracker".to_string();
-            return Ok(Err(failed("workflow_parse_error", message)));
+            return Ok(Err(failed(ErrorCode::WorkflowParseError.as_str(), message)));
         };
         let token = match token(tracker, &self.poller.secrets) {
             Ok(token) => token,
-            Err(unresolved) => return Ok(Err(failed(unresolved.code, unresolved.message))),
+            Err(unresolved) => {
+                return Ok(Err(failed(unresolved.code.as_str(), unresolved.message)));
+            }
         };
         Ok(Ok(Target {
             poller: &self.poller,
@@ -717,7 +720,7 @@ mod tests {
 
     fn calls_error(tracker: &Tracker, item: &ItemRecord, action: &ProposedAction) -> &'static str {
         match calls(tracker, item, action, "xact_1") {
-            Err(StoreError::Unprocessable { code, .. }) => code,
+            Err(StoreError::Unprocessable { code, .. }) => code.as_str(),
             other => panic!("expected a refusal, got {other:?}"),
         }
     }
