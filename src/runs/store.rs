@@ -24,6 +24,26 @@ use crate::tasks::{TaskRecord, TaskRecordExt};
 
 pub use keel_api_types::RunRecord;
 
+/// `query_as!` of [`RunRecord`]s: `$before` (a `WITH …` or nothing), then the run's
+/// columns (`status` as a [`RunStatus`]), then `$after` (its `FROM …`).
+macro_rules! query_runs {
+    ($before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            RunRecord,
+            $before
+                + r#"SELECT id, task_id, number, status AS "status: RunStatus", attempt,
+                       worker_id, exit_code, last_error, retried_from_run_id,
+                       resumed_from_run_id, checkpoint, prior_cost_micros_usd,
+                       total_cost_micros_usd, model_call_count, abandoned_model_calls, model,
+                       provider, workspace_run_id, schedule_id, schedule_occurrence_id,
+                       scheduled_for, created_at, started_at, finished_at, updated_at,
+                       lineage_kind, from_model_call_index, conversation_base, requested_by "#
+                + $after
+            $(, $arg)*
+        )
+    };
+}
+
 /// The [`RunRecord`] of a `query!` row that selects its columns (`status` as a
 /// [`RunStatus`]) besides others, which stay readable on the row.
 macro_rules! run_record {
@@ -359,8 +379,7 @@ async fn insert(
     let schedule = admission.schedule.as_ref();
     // The task's audit row is written only when its projection (its latest run's status)
     // changes, as in `transition`.
-    let inserted = sqlx::query_as!(
-        RunRecord,
+    let inserted = query_runs!(
         r#"WITH counted AS (
              UPDATE tasks SET run_count = run_count + 1, latest_run_id = $1, updated_at = now()
              WHERE workspace_id = $14 AND id = $2 RETURNING run_count
@@ -384,14 +403,8 @@ async fn insert(
                  AS e(entity_type, entity_id, from_status)
              WHERE e.entity_type = 'run' OR $15::text IS DISTINCT FROM r.status
          )
-         SELECT id, task_id, number, status AS "status: RunStatus", attempt, worker_id,
-                exit_code, last_error, retried_from_run_id, resumed_from_run_id, checkpoint,
-                prior_cost_micros_usd, total_cost_micros_usd, model_call_count,
-                abandoned_model_calls, model, provider, workspace_run_id, schedule_id,
-                schedule_occurrence_id, scheduled_for, created_at, started_at, finished_at,
-                updated_at, lineage_kind, from_model_call_index, conversation_base,
-                requested_by
-         FROM inserted"#,
+         "#,
+        "FROM inserted",
         new_id("run"),
         task.id,
         status.as_str(),
@@ -520,16 +533,9 @@ pub async fn get(
     task_id: &str,
     run_id: &str,
 ) -> Result<RunRecord> {
-    sqlx::query_as!(
-        RunRecord,
-        r#"SELECT id, task_id, number, status AS "status: RunStatus", attempt, worker_id,
-                  exit_code, last_error, retried_from_run_id, resumed_from_run_id, checkpoint,
-                  prior_cost_micros_usd, total_cost_micros_usd, model_call_count,
-                  abandoned_model_calls, model, provider, workspace_run_id, schedule_id,
-                  schedule_occurrence_id, scheduled_for, created_at, started_at, finished_at,
-                  updated_at, lineage_kind, from_model_call_index, conversation_base,
-                  requested_by
-           FROM runs WHERE workspace_id = $3 AND task_id = $1 AND id = $2"#,
+    query_runs!(
+        "",
+        "FROM runs WHERE workspace_id = $3 AND task_id = $1 AND id = $2",
         task_id,
         run_id,
         scope.workspace(),
@@ -540,16 +546,9 @@ pub async fn get(
 }
 
 pub async fn get_by_id(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<RunRecord> {
-    sqlx::query_as!(
-        RunRecord,
-        r#"SELECT id, task_id, number, status AS "status: RunStatus", attempt, worker_id,
-                  exit_code, last_error, retried_from_run_id, resumed_from_run_id, checkpoint,
-                  prior_cost_micros_usd, total_cost_micros_usd, model_call_count,
-                  abandoned_model_calls, model, provider, workspace_run_id, schedule_id,
-                  schedule_occurrence_id, scheduled_for, created_at, started_at, finished_at,
-                  updated_at, lineage_kind, from_model_call_index, conversation_base,
-                  requested_by
-           FROM runs WHERE workspace_id = $1 AND id = $2"#,
+    query_runs!(
+        "",
+        "FROM runs WHERE workspace_id = $1 AND id = $2",
         scope.workspace(),
         run_id,
     )
@@ -622,16 +621,9 @@ pub(crate) async fn lock(
     scope: &Scope,
     run_id: &str,
 ) -> Result<RunRecord> {
-    sqlx::query_as!(
-        RunRecord,
-        r#"SELECT id, task_id, number, status AS "status: RunStatus", attempt, worker_id,
-                  exit_code, last_error, retried_from_run_id, resumed_from_run_id, checkpoint,
-                  prior_cost_micros_usd, total_cost_micros_usd, model_call_count,
-                  abandoned_model_calls, model, provider, workspace_run_id, schedule_id,
-                  schedule_occurrence_id, scheduled_for, created_at, started_at, finished_at,
-                  updated_at, lineage_kind, from_model_call_index, conversation_base,
-                  requested_by
-           FROM runs WHERE workspace_id = $1 AND id = $2 FOR UPDATE"#,
+    query_runs!(
+        "",
+        "FROM runs WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
         scope.workspace(),
         run_id,
     )
@@ -664,16 +656,9 @@ pub async fn list(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<RunRecord>> {
-    let rows = sqlx::query_as!(
-        RunRecord,
-        r#"SELECT id, task_id, number, status AS "status: RunStatus", attempt, worker_id,
-                  exit_code, last_error, retried_from_run_id, resumed_from_run_id, checkpoint,
-                  prior_cost_micros_usd, total_cost_micros_usd, model_call_count,
-                  abandoned_model_calls, model, provider, workspace_run_id, schedule_id,
-                  schedule_occurrence_id, scheduled_for, created_at, started_at, finished_at,
-                  updated_at, lineage_kind, from_model_call_index, conversation_base,
-                  requested_by
-           FROM runs
+    let rows = query_runs!(
+        "",
+        r#"FROM runs
            WHERE workspace_id = $4 AND task_id = $1 AND ($2::text IS NULL OR id > $2)
            ORDER BY id LIMIT $3"#,
         task_id,
@@ -730,8 +715,7 @@ pub(crate) async fn transition_locked(
     }
     // One statement: the change, and its audit rows (the task's only while this run is
     // its latest, whose status the task's projects).
-    let run = sqlx::query_as!(
-        RunRecord,
+    let run = query_runs!(
         r#"WITH updated AS (
              UPDATE runs SET
                 status = $2,
@@ -756,14 +740,8 @@ pub(crate) async fn transition_locked(
                     AND EXISTS (SELECT 1 FROM tasks t WHERE t.workspace_id = $6
                                 AND t.id = r.task_id AND t.latest_run_id = r.id))
          )
-         SELECT id, task_id, number, status AS "status: RunStatus", attempt, worker_id,
-                exit_code, last_error, retried_from_run_id, resumed_from_run_id, checkpoint,
-                prior_cost_micros_usd, total_cost_micros_usd, model_call_count,
-                abandoned_model_calls, model, provider, workspace_run_id, schedule_id,
-                schedule_occurrence_id, scheduled_for, created_at, started_at, finished_at,
-                updated_at, lineage_kind, from_model_call_index, conversation_base,
-                requested_by
-         FROM updated"#,
+         "#,
+        "FROM updated",
         current.id,
         next.as_str(),
         change.worker_id,
