@@ -9,7 +9,7 @@ use std::pin::Pin;
 
 use bytes::Bytes;
 use futures_util::Stream;
-use reqwest::Method;
+use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 
 use crate::Client;
@@ -138,8 +138,16 @@ impl<'c, T> Call<'c, T> {
 
     /// The answer's body exactly as the server sent it.
     pub async fn raw(self) -> Result<Bytes, Error> {
+        Ok(self.raw_with_status().await?.1)
+    }
+
+    /// [`Call::raw`] with the answer's status: for a caller that tells one success from
+    /// another (200 from 206, or 201 from 200), as a test of the API does.
+    pub async fn raw_with_status(self) -> Result<(StatusCode, Bytes), Error> {
         let response = self.response(true).await?;
-        response.bytes().await.map_err(|e| self.transport(e))
+        let status = response.status();
+        let body = response.bytes().await.map_err(|e| self.transport(e))?;
+        Ok((status, body))
     }
 
     /// The answer's body as a stream of chunks, without the request timeout: an
@@ -181,6 +189,14 @@ impl<T: DeserializeOwned> Call<'_, T> {
         let url = self.url();
         let body = self.raw().await?;
         Ok((decode(&url, &body)?, body))
+    }
+
+    /// The typed answer with the status it came with: every success is `Ok`, and this
+    /// tells them apart (201 Created from 200 OK, 202 Accepted, 204 No Content).
+    pub async fn send_with_status(self) -> Result<(StatusCode, T), Error> {
+        let url = self.url();
+        let (status, body) = self.raw_with_status().await?;
+        Ok((status, decode(&url, &body)?))
     }
 }
 

@@ -4,7 +4,8 @@
 //! `Last-Event-ID` after a dropped connection ([`sse`]), and an artifact content reader.
 //!
 //! Every operation returns a [`Call`]: await it for the typed value, or call
-//! [`Call::raw`] for the API's JSON exactly as the server sent it.
+//! [`Call::raw`] for the API's JSON exactly as the server sent it
+//! ([`Call::send_with_status`] and [`Call::raw_with_status`] add the success status).
 
 mod call;
 mod error;
@@ -60,13 +61,24 @@ pub struct Client {
 impl Client {
     /// A client of the API at `base_url` (for example `http://127.0.0.1:8420`).
     pub fn new(base_url: &str, credentials: Credentials, timeout: Duration) -> Result<Self, Error> {
+        Client::with_headers(base_url, credentials, HeaderMap::new(), timeout)
+    }
+
+    /// [`Client::new`] sending `headers` with every request too: what a deployment's proxy
+    /// adds, such as the header form of a remote identity (`X-Keel-Remote-Secret`,
+    /// `X-Keel-Actor-Id`, …). The credential's header wins over one of the same name here.
+    pub fn with_headers(
+        base_url: &str,
+        credentials: Credentials,
+        mut headers: HeaderMap,
+        timeout: Duration,
+    ) -> Result<Self, Error> {
         let base = base_url.trim_end_matches('/').to_string();
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(Error::Usage(format!(
                 "the API URL must start with http:// or https://, not '{base_url}'"
             )));
         }
-        let mut headers = HeaderMap::new();
         let credential = match credentials {
             Credentials::None => None,
             Credentials::RuntimeToken(token) => {

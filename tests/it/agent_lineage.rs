@@ -15,6 +15,7 @@ use crate::support::{Client, SseReader, TestApp, wait_for};
 use agent_rows::{
     Call, assistant, assistant_calling, conversation_artifact, model_call, tool, tool_call, user,
 };
+use keel_client::{RunRecord, RunStatus};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -39,8 +40,7 @@ async fn agent_task(c: &Client) -> (String, String) {
         )
         .await;
     assert!(status.is_success(), "{preset}");
-    c.start_task(json!({ "execution_kind": "agent_loop", "prompt": "fix the bug" }))
-        .await
+    c.start_task(&support::agent_loop("fix the bug")).await
 }
 
 async fn cancel(c: &Client, task_id: &str, run_id: &str) {
@@ -65,11 +65,11 @@ async fn lineage(
 }
 
 /// Admits a lineage run (201) and returns it.
-async fn admitted(c: &Client, task_id: &str, run_id: &str, action: &str, body: Value) -> Value {
+async fn admitted(c: &Client, task_id: &str, run_id: &str, action: &str, body: Value) -> RunRecord {
     let (status, run) = lineage(c, task_id, run_id, action, body).await;
     assert_eq!(status, StatusCode::CREATED, "{run}");
     assert_eq!(run["object"], "task_run");
-    run["data"].clone()
+    support::record(&run)
 }
 
 fn assert_refused(reply: (StatusCode, Value), status: StatusCode, words: &str) {
@@ -160,9 +160,9 @@ async fn continue_retry_from_model_call_and_resume_build_the_conversation() {
         .unwrap();
     record_source_history(pool, &source).await;
     let run = c.run(&task, &source).await;
-    assert_eq!(run["model_call_count"], 2);
-    assert_eq!(run["total_cost_micros_usd"], 150);
-    assert_eq!(run["model"], "gpt-test");
+    assert_eq!(run.model_call_count, 2);
+    assert_eq!(run.total_cost_micros_usd, 150);
+    assert_eq!(run.model.as_deref(), Some("gpt-test"));
 
     // Empty prompts are refused.
     for body in [json!({ "prompt": "" }), json!({ "prompt": "  \n" })] {
@@ -173,14 +173,14 @@ async fn continue_retry_from_model_call_and_resume_build_the_conversation() {
     // Continue: the source's conversation and the user turn, in the source's workspace,
     // with its cost; the run is the task's active one.
     let continued = admitted(c, &task, &source, "continue", prompt.clone()).await;
-    assert_eq!(continued["status"], "queued");
-    assert_eq!(continued["lineage_kind"], "continue");
-    assert_eq!(continued["resumed_from_run_id"], source);
-    assert_eq!(continued["prior_cost_micros_usd"], 150);
-    assert_eq!(continued["total_cost_micros_usd"], 0);
-    assert_eq!(continued["model_call_count"], 0);
-    assert!(continued["from_model_call_index"].is_null());
-    let continued_id = continued["id"].as_str().unwrap().to_string();
+    assert_eq!(continued.status, RunStatus::Queued);
+    assert_eq!(continued.lineage_kind.as_deref(), Some("continue"));
+    assert_eq!(continued.resumed_from_run_id.as_ref(), Some(&source));
+    assert_eq!(continued.prior_cost_micros_usd, 150);
+    assert_eq!(continued.total_cost_micros_usd, 0);
+    assert_eq!(continued.model_call_count, 0);
+    assert!(continued.from_model_call_index.is_none());
+    let continued_id = continued.id;
     let mut expected = source_conversation();
     expected.push(user("now add a test"));
     assert_eq!(base_of(pool, &continued_id).await, json!(expected));
@@ -206,12 +206,15 @@ async fn continue_retry_from_model_call_and_resume_build_the_conversation() {
     }
     let body = json!({ "model_call_index": 2, "reason": "explore an alternative" });
     let second = admitted(c, &task, &source, "retry-from-model-call", body).await;
-    assert_eq!(second["lineage_kind"], "retry_from_model_call");
-    assert_eq!(second["from_model_call_index"], 2);
-    assert_eq!(second["resumed_from_run_id"], source);
-    assert_eq!(second["prior_cost_micros_usd"], 150);
-    assert_eq!(second["model_call_count"], 0);
-    let second_id = second["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        second.lineage_kind.as_deref(),
+        Some("retry_from_model_call")
+    );
+    assert_eq!(second.from_model_call_index, Some(2));
+    assert_eq!(second.resumed_from_run_id.as_ref(), Some(&source));
+    assert_eq!(second.prior_cost_micros_usd, 150);
+    assert_eq!(second.model_call_count, 0);
+    let second_id = second.id;
     // Cut immediately before the second response: the tool result is the last message.
     assert_eq!(
         base_of(pool, &second_id).await,
@@ -226,7 +229,7 @@ async fn continue_retry_from_model_call_and_resume_build_the_conversation() {
         json!({ "model_call_index": 1 }),
     )
     .await;
-    let first_id = first["id"].as_str().unwrap().to_string();
+    let first_id = first.id;
     assert_eq!(base_of(pool, &first_id).await, json!([user("fix the bug")]));
     cancel(c, &task, &first_id).await;
 
@@ -239,9 +242,9 @@ async fn continue_retry_from_model_call_and_resume_build_the_conversation() {
     conversation_artifact(pool, &continued_id, &bytes).await;
     let body = json!({ "model_call_index": 1 });
     let branch = admitted(c, &task, &continued_id, "retry-from-model-call", body).await;
-    let branch_id = branch["id"].as_str().unwrap().to_string();
+    let branch_id = branch.id;
     assert_eq!(base_of(pool, &branch_id).await, json!(expected));
-    assert_eq!(branch["prior_cost_micros_usd"], 150 + 75);
+    assert_eq!(branch.prior_cost_micros_usd, 150 + 75);
     cancel(c, &task, &branch_id).await;
     assert_refused(
         lineage(
@@ -258,8 +261,8 @@ async fn continue_retry_from_model_call_and_resume_build_the_conversation() {
 
     // Resume of an agent loop run hydrates its saved conversation.
     let resumed = admitted(c, &task, &continued_id, "resume", json!({})).await;
-    assert_eq!(resumed["lineage_kind"], "resume");
-    let resumed_id = resumed["id"].as_str().unwrap().to_string();
+    assert_eq!(resumed.lineage_kind.as_deref(), Some("resume"));
+    let resumed_id = resumed.id;
     assert_eq!(
         base_of(pool, &resumed_id).await,
         json!(continued_conversation)
@@ -277,13 +280,12 @@ async fn continue_retry_from_model_call_and_resume_build_the_conversation() {
     assert_eq!(status, StatusCode::CREATED, "{one}");
     let (status, again) = c.send(keyed()).await;
     assert_eq!(status, StatusCode::OK, "{again}");
-    assert_eq!(one["data"]["id"], again["data"]["id"]);
-    cancel(c, &task, one["data"]["id"].as_str().unwrap()).await;
+    let one: RunRecord = support::record(&one);
+    assert_eq!(one.id, support::record::<RunRecord>(&again).id);
+    cancel(c, &task, &one.id).await;
 
     // Not an agent loop task: 400 for both; its resume is the usual one (no conversation).
-    let (shell_task, shell_run) = c
-        .start_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
-        .await;
+    let (shell_task, shell_run) = c.run_shell("true").await;
     cancel(c, &shell_task, &shell_run).await;
     assert_refused(
         lineage(c, &shell_task, &shell_run, "continue", prompt.clone()).await,
@@ -303,9 +305,8 @@ async fn continue_retry_from_model_call_and_resume_build_the_conversation() {
         "only agent_loop runs",
     );
     let resumed_shell = admitted(c, &shell_task, &shell_run, "resume", json!({})).await;
-    assert_eq!(resumed_shell["lineage_kind"], "resume");
-    let resumed_shell_id = resumed_shell["id"].as_str().unwrap();
-    assert_eq!(base_of(pool, resumed_shell_id).await, Value::Null);
+    assert_eq!(resumed_shell.lineage_kind.as_deref(), Some("resume"));
+    assert_eq!(base_of(pool, &resumed_shell.id).await, Value::Null);
 
     // Unknown runs and tasks are 404 as elsewhere.
     let (status, _) = lineage(c, &task, "run_0", "continue", prompt.clone()).await;
@@ -416,16 +417,8 @@ async fn model_deltas_reach_the_streams_of_their_run_alone() {
         assert_ne!(event.event.as_deref(), Some("model.delta"));
         last_id = event.id;
     }
-    let (_, events) = stack
-        .a
-        .get(&format!("/v1/tasks/{a_task}/runs/{a_run}/events?limit=200"))
-        .await;
-    let sequences: Vec<String> = events["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["sequence"].to_string())
-        .collect();
+    let events = stack.a.events(&a_task, &a_run).await;
+    let sequences: Vec<String> = events.iter().map(|e| e.sequence.to_string()).collect();
     assert_eq!(last_id.as_ref(), sequences.last());
 
     // Once every stream has closed, the listener stops.

@@ -8,6 +8,10 @@ use std::time::Duration;
 
 use crate::support::llm::{FakeLlm, Turn};
 use crate::support::{Client, KeelProcess};
+use keel_client::{
+    ApprovalRecord, ApprovalStatus, ArtifactKind, EventRecord, EventType, ProviderView, Resolution,
+    RunRecord, RunStatus, StepRecord, StepStatus, TaskDraft,
+};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -59,7 +63,7 @@ impl Stack {
             workers: Vec::new(),
             client,
             llm,
-            provider_id: preset["data"]["id"].as_str().unwrap().to_string(),
+            provider_id: support::record::<ProviderView>(&preset).id,
         };
         stack.spawn_worker("worker-1");
         stack
@@ -78,49 +82,42 @@ impl Stack {
         self.workers.push(worker);
     }
 
-    /// Creates an agent loop task and starts it.
-    async fn start_agent(&self, extra: Value) -> (String, String) {
-        let mut body = json!({ "execution_kind": "agent_loop", "prompt": "Tidy the notes.",
-                               "system_prompt": "You are careful." });
-        body.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        self.client.start_task(body).await
+    /// Creates an agent loop task from `draft` (see [`agent`]) and starts it.
+    async fn start_agent(&self, draft: TaskDraft) -> (String, String) {
+        self.client.start_task(&draft).await
     }
 
-    async fn steps(&self, task_id: &str, run_id: &str) -> Vec<Value> {
-        let path = format!("/v1/tasks/{task_id}/runs/{run_id}/steps?limit=200");
-        let (status, body) = self.client.get(&path).await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        body["data"].as_array().unwrap().clone()
+    async fn steps(&self, task_id: &str, run_id: &str) -> Vec<StepRecord> {
+        let steps = self.client.api.list_steps(task_id, run_id);
+        let steps = steps.query("limit", Some(200)).send_with_status().await;
+        let (status, steps) = steps.unwrap();
+        assert_eq!(status, StatusCode::OK, "{steps:?}");
+        steps.data
     }
 
     /// The run's `agent_conversation` artifact, parsed.
     async fn conversation(&self, task_id: &str, run_id: &str) -> Vec<Value> {
-        let base = format!("/v1/tasks/{task_id}/runs/{run_id}/artifacts");
-        let (_, artifacts) = self.client.get(&base).await;
-        let artifact = artifacts["data"]
-            .as_array()
-            .unwrap()
+        let artifacts = self.client.api.list_artifacts(task_id, run_id).await;
+        let artifacts = artifacts.unwrap().data;
+        let artifact = artifacts
             .iter()
-            .find(|a| a["name"] == "agent_conversation")
-            .unwrap_or_else(|| panic!("no agent_conversation artifact: {artifacts}"))
-            .clone();
-        assert_eq!(artifact["kind"], "agent_conversation");
-        let url = format!(
-            "{}{base}/{}/content",
-            self.client.base,
-            artifact["id"].as_str().unwrap()
-        );
-        let bytes = self.client.http.get(url).send().await.unwrap();
-        serde_json::from_slice(&bytes.bytes().await.unwrap()).unwrap()
+            .find(|a| a.name == "agent_conversation")
+            .unwrap_or_else(|| panic!("no agent_conversation artifact: {artifacts:?}"));
+        assert_eq!(artifact.kind, ArtifactKind::AgentConversation);
+        let content = self
+            .client
+            .api
+            .artifact_content(task_id, run_id, &artifact.id);
+        serde_json::from_slice(&content.raw().await.unwrap()).unwrap()
     }
 
-    async fn pending_approval(&self, task_id: &str) -> Value {
-        let path = format!("/v1/tasks/{task_id}/approvals?status=pending");
+    async fn pending_approval(&self, task_id: &str) -> ApprovalRecord {
         support::wait_for(WAIT, "a pending approval", || async {
-            let (_, body) = self.client.get(&path).await;
-            body["data"].as_array().and_then(|a| a.first().cloned())
+            let pending = self
+                .client
+                .api
+                .list_task_approvals(task_id, Some("pending"));
+            pending.await.ok()?.data.into_iter().next()
         })
         .await
     }
@@ -130,13 +127,12 @@ impl Stack {
         self.client.post(&path, body).await
     }
 
-    /// Resolves `approval` with `decision` alone; the resolution must be taken (its body).
-    async fn decide(&self, task_id: &str, approval: &Value, decision: &str) -> Value {
-        let approval_id = approval["id"].as_str().unwrap();
+    /// Resolves `approval` with `decision` alone; the resolution must be taken (200).
+    async fn decide(&self, task_id: &str, approval: &ApprovalRecord, decision: &str) -> Resolution {
         let body = json!({ "decision": decision });
-        let (status, body) = self.resolve(task_id, approval_id, body).await;
+        let (status, body) = self.resolve(task_id, &approval.id, body).await;
         assert_eq!(status, StatusCode::OK, "{body}");
-        body
+        support::record(&body)
     }
 
     async fn queue_rows(&self, run_id: &str) -> i64 {
@@ -146,6 +142,27 @@ impl Stack {
             .await
             .unwrap()
     }
+}
+
+/// The draft of the agent loop tasks here; fields are added with `..agent()`.
+fn agent() -> TaskDraft {
+    TaskDraft {
+        system_prompt: Some("You are careful.".into()),
+        ..support::agent_loop("Tidy the notes.")
+    }
+}
+
+/// A step's output (null when it has none).
+fn output(step: &StepRecord) -> Value {
+    step.output.clone().unwrap_or_default()
+}
+
+/// The run's events of one type.
+fn of_type(events: &[EventRecord], event_type: EventType) -> Vec<&EventRecord> {
+    events
+        .iter()
+        .filter(|e| e.event_type == event_type)
+        .collect()
 }
 
 /// The conversation as the OpenAI protocol carries it, reduced to what both sides share:
@@ -236,31 +253,32 @@ async fn a_multi_turn_run_persists_every_call_and_result_and_completes() {
         ],
     )
     .await;
-    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let (task_id, run_id) = stack.start_agent(agent()).await;
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
-    assert_eq!(run["status"], "completed", "{run}");
-    assert_eq!(run["model_call_count"], 2);
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    assert_eq!(run.model_call_count, 2);
     // Both calls recorded: none left in flight to count as abandoned.
-    assert_eq!(run["abandoned_model_calls"], 0, "{run}");
-    assert_eq!(run["model"], MODEL);
-    assert_eq!(run["provider"], stack.provider_id.as_str());
+    assert_eq!(run.abandoned_model_calls, 0, "{run:?}");
+    assert_eq!(run.model.as_deref(), Some(MODEL));
+    assert_eq!(run.provider.as_ref(), Some(&stack.provider_id));
     // 2 per prompt token, 10 per completion token: (200 + 200) + (600 + 100).
-    assert_eq!(run["total_cost_micros_usd"], 1_100);
+    assert_eq!(run.total_cost_micros_usd, 1_100);
 
     let steps = stack.steps(&task_id, &run_id).await;
-    let names: Vec<&str> = steps.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(
         names,
         ["model_call", "tool_call", "tool_call", "model_call"]
     );
-    assert!(steps.iter().all(|s| s["status"] == "completed"));
-    assert_eq!(steps[0]["input"], json!({ "index": 1 }));
-    assert_eq!(steps[0]["output"]["cost_micros_usd"], 400);
-    assert_eq!(steps[1]["input"]["name"], "read_file");
-    assert_eq!(steps[1]["output"]["result"]["is_error"], true);
+    assert!(steps.iter().all(|s| s.status == StepStatus::Completed));
+    assert_eq!(steps[0].input, json!({ "index": 1 }));
+    assert_eq!(output(&steps[0])["cost_micros_usd"], 400);
+    assert_eq!(steps[1].input["name"], "read_file");
+    assert_eq!(output(&steps[1])["result"]["is_error"], true);
     assert_eq!(
-        steps[2]["output"]["result"]["is_error"], false,
-        "{}",
+        output(&steps[2])["result"]["is_error"],
+        false,
+        "{:?}",
         steps[2]
     );
 
@@ -281,14 +299,11 @@ async fn a_multi_turn_run_persists_every_call_and_result_and_completes() {
     );
 
     let events = stack.client.events(&task_id, &run_id).await;
-    let completed: Vec<&Value> = events
-        .iter()
-        .filter(|e| e["type"] == "model.call.completed")
-        .collect();
+    let completed = of_type(&events, EventType::ModelCallCompleted);
     assert_eq!(completed.len(), 2);
-    assert_eq!(completed[1]["data"]["index"], 2);
-    assert_eq!(completed[1]["data"]["usage"]["prompt_tokens"], 300);
-    assert_eq!(completed[1]["data"]["cost_micros_usd"], 700);
+    assert_eq!(completed[1].data["index"], 2);
+    assert_eq!(completed[1].data["usage"]["prompt_tokens"], 300);
+    assert_eq!(completed[1].data["cost_micros_usd"], 700);
 
     // The conversation: the persisted one is what the model saw, turn by turn.
     let conversation = stack.conversation(&task_id, &run_id).await;
@@ -310,18 +325,13 @@ async fn a_multi_turn_run_persists_every_call_and_result_and_completes() {
     assert_eq!(requests[1].messages().len(), 5);
 
     // The file_write left its patch artifact.
-    let (_, artifacts) = stack
-        .client
-        .get(&format!("/v1/tasks/{task_id}/runs/{run_id}/artifacts"))
-        .await;
-    let patch = artifacts["data"]
-        .as_array()
-        .unwrap()
+    let artifacts = stack.client.api.list_artifacts(&task_id, &run_id).await;
+    let artifacts = artifacts.unwrap().data;
+    let patch = artifacts
         .iter()
-        .find(|a| a["kind"] == "patch")
-        .unwrap_or_else(|| panic!("{artifacts}"))
-        .clone();
-    assert_eq!(patch["name"], format!("patch-{}-1", steps[2]["index"]));
+        .find(|a| a.kind == ArtifactKind::Patch)
+        .unwrap_or_else(|| panic!("{artifacts:?}"));
+    assert_eq!(patch.name, format!("patch-{}-1", steps[2].index));
 
     assert_nowhere_in_the_database(&stack.pool, CANARY).await;
     assert_not_in_logs(stack.dir.path(), CANARY);
@@ -345,47 +355,47 @@ async fn gated_tool_calls_wait_without_a_lease_then_approve_reject_or_refuse() {
     )
     .await;
 
-    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let (task_id, run_id) = stack.start_agent(agent()).await;
     let approval = stack.pending_approval(&task_id).await;
-    assert_eq!(approval["kind"], "agent_loop_tool_call");
+    assert_eq!(approval.kind, "agent_loop_tool_call");
     assert!(
-        approval["action_summary"][0]
-            .as_str()
-            .unwrap()
-            .contains("file_write"),
-        "{approval}"
+        approval.action_summary[0].contains("file_write"),
+        "{approval:?}"
     );
     let run = stack.client.run(&task_id, &run_id).await;
-    assert_eq!(run["status"], "awaiting_approval");
+    assert_eq!(run.status, RunStatus::AwaitingApproval);
     let steps = stack.steps(&task_id, &run_id).await;
-    assert_eq!(approval["step_id"], steps.last().unwrap()["id"]);
+    assert_eq!(approval.step_id.as_ref(), Some(&steps.last().unwrap().id));
     // No queue row: no lease, no worker slot while it waits.
     assert_eq!(stack.queue_rows(&run_id).await, 0);
     assert_eq!(stack.llm.requests().len(), 1);
     stack.decide(&task_id, &approval, "approve").await;
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     // One call for the gated response, one after the tool ran: none repeated.
     assert_eq!(stack.llm.requests().len(), 2);
     let names: Vec<String> = stack
         .steps(&task_id, &run_id)
         .await
-        .iter()
-        .map(|s| s["name"].as_str().unwrap().to_string())
+        .into_iter()
+        .map(|s| s.name)
         .collect();
     assert_eq!(names, ["model_call", "tool_call", "model_call"]);
 
     // Reject: cancelled.
-    let (task_id, _) = stack.start_agent(json!({})).await;
+    let (task_id, _) = stack.start_agent(agent()).await;
     let approval = stack.pending_approval(&task_id).await;
-    let body = stack.decide(&task_id, &approval, "reject").await;
-    assert_eq!(body["data"]["run"]["status"], "cancelled");
-    assert_eq!(body["data"]["run"]["last_error"], "approval rejected");
+    let resolution = stack.decide(&task_id, &approval, "reject").await;
+    assert_eq!(resolution.run.status, RunStatus::Cancelled);
+    assert_eq!(
+        resolution.run.last_error.as_deref(),
+        Some("approval rejected")
+    );
 
     // Reject and continue: the refusal is the tool result the model reads.
-    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let (task_id, run_id) = stack.start_agent(agent()).await;
     let approval = stack.pending_approval(&task_id).await;
-    let approval_id = approval["id"].as_str().unwrap();
+    let approval_id = approval.id.as_str();
     let (status, _) = stack
         .resolve(
             &task_id,
@@ -402,9 +412,10 @@ async fn gated_tool_calls_wait_without_a_lease_then_approve_reject_or_refuse() {
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["approval"]["continue_on_reject"], true);
+    let resolution: Resolution = support::record(&body);
+    assert!(resolution.approval.continue_on_reject);
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     let requests = stack.llm.requests();
     let last = requests.last().unwrap().messages().last().unwrap().clone();
     assert_eq!(last["role"], "tool");
@@ -437,15 +448,12 @@ async fn gated_tool_calls_wait_without_a_lease_then_approve_reject_or_refuse() {
 #[tokio::test]
 async fn continue_is_refused_on_a_pre_execution_gate() {
     let stack = Stack::start("shell_exec", Vec::new()).await;
-    let (task_id, _) = stack
-        .client
-        .start_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
-        .await;
+    let (task_id, _) = stack.client.run_shell("true").await;
     let approval = stack.pending_approval(&task_id).await;
     let (status, body) = stack
         .resolve(
             &task_id,
-            approval["id"].as_str().unwrap(),
+            &approval.id,
             json!({ "decision": "reject", "continue": true }),
         )
         .await;
@@ -464,15 +472,18 @@ async fn a_call_over_the_budget_is_not_made() {
     .await;
     // The first call costs 800 + 1000: the second would go over 1,500.
     let (task_id, run_id) = stack
-        .start_agent(json!({ "budget_micros_usd": 1_500 }))
+        .start_agent(TaskDraft {
+            budget_micros_usd: Some(1_500),
+            ..agent()
+        })
         .await;
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
-    assert_eq!(run["status"], "failed", "{run}");
-    let error = run["last_error"].as_str().unwrap();
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    let error = run.last_error.as_deref().unwrap();
     assert!(error.starts_with("budget_exceeded"), "{error}");
     assert!(error.contains("1500") && error.contains("1800"), "{error}");
     assert_eq!(stack.llm.requests().len(), 1);
-    assert_eq!(run["model_call_count"], 1);
+    assert_eq!(run.model_call_count, 1);
 }
 
 #[tokio::test]
@@ -485,18 +496,15 @@ async fn a_429_with_retry_after_is_retried_within_the_attempt() {
         ],
     )
     .await;
-    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let (task_id, run_id) = stack.start_agent(agent()).await;
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
-    assert_eq!(run["status"], "completed", "{run}");
-    assert_eq!(run["attempt"], 1);
-    assert_eq!(run["model_call_count"], 1);
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    assert_eq!(run.attempt, 1);
+    assert_eq!(run.model_call_count, 1);
     assert_eq!(stack.llm.requests().len(), 2);
     let events = stack.client.events(&task_id, &run_id).await;
-    let completed = events
-        .iter()
-        .find(|e| e["type"] == "model.call.completed")
-        .unwrap();
-    assert_eq!(completed["data"]["retries"], 1);
+    let completed = of_type(&events, EventType::ModelCallCompleted)[0];
+    assert_eq!(completed.data["retries"], 1);
 }
 
 #[tokio::test]
@@ -512,7 +520,7 @@ async fn a_worker_killed_mid_call_is_replaced_and_no_completed_call_is_repeated(
         ],
     )
     .await;
-    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let (task_id, run_id) = stack.start_agent(agent()).await;
     stack.llm.wait_for_requests(3, WAIT).await;
     // Calls 1 and 2 are persisted before call 3 starts.
     let persisted: i64 = sqlx::query_scalar("SELECT count(*) FROM model_calls WHERE run_id = $1")
@@ -525,8 +533,8 @@ async fn a_worker_killed_mid_call_is_replaced_and_no_completed_call_is_repeated(
     stack.spawn_worker("worker-2");
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
     release.cancel();
-    assert_eq!(run["status"], "completed", "{run}");
-    assert_eq!(run["model_call_count"], 3);
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    assert_eq!(run.model_call_count, 3);
     assert_eq!(stack.llm.completed(), 3);
     assert_eq!(
         stack.llm.requests().len(),
@@ -585,21 +593,25 @@ async fn agent_tasks_are_validated_and_need_a_configured_model() {
     }
 
     let task = c
-        .create_task(
-            json!({ "execution_kind": "agent_loop", "prompt": "hi", "tools": ["read_file"],
-                             "max_model_calls": 4, "requested_model": "other" }),
-        )
+        .create_task(&TaskDraft {
+            tools: Some(vec!["read_file".into()]),
+            max_model_calls: Some(4),
+            requested_model: Some("other".into()),
+            ..support::agent_loop("hi")
+        })
         .await;
-    assert_eq!(task["tools"], json!(["read_file"]));
-    assert_eq!(task["max_model_calls"], 4);
-    assert_eq!(task["shell_command"], Value::Null);
+    assert_eq!(task.tools, Some(vec!["read_file".to_string()]));
+    assert_eq!(task.max_model_calls, Some(4));
+    assert_eq!(task.shell_command, None);
 
     // A provider that does not exist, then a workspace with no chat preset at all.
     let missing = c
-        .create_task(json!({ "execution_kind": "agent_loop", "prompt": "hi",
-                             "requested_provider": "provider_nope" }))
+        .create_task(&TaskDraft {
+            requested_provider: Some("provider_nope".into()),
+            ..support::agent_loop("hi")
+        })
         .await;
-    let id = missing["id"].as_str().unwrap();
+    let id = missing.id.as_str();
     let (status, body) = c.post(&format!("/v1/tasks/{id}/start"), json!({})).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["error"]["type"], "model_not_configured");
@@ -607,7 +619,7 @@ async fn agent_tasks_are_validated_and_need_a_configured_model() {
         .delete(&format!("/v1/providers/{}", stack.provider_id))
         .await;
     assert!(status.is_success());
-    let id = task["id"].as_str().unwrap();
+    let id = task.id.as_str();
     let (status, body) = c.post(&format!("/v1/tasks/{id}/start"), json!({})).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["error"]["type"], "model_not_configured");
@@ -621,7 +633,7 @@ async fn a_call_in_flight_streams_its_text_to_the_runs_stream_as_model_delta() {
         vec![Turn::text("Streaming hello from the model").hold(release.clone())],
     )
     .await;
-    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let (task_id, run_id) = stack.start_agent(agent()).await;
     let path = format!("/v1/tasks/{task_id}/runs/{run_id}/stream");
     let mut stream = support::SseReader::open(&stack.client, &path, None).await;
     // The fake holds the call after its first piece of text: the delta comes mid-call.
@@ -645,7 +657,7 @@ async fn a_call_in_flight_streams_its_text_to_the_runs_stream_as_model_delta() {
     assert_eq!(stack.llm.completed(), 0);
     release.cancel();
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
 }
 
 #[tokio::test]
@@ -659,24 +671,24 @@ async fn cancelling_a_run_that_waits_for_a_tool_call_approval_cancels_the_approv
         )],
     )
     .await;
-    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let (task_id, run_id) = stack.start_agent(agent()).await;
     let approval = stack.pending_approval(&task_id).await;
     // The approver reads the command itself, not its length.
     assert_eq!(
-        approval["action_summary"][0], "shell_exec: echo hi",
-        "{approval}"
+        approval.action_summary[0], "shell_exec: echo hi",
+        "{approval:?}"
     );
     let cancel = format!("/v1/tasks/{task_id}/runs/{run_id}/cancel");
     let (status, body) = stack.client.post(&cancel, json!({})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["status"], "cancelled");
-    let path = format!(
-        "/v1/tasks/{task_id}/approvals/{}",
-        approval["id"].as_str().unwrap()
+    assert_eq!(
+        support::record::<RunRecord>(&body).status,
+        RunStatus::Cancelled
     );
-    let (_, approval) = stack.client.get(&path).await;
-    assert_eq!(approval["data"]["status"], "cancelled");
-    assert_eq!(approval["data"]["resolved_by"], "system");
+    let approval = stack.client.api.get_approval(&task_id, &approval.id).await;
+    let approval = approval.unwrap().data;
+    assert_eq!(approval.status, ApprovalStatus::Cancelled);
+    assert_eq!(approval.resolved_by.as_deref(), Some("system"));
     assert_eq!(stack.queue_rows(&run_id).await, 0);
 }
 
@@ -696,17 +708,17 @@ async fn the_default_policy_gates_http_request_so_nothing_is_posted_out_unapprov
         vec![Turn::tool_call("h1", "http_request", &post.to_string())],
     )
     .await;
-    let (task_id, run_id) = stack.start_agent(json!({})).await;
+    let (task_id, run_id) = stack.start_agent(agent()).await;
     let approval = stack.pending_approval(&task_id).await;
-    assert_eq!(approval["kind"], "agent_loop_tool_call");
+    assert_eq!(approval.kind, "agent_loop_tool_call");
     assert_eq!(
-        approval["action_summary"][0],
+        approval.action_summary[0],
         format!("http_request: POST {}/in?…", listener.uri()),
-        "{approval}"
+        "{approval:?}"
     );
     stack.decide(&task_id, &approval, "reject").await;
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
-    assert_eq!(run["status"], "cancelled", "{run}");
+    assert_eq!(run.status, RunStatus::Cancelled, "{run:?}");
     // `expect(0)` is checked when the listener drops; say it here too.
     assert!(listener.received_requests().await.unwrap().is_empty());
 }
@@ -730,9 +742,9 @@ fn turn(role: &str, text: &str) -> (String, String) {
 #[tokio::test]
 async fn continue_retry_from_model_call_and_resume_run_on_a_real_worker() {
     let stack = Stack::start("none", vec![Turn::text("First answer.")]).await;
-    let (task_id, first) = stack.start_agent(json!({})).await;
+    let (task_id, first) = stack.start_agent(agent()).await;
     let run = stack.client.wait_terminal(&task_id, &first, WAIT).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     let runs = format!("/v1/tasks/{task_id}/runs");
 
     // Continue: the model sees the whole first conversation and the new user turn.
@@ -745,11 +757,12 @@ async fn continue_retry_from_model_call_and_resume_run_on_a_real_worker() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let continued = body["data"]["id"].as_str().unwrap().to_string();
-    assert_eq!(body["data"]["lineage_kind"], "continue");
+    let continued: RunRecord = support::record(&body);
+    assert_eq!(continued.lineage_kind.as_deref(), Some("continue"));
+    let continued = continued.id;
     let run = stack.client.wait_terminal(&task_id, &continued, WAIT).await;
-    assert_eq!(run["status"], "completed", "{run}");
-    assert_eq!(run["model_call_count"], 1);
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    assert_eq!(run.model_call_count, 1);
     let asked = stack.llm.requests();
     let expected = vec![
         turn("system", "You are careful."),
@@ -769,9 +782,9 @@ async fn continue_retry_from_model_call_and_resume_run_on_a_real_worker() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let branched = body["data"]["id"].as_str().unwrap().to_string();
+    let branched = support::record::<RunRecord>(&body).id;
     let run = stack.client.wait_terminal(&task_id, &branched, WAIT).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     let asked = stack.llm.requests();
     assert_eq!(asked.len(), 3);
     assert_eq!(said(&asked[2]), expected);
@@ -787,15 +800,15 @@ async fn continue_retry_from_model_call_and_resume_run_on_a_real_worker() {
         .post(&format!("{runs}/{first}/resume"), json!({}))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let resumed = body["data"]["id"].as_str().unwrap().to_string();
+    let resumed = support::record::<RunRecord>(&body).id;
     let run = stack.client.wait_terminal(&task_id, &resumed, WAIT).await;
-    assert_eq!(run["status"], "completed", "{run}");
-    assert_eq!(run["model_call_count"], 0);
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    assert_eq!(run.model_call_count, 0);
     assert_eq!(stack.llm.requests().len(), 3);
 
     // Usage adds up to the calls made: one per run that called.
-    let (_, usage) = stack.client.get("/v1/usage/summary").await;
-    assert_eq!(usage["data"]["totals"]["calls"], 3, "{usage}");
+    let usage = stack.client.api.usage_summary(None).await.unwrap().data;
+    assert_eq!(usage.totals.calls, 3, "{usage:?}");
 }
 
 #[tokio::test]
@@ -818,14 +831,18 @@ async fn an_anthropic_preset_runs_the_loop_over_the_messages_api() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{preset}");
-    stack.provider_id = preset["data"]["id"].as_str().unwrap().to_string();
+    stack.provider_id = support::record::<ProviderView>(&preset).id;
     let provider = stack.provider_id.clone();
     let (task_id, run_id) = stack
-        .start_agent(json!({ "requested_provider": provider, "tools": ["list_dir"] }))
+        .start_agent(TaskDraft {
+            requested_provider: Some(provider.clone()),
+            tools: Some(vec!["list_dir".into()]),
+            ..agent()
+        })
         .await;
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
-    assert_eq!(run["status"], "completed", "{run}");
-    assert_eq!(run["provider"], provider.as_str());
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    assert_eq!(run.provider, Some(provider));
     let asked = stack.llm.requests();
     assert_eq!(asked.len(), 2);
     assert!(

@@ -12,6 +12,7 @@ use keel::domain::Scope;
 use keel::events;
 use keel::events::Subject;
 use keel::runs::patches;
+use keel_client::{EventType, PatchDetail, RunStatus};
 use keel_workers::agent::Patch;
 use reqwest::StatusCode;
 
@@ -39,7 +40,7 @@ async fn patches_list_read_and_revert_with_drift_detection() {
         .run_shell("printf after > a.txt; printf new > b.txt")
         .await;
     let run = c.wait_terminal(&task_id, &run_id, RUN_TIMEOUT).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     let workspace = app.data_dir.path().join("workspaces").join(&run_id);
     let modified = Patch {
         path: "a.txt".into(),
@@ -55,23 +56,33 @@ async fn patches_list_read_and_revert_with_drift_detection() {
     let b = insert(&app, &task_id, &run_id, "patch-1-2", &created).await;
 
     let base = format!("/v1/tasks/{task_id}/runs/{run_id}/patches");
-    let (status, page) = c.get(&format!("{base}?limit=1")).await;
-    assert_eq!(status, StatusCode::OK, "{page}");
-    assert_eq!(page["data"][0]["id"], a.as_str());
-    assert_eq!(page["data"][0]["path"], "a.txt");
-    assert_eq!(page["data"][0]["status"], "applied");
-    assert_eq!(page["data"][0]["before_bytes"], 6);
-    assert_eq!(page["data"][0]["after_bytes"], 5);
-    assert_eq!(page["has_more"], true);
-    let cursor = page["next_cursor"].as_str().unwrap();
-    let (_, next) = c.get(&format!("{base}?cursor={cursor}")).await;
-    assert_eq!(next["data"][0]["id"], b.as_str());
-    assert!(next["data"][0]["before_bytes"].is_null());
+    let page = c
+        .api
+        .list_patches(&task_id, &run_id)
+        .query("limit", Some(1));
+    let (status, page) = page.send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{page:?}");
+    assert_eq!(page.data[0].id, a);
+    assert_eq!(page.data[0].path, "a.txt");
+    assert_eq!(page.data[0].status, "applied");
+    assert_eq!(page.data[0].before_bytes, Some(6));
+    assert_eq!(page.data[0].after_bytes, Some(5));
+    assert!(page.has_more);
+    let cursor = page.next_cursor.unwrap();
+    let next = c
+        .api
+        .list_patches(&task_id, &run_id)
+        .query("cursor", Some(cursor));
+    let next = next.await.unwrap();
+    assert_eq!(next.data[0].id, b);
+    assert!(next.data[0].before_bytes.is_none());
 
+    // keel-client has no operation reading one patch, nor reverting one.
     let (status, one) = c.get(&format!("{base}/{a}")).await;
     assert_eq!(status, StatusCode::OK, "{one}");
-    assert_eq!(one["data"]["before"], "before");
-    assert_eq!(one["data"]["after"], "after");
+    let one: PatchDetail = support::record(&one);
+    assert_eq!(one.before.as_deref(), Some("before"));
+    assert_eq!(one.after.as_deref(), Some("after"));
 
     // Drift: the file changed since the patch; the workspace stays as it is.
     std::fs::write(workspace.join("a.txt"), "edited by hand").unwrap();
@@ -89,7 +100,8 @@ async fn patches_list_read_and_revert_with_drift_detection() {
         .post(&format!("{base}/{a}/revert"), serde_json::json!({}))
         .await;
     assert_eq!(status, StatusCode::OK, "{reverted}");
-    assert_eq!(reverted["data"]["status"], "reverted");
+    let reverted: PatchDetail = support::record(&reverted);
+    assert_eq!(reverted.summary.status, "reverted");
     assert_eq!(
         std::fs::read_to_string(workspace.join("a.txt")).unwrap(),
         "before"
@@ -105,23 +117,15 @@ async fn patches_list_read_and_revert_with_drift_detection() {
         .await;
     assert_eq!(status, StatusCode::OK);
     assert!(!workspace.join("b.txt").exists());
-    let (_, page) = c.get(&base).await;
-    assert!(
-        page["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|p| p["status"] == "reverted")
-    );
-    let (_, events) = c
-        .get(&format!("/v1/tasks/{task_id}/runs/{run_id}/events"))
-        .await;
-    let reverted_events = events["data"].as_array().map(|e| {
-        e.iter()
-            .filter(|e| e["type"] == "tool.file.reverted")
-            .count()
-    });
-    assert_eq!(reverted_events, Some(2), "{events}");
+    let page = c.api.list_patches(&task_id, &run_id).await.unwrap();
+    assert!(page.data.iter().all(|p| p.status == "reverted"));
+    let events = c.api.list_run_events(&task_id, &run_id, None).await;
+    let events = events.unwrap().data;
+    let reverted_events = events
+        .iter()
+        .filter(|e| e.event_type == EventType::ToolFileReverted)
+        .count();
+    assert_eq!(reverted_events, 2, "{events:?}");
 }
 
 #[tokio::test]
@@ -130,7 +134,7 @@ async fn an_active_run_or_another_runs_patch_is_refused() {
     let c = &app.client;
     let (task_id, run_id) = c.run_shell("printf x > a.txt; sleep 30").await;
     support::wait_for(RUN_TIMEOUT, "the run to start", || async {
-        (c.run(&task_id, &run_id).await["status"] == "running").then_some(())
+        (c.run(&task_id, &run_id).await.status == RunStatus::Running).then_some(())
     })
     .await;
     let patch = Patch {
@@ -173,9 +177,5 @@ async fn an_active_run_or_another_runs_patch_is_refused() {
         .await;
     assert_eq!(status, StatusCode::CONFLICT, "{error}");
     assert_eq!(error["error"]["type"], "workspace_unavailable", "{error}");
-    c.post(
-        &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
-        serde_json::json!({}),
-    )
-    .await;
+    c.api.cancel_run(&task_id, &run_id).await.unwrap();
 }

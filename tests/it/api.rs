@@ -4,52 +4,53 @@ use crate::support;
 
 use std::time::Duration;
 
-use crate::support::{Client, SseReader, TestApp, wait_for};
+use crate::support::{Client, SseReader, TestApp, shell, wait_for};
 use keel::domain::Caller;
 use keel::events::FeedCursor;
 use keel::queue::Locked;
+use keel_client::{
+    ArtifactRecord, ArtifactStatus, EventRecord, EventType, RunRecord, RunStatus, StepStatus,
+    TaskDraft, TaskStatus,
+};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn event_types(events: &[Value]) -> Vec<&str> {
-    events.iter().map(|e| e["type"].as_str().unwrap()).collect()
+fn event_types(events: &[EventRecord]) -> Vec<&str> {
+    events.iter().map(|e| e.event_type.as_str()).collect()
 }
 
 #[tokio::test]
 async fn a_shell_run_goes_from_created_to_completed_with_its_output() {
     let app = TestApp::start().await;
     let c = &app.client;
-    let task = c
-        .create_task(
-            json!({ "execution_kind": "shell", "shell_command": "echo hello; echo warn >&2" }),
-        )
-        .await;
-    assert_eq!(task["status"], "not_started");
-    assert_eq!(task["latest_run_id"], Value::Null);
-    let task_id = task["id"].as_str().unwrap();
+    let task = c.create_task(&shell("echo hello; echo warn >&2")).await;
+    assert_eq!(task.status, TaskStatus::NotStarted);
+    assert_eq!(task.latest_run_id, None);
+    let task_id = task.id.as_str();
 
-    let (status, run) = c
+    let (status, body) = c
         .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
         .await;
-    assert_eq!(status, StatusCode::CREATED, "{run}");
-    assert_eq!(run["object"], "task_run");
-    assert_eq!(run["data"]["status"], "queued");
-    assert_eq!(run["data"]["number"], 1);
-    let run_id = run["data"]["id"].as_str().unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["object"], "task_run");
+    let run: RunRecord = support::record(&body);
+    assert_eq!(run.status, RunStatus::Queued);
+    assert_eq!(run.number, 1);
+    let run_id = run.id.as_str();
 
     let run = c.wait_terminal(task_id, run_id, RUN_TIMEOUT).await;
-    assert_eq!(run["status"], "completed", "{run}");
-    assert_eq!(run["exit_code"], 0);
-    assert_eq!(run["attempt"], 1);
-    assert!(run["worker_id"].as_str().unwrap().starts_with("wrk_"));
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    assert_eq!(run.exit_code, Some(0));
+    assert_eq!(run.attempt, 1);
+    assert!(run.worker_id.as_deref().unwrap().starts_with("wrk_"));
 
-    let (_, task) = c.get(&format!("/v1/tasks/{task_id}")).await;
-    assert_eq!(task["data"]["status"], "completed");
-    assert_eq!(task["data"]["latest_run_id"], run_id);
-    assert_eq!(task["data"]["latest_run_step_count"], 1);
-    assert_eq!(task["data"]["latest_run_artifact_count"], 2);
+    let task = c.api.get_task(task_id).await.unwrap().data;
+    assert_eq!(task.status, TaskStatus::Completed);
+    assert_eq!(task.latest_run_id.as_deref(), Some(run_id));
+    assert_eq!(task.latest_run_step_count, 1);
+    assert_eq!(task.latest_run_artifact_count, 2);
 
     let events = c.events(task_id, run_id).await;
     let types = event_types(&events);
@@ -66,65 +67,27 @@ async fn a_shell_run_goes_from_created_to_completed_with_its_output() {
             "run.finished"
         ]
     );
-    let sequences: Vec<i64> = events
-        .iter()
-        .map(|e| e["sequence"].as_i64().unwrap())
-        .collect();
+    let sequences: Vec<i64> = events.iter().map(|e| e.sequence).collect();
     assert_eq!(sequences, (1..=8).collect::<Vec<_>>());
 
-    let (_, steps) = c
-        .get(&format!("/v1/tasks/{task_id}/runs/{run_id}/steps"))
-        .await;
-    assert_eq!(steps["data"][0]["name"], "shell");
-    assert_eq!(steps["data"][0]["status"], "completed");
+    let steps = c.api.list_steps(task_id, run_id).await.unwrap().data;
+    assert_eq!(steps[0].name, "shell");
+    assert_eq!(steps[0].status, StepStatus::Completed);
 
-    let (_, artifacts) = c
-        .get(&format!("/v1/tasks/{task_id}/runs/{run_id}/artifacts"))
-        .await;
-    let artifacts = artifacts["data"].as_array().unwrap().clone();
-    let by_name = |name: &str| {
-        artifacts
-            .iter()
-            .find(|a| a["name"] == name)
-            .unwrap()
-            .clone()
-    };
+    let artifacts = c.api.list_artifacts(task_id, run_id).await.unwrap().data;
+    let by_name = |name: &str| artifacts.iter().find(|a| a.name == name).unwrap().clone();
     let stdout = by_name("stdout");
-    assert_eq!(stdout["size_bytes"], 6);
-    assert_eq!(stdout["status"], "complete");
-    let path = format!(
-        "/v1/tasks/{task_id}/runs/{run_id}/artifacts/{}",
-        stdout["id"].as_str().unwrap()
-    );
+    assert_eq!(stdout.size_bytes, 6);
+    assert_eq!(stdout.status, ArtifactStatus::Complete);
+    // keel-client has no operation reading one artifact's record.
+    let path = format!("/v1/tasks/{task_id}/runs/{run_id}/artifacts/{}", stdout.id);
     let (status, one) = c.get(&path).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(one["data"]["id"], stdout["id"]);
-    let content = c
-        .http
-        .get(format!("{}{path}/content", c.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    assert_eq!(support::record::<ArtifactRecord>(&one).id, stdout.id);
+    let content = c.artifact_text(task_id, run_id, &stdout.id).await;
     assert_eq!(content, "hello\n");
-    let stderr_id = by_name("stderr")["id"].as_str().unwrap().to_string();
-    let stderr_path = format!(
-        "{}/v1/tasks/{task_id}/runs/{run_id}/artifacts/{stderr_id}/content",
-        c.base
-    );
-    assert_eq!(
-        c.http
-            .get(stderr_path)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap(),
-        "warn\n"
-    );
+    let stderr_id = by_name("stderr").id;
+    assert_eq!(c.artifact_text(task_id, run_id, &stderr_id).await, "warn\n");
 }
 
 #[tokio::test]
@@ -138,37 +101,32 @@ async fn a_failing_command_fails_the_run_with_exit_code_and_stderr() {
         .client
         .wait_terminal(&task_id, &run_id, RUN_TIMEOUT)
         .await;
-    assert_eq!(run["status"], "failed");
-    assert_eq!(run["exit_code"], 3);
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(run.exit_code, Some(3));
     assert_eq!(
-        run["last_error"],
-        "process exited with code 3: disk is full"
+        run.last_error.as_deref(),
+        Some("process exited with code 3: disk is full")
     );
     let events = app.client.events(&task_id, &run_id).await;
     assert_eq!(event_types(&events).last(), Some(&"run.failed"));
-    assert_eq!(events.last().unwrap()["data"]["exit_code"], 3);
+    assert_eq!(events.last().unwrap().data["exit_code"], 3);
 }
 
 #[tokio::test]
 async fn a_timeout_fails_the_run() {
     let app = TestApp::start().await;
-    let task = app
-        .client
-        .create_task(
-            json!({ "execution_kind": "shell", "shell_command": "sleep 30", "timeout_ms": 300 }),
-        )
-        .await;
-    let task_id = task["id"].as_str().unwrap();
-    let (_, run) = app
-        .client
-        .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
-        .await;
+    let draft = TaskDraft {
+        timeout_ms: Some(300),
+        ..shell("sleep 30")
+    };
+    let task = app.client.create_task(&draft).await;
+    let run = app.client.start(&task.id).await;
     let run = app
         .client
-        .wait_terminal(task_id, run["data"]["id"].as_str().unwrap(), RUN_TIMEOUT)
+        .wait_terminal(&task.id, &run.id, RUN_TIMEOUT)
         .await;
-    assert_eq!(run["status"], "failed");
-    assert_eq!(run["last_error"], "timed out after 300 ms");
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(run.last_error.as_deref(), Some("timed out after 300 ms"));
 }
 
 #[tokio::test]
@@ -177,24 +135,32 @@ async fn file_and_git_runs_work_in_their_workspace() {
     let dir = tempfile::tempdir().unwrap();
     let directory = dir.path().to_str().unwrap();
     let c = &app.client;
+    let in_place = TaskDraft {
+        workspace_mode: Some("in_place".into()),
+        working_directory: Some(directory.into()),
+        ..TaskDraft::default()
+    };
+    let file = |operation: &str, content: &str| TaskDraft {
+        execution_kind: Some("file".into()),
+        file_path: Some("docs/a.txt".into()),
+        file_operation: Some(operation.into()),
+        file_content: Some(content.into()),
+        ..in_place.clone()
+    };
     let tasks = [
-        json!({ "execution_kind": "file", "file_path": "docs/a.txt", "file_operation": "write",
-                "file_content": "one\n", "workspace_mode": "in_place", "working_directory": directory }),
-        json!({ "execution_kind": "file", "file_path": "docs/a.txt", "file_operation": "append",
-                "file_content": "two\n", "workspace_mode": "in_place", "working_directory": directory }),
-        json!({ "execution_kind": "git", "git_command": "init -q 'new repo'",
-                "workspace_mode": "in_place", "working_directory": directory }),
+        file("write", "one\n"),
+        file("append", "two\n"),
+        TaskDraft {
+            execution_kind: Some("git".into()),
+            git_command: Some("init -q 'new repo'".into()),
+            ..in_place.clone()
+        },
     ];
-    for body in tasks {
-        let task = c.create_task(body).await;
-        let task_id = task["id"].as_str().unwrap();
-        let (_, run) = c
-            .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
-            .await;
-        let run = c
-            .wait_terminal(task_id, run["data"]["id"].as_str().unwrap(), RUN_TIMEOUT)
-            .await;
-        assert_eq!(run["status"], "completed", "{task}: {run}");
+    for draft in tasks {
+        let task = c.create_task(&draft).await;
+        let run = c.start(&task.id).await;
+        let run = c.wait_terminal(&task.id, &run.id, RUN_TIMEOUT).await;
+        assert_eq!(run.status, RunStatus::Completed, "{task:?}: {run:?}");
     }
     assert_eq!(
         std::fs::read_to_string(dir.path().join("docs/a.txt")).unwrap(),
@@ -205,8 +171,8 @@ async fn file_and_git_runs_work_in_their_workspace() {
     // An ephemeral run gets a fresh directory of its own under the data directory.
     let (task_id, run_id) = c.run_shell("pwd; echo x > made-here").await;
     assert_eq!(
-        c.wait_terminal(&task_id, &run_id, RUN_TIMEOUT).await["status"],
-        "completed"
+        c.wait_terminal(&task_id, &run_id, RUN_TIMEOUT).await.status,
+        RunStatus::Completed
     );
     let workspace = app.data_dir.path().join("workspaces").join(&run_id);
     assert!(
@@ -219,11 +185,8 @@ async fn file_and_git_runs_work_in_their_workspace() {
 #[tokio::test]
 async fn twenty_parallel_starts_create_exactly_one_run() {
     let app = TestApp::api_only().await;
-    let task = app
-        .client
-        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
-        .await;
-    let path = format!("/v1/tasks/{}/start", task["id"].as_str().unwrap());
+    let task = app.client.create_task(&shell("true")).await;
+    let path = format!("/v1/tasks/{}/start", task.id);
     let starts = (0..20).map(|_| {
         let client = app.client.clone();
         let path = path.clone();
@@ -254,14 +217,9 @@ async fn twenty_parallel_starts_create_exactly_one_run() {
 #[tokio::test]
 async fn the_database_refuses_a_second_active_run() {
     let app = TestApp::api_only().await;
-    let task = app
-        .client
-        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
-        .await;
-    let task_id = task["id"].as_str().unwrap();
-    app.client
-        .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
-        .await;
+    let task = app.client.create_task(&shell("true")).await;
+    let task_id = task.id.as_str();
+    app.client.start(task_id).await;
     let second = sqlx::query(
         "INSERT INTO runs (id, task_id, number, status, workspace_id)
          VALUES ('run_x', $1, 2, 'running', 'default')",
@@ -280,10 +238,8 @@ async fn the_database_refuses_a_second_active_run() {
 async fn idempotency_key_returns_the_original_run_or_conflicts() {
     let app = TestApp::api_only().await;
     let c = &app.client;
-    let task = c
-        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
-        .await;
-    let url = format!("{}/v1/tasks/{}/start", c.base, task["id"].as_str().unwrap());
+    let task = c.create_task(&shell("true")).await;
+    let url = format!("{}/v1/tasks/{}/start", c.base, task.id);
     let start = |key: &str, body: Value| {
         c.send(c.http.post(&url).header("Idempotency-Key", key).json(&body))
     };
@@ -291,7 +247,10 @@ async fn idempotency_key_returns_the_original_run_or_conflicts() {
     assert_eq!(status, StatusCode::CREATED, "{first}");
     let (status, again) = start("k1", json!({ "reason": "deploy" })).await;
     assert_eq!(status, StatusCode::OK, "{again}");
-    assert_eq!(again["data"]["id"], first["data"]["id"]);
+    assert_eq!(
+        support::record::<RunRecord>(&again).id,
+        support::record::<RunRecord>(&first).id
+    );
     let (status, different) = start("k1", json!({ "reason": "other" })).await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert!(
@@ -317,32 +276,31 @@ async fn retry_creates_a_new_run_only_when_none_is_active() {
     let c = &app.client;
     let (task_id, run_id) = c.run_shell("exit 1").await;
     assert_eq!(
-        c.wait_terminal(&task_id, &run_id, RUN_TIMEOUT).await["status"],
-        "failed"
+        c.wait_terminal(&task_id, &run_id, RUN_TIMEOUT).await.status,
+        RunStatus::Failed
     );
 
-    let (status, retry) = c
+    let (status, body) = c
         .post(
             &format!("/v1/tasks/{task_id}/runs/{run_id}/retry"),
             json!({}),
         )
         .await;
-    assert_eq!(status, StatusCode::CREATED, "{retry}");
-    assert_eq!(retry["data"]["number"], 2);
-    assert_eq!(retry["data"]["retried_from_run_id"], run_id.as_str());
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let retry: RunRecord = support::record(&body);
+    assert_eq!(retry.number, 2);
+    assert_eq!(retry.retried_from_run_id, Some(run_id));
 
-    let (status, runs) = c.get(&format!("/v1/tasks/{task_id}/runs?limit=1")).await;
+    let runs = c.api.list_runs(&task_id).query("limit", Some(1));
+    let (status, runs) = runs.send_with_status().await.unwrap();
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(runs["data"].as_array().unwrap().len(), 1);
-    assert_eq!(runs["has_more"], true);
-    let cursor = runs["next_cursor"].as_str().unwrap();
-    let (_, rest) = c
-        .get(&format!(
-            "/v1/tasks/{task_id}/runs?limit=10&cursor={cursor}"
-        ))
-        .await;
-    assert_eq!(rest["has_more"], false);
-    assert_eq!(rest["data"][0]["number"], 2);
+    assert_eq!(runs.data.len(), 1);
+    assert!(runs.has_more);
+    let cursor = runs.next_cursor.unwrap();
+    let rest = c.api.list_runs(&task_id).query("limit", Some(10));
+    let rest = rest.query("cursor", Some(cursor)).await.unwrap();
+    assert!(!rest.has_more);
+    assert_eq!(rest.data[0].number, 2);
 }
 
 #[tokio::test]
@@ -372,19 +330,17 @@ async fn cancel_stops_a_running_process_tree_within_seconds() {
     let dir = tempfile::tempdir().unwrap();
     let c = &app.client;
     let task = c
-        .create_task(json!({
-            "execution_kind": "shell",
-            "shell_command": "echo $$ > shell.pid; sleep 600 & echo $! > sleep.pid; wait",
-            "workspace_mode": "in_place",
-            "working_directory": dir.path(),
-        }))
+        .create_task(&TaskDraft {
+            workspace_mode: Some("in_place".into()),
+            working_directory: Some(dir.path().to_str().unwrap().into()),
+            ..shell("echo $$ > shell.pid; sleep 600 & echo $! > sleep.pid; wait")
+        })
         .await;
-    let task_id = task["id"].as_str().unwrap();
-    let (_, run) = c
-        .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
+    let task_id = task.id.as_str();
+    let run = c.start(task_id).await;
+    let run_id = run.id.as_str();
+    c.wait_status(task_id, run_id, RunStatus::Running, RUN_TIMEOUT)
         .await;
-    let run_id = run["data"]["id"].as_str().unwrap();
-    c.wait_status(task_id, run_id, "running", RUN_TIMEOUT).await;
     // The pids the shell wrote are its PID namespace's; the host finds the tree by the
     // home directory its environment names, inside the workspace.
     let home = format!("HOME={}", dir.path().join(".keel/home").display());
@@ -396,10 +352,10 @@ async fn cancel_stops_a_running_process_tree_within_seconds() {
     .await;
     assert!(pids.iter().all(|pid| is_running(*pid)));
     // The worker writes a step's row with its next durable write, or within ~200 ms.
-    let steps_path = format!("/v1/tasks/{task_id}/runs/{run_id}/steps");
     wait_for(RUN_TIMEOUT, "the running step", || async {
-        let (_, steps) = c.get(&steps_path).await;
-        (steps["data"][0]["status"] == "running").then_some(())
+        let steps = c.api.list_steps(task_id, run_id).await.unwrap().data;
+        let first = steps.first().map(|s| s.status);
+        (first == Some(StepStatus::Running)).then_some(())
     })
     .await;
 
@@ -411,7 +367,10 @@ async fn cancel_stops_a_running_process_tree_within_seconds() {
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["status"], "cancelled");
+    assert_eq!(
+        support::record::<RunRecord>(&body).status,
+        RunStatus::Cancelled
+    );
     wait_for(
         Duration::from_secs(5),
         "the process tree to die",
@@ -421,11 +380,9 @@ async fn cancel_stops_a_running_process_tree_within_seconds() {
     println!("cancel → process tree gone in {:?}", cancelled_at.elapsed());
 
     let run = c.run(task_id, run_id).await;
-    assert_eq!(run["status"], "cancelled");
-    let (_, steps) = c
-        .get(&format!("/v1/tasks/{task_id}/runs/{run_id}/steps"))
-        .await;
-    assert_eq!(steps["data"][0]["status"], "cancelled");
+    assert_eq!(run.status, RunStatus::Cancelled);
+    let steps = c.api.list_steps(task_id, run_id).await.unwrap().data;
+    assert_eq!(steps[0].status, StepStatus::Cancelled);
     let events = c.events(task_id, run_id).await;
     assert_eq!(
         event_types(&events)
@@ -442,7 +399,10 @@ async fn cancel_stops_a_running_process_tree_within_seconds() {
         )
         .await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(again["data"]["finished_at"], run["finished_at"]);
+    assert_eq!(
+        support::record::<RunRecord>(&again).finished_at,
+        run.finished_at
+    );
     // The worker wrote nothing after the cancellation.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(c.events(task_id, run_id).await.len(), events.len());
@@ -456,15 +416,12 @@ async fn cancel_stops_a_running_process_tree_within_seconds() {
 async fn a_cancel_that_finds_the_job_row_locked_still_stops_the_worker() {
     let app = TestApp::start().await;
     let c = &app.client;
-    let task = c
-        .create_task(json!({ "execution_kind": "shell", "shell_command": "sleep 600" }))
+    let task = c.create_task(&shell("sleep 600")).await;
+    let task_id = task.id.as_str();
+    let run = c.start(task_id).await;
+    let run_id = run.id.as_str();
+    c.wait_status(task_id, run_id, RunStatus::Running, RUN_TIMEOUT)
         .await;
-    let task_id = task["id"].as_str().unwrap();
-    let (_, run) = c
-        .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
-        .await;
-    let run_id = run["data"]["id"].as_str().unwrap();
-    c.wait_status(task_id, run_id, "running", RUN_TIMEOUT).await;
 
     let mut heartbeat = app.pool.begin().await.unwrap();
     sqlx::query("SELECT id FROM queue_jobs WHERE ref_id = $1 FOR UPDATE")
@@ -509,7 +466,7 @@ async fn a_cancel_that_finds_the_job_row_locked_still_stops_the_worker() {
         .await
         .unwrap();
     assert_eq!(left, 0);
-    assert_eq!(c.run(task_id, run_id).await["status"], "cancelled");
+    assert_eq!(c.run(task_id, run_id).await.status, RunStatus::Cancelled);
 }
 
 fn is_running(pid: i32) -> bool {
@@ -529,11 +486,7 @@ async fn delete_refuses_while_a_run_is_active_then_removes_everything() {
     let (task_id, run_id) = c.run_shell("true").await;
     let (status, body) = c.delete(&format!("/v1/tasks/{task_id}")).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
-    c.post(
-        &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
-        json!({}),
-    )
-    .await;
+    c.api.cancel_run(&task_id, &run_id).await.unwrap();
     let (status, body) = c.delete(&format!("/v1/tasks/{task_id}")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
@@ -559,41 +512,29 @@ async fn task_list_paginates_and_filters_by_status() {
     let c = &app.client;
     let mut ids = Vec::new();
     for _ in 0..5 {
-        let task = c
-            .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
-            .await;
-        ids.push(task["id"].as_str().unwrap().to_string());
+        ids.push(c.create_task(&shell("true")).await.id);
     }
-    c.post(&format!("/v1/tasks/{}/start", ids[0]), json!({}))
-        .await;
+    c.start(&ids[0]).await;
     let mut seen = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
-        let path = match &cursor {
-            Some(cursor) => format!("/v1/tasks?limit=2&cursor={cursor}"),
-            None => "/v1/tasks?limit=2".to_string(),
-        };
-        let (status, page) = c.get(&path).await;
+        let list = c.api.list_tasks(None).query("limit", Some(2));
+        let page = list.query("cursor", cursor.take()).send_with_status().await;
+        let (status, page) = page.unwrap();
         assert_eq!(status, StatusCode::OK);
-        seen.extend(
-            page["data"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t["id"].as_str().unwrap().to_string()),
-        );
-        match page["next_cursor"].as_str() {
-            Some(next) => cursor = Some(next.to_string()),
+        seen.extend(page.data.into_iter().map(|t| t.id));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
             None => break,
         }
     }
     let newest_first: Vec<String> = ids.iter().rev().cloned().collect();
     assert_eq!(seen, newest_first);
-    let (_, queued) = c.get("/v1/tasks?status=queued").await;
-    assert_eq!(queued["data"].as_array().unwrap().len(), 1);
-    assert_eq!(queued["data"][0]["id"], ids[0].as_str());
-    let (_, not_started) = c.get("/v1/tasks?status=not_started").await;
-    assert_eq!(not_started["data"].as_array().unwrap().len(), 4);
+    let queued = c.api.list_tasks(Some("queued")).await.unwrap().data;
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0].id, ids[0]);
+    let not_started = c.api.list_tasks(Some("not_started")).await.unwrap();
+    assert_eq!(not_started.data.len(), 4);
 }
 
 /// Every refusal carries the envelope and the request id.
@@ -942,29 +883,26 @@ async fn health_readiness_and_stats() {
         Duration::from_secs(10),
         "the worker to register",
         || async {
-            let (_, stats) = c.get("/v1/system/stats").await;
-            (stats["data"]["workers"]["live"] == 1).then_some(stats)
+            let stats = c.api.system_stats().await.unwrap().data;
+            (stats.workers.live == 1).then_some(stats)
         },
     )
     .await;
-    assert_eq!(stats["data"]["queue_backend"], "postgres");
+    assert_eq!(stats.queue_backend, "postgres");
     // The local caller operates the runtime: it sees where its workers run.
-    let worker = &stats["data"]["workers"]["list"][0];
+    let worker = &stats.workers.list[0];
     assert!(
-        worker["hostname"].as_str().is_some_and(|h| !h.is_empty()),
-        "{worker}"
+        worker.hostname.as_ref().is_some_and(|h| !h.is_empty()),
+        "{worker:?}"
     );
-    assert!(
-        worker["pid"].as_i64().is_some_and(|pid| pid > 0),
-        "{worker}"
-    );
+    assert!(worker.pid.is_some_and(|pid| pid > 0), "{worker:?}");
     // A queued job shows in the depth while no worker can take it.
     let api = TestApp::api_only().await;
     api.client.run_shell("true").await;
-    let (_, stats) = api.client.get("/v1/system/stats").await;
-    assert_eq!(stats["data"]["queue"][0]["kind"], "run");
-    assert_eq!(stats["data"]["queue"][0]["depth"], 1);
-    assert!(stats["data"]["queue"][0]["oldest_age_ms"].as_i64().unwrap() >= 0);
+    let stats = api.client.api.system_stats().await.unwrap().data;
+    assert_eq!(stats.queue[0].kind, "run");
+    assert_eq!(stats.queue[0].depth, 1);
+    assert!(stats.queue[0].oldest_age_ms.unwrap() >= 0);
 }
 
 #[tokio::test]
@@ -1016,35 +954,29 @@ async fn public_feed_filters_and_streams() {
 
     let ends = "/v1/events?event_type=run.finished,run.failed";
     let ends = c.feed_when(ends, |events| events.len() == 2).await;
+    // keel-client has no operation for the feed: its pages are read raw.
     let (_, all) = c.get("/v1/events?limit=200").await;
-    let cursors: Vec<&str> = all["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["cursor"].as_str().unwrap())
-        .collect();
+    let all = support::page::<EventRecord>(&all).data;
+    let cursors: Vec<&str> = all.iter().map(|e| e.cursor.as_str()).collect();
     let position = |cursor: &str| FeedCursor::parse(cursor).unwrap();
     assert!(cursors.windows(2).all(|w| position(w[0]) < position(w[1])));
-    let types: Vec<&str> = ends["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["type"].as_str().unwrap())
-        .collect();
+    let types: Vec<EventType> = ends.data.iter().map(|e| e.event_type).collect();
     assert_eq!(types.len(), 2);
-    assert!(types.contains(&"run.finished") && types.contains(&"run.failed"));
+    assert!(types.contains(&EventType::RunFinished) && types.contains(&EventType::RunFailed));
     let (_, only_b) = c
         .get(&format!(
             "/v1/events?task_id={task_b}&event_type=run.failed"
         ))
         .await;
-    assert_eq!(only_b["data"].as_array().unwrap().len(), 1);
-    assert_eq!(only_b["data"][0]["run_id"], run_b.as_str());
+    let only_b = support::page::<EventRecord>(&only_b).data;
+    assert_eq!(only_b.len(), 1);
+    assert_eq!(only_b[0].run_id, Some(run_b));
     let after = cursors[2];
     let (_, later) = c.get(&format!("/v1/events?after={after}&limit=1")).await;
-    assert_eq!(later["data"][0]["cursor"], cursors[3]);
-    assert_eq!(later["next_cursor"], cursors[3]);
-    assert_eq!(later["has_more"], true);
+    let later = support::page::<EventRecord>(&later);
+    assert_eq!(later.data[0].cursor, cursors[3]);
+    assert_eq!(later.next_cursor.as_deref(), Some(cursors[3]));
+    assert!(later.has_more);
 
     // The live feed: replay from a cursor, then a new run's events as they happen.
     let mut feed = SseReader::open(
@@ -1079,42 +1011,29 @@ async fn output_is_readable_while_the_run_writes_it() {
     let dir = tempfile::tempdir().unwrap();
     let c = &app.client;
     let task = c
-        .create_task(json!({
-            "execution_kind": "shell",
-            "shell_command": "echo first; while [ ! -f go ]; do sleep 0.05; done; echo second",
-            "workspace_mode": "in_place",
-            "working_directory": dir.path(),
-        }))
+        .create_task(&TaskDraft {
+            workspace_mode: Some("in_place".into()),
+            working_directory: Some(dir.path().to_str().unwrap().into()),
+            ..shell("echo first; while [ ! -f go ]; do sleep 0.05; done; echo second")
+        })
         .await;
-    let task_id = task["id"].as_str().unwrap();
-    let (_, run) = c
-        .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
-        .await;
-    let run_id = run["data"]["id"].as_str().unwrap();
+    let task_id = task.id.as_str();
+    let run = c.start(task_id).await;
+    let run_id = run.id.as_str();
     let content = wait_for(RUN_TIMEOUT, "stdout to hold the first line", || async {
-        let (_, list) = c
-            .get(&format!("/v1/tasks/{task_id}/runs/{run_id}/artifacts"))
-            .await;
-        let stdout = list["data"]
-            .as_array()?
-            .iter()
-            .find(|a| a["name"] == "stdout")?
-            .clone();
-        let path = format!(
-            "{}/v1/tasks/{task_id}/runs/{run_id}/artifacts/{}/content",
-            c.base,
-            stdout["id"].as_str()?
-        );
-        let text = c.http.get(path).send().await.ok()?.text().await.ok()?;
+        let list = c.api.list_artifacts(task_id, run_id).await.ok()?.data;
+        let stdout = list.into_iter().find(|a| a.name == "stdout")?;
+        let content = c.api.artifact_content(task_id, run_id, &stdout.id);
+        let text = String::from_utf8_lossy(&content.raw().await.ok()?).into_owned();
         (!text.is_empty()).then_some((stdout, text))
     })
     .await;
     assert_eq!(content.1, "first\n");
-    assert_eq!(content.0["status"], "writing");
-    assert_eq!(c.run(task_id, run_id).await["status"], "running");
+    assert_eq!(content.0.status, ArtifactStatus::Writing);
+    assert_eq!(c.run(task_id, run_id).await.status, RunStatus::Running);
     std::fs::write(dir.path().join("go"), "").unwrap();
     assert_eq!(
-        c.wait_terminal(task_id, run_id, RUN_TIMEOUT).await["status"],
-        "completed"
+        c.wait_terminal(task_id, run_id, RUN_TIMEOUT).await.status,
+        RunStatus::Completed
     );
 }

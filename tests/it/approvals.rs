@@ -4,27 +4,46 @@ use crate::support;
 
 use std::time::Duration;
 
-use crate::support::{Client, TestApp};
+use crate::support::{Client, TestApp, shell};
+use keel_client::{
+    ApprovalRecord, ApprovalStatus, EventType, LeaseRecord, Resolution, RunRecord, RunStatus,
+    TaskDraft, TaskStatus, TransitionRecord,
+};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_POLICIES: &str = "shell_exec,git_exec,file_write";
 
-async fn start(client: &Client, body: Value) -> (String, Value) {
-    let task = client.create_task(body).await;
-    let task_id = task["id"].as_str().unwrap().to_string();
+/// Creates the task and starts it (201); returns the task id and the new run.
+async fn start(client: &Client, draft: TaskDraft) -> (String, RunRecord) {
+    let task = client.create_task(&draft).await;
     let (status, run) = client
-        .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
+        .post(&format!("/v1/tasks/{}/start", task.id), json!({}))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{run}");
-    (task_id, run["data"].clone())
+    (task.id, support::record(&run))
 }
 
-async fn approvals_of(client: &Client, task_id: &str) -> Vec<Value> {
-    let (status, body) = client.get(&format!("/v1/tasks/{task_id}/approvals")).await;
+async fn approvals_of(client: &Client, task_id: &str) -> Vec<ApprovalRecord> {
+    let approvals = client.api.list_task_approvals(task_id, None);
+    let (status, approvals) = approvals.send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{approvals:?}");
+    approvals.data
+}
+
+/// The audit trail of `query` (raw: keel-client has no operation listing it).
+async fn trail(client: &Client, query: &str) -> Vec<TransitionRecord> {
+    let (status, body) = client.get(&format!("/v1/state-transitions?{query}")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    body["data"].as_array().unwrap().clone()
+    support::page(&body).data
+}
+
+/// The queue leases of `query` (raw: keel-client has no operation listing them).
+async fn leases(client: &Client, query: &str) -> Vec<LeaseRecord> {
+    let (status, body) = client.get(&format!("/v1/runtime/leases{query}")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    support::page(&body).data
 }
 
 async fn resolve(
@@ -54,15 +73,11 @@ async fn job_count(app: &TestApp, run_id: &str) -> i64 {
 async fn a_gated_run_waits_for_approval_then_runs() {
     let app = TestApp::with_approvals(DEFAULT_POLICIES).await;
     let c = &app.client;
-    let (task_id, run) = start(
-        c,
-        json!({ "execution_kind": "shell", "shell_command": "echo approved" }),
-    )
-    .await;
-    let run_id = run["id"].as_str().unwrap();
-    assert_eq!(run["status"], "awaiting_approval");
-    let (_, task) = c.get(&format!("/v1/tasks/{task_id}")).await;
-    assert_eq!(task["data"]["status"], "awaiting_approval");
+    let (task_id, run) = start(c, shell("echo approved")).await;
+    let run_id = run.id.as_str();
+    assert_eq!(run.status, RunStatus::AwaitingApproval);
+    let task = c.api.get_task(&task_id).await.unwrap().data;
+    assert_eq!(task.status, TaskStatus::AwaitingApproval);
     assert_eq!(
         job_count(&app, run_id).await,
         0,
@@ -72,32 +87,35 @@ async fn a_gated_run_waits_for_approval_then_runs() {
     let approvals = approvals_of(c, &task_id).await;
     assert_eq!(approvals.len(), 1);
     let approval = &approvals[0];
-    assert_eq!(approval["kind"], "shell_command");
-    assert_eq!(approval["status"], "pending");
-    assert_eq!(approval["action_summary"][1], "  echo approved");
-    assert_eq!(approval["action_summary_incomplete"], false);
-    let approval_id = approval["id"].as_str().unwrap();
-    let (status, one) = c
-        .get(&format!("/v1/tasks/{task_id}/approvals/{approval_id}"))
-        .await;
+    assert_eq!(approval.kind, "shell_command");
+    assert_eq!(approval.status, ApprovalStatus::Pending);
+    assert_eq!(approval.action_summary[1], "  echo approved");
+    assert!(!approval.action_summary_incomplete);
+    let approval_id = approval.id.as_str();
+    let one = c.api.get_approval(&task_id, approval_id);
+    let (status, one) = one.send_with_status().await.unwrap();
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(one["data"]["id"], approval["id"]);
-    let (_, inbox) = c.get("/v1/approvals?status=pending").await;
-    assert_eq!(inbox["data"][0]["id"], approval["id"]);
+    assert_eq!(one.data.id, approval.id);
+    let inbox = c.api.list_approvals(Some("pending")).await.unwrap().data;
+    assert_eq!(inbox[0].id, approval.id);
 
     let (status, resolved) = resolve(c, &task_id, approval_id, "approve").await;
     assert_eq!(status, StatusCode::OK, "{resolved}");
-    assert_eq!(resolved["data"]["approval"]["status"], "approved");
-    assert_eq!(resolved["data"]["approval"]["decision_note"], "looked fine");
-    assert_eq!(resolved["data"]["run"]["status"], "queued");
+    let resolved: Resolution = support::record(&resolved);
+    assert_eq!(resolved.approval.status, ApprovalStatus::Approved);
+    assert_eq!(
+        resolved.approval.decision_note.as_deref(),
+        Some("looked fine")
+    );
+    assert_eq!(resolved.run.status, RunStatus::Queued);
     let run = c.wait_terminal(&task_id, run_id, RUN_TIMEOUT).await;
-    assert_eq!(run["status"], "completed");
+    assert_eq!(run.status, RunStatus::Completed);
 
     let types: Vec<String> = c
         .events(&task_id, run_id)
         .await
         .iter()
-        .map(|e| e["type"].as_str().unwrap().to_string())
+        .map(|e| e.event_type.to_string())
         .collect();
     assert_eq!(
         &types[..4],
@@ -108,58 +126,34 @@ async fn a_gated_run_waits_for_approval_then_runs() {
             "run.queued"
         ]
     );
-    let (_, inbox) = c.get("/v1/approvals?status=pending").await;
-    assert_eq!(inbox["data"].as_array().unwrap().len(), 0);
+    let inbox = c.api.list_approvals(Some("pending")).await.unwrap().data;
+    assert_eq!(inbox.len(), 0);
 
     // Every transition of the run's life, in order, with who made it.
-    let (_, trail) = c
-        .get(&format!(
-            "/v1/state-transitions?entity_type=run&entity_id={run_id}"
-        ))
-        .await;
-    let steps: Vec<(Value, Value, String)> = trail["data"]
-        .as_array()
-        .unwrap()
+    let run_trail = trail(c, &format!("entity_type=run&entity_id={run_id}")).await;
+    let steps: Vec<(Option<&str>, &str, &str)> = run_trail
         .iter()
         .map(|t| {
             (
-                t["from_status"].clone(),
-                t["to_status"].clone(),
-                t["actor"].as_str().unwrap().to_string(),
+                t.from_status.as_deref(),
+                t.to_status.as_str(),
+                t.actor.as_str(),
             )
         })
         .collect();
-    assert_eq!(steps.len(), 4, "{trail}");
+    assert_eq!(steps.len(), 4, "{run_trail:?}");
+    assert_eq!((steps[0].0, steps[0].1), (None, "awaiting_approval"));
     assert_eq!(
-        (steps[0].0.clone(), steps[0].1.clone()),
-        (Value::Null, json!("awaiting_approval"))
+        (steps[1].0, steps[1].1),
+        (Some("awaiting_approval"), "queued")
     );
-    assert_eq!(
-        (steps[1].0.clone(), steps[1].1.clone()),
-        (json!("awaiting_approval"), json!("queued"))
-    );
-    assert_eq!(
-        (steps[2].0.clone(), steps[2].1.clone()),
-        (json!("queued"), json!("running"))
-    );
-    assert_eq!(
-        (steps[3].0.clone(), steps[3].1.clone()),
-        (json!("running"), json!("completed"))
-    );
+    assert_eq!((steps[2].0, steps[2].1), (Some("queued"), "running"));
+    assert_eq!((steps[3].0, steps[3].1), (Some("running"), "completed"));
     assert_eq!(steps[0].2, "local");
     assert_eq!(steps[1].2, "local");
     assert!(steps[2].2.starts_with("worker:wrk_") && steps[3].2 == steps[2].2);
-    let (_, task_trail) = c
-        .get(&format!(
-            "/v1/state-transitions?entity_type=task&entity_id={task_id}"
-        ))
-        .await;
-    let task_states: Vec<&str> = task_trail["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["to_status"].as_str().unwrap())
-        .collect();
+    let task_trail = trail(c, &format!("entity_type=task&entity_id={task_id}")).await;
+    let task_states: Vec<&str> = task_trail.iter().map(|t| t.to_status.as_str()).collect();
     assert_eq!(
         task_states,
         [
@@ -170,16 +164,11 @@ async fn a_gated_run_waits_for_approval_then_runs() {
             "completed"
         ]
     );
-    let (_, approval_trail) = c
-        .get(&format!(
-            "/v1/state-transitions?entity_type=approval&entity_id={approval_id}"
-        ))
-        .await;
-    let approval_states: Vec<&str> = approval_trail["data"]
-        .as_array()
-        .unwrap()
+    let query = format!("entity_type=approval&entity_id={approval_id}");
+    let approval_trail = trail(c, &query).await;
+    let approval_states: Vec<&str> = approval_trail
         .iter()
-        .map(|t| t["to_status"].as_str().unwrap())
+        .map(|t| t.to_status.as_str())
         .collect();
     assert_eq!(approval_states, ["pending", "approved"]);
 }
@@ -188,22 +177,15 @@ async fn a_gated_run_waits_for_approval_then_runs() {
 async fn rejecting_cancels_the_run_and_a_second_resolve_conflicts() {
     let app = TestApp::with_approvals(DEFAULT_POLICIES).await;
     let c = &app.client;
-    let (task_id, run) = start(
-        c,
-        json!({ "execution_kind": "shell", "shell_command": "true" }),
-    )
-    .await;
-    let approval_id = approvals_of(c, &task_id).await[0]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (task_id, run) = start(c, shell("true")).await;
+    let approval_id = approvals_of(c, &task_id).await[0].id.clone();
     let (status, body) = resolve(c, &task_id, &approval_id, "reject").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let run = c.run(&task_id, run["id"].as_str().unwrap()).await;
-    assert_eq!(run["status"], "cancelled");
-    assert_eq!(run["last_error"], "approval rejected");
-    let (_, task) = c.get(&format!("/v1/tasks/{task_id}")).await;
-    assert_eq!(task["data"]["status"], "cancelled");
+    let run = c.run(&task_id, &run.id).await;
+    assert_eq!(run.status, RunStatus::Cancelled);
+    assert_eq!(run.last_error.as_deref(), Some("approval rejected"));
+    let task = c.api.get_task(&task_id).await.unwrap().data;
+    assert_eq!(task.status, TaskStatus::Cancelled);
     for decision in ["approve", "reject"] {
         let (status, body) = resolve(c, &task_id, &approval_id, decision).await;
         assert_eq!(status, StatusCode::CONFLICT, "{body}");
@@ -215,15 +197,8 @@ async fn rejecting_cancels_the_run_and_a_second_resolve_conflicts() {
 async fn concurrent_resolutions_have_exactly_one_winner() {
     let app = TestApp::with_approvals(DEFAULT_POLICIES).await;
     let c = &app.client;
-    let (task_id, run) = start(
-        c,
-        json!({ "execution_kind": "shell", "shell_command": "true" }),
-    )
-    .await;
-    let approval_id = approvals_of(c, &task_id).await[0]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (task_id, run) = start(c, shell("true")).await;
+    let approval_id = approvals_of(c, &task_id).await[0].id.clone();
     let attempts = (0..10).map(|i| {
         let (c, task_id, approval_id) = (c.clone(), task_id.clone(), approval_id.clone());
         let decision = if i % 2 == 0 { "approve" } else { "reject" };
@@ -256,16 +231,9 @@ async fn cancel_and_resolve_race_to_one_consistent_outcome() {
     let app = TestApp::with_approvals(DEFAULT_POLICIES).await;
     let c = &app.client;
     for _ in 0..5 {
-        let (task_id, run) = start(
-            c,
-            json!({ "execution_kind": "shell", "shell_command": "sleep 60" }),
-        )
-        .await;
-        let run_id = run["id"].as_str().unwrap().to_string();
-        let approval_id = approvals_of(c, &task_id).await[0]["id"]
-            .as_str()
-            .unwrap()
-            .to_string();
+        let (task_id, run) = start(c, shell("sleep 60")).await;
+        let run_id = run.id;
+        let approval_id = approvals_of(c, &task_id).await[0].id.clone();
         let cancel = {
             let (c, path) = (
                 c.clone(),
@@ -285,16 +253,20 @@ async fn cancel_and_resolve_race_to_one_consistent_outcome() {
             approved.1
         );
         let run = c.run(&task_id, &run_id).await;
-        assert_eq!(run["status"], "cancelled", "cancel always ends the run");
+        assert_eq!(
+            run.status,
+            RunStatus::Cancelled,
+            "cancel always ends the run"
+        );
         let approval = &approvals_of(c, &task_id).await[0];
         let expected = if approved.0 == StatusCode::OK {
-            "approved"
+            ApprovalStatus::Approved
         } else {
-            "cancelled"
+            ApprovalStatus::Cancelled
         };
-        assert_eq!(approval["status"], expected);
-        if expected == "cancelled" {
-            assert_eq!(approval["resolved_by"], "system");
+        assert_eq!(approval.status, expected);
+        if expected == ApprovalStatus::Cancelled {
+            assert_eq!(approval.resolved_by.as_deref(), Some("system"));
         }
         // A job the approval enqueued is removed by the cancel, or, when a worker had
         // already claimed it, acked by that worker as soon as it sees the cancellation.
@@ -314,22 +286,18 @@ async fn cancel_and_resolve_race_to_one_consistent_outcome() {
 async fn expired_approvals_read_as_expired_and_cannot_be_approved() {
     let app = TestApp::with_approvals(DEFAULT_POLICIES).await;
     let c = &app.client;
-    let (task_id, _) = start(
-        c,
-        json!({ "execution_kind": "shell", "shell_command": "true" }),
-    )
-    .await;
-    let approval_id = approvals_of(c, &task_id).await[0]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (task_id, _) = start(c, shell("true")).await;
+    let approval_id = approvals_of(c, &task_id).await[0].id.clone();
     sqlx::query("UPDATE approvals SET expires_at = now() - interval '1 second'")
         .execute(&app.pool)
         .await
         .unwrap();
-    assert_eq!(approvals_of(c, &task_id).await[0]["status"], "expired");
-    let (_, inbox) = c.get("/v1/approvals?status=pending").await;
-    assert!(inbox["data"].as_array().unwrap().is_empty());
+    assert_eq!(
+        approvals_of(c, &task_id).await[0].status,
+        ApprovalStatus::Expired
+    );
+    let inbox = c.api.list_approvals(Some("pending")).await.unwrap().data;
+    assert!(inbox.is_empty());
     let (status, body) = resolve(c, &task_id, &approval_id, "approve").await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert!(
@@ -344,35 +312,40 @@ async fn expired_approvals_read_as_expired_and_cannot_be_approved() {
 async fn policies_choose_the_gates() {
     let app = TestApp::with_approvals("all_tools").await;
     let c = &app.client;
-    let (task_id, run) = start(
-        c,
-        json!({ "execution_kind": "git", "git_command": "clone https://example.invalid/repo.git" }),
-    )
-    .await;
-    assert_eq!(run["status"], "awaiting_approval");
+    let clone = TaskDraft {
+        execution_kind: Some("git".into()),
+        git_command: Some("clone https://example.invalid/repo.git".into()),
+        ..TaskDraft::default()
+    };
+    let (task_id, run) = start(c, clone).await;
+    assert_eq!(run.status, RunStatus::AwaitingApproval);
     let mut kinds: Vec<String> = approvals_of(c, &task_id)
         .await
-        .iter()
-        .map(|a| a["kind"].as_str().unwrap().to_string())
+        .into_iter()
+        .map(|a| a.kind)
         .collect();
     kinds.sort();
     assert_eq!(kinds, ["git_exec", "network_egress"]);
     // Approving one of two gates leaves the run waiting.
     let approvals = approvals_of(c, &task_id).await;
-    let (_, first) = resolve(c, &task_id, approvals[0]["id"].as_str().unwrap(), "approve").await;
-    assert_eq!(first["data"]["run"]["status"], "awaiting_approval");
-    let (_, second) = resolve(c, &task_id, approvals[1]["id"].as_str().unwrap(), "approve").await;
-    assert_eq!(second["data"]["run"]["status"], "queued");
+    let (_, first) = resolve(c, &task_id, &approvals[0].id, "approve").await;
+    let first: Resolution = support::record(&first);
+    assert_eq!(first.run.status, RunStatus::AwaitingApproval);
+    let (_, second) = resolve(c, &task_id, &approvals[1].id, "approve").await;
+    let second: Resolution = support::record(&second);
+    assert_eq!(second.run.status, RunStatus::Queued);
 
-    let file = start(
-        c,
-        json!({ "execution_kind": "file", "file_path": "a", "file_operation": "write",
-                                "file_content": "very private contents" }),
-    )
-    .await;
+    let write = TaskDraft {
+        execution_kind: Some("file".into()),
+        file_path: Some("a".into()),
+        file_operation: Some("write".into()),
+        file_content: Some("very private contents".into()),
+        ..TaskDraft::default()
+    };
+    let file = start(c, write).await;
     let approval = &approvals_of(c, &file.0).await[0];
-    assert_eq!(approval["kind"], "file_write");
-    let summary = approval["action_summary"].to_string();
+    assert_eq!(approval.kind, "file_write");
+    let summary = serde_json::to_string(&approval.action_summary).unwrap();
     assert!(
         summary.contains("write file a (21 bytes)") && !summary.contains("private"),
         "{summary}"
@@ -391,24 +364,14 @@ async fn summaries_are_bounded_and_hide_secrets() {
             )
         })
         .collect();
-    let (task_id, _) = start(
-        c,
-        json!({ "execution_kind": "shell", "shell_command": command }),
-    )
-    .await;
+    let (task_id, _) = start(c, shell(&command)).await;
     let approval = &approvals_of(c, &task_id).await[0];
-    let lines = approval["action_summary"].as_array().unwrap();
+    let lines = &approval.action_summary;
     assert!(lines.len() <= 16);
-    assert!(lines.iter().all(|l| l.as_str().unwrap().len() <= 512));
-    assert!(
-        lines
-            .iter()
-            .map(|l| l.as_str().unwrap().len())
-            .sum::<usize>()
-            <= 4096
-    );
-    assert_eq!(approval["action_summary_incomplete"], true);
-    let text = approval["action_summary"].to_string();
+    assert!(lines.iter().all(|l| l.len() <= 512));
+    assert!(lines.iter().map(|l| l.len()).sum::<usize>() <= 4096);
+    assert!(approval.action_summary_incomplete);
+    let text = serde_json::to_string(&approval.action_summary).unwrap();
     assert!(
         !text.contains("sk-live") && !text.contains("p4ss"),
         "{text}"
@@ -418,22 +381,15 @@ async fn summaries_are_bounded_and_hide_secrets() {
             !e.is_empty()
         })
         .await;
-    assert!(!events.to_string().contains("sk-live"));
+    assert!(!serde_json::to_string(&events).unwrap().contains("sk-live"));
 }
 
 #[tokio::test]
 async fn resolve_refuses_bad_input() {
     let app = TestApp::with_approvals(DEFAULT_POLICIES).await;
     let c = &app.client;
-    let (task_id, _) = start(
-        c,
-        json!({ "execution_kind": "shell", "shell_command": "true" }),
-    )
-    .await;
-    let approval_id = approvals_of(c, &task_id).await[0]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (task_id, _) = start(c, shell("true")).await;
+    let approval_id = approvals_of(c, &task_id).await[0].id.clone();
     let path = format!("/v1/tasks/{task_id}/approvals/{approval_id}/resolve");
     let cases = [
         (
@@ -512,12 +468,12 @@ async fn resume_reuses_the_workspace_and_retry_starts_fresh() {
     let c = &app.client;
     let counter =
         "echo x >> count; wc -l < count; echo \"resumed from: $KEEL_RESUMED_FROM_RUN_ID\"";
-    let (task_id, first) = start(
-        c,
-        json!({ "execution_kind": "shell", "shell_command": counter, "budget_micros_usd": 500 }),
-    )
-    .await;
-    let first_id = first["id"].as_str().unwrap().to_string();
+    let budgeted = TaskDraft {
+        budget_micros_usd: Some(500),
+        ..shell(counter)
+    };
+    let (task_id, first) = start(c, budgeted).await;
+    let first_id = first.id;
     c.wait_terminal(&task_id, &first_id, RUN_TIMEOUT).await;
     assert_eq!(c.stdout(&task_id, &first_id).await, "1\nresumed from: \n");
 
@@ -529,20 +485,13 @@ async fn resume_reuses_the_workspace_and_retry_starts_fresh() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{resumed}");
-    let resumed = &resumed["data"];
-    let resumed_id = resumed["id"].as_str().unwrap().to_string();
-    assert_eq!(resumed["resumed_from_run_id"], first_id.as_str());
-    assert_eq!(resumed["checkpoint"]["source_run_id"], first_id.as_str());
-    assert_eq!(
-        resumed["checkpoint"]["last_completed_step"]["name"],
-        "shell"
-    );
-    assert!(
-        resumed["checkpoint"]["last_event_sequence"]
-            .as_i64()
-            .unwrap()
-            >= 8
-    );
+    let resumed: RunRecord = support::record(&resumed);
+    let resumed_id = resumed.id.clone();
+    assert_eq!(resumed.resumed_from_run_id.as_ref(), Some(&first_id));
+    let checkpoint = resumed.checkpoint.unwrap_or_default();
+    assert_eq!(checkpoint["source_run_id"], first_id.as_str());
+    assert_eq!(checkpoint["last_completed_step"]["name"], "shell");
+    assert!(checkpoint["last_event_sequence"].as_i64().unwrap() >= 8);
     c.wait_terminal(&task_id, &resumed_id, RUN_TIMEOUT).await;
     assert_eq!(
         c.stdout(&task_id, &resumed_id).await,
@@ -551,12 +500,12 @@ async fn resume_reuses_the_workspace_and_retry_starts_fresh() {
     let events = c.events(&task_id, &resumed_id).await;
     let resumed_event = events
         .iter()
-        .find(|e| e["type"] == "run.resumed_from_event")
+        .find(|e| e.event_type == EventType::RunResumedFromEvent)
         .unwrap();
-    assert_eq!(resumed_event["data"]["reason"], "carry on");
-    let (_, task) = c.get(&format!("/v1/tasks/{task_id}")).await;
+    assert_eq!(resumed_event.data["reason"], "carry on");
+    let task = c.api.get_task(&task_id).await.unwrap().data;
     assert_eq!(
-        task["data"]["budget_micros_usd"], 500,
+        task.budget_micros_usd, 500,
         "resume never lowers the budget"
     );
 
@@ -567,30 +516,23 @@ async fn resume_reuses_the_workspace_and_retry_starts_fresh() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED);
-    let retried_id = retried["data"]["id"].as_str().unwrap().to_string();
+    let retried_id = support::record::<RunRecord>(&retried).id;
     c.wait_terminal(&task_id, &retried_id, RUN_TIMEOUT).await;
     assert_eq!(
         c.stdout(&task_id, &retried_id).await,
         "1\nresumed from: \n",
         "retry works in a fresh workspace"
     );
-    let (_, task) = c.get(&format!("/v1/tasks/{task_id}")).await;
-    assert_eq!(
-        task["data"]["budget_micros_usd"], 900,
-        "a higher budget raises it"
-    );
+    let task = c.api.get_task(&task_id).await.unwrap().data;
+    assert_eq!(task.budget_micros_usd, 900, "a higher budget raises it");
 }
 
 #[tokio::test]
 async fn resume_needs_a_finished_run_and_passes_the_approval_gate() {
     let app = TestApp::with_approvals(DEFAULT_POLICIES).await;
     let c = &app.client;
-    let (task_id, run) = start(
-        c,
-        json!({ "execution_kind": "shell", "shell_command": "true" }),
-    )
-    .await;
-    let run_id = run["id"].as_str().unwrap();
+    let (task_id, run) = start(c, shell("true")).await;
+    let run_id = run.id.as_str();
     let (status, body) = c
         .post(
             &format!("/v1/tasks/{task_id}/runs/{run_id}/resume"),
@@ -598,11 +540,7 @@ async fn resume_needs_a_finished_run_and_passes_the_approval_gate() {
         )
         .await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
-    c.post(
-        &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
-        json!({}),
-    )
-    .await;
+    c.api.cancel_run(&task_id, run_id).await.unwrap();
     let (status, resumed) = c
         .post(
             &format!("/v1/tasks/{task_id}/runs/{run_id}/resume"),
@@ -610,7 +548,10 @@ async fn resume_needs_a_finished_run_and_passes_the_approval_gate() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED);
-    assert_eq!(resumed["data"]["status"], "awaiting_approval");
+    assert_eq!(
+        support::record::<RunRecord>(&resumed).status,
+        RunStatus::AwaitingApproval
+    );
     let (status, _) = c
         .post(
             &format!("/v1/tasks/{task_id}/runs/run_nope/resume"),
@@ -632,29 +573,28 @@ async fn leases_are_listed_while_active_and_after_release() {
     let app = TestApp::start().await;
     let c = &app.client;
     let dir = tempfile::tempdir().unwrap();
-    let (task_id, run) = start(
-        c,
-        json!({ "execution_kind": "shell", "shell_command": "while [ ! -f go ]; do sleep 0.05; done",
-                "workspace_mode": "in_place", "working_directory": dir.path() }),
-    )
-    .await;
-    let run_id = run["id"].as_str().unwrap().to_string();
-    c.wait_status(&task_id, &run_id, "running", RUN_TIMEOUT)
+    let waiting = TaskDraft {
+        workspace_mode: Some("in_place".into()),
+        working_directory: Some(dir.path().to_str().unwrap().into()),
+        ..shell("while [ ! -f go ]; do sleep 0.05; done")
+    };
+    let (task_id, run) = start(c, waiting).await;
+    let run_id = run.id;
+    c.wait_status(&task_id, &run_id, RunStatus::Running, RUN_TIMEOUT)
         .await;
-    let (status, active) = c.get("/v1/runtime/leases?status=active").await;
-    assert_eq!(status, StatusCode::OK);
-    let lease = &active["data"][0];
-    assert_eq!(lease["ref_id"], run_id.as_str());
-    assert_eq!(lease["status"], "active");
-    assert_eq!(lease["fencing_token"], 1);
-    assert!(lease["owner"].as_str().unwrap().starts_with("wrk_"));
+    let active = leases(c, "?status=active").await;
+    let lease = &active[0];
+    assert_eq!(lease.ref_id, run_id);
+    assert_eq!(lease.status, "active");
+    assert_eq!(lease.fencing_token, 1);
+    assert!(lease.owner.starts_with("wrk_"));
     std::fs::write(dir.path().join("go"), "").unwrap();
     c.wait_terminal(&task_id, &run_id, RUN_TIMEOUT).await;
-    let (_, released) = c.get("/v1/runtime/leases?status=released").await;
-    let lease = &released["data"][0];
-    assert_eq!(lease["ref_id"], run_id.as_str());
-    assert_eq!(lease["outcome"], "acked");
-    assert_eq!(lease["status"], "released");
-    let (_, active) = c.get("/v1/runtime/leases").await;
-    assert!(active["data"].as_array().unwrap().is_empty());
+    let released = leases(c, "?status=released").await;
+    let lease = &released[0];
+    assert_eq!(lease.ref_id, run_id);
+    assert_eq!(lease.outcome.as_deref(), Some("acked"));
+    assert_eq!(lease.status, "released");
+    let active = leases(c, "").await;
+    assert!(active.is_empty());
 }

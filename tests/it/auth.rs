@@ -15,6 +15,7 @@ use crate::support::{
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use keel_client::{RuntimeMode, Session, ShutdownAccepted};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -152,9 +153,7 @@ async fn the_runtime_token_guards_every_v1_route_and_leaves_the_probes_open() {
         let authorized = client_with_headers(&client.base, &headers);
         let (status, body) = authorized.get("/v1/tasks").await;
         assert_eq!(status, StatusCode::OK, "{body}");
-        authorized
-            .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
-            .await;
+        authorized.create_task(&support::shell("true")).await;
         let (status, body) = authorized.get("/v1/nowhere").await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     }
@@ -295,14 +294,8 @@ async fn a_client_that_never_finishes_its_request_line_is_disconnected() {
 #[tokio::test]
 async fn a_web_page_cannot_change_a_local_keel_without_a_token() {
     let (_process, client, _logs) = spawn("cross-site", &[]).await;
-    let task = client
-        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
-        .await;
-    let start = format!(
-        "{}/v1/tasks/{}/start",
-        client.base,
-        task["id"].as_str().unwrap()
-    );
+    let task = client.create_task(&support::shell("true")).await;
+    let start = format!("{}/v1/tasks/{}/start", client.base, task.id);
     let shutdown = format!("{}/v1/system/shutdown", client.base);
     let send = |url: &str, headers: &[(&str, &str)], body: &'static str| {
         let mut request = client.http.post(url).body(body);
@@ -356,10 +349,8 @@ async fn a_web_page_cannot_change_a_local_keel_without_a_token() {
         assert_eq!(status, *expected, "{case}: {response}");
         assert!(response["error"]["type"].is_string(), "{case}: {response}");
     }
-    let (_, runs) = client
-        .get(&format!("/v1/tasks/{}/runs", task["id"].as_str().unwrap()))
-        .await;
-    assert_eq!(runs["data"], json!([]), "nothing was started");
+    let runs = client.api.list_runs(&task.id).await.unwrap().data;
+    assert!(runs.is_empty(), "nothing was started");
     // The console's own pages (same origin) and clients that are no browser still work.
     let same_origin = [
         json,
@@ -368,14 +359,8 @@ async fn a_web_page_cannot_change_a_local_keel_without_a_token() {
     ];
     let (status, response) = send(&start, &same_origin, "{}").await;
     assert_eq!(status, StatusCode::CREATED, "{response}");
-    let other = client
-        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
-        .await;
-    let start_other = format!(
-        "{}/v1/tasks/{}/start",
-        client.base,
-        other["id"].as_str().unwrap()
-    );
+    let other = client.create_task(&support::shell("true")).await;
+    let start_other = format!("{}/v1/tasks/{}/start", client.base, other.id);
     let (status, response) = send(&start_other, &[], "").await;
     assert_eq!(status, StatusCode::CREATED, "{response}");
 }
@@ -434,7 +419,10 @@ async fn shutdown_is_local_only_and_stops_the_process() {
     }
     let (status, body) = client.send(client.http.post(&shutdown)).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    assert_eq!(body["data"]["status"], "shutting_down");
+    assert_eq!(
+        support::record::<ShutdownAccepted>(&body).status,
+        "shutting_down"
+    );
     let exit = process.wait_exit(Duration::from_secs(20));
     assert!(exit.success(), "{exit:?}: {}", process.log_text());
 }
@@ -450,32 +438,26 @@ async fn whoami_in_local_mode_names_a_stable_host_and_the_local_actions() {
         let client = process.client.clone().unwrap();
         let (status, body) = client.get("/v1/whoami").await;
         assert_eq!(status, StatusCode::OK, "{body}");
-        let session = &body["data"];
         assert_eq!(body["object"], "session");
-        assert_eq!(session["actor_id"], "local");
-        assert_eq!(session["workspace"], "default");
-        assert!(session.get("remote_identity").is_none(), "{session}");
-        let host = &session["runtime_host"];
-        assert_eq!(host["label"], "test-box");
-        assert_eq!(host["runtime_mode"], "local");
-        assert_eq!(host["operator_access"], "local_operator");
-        assert_eq!(host["local_only_actions_available"], true);
-        assert_eq!(
-            host["local_only_actions"],
-            json!(["POST /v1/system/shutdown"])
-        );
-        assert!(host["id"].as_str().unwrap().starts_with("runtime_"));
-        ids.push(host["id"].clone());
+        // Omitted, not null (read raw: the record cannot tell them apart).
+        let sent = &body["data"];
+        assert!(sent.get("remote_identity").is_none(), "{sent}");
+        let session: Session = support::record(&body);
+        assert_eq!(session.actor_id, "local");
+        assert_eq!(session.workspace, "default");
+        let host = &session.runtime_host;
+        assert_eq!(host.label, "test-box");
+        assert_eq!(host.runtime_mode, RuntimeMode::Local);
+        assert_eq!(host.operator_access, "local_operator");
+        assert!(host.local_only_actions_available);
+        assert_eq!(host.local_only_actions, ["POST /v1/system/shutdown"]);
+        assert!(host.id.starts_with("runtime_"));
+        ids.push(host.id.clone());
         let (_, proxied) =
             status_with(&client, "/v1/whoami", &[("x-forwarded-for", "1.2.3.4")]).await;
-        assert_eq!(
-            proxied["data"]["runtime_host"]["local_only_actions_available"],
-            false
-        );
-        assert_eq!(
-            proxied["data"]["runtime_host"]["local_only_actions"],
-            json!([])
-        );
+        let proxied = support::record::<Session>(&proxied).runtime_host;
+        assert!(!proxied.local_only_actions_available);
+        assert!(proxied.local_only_actions.is_empty());
         process.terminate(Duration::from_secs(20));
     }
     assert_eq!(ids[0], ids[1], "the host id is generated once and kept");
@@ -491,21 +473,16 @@ async fn hs256_identities_are_verified_claim_by_claim() {
     let valid = hs256(&claims("org_a"), JWT_SECRET);
     let (status, body) = status_with(&client, "/v1/whoami", &[("x-keel-identity", &valid)]).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let session = &body["data"];
-    assert_eq!(session["actor_id"], "actor_1");
-    assert_eq!(session["workspace"], "org_a");
-    assert_eq!(session["role"], "member", "no role claim: a member");
-    assert_eq!(session["runtime_host"]["runtime_mode"], "remote");
+    let session: Session = support::record(&body);
+    assert_eq!(session.actor_id, "actor_1");
+    assert_eq!(session.workspace, "org_a");
+    assert_eq!(session.role, "member", "no role claim: a member");
+    assert_eq!(session.runtime_host.runtime_mode, RuntimeMode::Remote);
+    assert_eq!(session.runtime_host.operator_access, "remote_supervision");
+    assert!(!session.runtime_host.local_only_actions_available);
+    // Exactly these fields (read raw: the record would ignore an extra one).
     assert_eq!(
-        session["runtime_host"]["operator_access"],
-        "remote_supervision"
-    );
-    assert_eq!(
-        session["runtime_host"]["local_only_actions_available"],
-        false
-    );
-    assert_eq!(
-        session["remote_identity"],
+        body["data"]["remote_identity"],
         json!({ "actor_id": "actor_1", "org_id": "org_a", "runtime_id": RUNTIME_ID,
                 "project_id": "proj_1", "name": "Ada Lovelace", "form": "jwt" })
     );
@@ -524,7 +501,7 @@ async fn hs256_identities_are_verified_claim_by_claim() {
     };
     let operator = hs256(&with(json!({ "role": "operator" })), JWT_SECRET);
     let (_, body) = status_with(&client, "/v1/whoami", &[("x-keel-identity", &operator)]).await;
-    assert_eq!(body["data"]["role"], "operator", "{body}");
+    assert_eq!(support::record::<Session>(&body).role, "operator", "{body}");
     let cases = [
         (
             "expired",
@@ -701,7 +678,8 @@ async fn the_header_form_needs_the_shared_secret_and_this_runtime() {
     headers.push(("x-keel-project-id", "proj_h"));
     let (status, body) = status_with(&client, "/v1/whoami", &headers).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["workspace"], "org_h");
+    assert_eq!(support::record::<Session>(&body).workspace, "org_h");
+    // Exactly these fields (read raw: the record would ignore an extra one).
     assert_eq!(
         body["data"]["remote_identity"],
         json!({ "actor_id": "actor_h", "org_id": "org_h", "runtime_id": RUNTIME_ID,
@@ -880,18 +858,20 @@ async fn boolean_settings_accept_one_and_yes() {
         &api.client.as_ref().unwrap().base,
         &identity_headers(SHARED_SECRET, "actor_b", RUNTIME_ID),
     );
-    let (status, body) = client.get("/v1/whoami").await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, session) = client.api.whoami().send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{session:?}");
+    let session = session.data;
     assert_eq!(
-        body["data"]["runtime_host"]["runtime_mode"], "remote",
+        session.runtime_host.runtime_mode,
+        RuntimeMode::Remote,
         "KEEL_REMOTE_MODE=yes"
     );
     wait_for(
         Duration::from_secs(20),
         "the worker to register",
         || async {
-            let (_, stats) = client.get("/v1/system/stats").await;
-            (stats["data"]["workers"]["live"].as_u64() >= Some(1)).then_some(())
+            let stats = client.api.system_stats().await;
+            stats.is_ok_and(|s| s.data.workers.live >= 1).then_some(())
         },
     )
     .await;

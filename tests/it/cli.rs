@@ -10,6 +10,10 @@ use std::time::Duration;
 
 use crate::support::tracker;
 use crate::support::{KeelProcess, spawn_api_with_approvals, spawn_worker, wait_for};
+use keel_client::{
+    EventRecord, EventType, ItemRecord, MediaJobRecord, MediaJobStatus, PollSummary, ProviderView,
+    RunStatus, ScheduleRecord, SourceRecord, SystemStats,
+};
 use serde_json::{Value, json};
 
 const CLI_TIMEOUT: Duration = Duration::from_secs(90);
@@ -104,12 +108,13 @@ async fn create_quiet_prints_the_id_and_json_output_is_the_apis() {
         id.starts_with("task_") && id.trim_end().lines().count() == 1,
         "{id:?}"
     );
-    let (_, task) = keel.client().get(&format!("/v1/tasks/{}", id.trim())).await;
-    assert_eq!(task["data"]["shell_command"], "echo hi");
+    let task = keel.client().api.get_task(id.trim()).await.unwrap().data;
+    assert_eq!(task.shell_command.as_deref(), Some("echo hi"));
 
     let output = cli(keel.url(), &["tasks", "list", "--output", "json"]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
     let printed: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    // The API's answer as sent: the CLI prints it unchanged.
     let (_, api) = keel.client().get("/v1/tasks").await;
     assert_eq!(printed, api);
 
@@ -188,6 +193,11 @@ fn events_of(output: &Output) -> Vec<Value> {
     events
 }
 
+/// An event line of a JSON watch, as the contract's record.
+fn event(line: &Value) -> EventRecord {
+    serde_json::from_value(line.clone()).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
 #[tokio::test]
 async fn a_json_watch_prints_the_events_alone_one_a_line() {
     let keel = Keel::start("none").await;
@@ -196,16 +206,24 @@ async fn a_json_watch_prints_the_events_alone_one_a_line() {
     let output = cli(keel.url(), &args).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
     let events = events_of(&output);
-    let last = events.last().unwrap();
-    assert_eq!(last["type"], "run.finished", "{}", describe(&output));
+    let last = event(events.last().unwrap());
+    assert_eq!(
+        last.event_type,
+        EventType::RunFinished,
+        "{}",
+        describe(&output)
+    );
     // run.finished carries the exit code; the step's event carries its status.
-    assert_eq!(last["data"]["exit_code"], 0, "{last}");
-    let step = events.iter().rfind(|e| e["type"] == "step.finished");
-    assert_eq!(step.unwrap()["data"]["status"], "completed", "{events:?}");
+    assert_eq!(last.data["exit_code"], 0, "{last:?}");
+    let step = events
+        .iter()
+        .map(event)
+        .rfind(|e| e.event_type == EventType::StepFinished);
+    assert_eq!(step.unwrap().data["status"], "completed", "{events:?}");
     // The run's output lines are not there: stdout is the events'.
     assert_eq!(count(&stdout(&output), "one"), 0, "{}", describe(&output));
-    // The events as the API lists them, unchanged.
-    let run = last["run_id"].as_str().unwrap();
+    // The events as the API lists them, unchanged (read raw: the comparison is of JSON).
+    let run = last.run_id.as_deref().unwrap();
     let (_, listed) = keel
         .client()
         .get(&format!("/v1/tasks/{task}/runs/{run}/events?limit=200"))
@@ -217,9 +235,14 @@ async fn a_json_watch_prints_the_events_alone_one_a_line() {
     let output = cli(keel.url(), &args).await;
     assert_eq!(code(&output), 1, "{}", describe(&output));
     let events = events_of(&output);
-    let last = events.last().unwrap();
-    assert_eq!(last["type"], "run.failed", "{}", describe(&output));
-    assert_eq!(last["data"]["exit_code"], 3, "{last}");
+    let last = event(events.last().unwrap());
+    assert_eq!(
+        last.event_type,
+        EventType::RunFailed,
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(last.data["exit_code"], 3, "{last:?}");
 }
 
 #[tokio::test]
@@ -262,8 +285,8 @@ async fn an_approval_gated_run_exits_3_then_approve_and_watch_exit_0() {
     let printed: Vec<&str> = approve.split(' ').skip(1).collect();
     let output = cli(url, &printed).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
-    let (_, task_json) = keel.client().get(&format!("/v1/tasks/{task}")).await;
-    let run = task_json["data"]["latest_run_id"].as_str().unwrap();
+    let task = keel.client().api.get_task(&task).await.unwrap().data;
+    let run = task.latest_run_id.as_deref().unwrap();
     let output = cli(url, &["runs", "watch", run]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
     let text = stdout(&output);
@@ -288,9 +311,9 @@ async fn a_cancelled_run_exits_2() {
         .unwrap();
     let client = keel.client();
     let run = wait_for(Duration::from_secs(30), "the run to be running", || async {
-        let (_, task) = client.get(&format!("/v1/tasks/{task}")).await;
-        let run = task["data"]["latest_run_id"].as_str()?.to_string();
-        (client.run(task["data"]["id"].as_str()?, &run).await["status"] == "running").then_some(run)
+        let task = client.api.get_task(&task).await.ok()?.data;
+        let run = task.latest_run_id?;
+        (client.run(&task.id, &run).await.status == RunStatus::Running).then_some(run)
     })
     .await;
     let output = cli(&url, &["runs", "cancel", &run]).await;
@@ -322,11 +345,9 @@ async fn an_error_prints_the_envelope_with_its_request_id() {
 
 /// What the run has written to stdout so far (nothing before its artifact exists).
 async fn written(client: &support::Client, task: &str, run: &str) -> String {
-    let (_, artifacts) = client
-        .get(&format!("/v1/tasks/{task}/runs/{run}/artifacts"))
-        .await;
-    let artifacts = artifacts["data"].as_array().cloned().unwrap_or_default();
-    match artifacts.iter().find(|a| a["name"] == "stdout") {
+    let artifacts = client.api.list_artifacts(task, run).await;
+    let artifacts = artifacts.map(|a| a.data).unwrap_or_default();
+    match artifacts.iter().find(|a| a.name == "stdout") {
         Some(_) => client.stdout(task, run).await,
         None => String::new(),
     }
@@ -425,6 +446,7 @@ async fn watch_prints_every_line_and_event_once_across_an_api_killed_and_restart
         .expect("the JSON watch ends with the run")
         .unwrap();
     assert_eq!(code(&output), 0, "{}", describe(&output));
+    // Read raw: the comparison is of JSON, the CLI's lines against the API's list.
     let (_, listed) = api
         .client
         .as_ref()
@@ -456,11 +478,12 @@ async fn the_other_commands_answer_from_the_api() {
 
     let output = cli(url, &["tasks", "start", &first, "--watch"]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
-    let (_, task) = keel.client().get(&format!("/v1/tasks/{first}")).await;
-    let run = task["data"]["latest_run_id"].as_str().unwrap();
+    let task = keel.client().api.get_task(&first).await.unwrap().data;
+    let run = task.latest_run_id.as_deref().unwrap();
     let output = cli(url, &["runs", "logs", run]).await;
     assert_eq!(stdout(&output), "one\n", "{}", describe(&output));
     let output = cli(url, &["runs", "show", run, "--output", "json"]).await;
+    // The API's answer as sent: the CLI prints it unchanged.
     let (_, api) = keel
         .client()
         .get(&format!("/v1/tasks/{first}/runs/{run}"))
@@ -476,8 +499,8 @@ async fn the_other_commands_answer_from_the_api() {
     let output = cli(url, &set).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
     let output = cli(url, &["schedules", "show", &second, "--output", "json"]).await;
-    let schedule: Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(schedule["data"]["cron_expression"], "0 9 * * 1-5");
+    let schedule: ScheduleRecord = support::record(&json_of(&output));
+    assert_eq!(schedule.cron_expression.as_deref(), Some("0 9 * * 1-5"));
     let output = cli(url, &["schedules", "delete", &second]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
     let output = cli(url, &["schedules", "show", &second]).await;
@@ -492,11 +515,8 @@ async fn the_other_commands_answer_from_the_api() {
         assert_eq!(code(&output), 0, "{args:?}: {}", describe(&output));
     }
     let output = cli(url, &["status", "--output", "json"]).await;
-    let stats: Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert!(
-        stats["data"]["workers"]["live"].as_u64() >= Some(1),
-        "{stats}"
-    );
+    let stats: SystemStats = support::record(&json_of(&output));
+    assert!(stats.workers.live >= 1, "{stats:?}");
 
     let output = cli(url, &["tasks", "delete", &second]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
@@ -547,7 +567,7 @@ async fn a_media_job_is_created_run_and_watched_to_its_end() {
             }),
         )
         .await;
-    let provider = preset["data"]["id"].as_str().expect("a preset").to_string();
+    let provider = support::record::<ProviderView>(&preset).id;
     let url = &client.base;
 
     let output = cli(url, &["providers", "check", &provider]).await;
@@ -567,8 +587,8 @@ async fn a_media_job_is_created_run_and_watched_to_its_end() {
     let id = stdout(&output).trim().to_string();
     assert!(id.starts_with("media_job_"), "{}", describe(&output));
     let output = cli(url, &["media", "show", &id, "--output", "json"]).await;
-    let job: Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(job["data"]["status"], "succeeded", "{job}");
+    let job: MediaJobRecord = support::record(&json_of(&output));
+    assert_eq!(job.status, MediaJobStatus::Succeeded, "{job:?}");
     // As JSON: the create answer's object, then the job's events, one a line.
     let output = cli(
         url,
@@ -579,7 +599,8 @@ async fn a_media_job_is_created_run_and_watched_to_its_end() {
     let text = stdout(&output);
     let (created, events) = text.split_once('\n').expect("lines");
     let created: Value = serde_json::from_str(created).unwrap();
-    let job_id = created["data"]["id"].as_str().expect("the job");
+    let job_id = support::record::<MediaJobRecord>(&created).id;
+    let job_id = job_id.as_str();
     let events: Vec<Value> = events
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -700,21 +721,19 @@ async fn an_external_work_source_is_created_polled_listed_and_deleted() {
     let output = cli(url, &["external-work", "sources", "list"]).await;
     assert!(stdout(&output).contains(&id), "{}", describe(&output));
     let args = ["--output", "json", "external-work", "sources", "show", &id];
-    assert_eq!(json_of(&cli(url, &args).await)["data"]["id"], id.as_str());
+    let shown: SourceRecord = support::record(&json_of(&cli(url, &args).await));
+    assert_eq!(shown.id, id);
 
     let args = ["--output", "json", "external-work", "sources", "poll", &id];
     let output = cli(url, &args).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
-    assert_eq!(
-        json_of(&output)["data"]["candidates"],
-        1,
-        "{}",
-        describe(&output)
-    );
+    let summary: PollSummary = support::record(&json_of(&output));
+    assert_eq!(summary.candidates, 1, "{}", describe(&output));
 
     let args = ["--output", "json", "external-work", "items", "list", &id];
     let items = json_of(&cli(url, &args).await);
-    assert_eq!(items["data"][0]["identifier"], "acme/widgets#1", "{items}");
+    let listed = support::page::<ItemRecord>(&items).data;
+    assert_eq!(listed[0].identifier, "acme/widgets#1", "{items}");
     // The token reached GitHub only: never the CLI's output.
     assert!(!items.to_string().contains(tracker::CANARY));
 

@@ -8,55 +8,50 @@ use crate::support::two_orgs;
 use std::time::Duration;
 
 use crate::support::{Client, wait_for};
+use keel_client::{Resolution, RunStatus, Session, Throughput};
 use reqwest::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 use two_orgs::{REMOTE_ENV, operator_client, org_client};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The caller's throughput figures for `query`, answered 200.
-async fn throughput(c: &Client, query: &str) -> Value {
+/// The caller's throughput figures for `query`, answered 200 (raw: keel-client has no
+/// operation for them).
+async fn throughput(c: &Client, query: &str) -> Throughput {
     let (status, body) = c.get(&format!("/v1/system/throughput{query}")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["object"], "throughput", "{body}");
-    body["data"].clone()
+    support::record(&body)
 }
 
 /// A kind's (completed, failed) totals; (0, 0) when the kind is not listed.
-fn totals(figures: &Value, kind: &str) -> (i64, i64) {
-    figures["kinds"]
-        .as_array()
-        .unwrap()
+fn totals(figures: &Throughput, kind: &str) -> (i64, i64) {
+    figures
+        .kinds
         .iter()
-        .find(|k| k["kind"] == kind)
-        .map_or((0, 0), |k| {
-            (
-                k["completed"].as_i64().unwrap(),
-                k["failed"].as_i64().unwrap(),
-            )
-        })
+        .find(|k| k.kind == kind)
+        .map_or((0, 0), |k| (k.completed, k.failed))
 }
 
 /// Every kind lists each bucket of the window, aligned to the width from `since` on, and
 /// its buckets add up to its totals.
-fn assert_dense(figures: &Value, buckets: usize, width: i64) {
-    assert_eq!(figures["bucket_seconds"], width, "{figures}");
-    let since = chrono::DateTime::parse_from_rfc3339(figures["since"].as_str().unwrap()).unwrap();
-    assert_eq!(since.timestamp() % width, 0, "{figures}");
-    for kind in figures["kinds"].as_array().unwrap() {
-        let list = kind["buckets"].as_array().unwrap();
-        assert_eq!(list.len(), buckets, "{kind}");
+fn assert_dense(figures: &Throughput, buckets: usize, width: i64) {
+    assert_eq!(figures.bucket_seconds, width, "{figures:?}");
+    let since = figures.since;
+    assert_eq!(since.timestamp() % width, 0, "{figures:?}");
+    for kind in &figures.kinds {
+        let list = &kind.buckets;
+        assert_eq!(list.len(), buckets, "{kind:?}");
         for (n, bucket) in list.iter().enumerate() {
-            let start = chrono::DateTime::parse_from_rfc3339(bucket["start"].as_str().unwrap());
             assert_eq!(
-                start.unwrap().timestamp(),
+                bucket.start.timestamp(),
                 since.timestamp() + n as i64 * width
             );
         }
-        for field in ["completed", "failed"] {
-            let sum: i64 = list.iter().map(|b| b[field].as_i64().unwrap()).sum();
-            assert_eq!(sum, kind[field].as_i64().unwrap(), "{field}: {kind}");
-        }
+        let completed: i64 = list.iter().map(|b| b.completed).sum();
+        assert_eq!(completed, kind.completed, "completed: {kind:?}");
+        let failed: i64 = list.iter().map(|b| b.failed).sum();
+        assert_eq!(failed, kind.failed, "failed: {kind:?}");
     }
 }
 
@@ -80,32 +75,32 @@ async fn throughput_counts_each_workspaces_finished_runs_alone() {
     let (a, b) = (org_client(&base, "a"), org_client(&base, "b"));
 
     let nothing = throughput(&a, "").await;
-    assert_eq!(nothing["minutes"], 15, "{nothing}");
-    assert_eq!(nothing["kinds"], json!([]), "{nothing}");
+    assert_eq!(nothing.minutes, 15, "{nothing:?}");
+    assert!(nothing.kinds.is_empty(), "{nothing:?}");
 
     for (client, runs) in [(&a, 3), (&b, 2)] {
         for n in 0..runs {
             let (task, run) = client.run_shell(&format!("echo {n}")).await;
             let done = client.wait_terminal(&task, &run, TIMEOUT).await;
-            assert_eq!(done["status"], "completed", "{done}");
+            assert_eq!(done.status, RunStatus::Completed, "{done:?}");
         }
     }
     // Org b sees its two runs, none of org a's.
     let theirs = throughput(&b, "?minutes=60").await;
-    assert_eq!(totals(&theirs, "run"), (2, 0), "{theirs}");
+    assert_eq!(totals(&theirs, "run"), (2, 0), "{theirs:?}");
     assert_dense(&theirs, 60, 60);
     let one = throughput(&b, "?minutes=1").await;
     assert_dense(&one, 6, 10);
-    assert_eq!(totals(&one, "run"), (2, 0), "{one}");
+    assert_eq!(totals(&one, "run"), (2, 0), "{one:?}");
 
     // A run whose command fails is still a job the queue completed.
     let (task, run) = a.run_shell("exit 3").await;
     let done = a.wait_terminal(&task, &run, TIMEOUT).await;
-    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done.status, RunStatus::Failed, "{done:?}");
 
     // The worker dies under a run; the next one takes the expired lease over.
     let (long_task, long_run) = a.run_shell("sleep 60").await;
-    a.wait_status(&long_task, &long_run, "running", TIMEOUT)
+    a.wait_status(&long_task, &long_run, RunStatus::Running, TIMEOUT)
         .await;
     first.kill9();
     let _second = support::spawn_worker_with_env(
@@ -121,15 +116,9 @@ async fn throughput_counts_each_workspaces_finished_runs_alone() {
         (totals(&figures, "run").1 >= 1).then_some(figures)
     })
     .await;
-    assert_eq!(totals(&figures, "run").0, 4, "{figures}");
+    assert_eq!(totals(&figures, "run").0, 4, "{figures:?}");
     assert_dense(&figures, 90, 10);
-    let (status, body) = a
-        .post(
-            &format!("/v1/tasks/{long_task}/runs/{long_run}/cancel"),
-            json!({}),
-        )
-        .await;
-    assert!(status.is_success(), "{body}");
+    a.api.cancel_run(&long_task, &long_run).await.unwrap();
 
     for query in [
         "?minutes=0",
@@ -160,38 +149,50 @@ async fn runs_and_approvals_name_their_requester_and_whoami_whether_it_may_resol
     let (member, operator) = (org_client(&base, "a"), operator_client(&base, "a"));
 
     let whoami = |c: Client| async move {
-        let (status, body) = c.get("/v1/whoami").await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        body["data"].clone()
+        let (status, me) = c.api.whoami().send_with_status().await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{me:?}");
+        me.data
     };
-    let me = whoami(member.clone()).await;
+    let me: Session = whoami(member.clone()).await;
     assert_eq!(
-        (me["role"].as_str(), me["may_approve_own"].as_bool()),
-        (Some("member"), Some(false)),
-        "{me}"
+        (me.role.as_str(), me.may_approve_own),
+        ("member", false),
+        "{me:?}"
     );
     let me = whoami(operator.clone()).await;
     assert_eq!(
-        (me["role"].as_str(), me["may_approve_own"].as_bool()),
-        (Some("operator"), Some(false)),
-        "{me}"
+        (me.role.as_str(), me.may_approve_own),
+        ("operator", false),
+        "{me:?}"
     );
 
     // The operator's own run: it and its approval name the operator.
     let (task, run) = operator.run_shell("echo mine").await;
     let record = operator.run(&task, &run).await;
-    assert_eq!(record["requested_by"], "operator_a", "{record}");
-    let (status, approvals) = operator.get(&format!("/v1/tasks/{task}/approvals")).await;
-    assert_eq!(status, StatusCode::OK, "{approvals}");
-    let approval = approvals["data"][0].clone();
-    assert_eq!(approval["requested_by"], "operator_a", "{approval}");
-    let (status, inbox) = operator.get("/v1/approvals?status=pending").await;
-    assert_eq!(status, StatusCode::OK, "{inbox}");
-    assert_eq!(inbox["data"][0]["requested_by"], "operator_a", "{inbox}");
-    let resolve = format!(
-        "/v1/tasks/{task}/approvals/{}/resolve",
-        approval["id"].as_str().unwrap()
+    assert_eq!(
+        record.requested_by.as_deref(),
+        Some("operator_a"),
+        "{record:?}"
     );
+    let approvals = operator.api.list_task_approvals(&task, None);
+    let (status, approvals) = approvals.send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{approvals:?}");
+    let approval = approvals.data[0].clone();
+    assert_eq!(
+        approval.requested_by.as_deref(),
+        Some("operator_a"),
+        "{approval:?}"
+    );
+    let inbox = operator.api.list_approvals(Some("pending"));
+    let (status, inbox) = inbox.send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{inbox:?}");
+    let inbox = inbox.data;
+    assert_eq!(
+        inbox[0].requested_by.as_deref(),
+        Some("operator_a"),
+        "{inbox:?}"
+    );
+    let resolve = format!("/v1/tasks/{task}/approvals/{}/resolve", approval.id);
     let (status, body) = operator
         .post(&resolve, json!({ "decision": "approve" }))
         .await;
@@ -200,8 +201,12 @@ async fn runs_and_approvals_name_their_requester_and_whoami_whether_it_may_resol
     // The member's run names the member; its operator may decide it.
     let (member_task, member_run) = member.run_shell("echo theirs").await;
     assert_eq!(
-        member.run(&member_task, &member_run).await["requested_by"],
-        "actor_a"
+        member
+            .run(&member_task, &member_run)
+            .await
+            .requested_by
+            .as_deref(),
+        Some("actor_a")
     );
 
     // With self-approval allowed, whoami says so and the requester's decision stands.
@@ -209,15 +214,18 @@ async fn runs_and_approvals_name_their_requester_and_whoami_whether_it_may_resol
     let allowed = support::spawn_api_with_env(&db, logs.path(), "allowed", &allowed_env).await;
     let own = operator_client(&allowed.client.as_ref().unwrap().base, "a");
     let me = whoami(own.clone()).await;
-    assert_eq!(me["may_approve_own"], true, "{me}");
+    assert!(me.may_approve_own, "{me:?}");
     let (status, body) = own.post(&resolve, json!({ "decision": "approve" })).await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    let approval = support::record::<Resolution>(&body).approval;
     assert_eq!(
-        body["data"]["approval"]["requested_by"], "operator_a",
+        approval.requested_by.as_deref(),
+        Some("operator_a"),
         "{body}"
     );
     assert_eq!(
-        body["data"]["approval"]["resolved_by"], "operator_a",
+        approval.resolved_by.as_deref(),
+        Some("operator_a"),
         "{body}"
     );
 }

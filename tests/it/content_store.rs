@@ -14,6 +14,7 @@ use keel::artifacts::content::ContentStore;
 use keel::config::{ContentArgs, ContentStoreKind};
 use keel::domain::Scope;
 use keel::events::Subject;
+use keel_client::RunStatus;
 use object_store::aws::AmazonS3Builder;
 use reqwest::StatusCode;
 use sqlx::PgPool;
@@ -53,35 +54,28 @@ async fn a_worker_writes_output_to_s3_and_another_api_reads_it_back() {
     let c = writer_api.client.as_ref().unwrap();
     let (task_id, run_id) = c.run_shell("seq 1 3000; echo done >&2").await;
     let run = c.wait_terminal(&task_id, &run_id, RUN_TIMEOUT).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     let expected: String = (1..=3000).map(|n| format!("{n}\n")).collect();
 
     let reader_api = spawn_api_with_env(&db_url, dir.path(), "api-2", &env).await;
     let r = reader_api.client.as_ref().unwrap();
-    let (status, list) = r
-        .get(&format!("/v1/tasks/{task_id}/runs/{run_id}/artifacts"))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{list}");
-    let stdout = list["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["name"] == "stdout")
-        .expect("a stdout artifact")
-        .clone();
-    assert_eq!(stdout["storage"], "s3");
-    assert_eq!(stdout["size_bytes"], expected.len());
-    assert_eq!(stdout["truncated"], false);
-    let stdout_id = stdout["id"].as_str().unwrap();
+    let list = r.api.list_artifacts(&task_id, &run_id);
+    let (status, list) = list.send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{list:?}");
+    let stdout = list
+        .data
+        .into_iter()
+        .find(|a| a.name == "stdout")
+        .expect("a stdout artifact");
+    assert_eq!(stdout.storage, "s3");
+    assert_eq!(stdout.size_bytes, expected.len() as i64);
+    assert!(!stdout.truncated);
+    let stdout_id = stdout.id.as_str();
     let content_path = format!("/v1/tasks/{task_id}/runs/{run_id}/artifacts/{stdout_id}/content");
-    let response = r
-        .http
-        .get(format!("{}{content_path}", r.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(response.text().await.unwrap(), expected);
+    let content = r.api.artifact_content(&task_id, &run_id, stdout_id);
+    let (status, content) = content.raw_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(String::from_utf8_lossy(&content), expected);
 
     // Every chunk is an object under the trimmed prefix, at its zero-padded offset, and
     // no chunk keeps its bytes in the database.
@@ -424,13 +418,9 @@ async fn content_after_an_offset_skips_the_bytes_already_read() {
     }
 
     // The typed client's reader asks the server for the tail alone.
-    let client = keel_client::Client::new(
-        &app.client.base,
-        keel_client::Credentials::None,
-        Duration::from_secs(10),
-    )
-    .unwrap();
-    let tail = client
+    let tail = app
+        .client
+        .api
         .artifact_content(&task_id, &run_id, &id)
         .tail(5)
         .await;

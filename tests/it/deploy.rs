@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::support::wait_for;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use keel_client::{RuntimeMode, Session};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -851,17 +852,19 @@ async fn a_remote_runtime_accepts_the_signers_identity_and_nothing_else() {
     let (_, token) = signer.identity(reqwest::Method::GET, &ALICE).await;
     let (status, body) = whoami(token.as_deref(), &[]).await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    let session: Session = support::record(&body);
     assert_eq!(
-        body["data"]["runtime_host"]["runtime_mode"], "remote",
+        session.runtime_host.runtime_mode,
+        RuntimeMode::Remote,
         "{body}"
     );
-    let identity = &body["data"]["remote_identity"];
-    assert_eq!(identity["actor_id"], "alice-id", "{body}");
-    assert_eq!(identity["org_id"], "acme", "{body}");
-    assert_eq!(identity["runtime_id"], "keel-e2e", "{body}");
-    assert_eq!(identity["project_id"], "web", "{body}");
-    assert_eq!(identity["name"], "Alice", "{body}");
-    assert_eq!(body["data"]["role"], "member", "{body}");
+    let identity = session.remote_identity.as_ref().unwrap();
+    assert_eq!(identity.actor_id, "alice-id", "{body}");
+    assert_eq!(identity.org_id, "acme", "{body}");
+    assert_eq!(identity.runtime_id, "keel-e2e", "{body}");
+    assert_eq!(identity.project_id.as_deref(), Some("web"), "{body}");
+    assert_eq!(identity.name.as_deref(), Some("Alice"), "{body}");
+    assert_eq!(session.role, "member", "{body}");
     // The mapping's operator is an operator to the runtime.
     let ops = [
         ("X-Auth-Request-User", "ops"),
@@ -870,7 +873,7 @@ async fn a_remote_runtime_accepts_the_signers_identity_and_nothing_else() {
     let (_, token) = signer.identity(reqwest::Method::GET, &ops).await;
     let (status, body) = whoami(token.as_deref(), &[]).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["role"], "operator", "{body}");
+    assert_eq!(support::record::<Session>(&body).role, "operator", "{body}");
 
     let (status, body) = whoami(None, &[]).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");

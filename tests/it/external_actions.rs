@@ -10,6 +10,10 @@ use crate::support::tracker_actions;
 use std::time::Duration;
 
 use crate::support::{Client, KeelProcess, rows_containing, wait_for};
+use keel_client::{
+    ActionRecord, ActionStatus, ApprovalRecord, ApprovalStatus, ItemRecord, PollSummary, Proposed,
+    Resolution, RunStatus, SourceRecord,
+};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tracker_actions::{Written, mount_list, requests};
@@ -95,11 +99,12 @@ impl Tracked {
         let body = json!({ "workflow_markdown": markdown });
         let (status, body) = client.post("/v1/external-work/sources", body).await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
-        let source_id = body["data"]["id"].as_str().unwrap().to_string();
+        let source_id = support::record::<SourceRecord>(&body).id;
         let poll = format!("/v1/external-work/sources/{source_id}/poll");
         let (status, body) = client.post(&poll, json!({})).await;
         assert_eq!(status, StatusCode::OK, "{body}");
-        assert_eq!(body["data"]["error_code"], Value::Null, "{body}");
+        let summary: PollSummary = support::record(&body);
+        assert_eq!(summary.error_code, None, "{body}");
         let mut tracked = Tracked {
             dir,
             db_url,
@@ -129,39 +134,35 @@ impl Tracked {
     }
 
     /// The item of `identifier` that has its task.
-    async fn item(&self, identifier: &str) -> Value {
-        let at = format!("/v1/external-work/sources/{}/items", self.source_id);
-        let (status, body) = self.client.get(&at).await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        let items = body["data"].as_array().unwrap();
+    async fn item(&self, identifier: &str) -> ItemRecord {
+        let items = self.client.api.list_items(&self.source_id);
+        let (status, items) = items.send_with_status().await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{items:?}");
+        let items = items.data;
         items
             .iter()
-            .find(|i| i["identifier"] == identifier && !i["task_id"].is_null())
-            .unwrap_or_else(|| panic!("no claimed item {identifier}: {body}"))
+            .find(|i| i.identifier == identifier && i.task_id.is_some())
+            .unwrap_or_else(|| panic!("no claimed item {identifier}: {items:?}"))
             .clone()
     }
 
-    async fn propose(&self, item: &Value, body: Value) -> (StatusCode, Value) {
-        let at = format!(
-            "/v1/external-work/items/{}/actions",
-            item["id"].as_str().unwrap()
-        );
+    /// Proposes `body` on the item (raw: bad proposals are refused).
+    async fn propose(&self, item_id: &str, body: Value) -> (StatusCode, Value) {
+        let at = format!("/v1/external-work/items/{item_id}/actions");
         self.client.post(&at, body).await
     }
 
     /// Proposes, expecting 201; returns the action and its approval.
-    async fn proposed(&self, item: &Value, body: Value) -> (Value, Value) {
-        let (status, body) = self.propose(item, body).await;
+    async fn proposed(&self, item: &ItemRecord, body: Value) -> (ActionRecord, ApprovalRecord) {
+        let (status, body) = self.propose(&item.id, body).await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
-        (
-            body["data"]["action"].clone(),
-            body["data"]["approval"].clone(),
-        )
+        let Proposed { action, approval } = support::record(&body);
+        (action, approval)
     }
 
     /// Proposes and approves a comment on #7; returns the action once its POST reached
     /// GitHub's `comments` list.
-    async fn comment_reaching(&self, comments: &Written) -> Value {
+    async fn comment_reaching(&self, comments: &Written) -> ActionRecord {
         let item = self.item("acme/widgets#7").await;
         let (action, approval) = self
             .proposed(&item, json!({ "kind": "comment", "body": "Once." }))
@@ -176,48 +177,44 @@ impl Tracked {
         action
     }
 
-    async fn resolve(&self, approval: &Value, decision: &str) -> (StatusCode, Value) {
+    async fn resolve(&self, approval: &ApprovalRecord, decision: &str) -> (StatusCode, Value) {
         let at = format!(
             "/v1/tasks/{}/approvals/{}/resolve",
-            approval["task_id"].as_str().unwrap(),
-            approval["id"].as_str().unwrap()
+            approval.task_id, approval.id
         );
         self.client.post(&at, json!({ "decision": decision })).await
     }
 
-    async fn action(&self, id: &str) -> Value {
-        let (status, body) = self
-            .client
-            .get(&format!("/v1/external-work/actions/{id}"))
-            .await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        body["data"].clone()
+    async fn action(&self, id: &str) -> ActionRecord {
+        let action = self.client.api.get_action(id).send_with_status().await;
+        let (status, action) = action.unwrap();
+        assert_eq!(status, StatusCode::OK, "{action:?}");
+        action.data
     }
 
-    async fn wait_action(&self, action: &Value, status: &str) -> Value {
-        let id = action["id"].as_str().unwrap();
+    async fn wait_action(&self, action: &ActionRecord, status: ActionStatus) -> ActionRecord {
+        let id = action.id.as_str();
         wait_for(
             Duration::from_secs(30),
             &format!("action {id} {status}"),
             || async {
                 let current = self.action(id).await;
-                (current["status"] == status).then_some(current)
+                (current.status == status).then_some(current)
             },
         )
         .await
     }
 
     /// The evidence artifact an action's end left on its run.
-    async fn evidence(&self, action: &Value) -> Value {
-        let at = format!(
-            "/v1/tasks/{}/runs/{}/artifacts/{}/content",
-            action["task_id"].as_str().unwrap(),
-            action["run_id"].as_str().unwrap(),
-            action["artifact_id"].as_str().unwrap()
-        );
-        let (status, body) = self.client.get(&at).await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        body
+    async fn evidence(&self, action: &ActionRecord) -> Value {
+        let artifact = action.artifact_id.as_deref().unwrap();
+        let content = self
+            .client
+            .api
+            .artifact_content(&action.task_id, &action.run_id, artifact);
+        let (status, body) = content.raw_with_status().await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+        serde_json::from_slice(&body).unwrap()
     }
 
     /// The canary is in no row, and in no process's log.
@@ -237,6 +234,11 @@ impl Tracked {
         let log = std::fs::read_to_string(self.dir.path().join("api.log")).unwrap();
         assert!(!log.contains(canary), "the token is in the API log");
     }
+}
+
+/// The tracker's answer an action keeps (null before it has one).
+fn response(action: &ActionRecord) -> Value {
+    action.response.clone().unwrap_or_default()
 }
 
 #[tokio::test]
@@ -284,20 +286,15 @@ async fn a_fresh_comment_is_sent_once_after_approval_and_changed_targets_are_ref
             json!({ "kind": "comment", "body": "Looks fixed.\nThanks!" }),
         )
         .await;
-    let id = action["id"].as_str().unwrap();
-    assert_eq!(action["status"], "pending_approval", "{action}");
-    assert_eq!(action["task_id"], item["task_id"]);
-    assert_eq!(action["run_id"], item["run_id"]);
-    assert_eq!(action["target"]["updated_at"], T1, "{action}");
-    assert_eq!(approval["kind"], "external_action", "{approval}");
-    assert_eq!(approval["status"], "pending");
-    assert_eq!(approval["external_action_id"], id);
-    let summary: Vec<&str> = approval["action_summary"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l.as_str().unwrap())
-        .collect();
+    let id = action.id.as_str();
+    assert_eq!(action.status, ActionStatus::PendingApproval, "{action:?}");
+    assert_eq!(Some(&action.task_id), item.task_id.as_ref());
+    assert_eq!(Some(&action.run_id), item.run_id.as_ref());
+    assert_eq!(action.target["updated_at"], T1, "{action:?}");
+    assert_eq!(approval.kind, "external_action", "{approval:?}");
+    assert_eq!(approval.status, ApprovalStatus::Pending);
+    assert_eq!(approval.external_action_id.as_deref(), Some(id));
+    let summary: Vec<&str> = approval.action_summary.iter().map(String::as_str).collect();
     assert_eq!(
         summary[0],
         format!("POST {}{seven}", github.uri()),
@@ -312,14 +309,10 @@ async fn a_fresh_comment_is_sent_once_after_approval_and_changed_targets_are_ref
             .iter()
             .any(|l| l.contains(&format!("<!-- keel-action:{id} -->")))
     );
-    let (_, listed) = app
-        .client
-        .get(&format!(
-            "/v1/tasks/{}/approvals?status=pending",
-            item["task_id"].as_str().unwrap()
-        ))
-        .await;
-    assert_eq!(listed["data"][0]["id"], approval["id"], "{listed}");
+    let task_id = item.task_id.as_deref().unwrap();
+    let listed = app.client.api.list_task_approvals(task_id, Some("pending"));
+    let listed = listed.await.unwrap().data;
+    assert_eq!(listed[0].id, approval.id, "{listed:?}");
 
     let stale_item = app.item("acme/widgets#9").await;
     let (stale, stale_approval) = app
@@ -328,7 +321,7 @@ async fn a_fresh_comment_is_sent_once_after_approval_and_changed_targets_are_ref
     let pull_item = app.item("acme/widgets#8").await;
     let review = json!({ "kind": "review", "event": "COMMENT", "body": "One nit." });
     let (moved, moved_approval) = app.proposed(&pull_item, review).await;
-    assert_eq!(moved["target"]["head_sha"], "aaa", "{moved}");
+    assert_eq!(moved.target["head_sha"], "aaa", "{moved:?}");
     assert!(
         github
             .received_requests()
@@ -341,11 +334,16 @@ async fn a_fresh_comment_is_sent_once_after_approval_and_changed_targets_are_ref
     for approval in [&approval, &stale_approval, &moved_approval] {
         let (status, body) = app.resolve(approval, "approve").await;
         assert_eq!(status, StatusCode::OK, "{body}");
-        assert_eq!(body["data"]["approval"]["status"], "approved", "{body}");
+        let resolution: Resolution = support::record(&body);
+        assert_eq!(
+            resolution.approval.status,
+            ApprovalStatus::Approved,
+            "{body}"
+        );
     }
-    let sent = app.wait_action(&action, "sent").await;
-    let stale = app.wait_action(&stale, "stale_target").await;
-    let moved = app.wait_action(&moved, "stale_target").await;
+    let sent = app.wait_action(&action, ActionStatus::Sent).await;
+    let stale = app.wait_action(&stale, ActionStatus::StaleTarget).await;
+    let moved = app.wait_action(&moved, ActionStatus::StaleTarget).await;
 
     // Exactly one call, with the marker, carrying the token; nothing to the changed ones.
     let posts = requests(&github, "POST", seven).await;
@@ -368,11 +366,11 @@ async fn a_fresh_comment_is_sent_once_after_approval_and_changed_targets_are_ref
     assert!(requests(&github, "POST", nine).await.is_empty());
     assert!(requests(&github, "POST", reviews).await.is_empty());
 
-    assert_eq!(sent["response"]["http_status"], 201, "{sent}");
-    assert_eq!(sent["response"]["id"], 900, "{sent}");
+    assert_eq!(response(&sent)["http_status"], 201, "{sent:?}");
+    assert_eq!(response(&sent)["id"], 900, "{sent:?}");
     assert!(
-        sent["finished_at"].is_string() && sent["sending_at"].is_string(),
-        "{sent}"
+        sent.finished_at.is_some() && sent.sending_at.is_some(),
+        "{sent:?}"
     );
     let evidence = app.evidence(&sent).await;
     assert_eq!(evidence["evidence"]["outcome"], "sent", "{evidence}");
@@ -380,8 +378,12 @@ async fn a_fresh_comment_is_sent_once_after_approval_and_changed_targets_are_ref
         evidence["evidence"]["answers"][0]["http_status"], 201,
         "{evidence}"
     );
-    assert_eq!(stale["last_error_code"], "stale_target", "{stale}");
-    let reason = stale["last_error"].as_str().unwrap();
+    assert_eq!(
+        stale.last_error_code.as_deref(),
+        Some("stale_target"),
+        "{stale:?}"
+    );
+    let reason = stale.last_error.as_deref().unwrap();
     assert!(
         reason.contains("updated at 2026-11-30T10:00:00Z (was 2026-11-30T09:00:00Z)"),
         "{reason}"
@@ -391,34 +393,34 @@ async fn a_fresh_comment_is_sent_once_after_approval_and_changed_targets_are_ref
         evidence["evidence"]["target_now"]["updated_at"],
         "2026-11-30T10:00:00Z"
     );
-    let reason = moved["last_error"].as_str().unwrap();
+    let reason = moved.last_error.as_deref().unwrap();
     assert!(reason.contains("head is now bbb (was aaa)"), "{reason}");
 
-    let at = format!(
-        "/v1/external-work/items/{}/actions",
-        item["id"].as_str().unwrap()
-    );
-    let (status, page) = app.client.get(&at).await;
-    assert_eq!(status, StatusCode::OK, "{page}");
-    assert_eq!(page["data"].as_array().unwrap().len(), 1, "{page}");
-    assert_eq!(page["data"][0]["approval_id"], approval["id"]);
+    let page = app.client.api.list_item_actions(&item.id);
+    let (status, page) = page.send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{page:?}");
+    assert_eq!(page.data.len(), 1, "{page:?}");
+    assert_eq!(page.data[0].approval_id.as_ref(), Some(&approval.id));
     let (status, body) = app.resolve(&approval, "reject").await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
-    let at = format!("/v1/external-work/sources/{}/status", app.source_id);
-    let (status, body) = app.client.get(&at).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let counts = json!({ "sent": 1, "stale_target": 2, "total": 3 });
-    assert_eq!(body["data"]["actions"], counts, "{body}");
+    let health = app.client.api.source_status(&app.source_id);
+    let (status, health) = health.send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{health:?}");
+    let counts: std::collections::BTreeMap<String, i64> =
+        [("sent", 1), ("stale_target", 2), ("total", 3)]
+            .map(|(status, n)| (status.to_string(), n))
+            .into();
+    assert_eq!(health.data.actions, counts, "{health:?}");
     // The approval never held the run: it ran as any other.
     let run = app
         .client
         .wait_terminal(
-            item["task_id"].as_str().unwrap(),
-            item["run_id"].as_str().unwrap(),
+            item.task_id.as_deref().unwrap(),
+            item.run_id.as_deref().unwrap(),
             Duration::from_secs(30),
         )
         .await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     app.assert_no_canary(CANARY).await;
 }
 
@@ -466,13 +468,13 @@ async fn rejected_actions_send_nothing_labels_and_reviews_round_trip_and_bad_bod
         .await;
     let (status, body) = app.resolve(&approval, "reject").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let rejected = app.action(rejected["id"].as_str().unwrap()).await;
-    assert_eq!(rejected["status"], "rejected", "{rejected}");
-    assert!(rejected["finished_at"].is_string());
+    let rejected = app.action(&rejected.id).await;
+    assert_eq!(rejected.status, ActionStatus::Rejected, "{rejected:?}");
+    assert!(rejected.finished_at.is_some());
 
     let change = json!({ "kind": "labels", "add": ["ready"], "remove": ["triage"] });
     let (label_action, approval) = app.proposed(&seven, change).await;
-    let summary = approval["action_summary"].to_string();
+    let summary = serde_json::to_string(&approval.action_summary).unwrap();
     assert!(
         summary.contains(&format!("DELETE {}{labels}/triage", github.uri())),
         "{summary}"
@@ -481,8 +483,8 @@ async fn rejected_actions_send_nothing_labels_and_reviews_round_trip_and_bad_bod
     let review = json!({ "kind": "review", "event": "REQUEST_CHANGES", "body": "Add a test." });
     let (review_action, approval) = app.proposed(&eight, review).await;
     app.resolve(&approval, "approve").await;
-    app.wait_action(&label_action, "sent").await;
-    let sent_review = app.wait_action(&review_action, "sent").await;
+    app.wait_action(&label_action, ActionStatus::Sent).await;
+    let sent_review = app.wait_action(&review_action, ActionStatus::Sent).await;
 
     assert!(
         requests(&github, "POST", comments).await.is_empty(),
@@ -501,14 +503,18 @@ async fn rejected_actions_send_nothing_labels_and_reviews_round_trip_and_bad_bod
     let posted = requests(&github, "POST", reviews).await;
     assert_eq!(posted.len(), 1);
     let body: Value = serde_json::from_slice(&posted[0].body).unwrap();
-    let id = review_action["id"].as_str().unwrap();
+    let id = review_action.id.as_str();
     assert_eq!(
         body,
         json!({ "event": "REQUEST_CHANGES", "commit_id": "aaa",
                 "body": format!("Add a test.\n\n<!-- keel-action:{id} -->") })
     );
     assert_eq!(written.all()[0]["state"], "REQUEST_CHANGES");
-    assert_eq!(sent_review["response"]["http_status"], 201, "{sent_review}");
+    assert_eq!(
+        response(&sent_review)["http_status"],
+        201,
+        "{sent_review:?}"
+    );
 
     // Bad proposals: 4xx with the envelope, and nothing recorded.
     let big = "x".repeat(64 * 1024 + 1);
@@ -576,40 +582,33 @@ async fn rejected_actions_send_nothing_labels_and_reviews_round_trip_and_bad_bod
         ),
     ];
     for (body, expected, kind) in cases {
-        let (status, answer) = app.propose(&seven, body.clone()).await;
+        let (status, answer) = app.propose(&seven.id, body.clone()).await;
         assert_eq!(status, expected, "{body}: {answer}");
         assert_eq!(answer["error"]["type"], kind, "{body}: {answer}");
         assert!(answer["error"]["request_id"].is_string(), "{answer}");
     }
     // A closed item no task works on, and an unknown item.
-    let at = format!("/v1/external-work/sources/{}/items", app.source_id);
-    let (_, items) = app.client.get(&at).await;
-    let closed = items["data"]
-        .as_array()
-        .unwrap()
+    let items = app.client.api.list_items(&app.source_id).await.unwrap();
+    let closed = items
+        .data
         .iter()
-        .find(|i| i["identifier"] == "acme/widgets#5")
-        .unwrap()
-        .clone();
+        .find(|i| i.identifier == "acme/widgets#5")
+        .unwrap();
     let (status, answer) = app
-        .propose(&closed, json!({ "kind": "comment", "body": "x" }))
+        .propose(&closed.id, json!({ "kind": "comment", "body": "x" }))
         .await;
     assert_eq!(status, StatusCode::CONFLICT, "{answer}");
     assert_eq!(answer["error"]["type"], "item_not_claimed", "{answer}");
-    let unknown = json!({ "id": "extitem_nope" });
     let (status, answer) = app
-        .propose(&unknown, json!({ "kind": "comment", "body": "x" }))
+        .propose("extitem_nope", json!({ "kind": "comment", "body": "x" }))
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
     let (status, _) = app.client.get("/v1/external-work/actions/xact_nope").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    let at = format!(
-        "/v1/external-work/items/{}/actions?limit=2",
-        seven["id"].as_str().unwrap()
-    );
-    let (_, page) = app.client.get(&at).await;
-    assert_eq!(page["has_more"], false, "two proposals on #7 only: {page}");
-    assert_eq!(page["data"].as_array().unwrap().len(), 2, "{page}");
+    let page = app.client.api.list_item_actions(&seven.id);
+    let page = page.query("limit", Some(2)).await.unwrap();
+    assert!(!page.has_more, "two proposals on #7 only: {page:?}");
+    assert_eq!(page.data.len(), 2, "{page:?}");
     app.assert_no_canary(CANARY).await;
 }
 
@@ -655,17 +654,17 @@ async fn a_linear_comment_goes_through_the_comment_create_mutation() {
             "unsupported_action",
         ),
     ] {
-        let (status, answer) = app.propose(&item, body).await;
+        let (status, answer) = app.propose(&item.id, body).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
         assert_eq!(answer["error"]["type"], code, "{answer}");
     }
     let (action, approval) = app
         .proposed(&item, json!({ "kind": "comment", "body": "On it." }))
         .await;
-    assert_eq!(action["calls"][0]["path"], "", "{action}");
+    assert_eq!(action.calls[0]["path"], "", "{action:?}");
     app.resolve(&approval, "approve").await;
-    let sent = app.wait_action(&action, "sent").await;
-    assert_eq!(sent["response"]["id"], "comment-1", "{sent}");
+    let sent = app.wait_action(&action, ActionStatus::Sent).await;
+    assert_eq!(response(&sent)["id"], "comment-1", "{sent:?}");
 
     let all = linear.received_requests().await.unwrap();
     let mutations: Vec<Value> = all
@@ -674,7 +673,7 @@ async fn a_linear_comment_goes_through_the_comment_create_mutation() {
         .filter(|b| b["query"].as_str().unwrap().contains("commentCreate"))
         .collect();
     assert_eq!(mutations.len(), 1, "{mutations:?}");
-    let id = action["id"].as_str().unwrap();
+    let id = action.id.as_str();
     assert_eq!(
         mutations[0]["variables"],
         json!({ "issueId": "uuid-1", "body": format!("On it.\n\n<!-- keel-action:{id} -->") })
@@ -711,13 +710,10 @@ async fn a_worker_killed_after_its_call_is_not_followed_by_a_second_call() {
         !killed.log_text().contains(CANARY),
         "the token is in the killed worker's log"
     );
-    assert_eq!(
-        app.action(action["id"].as_str().unwrap()).await["status"],
-        "sending"
-    );
+    assert_eq!(app.action(&action.id).await.status, ActionStatus::Sending);
 
     app.worker("worker-b", TOKEN_ENV);
-    let sent = app.wait_action(&action, "sent").await;
+    let sent = app.wait_action(&action, ActionStatus::Sent).await;
     assert_eq!(
         requests(&github, "POST", comments).await.len(),
         1,
@@ -731,7 +727,7 @@ async fn a_worker_killed_after_its_call_is_not_followed_by_a_second_call() {
         evidence["evidence"]["answers"][0]["method"], "GET",
         "{evidence}"
     );
-    assert_eq!(sent["response"]["id"], 900, "{sent}");
+    assert_eq!(response(&sent)["id"], 900, "{sent:?}");
     app.assert_no_canary(CANARY).await;
 }
 
@@ -771,7 +767,7 @@ async fn a_worker_cut_off_after_its_call_is_not_followed_by_a_second_call() {
     let stopped = frozen.elapsed();
 
     app.worker("worker-b", TOKEN_ENV);
-    let sent = app.wait_action(&action, "sent").await;
+    let sent = app.wait_action(&action, ActionStatus::Sent).await;
     proxy.thaw();
     // Healed, the cut-off worker shuts down cleanly, having sent nothing more.
     let mut healed = app.workers.remove(0);
@@ -782,7 +778,7 @@ async fn a_worker_cut_off_after_its_call_is_not_followed_by_a_second_call() {
         "sent twice"
     );
     assert_eq!(written.all().len(), 1);
-    assert_eq!(sent["response"]["id"], 900, "{sent}");
+    assert_eq!(response(&sent)["id"], 900, "{sent:?}");
     eprintln!(
         "tracker partition figures (lease 1000 ms): POSTs 1, repeated 0; freeze to the \
          cut-off worker stopping the action {stopped:?}"
@@ -839,9 +835,13 @@ async fn a_refusal_fails_the_action_and_a_rate_limit_sends_it_later_once() {
         .await;
     app.resolve(&approval, "approve").await;
 
-    let refused = app.wait_action(&refused, "failed").await;
-    assert_eq!(refused["last_error_code"], "tracker_refused", "{refused}");
-    let reason = refused["last_error"].as_str().unwrap();
+    let refused = app.wait_action(&refused, ActionStatus::Failed).await;
+    assert_eq!(
+        refused.last_error_code.as_deref(),
+        Some("tracker_refused"),
+        "{refused:?}"
+    );
+    let reason = refused.last_error.as_deref().unwrap();
     assert!(
         reason.contains("422") && reason.contains("Validation Failed"),
         "{reason}"
@@ -854,11 +854,11 @@ async fn a_refusal_fails_the_action_and_a_rate_limit_sends_it_later_once() {
     assert_eq!(requests(&github, "POST", seven).await.len(), 1);
 
     // Sending when refused: the retry looks for the marker, finds none, sends once more.
-    let sent = app.wait_action(&limited, "sent").await;
+    let sent = app.wait_action(&limited, ActionStatus::Sent).await;
     assert_eq!(requests(&github, "POST", nine).await.len(), 2);
     assert_eq!(written.all().len(), 1);
     assert!(!requests(&github, "GET", nine).await.is_empty());
-    assert_eq!(sent["response"]["http_status"], 201, "{sent}");
-    assert_eq!(sent["last_error_code"], Value::Null, "{sent}");
+    assert_eq!(response(&sent)["http_status"], 201, "{sent:?}");
+    assert_eq!(sent.last_error_code, None, "{sent:?}");
     app.assert_no_canary(CANARY).await;
 }

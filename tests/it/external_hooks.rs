@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::tracker;
 use crate::support::{Client, KeelProcess, wait_for};
+use keel_client::{ItemRecord, ItemState, PollSummary, RunRecord, RunStatus, SourceRecord};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tracker::{CANARY, TOKEN_ENV, github_issue, items_of, list, register, run_of};
@@ -123,23 +124,23 @@ impl Setup {
     async fn source(&self, markdown: &str) -> String {
         let (status, body) = register(self.client(), markdown).await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
-        body["data"]["id"].as_str().unwrap().to_string()
+        support::record::<SourceRecord>(&body).id
     }
 
-    async fn poll(&self, source_id: &str) -> Value {
+    async fn poll(&self, source_id: &str) -> PollSummary {
         let path = format!("/v1/external-work/sources/{source_id}/poll");
         let (status, body) = self.client().post(&path, json!({})).await;
         assert_eq!(status, StatusCode::OK, "{body}");
-        body["data"].clone()
+        support::record(&body)
     }
 
     /// The one item of the source, the newest version first.
-    async fn newest_item(&self, source_id: &str) -> Value {
+    async fn newest_item(&self, source_id: &str) -> ItemRecord {
         items_of(self.client(), source_id).await.pop().unwrap()
     }
 
-    async fn finished_run(&self, item: &Value) -> Value {
-        let (task_id, run_id) = (item["task_id"].as_str(), item["run_id"].as_str());
+    async fn finished_run(&self, item: &ItemRecord) -> RunRecord {
+        let (task_id, run_id) = (item.task_id.as_deref(), item.run_id.as_deref());
         let (task_id, run_id) = (task_id.unwrap(), run_id.unwrap());
         let timeout = Duration::from_secs(30);
         self.client().wait_terminal(task_id, run_id, timeout).await
@@ -154,24 +155,22 @@ async fn serve(github: &MockServer, issues: Value) {
 }
 
 /// The text of each of a run's artifacts, by name.
-async fn artifacts(client: &Client, run: &Value) -> Vec<(String, String, String)> {
-    let (task_id, run_id) = (
-        run["task_id"].as_str().unwrap(),
-        run["id"].as_str().unwrap(),
-    );
-    let base = format!("/v1/tasks/{task_id}/runs/{run_id}/artifacts");
-    let (status, body) = client.get(&base).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+async fn artifacts(client: &Client, run: &RunRecord) -> Vec<(String, String, String)> {
+    let (task_id, run_id) = (run.task_id.as_str(), run.id.as_str());
+    let listed = client.api.list_artifacts(task_id, run_id);
+    let (status, listed) = listed.send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{listed:?}");
     let mut found = Vec::new();
-    for artifact in body["data"].as_array().unwrap() {
-        let id = artifact["id"].as_str().unwrap();
-        let url = format!("{}{base}/{id}/content", client.base);
-        let text = client.http.get(url).send().await.unwrap().text().await;
-        let name = artifact["name"].as_str().unwrap().to_string();
-        let kind = artifact["kind"].as_str().unwrap().to_string();
-        found.push((name, kind, text.unwrap()));
+    for artifact in listed.data {
+        let text = client.artifact_text(task_id, run_id, &artifact.id).await;
+        found.push((artifact.name, artifact.kind.to_string(), text));
     }
     found
+}
+
+/// What a hook printed, as the item keeps it (null when none ran).
+fn hook_output(item: &ItemRecord) -> Value {
+    item.hook_output.clone().unwrap_or_default()
 }
 
 fn text_of<'a>(artifacts: &'a [(String, String, String)], name: &str) -> &'a str {
@@ -190,23 +189,23 @@ async fn an_items_run_works_in_its_workspace_between_its_hooks() {
     let markdown = workflow(&setup.github, &setup.root, hooks, "pwd");
     let id = setup.source(&markdown).await;
     let summary = setup.poll(&id).await;
-    assert_eq!(summary["claimed"], 1, "{summary}");
+    assert_eq!(summary.claimed, 1, "{summary:?}");
 
     let workspace = setup.items.join("acme_widgets_1");
     let item = setup.newest_item(&id).await;
-    assert_eq!(item["state"], "claimed", "{item}");
+    assert_eq!(item.state, ItemState::Claimed, "{item:?}");
     assert_eq!(
-        item["workspace_path"],
-        workspace.to_str().unwrap(),
-        "{item}"
+        item.workspace_path.as_deref(),
+        workspace.to_str(),
+        "{item:?}"
     );
     // after_create runs in the worker, with the run: nothing ran in the poll.
-    assert_eq!(item["hook_output"], Value::Null, "{item}");
+    assert_eq!(hook_output(&item), Value::Null, "{item:?}");
     let created = workspace.join("after_create.txt");
 
     // The run works in the item's workspace; after_run failed, the run did not.
     let run = setup.finished_run(&item).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     assert_eq!(std::fs::read_to_string(&created).unwrap(), "created\n");
     let artifacts = artifacts(setup.client(), &run).await;
     let path = workspace.to_str().unwrap();
@@ -247,18 +246,17 @@ async fn an_items_run_works_in_its_workspace_between_its_hooks() {
 
     // A retry of the task works in the same, prepared, workspace: after_create does not run
     // again; before_run and after_run do.
-    let (task_id, run_id) = (run["task_id"].as_str(), run["id"].as_str());
-    let (task_id, run_id) = (task_id.unwrap(), run_id.unwrap());
+    let (task_id, run_id) = (run.task_id.as_str(), run.id.as_str());
     let path = format!("/v1/tasks/{task_id}/runs/{run_id}/retry");
     let (status, retry) = setup.client().post(&path, json!({})).await;
     assert_eq!(status, StatusCode::CREATED, "{retry}");
-    let retry_id = retry["data"]["id"].as_str().unwrap();
+    let retry_id = support::record::<RunRecord>(&retry).id;
     let timeout = Duration::from_secs(30);
     let retried = setup
         .client()
-        .wait_terminal(task_id, retry_id, timeout)
+        .wait_terminal(task_id, &retry_id, timeout)
         .await;
-    assert_eq!(retried["status"], "completed", "{retried}");
+    assert_eq!(retried.status, RunStatus::Completed, "{retried:?}");
     assert_eq!(std::fs::read_to_string(&created).unwrap(), "created\n");
     let names = written(&self::artifacts(setup.client(), &retried).await);
     assert_eq!(names[..], expected[2..], "{names:?}");
@@ -282,7 +280,7 @@ async fn a_hook_runs_as_a_run_does_and_cannot_read_the_worker_s_secrets() {
     setup.poll(&id).await;
     let item = setup.newest_item(&id).await;
     let run = setup.finished_run(&item).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     let artifacts = artifacts(setup.client(), &run).await;
     let run_uid = text_of(&artifacts, "stdout").trim().to_string();
     assert!(
@@ -318,28 +316,21 @@ async fn hooks_wait_for_the_run_s_approval_and_the_approver_sees_them() {
     let markdown = workflow(&setup.github, &setup.root, hooks, "echo ran");
     let id = setup.source(&markdown).await;
     let summary = setup.poll(&id).await;
-    assert_eq!(summary["claimed"], 2, "{summary}");
+    assert_eq!(summary.claimed, 2, "{summary:?}");
     // The poll prepared the directories and ran nothing: the runs wait for approval.
     let first = setup.items.join("acme_widgets_1");
     assert!(first.is_dir());
     assert!(!found_below(&setup.root, "created.txt"));
     let item = newest_of(setup.client(), &id, "acme/widgets#1").await;
     let run = run_of(setup.client(), &item).await;
-    assert_eq!(run["status"], "awaiting_approval", "{run}");
-    let task_id = item["task_id"].as_str().unwrap();
-    let (status, approvals) = setup
-        .client()
-        .get(&format!("/v1/tasks/{task_id}/approvals"))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{approvals}");
-    let approval = &approvals["data"][0];
-    assert_eq!(approval["kind"], "shell_command", "{approval}");
-    let lines: Vec<&str> = approval["action_summary"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|line| line.as_str().unwrap())
-        .collect();
+    assert_eq!(run.status, RunStatus::AwaitingApproval, "{run:?}");
+    let task_id = item.task_id.as_deref().unwrap();
+    let approvals = setup.client().api.list_task_approvals(task_id, None);
+    let (status, approvals) = approvals.send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{approvals:?}");
+    let approval = &approvals.data[0];
+    assert_eq!(approval.kind, "shell_command", "{approval:?}");
+    let lines: Vec<&str> = approval.action_summary.iter().map(String::as_str).collect();
     assert_eq!(
         lines[..5],
         [
@@ -349,17 +340,17 @@ async fn hooks_wait_for_the_run_s_approval_and_the_approver_sees_them() {
             "  echo bye from $KEEL_ITEM_IDENTIFIER",
             "run a shell command (sh -c):",
         ],
-        "{approval}"
+        "{approval:?}"
     );
 
     // Approved, the worker runs after_create, then the command.
-    let approval_id = approval["id"].as_str().unwrap();
+    let approval_id = approval.id.as_str();
     let resolve = format!("/v1/tasks/{task_id}/approvals/{approval_id}/resolve");
     let approve = json!({ "decision": "approve" });
     let (status, body) = setup.client().post(&resolve, approve).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let run = setup.finished_run(&item).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     assert!(first.join("created.txt").exists());
 
     // Both close: the approved item's workspace goes after before_remove; the other's run
@@ -376,13 +367,13 @@ async fn hooks_wait_for_the_run_s_approval_and_the_approver_sees_them() {
     let gone = || async { (!first.exists() && !second.exists()).then_some(()) };
     wait_for(Duration::from_secs(20), "the workspaces to go", gone).await;
     let approved = newest_of(setup.client(), &id, "acme/widgets#1").await;
-    let before_remove = &approved["hook_output"]["before_remove"];
+    let before_remove = &hook_output(&approved)["before_remove"];
     assert_eq!(
         before_remove["stdout"], "bye from acme/widgets#1\n",
-        "{approved}"
+        "{approved:?}"
     );
     let never = newest_of(setup.client(), &id, "acme/widgets#2").await;
-    assert_eq!(never["hook_output"], Value::Null, "{never}");
+    assert_eq!(hook_output(&never), Value::Null, "{never:?}");
     assert!(!found_below(&setup.root, "created.txt"));
 }
 
@@ -395,10 +386,11 @@ async fn a_failing_before_run_fails_the_attempt_and_the_item_waits_to_retry() {
     setup.poll(&id).await;
     let item = setup.newest_item(&id).await;
     let run = setup.finished_run(&item).await;
-    assert_eq!(run["status"], "failed", "{run}");
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
     assert_eq!(
-        run["last_error"], "hook_failed: before_run exited with code 1: no checkout",
-        "{run}"
+        run.last_error.as_deref(),
+        Some("hook_failed: before_run exited with code 1: no checkout"),
+        "{run:?}"
     );
     // The command never ran.
     assert!(!setup.items.join("acme_widgets_1/ran.txt").exists());
@@ -408,8 +400,12 @@ async fn a_failing_before_run_fails_the_attempt_and_the_item_waits_to_retry() {
     // The next poll puts the item through the retry path (10 s backoff first).
     setup.poll(&id).await;
     let item = setup.newest_item(&id).await;
-    assert_eq!(item["state"], "retry_wait", "{item}");
-    assert_eq!(item["last_error_code"], "run_failed", "{item}");
+    assert_eq!(item.state, ItemState::RetryWait, "{item:?}");
+    assert_eq!(
+        item.last_error_code.as_deref(),
+        Some("run_failed"),
+        "{item:?}"
+    );
 }
 
 #[tokio::test]
@@ -423,8 +419,8 @@ async fn a_hook_past_its_timeout_is_killed() {
     setup.poll(&id).await;
     let item = setup.newest_item(&id).await;
     let run = setup.finished_run(&item).await;
-    assert_eq!(run["status"], "failed", "{run}");
-    let error = run["last_error"].as_str().unwrap();
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    let error = run.last_error.as_deref().unwrap();
     assert!(
         error.starts_with("hook_failed: before_run timed out after 500 ms"),
         "{error}"
@@ -449,9 +445,10 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     let markdown = workflow(&setup.github, &setup.root, hooks, "touch work.txt");
     let id = setup.source(&markdown).await;
     let summary = setup.poll(&id).await;
-    assert_eq!(summary["claimed"], 3, "{summary}");
+    assert_eq!(summary.claimed, 3, "{summary:?}");
     for item in items_of(setup.client(), &id).await {
-        assert_eq!(setup.finished_run(&item).await["status"], "completed");
+        let run = setup.finished_run(&item).await;
+        assert_eq!(run.status, RunStatus::Completed);
     }
     let workspace = setup.items.join("acme_widgets_1");
     assert!(workspace.join("work.txt").exists());
@@ -479,7 +476,7 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     )
     .await;
     let summary = setup.poll(&id).await;
-    assert_eq!(summary["terminal"], 2, "{summary}");
+    assert_eq!(summary.terminal, 2, "{summary:?}");
     // The workers' maintenance removes it, not the poll.
     let gone = || async { (!workspace.exists()).then_some(()) };
     wait_for(Duration::from_secs(20), "the workspace to go", gone).await;
@@ -488,23 +485,28 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
         "the link to be refused",
         || async {
             let refused = newest_of(setup.client(), &id, "acme/widgets#3").await;
-            (refused["last_error_code"] == "workspace_refused").then_some(())
+            let code = refused.last_error_code.as_deref();
+            (code == Some("workspace_refused")).then_some(())
         },
     )
     .await;
     assert!(elsewhere.join("precious.txt").exists());
     let refused = newest_of(setup.client(), &id, "acme/widgets#3").await;
-    assert_eq!(refused["last_error_code"], "workspace_refused", "{refused}");
-    assert_eq!(refused["hook_output"], Value::Null, "{refused}");
+    assert_eq!(
+        refused.last_error_code.as_deref(),
+        Some("workspace_refused"),
+        "{refused:?}"
+    );
+    assert_eq!(hook_output(&refused), Value::Null, "{refused:?}");
     assert!(setup.items.join("acme_widgets_2").exists());
     assert_eq!(std::fs::read_to_string(&outside).unwrap(), "kept");
     let terminal = newest_of(setup.client(), &id, "acme/widgets#1").await;
-    assert_eq!(terminal["state"], "terminal", "{terminal}");
-    assert_eq!(terminal["workspace_path"], Value::Null, "{terminal}");
-    let before_remove = &terminal["hook_output"]["before_remove"];
+    assert_eq!(terminal.state, ItemState::Terminal, "{terminal:?}");
+    assert_eq!(terminal.workspace_path, None, "{terminal:?}");
+    let before_remove = &hook_output(&terminal)["before_remove"];
     assert_eq!(
         before_remove["stdout"], "bye from acme/widgets#1\nlink\nwork.txt\n",
-        "{terminal}"
+        "{terminal:?}"
     );
     let env = before_remove["stderr"].as_str().unwrap();
     assert!(
@@ -524,7 +526,7 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     let reconcile = format!("/v1/external-work/sources/{id}/reconcile");
     let (status, body) = setup.client().post(&reconcile, json!({})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["terminal"], 1, "{body}");
+    assert_eq!(support::record::<PollSummary>(&body).terminal, 1, "{body}");
     let second = setup.items.join("acme_widgets_2");
     let gone = || async { (!second.exists()).then_some(()) };
     wait_for(Duration::from_secs(20), "the second workspace to go", gone).await;
@@ -549,8 +551,8 @@ async fn a_hook_timeout_over_the_cap_is_refused_at_registration() {
     assert_eq!(body["error"]["type"], "workflow_parse_error", "{body}");
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains("at most 3600000 ms"), "{message}");
-    let (_, sources) = setup.client().get("/v1/external-work/sources").await;
-    assert_eq!(sources["data"], json!([]), "{sources}");
+    let sources = setup.client().api.list_sources().await.unwrap().data;
+    assert!(sources.is_empty(), "{sources:?}");
     // One hour is the most a hook may have.
     let hour = workflow(
         &setup.github,
@@ -597,7 +599,7 @@ agent:
     let markdown = workflow(&github, &root, hooks, "exit 0");
     let (status, body) = register(&client, &markdown).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let source_id = body["data"]["id"].as_str().unwrap().to_string();
+    let source_id = support::record::<SourceRecord>(&body).id;
 
     let pool = support::pool(&db_url).await;
     let done = tokio_util::sync::CancellationToken::new();
@@ -629,7 +631,7 @@ agent:
     let items = items_of(&client, &source_id).await;
     assert_eq!(items.len() as u64, IMPORTS);
     assert!(
-        items.iter().all(|item| item["state"] == "claimed"),
+        items.iter().all(|item| item.state == ItemState::Claimed),
         "{items:?}"
     );
     assert!(most >= 1, "the API was never seen connected");
@@ -640,9 +642,9 @@ agent:
 }
 
 /// The newest version of the item `identifier`.
-async fn newest_of(client: &Client, source_id: &str, identifier: &str) -> Value {
+async fn newest_of(client: &Client, source_id: &str, identifier: &str) -> ItemRecord {
     let items = items_of(client, source_id).await;
-    let mut versions = items.into_iter().filter(|i| i["identifier"] == identifier);
+    let mut versions = items.into_iter().filter(|i| i.identifier == identifier);
     versions.next_back().unwrap()
 }
 
@@ -654,24 +656,30 @@ async fn a_root_outside_the_workspace_roots_is_refused_and_nothing_starts() {
     let markdown = workflow(&setup.github, elsewhere.path(), hooks, "exit 0");
     let id = setup.source(&markdown).await;
     let summary = setup.poll(&id).await;
-    assert_eq!(summary["claimed"], 0, "{summary}");
-    assert_eq!(summary["error_code"], "workspace_refused", "{summary}");
-    let error = summary["error"].as_str().unwrap();
+    assert_eq!(summary.claimed, 0, "{summary:?}");
+    assert_eq!(
+        summary.error_code.as_deref(),
+        Some("workspace_refused"),
+        "{summary:?}"
+    );
+    let error = summary.error.as_deref().unwrap();
     assert!(error.contains("is not beneath"), "{error}");
     let item = setup.newest_item(&id).await;
-    assert_eq!(item["state"], "blocked", "{item}");
-    assert_eq!(item["last_error_code"], "workspace_refused", "{item}");
-    assert_eq!(item["task_id"], Value::Null, "{item}");
-    let (_, source) = setup
-        .client()
-        .get(&format!("/v1/external-work/sources/{id}"))
-        .await;
+    assert_eq!(item.state, ItemState::Blocked, "{item:?}");
     assert_eq!(
-        source["data"]["last_error_code"], "workspace_refused",
-        "{source}"
+        item.last_error_code.as_deref(),
+        Some("workspace_refused"),
+        "{item:?}"
     );
-    let (_, tasks) = setup.client().get("/v1/tasks").await;
-    assert_eq!(tasks["data"].as_array().unwrap().len(), 0, "{tasks}");
+    assert_eq!(item.task_id, None, "{item:?}");
+    let source = setup.client().api.get_source(&id).await.unwrap().data;
+    assert_eq!(
+        source.last_error_code.as_deref(),
+        Some("workspace_refused"),
+        "{source:?}"
+    );
+    let tasks = setup.client().api.list_tasks(None).await.unwrap().data;
+    assert_eq!(tasks.len(), 0, "{tasks:?}");
     assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
 }
 
@@ -685,7 +693,7 @@ async fn a_worker_killed_while_after_create_runs_leaves_it_to_the_next_attempt()
     let markdown = workflow(&setup.github, &setup.root, hooks, "pwd");
     let id = setup.source(&markdown).await;
     let summary = setup.poll(&id).await;
-    assert_eq!(summary["claimed"], 1, "{summary}");
+    assert_eq!(summary.claimed, 1, "{summary:?}");
     wait_for(Duration::from_secs(20), "after_create to start", || async {
         found_below(&setup.root, "started").then_some(())
     })
@@ -696,7 +704,7 @@ async fn a_worker_killed_while_after_create_runs_leaves_it_to_the_next_attempt()
     // marked prepared, so after_create runs again there, then the run.
     let item = setup.newest_item(&id).await;
     let run = setup.finished_run(&item).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     let workspace = setup.items.join("acme_widgets_1");
     let artifacts = artifacts(setup.client(), &run).await;
     assert_eq!(text_of(&artifacts, "after_create.stdout"), "again\n");

@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use crate::support::tracker;
 use crate::support::{Client, TestApp, rows_containing, wait_for};
+use keel_client::{
+    Imported, ItemRecord, ItemState, PollSummary, Rendered, RunStatus, SourceRecord, TaskStatus,
+};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tracker::{CANARY, TOKEN_ENV, github_issue, items_of, list, register, run_of};
@@ -40,7 +43,7 @@ async fn render_answers_every_workflow_error_class_with_its_type() {
     let (status, body) = render(WORKFLOW, issue()).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
-        body["data"]["prompt"],
+        support::record::<Rendered>(&body).prompt,
         "Fix acme/widgets#7: broken (attempt 2)"
     );
     let cases = [
@@ -130,9 +133,32 @@ fn github_pull(number: u64) -> Value {
 }
 
 async fn task_count(client: &Client) -> usize {
-    let (status, body) = client.get("/v1/tasks?limit=200").await;
+    let tasks = client.api.list_tasks(None).query("limit", Some(200));
+    let (status, tasks) = tasks.send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{tasks:?}");
+    tasks.data.len()
+}
+
+/// The source a registration answered with (sent raw: 201 and 200 tell a new source from
+/// one registered already).
+fn source_id(body: &Value) -> String {
+    support::record::<SourceRecord>(body).id
+}
+
+/// Polls the source now; the poll answers 200 with what it did.
+async fn polled(client: &Client, id: &str) -> PollSummary {
+    let path = format!("/v1/external-work/sources/{id}/poll");
+    let (status, body) = client.post(&path, json!({})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    body["data"].as_array().unwrap().len()
+    support::record(&body)
+}
+
+/// The item with this identifier.
+fn item<'a>(items: &'a [ItemRecord], identifier: &str) -> &'a ItemRecord {
+    items
+        .iter()
+        .find(|i| i.identifier == identifier)
+        .unwrap_or_else(|| panic!("no {identifier} in {items:?}"))
 }
 
 #[tokio::test]
@@ -141,27 +167,27 @@ async fn a_source_registers_once_and_reports_its_health() {
     let markdown = github_workflow("http://127.0.0.1:9", 30_000);
     let (status, first) = register(&app.client, &markdown).await;
     assert_eq!(status, StatusCode::CREATED, "{first}");
-    let id = first["data"]["id"].as_str().unwrap().to_string();
+    let id = source_id(&first);
     let (status, again) = register(&app.client, &markdown).await;
     assert_eq!(status, StatusCode::OK, "{again}");
-    assert_eq!(again["data"]["id"], id.as_str());
-    let (status, listed) = app.client.get("/v1/external-work/sources?limit=1").await;
-    assert_eq!(status, StatusCode::OK, "{listed}");
-    assert_eq!(listed["data"][0]["id"], id.as_str());
-    assert_eq!(listed["has_more"], false);
+    assert_eq!(source_id(&again), id);
+    let listed = app.client.api.list_sources().query("limit", Some(1));
+    let (status, listed) = listed.send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{listed:?}");
+    assert_eq!(listed.data[0].id, id);
+    assert!(!listed.has_more);
 
-    let (status, body) = app
-        .client
-        .get(&format!("/v1/external-work/sources/{id}/status"))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let health = &body["data"];
-    assert_eq!(health["workflow"]["valid"], true, "{body}");
-    assert_eq!(health["workflow"]["repository"], "acme/widgets");
-    assert_eq!(health["secret"]["ref"], "env:ACME_GITHUB_TOKEN");
-    assert_eq!(health["secret"]["configured"], false, "{body}");
-    assert_eq!(health["records"]["total"], 0);
-    assert_eq!(health["background"]["running"], false);
+    let health = app.client.api.source_status(&id).send_with_status().await;
+    let (status, health) = health.unwrap();
+    assert_eq!(status, StatusCode::OK, "{health:?}");
+    let health = health.data;
+    assert!(health.workflow.valid, "{health:?}");
+    assert_eq!(health.workflow.repository.as_deref(), Some("acme/widgets"));
+    let secret = health.secret.as_ref().unwrap();
+    assert_eq!(secret.r#ref, "env:ACME_GITHUB_TOKEN");
+    assert!(!secret.configured, "{health:?}");
+    assert_eq!(health.records.get("total"), Some(&0));
+    assert!(!health.background.running);
 
     // Each error class refuses a registration with its type.
     for (markdown, expected) in [
@@ -185,16 +211,15 @@ async fn a_source_registers_once_and_reports_its_health() {
     let by_path = json!({ "workflow_path": file.to_str().unwrap() });
     let (status, body) = app.client.post("/v1/external-work/sources", by_path).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let file_id = body["data"]["id"].as_str().unwrap().to_string();
+    let file_id = source_id(&body);
     std::fs::write(&file, "---\n- broken\n---\n").unwrap();
-    let (status, body) = app
-        .client
-        .get(&format!("/v1/external-work/sources/{file_id}/status"))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["workflow"]["valid"], false);
+    let health = app.client.api.source_status(&file_id).send_with_status();
+    let (status, health) = health.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{health:?}");
+    let health = health.data;
+    assert!(!health.workflow.valid);
     assert_eq!(
-        body["data"]["workflow"]["error"]["type"],
+        health.workflow.error.unwrap_or_default()["type"],
         "workflow_front_matter_not_a_map"
     );
 
@@ -243,78 +268,60 @@ async fn github_polls_import_each_item_once_honour_etags_and_back_off_on_rate_li
     let client = api.client.clone().unwrap();
     let (status, body) = register(&client, &github_workflow(&github.uri(), 30_000)).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let id = body["data"]["id"].as_str().unwrap().to_string();
-    let poll_path = format!("/v1/external-work/sources/{id}/poll");
-    let poll = || client.post(&poll_path, json!({}));
+    let id = source_id(&body);
 
-    let (status, body) = poll().await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let summary = &body["data"];
-    assert_eq!(summary["candidates"], 3, "{body}");
-    assert_eq!(summary["claimed"], 2, "{body}");
-    assert_eq!(summary["terminal"], 1, "{body}");
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.candidates, 3, "{summary:?}");
+    assert_eq!(summary.claimed, 2, "{summary:?}");
+    assert_eq!(summary.terminal, 1, "{summary:?}");
     assert_eq!(task_count(&client).await, 2);
-    let (_, items) = client
-        .get(&format!("/v1/external-work/sources/{id}/items"))
-        .await;
-    let items = items["data"].as_array().unwrap().clone();
-    let keys: Vec<&str> = items
-        .iter()
-        .map(|i| i["idempotency_key"].as_str().unwrap())
-        .collect();
+    let items = items_of(&client, &id).await;
+    let keys: Vec<&str> = items.iter().map(|i| i.idempotency_key.as_str()).collect();
     assert!(
         keys.contains(&"github:pull_request:acme/widgets:3:0123abc:2026-11-30T09:30:00Z"),
         "{keys:?}"
     );
-    let claimed = items
-        .iter()
-        .find(|i| i["identifier"] == "acme/widgets#1")
-        .unwrap();
-    assert_eq!(claimed["state"], "claimed");
-    assert_eq!(claimed["prompt"], "Work on acme/widgets#1: issue 1");
-    let (_, task) = client
-        .get(&format!(
-            "/v1/tasks/{}",
-            claimed["task_id"].as_str().unwrap()
-        ))
-        .await;
-    assert_eq!(task["data"]["prompt"], "Work on acme/widgets#1: issue 1");
-    assert_eq!(task["data"]["status"], "queued", "{task}");
-    let run = format!(
-        "/v1/tasks/{}/runs/{}",
-        claimed["task_id"].as_str().unwrap(),
-        claimed["run_id"].as_str().unwrap()
+    let claimed = item(&items, "acme/widgets#1");
+    assert_eq!(claimed.state, ItemState::Claimed);
+    assert_eq!(
+        claimed.prompt.as_deref(),
+        Some("Work on acme/widgets#1: issue 1")
     );
-    let (_, evidence) = client.get(&format!("{run}/artifacts")).await;
-    let names: Vec<&str> = evidence["data"]
-        .as_array()
+    let (task_id, run_id) = (
+        claimed.task_id.as_deref().unwrap(),
+        claimed.run_id.as_deref().unwrap(),
+    );
+    let task = client.api.get_task(task_id).await.unwrap().data;
+    assert_eq!(
+        task.prompt.as_deref(),
+        Some("Work on acme/widgets#1: issue 1")
+    );
+    assert_eq!(task.status, TaskStatus::Queued, "{task:?}");
+    let evidence = client
+        .api
+        .list_artifacts(task_id, run_id)
+        .await
         .unwrap()
-        .iter()
-        .map(|a| a["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names.len(), 2, "{evidence}");
+        .data;
+    let names: Vec<&str> = evidence.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names.len(), 2, "{evidence:?}");
     assert!(names.contains(&"external_work_item.json") && names.contains(&"prompt.md"));
-    let item_artifact = evidence["data"]
-        .as_array()
-        .unwrap()
+    let item_artifact = evidence
         .iter()
-        .find(|a| a["name"] == "external_work_item.json")
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let (_, item_json) = client
-        .get(&format!("{run}/artifacts/{item_artifact}/content"))
+        .find(|a| a.name == "external_work_item.json")
+        .unwrap();
+    let item_json = client
+        .artifact_text(task_id, run_id, &item_artifact.id)
         .await;
+    let item_json: Value = serde_json::from_str(&item_json).unwrap();
     assert_eq!(item_json["identifier"], "acme/widgets#1", "{item_json}");
     assert_eq!(item_json["labels"], json!(["bug"]));
 
     // 304: nothing changes, and the ETags stay for the poll after.
     for _ in 0..2 {
-        let (status, body) = poll().await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        assert_eq!(body["data"]["not_modified"], true, "{body}");
-        assert_eq!(body["data"]["candidates"], 0);
+        let summary = polled(&client, &id).await;
+        assert!(summary.not_modified, "{summary:?}");
+        assert_eq!(summary.candidates, 0);
     }
     assert_eq!(task_count(&client).await, 2);
 
@@ -329,13 +336,17 @@ async fn github_polls_import_each_item_once_honour_etags_and_back_off_on_rate_li
         json!({ "repository": { "full_name": "acme/widgets" }, "issue": github_issue(1, "open") });
     let (status, body) = import(webhook).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["duplicate"], true);
+    assert!(support::record::<Imported>(&body).duplicate);
     let (status, body) = import(github_issue(4, "open")).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    assert_eq!(body["data"]["item"]["state"], "claimed");
+    let imported: Imported = support::record(&body);
+    assert_eq!(imported.item.state, ItemState::Claimed);
     let (status, again) = import(github_issue(4, "open")).await;
     assert_eq!(status, StatusCode::OK, "{again}");
-    assert_eq!(again["data"]["item"]["id"], body["data"]["item"]["id"]);
+    assert_eq!(
+        support::record::<Imported>(&again).item.id,
+        imported.item.id
+    );
     assert_eq!(task_count(&client).await, 3);
     let other_repo =
         json!({ "repository": { "full_name": "evil/repo" }, "issue": github_issue(5, "open") });
@@ -349,30 +360,26 @@ async fn github_polls_import_each_item_once_honour_etags_and_back_off_on_rate_li
         .respond_with(ResponseTemplate::new(429).insert_header("retry-after", "120"))
         .mount(&github)
         .await;
-    let (status, body) = poll().await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["error_code"], "rate_limited", "{body}");
-    assert!(body["data"]["backoff_until"].is_string(), "{body}");
-    let asked = github.received_requests().await.unwrap().len();
-    let (_, body) = poll().await;
-    assert_eq!(body["data"]["candidates"], 0, "{body}");
-    assert_eq!(github.received_requests().await.unwrap().len(), asked);
-    let (_, status) = client
-        .get(&format!("/v1/external-work/sources/{id}/status"))
-        .await;
-    let health = &status["data"];
-    assert_eq!(health["workflow"]["valid"], true);
-    assert_eq!(health["secret"]["configured"], true, "{status}");
-    assert!(
-        health["background"]["backoff_until"].is_string(),
-        "{status}"
-    );
+    let summary = polled(&client, &id).await;
     assert_eq!(
-        health["last_errors"]["poll"]["code"], "rate_limited",
-        "{status}"
+        summary.error_code.as_deref(),
+        Some("rate_limited"),
+        "{summary:?}"
     );
-    assert_eq!(health["records"]["claimed"], 3, "{status}");
-    assert!(!status.to_string().contains(CANARY));
+    assert!(summary.backoff_until.is_some(), "{summary:?}");
+    let asked = github.received_requests().await.unwrap().len();
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.candidates, 0, "{summary:?}");
+    assert_eq!(github.received_requests().await.unwrap().len(), asked);
+    // Read as sent too: its bytes are searched for the token.
+    let (health, raw) = client.api.source_status(&id).fetch().await.unwrap();
+    let (health, raw) = (health.data, String::from_utf8_lossy(&raw).into_owned());
+    assert!(health.workflow.valid);
+    assert!(health.secret.as_ref().unwrap().configured, "{raw}");
+    assert!(health.background.backoff_until.is_some(), "{raw}");
+    assert_eq!(health.last_errors["poll"].code, "rate_limited", "{raw}");
+    assert_eq!(health.records.get("claimed"), Some(&3), "{raw}");
+    assert!(!raw.contains(CANARY));
 
     assert_eq!(rows_containing(&db_url, CANARY).await, Vec::<String>::new());
     drop(api);
@@ -456,7 +463,7 @@ async fn linear_source(linear: &MockServer) -> LinearSource {
     let endpoint = format!("{}/graphql", linear.uri());
     let (status, body) = register(&client, &linear_workflow(&endpoint)).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let id = source_id(&body);
     LinearSource {
         dir,
         db_url,
@@ -490,28 +497,28 @@ async fn linear_polls_page_through_the_project_import_each_issue_once_and_back_o
         client,
         id,
     } = linear_source(&linear).await;
-    let poll_path = format!("/v1/external-work/sources/{id}/poll");
-    let poll = || client.post(&poll_path, json!({}));
 
-    let (status, body) = poll().await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["candidates"], 3, "{body}");
-    assert_eq!(body["data"]["error_code"], Value::Null, "{body}");
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.candidates, 3, "{summary:?}");
+    assert_eq!(summary.error_code, None, "{summary:?}");
     assert_eq!(linear.received_requests().await.unwrap().len(), 2);
     let items = items_of(&client, &id).await;
-    let third = items.iter().find(|i| i["identifier"] == "ENG-3").unwrap();
+    let third = item(&items, "ENG-3");
     assert_eq!(
-        third["idempotency_key"],
+        third.idempotency_key,
         "linear:issue:eng:ENG-3:2026-11-30T10:00:00.000Z"
     );
-    assert_eq!(third["prompt"], "Work on ENG-3 (In Progress), blocked by 1");
-    assert_eq!(body["data"]["claimed"], 3, "{body}");
+    assert_eq!(
+        third.prompt.as_deref(),
+        Some("Work on ENG-3 (In Progress), blocked by 1")
+    );
+    assert_eq!(summary.claimed, 3, "{summary:?}");
     let tasks = task_count(&client).await;
     assert_eq!(tasks, 3, "{items:?}");
 
     // The same versions again: duplicates, nothing new.
-    let (_, body) = poll().await;
-    assert_eq!(body["data"]["duplicates"], 3, "{body}");
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.duplicates, 3, "{summary:?}");
     assert_eq!(task_count(&client).await, tasks);
 
     // A webhook payload of a new version goes through the same import.
@@ -525,7 +532,7 @@ async fn linear_polls_page_through_the_project_import_each_issue_once_and_back_o
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    assert_eq!(body["data"]["duplicate"], false, "{body}");
+    assert!(!support::record::<Imported>(&body).duplicate, "{body}");
     // ENG-1 already has its task: the new version is recorded, no second task.
     assert_eq!(task_count(&client).await, tasks);
 
@@ -546,17 +553,17 @@ async fn linear_polls_page_through_the_project_import_each_issue_once_and_back_o
         )
         .mount(&linear)
         .await;
-    let (_, body) = poll().await;
-    assert_eq!(body["data"]["error_code"], "rate_limited", "{body}");
-    let until: chrono::DateTime<chrono::Utc> = body["data"]["backoff_until"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert_eq!(until.timestamp(), reset.timestamp(), "{body}");
+    let summary = polled(&client, &id).await;
+    assert_eq!(
+        summary.error_code.as_deref(),
+        Some("rate_limited"),
+        "{summary:?}"
+    );
+    let until = summary.backoff_until.unwrap();
+    assert_eq!(until.timestamp(), reset.timestamp(), "{summary:?}");
     let asked = linear.received_requests().await.unwrap().len();
-    let (_, body) = poll().await;
-    assert_eq!(body["data"]["candidates"], 0, "{body}");
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.candidates, 0, "{summary:?}");
     assert_eq!(linear.received_requests().await.unwrap().len(), asked);
 
     assert_eq!(
@@ -576,11 +583,10 @@ async fn an_item_that_leaves_the_active_states_has_its_run_cancelled() {
     // No worker: the imported runs stay queued, which is active.
     let source = linear_source(&linear).await;
     let (client, id) = (source.client.clone(), source.id.clone());
-    let poll_path = format!("/v1/external-work/sources/{id}/poll");
-    let (_, body) = client.post(&poll_path, json!({})).await;
-    assert_eq!(body["data"]["claimed"], 2, "{body}");
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.claimed, 2, "{summary:?}");
     let items = items_of(&client, &id).await;
-    let one = items.iter().find(|i| i["identifier"] == "ENG-1").unwrap();
+    let one = item(&items, "ENG-1");
 
     // ENG-1 moved to Done: the active query no longer has it, the question by id does.
     linear.reset().await;
@@ -592,18 +598,18 @@ async fn an_item_that_leaves_the_active_states_has_its_run_cancelled() {
     linear_by_ids(json!(["uuid-1"]), json!([done]))
         .mount(&linear)
         .await;
-    let (_, body) = client.post(&poll_path, json!({})).await;
-    assert_eq!(body["data"]["error_code"], Value::Null, "{body}");
-    assert_eq!(body["data"]["cancelled_runs"], 1, "{body}");
-    assert_eq!(body["data"]["terminal"], 1, "{body}");
-    assert_eq!(body["data"]["duplicates"], 1, "{body}");
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.error_code, None, "{summary:?}");
+    assert_eq!(summary.cancelled_runs, 1, "{summary:?}");
+    assert_eq!(summary.terminal, 1, "{summary:?}");
+    assert_eq!(summary.duplicates, 1, "{summary:?}");
     let run = run_of(&client, one).await;
-    assert_eq!(run["status"], "cancelled", "{run}");
-    let reason = run["last_error"].as_str().unwrap();
+    assert_eq!(run.status, RunStatus::Cancelled, "{run:?}");
+    let reason = run.last_error.as_deref().unwrap();
     assert!(reason.contains("ENG-1 left the active states"), "{reason}");
     // ENG-2's run goes on.
-    let two = items.iter().find(|i| i["identifier"] == "ENG-2").unwrap();
-    assert_eq!(run_of(&client, two).await["status"], "queued");
+    let two = item(&items, "ENG-2");
+    assert_eq!(run_of(&client, two).await.status, RunStatus::Queued);
 }
 
 #[tokio::test]
@@ -619,16 +625,19 @@ async fn a_todo_issue_waits_for_its_blockers_to_finish() {
     linear_page(Value::Null, first, None).mount(&linear).await;
     let source = linear_source(&linear).await;
     let (client, id) = (source.client.clone(), source.id.clone());
-    let poll_path = format!("/v1/external-work/sources/{id}/poll");
-    let (_, body) = client.post(&poll_path, json!({})).await;
-    assert_eq!(body["data"]["claimed"], 1, "{body}");
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.claimed, 1, "{summary:?}");
     let items = items_of(&client, &id).await;
-    let five = items.iter().find(|i| i["identifier"] == "ENG-5").unwrap();
-    assert_eq!(five["state"], "discovered", "{five}");
-    assert_eq!(five["last_error_code"], "blocked_by_open_issues", "{five}");
+    let five = item(&items, "ENG-5");
+    assert_eq!(five.state, ItemState::Discovered, "{five:?}");
+    assert_eq!(
+        five.last_error_code.as_deref(),
+        Some("blocked_by_open_issues"),
+        "{five:?}"
+    );
     assert!(
-        five["last_error"].as_str().unwrap().contains("ENG-4"),
-        "{five}"
+        five.last_error.as_deref().unwrap().contains("ENG-4"),
+        "{five:?}"
     );
 
     // ENG-4 is done; ENG-5's version is the same, its blocker's state is not.
@@ -641,12 +650,12 @@ async fn a_todo_issue_waits_for_its_blockers_to_finish() {
     linear_by_ids(json!(["uuid-4"]), json!([done]))
         .mount(&linear)
         .await;
-    let (_, body) = client.post(&poll_path, json!({})).await;
-    assert_eq!(body["data"]["claimed"], 1, "{body}");
-    assert_eq!(body["data"]["cancelled_runs"], 1, "{body}");
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.claimed, 1, "{summary:?}");
+    assert_eq!(summary.cancelled_runs, 1, "{summary:?}");
     let items = items_of(&client, &id).await;
-    let five = items.iter().find(|i| i["identifier"] == "ENG-5").unwrap();
-    assert_eq!(five["state"], "claimed", "{five}");
+    let five = item(&items, "ENG-5");
+    assert_eq!(five.state, ItemState::Claimed, "{five:?}");
     assert_eq!(task_count(&client).await, 2);
 }
 
@@ -662,11 +671,9 @@ async fn reconcile_asks_github_for_the_items_with_active_runs_only() {
     let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
     let client = api.client.clone().unwrap();
     let (_, body) = register(&client, &github_workflow(&github.uri(), 30_000)).await;
-    let id = body["data"]["id"].as_str().unwrap().to_string();
-    let (_, body) = client
-        .post(&format!("/v1/external-work/sources/{id}/poll"), json!({}))
-        .await;
-    assert_eq!(body["data"]["claimed"], 1, "{body}");
+    let id = source_id(&body);
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.claimed, 1, "{summary:?}");
 
     github.reset().await;
     let mut closed = github_issue(1, "closed");
@@ -680,16 +687,27 @@ async fn reconcile_asks_github_for_the_items_with_active_runs_only() {
     let reconcile = format!("/v1/external-work/sources/{id}/reconcile");
     let (status, body) = client.post(&reconcile, json!({})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["cancelled_runs"], 1, "{body}");
+    assert_eq!(
+        support::record::<PollSummary>(&body).cancelled_runs,
+        1,
+        "{body}"
+    );
     // One question, about the one item; the lists were not asked for.
     let asked = github.received_requests().await.unwrap();
     assert_eq!(asked.len(), 1, "{asked:?}");
     let items = items_of(&client, &id).await;
-    let claimed = items.iter().find(|i| i["state"] == "claimed").unwrap();
-    assert_eq!(run_of(&client, claimed).await["status"], "cancelled");
+    let claimed = items
+        .iter()
+        .find(|i| i.state == ItemState::Claimed)
+        .unwrap();
+    assert_eq!(run_of(&client, claimed).await.status, RunStatus::Cancelled);
     // Nothing is active any more: a second reconciliation asks nothing.
     let (_, body) = client.post(&reconcile, json!({})).await;
-    assert_eq!(body["data"]["candidates"], 0, "{body}");
+    assert_eq!(
+        support::record::<PollSummary>(&body).candidates,
+        0,
+        "{body}"
+    );
     assert_eq!(github.received_requests().await.unwrap().len(), 1);
 }
 
@@ -710,24 +728,28 @@ async fn max_concurrent_agents_holds_items_back_until_a_slot_frees() {
     );
     let (status, body) = register(&client, &markdown).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let id = body["data"]["id"].as_str().unwrap().to_string();
-    let poll_path = format!("/v1/external-work/sources/{id}/poll");
-    let (_, body) = client.post(&poll_path, json!({})).await;
-    assert_eq!(body["data"]["claimed"], 1, "{body}");
-    assert_eq!(body["data"]["discovered"], 1, "{body}");
+    let id = source_id(&body);
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.claimed, 1, "{summary:?}");
+    assert_eq!(summary.discovered, 1, "{summary:?}");
     assert_eq!(task_count(&client).await, 1);
     let items = items_of(&client, &id).await;
-    let waiting = items.iter().find(|i| i["state"] == "discovered").unwrap();
-    assert_eq!(waiting["last_error_code"], "no_free_slot", "{waiting}");
-    let claimed = items.iter().find(|i| i["state"] == "claimed").unwrap();
+    let in_state = |state: ItemState| items.iter().find(|i| i.state == state).unwrap();
+    let waiting = in_state(ItemState::Discovered);
+    assert_eq!(
+        waiting.last_error_code.as_deref(),
+        Some("no_free_slot"),
+        "{waiting:?}"
+    );
+    let claimed = in_state(ItemState::Claimed);
 
     // Still full: the next poll starts nothing.
-    let (_, body) = client.post(&poll_path, json!({})).await;
-    assert_eq!(body["data"]["claimed"], 0, "{body}");
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.claimed, 0, "{summary:?}");
     // The first run ends: the next poll starts the waiting item, from what it stored.
     let (task_id, run_id) = (
-        claimed["task_id"].as_str().unwrap(),
-        claimed["run_id"].as_str().unwrap(),
+        claimed.task_id.as_deref().unwrap(),
+        claimed.run_id.as_deref().unwrap(),
     );
     let (status, body) = client
         .post(
@@ -736,13 +758,13 @@ async fn max_concurrent_agents_holds_items_back_until_a_slot_frees() {
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let (_, body) = client.post(&poll_path, json!({})).await;
-    assert_eq!(body["data"]["claimed"], 1, "{body}");
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.claimed, 1, "{summary:?}");
     assert_eq!(task_count(&client).await, 2);
     let items = items_of(&client, &id).await;
-    let started = items.iter().find(|i| i["id"] == waiting["id"]).unwrap();
-    assert_eq!(started["state"], "claimed", "{started}");
-    assert_eq!(started["last_error_code"], Value::Null, "{started}");
+    let started = items.iter().find(|i| i.id == waiting.id).unwrap();
+    assert_eq!(started.state, ItemState::Claimed, "{started:?}");
+    assert_eq!(started.last_error_code, None, "{started:?}");
 }
 
 #[tokio::test]
@@ -779,35 +801,38 @@ Try {{% if attempt %}}{{{{ attempt }}}}{{% else %}}0{{% endif %}}
     );
     let (status, body) = register(&client, &markdown).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let id = body["data"]["id"].as_str().unwrap().to_string();
-    let poll_path = format!("/v1/external-work/sources/{id}/poll");
-    let (_, body) = client.post(&poll_path, json!({})).await;
-    assert_eq!(body["data"]["claimed"], 1, "{body}");
+    let id = source_id(&body);
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.claimed, 1, "{summary:?}");
     let first = items_of(&client, &id).await[0].clone();
     let (task_id, run_id) = (
-        first["task_id"].as_str().unwrap(),
-        first["run_id"].as_str().unwrap(),
+        first.task_id.as_deref().unwrap(),
+        first.run_id.as_deref().unwrap(),
     );
     let failed = client
         .wait_terminal(task_id, run_id, Duration::from_secs(30))
         .await;
-    assert_eq!(failed["status"], "failed", "{failed}");
+    assert_eq!(failed.status, RunStatus::Failed, "{failed:?}");
 
-    let (_, body) = client.post(&poll_path, json!({})).await;
-    assert_eq!(body["data"]["retried"], 1, "{body}");
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.retried, 1, "{summary:?}");
     let item = items_of(&client, &id).await[0].clone();
-    assert_eq!(item["state"], "claimed", "{item}");
-    assert_eq!(item["prompt"], "Try 1", "{item}");
-    let retry_id = item["run_id"].as_str().unwrap();
+    assert_eq!(item.state, ItemState::Claimed, "{item:?}");
+    assert_eq!(item.prompt.as_deref(), Some("Try 1"), "{item:?}");
+    let retry_id = item.run_id.as_deref().unwrap();
     assert_ne!(retry_id, run_id);
     let retried = client
         .wait_terminal(task_id, retry_id, Duration::from_secs(30))
         .await;
-    assert_eq!(retried["status"], "completed", "{retried}");
-    assert_eq!(retried["retried_from_run_id"], run_id, "{retried}");
+    assert_eq!(retried.status, RunStatus::Completed, "{retried:?}");
+    assert_eq!(
+        retried.retried_from_run_id.as_deref(),
+        Some(run_id),
+        "{retried:?}"
+    );
     // Completed: nothing more to retry.
-    let (_, body) = client.post(&poll_path, json!({})).await;
-    assert_eq!(body["data"]["retried"], 0, "{body}");
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.retried, 0, "{summary:?}");
 }
 
 #[tokio::test]
@@ -843,7 +868,7 @@ async fn two_workers_polling_one_source_in_the_background_create_each_task_once(
         .collect();
     let (status, body) = register(&client, &github_workflow(&github.uri(), 100)).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let id = source_id(&body);
     let background = format!("/v1/external-work/sources/{id}/background");
     let (status, body) = client.post(&background, json!({ "enabled": true })).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -855,16 +880,10 @@ async fn two_workers_polling_one_source_in_the_background_create_each_task_once(
     })
     .await;
     assert_eq!(task_count(&client).await, 3);
-    let (_, status) = client
-        .get(&format!("/v1/external-work/sources/{id}/status"))
-        .await;
-    assert_eq!(status["data"]["records"]["total"], 3, "{status}");
-    assert_eq!(status["data"]["background"]["running"], true);
-    let last_poll = &status["data"];
-    assert!(
-        last_poll["last_errors"].as_object().unwrap().is_empty(),
-        "{status}"
-    );
+    let health = client.api.source_status(&id).await.unwrap().data;
+    assert_eq!(health.records.get("total"), Some(&3), "{health:?}");
+    assert!(health.background.running);
+    assert!(health.last_errors.is_empty(), "{health:?}");
 
     // Stopped: the polls end.
     let (status, body) = client.post(&background, json!({ "enabled": false })).await;
@@ -919,7 +938,7 @@ async fn a_worker_killed_mid_poll_loses_nothing_and_duplicates_nothing() {
     };
     let mut first = worker("worker-a");
     let (_, body) = register(&client, &github_workflow(&github.uri(), 100)).await;
-    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let id = source_id(&body);
     let background = format!("/v1/external-work/sources/{id}/background");
     let (status, body) = client.post(&background, json!({ "enabled": true })).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -954,10 +973,8 @@ async fn a_worker_killed_mid_poll_loses_nothing_and_duplicates_nothing() {
     })
     .await;
     assert_eq!(task_count(&client).await, 2);
-    let (_, items) = client
-        .get(&format!("/v1/external-work/sources/{id}/items"))
-        .await;
-    assert_eq!(items["data"].as_array().unwrap().len(), 2, "{items}");
+    let items = items_of(&client, &id).await;
+    assert_eq!(items.len(), 2, "{items:?}");
 }
 
 #[tokio::test]
@@ -1023,10 +1040,8 @@ async fn a_worker_killed_while_linear_holds_a_page_loses_nothing_and_duplicates_
     .await;
     // Reading the project again (the background interval is the default 30 s, so by hand)
     // finds only duplicates.
-    let (_, body) = client
-        .post(&format!("/v1/external-work/sources/{id}/poll"), json!({}))
-        .await;
-    assert_eq!(body["data"]["duplicates"], 3, "{body}");
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.duplicates, 3, "{summary:?}");
     assert_eq!(task_count(&client).await, 3);
     assert_eq!(items_of(&client, &id).await.len(), 3);
     assert!(!first.log_text().contains(LINEAR_CANARY));

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use crate::support::proxy::DelayProxy;
 use crate::support::{Client, spawn_api, spawn_worker_with_env, wait_for};
+use keel_client::{EventType, ObjectEnvelope, RunRecord, RunStatus, TaskRecord};
 use reqwest::StatusCode;
+use serde::de::DeserializeOwned;
 use serde_json::json;
 use sqlx::{Connection, PgConnection};
 
@@ -193,12 +195,13 @@ struct Acknowledged {
     at: Instant,
 }
 
-/// The body of a POST to `path` answered 201; None for any other answer or none.
-async fn created(
+/// The resource a POST to `path` answered with 201 (sent raw: the acknowledgement is that
+/// status); None for any other answer or none.
+async fn created<T: DeserializeOwned>(
     client: &Client,
     path: &str,
     body: &serde_json::Value,
-) -> Option<serde_json::Value> {
+) -> Option<T> {
     let response = client
         .http
         .post(format!("{}{path}", client.base))
@@ -209,7 +212,8 @@ async fn created(
     if response.status() != StatusCode::CREATED {
         return None;
     }
-    response.json().await.ok()
+    let envelope: ObjectEnvelope<T> = response.json().await.ok()?;
+    Some(envelope.data)
 }
 
 /// Creates and starts a shell run appending `line` to `effects`; `None` unless both
@@ -217,12 +221,12 @@ async fn created(
 async fn try_start(client: &Client, effects: &Path, line: &str) -> Option<Acknowledged> {
     let command = format!("echo {line} >> {}", effects.display());
     let body = json!({ "execution_kind": "shell", "shell_command": command });
-    let task = created(client, "/v1/tasks", &body).await?;
-    let task_id = task["data"]["id"].as_str()?.to_string();
-    let run = created(client, &format!("/v1/tasks/{task_id}/start"), &json!({})).await?;
+    let task: TaskRecord = created(client, "/v1/tasks", &body).await?;
+    let start = format!("/v1/tasks/{}/start", task.id);
+    let run: RunRecord = created(client, &start, &json!({})).await?;
     Some(Acknowledged {
-        run_id: run["data"]["id"].as_str()?.to_string(),
-        task_id,
+        run_id: run.id,
+        task_id: task.id,
         line: line.to_string(),
         at: Instant::now(),
     })
@@ -300,7 +304,7 @@ async fn every_acknowledged_start_completes_once_across_a_failover() {
     })
     .await;
     client
-        .wait_status(&first_after.0, &first_after.1, "completed", LONG)
+        .wait_status(&first_after.0, &first_after.1, RunStatus::Completed, LONG)
         .await;
     let recovered = failed_over.elapsed();
     wait_for(LONG, "runs started after the failover", || async {
@@ -313,11 +317,11 @@ async fn every_acknowledged_start_completes_once_across_a_failover() {
     let runs = std::mem::take(&mut *runs.lock().unwrap());
     for run in &runs {
         let done = client.wait_terminal(&run.task_id, &run.run_id, LONG).await;
-        assert_eq!(done["status"], "completed", "{done}");
+        assert_eq!(done.status, RunStatus::Completed, "{done:?}");
         let events = client.events(&run.task_id, &run.run_id).await;
         let finished = events
             .iter()
-            .filter(|e| e["type"] == "run.finished")
+            .filter(|e| e.event_type == EventType::RunFinished)
             .count();
         assert_eq!(finished, 1, "{}: {events:?}", run.run_id);
     }

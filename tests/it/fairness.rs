@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use keel::queue::{Lease, fair};
+use keel_client::{RunRecord, RunStatus, WorkspaceLimits};
 use sqlx::PgPool;
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -192,18 +193,21 @@ fn member(base: &str, org: &str) -> support::Client {
     )
 }
 
-fn at(run: &serde_json::Value, field: &str) -> chrono::DateTime<chrono::Utc> {
-    run[field]
-        .as_str()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_else(|| panic!("{field} of {run}"))
+fn start_of(run: &RunRecord) -> chrono::DateTime<chrono::Utc> {
+    run.started_at
+        .unwrap_or_else(|| panic!("started_at of {run:?}"))
+}
+
+fn end_of(run: &RunRecord) -> chrono::DateTime<chrono::Utc> {
+    run.finished_at
+        .unwrap_or_else(|| panic!("finished_at of {run:?}"))
 }
 
 /// The most runs of `runs` that were running at one moment.
-fn most_at_once(runs: &[serde_json::Value]) -> usize {
+fn most_at_once(runs: &[RunRecord]) -> usize {
     let mut edges: Vec<_> = runs
         .iter()
-        .flat_map(|r| [(at(r, "started_at"), 1i32), (at(r, "finished_at"), -1)])
+        .flat_map(|r| [(start_of(r), 1i32), (end_of(r), -1)])
         .collect();
     // At the same instant an end comes before a start: the slot was handed over.
     edges.sort();
@@ -245,7 +249,7 @@ async fn a_real_worker_keeps_each_workspace_within_its_limit_and_serves_both() {
         let run = client
             .wait_terminal(task, run, Duration::from_secs(60))
             .await;
-        assert_eq!(run["status"], "completed", "{run}");
+        assert_eq!(run.status, RunStatus::Completed, "{run:?}");
         runs.push(run);
     }
     let (quiet_run, busy_runs) = runs.split_last().unwrap();
@@ -254,12 +258,12 @@ async fn a_real_worker_keeps_each_workspace_within_its_limit_and_serves_both() {
         2,
         "the busy workspace ran up to its limit, never past it"
     );
-    let mut busy_starts: Vec<_> = busy_runs.iter().map(|r| at(r, "started_at")).collect();
+    let mut busy_starts: Vec<_> = busy_runs.iter().map(start_of).collect();
     busy_starts.sort();
     assert!(
-        at(quiet_run, "started_at") < busy_starts[2],
+        start_of(quiet_run) < busy_starts[2],
         "the quiet workspace's run started in the first claims, before the busy one's third \
-         run: {quiet_run} vs {busy_starts:?}"
+         run: {quiet_run:?} vs {busy_starts:?}"
     );
 }
 
@@ -282,8 +286,9 @@ async fn operators_set_a_workspaces_limit_and_members_cannot() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["data"]["max_concurrent"], 4);
-    assert_eq!(body["data"]["updated_by"], "local");
+    let limits: WorkspaceLimits = support::record(&body);
+    assert_eq!(limits.max_concurrent, Some(4));
+    assert_eq!(limits.updated_by.as_deref(), Some("local"));
     let limit: Option<i32> = sqlx::query_scalar(
         "SELECT max_concurrent FROM workspace_limits WHERE workspace_id = 'acme'",
     )
@@ -307,7 +312,8 @@ async fn operators_set_a_workspaces_limit_and_members_cannot() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    assert!(body["data"]["max_concurrent"].is_null(), "{body}");
+    let limits: WorkspaceLimits = support::record(&body);
+    assert!(limits.max_concurrent.is_none(), "{body}");
 
     let db = support::fresh_database().await;
     let logs = tempfile::tempdir().unwrap();
@@ -326,7 +332,9 @@ async fn operators_set_a_workspaces_limit_and_members_cannot() {
     assert_eq!(body["error"]["type"], "forbidden", "{body}");
     let (status, body) = member.get("/v1/workspaces/other/limits").await;
     assert_eq!(status, 403, "{body}");
+    // keel-client has no operation for the caller's own workspace.
     let (status, body) = member.get("/v1/workspace").await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["data"]["workspace_id"], "acme", "{body}");
+    let own: WorkspaceLimits = support::record(&body);
+    assert_eq!(own.workspace_id, "acme", "{body}");
 }

@@ -115,7 +115,7 @@ fn plant_data_dir(data: &Path, owner: Option<u32>) {
 async fn run(client: &Client, script: &str) -> String {
     let (task_id, run_id) = client.run_shell(script).await;
     let run = client.wait_terminal(&task_id, &run_id, SOON).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, keel_client::RunStatus::Completed, "{run:?}");
     client.stdout(&task_id, &run_id).await
 }
 

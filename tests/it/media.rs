@@ -8,6 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::support::{Client, KeelProcess, SseReader, TestApp, wait_for};
+use keel_client::{
+    ArtifactKind, ArtifactRecord, EventRecord, EventType, MediaJobRecord, MediaJobStatus,
+    ProviderView, SecretStatus,
+};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use wiremock::matchers::{header, method, path, path_regex};
@@ -85,8 +89,9 @@ impl Stack {
             )
             .await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
-        assert_eq!(body["data"]["api_key_configured"], true, "{body}");
-        body["data"]["id"].as_str().unwrap().to_string()
+        let preset: ProviderView = support::record(&body);
+        assert!(preset.api_key_configured, "{body}");
+        preset.id
     }
 
     /// Creates a job and runs it; returns its id.
@@ -100,8 +105,9 @@ impl Stack {
             )
             .await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
-        assert_eq!(body["data"]["status"], "queued");
-        let id = body["data"]["id"].as_str().unwrap().to_string();
+        let job: MediaJobRecord = support::record(&body);
+        assert_eq!(job.status, MediaJobStatus::Queued);
+        let id = job.id;
         let (status, body) = self
             .client
             .post(&format!("/v1/media-jobs/{id}/run"), json!({}))
@@ -110,38 +116,34 @@ impl Stack {
         id
     }
 
-    async fn job(&self, id: &str) -> Value {
-        let (status, body) = self.client.get(&format!("/v1/media-jobs/{id}")).await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        body["data"].clone()
+    async fn job(&self, id: &str) -> MediaJobRecord {
+        let job = self.client.api.get_media_job(id).send_with_status().await;
+        let (status, job) = job.unwrap();
+        assert_eq!(status, StatusCode::OK, "{job:?}");
+        job.data
     }
 
-    async fn wait_ended(&self, id: &str) -> Value {
+    async fn wait_ended(&self, id: &str) -> MediaJobRecord {
         wait_for(JOB_TIMEOUT, "the media job to end", || async {
             let job = self.job(id).await;
-            matches!(
-                job["status"].as_str(),
-                Some("succeeded" | "failed" | "cancelled")
-            )
-            .then_some(job)
+            job.status.is_terminal().then_some(job)
         })
         .await
     }
 
-    async fn artifacts(&self, id: &str) -> Vec<Value> {
-        let (status, body) = self
-            .client
-            .get(&format!("/v1/media-jobs/{id}/artifacts"))
-            .await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        body["data"].as_array().unwrap().clone()
+    async fn artifacts(&self, id: &str) -> Vec<ArtifactRecord> {
+        let artifacts = self.client.api.list_media_artifacts(id);
+        let (status, artifacts) = artifacts.send_with_status().await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{artifacts:?}");
+        artifacts.data
     }
 
-    async fn content(&self, id: &str, artifact: &Value) -> (String, Vec<u8>) {
+    /// An artifact's content type and bytes (raw: the header is part of the answer, and
+    /// keel-client reads only a run's artifacts).
+    async fn content(&self, id: &str, artifact: &ArtifactRecord) -> (String, Vec<u8>) {
         let url = format!(
             "{}/v1/media-jobs/{id}/artifacts/{}/content",
-            self.client.base,
-            artifact["id"].as_str().unwrap()
+            self.client.base, artifact.id
         );
         let response = self.client.http.get(url).send().await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
@@ -153,15 +155,14 @@ impl Stack {
     }
 
     async fn event_types(&self, id: &str) -> Vec<String> {
-        let ended = |events: &[Value]| events.iter().any(|e| e["type"] == "media_job.succeeded");
+        let ended = |events: &[EventRecord]| {
+            events
+                .iter()
+                .any(|e| e.event_type == EventType::MediaJobSucceeded)
+        };
         let path = format!("/v1/events?media_job_id={id}&limit=200");
-        let body = self.client.feed_when(&path, ended).await;
-        body["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["type"].as_str().unwrap().to_string())
-            .collect()
+        let page = self.client.feed_when(&path, ended).await;
+        page.data.iter().map(|e| e.event_type.to_string()).collect()
     }
 }
 
@@ -199,24 +200,21 @@ async fn an_image_job_runs_on_a_worker_and_its_secret_is_never_written() {
         .await;
 
     let job = stack.wait_ended(&id).await;
-    assert_eq!(job["status"], "succeeded", "{job}");
-    assert_eq!(job["attempt"], 1);
+    assert_eq!(job.status, MediaJobStatus::Succeeded, "{job:?}");
+    assert_eq!(job.attempt, 1);
     let artifacts = stack.artifacts(&id).await;
-    let kinds: Vec<&str> = artifacts
-        .iter()
-        .map(|a| a["kind"].as_str().unwrap())
-        .collect();
+    let kinds: Vec<&str> = artifacts.iter().map(|a| a.kind.as_str()).collect();
     assert_eq!(
         kinds.iter().filter(|k| **k == "image").count(),
         1,
         "{artifacts:?}"
     );
     assert!(kinds.contains(&"metadata"), "{artifacts:?}");
-    assert_eq!(
-        job["artifact_ids"].as_array().unwrap().len(),
-        artifacts.len()
-    );
-    let image = artifacts.iter().find(|a| a["kind"] == "image").unwrap();
+    assert_eq!(job.artifact_ids.len(), artifacts.len());
+    let image = artifacts
+        .iter()
+        .find(|a| a.kind == ArtifactKind::Image)
+        .unwrap();
     assert_eq!(
         stack.content(&id, image).await,
         ("image/png".to_string(), PNG.to_vec())
@@ -274,7 +272,7 @@ async fn an_image_job_runs_on_a_worker_and_its_secret_is_never_written() {
 
 /// Greps what Keel wrote for the key: every table, both processes' logs, the job, its
 /// events and artifacts, and the provider as the API shows it.
-async fn assert_secret_nowhere(stack: &Stack, id: &str, artifacts: &[Value]) {
+async fn assert_secret_nowhere(stack: &Stack, id: &str, artifacts: &[ArtifactRecord]) {
     let tables: Vec<String> =
         sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public'")
             .fetch_all(&stack.pool)
@@ -307,11 +305,14 @@ async fn assert_secret_nowhere(stack: &Stack, id: &str, artifacts: &[Value]) {
             process.log.display()
         );
     }
-    let mut seen = vec![stack.job(id).await.to_string()];
+    // The job and the presets as the API sent them; the feed's page as read.
+    let job = stack.client.api.get_media_job(id).raw().await.unwrap();
+    let mut seen = vec![String::from_utf8_lossy(&job).into_owned()];
     let path = format!("/v1/events?media_job_id={id}&limit=200");
     let events = stack.client.feed_when(&path, |e| !e.is_empty()).await;
-    seen.push(events.to_string());
-    seen.push(stack.client.get("/v1/providers").await.1.to_string());
+    seen.push(serde_json::to_string(&events).unwrap());
+    let presets = stack.client.api.list_providers().raw().await.unwrap();
+    seen.push(String::from_utf8_lossy(&presets).into_owned());
     for artifact in artifacts {
         seen.push(String::from_utf8_lossy(&stack.content(id, artifact).await.1).into_owned());
     }
@@ -380,30 +381,37 @@ async fn vendor_failures_end_with_clear_codes_and_rate_limits_retry() {
     let oversized = stack.run_job(&seedream, "image_generate", json!({})).await;
 
     let job = stack.wait_ended(&retried).await;
-    assert_eq!(job["status"], "succeeded", "{job}");
+    assert_eq!(job.status, MediaJobStatus::Succeeded, "{job:?}");
     assert_eq!(
-        job["attempt"], 2,
+        job.attempt, 2,
         "one rate-limited attempt, one that succeeded"
     );
-    let retried_again = |events: &[Value]| events.iter().any(|e| e["data"]["reason"] == "retry");
+    let retried_again = |events: &[EventRecord]| events.iter().any(|e| e.data["reason"] == "retry");
     let path = format!("/v1/events?media_job_id={retried}");
     let events = stack.client.feed_when(&path, retried_again).await;
-    let retry = events["data"]
-        .as_array()
-        .unwrap()
+    let retry = events
+        .data
         .iter()
-        .find(|e| e["type"] == "media_job.queued" && e["data"]["reason"] == "retry")
+        .find(|e| e.event_type == EventType::MediaJobQueued && e.data["reason"] == "retry")
         .expect("a retry event");
-    assert_eq!(retry["data"]["error_code"], "rate_limited");
+    assert_eq!(retry.data["error_code"], "rate_limited");
 
     let job = stack.wait_ended(&refused).await;
-    assert_eq!(job["status"], "failed");
-    assert_eq!(job["last_error_code"], "auth_failed", "{job}");
-    assert_eq!(job["attempt"], 1, "an auth failure is not retried");
+    assert_eq!(job.status, MediaJobStatus::Failed);
+    assert_eq!(
+        job.last_error_code.as_deref(),
+        Some("auth_failed"),
+        "{job:?}"
+    );
+    assert_eq!(job.attempt, 1, "an auth failure is not retried");
 
     let job = stack.wait_ended(&oversized).await;
-    assert_eq!(job["status"], "failed");
-    assert_eq!(job["last_error_code"], "download_too_large", "{job}");
+    assert_eq!(job.status, MediaJobStatus::Failed);
+    assert_eq!(
+        job.last_error_code.as_deref(),
+        Some("download_too_large"),
+        "{job:?}"
+    );
 
     // A failed job runs again.
     let (status, body) = stack
@@ -478,8 +486,8 @@ async fn a_worker_killed_during_a_video_poll_is_replaced_without_a_second_submis
         "the vendor task to be stored and polled",
         || async {
             let job = stack.job(&id).await;
-            (job["vendor_task_id"] == "cgt-keel-1" && polls.load(Ordering::SeqCst) >= 2)
-                .then_some(())
+            let stored = job.vendor_task_id.as_deref() == Some("cgt-keel-1");
+            (stored && polls.load(Ordering::SeqCst) >= 2).then_some(())
         },
     )
     .await;
@@ -495,8 +503,8 @@ async fn a_worker_killed_during_a_video_poll_is_replaced_without_a_second_submis
     done.store(true, Ordering::SeqCst);
 
     let job = stack.wait_ended(&id).await;
-    assert_eq!(job["status"], "succeeded", "{job}");
-    assert_eq!(job["attempt"], 2, "the second worker took the job over");
+    assert_eq!(job.status, MediaJobStatus::Succeeded, "{job:?}");
+    assert_eq!(job.attempt, 2, "the second worker took the job over");
     let submissions = vendor
         .received_requests()
         .await
@@ -509,24 +517,23 @@ async fn a_worker_killed_during_a_video_poll_is_replaced_without_a_second_submis
         .artifacts(&id)
         .await
         .into_iter()
-        .find(|a| a["kind"] == "video")
+        .find(|a| a.kind == ArtifactKind::Video)
         .unwrap();
     assert_eq!(
         stack.content(&id, &video).await,
         ("video/mp4".to_string(), MP4.to_vec())
     );
-    let taken_over = |events: &[Value]| {
+    let taken_over = |events: &[EventRecord]| {
         events
             .iter()
-            .any(|e| e["data"]["reason"] == "worker_lease_expired")
+            .any(|e| e.data["reason"] == "worker_lease_expired")
     };
     let path = format!("/v1/events?media_job_id={id}&limit=200");
     let events = stack.client.feed_when(&path, taken_over).await;
-    let takeover =
-        events["data"].as_array().unwrap().iter().any(|e| {
-            e["type"] == "media_job.queued" && e["data"]["reason"] == "worker_lease_expired"
-        });
-    assert!(takeover, "the takeover is in the job's events: {events}");
+    let takeover = events.data.iter().any(|e| {
+        e.event_type == EventType::MediaJobQueued && e.data["reason"] == "worker_lease_expired"
+    });
+    assert!(takeover, "the takeover is in the job's events: {events:?}");
 }
 
 #[tokio::test]
@@ -550,7 +557,8 @@ async fn cancelling_a_polling_video_job_stops_it_and_a_rerun_submits_afresh() {
         .await;
     let id = stack.run_job(&provider, "video_generate", json!({})).await;
     wait_for(JOB_TIMEOUT, "the job to poll its task", || async {
-        (stack.job(&id).await["vendor_task_id"] == "cgt-keel-2").then_some(())
+        let job = stack.job(&id).await;
+        (job.vendor_task_id.as_deref() == Some("cgt-keel-2")).then_some(())
     })
     .await;
     let (status, body) = stack
@@ -558,7 +566,10 @@ async fn cancelling_a_polling_video_job_stops_it_and_a_rerun_submits_afresh() {
         .post(&format!("/v1/media-jobs/{id}/cancel"), json!({}))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["status"], "cancelled");
+    assert_eq!(
+        support::record::<MediaJobRecord>(&body).status,
+        MediaJobStatus::Cancelled
+    );
     let (status, _) = stack
         .client
         .post(&format!("/v1/media-jobs/{id}/cancel"), json!({}))
@@ -585,7 +596,9 @@ async fn cancelling_a_polling_video_job_stops_it_and_a_rerun_submits_afresh() {
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     assert!(
-        body["data"]["vendor_task_id"].is_null(),
+        support::record::<MediaJobRecord>(&body)
+            .vendor_task_id
+            .is_none(),
         "a rerun starts over: {body}"
     );
     wait_for(JOB_TIMEOUT, "a second submission", || async {
@@ -603,15 +616,10 @@ async fn cancelling_a_polling_video_job_stops_it_and_a_rerun_submits_afresh() {
 async fn presets_take_secret_references_and_jobs_need_a_capable_preset() {
     let app = TestApp::api_only().await;
     let c = &app.client;
-    let (status, templates) = c.get("/v1/provider-templates").await;
+    let templates = c.api.list_provider_templates().send_with_status().await;
+    let (status, templates) = templates.unwrap();
     assert_eq!(status, StatusCode::OK);
-    assert!(
-        templates["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|t| t["enabled"] == false)
-    );
+    assert!(templates.data.iter().all(|t| !t.enabled));
 
     let preset = json!({ "kind": "seedream", "model": "m", "api": "media-job",
                          "base_url": "https://ark.ap-southeast.bytepluses.com/api/v3",
@@ -647,15 +655,15 @@ async fn presets_take_secret_references_and_jobs_need_a_capable_preset() {
 
     let (status, body) = c.post("/v1/providers", preset).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let id = body["data"]["id"].as_str().unwrap().to_string();
-    assert_eq!(body["data"]["api_key_configured"], false);
-    assert_eq!(body["data"]["api_key_status"]["kind"], "env");
-    let (_, check) = c
-        .post(&format!("/v1/providers/{id}/check"), json!({}))
-        .await;
-    assert_eq!(check["data"]["code"], "secret_missing", "{check}");
+    let preset: ProviderView = support::record(&body);
+    let id = preset.id;
+    assert!(!preset.api_key_configured);
+    assert_eq!(preset.api_key_status.unwrap().kind, "env");
+    let check = c.api.check_provider(&id, false).await.unwrap().data;
+    assert_eq!(check.code, "secret_missing", "{check:?}");
+    let checked = c.api.get_provider(&id).await.unwrap().data;
     assert_eq!(
-        c.get(&format!("/v1/providers/{id}")).await.1["data"]["last_check"]["code"],
+        checked.last_check.unwrap_or_default()["code"],
         "secret_missing"
     );
     let patched = c
@@ -667,7 +675,9 @@ async fn presets_take_secret_references_and_jobs_need_a_capable_preset() {
         .await;
     assert_eq!(patched.0, StatusCode::OK, "{}", patched.1);
     assert!(
-        patched.1["data"]["last_check"].is_null(),
+        support::record::<ProviderView>(&patched.1)
+            .last_check
+            .is_none(),
         "an edit clears the check"
     );
 
@@ -682,8 +692,8 @@ async fn presets_take_secret_references_and_jobs_need_a_capable_preset() {
         .post("/v1/providers", json!({ "kind": "openai-compatible", "model": "gpt", "api": "openai-completions",
                                        "base_url": "http://127.0.0.1:8317/v1", "capabilities": ["chat"], "enabled": true }))
         .await;
-    let chat = chat["data"]["id"].as_str().unwrap();
-    let (status, body) = c.post("/v1/media-jobs", job(chat, "image_generate")).await;
+    let chat = support::record::<ProviderView>(&chat).id;
+    let (status, body) = c.post("/v1/media-jobs", job(&chat, "image_generate")).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["error"]["type"], "unsupported_capability");
     c.send(
@@ -697,13 +707,17 @@ async fn presets_take_secret_references_and_jobs_need_a_capable_preset() {
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     let (status, created) = c.post("/v1/media-jobs", job(&id, "image_generate")).await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
+    // keel-client has no operation listing media jobs.
     let (status, page) = c
         .get(&format!(
             "/v1/media-jobs?status=queued&provider_id={id}&limit=1"
         ))
         .await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(page["data"][0]["id"], created["data"]["id"]);
+    assert_eq!(
+        support::page::<MediaJobRecord>(&page).data[0].id,
+        support::record::<MediaJobRecord>(&created).id
+    );
     assert_eq!(
         c.get("/v1/media-jobs?status=bogus").await.0,
         StatusCode::BAD_REQUEST
@@ -722,8 +736,12 @@ async fn presets_take_secret_references_and_jobs_need_a_capable_preset() {
         .get("/v1/secrets/status?ref=keychain%3Aprovider_local&purpose=provider_api_key")
         .await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(body["data"]["error_code"], "secret_store_unavailable");
-    assert_eq!(body["data"]["configured"], false);
+    let secret: SecretStatus = support::record(&body);
+    assert_eq!(
+        secret.error_code.as_deref(),
+        Some("secret_store_unavailable")
+    );
+    assert!(!secret.configured);
     assert_eq!(
         c.get("/v1/secrets/status?ref=sk-raw").await.0,
         StatusCode::BAD_REQUEST

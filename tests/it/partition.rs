@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::proxy::DelayProxy;
 use crate::support::{Client, spawn_api, spawn_worker, wait_for, worker_id_of};
+use keel_client::{EventType, RunStatus};
 use serde_json::json;
 
 const LEASE_MS: u64 = 3_000;
@@ -136,9 +137,7 @@ fn figures(
 }
 
 async fn start_shell_run(client: &Client, command: &str) -> (String, String) {
-    client
-        .start_task(json!({ "execution_kind": "shell", "shell_command": command }))
-        .await
+    client.start_task(&support::shell(command)).await
 }
 
 #[tokio::test]
@@ -158,7 +157,9 @@ async fn a_cut_off_worker_kills_its_runs_before_another_takes_them_over() {
         runs.push(start_shell_run(&client, "sleep 8; echo done").await);
     }
     for (task_id, run_id) in &runs {
-        client.wait_status(task_id, run_id, "running", LONG).await;
+        client
+            .wait_status(task_id, run_id, RunStatus::Running, LONG)
+            .await;
     }
     wait_for(
         LONG,
@@ -175,8 +176,8 @@ async fn a_cut_off_worker_kills_its_runs_before_another_takes_them_over() {
     proxy.freeze();
     for (task_id, run_id) in &runs {
         let run = client.wait_terminal(task_id, run_id, LONG).await;
-        assert_eq!(run["status"], "completed", "{run}");
-        assert_eq!(run["worker_id"], other_id.as_str(), "{run}");
+        assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+        assert_eq!(run.worker_id.as_ref(), Some(&other_id), "{run:?}");
     }
     // The cut-off worker stopped each run on its own, still partitioned.
     assert!(runs_with_processes(&cut_data).is_empty());
@@ -198,18 +199,18 @@ async fn a_cut_off_worker_kills_its_runs_before_another_takes_them_over() {
     let (task_id, run_id) = start_shell_run(&client, "echo again").await;
     let again = client.wait_terminal(&task_id, &run_id, LONG).await;
     let recovered = thawed.elapsed();
-    assert_eq!(again["status"], "completed", "{again}");
-    assert_eq!(again["worker_id"], cut_id.as_str(), "{again}");
+    assert_eq!(again.status, RunStatus::Completed, "{again:?}");
+    assert_eq!(again.worker_id.as_ref(), Some(&cut_id), "{again:?}");
     // And wrote nothing into the runs it lost: each has one outcome.
     for (task_id, run_id) in &runs {
         let events = client.events(task_id, run_id).await;
         let finished = events
             .iter()
-            .filter(|e| e["type"] == "run.finished")
+            .filter(|e| e.event_type == EventType::RunFinished)
             .count();
         assert_eq!(finished, 1, "{run_id}: {events:?}");
         let run = client.run(task_id, run_id).await;
-        assert_eq!(run["worker_id"], other_id.as_str(), "{run}");
+        assert_eq!(run.worker_id.as_ref(), Some(&other_id), "{run:?}");
     }
     let log = std::fs::read_to_string(&cut.log).unwrap();
     assert!(log.contains("lease lost locally"), "{log}");
@@ -337,7 +338,7 @@ async fn a_cut_off_agent_loop_starts_no_model_call_after_its_deadline() {
         support::spawn_worker_with_env(&proxy.url, dir.path(), "cut", LEASE_MS, &cut_data, &env);
     let cut_id = worker_id_of(&pool, &cut).await;
     let (task_id, run_id) = client
-        .start_task(json!({ "execution_kind": "agent_loop", "prompt": "Tidy the notes." }))
+        .start_task(&support::agent_loop("Tidy the notes."))
         .await;
     llm.wait_for_requests(2, LONG).await;
 
@@ -359,11 +360,11 @@ async fn a_cut_off_agent_loop_starts_no_model_call_after_its_deadline() {
     proxy.thaw();
 
     assert_eq!(after_deadline, 2, "a model call started after the deadline");
-    assert_eq!(run["status"], "completed", "{run}");
-    assert_eq!(run["worker_id"], other_id.as_str(), "{run}");
-    assert_eq!(run["model_call_count"], 2, "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    assert_eq!(run.worker_id.as_ref(), Some(&other_id), "{run:?}");
+    assert_eq!(run.model_call_count, 2, "{run:?}");
     // The call in flight at the freeze is the one the other worker found abandoned.
-    assert_eq!(run["abandoned_model_calls"], 1, "{run}");
+    assert_eq!(run.abandoned_model_calls, 1, "{run:?}");
     let requests = llm.requests().len();
     // Call 1 once, call 2 twice: the one in flight at the freeze, and its repeat.
     assert_eq!(
@@ -374,13 +375,13 @@ async fn a_cut_off_agent_loop_starts_no_model_call_after_its_deadline() {
     let events = client.events(&task_id, &run_id).await;
     let finished = events
         .iter()
-        .filter(|e| e["type"] == "run.finished")
+        .filter(|e| e.event_type == EventType::RunFinished)
         .count();
     assert_eq!(finished, 1, "{events:?}");
     let abandoned: Vec<_> = events
         .iter()
-        .filter(|e| e["type"] == "model.call.abandoned")
-        .map(|e| e["data"]["index"].clone())
+        .filter(|e| e.event_type == EventType::ModelCallAbandoned)
+        .map(|e| e.data["index"].clone())
         .collect();
     assert_eq!(abandoned, [json!(2)], "{events:?}");
     assert_ne!(cut_id, other_id);

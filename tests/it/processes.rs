@@ -11,6 +11,7 @@ use crate::support::{
     spawn_worker_with_env, wait_for, worker_id_of,
 };
 use chrono::{DateTime, Utc};
+use keel_client::{EventType, RunRecord, RunStatus};
 use nix::sys::signal::Signal;
 use serde_json::json;
 use sqlx::PgPool;
@@ -28,30 +29,29 @@ async fn leases_of(pool: &PgPool, worker_id: &str) -> HashMap<String, DateTime<U
         .collect()
 }
 
-async fn start_task(client: &Client, body: serde_json::Value) -> (String, String) {
-    let task = client.create_task(body).await;
-    let task_id = task["id"].as_str().unwrap().to_string();
+/// Creates a shell task running `command` and starts it (201); returns (task id, run id).
+async fn start_task(client: &Client, command: &str) -> (String, String) {
+    let task = client.create_task(&support::shell(command)).await;
     let (status, run) = client
-        .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
+        .post(&format!("/v1/tasks/{}/start", task.id), json!({}))
         .await;
     assert_eq!(status, reqwest::StatusCode::CREATED, "{run}");
-    (task_id, run["data"]["id"].as_str().unwrap().to_string())
+    (task.id, support::record::<RunRecord>(&run).id)
 }
 
 /// Approves every pending approval, as an operator working through the inbox would.
 async fn approve_all(client: &Client, expected: usize) {
     let mut approved = 0;
     loop {
-        let (_, page) = client.get("/v1/approvals?status=pending&limit=200").await;
-        let pending = page["data"].as_array().unwrap().clone();
+        let pending = client.api.list_approvals(Some("pending"));
+        let pending = pending.query("limit", Some(200)).await.unwrap().data;
         if pending.is_empty() {
             break;
         }
         for approval in pending {
             let path = format!(
                 "/v1/tasks/{}/approvals/{}/resolve",
-                approval["task_id"].as_str().unwrap(),
-                approval["id"].as_str().unwrap()
+                approval.task_id, approval.id
             );
             let (status, body) = client.post(&path, json!({ "decision": "approve" })).await;
             assert_eq!(status, reqwest::StatusCode::OK, "{body}");
@@ -93,13 +93,7 @@ async fn killing_a_worker_mid_run_loses_nothing() {
     );
     let mut runs = Vec::new();
     for _ in 0..RUNS {
-        runs.push(
-            start_task(
-                &client,
-                json!({ "execution_kind": "shell", "shell_command": command }),
-            )
-            .await,
-        );
+        runs.push(start_task(&client, &command).await);
     }
 
     approve_all(&client, RUNS).await;
@@ -158,7 +152,7 @@ async fn killing_a_worker_mid_run_loses_nothing() {
 
     for (task_id, run_id) in &runs {
         let run = client.wait_terminal(task_id, run_id, LONG).await;
-        assert_eq!(run["status"], "completed", "{run}");
+        assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     }
 
     let finished: Vec<(String, i64)> = sqlx::query_as(
@@ -231,20 +225,18 @@ async fn a_paused_worker_cannot_change_a_run_after_its_lease_was_taken() {
     let stale = spawn_worker(&db, dir.path(), "worker-a", 1_500, &dir.path().join("a"));
     let stale_id = worker_id_of(&pool, &stale).await;
 
-    let (task_id, run_id) = start_task(
-        &client,
-        json!({ "execution_kind": "shell", "shell_command": "sleep 2; echo done" }),
-    )
-    .await;
-    client.wait_status(&task_id, &run_id, "running", LONG).await;
+    let (task_id, run_id) = start_task(&client, "sleep 2; echo done").await;
+    client
+        .wait_status(&task_id, &run_id, RunStatus::Running, LONG)
+        .await;
     stale.signal(Signal::SIGSTOP);
 
     let fresh = spawn_worker(&db, dir.path(), "worker-b", 1_500, &dir.path().join("b"));
     let fresh_id = worker_id_of(&pool, &fresh).await;
     let run = client.wait_terminal(&task_id, &run_id, LONG).await;
-    assert_eq!(run["status"], "completed");
-    assert_eq!(run["worker_id"], fresh_id.as_str());
-    assert_eq!(run["attempt"], 2);
+    assert_eq!(run.status, RunStatus::Completed);
+    assert_eq!(run.worker_id.as_ref(), Some(&fresh_id));
+    assert_eq!(run.attempt, 2);
     let events_before = client.events(&task_id, &run_id).await;
 
     stale.signal(Signal::SIGCONT);
@@ -271,16 +263,14 @@ async fn a_paused_worker_cannot_change_a_run_after_its_lease_was_taken() {
         run,
         "the stale worker changed the run"
     );
-    let types: Vec<&str> = events_after
-        .iter()
-        .map(|e| e["type"].as_str().unwrap())
-        .collect();
-    assert_eq!(types.iter().filter(|t| **t == "run.finished").count(), 1);
+    let types: Vec<EventType> = events_after.iter().map(|e| e.event_type).collect();
+    let finished = types.iter().filter(|t| **t == EventType::RunFinished);
+    assert_eq!(finished.count(), 1);
     let gap = events_after
         .iter()
-        .find(|e| e["type"] == "gap.run_disconnected")
+        .find(|e| e.event_type == EventType::GapRunDisconnected)
         .unwrap();
-    assert_eq!(gap["data"]["previous_worker_id"], stale_id.as_str());
+    assert_eq!(gap.data["previous_worker_id"], stale_id.as_str());
 }
 
 #[tokio::test]
@@ -292,11 +282,8 @@ async fn a_stream_on_another_api_process_sees_every_event_in_order() {
     let (a, b) = (api_a.client.clone().unwrap(), api_b.client.clone().unwrap());
     let _worker = spawn_worker(&db, dir.path(), "worker", 5_000, &dir.path().join("w"));
 
-    let (task_id, run_id) = start_task(
-        &a,
-        json!({ "execution_kind": "shell", "shell_command": "for i in $(seq 1 5); do echo line $i; sleep 0.1; done" }),
-    )
-    .await;
+    let command = "for i in $(seq 1 5); do echo line $i; sleep 0.1; done";
+    let (task_id, run_id) = start_task(&a, command).await;
     let path = format!("/v1/tasks/{task_id}/runs/{run_id}/stream");
     let mut stream = SseReader::open(&b, &path, None).await;
     let mut seen = Vec::new();
@@ -313,11 +300,11 @@ async fn a_stream_on_another_api_process_sees_every_event_in_order() {
         .events(&task_id, &run_id)
         .await
         .iter()
-        .map(|e| e["event_id"].to_string())
+        .map(|e| e.event_id.clone())
         .collect();
     let streamed: Vec<String> = seen
         .iter()
-        .map(|e| e.data["event_id"].to_string())
+        .map(|e| e.data["event_id"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(streamed, listed);
 
@@ -325,7 +312,7 @@ async fn a_stream_on_another_api_process_sees_every_event_in_order() {
     let mut resumed = SseReader::open(&b, &path, Some(&middle.to_string())).await;
     let mut rest = Vec::new();
     while let Some(event) = resumed.next(LONG).await {
-        rest.push(event.data["event_id"].to_string());
+        rest.push(event.data["event_id"].as_str().unwrap().to_string());
     }
     assert_eq!(rest, streamed[middle..]);
 }
@@ -340,36 +327,30 @@ async fn sigterm_drains_then_hands_unfinished_runs_back() {
     let mut first = spawn_worker(&db, dir.path(), "worker-1", 30_000, &dir.path().join("w1"));
     worker_id_of(&pool, &first).await;
 
-    let (quick_task, quick_run) = start_task(
-        &client,
-        json!({ "execution_kind": "shell", "shell_command": "sleep 0.3" }),
-    )
-    .await;
-    let (task_id, run_id) = start_task(
-        &client,
-        json!({ "execution_kind": "shell", "shell_command": "sleep 600" }),
-    )
-    .await;
-    client.wait_status(&task_id, &run_id, "running", LONG).await;
+    let (quick_task, quick_run) = start_task(&client, "sleep 0.3").await;
+    let (task_id, run_id) = start_task(&client, "sleep 600").await;
     client
-        .wait_status(&quick_task, &quick_run, "running", LONG)
+        .wait_status(&task_id, &run_id, RunStatus::Running, LONG)
+        .await;
+    client
+        .wait_status(&quick_task, &quick_run, RunStatus::Running, LONG)
         .await;
 
     let status = first.terminate(Duration::from_secs(20));
     assert!(status.success(), "the worker exited with {status}");
     // The short run finished within the drain window; the long one was handed back.
     assert_eq!(
-        client.run(&quick_task, &quick_run).await["status"],
-        "completed"
+        client.run(&quick_task, &quick_run).await.status,
+        RunStatus::Completed
     );
     let run = client.run(&task_id, &run_id).await;
-    assert_eq!(run["status"], "queued");
+    assert_eq!(run.status, RunStatus::Queued);
     let events = client.events(&task_id, &run_id).await;
     let gap = events
         .iter()
-        .find(|e| e["type"] == "gap.run_disconnected")
+        .find(|e| e.event_type == EventType::GapRunDisconnected)
         .unwrap();
-    assert_eq!(gap["data"]["reason"], "worker_shutdown");
+    assert_eq!(gap.data["reason"], "worker_shutdown");
     let (owner, attempts): (Option<String>, i32) =
         sqlx::query_as("SELECT lease_owner, attempts FROM queue_jobs WHERE ref_id = $1")
             .bind(&run_id)
@@ -390,14 +371,14 @@ async fn sigterm_drains_then_hands_unfinished_runs_back() {
     // Another worker takes it straight away (no lease to wait out).
     let _second = spawn_worker(&db, dir.path(), "worker-2", 30_000, &dir.path().join("w2"));
     client
-        .wait_status(&task_id, &run_id, "running", Duration::from_secs(20))
-        .await;
-    client
-        .post(
-            &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
-            json!({}),
+        .wait_status(
+            &task_id,
+            &run_id,
+            RunStatus::Running,
+            Duration::from_secs(20),
         )
         .await;
+    client.api.cancel_run(&task_id, &run_id).await.unwrap();
 }
 
 /// The compose stack's topology with real processes: one `keel migrate` on an empty
@@ -433,8 +414,8 @@ async fn migrate_two_apis_and_four_workers_share_the_work() {
         || async {
             let mut live = Vec::new();
             for client in &clients {
-                let (_, stats) = client.get("/v1/system/stats").await;
-                live.push(stats["data"]["workers"]["live"].as_i64().unwrap_or(0));
+                let stats = client.api.system_stats().await;
+                live.push(stats.map_or(0, |s| s.data.workers.live));
             }
             (live == [4, 4]).then_some(())
         },
@@ -443,8 +424,7 @@ async fn migrate_two_apis_and_four_workers_share_the_work() {
 
     let mut runs = Vec::new();
     for i in 0..RUNS {
-        let body = json!({ "execution_kind": "shell", "shell_command": "sleep 0.3" });
-        runs.push(start_task(&clients[i % 2], body).await);
+        runs.push(start_task(&clients[i % 2], "sleep 0.3").await);
     }
     // A worker leaves (SIGTERM: it drains) and a new one joins, mid-work.
     let status = workers.remove(0).terminate(Duration::from_secs(30));
@@ -461,7 +441,7 @@ async fn migrate_two_apis_and_four_workers_share_the_work() {
         let run = clients[(i + 1) % 2]
             .wait_terminal(task_id, run_id, LONG)
             .await;
-        assert_eq!(run["status"], "completed", "{run}");
+        assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     }
     let workers_used: i64 = sqlx::query_scalar("SELECT count(DISTINCT worker_id) FROM runs")
         .fetch_one(&pool)

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::support::Client;
 use crate::support::llm::{FakeLlm, Turn};
+use keel_client::{ProviderCheck, ProviderView};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -23,9 +24,11 @@ async fn create(client: &Client, api: &str, base_url: &str) -> String {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    body["data"]["id"].as_str().unwrap().to_string()
+    support::record::<ProviderView>(&body).id
 }
 
+/// The check's status and body, raw: the body is searched for the key, and some queries
+/// are refused.
 async fn check(client: &Client, id: &str, query: &str) -> (StatusCode, Value) {
     client
         .post(&format!("/v1/providers/{id}/check{query}"), json!({}))
@@ -54,15 +57,17 @@ async fn a_live_check_calls_the_chat_model_once_and_reports_its_error_without_th
     // Without `live` nothing is sent.
     let (status, body) = check(&client, &openai, "").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["code"], "ready");
-    assert_eq!(body["data"]["live"], false);
+    let result: ProviderCheck = support::record(&body);
+    assert_eq!(result.code, "ready");
+    assert!(!result.live);
     assert!(llm.requests().is_empty());
 
     let (status, body) = check(&client, &openai, "?live=true").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["ok"], true, "{body}");
-    assert_eq!(body["data"]["code"], "ready");
-    assert_eq!(body["data"]["live"], true);
+    let result: ProviderCheck = support::record(&body);
+    assert!(result.ok, "{body}");
+    assert_eq!(result.code, "ready");
+    assert!(result.live);
     let ping = &llm.requests()[0];
     assert_eq!(
         ping.header("authorization"),
@@ -79,18 +84,22 @@ async fn a_live_check_calls_the_chat_model_once_and_reports_its_error_without_th
 
     let (status, body) = check(&client, &anthropic, "?live=true").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["ok"], false);
-    assert_eq!(body["data"]["code"], "live_call_failed");
-    let message = body["data"]["message"].as_str().unwrap();
+    let result: ProviderCheck = support::record(&body);
+    assert!(!result.ok);
+    assert_eq!(result.code, "live_call_failed");
+    let message = result.message;
     assert!(
         message.contains("HTTP 401: Invalid API key: [redacted]"),
         "{message}"
     );
     assert_eq!(llm.requests()[1].body["max_tokens"], 1);
-    let (_, stored) = client.get(&format!("/v1/providers/{anthropic}")).await;
-    assert_eq!(stored["data"]["last_check"]["code"], "live_call_failed");
+    // Read as sent too: its bytes are searched for the key below.
+    let (stored, stored_raw) = client.api.get_provider(&anthropic).fetch().await.unwrap();
+    let last_check = stored.data.last_check.unwrap_or_default();
+    assert_eq!(last_check["code"], "live_call_failed");
+    let stored = String::from_utf8_lossy(&stored_raw).into_owned();
 
-    for text in [body.to_string(), stored.to_string(), api.log_text()] {
+    for text in [body.to_string(), stored, api.log_text()] {
         assert!(!text.contains(KEY), "the key leaked: {text}");
     }
 }
@@ -106,8 +115,9 @@ async fn live_checks_refuse_media_presets_and_private_addresses_by_default() {
     let chat = create(&client, "openai-completions", &llm.openai_base()).await;
     let (status, body) = check(&client, &chat, "?live=true").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["code"], "live_call_failed");
-    let message = body["data"]["message"].as_str().unwrap();
+    let result: ProviderCheck = support::record(&body);
+    assert_eq!(result.code, "live_call_failed");
+    let message = result.message;
     assert!(
         message.contains("127.0.0.1 is not a public address"),
         "{message}"
@@ -123,7 +133,8 @@ async fn live_checks_refuse_media_presets_and_private_addresses_by_default() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let media = body["data"]["id"].as_str().unwrap();
+    let media = support::record::<ProviderView>(&body).id;
+    let media = media.as_str();
     let (status, body) = check(&client, media, "?live=true").await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(
@@ -146,9 +157,10 @@ async fn live_checks_refuse_media_presets_and_private_addresses_by_default() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let keyless = body["data"]["id"].as_str().unwrap();
-    let (_, body) = check(&client, keyless, "").await;
-    assert_eq!(body["data"]["code"], "ready", "{body}");
+    let keyless = support::record::<ProviderView>(&body).id;
+    let (_, body) = check(&client, &keyless, "").await;
+    let result: ProviderCheck = support::record(&body);
+    assert_eq!(result.code, "ready", "{body}");
 }
 
 /// The SSE `data:` payloads of a response body.

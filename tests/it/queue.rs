@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use keel::domain::Scope;
 use keel::queue::{self, Disposition, Positions, QueueError};
+use keel_client::{EventType, RunStatus};
 
 use sqlx::PgPool;
 
@@ -227,15 +228,15 @@ async fn the_reconciler_requeues_a_run_whose_lease_expired() {
     );
 
     let run = app.client.run(&task_id, &run_id).await;
-    assert_eq!(run["status"], "queued");
+    assert_eq!(run.status, RunStatus::Queued);
     let events = app.client.events(&task_id, &run_id).await;
     let gap = events
         .iter()
-        .find(|e| e["type"] == "gap.run_disconnected")
+        .find(|e| e.event_type == EventType::GapRunDisconnected)
         .expect("a gap event");
-    assert_eq!(gap["data"]["reason"], "worker_lease_expired");
-    assert_eq!(gap["data"]["previous_worker_id"], "wrk_gone");
-    assert_eq!(events.last().unwrap()["type"], "run.queued");
+    assert_eq!(gap.data["reason"], "worker_lease_expired");
+    assert_eq!(gap.data["previous_worker_id"], "wrk_gone");
+    assert_eq!(events.last().unwrap().event_type, EventType::RunQueued);
     let (owner, token): (Option<String>, i64) =
         sqlx::query_as("SELECT lease_owner, fencing_token FROM queue_jobs")
             .fetch_one(&app.pool)

@@ -6,6 +6,7 @@ use crate::support;
 use std::time::{Duration, Instant};
 
 use crate::support::proxy::DelayProxy;
+use keel_client::{RunRecord, RunStatus};
 use serde_json::json;
 use sqlx::{Connection, PgConnection, PgPool};
 
@@ -27,13 +28,10 @@ async fn a_job_whose_enqueue_commits_late_is_picked_up_at_once() {
         .client
         .wait_terminal(&task_id, &run_id, Duration::from_secs(60))
         .await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
 
-    let task = app
-        .client
-        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
-        .await;
-    let task_id = task["id"].as_str().unwrap().to_string();
+    let task = app.client.create_task(&support::shell("true")).await;
+    let task_id = task.id;
     // Hold the task's row, which admission locks first thing in its transaction.
     let mut holder = PgConnection::connect(&app.db_url).await.unwrap();
     let mut held = holder.begin().await.unwrap();
@@ -61,7 +59,7 @@ async fn a_job_whose_enqueue_commits_late_is_picked_up_at_once() {
     held.commit().await.unwrap();
     let ((status, body), committed) = start.await.unwrap();
     assert_eq!(status, 201, "{body}");
-    let run_id = body["data"]["id"].as_str().unwrap().to_string();
+    let run_id = support::record::<RunRecord>(&body).id;
 
     let claim = "the late job to be claimed";
     support::wait_for(Duration::from_secs(2), claim, || claimed(pool, &run_id)).await;
@@ -70,7 +68,7 @@ async fn a_job_whose_enqueue_commits_late_is_picked_up_at_once() {
         .client
         .wait_terminal(&task_id, &run_id, Duration::from_secs(30))
         .await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     // The run (and its job's run_after) dates from its transaction's start: the claim came
     // more than a second after it, so the job really was one that committed late.
     let behind: f64 = sqlx::query_scalar(

@@ -6,8 +6,8 @@ use crate::support;
 
 use std::time::Duration;
 
-use crate::support::{spawn_api, spawn_worker, wait_for};
-use serde_json::json;
+use crate::support::{shell, spawn_api, spawn_worker, wait_for};
+use keel_client::RunStatus;
 
 #[tokio::test]
 async fn queued_and_running_work_completes_after_a_full_restart() {
@@ -19,14 +19,9 @@ async fn queued_and_running_work_completes_after_a_full_restart() {
     let command = "sleep 1; echo \"$KEEL_RUN_ID\"";
     let mut runs = Vec::new();
     for _ in 0..RUNS {
-        let task = client
-            .create_task(json!({ "execution_kind": "shell", "shell_command": command }))
-            .await;
-        let task_id = task["id"].as_str().unwrap().to_string();
-        let (_, run) = client
-            .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
-            .await;
-        runs.push((task_id, run["data"]["id"].as_str().unwrap().to_string()));
+        let task = client.create_task(&shell(command)).await;
+        let run = client.start(&task.id).await;
+        runs.push((task.id, run.id));
     }
     // One worker of concurrency 8: some runs are running, the rest still queued.
     let mut worker = spawn_worker(&db, dir.path(), "worker-1", 2_000, &dir.path().join("w"));
@@ -55,7 +50,7 @@ async fn queued_and_running_work_completes_after_a_full_restart() {
         let run = client
             .wait_terminal(task_id, run_id, Duration::from_secs(120))
             .await;
-        assert_eq!(run["status"], "completed", "{run}");
+        assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     }
     // What each run printed: its command ran to its end in the attempt that completed.
     for (task_id, run_id) in &runs {

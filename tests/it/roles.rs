@@ -11,6 +11,10 @@ use std::time::Duration;
 
 use crate::support::llm::{FakeLlm, Turn};
 use crate::support::{Client, KeelProcess};
+use keel_client::{
+    ApprovalStatus, Imported, ItemRecord, ItemState, MediaJobRecord, MediaJobStatus, ProviderCheck,
+    ProviderView, Resolution, RunStatus, SourceRecord, TaskDraft, WorkspaceLimits,
+};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use two_orgs::{REMOTE_ENV, operator_client, org_client};
@@ -112,9 +116,10 @@ fn assert_refused(status: StatusCode, body: &Value, expected: StatusCode, kind: 
 /// A started shell run that waits for approval: (task, run, approval).
 async fn gated(c: &Client) -> (String, String, String) {
     let (task_id, run_id) = c.run_shell("echo gated").await;
-    let (status, body) = c.get(&format!("/v1/tasks/{task_id}/approvals")).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let approval_id = body["data"][0]["id"].as_str().unwrap().to_string();
+    let approvals = c.api.list_task_approvals(&task_id, None);
+    let (status, approvals) = approvals.send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{approvals:?}");
+    let approval_id = approvals.data[0].id.clone();
     (task_id, run_id, approval_id)
 }
 
@@ -132,11 +137,10 @@ async fn assert_still_pending(
     (task_id, run_id, approval_id): &(String, String, String),
 ) {
     let run = c.run(task_id, run_id).await;
-    assert_eq!(run["status"], "awaiting_approval", "{run}");
-    let path = format!("/v1/tasks/{task_id}/approvals/{approval_id}");
-    let (_, approval) = c.get(&path).await;
-    assert_eq!(approval["data"]["status"], "pending", "{approval}");
-    assert!(approval["data"]["resolved_by"].is_null(), "{approval}");
+    assert_eq!(run.status, RunStatus::AwaitingApproval, "{run:?}");
+    let approval = c.api.get_approval(task_id, approval_id).await.unwrap().data;
+    assert_eq!(approval.status, ApprovalStatus::Pending, "{approval:?}");
+    assert!(approval.resolved_by.is_none(), "{approval:?}");
 }
 
 /// The tenant's listener (a chat model answering once) and a stack that allows presets
@@ -150,10 +154,10 @@ async fn started() -> (FakeLlm, Stack) {
 #[tokio::test]
 async fn whoami_tells_a_member_from_an_operator() {
     let (_llm, stack) = started().await;
-    let (_, member) = stack.member("a").get("/v1/whoami").await;
-    assert_eq!(member["data"]["role"], "member", "{member}");
-    let (_, operator) = stack.operator("a").get("/v1/whoami").await;
-    assert_eq!(operator["data"]["role"], "operator", "{operator}");
+    let member = stack.member("a").api.whoami().await.unwrap().data;
+    assert_eq!(member.role, "member", "{member:?}");
+    let operator = stack.operator("a").api.whoami().await.unwrap().data;
+    assert_eq!(operator.role, "operator", "{operator:?}");
     // An unknown role proves nothing.
     let forged = support::client_with_headers(
         &stack.base,
@@ -188,7 +192,11 @@ async fn a_member_cannot_resolve_an_approval() {
     let (status, body) = resolve(&stack.operator("a"), &gate).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
-        body["data"]["approval"]["resolved_by"], "operator_a",
+        support::record::<Resolution>(&body)
+            .approval
+            .resolved_by
+            .as_deref(),
+        Some("operator_a"),
         "{body}"
     );
 }
@@ -220,9 +228,11 @@ async fn a_member_cannot_set_limits_not_even_its_own() {
     let put = operator.http.put(url).json(&json!({ "max_concurrent": 0 }));
     let (status, body) = operator.send(put).await;
     assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    // keel-client has no operation for the caller's own workspace.
     for org in ["a", "b"] {
         let (_, limits) = stack.operator(org).get("/v1/workspace").await;
-        assert!(limits["data"]["max_concurrent"].is_null(), "{limits}");
+        let own: WorkspaceLimits = support::record(&limits);
+        assert!(own.max_concurrent.is_none(), "{limits}");
     }
 }
 
@@ -257,8 +267,8 @@ async fn a_member_cannot_register_hooks_or_roots_or_in_place_work() {
         let (status, body) = register(&member, markdown).await;
         assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
     }
-    let (_, sources) = member.get("/v1/external-work/sources").await;
-    assert_eq!(sources["data"], json!([]), "{sources}");
+    let sources = member.api.list_sources().await.unwrap().data;
+    assert!(sources.is_empty(), "{sources:?}");
     // A plain source is a member's to register; the operator's hooks are the operator's.
     let (status, body) = register(&member, &workflow(None, "")).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -295,16 +305,13 @@ async fn a_member_cannot_send_the_operators_secrets_to_its_listener() {
     let vendor = chat_preset("https://api.openai.com/v1", "env:OPENAI_API_KEY");
     let (status, body) = operator.post("/v1/providers", vendor).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let id = support::record::<ProviderView>(&body).id;
     let url = format!("{}/v1/providers/{id}", stack.base);
     let patch = member.http.patch(url).json(&json!({ "base_url": mine }));
     let (status, body) = member.send(patch).await;
     assert_invalid(status, &body);
-    let (_, kept) = member.get(&format!("/v1/providers/{id}")).await;
-    assert_eq!(
-        kept["data"]["base_url"], "https://api.openai.com/v1",
-        "{kept}"
-    );
+    let kept = member.api.get_provider(&id).await.unwrap().data;
+    assert_eq!(kept.base_url, "https://api.openai.com/v1", "{kept:?}");
     // Nor ask whether the operator's secrets are set.
     let (status, body) = member
         .get("/v1/secrets/status?ref=env:OPENAI_API_KEY")
@@ -323,7 +330,7 @@ async fn a_member_cannot_send_the_operators_secrets_to_its_listener() {
         .post("/v1/providers", chat_preset(&mine, "env:ORG_A_API_KEY"))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let own = body["data"]["id"].as_str().unwrap();
+    let own = support::record::<ProviderView>(&body).id;
     let check = format!("/v1/providers/{own}/check?live=true");
     let (status, body) = member.post(&check, json!({})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -362,8 +369,8 @@ async fn a_members_chat_preset_reaches_only_allowed_hosts_over_https() {
             "{base_url}: {body}"
         );
     }
-    let (_, presets) = member.get("/v1/providers").await;
-    assert_eq!(presets["data"], json!([]), "{presets}");
+    let presets = member.api.list_providers().await.unwrap().data;
+    assert!(presets.is_empty(), "{presets:?}");
     let (status, body) = member
         .post(
             "/v1/providers",
@@ -400,9 +407,8 @@ async fn checked(c: &Client, id: &str) -> (String, String) {
         .post(&format!("/v1/providers/{id}/check?live=true"), json!({}))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let check = &body["data"];
-    let text = |k: &str| check[k].as_str().unwrap_or_default().to_string();
-    (text("code"), text("message"))
+    let check: ProviderCheck = support::record(&body);
+    (check.code, check.message)
 }
 
 #[tokio::test]
@@ -414,14 +420,14 @@ async fn a_members_preset_is_refused_at_use_once_its_grant_or_host_is_withdrawn(
         .post("/v1/providers", chat_preset(&mine, "env:ORG_A_API_KEY"))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let member_preset = body["data"]["id"].as_str().unwrap().to_string();
+    let member_preset = support::record::<ProviderView>(&body).id;
     // The operator's preset at the same listener with the operator's key.
     let (status, body) = stack
         .operator("a")
         .post("/v1/providers", chat_preset(&mine, "env:OPENAI_API_KEY"))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let operator_preset = body["data"]["id"].as_str().unwrap().to_string();
+    let operator_preset = support::record::<ProviderView>(&body).id;
 
     // The grant moved to org b: an API started since refuses the member's preset.
     let ungranted = stack.narrowed(&[("KEEL_SECRET_GRANTS", "org_b=env:ORG_A_API_KEY")]);
@@ -442,17 +448,20 @@ async fn a_members_preset_is_refused_at_use_once_its_grant_or_host_is_withdrawn(
     let data = stack.dir.path().join("worker-data");
     let _worker =
         support::spawn_worker_with_env(&stack.db, stack.dir.path(), "worker", 3000, &data, &env);
-    let agent = |provider: &str| json!({ "execution_kind": "agent_loop", "prompt": "hi", "requested_provider": provider });
-    let (task_id, run_id) = member.start_task(agent(&member_preset)).await;
+    let agent = |provider: &str| TaskDraft {
+        requested_provider: Some(provider.into()),
+        ..support::agent_loop("hi")
+    };
+    let (task_id, run_id) = member.start_task(&agent(&member_preset)).await;
     let run = member
         .wait_terminal(&task_id, &run_id, Duration::from_secs(60))
         .await;
-    assert_eq!(run["status"], "failed", "{run}");
-    let error = run["last_error"].as_str().unwrap();
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    let error = run.last_error.as_deref().unwrap();
     assert!(error.starts_with("secret_not_granted"), "{error}");
     assert!(llm.requests().is_empty(), "a request reached the listener");
     let operator = operator_client(&api.client.as_ref().unwrap().base, "a");
-    let (task_id, run_id) = operator.start_task(agent(&operator_preset)).await;
+    let (task_id, run_id) = operator.start_task(&agent(&operator_preset)).await;
     operator
         .wait_terminal(&task_id, &run_id, Duration::from_secs(60))
         .await;
@@ -478,7 +487,7 @@ async fn a_members_media_job_is_refused_once_its_grant_is_withdrawn() {
         "capabilities": ["image_generate"], "enabled": true });
     let (status, body) = member.post("/v1/providers", preset).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let provider = body["data"]["id"].as_str().unwrap();
+    let provider = support::record::<ProviderView>(&body).id;
     // The stand-in is on loopback: the worker may call it, so only the grant stops it.
     let ungranted = stack.narrowed(&[
         ("KEEL_SECRET_GRANTS", "org_b=env:ORG_A_API_KEY"),
@@ -493,32 +502,39 @@ async fn a_members_media_job_is_refused_once_its_grant_is_withdrawn() {
                       "prompt": "a lighthouse at dusk", "input": {} });
     let (status, body) = member.post("/v1/media-jobs", job).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let id = body["data"]["id"].as_str().unwrap().to_string();
+    let id = support::record::<MediaJobRecord>(&body).id;
     let (status, body) = member
         .post(&format!("/v1/media-jobs/{id}/run"), json!({}))
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     let ended = support::wait_for(Duration::from_secs(60), "the media job to end", || async {
-        let (_, body) = member.get(&format!("/v1/media-jobs/{id}")).await;
-        let job = body["data"].clone();
-        matches!(job["status"].as_str(), Some("succeeded" | "failed")).then_some(job)
+        let job = member.api.get_media_job(&id).await.unwrap().data;
+        let ended = matches!(
+            job.status,
+            MediaJobStatus::Succeeded | MediaJobStatus::Failed
+        );
+        ended.then_some(job)
     })
     .await;
-    assert_eq!(ended["status"], "failed", "{ended}");
-    assert_eq!(ended["last_error_code"], "secret_not_granted", "{ended}");
+    assert_eq!(ended.status, MediaJobStatus::Failed, "{ended:?}");
+    assert_eq!(
+        ended.last_error_code.as_deref(),
+        Some("secret_not_granted"),
+        "{ended:?}"
+    );
     let heard = vendor.received_requests().await.unwrap_or_default();
     assert!(heard.is_empty(), "a request reached the vendor");
     stack.assert_no_secret_logged();
 }
 
 /// An item of acme/widgets#7 imported into `source` (open, or closed later).
-async fn import(c: &Client, source: &str, state: &str, updated_at: &str) -> Value {
+async fn import(c: &Client, source: &str, state: &str, updated_at: &str) -> ItemRecord {
     let payload =
         json!({ "number": 7, "title": "shared", "state": state, "updated_at": updated_at });
     let body = json!({ "source_id": source, "payload": payload });
     let (status, body) = c.post("/v1/external-work/import", body).await;
     assert!(status.is_success(), "{body}");
-    body["data"]["item"].clone()
+    support::record::<Imported>(&body).item
 }
 
 #[tokio::test]
@@ -530,13 +546,13 @@ async fn two_orgs_tracking_one_repository_keep_their_directories_apart() {
     for c in [&a, &b] {
         let (status, body) = register(c, &markdown).await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
-        sources.push(body["data"]["id"].as_str().unwrap().to_string());
+        sources.push(support::record::<SourceRecord>(&body).id);
     }
     let (a_source, b_source) = (&sources[0], &sources[1]);
     let a_item = import(&a, a_source, "open", "2026-11-30T09:00:00Z").await;
     let b_item = import(&b, b_source, "open", "2026-11-30T09:00:00Z").await;
-    let a_dir = PathBuf::from(a_item["workspace_path"].as_str().unwrap());
-    let b_dir = PathBuf::from(b_item["workspace_path"].as_str().unwrap());
+    let a_dir = PathBuf::from(a_item.workspace_path.as_deref().unwrap());
+    let b_dir = PathBuf::from(b_item.workspace_path.as_deref().unwrap());
     assert_eq!(a_dir, stack.root.join("org_a").join("acme_widgets_7"));
     assert_eq!(b_dir, stack.root.join("org_b").join("acme_widgets_7"));
     assert!(a_dir.is_dir() && b_dir.is_dir());
@@ -546,7 +562,7 @@ async fn two_orgs_tracking_one_repository_keep_their_directories_apart() {
 
     // Org b's item closes; its reconcile and removal touch org b's workspace alone.
     let closed = import(&b, b_source, "closed", "2026-11-30T10:00:00Z").await;
-    assert_eq!(closed["state"], "terminal", "{closed}");
+    assert_eq!(closed.state, ItemState::Terminal, "{closed:?}");
     let reconcile = format!("/v1/external-work/sources/{b_source}/reconcile");
     let _worker = stack.spawn_worker();
     let (status, body) = b.post(&reconcile, json!({})).await;
@@ -558,30 +574,28 @@ async fn two_orgs_tracking_one_repository_keep_their_directories_apart() {
         std::fs::read_to_string(a_dir.join("notes.txt")).unwrap(),
         "org a's notes"
     );
-    let (_, items) = a
-        .get(&format!("/v1/external-work/sources/{a_source}/items"))
-        .await;
-    assert_eq!(
-        items["data"][0]["workspace_path"], a_item["workspace_path"],
-        "{items}"
-    );
+    let items = a.api.list_items(a_source).await.unwrap().data;
+    assert_eq!(items[0].workspace_path, a_item.workspace_path, "{items:?}");
 
     // A member of org b cannot work in place in org a's directory, only beneath its own.
     let member = stack.member("b");
-    let in_place = |dir: &Path| {
-        json!({ "execution_kind": "shell", "shell_command": "cat notes.txt",
-                "workspace_mode": "in_place", "working_directory": dir.to_str().unwrap() })
+    let in_place = |dir: &Path| TaskDraft {
+        workspace_mode: Some("in_place".into()),
+        working_directory: Some(dir.to_str().unwrap().into()),
+        ..support::shell("cat notes.txt")
     };
-    let (status, body) = member.post("/v1/tasks", in_place(&a_dir)).await;
+    let refused = support::wire(&in_place(&a_dir));
+    let (status, body) = member.post("/v1/tasks", refused).await;
     assert_invalid(status, &body);
-    let (status, body) = member.post("/v1/tasks", in_place(&stack.root)).await;
+    let refused = support::wire(&in_place(&stack.root));
+    let (status, body) = member.post("/v1/tasks", refused).await;
     assert_invalid(status, &body);
     let own = stack.root.join("org_b").join("scratch");
     std::fs::create_dir(&own).unwrap();
-    let task = member.create_task(in_place(&own)).await;
+    let task = member.create_task(&in_place(&own)).await;
     assert_eq!(
-        task["sandbox_allowed_root"],
-        stack.root.join("org_b").to_str().unwrap(),
-        "{task}"
+        task.sandbox_allowed_root.as_deref(),
+        stack.root.join("org_b").to_str(),
+        "{task:?}"
     );
 }

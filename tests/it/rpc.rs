@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, Command};
 
-use crate::support::{TestApp, wait_for};
+use crate::support::{self, TestApp, wait_for};
+use keel_client::{EventRecord, RunRecord, RunStatus, TaskRecord};
 
 const LINE_WAIT: Duration = Duration::from_secs(30);
 
@@ -138,12 +139,13 @@ async fn a_run_is_driven_and_its_persisted_events_are_pushed() {
     );
 
     let body = json!({"execution_kind": "shell", "shell_command": "echo one; echo two"});
+    // The bridge answers with the API's JSON: the contract's records.
     let task = peer.ok("tasks.create", json!({"body": body})).await;
-    let task_id = task["data"]["id"].as_str().expect("a task id").to_string();
+    let task_id = support::record::<TaskRecord>(&task).id;
     let run = peer
         .ok("tasks.start", json!({"task_id": task_id, "body": {}}))
         .await;
-    let run_id = run["data"]["id"].as_str().expect("a run id").to_string();
+    let run_id = support::record::<RunRecord>(&run).id;
 
     let subscribed = peer
         .ok(
@@ -181,16 +183,20 @@ async fn a_run_is_driven_and_its_persisted_events_are_pushed() {
     let persisted = peer
         .ok("runs.events", json!({"task_id": task_id, "run_id": run_id}))
         .await;
-    let persisted: Vec<&Value> = persisted["data"].as_array().unwrap().iter().collect();
+    let persisted = support::page::<EventRecord>(&persisted).data;
     assert_eq!(persisted.len(), events.len());
     for (pushed, stored) in events.iter().zip(persisted) {
-        assert_eq!(pushed["event_id"], stored["event_id"]);
-        assert_eq!(pushed["type"], stored["type"]);
+        assert_eq!(pushed["event_id"], stored.event_id.as_str());
+        assert_eq!(pushed["type"], stored.event_type.as_str());
     }
     let run = peer
         .ok("runs.get", json!({"task_id": task_id, "run_id": run_id}))
         .await;
-    assert_eq!(run["data"]["status"], "completed", "{run}");
+    assert_eq!(
+        support::record::<RunRecord>(&run).status,
+        RunStatus::Completed,
+        "{run}"
+    );
 }
 
 #[tokio::test]

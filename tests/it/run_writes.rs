@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::support::{TestApp, wait_for};
-use serde_json::Value;
+use keel_client::{ArtifactStatus, RunStatus, StepRecord, StepStatus};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -17,35 +17,29 @@ async fn a_long_process_shows_its_step_and_outputs_while_it_runs() {
     let run_path = format!("/v1/tasks/{task_id}/runs/{run_id}");
 
     // The process writes nothing, so only the deadline flush can have written these.
-    let steps: Value = wait_for(RUN_TIMEOUT, "the running step", || async {
-        let (_, steps) = c.get(&format!("{run_path}/steps")).await;
-        (steps["data"][0]["status"] == "running").then_some(steps)
+    let steps: Vec<StepRecord> = wait_for(RUN_TIMEOUT, "the running step", || async {
+        let steps = c.api.list_steps(&task_id, &run_id).await.unwrap().data;
+        let first = steps.first().map(|s| s.status);
+        (first == Some(StepStatus::Running)).then_some(steps)
     })
     .await;
-    assert_eq!(steps["data"][0]["name"], "shell");
-    let (_, artifacts) = c.get(&format!("{run_path}/artifacts")).await;
-    let mut names: Vec<&str> = artifacts["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["name"].as_str().unwrap())
-        .collect();
+    assert_eq!(steps[0].name, "shell");
+    let artifacts = c.api.list_artifacts(&task_id, &run_id).await.unwrap().data;
+    let mut names: Vec<&str> = artifacts.iter().map(|a| a.name.as_str()).collect();
     names.sort();
     assert_eq!(names, ["stderr", "stdout"]);
     assert!(
-        artifacts["data"]
-            .as_array()
-            .unwrap()
+        artifacts
             .iter()
-            .all(|a| a["status"] == "writing"),
-        "{artifacts}"
+            .all(|a| a.status == ArtifactStatus::Writing),
+        "{artifacts:?}"
     );
-    assert_eq!(c.run(&task_id, &run_id).await["status"], "running");
+    assert_eq!(c.run(&task_id, &run_id).await.status, RunStatus::Running);
     let types: Vec<String> = c
         .events(&task_id, &run_id)
         .await
         .iter()
-        .map(|e| e["type"].as_str().unwrap().to_string())
+        .map(|e| e.event_type.to_string())
         .collect();
     let written = ["step.started", "artifact.created", "artifact.created"];
     assert!(
@@ -57,16 +51,14 @@ async fn a_long_process_shows_its_step_and_outputs_while_it_runs() {
         .post(&format!("{run_path}/cancel"), serde_json::json!({}))
         .await;
     assert_eq!(status, reqwest::StatusCode::OK, "{body}");
-    let (_, steps) = c.get(&format!("{run_path}/steps")).await;
-    assert_eq!(steps["data"][0]["status"], "cancelled");
-    let (_, artifacts) = c.get(&format!("{run_path}/artifacts")).await;
+    let steps = c.api.list_steps(&task_id, &run_id).await.unwrap().data;
+    assert_eq!(steps[0].status, StepStatus::Cancelled);
+    let artifacts = c.api.list_artifacts(&task_id, &run_id).await.unwrap().data;
     assert!(
-        artifacts["data"]
-            .as_array()
-            .unwrap()
+        artifacts
             .iter()
-            .all(|a| a["status"] == "complete"),
-        "{artifacts}"
+            .all(|a| a.status == ArtifactStatus::Complete),
+        "{artifacts:?}"
     );
 }
 
@@ -76,18 +68,17 @@ async fn a_short_run_records_its_step_outputs_and_end_in_order() {
     let c = &app.client;
     let (task_id, run_id) = c.run_shell("echo out; echo err >&2; exit 3").await;
     let run = c.wait_terminal(&task_id, &run_id, RUN_TIMEOUT).await;
-    assert_eq!(run["status"], "failed");
-    assert_eq!(run["exit_code"], 3);
-    let run_path = format!("/v1/tasks/{task_id}/runs/{run_id}");
-    let (_, steps) = c.get(&format!("{run_path}/steps")).await;
-    assert_eq!(steps["data"].as_array().unwrap().len(), 1);
-    assert_eq!(steps["data"][0]["status"], "failed");
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(run.exit_code, Some(3));
+    let steps = c.api.list_steps(&task_id, &run_id).await.unwrap().data;
+    assert_eq!(steps.len(), 1);
+    assert_eq!(steps[0].status, StepStatus::Failed);
     assert_eq!(c.stdout(&task_id, &run_id).await, "out\n");
     let types: Vec<String> = c
         .events(&task_id, &run_id)
         .await
         .iter()
-        .map(|e| e["type"].as_str().unwrap().to_string())
+        .map(|e| e.event_type.to_string())
         .collect();
     let tail: Vec<&str> = types
         .iter()
@@ -109,7 +100,7 @@ async fn a_short_run_records_its_step_outputs_and_end_in_order() {
         .events(&task_id, &run_id)
         .await
         .iter()
-        .map(|e| e["sequence"].as_i64().unwrap())
+        .map(|e| e.sequence)
         .collect();
     assert!(
         sequences.windows(2).all(|w| w[1] == w[0] + 1),

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::support::{Client, KeelProcess, spawn_api_with_env, spawn_worker_with_env, wait_for};
+use keel_client::{RunRecord, RunStatus, TaskDraft};
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -58,13 +59,13 @@ async fn a_run_sees_only_its_allowlisted_environment() {
     let s = stack(&[]).await;
     let (task_id, run_id) = s
         .client
-        .start_task(json!({
-            "execution_kind": "shell", "shell_command": "env; pwd",
-            "prompt": "work-on-the-prompt"
-        }))
+        .start_task(&TaskDraft {
+            prompt: Some("work-on-the-prompt".into()),
+            ..support::shell("env; pwd")
+        })
         .await;
     let run = s.client.wait_terminal(&task_id, &run_id, SOON).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     let out = s.client.stdout(&task_id, &run_id).await;
     let vars: Vec<(&str, &str)> = out.lines().filter_map(|l| l.split_once('=')).collect();
     let names: Vec<&str> = vars.iter().map(|(name, _)| *name).collect();
@@ -151,18 +152,16 @@ async fn timeouts_have_a_default_and_a_maximum() {
         ("KEEL_RUN_TIMEOUT_MAX_MS", "600000"),
     ])
     .await;
+    let task = s.client.create_task(&support::shell("true")).await;
+    assert_eq!(task.timeout_ms, Some(120_000), "{task:?}");
     let task = s
         .client
-        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
+        .create_task(&TaskDraft {
+            timeout_ms: Some(600_000),
+            ..support::shell("true")
+        })
         .await;
-    assert_eq!(task["timeout_ms"], 120_000, "{task}");
-    let task = s
-        .client
-        .create_task(
-            json!({ "execution_kind": "shell", "shell_command": "true", "timeout_ms": 600_000 }),
-        )
-        .await;
-    assert_eq!(task["timeout_ms"], 600_000, "{task}");
+    assert_eq!(task.timeout_ms, Some(600_000), "{task:?}");
     let (status, body) = s
         .client
         .post(
@@ -237,34 +236,28 @@ async fn escape_and_end(client: &Client, escape: &str, ending: Ending) -> String
         Ending::Timeout | Ending::Cancel => format!("exec sleep {m}"),
     };
     let command = format!("{}\n{wait_ready}\n{tail}", escape.replace("{m}", &m));
-    let mut body = json!({ "execution_kind": "shell", "shell_command": command });
+    let mut draft = support::shell(&command);
     if let Ending::Timeout = ending {
-        body["timeout_ms"] = json!(1_500);
+        draft.timeout_ms = Some(1_500);
     }
-    let (task_id, run_id) = client.start_task(body).await;
+    let (task_id, run_id) = client.start_task(&draft).await;
     if let Ending::Cancel = ending {
         wait_for(SOON, "the escaped process to run", || async {
             (!processes_with(&m).is_empty()).then_some(())
         })
         .await;
-        let (status, body) = client
-            .post(
-                &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
-                json!({}),
-            )
-            .await;
-        assert!(status.is_success(), "{body}");
+        client.api.cancel_run(&task_id, &run_id).await.unwrap();
     }
     let run = client.wait_terminal(&task_id, &run_id, SOON).await;
     let expected = match ending {
-        Ending::Completion => "completed",
-        Ending::Timeout => "failed",
-        Ending::Cancel => "cancelled",
+        Ending::Completion => RunStatus::Completed,
+        Ending::Timeout => RunStatus::Failed,
+        Ending::Cancel => RunStatus::Cancelled,
     };
-    assert_eq!(run["status"], expected, "{ending:?}: {run}");
+    assert_eq!(run.status, expected, "{ending:?}: {run:?}");
     if let Ending::Timeout = ending {
-        let error = run["last_error"].as_str().unwrap_or_default();
-        assert!(error.contains("timed out"), "{run}");
+        let error = run.last_error.as_deref().unwrap_or_default();
+        assert!(error.contains("timed out"), "{run:?}");
     }
     m
 }
@@ -314,21 +307,22 @@ async fn a_run_without_network_cannot_reach_the_host_s_loopback() {
     let port = listener.local_addr().unwrap().port();
     let command = format!("bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}' && echo connected");
     let run_with = |network: bool| {
-        let body = json!({
-            "execution_kind": "shell", "shell_command": command, "sandbox_network": network
-        });
+        let draft = TaskDraft {
+            sandbox_network: Some(network),
+            ..support::shell(&command)
+        };
         let client = s.client.clone();
         async move {
-            let (task_id, run_id) = client.start_task(body).await;
+            let (task_id, run_id) = client.start_task(&draft).await;
             let run = client.wait_terminal(&task_id, &run_id, SOON).await;
             (run, client.stdout(&task_id, &run_id).await)
         }
     };
 
     let (run, out) = run_with(false).await;
-    assert_eq!(run["status"], "failed", "{run}");
-    let error = run["last_error"].as_str().unwrap_or_default();
-    assert!(!error.contains("sandbox_unavailable"), "{run}");
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    let error = run.last_error.as_deref().unwrap_or_default();
+    assert!(!error.contains("sandbox_unavailable"), "{run:?}");
     assert!(!out.contains("connected"), "{out}");
     assert!(
         !connected(&listener),
@@ -336,7 +330,7 @@ async fn a_run_without_network_cannot_reach_the_host_s_loopback() {
     );
 
     let (run, out) = run_with(true).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     assert!(out.contains("connected"), "{out}");
     assert!(connected(&listener), "the listener saw no connection");
 }
@@ -346,15 +340,15 @@ async fn a_read_only_workspace_refuses_writes() {
     let s = stack(&[]).await;
     let (task_id, run_id) = s
         .client
-        .start_task(json!({
-            "execution_kind": "shell", "shell_command": "pwd; touch \"$PWD/x\"",
-            "sandbox_read_only": true
-        }))
+        .start_task(&TaskDraft {
+            sandbox_read_only: Some(true),
+            ..support::shell("pwd; touch \"$PWD/x\"")
+        })
         .await;
     let run = s.client.wait_terminal(&task_id, &run_id, SOON).await;
-    assert_eq!(run["status"], "failed", "{run}");
-    let error = run["last_error"].as_str().unwrap_or_default();
-    assert!(error.contains("Read-only file system"), "{run}");
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    let error = run.last_error.as_deref().unwrap_or_default();
+    assert!(error.contains("Read-only file system"), "{run:?}");
     let out = s.client.stdout(&task_id, &run_id).await;
     let workspace = std::path::Path::new(out.trim());
     assert!(workspace.is_dir(), "{out}");
@@ -391,9 +385,7 @@ async fn a_worker_that_lost_its_lease_kills_its_run_s_processes() {
     // Each attempt's escaped process carries its attempt number, so the takeover's own
     // does not count against the first.
     let command = format!("setsid sleep {m}$KEEL_RUN_ATTEMPT &\nsleep 1000");
-    let (task_id, run_id) = client
-        .start_task(json!({ "execution_kind": "shell", "shell_command": command }))
-        .await;
+    let (task_id, run_id) = client.run_shell(&command).await;
     let stray = format!("{m}1");
     wait_for(SOON, "the first attempt's escaped process", || async {
         (!processes_with(&stray).is_empty()).then_some(())
@@ -404,7 +396,7 @@ async fn a_worker_that_lost_its_lease_kills_its_run_s_processes() {
     let _second = worker("second");
     wait_for(SOON, "a second worker to take the run over", || async {
         let run = client.run(&task_id, &run_id).await;
-        (run["attempt"].as_i64() >= Some(2)).then_some(())
+        (run.attempt >= 2).then_some(())
     })
     .await;
     first.signal(nix::sys::signal::Signal::SIGCONT);
@@ -415,40 +407,35 @@ async fn a_worker_that_lost_its_lease_kills_its_run_s_processes() {
     )
     .await;
     // The takeover's processes go with its run.
-    let (status, body) = client
-        .post(
-            &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
-            json!({}),
-        )
-        .await;
-    assert!(status.is_success(), "{body}");
+    client.api.cancel_run(&task_id, &run_id).await.unwrap();
     client.wait_terminal(&task_id, &run_id, SOON).await;
 }
 
 #[tokio::test]
 async fn network_egress_gates_only_tasks_with_network() {
     let s = stack(&[("KEEL_APPROVAL_POLICIES", "network_egress")]).await;
-    let fetch = |network: bool| {
-        json!({
-            "execution_kind": "git", "git_command": "fetch https://example.com/r.git",
-            "sandbox_network": network
-        })
+    let fetch = |network: bool| TaskDraft {
+        execution_kind: Some("git".into()),
+        git_command: Some("fetch https://example.com/r.git".into()),
+        sandbox_network: Some(network),
+        ..TaskDraft::default()
     };
-    let task = s.client.create_task(fetch(true)).await;
+    let task = s.client.create_task(&fetch(true)).await;
     let (status, run) = s
         .client
-        .post(
-            &format!("/v1/tasks/{}/start", task["id"].as_str().unwrap()),
-            json!({}),
-        )
+        .post(&format!("/v1/tasks/{}/start", task.id), json!({}))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{run}");
-    assert_eq!(run["data"]["status"], "awaiting_approval", "{run}");
+    assert_eq!(
+        support::record::<RunRecord>(&run).status,
+        RunStatus::AwaitingApproval,
+        "{run}"
+    );
 
-    let (task_id, run_id) = s.client.start_task(fetch(false)).await;
+    let (task_id, run_id) = s.client.start_task(&fetch(false)).await;
     // Queued without an approval; the fetch then fails for want of a network.
     let run = s.client.wait_terminal(&task_id, &run_id, SOON).await;
-    assert_eq!(run["status"], "failed", "{run}");
-    let error = run["last_error"].as_str().unwrap_or_default();
-    assert!(!error.contains("sandbox_unavailable"), "{run}");
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    let error = run.last_error.as_deref().unwrap_or_default();
+    assert!(!error.contains("sandbox_unavailable"), "{run:?}");
 }

@@ -19,6 +19,10 @@ fn no_gates() -> AdmissionRules {
 }
 use crate::support::{Client, TestApp, wait_for};
 use keel::{runs, schedules};
+use keel_client::{
+    EventType, OccurrenceRecord, OccurrenceStatus, RunRecord, RunStatus, ScheduleRecord,
+    TransitionRecord,
+};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -32,14 +36,17 @@ fn minutes(n: i64) -> TimeDelta {
     TimeDelta::minutes(n)
 }
 
-fn time(value: &Value) -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339(
-        value
-            .as_str()
-            .unwrap_or_else(|| panic!("not a time: {value}")),
-    )
-    .unwrap()
-    .with_timezone(&Utc)
+fn time(text: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(text)
+        .unwrap_or_else(|e| panic!("not a time: {text}: {e}"))
+        .with_timezone(&Utc)
+}
+
+/// When the schedule fires next; it must have a time.
+fn next_run(schedule: &ScheduleRecord) -> DateTime<Utc> {
+    schedule
+        .next_run_at
+        .unwrap_or_else(|| panic!("no next_run_at: {schedule:?}"))
 }
 
 async fn put_schedule(c: &Client, task_id: &str, body: Value) -> (StatusCode, Value) {
@@ -52,14 +59,11 @@ async fn put_schedule(c: &Client, task_id: &str, body: Value) -> (StatusCode, Va
 }
 
 /// Creates a shell task with the given schedule; returns the task id and the schedule.
-async fn scheduled_task(c: &Client, schedule: Value) -> (String, Value) {
-    let task = c
-        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
-        .await;
-    let task_id = task["id"].as_str().unwrap().to_string();
+async fn scheduled_task(c: &Client, schedule: Value) -> (String, ScheduleRecord) {
+    let task_id = c.create_task(&support::shell("true")).await.id;
     let (status, body) = put_schedule(c, &task_id, schedule).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    (task_id, body["data"].clone())
+    (task_id, support::record(&body))
 }
 
 fn every_minute() -> Value {
@@ -67,46 +71,71 @@ fn every_minute() -> Value {
             "enabled": true })
 }
 
-async fn schedule(c: &Client, task_id: &str) -> Value {
-    let (status, body) = c.get(&format!("/v1/tasks/{task_id}/schedule")).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    body["data"].clone()
+async fn schedule(c: &Client, task_id: &str) -> ScheduleRecord {
+    let schedule = c.api.get_schedule(task_id).send_with_status().await;
+    let (status, schedule) = schedule.unwrap();
+    assert_eq!(status, StatusCode::OK, "{schedule:?}");
+    schedule.data
 }
 
-async fn occurrences(c: &Client, task_id: &str) -> Vec<Value> {
+/// The schedule as the API sent it: whether `next_run_at` is there at all is part of the
+/// contract (omitted while paused or spent), which the record cannot tell from null.
+async fn schedule_sent(c: &Client, task_id: &str) -> Value {
+    let body = c.api.get_schedule(task_id).raw().await.unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// Whether two schedules are the same, field by field as the API renders them.
+fn same(a: &ScheduleRecord, b: &ScheduleRecord) -> bool {
+    serde_json::to_value(a).unwrap() == serde_json::to_value(b).unwrap()
+}
+
+/// The schedule's occurrences (raw: keel-client has no operation listing them).
+async fn occurrences(c: &Client, task_id: &str) -> Vec<OccurrenceRecord> {
     let (status, body) = c
         .get(&format!(
             "/v1/tasks/{task_id}/schedule/occurrences?limit=200"
         ))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    body["data"].as_array().unwrap().clone()
+    support::page(&body).data
 }
 
-/// The schedule's audit trail as (from, to, reason, actor).
-async fn transitions_of(c: &Client, schedule_id: &Value) -> Vec<(Value, Value, Value, Value)> {
-    let path = format!(
-        "/v1/state-transitions?entity_type=schedule&entity_id={}",
-        schedule_id.as_str().unwrap()
-    );
+/// The schedule's audit trail as (from, to, reason, actor) (raw: keel-client has no
+/// operation listing it).
+async fn transitions_of(
+    c: &Client,
+    schedule_id: &str,
+) -> Vec<(Option<String>, String, Option<String>, String)> {
+    let path = format!("/v1/state-transitions?entity_type=schedule&entity_id={schedule_id}");
     let (status, body) = c.get(&path).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let rows = body["data"].as_array().unwrap().iter();
-    rows.map(|t| {
-        (
-            t["from_status"].clone(),
-            t["to_status"].clone(),
-            t["reason"].clone(),
-            t["actor"].clone(),
-        )
-    })
-    .collect()
+    let rows = support::page::<TransitionRecord>(&body).data;
+    rows.into_iter()
+        .map(|t| (t.from_status, t.to_status, t.reason, t.actor))
+        .collect()
 }
 
-async fn runs_of(c: &Client, task_id: &str) -> Vec<Value> {
-    let (status, body) = c.get(&format!("/v1/tasks/{task_id}/runs?limit=200")).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    body["data"].as_array().unwrap().clone()
+/// A transition as [`transitions_of`] lists it.
+fn transition(
+    from: Option<&str>,
+    to: &str,
+    reason: &str,
+    actor: &str,
+) -> (Option<String>, String, Option<String>, String) {
+    (
+        from.map(str::to_string),
+        to.to_string(),
+        Some(reason.to_string()),
+        actor.to_string(),
+    )
+}
+
+async fn runs_of(c: &Client, task_id: &str) -> Vec<RunRecord> {
+    let runs = c.api.list_runs(task_id).query("limit", Some(200));
+    let (status, runs) = runs.send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{runs:?}");
+    runs.data
 }
 
 async fn cancel(pool: &PgPool, task_id: &str, run_id: &str) {
@@ -145,10 +174,8 @@ async fn assert_refused(
 async fn a_schedule_is_created_replaced_paused_and_deleted() {
     let app = TestApp::api_only().await;
     let c = &app.client;
-    let task = c
-        .create_task(json!({ "execution_kind": "shell", "shell_command": "true" }))
-        .await;
-    let task_id = task["id"].as_str().unwrap();
+    let task = c.create_task(&support::shell("true")).await;
+    let task_id = task.id.as_str();
     let path = format!("/v1/tasks/{task_id}/schedule");
     assert_refused(
         c,
@@ -167,14 +194,15 @@ async fn a_schedule_is_created_replaced_paused_and_deleted() {
     .await;
     assert_eq!(status, StatusCode::OK, "{created}");
     assert_eq!(created["object"], "task_schedule");
-    let created = &created["data"];
-    assert!(created["id"].as_str().unwrap().starts_with("sched_"));
-    assert_eq!(created["task_id"], task_id);
-    assert_eq!(created["kind"], "cron");
-    assert_eq!(created["timezone"], "Europe/Madrid");
-    assert_eq!(created["revision"], 1);
-    assert!(time(&created["next_run_at"]) > Utc::now());
-    assert_eq!(schedule(c, task_id).await, *created);
+    let created: ScheduleRecord = support::record(&created);
+    assert!(created.id.starts_with("sched_"));
+    assert_eq!(created.task_id, task_id);
+    assert_eq!(created.kind, "cron");
+    assert_eq!(created.timezone, "Europe/Madrid");
+    assert_eq!(created.revision, 1);
+    assert!(next_run(&created) > Utc::now());
+    let read = schedule(c, task_id).await;
+    assert!(same(&read, &created), "{read:?} vs {created:?}");
 
     let later = (now() + TimeDelta::days(2)).to_rfc3339();
     let (status, replaced) = put_schedule(
@@ -184,49 +212,35 @@ async fn a_schedule_is_created_replaced_paused_and_deleted() {
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{replaced}");
-    let replaced = &replaced["data"];
-    assert_eq!(replaced["id"], created["id"]);
-    assert_eq!(replaced["created_at"], created["created_at"]);
-    assert_eq!(replaced["revision"], 2);
-    assert_eq!(replaced["kind"], "once");
-    assert_eq!(replaced["cron_expression"], Value::Null);
-    assert_eq!(time(&replaced["next_run_at"]), time(&json!(later)));
+    let replaced: ScheduleRecord = support::record(&replaced);
+    assert_eq!(replaced.id, created.id);
+    assert_eq!(replaced.created_at, created.created_at);
+    assert_eq!(replaced.revision, 2);
+    assert_eq!(replaced.kind, "once");
+    assert_eq!(replaced.cron_expression, None);
+    assert_eq!(next_run(&replaced), time(&later));
 
-    // Paused: the definition stays, `next_run_at` is omitted.
+    // Paused: the definition stays, `next_run_at` is omitted (read raw: the record cannot
+    // tell an omitted field from null).
     let (_, paused) = put_schedule(
         c,
         task_id,
         json!({ "kind": "once", "timezone": "UTC", "run_at": later, "enabled": false }),
     )
     .await;
-    let paused = &paused["data"];
-    assert_eq!(paused["enabled"], false);
-    assert!(paused.get("next_run_at").is_none(), "{paused}");
-    assert_eq!(time(&paused["run_at"]), time(&json!(later)));
+    assert!(paused["data"].get("next_run_at").is_none(), "{paused}");
+    let paused: ScheduleRecord = support::record(&paused);
+    assert!(!paused.enabled);
+    assert_eq!(paused.run_at, Some(time(&later)));
 
     let (status, _) = c.delete(&path).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     assert_eq!(
-        transitions_of(c, &created["id"]).await,
+        transitions_of(c, &created.id).await,
         [
-            (
-                json!(null),
-                json!("enabled"),
-                json!("created"),
-                json!("local")
-            ),
-            (
-                json!("enabled"),
-                json!("disabled"),
-                json!("replaced"),
-                json!("local")
-            ),
-            (
-                json!("disabled"),
-                json!("deleted"),
-                json!("deleted"),
-                json!("local")
-            ),
+            transition(None, "enabled", "created", "local"),
+            transition(Some("enabled"), "disabled", "replaced", "local"),
+            transition(Some("disabled"), "deleted", "deleted", "local"),
         ],
         "a replacement that keeps the state records nothing"
     );
@@ -380,7 +394,7 @@ async fn every_field_and_query_value_is_validated_with_a_clear_4xx() {
     )
     .await;
     // Nothing refused changed the schedule.
-    assert_eq!(schedule(c, &task_id).await["revision"], 1);
+    assert_eq!(schedule(c, &task_id).await.revision, 1);
 
     let bad = StatusCode::BAD_REQUEST;
     let too_many: String = (0..201).map(|i| format!("task_id=task_{i}&")).collect();
@@ -423,17 +437,14 @@ async fn the_list_filters_by_task_ids_and_enabled_and_pages() {
         .await;
         ids.push(task_id);
     }
+    // keel-client has no operation listing schedules: the pages are read raw.
     let tasks_of = |body: &Value| -> Vec<String> {
-        body["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s["task_id"].as_str().unwrap().to_string())
-            .collect()
+        let page = support::page::<ScheduleRecord>(body);
+        page.data.into_iter().map(|s| s.task_id).collect()
     };
     let (status, all) = c.get("/v1/task-schedules").await;
     assert_eq!(status, StatusCode::OK, "{all}");
-    assert_eq!(all["object"], "list");
+    assert_eq!(support::page::<ScheduleRecord>(&all).object, "list");
     assert_eq!(
         tasks_of(&all),
         [ids[2].as_str(), &ids[1], &ids[0]],
@@ -456,13 +467,14 @@ async fn the_list_filters_by_task_ids_and_enabled_and_pages() {
     assert_eq!(tasks_of(&some), [ids[0].as_str()]);
 
     let (_, first) = c.get("/v1/task-schedules?limit=2").await;
-    assert_eq!(first["has_more"], true);
-    let cursor = first["next_cursor"].as_str().unwrap();
+    let first = support::page::<ScheduleRecord>(&first);
+    assert!(first.has_more);
+    let cursor = first.next_cursor.unwrap();
     let (_, second) = c
         .get(&format!("/v1/task-schedules?limit=2&cursor={cursor}"))
         .await;
     assert_eq!(tasks_of(&second), [ids[0].as_str()]);
-    assert_eq!(second["has_more"], false);
+    assert!(!support::page::<ScheduleRecord>(&second).has_more);
 }
 
 #[tokio::test]
@@ -490,28 +502,29 @@ async fn a_once_schedule_fires_once_even_when_overdue_then_disables_itself() {
     assert_eq!(fired[0].status.as_str(), "started");
     assert_eq!(fired[0].scheduled_for, run_at);
     let spent = schedule(c, &task_id).await;
-    assert_eq!(spent["enabled"], false);
-    assert!(spent.get("next_run_at").is_none(), "{spent}");
-    assert_eq!(spent["revision"], 2);
-    let spent_by = (
-        json!("enabled"),
-        json!("disabled"),
-        json!("no time left to fire"),
-        json!("system"),
+    assert!(!spent.enabled);
+    let sent = schedule_sent(c, &task_id).await;
+    assert!(sent["data"].get("next_run_at").is_none(), "{sent}");
+    assert_eq!(spent.revision, 2);
+    let spent_by = transition(
+        Some("enabled"),
+        "disabled",
+        "no time left to fire",
+        "system",
     );
-    assert_eq!(transitions_of(c, &created["id"]).await[1], spent_by);
+    assert_eq!(transitions_of(c, &created.id).await[1], spent_by);
 
     let run_id = fired[0].run_id.clone().unwrap();
     let run = c.run(&task_id, &run_id).await;
-    assert_eq!(run["status"], "queued");
-    assert_eq!(run["schedule_id"], created["id"]);
-    assert_eq!(run["schedule_occurrence_id"], fired[0].id.as_str());
-    assert_eq!(time(&run["scheduled_for"]), run_at);
+    assert_eq!(run.status, RunStatus::Queued);
+    assert_eq!(run.schedule_id.as_ref(), Some(&created.id));
+    assert_eq!(run.schedule_occurrence_id.as_ref(), Some(&fired[0].id));
+    assert_eq!(run.scheduled_for, Some(run_at));
     let created_event = &c.events(&task_id, &run_id).await[0];
-    assert_eq!(created_event["type"], "run.created");
+    assert_eq!(created_event.event_type, EventType::RunCreated);
     assert_eq!(
-        created_event["data"]["schedule"]["schedule_id"],
-        created["id"]
+        created_event.data["schedule"]["schedule_id"],
+        created.id.as_str()
     );
 
     cancel(&app.pool, &task_id, &run_id).await;
@@ -543,9 +556,9 @@ async fn a_manual_run_has_no_schedule_provenance() {
     let app = TestApp::api_only().await;
     let (task_id, run_id) = app.client.run_shell("true").await;
     let run = app.client.run(&task_id, &run_id).await;
-    for field in ["schedule_id", "schedule_occurrence_id", "scheduled_for"] {
-        assert_eq!(run[field], Value::Null, "{run}");
-    }
+    assert_eq!(run.schedule_id, None, "{run:?}");
+    assert_eq!(run.schedule_occurrence_id, None, "{run:?}");
+    assert_eq!(run.scheduled_for, None, "{run:?}");
 }
 
 /// Three dispatchers, each with its own pool, step a shared simulated clock one minute at a
@@ -558,7 +571,7 @@ async fn three_dispatchers_record_exactly_one_occurrence_per_minute() {
     let app = TestApp::api_only().await;
     let c = &app.client;
     let (task_id, created) = scheduled_task(c, every_minute()).await;
-    let first = time(&created["next_run_at"]);
+    let first = next_run(&created);
     let mut dispatchers = Vec::new();
     for _ in 0..3 {
         dispatchers.push(support::pool(&app.db_url).await);
@@ -603,23 +616,22 @@ async fn three_dispatchers_record_exactly_one_occurrence_per_minute() {
 
     let recorded = occurrences(c, &task_id).await;
     assert_eq!(recorded.len() as i64, MINUTES);
-    let times: HashSet<DateTime<Utc>> =
-        recorded.iter().map(|o| time(&o["scheduled_for"])).collect();
+    let times: HashSet<DateTime<Utc>> = recorded.iter().map(|o| o.scheduled_for).collect();
     assert_eq!(times.len() as i64, MINUTES, "one occurrence per minute");
     assert!(
         recorded
             .windows(2)
-            .all(|w| time(&w[0]["scheduled_for"]) > time(&w[1]["scheduled_for"]))
+            .all(|w| w[0].scheduled_for > w[1].scheduled_for)
     );
     let runs = runs_of(c, &task_id).await;
     assert_eq!(runs.len(), started);
     let linked: HashSet<&str> = runs
         .iter()
-        .map(|r| r["schedule_occurrence_id"].as_str().unwrap())
+        .map(|r| r.schedule_occurrence_id.as_deref().unwrap())
         .collect();
     assert_eq!(linked.len(), runs.len(), "no occurrence has two runs");
     assert_eq!(
-        time(&schedule(c, &task_id).await["next_run_at"]),
+        next_run(&schedule(c, &task_id).await),
         first + minutes(MINUTES)
     );
 }
@@ -629,12 +641,12 @@ async fn an_active_run_makes_the_occurrence_skipped_not_a_backlog() {
     let app = TestApp::api_only().await;
     let c = &app.client;
     let (task_id, created) = scheduled_task(c, every_minute()).await;
-    let first = time(&created["next_run_at"]);
+    let first = next_run(&created);
     let (status, manual) = c
         .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{manual}");
-    let manual_id = manual["data"]["id"].as_str().unwrap().to_string();
+    let manual_id = support::record::<RunRecord>(&manual).id;
 
     let skipped = dispatch_due(&app.pool, &no_gates(), first).await.unwrap();
     assert_eq!(skipped[0].status.as_str(), "skipped");
@@ -662,12 +674,13 @@ async fn an_active_run_makes_the_occurrence_skipped_not_a_backlog() {
     assert_eq!(started[0].status.as_str(), "started");
     assert_eq!(started[0].scheduled_for, first + minutes(2));
     assert_eq!(runs_of(c, &task_id).await.len(), 2);
-    let statuses: Vec<Value> = occurrences(c, &task_id)
+    let statuses: Vec<OccurrenceStatus> = occurrences(c, &task_id)
         .await
         .iter()
-        .map(|o| o["status"].clone())
+        .map(|o| o.status)
         .collect();
-    assert_eq!(statuses, ["started", "skipped", "skipped"]);
+    use OccurrenceStatus::{Skipped, Started};
+    assert_eq!(statuses, [Started, Skipped, Skipped]);
 }
 
 #[tokio::test]
@@ -680,7 +693,7 @@ async fn missed_cron_times_coalesce_into_one_occurrence_without_backfill() {
                 "enabled": true }),
     )
     .await;
-    let first = time(&created["next_run_at"]);
+    let first = next_run(&created);
     // Down for five hours and a bit: thirty-one times were missed.
     let restart = first + minutes(5 * 60 + 4);
     let fired = dispatch_due(&app.pool, &no_gates(), restart).await.unwrap();
@@ -692,7 +705,7 @@ async fn missed_cron_times_coalesce_into_one_occurrence_without_backfill() {
         "the latest missed time"
     );
     assert_eq!(
-        time(&schedule(c, &task_id).await["next_run_at"]),
+        next_run(&schedule(c, &task_id).await),
         first + minutes(5 * 60 + 10)
     );
     assert!(
@@ -710,7 +723,7 @@ async fn a_stale_claim_is_taken_over_and_its_late_dispatcher_changes_nothing() {
     let app = TestApp::api_only().await;
     let c = &app.client;
     let (task_id, created) = scheduled_task(c, every_minute()).await;
-    let due = time(&created["next_run_at"]);
+    let due = next_run(&created);
 
     // A dispatcher claims the occurrence and dies before resolving it.
     let mut tx = app.pool.begin().await.unwrap();
@@ -723,7 +736,10 @@ async fn a_stale_claim_is_taken_over_and_its_late_dispatcher_changes_nothing() {
         .unwrap()
         .unwrap();
     tx.commit().await.unwrap();
-    assert_eq!(occurrences(c, &task_id).await[0]["status"], "claimed");
+    assert_eq!(
+        occurrences(c, &task_id).await[0].status,
+        OccurrenceStatus::Claimed
+    );
 
     // Pause the schedule so only the claim is left to dispatch.
     let mut paused = every_minute();
@@ -764,8 +780,8 @@ async fn an_edit_based_on_a_revision_a_dispatch_advanced_gets_409() {
     let app = TestApp::api_only().await;
     let c = &app.client;
     let (task_id, created) = scheduled_task(c, every_minute()).await;
-    let read = created["revision"].as_i64().unwrap();
-    dispatch_due(&app.pool, &no_gates(), time(&created["next_run_at"]))
+    let read = created.revision;
+    dispatch_due(&app.pool, &no_gates(), next_run(&created))
         .await
         .unwrap();
 
@@ -782,15 +798,19 @@ async fn an_edit_based_on_a_revision_a_dispatch_advanced_gets_409() {
             .contains("reload"),
         "{body}"
     );
-    assert_eq!(schedule(c, &task_id).await["cron_expression"], "* * * * *");
+    assert_eq!(
+        schedule(c, &task_id).await.cron_expression.as_deref(),
+        Some("* * * * *")
+    );
 
-    let current = schedule(c, &task_id).await["revision"].as_i64().unwrap();
+    let current = schedule(c, &task_id).await.revision;
     assert_eq!(current, read + 1);
     edit["revision"] = json!(current);
     let (status, body) = put_schedule(c, &task_id, edit).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["revision"], current + 1);
-    assert_eq!(body["data"]["cron_expression"], "*/5 * * * *");
+    let edited: ScheduleRecord = support::record(&body);
+    assert_eq!(edited.revision, current + 1);
+    assert_eq!(edited.cron_expression.as_deref(), Some("*/5 * * * *"));
     // The replacement kept the history.
     assert_eq!(occurrences(c, &task_id).await.len(), 1);
 }
@@ -804,11 +824,11 @@ async fn edits_racing_dispatch_either_apply_or_conflict() {
     let app = TestApp::api_only().await;
     let c = &app.client;
     let (task_id, created) = scheduled_task(c, every_minute()).await;
-    let first = time(&created["next_run_at"]);
+    let first = next_run(&created);
     let dispatcher = support::pool(&app.db_url).await;
     let (mut applied, mut refused, mut dispatched) = (0, 0, 0);
     for round in 0..ROUNDS {
-        let read = schedule(c, &task_id).await["revision"].as_i64().unwrap();
+        let read = schedule(c, &task_id).await.revision;
         let mut edit = every_minute();
         edit["revision"] = json!(read);
         let now = first + minutes(round);
@@ -838,12 +858,11 @@ async fn edits_racing_dispatch_either_apply_or_conflict() {
         }
     }
     assert_eq!(applied + refused, ROUNDS);
-    let revision = schedule(c, &task_id).await["revision"].as_i64().unwrap();
+    let revision = schedule(c, &task_id).await.revision;
     assert_eq!(revision, 1 + applied + dispatched);
     let recorded = occurrences(c, &task_id).await;
     assert_eq!(recorded.len() as i64, dispatched);
-    let times: HashSet<DateTime<Utc>> =
-        recorded.iter().map(|o| time(&o["scheduled_for"])).collect();
+    let times: HashSet<DateTime<Utc>> = recorded.iter().map(|o| o.scheduled_for).collect();
     assert_eq!(times.len(), recorded.len());
 }
 
@@ -852,7 +871,7 @@ async fn deleting_the_task_deletes_its_schedule_and_occurrences() {
     let app = TestApp::api_only().await;
     let c = &app.client;
     let (task_id, created) = scheduled_task(c, every_minute()).await;
-    let fired = dispatch_due(&app.pool, &no_gates(), time(&created["next_run_at"]))
+    let fired = dispatch_due(&app.pool, &no_gates(), next_run(&created))
         .await
         .unwrap();
     cancel(&app.pool, &task_id, fired[0].run_id.as_deref().unwrap()).await;
@@ -873,7 +892,7 @@ async fn occurrences_list_newest_first_in_pages() {
     let app = TestApp::api_only().await;
     let c = &app.client;
     let (task_id, created) = scheduled_task(c, every_minute()).await;
-    let first = time(&created["next_run_at"]);
+    let first = next_run(&created);
     for minute in 0..5 {
         dispatch_due(&app.pool, &no_gates(), first + minutes(minute))
             .await
@@ -884,14 +903,9 @@ async fn occurrences_list_newest_first_in_pages() {
     loop {
         let (status, page) = c.get(&path).await;
         assert_eq!(status, StatusCode::OK, "{page}");
-        seen.extend(
-            page["data"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|o| time(&o["scheduled_for"])),
-        );
-        match page["next_cursor"].as_str() {
+        let page = support::page::<OccurrenceRecord>(&page);
+        seen.extend(page.data.iter().map(|o| o.scheduled_for));
+        match page.next_cursor {
             Some(cursor) => {
                 path = format!("/v1/tasks/{task_id}/schedule/occurrences?limit=2&cursor={cursor}")
             }
@@ -920,15 +934,14 @@ async fn a_worker_fires_a_due_schedule_and_runs_it() {
     })
     .await;
     let run = c
-        .wait_terminal(
-            &task_id,
-            run["id"].as_str().unwrap(),
-            Duration::from_secs(30),
-        )
+        .wait_terminal(&task_id, &run.id, Duration::from_secs(30))
         .await;
-    assert_eq!(run["status"], "completed", "{run}");
-    assert_eq!(time(&run["scheduled_for"]), run_at);
-    assert_eq!(occurrences(c, &task_id).await[0]["status"], "started");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    assert_eq!(run.scheduled_for, Some(run_at));
+    assert_eq!(
+        occurrences(c, &task_id).await[0].status,
+        OccurrenceStatus::Started
+    );
 }
 
 /// Three real `keel worker` processes dispatch on one database: thirty `once` schedules
@@ -961,18 +974,17 @@ async fn three_worker_processes_fire_each_due_schedule_exactly_once() {
             runs_of(c, task_id).await.first().cloned()
         })
         .await;
-        let run_id = run["id"].as_str().unwrap();
         let run = c
-            .wait_terminal(task_id, run_id, Duration::from_secs(60))
+            .wait_terminal(task_id, &run.id, Duration::from_secs(60))
             .await;
-        assert_eq!(run["status"], "completed", "{run}");
+        assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     }
     // Every schedule is spent, so nothing more can fire: the counts are final.
     for task_id in &tasks {
-        assert_eq!(schedule(c, task_id).await["enabled"], false);
+        assert!(!schedule(c, task_id).await.enabled);
         let fired = occurrences(c, task_id).await;
         assert_eq!(fired.len(), 1, "{fired:?}");
-        assert_eq!(fired[0]["status"], "started");
+        assert_eq!(fired[0].status, OccurrenceStatus::Started);
         assert_eq!(runs_of(c, task_id).await.len(), 1);
     }
 }

@@ -15,6 +15,7 @@ use keel::artifacts::content::ContentStore;
 use keel::db::embedded::{Durability, EmbeddedPostgres};
 use keel::domain::Scope;
 use keel::events::Subject;
+use keel_client::{MediaJobRecord, MediaJobStatus, ProviderView, SecretStatus};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use wiremock::MockServer;
@@ -181,22 +182,29 @@ async fn presets_and_secret_status_reach_only_what_the_policy_allows() {
             .post("/v1/providers", preset(allowed, base_url))
             .await;
         assert_eq!(status, StatusCode::CREATED, "{allowed}: {body}");
-        assert_eq!(body["data"]["api_key_configured"], true, "{body}");
+        let preset: ProviderView = support::record(&body);
+        assert!(preset.api_key_configured, "{body}");
         let (status, body) = status_of(&client, allowed).await;
         assert_eq!(status, StatusCode::OK, "{body}");
-        assert_eq!(body["data"]["configured"], true, "{body}");
+        assert!(support::record::<SecretStatus>(&body).configured, "{body}");
         assert!(!body.to_string().contains(FILE_SECRET));
     }
     // Allowed by its path, refused by where it leads; and a missing file under the root.
     let (status, body) = status_of(&client, &format!("file:{root_text}/escape")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["configured"], false, "{body}");
-    let message = body["data"]["message"].as_str().unwrap();
+    let escape: SecretStatus = support::record(&body);
+    assert!(!escape.configured, "{body}");
+    let message = escape.message.unwrap();
     assert!(message.contains("symbolic link"), "{message}");
     assert!(!body.to_string().contains("root:"), "{body}");
     let (status, body) = status_of(&client, &format!("file:{root_text}/nope")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["error_code"], "secret_missing", "{body}");
+    let missing: SecretStatus = support::record(&body);
+    assert_eq!(
+        missing.error_code.as_deref(),
+        Some("secret_missing"),
+        "{body}"
+    );
 }
 
 #[tokio::test]
@@ -231,7 +239,7 @@ async fn a_worker_checks_the_policy_again_when_it_resolves_a_stored_preset() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let provider = body["data"]["id"].as_str().unwrap();
+    let provider = support::record::<ProviderView>(&body).id;
     let (status, body) = client
         .post(
             "/v1/media-jobs",
@@ -239,18 +247,22 @@ async fn a_worker_checks_the_policy_again_when_it_resolves_a_stored_preset() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let job = body["data"]["id"].as_str().unwrap().to_string();
+    let job = support::record::<MediaJobRecord>(&body).id;
     let (status, body) = client
         .post(&format!("/v1/media-jobs/{job}/run"), json!({}))
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
 
     let ended = wait_for(Duration::from_secs(60), "the job to fail", || async {
-        let (_, body) = client.get(&format!("/v1/media-jobs/{job}")).await;
-        (body["data"]["status"] == "failed").then(|| body["data"].clone())
+        let job = client.api.get_media_job(&job).await.unwrap().data;
+        (job.status == MediaJobStatus::Failed).then_some(job)
     })
     .await;
-    assert_eq!(ended["last_error_code"], "secret_not_allowed", "{ended}");
+    assert_eq!(
+        ended.last_error_code.as_deref(),
+        Some("secret_not_allowed"),
+        "{ended:?}"
+    );
     let requests = vendor.received_requests().await.unwrap();
     assert!(requests.is_empty(), "the vendor was called: {requests:?}");
 }

@@ -14,6 +14,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
+use keel_client::{MediaJobRecord, ProviderView, RunRecord, RunStatus};
 use nix::sys::signal::Signal;
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
     MetricsService, MetricsServiceServer,
@@ -303,10 +304,7 @@ impl Deployment {
 
 /// Starts a shell task with the caller's `traceparent`; returns (task id, run id).
 async fn start_traced(client: &Client, command: &str) -> (String, String) {
-    let task = client
-        .create_task(json!({ "execution_kind": "shell", "shell_command": command }))
-        .await;
-    let task_id = task["id"].as_str().unwrap().to_string();
+    let task_id = client.create_task(&support::shell(command)).await.id;
     let request = client
         .http
         .post(format!("{}/v1/tasks/{task_id}/start", client.base))
@@ -314,7 +312,7 @@ async fn start_traced(client: &Client, command: &str) -> (String, String) {
         .json(&json!({}));
     let (status, run) = client.send(request).await;
     assert_eq!(status, reqwest::StatusCode::CREATED, "{run}");
-    (task_id, run["data"]["id"].as_str().unwrap().to_string())
+    (task_id, support::record::<RunRecord>(&run).id)
 }
 
 /// The spans of the trace from `span_id` up to its root, as far as they were received.
@@ -337,7 +335,7 @@ async fn one_trace_runs_from_the_api_request_through_the_queue_into_the_worker()
     let client = keel.client();
     let (task_id, run_id) = start_traced(client, "sleep 2.5; echo traced").await;
     let run = client.wait_terminal(&task_id, &run_id, LONG).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
 
     let chain = wait_for(
         LONG,
@@ -459,15 +457,16 @@ async fn vendor_calls_are_client_spans_inside_the_media_job() {
         )
         .await;
     assert_eq!(status, reqwest::StatusCode::CREATED, "{provider}");
+    let provider_id = support::record::<ProviderView>(&provider).id;
     let (status, job) = client
         .post(
             "/v1/media-jobs",
-            json!({ "provider_id": provider["data"]["id"], "operation": "image_generate",
+            json!({ "provider_id": provider_id, "operation": "image_generate",
                     "prompt": "a lighthouse" }),
         )
         .await;
     assert_eq!(status, reqwest::StatusCode::CREATED, "{job}");
-    let id = job["data"]["id"].as_str().unwrap();
+    let id = support::record::<MediaJobRecord>(&job).id;
     let request = client
         .http
         .post(format!("{}/v1/media-jobs/{id}/run", client.base))
@@ -534,18 +533,16 @@ async fn lease_losses_and_reclaims_are_counted() {
     let (task_id, run_id) = start_traced(keel.client(), "sleep 30").await;
     let first = keel
         .client()
-        .wait_status(&task_id, &run_id, "running", LONG)
+        .wait_status(&task_id, &run_id, RunStatus::Running, LONG)
         .await;
     // Once its step is written the attempt has made its last fenced write and only waits
     // on `sleep`: on waking, its heartbeat (not a fenced write) is what finds the lease
     // gone. (A renewal alone says nothing: the first heartbeat runs, renewing nothing,
     // as the worker starts.)
-    let steps = format!("/v1/tasks/{task_id}/runs/{run_id}/steps");
     wait_for(LONG, "the attempt's step to be written", || async {
-        let (_, body) = keel.client().get(&steps).await;
-        body["data"]
-            .as_array()
-            .is_some_and(|steps| !steps.is_empty())
+        let steps = keel.client().api.list_steps(&task_id, &run_id).await;
+        steps
+            .is_ok_and(|steps| !steps.data.is_empty())
             .then_some(())
     })
     .await;
@@ -554,7 +551,7 @@ async fn lease_losses_and_reclaims_are_counted() {
     keel.add_worker(lease_ms);
     wait_for(LONG, "another worker to reclaim the run", || async {
         let run = keel.client().run(&task_id, &run_id).await;
-        (run["status"] == "running" && run["worker_id"] != first["worker_id"]).then_some(())
+        (run.status == RunStatus::Running && run.worker_id != first.worker_id).then_some(())
     })
     .await;
     // Its next heartbeat finds the lease gone.

@@ -27,6 +27,7 @@ use keel::system::{leases, stats};
 use keel::tasks::NewTask;
 use keel::tasks::TaskDraft;
 use keel::{approvals, artifacts, events, providers, runs, schedules, tasks};
+use keel_client::TransitionRecord;
 use reqwest::StatusCode;
 use serde_json::json;
 use sqlx::PgPool;
@@ -676,9 +677,10 @@ async fn local_mode_records_the_local_actor_on_approvals_and_transitions() {
     );
     let c = api.client.as_ref().unwrap();
     let (task_id, run_id) = c.run_shell("echo approved").await;
-    let (status, approvals) = c.get(&format!("/v1/tasks/{task_id}/approvals")).await;
-    assert_eq!(status, StatusCode::OK, "{approvals}");
-    let approval_id = approvals["data"][0]["id"].as_str().unwrap().to_string();
+    let approvals = c.api.list_task_approvals(&task_id, None);
+    let (status, approvals) = approvals.send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{approvals:?}");
+    let approval_id = approvals.data[0].id.clone();
     let (status, resolved) = c
         .post(
             &format!("/v1/tasks/{task_id}/approvals/{approval_id}/resolve"),
@@ -686,26 +688,22 @@ async fn local_mode_records_the_local_actor_on_approvals_and_transitions() {
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{resolved}");
-    assert_eq!(resolved["data"]["approval"]["resolved_by"], "local");
+    let resolution: keel_client::Resolution = support::record(&resolved);
+    assert_eq!(resolution.approval.resolved_by.as_deref(), Some("local"));
     let run = c
         .wait_terminal(&task_id, &run_id, Duration::from_secs(30))
         .await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, keel_client::RunStatus::Completed, "{run:?}");
 
+    // keel-client has no operation listing the audit trail: its pages are read raw.
     let (status, trail) = c
         .get(&format!("/v1/state-transitions?entity_id={run_id}"))
         .await;
     assert_eq!(status, StatusCode::OK, "{trail}");
-    let actors: Vec<(&str, &str)> = trail["data"]
-        .as_array()
-        .unwrap()
+    let trail = support::page::<TransitionRecord>(&trail).data;
+    let actors: Vec<(&str, &str)> = trail
         .iter()
-        .map(|t| {
-            (
-                t["to_status"].as_str().unwrap(),
-                t["actor"].as_str().unwrap(),
-            )
-        })
+        .map(|t| (t.to_status.as_str(), t.actor.as_str()))
         .collect();
     assert_eq!(actors[0], ("awaiting_approval", "local"), "{actors:?}");
     assert_eq!(actors[1], ("queued", "local"), "{actors:?}");
@@ -718,20 +716,21 @@ async fn local_mode_records_the_local_actor_on_approvals_and_transitions() {
     let (_, approval_trail) = c
         .get(&format!("/v1/state-transitions?entity_id={approval_id}"))
         .await;
-    let approved = approval_trail["data"]
-        .as_array()
-        .unwrap()
+    let approval_trail = support::page::<TransitionRecord>(&approval_trail).data;
+    let approved = approval_trail
         .iter()
-        .find(|t| t["to_status"] == "approved")
-        .unwrap()
-        .clone();
-    assert_eq!(approved["actor"], "local");
+        .find(|t| t.to_status == "approved")
+        .unwrap();
+    assert_eq!(approved.actor, "local");
     let events = c.events(&task_id, &run_id).await;
     let resolved_event = events
         .iter()
-        .find(|e| e["type"] == "approval.resolved")
+        .find(|e| e.event_type == keel_client::EventType::ApprovalResolved)
         .unwrap();
-    assert_eq!(resolved_event["data"]["resolved_by"], "local");
-    let created = events.iter().find(|e| e["type"] == "run.created").unwrap();
-    assert_eq!(created["data"]["actor"], "local");
+    assert_eq!(resolved_event.data["resolved_by"], "local");
+    let created = events
+        .iter()
+        .find(|e| e.event_type == keel_client::EventType::RunCreated)
+        .unwrap();
+    assert_eq!(created.data["actor"], "local");
 }

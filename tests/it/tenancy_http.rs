@@ -13,6 +13,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::support::{Client, KeelProcess, SseReader, wait_for};
+use keel_client::{
+    EventRecord, Imported, LeaseRecord, MediaJobRecord, MediaJobStatus, ProviderView, RunRecord,
+    RunStatus, SourceRecord, SystemStats,
+};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use two_orgs::{REMOTE_ENV, SHARED_SECRET, operator_client};
@@ -424,49 +428,52 @@ async fn a_running_job_counts_in_its_own_workspace_alone() {
     );
     let running = gated_run(&a, "sleep 30").await;
     resolve(&a, &running, "approve").await;
-    a.wait_status(&running.task_id, &running.run_id, "running", TIMEOUT)
-        .await;
+    a.wait_status(
+        &running.task_id,
+        &running.run_id,
+        RunStatus::Running,
+        TIMEOUT,
+    )
+    .await;
     let (a_stats, b_stats) = (live_stats(&a).await, live_stats(&b).await);
-    // Tenants learn that workers are live, not the deployment's hosts and pids.
+    // Tenants learn that workers are live, not the deployment's hosts and pids. (The
+    // worker's id is a string: the record would not read otherwise.)
     for stats in [&a_stats, &b_stats] {
-        let worker = &stats["workers"]["list"][0];
-        assert!(worker["id"].is_string(), "{stats}");
-        assert_eq!(worker["hostname"], Value::Null, "{stats}");
-        assert_eq!(worker["pid"], Value::Null, "{stats}");
+        let worker = &stats.workers.list[0];
+        assert_eq!(worker.hostname, None, "{stats:?}");
+        assert_eq!(worker.pid, None, "{stats:?}");
     }
-    assert_eq!(a_stats["active_leases"], 1, "{a_stats}");
-    assert_eq!(worker_leases(&a_stats), 1, "{a_stats}");
-    assert_eq!(b_stats["active_leases"], 0, "{b_stats}");
-    assert_eq!(b_stats["queue"], json!([]), "{b_stats}");
-    assert_eq!(worker_leases(&b_stats), 0, "{b_stats}");
+    assert_eq!(a_stats.active_leases, 1, "{a_stats:?}");
+    assert_eq!(worker_leases(&a_stats), 1, "{a_stats:?}");
+    assert_eq!(b_stats.active_leases, 0, "{b_stats:?}");
+    assert!(b_stats.queue.is_empty(), "{b_stats:?}");
+    assert_eq!(worker_leases(&b_stats), 0, "{b_stats:?}");
+    // keel-client has no operation listing leases: the lists are read raw.
     let (_, a_leases) = a.get("/v1/runtime/leases?status=active").await;
     assert_eq!(
-        a_leases["data"][0]["ref_id"],
-        running.run_id.as_str(),
+        support::page::<LeaseRecord>(&a_leases).data[0].ref_id,
+        running.run_id,
         "{a_leases}"
     );
     let (_, b_leases) = b.get("/v1/runtime/leases?status=active").await;
-    assert_eq!(b_leases["data"], json!([]), "{b_leases}");
+    let b_leases_listed = support::page::<LeaseRecord>(&b_leases).data;
+    assert!(b_leases_listed.is_empty(), "{b_leases}");
     cancel(&a, &running).await;
 }
 
 /// The caller's system stats once the worker is live.
-async fn live_stats(c: &Client) -> Value {
+async fn live_stats(c: &Client) -> SystemStats {
     wait_for(TIMEOUT, "the worker in the stats", || async {
-        let (status, stats) = c.get("/v1/system/stats").await;
-        assert_eq!(status, StatusCode::OK, "{stats}");
-        (stats["data"]["workers"]["live"] == 1).then(|| stats["data"].clone())
+        let (status, stats) = c.api.system_stats().send_with_status().await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{stats:?}");
+        (stats.data.workers.live == 1).then_some(stats.data)
     })
     .await
 }
 
 /// The leases the stats' workers are said to hold.
-fn worker_leases(stats: &Value) -> i64 {
-    let workers = stats["workers"]["list"].as_array().unwrap();
-    workers
-        .iter()
-        .map(|w| w["active_leases"].as_i64().unwrap())
-        .sum()
+fn worker_leases(stats: &SystemStats) -> i64 {
+    stats.workers.list.iter().map(|w| w.active_leases).sum()
 }
 
 /// The org with the ids of its rows as they are now, and the snapshot they came from.
@@ -516,12 +523,13 @@ async fn seed(c: &Client, vendor: &str) -> Gated {
          task: {execution_kind: shell, shell_command: echo ext}\n---\nWork on {{ issue.title }}" });
     let (status, body) = c.post("/v1/external-work/sources", source).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
+    let source_id = support::record::<SourceRecord>(&body).id;
     // An imported item with its task, and an action proposed on it (never approved).
     let payload = json!({ "number": 3, "state": "open", "updated_at": "2026-01-01T00:00:00Z" });
-    let import = json!({ "source_id": body["data"]["id"], "payload": payload });
+    let import = json!({ "source_id": source_id, "payload": payload });
     let (status, body) = c.post("/v1/external-work/import", import).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let item = body["data"]["item"]["id"].as_str().unwrap();
+    let item = support::record::<Imported>(&body).item.id;
     let comment = json!({ "kind": "comment", "body": "seeded" });
     let proposal = format!("/v1/external-work/items/{item}/actions");
     let (status, body) = c.post(&proposal, comment).await;
@@ -529,19 +537,18 @@ async fn seed(c: &Client, vendor: &str) -> Gated {
 
     let run_id = &done.run_id;
     let run = c.wait_terminal(&done.task_id, run_id, TIMEOUT).await;
-    assert_eq!(run["status"], "completed", "{run}");
-    for part in ["steps", "artifacts", "events"] {
-        let (_, list) = c
-            .get(&format!("/v1/tasks/{}/runs/{run_id}/{part}", done.task_id))
-            .await;
-        assert!(
-            !list["data"].as_array().unwrap().is_empty(),
-            "{part}: {list}"
-        );
-    }
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    let task_id = done.task_id.as_str();
+    let steps = c.api.list_steps(task_id, run_id).await.unwrap().data;
+    assert!(!steps.is_empty(), "steps: {steps:?}");
+    let artifacts = c.api.list_artifacts(task_id, run_id).await.unwrap().data;
+    assert!(!artifacts.is_empty(), "artifacts: {artifacts:?}");
+    let events = c.api.list_run_events(task_id, run_id, None).await;
+    let events = events.unwrap().data;
+    assert!(!events.is_empty(), "events: {events:?}");
     wait_for(TIMEOUT, "the media job to succeed", || async {
-        let (_, job) = c.get(&format!("/v1/media-jobs/{job}")).await;
-        (job["data"]["status"] == "succeeded").then_some(())
+        let job = c.api.get_media_job(&job).await.unwrap().data;
+        (job.status == MediaJobStatus::Succeeded).then_some(())
     })
     .await;
     later
@@ -549,10 +556,10 @@ async fn seed(c: &Client, vendor: &str) -> Gated {
 
 async fn gated_run(c: &Client, command: &str) -> Gated {
     let (task_id, run_id) = c.run_shell(command).await;
-    c.wait_status(&task_id, &run_id, "awaiting_approval", TIMEOUT)
+    c.wait_status(&task_id, &run_id, RunStatus::AwaitingApproval, TIMEOUT)
         .await;
-    let (_, approvals) = c.get(&format!("/v1/tasks/{task_id}/approvals")).await;
-    let approval_id = approvals["data"][0]["id"].as_str().unwrap().to_string();
+    let approvals = c.api.list_task_approvals(&task_id, None).await.unwrap();
+    let approval_id = approvals.data[0].id.clone();
     Gated {
         task_id,
         run_id,
@@ -571,21 +578,19 @@ async fn resolve(c: &Client, gated: &Gated, decision: &str) {
 
 /// A preset from a template's body, with `changes`.
 async fn from_template(c: &Client, template_id: &str, changes: Value) -> String {
-    let (_, templates) = c.get("/v1/provider-templates").await;
-    let mut body = templates["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["template_id"] == template_id)
-        .unwrap()
-        .clone();
+    let templates = c.api.list_provider_templates().await.unwrap().data;
+    let template = templates
+        .into_iter()
+        .find(|t| t.template_id == template_id)
+        .unwrap();
+    let mut body = serde_json::to_value(template).unwrap();
     let fields = body.as_object_mut().unwrap();
     fields.remove("template_id");
     fields.remove("description");
     fields.extend(changes.as_object().unwrap().clone());
     let (status, body) = c.post("/v1/providers", body).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    body["data"]["id"].as_str().unwrap().to_string()
+    support::record::<ProviderView>(&body).id
 }
 
 async fn media_job(c: &Client, provider: &str) -> String {
@@ -593,25 +598,18 @@ async fn media_job(c: &Client, provider: &str) -> String {
                       "prompt": "a lighthouse at dusk" });
     let (status, body) = c.post("/v1/media-jobs", job).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    body["data"]["id"].as_str().unwrap().to_string()
+    support::record::<MediaJobRecord>(&body).id
 }
 
 /// The queue figures (depth, ready, leased per kind) the caller's stats show.
 async fn queue_figures(c: &Client) -> Vec<(String, i64, i64, i64)> {
-    let (status, stats) = c.get("/v1/system/stats").await;
-    assert_eq!(status, StatusCode::OK, "{stats}");
-    let kinds = stats["data"]["queue"].as_array().unwrap();
-    kinds
-        .iter()
-        .map(|k| {
-            let n = |f: &str| k[f].as_i64().unwrap();
-            (
-                k["kind"].as_str().unwrap().to_string(),
-                n("depth"),
-                n("ready"),
-                n("leased"),
-            )
-        })
+    let (status, stats) = c.api.system_stats().send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{stats:?}");
+    stats
+        .data
+        .queue
+        .into_iter()
+        .map(|k| (k.kind, k.depth, k.ready, k.leased))
         .collect()
 }
 
@@ -1160,7 +1158,8 @@ async fn live_events_stay_in_their_workspace(a: &Client, a_run: &Gated, b: &Clie
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{retried}");
-    let retried = retried["data"]["id"].as_str().unwrap();
+    let retried = support::record::<RunRecord>(&retried).id;
+    let retried = retried.as_str();
     let seen = events_until(&mut b_feed, &b_run.run_id).await;
     assert!(
         seen.iter().all(|e| e["run_id"] == b_run.run_id),
@@ -1179,18 +1178,21 @@ async fn cancel(c: &Client, gated: &Gated) {
     let path = format!("/v1/tasks/{}/runs/{}/cancel", gated.task_id, gated.run_id);
     let (status, run) = c.post(&path, json!({})).await;
     assert_eq!(status, StatusCode::OK, "{run}");
-    assert_eq!(run["data"]["status"], "cancelled", "{run}");
+    assert_eq!(
+        support::record::<RunRecord>(&run).status,
+        RunStatus::Cancelled,
+        "{run}"
+    );
 }
 
 /// The caller's feed stream from after its newest event.
 async fn open_feed_after_everything(c: &Client) -> SseReader {
+    // keel-client has no operation for the feed: its page is read raw.
     let (_, feed) = c.get("/v1/events?limit=200").await;
+    let feed = support::page::<EventRecord>(&feed);
     // The list is in feed order: its last event is the newest.
-    let newest = feed["data"].as_array().unwrap().last().unwrap()["cursor"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    assert_eq!(feed["has_more"], false);
+    let newest = feed.data.last().unwrap().cursor.clone();
+    assert!(!feed.has_more);
     let path = format!("/v1/events/stream?after={newest}");
     SseReader::open(c, &path, None).await
 }

@@ -10,8 +10,8 @@ use std::collections::BTreeSet;
 
 use crate::support::Client;
 use agent_rows::{Call, assistant, model_call};
+use keel_client::{Grouping, UsageEvent, UsageGroup, UsageSummary, UsageTotals};
 use reqwest::StatusCode;
-use serde_json::{Value, json};
 use two_orgs::{Stack, stack, workspace_of};
 
 fn call<'a>(provider: &'a str, model: &'a str, tokens: i64, cost: Option<i64>) -> Call<'a> {
@@ -37,7 +37,7 @@ async fn run_with_calls(stack: &Stack, client: &Client, calls: &[Call<'_>]) -> (
 
 /// The totals of the ledger rows matching `filter` (SQL over `model_calls`), as the API
 /// renders them.
-async fn ledger_totals(pool: &sqlx::PgPool, filter: &str, value: &str) -> Value {
+async fn ledger_totals(pool: &sqlx::PgPool, filter: &str, value: &str) -> UsageTotals {
     let sql = format!(
         "SELECT json_build_object(
              'calls', count(*),
@@ -48,43 +48,63 @@ async fn ledger_totals(pool: &sqlx::PgPool, filter: &str, value: &str) -> Value 
              'calls_without_price', count(*) FILTER (WHERE cost_micros_usd IS NULL))
          FROM model_calls WHERE {filter} = $1"
     );
-    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+    let totals: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
         .bind(value)
         .fetch_one(pool)
         .await
-        .unwrap()
+        .unwrap();
+    serde_json::from_value(totals).unwrap()
 }
 
-async fn summary(client: &Client, query: &str) -> Value {
-    let (status, body) = client.get(&format!("/v1/usage/summary{query}")).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["object"], "usage_summary");
-    body["data"].clone()
+/// The summary in `scope` (the server's default when None), within `window` (`since`,
+/// `until`).
+async fn summary(
+    client: &Client,
+    scope: Option<Grouping>,
+    window: &[(&'static str, &str)],
+) -> UsageSummary {
+    let mut call = client.api.usage_summary(scope);
+    for &(name, value) in window {
+        call = call.query(name, Some(value));
+    }
+    let (status, summary) = call.send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{summary:?}");
+    assert_eq!(summary.object, "usage_summary");
+    summary.data
 }
 
-/// Every usage event the query lists, page by page (`limit` each), checking the order.
-async fn all_events(client: &Client, query: &str, limit: usize) -> Vec<Value> {
-    let mut events: Vec<Value> = Vec::new();
+/// Whether two summaries are the same, field by field as the API renders them.
+fn same(a: &UsageSummary, b: &UsageSummary) -> bool {
+    serde_json::to_value(a).unwrap() == serde_json::to_value(b).unwrap()
+}
+
+/// Every usage event the filters list, page by page (`limit` each), checking the order.
+async fn all_events(
+    client: &Client,
+    filters: &[(&'static str, &str)],
+    limit: usize,
+) -> Vec<UsageEvent> {
+    let mut events: Vec<UsageEvent> = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
-        let mut path = format!("/v1/usage/events?limit={limit}{query}");
-        if let Some(cursor) = &cursor {
-            path.push_str(&format!("&cursor={cursor}"));
+        let mut call = client.api.list_usage_events().query("limit", Some(limit));
+        for &(name, value) in filters {
+            call = call.query(name, Some(value));
         }
-        let (status, page) = client.get(&path).await;
-        assert_eq!(status, StatusCode::OK, "{page}");
-        let data = page["data"].as_array().unwrap().clone();
-        assert!(data.len() <= limit);
-        events.extend(data);
-        match page["next_cursor"].as_str() {
+        let page = call.query("cursor", cursor.take()).send_with_status().await;
+        let (status, page) = page.unwrap();
+        assert_eq!(status, StatusCode::OK, "{page:?}");
+        assert!(page.data.len() <= limit);
+        events.extend(page.data);
+        match page.next_cursor {
             Some(next) => {
-                assert_eq!(page["has_more"], true);
-                cursor = Some(next.to_string());
+                assert!(page.has_more);
+                cursor = Some(next);
             }
             None => break,
         }
     }
-    let ids: Vec<&str> = events.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
     let mut newest_first = ids.clone();
     newest_first.sort_unstable_by(|x, y| y.cmp(x));
     newest_first.dedup();
@@ -92,24 +112,24 @@ async fn all_events(client: &Client, query: &str, limit: usize) -> Vec<Value> {
     events
 }
 
-fn ids(events: &[Value]) -> BTreeSet<String> {
-    events
-        .iter()
-        .map(|e| e["id"].as_str().unwrap().to_string())
-        .collect()
+fn ids(events: &[UsageEvent]) -> BTreeSet<String> {
+    events.iter().map(|e| e.id.clone()).collect()
 }
 
 /// The sums of listed events, in the summary's shape.
-fn sums(events: &[Value]) -> Value {
-    let sum = |field: &str| -> i64 { events.iter().map(|e| e[field].as_i64().unwrap_or(0)).sum() };
-    json!({
-        "calls": events.len(),
-        "prompt_tokens": sum("prompt_tokens"),
-        "completion_tokens": sum("completion_tokens"),
-        "cached_tokens": sum("cached_tokens"),
-        "cost_micros_usd": sum("cost_micros_usd"),
-        "calls_without_price": events.iter().filter(|e| e["cost_micros_usd"].is_null()).count(),
-    })
+fn sums(events: &[UsageEvent]) -> UsageTotals {
+    let sum = |field: fn(&UsageEvent) -> i64| -> i64 { events.iter().map(field).sum() };
+    UsageTotals {
+        calls: events.len() as i64,
+        prompt_tokens: sum(|e| e.prompt_tokens),
+        completion_tokens: sum(|e| e.completion_tokens),
+        cached_tokens: sum(|e| e.cached_tokens),
+        cost_micros_usd: sum(|e| e.cost_micros_usd.unwrap_or(0)),
+        calls_without_price: events
+            .iter()
+            .filter(|e| e.cost_micros_usd.is_none())
+            .count() as i64,
+    }
 }
 
 #[tokio::test]
@@ -145,114 +165,131 @@ async fn usage_sums_scopes_pages_and_stays_in_its_workspace() {
     assert_ne!(a_ws, b_ws);
 
     // Global (the default): the workspace's ledger, summed; equal to its listed rows.
-    let a_global = summary(&stack.a, "").await;
-    assert_eq!(a_global["scope"], "global");
-    assert_eq!(a_global["rows"], json!([]));
+    let a_global = summary(&stack.a, None, &[]).await;
+    assert_eq!(a_global.scope, Grouping::Global);
+    assert!(a_global.rows.is_empty());
     assert_eq!(
-        a_global["totals"],
+        a_global.totals,
         ledger_totals(&stack.pool, "workspace_id", &a_ws).await
     );
-    assert_eq!(a_global["totals"]["calls"], 5);
-    assert_eq!(a_global["totals"]["calls_without_price"], 2);
-    assert_eq!(a_global["totals"]["cost_micros_usd"], 2_450);
-    let a_events = all_events(&stack.a, "", 2).await;
+    assert_eq!(a_global.totals.calls, 5);
+    assert_eq!(a_global.totals.calls_without_price, 2);
+    assert_eq!(a_global.totals.cost_micros_usd, 2_450);
+    let a_events = all_events(&stack.a, &[], 2).await;
     assert_eq!(a_events.len(), 5);
-    assert_eq!(sums(&a_events), a_global["totals"]);
-    assert_eq!(summary(&stack.a, "?scope=global").await, a_global);
+    assert_eq!(sums(&a_events), a_global.totals);
+    let global = summary(&stack.a, Some(Grouping::Global), &[]).await;
+    assert!(same(&global, &a_global), "{global:?} vs {a_global:?}");
 
     // One row per provider, each the ledger's sum for it; the rows add up to the totals.
-    let by_provider = summary(&stack.a, "?scope=provider").await;
-    assert_eq!(by_provider["totals"], a_global["totals"]);
-    let rows = by_provider["rows"].as_array().unwrap();
-    let keys: Vec<&str> = rows.iter().map(|r| r["key"].as_str().unwrap()).collect();
+    let by_provider = summary(&stack.a, Some(Grouping::Provider), &[]).await;
+    assert_eq!(by_provider.totals, a_global.totals);
+    let rows = &by_provider.rows;
+    let keys: Vec<&str> = rows.iter().map(|r| r.key.as_str()).collect();
     assert_eq!(keys, ["anthropic", "openai"]);
     for row in rows {
-        let provider = row["key"].as_str().unwrap();
-        let listed = all_events(&stack.a, &format!("&provider={provider}"), 50).await;
-        let mut expected = sums(&listed);
-        expected["key"] = json!(provider);
+        let provider = row.key.as_str();
+        let listed = all_events(&stack.a, &[("provider", provider)], 50).await;
+        let expected = UsageGroup {
+            key: provider.to_string(),
+            totals: sums(&listed),
+        };
         assert_eq!(row, &expected);
     }
-    let anthropic = &rows[0];
-    assert_eq!(anthropic["calls"], 2);
-    assert_eq!(anthropic["calls_without_price"], 2);
-    assert_eq!(anthropic["cost_micros_usd"], 0);
+    let anthropic = &rows[0].totals;
+    assert_eq!(anthropic.calls, 2);
+    assert_eq!(anthropic.calls_without_price, 2);
+    assert_eq!(anthropic.cost_micros_usd, 0);
 
     // The workspace scope has the caller's workspace alone.
-    let by_workspace = summary(&stack.a, "?scope=workspace").await;
-    let rows = by_workspace["rows"].as_array().unwrap();
+    let by_workspace = summary(&stack.a, Some(Grouping::Workspace), &[]).await;
+    let rows = &by_workspace.rows;
     assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0]["key"], a_ws);
-    assert_eq!(rows[0]["calls"], 5);
+    assert_eq!(rows[0].key, a_ws);
+    assert_eq!(rows[0].totals.calls, 5);
 
     // The other org sees its own call alone, in every scope and list.
-    let b_global = summary(&stack.b, "?scope=global").await;
+    let b_global = summary(&stack.b, Some(Grouping::Global), &[]).await;
     assert_eq!(
-        b_global["totals"],
+        b_global.totals,
         ledger_totals(&stack.pool, "workspace_id", &b_ws).await
     );
-    assert_eq!(b_global["totals"]["calls"], 1);
-    let b_rows = summary(&stack.b, "?scope=workspace").await["rows"].clone();
-    assert_eq!(b_rows.as_array().unwrap().len(), 1);
-    assert_eq!(b_rows[0]["key"], b_ws);
-    let b_events = all_events(&stack.b, "", 50).await;
+    assert_eq!(b_global.totals.calls, 1);
+    let b_rows = summary(&stack.b, Some(Grouping::Workspace), &[]).await.rows;
+    assert_eq!(b_rows.len(), 1);
+    assert_eq!(b_rows[0].key, b_ws);
+    let b_events = all_events(&stack.b, &[], 50).await;
     assert_eq!(b_events.len(), 1);
     assert!(ids(&b_events).is_disjoint(&ids(&a_events)));
-    for query in [
-        format!("&run_id={a_run}"),
-        format!("&task_id={a_task}"),
-        "&provider=anthropic".to_string(),
+    for filter in [
+        ("run_id", a_run.as_str()),
+        ("task_id", a_task.as_str()),
+        ("provider", "anthropic"),
     ] {
-        assert!(all_events(&stack.b, &query, 50).await.is_empty(), "{query}");
+        let listed = all_events(&stack.b, &[filter], 50).await;
+        assert!(listed.is_empty(), "{filter:?}");
     }
     assert!(
-        all_events(&stack.a, &format!("&task_id={b_task}"), 50)
+        all_events(&stack.a, &[("task_id", &b_task)], 50)
             .await
             .is_empty()
     );
 
     // Filters: each run's calls, one model's, one task's, with their fields.
-    let run2 = all_events(&stack.a, &format!("&run_id={a_run2}"), 50).await;
+    let run2 = all_events(&stack.a, &[("run_id", &a_run2)], 50).await;
     assert_eq!(run2.len(), 2);
     let newest = &run2[0];
-    assert_eq!(newest["index"], 2);
-    assert_eq!(newest["run_id"], a_run2);
-    assert_eq!(newest["provider"], "anthropic");
-    assert_eq!(newest["model"], "claude-x");
-    assert_eq!(newest["prompt_tokens"], 800);
-    assert_eq!(newest["completion_tokens"], 200);
-    assert_eq!(newest["cached_tokens"], 80);
-    assert!(newest["cost_micros_usd"].is_null());
-    assert_eq!(newest["duration_ms"], 12);
-    assert!(newest["created_at"].is_string());
-    let one_model = all_events(&stack.a, "&model=gpt-4o-mini&provider=openai", 50).await;
-    assert_eq!(one_model.len(), 2);
-    let one_task = all_events(&stack.a, &format!("&task_id={a_task}"), 1).await;
-    assert_eq!(one_task.len(), 3);
-    assert!(one_task.iter().all(|e| e["task_id"] == a_task));
-
-    // Windows: everything is before a future `since`, and after a past one.
-    let future = summary(&stack.a, "?since=2099-01-01T00:00:00Z").await;
-    assert_eq!(future["totals"]["calls"], 0);
-    assert_eq!(future["since"], "2099-01-01T00:00:00Z");
-    let past = summary(
+    assert_eq!(newest.index, 2);
+    assert_eq!(newest.run_id, a_run2);
+    assert_eq!(newest.provider, "anthropic");
+    assert_eq!(newest.model, "claude-x");
+    assert_eq!(newest.prompt_tokens, 800);
+    assert_eq!(newest.completion_tokens, 200);
+    assert_eq!(newest.cached_tokens, 80);
+    assert!(newest.cost_micros_usd.is_none());
+    assert_eq!(newest.duration_ms, 12);
+    // `created_at` was read as a timestamp with the record, or the list would not decode.
+    let one_model = all_events(
         &stack.a,
-        "?scope=provider&since=2000-01-01T00:00:00Z&until=2099-01-01T00:00:00%2B02:00",
+        &[("model", "gpt-4o-mini"), ("provider", "openai")],
+        50,
     )
     .await;
-    assert_eq!(past["totals"], a_global["totals"]);
+    assert_eq!(one_model.len(), 2);
+    let one_task = all_events(&stack.a, &[("task_id", &a_task)], 1).await;
+    assert_eq!(one_task.len(), 3);
+    assert!(one_task.iter().all(|e| e.task_id == a_task));
+
+    // Windows: everything is before a future `since`, and after a past one.
+    let future = summary(&stack.a, None, &[("since", "2099-01-01T00:00:00Z")]).await;
+    assert_eq!(future.totals.calls, 0);
+    assert_eq!(future.since, Some("2099-01-01T00:00:00Z".parse().unwrap()));
+    let past = summary(
+        &stack.a,
+        Some(Grouping::Provider),
+        &[
+            ("since", "2000-01-01T00:00:00Z"),
+            ("until", "2099-01-01T00:00:00+02:00"),
+        ],
+    )
+    .await;
+    assert_eq!(past.totals, a_global.totals);
     assert!(
-        all_events(&stack.a, "&until=2000-01-01T00:00:00Z", 50)
+        all_events(&stack.a, &[("until", "2000-01-01T00:00:00Z")], 50)
             .await
             .is_empty()
     );
     // A reversed window is empty, not an error.
     let reversed = summary(
         &stack.a,
-        "?since=2099-01-02T00:00:00Z&until=2099-01-01T00:00:00Z",
+        None,
+        &[
+            ("since", "2099-01-02T00:00:00Z"),
+            ("until", "2099-01-01T00:00:00Z"),
+        ],
     )
     .await;
-    assert_eq!(reversed["totals"]["calls"], 0);
+    assert_eq!(reversed.totals.calls, 0);
 }
 
 #[tokio::test]

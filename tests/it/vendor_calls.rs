@@ -8,6 +8,7 @@ use crate::support;
 use std::time::Duration;
 
 use crate::support::{Client, wait_for};
+use keel_client::{MediaJobRecord, MediaJobStatus, ProviderCheck, ProviderView};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
@@ -33,7 +34,7 @@ fn assert_names_base_url(status: StatusCode, body: &Value, what: &str) -> String
 }
 
 /// Starts a media job on `provider` and waits for it to fail; returns the job.
-async fn failed_job(client: &Client, provider: &str) -> Value {
+async fn failed_job(client: &Client, provider: &str) -> MediaJobRecord {
     let (status, body) = client
         .post(
             "/v1/media-jobs",
@@ -41,14 +42,14 @@ async fn failed_job(client: &Client, provider: &str) -> Value {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let job = body["data"]["id"].as_str().unwrap().to_string();
+    let job = support::record::<MediaJobRecord>(&body).id;
     let (status, body) = client
         .post(&format!("/v1/media-jobs/{job}/run"), json!({}))
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     wait_for(Duration::from_secs(60), "the job to fail", || async {
-        let (_, body) = client.get(&format!("/v1/media-jobs/{job}")).await;
-        (body["data"]["status"] == "failed").then(|| body["data"].clone())
+        let job = client.api.get_media_job(&job).await.unwrap().data;
+        (job.status == MediaJobStatus::Failed).then_some(job)
     })
     .await
 }
@@ -90,7 +91,7 @@ async fn presets_aimed_inward_or_off_the_vendors_hosts_are_refused() {
         .post("/v1/providers", preset("http://127.0.0.1:9/api/v3"))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let id = body["data"]["id"].as_str().unwrap();
+    let id = support::record::<ProviderView>(&body).id;
     let patch = json!({ "base_url": "http://169.254.169.254/latest" });
     let url = format!("{}/v1/providers/{id}", client.base);
     let (status, body) = client.send(client.http.patch(url).json(&patch)).await;
@@ -130,35 +131,32 @@ async fn a_worker_caps_vendor_answers_and_the_feed_keeps_approval_summaries_out(
         .post("/v1/providers", preset(&format!("{}/api/v3", vendor.uri())))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let provider = body["data"]["id"].as_str().unwrap().to_string();
+    let provider = support::record::<ProviderView>(&body).id;
     let ended = failed_job(&client, &provider).await;
-    assert_eq!(ended["last_error_code"], "response_too_large", "{ended}");
+    assert_eq!(
+        ended.last_error_code.as_deref(),
+        Some("response_too_large"),
+        "{ended:?}"
+    );
     assert_eq!(vendor.received_requests().await.unwrap().len(), 1);
-    let (_, artifacts) = client
-        .get(&format!(
-            "/v1/media-jobs/{}/artifacts",
-            ended["id"].as_str().unwrap()
-        ))
-        .await;
-    assert_eq!(artifacts["data"], json!([]), "{artifacts}");
+    let artifacts = client.api.list_media_artifacts(&ended.id).await.unwrap();
+    assert!(artifacts.data.is_empty(), "{artifacts:?}");
 
     // A gated run: its approval has a summary; the feed's event names only the approval.
     let task = client
-        .create_task(json!({ "execution_kind": "shell",
-                             "shell_command": "echo summary-canary-7f3a | sh" }))
+        .create_task(&support::shell("echo summary-canary-7f3a | sh"))
         .await;
-    let task_id = task["id"].as_str().unwrap();
+    let task_id = task.id.as_str();
     let (status, body) = client
         .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let (_, approvals) = client.get(&format!("/v1/tasks/{task_id}/approvals")).await;
-    let approval = &approvals["data"][0];
+    let approvals = client.api.list_task_approvals(task_id, None).await;
+    let approval = &approvals.unwrap().data[0];
+    let summary = serde_json::to_string(&approval.action_summary).unwrap();
     assert!(
-        approval["action_summary"]
-            .to_string()
-            .contains("echo summary-canary-7f3a | sh"),
-        "{approval}"
+        summary.contains("echo summary-canary-7f3a | sh"),
+        "{approval:?}"
     );
     let events = client
         .feed_when(
@@ -166,10 +164,15 @@ async fn a_worker_caps_vendor_answers_and_the_feed_keeps_approval_summaries_out(
             |events| !events.is_empty(),
         )
         .await;
-    let event = &events["data"][0];
-    assert_eq!(event["data"]["approval_id"], approval["id"], "{events}");
-    assert!(event["data"].get("action_summary").is_none(), "{event}");
-    assert!(!events.to_string().contains("summary-canary"), "{events}");
+    let event = &events.data[0];
+    assert_eq!(
+        event.data["approval_id"],
+        approval.id.as_str(),
+        "{events:?}"
+    );
+    assert!(event.data.get("action_summary").is_none(), "{event:?}");
+    let text = serde_json::to_string(&events).unwrap();
+    assert!(!text.contains("summary-canary"), "{text}");
 }
 
 #[tokio::test]
@@ -192,13 +195,14 @@ async fn a_worker_rechecks_the_host_list_before_calling() {
         .post("/v1/providers", preset(&format!("{}/api/v3", vendor.uri())))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let provider = body["data"]["id"].as_str().unwrap().to_string();
+    let provider = support::record::<ProviderView>(&body).id;
 
     let ended = failed_job(&client, &provider).await;
 
     assert_eq!(
-        ended["last_error_code"], "provider_host_not_allowed",
-        "{ended}"
+        ended.last_error_code.as_deref(),
+        Some("provider_host_not_allowed"),
+        "{ended:?}"
     );
     let requests = vendor.received_requests().await.unwrap();
     assert!(requests.is_empty(), "the vendor was called: {requests:?}");
@@ -211,5 +215,6 @@ async fn a_worker_rechecks_the_host_list_before_calling() {
         .post(&format!("/v1/providers/{provider}/check"), json!({}))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["data"]["code"], "provider_host_not_allowed", "{body}");
+    let check: ProviderCheck = support::record(&body);
+    assert_eq!(check.code, "provider_host_not_allowed", "{body}");
 }

@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::support::{Client, KeelProcess, spawn_api_with_env, spawn_worker_with_env, wait_for};
+use keel_client::{RunRecord, RunStatus, TaskDraft};
 use reqwest::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 
 const SOON: Duration = Duration::from_secs(30);
 
@@ -52,13 +53,21 @@ async fn stack() -> Stack {
     }
 }
 
-fn in_place(directory: &Path) -> Value {
-    json!({ "execution_kind": "shell", "shell_command": "true",
-            "workspace_mode": "in_place", "working_directory": directory })
+fn text(path: &Path) -> Option<String> {
+    Some(path.to_str().unwrap().to_string())
+}
+
+fn in_place(directory: &Path) -> TaskDraft {
+    TaskDraft {
+        workspace_mode: Some("in_place".into()),
+        working_directory: text(directory),
+        ..support::shell("true")
+    }
 }
 
 /// Posts the task and checks the 422 envelope names `field`.
-async fn assert_refused(client: &Client, body: Value, field: &str) -> String {
+async fn assert_refused(client: &Client, draft: TaskDraft, field: &str) -> String {
+    let body = support::wire(&draft);
     let (status, response) = client.post("/v1/tasks", body.clone()).await;
     assert_eq!(
         status,
@@ -71,8 +80,8 @@ async fn assert_refused(client: &Client, body: Value, field: &str) -> String {
     message
 }
 
-async fn run_to_end(client: &Client, body: Value) -> Value {
-    let (task_id, run_id) = client.start_task(body).await;
+async fn run_to_end(client: &Client, draft: TaskDraft) -> RunRecord {
+    let (task_id, run_id) = client.start_task(&draft).await;
     client.wait_terminal(&task_id, &run_id, SOON).await
 }
 
@@ -115,10 +124,9 @@ async fn in_place_directories_stay_beneath_the_roots() {
     assert_refused(c, in_place(&s.root.join("missing")), "working_directory").await;
 
     // A task may narrow the roots, never widen them.
-    let narrowed = |directory: &Path, allowed: &Path| {
-        let mut body = in_place(directory);
-        body["sandbox_allowed_root"] = json!(allowed);
-        body
+    let narrowed = |directory: &Path, allowed: &Path| TaskDraft {
+        sandbox_allowed_root: text(allowed),
+        ..in_place(directory)
     };
     assert_refused(
         c,
@@ -133,14 +141,16 @@ async fn in_place_directories_stay_beneath_the_roots() {
     )
     .await;
     assert_refused(c, narrowed(&s.root, &inside), "working_directory").await;
-    let task = c.create_task(narrowed(&inside.join("sub"), &inside)).await;
-    assert_eq!(task["sandbox_allowed_root"], json!(inside), "{task}");
-    let mut ephemeral = json!({ "execution_kind": "shell", "shell_command": "true" });
-    ephemeral["sandbox_allowed_root"] = json!(inside);
+    let task = c.create_task(&narrowed(&inside.join("sub"), &inside)).await;
+    assert_eq!(task.sandbox_allowed_root, text(&inside), "{task:?}");
+    let ephemeral = TaskDraft {
+        sandbox_allowed_root: text(&inside),
+        ..support::shell("true")
+    };
     assert_refused(c, ephemeral, "sandbox_allowed_root").await;
 
     let run = run_to_end(c, in_place(&inside)).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
 }
 
 #[tokio::test]
@@ -149,10 +159,12 @@ async fn the_worker_checks_the_directory_again_before_the_run() {
     let c = &s.client;
     let project = s.root.join("project");
     std::fs::create_dir_all(&project).unwrap();
-    let mut body = in_place(&project);
-    body["shell_command"] = json!("echo escaped > x");
-    let task = c.create_task(body).await;
-    let task_id = task["id"].as_str().unwrap();
+    let draft = TaskDraft {
+        shell_command: Some("echo escaped > x".into()),
+        ..in_place(&project)
+    };
+    let task = c.create_task(&draft).await;
+    let task_id = task.id.as_str();
     // Accepted while it was a directory inside; now it leads out.
     std::fs::remove_dir(&project).unwrap();
     std::os::unix::fs::symlink(s.outside.path(), &project).unwrap();
@@ -160,10 +172,10 @@ async fn the_worker_checks_the_directory_again_before_the_run() {
         .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{run}");
-    let run_id = run["data"]["id"].as_str().unwrap();
-    let run = c.wait_terminal(task_id, run_id, SOON).await;
-    assert_eq!(run["status"], "failed", "{run}");
-    let error = run["last_error"].as_str().unwrap();
+    let run_id = support::record::<RunRecord>(&run).id;
+    let run = c.wait_terminal(task_id, &run_id, SOON).await;
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    let error = run.last_error.as_deref().unwrap();
     assert!(
         error.starts_with("workspace_refused: working_directory"),
         "{error}"
@@ -182,10 +194,14 @@ async fn file_runs_cannot_write_outside_their_workspace() {
     std::os::unix::fs::symlink(outside, workspace.join("dirlink")).unwrap();
     std::os::unix::fs::symlink(outside.join("secret"), workspace.join("filelink")).unwrap();
     std::fs::hard_link(outside.join("secret"), workspace.join("hardlink")).unwrap();
-    let file = |path: &str, operation: &str| {
-        json!({ "execution_kind": "file", "file_path": path, "file_operation": operation,
-                "file_content": "overwritten", "workspace_mode": "in_place",
-                "working_directory": workspace })
+    let file = |path: &str, operation: &str| TaskDraft {
+        execution_kind: Some("file".into()),
+        file_path: Some(path.into()),
+        file_operation: Some(operation.into()),
+        file_content: Some("overwritten".into()),
+        workspace_mode: Some("in_place".into()),
+        working_directory: text(&workspace),
+        ..TaskDraft::default()
     };
 
     assert_refused(c, file("../x", "write"), "file_path").await;
@@ -199,8 +215,8 @@ async fn file_runs_cannot_write_outside_their_workspace() {
         ("hardlink", "append", hard_link),
     ] {
         let run = run_to_end(c, file(path, operation)).await;
-        assert_eq!(run["status"], "failed", "{path} {operation}: {run}");
-        let error = run["last_error"].as_str().unwrap();
+        assert_eq!(run.status, RunStatus::Failed, "{path} {operation}: {run:?}");
+        let error = run.last_error.as_deref().unwrap();
         assert!(error.contains(why), "{path} {operation}: {error}");
     }
     let mut names: Vec<_> = std::fs::read_dir(outside)
@@ -216,7 +232,7 @@ async fn file_runs_cannot_write_outside_their_workspace() {
 
     // Inside, intermediate directories are created one by one and the write lands.
     let run = run_to_end(c, file("a/b/c.txt", "write")).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     assert_eq!(
         std::fs::read_to_string(workspace.join("a/b/c.txt")).unwrap(),
         "overwritten"
@@ -227,11 +243,9 @@ async fn file_runs_cannot_write_outside_their_workspace() {
 async fn retention_removes_a_finished_workspace_and_resume_then_conflicts() {
     let s = stack().await;
     let c = &s.client;
-    let (task_id, run_id) = c
-        .start_task(json!({ "execution_kind": "shell", "shell_command": "echo kept > kept.txt" }))
-        .await;
+    let (task_id, run_id) = c.run_shell("echo kept > kept.txt").await;
     let run = c.wait_terminal(&task_id, &run_id, SOON).await;
-    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     let workspace = s.data.join("workspaces").join(&run_id);
     wait_for(SOON, "the sweep to remove the workspace", || async {
         (!workspace.exists()).then_some(())

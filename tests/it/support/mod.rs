@@ -11,7 +11,12 @@ use futures_util::StreamExt;
 use keel::config::{Common, WorkerArgs};
 use keel::db::embedded::{Durability, EmbeddedPostgres};
 use keel::telemetry::LogFormat;
+use keel_client::{
+    EventRecord, ListEnvelope, ObjectEnvelope, RunRecord, RunStatus, StartRequest, TaskDraft,
+    TaskRecord,
+};
 use reqwest::StatusCode;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
@@ -201,19 +206,66 @@ pub async fn worker_id_of(pool: &PgPool, process: &KeelProcess) -> String {
     .await
 }
 
-/// A small JSON client for Keel's API.
+/// A client of Keel's API: raw HTTP (`get`, `post`, `send`: the status and the JSON body)
+/// for tests about the wire, and the typed client of the same API with the same headers
+/// (`api`, keel-client: the contract's records) for everything else. The helpers below
+/// read through the typed client.
 #[derive(Clone)]
 pub struct Client {
     pub base: String,
     pub http: reqwest::Client,
+    pub api: keel_client::Client,
+}
+
+/// How long one typed request may take.
+const API_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A shell task's draft.
+pub fn shell(command: &str) -> TaskDraft {
+    TaskDraft {
+        execution_kind: Some("shell".into()),
+        shell_command: Some(command.into()),
+        ..TaskDraft::default()
+    }
+}
+
+/// An agent loop task's draft.
+pub fn agent_loop(prompt: &str) -> TaskDraft {
+    TaskDraft {
+        execution_kind: Some("agent_loop".into()),
+        prompt: Some(prompt.into()),
+        ..TaskDraft::default()
+    }
+}
+
+/// A request body as keel-client sends it (its unset fields left out), for a test that
+/// posts it raw: to see it refused, or to check the answer's exact status.
+pub fn wire(body: &impl serde::Serialize) -> Value {
+    let mut body = serde_json::to_value(body).expect("request bodies serialize");
+    if let Value::Object(fields) = &mut body {
+        fields.retain(|_, value| !value.is_null());
+    }
+    body
+}
+
+/// The resource of an object envelope sent raw (`{"object", "data"}`), as the contract's
+/// record: for a request whose exact status the test checks.
+pub fn record<T: DeserializeOwned>(body: &Value) -> T {
+    let envelope: ObjectEnvelope<T> = serde_json::from_value(body.clone())
+        .unwrap_or_else(|e| panic!("not a {}: {e}: {body}", std::any::type_name::<T>()));
+    envelope.data
+}
+
+/// A list envelope sent raw, with the contract's records: for a list keel-client has no
+/// operation for (the feed), or whose exact status the test checks.
+pub fn page<T: DeserializeOwned>(body: &Value) -> ListEnvelope<T> {
+    serde_json::from_value(body.clone())
+        .unwrap_or_else(|e| panic!("not a list of {}: {e}: {body}", std::any::type_name::<T>()))
 }
 
 impl Client {
     pub fn new(base: String) -> Self {
-        Client {
-            base,
-            http: reqwest::Client::new(),
-        }
+        client_with_headers(&base, &[])
     }
 
     pub async fn send(&self, request: reqwest::RequestBuilder) -> (StatusCode, Value) {
@@ -235,14 +287,19 @@ impl Client {
             .await
     }
 
-    /// The feed page at `path` (a `/v1/events?…` list) once `ready` holds for it. The feed
-    /// shows an event once every transaction older than the event's has ended, in any
-    /// database of the cluster, and tests running alongside hold some open for a moment.
-    pub async fn feed_when(&self, path: &str, ready: impl Fn(&[Value]) -> bool) -> Value {
+    /// The feed page at `path` (a `/v1/events?…` list) once `ready` holds for its events.
+    /// The feed shows an event once every transaction older than the event's has ended, in
+    /// any database of the cluster, and tests running alongside hold some open for a moment.
+    pub async fn feed_when(
+        &self,
+        path: &str,
+        ready: impl Fn(&[EventRecord]) -> bool,
+    ) -> ListEnvelope<EventRecord> {
         wait_for(Duration::from_secs(20), path, || async {
             let (status, page) = self.get(path).await;
             assert_eq!(status, StatusCode::OK, "{page}");
-            ready(page["data"].as_array().expect("a list")).then_some(page)
+            let page: ListEnvelope<EventRecord> = self::page(&page);
+            ready(&page.data).then_some(page)
         })
         .await
     }
@@ -252,75 +309,61 @@ impl Client {
             .await
     }
 
-    /// Creates a task and returns its `data`.
-    pub async fn create_task(&self, body: Value) -> Value {
-        let (status, body) = self.post("/v1/tasks", body).await;
-        assert_eq!(status, StatusCode::CREATED, "{body}");
-        body["data"].clone()
+    /// Creates a task (201).
+    pub async fn create_task(&self, draft: &TaskDraft) -> TaskRecord {
+        let created = self.api.create_task(draft).send_with_status().await;
+        let (status, task) = created.expect("task created");
+        assert_eq!(status, StatusCode::CREATED, "{task:?}");
+        task.data
     }
 
     /// Creates a shell task and starts it; returns (task id, run id).
     pub async fn run_shell(&self, command: &str) -> (String, String) {
-        self.start_task(json!({ "execution_kind": "shell", "shell_command": command }))
-            .await
+        self.start_task(&shell(command)).await
     }
 
-    /// Creates a task from `body` and starts it; returns (task id, run id).
-    pub async fn start_task(&self, body: Value) -> (String, String) {
-        let task = self.create_task(body).await;
-        let task_id = task["id"].as_str().unwrap().to_string();
-        let (status, run) = self
-            .post(&format!("/v1/tasks/{task_id}/start"), json!({}))
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{run}");
-        (task_id, run["data"]["id"].as_str().unwrap().to_string())
+    /// Creates a task from `draft` and starts it; returns (task id, run id).
+    pub async fn start_task(&self, draft: &TaskDraft) -> (String, String) {
+        let task = self.create_task(draft).await;
+        let run = self.start(&task.id).await;
+        (task.id, run.id)
+    }
+
+    /// Starts the task's next run (201).
+    pub async fn start(&self, task_id: &str) -> RunRecord {
+        let started = self.api.start_task(task_id, &StartRequest::default());
+        let (status, run) = started.send_with_status().await.expect("run started");
+        assert_eq!(status, StatusCode::CREATED, "{run:?}");
+        run.data
     }
 
     /// The text of a run's stdout artifact.
     pub async fn stdout(&self, task_id: &str, run_id: &str) -> String {
-        let (_, artifacts) = self
-            .get(&format!("/v1/tasks/{task_id}/runs/{run_id}/artifacts"))
-            .await;
-        let stdout = artifacts["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|a| a["name"] == "stdout")
-            .unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        let url = format!(
-            "{}/v1/tasks/{task_id}/runs/{run_id}/artifacts/{stdout}/content",
-            self.base
-        );
-        self.http
-            .get(url)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        let artifacts = self.api.list_artifacts(task_id, run_id).await;
+        let artifacts = artifacts.expect("the run's artifacts").data;
+        let stdout = artifacts.iter().find(|a| a.name == "stdout").unwrap();
+        self.artifact_text(task_id, run_id, &stdout.id).await
     }
 
-    pub async fn run(&self, task_id: &str, run_id: &str) -> Value {
-        let (status, body) = self
-            .get(&format!("/v1/tasks/{task_id}/runs/{run_id}"))
-            .await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        body["data"].clone()
+    /// The text of a run's artifact so far.
+    pub async fn artifact_text(&self, task_id: &str, run_id: &str, artifact_id: &str) -> String {
+        let content = self.api.artifact_content(task_id, run_id, artifact_id);
+        let bytes = content.raw().await.expect("the artifact's content");
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    pub async fn run(&self, task_id: &str, run_id: &str) -> RunRecord {
+        let run = self.api.get_run(task_id, run_id).send_with_status().await;
+        let (status, run) = run.unwrap_or_else(|e| panic!("run {run_id}: {e}"));
+        assert_eq!(status, StatusCode::OK, "{run:?}");
+        run.data
     }
 
     /// Waits for the run to reach a terminal state and returns it.
-    pub async fn wait_terminal(&self, task_id: &str, run_id: &str, timeout: Duration) -> Value {
+    pub async fn wait_terminal(&self, task_id: &str, run_id: &str, timeout: Duration) -> RunRecord {
         wait_for(timeout, &format!("run {run_id} to end"), || async {
             let run = self.run(task_id, run_id).await;
-            matches!(
-                run["status"].as_str(),
-                Some("completed" | "failed" | "cancelled")
-            )
-            .then_some(run)
+            run.status.is_terminal().then_some(run)
         })
         .await
     }
@@ -329,24 +372,23 @@ impl Client {
         &self,
         task_id: &str,
         run_id: &str,
-        status: &str,
+        status: RunStatus,
         timeout: Duration,
-    ) -> Value {
+    ) -> RunRecord {
         wait_for(timeout, &format!("run {run_id} to be {status}"), || async {
             let run = self.run(task_id, run_id).await;
-            (run["status"] == status).then_some(run)
+            (run.status == status).then_some(run)
         })
         .await
     }
 
-    pub async fn events(&self, task_id: &str, run_id: &str) -> Vec<Value> {
-        let (status, body) = self
-            .get(&format!(
-                "/v1/tasks/{task_id}/runs/{run_id}/events?limit=200"
-            ))
-            .await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        body["data"].as_array().unwrap().clone()
+    /// The run's first 200 events.
+    pub async fn events(&self, task_id: &str, run_id: &str) -> Vec<EventRecord> {
+        let events = self.api.list_run_events(task_id, run_id, None);
+        let events = events.query("limit", Some(200)).send_with_status().await;
+        let (status, events) = events.expect("the run's events");
+        assert_eq!(status, StatusCode::OK, "{events:?}");
+        events.data
     }
 
     pub async fn healthy(&self) -> bool {
@@ -750,7 +792,8 @@ fn parse_frame(frame: &str) -> Option<SseEvent> {
     })
 }
 
-/// A client that sends `headers` with every request (credentials, a Host, …).
+/// A client that sends `headers` with every request (credentials, a Host, …), on the raw
+/// and the typed side alike.
 pub fn client_with_headers(base: &str, headers: &[(&str, &str)]) -> Client {
     let mut map = reqwest::header::HeaderMap::new();
     for (name, value) in headers {
@@ -759,12 +802,20 @@ pub fn client_with_headers(base: &str, headers: &[(&str, &str)]) -> Client {
             reqwest::header::HeaderValue::from_str(value).unwrap(),
         );
     }
+    let api = keel_client::Client::with_headers(
+        base,
+        keel_client::Credentials::None,
+        map.clone(),
+        API_TIMEOUT,
+    )
+    .expect("a typed client");
     Client {
         base: base.to_string(),
         http: reqwest::Client::builder()
             .default_headers(map)
             .build()
             .unwrap(),
+        api,
     }
 }
 

@@ -1,6 +1,7 @@
 //! A local GitHub for the external work tests: its issues, lists answering with ETags,
 //! and the sources and items the API made of them.
 
+use keel_client::{ItemRecord, RunRecord};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use wiremock::matchers::{header, method, path};
@@ -42,16 +43,15 @@ pub async fn register(client: &Client, markdown: &str) -> (StatusCode, Value) {
 }
 
 /// The items a source found.
-pub async fn items_of(client: &Client, source_id: &str) -> Vec<Value> {
-    let (status, body) = client
-        .get(&format!("/v1/external-work/sources/{source_id}/items"))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    body["data"].as_array().unwrap().clone()
+pub async fn items_of(client: &Client, source_id: &str) -> Vec<ItemRecord> {
+    let items = client.api.list_items(source_id).send_with_status().await;
+    let (status, items) = items.expect("the source's items");
+    assert_eq!(status, StatusCode::OK, "{items:?}");
+    items.data
 }
 
 /// The run of an item that has one.
-pub async fn run_of(client: &Client, item: &Value) -> Value {
-    let (task_id, run_id) = (item["task_id"].as_str(), item["run_id"].as_str());
+pub async fn run_of(client: &Client, item: &ItemRecord) -> RunRecord {
+    let (task_id, run_id) = (item.task_id.as_deref(), item.run_id.as_deref());
     client.run(task_id.unwrap(), run_id.unwrap()).await
 }
