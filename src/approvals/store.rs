@@ -19,6 +19,38 @@ use crate::events::transitions::Transition;
 pub(crate) use keel_api_types::ApprovalRecord;
 use keel_api_types::{ApprovalStatus, RunRecord};
 
+/// `query_as!` of [`ApprovalRecord`]s: `$before` (up to its `SELECT` or `RETURNING`), then
+/// the approval's columns, then `$after` (its `FROM …`, or nothing). `status` is an
+/// [`ApprovalStatus`]: `stored:` as the row holds it (one just written), `read:` with a
+/// pending approval past its `expires_at` as `expired`.
+macro_rules! query_approvals {
+    (stored: $before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        query_approvals!(
+            @status r#"status AS "status: ApprovalStatus""#, $before, $after $(, $arg)*
+        )
+    };
+    (read: $before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        query_approvals!(
+            @status r#"CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired'
+                            ELSE status END AS "status!: ApprovalStatus""#,
+            $before, $after $(, $arg)*
+        )
+    };
+    (@status $status:literal, $before:literal, $after:literal $(, $arg:expr)*) => {
+        sqlx::query_as!(
+            ApprovalRecord,
+            $before
+                + " id, task_id, run_id, kind, "
+                + $status
+                + ", action_summary, action_summary_incomplete, step_id, continue_on_reject,
+                   external_action_id, decision_note, requested_by, resolved_by, created_at,
+                   expires_at, resolved_at "
+                + $after
+            $(, $arg)*
+        )
+    };
+}
+
 /// Who decides an approval, and whether they may decide one they requested.
 #[derive(Debug, Clone)]
 pub struct Approver {
@@ -101,19 +133,16 @@ async fn insert(
 ) -> Result<ApprovalRecord> {
     let ttl_ms = ttl.map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
     // Just inserted as pending with a TTL in the future: it reads as stored.
-    let approval = sqlx::query_as!(
-        ApprovalRecord,
-        r#"INSERT INTO approvals (id, task_id, run_id, kind, status, action_summary,
-                                  action_summary_incomplete, expires_at, workspace_id, step_id,
-                                  external_action_id, requested_by)
-           VALUES ($1, $2, $3, $4, 'pending', $5, $6,
-                   now() + $7::bigint * interval '1 millisecond', $8, $9, $10,
-                   COALESCE($11, (SELECT requested_by FROM runs
-                                  WHERE workspace_id = $8 AND id = $3)))
-           RETURNING id, task_id, run_id, kind, status AS "status: ApprovalStatus",
-                     action_summary, action_summary_incomplete, step_id, continue_on_reject,
-                     external_action_id, decision_note, requested_by, resolved_by, created_at,
-                     expires_at, resolved_at"#,
+    let approval = query_approvals!(stored:
+        "INSERT INTO approvals (id, task_id, run_id, kind, status, action_summary,
+                                action_summary_incomplete, expires_at, workspace_id, step_id,
+                                external_action_id, requested_by)
+         VALUES ($1, $2, $3, $4, 'pending', $5, $6,
+                 now() + $7::bigint * interval '1 millisecond', $8, $9, $10,
+                 COALESCE($11, (SELECT requested_by FROM runs
+                                WHERE workspace_id = $8 AND id = $3)))
+         RETURNING",
+        "",
         new_id("apr"),
         run.task_id,
         run.id,
@@ -179,15 +208,9 @@ pub async fn get(
     approval_id: &str,
 ) -> Result<ApprovalRecord> {
     // A pending approval past its `expires_at` reads as `expired`.
-    sqlx::query_as!(
-        ApprovalRecord,
-        r#"SELECT id, task_id, run_id, kind,
-                  CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired'
-                       ELSE status END AS "status!: ApprovalStatus",
-                  action_summary, action_summary_incomplete, step_id, continue_on_reject,
-                  external_action_id, decision_note, requested_by, resolved_by, created_at,
-                  expires_at, resolved_at
-           FROM approvals WHERE workspace_id = $3 AND task_id = $1 AND id = $2"#,
+    query_approvals!(read:
+        "SELECT",
+        "FROM approvals WHERE workspace_id = $3 AND task_id = $1 AND id = $2",
         task_id,
         approval_id,
         scope.workspace(),
@@ -337,15 +360,9 @@ pub(crate) async fn lock_pending(
     approval_id: &str,
 ) -> Result<ApprovalRecord> {
     // A pending approval past its `expires_at` reads as `expired`.
-    let approval = sqlx::query_as!(
-        ApprovalRecord,
-        r#"SELECT id, task_id, run_id, kind,
-                  CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired'
-                       ELSE status END AS "status!: ApprovalStatus",
-                  action_summary, action_summary_incomplete, step_id, continue_on_reject,
-                  external_action_id, decision_note, requested_by, resolved_by, created_at,
-                  expires_at, resolved_at
-           FROM approvals WHERE workspace_id = $1 AND id = $2 FOR UPDATE"#,
+    let approval = query_approvals!(read:
+        "SELECT",
+        "FROM approvals WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
         scope.workspace(),
         approval_id,
     )
@@ -370,15 +387,12 @@ async fn settle(
     actor: &Actor,
 ) -> Result<ApprovalRecord> {
     // Settled: no longer pending, so it reads as stored.
-    let approval = sqlx::query_as!(
-        ApprovalRecord,
-        r#"UPDATE approvals SET status = $2, decision_note = $3, resolved_by = $4,
-                                resolved_at = now(), continue_on_reject = $6
-           WHERE workspace_id = $5 AND id = $1
-           RETURNING id, task_id, run_id, kind, status AS "status: ApprovalStatus",
-                     action_summary, action_summary_incomplete, step_id, continue_on_reject,
-                     external_action_id, decision_note, requested_by, resolved_by, created_at,
-                     expires_at, resolved_at"#,
+    let approval = query_approvals!(stored:
+        "UPDATE approvals SET status = $2, decision_note = $3, resolved_by = $4,
+                              resolved_at = now(), continue_on_reject = $6
+         WHERE workspace_id = $5 AND id = $1
+         RETURNING",
+        "",
         approval_id,
         to,
         note,

@@ -14,6 +14,29 @@ use crate::events::{NewEvent, Subject};
 pub(crate) use keel_api_types::ArtifactRecord;
 use keel_api_types::{ArtifactKind, ArtifactStatus};
 
+/// `query_as!` of [`ArtifactRecord`]s, or of `$record:`, a row of their columns and more:
+/// `$before` (up to its `SELECT` or `RETURNING`; with `$record:`, literals joined with `+`),
+/// then the artifact's columns (`kind` and `status` as an [`ArtifactKind`] and an
+/// [`ArtifactStatus`]), then `$after` (its `FROM …`, or nothing).
+macro_rules! query_artifacts {
+    ($record:ident: $before:literal $(+ $more:literal)*, $after:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            $record,
+            $before
+                $(+ $more)*
+                + r#" id, run_id, task_id, media_job_id, name, kind AS "kind: ArtifactKind",
+                      content_type, size_bytes, truncated, status AS "status: ArtifactStatus",
+                      storage, created_at, updated_at "#
+                + $after
+            $(, $arg)*
+        )
+    };
+    ($before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        query_artifacts!(ArtifactRecord: $before, $after $(, $arg)*)
+    };
+}
+pub(crate) use query_artifacts;
+
 /// An artifact a writer names, with the id it is created under if it does not exist yet.
 pub(crate) struct NewArtifact<'a> {
     pub(crate) id: &'a str,
@@ -110,60 +133,39 @@ pub(crate) async fn upsert(
     } else {
         "writing"
     };
-    // `xmax = 0`: the row version is this statement's insert, not an update of an old row.
+    // The statement of either owner, which differ only in the owner's key `$key` their
+    // conflict names. `xmax = 0`: the row version is this statement's insert, not an
+    // update of an old row.
+    macro_rules! upsert {
+        ($key:literal) => {
+            query_artifacts!(
+                UpsertedRow:
+                "INSERT INTO artifacts (id, run_id, task_id, media_job_id, name, kind, content_type,
+                                        status, workspace_id)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                 ON CONFLICT "
+                    + $key
+                    + " DO UPDATE SET status = EXCLUDED.status, updated_at = now()
+                          WHERE artifacts.workspace_id = EXCLUDED.workspace_id
+                        RETURNING",
+                r#", xmax = 0 AS "created!""#,
+                artifact.id,
+                run_id,
+                task_id,
+                media_job_id,
+                artifact.name,
+                artifact.kind,
+                artifact.content_type,
+                status,
+                scope.workspace(),
+            )
+            .fetch_optional(conn)
+            .await?
+        };
+    }
     let row = match artifact.owner {
-        Subject::Run { .. } => {
-            sqlx::query_as!(
-                UpsertedRow,
-                r#"INSERT INTO artifacts (id, run_id, task_id, media_job_id, name, kind,
-                                         content_type, status, workspace_id)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-                   ON CONFLICT (run_id, name)
-                       DO UPDATE SET status = EXCLUDED.status, updated_at = now()
-                       WHERE artifacts.workspace_id = EXCLUDED.workspace_id
-                   RETURNING id, run_id, task_id, media_job_id, name,
-                             kind AS "kind: ArtifactKind", content_type, size_bytes, truncated,
-                             status AS "status: ArtifactStatus", storage, created_at,
-                             updated_at, xmax = 0 AS "created!""#,
-                artifact.id,
-                run_id,
-                task_id,
-                media_job_id,
-                artifact.name,
-                artifact.kind,
-                artifact.content_type,
-                status,
-                scope.workspace(),
-            )
-            .fetch_optional(conn)
-            .await?
-        }
-        Subject::MediaJob(_) => {
-            sqlx::query_as!(
-                UpsertedRow,
-                r#"INSERT INTO artifacts (id, run_id, task_id, media_job_id, name, kind,
-                                         content_type, status, workspace_id)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-                   ON CONFLICT (media_job_id, name)
-                       DO UPDATE SET status = EXCLUDED.status, updated_at = now()
-                       WHERE artifacts.workspace_id = EXCLUDED.workspace_id
-                   RETURNING id, run_id, task_id, media_job_id, name,
-                             kind AS "kind: ArtifactKind", content_type, size_bytes, truncated,
-                             status AS "status: ArtifactStatus", storage, created_at,
-                             updated_at, xmax = 0 AS "created!""#,
-                artifact.id,
-                run_id,
-                task_id,
-                media_job_id,
-                artifact.name,
-                artifact.kind,
-                artifact.content_type,
-                status,
-                scope.workspace(),
-            )
-            .fetch_optional(conn)
-            .await?
-        }
+        Subject::Run { .. } => upsert!("(run_id, name)"),
+        Subject::MediaJob(_) => upsert!("(media_job_id, name)"),
     };
     let upserted = row.ok_or(StoreError::NotFound("artifact"))?.into();
     Ok(upserted)
@@ -199,15 +201,12 @@ pub async fn get(
     artifact_id: &str,
 ) -> Result<ArtifactRecord> {
     let (task_id, run_id, media_job_id) = owner.columns();
-    sqlx::query_as!(
-        ArtifactRecord,
-        r#"SELECT id, run_id, task_id, media_job_id, name, kind AS "kind: ArtifactKind",
-                  content_type, size_bytes, truncated, status AS "status: ArtifactStatus",
-                  storage, created_at, updated_at
-           FROM artifacts
-           WHERE workspace_id = $1 AND id = $2
-             AND run_id IS NOT DISTINCT FROM $3 AND task_id IS NOT DISTINCT FROM $4
-             AND media_job_id IS NOT DISTINCT FROM $5"#,
+    query_artifacts!(
+        "SELECT",
+        "FROM artifacts
+         WHERE workspace_id = $1 AND id = $2
+           AND run_id IS NOT DISTINCT FROM $3 AND task_id IS NOT DISTINCT FROM $4
+           AND media_job_id IS NOT DISTINCT FROM $5",
         scope.workspace(),
         artifact_id,
         run_id,
@@ -229,14 +228,11 @@ pub async fn list(
     let (_, owner_id) = owner.key();
     let rows = match owner {
         Subject::Run { .. } => {
-            sqlx::query_as!(
-                ArtifactRecord,
-                r#"SELECT id, run_id, task_id, media_job_id, name, kind AS "kind: ArtifactKind",
-                          content_type, size_bytes, truncated,
-                          status AS "status: ArtifactStatus", storage, created_at, updated_at
-                   FROM artifacts
-                   WHERE workspace_id = $4 AND run_id = $1 AND ($2::text IS NULL OR id > $2)
-                   ORDER BY id LIMIT $3"#,
+            query_artifacts!(
+                "SELECT",
+                "FROM artifacts
+                 WHERE workspace_id = $4 AND run_id = $1 AND ($2::text IS NULL OR id > $2)
+                 ORDER BY id LIMIT $3",
                 owner_id,
                 after,
                 limit,
@@ -246,14 +242,11 @@ pub async fn list(
             .await?
         }
         Subject::MediaJob(_) => {
-            sqlx::query_as!(
-                ArtifactRecord,
-                r#"SELECT id, run_id, task_id, media_job_id, name, kind AS "kind: ArtifactKind",
-                          content_type, size_bytes, truncated,
-                          status AS "status: ArtifactStatus", storage, created_at, updated_at
-                   FROM artifacts
-                   WHERE workspace_id = $4 AND media_job_id = $1 AND ($2::text IS NULL OR id > $2)
-                   ORDER BY id LIMIT $3"#,
+            query_artifacts!(
+                "SELECT",
+                "FROM artifacts
+                 WHERE workspace_id = $4 AND media_job_id = $1 AND ($2::text IS NULL OR id > $2)
+                 ORDER BY id LIMIT $3",
                 owner_id,
                 after,
                 limit,

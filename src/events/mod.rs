@@ -83,6 +83,23 @@ impl<'a> NewEvent<'a> {
 
 pub use keel_api_types::EventRecord;
 
+/// `query_as!` of [`EventRecord`]s: `$before` (up to its `SELECT`), then the event's columns
+/// (`type` as an [`EventType`], its feed position as `cursor`), then `$after` (its
+/// `FROM run_events …`).
+macro_rules! query_events {
+    ($before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            EventRecord,
+            $before
+                + r#" 1 AS "schema_version!", event_id, task_id, run_id, media_job_id, sequence,
+                      feed_xid::text || '-' || id AS "cursor!", occurred_at,
+                      type AS "event_type: EventType", data "#
+                + $after
+            $(, $arg)*
+        )
+    };
+}
+
 /// A position in the public feed: the `(feed_xid, id)` of the last event delivered.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct FeedCursor {
@@ -195,14 +212,11 @@ pub async fn list_for_run(
     after_sequence: i64,
     limit: i64,
 ) -> Result<Vec<EventRecord>> {
-    let rows = sqlx::query_as!(
-        EventRecord,
-        r#"SELECT 1 AS "schema_version!", event_id, task_id, run_id, media_job_id, sequence,
-                  feed_xid::text || '-' || id AS "cursor!", occurred_at,
-                  type AS "event_type: EventType", data
-           FROM run_events
-           WHERE workspace_id = $1 AND run_id = $2 AND sequence > $3
-           ORDER BY sequence LIMIT $4"#,
+    let rows = query_events!(
+        "SELECT",
+        "FROM run_events
+         WHERE workspace_id = $1 AND run_id = $2 AND sequence > $3
+         ORDER BY sequence LIMIT $4",
         scope.workspace(),
         run_id,
         after_sequence,
@@ -231,18 +245,15 @@ pub async fn list_feed(
     limit: i64,
 ) -> Result<Vec<EventRecord>> {
     // The horizon comes from the statement's own snapshot, the one its rows come from.
-    let rows = sqlx::query_as!(
-        EventRecord,
-        r#"SELECT 1 AS "schema_version!", event_id, task_id, run_id, media_job_id, sequence,
-                  feed_xid::text || '-' || id AS "cursor!", occurred_at,
-                  type AS "event_type: EventType", data
-           FROM run_events
-           WHERE workspace_id = $1 AND (feed_xid, id) > ($2::text::xid8, $3)
-             AND feed_xid < (SELECT pg_snapshot_xmin(pg_current_snapshot()))
-             AND ($4::text[] IS NULL OR type = ANY($4))
-             AND ($5::text IS NULL OR task_id = $5)
-             AND ($6::text IS NULL OR media_job_id = $6)
-           ORDER BY feed_xid, id LIMIT $7"#,
+    let rows = query_events!(
+        "SELECT",
+        "FROM run_events
+         WHERE workspace_id = $1 AND (feed_xid, id) > ($2::text::xid8, $3)
+           AND feed_xid < (SELECT pg_snapshot_xmin(pg_current_snapshot()))
+           AND ($4::text[] IS NULL OR type = ANY($4))
+           AND ($5::text IS NULL OR task_id = $5)
+           AND ($6::text IS NULL OR media_job_id = $6)
+         ORDER BY feed_xid, id LIMIT $7",
         scope.workspace(),
         after.xid.to_string(),
         after.id,

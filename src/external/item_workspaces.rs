@@ -7,7 +7,7 @@ use sqlx::PgConnection;
 
 use crate::db::Result;
 use crate::domain::Scope;
-use crate::external::ItemRecord;
+use crate::external::{ItemRecord, item_record, query_items};
 use keel_api_types::ItemState;
 
 /// Marks an item `workspace_preparing` in `path` (the error cleared).
@@ -17,16 +17,13 @@ pub(crate) async fn begin_preparation(
     id: &str,
     path: &str,
 ) -> Result<ItemRecord> {
-    let row = sqlx::query_as!(
-        ItemRecord,
-        r#"UPDATE external_work_items
-           SET state = 'workspace_preparing', workspace_path = $3, last_error_code = NULL,
-               last_error = NULL, updated_at = now()
-           WHERE workspace_id = $1 AND id = $2
-           RETURNING id, source_id, idempotency_key, kind, identifier, tracker_state,
-                     state AS "state: ItemState", issue, prompt, task_id, run_id,
-                     last_error_code, last_error, workspace_path, hook_output, created_at,
-                     updated_at"#,
+    let row = query_items!(
+        "UPDATE external_work_items
+         SET state = 'workspace_preparing', workspace_path = $3, last_error_code = NULL,
+             last_error = NULL, updated_at = now()
+         WHERE workspace_id = $1 AND id = $2
+         RETURNING",
+        "",
         scope.workspace(),
         id,
         path,
@@ -61,12 +58,9 @@ pub(crate) async fn record_hook(
 }
 
 pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<ItemRecord> {
-    let row = sqlx::query_as!(
-        ItemRecord,
-        r#"SELECT id, source_id, idempotency_key, kind, identifier, tracker_state,
-                  state AS "state: ItemState", issue, prompt, task_id, run_id, last_error_code,
-                  last_error, workspace_path, hook_output, created_at, updated_at
-           FROM external_work_items WHERE workspace_id = $1 AND id = $2"#,
+    let row = query_items!(
+        "SELECT",
+        "FROM external_work_items WHERE workspace_id = $1 AND id = $2",
         scope.workspace(),
         id,
     )
@@ -104,20 +98,17 @@ pub(crate) async fn unstarted(
     source_id: &str,
     limit: u32,
 ) -> Result<Vec<ItemRecord>> {
-    let rows = sqlx::query_as!(
-        ItemRecord,
-        r#"SELECT i.id, i.source_id, i.idempotency_key, i.kind, i.identifier, i.tracker_state,
-                  i.state AS "state: ItemState", i.issue, i.prompt, i.task_id, i.run_id,
-                  i.last_error_code, i.last_error, i.workspace_path, i.hook_output,
-                  i.created_at, i.updated_at
-           FROM external_work_items i
-           WHERE i.workspace_id = $1 AND i.source_id = $2
-             AND i.state IN ('workspace_preparing', 'ready')
-             AND NOT EXISTS (SELECT 1 FROM external_work_items n
-                             WHERE n.workspace_id = i.workspace_id
-                               AND n.source_id = i.source_id
-                               AND n.identifier = i.identifier AND n.id > i.id)
-           ORDER BY i.id LIMIT $3"#,
+    // The columns unqualified are `i`'s: the subquery's `n` is not in the select list's scope.
+    let rows = query_items!(
+        "SELECT",
+        "FROM external_work_items i
+         WHERE i.workspace_id = $1 AND i.source_id = $2
+           AND i.state IN ('workspace_preparing', 'ready')
+           AND NOT EXISTS (SELECT 1 FROM external_work_items n
+                           WHERE n.workspace_id = i.workspace_id
+                             AND n.source_id = i.source_id
+                             AND n.identifier = i.identifier AND n.id > i.id)
+         ORDER BY i.id LIMIT $3",
         scope.workspace(),
         source_id,
         i64::from(limit),
@@ -165,25 +156,7 @@ pub(crate) async fn to_remove(conn: &mut PgConnection, limit: u32) -> Result<Vec
     Ok(rows
         .into_iter()
         .map(|row| Removal {
-            item: ItemRecord {
-                id: row.id,
-                source_id: row.source_id,
-                idempotency_key: row.idempotency_key,
-                kind: row.kind,
-                identifier: row.identifier,
-                tracker_state: row.tracker_state,
-                state: row.state,
-                issue: row.issue,
-                prompt: row.prompt,
-                task_id: row.task_id,
-                run_id: row.run_id,
-                last_error_code: row.last_error_code,
-                last_error: row.last_error,
-                workspace_path: row.workspace_path,
-                hook_output: row.hook_output,
-                created_at: row.created_at,
-                updated_at: row.updated_at,
-            },
+            item: item_record!(row),
             workspace_id: row.workspace_id,
             directory: row.directory,
         })

@@ -15,6 +15,68 @@ use crate::db::{Result, StoreError};
 use crate::domain::{Scope, new_id};
 use crate::queue::{self, Locked};
 
+/// `query_as!` of [`SourceRecord`]s: `$before` (up to its `SELECT` or `RETURNING`), then the
+/// source's columns (`etags` as [`Etags`]), then `$after` (its `FROM …`, or nothing).
+macro_rules! query_sources {
+    ($before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            SourceRecord,
+            $before
+                + r#" id, tracker_kind, target, workflow_markdown, workflow_path,
+                      etags AS "etags: Etags", backoff_until, background_enabled, last_poll_at,
+                      last_poll, last_error_code, last_error, last_error_at, created_at,
+                      updated_at "#
+                + $after
+            $(, $arg)*
+        )
+    };
+}
+
+/// `query_as!` of [`ItemRecord`]s: `$before` (up to its `SELECT` or `RETURNING`), then the
+/// item's columns (`state` as an [`ItemState`]), then `$after` (its `FROM …`, or nothing).
+macro_rules! query_items {
+    ($before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            ItemRecord,
+            $before
+                + r#" id, source_id, idempotency_key, kind, identifier, tracker_state,
+                      state AS "state: ItemState", issue, prompt, task_id, run_id,
+                      last_error_code, last_error, workspace_path, hook_output, created_at,
+                      updated_at "#
+                + $after
+            $(, $arg)*
+        )
+    };
+}
+pub(crate) use query_items;
+
+/// The [`ItemRecord`] of a `query!` row that selects its columns (`state` as an
+/// [`ItemState`]) besides others, which stay readable on the row.
+macro_rules! item_record {
+    ($row:ident) => {
+        ItemRecord {
+            id: $row.id,
+            source_id: $row.source_id,
+            idempotency_key: $row.idempotency_key,
+            kind: $row.kind,
+            identifier: $row.identifier,
+            tracker_state: $row.tracker_state,
+            state: $row.state,
+            issue: $row.issue,
+            prompt: $row.prompt,
+            task_id: $row.task_id,
+            run_id: $row.run_id,
+            last_error_code: $row.last_error_code,
+            last_error: $row.last_error,
+            workspace_path: $row.workspace_path,
+            hook_output: $row.hook_output,
+            created_at: $row.created_at,
+            updated_at: $row.updated_at,
+        }
+    };
+}
+pub(crate) use item_record;
+
 /// Where a source's workflow comes from.
 #[derive(Debug, Clone)]
 pub(crate) enum WorkflowOrigin {
@@ -34,16 +96,13 @@ pub(crate) async fn insert_source(
         WorkflowOrigin::Markdown(text) => (Some(text), None),
         WorkflowOrigin::Path(path) => (None, Some(path)),
     };
-    let inserted = sqlx::query_as!(
-        SourceRecord,
-        r#"INSERT INTO external_sources (id, workspace_id, tracker_kind, target,
-                                         workflow_markdown, workflow_path)
-           VALUES ($1, $2, $3, $4, $5, $6)
-           ON CONFLICT (workspace_id, target) DO NOTHING
-           RETURNING id, tracker_kind, target, workflow_markdown, workflow_path,
-                     etags AS "etags: Etags", backoff_until, background_enabled, last_poll_at,
-                     last_poll, last_error_code, last_error, last_error_at, created_at,
-                     updated_at"#,
+    let inserted = query_sources!(
+        "INSERT INTO external_sources (id, workspace_id, tracker_kind, target,
+                                       workflow_markdown, workflow_path)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (workspace_id, target) DO NOTHING
+         RETURNING",
+        "",
         new_id("extsrc"),
         scope.workspace(),
         tracker_kind,
@@ -56,14 +115,9 @@ pub(crate) async fn insert_source(
     match inserted {
         Some(source) => Ok((source, true)),
         None => {
-            let existing = sqlx::query_as!(
-                SourceRecord,
-                r#"SELECT id, tracker_kind, target, workflow_markdown, workflow_path,
-                          etags AS "etags: Etags", backoff_until, background_enabled,
-                          last_poll_at, last_poll, last_error_code, last_error, last_error_at,
-                          created_at, updated_at
-                   FROM external_sources
-                   WHERE workspace_id = $1 AND target = $2"#,
+            let existing = query_sources!(
+                "SELECT",
+                "FROM external_sources WHERE workspace_id = $1 AND target = $2",
                 scope.workspace(),
                 target,
             )
@@ -79,12 +133,9 @@ pub(crate) async fn get_source(
     scope: &Scope,
     id: &str,
 ) -> Result<SourceRecord> {
-    sqlx::query_as!(
-        SourceRecord,
-        r#"SELECT id, tracker_kind, target, workflow_markdown, workflow_path,
-                  etags AS "etags: Etags", backoff_until, background_enabled, last_poll_at,
-                  last_poll, last_error_code, last_error, last_error_at, created_at, updated_at
-           FROM external_sources WHERE workspace_id = $1 AND id = $2"#,
+    query_sources!(
+        "SELECT",
+        "FROM external_sources WHERE workspace_id = $1 AND id = $2",
         scope.workspace(),
         id,
     )
@@ -100,13 +151,10 @@ pub(crate) async fn list_sources(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<SourceRecord>> {
-    let rows = sqlx::query_as!(
-        SourceRecord,
-        r#"SELECT id, tracker_kind, target, workflow_markdown, workflow_path,
-                  etags AS "etags: Etags", backoff_until, background_enabled, last_poll_at,
-                  last_poll, last_error_code, last_error, last_error_at, created_at, updated_at
-           FROM external_sources
-           WHERE workspace_id = $1 AND ($2::text IS NULL OR id > $2) ORDER BY id LIMIT $3"#,
+    let rows = query_sources!(
+        "SELECT",
+        "FROM external_sources
+         WHERE workspace_id = $1 AND ($2::text IS NULL OR id > $2) ORDER BY id LIMIT $3",
         scope.workspace(),
         after,
         limit,
@@ -141,14 +189,11 @@ pub(crate) async fn set_background(
     id: &str,
     enabled: bool,
 ) -> Result<SourceRecord> {
-    let source = sqlx::query_as!(
-        SourceRecord,
-        r#"UPDATE external_sources SET background_enabled = $3, updated_at = now()
-           WHERE workspace_id = $1 AND id = $2
-           RETURNING id, tracker_kind, target, workflow_markdown, workflow_path,
-                     etags AS "etags: Etags", backoff_until, background_enabled, last_poll_at,
-                     last_poll, last_error_code, last_error, last_error_at, created_at,
-                     updated_at"#,
+    let source = query_sources!(
+        "UPDATE external_sources SET background_enabled = $3, updated_at = now()
+         WHERE workspace_id = $1 AND id = $2
+         RETURNING",
+        "",
         scope.workspace(),
         id,
         enabled,
@@ -220,16 +265,13 @@ pub(crate) async fn insert_item(
     scope: &Scope,
     item: &NewItem<'_>,
 ) -> Result<Option<ItemRecord>> {
-    let row = sqlx::query_as!(
-        ItemRecord,
-        r#"INSERT INTO external_work_items (id, workspace_id, source_id, idempotency_key, kind,
-                                            identifier, tracker_state, state, issue)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, 'discovered', $8)
-           ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
-           RETURNING id, source_id, idempotency_key, kind, identifier, tracker_state,
-                     state AS "state: ItemState", issue, prompt, task_id, run_id,
-                     last_error_code, last_error, workspace_path, hook_output, created_at,
-                     updated_at"#,
+    let row = query_items!(
+        "INSERT INTO external_work_items (id, workspace_id, source_id, idempotency_key, kind,
+                                          identifier, tracker_state, state, issue)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'discovered', $8)
+         ON CONFLICT (workspace_id, idempotency_key) DO NOTHING
+         RETURNING",
+        "",
         new_id("extitem"),
         scope.workspace(),
         item.source_id,
@@ -271,15 +313,12 @@ pub(crate) async fn claimed_version(
     source_id: &str,
     identifier: &str,
 ) -> Result<Option<ItemRecord>> {
-    let row = sqlx::query_as!(
-        ItemRecord,
-        r#"SELECT id, source_id, idempotency_key, kind, identifier, tracker_state,
-                  state AS "state: ItemState", issue, prompt, task_id, run_id, last_error_code,
-                  last_error, workspace_path, hook_output, created_at, updated_at
-           FROM external_work_items
-           WHERE workspace_id = $1 AND source_id = $2 AND identifier = $3
-             AND task_id IS NOT NULL
-           LIMIT 1"#,
+    let row = query_items!(
+        "SELECT",
+        "FROM external_work_items
+         WHERE workspace_id = $1 AND source_id = $2 AND identifier = $3
+           AND task_id IS NOT NULL
+         LIMIT 1",
         scope.workspace(),
         source_id,
         identifier,
@@ -404,25 +443,7 @@ pub(crate) async fn claimed_with_failed_runs(
     Ok(rows
         .into_iter()
         .map(|row| FailedClaim {
-            item: ItemRecord {
-                id: row.id,
-                source_id: row.source_id,
-                idempotency_key: row.idempotency_key,
-                kind: row.kind,
-                identifier: row.identifier,
-                tracker_state: row.tracker_state,
-                state: row.state,
-                issue: row.issue,
-                prompt: row.prompt,
-                task_id: row.task_id,
-                run_id: row.run_id,
-                last_error_code: row.last_error_code,
-                last_error: row.last_error,
-                workspace_path: row.workspace_path,
-                hook_output: row.hook_output,
-                created_at: row.created_at,
-                updated_at: row.updated_at,
-            },
+            item: item_record!(row),
             run_finished_at: row.run_finished_at,
             run_error: row.run_error,
             run_count: row.run_count,
@@ -439,18 +460,15 @@ pub(crate) async fn waiting_for_slots(
     source_id: &str,
     limit: u32,
 ) -> Result<Vec<ItemRecord>> {
-    let rows = sqlx::query_as!(
-        ItemRecord,
-        r#"SELECT id, source_id, idempotency_key, kind, identifier, tracker_state,
-                  state AS "state: ItemState", issue, prompt, task_id, run_id, last_error_code,
-                  last_error, workspace_path, hook_output, created_at, updated_at
-           FROM (
-               SELECT DISTINCT ON (identifier) * FROM external_work_items
-               WHERE workspace_id = $1 AND source_id = $2
-               ORDER BY identifier, id DESC
-           ) newest
-           WHERE state = 'discovered' AND last_error_code = 'no_free_slot'
-           ORDER BY id LIMIT $3"#,
+    let rows = query_items!(
+        "SELECT",
+        "FROM (
+             SELECT DISTINCT ON (identifier) * FROM external_work_items
+             WHERE workspace_id = $1 AND source_id = $2
+             ORDER BY identifier, id DESC
+         ) newest
+         WHERE state = 'discovered' AND last_error_code = 'no_free_slot'
+         ORDER BY id LIMIT $3",
         scope.workspace(),
         source_id,
         i64::from(limit),
@@ -477,16 +495,13 @@ pub(crate) async fn update_item(
     change: &ItemChange<'_>,
 ) -> Result<ItemRecord> {
     let (code, message) = change.error.unzip();
-    let row = sqlx::query_as!(
-        ItemRecord,
-        r#"UPDATE external_work_items
-           SET state = $3, prompt = $4, task_id = $5, run_id = $6, last_error_code = $7,
-               last_error = $8, updated_at = now()
-           WHERE workspace_id = $1 AND id = $2
-           RETURNING id, source_id, idempotency_key, kind, identifier, tracker_state,
-                     state AS "state: ItemState", issue, prompt, task_id, run_id,
-                     last_error_code, last_error, workspace_path, hook_output, created_at,
-                     updated_at"#,
+    let row = query_items!(
+        "UPDATE external_work_items
+         SET state = $3, prompt = $4, task_id = $5, run_id = $6, last_error_code = $7,
+             last_error = $8, updated_at = now()
+         WHERE workspace_id = $1 AND id = $2
+         RETURNING",
+        "",
         scope.workspace(),
         id,
         change.state,
@@ -509,14 +524,11 @@ pub(crate) async fn refresh_issue(
     id: &str,
     issue: &serde_json::Value,
 ) -> Result<ItemRecord> {
-    let row = sqlx::query_as!(
-        ItemRecord,
-        r#"UPDATE external_work_items SET issue = $3, updated_at = now()
-           WHERE workspace_id = $1 AND id = $2
-           RETURNING id, source_id, idempotency_key, kind, identifier, tracker_state,
-                     state AS "state: ItemState", issue, prompt, task_id, run_id,
-                     last_error_code, last_error, workspace_path, hook_output, created_at,
-                     updated_at"#,
+    let row = query_items!(
+        "UPDATE external_work_items SET issue = $3, updated_at = now()
+         WHERE workspace_id = $1 AND id = $2
+         RETURNING",
+        "",
         scope.workspace(),
         id,
         issue,
@@ -532,13 +544,9 @@ pub(crate) async fn item_by_key(
     scope: &Scope,
     key: &str,
 ) -> Result<ItemRecord> {
-    sqlx::query_as!(
-        ItemRecord,
-        r#"SELECT id, source_id, idempotency_key, kind, identifier, tracker_state,
-                  state AS "state: ItemState", issue, prompt, task_id, run_id, last_error_code,
-                  last_error, workspace_path, hook_output, created_at, updated_at
-           FROM external_work_items
-           WHERE workspace_id = $1 AND idempotency_key = $2"#,
+    query_items!(
+        "SELECT",
+        "FROM external_work_items WHERE workspace_id = $1 AND idempotency_key = $2",
         scope.workspace(),
         key,
     )
@@ -555,14 +563,11 @@ pub(crate) async fn list_items(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ItemRecord>> {
-    let rows = sqlx::query_as!(
-        ItemRecord,
-        r#"SELECT id, source_id, idempotency_key, kind, identifier, tracker_state,
-                  state AS "state: ItemState", issue, prompt, task_id, run_id, last_error_code,
-                  last_error, workspace_path, hook_output, created_at, updated_at
-           FROM external_work_items
-           WHERE workspace_id = $1 AND source_id = $2 AND ($3::text IS NULL OR id > $3)
-           ORDER BY id LIMIT $4"#,
+    let rows = query_items!(
+        "SELECT",
+        "FROM external_work_items
+         WHERE workspace_id = $1 AND source_id = $2 AND ($3::text IS NULL OR id > $3)
+         ORDER BY id LIMIT $4",
         scope.workspace(),
         source_id,
         after,

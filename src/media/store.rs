@@ -19,6 +19,26 @@ use crate::queue;
 
 pub(crate) use keel_api_types::MediaJobRecord;
 
+/// `query_as!` of [`MediaJobRecord`]s: `$before` (up to its `SELECT`), then the columns of
+/// job `m` (`status` as a [`MediaJobStatus`]) with its artifacts' ids, then `$after` (its
+/// `FROM …`, which names the job `m`).
+macro_rules! query_media_jobs {
+    ($before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            MediaJobRecord,
+            $before
+                + r#" m.id, m.provider_id, m.operation, m.prompt, m.input,
+                      m.status AS "status: MediaJobStatus", m.vendor_task_id, m.attempt,
+                      m.worker_id, m.last_error_code, m.last_error,
+                      ARRAY(SELECT a.id FROM artifacts a WHERE a.media_job_id = m.id
+                            ORDER BY a.id) AS "artifact_ids!",
+                      m.created_at, m.updated_at, m.started_at, m.finished_at "#
+                + $after
+            $(, $arg)*
+        )
+    };
+}
+
 /// A media job a request asks for.
 pub struct NewMediaJob<'a> {
     pub provider_id: &'a str,
@@ -86,16 +106,9 @@ pub async fn create(
 }
 
 pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<MediaJobRecord> {
-    sqlx::query_as!(
-        MediaJobRecord,
-        r#"SELECT m.id, m.provider_id, m.operation, m.prompt, m.input,
-                  m.status AS "status: MediaJobStatus", m.vendor_task_id, m.attempt, m.worker_id,
-                  m.last_error_code, m.last_error,
-                  ARRAY(SELECT a.id FROM artifacts a WHERE a.media_job_id = m.id ORDER BY a.id)
-                      AS "artifact_ids!",
-                  m.created_at, m.updated_at, m.started_at, m.finished_at
-           FROM media_jobs m
-           WHERE m.workspace_id = $1 AND m.id = $2"#,
+    query_media_jobs!(
+        "SELECT",
+        "FROM media_jobs m WHERE m.workspace_id = $1 AND m.id = $2",
         scope.workspace(),
         id,
     )
@@ -110,16 +123,9 @@ pub(crate) async fn lock(
     scope: &Scope,
     id: &str,
 ) -> Result<MediaJobRecord> {
-    sqlx::query_as!(
-        MediaJobRecord,
-        r#"SELECT m.id, m.provider_id, m.operation, m.prompt, m.input,
-                  m.status AS "status: MediaJobStatus", m.vendor_task_id, m.attempt, m.worker_id,
-                  m.last_error_code, m.last_error,
-                  ARRAY(SELECT a.id FROM artifacts a WHERE a.media_job_id = m.id ORDER BY a.id)
-                      AS "artifact_ids!",
-                  m.created_at, m.updated_at, m.started_at, m.finished_at
-           FROM media_jobs m
-           WHERE m.workspace_id = $1 AND m.id = $2 FOR UPDATE OF m"#,
+    query_media_jobs!(
+        "SELECT",
+        "FROM media_jobs m WHERE m.workspace_id = $1 AND m.id = $2 FOR UPDATE OF m",
         scope.workspace(),
         id,
     )
@@ -141,19 +147,13 @@ pub async fn list(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<MediaJobRecord>> {
-    let rows = sqlx::query_as!(
-        MediaJobRecord,
-        r#"SELECT m.id, m.provider_id, m.operation, m.prompt, m.input,
-                  m.status AS "status: MediaJobStatus", m.vendor_task_id, m.attempt, m.worker_id,
-                  m.last_error_code, m.last_error,
-                  ARRAY(SELECT a.id FROM artifacts a WHERE a.media_job_id = m.id ORDER BY a.id)
-                      AS "artifact_ids!",
-                  m.created_at, m.updated_at, m.started_at, m.finished_at
-           FROM media_jobs m
-           WHERE m.workspace_id = $5 AND ($1::text IS NULL OR m.status = $1)
-             AND ($2::text IS NULL OR m.provider_id = $2)
-             AND ($3::text IS NULL OR m.id > $3)
-           ORDER BY m.id LIMIT $4"#,
+    let rows = query_media_jobs!(
+        "SELECT",
+        "FROM media_jobs m
+         WHERE m.workspace_id = $5 AND ($1::text IS NULL OR m.status = $1)
+           AND ($2::text IS NULL OR m.provider_id = $2)
+           AND ($3::text IS NULL OR m.id > $3)
+         ORDER BY m.id LIMIT $4",
         filter.status.map(MediaJobStatus::as_str),
         filter.provider_id.as_deref(),
         after,

@@ -12,6 +12,29 @@ use crate::domain::{Role, Scope, new_id};
 use crate::providers::secrets::{SecretPolicy, SecretRef, Unresolved};
 use crate::providers::{Api, ProviderFields, ProviderHosts, ProviderSpec};
 
+/// `query_as!` of [`ProviderRecord`]s: `$before` (up to its `SELECT` or `RETURNING`), then
+/// the preset's columns (its JSON ones as [`Json`]), then `$after` (its `FROM …`, or
+/// nothing). The caller imports what the columns name: [`Json`] and [`BTreeMap`].
+macro_rules! query_providers {
+    ($before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            ProviderRecord,
+            $before
+                + r#" id, kind, display_name, provider_id, model, api, base_url, api_key_ref,
+                      headers AS "headers: Json<BTreeMap<String, String>>",
+                      secret_header_refs
+                          AS "secret_header_refs: Json<BTreeMap<String, String>>",
+                      capabilities, input,
+                      compat AS "compat: Json<serde_json::Map<String, serde_json::Value>>",
+                      enabled, last_check AS "last_check: Json<serde_json::Value>",
+                      created_at, updated_at, workspace_id, written_by_role "#
+                + $after
+            $(, $arg)*
+        )
+    };
+}
+pub(crate) use query_providers;
+
 /// `FromRow` for `tasks::chat_preset`, which reads a preset with a statement of its own.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ProviderRecord {
@@ -139,28 +162,22 @@ async fn save(
     spec: &ProviderSpec,
 ) -> Result<ProviderRecord> {
     let (api_key_ref, secret_header_refs) = refs(spec);
-    let row = sqlx::query_as!(
-        ProviderRecord,
-        r#"INSERT INTO providers (id, kind, display_name, provider_id, model, api, base_url,
-                                 api_key_ref, headers, secret_header_refs, capabilities, input,
-                                 compat, enabled, workspace_id, written_by_role)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
-           ON CONFLICT (id) DO UPDATE SET
-               kind = EXCLUDED.kind, display_name = EXCLUDED.display_name,
-               provider_id = EXCLUDED.provider_id, model = EXCLUDED.model, api = EXCLUDED.api,
-               base_url = EXCLUDED.base_url, api_key_ref = EXCLUDED.api_key_ref,
-               headers = EXCLUDED.headers, secret_header_refs = EXCLUDED.secret_header_refs,
-               capabilities = EXCLUDED.capabilities, input = EXCLUDED.input,
-               compat = EXCLUDED.compat, enabled = EXCLUDED.enabled, last_check = NULL,
-               written_by_role = EXCLUDED.written_by_role, updated_at = now()
-           WHERE providers.workspace_id = EXCLUDED.workspace_id
-           RETURNING id, kind, display_name, provider_id, model, api, base_url, api_key_ref,
-                     headers AS "headers: Json<BTreeMap<String, String>>",
-                     secret_header_refs AS "secret_header_refs: Json<BTreeMap<String, String>>",
-                     capabilities, input,
-                     compat AS "compat: Json<serde_json::Map<String, serde_json::Value>>",
-                     enabled, last_check AS "last_check: Json<serde_json::Value>", created_at,
-                     updated_at, workspace_id, written_by_role"#,
+    let row = query_providers!(
+        "INSERT INTO providers (id, kind, display_name, provider_id, model, api, base_url,
+                               api_key_ref, headers, secret_header_refs, capabilities, input,
+                               compat, enabled, workspace_id, written_by_role)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+         ON CONFLICT (id) DO UPDATE SET
+             kind = EXCLUDED.kind, display_name = EXCLUDED.display_name,
+             provider_id = EXCLUDED.provider_id, model = EXCLUDED.model, api = EXCLUDED.api,
+             base_url = EXCLUDED.base_url, api_key_ref = EXCLUDED.api_key_ref,
+             headers = EXCLUDED.headers, secret_header_refs = EXCLUDED.secret_header_refs,
+             capabilities = EXCLUDED.capabilities, input = EXCLUDED.input,
+             compat = EXCLUDED.compat, enabled = EXCLUDED.enabled, last_check = NULL,
+             written_by_role = EXCLUDED.written_by_role, updated_at = now()
+         WHERE providers.workspace_id = EXCLUDED.workspace_id
+         RETURNING",
+        "",
         id,
         &spec.kind,
         &spec.display_name,
@@ -185,16 +202,9 @@ async fn save(
 }
 
 pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<ProviderRecord> {
-    sqlx::query_as!(
-        ProviderRecord,
-        r#"SELECT id, kind, display_name, provider_id, model, api, base_url, api_key_ref,
-                  headers AS "headers: Json<BTreeMap<String, String>>",
-                  secret_header_refs AS "secret_header_refs: Json<BTreeMap<String, String>>",
-                  capabilities, input,
-                  compat AS "compat: Json<serde_json::Map<String, serde_json::Value>>",
-                  enabled, last_check AS "last_check: Json<serde_json::Value>", created_at,
-                  updated_at, workspace_id, written_by_role
-           FROM providers WHERE workspace_id = $1 AND id = $2"#,
+    query_providers!(
+        "SELECT",
+        "FROM providers WHERE workspace_id = $1 AND id = $2",
         scope.workspace(),
         id,
     )
@@ -219,17 +229,9 @@ pub(crate) async fn lock(
 ) -> Result<ProviderRecord> {
     let row = match mode {
         LockMode::Share => {
-            sqlx::query_as!(
-                ProviderRecord,
-                r#"SELECT id, kind, display_name, provider_id, model, api, base_url,
-                          api_key_ref, headers AS "headers: Json<BTreeMap<String, String>>",
-                          secret_header_refs
-                              AS "secret_header_refs: Json<BTreeMap<String, String>>",
-                          capabilities, input,
-                          compat AS "compat: Json<serde_json::Map<String, serde_json::Value>>",
-                          enabled, last_check AS "last_check: Json<serde_json::Value>",
-                          created_at, updated_at, workspace_id, written_by_role
-                   FROM providers WHERE workspace_id = $1 AND id = $2 FOR SHARE"#,
+            query_providers!(
+                "SELECT",
+                "FROM providers WHERE workspace_id = $1 AND id = $2 FOR SHARE",
                 scope.workspace(),
                 id,
             )
@@ -237,17 +239,9 @@ pub(crate) async fn lock(
             .await?
         }
         LockMode::Update => {
-            sqlx::query_as!(
-                ProviderRecord,
-                r#"SELECT id, kind, display_name, provider_id, model, api, base_url,
-                          api_key_ref, headers AS "headers: Json<BTreeMap<String, String>>",
-                          secret_header_refs
-                              AS "secret_header_refs: Json<BTreeMap<String, String>>",
-                          capabilities, input,
-                          compat AS "compat: Json<serde_json::Map<String, serde_json::Value>>",
-                          enabled, last_check AS "last_check: Json<serde_json::Value>",
-                          created_at, updated_at, workspace_id, written_by_role
-                   FROM providers WHERE workspace_id = $1 AND id = $2 FOR UPDATE"#,
+            query_providers!(
+                "SELECT",
+                "FROM providers WHERE workspace_id = $1 AND id = $2 FOR UPDATE",
                 scope.workspace(),
                 id,
             )
@@ -264,17 +258,10 @@ pub async fn list(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ProviderRecord>> {
-    let rows = sqlx::query_as!(
-        ProviderRecord,
-        r#"SELECT id, kind, display_name, provider_id, model, api, base_url, api_key_ref,
-                  headers AS "headers: Json<BTreeMap<String, String>>",
-                  secret_header_refs AS "secret_header_refs: Json<BTreeMap<String, String>>",
-                  capabilities, input,
-                  compat AS "compat: Json<serde_json::Map<String, serde_json::Value>>",
-                  enabled, last_check AS "last_check: Json<serde_json::Value>", created_at,
-                  updated_at, workspace_id, written_by_role
-           FROM providers
-           WHERE workspace_id = $3 AND ($1::text IS NULL OR id > $1) ORDER BY id LIMIT $2"#,
+    let rows = query_providers!(
+        "SELECT",
+        "FROM providers
+         WHERE workspace_id = $3 AND ($1::text IS NULL OR id > $1) ORDER BY id LIMIT $2",
         after,
         limit,
         scope.workspace(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use crate::queue::Result;
-use crate::queue::{Lease, QueuePool, millis};
+use crate::queue::{Lease, QueuePool, millis, query_leases};
 
 /// Claims up to `limit` jobs of the given kinds: due pending jobs by priority, and jobs
 /// whose lease expired (their worker died or hung). One statement, one round trip.
@@ -21,9 +21,8 @@ pub async fn claim(
     // The picked rows are leased by an array of ids, not joined: a queue's statistics are
     // always stale (analyzed while the table was near empty), and the join was planned as
     // a walk of the whole primary key, every entry an old snapshot keeps included.
-    let leases = sqlx::query_as!(
-        Lease,
-        r#"WITH expired AS (
+    let leases = query_leases!(
+        "WITH expired AS (
              SELECT id FROM queue_jobs
              WHERE lease_owner IS NOT NULL AND lease_expires_at < now() AND kind = ANY($3)
              ORDER BY lease_expires_at LIMIT $4 FOR UPDATE SKIP LOCKED
@@ -43,23 +42,8 @@ pub async fn claim(
              SELECT archive_leases(array_agg(q), array_agg('expired'::text))
              FROM queue_jobs q
              WHERE q.id IN (SELECT id FROM expired) AND q.id IN (SELECT id FROM picked)
-         ), leased AS (
-             UPDATE queue_jobs q
-             SET lease_owner = $1, lease_expires_at = now() + $2::bigint * interval '1 millisecond',
-                 claimed_at = now(), fencing_token = fencing_token + 1,
-                 attempts = attempts + 1, heartbeats = 0
-             WHERE q.id = ANY(ARRAY(SELECT id FROM picked))
-             RETURNING q.id AS job_id, q.kind, q.ref_id, q.lease_owner AS owner,
-                       q.fencing_token, q.attempts, q.max_attempts, q.traceparent, q.priority,
-                       q.run_after, q.workspace_id,
-                       (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms
-         )
-         SELECT job_id AS "job_id!", kind AS "kind!", ref_id AS "ref_id!", owner AS "owner!",
-                fencing_token AS "fencing_token!", attempts AS "attempts!",
-                max_attempts AS "max_attempts!", traceparent, due_ms AS "due_ms!",
-                priority AS "priority!", run_after AS "run_after!",
-                workspace_id AS "workspace_id!"
-         FROM leased, ended ORDER BY priority DESC, run_after, job_id"#,
+         ),",
+        "FROM leased, ended ORDER BY priority DESC, run_after, job_id",
         owner,
         millis(lease),
         kinds,

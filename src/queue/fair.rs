@@ -12,7 +12,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use crate::queue::Result;
-use crate::queue::{Lease, begin_ordered_reads, millis};
+use crate::queue::{Lease, begin_ordered_reads, millis, query_leases};
 
 /// Claims up to `limit` jobs of `kind` fairly across workspaces, none beyond its limit
 /// (`default_max` for workspaces without an operator's override). Two statements in one
@@ -64,9 +64,8 @@ pub async fn claim(
     }
     // Up to $4 jobs from the locked workspaces $5, each within its limit (its row in
     // workspace_limits, else $6), leased by an array of ids as the plain claim leases them.
-    let leases = sqlx::query_as!(
-        Lease,
-        r#"WITH running AS (
+    let leases = query_leases!(
+        "WITH running AS (
         SELECT workspace_id, count(*) AS held FROM queue_jobs
         WHERE lease_owner IS NOT NULL AND lease_expires_at >= now() AND workspace_id = ANY($5)
         GROUP BY workspace_id
@@ -101,22 +100,8 @@ pub async fn claim(
     ), ended AS (
         SELECT archive_leases(array_agg(q), array_agg('expired'::text))
         FROM queue_jobs q WHERE q.id IN (SELECT id FROM picked WHERE expired)
-    ), leased AS (
-        UPDATE queue_jobs q
-        SET lease_owner = $1, lease_expires_at = now() + $2::bigint * interval '1 millisecond',
-            claimed_at = now(), fencing_token = fencing_token + 1, attempts = attempts + 1,
-            heartbeats = 0
-        WHERE q.id = ANY(ARRAY(SELECT id FROM picked))
-        RETURNING q.id AS job_id, q.kind, q.ref_id, q.lease_owner AS owner, q.fencing_token,
-                  q.attempts, q.max_attempts, q.traceparent, q.priority, q.run_after,
-                  q.workspace_id,
-                  (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms
-    )
-    SELECT job_id AS "job_id!", kind AS "kind!", ref_id AS "ref_id!", owner AS "owner!",
-           fencing_token AS "fencing_token!", attempts AS "attempts!",
-           max_attempts AS "max_attempts!", traceparent, due_ms AS "due_ms!",
-           priority AS "priority!", run_after AS "run_after!", workspace_id AS "workspace_id!"
-    FROM leased, ended ORDER BY priority DESC, run_after, job_id"#,
+    ),",
+        "FROM leased, ended ORDER BY priority DESC, run_after, job_id",
         owner,
         millis(lease),
         kind,

@@ -72,6 +72,40 @@ pub struct Lease {
     pub workspace_id: String,
 }
 
+/// `query_as!` of the [`Lease`]s a claim takes: `$before` (its `WITH …, picked AS (…),`, the
+/// ids to lease, and whatever else comes before), then `leased`, which leases them to owner
+/// `$1` for `$2` milliseconds, and the select of its leases, then `$after` (its
+/// `FROM leased …`).
+macro_rules! query_leases {
+    ($before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            Lease,
+            $before
+                + r#" leased AS (
+                     UPDATE queue_jobs q
+                     SET lease_owner = $1,
+                         lease_expires_at = now() + $2::bigint * interval '1 millisecond',
+                         claimed_at = now(), fencing_token = fencing_token + 1,
+                         attempts = attempts + 1, heartbeats = 0
+                     WHERE q.id = ANY(ARRAY(SELECT id FROM picked))
+                     RETURNING q.id AS job_id, q.kind, q.ref_id, q.lease_owner AS owner,
+                               q.fencing_token, q.attempts, q.max_attempts, q.traceparent,
+                               q.priority, q.run_after, q.workspace_id,
+                               (extract(epoch FROM now() - q.run_after) * 1000)::bigint
+                                   AS due_ms
+                 )
+                 SELECT job_id AS "job_id!", kind AS "kind!", ref_id AS "ref_id!",
+                        owner AS "owner!", fencing_token AS "fencing_token!",
+                        attempts AS "attempts!", max_attempts AS "max_attempts!",
+                        traceparent, due_ms AS "due_ms!", priority AS "priority!",
+                        run_after AS "run_after!", workspace_id AS "workspace_id!" "#
+                + $after
+            $(, $arg)*
+        )
+    };
+}
+pub(crate) use query_leases;
+
 impl Lease {
     /// The workspace the job's executor acts in.
     pub(crate) fn scope(&self) -> Scope {

@@ -4,9 +4,9 @@
 
 use sqlx::PgConnection;
 
-use crate::artifacts::ArtifactRecord;
 use crate::artifacts::content::ContentStore;
 use crate::artifacts::{self, NewArtifact, Upserted};
+use crate::artifacts::{ArtifactRecord, query_artifacts};
 use crate::db::Result;
 use crate::db::StoreError;
 use crate::domain::Scope;
@@ -23,13 +23,9 @@ pub(crate) async fn conversation_artifact(
     scope: &Scope,
     run_id: &str,
 ) -> Result<Option<ArtifactRecord>> {
-    let artifact = sqlx::query_as!(
-        ArtifactRecord,
-        r#"SELECT id, run_id, task_id, media_job_id, name, kind AS "kind: ArtifactKind",
-                  content_type, size_bytes, truncated, status AS "status: ArtifactStatus",
-                  storage, created_at, updated_at
-           FROM artifacts
-           WHERE workspace_id = $1 AND run_id = $2 AND name = $3 AND kind = $3"#,
+    let artifact = query_artifacts!(
+        "SELECT",
+        "FROM artifacts WHERE workspace_id = $1 AND run_id = $2 AND name = $3 AND kind = $3",
         scope.workspace(),
         run_id,
         CONVERSATION_ARTIFACT,

@@ -5,8 +5,8 @@
 use keel_workers::agent::Patch;
 use sqlx::PgConnection;
 
-use crate::artifacts::ArtifactRecord;
 use crate::artifacts::content::ContentStore;
+use crate::artifacts::{ArtifactRecord, query_artifacts};
 use crate::db::{Result, StoreError};
 use crate::domain::{EventType, Scope, new_id};
 use crate::events::{NewEvent, Subject};
@@ -29,14 +29,12 @@ pub async fn insert_patch(
     let Subject::Run { task_id, run_id } = run else {
         return Err(StoreError::Conflict("a patch belongs to a run".into()));
     };
-    let mut record = sqlx::query_as!(
-        ArtifactRecord,
-        r#"INSERT INTO artifacts (id, run_id, task_id, name, kind, content_type, status,
-                                  patch_status, workspace_id)
-           VALUES ($1, $2, $3, $4, 'patch', $5, 'complete', 'applied', $6)
-           RETURNING id, run_id, task_id, media_job_id, name, kind AS "kind: ArtifactKind",
-                     content_type, size_bytes, truncated, status AS "status: ArtifactStatus",
-                     storage, created_at, updated_at"#,
+    let mut record = query_artifacts!(
+        "INSERT INTO artifacts (id, run_id, task_id, name, kind, content_type, status,
+                                patch_status, workspace_id)
+         VALUES ($1, $2, $3, $4, 'patch', $5, 'complete', 'applied', $6)
+         RETURNING",
+        "",
         new_id("art"),
         run_id,
         task_id,

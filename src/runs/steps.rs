@@ -12,6 +12,21 @@ use keel_api_types::StepStatus;
 
 pub(crate) use keel_api_types::StepRecord;
 
+/// `query_as!` of [`StepRecord`]s: `$before` (up to its `SELECT` or `RETURNING`), then the
+/// step's columns (`status` as a [`StepStatus`]), then `$after` (its `FROM …`, or nothing).
+macro_rules! query_steps {
+    ($before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            StepRecord,
+            $before
+                + r#" id, run_id, task_id, index, name, status AS "status: StepStatus", input,
+                      output, error, started_at, finished_at "#
+                + $after
+            $(, $arg)*
+        )
+    };
+}
+
 /// A step as its executor reported it, possibly already ended: a run context may hold a
 /// step back and write it once, started and finished, with the next durable write.
 pub struct NewStep<'a> {
@@ -62,15 +77,14 @@ pub async fn insert(
             (status_of(result), output, error, Some(at))
         }
     };
-    let step = sqlx::query_as!(
-        StepRecord,
-        r#"INSERT INTO steps (id, run_id, task_id, index, name, status, input, output, error,
-                              started_at, finished_at, workspace_id)
-           VALUES ($1, $2, $3,
-                   COALESCE((SELECT max(index) FROM steps WHERE run_id = $2), 0) + 1,
-                   $4, $5, $6, $7, $8, $9, $10, $11)
-           RETURNING id, run_id, task_id, index, name, status AS "status: StepStatus", input,
-                     output, error, started_at, finished_at"#,
+    let step = query_steps!(
+        "INSERT INTO steps (id, run_id, task_id, index, name, status, input, output, error,
+                            started_at, finished_at, workspace_id)
+         VALUES ($1, $2, $3,
+                 COALESCE((SELECT max(index) FROM steps WHERE run_id = $2), 0) + 1,
+                 $4, $5, $6, $7, $8, $9, $10, $11)
+         RETURNING",
+        "",
         step.id,
         step.run_id,
         step.task_id,
@@ -119,12 +133,11 @@ pub(crate) async fn end(
     at: DateTime<Utc>,
 ) -> Result<StepRecord> {
     let (output, error) = result_columns(result);
-    sqlx::query_as!(
-        StepRecord,
-        r#"UPDATE steps SET status = $2, output = $3, error = $4, finished_at = $5
-           WHERE id = $1 AND workspace_id = $6 AND status = 'running'
-           RETURNING id, run_id, task_id, index, name, status AS "status: StepStatus", input,
-                     output, error, started_at, finished_at"#,
+    query_steps!(
+        "UPDATE steps SET status = $2, output = $3, error = $4, finished_at = $5
+         WHERE id = $1 AND workspace_id = $6 AND status = 'running'
+         RETURNING",
+        "",
         step_id,
         status_of(result),
         output,
@@ -177,12 +190,10 @@ pub async fn list(
     after_index: i32,
     limit: i64,
 ) -> Result<Vec<StepRecord>> {
-    let rows = sqlx::query_as!(
-        StepRecord,
-        r#"SELECT id, run_id, task_id, index, name, status AS "status: StepStatus", input,
-                  output, error, started_at, finished_at
-           FROM steps WHERE workspace_id = $1 AND run_id = $2 AND index > $3
-           ORDER BY index LIMIT $4"#,
+    let rows = query_steps!(
+        "SELECT",
+        "FROM steps WHERE workspace_id = $1 AND run_id = $2 AND index > $3
+         ORDER BY index LIMIT $4",
         scope.workspace(),
         run_id,
         after_index,

@@ -19,6 +19,54 @@ use crate::tasks;
 use keel_api_types::OccurrenceStatus;
 pub(crate) use keel_api_types::{OccurrenceRecord, ScheduleRecord};
 
+/// `query_as!` of [`ScheduleRecord`]s: `$before` (up to its `SELECT` or `RETURNING`), then
+/// the schedule's columns, then `$after` (its `FROM …`, or nothing).
+macro_rules! query_schedules {
+    ($before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            ScheduleRecord,
+            $before
+                + " id, task_id, kind, timezone, run_at, cron_expression, enabled, next_run_at,
+                   revision, created_at, updated_at, workspace_id "
+                + $after
+            $(, $arg)*
+        )
+    };
+}
+
+/// `query_as!` of [`OccurrenceRecord`]s: `$before` (up to its `SELECT` or `RETURNING`), then
+/// the occurrence's columns (`status` as an [`OccurrenceStatus`]), then `$after` (its
+/// `FROM …`, or nothing).
+macro_rules! query_occurrences {
+    ($before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            OccurrenceRecord,
+            $before
+                + r#" id, task_id, schedule_id, scheduled_for,
+                      status AS "status: OccurrenceStatus", claimed_at, run_id, error,
+                      completed_at "#
+                + $after
+            $(, $arg)*
+        )
+    };
+}
+
+/// `query_as!` of [`Claim`]s: `$before` (a statement on occurrences up to its `SELECT` or
+/// `RETURNING`), then the columns of a claimed occurrence, then `$after` (its `FROM …`, or
+/// nothing).
+macro_rules! query_claims {
+    ($before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            Claim,
+            $before
+                + r#" id AS occurrence_id, schedule_id, task_id, scheduled_for,
+                      claim_token AS "token!", workspace_id "#
+                + $after
+            $(, $arg)*
+        )
+    };
+}
+
 /// What the dispatcher reads off a stored schedule.
 pub(crate) trait ScheduleRecordExt {
     /// The schedule's workspace, for the dispatcher's writes on its behalf.
@@ -71,11 +119,9 @@ pub(crate) enum Outcome {
 }
 
 pub async fn get(conn: &mut PgConnection, scope: &Scope, task_id: &str) -> Result<ScheduleRecord> {
-    let schedule = sqlx::query_as!(
-        ScheduleRecord,
-        "SELECT id, task_id, kind, timezone, run_at, cron_expression, enabled, next_run_at,
-                revision, created_at, updated_at, workspace_id
-         FROM task_schedules WHERE workspace_id = $1 AND task_id = $2",
+    let schedule = query_schedules!(
+        "SELECT",
+        "FROM task_schedules WHERE workspace_id = $1 AND task_id = $2",
         scope.workspace(),
         task_id,
     )
@@ -118,11 +164,9 @@ pub async fn list(
     before: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ScheduleRecord>> {
-    let rows = sqlx::query_as!(
-        ScheduleRecord,
-        "SELECT id, task_id, kind, timezone, run_at, cron_expression, enabled, next_run_at,
-                revision, created_at, updated_at, workspace_id
-         FROM task_schedules
+    let rows = query_schedules!(
+        "SELECT",
+        "FROM task_schedules
          WHERE workspace_id = $5 AND (cardinality($1::text[]) = 0 OR task_id = ANY($1))
            AND ($2::boolean IS NULL OR enabled = $2)
            AND ($3::text IS NULL OR id < $3)
@@ -173,8 +217,7 @@ pub async fn put(
         Trigger::Cron { expression, .. } => (None, Some(expression.as_str())),
     };
     let next_run_at = new.next_run_at(now);
-    let schedule = sqlx::query_as!(
-        ScheduleRecord,
+    let schedule = query_schedules!(
         "INSERT INTO task_schedules (id, task_id, kind, timezone, run_at, cron_expression,
                                      enabled, next_run_at, workspace_id)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
@@ -183,8 +226,8 @@ pub async fn put(
              cron_expression = EXCLUDED.cron_expression, enabled = EXCLUDED.enabled,
              next_run_at = EXCLUDED.next_run_at, revision = task_schedules.revision + 1,
              updated_at = now()
-         RETURNING id, task_id, kind, timezone, run_at, cron_expression, enabled,
-                   next_run_at, revision, created_at, updated_at, workspace_id",
+         RETURNING",
+        "",
         new_id("sched"),
         task_id,
         new.schedule.kind(),
@@ -286,11 +329,9 @@ pub async fn delete(
     actor: &Actor,
 ) -> Result<()> {
     tasks::lock(conn, scope, task_id).await?;
-    let deleted = sqlx::query_as!(
-        ScheduleRecord,
-        "DELETE FROM task_schedules WHERE workspace_id = $1 AND task_id = $2
-         RETURNING id, task_id, kind, timezone, run_at, cron_expression, enabled,
-                   next_run_at, revision, created_at, updated_at, workspace_id",
+    let deleted = query_schedules!(
+        "DELETE FROM task_schedules WHERE workspace_id = $1 AND task_id = $2 RETURNING",
+        "",
         scope.workspace(),
         task_id,
     )
@@ -320,14 +361,12 @@ pub async fn occurrences(
     limit: i64,
 ) -> Result<Vec<OccurrenceRecord>> {
     let schedule = get(conn, scope, task_id).await?;
-    let rows = sqlx::query_as!(
-        OccurrenceRecord,
-        r#"SELECT id, task_id, schedule_id, scheduled_for, status AS "status: OccurrenceStatus",
-                  claimed_at, run_id, error, completed_at
-           FROM schedule_occurrences
-           WHERE workspace_id = $4 AND schedule_id = $1
-             AND ($2::timestamptz IS NULL OR scheduled_for < $2)
-           ORDER BY scheduled_for DESC LIMIT $3"#,
+    let rows = query_occurrences!(
+        "SELECT",
+        "FROM schedule_occurrences
+         WHERE workspace_id = $4 AND schedule_id = $1
+           AND ($2::timestamptz IS NULL OR scheduled_for < $2)
+         ORDER BY scheduled_for DESC LIMIT $3",
         &schedule.id,
         before,
         limit,
@@ -346,11 +385,9 @@ pub async fn lock_due(
     now: DateTime<Utc>,
     limit: i64,
 ) -> Result<Vec<ScheduleRecord>> {
-    let rows = sqlx::query_as!(
-        ScheduleRecord,
-        "SELECT id, task_id, kind, timezone, run_at, cron_expression, enabled, next_run_at,
-                revision, created_at, updated_at, workspace_id
-         FROM task_schedules
+    let rows = query_schedules!(
+        "SELECT",
+        "FROM task_schedules
          WHERE enabled AND next_run_at <= $1
          ORDER BY next_run_at LIMIT $2
          FOR UPDATE SKIP LOCKED",
@@ -414,14 +451,13 @@ pub async fn claim(
     scheduled_for: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Result<Option<Claim>> {
-    let claim = sqlx::query_as!(
-        Claim,
-        r#"INSERT INTO schedule_occurrences (id, schedule_id, task_id, scheduled_for, status,
-                                             claim_token, claimed_at, workspace_id)
-           VALUES ($1, $2, $3, $4, 'claimed', gen_random_uuid()::text, $5, $6)
-           ON CONFLICT (schedule_id, scheduled_for) DO NOTHING
-           RETURNING id AS occurrence_id, schedule_id, task_id, scheduled_for,
-                     claim_token AS "token!", workspace_id"#,
+    let claim = query_claims!(
+        "INSERT INTO schedule_occurrences (id, schedule_id, task_id, scheduled_for, status,
+                                           claim_token, claimed_at, workspace_id)
+         VALUES ($1, $2, $3, $4, 'claimed', gen_random_uuid()::text, $5, $6)
+         ON CONFLICT (schedule_id, scheduled_for) DO NOTHING
+         RETURNING",
+        "",
         new_id("occ"),
         &schedule.id,
         &schedule.task_id,
@@ -444,15 +480,14 @@ pub(crate) async fn take_over_stale(
     now: DateTime<Utc>,
     limit: i64,
 ) -> Result<Vec<Claim>> {
-    let claims = sqlx::query_as!(
-        Claim,
-        r#"UPDATE schedule_occurrences SET claim_token = gen_random_uuid()::text, claimed_at = $2
-           WHERE id IN (SELECT id FROM schedule_occurrences
-                        WHERE status = 'claimed' AND claimed_at < $1
-                        ORDER BY claimed_at LIMIT $3
-                        FOR UPDATE SKIP LOCKED)
-           RETURNING id AS occurrence_id, schedule_id, task_id, scheduled_for,
-                     claim_token AS "token!", workspace_id"#,
+    let claims = query_claims!(
+        "UPDATE schedule_occurrences SET claim_token = gen_random_uuid()::text, claimed_at = $2
+         WHERE id IN (SELECT id FROM schedule_occurrences
+                      WHERE status = 'claimed' AND claimed_at < $1
+                      ORDER BY claimed_at LIMIT $3
+                      FOR UPDATE SKIP LOCKED)
+         RETURNING",
+        "",
         claimed_before,
         now,
         limit,
@@ -491,14 +526,12 @@ pub(crate) async fn resolve(
         Outcome::Skipped { reason } => ("skipped", None, Some(reason)),
         Outcome::Failed { reason } => ("failed", None, Some(reason)),
     };
-    let occurrence = sqlx::query_as!(
-        OccurrenceRecord,
-        r#"UPDATE schedule_occurrences
-           SET status = $2, run_id = $3, error = $4, completed_at = $5, claim_token = NULL
-           WHERE workspace_id = $6 AND id = $1
-           RETURNING id, task_id, schedule_id, scheduled_for,
-                     status AS "status: OccurrenceStatus", claimed_at, run_id, error,
-                     completed_at"#,
+    let occurrence = query_occurrences!(
+        "UPDATE schedule_occurrences
+         SET status = $2, run_id = $3, error = $4, completed_at = $5, claim_token = NULL
+         WHERE workspace_id = $6 AND id = $1
+         RETURNING",
+        "",
         occurrence_id,
         status,
         run_id,

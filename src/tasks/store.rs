@@ -13,13 +13,40 @@ use crate::events::transitions;
 use crate::events::transitions::Transition;
 use crate::providers;
 use crate::providers::Api;
-use crate::providers::ProviderRecord;
+use crate::providers::{ProviderRecord, query_providers};
 use crate::tasks::Hooks;
 use crate::tasks::{AgentLoop, TaskExecution, WorkspaceMode};
 use crate::tasks::{NewTask, TaskStatus};
 
 use keel_api_types::ExecutionKind;
 pub(crate) use keel_api_types::TaskRecord;
+
+/// `query_as!` of [`TaskRecord`]s: `$before` (up to its `SELECT`), then the columns of task
+/// `t` with the projection of its latest run `r` (`status` as a [`TaskStatus`]), then
+/// `$after` (its `FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id …`).
+macro_rules! query_tasks {
+    ($before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            TaskRecord,
+            $before
+                + r#" t.id, t.execution_kind,
+                      COALESCE(r.status, 'not_started') AS "status!: TaskStatus", t.prompt,
+                      t.shell_command, t.git_command, t.file_path, t.file_content,
+                      t.file_operation, t.working_directory, t.workspace_mode,
+                      t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only,
+                      t.timeout_ms, t.priority, t.budget_micros_usd, t.system_prompt,
+                      t.requested_provider, t.requested_model, t.max_model_calls, t.tools,
+                      t.run_count, t.latest_run_id,
+                      (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
+                          AS "latest_run_step_count!",
+                      (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
+                          AS "latest_run_artifact_count!",
+                      t.created_at, t.updated_at "#
+                + $after
+            $(, $arg)*
+        )
+    };
+}
 
 /// What the runtime reads off a stored task (the wire type lives in `keel-api-types`,
 /// which knows nothing of executors).
@@ -199,22 +226,10 @@ pub async fn insert(
 }
 
 pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<TaskRecord> {
-    sqlx::query_as!(
-        TaskRecord,
-        r#"SELECT t.id, t.execution_kind,
-                  COALESCE(r.status, 'not_started') AS "status!: TaskStatus", t.prompt,
-                  t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
-                  t.working_directory, t.workspace_mode, t.sandbox_allowed_root,
-                  t.sandbox_network, t.sandbox_read_only, t.timeout_ms, t.priority,
-                  t.budget_micros_usd, t.system_prompt, t.requested_provider, t.requested_model,
-                  t.max_model_calls, t.tools, t.run_count, t.latest_run_id,
-                  (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
-                      AS "latest_run_step_count!",
-                  (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
-                      AS "latest_run_artifact_count!",
-                  t.created_at, t.updated_at
-           FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
-           WHERE t.workspace_id = $1 AND t.id = $2"#,
+    query_tasks!(
+        "SELECT",
+        "FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
+         WHERE t.workspace_id = $1 AND t.id = $2",
         scope.workspace(),
         id,
     )
@@ -231,25 +246,13 @@ pub async fn list(
     before: Option<&str>,
     limit: i64,
 ) -> Result<Vec<TaskRecord>> {
-    let rows = sqlx::query_as!(
-        TaskRecord,
-        r#"SELECT t.id, t.execution_kind,
-                  COALESCE(r.status, 'not_started') AS "status!: TaskStatus", t.prompt,
-                  t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
-                  t.working_directory, t.workspace_mode, t.sandbox_allowed_root,
-                  t.sandbox_network, t.sandbox_read_only, t.timeout_ms, t.priority,
-                  t.budget_micros_usd, t.system_prompt, t.requested_provider, t.requested_model,
-                  t.max_model_calls, t.tools, t.run_count, t.latest_run_id,
-                  (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
-                      AS "latest_run_step_count!",
-                  (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
-                      AS "latest_run_artifact_count!",
-                  t.created_at, t.updated_at
-           FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
-           WHERE t.workspace_id = $1
-             AND ($2::text IS NULL OR COALESCE(r.status, 'not_started') = $2)
-             AND ($3::text IS NULL OR t.id < $3)
-           ORDER BY t.id DESC LIMIT $4"#,
+    let rows = query_tasks!(
+        "SELECT",
+        "FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
+         WHERE t.workspace_id = $1
+           AND ($2::text IS NULL OR COALESCE(r.status, 'not_started') = $2)
+           AND ($3::text IS NULL OR t.id < $3)
+         ORDER BY t.id DESC LIMIT $4",
         scope.workspace(),
         status.map(TaskStatus::as_str),
         before,
@@ -297,23 +300,11 @@ pub(crate) async fn get_locked(
     scope: &Scope,
     id: &str,
 ) -> Result<TaskRecord> {
-    sqlx::query_as!(
-        TaskRecord,
-        r#"SELECT t.id, t.execution_kind,
-                  COALESCE(r.status, 'not_started') AS "status!: TaskStatus", t.prompt,
-                  t.shell_command, t.git_command, t.file_path, t.file_content, t.file_operation,
-                  t.working_directory, t.workspace_mode, t.sandbox_allowed_root,
-                  t.sandbox_network, t.sandbox_read_only, t.timeout_ms, t.priority,
-                  t.budget_micros_usd, t.system_prompt, t.requested_provider, t.requested_model,
-                  t.max_model_calls, t.tools, t.run_count, t.latest_run_id,
-                  (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
-                      AS "latest_run_step_count!",
-                  (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
-                      AS "latest_run_artifact_count!",
-                  t.created_at, t.updated_at
-           FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
-           WHERE t.workspace_id = $1 AND t.id = $2
-           FOR UPDATE OF t"#,
+    query_tasks!(
+        "SELECT",
+        "FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
+         WHERE t.workspace_id = $1 AND t.id = $2
+         FOR UPDATE OF t",
         scope.workspace(),
         id,
     )
@@ -397,31 +388,24 @@ pub(crate) async fn chat_preset(
         code: ErrorCode::ModelNotConfigured,
         message,
     };
-    let preset: Option<ProviderRecord> =
-        match &task.requested_provider {
-            Some(id) => match providers::get(conn, scope, id).await {
-                Ok(preset) => Some(preset),
-                Err(StoreError::NotFound(_)) => None,
-                Err(error) => return Err(error),
-            },
-            None => sqlx::query_as!(
-                ProviderRecord,
-                r#"SELECT id, kind, display_name, provider_id, model, api, base_url, api_key_ref,
-                          headers AS "headers: Json<BTreeMap<String, String>>",
-                          secret_header_refs
-                              AS "secret_header_refs: Json<BTreeMap<String, String>>",
-                          capabilities, input,
-                          compat AS "compat: Json<serde_json::Map<String, serde_json::Value>>",
-                          enabled, last_check AS "last_check: Json<serde_json::Value>",
-                          created_at, updated_at, workspace_id, written_by_role
-                   FROM providers WHERE workspace_id = $1 AND enabled
-                     AND api IN ('openai-completions', 'anthropic-messages')
-                   ORDER BY created_at, id LIMIT 1"#,
+    let preset: Option<ProviderRecord> = match &task.requested_provider {
+        Some(id) => match providers::get(conn, scope, id).await {
+            Ok(preset) => Some(preset),
+            Err(StoreError::NotFound(_)) => None,
+            Err(error) => return Err(error),
+        },
+        None => {
+            query_providers!(
+                "SELECT",
+                "FROM providers WHERE workspace_id = $1 AND enabled
+                   AND api IN ('openai-completions', 'anthropic-messages')
+                 ORDER BY created_at, id LIMIT 1",
                 scope.workspace(),
             )
             .fetch_optional(&mut *conn)
-            .await?,
-        };
+            .await?
+        }
+    };
     let preset = match (preset, &task.requested_provider) {
         (Some(preset), _) => preset,
         (None, Some(id)) => {

@@ -11,12 +11,34 @@ use crate::attempt::JobKind;
 use crate::db::{Result, StoreError};
 use crate::domain::{Actor, Scope};
 use crate::events;
-use crate::external::ItemRecord;
+use crate::external::{ItemRecord, query_items};
 use crate::queue;
 use crate::runs::{self, RunRecord};
 use keel_api_types::{ActionStatus, ItemState};
 
 pub(crate) use keel_api_types::ActionRecord;
+
+/// `query_as!` of [`ActionRecord`]s: `$before` (up to its `SELECT`), then the columns of
+/// action `a` (`status` as an [`ActionStatus`]) with its approval's id, then `$after` (its
+/// `FROM …`, which names the action `a`).
+macro_rules! query_actions {
+    ($before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            ActionRecord,
+            $before
+                + r#" a.id, a.item_id, a.task_id, a.run_id, a.kind, a.proposal, a.calls,
+                      a.target, a.status AS "status: ActionStatus", a.proposed_by,
+                      a.proposed_by_run_id, a.response, a.artifact_id, a.last_error_code,
+                      a.last_error, a.created_at, a.decided_at, a.sending_at, a.finished_at,
+                      a.updated_at,
+                      (SELECT p.id FROM approvals p
+                       WHERE p.workspace_id = a.workspace_id AND p.external_action_id = a.id)
+                          AS approval_id "#
+                + $after
+            $(, $arg)*
+        )
+    };
+}
 
 /// A proposal to record.
 #[derive(Debug, Clone)]
@@ -39,22 +61,15 @@ pub async fn insert(
     scope: &Scope,
     action: &NewAction<'_>,
 ) -> Result<ActionRecord> {
-    let row = sqlx::query_as!(
-        ActionRecord,
-        r#"WITH a AS (
-               INSERT INTO external_actions (id, workspace_id, item_id, task_id, run_id, kind,
-                                             proposal, calls, target, status, proposed_by,
-                                             proposed_by_run_id)
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending_approval', $10, $11)
-               RETURNING *)
-           SELECT a.id, a.item_id, a.task_id, a.run_id, a.kind, a.proposal, a.calls, a.target,
-                  a.status AS "status: ActionStatus", a.proposed_by, a.proposed_by_run_id,
-                  a.response, a.artifact_id, a.last_error_code, a.last_error, a.created_at,
-                  a.decided_at, a.sending_at, a.finished_at, a.updated_at,
-                  (SELECT p.id FROM approvals p
-                   WHERE p.workspace_id = a.workspace_id AND p.external_action_id = a.id)
-                      AS approval_id
-           FROM a"#,
+    let row = query_actions!(
+        "WITH a AS (
+             INSERT INTO external_actions (id, workspace_id, item_id, task_id, run_id, kind,
+                                           proposal, calls, target, status, proposed_by,
+                                           proposed_by_run_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'pending_approval', $10, $11)
+             RETURNING *)
+         SELECT",
+        "FROM a",
         action.id,
         scope.workspace(),
         action.item_id,
@@ -73,16 +88,9 @@ pub async fn insert(
 }
 
 pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<ActionRecord> {
-    sqlx::query_as!(
-        ActionRecord,
-        r#"SELECT a.id, a.item_id, a.task_id, a.run_id, a.kind, a.proposal, a.calls, a.target,
-                  a.status AS "status: ActionStatus", a.proposed_by, a.proposed_by_run_id,
-                  a.response, a.artifact_id, a.last_error_code, a.last_error, a.created_at,
-                  a.decided_at, a.sending_at, a.finished_at, a.updated_at,
-                  (SELECT p.id FROM approvals p
-                   WHERE p.workspace_id = a.workspace_id AND p.external_action_id = a.id)
-                      AS approval_id
-           FROM external_actions a WHERE a.workspace_id = $1 AND a.id = $2"#,
+    query_actions!(
+        "SELECT",
+        "FROM external_actions a WHERE a.workspace_id = $1 AND a.id = $2",
         scope.workspace(),
         id,
     )
@@ -97,16 +105,9 @@ pub(crate) async fn lock(
     scope: &Scope,
     id: &str,
 ) -> Result<Option<ActionRecord>> {
-    let row = sqlx::query_as!(
-        ActionRecord,
-        r#"SELECT a.id, a.item_id, a.task_id, a.run_id, a.kind, a.proposal, a.calls, a.target,
-                  a.status AS "status: ActionStatus", a.proposed_by, a.proposed_by_run_id,
-                  a.response, a.artifact_id, a.last_error_code, a.last_error, a.created_at,
-                  a.decided_at, a.sending_at, a.finished_at, a.updated_at,
-                  (SELECT p.id FROM approvals p
-                   WHERE p.workspace_id = a.workspace_id AND p.external_action_id = a.id)
-                      AS approval_id
-           FROM external_actions a WHERE a.workspace_id = $1 AND a.id = $2 FOR UPDATE OF a"#,
+    let row = query_actions!(
+        "SELECT",
+        "FROM external_actions a WHERE a.workspace_id = $1 AND a.id = $2 FOR UPDATE OF a",
         scope.workspace(),
         id,
     )
@@ -123,18 +124,11 @@ pub(crate) async fn list_for_item(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ActionRecord>> {
-    let rows = sqlx::query_as!(
-        ActionRecord,
-        r#"SELECT a.id, a.item_id, a.task_id, a.run_id, a.kind, a.proposal, a.calls, a.target,
-                  a.status AS "status: ActionStatus", a.proposed_by, a.proposed_by_run_id,
-                  a.response, a.artifact_id, a.last_error_code, a.last_error, a.created_at,
-                  a.decided_at, a.sending_at, a.finished_at, a.updated_at,
-                  (SELECT p.id FROM approvals p
-                   WHERE p.workspace_id = a.workspace_id AND p.external_action_id = a.id)
-                      AS approval_id
-           FROM external_actions a
-           WHERE a.workspace_id = $1 AND a.item_id = $2 AND ($3::text IS NULL OR a.id > $3)
-           ORDER BY a.id LIMIT $4"#,
+    let rows = query_actions!(
+        "SELECT",
+        "FROM external_actions a
+         WHERE a.workspace_id = $1 AND a.item_id = $2 AND ($3::text IS NULL OR a.id > $3)
+         ORDER BY a.id LIMIT $4",
         scope.workspace(),
         item_id,
         after,
@@ -172,12 +166,9 @@ pub(crate) async fn item(
     scope: &Scope,
     item_id: &str,
 ) -> Result<ItemRecord> {
-    sqlx::query_as!(
-        ItemRecord,
-        r#"SELECT id, source_id, idempotency_key, kind, identifier, tracker_state,
-                  state AS "state: ItemState", issue, prompt, task_id, run_id, last_error_code,
-                  last_error, workspace_path, hook_output, created_at, updated_at
-           FROM external_work_items WHERE workspace_id = $1 AND id = $2"#,
+    query_items!(
+        "SELECT",
+        "FROM external_work_items WHERE workspace_id = $1 AND id = $2",
         scope.workspace(),
         item_id,
     )
@@ -257,28 +248,21 @@ pub async fn update(
     outcome: &Outcome<'_>,
 ) -> Result<ActionRecord> {
     let (code, message) = outcome.error.unzip();
-    let row = sqlx::query_as!(
-        ActionRecord,
-        r#"WITH a AS (
-               UPDATE external_actions
-               SET status = $3, response = coalesce($4, response),
-                   artifact_id = coalesce($5, artifact_id), last_error_code = $6,
-                   last_error = $7, updated_at = now(),
-                   decided_at = CASE WHEN status = 'pending_approval' THEN now()
-                                     ELSE decided_at END,
-                   sending_at = CASE WHEN $3 = 'sending' AND status <> 'sending' THEN now()
-                                     ELSE sending_at END,
-                   finished_at = CASE WHEN $3 IN ('sent', 'stale_target', 'failed', 'rejected')
-                                      THEN now() END
-               WHERE workspace_id = $1 AND id = $2 RETURNING *)
-           SELECT a.id, a.item_id, a.task_id, a.run_id, a.kind, a.proposal, a.calls, a.target,
-                  a.status AS "status: ActionStatus", a.proposed_by, a.proposed_by_run_id,
-                  a.response, a.artifact_id, a.last_error_code, a.last_error, a.created_at,
-                  a.decided_at, a.sending_at, a.finished_at, a.updated_at,
-                  (SELECT p.id FROM approvals p
-                   WHERE p.workspace_id = a.workspace_id AND p.external_action_id = a.id)
-                      AS approval_id
-           FROM a"#,
+    let row = query_actions!(
+        "WITH a AS (
+             UPDATE external_actions
+             SET status = $3, response = coalesce($4, response),
+                 artifact_id = coalesce($5, artifact_id), last_error_code = $6,
+                 last_error = $7, updated_at = now(),
+                 decided_at = CASE WHEN status = 'pending_approval' THEN now()
+                                   ELSE decided_at END,
+                 sending_at = CASE WHEN $3 = 'sending' AND status <> 'sending' THEN now()
+                                   ELSE sending_at END,
+                 finished_at = CASE WHEN $3 IN ('sent', 'stale_target', 'failed', 'rejected')
+                                    THEN now() END
+             WHERE workspace_id = $1 AND id = $2 RETURNING *)
+         SELECT",
+        "FROM a",
         scope.workspace(),
         id,
         status.as_str(),

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
-use crate::queue::{Lease, QueuePool, Result, millis};
+use crate::queue::{Lease, QueuePool, Result, millis, query_leases};
 
 /// Where a worker's claims of one kind have reached in claim order: for each priority it
 /// claimed, the latest `run_after` it took. [`claim_from`] reads each of these priorities
@@ -118,9 +118,8 @@ pub async fn claim_from(
     // scan starts; read as a range of priorities, the scan would start at the range's head
     // and step over (in the index, if not the heap) every entry behind the position. The
     // picked rows are leased by an array of ids, as in [`claim`].
-    let leases = sqlx::query_as!(
-        Lease,
-        r#"WITH candidates AS (
+    let leases = query_leases!(
+        "WITH candidates AS (
              SELECT j.* FROM unnest($5::int[], $6::timestamptz[]) AS s(priority, from_ts)
              CROSS JOIN LATERAL (
                  SELECT id, priority, run_after FROM queue_jobs
@@ -138,23 +137,8 @@ pub async fn claim_from(
              ) j
          ), picked AS (
              SELECT id FROM candidates ORDER BY priority DESC, run_after, id LIMIT $4
-         ), leased AS (
-             UPDATE queue_jobs q
-             SET lease_owner = $1, lease_expires_at = now() + $2::bigint * interval '1 millisecond',
-                 claimed_at = now(), fencing_token = fencing_token + 1,
-                 attempts = attempts + 1, heartbeats = 0
-             WHERE q.id = ANY(ARRAY(SELECT id FROM picked))
-             RETURNING q.id AS job_id, q.kind, q.ref_id, q.lease_owner AS owner,
-                       q.fencing_token, q.attempts, q.max_attempts, q.traceparent, q.priority,
-                       q.run_after, q.workspace_id,
-                       (extract(epoch FROM now() - q.run_after) * 1000)::bigint AS due_ms
-         )
-         SELECT job_id AS "job_id!", kind AS "kind!", ref_id AS "ref_id!", owner AS "owner!",
-                fencing_token AS "fencing_token!", attempts AS "attempts!",
-                max_attempts AS "max_attempts!", traceparent, due_ms AS "due_ms!",
-                priority AS "priority!", run_after AS "run_after!",
-                workspace_id AS "workspace_id!"
-         FROM leased ORDER BY priority DESC, run_after, job_id"#,
+         ),",
+        "FROM leased ORDER BY priority DESC, run_after, job_id",
         owner,
         millis(lease),
         kind,
