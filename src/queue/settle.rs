@@ -102,11 +102,14 @@ pub async fn settle_many(
     statement(&mut conn, owner, settlements).await
 }
 
-/// The one settle statement. The rows are looked up as [`super::heartbeat`] looks them
-/// up, by id with each one's token rather than joined with an `unnest` (docs/benchmarks.md,
-/// "Why the queue's statements look as they do"), and taken in id order, so two statements
-/// locking the same jobs (a heartbeat renewing a job whose settle is in flight) cannot
-/// deadlock. A job that comes back wakes the workers of its kind.
+/// The one settle statement. Completed jobs are deleted and the others handed back by two
+/// statements that each check the fence themselves, so a row is locked once, by the write
+/// that ends its lease, and a lease lost meanwhile is rechecked by PostgreSQL under that lock.
+/// Each looks its rows up by id (`ids` is sorted: `width_bucket` finds a row's settlement by
+/// binary search) rather than joining an `unnest` (docs/benchmarks.md, "Why the queue's
+/// statements look as they do"). Both archive what the lease was through `archive_leases`
+/// (a handed-back job's row as it stood before the update). A job that comes back wakes the
+/// workers of its kind.
 async fn statement(
     conn: &mut PgConnection,
     owner: &str,
@@ -123,37 +126,40 @@ async fn statement(
         .collect();
     let errors: Vec<Option<&str>> = settlements.iter().map(|s| s.disposition.error()).collect();
     let settled = sqlx::query_scalar!(
-        r#"WITH held AS (
-               SELECT q AS job, array_position($1::bigint[], q.id) AS i
-               FROM queue_jobs q
+        r#"WITH done AS (
+               DELETE FROM queue_jobs q
                WHERE q.id = ANY($1) AND q.lease_owner IS NOT DISTINCT FROM $3
-                 AND q.fencing_token = ($2::bigint[])[array_position($1, q.id)]
-               ORDER BY q.id
-               FOR UPDATE
-           ), done AS (
-               DELETE FROM queue_jobs q USING held h
-               WHERE q.id = (h.job).id AND ($4::text[])[h.i] = 'complete'
+                 AND q.fencing_token = ($2::bigint[])[width_bucket(q.id, $1)]
+                 AND ($4::text[])[width_bucket(q.id, $1)] = 'complete'
+               RETURNING q AS job
            ), again AS (
                UPDATE queue_jobs q
                SET lease_owner = NULL, lease_expires_at = NULL,
-                   last_error = ($6::text[])[h.i],
-                   run_after = now() + ($5::bigint[])[h.i] * interval '1 millisecond',
-                   attempts = q.attempts - CASE ($4::text[])[h.i] WHEN 'retry' THEN 0 ELSE 1 END
-               FROM held h
-               WHERE q.id = (h.job).id AND ($4::text[])[h.i] <> 'complete'
+                   last_error = ($6::text[])[width_bucket(q.id, $1)],
+                   run_after = now()
+                       + ($5::bigint[])[width_bucket(q.id, $1)] * interval '1 millisecond',
+                   attempts = q.attempts
+                       - CASE ($4::text[])[width_bucket(q.id, $1)] WHEN 'retry' THEN 0 ELSE 1 END
+               FROM queue_jobs before
+               -- Decided once per statement: a batch of completions skips this scan.
+               WHERE NOT ('complete' = ALL($4::text[]))
+                 AND before.id = q.id AND q.id = ANY($1)
+                 AND q.lease_owner IS NOT DISTINCT FROM $3
+                 AND q.fencing_token = ($2::bigint[])[width_bucket(q.id, $1)]
+                 AND ($4::text[])[width_bucket(q.id, $1)] <> 'complete'
+               RETURNING before AS job,
+                   CASE ($4::text[])[width_bucket(q.id, $1)] WHEN 'retry' THEN 'retried'
+                                                                ELSE 'released' END AS outcome
+           ), ended AS (
+               SELECT job, 'acked' AS outcome FROM done
+               UNION ALL SELECT job, outcome FROM again
            ), archived AS (
-               SELECT archive_leases(
-                   array_agg(h.job),
-                   array_agg(CASE ($4::text[])[h.i] WHEN 'complete' THEN 'acked'
-                                                    WHEN 'retry' THEN 'retried'
-                                                    ELSE 'released' END)) AS count
-               FROM held h
+               SELECT archive_leases(array_agg(job), array_agg(outcome)) AS count FROM ended
            ), woken AS (
-               SELECT count(pg_notify($7, kind)) AS count FROM (
-                   SELECT DISTINCT (h.job).kind FROM held h
-                   WHERE ($4::text[])[h.i] <> 'complete') k
+               SELECT count(pg_notify($7, kind)) AS count
+               FROM (SELECT DISTINCT (job).kind FROM again) k
            )
-           SELECT (h.job).id AS "id!" FROM held h, archived, woken"#,
+           SELECT (e.job).id AS "id!" FROM ended e, archived, woken"#,
         &ids,
         &tokens,
         owner,
