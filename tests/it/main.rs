@@ -22,6 +22,7 @@ mod failover;
 mod fairness;
 mod feed;
 mod hostile_runs;
+mod kubernetes;
 mod layout;
 mod media;
 mod openapi;
