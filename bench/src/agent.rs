@@ -67,7 +67,7 @@ async fn measure(
         (KEY_ENV, "bench-key"),
         ("KEEL_CHAT_ALLOW_PRIVATE_ADDRESSES", "true"),
     ];
-    let deployment = Deployment::start(pool, url, args, data_dir, 1, &env).await?;
+    let deployment = Deployment::start(pool, url, data_dir, 1, args.concurrency, &env).await?;
     let provider = create_provider(&deployment, &model).await?;
     let first = Instant::now();
     let _: Vec<String> = futures_util::stream::iter(0..args.agent_runs)

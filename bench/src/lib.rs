@@ -21,6 +21,7 @@ mod report;
 mod runs;
 mod snapshot;
 mod stats;
+mod waiting;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -60,6 +61,7 @@ pub enum Figure {
     History,
     Snapshot,
     Agent,
+    Waiting,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -69,7 +71,7 @@ pub struct RunArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "queue,runs,scaling,recovery,history,snapshot,agent"
+        default_value = "queue,runs,scaling,recovery,history,snapshot,agent,waiting"
     )]
     pub figures: Vec<Figure>,
     /// Jobs per queue throughput measurement (N).
@@ -98,6 +100,15 @@ pub struct RunArgs {
     /// measurement per count.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     pub run_workers: Vec<usize>,
+    /// Runs of `sleep --waiting-secs` for the waiting figure (at each `--run-workers` count).
+    #[arg(long, default_value_t = 400)]
+    pub waiting_runs: usize,
+    /// Seconds each of the waiting figure's runs sleeps.
+    #[arg(long, default_value_t = 0.5)]
+    pub waiting_secs: f64,
+    /// Slots (`keel worker --concurrency`) of each of the waiting figure's workers.
+    #[arg(long, default_value_t = 8)]
+    pub waiting_slots: usize,
     /// Worker processes for the scaling figure, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
     pub scaling_processes: Vec<usize>,
@@ -166,6 +177,8 @@ pub struct Report {
     pub snapshot: Option<snapshot::SnapshotFigures>,
     #[serde(default)]
     pub agent: Option<agent::AgentFigures>,
+    #[serde(default)]
+    pub waiting: Option<waiting::WaitingFigures>,
 }
 
 pub async fn main(
@@ -207,6 +220,7 @@ async fn run(common: &Common, args: &RunArgs) -> anyhow::Result<()> {
             Figure::Recovery => report.recovery = Some(recovery::figures(&pool, &url, args).await?),
             Figure::History => report.history = Some(history::figures(&pool, &url, args).await?),
             Figure::Agent => report.agent = Some(agent::figures(&pool, &url, args).await?),
+            Figure::Waiting => report.waiting = Some(waiting::figures(&pool, &url, args).await?),
             Figure::Snapshot => {
                 let peak = report.queue.as_ref().map(|q| q.throughput.jobs_per_s);
                 let rate = args

@@ -136,6 +136,23 @@ fn rows(report: &Report, peer: Option<&PeerReport>) -> Vec<Row> {
         rows.push(row("CPU ms per run: total", cpu.total_ms()));
         rows.push(row("ceiling on 2 cores (runs/s)", cpu.ceiling(2.0)));
     }
+    if let Some(waiting) = &report.waiting {
+        for p in &waiting.points {
+            let w = p.workers;
+            let row = |figure: &str, value: f64| {
+                Row::keel(format!("waiting runs: {figure} ({w} workers)"), value)
+            };
+            rows.push(row("runs/s", p.runs_per_s));
+            rows.push(row("runs/s the slots allow", p.slots_runs_per_s));
+            rows.push(
+                row("scaling efficiency", p.scaling_efficiency).target(if w == 4 {
+                    "≥ 0.9"
+                } else {
+                    ""
+                }),
+            );
+        }
+    }
     if let Some(a) = &report.agent {
         let row = |figure: &str, value: f64| Row::keel(format!("agent: {figure}"), value);
         rows.push(row(

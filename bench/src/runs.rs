@@ -108,14 +108,14 @@ async fn point(
     workers: usize,
     statements: bool,
 ) -> anyhow::Result<RunsPoint> {
-    let deployment = Deployment::start(pool, url, args, data_dir, workers, &[]).await?;
+    let deployment = Deployment::start(pool, url, data_dir, workers, args.concurrency, &[]).await?;
     let before = DatabaseCounters::read(pool, statements).await?;
     let cpu_before = deployment.cpu(pool).await?;
     let sampling = CancellationToken::new();
     let sampler = tokio::spawn(sample_lock_waits(pool.clone(), sampling.clone()));
     let first = Instant::now();
     let requested: HashMap<String, Instant> = futures_util::stream::iter(0..args.runs)
-        .map(|_| start_run(&deployment.http, &deployment.base))
+        .map(|_| start_run(&deployment.http, &deployment.base, "true"))
         .buffer_unordered(args.concurrency.max(1))
         .try_collect()
         .await?;
@@ -172,11 +172,11 @@ async fn lone_runs(
     data_dir: &std::path::Path,
     workers: usize,
 ) -> anyhow::Result<Latency> {
-    let deployment = Deployment::start(pool, url, args, data_dir, workers, &[]).await?;
+    let deployment = Deployment::start(pool, url, data_dir, workers, args.concurrency, &[]).await?;
     let mut ended = deployment.ended.clone();
     let mut requested = HashMap::new();
     for i in 0..LONE_SAMPLES.min(args.runs) {
-        let (task_id, sent) = start_run(&deployment.http, &deployment.base).await?;
+        let (task_id, sent) = start_run(&deployment.http, &deployment.base, "true").await?;
         requested.insert(task_id, sent);
         ended.wait_for(|n| *n > i).await?;
     }
@@ -199,12 +199,13 @@ pub(crate) struct Deployment {
 
 impl Deployment {
     /// Every process gets `env` besides the bench's own settings.
+    /// `workers` processes of `concurrency` slots each.
     pub(crate) async fn start(
         pool: &PgPool,
         url: &str,
-        args: &RunArgs,
         data_dir: &std::path::Path,
         workers: usize,
+        concurrency: usize,
         env: &[(&str, &str)],
     ) -> anyhow::Result<Deployment> {
         let base = format!("http://127.0.0.1:{}", free_port()?);
@@ -225,10 +226,7 @@ impl Deployment {
             .chain([("KEEL_DATA_DIR", dir.as_ref())])
             .collect();
         for _ in 0..workers {
-            let flags = [
-                "worker".into(),
-                format!("--concurrency={}", args.concurrency),
-            ];
+            let flags = ["worker".into(), format!("--concurrency={concurrency}")];
             processes.push(Process::keel(url, &flags, &worker_env)?);
         }
         let pids: Vec<i32> = processes[1..].iter().map(Process::pid).collect();
@@ -370,7 +368,7 @@ async fn sample_lock_waits(pool: PgPool, stop: CancellationToken) -> anyhow::Res
 }
 
 /// Seconds from `first` to the last run event, runs that failed, and the latencies.
-fn summarize(
+pub(crate) fn summarize(
     first: Instant,
     requested: &HashMap<String, Instant>,
     arrivals: &HashMap<String, Vec<(String, Instant)>>,
@@ -399,12 +397,16 @@ fn summarize(
     ))
 }
 
-/// Creates a shell task of `true` and starts it; returns its id and when the start
+/// Creates a shell task of `command` and starts it; returns its id and when the start
 /// request was sent.
-async fn start_run(http: &reqwest::Client, base: &str) -> anyhow::Result<(String, Instant)> {
+pub(crate) async fn start_run(
+    http: &reqwest::Client,
+    base: &str,
+    command: &str,
+) -> anyhow::Result<(String, Instant)> {
     let task: Value = http
         .post(format!("{base}/v1/tasks"))
-        .json(&json!({ "execution_kind": "shell", "shell_command": "true" }))
+        .json(&json!({ "execution_kind": "shell", "shell_command": command }))
         .send()
         .await?
         .error_for_status()?

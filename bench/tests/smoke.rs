@@ -11,6 +11,7 @@ use serde_json::Value;
 const JOBS: u64 = 200;
 const RUNS: u64 = 20;
 const AGENT_RUNS: u64 = 4;
+const WAITING_RUNS: u64 = 8;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_figure_is_measured_and_every_job_processed() {
@@ -51,6 +52,8 @@ async fn every_figure_is_measured_and_every_job_processed() {
             "--agent-calls",
             "3",
         ])
+        .args(["--waiting-runs", &WAITING_RUNS.to_string()])
+        .args(["--waiting-secs", "0.1", "--waiting-slots", "2"])
         .env("RUST_LOG", "warn,sqlx=error")
         .status()
         .expect("keel-bench started");
@@ -86,6 +89,16 @@ async fn every_figure_is_measured_and_every_job_processed() {
     // Three calls a run: two gaps between an answer and the next call.
     assert_eq!(agent["overhead"]["samples"], AGENT_RUNS * 2, "{agent}");
 
+    let waiting = &report["waiting"];
+    assert_eq!(waiting["runs"], WAITING_RUNS, "{waiting}");
+    let point = &waiting["points"][0];
+    assert_eq!(point["workers"], 2, "{waiting}");
+    assert_eq!(point["failed"], 0, "{waiting}");
+    // 2 workers × 2 slots ÷ 0.1 s.
+    assert_eq!(point["slots_runs_per_s"], 40.0, "{waiting}");
+    // Eight runs of 0.1 s through four slots take at least two rounds.
+    assert!(point["seconds"].as_f64().unwrap() >= 0.2, "{waiting}");
+
     // Every job was processed: none is left in the queue, every run completed.
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs")
@@ -97,11 +110,11 @@ async fn every_figure_is_measured_and_every_job_processed() {
         .fetch_one(&pool)
         .await
         .unwrap();
-    // The runs figure's runs, then its lone runs, and the agent figure's.
+    // The runs figure's runs, then its lone runs, the agent figure's and the waiting ones.
     let lone = report["runs"]["points"][0]["lone"]["samples"]
         .as_u64()
         .unwrap();
-    assert_eq!(completed as u64, RUNS + lone + AGENT_RUNS);
+    assert_eq!(completed as u64, RUNS + lone + AGENT_RUNS + WAITING_RUNS);
 
     // The table prints every figure from the saved report.
     let table = Command::new(env!("CARGO_BIN_EXE_keel-bench"))
@@ -118,6 +131,7 @@ async fn every_figure_is_measured_and_every_job_processed() {
         "recovery:",
         "history:",
         "snapshot:",
+        "waiting runs:",
     ] {
         assert!(table.contains(figure), "{figure} missing from:\n{table}");
     }
