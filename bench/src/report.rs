@@ -144,6 +144,14 @@ fn rows(report: &Report, peer: Option<&PeerReport>) -> Vec<Row> {
             };
             rows.push(row("runs/s", p.runs_per_s));
             rows.push(row("runs/s the slots allow", p.slots_runs_per_s));
+            rows.push(row(
+                "steady runs/s (middle 80 % of ends)",
+                p.steady_runs_per_s,
+            ));
+            rows.push(row(
+                "steady scaling efficiency",
+                p.steady_scaling_efficiency,
+            ));
             rows.push(
                 row("scaling efficiency", p.scaling_efficiency).target(if w == 4 {
                     "≥ 0.9"

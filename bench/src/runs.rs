@@ -114,13 +114,9 @@ async fn point(
     let sampling = CancellationToken::new();
     let sampler = tokio::spawn(sample_lock_waits(pool.clone(), sampling.clone()));
     let first = Instant::now();
-    let requested: HashMap<String, Instant> = futures_util::stream::iter(0..args.runs)
-        .map(|_| start_run(&deployment.http, &deployment.base, "true"))
-        .buffer_unordered(args.concurrency.max(1))
-        .try_collect()
+    let requested = deployment
+        .run_all(args.runs, "true", args.concurrency)
         .await?;
-    let mut ended = deployment.ended.clone();
-    ended.wait_for(|n| *n >= args.runs).await?;
     sampling.cancel();
     let lock_wait_share = sampler.await??;
     let cpu = deployment
@@ -258,6 +254,24 @@ impl Deployment {
             ended,
             reader,
         })
+    }
+
+    /// Starts `runs` shell runs of `command`, `concurrency` requests at a time, and waits
+    /// until the feed showed every one's end; returns each task's start request time.
+    pub(crate) async fn run_all(
+        &self,
+        runs: usize,
+        command: &str,
+        concurrency: usize,
+    ) -> anyhow::Result<HashMap<String, Instant>> {
+        let requested: HashMap<String, Instant> = futures_util::stream::iter(0..runs)
+            .map(|_| start_run(&self.http, &self.base, command))
+            .buffer_unordered(concurrency.max(1))
+            .try_collect()
+            .await?;
+        let mut ended = self.ended.clone();
+        ended.wait_for(|n| *n >= runs).await?;
+        Ok(requested)
     }
 
     /// CPU so far of the processes (the api is the first) and of the cluster.
@@ -399,7 +413,7 @@ pub(crate) fn summarize(
 
 /// Creates a shell task of `command` and starts it; returns its id and when the start
 /// request was sent.
-pub(crate) async fn start_run(
+async fn start_run(
     http: &reqwest::Client,
     base: &str,
     command: &str,

@@ -7,16 +7,14 @@
 //! share). A 2-core machine can show this figure where the runs figure cannot: the
 //! runs' time is spent asleep, not on its cores.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
-use futures_util::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 use super::RunArgs;
 use super::children;
-use super::runs::{Deployment, start_run, summarize};
+use super::runs::{Deployment, summarize};
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct WaitingFigures {
@@ -41,25 +39,41 @@ pub struct WaitingPoint {
     pub slots_runs_per_s: f64,
     /// `runs_per_s` over the first point's, scaled by the worker count.
     pub scaling_efficiency: f64,
+    /// Runs/s while the slots are full: the middle 80 % of the runs' ends (from the 10th
+    /// to the 90th percentile), without the admission's ramp-up and the last round's tail.
+    pub steady_runs_per_s: f64,
+    /// `steady_runs_per_s` over the first point's, scaled by the worker count.
+    pub steady_scaling_efficiency: f64,
 }
 
 pub async fn figures(pool: &PgPool, url: &str, args: &RunArgs) -> anyhow::Result<WaitingFigures> {
     children::in_data_dir("keel-bench", |data_dir| async move {
         let mut points: Vec<WaitingPoint> = Vec::new();
         for &workers in &args.run_workers {
-            let (seconds, failed) = point(pool, url, args, &data_dir, workers).await?;
+            let (seconds, failed, steady_runs_per_s) =
+                point(pool, url, args, &data_dir, workers).await?;
             let runs_per_s = args.waiting_runs as f64 / seconds;
-            let linear = points.first().map_or(runs_per_s, |first| {
-                first.runs_per_s * workers as f64 / first.workers as f64
-            });
-            eprintln!("keel-bench: waiting runs, {workers} workers: {runs_per_s:.1} runs/s");
+            // What the first point's rate would be at this worker count, if linear.
+            let linear = |rate: fn(&WaitingPoint) -> f64, own: f64| {
+                points.first().map_or(own, |first: &WaitingPoint| {
+                    rate(first) * workers as f64 / first.workers as f64
+                })
+            };
+            let scaling_efficiency = runs_per_s / linear(|p| p.runs_per_s, runs_per_s);
+            let steady_scaling_efficiency =
+                steady_runs_per_s / linear(|p| p.steady_runs_per_s, steady_runs_per_s);
+            eprintln!(
+                "keel-bench: waiting runs, {workers} workers: {runs_per_s:.1} runs/s, steady {steady_runs_per_s:.1}"
+            );
             points.push(WaitingPoint {
                 workers,
                 seconds,
                 runs_per_s,
                 failed,
                 slots_runs_per_s: (workers * args.waiting_slots) as f64 / args.waiting_secs,
-                scaling_efficiency: runs_per_s / linear,
+                scaling_efficiency,
+                steady_runs_per_s,
+                steady_scaling_efficiency,
             });
         }
         Ok(WaitingFigures {
@@ -72,28 +86,67 @@ pub async fn figures(pool: &PgPool, url: &str, args: &RunArgs) -> anyhow::Result
     .await
 }
 
-/// One worker count on fresh processes: seconds from the first start to the last end, and
-/// the runs that failed.
+/// One worker count on fresh processes: seconds from the first start to the last end, the
+/// runs that failed, and the steady rate.
 async fn point(
     pool: &PgPool,
     url: &str,
     args: &RunArgs,
     data_dir: &std::path::Path,
     workers: usize,
-) -> anyhow::Result<(f64, usize)> {
+) -> anyhow::Result<(f64, usize, f64)> {
     let deployment =
         Deployment::start(pool, url, data_dir, workers, args.waiting_slots, &[]).await?;
     let command = format!("sleep {}", args.waiting_secs);
     let first = Instant::now();
-    let requested: HashMap<String, Instant> = futures_util::stream::iter(0..args.waiting_runs)
-        .map(|_| start_run(&deployment.http, &deployment.base, &command))
-        .buffer_unordered(args.concurrency.max(1))
-        .try_collect()
+    let requested = deployment
+        .run_all(args.waiting_runs, &command, args.concurrency)
         .await?;
-    let mut ended = deployment.ended.clone();
-    ended.wait_for(|n| *n >= args.waiting_runs).await?;
     let arrivals = deployment.arrivals.clone();
     deployment.stop(pool).await?;
-    let (seconds, failed, _, _) = summarize(first, &requested, &arrivals.lock().unwrap())?;
-    Ok((seconds, failed))
+    let arrivals = arrivals.lock().unwrap();
+    let (seconds, failed, _, _) = summarize(first, &requested, &arrivals)?;
+    let mut ends: Vec<Instant> = arrivals
+        .values()
+        .flatten()
+        .filter(|(event, _)| event != "run.started")
+        .map(|(_, at)| *at)
+        .collect();
+    Ok((seconds, failed, steady_rate(&mut ends)))
+}
+
+/// Ends per second between the 10th and the 90th percentile of `ends`.
+fn steady_rate(ends: &mut [Instant]) -> f64 {
+    ends.sort_unstable();
+    let (low, high) = (ends.len() / 10, ends.len() * 9 / 10);
+    match (ends.get(low), ends.get(high)) {
+        (Some(first), Some(last)) if high > low => {
+            (high - low) as f64 / last.duration_since(*first).as_secs_f64().max(f64::EPSILON)
+        }
+        _ => f64::NAN,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_steady_rate_leaves_out_the_first_and_last_tenth() {
+        let start = Instant::now();
+        // 100 ends: the first ten and the last nine far apart, the middle 1 ms apart.
+        let mut ends: Vec<Instant> = (0..100)
+            .map(|i| match i {
+                0..10 => start + Duration::from_secs(i),
+                10..=90 => start + Duration::from_secs(10) + Duration::from_millis(i - 10),
+                _ => start + Duration::from_secs(100 + i),
+            })
+            .collect();
+        ends.reverse();
+        // The 10th to the 90th end: 80 ends in 80 ms.
+        let rate = steady_rate(&mut ends);
+        assert!((rate - 1000.0).abs() < 1e-6, "{rate}");
+        assert!(steady_rate(&mut []).is_nan());
+    }
 }
