@@ -442,7 +442,13 @@ pub(crate) async fn print_logs(client: &Client, run: &RunRecord) -> Result<(), E
     Logs::new(run).finish(client, &view).await
 }
 
-/// Follows a media job until it ends: its progress events, then its artifacts.
+/// How long the replay of a job that had already ended may take to reach its end event
+/// (it comes at once: the bound only keeps a job whose end has no event from hanging).
+const ENDED_REPLAY: Duration = Duration::from_secs(10);
+
+/// Follows a media job until it ends: its progress events, then its artifacts. The feed
+/// replays the job's events from its first, so a job that ended before the watch began
+/// (a fast vendor) still shows every event, as one still running does.
 pub(crate) async fn media(
     client: &Client,
     format: Format,
@@ -457,10 +463,17 @@ pub(crate) async fn media(
         _ => None,
     };
     let job = client.get_media_job(media_job_id).await?.data;
-    let mut ended = outcome(&job.status);
+    let already = outcome(&job.status);
+    let mut ended = None;
     let mut events = pin!(client.stream_feed(Some(media_job_id), None));
     while ended.is_none() {
-        let Some(event) = events.next().await else {
+        let next = match already {
+            Some(_) => tokio::time::timeout(ENDED_REPLAY, events.next())
+                .await
+                .unwrap_or(None),
+            None => events.next().await,
+        };
+        let Some(event) = next else {
             break;
         };
         let event = event?;
@@ -493,5 +506,5 @@ pub(crate) async fn media(
             view.line(&format!("  artifact {artifact}"));
         }
     }
-    Ok(ended.unwrap_or(Outcome::Failed))
+    Ok(ended.or(already).unwrap_or(Outcome::Failed))
 }

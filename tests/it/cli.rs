@@ -611,7 +611,25 @@ async fn a_media_job_is_created_run_and_watched_to_its_end() {
         "media_job.succeeded",
         "{text}"
     );
-    // Watching an ended job tells its end at once.
+    // Watching an ended job replays its events and tells its end at once.
+    let output = cli(url, &["media", "watch", &id, "--output", "json"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let replayed: Vec<Value> = stdout(&output)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        replayed[0]["type"],
+        "media_job.queued",
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(
+        replayed.last().unwrap()["type"],
+        "media_job.succeeded",
+        "{}",
+        describe(&output)
+    );
     let output = cli(url, &["media", "watch", &id]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
     assert!(
