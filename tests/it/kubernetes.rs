@@ -97,6 +97,12 @@ async fn job(pool: &PgPool, kind: &str, ref_id: &str, workspace: &str, due_in_se
     .unwrap();
 }
 
+/// One statement of a test's own that must change exactly one row.
+async fn change_one_row(pool: &PgPool, statement: &'static str) {
+    let changed = sqlx::query(statement).execute(pool).await.unwrap();
+    assert_eq!(changed.rows_affected(), 1, "{statement}");
+}
+
 async fn run(pool: &PgPool, query: &str) -> f64 {
     // KEDA scans the result into a float64: so does this.
     let depth: f64 = sqlx::query_scalar(sqlx::AssertSqlSafe(query.to_string()))
@@ -176,19 +182,14 @@ async fn the_scaler_query_counts_ready_and_leased_jobs_of_the_pools_kinds() {
     assert_eq!(run(&pool, &query).await, 7.0);
 
     // A job that ends leaves the count; a delayed job that comes due joins it.
-    sqlx::query("DELETE FROM queue_jobs WHERE ref_id = 'media-a'")
-        .execute(&pool)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE queue_jobs SET run_after = now() WHERE ref_id = 'run-a-retry'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    change_one_row(&pool, "DELETE FROM queue_jobs WHERE ref_id = 'media-a'").await;
+    change_one_row(
+        &pool,
+        "UPDATE queue_jobs SET run_after = now() WHERE ref_id = 'run-a-retry'",
+    )
+    .await;
     assert_eq!(run(&pool, &query).await, 7.0);
-    sqlx::query("DELETE FROM queue_jobs WHERE ref_id = 'poll-a'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    change_one_row(&pool, "DELETE FROM queue_jobs WHERE ref_id = 'poll-a'").await;
     assert_eq!(run(&pool, &query).await, 6.0);
 }
 
@@ -206,19 +207,19 @@ async fn the_per_workspace_query_caps_each_workspace_at_its_limit() {
     // Workspace a: 5 jobs, capped at the default of 4; workspace b: 2 jobs, under it.
     assert_eq!(run(&pool, &query).await, 6.0);
     // An operator's limit for b (1) wins over the default.
-    sqlx::query(
+    change_one_row(
+        &pool,
         "INSERT INTO workspace_limits (workspace_id, max_concurrent, updated_by)
          VALUES ('b', 1, 'test')",
     )
-    .execute(&pool)
-    .await
-    .unwrap();
+    .await;
     assert_eq!(run(&pool, &query).await, 5.0);
     // A paused workspace (limit 0) asks for nothing.
-    sqlx::query("UPDATE workspace_limits SET max_concurrent = 0 WHERE workspace_id = 'b'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    change_one_row(
+        &pool,
+        "UPDATE workspace_limits SET max_concurrent = 0 WHERE workspace_id = 'b'",
+    )
+    .await;
     assert_eq!(run(&pool, &query).await, 4.0);
 }
 
