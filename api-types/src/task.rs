@@ -52,6 +52,9 @@ pub struct TaskDraft {
     /// For `agent_loop`: the tools the model may call (a subset of the catalog); absent:
     /// the whole catalog the sandbox allows.
     pub tools: Option<Vec<String>>,
+    /// Starts the task in the same request and transaction, as `POST
+    /// /v1/tasks/{task_id}/start` with no body would (default false).
+    pub start: Option<bool>,
 }
 
 /// Longest command of a shell or git task, and longest prompt or system prompt (bytes).
@@ -263,6 +266,17 @@ fn common_fields(kind: &str) -> Vec<Field> {
             integer(true, 0, i64::MAX)
                 .description(Some(
                     "Cost ceiling of the task's runs in micro-USD; 0 or absent: none.",
+                ))
+                .into(),
+        ),
+        (
+            "start",
+            false,
+            boolean(true)
+                .description(Some(
+                    "True: the task is started in the same request and transaction, as \
+                     `POST /v1/tasks/{task_id}/start` with no body would; the response's \
+                     task then has `latest_run_id` and its run's status (default false).",
                 ))
                 .into(),
         ),

@@ -411,16 +411,18 @@ pub(crate) fn summarize(
     ))
 }
 
-/// Creates a shell task of `command` and starts it; returns its id and when the start
-/// request was sent.
+/// Creates a shell task of `command` and starts it, in one request (`start: true`): one
+/// commit for both, as a client that wants both pays; returns its id and when the request
+/// was sent.
 async fn start_run(
     http: &reqwest::Client,
     base: &str,
     command: &str,
 ) -> anyhow::Result<(String, Instant)> {
+    let sent = Instant::now();
     let task: Value = http
         .post(format!("{base}/v1/tasks"))
-        .json(&json!({ "execution_kind": "shell", "shell_command": command }))
+        .json(&json!({ "execution_kind": "shell", "shell_command": command, "start": true }))
         .send()
         .await?
         .error_for_status()?
@@ -430,11 +432,6 @@ async fn start_run(
         .as_str()
         .context("task response without an id")?
         .to_string();
-    let sent = Instant::now();
-    http.post(format!("{base}/v1/tasks/{task_id}/start"))
-        .send()
-        .await?
-        .error_for_status()?;
     Ok((task_id, sent))
 }
 

@@ -22,7 +22,7 @@ use crate::domain::Caller;
 use crate::events::Subject;
 use crate::runs::steps;
 use crate::runs::steps::StepRecord;
-use crate::runs::{Origin, RunRecord};
+use crate::runs::{Admission, Origin, RunRecord};
 use crate::tasks::TaskDraft;
 use crate::tasks::TaskRecord;
 use crate::tasks::{NewTask, TaskStatus};
@@ -47,21 +47,35 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
 
 type Result<T> = std::result::Result<T, ApiError>;
 
-/// Creates a task: durable execution intent. Nothing is queued until it is started.
+/// Creates a task: durable execution intent. Nothing is queued until it is started, here
+/// with `start: true` or later by `POST /v1/tasks/{task_id}/start`.
 #[utoipa::path(post, path = "/tasks", tag = "tasks", request_body = TaskDraft,
-    responses((status = 201, description = "The new task, `not_started`", body = ObjectEnvelope<TaskRecord>)))]
+    responses((status = 201, description = "The new task: `not_started`, or with `start` its first run's status and `latest_run_id`", body = ObjectEnvelope<TaskRecord>)))]
 async fn create_task(
     State(state): State<AppState>,
     caller: Caller,
     ApiJson(draft): ApiJson<TaskDraft>,
 ) -> Result<(StatusCode, Json<ObjectEnvelope<TaskRecord>>)> {
+    let start = draft.start.unwrap_or(false);
     let mut task = NewTask::parse(draft, &state.rules.timeouts)?;
     if !caller.is_local() {
         task.confine_to_tenant(&state.rules.workspace_roots, &caller.scope)?;
     }
     task.check_workspace(&state.rules.workspace_roots)?;
-    let mut conn = state.pool.acquire().await?;
-    let task = tasks::insert(&mut conn, &caller.scope, &task, &caller.actor()).await?;
+    let (scope, actor) = (&caller.scope, &caller.actor());
+    let task = if start {
+        // One commit for both: the task never exists without the run it was created for.
+        let mut tx = state.pool.begin().await?;
+        let task = tasks::insert(&mut tx, scope, &task, actor).await?;
+        let admission = Admission::new(Origin::Start);
+        runs::admit(&mut tx, scope, &task.id, admission, &state.rules, actor).await?;
+        let task = tasks::get(&mut tx, scope, &task.id).await?;
+        tx.commit().await?;
+        task
+    } else {
+        let mut conn = state.pool.acquire().await?;
+        tasks::insert(&mut conn, scope, &task, actor).await?
+    };
     Ok((StatusCode::CREATED, Json(object("task", task))))
 }
 

@@ -129,6 +129,10 @@ pub(crate) struct CreateTask {
     working_directory: Option<String>,
     #[arg(long)]
     timeout_ms: Option<i64>,
+    /// Start the task in the same request and transaction (`start: true`): the task shown
+    /// has its first run's status and id (`latest_run_id`).
+    #[arg(long)]
+    start: bool,
     /// Print only the new task's id.
     #[arg(long, short)]
     quiet: bool,
@@ -156,6 +160,7 @@ impl CreateTask {
             timeout_ms: self.timeout_ms,
             requested_provider: self.provider.clone(),
             tools: (!self.tools.is_empty()).then(|| self.tools.clone()),
+            start: self.start.then_some(true),
             ..TaskDraft::default()
         }
     }

@@ -183,6 +183,50 @@ async fn file_and_git_runs_work_in_their_workspace() {
 }
 
 #[tokio::test]
+async fn a_task_created_with_start_is_queued_in_the_same_commit_and_runs() {
+    let app = TestApp::start().await;
+    let c = &app.client;
+    let draft = TaskDraft {
+        start: Some(true),
+        ..shell("echo started")
+    };
+    let task = c.create_task(&draft).await;
+    assert_eq!(task.status, TaskStatus::Queued, "{task:?}");
+    assert_eq!(task.run_count, 1);
+    let run_id = task
+        .latest_run_id
+        .clone()
+        .expect("the run it was started with");
+    let run = c.wait_terminal(&task.id, &run_id, RUN_TIMEOUT).await;
+    assert_eq!(
+        (run.status, run.number),
+        (RunStatus::Completed, 1),
+        "{run:?}"
+    );
+    let events = c.events(&task.id, &run_id).await;
+    assert_eq!(
+        event_types(&events)[..3],
+        ["run.created", "run.queued", "run.started"]
+    );
+
+    // A start the admission refuses leaves no task behind: both are one transaction.
+    let count = "SELECT count(*) FROM tasks";
+    let tasks_before: i64 = sqlx::query_scalar(count)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    let refused = json!({ "execution_kind": "agent_loop", "prompt": "hi", "start": true });
+    let (status, body) = c.post("/v1/tasks", refused).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["type"], "model_not_configured", "{body}");
+    let tasks_after: i64 = sqlx::query_scalar(count)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(tasks_after, tasks_before);
+}
+
+#[tokio::test]
 async fn twenty_parallel_starts_create_exactly_one_run() {
     let app = TestApp::api_only().await;
     let task = app.client.create_task(&shell("true")).await;

@@ -126,6 +126,25 @@ async fn create_quiet_prints_the_id_and_json_output_is_the_apis() {
         table.contains(id.trim()) && table.contains("echo hi"),
         "{table}"
     );
+
+    // --start: the same request starts it, and the task shown has its run.
+    let output = cli(
+        keel.url(),
+        &["tasks", "create", "--start", "--shell", "true"],
+    )
+    .await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let shown = stdout(&output);
+    let run_line = shown.lines().find(|l| l.starts_with("latest run"));
+    let run_id = run_line
+        .and_then(|l| l.split_whitespace().last())
+        .unwrap_or("");
+    assert!(run_id.starts_with("run_"), "{shown}");
+    let task_line = shown.lines().find(|l| l.starts_with("id "));
+    let task_id = task_line.and_then(|l| l.split_whitespace().last()).unwrap();
+    let task = keel.client().api.get_task(task_id).await.unwrap().data;
+    assert_eq!(task.latest_run_id.as_deref(), Some(run_id), "{shown}");
+    assert_eq!(task.run_count, 1, "{shown}");
 }
 
 #[tokio::test]
