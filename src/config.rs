@@ -648,6 +648,12 @@ pub struct WorkerArgs {
     #[arg(long, env = "KEEL_RECONCILE_INTERVAL_MS", default_value_t = 5_000)]
     pub reconcile_interval_ms: u64,
 
+    /// How long run and media job events and state transitions are kept (days): older
+    /// ones are deleted by every worker's maintenance, but for each run's and media job's
+    /// last event, which its numbering goes on from. 0 (the default): kept for ever.
+    #[arg(long, env = "KEEL_HISTORY_RETENTION_DAYS", default_value_t = 0)]
+    pub history_retention_days: u32,
+
     /// Largest stdout/stderr artifact kept per run (bytes); the rest is dropped and the
     /// artifact marked truncated.
     #[arg(long, env = "KEEL_ARTIFACT_MAX_BYTES", default_value_t = 16 * 1024 * 1024)]

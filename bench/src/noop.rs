@@ -126,6 +126,7 @@ pub fn worker_args(concurrency: usize, prefetch: usize, lease_ms: u64) -> Worker
         poll_interval_ms: 1_000,
         drain_timeout_ms: 1_000,
         reconcile_interval_ms: 5_000,
+        history_retention_days: 0,
         artifact_max_bytes: 0,
         max_concurrent_per_workspace: std::env::var("KEEL_MAX_CONCURRENT_PER_WORKSPACE")
             .ok()

@@ -86,6 +86,7 @@ pub async fn run_worker_with(
         pool.clone(),
         rules,
         args.reconcile_interval(),
+        args.history_retention_days,
         maintenance.clone(),
     ));
     let settings = args.settings().map_err(anyhow::Error::msg)?;

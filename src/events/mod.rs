@@ -194,6 +194,54 @@ pub async fn append(conn: &mut PgConnection, scope: &Scope, events: &[NewEvent<'
     Ok(())
 }
 
+/// What one batch of history retention did: the greatest id it examined that was old
+/// enough to go (None when the batch held none: the older rows were all examined), and how
+/// many rows it deleted.
+pub(crate) struct Pruned {
+    pub(crate) last: Option<i64>,
+    pub(crate) deleted: i64,
+}
+
+/// History retention over events: of the `limit` events after id `after`, deletes those
+/// that occurred more than `days` days ago, except each subject's last one, which keeps
+/// the subject's numbering going on from where it stood (a stream's `Last-Event-ID`, a
+/// resume's checkpoint). Ids grow with time, so the batches walk the oldest first, and a
+/// batch past the old ones reads `limit` rows and finds none.
+pub(crate) async fn prune(
+    conn: &mut PgConnection,
+    after: i64,
+    days: i32,
+    limit: i64,
+) -> Result<Pruned> {
+    let pruned = sqlx::query_as!(
+        Pruned,
+        r#"WITH batch AS (
+               SELECT id, run_id, media_job_id, sequence FROM (
+                   SELECT id, run_id, media_job_id, sequence, occurred_at FROM run_events
+                   WHERE id > $1 ORDER BY id LIMIT $3
+               ) AS next
+               WHERE occurred_at < now() - make_interval(days => $2)
+           ), deleted AS (
+               DELETE FROM run_events e
+               WHERE e.id IN (
+                   SELECT b.id FROM batch b
+                   WHERE EXISTS (SELECT 1 FROM run_events n
+                                 WHERE n.run_id = b.run_id AND n.sequence > b.sequence)
+                      OR EXISTS (SELECT 1 FROM run_events n
+                                 WHERE n.media_job_id = b.media_job_id AND n.sequence > b.sequence))
+               RETURNING e.id
+           )
+           SELECT (SELECT max(id) FROM batch) AS last,
+                  (SELECT count(*) FROM deleted) AS "deleted!""#,
+        after,
+        days,
+        limit,
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(pruned)
+}
+
 /// One call's events as the columns `unnest` reads.
 #[derive(Default)]
 struct EventColumns<'a> {

@@ -5,6 +5,7 @@ use sqlx::PgConnection;
 
 use crate::db::Result;
 use crate::domain::{Actor, Scope};
+use crate::events::Pruned;
 
 /// One state change to record.
 pub(crate) struct Transition<'a> {
@@ -90,4 +91,34 @@ pub async fn list(
     .fetch_all(conn)
     .await?;
     Ok(rows)
+}
+
+/// History retention over the audit trail: of the `limit` transitions after id `after`,
+/// deletes those older than `days` days (see [`crate::events::prune`]).
+pub(crate) async fn prune(
+    conn: &mut PgConnection,
+    after: i64,
+    days: i32,
+    limit: i64,
+) -> Result<Pruned> {
+    let pruned = sqlx::query_as!(
+        Pruned,
+        r#"WITH batch AS (
+               SELECT id FROM (
+                   SELECT id, occurred_at FROM state_transitions
+                   WHERE id > $1 ORDER BY id LIMIT $3
+               ) AS next
+               WHERE occurred_at < now() - make_interval(days => $2)
+           ), deleted AS (
+               DELETE FROM state_transitions WHERE id IN (SELECT id FROM batch) RETURNING id
+           )
+           SELECT (SELECT max(id) FROM batch) AS last,
+                  (SELECT count(*) FROM deleted) AS "deleted!""#,
+        after,
+        days,
+        limit,
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(pruned)
 }

@@ -6,7 +6,8 @@
 //! - [`reconcile`]: jobs whose lease expired are requeued, their runs marked with a
 //!   `gap.run_disconnected` event, so a run never sits `running` with no live worker;
 //! - [`schedules`]: due schedules become runs;
-//! - [`prune`]: the worker registry forgets silent workers, old lease history goes;
+//! - [`prune`]: the worker registry forgets silent workers, old lease history goes, and
+//!   events and transitions past the history retention;
 //! - [`metrics`]: the queue gauges' snapshot;
 //! - [`workspaces`]: ephemeral workspaces whose retention ended leave this worker's disk;
 //! - [`item_workspaces`]: terminal external work items' workspaces are removed,
@@ -51,11 +52,19 @@ where
     }
 }
 
-/// Runs the periodic duties until `stop` fires.
-pub async fn run(pool: PgPool, rules: AdmissionRules, interval: Duration, stop: CancellationToken) {
+/// Runs the periodic duties until `stop` fires; `history_retention_days` 0 keeps events
+/// and transitions for ever.
+pub async fn run(
+    pool: PgPool,
+    rules: AdmissionRules,
+    interval: Duration,
+    history_retention_days: u32,
+    stop: CancellationToken,
+) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reconciler = Reconciler::default();
+    let mut history = prune::HistoryRetention::new(history_retention_days);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -66,6 +75,9 @@ pub async fn run(pool: PgPool, rules: AdmissionRules, interval: Duration, stop: 
         }
         schedules::pass(&pool, &rules).await;
         prune::pass(&pool, interval).await;
+        if let Some(history) = &mut history {
+            history.pass(&pool).await;
+        }
         metrics::pass(&pool).await;
     }
 }

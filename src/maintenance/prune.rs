@@ -1,11 +1,13 @@
-//! Pruning: the worker registry forgets workers that stopped heartbeating, and ended
-//! leases older than a week leave the lease history.
+//! Pruning: the worker registry forgets workers that stopped heartbeating, ended leases
+//! older than a week leave the lease history, and with a history retention
+//! (`KEEL_HISTORY_RETENTION_DAYS`) events and state transitions older than it go.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use crate::db::Result;
+use crate::events;
 use crate::system;
 
 /// One pass: workers silent for ten maintenance intervals (at least a minute) and lease
@@ -25,4 +27,107 @@ const LEASE_HISTORY_DAYS: i32 = 7;
 
 async fn prune_lease_history(pool: &PgPool) -> Result<u64> {
     crate::system::leases::prune(&mut *pool.acquire().await?, LEASE_HISTORY_DAYS).await
+}
+
+/// Rows a history retention batch reads: one statement each, short enough that the rows
+/// it deletes are locked briefly.
+const HISTORY_BATCH: i64 = 5_000;
+/// Batches per table per pass: a backlog (a retention just turned on) is worked through
+/// over several ticks rather than in one long pass.
+const HISTORY_BATCHES_PER_PASS: usize = 20;
+/// Once a table is caught up, the next look at it: retention is counted in days.
+const HISTORY_CAUGHT_UP_PAUSE: Duration = Duration::from_secs(3600);
+
+/// History retention: where the walk of each table stands (ids grow with time, so each
+/// walks from the oldest row; a worker that restarts walks again from the start, past
+/// the rows kept), and when to look again.
+pub(super) struct HistoryRetention {
+    days: i32,
+    events_after: i64,
+    transitions_after: i64,
+    next: Instant,
+}
+
+impl HistoryRetention {
+    /// None without a retention (0 days: history is kept for ever).
+    pub(super) fn new(days: u32) -> Option<HistoryRetention> {
+        (days > 0).then(|| HistoryRetention {
+            days: i32::try_from(days).unwrap_or(i32::MAX),
+            events_after: 0,
+            transitions_after: 0,
+            next: Instant::now(),
+        })
+    }
+
+    pub(super) async fn pass(&mut self, pool: &PgPool) {
+        if Instant::now() < self.next {
+            return;
+        }
+        match self.prune(pool).await {
+            Ok((deleted, caught_up)) => {
+                if deleted > 0 {
+                    tracing::info!(
+                        deleted,
+                        days = self.days,
+                        "history retention removed old events and transitions"
+                    );
+                }
+                if caught_up {
+                    self.next = Instant::now() + HISTORY_CAUGHT_UP_PAUSE;
+                }
+            }
+            Err(error) => tracing::warn!(%error, "history retention failed"),
+        }
+    }
+
+    /// Rows deleted, and whether both tables are caught up.
+    async fn prune(&mut self, pool: &PgPool) -> Result<(i64, bool)> {
+        let mut conn = pool.acquire().await?;
+        let mut deleted = 0;
+        let mut caught_up = true;
+        for table in [History::Events, History::Transitions] {
+            let after = match table {
+                History::Events => &mut self.events_after,
+                History::Transitions => &mut self.transitions_after,
+            };
+            let (rows, done) = table.walk(&mut conn, after, self.days).await?;
+            deleted += rows;
+            caught_up &= done;
+        }
+        Ok((deleted, caught_up))
+    }
+}
+
+/// The tables history retention walks.
+#[derive(Clone, Copy)]
+enum History {
+    Events,
+    Transitions,
+}
+
+impl History {
+    /// Up to [`HISTORY_BATCHES_PER_PASS`] batches from `after` on, moving it along; rows
+    /// deleted, and whether the walk reached rows too young to go.
+    async fn walk(
+        self,
+        conn: &mut PgConnection,
+        after: &mut i64,
+        days: i32,
+    ) -> Result<(i64, bool)> {
+        let mut deleted = 0;
+        for _ in 0..HISTORY_BATCHES_PER_PASS {
+            let pruned = match self {
+                History::Events => events::prune(conn, *after, days, HISTORY_BATCH).await?,
+                History::Transitions => {
+                    events::transitions::prune(conn, *after, days, HISTORY_BATCH).await?
+                }
+            };
+            deleted += pruned.deleted;
+            match pruned.last {
+                Some(last) => *after = last,
+                None => return Ok((deleted, true)),
+            }
+        }
+        Ok((deleted, false))
+    }
 }

@@ -21,6 +21,7 @@ mod external_work;
 mod failover;
 mod fairness;
 mod feed;
+mod history_retention;
 mod hostile_runs;
 mod kubernetes;
 mod layout;

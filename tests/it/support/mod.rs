@@ -411,6 +411,7 @@ pub fn worker_args(lease_ms: u64) -> WorkerArgs {
         poll_interval_ms: 200,
         drain_timeout_ms: 2_000,
         reconcile_interval_ms: 500,
+        history_retention_days: 0,
         artifact_max_bytes: 1024 * 1024,
         max_concurrent_per_workspace: None,
         run_env_passthrough: Vec::new(),
