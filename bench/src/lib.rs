@@ -11,6 +11,7 @@
 //! it is given (it clears the `bench` kind's rows and the lease history): use a throwaway.
 
 mod agent;
+mod api_history;
 mod children;
 mod cpu;
 mod history;
@@ -62,6 +63,7 @@ pub enum Figure {
     Snapshot,
     Agent,
     Waiting,
+    ApiHistory,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -71,7 +73,7 @@ pub struct RunArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "queue,runs,scaling,recovery,history,snapshot,agent,waiting"
+        default_value = "queue,runs,scaling,recovery,history,snapshot,agent,waiting,api-history"
     )]
     pub figures: Vec<Figure>,
     /// Jobs per queue throughput measurement (N).
@@ -124,6 +126,12 @@ pub struct RunArgs {
     /// Finished jobs put in the history before the history figure's second measurement.
     #[arg(long, default_value_t = 1_000_000)]
     pub history_rows: i64,
+    /// Tasks in the api-history figure's history (two runs and twenty events each).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub api_history_tasks: i64,
+    /// Requests of each kind the api-history figure times, on each database.
+    #[arg(long, default_value_t = 200)]
+    pub api_history_samples: usize,
     /// Jobs/s offered during the held-snapshot figure; default half the queue throughput
     /// measured in this run (or 1000 without it).
     #[arg(long)]
@@ -179,6 +187,8 @@ pub struct Report {
     pub agent: Option<agent::AgentFigures>,
     #[serde(default)]
     pub waiting: Option<waiting::WaitingFigures>,
+    #[serde(default)]
+    pub api_history: Option<api_history::ApiHistoryFigures>,
 }
 
 pub async fn main(
@@ -221,6 +231,9 @@ async fn run(common: &Common, args: &RunArgs) -> anyhow::Result<()> {
             Figure::History => report.history = Some(history::figures(&pool, &url, args).await?),
             Figure::Agent => report.agent = Some(agent::figures(&pool, &url, args).await?),
             Figure::Waiting => report.waiting = Some(waiting::figures(&pool, &url, args).await?),
+            Figure::ApiHistory => {
+                report.api_history = Some(api_history::figures(&pool, &url, args).await?);
+            }
             Figure::Snapshot => {
                 let peak = report.queue.as_ref().map(|q| q.throughput.jobs_per_s);
                 let rate = args

@@ -21,6 +21,22 @@ pub struct PeerReport {
     pub latency: Latency,
 }
 
+/// Which quantile of a latency a row shows.
+#[derive(Clone, Copy)]
+enum Quantile {
+    P50,
+    P99,
+}
+
+impl Quantile {
+    fn of(self, latency: &Latency) -> f64 {
+        match self {
+            Quantile::P50 => latency.p50_ms,
+            Quantile::P99 => latency.p99_ms,
+        }
+    }
+}
+
 /// One figure of one run.
 struct Row {
     figure: String,
@@ -194,6 +210,16 @@ fn rows(report: &Report, peer: Option<&PeerReport>) -> Vec<Row> {
             h.history_rows
         );
         rows.push(Row::keel(figure, h.full.jobs_per_s).ratio(h.ratio, "≥ 0.9"));
+    }
+    if let Some(h) = &report.api_history {
+        let loaded = h.loaded.named();
+        for ((name, empty), (_, full)) in h.empty.named().into_iter().zip(loaded) {
+            for (quantile, of) in [("p50", Quantile::P50), ("p99", Quantile::P99)] {
+                let figure = format!("api history: {name} {quantile} (ms; ratio to empty)");
+                let (full, empty) = (of.of(full), of.of(empty));
+                rows.push(Row::keel(figure, full).ratio(full / empty, "≤ 1.5"));
+            }
+        }
     }
     if let Some(s) = &report.snapshot {
         let p99 = |p: &super::snapshot::Phase| p.pickup.as_ref().map_or(f64::NAN, |l| l.p99_ms);
