@@ -130,7 +130,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1_000_000)]
     pub api_history_tasks: i64,
     /// Requests of each kind the api-history figure times, on each database.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 500)]
     pub api_history_samples: usize,
     /// Jobs/s offered during the held-snapshot figure; default half the queue throughput
     /// measured in this run (or 1000 without it).

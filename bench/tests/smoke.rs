@@ -54,7 +54,7 @@ async fn every_figure_is_measured_and_every_job_processed() {
         ])
         .args(["--waiting-runs", &WAITING_RUNS.to_string()])
         .args(["--waiting-secs", "0.1", "--waiting-slots", "2"])
-        .args(["--api-history-tasks", "40", "--api-history-samples", "5"])
+        .args(["--api-history-tasks", "440", "--api-history-samples", "5"])
         .env("RUST_LOG", "warn,sqlx=error")
         .status()
         .expect("keel-bench started");
@@ -100,11 +100,11 @@ async fn every_figure_is_measured_and_every_job_processed() {
     // Eight runs of 0.1 s through four slots take at least two rounds.
     assert!(point["seconds"].as_f64().unwrap() >= 0.2, "{waiting}");
 
-    // Its own database: 40 tasks (2 runs, 20 events each), and the 5 admissions of each
+    // Its own database: 440 tasks (2 runs, 20 events each), and the 5 admissions of each
     // measurement.
     let history = &report["api_history"];
-    assert_eq!(history["tasks"], 40 + 2 * 5, "{history}");
-    assert_eq!(history["events"], 40 * 20 + 2 * 5 * 2, "{history}");
+    assert_eq!(history["tasks"], 440 + 2 * 5, "{history}");
+    assert_eq!(history["events"], 440 * 20 + 2 * 5 * 2, "{history}");
     for state in ["empty", "loaded"] {
         assert_eq!(history[state]["sse_first_byte"]["samples"], 5, "{history}");
     }
