@@ -114,6 +114,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
             "attempt",
             "db",
             "domain",
+            "events",
             "external",
             "jobs",
             "media",
