@@ -65,18 +65,32 @@ async fn create_task(
     let (scope, actor) = (&caller.scope, &caller.actor());
     let task = if start {
         // One commit for both: the task never exists without the run it was created for.
+        // Created in this transaction, it is locked already and its hooks are known.
         let mut tx = state.pool.begin().await?;
-        let task = tasks::insert(&mut tx, scope, &task, actor).await?;
+        let record = tasks::insert(&mut tx, scope, &task, actor).await?;
+        let locked = (record.clone(), task.hooks.clone());
         let admission = Admission::new(Origin::Start);
-        runs::admit(&mut tx, scope, &task.id, admission, &state.rules, actor).await?;
-        let task = tasks::get(&mut tx, scope, &task.id).await?;
+        let admitted =
+            runs::admit_locked(&mut tx, scope, locked, admission, &state.rules, actor).await?;
         tx.commit().await?;
-        task
+        started_with(record, admitted.run())
     } else {
         let mut conn = state.pool.acquire().await?;
         tasks::insert(&mut conn, scope, &task, actor).await?
     };
     Ok((StatusCode::CREATED, Json(object("task", task))))
+}
+
+/// A task created in the admitting transaction, as that transaction left it: what
+/// `tasks::get` would read after the commit (its run's status, one run, no steps or
+/// artifacts yet; `now()` is the transaction's, so `updated_at` is `created_at`).
+fn started_with(task: TaskRecord, run: &RunRecord) -> TaskRecord {
+    TaskRecord {
+        status: TaskStatus::from(run.status()),
+        run_count: 1,
+        latest_run_id: Some(run.id.clone()),
+        ..task
+    }
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

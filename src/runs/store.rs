@@ -197,6 +197,15 @@ pub enum Admitted {
     Replayed(RunRecord),
 }
 
+impl Admitted {
+    /// The run, new or replayed.
+    pub fn run(&self) -> &RunRecord {
+        match self {
+            Admitted::New(run) | Admitted::Replayed(run) => run,
+        }
+    }
+}
+
 /// Creates the next run of a task, in the caller's transaction: queued and enqueued, or
 /// `awaiting_approval` with its pending approvals when the policy gates it. At most one
 /// run per task is active: the task row lock serializes admissions (and deletion), and the
@@ -210,6 +219,22 @@ pub async fn admit(
     actor: &Actor,
 ) -> Result<Admitted> {
     let task = tasks::get_locked(conn, scope, task_id).await?;
+    let hooks = tasks::hooks(conn, scope, task_id).await?;
+    admit_locked(conn, scope, (task, hooks), admission, rules, actor).await
+}
+
+/// [`admit`] for a task the caller holds locked, with its workflow hooks (None but for
+/// an imported task): one it created in this transaction, for example.
+pub(crate) async fn admit_locked(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    (task, hooks): (TaskRecord, Option<Hooks>),
+    admission: Admission,
+    rules: &AdmissionRules,
+    actor: &Actor,
+) -> Result<Admitted> {
+    let task_id = task.id.clone();
+    let task_id = task_id.as_str();
     if let Some((key, request)) = &admission.idempotency
         && let Some((run, seen)) = find_by_idempotency_key(conn, scope, task_id, key).await?
     {
@@ -253,7 +278,7 @@ pub async fn admit(
         )));
     }
     let task = raise_budget(conn, scope, task, admission.budget_micros_usd).await?;
-    let (gates, summary) = gates(conn, scope, &task, rules).await?;
+    let (gates, summary) = gates(conn, scope, &task, hooks.as_ref(), rules).await?;
     let status = if gates.is_empty() {
         RunStatus::Queued
     } else {
@@ -320,6 +345,7 @@ async fn gates(
     conn: &mut PgConnection,
     scope: &Scope,
     task: &TaskRecord,
+    hooks: Option<&Hooks>,
     rules: &AdmissionRules,
 ) -> Result<(Vec<ApprovalKind>, Option<ActionSummary>)> {
     let execution = if task.is_agent_loop() {
@@ -332,8 +358,7 @@ async fn gates(
         Some(execution) => rules.approvals.gates_for(execution, task.sandbox()),
         None => Vec::new(),
     };
-    let hooks = tasks::hooks(conn, scope, &task.id).await?;
-    let hooks = hooks.as_ref().filter(|hooks| hooks.any());
+    let hooks = hooks.filter(|hooks| hooks.any());
     let shell = ApprovalKind::ShellCommand;
     if hooks.is_some() && rules.approvals.gates_hooks() && !gates.contains(&shell) {
         gates.insert(0, shell);

@@ -227,6 +227,27 @@ async fn a_task_created_with_start_is_queued_in_the_same_commit_and_runs() {
 }
 
 #[tokio::test]
+async fn a_started_tasks_response_is_what_reading_it_returns() {
+    // Both runs wait: one for a worker, one for the approval its shell command needs.
+    let waiting = [
+        (TestApp::api_only().await, "queued"),
+        (
+            TestApp::with_approvals("shell_exec").await,
+            "awaiting_approval",
+        ),
+    ];
+    for (app, waits) in waiting {
+        let draft = json!({ "execution_kind": "shell", "shell_command": "true", "start": true });
+        let (status, created) = app.client.post("/v1/tasks", draft).await;
+        assert_eq!(status, StatusCode::CREATED, "{created}");
+        let path = format!("/v1/tasks/{}", created["data"]["id"].as_str().unwrap());
+        let (_, read) = app.client.get(&path).await;
+        assert_eq!(created, read);
+        assert_eq!(read["data"]["status"], waits, "{read}");
+    }
+}
+
+#[tokio::test]
 async fn twenty_parallel_starts_create_exactly_one_run() {
     let app = TestApp::api_only().await;
     let task = app.client.create_task(&shell("true")).await;
