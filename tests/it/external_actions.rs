@@ -7,7 +7,7 @@
 use crate::support;
 use crate::support::tracker_actions;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::support::{Client, KeelProcess, rows_containing, wait_for};
 use keel_client::{
@@ -192,17 +192,30 @@ impl Tracked {
         action.data
     }
 
+    /// Waits up to 30 s for the action to reach `status`; on timeout, says where it stood
+    /// and what the workers logged last.
     async fn wait_action(&self, action: &ActionRecord, status: ActionStatus) -> ActionRecord {
         let id = action.id.as_str();
-        wait_for(
-            Duration::from_secs(30),
-            &format!("action {id} {status}"),
-            || async {
-                let current = self.action(id).await;
-                (current.status == status).then_some(current)
-            },
-        )
-        .await
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let current = self.action(id).await;
+            if current.status == status {
+                return current;
+            }
+            if Instant::now() >= deadline {
+                let logs: Vec<String> = self
+                    .workers
+                    .iter()
+                    .map(|w| last_lines(&w.log_text(), 40))
+                    .collect();
+                panic!(
+                    "action {id} still {} after 30 s waiting for {status}: {current:?}\nworkers' last lines:\n{}",
+                    current.status,
+                    logs.join("\n---\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// The evidence artifact an action's end left on its run.
@@ -750,7 +763,7 @@ async fn a_worker_cut_off_after_its_call_is_not_followed_by_a_second_call() {
     let proxy = support::proxy::DelayProxy::freezable(&app.db_url).await;
     app.worker_through(&proxy.url, "worker-cut", TOKEN_ENV);
     let action = app.comment_reaching(&written).await;
-    let frozen = std::time::Instant::now();
+    let frozen = Instant::now();
     proxy.freeze();
     // The attempt stops at the deadline, its POST's answer (25 s away) unawaited.
     let abandoned = |log: String| {
@@ -861,4 +874,10 @@ async fn a_refusal_fails_the_action_and_a_rate_limit_sends_it_later_once() {
     assert_eq!(response(&sent)["http_status"], 201, "{sent:?}");
     assert_eq!(sent.last_error_code, None, "{sent:?}");
     app.assert_no_canary(CANARY).await;
+}
+
+/// The last `n` lines of `text`.
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
