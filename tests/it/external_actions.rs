@@ -653,6 +653,13 @@ async fn a_linear_comment_goes_through_the_comment_create_mutation() {
     graphql(json!({ "issueId": "uuid-1" }), created)
         .mount(&linear)
         .await;
+    // An attempt that stopped before its call (its lease no longer safely ahead, as on a
+    // loaded machine) leaves the action `sending`: the next one looks for the marked
+    // comment first, finds none here and sends.
+    let unmarked = json!({ "data": { "issue": { "comments": { "nodes": [] } } } });
+    graphql(json!({ "id": "uuid-1" }), unmarked)
+        .mount(&linear)
+        .await;
     let endpoint = format!("{}/graphql", linear.uri());
     let app = Tracked::start(&linear_workflow(&endpoint), LINEAR_ENV, &["worker"]).await;
     let item = app.item("ENG-1").await;
