@@ -557,9 +557,23 @@ async fn the_feed_of_a_workspace_holds_none_of_anothers_events_though_they_inter
     let mut conn = s.pool.acquire().await.unwrap();
     let feed = FeedFilter::default();
     let start = FeedCursor::default();
-    let of_a = events::list_feed(&mut conn, a, &feed, start, 200)
-        .await
-        .unwrap();
+    // The feed shows a commit once no older transaction is open anywhere in the cluster
+    // (the other tests' included): wait until A's last batch, the cancel, is past it.
+    let of_a = wait_for(
+        Duration::from_secs(10),
+        "A's cancel in its feed",
+        || async {
+            let mut conn = s.pool.acquire().await.unwrap();
+            let of_a = events::list_feed(&mut conn, a, &feed, start, 200)
+                .await
+                .unwrap();
+            let cancelled = keel_client::EventType::RunCancelled;
+            of_a.iter()
+                .any(|e| e.event_type == cancelled)
+                .then_some(of_a)
+        },
+    )
+    .await;
     let of_b = events::list_feed(&mut conn, b, &feed, start, 200)
         .await
         .unwrap();
