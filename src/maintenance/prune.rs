@@ -43,8 +43,7 @@ const HISTORY_CAUGHT_UP_PAUSE: Duration = Duration::from_secs(3600);
 /// the rows kept), and when to look again.
 pub(super) struct HistoryRetention {
     days: i32,
-    events_after: i64,
-    transitions_after: i64,
+    walks: [Walk; 2],
     next: Instant,
 }
 
@@ -53,8 +52,10 @@ impl HistoryRetention {
     pub(super) fn new(days: u32) -> Option<HistoryRetention> {
         (days > 0).then(|| HistoryRetention {
             days: i32::try_from(days).unwrap_or(i32::MAX),
-            events_after: 0,
-            transitions_after: 0,
+            walks: [
+                Walk::from_start(History::Events),
+                Walk::from_start(History::Transitions),
+            ],
             next: Instant::now(),
         })
     }
@@ -83,14 +84,9 @@ impl HistoryRetention {
     /// Rows deleted, and whether both tables are caught up.
     async fn prune(&mut self, pool: &PgPool) -> Result<(i64, bool)> {
         let mut conn = pool.acquire().await?;
-        let mut deleted = 0;
-        let mut caught_up = true;
-        for table in [History::Events, History::Transitions] {
-            let after = match table {
-                History::Events => &mut self.events_after,
-                History::Transitions => &mut self.transitions_after,
-            };
-            let (rows, done) = table.walk(&mut conn, after, self.days).await?;
+        let (mut deleted, mut caught_up) = (0, true);
+        for walk in &mut self.walks {
+            let (rows, done) = walk.advance(&mut conn, self.days).await?;
             deleted += rows;
             caught_up &= done;
         }
@@ -105,26 +101,31 @@ enum History {
     Transitions,
 }
 
-impl History {
-    /// Up to [`HISTORY_BATCHES_PER_PASS`] batches from `after` on, moving it along; rows
-    /// deleted, and whether the walk reached rows too young to go.
-    async fn walk(
-        self,
-        conn: &mut PgConnection,
-        after: &mut i64,
-        days: i32,
-    ) -> Result<(i64, bool)> {
+/// One table's walk: the greatest id it has examined.
+struct Walk {
+    table: History,
+    after: i64,
+}
+
+impl Walk {
+    fn from_start(table: History) -> Walk {
+        Walk { table, after: 0 }
+    }
+
+    /// Up to [`HISTORY_BATCHES_PER_PASS`] batches on from where the walk stands; rows
+    /// deleted, and whether it reached rows too young to go.
+    async fn advance(&mut self, conn: &mut PgConnection, days: i32) -> Result<(i64, bool)> {
         let mut deleted = 0;
         for _ in 0..HISTORY_BATCHES_PER_PASS {
-            let pruned = match self {
-                History::Events => events::prune(conn, *after, days, HISTORY_BATCH).await?,
+            let pruned = match self.table {
+                History::Events => events::prune(conn, self.after, days, HISTORY_BATCH).await?,
                 History::Transitions => {
-                    events::transitions::prune(conn, *after, days, HISTORY_BATCH).await?
+                    events::transitions::prune(conn, self.after, days, HISTORY_BATCH).await?
                 }
             };
             deleted += pruned.deleted;
             match pruned.last {
-                Some(last) => *after = last,
+                Some(last) => self.after = last,
                 None => return Ok((deleted, true)),
             }
         }
