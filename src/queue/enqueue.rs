@@ -8,9 +8,23 @@ use crate::domain::Scope;
 use crate::queue::Result;
 use crate::queue::{CANCEL_CHANNEL, JOBS_CHANNEL};
 
+/// How many jobs enqueued just before a new one [`enqueue`] looks at (by id, any kind)
+/// for one of its kind still waiting to be claimed. A bounded range of the primary key:
+/// the due index's head can be a long walk through dead entries while an old snapshot is
+/// held (docs/queue.md, "Old snapshots"), its newest end cannot.
+const WAKE_LOOKBEHIND: i64 = 64;
+
 /// Enqueues a job of the scope's domain row; idempotent: at most one live row per
 /// (kind, ref_id); true when the row is new. The current span's `traceparent` (when exporting traces) links the job's
 /// execution to the enqueueing trace.
+///
+/// Wakes the workers (`NOTIFY keel_jobs`) unless a job of the kind and workspace enqueued
+/// just before this one is still waiting: then the workers were woken for it, or are all
+/// busy and claim again as each job ends (the workspace too, since a fair claim may leave
+/// one workspace's jobs waiting at its limit while another's are taken at once). A NOTIFY costs every listening backend of the database a
+/// transaction to read it, whatever the channel (one per worker process), and its commit
+/// holds the database-wide notification lock through its WAL flush: under a backlog, a
+/// wake per job was most of what idle workers cost (docs/queue.md, "Waking workers").
 pub async fn enqueue(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -20,24 +34,33 @@ pub async fn enqueue(
 ) -> Result<bool> {
     let traceparent = crate::telemetry::current_traceparent();
     // One statement, the notification included: one round trip in the caller's transaction.
-    let inserted = sqlx::query_scalar!(
+    let enqueued = sqlx::query!(
         r#"WITH inserted AS (
                INSERT INTO queue_jobs (kind, ref_id, priority, traceparent, workspace_id)
                VALUES ($1, $2, $3, $4, $5)
                ON CONFLICT (kind, ref_id) DO NOTHING
-               RETURNING 1
+               RETURNING id
+           ), woken AS (
+               SELECT pg_notify($6, $1) FROM inserted i
+               WHERE NOT EXISTS (
+                   SELECT 1 FROM queue_jobs q
+                   WHERE q.id < i.id AND q.id >= i.id - $7 AND q.kind = $1 AND q.workspace_id = $5
+                     AND q.lease_owner IS NULL AND q.run_after <= now())
            )
-           SELECT (SELECT count(*) FROM inserted) AS "inserted!" FROM pg_notify($6, $1)"#,
+           SELECT (SELECT count(*) FROM inserted) AS "inserted!",
+                  (SELECT count(*) FROM woken) AS "woken!""#,
         kind,
         ref_id,
         priority,
         traceparent,
         scope.workspace(),
         JOBS_CHANNEL,
+        WAKE_LOOKBEHIND,
     )
     .fetch_one(conn)
     .await?;
-    Ok(inserted > 0)
+    tracing::trace!(kind, woken = enqueued.woken > 0, "enqueued");
+    Ok(enqueued.inserted > 0)
 }
 
 /// How [`remove`] treats a job row another transaction has locked.

@@ -75,6 +75,55 @@ async fn enqueue_is_idempotent_and_claims_follow_priority() {
     );
 }
 
+/// The next notification on the queue's wake channel (its payload is the job's kind),
+/// within a bound.
+async fn next_wake(listener: &mut sqlx::postgres::PgListener) -> String {
+    let notification = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+        .await
+        .expect("a wake within 10 s")
+        .unwrap();
+    notification.payload().to_string()
+}
+
+#[tokio::test]
+async fn an_enqueue_behind_a_waiting_job_of_its_kind_wakes_no_one() {
+    let pool = support::pool(&support::fresh_database().await).await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+        .await
+        .unwrap();
+    listener.listen(queue::JOBS_CHANNEL).await.unwrap();
+    let enqueue_kind = |kind: &'static str, ref_id: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let mut conn = pool.acquire().await.unwrap();
+            queue::enqueue(&mut conn, &Scope::local(), kind, ref_id, 0)
+                .await
+                .unwrap();
+        }
+    };
+    enqueue_kind(KIND, "first").await;
+    enqueue_kind(KIND, "behind").await;
+    // A wake of another kind as a marker: notifications arrive in commit order, so had the
+    // second job woken the workers, its wake would come before this one.
+    enqueue_kind("other", "marker").await;
+    assert_eq!(next_wake(&mut listener).await, KIND);
+    assert_eq!(next_wake(&mut listener).await, "other");
+    // Another workspace's job is not held up behind this one's (a fair claim may leave
+    // a workspace's jobs waiting at its limit): it wakes the workers.
+    let mut conn = pool.acquire().await.unwrap();
+    queue::enqueue(&mut conn, &Scope::new("ws_other"), KIND, "elsewhere", 0)
+        .await
+        .unwrap();
+    assert_eq!(next_wake(&mut listener).await, KIND);
+    // Once the waiting jobs are claimed, the next job wakes the workers again.
+    let claimed = queue::claim(&q(&pool), "a", &kinds(), 10, LEASE)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 3);
+    enqueue_kind(KIND, "after").await;
+    assert_eq!(next_wake(&mut listener).await, KIND);
+}
+
 #[tokio::test]
 async fn a_stale_lease_holder_is_fenced_out_after_a_takeover() {
     let pool = support::pool(&support::fresh_database().await).await;
