@@ -40,10 +40,6 @@ impl<'a> Subject<'a> {
         }
     }
 
-    fn id(self) -> &'a str {
-        self.key().1
-    }
-
     pub(crate) fn columns(self) -> (Option<&'a str>, Option<&'a str>, Option<&'a str>) {
         match self {
             Subject::Run { task_id, run_id } => (Some(task_id), Some(run_id), None),
@@ -123,8 +119,9 @@ impl FeedCursor {
     }
 }
 
-/// Appends events of one workspace's subjects: two statements whatever their number (the
-/// subjects' locks, then one INSERT that numbers the events).
+/// Appends events of one workspace's subjects: one statement whatever their number, the
+/// `append_events` function (migrations/0022), which takes the subjects' locks and then
+/// numbers the events in an INSERT that reads after them.
 ///
 /// No NOTIFY: PostgreSQL serializes the commits of every transaction that notifies (one
 /// lock on the notification queue, held through the commit's WAL flush), which would make
@@ -134,19 +131,6 @@ pub async fn append(conn: &mut PgConnection, scope: &Scope, events: &[NewEvent<'
     if events.is_empty() {
         return Ok(());
     }
-    let subjects: Vec<&str> = events.iter().map(|e| e.subject.id()).collect();
-    // A statement of its own: the INSERT's snapshot must begin after the locks are held,
-    // or it could miss the events of the transaction it waited for. Sorted keys, so two
-    // transactions locking the same subjects take them in the same order.
-    sqlx::query!(
-        "SELECT pg_advisory_xact_lock($1, key)
-         FROM (SELECT DISTINCT hashtext(subject) AS key FROM unnest($2::text[]) AS subject) AS keys
-         ORDER BY key",
-        SUBJECT_LOCK_CLASS,
-        &subjects as &[&str],
-    )
-    .execute(&mut *conn)
-    .await?;
     let mut columns = EventColumns::default();
     for event in events {
         let (task_id, run_id, media_job_id) = event.subject.columns();
@@ -157,30 +141,9 @@ pub async fn append(conn: &mut PgConnection, scope: &Scope, events: &[NewEvent<'
         columns.types.push(event.event_type.as_str());
         columns.data.push(&event.data);
     }
-    // Each event numbers on from its subject's last committed one (`nth` counts the call's
-    // events per subject) and takes the greater of this transaction's id and that event's
-    // `feed_xid`. Ids are drawn in the call's order, so a subject's events order by id too.
-    sqlx::query!(
-        "WITH new AS (
-             SELECT n.*, row_number() OVER (PARTITION BY n.run_id, n.media_job_id ORDER BY n.ord) AS nth
-             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[])
-                  WITH ORDINALITY AS n (event_id, task_id, run_id, media_job_id, type, data, ord)
-         )
-         INSERT INTO run_events (event_id, task_id, run_id, media_job_id, sequence, feed_xid,
-                                 type, data, workspace_id)
-         SELECT new.event_id, new.task_id, new.run_id, new.media_job_id,
-                COALESCE(last.sequence, 0) + new.nth,
-                GREATEST(pg_current_xact_id(), last.feed_xid),
-                new.type, new.data, $7
-         FROM new
-         LEFT JOIN LATERAL (
-             (SELECT e.sequence, e.feed_xid FROM run_events e
-              WHERE e.run_id = new.run_id ORDER BY e.sequence DESC LIMIT 1)
-             UNION ALL
-             (SELECT e.sequence, e.feed_xid FROM run_events e
-              WHERE e.media_job_id = new.media_job_id ORDER BY e.sequence DESC LIMIT 1)
-         ) AS last ON true
-         ORDER BY new.ord",
+    sqlx::query_scalar!(
+        r#"SELECT append_events($1, $2, $3, $4, $5, $6, $7, $8) AS "appended!""#,
+        SUBJECT_LOCK_CLASS,
         &columns.event_ids,
         &columns.task_ids as &[Option<&str>],
         &columns.run_ids as &[Option<&str>],
@@ -189,7 +152,7 @@ pub async fn append(conn: &mut PgConnection, scope: &Scope, events: &[NewEvent<'
         &columns.data as &[&serde_json::Value],
         scope.workspace(),
     )
-    .execute(conn)
+    .fetch_one(conn)
     .await?;
     Ok(())
 }
