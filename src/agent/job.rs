@@ -30,9 +30,9 @@ use crate::db::StoreError;
 use crate::domain::{EventType, Scope, new_id};
 use crate::events;
 use crate::events::NewEvent;
-use crate::providers::ProviderHosts;
 use crate::providers::chat::chat_config;
 use crate::providers::secrets::SecretPolicy;
+use crate::providers::{ProviderHosts, ProviderRecord};
 use crate::queue::worker::Job;
 use crate::runs::RunWithTask;
 use crate::runs::job::{FencedContext, RunJobs};
@@ -83,8 +83,6 @@ pub(crate) async fn execute(
     let ctx = FencedAgent {
         run: jobs.context(&job, &row),
         prices: agent.prices.clone(),
-        provider: setup.provider,
-        model: setup.model_name,
         last_step: std::sync::Mutex::new(setup.last_step),
         conversation: std::sync::Mutex::new(None),
         deltas: Deltas::start(jobs.pool.clone(), job.lease.scope(), ids),
@@ -143,8 +141,6 @@ struct Setup {
     plan: AgentPlan,
     model: ChatModel,
     tools: WorkspaceTools,
-    provider: String,
-    model_name: String,
     last_step: Option<String>,
 }
 
@@ -158,26 +154,17 @@ async fn prepare(
 ) -> Result<Result<Setup, String>, StoreError> {
     let (task, run) = (&row.task, &row.run);
     let mut conn = jobs.pool.acquire().await?;
-    let (preset, model_name) = match tasks::chat_preset(&mut conn, scope, task).await {
-        Ok(resolved) => resolved,
+    let routes = match tasks::chat_routes(&mut conn, scope, task).await {
+        Ok(routes) => routes,
         Err(StoreError::Unprocessable { code, message }) => {
             return Ok(Err(format!("{code}: {message}")));
         }
         Err(error) => return Err(error),
     };
-    let config = match chat_config(
-        &preset,
-        Some(&model_name),
-        &agent.secrets,
-        &agent.provider_hosts,
-        &agent.chat,
-    ) {
-        Ok(config) => config,
-        Err(unresolved) => return Ok(Err(format!("{}: {}", unresolved.code, unresolved.message))),
-    };
-    let client = match ChatClient::new(config) {
-        Ok(client) => client,
-        Err(error) => return Ok(Err(format!("provider_error: {error}"))),
+    let model_name = routes[0].1.clone();
+    let (primary, fallbacks) = match clients(agent, routes) {
+        Ok(clients) => clients,
+        Err(error) => return Ok(Err(error)),
     };
     let history = match history(&mut conn, scope, task, run).await? {
         Ok(history) => history,
@@ -228,15 +215,46 @@ async fn prepare(
     };
     Ok(Ok(Setup {
         plan,
-        model: ChatModel {
-            client,
-            policy: RetryPolicy::default(),
-        },
+        model: ChatModel::new(primary, fallbacks, RetryPolicy::default()),
         tools,
-        provider: preset.id,
-        model_name,
         last_step: history.last_step,
     }))
+}
+
+/// The call clients of a run's routes: the first (the run's own preset) must resolve, or
+/// the run fails with why; a failover route that does not (a secret no longer readable, a
+/// host no longer allowed) is left out, with a warning.
+fn clients(
+    agent: &AgentJobs,
+    routes: Vec<(ProviderRecord, String)>,
+) -> Result<(ChatClient, Vec<ChatClient>), String> {
+    let client = |(preset, model): &(ProviderRecord, String)| {
+        let config = chat_config(
+            preset,
+            Some(model),
+            &agent.secrets,
+            &agent.provider_hosts,
+            &agent.chat,
+        )
+        .map_err(|unresolved| format!("{}: {}", unresolved.code, unresolved.message))?;
+        ChatClient::new(config).map_err(|error| format!("provider_error: {error}"))
+    };
+    let mut routes = routes.iter();
+    let primary = client(
+        routes
+            .next()
+            .expect("chat_routes returns one route or more"),
+    )?;
+    let fallbacks = routes
+        .filter_map(|route| {
+            client(route)
+                .inspect_err(|error| {
+                    tracing::warn!(provider = %route.0.id, %error, "failover route left out");
+                })
+                .ok()
+        })
+        .collect();
+    Ok((primary, fallbacks))
 }
 
 /// The conversation so far and what it was built from.
@@ -327,9 +345,6 @@ impl Toolbox for WorkspaceTools {
 struct FencedAgent {
     run: FencedContext,
     prices: PriceTable,
-    provider: String,
-    /// The model asked for, when the provider does not say which answered.
-    model: String,
     last_step: std::sync::Mutex<Option<String>>,
     conversation: std::sync::Mutex<Option<Vec<u8>>>,
     deltas: Deltas,
@@ -434,8 +449,9 @@ impl AgentContext for FencedAgent {
     async fn record_model_call(&self, call: &ModelCall) -> Result<Option<i64>, ContextError> {
         let shared = &self.run.shared;
         let response = &call.response;
+        let route = &call.route;
         let model = match response.model.trim() {
-            "" => self.model.as_str(),
+            "" => route.model.as_str(),
             answered => answered,
         };
         let cost = self.prices.cost_micros(model, &response.usage);
@@ -465,7 +481,7 @@ impl AgentContext for FencedAgent {
                 run_id,
                 step_id: &step.id,
                 index: call.index,
-                provider: &self.provider,
+                provider: &route.provider,
                 model,
                 usage: &response.usage,
                 cost_micros_usd: cost,
@@ -473,9 +489,9 @@ impl AgentContext for FencedAgent {
             };
             model_calls::insert(conn, scope, &ledger).await?;
             let data = json!({
-                "index": call.index, "provider": self.provider, "model": model,
+                "index": call.index, "provider": route.provider, "model": model,
                 "usage": response.usage, "cost_micros_usd": cost, "duration_ms": duration_ms,
-                "retries": call.retries,
+                "retries": call.retries, "failed_over": call.failed_over,
             });
             let mut appended = Vec::from(self.step_events(&step));
             appended.push(NewEvent::new(task_id, run_id, EventType::ModelCallCompleted).with(data));

@@ -35,7 +35,7 @@ macro_rules! query_providers {
 }
 pub(crate) use query_providers;
 
-/// `FromRow` for `tasks::chat_preset`, which reads a preset with a statement of its own.
+/// `FromRow` for `tasks::chat_routes`, which reads a preset with a statement of its own.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ProviderRecord {
     pub id: String,

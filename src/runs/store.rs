@@ -349,7 +349,7 @@ async fn gates(
     rules: &AdmissionRules,
 ) -> Result<(Vec<ApprovalKind>, Option<ActionSummary>)> {
     let execution = if task.is_agent_loop() {
-        tasks::chat_preset(conn, scope, task).await?;
+        tasks::chat_routes(conn, scope, task).await?;
         None
     } else {
         Some(task.execution().map_err(StoreError::Conflict)?)

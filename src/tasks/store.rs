@@ -375,72 +375,101 @@ pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str, actor: &Ac
     transitions::record(conn, scope, deleted, actor).await
 }
 
-/// The provider preset and model an agent loop task's runs call: its `requested_provider`,
-/// else the workspace's first enabled chat preset (api `openai-completions` or
-/// `anthropic-messages`), and its `requested_model`, else the preset's. Refused with
-/// `model_not_configured` (422) when there is no such preset or it names no model.
-pub(crate) async fn chat_preset(
+/// The provider presets and models an agent loop task's model calls go to, in order: the
+/// first is the run's own, the others where a call fails over when a provider stays
+/// unavailable. A task that names `requested_provider` or `requested_model` is pinned (as
+/// seed 004 pins): one route, its preset (or the workspace's first enabled chat preset,
+/// api `openai-completions` or `anthropic-messages`) with its model (or the preset's). A
+/// task that names neither has every enabled chat preset of the workspace that names a
+/// model, oldest first. Refused with `provider_disabled` (422) when the named preset is
+/// disabled, and `model_not_configured` (422) when it is not a chat preset of the
+/// workspace or there is no preset with a model.
+pub(crate) async fn chat_routes(
     conn: &mut PgConnection,
     scope: &Scope,
     task: &TaskRecord,
-) -> Result<(ProviderRecord, String)> {
+) -> Result<Vec<(ProviderRecord, String)>> {
     let refused = |message: String| StoreError::Unprocessable {
         code: ErrorCode::ModelNotConfigured,
         message,
     };
-    let preset: Option<ProviderRecord> = match &task.requested_provider {
-        Some(id) => match providers::get(conn, scope, id).await {
-            Ok(preset) => Some(preset),
-            Err(StoreError::NotFound(_)) => None,
-            Err(error) => return Err(error),
-        },
+    let presets = match &task.requested_provider {
+        Some(id) => vec![named_chat_preset(conn, scope, id).await?],
         None => {
             query_providers!(
                 "SELECT",
                 "FROM providers WHERE workspace_id = $1 AND enabled
                    AND api IN ('openai-completions', 'anthropic-messages')
-                 ORDER BY created_at, id LIMIT 1",
+                 ORDER BY created_at, id",
                 scope.workspace(),
             )
-            .fetch_optional(&mut *conn)
+            .fetch_all(&mut *conn)
             .await?
         }
     };
-    let preset = match (preset, &task.requested_provider) {
-        (Some(preset), _) => preset,
-        (None, Some(id)) => {
-            return Err(refused(format!(
-                "requested_provider {id} is not a provider preset of this workspace"
-            )));
-        }
-        (None, None) => {
-            return Err(refused(
-                "the workspace has no enabled chat provider preset (api openai-completions or \
-                 anthropic-messages); create one or set requested_provider"
-                    .into(),
-            ));
-        }
+    let Some(first) = presets.first().map(|preset| preset.id.clone()) else {
+        return Err(refused(
+            "the workspace has no enabled chat provider preset (api openai-completions or \
+             anthropic-messages); create one or set requested_provider"
+                .into(),
+        ));
     };
+    let pinned = task.requested_provider.is_some() || task.requested_model.is_some();
+    let mut routes: Vec<(ProviderRecord, String)> = presets
+        .into_iter()
+        .filter_map(|preset| {
+            let model = task.requested_model.as_ref().unwrap_or(&preset.model);
+            let model = model.trim().to_string();
+            (!model.is_empty()).then_some((preset, model))
+        })
+        .collect();
+    if pinned {
+        routes.truncate(1);
+    }
+    if routes.is_empty() {
+        return Err(refused(format!(
+            "provider preset {first} has no model and the task sets no requested_model"
+        )));
+    }
+    Ok(routes)
+}
+
+/// The chat preset a task names, if it is an enabled chat preset of the workspace.
+async fn named_chat_preset(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+) -> Result<ProviderRecord> {
+    let preset = match providers::get(conn, scope, id).await {
+        Ok(preset) => preset,
+        Err(StoreError::NotFound(_)) => {
+            return Err(StoreError::Unprocessable {
+                code: ErrorCode::ModelNotConfigured,
+                message: format!(
+                    "requested_provider {id} is not a provider preset of this workspace"
+                ),
+            });
+        }
+        Err(error) => return Err(error),
+    };
+    if !preset.enabled {
+        return Err(StoreError::Unprocessable {
+            code: ErrorCode::ProviderDisabled,
+            message: format!("requested_provider {id} is disabled"),
+        });
+    }
     if !matches!(
         preset.api(),
         Api::OpenAiCompletions | Api::AnthropicMessages
     ) {
-        return Err(refused(format!(
-            "provider preset {} speaks {}, not a chat api (openai-completions or \
-             anthropic-messages)",
-            preset.id, preset.api
-        )));
+        return Err(StoreError::Unprocessable {
+            code: ErrorCode::ModelNotConfigured,
+            message: format!(
+                "provider preset {} speaks {}, not a chat api (openai-completions or \
+                 anthropic-messages)",
+                preset.id, preset.api
+            ),
+        });
     }
-    let model = task
-        .requested_model
-        .clone()
-        .or_else(|| Some(preset.model.clone()))
-        .filter(|model| !model.trim().is_empty());
-    match model {
-        Some(model) => Ok((preset, model)),
-        None => Err(refused(format!(
-            "provider preset {} has no model and the task sets no requested_model",
-            preset.id
-        ))),
-    }
+    Ok(preset)
 }

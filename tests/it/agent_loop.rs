@@ -507,6 +507,85 @@ async fn a_429_with_retry_after_is_retried_within_the_attempt() {
     assert_eq!(completed.data["retries"], 1);
 }
 
+/// The first preset's answer to every try of one call: 503, with `Retry-After: 0` so the
+/// retries do not wait.
+fn outage() -> Vec<Turn> {
+    (0..5)
+        .map(|_| Turn::error(503, "upstream is down").retry_after("0"))
+        .collect()
+}
+
+#[tokio::test]
+async fn an_unpinned_task_fails_over_to_the_next_chat_preset_and_a_pinned_one_never_does() {
+    let stack = Stack::start("none", outage()).await;
+    let c = &stack.client;
+    let backup = FakeLlm::start(vec![Turn::text("answered by the backup")])
+        .await
+        .require_key(CANARY);
+    let (status, preset) = c
+        .post(
+            "/v1/providers",
+            json!({ "kind": "openai-compatible", "model": "backup-model",
+                    "api": "openai-completions", "base_url": backup.openai_base(),
+                    "api_key_ref": "env:FAKE_LLM_API_KEY", "enabled": true }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{preset}");
+    let backup_id = support::record::<ProviderView>(&preset).id;
+
+    // Pinned to the first preset: its outage fails the run, the backup is never asked.
+    let pinned = TaskDraft {
+        requested_provider: Some(stack.provider_id.clone()),
+        ..agent()
+    };
+    let (task_id, run_id) = stack.start_agent(pinned).await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    let error = run.last_error.clone().unwrap_or_default();
+    assert!(error.starts_with("provider_unavailable"), "{error}");
+    assert!(!error.contains("failing over"), "{error}");
+    assert_eq!(
+        stack.llm.requests().len(),
+        5,
+        "the first try and four retries"
+    );
+    assert!(
+        backup.requests().is_empty(),
+        "a pinned task never fails over"
+    );
+
+    // Unpinned: the same outage, then the call goes to the next enabled chat preset.
+    stack.llm.push(outage());
+    let (task_id, run_id) = stack.start_agent(agent()).await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    assert_eq!(stack.llm.requests().len(), 10);
+    assert_eq!(backup.requests().len(), 1);
+    assert_eq!(run.provider.as_deref(), Some(backup_id.as_str()));
+    let events = stack.client.events(&task_id, &run_id).await;
+    let completed = of_type(&events, EventType::ModelCallCompleted)[0];
+    assert_eq!(completed.data["provider"], backup_id.as_str());
+    assert_eq!(completed.data["model"], "backup-model");
+    let failed_over = completed.data["failed_over"].as_array().unwrap();
+    assert_eq!(failed_over.len(), 1, "{failed_over:?}");
+    assert_eq!(failed_over[0]["provider"], stack.provider_id.as_str());
+    assert_eq!(failed_over[0]["model"], MODEL);
+    assert!(
+        failed_over[0]["error"].as_str().unwrap().contains("503"),
+        "{failed_over:?}"
+    );
+    let ledger: String = sqlx::query_scalar("SELECT provider FROM model_calls WHERE run_id = $1")
+        .bind(&run_id)
+        .fetch_one(&stack.pool)
+        .await
+        .unwrap();
+    assert_eq!(ledger, backup_id);
+    let conversation = stack.conversation(&task_id, &run_id).await;
+    let last = conversation.last().unwrap();
+    assert_eq!(last["content"], "answered by the backup");
+    assert_nowhere_in_the_database(&stack.pool, CANARY).await;
+}
+
 #[tokio::test]
 async fn a_worker_killed_mid_call_is_replaced_and_no_completed_call_is_repeated() {
     let release = tokio_util::sync::CancellationToken::new();
@@ -615,6 +694,31 @@ async fn agent_tasks_are_validated_and_need_a_configured_model() {
     let (status, body) = c.post(&format!("/v1/tasks/{id}/start"), json!({})).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["error"]["type"], "model_not_configured");
+    // A preset named explicitly and disabled: refused at admission, never run.
+    let (status, disabled) = c
+        .post(
+            "/v1/providers",
+            json!({ "kind": "openai-compatible", "model": MODEL, "api": "openai-completions",
+                    "base_url": stack.llm.openai_base(), "enabled": false }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{disabled}");
+    let pinned = c
+        .create_task(&TaskDraft {
+            requested_provider: Some(support::record::<ProviderView>(&disabled).id),
+            ..support::agent_loop("hi")
+        })
+        .await;
+    let id = pinned.id.as_str();
+    let (status, body) = c.post(&format!("/v1/tasks/{id}/start"), json!({})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["type"], "provider_disabled");
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE task_id = $1")
+        .bind(id)
+        .fetch_one(&stack.pool)
+        .await
+        .unwrap();
+    assert_eq!(runs, 0, "a refused admission leaves no run");
     let (status, _) = c
         .delete(&format!("/v1/providers/{}", stack.provider_id))
         .await;

@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::{Message, ModelResponse, ProviderError, ToolCall, ToolResult, ToolSpec};
@@ -13,15 +14,41 @@ use crate::{ContextError, Outcome, RunContext};
 /// The model the loop calls. The providers implement it (retries of transient failures
 /// included); the loop's tests implement it with a script.
 pub trait Model: Send + Sync {
-    /// One completed call and the number of transient failures retried on the way.
-    /// `on_delta` receives assistant text as it streams.
+    /// One completed call, with the route that answered it and the ones that failed on
+    /// the way. `on_delta` receives assistant text as it streams.
     fn complete(
         &self,
         messages: &[Message],
         tools: &[ToolSpec],
         on_delta: &mut (dyn FnMut(&str) + Send),
         cancel: &CancellationToken,
-    ) -> impl Future<Output = Result<(ModelResponse, u32), ProviderError>> + Send;
+    ) -> impl Future<Output = Result<Answer, ProviderError>> + Send;
+}
+
+/// What answered a model call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub response: ModelResponse,
+    /// Transient failures retried on the answering route before this response came.
+    pub retries: u32,
+    pub route: Route,
+    /// Routes tried before it that stayed unavailable through their retries, in order.
+    pub failed_over: Vec<FailedRoute>,
+}
+
+/// A provider preset and the model asked of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Route {
+    pub provider: String,
+    pub model: String,
+}
+
+/// A route a call failed over from, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FailedRoute {
+    pub provider: String,
+    pub model: String,
+    pub error: String,
 }
 
 /// The tools the loop may dispatch: the workspace tools, or a test's fakes.
@@ -46,8 +73,12 @@ pub struct ModelCall {
     pub response: ModelResponse,
     /// How long the call took, retries included.
     pub duration: Duration,
-    /// Transient failures retried before this response came.
+    /// Transient failures retried on the answering route before this response came.
     pub retries: u32,
+    /// The route that answered.
+    pub route: Route,
+    /// Routes tried before it that stayed unavailable through their retries, in order.
+    pub failed_over: Vec<FailedRoute>,
 }
 
 /// What an operator decided about the pending tool calls of the conversation's last
@@ -348,7 +379,7 @@ impl Attempt {
             },
             None => call.await,
         };
-        let (response, retries) = match result {
+        let answer = match result {
             Ok(answer) => answer,
             Err(ProviderError::Interrupted) => return Err(ContextError::Interrupted),
             Err(ProviderError::Transient { message, .. }) => {
@@ -360,9 +391,11 @@ impl Attempt {
         };
         let call = ModelCall {
             index,
-            response,
+            response: answer.response,
             duration: started.elapsed(),
-            retries,
+            retries: answer.retries,
+            route: answer.route,
+            failed_over: answer.failed_over,
         };
         let cost = ctx.record_model_call(&call).await?;
         self.spent_micros += cost.unwrap_or(0);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::ChatClient;
-use crate::agent::run_loop::Model;
+use crate::agent::run_loop::{Answer, FailedRoute, Model, Route};
 use crate::agent::{Message, ModelResponse, ProviderError, ToolSpec};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,11 +98,24 @@ pub async fn complete_with_retry(
     }
 }
 
-/// The loop's [`Model`]: a provider client and its retry policy.
+/// The loop's [`Model`]: the run's routes (chat presets), in order, each tried with the
+/// retry policy. A route that stays unavailable through its retries (a connection that
+/// fails, a 5xx, a timeout, a 429) hands the call to the next one; a refusal (any other
+/// 4xx, an answer that cannot be read) or an interruption ends it at once, since another
+/// provider would not change it. A task pinned to a preset has that route alone.
 #[derive(Debug, Clone)]
 pub struct ChatModel {
-    pub client: ChatClient,
+    /// Never empty: the first is the run's own preset.
+    routes: Vec<ChatClient>,
     pub policy: RetryPolicy,
+}
+
+impl ChatModel {
+    /// A model over `primary`, then `fallbacks` in order.
+    pub fn new(primary: ChatClient, fallbacks: Vec<ChatClient>, policy: RetryPolicy) -> Self {
+        let routes = std::iter::once(primary).chain(fallbacks).collect();
+        ChatModel { routes, policy }
+    }
 }
 
 impl Model for ChatModel {
@@ -112,16 +125,50 @@ impl Model for ChatModel {
         tools: &[ToolSpec],
         on_delta: &mut (dyn FnMut(&str) + Send),
         cancel: &CancellationToken,
-    ) -> Result<(ModelResponse, u32), ProviderError> {
-        complete_with_retry(
-            &self.client,
-            messages,
-            tools,
-            on_delta,
-            &self.policy,
-            cancel,
-        )
-        .await
+    ) -> Result<Answer, ProviderError> {
+        let mut failed_over = Vec::new();
+        for (n, client) in self.routes.iter().enumerate() {
+            let config = client.config();
+            let route = Route {
+                provider: config.provider.clone(),
+                model: config.model.clone(),
+            };
+            match complete_with_retry(client, messages, tools, on_delta, &self.policy, cancel).await
+            {
+                Ok((response, retries)) => {
+                    return Ok(Answer {
+                        response,
+                        retries,
+                        route,
+                        failed_over,
+                    });
+                }
+                Err(ProviderError::Transient { message, .. }) if n + 1 < self.routes.len() => {
+                    tracing::warn!(provider = %route.provider, %message,
+                                   "provider unavailable through its retries; failing over");
+                    failed_over.push(FailedRoute {
+                        provider: route.provider,
+                        model: route.model,
+                        error: message,
+                    });
+                }
+                Err(ProviderError::Transient {
+                    message,
+                    retry_after,
+                }) if !failed_over.is_empty() => {
+                    let tried: Vec<&str> =
+                        failed_over.iter().map(|f| f.provider.as_str()).collect();
+                    let message =
+                        format!("{message} (after failing over from {})", tried.join(", "));
+                    return Err(ProviderError::Transient {
+                        message,
+                        retry_after,
+                    });
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        unreachable!("a model has at least one route")
     }
 }
 

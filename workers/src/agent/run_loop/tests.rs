@@ -38,7 +38,7 @@ impl Model for Script {
         _tools: &[ToolSpec],
         on_delta: &mut (dyn FnMut(&str) + Send),
         _cancel: &CancellationToken,
-    ) -> Result<(ModelResponse, u32), ProviderError> {
+    ) -> Result<Answer, ProviderError> {
         self.received.lock().unwrap().push(messages.to_vec());
         let answer = self.answers.lock().unwrap().pop_front().expect("scripted");
         if let Ok(ModelResponse {
@@ -52,7 +52,15 @@ impl Model for Script {
         {
             on_delta(text);
         }
-        answer.map(|response| (response, 0))
+        answer.map(|response| Answer {
+            response,
+            retries: 0,
+            route: Route {
+                provider: "script".into(),
+                model: "scripted".into(),
+            },
+            failed_over: Vec::new(),
+        })
     }
 }
 
