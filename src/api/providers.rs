@@ -27,7 +27,7 @@ use crate::domain::{Caller, Invalid};
 use crate::media::Vendor;
 use crate::providers;
 use crate::providers::ProviderRecord;
-use crate::providers::chat::{chat_api, chat_config};
+use crate::providers::chat::{CHAT_APIS, chat_api, chat_config};
 use crate::providers::secrets::{SecretPolicy, SecretRef, SecretStatus};
 use crate::providers::{Api, ProviderFields, ProviderHosts};
 
@@ -325,8 +325,7 @@ async fn check_provider(
     let provider = providers::get(&mut conn, &caller.scope, &id).await?;
     if query.live && chat_api(&provider.api).is_none() {
         return Err(ApiError::invalid(format!(
-            "live checks are for chat presets (openai-completions, anthropic-messages); \
-             {} speaks {}",
+            "live checks are for chat presets ({CHAT_APIS}); {} speaks {}",
             provider.id, provider.api
         )));
     }

@@ -13,7 +13,7 @@ use crate::providers::{Api, ProviderHosts};
 /// preset's. Blocking: resolving a `file:` reference reads the file.
 ///
 /// Unresolved codes: `provider_disabled`, `invalid_request` (not a chat preset: only
-/// `openai-completions` and `anthropic-messages` are), `model_not_configured`, and the
+/// the [`CHAT_APIS`] are), `model_not_configured`, and the
 /// secrets' own (`secret_missing`, `secret_not_allowed`, …). A preset without an
 /// `api_key_ref` calls without a key (a model served locally). A member's preset whose
 /// secrets are no longer granted or whose host is no longer allowed is
@@ -34,7 +34,7 @@ pub(crate) fn chat_config(
     let api = chat_api(&preset.api).ok_or_else(|| Unresolved {
         code: ErrorCode::InvalidRequest,
         message: format!(
-            "provider {} speaks {}, not a chat api (openai-completions or anthropic-messages)",
+            "provider {} speaks {}, not a chat api ({CHAT_APIS})",
             preset.id, preset.api
         ),
     })?;
@@ -72,12 +72,16 @@ pub(crate) fn chat_config(
     })
 }
 
+/// The preset `api`s a model call can speak, for messages.
+pub(crate) const CHAT_APIS: &str = "openai-completions, openai-responses or anthropic-messages";
+
 /// The chat protocol of a preset's `api`, if it is one a model call can speak.
 pub(crate) fn chat_api(api: &str) -> Option<ChatApi> {
     match Api::parse(api)? {
         Api::OpenAiCompletions => Some(ChatApi::OpenAiCompletions),
+        Api::OpenAiResponses => Some(ChatApi::OpenAiResponses),
         Api::AnthropicMessages => Some(ChatApi::AnthropicMessages),
-        Api::MediaJob | Api::OpenAiResponses => None,
+        Api::MediaJob => None,
     }
 }
 

@@ -12,7 +12,7 @@ use crate::domain::{Actor, Scope, new_id};
 use crate::events::transitions;
 use crate::events::transitions::Transition;
 use crate::providers;
-use crate::providers::Api;
+use crate::providers::chat::{CHAT_APIS, chat_api};
 use crate::providers::{ProviderRecord, query_providers};
 use crate::tasks::Hooks;
 use crate::tasks::{AgentLoop, TaskExecution, WorkspaceMode};
@@ -379,7 +379,7 @@ pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str, actor: &Ac
 /// first is the run's own, the others where a call fails over when a provider stays
 /// unavailable. A task that names `requested_provider` or `requested_model` is pinned (as
 /// seed 004 pins): one route, its preset (or the workspace's first enabled chat preset,
-/// api `openai-completions` or `anthropic-messages`) with its model (or the preset's). A
+/// one whose api is a [`CHAT_APIS`] one) with its model (or the preset's). A
 /// task that names neither has every enabled chat preset of the workspace that names a
 /// model, oldest first. Refused with `provider_disabled` (422) when the named preset is
 /// disabled, and `model_not_configured` (422) when it is not a chat preset of the
@@ -396,23 +396,24 @@ pub(crate) async fn chat_routes(
     let presets = match &task.requested_provider {
         Some(id) => vec![named_chat_preset(conn, scope, id).await?],
         None => {
-            query_providers!(
+            let enabled = query_providers!(
                 "SELECT",
-                "FROM providers WHERE workspace_id = $1 AND enabled
-                   AND api IN ('openai-completions', 'anthropic-messages')
-                 ORDER BY created_at, id",
+                "FROM providers WHERE workspace_id = $1 AND enabled ORDER BY created_at, id",
                 scope.workspace(),
             )
             .fetch_all(&mut *conn)
-            .await?
+            .await?;
+            enabled
+                .into_iter()
+                .filter(|preset| chat_api(&preset.api).is_some())
+                .collect()
         }
     };
     let Some(first) = presets.first().map(|preset| preset.id.clone()) else {
-        return Err(refused(
-            "the workspace has no enabled chat provider preset (api openai-completions or \
-             anthropic-messages); create one or set requested_provider"
-                .into(),
-        ));
+        return Err(refused(format!(
+            "the workspace has no enabled chat provider preset (api {CHAT_APIS}); create one \
+             or set requested_provider"
+        )));
     };
     let pinned = task.requested_provider.is_some() || task.requested_model.is_some();
     let mut routes: Vec<(ProviderRecord, String)> = presets
@@ -458,15 +459,11 @@ async fn named_chat_preset(
             message: format!("requested_provider {id} is disabled"),
         });
     }
-    if !matches!(
-        preset.api(),
-        Api::OpenAiCompletions | Api::AnthropicMessages
-    ) {
+    if chat_api(&preset.api).is_none() {
         return Err(StoreError::Unprocessable {
             code: ErrorCode::ModelNotConfigured,
             message: format!(
-                "provider preset {} speaks {}, not a chat api (openai-completions or \
-                 anthropic-messages)",
+                "provider preset {} speaks {}, not a chat api ({CHAT_APIS})",
                 preset.id, preset.api
             ),
         });

@@ -970,3 +970,75 @@ async fn an_anthropic_preset_runs_the_loop_over_the_messages_api() {
             .unwrap();
     assert_eq!(cached, 10);
 }
+
+#[tokio::test]
+async fn an_openai_responses_preset_runs_the_loop_with_tool_calls() {
+    let mut stack = Stack::start(
+        "none",
+        vec![
+            Turn::tool_call("call_1", "list_dir", "{}").usage(50, 5, 10),
+            Turn::text("The workspace is empty.").usage(80, 6, 0),
+        ],
+    )
+    .await;
+    // The Responses API lives beside chat completions: `{base}/responses`.
+    let (status, preset) = stack
+        .client
+        .post(
+            "/v1/providers",
+            json!({ "kind": "openai-compatible", "model": MODEL, "api": "openai-responses",
+                    "base_url": stack.llm.openai_base(), "api_key_ref": "env:FAKE_LLM_API_KEY",
+                    "capabilities": ["chat", "tool_call"], "enabled": true }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{preset}");
+    stack.provider_id = support::record::<ProviderView>(&preset).id;
+    let provider = stack.provider_id.clone();
+    let (task_id, run_id) = stack
+        .start_agent(TaskDraft {
+            requested_provider: Some(provider.clone()),
+            tools: Some(vec!["list_dir".into()]),
+            ..agent()
+        })
+        .await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    assert_eq!(run.provider, Some(provider));
+    assert_eq!(run.model_call_count, 2);
+    let asked = stack.llm.requests();
+    assert_eq!(asked.len(), 2);
+    assert!(
+        asked
+            .iter()
+            .all(|r| r.protocol == support::llm::Protocol::Responses)
+    );
+    let bearer = format!("Bearer {CANARY}");
+    assert_eq!(asked[0].header("authorization"), Some(bearer.as_str()));
+    assert_eq!(asked[0].body["instructions"], "You are careful.");
+    assert_eq!(asked[0].body["tools"][0]["name"], "list_dir");
+    // The second call carries the call and its result as input items.
+    let input = asked[1].body["input"].as_array().unwrap().clone();
+    let call = &input[input.len() - 2];
+    assert_eq!(call["type"], "function_call", "{input:?}");
+    assert_eq!(call["call_id"], "call_1");
+    assert_eq!(call["name"], "list_dir");
+    let result = &input[input.len() - 1];
+    assert_eq!(result["type"], "function_call_output", "{input:?}");
+    assert_eq!(result["call_id"], "call_1");
+    let steps = stack.steps(&task_id, &run_id).await;
+    let tool = steps.iter().find(|s| s.name == "tool_call").unwrap();
+    assert_eq!(tool.status, StepStatus::Completed);
+    let cached: i64 =
+        sqlx::query_scalar("SELECT cached_tokens FROM model_calls WHERE run_id = $1 AND index = 1")
+            .bind(&run_id)
+            .fetch_one(&stack.pool)
+            .await
+            .unwrap();
+    assert_eq!(cached, 10);
+    let conversation = stack.conversation(&task_id, &run_id).await;
+    assert_eq!(
+        conversation.last().unwrap()["content"],
+        "The workspace is empty."
+    );
+    assert_nowhere_in_the_database(&stack.pool, CANARY).await;
+}

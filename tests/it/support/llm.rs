@@ -44,6 +44,8 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
     OpenAi,
+    /// OpenAI's Responses API.
+    Responses,
     Anthropic,
 }
 
@@ -235,6 +237,7 @@ impl FakeLlm {
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(openai))
+            .route("/v1/responses", post(responses))
             .route("/v1/messages", post(anthropic))
             .with_state(shared.clone());
         let shutdown = CancellationToken::new();
@@ -257,7 +260,7 @@ impl FakeLlm {
         self
     }
 
-    /// The `base_url` of an `openai-completions` preset (`{url}/v1`).
+    /// The `base_url` of an `openai-completions` or `openai-responses` preset (`{url}/v1`).
     pub fn openai_base(&self) -> String {
         format!("{}/v1", self.url)
     }
@@ -317,6 +320,10 @@ async fn openai(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
     answer(&shared, Protocol::OpenAi, &headers, &body).await
 }
 
+async fn responses(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    answer(&shared, Protocol::Responses, &headers, &body).await
+}
+
 async fn anthropic(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     answer(&shared, Protocol::Anthropic, &headers, &body).await
 }
@@ -341,7 +348,7 @@ async fn answer(
     let expected = shared.api_key.lock().unwrap().clone();
     if let Some(key) = expected {
         let (name, value) = match protocol {
-            Protocol::OpenAi => ("authorization", format!("Bearer {key}")),
+            Protocol::OpenAi | Protocol::Responses => ("authorization", format!("Bearer {key}")),
             Protocol::Anthropic => ("x-api-key", key),
         };
         if headers.get(name).and_then(|v| v.to_str().ok()) != Some(value.as_str()) {
@@ -365,6 +372,7 @@ async fn answer(
     let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
     let frames = match protocol {
         Protocol::OpenAi => openai_events(&turn, &model, id),
+        Protocol::Responses => responses_events(&turn, &model, id),
         Protocol::Anthropic => anthropic_events(&turn, &model, id),
     };
     // The frame with the first piece of text, when there is text.
@@ -393,7 +401,7 @@ fn failure(status: u16, message: &str) -> Failure {
 fn error_response(protocol: Protocol, failure: &Failure) -> Response {
     let status = StatusCode::from_u16(failure.status).unwrap();
     let body = match protocol {
-        Protocol::OpenAi => {
+        Protocol::OpenAi | Protocol::Responses => {
             json!({"error": {"message": failure.message, "type": "fake_error", "code": null}})
         }
         Protocol::Anthropic => {
@@ -529,6 +537,85 @@ fn openai_events(turn: &Turn, model: &str, id: usize) -> Vec<String> {
     });
     frames.push(format!("data: {usage}\n\n"));
     frames.push("data: [DONE]\n\n".to_string());
+    frames
+}
+
+/// The Responses API's stream: typed events, each `event: <type>` with its JSON, as
+/// OpenAI documents them (output items added, their deltas, done; then the response).
+fn responses_events(turn: &Turn, model: &str, id: usize) -> Vec<String> {
+    let mut sequence = 0;
+    let mut event = |mut data: Value| {
+        data["sequence_number"] = sequence.into();
+        sequence += 1;
+        let kind = data["type"].as_str().unwrap().to_string();
+        format!("event: {kind}\ndata: {data}\n\n")
+    };
+    let response = |status: &str, output: &[Value], usage: Value| {
+        json!({"id": format!("resp_{id}"), "object": "response", "created_at": 1_700_000_000,
+               "status": status, "model": model, "output": output, "usage": usage})
+    };
+    let mut frames = vec![event(json!({"type": "response.created",
+        "response": response("in_progress", &[], Value::Null)}))];
+    let mut output = Vec::new();
+    if let Some(text) = &turn.text {
+        let index = output.len();
+        let item_id = format!("msg_{id}");
+        frames.push(event(
+            json!({"type": "response.output_item.added", "output_index": index,
+            "item": {"type": "message", "id": item_id, "status": "in_progress",
+                     "role": "assistant", "content": []}}),
+        ));
+        for piece in pieces(text) {
+            frames.push(event(
+                json!({"type": "response.output_text.delta", "item_id": item_id,
+                "output_index": index, "content_index": 0, "delta": piece}),
+            ));
+        }
+        frames.push(event(
+            json!({"type": "response.output_text.done", "item_id": item_id,
+            "output_index": index, "content_index": 0, "text": text}),
+        ));
+        let item = json!({"type": "message", "id": item_id, "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]});
+        frames.push(event(
+            json!({"type": "response.output_item.done", "output_index": index,
+            "item": item}),
+        ));
+        output.push(item);
+    }
+    for (call_id, name, arguments) in &turn.tool_calls {
+        let index = output.len();
+        let item_id = format!("fc_{id}_{index}");
+        frames.push(event(
+            json!({"type": "response.output_item.added", "output_index": index,
+            "item": {"type": "function_call", "id": item_id, "call_id": call_id, "name": name,
+                     "arguments": "", "status": "in_progress"}}),
+        ));
+        for piece in pieces(arguments) {
+            frames.push(event(
+                json!({"type": "response.function_call_arguments.delta",
+                "item_id": item_id, "output_index": index, "delta": piece}),
+            ));
+        }
+        frames.push(event(
+            json!({"type": "response.function_call_arguments.done",
+            "item_id": item_id, "output_index": index, "arguments": arguments}),
+        ));
+        let item = json!({"type": "function_call", "id": item_id, "call_id": call_id,
+            "name": name, "arguments": arguments, "status": "completed"});
+        frames.push(event(
+            json!({"type": "response.output_item.done", "output_index": index,
+            "item": item}),
+        ));
+        output.push(item);
+    }
+    let (prompt, completion, cached) = turn.usage;
+    let usage = json!({"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion});
+    frames.push(event(json!({"type": "response.completed",
+        "response": response("completed", &output, usage)})));
     frames
 }
 

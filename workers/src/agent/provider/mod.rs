@@ -1,5 +1,5 @@
-//! Chat providers: one streaming model call over OpenAI chat completions or Anthropic
-//! messages, translated to and from the provider-neutral conversation ([`Message`]).
+//! Chat providers: one streaming model call over OpenAI chat completions, OpenAI responses
+//! or Anthropic messages, translated to and from the provider-neutral conversation ([`Message`]).
 //!
 //! The wire types are a few serde structs of our own rather than a client crate: we need
 //! both protocols, our own retries, timeouts, address filter and secret scrubbing, and
@@ -22,6 +22,7 @@ use crate::media::egress::{check_url, describe, guarded, refusal};
 
 mod anthropic;
 mod openai;
+mod responses;
 mod retry;
 
 pub use retry::{ChatModel, RetryPolicy, complete_with_retry};
@@ -38,6 +39,7 @@ const MAX_MESSAGE_CHARS: usize = 500;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ChatApi {
     OpenAiCompletions,
+    OpenAiResponses,
     AnthropicMessages,
 }
 
@@ -47,7 +49,8 @@ pub struct ProviderConfig {
     pub api: ChatApi,
     /// The preset's id, for errors and usage rows.
     pub provider: String,
-    /// OpenAI style: `https://api.openai.com/v1`, calls go to `{base}/chat/completions`.
+    /// OpenAI style: `https://api.openai.com/v1`, calls go to `{base}/chat/completions`
+    /// (`{base}/responses` for the Responses API).
     /// Anthropic: `https://api.anthropic.com`, calls go to `{base}/v1/messages` (a base
     /// already ending in `/v1` is taken as is).
     pub base_url: String,
@@ -132,6 +135,7 @@ impl ChatClient {
     ) -> Result<ModelResponse, ProviderError> {
         let body = match self.config.api {
             ChatApi::OpenAiCompletions => openai::request(&self.config, messages, tools),
+            ChatApi::OpenAiResponses => responses::request(&self.config, messages, tools),
             ChatApi::AnthropicMessages => anthropic::request(&self.config, messages, tools),
         };
         let span = tracing::info_span!(
@@ -164,6 +168,7 @@ impl ChatClient {
         }
         let mut assembler: Box<dyn Assemble> = match self.config.api {
             ChatApi::OpenAiCompletions => Box::<openai::Assembler>::default(),
+            ChatApi::OpenAiResponses => Box::<responses::Assembler>::default(),
             ChatApi::AnthropicMessages => Box::<anthropic::Assembler>::default(),
         };
         let mut events = bounded(response.bytes_stream()).eventsource();
@@ -223,6 +228,7 @@ fn endpoint(config: &ProviderConfig) -> Result<Url, ProviderError> {
     let base = config.base_url.trim_end_matches('/');
     let url = match config.api {
         ChatApi::OpenAiCompletions => format!("{base}/chat/completions"),
+        ChatApi::OpenAiResponses => format!("{base}/responses"),
         ChatApi::AnthropicMessages => {
             format!("{}/v1/messages", base.strip_suffix("/v1").unwrap_or(base))
         }
@@ -239,7 +245,7 @@ fn headers(config: &ProviderConfig) -> Result<HeaderMap, ProviderError> {
     let mut headers = HeaderMap::new();
     if let Some(key) = &config.api_key {
         match config.api {
-            ChatApi::OpenAiCompletions => {
+            ChatApi::OpenAiCompletions | ChatApi::OpenAiResponses => {
                 let bearer = format!("Bearer {}", key.expose());
                 headers.insert(AUTHORIZATION, sensitive(&bearer, "Authorization")?);
             }

@@ -1,4 +1,4 @@
-//! Both protocols against the fake LLM the integration tests use (tests/it/support/llm.rs),
+//! Every protocol against the fake LLM the integration tests use (tests/it/support/llm.rs),
 //! over real HTTP on loopback.
 
 use std::sync::{Arc, Mutex};
@@ -21,9 +21,15 @@ use llm::{FakeLlm, Turn};
 
 const KEY: &str = "sk-test-4f1c9a-do-not-leak";
 
+const ALL_APIS: [ChatApi; 3] = [
+    ChatApi::OpenAiCompletions,
+    ChatApi::OpenAiResponses,
+    ChatApi::AnthropicMessages,
+];
+
 fn config(llm: &FakeLlm, api: ChatApi) -> ProviderConfig {
     let base_url = match api {
-        ChatApi::OpenAiCompletions => llm.openai_base(),
+        ChatApi::OpenAiCompletions | ChatApi::OpenAiResponses => llm.openai_base(),
         ChatApi::AnthropicMessages => llm.anthropic_base(),
     };
     ProviderConfig {
@@ -209,6 +215,84 @@ async fn openai_assembles_parallel_tool_calls_from_pieces() {
 }
 
 #[tokio::test]
+async fn responses_stream_text_and_function_calls_and_map_the_conversation_to_items() {
+    let llm = FakeLlm::start(vec![
+        Turn::text("Reading both.")
+            .and_tool_call("call_1", "read_file", r#"{"path":"src/main.rs"}"#)
+            .and_tool_call("call_2", "grep", r#"{"pattern":"fn main"}"#)
+            .usage(1500, 30, 1024),
+    ])
+    .await
+    .require_key(KEY);
+    let mut config = config(&llm, ChatApi::OpenAiResponses);
+    config.max_tokens = Some(256);
+    let client = ChatClient::new(config).unwrap();
+    let (result, deltas) = call(&client, &conversation()).await;
+    let response = result.unwrap();
+    assert!(deltas.len() > 1, "text streams in pieces: {deltas:?}");
+    assert_eq!(deltas.concat(), "Reading both.");
+    assert_eq!(
+        response.message,
+        Message::Assistant {
+            content: Some("Reading both.".into()),
+            tool_calls: vec![
+                ToolCall {
+                    id: "call_1".into(),
+                    name: "read_file".into(),
+                    arguments: r#"{"path":"src/main.rs"}"#.into()
+                },
+                ToolCall {
+                    id: "call_2".into(),
+                    name: "grep".into(),
+                    arguments: r#"{"pattern":"fn main"}"#.into()
+                },
+            ],
+        }
+    );
+    assert_eq!(
+        response.usage,
+        Usage {
+            prompt_tokens: 1500,
+            completion_tokens: 30,
+            cached_tokens: 1024
+        }
+    );
+    assert_eq!(response.finish_reason.as_deref(), Some("tool_calls"));
+    assert_eq!(response.model, "fake-model-1");
+
+    let request = &llm.requests()[0];
+    assert_eq!(request.protocol, llm::Protocol::Responses);
+    assert_eq!(
+        request.header("authorization"),
+        Some(format!("Bearer {KEY}").as_str())
+    );
+    let body = &request.body;
+    assert_eq!(body["stream"], true);
+    assert_eq!(body["store"], false, "nothing kept on the provider's side");
+    assert_eq!(body["max_output_tokens"], 256);
+    assert_eq!(body["instructions"], "You are terse.");
+    assert_eq!(
+        body["tools"],
+        json!([{"type": "function", "name": "read_file", "description": "Reads a file.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+            "strict": false}])
+    );
+    assert_eq!(
+        body["input"],
+        json!([
+            {"role": "user", "content": "List the files."},
+            {"role": "assistant", "content": "Looking."},
+            {"type": "function_call", "call_id": "call_a", "name": "list_dir",
+                "arguments": "{\"path\":\".\"}"},
+            {"type": "function_call", "call_id": "call_b", "name": "read_file",
+                "arguments": "{\"path\":\"README.md\"}"},
+            {"type": "function_call_output", "call_id": "call_a", "output": "README.md\nsrc/"},
+            {"type": "function_call_output", "call_id": "call_b", "output": "# Keel"},
+        ])
+    );
+}
+
+#[tokio::test]
 async fn anthropic_streams_text_and_tool_use_and_maps_the_conversation() {
     let llm = FakeLlm::start(vec![
         Turn::text("Reading it.")
@@ -278,7 +362,7 @@ async fn anthropic_streams_text_and_tool_use_and_maps_the_conversation() {
 
 #[tokio::test]
 async fn rate_limits_are_retried_after_the_providers_retry_after() {
-    for api in [ChatApi::OpenAiCompletions, ChatApi::AnthropicMessages] {
+    for api in ALL_APIS {
         let llm = FakeLlm::start(vec![
             Turn::error(429, "Rate limit reached").retry_after("1"),
             Turn::error(503, "overloaded").retry_after_ms("20"),
@@ -316,7 +400,7 @@ async fn rate_limits_are_retried_after_the_providers_retry_after() {
 
 #[tokio::test]
 async fn a_refused_request_is_fatal_with_the_providers_message_and_no_secret() {
-    for api in [ChatApi::OpenAiCompletions, ChatApi::AnthropicMessages] {
+    for api in ALL_APIS {
         let echo = format!("Incorrect API key provided: {KEY} (relay relay-secret-77)");
         let llm = FakeLlm::start(vec![Turn::error(400, &echo)]).await;
         let client = ChatClient::new(config(&llm, api)).unwrap();
@@ -343,7 +427,7 @@ async fn a_refused_request_is_fatal_with_the_providers_message_and_no_secret() {
 
 #[tokio::test]
 async fn a_reset_mid_stream_is_retried() {
-    for api in [ChatApi::OpenAiCompletions, ChatApi::AnthropicMessages] {
+    for api in ALL_APIS {
         let llm = FakeLlm::start(vec![
             Turn::text("half an answer").reset_mid_stream(),
             Turn::text("a whole answer"),
@@ -485,7 +569,7 @@ async fn a_call_slower_than_the_timeout_is_transient() {
 
 #[tokio::test]
 async fn cancellation_mid_stream_interrupts_the_call() {
-    for api in [ChatApi::OpenAiCompletions, ChatApi::AnthropicMessages] {
+    for api in ALL_APIS {
         let release = CancellationToken::new();
         let llm = FakeLlm::start(vec![
             Turn::text("a long answer that never ends").hold(release.clone()),
