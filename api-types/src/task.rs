@@ -49,6 +49,9 @@ pub struct TaskDraft {
     pub requested_model: Option<String>,
     /// For `agent_loop`: the most model calls across the run's resume chain (> 0).
     pub max_model_calls: Option<i32>,
+    /// For `agent_loop`: how hard a reasoning model thinks (one of [`REASONING_EFFORTS`]);
+    /// absent: the provider's default.
+    pub reasoning_effort: Option<String>,
     /// For `agent_loop`: the tools the model may call (a subset of the catalog); absent:
     /// the whole catalog the sandbox allows.
     pub tools: Option<Vec<String>>,
@@ -56,6 +59,9 @@ pub struct TaskDraft {
     /// /v1/tasks/{task_id}/start` with no body would (default false).
     pub start: Option<bool>,
 }
+
+/// The values of an agent loop task's `reasoning_effort`.
+pub const REASONING_EFFORTS: [&str; 4] = ["minimal", "low", "medium", "high"];
 
 /// Longest command of a shell or git task, and longest prompt or system prompt (bytes).
 const MAX_COMMAND_BYTES: usize = 64 * 1024;
@@ -140,20 +146,33 @@ fn task_draft_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema>
             "requested_provider",
             false,
             not_blank(
-                "A chat provider preset's id; absent: the workspace's first enabled chat \
-                 preset. Starting the task fails (409) if no such preset is enabled.",
+                "A chat provider preset's id, which pins the runs to it (422 at start when it \
+                 is disabled or is no chat preset of the workspace); absent, with no \
+                 `requested_model` either: the workspace's enabled chat presets, oldest \
+                 first, the later ones where a call fails over when a provider is down.",
             ),
         ),
         (
             "requested_model",
             false,
-            not_blank("The model to ask for, instead of the preset's."),
+            not_blank("The model to ask for, instead of the preset's; it pins the runs too."),
         ),
         (
             "max_model_calls",
             false,
             integer(true, 1, i32::MAX.into())
                 .description(Some("The most model calls across the run's resume chain."))
+                .into(),
+        ),
+        (
+            "reasoning_effort",
+            false,
+            one_of_strings(true, &REASONING_EFFORTS)
+                .description(Some(
+                    "How hard a reasoning model thinks: OpenAI chat completions' \
+                     `reasoning_effort`, the Responses API's `reasoning.effort`; not sent to \
+                     Anthropic presets. Absent: the provider's default.",
+                ))
                 .into(),
         ),
         (
@@ -313,7 +332,7 @@ fn common_fields(kind: &str) -> Vec<Field> {
     "file_path": null, "file_content": null, "file_operation": null,
     "working_directory": null, "workspace_mode": "ephemeral", "sandbox_allowed_root": null, "sandbox_network": true, "sandbox_read_only": false, "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000,
     "system_prompt": null, "requested_provider": null, "requested_model": null,
-    "max_model_calls": null, "tools": null, "run_count": 1,
+    "max_model_calls": null, "reasoning_effort": null, "tools": null, "run_count": 1,
     "latest_run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "latest_run_step_count": 1,
     "latest_run_artifact_count": 2, "created_at": "2026-11-30T09:00:00Z",
     "updated_at": "2026-11-30T09:01:12Z"
@@ -351,6 +370,9 @@ pub struct TaskRecord {
     pub requested_model: Option<String>,
     /// `agent_loop` only: the most model calls across the resume chain.
     pub max_model_calls: Option<i32>,
+    /// `agent_loop` only: the reasoning effort asked of the model (null: the provider's
+    /// default).
+    pub reasoning_effort: Option<String>,
     /// `agent_loop` only: the tools the model may call (null: the whole catalog the sandbox
     /// allows).
     pub tools: Option<Vec<String>>,

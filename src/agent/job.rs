@@ -162,7 +162,8 @@ async fn prepare(
         Err(error) => return Err(error),
     };
     let model_name = routes[0].1.clone();
-    let (primary, fallbacks) = match clients(agent, routes) {
+    let effort = task.reasoning_effort.as_deref();
+    let (primary, fallbacks) = match clients(agent, routes, effort) {
         Ok(clients) => clients,
         Err(error) => return Ok(Err(error)),
     };
@@ -221,15 +222,17 @@ async fn prepare(
     }))
 }
 
-/// The call clients of a run's routes: the first (the run's own preset) must resolve, or
-/// the run fails with why; a failover route that does not (a secret no longer readable, a
-/// host no longer allowed) is left out, with a warning.
+/// The call clients of a run's routes, each asking for the task's reasoning effort. The
+/// first (the run's own preset) must resolve, or the run fails with why; a failover route
+/// that does not (a secret no longer readable, a host no longer allowed) is left out, with
+/// a warning.
 fn clients(
     agent: &AgentJobs,
     routes: Vec<(ProviderRecord, String)>,
+    reasoning_effort: Option<&str>,
 ) -> Result<(ChatClient, Vec<ChatClient>), String> {
     let client = |(preset, model): &(ProviderRecord, String)| {
-        let config = chat_config(
+        let mut config = chat_config(
             preset,
             Some(model),
             &agent.secrets,
@@ -237,6 +240,7 @@ fn clients(
             &agent.chat,
         )
         .map_err(|unresolved| format!("{}: {}", unresolved.code, unresolved.message))?;
+        config.reasoning_effort = reasoning_effort.map(str::to_string);
         ChatClient::new(config).map_err(|error| format!("provider_error: {error}"))
     };
     let mut routes = routes.iter();

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use keel_client::{
     ApprovalRecord, Call, Client, Credentials, Error, MediaJobDraft, MediaJobRecord,
     ObjectEnvelope, ProviderDraft, ProviderView, ResolveRequest, RunRecord, ScheduleDraft,
-    ScheduleRecord, StartRequest, TaskDraft, TaskRecord,
+    REASONING_EFFORTS, ScheduleRecord, StartRequest, TaskDraft, TaskRecord,
 };
 
 use crate::cli::external;
@@ -119,9 +119,13 @@ pub(crate) struct CreateTask {
     /// An agent loop task: the prompt.
     #[arg(long, group = "execution")]
     prompt: Option<String>,
-    /// Agent loops: the provider preset id (default: the workspace's first chat preset).
+    /// Agent loops: the provider preset id, which pins the task to it (default: the
+    /// workspace's enabled chat presets, failing over from the first to the next).
     #[arg(long, requires = "prompt")]
     provider: Option<String>,
+    /// Agent loops: how hard a reasoning model thinks.
+    #[arg(long, requires = "prompt", value_parser = REASONING_EFFORTS)]
+    reasoning_effort: Option<String>,
     /// Agent loops: a tool the model may call (repeat for several).
     #[arg(long = "tool", requires = "prompt")]
     tools: Vec<String>,
@@ -159,6 +163,7 @@ impl CreateTask {
             working_directory: self.working_directory.clone(),
             timeout_ms: self.timeout_ms,
             requested_provider: self.provider.clone(),
+            reasoning_effort: self.reasoning_effort.clone(),
             tools: (!self.tools.is_empty()).then(|| self.tools.clone()),
             start: self.start.then_some(true),
             ..TaskDraft::default()

@@ -68,6 +68,7 @@ pub(crate) fn chat_config(
         secret_headers,
         request_timeout: limits.request_timeout,
         max_tokens: max_tokens(preset),
+        reasoning_effort: None,
         allow_private_addresses: limits.allow_private_addresses,
     })
 }

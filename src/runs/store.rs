@@ -615,7 +615,8 @@ pub(crate) async fn lock_with_task(
                     t.file_operation, t.working_directory, t.workspace_mode,
                     t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only, t.timeout_ms,
                     t.priority, t.budget_micros_usd, t.system_prompt, t.requested_provider,
-                    t.requested_model, t.max_model_calls, t.tools, t.hooks, t.run_count,
+                    t.requested_model, t.max_model_calls, t.reasoning_effort, t.tools, t.hooks,
+                    t.run_count,
                     t.latest_run_id,
                     (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
                         AS latest_run_step_count,

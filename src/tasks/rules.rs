@@ -2,6 +2,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
+use keel_api_types::REASONING_EFFORTS;
 pub use keel_api_types::{TaskDraft, TaskStatus};
 use keel_workers::{Execution, FileOperation};
 
@@ -25,6 +26,7 @@ pub(crate) struct AgentLoop {
     pub(crate) requested_provider: Option<String>,
     pub(crate) requested_model: Option<String>,
     pub(crate) max_model_calls: Option<i32>,
+    pub(crate) reasoning_effort: Option<String>,
     pub(crate) tools: Option<Vec<String>>,
 }
 
@@ -392,6 +394,15 @@ fn parse_agent_loop(draft: &TaskDraft) -> Result<AgentLoop, Invalid> {
     if draft.max_model_calls.is_some_and(|n| n <= 0) {
         return Err(Invalid::new("max_model_calls", "must be greater than 0"));
     }
+    if let Some(effort) = &draft.reasoning_effort
+        && !REASONING_EFFORTS.contains(&effort.as_str())
+    {
+        let known = REASONING_EFFORTS.join(", ");
+        return Err(Invalid::new(
+            "reasoning_effort",
+            format!("must be one of {known}"),
+        ));
+    }
     if let Some(tools) = &draft.tools {
         check_tools(tools)?;
     }
@@ -400,6 +411,7 @@ fn parse_agent_loop(draft: &TaskDraft) -> Result<AgentLoop, Invalid> {
         requested_provider: optional("requested_provider", &draft.requested_provider)?,
         requested_model: optional("requested_model", &draft.requested_model)?,
         max_model_calls: draft.max_model_calls,
+        reasoning_effort: draft.reasoning_effort.clone(),
         tools: draft.tools.clone(),
     })
 }
@@ -424,7 +436,7 @@ fn check_tools(tools: &[String]) -> Result<(), Invalid> {
 /// Refuses fields that belong to another execution kind, so a typo cannot be ignored.
 fn only_for(kind: &str, draft: &TaskDraft) -> Result<(), Invalid> {
     const AGENT: &str = "agent_loop";
-    let fields: [(&'static str, bool, &str); 10] = [
+    let fields: [(&'static str, bool, &str); 11] = [
         ("shell_command", draft.shell_command.is_some(), "shell"),
         ("git_command", draft.git_command.is_some(), "git"),
         ("file_path", draft.file_path.is_some(), "file"),
@@ -438,6 +450,7 @@ fn only_for(kind: &str, draft: &TaskDraft) -> Result<(), Invalid> {
         ),
         ("requested_model", draft.requested_model.is_some(), AGENT),
         ("max_model_calls", draft.max_model_calls.is_some(), AGENT),
+        ("reasoning_effort", draft.reasoning_effort.is_some(), AGENT),
         ("tools", draft.tools.is_some(), AGENT),
     ];
     match fields

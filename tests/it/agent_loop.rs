@@ -664,6 +664,14 @@ async fn agent_tasks_are_validated_and_need_a_configured_model() {
             json!({ "execution_kind": "agent_loop", "prompt": "x".repeat(64 * 1024 + 1) }),
             "prompt",
         ),
+        (
+            json!({ "execution_kind": "agent_loop", "prompt": "x", "reasoning_effort": "max" }),
+            "reasoning_effort",
+        ),
+        (
+            json!({ "execution_kind": "shell", "shell_command": "ls", "reasoning_effort": "low" }),
+            "reasoning_effort",
+        ),
     ];
     for (body, named) in cases {
         let (status, error) = c.post("/v1/tasks", body.clone()).await;
@@ -998,9 +1006,12 @@ async fn an_openai_responses_preset_runs_the_loop_with_tool_calls() {
         .start_agent(TaskDraft {
             requested_provider: Some(provider.clone()),
             tools: Some(vec!["list_dir".into()]),
+            reasoning_effort: Some("high".into()),
             ..agent()
         })
         .await;
+    let task = stack.client.api.get_task(&task_id).await.unwrap().data;
+    assert_eq!(task.reasoning_effort.as_deref(), Some("high"));
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
     assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     assert_eq!(run.provider, Some(provider));
@@ -1016,6 +1027,7 @@ async fn an_openai_responses_preset_runs_the_loop_with_tool_calls() {
     assert_eq!(asked[0].header("authorization"), Some(bearer.as_str()));
     assert_eq!(asked[0].body["instructions"], "You are careful.");
     assert_eq!(asked[0].body["tools"][0]["name"], "list_dir");
+    assert_eq!(asked[0].body["reasoning"], json!({"effort": "high"}));
     // The second call carries the call and its result as input items.
     let input = asked[1].body["input"].as_array().unwrap().clone();
     let call = &input[input.len() - 2];

@@ -63,6 +63,11 @@ pub struct ProviderConfig {
     /// The answer's length limit. OpenAI: sent as `max_tokens` only when set. Anthropic
     /// requires one: [`anthropic::DEFAULT_MAX_TOKENS`] when unset.
     pub max_tokens: Option<u32>,
+    /// The task's reasoning effort (`minimal`, `low`, `medium`, `high`): OpenAI chat
+    /// completions' `reasoning_effort`, the Responses API's `reasoning.effort`; Anthropic
+    /// gets none (its thinking blocks would have to be replayed with their signatures on
+    /// every later turn, which the provider-neutral conversation does not keep).
+    pub reasoning_effort: Option<String>,
     /// Lets calls reach loopback and private addresses: tests and on-premise relays.
     pub allow_private_addresses: bool,
 }

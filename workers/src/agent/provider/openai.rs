@@ -33,6 +33,9 @@ pub(super) fn request(config: &ProviderConfig, messages: &[Message], tools: &[To
     if let Some(max_tokens) = config.max_tokens {
         body["max_tokens"] = max_tokens.into();
     }
+    if let Some(effort) = &config.reasoning_effort {
+        body["reasoning_effort"] = effort.as_str().into();
+    }
     body
 }
 

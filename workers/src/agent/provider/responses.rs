@@ -44,6 +44,9 @@ pub(super) fn request(config: &ProviderConfig, messages: &[Message], tools: &[To
     if let Some(max_tokens) = config.max_tokens {
         body["max_output_tokens"] = max_tokens.into();
     }
+    if let Some(effort) = &config.reasoning_effort {
+        body["reasoning"] = json!({"effort": effort});
+    }
     body
 }
 

@@ -45,6 +45,7 @@ fn config(llm: &FakeLlm, api: ChatApi) -> ProviderConfig {
         )],
         request_timeout: Duration::from_secs(10),
         max_tokens: None,
+        reasoning_effort: None,
         allow_private_addresses: true,
     }
 }
@@ -152,6 +153,10 @@ async fn openai_streams_text_deltas_and_reports_usage_with_cached_tokens() {
     assert_eq!(body["stream"], true);
     assert_eq!(body["stream_options"], json!({"include_usage": true}));
     assert!(body.get("max_tokens").is_none());
+    assert!(
+        body.get("reasoning_effort").is_none(),
+        "sent only when the task sets one"
+    );
     assert_eq!(
         body["tools"],
         json!([{"type": "function", "function": {"name": "read_file",
@@ -185,9 +190,12 @@ async fn openai_assembles_parallel_tool_calls_from_pieces() {
         ),
     ])
     .await;
-    let client = ChatClient::new(config(&llm, ChatApi::OpenAiCompletions)).unwrap();
+    let mut config = config(&llm, ChatApi::OpenAiCompletions);
+    config.reasoning_effort = Some("low".into());
+    let client = ChatClient::new(config).unwrap();
     let (result, deltas) = call(&client, &conversation()[..2]).await;
     let response = result.unwrap();
+    assert_eq!(llm.requests()[0].body["reasoning_effort"], "low");
     assert!(deltas.is_empty());
     assert_eq!(response.finish_reason.as_deref(), Some("tool_calls"));
     assert_eq!(
@@ -226,6 +234,7 @@ async fn responses_stream_text_and_function_calls_and_map_the_conversation_to_it
     .require_key(KEY);
     let mut config = config(&llm, ChatApi::OpenAiResponses);
     config.max_tokens = Some(256);
+    config.reasoning_effort = Some("high".into());
     let client = ChatClient::new(config).unwrap();
     let (result, deltas) = call(&client, &conversation()).await;
     let response = result.unwrap();
@@ -270,6 +279,7 @@ async fn responses_stream_text_and_function_calls_and_map_the_conversation_to_it
     assert_eq!(body["stream"], true);
     assert_eq!(body["store"], false, "nothing kept on the provider's side");
     assert_eq!(body["max_output_tokens"], 256);
+    assert_eq!(body["reasoning"], json!({"effort": "high"}));
     assert_eq!(body["instructions"], "You are terse.");
     assert_eq!(
         body["tools"],
