@@ -190,7 +190,8 @@ mod tests {
         assert_eq!(code(&preset("media-job", None)), Some("invalid_request"));
         assert_eq!(
             code(&preset("openai-responses", None)),
-            Some("invalid_request")
+            None,
+            "the Responses API chats too"
         );
         let mut no_model = preset("openai-completions", None);
         no_model.model = " ".into();
