@@ -7,8 +7,8 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use keel_client::{
     ApprovalRecord, Call, Client, Credentials, Error, MediaJobDraft, MediaJobRecord,
-    ObjectEnvelope, ProviderDraft, ProviderView, ResolveRequest, RunRecord, ScheduleDraft,
-    REASONING_EFFORTS, ScheduleRecord, StartRequest, TaskDraft, TaskRecord,
+    ObjectEnvelope, ProviderDraft, ProviderView, REASONING_EFFORTS, ResolveRequest, RunRecord,
+    ScheduleDraft, ScheduleRecord, StartRequest, TaskDraft, TaskRecord,
 };
 
 use crate::cli::external;
