@@ -66,6 +66,16 @@ pub struct Common {
     )]
     pub model_prices: crate::agent::prices::PriceTable,
 
+    /// Agent loops: the operator's system prompt, the first of the three layers (this, the
+    /// workspace's AGENTS.md and CLAUDE.md, the task's system_prompt). Empty: none.
+    #[arg(
+        long,
+        env = "KEEL_AGENT_SYSTEM_PROMPT",
+        default_value = "",
+        global = true
+    )]
+    pub agent_system_prompt: String,
+
     /// How long an approval stays actionable (ms); 0 keeps it until it is resolved.
     #[arg(long, env = "KEEL_APPROVAL_TTL_MS", default_value_t = 0, global = true)]
     pub approval_ttl_ms: u64,

@@ -52,6 +52,9 @@ pub struct TaskDraft {
     /// For `agent_loop`: how hard a reasoning model thinks (one of [`REASONING_EFFORTS`]);
     /// absent: the provider's default.
     pub reasoning_effort: Option<String>,
+    /// For `agent_loop`: `include` (the default) or `exclude` the workspace's instruction
+    /// files (`AGENTS.md`, `CLAUDE.md`) from the system prompt.
+    pub workspace_system_prompt_policy: Option<String>,
     /// For `agent_loop`: the tools the model may call (a subset of the catalog); absent:
     /// the whole catalog the sandbox allows.
     pub tools: Option<Vec<String>>,
@@ -62,6 +65,9 @@ pub struct TaskDraft {
 
 /// The values of an agent loop task's `reasoning_effort`.
 pub const REASONING_EFFORTS: [&str; 4] = ["minimal", "low", "medium", "high"];
+
+/// The values of an agent loop task's `workspace_system_prompt_policy`.
+pub const WORKSPACE_SYSTEM_PROMPT_POLICIES: [&str; 2] = ["include", "exclude"];
 
 /// Longest command of a shell or git task, and longest prompt or system prompt (bytes).
 const MAX_COMMAND_BYTES: usize = 64 * 1024;
@@ -172,6 +178,18 @@ fn task_draft_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema>
                     "How hard a reasoning model thinks: OpenAI chat completions' \
                      `reasoning_effort`, the Responses API's `reasoning.effort`; not sent to \
                      Anthropic presets. Absent: the provider's default.",
+                ))
+                .into(),
+        ),
+        (
+            "workspace_system_prompt_policy",
+            false,
+            one_of_strings(true, &WORKSPACE_SYSTEM_PROMPT_POLICIES)
+                .description(Some(
+                    "`include` (absent: the same) adds the workspace's `AGENTS.md` and \
+                     `CLAUDE.md` (each cut at 32 KiB) to the system prompt, between the \
+                     operator's (`KEEL_AGENT_SYSTEM_PROMPT`) and the task's; `exclude` \
+                     leaves them out.",
                 ))
                 .into(),
         ),
@@ -332,7 +350,7 @@ fn common_fields(kind: &str) -> Vec<Field> {
     "file_path": null, "file_content": null, "file_operation": null,
     "working_directory": null, "workspace_mode": "ephemeral", "sandbox_allowed_root": null, "sandbox_network": true, "sandbox_read_only": false, "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000,
     "system_prompt": null, "requested_provider": null, "requested_model": null,
-    "max_model_calls": null, "reasoning_effort": null, "tools": null, "run_count": 1,
+    "max_model_calls": null, "reasoning_effort": null, "workspace_system_prompt_policy": null, "tools": null, "run_count": 1,
     "latest_run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "latest_run_step_count": 1,
     "latest_run_artifact_count": 2, "created_at": "2026-11-30T09:00:00Z",
     "updated_at": "2026-11-30T09:01:12Z"
@@ -373,6 +391,9 @@ pub struct TaskRecord {
     /// `agent_loop` only: the reasoning effort asked of the model (null: the provider's
     /// default).
     pub reasoning_effort: Option<String>,
+    /// `agent_loop` only: whether its runs read the workspace's instruction files (null:
+    /// `include`).
+    pub workspace_system_prompt_policy: Option<String>,
     /// `agent_loop` only: the tools the model may call (null: the whole catalog the sandbox
     /// allows).
     pub tools: Option<Vec<String>>,

@@ -3,9 +3,11 @@
 //! the run's fenced context. Each model response and tool result is one fenced transaction
 //! before the loop goes on; the conversation is written with the attempt's end.
 
+use std::path::Path;
 use std::time::Duration;
 
 use chrono::Utc;
+use keel_workers::agent::instructions;
 use keel_workers::agent::provider::{ChatClient, ChatModel, RetryPolicy};
 use keel_workers::agent::run_loop::{
     self, AgentContext, AgentPlan, Budget, LoopOutcome, ModelCall, Toolbox,
@@ -34,6 +36,7 @@ use crate::providers::chat::chat_config;
 use crate::providers::secrets::SecretPolicy;
 use crate::providers::{ProviderHosts, ProviderRecord};
 use crate::queue::worker::Job;
+use crate::runs;
 use crate::runs::RunWithTask;
 use crate::runs::job::{FencedContext, RunJobs};
 use crate::runs::lineage::Conversation;
@@ -66,6 +69,8 @@ pub(crate) struct AgentJobs {
     /// How model calls are made (`KEEL_CHAT_*`); its private-address switch also lets
     /// `http_request` reach private addresses.
     pub(crate) chat: ChatLimits,
+    /// The operator's system prompt (`KEEL_AGENT_SYSTEM_PROMPT`), the first layer.
+    pub(crate) system_prompt: Option<String>,
 }
 
 /// Runs one attempt of an agent loop run that [`attempt::begin`] marked running.
@@ -88,7 +93,11 @@ pub(crate) async fn execute(
         deltas: Deltas::start(jobs.pool.clone(), job.lease.scope(), ids),
     };
     let attempt = async {
-        match ctx.settle_abandoned().await {
+        let started = async {
+            ctx.settle_abandoned().await?;
+            ctx.keep_base(setup.new_base.as_deref()).await
+        };
+        match started.await {
             Ok(()) => run_loop::run(&setup.plan, &setup.model, &setup.tools, &ctx).await,
             Err(stopped) => stopped.into(),
         }
@@ -142,6 +151,8 @@ struct Setup {
     model: ChatModel,
     tools: WorkspaceTools,
     last_step: Option<String>,
+    /// The conversation's start, composed by this attempt, to keep as the run's base.
+    new_base: Option<Vec<Message>>,
 }
 
 /// Builds the attempt from the rows; `Err(message)` fails the run (a preset that no longer
@@ -153,6 +164,21 @@ async fn prepare(
     row: &RunWithTask,
 ) -> Result<Result<Setup, String>, StoreError> {
     let (task, run) = (&row.task, &row.run);
+    let workspace = match jobs.workspace(task, run).await {
+        Ok(workspace) => workspace,
+        Err(error) => return Ok(Err(error)),
+    };
+    let workspace = match tokio::fs::canonicalize(&workspace).await {
+        Ok(workspace) => workspace,
+        Err(error) => return Ok(Err(format!("workspace {}: {error}", workspace.display()))),
+    };
+    let (base, new_base) = match &run.conversation_base {
+        Some(stored) => match serde_json::from_value::<Vec<Message>>(stored.clone()) {
+            Ok(base) => (base, None),
+            Err(error) => return Ok(Err(format!("the run's conversation_base: {error}"))),
+        },
+        None => composed_base(agent, task, &workspace).await,
+    };
     let mut conn = jobs.pool.acquire().await?;
     let routes = match tasks::chat_routes(&mut conn, scope, task).await {
         Ok(routes) => routes,
@@ -167,7 +193,7 @@ async fn prepare(
         Ok(clients) => clients,
         Err(error) => return Ok(Err(error)),
     };
-    let history = match history(&mut conn, scope, task, run).await? {
+    let history = match history(&mut conn, scope, run, base).await? {
         Ok(history) => history,
         Err(error) => return Ok(Err(error)),
     };
@@ -177,14 +203,6 @@ async fn prepare(
         None => None,
     };
     drop(conn);
-    let workspace = match jobs.workspace(task, run).await {
-        Ok(workspace) => workspace,
-        Err(error) => return Ok(Err(error)),
-    };
-    let workspace = match tokio::fs::canonicalize(&workspace).await {
-        Ok(workspace) => workspace,
-        Err(error) => return Ok(Err(format!("workspace {}: {error}", workspace.display()))),
-    };
     let timeout = jobs.timeout(task);
     let tools = WorkspaceTools {
         allowed: tools::allowed(task.tools.as_deref(), task.sandbox_read_only),
@@ -219,6 +237,7 @@ async fn prepare(
         model: ChatModel::new(primary, fallbacks, RetryPolicy::default()),
         tools,
         last_step: history.last_step,
+        new_base,
     }))
 }
 
@@ -269,30 +288,53 @@ struct History {
     last_step: Option<String>,
 }
 
-/// The run's base (or the task's prompts) and, in step order, each completed model call's
-/// response and each completed tool call's result.
+/// Where a run's conversation starts when it has no base yet: the three system-prompt
+/// layers (the operator's `KEEL_AGENT_SYSTEM_PROMPT`, the workspace's instruction files
+/// unless the task excludes them, the task's `system_prompt`), then the task's prompt.
+/// Returned a second time when the first two layers hold anything: the attempt then keeps
+/// it as the run's base, so a takeover starts from the same words whatever the workspace
+/// or the next worker's settings hold by then.
+async fn composed_base(
+    agent: &AgentJobs,
+    task: &TaskRecord,
+    workspace: &Path,
+) -> (Vec<Message>, Option<Vec<Message>>) {
+    let operator = agent.system_prompt.iter().map(|content| Message::System {
+        content: content.clone(),
+    });
+    let workspace_layer = if task.workspace_system_prompt_policy.as_deref() == Some("exclude") {
+        Vec::new()
+    } else {
+        let workspace = workspace.to_path_buf();
+        tokio::task::spawn_blocking(move || instructions::workspace_layer(&workspace))
+            .await
+            .unwrap_or_default()
+    };
+    let layered = agent.system_prompt.is_some() || !workspace_layer.is_empty();
+    let task_layer = task.system_prompt.iter().map(|content| Message::System {
+        content: content.clone(),
+    });
+    let prompt = Message::User {
+        content: task.prompt.clone().unwrap_or_default(),
+    };
+    let base: Vec<Message> = operator
+        .chain(workspace_layer)
+        .chain(task_layer)
+        .chain(std::iter::once(prompt))
+        .collect();
+    let keep = layered.then(|| base.clone());
+    (base, keep)
+}
+
+/// The conversation from `base` on: in step order, each completed model call's response
+/// and each completed tool call's result.
 async fn history(
     conn: &mut PgConnection,
     scope: &Scope,
-    task: &TaskRecord,
     run: &crate::runs::RunRecord,
+    base: Vec<Message>,
 ) -> Result<Result<History, String>, StoreError> {
-    let mut messages = match &run.conversation_base {
-        Some(base) => match serde_json::from_value::<Vec<Message>>(base.clone()) {
-            Ok(base) => base,
-            Err(error) => return Ok(Err(format!("the run's conversation_base: {error}"))),
-        },
-        None => task
-            .system_prompt
-            .iter()
-            .map(|content| Message::System {
-                content: content.clone(),
-            })
-            .chain(std::iter::once(Message::User {
-                content: task.prompt.clone().unwrap_or_default(),
-            }))
-            .collect(),
-    };
+    let mut messages = base;
     let rows = store::completed_calls(conn, scope, &run.id).await?;
     let (mut model_calls, mut last_step) = (0, None);
     for row in rows {
@@ -389,6 +431,19 @@ impl FencedAgent {
             let event = NewEvent::new(task_id, run_id, EventType::ModelCallAbandoned)
                 .with(json!({ "index": index }));
             events::append(conn, scope, &[event]).await
+        })
+        .await
+    }
+
+    /// Keeps the conversation's start this attempt composed as the run's base, before its
+    /// first model call.
+    async fn keep_base(&self, base: Option<&[Message]>) -> Result<(), ContextError> {
+        let Some(base) = base else { return Ok(()) };
+        let shared = &self.run.shared;
+        let (run_id, scope) = (shared.run_id.as_str(), &shared.fence.scope);
+        let base = serde_json::to_value(base).expect("messages serialize");
+        self.persist(async |conn: &mut PgConnection| {
+            runs::keep_conversation_base(conn, scope, run_id, &base).await
         })
         .await
     }

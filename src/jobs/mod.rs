@@ -106,6 +106,8 @@ pub fn handlers(setup: Setup<'_>, common: &Common, args: &WorkerArgs) -> Vec<Arc
             secrets: secrets.clone(),
             provider_hosts: common.provider_hosts(),
             chat: common.chat.limits(),
+            system_prompt: Some(common.agent_system_prompt.clone())
+                .filter(|prompt| !prompt.trim().is_empty()),
         },
     });
     let poller = Poller::new(

@@ -615,8 +615,8 @@ pub(crate) async fn lock_with_task(
                     t.file_operation, t.working_directory, t.workspace_mode,
                     t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only, t.timeout_ms,
                     t.priority, t.budget_micros_usd, t.system_prompt, t.requested_provider,
-                    t.requested_model, t.max_model_calls, t.reasoning_effort, t.tools, t.hooks,
-                    t.run_count,
+                    t.requested_model, t.max_model_calls, t.reasoning_effort,
+                    t.workspace_system_prompt_policy, t.tools, t.hooks, t.run_count,
                     t.latest_run_id,
                     (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
                         AS latest_run_step_count,
@@ -642,6 +642,26 @@ pub(crate) async fn lock_with_task(
 }
 
 /// Locks a run row for the rest of the transaction.
+/// Sets the conversation an agent loop run starts from, unless it has one: the first
+/// attempt keeps what it composed, so every later attempt starts from the same words.
+pub(crate) async fn keep_conversation_base(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+    base: &serde_json::Value,
+) -> Result<()> {
+    sqlx::query!(
+        "UPDATE runs SET conversation_base = $3, updated_at = now()
+         WHERE workspace_id = $1 AND id = $2 AND conversation_base IS NULL",
+        scope.workspace(),
+        run_id,
+        base,
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 pub(crate) async fn lock(
     conn: &mut PgConnection,
     scope: &Scope,

@@ -2,7 +2,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use keel_api_types::REASONING_EFFORTS;
+use keel_api_types::{REASONING_EFFORTS, WORKSPACE_SYSTEM_PROMPT_POLICIES};
 pub use keel_api_types::{TaskDraft, TaskStatus};
 use keel_workers::{Execution, FileOperation};
 
@@ -27,6 +27,7 @@ pub(crate) struct AgentLoop {
     pub(crate) requested_model: Option<String>,
     pub(crate) max_model_calls: Option<i32>,
     pub(crate) reasoning_effort: Option<String>,
+    pub(crate) workspace_system_prompt_policy: Option<String>,
     pub(crate) tools: Option<Vec<String>>,
 }
 
@@ -394,15 +395,16 @@ fn parse_agent_loop(draft: &TaskDraft) -> Result<AgentLoop, Invalid> {
     if draft.max_model_calls.is_some_and(|n| n <= 0) {
         return Err(Invalid::new("max_model_calls", "must be greater than 0"));
     }
-    if let Some(effort) = &draft.reasoning_effort
-        && !REASONING_EFFORTS.contains(&effort.as_str())
-    {
-        let known = REASONING_EFFORTS.join(", ");
-        return Err(Invalid::new(
-            "reasoning_effort",
-            format!("must be one of {known}"),
-        ));
-    }
+    one_of(
+        "reasoning_effort",
+        draft.reasoning_effort.as_deref(),
+        &REASONING_EFFORTS,
+    )?;
+    one_of(
+        "workspace_system_prompt_policy",
+        draft.workspace_system_prompt_policy.as_deref(),
+        &WORKSPACE_SYSTEM_PROMPT_POLICIES,
+    )?;
     if let Some(tools) = &draft.tools {
         check_tools(tools)?;
     }
@@ -412,8 +414,20 @@ fn parse_agent_loop(draft: &TaskDraft) -> Result<AgentLoop, Invalid> {
         requested_model: optional("requested_model", &draft.requested_model)?,
         max_model_calls: draft.max_model_calls,
         reasoning_effort: draft.reasoning_effort.clone(),
+        workspace_system_prompt_policy: draft.workspace_system_prompt_policy.clone(),
         tools: draft.tools.clone(),
     })
+}
+
+/// A field that, when set, must be one of `values`.
+fn one_of(field: &'static str, value: Option<&str>, values: &[&str]) -> Result<(), Invalid> {
+    match value {
+        Some(value) if !values.contains(&value) => Err(Invalid::new(
+            field,
+            format!("must be one of {}", values.join(", ")),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Each tool is in the catalog, once.
@@ -436,7 +450,7 @@ fn check_tools(tools: &[String]) -> Result<(), Invalid> {
 /// Refuses fields that belong to another execution kind, so a typo cannot be ignored.
 fn only_for(kind: &str, draft: &TaskDraft) -> Result<(), Invalid> {
     const AGENT: &str = "agent_loop";
-    let fields: [(&'static str, bool, &str); 11] = [
+    let fields: [(&'static str, bool, &str); 12] = [
         ("shell_command", draft.shell_command.is_some(), "shell"),
         ("git_command", draft.git_command.is_some(), "git"),
         ("file_path", draft.file_path.is_some(), "file"),
@@ -451,6 +465,11 @@ fn only_for(kind: &str, draft: &TaskDraft) -> Result<(), Invalid> {
         ("requested_model", draft.requested_model.is_some(), AGENT),
         ("max_model_calls", draft.max_model_calls.is_some(), AGENT),
         ("reasoning_effort", draft.reasoning_effort.is_some(), AGENT),
+        (
+            "workspace_system_prompt_policy",
+            draft.workspace_system_prompt_policy.is_some(),
+            AGENT,
+        ),
         ("tools", draft.tools.is_some(), AGENT),
     ];
     match fields

@@ -36,7 +36,8 @@ macro_rules! query_tasks {
                       t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only,
                       t.timeout_ms, t.priority, t.budget_micros_usd, t.system_prompt,
                       t.requested_provider, t.requested_model, t.max_model_calls,
-                      t.reasoning_effort, t.tools, t.run_count, t.latest_run_id,
+                      t.reasoning_effort, t.workspace_system_prompt_policy, t.tools,
+                      t.run_count, t.latest_run_id,
                       (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
                           AS "latest_run_step_count!",
                       (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
@@ -177,9 +178,10 @@ pub async fn insert(
                                 sandbox_allowed_root, sandbox_network, sandbox_read_only,
                                 timeout_ms, priority, budget_micros_usd, workspace_id,
                                 system_prompt, requested_provider, requested_model,
-                                max_model_calls, tools, hooks, reasoning_effort)
+                                max_model_calls, tools, hooks, reasoning_effort,
+                                workspace_system_prompt_policy)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                     $19, $20, $21, $22, $23, $24, $25)
+                     $19, $20, $21, $22, $23, $24, $25, $26)
              RETURNING *
          ), audit AS (
              INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id,
@@ -191,8 +193,8 @@ pub async fn insert(
                 shell_command, git_command, file_path, file_content, file_operation,
                 working_directory, workspace_mode, sandbox_allowed_root, sandbox_network,
                 sandbox_read_only, timeout_ms, priority, budget_micros_usd, system_prompt,
-                requested_provider, requested_model, max_model_calls, reasoning_effort, tools,
-                run_count,
+                requested_provider, requested_model, max_model_calls, reasoning_effort,
+                workspace_system_prompt_policy, tools, run_count,
                 latest_run_id, 0::bigint AS "latest_run_step_count!",
                 0::bigint AS "latest_run_artifact_count!", created_at, updated_at
          FROM created"#,
@@ -221,6 +223,7 @@ pub async fn insert(
         agent.tools.as_deref(),
         hooks,
         agent.reasoning_effort,
+        agent.workspace_system_prompt_policy,
     )
     .fetch_one(conn)
     .await?;

@@ -28,6 +28,8 @@ struct Stack {
     pool: PgPool,
     dir: tempfile::TempDir,
     policies: String,
+    /// More settings of the API and the workers.
+    env: Vec<(String, String)>,
     /// Kept running for the test's length.
     _api: KeelProcess,
     workers: Vec<KeelProcess>,
@@ -39,10 +41,16 @@ struct Stack {
 impl Stack {
     /// An API and a worker gating tools with `policies`, and a chat preset on the fake.
     async fn start(policies: &str, script: Vec<Turn>) -> Stack {
+        Stack::start_with(policies, script, &[]).await
+    }
+
+    /// [`Stack::start`] with more settings for the API and the workers.
+    async fn start_with(policies: &str, script: Vec<Turn>, more: &[(&str, &str)]) -> Stack {
         let llm = FakeLlm::start(script).await.require_key(CANARY);
         let db_url = support::fresh_database().await;
         let dir = tempfile::tempdir().unwrap();
-        let env = [("KEEL_APPROVAL_POLICIES", policies)];
+        let mut env = vec![("KEEL_APPROVAL_POLICIES", policies)];
+        env.extend_from_slice(more);
         let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &env).await;
         let client = api.client.clone().unwrap();
         let (status, preset) = client
@@ -59,6 +67,10 @@ impl Stack {
             db_url,
             dir,
             policies: policies.to_string(),
+            env: more
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_string()))
+                .collect(),
             _api: api,
             workers: Vec::new(),
             client,
@@ -71,12 +83,13 @@ impl Stack {
 
     fn spawn_worker(&mut self, name: &str) {
         let data = self.dir.path().join("data");
-        let env = [
+        let mut env = vec![
             ("KEEL_APPROVAL_POLICIES", self.policies.as_str()),
             ("KEEL_MODEL_PRICES", PRICES),
             ("FAKE_LLM_API_KEY", CANARY),
             ("KEEL_CHAT_ALLOW_PRIVATE_ADDRESSES", "true"),
         ];
+        env.extend(self.env.iter().map(|(n, v)| (n.as_str(), v.as_str())));
         let worker =
             support::spawn_worker_with_env(&self.db_url, self.dir.path(), name, 2_000, &data, &env);
         self.workers.push(worker);
@@ -672,6 +685,11 @@ async fn agent_tasks_are_validated_and_need_a_configured_model() {
             json!({ "execution_kind": "shell", "shell_command": "ls", "reasoning_effort": "low" }),
             "reasoning_effort",
         ),
+        (
+            json!({ "execution_kind": "agent_loop", "prompt": "x",
+                    "workspace_system_prompt_policy": "sometimes" }),
+            "workspace_system_prompt_policy",
+        ),
     ];
     for (body, named) in cases {
         let (status, error) = c.post("/v1/tasks", body.clone()).await;
@@ -1053,4 +1071,79 @@ async fn an_openai_responses_preset_runs_the_loop_with_tool_calls() {
         "The workspace is empty."
     );
     assert_nowhere_in_the_database(&stack.pool, CANARY).await;
+}
+
+#[tokio::test]
+async fn the_system_prompt_has_three_layers_and_the_first_attempt_keeps_them() {
+    let roots = tempfile::tempdir().unwrap();
+    support::let_the_sandbox_through(roots.path());
+    let root = roots.path().to_str().unwrap().to_string();
+    let stack = Stack::start_with(
+        "none",
+        vec![Turn::text("Done."), Turn::text("Done too.")],
+        &[
+            ("KEEL_WORKSPACE_ROOTS", root.as_str()),
+            ("KEEL_AGENT_SYSTEM_PROMPT", "The operator's rules."),
+        ],
+    )
+    .await;
+    let project = roots.path().join("project");
+    std::fs::create_dir(&project).unwrap();
+    std::fs::write(
+        project.join("AGENTS.md"),
+        "Run the tests before you finish.",
+    )
+    .unwrap();
+    let in_place = TaskDraft {
+        workspace_mode: Some("in_place".into()),
+        working_directory: Some(project.to_str().unwrap().into()),
+        ..agent()
+    };
+    let (task_id, run_id) = stack.start_agent(in_place.clone()).await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    let asked = stack.llm.requests();
+    assert_eq!(
+        said(&asked[0]),
+        [
+            turn("system", "The operator's rules."),
+            turn(
+                "system",
+                "Instructions from the workspace's AGENTS.md:\n\nRun the tests before you finish."
+            ),
+            turn("system", "You are careful."),
+            turn("user", "Tidy the notes."),
+        ]
+    );
+    // The run keeps what its first attempt composed: a takeover reads it, not the files.
+    let base: Value = sqlx::query_scalar("SELECT conversation_base FROM runs WHERE id = $1")
+        .bind(&run_id)
+        .fetch_one(&stack.pool)
+        .await
+        .unwrap();
+    assert_eq!(base.as_array().unwrap().len(), 4, "{base}");
+    assert_eq!(base[1]["content"], asked[0].messages()[1]["content"]);
+
+    // A task that excludes the workspace's files gets the operator's layer and its own.
+    let excluded = TaskDraft {
+        workspace_system_prompt_policy: Some("exclude".into()),
+        ..in_place
+    };
+    let (task_id, run_id) = stack.start_agent(excluded).await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    let asked = stack.llm.requests();
+    assert_eq!(
+        said(&asked[1]),
+        [
+            turn("system", "The operator's rules."),
+            turn("system", "You are careful."),
+            turn("user", "Tidy the notes."),
+        ]
+    );
+    let task = stack.client.api.get_task(&task_id).await.unwrap().data;
+    assert_eq!(
+        task.workspace_system_prompt_policy.as_deref(),
+        Some("exclude")
+    );
 }

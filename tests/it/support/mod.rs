@@ -460,6 +460,7 @@ impl TestApp {
             db_max_connections: 10,
             approval_policies: policies.parse().expect("known approval policies"),
             model_prices: Default::default(),
+            agent_system_prompt: String::new(),
             approval_ttl_ms: 0,
             // The tests' in_place directories are temporary ones.
             workspace_roots: vec![std::env::temp_dir()],

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub mod instructions;
 pub mod provider;
 pub mod run_loop;
 pub mod tools;
