@@ -28,6 +28,11 @@ pub struct TaskDraft {
     pub file_operation: Option<String>,
     pub working_directory: Option<String>,
     pub workspace_mode: Option<String>,
+    /// For `ephemeral`: the repository the run's workspace starts as a clone of (a URL
+    /// without credentials, or an absolute path).
+    pub repo: Option<String>,
+    /// With `repo`: the branch to check out (absent: the repository's default).
+    pub base_branch: Option<String>,
     /// For `in_place`: a directory beneath `KEEL_WORKSPACE_ROOTS` that the working
     /// directory must lie beneath, narrowing the operator's roots for this task.
     pub sandbox_allowed_root: Option<String>,
@@ -62,6 +67,9 @@ pub struct TaskDraft {
     /// /v1/tasks/{task_id}/start` with no body would (default false).
     pub start: Option<bool>,
 }
+
+/// Longest `repo` (bytes).
+pub const MAX_REPO_BYTES: usize = 2048;
 
 /// The values of an agent loop task's `reasoning_effort`.
 pub const REASONING_EFFORTS: [&str; 4] = ["minimal", "low", "medium", "high"];
@@ -249,6 +257,30 @@ fn common_fields(kind: &str) -> Vec<Field> {
                 .into(),
         ),
         (
+            "repo",
+            false,
+            string(true, NO_NUL, Some(MAX_REPO_BYTES))
+                .description(Some(
+                    "`ephemeral` only: the repository each run's workspace starts as a clone \
+                     of, before anything else runs there: an `https://`, `http://`, \
+                     `ssh://`, `git://` or `file://` URL, `user@host:path`, or an absolute \
+                     path. No credentials in it (422): the clone runs in the run's sandbox, \
+                     with its network setting. A clone that fails fails the run with git's \
+                     message.",
+                ))
+                .into(),
+        ),
+        (
+            "base_branch",
+            false,
+            string(true, NO_NUL, Some(255))
+                .description(Some(
+                    "With `repo`: the branch to check out, as a local branch of that name \
+                     (absent: the repository's default branch, detached).",
+                ))
+                .into(),
+        ),
+        (
             "working_directory",
             false,
             string(true, NO_NUL, None)
@@ -348,7 +380,7 @@ fn common_fields(kind: &str) -> Vec<Field> {
     "id": "task_01a22b05c3e1734c9d7a0f2b6e41d890", "execution_kind": "shell", "status": "completed",
     "prompt": null, "shell_command": "echo hello from keel", "git_command": null,
     "file_path": null, "file_content": null, "file_operation": null,
-    "working_directory": null, "workspace_mode": "ephemeral", "sandbox_allowed_root": null, "sandbox_network": true, "sandbox_read_only": false, "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000,
+    "working_directory": null, "workspace_mode": "ephemeral", "repo": null, "base_branch": null, "sandbox_allowed_root": null, "sandbox_network": true, "sandbox_read_only": false, "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000,
     "system_prompt": null, "requested_provider": null, "requested_model": null,
     "max_model_calls": null, "reasoning_effort": null, "workspace_system_prompt_policy": null, "tools": null, "run_count": 1,
     "latest_run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "latest_run_step_count": 1,
@@ -370,6 +402,10 @@ pub struct TaskRecord {
     pub working_directory: Option<String>,
     #[schema(value_type = WorkspaceMode)]
     pub workspace_mode: String,
+    /// The repository an ephemeral workspace starts as a clone of (null: none).
+    pub repo: Option<String>,
+    /// The branch the clone checks out (null: the repository's default).
+    pub base_branch: Option<String>,
     /// For `in_place`: the directory the task narrows the workspace roots to.
     pub sandbox_allowed_root: Option<String>,
     /// False: shell and git children run with only loopback, and need no `network_egress`.

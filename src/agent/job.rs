@@ -85,20 +85,40 @@ pub(crate) async fn execute(
         Err(error) => return jobs.fail(&job, &row, error).await,
     };
     let ids = (row.task.id.clone(), row.run.id.clone());
+    let Setup {
+        mut plan,
+        model,
+        tools,
+        last_step,
+        base,
+    } = setup;
     let ctx = FencedAgent {
         run: jobs.context(&job, &row),
         prices: agent.prices.clone(),
-        last_step: std::sync::Mutex::new(setup.last_step),
+        last_step: std::sync::Mutex::new(last_step),
         conversation: std::sync::Mutex::new(None),
         deltas: Deltas::start(jobs.pool.clone(), job.lease.scope(), ids),
     };
-    let attempt = async {
+    // Runs within the task's hooks, after its repository's clone: a base composed here
+    // reads the workspace as the clone left it.
+    let (context, task, workspace) = (&ctx, &row.task, &tools.env.workspace);
+    let (model, tools) = (&model, &tools);
+    let attempt = async move {
         let started = async {
-            ctx.settle_abandoned().await?;
-            ctx.keep_base(setup.new_base.as_deref()).await
+            context.settle_abandoned().await?;
+            let base = match base {
+                Some(stored) => stored,
+                None => {
+                    let (base, keep) = composed_base(agent, task, workspace).await;
+                    context.keep_base(keep.as_deref()).await?;
+                    base
+                }
+            };
+            plan.messages.splice(0..0, base);
+            Ok::<_, ContextError>(plan)
         };
         match started.await {
-            Ok(()) => run_loop::run(&setup.plan, &setup.model, &setup.tools, &ctx).await,
+            Ok(plan) => run_loop::run(&plan, model, tools, context).await,
             Err(stopped) => stopped.into(),
         }
     };
@@ -151,8 +171,9 @@ struct Setup {
     model: ChatModel,
     tools: WorkspaceTools,
     last_step: Option<String>,
-    /// The conversation's start, composed by this attempt, to keep as the run's base.
-    new_base: Option<Vec<Message>>,
+    /// The run's stored `conversation_base`; None: the attempt composes it
+    /// ([`composed_base`]) once the workspace is ready.
+    base: Option<Vec<Message>>,
 }
 
 /// Builds the attempt from the rows; `Err(message)` fails the run (a preset that no longer
@@ -172,12 +193,12 @@ async fn prepare(
         Ok(workspace) => workspace,
         Err(error) => return Ok(Err(format!("workspace {}: {error}", workspace.display()))),
     };
-    let (base, new_base) = match &run.conversation_base {
+    let base = match &run.conversation_base {
         Some(stored) => match serde_json::from_value::<Vec<Message>>(stored.clone()) {
-            Ok(base) => (base, None),
+            Ok(base) => Some(base),
             Err(error) => return Ok(Err(format!("the run's conversation_base: {error}"))),
         },
-        None => composed_base(agent, task, &workspace).await,
+        None => None,
     };
     let mut conn = jobs.pool.acquire().await?;
     let routes = match tasks::chat_routes(&mut conn, scope, task).await {
@@ -193,7 +214,7 @@ async fn prepare(
         Ok(clients) => clients,
         Err(error) => return Ok(Err(error)),
     };
-    let history = match history(&mut conn, scope, run, base).await? {
+    let history = match history(&mut conn, scope, run).await? {
         Ok(history) => history,
         Err(error) => return Ok(Err(error)),
     };
@@ -237,7 +258,7 @@ async fn prepare(
         model: ChatModel::new(primary, fallbacks, RetryPolicy::default()),
         tools,
         last_step: history.last_step,
-        new_base,
+        base,
     }))
 }
 
@@ -326,15 +347,14 @@ async fn composed_base(
     (base, keep)
 }
 
-/// The conversation from `base` on: in step order, each completed model call's response
+/// The conversation after its base: in step order, each completed model call's response
 /// and each completed tool call's result.
 async fn history(
     conn: &mut PgConnection,
     scope: &Scope,
     run: &crate::runs::RunRecord,
-    base: Vec<Message>,
 ) -> Result<Result<History, String>, StoreError> {
-    let mut messages = base;
+    let mut messages = Vec::new();
     let rows = store::completed_calls(conn, scope, &run.id).await?;
     let (mut model_calls, mut last_step) = (0, None);
     for row in rows {

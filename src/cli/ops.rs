@@ -74,7 +74,7 @@ pub enum Operation {
 #[derive(Debug, Subcommand)]
 pub(crate) enum TaskCommand {
     /// Creates a task (nothing runs until it is started).
-    Create(CreateTask),
+    Create(Box<CreateTask>),
     /// Lists tasks, newest first.
     List {
         /// `not_started` or a run status (`running`, `failed`, …).
@@ -131,6 +131,13 @@ pub(crate) struct CreateTask {
     tools: Vec<String>,
     #[arg(long)]
     working_directory: Option<String>,
+    /// The repository each run's workspace starts as a clone of (a URL without
+    /// credentials, or an absolute path).
+    #[arg(long)]
+    repo: Option<String>,
+    /// With --repo: the branch to check out.
+    #[arg(long, requires = "repo")]
+    base_branch: Option<String>,
     #[arg(long)]
     timeout_ms: Option<i64>,
     /// Start the task in the same request and transaction (`start: true`): the task shown
@@ -161,6 +168,8 @@ impl CreateTask {
             file_path: self.file.clone(),
             file_content: self.content.clone(),
             working_directory: self.working_directory.clone(),
+            repo: self.repo.clone(),
+            base_branch: self.base_branch.clone(),
             timeout_ms: self.timeout_ms,
             requested_provider: self.provider.clone(),
             reasoning_effort: self.reasoning_effort.clone(),

@@ -220,6 +220,17 @@ pub struct NewTask {
     pub(crate) budget_micros_usd: i64,
     /// External work: the workflow's hooks, run around each attempt (never from a request).
     pub(crate) hooks: Option<crate::tasks::Hooks>,
+    /// The repository an ephemeral workspace starts as a clone of.
+    pub(crate) repo: Option<RepoSource>,
+}
+
+/// A repository a run's workspace starts as a clone of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RepoSource {
+    /// A URL without credentials, or an absolute path.
+    pub(crate) url: String,
+    /// The branch to check out; None: the repository's default.
+    pub(crate) base_branch: Option<String>,
 }
 
 impl NewTask {
@@ -249,15 +260,18 @@ impl NewTask {
         check_len("prompt", prompt.as_deref(), MAX_PROMPT_BYTES)?;
         let timeout_ms = timeouts.parse(draft.timeout_ms)?;
         let sandbox = parse_sandbox(&draft, &execution)?;
+        let workspace = parse_workspace(&draft)?;
+        let repo = parse_repo(&draft, &workspace)?;
         Ok(NewTask {
             execution,
             prompt,
-            workspace: parse_workspace(&draft)?,
+            workspace,
             sandbox,
             timeout_ms,
             priority: draft.priority.unwrap_or(0),
             budget_micros_usd: parse_budget(draft.budget_micros_usd)?,
             hooks: None,
+            repo,
         })
     }
 
@@ -515,6 +529,88 @@ fn parse_workspace(draft: &TaskDraft) -> Result<WorkspaceMode, Invalid> {
             "workspace_mode",
             format!("unknown workspace mode '{other}' (expected ephemeral or in_place)"),
         )),
+    }
+}
+
+/// `repo` and `base_branch`: a repository an ephemeral workspace can be cloned from, named
+/// without credentials (they would be stored with the task and shown in its responses),
+/// and a branch name git accepts. Neither may start with `-`, which git would read as an
+/// option.
+fn parse_repo(draft: &TaskDraft, workspace: &WorkspaceMode) -> Result<Option<RepoSource>, Invalid> {
+    let Some(url) = draft.repo.as_deref() else {
+        return match draft.base_branch {
+            Some(_) => Err(Invalid::new("base_branch", "needs repo")),
+            None => Ok(None),
+        };
+    };
+    if matches!(workspace, WorkspaceMode::InPlace { .. }) {
+        return Err(Invalid::new(
+            "repo",
+            "is only for workspace_mode ephemeral: an in_place directory is used as it is",
+        ));
+    }
+    check_len("repo", Some(url), keel_api_types::MAX_REPO_BYTES)?;
+    check_repo_url(url).map_err(|why| Invalid::new("repo", why))?;
+    if let Some(branch) = draft.base_branch.as_deref() {
+        check_branch(branch).map_err(|why| Invalid::new("base_branch", why))?;
+    }
+    Ok(Some(RepoSource {
+        url: url.to_string(),
+        base_branch: draft.base_branch.clone(),
+    }))
+}
+
+fn check_repo_url(url: &str) -> Result<(), String> {
+    if url.trim() != url || url.is_empty() || url.chars().any(char::is_control) {
+        return Err("must be a URL or an absolute path, without spaces around it".into());
+    }
+    if url.starts_with('-') {
+        return Err("must not start with '-'".into());
+    }
+    if url.starts_with('/') {
+        return Ok(());
+    }
+    const SCHEMES: [&str; 5] = ["https://", "http://", "ssh://", "git://", "file://"];
+    let Some(scheme) = SCHEMES.iter().find(|s| url.starts_with(*s)) else {
+        // scp-like `user@host:path`: a host, a colon, no scheme.
+        return match url.split_once(':') {
+            Some((host, path)) if !host.is_empty() && !path.is_empty() && !host.contains('/') => {
+                Ok(())
+            }
+            _ => Err(format!(
+                "must be an absolute path, user@host:path or a URL ({})",
+                SCHEMES.join(", ")
+            )),
+        };
+    };
+    let authority = url[scheme.len()..].split('/').next().unwrap_or_default();
+    match authority.rsplit_once('@') {
+        Some((userinfo, _)) if userinfo.contains(':') => Err(
+            "must not carry credentials: they would be stored with the task and shown in its \
+             responses"
+                .into(),
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// The branch names `git check-ref-format --branch` accepts, checked without git.
+fn check_branch(branch: &str) -> Result<(), String> {
+    let refused = branch.is_empty()
+        || branch.starts_with(['-', '/', '.'])
+        || branch.ends_with(['/', '.'])
+        || branch.ends_with(".lock")
+        || branch == "@"
+        || branch.contains("..")
+        || branch.contains("//")
+        || branch.contains("@{")
+        || branch.contains("/.")
+        || branch
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace() || "~^:?*[\\".contains(c));
+    match refused {
+        true => Err(format!("'{branch}' is not a branch name git accepts")),
+        false => Ok(()),
     }
 }
 

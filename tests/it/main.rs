@@ -32,6 +32,7 @@ mod processes;
 mod providers_live;
 mod queue;
 mod remote_db;
+mod repo_workspaces;
 mod restart;
 mod roles;
 mod rpc;

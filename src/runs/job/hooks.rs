@@ -1,11 +1,14 @@
-//! The workflow hooks around an imported task's attempts, run by the worker that runs the
-//! attempt, in its workspace, with its environment and sandbox.
+//! What runs around a task's attempts in its workspace, by the worker that runs the attempt,
+//! with the run's environment and sandbox: the clone of the task's repository into a new
+//! workspace, and an imported task's workflow hooks.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use keel_workers::agent::run_loop::LoopOutcome;
 use keel_workers::hooks::HookRun;
-use keel_workers::{ContextError, Outcome, RunContext};
+use keel_workers::{ContextError, Outcome, RunContext, StepResult};
+use serde_json::json;
 
 use super::context::FencedContext;
 use crate::tasks::Hooks;
@@ -15,10 +18,34 @@ use crate::tasks::Hooks;
 /// environment and sandbox.
 pub(crate) struct AttemptHooks {
     pub(super) hooks: Hooks,
+    /// The repository a new workspace starts as a clone of, before `after_create`.
+    pub(super) repo: Option<RepoClone>,
     pub(super) workspace: PathBuf,
     pub(super) env: Vec<(String, String)>,
     pub(super) sandbox: keel_workers::SandboxPolicy,
 }
+
+/// A task's `repo` and `base_branch`, and how long the clone may take (the run's timeout).
+pub(crate) struct RepoClone {
+    pub(super) url: String,
+    pub(super) base_branch: Option<String>,
+    pub(super) timeout: Duration,
+}
+
+/// Makes the workspace a clone of `$KEEL_REPO_URL` at `$KEEL_REPO_BRANCH` (the default
+/// branch, detached, when empty). `init` and `fetch` rather than `clone`: the workspace
+/// already holds the run's `.keel/` (its home and temporary directories). The values come
+/// in the environment, so nothing of them is parsed as shell.
+const CLONE_SCRIPT: &str = r#"set -e
+git init -q
+git remote add origin "$KEEL_REPO_URL"
+if [ -n "$KEEL_REPO_BRANCH" ]; then
+  git fetch -q origin "refs/heads/$KEEL_REPO_BRANCH"
+  git checkout -q -b "$KEEL_REPO_BRANCH" FETCH_HEAD
+else
+  git fetch -q origin HEAD
+  git checkout -q --detach FETCH_HEAD
+fi"#;
 
 /// What an attempt within hooks ends with: a process run's `Outcome`, or an agent loop's
 /// `LoopOutcome`, which can also wait for an approval.
@@ -96,6 +123,9 @@ impl AttemptHooks {
         if keel_workers::hooks::is_prepared(workspace) {
             return Ok(());
         }
+        if let Some(repo) = &self.repo {
+            self.clone_repo(ctx, repo).await?;
+        }
         if let Some(script) = &self.hooks.after_create {
             let ran = self.run_hook(ctx, "after_create", script).await?;
             if let Some(error) = ran.failure() {
@@ -115,6 +145,64 @@ impl AttemptHooks {
                 exit_code: None,
                 error: format!("workspace_unavailable: {error}"),
             })
+    }
+
+    /// Clones the task's repository into the workspace, as a `workspace_clone` step with
+    /// the clone's output as artifacts. A failure ends the attempt failed with git's
+    /// message and empties the workspace, so the next attempt clones afresh.
+    async fn clone_repo(&self, ctx: &FencedContext, repo: &RepoClone) -> Result<(), Outcome> {
+        let stopped = |error: ContextError| match error {
+            ContextError::Interrupted => Outcome::Interrupted,
+            ContextError::Runtime(error) => Outcome::Retry { error },
+        };
+        let input = json!({ "repo": repo.url, "base_branch": repo.base_branch });
+        let step = ctx
+            .start_step("workspace_clone", input)
+            .await
+            .map_err(stopped)?;
+        let mut env = self.env.clone();
+        env.extend([
+            ("KEEL_REPO_URL".to_string(), repo.url.clone()),
+            (
+                "KEEL_REPO_BRANCH".to_string(),
+                repo.base_branch.clone().unwrap_or_default(),
+            ),
+            // A repository that asks for credentials fails rather than waits for them.
+            ("GIT_TERMINAL_PROMPT".to_string(), "0".to_string()),
+        ]);
+        let (workspace, cancel) = (&self.workspace, ctx.cancellation());
+        let ran = keel_workers::hooks::run(
+            "clone",
+            CLONE_SCRIPT,
+            workspace,
+            &env,
+            self.sandbox,
+            repo.timeout,
+            cancel,
+        )
+        .await
+        .ok_or(Outcome::Interrupted)?;
+        ctx.shared.record_hook(&ran).await.map_err(stopped)?;
+        let result = match &ran.error {
+            None => StepResult::Completed {
+                output: json!({ "exit_code": ran.exit_code }),
+            },
+            Some(error) => StepResult::Failed {
+                error: format!("git {error}"),
+            },
+        };
+        ctx.finish_step(&step, result).await.map_err(stopped)?;
+        let Some(error) = ran.error else {
+            return Ok(());
+        };
+        if let Err(failed) = empty(workspace).await {
+            let run_id = &ctx.shared.run_id;
+            tracing::warn!(%run_id, %failed, "emptying a workspace whose clone failed");
+        }
+        Err(Outcome::Failed {
+            exit_code: None,
+            error: format!("clone_failed: git {error}"),
+        })
     }
 
     /// Runs one hook and records its output; Err: how the attempt stops instead (it was

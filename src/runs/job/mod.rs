@@ -37,7 +37,7 @@ use crate::tasks::{RunTimeouts, WorkspaceRoots};
 use crate::tasks::{TaskRecord, TaskRecordExt};
 use context::{Held, Shared};
 use ending::End;
-use hooks::AttemptHooks;
+use hooks::{AttemptHooks, RepoClone};
 
 pub(crate) struct RunJobs {
     pub(crate) pool: PgPool,
@@ -102,8 +102,8 @@ impl RunJobs {
         }
     }
 
-    /// Runs the attempt `body` within the task's workflow hooks, if it has any
-    /// ([`AttemptHooks::around`]).
+    /// Runs the attempt `body` within the task's workflow hooks and after its repository's
+    /// clone, if it has either ([`AttemptHooks::around`]).
     pub(crate) async fn around<O: Hooked>(
         &self,
         row: &RunWithTask,
@@ -116,14 +116,22 @@ impl RunJobs {
         }
     }
 
-    /// What an imported task's attempts need to run its workflow hooks; None without any
-    /// (or with a workspace the attempt will refuse anyway).
+    /// What a task's attempts need to clone its repository and run its workflow hooks; None
+    /// without either (or with a workspace the attempt will refuse anyway).
     fn hooks(&self, row: &RunWithTask) -> Option<AttemptHooks> {
         let (task, run) = (&row.task, &row.run);
-        let hooks = row.hooks.clone()?;
+        let repo = task.repo.as_ref().map(|url| RepoClone {
+            url: url.clone(),
+            base_branch: task.base_branch.clone(),
+            timeout: self.timeout(task),
+        });
+        if row.hooks.is_none() && repo.is_none() {
+            return None;
+        }
         let workspace = workspace_dir(&self.workspace_roots, &self.data_dir, task, run).ok()?;
         Some(AttemptHooks {
-            hooks,
+            hooks: row.hooks.clone().unwrap_or_default(),
+            repo,
             workspace,
             env: self.env(task, run),
             sandbox: task.sandbox(),

@@ -1,0 +1,188 @@
+//! Repository workspaces: a task's `repo` and `base_branch` make each run's ephemeral
+//! workspace a clone, made in the run's sandbox before anything else runs there, recorded
+//! as a `workspace_clone` step; a clone that fails fails the run with git's message.
+
+use crate::support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::StatusCode as HttpStatus;
+use keel_client::{RunStatus, StepStatus, TaskDraft};
+use reqwest::StatusCode;
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn git(dir: &Path, args: &[&str]) {
+    let status = Command::new("git")
+        .args(["-c", "user.name=Keel", "-c", "user.email=keel@example.com"])
+        .args(args)
+        .current_dir(dir)
+        .status()
+        .unwrap();
+    assert!(status.success(), "git {args:?}");
+}
+
+/// A bare repository with a README on `main` (its default branch) and another on
+/// `feature`, ready to be served over git's "dumb" HTTP protocol (plain files).
+fn repository() -> tempfile::TempDir {
+    let work = tempfile::tempdir().unwrap();
+    let repo = work.path();
+    git(repo, &["init", "-q", "-b", "main"]);
+    std::fs::write(repo.join("README.md"), "on main\n").unwrap();
+    git(repo, &["add", "README.md"]);
+    git(repo, &["commit", "-q", "-m", "main"]);
+    git(repo, &["checkout", "-q", "-b", "feature"]);
+    std::fs::write(repo.join("README.md"), "on feature\n").unwrap();
+    git(repo, &["commit", "-q", "-am", "feature"]);
+    git(repo, &["checkout", "-q", "main"]);
+    let bare = tempfile::tempdir().unwrap();
+    let target = bare.path().join("repo.git");
+    let status = Command::new("git")
+        .args(["clone", "-q", "--bare"])
+        .arg(repo)
+        .arg(&target)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    git(&target, &["update-server-info"]);
+    bare
+}
+
+/// Serves `dir`'s files over HTTP on loopback (a run's sandbox reaches the host's loopback
+/// when its task allows the network); returns the base URL.
+async fn serve(dir: &Path) -> String {
+    async fn file(
+        State(root): State<std::path::PathBuf>,
+        UrlPath(path): UrlPath<String>,
+    ) -> Result<Vec<u8>, HttpStatus> {
+        if path.split('/').any(|part| part == "..") {
+            return Err(HttpStatus::BAD_REQUEST);
+        }
+        tokio::fs::read(root.join(path))
+            .await
+            .map_err(|_| HttpStatus::NOT_FOUND)
+    }
+    let app = Router::new()
+        .route("/{*path}", axum::routing::get(file))
+        .with_state(dir.to_path_buf());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(axum::serve(listener, app).into_future());
+    url
+}
+
+#[tokio::test]
+async fn a_runs_workspace_starts_as_a_clone_of_the_tasks_repository() {
+    let app = support::TestApp::start().await;
+    let c = &app.client;
+    let origin = repository();
+    let url = format!("{}/repo.git", serve(origin.path()).await);
+    let script = "cat README.md; git rev-parse --abbrev-ref HEAD";
+    for (branch, expected) in [
+        (Some("feature"), "on feature\nfeature\n"),
+        (None, "on main\nHEAD\n"),
+    ] {
+        let draft = TaskDraft {
+            repo: Some(url.clone()),
+            base_branch: branch.map(str::to_string),
+            ..support::shell(script)
+        };
+        let (task_id, run_id) = c.start_task(&draft).await;
+        let run = c.wait_terminal(&task_id, &run_id, WAIT).await;
+        assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+        assert_eq!(c.stdout(&task_id, &run_id).await, expected);
+        let steps = c.api.list_steps(&task_id, &run_id).await.unwrap().data;
+        assert_eq!(steps[0].name, "workspace_clone", "{steps:?}");
+        assert_eq!(steps[0].status, StepStatus::Completed);
+        assert_eq!(steps[0].input["repo"], url.as_str());
+    }
+}
+
+#[tokio::test]
+async fn a_clone_that_fails_fails_the_run_with_gits_message() {
+    let app = support::TestApp::start().await;
+    let c = &app.client;
+    let missing = tempfile::tempdir().unwrap();
+    let url = missing
+        .path()
+        .join("nothing-here")
+        .to_str()
+        .unwrap()
+        .to_string();
+    let draft = TaskDraft {
+        repo: Some(url),
+        ..support::shell("echo never")
+    };
+    let (task_id, run_id) = c.start_task(&draft).await;
+    let run = c.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    let error = run.last_error.unwrap_or_default();
+    assert!(
+        error.starts_with("clone_failed: git exited with code"),
+        "{error}"
+    );
+    assert!(error.contains("nothing-here"), "git's own message: {error}");
+    let steps = c.api.list_steps(&task_id, &run_id).await.unwrap().data;
+    assert_eq!(steps.len(), 1, "nothing ran after the clone: {steps:?}");
+    assert_eq!(steps[0].name, "workspace_clone");
+    assert_eq!(steps[0].status, StepStatus::Failed);
+}
+
+#[tokio::test]
+async fn repositories_are_named_without_credentials_and_only_for_ephemeral_workspaces() {
+    let app = support::TestApp::api_only().await;
+    let c = &app.client;
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            json!({ "repo": "https://user:ghp_secret@github.com/o/r.git" }),
+            "repo",
+        ),
+        (json!({ "repo": "--upload-pack=touch /tmp/x" }), "repo"),
+        (json!({ "repo": "relative/path" }), "repo"),
+        (json!({ "base_branch": "main" }), "base_branch"),
+        (
+            json!({ "repo": "/srv/repo", "base_branch": "bad..name" }),
+            "base_branch",
+        ),
+        (
+            json!({ "repo": "/srv/repo", "base_branch": "-x" }),
+            "base_branch",
+        ),
+        (
+            json!({ "repo": "/srv/repo", "workspace_mode": "in_place",
+                    "working_directory": dir.path() }),
+            "repo",
+        ),
+    ];
+    for (fields, named) in cases {
+        let mut body = json!({ "execution_kind": "shell", "shell_command": "ls" });
+        body.as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        let (status, error) = c.post("/v1/tasks", body.clone()).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {error}");
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with(&format!("{named}:")), "{body}: {error}");
+    }
+    for repo in [
+        "https://github.com/o/r.git",
+        "ssh://git@github.com/o/r.git",
+        "git@github.com:o/r.git",
+        "/srv/repo",
+    ] {
+        let draft = TaskDraft {
+            repo: Some(repo.into()),
+            base_branch: Some("release/1.2".into()),
+            ..support::shell("ls")
+        };
+        let task = c.create_task(&draft).await;
+        assert_eq!(task.repo.as_deref(), Some(repo));
+        assert_eq!(task.base_branch.as_deref(), Some("release/1.2"));
+    }
+}
