@@ -1147,3 +1147,31 @@ async fn the_system_prompt_has_three_layers_and_the_first_attempt_keeps_them() {
         Some("exclude")
     );
 }
+
+#[tokio::test]
+async fn a_cloned_repositorys_agents_md_joins_the_system_prompt() {
+    let stack = Stack::start("none", vec![Turn::text("Done.")]).await;
+    let origin = crate::repo_workspaces::repository();
+    let url = crate::repo_workspaces::serve(origin.path()).await;
+    let draft = TaskDraft {
+        repo: Some(format!("{url}/repo.git")),
+        ..agent()
+    };
+    let (task_id, run_id) = stack.start_agent(draft).await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    // The clone comes first, so the prompt layer reads the repository's file.
+    assert_eq!(
+        said(&stack.llm.requests()[0]),
+        [
+            turn(
+                "system",
+                "Instructions from the workspace's AGENTS.md:\n\nUse the Makefile."
+            ),
+            turn("system", "You are careful."),
+            turn("user", "Tidy the notes."),
+        ]
+    );
+    let steps = stack.steps(&task_id, &run_id).await;
+    assert_eq!(steps[0].name, "workspace_clone", "{steps:?}");
+}

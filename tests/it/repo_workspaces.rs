@@ -27,14 +27,16 @@ fn git(dir: &Path, args: &[&str]) {
     assert!(status.success(), "git {args:?}");
 }
 
-/// A bare repository with a README on `main` (its default branch) and another on
-/// `feature`, ready to be served over git's "dumb" HTTP protocol (plain files).
-fn repository() -> tempfile::TempDir {
+/// A bare repository with a README and an AGENTS.md on `main` (its default branch) and
+/// another README on `feature`, ready to be served over git's "dumb" HTTP protocol (plain
+/// files) as `repo.git`.
+pub(crate) fn repository() -> tempfile::TempDir {
     let work = tempfile::tempdir().unwrap();
     let repo = work.path();
     git(repo, &["init", "-q", "-b", "main"]);
     std::fs::write(repo.join("README.md"), "on main\n").unwrap();
-    git(repo, &["add", "README.md"]);
+    std::fs::write(repo.join("AGENTS.md"), "Use the Makefile.").unwrap();
+    git(repo, &["add", "README.md", "AGENTS.md"]);
     git(repo, &["commit", "-q", "-m", "main"]);
     git(repo, &["checkout", "-q", "-b", "feature"]);
     std::fs::write(repo.join("README.md"), "on feature\n").unwrap();
@@ -55,7 +57,7 @@ fn repository() -> tempfile::TempDir {
 
 /// Serves `dir`'s files over HTTP on loopback (a run's sandbox reaches the host's loopback
 /// when its task allows the network); returns the base URL.
-async fn serve(dir: &Path) -> String {
+pub(crate) async fn serve(dir: &Path) -> String {
     async fn file(
         State(root): State<std::path::PathBuf>,
         UrlPath(path): UrlPath<String>,
