@@ -572,9 +572,19 @@ fn check_repo_url(url: &str) -> Result<(), String> {
     }
     const SCHEMES: [&str; 5] = ["https://", "http://", "ssh://", "git://", "file://"];
     let Some(scheme) = SCHEMES.iter().find(|s| url.starts_with(*s)) else {
-        // scp-like `user@host:path`: a host, a colon, no scheme.
+        // scp-like `user@host:path`: a host, a colon, no scheme. Not `<transport>::<address>`,
+        // which would hand the address to a remote helper (`ext::` runs a command).
+        let host_chars = |host: &str| {
+            host.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-@".contains(c))
+        };
         return match url.split_once(':') {
-            Some((host, path)) if !host.is_empty() && !path.is_empty() && !host.contains('/') => {
+            Some((host, path))
+                if !host.is_empty()
+                    && host_chars(host)
+                    && !path.is_empty()
+                    && !path.starts_with(':') =>
+            {
                 Ok(())
             }
             _ => Err(format!(

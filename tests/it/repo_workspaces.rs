@@ -147,6 +147,7 @@ async fn repositories_are_named_without_credentials_and_only_for_ephemeral_works
         ),
         (json!({ "repo": "--upload-pack=touch /tmp/x" }), "repo"),
         (json!({ "repo": "relative/path" }), "repo"),
+        (json!({ "repo": "ext::sh -c id" }), "repo"),
         (json!({ "base_branch": "main" }), "base_branch"),
         (
             json!({ "repo": "/srv/repo", "base_branch": "bad..name" }),
