@@ -95,6 +95,33 @@ impl Stack {
         self.workers.push(worker);
     }
 
+    /// Makes a new chat preset on the fake, speaking `api` at `base_url`, the one the
+    /// stack's tasks name; returns its id.
+    async fn use_preset(&mut self, kind: &str, api: &str, base_url: String) -> String {
+        let (status, preset) = self
+            .client
+            .post(
+                "/v1/providers",
+                json!({ "kind": kind, "model": MODEL, "api": api, "base_url": base_url,
+                        "api_key_ref": "env:FAKE_LLM_API_KEY",
+                        "capabilities": ["chat", "tool_call"], "enabled": true }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{preset}");
+        self.provider_id = support::record::<ProviderView>(&preset).id;
+        self.provider_id.clone()
+    }
+
+    /// The cached prompt tokens the ledger recorded for the run's model call `index`.
+    async fn cached_tokens(&self, run_id: &str, index: i32) -> i64 {
+        sqlx::query_scalar("SELECT cached_tokens FROM model_calls WHERE run_id = $1 AND index = $2")
+            .bind(run_id)
+            .bind(index)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
     /// Creates an agent loop task from `draft` (see [`agent`]) and starts it.
     async fn start_agent(&self, draft: TaskDraft) -> (String, String) {
         self.client.start_task(&draft).await
@@ -951,18 +978,10 @@ async fn an_anthropic_preset_runs_the_loop_over_the_messages_api() {
         ],
     )
     .await;
-    let (status, preset) = stack
-        .client
-        .post(
-            "/v1/providers",
-            json!({ "kind": "anthropic", "model": MODEL, "api": "anthropic-messages",
-                    "base_url": stack.llm.anthropic_base(), "api_key_ref": "env:FAKE_LLM_API_KEY",
-                    "capabilities": ["chat", "tool_call"], "enabled": true }),
-        )
+    let base_url = stack.llm.anthropic_base();
+    let provider = stack
+        .use_preset("anthropic", "anthropic-messages", base_url)
         .await;
-    assert_eq!(status, StatusCode::CREATED, "{preset}");
-    stack.provider_id = support::record::<ProviderView>(&preset).id;
-    let provider = stack.provider_id.clone();
     let (task_id, run_id) = stack
         .start_agent(TaskDraft {
             requested_provider: Some(provider.clone()),
@@ -988,13 +1007,7 @@ async fn an_anthropic_preset_runs_the_loop_over_the_messages_api() {
     assert_eq!(last["content"][0]["type"], "tool_result", "{last}");
     assert_eq!(last["content"][0]["tool_use_id"], "toolu_1", "{last}");
     // Cached prompt tokens are recorded apart.
-    let cached: i64 =
-        sqlx::query_scalar("SELECT cached_tokens FROM model_calls WHERE run_id = $1 AND index = 1")
-            .bind(&run_id)
-            .fetch_one(&stack.pool)
-            .await
-            .unwrap();
-    assert_eq!(cached, 10);
+    assert_eq!(stack.cached_tokens(&run_id, 1).await, 10);
 }
 
 #[tokio::test]
@@ -1008,18 +1021,10 @@ async fn an_openai_responses_preset_runs_the_loop_with_tool_calls() {
     )
     .await;
     // The Responses API lives beside chat completions: `{base}/responses`.
-    let (status, preset) = stack
-        .client
-        .post(
-            "/v1/providers",
-            json!({ "kind": "openai-compatible", "model": MODEL, "api": "openai-responses",
-                    "base_url": stack.llm.openai_base(), "api_key_ref": "env:FAKE_LLM_API_KEY",
-                    "capabilities": ["chat", "tool_call"], "enabled": true }),
-        )
+    let base_url = stack.llm.openai_base();
+    let provider = stack
+        .use_preset("openai-compatible", "openai-responses", base_url)
         .await;
-    assert_eq!(status, StatusCode::CREATED, "{preset}");
-    stack.provider_id = support::record::<ProviderView>(&preset).id;
-    let provider = stack.provider_id.clone();
     let (task_id, run_id) = stack
         .start_agent(TaskDraft {
             requested_provider: Some(provider.clone()),
@@ -1058,13 +1063,7 @@ async fn an_openai_responses_preset_runs_the_loop_with_tool_calls() {
     let steps = stack.steps(&task_id, &run_id).await;
     let tool = steps.iter().find(|s| s.name == "tool_call").unwrap();
     assert_eq!(tool.status, StepStatus::Completed);
-    let cached: i64 =
-        sqlx::query_scalar("SELECT cached_tokens FROM model_calls WHERE run_id = $1 AND index = 1")
-            .bind(&run_id)
-            .fetch_one(&stack.pool)
-            .await
-            .unwrap();
-    assert_eq!(cached, 10);
+    assert_eq!(stack.cached_tokens(&run_id, 1).await, 10);
     let conversation = stack.conversation(&task_id, &run_id).await;
     assert_eq!(
         conversation.last().unwrap()["content"],

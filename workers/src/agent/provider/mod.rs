@@ -16,7 +16,7 @@ use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue, RETRY_A
 use reqwest::{Client, Response, StatusCode, Url};
 use serde_json::Value;
 
-use super::{Message, ModelResponse, ProviderError, ToolSpec};
+use super::{Message, ModelResponse, ProviderError, ToolCall, ToolSpec};
 use crate::media::Secret;
 use crate::media::egress::{check_url, describe, guarded, refusal};
 
@@ -227,6 +227,47 @@ trait Assemble: Send {
     fn complete_at_end(&self) -> bool;
     /// The response; `model` when the provider did not name the one that answered.
     fn finish(self: Box<Self>, model: &str) -> ModelResponse;
+}
+
+/// What the OpenAI protocols' readers gather from a stream: its text, the tool calls by
+/// their position in the answer, and what it said of itself.
+#[derive(Default)]
+struct Collected {
+    text: String,
+    calls: std::collections::BTreeMap<usize, ToolCall>,
+    finish_reason: Option<String>,
+    usage: crate::agent::Usage,
+    model: Option<String>,
+}
+
+impl Collected {
+    /// The model the provider says answered, when it named one.
+    fn answered_by(&mut self, model: Option<String>) {
+        if let Some(model) = model.filter(|m| !m.is_empty()) {
+            self.model = Some(model);
+        }
+    }
+
+    /// Text as it streams: to `on_delta`, and kept.
+    fn text(&mut self, text: &str, on_delta: &mut (dyn FnMut(&str) + Send)) {
+        if !text.is_empty() {
+            on_delta(text);
+            self.text.push_str(text);
+        }
+    }
+
+    /// The response; `model` when the provider did not name the one that answered.
+    fn response(self, model: &str) -> ModelResponse {
+        ModelResponse {
+            message: Message::Assistant {
+                content: (!self.text.is_empty()).then_some(self.text),
+                tool_calls: self.calls.into_values().collect(),
+            },
+            usage: self.usage,
+            model: self.model.unwrap_or_else(|| model.to_string()),
+            finish_reason: self.finish_reason,
+        }
+    }
 }
 
 fn endpoint(config: &ProviderConfig) -> Result<Url, ProviderError> {

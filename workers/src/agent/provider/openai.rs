@@ -2,13 +2,11 @@
 //! its `chat.completion.chunk`s (text deltas, tool calls by `index` in pieces, usage in the
 //! last chunk thanks to `stream_options.include_usage`, then `data: [DONE]`).
 
-use std::collections::BTreeMap;
-
 use eventsource_stream::Event;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Assemble, ProviderConfig, fatal, stream_failure};
+use super::{Assemble, Collected, ProviderConfig, fatal, stream_failure};
 use crate::agent::{Message, ModelResponse, ProviderError, ToolCall, ToolSpec, Usage};
 
 pub(super) fn request(config: &ProviderConfig, messages: &[Message], tools: &[ToolSpec]) -> Value {
@@ -129,23 +127,16 @@ struct PromptDetails {
     cached_tokens: Option<u64>,
 }
 
+/// The tool calls are kept by the chunks' `index`.
 #[derive(Default)]
-pub(super) struct Assembler {
-    text: String,
-    /// By the chunks' `index`.
-    calls: BTreeMap<usize, ToolCall>,
-    finish_reason: Option<String>,
-    usage: Usage,
-    model: Option<String>,
-}
+pub(super) struct Assembler(Collected);
 
 impl Assembler {
     fn chunk(&mut self, chunk: Chunk, on_delta: &mut (dyn FnMut(&str) + Send)) {
-        if let Some(model) = chunk.model.filter(|m| !m.is_empty()) {
-            self.model = Some(model);
-        }
+        let this = &mut self.0;
+        this.answered_by(chunk.model);
         if let Some(usage) = chunk.usage {
-            self.usage = Usage {
+            this.usage = Usage {
                 prompt_tokens: usage.prompt_tokens,
                 completion_tokens: usage.completion_tokens,
                 cached_tokens: usage
@@ -159,15 +150,12 @@ impl Assembler {
             return;
         };
         if let Some(reason) = choice.finish_reason {
-            self.finish_reason = Some(reason);
+            this.finish_reason = Some(reason);
         }
         let Some(delta) = choice.delta else { return };
-        if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
-            on_delta(&text);
-            self.text.push_str(&text);
-        }
+        this.text(delta.content.as_deref().unwrap_or_default(), on_delta);
         for piece in delta.tool_calls {
-            let call = self.calls.entry(piece.index).or_insert_with(|| ToolCall {
+            let call = this.calls.entry(piece.index).or_insert_with(|| ToolCall {
                 id: String::new(),
                 name: String::new(),
                 arguments: String::new(),
@@ -209,19 +197,10 @@ impl Assemble for Assembler {
 
     /// A server that closes without `[DONE]` after the finish reason has said everything.
     fn complete_at_end(&self) -> bool {
-        self.finish_reason.is_some()
+        self.0.finish_reason.is_some()
     }
 
     fn finish(self: Box<Self>, model: &str) -> ModelResponse {
-        let this = *self;
-        ModelResponse {
-            message: Message::Assistant {
-                content: (!this.text.is_empty()).then_some(this.text),
-                tool_calls: this.calls.into_values().collect(),
-            },
-            usage: this.usage,
-            model: this.model.unwrap_or_else(|| model.to_string()),
-            finish_reason: this.finish_reason,
-        }
+        self.0.response(model)
     }
 }

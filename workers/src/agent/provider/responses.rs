@@ -6,13 +6,11 @@
 //! `response.output_item.done` for each finished function call, `response.completed` (or
 //! `response.incomplete`) with the usage, `response.failed` and `error` for failures.
 
-use std::collections::BTreeMap;
-
 use eventsource_stream::Event;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Assemble, ProviderConfig, fatal, stream_failure};
+use super::{Assemble, Collected, ProviderConfig, fatal, stream_failure};
 use crate::agent::{Message, ModelResponse, ProviderError, ToolCall, ToolSpec, Usage};
 
 pub(super) fn request(config: &ProviderConfig, messages: &[Message], tools: &[ToolSpec]) -> Value {
@@ -145,25 +143,18 @@ struct InputDetails {
     cached_tokens: Option<u64>,
 }
 
+/// The tool calls are kept by the items' `output_index`.
 #[derive(Default)]
-pub(super) struct Assembler {
-    text: String,
-    /// By the items' `output_index`.
-    calls: BTreeMap<usize, ToolCall>,
-    finish_reason: Option<String>,
-    usage: Usage,
-    model: Option<String>,
-}
+pub(super) struct Assembler(Collected);
 
 impl Assembler {
     /// The end of the response: its usage and model, and why it stopped in the words of
     /// OpenAI's chat completions (`tool_calls`, `stop`, `length`, …).
     fn end(&mut self, summary: Summary, incomplete: bool) {
-        if let Some(model) = summary.model.filter(|m| !m.is_empty()) {
-            self.model = Some(model);
-        }
+        let this = &mut self.0;
+        this.answered_by(summary.model);
         if let Some(usage) = summary.usage {
-            self.usage = Usage {
+            this.usage = Usage {
                 prompt_tokens: usage.input_tokens,
                 completion_tokens: usage.output_tokens,
                 cached_tokens: usage
@@ -178,10 +169,10 @@ impl Assembler {
                 Some(other) => other.to_string(),
                 None => "incomplete".to_string(),
             },
-            _ if !self.calls.is_empty() => "tool_calls".to_string(),
+            _ if !this.calls.is_empty() => "tool_calls".to_string(),
             _ => "stop".to_string(),
         };
-        self.finish_reason = Some(reason);
+        this.finish_reason = Some(reason);
     }
 }
 
@@ -198,12 +189,7 @@ impl Assemble for Assembler {
         let streamed: Streamed = serde_json::from_str(data)
             .map_err(|e| fatal(format!("the provider sent an unreadable event: {e}")))?;
         match streamed {
-            Streamed::TextDelta { delta } => {
-                if !delta.is_empty() {
-                    on_delta(&delta);
-                    self.text.push_str(&delta);
-                }
-            }
+            Streamed::TextDelta { delta } => self.0.text(&delta, on_delta),
             Streamed::ItemDone {
                 output_index,
                 item:
@@ -218,7 +204,7 @@ impl Assemble for Assembler {
                     name,
                     arguments,
                 };
-                self.calls.insert(output_index, call);
+                self.0.calls.insert(output_index, call);
             }
             Streamed::ItemDone { .. } | Streamed::Other => {}
             Streamed::Completed { response } => {
@@ -248,16 +234,7 @@ impl Assemble for Assembler {
     }
 
     fn finish(self: Box<Self>, model: &str) -> ModelResponse {
-        let this = *self;
-        ModelResponse {
-            message: Message::Assistant {
-                content: (!this.text.is_empty()).then_some(this.text),
-                tool_calls: this.calls.into_values().collect(),
-            },
-            usage: this.usage,
-            model: this.model.unwrap_or_else(|| model.to_string()),
-            finish_reason: this.finish_reason,
-        }
+        self.0.response(model)
     }
 }
 
