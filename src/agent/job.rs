@@ -10,7 +10,7 @@ use chrono::Utc;
 use keel_workers::agent::instructions;
 use keel_workers::agent::provider::{ChatClient, ChatModel, RetryPolicy};
 use keel_workers::agent::run_loop::{
-    self, AgentContext, AgentPlan, Budget, LoopOutcome, ModelCall, Toolbox,
+    self, AgentContext, AgentPlan, Answer, Budget, LoopOutcome, ModelCall, Toolbox,
 };
 use keel_workers::agent::tools::{self, ToolEnv};
 use keel_workers::agent::{Message, ModelResponse, ToolCall, ToolResult, ToolSpec};
@@ -527,8 +527,12 @@ impl AgentContext for FencedAgent {
 
     async fn record_model_call(&self, call: &ModelCall) -> Result<Option<i64>, ContextError> {
         let shared = &self.run.shared;
-        let response = &call.response;
-        let route = &call.route;
+        let Answer {
+            response,
+            retries,
+            route,
+            failed_over,
+        } = &call.answer;
         let model = match response.model.trim() {
             "" => route.model.as_str(),
             answered => answered,
@@ -570,7 +574,7 @@ impl AgentContext for FencedAgent {
             let data = json!({
                 "index": call.index, "provider": route.provider, "model": model,
                 "usage": response.usage, "cost_micros_usd": cost, "duration_ms": duration_ms,
-                "retries": call.retries, "failed_over": call.failed_over,
+                "retries": retries, "failed_over": failed_over,
             });
             let mut appended = Vec::from(self.step_events(&step));
             appended.push(NewEvent::new(task_id, run_id, EventType::ModelCallCompleted).with(data));

@@ -641,7 +641,6 @@ pub(crate) async fn lock_with_task(
     })
 }
 
-/// Locks a run row for the rest of the transaction.
 /// Sets the conversation an agent loop run starts from, unless it has one: the first
 /// attempt keeps what it composed, so every later attempt starts from the same words.
 pub(crate) async fn keep_conversation_base(
@@ -662,6 +661,7 @@ pub(crate) async fn keep_conversation_base(
     Ok(())
 }
 
+/// Locks a run row for the rest of the transaction.
 pub(crate) async fn lock(
     conn: &mut PgConnection,
     scope: &Scope,

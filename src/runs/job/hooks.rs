@@ -113,11 +113,12 @@ impl AttemptHooks {
         outcome
     }
 
-    /// Runs `after_create` in a workspace no attempt prepared yet (a new one, or one whose
-    /// preparation was cut short), then marks it prepared: once per workspace, in the
-    /// worker, once the run was admitted (approved, where the policy gates it). A failure
-    /// ends the attempt and empties the workspace, so the next attempt's `after_create`
-    /// starts afresh (Symphony); the directory stays, as the task's `in_place` directory.
+    /// Clones the task's repository and runs `after_create` in a workspace no attempt
+    /// prepared yet (a new one, or one whose preparation was cut short), then marks it
+    /// prepared: once per workspace, in the worker, once the run was admitted (approved,
+    /// where the policy gates it). A failure ends the attempt and empties the workspace, so
+    /// the next attempt's preparation starts afresh (Symphony); the directory stays, as the
+    /// task's `in_place` directory.
     async fn prepare(&self, ctx: &FencedContext) -> Result<(), Outcome> {
         let workspace = &self.workspace;
         if keel_workers::hooks::is_prepared(workspace) {
@@ -129,14 +130,7 @@ impl AttemptHooks {
         if let Some(script) = &self.hooks.after_create {
             let ran = self.run_hook(ctx, "after_create", script).await?;
             if let Some(error) = ran.failure() {
-                if let Err(failed) = empty(workspace).await {
-                    let run_id = &ctx.shared.run_id;
-                    tracing::warn!(%run_id, %failed, "emptying a workspace whose after_create failed");
-                }
-                return Err(Outcome::Failed {
-                    exit_code: None,
-                    error,
-                });
+                return Err(self.unprepared(ctx, error).await);
             }
         }
         keel_workers::hooks::mark_prepared(workspace)
@@ -151,10 +145,6 @@ impl AttemptHooks {
     /// the clone's output as artifacts. A failure ends the attempt failed with git's
     /// message and empties the workspace, so the next attempt clones afresh.
     async fn clone_repo(&self, ctx: &FencedContext, repo: &RepoClone) -> Result<(), Outcome> {
-        let stopped = |error: ContextError| match error {
-            ContextError::Interrupted => Outcome::Interrupted,
-            ContextError::Runtime(error) => Outcome::Retry { error },
-        };
         let input = json!({ "repo": repo.url, "base_branch": repo.base_branch });
         let step = ctx
             .start_step("workspace_clone", input)
@@ -192,17 +182,25 @@ impl AttemptHooks {
             },
         };
         ctx.finish_step(&step, result).await.map_err(stopped)?;
-        let Some(error) = ran.error else {
-            return Ok(());
-        };
-        if let Err(failed) = empty(workspace).await {
-            let run_id = &ctx.shared.run_id;
-            tracing::warn!(%run_id, %failed, "emptying a workspace whose clone failed");
+        match ran.error {
+            None => Ok(()),
+            Some(error) => Err(self
+                .unprepared(ctx, format!("clone_failed: git {error}"))
+                .await),
         }
-        Err(Outcome::Failed {
+    }
+
+    /// Ends an attempt whose workspace preparation (the clone, `after_create`) failed with
+    /// `error`, emptying the workspace so the next attempt prepares it afresh.
+    async fn unprepared(&self, ctx: &FencedContext, error: String) -> Outcome {
+        if let Err(failed) = empty(&self.workspace).await {
+            let run_id = &ctx.shared.run_id;
+            tracing::warn!(%run_id, %failed, "emptying a workspace whose preparation failed");
+        }
+        Outcome::Failed {
             exit_code: None,
-            error: format!("clone_failed: git {error}"),
-        })
+            error,
+        }
     }
 
     /// Runs one hook and records its output; Err: how the attempt stops instead (it was
@@ -219,11 +217,16 @@ impl AttemptHooks {
             keel_workers::hooks::run(hook, script, workspace, env, self.sandbox, timeout, cancel)
                 .await
                 .ok_or(Outcome::Interrupted)?;
-        ctx.shared.record_hook(&ran).await.map_err(|e| match e {
-            ContextError::Interrupted => Outcome::Interrupted,
-            ContextError::Runtime(error) => Outcome::Retry { error },
-        })?;
+        ctx.shared.record_hook(&ran).await.map_err(stopped)?;
         Ok(ran)
+    }
+}
+
+/// How an attempt stops when a write of its record fails: interrupted, or retried.
+fn stopped(error: ContextError) -> Outcome {
+    match error {
+        ContextError::Interrupted => Outcome::Interrupted,
+        ContextError::Runtime(error) => Outcome::Retry { error },
     }
 }
 

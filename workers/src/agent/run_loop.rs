@@ -70,15 +70,9 @@ pub trait Toolbox: Send + Sync {
 pub struct ModelCall {
     /// Run-local and 1-based.
     pub index: u32,
-    pub response: ModelResponse,
-    /// How long the call took, retries included.
+    /// How long the call took, retries and failovers included.
     pub duration: Duration,
-    /// Transient failures retried on the answering route before this response came.
-    pub retries: u32,
-    /// The route that answered.
-    pub route: Route,
-    /// Routes tried before it that stayed unavailable through their retries, in order.
-    pub failed_over: Vec<FailedRoute>,
+    pub answer: Answer,
 }
 
 /// What an operator decided about the pending tool calls of the conversation's last
@@ -391,16 +385,13 @@ impl Attempt {
         };
         let call = ModelCall {
             index,
-            response: answer.response,
             duration: started.elapsed(),
-            retries: answer.retries,
-            route: answer.route,
-            failed_over: answer.failed_over,
+            answer,
         };
         let cost = ctx.record_model_call(&call).await?;
         self.spent_micros += cost.unwrap_or(0);
         self.model_calls = index;
-        self.messages.push(call.response.message);
+        self.messages.push(call.answer.response.message);
         Ok(None)
     }
 }
