@@ -76,6 +76,12 @@ pub struct Common {
     )]
     pub agent_system_prompt: String,
 
+    /// How long one call of an MCP server's tool may take (ms) before the model reads a
+    /// timeout as its result; never longer than the run's own timeout.
+    #[arg(long, env = "KEEL_MCP_CALL_TIMEOUT_MS", default_value_t = 60_000, global = true,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub mcp_call_timeout_ms: u64,
+
     /// How long an approval stays actionable (ms); 0 keeps it until it is resolved.
     #[arg(long, env = "KEEL_APPROVAL_TTL_MS", default_value_t = 0, global = true)]
     pub approval_ttl_ms: u64,

@@ -5,11 +5,11 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa::openapi::{RefOr, schema::Schema};
 
-use crate::RunStatus;
 use crate::schema::{
     Field, NO_NUL, NOT_BLANK, Variant, boolean, integer, names, one_of_strings, string,
     tagged_union,
 };
+use crate::{MAX_MCP_SERVERS, McpServer, McpServers, RunStatus};
 
 /// The body of `POST /v1/tasks`, as the client sent it.
 ///
@@ -63,6 +63,9 @@ pub struct TaskDraft {
     /// For `agent_loop`: the tools the model may call (a subset of the catalog); absent:
     /// the whole catalog the sandbox allows.
     pub tools: Option<Vec<String>>,
+    /// For `agent_loop`: MCP servers whose tools join the catalog as
+    /// `mcp__<server>__<tool>`.
+    pub mcp_servers: Option<Vec<McpServer>>,
     /// Starts the task in the same request and transaction, as `POST
     /// /v1/tasks/{task_id}/start` with no body would (default false).
     pub start: Option<bool>,
@@ -211,6 +214,7 @@ fn task_draft_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema>
                  catalog the sandbox allows.",
             ),
         ),
+        ("mcp_servers", false, mcp_servers(schemas)),
     ];
     let variant = |tag, name, description, fields: Vec<Field>| Variant {
         tag,
@@ -239,6 +243,29 @@ fn task_draft_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema>
         ],
         schemas,
     )
+}
+
+/// `mcp_servers`: up to [`MAX_MCP_SERVERS`] of [`McpServer`], registered as a component.
+fn mcp_servers(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
+    use utoipa::{PartialSchema, ToSchema};
+    schemas.push((McpServer::name().into_owned(), McpServer::schema()));
+    let mut nested = Vec::new();
+    McpServer::schemas(&mut nested);
+    schemas.extend(nested);
+    utoipa::openapi::schema::ArrayBuilder::new()
+        .schema_type(utoipa::openapi::schema::SchemaType::from_iter([
+            utoipa::openapi::Type::Array,
+            utoipa::openapi::Type::Null,
+        ]))
+        .items(utoipa::openapi::Ref::from_schema_name(McpServer::name()))
+        .max_items(Some(MAX_MCP_SERVERS))
+        .description(Some(
+            "MCP servers whose tools join the catalog as `mcp__<server>__<tool>` (at most 8, \
+             names unique). Each is a process started in the run's sandbox (`command`) or a \
+             streamable-HTTP endpoint (`url`), with secret references for its environment \
+             or headers, an `approval_policy` and an optional tool allowlist.",
+        ))
+        .into()
 }
 
 /// The fields every kind takes (`prompt` where the kind does not state its own). A file
@@ -382,7 +409,7 @@ fn common_fields(kind: &str) -> Vec<Field> {
     "file_path": null, "file_content": null, "file_operation": null,
     "working_directory": null, "workspace_mode": "ephemeral", "repo": null, "base_branch": null, "sandbox_allowed_root": null, "sandbox_network": true, "sandbox_read_only": false, "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000,
     "system_prompt": null, "requested_provider": null, "requested_model": null,
-    "max_model_calls": null, "reasoning_effort": null, "workspace_system_prompt_policy": null, "tools": null, "run_count": 1,
+    "max_model_calls": null, "reasoning_effort": null, "workspace_system_prompt_policy": null, "tools": null, "mcp_servers": null, "run_count": 1,
     "latest_run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "latest_run_step_count": 1,
     "latest_run_artifact_count": 2, "created_at": "2026-11-30T09:00:00Z",
     "updated_at": "2026-11-30T09:01:12Z"
@@ -433,6 +460,10 @@ pub struct TaskRecord {
     /// `agent_loop` only: the tools the model may call (null: the whole catalog the sandbox
     /// allows).
     pub tools: Option<Vec<String>>,
+    /// `agent_loop` only: the MCP servers its runs reach (null: none), secret references
+    /// as written.
+    #[schema(value_type = Option<Vec<McpServer>>)]
+    pub mcp_servers: Option<McpServers>,
     pub run_count: i32,
     pub latest_run_id: Option<String>,
     pub latest_run_step_count: i64,

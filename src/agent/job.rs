@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use chrono::Utc;
 use keel_workers::agent::instructions;
+use keel_workers::agent::mcp::{McpTools, is_mcp_tool};
 use keel_workers::agent::provider::{ChatClient, ChatModel, RetryPolicy};
 use keel_workers::agent::run_loop::{
     self, AgentContext, AgentPlan, Answer, Budget, LoopOutcome, ModelCall, Toolbox,
 };
-use keel_workers::agent::tools::{self, ToolEnv};
+use keel_workers::agent::tools::{self, ToolEnv, WorkspaceTools};
 use keel_workers::agent::{Message, ModelResponse, ToolCall, ToolResult, ToolSpec};
 use keel_workers::{
     ArtifactHandle, ContextError, Outcome, OutputStream, RunContext, StepHandle, StepResult,
@@ -22,6 +23,7 @@ use sqlx::{PgConnection, PgPool};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::agent::mcp;
 use crate::agent::model_calls;
 use crate::agent::model_calls::NewModelCall;
 use crate::agent::prices::PriceTable;
@@ -71,6 +73,8 @@ pub(crate) struct AgentJobs {
     pub(crate) chat: ChatLimits,
     /// The operator's system prompt (`KEEL_AGENT_SYSTEM_PROMPT`), the first layer.
     pub(crate) system_prompt: Option<String>,
+    /// Longest call of an MCP server's tool (`KEEL_MCP_CALL_TIMEOUT_MS`).
+    pub(crate) mcp_call_timeout: Duration,
 }
 
 /// Runs one attempt of an agent loop run that [`attempt::begin`] marked running.
@@ -89,6 +93,7 @@ pub(crate) async fn execute(
         mut plan,
         model,
         tools,
+        mcp,
         last_step,
         base,
     } = setup;
@@ -100,25 +105,37 @@ pub(crate) async fn execute(
         deltas: Deltas::start(jobs.pool.clone(), job.lease.scope(), ids),
     };
     // Runs within the task's hooks, after its repository's clone: a base composed here
-    // reads the workspace as the clone left it.
-    let (context, task, workspace) = (&ctx, &row.task, &tools.env.workspace);
-    let (model, tools) = (&model, &tools);
+    // reads the workspace as the clone left it, and MCP servers start in it.
+    let (context, task, model) = (&ctx, &row.task, &model);
+    let limits = mcp::limits(agent.mcp_call_timeout.min(tools.env.call_timeout));
     let attempt = async move {
         let started = async {
             context.settle_abandoned().await?;
             let base = match base {
                 Some(stored) => stored,
                 None => {
-                    let (base, keep) = composed_base(agent, task, workspace).await;
+                    let (base, keep) = composed_base(agent, task, &tools.env.workspace).await;
                     context.keep_base(keep.as_deref()).await?;
                     base
                 }
             };
             plan.messages.splice(0..0, base);
-            Ok::<_, ContextError>(plan)
+            let mcp = mcp::connect(context, mcp, &tools.env, limits).await?;
+            plan.gated_tools.extend(mcp.gated());
+            Ok::<_, ContextError>((
+                plan,
+                RunTools {
+                    workspace: tools,
+                    mcp,
+                },
+            ))
         };
         match started.await {
-            Ok(plan) => run_loop::run(&plan, model, tools, context).await,
+            Ok((plan, tools)) => {
+                let outcome = run_loop::run(&plan, model, &tools, context).await;
+                tools.mcp.shut_down().await;
+                outcome
+            }
             Err(stopped) => stopped.into(),
         }
     };
@@ -170,6 +187,8 @@ struct Setup {
     plan: AgentPlan,
     model: ChatModel,
     tools: WorkspaceTools,
+    /// The task's MCP servers, to start once the workspace is ready.
+    mcp: Vec<mcp::Planned>,
     last_step: Option<String>,
     /// The run's stored `conversation_base`; None: the attempt composes it
     /// ([`composed_base`]) once the workspace is ready.
@@ -253,10 +272,16 @@ async fn prepare(
         },
         deadline: Some(tokio::time::Instant::now() + timeout),
     };
+    let servers = task
+        .mcp_servers
+        .as_ref()
+        .map_or(&[][..], |s| s.0.as_slice());
+    let mcp = mcp::plan(servers, row.written_by, scope.workspace(), &agent.secrets);
     Ok(Ok(Setup {
         plan,
         model: ChatModel::new(primary, fallbacks, RetryPolicy::default()),
         tools,
+        mcp,
         last_step: history.last_step,
         base,
     }))
@@ -386,23 +411,31 @@ async fn history(
     }))
 }
 
-/// The workspace tools a run may call.
-struct WorkspaceTools {
-    env: ToolEnv,
-    allowed: Vec<String>,
+/// The tools a run may call: the workspace's, then its MCP servers'.
+struct RunTools {
+    workspace: WorkspaceTools,
+    mcp: McpTools,
 }
 
-impl Toolbox for WorkspaceTools {
+impl Toolbox for RunTools {
     fn specs(&self) -> Vec<ToolSpec> {
-        tools::specs(&self.allowed)
+        let mut specs = self.workspace.specs();
+        specs.extend(self.mcp.specs());
+        specs
     }
 
     fn summarize(&self, call: &ToolCall) -> String {
-        tools::summarize(call)
+        match is_mcp_tool(&call.name) {
+            true => McpTools::summarize(call),
+            false => self.workspace.summarize(call),
+        }
     }
 
     async fn call(&self, call: &ToolCall, cancel: &CancellationToken) -> ToolResult {
-        tools::call(&self.env, &self.allowed, call, cancel).await
+        match is_mcp_tool(&call.name) {
+            true => self.mcp.call(call, cancel).await,
+            false => self.workspace.call(call, cancel).await,
+        }
     }
 }
 

@@ -1,4 +1,5 @@
 mod job;
+mod mcp;
 pub(crate) mod model_calls;
 pub(crate) mod prices;
 mod store;

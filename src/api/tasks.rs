@@ -62,6 +62,7 @@ async fn create_task(
         task.confine_to_tenant(&state.rules.workspace_roots, &caller.scope)?;
     }
     task.check_workspace(&state.rules.workspace_roots)?;
+    task.written_as(caller.role, &state.secrets, caller.scope.workspace())?;
     let (scope, actor) = (&caller.scope, &caller.actor());
     let task = if start {
         // One commit for both: the task never exists without the run it was created for.

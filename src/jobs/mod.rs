@@ -5,6 +5,7 @@
 //! the run's attempt.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use sqlx::PgConnection;
@@ -108,6 +109,7 @@ pub fn handlers(setup: Setup<'_>, common: &Common, args: &WorkerArgs) -> Vec<Arc
             chat: common.chat.limits(),
             system_prompt: Some(common.agent_system_prompt.clone())
                 .filter(|prompt| !prompt.trim().is_empty()),
+            mcp_call_timeout: Duration::from_millis(common.mcp_call_timeout_ms),
         },
     });
     let poller = Poller::new(

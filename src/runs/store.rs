@@ -13,7 +13,7 @@ use crate::approvals;
 use crate::approvals::{ActionSummary, ApprovalKind, ApprovalPolicy};
 use crate::attempt::JobKind;
 use crate::db::{Result, StoreError, violates};
-use crate::domain::{Actor, EventType, RunStatus, Scope, new_id};
+use crate::domain::{Actor, EventType, Role, RunStatus, Scope, new_id};
 use crate::events;
 use crate::events::NewEvent;
 use crate::queue;
@@ -590,6 +590,20 @@ pub(crate) struct RunWithTask {
     /// External work: the hooks the task's attempts run around themselves (never part of
     /// the task as the API shows it).
     pub(crate) hooks: Option<Hooks>,
+    /// Who wrote the task, which decides the secrets its MCP servers may name.
+    pub(crate) written_by: Role,
+}
+
+impl RunWithTask {
+    /// The same task with the run as it now is.
+    pub(crate) fn with_run(&self, run: RunRecord) -> RunWithTask {
+        RunWithTask {
+            run,
+            task: self.task.clone(),
+            hooks: self.hooks.clone(),
+            written_by: self.written_by,
+        }
+    }
 }
 
 /// Locks a run row for the rest of the transaction and reads its task: one statement.
@@ -606,8 +620,9 @@ pub(crate) async fn lock_with_task(
                   r.provider, r.workspace_run_id, r.schedule_id, r.schedule_occurrence_id,
                   r.scheduled_for, r.created_at, r.started_at, r.finished_at, r.updated_at,
                   r.lineage_kind, r.from_model_call_index, r.conversation_base, r.requested_by,
-                  to_jsonb(task) - 'hooks' AS "task!: Json<TaskRecord>",
-                  to_jsonb(task) -> 'hooks' AS "hooks!: Json<Option<Hooks>>"
+                  to_jsonb(task) - 'hooks' - 'written_by_role' AS "task!: Json<TaskRecord>",
+                  to_jsonb(task) -> 'hooks' AS "hooks!: Json<Option<Hooks>>",
+                  task.written_by_role AS "written_by_role!"
          FROM runs r
          CROSS JOIN LATERAL (
              SELECT t.id, t.execution_kind, COALESCE(latest.status, 'not_started') AS status,
@@ -616,7 +631,8 @@ pub(crate) async fn lock_with_task(
                     t.base_branch, t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only, t.timeout_ms,
                     t.priority, t.budget_micros_usd, t.system_prompt, t.requested_provider,
                     t.requested_model, t.max_model_calls, t.reasoning_effort,
-                    t.workspace_system_prompt_policy, t.tools, t.hooks, t.run_count,
+                    t.workspace_system_prompt_policy, t.tools, t.mcp_servers, t.hooks,
+                    t.written_by_role, t.run_count,
                     t.latest_run_id,
                     (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
                         AS latest_run_step_count,
@@ -638,6 +654,7 @@ pub(crate) async fn lock_with_task(
         run: run_record!(row),
         task: row.task.0,
         hooks: row.hooks.0,
+        written_by: Role::parse(Some(&row.written_by_role)).unwrap_or_default(),
     })
 }
 

@@ -6,7 +6,7 @@ use keel_api_types::{REASONING_EFFORTS, WORKSPACE_SYSTEM_PROMPT_POLICIES};
 pub use keel_api_types::{TaskDraft, TaskStatus};
 use keel_workers::{Execution, FileOperation};
 
-use crate::domain::{Invalid, Scope};
+use crate::domain::{Invalid, Role, Scope};
 
 const MAX_COMMAND_BYTES: usize = 64 * 1024;
 const MAX_FILE_CONTENT_BYTES: usize = 1024 * 1024;
@@ -29,6 +29,8 @@ pub(crate) struct AgentLoop {
     pub(crate) reasoning_effort: Option<String>,
     pub(crate) workspace_system_prompt_policy: Option<String>,
     pub(crate) tools: Option<Vec<String>>,
+    /// Normalized by [`super::mcp::parse_mcp_servers`].
+    pub(crate) mcp_servers: Option<Vec<keel_api_types::McpServer>>,
 }
 
 /// Where a run works.
@@ -222,6 +224,9 @@ pub struct NewTask {
     pub(crate) hooks: Option<crate::tasks::Hooks>,
     /// The repository an ephemeral workspace starts as a clone of.
     pub(crate) repo: Option<RepoSource>,
+    /// Who wrote the task, which decides the secrets it may name (a member's: only those
+    /// granted to its workspace). A member unless the API says otherwise.
+    pub(crate) written_by: Role,
 }
 
 /// A repository a run's workspace starts as a clone of.
@@ -272,6 +277,7 @@ impl NewTask {
             budget_micros_usd: parse_budget(draft.budget_micros_usd)?,
             hooks: None,
             repo,
+            written_by: Role::Member,
         })
     }
 
@@ -430,6 +436,10 @@ fn parse_agent_loop(draft: &TaskDraft) -> Result<AgentLoop, Invalid> {
         reasoning_effort: draft.reasoning_effort.clone(),
         workspace_system_prompt_policy: draft.workspace_system_prompt_policy.clone(),
         tools: draft.tools.clone(),
+        mcp_servers: match &draft.mcp_servers {
+            Some(servers) => Some(super::mcp::parse_mcp_servers(servers)?),
+            None => None,
+        },
     })
 }
 
@@ -464,7 +474,7 @@ fn check_tools(tools: &[String]) -> Result<(), Invalid> {
 /// Refuses fields that belong to another execution kind, so a typo cannot be ignored.
 fn only_for(kind: &str, draft: &TaskDraft) -> Result<(), Invalid> {
     const AGENT: &str = "agent_loop";
-    let fields: [(&'static str, bool, &str); 12] = [
+    let fields: [(&'static str, bool, &str); 13] = [
         ("shell_command", draft.shell_command.is_some(), "shell"),
         ("git_command", draft.git_command.is_some(), "git"),
         ("file_path", draft.file_path.is_some(), "file"),
@@ -485,6 +495,7 @@ fn only_for(kind: &str, draft: &TaskDraft) -> Result<(), Invalid> {
             AGENT,
         ),
         ("tools", draft.tools.is_some(), AGENT),
+        ("mcp_servers", draft.mcp_servers.is_some(), AGENT),
     ];
     match fields
         .into_iter()

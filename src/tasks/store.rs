@@ -19,6 +19,7 @@ use crate::tasks::{AgentLoop, TaskExecution, WorkspaceMode};
 use crate::tasks::{NewTask, TaskStatus};
 
 use keel_api_types::ExecutionKind;
+use keel_api_types::McpServers;
 pub(crate) use keel_api_types::TaskRecord;
 
 /// `query_as!` of [`TaskRecord`]s: `$before` (up to its `SELECT`), then the columns of task
@@ -37,7 +38,7 @@ macro_rules! query_tasks {
                       t.timeout_ms, t.priority, t.budget_micros_usd, t.system_prompt,
                       t.requested_provider, t.requested_model, t.max_model_calls,
                       t.reasoning_effort, t.workspace_system_prompt_policy, t.tools,
-                      t.run_count, t.latest_run_id,
+                      t.mcp_servers AS "mcp_servers: McpServers", t.run_count, t.latest_run_id,
                       (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
                           AS "latest_run_step_count!",
                       (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
@@ -170,6 +171,10 @@ pub async fn insert(
         .hooks
         .as_ref()
         .map(|hooks| serde_json::to_value(hooks).expect("hooks serialize"));
+    let mcp_servers = agent
+        .mcp_servers
+        .as_ref()
+        .map(|servers| serde_json::to_value(servers).expect("servers serialize"));
     let created = sqlx::query_as!(
         TaskRecord,
         r#"WITH created AS (
@@ -179,9 +184,10 @@ pub async fn insert(
                                 timeout_ms, priority, budget_micros_usd, workspace_id,
                                 system_prompt, requested_provider, requested_model,
                                 max_model_calls, tools, hooks, reasoning_effort,
-                                workspace_system_prompt_policy, repo, base_branch)
+                                workspace_system_prompt_policy, repo, base_branch,
+                                mcp_servers, written_by_role)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                     $19, $20, $21, $22, $23, $24, $25, $26, $27, $28)
+                     $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30)
              RETURNING *
          ), audit AS (
              INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id,
@@ -195,7 +201,8 @@ pub async fn insert(
                 sandbox_network,
                 sandbox_read_only, timeout_ms, priority, budget_micros_usd, system_prompt,
                 requested_provider, requested_model, max_model_calls, reasoning_effort,
-                workspace_system_prompt_policy, tools, run_count,
+                workspace_system_prompt_policy, tools,
+                mcp_servers AS "mcp_servers: McpServers", run_count,
                 latest_run_id, 0::bigint AS "latest_run_step_count!",
                 0::bigint AS "latest_run_artifact_count!", created_at, updated_at
          FROM created"#,
@@ -229,6 +236,8 @@ pub async fn insert(
         task.repo
             .as_ref()
             .and_then(|repo| repo.base_branch.as_deref()),
+        mcp_servers,
+        task.written_by.as_str(),
     )
     .fetch_one(conn)
     .await?;

@@ -23,7 +23,7 @@ const MODEL: &str = "fake-model";
 const PRICES: &str = r#"{"fake-model": {"input_usd_per_mtok": 2.0, "output_usd_per_mtok": 10.0}}"#;
 const WAIT: Duration = Duration::from_secs(30);
 
-struct Stack {
+pub(crate) struct Stack {
     db_url: String,
     pool: PgPool,
     dir: tempfile::TempDir,
@@ -33,19 +33,23 @@ struct Stack {
     /// Kept running for the test's length.
     _api: KeelProcess,
     workers: Vec<KeelProcess>,
-    client: Client,
-    llm: FakeLlm,
+    pub(crate) client: Client,
+    pub(crate) llm: FakeLlm,
     provider_id: String,
 }
 
 impl Stack {
     /// An API and a worker gating tools with `policies`, and a chat preset on the fake.
-    async fn start(policies: &str, script: Vec<Turn>) -> Stack {
+    pub(crate) async fn start(policies: &str, script: Vec<Turn>) -> Stack {
         Stack::start_with(policies, script, &[]).await
     }
 
     /// [`Stack::start`] with more settings for the API and the workers.
-    async fn start_with(policies: &str, script: Vec<Turn>, more: &[(&str, &str)]) -> Stack {
+    pub(crate) async fn start_with(
+        policies: &str,
+        script: Vec<Turn>,
+        more: &[(&str, &str)],
+    ) -> Stack {
         let llm = FakeLlm::start(script).await.require_key(CANARY);
         let db_url = support::fresh_database().await;
         let dir = tempfile::tempdir().unwrap();
@@ -123,11 +127,11 @@ impl Stack {
     }
 
     /// Creates an agent loop task from `draft` (see [`agent`]) and starts it.
-    async fn start_agent(&self, draft: TaskDraft) -> (String, String) {
+    pub(crate) async fn start_agent(&self, draft: TaskDraft) -> (String, String) {
         self.client.start_task(&draft).await
     }
 
-    async fn steps(&self, task_id: &str, run_id: &str) -> Vec<StepRecord> {
+    pub(crate) async fn steps(&self, task_id: &str, run_id: &str) -> Vec<StepRecord> {
         let steps = self.client.api.list_steps(task_id, run_id);
         let steps = steps.query("limit", Some(200)).send_with_status().await;
         let (status, steps) = steps.unwrap();
@@ -151,7 +155,7 @@ impl Stack {
         serde_json::from_slice(&content.raw().await.unwrap()).unwrap()
     }
 
-    async fn pending_approval(&self, task_id: &str) -> ApprovalRecord {
+    pub(crate) async fn pending_approval(&self, task_id: &str) -> ApprovalRecord {
         support::wait_for(WAIT, "a pending approval", || async {
             let pending = self
                 .client
@@ -168,7 +172,12 @@ impl Stack {
     }
 
     /// Resolves `approval` with `decision` alone; the resolution must be taken (200).
-    async fn decide(&self, task_id: &str, approval: &ApprovalRecord, decision: &str) -> Resolution {
+    pub(crate) async fn decide(
+        &self,
+        task_id: &str,
+        approval: &ApprovalRecord,
+        decision: &str,
+    ) -> Resolution {
         let body = json!({ "decision": decision });
         let (status, body) = self.resolve(task_id, &approval.id, body).await;
         assert_eq!(status, StatusCode::OK, "{body}");
@@ -185,7 +194,7 @@ impl Stack {
 }
 
 /// The draft of the agent loop tasks here; fields are added with `..agent()`.
-fn agent() -> TaskDraft {
+pub(crate) fn agent() -> TaskDraft {
     TaskDraft {
         system_prompt: Some("You are careful.".into()),
         ..support::agent_loop("Tidy the notes.")
@@ -193,7 +202,7 @@ fn agent() -> TaskDraft {
 }
 
 /// A step's output (null when it has none).
-fn output(step: &StepRecord) -> Value {
+pub(crate) fn output(step: &StepRecord) -> Value {
     step.output.clone().unwrap_or_default()
 }
 
@@ -881,7 +890,7 @@ async fn the_default_policy_gates_http_request_so_nothing_is_posted_out_unapprov
 }
 
 /// (role, text) of each message a request carried.
-fn said(request: &support::llm::Request) -> Vec<(String, String)> {
+pub(crate) fn said(request: &support::llm::Request) -> Vec<(String, String)> {
     request
         .messages()
         .iter()

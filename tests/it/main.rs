@@ -25,6 +25,7 @@ mod history_retention;
 mod hostile_runs;
 mod kubernetes;
 mod layout;
+mod mcp;
 mod media;
 mod openapi;
 mod partition;

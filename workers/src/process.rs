@@ -114,6 +114,17 @@ pub(crate) async fn start(
     env: &[(String, String)],
     sandbox: SandboxPolicy,
 ) -> Result<(Child, Containment), String> {
+    start_with_stdin(argv, workspace, env, sandbox, Stdio::null()).await
+}
+
+/// [`start`], with the child's stdin from `stdin` (an MCP server reads its requests there).
+pub(crate) async fn start_with_stdin(
+    argv: &[String],
+    workspace: &Path,
+    env: &[(String, String)],
+    sandbox: SandboxPolicy,
+    stdin: Stdio,
+) -> Result<(Child, Containment), String> {
     let mut containment = Containment::prepare().map_err(|e| cannot_start(argv, e))?;
     let extra = env.iter().cloned().chain([containment.marker()]);
     // Before the jail: its `.keel/` directories are handed over with the workspace.
@@ -121,7 +132,7 @@ pub(crate) async fn start(
         .await
         .map_err(|e| cannot_start(argv, e))?;
     let jail = Jail::prepare(sandbox, workspace).await?;
-    let child = spawn(argv, workspace, env, &containment, jail.as_ref())
+    let child = spawn(argv, workspace, env, &containment, jail.as_ref(), stdin)
         .map_err(|e| cannot_start(argv, e))?;
     containment.started(child.id(), jail);
     Ok((child, containment))
@@ -134,6 +145,7 @@ fn spawn(
     env: Vec<(String, String)>,
     containment: &Containment,
     jail: Option<&Jail>,
+    stdin: Stdio,
 ) -> std::io::Result<Child> {
     let argv = match jail {
         Some(jail) => jail.wrap(argv),
@@ -145,7 +157,7 @@ fn spawn(
         .current_dir(workspace)
         .env_clear()
         .envs(env)
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)

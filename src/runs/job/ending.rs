@@ -112,8 +112,7 @@ impl Attempted for RunWithTask {
         actor: &Actor,
     ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
         let (run, events) = runs::requeue_lost(conn, scope, &self.run, reason, actor).await?;
-        let (task, hooks) = (self.task.clone(), self.hooks.clone());
-        Ok((RunWithTask { run, task, hooks }, events))
+        Ok((self.with_run(run), events))
     }
 
     async fn start<'r>(
@@ -132,8 +131,7 @@ impl Attempted for RunWithTask {
             .await?;
         let data = serde_json::json!({ "attempt": run.attempt, "worker_id": lease.owner });
         let event = NewEvent::new(&current.task_id, &current.id, EventType::RunStarted).with(data);
-        let (task, hooks) = (self.task.clone(), self.hooks.clone());
-        Ok((RunWithTask { run, task, hooks }, vec![event]))
+        Ok((self.with_run(run), vec![event]))
     }
 
     async fn end<'r>(

@@ -461,6 +461,7 @@ impl TestApp {
             approval_policies: policies.parse().expect("known approval policies"),
             model_prices: Default::default(),
             agent_system_prompt: String::new(),
+            mcp_call_timeout_ms: 60_000,
             approval_ttl_ms: 0,
             // The tests' in_place directories are temporary ones.
             workspace_roots: vec![std::env::temp_dir()],

@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub mod instructions;
+pub mod mcp;
 pub mod provider;
 pub mod run_loop;
 pub mod tools;
@@ -83,8 +84,8 @@ impl ModelResponse {
 /// A tool as the model is told about it: a JSON Schema for its arguments.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ToolSpec {
-    pub name: &'static str,
-    pub description: &'static str,
+    pub name: String,
+    pub description: String,
     pub parameters: serde_json::Value,
 }
 

@@ -96,8 +96,8 @@ fn conversation() -> Vec<Message> {
 
 fn tools() -> Vec<ToolSpec> {
     vec![ToolSpec {
-        name: "read_file",
-        description: "Reads a file.",
+        name: "read_file".into(),
+        description: "Reads a file.".into(),
         parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
     }]
 }

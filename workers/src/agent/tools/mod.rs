@@ -258,7 +258,7 @@ async fn writing(
 }
 
 /// `content` cut to `max` bytes (at a char boundary), with a marker naming the full size.
-fn bound(mut content: String, max: usize) -> String {
+pub(crate) fn bound(mut content: String, max: usize) -> String {
     if content.len() <= max {
         return content;
     }

@@ -114,8 +114,8 @@ fn spec(name: &'static str) -> ToolSpec {
         _ => unreachable!("{name} is not in the catalog"),
     };
     ToolSpec {
-        name,
-        description,
+        name: name.to_string(),
+        description: description.to_string(),
         parameters,
     }
 }

@@ -1,0 +1,152 @@
+//! A run's MCP servers as its worker reaches them: the task's servers with their secrets
+//! checked against the task writer's grants and resolved ([`plan`]), then started or
+//! reached inside the attempt, each recorded as an `mcp_server` step with the tools it
+//! offers or why it offers none ([`connect`]).
+
+use keel_api_types::{MAX_MCP_TOOLS_PER_SERVER, McpApprovalPolicy, McpServer, McpTransport};
+use keel_workers::agent::mcp::{Limits, McpTools, Server, ServerConfig, Transport};
+use keel_workers::agent::tools::{DEFAULT_MAX_OUTPUT_BYTES, ToolEnv};
+use keel_workers::{ContextError, RunContext, StepResult};
+use serde_json::json;
+
+use crate::domain::Role;
+use crate::providers::secrets::{SecretPolicy, SecretRef};
+use crate::tasks::check_mcp_secrets;
+
+/// A server as the attempt will treat it: to be reached, or not, with why.
+pub(crate) enum Planned {
+    Reach(ServerConfig),
+    /// Its policy blocks it: no step, and calls of its tools are refused.
+    Blocked(String),
+    /// A secret it needs does not resolve: a failed step, and calls answer why.
+    Unresolved {
+        name: String,
+        why: String,
+    },
+}
+
+/// The task's servers, with every secret checked against what the task's writer may name
+/// in `workspace` (the grants may have narrowed since it was written) and resolved.
+pub(crate) fn plan(
+    servers: &[McpServer],
+    written_by: Role,
+    workspace: &str,
+    policy: &SecretPolicy,
+) -> Vec<Planned> {
+    servers
+        .iter()
+        .map(|server| {
+            let policy_of = server
+                .approval_policy
+                .as_deref()
+                .and_then(McpApprovalPolicy::parse);
+            if policy_of == Some(McpApprovalPolicy::Block) {
+                return Planned::Blocked(server.name.clone());
+            }
+            match resolve(server, written_by, workspace, policy) {
+                Ok(transport) => Planned::Reach(ServerConfig {
+                    name: server.name.clone(),
+                    transport,
+                    allowed_tools: server.tools.clone(),
+                    gated: policy_of == Some(McpApprovalPolicy::RequireApproval),
+                }),
+                Err(why) => Planned::Unresolved {
+                    name: server.name.clone(),
+                    why,
+                },
+            }
+        })
+        .collect()
+}
+
+fn resolve(
+    server: &McpServer,
+    written_by: Role,
+    workspace: &str,
+    policy: &SecretPolicy,
+) -> Result<Transport, String> {
+    check_mcp_secrets(std::slice::from_ref(server), policy, written_by, workspace)?;
+    let resolved = |named: &std::collections::BTreeMap<String, String>| {
+        named
+            .iter()
+            .map(|(key, reference)| {
+                let secret = SecretRef::parse(reference).map_err(|why| format!("{key} {why}"))?;
+                let value = secret.resolve(policy).map_err(|e| format!("{key}: {e}"))?;
+                Ok((key.clone(), value.expose().to_string()))
+            })
+            .collect::<Result<Vec<_>, String>>()
+    };
+    match server.transport.as_deref().and_then(McpTransport::parse) {
+        Some(McpTransport::Stdio) => Ok(Transport::Stdio {
+            command: server.command.clone().unwrap_or_default(),
+            args: server.args.clone(),
+            env: resolved(&server.env)?,
+        }),
+        _ => Err("streamable-HTTP servers are not supported by this worker yet".into()),
+    }
+}
+
+/// Starts or reaches each planned server, recording an `mcp_server` step for each: the
+/// tools it offers, or why it offers none. Only a lost lease or a cancelled run stops it.
+pub(crate) async fn connect(
+    ctx: &impl RunContext,
+    planned: Vec<Planned>,
+    env: &ToolEnv,
+    limits: Limits,
+) -> Result<McpTools, ContextError> {
+    let mut servers = Vec::with_capacity(planned.len());
+    for server in planned {
+        let server = match server {
+            Planned::Blocked(name) => {
+                let why = "its approval_policy is block".to_string();
+                servers.push(Server::unavailable(name, why));
+                continue;
+            }
+            Planned::Unresolved { name, why } => {
+                let step = ctx
+                    .start_step("mcp_server", json!({ "server": name }))
+                    .await?;
+                ctx.finish_step(&step, StepResult::Failed { error: why.clone() })
+                    .await?;
+                Server::unavailable(name, why)
+            }
+            Planned::Reach(config) => {
+                let step = ctx.start_step("mcp_server", described(&config)).await?;
+                ctx.clear_ahead().await?;
+                let server = Server::connect(&config, env, &limits).await;
+                let result = match server.error() {
+                    Some(error) => StepResult::Failed {
+                        error: error.to_string(),
+                    },
+                    None => StepResult::Completed {
+                        output: json!({ "tools": server.aliases() }),
+                    },
+                };
+                ctx.finish_step(&step, result).await?;
+                server
+            }
+        };
+        servers.push(server);
+    }
+    Ok(McpTools::new(servers, limits, DEFAULT_MAX_OUTPUT_BYTES))
+}
+
+/// A step's input: the server as the task names it, the names of its variables but never
+/// their values.
+fn described(config: &ServerConfig) -> serde_json::Value {
+    match &config.transport {
+        Transport::Stdio { command, args, env } => json!({
+            "server": config.name, "transport": "stdio", "command": command, "args": args,
+            "env": env.iter().map(|(key, _)| key).collect::<Vec<_>>(),
+        }),
+    }
+}
+
+/// What the worker allows each server: [`MAX_MCP_TOOLS_PER_SERVER`] tools, and calls of
+/// `call_timeout` at most.
+pub(crate) fn limits(call_timeout: std::time::Duration) -> Limits {
+    Limits {
+        max_tools: MAX_MCP_TOOLS_PER_SERVER,
+        call_timeout,
+    }
+}

@@ -1,0 +1,349 @@
+//! A task's `mcp_servers`: checked once at creation (names, one transport each, a secret
+//! reference for every environment value and header, the limits) and stored as written,
+//! with the transport and approval policy filled in. Who may name which secret is checked
+//! at creation against the writer's role, and again by the worker before each attempt
+//! resolves them ([`check_secrets`]): the grants may have narrowed in between.
+
+use keel_api_types::{
+    MAX_MCP_SERVER_NAME, MAX_MCP_SERVERS, MAX_MCP_TOOLS_PER_SERVER, McpApprovalPolicy, McpServer,
+    McpTransport,
+};
+
+use keel_workers::agent::mcp::{alias, is_tool_name};
+
+use crate::domain::{Invalid, Role};
+use crate::providers::secrets::{SecretPolicy, SecretRef, is_env_name};
+
+/// Most arguments of a stdio server, and the longest one (bytes).
+const MAX_ARGS: usize = 64;
+const MAX_ARG_BYTES: usize = 4096;
+/// Most environment variables or headers of one server.
+const MAX_NAMED_SECRETS: usize = 32;
+
+/// The servers checked and normalized: `transport` and `approval_policy` always set.
+pub(crate) fn parse_mcp_servers(servers: &[McpServer]) -> Result<Vec<McpServer>, Invalid> {
+    if servers.len() > MAX_MCP_SERVERS {
+        return Err(invalid(format!(
+            "names {} servers; a task may name at most {MAX_MCP_SERVERS}",
+            servers.len()
+        )));
+    }
+    let mut parsed: Vec<McpServer> = Vec::with_capacity(servers.len());
+    for (i, server) in servers.iter().enumerate() {
+        let server = parse_server(server)
+            .map_err(|why| invalid(format!("server {i} ({:?}): {why}", server.name)))?;
+        if parsed.iter().any(|p| p.name == server.name) {
+            return Err(invalid(format!("names server {:?} twice", server.name)));
+        }
+        parsed.push(server);
+    }
+    Ok(parsed)
+}
+
+fn invalid(message: String) -> Invalid {
+    Invalid::new("mcp_servers", message)
+}
+
+fn parse_server(server: &McpServer) -> Result<McpServer, String> {
+    check_name(&server.name)?;
+    let transport = match (&server.command, &server.url) {
+        (Some(_), None) => McpTransport::Stdio,
+        (None, Some(_)) => McpTransport::Http,
+        _ => return Err("needs exactly one of command (stdio) or url (http)".into()),
+    };
+    if let Some(named) = server.transport.as_deref()
+        && McpTransport::parse(named) != Some(transport)
+    {
+        return Err(format!(
+            "transport {named:?} does not match its {} (expected {transport})",
+            if transport == McpTransport::Stdio {
+                "command"
+            } else {
+                "url"
+            }
+        ));
+    }
+    match transport {
+        McpTransport::Stdio => check_stdio(server)?,
+        McpTransport::Http => check_http(server)?,
+    }
+    let policy = match server.approval_policy.as_deref() {
+        None => McpApprovalPolicy::Auto,
+        Some(named) => McpApprovalPolicy::parse(named).ok_or_else(|| {
+            format!(
+                "unknown approval_policy {named:?} (expected {})",
+                McpApprovalPolicy::names()
+            )
+        })?,
+    };
+    if let Some(tools) = &server.tools {
+        check_allowlist(&server.name, tools)?;
+    }
+    Ok(McpServer {
+        transport: Some(transport.as_str().into()),
+        approval_policy: Some(policy.as_str().into()),
+        ..server.clone()
+    })
+}
+
+/// Lower-case words joined by one `_` or `-`: the alias `mcp__<server>__<tool>` then
+/// splits at its `__` in one way only.
+fn check_name(name: &str) -> Result<(), String> {
+    let words_ok = name.split(['_', '-']).all(|w| {
+        !w.is_empty()
+            && w.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+    });
+    if name.is_empty() || name.len() > MAX_MCP_SERVER_NAME || !words_ok {
+        return Err(format!(
+            "name must be 1 to {MAX_MCP_SERVER_NAME} lower-case letters and digits, in words \
+             joined by one '_' or '-'"
+        ));
+    }
+    Ok(())
+}
+
+fn check_stdio(server: &McpServer) -> Result<(), String> {
+    let command = server.command.as_deref().unwrap_or_default();
+    if command.trim().is_empty() || command.contains('\0') || command.len() > MAX_ARG_BYTES {
+        return Err("command must be a program name or path, without NUL".into());
+    }
+    if server.args.len() > MAX_ARGS
+        || server
+            .args
+            .iter()
+            .any(|a| a.contains('\0') || a.len() > MAX_ARG_BYTES)
+    {
+        return Err(format!(
+            "args: at most {MAX_ARGS}, each at most {MAX_ARG_BYTES} bytes, without NUL"
+        ));
+    }
+    if !server.headers.is_empty() {
+        return Err("headers are for an http server; a stdio server takes env".into());
+    }
+    check_named_secrets("env", &server.env, is_env_name)
+}
+
+fn check_http(server: &McpServer) -> Result<(), String> {
+    if !server.args.is_empty() || !server.env.is_empty() {
+        return Err("args and env are for a stdio server; an http server takes headers".into());
+    }
+    let text = server.url.as_deref().unwrap_or_default();
+    let url = reqwest::Url::parse(text).map_err(|e| format!("url is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "https" | "http") || url.host().is_none() {
+        return Err("url must be an https:// or http:// URL with a host".into());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(
+            "url must not carry credentials: they would be stored with the task and shown in \
+             its responses; name a secret in headers"
+                .into(),
+        );
+    }
+    let header_name = |name: &str| reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_ok();
+    check_named_secrets("headers", &server.headers, header_name)
+}
+
+/// Each key a valid name, each value a secret reference.
+fn check_named_secrets(
+    field: &str,
+    named: &std::collections::BTreeMap<String, String>,
+    valid_name: impl Fn(&str) -> bool,
+) -> Result<(), String> {
+    if named.len() > MAX_NAMED_SECRETS {
+        return Err(format!("{field}: at most {MAX_NAMED_SECRETS} entries"));
+    }
+    for (name, value) in named {
+        if !valid_name(name) {
+            return Err(format!("{field}: {name:?} is not a valid name"));
+        }
+        SecretRef::parse(value).map_err(|why| format!("{field}.{name} {why}"))?;
+    }
+    Ok(())
+}
+
+fn check_allowlist(server: &str, tools: &[String]) -> Result<(), String> {
+    if tools.is_empty() || tools.len() > MAX_MCP_TOOLS_PER_SERVER {
+        return Err(format!(
+            "tools must list 1 to {MAX_MCP_TOOLS_PER_SERVER} tools (absent: all the server offers)"
+        ));
+    }
+    for (i, tool) in tools.iter().enumerate() {
+        if !is_tool_name(&alias(server, tool)) {
+            return Err(format!(
+                "tools: {tool:?} makes no tool name the model APIs take (letters, digits, '_' \
+                 and '-', and mcp__{server}__<tool> at most 64 characters)"
+            ));
+        }
+        if tools[..i].contains(tool) {
+            return Err(format!("tools lists {tool:?} twice"));
+        }
+    }
+    Ok(())
+}
+
+/// Every secret the servers name, with where: `env.NAME` or `headers.Name` of a server.
+fn secret_refs(servers: &[McpServer]) -> Vec<(String, SecretRef)> {
+    servers
+        .iter()
+        .flat_map(|server| {
+            let env = server.env.iter().map(move |(k, v)| (server, "env", k, v));
+            let headers = server
+                .headers
+                .iter()
+                .map(move |(k, v)| (server, "headers", k, v));
+            env.chain(headers)
+        })
+        .filter_map(|(server, field, key, value)| {
+            let secret = SecretRef::parse(value).ok()?;
+            Some((format!("{}: {field}.{key}", server.name), secret))
+        })
+        .collect()
+}
+
+/// Whether a task written by `writer` in `workspace` may name these servers' secrets: an
+/// operator any the policy allows, a member only those granted to its workspace.
+pub(crate) fn check_secrets(
+    servers: &[McpServer],
+    policy: &SecretPolicy,
+    writer: Role,
+    workspace: &str,
+) -> Result<(), String> {
+    for (place, secret) in secret_refs(servers) {
+        let checked = match writer {
+            Role::Operator => policy.check(&secret),
+            Role::Member => policy.check_granted(workspace, &secret),
+        };
+        checked.map_err(|why| format!("server {place}: {why}"))?;
+    }
+    Ok(())
+}
+
+impl super::NewTask {
+    /// Records who writes the task, refusing an MCP secret that writer may not name.
+    pub(crate) fn written_as(
+        &mut self,
+        writer: Role,
+        policy: &SecretPolicy,
+        workspace: &str,
+    ) -> Result<(), Invalid> {
+        if let super::TaskExecution::AgentLoop(agent) = &self.execution
+            && let Some(servers) = &agent.mcp_servers
+        {
+            check_secrets(servers, policy, writer, workspace).map_err(invalid)?;
+        }
+        self.written_by = writer;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stdio(name: &str) -> McpServer {
+        McpServer {
+            name: name.into(),
+            transport: None,
+            command: Some("mcp-server-time".into()),
+            args: Vec::new(),
+            env: Default::default(),
+            url: None,
+            headers: Default::default(),
+            approval_policy: None,
+            tools: None,
+        }
+    }
+
+    fn refused(servers: &[McpServer]) -> String {
+        parse_mcp_servers(servers).unwrap_err().message
+    }
+
+    #[test]
+    fn a_server_is_normalized_with_its_transport_and_policy() {
+        let parsed = parse_mcp_servers(&[stdio("time")]).unwrap();
+        assert_eq!(parsed[0].transport.as_deref(), Some("stdio"));
+        assert_eq!(parsed[0].approval_policy.as_deref(), Some("auto"));
+        let http = McpServer {
+            command: None,
+            url: Some("https://mcp.example.com/mcp".into()),
+            headers: [("Authorization".to_string(), "env:MCP_TOKEN".to_string())].into(),
+            ..stdio("remote")
+        };
+        assert_eq!(
+            parse_mcp_servers(&[http]).unwrap()[0].transport.as_deref(),
+            Some("http")
+        );
+    }
+
+    #[test]
+    fn names_transports_secrets_and_limits_are_checked() {
+        for bad in ["", "Time", "a__b", "_a", "a-", "twenty-one-characters"] {
+            assert!(refused(&[stdio(bad)]).contains("name must be"), "{bad}");
+        }
+        assert!(refused(&[stdio("a"), stdio("a")]).contains("twice"));
+        let nine: Vec<_> = (0..9).map(|i| stdio(&format!("s{i}"))).collect();
+        assert!(refused(&nine).contains("at most 8"));
+        let both = McpServer {
+            url: Some("https://x.example".into()),
+            ..stdio("x")
+        };
+        assert!(refused(&[both]).contains("exactly one"));
+        let mismatch = McpServer {
+            transport: Some("http".into()),
+            ..stdio("x")
+        };
+        assert!(refused(&[mismatch]).contains("does not match"));
+        let raw = McpServer {
+            env: [("KEY".to_string(), "sk-raw".to_string())].into(),
+            ..stdio("x")
+        };
+        assert!(refused(&[raw]).contains("secret reference"));
+        let bad_env = McpServer {
+            env: [("1X".to_string(), "env:A_TOKEN".to_string())].into(),
+            ..stdio("x")
+        };
+        assert!(refused(&[bad_env]).contains("not a valid name"));
+        let creds = McpServer {
+            command: None,
+            url: Some("https://user:pw@mcp.example.com/".into()),
+            ..stdio("x")
+        };
+        assert!(refused(&[creds]).contains("credentials"));
+        let policy = McpServer {
+            approval_policy: Some("sometimes".into()),
+            ..stdio("x")
+        };
+        assert!(refused(&[policy]).contains("approval_policy"));
+        let tools = McpServer {
+            tools: Some(vec!["a.b".into()]),
+            ..stdio("x")
+        };
+        assert!(refused(&[tools]).contains("no tool name"));
+        let long = McpServer {
+            tools: Some(vec!["t".repeat(60)]),
+            ..stdio("x")
+        };
+        assert!(refused(&[long]).contains("at most 64"));
+    }
+
+    #[test]
+    fn a_member_names_only_granted_secrets() {
+        let policy = SecretPolicy::new(vec!["*_TOKEN".into()], Vec::new())
+            .with_grants(&["org_a=env:ORG_A_*".into()])
+            .unwrap();
+        let with = |secret: &str| McpServer {
+            env: [("TOKEN".to_string(), secret.to_string())].into(),
+            ..stdio("x")
+        };
+        let granted = [with("env:ORG_A_TOKEN")];
+        assert!(check_secrets(&granted, &policy, Role::Member, "org_a").is_ok());
+        assert!(check_secrets(&granted, &policy, Role::Member, "org_b").is_err());
+        let operators = [with("env:GITHUB_TOKEN")];
+        assert!(check_secrets(&operators, &policy, Role::Member, "org_a").is_err());
+        assert!(check_secrets(&operators, &policy, Role::Operator, "org_a").is_ok());
+        let reserved = [with("env:DATABASE_URL")];
+        let refused = check_secrets(&reserved, &policy, Role::Operator, "org_a").unwrap_err();
+        assert!(refused.contains("x: env.TOKEN"), "{refused}");
+    }
+}

@@ -1,0 +1,336 @@
+//! MCP servers of agent loop tasks, against real servers no one here wrote, installed by
+//! `scripts/mcp-servers` (mcp-server-time and mcp-server-git from PyPI,
+//! @modelcontextprotocol/server-everything from npm): their tools join the model's catalog
+//! as `mcp__<server>__<tool>`, calls reach them from inside the run's sandbox, and a server
+//! that fails, a slow tool or an error is a tool result the model reads.
+
+use crate::agent_loop::{Stack, agent, output};
+use crate::repo_workspaces;
+use crate::support;
+use crate::support::llm::Turn;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use keel_client::{McpServer, RunStatus, StepStatus, TaskDraft};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(60);
+/// The secret the everything server gets in its environment (`env:MCP_TEST_TOKEN`).
+const TOKEN: &str = "mcp-test-token-4b1d";
+
+/// Where `scripts/mcp-servers` installed the servers.
+fn servers_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/mcp-servers");
+    assert!(
+        dir.join("node/node_modules").is_dir() && dir.join("venv/bin/mcp-server-time").exists(),
+        "the MCP servers are not installed: run scripts/mcp-servers"
+    );
+    dir
+}
+
+fn server(name: &str, command: PathBuf, args: &[&str]) -> McpServer {
+    McpServer {
+        name: name.into(),
+        transport: None,
+        command: Some(command.display().to_string()),
+        args: args.iter().map(|a| a.to_string()).collect(),
+        env: Default::default(),
+        url: None,
+        headers: Default::default(),
+        approval_policy: None,
+        tools: None,
+    }
+}
+
+fn time() -> McpServer {
+    server("time", servers_dir().join("venv/bin/mcp-server-time"), &[])
+}
+
+fn everything() -> McpServer {
+    let dir = servers_dir().join("node/node_modules/@modelcontextprotocol/server-everything");
+    let index = dir.join("dist/index.js").display().to_string();
+    McpServer {
+        env: [("SERVER_TOKEN".to_string(), "env:MCP_TEST_TOKEN".to_string())].into(),
+        ..server("everything", "/usr/bin/node".into(), &[&index, "stdio"])
+    }
+}
+
+/// A stack whose worker can read the installed servers from its sandbox and has the
+/// secret the everything server is given.
+async fn stack(script: Vec<Turn>, more: &[(&str, &str)]) -> Stack {
+    let servers = servers_dir().display().to_string();
+    let mut env = vec![
+        ("KEEL_SANDBOX_READ_ONLY_PATHS", servers.as_str()),
+        ("MCP_TEST_TOKEN", TOKEN),
+    ];
+    env.extend_from_slice(more);
+    Stack::start_with("none", script, &env).await
+}
+
+/// The text of the tool result answering call `id` in a request's messages.
+fn tool_result(request: &support::llm::Request, id: &str) -> String {
+    let message = request
+        .messages()
+        .iter()
+        .find(|m| m["role"] == "tool" && m["tool_call_id"] == id)
+        .unwrap_or_else(|| panic!("no result for {id}: {:?}", request.messages()));
+    message["content"].as_str().unwrap_or_default().to_string()
+}
+
+/// The tools a request offered the model, by name, with their parameters.
+fn offered(request: &support::llm::Request) -> Vec<(String, Value)> {
+    let tools = request.body["tools"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    tools
+        .iter()
+        .map(|t| {
+            let function = &t["function"];
+            let name = function["name"].as_str().unwrap_or_default().to_string();
+            (name, function["parameters"].clone())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_agent_calls_the_tools_of_real_mcp_servers_from_its_sandbox() {
+    let bare = repo_workspaces::repository();
+    let base = repo_workspaces::serve(bare.path()).await;
+    let big = "x".repeat(40_000);
+    let script = vec![
+        Turn::tool_call(
+            "t1",
+            "mcp__time__get_current_time",
+            r#"{"timezone": "UTC"}"#,
+        )
+        .and_tool_call("t2", "mcp__everything__get-env", "{}")
+        .and_tool_call("t3", "mcp__broken__anything", "{}")
+        .and_tool_call("t4", "mcp__git__git_log", r#"{"repo_path": "."}"#),
+        Turn::tool_call("t5", "mcp__everything__get-sum", r#"{"a": 2, "b": 3}"#)
+            .and_tool_call(
+                "t6",
+                "mcp__everything__echo",
+                &json!({ "message": big }).to_string(),
+            )
+            .and_tool_call("t7", "mcp__everything__get-sum", r#"{"a": "two"}"#)
+            .and_tool_call("t8", "mcp__time__no_such_tool", "{}"),
+        Turn::text("Done."),
+    ];
+    let stack = stack(script, &[]).await;
+    let git = server(
+        "git",
+        servers_dir().join("venv/bin/mcp-server-git"),
+        &["--repository", "."],
+    );
+    let broken = server("broken", "/nonexistent/mcp-server".into(), &[]);
+    let draft = TaskDraft {
+        repo: Some(format!("{base}/repo.git")),
+        mcp_servers: Some(vec![time(), everything(), broken, git]),
+        ..agent()
+    };
+    let (task_id, run_id) = stack.start_agent(draft).await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+
+    // The catalog: the built-in tools, then each live server's, with its own schemas.
+    let requests = stack.llm.requests();
+    assert_eq!(requests.len(), 3);
+    let tools = offered(&requests[0]);
+    let schema = |name: &str| {
+        let found = tools.iter().find(|(n, _)| n == name);
+        found
+            .unwrap_or_else(|| panic!("{name} not offered: {tools:?}"))
+            .1
+            .clone()
+    };
+    assert!(schema("mcp__time__get_current_time")["properties"]["timezone"].is_object());
+    assert!(schema("mcp__everything__get-sum")["properties"]["a"].is_object());
+    assert!(schema("mcp__git__git_log")["properties"]["repo_path"].is_object());
+    assert!(tools.iter().any(|(n, _)| n == "read_file"));
+    assert!(!tools.iter().any(|(n, _)| n.starts_with("mcp__broken__")));
+
+    // What the servers answered.
+    let now: Value = serde_json::from_str(&tool_result(&requests[1], "t1")).unwrap();
+    assert_eq!(now["timezone"], "UTC", "{now}");
+    let today = chrono::Utc::now().format("%Y-%m-%d").to_string();
+    assert!(
+        now["datetime"].as_str().unwrap().starts_with(&today),
+        "{now}"
+    );
+    // The server's environment: the secret it was given, nothing of the worker's.
+    let env = tool_result(&requests[1], "t2");
+    assert!(
+        env.contains(&format!("\"SERVER_TOKEN\": \"{TOKEN}\"")),
+        "{env}"
+    );
+    for leaked in [
+        "FAKE_LLM_API_KEY",
+        "DATABASE_URL",
+        "MCP_TEST_TOKEN",
+        "KEEL_DATABASE",
+    ] {
+        assert!(!env.contains(leaked), "{leaked} reached the server: {env}");
+    }
+    let broken = tool_result(&requests[1], "t3");
+    assert!(broken.contains("\"broken\" is not available"), "{broken}");
+    assert!(broken.contains("/nonexistent/mcp-server"), "{broken}");
+    let log = tool_result(&requests[1], "t4");
+    assert!(log.contains("main"), "the clone's history: {log}");
+    assert!(tool_result(&requests[2], "t5").contains('5'));
+    let echoed = tool_result(&requests[2], "t6");
+    assert!(
+        echoed.len() < 20_000 && echoed.contains("truncated"),
+        "{}",
+        echoed.len()
+    );
+    let refused = tool_result(&requests[2], "t7");
+    assert!(
+        refused.to_lowercase().contains("error") || refused.contains("invalid"),
+        "{refused}"
+    );
+    let unknown = tool_result(&requests[2], "t8");
+    assert!(
+        unknown.contains("offers this run no tool \"no_such_tool\""),
+        "{unknown}"
+    );
+
+    // A step per server: the tools it offered, or why it offered none.
+    let steps = stack.steps(&task_id, &run_id).await;
+    let server_step = |name: &str| {
+        let found = steps
+            .iter()
+            .find(|s| s.name == "mcp_server" && s.input["server"] == name);
+        found.unwrap_or_else(|| panic!("no mcp_server step for {name}: {steps:?}"))
+    };
+    let time_step = server_step("time");
+    assert_eq!(time_step.status, StepStatus::Completed);
+    let listed = output(time_step)["tools"].to_string();
+    assert!(listed.contains("mcp__time__get_current_time"), "{listed}");
+    let everything_step = server_step("everything");
+    assert_eq!(everything_step.input["env"], json!(["SERVER_TOKEN"]));
+    assert!(!everything_step.input.to_string().contains(TOKEN));
+    let broken_step = server_step("broken");
+    assert_eq!(broken_step.status, StepStatus::Failed);
+    let calls = steps.iter().filter(|s| s.name == "tool_call").count();
+    assert_eq!(calls, 8, "each call's result persisted as a step");
+
+    // The servers ended with the attempt.
+    let entry = format!("SERVER_TOKEN={TOKEN}");
+    support::wait_for(WAIT, "the servers to end with the attempt", || async {
+        support::processes_with_env(&entry).is_empty().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn approval_policies_gate_or_hide_a_server_and_a_slow_tool_times_out() {
+    let script = vec![
+        Turn::tool_call(
+            "t1",
+            "mcp__time__get_current_time",
+            r#"{"timezone": "UTC"}"#,
+        )
+        .and_tool_call(
+            "t2",
+            "mcp__everything__trigger-long-running-operation",
+            r#"{"duration": 30, "steps": 3}"#,
+        )
+        .and_tool_call("t3", "mcp__hidden__echo", "{}"),
+        Turn::text("Done."),
+    ];
+    let stack = stack(script, &[("KEEL_MCP_CALL_TIMEOUT_MS", "2000")]).await;
+    let gated = McpServer {
+        approval_policy: Some("require_approval".into()),
+        tools: Some(vec!["get_current_time".into()]),
+        ..time()
+    };
+    let hidden = McpServer {
+        name: "hidden".into(),
+        approval_policy: Some("block".into()),
+        ..everything()
+    };
+    let draft = TaskDraft {
+        mcp_servers: Some(vec![gated, everything(), hidden]),
+        ..agent()
+    };
+    let (task_id, run_id) = stack.start_agent(draft).await;
+
+    // A call of the gated server waits for an operator; approving it dispatches the bundle.
+    let approval = stack.pending_approval(&task_id).await;
+    let summary = approval.action_summary.join("\n");
+    assert!(summary.contains("mcp__time__get_current_time"), "{summary}");
+    stack.decide(&task_id, &approval, "approve").await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+
+    let requests = stack.llm.requests();
+    let tools: Vec<String> = offered(&requests[0]).into_iter().map(|(n, _)| n).collect();
+    assert!(tools.contains(&"mcp__time__get_current_time".to_string()));
+    assert!(
+        !tools.contains(&"mcp__time__convert_time".to_string()),
+        "the allowlist"
+    );
+    assert!(
+        !tools.iter().any(|n| n.starts_with("mcp__hidden__")),
+        "{tools:?}"
+    );
+    let last = requests.last().unwrap();
+    assert!(tool_result(last, "t1").contains("UTC"));
+    let slow = tool_result(last, "t2");
+    assert!(slow.contains("did not answer within 2 s"), "{slow}");
+    let blocked = tool_result(last, "t3");
+    assert!(blocked.contains("approval_policy is block"), "{blocked}");
+}
+
+#[tokio::test]
+async fn bad_mcp_servers_are_refused_at_creation() {
+    let app = support::TestApp::api_only().await;
+    let refused = |servers: Value| {
+        let mut body = support::wire(&agent());
+        body["mcp_servers"] = servers;
+        body
+    };
+    let cases = [
+        json!([{ "name": "Time", "command": "x" }]),
+        json!([{ "name": "a", "command": "x", "url": "https://mcp.example.com" }]),
+        json!([{ "name": "a", "transport": "http", "command": "x" }]),
+        json!([{ "name": "a", "command": "x", "env": { "KEY": "sk-raw-key" } }]),
+        json!([{ "name": "a", "command": "x", "env": { "KEY": "env:DATABASE_URL" } }]),
+        json!([{ "name": "a", "url": "https://u:p@mcp.example.com" }]),
+        json!([{ "name": "a", "command": "x", "approval_policy": "sometimes" }]),
+        json!([{ "name": "a", "command": "x" }, { "name": "a", "command": "y" }]),
+        json!(
+            (0..9)
+                .map(|i| json!({ "name": format!("s{i}"), "command": "x" }))
+                .collect::<Vec<_>>()
+        ),
+    ];
+    for servers in cases {
+        let (status, body) = app.client.post("/v1/tasks", refused(servers.clone())).await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{servers}: {body}"
+        );
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with("mcp_servers: "), "{servers}: {body}");
+    }
+    let mut shell = support::wire(&support::shell("true"));
+    shell["mcp_servers"] = json!([{ "name": "a", "command": "x" }]);
+    let (status, body) = app.client.post("/v1/tasks", shell).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+
+    // Stored as written, with the transport and policy filled in.
+    let mut body = support::wire(&agent());
+    body["mcp_servers"] = json!([{ "name": "time", "command": "mcp-server-time" }]);
+    let (status, created) = app.client.post("/v1/tasks", body).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(
+        created["data"]["mcp_servers"],
+        json!([{ "name": "time", "transport": "stdio", "command": "mcp-server-time",
+                 "approval_policy": "auto" }])
+    );
+}

@@ -1,0 +1,500 @@
+//! MCP servers as tools of the loop, through the official SDK (`rmcp`). Each server of a
+//! run is started once per attempt, in the run's sandbox like any process a run starts
+//! ([`crate::process::start_with_stdin`]: a clean environment, its own containment, killed
+//! when the attempt ends), and its tools are listed then and offered to the model as
+//! `mcp__<server>__<tool>` with the server's own JSON schemas. A call goes to its server
+//! with a timeout and comes back as a bounded result. A server that cannot be started or
+//! listed is kept with the reason, and every call of one of its tools answers that reason
+//! as a tool error: the model reads it, the worker goes on.
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::{RoleClient, RunningService, ServiceExt};
+use serde_json::Value;
+use tokio::io::AsyncReadExt;
+use tokio_util::sync::CancellationToken;
+
+use super::tools::{ToolEnv, bound};
+use super::{ToolCall, ToolResult, ToolSpec};
+use crate::process::start_with_stdin;
+use crate::sandbox::Containment;
+
+/// How long a server has to start and list its tools.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How much of a server's stderr is kept for the message when it fails.
+const STDERR_TAIL_BYTES: usize = 2048;
+/// Every alias starts so.
+const PREFIX: &str = "mcp__";
+
+/// One MCP server of a run, with its secrets resolved.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub name: String,
+    pub transport: Transport,
+    /// The server's tools the model may call (None: all it offers).
+    pub allowed_tools: Option<Vec<String>>,
+    /// Every call waits for an approval (`require_approval`).
+    pub gated: bool,
+}
+
+/// How a server is reached.
+#[derive(Clone)]
+pub enum Transport {
+    /// A program started in the run's workspace and sandbox.
+    Stdio {
+        command: String,
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+    },
+}
+
+impl std::fmt::Debug for Transport {
+    /// Without the environment's values: they are secrets.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Transport::Stdio { command, args, env } => f
+                .debug_struct("Stdio")
+                .field("command", command)
+                .field("args", args)
+                .field("env", &env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+                .finish(),
+        }
+    }
+}
+
+/// What the run's tools may take from its servers.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Most tools one server may offer (after its allowlist).
+    pub max_tools: usize,
+    /// How long one call may take.
+    pub call_timeout: Duration,
+}
+
+/// A server as this attempt reached it: its tools, or why there are none.
+pub struct Server {
+    pub name: String,
+    gated: bool,
+    state: Result<Live, String>,
+}
+
+/// A server that answered: the session, the tools offered, and the processes behind it.
+struct Live {
+    session: RunningService<RoleClient, ()>,
+    tools: Vec<rmcp::model::Tool>,
+    containment: Option<Containment>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Server {
+    /// Starts (or reaches) the server and lists its tools, within [`CONNECT_TIMEOUT`].
+    /// Never fails: a server that does not come up is kept with the reason.
+    pub async fn connect(config: &ServerConfig, env: &ToolEnv, limits: &Limits) -> Server {
+        let state = match tokio::time::timeout(CONNECT_TIMEOUT, live(config, env, limits)).await {
+            Ok(state) => state,
+            Err(_) => Err(format!(
+                "did not start and list its tools within {} s",
+                CONNECT_TIMEOUT.as_secs()
+            )),
+        };
+        Server {
+            name: config.name.clone(),
+            gated: config.gated,
+            state,
+        }
+    }
+
+    /// A server this attempt does not reach (a secret it needs does not resolve, its
+    /// policy blocks it): calls of its tools answer `why`.
+    pub fn unavailable(name: String, why: String) -> Server {
+        Server {
+            name,
+            gated: false,
+            state: Err(why),
+        }
+    }
+
+    /// The names the model calls this server's tools by (none when it is down).
+    pub fn aliases(&self) -> Vec<String> {
+        match &self.state {
+            Ok(live) => live
+                .tools
+                .iter()
+                .map(|t| alias(&self.name, &t.name))
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Why the server offers no tools, when it does not.
+    pub fn error(&self) -> Option<&str> {
+        self.state.as_ref().err().map(String::as_str)
+    }
+
+    /// Ends the session and kills every process behind it.
+    async fn shut_down(self) {
+        if let Ok(mut live) = self.state {
+            let _ = live.session.close().await;
+            if let Some(containment) = live.containment.as_mut() {
+                containment.end().await;
+            }
+        }
+    }
+}
+
+async fn live(config: &ServerConfig, env: &ToolEnv, limits: &Limits) -> Result<Live, String> {
+    let Transport::Stdio {
+        command,
+        args,
+        env: vars,
+    } = &config.transport;
+    let argv: Vec<String> = std::iter::once(command.clone())
+        .chain(args.iter().cloned())
+        .collect();
+    let (mut child, containment) =
+        start_with_stdin(&argv, &env.workspace, vars, env.sandbox, Stdio::piped()).await?;
+    let stdin = child.stdin.take().expect("stdin is piped");
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = keep_tail(child.stderr.take().expect("stderr is piped"));
+    // The session owns the pipes; the child is reaped by the containment's end.
+    tokio::spawn(async move {
+        let _ = child.wait().await;
+    });
+    let failed = |why: String, stderr: &Arc<Mutex<Vec<u8>>>| with_stderr(why, stderr);
+    let session = match ().serve((stdout, stdin)).await {
+        Ok(session) => session,
+        Err(error) => return Err(failed(format!("did not initialize: {error}"), &stderr)),
+    };
+    let offered = match session.list_all_tools().await {
+        Ok(tools) => tools,
+        Err(error) => return Err(failed(format!("did not list its tools: {error}"), &stderr)),
+    };
+    let tools = offered_tools(
+        &config.name,
+        offered,
+        config.allowed_tools.as_deref(),
+        limits,
+    )?;
+    Ok(Live {
+        session,
+        tools,
+        containment: Some(containment),
+        stderr,
+    })
+}
+
+/// The tools a run may call: those the allowlist names (each must exist), at most
+/// `limits.max_tools`, each with a name the model APIs take.
+fn offered_tools(
+    server: &str,
+    offered: Vec<rmcp::model::Tool>,
+    allowed: Option<&[String]>,
+    limits: &Limits,
+) -> Result<Vec<rmcp::model::Tool>, String> {
+    if let Some(allowed) = allowed
+        && let Some(missing) = allowed
+            .iter()
+            .find(|n| !offered.iter().any(|t| t.name == **n))
+    {
+        return Err(format!("offers no tool {missing:?} (named in its tools)"));
+    }
+    let tools: Vec<_> = offered
+        .into_iter()
+        .filter(|t| allowed.is_none_or(|a| a.iter().any(|n| *n == t.name)))
+        .collect();
+    if tools.len() > limits.max_tools {
+        return Err(format!(
+            "offers {} tools, more than the {} a server may; name the ones the run needs in \
+             its tools",
+            tools.len(),
+            limits.max_tools
+        ));
+    }
+    if let Some(bad) = tools
+        .iter()
+        .find(|t| !is_tool_name(&alias(server, &t.name)))
+    {
+        return Err(format!(
+            "offers a tool named {:?}, which makes no tool name the model APIs take; leave \
+             it out with the server's tools",
+            bad.name
+        ));
+    }
+    Ok(tools)
+}
+
+/// `why`, with the end of what the server wrote on stderr, when it wrote anything.
+fn with_stderr(why: String, stderr: &Mutex<Vec<u8>>) -> String {
+    let tail = String::from_utf8_lossy(&stderr.lock().expect("not poisoned")).into_owned();
+    match tail.trim() {
+        "" => why,
+        tail => format!("{why}; its stderr ends: {tail}"),
+    }
+}
+
+/// Reads a server's stderr to its end, keeping the last [`STDERR_TAIL_BYTES`]: a pipe
+/// nobody reads would stop the server once full.
+fn keep_tail(mut stderr: tokio::process::ChildStderr) -> Arc<Mutex<Vec<u8>>> {
+    let tail = Arc::new(Mutex::new(Vec::new()));
+    let kept = tail.clone();
+    tokio::spawn(async move {
+        let mut buffer = [0u8; 4096];
+        while let Ok(n) = stderr.read(&mut buffer).await {
+            if n == 0 {
+                break;
+            }
+            let mut tail = kept.lock().expect("not poisoned");
+            tail.extend_from_slice(&buffer[..n]);
+            let excess = tail.len().saturating_sub(STDERR_TAIL_BYTES);
+            tail.drain(..excess);
+        }
+    });
+    tail
+}
+
+/// The name the model calls a server's tool by.
+pub fn alias(server: &str, tool: &str) -> String {
+    format!("{PREFIX}{server}__{tool}")
+}
+
+/// A tool name every model API takes: letters, digits, `_` and `-`, at most 64.
+pub fn is_tool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// Whether a tool name is an MCP server's.
+pub fn is_mcp_tool(name: &str) -> bool {
+    name.starts_with(PREFIX)
+}
+
+/// The run's servers, as the loop's tools see them.
+pub struct McpTools {
+    servers: Vec<Server>,
+    limits: Limits,
+    max_output_bytes: usize,
+}
+
+impl McpTools {
+    pub fn new(servers: Vec<Server>, limits: Limits, max_output_bytes: usize) -> McpTools {
+        McpTools {
+            servers,
+            limits,
+            max_output_bytes,
+        }
+    }
+
+    pub fn servers(&self) -> &[Server] {
+        &self.servers
+    }
+
+    /// What the model is told about the servers' tools, server by server.
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        let live = self
+            .servers
+            .iter()
+            .filter_map(|s| Some((s, s.state.as_ref().ok()?)));
+        live.flat_map(|(server, live)| {
+            live.tools.iter().map(|tool| ToolSpec {
+                name: alias(&server.name, &tool.name),
+                description: tool
+                    .description
+                    .as_deref()
+                    .unwrap_or(tool.title.as_deref().unwrap_or_default())
+                    .to_string(),
+                parameters: Value::Object((*tool.input_schema).clone()),
+            })
+        })
+        .collect()
+    }
+
+    /// The aliases whose calls wait for an approval (servers with `require_approval`).
+    pub fn gated(&self) -> Vec<String> {
+        let gated = self.servers.iter().filter(|s| s.gated);
+        gated.flat_map(Server::aliases).collect()
+    }
+
+    /// A one-line description of a call for an approval: the tool and the size of its
+    /// arguments, which are not shown (they may carry anything).
+    pub fn summarize(call: &ToolCall) -> String {
+        let name: String = call
+            .name
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(100)
+            .collect();
+        format!("{name}: {} bytes of arguments", call.arguments.len())
+    }
+
+    /// Calls a server's tool; every failure (an unknown tool, a server that is down, bad
+    /// arguments, a protocol error, the timeout) is a result with `is_error`.
+    pub async fn call(&self, call: &ToolCall, cancel: &CancellationToken) -> ToolResult {
+        let (content, is_error) = match self.dispatch(call, cancel).await {
+            Ok(done) => done,
+            Err(message) => (message, true),
+        };
+        ToolResult {
+            content: bound(content, self.max_output_bytes),
+            is_error,
+            patches: Vec::new(),
+        }
+    }
+
+    async fn dispatch(
+        &self,
+        call: &ToolCall,
+        cancel: &CancellationToken,
+    ) -> Result<(String, bool), String> {
+        let (server, tool) = self.find(&call.name)?;
+        let live = server
+            .state
+            .as_ref()
+            .map_err(|why| format!("MCP server {:?} is not available: {why}", server.name))?;
+        let arguments = match call.arguments.trim() {
+            "" => serde_json::Map::new(),
+            text => match serde_json::from_str(text) {
+                Ok(Value::Object(map)) => map,
+                Ok(_) => return Err("the arguments must be a JSON object".into()),
+                Err(e) => return Err(format!("the arguments are not valid JSON: {e}")),
+            },
+        };
+        let params = CallToolRequestParams::new(tool.to_string()).with_arguments(arguments);
+        let timeout = self.limits.call_timeout;
+        let answered = tokio::select! {
+            answered = tokio::time::timeout(timeout, live.session.call_tool(params)) => answered,
+            _ = cancel.cancelled() => return Err("the tool call was cancelled".into()),
+        };
+        match answered {
+            Err(_) => Err(format!(
+                "MCP server {:?} did not answer within {} s",
+                server.name,
+                timeout.as_secs_f64()
+            )),
+            Ok(Err(error)) => Err(with_stderr(
+                format!("MCP server {:?}: {error}", server.name),
+                &live.stderr,
+            )),
+            Ok(Ok(result)) => {
+                let result = serde_json::to_value(&result).unwrap_or(Value::Null);
+                let is_error = result["isError"].as_bool().unwrap_or(false);
+                Ok((render(&result), is_error))
+            }
+        }
+    }
+
+    /// The server and the server's own tool name an alias stands for.
+    fn find<'a>(&'a self, name: &'a str) -> Result<(&'a Server, &'a str), String> {
+        let unknown = || format!("there is no MCP tool {name:?}");
+        let rest = name.strip_prefix(PREFIX).ok_or_else(unknown)?;
+        let (server, tool) = rest.split_once("__").ok_or_else(unknown)?;
+        let server = self
+            .servers
+            .iter()
+            .find(|s| s.name == server)
+            .ok_or_else(unknown)?;
+        if let Ok(live) = &server.state
+            && !live.tools.iter().any(|t| t.name == tool)
+        {
+            return Err(format!(
+                "MCP server {:?} offers this run no tool {tool:?}; its tools are: {}",
+                server.name,
+                server.aliases().join(", ")
+            ));
+        }
+        Ok((server, tool))
+    }
+
+    /// Ends every server's session and processes.
+    pub async fn shut_down(self) {
+        for server in self.servers {
+            server.shut_down().await;
+        }
+    }
+}
+
+/// A tool result as the model reads it: its text, and a line for each block that is not
+/// text (an image, a resource); structured content when there is no text at all.
+fn render(result: &Value) -> String {
+    let blocks = result["content"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let mut parts: Vec<String> = blocks.iter().map(block).collect();
+    if parts.is_empty()
+        && let Some(structured) = result.get("structuredContent")
+    {
+        parts.push(structured.to_string());
+    }
+    parts.join("\n")
+}
+
+fn block(block: &Value) -> String {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    let size = |v: &Value| v.as_str().map_or(0, str::len);
+    match block["type"].as_str().unwrap_or_default() {
+        "text" => text(&block["text"]),
+        kind @ ("image" | "audio") => format!(
+            "[{kind}: {}, {} bytes of base64]",
+            text(&block["mimeType"]),
+            size(&block["data"])
+        ),
+        "resource" => {
+            let resource = &block["resource"];
+            match resource.get("text") {
+                Some(body) => text(body),
+                None => format!(
+                    "[resource {}: {} bytes of base64]",
+                    text(&resource["uri"]),
+                    size(&resource["blob"])
+                ),
+            }
+        }
+        "resource_link" => format!(
+            "[resource link {}: {}]",
+            text(&block["uri"]),
+            text(&block["name"])
+        ),
+        other => format!("[a {other:?} block]"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_result_is_rendered_as_text_with_a_line_per_other_block() {
+        let result = json!({"content": [
+            {"type": "text", "text": "the time is 12:00"},
+            {"type": "image", "mimeType": "image/png", "data": "aGVsbG8="},
+            {"type": "resource", "resource": {"uri": "demo://a", "text": "inline"}},
+            {"type": "resource", "resource": {"uri": "demo://b", "blob": "AAAA"}},
+            {"type": "resource_link", "uri": "demo://c", "name": "c"}
+        ]});
+        assert_eq!(
+            render(&result),
+            "the time is 12:00\n[image: image/png, 8 bytes of base64]\ninline\n\
+             [resource demo://b: 4 bytes of base64]\n[resource link demo://c: c]"
+        );
+        let structured = json!({"content": [], "structuredContent": {"t": 21}});
+        assert_eq!(render(&structured), r#"{"t":21}"#);
+    }
+
+    #[test]
+    fn aliases_name_a_server_and_its_tool() {
+        assert_eq!(
+            alias("time", "get_current_time"),
+            "mcp__time__get_current_time"
+        );
+        assert!(is_tool_name(&alias("everything", "get-sum")));
+        assert!(!is_tool_name(&alias("x", "a.b")));
+        assert!(is_mcp_tool("mcp__x__y") && !is_mcp_tool("read_file"));
+    }
+}
