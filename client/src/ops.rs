@@ -64,6 +64,18 @@ impl Client {
         self.get(format!("/v1/tasks/{}/runs", segment(task_id)))
     }
 
+    /// The runs of every task in the workspace, oldest first; `status` and `task_id` narrow
+    /// them.
+    pub fn list_workspace_runs(
+        &self,
+        status: Option<&str>,
+        task_id: Option<&str>,
+    ) -> Call<'_, ListEnvelope<RunRecord>> {
+        self.get("/v1/runs".into())
+            .query("status", status)
+            .query("task_id", task_id)
+    }
+
     pub fn get_run(&self, task_id: &str, run_id: &str) -> Call<'_, ObjectEnvelope<RunRecord>> {
         self.get(run_path(task_id, run_id))
     }
@@ -98,6 +110,16 @@ impl Client {
         self.get(format!("{}/steps", run_path(task_id, run_id)))
     }
 
+    pub fn get_step(
+        &self,
+        task_id: &str,
+        run_id: &str,
+        step_id: &str,
+    ) -> Call<'_, ObjectEnvelope<StepRecord>> {
+        let path = format!("{}/steps/{}", run_path(task_id, run_id), segment(step_id));
+        self.get(path)
+    }
+
     /// A run's events in order, after `after_sequence`.
     pub fn list_run_events(
         &self,
@@ -116,6 +138,11 @@ impl Client {
         run_id: &str,
     ) -> Call<'_, ListEnvelope<ArtifactRecord>> {
         self.get(format!("{}/artifacts", run_path(task_id, run_id)))
+    }
+
+    /// The artifacts of all the task's runs, oldest first.
+    pub fn list_task_artifacts(&self, task_id: &str) -> Call<'_, ListEnvelope<ArtifactRecord>> {
+        self.get(format!("/v1/tasks/{}/artifacts", segment(task_id)))
     }
 
     /// An artifact's bytes so far (readable while the run still writes it): see
@@ -165,6 +192,17 @@ impl Client {
         status: Option<&str>,
     ) -> Call<'_, ListEnvelope<ApprovalRecord>> {
         self.get(format!("/v1/tasks/{}/approvals", segment(task_id)))
+            .query("status", status)
+    }
+
+    /// One run's approvals, oldest first.
+    pub fn list_run_approvals(
+        &self,
+        run_id: &str,
+        status: Option<&str>,
+    ) -> Call<'_, ListEnvelope<ApprovalRecord>> {
+        self.get("/v1/approvals".into())
+            .query("run_id", Some(run_id))
             .query("status", status)
     }
 
@@ -304,6 +342,10 @@ impl Client {
 
     pub fn list_items(&self, source_id: &str) -> Call<'_, ListEnvelope<ItemRecord>> {
         self.get(source_path(source_id, "/items"))
+    }
+
+    pub fn get_item(&self, item_id: &str) -> Call<'_, ObjectEnvelope<ItemRecord>> {
+        self.get(format!("/v1/external-work/items/{}", segment(item_id)))
     }
 
     /// Polls the source now and answers what the poll did.

@@ -10,7 +10,7 @@ use utoipa_axum::routes;
 
 use crate::api::extract::{ApiJson, ApiQuery};
 use crate::api::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object, page_limit};
-use crate::approvals::ApprovalRecord;
+use crate::approvals::{ApprovalFilter, ApprovalRecord};
 use crate::approvals::{ApprovalKind, Decision};
 use crate::domain::Caller;
 use crate::{approvals, external, runs, tasks};
@@ -29,6 +29,8 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
 struct ApprovalQuery {
     #[param(value_type = Option<ApprovalStatus>, inline)]
     status: Option<String>,
+    /// Only this run's approvals.
+    run_id: Option<String>,
     /// Page size, 1 to 200 (default 50).
     #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
@@ -37,20 +39,27 @@ struct ApprovalQuery {
 }
 
 impl ApprovalQuery {
-    fn status(&self) -> Result<Option<&str>, ApiError> {
-        match self.status.as_deref() {
+    /// The query's filters, under `task_id` when the path names a task.
+    fn filter<'a>(&'a self, task_id: Option<&'a str>) -> Result<ApprovalFilter<'a>, ApiError> {
+        let status = match self.status.as_deref() {
             Some(status) if ApprovalStatus::parse(status).is_none() => {
-                Err(ApiError::invalid(format!(
+                return Err(ApiError::invalid(format!(
                     "unknown approval status '{status}' (expected {})",
                     ApprovalStatus::names()
-                )))
+                )));
             }
-            other => Ok(other),
-        }
+            other => other,
+        };
+        let run_id = self.run_id.as_deref();
+        Ok(ApprovalFilter {
+            task_id,
+            run_id,
+            status,
+        })
     }
 }
 
-/// The approval list_approvals across tasks, oldest first.
+/// The approval inbox across tasks, oldest first; `run_id` narrows it to one run's.
 #[utoipa::path(get, path = "/approvals", tag = "approvals", params(ApprovalQuery),
     responses((status = 200, description = "A page of approvals", body = ListEnvelope<ApprovalRecord>)))]
 async fn list_approvals(
@@ -59,16 +68,10 @@ async fn list_approvals(
     ApiQuery(query): ApiQuery<ApprovalQuery>,
 ) -> Result<Json<ListEnvelope<ApprovalRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
+    let filter = query.filter(None)?;
     let mut conn = state.pool.acquire().await?;
-    let rows = approvals::list(
-        &mut conn,
-        &caller.scope,
-        None,
-        query.status()?,
-        query.cursor.as_deref(),
-        limit + 1,
-    )
-    .await?;
+    let cursor = query.cursor.as_deref();
+    let rows = approvals::list(&mut conn, &caller.scope, filter, cursor, limit + 1).await?;
     Ok(Json(list(rows, limit, |a| a.id.clone())))
 }
 
@@ -83,17 +86,11 @@ async fn list_task_approvals(
     ApiQuery(query): ApiQuery<ApprovalQuery>,
 ) -> Result<Json<ListEnvelope<ApprovalRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
+    let filter = query.filter(Some(&task_id))?;
     let mut conn = state.pool.acquire().await?;
     tasks::get(&mut conn, &caller.scope, &task_id).await?;
-    let rows = approvals::list(
-        &mut conn,
-        &caller.scope,
-        Some(&task_id),
-        query.status()?,
-        query.cursor.as_deref(),
-        limit + 1,
-    )
-    .await?;
+    let cursor = query.cursor.as_deref();
+    let rows = approvals::list(&mut conn, &caller.scope, filter, cursor, limit + 1).await?;
     Ok(Json(list(rows, limit, |a| a.id.clone())))
 }
 

@@ -42,6 +42,7 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(reconcile_source))
         .routes(routes!(set_background))
         .routes(routes!(import))
+        .routes(routes!(get_item))
         .routes(routes!(propose_action, list_item_actions))
         .routes(routes!(get_action))
 }
@@ -388,6 +389,21 @@ async fn import(
     Ok((status, Json(object("external_work_import", imported))))
 }
 
+/// Reads an item: the tracker's issue as last seen, where its import stands, and the task
+/// and run working on it.
+#[utoipa::path(get, path = "/external-work/items/{item_id}", tag = "external-work",
+    params(("item_id" = String, Path)),
+    responses((status = 200, description = "The item", body = ObjectEnvelope<ItemRecord>)))]
+async fn get_item(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(item_id): Path<String>,
+) -> Result<Json<ObjectEnvelope<ItemRecord>>> {
+    let mut conn = state.pool.acquire().await?;
+    let item = external::get_item(&mut conn, &caller.scope, &item_id).await?;
+    Ok(Json(object("external_work_item", item)))
+}
+
 /// Proposes one write on an item's tracker: records exactly what will be sent and the
 /// target as it stands, and opens an `external_action` approval of the item's task. Nothing
 /// is sent before it is approved; then the target is asked for again and a changed one is
@@ -435,7 +451,7 @@ async fn list_item_actions(
     let limit = page_limit(page.limit)?;
     let mut conn = state.pool.acquire().await?;
     let scope = &caller.scope;
-    crate::external::actions::item(&mut conn, scope, &item_id).await?;
+    crate::external::get_item(&mut conn, scope, &item_id).await?;
     let cursor = page.cursor.as_deref();
     let rows =
         crate::external::actions::list_for_item(&mut conn, scope, &item_id, cursor, limit + 1)

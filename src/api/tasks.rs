@@ -18,11 +18,11 @@ use crate::api::{
     page_limit,
 };
 use crate::artifacts::ArtifactRecord;
-use crate::domain::Caller;
+use crate::domain::{Caller, RunStatus};
 use crate::events::Subject;
 use crate::runs::steps;
 use crate::runs::steps::StepRecord;
-use crate::runs::{Admission, Origin, RunRecord};
+use crate::runs::{Admission, Origin, RunFilter, RunRecord};
 use crate::tasks::TaskDraft;
 use crate::tasks::TaskRecord;
 use crate::tasks::{NewTask, TaskStatus};
@@ -33,6 +33,7 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(create_task, list_tasks))
         .routes(routes!(get_task, delete_task))
         .routes(routes!(start_task))
+        .routes(routes!(list_workspace_runs))
         .routes(routes!(list_runs))
         .routes(routes!(get_run))
         .routes(routes!(retry_run))
@@ -40,6 +41,8 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         .merge(crate::api::lineage::router())
         .routes(routes!(cancel_run))
         .routes(routes!(list_steps))
+        .routes(routes!(get_step))
+        .routes(routes!(list_task_artifacts))
         .routes(routes!(list_artifacts))
         .routes(routes!(get_artifact))
         .routes(routes!(artifact_content))
@@ -221,6 +224,56 @@ async fn resume_run(
     admit(&state, &caller, &task_id, origin, &headers, request, base).await
 }
 
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct RunListQuery {
+    /// Page size, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+    /// Only runs in this status.
+    #[param(value_type = Option<RunStatus>, inline)]
+    status: Option<String>,
+    /// Only this task's runs.
+    task_id: Option<String>,
+}
+
+impl RunListQuery {
+    fn filter(&self) -> Result<RunFilter<'_>> {
+        let status = match self.status.as_deref() {
+            None => None,
+            Some(value) => Some(RunStatus::parse(value).ok_or_else(|| {
+                let names: Vec<&str> = RunStatus::ALL.map(RunStatus::as_str).to_vec();
+                ApiError::invalid(format!(
+                    "unknown status '{value}' (expected {})",
+                    names.join(", ")
+                ))
+            })?),
+        };
+        let task_id = self.task_id.as_deref();
+        Ok(RunFilter { status, task_id })
+    }
+}
+
+/// Lists the runs of every task in the workspace, oldest first (a task's runs as
+/// `GET /v1/tasks/{task_id}/runs` pages them).
+#[utoipa::path(get, path = "/runs", tag = "runs", params(RunListQuery),
+    responses((status = 200, description = "A page of runs", body = ListEnvelope<RunRecord>)))]
+async fn list_workspace_runs(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiQuery(query): ApiQuery<RunListQuery>,
+) -> Result<Json<ListEnvelope<RunRecord>>> {
+    let limit = page_limit(query.limit)?;
+    let filter = query.filter()?;
+    let mut conn = state.pool.acquire().await?;
+    let cursor = query.cursor.as_deref();
+    let rows = runs::list_in_workspace(&mut conn, &caller.scope, filter, cursor, limit + 1).await?;
+    Ok(Json(list(rows, limit, |r| r.id.clone())))
+}
+
 /// Lists a task's runs, oldest first.
 #[utoipa::path(get, path = "/tasks/{task_id}/runs", tag = "runs", params(("task_id" = String, Path), PageQuery),
     responses((status = 200, description = "A page of runs", body = ListEnvelope<RunRecord>)))]
@@ -300,6 +353,41 @@ async fn list_steps(
     runs::get(&mut conn, scope, &task_id, &run_id).await?;
     let rows = steps::list(&mut conn, scope, &run_id, after, limit + 1).await?;
     Ok(Json(list(rows, limit, |s| s.index.to_string())))
+}
+
+/// Reads one of a run's steps.
+#[utoipa::path(get, path = "/tasks/{task_id}/runs/{run_id}/steps/{step_id}", tag = "runs",
+    params(("task_id" = String, Path), ("run_id" = String, Path), ("step_id" = String, Path)),
+    responses((status = 200, description = "The step", body = ObjectEnvelope<StepRecord>)))]
+async fn get_step(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((task_id, run_id, step_id)): Path<(String, String, String)>,
+) -> Result<Json<ObjectEnvelope<StepRecord>>> {
+    let mut conn = state.pool.acquire().await?;
+    let scope = &caller.scope;
+    runs::get(&mut conn, scope, &task_id, &run_id).await?;
+    let step = steps::get(&mut conn, scope, &run_id, &step_id).await?;
+    Ok(Json(object("task_step", step)))
+}
+
+/// Lists the artifacts of all the task's runs, oldest first.
+#[utoipa::path(get, path = "/tasks/{task_id}/artifacts", tag = "runs",
+    params(("task_id" = String, Path), PageQuery),
+    responses((status = 200, description = "A page of artifacts", body = ListEnvelope<ArtifactRecord>)))]
+async fn list_task_artifacts(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(task_id): Path<String>,
+    ApiQuery(page): ApiQuery<PageQuery>,
+) -> Result<Json<ListEnvelope<ArtifactRecord>>> {
+    let limit = page_limit(page.limit)?;
+    let mut conn = state.pool.acquire().await?;
+    let scope = &caller.scope;
+    tasks::get(&mut conn, scope, &task_id).await?;
+    let cursor = page.cursor.as_deref();
+    let rows = artifacts::list_of_task(&mut conn, scope, &task_id, cursor, limit + 1).await?;
+    Ok(Json(list(rows, limit, |a| a.id.clone())))
 }
 
 /// Lists a run's artifacts (its stdout and stderr).

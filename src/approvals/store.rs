@@ -220,12 +220,19 @@ pub async fn get(
     .ok_or(StoreError::NotFound("approval"))
 }
 
-/// Approvals of one task, or of every task when `task_id` is None (the inbox); oldest first.
+/// Which approvals [`list`] reads: each filter that is Some narrows the list.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ApprovalFilter<'a> {
+    pub task_id: Option<&'a str>,
+    pub run_id: Option<&'a str>,
+    pub status: Option<&'a str>,
+}
+
+/// Approvals of the workspace (the inbox), of one task or of one run; oldest first.
 pub async fn list(
     conn: &mut PgConnection,
     scope: &Scope,
-    task_id: Option<&str>,
-    status: Option<&str>,
+    filter: ApprovalFilter<'_>,
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ApprovalRecord>> {
@@ -244,13 +251,14 @@ pub async fn list(
                         resolved_by, created_at, expires_at, resolved_at
                  FROM approvals WHERE workspace_id = $5) a
            WHERE ($1::text IS NULL OR a.task_id = $1) AND ($2::text IS NULL OR a.status = $2)
-             AND ($3::text IS NULL OR a.id > $3)
+             AND ($6::text IS NULL OR a.run_id = $6) AND ($3::text IS NULL OR a.id > $3)
            ORDER BY a.id LIMIT $4"#,
-        task_id,
-        status,
+        filter.task_id,
+        filter.status,
         after,
         limit,
         scope.workspace(),
+        filter.run_id,
     )
     .fetch_all(conn)
     .await?;

@@ -258,3 +258,28 @@ pub async fn list(
     };
     Ok(rows)
 }
+
+/// The artifacts of all a task's runs, oldest first; `after` is the id of the last artifact
+/// of the previous page. Every id is greater than '', so the first page's bound is an
+/// index bound (`artifacts_task`) as every later page's is.
+pub async fn list_of_task(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<ArtifactRecord>> {
+    let rows = query_artifacts!(
+        "SELECT",
+        "FROM artifacts
+         WHERE workspace_id = $1 AND task_id = $2 AND id > $3
+         ORDER BY id LIMIT $4",
+        scope.workspace(),
+        task_id,
+        after.unwrap_or_default(),
+        limit,
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}

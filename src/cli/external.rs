@@ -61,6 +61,8 @@ pub(crate) enum ItemCommand {
         #[command(flatten)]
         page: PageArgs,
     },
+    /// Shows an item: where its import stands, and its task and run.
+    Show { item_id: String },
 }
 
 pub async fn run(client: &Client, format: Format, command: ExternalCommand) -> Result<(), Error> {
@@ -86,7 +88,27 @@ pub async fn run(client: &Client, format: Format, command: ExternalCommand) -> R
             )
             .await
         }
+        ExternalCommand::Items(ItemCommand::Show { item_id }) => {
+            output::show(format, client.get_item(&item_id), |i| item_fields(&i.data))
+                .await
+                .map(drop)
+        }
     }
+}
+
+fn item_fields(i: &ItemRecord) -> Table {
+    Table::fields(&[
+        ("id", i.id.clone()),
+        ("source", i.source_id.clone()),
+        ("kind", i.kind.clone()),
+        ("identifier", i.identifier.clone()),
+        ("state", i.state.to_string()),
+        ("tracker state", i.tracker_state.clone()),
+        ("task", or_dash(i.task_id.as_ref())),
+        ("run", or_dash(i.run_id.as_ref())),
+        ("last error", or_dash(i.last_error.as_ref())),
+        ("updated", time(&i.updated_at)),
+    ])
 }
 
 async fn sources(client: &Client, format: Format, command: SourceCommand) -> Result<(), Error> {

@@ -196,9 +196,12 @@ pub(crate) struct AdmitArgs {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum RunCommand {
-    /// Lists a task's runs, oldest first.
+    /// Lists runs, oldest first: a task's, or with no task every task's in the workspace.
     List {
-        task_id: String,
+        task_id: Option<String>,
+        /// Only runs in this status (`running`, `failed`, …).
+        #[arg(long)]
+        status: Option<String>,
         #[command(flatten)]
         page: PageArgs,
     },
@@ -245,6 +248,9 @@ pub(crate) enum ApprovalCommand {
         /// Only this task's.
         #[arg(long)]
         task: Option<String>,
+        /// Only this run's.
+        #[arg(long, conflicts_with = "task")]
+        run: Option<String>,
         #[command(flatten)]
         page: PageArgs,
     },
@@ -532,24 +538,30 @@ async fn admitted(
 
 async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Outcome, Error> {
     match command {
-        RunCommand::List { task_id, page } => {
-            let headers = ["ID", "NUMBER", "STATUS", "EXIT", "CREATED", "FINISHED"];
-            output::list(
-                format,
-                &page,
-                client.list_runs(&task_id),
-                &headers,
-                |r: &RunRecord| {
-                    vec![
-                        r.id.clone(),
-                        r.number.to_string(),
-                        r.status.to_string(),
-                        or_dash(r.exit_code),
-                        time(&r.created_at),
-                        or_dash(r.finished_at.as_ref().map(time)),
-                    ]
-                },
-            )
+        RunCommand::List {
+            task_id,
+            status,
+            page,
+        } => {
+            // A task alone: its own list, which says when the task does not exist.
+            let call = match (&task_id, &status) {
+                (Some(task_id), None) => client.list_runs(task_id),
+                _ => client.list_workspace_runs(status.as_deref(), task_id.as_deref()),
+            };
+            let headers = [
+                "ID", "TASK", "NUMBER", "STATUS", "EXIT", "CREATED", "FINISHED",
+            ];
+            output::list(format, &page, call, &headers, |r: &RunRecord| {
+                vec![
+                    r.id.clone(),
+                    r.task_id.clone(),
+                    r.number.to_string(),
+                    r.status.to_string(),
+                    or_dash(r.exit_code),
+                    time(&r.created_at),
+                    or_dash(r.finished_at.as_ref().map(time)),
+                ]
+            })
             .await?;
         }
         RunCommand::Show { run_id } => {
@@ -590,11 +602,18 @@ async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Ou
 
 async fn approvals(client: &Client, format: Format, command: ApprovalCommand) -> Result<(), Error> {
     let (approval_id, decision, note, continue_run) = match command {
-        ApprovalCommand::List { status, task, page } => {
+        ApprovalCommand::List {
+            status,
+            task,
+            run,
+            page,
+        } => {
             let headers = ["ID", "TASK", "RUN", "KIND", "STATUS", "ACTION"];
-            let call = match &task {
-                Some(task) => client.list_task_approvals(task, status.as_deref()),
-                None => client.list_approvals(status.as_deref()),
+            let status = status.as_deref();
+            let call = match (&task, &run) {
+                (Some(task), _) => client.list_task_approvals(task, status),
+                (None, Some(run)) => client.list_run_approvals(run, status),
+                (None, None) => client.list_approvals(status),
             };
             return output::list(format, &page, call, &headers, |a: &ApprovalRecord| {
                 vec![

@@ -538,6 +538,23 @@ pub(crate) async fn refresh_issue(
     Ok(row)
 }
 
+/// An item by its id (the one an action is proposed on, or an API read).
+pub(crate) async fn get_item(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    item_id: &str,
+) -> Result<ItemRecord> {
+    query_items!(
+        "SELECT",
+        "FROM external_work_items WHERE workspace_id = $1 AND id = $2",
+        scope.workspace(),
+        item_id,
+    )
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("external work item"))
+}
+
 /// The item a key names (the one a duplicate import found).
 pub(crate) async fn item_by_key(
     conn: &mut PgConnection,

@@ -203,3 +203,22 @@ pub async fn list(
     .await?;
     Ok(rows)
 }
+
+/// One of a run's steps.
+pub async fn get(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+    step_id: &str,
+) -> Result<StepRecord> {
+    query_steps!(
+        "SELECT",
+        "FROM steps WHERE workspace_id = $1 AND run_id = $2 AND id = $3",
+        scope.workspace(),
+        run_id,
+        step_id,
+    )
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("step"))
+}

@@ -25,9 +25,10 @@ use crate::tasks::{TaskRecord, TaskRecordExt};
 pub use keel_api_types::RunRecord;
 
 /// `query_as!` of [`RunRecord`]s: `$before` (a `WITH …` or nothing), then the run's
-/// columns (`status` as a [`RunStatus`]), then `$after` (its `FROM …`).
+/// columns (`status` as a [`RunStatus`]), then `$after` (its `FROM …`, literals joined
+/// with `+`).
 macro_rules! query_runs {
-    ($before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+    ($before:literal, $after:literal $(+ $more:literal)* $(, $arg:expr)* $(,)?) => {
         sqlx::query_as!(
             RunRecord,
             $before
@@ -39,6 +40,7 @@ macro_rules! query_runs {
                        scheduled_for, created_at, started_at, finished_at, updated_at,
                        lineage_kind, from_model_call_index, conversation_base, requested_by "#
                 + $after
+                $(+ $more)*
             $(, $arg)*
         )
     };
@@ -731,6 +733,57 @@ pub async fn list(
     )
     .fetch_all(conn)
     .await?;
+    Ok(rows)
+}
+
+/// Which runs of the workspace [`list_in_workspace`] reads.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RunFilter<'a> {
+    pub status: Option<RunStatus>,
+    pub task_id: Option<&'a str>,
+}
+
+/// Runs of every task in the workspace, oldest first, as [`list`] pages one task's; `after`
+/// is the id of the last run of the previous page. One statement per filter, so each reads
+/// its own index in id order (`runs_workspace…`) and a page costs the same however many
+/// runs came before it: a `$n IS NULL OR …` filter would let a generic plan scan past them.
+pub async fn list_in_workspace(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    filter: RunFilter<'_>,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<RunRecord>> {
+    // Every id is greater than '': the first page's bound is an index bound too.
+    let after = after.unwrap_or_default();
+    let status = filter.status.map(RunStatus::as_str);
+    macro_rules! page {
+        ($filter:literal $(, $arg:expr)*) => {
+            query_runs!(
+                "",
+                "FROM runs WHERE workspace_id = $1 AND id > $2 AND " + $filter
+                    + " ORDER BY id LIMIT $3",
+                scope.workspace(),
+                after,
+                limit,
+                $($arg,)*
+            )
+            .fetch_all(conn)
+            .await?
+        };
+    }
+    let rows = match (filter.task_id, status) {
+        (None, None) => page!("true"),
+        (None, Some(status)) => page!("status = $4", status),
+        // A task's runs, then its status: the task's own runs are all there is to read.
+        (Some(task_id), status) => {
+            page!(
+                "task_id = $4 AND ($5::text IS NULL OR status = $5)",
+                task_id,
+                status
+            )
+        }
+    };
     Ok(rows)
 }
 

@@ -299,6 +299,15 @@ async fn an_approval_gated_run_exits_3_then_approve_and_watch_exit_0() {
         "{}",
         describe(&output)
     );
+    let gated = keel.client().api.get_task(&task).await.unwrap().data;
+    let gated = gated.latest_run_id.unwrap();
+    let output = cli(url, &["approvals", "list", "--run", &gated, "-q"]).await;
+    assert_eq!(
+        stdout(&output),
+        format!("{approval}\n"),
+        "{}",
+        describe(&output)
+    );
 
     // The printed command itself, `--url` before the subcommand and all.
     let printed: Vec<&str> = approve.split(' ').skip(1).collect();
@@ -513,6 +522,16 @@ async fn the_other_commands_answer_from_the_api() {
     );
     let output = cli(url, &["runs", "list", &first]).await;
     assert!(stdout(&output).contains(run), "{}", describe(&output));
+    // Every task's runs, by status: the one completed run, and no failed one.
+    let output = cli(url, &["runs", "list", "--status", "completed", "-q"]).await;
+    assert_eq!(stdout(&output), format!("{run}\n"), "{}", describe(&output));
+    let failed = ["runs", "list", &first, "--status", "failed", "-q"];
+    let output = cli(url, &failed).await;
+    assert_eq!(stdout(&output), "", "{}", describe(&output));
+    let output = cli(url, &["runs", "list", "--status", "sleeping"]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("unknown status 'sleeping'"), "{stderr}");
 
     let set = ["schedules", "set", &second, "--cron", "0 9 * * 1-5"];
     let output = cli(url, &set).await;
@@ -773,6 +792,16 @@ async fn an_external_work_source_is_created_polled_listed_and_deleted() {
     assert_eq!(listed[0].identifier, "acme/widgets#1", "{items}");
     // The token reached GitHub only: never the CLI's output.
     assert!(!items.to_string().contains(tracker::CANARY));
+    let args = [
+        "--output",
+        "json",
+        "external-work",
+        "items",
+        "show",
+        &listed[0].id,
+    ];
+    let shown = json_of(&cli(url, &args).await);
+    assert_eq!(shown["data"], items["data"][0], "{shown}");
 
     let output = cli(url, &["external-work", "sources", "delete", &id]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));

@@ -32,6 +32,7 @@ mod partition;
 mod processes;
 mod providers_live;
 mod queue;
+mod read_routes;
 mod remote_db;
 mod repo_workspaces;
 mod restart;

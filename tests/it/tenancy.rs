@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::support::wait_for;
 use chrono::Utc;
-use keel::approvals::Decision;
+use keel::approvals::{ApprovalFilter, Decision};
 use keel::db::StoreError;
 use keel::domain::{Actor, Scope};
 use keel::events::transitions;
@@ -124,7 +124,7 @@ async fn seed() -> Seeded {
     let mut tx = pool.begin().await.unwrap();
     let task_id = new_task(&mut tx, &a).await;
     let run = start(&mut tx, &a, &task_id, &gated()).await;
-    let approval_id = approvals::list(&mut tx, &a, Some(&task_id), None, None, 10)
+    let approval_id = approvals::list(&mut tx, &a, of_task(&task_id), None, 10)
         .await
         .unwrap()[0]
         .id
@@ -306,22 +306,22 @@ async fn another_workspace_lists_none_of_a_workspaces_rows() {
         ),
         (
             "approval inbox",
-            approvals::list(c, a, None, None, None, 50)
+            approvals::list(c, a, ApprovalFilter::default(), None, 50)
                 .await
                 .unwrap()
                 .len(),
-            approvals::list(c, b, None, None, None, 50)
+            approvals::list(c, b, ApprovalFilter::default(), None, 50)
                 .await
                 .unwrap()
                 .len(),
         ),
         (
             "task approvals",
-            approvals::list(c, a, Some(&s.task_id), None, None, 50)
+            approvals::list(c, a, of_task(&s.task_id), None, 50)
                 .await
                 .unwrap()
                 .len(),
-            approvals::list(c, b, Some(&s.task_id), None, None, 50)
+            approvals::list(c, b, of_task(&s.task_id), None, 50)
                 .await
                 .unwrap()
                 .len(),
@@ -747,4 +747,12 @@ async fn local_mode_records_the_local_actor_on_approvals_and_transitions() {
         .find(|e| e.event_type == keel_client::EventType::RunCreated)
         .unwrap();
     assert_eq!(created.data["actor"], "local");
+}
+
+/// The approvals of one task.
+fn of_task(task_id: &str) -> ApprovalFilter<'_> {
+    ApprovalFilter {
+        task_id: Some(task_id),
+        ..ApprovalFilter::default()
+    }
 }

@@ -120,7 +120,12 @@ const ROUTES: &[(&str, &str, Walk)] = &[
     (
         "GET",
         "/v1/approvals",
-        List(&["?limit=200", "?status=pending", "?status=approved"]),
+        List(&[
+            "?limit=200",
+            "?status=pending",
+            "?status=approved",
+            "?run_id={run_id}",
+        ]),
     ),
     (
         "GET",
@@ -147,6 +152,7 @@ const ROUTES: &[(&str, &str, Walk)] = &[
             r#"{"workflow_markdown":"Hi {{ issue.title }}","issue":{"id":"1","identifier":"a/b#1","title":"t","state":"open"}}"#,
         ),
     ),
+    ("GET", "/v1/external-work/items/{item_id}", Read),
     ("GET", "/v1/external-work/items/{item_id}/actions", Read),
     (
         "POST",
@@ -201,6 +207,16 @@ const ROUTES: &[(&str, &str, Walk)] = &[
     ("POST", "/v1/media-jobs/{media_job_id}/run", Write("")),
     ("GET", "/v1/providers", List(&["?limit=200"])),
     (
+        "GET",
+        "/v1/runs",
+        List(&[
+            "?limit=200",
+            "?status=completed",
+            "?task_id={task_id}",
+            "?task_id={task_id}&status=completed",
+        ]),
+    ),
+    (
         "POST",
         "/v1/providers",
         Create(
@@ -232,6 +248,7 @@ const ROUTES: &[(&str, &str, Walk)] = &[
     ),
     ("GET", "/v1/tasks/{task_id}", Read),
     ("DELETE", "/v1/tasks/{task_id}", Write("")),
+    ("GET", "/v1/tasks/{task_id}/artifacts", Read),
     ("GET", "/v1/tasks/{task_id}/approvals", Read),
     ("GET", "/v1/tasks/{task_id}/approvals/{approval_id}", Read),
     (
@@ -290,6 +307,11 @@ const ROUTES: &[(&str, &str, Walk)] = &[
         Write("{}"),
     ),
     ("GET", "/v1/tasks/{task_id}/runs/{run_id}/steps", Read),
+    (
+        "GET",
+        "/v1/tasks/{task_id}/runs/{run_id}/steps/{step_id}",
+        Read,
+    ),
     ("GET", "/v1/tasks/{task_id}/runs/{run_id}/stream", Read),
     ("GET", "/v1/tasks/{task_id}/schedule", Read),
     ("PUT", "/v1/tasks/{task_id}/schedule", Write(SCHEDULE)),
@@ -341,8 +363,15 @@ struct Tree {
 #[derive(Debug)]
 struct TaskNode {
     id: String,
-    runs: Vec<(String, Vec<String>)>,
+    runs: Vec<RunNode>,
     approvals: Vec<String>,
+}
+
+#[derive(Debug)]
+struct RunNode {
+    id: String,
+    artifacts: Vec<String>,
+    steps: Vec<String>,
 }
 
 /// A vendor that answers every image generation with one PNG.
@@ -643,12 +672,21 @@ async fn snapshot(c: &Client) -> (BTreeMap<String, Value>, Tree) {
         let mut runs = Vec::new();
         for run in seen.ids(c, &format!("{base}/runs?limit=200")).await {
             let run_base = format!("{base}/runs/{run}");
-            for path in ["", "/steps?limit=200", "/events?limit=200"] {
+            for path in ["", "/events?limit=200"] {
                 seen.read(c, &format!("{run_base}{path}")).await;
             }
+            let steps = seen.ids(c, &format!("{run_base}/steps?limit=200")).await;
+            for step in &steps {
+                seen.read(c, &format!("{run_base}/steps/{step}")).await;
+            }
             let artifacts = seen.artifacts(c, &format!("{run_base}/artifacts")).await;
-            runs.push((run, artifacts));
+            runs.push(RunNode {
+                id: run,
+                artifacts,
+                steps,
+            });
         }
+        seen.read(c, &format!("{base}/artifacts?limit=200")).await;
         tree.tasks.push(TaskNode {
             id: task,
             runs,
@@ -672,6 +710,8 @@ async fn snapshot(c: &Client) -> (BTreeMap<String, Value>, Tree) {
             seen.read(c, &format!("{base}{path}")).await;
         }
         for item in seen.ids(c, &format!("{base}/items?limit=200")).await {
+            seen.read(c, &format!("/v1/external-work/items/{item}"))
+                .await;
             let actions = format!("/v1/external-work/items/{item}/actions?limit=200");
             for action in seen.ids(c, &actions).await {
                 seen.read(c, &format!("/v1/external-work/actions/{action}"))
@@ -684,6 +724,7 @@ async fn snapshot(c: &Client) -> (BTreeMap<String, Value>, Tree) {
     }
     for list in [
         "/v1/approvals?limit=200",
+        "/v1/runs?limit=200",
         "/v1/task-schedules?limit=200",
         "/v1/events?limit=200",
         "/v1/state-transitions?limit=200",
@@ -1014,7 +1055,7 @@ impl Tree {
         let runs = || self.tasks.iter().flat_map(|t| &t.runs);
         let ids: Vec<&String> = match param {
             "task_id" => self.tasks.iter().map(|t| &t.id).collect(),
-            "run_id" => runs().map(|(id, _)| id).collect(),
+            "run_id" => runs().map(|run| &run.id).collect(),
             "approval_id" => self.tasks.iter().flat_map(|t| &t.approvals).collect(),
             "media_job_id" => self.media_jobs.iter().map(|(id, _)| id).collect(),
             "source_id" => self.external_sources.iter().collect(),
@@ -1067,10 +1108,15 @@ impl TaskNode {
             ["run_id", rest @ ..] => self
                 .runs
                 .iter()
-                .flat_map(|(run, artifacts)| {
-                    children(artifacts, rest)
+                .flat_map(|run| {
+                    // A run's leaves: its steps or its artifacts, as the path names them.
+                    let leaves = match rest {
+                        ["step_id"] => &run.steps,
+                        _ => &run.artifacts,
+                    };
+                    children(leaves, rest)
                         .into_iter()
-                        .map(move |tail| std::iter::once(run.clone()).chain(tail).collect())
+                        .map(move |tail| std::iter::once(run.id.clone()).chain(tail).collect())
                 })
                 .collect(),
             other => panic!("no ids for {other:?}"),

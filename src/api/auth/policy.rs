@@ -50,6 +50,7 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ("GET", "/v1/events/stream", RemoteSafe),
     ("GET", "/v1/external-work/actions/{action_id}", RemoteSafe),
     ("POST", "/v1/external-work/import", RemoteSafe),
+    ("GET", "/v1/external-work/items/{item_id}", RemoteSafe),
     (
         "GET",
         "/v1/external-work/items/{item_id}/actions",
@@ -113,6 +114,7 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ("DELETE", "/v1/providers/{id}", RemoteSafe),
     ("POST", "/v1/providers/{id}/check", RemoteSafe),
     ("GET", "/v1/secrets/status", RemoteSafe),
+    ("GET", "/v1/runs", RemoteSafe),
     ("GET", "/v1/usage/events", RemoteSafe),
     ("GET", "/v1/usage/summary", RemoteSafe),
     ("GET", "/v1/task-schedules", RemoteSafe),
@@ -120,6 +122,7 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ("POST", "/v1/tasks", RemoteSafe),
     ("GET", "/v1/tasks/{task_id}", RemoteSafe),
     ("DELETE", "/v1/tasks/{task_id}", RemoteSafe),
+    ("GET", "/v1/tasks/{task_id}/artifacts", RemoteSafe),
     ("GET", "/v1/tasks/{task_id}/approvals", RemoteSafe),
     (
         "GET",
@@ -194,6 +197,11 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
         RemoteSafe,
     ),
     ("GET", "/v1/tasks/{task_id}/runs/{run_id}/steps", RemoteSafe),
+    (
+        "GET",
+        "/v1/tasks/{task_id}/runs/{run_id}/steps/{step_id}",
+        RemoteSafe,
+    ),
     (
         "GET",
         "/v1/tasks/{task_id}/runs/{run_id}/stream",

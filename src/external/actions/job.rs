@@ -61,7 +61,7 @@ pub(crate) async fn propose(
     run_id: Option<&str>,
     actor: &Actor,
 ) -> Result<Proposed, ExternalError> {
-    let item = crate::external::actions::item(conn, scope, item_id).await?;
+    let item = crate::external::get_item(conn, scope, item_id).await?;
     let source = external::get_source(conn, scope, &item.source_id).await?;
     let workflow = load_workflow(&source)?;
     let tracker = tracker(&workflow)?;
@@ -604,7 +604,7 @@ impl ActionJobs {
             answers: Vec::new(),
         };
         let mut conn = self.poller.pool.acquire().await?;
-        let item = crate::external::actions::item(&mut conn, scope, &action.item_id).await?;
+        let item = crate::external::get_item(&mut conn, scope, &action.item_id).await?;
         let source = external::get_source(&mut conn, scope, &item.source_id).await?;
         drop(conn);
         let workflow = match load_workflow(&source) {

@@ -11,10 +11,9 @@ use crate::attempt::JobKind;
 use crate::db::{Result, StoreError};
 use crate::domain::{Actor, Scope};
 use crate::events;
-use crate::external::{ItemRecord, query_items};
 use crate::queue;
 use crate::runs::{self, RunRecord};
-use keel_api_types::{ActionStatus, ItemState};
+use keel_api_types::ActionStatus;
 
 pub(crate) use keel_api_types::ActionRecord;
 
@@ -158,23 +157,6 @@ pub(crate) async fn counts_for_source(
         .into_iter()
         .map(|row| (row.status, row.count))
         .collect())
-}
-
-/// The item an action is proposed on.
-pub(crate) async fn item(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    item_id: &str,
-) -> Result<ItemRecord> {
-    query_items!(
-        "SELECT",
-        "FROM external_work_items WHERE workspace_id = $1 AND id = $2",
-        scope.workspace(),
-        item_id,
-    )
-    .fetch_optional(conn)
-    .await?
-    .ok_or(StoreError::NotFound("external work item"))
 }
 
 /// The operator's decision, from the approval's resolution (in its transaction): approved
