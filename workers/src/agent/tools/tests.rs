@@ -513,7 +513,10 @@ fn summaries_show_the_salient_argument_never_contents() {
 
 #[test]
 fn specs_follow_the_catalog_order_of_the_allowed_tools() {
-    let names: Vec<_> = specs(&allowed(None, true)).iter().map(|s| s.name).collect();
+    let names: Vec<String> = specs(&allowed(None, true))
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
     assert_eq!(
         names,
         [
