@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use keel_client::{
-    ApprovalRecord, Call, Client, Credentials, Error, MediaJobDraft, MediaJobRecord,
+    ApprovalRecord, Call, Client, Credentials, Error, McpServer, MediaJobDraft, MediaJobRecord,
     ObjectEnvelope, ProviderDraft, ProviderView, REASONING_EFFORTS, ResolveRequest, RunRecord,
     ScheduleDraft, ScheduleRecord, StartRequest, TaskDraft, TaskRecord,
 };
@@ -129,6 +129,10 @@ pub(crate) struct CreateTask {
     /// Agent loops: a tool the model may call (repeat for several).
     #[arg(long = "tool", requires = "prompt")]
     tools: Vec<String>,
+    /// Agent loops: an MCP server whose tools the model may call, as JSON (repeat for
+    /// several): '{"name": "time", "command": "mcp-server-time"}'.
+    #[arg(long = "mcp", requires = "prompt", value_parser = mcp_server)]
+    mcp_servers: Vec<McpServer>,
     #[arg(long)]
     working_directory: Option<String>,
     /// The repository each run's workspace starts as a clone of (a URL without
@@ -174,10 +178,16 @@ impl CreateTask {
             requested_provider: self.provider.clone(),
             reasoning_effort: self.reasoning_effort.clone(),
             tools: (!self.tools.is_empty()).then(|| self.tools.clone()),
+            mcp_servers: (!self.mcp_servers.is_empty()).then(|| self.mcp_servers.clone()),
             start: self.start.then_some(true),
             ..TaskDraft::default()
         }
     }
+}
+
+/// One `--mcp` value: a server as the API takes it, in JSON.
+fn mcp_server(value: &str) -> Result<McpServer, String> {
+    serde_json::from_str(value).map_err(|e| format!("not an MCP server's JSON: {e}"))
 }
 
 /// What to do with a new run (start, retry, resume).

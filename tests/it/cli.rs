@@ -111,6 +111,44 @@ async fn create_quiet_prints_the_id_and_json_output_is_the_apis() {
     let task = keel.client().api.get_task(id.trim()).await.unwrap().data;
     assert_eq!(task.shell_command.as_deref(), Some("echo hi"));
 
+    // --mcp: a server as JSON, stored with the task; JSON that is no server is refused.
+    let server = r#"{"name": "time", "command": "mcp-server-time", "tools": ["get_current_time"]}"#;
+    let args = [
+        "tasks",
+        "create",
+        "-q",
+        "--prompt",
+        "What time is it?",
+        "--mcp",
+        server,
+    ];
+    let output = cli(keel.url(), &args).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let agent = keel
+        .client()
+        .api
+        .get_task(stdout(&output).trim())
+        .await
+        .unwrap()
+        .data;
+    let servers = agent.mcp_servers.expect("the task's servers").0;
+    assert_eq!(
+        (servers[0].name.as_str(), servers[0].tools.clone()),
+        ("time", Some(vec!["get_current_time".into()]))
+    );
+    let args = [
+        "tasks",
+        "create",
+        "--prompt",
+        "x",
+        "--mcp",
+        r#"{"name": "time"}"#,
+    ];
+    let refused = cli(keel.url(), &args).await;
+    assert_ne!(code(&refused), 0, "{}", describe(&refused));
+    let said = describe(&refused);
+    assert!(said.contains("exactly one of command"), "{said}");
+
     let output = cli(keel.url(), &["tasks", "list", "--output", "json"]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
     let printed: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");

@@ -200,10 +200,25 @@ async function showApprovals(view, taskId, runId) {
     h('p', {}, h('a', { href: '#/approvals' }, 'Decide in the approvals inbox'))));
 }
 
+// A step's name, with what it was about: the tool a tool call called (an MCP server's
+// tools are mcp__<server>__<tool>), and the server an mcp_server step started with the
+// number of tools it offered.
+function stepLabel(step) {
+  const input = step.input || {};
+  if (step.name === 'tool_call' && input.name) return `tool_call: ${input.name}`;
+  if (step.name === 'mcp_server' && input.server) {
+    const tools = step.output && step.output.tools;
+    return Array.isArray(tools)
+      ? `mcp_server: ${input.server} (${tools.length} tools)`
+      : `mcp_server: ${input.server}`;
+  }
+  return step.name;
+}
+
 function showSteps(view, steps) {
   if (!changed(view.steps, JSON.stringify(steps))) return;
   replace(view.steps, table('Steps', ['#', 'Step', 'Status', 'Started', 'Finished', 'Error'],
-    steps.map((step) => [step.index, step.name, badge(step.status), when(step.started_at),
+    steps.map((step) => [step.index, stepLabel(step), badge(step.status), when(step.started_at),
       when(step.finished_at), step.error ? String(step.error.message || step.error) : '']),
     'No steps yet.'));
 }
