@@ -82,7 +82,10 @@ fn resolve(
             args: server.args.clone(),
             env: resolved(&server.env)?,
         }),
-        _ => Err("streamable-HTTP servers are not supported by this worker yet".into()),
+        _ => Ok(Transport::Http {
+            url: server.url.clone().unwrap_or_default(),
+            headers: resolved(&server.headers)?,
+        }),
     }
 }
 
@@ -138,6 +141,10 @@ fn described(config: &ServerConfig) -> serde_json::Value {
         Transport::Stdio { command, args, env } => json!({
             "server": config.name, "transport": "stdio", "command": command, "args": args,
             "env": env.iter().map(|(key, _)| key).collect::<Vec<_>>(),
+        }),
+        Transport::Http { url, headers } => json!({
+            "server": config.name, "transport": "http", "url": url,
+            "headers": headers.iter().map(|(key, _)| key).collect::<Vec<_>>(),
         }),
     }
 }

@@ -334,3 +334,88 @@ async fn bad_mcp_servers_are_refused_at_creation() {
                  "approval_policy": "auto" }])
     );
 }
+
+/// server-everything speaking streamable HTTP on a free loopback port; killed when dropped.
+async fn everything_over_http() -> (tokio::process::Child, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = servers_dir().join("node/node_modules/@modelcontextprotocol/server-everything");
+    let child = tokio::process::Command::new("/usr/bin/node")
+        .arg(dir.join("dist/index.js"))
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    support::wait_for(WAIT, "server-everything to listen", || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()
+    })
+    .await;
+    (child, format!("http://127.0.0.1:{port}/mcp"))
+}
+
+#[tokio::test]
+async fn a_streamable_http_server_is_reached_only_by_a_run_with_the_network() {
+    let (_server, url) = everything_over_http().await;
+    let script = vec![
+        Turn::tool_call("t1", "mcp__remote__get-sum", r#"{"a": 40, "b": 2}"#),
+        Turn::text("Done."),
+        Turn::tool_call("t2", "mcp__remote__get-sum", r#"{"a": 1, "b": 1}"#),
+        Turn::text("Done without it."),
+    ];
+    let stack = stack(script, &[]).await;
+    let remote = McpServer {
+        name: "remote".into(),
+        command: None,
+        args: Vec::new(),
+        url: Some(url),
+        headers: [(
+            "Authorization".to_string(),
+            "env:MCP_TEST_TOKEN".to_string(),
+        )]
+        .into(),
+        ..time()
+    };
+    let draft = TaskDraft {
+        mcp_servers: Some(vec![remote.clone()]),
+        ..agent()
+    };
+    let (task_id, run_id) = stack.start_agent(draft).await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    let requests = stack.llm.requests();
+    assert!(
+        offered(&requests[0])
+            .iter()
+            .any(|(n, _)| n == "mcp__remote__echo")
+    );
+    let sum = tool_result(&requests[1], "t1");
+    assert!(sum.contains("42"), "{sum}");
+    let steps = stack.steps(&task_id, &run_id).await;
+    let step = steps.iter().find(|s| s.name == "mcp_server").unwrap();
+    assert_eq!(step.status, StepStatus::Completed, "{step:?}");
+    assert_eq!(step.input["headers"], json!(["Authorization"]));
+    assert!(!step.input.to_string().contains(TOKEN));
+
+    // Without the network, the worker does not reach out for the run.
+    let offline = TaskDraft {
+        mcp_servers: Some(vec![remote]),
+        sandbox_network: Some(false),
+        ..agent()
+    };
+    let (task_id, run_id) = stack.start_agent(offline).await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    let steps = stack.steps(&task_id, &run_id).await;
+    let step = steps.iter().find(|s| s.name == "mcp_server").unwrap();
+    assert_eq!(step.status, StepStatus::Failed);
+    let refused = tool_result(stack.llm.requests().last().unwrap(), "t2");
+    assert!(refused.contains("no network"), "{refused}");
+}

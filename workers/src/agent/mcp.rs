@@ -11,14 +11,18 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use reqwest13::header::{HeaderName, HeaderValue};
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::{RoleClient, RunningService, ServiceExt};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::Value;
 use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
 use super::tools::{ToolEnv, bound};
 use super::{ToolCall, ToolResult, ToolSpec};
+use crate::media::egress::{check_url, describe, guarded_13};
 use crate::process::start_with_stdin;
 use crate::sandbox::Containment;
 
@@ -49,6 +53,11 @@ pub enum Transport {
         args: Vec<String>,
         env: Vec<(String, String)>,
     },
+    /// A streamable-HTTP endpoint, reached from the worker like `http_request`.
+    Http {
+        url: String,
+        headers: Vec<(String, String)>,
+    },
 }
 
 impl std::fmt::Debug for Transport {
@@ -60,6 +69,14 @@ impl std::fmt::Debug for Transport {
                 .field("command", command)
                 .field("args", args)
                 .field("env", &env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+                .finish(),
+            Transport::Http { url, headers } => f
+                .debug_struct("Http")
+                .field("url", url)
+                .field(
+                    "headers",
+                    &headers.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+                )
                 .finish(),
         }
     }
@@ -83,10 +100,10 @@ pub struct Server {
 
 /// A server that answered: the session, the tools offered, and the processes behind it.
 struct Live {
-    session: RunningService<RoleClient, ()>,
+    session: Session,
     tools: Vec<rmcp::model::Tool>,
     containment: Option<Containment>,
-    stderr: Arc<Mutex<Vec<u8>>>,
+    stderr: Stderr,
 }
 
 impl Server {
@@ -146,12 +163,52 @@ impl Server {
 }
 
 async fn live(config: &ServerConfig, env: &ToolEnv, limits: &Limits) -> Result<Live, String> {
-    let Transport::Stdio {
-        command,
-        args,
-        env: vars,
-    } = &config.transport;
-    let argv: Vec<String> = std::iter::once(command.clone())
+    let (session, containment, stderr) = match &config.transport {
+        Transport::Stdio {
+            command,
+            args,
+            env: vars,
+        } => stdio(command, args, vars, env).await?,
+        Transport::Http { url, headers } => (http(url, headers, env).await?, None, no_stderr()),
+    };
+    let offered = match session.list_all_tools().await {
+        Ok(tools) => tools,
+        Err(error) => {
+            return Err(with_stderr(
+                format!("did not list its tools: {error}"),
+                &stderr,
+            ));
+        }
+    };
+    let tools = offered_tools(
+        &config.name,
+        offered,
+        config.allowed_tools.as_deref(),
+        limits,
+    )?;
+    Ok(Live {
+        session,
+        tools,
+        containment,
+        stderr,
+    })
+}
+
+type Session = RunningService<RoleClient, ()>;
+type Stderr = Arc<Mutex<Vec<u8>>>;
+
+fn no_stderr() -> Stderr {
+    Arc::new(Mutex::new(Vec::new()))
+}
+
+/// Starts a stdio server in the run's sandbox and initializes a session over its pipes.
+async fn stdio(
+    command: &str,
+    args: &[String],
+    vars: &[(String, String)],
+    env: &ToolEnv,
+) -> Result<(Session, Option<Containment>, Stderr), String> {
+    let argv: Vec<String> = std::iter::once(command.to_string())
         .chain(args.iter().cloned())
         .collect();
     let (mut child, containment) =
@@ -163,27 +220,53 @@ async fn live(config: &ServerConfig, env: &ToolEnv, limits: &Limits) -> Result<L
     tokio::spawn(async move {
         let _ = child.wait().await;
     });
-    let failed = |why: String, stderr: &Arc<Mutex<Vec<u8>>>| with_stderr(why, stderr);
-    let session = match ().serve((stdout, stdin)).await {
-        Ok(session) => session,
-        Err(error) => return Err(failed(format!("did not initialize: {error}"), &stderr)),
+    match ().serve((stdout, stdin)).await {
+        Ok(session) => Ok((session, Some(containment), stderr)),
+        Err(error) => Err(with_stderr(format!("did not initialize: {error}"), &stderr)),
+    }
+}
+
+/// Initializes a session with a streamable-HTTP server: only when the run has the network,
+/// and (unless private addresses are allowed) only at a public address, checked as for
+/// `http_request`; never following a redirect.
+async fn http(url: &str, headers: &[(String, String)], env: &ToolEnv) -> Result<Session, String> {
+    if !env.sandbox.network {
+        return Err("is refused: this run has no network (sandbox_network false)".into());
+    }
+    let parsed = url::Url::parse(url).map_err(|e| format!("url is not a URL: {e}"))?;
+    check_url(&parsed, env.allow_private_addresses).map_err(|why| format!("is refused: {why}"))?;
+    let mut custom = std::collections::HashMap::new();
+    for (name, value) in headers {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("header {name:?} is not a header name"))?;
+        // The value is not echoed: it is a secret.
+        let value = HeaderValue::from_str(value)
+            .map_err(|_| format!("the value of header {name} is not a header value"))?;
+        custom.insert(name, value);
+    }
+    let client = http_client(env.allow_private_addresses)?;
+    let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(custom);
+    let transport = StreamableHttpClientTransport::with_client(client, config);
+    ().serve(transport)
+        .await
+        .map_err(|error| format!("did not initialize: {}", describe(&error)))
+}
+
+/// The MCP SDK's HTTP client: rustls on ring with webpki's roots, as the 0.12 clients.
+fn http_client(allow_private: bool) -> Result<reqwest13::Client, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
     };
-    let offered = match session.list_all_tools().await {
-        Ok(tools) => tools,
-        Err(error) => return Err(failed(format!("did not list its tools: {error}"), &stderr)),
-    };
-    let tools = offered_tools(
-        &config.name,
-        offered,
-        config.allowed_tools.as_deref(),
-        limits,
-    )?;
-    Ok(Live {
-        session,
-        tools,
-        containment: Some(containment),
-        stderr,
-    })
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("cannot configure TLS: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let builder = reqwest13::Client::builder().tls_backend_preconfigured(tls);
+    guarded_13(builder, allow_private)
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))
 }
 
 /// The tools a run may call: those the allowlist names (each must exist), at most
@@ -237,7 +320,7 @@ fn with_stderr(why: String, stderr: &Mutex<Vec<u8>>) -> String {
 
 /// Reads a server's stderr to its end, keeping the last [`STDERR_TAIL_BYTES`]: a pipe
 /// nobody reads would stop the server once full.
-fn keep_tail(mut stderr: tokio::process::ChildStderr) -> Arc<Mutex<Vec<u8>>> {
+fn keep_tail(mut stderr: tokio::process::ChildStderr) -> Stderr {
     let tail = Arc::new(Mutex::new(Vec::new()));
     let kept = tail.clone();
     tokio::spawn(async move {
@@ -485,6 +568,44 @@ mod tests {
         );
         let structured = json!({"content": [], "structuredContent": {"t": 21}});
         assert_eq!(render(&structured), r#"{"t":21}"#);
+    }
+
+    fn tool_env(network: bool, allow_private_addresses: bool) -> ToolEnv {
+        ToolEnv {
+            workspace: std::env::temp_dir(),
+            sandbox: crate::SandboxPolicy {
+                network,
+                read_only: false,
+            },
+            env: Vec::new(),
+            call_timeout: Duration::from_secs(5),
+            max_output_bytes: 1024,
+            allow_private_addresses,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_http_server_needs_the_network_and_a_public_address() {
+        let url = "http://127.0.0.1:9/mcp";
+        let offline = http(url, &[], &tool_env(false, true)).await.err().unwrap();
+        assert!(offline.contains("no network"), "{offline}");
+        let private = http(url, &[], &tool_env(true, false)).await.err().unwrap();
+        assert!(
+            private.contains("127.0.0.1 is not a public address"),
+            "{private}"
+        );
+        let header = [("bad header".to_string(), "v".to_string())];
+        let named = http(url, &header, &tool_env(true, true))
+            .await
+            .err()
+            .unwrap();
+        assert!(named.contains("is not a header name"), "{named}");
+    }
+
+    #[test]
+    fn the_http_client_builds_with_its_tls_and_resolver() {
+        assert!(http_client(false).is_ok());
+        assert!(http_client(true).is_ok());
     }
 
     #[test]

@@ -94,22 +94,51 @@ pub(crate) fn check_url(url: &Url, allow_private: bool) -> Result<(), Refused> {
     }
 }
 
+/// [`guarded`] for a reqwest 0.13 client (the MCP SDK's), which also never follows a
+/// redirect: a server's requests carry its credentials.
+pub(crate) fn guarded_13(
+    builder: reqwest13::ClientBuilder,
+    allow_private: bool,
+) -> reqwest13::ClientBuilder {
+    let builder = builder
+        .no_proxy()
+        .redirect(reqwest13::redirect::Policy::none());
+    if allow_private {
+        builder
+    } else {
+        builder.dns_resolver(PublicOnly)
+    }
+}
+
 /// Resolves names to their public addresses only, at connect time.
 struct PublicOnly;
 
 impl Resolve for PublicOnly {
     fn resolve(&self, name: Name) -> Resolving {
         let host = name.as_str().to_string();
+        Box::pin(async move { Ok(Box::new(public_addresses(host).await?.into_iter()) as Addrs) })
+    }
+}
+
+impl reqwest13::dns::Resolve for PublicOnly {
+    fn resolve(&self, name: reqwest13::dns::Name) -> reqwest13::dns::Resolving {
+        let host = name.as_str().to_string();
         Box::pin(async move {
-            let resolved = tokio::net::lookup_host((host.as_str(), 0)).await?;
-            let public: Vec<SocketAddr> = resolved.filter(|addr| is_public(addr.ip())).collect();
-            if public.is_empty() {
-                let why = format!("{host} resolves to no public address");
-                return Err(Box::new(Refused(why)) as Box<dyn Error + Send + Sync>);
-            }
-            Ok(Box::new(public.into_iter()) as Addrs)
+            let addresses = public_addresses(host).await?.into_iter();
+            Ok(Box::new(addresses) as reqwest13::dns::Addrs)
         })
     }
+}
+
+/// The public addresses `host` resolves to; refused when it has none.
+async fn public_addresses(host: String) -> Result<Vec<SocketAddr>, Box<dyn Error + Send + Sync>> {
+    let resolved = tokio::net::lookup_host((host.as_str(), 0)).await?;
+    let public: Vec<SocketAddr> = resolved.filter(|addr| is_public(addr.ip())).collect();
+    if public.is_empty() {
+        let why = format!("{host} resolves to no public address");
+        return Err(Box::new(Refused(why)));
+    }
+    Ok(public)
 }
 
 pub(super) fn is_public(ip: IpAddr) -> bool {
