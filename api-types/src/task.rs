@@ -33,6 +33,9 @@ pub struct TaskDraft {
     pub repo: Option<String>,
     /// With `repo`: the branch to check out (absent: the repository's default).
     pub base_branch: Option<String>,
+    /// With an `https://` or `http://` `repo`: a secret reference to the credential the
+    /// clone sends.
+    pub repo_credential: Option<String>,
     /// For `in_place`: a directory beneath `KEEL_WORKSPACE_ROOTS` that the working
     /// directory must lie beneath, narrowing the operator's roots for this task.
     pub sandbox_allowed_root: Option<String>,
@@ -308,6 +311,21 @@ fn common_fields(kind: &str) -> Vec<Field> {
                 .into(),
         ),
         (
+            "repo_credential",
+            false,
+            string(true, NO_NUL, Some(4096))
+                .description(Some(
+                    "With an `https://` or `http://` `repo`: a secret reference (`env:NAME`, \
+                     `file:/path`) to the credential the clone sends as HTTP basic \
+                     authentication: `user:password`, or a token alone (sent as \
+                     `x-access-token:<token>`, GitHub's convention). The secret policy must \
+                     allow it, and a member's task may name only secrets granted to its \
+                     workspace (422). Resolved by the worker for the clone alone: the run's \
+                     processes and the workspace's git configuration never see it.",
+                ))
+                .into(),
+        ),
+        (
             "working_directory",
             false,
             string(true, NO_NUL, None)
@@ -407,7 +425,7 @@ fn common_fields(kind: &str) -> Vec<Field> {
     "id": "task_01a22b05c3e1734c9d7a0f2b6e41d890", "execution_kind": "shell", "status": "completed",
     "prompt": null, "shell_command": "echo hello from keel", "git_command": null,
     "file_path": null, "file_content": null, "file_operation": null,
-    "working_directory": null, "workspace_mode": "ephemeral", "repo": null, "base_branch": null, "sandbox_allowed_root": null, "sandbox_network": true, "sandbox_read_only": false, "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000,
+    "working_directory": null, "workspace_mode": "ephemeral", "repo": null, "base_branch": null, "repo_credential": null, "sandbox_allowed_root": null, "sandbox_network": true, "sandbox_read_only": false, "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000,
     "system_prompt": null, "requested_provider": null, "requested_model": null,
     "max_model_calls": null, "reasoning_effort": null, "workspace_system_prompt_policy": null, "tools": null, "mcp_servers": null, "run_count": 1,
     "latest_run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "latest_run_step_count": 1,
@@ -433,6 +451,8 @@ pub struct TaskRecord {
     pub repo: Option<String>,
     /// The branch the clone checks out (null: the repository's default).
     pub base_branch: Option<String>,
+    /// The secret reference of the credential the clone sends (null: none); never its value.
+    pub repo_credential: Option<String>,
     /// For `in_place`: the directory the task narrows the workspace roots to.
     pub sandbox_allowed_root: Option<String>,
     /// False: shell and git children run with only loopback, and need no `network_egress`.

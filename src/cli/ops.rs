@@ -142,6 +142,10 @@ pub(crate) struct CreateTask {
     /// With --repo: the branch to check out.
     #[arg(long, requires = "repo")]
     base_branch: Option<String>,
+    /// With an https:// --repo: a secret reference (env:NAME, file:/path) to the
+    /// credential the clone sends.
+    #[arg(long, requires = "repo")]
+    repo_credential: Option<String>,
     #[arg(long)]
     timeout_ms: Option<i64>,
     /// Start the task in the same request and transaction (`start: true`): the task shown
@@ -174,6 +178,7 @@ impl CreateTask {
             working_directory: self.working_directory.clone(),
             repo: self.repo.clone(),
             base_branch: self.base_branch.clone(),
+            repo_credential: self.repo_credential.clone(),
             timeout_ms: self.timeout_ms,
             requested_provider: self.provider.clone(),
             reasoning_effort: self.reasoning_effort.clone(),

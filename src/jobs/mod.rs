@@ -99,6 +99,7 @@ pub fn handlers(setup: Setup<'_>, common: &Common, args: &WorkerArgs) -> Vec<Arc
             timeouts: rules.timeouts,
             workspace_roots: rules.workspace_roots.clone(),
             passthrough_env: args.passthrough_env(),
+            secrets: secrets.clone(),
         },
         agent: AgentJobs {
             approvals: rules.approvals.clone(),

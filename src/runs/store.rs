@@ -630,7 +630,7 @@ pub(crate) async fn lock_with_task(
              SELECT t.id, t.execution_kind, COALESCE(latest.status, 'not_started') AS status,
                     t.prompt, t.shell_command, t.git_command, t.file_path, t.file_content,
                     t.file_operation, t.working_directory, t.workspace_mode, t.repo,
-                    t.base_branch, t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only, t.timeout_ms,
+                    t.base_branch, t.repo_credential, t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only, t.timeout_ms,
                     t.priority, t.budget_micros_usd, t.system_prompt, t.requested_provider,
                     t.requested_model, t.max_model_calls, t.reasoning_effort,
                     t.workspace_system_prompt_policy, t.tools, t.mcp_servers, t.hooks,

@@ -11,6 +11,7 @@ use keel_api_types::{
 
 use keel_workers::agent::mcp::{alias, is_tool_name};
 
+use super::writer::check_secret;
 use crate::domain::{Invalid, Role};
 use crate::providers::secrets::{SecretPolicy, SecretRef, is_env_name};
 
@@ -210,31 +211,10 @@ pub(crate) fn check_secrets(
     workspace: &str,
 ) -> Result<(), String> {
     for (place, secret) in secret_refs(servers) {
-        let checked = match writer {
-            Role::Operator => policy.check(&secret),
-            Role::Member => policy.check_granted(workspace, &secret),
-        };
-        checked.map_err(|why| format!("server {place}: {why}"))?;
+        check_secret(&secret, policy, writer, workspace)
+            .map_err(|why| format!("server {place}: {why}"))?;
     }
     Ok(())
-}
-
-impl super::NewTask {
-    /// Records who writes the task, refusing an MCP secret that writer may not name.
-    pub(crate) fn written_as(
-        &mut self,
-        writer: Role,
-        policy: &SecretPolicy,
-        workspace: &str,
-    ) -> Result<(), Invalid> {
-        if let super::TaskExecution::AgentLoop(agent) = &self.execution
-            && let Some(servers) = &agent.mcp_servers
-        {
-            check_secrets(servers, policy, writer, workspace).map_err(invalid)?;
-        }
-        self.written_by = writer;
-        Ok(())
-    }
 }
 
 #[cfg(test)]

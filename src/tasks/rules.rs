@@ -7,6 +7,7 @@ pub use keel_api_types::{TaskDraft, TaskStatus};
 use keel_workers::{Execution, FileOperation};
 
 use crate::domain::{Invalid, Role, Scope};
+use crate::providers::secrets::SecretRef;
 
 const MAX_COMMAND_BYTES: usize = 64 * 1024;
 const MAX_FILE_CONTENT_BYTES: usize = 1024 * 1024;
@@ -236,6 +237,8 @@ pub(crate) struct RepoSource {
     pub(crate) url: String,
     /// The branch to check out; None: the repository's default.
     pub(crate) base_branch: Option<String>,
+    /// The credential the clone sends, by reference.
+    pub(crate) credential: Option<SecretRef>,
 }
 
 impl NewTask {
@@ -549,9 +552,10 @@ fn parse_workspace(draft: &TaskDraft) -> Result<WorkspaceMode, Invalid> {
 /// option.
 fn parse_repo(draft: &TaskDraft, workspace: &WorkspaceMode) -> Result<Option<RepoSource>, Invalid> {
     let Some(url) = draft.repo.as_deref() else {
-        return match draft.base_branch {
-            Some(_) => Err(Invalid::new("base_branch", "needs repo")),
-            None => Ok(None),
+        return match (&draft.base_branch, &draft.repo_credential) {
+            (Some(_), _) => Err(Invalid::new("base_branch", "needs repo")),
+            (_, Some(_)) => Err(Invalid::new("repo_credential", "needs repo")),
+            (None, None) => Ok(None),
         };
     };
     if matches!(workspace, WorkspaceMode::InPlace { .. }) {
@@ -565,10 +569,28 @@ fn parse_repo(draft: &TaskDraft, workspace: &WorkspaceMode) -> Result<Option<Rep
     if let Some(branch) = draft.base_branch.as_deref() {
         check_branch(branch).map_err(|why| Invalid::new("base_branch", why))?;
     }
+    let credential = match draft.repo_credential.as_deref() {
+        Some(reference) => Some(parse_credential(url, reference)?),
+        None => None,
+    };
     Ok(Some(RepoSource {
         url: url.to_string(),
         base_branch: draft.base_branch.clone(),
+        credential,
     }))
+}
+
+/// A repository credential: a secret reference, for a repository reached over HTTP(S)
+/// (an SSH or local one authenticates otherwise).
+fn parse_credential(url: &str, reference: &str) -> Result<SecretRef, Invalid> {
+    if !(url.starts_with("https://") || url.starts_with("http://")) {
+        return Err(Invalid::new(
+            "repo_credential",
+            "is for an https:// or http:// repo (the clone sends it as HTTP basic \
+             authentication)",
+        ));
+    }
+    SecretRef::parse(reference).map_err(|why| Invalid::new("repo_credential", why))
 }
 
 fn check_repo_url(url: &str) -> Result<(), String> {

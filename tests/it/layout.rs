@@ -31,6 +31,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
             "db",
             "domain",
             "events",
+            "providers",
             "queue",
             "tasks",
         ],

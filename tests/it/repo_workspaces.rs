@@ -11,6 +11,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode as HttpStatus;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 use keel_client::{RunStatus, StepStatus, TaskDraft};
 use reqwest::StatusCode;
 use serde_json::json;
@@ -58,20 +60,32 @@ pub(crate) fn repository() -> tempfile::TempDir {
 /// Serves `dir`'s files over HTTP on loopback (a run's sandbox reaches the host's loopback
 /// when its task allows the network); returns the base URL.
 pub(crate) async fn serve(dir: &Path) -> String {
+    serve_guarded(dir, None).await
+}
+
+/// [`serve`], answering 401 to a request without `authorization` as its `Authorization`.
+async fn serve_guarded(dir: &Path, authorization: Option<String>) -> String {
+    type Served = (std::path::PathBuf, Option<String>);
     async fn file(
-        State(root): State<std::path::PathBuf>,
+        State((root, authorization)): State<Served>,
+        headers: axum::http::HeaderMap,
         UrlPath(path): UrlPath<String>,
-    ) -> Result<Vec<u8>, HttpStatus> {
+    ) -> Result<Vec<u8>, (HttpStatus, [(&'static str, &'static str); 1])> {
+        let challenge = [("www-authenticate", "Basic realm=\"repo\"")];
+        let sent = headers.get("authorization").and_then(|v| v.to_str().ok());
+        if authorization.is_some() && sent != authorization.as_deref() {
+            return Err((HttpStatus::UNAUTHORIZED, challenge));
+        }
         if path.split('/').any(|part| part == "..") {
-            return Err(HttpStatus::BAD_REQUEST);
+            return Err((HttpStatus::BAD_REQUEST, challenge));
         }
         tokio::fs::read(root.join(path))
             .await
-            .map_err(|_| HttpStatus::NOT_FOUND)
+            .map_err(|_| (HttpStatus::NOT_FOUND, challenge))
     }
     let app = Router::new()
         .route("/{*path}", axum::routing::get(file))
-        .with_state(dir.to_path_buf());
+        .with_state((dir.to_path_buf(), authorization));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(axum::serve(listener, app).into_future());
@@ -187,5 +201,87 @@ async fn repositories_are_named_without_credentials_and_only_for_ephemeral_works
         let task = c.create_task(&draft).await;
         assert_eq!(task.repo.as_deref(), Some(repo));
         assert_eq!(task.base_branch.as_deref(), Some("release/1.2"));
+    }
+}
+
+#[tokio::test]
+async fn a_private_repository_is_cloned_with_its_credential_which_the_run_never_sees() {
+    const TOKEN: &str = "repo-token-9e2c51";
+    let origin = repository();
+    // GitHub's convention for a token alone: basic authentication as x-access-token.
+    let expected = format!(
+        "Basic {}",
+        STANDARD.encode(format!("x-access-token:{TOKEN}"))
+    );
+    let url = format!(
+        "{}/repo.git",
+        serve_guarded(origin.path(), Some(expected)).await
+    );
+    let stack =
+        crate::agent_loop::Stack::start_with("none", Vec::new(), &[("REPO_TEST_TOKEN", TOKEN)])
+            .await;
+    let c = &stack.client;
+    let script = "cat README.md; git config --list --show-origin; env";
+    let draft = TaskDraft {
+        repo: Some(url.clone()),
+        repo_credential: Some("env:REPO_TEST_TOKEN".into()),
+        ..support::shell(script)
+    };
+    let (task_id, run_id) = c.start_task(&draft).await;
+    let run = c.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    let stdout = c.stdout(&task_id, &run_id).await;
+    assert!(stdout.starts_with("on main\n"), "{stdout}");
+    let encoded = STANDARD.encode(format!("x-access-token:{TOKEN}"));
+    for leaked in [TOKEN, encoded.as_str(), "extraheader", "REPO_TEST_TOKEN"] {
+        assert!(
+            !stdout.to_lowercase().contains(&leaked.to_lowercase()),
+            "{leaked}: {stdout}"
+        );
+    }
+    let task = c.api.get_task(&task_id).await.unwrap().data;
+    assert_eq!(task.repo_credential.as_deref(), Some("env:REPO_TEST_TOKEN"));
+
+    // Without it, the server refuses the clone and the run fails with git's message.
+    let draft = TaskDraft {
+        repo: Some(url),
+        ..support::shell("echo never")
+    };
+    let (task_id, run_id) = c.start_task(&draft).await;
+    let run = c.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    let error = run.last_error.unwrap_or_default();
+    assert!(error.starts_with("clone_failed: git"), "{error}");
+
+    // A credential is a secret reference, for an HTTP(S) repository only.
+    for (fields, why) in [
+        (
+            json!({ "repo_credential": "env:REPO_TEST_TOKEN" }),
+            "needs repo",
+        ),
+        (
+            json!({ "repo": "git@github.com:o/r.git", "repo_credential": "env:REPO_TEST_TOKEN" }),
+            "https://",
+        ),
+        (
+            json!({ "repo": "https://github.com/o/r.git", "repo_credential": "ghp_raw" }),
+            "secret reference",
+        ),
+        (
+            json!({ "repo": "https://github.com/o/r.git", "repo_credential": "env:DATABASE_URL" }),
+            "Keel's own settings",
+        ),
+    ] {
+        let mut body = json!({ "execution_kind": "shell", "shell_command": "ls" });
+        body.as_object_mut()
+            .unwrap()
+            .extend(fields.as_object().unwrap().clone());
+        let (status, error) = c.post("/v1/tasks", body.clone()).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {error}");
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("repo_credential:") && message.contains(why),
+            "{body}: {error}"
+        );
     }
 }

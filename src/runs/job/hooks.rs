@@ -10,6 +10,10 @@ use keel_workers::hooks::HookRun;
 use keel_workers::{ContextError, Outcome, RunContext, StepResult};
 use serde_json::json;
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use keel_workers::media::Secret;
+
 use super::context::FencedContext;
 use crate::tasks::Hooks;
 
@@ -25,11 +29,24 @@ pub(crate) struct AttemptHooks {
     pub(super) sandbox: keel_workers::SandboxPolicy,
 }
 
-/// A task's `repo` and `base_branch`, and how long the clone may take (the run's timeout).
+/// A task's `repo`, `base_branch` and credential, and how long the clone may take (the
+/// run's timeout).
 pub(crate) struct RepoClone {
     pub(super) url: String,
     pub(super) base_branch: Option<String>,
+    /// The `Authorization` header value the clone sends, or why there is none to send.
+    pub(super) credential: Result<Option<Secret>, String>,
     pub(super) timeout: Duration,
+}
+
+/// HTTP basic authorization of a repository credential: `user:password`, or a token alone,
+/// sent as GitHub's `x-access-token:<token>`.
+pub(super) fn basic_authorization(credential: &str) -> Secret {
+    let pair = match credential.contains(':') {
+        true => credential.to_string(),
+        false => format!("x-access-token:{credential}"),
+    };
+    Secret::new(format!("Basic {}", STANDARD.encode(pair)))
 }
 
 /// Makes the workspace a clone of `$KEEL_REPO_URL` at `$KEEL_REPO_BRANCH` (the default
@@ -150,7 +167,31 @@ impl AttemptHooks {
             .start_step("workspace_clone", input)
             .await
             .map_err(stopped)?;
+        let credential = match &repo.credential {
+            Ok(credential) => credential,
+            Err(why) => {
+                let failed = StepResult::Failed { error: why.clone() };
+                ctx.finish_step(&step, failed).await.map_err(stopped)?;
+                let error = format!("clone_failed: {why}");
+                return Err(self.unprepared(ctx, error).await);
+            }
+        };
         let mut env = self.env.clone();
+        // For the clone's git alone, in its environment: neither the workspace's git
+        // configuration nor the run's processes ever hold it.
+        if let Some(header) = credential {
+            env.extend([
+                ("GIT_CONFIG_COUNT".to_string(), "1".to_string()),
+                (
+                    "GIT_CONFIG_KEY_0".to_string(),
+                    "http.extraHeader".to_string(),
+                ),
+                (
+                    "GIT_CONFIG_VALUE_0".to_string(),
+                    format!("Authorization: {}", header.expose()),
+                ),
+            ]);
+        }
         env.extend([
             ("KEEL_REPO_URL".to_string(), repo.url.clone()),
             (

@@ -31,13 +31,15 @@ use crate::attempt;
 use crate::attempt::Verdict;
 use crate::attempt::fence::Fence;
 use crate::db::StoreError;
+use crate::providers::secrets::{SecretPolicy, SecretRef};
 use crate::queue::worker::Job;
 use crate::runs::{RunRecord, RunWithTask};
-use crate::tasks::{RunTimeouts, WorkspaceRoots};
+use crate::tasks::{RunTimeouts, WorkspaceRoots, check_secret};
 use crate::tasks::{TaskRecord, TaskRecordExt};
 use context::{Held, Shared};
 use ending::End;
-use hooks::{AttemptHooks, RepoClone};
+use hooks::{AttemptHooks, RepoClone, basic_authorization};
+use keel_workers::media::Secret;
 
 pub(crate) struct RunJobs {
     pub(crate) pool: PgPool,
@@ -52,6 +54,8 @@ pub(crate) struct RunJobs {
     pub(crate) workspace_roots: WorkspaceRoots,
     /// The operator's `KEEL_RUN_ENV_PASSTHROUGH` variables, with this worker's values.
     pub(crate) passthrough_env: Vec<(String, String)>,
+    /// Which secrets a repository's credential may name.
+    pub(crate) secrets: SecretPolicy,
 }
 
 impl RunJobs {
@@ -110,19 +114,40 @@ impl RunJobs {
         ctx: &FencedContext,
         body: impl Future<Output = O>,
     ) -> O {
-        match self.hooks(row) {
+        match self.hooks(row, ctx.shared.fence.scope.workspace()) {
             Some(hooks) => hooks.around(ctx, body).await,
             None => body.await,
         }
     }
 
+    /// The `Authorization` header the clone sends (None: the task names no credential), or
+    /// why the credential cannot be used: the task's writer may no longer name it, or it
+    /// does not resolve. Never logged.
+    fn repo_credential(
+        &self,
+        row: &RunWithTask,
+        workspace_id: &str,
+    ) -> Result<Option<Secret>, String> {
+        let Some(reference) = row.task.repo_credential.as_deref() else {
+            return Ok(None);
+        };
+        let secret = SecretRef::parse(reference).map_err(|why| format!("repo_credential {why}"))?;
+        check_secret(&secret, &self.secrets, row.written_by, workspace_id)
+            .map_err(|why| format!("repo_credential: {why}"))?;
+        let value = secret
+            .resolve(&self.secrets)
+            .map_err(|e| format!("repo_credential: {e}"))?;
+        Ok(Some(basic_authorization(value.expose())))
+    }
+
     /// What a task's attempts need to clone its repository and run its workflow hooks; None
     /// without either (or with a workspace the attempt will refuse anyway).
-    fn hooks(&self, row: &RunWithTask) -> Option<AttemptHooks> {
+    fn hooks(&self, row: &RunWithTask, workspace_id: &str) -> Option<AttemptHooks> {
         let (task, run) = (&row.task, &row.run);
         let repo = task.repo.as_ref().map(|url| RepoClone {
             url: url.clone(),
             base_branch: task.base_branch.clone(),
+            credential: self.repo_credential(row, workspace_id),
             timeout: self.timeout(task),
         });
         if row.hooks.is_none() && repo.is_none() {

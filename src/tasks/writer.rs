@@ -1,0 +1,44 @@
+//! Who wrote a task, which decides the secrets it may name (its MCP servers' environment
+//! and headers, its repository's credential): an operator any reference the secret policy
+//! allows, a member only those granted to its workspace (`KEEL_SECRET_GRANTS`). Checked
+//! when the task is created, and again by the worker before each attempt resolves them:
+//! the grants may have narrowed in between.
+
+use crate::domain::{Invalid, Role};
+use crate::providers::secrets::{SecretPolicy, SecretRef};
+
+/// Whether a task written by `writer` in `workspace` may name `secret`.
+pub(crate) fn check_secret(
+    secret: &SecretRef,
+    policy: &SecretPolicy,
+    writer: Role,
+    workspace: &str,
+) -> Result<(), String> {
+    match writer {
+        Role::Operator => policy.check(secret),
+        Role::Member => policy.check_granted(workspace, secret),
+    }
+}
+
+impl super::NewTask {
+    /// Records who writes the task, refusing a secret that writer may not name.
+    pub(crate) fn written_as(
+        &mut self,
+        writer: Role,
+        policy: &SecretPolicy,
+        workspace: &str,
+    ) -> Result<(), Invalid> {
+        if let super::TaskExecution::AgentLoop(agent) = &self.execution
+            && let Some(servers) = &agent.mcp_servers
+        {
+            super::mcp::check_secrets(servers, policy, writer, workspace)
+                .map_err(|why| Invalid::new("mcp_servers", why))?;
+        }
+        if let Some(credential) = self.repo.as_ref().and_then(|r| r.credential.as_ref()) {
+            check_secret(credential, policy, writer, workspace)
+                .map_err(|why| Invalid::new("repo_credential", why))?;
+        }
+        self.written_by = writer;
+        Ok(())
+    }
+}
