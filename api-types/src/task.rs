@@ -280,9 +280,12 @@ fn common_fields(kind: &str) -> Vec<Field> {
             false,
             one_of_strings(true, &WorkspaceMode::ALL.map(WorkspaceMode::as_str))
                 .description(Some(
-                    "`ephemeral` (default): a fresh directory per run. `in_place`: \
-                     `working_directory` as it is, only where the operator configured \
-                     workspace roots (KEEL_WORKSPACE_ROOTS; 422 otherwise).",
+                    "`ephemeral` (default): a fresh directory per run. `persistent`: one \
+                     directory of the task's, kept across its runs (one at a time, as a \
+                     task has at most one active run), prepared (its `repo` cloned) by the \
+                     first. `in_place`: `working_directory` as it is, only where the \
+                     operator configured workspace roots (KEEL_WORKSPACE_ROOTS; 422 \
+                     otherwise).",
                 ))
                 .into(),
         ),
@@ -291,8 +294,9 @@ fn common_fields(kind: &str) -> Vec<Field> {
             false,
             string(true, NO_NUL, Some(MAX_REPO_BYTES))
                 .description(Some(
-                    "`ephemeral` only: the repository each run's workspace starts as a clone \
-                     of, before anything else runs there: an `https://`, `http://`, \
+                    "`ephemeral` or `persistent`: the repository the workspace starts as a \
+                     clone of (each run's, or the persistent one's first), before anything \
+                     else runs there: an `https://`, `http://`, \
                      `ssh://`, `git://` or `file://` URL, `user@host:path`, or an absolute \
                      path. No credentials in it (422): the clone runs in the run's sandbox, \
                      with its network setting. A clone that fails fails the run with git's \
@@ -509,10 +513,12 @@ closed_set! {
 }
 
 closed_set! {
-    /// Where a task's runs work: a fresh directory of their own (`ephemeral`) or an
-    /// existing one beneath the workspace roots (`in_place`).
+    /// Where a task's runs work: a fresh directory of their own (`ephemeral`), one
+    /// directory of the task's kept across its runs (`persistent`), or an existing one
+    /// beneath the workspace roots (`in_place`).
     WorkspaceMode {
         Ephemeral = "ephemeral",
+        Persistent = "persistent",
         InPlace = "in_place",
     }
 }

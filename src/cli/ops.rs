@@ -133,6 +133,11 @@ pub(crate) struct CreateTask {
     /// several): '{"name": "time", "command": "mcp-server-time"}'.
     #[arg(long = "mcp", requires = "prompt", value_parser = mcp_server)]
     mcp_servers: Vec<McpServer>,
+    /// Where runs work: ephemeral (a fresh directory each; the default), persistent (the
+    /// task's directory, kept across its runs) or in_place (--working-directory, which
+    /// implies it).
+    #[arg(long, value_parser = ["ephemeral", "persistent", "in_place"])]
+    workspace_mode: Option<String>,
     #[arg(long)]
     working_directory: Option<String>,
     /// The repository each run's workspace starts as a clone of (a URL without
@@ -176,6 +181,11 @@ impl CreateTask {
             file_path: self.file.clone(),
             file_content: self.content.clone(),
             working_directory: self.working_directory.clone(),
+            workspace_mode: self.workspace_mode.clone().or_else(|| {
+                self.working_directory
+                    .as_ref()
+                    .map(|_| "in_place".to_string())
+            }),
             repo: self.repo.clone(),
             base_branch: self.base_branch.clone(),
             repo_credential: self.repo_credential.clone(),

@@ -9,6 +9,9 @@
 //! takes, and marks `runs.workspace_removed_at` in that transaction: replicas sharing a
 //! data directory skip each other's rows, and a resume either keeps the workspace alive
 //! (its run is active) or is refused with `workspace_expired`.
+//!
+//! A task's persistent workspace, `<data_dir>/workspaces/<task_id>`, is kept as long as its
+//! task exists, and removed by the first pass after the task is deleted.
 
 use std::io::ErrorKind;
 use std::path::PathBuf;
@@ -58,6 +61,14 @@ impl WorkspaceSweep {
                     Err(error) => tracing::warn!(%error, run_id, "could not remove a workspace"),
                 }
             }
+            for task_id in self.orphaned(pool, batch).await? {
+                let path = self.root.join(&task_id);
+                match tokio::fs::remove_dir_all(&path).await {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(error) => tracing::warn!(%error, task_id, "could not remove a workspace"),
+                }
+            }
         }
         if removed > 0 {
             tracing::info!(
@@ -86,6 +97,21 @@ impl WorkspaceSweep {
             }
         }
         Ok(names)
+    }
+
+    /// Of the names, the task ids whose task no longer exists: their persistent
+    /// workspaces. A deleted task gets no run again, so nothing can be working there.
+    async fn orphaned(&self, pool: &PgPool, names: &[String]) -> Result<Vec<String>> {
+        let task_ids: Vec<String> = names
+            .iter()
+            .filter(|name| name.starts_with("task_"))
+            .cloned()
+            .collect();
+        if task_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = pool.acquire().await.map_err(StoreError::from)?;
+        Ok(retention::deleted_tasks(&mut conn, &task_ids).await?)
     }
 
     async fn expired(&self, pool: &PgPool, names: &[String]) -> Result<Vec<String>> {

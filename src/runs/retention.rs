@@ -36,6 +36,21 @@ pub(crate) async fn expired(
     Ok(expired)
 }
 
+/// Of these task ids, those of tasks that no longer exist, in every workspace.
+pub(crate) async fn deleted_tasks(
+    conn: &mut PgConnection,
+    task_ids: &[String],
+) -> Result<Vec<String>> {
+    let deleted = sqlx::query_scalar!(
+        r#"SELECT id AS "id!" FROM unnest($1::text[]) AS ids (id)
+           WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = ids.id)"#,
+        task_ids,
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(deleted)
+}
+
 /// Locks the task of the run, the lock a resume admission takes; false when another
 /// replica or an admission holds it.
 pub(crate) async fn lock_task_of(conn: &mut PgConnection, run_id: &str) -> Result<bool> {

@@ -39,6 +39,8 @@ pub(crate) struct AgentLoop {
 pub(crate) enum WorkspaceMode {
     /// A fresh directory per run under the worker's data directory.
     Ephemeral,
+    /// One directory of the task's under the worker's data directory, kept across its runs.
+    Persistent,
     /// The given absolute directory, as it is, beneath the workspace roots (and beneath
     /// `allowed_root` when the task narrows them).
     InPlace {
@@ -331,7 +333,7 @@ impl NewTask {
     /// Refuses an `in_place` directory the workspace roots do not allow (the field named).
     pub(crate) fn check_workspace(&self, roots: &WorkspaceRoots) -> Result<(), Invalid> {
         match &self.workspace {
-            WorkspaceMode::Ephemeral => Ok(()),
+            WorkspaceMode::Ephemeral | WorkspaceMode::Persistent => Ok(()),
             WorkspaceMode::InPlace {
                 directory,
                 allowed_root,
@@ -514,7 +516,7 @@ fn only_for(kind: &str, draft: &TaskDraft) -> Result<(), Invalid> {
 
 fn parse_workspace(draft: &TaskDraft) -> Result<WorkspaceMode, Invalid> {
     match draft.workspace_mode.as_deref().unwrap_or("ephemeral") {
-        "ephemeral" => {
+        mode @ ("ephemeral" | "persistent") => {
             let stray = [
                 ("working_directory", draft.working_directory.is_some()),
                 ("sandbox_allowed_root", draft.sandbox_allowed_root.is_some()),
@@ -522,8 +524,11 @@ fn parse_workspace(draft: &TaskDraft) -> Result<WorkspaceMode, Invalid> {
             match stray.into_iter().find(|(_, set)| *set) {
                 Some((field, _)) => Err(Invalid::new(
                     field,
-                    "is only for workspace_mode in_place; ephemeral runs get a fresh directory",
+                    format!(
+                        "is only for workspace_mode in_place; {mode} runs work in Keel's own directory"
+                    ),
                 )),
+                None if mode == "persistent" => Ok(WorkspaceMode::Persistent),
                 None => Ok(WorkspaceMode::Ephemeral),
             }
         }
@@ -541,7 +546,9 @@ fn parse_workspace(draft: &TaskDraft) -> Result<WorkspaceMode, Invalid> {
         }
         other => Err(Invalid::new(
             "workspace_mode",
-            format!("unknown workspace mode '{other}' (expected ephemeral or in_place)"),
+            format!(
+                "unknown workspace mode '{other}' (expected ephemeral, persistent or in_place)"
+            ),
         )),
     }
 }
@@ -561,7 +568,8 @@ fn parse_repo(draft: &TaskDraft, workspace: &WorkspaceMode) -> Result<Option<Rep
     if matches!(workspace, WorkspaceMode::InPlace { .. }) {
         return Err(Invalid::new(
             "repo",
-            "is only for workspace_mode ephemeral: an in_place directory is used as it is",
+            "is only for workspace_mode ephemeral or persistent: an in_place directory is used \
+             as it is",
         ));
     }
     check_len("repo", Some(url), keel_api_types::MAX_REPO_BYTES)?;

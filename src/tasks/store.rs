@@ -110,6 +110,9 @@ impl TaskRecordExt for TaskRecord {
             Some(directory) if self.workspace_mode == "in_place" => {
                 format!("in_place: {directory}")
             }
+            _ if self.workspace_mode == "persistent" => {
+                "persistent (the task's directory, kept across its runs)".to_string()
+            }
             _ => "ephemeral (a fresh directory per run)".to_string(),
         }
     }
@@ -160,6 +163,7 @@ pub async fn insert(
     };
     let (mode, directory, allowed_root) = match &task.workspace {
         WorkspaceMode::Ephemeral => ("ephemeral", None, None),
+        WorkspaceMode::Persistent => ("persistent", None, None),
         WorkspaceMode::InPlace {
             directory,
             allowed_root,

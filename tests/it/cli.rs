@@ -149,6 +149,27 @@ async fn create_quiet_prints_the_id_and_json_output_is_the_apis() {
     let said = describe(&refused);
     assert!(said.contains("exactly one of command"), "{said}");
 
+    // --workspace-mode persistent: the task's directory, kept across its runs.
+    let args = [
+        "tasks",
+        "create",
+        "-q",
+        "--shell",
+        "ls",
+        "--workspace-mode",
+        "persistent",
+    ];
+    let output = cli(keel.url(), &args).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let kept = keel
+        .client()
+        .api
+        .get_task(stdout(&output).trim())
+        .await
+        .unwrap()
+        .data;
+    assert_eq!(kept.workspace_mode, "persistent");
+
     let output = cli(keel.url(), &["tasks", "list", "--output", "json"]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
     let printed: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");

@@ -261,3 +261,53 @@ async fn retention_removes_a_finished_workspace_and_resume_then_conflicts() {
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert_eq!(body["error"]["type"], "workspace_expired", "{body}");
 }
+
+#[tokio::test]
+async fn a_persistent_workspace_is_cloned_once_kept_across_runs_and_removed_with_its_task() {
+    let s = stack().await;
+    let c = &s.client;
+    let origin = crate::repo_workspaces::repository();
+    let url = format!(
+        "{}/repo.git",
+        crate::repo_workspaces::serve(origin.path()).await
+    );
+    let draft = TaskDraft {
+        workspace_mode: Some("persistent".into()),
+        repo: Some(url),
+        ..support::shell("cat README.md; echo run >> runs.log; wc -l < runs.log")
+    };
+    let task = c.create_task(&draft).await;
+    assert_eq!(task.workspace_mode, "persistent");
+    let mut clones = Vec::new();
+    for expected in ["on main\n1\n", "on main\n2\n", "on main\n3\n"] {
+        let run = c.start(&task.id).await;
+        let run = c.wait_terminal(&task.id, &run.id, SOON).await;
+        assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+        assert_eq!(c.stdout(&task.id, &run.id).await, expected);
+        let steps = c.api.list_steps(&task.id, &run.id).await.unwrap().data;
+        clones.push(steps.iter().filter(|s| s.name == "workspace_clone").count());
+    }
+    assert_eq!(clones, [1, 0, 0], "cloned by the first run only");
+    // Kept by the sweeps that remove ephemeral workspaces (one second after their run)...
+    let workspace = s.data.join("workspaces").join(&task.id);
+    let (other_task, other_run) = c.run_shell("true").await;
+    c.wait_terminal(&other_task, &other_run, SOON).await;
+    let ephemeral = s.data.join("workspaces").join(&other_run);
+    wait_for(SOON, "a sweep to remove an ephemeral workspace", || async {
+        (!ephemeral.exists()).then_some(())
+    })
+    .await;
+    assert!(
+        workspace.join("runs.log").exists(),
+        "kept while its task exists"
+    );
+    // ...and removed once its task is deleted.
+    let (status, body) = c.delete(&format!("/v1/tasks/{}", task.id)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    wait_for(
+        SOON,
+        "the sweep to remove the deleted task's workspace",
+        || async { (!workspace.exists()).then_some(()) },
+    )
+    .await;
+}

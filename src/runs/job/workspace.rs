@@ -1,4 +1,5 @@
-//! Where a run works: its task's `in_place` directory or an ephemeral one of its own.
+//! Where a run works: its task's `in_place` directory, its task's persistent one, or an
+//! ephemeral one of its own.
 
 use std::path::{Path, PathBuf};
 
@@ -6,7 +7,8 @@ use crate::runs::RunRecord;
 use crate::tasks::TaskRecord;
 use crate::tasks::WorkspaceRoots;
 
-/// Where a worker keeps its runs' ephemeral workspaces, one directory per run id.
+/// Where a worker keeps its runs' ephemeral workspaces, one directory per run id, and its
+/// tasks' persistent ones, one per task id.
 pub(crate) fn ephemeral_root(data_dir: &Path) -> PathBuf {
     data_dir.join("workspaces")
 }
@@ -24,6 +26,7 @@ pub(crate) fn workspace_dir(
         Some(directory) if task.workspace_mode == "in_place" => roots
             .confine(directory, task.sandbox_allowed_root.as_deref())
             .map_err(|e| format!("workspace_refused: {}: {}", e.field, e.message)),
+        _ if task.workspace_mode == "persistent" => Ok(ephemeral_root(data_dir).join(&task.id)),
         _ => Ok(ephemeral_root(data_dir).join(run.workspace_owner())),
     }
 }
