@@ -69,6 +69,8 @@ pub struct TaskDraft {
     /// For `agent_loop`: MCP servers whose tools join the catalog as
     /// `mcp__<server>__<tool>`.
     pub mcp_servers: Option<Vec<McpServer>>,
+    /// For `agent_loop`: defaults for a kind of work (one of [`ExecutionProfile`]).
+    pub execution_profile: Option<String>,
     /// Starts the task in the same request and transaction, as `POST
     /// /v1/tasks/{task_id}/start` with no body would (default false).
     pub start: Option<bool>,
@@ -218,6 +220,20 @@ fn task_draft_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema>
             ),
         ),
         ("mcp_servers", false, mcp_servers(schemas)),
+        (
+            "execution_profile",
+            false,
+            one_of_strings(true, &ExecutionProfile::ALL.map(ExecutionProfile::as_str))
+                .description(Some(
+                    "Defaults for a kind of work. `coding_agent`: needs a `repo`; \
+                     `workspace_mode` `persistent`, `timeout_ms` 300000 and a system prompt \
+                     for careful code changes unless the task sets them; every call of a \
+                     tool that changes the workspace or runs a command (`file_write`, \
+                     `file_edit`, `apply_patch`, `shell_exec`) waits for an approval, \
+                     whatever the approval policies; the git tools stay on.",
+                ))
+                .into(),
+        ),
     ];
     let variant = |tag, name, description, fields: Vec<Field>| Variant {
         tag,
@@ -431,7 +447,7 @@ fn common_fields(kind: &str) -> Vec<Field> {
     "file_path": null, "file_content": null, "file_operation": null,
     "working_directory": null, "workspace_mode": "ephemeral", "repo": null, "base_branch": null, "repo_credential": null, "sandbox_allowed_root": null, "sandbox_network": true, "sandbox_read_only": false, "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000,
     "system_prompt": null, "requested_provider": null, "requested_model": null,
-    "max_model_calls": null, "reasoning_effort": null, "workspace_system_prompt_policy": null, "tools": null, "mcp_servers": null, "run_count": 1,
+    "max_model_calls": null, "reasoning_effort": null, "workspace_system_prompt_policy": null, "tools": null, "mcp_servers": null, "execution_profile": null, "run_count": 1,
     "latest_run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "latest_run_step_count": 1,
     "latest_run_artifact_count": 2, "created_at": "2026-11-30T09:00:00Z",
     "updated_at": "2026-11-30T09:01:12Z"
@@ -488,6 +504,9 @@ pub struct TaskRecord {
     /// as written.
     #[schema(value_type = Option<Vec<McpServer>>)]
     pub mcp_servers: Option<McpServers>,
+    /// `agent_loop` only: the profile whose defaults the task was created with (null: none).
+    #[schema(value_type = Option<ExecutionProfile>)]
+    pub execution_profile: Option<String>,
     pub run_count: i32,
     pub latest_run_id: Option<String>,
     pub latest_run_step_count: i64,
@@ -500,6 +519,13 @@ impl TaskRecord {
     /// Whether the task is an agent loop; every other kind runs a process.
     pub fn is_agent_loop(&self) -> bool {
         self.execution_kind == ExecutionKind::AgentLoop.as_str()
+    }
+}
+
+closed_set! {
+    /// Defaults an agent loop task can be created with, for a kind of work.
+    ExecutionProfile {
+        CodingAgent = "coding_agent",
     }
 }
 

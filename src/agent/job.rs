@@ -47,6 +47,7 @@ use crate::runs::steps;
 use crate::runs::steps::{NewStep, StepRecord};
 use crate::tasks;
 use crate::tasks::{TaskRecord, TaskRecordExt};
+use keel_api_types::ExecutionProfile;
 use keel_workers::agent::provider::ChatLimits;
 
 /// How long live text is gathered before one notification carries it.
@@ -121,7 +122,8 @@ pub(crate) async fn execute(
             };
             plan.messages.splice(0..0, base);
             let mcp = mcp::connect(context, mcp, &tools.env, limits).await?;
-            plan.gated_tools.extend(mcp.gated());
+            plan.gated_tools
+                .extend(mcp.gated(agent.approvals.gates_all_tools()));
             Ok::<_, ContextError>((
                 plan,
                 RunTools {
@@ -260,7 +262,7 @@ async fn prepare(
         model_calls: history.model_calls,
         prior_model_calls,
         max_model_calls: task.max_model_calls.map(|n| n.max(0) as u32),
-        gated_tools: agent.approvals.gated_tools(),
+        gated_tools: gated_tools(agent, task),
         approval,
         budget: Budget {
             limit_micros: task.budget_micros_usd,
@@ -285,6 +287,17 @@ async fn prepare(
         last_step: history.last_step,
         base,
     }))
+}
+
+/// The tools whose calls wait for an approval: those the approval policies gate, and for a
+/// `coding_agent` task every tool that changes the workspace or runs a command.
+fn gated_tools(agent: &AgentJobs, task: &TaskRecord) -> Vec<String> {
+    let mut gated = agent.approvals.gated_tools();
+    if task.execution_profile.as_deref() == Some(ExecutionProfile::CodingAgent.as_str()) {
+        let writers = tools::WRITERS.iter().map(|w| w.to_string());
+        gated.extend(writers.filter(|w| !gated.contains(w)).collect::<Vec<_>>());
+    }
+    gated
 }
 
 /// The call clients of a run's routes, each asking for the task's reasoning effort. The

@@ -85,6 +85,11 @@ impl ApprovalPolicy {
         self.policies.contains(&policy) || self.policies.contains(&Policy::AllTools)
     }
 
+    /// Whether every tool call waits for an approval (`all_tools`), an MCP server's too.
+    pub(crate) fn gates_all_tools(&self) -> bool {
+        self.policies.contains(&Policy::AllTools)
+    }
+
     /// The agent loop tools whose calls need an approval mid-loop, in catalog order.
     /// `http_request` is gated by `shell_exec` as well as `network_egress`: a request out
     /// can carry whatever the model has read, as a command can, so the default policy

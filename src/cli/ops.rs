@@ -133,6 +133,9 @@ pub(crate) struct CreateTask {
     /// several): '{"name": "time", "command": "mcp-server-time"}'.
     #[arg(long = "mcp", requires = "prompt", value_parser = mcp_server)]
     mcp_servers: Vec<McpServer>,
+    /// Agent loops: the defaults of a kind of work (coding_agent: needs --repo).
+    #[arg(long, requires = "prompt", value_parser = ["coding_agent"])]
+    execution_profile: Option<String>,
     /// Where runs work: ephemeral (a fresh directory each; the default), persistent (the
     /// task's directory, kept across its runs) or in_place (--working-directory, which
     /// implies it).
@@ -194,6 +197,7 @@ impl CreateTask {
             reasoning_effort: self.reasoning_effort.clone(),
             tools: (!self.tools.is_empty()).then(|| self.tools.clone()),
             mcp_servers: (!self.mcp_servers.is_empty()).then(|| self.mcp_servers.clone()),
+            execution_profile: self.execution_profile.clone(),
             start: self.start.then_some(true),
             ..TaskDraft::default()
         }

@@ -633,7 +633,8 @@ pub(crate) async fn lock_with_task(
                     t.base_branch, t.repo_credential, t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only, t.timeout_ms,
                     t.priority, t.budget_micros_usd, t.system_prompt, t.requested_provider,
                     t.requested_model, t.max_model_calls, t.reasoning_effort,
-                    t.workspace_system_prompt_policy, t.tools, t.mcp_servers, t.hooks,
+                    t.workspace_system_prompt_policy, t.tools, t.mcp_servers,
+                    t.execution_profile, t.hooks,
                     t.written_by_role, t.run_count,
                     t.latest_run_id,
                     (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)

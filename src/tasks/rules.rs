@@ -2,7 +2,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use keel_api_types::{REASONING_EFFORTS, WORKSPACE_SYSTEM_PROMPT_POLICIES};
+use keel_api_types::{ExecutionProfile, REASONING_EFFORTS, WORKSPACE_SYSTEM_PROMPT_POLICIES};
 pub use keel_api_types::{TaskDraft, TaskStatus};
 use keel_workers::{Execution, FileOperation};
 
@@ -32,6 +32,8 @@ pub(crate) struct AgentLoop {
     pub(crate) tools: Option<Vec<String>>,
     /// Normalized by [`super::mcp::parse_mcp_servers`].
     pub(crate) mcp_servers: Option<Vec<keel_api_types::McpServer>>,
+    /// Checked by [`with_profile`], which wrote its defaults into the other fields.
+    pub(crate) execution_profile: Option<String>,
 }
 
 /// Where a run works.
@@ -243,8 +245,55 @@ pub(crate) struct RepoSource {
     pub(crate) credential: Option<SecretRef>,
 }
 
+/// A coding agent's system prompt when its task sets none.
+const CODING_AGENT_PROMPT: &str = "You are a careful software engineer working in a git \
+repository. Read a file before you change it; prefer file_edit for a targeted change over \
+rewriting a whole file; look at your changes with git_diff before you finish; keep changes \
+small, and say in your final answer what you changed and why.";
+
+/// A coding agent's timeout when its task sets none (within `KEEL_RUN_TIMEOUT_MAX_MS`).
+const CODING_AGENT_TIMEOUT_MS: i64 = 300_000;
+
+/// The draft with its `execution_profile`'s defaults in the fields it leaves unset.
+fn with_profile(mut draft: TaskDraft, timeouts: &RunTimeouts) -> Result<TaskDraft, Invalid> {
+    let Some(named) = draft.execution_profile.as_deref() else {
+        return Ok(draft);
+    };
+    let profile = ExecutionProfile::parse(named).ok_or_else(|| {
+        let expected = ExecutionProfile::names();
+        Invalid::new("execution_profile", format!("must be one of {expected}"))
+    })?;
+    if draft.execution_kind.as_deref() != Some("agent_loop") {
+        return Err(Invalid::new(
+            "execution_profile",
+            "is only for execution_kind agent_loop",
+        ));
+    }
+    match profile {
+        ExecutionProfile::CodingAgent => {
+            if draft.repo.is_none() {
+                return Err(Invalid::new(
+                    "execution_profile",
+                    "coding_agent needs a repo: the repository the agent works on",
+                ));
+            }
+            draft
+                .workspace_mode
+                .get_or_insert_with(|| "persistent".into());
+            draft
+                .timeout_ms
+                .get_or_insert(CODING_AGENT_TIMEOUT_MS.min(timeouts.max_ms));
+            draft
+                .system_prompt
+                .get_or_insert_with(|| CODING_AGENT_PROMPT.into());
+        }
+    }
+    Ok(draft)
+}
+
 impl NewTask {
     pub fn parse(draft: TaskDraft, timeouts: &RunTimeouts) -> Result<NewTask, Invalid> {
+        let draft = with_profile(draft, timeouts)?;
         let kind = draft.execution_kind.as_deref().ok_or_else(|| {
             Invalid::new(
                 "execution_kind",
@@ -445,6 +494,7 @@ fn parse_agent_loop(draft: &TaskDraft) -> Result<AgentLoop, Invalid> {
             Some(servers) => Some(super::mcp::parse_mcp_servers(servers)?),
             None => None,
         },
+        execution_profile: draft.execution_profile.clone(),
     })
 }
 
@@ -479,7 +529,7 @@ fn check_tools(tools: &[String]) -> Result<(), Invalid> {
 /// Refuses fields that belong to another execution kind, so a typo cannot be ignored.
 fn only_for(kind: &str, draft: &TaskDraft) -> Result<(), Invalid> {
     const AGENT: &str = "agent_loop";
-    let fields: [(&'static str, bool, &str); 13] = [
+    let fields: [(&'static str, bool, &str); 14] = [
         ("shell_command", draft.shell_command.is_some(), "shell"),
         ("git_command", draft.git_command.is_some(), "git"),
         ("file_path", draft.file_path.is_some(), "file"),
@@ -501,6 +551,11 @@ fn only_for(kind: &str, draft: &TaskDraft) -> Result<(), Invalid> {
         ),
         ("tools", draft.tools.is_some(), AGENT),
         ("mcp_servers", draft.mcp_servers.is_some(), AGENT),
+        (
+            "execution_profile",
+            draft.execution_profile.is_some(),
+            AGENT,
+        ),
     ];
     match fields
         .into_iter()

@@ -38,7 +38,8 @@ macro_rules! query_tasks {
                       t.timeout_ms, t.priority, t.budget_micros_usd, t.system_prompt,
                       t.requested_provider, t.requested_model, t.max_model_calls,
                       t.reasoning_effort, t.workspace_system_prompt_policy, t.tools,
-                      t.mcp_servers AS "mcp_servers: McpServers", t.run_count, t.latest_run_id,
+                      t.mcp_servers AS "mcp_servers: McpServers", t.execution_profile,
+                      t.run_count, t.latest_run_id,
                       (SELECT count(*) FROM steps s WHERE s.run_id = t.latest_run_id)
                           AS "latest_run_step_count!",
                       (SELECT count(*) FROM artifacts a WHERE a.run_id = t.latest_run_id)
@@ -189,9 +190,10 @@ pub async fn insert(
                                 system_prompt, requested_provider, requested_model,
                                 max_model_calls, tools, hooks, reasoning_effort,
                                 workspace_system_prompt_policy, repo, base_branch,
-                                mcp_servers, written_by_role, repo_credential)
+                                mcp_servers, written_by_role, repo_credential,
+                                execution_profile)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                     $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31)
+                     $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32)
              RETURNING *
          ), audit AS (
              INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id,
@@ -207,7 +209,7 @@ pub async fn insert(
                 sandbox_read_only, timeout_ms, priority, budget_micros_usd, system_prompt,
                 requested_provider, requested_model, max_model_calls, reasoning_effort,
                 workspace_system_prompt_policy, tools,
-                mcp_servers AS "mcp_servers: McpServers", run_count,
+                mcp_servers AS "mcp_servers: McpServers", execution_profile, run_count,
                 latest_run_id, 0::bigint AS "latest_run_step_count!",
                 0::bigint AS "latest_run_artifact_count!", created_at, updated_at
          FROM created"#,
@@ -247,6 +249,7 @@ pub async fn insert(
             .as_ref()
             .and_then(|repo| repo.credential.as_ref())
             .map(ToString::to_string),
+        agent.execution_profile,
     )
     .fetch_one(conn)
     .await?;

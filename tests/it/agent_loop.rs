@@ -1183,3 +1183,101 @@ async fn a_cloned_repositorys_agents_md_joins_the_system_prompt() {
     let steps = stack.steps(&task_id, &run_id).await;
     assert_eq!(steps[0].name, "workspace_clone", "{steps:?}");
 }
+
+#[tokio::test]
+async fn a_coding_agent_works_in_its_repository_with_every_writer_gated() {
+    let origin = crate::repo_workspaces::repository();
+    let url = format!(
+        "{}/repo.git",
+        crate::repo_workspaces::serve(origin.path()).await
+    );
+    let edit = r#"{"path": "README.md", "old_string": "on main", "new_string": "edited"}"#;
+    let script = vec![
+        Turn::tool_call("c1", "read_file", r#"{"path": "README.md"}"#).and_tool_call(
+            "c2",
+            "git_status",
+            "{}",
+        ),
+        Turn::tool_call("c3", "file_edit", edit),
+        Turn::text("Edited the README."),
+    ];
+    // No approval policy gates anything here: the profile gates the writers itself.
+    let stack = Stack::start("none", script).await;
+    let draft = TaskDraft {
+        execution_profile: Some("coding_agent".into()),
+        repo: Some(url),
+        ..support::agent_loop("Edit the README.")
+    };
+    let (task_id, run_id) = stack.start_agent(draft).await;
+    let approval = stack.pending_approval(&task_id).await;
+    assert_eq!(approval.action_summary.len(), 1, "{approval:?}");
+    assert!(
+        approval.action_summary[0].starts_with("file_edit: README.md"),
+        "{approval:?}"
+    );
+    stack.decide(&task_id, &approval, "approve").await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+
+    // The profile's defaults, written into the task.
+    let task = stack.client.api.get_task(&task_id).await.unwrap().data;
+    assert_eq!(task.execution_profile.as_deref(), Some("coding_agent"));
+    assert_eq!(task.workspace_mode, "persistent");
+    assert_eq!(task.timeout_ms, Some(300_000));
+    let prompt = task.system_prompt.unwrap_or_default();
+    assert!(
+        prompt.contains("Read a file before you change it"),
+        "{prompt}"
+    );
+    // The reads ran ungated, in the clone, with the git tools on.
+    let requests = stack.llm.requests();
+    let read = said(&requests[1]);
+    assert!(
+        read.iter()
+            .any(|(role, text)| role == "tool" && text.contains("on main")),
+        "{read:?}"
+    );
+    let tools: Vec<String> = requests[0].body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(tools.contains(&"git_diff".to_string()), "{tools:?}");
+    let steps = stack.steps(&task_id, &run_id).await;
+    assert_eq!(steps[0].name, "workspace_clone", "{steps:?}");
+
+    // A coding agent needs a repository, and is an agent loop.
+    for (draft, why) in [
+        (
+            TaskDraft {
+                execution_profile: Some("coding_agent".into()),
+                ..agent()
+            },
+            "needs a repo",
+        ),
+        (
+            TaskDraft {
+                execution_profile: Some("coding_agent".into()),
+                repo: Some("/srv/repo".into()),
+                ..support::shell("ls")
+            },
+            "only for execution_kind agent_loop",
+        ),
+        (
+            TaskDraft {
+                execution_profile: Some("reviewer".into()),
+                ..agent()
+            },
+            "must be one of",
+        ),
+    ] {
+        let (status, body) = stack.client.post("/v1/tasks", support::wire(&draft)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("execution_profile:") && message.contains(why),
+            "{body}"
+        );
+    }
+}

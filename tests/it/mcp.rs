@@ -60,13 +60,18 @@ fn everything() -> McpServer {
 /// A stack whose worker can read the installed servers from its sandbox and has the
 /// secret the everything server is given.
 async fn stack(script: Vec<Turn>, more: &[(&str, &str)]) -> Stack {
+    stack_gating("none", script, more).await
+}
+
+/// [`stack`], with the approval policies `policies`.
+async fn stack_gating(policies: &str, script: Vec<Turn>, more: &[(&str, &str)]) -> Stack {
     let servers = servers_dir().display().to_string();
     let mut env = vec![
         ("KEEL_SANDBOX_READ_ONLY_PATHS", servers.as_str()),
         ("MCP_TEST_TOKEN", TOKEN),
     ];
     env.extend_from_slice(more);
-    Stack::start_with("none", script, &env).await
+    Stack::start_with(policies, script, &env).await
 }
 
 /// The text of the tool result answering call `id` in a request's messages.
@@ -418,4 +423,31 @@ async fn a_streamable_http_server_is_reached_only_by_a_run_with_the_network() {
     assert_eq!(step.status, StepStatus::Failed);
     let refused = tool_result(stack.llm.requests().last().unwrap(), "t2");
     assert!(refused.contains("no network"), "{refused}");
+}
+
+#[tokio::test]
+async fn all_tools_gates_an_auto_servers_tools_too() {
+    let script = vec![
+        Turn::tool_call(
+            "t1",
+            "mcp__time__get_current_time",
+            r#"{"timezone": "UTC"}"#,
+        ),
+        Turn::text("Done."),
+    ];
+    let stack = stack_gating("all_tools", script, &[]).await;
+    let draft = TaskDraft {
+        mcp_servers: Some(vec![time()]),
+        ..agent()
+    };
+    let (task_id, run_id) = stack.start_agent(draft).await;
+    let approval = stack.pending_approval(&task_id).await;
+    let summary = approval.action_summary.join("\n");
+    assert!(
+        summary.starts_with("mcp__time__get_current_time"),
+        "{summary}"
+    );
+    stack.decide(&task_id, &approval, "approve").await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
 }

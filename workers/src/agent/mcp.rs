@@ -397,9 +397,10 @@ impl McpTools {
         .collect()
     }
 
-    /// The aliases whose calls wait for an approval (servers with `require_approval`).
-    pub fn gated(&self) -> Vec<String> {
-        let gated = self.servers.iter().filter(|s| s.gated);
+    /// The aliases whose calls wait for an approval: every one when `all_tools` gates
+    /// them, else those of servers with `require_approval`.
+    pub fn gated(&self, all_tools: bool) -> Vec<String> {
+        let gated = self.servers.iter().filter(|s| all_tools || s.gated);
         gated.flat_map(Server::aliases).collect()
     }
 
