@@ -164,6 +164,19 @@ def approved_run(peer):
     check(sequences == list(range(1, len(events) + 1)), f"gap-free, once each: {sequences}")
     finished = peer.ok("runs.get", {"task_id": task_id, "run_id": run["id"]})["data"]
     check(finished["status"] == "completed", f"{finished}")
+    reads_across_the_workspace(peer, task_id, run["id"])
+
+
+def reads_across_the_workspace(peer, task_id, run_id):
+    """The reads every interface has: runs across tasks, a step by id, a task's artifacts."""
+    every = peer.ok("runs.listAll", {"task_id": task_id, "status": "completed"})["data"]
+    check([r["id"] for r in every] == [run_id], f"runs.listAll: {every}")
+    steps = peer.ok("runs.steps", {"task_id": task_id, "run_id": run_id})["data"]
+    step = peer.ok("runs.step", {"task_id": task_id, "run_id": run_id,
+                                 "step_id": steps[0]["id"]})["data"]
+    check(step["id"] == steps[0]["id"] and step["name"] == steps[0]["name"], f"runs.step: {step}")
+    artifacts = peer.ok("tasks.artifacts", {"task_id": task_id})["data"]
+    check("stdout" in {a["name"] for a in artifacts}, f"tasks.artifacts: {artifacts}")
 
 
 def errors(peer):

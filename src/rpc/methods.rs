@@ -52,6 +52,73 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("system.whoami", "whoami"),
     ("usage.summary", "usage_summary"),
     ("usage.events", "usage_events"),
+    ("runs.listAll", "list_workspace_runs"),
+    ("runs.step", "get_step"),
+    ("runs.retryFromModelCall", "retry_from_model_call"),
+    ("runs.patches", "list_patches"),
+    ("runs.patch", "get_patch"),
+    ("runs.revertPatch", "revert_patch"),
+    ("tasks.artifacts", "list_task_artifacts"),
+    ("providers.create", "create_provider"),
+    ("providers.update", "patch_provider"),
+    ("providers.delete", "delete_provider"),
+    ("providers.templates", "list_templates"),
+    ("secrets.status", "secret_status"),
+    ("externalWork.render", "render"),
+    ("externalWork.sources.list", "list_sources"),
+    ("externalWork.sources.create", "create_source"),
+    ("externalWork.sources.get", "get_source"),
+    ("externalWork.sources.delete", "delete_source"),
+    ("externalWork.sources.status", "source_status"),
+    ("externalWork.sources.poll", "poll_source"),
+    ("externalWork.sources.reconcile", "reconcile_source"),
+    ("externalWork.sources.background", "set_background"),
+    ("externalWork.items.list", "list_items"),
+    ("externalWork.items.get", "get_item"),
+    ("externalWork.import", "import"),
+    ("externalWork.actions.propose", "propose_action"),
+    ("externalWork.actions.list", "list_item_actions"),
+    ("externalWork.actions.get", "get_action"),
+    ("transitions.list", "state_transitions"),
+    ("runtime.leases", "runtime_leases"),
+    ("system.throughput", "system_throughput"),
+    ("system.shutdown", "shutdown"),
+    ("workspace.get", "own_limits"),
+    ("workspaces.limits", "get_limits"),
+    ("workspaces.setLimits", "put_limits"),
+];
+
+/// The API's operations no method bridges, each with why. The parity test fails on an
+/// operation in neither list.
+const NOT_BRIDGED: &[(&str, &str)] = &[
+    (
+        "healthz",
+        "a process probe of the API's host, not of the workspace: daemon.status",
+    ),
+    (
+        "readyz",
+        "a process probe of the API's host, not of the workspace: daemon.status",
+    ),
+    (
+        "openapi_json",
+        "harness.methods describes every method with its params schema",
+    ),
+    (
+        "stream_feed",
+        "a server-sent event stream: events.subscribe pushes the feed",
+    ),
+    (
+        "stream_run_events",
+        "a server-sent event stream: events.subscribe pushes a run's",
+    ),
+    (
+        "artifact_content",
+        "bytes, not JSON: read them over HTTP (runs.artifact has the size and type)",
+    ),
+    (
+        "media_artifact_content",
+        "bytes, not JSON: read them over HTTP",
+    ),
 ];
 
 /// Header parameters a host never sets through params: the streams own `Last-Event-ID`.
@@ -155,7 +222,11 @@ impl Table {
                 "params": route.params_schema(),
             })
         }));
-        json!({ "methods": methods, "components": self.components })
+        let not_bridged: Vec<Value> = NOT_BRIDGED
+            .iter()
+            .map(|(operation, reason)| json!({ "operation": operation, "reason": reason }))
+            .collect();
+        json!({ "methods": methods, "components": self.components, "not_bridged": not_bridged })
     }
 }
 
@@ -391,6 +462,25 @@ mod tests {
         assert_eq!(create["http"], "POST /v1/tasks");
         assert!(create["params"]["properties"]["body"].is_object());
         assert!(described["components"]["schemas"].is_object());
+    }
+
+    /// Every operation of the API is a method, or is in [`NOT_BRIDGED`] with its reason.
+    #[test]
+    fn every_operation_of_the_api_is_bridged_or_excluded_with_a_reason() {
+        let document = serde_json::to_value(crate::api::openapi()).expect("the document");
+        let bridged: Vec<&str> = OPERATIONS.iter().map(|(_, op)| *op).collect();
+        let excluded: Vec<&str> = NOT_BRIDGED.iter().map(|(op, _)| *op).collect();
+        let missing: Vec<String> = operations_by_id(&document)
+            .into_keys()
+            .filter(|op| !bridged.contains(&op.as_str()) && !excluded.contains(&op.as_str()))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "operations no RPC method bridges: {missing:?}"
+        );
+        for op in excluded {
+            assert!(!bridged.contains(&op), "{op} is both bridged and excluded");
+        }
     }
 
     #[test]
