@@ -141,6 +141,7 @@ impl Command {
 }
 
 pub fn main() -> ExitCode {
+    keel_workers::install_tls_provider();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // Help and version exit 0; a usage error exits like any failed command, never with

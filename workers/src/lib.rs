@@ -145,3 +145,11 @@ impl From<ContextError> for Outcome {
 
 #[cfg(test)]
 mod tests;
+
+/// Makes rustls on ring the process's TLS provider, once, before any client is built: the
+/// reqwest 0.13 clients (the MCP SDK's, the OTLP exporter's) are built on rustls without a
+/// provider of their own and fail without one; the 0.12 clients bring ring themselves.
+pub fn install_tls_provider() {
+    // Err: one is installed already, which is all this asks.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
