@@ -133,12 +133,14 @@ fn resolve_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
                 description: "Approve: the last approved gate queues the run (only a \
                               rejection can `continue`).",
                 fields: vec![note()],
+                rules: Vec::new(),
             },
             Variant {
                 tag: "reject",
                 name: "RejectRequest",
                 description: "Reject: the run is cancelled, unless it continues.",
                 fields: vec![note(), ("continue", false, continues.into())],
+                rules: Vec::new(),
             },
         ],
         schemas,

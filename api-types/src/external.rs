@@ -13,7 +13,8 @@ use utoipa::openapi::schema::{
 };
 
 use crate::schema::{
-    ABSOLUTE_PATH, Field, NO_NUL, NOT_BLANK, Variant, one_of_strings, string, tagged_union,
+    ABSOLUTE_PATH, Field, NO_NUL, NOT_BLANK, Variant, one_of_strings, rule, string, tagged_union,
+    when_absent_or,
 };
 use crate::{ApprovalRecord, SecretStatus};
 
@@ -427,6 +428,9 @@ impl ReviewEvent {
 
 /// Longest comment or review body (bytes, before the marker).
 pub const MAX_ACTION_BODY_BYTES: usize = 64 * 1024;
+/// A label's name as the server takes one: no surrounding white space, no control
+/// characters, not empty (at most [`MAX_LABEL_BYTES`] bytes besides).
+pub const LABEL_NAME: &str = r#"^(?!\s)(?![\s\S]*\s$)[^\u0000-\u001f\u007f-\u009f]+$"#;
 /// The most labels one change adds and removes together.
 pub const MAX_LABELS: usize = 20;
 /// GitHub's own limit on a label's name (bytes).
@@ -445,8 +449,9 @@ fn action_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
     let labels = |what| -> RefOr<Schema> {
         ArrayBuilder::new()
             .schema_type(SchemaType::from_iter([Type::Array, Type::Null]))
-            .items(string(false, NOT_BLANK, Some(MAX_LABEL_BYTES)))
+            .items(string(false, LABEL_NAME, Some(MAX_LABEL_BYTES)))
             .max_items(Some(MAX_LABELS))
+            .unique_items(true)
             .description(Some(what))
             .into()
     };
@@ -457,12 +462,32 @@ fn action_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
         ));
         ("run_id", false, run.into())
     };
-    let variant = |tag, name, description, fields: Vec<Field>| Variant {
+    let variant = |tag, name, description, fields: Vec<Field>, rules| Variant {
         tag,
         name,
         description,
         fields: fields.into_iter().chain([run_id()]).collect(),
+        rules,
     };
+    // At least one label: `add` or `remove` holds one.
+    let one_label = |list: &str| {
+        ObjectBuilder::new()
+            .property(list, ArrayBuilder::new().min_items(Some(1)))
+            .required(list)
+    };
+    let some_label = rule(
+        "At least one label to add or to remove.",
+        vec![one_label("add"), one_label("remove")],
+    );
+    // A review's body: required (a string) but for `APPROVE`.
+    let approve = [Some(ReviewEvent::Approve.as_str())];
+    let with_body = ObjectBuilder::new()
+        .property("body", ObjectBuilder::new().schema_type(Type::String))
+        .required("body");
+    let review_body = rule(
+        "`body` is required but for `APPROVE`.",
+        vec![when_absent_or("event", &approve), with_body],
+    );
     let event = one_of_strings(false, &ReviewEvent::ALL.map(ReviewEvent::as_str))
         .description(Some("The review's verdict, as GitHub spells it."));
     tagged_union(
@@ -475,23 +500,27 @@ fn action_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
                 "CommentActionRequest",
                 "A comment on the item.",
                 vec![("body", true, body(false))],
+                Vec::new(),
             ),
             variant(
                 "labels",
                 "LabelsActionRequest",
-                "Labels to add and to remove: at least one and at most 20 in all, names \
-                 without surrounding spaces or control characters, not differing by case \
-                 alone (422 otherwise).",
+                "Labels to add and to remove: at least one (stated) and at most 20 in all, \
+                 names without surrounding spaces or control characters, not differing by \
+                 case alone (422 otherwise).",
                 vec![
                     ("add", false, labels("Labels to add.")),
                     ("remove", false, labels("Labels to remove.")),
                 ],
+                vec![some_label],
             ),
             variant(
                 "review",
                 "ReviewActionRequest",
-                "A pull request's review; `body` is required but for `APPROVE` (422).",
+                "A pull request's review; `body` is required but for `APPROVE` (stated; \
+                 the server answers 422 too).",
                 vec![("event", true, event.into()), ("body", false, body(true))],
+                vec![review_body],
             ),
         ],
         schemas,

@@ -6,9 +6,18 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use utoipa::openapi::schema::ObjectBuilder;
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, SchemaType, Type};
 
-use crate::schema::{JsonObject, one_of_strings};
+use crate::schema::{
+    HTTP_BASE_URL, JsonObject, NO_CONTROL, one_of_strings, secret_ref, string, string_map,
+};
+
+/// The input kinds a preset may list.
+pub const PROVIDER_INPUTS: [&str; 3] = ["text", "image", "video"];
+
+/// A preset header's name, as the server's `header_name` takes one: letters, digits, `-`
+/// and `_` (a subset of HTTP's token characters).
+pub const PROVIDER_HEADER_NAME: &str = "^[A-Za-z0-9_-]+$";
 
 /// A preset as the API shows it: its fields, and whether its secrets resolve here.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -60,22 +69,26 @@ pub struct ProviderDraft {
     pub model: String,
     #[schema(schema_with = api_schema)]
     pub api: String,
-    /// An http or https URL without a fragment; a media preset's host must be its vendor's
-    /// documented one or in KEEL_PROVIDER_HOSTS (422 otherwise).
-    #[schema(example = "https://ark.ap-southeast.bytepluses.com/api/v3")]
+    /// An http or https URL without credentials, query or fragment (IPv6 hosts are not
+    /// stated); a media preset's host must be its vendor's documented one or in
+    /// KEEL_PROVIDER_HOSTS (422 otherwise).
+    #[schema(schema_with = base_url_schema)]
     pub base_url: String,
     /// `env:NAME`, `file:/absolute/path` or `keychain:NAME`, allowed by the operator's
     /// secret policy (422 otherwise).
-    #[schema(example = "env:ARK_API_KEY")]
+    #[schema(example = "env:ARK_API_KEY", schema_with = nullable_secret_ref)]
     pub api_key_ref: Option<String>,
     #[serde(default)]
+    #[schema(schema_with = headers_schema)]
     pub headers: BTreeMap<String, String>,
     /// Header name → secret reference.
     #[serde(default)]
+    #[schema(schema_with = secret_headers_schema)]
     pub secret_header_refs: BTreeMap<String, String>,
     #[serde(default)]
     pub capabilities: Vec<String>,
     #[serde(default)]
+    #[schema(schema_with = inputs_schema)]
     pub input: Vec<String>,
     #[serde(default)]
     #[schema(value_type = JsonObject)]
@@ -97,17 +110,21 @@ pub struct ProviderPatch {
     pub model: Option<String>,
     #[schema(schema_with = nullable_api_schema)]
     pub api: Option<String>,
+    #[schema(schema_with = nullable_base_url_schema)]
     pub base_url: Option<String>,
     #[serde(
         default,
         deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
-    #[schema(value_type = Option<String>)]
+    #[schema(schema_with = nullable_secret_ref)]
     pub api_key_ref: Option<Option<String>>,
+    #[schema(schema_with = nullable_headers_schema)]
     pub headers: Option<BTreeMap<String, String>>,
+    #[schema(schema_with = nullable_secret_headers_schema)]
     pub secret_header_refs: Option<BTreeMap<String, String>>,
     pub capabilities: Option<Vec<String>>,
+    #[schema(schema_with = nullable_inputs_schema)]
     pub input: Option<Vec<String>>,
     #[schema(value_type = Option<JsonObject>)]
     pub compat: Option<serde_json::Map<String, serde_json::Value>>,
@@ -131,6 +148,89 @@ const APIS: [&str; 4] = [
 
 fn api_schema() -> ObjectBuilder {
     one_of_strings(false, &APIS).description(Some("The wire protocol the preset speaks."))
+}
+
+fn base_url(nullable: bool) -> ObjectBuilder {
+    string(nullable, HTTP_BASE_URL, None)
+        .description(Some(
+            "An http or https URL without credentials, query or fragment (IPv6 hosts are not \
+             stated); a media preset's host must be its vendor's documented one or in \
+             KEEL_PROVIDER_HOSTS (422 otherwise).",
+        ))
+        .examples(["https://ark.ap-southeast.bytepluses.com/api/v3"])
+}
+
+fn base_url_schema() -> ObjectBuilder {
+    base_url(false)
+}
+
+fn nullable_base_url_schema() -> ObjectBuilder {
+    base_url(true)
+}
+
+fn inputs(nullable: bool) -> ArrayBuilder {
+    let kind = if nullable {
+        SchemaType::from_iter([Type::Array, Type::Null])
+    } else {
+        SchemaType::new(Type::Array)
+    };
+    ArrayBuilder::new()
+        .schema_type(kind)
+        .items(one_of_strings(false, &PROVIDER_INPUTS))
+        .description(Some("What the preset takes: `text`, `image`, `video`."))
+}
+
+fn inputs_schema() -> ArrayBuilder {
+    inputs(false)
+}
+
+fn nullable_inputs_schema() -> ArrayBuilder {
+    inputs(true)
+}
+
+fn nullable_secret_ref() -> ObjectBuilder {
+    secret_ref(true).description(Some(
+        "`env:NAME`, `file:/absolute/path` or `keychain:NAME`, allowed by the operator's \
+         secret policy (422 otherwise).",
+    ))
+}
+
+fn headers(nullable: bool) -> ObjectBuilder {
+    string_map(
+        nullable,
+        PROVIDER_HEADER_NAME,
+        string(false, NO_CONTROL, None),
+        None,
+    )
+    .description(Some(
+        "Header name (letters, digits, `-` and `_`) → value without control characters; \
+         a credential header (`Authorization`, `X-Api-Key`, `Cookie`, …) belongs in \
+         `secret_header_refs` (422).",
+    ))
+}
+
+fn headers_schema() -> ObjectBuilder {
+    headers(false)
+}
+
+fn nullable_headers_schema() -> ObjectBuilder {
+    headers(true)
+}
+
+fn secret_headers(nullable: bool) -> ObjectBuilder {
+    string_map(nullable, PROVIDER_HEADER_NAME, secret_ref(false), None).description(Some(
+        "Header name (letters, digits, `-` and `_`) → secret reference (`env:NAME`, \
+         `file:/absolute/path` or `keychain:NAME`), allowed by the operator's secret policy \
+         (422 otherwise).",
+    ))
+}
+
+fn secret_headers_schema() -> ObjectBuilder {
+    secret_headers(false)
+}
+
+fn nullable_secret_headers_schema() -> ObjectBuilder {
+    secret_headers(true)
 }
 
 fn nullable_api_schema() -> ObjectBuilder {

@@ -6,7 +6,16 @@ use utoipa::ToSchema;
 use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{KnownFormat, Schema, SchemaFormat};
 
-use crate::schema::{Field, NO_NUL, NOT_BLANK, Variant, boolean, integer, string, tagged_union};
+use crate::schema::{
+    Field, NO_NUL, NOT_BLANK, Variant, boolean, integer, one_of_strings, string, tagged_union,
+};
+
+/// The time zones a schedule may name: the IANA tz database as `chrono-tz` holds it, which
+/// is what the server parses `timezone` with (`Tz::from_str`, exact names). `Local` is not
+/// among them.
+pub fn time_zones() -> impl Iterator<Item = &'static str> {
+    chrono_tz::TZ_VARIANTS.iter().map(|zone| zone.name())
+}
 
 /// The body of `PUT /v1/tasks/{id}/schedule`, as the client sent it. The fields are
 /// optional here so the server can name the one at fault; the document states the
@@ -31,9 +40,10 @@ hand_written_schema!(ScheduleDraft, schedule_union);
 
 fn schedule_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
     let common = || -> Vec<Field> {
-        let timezone = string(false, NOT_BLANK, None).description(Some(
-            "An IANA time zone such as `Europe/Madrid` or `UTC` (422 for a name the tz \
-             database does not know).",
+        let zones: Vec<&str> = time_zones().collect();
+        let timezone = one_of_strings(false, &zones).description(Some(
+            "An IANA time zone such as `Europe/Madrid` or `UTC`, as the tz database the \
+             server reads names them (case matters).",
         ));
         let revision = integer(true, 1, i64::MAX).description(Some(
             "The revision the client read; a stale one makes the edit fail (409) instead of \
@@ -59,6 +69,7 @@ fn schedule_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
         name,
         description,
         fields: std::iter::once(field).chain(common()).collect(),
+        rules: Vec::new(),
     };
     tagged_union(
         "kind",

@@ -5,9 +5,11 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa::openapi::{RefOr, schema::Schema};
 
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+
 use crate::schema::{
-    Field, NO_NUL, NOT_BLANK, Variant, boolean, integer, names, one_of_strings, string,
-    tagged_union,
+    ABSOLUTE_PATH, Field, NO_NUL, NOT_BLANK, Variant, boolean, integer, one_of_strings, rule,
+    string, tagged_union, when_absent_or, when_given, when_null,
 };
 use crate::{MAX_MCP_SERVERS, McpServer, McpServers, RunStatus};
 
@@ -76,6 +78,17 @@ pub struct TaskDraft {
     pub start: Option<bool>,
 }
 
+/// A `repo` as the server's `check_repo_url` takes one: no surrounding white space or
+/// control characters, no leading `-`; an absolute path, an `https`, `http`, `ssh`, `git`
+/// or `file` URL without a password in its authority, or scp-like `user@host:path`.
+pub const REPO: &str = r#"^(?!-)(?!\s)(?![\s\S]*\s$)(/[^\u0000-\u001f\u007f-\u009f]*|(https?|ssh|git|file)://([^/:\u0000-\u001f\u007f-\u009f]*@)?[^/@\u0000-\u001f\u007f-\u009f]*(/[^\u0000-\u001f\u007f-\u009f]*)?|(?!(https?|ssh|git|file)://)[A-Za-z0-9._@-]+:[^:\u0000-\u001f\u007f-\u009f][^\u0000-\u001f\u007f-\u009f]*)$"#;
+
+/// A `base_branch` as the server's `check_branch` takes one (the names `git
+/// check-ref-format --branch` accepts): not starting with `-`, `/` or `.`, not ending with
+/// `/`, `.` or `.lock`, not `@`, without `..`, `//`, `@{` or `/.`, white space, control
+/// characters or any of `~^:?*[\`.
+pub const BRANCH: &str = r#"^(?![-/.])(?!.*(\.\.|//|@\{|/\.))(?!.*(/|\.|\.lock)$)(?!@$)[^\s\u0000-\u001f\u007f-\u009f~^:?*\[\\]+$"#;
+
 /// Longest `repo` (bytes).
 pub const MAX_REPO_BYTES: usize = 2048;
 
@@ -84,6 +97,28 @@ pub const REASONING_EFFORTS: [&str; 4] = ["minimal", "low", "medium", "high"];
 
 /// The values of an agent loop task's `workspace_system_prompt_policy`.
 pub const WORKSPACE_SYSTEM_PROMPT_POLICIES: [&str; 2] = ["include", "exclude"];
+
+/// Git arguments as the server splits them (the `shlex` crate, POSIX rules): at least one
+/// word, words apart by space, tab or newline, a `#` at a word's start commenting out the
+/// line, and every quote closed: `'…'` literal, `"…"` with `\` escapes, `\` escaping
+/// the next character outside them. No NUL.
+pub const GIT_ARGUMENTS: &str = r#"^(?:[ \t\n]|#[^\n\u0000]*(?:\n|$))*(?:[^ \t\n'"\\#\u0000]|\\[^\u0000]|'[^'\u0000]*'|"(?:[^"\\\u0000]|\\[^\u0000])*")(?:[^ \t\n'"\\\u0000]|\\[^\u0000]|'[^'\u0000]*'|"(?:[^"\\\u0000]|\\[^\u0000])*")*(?:[ \t\n](?:[ \t\n]|#[^\n\u0000]*(?:\n|$))*(?:[^ \t\n'"\\#\u0000]|\\[^\u0000]|'[^'\u0000]*'|"(?:[^"\\\u0000]|\\[^\u0000])*")(?:[^ \t\n'"\\\u0000]|\\[^\u0000]|'[^'\u0000]*'|"(?:[^"\\\u0000]|\\[^\u0000])*")*)*(?:[ \t\n](?:[ \t\n]|#[^\n\u0000]*(?:\n|$))*)?$"#;
+
+/// The built-in tools an agent loop task may allow (the workers' `agent::tools::CATALOG`,
+/// which a server test keeps equal to this).
+pub const AGENT_TOOLS: [&str; 11] = [
+    "read_file",
+    "list_dir",
+    "grep",
+    "glob",
+    "file_write",
+    "file_edit",
+    "apply_patch",
+    "shell_exec",
+    "git_status",
+    "git_diff",
+    "http_request",
+];
 
 /// Longest command of a shell or git task, and longest prompt or system prompt (bytes).
 const MAX_COMMAND_BYTES: usize = 64 * 1024;
@@ -115,10 +150,13 @@ fn task_draft_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema>
     let git = vec![(
         "git_command",
         true,
-        command(
-            "The arguments of `git`, split like a shell would; the quotes must balance \
-             (422 otherwise). At most 64 KiB of UTF-8.",
-        ),
+        string(false, GIT_ARGUMENTS, Some(MAX_COMMAND_BYTES))
+            .description(Some(
+                "The arguments of `git`, split like a POSIX shell would: at least one word, \
+                 the quotes balanced (the pattern states it; 422 otherwise). At most 64 KiB \
+                 of UTF-8.",
+            ))
+            .into(),
     )];
     let file = vec![
         (
@@ -141,8 +179,8 @@ fn task_draft_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema>
             false,
             string(true, NO_NUL, Some(MAX_FILE_CONTENT_BYTES))
                 .description(Some(
-                    "Required for `write` and `append`, refused for `delete` (422). At most \
-                     1 MiB of UTF-8.",
+                    "Required for `write` and `append`, refused for `delete` (stated; 422 \
+                     too). At most 1 MiB of UTF-8.",
                 ))
                 .into(),
         ),
@@ -212,12 +250,18 @@ fn task_draft_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema>
         (
             "tools",
             false,
-            names(
-                "The tools the model may call, each once, from the catalog (`read_file`, \
-                 `list_dir`, `grep`, `glob`, `file_write`, `file_edit`, `apply_patch`, \
-                 `shell_exec`, …; an unknown name is refused with 422); absent: the whole \
-                 catalog the sandbox allows.",
-            ),
+            utoipa::openapi::schema::ArrayBuilder::new()
+                .schema_type(utoipa::openapi::schema::SchemaType::from_iter([
+                    Type::Array,
+                    Type::Null,
+                ]))
+                .items(one_of_strings(false, &AGENT_TOOLS))
+                .unique_items(true)
+                .description(Some(
+                    "The tools the model may call, each once, from the catalog; absent: the \
+                     whole catalog the sandbox allows.",
+                ))
+                .into(),
         ),
         ("mcp_servers", false, mcp_servers(schemas)),
         (
@@ -240,6 +284,10 @@ fn task_draft_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema>
         name,
         description,
         fields: fields.into_iter().chain(common_fields(tag)).collect(),
+        rules: workspace_rules()
+            .into_iter()
+            .chain((tag == "file").then(file_content_rule))
+            .collect(),
     };
     tagged_union(
         "execution_kind",
@@ -261,6 +309,59 @@ fn task_draft_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema>
             ),
         ],
         schemas,
+    )
+}
+
+/// The rules across the workspace fields, as the server's `parse_workspace` and
+/// `parse_repo` apply them: `working_directory` (required) and `sandbox_allowed_root` are
+/// for `in_place` only, `repo` for `ephemeral` only, and `base_branch` needs `repo`.
+fn workspace_rules() -> Vec<RefOr<Schema>> {
+    let null = || ObjectBuilder::new().schema_type(Type::Null);
+    let ephemeral = when_absent_or(
+        "workspace_mode",
+        &[None, Some(WorkspaceMode::Ephemeral.as_str())],
+    )
+    .property("working_directory", null())
+    .property("sandbox_allowed_root", null());
+    let in_place = when_given("working_directory", Type::String)
+        .property(
+            "workspace_mode",
+            ObjectBuilder::new().enum_values(Some([WorkspaceMode::InPlace.as_str()])),
+        )
+        .required("workspace_mode")
+        .property("repo", null());
+    vec![
+        rule(
+            "`ephemeral` (or no `workspace_mode`): no `working_directory` or \
+             `sandbox_allowed_root`; `in_place`: a `working_directory`, and no `repo`.",
+            vec![ephemeral, in_place],
+        ),
+        rule(
+            "`base_branch` needs `repo`.",
+            vec![
+                when_null(&["base_branch"]),
+                when_given("repo", Type::String),
+            ],
+        ),
+    ]
+}
+
+/// A file task's `file_content`: required (a string) for `write` and `append`, refused
+/// for `delete`, as the server's `parse_file` has it.
+fn file_content_rule() -> RefOr<Schema> {
+    let operation = |ops: &[FileOperation]| {
+        let names = ops.iter().map(|op| op.as_str());
+        ObjectBuilder::new().enum_values(Some(names))
+    };
+    let delete = when_null(&["file_content"])
+        .property("file_operation", operation(&[FileOperation::Delete]));
+    let write = when_given("file_content", Type::String).property(
+        "file_operation",
+        operation(&[FileOperation::Write, FileOperation::Append]),
+    );
+    rule(
+        "`file_content` is required for `write` and `append`, refused for `delete`.",
+        vec![delete, write],
     )
 }
 
@@ -308,7 +409,7 @@ fn common_fields(kind: &str) -> Vec<Field> {
         (
             "repo",
             false,
-            string(true, NO_NUL, Some(MAX_REPO_BYTES))
+            string(true, REPO, Some(MAX_REPO_BYTES))
                 .description(Some(
                     "`ephemeral` or `persistent`: the repository the workspace starts as a \
                      clone of (each run's, or the persistent one's first), before anything \
@@ -323,7 +424,7 @@ fn common_fields(kind: &str) -> Vec<Field> {
         (
             "base_branch",
             false,
-            string(true, NO_NUL, Some(255))
+            string(true, BRANCH, Some(255))
                 .description(Some(
                     "With `repo`: the branch to check out, as a local branch of that name \
                      (absent: the repository's default branch, detached).",
@@ -348,18 +449,18 @@ fn common_fields(kind: &str) -> Vec<Field> {
         (
             "working_directory",
             false,
-            string(true, NO_NUL, None)
+            string(true, ABSOLUTE_PATH, None)
                 .description(Some(
-                    "`in_place` only (required there, refused otherwise): an absolute \
-                     directory without `..`, beneath a workspace root and outside Keel's \
-                     data directory once links are resolved (422 otherwise).",
+                    "`in_place` only (required there, refused otherwise; stated): an \
+                     absolute directory without `..`, beneath a workspace root and outside \
+                     Keel's data directory once links are resolved (422 otherwise).",
                 ))
                 .into(),
         ),
         (
             "sandbox_allowed_root",
             false,
-            string(true, NO_NUL, None)
+            string(true, ABSOLUTE_PATH, None)
                 .description(Some(
                     "`in_place` only: an absolute directory beneath a workspace root that \
                      `working_directory` must lie beneath, narrowing the roots for this \

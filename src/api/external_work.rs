@@ -57,9 +57,37 @@ async fn render(
     _caller: Caller,
     ApiJson(request): ApiJson<RenderRequest>,
 ) -> Result<Json<ObjectEnvelope<Rendered>>> {
+    // The document refuses NUL in every string a request carries (the rule other bodies
+    // get from PostgreSQL); a render stores nothing, so it is checked here.
+    if let Some(field) = nul_field(&request) {
+        return Err(crate::domain::Invalid::new(
+            field,
+            "holds a NUL character (\\u0000), which the API refuses",
+        )
+        .into());
+    }
     let workflow = Workflow::parse(&request.workflow_markdown)?;
     let prompt = workflow.render(&request.issue, request.attempt)?;
     Ok(Json(object("workflow_render", Rendered { prompt })))
+}
+
+/// The top-level field of a render request with a NUL in a string or key, if any.
+fn nul_field(request: &RenderRequest) -> Option<&'static str> {
+    fn has_nul(value: &serde_json::Value) -> bool {
+        match value {
+            serde_json::Value::String(text) => text.contains('\0'),
+            serde_json::Value::Array(items) => items.iter().any(has_nul),
+            serde_json::Value::Object(map) => {
+                map.iter().any(|(k, v)| k.contains('\0') || has_nul(v))
+            }
+            _ => false,
+        }
+    }
+    if request.workflow_markdown.contains('\0') {
+        return Some("workflow_markdown");
+    }
+    let issue = serde_json::to_value(&request.issue).unwrap_or_default();
+    has_nul(&issue).then_some("issue")
 }
 
 /// Registers a source: 201 when new, 200 with the existing one when its tracker target is

@@ -47,7 +47,7 @@ impl Api {
 }
 
 const CHAT_CAPABILITIES: [&str; 3] = ["chat", "tool_call", "reasoning"];
-const INPUTS: [&str; 3] = ["text", "image", "video"];
+const INPUTS: [&str; 3] = keel_api_types::PROVIDER_INPUTS;
 /// Headers that carry credentials: they belong in `secret_header_refs`, never in `headers`.
 const CREDENTIAL_HEADERS: [&str; 6] = [
     "authorization",

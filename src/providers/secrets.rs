@@ -50,7 +50,11 @@ impl SecretRef {
             "file" if rest.starts_with('/') && !rest.contains('\0') => {
                 Ok(SecretRef::File(PathBuf::from(rest)))
             }
-            "keychain" if !rest.is_empty() && rest.len() <= 200 => {
+            "keychain"
+                if !rest.is_empty()
+                    && !rest.contains('\0')
+                    && rest.chars().count() <= keel_api_types::schema::MAX_KEYCHAIN_NAME =>
+            {
                 Ok(SecretRef::Keychain(rest.to_string()))
             }
             _ => Err(invalid()),

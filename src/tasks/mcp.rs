@@ -5,8 +5,9 @@
 //! resolves them ([`check_secrets`]): the grants may have narrowed in between.
 
 use keel_api_types::{
-    MAX_MCP_SERVER_NAME, MAX_MCP_SERVERS, MAX_MCP_TOOLS_PER_SERVER, McpApprovalPolicy, McpServer,
-    McpTransport,
+    MAX_MCP_ARG_BYTES as MAX_ARG_BYTES, MAX_MCP_ARGS as MAX_ARGS,
+    MAX_MCP_NAMED_SECRETS as MAX_NAMED_SECRETS, MAX_MCP_SERVER_NAME, MAX_MCP_SERVERS,
+    MAX_MCP_TOOLS_PER_SERVER, McpApprovalPolicy, McpServer, McpTransport,
 };
 
 use keel_workers::agent::mcp::{alias, is_tool_name};
@@ -14,12 +15,6 @@ use keel_workers::agent::mcp::{alias, is_tool_name};
 use super::writer::check_secret;
 use crate::domain::{Invalid, Role};
 use crate::providers::secrets::{SecretPolicy, SecretRef, is_env_name};
-
-/// Most arguments of a stdio server, and the longest one (bytes).
-const MAX_ARGS: usize = 64;
-const MAX_ARG_BYTES: usize = 4096;
-/// Most environment variables or headers of one server.
-const MAX_NAMED_SECRETS: usize = 32;
 
 /// The servers checked and normalized: `transport` and `approval_policy` always set.
 pub(crate) fn parse_mcp_servers(servers: &[McpServer]) -> Result<Vec<McpServer>, Invalid> {

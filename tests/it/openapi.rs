@@ -289,7 +289,12 @@ fn the_document_states_unions_bounds_and_closed_sets() {
             .iter()
             .map(|(value, reference)| {
                 let name = reference.as_str().unwrap().rsplit('/').next().unwrap();
-                let variant = schemas[name].clone();
+                // A variant with rules across fields is the `allOf` of its closed object
+                // and those rules.
+                let variant = match schemas[name]["allOf"].as_array() {
+                    Some(all) => all[0].clone(),
+                    None => schemas[name].clone(),
+                };
                 assert_eq!(
                     variant["properties"][tag]["enum"],
                     serde_json::json!([value])
@@ -404,4 +409,111 @@ fn the_document_states_unions_bounds_and_closed_sets() {
             }
         }
     }
+}
+
+/// The rules issue 33 moved from descriptions into the document, each where the server
+/// applies it (the server still answers 422 naming the field).
+#[test]
+fn the_document_states_cross_field_rules_names_and_references() {
+    use keel_api_types::schema::{ENV_NAME, HEADER_NAME, MAX_JSON_NUMBER, SECRET_REF};
+    let doc = serde_json::to_value(keel::api::openapi()).unwrap();
+    let schemas = &doc["components"]["schemas"];
+    let rules = |name: &str| -> Vec<Value> {
+        let all = schemas[name]["allOf"].as_array();
+        all.unwrap_or_else(|| panic!("{name} states no rules"))[1..].to_vec()
+    };
+
+    // working_directory outside in_place, repo with it, base_branch without repo.
+    for name in [
+        "ShellTaskDraft",
+        "GitTaskDraft",
+        "FileTaskDraft",
+        "AgentLoopTaskDraft",
+    ] {
+        let rules = rules(name);
+        let workspace = rules[0]["anyOf"].as_array().unwrap();
+        assert_eq!(
+            workspace[0]["properties"]["working_directory"]["type"],
+            "null"
+        );
+        assert_eq!(
+            workspace[1]["properties"]["workspace_mode"]["enum"],
+            serde_json::json!(["in_place"])
+        );
+        assert!(
+            workspace[1]["required"]
+                .as_array()
+                .unwrap()
+                .contains(&"working_directory".into())
+        );
+        assert_eq!(
+            rules[1]["anyOf"][1]["required"],
+            serde_json::json!(["repo"])
+        );
+    }
+
+    // At least one label; a review's body but for APPROVE.
+    let labels = &rules("LabelsActionRequest")[0]["anyOf"];
+    assert_eq!(labels[0]["properties"]["add"]["minItems"], 1);
+    assert_eq!(labels[1]["properties"]["remove"]["minItems"], 1);
+    let review = &rules("ReviewActionRequest")[0]["anyOf"];
+    assert_eq!(
+        review[0]["properties"]["event"]["enum"],
+        serde_json::json!(["APPROVE"])
+    );
+    assert_eq!(review[1]["required"], serde_json::json!(["body"]));
+
+    // The zones the server's tz database knows, by name.
+    let zones = &schemas["CronScheduleDraft"]["properties"]["timezone"]["enum"];
+    let zones: Vec<&str> = zones
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|z| z.as_str())
+        .collect();
+    assert!(zones.contains(&"Europe/Madrid") && zones.contains(&"UTC"));
+    assert!(!zones.iter().any(|z| z.eq_ignore_ascii_case("local")));
+    assert_eq!(zones.len(), chrono_tz::TZ_VARIANTS.len());
+
+    // An MCP server: one transport, named environment and headers, secret references.
+    let server = &schemas["McpServer"]["allOf"];
+    let transports = server[1]["oneOf"].as_array().unwrap();
+    assert_eq!(transports[0]["required"], serde_json::json!(["command"]));
+    assert_eq!(transports[1]["required"], serde_json::json!(["url"]));
+    let fields = &server[0]["properties"];
+    assert_eq!(fields["env"]["propertyNames"]["pattern"], ENV_NAME);
+    assert_eq!(fields["headers"]["propertyNames"]["pattern"], HEADER_NAME);
+    for map in ["env", "headers"] {
+        assert_eq!(
+            fields[map]["additionalProperties"]["pattern"], SECRET_REF,
+            "{map}"
+        );
+    }
+    assert!(fields["tools"]["items"]["pattern"].is_string());
+    assert!(fields["url"]["pattern"].is_string());
+
+    // A preset's header names and secret references; free-form numbers within 2^53 - 1.
+    for name in ["ProviderDraft", "ProviderPatch"] {
+        let fields = &schemas[name]["properties"];
+        assert!(
+            fields["secret_header_refs"]["propertyNames"]["pattern"].is_string(),
+            "{name}"
+        );
+        assert_eq!(
+            fields["secret_header_refs"]["additionalProperties"]["pattern"], SECRET_REF,
+            "{name}"
+        );
+        assert_eq!(fields["api_key_ref"]["pattern"], SECRET_REF, "{name}");
+        assert!(fields["base_url"]["pattern"].is_string(), "{name}");
+    }
+    // `GET /v1/secrets/status` reads a reference by the same grammar.
+    let parameters = doc["paths"]["/v1/secrets/status"]["get"]["parameters"]
+        .as_array()
+        .unwrap();
+    let reference = parameters.iter().find(|p| p["name"] == "ref").unwrap();
+    assert_eq!(reference["schema"]["pattern"], SECRET_REF);
+
+    let number = &schemas["JsonValue"]["anyOf"][1];
+    assert_eq!(number["maximum"], MAX_JSON_NUMBER);
+    assert_eq!(number["minimum"], -MAX_JSON_NUMBER);
 }
