@@ -78,11 +78,18 @@ impl<'c, T> Call<'c, T> {
 
     /// The request body, without its unset fields: the drafts' optional fields are null
     /// when unset, and the document's variants (a shell task's draft has no `prompt`) want
-    /// them absent. No operation here gives null a meaning of its own.
-    pub(crate) fn json(mut self, body: &impl serde::Serialize) -> Self {
+    /// them absent. Only a patch gives null a meaning of its own: see
+    /// [`Call::json_keeping`].
+    pub(crate) fn json(self, body: &impl serde::Serialize) -> Self {
+        self.json_keeping(body, &[])
+    }
+
+    /// [`Call::json`], but a null in one of the `nullable` fields is sent: a patch's way
+    /// of removing a value (a field the patch leaves alone is not serialized at all).
+    pub(crate) fn json_keeping(mut self, body: &impl serde::Serialize, nullable: &[&str]) -> Self {
         let mut body = serde_json::to_value(body).expect("request bodies serialize");
         if let serde_json::Value::Object(fields) = &mut body {
-            fields.retain(|_, value| !value.is_null());
+            fields.retain(|name, value| !value.is_null() || nullable.contains(&name.as_str()));
         }
         self.body = Some(body);
         self
