@@ -1,14 +1,18 @@
-//! The operator commands (`keel tasks|runs|approvals|schedules|media|providers|status`):
-//! their arguments, and each one as calls of the typed client.
+//! The operator commands (`keel tasks|runs|approvals|schedules|media|providers|
+//! transitions|leases|whoami|status`; `external-work` is in `external`): their arguments,
+//! and each one as calls of the typed client. `tests/it/parity.rs` maps each API operation
+//! to the command that performs it.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use keel_client::{
-    ApprovalRecord, Call, Client, Credentials, Error, McpServer, MediaJobDraft, MediaJobRecord,
-    ObjectEnvelope, ProviderDraft, ProviderView, REASONING_EFFORTS, ResolveRequest, RunRecord,
-    ScheduleDraft, ScheduleRecord, StartRequest, TaskDraft, TaskRecord,
+    ApprovalRecord, ArtifactRecord, Call, Client, ContinueRequest, Credentials, Error, LeaseRecord,
+    McpServer, MediaJobDraft, MediaJobRecord, ObjectEnvelope, OccurrenceRecord, PatchDetail,
+    PatchSummary, ProviderDraft, ProviderPatch, ProviderTemplate, ProviderView, REASONING_EFFORTS,
+    ResolveRequest, RetryFromModelCallRequest, RunRecord, ScheduleDraft, ScheduleRecord,
+    StartRequest, StepRecord, TaskDraft, TaskRecord, TransitionRecord,
 };
 
 use crate::cli::external;
@@ -49,26 +53,60 @@ pub enum Operation {
     /// Tasks: create, list, show, start, delete.
     #[command(subcommand)]
     Tasks(TaskCommand),
-    /// Runs: list, show, watch, logs, cancel, retry, resume.
+    /// Runs: list, show, watch, logs, cancel, retry, resume, continue,
+    /// retry-from-model-call, patches.
     #[command(subcommand)]
     Runs(RunCommand),
     /// Approvals: list, approve, reject.
     #[command(subcommand)]
     Approvals(ApprovalCommand),
-    /// A task's schedule: show, set, delete.
+    /// Schedules: list, and a task's show, set, delete, occurrences.
     #[command(subcommand)]
     Schedules(ScheduleCommand),
-    /// Media jobs: create, show, watch.
+    /// Media jobs: create, list, show, watch, cancel.
     #[command(subcommand)]
     Media(MediaCommand),
-    /// Provider presets: list, show, create, check.
+    /// Provider presets: list, show, create, update, delete, check.
     #[command(subcommand)]
     Providers(ProviderCommand),
-    /// External work: tracker sources (list, show, create, poll, delete) and their items.
+    /// External work: tracker sources, their items, imports and proposed tracker actions.
     #[command(subcommand)]
     ExternalWork(ExternalCommand),
     /// The workspace's queue (depth and age per kind), leases and live workers.
     Status,
+    /// This runtime host and the caller: role, actor, workspace.
+    Whoami,
+    /// The audit trail: every state change, oldest first.
+    #[command(subcommand)]
+    Transitions(TransitionCommand),
+    /// The workspace's queue leases.
+    #[command(subcommand)]
+    Leases(LeaseCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum TransitionCommand {
+    /// Lists state changes, oldest first: every entity's, or one's.
+    List {
+        /// `task`, `run`, `step`, `approval`, `media_job`, …
+        #[arg(long)]
+        entity_type: Option<String>,
+        #[arg(long)]
+        entity_id: Option<String>,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum LeaseCommand {
+    /// Lists queue leases: `active` (the default), `expired` or `released`.
+    List {
+        #[arg(long)]
+        status: Option<String>,
+        #[command(flatten)]
+        page: PageArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -98,6 +136,12 @@ pub(crate) enum TaskCommand {
     /// Deletes the task with its runs (refused while a run is active).
     Delete {
         task_id: String,
+    },
+    /// The artifacts of all the task's runs, oldest first.
+    Artifacts {
+        task_id: String,
+        #[command(flatten)]
+        page: PageArgs,
     },
 }
 
@@ -249,6 +293,18 @@ pub(crate) enum RunCommand {
     Logs {
         run_id: String,
     },
+    /// The run's steps, in order.
+    Steps {
+        run_id: String,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    /// The run's artifacts (its output, patches, answers), oldest first.
+    Artifacts {
+        run_id: String,
+        #[command(flatten)]
+        page: PageArgs,
+    },
     /// Cancels the run (a finished run is left as it is).
     Cancel {
         run_id: String,
@@ -265,10 +321,52 @@ pub(crate) enum RunCommand {
         #[command(flatten)]
         watch: AdmitArgs,
     },
+    /// An agent loop's next turn: a new run carrying the finished run's conversation on
+    /// with `--prompt`.
+    Continue {
+        run_id: String,
+        /// The next user turn.
+        #[arg(long)]
+        prompt: String,
+        #[command(flatten)]
+        watch: AdmitArgs,
+    },
+    /// A new run of an agent loop that re-issues the finished run's model call N and goes
+    /// on from there.
+    RetryFromModelCall {
+        run_id: String,
+        /// The model call to re-issue, 1-based.
+        #[arg(long)]
+        model_call: i64,
+        /// Why, for the run's `run.created` event.
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        watch: AdmitArgs,
+    },
+    /// An agent run's file changes: list, show, revert.
+    #[command(subcommand)]
+    Patches(PatchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum PatchCommand {
+    /// Lists the run's patches, oldest first.
+    List {
+        run_id: String,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    /// Shows a patch (`--output json`: with the file's content before and after).
+    Show { run_id: String, patch_id: String },
+    /// Puts the file back as it was before the patch.
+    Revert { run_id: String, patch_id: String },
 }
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ApprovalCommand {
+    /// Shows an approval: its kind, status and what it would allow.
+    Show { approval_id: String },
     /// Lists approvals (across tasks, or one task's), oldest first.
     List {
         /// `pending`, `approved`, `rejected`, `cancelled` or `expired`.
@@ -302,6 +400,23 @@ pub(crate) enum ApprovalCommand {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ScheduleCommand {
+    /// Lists the workspace's schedules.
+    List {
+        /// Only this task's.
+        #[arg(long)]
+        task: Option<String>,
+        /// Only enabled (`true`) or paused (`false`) ones.
+        #[arg(long)]
+        enabled: Option<bool>,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    /// The times the task's schedule fired, and what each did.
+    Occurrences {
+        task_id: String,
+        #[command(flatten)]
+        page: PageArgs,
+    },
     Show {
         task_id: String,
     },
@@ -354,11 +469,32 @@ pub(crate) enum MediaCommand {
         #[arg(long)]
         watch: bool,
     },
+    /// Lists the workspace's media jobs.
+    List {
+        /// `queued`, `running`, `succeeded`, `failed` or `cancelled`.
+        #[arg(long)]
+        status: Option<String>,
+        /// Only this provider preset's.
+        #[arg(long)]
+        provider: Option<String>,
+        #[command(flatten)]
+        page: PageArgs,
+    },
     Show {
         media_job_id: String,
     },
     /// Follows the job until it ends: 0 succeeded, 1 failed, 2 cancelled.
     Watch {
+        media_job_id: String,
+    },
+    /// The job's artifacts (the images or videos it made).
+    Artifacts {
+        media_job_id: String,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    /// Cancels the job (an ended job is left as it is).
+    Cancel {
         media_job_id: String,
     },
 }
@@ -375,12 +511,65 @@ pub(crate) enum ProviderCommand {
     /// Creates a preset. Secrets are named by reference (`--api-key-ref env:NAME`), never
     /// given.
     Create(CreateProvider),
+    /// Request bodies for `providers create`, one per supported vendor.
+    Templates {
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    /// Changes the given fields of a preset; the others stay.
+    Update(UpdateProvider),
+    /// Deletes a preset that no media job names.
+    Delete {
+        id: String,
+    },
     /// Checks the preset can be used; `--live` also makes one tiny billed call.
     Check {
         id: String,
         #[arg(long)]
         live: bool,
     },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct UpdateProvider {
+    id: String,
+    #[arg(long)]
+    model: Option<String>,
+    #[arg(long)]
+    base_url: Option<String>,
+    #[arg(long)]
+    display_name: Option<String>,
+    /// `env:NAME`, `file:/absolute/path` or `keychain:NAME`.
+    #[arg(long)]
+    api_key_ref: Option<String>,
+    /// Removes the preset's secret reference.
+    #[arg(long, conflicts_with = "api_key_ref")]
+    no_api_key_ref: bool,
+    /// A capability; repeat for several (replaces the preset's list).
+    #[arg(long = "capability")]
+    capabilities: Vec<String>,
+    /// `true` or `false`.
+    #[arg(long)]
+    enabled: Option<bool>,
+}
+
+impl UpdateProvider {
+    fn patch(&self) -> ProviderPatch {
+        let api_key_ref = if self.no_api_key_ref {
+            Some(None)
+        } else {
+            self.api_key_ref.clone().map(Some)
+        };
+        ProviderPatch {
+            model: self.model.clone(),
+            base_url: self.base_url.clone(),
+            display_name: self.display_name.clone(),
+            api_key_ref,
+            capabilities: (!self.capabilities.is_empty()).then(|| self.capabilities.clone()),
+            enabled: self.enabled,
+            ..ProviderPatch::default()
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -497,6 +686,62 @@ async fn run(client: &Client, format: Format, operation: Operation) -> Result<Ou
             .await
             .map(|_| Outcome::Done),
         Operation::Status => status(client, format).await.map(|_| Outcome::Done),
+        Operation::Whoami => output::show(format, client.whoami(), |s| {
+            let s = &s.data;
+            Table::fields(&[
+                ("role", s.role.clone()),
+                ("actor", s.actor_id.clone()),
+                ("workspace", s.workspace.clone()),
+                ("may approve own", s.may_approve_own.to_string()),
+                ("runtime host", s.runtime_host.label.clone()),
+                ("operator access", s.runtime_host.operator_access.clone()),
+            ])
+        })
+        .await
+        .map(|_| Outcome::Done),
+        Operation::Transitions(TransitionCommand::List {
+            entity_type,
+            entity_id,
+            page,
+        }) => {
+            let headers = [
+                "ID", "TYPE", "ENTITY", "FROM", "TO", "ACTOR", "AT", "REASON",
+            ];
+            let call = client.state_transitions(entity_type.as_deref(), entity_id.as_deref());
+            output::list(format, &page, call, &headers, |t: &TransitionRecord| {
+                vec![
+                    t.id.to_string(),
+                    t.entity_type.clone(),
+                    t.entity_id.clone(),
+                    or_dash(t.from_status.as_ref()),
+                    t.to_status.clone(),
+                    t.actor.clone(),
+                    time(&t.occurred_at),
+                    or_dash(t.reason.as_ref()),
+                ]
+            })
+            .await
+            .map(|_| Outcome::Done)
+        }
+        Operation::Leases(LeaseCommand::List { status, page }) => {
+            let headers = [
+                "JOB", "KIND", "REF", "STATUS", "OWNER", "CLAIMED", "OUTCOME",
+            ];
+            let call = client.runtime_leases(status.as_deref());
+            output::list(format, &page, call, &headers, |l: &LeaseRecord| {
+                vec![
+                    l.job_id.to_string(),
+                    l.kind.clone(),
+                    l.ref_id.clone(),
+                    l.status.clone(),
+                    l.owner.clone(),
+                    time(&l.claimed_at),
+                    or_dash(l.outcome.as_ref()),
+                ]
+            })
+            .await
+            .map(|_| Outcome::Done)
+        }
     }
 }
 
@@ -538,6 +783,9 @@ async fn tasks(client: &Client, format: Format, command: TaskCommand) -> Result<
                 budget_micros_usd: None,
             };
             return admitted(client, format, client.start_task(&task_id, &request), watch).await;
+        }
+        TaskCommand::Artifacts { task_id, page } => {
+            artifacts(format, &page, client.list_task_artifacts(&task_id)).await?;
         }
         TaskCommand::Delete { task_id } => {
             output::show(format, client.delete_task(&task_id), |d| {
@@ -608,6 +856,29 @@ async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Ou
             let run = client.find_run(&run_id).await?.data;
             watch::print_logs(client, &run).await?;
         }
+        RunCommand::Steps { run_id, page } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            let headers = [
+                "ID", "INDEX", "NAME", "STATUS", "STARTED", "FINISHED", "ERROR",
+            ];
+            let call = client.list_steps(&task_id, &run_id);
+            output::list(format, &page, call, &headers, |s: &StepRecord| {
+                vec![
+                    s.id.clone(),
+                    s.index.to_string(),
+                    s.name.clone(),
+                    s.status.to_string(),
+                    time(&s.started_at),
+                    or_dash(s.finished_at.as_ref().map(time)),
+                    or_dash(s.error.as_ref()),
+                ]
+            })
+            .await?;
+        }
+        RunCommand::Artifacts { run_id, page } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            artifacts(format, &page, client.list_artifacts(&task_id, &run_id)).await?;
+        }
         RunCommand::Cancel { run_id } => {
             let run = client.find_run(&run_id).await?.data;
             output::show(format, client.cancel_run(&run.task_id, &run_id), |r| {
@@ -625,8 +896,98 @@ async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Ou
             let call = client.resume_run(&run.task_id, &run_id, &StartRequest::default());
             return admitted(client, format, call, watch).await;
         }
+        RunCommand::Continue {
+            run_id,
+            prompt,
+            watch,
+        } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            let request = ContinueRequest { prompt };
+            let call = client.continue_run(&task_id, &run_id, &request);
+            return admitted(client, format, call, watch).await;
+        }
+        RunCommand::RetryFromModelCall {
+            run_id,
+            model_call,
+            reason,
+            watch,
+        } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            let request = RetryFromModelCallRequest {
+                model_call_index: model_call,
+                reason,
+            };
+            let call = client.retry_from_model_call(&task_id, &run_id, &request);
+            return admitted(client, format, call, watch).await;
+        }
+        RunCommand::Patches(command) => patches(client, format, command).await?,
     }
     Ok(Outcome::Done)
+}
+
+async fn patches(client: &Client, format: Format, command: PatchCommand) -> Result<(), Error> {
+    let fields = |p: &ObjectEnvelope<PatchDetail>| patch_fields(&p.data.summary);
+    match command {
+        PatchCommand::List { run_id, page } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            let headers = ["ID", "STATUS", "BEFORE", "AFTER", "CREATED", "PATH"];
+            let call = client.list_patches(&task_id, &run_id);
+            output::list(format, &page, call, &headers, |p: &PatchSummary| {
+                vec![
+                    p.id.clone(),
+                    p.status.clone(),
+                    or_dash(p.before_bytes),
+                    or_dash(p.after_bytes),
+                    time(&p.created_at),
+                    p.path.clone(),
+                ]
+            })
+            .await
+        }
+        PatchCommand::Show { run_id, patch_id } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            let call = client.get_patch(&task_id, &run_id, &patch_id);
+            output::show(format, call, fields).await.map(drop)
+        }
+        PatchCommand::Revert { run_id, patch_id } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            let call = client.revert_patch(&task_id, &run_id, &patch_id);
+            output::show(format, call, fields).await.map(drop)
+        }
+    }
+}
+
+fn patch_fields(p: &PatchSummary) -> Table {
+    Table::fields(&[
+        ("id", p.id.clone()),
+        ("name", p.name.clone()),
+        ("path", p.path.clone()),
+        ("status", p.status.clone()),
+        ("bytes before", or_dash(p.before_bytes)),
+        ("bytes after", or_dash(p.after_bytes)),
+        ("created", time(&p.created_at)),
+    ])
+}
+
+/// A list of artifacts: a run's, a task's or a media job's.
+async fn artifacts(
+    format: Format,
+    page: &PageArgs,
+    call: Call<'_, keel_client::ListEnvelope<ArtifactRecord>>,
+) -> Result<(), Error> {
+    let headers = ["ID", "NAME", "KIND", "TYPE", "BYTES", "STATUS", "RUN"];
+    output::list(format, page, call, &headers, |a: &ArtifactRecord| {
+        vec![
+            a.id.clone(),
+            a.name.clone(),
+            a.kind.to_string(),
+            a.content_type.clone(),
+            a.size_bytes.to_string(),
+            a.status.to_string(),
+            or_dash(a.run_id.as_ref()),
+        ]
+    })
+    .await
 }
 
 async fn approvals(client: &Client, format: Format, command: ApprovalCommand) -> Result<(), Error> {
@@ -655,6 +1016,23 @@ async fn approvals(client: &Client, format: Format, command: ApprovalCommand) ->
                 ]
             })
             .await;
+        }
+        ApprovalCommand::Show { approval_id } => {
+            let task_id = client.task_of("approval", &approval_id).await?;
+            let call = client.get_approval(&task_id, &approval_id);
+            return output::show(format, call, |a| {
+                let a = &a.data;
+                Table::fields(&[
+                    ("id", a.id.clone()),
+                    ("task", a.task_id.clone()),
+                    ("run", a.run_id.clone()),
+                    ("kind", a.kind.clone()),
+                    ("status", a.status.to_string()),
+                    ("action", a.action_summary.join("; ")),
+                ])
+            })
+            .await
+            .map(drop);
         }
         ApprovalCommand::Approve { approval_id, note } => (approval_id, "approve", note, false),
         ApprovalCommand::Reject {
@@ -702,6 +1080,40 @@ async fn schedules(client: &Client, format: Format, command: ScheduleCommand) ->
         ])
     };
     match command {
+        ScheduleCommand::List {
+            task,
+            enabled,
+            page,
+        } => {
+            let headers = ["ID", "TASK", "KIND", "ENABLED", "NEXT RUN", "WHEN"];
+            let call = client.list_schedules(task.as_deref(), enabled);
+            output::list(format, &page, call, &headers, |s: &ScheduleRecord| {
+                let when = s.cron_expression.clone();
+                vec![
+                    s.id.clone(),
+                    s.task_id.clone(),
+                    s.kind.clone(),
+                    s.enabled.to_string(),
+                    or_dash(s.next_run_at.as_ref().map(time)),
+                    or_dash(when.or_else(|| s.run_at.as_ref().map(time))),
+                ]
+            })
+            .await?;
+        }
+        ScheduleCommand::Occurrences { task_id, page } => {
+            let headers = ["ID", "SCHEDULED FOR", "STATUS", "RUN", "ERROR"];
+            let call = client.list_occurrences(&task_id);
+            output::list(format, &page, call, &headers, |o: &OccurrenceRecord| {
+                vec![
+                    o.id.clone(),
+                    time(&o.scheduled_for),
+                    o.status.to_string(),
+                    or_dash(o.run_id.as_ref()),
+                    or_dash(o.error.as_ref()),
+                ]
+            })
+            .await?;
+        }
         ScheduleCommand::Show { task_id } => {
             output::show(format, client.get_schedule(&task_id), fields).await?;
         }
@@ -771,6 +1183,30 @@ async fn media(client: &Client, format: Format, command: MediaCommand) -> Result
         MediaCommand::Watch { media_job_id } => {
             return watch::media(client, format, &media_job_id, false).await;
         }
+        MediaCommand::Artifacts { media_job_id, page } => {
+            artifacts(format, &page, client.list_media_artifacts(&media_job_id)).await?;
+        }
+        MediaCommand::List {
+            status,
+            provider,
+            page,
+        } => {
+            let headers = ["ID", "PROVIDER", "OPERATION", "STATUS", "CREATED"];
+            let call = client.list_media_jobs(status.as_deref(), provider.as_deref());
+            output::list(format, &page, call, &headers, |j: &MediaJobRecord| {
+                vec![
+                    j.id.clone(),
+                    j.provider_id.clone(),
+                    j.operation.clone(),
+                    j.status.to_string(),
+                    time(&j.created_at),
+                ]
+            })
+            .await?;
+        }
+        MediaCommand::Cancel { media_job_id } => {
+            output::show(format, client.cancel_media_job(&media_job_id), fields).await?;
+        }
     }
     Ok(Outcome::Done)
 }
@@ -827,6 +1263,33 @@ async fn providers(client: &Client, format: Format, command: ProviderCommand) ->
             )
             .await
             .map(drop)
+        }
+        ProviderCommand::Templates { page } => {
+            let headers = ["TEMPLATE", "KIND", "API", "MODEL", "NAME"];
+            output::list(
+                format,
+                &page,
+                client.list_templates(),
+                &headers,
+                |t: &ProviderTemplate| {
+                    let cells = [&t.template_id, &t.kind, &t.api, &t.model, &t.display_name];
+                    cells.into_iter().map(|c| c.to_string()).collect()
+                },
+            )
+            .await
+        }
+        ProviderCommand::Update(args) => {
+            let call = client.patch_provider(&args.id, &args.patch());
+            output::show(format, call, |p| provider_fields(&p.data))
+                .await
+                .map(drop)
+        }
+        ProviderCommand::Delete { id } => {
+            client.delete_provider(&id).await?;
+            if format == Format::Table {
+                println!("deleted the provider preset {id}");
+            }
+            Ok(())
         }
         ProviderCommand::Check { id, live } => {
             output::show(format, client.check_provider(&id, live), |c| {
