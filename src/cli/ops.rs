@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use keel_client::{
-    ApprovalRecord, ArtifactRecord, Call, Client, ContinueRequest, Credentials, Error, LeaseRecord,
-    McpServer, MediaJobDraft, MediaJobRecord, ObjectEnvelope, OccurrenceRecord, PatchDetail,
-    PatchSummary, ProviderDraft, ProviderPatch, ProviderTemplate, ProviderView, REASONING_EFFORTS,
-    ResolveRequest, RetryFromModelCallRequest, RunRecord, ScheduleDraft, ScheduleRecord,
-    StartRequest, StepRecord, TaskDraft, TaskRecord, TransitionRecord,
+    ApprovalRecord, ArtifactRecord, Call, Client, ContinueRequest, Credentials, Error, EventRecord,
+    Grouping, LeaseRecord, LimitsRequest, McpServer, MediaJobDraft, MediaJobRecord, ObjectEnvelope,
+    OccurrenceRecord, PatchDetail, PatchSummary, ProviderDraft, ProviderPatch, ProviderTemplate,
+    ProviderView, REASONING_EFFORTS, ResolveRequest, RetryFromModelCallRequest, RunRecord,
+    ScheduleDraft, ScheduleRecord, StartRequest, StepRecord, TaskDraft, TaskRecord,
+    TransitionRecord, UsageEvent, WorkspaceLimits,
 };
 
 use crate::cli::external;
@@ -76,12 +77,94 @@ pub enum Operation {
     Status,
     /// This runtime host and the caller: role, actor, workspace.
     Whoami,
+    /// The workspace's feed of events (runs' and media jobs'), oldest first.
+    #[command(subcommand)]
+    Events(EventCommand),
+    /// Model usage: totals and the model calls.
+    #[command(subcommand)]
+    Usage(UsageCommand),
+    /// Whether a secret reference resolves (never its value).
+    #[command(subcommand)]
+    Secrets(SecretCommand),
+    /// Ended queue attempts per job kind over the last minutes.
+    Throughput {
+        /// The window, 1 to 60 minutes back (default 15).
+        #[arg(long)]
+        minutes: Option<i64>,
+    },
+    /// Workspace limits: show (yours, or a workspace's), set.
+    #[command(subcommand)]
+    Workspace(WorkspaceCommand),
+    /// Stops the API's host cleanly (a local-only action: a local-mode host, on loopback).
+    Shutdown,
     /// The audit trail: every state change, oldest first.
     #[command(subcommand)]
     Transitions(TransitionCommand),
     /// The workspace's queue leases.
     #[command(subcommand)]
     Leases(LeaseCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum EventCommand {
+    /// Lists the feed's events after `--cursor` (an event's `cursor`).
+    List {
+        /// Comma-separated event types (`run.finished,run.failed`).
+        #[arg(long = "type")]
+        event_type: Option<String>,
+        #[arg(long)]
+        task: Option<String>,
+        #[arg(long)]
+        media_job: Option<String>,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum UsageCommand {
+    /// Totals, and per provider preset or workspace with `--scope`.
+    Summary {
+        /// `global` (the default), `provider` or `workspace`.
+        #[arg(long)]
+        scope: Option<String>,
+    },
+    /// The model calls, newest first.
+    Events {
+        #[arg(long)]
+        task: Option<String>,
+        #[arg(long)]
+        run: Option<String>,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum SecretCommand {
+    /// `env:NAME`, `file:/absolute/path` or `keychain:NAME`, as the secret policy allows.
+    Status {
+        reference: String,
+        /// What it is for (`provider_api_key`, `github_token`, …).
+        #[arg(long)]
+        purpose: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum WorkspaceCommand {
+    /// The limits of your workspace, or of WORKSPACE_ID (an operator's read).
+    Show { workspace_id: Option<String> },
+    /// Sets a workspace's limits (an operator's write).
+    SetLimits {
+        workspace_id: String,
+        /// Most jobs it runs at once (0 pauses it).
+        #[arg(long, required_unless_present = "default")]
+        max_concurrent: Option<u32>,
+        /// Back to the workers' `KEEL_MAX_CONCURRENT_PER_WORKSPACE`.
+        #[arg(long, conflicts_with = "max_concurrent")]
+        default: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -299,6 +382,22 @@ pub(crate) enum RunCommand {
         #[command(flatten)]
         page: PageArgs,
     },
+    /// One step of the run, with its input and output (`--output json`).
+    Step {
+        run_id: String,
+        step_id: String,
+    },
+    /// The run's event log, in order, after `--cursor` (a sequence).
+    Events {
+        run_id: String,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    /// One artifact of the run: its kind, type, size and status.
+    Artifact {
+        run_id: String,
+        artifact_id: String,
+    },
     /// The run's artifacts (its output, patches, answers), oldest first.
     Artifacts {
         run_id: String,
@@ -492,6 +591,11 @@ pub(crate) enum MediaCommand {
         media_job_id: String,
         #[command(flatten)]
         page: PageArgs,
+    },
+    /// Writes an artifact's bytes to stdout (`> out.png`).
+    Content {
+        media_job_id: String,
+        artifact_id: String,
     },
     /// Cancels the job (an ended job is left as it is).
     Cancel {
@@ -699,6 +803,78 @@ async fn run(client: &Client, format: Format, operation: Operation) -> Result<Ou
         })
         .await
         .map(|_| Outcome::Done),
+        Operation::Events(EventCommand::List {
+            event_type,
+            task,
+            media_job,
+            page,
+        }) => {
+            let (after, page) = cursor_given(page);
+            let call = client
+                .list_feed(after.as_deref())
+                .query("event_type", event_type)
+                .query("task_id", task)
+                .query("media_job_id", media_job);
+            events(format, &page, call).await.map(|_| Outcome::Done)
+        }
+        Operation::Usage(command) => usage(client, format, command).await.map(|_| Outcome::Done),
+        Operation::Secrets(SecretCommand::Status { reference, purpose }) => {
+            let call = client.secret_status(&reference, purpose.as_deref());
+            output::show(format, call, |s| {
+                let s = &s.data;
+                Table::fields(&[
+                    ("ref", s.r#ref.clone()),
+                    ("kind", s.kind.clone()),
+                    ("configured", s.configured.to_string()),
+                    ("error", or_dash(s.error_code.as_ref())),
+                    ("message", or_dash(s.message.as_ref())),
+                ])
+            })
+            .await
+            .map(|_| Outcome::Done)
+        }
+        Operation::Throughput { minutes } => {
+            output::show(format, client.system_throughput(minutes), |t| {
+                let mut table = Table::new(&["KIND", "COMPLETED", "FAILED"]);
+                for kind in &t.data.kinds {
+                    let figures = [kind.completed, kind.failed].map(|n| n.to_string());
+                    table.row([vec![kind.kind.clone()], figures.to_vec()].concat());
+                }
+                table
+            })
+            .await
+            .map(|_| Outcome::Done)
+        }
+        Operation::Workspace(command) => {
+            let limits = |l: &ObjectEnvelope<WorkspaceLimits>| {
+                let l = &l.data;
+                Table::fields(&[
+                    ("workspace", l.workspace_id.clone()),
+                    ("max concurrent", or_dash(l.max_concurrent)),
+                    ("updated", or_dash(l.updated_at.as_ref().map(time))),
+                    ("updated by", or_dash(l.updated_by.as_ref())),
+                ])
+            };
+            let call = match command {
+                WorkspaceCommand::Show { workspace_id: None } => client.own_limits(),
+                WorkspaceCommand::Show {
+                    workspace_id: Some(id),
+                } => client.get_limits(&id),
+                WorkspaceCommand::SetLimits {
+                    workspace_id,
+                    max_concurrent,
+                    default: _,
+                } => client.put_limits(&workspace_id, &LimitsRequest { max_concurrent }),
+            };
+            output::show(format, call, limits)
+                .await
+                .map(|_| Outcome::Done)
+        }
+        Operation::Shutdown => output::show(format, client.shutdown(), |s| {
+            Table::fields(&[("status", s.data.status.clone())])
+        })
+        .await
+        .map(|_| Outcome::Done),
         Operation::Transitions(TransitionCommand::List {
             entity_type,
             entity_id,
@@ -875,6 +1051,59 @@ async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Ou
             })
             .await?;
         }
+        RunCommand::Step { run_id, step_id } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            output::show(format, client.get_step(&task_id, &run_id, &step_id), |s| {
+                let s = &s.data;
+                Table::fields(&[
+                    ("id", s.id.clone()),
+                    ("index", s.index.to_string()),
+                    ("name", s.name.clone()),
+                    ("status", s.status.to_string()),
+                    ("input", s.input.to_string()),
+                    ("output", or_dash(s.output.as_ref())),
+                    ("error", or_dash(s.error.as_ref())),
+                    ("started", time(&s.started_at)),
+                    ("finished", or_dash(s.finished_at.as_ref().map(time))),
+                ])
+            })
+            .await?;
+        }
+        RunCommand::Events { run_id, page } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            let (after, page) = cursor_given(page);
+            let after = after
+                .map(|a| a.parse::<i64>())
+                .transpose()
+                .map_err(|_| Error::Usage("--cursor must be an event's sequence".into()))?;
+            events(
+                format,
+                &page,
+                client.list_run_events(&task_id, &run_id, after),
+            )
+            .await?;
+        }
+        RunCommand::Artifact {
+            run_id,
+            artifact_id,
+        } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            let call = client.get_artifact(&task_id, &run_id, &artifact_id);
+            output::show(format, call, |a| {
+                let a = &a.data;
+                Table::fields(&[
+                    ("id", a.id.clone()),
+                    ("name", a.name.clone()),
+                    ("kind", a.kind.to_string()),
+                    ("type", a.content_type.clone()),
+                    ("bytes", a.size_bytes.to_string()),
+                    ("truncated", a.truncated.to_string()),
+                    ("status", a.status.to_string()),
+                    ("created", time(&a.created_at)),
+                ])
+            })
+            .await?;
+        }
         RunCommand::Artifacts { run_id, page } => {
             let task_id = client.task_of("run", &run_id).await?;
             artifacts(format, &page, client.list_artifacts(&task_id, &run_id)).await?;
@@ -967,6 +1196,98 @@ fn patch_fields(p: &PatchSummary) -> Table {
         ("bytes after", or_dash(p.after_bytes)),
         ("created", time(&p.created_at)),
     ])
+}
+
+/// A list whose cursor goes back in a parameter of its own (`after_sequence`, `after`):
+/// `--cursor` is taken out of the page, for the caller to give the call.
+fn cursor_given(mut page: PageArgs) -> (Option<String>, PageArgs) {
+    (page.cursor.take(), page)
+}
+
+/// A list of events: a run's log or the workspace's feed.
+async fn events(
+    format: Format,
+    page: &PageArgs,
+    call: Call<'_, keel_client::ListEnvelope<EventRecord>>,
+) -> Result<(), Error> {
+    let headers = [
+        "SEQUENCE",
+        "TYPE",
+        "AT",
+        "RUN",
+        "MEDIA JOB",
+        "CURSOR",
+        "DATA",
+    ];
+    output::list(format, page, call, &headers, |e: &EventRecord| {
+        vec![
+            e.sequence.to_string(),
+            e.event_type.to_string(),
+            time(&e.occurred_at),
+            or_dash(e.run_id.as_ref()),
+            or_dash(e.media_job_id.as_ref()),
+            e.cursor.clone(),
+            e.data.to_string(),
+        ]
+    })
+    .await
+}
+
+async fn usage(client: &Client, format: Format, command: UsageCommand) -> Result<(), Error> {
+    match command {
+        UsageCommand::Summary { scope } => {
+            let scope = scope
+                .map(|s| {
+                    Grouping::parse(&s).ok_or_else(|| {
+                        Error::Usage(format!("--scope is {}, not '{s}'", Grouping::names()))
+                    })
+                })
+                .transpose()?;
+            output::show(format, client.usage_summary(scope), |u| {
+                let mut table = Table::new(&["KEY", "CALLS", "PROMPT", "COMPLETION", "COST µUSD"]);
+                let rows = u.data.rows.iter().map(|r| (r.key.as_str(), &r.totals));
+                for (key, t) in std::iter::once(("total", &u.data.totals)).chain(rows) {
+                    table.row(vec![
+                        key.to_string(),
+                        t.calls.to_string(),
+                        t.prompt_tokens.to_string(),
+                        t.completion_tokens.to_string(),
+                        t.cost_micros_usd.to_string(),
+                    ]);
+                }
+                table
+            })
+            .await
+            .map(drop)
+        }
+        UsageCommand::Events { task, run, page } => {
+            let headers = [
+                "ID",
+                "RUN",
+                "PROVIDER",
+                "MODEL",
+                "PROMPT",
+                "COMPLETION",
+                "AT",
+            ];
+            let call = client
+                .usage_events()
+                .query("task_id", task)
+                .query("run_id", run);
+            output::list(format, &page, call, &headers, |e: &UsageEvent| {
+                vec![
+                    e.id.clone(),
+                    e.run_id.clone(),
+                    e.provider.clone(),
+                    e.model.clone(),
+                    e.prompt_tokens.to_string(),
+                    e.completion_tokens.to_string(),
+                    time(&e.created_at),
+                ]
+            })
+            .await
+        }
+    }
 }
 
 /// A list of artifacts: a run's, a task's or a media job's.
@@ -1182,6 +1503,24 @@ async fn media(client: &Client, format: Format, command: MediaCommand) -> Result
         }
         MediaCommand::Watch { media_job_id } => {
             return watch::media(client, format, &media_job_id, false).await;
+        }
+        MediaCommand::Content {
+            media_job_id,
+            artifact_id,
+        } => {
+            use futures_util::TryStreamExt;
+            use std::io::Write;
+            let call = client.media_artifact_content(&media_job_id, &artifact_id);
+            let mut chunks = std::pin::pin!(call.bytes_stream().await?);
+            let mut stdout = std::io::stdout().lock();
+            while let Some(chunk) = chunks.try_next().await? {
+                stdout
+                    .write_all(&chunk)
+                    .map_err(|e| Error::Usage(format!("writing stdout: {e}")))?;
+            }
+            stdout
+                .flush()
+                .map_err(|e| Error::Usage(format!("writing stdout: {e}")))?;
         }
         MediaCommand::Artifacts { media_job_id, page } => {
             artifacts(format, &page, client.list_media_artifacts(&media_job_id)).await?;

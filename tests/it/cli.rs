@@ -625,8 +625,9 @@ async fn the_other_commands_answer_from_the_api() {
     assert_eq!(status, 404);
 }
 
-/// The commands of issue 33 on a task's run (steps, artifacts, lineage, patches) and
-/// schedule, the audit trail, the leases, whoami and the provider templates.
+/// The commands of issue 33 on a task's run (steps, events, artifacts, lineage, patches)
+/// and schedule, the feed, usage, a secret's status, throughput, workspace limits, the
+/// audit trail, the leases, whoami, the provider templates, and last the API's shutdown.
 #[tokio::test]
 async fn run_lineage_patches_schedules_transitions_and_leases_answer_from_the_api() {
     let keel = Keel::start("none").await;
@@ -652,6 +653,93 @@ async fn run_lineage_patches_schedules_transitions_and_leases_answer_from_the_ap
     let of_run = cli(url, &["runs", "artifacts", &run, "-q"]).await;
     let of_task = cli(url, &["tasks", "artifacts", &task, "-q"]).await;
     assert_eq!(stdout(&of_task), stdout(&of_run), "{}", describe(&of_task));
+    let steps = cli(url, &["runs", "steps", &run, "-q"]).await;
+    let step = stdout(&steps).trim().to_string();
+    let output = cli(url, &["runs", "step", &run, &step, "--output", "json"]).await;
+    assert_eq!(
+        json_of(&output)["data"]["id"],
+        step.as_str(),
+        "{}",
+        describe(&output)
+    );
+    let stdout_artifact = artifacts["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["kind"] == "stdout")
+        .unwrap()
+        .clone();
+    let artifact = stdout_artifact["id"].as_str().unwrap();
+    let output = cli(
+        url,
+        &["runs", "artifact", &run, artifact, "--output", "json"],
+    )
+    .await;
+    assert_eq!(json_of(&output)["data"], stdout_artifact);
+    // The run's log: every event by sequence, and after a cursor (a sequence).
+    let output = cli(url, &["runs", "events", &run, "--all", "-q"]).await;
+    let sequences: Vec<String> = stdout(&output).lines().map(String::from).collect();
+    assert!(sequences.len() >= 3, "{}", describe(&output));
+    assert_eq!(sequences[0], "1", "{}", describe(&output));
+    let after = [
+        "runs", "events", &run, "--cursor", "2", "--limit", "1", "-q",
+    ];
+    let output = cli(url, &after).await;
+    assert_eq!(stdout(&output), "3\n", "{}", describe(&output));
+    // The workspace's feed, one task's.
+    let feed = [
+        "events", "list", "--task", &task, "--all", "--output", "json",
+    ];
+    let output = cli(url, &feed).await;
+    let events: Vec<Value> = stdout(&output)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.len(), sequences.len(), "{}", describe(&output));
+    assert!(events.iter().all(|e| e["run_id"] == run.as_str()));
+
+    let output = cli(url, &["usage", "summary", "--output", "json"]).await;
+    assert_eq!(json_of(&output)["data"]["totals"]["calls"], 0);
+    let output = cli(url, &["usage", "summary", "--scope", "provider"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let output = cli(url, &["usage", "events", "--run", &run, "-q"]).await;
+    assert_eq!(stdout(&output), "", "{}", describe(&output));
+    let args = [
+        "secrets",
+        "status",
+        "env:CLI_PARITY_NEVER_SET_API_KEY",
+        "--output",
+        "json",
+    ];
+    let output = cli(url, &args).await;
+    assert_eq!(
+        json_of(&output)["data"]["configured"],
+        false,
+        "{}",
+        describe(&output)
+    );
+    let output = cli(url, &["throughput", "--minutes", "5", "--output", "json"]).await;
+    let throughput = json_of(&output);
+    assert_eq!(throughput["data"]["minutes"], 5, "{throughput}");
+    let output = cli(url, &["workspace", "show", "--output", "json"]).await;
+    let own = json_of(&output);
+    let workspace = own["data"]["workspace_id"].as_str().unwrap().to_string();
+    let set = [
+        "workspace",
+        "set-limits",
+        &workspace,
+        "--max-concurrent",
+        "3",
+    ];
+    let output = cli(url, &set).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let output = cli(url, &["workspace", "show", &workspace, "--output", "json"]).await;
+    assert_eq!(json_of(&output)["data"]["max_concurrent"], 3);
+    let output = cli(url, &["workspace", "set-limits", &workspace, "--default"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let output = cli(url, &["workspace", "show", "--output", "json"]).await;
+    assert_eq!(json_of(&output)["data"]["max_concurrent"], Value::Null);
+
     let output = cli(url, &["whoami", "--output", "json"]).await;
     let session = json_of(&output);
     assert!(session["data"]["workspace"].is_string(), "{session}");
@@ -738,6 +826,15 @@ async fn run_lineage_patches_schedules_transitions_and_leases_answer_from_the_ap
     );
     let output = cli(url, &["leases", "list", "--status", "sleeping"]).await;
     assert_eq!(code(&output), 4, "{}", describe(&output));
+
+    // Last: the API stops, and answers no more.
+    let output = cli(url, &["shutdown", "--output", "json"]).await;
+    assert_eq!(json_of(&output)["data"]["status"], "shutting_down");
+    wait_for(Duration::from_secs(30), "the API to stop", || async {
+        let output = cli(url, &["status"]).await;
+        (code(&output) == 4).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -877,6 +974,21 @@ async fn a_media_job_is_created_run_and_watched_to_its_end() {
     assert_eq!(code(&output), 4, "{}", describe(&output));
     let output = cli(url, &["media", "show", &id, "--output", "json"]).await;
     let made = support::record::<MediaJobRecord>(&json_of(&output)).artifact_ids;
+    let output = cli(url, &["media", "artifacts", &id, "--output", "json"]).await;
+    let artifacts = json_of(&output);
+    let image = artifacts["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["content_type"] == "image/png")
+        .unwrap_or_else(|| panic!("an image: {artifacts}"));
+    let output = cli(
+        url,
+        &["media", "content", &id, image["id"].as_str().unwrap()],
+    )
+    .await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    assert_eq!(output.stdout, b"\x89PNG\r\n\x1a\n");
     let output = cli(url, &["media", "artifacts", &id, "-q"]).await;
     let listed: Vec<String> = stdout(&output).lines().map(String::from).collect();
     assert!(
