@@ -318,4 +318,25 @@ mod tests {
         let expected = serde_json::json!({ "execution_kind": "shell", "shell_command": "echo hi" });
         assert_eq!(call, Some(expected));
     }
+
+    #[test]
+    fn a_provider_patch_sends_the_null_that_removes_the_reference_only() {
+        let client = Client::new(
+            "http://127.0.0.1:1",
+            Credentials::None,
+            crate::DEFAULT_TIMEOUT,
+        )
+        .unwrap();
+        let patch = crate::ProviderPatch {
+            model: Some("m2".into()),
+            api_key_ref: Some(None),
+            ..crate::ProviderPatch::default()
+        };
+        let body = client.patch_provider("p", &patch).body;
+        let expected = serde_json::json!({ "model": "m2", "api_key_ref": null });
+        assert_eq!(body, Some(expected));
+        let untouched = crate::ProviderPatch::default();
+        let body = client.patch_provider("p", &untouched).body;
+        assert_eq!(body, Some(serde_json::json!({})));
+    }
 }
