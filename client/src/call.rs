@@ -78,11 +78,18 @@ impl<'c, T> Call<'c, T> {
 
     /// The request body, without its unset fields: the drafts' optional fields are null
     /// when unset, and the document's variants (a shell task's draft has no `prompt`) want
-    /// them absent. No operation here gives null a meaning of its own.
-    pub(crate) fn json(mut self, body: &impl serde::Serialize) -> Self {
+    /// them absent. Only a patch gives null a meaning of its own: see
+    /// [`Call::json_keeping`].
+    pub(crate) fn json(self, body: &impl serde::Serialize) -> Self {
+        self.json_keeping(body, &[])
+    }
+
+    /// [`Call::json`], but a null in one of the `nullable` fields is sent: a patch's way
+    /// of removing a value (a field the patch leaves alone is not serialized at all).
+    pub(crate) fn json_keeping(mut self, body: &impl serde::Serialize, nullable: &[&str]) -> Self {
         let mut body = serde_json::to_value(body).expect("request bodies serialize");
         if let serde_json::Value::Object(fields) = &mut body {
-            fields.retain(|_, value| !value.is_null());
+            fields.retain(|name, value| !value.is_null() || nullable.contains(&name.as_str()));
         }
         self.body = Some(body);
         self
@@ -310,5 +317,26 @@ mod tests {
         let call = client.unwrap().create_task(&draft).body;
         let expected = serde_json::json!({ "execution_kind": "shell", "shell_command": "echo hi" });
         assert_eq!(call, Some(expected));
+    }
+
+    #[test]
+    fn a_provider_patch_sends_the_null_that_removes_the_reference_only() {
+        let client = Client::new(
+            "http://127.0.0.1:1",
+            Credentials::None,
+            crate::DEFAULT_TIMEOUT,
+        )
+        .unwrap();
+        let patch = crate::ProviderPatch {
+            model: Some("m2".into()),
+            api_key_ref: Some(None),
+            ..crate::ProviderPatch::default()
+        };
+        let body = client.patch_provider("p", &patch).body;
+        let expected = serde_json::json!({ "model": "m2", "api_key_ref": null });
+        assert_eq!(body, Some(expected));
+        let untouched = crate::ProviderPatch::default();
+        let body = client.patch_provider("p", &untouched).body;
+        assert_eq!(body, Some(serde_json::json!({})));
     }
 }

@@ -1,9 +1,10 @@
 //! A typed client of Keel's HTTP API (`/v1`): one [`Client`] with a method per operation,
-//! errors that keep the server's envelope ([`Error`]), a
+//! named by its OpenAPI `operationId` (`tests/it/parity.rs` fails on an operation without
+//! its method), errors that keep the server's envelope ([`Error`]), a
 //! paginating stream over every list ([`Call::items`]), event streams that resume with
 //! `Last-Event-ID` after a dropped connection ([`sse`]), and an artifact content reader.
 //!
-//! Every operation returns a [`Call`]: await it for the typed value, or call
+//! Every operation but the two event streams returns a [`Call`]: await it for the typed value, or call
 //! [`Call::raw`] for the API's JSON exactly as the server sent it
 //! ([`Call::send_with_status`] and [`Call::raw_with_status`] add the success status).
 

@@ -24,6 +24,28 @@ impl Client {
         Call::new(self, Method::POST, path)
     }
 
+    fn delete<T>(&self, path: String) -> Call<'_, T> {
+        Call::new(self, Method::DELETE, path)
+    }
+
+    // Probes and the document.
+
+    /// Liveness of the API's host: it serves HTTP.
+    pub fn healthz(&self) -> Call<'_, Health> {
+        self.get("/healthz".into())
+    }
+
+    /// Readiness of the API's host: its database answers with every migration applied
+    /// (503 with the same body, an [`Error::Api`], when not).
+    pub fn readyz(&self) -> Call<'_, Readiness> {
+        self.get("/readyz".into())
+    }
+
+    /// The OpenAPI 3.1 document the server serves.
+    pub fn openapi_json(&self) -> Call<'_, serde_json::Value> {
+        self.get("/v1/openapi.json".into())
+    }
+
     // Tasks.
 
     pub fn create_task(&self, draft: &TaskDraft) -> Call<'_, ObjectEnvelope<TaskRecord>> {
@@ -40,11 +62,7 @@ impl Client {
     }
 
     pub fn delete_task(&self, task_id: &str) -> Call<'_, Deleted> {
-        Call::new(
-            self,
-            Method::DELETE,
-            format!("/v1/tasks/{}", segment(task_id)),
-        )
+        self.delete(format!("/v1/tasks/{}", segment(task_id)))
     }
 
     /// Creates the task's next run.
@@ -140,6 +158,20 @@ impl Client {
         self.get(format!("{}/artifacts", run_path(task_id, run_id)))
     }
 
+    pub fn get_artifact(
+        &self,
+        task_id: &str,
+        run_id: &str,
+        artifact_id: &str,
+    ) -> Call<'_, ObjectEnvelope<ArtifactRecord>> {
+        let path = format!(
+            "{}/artifacts/{}",
+            run_path(task_id, run_id),
+            segment(artifact_id)
+        );
+        self.get(path)
+    }
+
     /// The artifacts of all the task's runs, oldest first.
     pub fn list_task_artifacts(&self, task_id: &str) -> Call<'_, ListEnvelope<ArtifactRecord>> {
         self.get(format!("/v1/tasks/{}/artifacts", segment(task_id)))
@@ -166,10 +198,8 @@ impl Client {
     /// The task a run or an approval belongs to, read from the audit trail (which records
     /// every entity's creation with its task).
     pub async fn task_of(&self, entity_type: &str, id: &str) -> Result<String, Error> {
-        let transitions: ListEnvelope<TransitionRecord> = self
-            .get("/v1/state-transitions".into())
-            .query("entity_type", Some(entity_type))
-            .query("entity_id", Some(id))
+        let transitions = self
+            .state_transitions(Some(entity_type), Some(id))
             .query("limit", Some(1))
             .await?;
         transitions
@@ -234,6 +264,17 @@ impl Client {
 
     // Schedules.
 
+    /// The workspace's schedules; `task_id` and `enabled` narrow them.
+    pub fn list_schedules(
+        &self,
+        task_id: Option<&str>,
+        enabled: Option<bool>,
+    ) -> Call<'_, ListEnvelope<ScheduleRecord>> {
+        self.get("/v1/task-schedules".into())
+            .query("task_id", task_id)
+            .query("enabled", enabled)
+    }
+
     pub fn get_schedule(&self, task_id: &str) -> Call<'_, ObjectEnvelope<ScheduleRecord>> {
         self.get(format!("/v1/tasks/{}/schedule", segment(task_id)))
     }
@@ -252,14 +293,29 @@ impl Client {
     }
 
     pub fn delete_schedule(&self, task_id: &str) -> Call<'_, ()> {
-        Call::new(
-            self,
-            Method::DELETE,
-            format!("/v1/tasks/{}/schedule", segment(task_id)),
-        )
+        self.delete(format!("/v1/tasks/{}/schedule", segment(task_id)))
+    }
+
+    /// The times the task's schedule fired and what each did.
+    pub fn list_occurrences(&self, task_id: &str) -> Call<'_, ListEnvelope<OccurrenceRecord>> {
+        self.get(format!(
+            "/v1/tasks/{}/schedule/occurrences",
+            segment(task_id)
+        ))
     }
 
     // Media jobs.
+
+    /// The workspace's media jobs; `status` and `provider_id` narrow them.
+    pub fn list_media_jobs(
+        &self,
+        status: Option<&str>,
+        provider_id: Option<&str>,
+    ) -> Call<'_, ListEnvelope<MediaJobRecord>> {
+        self.get("/v1/media-jobs".into())
+            .query("status", status)
+            .query("provider_id", provider_id)
+    }
 
     pub fn create_media_job(
         &self,
@@ -277,6 +333,10 @@ impl Client {
         self.post(format!("/v1/media-jobs/{}/run", segment(media_job_id)))
     }
 
+    pub fn cancel_media_job(&self, media_job_id: &str) -> Call<'_, ObjectEnvelope<MediaJobRecord>> {
+        self.post(format!("/v1/media-jobs/{}/cancel", segment(media_job_id)))
+    }
+
     pub fn list_media_artifacts(
         &self,
         media_job_id: &str,
@@ -284,6 +344,15 @@ impl Client {
         self.get(format!(
             "/v1/media-jobs/{}/artifacts",
             segment(media_job_id)
+        ))
+    }
+
+    /// A media artifact's bytes: see [`Call::bytes_stream`] and [`Call::tail`].
+    pub fn media_artifact_content(&self, media_job_id: &str, artifact_id: &str) -> Call<'_, ()> {
+        self.get(format!(
+            "/v1/media-jobs/{}/artifacts/{}/content",
+            segment(media_job_id),
+            segment(artifact_id)
         ))
     }
 
@@ -308,14 +377,43 @@ impl Client {
         self.post("/v1/providers".into()).json(draft)
     }
 
+    /// Changes the preset's given fields; `api_key_ref: Some(None)` removes its reference.
+    pub fn patch_provider(
+        &self,
+        id: &str,
+        patch: &ProviderPatch,
+    ) -> Call<'_, ObjectEnvelope<ProviderView>> {
+        Call::new(
+            self,
+            Method::PATCH,
+            format!("/v1/providers/{}", segment(id)),
+        )
+        .json_keeping(patch, &["api_key_ref"])
+    }
+
+    pub fn delete_provider(&self, id: &str) -> Call<'_, ()> {
+        self.delete(format!("/v1/providers/{}", segment(id)))
+    }
+
+    /// Whether a secret reference resolves (never its value); `purpose` is what it is for.
+    pub fn secret_status(
+        &self,
+        reference: &str,
+        purpose: Option<&str>,
+    ) -> Call<'_, ObjectEnvelope<SecretStatus>> {
+        self.get("/v1/secrets/status".into())
+            .query("ref", Some(reference))
+            .query("purpose", purpose)
+    }
+
     /// Request bodies for [`Client::create_provider`], disabled by default.
-    pub fn list_provider_templates(&self) -> Call<'_, ListEnvelope<ProviderTemplate>> {
+    pub fn list_templates(&self) -> Call<'_, ListEnvelope<ProviderTemplate>> {
         self.get("/v1/provider-templates".into())
     }
 
     // External work.
 
-    pub fn render_workflow(&self, request: &RenderRequest) -> Call<'_, ObjectEnvelope<Rendered>> {
+    pub fn render(&self, request: &RenderRequest) -> Call<'_, ObjectEnvelope<Rendered>> {
         self.post("/v1/external-work/render".into()).json(request)
     }
 
@@ -333,7 +431,7 @@ impl Client {
     }
 
     pub fn delete_source(&self, source_id: &str) -> Call<'_, Deleted> {
-        Call::new(self, Method::DELETE, source_path(source_id, ""))
+        self.delete(source_path(source_id, ""))
     }
 
     pub fn source_status(&self, source_id: &str) -> Call<'_, ObjectEnvelope<SourceStatus>> {
@@ -370,7 +468,7 @@ impl Client {
             .json(request)
     }
 
-    pub fn import_item(&self, request: &ImportRequest) -> Call<'_, ObjectEnvelope<Imported>> {
+    pub fn import(&self, request: &ImportRequest) -> Call<'_, ObjectEnvelope<Imported>> {
         self.post("/v1/external-work/import".into()).json(request)
     }
 
@@ -405,7 +503,7 @@ impl Client {
             .query("scope", scope.map(Grouping::as_str))
     }
 
-    pub fn list_usage_events(&self) -> Call<'_, ListEnvelope<UsageEvent>> {
+    pub fn usage_events(&self) -> Call<'_, ListEnvelope<UsageEvent>> {
         self.get("/v1/usage/events".into())
     }
 
@@ -442,7 +540,75 @@ impl Client {
         self.get(format!("{}/patches", run_path(task_id, run_id)))
     }
 
+    /// A patch with the file's content before and after.
+    pub fn get_patch(
+        &self,
+        task_id: &str,
+        run_id: &str,
+        artifact_id: &str,
+    ) -> Call<'_, ObjectEnvelope<PatchDetail>> {
+        let path = format!(
+            "{}/patches/{}",
+            run_path(task_id, run_id),
+            segment(artifact_id)
+        );
+        self.get(path)
+    }
+
+    /// Puts the file back as it was before the patch.
+    pub fn revert_patch(
+        &self,
+        task_id: &str,
+        run_id: &str,
+        artifact_id: &str,
+    ) -> Call<'_, ObjectEnvelope<PatchDetail>> {
+        let path = format!(
+            "{}/patches/{}/revert",
+            run_path(task_id, run_id),
+            segment(artifact_id)
+        );
+        self.post(path)
+    }
+
+    // The workspace's feed and audit trail.
+
+    /// The workspace's events in feed order after the cursor `after` (an event's
+    /// `cursor`); add `event_type`, `task_id` or `media_job_id` with [`Call::query`].
+    pub fn list_feed(&self, after: Option<&str>) -> Call<'_, ListEnvelope<EventRecord>> {
+        self.get("/v1/events".into())
+            .query("after", after)
+            .cursor_param("after")
+    }
+
+    /// The audit trail, oldest first: every state change, or one entity's.
+    pub fn state_transitions(
+        &self,
+        entity_type: Option<&str>,
+        entity_id: Option<&str>,
+    ) -> Call<'_, ListEnvelope<TransitionRecord>> {
+        self.get("/v1/state-transitions".into())
+            .query("entity_type", entity_type)
+            .query("entity_id", entity_id)
+    }
+
     // System.
+
+    /// Queue leases; `status` is `active` (the default), `expired` or `released`.
+    pub fn runtime_leases(&self, status: Option<&str>) -> Call<'_, ListEnvelope<LeaseRecord>> {
+        self.get("/v1/runtime/leases".into())
+            .query("status", status)
+    }
+
+    /// Ended attempts per job kind over the last `minutes` (1 to 60, default 15).
+    pub fn system_throughput(&self, minutes: Option<i64>) -> Call<'_, ObjectEnvelope<Throughput>> {
+        self.get("/v1/system/throughput".into())
+            .query("minutes", minutes)
+    }
+
+    /// Asks a local-mode host to stop (a local-only action).
+    pub fn shutdown(&self) -> Call<'_, ObjectEnvelope<ShutdownAccepted>> {
+        self.post("/v1/system/shutdown".into())
+    }
 
     pub fn system_stats(&self) -> Call<'_, ObjectEnvelope<SystemStats>> {
         self.get("/v1/system/stats".into())
@@ -453,14 +619,16 @@ impl Client {
         self.get("/v1/whoami".into())
     }
 
-    pub fn get_workspace_limits(
-        &self,
-        workspace_id: &str,
-    ) -> Call<'_, ObjectEnvelope<WorkspaceLimits>> {
+    /// The caller's own workspace limits.
+    pub fn own_limits(&self) -> Call<'_, ObjectEnvelope<WorkspaceLimits>> {
+        self.get("/v1/workspace".into())
+    }
+
+    pub fn get_limits(&self, workspace_id: &str) -> Call<'_, ObjectEnvelope<WorkspaceLimits>> {
         self.get(format!("/v1/workspaces/{}/limits", segment(workspace_id)))
     }
 
-    pub fn put_workspace_limits(
+    pub fn put_limits(
         &self,
         workspace_id: &str,
         request: &LimitsRequest,

@@ -45,7 +45,7 @@ pub const RUN_TERMINAL_EVENTS: [&str; 3] = ["run.finished", "run.failed", "run.c
 impl Client {
     /// The run's events from after `after_sequence` on, resuming across dropped
     /// connections; ends after the run's terminal event.
-    pub fn stream_run(
+    pub fn stream_run_events(
         &self,
         task_id: &str,
         run_id: &str,
@@ -273,7 +273,10 @@ mod tests {
         ];
         let (url, server) = serve(bodies).await;
         let client = Client::new(&url, Credentials::None, Duration::from_secs(5)).unwrap();
-        let items: Vec<_> = client.stream_run("task_1", "run_1", None).collect().await;
+        let items: Vec<_> = client
+            .stream_run_events("task_1", "run_1", None)
+            .collect()
+            .await;
         let sequences: Vec<String> = items
             .into_iter()
             .map(|item| match item.unwrap() {

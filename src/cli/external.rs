@@ -2,7 +2,10 @@
 //! the items they found, as calls of the typed client.
 
 use clap::Subcommand;
-use keel_client::{Client, Error, ItemRecord, PollRequest, SourceRecord, SourceRequest};
+use keel_client::{
+    ActionRecord, ActionRequest, BackgroundRequest, Client, Error, ImportRequest, ItemRecord,
+    ObjectEnvelope, PollRequest, PollSummary, SourceRecord, SourceRequest,
+};
 
 use crate::cli::output;
 use crate::cli::output::{Format, PageArgs, Table, or_dash, time};
@@ -15,6 +18,54 @@ pub(crate) enum ExternalCommand {
     /// A source's items.
     #[command(subcommand)]
     Items(ItemCommand),
+    /// Imports one issue or pull request (or a webhook payload holding one) into a source,
+    /// as a poll would have found it.
+    Import {
+        #[arg(long)]
+        source: String,
+        /// A file with the JSON payload (`-`: stdin).
+        #[arg(long)]
+        payload: std::path::PathBuf,
+    },
+    /// Tracker actions proposed on items (a comment, labels, a review), each waiting for
+    /// an approval: propose, list, show.
+    #[command(subcommand)]
+    Actions(ActionCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ActionCommand {
+    /// Proposes an action on the item; it is sent once its approval is approved.
+    Propose {
+        item_id: String,
+        /// `comment` (`--body`), `labels` (`--add`, `--remove`) or `review` (`--event`,
+        /// `--body`).
+        #[arg(long)]
+        kind: String,
+        #[arg(long)]
+        body: Option<String>,
+        /// A label to add; repeat for several.
+        #[arg(long)]
+        add: Vec<String>,
+        /// A label to remove; repeat for several.
+        #[arg(long)]
+        remove: Vec<String>,
+        /// A review's `COMMENT`, `APPROVE` or `REQUEST_CHANGES`.
+        #[arg(long)]
+        event: Option<String>,
+        /// The run of the item's task proposing it (default: its current run).
+        #[arg(long)]
+        run: Option<String>,
+    },
+    /// Lists an item's actions, oldest first.
+    List {
+        item_id: String,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    Show {
+        action_id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -39,6 +90,22 @@ pub(crate) enum SourceCommand {
         /// Print only the source's id.
         #[arg(long, short)]
         quiet: bool,
+    },
+    /// The source's health: its workflow, secret, items and actions by state, background
+    /// polling and last errors.
+    Status {
+        source_id: String,
+    },
+    /// Turns the source's background polling on or off.
+    Background {
+        source_id: String,
+        /// `true` or `false`.
+        #[arg(long, action = clap::ArgAction::Set)]
+        enabled: bool,
+    },
+    /// Reconciles the source's items with the tracker now and prints what it did.
+    Reconcile {
+        source_id: String,
     },
     /// Polls the source now and prints what the poll did.
     Poll {
@@ -93,7 +160,99 @@ pub async fn run(client: &Client, format: Format, command: ExternalCommand) -> R
                 .await
                 .map(drop)
         }
+        ExternalCommand::Import { source, payload } => {
+            let text = if payload.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin())
+            } else {
+                std::fs::read_to_string(&payload)
+            }
+            .map_err(|e| Error::Usage(format!("cannot read {}: {e}", payload.display())))?;
+            let payload = serde_json::from_str(&text)
+                .map_err(|e| Error::Usage(format!("--payload must hold JSON: {e}")))?;
+            let request = ImportRequest {
+                source_id: source,
+                payload,
+            };
+            output::show(format, client.import(&request), |i| {
+                let i = &i.data;
+                let mut table = item_fields(&i.item);
+                table.row(vec!["duplicate".into(), i.duplicate.to_string()]);
+                let cancelled = or_dash(i.cancelled_run_id.as_ref());
+                table.row(vec!["cancelled run".into(), cancelled]);
+                table
+            })
+            .await
+            .map(drop)
+        }
+        ExternalCommand::Actions(command) => actions(client, format, command).await,
     }
+}
+
+async fn actions(client: &Client, format: Format, command: ActionCommand) -> Result<(), Error> {
+    match command {
+        ActionCommand::Propose {
+            item_id,
+            kind,
+            body,
+            add,
+            remove,
+            event,
+            run,
+        } => {
+            let request = ActionRequest {
+                kind: Some(kind),
+                body,
+                add: (!add.is_empty()).then_some(add),
+                remove: (!remove.is_empty()).then_some(remove),
+                event,
+                run_id: run,
+            };
+            output::show(format, client.propose_action(&item_id, &request), |p| {
+                let mut table = action_fields(&p.data.action);
+                table.row(vec!["approval".into(), p.data.approval.id.clone()]);
+                table
+            })
+            .await
+            .map(drop)
+        }
+        ActionCommand::List { item_id, page } => {
+            let headers = ["ID", "KIND", "STATUS", "RUN", "APPROVAL", "CREATED"];
+            let call = client.list_item_actions(&item_id);
+            output::list(format, &page, call, &headers, |a: &ActionRecord| {
+                vec![
+                    a.id.clone(),
+                    a.kind.clone(),
+                    a.status.to_string(),
+                    a.run_id.clone(),
+                    or_dash(a.approval_id.as_ref()),
+                    time(&a.created_at),
+                ]
+            })
+            .await
+        }
+        ActionCommand::Show { action_id } => {
+            output::show(format, client.get_action(&action_id), |a| {
+                action_fields(&a.data)
+            })
+            .await
+            .map(drop)
+        }
+    }
+}
+
+fn action_fields(a: &ActionRecord) -> Table {
+    Table::fields(&[
+        ("id", a.id.clone()),
+        ("item", a.item_id.clone()),
+        ("kind", a.kind.clone()),
+        ("status", a.status.to_string()),
+        ("task", a.task_id.clone()),
+        ("run", a.run_id.clone()),
+        ("approval", or_dash(a.approval_id.as_ref())),
+        ("proposal", a.proposal.to_string()),
+        ("last error", or_dash(a.last_error.as_ref())),
+        ("created", time(&a.created_at)),
+    ])
 }
 
 fn item_fields(i: &ItemRecord) -> Table {
@@ -164,19 +323,49 @@ async fn sources(client: &Client, format: Format, command: SourceCommand) -> Res
         }
         SourceCommand::Poll { source_id, limit } => {
             let call = client.poll_source(&source_id, &PollRequest { limit });
-            output::show(format, call, |p| {
-                let p = &p.data;
-                Table::fields(&[
-                    ("candidates", p.candidates.to_string()),
-                    ("claimed", p.claimed.to_string()),
-                    ("duplicates", p.duplicates.to_string()),
-                    ("blocked", p.blocked.to_string()),
-                    ("discovered", p.discovered.to_string()),
-                    ("terminal", p.terminal.to_string()),
-                    ("cancelled runs", p.cancelled_runs.to_string()),
-                    ("not modified", p.not_modified.to_string()),
-                    ("error", or_dash(p.error.as_ref())),
-                ])
+            output::show(format, call, poll_fields).await.map(drop)
+        }
+        SourceCommand::Reconcile { source_id } => {
+            let call = client.reconcile_source(&source_id);
+            output::show(format, call, poll_fields).await.map(drop)
+        }
+        SourceCommand::Background { source_id, enabled } => {
+            let call = client.set_background(&source_id, &BackgroundRequest { enabled });
+            output::show(format, call, |s| source_fields(&s.data))
+                .await
+                .map(drop)
+        }
+        SourceCommand::Status { source_id } => {
+            output::show(format, client.source_status(&source_id), |s| {
+                let s = &s.data;
+                let counts = |m: &std::collections::BTreeMap<String, i64>| {
+                    let pairs: Vec<String> = m.iter().map(|(k, v)| format!("{k} {v}")).collect();
+                    pairs.join(", ")
+                };
+                let mut fields = vec![
+                    ("source".to_string(), s.source_id.clone()),
+                    ("workflow valid".into(), s.workflow.valid.to_string()),
+                    ("workflow path".into(), or_dash(s.workflow.path.as_ref())),
+                    (
+                        "secret configured".into(),
+                        or_dash(s.secret.as_ref().map(|secret| secret.configured)),
+                    ),
+                    ("items".into(), counts(&s.records)),
+                    ("actions".into(), counts(&s.actions)),
+                    ("background".into(), s.background.status.clone()),
+                    (
+                        "last poll".into(),
+                        or_dash(s.background.last_poll_at.as_ref().map(time)),
+                    ),
+                ];
+                for (what, error) in &s.last_errors {
+                    let message = error.message.as_deref().unwrap_or("");
+                    fields.push((
+                        format!("last {what} error"),
+                        format!("{} {message}", error.code),
+                    ));
+                }
+                Table::fields(&fields)
             })
             .await
             .map(drop)
@@ -189,6 +378,22 @@ async fn sources(client: &Client, format: Format, command: SourceCommand) -> Res
             .map(drop)
         }
     }
+}
+
+/// What a poll or a reconcile did.
+fn poll_fields(p: &ObjectEnvelope<PollSummary>) -> Table {
+    let p = &p.data;
+    Table::fields(&[
+        ("candidates", p.candidates.to_string()),
+        ("claimed", p.claimed.to_string()),
+        ("duplicates", p.duplicates.to_string()),
+        ("blocked", p.blocked.to_string()),
+        ("discovered", p.discovered.to_string()),
+        ("terminal", p.terminal.to_string()),
+        ("cancelled runs", p.cancelled_runs.to_string()),
+        ("not modified", p.not_modified.to_string()),
+        ("error", or_dash(p.error.as_ref())),
+    ])
 }
 
 fn source_fields(s: &SourceRecord) -> Table {

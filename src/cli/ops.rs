@@ -1,14 +1,19 @@
-//! The operator commands (`keel tasks|runs|approvals|schedules|media|providers|status`):
-//! their arguments, and each one as calls of the typed client.
+//! The operator commands (`keel tasks|runs|approvals|schedules|media|providers|
+//! transitions|leases|whoami|status`; `external-work` is in `external`): their arguments,
+//! and each one as calls of the typed client. `tests/it/parity.rs` maps each API operation
+//! to the command that performs it.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use keel_client::{
-    ApprovalRecord, Call, Client, Credentials, Error, McpServer, MediaJobDraft, MediaJobRecord,
-    ObjectEnvelope, ProviderDraft, ProviderView, REASONING_EFFORTS, ResolveRequest, RunRecord,
-    ScheduleDraft, ScheduleRecord, StartRequest, TaskDraft, TaskRecord,
+    ApprovalRecord, ArtifactRecord, Call, Client, ContinueRequest, Credentials, Error, EventRecord,
+    Grouping, LeaseRecord, LimitsRequest, McpServer, MediaJobDraft, MediaJobRecord, ObjectEnvelope,
+    OccurrenceRecord, PatchDetail, PatchSummary, ProviderDraft, ProviderPatch, ProviderTemplate,
+    ProviderView, REASONING_EFFORTS, ResolveRequest, RetryFromModelCallRequest, RunRecord,
+    ScheduleDraft, ScheduleRecord, StartRequest, StepRecord, TaskDraft, TaskRecord,
+    TransitionRecord, UsageEvent, WorkspaceLimits,
 };
 
 use crate::cli::external;
@@ -49,26 +54,142 @@ pub enum Operation {
     /// Tasks: create, list, show, start, delete.
     #[command(subcommand)]
     Tasks(TaskCommand),
-    /// Runs: list, show, watch, logs, cancel, retry, resume.
+    /// Runs: list, show, watch, logs, cancel, retry, resume, continue,
+    /// retry-from-model-call, patches.
     #[command(subcommand)]
     Runs(RunCommand),
     /// Approvals: list, approve, reject.
     #[command(subcommand)]
     Approvals(ApprovalCommand),
-    /// A task's schedule: show, set, delete.
+    /// Schedules: list, and a task's show, set, delete, occurrences.
     #[command(subcommand)]
     Schedules(ScheduleCommand),
-    /// Media jobs: create, show, watch.
+    /// Media jobs: create, list, show, watch, cancel.
     #[command(subcommand)]
     Media(MediaCommand),
-    /// Provider presets: list, show, create, check.
+    /// Provider presets: list, show, create, update, delete, check.
     #[command(subcommand)]
     Providers(ProviderCommand),
-    /// External work: tracker sources (list, show, create, poll, delete) and their items.
+    /// External work: tracker sources, their items, imports and proposed tracker actions.
     #[command(subcommand)]
     ExternalWork(ExternalCommand),
     /// The workspace's queue (depth and age per kind), leases and live workers.
     Status,
+    /// This runtime host and the caller: role, actor, workspace.
+    Whoami,
+    /// The workspace's feed of events (runs' and media jobs'), oldest first.
+    #[command(subcommand)]
+    Events(EventCommand),
+    /// Model usage: totals and the model calls.
+    #[command(subcommand)]
+    Usage(UsageCommand),
+    /// Whether a secret reference resolves (never its value).
+    #[command(subcommand)]
+    Secrets(SecretCommand),
+    /// Ended queue attempts per job kind over the last minutes.
+    Throughput {
+        /// The window, 1 to 60 minutes back (default 15).
+        #[arg(long)]
+        minutes: Option<i64>,
+    },
+    /// Workspace limits: show (yours, or a workspace's), set.
+    #[command(subcommand)]
+    Workspace(WorkspaceCommand),
+    /// Stops the API's host cleanly (a local-only action: a local-mode host, on loopback).
+    Shutdown,
+    /// The audit trail: every state change, oldest first.
+    #[command(subcommand)]
+    Transitions(TransitionCommand),
+    /// The workspace's queue leases.
+    #[command(subcommand)]
+    Leases(LeaseCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum EventCommand {
+    /// Lists the feed's events after `--cursor` (an event's `cursor`).
+    List {
+        /// Comma-separated event types (`run.finished,run.failed`).
+        #[arg(long = "type")]
+        event_type: Option<String>,
+        #[arg(long)]
+        task: Option<String>,
+        #[arg(long)]
+        media_job: Option<String>,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum UsageCommand {
+    /// Totals, and per provider preset or workspace with `--scope`.
+    Summary {
+        /// `global` (the default), `provider` or `workspace`.
+        #[arg(long)]
+        scope: Option<String>,
+    },
+    /// The model calls, newest first.
+    Events {
+        #[arg(long)]
+        task: Option<String>,
+        #[arg(long)]
+        run: Option<String>,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum SecretCommand {
+    /// `env:NAME`, `file:/absolute/path` or `keychain:NAME`, as the secret policy allows.
+    Status {
+        reference: String,
+        /// What it is for (`provider_api_key`, `github_token`, …).
+        #[arg(long)]
+        purpose: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum WorkspaceCommand {
+    /// The limits of your workspace, or of WORKSPACE_ID (an operator's read).
+    Show { workspace_id: Option<String> },
+    /// Sets a workspace's limits (an operator's write).
+    SetLimits {
+        workspace_id: String,
+        /// Most jobs it runs at once (0 pauses it).
+        #[arg(long, required_unless_present = "default")]
+        max_concurrent: Option<u32>,
+        /// Back to the workers' `KEEL_MAX_CONCURRENT_PER_WORKSPACE`.
+        #[arg(long, conflicts_with = "max_concurrent")]
+        default: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum TransitionCommand {
+    /// Lists state changes, oldest first: every entity's, or one's.
+    List {
+        /// `task`, `run`, `step`, `approval`, `media_job`, …
+        #[arg(long)]
+        entity_type: Option<String>,
+        #[arg(long)]
+        entity_id: Option<String>,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum LeaseCommand {
+    /// Lists queue leases: `active` (the default), `expired` or `released`.
+    List {
+        #[arg(long)]
+        status: Option<String>,
+        #[command(flatten)]
+        page: PageArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -98,6 +219,12 @@ pub(crate) enum TaskCommand {
     /// Deletes the task with its runs (refused while a run is active).
     Delete {
         task_id: String,
+    },
+    /// The artifacts of all the task's runs, oldest first.
+    Artifacts {
+        task_id: String,
+        #[command(flatten)]
+        page: PageArgs,
     },
 }
 
@@ -249,6 +376,34 @@ pub(crate) enum RunCommand {
     Logs {
         run_id: String,
     },
+    /// The run's steps, in order.
+    Steps {
+        run_id: String,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    /// One step of the run, with its input and output (`--output json`).
+    Step {
+        run_id: String,
+        step_id: String,
+    },
+    /// The run's event log, in order, after `--cursor` (a sequence).
+    Events {
+        run_id: String,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    /// One artifact of the run: its kind, type, size and status.
+    Artifact {
+        run_id: String,
+        artifact_id: String,
+    },
+    /// The run's artifacts (its output, patches, answers), oldest first.
+    Artifacts {
+        run_id: String,
+        #[command(flatten)]
+        page: PageArgs,
+    },
     /// Cancels the run (a finished run is left as it is).
     Cancel {
         run_id: String,
@@ -265,10 +420,52 @@ pub(crate) enum RunCommand {
         #[command(flatten)]
         watch: AdmitArgs,
     },
+    /// An agent loop's next turn: a new run carrying the finished run's conversation on
+    /// with `--prompt`.
+    Continue {
+        run_id: String,
+        /// The next user turn.
+        #[arg(long)]
+        prompt: String,
+        #[command(flatten)]
+        watch: AdmitArgs,
+    },
+    /// A new run of an agent loop that re-issues the finished run's model call N and goes
+    /// on from there.
+    RetryFromModelCall {
+        run_id: String,
+        /// The model call to re-issue, 1-based.
+        #[arg(long)]
+        model_call: i64,
+        /// Why, for the run's `run.created` event.
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        watch: AdmitArgs,
+    },
+    /// An agent run's file changes: list, show, revert.
+    #[command(subcommand)]
+    Patches(PatchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum PatchCommand {
+    /// Lists the run's patches, oldest first.
+    List {
+        run_id: String,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    /// Shows a patch (`--output json`: with the file's content before and after).
+    Show { run_id: String, patch_id: String },
+    /// Puts the file back as it was before the patch.
+    Revert { run_id: String, patch_id: String },
 }
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ApprovalCommand {
+    /// Shows an approval: its kind, status and what it would allow.
+    Show { approval_id: String },
     /// Lists approvals (across tasks, or one task's), oldest first.
     List {
         /// `pending`, `approved`, `rejected`, `cancelled` or `expired`.
@@ -302,6 +499,23 @@ pub(crate) enum ApprovalCommand {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ScheduleCommand {
+    /// Lists the workspace's schedules.
+    List {
+        /// Only this task's.
+        #[arg(long)]
+        task: Option<String>,
+        /// Only enabled (`true`) or paused (`false`) ones.
+        #[arg(long)]
+        enabled: Option<bool>,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    /// The times the task's schedule fired, and what each did.
+    Occurrences {
+        task_id: String,
+        #[command(flatten)]
+        page: PageArgs,
+    },
     Show {
         task_id: String,
     },
@@ -354,11 +568,37 @@ pub(crate) enum MediaCommand {
         #[arg(long)]
         watch: bool,
     },
+    /// Lists the workspace's media jobs.
+    List {
+        /// `queued`, `running`, `succeeded`, `failed` or `cancelled`.
+        #[arg(long)]
+        status: Option<String>,
+        /// Only this provider preset's.
+        #[arg(long)]
+        provider: Option<String>,
+        #[command(flatten)]
+        page: PageArgs,
+    },
     Show {
         media_job_id: String,
     },
     /// Follows the job until it ends: 0 succeeded, 1 failed, 2 cancelled.
     Watch {
+        media_job_id: String,
+    },
+    /// The job's artifacts (the images or videos it made).
+    Artifacts {
+        media_job_id: String,
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    /// Writes an artifact's bytes to stdout (`> out.png`).
+    Content {
+        media_job_id: String,
+        artifact_id: String,
+    },
+    /// Cancels the job (an ended job is left as it is).
+    Cancel {
         media_job_id: String,
     },
 }
@@ -375,12 +615,65 @@ pub(crate) enum ProviderCommand {
     /// Creates a preset. Secrets are named by reference (`--api-key-ref env:NAME`), never
     /// given.
     Create(CreateProvider),
+    /// Request bodies for `providers create`, one per supported vendor.
+    Templates {
+        #[command(flatten)]
+        page: PageArgs,
+    },
+    /// Changes the given fields of a preset; the others stay.
+    Update(UpdateProvider),
+    /// Deletes a preset that no media job names.
+    Delete {
+        id: String,
+    },
     /// Checks the preset can be used; `--live` also makes one tiny billed call.
     Check {
         id: String,
         #[arg(long)]
         live: bool,
     },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct UpdateProvider {
+    id: String,
+    #[arg(long)]
+    model: Option<String>,
+    #[arg(long)]
+    base_url: Option<String>,
+    #[arg(long)]
+    display_name: Option<String>,
+    /// `env:NAME`, `file:/absolute/path` or `keychain:NAME`.
+    #[arg(long)]
+    api_key_ref: Option<String>,
+    /// Removes the preset's secret reference.
+    #[arg(long, conflicts_with = "api_key_ref")]
+    no_api_key_ref: bool,
+    /// A capability; repeat for several (replaces the preset's list).
+    #[arg(long = "capability")]
+    capabilities: Vec<String>,
+    /// `true` or `false`.
+    #[arg(long)]
+    enabled: Option<bool>,
+}
+
+impl UpdateProvider {
+    fn patch(&self) -> ProviderPatch {
+        let api_key_ref = if self.no_api_key_ref {
+            Some(None)
+        } else {
+            self.api_key_ref.clone().map(Some)
+        };
+        ProviderPatch {
+            model: self.model.clone(),
+            base_url: self.base_url.clone(),
+            display_name: self.display_name.clone(),
+            api_key_ref,
+            capabilities: (!self.capabilities.is_empty()).then(|| self.capabilities.clone()),
+            enabled: self.enabled,
+            ..ProviderPatch::default()
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -497,6 +790,134 @@ async fn run(client: &Client, format: Format, operation: Operation) -> Result<Ou
             .await
             .map(|_| Outcome::Done),
         Operation::Status => status(client, format).await.map(|_| Outcome::Done),
+        Operation::Whoami => output::show(format, client.whoami(), |s| {
+            let s = &s.data;
+            Table::fields(&[
+                ("role", s.role.clone()),
+                ("actor", s.actor_id.clone()),
+                ("workspace", s.workspace.clone()),
+                ("may approve own", s.may_approve_own.to_string()),
+                ("runtime host", s.runtime_host.label.clone()),
+                ("operator access", s.runtime_host.operator_access.clone()),
+            ])
+        })
+        .await
+        .map(|_| Outcome::Done),
+        Operation::Events(EventCommand::List {
+            event_type,
+            task,
+            media_job,
+            page,
+        }) => {
+            let (after, page) = cursor_given(page);
+            let call = client
+                .list_feed(after.as_deref())
+                .query("event_type", event_type)
+                .query("task_id", task)
+                .query("media_job_id", media_job);
+            events(format, &page, call).await.map(|_| Outcome::Done)
+        }
+        Operation::Usage(command) => usage(client, format, command).await.map(|_| Outcome::Done),
+        Operation::Secrets(SecretCommand::Status { reference, purpose }) => {
+            let call = client.secret_status(&reference, purpose.as_deref());
+            output::show(format, call, |s| {
+                let s = &s.data;
+                Table::fields(&[
+                    ("ref", s.r#ref.clone()),
+                    ("kind", s.kind.clone()),
+                    ("configured", s.configured.to_string()),
+                    ("error", or_dash(s.error_code.as_ref())),
+                    ("message", or_dash(s.message.as_ref())),
+                ])
+            })
+            .await
+            .map(|_| Outcome::Done)
+        }
+        Operation::Throughput { minutes } => {
+            output::show(format, client.system_throughput(minutes), |t| {
+                let mut table = Table::new(&["KIND", "COMPLETED", "FAILED"]);
+                for kind in &t.data.kinds {
+                    let figures = [kind.completed, kind.failed].map(|n| n.to_string());
+                    table.row([vec![kind.kind.clone()], figures.to_vec()].concat());
+                }
+                table
+            })
+            .await
+            .map(|_| Outcome::Done)
+        }
+        Operation::Workspace(command) => {
+            let limits = |l: &ObjectEnvelope<WorkspaceLimits>| {
+                let l = &l.data;
+                Table::fields(&[
+                    ("workspace", l.workspace_id.clone()),
+                    ("max concurrent", or_dash(l.max_concurrent)),
+                    ("updated", or_dash(l.updated_at.as_ref().map(time))),
+                    ("updated by", or_dash(l.updated_by.as_ref())),
+                ])
+            };
+            let call = match command {
+                WorkspaceCommand::Show { workspace_id: None } => client.own_limits(),
+                WorkspaceCommand::Show {
+                    workspace_id: Some(id),
+                } => client.get_limits(&id),
+                WorkspaceCommand::SetLimits {
+                    workspace_id,
+                    max_concurrent,
+                    default: _,
+                } => client.put_limits(&workspace_id, &LimitsRequest { max_concurrent }),
+            };
+            output::show(format, call, limits)
+                .await
+                .map(|_| Outcome::Done)
+        }
+        Operation::Shutdown => output::show(format, client.shutdown(), |s| {
+            Table::fields(&[("status", s.data.status.clone())])
+        })
+        .await
+        .map(|_| Outcome::Done),
+        Operation::Transitions(TransitionCommand::List {
+            entity_type,
+            entity_id,
+            page,
+        }) => {
+            let headers = [
+                "ID", "TYPE", "ENTITY", "FROM", "TO", "ACTOR", "AT", "REASON",
+            ];
+            let call = client.state_transitions(entity_type.as_deref(), entity_id.as_deref());
+            output::list(format, &page, call, &headers, |t: &TransitionRecord| {
+                vec![
+                    t.id.to_string(),
+                    t.entity_type.clone(),
+                    t.entity_id.clone(),
+                    or_dash(t.from_status.as_ref()),
+                    t.to_status.clone(),
+                    t.actor.clone(),
+                    time(&t.occurred_at),
+                    or_dash(t.reason.as_ref()),
+                ]
+            })
+            .await
+            .map(|_| Outcome::Done)
+        }
+        Operation::Leases(LeaseCommand::List { status, page }) => {
+            let headers = [
+                "JOB", "KIND", "REF", "STATUS", "OWNER", "CLAIMED", "OUTCOME",
+            ];
+            let call = client.runtime_leases(status.as_deref());
+            output::list(format, &page, call, &headers, |l: &LeaseRecord| {
+                vec![
+                    l.job_id.to_string(),
+                    l.kind.clone(),
+                    l.ref_id.clone(),
+                    l.status.clone(),
+                    l.owner.clone(),
+                    time(&l.claimed_at),
+                    or_dash(l.outcome.as_ref()),
+                ]
+            })
+            .await
+            .map(|_| Outcome::Done)
+        }
     }
 }
 
@@ -538,6 +959,9 @@ async fn tasks(client: &Client, format: Format, command: TaskCommand) -> Result<
                 budget_micros_usd: None,
             };
             return admitted(client, format, client.start_task(&task_id, &request), watch).await;
+        }
+        TaskCommand::Artifacts { task_id, page } => {
+            artifacts(format, &page, client.list_task_artifacts(&task_id)).await?;
         }
         TaskCommand::Delete { task_id } => {
             output::show(format, client.delete_task(&task_id), |d| {
@@ -608,6 +1032,82 @@ async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Ou
             let run = client.find_run(&run_id).await?.data;
             watch::print_logs(client, &run).await?;
         }
+        RunCommand::Steps { run_id, page } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            let headers = [
+                "ID", "INDEX", "NAME", "STATUS", "STARTED", "FINISHED", "ERROR",
+            ];
+            let call = client.list_steps(&task_id, &run_id);
+            output::list(format, &page, call, &headers, |s: &StepRecord| {
+                vec![
+                    s.id.clone(),
+                    s.index.to_string(),
+                    s.name.clone(),
+                    s.status.to_string(),
+                    time(&s.started_at),
+                    or_dash(s.finished_at.as_ref().map(time)),
+                    or_dash(s.error.as_ref()),
+                ]
+            })
+            .await?;
+        }
+        RunCommand::Step { run_id, step_id } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            output::show(format, client.get_step(&task_id, &run_id, &step_id), |s| {
+                let s = &s.data;
+                Table::fields(&[
+                    ("id", s.id.clone()),
+                    ("index", s.index.to_string()),
+                    ("name", s.name.clone()),
+                    ("status", s.status.to_string()),
+                    ("input", s.input.to_string()),
+                    ("output", or_dash(s.output.as_ref())),
+                    ("error", or_dash(s.error.as_ref())),
+                    ("started", time(&s.started_at)),
+                    ("finished", or_dash(s.finished_at.as_ref().map(time))),
+                ])
+            })
+            .await?;
+        }
+        RunCommand::Events { run_id, page } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            let (after, page) = cursor_given(page);
+            let after = after
+                .map(|a| a.parse::<i64>())
+                .transpose()
+                .map_err(|_| Error::Usage("--cursor must be an event's sequence".into()))?;
+            events(
+                format,
+                &page,
+                client.list_run_events(&task_id, &run_id, after),
+            )
+            .await?;
+        }
+        RunCommand::Artifact {
+            run_id,
+            artifact_id,
+        } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            let call = client.get_artifact(&task_id, &run_id, &artifact_id);
+            output::show(format, call, |a| {
+                let a = &a.data;
+                Table::fields(&[
+                    ("id", a.id.clone()),
+                    ("name", a.name.clone()),
+                    ("kind", a.kind.to_string()),
+                    ("type", a.content_type.clone()),
+                    ("bytes", a.size_bytes.to_string()),
+                    ("truncated", a.truncated.to_string()),
+                    ("status", a.status.to_string()),
+                    ("created", time(&a.created_at)),
+                ])
+            })
+            .await?;
+        }
+        RunCommand::Artifacts { run_id, page } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            artifacts(format, &page, client.list_artifacts(&task_id, &run_id)).await?;
+        }
         RunCommand::Cancel { run_id } => {
             let run = client.find_run(&run_id).await?.data;
             output::show(format, client.cancel_run(&run.task_id, &run_id), |r| {
@@ -625,8 +1125,190 @@ async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Ou
             let call = client.resume_run(&run.task_id, &run_id, &StartRequest::default());
             return admitted(client, format, call, watch).await;
         }
+        RunCommand::Continue {
+            run_id,
+            prompt,
+            watch,
+        } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            let request = ContinueRequest { prompt };
+            let call = client.continue_run(&task_id, &run_id, &request);
+            return admitted(client, format, call, watch).await;
+        }
+        RunCommand::RetryFromModelCall {
+            run_id,
+            model_call,
+            reason,
+            watch,
+        } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            let request = RetryFromModelCallRequest {
+                model_call_index: model_call,
+                reason,
+            };
+            let call = client.retry_from_model_call(&task_id, &run_id, &request);
+            return admitted(client, format, call, watch).await;
+        }
+        RunCommand::Patches(command) => patches(client, format, command).await?,
     }
     Ok(Outcome::Done)
+}
+
+async fn patches(client: &Client, format: Format, command: PatchCommand) -> Result<(), Error> {
+    let fields = |p: &ObjectEnvelope<PatchDetail>| patch_fields(&p.data.summary);
+    match command {
+        PatchCommand::List { run_id, page } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            let headers = ["ID", "STATUS", "BEFORE", "AFTER", "CREATED", "PATH"];
+            let call = client.list_patches(&task_id, &run_id);
+            output::list(format, &page, call, &headers, |p: &PatchSummary| {
+                vec![
+                    p.id.clone(),
+                    p.status.clone(),
+                    or_dash(p.before_bytes),
+                    or_dash(p.after_bytes),
+                    time(&p.created_at),
+                    p.path.clone(),
+                ]
+            })
+            .await
+        }
+        PatchCommand::Show { run_id, patch_id } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            let call = client.get_patch(&task_id, &run_id, &patch_id);
+            output::show(format, call, fields).await.map(drop)
+        }
+        PatchCommand::Revert { run_id, patch_id } => {
+            let task_id = client.task_of("run", &run_id).await?;
+            let call = client.revert_patch(&task_id, &run_id, &patch_id);
+            output::show(format, call, fields).await.map(drop)
+        }
+    }
+}
+
+fn patch_fields(p: &PatchSummary) -> Table {
+    Table::fields(&[
+        ("id", p.id.clone()),
+        ("name", p.name.clone()),
+        ("path", p.path.clone()),
+        ("status", p.status.clone()),
+        ("bytes before", or_dash(p.before_bytes)),
+        ("bytes after", or_dash(p.after_bytes)),
+        ("created", time(&p.created_at)),
+    ])
+}
+
+/// A list whose cursor goes back in a parameter of its own (`after_sequence`, `after`):
+/// `--cursor` is taken out of the page, for the caller to give the call.
+fn cursor_given(mut page: PageArgs) -> (Option<String>, PageArgs) {
+    (page.cursor.take(), page)
+}
+
+/// A list of events: a run's log or the workspace's feed.
+async fn events(
+    format: Format,
+    page: &PageArgs,
+    call: Call<'_, keel_client::ListEnvelope<EventRecord>>,
+) -> Result<(), Error> {
+    let headers = [
+        "SEQUENCE",
+        "TYPE",
+        "AT",
+        "RUN",
+        "MEDIA JOB",
+        "CURSOR",
+        "DATA",
+    ];
+    output::list(format, page, call, &headers, |e: &EventRecord| {
+        vec![
+            e.sequence.to_string(),
+            e.event_type.to_string(),
+            time(&e.occurred_at),
+            or_dash(e.run_id.as_ref()),
+            or_dash(e.media_job_id.as_ref()),
+            e.cursor.clone(),
+            e.data.to_string(),
+        ]
+    })
+    .await
+}
+
+async fn usage(client: &Client, format: Format, command: UsageCommand) -> Result<(), Error> {
+    match command {
+        UsageCommand::Summary { scope } => {
+            let scope = scope
+                .map(|s| {
+                    Grouping::parse(&s).ok_or_else(|| {
+                        Error::Usage(format!("--scope is {}, not '{s}'", Grouping::names()))
+                    })
+                })
+                .transpose()?;
+            output::show(format, client.usage_summary(scope), |u| {
+                let mut table = Table::new(&["KEY", "CALLS", "PROMPT", "COMPLETION", "COST µUSD"]);
+                let rows = u.data.rows.iter().map(|r| (r.key.as_str(), &r.totals));
+                for (key, t) in std::iter::once(("total", &u.data.totals)).chain(rows) {
+                    table.row(vec![
+                        key.to_string(),
+                        t.calls.to_string(),
+                        t.prompt_tokens.to_string(),
+                        t.completion_tokens.to_string(),
+                        t.cost_micros_usd.to_string(),
+                    ]);
+                }
+                table
+            })
+            .await
+            .map(drop)
+        }
+        UsageCommand::Events { task, run, page } => {
+            let headers = [
+                "ID",
+                "RUN",
+                "PROVIDER",
+                "MODEL",
+                "PROMPT",
+                "COMPLETION",
+                "AT",
+            ];
+            let call = client
+                .usage_events()
+                .query("task_id", task)
+                .query("run_id", run);
+            output::list(format, &page, call, &headers, |e: &UsageEvent| {
+                vec![
+                    e.id.clone(),
+                    e.run_id.clone(),
+                    e.provider.clone(),
+                    e.model.clone(),
+                    e.prompt_tokens.to_string(),
+                    e.completion_tokens.to_string(),
+                    time(&e.created_at),
+                ]
+            })
+            .await
+        }
+    }
+}
+
+/// A list of artifacts: a run's, a task's or a media job's.
+async fn artifacts(
+    format: Format,
+    page: &PageArgs,
+    call: Call<'_, keel_client::ListEnvelope<ArtifactRecord>>,
+) -> Result<(), Error> {
+    let headers = ["ID", "NAME", "KIND", "TYPE", "BYTES", "STATUS", "RUN"];
+    output::list(format, page, call, &headers, |a: &ArtifactRecord| {
+        vec![
+            a.id.clone(),
+            a.name.clone(),
+            a.kind.to_string(),
+            a.content_type.clone(),
+            a.size_bytes.to_string(),
+            a.status.to_string(),
+            or_dash(a.run_id.as_ref()),
+        ]
+    })
+    .await
 }
 
 async fn approvals(client: &Client, format: Format, command: ApprovalCommand) -> Result<(), Error> {
@@ -655,6 +1337,23 @@ async fn approvals(client: &Client, format: Format, command: ApprovalCommand) ->
                 ]
             })
             .await;
+        }
+        ApprovalCommand::Show { approval_id } => {
+            let task_id = client.task_of("approval", &approval_id).await?;
+            let call = client.get_approval(&task_id, &approval_id);
+            return output::show(format, call, |a| {
+                let a = &a.data;
+                Table::fields(&[
+                    ("id", a.id.clone()),
+                    ("task", a.task_id.clone()),
+                    ("run", a.run_id.clone()),
+                    ("kind", a.kind.clone()),
+                    ("status", a.status.to_string()),
+                    ("action", a.action_summary.join("; ")),
+                ])
+            })
+            .await
+            .map(drop);
         }
         ApprovalCommand::Approve { approval_id, note } => (approval_id, "approve", note, false),
         ApprovalCommand::Reject {
@@ -702,6 +1401,40 @@ async fn schedules(client: &Client, format: Format, command: ScheduleCommand) ->
         ])
     };
     match command {
+        ScheduleCommand::List {
+            task,
+            enabled,
+            page,
+        } => {
+            let headers = ["ID", "TASK", "KIND", "ENABLED", "NEXT RUN", "WHEN"];
+            let call = client.list_schedules(task.as_deref(), enabled);
+            output::list(format, &page, call, &headers, |s: &ScheduleRecord| {
+                let when = s.cron_expression.clone();
+                vec![
+                    s.id.clone(),
+                    s.task_id.clone(),
+                    s.kind.clone(),
+                    s.enabled.to_string(),
+                    or_dash(s.next_run_at.as_ref().map(time)),
+                    or_dash(when.or_else(|| s.run_at.as_ref().map(time))),
+                ]
+            })
+            .await?;
+        }
+        ScheduleCommand::Occurrences { task_id, page } => {
+            let headers = ["ID", "SCHEDULED FOR", "STATUS", "RUN", "ERROR"];
+            let call = client.list_occurrences(&task_id);
+            output::list(format, &page, call, &headers, |o: &OccurrenceRecord| {
+                vec![
+                    o.id.clone(),
+                    time(&o.scheduled_for),
+                    o.status.to_string(),
+                    or_dash(o.run_id.as_ref()),
+                    or_dash(o.error.as_ref()),
+                ]
+            })
+            .await?;
+        }
         ScheduleCommand::Show { task_id } => {
             output::show(format, client.get_schedule(&task_id), fields).await?;
         }
@@ -771,6 +1504,48 @@ async fn media(client: &Client, format: Format, command: MediaCommand) -> Result
         MediaCommand::Watch { media_job_id } => {
             return watch::media(client, format, &media_job_id, false).await;
         }
+        MediaCommand::Content {
+            media_job_id,
+            artifact_id,
+        } => {
+            use futures_util::TryStreamExt;
+            use std::io::Write;
+            let call = client.media_artifact_content(&media_job_id, &artifact_id);
+            let mut chunks = std::pin::pin!(call.bytes_stream().await?);
+            let mut stdout = std::io::stdout().lock();
+            while let Some(chunk) = chunks.try_next().await? {
+                stdout
+                    .write_all(&chunk)
+                    .map_err(|e| Error::Usage(format!("writing stdout: {e}")))?;
+            }
+            stdout
+                .flush()
+                .map_err(|e| Error::Usage(format!("writing stdout: {e}")))?;
+        }
+        MediaCommand::Artifacts { media_job_id, page } => {
+            artifacts(format, &page, client.list_media_artifacts(&media_job_id)).await?;
+        }
+        MediaCommand::List {
+            status,
+            provider,
+            page,
+        } => {
+            let headers = ["ID", "PROVIDER", "OPERATION", "STATUS", "CREATED"];
+            let call = client.list_media_jobs(status.as_deref(), provider.as_deref());
+            output::list(format, &page, call, &headers, |j: &MediaJobRecord| {
+                vec![
+                    j.id.clone(),
+                    j.provider_id.clone(),
+                    j.operation.clone(),
+                    j.status.to_string(),
+                    time(&j.created_at),
+                ]
+            })
+            .await?;
+        }
+        MediaCommand::Cancel { media_job_id } => {
+            output::show(format, client.cancel_media_job(&media_job_id), fields).await?;
+        }
     }
     Ok(Outcome::Done)
 }
@@ -827,6 +1602,33 @@ async fn providers(client: &Client, format: Format, command: ProviderCommand) ->
             )
             .await
             .map(drop)
+        }
+        ProviderCommand::Templates { page } => {
+            let headers = ["TEMPLATE", "KIND", "API", "MODEL", "NAME"];
+            output::list(
+                format,
+                &page,
+                client.list_templates(),
+                &headers,
+                |t: &ProviderTemplate| {
+                    let cells = [&t.template_id, &t.kind, &t.api, &t.model, &t.display_name];
+                    cells.into_iter().map(|c| c.to_string()).collect()
+                },
+            )
+            .await
+        }
+        ProviderCommand::Update(args) => {
+            let call = client.patch_provider(&args.id, &args.patch());
+            output::show(format, call, |p| provider_fields(&p.data))
+                .await
+                .map(drop)
+        }
+        ProviderCommand::Delete { id } => {
+            client.delete_provider(&id).await?;
+            if format == Format::Table {
+                println!("deleted the provider preset {id}");
+            }
+            Ok(())
         }
         ProviderCommand::Check { id, live } => {
             output::show(format, client.check_provider(&id, live), |c| {

@@ -267,7 +267,7 @@ async fn follow(
     view.status(format!("run {}", run.status));
     let mut logs = Logs::new(run);
     let mut progress = Progress::default();
-    let mut events = pin!(client.stream_run(&run.task_id, &run.id, None));
+    let mut events = pin!(client.stream_run_events(&run.task_id, &run.id, None));
     let mut poll = tokio::time::interval(LOG_POLL);
     loop {
         tokio::select! {

@@ -352,7 +352,9 @@ impl Pump {
                 run_id,
                 after_sequence,
             } => {
-                let events = self.client.stream_run(task_id, run_id, *after_sequence);
+                let events = self
+                    .client
+                    .stream_run_events(task_id, run_id, *after_sequence);
                 let mut events = std::pin::pin!(events);
                 while let Some(item) = events.next().await {
                     if let RunItem::Event(event) = item.map_err(failure)? {

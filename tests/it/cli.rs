@@ -367,6 +367,10 @@ async fn an_approval_gated_run_exits_3_then_approve_and_watch_exit_0() {
         "{}",
         describe(&output)
     );
+    let output = cli(url, &["approvals", "show", approval, "--output", "json"]).await;
+    let shown = json_of(&output);
+    assert_eq!(shown["data"]["status"], "pending", "{shown}");
+    assert_eq!(shown["data"]["run_id"], gated.as_str(), "{shown}");
 
     // The printed command itself, `--url` before the subcommand and all.
     let printed: Vec<&str> = approve.split(' ').skip(1).collect();
@@ -621,6 +625,218 @@ async fn the_other_commands_answer_from_the_api() {
     assert_eq!(status, 404);
 }
 
+/// The commands of issue 33 on a task's run (steps, events, artifacts, lineage, patches)
+/// and schedule, the feed, usage, a secret's status, throughput, workspace limits, the
+/// audit trail, the leases, whoami, the provider templates, and last the API's shutdown.
+#[tokio::test]
+async fn run_lineage_patches_schedules_transitions_and_leases_answer_from_the_api() {
+    let keel = Keel::start("none").await;
+    let url = keel.url();
+    let task = create_shell(url, "echo one").await;
+    let output = cli(url, &["tasks", "start", &task, "--watch"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let run = keel.client().api.get_task(&task).await.unwrap().data;
+    let run = run.latest_run_id.unwrap();
+
+    let output = cli(url, &["runs", "steps", &run, "-q"]).await;
+    assert_eq!(stdout(&output).lines().count(), 1, "{}", describe(&output));
+    let output = cli(url, &["runs", "artifacts", &run, "--output", "json"]).await;
+    let artifacts = json_of(&output);
+    assert!(
+        artifacts["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["kind"] == "stdout" && a["size_bytes"] == 4),
+        "{artifacts}"
+    );
+    let of_run = cli(url, &["runs", "artifacts", &run, "-q"]).await;
+    let of_task = cli(url, &["tasks", "artifacts", &task, "-q"]).await;
+    assert_eq!(stdout(&of_task), stdout(&of_run), "{}", describe(&of_task));
+    let steps = cli(url, &["runs", "steps", &run, "-q"]).await;
+    let step = stdout(&steps).trim().to_string();
+    let output = cli(url, &["runs", "step", &run, &step, "--output", "json"]).await;
+    assert_eq!(
+        json_of(&output)["data"]["id"],
+        step.as_str(),
+        "{}",
+        describe(&output)
+    );
+    let stdout_artifact = artifacts["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["kind"] == "stdout")
+        .unwrap()
+        .clone();
+    let artifact = stdout_artifact["id"].as_str().unwrap();
+    let output = cli(
+        url,
+        &["runs", "artifact", &run, artifact, "--output", "json"],
+    )
+    .await;
+    assert_eq!(json_of(&output)["data"], stdout_artifact);
+    // The run's log: every event by sequence, and after a cursor (a sequence).
+    let output = cli(url, &["runs", "events", &run, "--all", "-q"]).await;
+    let sequences: Vec<String> = stdout(&output).lines().map(String::from).collect();
+    assert!(sequences.len() >= 3, "{}", describe(&output));
+    assert_eq!(sequences[0], "1", "{}", describe(&output));
+    let after = [
+        "runs", "events", &run, "--cursor", "2", "--limit", "1", "-q",
+    ];
+    let output = cli(url, &after).await;
+    assert_eq!(stdout(&output), "3\n", "{}", describe(&output));
+    // The workspace's feed, one task's.
+    let feed = [
+        "events", "list", "--task", &task, "--all", "--output", "json",
+    ];
+    let output = cli(url, &feed).await;
+    let events: Vec<Value> = stdout(&output)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.len(), sequences.len(), "{}", describe(&output));
+    assert!(events.iter().all(|e| e["run_id"] == run.as_str()));
+
+    let output = cli(url, &["usage", "summary", "--output", "json"]).await;
+    assert_eq!(json_of(&output)["data"]["totals"]["calls"], 0);
+    let output = cli(url, &["usage", "summary", "--scope", "provider"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let output = cli(url, &["usage", "events", "--run", &run, "-q"]).await;
+    assert_eq!(stdout(&output), "", "{}", describe(&output));
+    let args = [
+        "secrets",
+        "status",
+        "env:CLI_PARITY_NEVER_SET_API_KEY",
+        "--output",
+        "json",
+    ];
+    let output = cli(url, &args).await;
+    assert_eq!(
+        json_of(&output)["data"]["configured"],
+        false,
+        "{}",
+        describe(&output)
+    );
+    let output = cli(url, &["throughput", "--minutes", "5", "--output", "json"]).await;
+    let throughput = json_of(&output);
+    assert_eq!(throughput["data"]["minutes"], 5, "{throughput}");
+    let output = cli(url, &["workspace", "show", "--output", "json"]).await;
+    let own = json_of(&output);
+    let workspace = own["data"]["workspace_id"].as_str().unwrap().to_string();
+    let set = [
+        "workspace",
+        "set-limits",
+        &workspace,
+        "--max-concurrent",
+        "3",
+    ];
+    let output = cli(url, &set).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let output = cli(url, &["workspace", "show", &workspace, "--output", "json"]).await;
+    assert_eq!(json_of(&output)["data"]["max_concurrent"], 3);
+    let output = cli(url, &["workspace", "set-limits", &workspace, "--default"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let output = cli(url, &["workspace", "show", "--output", "json"]).await;
+    assert_eq!(json_of(&output)["data"]["max_concurrent"], Value::Null);
+
+    let output = cli(url, &["whoami", "--output", "json"]).await;
+    let session = json_of(&output);
+    assert!(session["data"]["workspace"].is_string(), "{session}");
+    let output = cli(url, &["providers", "templates", "-q"]).await;
+    assert!(!stdout(&output).is_empty(), "{}", describe(&output));
+
+    // A shell run has no conversation: the API's refusal, as an envelope.
+    for args in [
+        &["runs", "continue", &run, "--prompt", "and then?"][..],
+        &["runs", "retry-from-model-call", &run, "--model-call", "1"],
+    ] {
+        let output = cli(url, args).await;
+        assert_eq!(code(&output), 4, "{args:?}: {}", describe(&output));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("only agent_loop runs"), "{stderr}");
+    }
+    // Nor file changes.
+    let output = cli(url, &["runs", "patches", "list", &run, "--output", "json"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    assert_eq!(json_of(&output)["data"], json!([]));
+    for verb in ["show", "revert"] {
+        let output = cli(url, &["runs", "patches", verb, &run, "art_nope"]).await;
+        assert_eq!(code(&output), 4, "{verb}: {}", describe(&output));
+    }
+
+    let set = [
+        "schedules",
+        "set",
+        &task,
+        "--cron",
+        "0 9 * * 1-5",
+        "--disabled",
+    ];
+    let output = cli(url, &set).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let output = cli(url, &["schedules", "list", "--output", "json"]).await;
+    let listed = support::page::<ScheduleRecord>(&json_of(&output)).data;
+    assert_eq!(listed.len(), 1, "{}", describe(&output));
+    assert_eq!(listed[0].task_id, task);
+    let output = cli(url, &["schedules", "list", "--enabled", "true", "-q"]).await;
+    assert_eq!(stdout(&output), "", "{}", describe(&output));
+    let output = cli(url, &["schedules", "list", "--task", &task, "-q"]).await;
+    assert_eq!(stdout(&output), format!("{}\n", listed[0].id));
+    let output = cli(
+        url,
+        &["schedules", "occurrences", &task, "--output", "json"],
+    )
+    .await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    assert_eq!(json_of(&output)["data"], json!([]));
+
+    let args = [
+        "transitions",
+        "list",
+        "--entity-type",
+        "run",
+        "--entity-id",
+        &run,
+    ];
+    let output = cli(url, &[&args[..], &["--all", "--output", "json"]].concat()).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let changes: Vec<Value> = stdout(&output)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(changes.len() >= 2, "{changes:?}");
+    assert!(changes.iter().all(|c| c["entity_id"] == run.as_str()));
+    assert_eq!(
+        changes.last().unwrap()["to_status"],
+        "completed",
+        "{changes:?}"
+    );
+
+    let args = ["leases", "list", "--status", "released", "--output", "json"];
+    let output = cli(url, &args).await;
+    let leases = json_of(&output);
+    assert!(
+        leases["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["ref_id"] == run.as_str()),
+        "{leases}"
+    );
+    let output = cli(url, &["leases", "list", "--status", "sleeping"]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
+
+    // Last: the API stops, and answers no more.
+    let output = cli(url, &["shutdown", "--output", "json"]).await;
+    assert_eq!(json_of(&output)["data"]["status"], "shutting_down");
+    wait_for(Duration::from_secs(30), "the API to stop", || async {
+        let output = cli(url, &["status"]).await;
+        (code(&output) == 4).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_media_job_is_created_run_and_watched_to_its_end() {
     use wiremock::matchers::{method, path};
@@ -732,6 +948,52 @@ async fn a_media_job_is_created_run_and_watched_to_its_end() {
     assert!(
         stdout(&output).contains(&format!("media job {id} succeeded")),
         "{}",
+        describe(&output)
+    );
+
+    // A job created without running, cancelled; the lists by status and by provider.
+    let output = cli(url, &[&create[..], &["--quiet", "--no-run"]].concat()).await;
+    let queued = stdout(&output).trim().to_string();
+    let output = cli(url, &["media", "cancel", &queued, "--output", "json"]).await;
+    let job: MediaJobRecord = support::record(&json_of(&output));
+    assert_eq!(job.status, MediaJobStatus::Cancelled, "{job:?}");
+    let output = cli(url, &["media", "list", "--status", "cancelled", "-q"]).await;
+    assert_eq!(
+        stdout(&output),
+        format!("{queued}\n"),
+        "{}",
+        describe(&output)
+    );
+    let output = cli(
+        url,
+        &["media", "list", "--provider", &provider, "--all", "-q"],
+    )
+    .await;
+    assert_eq!(stdout(&output).lines().count(), 3, "{}", describe(&output));
+    let output = cli(url, &["media", "cancel", "media_job_nope"]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
+    let output = cli(url, &["media", "show", &id, "--output", "json"]).await;
+    let made = support::record::<MediaJobRecord>(&json_of(&output)).artifact_ids;
+    let output = cli(url, &["media", "artifacts", &id, "--output", "json"]).await;
+    let artifacts = json_of(&output);
+    let image = artifacts["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["content_type"] == "image/png")
+        .unwrap_or_else(|| panic!("an image: {artifacts}"));
+    let output = cli(
+        url,
+        &["media", "content", &id, image["id"].as_str().unwrap()],
+    )
+    .await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    assert_eq!(output.stdout, b"\x89PNG\r\n\x1a\n");
+    let output = cli(url, &["media", "artifacts", &id, "-q"]).await;
+    let listed: Vec<String> = stdout(&output).lines().map(String::from).collect();
+    assert!(
+        !made.is_empty() && listed == made,
+        "{made:?}: {}",
         describe(&output)
     );
 }
@@ -862,6 +1124,91 @@ async fn an_external_work_source_is_created_polled_listed_and_deleted() {
     let shown = json_of(&cli(url, &args).await);
     assert_eq!(shown["data"], items["data"][0], "{shown}");
 
+    let args = [
+        "--output",
+        "json",
+        "external-work",
+        "sources",
+        "status",
+        &id,
+    ];
+    let status = json_of(&cli(url, &args).await);
+    assert_eq!(status["data"]["source_id"], id.as_str(), "{status}");
+    assert_eq!(status["data"]["workflow"]["valid"], true, "{status}");
+    let background = ["external-work", "sources", "background", &id, "--enabled"];
+    let args = [&background[..], &["false", "--output", "json"]].concat();
+    let source: SourceRecord = support::record(&json_of(&cli(url, &args).await));
+    assert!(!source.background_enabled, "{source:?}");
+    let args = [
+        "--output",
+        "json",
+        "external-work",
+        "sources",
+        "reconcile",
+        &id,
+    ];
+    let output = cli(url, &args).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let _: PollSummary = support::record(&json_of(&output));
+
+    let payload = dir.path().join("issue-2.json");
+    std::fs::write(&payload, tracker::github_issue(2, "open").to_string()).unwrap();
+    let payload = payload.to_str().unwrap();
+    let import = [
+        "external-work",
+        "import",
+        "--source",
+        &id,
+        "--payload",
+        payload,
+    ];
+    let output = cli(url, &[&import[..], &["--output", "json"]].concat()).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let imported = json_of(&output);
+    assert_eq!(
+        imported["data"]["item"]["identifier"], "acme/widgets#2",
+        "{imported}"
+    );
+    assert_eq!(imported["data"]["duplicate"], false, "{imported}");
+
+    let item = &listed[0].id;
+    let propose = [
+        "external-work",
+        "actions",
+        "propose",
+        item,
+        "--kind",
+        "comment",
+        "--body",
+        "Looking.",
+        "--output",
+        "json",
+    ];
+    let output = cli(url, &propose).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let proposed = json_of(&output);
+    let action = proposed["data"]["action"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let output = cli(url, &["external-work", "actions", "list", item, "-q"]).await;
+    assert_eq!(
+        stdout(&output),
+        format!("{action}\n"),
+        "{}",
+        describe(&output)
+    );
+    let args = [
+        "--output",
+        "json",
+        "external-work",
+        "actions",
+        "show",
+        &action,
+    ];
+    let shown = json_of(&cli(url, &args).await);
+    assert_eq!(shown["data"], proposed["data"]["action"], "{shown}");
+
     let output = cli(url, &["external-work", "sources", "delete", &id]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
     let output = cli(url, &["external-work", "sources", "show", &id]).await;
@@ -913,4 +1260,28 @@ async fn providers_create_then_show_names_the_secret_by_reference_only() {
             "the secret's value was printed: {text}"
         );
     }
+
+    let update = [
+        "providers",
+        "update",
+        &id,
+        "--model",
+        "dpv5",
+        "--no-api-key-ref",
+        "--output",
+        "json",
+    ];
+    let output = cli(url, &update).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let updated: ProviderView = support::record(&json_of(&output));
+    assert_eq!(updated.model, "dpv5");
+    assert_eq!(updated.api_key_ref, None, "{updated:?}");
+    assert_eq!(
+        updated.base_url, "http://127.0.0.1:8317/v1",
+        "the others stay"
+    );
+    let output = cli(url, &["providers", "delete", &id]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let output = cli(url, &["providers", "show", &id]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
 }

@@ -28,6 +28,7 @@ mod layout;
 mod mcp;
 mod media;
 mod openapi;
+mod parity;
 mod partition;
 mod processes;
 mod providers_live;

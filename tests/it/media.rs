@@ -616,7 +616,7 @@ async fn cancelling_a_polling_video_job_stops_it_and_a_rerun_submits_afresh() {
 async fn presets_take_secret_references_and_jobs_need_a_capable_preset() {
     let app = TestApp::api_only().await;
     let c = &app.client;
-    let templates = c.api.list_provider_templates().send_with_status().await;
+    let templates = c.api.list_templates().send_with_status().await;
     let (status, templates) = templates.unwrap();
     assert_eq!(status, StatusCode::OK);
     assert!(templates.data.iter().all(|t| !t.enabled));

@@ -607,7 +607,7 @@ async fn resolve(c: &Client, gated: &Gated, decision: &str) {
 
 /// A preset from a template's body, with `changes`.
 async fn from_template(c: &Client, template_id: &str, changes: Value) -> String {
-    let templates = c.api.list_provider_templates().await.unwrap().data;
+    let templates = c.api.list_templates().await.unwrap().data;
     let template = templates
         .into_iter()
         .find(|t| t.template_id == template_id)

@@ -87,7 +87,7 @@ async fn all_events(
     let mut events: Vec<UsageEvent> = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
-        let mut call = client.api.list_usage_events().query("limit", Some(limit));
+        let mut call = client.api.usage_events().query("limit", Some(limit));
         for &(name, value) in filters {
             call = call.query(name, Some(value));
         }
