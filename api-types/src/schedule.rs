@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa::openapi::RefOr;
+use utoipa::openapi::extensions::ExtensionsBuilder;
 use utoipa::openapi::schema::{KnownFormat, Schema, SchemaFormat};
 
 use crate::schema::{
@@ -41,10 +42,25 @@ hand_written_schema!(ScheduleDraft, schedule_union);
 fn schedule_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
     let common = || -> Vec<Field> {
         let zones: Vec<&str> = time_zones().collect();
-        let timezone = one_of_strings(false, &zones).description(Some(
-            "An IANA time zone such as `Europe/Madrid` or `UTC`, as the tz database the \
-             server reads names them (case matters).",
-        ));
+        // Generators name enum members after the values, which for zones collide once
+        // their punctuation is dropped (`GMT+0`, `GMT-0` and `GMT0`): each gets a name.
+        let names: Vec<String> = zones
+            .iter()
+            .map(|zone| {
+                zone.replace('+', "_plus_")
+                    .replace('-', "_minus_")
+                    .replace('/', "_")
+            })
+            .collect();
+        let names = ExtensionsBuilder::new()
+            .add("x-enum-varnames", names)
+            .build();
+        let timezone = one_of_strings(false, &zones)
+            .extensions(Some(names))
+            .description(Some(
+                "An IANA time zone such as `Europe/Madrid` or `UTC`, as the tz database the \
+                 server reads names them (case matters).",
+            ));
         let revision = integer(true, 1, i64::MAX).description(Some(
             "The revision the client read; a stale one makes the edit fail (409) instead of \
              overwriting what a dispatcher or another edit did since.",

@@ -238,7 +238,8 @@ impl PartialSchema for JsonObject {
             .description(Some(
                 "Any JSON object whose strings and keys hold no NUL and whose numbers are \
                  within ±(2^53 - 1), the range every JSON reader holds exactly (422 \
-                 otherwise), at any depth (`JsonValue`).",
+                 otherwise), at any depth; the schema states it for the object's own values \
+                 (`JsonValue`), the server checks deeper ones too.",
             ))
             .into()
     }
@@ -264,8 +265,8 @@ fn json_object(nullable: bool) -> ObjectBuilder {
         ))))
 }
 
-/// Any JSON value the server stores in full: strings without NUL, numbers within
-/// ±[`MAX_JSON_NUMBER`], and arrays and objects of such values (stated by recursion).
+/// A value of free-form JSON: a string without NUL, a number within ±[`MAX_JSON_NUMBER`],
+/// a boolean, null, or an array or object (whose own values the server checks: see below).
 pub struct JsonValue;
 
 impl PartialSchema for JsonValue {
@@ -274,11 +275,13 @@ impl PartialSchema for JsonValue {
             .schema_type(Type::Number)
             .minimum(Some(-MAX_JSON_NUMBER))
             .maximum(Some(MAX_JSON_NUMBER));
-        let array = ArrayBuilder::new().items(RefOr::Ref(Ref::from_schema_name(JsonValue::name())));
+        // One level deep: a recursive union is more than common generators (the Python
+        // client's) can read; deeper numbers are the server's to check.
+        let array = ArrayBuilder::new();
         AnyOfBuilder::new()
             .description(Some(
-                "Any JSON value whose strings and keys hold no NUL and whose numbers are within \
-                 ±(2^53 - 1), at any depth.",
+                "A JSON value: a string without NUL, a number within ±(2^53 - 1), a boolean, \
+                 null, an array or an object (the server checks the values inside those too).",
             ))
             .item(string(false, NO_NUL, None))
             .item(number)
@@ -287,7 +290,11 @@ impl PartialSchema for JsonValue {
                     .schema_type(SchemaType::from_iter([Type::Boolean, Type::Null])),
             )
             .item(array)
-            .item(json_object(false))
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::Object)
+                    .additional_properties(Some(AdditionalProperties::<Schema>::FreeForm(true))),
+            )
             .into()
     }
 }
