@@ -10,6 +10,7 @@ use crate::support;
 use crate::support::llm::Turn;
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use keel_client::{McpServer, RunStatus, StepStatus, TaskDraft};
@@ -20,14 +21,24 @@ const WAIT: Duration = Duration::from_secs(60);
 /// The secret the everything server gets in its environment (`env:MCP_TEST_TOKEN`).
 const TOKEN: &str = "mcp-test-token-4b1d";
 
-/// Where `scripts/mcp-servers` installed the servers.
+/// Where `scripts/mcp-servers` installed the servers, which it does (once per test run, a
+/// no-op when they are there) so that `cargo test` needs nothing run before it.
 fn servers_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/mcp-servers");
-    assert!(
-        dir.join("node/node_modules").is_dir() && dir.join("venv/bin/mcp-server-time").exists(),
-        "the MCP servers are not installed: run scripts/mcp-servers"
-    );
-    dir
+    static INSTALLED: OnceLock<PathBuf> = OnceLock::new();
+    INSTALLED
+        .get_or_init(|| {
+            let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+            let status = std::process::Command::new(root.join("scripts/mcp-servers"))
+                .status()
+                .expect("running scripts/mcp-servers");
+            assert!(
+                status.success(),
+                "scripts/mcp-servers could not install the MCP servers the tests reach \
+                 (python3 -m venv, pip and npm with their registries)"
+            );
+            root.join("target/mcp-servers")
+        })
+        .clone()
 }
 
 fn server(name: &str, command: PathBuf, args: &[&str]) -> McpServer {
