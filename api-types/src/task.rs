@@ -104,8 +104,8 @@ pub const WORKSPACE_SYSTEM_PROMPT_POLICIES: [&str; 2] = ["include", "exclude"];
 /// the next character outside them. No NUL.
 pub const GIT_ARGUMENTS: &str = r#"^(?:[ \t\n]|#[^\n\u0000]*(?:\n|$))*(?:[^ \t\n'"\\#\u0000]|\\[^\u0000]|'[^'\u0000]*'|"(?:[^"\\\u0000]|\\[^\u0000])*")(?:[^ \t\n'"\\\u0000]|\\[^\u0000]|'[^'\u0000]*'|"(?:[^"\\\u0000]|\\[^\u0000])*")*(?:[ \t\n](?:[ \t\n]|#[^\n\u0000]*(?:\n|$))*(?:[^ \t\n'"\\#\u0000]|\\[^\u0000]|'[^'\u0000]*'|"(?:[^"\\\u0000]|\\[^\u0000])*")(?:[^ \t\n'"\\\u0000]|\\[^\u0000]|'[^'\u0000]*'|"(?:[^"\\\u0000]|\\[^\u0000])*")*)*(?:[ \t\n](?:[ \t\n]|#[^\n\u0000]*(?:\n|$))*)?$"#;
 
-/// The built-in tools an agent loop task may allow (the workers' `agent::tools::CATALOG`,
-/// which a server test keeps equal to this).
+/// The built-in tools an agent loop task may allow, in catalog order (the workers'
+/// `agent::tools::CATALOG` is this list).
 pub const AGENT_TOOLS: [&str; 11] = [
     "read_file",
     "list_dir",

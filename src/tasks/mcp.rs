@@ -7,7 +7,7 @@
 use keel_api_types::{
     MAX_MCP_ARG_BYTES as MAX_ARG_BYTES, MAX_MCP_ARGS as MAX_ARGS,
     MAX_MCP_NAMED_SECRETS as MAX_NAMED_SECRETS, MAX_MCP_SERVER_NAME, MAX_MCP_SERVERS,
-    MAX_MCP_TOOLS_PER_SERVER, McpApprovalPolicy, McpServer, McpTransport,
+    MAX_MCP_TOOLS_PER_SERVER, MAX_TOOL_NAME, McpApprovalPolicy, McpServer, McpTransport,
 };
 
 use keel_workers::agent::mcp::{alias, is_tool_name};
@@ -168,7 +168,7 @@ fn check_allowlist(server: &str, tools: &[String]) -> Result<(), String> {
         if !is_tool_name(&alias(server, tool)) {
             return Err(format!(
                 "tools: {tool:?} makes no tool name the model APIs take (letters, digits, '_' \
-                 and '-', and mcp__{server}__<tool> at most 64 characters)"
+                 and '-', and mcp__{server}__<tool> at most {MAX_TOOL_NAME} characters)"
             ));
         }
         if tools[..i].contains(tool) {

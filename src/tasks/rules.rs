@@ -778,14 +778,6 @@ fn check_len(field: &'static str, value: Option<&str>, max: usize) -> Result<(),
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_documented_tool_catalog_is_the_workers() {
-        assert_eq!(
-            keel_api_types::AGENT_TOOLS,
-            keel_workers::agent::tools::CATALOG
-        );
-    }
-
     fn draft(kind: &str) -> TaskDraft {
         TaskDraft {
             execution_kind: Some(kind.into()),

@@ -11,6 +11,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use keel_api_types::MAX_TOOL_NAME;
 use reqwest13::header::{HeaderName, HeaderValue};
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::{RoleClient, RunningService, ServiceExt};
@@ -343,10 +344,11 @@ pub fn alias(server: &str, tool: &str) -> String {
     format!("{PREFIX}{server}__{tool}")
 }
 
-/// A tool name every model API takes: letters, digits, `_` and `-`, at most 64.
+/// A tool name every model API takes: letters, digits, `_` and `-`, at most
+/// [`MAX_TOOL_NAME`] (the contract's `MCP_TOOL_NAME` pattern and bound).
 pub fn is_tool_name(name: &str) -> bool {
     !name.is_empty()
-        && name.len() <= 64
+        && name.len() <= MAX_TOOL_NAME
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')

@@ -30,20 +30,8 @@ pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 16 * 1024;
 /// The longest [`summarize`] line.
 const MAX_SUMMARY_BYTES: usize = 512;
 
-/// Every tool, in catalog order.
-pub const CATALOG: [&str; 11] = [
-    "read_file",
-    "list_dir",
-    "grep",
-    "glob",
-    "file_write",
-    "file_edit",
-    "apply_patch",
-    "shell_exec",
-    "git_status",
-    "git_diff",
-    "http_request",
-];
+/// Every tool, in catalog order: the contract's list, which the API's document states.
+pub const CATALOG: [&str; 11] = keel_api_types::AGENT_TOOLS;
 
 /// The tools `sandbox_read_only` removes: they change the workspace or run arbitrary code.
 pub const WRITERS: [&str; 4] = ["file_write", "file_edit", "apply_patch", "shell_exec"];
