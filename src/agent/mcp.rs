@@ -10,8 +10,8 @@ use keel_workers::{ContextError, RunContext, StepResult};
 use serde_json::json;
 
 use crate::domain::Role;
-use crate::providers::secrets::{SecretPolicy, SecretRef};
-use crate::tasks::check_mcp_secrets;
+use crate::providers::secrets::SecretPolicy;
+use crate::tasks::resolve_secret;
 
 /// A server as the attempt will treat it: to be reached, or not, with why.
 pub(crate) enum Planned {
@@ -65,13 +65,12 @@ fn resolve(
     workspace: &str,
     policy: &SecretPolicy,
 ) -> Result<Transport, String> {
-    check_mcp_secrets(std::slice::from_ref(server), policy, written_by, workspace)?;
-    let resolved = |named: &std::collections::BTreeMap<String, String>| {
+    let resolved = |field: &str, named: &std::collections::BTreeMap<String, String>| {
         named
             .iter()
             .map(|(key, reference)| {
-                let secret = SecretRef::parse(reference).map_err(|why| format!("{key} {why}"))?;
-                let value = secret.resolve(policy).map_err(|e| format!("{key}: {e}"))?;
+                let value = resolve_secret(reference, policy, written_by, workspace)
+                    .map_err(|why| format!("{field}.{key}: {why}"))?;
                 Ok((key.clone(), value.expose().to_string()))
             })
             .collect::<Result<Vec<_>, String>>()
@@ -80,11 +79,11 @@ fn resolve(
         Some(McpTransport::Stdio) => Ok(Transport::Stdio {
             command: server.command.clone().unwrap_or_default(),
             args: server.args.clone(),
-            env: resolved(&server.env)?,
+            env: resolved("env", &server.env)?,
         }),
         _ => Ok(Transport::Http {
             url: server.url.clone().unwrap_or_default(),
-            headers: resolved(&server.headers)?,
+            headers: resolved("headers", &server.headers)?,
         }),
     }
 }

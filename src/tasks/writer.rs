@@ -4,6 +4,8 @@
 //! when the task is created, and again by the worker before each attempt resolves them:
 //! the grants may have narrowed in between.
 
+use keel_workers::media::Secret;
+
 use crate::domain::{Invalid, Role};
 use crate::providers::secrets::{SecretPolicy, SecretRef};
 
@@ -18,6 +20,21 @@ pub(crate) fn check_secret(
         Role::Operator => policy.check(secret),
         Role::Member => policy.check_granted(workspace, secret),
     }
+}
+
+/// The value of a reference a task written by `writer` in `workspace` names, checked
+/// against what that writer may name now, before anything is read. Never logged.
+pub(crate) fn resolve_secret(
+    reference: &str,
+    policy: &SecretPolicy,
+    writer: Role,
+    workspace: &str,
+) -> Result<Secret, String> {
+    let secret = SecretRef::parse(reference)?;
+    check_secret(&secret, policy, writer, workspace)?;
+    secret
+        .resolve(policy)
+        .map_err(|unresolved| unresolved.to_string())
 }
 
 impl super::NewTask {

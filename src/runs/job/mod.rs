@@ -31,10 +31,10 @@ use crate::attempt;
 use crate::attempt::Verdict;
 use crate::attempt::fence::Fence;
 use crate::db::StoreError;
-use crate::providers::secrets::{SecretPolicy, SecretRef};
+use crate::providers::secrets::SecretPolicy;
 use crate::queue::worker::Job;
 use crate::runs::{RunRecord, RunWithTask};
-use crate::tasks::{RunTimeouts, WorkspaceRoots, check_secret};
+use crate::tasks::{RunTimeouts, WorkspaceRoots, resolve_secret};
 use crate::tasks::{TaskRecord, TaskRecordExt};
 use context::{Held, Shared};
 use ending::End;
@@ -131,12 +131,8 @@ impl RunJobs {
         let Some(reference) = row.task.repo_credential.as_deref() else {
             return Ok(None);
         };
-        let secret = SecretRef::parse(reference).map_err(|why| format!("repo_credential {why}"))?;
-        check_secret(&secret, &self.secrets, row.written_by, workspace_id)
+        let value = resolve_secret(reference, &self.secrets, row.written_by, workspace_id)
             .map_err(|why| format!("repo_credential: {why}"))?;
-        let value = secret
-            .resolve(&self.secrets)
-            .map_err(|e| format!("repo_credential: {e}"))?;
         Ok(Some(basic_authorization(value.expose())))
     }
 
