@@ -21,10 +21,10 @@ use serde_json::Value;
 use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
 
-use super::tools::{ToolEnv, bound};
+use super::tools::{ToolEnv, bound, clean};
 use super::{ToolCall, ToolResult, ToolSpec};
 use crate::media::egress::{check_url, describe, guarded_13};
-use crate::process::start_with_stdin;
+use crate::process::{start_with_stdin, thousands};
 use crate::sandbox::Containment;
 
 /// How long a server has to start and list its tools.
@@ -409,13 +409,8 @@ impl McpTools {
     /// A one-line description of a call for an approval: the tool and the size of its
     /// arguments, which are not shown (they may carry anything).
     pub fn summarize(call: &ToolCall) -> String {
-        let name: String = call
-            .name
-            .chars()
-            .filter(|c| !c.is_control())
-            .take(100)
-            .collect();
-        format!("{name}: {} bytes of arguments", call.arguments.len())
+        let size = thousands(call.arguments.len() as u64);
+        format!("{}: {size} bytes of arguments", clean(&call.name, 100))
     }
 
     /// Calls a server's tool; every failure (an unknown tool, a server that is down, bad

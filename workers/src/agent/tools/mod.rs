@@ -353,7 +353,7 @@ fn one_line(text: &str) -> String {
 }
 
 /// `text` without control characters, cut to `max` bytes.
-fn clean(text: &str, max: usize) -> String {
+pub(crate) fn clean(text: &str, max: usize) -> String {
     let cleaned: String = text
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
