@@ -88,7 +88,16 @@ fn describe(output: &Output) -> String {
 
 /// `keel tasks create --quiet --shell command`: the new task's id.
 async fn create_shell(url: &str, command: &str) -> String {
-    let output = cli(url, &["tasks", "create", "--quiet", "--shell", command]).await;
+    create(url, &["--shell", command]).await
+}
+
+/// `keel tasks create --quiet ARGS…`: the new task's id.
+async fn create(url: &str, args: &[&str]) -> String {
+    let args: Vec<&str> = ["tasks", "create", "--quiet"]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    let output = cli(url, &args).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
     stdout(&output).trim().to_string()
 }
@@ -113,24 +122,9 @@ async fn create_quiet_prints_the_id_and_json_output_is_the_apis() {
 
     // --mcp: a server as JSON, stored with the task; JSON that is no server is refused.
     let server = r#"{"name": "time", "command": "mcp-server-time", "tools": ["get_current_time"]}"#;
-    let args = [
-        "tasks",
-        "create",
-        "-q",
-        "--prompt",
-        "What time is it?",
-        "--mcp",
-        server,
-    ];
-    let output = cli(keel.url(), &args).await;
-    assert_eq!(code(&output), 0, "{}", describe(&output));
-    let agent = keel
-        .client()
-        .api
-        .get_task(stdout(&output).trim())
-        .await
-        .unwrap()
-        .data;
+    let args = ["--prompt", "What time is it?", "--mcp", server];
+    let agent = keel.client().api.get_task(&create(keel.url(), &args).await);
+    let agent = agent.await.unwrap().data;
     let servers = agent.mcp_servers.expect("the task's servers").0;
     assert_eq!(
         (servers[0].name.as_str(), servers[0].tools.clone()),
@@ -150,24 +144,9 @@ async fn create_quiet_prints_the_id_and_json_output_is_the_apis() {
     assert!(said.contains("exactly one of command"), "{said}");
 
     // --workspace-mode persistent: the task's directory, kept across its runs.
-    let args = [
-        "tasks",
-        "create",
-        "-q",
-        "--shell",
-        "ls",
-        "--workspace-mode",
-        "persistent",
-    ];
-    let output = cli(keel.url(), &args).await;
-    assert_eq!(code(&output), 0, "{}", describe(&output));
-    let kept = keel
-        .client()
-        .api
-        .get_task(stdout(&output).trim())
-        .await
-        .unwrap()
-        .data;
+    let args = ["--shell", "ls", "--workspace-mode", "persistent"];
+    let kept = keel.client().api.get_task(&create(keel.url(), &args).await);
+    let kept = kept.await.unwrap().data;
     assert_eq!(kept.workspace_mode, "persistent");
 
     let output = cli(keel.url(), &["tasks", "list", "--output", "json"]).await;

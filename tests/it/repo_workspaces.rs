@@ -57,6 +57,32 @@ pub(crate) fn repository() -> tempfile::TempDir {
     bare
 }
 
+/// A shell task with `fields` posted raw: refused with 422, whose message this returns.
+async fn refusal(c: &support::Client, fields: serde_json::Value) -> String {
+    let mut body = json!({ "execution_kind": "shell", "shell_command": "ls" });
+    body.as_object_mut()
+        .unwrap()
+        .extend(fields.as_object().unwrap().clone());
+    let (status, error) = c.post("/v1/tasks", body.clone()).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {error}");
+    error["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Starts a shell task whose clone of `url` must fail; returns its ids and the run's error.
+async fn failed_clone(c: &support::Client, url: String) -> (String, String, String) {
+    let draft = TaskDraft {
+        repo: Some(url),
+        ..support::shell("echo never")
+    };
+    let (task_id, run_id) = c.start_task(&draft).await;
+    let run = c.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    (task_id, run_id, run.last_error.unwrap_or_default())
+}
+
 /// Serves `dir`'s files over HTTP on loopback (a run's sandbox reaches the host's loopback
 /// when its task allows the network); returns the base URL.
 pub(crate) async fn serve(dir: &Path) -> String {
@@ -130,14 +156,7 @@ async fn a_clone_that_fails_fails_the_run_with_gits_message() {
         .to_str()
         .unwrap()
         .to_string();
-    let draft = TaskDraft {
-        repo: Some(url),
-        ..support::shell("echo never")
-    };
-    let (task_id, run_id) = c.start_task(&draft).await;
-    let run = c.wait_terminal(&task_id, &run_id, WAIT).await;
-    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
-    let error = run.last_error.unwrap_or_default();
+    let (task_id, run_id, error) = failed_clone(c, url).await;
     assert!(
         error.starts_with("clone_failed: git exited with code"),
         "{error}"
@@ -178,14 +197,8 @@ async fn repositories_are_named_without_credentials_and_only_for_ephemeral_works
         ),
     ];
     for (fields, named) in cases {
-        let mut body = json!({ "execution_kind": "shell", "shell_command": "ls" });
-        body.as_object_mut()
-            .unwrap()
-            .extend(fields.as_object().unwrap().clone());
-        let (status, error) = c.post("/v1/tasks", body.clone()).await;
-        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {error}");
-        let message = error["error"]["message"].as_str().unwrap_or_default();
-        assert!(message.starts_with(&format!("{named}:")), "{body}: {error}");
+        let message = refusal(c, fields).await;
+        assert!(message.starts_with(&format!("{named}:")), "{message}");
     }
     for repo in [
         "https://github.com/o/r.git",
@@ -243,14 +256,7 @@ async fn a_private_repository_is_cloned_with_its_credential_which_the_run_never_
     assert_eq!(task.repo_credential.as_deref(), Some("env:REPO_TEST_TOKEN"));
 
     // Without it, the server refuses the clone and the run fails with git's message.
-    let draft = TaskDraft {
-        repo: Some(url),
-        ..support::shell("echo never")
-    };
-    let (task_id, run_id) = c.start_task(&draft).await;
-    let run = c.wait_terminal(&task_id, &run_id, WAIT).await;
-    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
-    let error = run.last_error.unwrap_or_default();
+    let (_, _, error) = failed_clone(c, url).await;
     assert!(error.starts_with("clone_failed: git"), "{error}");
 
     // A credential is a secret reference, for an HTTP(S) repository only.
@@ -272,16 +278,10 @@ async fn a_private_repository_is_cloned_with_its_credential_which_the_run_never_
             "Keel's own settings",
         ),
     ] {
-        let mut body = json!({ "execution_kind": "shell", "shell_command": "ls" });
-        body.as_object_mut()
-            .unwrap()
-            .extend(fields.as_object().unwrap().clone());
-        let (status, error) = c.post("/v1/tasks", body.clone()).await;
-        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {error}");
-        let message = error["error"]["message"].as_str().unwrap_or_default();
+        let message = refusal(c, fields).await;
         assert!(
             message.starts_with("repo_credential:") && message.contains(why),
-            "{body}: {error}"
+            "{message}"
         );
     }
 }
