@@ -15,6 +15,11 @@ fn run_path(task_id: &str, run_id: &str) -> String {
     format!("/v1/tasks/{}/runs/{}", segment(task_id), segment(run_id))
 }
 
+/// The path of one of a run's `kind` (`steps`, `artifacts`, `patches`), with `rest` after it.
+fn run_item(task_id: &str, run_id: &str, kind: &str, id: &str, rest: &str) -> String {
+    format!("{}/{kind}/{}{rest}", run_path(task_id, run_id), segment(id))
+}
+
 impl Client {
     fn get<T>(&self, path: String) -> Call<'_, T> {
         Call::new(self, Method::GET, path)
@@ -134,8 +139,7 @@ impl Client {
         run_id: &str,
         step_id: &str,
     ) -> Call<'_, ObjectEnvelope<StepRecord>> {
-        let path = format!("{}/steps/{}", run_path(task_id, run_id), segment(step_id));
-        self.get(path)
+        self.get(run_item(task_id, run_id, "steps", step_id, ""))
     }
 
     /// A run's events in order, after `after_sequence`.
@@ -164,12 +168,7 @@ impl Client {
         run_id: &str,
         artifact_id: &str,
     ) -> Call<'_, ObjectEnvelope<ArtifactRecord>> {
-        let path = format!(
-            "{}/artifacts/{}",
-            run_path(task_id, run_id),
-            segment(artifact_id)
-        );
-        self.get(path)
+        self.get(run_item(task_id, run_id, "artifacts", artifact_id, ""))
     }
 
     /// The artifacts of all the task's runs, oldest first.
@@ -180,12 +179,13 @@ impl Client {
     /// An artifact's bytes so far (readable while the run still writes it): see
     /// [`Call::bytes_stream`] and [`Call::tail`].
     pub fn artifact_content(&self, task_id: &str, run_id: &str, artifact_id: &str) -> Call<'_, ()> {
-        let path = format!(
-            "{}/artifacts/{}/content",
-            run_path(task_id, run_id),
-            segment(artifact_id)
-        );
-        self.get(path)
+        self.get(run_item(
+            task_id,
+            run_id,
+            "artifacts",
+            artifact_id,
+            "/content",
+        ))
     }
 
     /// The run a run id names: the API addresses runs under their task, and an operator
@@ -547,12 +547,7 @@ impl Client {
         run_id: &str,
         artifact_id: &str,
     ) -> Call<'_, ObjectEnvelope<PatchDetail>> {
-        let path = format!(
-            "{}/patches/{}",
-            run_path(task_id, run_id),
-            segment(artifact_id)
-        );
-        self.get(path)
+        self.get(run_item(task_id, run_id, "patches", artifact_id, ""))
     }
 
     /// Puts the file back as it was before the patch.
@@ -562,12 +557,7 @@ impl Client {
         run_id: &str,
         artifact_id: &str,
     ) -> Call<'_, ObjectEnvelope<PatchDetail>> {
-        let path = format!(
-            "{}/patches/{}/revert",
-            run_path(task_id, run_id),
-            segment(artifact_id)
-        );
-        self.post(path)
+        self.post(run_item(task_id, run_id, "patches", artifact_id, "/revert"))
     }
 
     // The workspace's feed and audit trail.
