@@ -201,7 +201,7 @@ pub async fn main(
         BenchCommand::Report(args) => report::print(&args),
         BenchCommand::Postgres { root } => postgres(root, shutdown).await,
         BenchCommand::Worker(args) => {
-            let pool = keel::cli::connect(common, "bench-worker").await?;
+            let pool = keel::cli::connect(common, "bench-worker", &shutdown).await?;
             noop::run_worker(pool, &args, noop::Probe::default(), shutdown).await
         }
     }

@@ -215,7 +215,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Migrate(common) => {
-            let pool = connect(&common, "migrate").await?;
+            let pool = connect(&common, "migrate", &shutdown).await?;
             crate::db::migrate(&pool)
                 .await
                 .context("applying migrations")?;
@@ -225,14 +225,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Api { common, api } => {
             // Before anything else: an unprotected listener must not start at all.
             let auth = api::Auth::from_args(&api.auth, api.listen)?;
-            let pool = connect(&common, "api").await?;
+            let pool = connect(&common, "api", &shutdown).await?;
             serve_api(pool, &common, &api, auth, shutdown).await
         }
         Command::Worker { common, worker } => {
             // Before anything else: lease timings that let two workers run one job at once
             // (or stop healthy jobs) must not start a worker at all.
             worker.settings().map_err(anyhow::Error::msg)?;
-            let pool = connect(&common, "worker").await?;
+            let pool = connect(&common, "worker", &shutdown).await?;
             worker::run_worker(pool, &common, &worker, shutdown).await
         }
         Command::Serve {
@@ -313,9 +313,7 @@ async fn serve_all(
             (cluster.url("keel"), Some(cluster))
         }
     };
-    let pool = crate::db::connect(&url, common.db_max_connections, "serve")
-        .await
-        .context("connecting to PostgreSQL")?;
+    let pool = connect_patiently(&url, common.db_max_connections, "serve", &shutdown).await?;
     crate::db::migrate(&pool)
         .await
         .context("applying migrations")?;
@@ -350,14 +348,35 @@ async fn create_database(admin_url: &str, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn connect(common: &Common, role: &str) -> anyhow::Result<PgPool> {
+pub async fn connect(
+    common: &Common,
+    role: &str,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<PgPool> {
     let url = common.database_url().context(
         "no database URL: pass --database-url or set KEEL_DATABASE_URL (or DATABASE_URL); \
          only `keel serve` can start its own PostgreSQL",
     )?;
-    crate::db::connect(&url, common.db_max_connections, role)
-        .await
-        .context("connecting to PostgreSQL")
+    connect_patiently(&url, common.db_max_connections, role, shutdown).await
+}
+
+/// Opens the pool, waiting while the database cannot be reached yet (a stack whose
+/// PostgreSQL starts beside Keel, a failover under way) for up to the startup patience.
+async fn connect_patiently(
+    url: &str,
+    max_connections: u32,
+    role: &str,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<PgPool> {
+    crate::queue::reach::retry_while_unreachable(
+        "connecting to PostgreSQL",
+        crate::queue::reach::STARTUP_PATIENCE,
+        shutdown,
+        crate::db::StoreError::is_unreachable,
+        || crate::db::connect(url, max_connections, role),
+    )
+    .await
+    .context("connecting to PostgreSQL")
 }
 
 pub(crate) async fn serve_api(

@@ -78,9 +78,15 @@ pub async fn run_worker_with(
     handlers: Vec<Arc<dyn JobHandler>>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    crate::maintenance::recover(&pool)
-        .await
-        .context("boot recovery")?;
+    crate::queue::reach::retry_while_unreachable(
+        "boot recovery",
+        crate::queue::reach::STARTUP_PATIENCE,
+        &shutdown,
+        crate::db::StoreError::is_unreachable,
+        || crate::maintenance::recover(&pool),
+    )
+    .await
+    .context("boot recovery")?;
     let maintenance = CancellationToken::new();
     tokio::spawn(crate::maintenance::run(
         pool.clone(),

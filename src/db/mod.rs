@@ -48,15 +48,7 @@ impl StoreError {
     /// connection, a server shutting down): the same statements may succeed on a fresh
     /// connection.
     pub(crate) fn is_unreachable(&self) -> bool {
-        match self {
-            StoreError::Database(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)) => true,
-            // Class 08: connection exceptions; 57P01-57P03: the server is shutting down,
-            // crashed or cannot take connections yet.
-            StoreError::Database(sqlx::Error::Database(e)) => e
-                .code()
-                .is_some_and(|code| code.starts_with("08") || code.starts_with("57P")),
-            _ => false,
-        }
+        matches!(self, StoreError::Database(error) if crate::queue::reach::unreachable(error))
     }
 }
 

@@ -13,6 +13,7 @@ pub(crate) mod claim;
 pub(crate) mod enqueue;
 pub mod fair;
 pub(crate) mod lease;
+pub(crate) mod reach;
 pub(crate) mod settle;
 pub(crate) mod snapshot;
 pub mod worker;
@@ -40,6 +41,13 @@ pub enum QueueError {
     LeaseLost,
     #[error(transparent)]
     Database(#[from] sqlx::Error),
+}
+
+impl QueueError {
+    /// Whether the database could not be reached ([`reach::unreachable`]).
+    pub(crate) fn is_unreachable(&self) -> bool {
+        matches!(self, QueueError::Database(error) if reach::unreachable(error))
+    }
 }
 
 pub(crate) type Result<T, E = QueueError> = std::result::Result<T, E>;

@@ -291,6 +291,13 @@ async fn every_acknowledged_start_completes_once_across_a_failover() {
         (acknowledged_count(&runs, None) >= BEFORE).then_some(())
     })
     .await;
+    // The failover meets a worker mid-stream, not one still starting (which waits for the
+    // database instead: partition::a_worker_started_before_its_database_answers_waits_for_it).
+    wait_for(LONG, "the worker's first run", || async {
+        let written = std::fs::read_to_string(&effects).unwrap_or_default();
+        (!written.is_empty()).then_some(())
+    })
+    .await;
 
     let failed_over = Instant::now();
     primary.pg_ctl(&["stop", "-m", "immediate"]);

@@ -392,3 +392,46 @@ async fn a_cut_off_agent_loop_starts_no_model_call_after_its_deadline() {
         requests - 2
     );
 }
+
+/// A worker started while its database refuses connections (PostgreSQL starting beside
+/// it, a failover under way) waits for it instead of exiting, and runs work once it
+/// answers.
+#[tokio::test]
+async fn a_worker_started_before_its_database_answers_waits_for_it() {
+    let db = support::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = spawn_api(&db, dir.path(), "api").await;
+    let client = api.client.clone().unwrap();
+    let proxy = DelayProxy::freezable(&db).await;
+    let nothing_listens = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let refusing = format!(
+        "postgres://keel@{}/keel",
+        nothing_listens.local_addr().unwrap()
+    );
+    drop(nothing_listens);
+    proxy.retarget(&refusing);
+    let mut worker = spawn_worker(
+        &proxy.url,
+        dir.path(),
+        "worker",
+        LEASE_MS,
+        &dir.path().join("data"),
+    );
+    wait_for(LONG, "the worker to try again", || async {
+        let log = std::fs::read_to_string(&worker.log).unwrap_or_default();
+        log.contains("the database cannot be reached; trying again")
+            .then_some(())
+    })
+    .await;
+    let (task_id, run_id) = client.run_shell("echo reached").await;
+
+    proxy.retarget(&db);
+    let run = client
+        .wait_status(&task_id, &run_id, RunStatus::Completed, LONG)
+        .await;
+    assert_eq!(run.status, RunStatus::Completed);
+    assert!(
+        worker.child.try_wait().unwrap().is_none(),
+        "the worker is still running"
+    );
+}

@@ -25,15 +25,16 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use sqlx::PgPool;
+use sqlx::postgres::PgListener;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::queue::QueueError;
 use crate::queue::snapshot::{Claiming, HeldSnapshot};
 use crate::queue::worker::window::Window;
 use crate::queue::{Lease, QueuePool};
+use crate::queue::{QueueError, reach};
 use crate::telemetry;
 use claims::Claimer;
 pub use deadline::{DeadlineNear, LeaseDeadline, LeaseTiming};
@@ -148,18 +149,15 @@ impl Worker {
     /// Runs until `shutdown` fires, then drains.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), QueueError> {
         let kinds = self.kinds();
-        // Registering, listening and opening the connections of the first claim and ack
-        // batch go on side by side: each costs round trips, and a database far away
-        // made their sum most of the time before the first claim.
-        let (registered, listener, opened) = tokio::join!(
-            registry::register(&self.pool, &self.id, &kinds, self.settings.concurrency),
-            listen::subscribe(&self.pool),
-            self.queue.open(2),
-        );
-        registered?;
-        opened?;
         // Listening before the first claim, so no enqueue between the two is missed.
-        let listener = listener?;
+        let listener = reach::retry_while_unreachable(
+            "worker start",
+            reach::STARTUP_PATIENCE,
+            &shutdown,
+            QueueError::is_unreachable,
+            || self.start_up(&kinds),
+        )
+        .await?;
         tracing::info!(worker_id = %self.id, ?kinds, concurrency = self.settings.concurrency, "worker started");
         let registry: Registry = Arc::default();
         let wake = Arc::new(Notify::new());
@@ -197,6 +195,20 @@ impl Worker {
         registry::deregister(&self.pool, &self.id).await?;
         tracing::info!(worker_id = %self.id, "worker stopped");
         Ok(())
+    }
+
+    /// Registers the worker, listens and opens the connections of the first claim and ack
+    /// batch, side by side: each costs round trips, and a database far away made their sum
+    /// most of the time before the first claim. Safe to repeat.
+    async fn start_up(&self, kinds: &[String]) -> Result<PgListener, QueueError> {
+        let (registered, listener, opened) = tokio::join!(
+            registry::register(&self.pool, &self.id, kinds, self.settings.concurrency),
+            listen::subscribe(&self.pool),
+            self.queue.open(2),
+        );
+        registered?;
+        opened?;
+        listener
     }
 
     async fn claim_loop(

@@ -6,7 +6,8 @@ use sqlx::PgPool;
 
 use crate::queue::Result;
 
-/// Registers worker `id` with its host, pid, kinds and concurrency.
+/// Registers worker `id` with its host, pid, kinds and concurrency; again is a no-op (a
+/// start retried after a lost answer).
 pub(super) async fn register(
     pool: &PgPool,
     id: &str,
@@ -18,7 +19,8 @@ pub(super) async fn register(
         .and_then(|h| h.into_string().ok())
         .unwrap_or_else(|| "unknown".into());
     sqlx::query!(
-        "INSERT INTO workers (id, hostname, pid, kinds, concurrency) VALUES ($1, $2, $3, $4, $5)",
+        "INSERT INTO workers (id, hostname, pid, kinds, concurrency) VALUES ($1, $2, $3, $4, $5) \
+         ON CONFLICT (id) DO NOTHING",
         id,
         hostname,
         std::process::id() as i32,
