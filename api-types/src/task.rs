@@ -38,6 +38,8 @@ pub struct TaskDraft {
     /// With an `https://` or `http://` `repo`: a secret reference to the credential the
     /// clone sends.
     pub repo_credential: Option<String>,
+    /// With `repo`: the branch a completed run's changes are committed and pushed to.
+    pub push_branch: Option<String>,
     /// For `in_place`: a directory beneath `KEEL_WORKSPACE_ROOTS` that the working
     /// directory must lie beneath, narrowing the operator's roots for this task.
     pub sandbox_allowed_root: Option<String>,
@@ -337,9 +339,9 @@ fn workspace_rules() -> Vec<RefOr<Schema>> {
             vec![ephemeral, in_place],
         ),
         rule(
-            "`base_branch` needs `repo`.",
+            "`base_branch` and `push_branch` need `repo`.",
             vec![
-                when_null(&["base_branch"]),
+                when_null(&["base_branch", "push_branch"]),
                 when_given("repo", Type::String),
             ],
         ),
@@ -447,6 +449,21 @@ fn common_fields(kind: &str) -> Vec<Field> {
                 .into(),
         ),
         (
+            "push_branch",
+            false,
+            string(true, BRANCH, Some(255))
+                .description(Some(
+                    "With `repo`: once a run completes, its workspace's changes are \
+                     committed (as Keel, dated at the run's creation) and pushed to this \
+                     branch of `repo`, with `repo_credential`, as a `workspace_push` step. \
+                     Not `base_branch` (422). The push reaches a remote: a task with one \
+                     needs the `git_exec` approval (and `network_egress`) at admission where \
+                     the policies gate them. A push git refuses (the branch moved elsewhere) \
+                     fails the run with `push_failed:` and git's message.",
+                ))
+                .into(),
+        ),
+        (
             "working_directory",
             false,
             string(true, ABSOLUTE_PATH, None)
@@ -546,7 +563,7 @@ fn common_fields(kind: &str) -> Vec<Field> {
     "id": "task_01a22b05c3e1734c9d7a0f2b6e41d890", "execution_kind": "shell", "status": "completed",
     "prompt": null, "shell_command": "echo hello from keel", "git_command": null,
     "file_path": null, "file_content": null, "file_operation": null,
-    "working_directory": null, "workspace_mode": "ephemeral", "repo": null, "base_branch": null, "repo_credential": null, "sandbox_allowed_root": null, "sandbox_network": true, "sandbox_read_only": false, "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000,
+    "working_directory": null, "workspace_mode": "ephemeral", "repo": null, "base_branch": null, "repo_credential": null, "push_branch": null, "sandbox_allowed_root": null, "sandbox_network": true, "sandbox_read_only": false, "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000,
     "system_prompt": null, "requested_provider": null, "requested_model": null,
     "max_model_calls": null, "reasoning_effort": null, "workspace_system_prompt_policy": null, "tools": null, "mcp_servers": null, "execution_profile": null, "run_count": 1,
     "latest_run_id": "run_01a22b05d1f27a6b8c9e0d1f2a3b4c5d", "latest_run_step_count": 1,
@@ -574,6 +591,8 @@ pub struct TaskRecord {
     pub base_branch: Option<String>,
     /// The secret reference of the credential the clone sends (null: none); never its value.
     pub repo_credential: Option<String>,
+    /// The branch a completed run's changes are pushed to (null: none).
+    pub push_branch: Option<String>,
     /// For `in_place`: the directory the task narrows the workspace roots to.
     pub sandbox_allowed_root: Option<String>,
     /// False: shell and git children run with only loopback, and need no `network_egress`.

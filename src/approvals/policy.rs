@@ -111,6 +111,19 @@ impl ApprovalPolicy {
             .collect()
     }
 
+    /// The gates of a run that pushes its result to a branch of its repository: a git
+    /// command that reaches a remote, as `git push` run by itself would need.
+    pub(crate) fn gates_for_push(&self, sandbox: SandboxPolicy) -> Vec<ApprovalKind> {
+        let mut gates = Vec::new();
+        if self.has(Policy::GitExec) {
+            gates.push(ApprovalKind::GitExec);
+        }
+        if self.has(Policy::NetworkEgress) && sandbox.network {
+            gates.push(ApprovalKind::NetworkEgress);
+        }
+        gates
+    }
+
     /// Whether an imported task's workflow hooks (shell scripts its worker runs in the
     /// workspace) need an approval: the one a shell command needs.
     pub(crate) fn gates_hooks(&self) -> bool {
@@ -330,6 +343,15 @@ impl ActionSummary {
             raw.push(format!("timeout: {ms} ms"));
         }
         ActionSummary::bounded(raw.iter().map(|line| redact(line)))
+    }
+
+    /// This summary, then the push of the run's result to `branch` of `repo`.
+    pub(crate) fn and_push(self, repo: &str, branch: &str) -> ActionSummary {
+        let push = format!(
+            "then commit the workspace's changes and push them to branch {branch} of {repo}"
+        );
+        let lines: Vec<String> = self.lines.into_iter().chain([push]).collect();
+        ActionSummary::of_lines(&lines, self.incomplete)
     }
 
     /// The summary of lines someone else wrote (an agent loop's tool calls), redacted and

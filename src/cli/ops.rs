@@ -281,6 +281,9 @@ pub(crate) struct CreateTask {
     /// credential the clone sends.
     #[arg(long, requires = "repo")]
     repo_credential: Option<String>,
+    /// With --repo: the branch a completed run's changes are committed and pushed to.
+    #[arg(long, requires = "repo")]
+    push_branch: Option<String>,
     #[arg(long)]
     timeout_ms: Option<i64>,
     /// Start the task in the same request and transaction (`start: true`): the task shown
@@ -319,6 +322,7 @@ impl CreateTask {
             repo: self.repo.clone(),
             base_branch: self.base_branch.clone(),
             repo_credential: self.repo_credential.clone(),
+            push_branch: self.push_branch.clone(),
             timeout_ms: self.timeout_ms,
             requested_provider: self.provider.clone(),
             reasoning_effort: self.reasoning_effort.clone(),

@@ -365,9 +365,23 @@ async fn gates(
     if hooks.is_some() && rules.approvals.gates_hooks() && !gates.contains(&shell) {
         gates.insert(0, shell);
     }
+    let push = task.repo.as_deref().zip(task.push_branch.as_deref());
+    if push.is_some() {
+        for gate in rules.approvals.gates_for_push(task.sandbox()) {
+            if !gates.contains(&gate) {
+                gates.push(gate);
+            }
+        }
+    }
     let workspace = task.workspace_description();
-    let describe =
-        || ActionSummary::describe(execution.as_ref(), hooks, &workspace, task.timeout_ms);
+    let describe = || {
+        let summary =
+            ActionSummary::describe(execution.as_ref(), hooks, &workspace, task.timeout_ms);
+        match push {
+            Some((repo, branch)) => summary.and_push(repo, branch),
+            None => summary,
+        }
+    };
     let summary = (!gates.is_empty()).then(describe);
     Ok((gates, summary))
 }
@@ -630,7 +644,7 @@ pub(crate) async fn lock_with_task(
              SELECT t.id, t.execution_kind, COALESCE(latest.status, 'not_started') AS status,
                     t.prompt, t.shell_command, t.git_command, t.file_path, t.file_content,
                     t.file_operation, t.working_directory, t.workspace_mode, t.repo,
-                    t.base_branch, t.repo_credential, t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only, t.timeout_ms,
+                    t.base_branch, t.repo_credential, t.push_branch, t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only, t.timeout_ms,
                     t.priority, t.budget_micros_usd, t.system_prompt, t.requested_provider,
                     t.requested_model, t.max_model_calls, t.reasoning_effort,
                     t.workspace_system_prompt_policy, t.tools, t.mcp_servers,

@@ -241,8 +241,10 @@ pub(crate) struct RepoSource {
     pub(crate) url: String,
     /// The branch to check out; None: the repository's default.
     pub(crate) base_branch: Option<String>,
-    /// The credential the clone sends, by reference.
+    /// The credential the clone (and the push) sends, by reference.
     pub(crate) credential: Option<SecretRef>,
+    /// The branch a completed run's changes are committed and pushed to; None: not pushed.
+    pub(crate) push_branch: Option<String>,
 }
 
 /// A coding agent's system prompt when its task sets none.
@@ -614,10 +616,14 @@ fn parse_workspace(draft: &TaskDraft) -> Result<WorkspaceMode, Invalid> {
 /// option.
 fn parse_repo(draft: &TaskDraft, workspace: &WorkspaceMode) -> Result<Option<RepoSource>, Invalid> {
     let Some(url) = draft.repo.as_deref() else {
-        return match (&draft.base_branch, &draft.repo_credential) {
-            (Some(_), _) => Err(Invalid::new("base_branch", "needs repo")),
-            (_, Some(_)) => Err(Invalid::new("repo_credential", "needs repo")),
-            (None, None) => Ok(None),
+        let needs_repo = [
+            ("base_branch", draft.base_branch.is_some()),
+            ("repo_credential", draft.repo_credential.is_some()),
+            ("push_branch", draft.push_branch.is_some()),
+        ];
+        return match needs_repo.iter().find(|(_, given)| *given) {
+            Some((field, _)) => Err(Invalid::new(field, "needs repo")),
+            None => Ok(None),
         };
     };
     if matches!(workspace, WorkspaceMode::InPlace { .. }) {
@@ -636,11 +642,28 @@ fn parse_repo(draft: &TaskDraft, workspace: &WorkspaceMode) -> Result<Option<Rep
         Some(reference) => Some(parse_credential(url, reference)?),
         None => None,
     };
+    if let Some(branch) = draft.push_branch.as_deref() {
+        check_push_branch(branch, draft.base_branch.as_deref())
+            .map_err(|why| Invalid::new("push_branch", why))?;
+    }
     Ok(Some(RepoSource {
         url: url.to_string(),
         base_branch: draft.base_branch.clone(),
         credential,
+        push_branch: draft.push_branch.clone(),
     }))
+}
+
+/// A branch of its own for a run's result: a name git accepts, and not the branch the
+/// workspace starts from, which a run's push would otherwise move under everyone else.
+fn check_push_branch(branch: &str, base_branch: Option<&str>) -> Result<(), String> {
+    check_branch(branch)?;
+    if Some(branch) == base_branch {
+        return Err(
+            "must differ from base_branch: a run's result goes on a branch of its own".into(),
+        );
+    }
+    Ok(())
 }
 
 /// A repository credential: a secret reference, for a repository reached over HTTP(S)

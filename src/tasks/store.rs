@@ -34,7 +34,7 @@ macro_rules! query_tasks {
                       COALESCE(r.status, 'not_started') AS "status!: TaskStatus", t.prompt,
                       t.shell_command, t.git_command, t.file_path, t.file_content,
                       t.file_operation, t.working_directory, t.workspace_mode, t.repo,
-                      t.base_branch, t.repo_credential, t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only,
+                      t.base_branch, t.repo_credential, t.push_branch, t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only,
                       t.timeout_ms, t.priority, t.budget_micros_usd, t.system_prompt,
                       t.requested_provider, t.requested_model, t.max_model_calls,
                       t.reasoning_effort, t.workspace_system_prompt_policy, t.tools,
@@ -191,9 +191,9 @@ pub async fn insert(
                                 max_model_calls, tools, hooks, reasoning_effort,
                                 workspace_system_prompt_policy, repo, base_branch,
                                 mcp_servers, written_by_role, repo_credential,
-                                execution_profile)
+                                execution_profile, push_branch)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                     $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32)
+                     $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33)
              RETURNING *
          ), audit AS (
              INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id,
@@ -204,7 +204,7 @@ pub async fn insert(
          SELECT id, execution_kind, 'not_started' AS "status!: TaskStatus", prompt,
                 shell_command, git_command, file_path, file_content, file_operation,
                 working_directory, workspace_mode, repo, base_branch, repo_credential,
-                sandbox_allowed_root,
+                push_branch, sandbox_allowed_root,
                 sandbox_network,
                 sandbox_read_only, timeout_ms, priority, budget_micros_usd, system_prompt,
                 requested_provider, requested_model, max_model_calls, reasoning_effort,
@@ -250,6 +250,9 @@ pub async fn insert(
             .and_then(|repo| repo.credential.as_ref())
             .map(ToString::to_string),
         agent.execution_profile,
+        task.repo
+            .as_ref()
+            .and_then(|repo| repo.push_branch.as_deref()),
     )
     .fetch_one(conn)
     .await?;

@@ -149,6 +149,19 @@ async fn create_quiet_prints_the_id_and_json_output_is_the_apis() {
     let kept = kept.await.unwrap().data;
     assert_eq!(kept.workspace_mode, "persistent");
 
+    // --repo with --push-branch: where a completed run's changes go.
+    let args = [
+        "--shell",
+        "ls",
+        "--repo",
+        "/srv/r",
+        "--push-branch",
+        "keel/x",
+    ];
+    let pushing = keel.client().api.get_task(&create(keel.url(), &args).await);
+    let pushing = pushing.await.unwrap().data;
+    assert_eq!(pushing.push_branch.as_deref(), Some("keel/x"));
+
     let output = cli(keel.url(), &["tasks", "list", "--output", "json"]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
     let printed: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");

@@ -35,6 +35,7 @@ mod providers_live;
 mod queue;
 mod read_routes;
 mod remote_db;
+mod repo_push;
 mod repo_workspaces;
 mod restart;
 mod roles;

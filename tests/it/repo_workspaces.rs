@@ -19,7 +19,7 @@ use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-fn git(dir: &Path, args: &[&str]) {
+pub(crate) fn git(dir: &Path, args: &[&str]) {
     let status = Command::new("git")
         .args(["-c", "user.name=Keel", "-c", "user.email=keel@example.com"])
         .args(args)

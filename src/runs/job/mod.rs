@@ -38,7 +38,7 @@ use crate::tasks::{RunTimeouts, WorkspaceRoots, resolve_secret};
 use crate::tasks::{TaskRecord, TaskRecordExt};
 use context::{Held, Shared};
 use ending::End;
-use hooks::{AttemptHooks, RepoClone, basic_authorization};
+use hooks::{AttemptHooks, RepoClone, ResultPush, basic_authorization};
 use keel_workers::media::Secret;
 
 pub(crate) struct RunJobs {
@@ -145,6 +145,11 @@ impl RunJobs {
             base_branch: task.base_branch.clone(),
             credential: self.repo_credential(row, workspace_id),
             timeout: self.timeout(task),
+            push: task.push_branch.as_ref().map(|branch| ResultPush {
+                branch: branch.clone(),
+                message: format!("Keel run {} of task {}", run.id, task.id),
+                date: format!("@{} +0000", run.created_at.timestamp()),
+            }),
         });
         if row.hooks.is_none() && repo.is_none() {
             return None;
