@@ -232,8 +232,9 @@ fn task_draft_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema>
             one_of_strings(true, &REASONING_EFFORTS)
                 .description(Some(
                     "How hard a reasoning model thinks: OpenAI chat completions' \
-                     `reasoning_effort`, the Responses API's `reasoning.effort`; not sent to \
-                     Anthropic presets. Absent: the provider's default.",
+                     `reasoning_effort`, the Responses API's `reasoning.effort`, Anthropic's \
+                     extended thinking with a budget of 1024, 2048, 8192 or 24576 tokens. \
+                     Absent: the provider's default.",
                 ))
                 .into(),
         ),

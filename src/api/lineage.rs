@@ -287,6 +287,7 @@ mod tests {
         Message::Assistant {
             content: Some(text.into()),
             tool_calls: Vec::new(),
+            thinking: Vec::new(),
         }
     }
 

@@ -116,6 +116,13 @@ impl Stack {
         self.provider_id.clone()
     }
 
+    /// Makes a chat preset speaking Anthropic messages on the fake the stack's tasks name.
+    async fn use_anthropic(&mut self) -> String {
+        let base_url = self.llm.anthropic_base();
+        self.use_preset("anthropic", "anthropic-messages", base_url)
+            .await
+    }
+
     /// The cached prompt tokens the ledger recorded for the run's model call `index`.
     async fn cached_tokens(&self, run_id: &str, index: i32) -> i64 {
         sqlx::query_scalar("SELECT cached_tokens FROM model_calls WHERE run_id = $1 AND index = $2")
@@ -987,10 +994,7 @@ async fn an_anthropic_preset_runs_the_loop_over_the_messages_api() {
         ],
     )
     .await;
-    let base_url = stack.llm.anthropic_base();
-    let provider = stack
-        .use_preset("anthropic", "anthropic-messages", base_url)
-        .await;
+    let provider = stack.use_anthropic().await;
     let (task_id, run_id) = stack
         .start_agent(TaskDraft {
             requested_provider: Some(provider.clone()),
@@ -1017,6 +1021,54 @@ async fn an_anthropic_preset_runs_the_loop_over_the_messages_api() {
     assert_eq!(last["content"][0]["tool_use_id"], "toolu_1", "{last}");
     // Cached prompt tokens are recorded apart.
     assert_eq!(stack.cached_tokens(&run_id, 1).await, 10);
+}
+
+/// With a reasoning effort, an Anthropic preset thinks; the signed thinking block of the
+/// turn that asked for a tool goes back with it on the next call, which here is made by a
+/// new attempt (after an approval) from the rows the first one persisted. The fake refuses
+/// a turn without it, as the API does.
+#[tokio::test]
+async fn an_anthropic_preset_thinks_and_its_signed_blocks_survive_a_new_attempt() {
+    let mut stack = Stack::start(
+        "all_tools",
+        vec![
+            Turn::tool_call("toolu_1", "list_dir", "{}").thinking("Look around first.", "sig-7"),
+            Turn::text("The workspace is empty."),
+        ],
+    )
+    .await;
+    let provider = stack.use_anthropic().await;
+    let (task_id, run_id) = stack
+        .start_agent(TaskDraft {
+            requested_provider: Some(provider),
+            reasoning_effort: Some("medium".into()),
+            tools: Some(vec!["list_dir".into()]),
+            ..agent()
+        })
+        .await;
+    let approval = stack.pending_approval(&task_id).await;
+    stack.decide(&task_id, &approval, "approve").await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    let asked = stack.llm.requests();
+    assert_eq!(asked.len(), 2);
+    for request in &asked {
+        assert_eq!(request.body["thinking"]["budget_tokens"], 8192);
+    }
+    let signed =
+        json!({"type": "thinking", "thinking": "Look around first.", "signature": "sig-7"});
+    let turn = &asked[1].messages()[1];
+    assert_eq!(turn["role"], "assistant", "{turn}");
+    assert_eq!(turn["content"][0], signed, "{turn}");
+    let steps = stack.steps(&task_id, &run_id).await;
+    let first_call = steps.iter().find(|s| s.name == "model_call").unwrap();
+    let kept = &output(first_call)["response"]["message"]["thinking"];
+    assert_eq!(kept, &json!([signed]));
+    let answer = &output(steps.iter().rfind(|s| s.name == "model_call").unwrap());
+    assert_eq!(
+        answer["response"]["message"]["content"],
+        "The workspace is empty."
+    );
 }
 
 #[tokio::test]

@@ -78,6 +78,8 @@ impl Request {
 /// and refine with the chained setters.
 #[derive(Debug, Clone)]
 pub struct Turn {
+    /// Anthropic only: a thinking block (its text, its signature) before the rest.
+    thinking: Option<(String, String)>,
     text: Option<String>,
     tool_calls: Vec<(String, String, String)>,
     /// prompt (cached included), completion, cached.
@@ -99,6 +101,7 @@ struct Failure {
 impl Turn {
     fn empty() -> Turn {
         Turn {
+            thinking: None,
             text: None,
             tool_calls: Vec::new(),
             usage: (10, 5, 0),
@@ -120,6 +123,12 @@ impl Turn {
     /// An assistant message asking for one tool call; `arguments` is the JSON text.
     pub fn tool_call(id: &str, name: &str, arguments: &str) -> Turn {
         Turn::empty().and_tool_call(id, name, arguments)
+    }
+
+    /// Anthropic only: the message starts with a thinking block of this text, signed.
+    pub fn thinking(mut self, text: &str, signature: &str) -> Turn {
+        self.thinking = Some((text.to_string(), signature.to_string()));
+        self
     }
 
     /// One more tool call in the same message (parallel calls), or text + a call.
@@ -357,6 +366,11 @@ async fn answer(
                 &failure(401, "fake llm: wrong or missing API key"),
             );
         }
+    }
+    if protocol == Protocol::Anthropic
+        && let Some(refused) = thinking_refusal(&body)
+    {
+        return error_response(protocol, &failure(400, &refused));
     }
     let Some(turn) = shared.script.lock().unwrap().pop_front() else {
         return error_response(protocol, &failure(400, "fake llm: script exhausted"));
@@ -619,6 +633,32 @@ fn responses_events(turn: &Turn, model: &str, id: usize) -> Vec<String> {
     frames
 }
 
+/// What Anthropic's API refuses of a request with thinking on (its extended-thinking
+/// documentation): a budget under 1024 tokens or not below `max_tokens`, and a last
+/// assistant turn with tool calls that does not start with its thinking block.
+fn thinking_refusal(body: &Value) -> Option<String> {
+    if body["thinking"]["type"] != "enabled" {
+        return None;
+    }
+    let budget = body["thinking"]["budget_tokens"].as_u64().unwrap_or(0);
+    let max_tokens = body["max_tokens"].as_u64().unwrap_or(0);
+    if budget < 1024 || budget >= max_tokens {
+        return Some(format!(
+            "thinking.budget_tokens: {budget} must be ≥ 1024 and less than max_tokens ({max_tokens})"
+        ));
+    }
+    let messages = body["messages"].as_array()?;
+    let last = messages.iter().rev().find(|m| m["role"] == "assistant")?;
+    let blocks = last["content"].as_array()?;
+    let uses_tools = blocks.iter().any(|b| b["type"] == "tool_use");
+    let first = blocks.first().map(|b| b["type"].as_str().unwrap_or(""));
+    let thought = matches!(first, Some("thinking" | "redacted_thinking"));
+    (uses_tools && !thought).then(|| {
+        "messages: Expected `thinking` or `redacted_thinking`, but found `tool_use`. When          `thinking` is enabled, a final `assistant` message must start with a thinking block"
+            .to_string()
+    })
+}
+
 fn anthropic_events(turn: &Turn, model: &str, id: usize) -> Vec<String> {
     let event = |data: Value| {
         let kind = data["type"].as_str().unwrap().to_string();
@@ -636,6 +676,18 @@ fn anthropic_events(turn: &Turn, model: &str, id: usize) -> Vec<String> {
         },
     }))];
     let mut block = 0;
+    if let Some((thinking, signature)) = &turn.thinking {
+        frames.push(event(json!({"type": "content_block_start", "index": block,
+            "content_block": {"type": "thinking", "thinking": "", "signature": ""}})));
+        for piece in pieces(thinking) {
+            frames.push(event(json!({"type": "content_block_delta", "index": block,
+                "delta": {"type": "thinking_delta", "thinking": piece}})));
+        }
+        frames.push(event(json!({"type": "content_block_delta", "index": block,
+            "delta": {"type": "signature_delta", "signature": signature}})));
+        frames.push(event(json!({"type": "content_block_stop", "index": block})));
+        block += 1;
+    }
     if let Some(text) = &turn.text {
         frames.push(event(json!({"type": "content_block_start", "index": block,
             "content_block": {"type": "text", "text": ""}})));

@@ -32,6 +32,12 @@ pub enum Message {
         content: Option<String>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         tool_calls: Vec<ToolCall>,
+        /// Anthropic's thinking blocks of this turn (`thinking` with its `signature`,
+        /// `redacted_thinking`), as the provider sent them: sent back with the turn while
+        /// thinking is on, which the API requires of a turn whose tool calls are being
+        /// answered. The other APIs ignore them.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        thinking: Vec<serde_json::Value>,
     },
     /// The result of one tool call, answering the assistant message that asked for it.
     Tool {

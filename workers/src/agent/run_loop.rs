@@ -448,6 +448,7 @@ fn estimated_prompt_tokens(messages: &[Message]) -> u64 {
             Message::Assistant {
                 content,
                 tool_calls,
+                ..
             } => {
                 content.as_ref().map_or(0, String::len)
                     + tool_calls.iter().map(|c| c.arguments.len()).sum::<usize>()

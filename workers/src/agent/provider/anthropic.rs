@@ -16,7 +16,31 @@ pub(super) const VERSION: &str = "2023-06-01";
 /// The answer's limit when the preset sets none: the API requires one.
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
+/// The thinking budget (tokens) of each reasoning effort; the API takes at least 1024.
+fn thinking_budget(effort: &str) -> u32 {
+    match effort {
+        "minimal" => 1024,
+        "low" => 2048,
+        "medium" => 8192,
+        _ => 24576,
+    }
+}
+
+/// The thinking budget of this call: the task's effort's, unless the turn whose tool calls
+/// are being answered carries no thinking blocks (another provider's, or one made while
+/// thinking was off), which the API refuses while thinking is on.
+fn thinking(config: &ProviderConfig, messages: &[Message]) -> Option<u32> {
+    let effort = config.reasoning_effort.as_deref()?;
+    let answering_unthought_calls = matches!(
+        messages.iter().rev().find(|m| matches!(m, Message::Assistant { .. })),
+        Some(Message::Assistant { tool_calls, thinking, .. })
+            if !tool_calls.is_empty() && thinking.is_empty()
+    );
+    (!answering_unthought_calls).then(|| thinking_budget(effort))
+}
+
 pub(super) fn request(config: &ProviderConfig, messages: &[Message], tools: &[ToolSpec]) -> Value {
+    let budget = thinking(config, messages);
     let mut system = Vec::new();
     // Anthropic alternates user and assistant turns: consecutive messages of one role
     // (the results of parallel tool calls above all) become one turn of several blocks.
@@ -31,10 +55,12 @@ pub(super) fn request(config: &ProviderConfig, messages: &[Message], tools: &[To
             Message::Assistant {
                 content,
                 tool_calls,
-            } => (
-                "assistant",
-                assistant_blocks(content.as_deref(), tool_calls),
-            ),
+                thinking,
+            } => {
+                let thinking = if budget.is_some() { &thinking[..] } else { &[] };
+                let blocks = assistant_blocks(thinking, content.as_deref(), tool_calls);
+                ("assistant", blocks)
+            }
             Message::Tool {
                 tool_call_id,
                 content,
@@ -52,9 +78,12 @@ pub(super) fn request(config: &ProviderConfig, messages: &[Message], tools: &[To
             _ => turns.push((role, blocks)),
         }
     }
+    // The answer keeps its own room on top of the thinking (the budget counts within
+    // `max_tokens`, and must stay below it).
+    let answer = config.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
     let mut body = json!({
         "model": config.model,
-        "max_tokens": config.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        "max_tokens": answer + budget.unwrap_or(0),
         "messages": turns
             .into_iter()
             .map(|(role, content)| json!({"role": role, "content": content}))
@@ -63,6 +92,9 @@ pub(super) fn request(config: &ProviderConfig, messages: &[Message], tools: &[To
     });
     if !system.is_empty() {
         body["system"] = system.join("\n\n").into();
+    }
+    if let Some(budget) = budget {
+        body["thinking"] = json!({"type": "enabled", "budget_tokens": budget});
     }
     if !tools.is_empty() {
         body["tools"] = tools
@@ -76,13 +108,18 @@ pub(super) fn request(config: &ProviderConfig, messages: &[Message], tools: &[To
     body
 }
 
-/// Text (when there is some: empty text blocks are refused) then one `tool_use` per call.
-/// `input` must be an object: arguments that are not one (the model wrote invalid JSON,
-/// and the tool answered with an error) go as `{}`.
-fn assistant_blocks(content: Option<&str>, tool_calls: &[ToolCall]) -> Vec<Value> {
+/// The turn's thinking blocks as they came, text (when there is some: empty text blocks
+/// are refused) then one `tool_use` per call. `input` must be an object: arguments that are
+/// not one (the model wrote invalid JSON, and the tool answered with an error) go as `{}`.
+fn assistant_blocks(
+    thinking: &[Value],
+    content: Option<&str>,
+    tool_calls: &[ToolCall],
+) -> Vec<Value> {
     let text = content
         .filter(|text| !text.is_empty())
         .map(|text| json!({"type": "text", "text": text}));
+    let thinking = thinking.iter().cloned();
     let calls = tool_calls.iter().map(|call| {
         let input = serde_json::from_str::<Value>(&call.arguments)
             .ok()
@@ -90,7 +127,7 @@ fn assistant_blocks(content: Option<&str>, tool_calls: &[ToolCall]) -> Vec<Value
             .unwrap_or_else(|| json!({}));
         json!({"type": "tool_use", "id": call.id, "name": call.name, "input": input})
     });
-    text.into_iter().chain(calls).collect()
+    thinking.chain(text).chain(calls).collect()
 }
 
 #[derive(Deserialize)]
@@ -143,7 +180,16 @@ enum Block {
         #[serde(default)]
         input: Value,
     },
-    /// Thinking and other blocks the conversation does not keep.
+    Thinking {
+        #[serde(default)]
+        thinking: String,
+        #[serde(default)]
+        signature: String,
+    },
+    RedactedThinking {
+        data: String,
+    },
+    /// Blocks the conversation does not keep.
     #[serde(other)]
     Other,
 }
@@ -156,6 +202,12 @@ enum BlockDelta {
     },
     InputJsonDelta {
         partial_json: String,
+    },
+    ThinkingDelta {
+        thinking: String,
+    },
+    SignatureDelta {
+        signature: String,
     },
     #[serde(other)]
     Other,
@@ -178,6 +230,11 @@ struct WireUsage {
 
 enum Part {
     Text(String),
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
+    RedactedThinking(String),
     /// The `input` of `content_block_start`, replaced by the streamed JSON when any comes.
     Tool {
         id: String,
@@ -218,6 +275,18 @@ impl Assembler {
             (Some(Part::Tool { json, .. }), BlockDelta::InputJsonDelta { partial_json }) => {
                 json.push_str(&partial_json);
             }
+            (
+                Some(Part::Thinking { thinking, .. }),
+                BlockDelta::ThinkingDelta { thinking: piece },
+            ) => {
+                thinking.push_str(&piece);
+            }
+            (
+                Some(Part::Thinking { signature, .. }),
+                BlockDelta::SignatureDelta { signature: piece },
+            ) => {
+                signature.push_str(&piece);
+            }
             _ => {}
         }
     }
@@ -253,6 +322,14 @@ impl Assemble for Assembler {
                         input,
                         json: String::new(),
                     },
+                    Block::Thinking {
+                        thinking,
+                        signature,
+                    } => Part::Thinking {
+                        thinking,
+                        signature,
+                    },
+                    Block::RedactedThinking { data } => Part::RedactedThinking(data),
                     Block::Other => return Ok(false),
                 };
                 self.parts.insert(index, part);
@@ -280,9 +357,18 @@ impl Assemble for Assembler {
         let this = *self;
         let mut text = String::new();
         let mut tool_calls = Vec::new();
+        let mut thinking = Vec::new();
         for part in this.parts.into_values() {
             match part {
                 Part::Text(piece) => text.push_str(&piece),
+                Part::Thinking {
+                    thinking: text,
+                    signature,
+                } => thinking
+                    .push(json!({"type": "thinking", "thinking": text, "signature": signature})),
+                Part::RedactedThinking(data) => {
+                    thinking.push(json!({"type": "redacted_thinking", "data": data}))
+                }
                 Part::Tool {
                     id,
                     name,
@@ -306,6 +392,7 @@ impl Assemble for Assembler {
             message: Message::Assistant {
                 content: (!text.is_empty()).then_some(text),
                 tool_calls,
+                thinking,
             },
             usage: Usage {
                 prompt_tokens: this.input + this.cache_read + this.cache_creation,

@@ -64,9 +64,9 @@ pub struct ProviderConfig {
     /// requires one: [`anthropic::DEFAULT_MAX_TOKENS`] when unset.
     pub max_tokens: Option<u32>,
     /// The task's reasoning effort (`minimal`, `low`, `medium`, `high`): OpenAI chat
-    /// completions' `reasoning_effort`, the Responses API's `reasoning.effort`; Anthropic
-    /// gets none (its thinking blocks would have to be replayed with their signatures on
-    /// every later turn, which the provider-neutral conversation does not keep).
+    /// completions' `reasoning_effort`, the Responses API's `reasoning.effort`, Anthropic's
+    /// extended thinking with a budget per effort (its signed thinking blocks then kept
+    /// with each assistant turn and sent back).
     pub reasoning_effort: Option<String>,
     /// Lets calls reach loopback and private addresses: tests and on-premise relays.
     pub allow_private_addresses: bool,
@@ -262,6 +262,7 @@ impl Collected {
             message: Message::Assistant {
                 content: (!self.text.is_empty()).then_some(self.text),
                 tool_calls: self.calls.into_values().collect(),
+                thinking: Vec::new(),
             },
             usage: self.usage,
             model: self.model.unwrap_or_else(|| model.to_string()),

@@ -44,6 +44,7 @@ fn message(message: &Message) -> Value {
         Message::Assistant {
             content,
             tool_calls,
+            ..
         } => {
             let mut value = json!({"role": "assistant", "content": content});
             if !tool_calls.is_empty() {

@@ -56,6 +56,7 @@ fn items(message: &Message) -> Vec<Value> {
         Message::Assistant {
             content,
             tool_calls,
+            ..
         } => content
             .iter()
             .map(|text| json!({"role": "assistant", "content": text}))
@@ -303,6 +304,7 @@ mod tests {
         assert_eq!(
             response.message,
             Message::Assistant {
+                thinking: Vec::new(),
                 content: Some("Partial".into()),
                 tool_calls: vec![]
             }

@@ -67,6 +67,7 @@ fn conversation() -> Vec<Message> {
             content: "List the files.".into(),
         },
         Message::Assistant {
+            thinking: Vec::new(),
             content: Some("Looking.".into()),
             tool_calls: vec![
                 ToolCall {
@@ -131,6 +132,7 @@ async fn openai_streams_text_deltas_and_reports_usage_with_cached_tokens() {
     assert_eq!(
         response.message,
         Message::Assistant {
+            thinking: Vec::new(),
             content: Some("The files are README.md and src.".into()),
             tool_calls: vec![],
         }
@@ -216,6 +218,7 @@ async fn openai_assembles_parallel_tool_calls_from_pieces() {
     assert_eq!(
         response.message,
         Message::Assistant {
+            thinking: Vec::new(),
             content: None,
             tool_calls: response.tool_calls().to_vec()
         }
@@ -243,6 +246,7 @@ async fn responses_stream_text_and_function_calls_and_map_the_conversation_to_it
     assert_eq!(
         response.message,
         Message::Assistant {
+            thinking: Vec::new(),
             content: Some("Reading both.".into()),
             tool_calls: vec![
                 ToolCall {
@@ -321,6 +325,7 @@ async fn anthropic_streams_text_and_tool_use_and_maps_the_conversation() {
     assert_eq!(
         response.message,
         Message::Assistant {
+            thinking: Vec::new(),
             content: Some("Reading it.".into()),
             tool_calls: vec![ToolCall {
                 id: "toolu_1".into(),
@@ -371,6 +376,80 @@ async fn anthropic_streams_text_and_tool_use_and_maps_the_conversation() {
 }
 
 #[tokio::test]
+async fn anthropic_thinks_with_the_tasks_effort_and_sends_its_signed_blocks_back() {
+    let llm = FakeLlm::start(vec![
+        Turn::text("Reading it.")
+            .thinking("The manifest first.", "sig-1")
+            .and_tool_call("toolu_1", "read_file", r#"{"path":"Cargo.toml"}"#),
+        Turn::text("Done."),
+        Turn::text("Answered without thinking."),
+    ])
+    .await
+    .require_key(KEY);
+    let mut config = config(&llm, ChatApi::AnthropicMessages);
+    config.reasoning_effort = Some("high".into());
+    let client = ChatClient::new(config).unwrap();
+    let mut messages = conversation()[..2].to_vec();
+    let (first, deltas) = call(&client, &messages).await;
+    let first = first.unwrap();
+    assert_eq!(
+        deltas.concat(),
+        "Reading it.",
+        "thinking is not the answer's text"
+    );
+    let signed =
+        json!({"type": "thinking", "thinking": "The manifest first.", "signature": "sig-1"});
+    let Message::Assistant { thinking, .. } = &first.message else {
+        panic!("{first:?}")
+    };
+    assert_eq!(thinking, std::slice::from_ref(&signed));
+    // The shape a model_call step persists, which a takeover rebuilds from.
+    let stored = serde_json::to_value(&first).unwrap();
+    assert_eq!(
+        serde_json::from_value::<ModelResponse>(stored).unwrap(),
+        first
+    );
+
+    // Answering its tool call: the turn goes back starting with its signed block (the fake
+    // refuses it otherwise, as the API does).
+    messages.push(first.message.clone());
+    messages.push(Message::Tool {
+        tool_call_id: "toolu_1".into(),
+        name: "read_file".into(),
+        content: "[package]".into(),
+    });
+    let (second, _) = call(&client, &messages).await;
+    assert_eq!(second.unwrap().message.clone(), assistant_text("Done."));
+    // A turn whose calls were made without thinking (another provider's): this call does
+    // not think rather than being refused.
+    let (third, _) = call(&client, &conversation()).await;
+    assert_eq!(
+        third.unwrap().message,
+        assistant_text("Answered without thinking.")
+    );
+
+    let requests = llm.requests();
+    let budget = json!({"type": "enabled", "budget_tokens": 24576});
+    assert_eq!(requests[0].body["thinking"], budget);
+    assert_eq!(requests[0].body["max_tokens"], 4096 + 24576);
+    assert_eq!(requests[1].body["messages"][1]["content"][0], signed);
+    assert!(
+        requests[2].body.get("thinking").is_none(),
+        "{}",
+        requests[2].body
+    );
+    assert_eq!(requests[2].body["max_tokens"], 4096);
+}
+
+fn assistant_text(text: &str) -> Message {
+    Message::Assistant {
+        content: Some(text.into()),
+        tool_calls: Vec::new(),
+        thinking: Vec::new(),
+    }
+}
+
+#[tokio::test]
 async fn rate_limits_are_retried_after_the_providers_retry_after() {
     for api in ALL_APIS {
         let llm = FakeLlm::start(vec![
@@ -399,6 +478,7 @@ async fn rate_limits_are_retried_after_the_providers_retry_after() {
         assert_eq!(
             response.message,
             Message::Assistant {
+                thinking: Vec::new(),
                 content: Some("ok".into()),
                 tool_calls: vec![]
             }
@@ -459,6 +539,7 @@ async fn a_reset_mid_stream_is_retried() {
         assert_eq!(
             response.message,
             Message::Assistant {
+                thinking: Vec::new(),
                 content: Some("a whole answer".into()),
                 tool_calls: vec![]
             }

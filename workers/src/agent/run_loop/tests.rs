@@ -83,6 +83,7 @@ fn tools(calls: &[(&str, &str)]) -> Result<ModelResponse, ProviderError> {
 fn response(content: Option<&str>, tool_calls: Vec<ToolCall>) -> ModelResponse {
     ModelResponse {
         message: Message::Assistant {
+            thinking: Vec::new(),
             content: content.map(str::to_string),
             tool_calls,
         },
