@@ -188,3 +188,29 @@ mod event_type_column {
         }
     }
 }
+
+/// Most steps and artifacts a run stream's [`RunState`] carries: the run's last ones.
+pub const RUN_STATE_ITEMS: i64 = 20;
+
+/// A run's state as a stream frame carries it (`projection=state`): read from committed
+/// rows once the frame's event was read, so it holds at least what that event recorded.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RunState {
+    pub run: crate::RunRecord,
+    /// The run's last steps (at most 20), in their order.
+    pub steps: Vec<crate::StepRecord>,
+    /// The run's last artifacts (at most 20), oldest first; their content is read apart.
+    pub artifacts: Vec<crate::ArtifactRecord>,
+    /// The run's pending approvals (at most 20), oldest first.
+    pub pending_approvals: Vec<crate::ApprovalRecord>,
+}
+
+/// A run stream's frame with `projection=state`: the event, and on the last frame of each
+/// burst of events read together, the run's state after them.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ProjectedEvent {
+    #[serde(flatten)]
+    pub event: EventRecord,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<RunState>,
+}

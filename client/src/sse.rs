@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::call::{Call, checked};
 use crate::error::Error;
-use crate::types::{EventRecord, ModelDelta};
+use crate::types::{EventRecord, ModelDelta, ProjectedEvent};
 use crate::{Client, segment};
 
 /// How long a stream keeps reconnecting to an API that is down before giving up.
@@ -30,11 +30,12 @@ pub struct SseEvent {
     pub data: String,
 }
 
-/// An item of a run's stream.
+/// An item of a run's stream: `E` is an [`EventRecord`], or with the run's state a
+/// [`ProjectedEvent`] ([`Client::stream_run_states`]).
 #[derive(Debug, Clone)]
-pub enum RunItem {
+pub enum RunItem<E = EventRecord> {
     /// An event of the run's log.
-    Event(EventRecord),
+    Event(E),
     /// Live model text (`model.delta`), not persisted: a reconnect does not replay it.
     Delta(ModelDelta),
 }
@@ -51,12 +52,34 @@ impl Client {
         run_id: &str,
         after_sequence: Option<i64>,
     ) -> impl Stream<Item = Result<RunItem, Error>> + Send + '_ {
+        self.run_stream(task_id, run_id, after_sequence, None)
+    }
+
+    /// [`Client::stream_run_events`] with `projection=state`: the last event of each burst
+    /// the server read together carries the run's state after it (its steps, artifacts and
+    /// pending approvals), so a live view needs no other request.
+    pub fn stream_run_states(
+        &self,
+        task_id: &str,
+        run_id: &str,
+        after_sequence: Option<i64>,
+    ) -> impl Stream<Item = Result<RunItem<ProjectedEvent>, Error>> + Send + '_ {
+        self.run_stream(task_id, run_id, after_sequence, Some("state"))
+    }
+
+    fn run_stream<E: serde::de::DeserializeOwned>(
+        &self,
+        task_id: &str,
+        run_id: &str,
+        after_sequence: Option<i64>,
+        projection: Option<&str>,
+    ) -> impl Stream<Item = Result<RunItem<E>, Error>> + Send + '_ {
         let path = format!(
             "/v1/tasks/{}/runs/{}/stream",
             segment(task_id),
             segment(run_id)
         );
-        let call = Call::new(self, reqwest::Method::GET, path);
+        let call = Call::new(self, reqwest::Method::GET, path).query("projection", projection);
         let ends = |e: &SseEvent| RUN_TERMINAL_EVENTS.contains(&e.event.as_str());
         resumable(call, after_sequence.map(|s| s.to_string()), ends).map(|item| {
             let item = item?;

@@ -21,8 +21,9 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
+use keel_api_types::{EventType, ProjectedEvent};
 use serde::Deserialize;
-use utoipa::IntoParams;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -56,6 +57,26 @@ struct EventsQuery {
     /// Page size, 1 to 200 (default 50).
     #[param(minimum = 1, maximum = 200)]
     limit: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct StreamQuery {
+    /// Only events with a greater `sequence` (default 0).
+    #[param(minimum = 0)]
+    after_sequence: Option<i64>,
+    /// `state`: the last frame of each burst of events carries the run's state after them
+    /// (`state`: the run, its last steps and artifacts, its pending approvals).
+    #[param(inline)]
+    projection: Option<Projection>,
+}
+
+/// What a run stream's frames carry besides their event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+enum Projection {
+    State,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -173,19 +194,22 @@ async fn list_feed(
 
 /// The run's events as server-sent events from the cursor on (`after_sequence` or the
 /// `Last-Event-ID` header); the stream ends after the run's terminal event. Between them,
-/// `model.delta` frames without an id carry the live text of the run's model calls.
+/// `model.delta` frames without an id carry the live text of the run's model calls. With
+/// `projection=state`, the last frame of each burst of events read together also carries
+/// the run's state after them ([`keel_api_types::ProjectedEvent`]).
 #[utoipa::path(get, path = "/tasks/{task_id}/runs/{run_id}/stream", tag = "events",
-    params(("task_id" = String, Path), ("run_id" = String, Path), EventsQuery,
+    params(("task_id" = String, Path), ("run_id" = String, Path), StreamQuery,
            ("Last-Event-ID" = Option<String>, Header, description = "Resume after this sequence")),
-    responses((status = 200, description = "An SSE stream; each event's data is an event object, except `model.delta` (no id): `{\"model_call_index\", \"text\"}`", content_type = "text/event-stream", body = String)))]
+    responses((status = 200, description = "An SSE stream; each event's data is an event object (with `projection=state`, a `ProjectedEvent`: the event, and on the last frame of each burst its run's `state`), except `model.delta` (no id): `{\"model_call_index\", \"text\"}`", content_type = "text/event-stream", body = String)))]
 async fn stream_run_events(
     State(state): State<AppState>,
     caller: Caller,
     Path((task_id, run_id)): Path<(String, String)>,
     headers: HeaderMap,
-    ApiQuery(query): ApiQuery<EventsQuery>,
+    ApiQuery(query): ApiQuery<StreamQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let mut after = run_cursor(query.after_sequence, &headers)?;
+    let projected = query.projection == Some(Projection::State);
     let scope = caller.scope;
     runs::get(&mut *state.pool.acquire().await?, &scope, &task_id, &run_id).await?;
     // Subscribed before the first read, so no delta sent after the stream opened is missed.
@@ -201,9 +225,17 @@ async fn stream_run_events(
                 let run = runs::get(&mut conn, &scope, &task_id, &run_id).await?;
                 let ended = run.status().is_terminal();
                 let rows = events::list_for_run(&mut conn, &scope, &run_id, after, STREAM_PAGE).await?;
-                Ok::<_, StoreError>((ended, rows))
+                // Read after the events, so it holds at least what they recorded.
+                let run_state = match projected && !rows.is_empty() {
+                    true => {
+                        let run = runs::get(&mut conn, &scope, &task_id, &run_id).await?;
+                        Some(runs::state(&mut conn, &scope, run).await?)
+                    }
+                    false => None,
+                };
+                Ok::<_, StoreError>((ended, rows, run_state))
             }.await;
-            let (ended, rows) = match page {
+            let (ended, rows, mut run_state) = match page {
                 Ok(page) => page,
                 Err(error) => {
                     yield Ok(stream_error(&error));
@@ -211,9 +243,17 @@ async fn stream_run_events(
                 }
             };
             let full = rows.len() as i64 == STREAM_PAGE;
-            for event in rows {
+            let last = rows.len();
+            for (position, event) in rows.into_iter().enumerate() {
                 after = event.sequence;
-                yield Ok(sse_event(&event, &event.sequence.to_string()));
+                let id = event.sequence.to_string();
+                match projected {
+                    false => yield Ok(sse_event(&event, &id)),
+                    true => {
+                        let state = if position + 1 == last { run_state.take() } else { None };
+                        yield Ok(sse_event(&ProjectedEvent { event, state }, &id));
+                    }
+                }
             }
             if full {
                 continue;
@@ -471,12 +511,31 @@ impl ModelDeltas {
     }
 }
 
-fn sse_event(event: &EventRecord, id: &str) -> Event {
+/// An event's frame: its type as the SSE event name, `data` the event (or the projected
+/// event) as JSON.
+fn sse_event(frame: &impl Framed, id: &str) -> Event {
     Event::default()
         .id(id)
-        .event(event.event_type.as_str())
-        .json_data(event)
+        .event(frame.event_type().as_str())
+        .json_data(frame)
         .expect("events serialize")
+}
+
+/// What a stream frame's data can be: an event, or an event with its run's state.
+trait Framed: serde::Serialize {
+    fn event_type(&self) -> EventType;
+}
+
+impl Framed for EventRecord {
+    fn event_type(&self) -> EventType {
+        self.event_type
+    }
+}
+
+impl Framed for ProjectedEvent {
+    fn event_type(&self) -> EventType {
+        self.event.event_type
+    }
 }
 
 fn stream_error(error: &StoreError) -> Event {

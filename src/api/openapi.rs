@@ -75,7 +75,7 @@ const ERROR_STATUSES: [(&str, &str); 12] = [
         (name = "usage", description = "Model calls of agent loop runs: tokens and cost"),
         (name = "system", description = "Health, diagnostics and the API contract")
     ),
-    components(schemas(ErrorEnvelope, ErrorBody))
+    components(schemas(ErrorEnvelope, ErrorBody, keel_api_types::ProjectedEvent, keel_api_types::RunState))
 )]
 struct ApiDoc;
 

@@ -259,6 +259,26 @@ pub async fn list(
     Ok(rows)
 }
 
+/// A run's last `limit` artifacts (by id: in the order they were created).
+pub async fn latest_of_run(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+    limit: i64,
+) -> Result<Vec<ArtifactRecord>> {
+    let mut rows = query_artifacts!(
+        "SELECT",
+        "FROM artifacts WHERE workspace_id = $1 AND run_id = $2 ORDER BY id DESC LIMIT $3",
+        scope.workspace(),
+        run_id,
+        limit,
+    )
+    .fetch_all(conn)
+    .await?;
+    rows.reverse();
+    Ok(rows)
+}
+
 /// The artifacts of all a task's runs, oldest first; `after` is the id of the last artifact
 /// of the previous page. Every id is greater than '', so the first page's bound is an
 /// index bound (`artifacts_task`) as every later page's is.

@@ -204,6 +204,26 @@ pub async fn list(
     Ok(rows)
 }
 
+/// A run's last `limit` steps, in their order.
+pub async fn latest(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+    limit: i64,
+) -> Result<Vec<StepRecord>> {
+    let mut rows = query_steps!(
+        "SELECT",
+        "FROM steps WHERE workspace_id = $1 AND run_id = $2 ORDER BY index DESC LIMIT $3",
+        scope.workspace(),
+        run_id,
+        limit,
+    )
+    .fetch_all(conn)
+    .await?;
+    rows.reverse();
+    Ok(rows)
+}
+
 /// One of a run's steps.
 pub async fn get(
     conn: &mut PgConnection,

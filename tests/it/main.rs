@@ -25,6 +25,7 @@ mod history_retention;
 mod hostile_runs;
 mod kubernetes;
 mod layout;
+mod live_views;
 mod mcp;
 mod media;
 mod openapi;
