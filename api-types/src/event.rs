@@ -56,6 +56,9 @@ pub enum EventType {
     /// An agent loop attempt stopped with a model call in flight, never recorded; the next
     /// attempt counts it (`abandoned_model_calls`) and makes it again.
     ModelCallAbandoned,
+    /// An agent loop's tool call a policy refused (`data.policy`: which; `data.tool`,
+    /// `data.step_id`, `data.reason`): the model read the refusal as the call's result.
+    PolicyToolBlocked,
     GapRunDisconnected,
     RunResumedFromEvent,
     ApprovalRequested,
@@ -84,6 +87,7 @@ impl EventType {
             EventType::ToolFileReverted => "tool.file.reverted",
             EventType::ModelCallCompleted => "model.call.completed",
             EventType::ModelCallAbandoned => "model.call.abandoned",
+            EventType::PolicyToolBlocked => "policy.tool_blocked",
             EventType::GapRunDisconnected => "gap.run_disconnected",
             EventType::RunResumedFromEvent => "run.resumed_from_event",
             EventType::ApprovalRequested => "approval.requested",
@@ -97,7 +101,7 @@ impl EventType {
         }
     }
 
-    pub const ALL: [EventType; 23] = [
+    pub const ALL: [EventType; 24] = [
         EventType::RunCreated,
         EventType::RunQueued,
         EventType::RunStarted,
@@ -111,6 +115,7 @@ impl EventType {
         EventType::ToolFileReverted,
         EventType::ModelCallCompleted,
         EventType::ModelCallAbandoned,
+        EventType::PolicyToolBlocked,
         EventType::GapRunDisconnected,
         EventType::RunResumedFromEvent,
         EventType::ApprovalRequested,

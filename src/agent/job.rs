@@ -659,6 +659,12 @@ impl AgentContext for FencedAgent {
             };
             let step = steps::insert(conn, scope, &step).await?;
             let mut appended = Vec::from(self.step_events(&step));
+            if let Some(policy) = &result.blocked {
+                let data = json!({ "step_id": step.id, "tool": call.name, "policy": policy,
+                                   "reason": result.content });
+                appended
+                    .push(NewEvent::new(task_id, run_id, EventType::PolicyToolBlocked).with(data));
+            }
             for (n, patch) in result.patches.iter().enumerate() {
                 let name = format!("patch-{}-{}", step.index, n + 1);
                 let record =

@@ -100,8 +100,7 @@ pub(crate) async fn connect(
     for server in planned {
         let server = match server {
             Planned::Blocked(name) => {
-                let why = "its approval_policy is block".to_string();
-                servers.push(Server::unavailable(name, why));
+                servers.push(Server::blocked(name));
                 continue;
             }
             Planned::Unresolved { name, why } => {

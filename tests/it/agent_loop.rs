@@ -472,6 +472,12 @@ async fn gated_tool_calls_wait_without_a_lease_then_approve_reject_or_refuse() {
     assert!(resolution.approval.continue_on_reject);
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
     assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    // The refusal is recorded as the policy's, in the run's events and the feed.
+    let events = stack.client.events(&task_id, &run_id).await;
+    let blocked = of_type(&events, EventType::PolicyToolBlocked);
+    assert_eq!(blocked.len(), 1, "{events:?}");
+    assert_eq!(blocked[0].data["policy"], "approval_rejected");
+    assert!(blocked[0].data["step_id"].is_string(), "{:?}", blocked[0]);
     let requests = stack.llm.requests();
     let last = requests.last().unwrap().messages().last().unwrap().clone();
     assert_eq!(last["role"], "tool");
@@ -499,6 +505,41 @@ async fn gated_tool_calls_wait_without_a_lease_then_approve_reject_or_refuse() {
             .join("a.txt")
             .exists()
     );
+}
+
+/// A call of a tool outside the task's list is the policy's refusal: the model reads it,
+/// and the run's events and the feed say which policy, for which tool.
+#[tokio::test]
+async fn a_tool_outside_the_tasks_list_is_blocked_and_recorded_as_such() {
+    let stack = Stack::start(
+        "none",
+        vec![
+            Turn::tool_call("c1", "shell_exec", r#"{"command": "true"}"#),
+            Turn::text("Understood."),
+        ],
+    )
+    .await;
+    let (task_id, run_id) = stack
+        .start_agent(TaskDraft {
+            tools: Some(vec!["list_dir".into()]),
+            ..agent()
+        })
+        .await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    let events = stack.client.events(&task_id, &run_id).await;
+    let blocked = of_type(&events, EventType::PolicyToolBlocked);
+    assert_eq!(blocked.len(), 1, "{events:?}");
+    assert_eq!(blocked[0].data["policy"], "tool_not_allowed");
+    assert_eq!(blocked[0].data["tool"], "shell_exec");
+    let reason = blocked[0].data["reason"].as_str().unwrap();
+    assert!(reason.contains("not available in this run"), "{reason}");
+    let (status, feed) = stack
+        .client
+        .get("/v1/events?event_type=policy.tool_blocked")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{feed}");
+    assert_eq!(feed["data"].as_array().unwrap().len(), 1, "{feed}");
 }
 
 #[tokio::test]

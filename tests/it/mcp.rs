@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use keel_client::{McpServer, RunStatus, StepStatus, TaskDraft};
+use keel_client::{EventType, McpServer, RunStatus, StepStatus, TaskDraft};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -298,7 +298,18 @@ async fn approval_policies_gate_or_hide_a_server_and_a_slow_tool_times_out() {
     let slow = tool_result(last, "t2");
     assert!(slow.contains("did not answer within 2 s"), "{slow}");
     let blocked = tool_result(last, "t3");
-    assert!(blocked.contains("approval_policy is block"), "{blocked}");
+    assert!(blocked.contains("approval_policy"), "{blocked}");
+    // The refusal is the policy's: an event says which, naming the tool.
+    let events = stack.client.events(&task_id, &run_id).await;
+    let refusals: Vec<_> = events
+        .iter()
+        .filter(|e| e.event_type == EventType::PolicyToolBlocked)
+        .map(|e| (e.data["policy"].clone(), e.data["tool"].clone()))
+        .collect();
+    assert_eq!(
+        refusals,
+        [(json!("mcp_server_blocked"), json!("mcp__hidden__echo"))]
+    );
 }
 
 #[tokio::test]

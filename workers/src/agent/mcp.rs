@@ -96,6 +96,8 @@ pub struct Limits {
 pub struct Server {
     pub name: String,
     gated: bool,
+    /// Its policy blocks it: calls of its tools are the policy's refusals.
+    blocked: bool,
     state: Result<Live, String>,
 }
 
@@ -121,17 +123,30 @@ impl Server {
         Server {
             name: config.name.clone(),
             gated: config.gated,
+            blocked: false,
             state,
         }
     }
 
-    /// A server this attempt does not reach (a secret it needs does not resolve, its
-    /// policy blocks it): calls of its tools answer `why`.
+    /// A server this attempt does not reach (a secret it needs does not resolve): calls
+    /// of its tools answer `why`.
     pub fn unavailable(name: String, why: String) -> Server {
         Server {
             name,
             gated: false,
+            blocked: false,
             state: Err(why),
+        }
+    }
+
+    /// A server its policy blocks: never started, and every call of its tools refused as
+    /// the policy's.
+    pub fn blocked(name: String) -> Server {
+        Server {
+            name,
+            gated: false,
+            blocked: true,
+            state: Err("its approval_policy is block".to_string()),
         }
     }
 
@@ -416,6 +431,13 @@ impl McpTools {
     /// Calls a server's tool; every failure (an unknown tool, a server that is down, bad
     /// arguments, a protocol error, the timeout) is a result with `is_error`.
     pub async fn call(&self, call: &ToolCall, cancel: &CancellationToken) -> ToolResult {
+        if let Some(blocked) = self.blocked_server(&call.name) {
+            let message = format!(
+                "MCP server {:?} is blocked by its approval_policy",
+                blocked.name
+            );
+            return ToolResult::blocked("mcp_server_blocked", message);
+        }
         let (content, is_error) = match self.dispatch(call, cancel).await {
             Ok(done) => done,
             Err(message) => (message, true),
@@ -424,6 +446,7 @@ impl McpTools {
             content: bound(content, self.max_output_bytes),
             is_error,
             patches: Vec::new(),
+            blocked: None,
         }
     }
 
@@ -467,6 +490,12 @@ impl McpTools {
                 Ok((render(&result), is_error))
             }
         }
+    }
+
+    /// The blocked server a call's alias names, if it names one.
+    fn blocked_server(&self, name: &str) -> Option<&Server> {
+        let (server, _) = name.strip_prefix(PREFIX)?.split_once("__")?;
+        self.servers.iter().find(|s| s.name == server && s.blocked)
     }
 
     /// The server and the server's own tool name an alias stands for.

@@ -126,6 +126,22 @@ pub struct ToolResult {
     pub is_error: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub patches: Vec<Patch>,
+    /// Set when a policy refused the call rather than the tool failing: which policy
+    /// (`sandbox_read_only`, `tool_not_allowed`, `mcp_server_blocked`, `approval_rejected`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked: Option<String>,
+}
+
+impl ToolResult {
+    /// A call `policy` refused, answered with `content`.
+    pub fn blocked(policy: &str, content: String) -> ToolResult {
+        ToolResult {
+            content,
+            is_error: true,
+            patches: Vec::new(),
+            blocked: Some(policy.to_string()),
+        }
+    }
 }
 
 /// One file's change by a tool: the content before and after (None: the file did not exist

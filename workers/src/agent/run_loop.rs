@@ -317,6 +317,7 @@ impl Attempt {
             content: format!("{} stopped: the run reached its timeout", call.name),
             is_error: true,
             patches: Vec::new(),
+            blocked: None,
         }))
     }
 
@@ -428,14 +429,11 @@ fn finished(messages: &[Message]) -> bool {
 
 /// What the model reads for a call an operator rejected.
 fn refused(call: &ToolCall) -> ToolResult {
-    ToolResult {
-        content: format!(
-            "The operator rejected this {} call; it was not run. Continue without it.",
-            call.name
-        ),
-        is_error: true,
-        patches: Vec::new(),
-    }
+    let content = format!(
+        "The operator rejected this {} call; it was not run. Continue without it.",
+        call.name
+    );
+    ToolResult::blocked("approval_rejected", content)
 }
 
 /// An estimate of the prompt's tokens, at about four bytes of text per token (English text

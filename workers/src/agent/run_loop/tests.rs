@@ -118,6 +118,7 @@ impl Toolbox for Tools {
             content: format!("ran {}", call.name),
             is_error: false,
             patches: Vec::new(),
+            blocked: None,
         }
     }
 }

@@ -123,6 +123,11 @@ impl Done {
 /// A refused or failed call, in words for the model.
 enum ToolError {
     Message(String),
+    /// A policy refuses the call (`policy`, and why, for the model).
+    Blocked {
+        policy: &'static str,
+        message: String,
+    },
     /// A failure that still changed files (a roll-back that could not finish): the
     /// result keeps their patches.
     Partial(Done),
@@ -152,11 +157,15 @@ pub async fn call(
     let (content, is_error, patches) = match dispatch(env, allowed, call, cancel).await {
         Ok(done) | Err(ToolError::Partial(done)) => (done.content, done.failed, done.patches),
         Err(ToolError::Message(message)) => (message, true, Vec::new()),
+        Err(ToolError::Blocked { policy, message }) => {
+            return ToolResult::blocked(policy, message);
+        }
     };
     ToolResult {
         content: bound(content, env.max_output_bytes),
         is_error,
         patches,
+        blocked: None,
     }
 }
 
@@ -176,14 +185,19 @@ async fn dispatch(
         .into());
     }
     if env.sandbox.read_only && WRITERS.contains(&name) {
-        return Err(format!("{name} is refused: this run's workspace is read-only").into());
+        return Err(ToolError::Blocked {
+            policy: "sandbox_read_only",
+            message: format!("{name} is refused: this run's workspace is read-only"),
+        });
     }
     if !allowed.iter().any(|a| a == name) {
-        return Err(format!(
-            "{name} is not available in this run; the tools are: {}",
-            allowed.join(", ")
-        )
-        .into());
+        return Err(ToolError::Blocked {
+            policy: "tool_not_allowed",
+            message: format!(
+                "{name} is not available in this run; the tools are: {}",
+                allowed.join(", ")
+            ),
+        });
     }
     let args = arguments(call)?;
     let ws = &env.workspace;

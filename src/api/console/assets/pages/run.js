@@ -15,6 +15,7 @@ const EVENT_TYPES = [
   'run.created', 'run.queued', 'run.started', ...TERMINAL_EVENTS, 'step.started', 'step.finished',
   'step.failed', 'artifact.created', 'gap.run_disconnected', 'run.resumed_from_event',
   'approval.requested', 'approval.resolved', 'model.call.completed', 'tool.file.reverted',
+  'policy.tool_blocked',
   'model.delta', 'error',
 ];
 /** Types the API serves inline (raster images): the only ones previewed. */
