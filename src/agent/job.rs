@@ -123,7 +123,7 @@ pub(crate) async fn execute(
             plan.messages.splice(0..0, base);
             let mcp = mcp::connect(context, mcp, &tools.env, limits).await?;
             plan.gated_tools
-                .extend(mcp.gated(agent.approvals.gates_all_tools()));
+                .extend(mcp.gated(agent.approvals.gates_mcp_tools(task.sandbox())));
             Ok::<_, ContextError>((
                 plan,
                 RunTools {
@@ -292,7 +292,7 @@ async fn prepare(
 /// The tools whose calls wait for an approval: those the approval policies gate, and for a
 /// `coding_agent` task every tool that changes the workspace or runs a command.
 fn gated_tools(agent: &AgentJobs, task: &TaskRecord) -> Vec<String> {
-    let mut gated = agent.approvals.gated_tools();
+    let mut gated = agent.approvals.gated_tools(task.sandbox());
     if task.execution_profile.as_deref() == Some(ExecutionProfile::CodingAgent.as_str()) {
         let writers = tools::WRITERS.iter().map(|w| w.to_string());
         gated.extend(writers.filter(|w| !gated.contains(w)).collect::<Vec<_>>());

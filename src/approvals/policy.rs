@@ -85,18 +85,23 @@ impl ApprovalPolicy {
         self.policies.contains(&policy) || self.policies.contains(&Policy::AllTools)
     }
 
-    /// Whether every tool call waits for an approval (`all_tools`), an MCP server's too.
-    pub(crate) fn gates_all_tools(&self) -> bool {
+    /// Whether every call of an MCP server's tools waits for an approval: `all_tools`, or
+    /// `network_egress` for a run with network (a server runs with the run's network, or
+    /// is reached over it).
+    pub(crate) fn gates_mcp_tools(&self, sandbox: SandboxPolicy) -> bool {
         self.policies.contains(&Policy::AllTools)
+            || (self.policies.contains(&Policy::NetworkEgress) && sandbox.network)
     }
 
     /// The agent loop tools whose calls need an approval mid-loop, in catalog order.
     /// `http_request` is gated by `shell_exec` as well as `network_egress`: a request out
     /// can carry whatever the model has read, as a command can, so the default policy
-    /// stops a prompt-injected model from posting the workspace away.
-    pub(crate) fn gated_tools(&self) -> Vec<String> {
+    /// stops a prompt-injected model from posting the workspace away. With network,
+    /// `network_egress` gates `shell_exec` too: a command can reach out as a request can.
+    pub(crate) fn gated_tools(&self, sandbox: SandboxPolicy) -> Vec<String> {
         let gated_by = |tool: &str| match tool {
-            "shell_exec" => &[Policy::ShellExec][..],
+            "shell_exec" if sandbox.network => &[Policy::ShellExec, Policy::NetworkEgress][..],
+            "shell_exec" => &[Policy::ShellExec],
             "git_status" | "git_diff" => &[Policy::GitExec],
             "file_write" | "file_edit" | "apply_patch" => &[Policy::FileWrite],
             "http_request" => &[Policy::NetworkEgress, Policy::ShellExec],
@@ -124,14 +129,28 @@ impl ApprovalPolicy {
         gates
     }
 
-    /// Whether an imported task's workflow hooks (shell scripts its worker runs in the
-    /// workspace) need an approval: the one a shell command needs.
-    pub(crate) fn gates_hooks(&self) -> bool {
-        self.has(Policy::ShellExec)
+    /// The gates of an imported task's workflow hooks (shell scripts its worker runs in
+    /// the workspace): those a shell command needs.
+    pub(crate) fn gates_for_hooks(&self, sandbox: SandboxPolicy) -> Vec<ApprovalKind> {
+        let script = Execution::Shell {
+            command: String::new(),
+        };
+        self.gates_for(&script, sandbox)
     }
 
-    /// The gates a run of this execution needs, in a stable order. A run without network
-    /// (`sandbox_network: false`) cannot reach out, so it needs no `network_egress`.
+    /// The gates of a repository's clone, a git fetch from a remote: `network_egress`
+    /// with network.
+    pub(crate) fn gates_for_clone(&self, sandbox: SandboxPolicy) -> Vec<ApprovalKind> {
+        match self.has(Policy::NetworkEgress) && sandbox.network {
+            true => vec![ApprovalKind::NetworkEgress],
+            false => Vec::new(),
+        }
+    }
+
+    /// The gates a run of this execution needs, in a stable order. `network_egress` gates
+    /// what can reach out: a shell command, and a git command that talks to a remote or
+    /// runs a program. A run without network (`sandbox_network: false`) cannot reach out,
+    /// so it needs no `network_egress`.
     pub(crate) fn gates_for(
         &self,
         execution: &Execution,
@@ -155,17 +174,18 @@ impl ApprovalPolicy {
     }
 }
 
-/// Whether a git command may reach the network: its subcommand (found past git's global
-/// options) talks to a remote, or a global option makes git run a program or rewrite where
-/// it connects. Such options are gated rather than refused: an operator may approve them.
-/// A command that does not parse is gated too.
+/// Whether an execution may reach the network: any shell command; a git command whose
+/// subcommand (found past git's global options) talks to a remote, or whose global options
+/// make git run a program or rewrite where it connects (gated rather than refused: an
+/// operator may approve them), or that does not parse; never a file write.
 fn reaches_network(execution: &Execution) -> bool {
     match execution {
+        Execution::Shell { .. } => true,
         Execution::Git { command } => match shlex::split(command) {
             Some(args) => git_reaches_network(&args),
             None => true,
         },
-        _ => false,
+        Execution::File { .. } => false,
     }
 }
 
@@ -493,7 +513,8 @@ mod tests {
 
     #[test]
     fn gated_tools_follow_the_policies() {
-        let gated = |policies: &str| policies.parse::<ApprovalPolicy>().unwrap().gated_tools();
+        let parsed = |policies: &str| policies.parse::<ApprovalPolicy>().unwrap();
+        let gated = |policies: &str| parsed(policies).gated_tools(NETWORK);
         assert_eq!(gated("shell_exec"), ["shell_exec", "http_request"]);
         assert_eq!(
             gated(DEFAULT_POLICIES),
@@ -512,7 +533,17 @@ mod tests {
             gated("file_write"),
             ["file_write", "file_edit", "apply_patch"]
         );
-        assert_eq!(gated("network_egress"), ["http_request"]);
+        // With network, a command can reach out as a request can; without, neither can.
+        assert_eq!(gated("network_egress"), ["shell_exec", "http_request"]);
+        let offline = SandboxPolicy {
+            network: false,
+            ..NETWORK
+        };
+        let egress = parsed("network_egress");
+        assert_eq!(egress.gated_tools(offline), ["http_request"]);
+        assert!(egress.gates_mcp_tools(NETWORK) && !egress.gates_mcp_tools(offline));
+        assert!(parsed("all_tools").gates_mcp_tools(offline));
+        assert!(!parsed(DEFAULT_POLICIES).gates_mcp_tools(NETWORK));
         assert_eq!(gated("all_tools"), keel_workers::agent::tools::CATALOG);
         assert!(gated("none").is_empty());
     }
@@ -583,7 +614,21 @@ mod tests {
                 )
                 .is_empty()
         );
-        assert!(egress.gates_for(&shell("true"), NETWORK).is_empty());
+        assert_eq!(
+            egress.gates_for(&shell("true"), NETWORK),
+            [ApprovalKind::NetworkEgress],
+            "a shell command with network can reach out"
+        );
+        let write = Execution::File {
+            path: "a.txt".into(),
+            content: Some("a".into()),
+            operation: FileOperation::Write,
+        };
+        assert!(egress.gates_for(&write, NETWORK).is_empty());
+        assert_eq!(
+            egress.gates_for_clone(NETWORK),
+            [ApprovalKind::NetworkEgress]
+        );
         let all: ApprovalPolicy = "all_tools".parse().unwrap();
         assert_eq!(
             all.gates_for(&clone, NETWORK),
@@ -605,13 +650,15 @@ mod tests {
     #[test]
     fn a_tasks_hooks_are_gated_as_a_shell_command_and_shown_first() {
         let policy: ApprovalPolicy = "shell_exec".parse().unwrap();
-        assert!(policy.gates_hooks() && !ApprovalPolicy::default().gates_hooks());
+        let shell_gate = [ApprovalKind::ShellCommand];
+        assert_eq!(policy.gates_for_hooks(NETWORK), shell_gate);
         assert!(
-            !"git_exec,file_write"
-                .parse::<ApprovalPolicy>()
-                .unwrap()
-                .gates_hooks()
+            ApprovalPolicy::default()
+                .gates_for_hooks(NETWORK)
+                .is_empty()
         );
+        let others: ApprovalPolicy = "git_exec,file_write".parse().unwrap();
+        assert!(others.gates_for_hooks(NETWORK).is_empty());
         let hooks = Hooks {
             after_create: Some("git clone -q https://x.example/r src\ncd src".into()),
             before_run: None,

@@ -361,18 +361,23 @@ async fn gates(
         None => Vec::new(),
     };
     let hooks = hooks.filter(|hooks| hooks.any());
-    let shell = ApprovalKind::ShellCommand;
-    if hooks.is_some() && rules.approvals.gates_hooks() && !gates.contains(&shell) {
-        gates.insert(0, shell);
-    }
+    let sandbox = task.sandbox();
     let push = task.repo.as_deref().zip(task.push_branch.as_deref());
-    if push.is_some() {
-        for gate in rules.approvals.gates_for_push(task.sandbox()) {
-            if !gates.contains(&gate) {
-                gates.push(gate);
-            }
-        }
+    let approvals = &rules.approvals;
+    let around = [
+        (hooks.is_some(), approvals.gates_for_hooks(sandbox)),
+        (task.repo.is_some(), approvals.gates_for_clone(sandbox)),
+        (push.is_some(), approvals.gates_for_push(sandbox)),
+    ];
+    for (needed, more) in around {
+        let new: Vec<ApprovalKind> = match needed {
+            true => more.into_iter().filter(|g| !gates.contains(g)).collect(),
+            false => Vec::new(),
+        };
+        gates.extend(new);
     }
+    // In the order an approver reads them: a shell command first.
+    gates.sort_by_key(|gate| *gate != ApprovalKind::ShellCommand);
     let workspace = task.workspace_description();
     let describe = || {
         let summary =

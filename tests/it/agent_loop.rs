@@ -542,6 +542,37 @@ async fn a_tool_outside_the_tasks_list_is_blocked_and_recorded_as_such() {
     assert_eq!(feed["data"].as_array().unwrap().len(), 1, "{feed}");
 }
 
+/// `network_egress` gates an agent's `shell_exec` when its task has network (a command
+/// can reach out as a request can), and not when it has none.
+#[tokio::test]
+async fn network_egress_gates_shell_exec_only_with_network() {
+    let stack = Stack::start(
+        "network_egress",
+        vec![
+            Turn::tool_call("c1", "shell_exec", r#"{"command": "true"}"#),
+            Turn::text("Ran it offline."),
+        ],
+    )
+    .await;
+    let offline = TaskDraft {
+        sandbox_network: Some(false),
+        ..agent()
+    };
+    let (task_id, run_id) = stack.start_agent(offline).await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+
+    stack.llm.push([Turn::tool_call(
+        "c2",
+        "shell_exec",
+        r#"{"command": "true"}"#,
+    )]);
+    let (task_id, _) = stack.start_agent(agent()).await;
+    let approval = stack.pending_approval(&task_id).await;
+    assert_eq!(approval.kind, "agent_loop_tool_call");
+    assert!(approval.action_summary.join("\n").contains("shell_exec"));
+}
+
 #[tokio::test]
 async fn continue_is_refused_on_a_pre_execution_gate() {
     let stack = Stack::start("shell_exec", Vec::new()).await;

@@ -208,7 +208,8 @@ async fn a_push_is_gated_at_admission_and_named_to_the_approver_and_refused_on_b
     assert_eq!(run.status, RunStatus::AwaitingApproval);
     let approvals = c.api.list_task_approvals(&task.id, None);
     let approvals = approvals.send_with_status().await.unwrap().1.data;
-    let kinds: Vec<&str> = approvals.iter().map(|a| a.kind.as_str()).collect();
+    let mut kinds: Vec<&str> = approvals.iter().map(|a| a.kind.as_str()).collect();
+    kinds.sort();
     assert_eq!(kinds, ["git_exec", "network_egress"]);
     let last = approvals[0].action_summary.last().unwrap();
     assert_eq!(

@@ -414,6 +414,18 @@ async fn a_worker_that_lost_its_lease_kills_its_run_s_processes() {
 #[tokio::test]
 async fn network_egress_gates_only_tasks_with_network() {
     let s = stack(&[("KEEL_APPROVAL_POLICIES", "network_egress")]).await;
+    // Any shell command with network can reach out; without, it runs ungated.
+    let shell = |network: bool| TaskDraft {
+        sandbox_network: Some(network),
+        ..support::shell("true")
+    };
+    let task = s.client.create_task(&shell(true)).await;
+    let run = s.client.start(&task.id).await;
+    assert_eq!(run.status, RunStatus::AwaitingApproval, "{run:?}");
+    let (task_id, run_id) = s.client.start_task(&shell(false)).await;
+    let run = s.client.wait_terminal(&task_id, &run_id, SOON).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+
     let fetch = |network: bool| TaskDraft {
         execution_kind: Some("git".into()),
         git_command: Some("fetch https://example.com/r.git".into()),
