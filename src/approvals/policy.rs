@@ -138,8 +138,8 @@ impl ApprovalPolicy {
         self.gates_for(&script, sandbox)
     }
 
-    /// The gates of a repository's clone, a git fetch from a remote: `network_egress`
-    /// with network.
+    /// The gates of a remote repository's clone, a git fetch: `network_egress` with
+    /// network.
     pub(crate) fn gates_for_clone(&self, sandbox: SandboxPolicy) -> Vec<ApprovalKind> {
         match self.has(Policy::NetworkEgress) && sandbox.network {
             true => vec![ApprovalKind::NetworkEgress],

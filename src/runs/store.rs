@@ -366,7 +366,10 @@ async fn gates(
     let approvals = &rules.approvals;
     let around = [
         (hooks.is_some(), approvals.gates_for_hooks(sandbox)),
-        (task.repo.is_some(), approvals.gates_for_clone(sandbox)),
+        (
+            task.repo.as_deref().is_some_and(is_remote),
+            approvals.gates_for_clone(sandbox),
+        ),
         (push.is_some(), approvals.gates_for_push(sandbox)),
     ];
     for (needed, more) in around {
@@ -389,6 +392,11 @@ async fn gates(
     };
     let summary = (!gates.is_empty()).then(describe);
     Ok((gates, summary))
+}
+
+/// Whether a task's `repo` is reached over the network (a local path or `file://` is not).
+fn is_remote(repo: &str) -> bool {
+    !(repo.starts_with('/') || repo.starts_with("file://"))
 }
 
 /// Stores the run row, points the task at it (its next number) and records both changes

@@ -218,6 +218,26 @@ async fn a_push_is_gated_at_admission_and_named_to_the_approver_and_refused_on_b
          https://git.example.com/o/r.git"
     );
 
+    // A clone reaches out only from a remote repository: a file task on one waits for
+    // network_egress, on a local path it does not.
+    for (repo, gated) in [("https://git.example.com/o/r.git", true), ("/srv/r", false)] {
+        let write = TaskDraft {
+            execution_kind: Some("file".into()),
+            file_path: Some("notes.txt".into()),
+            file_content: Some("x".into()),
+            file_operation: Some("write".into()),
+            repo: Some(repo.into()),
+            ..TaskDraft::default()
+        };
+        let task = c.create_task(&write).await;
+        let run = c.start(&task.id).await;
+        assert_eq!(
+            run.status == RunStatus::AwaitingApproval,
+            gated,
+            "{repo}: {run:?}"
+        );
+    }
+
     for (fields, why) in [
         (serde_json::json!({ "push_branch": "keel/x" }), "needs repo"),
         (
