@@ -116,17 +116,13 @@ impl ApprovalPolicy {
             .collect()
     }
 
-    /// The gates of a run that pushes its result to a branch of its repository: a git
-    /// command that reaches a remote, as `git push` run by itself would need.
+    /// The gates of a run that pushes its result to a branch of its repository: those of
+    /// `git push` run by itself.
     pub(crate) fn gates_for_push(&self, sandbox: SandboxPolicy) -> Vec<ApprovalKind> {
-        let mut gates = Vec::new();
-        if self.has(Policy::GitExec) {
-            gates.push(ApprovalKind::GitExec);
-        }
-        if self.has(Policy::NetworkEgress) && sandbox.network {
-            gates.push(ApprovalKind::NetworkEgress);
-        }
-        gates
+        let push = Execution::Git {
+            command: "push".to_string(),
+        };
+        self.gates_for(&push, sandbox)
     }
 
     /// The gates of an imported task's workflow hooks (shell scripts its worker runs in
@@ -639,6 +635,11 @@ mod tests {
             ..NETWORK
         };
         assert_eq!(all.gates_for(&clone, offline), [ApprovalKind::GitExec]);
+        assert_eq!(
+            all.gates_for_push(NETWORK),
+            [ApprovalKind::GitExec, ApprovalKind::NetworkEgress]
+        );
+        assert_eq!(all.gates_for_push(offline), [ApprovalKind::GitExec]);
         assert!(egress.gates_for(&clone, offline).is_empty());
         assert!(
             ApprovalPolicy::default()

@@ -372,12 +372,14 @@ async fn gates(
         ),
         (push.is_some(), approvals.gates_for_push(sandbox)),
     ];
-    for (needed, more) in around {
-        let new: Vec<ApprovalKind> = match needed {
-            true => more.into_iter().filter(|g| !gates.contains(g)).collect(),
-            false => Vec::new(),
-        };
-        gates.extend(new);
+    for gate in around
+        .into_iter()
+        .filter(|(needed, _)| *needed)
+        .flat_map(|(_, more)| more)
+    {
+        if !gates.contains(&gate) {
+            gates.push(gate);
+        }
     }
     // In the order an approver reads them: a shell command first.
     gates.sort_by_key(|gate| *gate != ApprovalKind::ShellCommand);

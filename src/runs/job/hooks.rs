@@ -163,10 +163,8 @@ impl AttemptHooks {
             }
         }
         let mut outcome = body.await;
-        if let Some((repo, push)) = self
-            .repo
-            .as_ref()
-            .and_then(|r| Some(r).zip(r.push.as_ref()))
+        if let Some(repo) = &self.repo
+            && let Some(push) = &repo.push
             && outcome.completed()
             && let Err(failed) = self.push_result(ctx, repo, push).await
         {
@@ -241,7 +239,7 @@ impl AttemptHooks {
             repo.base_branch.clone().unwrap_or_default(),
         ));
         let ran = self
-            .run_git(ctx, "clone", CLONE_SCRIPT, &env, repo.timeout)
+            .run_script(ctx, "clone", CLONE_SCRIPT, &env, repo.timeout)
             .await?;
         let result = match &ran.error {
             None => StepResult::Completed {
@@ -280,9 +278,10 @@ impl AttemptHooks {
         env
     }
 
-    /// Runs one of Keel's git scripts in the workspace and records its output as the
-    /// `<name>.stdout` / `<name>.stderr` artifacts.
-    async fn run_git(
+    /// Runs a script in the workspace with the run's sandbox and records its output as the
+    /// `<name>.stdout` / `<name>.stderr` artifacts; Err: how the attempt stops instead (it
+    /// was interrupted, or the output could not be written).
+    async fn run_script(
         &self,
         ctx: &FencedContext,
         name: &str,
@@ -357,7 +356,7 @@ impl AttemptHooks {
             env.push((name.to_string(), value.to_string()));
         }
         let committed = self
-            .run_git(ctx, "commit", COMMIT_SCRIPT, &env, repo.timeout)
+            .run_script(ctx, "commit", COMMIT_SCRIPT, &env, repo.timeout)
             .await?;
         if let Some(error) = committed.error {
             return Ok(Err(format!("git {error}")));
@@ -379,7 +378,7 @@ impl AttemptHooks {
             ("GIT_CONFIG_GLOBAL".to_string(), "/dev/null".to_string()),
         ]);
         let pushed = self
-            .run_git(ctx, "push", PUSH_SCRIPT, &env, repo.timeout)
+            .run_script(ctx, "push", PUSH_SCRIPT, &env, repo.timeout)
             .await?;
         Ok(match pushed.error {
             None => Ok(Some(commit)),
@@ -421,8 +420,8 @@ impl AttemptHooks {
         }
     }
 
-    /// Runs one hook and records its output; Err: how the attempt stops instead (it was
-    /// interrupted, or the output could not be written).
+    /// Runs one of the task's workflow hooks, with the run's environment and the hooks'
+    /// timeout ([`AttemptHooks::run_script`]).
     async fn run_hook(
         &self,
         ctx: &FencedContext,
@@ -430,13 +429,7 @@ impl AttemptHooks {
         script: &str,
     ) -> Result<HookRun, Outcome> {
         let timeout = self.hooks.timeout();
-        let (workspace, env, cancel) = (&self.workspace, &self.env, ctx.cancellation());
-        let ran =
-            keel_workers::hooks::run(hook, script, workspace, env, self.sandbox, timeout, cancel)
-                .await
-                .ok_or(Outcome::Interrupted)?;
-        ctx.shared.record_hook(&ran).await.map_err(stopped)?;
-        Ok(ran)
+        self.run_script(ctx, hook, script, &self.env, timeout).await
     }
 }
 
