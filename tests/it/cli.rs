@@ -466,11 +466,7 @@ async fn spawn_api_on(db: &str, dir: &Path, name: &str, port: u16) -> KeelProces
 async fn watch_prints_every_line_and_event_once_across_an_api_killed_and_restarted() {
     let db = support::fresh_database().await;
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = support::free_port();
     let mut api = spawn_api_on(&db, dir.path(), "api-1", port).await;
     let _worker = spawn_worker(&db, dir.path(), "worker", 5_000, &dir.path().join("w"));
     let url = format!("http://127.0.0.1:{port}");

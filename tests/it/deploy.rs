@@ -586,11 +586,7 @@ impl Signer {
             "@globex.example": "globex",
         });
         std::fs::write(&orgs, mapping.to_string()).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = support::free_port();
         let child = signer_command(runtime_id, SECRET)
             .env("SIGNER_LISTEN", format!("127.0.0.1:{port}"))
             .env("SIGNER_ORGS_FILE", &orgs)

@@ -96,14 +96,6 @@ fn postgres_bin() -> PathBuf {
     found.pop().expect("a PostgreSQL with pg_basebackup")
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A primary whose commits wait for the standby named `standby`, and that standby, streaming
 /// from it; returns them with the superuser's password once the standby is synchronous.
 async fn synchronous_pair(root: &Path) -> (Server, Server, String) {
@@ -123,7 +115,7 @@ async fn synchronous_pair(root: &Path) -> (Server, Server, String) {
     let primary = Server {
         bin: bin.clone(),
         data: root.join("primary"),
-        port: free_port(),
+        port: support::free_port(),
     };
     as_postgres(&bin.join("initdb"), |c| {
         c.arg("-D")
@@ -145,7 +137,7 @@ async fn synchronous_pair(root: &Path) -> (Server, Server, String) {
     let standby = Server {
         bin: bin.clone(),
         data: root.join("standby"),
-        port: free_port(),
+        port: support::free_port(),
     };
     as_postgres(&bin.join("pg_basebackup"), |c| {
         c.env("PGPASSWORD", &password)

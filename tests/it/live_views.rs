@@ -94,7 +94,7 @@ async fn a_runs_stream_carries_its_state_so_a_view_needs_no_refetch() {
     sorted.dedup();
     assert_eq!(sequences, sorted, "each event once, in order");
 
-    // Without the parameter frames are events alone; an unknown projection is refused.
+    // An unknown projection is refused with the envelope.
     let (status, body) = c
         .get(&format!(
             "/v1/tasks/{task_id}/runs/{run_id}/stream?projection=everything"

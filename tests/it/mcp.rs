@@ -364,11 +364,7 @@ async fn bad_mcp_servers_are_refused_at_creation() {
 
 /// server-everything speaking streamable HTTP on a free loopback port; killed when dropped.
 async fn everything_over_http() -> (tokio::process::Child, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = support::free_port();
     let dir = servers_dir().join("node/node_modules/@modelcontextprotocol/server-everything");
     let child = tokio::process::Command::new("/usr/bin/node")
         .arg(dir.join("dist/index.js"))

@@ -403,12 +403,7 @@ async fn a_worker_started_before_its_database_answers_waits_for_it() {
     let api = spawn_api(&db, dir.path(), "api").await;
     let client = api.client.clone().unwrap();
     let proxy = DelayProxy::freezable(&db).await;
-    let nothing_listens = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let refusing = format!(
-        "postgres://keel@{}/keel",
-        nothing_listens.local_addr().unwrap()
-    );
-    drop(nothing_listens);
+    let refusing = format!("postgres://keel@127.0.0.1:{}/keel", support::free_port());
     proxy.retarget(&refusing);
     let mut worker = spawn_worker(
         &proxy.url,

@@ -71,10 +71,7 @@ async fn serve_smart(root: &Path, authorization: String) -> String {
     let app = Router::new()
         .route("/{*path}", axum::routing::any(cgi))
         .with_state((root.to_path_buf(), authorization));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(axum::serve(listener, app).into_future());
-    url
+    support::serve_on_loopback(app).await
 }
 
 /// A CGI answer (header lines, a blank line, the body) as an HTTP response.

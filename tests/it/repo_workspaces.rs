@@ -112,10 +112,7 @@ async fn serve_guarded(dir: &Path, authorization: Option<String>) -> String {
     let app = Router::new()
         .route("/{*path}", axum::routing::get(file))
         .with_state((dir.to_path_buf(), authorization));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(axum::serve(listener, app).into_future());
-    url
+    support::serve_on_loopback(app).await
 }
 
 #[tokio::test]

@@ -95,10 +95,7 @@ async fn start_receiver(protocol: Protocol) -> (String, Shared) {
                 MetricsServiceServer::new(GrpcReceiver(received.clone())),
             ),
     };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (base, received)
+    (support::serve_on_loopback(app).await, received)
 }
 
 async fn http_traces(State(received): State<Shared>, body: Bytes) -> Vec<u8> {

@@ -580,6 +580,23 @@ fn keel_command(db_url: &str, log_dir: &Path, name: &str) -> (Command, PathBuf) 
     (command, log)
 }
 
+/// A loopback port nothing listens on (the moment it is returned).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Serves `app` on a free loopback port for the rest of the test; returns its base URL.
+pub async fn serve_on_loopback(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(axum::serve(listener, app).into_future());
+    url
+}
+
 /// Gives `dir` and its ancestors below the temporary directory search permission for
 /// others (`tempfile` makes them 0700): a root worker's runs are other uids, which must
 /// pass through them to their workspaces, as through a deployment's data directory.
@@ -639,11 +656,7 @@ pub async fn spawn_api_with_env(
     name: &str,
     env: &[(&str, &str)],
 ) -> KeelProcess {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let (mut command, log) = keel_command(db_url, log_dir, name);
     command.env("KEEL_APPROVAL_POLICIES", "none");
     command.envs(env.iter().copied());
