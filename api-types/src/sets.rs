@@ -8,6 +8,8 @@ closed_set! {
         Approval = "approval",
         MediaJob = "media_job",
         Schedule = "schedule",
+        /// A workspace's approval policy, set or reset by an operator.
+        ApprovalPolicy = "approval_policy",
     }
 }
 
@@ -78,6 +80,8 @@ mod tests {
             Grouping,
             MediaOperation,
             crate::ApprovalStatus,
+            crate::GateDecision,
+            crate::PolicySource,
             crate::ExecutionKind,
             crate::StepStatus,
             crate::ArtifactKind,

@@ -626,4 +626,30 @@ impl Client {
         let path = format!("/v1/workspaces/{}/limits", segment(workspace_id));
         Call::new(self, Method::PUT, path).json(request)
     }
+
+    /// A workspace's approval policy: its own, or the process setting.
+    pub fn get_policy(&self, workspace_id: &str) -> Call<'_, ObjectEnvelope<ApprovalPolicyRecord>> {
+        self.get(policy_path(workspace_id))
+    }
+
+    /// Sets a workspace's approval policy, whole.
+    pub fn put_policy(
+        &self,
+        workspace_id: &str,
+        request: &ApprovalPolicyRequest,
+    ) -> Call<'_, ObjectEnvelope<ApprovalPolicyRecord>> {
+        Call::new(self, Method::PUT, policy_path(workspace_id)).json(request)
+    }
+
+    /// Removes a workspace's own approval policy: the process setting applies again.
+    pub fn delete_policy(
+        &self,
+        workspace_id: &str,
+    ) -> Call<'_, ObjectEnvelope<ApprovalPolicyRecord>> {
+        self.delete(policy_path(workspace_id))
+    }
+}
+
+fn policy_path(workspace_id: &str) -> String {
+    format!("/v1/workspaces/{}/approval-policy", segment(workspace_id))
 }

@@ -26,7 +26,7 @@ OPERATOR_METHODS = {
     "tasks.create", "tasks.list", "tasks.get", "tasks.start", "runs.get", "runs.cancel",
     "approvals.listForTask", "approvals.resolve", "events.subscribe", "events.unsubscribe",
     "media.create", "media.get", "schedules.get", "schedules.set", "harness.methods",
-    "daemon.status",
+    "daemon.status", "workspaces.policy", "workspaces.setPolicy", "workspaces.resetPolicy",
 }
 
 
@@ -179,6 +179,25 @@ def reads_across_the_workspace(peer, task_id, run_id):
     check("stdout" in {a["name"] for a in artifacts}, f"tasks.artifacts: {artifacts}")
 
 
+def policy_as_data(peer):
+    """A workspace's approval policy, set and reset over the RPC, applies to the next start."""
+    shown = peer.ok("workspaces.policy", {"workspace_id": "default"})["data"]
+    check(shown["source"] == "default" and shown["gates"]["shell_exec"] == "ask", f"{shown}")
+    gates = dict(shown["gates"], shell_exec="deny")
+    body = {"gates": gates, "allowed_write_paths": ["src"]}
+    set_ = peer.ok("workspaces.setPolicy", {"workspace_id": "default", "body": body})["data"]
+    check(set_["source"] == "workspace" and set_["allowed_write_paths"] == ["src"], f"{set_}")
+    task_id = peer.ok("tasks.create", {"body": {"execution_kind": "shell",
+                                                "shell_command": "true"}})["data"]["id"]
+    check(peer.error_code("tasks.start", {"task_id": task_id, "body": {}}) == "forbidden",
+          "a denied gate refuses the start")
+    reset = peer.ok("workspaces.resetPolicy", {"workspace_id": "default"})["data"]
+    check(reset["source"] == "default", f"{reset}")
+    run = peer.ok("tasks.start", {"task_id": task_id, "body": {}})["data"]
+    check(run["status"] == "awaiting_approval", f"the process setting asks again: {run}")
+    peer.ok("runs.cancel", {"task_id": task_id, "run_id": run["id"]})
+
+
 def errors(peer):
     peer.send_line(b"{not json")
     line = peer.read()
@@ -200,6 +219,7 @@ def stdio(keel, base, token):
     peer = Peer(child.stdout, child.stdin)
     handshake(peer, child.pid)
     approved_run(peer)
+    policy_as_data(peer)
     errors(peer)
     child.stdin.close()
     check(child.wait(timeout=DEADLINE) == 0, "keel rpc --stdio exits 0 at end of input")

@@ -8,15 +8,17 @@ use std::time::Duration;
 
 use chrono::Utc;
 use keel_workers::agent::instructions;
-use keel_workers::agent::mcp::{McpTools, is_mcp_tool};
+use keel_workers::agent::mcp::{McpTools, is_mcp_tool, server_of};
 use keel_workers::agent::provider::{ChatClient, ChatModel, RetryPolicy};
 use keel_workers::agent::run_loop::{
-    self, AgentContext, AgentPlan, Answer, Budget, LoopOutcome, ModelCall, Toolbox,
+    self, AgentContext, AgentPlan, Answer, Budget, LoopOutcome, ModelCall, ToolDecision,
+    ToolPolicy, Toolbox,
 };
 use keel_workers::agent::tools::{self, ToolEnv, WorkspaceTools};
 use keel_workers::agent::{Message, ModelResponse, ToolCall, ToolResult, ToolSpec};
 use keel_workers::{
-    ArtifactHandle, ContextError, Outcome, OutputStream, RunContext, StepHandle, StepResult,
+    ArtifactHandle, ContextError, Outcome, OutputStream, RunContext, SandboxPolicy, StepHandle,
+    StepResult,
 };
 use serde_json::{Value, json};
 use sqlx::{PgConnection, PgPool};
@@ -28,6 +30,7 @@ use crate::agent::model_calls;
 use crate::agent::model_calls::NewModelCall;
 use crate::agent::prices::PriceTable;
 use crate::agent::store;
+use crate::approvals;
 use crate::approvals::{ActionSummary, ApprovalPolicy};
 use crate::attempt;
 use crate::db::StoreError;
@@ -47,7 +50,7 @@ use crate::runs::steps;
 use crate::runs::steps::{NewStep, StepRecord};
 use crate::tasks;
 use crate::tasks::{TaskRecord, TaskRecordExt};
-use keel_api_types::ExecutionProfile;
+use keel_api_types::{ExecutionProfile, GateDecision};
 use keel_workers::agent::provider::ChatLimits;
 
 /// How long live text is gathered before one notification carries it.
@@ -104,6 +107,11 @@ pub(crate) async fn execute(
         last_step: std::sync::Mutex::new(last_step),
         conversation: std::sync::Mutex::new(None),
         deltas: Deltas::start(jobs.pool.clone(), job.lease.scope(), ids),
+        policy: PolicyReader {
+            pool: jobs.pool.clone(),
+            default: agent.approvals.clone(),
+            sandbox: row.task.sandbox(),
+        },
     };
     // Runs within the task's hooks, after its repository's clone: a base composed here
     // reads the workspace as the clone left it, and MCP servers start in it.
@@ -122,8 +130,7 @@ pub(crate) async fn execute(
             };
             plan.messages.splice(0..0, base);
             let mcp = mcp::connect(context, mcp, &tools.env, limits).await?;
-            plan.gated_tools
-                .extend(mcp.gated(agent.approvals.gates_mcp_tools(task.sandbox())));
+            plan.gated_tools.extend(mcp.gated());
             Ok::<_, ContextError>((
                 plan,
                 RunTools {
@@ -262,7 +269,7 @@ async fn prepare(
         model_calls: history.model_calls,
         prior_model_calls,
         max_model_calls: task.max_model_calls.map(|n| n.max(0) as u32),
-        gated_tools: gated_tools(agent, task),
+        gated_tools: gated_tools(task),
         approval,
         budget: Budget {
             limit_micros: task.budget_micros_usd,
@@ -289,15 +296,14 @@ async fn prepare(
     }))
 }
 
-/// The tools whose calls wait for an approval: those the approval policies gate, and for a
-/// `coding_agent` task every tool that changes the workspace or runs a command.
-fn gated_tools(agent: &AgentJobs, task: &TaskRecord) -> Vec<String> {
-    let mut gated = agent.approvals.gated_tools(task.sandbox());
-    if task.execution_profile.as_deref() == Some(ExecutionProfile::CodingAgent.as_str()) {
-        let writers = tools::WRITERS.iter().map(|w| w.to_string());
-        gated.extend(writers.filter(|w| !gated.contains(w)).collect::<Vec<_>>());
+/// The tools whose calls wait for an approval whatever the approval policy says: for a
+/// `coding_agent` task, every tool that changes the workspace or runs a command. (The
+/// policy's gates are read at each response: [`PolicyReader`].)
+fn gated_tools(task: &TaskRecord) -> Vec<String> {
+    match task.execution_profile.as_deref() == Some(ExecutionProfile::CodingAgent.as_str()) {
+        true => tools::WRITERS.iter().map(|w| w.to_string()).collect(),
+        false => Vec::new(),
     }
-    gated
 }
 
 /// The call clients of a run's routes, each asking for the task's reasoning effort. The
@@ -444,10 +450,15 @@ impl Toolbox for RunTools {
         }
     }
 
-    async fn call(&self, call: &ToolCall, cancel: &CancellationToken) -> ToolResult {
+    async fn call(
+        &self,
+        call: &ToolCall,
+        write_paths: Option<&[String]>,
+        cancel: &CancellationToken,
+    ) -> ToolResult {
         match is_mcp_tool(&call.name) {
             true => self.mcp.call(call, cancel).await,
-            false => self.workspace.call(call, cancel).await,
+            false => self.workspace.call(call, write_paths, cancel).await,
         }
     }
 }
@@ -460,6 +471,44 @@ struct FencedAgent {
     last_step: std::sync::Mutex<Option<String>>,
     conversation: std::sync::Mutex<Option<Vec<u8>>>,
     deltas: Deltas,
+    policy: PolicyReader,
+}
+
+/// Reads the approval policy in force in the run's workspace when a response's tool calls
+/// are answered, so an operator's change applies from the next response on.
+struct PolicyReader {
+    pool: PgPool,
+    /// The process setting, for a workspace without a policy of its own.
+    default: ApprovalPolicy,
+    sandbox: SandboxPolicy,
+}
+
+impl PolicyReader {
+    async fn read(&self, scope: &Scope, calls: &[ToolCall]) -> Result<ToolPolicy, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let policy = approvals::policy_in_force(&mut conn, scope, &self.default).await?;
+        let decisions = calls
+            .iter()
+            .map(|call| {
+                let (decision, gate) = match server_of(&call.name) {
+                    Some((server, _)) => policy.mcp_decision(server, self.sandbox),
+                    None => policy.tool_decision(&call.name, self.sandbox),
+                };
+                match decision {
+                    GateDecision::Allow => ToolDecision::Allow,
+                    GateDecision::Ask => ToolDecision::Ask,
+                    GateDecision::Deny => ToolDecision::Deny(format!(
+                        "this call is refused: the workspace's approval policy denies {gate}"
+                    )),
+                }
+            })
+            .collect();
+        let write_paths = policy.write_paths().map(<[String]>::to_vec);
+        Ok(ToolPolicy {
+            decisions,
+            write_paths,
+        })
+    }
 }
 
 impl FencedAgent {
@@ -562,6 +611,12 @@ impl RunContext for FencedAgent {
 }
 
 impl AgentContext for FencedAgent {
+    async fn tool_policy(&self, calls: &[ToolCall]) -> Result<ToolPolicy, ContextError> {
+        let fence = &self.run.shared.fence;
+        let read = self.policy.read(&fence.scope, calls).await;
+        read.map_err(|e| fence.context_error(e))
+    }
+
     async fn start_model_call(&self, index: u32) -> Result<(), ContextError> {
         let shared = &self.run.shared;
         let (run_id, scope) = (shared.run_id.as_str(), &shared.fence.scope);

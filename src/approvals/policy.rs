@@ -2,37 +2,78 @@
 //! carries a bounded, sanitized summary of what would run, so an operator can decide
 //! without seeing file contents or secrets.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
 pub(crate) use keel_api_types::ApprovalKind;
+use keel_api_types::{
+    ApprovalPolicyRequest, GateDecision, GateDecisions, MAX_POLICY_MCP_SERVERS,
+    MAX_WRITE_PATH_BYTES, MAX_WRITE_PATHS, is_beneath_write_paths, is_write_path,
+    normal_write_path,
+};
 use keel_workers::{Execution, FileOperation, SandboxPolicy};
 
 use crate::domain::Invalid;
 use crate::tasks::Hooks;
 
-/// The policies an operator can turn on with `KEEL_APPROVAL_POLICIES`.
+/// The gates a policy decides, each with its decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Policy {
     ShellExec,
     GitExec,
     FileWrite,
     NetworkEgress,
+    ReadFile,
     AllTools,
 }
 
-const POLICY_NAMES: [(&str, Policy); 5] = [
+const POLICY_NAMES: [(&str, Policy); 6] = [
     ("shell_exec", Policy::ShellExec),
     ("git_exec", Policy::GitExec),
     ("file_write", Policy::FileWrite),
     ("network_egress", Policy::NetworkEgress),
+    ("read_file", Policy::ReadFile),
     ("all_tools", Policy::AllTools),
 ];
 
-/// Which runs need an operator's approval before they are queued.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+impl Policy {
+    fn name(self) -> &'static str {
+        POLICY_NAMES
+            .iter()
+            .find(|(_, p)| *p == self)
+            .map_or("all_tools", |(name, _)| name)
+    }
+}
+
+/// Which runs and tool calls need an operator's approval, and which are refused: the
+/// process setting (`KEEL_APPROVAL_POLICIES`, which asks for the gates it names), or a
+/// workspace's own policy (`approval_policies`), which can also deny, per MCP server too,
+/// and scope where file writers write.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApprovalPolicy {
-    policies: Vec<Policy>,
+    gates: GateDecisions,
+    mcp_servers: BTreeMap<String, GateDecision>,
+    write_paths: Option<Vec<String>>,
+}
+
+impl Default for ApprovalPolicy {
+    /// Gates nothing.
+    fn default() -> Self {
+        let allow = GateDecision::Allow;
+        ApprovalPolicy {
+            gates: GateDecisions {
+                shell_exec: allow,
+                git_exec: allow,
+                file_write: allow,
+                network_egress: allow,
+                read_file: allow,
+                all_tools: allow,
+            },
+            mcp_servers: BTreeMap::new(),
+            write_paths: None,
+        }
+    }
 }
 
 pub(crate) const DEFAULT_POLICIES: &str = "shell_exec,git_exec,file_write";
@@ -40,80 +81,234 @@ pub(crate) const DEFAULT_POLICIES: &str = "shell_exec,git_exec,file_write";
 impl FromStr for ApprovalPolicy {
     type Err = String;
 
-    /// A comma list of policy names; empty or `none` gates nothing.
+    /// A comma list of the gates that ask; empty or `none` gates nothing.
     fn from_str(value: &str) -> Result<Self, Self::Err> {
-        let mut policies = Vec::new();
+        let mut policy = ApprovalPolicy::default();
         for name in value
             .split(',')
             .map(str::trim)
             .filter(|n| !n.is_empty() && *n != "none")
         {
-            let Some((_, policy)) = POLICY_NAMES.iter().find(|(known, _)| *known == name) else {
+            let Some((_, gate)) = POLICY_NAMES.iter().find(|(known, _)| *known == name) else {
                 let known: Vec<&str> = POLICY_NAMES.iter().map(|(n, _)| *n).collect();
                 return Err(format!(
                     "unknown approval policy '{name}' (known: {}, or none)",
                     known.join(", ")
                 ));
             };
-            policies.push(*policy);
+            *policy.gate_mut(*gate) = GateDecision::Ask;
         }
-        Ok(ApprovalPolicy { policies })
+        Ok(policy)
     }
 }
 
 impl fmt::Display for ApprovalPolicy {
+    /// Each gate that does not allow, as `name` (ask) or `name=deny`; then the MCP servers
+    /// and write paths a workspace's policy names. The process setting reads back as it
+    /// was written.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = self
-            .policies
+        let mut parts: Vec<String> = POLICY_NAMES
             .iter()
-            .filter_map(|p| POLICY_NAMES.iter().find(|(_, q)| q == p).map(|(n, _)| *n))
+            .filter_map(|(name, gate)| match self.gate(*gate) {
+                GateDecision::Allow => None,
+                GateDecision::Ask => Some(name.to_string()),
+                GateDecision::Deny => Some(format!("{name}=deny")),
+            })
             .collect();
-        write!(
-            f,
-            "{}",
-            if names.is_empty() {
-                "none".to_string()
-            } else {
-                names.join(",")
-            }
-        )
+        parts.extend(
+            self.mcp_servers
+                .iter()
+                .map(|(server, decision)| format!("mcp:{server}={decision}")),
+        );
+        if let Some(paths) = &self.write_paths {
+            parts.push(format!("write_paths=[{}]", paths.join(" ")));
+        }
+        match parts.is_empty() {
+            true => f.write_str("none"),
+            false => f.write_str(&parts.join(",")),
+        }
     }
 }
 
 impl ApprovalPolicy {
+    /// A workspace's policy as an operator set it; write paths in their normal form.
+    pub(crate) fn of_workspace(
+        gates: GateDecisions,
+        mcp_servers: BTreeMap<String, GateDecision>,
+        write_paths: Option<Vec<String>>,
+    ) -> ApprovalPolicy {
+        ApprovalPolicy {
+            gates,
+            mcp_servers,
+            write_paths: write_paths
+                .map(|paths| paths.iter().map(|p| normal_write_path(p)).collect()),
+        }
+    }
+
+    /// The policy an operator's request sets, checked as the document states it.
+    pub(crate) fn of_request(request: &ApprovalPolicyRequest) -> Result<ApprovalPolicy, Invalid> {
+        if request.mcp_servers.len() > MAX_POLICY_MCP_SERVERS {
+            return Err(Invalid::new(
+                "mcp_servers",
+                format!("names at most {MAX_POLICY_MCP_SERVERS} servers"),
+            ));
+        }
+        for server in request.mcp_servers.keys() {
+            crate::tasks::check_mcp_server_name(server)
+                .map_err(|e| Invalid::new("mcp_servers", format!("{server:?}: {e}")))?;
+        }
+        let paths = request.allowed_write_paths.as_deref().unwrap_or_default();
+        if paths.len() > MAX_WRITE_PATHS {
+            return Err(Invalid::new(
+                "allowed_write_paths",
+                format!("lists at most {MAX_WRITE_PATHS} paths"),
+            ));
+        }
+        if let Some(bad) = paths.iter().find(|p| !is_write_path(p)) {
+            return Err(Invalid::new(
+                "allowed_write_paths",
+                format!(
+                    "{bad:?} is not a workspace-relative path (segments joined by '/', none \
+                     empty or '..', at most {MAX_WRITE_PATH_BYTES} bytes)"
+                ),
+            ));
+        }
+        Ok(ApprovalPolicy::of_workspace(
+            request.gates,
+            request.mcp_servers.clone(),
+            request.allowed_write_paths.clone(),
+        ))
+    }
+
+    pub(crate) fn gates(&self) -> GateDecisions {
+        self.gates
+    }
+
+    pub(crate) fn mcp_servers(&self) -> &BTreeMap<String, GateDecision> {
+        &self.mcp_servers
+    }
+
+    /// Where file writers may write (None: anywhere in the workspace).
+    pub(crate) fn write_paths(&self) -> Option<&[String]> {
+        self.write_paths.as_deref()
+    }
+
+    fn gate(&self, gate: Policy) -> GateDecision {
+        let g = &self.gates;
+        match gate {
+            Policy::ShellExec => g.shell_exec,
+            Policy::GitExec => g.git_exec,
+            Policy::FileWrite => g.file_write,
+            Policy::NetworkEgress => g.network_egress,
+            Policy::ReadFile => g.read_file,
+            Policy::AllTools => g.all_tools,
+        }
+    }
+
+    fn gate_mut(&mut self, gate: Policy) -> &mut GateDecision {
+        let g = &mut self.gates;
+        match gate {
+            Policy::ShellExec => &mut g.shell_exec,
+            Policy::GitExec => &mut g.git_exec,
+            Policy::FileWrite => &mut g.file_write,
+            Policy::NetworkEgress => &mut g.network_egress,
+            Policy::ReadFile => &mut g.read_file,
+            Policy::AllTools => &mut g.all_tools,
+        }
+    }
+
+    /// A gate's decision with `all_tools` on top.
+    fn decision(&self, gate: Policy) -> GateDecision {
+        self.gate(gate).strictest(self.gates.all_tools)
+    }
+
     fn has(&self, policy: Policy) -> bool {
-        self.policies.contains(&policy) || self.policies.contains(&Policy::AllTools)
+        self.decision(policy) != GateDecision::Allow
     }
 
-    /// Whether every call of an MCP server's tools waits for an approval: `all_tools`, or
-    /// `network_egress` for a run with network (a server runs with the run's network, or
-    /// is reached over it).
-    pub(crate) fn gates_mcp_tools(&self, sandbox: SandboxPolicy) -> bool {
-        self.policies.contains(&Policy::AllTools)
-            || (self.policies.contains(&Policy::NetworkEgress) && sandbox.network)
+    /// What the policy decides for an admission gate (one [`ApprovalPolicy::gates_for`]
+    /// and its kin return), and the gate's name for a refusal.
+    pub(crate) fn decision_of(&self, kind: ApprovalKind) -> (GateDecision, &'static str) {
+        let gate = match kind {
+            ApprovalKind::ShellCommand => Policy::ShellExec,
+            ApprovalKind::GitExec => Policy::GitExec,
+            ApprovalKind::FileWrite => Policy::FileWrite,
+            ApprovalKind::NetworkEgress => Policy::NetworkEgress,
+            ApprovalKind::AgentLoopToolCall | ApprovalKind::ExternalAction => Policy::AllTools,
+        };
+        let decision = self.decision(gate);
+        match self.gate(gate) == decision {
+            true => (decision, gate.name()),
+            false => (decision, Policy::AllTools.name()),
+        }
     }
 
-    /// The agent loop tools whose calls need an approval mid-loop, in catalog order.
-    /// `http_request` is gated by `shell_exec` as well as `network_egress`: a request out
-    /// can carry whatever the model has read, as a command can, so the default policy
-    /// stops a prompt-injected model from posting the workspace away. With network,
-    /// `network_egress` gates `shell_exec` too: a command can reach out as a request can.
-    pub(crate) fn gated_tools(&self, sandbox: SandboxPolicy) -> Vec<String> {
-        let gated_by = |tool: &str| match tool {
+    /// What the policy decides for a call of one of the agent's own tools, and the gate
+    /// that decides it. `http_request` is gated by `shell_exec` as well as
+    /// `network_egress`: a request out can carry whatever the model has read, as a
+    /// command can, so the default policy stops a prompt-injected model from posting the
+    /// workspace away. With network, `network_egress` gates `shell_exec` too: a command can
+    /// reach out as a request can.
+    pub(crate) fn tool_decision(
+        &self,
+        tool: &str,
+        sandbox: SandboxPolicy,
+    ) -> (GateDecision, &'static str) {
+        let gated_by = match tool {
             "shell_exec" if sandbox.network => &[Policy::ShellExec, Policy::NetworkEgress][..],
             "shell_exec" => &[Policy::ShellExec],
             "git_status" | "git_diff" => &[Policy::GitExec],
             "file_write" | "file_edit" | "apply_patch" => &[Policy::FileWrite],
             "http_request" => &[Policy::NetworkEgress, Policy::ShellExec],
+            "read_file" | "list_dir" | "grep" | "glob" => &[Policy::ReadFile],
             _ => &[],
         };
+        strictest(
+            gated_by
+                .iter()
+                .map(|gate| (self.gate(*gate), gate.name()))
+                .chain([(self.gates.all_tools, Policy::AllTools.name())]),
+        )
+    }
+
+    /// What the policy decides for a call of an MCP server's tools: `all_tools`,
+    /// `network_egress` for a run with network (a server runs with the run's network, or
+    /// is reached over it), and the workspace's decision for that server.
+    pub(crate) fn mcp_decision(
+        &self,
+        server: &str,
+        sandbox: SandboxPolicy,
+    ) -> (GateDecision, &'static str) {
+        let egress = match sandbox.network {
+            true => self.gates.network_egress,
+            false => GateDecision::Allow,
+        };
+        let own = self
+            .mcp_servers
+            .get(server)
+            .copied()
+            .unwrap_or(GateDecision::Allow);
+        strictest([
+            (self.gates.all_tools, Policy::AllTools.name()),
+            (egress, Policy::NetworkEgress.name()),
+            (own, "mcp_servers"),
+        ])
+    }
+
+    /// The agent loop tools whose calls need an approval or are refused, in catalog order.
+    #[cfg(test)]
+    pub(crate) fn gated_tools(&self, sandbox: SandboxPolicy) -> Vec<String> {
         keel_workers::agent::tools::CATALOG
             .iter()
-            .filter(|tool| {
-                gated_by(tool).iter().any(|p| self.has(*p)) || self.has(Policy::AllTools)
-            })
+            .filter(|tool| self.tool_decision(tool, sandbox).0 != GateDecision::Allow)
             .map(|tool| tool.to_string())
             .collect()
+    }
+
+    /// Whether a file task's path may be written: beneath one of the write paths, read as
+    /// written (the worker's file run confines it to the workspace).
+    pub(crate) fn may_write(&self, path: &str) -> bool {
+        is_beneath_write_paths(self.write_paths(), &normal_write_path(path))
     }
 
     /// The gates of a run that pushes its result to a branch of its repository: those of
@@ -168,6 +363,19 @@ impl ApprovalPolicy {
         }
         gates
     }
+}
+
+/// The strictest of several decisions, with the gate that made it (the first of equals).
+fn strictest(
+    decisions: impl IntoIterator<Item = (GateDecision, &'static str)>,
+) -> (GateDecision, &'static str) {
+    decisions.into_iter().fold(
+        (GateDecision::Allow, "none"),
+        |(best, by), (decision, gate)| match best.strictest(decision) == best {
+            true => (best, by),
+            false => (decision, gate),
+        },
+    )
 }
 
 /// Whether an execution may reach the network: any shell command; a git command whose
@@ -537,11 +745,97 @@ mod tests {
         };
         let egress = parsed("network_egress");
         assert_eq!(egress.gated_tools(offline), ["http_request"]);
-        assert!(egress.gates_mcp_tools(NETWORK) && !egress.gates_mcp_tools(offline));
-        assert!(parsed("all_tools").gates_mcp_tools(offline));
-        assert!(!parsed(DEFAULT_POLICIES).gates_mcp_tools(NETWORK));
+        let mcp = |policy: &ApprovalPolicy, sandbox| policy.mcp_decision("github", sandbox).0;
+        assert_eq!(mcp(&egress, NETWORK), GateDecision::Ask);
+        assert_eq!(mcp(&egress, offline), GateDecision::Allow);
+        assert_eq!(mcp(&parsed("all_tools"), offline), GateDecision::Ask);
+        assert_eq!(mcp(&parsed(DEFAULT_POLICIES), NETWORK), GateDecision::Allow);
+        assert_eq!(
+            gated("read_file"),
+            ["read_file", "list_dir", "grep", "glob"]
+        );
         assert_eq!(gated("all_tools"), keel_workers::agent::tools::CATALOG);
         assert!(gated("none").is_empty());
+    }
+
+    fn workspace_policy(json: serde_json::Value) -> Result<ApprovalPolicy, Invalid> {
+        ApprovalPolicy::of_request(&serde_json::from_value(json).unwrap())
+    }
+
+    fn gates(shell: &str, all: &str) -> serde_json::Value {
+        serde_json::json!({ "shell_exec": shell, "git_exec": "ask", "file_write": "allow",
+            "network_egress": "allow", "read_file": "allow", "all_tools": all })
+    }
+
+    #[test]
+    fn a_workspace_policy_denies_asks_or_allows_each_gate_the_strictest_winning() {
+        let policy = workspace_policy(serde_json::json!({
+            "gates": gates("deny", "allow"), "mcp_servers": { "github": "deny", "docs": "ask" },
+            "allowed_write_paths": ["./src", "docs"]
+        }))
+        .unwrap();
+        let deny = (GateDecision::Deny, "shell_exec");
+        assert_eq!(policy.decision_of(ApprovalKind::ShellCommand), deny);
+        assert_eq!(policy.tool_decision("shell_exec", NETWORK), deny);
+        assert_eq!(policy.tool_decision("http_request", NETWORK), deny);
+        assert_eq!(
+            policy.tool_decision("git_diff", NETWORK).0,
+            GateDecision::Ask
+        );
+        assert_eq!(
+            policy.tool_decision("read_file", NETWORK).0,
+            GateDecision::Allow
+        );
+        let by_server = (GateDecision::Deny, "mcp_servers");
+        assert_eq!(policy.mcp_decision("github", NETWORK), by_server);
+        assert_eq!(policy.mcp_decision("docs", NETWORK).0, GateDecision::Ask);
+        assert_eq!(policy.mcp_decision("other", NETWORK).0, GateDecision::Allow);
+        assert_eq!(
+            policy.write_paths(),
+            Some(&["src".to_string(), "docs".to_string()][..])
+        );
+        assert!(policy.may_write("src/a.rs") && policy.may_write("./docs/x"));
+        assert!(!policy.may_write("README.md"));
+        assert_eq!(
+            policy.to_string(),
+            "shell_exec=deny,git_exec,mcp:docs=ask,mcp:github=deny,write_paths=[src docs]"
+        );
+        // all_tools lays its decision over every gate, and names itself when it decides.
+        let all = workspace_policy(serde_json::json!({ "gates": gates("allow", "deny") }));
+        let all = all.unwrap();
+        assert_eq!(
+            all.decision_of(ApprovalKind::GitExec),
+            (GateDecision::Deny, "all_tools")
+        );
+        assert_eq!(
+            all.mcp_decision("x", NETWORK),
+            (GateDecision::Deny, "all_tools")
+        );
+        assert!(all.may_write("anywhere"));
+    }
+
+    #[test]
+    fn a_workspace_policy_refuses_bad_server_names_and_paths() {
+        let with = |extra: serde_json::Value| {
+            let mut body = serde_json::json!({ "gates": gates("ask", "allow") });
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            workspace_policy(body)
+        };
+        let servers = serde_json::json!({ "mcp_servers": { "Bad__Name": "deny" } });
+        assert_eq!(with(servers).unwrap_err().field, "mcp_servers");
+        for path in ["../up", "/etc", "a//b", ""] {
+            let paths = serde_json::json!({ "allowed_write_paths": [path] });
+            assert_eq!(
+                with(paths).unwrap_err().field,
+                "allowed_write_paths",
+                "{path}"
+            );
+        }
+        let many: Vec<String> = (0..33).map(|i| format!("d{i}")).collect();
+        let paths = serde_json::json!({ "allowed_write_paths": many });
+        assert!(with(paths).is_err());
     }
 
     #[test]

@@ -86,6 +86,9 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("workspace.get", "own_limits"),
     ("workspaces.limits", "get_limits"),
     ("workspaces.setLimits", "put_limits"),
+    ("workspaces.policy", "get_policy"),
+    ("workspaces.setPolicy", "put_policy"),
+    ("workspaces.resetPolicy", "delete_policy"),
 ];
 
 /// The API's operations no method bridges, each with why. The parity test fails on an

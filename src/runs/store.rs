@@ -21,6 +21,8 @@ use crate::tasks;
 use crate::tasks::Hooks;
 use crate::tasks::{RunTimeouts, WorkspaceRoots};
 use crate::tasks::{TaskRecord, TaskRecordExt};
+use keel_api_types::GateDecision;
+use keel_workers::Execution;
 
 pub use keel_api_types::RunRecord;
 
@@ -356,14 +358,14 @@ async fn gates(
     } else {
         Some(task.execution().map_err(StoreError::Conflict)?)
     };
+    let approvals = &approvals::policy_in_force(conn, scope, &rules.approvals).await?;
     let mut gates = match &execution {
-        Some(execution) => rules.approvals.gates_for(execution, task.sandbox()),
+        Some(execution) => approvals.gates_for(execution, task.sandbox()),
         None => Vec::new(),
     };
     let hooks = hooks.filter(|hooks| hooks.any());
     let sandbox = task.sandbox();
     let push = task.repo.as_deref().zip(task.push_branch.as_deref());
-    let approvals = &rules.approvals;
     let around = [
         (hooks.is_some(), approvals.gates_for_hooks(sandbox)),
         (
@@ -381,6 +383,7 @@ async fn gates(
             gates.push(gate);
         }
     }
+    refuse_denied(approvals, &gates, execution.as_ref())?;
     // In the order an approver reads them: a shell command first.
     gates.sort_by_key(|gate| *gate != ApprovalKind::ShellCommand);
     let workspace = task.workspace_description();
@@ -394,6 +397,35 @@ async fn gates(
     };
     let summary = (!gates.is_empty()).then(describe);
     Ok((gates, summary))
+}
+
+/// Refuses a run the workspace's approval policy denies: a gate it needs is `deny`, or a
+/// file task writes outside the policy's write paths.
+fn refuse_denied(
+    policy: &ApprovalPolicy,
+    gates: &[ApprovalKind],
+    execution: Option<&Execution>,
+) -> Result<()> {
+    let denied = gates
+        .iter()
+        .map(|gate| policy.decision_of(*gate))
+        .find(|(decision, _)| *decision == GateDecision::Deny);
+    if let Some((_, gate)) = denied {
+        return Err(StoreError::Forbidden(format!(
+            "the workspace's approval policy denies {gate}; an operator can change it \
+             (PUT /v1/workspaces/{{workspace_id}}/approval-policy)"
+        )));
+    }
+    if let Some(Execution::File { path, .. }) = execution
+        && !policy.may_write(path)
+    {
+        let paths = policy.write_paths().unwrap_or_default().join(", ");
+        return Err(StoreError::Forbidden(format!(
+            "{path}: the workspace's approval policy lets file writers write only beneath: \
+             {paths}"
+        )));
+    }
+    Ok(())
 }
 
 /// Whether a task's `repo` is reached over the network (a local path or `file://` is not).

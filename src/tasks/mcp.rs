@@ -84,7 +84,7 @@ fn parse_server(server: &McpServer) -> Result<McpServer, String> {
 
 /// Lower-case words joined by one `_` or `-`: the alias `mcp__<server>__<tool>` then
 /// splits at its `__` in one way only.
-fn check_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
     let words_ok = name.split(['_', '-']).all(|w| {
         !w.is_empty()
             && w.chars()

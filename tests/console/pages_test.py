@@ -175,11 +175,35 @@ def test_the_usage_and_external_work_pages_render(console):
     screenshot(page, "usage")
 
 
+def test_an_operator_changes_the_approval_policy_and_the_next_start_follows_it(console):
+    page = console.signed_in_page()
+    open_page(page, "#/policy")
+    expect(page.get_by_text("the process setting (KEEL_APPROVAL_POLICIES)")).to_be_visible()
+    page.locator("#gate-shell_exec").select_option("deny")
+    page.locator("#policy-mcp").fill("github=ask")
+    page.locator("#policy-paths").fill("src")
+    page.get_by_role("button", name="Save policy").click()
+    expect(page.get_by_text("this workspace's own")).to_be_visible()
+    history = page.locator("section").filter(has_text="shell_exec=deny")
+    expect(history.locator("tbody tr")).to_have_count(1)
+    expect(history).to_contain_text("mcp:github=ask")
+    shown = ok(api(page, "GET", "/v1/workspaces/default/approval-policy"))
+    assert shown["gates"]["shell_exec"] == "deny" and shown["allowed_write_paths"] == ["src"], shown
+    task = ok(api(page, "POST", "/v1/tasks", {"execution_kind": "shell", "shell_command": "echo no"}))
+    code, body = api(page, "POST", f"/v1/tasks/{task['id']}/start", {})
+    assert code == 403 and "denies shell_exec" in body["error"]["message"], (code, body)
+    screenshot(page, "policy")
+    page.get_by_role("button", name="Use the process setting").click()
+    expect(page.get_by_text("the process setting (KEEL_APPROVAL_POLICIES)")).to_be_visible()
+    expect(page.locator("section").filter(has_text="Changes").locator("tbody tr")).to_have_count(2)
+
+
 TESTS = [
     test_the_queue_page_shows_depth_and_the_chart_bars_after_runs,
     test_a_media_job_shows_its_image_preview_and_providers_show_readiness_without_the_secret,
     test_the_schedules_page_shows_the_next_fire_time_in_its_zone,
     test_the_usage_and_external_work_pages_render,
+    test_an_operator_changes_the_approval_policy_and_the_next_start_follows_it,
 ]
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ use std::time::Duration;
 use crate::support::llm::{FakeLlm, Turn};
 use crate::support::{Client, KeelProcess};
 use keel_client::{
-    ApprovalRecord, ApprovalStatus, ArtifactKind, EventRecord, EventType, ProviderView, Resolution,
-    RunRecord, RunStatus, StepRecord, StepStatus, TaskDraft,
+    ApprovalPolicyRequest, ApprovalRecord, ApprovalStatus, ArtifactKind, EventRecord, EventType,
+    GateDecision, GateDecisions, PolicySource, ProviderView, Resolution, RunRecord, RunStatus,
+    StepRecord, StepStatus, TaskDraft,
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -540,6 +541,72 @@ async fn a_tool_outside_the_tasks_list_is_blocked_and_recorded_as_such() {
         .await;
     assert_eq!(status, StatusCode::OK, "{feed}");
     assert_eq!(feed["data"].as_array().unwrap().len(), 1, "{feed}");
+}
+
+/// An operator changes the workspace's approval policy while a run waits for an approval
+/// the process setting asked for: the next tool calls follow the new policy, with no
+/// restart. The call it denies is refused as the policy's even though it was approved, a
+/// write outside its write paths is refused, one inside them runs.
+#[tokio::test]
+async fn a_policy_change_applies_to_the_next_tool_call_without_a_restart() {
+    let stack = Stack::start(
+        "shell_exec",
+        vec![
+            Turn::tool_call("c1", "shell_exec", r#"{"command": "echo hi"}"#),
+            Turn::tool_call("c2", "file_write", r#"{"path":"README.md","content":"x"}"#),
+            Turn::tool_call("c3", "file_write", r#"{"path":"src/a.txt","content":"y"}"#),
+            Turn::text("done"),
+        ],
+    )
+    .await;
+    let (task_id, run_id) = stack.start_agent(agent()).await;
+    let approval = stack.pending_approval(&task_id).await;
+    let allow = GateDecision::Allow;
+    let policy = ApprovalPolicyRequest {
+        gates: GateDecisions {
+            shell_exec: GateDecision::Deny,
+            git_exec: allow,
+            file_write: allow,
+            network_egress: allow,
+            read_file: allow,
+            all_tools: allow,
+        },
+        mcp_servers: Default::default(),
+        allowed_write_paths: Some(vec!["src".into()]),
+    };
+    let set = stack.client.api.put_policy("default", &policy).send().await;
+    assert_eq!(set.unwrap().data.source, PolicySource::Workspace);
+    stack.decide(&task_id, &approval, "approve").await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    let events = stack.client.events(&task_id, &run_id).await;
+    let blocked: Vec<(&str, &str, &str)> = of_type(&events, EventType::PolicyToolBlocked)
+        .iter()
+        .map(|e| {
+            let data = &e.data;
+            let field = |name: &str| data[name].as_str().unwrap_or_default();
+            (field("tool"), field("policy"), field("reason"))
+        })
+        .collect();
+    assert_eq!(blocked.len(), 2, "{blocked:?}");
+    assert_eq!(blocked[0].0, "shell_exec");
+    assert!(blocked[0].2.contains("denies shell_exec"), "{blocked:?}");
+    assert_eq!(
+        (blocked[1].0, blocked[1].1),
+        ("file_write", "approval_policy")
+    );
+    assert!(blocked[1].2.contains("beneath: src"), "{blocked:?}");
+    assert!(blocked.iter().all(|b| b.1 == "approval_policy"));
+    // No approval for the writes: file_write is allowed, and the one inside ran.
+    assert_eq!(stack.llm.requests().len(), 4);
+    let patches = stack
+        .client
+        .api
+        .list_patches(&task_id, &run_id)
+        .send()
+        .await;
+    let paths: Vec<String> = patches.unwrap().data.into_iter().map(|p| p.path).collect();
+    assert_eq!(paths, ["src/a.txt"]);
 }
 
 /// `network_egress` gates an agent's `shell_exec` when its task has network (a command

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use crate::support::{Client, TestApp, shell};
 use keel_client::{
-    ApprovalRecord, ApprovalStatus, EventType, LeaseRecord, Resolution, RunRecord, RunStatus,
-    TaskDraft, TaskStatus, TransitionRecord,
+    ApprovalPolicyRequest, ApprovalRecord, ApprovalStatus, EventType, GateDecision, GateDecisions,
+    LeaseRecord, PolicySource, Resolution, RunRecord, RunStatus, TaskDraft, TaskStatus,
+    TransitionRecord,
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -597,4 +598,166 @@ async fn leases_are_listed_while_active_and_after_release() {
     assert_eq!(lease.status, "released");
     let active = leases(c, "").await;
     assert!(active.is_empty());
+}
+
+/// Every gate named, `shell_exec` as given, the rest allowed.
+fn policy_request(shell_exec: GateDecision, write_paths: Option<&[&str]>) -> ApprovalPolicyRequest {
+    let allow = GateDecision::Allow;
+    ApprovalPolicyRequest {
+        gates: GateDecisions {
+            shell_exec,
+            git_exec: allow,
+            file_write: allow,
+            network_egress: allow,
+            read_file: allow,
+            all_tools: allow,
+        },
+        mcp_servers: [("github".to_string(), GateDecision::Deny)].into(),
+        allowed_write_paths: write_paths.map(|p| p.iter().map(|p| p.to_string()).collect()),
+    }
+}
+
+fn file_task(path: &str) -> TaskDraft {
+    TaskDraft {
+        execution_kind: Some("file".into()),
+        file_path: Some(path.into()),
+        file_operation: Some("write".into()),
+        file_content: Some("written".into()),
+        ..TaskDraft::default()
+    }
+}
+
+/// An operator's workspace policy applies to the next admission, without a restart: a
+/// gate it denies refuses the start (403), one it asks for waits for an approval, a file
+/// task outside its write paths is refused; removing it brings the process setting back.
+/// Every change is in the audit trail with its actor and what it replaced.
+#[tokio::test]
+async fn a_workspace_policy_applies_to_the_next_admission_and_every_change_is_audited() {
+    let app = TestApp::with_approvals("git_exec").await;
+    let (c, api) = (&app.client, &app.client.api);
+    let shown = api.get_policy("default").send().await.unwrap().data;
+    assert_eq!(shown.source, PolicySource::Default);
+    assert_eq!(shown.gates.git_exec, GateDecision::Ask);
+    assert_eq!(shown.gates.shell_exec, GateDecision::Allow);
+
+    let deny = policy_request(GateDecision::Deny, Some(&["src"]));
+    let set = api.put_policy("default", &deny).send().await.unwrap().data;
+    assert_eq!(set.source, PolicySource::Workspace);
+    assert_eq!(set.updated_by.as_deref(), Some("local"));
+    assert_eq!(set.allowed_write_paths, Some(vec!["src".to_string()]));
+    let task = c.create_task(&shell("echo denied")).await;
+    let (status, body) = c
+        .post(&format!("/v1/tasks/{}/start", task.id), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["error"]["type"], "forbidden");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("denies shell_exec"),
+        "{body}"
+    );
+    let outside = c.create_task(&file_task("README.md")).await;
+    let (status, body) = c
+        .post(&format!("/v1/tasks/{}/start", outside.id), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("beneath: src"),
+        "{body}"
+    );
+    let (task_id, run) = start(c, file_task("src/notes.txt")).await;
+    let run = c.wait_terminal(&task_id, &run.id, RUN_TIMEOUT).await;
+    assert_eq!(
+        run.status,
+        RunStatus::Completed,
+        "inside the write paths: {run:?}"
+    );
+
+    let ask = policy_request(GateDecision::Ask, None);
+    api.put_policy("default", &ask).send().await.unwrap();
+    let (status, body) = c
+        .post(&format!("/v1/tasks/{}/start", task.id), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let waiting: RunRecord = support::record(&body);
+    assert_eq!(waiting.status, RunStatus::AwaitingApproval);
+    assert_eq!(approvals_of(c, &task.id).await[0].kind, "shell_command");
+    let cancel = format!("/v1/tasks/{}/runs/{}/cancel", task.id, waiting.id);
+    assert_eq!(c.post(&cancel, json!({})).await.0, StatusCode::OK);
+
+    let reset = api.delete_policy("default").send().await.unwrap().data;
+    assert_eq!(reset.source, PolicySource::Default);
+    let (task_id, run) = start(c, shell("echo allowed again")).await;
+    assert_eq!(
+        run.status,
+        RunStatus::Queued,
+        "the process setting lets shell tasks run"
+    );
+    c.wait_terminal(&task_id, &run.id, RUN_TIMEOUT).await;
+
+    let changes = trail(c, "entity_type=approval_policy").await;
+    let summary: Vec<(&str, &str, &str)> = changes
+        .iter()
+        .map(|t| {
+            (
+                t.from_status.as_deref().unwrap(),
+                t.to_status.as_str(),
+                t.actor.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (
+                "git_exec",
+                "shell_exec=deny,mcp:github=deny,write_paths=[src]",
+                "local"
+            ),
+            (
+                "shell_exec=deny,mcp:github=deny,write_paths=[src]",
+                "shell_exec,mcp:github=deny",
+                "local"
+            ),
+            ("shell_exec,mcp:github=deny", "git_exec", "local"),
+        ]
+    );
+    assert!(changes.iter().all(|t| t.entity_id == "default"));
+}
+
+/// A policy is checked as the document states it: bad paths and server names are 422,
+/// and a request that leaves a gate out is refused.
+#[tokio::test]
+async fn a_workspace_policy_refuses_what_it_cannot_apply() {
+    let app = TestApp::api_only().await;
+    let c = &app.client;
+    let mut body = serde_json::to_value(policy_request(GateDecision::Ask, None)).unwrap();
+    let path = "/v1/workspaces/default/approval-policy";
+    for (field, value) in [
+        ("allowed_write_paths", json!(["../up"])),
+        ("allowed_write_paths", json!(["/etc"])),
+        ("mcp_servers", json!({ "Bad__Name": "deny" })),
+    ] {
+        let mut bad = body.clone();
+        bad[field] = value;
+        let put = c.http.put(format!("{}{path}", c.base)).json(&bad);
+        let (status, answer) = c.send(put).await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{field}: {answer}"
+        );
+    }
+    body["gates"].as_object_mut().unwrap().remove("read_file");
+    let (status, answer) = c
+        .send(c.http.put(format!("{}{path}", c.base)).json(&body))
+        .await;
+    assert!(status.is_client_error(), "a gate left out: {answer}");
+    let (status, _) = c.get("/v1/workspaces/default/approval-policy").await;
+    assert_eq!(status, StatusCode::OK);
 }

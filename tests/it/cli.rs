@@ -728,6 +728,65 @@ async fn run_lineage_patches_schedules_transitions_and_leases_answer_from_the_ap
     let output = cli(url, &["workspace", "show", "--output", "json"]).await;
     assert_eq!(json_of(&output)["data"]["max_concurrent"], Value::Null);
 
+    // The approval policy: set changes only what it names, in the policy in force.
+    let set = [
+        "workspace",
+        "set-policy",
+        &workspace,
+        "--gate",
+        "shell_exec=deny",
+        "--mcp",
+        "github=ask",
+        "--write-path",
+        "src",
+        "--output",
+        "json",
+    ];
+    let output = cli(url, &set).await;
+    let policy = json_of(&output);
+    assert_eq!(policy["data"]["source"], "workspace", "{policy}");
+    assert_eq!(policy["data"]["gates"]["shell_exec"], "deny", "{policy}");
+    assert_eq!(policy["data"]["mcp_servers"]["github"], "ask", "{policy}");
+    assert_eq!(
+        policy["data"]["allowed_write_paths"],
+        json!(["src"]),
+        "{policy}"
+    );
+    let output = cli(
+        url,
+        &[
+            "workspace",
+            "set-policy",
+            &workspace,
+            "--gate",
+            "shell_exec=never",
+        ],
+    )
+    .await;
+    assert_ne!(code(&output), 0, "{}", describe(&output));
+    assert!(
+        describe(&output).contains("allow, ask or deny"),
+        "{}",
+        describe(&output)
+    );
+    let output = cli(url, &["workspace", "policy", &workspace]).await;
+    assert!(
+        stdout(&output).contains("github=ask"),
+        "{}",
+        describe(&output)
+    );
+    let output = cli(
+        url,
+        &["workspace", "reset-policy", &workspace, "--output", "json"],
+    )
+    .await;
+    assert_eq!(
+        json_of(&output)["data"]["source"],
+        "default",
+        "{}",
+        describe(&output)
+    );
+
     let output = cli(url, &["whoami", "--output", "json"]).await;
     let session = json_of(&output);
     assert!(session["data"]["workspace"].is_string(), "{session}");

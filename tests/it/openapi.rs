@@ -377,7 +377,7 @@ fn the_document_states_unions_bounds_and_closed_sets() {
         ("/v1/approvals", "status", 5),
         ("/v1/media-jobs", "status", 5),
         ("/v1/runtime/leases", "status", 3),
-        ("/v1/state-transitions", "entity_type", 5),
+        ("/v1/state-transitions", "entity_type", 6),
         ("/v1/usage/summary", "scope", 3),
         ("/v1/secrets/status", "purpose", 6),
     ] {

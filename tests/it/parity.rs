@@ -108,6 +108,9 @@ fn client_operations() -> Vec<&'static str> {
         own_limits,
         get_limits,
         put_limits,
+        get_policy,
+        put_policy,
+        delete_policy,
     ]
     .to_vec()
 }
@@ -192,6 +195,9 @@ const CLI_COMMANDS: &[(&str, &str)] = &[
     ("own_limits", "workspace show"),
     ("get_limits", "workspace show WORKSPACE_ID"),
     ("put_limits", "workspace set-limits"),
+    ("get_policy", "workspace policy"),
+    ("put_policy", "workspace set-policy"),
+    ("delete_policy", "workspace reset-policy"),
     ("shutdown", "shutdown"),
 ];
 

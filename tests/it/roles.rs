@@ -236,6 +236,47 @@ async fn a_member_cannot_set_limits_not_even_its_own() {
     }
 }
 
+/// A workspace's approval policy is an operator's: a member can neither read nor lift its
+/// own workspace's gates, and an operator sets its own workspace's only.
+#[tokio::test]
+async fn only_an_operator_reads_or_sets_its_own_workspaces_approval_policy() {
+    let (_llm, stack) = started().await;
+    let body = json!({ "gates": { "shell_exec": "allow", "git_exec": "allow",
+        "file_write": "allow", "network_egress": "allow", "read_file": "allow",
+        "all_tools": "allow" } });
+    let policy = |org: &str| format!("{}/v1/workspaces/org_{org}/approval-policy", stack.base);
+    let member = stack.member("b");
+    for org in ["b", "a"] {
+        let requests = [
+            member.http.get(policy(org)),
+            member.http.put(policy(org)).json(&body),
+            member.http.delete(policy(org)),
+        ];
+        for request in requests {
+            let (status, answer) = member.send(request).await;
+            assert_refused(status, &answer, StatusCode::FORBIDDEN, "forbidden");
+        }
+    }
+    let operator = stack.operator("b");
+    let (status, answer) = operator
+        .send(operator.http.put(policy("a")).json(&body))
+        .await;
+    assert_refused(status, &answer, StatusCode::FORBIDDEN, "forbidden");
+    let (status, answer) = operator
+        .send(operator.http.put(policy("b")).json(&body))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["data"]["source"], "workspace");
+    let (_, a) = stack
+        .operator("a")
+        .send(stack.operator("a").http.get(policy("a")))
+        .await;
+    assert_eq!(
+        a["data"]["source"], "default",
+        "b's policy is b's alone: {a}"
+    );
+}
+
 fn workflow(root: Option<&Path>, hooks: &str) -> String {
     let workspace = root.map_or(String::new(), |r| {
         format!("workspace:\n  root: {}\n", r.display())

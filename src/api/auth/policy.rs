@@ -42,9 +42,24 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ("GET", "/v1/runtime/leases", RemoteSafe),
     ("GET", "/v1/workspace", RemoteSafe),
     // Operators only (the handler refuses other callers): a workspace cannot raise its own
-    // limit.
+    // limit or lift its own approval gates.
     ("GET", "/v1/workspaces/{workspace_id}/limits", RemoteSafe),
     ("PUT", "/v1/workspaces/{workspace_id}/limits", RemoteSafe),
+    (
+        "GET",
+        "/v1/workspaces/{workspace_id}/approval-policy",
+        RemoteSafe,
+    ),
+    (
+        "PUT",
+        "/v1/workspaces/{workspace_id}/approval-policy",
+        RemoteSafe,
+    ),
+    (
+        "DELETE",
+        "/v1/workspaces/{workspace_id}/approval-policy",
+        RemoteSafe,
+    ),
     ("GET", "/v1/approvals", RemoteSafe),
     ("GET", "/v1/events", RemoteSafe),
     ("GET", "/v1/events/stream", RemoteSafe),

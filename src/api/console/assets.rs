@@ -25,6 +25,7 @@ files![
     "pages/external_work.js",
     "pages/media.js",
     "pages/paged.js",
+    "pages/policy.js",
     "pages/providers.js",
     "pages/queue.js",
     "pages/schedules.js",

@@ -374,6 +374,12 @@ pub fn is_mcp_tool(name: &str) -> bool {
     name.starts_with(PREFIX)
 }
 
+/// The server an alias (`mcp__<server>__<tool>`) names, and the tool's own name: server
+/// names never hold `__`.
+pub fn server_of(name: &str) -> Option<(&str, &str)> {
+    name.strip_prefix(PREFIX)?.split_once("__")
+}
+
 /// The run's servers, as the loop's tools see them.
 pub struct McpTools {
     servers: Vec<Server>,
@@ -414,10 +420,10 @@ impl McpTools {
         .collect()
     }
 
-    /// The aliases whose calls wait for an approval: every one when `all_tools` gates
-    /// them, else those of servers with `require_approval`.
-    pub fn gated(&self, all_tools: bool) -> Vec<String> {
-        let gated = self.servers.iter().filter(|s| all_tools || s.gated);
+    /// The aliases whose calls wait for an approval whatever the approval policy says:
+    /// those of servers the task marked `require_approval`.
+    pub fn gated(&self) -> Vec<String> {
+        let gated = self.servers.iter().filter(|s| s.gated);
         gated.flat_map(Server::aliases).collect()
     }
 
@@ -494,15 +500,14 @@ impl McpTools {
 
     /// The blocked server a call's alias names, if it names one.
     fn blocked_server(&self, name: &str) -> Option<&Server> {
-        let (server, _) = name.strip_prefix(PREFIX)?.split_once("__")?;
+        let (server, _) = server_of(name)?;
         self.servers.iter().find(|s| s.name == server && s.blocked)
     }
 
     /// The server and the server's own tool name an alias stands for.
     fn find<'a>(&'a self, name: &'a str) -> Result<(&'a Server, &'a str), String> {
         let unknown = || format!("there is no MCP tool {name:?}");
-        let rest = name.strip_prefix(PREFIX).ok_or_else(unknown)?;
-        let (server, tool) = rest.split_once("__").ok_or_else(unknown)?;
+        let (server, tool) = server_of(name).ok_or_else(unknown)?;
         let server = self
             .servers
             .iter()

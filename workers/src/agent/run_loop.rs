@@ -57,12 +57,41 @@ pub trait Toolbox: Send + Sync {
     fn specs(&self) -> Vec<ToolSpec>;
     /// A one-line sanitized description of a call for an approval's action summary.
     fn summarize(&self, call: &ToolCall) -> String;
-    /// Runs one call; failures are results with `is_error`, never panics.
+    /// Runs one call; failures are results with `is_error`, never panics. A file writer
+    /// writes only beneath `write_paths` (None: anywhere in the workspace).
     fn call(
         &self,
         call: &ToolCall,
+        write_paths: Option<&[String]>,
         cancel: &CancellationToken,
     ) -> impl Future<Output = ToolResult> + Send;
+}
+
+/// What the approval policy in force decides for one tool call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolDecision {
+    Allow,
+    /// The call waits for an operator's approval (with the rest of its response's calls).
+    Ask,
+    /// Refused without running, with why (for the model and the run's events).
+    Deny(String),
+}
+
+/// The approval policy in force for a response's tool calls, read when they are answered,
+/// so an operator's change applies from the next response on. The default allows every
+/// call and writes anywhere.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolPolicy {
+    /// One per call, in order.
+    pub decisions: Vec<ToolDecision>,
+    /// Where file writers may write, relative to the workspace (None: anywhere).
+    pub write_paths: Option<Vec<String>>,
+}
+
+impl ToolPolicy {
+    fn decision(&self, index: usize) -> &ToolDecision {
+        self.decisions.get(index).unwrap_or(&ToolDecision::Allow)
+    }
 }
 
 /// One completed model call, as the runtime records it.
@@ -117,6 +146,13 @@ pub trait AgentContext: RunContext {
         messages: &[Message],
     ) -> impl Future<Output = Result<(), ContextError>> + Send;
 
+    /// What the approval policy in force decides for `calls` (a response's pending tool
+    /// calls), read afresh each time.
+    fn tool_policy(
+        &self,
+        calls: &[ToolCall],
+    ) -> impl Future<Output = Result<ToolPolicy, ContextError>> + Send;
+
     /// Assistant text as a call streams it. Best effort and not persisted: delivered live
     /// to the run's SSE clients as `model.delta`.
     fn model_delta(&self, index: u32, text: &str);
@@ -134,7 +170,9 @@ pub struct AgentPlan {
     pub model_calls: u32,
     pub prior_model_calls: u32,
     pub max_model_calls: Option<u32>,
-    /// Tools whose calls need an approval (`KEEL_APPROVAL_POLICIES`).
+    /// Tools whose calls need an approval whatever the approval policy says (the task's
+    /// own: a coding agent's writers, an MCP server it marked `require_approval`); the
+    /// policy's are read at each response ([`AgentContext::tool_policy`]).
     pub gated_tools: Vec<String>,
     /// The decision on the pending calls of the last assistant message, when one was made.
     pub approval: Option<ApprovalDecision>,
@@ -261,7 +299,7 @@ impl Attempt {
 
     /// Answers the pending tool calls: dispatches them, refuses them, or stops for an
     /// approval when one is gated and undecided. Approving one gated call of a response
-    /// authorizes the whole response.
+    /// authorizes the whole response; a call the policy denies is refused either way.
     async fn answer<C: AgentContext, T: Toolbox>(
         &mut self,
         plan: &AgentPlan,
@@ -269,21 +307,33 @@ impl Attempt {
         tools: &T,
         ctx: &C,
     ) -> Result<Option<Stop>, ContextError> {
+        let policy = ctx.tool_policy(pending).await?;
         let gated = pending
             .iter()
-            .any(|call| plan.gated_tools.contains(&call.name));
+            .enumerate()
+            .any(|(i, call)| match policy.decision(i) {
+                ToolDecision::Ask => true,
+                ToolDecision::Deny(_) => false,
+                ToolDecision::Allow => plan.gated_tools.contains(&call.name),
+            });
         let decision = self.approval.take();
         if gated && decision.is_none() {
             let summary = pending.iter().map(|call| tools.summarize(call)).collect();
             return Ok(Some(Stop::AwaitingApproval(summary)));
         }
-        for call in pending {
+        for (i, call) in pending.iter().enumerate() {
             if past(plan.deadline) {
                 return Ok(Some(Stop::Failed(timed_out())));
             }
-            let result = match decision {
-                Some(ApprovalDecision::Refused) => refused(call),
-                _ => self.dispatch(plan, call, tools, ctx).await?,
+            let result = match (policy.decision(i), decision) {
+                (ToolDecision::Deny(reason), _) => {
+                    ToolResult::blocked("approval_policy", reason.clone())
+                }
+                (_, Some(ApprovalDecision::Refused)) => refused(call),
+                _ => {
+                    let write_paths = policy.write_paths.as_deref();
+                    self.dispatch(plan, call, write_paths, tools, ctx).await?
+                }
             };
             ctx.record_tool_result(call, &result).await?;
             self.messages.push(Message::Tool {
@@ -299,12 +349,13 @@ impl Attempt {
         &self,
         plan: &AgentPlan,
         call: &ToolCall,
+        write_paths: Option<&[String]>,
         tools: &T,
         ctx: &C,
     ) -> Result<ToolResult, ContextError> {
         ctx.clear_ahead().await?;
         let cancel = ctx.cancellation().child_token();
-        let run = tools.call(call, &cancel);
+        let run = tools.call(call, write_paths, &cancel);
         let result = match plan.deadline {
             Some(deadline) => tokio::time::timeout_at(deadline, run).await.ok(),
             None => Some(run.await),

@@ -11,6 +11,7 @@ export const PAGES = [
   { module: 'task', route: '/tasks/:task_id' },
   { module: 'run', route: '/runs/:task_id/:run_id' },
   { module: 'approvals', route: '/approvals', nav: 'Approvals' },
+  { module: 'policy', route: '/policy', nav: 'Policy' },
   { module: 'schedules', route: '/schedules', nav: 'Schedules' },
   { module: 'media', route: '/media', nav: 'Media' },
   { module: 'media', route: '/media/:media_job_id' },

@@ -112,7 +112,12 @@ impl Toolbox for Tools {
         format!("{}: a call", call.name)
     }
 
-    async fn call(&self, call: &ToolCall, _cancel: &CancellationToken) -> ToolResult {
+    async fn call(
+        &self,
+        call: &ToolCall,
+        _: Option<&[String]>,
+        _cancel: &CancellationToken,
+    ) -> ToolResult {
         self.ran.lock().unwrap().push(call.id.clone());
         ToolResult {
             content: format!("ran {}", call.name),
@@ -138,6 +143,8 @@ struct Ledger {
     tool_results: Mutex<Vec<(String, String)>>,
     saved: Mutex<Vec<Message>>,
     deltas: Mutex<Vec<(u32, String)>>,
+    /// What the policy in force decides, as an operator last set it.
+    policy: Mutex<ToolPolicy>,
 }
 
 impl RunContext for Ledger {
@@ -193,6 +200,10 @@ impl AgentContext for Ledger {
     async fn save_conversation(&self, messages: &[Message]) -> Result<(), ContextError> {
         *self.saved.lock().unwrap() = messages.to_vec();
         Ok(())
+    }
+
+    async fn tool_policy(&self, _: &[ToolCall]) -> Result<ToolPolicy, ContextError> {
+        Ok(self.policy.lock().unwrap().clone())
     }
 
     fn model_delta(&self, index: u32, text: &str) {
@@ -265,6 +276,42 @@ async fn a_gated_call_stops_the_loop_for_an_approval_without_running_anything() 
     assert_eq!(summary, ["read_file: a call", "shell_exec: a call"]);
     assert!(toolbox.ran().is_empty());
     assert_eq!(ctx.saved.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn the_policy_in_force_asks_or_denies_each_call_when_it_is_answered() {
+    let model = Script::new(vec![
+        tools(&[("c1", "shell_exec"), ("c2", "read_file")]),
+        text("done"),
+    ]);
+    let (toolbox, ctx) = (Tools::default(), Ledger::default());
+    *ctx.policy.lock().unwrap() = ToolPolicy {
+        decisions: vec![ToolDecision::Ask, ToolDecision::Allow],
+        write_paths: None,
+    };
+    let outcome = run(&plan(vec![user("go")]), &model, &toolbox, &ctx).await;
+    assert!(
+        matches!(outcome, LoopOutcome::AwaitingApproval { .. }),
+        "{outcome:?}"
+    );
+    assert!(toolbox.ran().is_empty());
+    // The operator denies shell_exec meanwhile: the next attempt refuses that call as the
+    // policy's and runs the other, without an approval.
+    let conversation = ctx.saved.lock().unwrap().clone();
+    *ctx.policy.lock().unwrap() = ToolPolicy {
+        decisions: vec![
+            ToolDecision::Deny("denied here".into()),
+            ToolDecision::Allow,
+        ],
+        write_paths: None,
+    };
+    let mut again = plan(conversation);
+    again.model_calls = 1;
+    let outcome = run(&again, &model, &toolbox, &ctx).await;
+    assert_eq!(outcome, Outcome::Completed { exit_code: None }.into());
+    assert_eq!(toolbox.ran(), ["c2"]);
+    let results = ctx.tool_results.lock().unwrap().clone();
+    assert_eq!(results[0], ("c1".to_string(), "denied here".to_string()));
 }
 
 /// A conversation whose last response asks for tool calls nobody answered yet.

@@ -267,6 +267,36 @@ fn target(ws: &Path, path: &str) -> Result<Target, String> {
     Ok(Target { file, before })
 }
 
+/// Where a writer works: the workspace, and the paths beneath which the approval policy
+/// lets it write (None: anywhere in the workspace).
+pub(super) struct Writable<'a> {
+    ws: &'a Path,
+    write_paths: Option<&'a [String]>,
+}
+
+impl<'a> Writable<'a> {
+    pub(super) fn new(ws: &'a Path, write_paths: Option<&'a [String]>) -> Self {
+        Writable { ws, write_paths }
+    }
+
+    /// The file a writer is about to change, refused as the policy's when its resolved
+    /// path (links followed) lies outside the write paths.
+    fn target(&self, path: &str) -> Result<Target, ToolError> {
+        let target = target(self.ws, path)?;
+        if !keel_api_types::is_beneath_write_paths(self.write_paths, &target.file.relative) {
+            let paths = self.write_paths.unwrap_or_default().join(", ");
+            return Err(ToolError::Blocked {
+                policy: "approval_policy",
+                message: format!(
+                    "{path}: the workspace's approval policy lets file writers write only \
+                     beneath: {paths}"
+                ),
+            });
+        }
+        Ok(target)
+    }
+}
+
 /// Writes (or, with None, removes) the target's file; returns its patch.
 fn commit(ws: &Path, target: &Target, after: Option<&str>) -> Result<Patch, String> {
     let path = &target.file.relative;
@@ -304,9 +334,9 @@ pub(super) struct FileWrite {
     content: String,
 }
 
-pub(super) fn file_write(ws: &Path, args: FileWrite) -> Result<Done, ToolError> {
-    let target = target(ws, &args.path)?;
-    let patch = commit(ws, &target, Some(&args.content))?;
+pub(super) fn file_write(w: &Writable, args: FileWrite) -> Result<Done, ToolError> {
+    let target = w.target(&args.path)?;
+    let patch = commit(w.ws, &target, Some(&args.content))?;
     let verb = if target.before.is_some() {
         "overwrote"
     } else {
@@ -326,11 +356,11 @@ pub(super) struct FileEdit {
     replace_all: bool,
 }
 
-pub(super) fn file_edit(ws: &Path, args: FileEdit) -> Result<Done, ToolError> {
+pub(super) fn file_edit(w: &Writable, args: FileEdit) -> Result<Done, ToolError> {
     if args.old_string.is_empty() {
         return Err("old_string is empty; use file_write to create a file".into());
     }
-    let target = target(ws, &args.path)?;
+    let target = w.target(&args.path)?;
     let Some(before) = &target.before else {
         return Err(format!("{}: no such file", args.path).into());
     };
@@ -348,7 +378,7 @@ pub(super) fn file_edit(ws: &Path, args: FileEdit) -> Result<Done, ToolError> {
             .into());
         }
     };
-    let patch = commit(ws, &target, Some(&after))?;
+    let patch = commit(w.ws, &target, Some(&after))?;
     let message = format!("edited {}: {count} replacement(s)", patch.path);
     Ok(Done::patched(message, vec![patch]))
 }
@@ -362,12 +392,13 @@ pub(super) struct ApplyPatch {
 /// Applies a unified diff of one or more files, all or nothing: every file's new content
 /// is computed before anything is written, and a write that fails puts back the files
 /// already written.
-pub(super) fn apply_patch(ws: &Path, args: ApplyPatch) -> Result<Done, ToolError> {
+pub(super) fn apply_patch(w: &Writable, args: ApplyPatch) -> Result<Done, ToolError> {
+    let ws = w.ws;
     let sections = super::diff::split(&args.patch)?;
     let mut planned: Vec<(Target, Option<String>)> = Vec::new();
     for section in &sections {
         let path = section.path();
-        let target = target(ws, path)?;
+        let target = w.target(path)?;
         if planned.iter().any(|(t, _)| t.file.full == target.file.full) {
             return Err(format!("{path}: appears twice in the patch").into());
         }

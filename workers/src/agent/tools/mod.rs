@@ -88,9 +88,11 @@ impl Toolbox for WorkspaceTools {
     fn call(
         &self,
         tool_call: &ToolCall,
+        write_paths: Option<&[String]>,
         cancel: &CancellationToken,
     ) -> impl Future<Output = ToolResult> + Send {
-        call(&self.env, &self.allowed, tool_call, cancel)
+        let write_paths = write_paths.map(<[String]>::to_vec);
+        async move { call(&self.env, &self.allowed, tool_call, write_paths, cancel).await }
     }
 }
 
@@ -147,14 +149,17 @@ impl From<&str> for ToolError {
 
 /// Runs one tool call. Never panics; bad arguments, refusals and failures are results with
 /// `is_error` and a message the model can act on. A call to a tool not in `allowed` is
-/// refused the same way. Stops (killing its processes) when `cancel` fires.
+/// refused the same way, and a write outside `write_paths`. Stops (killing its processes)
+/// when `cancel` fires.
 pub async fn call(
     env: &ToolEnv,
     allowed: &[String],
     call: &ToolCall,
+    write_paths: Option<Vec<String>>,
     cancel: &CancellationToken,
 ) -> ToolResult {
-    let (content, is_error, patches) = match dispatch(env, allowed, call, cancel).await {
+    let (content, is_error, patches) = match dispatch(env, allowed, call, write_paths, cancel).await
+    {
         Ok(done) | Err(ToolError::Partial(done)) => (done.content, done.failed, done.patches),
         Err(ToolError::Message(message)) => (message, true, Vec::new()),
         Err(ToolError::Blocked { policy, message }) => {
@@ -173,6 +178,7 @@ async fn dispatch(
     env: &ToolEnv,
     allowed: &[String],
     call: &ToolCall,
+    write_paths: Option<Vec<String>>,
     cancel: &CancellationToken,
 ) -> Result<Done, ToolError> {
     let name = call.name.as_str();
@@ -206,9 +212,18 @@ async fn dispatch(
         "list_dir" => reading(ws, cancel, move |ws| files::list_dir(ws, parse(args)?)).await,
         "grep" => reading(ws, cancel, move |ws| files::grep(ws, parse(args)?)).await,
         "glob" => reading(ws, cancel, move |ws| files::glob(ws, parse(args)?)).await,
-        "file_write" => writing(ws, move |ws| files::file_write(ws, parse(args)?)).await,
-        "file_edit" => writing(ws, move |ws| files::file_edit(ws, parse(args)?)).await,
-        "apply_patch" => writing(ws, move |ws| files::apply_patch(ws, parse(args)?)).await,
+        "file_write" | "file_edit" | "apply_patch" => {
+            let name = name.to_string();
+            writing(ws, move |ws| {
+                let ws = files::Writable::new(ws, write_paths.as_deref());
+                match name.as_str() {
+                    "file_write" => files::file_write(&ws, parse(args)?),
+                    "file_edit" => files::file_edit(&ws, parse(args)?),
+                    _ => files::apply_patch(&ws, parse(args)?),
+                }
+            })
+            .await
+        }
         "shell_exec" => exec::shell_exec(env, parse(args)?, cancel).await,
         "git_status" => exec::git_status(env, cancel).await,
         "git_diff" => exec::git_diff(env, parse(args)?, cancel).await,

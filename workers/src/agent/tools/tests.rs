@@ -34,7 +34,14 @@ fn tool(name: &str, args: serde_json::Value) -> ToolCall {
 
 async fn run(env: &ToolEnv, name: &str, args: serde_json::Value) -> ToolResult {
     let all = allowed(None, false);
-    call(env, &all, &tool(name, args), &CancellationToken::new()).await
+    call(
+        env,
+        &all,
+        &tool(name, args),
+        None,
+        &CancellationToken::new(),
+    )
+    .await
 }
 
 fn workspace() -> (tempfile::TempDir, ToolEnv) {
@@ -188,12 +195,70 @@ async fn apply_patch_is_all_or_nothing_across_files() {
 }
 
 #[tokio::test]
+async fn writers_write_only_beneath_the_policys_write_paths() {
+    let (dir, env) = workspace();
+    std::fs::create_dir_all(dir.path().join("private")).unwrap();
+    std::os::unix::fs::symlink("../private", dir.path().join("src/out")).unwrap();
+    let scoped = Some(vec!["src".to_string()]);
+    let all = allowed(None, false);
+    let write = |path: &str| {
+        let call = tool("file_write", json!({"path": path, "content": "x"}));
+        let (env, all, scoped) = (&env, &all, scoped.clone());
+        async move { call_tool(env, all, &call, scoped).await }
+    };
+    let inside = write("src/new.rs").await;
+    assert!(!inside.is_error, "{}", inside.content);
+    for outside in ["README.md", "src/out/leak.txt", "srcs/a.rs"] {
+        let refused = write(outside).await;
+        assert_eq!(
+            refused.blocked.as_deref(),
+            Some("approval_policy"),
+            "{outside}"
+        );
+        assert!(
+            refused.content.contains("beneath: src"),
+            "{}",
+            refused.content
+        );
+    }
+    assert!(!dir.path().join("README.md").exists());
+    assert!(
+        !dir.path().join("private/leak.txt").exists(),
+        "a link does not lead around it"
+    );
+    // A patch touching one file outside changes none.
+    let patch = "--- a/src/lib.rs\n+++ b/src/lib.rs\n@@ -1,2 +1,2 @@\n-fn a() {}\n+fn c() {}\n fn b() {}\n\
+                 --- /dev/null\n+++ b/top.txt\n@@ -0,0 +1 @@\n+top\n";
+    let call = tool("apply_patch", json!({"patch": patch}));
+    let refused = call_tool(&env, &all, &call, scoped.clone()).await;
+    assert_eq!(refused.blocked.as_deref(), Some("approval_policy"));
+    let lib = std::fs::read_to_string(dir.path().join("src/lib.rs")).unwrap();
+    assert_eq!(lib, "fn a() {}\nfn b() {}\n");
+}
+
+async fn call_tool(
+    env: &ToolEnv,
+    allowed: &[String],
+    tool_call: &ToolCall,
+    write_paths: Option<Vec<String>>,
+) -> ToolResult {
+    call(
+        env,
+        allowed,
+        tool_call,
+        write_paths,
+        &CancellationToken::new(),
+    )
+    .await
+}
+
+#[tokio::test]
 async fn read_only_and_unlisted_tools_are_refused() {
     let (dir, mut env) = workspace();
     env.sandbox.read_only = true;
     let all = allowed(None, false);
     let write = tool("file_write", json!({"path": "x", "content": "y"}));
-    let result = call(&env, &all, &write, &CancellationToken::new()).await;
+    let result = call(&env, &all, &write, None, &CancellationToken::new()).await;
     assert!(
         result.is_error && result.content.contains("read-only"),
         "{}",
@@ -202,14 +267,14 @@ async fn read_only_and_unlisted_tools_are_refused() {
     assert!(!dir.path().join("x").exists());
     env.sandbox.read_only = false;
     let only_read = vec!["read_file".to_string()];
-    let result = call(&env, &only_read, &write, &CancellationToken::new()).await;
+    let result = call(&env, &only_read, &write, None, &CancellationToken::new()).await;
     assert!(result.is_error && result.content.contains("not available"));
     let garbage = ToolCall {
         id: "c".into(),
         name: "read_file".into(),
         arguments: "{nope".into(),
     };
-    let result = call(&env, &all, &garbage, &CancellationToken::new()).await;
+    let result = call(&env, &all, &garbage, None, &CancellationToken::new()).await;
     assert!(result.is_error && result.content.contains("not valid JSON"));
     let unknown = run(&env, "rm_rf", json!({})).await;
     assert!(unknown.is_error && unknown.content.contains("there is no tool"));
@@ -314,7 +379,7 @@ async fn shell_exec_timeout_and_cancellation_kill_the_process_tree() {
     });
     let all = allowed(None, false);
     let call_ = tool("shell_exec", json!({"command": "sleep 1233 & sleep 1234"}));
-    let cancelled = call(&env, &all, &call_, &cancel).await;
+    let cancelled = call(&env, &all, &call_, None, &cancel).await;
     assert!(
         cancelled.is_error && cancelled.content.contains("cancelled"),
         "{}",
