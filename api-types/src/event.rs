@@ -51,6 +51,10 @@ pub enum EventType {
     ArtifactCreated,
     /// A patch artifact's file was restored to its `before` through the API.
     ToolFileReverted,
+    /// A proposed patch's `after` was written to its file through the API.
+    ToolFileApplied,
+    /// A proposed patch was discarded through the API; its file was never touched.
+    ToolFileDiscarded,
     /// An agent loop's model call completed and was persisted (usage and cost).
     ModelCallCompleted,
     /// An agent loop attempt stopped with a model call in flight, never recorded; the next
@@ -85,6 +89,8 @@ impl EventType {
             EventType::StepFailed => "step.failed",
             EventType::ArtifactCreated => "artifact.created",
             EventType::ToolFileReverted => "tool.file.reverted",
+            EventType::ToolFileApplied => "tool.file.applied",
+            EventType::ToolFileDiscarded => "tool.file.discarded",
             EventType::ModelCallCompleted => "model.call.completed",
             EventType::ModelCallAbandoned => "model.call.abandoned",
             EventType::PolicyToolBlocked => "policy.tool_blocked",
@@ -101,7 +107,7 @@ impl EventType {
         }
     }
 
-    pub const ALL: [EventType; 24] = [
+    pub const ALL: [EventType; 26] = [
         EventType::RunCreated,
         EventType::RunQueued,
         EventType::RunStarted,
@@ -113,6 +119,8 @@ impl EventType {
         EventType::StepFailed,
         EventType::ArtifactCreated,
         EventType::ToolFileReverted,
+        EventType::ToolFileApplied,
+        EventType::ToolFileDiscarded,
         EventType::ModelCallCompleted,
         EventType::ModelCallAbandoned,
         EventType::PolicyToolBlocked,

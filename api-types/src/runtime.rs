@@ -198,10 +198,14 @@ pub struct ProviderTemplate {
 }
 
 closed_set! {
-    /// Whether a patch's change is in the file (`applied`) or was undone (`reverted`).
+    /// Where a patch's change stands: in the file (`applied`), undone (`reverted`), only
+    /// proposed (`proposed`: a tool called with `propose: true` left the file as it was,
+    /// for an operator to apply) or proposed and `discarded`.
     PatchStatus {
         Applied = "applied",
         Reverted = "reverted",
+        Proposed = "proposed",
+        Discarded = "discarded",
     }
 }
 

@@ -560,6 +560,32 @@ impl Client {
         self.post(run_item(task_id, run_id, "patches", artifact_id, "/revert"))
     }
 
+    /// Writes a proposed patch into its file.
+    pub fn apply_patch(
+        &self,
+        task_id: &str,
+        run_id: &str,
+        artifact_id: &str,
+    ) -> Call<'_, ObjectEnvelope<PatchDetail>> {
+        self.post(run_item(task_id, run_id, "patches", artifact_id, "/apply"))
+    }
+
+    /// Drops a proposed patch; its file is never touched.
+    pub fn discard_patch(
+        &self,
+        task_id: &str,
+        run_id: &str,
+        artifact_id: &str,
+    ) -> Call<'_, ObjectEnvelope<PatchDetail>> {
+        self.post(run_item(
+            task_id,
+            run_id,
+            "patches",
+            artifact_id,
+            "/discard",
+        ))
+    }
+
     // The workspace's feed and audit trail.
 
     /// The workspace's events in feed order after the cursor `after` (an event's

@@ -1,5 +1,6 @@
-//! A run's patches: the file changes its agent tools made (patch artifacts), and their
-//! revert. A revert writes the run's workspace, so it works only where this API process
+//! A run's patches: the file changes its agent tools made or proposed (patch artifacts),
+//! and what an operator does with them: revert, apply a proposal, discard one. Reverting
+//! and applying write the run's workspace, so it works only where this API process
 //! shares the worker's data directory (`keel serve`, or one `KEEL_DATA_DIR` on a shared
 //! volume); elsewhere it answers 409 `workspace_unavailable`.
 
@@ -7,7 +8,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use keel_api_types::ErrorCode;
-use keel_api_types::{PatchDetail, PatchSummary};
+use keel_api_types::{PatchDetail, PatchStatus, PatchSummary};
 use keel_workers::agent::Patch;
 use keel_workers::agent::tools::{self, RevertError};
 use utoipa_axum::router::OpenApiRouter;
@@ -22,7 +23,7 @@ use crate::domain::Caller;
 use crate::events::Subject;
 use crate::runs::job::workspace_dir;
 use crate::runs::patches;
-use crate::runs::patches::PatchRow;
+use crate::runs::patches::{PatchAction, PatchRow};
 use crate::{runs, tasks};
 
 type Result<T, E = ApiError> = std::result::Result<T, E>;
@@ -32,6 +33,8 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(list_patches))
         .routes(routes!(get_patch))
         .routes(routes!(revert_patch))
+        .routes(routes!(apply_patch))
+        .routes(routes!(discard_patch))
 }
 
 fn summary(row: PatchRow, patch: &Patch) -> PatchSummary {
@@ -109,17 +112,59 @@ fn detail(row: PatchRow, patch: Patch) -> PatchDetail {
 
 /// Restores the file's content from before the patch (removes a file the patch created),
 /// only if the file is still exactly what the patch left; 409 `conflict` when it changed
-/// since (the workspace is left untouched), when the patch was already reverted, or while
-/// the run is active; 409 `workspace_unavailable` when this process cannot reach the run's
+/// since (the workspace is left untouched), when the patch is not applied, or while the
+/// run is active; 409 `workspace_unavailable` when this process cannot reach the run's
 /// workspace (it does not share the worker's data directory).
 #[utoipa::path(post, path = "/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}/revert", tag = "runs",
     params(("task_id" = String, Path), ("run_id" = String, Path), ("artifact_id" = String, Path)),
     responses((status = 200, description = "The reverted patch", body = ObjectEnvelope<PatchDetail>),
-              (status = 409, description = "Drift, already reverted, an active run, or no workspace here")))]
+              (status = 409, description = "Drift, not applied, an active run, or no workspace here")))]
 async fn revert_patch(
     State(state): State<AppState>,
     caller: Caller,
-    Path((task_id, run_id, artifact_id)): Path<(String, String, String)>,
+    Path(ids): Path<(String, String, String)>,
+) -> Result<Json<ObjectEnvelope<PatchDetail>>> {
+    change(&state, &caller, ids, PatchAction::Revert).await
+}
+
+/// Writes a proposed patch's content (removes the file when the proposal deletes it), only
+/// if the file is still exactly what it was when the patch was proposed; 409 `conflict`
+/// when it changed since (the workspace is left untouched), when the patch is not
+/// proposed, or while the run is active; 409 `workspace_unavailable` as for a revert.
+#[utoipa::path(post, path = "/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}/apply", tag = "runs",
+    params(("task_id" = String, Path), ("run_id" = String, Path), ("artifact_id" = String, Path)),
+    responses((status = 200, description = "The applied patch", body = ObjectEnvelope<PatchDetail>),
+              (status = 409, description = "Drift, not proposed, an active run, or no workspace here")))]
+async fn apply_patch(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(ids): Path<(String, String, String)>,
+) -> Result<Json<ObjectEnvelope<PatchDetail>>> {
+    change(&state, &caller, ids, PatchAction::Apply).await
+}
+
+/// Drops a proposed patch; its file is never touched. 409 `conflict` when the patch is not
+/// proposed or while the run is active.
+#[utoipa::path(post, path = "/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}/discard", tag = "runs",
+    params(("task_id" = String, Path), ("run_id" = String, Path), ("artifact_id" = String, Path)),
+    responses((status = 200, description = "The discarded patch", body = ObjectEnvelope<PatchDetail>),
+              (status = 409, description = "Not proposed, or an active run")))]
+async fn discard_patch(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(ids): Path<(String, String, String)>,
+) -> Result<Json<ObjectEnvelope<PatchDetail>>> {
+    change(&state, &caller, ids, PatchAction::Discard).await
+}
+
+/// Carries out `action` on a patch of an ended run: the file written (for a revert or an
+/// apply) while the patch's row is locked, so a concurrent change waits and then sees the
+/// new status; the status and its event committed after.
+async fn change(
+    state: &AppState,
+    caller: &Caller,
+    (task_id, run_id, artifact_id): (String, String, String),
+    action: PatchAction,
 ) -> Result<Json<ObjectEnvelope<PatchDetail>>> {
     let scope = &caller.scope;
     let mut tx = state.pool.begin().await?;
@@ -128,51 +173,66 @@ async fn revert_patch(
     let mut row = patches::get(&mut tx, scope, &run_id, &artifact_id, true).await?;
     if !run.status().is_terminal() {
         return Err(ApiError::Conflict(format!(
-            "run {run_id} is {}; revert its patches once it has ended",
+            "run {run_id} is {}; change its patches once it has ended",
             run.status
         )));
     }
-    if row.patch_status == "reverted" {
-        return Err(ApiError::Conflict(format!(
-            "patch {artifact_id} is already reverted"
-        )));
-    }
+    let from = PatchStatus::parse(&row.patch_status)
+        .ok_or_else(|| ApiError::Internal(format!("patch status {}", row.patch_status)))?;
+    let to = action
+        .next(from)
+        .map_err(|why| ApiError::Conflict(format!("patch {artifact_id}: {why}")))?;
     let patch = patches::content(&state.content, &state.pool, &row.id).await?;
+    if action.writes() {
+        let dir = run_workspace(state, &task, &run)?;
+        let changing = patch.clone();
+        let write = move || match action {
+            PatchAction::Apply => tools::apply(&dir, &changing),
+            _ => tools::revert(&dir, &changing),
+        };
+        tokio::task::spawn_blocking(write)
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))?
+            .map_err(|e| match e {
+                RevertError::Drift(message) | RevertError::Refused(message) => {
+                    ApiError::Conflict(message)
+                }
+            })?;
+    }
+    let subject = Subject::Run {
+        task_id: &task_id,
+        run_id: &run_id,
+    };
+    let changed = (row.id.as_str(), patch.path.as_str());
+    patches::mark(&mut tx, scope, subject, changed, action, to).await?;
+    tx.commit().await?;
+    row.patch_status = to.to_string();
+    Ok(Json(envelope("task_patch", detail(row, patch))))
+}
+
+/// The run's workspace directory, when this process reaches it.
+fn run_workspace(
+    state: &AppState,
+    task: &tasks::TaskRecord,
+    run: &runs::RunRecord,
+) -> Result<std::path::PathBuf> {
     let unavailable = |why: String| ApiError::Coded {
         status: StatusCode::CONFLICT,
         code: ErrorCode::WorkspaceUnavailable,
         message: format!(
-            "run {run_id}'s workspace is not reachable from this API process ({why}); revert \
-             where the worker's data directory is shared (keel serve, or one KEEL_DATA_DIR)"
+            "run {}'s workspace is not reachable from this API process ({why}); change its \
+             files where the worker's data directory is shared (keel serve, or one \
+             KEEL_DATA_DIR)",
+            run.id
         ),
     };
     let roots = &state.rules.workspace_roots;
     let data_dir = roots
         .data_dir()
         .ok_or_else(|| unavailable("no data directory is configured".into()))?;
-    let dir = workspace_dir(roots, data_dir, &task, &run).map_err(unavailable)?;
-    let dir = dir
-        .canonicalize()
+    let dir = workspace_dir(roots, data_dir, task, run).map_err(unavailable)?;
+    dir.canonicalize()
         .ok()
         .filter(|d| d.is_dir())
-        .ok_or_else(|| unavailable(format!("{} does not exist here", dir.display())))?;
-    // The file changes while the row is locked: a concurrent revert waits, then sees
-    // `reverted`.
-    let reverting = patch.clone();
-    tokio::task::spawn_blocking(move || tools::revert(&dir, &reverting))
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?
-        .map_err(|e| match e {
-            RevertError::Drift(message) | RevertError::Refused(message) => {
-                ApiError::Conflict(message)
-            }
-        })?;
-    let subject = Subject::Run {
-        task_id: &task_id,
-        run_id: &run_id,
-    };
-    patches::mark_reverted(&mut tx, scope, subject, &row.id, &patch.path).await?;
-    tx.commit().await?;
-    row.patch_status = "reverted".into();
-    Ok(Json(envelope("task_patch", detail(row, patch))))
+        .ok_or_else(|| unavailable(format!("{} does not exist here", dir.display())))
 }

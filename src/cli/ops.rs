@@ -488,6 +488,10 @@ pub(crate) enum PatchCommand {
     Show { run_id: String, patch_id: String },
     /// Puts the file back as it was before the patch.
     Revert { run_id: String, patch_id: String },
+    /// Writes a proposed patch into its file (if the file is still as it was proposed over).
+    Apply { run_id: String, patch_id: String },
+    /// Drops a proposed patch; its file is never touched.
+    Discard { run_id: String, patch_id: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -1183,11 +1187,28 @@ async fn patches(client: &Client, format: Format, command: PatchCommand) -> Resu
             output::show(format, call, fields).await.map(drop)
         }
         PatchCommand::Revert { run_id, patch_id } => {
-            let task_id = client.task_of("run", &run_id).await?;
-            let call = client.revert_patch(&task_id, &run_id, &patch_id);
-            output::show(format, call, fields).await.map(drop)
+            change_patch(client, format, (run_id, patch_id), Client::revert_patch).await
+        }
+        PatchCommand::Apply { run_id, patch_id } => {
+            change_patch(client, format, (run_id, patch_id), Client::apply_patch).await
+        }
+        PatchCommand::Discard { run_id, patch_id } => {
+            change_patch(client, format, (run_id, patch_id), Client::discard_patch).await
         }
     }
+}
+
+/// Reverts, applies or discards a patch (`operation`, one of the client's).
+async fn change_patch(
+    client: &Client,
+    format: Format,
+    (run_id, patch_id): (String, String),
+    operation: for<'a> fn(&'a Client, &str, &str, &str) -> Call<'a, ObjectEnvelope<PatchDetail>>,
+) -> Result<(), Error> {
+    let task_id = client.task_of("run", &run_id).await?;
+    let call = operation(client, &task_id, &run_id, &patch_id);
+    let fields = |p: &ObjectEnvelope<PatchDetail>| patch_fields(&p.data.summary);
+    output::show(format, call, fields).await.map(drop)
 }
 
 fn patch_fields(p: &PatchSummary) -> Table {

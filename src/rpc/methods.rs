@@ -58,6 +58,8 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("runs.patches", "list_patches"),
     ("runs.patch", "get_patch"),
     ("runs.revertPatch", "revert_patch"),
+    ("runs.applyPatch", "apply_patch"),
+    ("runs.discardPatch", "discard_patch"),
     ("tasks.artifacts", "list_task_artifacts"),
     ("providers.create", "create_provider"),
     ("providers.update", "patch_provider"),

@@ -1,6 +1,8 @@
 //! Patch artifacts: one file's change by an agent tool (kind `patch`, content the
-//! [`Patch`] JSON through the content store), and their `patch_status` (`applied` when a
-//! tool wrote it, `reverted` once the API restored the file's `before`).
+//! [`Patch`] JSON through the content store), and their `patch_status`: `applied` when a
+//! tool wrote it, `proposed` when it only proposed it; then, through the API, `reverted`
+//! (an applied patch's file restored to its `before`), `applied` (a proposal written) or
+//! `discarded` (a proposal dropped). [`PatchAction::next`] decides every transition.
 
 use keel_workers::agent::Patch;
 use sqlx::PgConnection;
@@ -10,13 +12,13 @@ use crate::artifacts::{ArtifactRecord, query_artifacts};
 use crate::db::{Result, StoreError};
 use crate::domain::{EventType, Scope, new_id};
 use crate::events::{NewEvent, Subject};
-use keel_api_types::{ArtifactKind, ArtifactStatus};
+use keel_api_types::{ArtifactKind, ArtifactStatus, PatchStatus};
 
 /// The content type of a patch artifact's bytes.
 pub(crate) const CONTENT_TYPE: &str = "application/json";
 
-/// Writes one patch artifact of a run, complete and `applied`, with `patch` as its content,
-/// in the caller's transaction. Events go last in a transaction, so the caller appends the
+/// Writes one patch artifact of a run, complete and `applied` (`proposed` for a proposal),
+/// with `patch` as its content, in the caller's transaction. Events go last in a transaction, so the caller appends the
 /// artifact's [`created_event`] itself (with the rest of its events).
 pub async fn insert_patch(
     conn: &mut PgConnection,
@@ -32,7 +34,7 @@ pub async fn insert_patch(
     let mut record = query_artifacts!(
         "INSERT INTO artifacts (id, run_id, task_id, name, kind, content_type, status,
                                 patch_status, workspace_id)
-         VALUES ($1, $2, $3, $4, 'patch', $5, 'complete', 'applied', $6)
+         VALUES ($1, $2, $3, $4, 'patch', $5, 'complete', $7, $6)
          RETURNING",
         "",
         new_id("art"),
@@ -41,6 +43,10 @@ pub async fn insert_patch(
         name,
         CONTENT_TYPE,
         scope.workspace(),
+        match patch.proposed {
+            true => PatchStatus::Proposed.as_str(),
+            false => PatchStatus::Applied.as_str(),
+        },
     )
     .fetch_one(&mut *conn)
     .await
@@ -158,26 +164,92 @@ pub(crate) async fn content(
     })
 }
 
-/// Marks a patch reverted, with its `tool.file.reverted` event, in the caller's transaction.
-pub(crate) async fn mark_reverted(
+/// What an operator does with a patch through the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PatchAction {
+    /// Restores an applied patch's `before`.
+    Revert,
+    /// Writes a proposed patch's `after`.
+    Apply,
+    /// Drops a proposal; the file is never touched.
+    Discard,
+}
+
+impl PatchAction {
+    /// The status a patch in `from` moves to, or why it cannot.
+    pub(crate) fn next(self, from: PatchStatus) -> Result<PatchStatus, String> {
+        use PatchStatus::*;
+        match (self, from) {
+            (PatchAction::Revert, Applied) => Ok(Reverted),
+            (PatchAction::Apply, Proposed) => Ok(Applied),
+            (PatchAction::Discard, Proposed) => Ok(Discarded),
+            (PatchAction::Revert, Proposed) => Err("it is only proposed; discard it".into()),
+            (PatchAction::Apply | PatchAction::Discard, Applied) => {
+                Err("it is applied, not proposed; revert it".into())
+            }
+            (_, status) => Err(format!("it is {status}")),
+        }
+    }
+
+    /// Whether it writes the run's workspace.
+    pub(crate) fn writes(self) -> bool {
+        self != PatchAction::Discard
+    }
+
+    fn event(self) -> EventType {
+        match self {
+            PatchAction::Revert => EventType::ToolFileReverted,
+            PatchAction::Apply => EventType::ToolFileApplied,
+            PatchAction::Discard => EventType::ToolFileDiscarded,
+        }
+    }
+}
+
+/// Moves a patch to `to` after `action`, with the action's `tool.file.*` event, in the
+/// caller's transaction.
+pub(crate) async fn mark(
     conn: &mut PgConnection,
     scope: &Scope,
     run: Subject<'_>,
-    artifact_id: &str,
-    path: &str,
+    (artifact_id, path): (&str, &str),
+    action: PatchAction,
+    to: PatchStatus,
 ) -> Result<()> {
     sqlx::query!(
-        "UPDATE artifacts SET patch_status = 'reverted', updated_at = now()
+        "UPDATE artifacts SET patch_status = $3, updated_at = now()
          WHERE workspace_id = $1 AND id = $2",
         scope.workspace(),
         artifact_id,
+        to.as_str(),
     )
     .execute(&mut *conn)
     .await?;
     let event = NewEvent {
         subject: run,
-        event_type: EventType::ToolFileReverted,
+        event_type: action.event(),
         data: serde_json::json!({ "artifact_id": artifact_id, "path": path }),
     };
     crate::events::append(conn, scope, &[event]).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_patch_moves_only_along_its_transitions() {
+        use PatchStatus::*;
+        assert_eq!(PatchAction::Revert.next(Applied), Ok(Reverted));
+        assert_eq!(PatchAction::Apply.next(Proposed), Ok(Applied));
+        assert_eq!(PatchAction::Discard.next(Proposed), Ok(Discarded));
+        for (action, from) in [
+            (PatchAction::Revert, Proposed),
+            (PatchAction::Revert, Reverted),
+            (PatchAction::Apply, Applied),
+            (PatchAction::Apply, Discarded),
+            (PatchAction::Discard, Reverted),
+        ] {
+            assert!(action.next(from).is_err(), "{action:?} from {from}");
+        }
+    }
 }

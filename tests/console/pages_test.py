@@ -1,6 +1,7 @@
-"""Browser tests of the console's schedules, media, providers, queue, external-work and
-usage pages against a real `keel serve` (issue 20, part 2). A tiny image vendor (Python's
-http.server, speaking the OpenAI images protocol) serves a real PNG for the media job.
+"""Browser tests of the console's schedules, media, providers, queue, external-work, usage
+and policy pages and a run's file changes against a real `keel serve` (issue 20, part 2).
+A tiny image vendor (Python's http.server, speaking the OpenAI images protocol) serves a
+real PNG for the media job; a tiny chat vendor streams scripted tool calls for an agent.
 Writes docs/screenshots/{queue,media,providers,schedules,...}.png.
 
     python3 tests/console/pages_test.py path/to/keel
@@ -13,6 +14,7 @@ import os
 import struct
 import sys
 import threading
+import time
 import zlib
 
 sys.dont_write_bytecode = True  # noqa: E402  (no __pycache__ beside the sources)
@@ -51,6 +53,42 @@ class Vendor(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class Chat(http.server.BaseHTTPRequestHandler):
+    """`POST /v1/chat/completions` streamed as the OpenAI API streams it: `turns` in order,
+    each a list of tool calls (name, arguments) or a text."""
+
+    turns = []
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path != "/v1/chat/completions":
+            self.send_error(404)
+            return
+        turn = Chat.turns.pop(0) if Chat.turns else "done"
+        if isinstance(turn, str):
+            deltas, finish = [{"role": "assistant", "content": turn}], "stop"
+        else:
+            calls = [{"index": i, "id": f"call_{i}", "type": "function",
+                      "function": {"name": name, "arguments": json.dumps(arguments)}}
+                     for i, (name, arguments) in enumerate(turn)]
+            deltas, finish = [{"role": "assistant", "tool_calls": calls}], "tool_calls"
+        chunk = lambda delta, done: {"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                                     "model": "fake-chat",
+                                     "choices": [{"index": 0, "delta": delta, "finish_reason": done}]}
+        frames = [chunk(d, None) for d in deltas] + [chunk({}, finish)]
+        usage = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "fake-chat",
+                 "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for frame in frames + [usage]:
+            self.wfile.write(f"data: {json.dumps(frame)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
 
     def log_message(self, *args):
         pass
@@ -198,12 +236,60 @@ def test_an_operator_changes_the_approval_policy_and_the_next_start_follows_it(c
     expect(page.locator("section").filter(has_text="Changes").locator("tbody tr")).to_have_count(2)
 
 
+def proposal(name, text):
+    return ("apply_patch", {"patch": f"--- /dev/null\n+++ b/{name}\n@@ -0,0 +1 @@\n+{text}\n",
+                            "propose": True})
+
+
+def test_a_run_page_applies_one_proposed_change_and_discards_another(console):
+    chat = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Chat)
+    threading.Thread(target=chat.serve_forever, daemon=True).start()
+    Chat.turns = [[proposal("kept.txt", "kept"), proposal("dropped.txt", "dropped")], "proposed both"]
+    try:
+        page = console.signed_in_page()
+        ok(api(page, "POST", "/v1/providers", {
+            "kind": "openai-compatible", "model": "fake-chat", "api": "openai-completions",
+            "base_url": f"http://127.0.0.1:{chat.server_port}/v1", "api_key_ref": f"env:{CANARY_ENV}",
+            "capabilities": ["chat", "tool_call"], "enabled": True}))
+        task = ok(api(page, "POST", "/v1/tasks", {"execution_kind": "agent_loop", "prompt": "propose"}))
+        run = ok(api(page, "POST", f"/v1/tasks/{task['id']}/start", {}))
+        # The process setting asks before file writers, proposals included: approve the bundle.
+        pending = f"/v1/tasks/{task['id']}/approvals?status=pending"
+        deadline = time.monotonic() + 30
+        while not (approvals := ok(api(page, "GET", pending))):
+            assert time.monotonic() < deadline, "no approval for the proposals"
+            page.wait_for_timeout(100)
+        approval = approvals[0]
+        ok(api(page, "POST", f"/v1/tasks/{task['id']}/approvals/{approval['id']}/resolve", {"decision": "approve"}))
+        open_page(page, f"#/runs/{task['id']}/{run['id']}")
+        expect(page.locator("#run-status")).to_have_text("completed")
+        changes = page.locator("section").filter(has=page.get_by_role("heading", name="File changes"))
+        kept = changes.locator("tr").filter(has_text="kept.txt")
+        dropped = changes.locator("tr").filter(has_text="dropped.txt")
+        expect(kept).to_contain_text("proposed")
+        expect(dropped).to_contain_text("proposed")
+        page.get_by_role("button", name="Apply kept.txt").click()
+        expect(kept).to_contain_text("applied")
+        expect(kept.get_by_role("button", name="Revert kept.txt")).to_be_enabled()
+        page.get_by_role("button", name="Discard dropped.txt").click()
+        expect(dropped).to_contain_text("discarded")
+        expect(dropped.get_by_role("button")).to_have_count(0)
+        changes.scroll_into_view_if_needed()
+        screenshot(page, "run-patches")
+        patches = ok(api(page, "GET", f"/v1/tasks/{task['id']}/runs/{run['id']}/patches"))
+        assert sorted((p["path"], p["status"]) for p in patches) == [
+            ("dropped.txt", "discarded"), ("kept.txt", "applied")], patches
+    finally:
+        chat.shutdown()
+
+
 TESTS = [
     test_the_queue_page_shows_depth_and_the_chart_bars_after_runs,
     test_a_media_job_shows_its_image_preview_and_providers_show_readiness_without_the_secret,
     test_the_schedules_page_shows_the_next_fire_time_in_its_zone,
     test_the_usage_and_external_work_pages_render,
     test_an_operator_changes_the_approval_policy_and_the_next_start_follows_it,
+    test_a_run_page_applies_one_proposed_change_and_discards_another,
 ]
 
 if __name__ == "__main__":
@@ -214,6 +300,7 @@ if __name__ == "__main__":
         "KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES": "1",
         "KEEL_PROVIDER_HOSTS": "127.0.0.1",
         "KEEL_MAX_CONCURRENT_PER_WORKSPACE": "8",
+        "KEEL_CHAT_ALLOW_PRIVATE_ADDRESSES": "true",
     })
     with Console(sys.argv[1] if len(sys.argv) > 1 else "target/debug/keel") as console:
         sys.exit(0 if run_tests(console, TESTS) else 1)

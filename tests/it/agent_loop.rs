@@ -54,7 +54,14 @@ impl Stack {
         let llm = FakeLlm::start(script).await.require_key(CANARY);
         let db_url = support::fresh_database().await;
         let dir = tempfile::tempdir().unwrap();
-        let mut env = vec![("KEEL_APPROVAL_POLICIES", policies)];
+        // The API shares the workers' data directory, so it reaches a run's workspace to
+        // revert or apply its patches.
+        let data = dir.path().join("data");
+        let data = data.to_str().unwrap();
+        let mut env = vec![
+            ("KEEL_APPROVAL_POLICIES", policies),
+            ("KEEL_DATA_DIR", data),
+        ];
         env.extend_from_slice(more);
         let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &env).await;
         let client = api.client.clone().unwrap();
@@ -607,6 +614,94 @@ async fn a_policy_change_applies_to_the_next_tool_call_without_a_restart() {
         .await;
     let paths: Vec<String> = patches.unwrap().data.into_iter().map(|p| p.path).collect();
     assert_eq!(paths, ["src/a.txt"]);
+}
+
+/// A tool called with `propose: true` leaves the files as they were; an operator applies
+/// one proposal over the API (once: then it is applied, and a revert undoes it) and
+/// discards the other, whose file never appears.
+#[tokio::test]
+async fn proposed_patches_wait_for_an_operator_to_apply_or_discard_them() {
+    let diff =
+        r#"{"patch": "--- /dev/null\n+++ b/extra.txt\n@@ -0,0 +1 @@\n+extra\n", "propose": true}"#;
+    let stack = Stack::start(
+        "none",
+        vec![
+            Turn::tool_call(
+                "c1",
+                "file_write",
+                r#"{"path":"notes.txt","content":"one\n"}"#,
+            ),
+            Turn::tool_call(
+                "c2",
+                "file_edit",
+                r#"{"path":"notes.txt","old_string":"one","new_string":"two","propose":true}"#,
+            ),
+            Turn::tool_call("c3", "apply_patch", diff),
+            Turn::text("proposed"),
+        ],
+    )
+    .await;
+    let (task_id, run_id) = stack.start_agent(agent()).await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    let api = &stack.client.api;
+    let patches = api.list_patches(&task_id, &run_id).await.unwrap().data;
+    let shape: Vec<(&str, &str)> = patches
+        .iter()
+        .map(|p| (p.path.as_str(), p.status.as_str()))
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            ("notes.txt", "applied"),
+            ("notes.txt", "proposed"),
+            ("extra.txt", "proposed")
+        ]
+    );
+    let workspace = stack.dir.path().join("data/workspaces").join(&run_id);
+    let notes = || std::fs::read_to_string(workspace.join("notes.txt")).unwrap();
+    assert_eq!(notes(), "one\n", "a proposal changes nothing");
+    assert!(!workspace.join("extra.txt").exists());
+
+    let (edit, extra) = (&patches[1].id, &patches[2].id);
+    let applied = api
+        .apply_patch(&task_id, &run_id, edit)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(applied.data.summary.status, "applied");
+    assert_eq!(notes(), "two\n");
+    let again = api
+        .apply_patch(&task_id, &run_id, edit)
+        .send_with_status()
+        .await;
+    let refusal = again.unwrap_err().to_string();
+    assert!(refusal.contains("revert it"), "{refusal}");
+    api.revert_patch(&task_id, &run_id, edit)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        notes(),
+        "one\n",
+        "an applied proposal reverts like any patch"
+    );
+    let discarded = api
+        .discard_patch(&task_id, &run_id, extra)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(discarded.data.summary.status, "discarded");
+    let late = api
+        .apply_patch(&task_id, &run_id, extra)
+        .send_with_status()
+        .await;
+    assert!(late.unwrap_err().to_string().contains("discarded"));
+    assert!(!workspace.join("extra.txt").exists());
+    let events = stack.client.events(&task_id, &run_id).await;
+    assert_eq!(of_type(&events, EventType::ToolFileApplied).len(), 1);
+    assert_eq!(of_type(&events, EventType::ToolFileDiscarded).len(), 1);
+    assert_eq!(of_type(&events, EventType::ToolFileReverted).len(), 1);
 }
 
 /// `network_egress` gates an agent's `shell_exec` when its task has network (a command

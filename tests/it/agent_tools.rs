@@ -46,11 +46,13 @@ async fn patches_list_read_and_revert_with_drift_detection() {
         path: "a.txt".into(),
         before: Some("before".into()),
         after: Some("after".into()),
+        proposed: false,
     };
     let created = Patch {
         path: "b.txt".into(),
         before: None,
         after: Some("new".into()),
+        proposed: false,
     };
     let a = insert(&app, &task_id, &run_id, "patch-1-1", &modified).await;
     let b = insert(&app, &task_id, &run_id, "patch-1-2", &created).await;
@@ -141,6 +143,7 @@ async fn an_active_run_or_another_runs_patch_is_refused() {
         path: "a.txt".into(),
         before: None,
         after: Some("x".into()),
+        proposed: false,
     };
     let id = insert(&app, &task_id, &run_id, "patch-1-1", &patch).await;
     let base = format!("/v1/tasks/{task_id}/runs/{run_id}/patches");
@@ -165,6 +168,7 @@ async fn an_active_run_or_another_runs_patch_is_refused() {
         path: "a.txt".into(),
         before: None,
         after: Some("x".into()),
+        proposed: false,
     };
     let id = insert(&app, &other_task, &other_run, "patch-1-1", &gone).await;
     let workspace = app.data_dir.path().join("workspaces").join(&other_run);

@@ -807,7 +807,7 @@ async fn run_lineage_patches_schedules_transitions_and_leases_answer_from_the_ap
     let output = cli(url, &["runs", "patches", "list", &run, "--output", "json"]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
     assert_eq!(json_of(&output)["data"], json!([]));
-    for verb in ["show", "revert"] {
+    for verb in ["show", "revert", "apply", "discard"] {
         let output = cli(url, &["runs", "patches", verb, &run, "art_nope"]).await;
         assert_eq!(code(&output), 4, "{verb}: {}", describe(&output));
     }

@@ -826,6 +826,9 @@ async fn a_refusal_fails_the_action_and_a_rate_limit_sends_it_later_once() {
     )
     .await;
     let seven = "/repos/acme/widgets/issues/7/comments";
+    // An attempt that lost its lease mid-send (a loaded machine) looks for its marker
+    // before sending again: GitHub lists no comment on #7, so it sends and is refused.
+    answer(&github, "GET", seven, json!([])).await;
     Mock::given(method("POST"))
         .and(path(seven))
         .respond_with(

@@ -49,6 +49,8 @@ fn client_operations() -> Vec<&'static str> {
         list_patches,
         get_patch,
         revert_patch,
+        apply_patch,
+        discard_patch,
         // Approvals.
         list_approvals,
         list_task_approvals,
@@ -161,6 +163,8 @@ const CLI_COMMANDS: &[(&str, &str)] = &[
     ("list_patches", "runs patches list"),
     ("get_patch", "runs patches show"),
     ("revert_patch", "runs patches revert"),
+    ("apply_patch", "runs patches apply"),
+    ("discard_patch", "runs patches discard"),
     ("list_schedules", "schedules list"),
     ("list_occurrences", "schedules occurrences"),
     ("list_media_jobs", "media list"),

@@ -31,6 +31,10 @@ const QUIET: Duration = Duration::from_secs(1);
 const SCHEDULE: &str =
     r#"{"kind":"once","timezone":"UTC","enabled":true,"run_at":"2099-01-01T00:00:00Z"}"#;
 
+/// An approval policy that lifts every gate.
+const POLICY: &str = r#"{"gates":{"shell_exec":"allow","git_exec":"allow","file_write":"allow",
+    "network_egress":"allow","read_file":"allow","all_tools":"allow"}}"#;
+
 /// What the walk does with a route.
 #[derive(Debug, Clone, Copy)]
 enum Walk {
@@ -116,6 +120,21 @@ const ROUTES: &[(&str, &str, Walk)] = &[
         "PUT",
         "/v1/workspaces/{workspace_id}/limits",
         Operator(r#"{"max_concurrent":0}"#),
+    ),
+    (
+        "GET",
+        "/v1/workspaces/{workspace_id}/approval-policy",
+        Operator(""),
+    ),
+    (
+        "PUT",
+        "/v1/workspaces/{workspace_id}/approval-policy",
+        Operator(POLICY),
+    ),
+    (
+        "DELETE",
+        "/v1/workspaces/{workspace_id}/approval-policy",
+        Operator(""),
     ),
     (
         "GET",
@@ -284,6 +303,16 @@ const ROUTES: &[(&str, &str, Walk)] = &[
     (
         "POST",
         "/v1/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}/revert",
+        Write(""),
+    ),
+    (
+        "POST",
+        "/v1/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}/apply",
+        Write(""),
+    ),
+    (
+        "POST",
+        "/v1/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}/discard",
         Write(""),
     ),
     (

@@ -187,6 +187,16 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
         RemoteSafe,
     ),
     (
+        "POST",
+        "/v1/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}/apply",
+        RemoteSafe,
+    ),
+    (
+        "POST",
+        "/v1/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}/discard",
+        RemoteSafe,
+    ),
+    (
         "GET",
         "/v1/tasks/{task_id}/runs/{run_id}/events",
         RemoteSafe,

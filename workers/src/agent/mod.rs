@@ -151,4 +151,7 @@ pub struct Patch {
     pub path: String,
     pub before: Option<String>,
     pub after: Option<String>,
+    /// Not written: the tool was called with `propose: true`, and an operator applies it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub proposed: bool,
 }

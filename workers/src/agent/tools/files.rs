@@ -299,8 +299,19 @@ impl<'a> Writable<'a> {
 
 /// Writes (or, with None, removes) the target's file; returns its patch.
 fn commit(ws: &Path, target: &Target, after: Option<&str>) -> Result<Patch, String> {
+    let patch = proposal(target, after.map(str::to_string))?;
+    write_or_remove(ws, &patch.path, after).map_err(|e| format!("{}: {e}", patch.path))?;
+    Ok(Patch {
+        proposed: false,
+        ..patch
+    })
+}
+
+/// The target's change as a proposal, written nowhere; refused when the tools would not
+/// write it.
+fn proposal(target: &Target, after: Option<String>) -> Result<Patch, String> {
     let path = &target.file.relative;
-    if let Some(text) = after
+    if let Some(text) = &after
         && text.len() as u64 > MAX_FILE_BYTES
     {
         return Err(format!(
@@ -308,11 +319,11 @@ fn commit(ws: &Path, target: &Target, after: Option<&str>) -> Result<Patch, Stri
             text.len()
         ));
     }
-    write_or_remove(ws, path, after).map_err(|e| format!("{path}: {e}"))?;
     Ok(Patch {
         path: path.clone(),
         before: target.before.clone(),
-        after: after.map(str::to_string),
+        after,
+        proposed: true,
     })
 }
 
@@ -354,6 +365,9 @@ pub(super) struct FileEdit {
     new_string: String,
     #[serde(default)]
     replace_all: bool,
+    /// Leave the change as a proposal an operator applies, not in the file.
+    #[serde(default)]
+    propose: bool,
 }
 
 pub(super) fn file_edit(w: &Writable, args: FileEdit) -> Result<Done, ToolError> {
@@ -378,6 +392,15 @@ pub(super) fn file_edit(w: &Writable, args: FileEdit) -> Result<Done, ToolError>
             .into());
         }
     };
+    if args.propose {
+        let patch = proposal(&target, Some(after))?;
+        let message = format!(
+            "proposed an edit of {} ({count} replacement(s)); the file is unchanged until an \
+             operator applies it",
+            patch.path
+        );
+        return Ok(Done::patched(message, vec![patch]));
+    }
     let patch = commit(w.ws, &target, Some(&after))?;
     let message = format!("edited {}: {count} replacement(s)", patch.path);
     Ok(Done::patched(message, vec![patch]))
@@ -387,6 +410,9 @@ pub(super) fn file_edit(w: &Writable, args: FileEdit) -> Result<Done, ToolError>
 #[serde(deny_unknown_fields)]
 pub(super) struct ApplyPatch {
     patch: String,
+    /// Leave the changes as proposals an operator applies, not in the files.
+    #[serde(default)]
+    propose: bool,
 }
 
 /// Applies a unified diff of one or more files, all or nothing: every file's new content
@@ -404,6 +430,20 @@ pub(super) fn apply_patch(w: &Writable, args: ApplyPatch) -> Result<Done, ToolEr
         }
         let after = section.apply(target.before.as_deref())?;
         planned.push((target, after));
+    }
+    if args.propose {
+        let patches = planned
+            .into_iter()
+            .map(|(target, after)| proposal(&target, after))
+            .collect::<Result<Vec<_>, _>>()?;
+        let names: Vec<&str> = patches.iter().map(|p| p.path.as_str()).collect();
+        let message = format!(
+            "proposed changes to {} file(s): {}; no file is changed until an operator applies \
+             them",
+            names.len(),
+            names.join(", ")
+        );
+        return Ok(Done::patched(message, patches));
     }
     let mut patches = Vec::new();
     for (target, after) in &planned {
@@ -446,10 +486,10 @@ fn roll_back(
     })
 }
 
-/// Why a patch could not be reverted.
+/// Why a patch could not be applied or reverted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RevertError {
-    /// The file is no longer what the patch left: reverting would lose a later change.
+    /// The file is no longer what the patch expects: writing would lose a later change.
     #[error("{0}")]
     Drift(String),
     /// The path cannot be reached inside the workspace, or the file cannot be read/written.
@@ -460,13 +500,31 @@ pub enum RevertError {
 /// Restores `patch.before` in `workspace` (removes the file when it is None), only if the
 /// file's content is `patch.after` (absent when None); the path is confined like a tool's.
 pub fn revert(workspace: &Path, patch: &Patch) -> Result<(), RevertError> {
-    let target = target(workspace, &patch.path).map_err(RevertError::Refused)?;
-    if target.before != patch.after {
+    let (expected, wanted) = (patch.after.as_deref(), patch.before.as_deref());
+    replace_if(workspace, &patch.path, expected, wanted, "was applied")
+}
+
+/// Writes a proposed `patch.after` in `workspace` (removes the file when it is None), only
+/// if the file's content is still `patch.before` (absent when None).
+pub fn apply(workspace: &Path, patch: &Patch) -> Result<(), RevertError> {
+    let (expected, wanted) = (patch.before.as_deref(), patch.after.as_deref());
+    replace_if(workspace, &patch.path, expected, wanted, "was proposed")
+}
+
+/// Makes the file `wanted` if it is `expected` now, else leaves it as it is.
+fn replace_if(
+    workspace: &Path,
+    path: &str,
+    expected: Option<&str>,
+    wanted: Option<&str>,
+    since: &str,
+) -> Result<(), RevertError> {
+    let target = target(workspace, path).map_err(RevertError::Refused)?;
+    if target.before.as_deref() != expected {
         return Err(RevertError::Drift(format!(
-            "{} changed since the patch was applied; it was left as it is",
-            patch.path
+            "{path} changed since the patch {since}; it was left as it is"
         )));
     }
-    write_or_remove(workspace, &target.file.relative, patch.before.as_deref())
-        .map_err(|e| RevertError::Refused(format!("{}: {e}", patch.path)))
+    write_or_remove(workspace, &target.file.relative, wanted)
+        .map_err(|e| RevertError::Refused(format!("{path}: {e}")))
 }

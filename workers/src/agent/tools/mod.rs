@@ -22,7 +22,7 @@ use super::{Patch, ToolCall, ToolResult, ToolSpec};
 use crate::SandboxPolicy;
 use crate::process::{thousands, truncation_marker};
 
-pub use files::{RevertError, revert};
+pub use files::{RevertError, apply, revert};
 pub use specs::specs;
 
 /// The output limit per result when the configuration says nothing.

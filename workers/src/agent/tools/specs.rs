@@ -69,7 +69,8 @@ fn spec(name: &'static str) -> ToolSpec {
                     "path": path("The file, relative to the workspace."),
                     "old_string": {"type": "string", "description": "The exact text to replace (with enough context to be unique)."},
                     "new_string": {"type": "string", "description": "The replacement."},
-                    "replace_all": {"type": "boolean", "description": "Replace every occurrence (default false)."}
+                    "replace_all": {"type": "boolean", "description": "Replace every occurrence (default false)."},
+                    "propose": {"type": "boolean", "description": "Only propose the edit: the file stays as it is until an operator applies it (default false)."}
                 }),
                 &["path", "old_string", "new_string"],
             ),
@@ -77,7 +78,10 @@ fn spec(name: &'static str) -> ToolSpec {
         "apply_patch" => (
             "Apply a unified diff (as `git diff` or `diff -u` write it) to one or more files; /dev/null creates or deletes a file. All or nothing: if any hunk does not apply, no file changes.",
             object(
-                json!({"patch": {"type": "string", "description": "The unified diff, with ---/+++ headers and @@ hunks."}}),
+                json!({
+                    "patch": {"type": "string", "description": "The unified diff, with ---/+++ headers and @@ hunks."},
+                    "propose": {"type": "boolean", "description": "Only propose the changes: no file changes until an operator applies them (default false)."}
+                }),
                 &["patch"],
             ),
         ),

@@ -121,7 +121,8 @@ async fn writers_return_patches_and_file_edit_refuses_ambiguity() {
         [Patch {
             path: "new/a.txt".into(),
             before: None,
-            after: Some("one one".into())
+            after: Some("one one".into()),
+            proposed: false,
         }]
     );
     let ambiguous = json!({"path": "new/a.txt", "old_string": "one", "new_string": "two"});
@@ -186,7 +187,8 @@ async fn apply_patch_is_all_or_nothing_across_files() {
         Patch {
             path: "b.txt".into(),
             before: Some("b1\n".into()),
-            after: None
+            after: None,
+            proposed: false,
         }
     );
     assert!(!dir.path().join("b.txt").exists());
@@ -624,6 +626,7 @@ async fn a_patch_reverts_only_over_its_own_after() {
         path: "../x".into(),
         before: None,
         after: None,
+        proposed: false,
     };
     assert!(matches!(
         revert(&env.workspace, &escape),
@@ -698,6 +701,7 @@ async fn reverting_a_deletion_restores_the_file_only_while_it_is_still_absent() 
         path: "src/lib.rs".into(),
         before: Some("old".into()),
         after: None,
+        proposed: false,
     };
     std::fs::write(dir.path().join("src/lib.rs"), "recreated").unwrap();
     assert!(matches!(
@@ -709,5 +713,54 @@ async fn reverting_a_deletion_restores_the_file_only_while_it_is_still_absent() 
     assert_eq!(
         std::fs::read_to_string(dir.path().join("src/lib.rs")).unwrap(),
         "old"
+    );
+}
+
+#[tokio::test]
+async fn a_proposed_change_leaves_the_files_until_it_is_applied_over_its_own_before() {
+    let (dir, env) = workspace();
+    let lib = dir.path().join("src/lib.rs");
+    let edit = json!({"path": "src/lib.rs", "old_string": "fn a() {}", "new_string": "fn z() {}",
+                      "propose": true});
+    let proposed = run(&env, "file_edit", edit).await;
+    assert!(!proposed.is_error, "{}", proposed.content);
+    assert!(
+        proposed
+            .content
+            .contains("unchanged until an operator applies it")
+    );
+    let [patch] = &proposed.patches[..] else {
+        panic!("one patch: {:?}", proposed.patches);
+    };
+    assert!(patch.proposed);
+    assert_eq!(patch.after.as_deref(), Some("fn z() {}\nfn b() {}\n"));
+    assert_eq!(
+        std::fs::read_to_string(&lib).unwrap(),
+        "fn a() {}\nfn b() {}\n"
+    );
+    let diff = "--- /dev/null\n+++ b/new.txt\n@@ -0,0 +1 @@\n+new\n";
+    let both = run(&env, "apply_patch", json!({"patch": diff, "propose": true})).await;
+    assert!(
+        both.patches.iter().all(|p| p.proposed),
+        "{:?}",
+        both.patches
+    );
+    assert!(!dir.path().join("new.txt").exists());
+
+    apply(&env.workspace, patch).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&lib).unwrap(),
+        "fn z() {}\nfn b() {}\n"
+    );
+    // Applied once: the file is no longer the patch's `before`, so a second apply drifts.
+    assert!(matches!(
+        apply(&env.workspace, patch),
+        Err(RevertError::Drift(_))
+    ));
+    let created = &both.patches[0];
+    apply(&env.workspace, created).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("new.txt")).unwrap(),
+        "new\n"
     );
 }

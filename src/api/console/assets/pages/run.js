@@ -1,6 +1,7 @@
 // A run: its status and steps as they change, its event stream live over SSE, its stdout
-// and stderr as they grow, its artifacts (images previewed), its lineage, and the buttons
-// its status allows.
+// and stderr as they grow, its artifacts (images previewed), its file changes (revert an
+// applied one, apply or discard a proposed one once the run ended), its lineage, and the
+// buttons its status allows.
 
 import { ApiError, get, post, seg, withQuery } from '../lib/api.js';
 import { action, badge, changed, details, enable, h, replace, table, toast } from '../lib/dom.js';
@@ -15,7 +16,7 @@ const EVENT_TYPES = [
   'run.created', 'run.queued', 'run.started', ...TERMINAL_EVENTS, 'step.started', 'step.finished',
   'step.failed', 'artifact.created', 'gap.run_disconnected', 'run.resumed_from_event',
   'approval.requested', 'approval.resolved', 'model.call.completed', 'tool.file.reverted',
-  'policy.tool_blocked',
+  'tool.file.applied', 'tool.file.discarded', 'policy.tool_blocked',
   'model.delta', 'error',
 ];
 /** Types the API serves inline (raster images): the only ones previewed. */
@@ -42,6 +43,7 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
     model: h('pre', { class: 'output', hidden: true, 'aria-label': 'model text' }),
     steps: h('div'),
     artifacts: h('div'),
+    patches: h('div'),
     events: h('ol', { class: 'events', id: 'events', 'aria-label': 'Events' }),
   };
   replace(root,
@@ -57,6 +59,7 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
     view.model,
     h('section', {}, h('h2', {}, 'Steps'), view.steps),
     h('section', {}, h('h2', {}, 'Artifacts'), view.artifacts),
+    h('section', { 'aria-labelledby': 'patches-heading' }, h('h2', { id: 'patches-heading' }, 'File changes'), view.patches),
     h('section', {}, h('h2', {}, 'Events'), view.events));
 
   const state = { run, outputs: {}, descendants: await descendantsOf(taskId, runId) };
@@ -71,6 +74,11 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
     showRun(view, state, task);
     showSteps(view, steps);
     showArtifacts(view, artifacts, base);
+    if (artifacts.some((a) => a.kind === 'patch')) {
+      const patches = (await get(withQuery(`${base}/patches`, { limit: 200 }))).data;
+      if (ctx.signal.aborted) return;
+      showPatches(view, state, patches, base, refresh);
+    }
     await showOutput(view, state, artifacts, base);
     if (state.run.status === 'awaiting_approval') await showApprovals(view, taskId, runId);
     else if (changed(view.approvals, '')) replace(view.approvals);
@@ -238,6 +246,27 @@ function showArtifacts(view, artifacts, base) {
           ? h('img', { class: 'preview', src: contentUrl(base, a), alt: `preview of ${a.name}`, loading: 'lazy' })
           : null]]),
     'No artifacts yet.'));
+}
+
+/** What an operator may do with a patch in its status, once the run has ended. */
+const PATCH_ACTIONS = {
+  applied: [['Revert', 'revert']],
+  proposed: [['Apply', 'apply'], ['Discard', 'discard']],
+};
+
+function showPatches(view, state, patches, base, refresh) {
+  const ended = !ACTIVE.includes(state.run.status);
+  if (!changed(view.patches, JSON.stringify([ended, patches]))) return;
+  const bytes = (n) => (n === null || n === undefined ? 'none' : `${n} B`);
+  replace(view.patches, table('File changes', ['Path', 'Status', 'Before', 'After', ''],
+    patches.map((p) => [h('code', {}, p.path), badge(p.status), bytes(p.before_bytes), bytes(p.after_bytes),
+      (PATCH_ACTIONS[p.status] || []).map(([label, verb]) => action(label, async () => {
+        await post(`${base}/patches/${seg(p.id)}/${verb}`);
+        toast(`${p.path}: ${verb === 'apply' ? 'applied' : `${verb}ed`}`);
+        await refresh();
+      }, { class: verb === 'apply' ? null : 'secondary', disabled: !ended,
+        'aria-label': `${label} ${p.path}` }))]),
+    'No file changes.'));
 }
 
 /**
