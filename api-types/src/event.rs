@@ -55,6 +55,8 @@ pub enum EventType {
     ToolFileApplied,
     /// A proposed patch was discarded through the API; its file was never touched.
     ToolFileDiscarded,
+    /// What a client-orchestrated run's client recorded (`data.kind`, `data.data`).
+    ClientEvent,
     /// An agent loop's model call completed and was persisted (usage and cost).
     ModelCallCompleted,
     /// An agent loop attempt stopped with a model call in flight, never recorded; the next
@@ -91,6 +93,7 @@ impl EventType {
             EventType::ToolFileReverted => "tool.file.reverted",
             EventType::ToolFileApplied => "tool.file.applied",
             EventType::ToolFileDiscarded => "tool.file.discarded",
+            EventType::ClientEvent => "client.event",
             EventType::ModelCallCompleted => "model.call.completed",
             EventType::ModelCallAbandoned => "model.call.abandoned",
             EventType::PolicyToolBlocked => "policy.tool_blocked",
@@ -107,7 +110,7 @@ impl EventType {
         }
     }
 
-    pub const ALL: [EventType; 26] = [
+    pub const ALL: [EventType; 27] = [
         EventType::RunCreated,
         EventType::RunQueued,
         EventType::RunStarted,
@@ -121,6 +124,7 @@ impl EventType {
         EventType::ToolFileReverted,
         EventType::ToolFileApplied,
         EventType::ToolFileDiscarded,
+        EventType::ClientEvent,
         EventType::ModelCallCompleted,
         EventType::ModelCallAbandoned,
         EventType::PolicyToolBlocked,

@@ -96,6 +96,7 @@ macro_rules! closed_set {
 }
 
 mod approval;
+mod client_run;
 mod envelope;
 mod error_code;
 mod event;
@@ -113,6 +114,7 @@ mod system;
 mod task;
 
 pub use approval::*;
+pub use client_run::*;
 pub use envelope::*;
 pub use error_code::ErrorCode;
 pub use event::*;

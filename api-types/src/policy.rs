@@ -62,7 +62,7 @@ pub struct GateDecisions {
 /// Most MCP servers a policy names, and most write paths it lists.
 pub const MAX_POLICY_MCP_SERVERS: usize = 32;
 pub const MAX_WRITE_PATHS: usize = 32;
-pub const MAX_WRITE_PATH_BYTES: usize = 256;
+pub const MAX_WRITE_PATH_CHARS: usize = 256;
 
 /// A workspace-relative path: segments separated by `/`, none empty, none `..`, no NUL.
 pub const WRITE_PATH: &str = concat!(
@@ -73,7 +73,7 @@ pub const WRITE_PATH: &str = concat!(
 /// Whether `path` is a write path as [`WRITE_PATH`] states it.
 pub fn is_write_path(path: &str) -> bool {
     !path.is_empty()
-        && path.len() <= MAX_WRITE_PATH_BYTES
+        && path.chars().count() <= MAX_WRITE_PATH_CHARS
         && !path.contains('\0')
         && path.split('/').all(|s| !s.is_empty() && s != "..")
 }
@@ -181,7 +181,7 @@ fn write_paths_schema() -> ArrayBuilder {
             utoipa::openapi::schema::Type::Array,
             utoipa::openapi::schema::Type::Null,
         ]))
-        .items(string(false, WRITE_PATH, Some(MAX_WRITE_PATH_BYTES)))
+        .items(string(false, WRITE_PATH, Some(MAX_WRITE_PATH_CHARS)))
         .max_items(Some(MAX_WRITE_PATHS))
         .description(Some(
             "Workspace-relative paths file writers may write beneath (`.` is the whole \

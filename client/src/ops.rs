@@ -107,6 +107,27 @@ impl Client {
         self.post(format!("{}/cancel", run_path(task_id, run_id)))
     }
 
+    /// Starts a run the caller carries out itself; the answer holds its lease token.
+    pub fn start_client_run(
+        &self,
+        task_id: &str,
+        request: &ClientRunRequest,
+    ) -> Call<'_, ObjectEnvelope<ClientRun>> {
+        let path = format!("/v1/tasks/{}/client-runs", segment(task_id));
+        Call::new(self, Method::POST, path).json(request)
+    }
+
+    /// Records a client-orchestrated run's steps, events and end; renews its lease.
+    pub fn append_run_events(
+        &self,
+        task_id: &str,
+        run_id: &str,
+        request: &RunEventsRequest,
+    ) -> Call<'_, ObjectEnvelope<RunEventsAccepted>> {
+        let path = format!("{}/events", run_path(task_id, run_id));
+        Call::new(self, Method::POST, path).json(request)
+    }
+
     /// A new run of the task in a fresh workspace.
     pub fn retry_run(
         &self,

@@ -27,6 +27,7 @@ OPERATOR_METHODS = {
     "approvals.listForTask", "approvals.resolve", "events.subscribe", "events.unsubscribe",
     "media.create", "media.get", "schedules.get", "schedules.set", "harness.methods",
     "daemon.status", "workspaces.policy", "workspaces.setPolicy", "workspaces.resetPolicy",
+    "runs.startClient", "runs.append", "runs.applyPatch", "runs.discardPatch",
 }
 
 
@@ -198,6 +199,25 @@ def policy_as_data(peer):
     peer.ok("runs.cancel", {"task_id": task_id, "run_id": run["id"]})
 
 
+def client_orchestrated(peer):
+    """A run the host carries out itself: started over the RPC, its events appended, ended."""
+    task_id = peer.ok("tasks.create", {"body": {"execution_kind": "shell",
+                                                "shell_command": "true"}})["data"]["id"]
+    started = peer.ok("runs.startClient", {"task_id": task_id, "body": {"lease_ms": 30000}})["data"]
+    run_id, token = started["run"]["id"], started["lease_token"]
+    check(started["run"]["status"] == "running", f"{started}")
+    body = {"lease_token": token, "events": [{"kind": "message", "data": {"text": "hi"}}],
+            "finish": {"status": "completed"}}
+    accepted = peer.ok("runs.append", {"task_id": task_id, "run_id": run_id, "body": body})["data"]
+    check(accepted["run"]["status"] == "completed" and accepted["appended"] == 2, f"{accepted}")
+    events = peer.ok("runs.events", {"task_id": task_id, "run_id": run_id})["data"]
+    types = [e["type"] for e in events]
+    check(types == ["run.created", "run.started", "client.event", "run.finished"], f"{types}")
+    check(peer.error_code("runs.append", {"task_id": task_id, "run_id": run_id,
+                                          "body": {"lease_token": token}}) == "conflict",
+          "an ended run takes no append")
+
+
 def errors(peer):
     peer.send_line(b"{not json")
     line = peer.read()
@@ -220,6 +240,7 @@ def stdio(keel, base, token):
     handshake(peer, child.pid)
     approved_run(peer)
     policy_as_data(peer)
+    client_orchestrated(peer)
     errors(peer)
     child.stdin.close()
     check(child.wait(timeout=DEADLINE) == 0, "keel rpc --stdio exits 0 at end of input")

@@ -7,7 +7,7 @@ use keel_api_types::StartRequest;
 
 use crate::api::{ApiError, AppState, ObjectEnvelope, object};
 use crate::domain::Caller;
-use crate::runs::{self, Admission, Admitted, Origin, RunRecord};
+use crate::runs::{self, Admission, Admitted, Orchestrator, Origin, RunRecord};
 use crate::tasks::parse_budget;
 
 const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -56,6 +56,7 @@ pub(super) async fn admit(
         budget_micros_usd,
         schedule: None,
         conversation_base,
+        orchestrator: Orchestrator::Worker,
     };
     let mut tx = state.pool.begin().await?;
     let (scope, actor) = (&caller.scope, &caller.actor());

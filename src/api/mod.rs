@@ -4,6 +4,7 @@
 mod admission;
 mod approvals;
 mod auth;
+mod client_runs;
 mod console;
 mod error;
 mod events;
@@ -165,6 +166,7 @@ fn routes() -> OpenApiRouter<AppState> {
             tasks::router()
                 .merge(approvals::router())
                 .merge(patches::router())
+                .merge(client_runs::router())
                 .merge(schedules::router())
                 .merge(events::router())
                 .merge(external_work::router())

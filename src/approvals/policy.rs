@@ -9,7 +9,7 @@ use std::str::FromStr;
 pub(crate) use keel_api_types::ApprovalKind;
 use keel_api_types::{
     ApprovalPolicyRequest, GateDecision, GateDecisions, MAX_POLICY_MCP_SERVERS,
-    MAX_WRITE_PATH_BYTES, MAX_WRITE_PATHS, is_beneath_write_paths, is_write_path,
+    MAX_WRITE_PATH_CHARS, MAX_WRITE_PATHS, is_beneath_write_paths, is_write_path,
     normal_write_path,
 };
 use keel_workers::{Execution, FileOperation, SandboxPolicy};
@@ -169,7 +169,7 @@ impl ApprovalPolicy {
                 "allowed_write_paths",
                 format!(
                     "{bad:?} is not a workspace-relative path (segments joined by '/', none \
-                     empty or '..', at most {MAX_WRITE_PATH_BYTES} bytes)"
+                     empty or '..', at most {MAX_WRITE_PATH_CHARS} characters)"
                 ),
             ));
         }

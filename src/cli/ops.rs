@@ -9,10 +9,11 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use keel_client::{
     ApprovalPolicyRecord, ApprovalPolicyRequest, ApprovalRecord, ArtifactRecord, Call, Client,
-    ContinueRequest, Credentials, Error, EventRecord, GateDecision, Grouping, LeaseRecord,
-    LimitsRequest, McpServer, MediaJobDraft, MediaJobRecord, ObjectEnvelope, OccurrenceRecord,
-    PatchDetail, PatchSummary, ProviderDraft, ProviderPatch, ProviderTemplate, ProviderView,
-    REASONING_EFFORTS, ResolveRequest, RetryFromModelCallRequest, RunRecord, ScheduleDraft,
+    ClientEvent, ClientFinish, ClientOutcome, ClientRunRequest, ClientStep, ContinueRequest,
+    Credentials, Error, EventRecord, GateDecision, Grouping, LeaseRecord, LimitsRequest, McpServer,
+    MediaJobDraft, MediaJobRecord, ObjectEnvelope, OccurrenceRecord, PatchDetail, PatchSummary,
+    ProviderDraft, ProviderPatch, ProviderTemplate, ProviderView, REASONING_EFFORTS,
+    ResolveRequest, RetryFromModelCallRequest, RunEventsRequest, RunRecord, ScheduleDraft,
     ScheduleRecord, StartRequest, StepRecord, TaskDraft, TaskRecord, TransitionRecord, UsageEvent,
     WorkspaceLimits,
 };
@@ -471,9 +472,38 @@ pub(crate) enum RunCommand {
         #[command(flatten)]
         watch: AdmitArgs,
     },
-    /// An agent run's file changes: list, show, revert.
+    /// An agent run's file changes: list, show, revert, apply or discard a proposal.
     #[command(subcommand)]
     Patches(PatchCommand),
+    /// Starts a run you carry out yourself (an editor, a script): it prints the lease
+    /// token every `runs append` needs.
+    ClientStart {
+        task_id: String,
+        /// How long the lease lasts without an append, 1000 to 600000 (default 60000).
+        #[arg(long)]
+        lease_ms: Option<u32>,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Records your client-orchestrated run's events, steps and end; renews its lease.
+    Append {
+        run_id: String,
+        /// The lease token `runs client-start` printed.
+        #[arg(long, env = "KEEL_LEASE_TOKEN", hide_env_values = true)]
+        token: String,
+        /// KIND or KIND=JSON-object, repeatable: a `client.event`.
+        #[arg(long = "event", value_name = "KIND[=JSON]")]
+        events: Vec<String>,
+        /// NAME or NAME=JSON-object (its output), repeatable: a completed step.
+        #[arg(long = "step", value_name = "NAME[=JSON]")]
+        steps: Vec<String>,
+        /// Ends the run: `completed` or `failed`.
+        #[arg(long)]
+        finish: Option<String>,
+        /// Why it failed (with `--finish failed`).
+        #[arg(long, requires = "finish")]
+        error: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -1158,6 +1188,46 @@ async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Ou
             return admitted(client, format, call, watch).await;
         }
         RunCommand::Patches(command) => patches(client, format, command).await?,
+        RunCommand::ClientStart {
+            task_id,
+            lease_ms,
+            reason,
+        } => {
+            let request = ClientRunRequest { lease_ms, reason };
+            output::show(format, client.start_client_run(&task_id, &request), |c| {
+                Table::fields(&[
+                    ("run", c.data.run.id.clone()),
+                    ("status", c.data.run.status.to_string()),
+                    ("lease token", c.data.lease_token.clone()),
+                    ("lease expires", time(&c.data.lease_expires_at)),
+                ])
+            })
+            .await?;
+        }
+        RunCommand::Append {
+            run_id,
+            token,
+            events,
+            steps,
+            finish,
+            error,
+        } => {
+            let run = client.find_run(&run_id).await?.data;
+            let request = append_request(token, &events, &steps, finish.as_deref(), error)?;
+            let call = client.append_run_events(&run.task_id, &run_id, &request);
+            output::show(format, call, |a| {
+                Table::fields(&[
+                    ("run", a.data.run.id.clone()),
+                    ("status", a.data.run.status.to_string()),
+                    ("appended", a.data.appended.to_string()),
+                    (
+                        "lease expires",
+                        or_dash(a.data.lease_expires_at.as_ref().map(time)),
+                    ),
+                ])
+            })
+            .await?;
+        }
     }
     Ok(Outcome::Done)
 }
@@ -1904,4 +1974,53 @@ fn decision_pair<'a>(
                 .ok_or_else(|| usage(format!("the decision is {}", GateDecision::names()))),
         ),
     }
+}
+
+/// An append's body from the command's options: `NAME[=JSON]` pairs become events and
+/// completed steps.
+fn append_request(
+    lease_token: String,
+    events: &[String],
+    steps: &[String],
+    finish: Option<&str>,
+    error: Option<String>,
+) -> Result<RunEventsRequest, Error> {
+    let named = |option: &str, pair: &str| -> Result<(String, serde_json::Value), Error> {
+        let (name, json) = pair.split_once('=').unwrap_or((pair, "{}"));
+        let value = serde_json::from_str(json)
+            .map_err(|e| Error::Usage(format!("{option} {pair}: not JSON: {e}")))?;
+        Ok((name.to_string(), value))
+    };
+    let events = events
+        .iter()
+        .map(|pair| named("--event", pair).map(|(kind, data)| ClientEvent { kind, data }))
+        .collect::<Result<_, _>>()?;
+    let steps = steps
+        .iter()
+        .map(|pair| {
+            named("--step", pair).map(|(name, output)| ClientStep {
+                name,
+                status: ClientOutcome::Completed,
+                input: serde_json::json!({}),
+                output: Some(output),
+                error: None,
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let finish = match finish {
+        None => None,
+        Some("completed") => Some(ClientOutcome::Completed),
+        Some("failed") => Some(ClientOutcome::Failed),
+        Some(other) => {
+            return Err(Error::Usage(format!(
+                "--finish {other}: completed or failed"
+            )));
+        }
+    };
+    Ok(RunEventsRequest {
+        lease_token,
+        events,
+        steps,
+        finish: finish.map(|status| ClientFinish { status, error }),
+    })
 }

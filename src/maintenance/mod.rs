@@ -6,6 +6,7 @@
 //! - [`reconcile`]: jobs whose lease expired are requeued, their runs marked with a
 //!   `gap.run_disconnected` event, so a run never sits `running` with no live worker;
 //! - [`schedules`]: due schedules become runs;
+//! - [`client_leases`]: client-orchestrated runs whose client went silent fail;
 //! - [`prune`]: the worker registry forgets silent workers, old lease history goes, and
 //!   events and transitions past the history retention;
 //! - [`metrics`]: the queue gauges' snapshot;
@@ -13,9 +14,10 @@
 //! - [`item_workspaces`]: terminal external work items' workspaces are removed,
 //!   `before_remove` first.
 //!
-//! The first five run on one tick ([`run`]); the two workspace duties have loops of their
+//! The first six run on one tick ([`run`]); the two workspace duties have loops of their
 //! own (a removal may wait on a slow disk or an hour-long hook).
 
+mod client_leases;
 pub(crate) mod item_workspaces;
 mod metrics;
 mod prune;
@@ -74,6 +76,7 @@ pub async fn run(
             tracing::warn!(%error, "reconciler pass failed");
         }
         schedules::pass(&pool, &rules).await;
+        client_leases::pass(&pool).await;
         prune::pass(&pool, interval).await;
         if let Some(history) = &mut history {
             history.pass(&pool).await;

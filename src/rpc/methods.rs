@@ -59,6 +59,8 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("runs.patch", "get_patch"),
     ("runs.revertPatch", "revert_patch"),
     ("runs.applyPatch", "apply_patch"),
+    ("runs.startClient", "start_client_run"),
+    ("runs.append", "append_run_events"),
     ("runs.discardPatch", "discard_patch"),
     ("tasks.artifacts", "list_task_artifacts"),
     ("providers.create", "create_provider"),

@@ -1,3 +1,4 @@
+pub(crate) mod client;
 pub(crate) mod gates;
 pub(crate) mod job;
 pub(crate) mod lineage;

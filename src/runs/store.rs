@@ -172,6 +172,18 @@ pub struct Admission {
     /// The conversation an agent loop run starts from (`runs.conversation_base`), built by
     /// the caller from the source run's `agent_conversation` artifact.
     pub(crate) conversation_base: Option<serde_json::Value>,
+    /// Who carries the run out: a worker (queued for one, behind its gates), or its client
+    /// ([`crate::runs::client`]: running at once, never queued; Keel executes nothing of it,
+    /// so no gate applies).
+    pub(crate) orchestrator: Orchestrator,
+}
+
+/// Who carries a run out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Orchestrator {
+    #[default]
+    Worker,
+    Client,
 }
 
 /// Which schedule occurrence created a run, and the nominal time it fired for.
@@ -191,6 +203,7 @@ impl Admission {
             budget_micros_usd: None,
             schedule: None,
             conversation_base: None,
+            orchestrator: Orchestrator::Worker,
         }
     }
 }
@@ -282,7 +295,10 @@ pub(crate) async fn admit_locked(
         )));
     }
     let task = raise_budget(conn, scope, task, admission.budget_micros_usd).await?;
-    let (gates, summary) = gates(conn, scope, &task, hooks.as_ref(), rules).await?;
+    let (gates, summary) = match admission.orchestrator {
+        Orchestrator::Worker => gates(conn, scope, &task, hooks.as_ref(), rules).await?,
+        Orchestrator::Client => (Vec::new(), None),
+    };
     let status = if gates.is_empty() {
         RunStatus::Queued
     } else {
@@ -311,6 +327,16 @@ pub(crate) async fn admit_locked(
     if let Some(checkpoint) = &run.checkpoint {
         let data = serde_json::json!({ "checkpoint": checkpoint, "reason": admission.reason });
         appended.push(NewEvent::new(task_id, &run.id, EventType::RunResumedFromEvent).with(data));
+    }
+    if admission.orchestrator == Orchestrator::Client {
+        let change = Change::default();
+        let reason = Some("held by its client");
+        let run =
+            transition_locked(conn, scope, &run, RunStatus::Running, change, actor, reason).await?;
+        let data = serde_json::json!({ "orchestrator": "client", "attempt": run.attempt });
+        appended.push(NewEvent::new(task_id, &run.id, EventType::RunStarted).with(data));
+        events::append(conn, scope, &appended).await?;
+        return Ok(Admitted::New(run));
     }
     let mut gated = Vec::new();
     // A summary exactly when there are gates.
@@ -1074,7 +1100,8 @@ pub(crate) struct ActiveRun {
 }
 
 /// Up to `limit` active runs after `after` in id order, in every workspace (boot recovery
-/// re-enqueues those that lost their queue row).
+/// re-enqueues those that lost their queue row), but for client-orchestrated runs: their
+/// client holds them, never a worker.
 pub(crate) async fn active_page(
     conn: &mut PgConnection,
     after: &str,
@@ -1085,6 +1112,7 @@ pub(crate) async fn active_page(
         "SELECT r.id AS run_id, t.priority, r.workspace_id
          FROM runs r JOIN tasks t ON t.id = r.task_id
          WHERE r.status IN ('queued', 'running') AND r.id > $1
+           AND NOT EXISTS (SELECT 1 FROM client_leases c WHERE c.run_id = r.id)
          ORDER BY r.id LIMIT $2",
         after,
         limit,

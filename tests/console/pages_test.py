@@ -279,6 +279,13 @@ def test_a_run_page_applies_one_proposed_change_and_discards_another(console):
         patches = ok(api(page, "GET", f"/v1/tasks/{task['id']}/runs/{run['id']}/patches"))
         assert sorted((p["path"], p["status"]) for p in patches) == [
             ("dropped.txt", "discarded"), ("kept.txt", "applied")], patches
+        # The runs of every task, filtered by status: this one is there, and leads back.
+        open_page(page, "#/runs?status=completed")
+        expect(page.get_by_role("heading", name="Runs that are completed")).to_be_visible()
+        page.get_by_role("link", name=run["id"]).click()
+        expect(page.locator("#run-status")).to_have_text("completed")
+        open_page(page, "#/runs?status=awaiting_approval")
+        expect(page.get_by_role("link", name=run["id"])).to_have_count(0)
     finally:
         chat.shutdown()
 

@@ -812,6 +812,42 @@ async fn run_lineage_patches_schedules_transitions_and_leases_answer_from_the_ap
         assert_eq!(code(&output), 4, "{verb}: {}", describe(&output));
     }
 
+    // A run the caller carries out itself: started, its work appended, ended.
+    let other = create_shell(url, "echo held by its client").await;
+    let output = cli(url, &["runs", "client-start", &other, "--output", "json"]).await;
+    let started = json_of(&output);
+    let held = started["data"]["run"]["id"].as_str().unwrap().to_string();
+    let token = started["data"]["lease_token"].as_str().unwrap().to_string();
+    let appended = [
+        "runs",
+        "append",
+        &held,
+        "--token",
+        &token,
+        "--event",
+        r#"message={"text":"hi"}"#,
+        "--step",
+        "check",
+        "--finish",
+        "completed",
+        "--output",
+        "json",
+    ];
+    let output = cli(url, &appended).await;
+    let accepted = json_of(&output);
+    assert_eq!(accepted["data"]["run"]["status"], "completed", "{accepted}");
+    assert_eq!(accepted["data"]["appended"], 4, "{accepted}");
+    let bogus = [
+        "runs", "append", &held, "--token", &token, "--finish", "maybe",
+    ];
+    let output = cli(url, &bogus).await;
+    assert_ne!(code(&output), 0, "{}", describe(&output));
+    assert!(
+        describe(&output).contains("completed or failed"),
+        "{}",
+        describe(&output)
+    );
+
     let set = [
         "schedules",
         "set",

@@ -11,6 +11,7 @@ mod approvals;
 mod auth;
 mod cli;
 mod client_redirects;
+mod client_runs;
 mod console;
 mod console_api;
 mod content_store;

@@ -310,6 +310,12 @@ const ROUTES: &[(&str, &str, Walk)] = &[
         "/v1/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}/apply",
         Write(""),
     ),
+    ("POST", "/v1/tasks/{task_id}/client-runs", Write("{}")),
+    (
+        "POST",
+        "/v1/tasks/{task_id}/runs/{run_id}/events",
+        Write(r#"{"lease_token":"kcl_not_theirs","events":[{"kind":"intrusion"}]}"#),
+    ),
     (
         "POST",
         "/v1/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}/discard",

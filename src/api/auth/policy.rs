@@ -191,6 +191,12 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
         "/v1/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}/apply",
         RemoteSafe,
     ),
+    ("POST", "/v1/tasks/{task_id}/client-runs", RemoteSafe),
+    (
+        "POST",
+        "/v1/tasks/{task_id}/runs/{run_id}/events",
+        RemoteSafe,
+    ),
     (
         "POST",
         "/v1/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}/discard",

@@ -19,6 +19,7 @@ files![
     "lib/time.js",
     "pages/approvals.js",
     "pages/run.js",
+    "pages/runs.js",
     "pages/task.js",
     "pages/tasks.js",
     // Part 2's pages.

@@ -9,6 +9,7 @@ import { h, replace, errorBox, toast } from './lib/dom.js';
 export const PAGES = [
   { module: 'tasks', route: '/tasks', nav: 'Tasks' },
   { module: 'task', route: '/tasks/:task_id' },
+  { module: 'runs', route: '/runs', nav: 'Runs' },
   { module: 'run', route: '/runs/:task_id/:run_id' },
   { module: 'approvals', route: '/approvals', nav: 'Approvals' },
   { module: 'policy', route: '/policy', nav: 'Policy' },

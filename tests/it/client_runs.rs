@@ -1,0 +1,173 @@
+//! Client-orchestrated runs over real HTTP against real Postgres, with a worker running: a
+//! run its client holds is never queued, gated or picked up by a worker (boot recovery
+//! included); the client's steps, events and end join the run's stream in sequence; a
+//! wrong token, a second active run and a late append are refused; a lapsed lease fails
+//! the run.
+
+use std::time::Duration;
+
+use crate::support::{TestApp, shell, wait_for};
+use keel_client::{
+    ClientEvent, ClientFinish, ClientOutcome, ClientRunRequest, ClientStep, EventType,
+    RunEventsRequest, RunStatus,
+};
+use reqwest::StatusCode;
+use serde_json::json;
+
+const SOON: Duration = Duration::from_secs(20);
+
+fn append(token: &str) -> RunEventsRequest {
+    RunEventsRequest {
+        lease_token: token.to_string(),
+        events: Vec::new(),
+        steps: Vec::new(),
+        finish: None,
+    }
+}
+
+#[tokio::test]
+async fn a_client_holds_its_run_and_records_steps_events_and_its_end() {
+    // Shell runs wait for an approval here: a client's run is behind no gate.
+    let app = TestApp::with_approvals("shell_exec").await;
+    let (c, api) = (&app.client, &app.client.api);
+    let task = c.create_task(&shell("echo a worker would run this")).await;
+    let started = api.start_client_run(&task.id, &ClientRunRequest::default());
+    let (status, started) = started.send_with_status().await.unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    let (run, token) = (started.data.run, started.data.lease_token);
+    assert_eq!(run.status, RunStatus::Running);
+    assert!(token.starts_with("kcl_") && token.len() == 68, "{token}");
+    let queued: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_jobs WHERE ref_id = $1")
+        .bind(&run.id)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(queued, 0, "never queued for a worker");
+    assert_eq!(keel::maintenance::recover(&app.pool).await.unwrap(), 0);
+    let pending = api.list_task_approvals(&task.id, None).await.unwrap().data;
+    assert!(pending.is_empty(), "no gate: {pending:?}");
+    let stored: String = sqlx::query_scalar("SELECT token_sha256 FROM client_leases")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert!(
+        !stored.contains(&token) && stored.len() == 64,
+        "only the hash is kept"
+    );
+
+    let second = api.start_client_run(&task.id, &ClientRunRequest::default());
+    let refused = second.send_with_status().await.unwrap_err().to_string();
+    assert!(refused.contains("already has an active run"), "{refused}");
+    let stranger = api.append_run_events(&task.id, &run.id, &append("kcl_not_the_token"));
+    let refused = stranger.send_with_status().await.unwrap_err().to_string();
+    assert!(refused.contains("does not hold run"), "{refused}");
+
+    let work = RunEventsRequest {
+        steps: vec![ClientStep {
+            name: "read.tests".into(),
+            status: ClientOutcome::Completed,
+            input: json!({ "path": "tests/" }),
+            output: Some(json!({ "files": 3 })),
+            error: None,
+        }],
+        events: vec![
+            ClientEvent {
+                kind: "message".into(),
+                data: json!({ "text": "reading the tests" }),
+            },
+            ClientEvent {
+                kind: "tool.started".into(),
+                data: json!({}),
+            },
+        ],
+        ..append(&token)
+    };
+    let accepted = api.append_run_events(&task.id, &run.id, &work).send().await;
+    let accepted = accepted.unwrap().data;
+    assert_eq!(accepted.appended, 4);
+    assert!(accepted.lease_expires_at.unwrap() > started.data.lease_expires_at);
+    let done = RunEventsRequest {
+        finish: Some(ClientFinish {
+            status: ClientOutcome::Completed,
+            error: None,
+        }),
+        ..append(&token)
+    };
+    let ended = api.append_run_events(&task.id, &run.id, &done).send().await;
+    let ended = ended.unwrap().data;
+    assert_eq!(ended.run.status, RunStatus::Completed);
+    assert!(ended.lease_expires_at.is_none());
+
+    let events = c.events(&task.id, &run.id).await;
+    let types: Vec<EventType> = events.iter().map(|e| e.event_type).collect();
+    let expected = [
+        EventType::RunCreated,
+        EventType::RunStarted,
+        EventType::StepStarted,
+        EventType::StepFinished,
+        EventType::ClientEvent,
+        EventType::ClientEvent,
+        EventType::RunFinished,
+    ];
+    assert_eq!(types, expected);
+    let sequences: Vec<i64> = events.iter().map(|e| e.sequence).collect();
+    assert_eq!(sequences, (1..=7).collect::<Vec<_>>());
+    assert_eq!(
+        events[4].data,
+        json!({ "kind": "message", "data": { "text": "reading the tests" } })
+    );
+    let steps = api.list_steps(&task.id, &run.id).await.unwrap().data;
+    let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["read.tests"], "no worker ran the task");
+    let late = api
+        .append_run_events(&task.id, &run.id, &work)
+        .send_with_status()
+        .await;
+    assert!(late.unwrap_err().to_string().contains("is completed"));
+    let feed = c
+        .feed_when("/v1/events?event_type=client.event", |e| e.len() == 2)
+        .await;
+    assert!(
+        feed.data
+            .iter()
+            .all(|e| e.run_id.as_deref() == Some(run.id.as_str()))
+    );
+}
+
+#[tokio::test]
+async fn a_lapsed_lease_fails_the_run_and_fences_the_late_client() {
+    let app = TestApp::start().await;
+    let (c, api) = (&app.client, &app.client.api);
+    let task = c.create_task(&shell("true")).await;
+    let request = ClientRunRequest {
+        lease_ms: Some(1_000),
+        reason: Some("a short session".into()),
+    };
+    let started = api
+        .start_client_run(&task.id, &request)
+        .send()
+        .await
+        .unwrap()
+        .data;
+    let run_id = started.run.id.clone();
+    let failed = wait_for(SOON, "the lapsed run to fail", || async {
+        let run = c.run(&task.id, &run_id).await;
+        (run.status == RunStatus::Failed).then_some(run)
+    })
+    .await;
+    let error = failed.last_error.unwrap_or_default();
+    assert!(error.starts_with("client_lease_expired"), "{error}");
+    let late = api.append_run_events(&task.id, &run_id, &append(&started.lease_token));
+    let refused = late.send_with_status().await.unwrap_err().to_string();
+    assert!(refused.contains("is failed"), "{refused}");
+    let events = c.events(&task.id, &run_id).await;
+    assert_eq!(events.last().unwrap().event_type, EventType::RunFailed);
+    // A bad body is the document's 4xx, not a 500.
+    let (status, body) = c
+        .post(
+            &format!("/v1/tasks/{}/client-runs", task.id),
+            json!({ "lease_ms": 5 }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+}
