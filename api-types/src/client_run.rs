@@ -115,7 +115,8 @@ pub struct RunEventsRequest {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct RunEventsAccepted {
     pub run: RunRecord,
-    /// How many events it appended to the run's stream (its steps' and its end's included).
+    /// How many events it appended to the run's stream (its steps', its end's and the
+    /// task's `task.updated` included).
     pub appended: i64,
     pub lease_expires_at: Option<DateTime<Utc>>,
 }

@@ -57,6 +57,9 @@ pub enum EventType {
     ToolFileDiscarded,
     /// What a client-orchestrated run's client recorded (`data.kind`, `data.data`).
     ClientEvent,
+    /// A task's status (its latest run's) changed: `data.status`, `data.run_id`. It comes
+    /// just before the run event that changed it, in the same transaction.
+    TaskUpdated,
     /// An agent loop's model call completed and was persisted (usage and cost).
     ModelCallCompleted,
     /// An agent loop attempt stopped with a model call in flight, never recorded; the next
@@ -94,6 +97,7 @@ impl EventType {
             EventType::ToolFileApplied => "tool.file.applied",
             EventType::ToolFileDiscarded => "tool.file.discarded",
             EventType::ClientEvent => "client.event",
+            EventType::TaskUpdated => "task.updated",
             EventType::ModelCallCompleted => "model.call.completed",
             EventType::ModelCallAbandoned => "model.call.abandoned",
             EventType::PolicyToolBlocked => "policy.tool_blocked",
@@ -110,7 +114,7 @@ impl EventType {
         }
     }
 
-    pub const ALL: [EventType; 27] = [
+    pub const ALL: [EventType; 28] = [
         EventType::RunCreated,
         EventType::RunQueued,
         EventType::RunStarted,
@@ -125,6 +129,7 @@ impl EventType {
         EventType::ToolFileApplied,
         EventType::ToolFileDiscarded,
         EventType::ClientEvent,
+        EventType::TaskUpdated,
         EventType::ModelCallCompleted,
         EventType::ModelCallAbandoned,
         EventType::PolicyToolBlocked,

@@ -131,15 +131,13 @@ pub async fn append(conn: &mut PgConnection, scope: &Scope, events: &[NewEvent<'
     if events.is_empty() {
         return Ok(());
     }
+    let updates = task_updates(events);
     let mut columns = EventColumns::default();
-    for event in events {
-        let (task_id, run_id, media_job_id) = event.subject.columns();
-        columns.event_ids.push(new_id("evt"));
-        columns.task_ids.push(task_id);
-        columns.run_ids.push(run_id);
-        columns.media_job_ids.push(media_job_id);
-        columns.types.push(event.event_type.as_str());
-        columns.data.push(&event.data);
+    for (event, update) in events.iter().zip(&updates) {
+        if let Some(update) = update {
+            columns.push(update);
+        }
+        columns.push(event);
     }
     sqlx::query_scalar!(
         r#"SELECT append_events($1, $2, $3, $4, $5, $6, $7, $8) AS "appended!""#,
@@ -155,6 +153,52 @@ pub async fn append(conn: &mut PgConnection, scope: &Scope, events: &[NewEvent<'
     .fetch_one(conn)
     .await?;
     Ok(())
+}
+
+/// How many events [`append`] writes for `events`: they, and the `task.updated` it adds.
+pub(crate) fn appended_count(events: &[NewEvent<'_>]) -> usize {
+    events.len() + task_updates(events).iter().flatten().count()
+}
+
+/// The `task.updated` to append before each of `events`, if any: before each event that
+/// changes its run's status, and so its task's (a task's status is its latest run's, and
+/// only a task's latest run can change status). The task's change reaches the run's stream
+/// and the feed in the statement that appends the run's, at no cost of its own in round
+/// trips. One per run and status within a batch (two gates' `approval.requested` make one).
+fn task_updates<'a>(events: &[NewEvent<'a>]) -> Vec<Option<NewEvent<'a>>> {
+    let mut announced: Vec<(&str, &str)> = Vec::new();
+    events
+        .iter()
+        .map(|event| {
+            let (Subject::Run { task_id, run_id }, Some(status)) =
+                (event.subject, task_status_after(event))
+            else {
+                return None;
+            };
+            if announced.contains(&(run_id, status)) {
+                return None;
+            }
+            announced.push((run_id, status));
+            let data = serde_json::json!({ "status": status, "run_id": run_id });
+            Some(NewEvent::new(task_id, run_id, EventType::TaskUpdated).with(data))
+        })
+        .collect()
+}
+
+/// The status a run (and its task) has once `event` is recorded, for the events that
+/// record a change of it. An external action's approval never holds its run.
+fn task_status_after(event: &NewEvent<'_>) -> Option<&'static str> {
+    Some(match event.event_type {
+        EventType::RunQueued => "queued",
+        EventType::RunStarted => "running",
+        EventType::RunFinished => "completed",
+        EventType::RunFailed => "failed",
+        EventType::RunCancelled => "cancelled",
+        EventType::ApprovalRequested if event.data["kind"] != "external_action" => {
+            "awaiting_approval"
+        }
+        _ => return None,
+    })
 }
 
 /// What one batch of history retention did: the greatest id it examined that was old
@@ -214,6 +258,18 @@ struct EventColumns<'a> {
     media_job_ids: Vec<Option<&'a str>>,
     types: Vec<&'static str>,
     data: Vec<&'a serde_json::Value>,
+}
+
+impl<'a> EventColumns<'a> {
+    fn push(&mut self, event: &'a NewEvent<'a>) {
+        let (task_id, run_id, media_job_id) = event.subject.columns();
+        self.event_ids.push(new_id("evt"));
+        self.task_ids.push(task_id);
+        self.run_ids.push(run_id);
+        self.media_job_ids.push(media_job_id);
+        self.types.push(event.event_type.as_str());
+        self.data.push(&event.data);
+    }
 }
 
 pub async fn list_for_run(

@@ -250,7 +250,7 @@ pub(crate) async fn append(
         }
         None => (run, Some(renew(conn, scope, run_id).await?)),
     };
-    let count = appended.len();
+    let count = events::appended_count(&appended);
     events::append(conn, scope, &appended).await?;
     Ok(RunEventsAccepted {
         run,

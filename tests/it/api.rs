@@ -58,17 +58,27 @@ async fn a_shell_run_goes_from_created_to_completed_with_its_output() {
         types,
         [
             "run.created",
+            "task.updated",
             "run.queued",
+            "task.updated",
             "run.started",
             "step.started",
             "artifact.created",
             "artifact.created",
             "step.finished",
+            "task.updated",
             "run.finished"
         ]
     );
     let sequences: Vec<i64> = events.iter().map(|e| e.sequence).collect();
-    assert_eq!(sequences, (1..=8).collect::<Vec<_>>());
+    assert_eq!(sequences, (1..=11).collect::<Vec<_>>());
+    // The task's status follows its run's, each change just before the run event.
+    let task_statuses: Vec<&str> = events
+        .iter()
+        .filter(|e| e.event_type == EventType::TaskUpdated)
+        .map(|e| e.data["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(task_statuses, ["queued", "running", "completed"]);
 
     let steps = c.api.list_steps(task_id, run_id).await.unwrap().data;
     assert_eq!(steps[0].name, "shell");
@@ -205,8 +215,14 @@ async fn a_task_created_with_start_is_queued_in_the_same_commit_and_runs() {
     );
     let events = c.events(&task.id, &run_id).await;
     assert_eq!(
-        event_types(&events)[..3],
-        ["run.created", "run.queued", "run.started"]
+        event_types(&events)[..5],
+        [
+            "run.created",
+            "task.updated",
+            "run.queued",
+            "task.updated",
+            "run.started"
+        ]
     );
 
     // A start the admission refuses leaves no task behind: both are one transaction.

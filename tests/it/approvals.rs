@@ -119,11 +119,13 @@ async fn a_gated_run_waits_for_approval_then_runs() {
         .map(|e| e.event_type.to_string())
         .collect();
     assert_eq!(
-        &types[..4],
+        &types[..6],
         [
             "run.created",
+            "task.updated",
             "approval.requested",
             "approval.resolved",
+            "task.updated",
             "run.queued"
         ]
     );

@@ -836,7 +836,8 @@ async fn run_lineage_patches_schedules_transitions_and_leases_answer_from_the_ap
     let output = cli(url, &appended).await;
     let accepted = json_of(&output);
     assert_eq!(accepted["data"]["run"]["status"], "completed", "{accepted}");
-    assert_eq!(accepted["data"]["appended"], 4, "{accepted}");
+    // The step's two events, the client's, the task's change and the end.
+    assert_eq!(accepted["data"]["appended"], 5, "{accepted}");
     let bogus = [
         "runs", "append", &held, "--token", &token, "--finish", "maybe",
     ];

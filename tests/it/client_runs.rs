@@ -102,18 +102,20 @@ async fn a_client_holds_its_run_and_records_steps_events_and_its_end() {
     let types: Vec<EventType> = events.iter().map(|e| e.event_type).collect();
     let expected = [
         EventType::RunCreated,
+        EventType::TaskUpdated,
         EventType::RunStarted,
         EventType::StepStarted,
         EventType::StepFinished,
         EventType::ClientEvent,
         EventType::ClientEvent,
+        EventType::TaskUpdated,
         EventType::RunFinished,
     ];
     assert_eq!(types, expected);
     let sequences: Vec<i64> = events.iter().map(|e| e.sequence).collect();
-    assert_eq!(sequences, (1..=7).collect::<Vec<_>>());
+    assert_eq!(sequences, (1..=9).collect::<Vec<_>>());
     assert_eq!(
-        events[4].data,
+        events[5].data,
         json!({ "kind": "message", "data": { "text": "reading the tests" } })
     );
     let steps = api.list_steps(&task.id, &run.id).await.unwrap().data;

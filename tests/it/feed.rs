@@ -179,7 +179,7 @@ async fn commit_event(conn: &mut PgConnection, run_id: &str) {
 }
 
 async fn append(conn: &mut PgConnection, run_id: &str) {
-    let event = NewEvent::new("task_feed", run_id, EventType::RunQueued);
+    let event = NewEvent::new("task_feed", run_id, EventType::ArtifactCreated);
     events::append(conn, &Scope::local(), &[event])
         .await
         .unwrap();

@@ -92,6 +92,7 @@ async fn a_short_run_records_its_step_outputs_and_end_in_order() {
             "artifact.created",
             "artifact.created",
             "step.failed",
+            "task.updated",
             "run.failed"
         ],
         "{types:?}"

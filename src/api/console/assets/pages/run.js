@@ -16,7 +16,7 @@ const EVENT_TYPES = [
   'run.created', 'run.queued', 'run.started', ...TERMINAL_EVENTS, 'step.started', 'step.finished',
   'step.failed', 'artifact.created', 'gap.run_disconnected', 'run.resumed_from_event',
   'approval.requested', 'approval.resolved', 'model.call.completed', 'tool.file.reverted',
-  'tool.file.applied', 'tool.file.discarded', 'policy.tool_blocked',
+  'tool.file.applied', 'tool.file.discarded', 'policy.tool_blocked', 'task.updated', 'client.event',
   'model.delta', 'error',
 ];
 /** Types the API serves inline (raster images): the only ones previewed. */
