@@ -101,10 +101,10 @@ async fn every_figure_is_measured_and_every_job_processed() {
     assert!(point["seconds"].as_f64().unwrap() >= 0.2, "{waiting}");
 
     // Its own database: 440 tasks (2 runs, 20 events each), and the 5 admissions of each
-    // measurement.
+    // measurement (`run.created`, `task.updated`, `run.queued`).
     let history = &report["api_history"];
     assert_eq!(history["tasks"], 440 + 2 * 5, "{history}");
-    assert_eq!(history["events"], 440 * 20 + 2 * 5 * 2, "{history}");
+    assert_eq!(history["events"], 440 * 20 + 2 * 5 * 3, "{history}");
     for state in ["empty", "loaded"] {
         assert_eq!(history[state]["sse_first_byte"]["samples"], 5, "{history}");
     }
