@@ -15,6 +15,9 @@ pub const DEFAULT_CLIENT_LEASE_MS: u32 = 60_000;
 /// Most events and steps one append carries.
 pub const MAX_CLIENT_EVENTS: usize = 100;
 pub const MAX_CLIENT_STEPS: usize = 50;
+pub const MAX_CLIENT_ARTIFACTS: usize = 10;
+/// Longest text of a client's artifact, in characters.
+pub const MAX_CLIENT_ARTIFACT_CHARS: usize = 1_048_576;
 /// A client event's kind and a client step's name: lower-case words joined by `.`, `_` or
 /// `-`.
 pub const CLIENT_NAME: &str = "^[a-z0-9]+([._-][a-z0-9]+)*$";
@@ -30,7 +33,7 @@ pub struct ClientRunRequest {
     #[schema(minimum = 1000, maximum = 600000)]
     pub lease_ms: Option<u32>,
     /// Why, for the run's `run.created` event.
-    #[schema(max_length = 1024)]
+    #[schema(max_length = 1024, pattern = "^[^\\u0000]*$")]
     pub reason: Option<String>,
 }
 
@@ -71,8 +74,24 @@ pub struct ClientStep {
     #[schema(value_type = Option<JsonObject>)]
     pub output: Option<serde_json::Value>,
     /// Why it failed (`failed` only).
-    #[schema(max_length = 4096)]
+    #[schema(max_length = 4096, pattern = "^[^\\u0000]*$")]
     pub error: Option<String>,
+}
+
+/// A text artifact a client records, complete (`kind` `file`), named once per run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClientArtifact {
+    #[schema(pattern = "^[a-z0-9]+([._-][a-z0-9]+)*$", max_length = 64)]
+    pub name: String,
+    /// A media type without parameters (default `text/plain`).
+    #[schema(
+        pattern = "^[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+$",
+        max_length = 127
+    )]
+    pub content_type: Option<String>,
+    #[schema(max_length = 1048576, pattern = "^[^\\u0000]*$")]
+    pub text: String,
 }
 
 /// How a client's step or run ended.
@@ -89,18 +108,18 @@ pub enum ClientOutcome {
 pub struct ClientFinish {
     pub status: ClientOutcome,
     /// Why it failed (`failed` only).
-    #[schema(max_length = 4096)]
+    #[schema(max_length = 4096, pattern = "^[^\\u0000]*$")]
     pub error: Option<String>,
 }
 
 /// Body of an append to a client-orchestrated run: the lease token, then what to record,
-/// in order: steps, events, and the end. An append with nothing to record renews the lease.
+/// in order: steps, artifacts, events, and the end. An append with nothing to record renews the lease.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({ "lease_token": "kcl_…", "events": [{ "kind": "message",
     "data": { "text": "reading the tests" } }], "steps": [], "finish": null }))]
 pub struct RunEventsRequest {
-    #[schema(min_length = 1, max_length = 128)]
+    #[schema(min_length = 1, max_length = 128, pattern = "^[^\\u0000]*$")]
     pub lease_token: String,
     #[serde(default)]
     #[schema(max_items = 100)]
@@ -108,6 +127,9 @@ pub struct RunEventsRequest {
     #[serde(default)]
     #[schema(max_items = 50)]
     pub steps: Vec<ClientStep>,
+    #[serde(default)]
+    #[schema(max_items = 10)]
+    pub artifacts: Vec<ClientArtifact>,
     pub finish: Option<ClientFinish>,
 }
 

@@ -43,7 +43,7 @@ async fn start_client_run(
 }
 
 /// Records what a client-orchestrated run's client did, in order: its steps (finished),
-/// its events (`client.event`, with `data.kind` and `data.data`) and its end, with the
+/// its text artifacts (complete, `kind` `file`, a name once per run), its events (`client.event`, with `data.kind` and `data.data`) and its end, with the
 /// sequence and feed guarantees of every run event; an empty append renews the lease. 403
 /// when the token does not hold the run; 409 when the run is a worker's, has ended, or its
 /// lease lapsed.
@@ -61,7 +61,8 @@ async fn append_run_events(
     let mut tx = state.pool.begin().await?;
     let ids = (task_id.as_str(), run_id.as_str());
     let (scope, actor) = (&caller.scope, &caller.actor());
-    let accepted = client::append(&mut tx, scope, ids, &request, actor).await?;
+    let store = (scope, &state.content);
+    let accepted = client::append(&mut tx, store, ids, &request, actor).await?;
     tx.commit().await?;
     Ok(Json(object("run_events_accepted", accepted)))
 }

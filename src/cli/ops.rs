@@ -9,13 +9,13 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use keel_client::{
     ApprovalPolicyRecord, ApprovalPolicyRequest, ApprovalRecord, ArtifactRecord, Call, Client,
-    ClientEvent, ClientFinish, ClientOutcome, ClientRunRequest, ClientStep, ContinueRequest,
-    Credentials, Error, EventRecord, GateDecision, Grouping, LeaseRecord, LimitsRequest, McpServer,
-    MediaJobDraft, MediaJobRecord, ObjectEnvelope, OccurrenceRecord, PatchDetail, PatchSummary,
-    ProviderDraft, ProviderPatch, ProviderTemplate, ProviderView, REASONING_EFFORTS,
-    ResolveRequest, RetryFromModelCallRequest, RunEventsRequest, RunRecord, ScheduleDraft,
-    ScheduleRecord, StartRequest, StepRecord, TaskDraft, TaskRecord, TransitionRecord, UsageEvent,
-    WorkspaceLimits,
+    ClientArtifact, ClientEvent, ClientFinish, ClientOutcome, ClientRunRequest, ClientStep,
+    ContinueRequest, Credentials, Error, EventRecord, GateDecision, Grouping, LeaseRecord,
+    LimitsRequest, McpServer, MediaJobDraft, MediaJobRecord, ObjectEnvelope, OccurrenceRecord,
+    PatchDetail, PatchSummary, ProviderDraft, ProviderPatch, ProviderTemplate, ProviderView,
+    REASONING_EFFORTS, ResolveRequest, RetryFromModelCallRequest, RunEventsRequest, RunRecord,
+    ScheduleDraft, ScheduleRecord, StartRequest, StepRecord, TaskDraft, TaskRecord,
+    TransitionRecord, UsageEvent, WorkspaceLimits,
 };
 
 use crate::cli::external;
@@ -497,6 +497,9 @@ pub(crate) enum RunCommand {
         /// NAME or NAME=JSON-object (its output), repeatable: a completed step.
         #[arg(long = "step", value_name = "NAME[=JSON]")]
         steps: Vec<String>,
+        /// NAME=PATH, repeatable: a text artifact with the file's content.
+        #[arg(long = "artifact", value_name = "NAME=PATH")]
+        artifacts: Vec<String>,
         /// Ends the run: `completed` or `failed`.
         #[arg(long)]
         finish: Option<String>,
@@ -1209,11 +1212,16 @@ async fn runs(client: &Client, format: Format, command: RunCommand) -> Result<Ou
             token,
             events,
             steps,
+            artifacts,
             finish,
             error,
         } => {
             let run = client.find_run(&run_id).await?.data;
-            let request = append_request(token, &events, &steps, finish.as_deref(), error)?;
+            let mut request = append_request(token, &events, &steps, finish.as_deref(), error)?;
+            request.artifacts = artifacts
+                .iter()
+                .map(|a| text_artifact(a))
+                .collect::<Result<_, _>>()?;
             let call = client.append_run_events(&run.task_id, &run_id, &request);
             output::show(format, call, |a| {
                 Table::fields(&[
@@ -2021,6 +2029,21 @@ fn append_request(
         lease_token,
         events,
         steps,
+        artifacts: Vec::new(),
         finish: finish.map(|status| ClientFinish { status, error }),
+    })
+}
+
+/// `NAME=PATH`: a text artifact with the file's content.
+fn text_artifact(pair: &str) -> Result<ClientArtifact, Error> {
+    let usage = |what: String| Error::Usage(format!("--artifact {pair}: {what}"));
+    let (name, path) = pair
+        .split_once('=')
+        .ok_or_else(|| usage("expected NAME=PATH".into()))?;
+    let text = std::fs::read_to_string(path).map_err(|e| usage(format!("cannot read it: {e}")))?;
+    Ok(ClientArtifact {
+        name: name.to_string(),
+        content_type: None,
+        text,
     })
 }

@@ -1,5 +1,5 @@
 //! Client-orchestrated runs: a run an external agent (an editor, an ACP host) carries out
-//! itself and records here. Its client holds the run instead of a worker: a lease with a
+//! itself and records here: its steps, text artifacts, events and end. Its client holds the run instead of a worker: a lease with a
 //! secret token (only its SHA-256 is stored) and an expiry that every accepted append
 //! renews. An append is fenced by the lease as a worker's writes are by theirs: the token
 //! must match, the lease must not have expired, the run must still be running, and the
@@ -12,16 +12,20 @@ use sqlx::{PgConnection, PgPool};
 use subtle::ConstantTimeEq;
 
 use keel_api_types::{
-    ClientFinish, ClientOutcome, ClientRun, ClientRunRequest, DEFAULT_CLIENT_LEASE_MS,
-    MAX_CLIENT_EVENTS, MAX_CLIENT_LEASE_MS, MAX_CLIENT_NAME, MAX_CLIENT_STEPS, MIN_CLIENT_LEASE_MS,
-    RunEventsAccepted, RunEventsRequest,
+    ArtifactKind, ClientArtifact, ClientFinish, ClientOutcome, ClientRun, ClientRunRequest,
+    DEFAULT_CLIENT_LEASE_MS, MAX_CLIENT_ARTIFACT_CHARS, MAX_CLIENT_ARTIFACTS, MAX_CLIENT_EVENTS,
+    MAX_CLIENT_LEASE_MS, MAX_CLIENT_NAME, MAX_CLIENT_STEPS, MIN_CLIENT_LEASE_MS, RunEventsAccepted,
+    RunEventsRequest,
 };
 use keel_workers::StepResult;
 
+use crate::artifacts;
+use crate::artifacts::NewArtifact;
+use crate::artifacts::content::ContentStore;
 use crate::db::{Result, StoreError};
 use crate::domain::{Actor, EventType, Invalid, RunStatus, Scope, check_free_json, new_id};
 use crate::events;
-use crate::events::NewEvent;
+use crate::events::{NewEvent, Subject};
 use crate::runs::steps::{self, NewStep};
 use crate::runs::{self, Admission, AdmissionRules, Admitted, Change, Orchestrator, Origin};
 
@@ -60,8 +64,40 @@ pub(crate) fn check_append(request: &RunEventsRequest) -> std::result::Result<()
         }
         check_text("steps", step.error.as_deref(), 4096)?;
     }
+    if request.artifacts.len() > MAX_CLIENT_ARTIFACTS {
+        return Err(Invalid::new(
+            "artifacts",
+            format!("an append carries at most {MAX_CLIENT_ARTIFACTS} artifacts"),
+        ));
+    }
+    for artifact in &request.artifacts {
+        check_name("artifacts", &artifact.name)?;
+        check_text("artifacts", Some(&artifact.text), MAX_CLIENT_ARTIFACT_CHARS)?;
+        if let Some(media_type) = &artifact.content_type
+            && !is_media_type(media_type)
+        {
+            return Err(Invalid::new(
+                "artifacts",
+                format!("{media_type:?} is not a media type (type/subtype, no parameters)"),
+            ));
+        }
+    }
     let finish = request.finish.as_ref();
     check_text("finish", finish.and_then(|f| f.error.as_deref()), 4096)
+}
+
+/// `type/subtype` of token characters, as the document's pattern states it.
+fn is_media_type(value: &str) -> bool {
+    let token = |part: &str| {
+        !part.is_empty()
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "!#$&^_.+-".contains(c))
+    };
+    value.len() <= 127
+        && value
+            .split_once('/')
+            .is_some_and(|(t, s)| token(t) && token(s))
 }
 
 /// A client event's kind or step's name: lower-case words and digits joined by one `.`,
@@ -171,7 +207,7 @@ struct LeaseRow {
 /// the caller's transaction, and renews the lease; see the module's fencing.
 pub(crate) async fn append(
     conn: &mut PgConnection,
-    scope: &Scope,
+    (scope, content): (&Scope, &ContentStore),
     (task_id, run_id): (&str, &str),
     request: &RunEventsRequest,
     actor: &Actor,
@@ -238,6 +274,10 @@ pub(crate) async fn append(
         appended.push(steps::started_event(step));
         appended.push(steps::finished_event(step));
     }
+    let subject = Subject::Run { task_id, run_id };
+    for artifact in &request.artifacts {
+        appended.push(store_artifact(conn, scope, content, subject, artifact).await?);
+    }
     for event in &request.events {
         let data = serde_json::json!({ "kind": event.kind, "data": event.data });
         appended.push(NewEvent::new(task_id, run_id, EventType::ClientEvent).with(data));
@@ -257,6 +297,38 @@ pub(crate) async fn append(
         appended: count as i64,
         lease_expires_at,
     })
+}
+
+/// Stores a client's text artifact, complete; returns its `artifact.created`. A name the
+/// run already used is a conflict.
+async fn store_artifact<'a>(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    content: &ContentStore,
+    subject: Subject<'a>,
+    artifact: &ClientArtifact,
+) -> Result<NewEvent<'a>> {
+    let id = new_id("art");
+    let new = NewArtifact {
+        id: &id,
+        owner: subject,
+        name: &artifact.name,
+        kind: ArtifactKind::File.as_str(),
+        content_type: artifact.content_type.as_deref().unwrap_or("text/plain"),
+        closed: true,
+    };
+    let upserted = artifacts::upsert(conn, scope, &new).await?;
+    let Some(created) = artifacts::created_event(subject, &upserted) else {
+        return Err(StoreError::Conflict(format!(
+            "the run already has an artifact named {}",
+            artifact.name
+        )));
+    };
+    let bytes = artifact.text.as_bytes();
+    content
+        .append(conn, scope, &upserted.artifact.id, bytes, i64::MAX)
+        .await?;
+    Ok(created)
 }
 
 /// Ends the run as its client says, with the event that says so.

@@ -818,6 +818,9 @@ async fn run_lineage_patches_schedules_transitions_and_leases_answer_from_the_ap
     let started = json_of(&output);
     let held = started["data"]["run"]["id"].as_str().unwrap().to_string();
     let token = started["data"]["lease_token"].as_str().unwrap().to_string();
+    let notes = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(notes.path(), "what I found\n").unwrap();
+    let artifact = format!("notes={}", notes.path().display());
     let appended = [
         "runs",
         "append",
@@ -828,6 +831,8 @@ async fn run_lineage_patches_schedules_transitions_and_leases_answer_from_the_ap
         r#"message={"text":"hi"}"#,
         "--step",
         "check",
+        "--artifact",
+        &artifact,
         "--finish",
         "completed",
         "--output",
@@ -836,8 +841,8 @@ async fn run_lineage_patches_schedules_transitions_and_leases_answer_from_the_ap
     let output = cli(url, &appended).await;
     let accepted = json_of(&output);
     assert_eq!(accepted["data"]["run"]["status"], "completed", "{accepted}");
-    // The step's two events, the client's, the task's change and the end.
-    assert_eq!(accepted["data"]["appended"], 5, "{accepted}");
+    // The step's two events, the artifact's, the client's, the task's change and the end.
+    assert_eq!(accepted["data"]["appended"], 6, "{accepted}");
     let bogus = [
         "runs", "append", &held, "--token", &token, "--finish", "maybe",
     ];

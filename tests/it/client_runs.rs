@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use crate::support::{TestApp, shell, wait_for};
 use keel_client::{
-    ClientEvent, ClientFinish, ClientOutcome, ClientRunRequest, ClientStep, EventType,
-    RunEventsRequest, RunStatus,
+    ClientArtifact, ClientEvent, ClientFinish, ClientOutcome, ClientRunRequest, ClientStep,
+    EventType, RunEventsRequest, RunStatus,
 };
 use reqwest::StatusCode;
 use serde_json::json;
@@ -21,6 +21,7 @@ fn append(token: &str) -> RunEventsRequest {
         lease_token: token.to_string(),
         events: Vec::new(),
         steps: Vec::new(),
+        artifacts: Vec::new(),
         finish: None,
     }
 }
@@ -80,12 +81,36 @@ async fn a_client_holds_its_run_and_records_steps_events_and_its_end() {
                 data: json!({}),
             },
         ],
+        artifacts: vec![ClientArtifact {
+            name: "notes.md".into(),
+            content_type: Some("text/markdown".into()),
+            text: "# found\nthree test files\n".into(),
+        }],
         ..append(&token)
     };
     let accepted = api.append_run_events(&task.id, &run.id, &work).send().await;
     let accepted = accepted.unwrap().data;
-    assert_eq!(accepted.appended, 4);
+    assert_eq!(accepted.appended, 5);
     assert!(accepted.lease_expires_at.unwrap() > started.data.lease_expires_at);
+    let artifacts = api.list_artifacts(&task.id, &run.id).await.unwrap().data;
+    let notes = artifacts.iter().find(|a| a.name == "notes.md").unwrap();
+    assert_eq!(notes.content_type, "text/markdown");
+    assert_eq!(notes.size_bytes, 25);
+    let text = c.artifact_text(&task.id, &run.id, &notes.id).await;
+    assert_eq!(text, "# found\nthree test files\n");
+    let again = RunEventsRequest {
+        artifacts: work.artifacts.clone(),
+        ..append(&token)
+    };
+    let twice = api
+        .append_run_events(&task.id, &run.id, &again)
+        .send_with_status()
+        .await;
+    let refused = twice.unwrap_err().to_string();
+    assert!(
+        refused.contains("already has an artifact named notes.md"),
+        "{refused}"
+    );
     let done = RunEventsRequest {
         finish: Some(ClientFinish {
             status: ClientOutcome::Completed,
@@ -106,6 +131,7 @@ async fn a_client_holds_its_run_and_records_steps_events_and_its_end() {
         EventType::RunStarted,
         EventType::StepStarted,
         EventType::StepFinished,
+        EventType::ArtifactCreated,
         EventType::ClientEvent,
         EventType::ClientEvent,
         EventType::TaskUpdated,
@@ -113,9 +139,9 @@ async fn a_client_holds_its_run_and_records_steps_events_and_its_end() {
     ];
     assert_eq!(types, expected);
     let sequences: Vec<i64> = events.iter().map(|e| e.sequence).collect();
-    assert_eq!(sequences, (1..=9).collect::<Vec<_>>());
+    assert_eq!(sequences, (1..=10).collect::<Vec<_>>());
     assert_eq!(
-        events[5].data,
+        events[6].data,
         json!({ "kind": "message", "data": { "text": "reading the tests" } })
     );
     let steps = api.list_steps(&task.id, &run.id).await.unwrap().data;
