@@ -10,6 +10,17 @@ pub use event::EventType;
 pub use identity::{Caller, Role, Scope};
 pub use run::RunStatus;
 
+/// Whether `name` is lower-case letters and digits in non-empty words, each joined to the
+/// next by one of `separators` (an MCP server's name, a client event's kind).
+pub(crate) fn is_word_name(name: &str, separators: &[char]) -> bool {
+    name.split(separators).all(|word| {
+        !word.is_empty()
+            && word
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+    })
+}
+
 /// A new, time-ordered id with a type prefix (`task_…`, `run_…`): ids sort by creation.
 pub fn new_id(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::now_v7().simple())

@@ -23,7 +23,9 @@ use crate::artifacts;
 use crate::artifacts::NewArtifact;
 use crate::artifacts::content::ContentStore;
 use crate::db::{Result, StoreError};
-use crate::domain::{Actor, EventType, Invalid, RunStatus, Scope, check_free_json, new_id};
+use crate::domain::{
+    Actor, EventType, Invalid, RunStatus, Scope, check_free_json, is_word_name, new_id,
+};
 use crate::events;
 use crate::events::{NewEvent, Subject};
 use crate::runs::steps::{self, NewStep};
@@ -103,13 +105,7 @@ fn is_media_type(value: &str) -> bool {
 /// A client event's kind or step's name: lower-case words and digits joined by one `.`,
 /// `_` or `-` ([`keel_api_types::CLIENT_NAME`]).
 fn check_name(field: &'static str, name: &str) -> std::result::Result<(), Invalid> {
-    let words_ok = name.split(['.', '_', '-']).all(|word| {
-        !word.is_empty()
-            && word
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
-    });
-    match words_ok && name.len() <= MAX_CLIENT_NAME {
+    match is_word_name(name, &['.', '_', '-']) && name.len() <= MAX_CLIENT_NAME {
         true => Ok(()),
         false => Err(Invalid::new(
             field,
@@ -212,8 +208,10 @@ pub(crate) async fn append(
     request: &RunEventsRequest,
     actor: &Actor,
 ) -> Result<RunEventsAccepted> {
-    runs::get(conn, scope, task_id, run_id).await?;
     let run = runs::lock(conn, scope, run_id).await?;
+    if run.task_id != task_id {
+        return Err(StoreError::NotFound("run"));
+    }
     let lease = sqlx::query_as!(
         LeaseRow,
         "SELECT token_sha256, expires_at FROM client_leases

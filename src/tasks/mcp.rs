@@ -85,12 +85,7 @@ fn parse_server(server: &McpServer) -> Result<McpServer, String> {
 /// Lower-case words joined by one `_` or `-`: the alias `mcp__<server>__<tool>` then
 /// splits at its `__` in one way only.
 pub(crate) fn check_name(name: &str) -> Result<(), String> {
-    let words_ok = name.split(['_', '-']).all(|w| {
-        !w.is_empty()
-            && w.chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
-    });
-    if name.is_empty() || name.len() > MAX_MCP_SERVER_NAME || !words_ok {
+    if name.len() > MAX_MCP_SERVER_NAME || !crate::domain::is_word_name(name, &['_', '-']) {
         return Err(format!(
             "name must be 1 to {MAX_MCP_SERVER_NAME} lower-case letters and digits, in words \
              joined by one '_' or '-'"
