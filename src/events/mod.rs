@@ -128,8 +128,17 @@ impl FeedCursor {
 /// every event-writing transaction of the deployment commit one at a time. Streams learn
 /// of commits from the snapshot instead ([`snapshot`]).
 pub async fn append(conn: &mut PgConnection, scope: &Scope, events: &[NewEvent<'_>]) -> Result<()> {
+    append_counted(conn, scope, events).await.map(drop)
+}
+
+/// [`append`], answering how many events it wrote: `events` and the `task.updated` it adds.
+pub(crate) async fn append_counted(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    events: &[NewEvent<'_>],
+) -> Result<usize> {
     if events.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let updates = task_updates(events);
     let mut columns = EventColumns::default();
@@ -152,12 +161,7 @@ pub async fn append(conn: &mut PgConnection, scope: &Scope, events: &[NewEvent<'
     )
     .fetch_one(conn)
     .await?;
-    Ok(())
-}
-
-/// How many events [`append`] writes for `events`: they, and the `task.updated` it adds.
-pub(crate) fn appended_count(events: &[NewEvent<'_>]) -> usize {
-    events.len() + task_updates(events).iter().flatten().count()
+    Ok(columns.types.len())
 }
 
 /// The `task.updated` to append before each of `events`, if any: before each event that

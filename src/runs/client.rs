@@ -288,8 +288,7 @@ pub(crate) async fn append(
         }
         None => (run, Some(renew(conn, scope, run_id).await?)),
     };
-    let count = events::appended_count(&appended);
-    events::append(conn, scope, &appended).await?;
+    let count = events::append_counted(conn, scope, &appended).await?;
     Ok(RunEventsAccepted {
         run,
         appended: count as i64,
