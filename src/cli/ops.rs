@@ -1935,8 +1935,8 @@ fn policy_change(
         mcp_servers: current.mcp_servers,
         allowed_write_paths: current.allowed_write_paths,
     };
-    for (gate, decision) in gates.iter().map(|pair| decision_pair("--gate", pair)) {
-        let (gate, decision) = (gate?, decision?);
+    for pair in gates {
+        let (gate, decision) = decision_pair("--gate", pair)?;
         let g = &mut request.gates;
         let slot = match gate {
             "shell_exec" => &mut g.shell_exec,
@@ -1954,8 +1954,9 @@ fn policy_change(
         };
         *slot = decision;
     }
-    for (server, decision) in mcp_servers.iter().map(|pair| decision_pair("--mcp", pair)) {
-        request.mcp_servers.insert(server?.to_string(), decision?);
+    for pair in mcp_servers {
+        let (server, decision) = decision_pair("--mcp", pair)?;
+        request.mcp_servers.insert(server.to_string(), decision);
     }
     if write_anywhere {
         request.allowed_write_paths = None;
@@ -1965,23 +1966,15 @@ fn policy_change(
     Ok(request)
 }
 
-/// `NAME=DECISION`, each half or its error.
-fn decision_pair<'a>(
-    option: &str,
-    pair: &'a str,
-) -> (Result<&'a str, Error>, Result<GateDecision, Error>) {
+/// `NAME=DECISION`, read.
+fn decision_pair<'a>(option: &str, pair: &'a str) -> Result<(&'a str, GateDecision), Error> {
     let usage = |what: String| Error::Usage(format!("{option} {pair}: {what}"));
-    match pair.split_once('=') {
-        None => (
-            Err(usage("expected NAME=DECISION".into())),
-            Ok(GateDecision::Allow),
-        ),
-        Some((name, decision)) => (
-            Ok(name),
-            GateDecision::parse(decision)
-                .ok_or_else(|| usage(format!("the decision is {}", GateDecision::names()))),
-        ),
-    }
+    let (name, decision) = pair
+        .split_once('=')
+        .ok_or_else(|| usage("expected NAME=DECISION".into()))?;
+    let decision = GateDecision::parse(decision)
+        .ok_or_else(|| usage(format!("the decision is {}", GateDecision::names())))?;
+    Ok((name, decision))
 }
 
 /// An append's body from the command's options: `NAME[=JSON]` pairs become events and
