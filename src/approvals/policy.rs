@@ -295,16 +295,6 @@ impl ApprovalPolicy {
         ])
     }
 
-    /// The agent loop tools whose calls need an approval or are refused, in catalog order.
-    #[cfg(test)]
-    pub(crate) fn gated_tools(&self, sandbox: SandboxPolicy) -> Vec<String> {
-        keel_workers::agent::tools::CATALOG
-            .iter()
-            .filter(|tool| self.tool_decision(tool, sandbox).0 != GateDecision::Allow)
-            .map(|tool| tool.to_string())
-            .collect()
-    }
-
     /// Whether a file task's path may be written: beneath one of the write paths, read as
     /// written (the worker's file run confines it to the workspace).
     pub(crate) fn may_write(&self, path: &str) -> bool {
@@ -709,6 +699,15 @@ fn names_secret(key: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// The agent loop tools whose calls the policy gates or refuses, in catalog order.
+    fn gated_tools(policy: &ApprovalPolicy, sandbox: SandboxPolicy) -> Vec<String> {
+        keel_workers::agent::tools::CATALOG
+            .iter()
+            .filter(|tool| policy.tool_decision(tool, sandbox).0 != GateDecision::Allow)
+            .map(|tool| tool.to_string())
+            .collect()
+    }
+
     /// Network allowed, as tasks are by default.
     const NETWORK: SandboxPolicy = SandboxPolicy {
         network: true,
@@ -718,7 +717,7 @@ mod tests {
     #[test]
     fn gated_tools_follow_the_policies() {
         let parsed = |policies: &str| policies.parse::<ApprovalPolicy>().unwrap();
-        let gated = |policies: &str| parsed(policies).gated_tools(NETWORK);
+        let gated = |policies: &str| gated_tools(&parsed(policies), NETWORK);
         assert_eq!(gated("shell_exec"), ["shell_exec", "http_request"]);
         assert_eq!(
             gated(DEFAULT_POLICIES),
@@ -744,7 +743,7 @@ mod tests {
             ..NETWORK
         };
         let egress = parsed("network_egress");
-        assert_eq!(egress.gated_tools(offline), ["http_request"]);
+        assert_eq!(gated_tools(&egress, offline), ["http_request"]);
         let mcp = |policy: &ApprovalPolicy, sandbox| policy.mcp_decision("github", sandbox).0;
         assert_eq!(mcp(&egress, NETWORK), GateDecision::Ask);
         assert_eq!(mcp(&egress, offline), GateDecision::Allow);
