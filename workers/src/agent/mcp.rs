@@ -31,6 +31,8 @@ use crate::sandbox::Containment;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How much of a server's stderr is kept for the message when it fails.
 const STDERR_TAIL_BYTES: usize = 2048;
+/// How long a server that failed to start has to finish writing its stderr.
+const STDERR_DRAIN: Duration = Duration::from_secs(2);
 /// Every alias starts so.
 const PREFIX: &str = "mcp__";
 
@@ -231,14 +233,19 @@ async fn stdio(
         start_with_stdin(&argv, &env.workspace, vars, env.sandbox, Stdio::piped()).await?;
     let stdin = child.stdin.take().expect("stdin is piped");
     let stdout = child.stdout.take().expect("stdout is piped");
-    let stderr = keep_tail(child.stderr.take().expect("stderr is piped"));
+    let (stderr, reading) = keep_tail(child.stderr.take().expect("stderr is piped"));
     // The session owns the pipes; the child is reaped by the containment's end.
     tokio::spawn(async move {
         let _ = child.wait().await;
     });
     match ().serve((stdout, stdin)).await {
         Ok(session) => Ok((session, Some(containment), stderr)),
-        Err(error) => Err(with_stderr(format!("did not initialize: {error}"), &stderr)),
+        Err(error) => {
+            // A server that failed to start closed stdout, and its stderr ends with why
+            // (bwrap's "execvp … No such file"): the message waits for it, briefly.
+            let _ = tokio::time::timeout(STDERR_DRAIN, reading).await;
+            Err(with_stderr(format!("did not initialize: {error}"), &stderr))
+        }
     }
 }
 
@@ -335,11 +342,11 @@ fn with_stderr(why: String, stderr: &Mutex<Vec<u8>>) -> String {
 }
 
 /// Reads a server's stderr to its end, keeping the last [`STDERR_TAIL_BYTES`]: a pipe
-/// nobody reads would stop the server once full.
-fn keep_tail(mut stderr: tokio::process::ChildStderr) -> Stderr {
+/// nobody reads would stop the server once full. The task ends at the stream's end.
+fn keep_tail(mut stderr: tokio::process::ChildStderr) -> (Stderr, tokio::task::JoinHandle<()>) {
     let tail = Arc::new(Mutex::new(Vec::new()));
     let kept = tail.clone();
-    tokio::spawn(async move {
+    let reading = tokio::spawn(async move {
         let mut buffer = [0u8; 4096];
         while let Ok(n) = stderr.read(&mut buffer).await {
             if n == 0 {
@@ -351,7 +358,7 @@ fn keep_tail(mut stderr: tokio::process::ChildStderr) -> Stderr {
             tail.drain(..excess);
         }
     });
-    tail
+    (tail, reading)
 }
 
 /// The name the model calls a server's tool by.
