@@ -138,11 +138,21 @@ fn rows(report: &Report, peer: Option<&PeerReport>) -> Vec<Row> {
         rows.push(row("start → run.finished p99 (ms)", r.finished.p99_ms));
         rows.push(row("lone run start → run.finished p50 (ms)", r.lone.p50_ms).target("≤ 25"));
         rows.push(row("lone run start → run.finished p99 (ms)", r.lone.p99_ms));
-        rows.push(row(
-            "statements per run",
-            r.statements_per_run.unwrap_or(f64::NAN),
-        ));
+        rows.push(
+            row(
+                "statements per run",
+                r.statements_per_run.unwrap_or(f64::NAN),
+            )
+            .target("≤ 14"),
+        );
         rows.push(row("transactions per run", r.transactions_per_run));
+        rows.push(
+            row(
+                "writing transactions per run",
+                r.writing_transactions_per_run,
+            )
+            .target("≤ 4"),
+        );
         rows.push(row("sessions waiting on a lock (share)", r.lock_wait_share));
         let cpu = &r.cpu;
         rows.push(row("CPU ms per run: postgres", cpu.postgres_ms));

@@ -49,12 +49,16 @@ pub struct RunsPoint {
     pub started: Latency,
     /// Start request sent → `run.finished` received.
     pub finished: Latency,
-    /// Statements the database executed per run (every process, `BEGIN`/`COMMIT`
-    /// included); None when `pg_stat_statements` is not loaded (`keel-bench postgres`
-    /// loads it).
+    /// Statements the database executed per run (every Keel process, `BEGIN`/`COMMIT`
+    /// included; not the bench's own reads of the statistics views); None when
+    /// `pg_stat_statements` is not loaded (`keel-bench postgres` loads it).
     pub statements_per_run: Option<f64>,
-    /// Transactions committed per run (`pg_stat_database.xact_commit`).
+    /// Transactions committed per run (`pg_stat_database.xact_commit`: read-only ones too).
     pub transactions_per_run: f64,
+    /// Transactions per run that were given a transaction id: those that wrote, each a
+    /// durable commit (WAL flushed) unless it rolled back.
+    #[serde(default)]
+    pub writing_transactions_per_run: f64,
     /// Sampled sessions of the database waiting on a lock, over the active ones.
     pub lock_wait_share: f64,
     /// Lone runs, each started once the one before ended: start → `run.finished`.
@@ -154,6 +158,7 @@ async fn point(
         finished,
         statements_per_run,
         transactions_per_run: per_run(after.commits - before.commits),
+        writing_transactions_per_run: per_run(after.next_xid - before.next_xid),
         lock_wait_share,
         lone: lone_runs(pool, url, args, data_dir, workers).await?,
         cpu,
@@ -305,24 +310,33 @@ impl Deployment {
     }
 }
 
+/// The bench's own statements, left out of the per-run count: every one reads a
+/// statistics view (this file's counters and lock sampler, the wait for sessions to end).
+const BENCH_OWN: &str = "%pg\\_stat\\_%";
+
 /// The database's running totals the per-run figures are deltas of.
 struct DatabaseCounters {
     statements: Option<i64>,
     commits: i64,
+    /// The next transaction id to be assigned: the writing transactions so far.
+    next_xid: i64,
 }
 
 impl DatabaseCounters {
     async fn read(pool: &PgPool, statements: bool) -> anyhow::Result<DatabaseCounters> {
-        let commits = sqlx::query_scalar(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+        let (commits, next_xid) = sqlx::query_as(
+            "SELECT xact_commit, pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+             FROM pg_stat_database WHERE datname = current_database()",
         )
         .fetch_one(pool)
         .await?;
         let statements = if statements {
             let calls: i64 = sqlx::query_scalar(
                 "SELECT COALESCE(sum(calls), 0)::bigint FROM pg_stat_statements
-                 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+                   AND query NOT LIKE $1",
             )
+            .bind(BENCH_OWN)
             .fetch_one(pool)
             .await?;
             Some(calls)
@@ -332,6 +346,7 @@ impl DatabaseCounters {
         Ok(DatabaseCounters {
             statements,
             commits,
+            next_xid,
         })
     }
 }
@@ -341,8 +356,10 @@ async fn print_top_statements(pool: &PgPool) -> anyhow::Result<()> {
     let top: Vec<(i64, String)> = sqlx::query_as(
         "SELECT calls, left(regexp_replace(query, '\\s+', ' ', 'g'), 110) FROM pg_stat_statements
          WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND query NOT LIKE $1
          ORDER BY calls DESC LIMIT 25",
     )
+    .bind(BENCH_OWN)
     .fetch_all(pool)
     .await?;
     for (calls, query) in top {

@@ -84,11 +84,13 @@ impl Fence {
 /// The domain row a job stands for (a run, a media job, an external action, a polled
 /// source), as its executor locks it when an attempt starts.
 pub(crate) trait DomainRow: Sized + Send {
-    /// The row, locked; None when it is gone (and its job with nothing left to do).
+    /// The row, locked after its job row, which the lease must still hold (`LeaseLost`
+    /// otherwise): every transaction of a job takes the job row first. None when the row is
+    /// gone (and its job with nothing left to do). A kind may check the lease in the
+    /// statement that locks its row.
     fn lock(
         conn: &mut PgConnection,
-        scope: &Scope,
-        id: &str,
+        lease: &Lease,
     ) -> impl Future<Output = Result<Option<Self>, StoreError>> + Send;
     /// Whether the row reached a terminal state (cancelled while queued, or finished by an
     /// earlier holder): the job then has nothing left to do.
@@ -102,8 +104,8 @@ pub(crate) async fn lock_unless_ended<R: DomainRow>(
     pool: &PgPool,
     lease: &Lease,
 ) -> Result<Option<(sqlx::Transaction<'static, sqlx::Postgres>, R)>, StoreError> {
-    let mut tx = queue::begin_fenced(pool, lease).await?;
-    match R::lock(&mut tx, &lease.scope(), &lease.ref_id).await? {
+    let mut tx = pool.begin().await?;
+    match R::lock(&mut tx, lease).await? {
         Some(row) if !row.has_ended() => Ok(Some((tx, row))),
         _ => {
             queue::settle(&mut tx, lease, queue::Disposition::Complete).await?;

@@ -29,7 +29,8 @@ use crate::queue::{self, Disposition, Lease};
 use crate::telemetry::metrics;
 
 /// What a domain row does at each step of an attempt. Every method writes in the caller's
-/// transaction and returns the events for the caller to append, last.
+/// transaction and returns the events for the caller to append, last; or appends them
+/// with its own last write (returning none), which saves their statement.
 pub(crate) trait Attempted: DomainRow + Sync {
     /// How an attempt that ran to its end leaves the row.
     type Ending: Send + Sync;
@@ -64,14 +65,17 @@ pub(crate) trait Attempted: DomainRow + Sync {
         conn: &mut PgConnection,
         lease: &Lease,
     ) -> impl Future<Output = Result<(Self, Vec<NewEvent<'r>>), StoreError>> + Send;
+    /// How the job settles after an attempt that ended so: decided before the end is
+    /// written, because the settle comes first (it is the end's fence).
+    fn disposition(ending: &Self::Ending) -> Disposition;
     /// Moves the row to where the ending leaves it (what the ending still carries is
-    /// written too); returns its events and how the job settles.
+    /// written too), after its job was settled in the same transaction; returns its events.
     fn end<'r>(
         &'r self,
         conn: &mut PgConnection,
         lease: &Lease,
         ending: &'r mut Self::Ending,
-    ) -> impl Future<Output = Result<(Vec<NewEvent<'r>>, Disposition), StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<NewEvent<'r>>, StoreError>> + Send;
     /// Puts the row back for another attempt after a failure, `delay` from now; returns
     /// its events.
     fn requeue<'r>(
@@ -140,18 +144,19 @@ pub(crate) async fn begin<R: Attempted>(
     if lease.attempts > lease.max_attempts {
         let error = format!("gave up after {} attempts", lease.max_attempts);
         if let Some(mut ending) = current.gave_up(context, error, None) {
-            let (ended, disposition) = current.end(&mut tx, lease, &mut ending).await?;
-            events.extend(ended);
-            queue::settle(&mut tx, lease, disposition).await?;
+            queue::settle(&mut tx, lease, R::disposition(&ending)).await?;
+            events.extend(current.end(&mut tx, lease, &mut ending).await?);
             events::append(&mut tx, &scope, &events).await?;
             tx.commit().await?;
             count_reclaim(reclaimed, lease);
             return Ok(None);
         }
     }
+    // A kind may append its start's events with the start's own write: what came before
+    // (a takeover's) goes first.
+    events::append(&mut tx, &scope, &std::mem::take(&mut events)).await?;
     let (started, started_events) = current.start(&mut tx, lease).await?;
-    events.extend(started_events);
-    events::append(&mut tx, &scope, &events).await?;
+    events::append(&mut tx, &scope, &started_events).await?;
     tx.commit().await?;
     count_reclaim(reclaimed, lease);
     Ok(Some(started))
@@ -217,16 +222,18 @@ async fn finish_while_leased<R: Attempted>(
     }
 }
 
-/// The row's ending, its events and the job's settle, in one transaction.
+/// The job's settle, the row's ending and its events, in one transaction. The settle goes
+/// first: it locks the job row (the order every transaction of a job takes its rows in)
+/// and is the fence, so the end needs no statement of its own to check the lease.
 async fn finish<R: Attempted>(
     pool: &PgPool,
     lease: &Lease,
     row: &R,
     ending: &mut R::Ending,
 ) -> Result<(), StoreError> {
-    let mut tx = queue::begin_fenced(pool, lease).await?;
-    let (events, disposition) = row.end(&mut tx, lease, ending).await?;
-    queue::settle(&mut tx, lease, disposition).await?;
+    let mut tx = pool.begin().await?;
+    queue::settle(&mut tx, lease, R::disposition(ending)).await?;
+    let events = row.end(&mut tx, lease, ending).await?;
     events::append(&mut tx, &lease.scope(), &events).await?;
     tx.commit().await?;
     Ok(())
@@ -250,13 +257,13 @@ async fn nack<R: Attempted>(
             return finish(pool, lease, row, &mut ending).await;
         }
     }
-    let mut tx = queue::begin_fenced(pool, lease).await?;
+    let mut tx = pool.begin().await?;
     let delay = failure
         .after
         .unwrap_or_else(|| queue::backoff(lease.attempts));
-    let events = row.requeue(&mut tx, lease, &failure, delay).await?;
     let error = failure.message.clone();
     queue::settle(&mut tx, lease, Disposition::Retry { error, delay }).await?;
+    let events = row.requeue(&mut tx, lease, &failure, delay).await?;
     events::append(&mut tx, &lease.scope(), &events).await?;
     tx.commit().await?;
     Ok(())
@@ -264,7 +271,7 @@ async fn nack<R: Attempted>(
 
 /// Gives the job back at shutdown so another worker takes it at once, without penalty.
 async fn hand_back<R: Attempted>(pool: &PgPool, lease: &Lease, row: &R) -> Result<(), StoreError> {
-    let mut tx = queue::begin_fenced(pool, lease).await?;
+    let mut tx = pool.begin().await?;
     queue::settle(&mut tx, lease, Disposition::Release).await?;
     let (scope, actor) = (lease.scope(), worker(lease));
     disconnect(&mut tx, &scope, row, "worker_shutdown", &actor).await?;

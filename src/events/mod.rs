@@ -140,28 +140,61 @@ pub(crate) async fn append_counted(
     if events.is_empty() {
         return Ok(0);
     }
-    let updates = task_updates(events);
-    let mut columns = EventColumns::default();
-    for (event, update) in events.iter().zip(&updates) {
-        if let Some(update) = update {
-            columns.push(update);
-        }
-        columns.push(event);
-    }
+    let batch = Batch::of(events);
     sqlx::query_scalar!(
         r#"SELECT append_events($1, $2, $3, $4, $5, $6, $7, $8) AS "appended!""#,
         SUBJECT_LOCK_CLASS,
-        &columns.event_ids,
-        &columns.task_ids as &[Option<&str>],
-        &columns.run_ids as &[Option<&str>],
-        &columns.media_job_ids as &[Option<&str>],
-        &columns.types as &[&str],
-        &columns.data as &[&serde_json::Value],
+        &batch.event_ids,
+        &batch.task_ids as &[Option<&str>],
+        &batch.run_ids as &[Option<&str>],
+        &batch.media_job_ids as &[Option<&str>],
+        &batch.types as &[&str],
+        &batch.data as &[serde_json::Value],
         scope.workspace(),
     )
     .fetch_one(conn)
     .await?;
-    Ok(columns.types.len())
+    Ok(batch.types.len())
+}
+
+/// Events as the columns of an `append_events` call (migrations/0022), with the
+/// `task.updated` they add: for a statement that appends them besides its own write
+/// (a run's transition), so the append costs no round trip of its own. Such a statement
+/// must be its transaction's last to take a lock, as [`append`] is.
+#[derive(Default)]
+pub(crate) struct Batch<'a> {
+    pub(crate) event_ids: Vec<String>,
+    pub(crate) task_ids: Vec<Option<&'a str>>,
+    pub(crate) run_ids: Vec<Option<&'a str>>,
+    pub(crate) media_job_ids: Vec<Option<&'a str>>,
+    pub(crate) types: Vec<&'static str>,
+    pub(crate) data: Vec<serde_json::Value>,
+}
+
+impl<'a> Batch<'a> {
+    /// The lock class `append_events` takes the subjects' locks in.
+    pub(crate) const LOCK_CLASS: i32 = SUBJECT_LOCK_CLASS;
+
+    pub(crate) fn of(events: &[NewEvent<'a>]) -> Batch<'a> {
+        let mut batch = Batch::default();
+        for (event, update) in events.iter().zip(task_updates(events)) {
+            if let Some(update) = update {
+                batch.push(&update);
+            }
+            batch.push(event);
+        }
+        batch
+    }
+
+    fn push(&mut self, event: &NewEvent<'a>) {
+        let (task_id, run_id, media_job_id) = event.subject.columns();
+        self.event_ids.push(new_id("evt"));
+        self.task_ids.push(task_id);
+        self.run_ids.push(run_id);
+        self.media_job_ids.push(media_job_id);
+        self.types.push(event.event_type.as_str());
+        self.data.push(event.data.clone());
+    }
 }
 
 /// The `task.updated` to append before each of `events`, if any: before each event that
@@ -251,29 +284,6 @@ pub(crate) async fn prune(
     .fetch_one(conn)
     .await?;
     Ok(pruned)
-}
-
-/// One call's events as the columns `unnest` reads.
-#[derive(Default)]
-struct EventColumns<'a> {
-    event_ids: Vec<String>,
-    task_ids: Vec<Option<&'a str>>,
-    run_ids: Vec<Option<&'a str>>,
-    media_job_ids: Vec<Option<&'a str>>,
-    types: Vec<&'static str>,
-    data: Vec<&'a serde_json::Value>,
-}
-
-impl<'a> EventColumns<'a> {
-    fn push(&mut self, event: &'a NewEvent<'a>) {
-        let (task_id, run_id, media_job_id) = event.subject.columns();
-        self.event_ids.push(new_id("evt"));
-        self.task_ids.push(task_id);
-        self.run_ids.push(run_id);
-        self.media_job_ids.push(media_job_id);
-        self.types.push(event.event_type.as_str());
-        self.data.push(&event.data);
-    }
 }
 
 pub async fn list_for_run(

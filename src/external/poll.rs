@@ -35,7 +35,7 @@ use crate::external::workflow::{Issue, Tracker, TrackerKind, Workflow};
 use crate::external::{ItemRecord, PollRecord, SourceRecord};
 use crate::external::{github, linear, workspace};
 use crate::queue::worker::{Job, JobHandler};
-use crate::queue::{Disposition, Lease};
+use crate::queue::{self, Disposition, Lease};
 use sqlx::PgConnection;
 
 /// Items read per list when the caller names no limit (the seed's default).
@@ -399,6 +399,19 @@ impl PollJobs {
     }
 }
 
+/// The source, if it was not deleted.
+async fn source_if_any(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+) -> Result<Option<SourceRecord>, StoreError> {
+    match external::get_source(conn, scope, id).await {
+        Ok(source) => Ok(Some(source)),
+        Err(StoreError::NotFound(_)) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
 /// A background poll's pass that ran: the next one is due after `wait`, while the source's
 /// background polling is on.
 pub(crate) struct Polled {
@@ -407,16 +420,9 @@ pub(crate) struct Polled {
 
 /// A source is the row of its `poll` job: the job lives while its background polling is on.
 impl DomainRow for SourceRecord {
-    async fn lock(
-        conn: &mut PgConnection,
-        scope: &Scope,
-        id: &str,
-    ) -> Result<Option<Self>, StoreError> {
-        match external::get_source(conn, scope, id).await {
-            Ok(source) => Ok(Some(source)),
-            Err(StoreError::NotFound(_)) => Ok(None),
-            Err(error) => Err(error),
-        }
+    async fn lock(conn: &mut PgConnection, lease: &Lease) -> Result<Option<Self>, StoreError> {
+        queue::fence(conn, lease).await?;
+        source_if_any(conn, &lease.scope(), &lease.ref_id).await
     }
 
     fn has_ended(&self) -> bool {
@@ -460,24 +466,28 @@ impl Attempted for SourceRecord {
         Ok((self.clone(), Vec::new()))
     }
 
-    /// Hands the job row back due after the wait, without counting an attempt (the
-    /// schedule lives on in it), or completes it when the source's background polling
-    /// stopped meanwhile.
+    /// The job row comes back due after the wait, without counting an attempt: the
+    /// schedule lives on in it.
+    fn disposition(polled: &Polled) -> Disposition {
+        Disposition::Snooze {
+            reason: "next background poll".into(),
+            delay: polled.wait,
+        }
+    }
+
+    /// Withdraws the snoozed job when the source's background polling stopped meanwhile.
     async fn end<'r>(
         &'r self,
         conn: &mut PgConnection,
         lease: &Lease,
-        polled: &'r mut Polled,
-    ) -> Result<(Vec<NewEvent<'r>>, Disposition), StoreError> {
-        let still = Self::lock(conn, &lease.scope(), &self.id).await?;
-        let disposition = match still {
-            Some(source) if !source.has_ended() => Disposition::Snooze {
-                reason: "next background poll".into(),
-                delay: polled.wait,
-            },
-            _ => Disposition::Complete,
-        };
-        Ok((Vec::new(), disposition))
+        _: &'r mut Polled,
+    ) -> Result<Vec<NewEvent<'r>>, StoreError> {
+        let scope = lease.scope();
+        let still = source_if_any(conn, &scope, &self.id).await?;
+        if still.is_none_or(|source| source.has_ended()) {
+            queue::remove(conn, &scope, &lease.kind, &self.id, queue::Locked::Wait).await?;
+        }
+        Ok(Vec::new())
     }
 
     async fn requeue<'r>(

@@ -30,7 +30,7 @@ use crate::media::{Change, MediaJobRecord};
 use crate::providers::ProviderHosts;
 use crate::providers::secrets::{SecretPolicy, Unresolved};
 use crate::queue::worker::{Job, JobHandler};
-use crate::queue::{Disposition, Lease};
+use crate::queue::{self, Disposition, Lease};
 use crate::{artifacts, providers};
 
 /// Bytes gathered before one artifact write: a download arrives in small chunks, and one
@@ -68,12 +68,12 @@ impl JobHandler for MediaJobs {
 }
 
 impl DomainRow for MediaJobRecord {
-    async fn lock(
-        conn: &mut PgConnection,
-        scope: &Scope,
-        id: &str,
-    ) -> Result<Option<Self>, StoreError> {
-        crate::media::lock(conn, scope, id).await.map(Some)
+    async fn lock(conn: &mut PgConnection, lease: &Lease) -> Result<Option<Self>, StoreError> {
+        queue::fence(conn, lease).await?;
+        let scope = lease.scope();
+        crate::media::lock(conn, &scope, &lease.ref_id)
+            .await
+            .map(Some)
     }
 
     fn has_ended(&self) -> bool {
@@ -142,12 +142,16 @@ impl Attempted for MediaJobRecord {
         Ok((record, vec![event]))
     }
 
+    fn disposition(_: &MediaEnding) -> Disposition {
+        Disposition::Complete
+    }
+
     async fn end<'r>(
         &'r self,
         conn: &mut PgConnection,
         lease: &Lease,
         ending: &'r mut MediaEnding,
-    ) -> Result<(Vec<NewEvent<'r>>, Disposition), StoreError> {
+    ) -> Result<Vec<NewEvent<'r>>, StoreError> {
         let (scope, actor) = (lease.scope(), attempt::worker(lease));
         let event = match ending {
             MediaEnding::Succeeded => {
@@ -172,7 +176,7 @@ impl Attempted for MediaJobRecord {
                 NewEvent::media_job(&self.id, EventType::MediaJobFailed).with(data)
             }
         };
-        Ok((vec![event], Disposition::Complete))
+        Ok(vec![event])
     }
 
     async fn requeue<'r>(

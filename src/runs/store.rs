@@ -16,7 +16,7 @@ use crate::db::{Result, StoreError, violates};
 use crate::domain::{Actor, EventType, Role, RunStatus, Scope, new_id};
 use crate::events;
 use crate::events::NewEvent;
-use crate::queue;
+use crate::queue::{self, Lease};
 use crate::tasks;
 use crate::tasks::Hooks;
 use crate::tasks::{RunTimeouts, WorkspaceRoots};
@@ -695,14 +695,20 @@ impl RunWithTask {
     }
 }
 
-/// Locks a run row for the rest of the transaction and reads its task: one statement.
+/// Locks the run of a job's lease for the rest of the transaction and reads its task, in
+/// one statement that first locks the job row, fenced by the lease (`fence`, evaluated
+/// before the run's row is locked: the order every transaction of a job takes them in).
+/// None when the run is gone; `LeaseLost` when the lease is.
 pub(crate) async fn lock_with_task(
     conn: &mut PgConnection,
-    scope: &Scope,
-    run_id: &str,
-) -> Result<RunWithTask> {
+    lease: &Lease,
+) -> Result<Option<RunWithTask>> {
     let row = sqlx::query!(
-        r#"SELECT r.id, r.task_id, r.number, r.status AS "status: RunStatus", r.attempt,
+        r#"WITH fence AS (
+               SELECT id FROM queue_jobs WHERE id = $3 AND fencing_token = $4 AND lease_owner = $5
+               FOR UPDATE
+           )
+           SELECT r.id, r.task_id, r.number, r.status AS "status: RunStatus", r.attempt,
                   r.worker_id, r.exit_code, r.last_error, r.retried_from_run_id,
                   r.resumed_from_run_id, r.checkpoint, r.prior_cost_micros_usd,
                   r.total_cost_micros_usd, r.model_call_count, r.abandoned_model_calls, r.model,
@@ -732,20 +738,27 @@ pub(crate) async fn lock_with_task(
              FROM tasks t LEFT JOIN runs latest ON latest.id = t.latest_run_id
              WHERE t.workspace_id = r.workspace_id AND t.id = r.task_id
          ) task
-         WHERE r.workspace_id = $1 AND r.id = $2
+         WHERE r.workspace_id = $1 AND r.id = $2 AND EXISTS (SELECT 1 FROM fence)
          FOR UPDATE OF r"#,
-        scope.workspace(),
-        run_id,
+        lease.workspace_id,
+        lease.ref_id,
+        lease.job_id,
+        lease.fencing_token,
+        lease.owner,
     )
-    .fetch_optional(conn)
-    .await?
-    .ok_or(StoreError::NotFound("run"))?;
-    Ok(RunWithTask {
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else {
+        // No row: the lease is lost, or the run gone (rare either way).
+        queue::fence(conn, lease).await?;
+        return Ok(None);
+    };
+    Ok(Some(RunWithTask {
         run: run_record!(row),
         task: row.task.0,
         hooks: row.hooks.0,
         written_by: Role::parse(Some(&row.written_by_role)).unwrap_or_default(),
-    })
+    }))
 }
 
 /// Sets the conversation an agent loop run starts from, unless it has one: the first
@@ -909,6 +922,39 @@ pub(crate) async fn transition_locked(
     actor: &Actor,
     reason: Option<&str>,
 ) -> Result<RunRecord> {
+    let moved = Move {
+        next,
+        change,
+        actor,
+        reason,
+    };
+    transition_recorded(conn, scope, current, moved, &[]).await
+}
+
+/// A run's move to another status, as [`transition`] takes it.
+pub(crate) struct Move<'a> {
+    pub(crate) next: RunStatus,
+    pub(crate) change: Change<'a>,
+    pub(crate) actor: &'a Actor,
+    pub(crate) reason: Option<&'a str>,
+}
+
+/// [`transition_locked`] that also appends `events` (`events::append`'s function) in the
+/// same statement, after the change: for the transaction's last write, so that its events
+/// cost no round trip of their own.
+pub(crate) async fn transition_recorded(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    current: &RunRecord,
+    moved: Move<'_>,
+    events: &[NewEvent<'_>],
+) -> Result<RunRecord> {
+    let Move {
+        next,
+        change,
+        actor,
+        reason,
+    } = moved;
     if !current.status().can_become(next) {
         return Err(StoreError::Conflict(format!(
             "run {} is {}; it cannot become {}",
@@ -917,8 +963,10 @@ pub(crate) async fn transition_locked(
             next.as_str()
         )));
     }
-    // One statement: the change, and its audit rows (the task's only while this run is
-    // its latest, whose status the task's projects).
+    let batch = events::Batch::of(events);
+    // One statement: the change, its audit rows (the task's only while this run is its
+    // latest, whose status the task's projects) and the events, appended once the change
+    // is made (`appended` reads `updated`) and not at all when there are none.
     let run = query_runs!(
         r#"WITH updated AS (
              UPDATE runs SET
@@ -943,9 +991,13 @@ pub(crate) async fn transition_locked(
                 OR ($7 IS DISTINCT FROM r.status
                     AND EXISTS (SELECT 1 FROM tasks t WHERE t.workspace_id = $6
                                 AND t.id = r.task_id AND t.latest_run_id = r.id))
+         ), appended AS (
+             SELECT append_events($10, $11, $12, $13, $14, $15, $16, $6) AS count
+             FROM updated WHERE cardinality($15::text[]) > 0
          )
          "#,
-        "FROM updated",
+        // Counting the calls' results makes them happen.
+        "FROM updated WHERE (SELECT count(appended.count) FROM appended) >= 0",
         current.id,
         next.as_str(),
         change.worker_id,
@@ -955,6 +1007,13 @@ pub(crate) async fn transition_locked(
         current.status.as_str(),
         reason,
         actor.to_string(),
+        events::Batch::LOCK_CLASS,
+        &batch.event_ids,
+        &batch.task_ids as &[Option<&str>],
+        &batch.run_ids as &[Option<&str>],
+        &batch.media_job_ids as &[Option<&str>],
+        &batch.types as &[&str],
+        &batch.data as &[serde_json::Value],
     )
     .fetch_one(&mut *conn)
     .await?;

@@ -329,12 +329,10 @@ fn verdict(
 }
 
 impl DomainRow for ActionRecord {
-    fn lock(
-        conn: &mut PgConnection,
-        scope: &Scope,
-        id: &str,
-    ) -> impl Future<Output = Result<Option<Self>, StoreError>> + Send {
-        crate::external::actions::lock(conn, scope, id)
+    async fn lock(conn: &mut PgConnection, lease: &Lease) -> Result<Option<Self>, StoreError> {
+        queue::fence(conn, lease).await?;
+        let scope = lease.scope();
+        crate::external::actions::lock(conn, &scope, &lease.ref_id).await
     }
 
     /// Only an approved action is sent, or one being sent looked for; any other (or one
@@ -396,13 +394,17 @@ impl Attempted for ActionRecord {
         Ok((self.clone(), Vec::new()))
     }
 
+    fn disposition(_: &ActionEnding) -> Disposition {
+        Disposition::Complete
+    }
+
     /// The action's evidence artifact and its final status.
     async fn end<'r>(
         &'r self,
         conn: &mut PgConnection,
         lease: &Lease,
         ending: &'r mut ActionEnding,
-    ) -> Result<(Vec<NewEvent<'r>>, Disposition), StoreError> {
+    ) -> Result<Vec<NewEvent<'r>>, StoreError> {
         let scope = lease.scope();
         let current = current_status(conn, &scope, &self.id).await?;
         let (status, evidence, response, error) = evidence(self, &ending.ending, current);
@@ -436,7 +438,7 @@ impl Attempted for ActionRecord {
             error,
         };
         crate::external::actions::update(conn, &scope, &self.id, status, &outcome).await?;
-        Ok((Vec::new(), Disposition::Complete))
+        Ok(Vec::new())
     }
 
     /// The tracker could not be asked: the action keeps its status, with the error.

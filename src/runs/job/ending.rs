@@ -21,15 +21,12 @@ use crate::events::{NewEvent, Subject};
 use crate::queue::{Disposition, Lease};
 use crate::runs;
 use crate::runs::lineage::{Conversation, write_conversation};
-use crate::runs::{Change, RunWithTask};
+use crate::runs::{Change, Move, RunWithTask};
 
 impl DomainRow for RunWithTask {
-    async fn lock(
-        conn: &mut PgConnection,
-        scope: &Scope,
-        id: &str,
-    ) -> Result<Option<Self>, StoreError> {
-        runs::lock_with_task(conn, scope, id).await.map(Some)
+    /// One statement: the lease's check, then the run.
+    async fn lock(conn: &mut PgConnection, lease: &Lease) -> Result<Option<Self>, StoreError> {
+        runs::lock_with_task(conn, lease).await
     }
 
     fn has_ended(&self) -> bool {
@@ -115,23 +112,33 @@ impl Attempted for RunWithTask {
         Ok((self.with_run(run), events))
     }
 
+    /// Appends its `run.started` in the statement that marks the run running.
     async fn start<'r>(
         &'r self,
         conn: &mut PgConnection,
         lease: &Lease,
     ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
-        let change = Change {
-            worker_id: Some(&lease.owner),
-            ..Change::default()
-        };
         let (scope, actor) = (lease.scope(), attempt::worker(lease));
         let current = &self.run;
-        let (running, claimed) = (RunStatus::Running, Some("claimed"));
-        let run = runs::transition_locked(conn, &scope, current, running, change, &actor, claimed)
-            .await?;
-        let data = serde_json::json!({ "attempt": run.attempt, "worker_id": lease.owner });
+        // The transition counts the attempt: this is the one it makes.
+        let data = serde_json::json!({ "attempt": current.attempt + 1, "worker_id": lease.owner });
         let event = NewEvent::new(&current.task_id, &current.id, EventType::RunStarted).with(data);
-        Ok((self.with_run(run), vec![event]))
+        let moved = Move {
+            next: RunStatus::Running,
+            change: Change {
+                worker_id: Some(&lease.owner),
+                ..Change::default()
+            },
+            actor: &actor,
+            reason: Some("claimed"),
+        };
+        let run = runs::transition_recorded(conn, &scope, current, moved, &[event]).await?;
+        Ok((self.with_run(run), Vec::new()))
+    }
+
+    /// Every ending completes the job: a run waiting for an approval holds no lease.
+    fn disposition(_: &RunEnding) -> Disposition {
+        Disposition::Complete
     }
 
     async fn end<'r>(
@@ -139,7 +146,7 @@ impl Attempted for RunWithTask {
         conn: &mut PgConnection,
         lease: &Lease,
         ending: &'r mut RunEnding,
-    ) -> Result<(Vec<NewEvent<'r>>, Disposition), StoreError> {
+    ) -> Result<Vec<NewEvent<'r>>, StoreError> {
         let (scope, run) = (lease.scope(), &self.run);
         let ids = (run.task_id.as_str(), run.id.as_str());
         // What an earlier try of this transaction wrote was rolled back with it.
@@ -158,7 +165,7 @@ impl Attempted for RunWithTask {
             let written = write_conversation(conn, &scope, owner, conversation).await?;
             events.extend(artifacts::created_event(owner, &written));
         }
-        let (status, change, reason, event) = match &ending.end {
+        let (next, change, reason, event) = match &ending.end {
             End::Completed { exit_code } => {
                 let change = Change {
                     exit_code: *exit_code,
@@ -211,13 +218,20 @@ impl Attempted for RunWithTask {
                     )
                     .with(data),
                 );
-                return Ok((events, Disposition::Complete));
+                return Ok(events);
             }
         };
-        let actor = attempt::worker(lease);
-        runs::transition_locked(conn, &scope, run, status, change, &actor, Some(reason)).await?;
+        // The end is the transaction's last write: it carries every event of the attempt.
         events.push(event);
-        Ok((events, Disposition::Complete))
+        let actor = attempt::worker(lease);
+        let moved = Move {
+            next,
+            change,
+            actor: &actor,
+            reason: Some(reason),
+        };
+        runs::transition_recorded(conn, &scope, run, moved, &events).await?;
+        Ok(Vec::new())
     }
 
     async fn requeue<'r>(
