@@ -59,6 +59,16 @@ pub(crate) trait Attempted: DomainRow + Sync {
         reason: &'static str,
         actor: &Actor,
     ) -> impl Future<Output = Result<(Self, Vec<NewEvent<'r>>), StoreError>> + Send;
+    /// Starts a row that is simply waiting to start (a claim's usual case) with no
+    /// transaction of its own: read, then moved by one statement fenced by the lease. None
+    /// when it is not waiting, or no longer as read: [`begin`]'s general path then finds
+    /// out why. A kind without one always takes the general path.
+    fn start_waiting(
+        _pool: &PgPool,
+        _lease: &Lease,
+    ) -> impl Future<Output = Result<Option<Self>, StoreError>> + Send {
+        async { Ok(None) }
+    }
     /// Marks the row running for this attempt; returns it.
     fn start<'r>(
         &'r self,
@@ -118,14 +128,21 @@ pub(crate) enum Verdict<E> {
     Interrupted,
 }
 
-/// Starts an attempt. A row still running was held by a worker that lost its lease: it
-/// goes back to `queued` first, so the trail shows the takeover. Returns None when there
-/// is nothing to run (the row ended or is gone, or the job used up its attempts).
+/// Starts an attempt: at once when the row is simply waiting ([`Attempted::start_waiting`]),
+/// otherwise in one transaction that locks it. A row still running was held by a worker
+/// that lost its lease: it goes back to `queued` first, so the trail shows the takeover.
+/// Returns None when there is nothing to run (the row ended or is gone, or the job used up
+/// its attempts).
 pub(crate) async fn begin<R: Attempted>(
     pool: &PgPool,
     lease: &Lease,
     context: &R::Context,
 ) -> Result<Option<R>, StoreError> {
+    if lease.attempts <= lease.max_attempts
+        && let Some(started) = R::start_waiting(pool, lease).await?
+    {
+        return Ok(Some(started));
+    }
     let Some((mut tx, row)) = fence::lock_unless_ended::<R>(pool, lease).await? else {
         return Ok(None);
     };

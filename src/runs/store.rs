@@ -695,20 +695,13 @@ impl RunWithTask {
     }
 }
 
-/// Locks the run of a job's lease for the rest of the transaction and reads its task, in
-/// one statement that first locks the job row, fenced by the lease (`fence`, evaluated
-/// before the run's row is locked: the order every transaction of a job takes them in).
-/// None when the run is gone; `LeaseLost` when the lease is.
-pub(crate) async fn lock_with_task(
-    conn: &mut PgConnection,
-    lease: &Lease,
-) -> Result<Option<RunWithTask>> {
-    let row = sqlx::query!(
-        r#"WITH fence AS (
-               SELECT id FROM queue_jobs WHERE id = $3 AND fencing_token = $4 AND lease_owner = $5
-               FOR UPDATE
-           )
-           SELECT r.id, r.task_id, r.number, r.status AS "status: RunStatus", r.attempt,
+/// `query!` of a run with its task (the columns [`run_with_task!`] reads): `$with` (up to
+/// the `SELECT`), the columns, then `$after` (`WHERE …` on the run `r`, and a lock).
+macro_rules! query_run_with_task {
+    ($with:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query!(
+            $with
+                + r#" SELECT r.id, r.task_id, r.number, r.status AS "status: RunStatus", r.attempt,
                   r.worker_id, r.exit_code, r.last_error, r.retried_from_run_id,
                   r.resumed_from_run_id, r.checkpoint, r.prior_cost_micros_usd,
                   r.total_cost_micros_usd, r.model_call_count, r.abandoned_model_calls, r.model,
@@ -737,9 +730,40 @@ pub(crate) async fn lock_with_task(
                     t.created_at, t.updated_at
              FROM tasks t LEFT JOIN runs latest ON latest.id = t.latest_run_id
              WHERE t.workspace_id = r.workspace_id AND t.id = r.task_id
-         ) task
-         WHERE r.workspace_id = $1 AND r.id = $2 AND EXISTS (SELECT 1 FROM fence)
-         FOR UPDATE OF r"#,
+         ) task "#
+                + $after
+            $(, $arg)*
+        )
+    };
+}
+
+/// The [`RunWithTask`] of a [`query_run_with_task!`] row.
+macro_rules! run_with_task {
+    ($row:ident) => {
+        RunWithTask {
+            run: run_record!($row),
+            task: $row.task.0,
+            hooks: $row.hooks.0,
+            written_by: Role::parse(Some(&$row.written_by_role)).unwrap_or_default(),
+        }
+    };
+}
+
+/// Locks the run of a job's lease for the rest of the transaction and reads its task, in
+/// one statement that first locks the job row, fenced by the lease (`fence`, evaluated
+/// before the run's row is locked: the order every transaction of a job takes them in).
+/// None when the run is gone; `LeaseLost` when the lease is.
+pub(crate) async fn lock_with_task(
+    conn: &mut PgConnection,
+    lease: &Lease,
+) -> Result<Option<RunWithTask>> {
+    let row = query_run_with_task!(
+        r#"WITH fence AS (
+               SELECT id FROM queue_jobs WHERE id = $3 AND fencing_token = $4 AND lease_owner = $5
+               FOR UPDATE
+           )"#,
+        "WHERE r.workspace_id = $1 AND r.id = $2 AND EXISTS (SELECT 1 FROM fence)
+         FOR UPDATE OF r",
         lease.workspace_id,
         lease.ref_id,
         lease.job_id,
@@ -753,12 +777,24 @@ pub(crate) async fn lock_with_task(
         queue::fence(conn, lease).await?;
         return Ok(None);
     };
-    Ok(Some(RunWithTask {
-        run: run_record!(row),
-        task: row.task.0,
-        hooks: row.hooks.0,
-        written_by: Role::parse(Some(&row.written_by_role)).unwrap_or_default(),
-    }))
+    Ok(Some(run_with_task!(row)))
+}
+
+/// The run of a job's lease with its task, as committed, neither locked nor fenced: what a
+/// write fenced on its own ([`transition_recorded`] with the lease) starts from.
+pub(crate) async fn read_with_task(
+    conn: &mut PgConnection,
+    lease: &Lease,
+) -> Result<Option<RunWithTask>> {
+    let row = query_run_with_task!(
+        "",
+        "WHERE r.workspace_id = $1 AND r.id = $2",
+        lease.workspace_id,
+        lease.ref_id,
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.map(|row| run_with_task!(row)))
 }
 
 /// Sets the conversation an agent loop run starts from, unless it has one: the first
@@ -949,6 +985,35 @@ pub(crate) async fn transition_recorded(
     moved: Move<'_>,
     events: &[NewEvent<'_>],
 ) -> Result<RunRecord> {
+    transition_if(conn, scope, current, moved, events, None)
+        .await?
+        .ok_or(StoreError::NotFound("run"))
+}
+
+/// [`transition_recorded`] of a run read but not locked (`current` as it was read), in a
+/// statement of its own that first locks the job row, fenced by `lease` (the order every
+/// transaction of a job takes them in): None, and nothing changed, when the run is no
+/// longer as read or the lease is lost.
+pub(crate) async fn transition_fenced(
+    conn: &mut PgConnection,
+    lease: &Lease,
+    current: &RunRecord,
+    moved: Move<'_>,
+    events: &[NewEvent<'_>],
+) -> Result<Option<RunRecord>> {
+    transition_if(conn, &lease.scope(), current, moved, events, Some(lease)).await
+}
+
+/// The one transition statement: the run moves only from `current`'s status, and, with a
+/// lease, only while the lease holds.
+async fn transition_if(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    current: &RunRecord,
+    moved: Move<'_>,
+    events: &[NewEvent<'_>],
+    lease: Option<&Lease>,
+) -> Result<Option<RunRecord>> {
     let Move {
         next,
         change,
@@ -968,7 +1033,10 @@ pub(crate) async fn transition_recorded(
     // latest, whose status the task's projects) and the events, appended once the change
     // is made (`appended` reads `updated`) and not at all when there are none.
     let run = query_runs!(
-        r#"WITH updated AS (
+        r#"WITH fence AS (
+             SELECT id FROM queue_jobs WHERE id = $17 AND fencing_token = $18 AND lease_owner = $19
+             FOR UPDATE
+         ), updated AS (
              UPDATE runs SET
                 status = $2,
                 attempt = attempt + CASE WHEN $2 = 'running' THEN 1 ELSE 0 END,
@@ -978,7 +1046,8 @@ pub(crate) async fn transition_recorded(
                 exit_code = COALESCE($4, exit_code),
                 last_error = COALESCE($5, last_error),
                 updated_at = now()
-             WHERE workspace_id = $6 AND id = $1
+             WHERE workspace_id = $6 AND id = $1 AND status = $7
+               AND ($17::bigint IS NULL OR EXISTS (SELECT 1 FROM fence))
              RETURNING *
          ), audit AS (
              INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id,
@@ -1014,8 +1083,11 @@ pub(crate) async fn transition_recorded(
         &batch.media_job_ids as &[Option<&str>],
         &batch.types as &[&str],
         &batch.data as &[serde_json::Value],
+        lease.map(|l| l.job_id),
+        lease.map(|l| l.fencing_token),
+        lease.map(|l| l.owner.as_str()),
     )
-    .fetch_one(&mut *conn)
+    .fetch_optional(&mut *conn)
     .await?;
     Ok(run)
 }

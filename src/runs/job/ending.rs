@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use keel_workers::Outcome;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
 
 use super::context::{FencedContext, Held, Written};
 use crate::approvals;
@@ -77,6 +77,26 @@ impl RunEnding {
     }
 }
 
+impl RunWithTask {
+    /// This attempt's move to `running`, and its `run.started`.
+    fn started<'a>(&'a self, lease: &'a Lease, actor: &'a Actor) -> (Move<'a>, NewEvent<'a>) {
+        let run = &self.run;
+        // The transition counts the attempt: this is the one it makes.
+        let data = serde_json::json!({ "attempt": run.attempt + 1, "worker_id": lease.owner });
+        let event = NewEvent::new(&run.task_id, &run.id, EventType::RunStarted).with(data);
+        let moved = Move {
+            next: RunStatus::Running,
+            change: Change {
+                worker_id: Some(&lease.owner),
+                ..Change::default()
+            },
+            actor,
+            reason: Some("claimed"),
+        };
+        (moved, event)
+    }
+}
+
 impl Attempted for RunWithTask {
     type Ending = RunEnding;
     type Context = ();
@@ -112,6 +132,22 @@ impl Attempted for RunWithTask {
         Ok((self.with_run(run), events))
     }
 
+    /// A queued run: read, then started by one statement that checks the lease and the
+    /// status read, and appends `run.started`.
+    async fn start_waiting(pool: &PgPool, lease: &Lease) -> Result<Option<Self>, StoreError> {
+        let mut conn = pool.acquire().await?;
+        let Some(row) = runs::read_with_task(&mut conn, lease).await? else {
+            return Ok(None);
+        };
+        if row.run.status() != RunStatus::Queued {
+            return Ok(None);
+        }
+        let actor = attempt::worker(lease);
+        let (moved, event) = row.started(lease, &actor);
+        let run = runs::transition_fenced(&mut conn, lease, &row.run, moved, &[event]).await?;
+        Ok(run.map(|run| row.with_run(run)))
+    }
+
     /// Appends its `run.started` in the statement that marks the run running.
     async fn start<'r>(
         &'r self,
@@ -119,20 +155,8 @@ impl Attempted for RunWithTask {
         lease: &Lease,
     ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
         let (scope, actor) = (lease.scope(), attempt::worker(lease));
-        let current = &self.run;
-        // The transition counts the attempt: this is the one it makes.
-        let data = serde_json::json!({ "attempt": current.attempt + 1, "worker_id": lease.owner });
-        let event = NewEvent::new(&current.task_id, &current.id, EventType::RunStarted).with(data);
-        let moved = Move {
-            next: RunStatus::Running,
-            change: Change {
-                worker_id: Some(&lease.owner),
-                ..Change::default()
-            },
-            actor: &actor,
-            reason: Some("claimed"),
-        };
-        let run = runs::transition_recorded(conn, &scope, current, moved, &[event]).await?;
+        let (moved, event) = self.started(lease, &actor);
+        let run = runs::transition_recorded(conn, &scope, &self.run, moved, &[event]).await?;
         Ok((self.with_run(run), Vec::new()))
     }
 
