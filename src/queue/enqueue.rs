@@ -14,9 +14,8 @@ use crate::queue::{CANCEL_CHANNEL, JOBS_CHANNEL};
 /// held (docs/queue.md, "Old snapshots"), its newest end cannot.
 const WAKE_LOOKBEHIND: i64 = 64;
 
-/// Enqueues a job of the scope's domain row; idempotent: at most one live row per
-/// (kind, ref_id); true when the row is new. The current span's `traceparent` (when exporting traces) links the job's
-/// execution to the enqueueing trace.
+/// Enqueues a job of the scope's domain row (the `enqueue_job` function); idempotent: at
+/// most one live row per (kind, ref_id); true when the row is new.
 ///
 /// Wakes the workers (`NOTIFY keel_jobs`) unless a job of the kind and workspace enqueued
 /// just before this one is still waiting: then the workers were woken for it, or are all
@@ -32,35 +31,49 @@ pub async fn enqueue(
     ref_id: &str,
     priority: i32,
 ) -> Result<bool> {
-    let traceparent = crate::telemetry::current_traceparent();
-    // One statement, the notification included: one round trip in the caller's transaction.
+    let job = Enqueue::new(kind, ref_id, priority);
     let enqueued = sqlx::query!(
-        r#"WITH inserted AS (
-               INSERT INTO queue_jobs (kind, ref_id, priority, traceparent, workspace_id)
-               VALUES ($1, $2, $3, $4, $5)
-               ON CONFLICT (kind, ref_id) DO NOTHING
-               RETURNING id
-           ), woken AS (
-               SELECT pg_notify($6, $1) FROM inserted i
-               WHERE NOT EXISTS (
-                   SELECT 1 FROM queue_jobs q
-                   WHERE q.id < i.id AND q.id >= i.id - $7 AND q.kind = $1 AND q.workspace_id = $5
-                     AND q.lease_owner IS NULL AND q.run_after <= now())
-           )
-           SELECT (SELECT count(*) FROM inserted) AS "inserted!",
-                  (SELECT count(*) FROM woken) AS "woken!""#,
-        kind,
-        ref_id,
-        priority,
-        traceparent,
+        r#"SELECT inserted AS "inserted!", woken AS "woken!"
+           FROM enqueue_job($1, $2, $3, $4, $5, $6, $7)"#,
+        job.kind,
+        job.ref_id,
+        job.priority,
+        job.traceparent,
         scope.workspace(),
-        JOBS_CHANNEL,
-        WAKE_LOOKBEHIND,
+        Enqueue::CHANNEL,
+        Enqueue::LOOKBEHIND,
     )
     .fetch_one(conn)
     .await?;
-    tracing::trace!(kind, woken = enqueued.woken > 0, "enqueued");
-    Ok(enqueued.inserted > 0)
+    tracing::trace!(kind, woken = enqueued.woken, "enqueued");
+    Ok(enqueued.inserted)
+}
+
+/// A job to enqueue, as the `enqueue_job` function (migrations/0035) takes it: for
+/// [`enqueue`], and for a statement that writes the job's domain row and enqueues it in
+/// the same round trip (`runs::insert`). The current span's `traceparent` (when exporting
+/// traces) links the job's execution to the enqueueing trace.
+pub struct Enqueue<'a> {
+    pub kind: &'a str,
+    pub ref_id: &'a str,
+    pub priority: i32,
+    pub traceparent: Option<String>,
+}
+
+impl<'a> Enqueue<'a> {
+    /// The channel that wakes workers.
+    pub const CHANNEL: &'static str = JOBS_CHANNEL;
+    /// See [`WAKE_LOOKBEHIND`].
+    pub const LOOKBEHIND: i64 = WAKE_LOOKBEHIND;
+
+    pub fn new(kind: &'a str, ref_id: &'a str, priority: i32) -> Enqueue<'a> {
+        Enqueue {
+            kind,
+            ref_id,
+            priority,
+            traceparent: crate::telemetry::current_traceparent(),
+        }
+    }
 }
 
 /// How [`remove`] treats a job row another transaction has locked.

@@ -27,7 +27,7 @@ use sqlx::postgres::PgPoolOptions;
 use crate::domain::Scope;
 
 pub use claim::{begin_ordered_reads, claim};
-pub use enqueue::{Locked, enqueue, remove};
+pub use enqueue::{Enqueue, Locked, enqueue, remove};
 pub use lease::{begin_fenced, expired, fence, heartbeat, transaction_time};
 pub use settle::{Disposition, Settlement, backoff, settle, settle_many};
 pub use snapshot::{COMMIT_SLACK, LATE_COMMIT_SLACK, Positions, WIDE_READ_EVERY, claim_from};

@@ -16,7 +16,7 @@ use crate::db::{Result, StoreError, violates};
 use crate::domain::{Actor, EventType, Role, RunStatus, Scope, new_id};
 use crate::events;
 use crate::events::NewEvent;
-use crate::queue::{self, Lease};
+use crate::queue::{self, Enqueue, Lease};
 use crate::tasks;
 use crate::tasks::Hooks;
 use crate::tasks::{RunTimeouts, WorkspaceRoots};
@@ -304,65 +304,61 @@ pub(crate) async fn admit_locked(
     } else {
         RunStatus::AwaitingApproval
     };
-    let run = insert(
-        conn,
-        scope,
-        &task,
-        &admission,
-        source.as_ref(),
-        status,
-        actor,
-    )
-    .await?;
-
+    let lineage = Lineage::of(conn, scope, &admission, source.as_ref()).await?;
+    let run_id = new_id("run");
+    // The task is locked: its next run's number is known.
     let created = serde_json::json!({
         "actor": actor.to_string(),
-        "number": run.number,
-        "retried_from_run_id": run.retried_from_run_id,
-        "resumed_from_run_id": run.resumed_from_run_id,
+        "number": task.run_count + 1,
+        "retried_from_run_id": lineage.retried_from,
+        "resumed_from_run_id": lineage.resumed.map(|s| &s.id),
         "reason": admission.reason,
         "schedule": admission.schedule,
     });
-    let mut appended = vec![NewEvent::new(task_id, &run.id, EventType::RunCreated).with(created)];
-    if let Some(checkpoint) = &run.checkpoint {
+    let mut appended = vec![NewEvent::new(task_id, &run_id, EventType::RunCreated).with(created)];
+    if let Some(checkpoint) = &lineage.checkpoint {
         let data = serde_json::json!({ "checkpoint": checkpoint, "reason": admission.reason });
-        appended.push(NewEvent::new(task_id, &run.id, EventType::RunResumedFromEvent).with(data));
+        appended.push(NewEvent::new(task_id, &run_id, EventType::RunResumedFromEvent).with(data));
     }
+    let new_run = NewRun {
+        id: &run_id,
+        task: &task,
+        admission: &admission,
+        lineage: &lineage,
+        status,
+    };
     if admission.orchestrator == Orchestrator::Client {
-        let change = Change::default();
-        let reason = Some("held by its client");
-        let run =
-            transition_locked(conn, scope, &run, RunStatus::Running, change, actor, reason).await?;
-        let data = serde_json::json!({ "orchestrator": "client", "attempt": run.attempt });
-        appended.push(NewEvent::new(task_id, &run.id, EventType::RunStarted).with(data));
-        events::append(conn, scope, &appended).await?;
+        let run = insert(conn, scope, &new_run, actor, None, &[]).await?;
+        let data = serde_json::json!({ "orchestrator": "client", "attempt": run.attempt + 1 });
+        appended.push(NewEvent::new(task_id, &run_id, EventType::RunStarted).with(data));
+        let moved = Move {
+            next: RunStatus::Running,
+            change: Change::default(),
+            actor,
+            reason: Some("held by its client"),
+        };
+        let run = transition_recorded(conn, scope, &run, moved, &appended).await?;
         return Ok(Admitted::New(run));
     }
-    let mut gated = Vec::new();
     // A summary exactly when there are gates.
-    if let Some(summary) = summary {
-        for kind in gates {
-            gated.push(
-                approvals::create(
-                    conn,
-                    scope,
-                    &run,
-                    approvals::Gate {
-                        kind,
-                        step_id: None,
-                    },
-                    &summary,
-                    rules.approval_ttl,
-                    actor,
-                )
-                .await?,
-            );
-        }
-        appended.extend(gated.iter().map(approvals::requested_event));
-    } else {
-        queue::enqueue(conn, scope, JobKind::Run.as_str(), &run.id, task.priority).await?;
-        appended.push(NewEvent::new(task_id, &run.id, EventType::RunQueued));
+    let Some(summary) = summary else {
+        // The usual case: one statement writes the run, its job and its events.
+        appended.push(NewEvent::new(task_id, &run_id, EventType::RunQueued));
+        let job = Enqueue::new(JobKind::Run.as_str(), &run_id, task.priority);
+        let run = insert(conn, scope, &new_run, actor, Some(&job), &appended).await?;
+        return Ok(Admitted::New(run));
+    };
+    let run = insert(conn, scope, &new_run, actor, None, &[]).await?;
+    let mut gated = Vec::new();
+    for kind in gates {
+        let gate = approvals::Gate {
+            kind,
+            step_id: None,
+        };
+        let ttl = rules.approval_ttl;
+        gated.push(approvals::create(conn, scope, &run, gate, &summary, ttl, actor).await?);
     }
+    appended.extend(gated.iter().map(approvals::requested_event));
     events::append(conn, scope, &appended).await?;
     Ok(Admitted::New(run))
 }
@@ -459,40 +455,84 @@ fn is_remote(repo: &str) -> bool {
     !(repo.starts_with('/') || repo.starts_with("file://"))
 }
 
-/// Stores the run row, points the task at it (its next number) and records both changes
-/// in the audit trail: one statement.
+/// Where a new run starts from, worked out before its row is written.
+struct Lineage<'a> {
+    retried_from: Option<&'a str>,
+    resumed: Option<&'a RunRecord>,
+    checkpoint: Option<serde_json::Value>,
+    prior_cost: i64,
+    /// The reason its creation gives in the audit trail.
+    reason: &'static str,
+}
+
+impl<'a> Lineage<'a> {
+    async fn of(
+        conn: &mut PgConnection,
+        scope: &Scope,
+        admission: &Admission,
+        source: Option<&'a RunRecord>,
+    ) -> Result<Lineage<'a>> {
+        let lineage_kind = admission.origin.lineage_kind();
+        let (retried_from, resumed, checkpoint, prior_cost) = match (&admission.origin, source) {
+            (Origin::Retry(_), Some(source)) => (Some(source.id.as_str()), None, None, 0),
+            (_, Some(source)) if lineage_kind.is_some() => {
+                let checkpoint = checkpoint_of(conn, scope, source).await?;
+                let prior = source.prior_cost_micros_usd + source.total_cost_micros_usd;
+                (None, Some(source), Some(checkpoint), prior)
+            }
+            _ => (None, None, None, 0),
+        };
+        let reason = match (&admission.origin, lineage_kind) {
+            (_, Some(kind)) => kind,
+            (Origin::Retry(_), None) => "retry",
+            _ => "started",
+        };
+        Ok(Lineage {
+            retried_from,
+            resumed,
+            checkpoint,
+            prior_cost,
+            reason,
+        })
+    }
+}
+
+/// A run about to be stored.
+struct NewRun<'a> {
+    id: &'a str,
+    task: &'a TaskRecord,
+    admission: &'a Admission,
+    lineage: &'a Lineage<'a>,
+    status: RunStatus,
+}
+
+/// Stores the run row, points the task at it (its next number), records both changes in
+/// the audit trail, enqueues `job` and appends `events` (after the rest): one statement.
 async fn insert(
     conn: &mut PgConnection,
     scope: &Scope,
-    task: &TaskRecord,
-    admission: &Admission,
-    source: Option<&RunRecord>,
-    status: RunStatus,
+    run: &NewRun<'_>,
     actor: &Actor,
+    job: Option<&Enqueue<'_>>,
+    events: &[NewEvent<'_>],
 ) -> Result<RunRecord> {
-    let lineage_kind = admission.origin.lineage_kind();
-    let (retried_from, resumed, checkpoint, prior_cost) = match (&admission.origin, source) {
-        (Origin::Retry(_), Some(source)) => (Some(&source.id), None, None, 0),
-        (_, Some(source)) if lineage_kind.is_some() => {
-            let checkpoint = checkpoint_of(conn, scope, source).await?;
-            let prior = source.prior_cost_micros_usd + source.total_cost_micros_usd;
-            (None, Some(source), Some(checkpoint), prior)
-        }
-        _ => (None, None, None, 0),
-    };
-    let reason = match (&admission.origin, lineage_kind) {
-        (_, Some(kind)) => kind,
-        (Origin::Retry(_), None) => "retry",
-        _ => "started",
-    };
+    let NewRun {
+        task,
+        admission,
+        lineage,
+        ..
+    } = run;
     let from_model_call_index = match admission.origin {
         Origin::RetryFromModelCall { index, .. } => Some(index),
         _ => None,
     };
     let (key, request) = admission.idempotency.clone().unzip();
     let schedule = admission.schedule.as_ref();
+    let batch = events::Batch::of(events);
     // The task's audit row is written only when its projection (its latest run's status)
-    // changes, as in `transition`.
+    // changes, as in `transition`. The job and the events come once the run is written
+    // (`enqueued` and `appended` read `inserted`); counting the calls' results makes them
+    // happen.
     let inserted = query_runs!(
         r#"WITH counted AS (
              UPDATE tasks SET run_count = run_count + 1, latest_run_id = $1, updated_at = now()
@@ -516,17 +556,26 @@ async fn insert(
              CROSS JOIN LATERAL (VALUES ('run', r.id, NULL), ('task', r.task_id, $15::text))
                  AS e(entity_type, entity_id, from_status)
              WHERE e.entity_type = 'run' OR $15::text IS DISTINCT FROM r.status
+         ), enqueued AS (
+             SELECT e.inserted
+             FROM inserted r, enqueue_job($21, r.id, $22, $23, $14, $24, $25) e
+             WHERE $21::text IS NOT NULL
+         ), appended AS (
+             SELECT append_events($26, $27, $28, $29, $30, $31, $32, $14) AS count
+             FROM inserted WHERE cardinality($31::text[]) > 0
          )
          "#,
-        "FROM inserted",
-        new_id("run"),
+        "FROM inserted
+         WHERE (SELECT count(enqueued.inserted) FROM enqueued) >= 0
+           AND (SELECT count(appended.count) FROM appended) >= 0",
+        run.id,
         task.id,
-        status.as_str(),
-        retried_from,
-        resumed.map(|s| &s.id),
-        resumed.map(|s| s.workspace_owner()),
-        checkpoint,
-        prior_cost,
+        run.status.as_str(),
+        lineage.retried_from,
+        lineage.resumed.map(|s| &s.id),
+        lineage.resumed.map(|s| s.workspace_owner()),
+        lineage.checkpoint.as_ref(),
+        lineage.prior_cost,
         key,
         request,
         schedule.map(|s| &s.schedule_id),
@@ -534,11 +583,23 @@ async fn insert(
         schedule.map(|s| s.scheduled_for),
         scope.workspace(),
         task.status.as_str(),
-        reason,
+        lineage.reason,
         actor.to_string(),
-        lineage_kind,
+        admission.origin.lineage_kind(),
         from_model_call_index,
         admission.conversation_base.as_ref(),
+        job.map(|j| j.kind),
+        job.map(|j| j.priority),
+        job.and_then(|j| j.traceparent.as_deref()),
+        Enqueue::CHANNEL,
+        Enqueue::LOOKBEHIND,
+        events::Batch::LOCK_CLASS,
+        &batch.event_ids,
+        &batch.task_ids as &[Option<&str>],
+        &batch.run_ids as &[Option<&str>],
+        &batch.media_job_ids as &[Option<&str>],
+        &batch.types as &[&str],
+        &batch.data as &[serde_json::Value],
     )
     .fetch_one(&mut *conn)
     .await;
