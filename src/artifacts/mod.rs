@@ -54,6 +54,29 @@ pub(crate) struct Upserted {
     pub(crate) created: bool,
 }
 
+impl NewArtifact<'_> {
+    /// The status it is stored with: `complete` once closed, else `writing`.
+    pub(crate) fn status(&self) -> &'static str {
+        if self.closed { "complete" } else { "writing" }
+    }
+}
+
+/// An upserted artifact as a statement that writes several returns it, in JSON.
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct UpsertedJson {
+    artifact: ArtifactRecord,
+    created: bool,
+}
+
+impl From<UpsertedJson> for Upserted {
+    fn from(json: UpsertedJson) -> Upserted {
+        Upserted {
+            artifact: json.artifact,
+            created: json.created,
+        }
+    }
+}
+
 /// The row [`upsert`] returns: the artifact's columns and `created`.
 struct UpsertedRow {
     id: String,
@@ -128,11 +151,7 @@ pub(crate) async fn upsert(
     artifact: &NewArtifact<'_>,
 ) -> Result<Upserted> {
     let (task_id, run_id, media_job_id) = artifact.owner.columns();
-    let status = if artifact.closed {
-        "complete"
-    } else {
-        "writing"
-    };
+    let status = artifact.status();
     // The statement of either owner, which differ only in the owner's key `$key` their
     // conflict names. `xmax = 0`: the row version is this statement's insert, not an
     // update of an old row.

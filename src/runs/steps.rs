@@ -3,7 +3,9 @@
 use chrono::{DateTime, Utc};
 use keel_workers::StepResult;
 use sqlx::PgConnection;
+use sqlx::types::Json;
 
+use crate::artifacts::{NewArtifact, Upserted, UpsertedJson};
 use crate::db::{Result, StoreError};
 use crate::domain::{EventType, Scope, new_id};
 use crate::events;
@@ -70,36 +72,155 @@ pub async fn insert(
     scope: &Scope,
     step: &NewStep<'_>,
 ) -> Result<StepRecord> {
-    let (status, output, error, finished_at) = match step.ended {
-        None => ("running", None, None, None),
-        Some((result, at)) => {
-            let (output, error) = result_columns(result);
-            (status_of(result), output, error, Some(at))
-        }
-    };
-    let step = query_steps!(
-        "INSERT INTO steps (id, run_id, task_id, index, name, status, input, output, error,
-                            started_at, finished_at, workspace_id)
-         VALUES ($1, $2, $3,
-                 COALESCE((SELECT max(index) FROM steps WHERE run_id = $2), 0) + 1,
-                 $4, $5, $6, $7, $8, $9, $10, $11)
-         RETURNING",
-        "",
-        step.id,
-        step.run_id,
-        step.task_id,
-        step.name,
-        status,
-        step.input,
-        output,
-        error,
-        step.started_at,
-        finished_at,
+    let (mut steps, _) = write(conn, scope, std::slice::from_ref(step), &[]).await?;
+    steps.pop().ok_or(StoreError::NotFound("step"))
+}
+
+/// Stores a run's new steps (each with its run's next index, in order) and creates or
+/// reopens the artifacts they opened (as `artifacts::upsert` does; each name at most once),
+/// in one statement: what a run context held back, written with one round trip.
+pub(crate) async fn write(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    steps: &[NewStep<'_>],
+    artifacts: &[NewArtifact<'_>],
+) -> Result<(Vec<StepRecord>, Vec<Upserted>)> {
+    let mut s = StepColumns::default();
+    for step in steps {
+        s.push(step);
+    }
+    let mut a = ArtifactColumns::default();
+    for artifact in artifacts {
+        a.push(artifact);
+    }
+    let written = sqlx::query!(
+        r#"WITH step_rows AS (
+               INSERT INTO steps (id, run_id, task_id, index, name, status, input, output, error,
+                                  started_at, finished_at, workspace_id)
+               SELECT s.id, s.run_id, s.task_id,
+                      COALESCE((SELECT max(index) FROM steps e WHERE e.run_id = s.run_id), 0)
+                          + row_number() OVER (PARTITION BY s.run_id ORDER BY s.n),
+                      s.name, s.status, s.input, s.output, s.error, s.started_at, s.finished_at, $11
+               FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+                           $6::jsonb[], $7::jsonb[], $8::text[], $9::timestamptz[],
+                           $10::timestamptz[])
+                    WITH ORDINALITY AS s (id, run_id, task_id, name, status, input, output, error,
+                                          started_at, finished_at, n)
+               RETURNING id, run_id, task_id, index, name, status, input, output, error,
+                         started_at, finished_at
+           ), artifact_rows AS (
+               INSERT INTO artifacts (id, run_id, task_id, name, kind, content_type, status,
+                                      workspace_id)
+               SELECT a.id, a.run_id, a.task_id, a.name, a.kind, a.content_type, a.status, $11
+               FROM unnest($12::text[], $13::text[], $14::text[], $15::text[], $16::text[],
+                           $17::text[], $18::text[])
+                    AS a (id, run_id, task_id, name, kind, content_type, status)
+               ON CONFLICT (run_id, name) DO UPDATE SET status = EXCLUDED.status, updated_at = now()
+                   WHERE artifacts.workspace_id = EXCLUDED.workspace_id
+               -- `xmax = 0`: the row version is this statement's insert, not an update.
+               RETURNING id, run_id, task_id, media_job_id, name, kind, content_type, size_bytes,
+                         truncated, status, storage, created_at, updated_at, xmax = 0 AS created
+           )
+           SELECT
+               (SELECT COALESCE(jsonb_agg(to_jsonb(r) ORDER BY r.index), '[]') FROM step_rows r)
+                   AS "steps!: Json<Vec<StepRecord>>",
+               (SELECT COALESCE(jsonb_agg(jsonb_build_object('artifact', to_jsonb(r) - 'created',
+                                                             'created', r.created)
+                                          ORDER BY a.n), '[]')
+                FROM unnest($12::text[]) WITH ORDINALITY AS a (id, n)
+                JOIN artifact_rows r ON r.name = ($15::text[])[a.n])
+                   AS "artifacts!: Json<Vec<UpsertedJson>>""#,
+        &s.ids as &[&str],
+        &s.run_ids as &[&str],
+        &s.task_ids as &[&str],
+        &s.names as &[&str],
+        &s.statuses as &[&str],
+        &s.inputs as &[&serde_json::Value],
+        &s.outputs as &[Option<&serde_json::Value>],
+        &s.errors as &[Option<&str>],
+        &s.started as &[DateTime<Utc>],
+        &s.finished as &[Option<DateTime<Utc>>],
         scope.workspace(),
+        &a.ids as &[&str],
+        &a.run_ids as &[Option<&str>],
+        &a.task_ids as &[Option<&str>],
+        &a.names as &[&str],
+        &a.kinds as &[&str],
+        &a.content_types as &[&str],
+        &a.statuses as &[&str],
     )
     .fetch_one(conn)
     .await?;
-    Ok(step)
+    let artifacts = written
+        .artifacts
+        .0
+        .into_iter()
+        .map(Upserted::from)
+        .collect();
+    Ok((written.steps.0, artifacts))
+}
+
+/// New steps as the columns `unnest` reads.
+#[derive(Default)]
+struct StepColumns<'a> {
+    ids: Vec<&'a str>,
+    run_ids: Vec<&'a str>,
+    task_ids: Vec<&'a str>,
+    names: Vec<&'a str>,
+    statuses: Vec<&'static str>,
+    inputs: Vec<&'a serde_json::Value>,
+    outputs: Vec<Option<&'a serde_json::Value>>,
+    errors: Vec<Option<&'a str>>,
+    started: Vec<DateTime<Utc>>,
+    finished: Vec<Option<DateTime<Utc>>>,
+}
+
+impl<'a> StepColumns<'a> {
+    fn push(&mut self, step: &NewStep<'a>) {
+        let (status, output, error, finished_at) = match step.ended {
+            None => ("running", None, None, None),
+            Some((result, at)) => {
+                let (output, error) = result_columns(result);
+                (status_of(result), output, error, Some(at))
+            }
+        };
+        self.ids.push(step.id);
+        self.run_ids.push(step.run_id);
+        self.task_ids.push(step.task_id);
+        self.names.push(step.name);
+        self.statuses.push(status);
+        self.inputs.push(step.input);
+        self.outputs.push(output);
+        self.errors.push(error);
+        self.started.push(step.started_at);
+        self.finished.push(finished_at);
+    }
+}
+
+/// A run's new artifacts as the columns `unnest` reads.
+#[derive(Default)]
+struct ArtifactColumns<'a> {
+    ids: Vec<&'a str>,
+    run_ids: Vec<Option<&'a str>>,
+    task_ids: Vec<Option<&'a str>>,
+    names: Vec<&'a str>,
+    kinds: Vec<&'a str>,
+    content_types: Vec<&'a str>,
+    statuses: Vec<&'static str>,
+}
+
+impl<'a> ArtifactColumns<'a> {
+    fn push(&mut self, artifact: &NewArtifact<'a>) {
+        let (task_id, run_id, media_job_id) = artifact.owner.columns();
+        debug_assert!(media_job_id.is_none(), "a step's artifacts are its run's");
+        self.ids.push(artifact.id);
+        self.run_ids.push(run_id);
+        self.task_ids.push(task_id);
+        self.names.push(artifact.name);
+        self.kinds.push(artifact.kind);
+        self.content_types.push(artifact.content_type);
+        self.statuses.push(artifact.status());
+    }
 }
 
 /// Ends a running step as `completed` (with output) or `failed` (with an error), with its

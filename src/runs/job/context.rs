@@ -175,7 +175,11 @@ impl Held {
         written: &mut Written,
     ) -> Result<HashMap<String, String>, StoreError> {
         let owner = Subject::Run { task_id, run_id };
-        let mut ids = self.artifact_ids.clone();
+        // The new rows in one statement (an artifact name once; a name opened again in the
+        // same batch is reopened after it), then the rest in order: ends and closes of rows
+        // written before.
+        let mut new_steps = Vec::new();
+        let (mut new_artifacts, mut names) = (Vec::new(), Vec::new());
         for write in &self.writes {
             match write {
                 HeldWrite::Step {
@@ -184,17 +188,40 @@ impl Held {
                     input,
                     started_at,
                     ended,
+                } => new_steps.push(NewStep {
+                    id,
+                    task_id,
+                    run_id,
+                    name,
+                    input,
+                    started_at: *started_at,
+                    ended: ended.as_ref().map(|(result, at)| (result, *at)),
+                }),
+                HeldWrite::Artifact { name, .. } if names.contains(name) => {}
+                HeldWrite::Artifact {
+                    handle,
+                    name,
+                    closed,
                 } => {
-                    let step = NewStep {
-                        id,
-                        task_id,
-                        run_id,
-                        name,
-                        input,
-                        started_at: *started_at,
-                        ended: ended.as_ref().map(|(result, at)| (result, *at)),
-                    };
-                    written.steps.push(steps::insert(conn, scope, &step).await?);
+                    names.push(*name);
+                    new_artifacts.push(output_artifact(owner, handle, name, *closed));
+                }
+                HeldWrite::EndStep { .. } | HeldWrite::Close { .. } => {}
+            }
+        }
+        let (steps, artifacts) = if new_steps.is_empty() && new_artifacts.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            steps::write(conn, scope, &new_steps, &new_artifacts).await?
+        };
+        let (mut steps, mut artifacts) = (steps.into_iter(), artifacts.into_iter());
+        let mut ids = self.artifact_ids.clone();
+        let mut first_of = Vec::new();
+        for write in &self.writes {
+            match write {
+                HeldWrite::Step { .. } => {
+                    let step = steps.next().ok_or(StoreError::NotFound("step"))?;
+                    written.steps.push(step);
                     written
                         .order
                         .push(Slot::StepStarted(written.steps.len() - 1));
@@ -221,15 +248,13 @@ impl Held {
                     name,
                     closed,
                 } => {
-                    let artifact = NewArtifact {
-                        id: handle,
-                        owner,
-                        name,
-                        kind: name,
-                        content_type: "text/plain",
-                        closed: *closed,
+                    let upserted = if first_of.contains(name) {
+                        let artifact = output_artifact(owner, handle, name, *closed);
+                        artifacts::upsert(conn, scope, &artifact).await?
+                    } else {
+                        first_of.push(*name);
+                        artifacts.next().ok_or(StoreError::NotFound("artifact"))?
                     };
-                    let upserted = artifacts::upsert(conn, scope, &artifact).await?;
                     ids.insert(handle.clone(), upserted.artifact.id.clone());
                     written.artifacts.push(upserted);
                     written
@@ -244,6 +269,23 @@ impl Held {
             }
         }
         Ok(ids)
+    }
+}
+
+/// A step's output stream as the artifact it is written to.
+fn output_artifact<'a>(
+    owner: Subject<'a>,
+    handle: &'a str,
+    name: &'static str,
+    closed: bool,
+) -> NewArtifact<'a> {
+    NewArtifact {
+        id: handle,
+        owner,
+        name,
+        kind: name,
+        content_type: "text/plain",
+        closed,
     }
 }
 
