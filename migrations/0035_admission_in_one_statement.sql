@@ -1,5 +1,6 @@
 -- A run's admission in one statement (runs::insert): the run row, its task pointed at it,
--- its job and its events.
+-- its job and its events, and the check that the approval policy it was decided by is
+-- still the workspace's.
 --
 -- The task's pointer to its latest run is checked at the end of the statement that sets
 -- it, which inserts the run too, rather than at commit: the check is the same, and
@@ -32,3 +33,11 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- Each stored approval policy's revision, unique across every policy ever stored (one
+-- sequence), so a process may keep the policy it read and check, in the statement that
+-- admits a run, that it is still the one in force instead of reading it again: a change
+-- (or a reset, which deletes the row) always changes it.
+CREATE SEQUENCE approval_policy_revisions;
+ALTER TABLE approval_policies
+    ADD COLUMN revision BIGINT NOT NULL DEFAULT nextval('approval_policy_revisions');

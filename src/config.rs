@@ -236,6 +236,7 @@ impl Common {
     pub fn admission_rules(&self) -> Result<AdmissionRules, String> {
         Ok(AdmissionRules {
             approvals: self.approval_policies.clone(),
+            policies: Default::default(),
             approval_ttl: (self.approval_ttl_ms > 0)
                 .then(|| Duration::from_millis(self.approval_ttl_ms)),
             timeouts: self.timeouts.timeouts()?,

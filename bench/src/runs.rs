@@ -8,6 +8,7 @@
 //! latency.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -428,27 +429,44 @@ pub(crate) fn summarize(
     ))
 }
 
+/// Whether the Keel measured predates `start: true` on task creation (it refused the
+/// field once): its runs are then created and started by two requests, as its clients did.
+static SEPARATE_START: AtomicBool = AtomicBool::new(false);
+
 /// Creates a shell task of `command` and starts it, in one request (`start: true`): one
 /// commit for both, as a client that wants both pays; returns its id and when the request
-/// was sent.
+/// was sent. A Keel from before `start: true` gets `POST …/start` after the creation.
 async fn start_run(
     http: &reqwest::Client,
     base: &str,
     command: &str,
 ) -> anyhow::Result<(String, Instant)> {
     let sent = Instant::now();
-    let task: Value = http
+    let separate = SEPARATE_START.load(Ordering::Relaxed);
+    let mut body = json!({ "execution_kind": "shell", "shell_command": command });
+    if !separate {
+        body["start"] = json!(true);
+    }
+    let response = http
         .post(format!("{base}/v1/tasks"))
-        .json(&json!({ "execution_kind": "shell", "shell_command": command, "start": true }))
+        .json(&body)
         .send()
-        .await?
-        .error_for_status()?
-        .json()
         .await?;
+    if !separate && response.status() == reqwest::StatusCode::UNPROCESSABLE_ENTITY {
+        SEPARATE_START.store(true, Ordering::Relaxed);
+        return Box::pin(start_run(http, base, command)).await;
+    }
+    let task: Value = response.error_for_status()?.json().await?;
     let task_id = task["data"]["id"]
         .as_str()
         .context("task response without an id")?
         .to_string();
+    if separate {
+        http.post(format!("{base}/v1/tasks/{task_id}/start"))
+            .send()
+            .await?
+            .error_for_status()?;
+    }
     Ok((task_id, sent))
 }
 

@@ -1,8 +1,9 @@
-//! Workspace approval policies: read at each admission and at each response's tool calls,
-//! so a change applies to the next of each without a restart; set and reset by operators,
-//! every change in the audit trail with its actor.
+//! Workspace approval policies: in force at each admission and at each response's tool
+//! calls, so a change applies to the next of each without a restart; set and reset by
+//! operators, every change in the audit trail with its actor.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use sqlx::PgConnection;
 use sqlx::types::Json;
@@ -26,6 +27,7 @@ struct Row {
     allowed_write_paths: Option<Vec<String>>,
     updated_at: chrono::DateTime<chrono::Utc>,
     updated_by: String,
+    revision: i64,
 }
 
 impl Row {
@@ -51,7 +53,7 @@ async fn row(conn: &mut PgConnection, scope: &Scope) -> Result<Option<Row>> {
                   network_egress AS "network_egress: GateDecision",
                   read_file AS "read_file: GateDecision", all_tools AS "all_tools: GateDecision",
                   mcp_servers AS "mcp_servers: Json<BTreeMap<String, GateDecision>>",
-                  allowed_write_paths, updated_at, updated_by
+                  allowed_write_paths, updated_at, updated_by, revision
            FROM approval_policies WHERE workspace_id = $1"#,
         scope.workspace(),
     )
@@ -68,6 +70,67 @@ pub(crate) async fn in_force(
     Ok(row(conn, scope)
         .await?
         .map_or_else(|| default.clone(), |row| row.policy()))
+}
+
+/// The policy in force in a workspace, and the revision of the row it comes from (None:
+/// the workspace has none, the process setting applies).
+#[derive(Debug, Clone)]
+pub(crate) struct InForce {
+    pub(crate) policy: Arc<ApprovalPolicy>,
+    pub(crate) revision: Option<i64>,
+}
+
+/// The policies in force that this process read, per workspace. An admission decides by
+/// the one kept and checks, in the statement that admits the run, that its revision is
+/// still the workspace's (`runs::insert`); when it is not, or when the kept one refuses the
+/// run, the policy is read again ([`Policies::read`]). A change made anywhere applies to
+/// the next admission all the same, and an admission costs no read of its own.
+#[derive(Debug, Default)]
+pub struct Policies(Mutex<HashMap<String, InForce>>);
+
+impl Policies {
+    /// At most this many workspaces' policies are kept; past it, all are read again.
+    const CAPACITY: usize = 10_000;
+
+    /// The policy kept for the workspace, or [`Policies::read`]'s.
+    pub(crate) async fn in_force(
+        &self,
+        conn: &mut PgConnection,
+        scope: &Scope,
+        default: &ApprovalPolicy,
+    ) -> Result<InForce> {
+        if let Some(kept) = self.kept().get(scope.workspace()) {
+            return Ok(kept.clone());
+        }
+        self.read(conn, scope, default).await
+    }
+
+    /// The policy in force in the workspace, read, and kept in place of the one before.
+    pub(crate) async fn read(
+        &self,
+        conn: &mut PgConnection,
+        scope: &Scope,
+        default: &ApprovalPolicy,
+    ) -> Result<InForce> {
+        let row = row(conn, scope).await?;
+        let in_force = InForce {
+            policy: Arc::new(row.as_ref().map_or_else(|| default.clone(), Row::policy)),
+            revision: row.map(|row| row.revision),
+        };
+        let mut kept = self.kept();
+        if kept.len() >= Self::CAPACITY {
+            kept.clear();
+        }
+        kept.insert(scope.workspace().to_string(), in_force.clone());
+        Ok(in_force)
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, HashMap<String, InForce>> {
+        // A panic while the map was held leaves nothing half-written in it.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// The policy in force, as the API shows it.
@@ -163,13 +226,14 @@ async fn upsert(
                read_file = EXCLUDED.read_file, all_tools = EXCLUDED.all_tools,
                mcp_servers = EXCLUDED.mcp_servers,
                allowed_write_paths = EXCLUDED.allowed_write_paths,
-               updated_by = EXCLUDED.updated_by, updated_at = now()
+               updated_by = EXCLUDED.updated_by, updated_at = now(),
+               revision = nextval('approval_policy_revisions')
            RETURNING shell_exec AS "shell_exec: GateDecision", git_exec AS "git_exec: GateDecision",
                      file_write AS "file_write: GateDecision",
                      network_egress AS "network_egress: GateDecision",
                      read_file AS "read_file: GateDecision", all_tools AS "all_tools: GateDecision",
                      mcp_servers AS "mcp_servers: Json<BTreeMap<String, GateDecision>>",
-                     allowed_write_paths, updated_at, updated_by"#,
+                     allowed_write_paths, updated_at, updated_by, revision"#,
         scope.workspace(),
         g.shell_exec.as_str(),
         g.git_exec.as_str(),

@@ -2,6 +2,7 @@
 //! transitions with their audit records, and cancellation.
 
 use keel_api_types::ErrorCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -10,7 +11,7 @@ use sqlx::PgConnection;
 use sqlx::types::Json;
 
 use crate::approvals;
-use crate::approvals::{ActionSummary, ApprovalKind, ApprovalPolicy};
+use crate::approvals::{ActionSummary, ApprovalKind, ApprovalPolicy, InForce, Policies};
 use crate::attempt::JobKind;
 use crate::db::{Result, StoreError, violates};
 use crate::domain::{Actor, EventType, Role, RunStatus, Scope, new_id};
@@ -90,6 +91,8 @@ macro_rules! run_record {
 #[derive(Debug, Clone, Default)]
 pub struct AdmissionRules {
     pub approvals: ApprovalPolicy,
+    /// The workspaces' approval policies this process keeps (shared by every copy).
+    pub policies: Arc<Policies>,
     /// How long an approval stays actionable; None: until resolved.
     pub approval_ttl: Option<Duration>,
     /// The default and longest run timeout a task may have.
@@ -295,40 +298,20 @@ pub(crate) async fn admit_locked(
         )));
     }
     let task = raise_budget(conn, scope, task, admission.budget_micros_usd).await?;
-    let (gates, summary) = match admission.orchestrator {
-        Orchestrator::Worker => gates(conn, scope, &task, hooks.as_ref(), rules).await?,
-        Orchestrator::Client => (Vec::new(), None),
-    };
-    let status = if gates.is_empty() {
-        RunStatus::Queued
-    } else {
-        RunStatus::AwaitingApproval
-    };
     let lineage = Lineage::of(conn, scope, &admission, source.as_ref()).await?;
     let run_id = new_id("run");
-    // The task is locked: its next run's number is known.
-    let created = serde_json::json!({
-        "actor": actor.to_string(),
-        "number": task.run_count + 1,
-        "retried_from_run_id": lineage.retried_from,
-        "resumed_from_run_id": lineage.resumed.map(|s| &s.id),
-        "reason": admission.reason,
-        "schedule": admission.schedule,
-    });
-    let mut appended = vec![NewEvent::new(task_id, &run_id, EventType::RunCreated).with(created)];
-    if let Some(checkpoint) = &lineage.checkpoint {
-        let data = serde_json::json!({ "checkpoint": checkpoint, "reason": admission.reason });
-        appended.push(NewEvent::new(task_id, &run_id, EventType::RunResumedFromEvent).with(data));
-    }
     let new_run = NewRun {
         id: &run_id,
         task: &task,
         admission: &admission,
         lineage: &lineage,
-        status,
+        // A client's run starts at once; a worker's run is decided by its gates below.
+        status: RunStatus::Queued,
+        decided_by: None,
     };
     if admission.orchestrator == Orchestrator::Client {
         let run = insert(conn, scope, &new_run, actor, None, &[]).await?;
+        let mut appended = created_events(&new_run, actor);
         let data = serde_json::json!({ "orchestrator": "client", "attempt": run.attempt + 1 });
         appended.push(NewEvent::new(task_id, &run_id, EventType::RunStarted).with(data));
         let moved = Move {
@@ -340,15 +323,89 @@ pub(crate) async fn admit_locked(
         let run = transition_recorded(conn, scope, &run, moved, &appended).await?;
         return Ok(Admitted::New(run));
     }
+    // Decided by the policy in force as this process keeps it; the run's statement checks
+    // that it still is. A policy changed since, or a refusal by a kept one, is read again
+    // and decides anew.
+    let mut fresh = false;
+    for _ in 0..POLICY_READS {
+        let policies = &rules.policies;
+        let policy = match fresh {
+            true => policies.read(conn, scope, &rules.approvals).await?,
+            false => policies.in_force(conn, scope, &rules.approvals).await?,
+        };
+        let (gates, summary) = match gates(conn, scope, &task, hooks.as_ref(), &policy.policy).await
+        {
+            Err(StoreError::Forbidden(_)) if !fresh => {
+                fresh = true;
+                continue;
+            }
+            decided => decided?,
+        };
+        let decided = NewRun {
+            status: match gates.is_empty() {
+                true => RunStatus::Queued,
+                false => RunStatus::AwaitingApproval,
+            },
+            decided_by: Some(&policy),
+            ..new_run
+        };
+        if let Some(run) =
+            admit_decided(conn, scope, &decided, (gates, summary), rules, actor).await?
+        {
+            return Ok(Admitted::New(run));
+        }
+        fresh = true;
+    }
+    Err(StoreError::Conflict(
+        "the workspace's approval policy kept changing during the admission; try again".into(),
+    ))
+}
+
+/// How many times an admission reads the approval policy in force before it gives up: a
+/// change between the read and the run's statement makes it read again.
+const POLICY_READS: usize = 3;
+
+/// `run.created` (and a resumed run's `run.resumed_from_event`). The task is locked: its
+/// next run's number is known before the run is written.
+fn created_events<'a>(run: &NewRun<'a>, actor: &Actor) -> Vec<NewEvent<'a>> {
+    let (task_id, admission, lineage) = (run.task.id.as_str(), run.admission, run.lineage);
+    let created = serde_json::json!({
+        "actor": actor.to_string(),
+        "number": run.task.run_count + 1,
+        "retried_from_run_id": lineage.retried_from,
+        "resumed_from_run_id": lineage.resumed.map(|s| &s.id),
+        "reason": admission.reason,
+        "schedule": admission.schedule,
+    });
+    let mut events = vec![NewEvent::new(task_id, run.id, EventType::RunCreated).with(created)];
+    if let Some(checkpoint) = &lineage.checkpoint {
+        let data = serde_json::json!({ "checkpoint": checkpoint, "reason": admission.reason });
+        events.push(NewEvent::new(task_id, run.id, EventType::RunResumedFromEvent).with(data));
+    }
+    events
+}
+
+/// Writes a run its gates decided: queued, with its job (the usual case: one statement
+/// for the run, its job and its events), or awaiting its approvals. None when the policy
+/// that decided is no longer the one in force (nothing was written).
+async fn admit_decided(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run: &NewRun<'_>,
+    (gates, summary): (Vec<ApprovalKind>, Option<ActionSummary>),
+    rules: &AdmissionRules,
+    actor: &Actor,
+) -> Result<Option<RunRecord>> {
+    let mut appended = created_events(run, actor);
     // A summary exactly when there are gates.
     let Some(summary) = summary else {
-        // The usual case: one statement writes the run, its job and its events.
-        appended.push(NewEvent::new(task_id, &run_id, EventType::RunQueued));
-        let job = Enqueue::new(JobKind::Run.as_str(), &run_id, task.priority);
-        let run = insert(conn, scope, &new_run, actor, Some(&job), &appended).await?;
-        return Ok(Admitted::New(run));
+        appended.push(NewEvent::new(&run.task.id, run.id, EventType::RunQueued));
+        let job = Enqueue::new(JobKind::Run.as_str(), run.id, run.task.priority);
+        return insert_decided(conn, scope, run, actor, Some(&job), &appended).await;
     };
-    let run = insert(conn, scope, &new_run, actor, None, &[]).await?;
+    let Some(inserted) = insert_decided(conn, scope, run, actor, None, &[]).await? else {
+        return Ok(None);
+    };
     let mut gated = Vec::new();
     for kind in gates {
         let gate = approvals::Gate {
@@ -356,11 +413,11 @@ pub(crate) async fn admit_locked(
             step_id: None,
         };
         let ttl = rules.approval_ttl;
-        gated.push(approvals::create(conn, scope, &run, gate, &summary, ttl, actor).await?);
+        gated.push(approvals::create(conn, scope, &inserted, gate, &summary, ttl, actor).await?);
     }
     appended.extend(gated.iter().map(approvals::requested_event));
     events::append(conn, scope, &appended).await?;
-    Ok(Admitted::New(run))
+    Ok(Some(inserted))
 }
 
 /// The gates a new run of `task` waits on, and what its approver then sees. An agent
@@ -372,7 +429,7 @@ async fn gates(
     scope: &Scope,
     task: &TaskRecord,
     hooks: Option<&Hooks>,
-    rules: &AdmissionRules,
+    approvals: &ApprovalPolicy,
 ) -> Result<(Vec<ApprovalKind>, Option<ActionSummary>)> {
     let execution = if task.is_agent_loop() {
         tasks::chat_routes(conn, scope, task).await?;
@@ -380,7 +437,6 @@ async fn gates(
     } else {
         Some(task.execution().map_err(StoreError::Conflict)?)
     };
-    let approvals = &approvals::policy_in_force(conn, scope, &rules.approvals).await?;
     let mut gates = match &execution {
         Some(execution) => approvals.gates_for(execution, task.sandbox()),
         None => Vec::new(),
@@ -504,10 +560,11 @@ struct NewRun<'a> {
     admission: &'a Admission,
     lineage: &'a Lineage<'a>,
     status: RunStatus,
+    /// The approval policy its status was decided by, which must still be in force.
+    decided_by: Option<&'a InForce>,
 }
 
-/// Stores the run row, points the task at it (its next number), records both changes in
-/// the audit trail, enqueues `job` and appends `events` (after the rest): one statement.
+/// [`insert_decided`] of a run no approval policy decided.
 async fn insert(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -516,10 +573,28 @@ async fn insert(
     job: Option<&Enqueue<'_>>,
     events: &[NewEvent<'_>],
 ) -> Result<RunRecord> {
+    insert_decided(conn, scope, run, actor, job, events)
+        .await?
+        .ok_or(StoreError::NotFound("task"))
+}
+
+/// Stores the run row, points the task at it (its next number), records both changes in
+/// the audit trail, enqueues `job` and appends `events` (after the rest): one statement.
+/// None, and nothing written, when the approval policy the run was decided by is no longer
+/// the workspace's.
+async fn insert_decided(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run: &NewRun<'_>,
+    actor: &Actor,
+    job: Option<&Enqueue<'_>>,
+    events: &[NewEvent<'_>],
+) -> Result<Option<RunRecord>> {
     let NewRun {
         task,
         admission,
         lineage,
+        decided_by,
         ..
     } = run;
     let from_model_call_index = match admission.origin {
@@ -536,7 +611,10 @@ async fn insert(
     let inserted = query_runs!(
         r#"WITH counted AS (
              UPDATE tasks SET run_count = run_count + 1, latest_run_id = $1, updated_at = now()
-             WHERE workspace_id = $14 AND id = $2 RETURNING run_count
+             WHERE workspace_id = $14 AND id = $2
+               AND (NOT $33 OR (SELECT p.revision FROM approval_policies p
+                                WHERE p.workspace_id = $14) IS NOT DISTINCT FROM $34)
+             RETURNING run_count
          ), inserted AS (
              INSERT INTO runs (id, task_id, number, status, retried_from_run_id,
                                resumed_from_run_id, workspace_run_id, checkpoint,
@@ -600,8 +678,10 @@ async fn insert(
         &batch.media_job_ids as &[Option<&str>],
         &batch.types as &[&str],
         &batch.data as &[serde_json::Value],
+        decided_by.is_some(),
+        decided_by.and_then(|policy| policy.revision),
     )
-    .fetch_one(&mut *conn)
+    .fetch_optional(&mut *conn)
     .await;
     match inserted {
         Err(e) if violates(&e, "runs_one_active_per_task") => Err(StoreError::Conflict(format!(
