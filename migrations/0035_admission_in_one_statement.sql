@@ -24,10 +24,15 @@ BEGIN
     ON CONFLICT (kind, ref_id) DO NOTHING
     RETURNING id INTO job_id;
     inserted := job_id IS NOT NULL;
+    -- The ids just before this one, read by the primary key: `OFFSET 0` keeps the
+    -- planner from reading the kind's due entries instead (the plan a cached generic plan
+    -- picks, which walks every dead entry of a drained queue).
     woken := inserted AND NOT EXISTS (
-        SELECT 1 FROM queue_jobs q
-        WHERE q.id < job_id AND q.id >= job_id - wake_lookbehind AND q.kind = job_kind
-          AND q.workspace_id = job_workspace AND q.lease_owner IS NULL AND q.run_after <= now());
+        SELECT 1
+        FROM (SELECT kind, workspace_id, lease_owner, run_after FROM queue_jobs
+              WHERE id < job_id AND id >= job_id - wake_lookbehind OFFSET 0) AS q
+        WHERE q.kind = job_kind AND q.workspace_id = job_workspace AND q.lease_owner IS NULL
+          AND q.run_after <= now());
     IF woken THEN
         PERFORM pg_notify(wake_channel, job_kind);
     END IF;

@@ -71,6 +71,20 @@ impl CpuSample {
     }
 }
 
+/// CPU milliseconds of one bare fork and exec of `sh -c true` by this process (its own
+/// time and the child's), over `spawns` of them: the floor under what a shell run of
+/// `true` costs, which Keel's own processes add to. Blocks while it spawns.
+pub fn spawn_floor_ms(spawns: usize) -> anyhow::Result<f64> {
+    let me = std::process::id() as i32;
+    let before = stat(me)?.with_children();
+    for _ in 0..spawns {
+        let status = Command::new("sh").args(["-c", "true"]).status()?;
+        anyhow::ensure!(status.success(), "sh -c true exited with {status}");
+    }
+    let ticks = stat(me)?.with_children().saturating_sub(before);
+    Ok(ticks as f64 * 1000.0 / clock_ticks()? / spawns.max(1) as f64)
+}
+
 /// The fields of `/proc/<pid>/stat` this module reads (ticks).
 struct Stat {
     ppid: i32,

@@ -128,6 +128,12 @@ fn rows(report: &Report, peer: Option<&PeerReport>) -> Vec<Row> {
         rows.push(Row::keel(name("latency p99 (ms)"), l.p99_ms).against(p(|p| p.latency.p99_ms)));
         rows.push(Row::keel(name("latency max (ms)"), l.max_ms).against(p(|p| p.latency.max_ms)));
     }
+    if let Some(runs) = &report.runs {
+        rows.push(Row::keel(
+            "runs: floor, a bare fork and exec of `sh -c true` (CPU ms)".to_string(),
+            runs.spawn_floor_ms,
+        ));
+    }
     for r in report.runs.iter().flat_map(|r| &r.points) {
         let w = r.workers;
         let row =

@@ -28,6 +28,8 @@ use super::{POLL, RunArgs};
 /// Lone runs per worker count (at most `--runs`): started one at a time, each after the
 /// previous ended.
 const LONE_SAMPLES: usize = 50;
+/// Bare spawns of `sh -c true` the floor is measured over.
+const SPAWNS: usize = 500;
 /// How often `pg_stat_activity` is sampled for lock waits.
 const ACTIVITY_SAMPLE: Duration = Duration::from_millis(50);
 
@@ -35,6 +37,10 @@ const ACTIVITY_SAMPLE: Duration = Duration::from_millis(50);
 pub struct RunsFigures {
     pub runs: usize,
     pub concurrency: usize,
+    /// CPU ms of a bare fork and exec of `sh -c true` (the bench's and the child's), the
+    /// floor under a run of `true`: measured before the points, on the same machine.
+    #[serde(default)]
+    pub spawn_floor_ms: f64,
     /// One per worker count, in the order asked for.
     pub points: Vec<RunsPoint>,
 }
@@ -92,6 +98,11 @@ async fn measure(
             .execute(pool)
             .await
             .is_ok();
+    let spawn_floor_ms =
+        tokio::task::spawn_blocking(|| super::cpu::spawn_floor_ms(SPAWNS)).await??;
+    eprintln!(
+        "keel-bench: runs: a bare fork and exec of `sh -c true` costs {spawn_floor_ms:.2} CPU ms"
+    );
     let mut points = Vec::new();
     for &workers in &args.run_workers {
         points.push(point(pool, url, args, data_dir, workers, statements).await?);
@@ -99,6 +110,7 @@ async fn measure(
     Ok(RunsFigures {
         runs: args.runs,
         concurrency: args.concurrency,
+        spawn_floor_ms,
         points,
     })
 }
