@@ -250,7 +250,8 @@ pub(crate) struct Pruned {
 /// that occurred more than `days` days ago, except each subject's last one, which keeps
 /// the subject's numbering going on from where it stood (a stream's `Last-Event-ID`, a
 /// resume's checkpoint). Ids grow with time, so the batches walk the oldest first, and a
-/// batch past the old ones reads `limit` rows and finds none.
+/// batch past the old ones reads `limit` rows and finds none. Rows another replica's pass
+/// holds are left to it (`SKIP LOCKED`), so two passes never wait on each other.
 pub(crate) async fn prune(
     conn: &mut PgConnection,
     after: i64,
@@ -265,15 +266,17 @@ pub(crate) async fn prune(
                    WHERE id > $1 ORDER BY id LIMIT $3
                ) AS next
                WHERE occurred_at < now() - make_interval(days => $2)
-           ), deleted AS (
-               DELETE FROM run_events e
+           ), doomed AS (
+               SELECT e.id FROM run_events e
                WHERE e.id IN (
                    SELECT b.id FROM batch b
                    WHERE EXISTS (SELECT 1 FROM run_events n
                                  WHERE n.run_id = b.run_id AND n.sequence > b.sequence)
                       OR EXISTS (SELECT 1 FROM run_events n
                                  WHERE n.media_job_id = b.media_job_id AND n.sequence > b.sequence))
-               RETURNING e.id
+               FOR UPDATE SKIP LOCKED
+           ), deleted AS (
+               DELETE FROM run_events e WHERE e.id IN (SELECT id FROM doomed) RETURNING e.id
            )
            SELECT (SELECT max(id) FROM batch) AS last,
                   (SELECT count(*) FROM deleted) AS "deleted!""#,

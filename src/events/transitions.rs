@@ -94,7 +94,8 @@ pub async fn list(
 }
 
 /// History retention over the audit trail: of the `limit` transitions after id `after`,
-/// deletes those older than `days` days (see [`crate::events::prune`]).
+/// deletes those older than `days` days (see [`crate::events::prune`]); rows another
+/// replica's pass holds are left to it.
 pub(crate) async fn prune(
     conn: &mut PgConnection,
     after: i64,
@@ -109,8 +110,11 @@ pub(crate) async fn prune(
                    WHERE id > $1 ORDER BY id LIMIT $3
                ) AS next
                WHERE occurred_at < now() - make_interval(days => $2)
+           ), doomed AS (
+               SELECT id FROM state_transitions WHERE id IN (SELECT id FROM batch)
+               FOR UPDATE SKIP LOCKED
            ), deleted AS (
-               DELETE FROM state_transitions WHERE id IN (SELECT id FROM batch) RETURNING id
+               DELETE FROM state_transitions WHERE id IN (SELECT id FROM doomed) RETURNING id
            )
            SELECT (SELECT max(id) FROM batch) AS last,
                   (SELECT count(*) FROM deleted) AS "deleted!""#,

@@ -95,10 +95,13 @@ impl LeaseRow {
     }
 }
 
-/// Forgets ended leases older than `days`, in every workspace (retention).
+/// Forgets ended leases older than `days`, in every workspace (retention); rows another
+/// replica's pass holds are left to it.
 pub(crate) async fn prune(conn: &mut PgConnection, days: i32) -> Result<u64> {
     let done = sqlx::query!(
-        "DELETE FROM lease_history WHERE released_at < now() - make_interval(days => $1)",
+        "DELETE FROM lease_history WHERE id IN (
+             SELECT id FROM lease_history WHERE released_at < now() - make_interval(days => $1)
+             FOR UPDATE SKIP LOCKED)",
         days,
     )
     .execute(conn)

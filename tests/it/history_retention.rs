@@ -76,3 +76,80 @@ async fn old_events_and_transitions_go_but_each_runs_last_event_and_young_histor
     assert_eq!(young_now.len(), young_events.len());
     assert!(count("state_transitions", young_task.clone()).await > 1);
 }
+
+/// Two replicas' passes may reach the same rows: each deletes only rows no other holds
+/// (`SKIP LOCKED`), so a pass never waits for another (here, a transaction holding one old
+/// event and one old transition, as another pass's delete would) and leaves it those rows.
+#[tokio::test]
+async fn a_retention_pass_skips_the_rows_another_holds_instead_of_waiting() {
+    let app = TestApp::start().await;
+    let c = &app.client;
+    let (task, run) = c.run_shell("echo old").await;
+    c.wait_terminal(&task, &run, RUN_TIMEOUT).await;
+    for table in ["run_events", "state_transitions"] {
+        let backdate = format!(
+            "UPDATE {table} SET occurred_at = occurred_at - interval '40 days' WHERE task_id = $1"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(backdate))
+            .bind(&task)
+            .execute(&app.pool)
+            .await
+            .unwrap();
+    }
+    let mut holder = app.pool.begin().await.unwrap();
+    let held_event: i64 = sqlx::query_scalar(
+        "SELECT id FROM run_events WHERE task_id = $1 ORDER BY sequence LIMIT 1 FOR UPDATE",
+    )
+    .bind(&task)
+    .fetch_one(&mut *holder)
+    .await
+    .unwrap();
+    let held_transition: i64 = sqlx::query_scalar(
+        "SELECT id FROM state_transitions WHERE task_id = $1 ORDER BY id LIMIT 1 FOR UPDATE",
+    )
+    .bind(&task)
+    .fetch_one(&mut *holder)
+    .await
+    .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("KEEL_HISTORY_RETENTION_DAYS", "30"),
+        ("KEEL_RECONCILE_INTERVAL_MS", "200"),
+    ];
+    let _worker = spawn_worker_with_env(
+        &app.db_url,
+        dir.path(),
+        "retention",
+        2_000,
+        dir.path(),
+        &env,
+    );
+    let left = || async {
+        let events: Vec<i64> = sqlx::query_scalar("SELECT id FROM run_events WHERE task_id = $1")
+            .bind(&task)
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+        let transitions: Vec<i64> =
+            sqlx::query_scalar("SELECT id FROM state_transitions WHERE task_id = $1")
+                .bind(&task)
+                .fetch_all(&app.pool)
+                .await
+                .unwrap();
+        (events, transitions)
+    };
+    // While the rows are held: everything else old goes (the run's last event stays).
+    let (events, transitions) = wait_for(
+        Duration::from_secs(30),
+        "the unheld history to go",
+        || async {
+            let (events, transitions) = left().await;
+            (events.len() == 2 && transitions.len() == 1).then_some((events, transitions))
+        },
+    )
+    .await;
+    assert!(events.contains(&held_event), "{events:?}");
+    assert_eq!(transitions, [held_transition]);
+    holder.rollback().await.unwrap();
+}
