@@ -55,13 +55,17 @@ pub struct Latencies {
     pub sse_first_byte: Latency,
     /// `POST /v1/tasks` with `start: true`, to its 201.
     pub admission: Latency,
+    /// `GET /v1/tasks?limit=50&status=running` with no task running (the figure runs no
+    /// worker): a status no task has, timed after the admissions.
+    pub task_list_running: Latency,
 }
 
 impl Latencies {
     /// Each latency's name with it, in the order the report prints them.
-    pub fn named(&self) -> [(&'static str, &Latency); 6] {
+    pub fn named(&self) -> [(&'static str, &Latency); 7] {
         [
             ("task list", &self.task_list),
+            ("task list, status=running (none)", &self.task_list_running),
             ("task get", &self.task_get),
             ("run events page", &self.run_events),
             ("feed page", &self.feed_page),
@@ -238,6 +242,8 @@ async fn measure(
         anyhow::Ok(())
     })
     .await?;
+    let running = "/v1/tasks?limit=50&status=running";
+    let task_list_running = time(samples, |_| get(running.into())).await?;
     deployment.stop(pool).await?;
     Ok(Latencies {
         task_list,
@@ -246,6 +252,7 @@ async fn measure(
         feed_page,
         sse_first_byte,
         admission,
+        task_list_running,
     })
 }
 

@@ -280,6 +280,9 @@ pub async fn list(
     before: Option<&str>,
     limit: i64,
 ) -> Result<Vec<TaskRecord>> {
+    if let Some(active) = status.filter(|status| status.is_active()) {
+        return list_active(conn, scope, active, before, limit).await;
+    }
     let rows = query_tasks!(
         "SELECT",
         "FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
@@ -289,6 +292,33 @@ pub async fn list(
          ORDER BY t.id DESC LIMIT $4",
         scope.workspace(),
         status.map(TaskStatus::as_str),
+        before,
+        limit,
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok(rows)
+}
+
+/// [`list`] of the tasks whose latest run is `status`, an active one: read from the active
+/// runs (`runs_workspace_active_task`), since a task's active run is its latest and its
+/// only one, so the page costs the same however many finished tasks the workspace holds.
+async fn list_active(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    status: TaskStatus,
+    before: Option<&str>,
+    limit: i64,
+) -> Result<Vec<TaskRecord>> {
+    let rows = query_tasks!(
+        "SELECT",
+        "FROM runs r JOIN tasks t ON t.id = r.task_id AND t.latest_run_id = r.id
+         WHERE r.workspace_id = $1 AND r.status = $2
+           AND r.status IN ('queued', 'running', 'awaiting_approval')
+           AND ($3::text IS NULL OR r.task_id < $3)
+         ORDER BY r.task_id DESC LIMIT $4",
+        scope.workspace(),
+        status.as_str(),
         before,
         limit,
     )

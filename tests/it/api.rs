@@ -595,7 +595,9 @@ async fn task_list_paginates_and_filters_by_status() {
     for _ in 0..5 {
         ids.push(c.create_task(&shell("true")).await.id);
     }
-    c.start(&ids[0]).await;
+    for started in [0, 2, 4] {
+        c.start(&ids[started]).await;
+    }
     let mut seen = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
@@ -611,11 +613,24 @@ async fn task_list_paginates_and_filters_by_status() {
     }
     let newest_first: Vec<String> = ids.iter().rev().cloned().collect();
     assert_eq!(seen, newest_first);
-    let queued = c.api.list_tasks(Some("queued")).await.unwrap().data;
-    assert_eq!(queued.len(), 1);
-    assert_eq!(queued[0].id, ids[0]);
+    // An active status is read from the active runs, paged by task as the rest.
+    let mut queued = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let list = c.api.list_tasks(Some("queued")).query("limit", Some(2));
+        let page = list.query("cursor", cursor.take()).await.unwrap();
+        assert!(page.data.iter().all(|t| t.status == TaskStatus::Queued));
+        queued.extend(page.data.into_iter().map(|t| t.id));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(queued, [ids[4].clone(), ids[2].clone(), ids[0].clone()]);
+    let running = c.api.list_tasks(Some("running")).await.unwrap();
+    assert!(running.data.is_empty());
     let not_started = c.api.list_tasks(Some("not_started")).await.unwrap();
-    assert_eq!(not_started.data.len(), 4);
+    assert_eq!(not_started.data.len(), 2);
 }
 
 /// Every refusal carries the envelope and the request id.
