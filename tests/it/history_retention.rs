@@ -4,9 +4,33 @@
 
 use std::time::Duration;
 
-use crate::support::{TestApp, spawn_worker_with_env, wait_for};
+use crate::support::{KeelProcess, TestApp, spawn_worker_with_env, wait_for};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The task's history as 40 days of age would leave it.
+async fn backdate(app: &TestApp, task: &str) {
+    for table in ["run_events", "state_transitions"] {
+        let backdate = format!(
+            "UPDATE {table} SET occurred_at = occurred_at - interval '40 days' WHERE task_id = $1"
+        );
+        let moved = sqlx::query(sqlx::AssertSqlSafe(backdate))
+            .bind(task)
+            .execute(&app.pool)
+            .await
+            .unwrap();
+        assert!(moved.rows_affected() > 1, "{table}");
+    }
+}
+
+/// A worker whose maintenance keeps 30 days of history, passing every 200 ms.
+fn retention_worker(app: &TestApp, dir: &std::path::Path) -> KeelProcess {
+    let env = [
+        ("KEEL_HISTORY_RETENTION_DAYS", "30"),
+        ("KEEL_RECONCILE_INTERVAL_MS", "200"),
+    ];
+    spawn_worker_with_env(&app.db_url, dir, "retention", 2_000, dir, &env)
+}
 
 #[tokio::test]
 async fn old_events_and_transitions_go_but_each_runs_last_event_and_young_history_stay() {
@@ -20,32 +44,9 @@ async fn old_events_and_transitions_go_but_each_runs_last_event_and_young_histor
     let young_events = c.events(&young_task, &young_run).await;
     let old_events = c.events(&old_task, &old_run).await;
     let old_last = old_events.last().unwrap().clone();
-    // The old task's history as 40 days of age would leave it.
-    for table in ["run_events", "state_transitions"] {
-        let backdate = format!(
-            "UPDATE {table} SET occurred_at = occurred_at - interval '40 days' WHERE task_id = $1"
-        );
-        let moved = sqlx::query(sqlx::AssertSqlSafe(backdate))
-            .bind(&old_task)
-            .execute(&app.pool)
-            .await
-            .unwrap();
-        assert!(moved.rows_affected() > 1, "{table}");
-    }
-
+    backdate(&app, &old_task).await;
     let dir = tempfile::tempdir().unwrap();
-    let env = [
-        ("KEEL_HISTORY_RETENTION_DAYS", "30"),
-        ("KEEL_RECONCILE_INTERVAL_MS", "200"),
-    ];
-    let _worker = spawn_worker_with_env(
-        &app.db_url,
-        dir.path(),
-        "retention",
-        2_000,
-        dir.path(),
-        &env,
-    );
+    let _worker = retention_worker(&app, dir.path());
     let count = |table: &'static str, task: String| {
         let pool = app.pool.clone();
         async move {
@@ -86,16 +87,7 @@ async fn a_retention_pass_skips_the_rows_another_holds_instead_of_waiting() {
     let c = &app.client;
     let (task, run) = c.run_shell("echo old").await;
     c.wait_terminal(&task, &run, RUN_TIMEOUT).await;
-    for table in ["run_events", "state_transitions"] {
-        let backdate = format!(
-            "UPDATE {table} SET occurred_at = occurred_at - interval '40 days' WHERE task_id = $1"
-        );
-        sqlx::query(sqlx::AssertSqlSafe(backdate))
-            .bind(&task)
-            .execute(&app.pool)
-            .await
-            .unwrap();
-    }
+    backdate(&app, &task).await;
     let mut holder = app.pool.begin().await.unwrap();
     let held_event: i64 = sqlx::query_scalar(
         "SELECT id FROM run_events WHERE task_id = $1 ORDER BY sequence LIMIT 1 FOR UPDATE",
@@ -113,18 +105,7 @@ async fn a_retention_pass_skips_the_rows_another_holds_instead_of_waiting() {
     .unwrap();
 
     let dir = tempfile::tempdir().unwrap();
-    let env = [
-        ("KEEL_HISTORY_RETENTION_DAYS", "30"),
-        ("KEEL_RECONCILE_INTERVAL_MS", "200"),
-    ];
-    let _worker = spawn_worker_with_env(
-        &app.db_url,
-        dir.path(),
-        "retention",
-        2_000,
-        dir.path(),
-        &env,
-    );
+    let _worker = retention_worker(&app, dir.path());
     let left = || async {
         let events: Vec<i64> = sqlx::query_scalar("SELECT id FROM run_events WHERE task_id = $1")
             .bind(&task)
