@@ -26,7 +26,7 @@ pub(crate) use keel_api_types::TaskRecord;
 /// `t` with the projection of its latest run `r` (`status` as a [`TaskStatus`]), then
 /// `$after` (its `FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id …`).
 macro_rules! query_tasks {
-    ($before:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+    ($before:literal, $after:literal $(+ $more:literal)* $(, $arg:expr)* $(,)?) => {
         sqlx::query_as!(
             TaskRecord,
             $before
@@ -46,6 +46,7 @@ macro_rules! query_tasks {
                           AS "latest_run_artifact_count!",
                       t.created_at, t.updated_at "#
                 + $after
+                $(+ $more)*
             $(, $arg)*
         )
     };
@@ -272,6 +273,31 @@ pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<Tas
     .ok_or(StoreError::NotFound("task"))
 }
 
+/// [`list`]'s statement for an active status (`queued`, `running`, `awaiting_approval`):
+/// read from the active runs (`runs_workspace_active_task`), since a task's active run is
+/// its latest and its only one, so the page costs the same however many finished tasks the
+/// workspace holds. One statement per status, the status written in it: with the status a
+/// parameter, PostgreSQL planned each execution anew on a large history (a custom plan
+/// looked cheaper than the generic one), 0.35 ms a request for a 5 µs read.
+macro_rules! list_active {
+    ($conn:expr, $scope:expr, $status:literal, $before:expr, $limit:expr) => {
+        query_tasks!(
+            "SELECT",
+            "FROM runs r JOIN tasks t ON t.id = r.task_id AND t.latest_run_id = r.id
+             WHERE r.workspace_id = $1 AND r.status = '"
+                + $status
+                + "'
+               AND ($2::text IS NULL OR r.task_id < $2)
+             ORDER BY r.task_id DESC LIMIT $3",
+            $scope.workspace(),
+            $before,
+            $limit,
+        )
+        .fetch_all($conn)
+        .await?
+    };
+}
+
 /// Newest first; `before` is the id of the last task of the previous page.
 pub async fn list(
     conn: &mut PgConnection,
@@ -280,9 +306,26 @@ pub async fn list(
     before: Option<&str>,
     limit: i64,
 ) -> Result<Vec<TaskRecord>> {
-    if let Some(active) = status.filter(|status| status.is_active()) {
-        return list_active(conn, scope, active, before, limit).await;
-    }
+    let rows = match status {
+        Some(TaskStatus::Queued) => list_active!(conn, scope, "queued", before, limit),
+        Some(TaskStatus::Running) => list_active!(conn, scope, "running", before, limit),
+        Some(TaskStatus::AwaitingApproval) => {
+            list_active!(conn, scope, "awaiting_approval", before, limit)
+        }
+        _ => list_by_task(conn, scope, status, before, limit).await?,
+    };
+    Ok(rows)
+}
+
+/// [`list`] walking the workspace's tasks: every task, or those whose latest run ended as
+/// `status` (or that have none, `not_started`), filtered after the join.
+async fn list_by_task(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    status: Option<TaskStatus>,
+    before: Option<&str>,
+    limit: i64,
+) -> Result<Vec<TaskRecord>> {
     let rows = query_tasks!(
         "SELECT",
         "FROM tasks t LEFT JOIN runs r ON r.id = t.latest_run_id
@@ -292,33 +335,6 @@ pub async fn list(
          ORDER BY t.id DESC LIMIT $4",
         scope.workspace(),
         status.map(TaskStatus::as_str),
-        before,
-        limit,
-    )
-    .fetch_all(conn)
-    .await?;
-    Ok(rows)
-}
-
-/// [`list`] of the tasks whose latest run is `status`, an active one: read from the active
-/// runs (`runs_workspace_active_task`), since a task's active run is its latest and its
-/// only one, so the page costs the same however many finished tasks the workspace holds.
-async fn list_active(
-    conn: &mut PgConnection,
-    scope: &Scope,
-    status: TaskStatus,
-    before: Option<&str>,
-    limit: i64,
-) -> Result<Vec<TaskRecord>> {
-    let rows = query_tasks!(
-        "SELECT",
-        "FROM runs r JOIN tasks t ON t.id = r.task_id AND t.latest_run_id = r.id
-         WHERE r.workspace_id = $1 AND r.status = $2
-           AND r.status IN ('queued', 'running', 'awaiting_approval')
-           AND ($3::text IS NULL OR r.task_id < $3)
-         ORDER BY r.task_id DESC LIMIT $4",
-        scope.workspace(),
-        status.as_str(),
         before,
         limit,
     )
