@@ -45,19 +45,19 @@ pub async fn heartbeat(
 }
 
 /// Checks, inside a worker's transaction, that it still holds the lease, and locks the
-/// job row so no claim or cancellation can interleave until the transaction ends.
+/// job row so no claim or cancellation can interleave until the transaction ends. The check
+/// is the `fence_job` function (migrations/0037), which a domain statement may call first
+/// instead (`runs::lock_with_task`).
 pub async fn fence(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
-    sqlx::query_scalar!(
-        "SELECT id FROM queue_jobs WHERE id = $1 AND fencing_token = $2 AND lease_owner = $3
-         FOR UPDATE",
+    let held = sqlx::query_scalar!(
+        r#"SELECT fence_job($1, $2, $3) AS "held!""#,
         lease.job_id,
         lease.fencing_token,
         lease.owner,
     )
-    .fetch_optional(conn)
-    .await?
-    .map(|_| ())
-    .ok_or(QueueError::LeaseLost)
+    .fetch_one(conn)
+    .await?;
+    held.then_some(()).ok_or(QueueError::LeaseLost)
 }
 
 /// Starts a worker transaction that holds the job's lease for its whole length.

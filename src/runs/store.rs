@@ -836,13 +836,12 @@ impl RunWithTask {
     }
 }
 
-/// `query!` of a run with its task (the columns [`run_with_task!`] reads): `$with` (up to
-/// the `SELECT`), the columns, then `$after` (`WHERE …` on the run `r`, and a lock).
+/// `query!` of a run with its task (the columns [`run_with_task!`] reads), then `$after`
+/// (`WHERE …` on the run `r`, and a lock).
 macro_rules! query_run_with_task {
-    ($with:literal, $after:literal $(, $arg:expr)* $(,)?) => {
+    ($after:literal $(, $arg:expr)* $(,)?) => {
         sqlx::query!(
-            $with
-                + r#" SELECT r.id, r.task_id, r.number, r.status AS "status: RunStatus", r.attempt,
+            r#"SELECT r.id, r.task_id, r.number, r.status AS "status: RunStatus", r.attempt,
                   r.worker_id, r.exit_code, r.last_error, r.retried_from_run_id,
                   r.resumed_from_run_id, r.checkpoint, r.prior_cost_micros_usd,
                   r.total_cost_micros_usd, r.model_call_count, r.abandoned_model_calls, r.model,
@@ -891,19 +890,15 @@ macro_rules! run_with_task {
 }
 
 /// Locks the run of a job's lease for the rest of the transaction and reads its task, in
-/// one statement that first locks the job row, fenced by the lease (`fence`, evaluated
-/// before the run's row is locked: the order every transaction of a job takes them in).
-/// None when the run is gone; `LeaseLost` when the lease is.
+/// one statement that first locks the job row, fenced by the lease (`fence_job`, the
+/// queue's check, evaluated before the run's row is locked: the order every transaction of
+/// a job takes them in). None when the run is gone; `LeaseLost` when the lease is.
 pub(crate) async fn lock_with_task(
     conn: &mut PgConnection,
     lease: &Lease,
 ) -> Result<Option<RunWithTask>> {
     let row = query_run_with_task!(
-        r#"WITH fence AS (
-               SELECT id FROM queue_jobs WHERE id = $3 AND fencing_token = $4 AND lease_owner = $5
-               FOR UPDATE
-           )"#,
-        "WHERE r.workspace_id = $1 AND r.id = $2 AND EXISTS (SELECT 1 FROM fence)
+        "WHERE r.workspace_id = $1 AND r.id = $2 AND fence_job($3, $4, $5)
          FOR UPDATE OF r",
         lease.workspace_id,
         lease.ref_id,
@@ -928,7 +923,6 @@ pub(crate) async fn read_with_task(
     lease: &Lease,
 ) -> Result<Option<RunWithTask>> {
     let row = query_run_with_task!(
-        "",
         "WHERE r.workspace_id = $1 AND r.id = $2",
         lease.workspace_id,
         lease.ref_id,
@@ -1174,10 +1168,7 @@ async fn transition_if(
     // latest, whose status the task's projects) and the events, appended once the change
     // is made (`appended` reads `updated`) and not at all when there are none.
     let run = query_runs!(
-        r#"WITH fence AS (
-             SELECT id FROM queue_jobs WHERE id = $17 AND fencing_token = $18 AND lease_owner = $19
-             FOR UPDATE
-         ), updated AS (
+        r#"WITH updated AS (
              UPDATE runs SET
                 status = $2,
                 attempt = attempt + CASE WHEN $2 = 'running' THEN 1 ELSE 0 END,
@@ -1188,7 +1179,7 @@ async fn transition_if(
                 last_error = COALESCE($5, last_error),
                 updated_at = now()
              WHERE workspace_id = $6 AND id = $1 AND status = $7
-               AND ($17::bigint IS NULL OR EXISTS (SELECT 1 FROM fence))
+               AND ($17::bigint IS NULL OR fence_job($17, $18, $19))
              RETURNING *
          ), audit AS (
              INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id,
