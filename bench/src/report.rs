@@ -159,6 +159,11 @@ fn rows(report: &Report, peer: Option<&PeerReport>) -> Vec<Row> {
             )
             .target("≤ 4"),
         );
+        rows.push(row("WAL bytes per run", r.wal_bytes_per_run));
+        rows.push(row(
+            "WAL records per run",
+            r.wal_records_per_run.unwrap_or(f64::NAN),
+        ));
         rows.push(row("sessions waiting on a lock (share)", r.lock_wait_share));
         let cpu = &r.cpu;
         rows.push(row("CPU ms per run: postgres", cpu.postgres_ms));

@@ -66,6 +66,14 @@ pub struct RunsPoint {
     /// durable commit (WAL flushed) unless it rolled back.
     #[serde(default)]
     pub writing_transactions_per_run: f64,
+    /// WAL the cluster wrote per run: bytes (full-page images after a checkpoint
+    /// included, so they vary) and records (`pg_walinspect`: one per row version, index
+    /// entry, lock and commit), the work a run's rows cost, which the CPU figures follow
+    /// with noise and the record count does not. None without `pg_walinspect`.
+    #[serde(default)]
+    pub wal_bytes_per_run: f64,
+    #[serde(default)]
+    pub wal_records_per_run: Option<f64>,
     /// Sampled sessions of the database waiting on a lock, over the active ones.
     pub lock_wait_share: f64,
     /// Lone runs, each started once the one before ended: start → `run.finished`.
@@ -162,6 +170,7 @@ async fn point(
     if statements {
         print_top_statements(pool).await?;
     }
+    let wal_records = wal_records(pool, &before.wal_lsn, &after.wal_lsn, args.runs).await;
     Ok(RunsPoint {
         workers,
         seconds,
@@ -172,6 +181,8 @@ async fn point(
         statements_per_run,
         transactions_per_run: per_run(after.commits - before.commits),
         writing_transactions_per_run: per_run(after.next_xid - before.next_xid),
+        wal_bytes_per_run: per_run(after.wal_bytes - before.wal_bytes),
+        wal_records_per_run: wal_records.map(per_run),
         lock_wait_share,
         lone: lone_runs(pool, url, args, data_dir, workers).await?,
         cpu,
@@ -333,12 +344,17 @@ struct DatabaseCounters {
     commits: i64,
     /// The next transaction id to be assigned: the writing transactions so far.
     next_xid: i64,
+    /// The WAL flushed so far: its position, and in bytes from the start.
+    wal_lsn: String,
+    wal_bytes: i64,
 }
 
 impl DatabaseCounters {
     async fn read(pool: &PgPool, statements: bool) -> anyhow::Result<DatabaseCounters> {
-        let (commits, next_xid) = sqlx::query_as(
-            "SELECT xact_commit, pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+        let (commits, next_xid, wal_lsn, wal_bytes) = sqlx::query_as(
+            "SELECT xact_commit, pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
+                    pg_current_wal_flush_lsn()::text,
+                    pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')::bigint
              FROM pg_stat_database WHERE datname = current_database()",
         )
         .fetch_one(pool)
@@ -360,14 +376,53 @@ impl DatabaseCounters {
             statements,
             commits,
             next_xid,
+            wal_lsn,
+            wal_bytes,
         })
     }
 }
 
+/// The WAL records between two positions, and on stderr the relations of this database
+/// they wrote most, per run: where a run's rows and index entries go. None (and a note)
+/// when `pg_walinspect` cannot be created.
+async fn wal_records(pool: &PgPool, from: &str, to: &str, runs: usize) -> Option<i64> {
+    if let Err(error) = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        .execute(pool)
+        .await
+    {
+        eprintln!("keel-bench: no WAL record counts ({error})");
+        return None;
+    }
+    let by_relation: Vec<(String, i64)> = sqlx::query_as(
+        "WITH records AS (
+             SELECT (regexp_match(block_ref, 'rel \\d+/(\\d+)/(\\d+)')) AS rel
+             FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
+         )
+         SELECT COALESCE(c.relname::text, '(other)'), count(*)
+         FROM records r
+         LEFT JOIN pg_class c
+           ON r.rel[1]::oid = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND pg_relation_filenode(c.oid) = r.rel[2]::oid
+         GROUP BY 1 ORDER BY 2 DESC",
+    )
+    .bind(from)
+    .bind(to)
+    .fetch_all(pool)
+    .await
+    .inspect_err(|error| eprintln!("keel-bench: no WAL record counts ({error})"))
+    .ok()?;
+    for (relation, records) in by_relation.iter().take(30) {
+        let per_run = *records as f64 / runs as f64;
+        eprintln!("keel-bench: WAL records per run {per_run:>6.2}  {relation}");
+    }
+    Some(by_relation.iter().map(|(_, records)| records).sum())
+}
+
 /// The most frequent statements so far, on stderr: where the per-run figure comes from.
 async fn print_top_statements(pool: &PgPool) -> anyhow::Result<()> {
-    let top: Vec<(i64, String)> = sqlx::query_as(
-        "SELECT calls, left(regexp_replace(query, '\\s+', ' ', 'g'), 110) FROM pg_stat_statements
+    let top: Vec<(i64, f64, f64, String)> = sqlx::query_as(
+        "SELECT calls, mean_exec_time, mean_plan_time,
+                left(regexp_replace(query, '\\s+', ' ', 'g'), 110) FROM pg_stat_statements
          WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
            AND query NOT LIKE $1
          ORDER BY calls DESC LIMIT 25",
@@ -375,8 +430,9 @@ async fn print_top_statements(pool: &PgPool) -> anyhow::Result<()> {
     .bind(BENCH_OWN)
     .fetch_all(pool)
     .await?;
-    for (calls, query) in top {
-        eprintln!("keel-bench: {calls:>8}  {query}");
+    // Planning is 0 unless `pg_stat_statements.track_planning` is on.
+    for (calls, exec_ms, plan_ms, query) in top {
+        eprintln!("keel-bench: {calls:>8} exec {exec_ms:.3} ms plan {plan_ms:.3} ms  {query}");
     }
     sqlx::query("SELECT pg_stat_statements_reset()")
         .execute(pool)
