@@ -29,6 +29,7 @@ mod layout;
 mod live_views;
 mod mcp;
 mod media;
+mod migrations;
 mod openapi;
 mod parity;
 mod partition;

@@ -268,6 +268,34 @@ async fn an_image_job_runs_on_a_worker_and_its_secret_is_never_written() {
     assert_eq!(body["error"]["type"], "media_job_not_runnable");
 
     assert_secret_nowhere(&stack, &id, &artifacts).await;
+    assert_media_keys_hold(&stack, &id).await;
+}
+
+/// A media job's events and artifacts keep their unique keys (partial indexes since
+/// migrations 0038 and 0039, so a run's rows stay out of them; an artifact's full key stays
+/// one release longer): a second event with a sequence the job holds, or a second
+/// artifact with a name it holds, is refused.
+async fn assert_media_keys_hold(stack: &Stack, id: &str) {
+    let copies = [
+        (
+            &["run_events_media_sequence"][..],
+            "INSERT INTO run_events (event_id, media_job_id, sequence, type, workspace_id, feed_xid)
+             SELECT 'evt_copy', media_job_id, sequence, type, workspace_id, feed_xid
+             FROM run_events WHERE media_job_id = $1 ORDER BY sequence LIMIT 1",
+        ),
+        (
+            &["artifacts_media_job_name", "artifacts_media_name"][..],
+            "INSERT INTO artifacts (id, media_job_id, name, kind, content_type, status, workspace_id)
+             SELECT 'art_copy', media_job_id, name, kind, content_type, status, workspace_id
+             FROM artifacts WHERE media_job_id = $1 ORDER BY id LIMIT 1",
+        ),
+    ];
+    for (keys, copy) in copies {
+        let refused = sqlx::query(copy).bind(id).execute(&stack.pool).await;
+        let error = refused.expect_err("a duplicate media key was accepted");
+        let violated = error.as_database_error().and_then(|e| e.constraint());
+        assert!(violated.is_some_and(|key| keys.contains(&key)), "{error}");
+    }
 }
 
 /// Greps what Keel wrote for the key: every table, both processes' logs, the job, its

@@ -1,0 +1,46 @@
+//! Migrations that cannot run in a transaction (`CREATE INDEX CONCURRENTLY`) and what
+//! guards the ones after them.
+
+use sqlx::{Connection, PgConnection};
+
+use crate::support;
+
+async fn constraint_exists(conn: &mut PgConnection, name: &str) -> bool {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = $1)")
+        .bind(name)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// 0040 drops the full key of media events only once 0038's partial one is valid: a
+/// build that was interrupted leaves an invalid index (which `IF NOT EXISTS` then skips),
+/// and media events would be left with no unique key at all.
+#[tokio::test]
+async fn the_full_media_event_key_stays_until_its_partial_one_is_valid() {
+    let url = support::empty_database().await;
+    let mut conn = PgConnection::connect(&url).await.unwrap();
+    keel::db::MIGRATOR.run_to(39, &mut conn).await.unwrap();
+    // What an interrupted CREATE INDEX CONCURRENTLY leaves behind.
+    sqlx::query(
+        "UPDATE pg_index SET indisvalid = false
+         WHERE indexrelid = 'run_events_media_sequence'::regclass",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+
+    let refused = keel::db::MIGRATOR.run(&mut conn).await.unwrap_err();
+    let message = refused.to_string();
+    assert!(message.contains("run_events_media_sequence"), "{message}");
+    assert!(message.contains("REINDEX INDEX CONCURRENTLY"), "{message}");
+    assert!(constraint_exists(&mut conn, "run_events_media_job_sequence").await);
+
+    // Rebuilt as the error says, the migrations go on and the full key goes.
+    sqlx::query("REINDEX INDEX CONCURRENTLY run_events_media_sequence")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    keel::db::MIGRATOR.run(&mut conn).await.unwrap();
+    assert!(!constraint_exists(&mut conn, "run_events_media_job_sequence").await);
+}
