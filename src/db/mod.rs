@@ -113,22 +113,61 @@ pub async fn connect(url: &str, max_connections: u32, role: &str) -> Result<PgPo
     Ok(pool)
 }
 
-/// Applies pending migrations. Safe to run from several processes at once: sqlx holds an
-/// advisory lock while it migrates. The migrating connection has no statement timeout (an
-/// index build may take longer); `RESET` gives it back to the pool with the pool's.
+/// Keel's own migration lock (session-level, advisory): "keelmigr".
+const MIGRATION_LOCK: i64 = 0x6b65_656c_6d69_6772;
+/// How often a `migrate` that found another one running tries the lock again, and how
+/// long it waits in all (an index build on a large table takes minutes).
+const MIGRATION_LOCK_RETRY: Duration = Duration::from_millis(200);
+const MIGRATION_LOCK_WAIT: Duration = Duration::from_secs(3600);
+
+/// Applies pending migrations. Safe to run from several processes at once: one migrates
+/// while it holds Keel's migration lock, the others wait for it. They wait by trying the
+/// lock between statements, not inside `pg_advisory_lock` (as sqlx's own lock, which is
+/// then free, would): a session waiting inside a statement holds a snapshot, which a
+/// `CREATE INDEX CONCURRENTLY` under the lock waits for, a deadlock PostgreSQL ended by
+/// cancelling one of them (tests/it/migrations.rs). The migrating connection has no
+/// statement timeout (an index build may take longer); `RESET` gives it back to the pool
+/// with the pool's.
 pub async fn migrate(pool: &PgPool) -> Result<()> {
     let mut conn = pool.acquire().await?;
     sqlx::query!("SET statement_timeout = 0")
         .execute(&mut *conn)
         .await?;
-    MIGRATOR
+    lock_migrations(&mut conn).await?;
+    let migrated = MIGRATOR
         .run(&mut *conn)
         .await
-        .map_err(|e| StoreError::Database(e.into()))?;
+        .map_err(|e| StoreError::Database(e.into()));
+    sqlx::query_scalar!("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
+        .fetch_one(&mut *conn)
+        .await?;
+    migrated?;
     sqlx::query!("RESET statement_timeout")
         .execute(&mut *conn)
         .await?;
     Ok(())
+}
+
+async fn lock_migrations(conn: &mut sqlx::PgConnection) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + MIGRATION_LOCK_WAIT;
+    loop {
+        let locked = sqlx::query_scalar!(
+            r#"SELECT pg_try_advisory_lock($1) AS "locked!""#,
+            MIGRATION_LOCK
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        if locked {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(StoreError::Conflict(format!(
+                "another keel migrate held the migration lock for {} s",
+                MIGRATION_LOCK_WAIT.as_secs()
+            )));
+        }
+        tokio::time::sleep(MIGRATION_LOCK_RETRY).await;
+    }
 }
 
 /// Whether the database has every migration this binary knows.

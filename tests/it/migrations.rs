@@ -1,6 +1,7 @@
-//! Migrations that cannot run in a transaction (`CREATE INDEX CONCURRENTLY`) and what
-//! guards the ones after them.
+//! Migrations that cannot run in a transaction (`CREATE INDEX CONCURRENTLY`): what guards
+//! the ones after them, and `migrate` from several processes at once.
 
+use futures_util::future::join_all;
 use sqlx::{Connection, PgConnection};
 
 use crate::support;
@@ -43,4 +44,25 @@ async fn the_full_media_event_key_stays_until_its_partial_one_is_valid() {
         .unwrap();
     keel::db::MIGRATOR.run(&mut conn).await.unwrap();
     assert!(!constraint_exists(&mut conn, "run_events_media_job_sequence").await);
+}
+
+/// Several `migrate`s at once (replicas starting together) all succeed: the ones waiting
+/// for the lock wait between statements. Waiting inside `pg_advisory_lock` (sqlx's lock)
+/// held a snapshot, which the `CREATE INDEX CONCURRENTLY` under the lock waited for, and
+/// PostgreSQL broke the deadlock by cancelling one of them (every time, in three tries).
+#[tokio::test]
+async fn concurrent_migrations_all_succeed_through_the_concurrent_index_builds() {
+    let url = support::empty_database().await;
+    let pools = join_all((0..3).map(|_| support::pool(&url))).await;
+    let migrated = join_all(pools.iter().map(keel::db::migrate)).await;
+    for result in &migrated {
+        assert!(result.is_ok(), "{result:?}");
+    }
+    let valid: bool = sqlx::query_scalar(
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = 'run_events_media_sequence'::regclass",
+    )
+    .fetch_one(&pools[0])
+    .await
+    .unwrap();
+    assert!(valid);
 }
