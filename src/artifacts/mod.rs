@@ -185,7 +185,8 @@ pub(crate) async fn upsert(
     let row = match artifact.owner {
         Subject::Run { .. } => upsert!("(run_id, name)"),
         // The key is a partial index (media artifacts only), which the conflict names by
-        // its predicate too.
+        // its predicate too; the full key it replaces, kept one release longer (migration
+        // 0039), matches the same conflict.
         Subject::MediaJob(_) => upsert!("(media_job_id, name) WHERE media_job_id IS NOT NULL"),
     };
     let upserted = row.ok_or(StoreError::NotFound("artifact"))?.into();

@@ -242,7 +242,7 @@ async fn finish_while_leased<R: Attempted>(
 /// Begins an attempt's end with cached (generic) plans. Its statements take arrays
 /// (the settle's ids, the held steps and artifacts): a custom plan knows their lengths
 /// and so always looks cheaper than the generic one, and PostgreSQL planned them anew at
-/// every end, 0.4 ms each, as long as they ran (docs/benchmarks.md, "Planning"). One
+/// every end, 0.4 ms each (docs/benchmarks.md, "A run's writes and plans"). One
 /// round trip: the setting goes in the `BEGIN`'s query and ends with the transaction.
 const BEGIN_GENERIC: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan";
 
