@@ -9,8 +9,8 @@ pub mod embedded;
 use std::time::Duration;
 
 use keel_api_types::ErrorCode;
-use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgConnection, PgPool};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -113,8 +113,8 @@ pub async fn connect(url: &str, max_connections: u32, role: &str) -> Result<PgPo
     Ok(pool)
 }
 
-/// Keel's own migration lock (session-level, advisory): "keelmigr".
-const MIGRATION_LOCK: i64 = 0x6b65_656c_6d69_6772;
+/// The name of Keel's own migration lock (a session-level advisory lock).
+const MIGRATION_LOCK: &str = "keel:migrate";
 /// How often a `migrate` that found another one running tries the lock again, and how
 /// long it waits in all (an index build on a large table takes minutes).
 const MIGRATION_LOCK_RETRY: Duration = Duration::from_millis(200);
@@ -138,9 +138,7 @@ pub async fn migrate(pool: &PgPool) -> Result<()> {
         .run(&mut *conn)
         .await
         .map_err(|e| StoreError::Database(e.into()));
-    sqlx::query_scalar!("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK)
-        .fetch_one(&mut *conn)
-        .await?;
+    session_unlock(&mut conn, MIGRATION_LOCK).await?;
     migrated?;
     sqlx::query!("RESET statement_timeout")
         .execute(&mut *conn)
@@ -148,16 +146,10 @@ pub async fn migrate(pool: &PgPool) -> Result<()> {
     Ok(())
 }
 
-async fn lock_migrations(conn: &mut sqlx::PgConnection) -> Result<()> {
+async fn lock_migrations(conn: &mut PgConnection) -> Result<()> {
     let deadline = tokio::time::Instant::now() + MIGRATION_LOCK_WAIT;
     loop {
-        let locked = sqlx::query_scalar!(
-            r#"SELECT pg_try_advisory_lock($1) AS "locked!""#,
-            MIGRATION_LOCK
-        )
-        .fetch_one(&mut *conn)
-        .await?;
-        if locked {
+        if try_session_lock(conn, MIGRATION_LOCK).await? {
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
@@ -168,6 +160,26 @@ async fn lock_migrations(conn: &mut sqlx::PgConnection) -> Result<()> {
         }
         tokio::time::sleep(MIGRATION_LOCK_RETRY).await;
     }
+}
+
+/// Takes the session-level advisory lock named `key` if no other session holds it. It
+/// outlives transactions: the holder gives it up with [`session_unlock`] or by closing
+/// the connection (as its process's death does).
+pub(crate) async fn try_session_lock(conn: &mut PgConnection, key: &str) -> Result<bool> {
+    let locked = sqlx::query_scalar!(
+        r#"SELECT pg_try_advisory_lock(hashtextextended($1, 0)) AS "locked!""#,
+        key,
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(locked)
+}
+
+async fn session_unlock(conn: &mut PgConnection, key: &str) -> Result<()> {
+    sqlx::query_scalar!("SELECT pg_advisory_unlock(hashtextextended($1, 0))", key)
+        .fetch_one(conn)
+        .await?;
+    Ok(())
 }
 
 /// Whether the database has every migration this binary knows.

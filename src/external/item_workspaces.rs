@@ -196,11 +196,5 @@ pub(crate) async fn try_lock(
     scope: &Scope,
     item: &ItemRecord,
 ) -> Result<bool> {
-    let locked = sqlx::query_scalar!(
-        r#"SELECT pg_try_advisory_lock(hashtextextended($1, 0)) AS "locked!""#,
-        lock_key(scope, item),
-    )
-    .fetch_one(conn)
-    .await?;
-    Ok(locked)
+    crate::db::try_session_lock(conn, &lock_key(scope, item)).await
 }
