@@ -170,7 +170,7 @@ async fn point(
     if statements {
         print_top_statements(pool).await?;
     }
-    let wal_records = wal_records(pool, &before.wal_lsn, &after.wal_lsn, args.runs).await;
+    let wal_records = wal_records(pool, before.wal_bytes, after.wal_bytes, args.runs).await;
     Ok(RunsPoint {
         workers,
         seconds,
@@ -344,16 +344,14 @@ struct DatabaseCounters {
     commits: i64,
     /// The next transaction id to be assigned: the writing transactions so far.
     next_xid: i64,
-    /// The WAL flushed so far: its position, and in bytes from the start.
-    wal_lsn: String,
+    /// The WAL flushed so far, as its position in bytes.
     wal_bytes: i64,
 }
 
 impl DatabaseCounters {
     async fn read(pool: &PgPool, statements: bool) -> anyhow::Result<DatabaseCounters> {
-        let (commits, next_xid, wal_lsn, wal_bytes) = sqlx::query_as(
+        let (commits, next_xid, wal_bytes) = sqlx::query_as(
             "SELECT xact_commit, pg_snapshot_xmax(pg_current_snapshot())::text::bigint,
-                    pg_current_wal_flush_lsn()::text,
                     pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')::bigint
              FROM pg_stat_database WHERE datname = current_database()",
         )
@@ -376,16 +374,15 @@ impl DatabaseCounters {
             statements,
             commits,
             next_xid,
-            wal_lsn,
             wal_bytes,
         })
     }
 }
 
-/// The WAL records between two positions, and on stderr the relations of this database
-/// they wrote most, per run: where a run's rows and index entries go. None (and a note)
-/// when `pg_walinspect` cannot be created.
-async fn wal_records(pool: &PgPool, from: &str, to: &str, runs: usize) -> Option<i64> {
+/// The WAL records between two positions (in bytes), and on stderr the relations of this
+/// database they wrote most, per run: where a run's rows and index entries go. None (and a
+/// note) when `pg_walinspect` cannot be created.
+async fn wal_records(pool: &PgPool, from: i64, to: i64, runs: usize) -> Option<i64> {
     if let Err(error) = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
         .execute(pool)
         .await
@@ -396,7 +393,8 @@ async fn wal_records(pool: &PgPool, from: &str, to: &str, runs: usize) -> Option
     let by_relation: Vec<(String, i64)> = sqlx::query_as(
         "WITH records AS (
              SELECT (regexp_match(block_ref, 'rel \\d+/(\\d+)/(\\d+)')) AS rel
-             FROM pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
+             FROM pg_get_wal_records_info('0/0'::pg_lsn + $1::numeric,
+                                          '0/0'::pg_lsn + $2::numeric)
          )
          SELECT COALESCE(c.relname::text, '(other)'), count(*)
          FROM records r
