@@ -418,8 +418,8 @@ async fn wal_records(pool: &PgPool, from: i64, to: i64, runs: usize) -> Option<i
 
 /// The most frequent statements so far, on stderr: where the per-run figure comes from.
 async fn print_top_statements(pool: &PgPool) -> anyhow::Result<()> {
-    let top: Vec<(i64, f64, f64, String)> = sqlx::query_as(
-        "SELECT calls, mean_exec_time, mean_plan_time,
+    let top: Vec<(i64, i64, f64, f64, String)> = sqlx::query_as(
+        "SELECT calls, plans, mean_exec_time, mean_plan_time,
                 left(regexp_replace(query, '\\s+', ' ', 'g'), 110) FROM pg_stat_statements
          WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
            AND query NOT LIKE $1
@@ -428,9 +428,11 @@ async fn print_top_statements(pool: &PgPool) -> anyhow::Result<()> {
     .bind(BENCH_OWN)
     .fetch_all(pool)
     .await?;
-    // Planning is 0 unless `pg_stat_statements.track_planning` is on.
-    for (calls, exec_ms, plan_ms, query) in top {
-        eprintln!("keel-bench: {calls:>8} exec {exec_ms:.3} ms plan {plan_ms:.3} ms  {query}");
+    // Plans and their time are 0 unless `pg_stat_statements.track_planning` is on.
+    for (calls, plans, exec_ms, plan_ms, query) in top {
+        eprintln!(
+            "keel-bench: {calls:>8} exec {exec_ms:.3} ms, {plans:>6} plans {plan_ms:.3} ms  {query}"
+        );
     }
     sqlx::query("SELECT pg_stat_statements_reset()")
         .execute(pool)

@@ -1,5 +1,6 @@
 //! Migrations that cannot run in a transaction (`CREATE INDEX CONCURRENTLY`): what guards
-//! the ones after them, and `migrate` from several processes at once.
+//! the ones after them, and `migrate` from several processes at once; and the settings the
+//! run path's functions must keep.
 
 use futures_util::future::join_all;
 use sqlx::{Connection, PgConnection};
@@ -65,4 +66,34 @@ async fn concurrent_migrations_all_succeed_through_the_concurrent_index_builds()
     .await
     .unwrap();
     assert!(valid);
+}
+
+/// The functions every run calls keep the plans they build (0042): PL/pgSQL (a SQL function
+/// is parsed and planned at every call) with `plan_cache_mode = force_generic_plan` (their
+/// arrays made a custom plan look cheaper at every call). `CREATE OR REPLACE FUNCTION`
+/// drops a function's settings unless it states them again, which this would catch.
+#[tokio::test]
+async fn the_run_paths_functions_keep_their_plans() {
+    let url = support::fresh_database().await;
+    let mut conn = PgConnection::connect(&url).await.unwrap();
+    let functions: Vec<(String, String, Option<Vec<String>>)> = sqlx::query_as(
+        "SELECT p.proname::text, l.lanname::text, p.proconfig FROM pg_proc p
+         JOIN pg_language l ON l.oid = p.prolang
+         WHERE p.proname IN ('append_events', 'archive_leases') ORDER BY p.proname",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let names: Vec<&str> = functions.iter().map(|(name, ..)| name.as_str()).collect();
+    assert_eq!(names, ["append_events", "archive_leases"]);
+    for (name, language, settings) in &functions {
+        assert_eq!(language, "plpgsql", "{name}");
+        let settings = settings.as_deref().unwrap_or_default();
+        assert!(
+            settings
+                .iter()
+                .any(|s| s == "plan_cache_mode=force_generic_plan"),
+            "{name}: {settings:?}"
+        );
+    }
 }
