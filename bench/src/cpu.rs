@@ -71,15 +71,35 @@ impl CpuSample {
     }
 }
 
-/// CPU milliseconds of one bare fork and exec of `sh -c true` by this process (its own
-/// time and the child's), over `spawns` of them: the floor under what a shell run of
-/// `true` costs, which Keel's own processes add to. Blocks while it spawns.
-pub fn spawn_floor_ms(spawns: usize) -> anyhow::Result<f64> {
+/// The program and arguments of a bare start of `sh -c true`: the floor under what a shell
+/// run of `true` costs, which Keel's own processes add to.
+pub const BARE_SPAWN: &[&str] = &["sh", "-c", "true"];
+
+/// The same in the least a namespaced sandbox does: bubblewrap with a user and a pid
+/// namespace of its own and the host's root bound as it is (Keel's jail adds the mounts,
+/// the other namespaces and a uid of the run's own).
+pub const BARE_SANDBOX_SPAWN: &[&str] = &[
+    "bwrap",
+    "--unshare-user",
+    "--unshare-pid",
+    "--bind",
+    "/",
+    "/",
+    "--",
+    "sh",
+    "-c",
+    "true",
+];
+
+/// CPU milliseconds of one start of `argv` by this process (its own time and that of the
+/// children it waits for, theirs included; not the kernel's deferred work, such as a
+/// namespace's teardown), over `spawns` of them. Blocks while it spawns.
+pub fn spawn_cost_ms(argv: &[&str], spawns: usize) -> anyhow::Result<f64> {
     let me = std::process::id() as i32;
     let before = stat(me)?.with_children();
     for _ in 0..spawns {
-        let status = Command::new("sh").args(["-c", "true"]).status()?;
-        anyhow::ensure!(status.success(), "sh -c true exited with {status}");
+        let status = Command::new(argv[0]).args(&argv[1..]).status()?;
+        anyhow::ensure!(status.success(), "{} exited with {status}", argv.join(" "));
     }
     let ticks = stat(me)?.with_children().saturating_sub(before);
     Ok(ticks as f64 * 1000.0 / clock_ticks()? / spawns.max(1) as f64)

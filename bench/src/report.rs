@@ -133,6 +133,12 @@ fn rows(report: &Report, peer: Option<&PeerReport>) -> Vec<Row> {
             "runs: floor, a bare fork and exec of `sh -c true` (CPU ms)".to_string(),
             runs.spawn_floor_ms,
         ));
+        if let Some(sandbox_floor_ms) = runs.sandbox_floor_ms {
+            rows.push(Row::keel(
+                "runs: floor in a bare bubblewrap sandbox (CPU ms)".to_string(),
+                sandbox_floor_ms,
+            ));
+        }
     }
     for r in report.runs.iter().flat_map(|r| &r.points) {
         let w = r.workers;

@@ -41,6 +41,11 @@ pub struct RunsFigures {
     /// floor under a run of `true`: measured before the points, on the same machine.
     #[serde(default)]
     pub spawn_floor_ms: f64,
+    /// The same in a bare bubblewrap sandbox ([`super::cpu::BARE_SANDBOX_SPAWN`]): the
+    /// floor under a run that starts in namespaces of its own. None where bubblewrap is
+    /// missing or cannot make namespaces.
+    #[serde(default)]
+    pub sandbox_floor_ms: Option<f64>,
     /// One per worker count, in the order asked for.
     pub points: Vec<RunsPoint>,
 }
@@ -106,11 +111,7 @@ async fn measure(
             .execute(pool)
             .await
             .is_ok();
-    let spawn_floor_ms =
-        tokio::task::spawn_blocking(|| super::cpu::spawn_floor_ms(SPAWNS)).await??;
-    eprintln!(
-        "keel-bench: runs: a bare fork and exec of `sh -c true` costs {spawn_floor_ms:.2} CPU ms"
-    );
+    let (spawn_floor_ms, sandbox_floor_ms) = tokio::task::spawn_blocking(floors).await??;
     let mut points = Vec::new();
     for &workers in &args.run_workers {
         points.push(point(pool, url, args, data_dir, workers, statements).await?);
@@ -119,8 +120,21 @@ async fn measure(
         runs: args.runs,
         concurrency: args.concurrency,
         spawn_floor_ms,
+        sandbox_floor_ms,
         points,
     })
+}
+
+/// The cost of starting `sh -c true` bare and in a bare sandbox, printed on stderr.
+fn floors() -> anyhow::Result<(f64, Option<f64>)> {
+    use super::cpu::{BARE_SANDBOX_SPAWN, BARE_SPAWN, spawn_cost_ms};
+    let bare = spawn_cost_ms(BARE_SPAWN, SPAWNS)?;
+    eprintln!("keel-bench: runs: a bare fork and exec of `sh -c true` costs {bare:.2} CPU ms");
+    let sandboxed = spawn_cost_ms(BARE_SANDBOX_SPAWN, SPAWNS)
+        .inspect(|ms| eprintln!("keel-bench: runs: in a bare bubblewrap sandbox, {ms:.2} CPU ms"))
+        .inspect_err(|error| eprintln!("keel-bench: runs: no bare sandbox figure ({error})"))
+        .ok();
+    Ok((bare, sandboxed))
 }
 
 /// One worker count: the throughput phase on fresh processes, measured whole once they
