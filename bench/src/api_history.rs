@@ -1,10 +1,11 @@
 //! The API-history figure: what the API's reads and its admission cost on a nearly empty
-//! database (400 tasks: enough for full pages), then with a large history in it: `--api-history-tasks` tasks in four
-//! workspaces, two finished runs each and ten events per run (1M tasks, 2M runs, 20M
-//! events by default), generated in bulk by SQL. Each latency's p50 and p99 on both, and
-//! their ratio (the target: at most 1.5). It runs on a database of its own beside the
-//! bench's, dropped at the end, and talks HTTP to a real `keel api` (no worker: the
-//! admissions' runs stay queued, which the figure does not read).
+//! database (400 tasks: enough for full pages) and on one with a large history:
+//! `--api-history-tasks` tasks in four workspaces, two finished runs each and ten events
+//! per run (1M tasks, 2M runs, 20M events by default), generated in bulk by SQL. Each
+//! latency's p50 and p99 on both, and their ratio (the target: at most 1.5). The two
+//! databases sit beside the bench's, are dropped at the end, and each has a real `keel api`
+//! (no worker: the admissions' runs stay queued, which the figure does not read); the
+//! requests alternate between them, so both sides meet the machine's same moments.
 
 use std::time::{Duration, Instant};
 
@@ -23,11 +24,10 @@ use super::stats::Latency;
 const WORKSPACES: [&str; 4] = ["default", "history-b", "history-c", "history-d"];
 /// Tasks generated per statement: each a transaction of its own, as a history's rows were.
 const SEED_BATCH: i64 = 50_000;
-const DATABASE: &str = "bench_api_history";
+/// The databases: the nearly empty one, then the one with the history.
+const DATABASES: [&str; 2] = ["bench_api_history_empty", "bench_api_history"];
 /// The "empty" database's tasks: a hundred in each workspace.
 const EMPTY_TASKS: i64 = 400;
-const DROP_DATABASE: &str = "DROP DATABASE IF EXISTS bench_api_history WITH (FORCE)";
-const CREATE_DATABASE: &str = "CREATE DATABASE bench_api_history";
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct ApiHistoryFigures {
@@ -45,6 +45,9 @@ pub struct ApiHistoryFigures {
 pub struct Latencies {
     /// `GET /v1/tasks?limit=50`: the newest tasks.
     pub task_list: Latency,
+    /// `GET /v1/tasks?limit=50&cursor=` a random task with a full page after it: a page
+    /// deep in the list.
+    pub task_list_page: Latency,
     /// `GET /v1/tasks/{id}` of a random task.
     pub task_get: Latency,
     /// `GET …/runs/{id}/events?limit=100` of a random run.
@@ -62,9 +65,10 @@ pub struct Latencies {
 
 impl Latencies {
     /// Each latency's name with it, in the order the report prints them.
-    pub fn named(&self) -> [(&'static str, &Latency); 7] {
+    pub fn named(&self) -> [(&'static str, &Latency); 8] {
         [
             ("task list", &self.task_list),
+            ("task list, after a random cursor", &self.task_list_page),
             ("task list, status=running (none)", &self.task_list_running),
             ("task get", &self.task_get),
             ("run events page", &self.run_events),
@@ -80,58 +84,84 @@ pub async fn figures(
     url: &str,
     args: &RunArgs,
 ) -> anyhow::Result<ApiHistoryFigures> {
-    let (history_url, history) = fresh_database(pool, url).await?;
+    let mut databases = Vec::new();
+    for name in DATABASES {
+        databases.push(fresh_database(pool, url, name).await?);
+    }
     let measured = children::in_data_dir("keel-bench", |data_dir| {
-        measure_both(&history, &history_url, data_dir, args)
+        measure_both(&databases, data_dir, args)
     })
     .await;
-    history.close().await;
-    sqlx::query(DROP_DATABASE).execute(pool).await?;
+    for ((_, database), name) in databases.into_iter().zip(DATABASES) {
+        database.close().await;
+        drop_database(pool, name).await?;
+    }
     measured
 }
 
-/// The latencies on a database with a handful of rows, then with the whole history.
+/// Seeds both databases, then times every request on both, alternately.
 async fn measure_both(
-    history: &PgPool,
-    url: &str,
+    databases: &[(String, PgPool)],
     data_dir: std::path::PathBuf,
     args: &RunArgs,
 ) -> anyhow::Result<ApiHistoryFigures> {
+    let [(empty_url, empty), (loaded_url, loaded)] = databases else {
+        anyhow::bail!("the figure needs its two databases");
+    };
     // Enough rows for full pages (a hundred tasks in the measured workspace, two
     // thousand events), so that both measurements read and send the same amounts.
-    seed(history, 0, EMPTY_TASKS).await?;
-    let empty = measure(history, url, &data_dir, args).await?;
+    seed(empty, 0, EMPTY_TASKS).await?;
     let started = Instant::now();
-    seed(history, EMPTY_TASKS, args.api_history_tasks).await?;
+    seed(loaded, 0, args.api_history_tasks).await?;
     let seed_secs = started.elapsed().as_secs_f64();
     eprintln!("keel-bench: api history: seeded in {seed_secs:.0} s");
-    let loaded = measure(history, url, &data_dir, args).await?;
+    let sides = [
+        Side::start(empty, empty_url, &data_dir, args).await?,
+        Side::start(loaded, loaded_url, &data_dir, args).await?,
+    ];
+    let measured = measure(&sides, args.api_history_samples).await;
+    let [empty_side, loaded_side] = sides;
+    empty_side.deployment.stop(empty).await?;
+    loaded_side.deployment.stop(loaded).await?;
+    let [empty_latencies, loaded_latencies] = measured?;
     let (tasks, runs, events): (i64, i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM tasks), (SELECT count(*) FROM runs),
                 (SELECT count(*) FROM run_events)",
     )
-    .fetch_one(history)
+    .fetch_one(loaded)
     .await?;
     Ok(ApiHistoryFigures {
         tasks,
         runs,
         events,
         seed_secs,
-        empty,
-        loaded,
+        empty: empty_latencies,
+        loaded: loaded_latencies,
     })
 }
 
-/// A new database beside the bench's, with Keel's schema; its URL and a pool.
-async fn fresh_database(pool: &PgPool, url: &str) -> anyhow::Result<(String, PgPool)> {
-    sqlx::query(DROP_DATABASE).execute(pool).await?;
-    sqlx::query(CREATE_DATABASE).execute(pool).await?;
+/// A new database `name` beside the bench's, with Keel's schema; its URL and a pool.
+async fn fresh_database(pool: &PgPool, url: &str, name: &str) -> anyhow::Result<(String, PgPool)> {
+    drop_database(pool, name).await?;
+    // `name` is one of [`DATABASES`].
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(pool)
+        .await?;
     let mut parsed = reqwest::Url::parse(url).context("the database URL")?;
-    parsed.set_path(DATABASE);
-    let history_url = parsed.to_string();
-    let history = keel::db::connect(&history_url, 4, "bench").await?;
-    keel::db::migrate(&history).await?;
-    Ok((history_url, history))
+    parsed.set_path(name);
+    let database_url = parsed.to_string();
+    let database = keel::db::connect(&database_url, 4, "bench").await?;
+    keel::db::migrate(&database).await?;
+    Ok((database_url, database))
+}
+
+async fn drop_database(pool: &PgPool, name: &str) -> anyhow::Result<()> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+    )))
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// Tasks `from..to`, as a history leaves them: each with two finished runs, each run with
@@ -196,79 +226,122 @@ SELECT 'evt_' || lpad(to_hex((r.g * 2 + r.k) * 10 + s), 32, '0'), r.task_id, r.i
        jsonb_build_object('attempt', 1), r.at, r.workspace_id
 FROM r CROSS JOIN generate_series(1, 10) AS s";
 
-/// Every request of [`Latencies`], `--api-history-samples` times each, one at a time, on a
-/// fresh `keel api`.
-async fn measure(
-    pool: &PgPool,
-    url: &str,
-    data_dir: &std::path::Path,
-    args: &RunArgs,
-) -> anyhow::Result<Latencies> {
-    let deployment = Deployment::start(pool, url, data_dir, 0, 1, &[]).await?;
-    let samples = args.api_history_samples;
-    let probes = Probes::read(pool, samples).await?;
-    let (http, base) = (&deployment.http, deployment.base.as_str());
-    let get = |path: String| async move {
-        let response = http.get(format!("{base}{path}")).send().await?;
-        response.error_for_status()?.bytes().await?;
-        anyhow::Ok(())
-    };
-    let task_list = time(samples, |_| get("/v1/tasks?limit=50".into())).await?;
-    let task_get = time(samples, |i| get(format!("/v1/tasks/{}", probes.runs[i].0))).await?;
-    let run_events = time(samples, |i| {
-        let (task, run) = &probes.runs[i];
-        get(format!("/v1/tasks/{task}/runs/{run}/events?limit=100"))
-    })
-    .await?;
-    let feed_page = time(samples, |i| {
-        get(format!("/v1/events?limit=100&after={}", probes.cursors[i]))
-    })
-    .await?;
-    let sse_first_byte = time(samples, |i| {
-        let url = format!("{base}/v1/events/stream?after={}", probes.cursors[i]);
-        async move {
-            let response = http.get(url).send().await?.error_for_status()?;
-            let first = response.bytes_stream().next().await;
-            first.context("the stream ended before its first byte")??;
-            anyhow::Ok(())
-        }
-    })
-    .await?;
-    let admission = time(samples, |_| async move {
-        let task = json!({ "execution_kind": "shell", "shell_command": "true", "start": true });
-        let response = http.post(format!("{base}/v1/tasks")).json(&task).send();
-        let created: Value = response.await?.error_for_status()?.json().await?;
-        anyhow::ensure!(created["data"]["latest_run_id"].is_string(), "{created}");
-        anyhow::Ok(())
-    })
-    .await?;
-    let running = "/v1/tasks?limit=50&status=running";
-    let task_list_running = time(samples, |_| get(running.into())).await?;
-    deployment.stop(pool).await?;
-    Ok(Latencies {
-        task_list,
-        task_get,
-        run_events,
-        feed_page,
-        sse_first_byte,
-        admission,
-        task_list_running,
-    })
+/// One database the figure measures: its `keel api` and the rows its requests read.
+struct Side {
+    deployment: Deployment,
+    probes: Probes,
 }
 
-/// `samples` requests, one at a time (the i-th built by `request(i)`); their latencies.
-async fn time<F, Fut>(samples: usize, request: F) -> anyhow::Result<Latency>
+impl Side {
+    async fn start(
+        pool: &PgPool,
+        url: &str,
+        data_dir: &std::path::Path,
+        args: &RunArgs,
+    ) -> anyhow::Result<Side> {
+        let deployment = Deployment::start(pool, url, data_dir, 0, 1, &[]).await?;
+        let probes = Probes::read(pool, args.api_history_samples).await?;
+        Ok(Side { deployment, probes })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.deployment.base)
+    }
+
+    async fn get(&self, path: &str) -> anyhow::Result<()> {
+        let response = self.deployment.http.get(self.url(path)).send().await?;
+        response.error_for_status()?.bytes().await?;
+        Ok(())
+    }
+
+    async fn first_byte(&self, path: &str) -> anyhow::Result<()> {
+        let response = self.deployment.http.get(self.url(path)).send().await?;
+        let first = response.error_for_status()?.bytes_stream().next().await;
+        first.context("the stream ended before its first byte")??;
+        Ok(())
+    }
+
+    async fn admit(&self) -> anyhow::Result<()> {
+        let task = json!({ "execution_kind": "shell", "shell_command": "true", "start": true });
+        let response = self
+            .deployment
+            .http
+            .post(self.url("/v1/tasks"))
+            .json(&task)
+            .send();
+        let created: Value = response.await?.error_for_status()?.json().await?;
+        anyhow::ensure!(created["data"]["latest_run_id"].is_string(), "{created}");
+        Ok(())
+    }
+}
+
+/// Every request of [`Latencies`], `samples` times each on each side.
+async fn measure(sides: &[Side; 2], samples: usize) -> anyhow::Result<[Latencies; 2]> {
+    let task_list = time(sides, samples, |s, _| s.get("/v1/tasks?limit=50")).await?;
+    let task_list_page = time(sides, samples, |s, i| async move {
+        s.get(&format!("/v1/tasks?limit=50&cursor={}", s.probes.pages[i]))
+            .await
+    })
+    .await?;
+    let task_get = time(sides, samples, |s, i| async move {
+        s.get(&format!("/v1/tasks/{}", s.probes.runs[i].0)).await
+    })
+    .await?;
+    let run_events = time(sides, samples, |s, i| async move {
+        let (task, run) = &s.probes.runs[i];
+        s.get(&format!("/v1/tasks/{task}/runs/{run}/events?limit=100"))
+            .await
+    })
+    .await?;
+    let feed_page = time(sides, samples, |s, i| async move {
+        s.get(&format!(
+            "/v1/events?limit=100&after={}",
+            s.probes.cursors[i]
+        ))
+        .await
+    })
+    .await?;
+    let sse_first_byte = time(sides, samples, |s, i| async move {
+        s.first_byte(&format!("/v1/events/stream?after={}", s.probes.cursors[i]))
+            .await
+    })
+    .await?;
+    let admission = time(sides, samples, |s, _| s.admit()).await?;
+    let running = "/v1/tasks?limit=50&status=running";
+    let task_list_running = time(sides, samples, |s, _| s.get(running)).await?;
+    Ok([0, 1].map(|side| Latencies {
+        task_list: task_list[side].clone(),
+        task_list_page: task_list_page[side].clone(),
+        task_get: task_get[side].clone(),
+        run_events: run_events[side].clone(),
+        feed_page: feed_page[side].clone(),
+        sse_first_byte: sse_first_byte[side].clone(),
+        admission: admission[side].clone(),
+        task_list_running: task_list_running[side].clone(),
+    }))
+}
+
+/// `samples` requests to each side, one at a time (the i-th built by `request(side, i)`),
+/// the sides taking turns to go first; each side's latencies.
+async fn time<'a, F, Fut>(
+    sides: &'a [Side; 2],
+    samples: usize,
+    request: F,
+) -> anyhow::Result<[Latency; 2]>
 where
-    F: Fn(usize) -> Fut,
+    F: Fn(&'a Side, usize) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    let mut waits: Vec<Duration> = Vec::with_capacity(samples);
+    let mut waits: [Vec<Duration>; 2] = Default::default();
     for i in 0..samples {
-        let sent = Instant::now();
-        request(i).await?;
-        waits.push(sent.elapsed());
+        for side in [i % 2, 1 - i % 2] {
+            let sent = Instant::now();
+            request(&sides[side], i).await?;
+            waits[side].push(sent.elapsed());
+        }
     }
-    Latency::of(&waits).context("no samples")
+    let [empty, loaded] = waits.map(|waits| Latency::of(&waits));
+    Ok([empty.context("no samples")?, loaded.context("no samples")?])
 }
 
 /// What the requests read, drawn at random from the `default` workspace's history: each
@@ -277,6 +350,8 @@ where
 struct Probes {
     /// (task, run) pairs.
     runs: Vec<(String, String)>,
+    /// Task-list cursors: tasks with at least a full page of older tasks after them.
+    pages: Vec<String>,
     /// Feed cursors of events.
     cursors: Vec<String>,
 }
@@ -315,10 +390,34 @@ impl Probes {
         .bind(samples as i64)
         .fetch_all(pool)
         .await?;
+        let pages: Vec<String> = sqlx::query_scalar(
+            "WITH floor AS (
+                 SELECT id FROM tasks WHERE workspace_id = 'default'
+                 ORDER BY id OFFSET 50 LIMIT 1
+             )
+             SELECT t.id FROM generate_series(1, $1) AS i
+             CROSS JOIN LATERAL (
+                 (SELECT id FROM tasks
+                  WHERE workspace_id = 'default' AND i > 0 AND id > (SELECT id FROM floor)
+                    AND id >= 'task_' || lpad(to_hex(
+                        (random() * (SELECT count(*) FROM tasks))::bigint), 32, '0')
+                  ORDER BY id LIMIT 1)
+                 UNION ALL
+                 (SELECT id FROM floor WHERE i > 0)
+                 LIMIT 1
+             ) AS t",
+        )
+        .bind(samples as i64)
+        .fetch_all(pool)
+        .await?;
         anyhow::ensure!(
-            runs.len() == samples && cursors.len() == samples,
+            runs.len() == samples && cursors.len() == samples && pages.len() == samples,
             "the history has no run or event in the default workspace"
         );
-        Ok(Probes { runs, cursors })
+        Ok(Probes {
+            runs,
+            pages,
+            cursors,
+        })
     }
 }
