@@ -50,6 +50,8 @@ pub(crate) use keel_api_types::{ListEnvelope, ObjectEnvelope};
 pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 const DEFAULT_PAGE: i64 = 50;
 const MAX_PAGE: i64 = 200;
+// A page and the row that says there is another fit the task list's written bound.
+const _: () = assert!(MAX_PAGE < crate::tasks::LIST_MAX_ROWS);
 
 #[derive(Clone)]
 pub(crate) struct AppState {

@@ -251,11 +251,12 @@ pub async fn list(
                         resolved_by, created_at, expires_at, resolved_at
                  FROM approvals WHERE workspace_id = $5) a
            WHERE ($1::text IS NULL OR a.task_id = $1) AND ($2::text IS NULL OR a.status = $2)
-             AND ($6::text IS NULL OR a.run_id = $6) AND ($3::text IS NULL OR a.id > $3)
+             AND ($6::text IS NULL OR a.run_id = $6) AND a.id > $3
            ORDER BY a.id LIMIT $4"#,
         filter.task_id,
         filter.status,
-        after,
+        // Every id is greater than '': the first page's bound is an index bound too.
+        after.unwrap_or_default(),
         limit,
         scope.workspace(),
         filter.run_id,

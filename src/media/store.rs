@@ -152,11 +152,12 @@ pub async fn list(
         "FROM media_jobs m
          WHERE m.workspace_id = $5 AND ($1::text IS NULL OR m.status = $1)
            AND ($2::text IS NULL OR m.provider_id = $2)
-           AND ($3::text IS NULL OR m.id > $3)
+           AND m.id > $3
          ORDER BY m.id LIMIT $4",
         filter.status.map(MediaJobStatus::as_str),
         filter.provider_id.as_deref(),
-        after,
+        // Every id is greater than '': the first page's bound is an index bound too.
+        after.unwrap_or_default(),
         limit,
         scope.workspace(),
     )
