@@ -84,10 +84,11 @@ pub async fn figures(
     url: &str,
     args: &RunArgs,
 ) -> anyhow::Result<ApiHistoryFigures> {
-    let mut databases = Vec::new();
-    for name in DATABASES {
-        databases.push(fresh_database(pool, url, name).await?);
-    }
+    let [empty, loaded] = DATABASES;
+    let databases = [
+        fresh_database(pool, url, empty).await?,
+        fresh_database(pool, url, loaded).await?,
+    ];
     let measured = children::in_data_dir("keel-bench", |data_dir| {
         measure_both(&databases, data_dir, args)
     })
@@ -101,13 +102,11 @@ pub async fn figures(
 
 /// Seeds both databases, then times every request on both, alternately.
 async fn measure_both(
-    databases: &[(String, PgPool)],
+    databases: &[(String, PgPool); 2],
     data_dir: std::path::PathBuf,
     args: &RunArgs,
 ) -> anyhow::Result<ApiHistoryFigures> {
-    let [(empty_url, empty), (loaded_url, loaded)] = databases else {
-        anyhow::bail!("the figure needs its two databases");
-    };
+    let [(empty_url, empty), (loaded_url, loaded)] = databases;
     // Enough rows for full pages (a hundred tasks in the measured workspace, two
     // thousand events), so that both measurements read and send the same amounts.
     seed(empty, 0, EMPTY_TASKS).await?;
