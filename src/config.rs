@@ -9,7 +9,7 @@ use clap::Args;
 use clap::builder::BoolishValueParser;
 use keel_workers::agent::provider::ChatLimits;
 use keel_workers::media::MediaLimits;
-use keel_workers::{SandboxMode, SandboxSettings};
+use keel_workers::{EgressRules, SandboxMode, SandboxSettings};
 use object_store::aws::AmazonS3Builder;
 
 use crate::approvals::{ApprovalPolicy, DEFAULT_POLICIES};
@@ -158,6 +158,12 @@ pub struct SandboxArgs {
           value_parser = parse_uid_range, global = true)]
     pub sandbox_uids: std::ops::RangeInclusive<u32>,
 
+    /// The directory that holds a lock per sandbox uid in use, which only the worker's uid
+    /// may enter: workers that share a host (and `KEEL_SANDBOX_UIDS`) must share it.
+    #[arg(long, env = "KEEL_SANDBOX_UID_LOCKS", default_value = keel_workers::DEFAULT_SANDBOX_UID_LOCKS,
+          global = true)]
+    pub sandbox_uid_locks: PathBuf,
+
     /// Directories (a comma list) attempts see read-only beside the system's (`/usr`,
     /// `/etc`, `/opt`): toolchains installed elsewhere, for example.
     #[arg(
@@ -167,6 +173,23 @@ pub struct SandboxArgs {
         global = true
     )]
     pub sandbox_read_only_paths: Vec<PathBuf>,
+
+    /// Hosts (a comma list of `host` or `host:port`, a name or an IP literal) runs may
+    /// reach through the egress proxy although they are not public: an internal mirror,
+    /// say. Every other destination must resolve to public addresses.
+    #[arg(
+        long,
+        env = "KEEL_SANDBOX_EGRESS_ALLOW",
+        value_delimiter = ',',
+        global = true
+    )]
+    pub sandbox_egress_allow: Vec<String>,
+
+    /// The `keel` binary a run's processes with network start behind, inside the sandbox
+    /// (the shim that carries their connections to the egress proxy); this process's own
+    /// binary when unset. The sandbox's uids must be able to read it.
+    #[arg(long, env = "KEEL_SANDBOX_SHIM", global = true)]
+    pub sandbox_shim: Option<PathBuf>,
 }
 
 impl SandboxArgs {
@@ -189,7 +212,13 @@ impl SandboxArgs {
             mode: self.sandbox,
             bwrap: self.sandbox_bwrap.clone(),
             uids: self.sandbox_uids.clone(),
+            uid_locks: self.sandbox_uid_locks.clone(),
             read_only_paths: self.sandbox_read_only_paths.clone(),
+            shim: self
+                .sandbox_shim
+                .clone()
+                .or_else(|| std::env::current_exe().ok()),
+            egress: EgressRules::parse(&self.sandbox_egress_allow)?,
         })
     }
 }

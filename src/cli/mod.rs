@@ -141,6 +141,15 @@ impl Command {
 }
 
 pub fn main() -> ExitCode {
+    // Inside a run's sandbox, before anything of the CLI's: the shim starts with each of
+    // the run's processes (keel_workers::shim).
+    let mut args = std::env::args_os().skip(1);
+    if args
+        .next()
+        .is_some_and(|arg| arg == keel_workers::shim::ARG)
+    {
+        return keel_workers::shim::main(args);
+    }
     keel_workers::install_tls_provider();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

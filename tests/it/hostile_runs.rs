@@ -55,12 +55,20 @@ struct Hostile {
     data: PathBuf,
     /// Org a's workspace, as its run printed it.
     a_workspace: PathBuf,
+    /// The database's URL, the API's base URL.
+    db: String,
+    api: String,
     worker: KeelProcess,
     _api: KeelProcess,
     _logs: tempfile::TempDir,
 }
 
 async fn hostile(mode: Mode) -> Hostile {
+    hostile_with(mode, &[]).await
+}
+
+/// [`hostile`] with `extra` added to the worker's variables.
+async fn hostile_with(mode: Mode, extra: &[(&str, &str)]) -> Hostile {
     let db = support::fresh_database().await;
     let logs = tempfile::tempdir().unwrap();
     support::let_the_sandbox_through(logs.path());
@@ -68,6 +76,7 @@ async fn hostile(mode: Mode) -> Hostile {
     plant_data_dir(&data, mode.worker_uid());
     let mut env = REMOTE_ENV.to_vec();
     env.extend([OPERATOR_KEY, ("KEEL_SANDBOX", mode.setting())]);
+    env.extend(extra);
     let api = support::spawn_api_with_env(&db, logs.path(), "api", &REMOTE_ENV).await;
     let worker = support::spawn_worker_as(
         mode.worker_uid(),
@@ -91,6 +100,8 @@ async fn hostile(mode: Mode) -> Hostile {
         b,
         data,
         a_workspace,
+        db,
+        api: base,
         worker,
         _api: api,
         _logs: logs,
@@ -113,10 +124,16 @@ fn plant_data_dir(data: &Path, owner: Option<u32>) {
 /// Runs `script` as a shell task of `client`'s org to its end; returns what it printed
 /// (stderr folded in by the script itself).
 async fn run(client: &Client, script: &str) -> String {
+    completed_run(client, script).await.2
+}
+
+/// [`run`], with the task's and the run's ids.
+async fn completed_run(client: &Client, script: &str) -> (String, String, String) {
     let (task_id, run_id) = client.run_shell(script).await;
     let run = client.wait_terminal(&task_id, &run_id, SOON).await;
     assert_eq!(run.status, keel_client::RunStatus::Completed, "{run:?}");
-    client.stdout(&task_id, &run_id).await
+    let out = client.stdout(&task_id, &run_id).await;
+    (task_id, run_id, out)
 }
 
 fn read(path: &Path) -> String {
@@ -262,4 +279,135 @@ async fn a_worker_without_the_sandbox_refuses_to_start_in_remote_mode() {
         assert!(!status.success(), "KEEL_SANDBOX={mode} started");
         assert!(worker.log_text().contains(reason), "{}", worker.log_text());
     }
+}
+
+/// The port of a `scheme://host:port/…` URL.
+fn port_of(url: &str) -> u16 {
+    reqwest::Url::parse(url).unwrap().port().unwrap()
+}
+
+/// Starts a run of org a that listens on `port` of its own loopback and writes `accepted`
+/// into its workspace when anything connects; returns its ids and workspace once it
+/// listens.
+async fn listening_run(a: &Client, port: u16) -> (String, String, PathBuf) {
+    let script = format!(
+        "pwd; python3 -c \"import socket\ns = socket.socket()\n\
+         s.bind(('127.0.0.1', {port}))\ns.listen()\nprint('listening', flush=True)\n\
+         s.accept()\nopen('accepted', 'w').write('x')\""
+    );
+    let (task_id, run_id) = a.run_shell(&script).await;
+    let out = support::wait_for(SOON, "org a's run to listen", || async {
+        let out = a.stdout_so_far(&task_id, &run_id).await?;
+        out.contains("listening").then_some(out)
+    })
+    .await;
+    let workspace = PathBuf::from(out.lines().next().unwrap());
+    (task_id, run_id, workspace)
+}
+
+/// Whether anything connected to `listener` (accepted and dropped if so).
+fn was_reached(listener: &std::net::TcpListener) -> bool {
+    match listener.accept() {
+        Ok(_) => true,
+        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => false,
+        Err(error) => panic!("accept failed: {error}"),
+    }
+}
+
+/// From inside a run with network, nothing of the host's network is in reach: not the
+/// API, not a signer on loopback, not the database, not the cloud metadata address, not
+/// another run's listener, directly or through the egress proxy (by HTTP or SOCKS5), and
+/// none of the host's abstract Unix sockets. Every attempt through the proxy is refused
+/// and recorded in the run's `egress` step.
+#[tokio::test]
+async fn a_run_reaches_none_of_the_host_s_listeners() {
+    for mode in Mode::ALL {
+        let h = hostile(mode).await;
+        let signer = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        signer.set_nonblocking(true).unwrap();
+        let other_run_port = support::free_port();
+        let (a_task, a_run, a_workspace) = listening_run(&h.a, other_run_port).await;
+        let targets = [
+            ("api", port_of(&h.api)),
+            ("signer", signer.local_addr().unwrap().port()),
+            ("database", port_of(&h.db)),
+            ("other-run", other_run_port),
+        ];
+        let mut script = String::new();
+        for (name, port) in targets {
+            script.push_str(&format!(
+                "bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}' 2>/dev/null && echo direct:{name}; \
+                 curl -sS -m 5 --noproxy '' http://127.0.0.1:{port}/ 2>&1; echo; \
+                 curl -sS -m 5 --noproxy '' -x socks5h://127.0.0.1:1080 http://localhost:{port}/ 2>&1; echo; "
+            ));
+        }
+        script.push_str(
+            "curl -sS -m 5 http://169.254.169.254/latest/meta-data/ 2>&1; echo; \
+             grep -c keel /proc/net/unix; true",
+        );
+        let (task_id, run_id, out) = completed_run(&h.b, &script).await;
+        assert!(!out.contains("direct:"), "{mode:?}: {out}");
+        assert_eq!(
+            out.lines().last(),
+            Some("0"),
+            "{mode:?}: abstract sockets: {out}"
+        );
+        assert!(!was_reached(&signer), "{mode:?}: the signer was reached");
+
+        let egress = h.b.egress(&task_id, &run_id).await.expect("an egress step");
+        assert_eq!(egress["connections"], 0, "{mode:?}: {egress}");
+        let refused: Vec<&str> = egress["refusals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|refusal| refusal["destination"].as_str().unwrap())
+            .collect();
+        for (name, port) in targets {
+            for destination in [format!("127.0.0.1:{port}"), format!("localhost:{port}")] {
+                assert!(
+                    refused.contains(&destination.as_str()),
+                    "{mode:?}: {name} at {destination} not refused: {egress}"
+                );
+            }
+        }
+        assert!(
+            refused.contains(&"169.254.169.254:80"),
+            "{mode:?}: {egress}"
+        );
+
+        let cancel = format!("/v1/tasks/{a_task}/runs/{a_run}/cancel");
+        h.a.post(&cancel, serde_json::json!({})).await;
+        h.a.wait_terminal(&a_task, &a_run, SOON).await;
+        assert!(
+            !a_workspace.join("accepted").exists(),
+            "{mode:?}: org a's listener was reached"
+        );
+    }
+}
+
+/// A run that binds the names every worker of the host once took sandbox uids by (abstract
+/// Unix sockets) holds nothing another org's runs need: they still start.
+#[tokio::test]
+async fn a_run_cannot_squat_the_sandbox_uids() {
+    let (first, last) = (1_900_950_000u32, 1_900_950_002u32);
+    let uids = format!("{first}-{last}");
+    let h = hostile_with(Mode::Isolated, &[("KEEL_SANDBOX_UIDS", &uids)]).await;
+    let squat = format!(
+        "python3 -c \"import socket, time\nheld = []\n\
+         for uid in range({first}, {}):\n    s = socket.socket(socket.AF_UNIX)\n\
+         \x20   s.bind('\\0keel-sandbox-uid-%d' % uid)\n    held.append(s)\n\
+         print('squatted', len(held), flush=True)\ntime.sleep(120)\"",
+        last + 1
+    );
+    let (task_id, run_id) = h.b.run_shell(&squat).await;
+    support::wait_for(SOON, "org b's run to squat", || async {
+        let out = h.b.stdout_so_far(&task_id, &run_id).await?;
+        out.contains("squatted 3").then_some(())
+    })
+    .await;
+    for _ in 0..2 {
+        assert!(run(&h.a, "echo started").await.contains("started"));
+    }
+    let cancel = format!("/v1/tasks/{task_id}/runs/{run_id}/cancel");
+    h.b.post(&cancel, serde_json::json!({})).await;
 }

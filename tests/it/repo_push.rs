@@ -24,7 +24,8 @@ const WAIT: Duration = Duration::from_secs(60);
 const TOKEN: &str = "push-token-41d7";
 
 /// Serves the repositories under `root` through `git http-backend` (CGI), receive-pack on,
-/// answering 401 to a request without `authorization`; returns the base URL.
+/// answering 401 to a request without `authorization`, where runs reach it through their
+/// egress proxy ([`support::RUNS_TEST_HOST`]); returns the base URL.
 async fn serve_smart(root: &Path, authorization: String) -> String {
     type Served = (PathBuf, String);
     async fn cgi(
@@ -71,7 +72,7 @@ async fn serve_smart(root: &Path, authorization: String) -> String {
     let app = Router::new()
         .route("/{*path}", axum::routing::any(cgi))
         .with_state((root.to_path_buf(), authorization));
-    support::serve_on_loopback(app).await
+    support::serve_for_runs(app).await
 }
 
 /// A CGI answer (header lines, a blank line, the body) as an HTTP response.

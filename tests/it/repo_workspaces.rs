@@ -83,8 +83,8 @@ async fn failed_clone(c: &support::Client, url: String) -> (String, String, Stri
     (task_id, run_id, run.last_error.unwrap_or_default())
 }
 
-/// Serves `dir`'s files over HTTP on loopback (a run's sandbox reaches the host's loopback
-/// when its task allows the network); returns the base URL.
+/// Serves `dir`'s files over HTTP where runs with network reach it through their egress
+/// proxy ([`support::RUNS_TEST_HOST`]); returns the base URL.
 pub(crate) async fn serve(dir: &Path) -> String {
     serve_guarded(dir, None).await
 }
@@ -112,7 +112,7 @@ async fn serve_guarded(dir: &Path, authorization: Option<String>) -> String {
     let app = Router::new()
         .route("/{*path}", axum::routing::get(file))
         .with_state((dir.to_path_buf(), authorization));
-    support::serve_on_loopback(app).await
+    support::serve_for_runs(app).await
 }
 
 #[tokio::test]

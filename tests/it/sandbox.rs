@@ -1,7 +1,8 @@
 //! The run sandbox with real `keel api` and `keel worker` processes: a run sees none of the
 //! worker's environment but its allowlist, nothing a run started outlives it (whatever the
 //! way it ends, even when its worker lost the lease), run timeouts have a default and a
-//! maximum, and the sandbox flags cut a run off the network or make its workspace read-only.
+//! maximum, a run's network is its own (the host reached only through the egress proxy),
+//! and the sandbox flags cut a run off the network or make its workspace read-only.
 
 use crate::support;
 
@@ -32,12 +33,18 @@ struct Stack {
 }
 
 async fn stack(api_env: &[(&str, &str)]) -> Stack {
+    stack_with(api_env, &[]).await
+}
+
+/// [`stack`] with `worker_env` added to the worker's variables.
+async fn stack_with(api_env: &[(&str, &str)], extra_worker_env: &[(&str, &str)]) -> Stack {
     let db = support::fresh_database().await;
     let dir = tempfile::tempdir().unwrap();
     let api = spawn_api_with_env(&db, dir.path(), "api", api_env).await;
     let mut worker_env = CANARIES.to_vec();
     worker_env.push(("KEEL_RUN_ENV_PASSTHROUGH", "SANDBOX_PASSED,SANDBOX_UNSET"));
     worker_env.push(("SANDBOX_PASSED", "passed-through"));
+    worker_env.extend(extra_worker_env);
     let worker = spawn_worker_with_env(
         &db,
         dir.path(),
@@ -113,6 +120,15 @@ async fn a_run_sees_only_its_allowlisted_environment() {
         "KEEL_RUN_PROMPT",
         "KEEL_RUN_SANDBOX_ID",
         "SANDBOX_PASSED",
+        // The egress proxy, on the run's own loopback.
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+        "NO_PROXY",
+        "no_proxy",
         // What `sh` itself sets.
         "PWD",
         "OLDPWD",
@@ -299,13 +315,45 @@ fn connected(listener: &TcpListener) -> bool {
     }
 }
 
-#[tokio::test]
-async fn a_run_without_network_cannot_reach_the_host_s_loopback() {
-    let s = stack(&[]).await;
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
+/// A one-line HTTP server at `host` that answers every request with `body`; its port.
+fn answering(host: &str, body: &'static str) -> u16 {
+    let listener = TcpListener::bind((host, 0)).unwrap();
     let port = listener.local_addr().unwrap().port();
-    let command = format!("bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}' && echo connected");
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            use std::io::{BufRead, Write};
+            let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let response = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes());
+        }
+    });
+    port
+}
+
+/// A run's network is its own: the host's loopback is out of reach directly, and through
+/// the egress proxy only a host the deployment lists is reached; the refusal is recorded
+/// in the run's `egress` step. Without network there is no proxy at all.
+#[tokio::test]
+async fn a_run_reaches_the_host_only_through_its_proxy_and_only_where_allowed() {
+    let listed = answering("127.0.0.1", "the-listed-host-answered");
+    let forbidden = TcpListener::bind("127.0.0.1:0").unwrap();
+    forbidden.set_nonblocking(true).unwrap();
+    let unlisted = forbidden.local_addr().unwrap().port();
+    let allow = format!("127.0.0.1:{listed}");
+    let s = stack_with(&[], &[("KEEL_SANDBOX_EGRESS_ALLOW", &allow)]).await;
+    // `--noproxy ''`: a run's NO_PROXY keeps 127.0.0.1 for its own loopback.
+    let command = format!(
+        "bash -c 'exec 3<>/dev/tcp/127.0.0.1/{unlisted}' 2>/dev/null && echo direct-connected; \
+         curl -sS --noproxy '' http://127.0.0.1:{unlisted}/ 2>&1; echo; \
+         curl -sS --noproxy '' http://127.0.0.1:{listed}/ 2>&1; echo"
+    );
     let run_with = |network: bool| {
         let draft = TaskDraft {
             sandbox_network: Some(network),
@@ -315,24 +363,42 @@ async fn a_run_without_network_cannot_reach_the_host_s_loopback() {
         async move {
             let (task_id, run_id) = client.start_task(&draft).await;
             let run = client.wait_terminal(&task_id, &run_id, SOON).await;
-            (run, client.stdout(&task_id, &run_id).await)
+            assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+            let out = client.stdout(&task_id, &run_id).await;
+            (out, client.egress(&task_id, &run_id).await)
         }
     };
 
-    let (run, out) = run_with(false).await;
-    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
-    let error = run.last_error.as_deref().unwrap_or_default();
-    assert!(!error.contains("sandbox_unavailable"), "{run:?}");
-    assert!(!out.contains("connected"), "{out}");
+    let (out, egress) = run_with(true).await;
+    assert!(!out.contains("direct-connected"), "{out}");
+    assert!(out.contains("the-listed-host-answered"), "{out}");
+    assert!(out.contains("127.0.0.1 is not a public address"), "{out}");
+    assert!(!connected(&forbidden), "the unlisted listener was reached");
+    let egress = egress.expect("an egress step");
+    assert_eq!(
+        (&egress["connections"], &egress["refused"]),
+        (&json!(1), &json!(1)),
+        "{egress}"
+    );
+    let refusal = &egress["refusals"][0];
+    assert_eq!(
+        refusal["destination"],
+        format!("127.0.0.1:{unlisted}"),
+        "{egress}"
+    );
+    assert!(egress["bytes_received"].as_u64().unwrap() > 0, "{egress}");
+
+    let (out, egress) = run_with(false).await;
+    assert!(!out.contains("direct-connected"), "{out}");
     assert!(
-        !connected(&listener),
+        !out.contains("answered") && !out.contains("not a public"),
+        "{out}"
+    );
+    assert!(egress.is_none(), "{egress:?}");
+    assert!(
+        !connected(&forbidden),
         "a run without network reached the host"
     );
-
-    let (run, out) = run_with(true).await;
-    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
-    assert!(out.contains("connected"), "{out}");
-    assert!(connected(&listener), "the listener saw no connection");
 }
 
 #[tokio::test]

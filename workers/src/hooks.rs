@@ -14,6 +14,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::process::{self, Exit, collect};
+use crate::sandbox::EgressSummary;
 use crate::{FileOperation, SandboxPolicy};
 
 /// Written in a workspace once its preparation finished; `.keel/` is the runs' own
@@ -36,6 +37,9 @@ pub struct HookRun {
     pub error: Option<String>,
     pub stdout: String,
     pub stderr: String,
+    /// What it sent and received through the egress proxy, and what was refused; None
+    /// when it had no network or never used it.
+    pub egress: Option<EgressSummary>,
 }
 
 impl HookRun {
@@ -70,6 +74,7 @@ pub async fn run(
         error,
         stdout,
         stderr,
+        egress: None,
     };
     let (mut child, mut containment) = match process::start(&argv, workspace, env, sandbox).await {
         Ok(started) => started,
@@ -101,7 +106,11 @@ pub async fn run(
             limit.as_millis()
         )),
     };
-    Some(ran(exit_code, error, stdout, stderr))
+    let egress = containment.egress().filter(|egress| !egress.is_empty());
+    Some(HookRun {
+        egress: egress.cloned(),
+        ..ran(exit_code, error, stdout, stderr)
+    })
 }
 
 /// Whether the workspace's preparation finished (its marker is a regular file).
@@ -142,7 +151,11 @@ mod tests {
 
     async fn hook(script: &str, timeout: Duration) -> HookRun {
         let dir = tempfile::tempdir().unwrap();
-        let policy = SandboxPolicy::default();
+        // A jail with network needs the keel binary as its shim: tests/it runs those.
+        let policy = SandboxPolicy {
+            network: false,
+            read_only: false,
+        };
         let never = CancellationToken::new();
         run(
             "before_run",

@@ -10,6 +10,7 @@
 // server process started with (`sandbox::seal`).
 #![deny(unsafe_code)]
 
+mod address;
 pub mod agent;
 mod context;
 mod file;
@@ -24,8 +25,9 @@ use std::time::Duration;
 pub use context::{ArtifactHandle, ContextError, OutputStream, RunContext, StepHandle, StepResult};
 pub use file::validate_relative_path;
 pub use sandbox::{
-    DEFAULT_UIDS as DEFAULT_SANDBOX_UIDS, SandboxMode, SandboxSettings,
-    configure as configure_sandbox, containment_name, open_workspace_root, seal,
+    DEFAULT_UID_LOCKS as DEFAULT_SANDBOX_UID_LOCKS, DEFAULT_UIDS as DEFAULT_SANDBOX_UIDS,
+    EgressRules, EgressSummary, Refusal, SandboxMode, SandboxSettings,
+    configure as configure_sandbox, containment_name, open_workspace_root, seal, shim,
 };
 
 /// What a run executes, validated by the runtime before it reaches an executor.

@@ -11,7 +11,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::sandbox::{self, Containment, Jail};
+use crate::sandbox::{self, Containment, EgressSummary, Jail};
 use crate::{
     ArtifactHandle, ContextError, Outcome, OutputStream, RunContext, RunSpec, SandboxPolicy,
     StepResult,
@@ -77,7 +77,23 @@ pub(crate) async fn run<C: RunContext>(
 
     let (step_result, outcome) = ending_of(exit, &stderr_tail);
     ctx.finish_step(&step, step_result).await?;
+    record_egress(ctx, containment.egress()).await?;
     Ok(outcome)
+}
+
+/// Records what a run's processes sent and received through the egress proxy, and what it
+/// refused, as an `egress` step; nothing when they never used it.
+async fn record_egress<C: RunContext>(
+    ctx: &C,
+    egress: Option<&EgressSummary>,
+) -> Result<(), ContextError> {
+    let Some(summary) = egress.filter(|summary| !summary.is_empty()) else {
+        return Ok(());
+    };
+    let step = ctx.start_step("egress", serde_json::json!({})).await?;
+    let output = serde_json::to_value(summary).unwrap_or_default();
+    ctx.finish_step(&step, StepResult::Completed { output })
+        .await
 }
 
 fn cannot_start(argv: &[String], error: std::io::Error) -> String {

@@ -339,10 +339,16 @@ impl Client {
 
     /// The text of a run's stdout artifact.
     pub async fn stdout(&self, task_id: &str, run_id: &str) -> String {
+        let stdout = self.stdout_so_far(task_id, run_id).await;
+        stdout.expect("a stdout artifact")
+    }
+
+    /// What a running run printed so far; None before its stdout artifact exists.
+    pub async fn stdout_so_far(&self, task_id: &str, run_id: &str) -> Option<String> {
         let artifacts = self.api.list_artifacts(task_id, run_id).await;
         let artifacts = artifacts.expect("the run's artifacts").data;
-        let stdout = artifacts.iter().find(|a| a.name == "stdout").unwrap();
-        self.artifact_text(task_id, run_id, &stdout.id).await
+        let stdout = artifacts.iter().find(|a| a.name == "stdout")?;
+        Some(self.artifact_text(task_id, run_id, &stdout.id).await)
     }
 
     /// The text of a run's artifact so far.
@@ -380,6 +386,16 @@ impl Client {
             (run.status == status).then_some(run)
         })
         .await
+    }
+
+    /// The output of the run's `egress` step: what its processes sent through the egress
+    /// proxy and what it refused. None when they never used it.
+    pub async fn egress(&self, task_id: &str, run_id: &str) -> Option<Value> {
+        let steps = self.api.list_steps(task_id, run_id);
+        let (status, steps) = steps.send_with_status().await.expect("the run's steps");
+        assert_eq!(status, StatusCode::OK, "{steps:?}");
+        let egress = steps.data.into_iter().find(|step| step.name == "egress")?;
+        egress.output
     }
 
     /// The run's first 200 events.
@@ -479,7 +495,11 @@ impl TestApp {
                 sandbox: keel_workers::SandboxMode::Auto,
                 sandbox_bwrap: "bwrap".into(),
                 sandbox_uids: keel_workers::DEFAULT_SANDBOX_UIDS,
+                sandbox_uid_locks: keel_workers::DEFAULT_SANDBOX_UID_LOCKS.into(),
                 sandbox_read_only_paths: Vec::new(),
+                sandbox_egress_allow: vec![RUNS_TEST_HOST.to_string()],
+                // This process is the test binary: runs' network goes through the real one.
+                sandbox_shim: Some(env!("CARGO_BIN_EXE_keel").into()),
             },
         };
         tokio::spawn(keel::api::serve(
@@ -589,9 +609,25 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The address test servers that runs reach listen on. A run's network is its own, so
+/// it reaches the host only through the egress proxy, which refuses loopback but for the
+/// hosts the deployment lists: every test worker lists this one. It is not 127.0.0.1,
+/// which a run's `NO_PROXY` keeps for the run's own loopback.
+pub const RUNS_TEST_HOST: &str = "127.0.0.2";
+
+/// Serves `app` where runs reach it through the egress proxy ([`RUNS_TEST_HOST`]) for the
+/// rest of the test; returns its base URL.
+pub async fn serve_for_runs(app: axum::Router) -> String {
+    serve_at(RUNS_TEST_HOST, app).await
+}
+
 /// Serves `app` on a free loopback port for the rest of the test; returns its base URL.
 pub async fn serve_on_loopback(app: axum::Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    serve_at("127.0.0.1", app).await
+}
+
+async fn serve_at(host: &str, app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind((host, 0)).await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(axum::serve(listener, app).into_future());
     url
@@ -718,6 +754,7 @@ pub fn spawn_worker_as(
         use std::os::unix::process::CommandExt;
         command.uid(uid).gid(uid);
     }
+    command.env("KEEL_SANDBOX_EGRESS_ALLOW", RUNS_TEST_HOST);
     command.envs(env.iter().copied());
     command.args([
         "worker",

@@ -9,8 +9,12 @@
 //!   library and binary directories, and what the operator adds), a private `/tmp`, a
 //!   minimal `/dev`, and the workspace (read-only with `sandbox_read_only`): not the data
 //!   directory, other workspaces, the database's files or the worker's `/proc`;
-//! - IPC, UTS and cgroup namespaces, and a network namespace with only loopback when the
-//!   task says `sandbox_network: false`.
+//! - IPC, UTS and cgroup namespaces, and a network namespace of its own with only
+//!   loopback: nothing of the host's network (its loopback listeners: the API, the
+//!   database, a signer; its abstract Unix sockets; another run's listeners) is in reach.
+//!   A task with network (`sandbox_network`, the default) reaches out only through the
+//!   egress proxy ([`super::egress`]), whose socket is bound in beside the shim that
+//!   serves it on loopback ([`super::shim`]).
 //!
 //! Each distinct set of flags is probed once per process with `true`: when the host
 //! refuses (no bubblewrap, namespaces disabled), the attempt fails with
@@ -19,10 +23,12 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
+use super::egress::{Egress, EgressSummary};
 use super::settings::{self, Resolved, SandboxMode};
-use super::{owner, uids};
+use super::{owner, shim, uids};
 use crate::SandboxPolicy;
 
 /// The error code an attempt gets when the host cannot provide its sandbox.
@@ -38,10 +44,12 @@ const SYSTEM_LINKS: [&str; 6] = ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/
 type Probed = (&'static str, bool, bool);
 
 /// One attempt's namespaces and, in `isolated` mode, the uid it holds until the jail is
-/// dropped (after the containment killed its processes).
+/// dropped (after the containment killed its processes); with network, its egress proxy.
 #[derive(Debug)]
 pub(crate) struct Jail {
     prefix: Vec<String>,
+    /// Declared before the uid: the proxy stops before the uid is given back.
+    egress: Option<Egress>,
     uid: Option<uids::UidLease>,
 }
 
@@ -73,8 +81,13 @@ impl Jail {
             ),
             _ => None,
         };
+        let egress = match policy.network {
+            true => Some(start_egress(resolved, uid.as_ref()).map_err(unavailable)?),
+            false => None,
+        };
         let jail = Jail {
-            prefix: prefix(resolved, policy, workspace),
+            prefix: prefix(resolved, policy, workspace, egress.as_ref())?,
+            egress,
             uid,
         };
         jail.probe(resolved.mode, policy)
@@ -83,9 +96,18 @@ impl Jail {
         Ok(Some(jail))
     }
 
-    /// The argv that runs `argv` inside the namespaces.
+    /// The argv that runs `argv` inside the namespaces (behind the shim, with network).
     pub(crate) fn wrap(&self, argv: &[String]) -> Vec<String> {
-        self.prefix.iter().chain(argv).cloned().collect()
+        let command = match self.egress {
+            Some(_) => shim::argv(argv),
+            None => argv.to_vec(),
+        };
+        self.prefix.iter().cloned().chain(command).collect()
+    }
+
+    /// What the jail's processes sent and received through the proxy so far.
+    pub(crate) fn egress(&self) -> Option<EgressSummary> {
+        self.egress.as_ref().map(Egress::summary)
     }
 
     /// Starts the jail as its uid (`isolated`); the supplementary groups go with the
@@ -151,7 +173,8 @@ impl Jail {
 /// Takes a uid for the attempt and gives it the workspace; blocking file work, off the
 /// async runtime.
 async fn take_workspace(resolved: &Resolved, workspace: &Path) -> Result<uids::UidLease, String> {
-    let lease = uids::acquire(&resolved.settings.uids)?;
+    let settings = &resolved.settings;
+    let lease = uids::acquire(&settings.uids, &settings.uid_locks)?;
     let (uid, workspace) = (lease.uid, workspace.to_path_buf());
     tokio::task::spawn_blocking(move || {
         owner::check_reachable(&workspace)?;
@@ -162,7 +185,57 @@ async fn take_workspace(resolved: &Resolved, workspace: &Path) -> Result<uids::U
     Ok(lease)
 }
 
-fn prefix(resolved: &Resolved, policy: SandboxPolicy, workspace: &Path) -> Vec<String> {
+/// Starts the jail's egress proxy on a socket of its own, which only the jail's uid may
+/// connect to.
+fn start_egress(resolved: &Resolved, uid: Option<&uids::UidLease>) -> Result<Egress, String> {
+    static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+    let dir = egress_directory()?;
+    let name = format!(
+        "{}-{}.sock",
+        std::process::id(),
+        SEQUENCE.fetch_add(1, Ordering::Relaxed)
+    );
+    let socket = dir.join(name);
+    // Only this uid writes in the directory: a socket there by this name is one a worker
+    // that died (kill -9) left behind, with the pid this process now has.
+    let _ = std::fs::remove_file(&socket);
+    let rules = Arc::new(resolved.settings.egress.clone());
+    Egress::start(socket, uid.map(|lease| lease.uid), rules)
+        .map_err(|e| format!("starting the run's egress proxy in {}: {e}", dir.display()))
+}
+
+/// The directory the proxies' sockets live in: this process's uid's own, which the jails'
+/// uids may pass through (bubblewrap binds a socket as the jail's uid) but not list or
+/// write. One that another uid made, or that others may write, is refused.
+fn egress_directory() -> Result<PathBuf, String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    static DIRECTORY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIRECTORY
+        .get_or_init(|| {
+            let me = nix::unistd::geteuid().as_raw();
+            let dir = std::env::temp_dir().join(format!("keel-egress-{me}"));
+            let failed = |e: std::io::Error| format!("{}: {e}", dir.display());
+            match std::fs::create_dir(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(failed(e)),
+                _ => {}
+            }
+            let meta = std::fs::symlink_metadata(&dir).map_err(failed)?;
+            if !meta.is_dir() || meta.uid() != me {
+                return Err(format!("{} is not a directory of uid {me}", dir.display()));
+            }
+            let passable = std::fs::Permissions::from_mode(0o711);
+            std::fs::set_permissions(&dir, passable).map_err(failed)?;
+            Ok(dir)
+        })
+        .clone()
+}
+
+fn prefix(
+    resolved: &Resolved,
+    policy: SandboxPolicy,
+    workspace: &Path,
+    egress: Option<&Egress>,
+) -> Result<Vec<String>, String> {
     let mut args: Vec<String> = [
         "--unshare-user",
         "--disable-userns",
@@ -172,14 +245,12 @@ fn prefix(resolved: &Resolved, policy: SandboxPolicy, workspace: &Path) -> Vec<S
         "--unshare-cgroup",
         "--hostname",
         "keel-run",
+        "--unshare-net",
         "--die-with-parent",
         "--new-session",
     ]
     .map(String::from)
     .into();
-    if !policy.network {
-        args.push("--unshare-net".into());
-    }
     if resolved.mode == SandboxMode::Namespaces {
         // Another uid inside than the worker's, even though it is the same one outside.
         let inner = resolved.settings.uids.start().to_string();
@@ -203,10 +274,34 @@ fn prefix(resolved: &Resolved, policy: SandboxPolicy, workspace: &Path) -> Vec<S
         "--bind"
     };
     args.extend(bind(mode, workspace));
+    if let Some(egress) = egress {
+        args.extend(egress_binds(resolved, egress)?);
+    }
     args.extend(["--chdir".into(), path(workspace), "--".into()]);
-    std::iter::once(path(&resolved.settings.bwrap))
+    Ok(std::iter::once(path(&resolved.settings.bwrap))
         .chain(args)
-        .collect()
+        .collect())
+}
+
+/// The proxy's socket and the shim, read-only, and the variables that point the run's
+/// clients at the shim.
+fn egress_binds(resolved: &Resolved, egress: &Egress) -> Result<Vec<String>, String> {
+    let shim_binary = resolved.settings.shim.as_deref().ok_or(format!(
+        "{UNAVAILABLE}: this process has no sandbox shim to give runs their network \
+         (a worker started by the keel binary has one)"
+    ))?;
+    // The shim is the jail's init: out of reach of the run's signals.
+    let mut args = vec!["--as-pid-1".to_string()];
+    for (source, inside) in [
+        (egress.socket(), shim::SOCKET_INSIDE),
+        (shim_binary, shim::INSIDE),
+    ] {
+        args.extend(["--ro-bind".into(), path(source), inside.into()]);
+    }
+    for (name, value) in shim::proxy_environment() {
+        args.extend(["--setenv".into(), name.into(), value]);
+    }
+    Ok(args)
 }
 
 fn bind(option: &str, dir: &Path) -> [String; 3] {

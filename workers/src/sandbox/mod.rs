@@ -5,11 +5,13 @@
 //! it.
 
 mod cgroup;
+mod egress;
 mod env;
 mod jail;
 mod owner;
 pub mod seal;
 mod settings;
+pub mod shim;
 mod sweep;
 mod uids;
 
@@ -17,10 +19,12 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub use egress::{EgressRules, EgressSummary, Refusal};
 pub(crate) use env::environment;
 pub(crate) use jail::Jail;
 pub use owner::open_workspace_root;
 pub use settings::{DEFAULT_UIDS, SandboxMode, SandboxSettings, configure};
+pub use uids::DEFAULT_LOCKS as DEFAULT_UID_LOCKS;
 
 /// The variable that marks every process of one attempt; the sweep finds them by it.
 const MARKER: &str = "KEEL_RUN_SANDBOX_ID";
@@ -80,6 +84,9 @@ pub(crate) struct Containment {
     leader: Option<i32>,
     /// Declared after the cgroup: its uid is given back only once the processes are gone.
     jail: Option<Jail>,
+    /// What the jail's processes sent and received through its egress proxy, kept when
+    /// the containment ends.
+    egress: Option<EgressSummary>,
     ended: bool,
 }
 
@@ -104,6 +111,7 @@ impl Containment {
             cgroup,
             leader: None,
             jail: None,
+            egress: None,
             ended: false,
         })
     }
@@ -135,7 +143,13 @@ impl Containment {
             None => sweep::kill_all(self.leader, MARKER, &self.id),
         }
         self.ended = true;
-        self.jail = None;
+        self.egress = self.jail.take().and_then(|jail| jail.egress());
+    }
+
+    /// What the attempt's processes sent and received through the egress proxy, once the
+    /// containment has ended; None without network, or before the end.
+    pub(crate) fn egress(&self) -> Option<&EgressSummary> {
+        self.egress.as_ref()
     }
 }
 

@@ -5,6 +5,8 @@ use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
+use super::egress::EgressRules;
+
 /// The operator's choice (`KEEL_SANDBOX`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SandboxMode {
@@ -56,9 +58,18 @@ pub struct SandboxSettings {
     /// The uids (each also the attempt's gid) `isolated` attempts take, one per attempt
     /// at a time across every Keel process of the host.
     pub uids: RangeInclusive<u32>,
+    /// The directory of the uids' locks, which only this process's uid may enter
+    /// ([`super::uids`]); every Keel process of the host that hands out the same uids
+    /// must use the same one.
+    pub uid_locks: PathBuf,
     /// Directories attempts see read-only beside the system's (`/usr`, `/etc`, `/opt`, the
     /// library and binary directories).
     pub read_only_paths: Vec<PathBuf>,
+    /// The `keel` binary, which a jail with network runs first as its shim
+    /// ([`super::shim`]); None: jails with network cannot start (`sandbox_unavailable`).
+    pub shim: Option<PathBuf>,
+    /// Hosts runs may reach through the egress proxy although they are not public.
+    pub egress: EgressRules,
 }
 
 impl Default for SandboxSettings {
@@ -67,7 +78,10 @@ impl Default for SandboxSettings {
             mode: SandboxMode::Auto,
             bwrap: PathBuf::from("bwrap"),
             uids: DEFAULT_UIDS,
+            uid_locks: PathBuf::from(super::uids::DEFAULT_LOCKS),
             read_only_paths: Vec::new(),
+            shim: None,
+            egress: EgressRules::default(),
         }
     }
 }

@@ -16,7 +16,11 @@ use serde_json::json;
 fn env_in(dir: &tempfile::TempDir) -> ToolEnv {
     ToolEnv {
         workspace: dir.path().canonicalize().unwrap(),
-        sandbox: SandboxPolicy::default(),
+        // A jail with network needs the keel binary as its shim: tests/it runs those.
+        sandbox: SandboxPolicy {
+            network: false,
+            read_only: false,
+        },
         env: vec![("KEEL_RUN_ID".into(), "run_test".into())],
         call_timeout: Duration::from_secs(10),
         max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
@@ -484,6 +488,7 @@ async fn read_only_git_tools_run_no_filter_driver_a_repository_configures() {
 #[tokio::test]
 async fn http_request_refuses_private_addresses_and_offline_runs() {
     let (_dir, mut env) = workspace();
+    env.sandbox.network = true;
     let urls = [
         "http://127.0.0.1:9/",
         "http://10.1.2.3/",
@@ -515,6 +520,7 @@ async fn http_request_refuses_private_addresses_and_offline_runs() {
 async fn http_request_reaches_a_local_server_when_tests_allow_it() {
     let (_dir, mut env) = workspace();
     env.allow_private_addresses = true;
+    env.sandbox.network = true;
     let server = wiremock::MockServer::start().await;
     wiremock::Mock::given(wiremock::matchers::method("POST"))
         .and(wiremock::matchers::header("x-test", "1"))
