@@ -213,13 +213,11 @@ async fn prepare(
     row: &RunWithTask,
 ) -> Result<Result<Setup, String>, StoreError> {
     let (task, run) = (&row.task, &row.run);
+    // Canonical as it comes: resolving it again here would follow a link planted since the
+    // check (the sandbox opens it following none).
     let workspace = match jobs.workspace(task, run).await {
         Ok(workspace) => workspace,
         Err(error) => return Ok(Err(error)),
-    };
-    let workspace = match tokio::fs::canonicalize(&workspace).await {
-        Ok(workspace) => workspace,
-        Err(error) => return Ok(Err(format!("workspace {}: {error}", workspace.display()))),
     };
     let base = match &run.conversation_base {
         Some(stored) => match serde_json::from_value::<Vec<Message>>(stored.clone()) {

@@ -23,7 +23,7 @@ pub async fn run_worker(
     let rules = common.admission_rules().map_err(anyhow::Error::msg)?;
     let secrets = common.secrets.policy().map_err(anyhow::Error::msg)?;
     let content = common.content.store()?;
-    let data_dir = std::path::absolute(&common.data_dir)?;
+    let data_dir = canonical_data_dir(&common.data_dir)?;
     sandbox(common, &data_dir)?;
     tracing::info!(
         containment = %keel_workers::containment_name(),
@@ -67,6 +67,17 @@ fn sandbox(common: &Common, data_dir: &std::path::Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The data directory, created where missing, by its canonical path: workspaces beneath it
+/// are opened by their path with no link allowed on the way.
+fn canonical_data_dir(data_dir: &std::path::Path) -> anyhow::Result<std::path::PathBuf> {
+    let workspaces = crate::runs::job::ephemeral_root(data_dir);
+    std::fs::create_dir_all(&workspaces)
+        .with_context(|| format!("creating {}", workspaces.display()))?;
+    data_dir
+        .canonicalize()
+        .with_context(|| format!("resolving {}", data_dir.display()))
 }
 
 /// A worker process's duties around the given handlers: boot recovery, the maintenance

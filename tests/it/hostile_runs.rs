@@ -9,11 +9,14 @@
 use crate::support;
 use crate::support::two_orgs;
 
-use std::os::unix::fs::MetadataExt;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::{SocketAddr, UnixListener};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::support::{Client, KeelProcess};
+use keel_client::TaskDraft;
 use two_orgs::{REMOTE_ENV, SHARED_SECRET, org_client};
 
 const SOON: Duration = Duration::from_secs(30);
@@ -67,7 +70,7 @@ async fn hostile(mode: Mode) -> Hostile {
     hostile_with(mode, &[]).await
 }
 
-/// [`hostile`] with `extra` added to the worker's variables.
+/// [`hostile`] with `extra` added to the API's and the worker's variables.
 async fn hostile_with(mode: Mode, extra: &[(&str, &str)]) -> Hostile {
     let db = support::fresh_database().await;
     let logs = tempfile::tempdir().unwrap();
@@ -77,7 +80,8 @@ async fn hostile_with(mode: Mode, extra: &[(&str, &str)]) -> Hostile {
     let mut env = REMOTE_ENV.to_vec();
     env.extend([OPERATOR_KEY, ("KEEL_SANDBOX", mode.setting())]);
     env.extend(extra);
-    let api = support::spawn_api_with_env(&db, logs.path(), "api", &REMOTE_ENV).await;
+    let api_env = [REMOTE_ENV.as_slice(), extra].concat();
+    let api = support::spawn_api_with_env(&db, logs.path(), "api", &api_env).await;
     let worker = support::spawn_worker_as(
         mode.worker_uid(),
         &db,
@@ -325,6 +329,9 @@ async fn a_run_reaches_none_of_the_host_s_listeners() {
         let h = hostile(mode).await;
         let signer = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         signer.set_nonblocking(true).unwrap();
+        // An abstract Unix socket of the host's, as the uid reservations once were.
+        let name = SocketAddr::from_abstract_name(b"keel-hostile-abstract").unwrap();
+        let _abstract = UnixListener::bind_addr(&name).unwrap();
         let other_run_port = support::free_port();
         let (a_task, a_run, a_workspace) = listening_run(&h.a, other_run_port).await;
         let targets = [
@@ -343,7 +350,7 @@ async fn a_run_reaches_none_of_the_host_s_listeners() {
         }
         script.push_str(
             "curl -sS -m 5 http://169.254.169.254/latest/meta-data/ 2>&1; echo; \
-             grep -c keel /proc/net/unix; true",
+             grep -c @keel-hostile-abstract /proc/net/unix; true",
         );
         let (task_id, run_id, out) = completed_run(&h.b, &script).await;
         assert!(!out.contains("direct:"), "{mode:?}: {out}");
@@ -410,4 +417,88 @@ async fn a_run_cannot_squat_the_sandbox_uids() {
     }
     let cancel = format!("/v1/tasks/{task_id}/runs/{run_id}/cancel");
     h.b.post(&cancel, serde_json::json!({})).await;
+}
+
+/// The symlink race: org b's run, which owns an `in_place` directory, swaps the directory
+/// of org b's other `in_place` tasks beneath it for a link to org a's root, over and over,
+/// while those tasks run 200 times. Each run either works in its own directory or is
+/// refused: none ever sees org a's tree, and nothing of org a's is handed to org b's uids.
+#[tokio::test]
+async fn a_swapped_link_never_moves_a_run_into_another_org_s_directory() {
+    const VICTIMS: usize = 8;
+    const ROUNDS: usize = 25;
+    let roots = tempfile::tempdir().unwrap();
+    support::let_the_sandbox_through(roots.path());
+    let root = std::fs::canonicalize(roots.path()).unwrap();
+    let org_a = root.join("org_a");
+    std::fs::create_dir_all(&org_a).unwrap();
+    std::fs::write(org_a.join("secret"), ORG_A_FILE).unwrap();
+    std::fs::set_permissions(org_a.join("secret"), PermissionsExt::from_mode(0o600)).unwrap();
+    let parent = root.join("org_b/parent");
+    for n in 0..VICTIMS {
+        std::fs::create_dir_all(parent.join(format!("victim{n}"))).unwrap();
+    }
+    let roots_setting = root.to_str().unwrap();
+    let h = hostile_with(Mode::Isolated, &[("KEEL_WORKSPACE_ROOTS", roots_setting)]).await;
+
+    let in_place = |directory: &Path, script: &str| TaskDraft {
+        workspace_mode: Some("in_place".into()),
+        working_directory: Some(directory.to_string_lossy().into_owned()),
+        ..support::shell(script)
+    };
+    // Created before the swapping starts: a link met at creation is refused there.
+    let mut victims = Vec::new();
+    for n in 0..VICTIMS {
+        let directory = parent.join(format!("victim{n}"));
+        let task =
+            h.b.create_task(&in_place(&directory, "ls -la; cat secret 2>&1; true"))
+                .await;
+        victims.push(task.id);
+    }
+    let swapper = format!(
+        "echo swapping; while true; do for n in $(seq 0 {}); do \
+           mv victim$n real$n && ln -s {} victim$n; rm -f victim$n; mv real$n victim$n; \
+         done; done",
+        VICTIMS - 1,
+        org_a.display()
+    );
+    let (swap_task, swap_run) = h.b.start_task(&in_place(&parent, &swapper)).await;
+    support::wait_for(SOON, "the swapper to start", || async {
+        let out = h.b.stdout_so_far(&swap_task, &swap_run).await?;
+        out.contains("swapping").then_some(())
+    })
+    .await;
+
+    let (mut completed, mut refused) = (0, 0);
+    for _ in 0..ROUNDS {
+        let mut runs = Vec::new();
+        for task_id in &victims {
+            runs.push((task_id, h.b.start(task_id).await.id));
+        }
+        for (task_id, run_id) in runs {
+            let run = h.b.wait_terminal(task_id, &run_id, SOON).await;
+            match run.status {
+                keel_client::RunStatus::Completed => completed += 1,
+                _ => refused += 1,
+            }
+            let out =
+                h.b.stdout_so_far(task_id, &run_id)
+                    .await
+                    .unwrap_or_default();
+            assert!(
+                !out.contains(ORG_A_FILE) && !out.contains("secret\n"),
+                "{out}"
+            );
+        }
+    }
+    let cancel = format!("/v1/tasks/{swap_task}/runs/{swap_run}/cancel");
+    h.b.post(&cancel, serde_json::json!({})).await;
+    // Nothing of org a's was handed over.
+    for path in [&org_a, &org_a.join("secret")] {
+        let owner = std::fs::symlink_metadata(path).unwrap().uid();
+        assert_eq!(owner, 0, "{} was handed to uid {owner}", path.display());
+    }
+    eprintln!("the symlink race: {completed} runs completed, {refused} refused");
+    assert_eq!(completed + refused, VICTIMS * ROUNDS);
+    assert!(completed > 0, "no run got through: the race was not run");
 }

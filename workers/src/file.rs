@@ -87,7 +87,7 @@ pub(crate) mod beneath {
     use std::path::{Component, Path};
 
     use nix::errno::Errno;
-    use nix::fcntl::{OFlag, OpenHow, ResolveFlag, open, openat2};
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
     use nix::sys::stat::{Mode, SFlag, fstat, mkdirat};
     use nix::unistd::{UnlinkatFlags, ftruncate, unlinkat};
 
@@ -130,14 +130,24 @@ pub(crate) mod beneath {
             .collect()
     }
 
+    /// Opens the workspace directory itself, following no link anywhere on its path. The
+    /// runtime hands workspaces over by their canonical path, so a link on the way is one
+    /// somebody planted since: a run that owns a directory above another task's, swapping
+    /// it for a link to a third party's tree.
+    pub(crate) fn open_workspace(workspace: &Path) -> Result<OwnedFd, Errno> {
+        let how = OpenHow::new()
+            .flags(directory_flags())
+            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS);
+        openat2(nix::fcntl::AT_FDCWD, workspace, how)
+    }
+
     /// Opens the directory `names` leads to from `workspace`, one component at a time.
     fn open_directories(
         workspace: &Path,
         names: &[&OsStr],
         create: bool,
     ) -> Result<OwnedFd, String> {
-        let root = open(workspace, directory_flags(), Mode::empty())
-            .map_err(|e| format!("opening the workspace: {e}"))?;
+        let root = open_workspace(workspace).map_err(|e| format!("opening the workspace: {e}"))?;
         names
             .iter()
             .try_fold(root, |dir, name| open_directory(&dir, name, create))
@@ -162,7 +172,7 @@ pub(crate) mod beneath {
         max: u64,
     ) -> Result<Option<Vec<u8>>, Unreadable> {
         let failed = |e: Errno| Unreadable::Failed(explain(e));
-        let root = open(workspace, directory_flags(), Mode::empty()).map_err(failed)?;
+        let root = open_workspace(workspace).map_err(failed)?;
         let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
         let fd = match openat2(&root, relative, confined(flags, Mode::empty())) {
             Ok(fd) => fd,
@@ -218,9 +228,10 @@ pub(crate) mod beneath {
 
     /// Writes (`O_WRONLY`, replacing the content) or appends (`O_APPEND`) to a regular
     /// file with no other link: overwriting a hard link to a file elsewhere would change
-    /// that file.
+    /// that file. Opened non-blocking, so a FIFO swapped in for the file cannot stall the
+    /// caller (a regular file's writes ignore the flag).
     fn write(dir: &OwnedFd, name: &OsStr, content: &[u8], mode: OFlag) -> Result<u64, String> {
-        let flags = mode | OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_CLOEXEC;
+        let flags = mode | OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
         let fd = openat2(dir, name, confined(flags, Mode::from_bits_truncate(0o644)))
             .map_err(explain)?;
         let stat = fstat(fd.as_fd()).map_err(explain)?;

@@ -13,8 +13,13 @@
 //!   loopback: nothing of the host's network (its loopback listeners: the API, the
 //!   database, a signer; its abstract Unix sockets; another run's listeners) is in reach.
 //!   A task with network (`sandbox_network`, the default) reaches out only through the
-//!   egress proxy ([`super::egress`]), whose socket is bound in beside the shim that
-//!   serves it on loopback ([`super::shim`]).
+//!   egress proxy ([`super::egress`]), whose socket is bound in for the shim to serve on
+//!   loopback.
+//!
+//! The workspace is opened once, following no link on its path, handed to the jail's uid
+//! through that descriptor, and bound by bubblewrap by its path; the shim, the jail's
+//! PID 1 ([`super::shim`]), checks that what was bound is what was opened before the
+//! command starts.
 //!
 //! Each distinct set of flags is probed once per process with `true`: when the host
 //! refuses (no bubblewrap, namespaces disabled), the attempt fails with
@@ -48,15 +53,19 @@ type Probed = (&'static str, bool, bool);
 #[derive(Debug)]
 pub(crate) struct Jail {
     prefix: Vec<String>,
+    /// The workspace the shim checks it was given, when there is a shim.
+    shim: Option<shim::Identity>,
     /// Declared before the uid: the proxy stops before the uid is given back.
     egress: Option<Egress>,
     uid: Option<uids::UidLease>,
 }
 
 impl Jail {
-    /// Prepares the jail an attempt in `workspace` starts in: takes a uid and hands the
-    /// workspace to it (`isolated`), and probes the flags once. None with the sandbox off
-    /// and the default policy; the error is the attempt's `sandbox_unavailable` failure.
+    /// Prepares the jail an attempt in `workspace` starts in: opens the workspace once
+    /// (following no link), takes a uid and hands the workspace to it through that
+    /// descriptor (`isolated`), starts the egress proxy (with network), and probes the
+    /// flags once. None with the sandbox off and the default policy; the error is the
+    /// attempt's `sandbox_unavailable` failure.
     pub(crate) async fn prepare(
         policy: SandboxPolicy,
         workspace: &Path,
@@ -73,20 +82,29 @@ impl Jail {
                 ))),
             };
         }
-        let uid = match resolved.mode {
-            SandboxMode::Isolated => Some(
-                take_workspace(resolved, workspace)
-                    .await
-                    .map_err(unavailable)?,
-            ),
-            _ => None,
-        };
+        let shim_binary = resolved.settings.shim.as_deref();
+        if policy.network && shim_binary.is_none() {
+            return Err(unavailable(
+                "this process has no sandbox shim to give runs their network (a worker \
+                 started by the keel binary has one)"
+                    .into(),
+            ));
+        }
+        let (identity, uid) = take_workspace(resolved, workspace)
+            .await
+            .map_err(unavailable)?;
         let egress = match policy.network {
             true => Some(start_egress(resolved, uid.as_ref()).map_err(unavailable)?),
             false => None,
         };
+        let binds = Binds {
+            workspace,
+            shim: shim_binary,
+            egress: egress.as_ref(),
+        };
         let jail = Jail {
-            prefix: prefix(resolved, policy, workspace, egress.as_ref())?,
+            prefix: prefix(resolved, policy, binds),
+            shim: shim_binary.map(|_| identity),
             egress,
             uid,
         };
@@ -96,10 +114,10 @@ impl Jail {
         Ok(Some(jail))
     }
 
-    /// The argv that runs `argv` inside the namespaces (behind the shim, with network).
+    /// The argv that runs `argv` inside the namespaces, behind the shim where there is one.
     pub(crate) fn wrap(&self, argv: &[String]) -> Vec<String> {
-        let command = match self.egress {
-            Some(_) => shim::argv(argv),
+        let command = match self.shim {
+            Some(identity) => shim::argv(identity, self.egress.is_some(), argv),
             None => argv.to_vec(),
         };
         self.prefix.iter().cloned().chain(command).collect()
@@ -170,19 +188,43 @@ impl Jail {
     }
 }
 
-/// Takes a uid for the attempt and gives it the workspace; blocking file work, off the
-/// async runtime.
-async fn take_workspace(resolved: &Resolved, workspace: &Path) -> Result<uids::UidLease, String> {
+/// Opens the workspace once, following no link, for its identity, and in `isolated` mode
+/// takes a uid for the attempt and gives it the workspace through that descriptor; blocking
+/// file work, off the async runtime.
+async fn take_workspace(
+    resolved: &Resolved,
+    workspace: &Path,
+) -> Result<(shim::Identity, Option<uids::UidLease>), String> {
     let settings = &resolved.settings;
-    let lease = uids::acquire(&settings.uids, &settings.uid_locks)?;
-    let (uid, workspace) = (lease.uid, workspace.to_path_buf());
-    tokio::task::spawn_blocking(move || {
-        owner::check_reachable(&workspace)?;
-        owner::hand_over(&workspace, uid)
+    let lease = match resolved.mode {
+        SandboxMode::Isolated => Some(uids::acquire(&settings.uids, &settings.uid_locks)?),
+        _ => None,
+    };
+    let (uid, workspace) = (lease.as_ref().map(|l| l.uid), workspace.to_path_buf());
+    let identity = tokio::task::spawn_blocking(move || {
+        let opened = crate::file::beneath::open_workspace(&workspace)
+            .map_err(|e| format!("opening the workspace {}: {e}", workspace.display()))?;
+        if let Some(uid) = uid {
+            owner::check_reachable(&workspace)?;
+            owner::hand_over(&opened, uid)?;
+        }
+        let stat = nix::sys::stat::fstat(&opened).map_err(|e| e.to_string())?;
+        Ok::<_, String>(shim::Identity {
+            device: stat.st_dev,
+            inode: stat.st_ino,
+        })
     })
     .await
     .map_err(|e| format!("handing the workspace over: {e}"))??;
-    Ok(lease)
+    Ok((identity, lease))
+}
+
+/// What a jail binds besides the system and its workspace: the shim, where there is one,
+/// and its egress proxy's socket.
+struct Binds<'a> {
+    workspace: &'a Path,
+    shim: Option<&'a Path>,
+    egress: Option<&'a Egress>,
 }
 
 /// Starts the jail's egress proxy on a socket of its own, which only the jail's uid may
@@ -230,12 +272,8 @@ fn egress_directory() -> Result<PathBuf, String> {
         .clone()
 }
 
-fn prefix(
-    resolved: &Resolved,
-    policy: SandboxPolicy,
-    workspace: &Path,
-    egress: Option<&Egress>,
-) -> Result<Vec<String>, String> {
+fn prefix(resolved: &Resolved, policy: SandboxPolicy, binds: Binds) -> Vec<String> {
+    let workspace = binds.workspace;
     let mut args: Vec<String> = [
         "--unshare-user",
         "--disable-userns",
@@ -274,34 +312,29 @@ fn prefix(
         "--bind"
     };
     args.extend(bind(mode, workspace));
-    if let Some(egress) = egress {
-        args.extend(egress_binds(resolved, egress)?);
+    if let Some(shim_binary) = binds.shim {
+        // The shim is the jail's init: out of reach of the run's signals.
+        args.push("--as-pid-1".into());
+        args.extend(["--ro-bind".into(), path(shim_binary), shim::INSIDE.into()]);
+    }
+    if let Some(egress) = binds.egress {
+        args.extend(egress_binds(egress));
     }
     args.extend(["--chdir".into(), path(workspace), "--".into()]);
-    Ok(std::iter::once(path(&resolved.settings.bwrap))
+    std::iter::once(path(&resolved.settings.bwrap))
         .chain(args)
-        .collect())
+        .collect()
 }
 
-/// The proxy's socket and the shim, read-only, and the variables that point the run's
-/// clients at the shim.
-fn egress_binds(resolved: &Resolved, egress: &Egress) -> Result<Vec<String>, String> {
-    let shim_binary = resolved.settings.shim.as_deref().ok_or(format!(
-        "{UNAVAILABLE}: this process has no sandbox shim to give runs their network \
-         (a worker started by the keel binary has one)"
-    ))?;
-    // The shim is the jail's init: out of reach of the run's signals.
-    let mut args = vec!["--as-pid-1".to_string()];
-    for (source, inside) in [
-        (egress.socket(), shim::SOCKET_INSIDE),
-        (shim_binary, shim::INSIDE),
-    ] {
-        args.extend(["--ro-bind".into(), path(source), inside.into()]);
-    }
+/// The proxy's socket, read-only, and the variables that point the run's clients at the
+/// shim.
+fn egress_binds(egress: &Egress) -> Vec<String> {
+    let socket = path(egress.socket());
+    let mut args = vec!["--ro-bind".into(), socket, shim::SOCKET_INSIDE.into()];
     for (name, value) in shim::proxy_environment() {
         args.extend(["--setenv".into(), name.into(), value]);
     }
-    Ok(args)
+    args
 }
 
 fn bind(option: &str, dir: &Path) -> [String; 3] {

@@ -2,7 +2,7 @@
 //! it, and a way through the workspace's ancestors to reach it (bubblewrap mounts the
 //! workspace with the attempt's own credentials).
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -14,13 +14,16 @@ use nix::unistd::{Gid, Uid, fchown, fchownat};
 /// Search permission for others, the one bit the ancestors need.
 const OTHERS_SEARCH: u32 = 0o001;
 
-/// Gives the tree at `root` to `uid` (as owner and group), file by file, without following
-/// a symbolic link anywhere: every directory is opened relative to its parent with
-/// `O_NOFOLLOW`, so a link an earlier attempt planted (to `/etc`, say), or swapped in for a
-/// directory meanwhile, hands nothing outside the tree over.
-pub(super) fn hand_over(root: &Path, uid: u32) -> Result<(), String> {
-    let failed = |e: nix::Error| format!("handing {} to uid {uid}: {e}", root.display());
-    let top = Dir::open(root, directory_flags(), Mode::empty()).map_err(failed)?;
+/// Gives the tree of the opened directory `root` to `uid` (as owner and group), file by
+/// file, without following a symbolic link anywhere: every directory is opened relative
+/// to its parent with `O_NOFOLLOW`, so a link an earlier attempt planted (to `/etc`, say),
+/// or swapped in for a directory meanwhile, hands nothing outside the tree over.
+pub(super) fn hand_over(root: &OwnedFd, uid: u32) -> Result<(), String> {
+    let failed = |e: nix::Error| format!("handing the workspace to uid {uid}: {e}");
+    let top = root
+        .try_clone()
+        .map_err(|e| format!("handing the workspace to uid {uid}: {e}"))?;
+    let top = Dir::from_fd(top).map_err(failed)?;
     give(&top, &fstat(top.as_fd()).map_err(failed)?, None, uid).map_err(failed)?;
     let mut pending = vec![top];
     while let Some(mut dir) = pending.pop() {
@@ -131,7 +134,8 @@ mod tests {
         std::os::unix::fs::symlink(&target, workspace.path().join("a/link")).unwrap();
         std::os::unix::fs::symlink(outside.path(), workspace.path().join("dirlink")).unwrap();
         let uid = 1_900_900_100;
-        hand_over(workspace.path(), uid).unwrap();
+        let opened = crate::file::beneath::open_workspace(workspace.path()).unwrap();
+        hand_over(&opened, uid).unwrap();
         for owned in ["", "a", "a/b", "a/b/file"] {
             let meta = std::fs::symlink_metadata(workspace.path().join(owned)).unwrap();
             assert_eq!((meta.uid(), meta.gid()), (uid, uid), "{owned}");

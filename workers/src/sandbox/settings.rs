@@ -65,8 +65,10 @@ pub struct SandboxSettings {
     /// Directories attempts see read-only beside the system's (`/usr`, `/etc`, `/opt`, the
     /// library and binary directories).
     pub read_only_paths: Vec<PathBuf>,
-    /// The `keel` binary, which a jail with network runs first as its shim
-    /// ([`super::shim`]); None: jails with network cannot start (`sandbox_unavailable`).
+    /// The `keel` binary, which every jail runs first as its shim ([`super::shim`]). None
+    /// (a process that is not the keel binary, such as a unit test): jails with network
+    /// cannot start (`sandbox_unavailable`), and the others start without the shim's check
+    /// that the bound workspace is the one the worker opened.
     pub shim: Option<PathBuf>,
     /// Hosts runs may reach through the egress proxy although they are not public.
     pub egress: EgressRules,

@@ -1,20 +1,28 @@
-//! What a jail with network runs first, inside its namespaces, before the run's command:
-//! the run's network namespace has only loopback, so the shim listens there on the ports
-//! the run's `HTTP_PROXY` and `ALL_PROXY` name, and carries every connection to the egress
-//! proxy's Unix socket ([`super::egress`]), bound into the jail. It listens before the
-//! command starts (no race with the command's first connection), then runs the command and
-//! ends as it ends. It is the jail's PID 1 (bubblewrap's `--as-pid-1`): it reaps what the
-//! command leaves behind, and no signal from inside the jail reaches it (a run's
-//! `kill -9 -1` ends the run's processes, not its way out); its end ends the jail.
+//! What every jail runs first, as its PID 1 (bubblewrap's `--as-pid-1`), before the run's
+//! command:
+//!
+//! - it checks that the workspace bound in is the directory the worker opened and handed
+//!   over: bubblewrap binds it by path, as the run's uid, after the worker's check, and a
+//!   run that owns a directory on that path could have swapped it for a link to another
+//!   tenant's directory in between. The bind is what it is once the jail exists, so the
+//!   check, by device and inode of the jail's working directory, is final;
+//! - with network, since the run's network namespace has only loopback, it listens there on
+//!   the ports the run's `HTTP_PROXY` and `ALL_PROXY` name and carries every connection to
+//!   the egress proxy's Unix socket ([`super::egress`]) bound into the jail. It listens
+//!   before the command starts, so the command's first connection finds it;
+//! - it reaps what the command leaves behind, and no signal from inside the jail reaches it
+//!   (a run's `kill -9 -1` ends the run's processes, not its way out). It ends as the
+//!   command ends, and its end ends the jail.
 //!
 //! It is the `keel` binary itself (`keel sandbox-shim …`, [`ARG`]), bound read-only into
 //! the jail: no helper to install, and std only, so it starts in well under a millisecond.
-//! It runs with the run's own uid and rights, and guards nothing: whatever a run does to
-//! it, the proxy outside is what decides.
+//! It runs with the run's own uid and rights and guards nothing the run could get around:
+//! the proxy outside decides where connections go.
 
 use std::ffi::OsString;
 use std::io::Write;
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -29,20 +37,29 @@ pub(super) const SOCKET_INSIDE: &str = "/run/keel/egress.sock";
 pub(super) const HTTP_PORT: u16 = 3128;
 pub(super) const SOCKS_PORT: u16 = 1080;
 
-/// The argv that runs `command` behind the shim, inside the jail.
-pub(super) fn argv(command: &[String]) -> Vec<String> {
-    [
-        INSIDE,
-        ARG,
-        SOCKET_INSIDE,
-        &HTTP_PORT.to_string(),
-        &SOCKS_PORT.to_string(),
-        "--",
-    ]
-    .into_iter()
-    .map(String::from)
-    .chain(command.iter().cloned())
-    .collect()
+/// The device and inode of the workspace the worker opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Identity {
+    pub(super) device: u64,
+    pub(super) inode: u64,
+}
+
+/// The argv that runs `command` behind the shim, inside the jail: with the egress proxy's
+/// socket and ports when the jail has network.
+pub(super) fn argv(workspace: Identity, network: bool, command: &[String]) -> Vec<String> {
+    let mut argv = vec![
+        INSIDE.to_string(),
+        ARG.to_string(),
+        "--workspace".to_string(),
+        format!("{}:{}", workspace.device, workspace.inode),
+    ];
+    if network {
+        argv.extend(["--egress".to_string(), SOCKET_INSIDE.to_string()]);
+        argv.extend([HTTP_PORT, SOCKS_PORT].map(|port| port.to_string()));
+    }
+    argv.push("--".to_string());
+    argv.extend(command.iter().cloned());
+    argv
 }
 
 /// The variables that point a run's HTTP clients (curl, git, pip, npm, …) and SOCKS
@@ -64,37 +81,95 @@ pub(super) fn proxy_environment() -> Vec<(&'static str, String)> {
     ]
 }
 
-/// `keel sandbox-shim SOCKET PORT… -- COMMAND ARG…` (the arguments after the subcommand).
-pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
-    let Some(socket) = args.next().map(PathBuf::from) else {
-        return usage();
+/// What the shim was told: the workspace's identity, the proxy's socket and the ports to
+/// serve it on (none without network), and the command.
+struct Invocation {
+    workspace: Identity,
+    egress: Option<(PathBuf, Vec<u16>)>,
+    command: Vec<OsString>,
+}
+
+/// `keel sandbox-shim --workspace DEV:INO [--egress SOCKET PORT…] -- COMMAND ARG…` (the
+/// arguments after the subcommand).
+pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
+    let Some(invocation) = parse(args) else {
+        return failed(
+            "usage: keel sandbox-shim --workspace DEV:INO [--egress SOCKET PORT...] \
+             -- COMMAND [ARG...]",
+        );
     };
-    let mut ports = Vec::new();
-    for arg in args.by_ref() {
-        if arg == "--" {
-            break;
-        }
-        match arg.to_str().and_then(|port| port.parse::<u16>().ok()) {
-            Some(port) => ports.push(port),
-            None => return usage(),
-        }
+    if let Err(why) = check_workspace(invocation.workspace) {
+        return failed(&why);
     }
-    let command: Vec<OsString> = args.collect();
-    let Some((program, rest)) = command.split_first() else {
-        return usage();
-    };
-    for port in ports {
-        match TcpListener::bind(("127.0.0.1", port)) {
-            Ok(listener) => {
-                let socket = socket.clone();
-                std::thread::spawn(move || accept(listener, socket));
+    if let Some((socket, ports)) = &invocation.egress {
+        for port in ports {
+            match TcpListener::bind(("127.0.0.1", *port)) {
+                Ok(listener) => {
+                    let socket = socket.clone();
+                    std::thread::spawn(move || accept(listener, socket));
+                }
+                Err(error) => return failed(&format!("listening on 127.0.0.1:{port}: {error}")),
             }
-            Err(error) => return failed(&format!("listening on 127.0.0.1:{port}: {error}")),
         }
     }
+    let Some((program, rest)) = invocation.command.split_first() else {
+        return failed("no command");
+    };
     match Command::new(program).args(rest).spawn() {
         Ok(child) => reap_until(child.id() as i32),
         Err(error) => failed(&format!("execvp {}: {error}", program.to_string_lossy())),
+    }
+}
+
+fn parse(mut args: impl Iterator<Item = OsString>) -> Option<Invocation> {
+    let text = |arg: Option<OsString>| arg.and_then(|arg| arg.into_string().ok());
+    if text(args.next())? != "--workspace" {
+        return None;
+    }
+    let workspace = text(args.next())?;
+    let (device, inode) = workspace.split_once(':')?;
+    let workspace = Identity {
+        device: device.parse().ok()?,
+        inode: inode.parse().ok()?,
+    };
+    let mut egress = None;
+    loop {
+        match text(args.next())?.as_str() {
+            "--" => break,
+            "--egress" => {
+                let socket = PathBuf::from(args.next()?);
+                let ports = [text(args.next())?, text(args.next())?];
+                let ports = ports
+                    .iter()
+                    .map(|port| port.parse().ok())
+                    .collect::<Option<_>>()?;
+                egress = Some((socket, ports));
+            }
+            _ => return None,
+        }
+    }
+    Some(Invocation {
+        workspace,
+        egress,
+        command: args.collect(),
+    })
+}
+
+/// The jail's working directory, where bubblewrap bound the workspace, must be the very
+/// directory the worker opened.
+fn check_workspace(expected: Identity) -> Result<(), String> {
+    let bound = std::fs::metadata(".").map_err(|e| format!("workspace_refused: {e}"))?;
+    let found = Identity {
+        device: bound.dev(),
+        inode: bound.ino(),
+    };
+    match found == expected {
+        true => Ok(()),
+        false => Err(
+            "workspace_refused: the workspace's path led elsewhere when the \
+                      sandbox bound it than when the worker opened it (a link swapped in)"
+                .into(),
+        ),
     }
 }
 
@@ -143,11 +218,80 @@ fn splice(client: TcpStream, proxy: UnixStream) {
     let _ = upward.join();
 }
 
-fn usage() -> ExitCode {
-    failed("usage: keel sandbox-shim SOCKET PORT... -- COMMAND [ARG...]")
-}
-
 fn failed(message: &str) -> ExitCode {
     let _ = writeln!(std::io::stderr(), "keel-sandbox: {message}");
     ExitCode::FAILURE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(words: &[&str]) -> impl Iterator<Item = OsString> {
+        words
+            .iter()
+            .map(OsString::from)
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+
+    #[test]
+    fn the_jail_s_arguments_read_back() {
+        let identity = Identity {
+            device: 2049,
+            inode: 77,
+        };
+        let command = ["sh".to_string(), "-c".to_string(), "true".to_string()];
+        for network in [false, true] {
+            let argv = argv(identity, network, &command);
+            assert_eq!(&argv[..2], [INSIDE, ARG]);
+            let parsed = parse(args(
+                &argv.iter().skip(2).map(String::as_str).collect::<Vec<_>>(),
+            ))
+            .expect("parsed");
+            assert_eq!(parsed.workspace, identity);
+            assert_eq!(parsed.command, ["sh", "-c", "true"]);
+            let egress = parsed.egress;
+            match network {
+                true => assert_eq!(
+                    egress,
+                    Some((PathBuf::from(SOCKET_INSIDE), vec![HTTP_PORT, SOCKS_PORT]))
+                ),
+                false => assert_eq!(egress, None),
+            }
+        }
+        for bad in [
+            &["--workspace", "1-2", "--", "true"][..],
+            &["--egress", "/s", "1", "2", "--", "true"],
+            &[
+                "--workspace",
+                "1:2",
+                "--egress",
+                "/s",
+                "http",
+                "2",
+                "--",
+                "true",
+            ],
+            &["--workspace", "1:2", "--unknown", "--", "true"],
+        ] {
+            assert!(parse(args(bad)).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_working_directory_that_is_not_the_opened_workspace_is_refused() {
+        let here = std::fs::metadata(".").unwrap();
+        let same = Identity {
+            device: here.dev(),
+            inode: here.ino(),
+        };
+        assert_eq!(check_workspace(same), Ok(()));
+        let other = Identity {
+            inode: here.ino() + 1,
+            ..same
+        };
+        let refused = check_workspace(other).unwrap_err();
+        assert!(refused.starts_with("workspace_refused:"), "{refused}");
+    }
 }
