@@ -312,17 +312,18 @@ async fn before_remove(
     let timeout = workflow.config.hooks.timeout();
     let never = CancellationToken::new();
     let policy = SandboxPolicy::default();
-    hooks::run(
-        "before_remove",
+    let script = hooks::Script {
+        hook: "before_remove",
         script,
-        directory,
-        &env,
-        policy,
+        workspace: directory,
+        env: &env,
+        sandbox: policy,
+        secret: None,
         timeout,
-        &never,
-    )
-    .await
-    .expect("a hook that cannot be cancelled ends with a run")
+    };
+    hooks::run(script, &never)
+        .await
+        .expect("a hook that cannot be cancelled ends with a run")
 }
 
 async fn blocked(

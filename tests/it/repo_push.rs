@@ -195,6 +195,56 @@ async fn a_completed_runs_changes_are_pushed_to_its_branch_once_and_never_over_a
     assert_eq!(git_out(&bare, &["branch", "--list", "keel/nothing"]), "");
 }
 
+/// Hooks the run plants through its own git configuration (a template for new repositories,
+/// a hooks path) never run with the push's credential: the push repository is made from no
+/// template, no hook runs in the clone, the commit or the push, the push's jail sees only
+/// that repository, and the credential reaches git at an inherited descriptor, never in an
+/// environment.
+#[tokio::test]
+async fn a_hook_the_run_plants_never_sees_the_push_credential() {
+    let origin = repository();
+    let bare = origin.path().join("repo.git");
+    let expected = format!(
+        "Basic {}",
+        STANDARD.encode(format!("x-access-token:{TOKEN}"))
+    );
+    let url = format!(
+        "{}/repo.git",
+        serve_smart(origin.path(), expected.clone()).await
+    );
+    let stack =
+        crate::agent_loop::Stack::start_with("none", Vec::new(), &[("REPO_TEST_TOKEN", TOKEN)])
+            .await;
+    let c = &stack.client;
+    let command = r#"ws=$(pwd); mkdir -p "$HOME/tpl/hooks"
+printf '[init]\n\ttemplateDir = %s/tpl\n[core]\n\thooksPath = %s/tpl/hooks\n' "$HOME" "$HOME" > "$HOME/.gitconfig"
+for hook in pre-push post-checkout reference-transaction pre-commit post-commit; do
+  printf '#!/bin/sh\nenv >> %s/leaked; cat /dev/fd/3 >> %s/leaked 2>/dev/null; true\n' "$ws" "$ws" > "$HOME/tpl/hooks/$hook"
+  chmod +x "$HOME/tpl/hooks/$hook"
+done
+echo changed > changed.txt; echo "$ws""#;
+    let (task_id, run_id) = c.start_task(&pushing(&url, "keel/planted", command)).await;
+    let run = c.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    let steps = c.api.list_steps(&task_id, &run_id).await.unwrap().data;
+    let output = steps.last().unwrap().output.clone().unwrap_or_default();
+    assert_eq!(output["pushed"], true, "{output}");
+    assert_eq!(
+        git_out(&bare, &["show", "keel/planted:changed.txt"]),
+        "changed\n"
+    );
+    let workspace = c.stdout(&task_id, &run_id).await;
+    let leaked = Path::new(workspace.trim()).join("leaked");
+    let seen = std::fs::read_to_string(&leaked).unwrap_or_default();
+    for secret in [TOKEN, expected.as_str()] {
+        assert!(
+            !seen.contains(secret),
+            "a planted hook saw the credential: {seen}"
+        );
+    }
+    assert!(!leaked.exists(), "a planted hook ran: {seen}");
+}
+
 #[tokio::test]
 async fn a_push_is_gated_at_admission_and_named_to_the_approver_and_refused_on_bad_input() {
     let app = support::TestApp::with_approvals("git_exec,network_egress").await;

@@ -142,6 +142,32 @@ async fn a_runs_workspace_starts_as_a_clone_of_the_tasks_repository() {
     }
 }
 
+/// A repository on this host, beneath `KEEL_SANDBOX_READ_ONLY_PATHS` and owned by another
+/// uid than the run's (git refuses such a repository unless protected configuration trusts
+/// it), is cloned into a run's workspace in the `isolated` sandbox.
+#[tokio::test]
+async fn a_repository_on_this_host_is_cloned_in_the_sandbox() {
+    let origin = repository();
+    support::let_the_sandbox_through(origin.path());
+    let shared = origin.path().to_str().unwrap();
+    let stack = crate::agent_loop::Stack::start_with(
+        "none",
+        Vec::new(),
+        &[("KEEL_SANDBOX_READ_ONLY_PATHS", shared)],
+    )
+    .await;
+    let c = &stack.client;
+    let path = origin.path().join("repo.git");
+    let draft = TaskDraft {
+        repo: Some(path.to_str().unwrap().to_string()),
+        ..support::shell("cat README.md")
+    };
+    let (task_id, run_id) = c.start_task(&draft).await;
+    let run = c.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    assert_eq!(c.stdout(&task_id, &run_id).await, "on main\n");
+}
+
 #[tokio::test]
 async fn a_clone_that_fails_fails_the_run_with_gits_message() {
     let app = support::TestApp::start().await;

@@ -79,6 +79,23 @@ async fn apply(
 /// even one that stays inside, which could be swapped between a check and a use), nothing
 /// outside the workspace is reached, and a missing directory is created with `mkdirat` in
 /// the directory already opened, never by path.
+/// Writes `content` to the file `relative` beneath `directory`, replacing it, following no
+/// link anywhere: the runtime rewrites files of Keel's own in a directory a run has
+/// written this way (a push repository's configuration).
+pub async fn write_beneath(
+    directory: &Path,
+    relative: &'static str,
+    content: &'static [u8],
+) -> Result<(), String> {
+    let directory = directory.to_path_buf();
+    let write = FileOperation::Write;
+    tokio::task::spawn_blocking(move || {
+        beneath::apply(&directory, Path::new(relative), content, write).map(drop)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
 pub(crate) mod beneath {
     use std::ffi::OsStr;
     use std::fs::File;

@@ -14,8 +14,10 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::process::{self, Exit, collect};
-use crate::sandbox::EgressSummary;
-use crate::{FileOperation, SandboxPolicy};
+use std::process::Stdio;
+
+use crate::SandboxPolicy;
+use crate::sandbox::{EgressSummary, InheritedSecret};
 
 /// Written in a workspace once its preparation finished; `.keel/` is the runs' own
 /// directory there, which git ignores.
@@ -56,17 +58,33 @@ impl HookRun {
     }
 }
 
-/// Runs `script` with `sh -lc` in `workspace` with the runtime's `env`, killing it and
-/// everything it started after `timeout`. None when `cancel` fired first.
-pub async fn run(
-    hook: &str,
-    script: &str,
-    workspace: &Path,
-    env: &[(String, String)],
-    sandbox: SandboxPolicy,
-    timeout: Duration,
-    cancel: &CancellationToken,
-) -> Option<HookRun> {
+/// A script to run in a workspace, and what it runs with.
+pub struct Script<'a> {
+    /// What its record is called: a workflow hook's name, or `clone`, `commit`, `push`.
+    pub hook: &'a str,
+    /// Run with `sh -lc`.
+    pub script: &'a str,
+    pub workspace: &'a Path,
+    /// The runtime's variables for it.
+    pub env: &'a [(String, String)],
+    pub sandbox: SandboxPolicy,
+    /// At its fd 3 ([`crate::INHERITED_PATH`]).
+    pub secret: Option<&'a InheritedSecret>,
+    /// It and everything it started are killed after this long.
+    pub timeout: Duration,
+}
+
+/// Runs `script`; None when `cancel` fired first.
+pub async fn run(script: Script<'_>, cancel: &CancellationToken) -> Option<HookRun> {
+    let Script {
+        hook,
+        script,
+        workspace,
+        env,
+        sandbox,
+        secret,
+        timeout,
+    } = script;
     let argv = vec!["sh".to_string(), "-lc".to_string(), script.to_string()];
     let ran = |exit_code, error: Option<String>, stdout, stderr| HookRun {
         hook: hook.to_string(),
@@ -76,7 +94,8 @@ pub async fn run(
         stderr,
         egress: None,
     };
-    let (mut child, mut containment) = match process::start(&argv, workspace, env, sandbox).await {
+    let started = process::start_with(&argv, workspace, env, sandbox, Stdio::null(), secret);
+    let (mut child, mut containment) = match started.await {
         Ok(started) => started,
         Err(error) => return Some(ran(None, Some(error), String::new(), String::new())),
     };
@@ -121,15 +140,9 @@ pub fn is_prepared(workspace: &Path) -> bool {
 /// Marks the workspace prepared. Its runs may have planted links in it (at `.keel`, at the
 /// marker): the marker is written without following any.
 pub async fn mark_prepared(workspace: &Path) -> Result<(), String> {
-    let workspace = workspace.to_path_buf();
-    let marker = Path::new(PREPARED_MARKER);
-    let write = FileOperation::Write;
-    tokio::task::spawn_blocking(move || {
-        crate::file::beneath::apply(&workspace, marker, b"", write).map(|_| ())
-    })
-    .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| format!("marking {} prepared: {e}", PREPARED_MARKER))
+    crate::file::write_beneath(workspace, PREPARED_MARKER, b"")
+        .await
+        .map_err(|e| format!("marking {PREPARED_MARKER} prepared: {e}"))
 }
 
 /// `: ` and the end of stderr, for a failure's message; nothing when stderr is empty.
@@ -157,17 +170,16 @@ mod tests {
             read_only: false,
         };
         let never = CancellationToken::new();
-        run(
-            "before_run",
+        let script = Script {
+            hook: "before_run",
             script,
-            dir.path(),
-            &[],
-            policy,
+            workspace: dir.path(),
+            env: &[],
+            sandbox: policy,
+            secret: None,
             timeout,
-            &never,
-        )
-        .await
-        .unwrap()
+        };
+        run(script, &never).await.unwrap()
     }
 
     #[tokio::test]

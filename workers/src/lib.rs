@@ -23,11 +23,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use context::{ArtifactHandle, ContextError, OutputStream, RunContext, StepHandle, StepResult};
-pub use file::validate_relative_path;
+pub use file::{validate_relative_path, write_beneath};
 pub use sandbox::{
     DEFAULT_UID_LOCKS as DEFAULT_SANDBOX_UID_LOCKS, DEFAULT_UIDS as DEFAULT_SANDBOX_UIDS,
-    EgressRules, EgressSummary, Refusal, SandboxMode, SandboxSettings,
-    configure as configure_sandbox, containment_name, open_workspace_root, seal, shim,
+    EgressRules, EgressSummary, INHERITED_PATH, InheritedSecret, Refusal, SandboxMode,
+    SandboxSettings, configure as configure_sandbox, containment_name, open_workspace_root, seal,
+    shim,
 };
 
 /// What a run executes, validated by the runtime before it reaches an executor.

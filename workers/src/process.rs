@@ -11,7 +11,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::sandbox::{self, Containment, EgressSummary, Jail};
+use crate::sandbox::{self, Containment, EgressSummary, InheritedSecret, Jail};
 use crate::{
     ArtifactHandle, ContextError, Outcome, OutputStream, RunContext, RunSpec, SandboxPolicy,
     StepResult,
@@ -130,16 +130,18 @@ pub(crate) async fn start(
     env: &[(String, String)],
     sandbox: SandboxPolicy,
 ) -> Result<(Child, Containment), String> {
-    start_with_stdin(argv, workspace, env, sandbox, Stdio::null()).await
+    start_with(argv, workspace, env, sandbox, Stdio::null(), None).await
 }
 
-/// [`start`], with the child's stdin from `stdin` (an MCP server reads its requests there).
-pub(crate) async fn start_with_stdin(
+/// [`start`], with the child's stdin from `stdin` (an MCP server reads its requests there)
+/// and `secret` at its fd 3 (Keel's git reads a repository's credential there).
+pub(crate) async fn start_with(
     argv: &[String],
     workspace: &Path,
     env: &[(String, String)],
     sandbox: SandboxPolicy,
     stdin: Stdio,
+    secret: Option<&InheritedSecret>,
 ) -> Result<(Child, Containment), String> {
     let mut containment = Containment::prepare().map_err(|e| cannot_start(argv, e))?;
     let extra = env.iter().cloned().chain([containment.marker()]);
@@ -148,10 +150,18 @@ pub(crate) async fn start_with_stdin(
         .await
         .map_err(|e| cannot_start(argv, e))?;
     let jail = Jail::prepare(sandbox, workspace).await?;
-    let child = spawn(argv, workspace, env, &containment, jail.as_ref(), stdin)
+    let inputs = Inputs { stdin, secret };
+    let child = spawn(argv, workspace, env, &containment, jail.as_ref(), inputs)
         .map_err(|e| cannot_start(argv, e))?;
     containment.started(child.id(), jail);
     Ok((child, containment))
+}
+
+/// What a child reads besides its workspace and environment.
+struct Inputs<'a> {
+    stdin: Stdio,
+    /// At its fd 3.
+    secret: Option<&'a InheritedSecret>,
 }
 
 /// Starts the child from the given environment alone, inside its jail (if any).
@@ -161,7 +171,7 @@ fn spawn(
     env: Vec<(String, String)>,
     containment: &Containment,
     jail: Option<&Jail>,
-    stdin: Stdio,
+    inputs: Inputs,
 ) -> std::io::Result<Child> {
     let argv = match jail {
         Some(jail) => jail.wrap(argv),
@@ -173,7 +183,7 @@ fn spawn(
         .current_dir(workspace)
         .env_clear()
         .envs(env)
-        .stdin(stdin)
+        .stdin(inputs.stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
@@ -183,6 +193,9 @@ fn spawn(
     }
     // The cgroup joins outermost, so the jail itself is already contained.
     containment.enter_on_spawn(&mut command);
+    if let Some(secret) = inputs.secret {
+        secret.pass_on_spawn(&mut command);
+    }
     command.spawn()
 }
 

@@ -5,13 +5,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use keel_workers::InheritedSecret;
 use keel_workers::agent::run_loop::LoopOutcome;
-use keel_workers::hooks::HookRun;
+use keel_workers::hooks::{HookRun, Script};
 use keel_workers::{ContextError, Outcome, RunContext, StepResult};
 use serde_json::json;
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
 use keel_workers::media::Secret;
 
 use super::context::FencedContext;
@@ -34,8 +33,8 @@ pub(crate) struct AttemptHooks {
 pub(crate) struct RepoClone {
     pub(super) url: String,
     pub(super) base_branch: Option<String>,
-    /// The `Authorization` header value the clone and the push send, or why there is none
-    /// to send.
+    /// What Keel's git answers a credential request with (git's credential helper
+    /// format), or why there is none to send.
     pub(super) credential: Result<Option<Secret>, String>,
     pub(super) timeout: Duration,
     pub(super) push: Option<ResultPush>,
@@ -51,39 +50,48 @@ pub(crate) struct ResultPush {
     pub(super) date: String,
 }
 
-/// HTTP basic authorization of a repository credential: `user:password`, or a token alone,
-/// sent as GitHub's `x-access-token:<token>`.
-pub(super) fn basic_authorization(credential: &str) -> Secret {
-    let pair = match credential.contains(':') {
-        true => credential.to_string(),
-        false => format!("x-access-token:{credential}"),
-    };
-    Secret::new(format!("Basic {}", STANDARD.encode(pair)))
+/// A repository credential (`user:password`, or a token alone, GitHub's
+/// `x-access-token:<token>`) as git's credential helper answers: HTTP basic authorization
+/// for whichever host asks.
+pub(super) fn credential_answer(credential: &str) -> Secret {
+    let (user, password) = credential
+        .split_once(':')
+        .unwrap_or(("x-access-token", credential));
+    Secret::new(format!("username={user}\npassword={password}\n"))
 }
+
+/// The credential helper of Keel's git: the answer to a `get`, read from the secret the
+/// jail inherits (never from its environment or a file the run could have written).
+const CREDENTIAL_HELPER: &str = "!f() { test \"$1\" = get && cat /dev/fd/3; }; f";
 
 /// Makes the workspace a clone of `$KEEL_REPO_URL` at `$KEEL_REPO_BRANCH` (the default
 /// branch, detached, when empty). `init` and `fetch` rather than `clone`: the workspace
 /// already holds the run's `.keel/` (its home and temporary directories). The values come
-/// in the environment, so nothing of them is parsed as shell.
-/// `refs/keel/base` remembers where the clone started (a push needs changes past it), and
-/// the run's own `.keel/` is never part of a commit.
+/// in the environment, so nothing of them is parsed as shell. No template (a run's own
+/// configuration could name one), and the credential's descriptor is closed once the
+/// fetch is done. `refs/keel/base` remembers where the clone started (a push needs
+/// changes past it), and the run's own `.keel/` is never part of a commit.
 const CLONE_SCRIPT: &str = r#"set -e
-git init -q
+git init -q --template=
 git remote add origin "$KEEL_REPO_URL"
 if [ -n "$KEEL_REPO_BRANCH" ]; then
   git fetch -q origin "refs/heads/$KEEL_REPO_BRANCH"
+  exec 3<&-
   git checkout -q -b "$KEEL_REPO_BRANCH" FETCH_HEAD
 else
   git fetch -q origin HEAD
+  exec 3<&-
   git checkout -q --detach FETCH_HEAD
 fi
 git update-ref refs/keel/base HEAD
+mkdir -p .git/info
 printf '/.keel/\n' >> .git/info/exclude"#;
 
 /// Commits the workspace's changes (hooks off: the run may have written the workspace's
 /// git configuration) and, when there is anything past `refs/keel/base`, copies the result
-/// into a bare repository of Keel's own (`.keel/push`) and prints the commit. No credential
-/// is in its environment: a filter the run configured may run here.
+/// into a new bare repository at `.keel/push` (made from no template: the run's own
+/// configuration could name one) and prints the commit. No credential reaches it: a filter
+/// the run configured may run here.
 const COMMIT_SCRIPT: &str = r#"set -e
 git add -A
 if ! git diff --cached --quiet; then
@@ -93,16 +101,27 @@ if [ "$(git rev-parse HEAD)" = "$(git rev-parse refs/keel/base)" ]; then
   exit 0
 fi
 rm -rf .keel/push
-git init -q --bare .keel/push
+git init -q --bare --template= .keel/push
 git --git-dir=.keel/push fetch -q "$PWD" HEAD:refs/heads/result
 git rev-parse HEAD"#;
 
-/// Pushes the result from `.keel/push`, whose configuration the worker wrote, with no
-/// system or global configuration (the run's home is the run's to write).
-const PUSH_SCRIPT: &str = r#"git --git-dir=.keel/push push -q "$KEEL_REPO_URL" "refs/heads/result:refs/heads/$KEEL_PUSH_BRANCH""#;
+/// Pushes the result from the bare repository it runs in (`.keel/push`, which is all its
+/// jail sees of the workspace), never running a hook.
+const PUSH_SCRIPT: &str = r#"git --git-dir=. push -q --no-verify "$KEEL_REPO_URL" "refs/heads/result:refs/heads/$KEEL_PUSH_BRANCH""#;
 
-/// What `.keel/push/config` holds when the push starts: a bare repository and nothing else.
-const PUSH_REPOSITORY_CONFIG: &str = "[core]\n\trepositoryformatversion = 0\n\tbare = true\n";
+/// What the worker writes into `.keel/push` before the push, over what the commit left
+/// there: a bare repository's head and configuration and nothing else, so the push reads
+/// only what Keel wrote.
+const PUSH_REPOSITORY: [(&str, &str); 2] = [
+    ("HEAD", "ref: refs/heads/result\n"),
+    (
+        "config",
+        "[core]\n\trepositoryformatversion = 0\n\tbare = true\n",
+    ),
+];
+
+/// Where the result's bare repository is, in the workspace.
+const PUSH_DIR: &str = ".keel/push";
 
 /// What an attempt within hooks ends with: a process run's `Outcome`, or an agent loop's
 /// `LoopOutcome`, which can also wait for an approval.
@@ -233,14 +252,29 @@ impl AttemptHooks {
                 return Err(self.unprepared(ctx, error).await);
             }
         };
-        let mut env = self.remote_env(repo, credential.as_ref());
+        let inherited = match remote_input(repo, credential.as_ref()) {
+            Ok(inherited) => inherited,
+            Err(why) => {
+                let failed = StepResult::Failed { error: why.clone() };
+                ctx.finish_step(&step, failed).await.map_err(stopped)?;
+                return Err(self.unprepared(ctx, format!("clone_failed: {why}")).await);
+            }
+        };
+        let mut env = self.remote_env(repo, inherited.as_ref());
         env.push((
             "KEEL_REPO_BRANCH".to_string(),
             repo.base_branch.clone().unwrap_or_default(),
         ));
-        let ran = self
-            .run_script(ctx, "clone", CLONE_SCRIPT, &env, repo.timeout)
-            .await?;
+        let clone = Script {
+            hook: "clone",
+            script: CLONE_SCRIPT,
+            workspace: &self.workspace,
+            env: &env,
+            sandbox: self.sandbox,
+            secret: inherited.as_ref().map(Inherited::secret),
+            timeout: repo.timeout,
+        };
+        let ran = self.run_script(ctx, clone).await?;
         let result = match &ran.error {
             None => StepResult::Completed {
                 output: json!({ "exit_code": ran.exit_code }),
@@ -258,42 +292,41 @@ impl AttemptHooks {
         }
     }
 
-    /// The run's environment with what git needs to reach `repo`: its URL, no prompt for a
-    /// password, and the credential for this git alone (as `http.extraHeader` in its
-    /// environment: neither the workspace's git configuration nor the run's processes ever
-    /// hold it).
-    fn remote_env(&self, repo: &RepoClone, credential: Option<&Secret>) -> Vec<(String, String)> {
+    /// The run's environment with what Keel's git needs to reach `repo`: its URL, no
+    /// prompt for a password, no configuration but Keel's (no system or global file, no
+    /// hook), and what `inherited` stands for: the credential helper that reads it, or, for
+    /// a repository on this host, the global configuration that trusts it.
+    fn remote_env(&self, repo: &RepoClone, inherited: Option<&Inherited>) -> Vec<(String, String)> {
         let mut env = self.env.clone();
-        if let Some(header) = credential {
-            env.extend(git_config(&[(
-                "http.extraHeader",
-                &format!("Authorization: {}", header.expose()),
-            )]));
-        }
+        let (global, helper) = match inherited {
+            Some(Inherited::Credential(_)) => ("/dev/null", Some(CREDENTIAL_HELPER)),
+            Some(Inherited::Trust(_)) => (keel_workers::INHERITED_PATH, None),
+            None => ("/dev/null", None),
+        };
+        let mut config = vec![("core.hooksPath", "/dev/null")];
+        config.extend(helper.map(|helper| ("credential.helper", helper)));
+        env.extend(git_config(&config));
         env.extend([
             ("KEEL_REPO_URL".to_string(), repo.url.clone()),
+            ("GIT_CONFIG_NOSYSTEM".to_string(), "1".to_string()),
+            ("GIT_CONFIG_GLOBAL".to_string(), global.to_string()),
             // A repository that asks for credentials fails rather than waits for them.
             ("GIT_TERMINAL_PROMPT".to_string(), "0".to_string()),
         ]);
         env
     }
 
-    /// Runs a script in the workspace with the run's sandbox and records its output as the
-    /// `<name>.stdout` / `<name>.stderr` artifacts; Err: how the attempt stops instead (it
-    /// was interrupted, or the output could not be written).
+    /// Runs a script and records its output as the `<name>.stdout` / `<name>.stderr`
+    /// artifacts; Err: how the attempt stops instead (it was interrupted, or the output
+    /// could not be written).
     async fn run_script(
         &self,
         ctx: &FencedContext,
-        name: &str,
-        script: &str,
-        env: &[(String, String)],
-        timeout: Duration,
+        script: Script<'_>,
     ) -> Result<HookRun, Outcome> {
-        let (workspace, cancel) = (&self.workspace, ctx.cancellation());
-        let ran =
-            keel_workers::hooks::run(name, script, workspace, env, self.sandbox, timeout, cancel)
-                .await
-                .ok_or(Outcome::Interrupted)?;
+        let ran = keel_workers::hooks::run(script, ctx.cancellation())
+            .await
+            .ok_or(Outcome::Interrupted)?;
         ctx.shared.record_hook(&ran).await.map_err(stopped)?;
         Ok(ran)
     }
@@ -355,9 +388,16 @@ impl AttemptHooks {
         ] {
             env.push((name.to_string(), value.to_string()));
         }
-        let committed = self
-            .run_script(ctx, "commit", COMMIT_SCRIPT, &env, repo.timeout)
-            .await?;
+        let commit = Script {
+            hook: "commit",
+            script: COMMIT_SCRIPT,
+            workspace: &self.workspace,
+            env: &env,
+            sandbox: self.sandbox,
+            secret: None,
+            timeout: repo.timeout,
+        };
+        let committed = self.run_script(ctx, commit).await?;
         if let Some(error) = committed.error {
             return Ok(Err(format!("git {error}")));
         }
@@ -368,43 +408,31 @@ impl AttemptHooks {
             Ok(credential) => credential.as_ref(),
             Err(why) => return Ok(Err(why.clone())),
         };
-        if let Err(error) = self.reset_push_repository().await {
+        let inherited = match remote_input(repo, credential) {
+            Ok(inherited) => inherited,
+            Err(why) => return Ok(Err(why)),
+        };
+        let repository = self.workspace.join(PUSH_DIR);
+        if let Err(error) = reset_push_repository(&repository).await {
             return Ok(Err(format!("workspace_unavailable: {error}")));
         }
-        let mut env = self.remote_env(repo, credential);
-        env.extend([
-            ("KEEL_PUSH_BRANCH".to_string(), push.branch.clone()),
-            ("GIT_CONFIG_NOSYSTEM".to_string(), "1".to_string()),
-            ("GIT_CONFIG_GLOBAL".to_string(), "/dev/null".to_string()),
-        ]);
-        let pushed = self
-            .run_script(ctx, "push", PUSH_SCRIPT, &env, repo.timeout)
-            .await?;
+        let mut env = self.remote_env(repo, inherited.as_ref());
+        env.push(("KEEL_PUSH_BRANCH".to_string(), push.branch.clone()));
+        // Its jail sees the bare repository alone: nothing of the run's workspace runs there.
+        let push = Script {
+            hook: "push",
+            script: PUSH_SCRIPT,
+            workspace: &repository,
+            env: &env,
+            sandbox: self.sandbox,
+            secret: inherited.as_ref().map(Inherited::secret),
+            timeout: repo.timeout,
+        };
+        let pushed = self.run_script(ctx, push).await?;
         Ok(match pushed.error {
             None => Ok(Some(commit)),
             Some(error) => Err(format!("git {error}")),
         })
-    }
-
-    /// Writes `.keel/push/config` afresh, so the push reads only what Keel wrote: the commit
-    /// script ran in a workspace whose configuration the run controls. A link in its place
-    /// is refused, never followed.
-    async fn reset_push_repository(&self) -> std::io::Result<()> {
-        let repository = self.workspace.join(".keel").join("push");
-        if !tokio::fs::symlink_metadata(&repository).await?.is_dir() {
-            return Err(std::io::Error::other(".keel/push is not a directory"));
-        }
-        let config = repository.join("config");
-        match tokio::fs::remove_file(&config).await {
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
-            _ => {}
-        }
-        let mut file = tokio::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&config)
-            .await?;
-        tokio::io::AsyncWriteExt::write_all(&mut file, PUSH_REPOSITORY_CONFIG.as_bytes()).await
     }
 
     /// Ends an attempt whose workspace preparation (the clone, `after_create`) failed with
@@ -428,9 +456,65 @@ impl AttemptHooks {
         hook: &str,
         script: &str,
     ) -> Result<HookRun, Outcome> {
-        let timeout = self.hooks.timeout();
-        self.run_script(ctx, hook, script, &self.env, timeout).await
+        let hook = Script {
+            hook,
+            script,
+            workspace: &self.workspace,
+            env: &self.env,
+            sandbox: self.sandbox,
+            secret: None,
+            timeout: self.hooks.timeout(),
+        };
+        self.run_script(ctx, hook).await
     }
+}
+
+/// What Keel's git reads at fd 3 for a clone or a push: the credential its helper answers
+/// with, or, for a repository on this host (which another uid owns), a global
+/// configuration that trusts it: git trusts another uid's repository only through
+/// configuration it counts as protected, and a local fetch drops the `-c` and environment
+/// settings. The jail it is given to is the clone's or the push's alone.
+enum Inherited {
+    Credential(InheritedSecret),
+    Trust(InheritedSecret),
+}
+
+impl Inherited {
+    fn secret(&self) -> &InheritedSecret {
+        match self {
+            Inherited::Credential(secret) | Inherited::Trust(secret) => secret,
+        }
+    }
+}
+
+/// What the clone or the push of `repo` inherits, if anything.
+fn remote_input(
+    repo: &RepoClone,
+    credential: Option<&Secret>,
+) -> Result<Option<Inherited>, String> {
+    let inherit = |bytes: &[u8]| {
+        InheritedSecret::new(bytes).map_err(|e| format!("passing git its input: {e}"))
+    };
+    if is_local(&repo.url) {
+        // Only the clone's own jail reads it, and that sees this repository alone.
+        return inherit(b"[safe]\n\tdirectory = *\n").map(|trust| Some(Inherited::Trust(trust)));
+    }
+    credential
+        .map(|credential| inherit(credential.expose().as_bytes()).map(Inherited::Credential))
+        .transpose()
+}
+
+/// Whether git reaches `url` on this host (an absolute path or a `file://` URL).
+fn is_local(url: &str) -> bool {
+    url.starts_with('/') || url.starts_with("file://")
+}
+
+/// Writes `.keel/push`'s head and configuration afresh, following no link: the commit
+/// script ran where the run's configuration applies.
+async fn reset_push_repository(repository: &Path) -> Result<(), String> {
+    let [(head, head_content), (config, config_content)] = PUSH_REPOSITORY;
+    keel_workers::write_beneath(repository, head, head_content.as_bytes()).await?;
+    keel_workers::write_beneath(repository, config, config_content.as_bytes()).await
 }
 
 /// Git configuration given in the environment (`GIT_CONFIG_COUNT`, `GIT_CONFIG_KEY_<n>`,

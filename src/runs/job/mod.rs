@@ -38,7 +38,7 @@ use crate::tasks::{RunTimeouts, WorkspaceRoots, resolve_secret};
 use crate::tasks::{TaskRecord, TaskRecordExt};
 use context::{Held, Shared};
 use ending::End;
-use hooks::{AttemptHooks, RepoClone, ResultPush, basic_authorization};
+use hooks::{AttemptHooks, RepoClone, ResultPush, credential_answer};
 use keel_workers::media::Secret;
 
 pub(crate) struct RunJobs {
@@ -120,7 +120,7 @@ impl RunJobs {
         }
     }
 
-    /// The `Authorization` header the clone sends (None: the task names no credential), or
+    /// What the clone's credential helper answers (None: the task names no credential), or
     /// why the credential cannot be used: the task's writer may no longer name it, or it
     /// does not resolve. Never logged.
     fn repo_credential(
@@ -133,7 +133,7 @@ impl RunJobs {
         };
         let value = resolve_secret(reference, &self.secrets, row.written_by, workspace_id)
             .map_err(|why| format!("repo_credential: {why}"))?;
-        Ok(Some(basic_authorization(value.expose())))
+        Ok(Some(credential_answer(value.expose())))
     }
 
     /// What a task's attempts need to clone its repository and run its workflow hooks; None

@@ -1,6 +1,6 @@
 //! MCP servers as tools of the loop, through the official SDK (`rmcp`). Each server of a
 //! run is started once per attempt, in the run's sandbox like any process a run starts
-//! ([`crate::process::start_with_stdin`]: a clean environment, its own containment, killed
+//! ([`crate::process::start_with`]: a clean environment, its own containment, killed
 //! when the attempt ends), and its tools are listed then and offered to the model as
 //! `mcp__<server>__<tool>` with the server's own JSON schemas. A call goes to its server
 //! with a timeout and comes back as a bounded result. A server that cannot be started or
@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::tools::{ToolEnv, bound, clean};
 use super::{ToolCall, ToolResult, ToolSpec};
 use crate::media::egress::{check_url, describe, guarded_13};
-use crate::process::{start_with_stdin, thousands};
+use crate::process::{start_with, thousands};
 use crate::sandbox::Containment;
 
 /// How long a server has to start and list its tools.
@@ -229,8 +229,15 @@ async fn stdio(
     let argv: Vec<String> = std::iter::once(command.to_string())
         .chain(args.iter().cloned())
         .collect();
-    let (mut child, containment) =
-        start_with_stdin(&argv, &env.workspace, vars, env.sandbox, Stdio::piped()).await?;
+    let (mut child, containment) = start_with(
+        &argv,
+        &env.workspace,
+        vars,
+        env.sandbox,
+        Stdio::piped(),
+        None,
+    )
+    .await?;
     let stdin = child.stdin.take().expect("stdin is piped");
     let stdout = child.stdout.take().expect("stdout is piped");
     let (stderr, reading) = keep_tail(child.stderr.take().expect("stderr is piped"));

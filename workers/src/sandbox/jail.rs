@@ -294,6 +294,9 @@ fn prefix(resolved: &Resolved, policy: SandboxPolicy, binds: Binds) -> Vec<Strin
         let inner = resolved.settings.uids.start().to_string();
         args.extend(["--uid".into(), inner.clone(), "--gid".into(), inner]);
     }
+    // The private /tmp first: the binds that follow may lie beneath it (a read-only path or
+    // a workspace under /tmp), and a tmpfs mounted after them would hide them.
+    args.extend(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"].map(String::from));
     let extra = resolved
         .settings
         .read_only_paths
@@ -305,7 +308,6 @@ fn prefix(resolved: &Resolved, policy: SandboxPolicy, binds: Binds) -> Vec<Strin
     for link in SYSTEM_LINKS.map(Path::new) {
         args.extend(system_link(link));
     }
-    args.extend(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"].map(String::from));
     let mode = if policy.read_only {
         "--ro-bind"
     } else {

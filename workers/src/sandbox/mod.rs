@@ -7,6 +7,7 @@
 mod cgroup;
 mod egress;
 mod env;
+mod inherited;
 mod jail;
 mod owner;
 pub mod seal;
@@ -21,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use egress::{EgressRules, EgressSummary, Refusal};
 pub(crate) use env::environment;
+pub use inherited::{INHERITED_PATH, InheritedSecret};
 pub(crate) use jail::Jail;
 pub use owner::open_workspace_root;
 pub use settings::{DEFAULT_UIDS, SandboxMode, SandboxSettings, configure};

@@ -98,15 +98,21 @@ pub fn open_workspace_root(root: &Path) -> Result<(), String> {
 /// Checks that a uid other than the directories' owners can pass through every ancestor
 /// of `workspace`; the error names the first that stops it and what to change.
 pub(super) fn check_reachable(workspace: &Path) -> Result<(), String> {
-    for ancestor in workspace.ancestors().skip(1) {
+    let parent = workspace.parent().unwrap_or(workspace);
+    check_passable(parent, &format!("the workspace {}", workspace.display()))
+}
+
+/// Checks that a uid other than the owners can pass through `dir` and its ancestors, to
+/// reach `what`.
+pub(super) fn check_passable(dir: &Path, what: &str) -> Result<(), String> {
+    for ancestor in dir.ancestors() {
         let mode = std::fs::metadata(ancestor)
             .map_err(|e| format!("{}: {e}", ancestor.display()))?
             .mode();
         if mode & OTHERS_SEARCH == 0 {
             return Err(format!(
-                "the sandbox's uids cannot reach the workspace {}: {} (mode {:o}) has no search \
-                 permission for others; give it one (chmod o+x), or keep workspaces elsewhere",
-                workspace.display(),
+                "the sandbox's uids cannot reach {what}: {} (mode {:o}) has no search \
+                 permission for others; give it one (chmod o+x), or keep it elsewhere",
                 ancestor.display(),
                 mode & 0o7777
             ));

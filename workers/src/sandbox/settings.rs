@@ -109,7 +109,22 @@ pub fn configure(settings: SandboxSettings) -> Result<SandboxMode, String> {
                 .into(),
         );
     }
-    Ok(SETTINGS.get_or_init(|| resolve(settings)).mode)
+    let resolved = SETTINGS.get_or_init(|| resolve(settings));
+    if resolved.mode == SandboxMode::Isolated {
+        reachable_read_only_paths(&resolved.settings.read_only_paths)?;
+    }
+    Ok(resolved.mode)
+}
+
+/// Every read-only path must be one the runs' uids can reach: bubblewrap binds it as the
+/// run's uid, and one it cannot reach would fail every run with `sandbox_unavailable`.
+fn reachable_read_only_paths(paths: &[PathBuf]) -> Result<(), String> {
+    for path in paths {
+        let what = format!("the read-only path {}", path.display());
+        super::owner::check_passable(path, &what)
+            .map_err(|why| format!("KEEL_SANDBOX_READ_ONLY_PATHS: {why}"))?;
+    }
+    Ok(())
 }
 
 pub(super) fn current() -> &'static Resolved {
