@@ -9,7 +9,7 @@ use clap::Args;
 use clap::builder::BoolishValueParser;
 use keel_workers::agent::provider::ChatLimits;
 use keel_workers::media::MediaLimits;
-use keel_workers::{EgressRules, SandboxMode, SandboxSettings};
+use keel_workers::{EgressRules, RunLimits, SandboxMode, SandboxSettings};
 use object_store::aws::AmazonS3Builder;
 
 use crate::approvals::{ApprovalPolicy, DEFAULT_POLICIES};
@@ -190,11 +190,30 @@ pub struct SandboxArgs {
     /// binary when unset. The sandbox's uids must be able to read it.
     #[arg(long, env = "KEEL_SANDBOX_SHIM", global = true)]
     pub sandbox_shim: Option<PathBuf>,
+
+    /// Processes and threads each attempt may have at once (cgroup `pids.max`).
+    #[arg(long, env = "KEEL_SANDBOX_PIDS", default_value_t = keel_workers::DEFAULT_RUN_LIMITS.pids,
+          value_parser = clap::value_parser!(u64).range(keel_workers::MIN_PIDS..),
+          global = true)]
+    pub sandbox_pids: u64,
+
+    /// Memory each attempt may use, without swap: bytes, or `512M`, `2G` (cgroup
+    /// `memory.max`); over it, the kernel's OOM killer ends its processes.
+    #[arg(long, env = "KEEL_SANDBOX_MEMORY", default_value_t = keel_workers::DEFAULT_RUN_LIMITS.memory,
+          value_parser = keel_workers::parse_memory, global = true)]
+    pub sandbox_memory: u64,
+
+    /// Open files each process of an attempt may have (`RLIMIT_NOFILE`).
+    #[arg(long, env = "KEEL_SANDBOX_NOFILE", default_value_t = keel_workers::DEFAULT_RUN_LIMITS.nofile,
+          value_parser = clap::value_parser!(u64).range(keel_workers::MIN_NOFILE..),
+          global = true)]
+    pub sandbox_nofile: u64,
 }
 
 impl SandboxArgs {
     /// The sandbox's settings; `off` is refused when the deployment is remote (tenants share
-    /// its workers), whichever role this process has.
+    /// its workers), whichever role this process has, and a remote worker must hold runs
+    /// to their limits.
     pub fn settings(&self) -> Result<SandboxSettings, String> {
         // As clap's boolish parser reads KEEL_REMOTE_MODE for the API, which a worker lacks.
         let remote = keel_workers::seal::var("KEEL_REMOTE_MODE").is_some_and(|value| {
@@ -219,6 +238,12 @@ impl SandboxArgs {
                 .clone()
                 .or_else(|| std::env::current_exe().ok()),
             egress: EgressRules::parse(&self.sandbox_egress_allow)?,
+            limits: RunLimits {
+                pids: self.sandbox_pids,
+                memory: self.sandbox_memory,
+                nofile: self.sandbox_nofile,
+            },
+            require_limits: remote,
         })
     }
 }

@@ -27,6 +27,7 @@ pub async fn run_worker(
     sandbox(common, &data_dir)?;
     tracing::info!(
         containment = %keel_workers::containment_name(),
+        limits = %keel_workers::limits_in_effect(),
         passthrough = ?args.run_env_passthrough,
         "run sandbox"
     );

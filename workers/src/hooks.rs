@@ -125,6 +125,7 @@ pub async fn run(script: Script<'_>, cancel: &CancellationToken) -> Option<HookR
             limit.as_millis()
         )),
     };
+    let error = error.map(|error| containment.blame_limits(error));
     let egress = containment.egress().filter(|egress| !egress.is_empty());
     Some(HookRun {
         egress: egress.cloned(),

@@ -5,9 +5,9 @@
 //! model calls and tool results ([`agent::run_loop::AgentContext`]); the [`media`] executors,
 //! which speak to media vendors rather than run anything, have a context of their own,
 //! [`media::MediaContext`].
-// Denied, not forbidden, for the two exceptions: joining a run's cgroup between fork and
-// exec (`sandbox::cgroup`), which needs `pre_exec`, and clearing the environment block a
-// server process started with (`sandbox::seal`).
+// Denied, not forbidden, for the two exceptions: joining a run's cgroups and taking its
+// rlimits between fork and exec (`sandbox::entry`), which needs `pre_exec`, and clearing the
+// environment block a server process started with (`sandbox::seal`).
 #![deny(unsafe_code)]
 
 mod address;
@@ -25,10 +25,11 @@ use std::time::Duration;
 pub use context::{ArtifactHandle, ContextError, OutputStream, RunContext, StepHandle, StepResult};
 pub use file::{validate_relative_path, write_beneath};
 pub use sandbox::{
-    DEFAULT_UID_LOCKS as DEFAULT_SANDBOX_UID_LOCKS, DEFAULT_UIDS as DEFAULT_SANDBOX_UIDS,
-    EgressRules, EgressSummary, INHERITED_PATH, InheritedSecret, Refusal, SandboxMode,
-    SandboxSettings, configure as configure_sandbox, containment_name, open_workspace_root, seal,
-    shim,
+    DEFAULT_LIMITS as DEFAULT_RUN_LIMITS, DEFAULT_UID_LOCKS as DEFAULT_SANDBOX_UID_LOCKS,
+    DEFAULT_UIDS as DEFAULT_SANDBOX_UIDS, EgressRules, EgressSummary, INHERITED_PATH,
+    InheritedSecret, MIN_NOFILE, MIN_PIDS, Refusal, RunLimits, SandboxMode, SandboxSettings,
+    configure as configure_sandbox, containment_name, limits_in_effect, open_workspace_root,
+    parse_memory, seal, shim,
 };
 
 /// What a run executes, validated by the runtime before it reaches an executor.

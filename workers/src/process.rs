@@ -75,7 +75,7 @@ pub(crate) async fn run<C: RunContext>(
     ctx.close_output(&stdout_artifact).await?;
     ctx.close_output(&stderr_artifact).await?;
 
-    let (step_result, outcome) = ending_of(exit, &stderr_tail);
+    let (step_result, outcome) = ending_of(exit, &stderr_tail, &containment);
     ctx.finish_step(&step, step_result).await?;
     record_egress(ctx, containment.egress()).await?;
     Ok(outcome)
@@ -240,8 +240,9 @@ async fn wait(
     }
 }
 
-/// The step's result and the attempt's outcome for a process that ended.
-fn ending_of(exit: Exit, stderr_tail: &str) -> (StepResult, Outcome) {
+/// The step's result and the attempt's outcome for a process that ended; a failure names
+/// the limits that stopped the attempt's processes first.
+fn ending_of(exit: Exit, stderr_tail: &str, containment: &Containment) -> (StepResult, Outcome) {
     let (exit_code, error) = match exit {
         Exit::Status(status) if status.success() => {
             let output = serde_json::json!({ "exit_code": 0 });
@@ -263,6 +264,7 @@ fn ending_of(exit: Exit, stderr_tail: &str) -> (StepResult, Outcome) {
         }
         Exit::TimedOut(limit) => (None, format!("timed out after {} ms", limit.as_millis())),
     };
+    let error = containment.blame_limits(error);
     let step = StepResult::Failed {
         error: error.clone(),
     };

@@ -500,6 +500,9 @@ impl TestApp {
                 sandbox_egress_allow: vec![RUNS_TEST_HOST.to_string()],
                 // This process is the test binary: runs' network goes through the real one.
                 sandbox_shim: Some(env!("CARGO_BIN_EXE_keel").into()),
+                sandbox_pids: keel_workers::DEFAULT_RUN_LIMITS.pids,
+                sandbox_memory: keel_workers::DEFAULT_RUN_LIMITS.memory,
+                sandbox_nofile: keel_workers::DEFAULT_RUN_LIMITS.nofile,
             },
         };
         tokio::spawn(keel::api::serve(

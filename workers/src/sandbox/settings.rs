@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use super::egress::EgressRules;
+use super::limits::RunLimits;
 
 /// The operator's choice (`KEEL_SANDBOX`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +73,11 @@ pub struct SandboxSettings {
     pub shim: Option<PathBuf>,
     /// Hosts runs may reach through the egress proxy although they are not public.
     pub egress: EgressRules,
+    /// What each attempt's processes may take of the host.
+    pub limits: RunLimits,
+    /// Refuse to start unless the host can hold attempts to their pids and memory limits
+    /// (remote mode: tenants share the workers).
+    pub require_limits: bool,
 }
 
 impl Default for SandboxSettings {
@@ -84,6 +90,8 @@ impl Default for SandboxSettings {
             read_only_paths: Vec::new(),
             shim: None,
             egress: EgressRules::default(),
+            limits: RunLimits::default(),
+            require_limits: false,
         }
     }
 }

@@ -172,14 +172,21 @@ async fn run(
     match exit {
         None => Err("the tool call was cancelled; its processes were killed".into()),
         Some(Exit::TimedOut(limit)) => Err(format!(
-            "timed out after {} ms; the command and everything it started were killed\n{output}",
-            limit.as_millis()
+            "{}\n{output}",
+            containment.blame_limits(format!(
+                "timed out after {} ms; the command and everything it started were killed",
+                limit.as_millis()
+            ))
         )
         .into()),
         Some(Exit::Status(status)) => {
             let code = match status.code() {
                 Some(code) => format!("exit code {code}"),
                 None => "killed by a signal".to_string(),
+            };
+            let code = match status.success() {
+                true => code,
+                false => containment.blame_limits(code),
             };
             Ok(Done {
                 content: format!("{code}\n{output}"),
