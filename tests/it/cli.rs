@@ -454,6 +454,7 @@ async fn spawn_api_on(db: &str, dir: &Path, name: &str, port: u16) -> KeelProces
         child,
         client: Some(client.clone()),
         log,
+        _delegated: None,
     };
     wait_for(Duration::from_secs(20), "keel api to answer", || async {
         client.healthy().await.then_some(())

@@ -3,8 +3,10 @@
 //! worker's secrets, the data directory and org a's workspace, to signal the worker, and to
 //! pass as the worker's uid. Each attack runs against both sandbox modes that take
 //! tenants: `isolated` (a root worker; each run a uid of its own) and `namespaces` (a worker
-//! that is not root), and each asserts the attack failed and org a's data is untouched. The
-//! mode that takes no tenants, `off`, refuses to start in remote mode.
+//! that is not root, in cgroups delegated to it), and each asserts the attack failed and org
+//! a's data is untouched. Org b's fork bomb and memory hog end at their run's limits while
+//! org a's runs complete. The mode that takes no tenants, `off`, and a worker that can hold
+//! no run to its limits refuse to start in remote mode.
 
 use crate::support;
 use crate::support::two_orgs;
@@ -15,8 +17,9 @@ use std::os::unix::net::{SocketAddr, UnixListener};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::support::{Client, KeelProcess};
-use keel_client::TaskDraft;
+use crate::support::cgroups::cgroup_of;
+use crate::support::{Client, KeelProcess, WorkerUser};
+use keel_client::{RunStatus, TaskDraft};
 use two_orgs::{REMOTE_ENV, SHARED_SECRET, org_client};
 
 const SOON: Duration = Duration::from_secs(30);
@@ -48,6 +51,15 @@ impl Mode {
             Mode::Isolated => None,
             Mode::Namespaces => Some(NOBODY),
         }
+    }
+
+    /// The worker that is not root gets cgroups of its own, as a deployment gives them.
+    fn worker_user(self) -> Option<WorkerUser> {
+        let uid = self.worker_uid()?;
+        Some(WorkerUser {
+            uid,
+            delegated: true,
+        })
     }
 }
 
@@ -83,7 +95,7 @@ async fn hostile_with(mode: Mode, extra: &[(&str, &str)]) -> Hostile {
     let api_env = [REMOTE_ENV.as_slice(), extra].concat();
     let api = support::spawn_api_with_env(&db, logs.path(), "api", &api_env).await;
     let worker = support::spawn_worker_as(
-        mode.worker_uid(),
+        mode.worker_user(),
         &db,
         logs.path(),
         "worker",
@@ -283,6 +295,129 @@ async fn a_worker_without_the_sandbox_refuses_to_start_in_remote_mode() {
         assert!(!status.success(), "KEEL_SANDBOX={mode} started");
         assert!(worker.log_text().contains(reason), "{}", worker.log_text());
     }
+    // A worker that is not root, with no cgroup delegated to it, could limit no run.
+    let mut env = REMOTE_ENV.to_vec();
+    env.push(("KEEL_SANDBOX", "namespaces"));
+    let data = logs.path().join("undelegated");
+    plant_data_dir(&data, Some(NOBODY));
+    let user = WorkerUser {
+        uid: NOBODY,
+        delegated: false,
+    };
+    let mut worker = support::spawn_worker_as(
+        Some(user),
+        &db,
+        logs.path(),
+        "undelegated",
+        30_000,
+        &data,
+        &env,
+    );
+    let status = worker.wait_exit(SOON);
+    assert!(!status.success(), "a worker without limits started");
+    let log = worker.log_text();
+    assert!(log.contains("can set no pids or memory limit"), "{log}");
+}
+
+/// Limits small enough for the attacks below to meet them at once.
+const LIMITS: [(&str, &str); 2] = [("KEEL_SANDBOX_PIDS", "64"), ("KEEL_SANDBOX_MEMORY", "128M")];
+
+/// The number after `key` in a cgroup file of `key value` lines.
+fn counted(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        line.strip_prefix(key)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// Org b's fork bomb stops at its run's pids limit: the kernel refuses its forks past 64
+/// processes in the run's cgroup, org a's run starts and completes meanwhile, and the
+/// bomb's run, ended by its timeout, fails with `pids_limit_reached`. The bomb is bounded
+/// (511 processes), so that where there is no limit it cannot take the host down.
+#[tokio::test]
+async fn a_fork_bomb_stops_at_its_pids_limit_while_another_org_s_run_completes() {
+    for mode in Mode::ALL {
+        let mut h = hostile_with(mode, &LIMITS).await;
+        let bomb = "bomb() { if [ \"$1\" -lt 8 ]; then bomb $(($1 + 1)) & bomb $(($1 + 1)) & fi; \
+                    exec sleep 60; }; bomb 0";
+        let draft = TaskDraft {
+            timeout_ms: Some(20_000),
+            ..support::shell(bomb)
+        };
+        let (task_id, run_id) = h.b.start_task(&draft).await;
+        // The run's processes are found by their environment; the kernel's figures are
+        // those of the cgroup they are in.
+        let entry = format!("KEEL_RUN_ID={run_id}");
+        let group = support::wait_for(SOON, "the bomb to meet its limit", || async {
+            let pid = *support::processes_with_env(&entry).first()?;
+            let group = cgroup_of(pid, "pids")?;
+            let events = std::fs::read_to_string(group.join("pids.events")).ok()?;
+            (counted(&events, "max")? > 0).then_some(group)
+        })
+        .await;
+        let figure = |file: &str| -> u64 {
+            let text = std::fs::read_to_string(group.join(file)).unwrap();
+            text.trim().parse().unwrap()
+        };
+        assert_eq!(figure("pids.max"), 64, "{mode:?}");
+        assert!(figure("pids.current") <= 64, "{mode:?}");
+        if group.join("pids.peak").exists() {
+            assert!(figure("pids.peak") <= 64, "{mode:?}");
+        }
+
+        assert!(run(&h.a, "echo alive").await.contains("alive"));
+        let bombing = h.b.run(&task_id, &run_id).await;
+        assert_eq!(bombing.status, RunStatus::Running, "{mode:?}: {bombing:?}");
+
+        let ended = h.b.wait_terminal(&task_id, &run_id, SOON).await;
+        assert_eq!(ended.status, RunStatus::Failed, "{mode:?}: {ended:?}");
+        let error = ended.last_error.as_deref().unwrap_or_default();
+        assert!(
+            error.starts_with("pids_limit_reached: "),
+            "{mode:?}: {error}"
+        );
+        assert!(
+            error.contains("64 at once; timed out after 20000 ms"),
+            "{error}"
+        );
+        assert_survived(&mut h, mode, "pids 64 (cgroup v");
+    }
+}
+
+/// Org b's memory hog is killed at its run's memory limit, and the run fails with
+/// `memory_limit_exceeded`, while org a's run completes. The hog stops at 1 GiB, so that
+/// where there is no limit it cannot take the host down.
+#[tokio::test]
+async fn a_memory_hog_is_killed_at_its_memory_limit_while_another_org_s_run_completes() {
+    for mode in Mode::ALL {
+        let mut h = hostile_with(mode, &LIMITS).await;
+        let hog = "python3 -c \"chunks = []\nfor _ in range(128): chunks.append(b'x' * (8 << 20))\n\
+                   print('allocated 1 GiB')\"";
+        let (task_id, run_id) = h.b.run_shell(hog).await;
+        assert!(run(&h.a, "echo alive").await.contains("alive"));
+
+        let ended = h.b.wait_terminal(&task_id, &run_id, SOON).await;
+        assert_eq!(ended.status, RunStatus::Failed, "{mode:?}: {ended:?}");
+        let error = ended.last_error.as_deref().unwrap_or_default();
+        let killed = "memory_limit_exceeded: the kernel killed ";
+        assert!(error.starts_with(killed), "{mode:?}: {error}");
+        assert!(error.contains("limit of 128 MiB; process "), "{error}");
+        assert!(!h.b.stdout(&task_id, &run_id).await.contains("allocated"));
+        assert_survived(&mut h, mode, "memory 128 MiB without swap (cgroup v");
+    }
+}
+
+/// The worker lives on, org a's data is untouched, and the worker logged the limit in
+/// effect (`logged`) at start-up.
+fn assert_survived(h: &mut Hostile, mode: Mode, logged: &str) {
+    let alive = h.worker.child.try_wait().unwrap().is_none();
+    assert!(alive, "{mode:?}: the worker died");
+    assert_org_a_untouched(h);
+    let log = h.worker.log_text();
+    assert!(log.contains(logged), "{mode:?}: {log}");
 }
 
 /// The port of a `scheme://host:port/…` URL.

@@ -22,6 +22,7 @@ use sqlx::{Connection, PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
 pub mod agent_rows;
+pub mod cgroups;
 pub mod fake_s3;
 pub mod llm;
 pub mod proxy;
@@ -545,6 +546,8 @@ pub struct KeelProcess {
     pub child: Child,
     pub client: Option<Client>,
     pub log: PathBuf,
+    /// The cgroups delegated to a worker that is not root: removed after it is killed.
+    pub _delegated: Option<cgroups::Delegated>,
 }
 
 impl KeelProcess {
@@ -711,6 +714,7 @@ pub async fn spawn_api_with_env(
         child: command.spawn().unwrap(),
         client: Some(client.clone()),
         log,
+        _delegated: None,
     };
     wait_for(Duration::from_secs(20), "keel api to answer", || async {
         client.healthy().await.then_some(())
@@ -742,9 +746,17 @@ pub fn spawn_worker_with_env(
     spawn_worker_as(None, db_url, log_dir, name, lease_ms, data_dir, env)
 }
 
-/// [`spawn_worker_with_env`] as `uid` (and its gid) when given: a worker that is not root.
+/// A worker that is not root: its uid (and gid), and whether the deployment delegates it
+/// cgroups, as systemd's `Delegate=yes` does, where it holds its runs to their limits.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerUser {
+    pub uid: u32,
+    pub delegated: bool,
+}
+
+/// [`spawn_worker_with_env`] as `user` when given.
 pub fn spawn_worker_as(
-    uid: Option<u32>,
+    user: Option<WorkerUser>,
     db_url: &str,
     log_dir: &Path,
     name: &str,
@@ -753,9 +765,15 @@ pub fn spawn_worker_as(
     env: &[(&str, &str)],
 ) -> KeelProcess {
     let (mut command, log) = keel_command(db_url, log_dir, name);
-    if let Some(uid) = uid {
+    let mut delegated = None;
+    if let Some(WorkerUser { uid, delegated: d }) = user {
         use std::os::unix::process::CommandExt;
         command.uid(uid).gid(uid);
+        if d {
+            let groups = cgroups::Delegated::to(uid);
+            groups.join_on_spawn(&mut command);
+            delegated = Some(groups);
+        }
     }
     command.env("KEEL_SANDBOX_EGRESS_ALLOW", RUNS_TEST_HOST);
     command.envs(env.iter().copied());
@@ -777,6 +795,7 @@ pub fn spawn_worker_as(
         child: command.spawn().unwrap(),
         client: None,
         log,
+        _delegated: delegated,
     }
 }
 
@@ -913,6 +932,7 @@ pub fn run_keel_until_exit(
         child: command.spawn().unwrap(),
         client: None,
         log,
+        _delegated: None,
     };
     let status = process.wait_exit(timeout);
     (status, process.log_text())
