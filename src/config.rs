@@ -82,6 +82,12 @@ pub struct Common {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub mcp_call_timeout_ms: u64,
 
+    /// How long an attempt's MCP servers have, all of them together (they start at once),
+    /// to start and list their tools (ms); a server not up by then is left out.
+    #[arg(long, env = "KEEL_MCP_CONNECT_TIMEOUT_MS", default_value_t = 30_000, global = true,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub mcp_connect_timeout_ms: u64,
+
     /// How long an approval stays actionable (ms); 0 keeps it until it is resolved.
     #[arg(long, env = "KEEL_APPROVAL_TTL_MS", default_value_t = 0, global = true)]
     pub approval_ttl_ms: u64,

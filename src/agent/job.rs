@@ -79,6 +79,8 @@ pub(crate) struct AgentJobs {
     pub(crate) system_prompt: Option<String>,
     /// Longest call of an MCP server's tool (`KEEL_MCP_CALL_TIMEOUT_MS`).
     pub(crate) mcp_call_timeout: Duration,
+    /// How long an attempt's MCP servers have to start (`KEEL_MCP_CONNECT_TIMEOUT_MS`).
+    pub(crate) mcp_connect_timeout: Duration,
 }
 
 /// Runs one attempt of an agent loop run that [`attempt::begin`] marked running.
@@ -116,7 +118,8 @@ pub(crate) async fn execute(
     // Runs within the task's hooks, after its repository's clone: a base composed here
     // reads the workspace as the clone left it, and MCP servers start in it.
     let (context, task, model) = (&ctx, &row.task, &model);
-    let limits = mcp::limits(agent.mcp_call_timeout.min(tools.env.call_timeout));
+    let call_timeout = agent.mcp_call_timeout.min(tools.env.call_timeout);
+    let limits = mcp::limits(call_timeout, agent.mcp_connect_timeout);
     let attempt = async move {
         let started = async {
             context.settle_abandoned().await?;

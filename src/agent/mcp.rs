@@ -1,13 +1,14 @@
 //! A run's MCP servers as its worker reaches them: the task's servers with their secrets
 //! checked against the task writer's grants and resolved ([`plan`]), then started or
-//! reached inside the attempt, each recorded as an `mcp_server` step with the tools it
-//! offers or why it offers none ([`connect`]).
+//! reached inside the attempt, all at once under one deadline, each recorded as an
+//! `mcp_server` step with the tools it offers or why it offers none ([`connect`]).
 
 use keel_api_types::{MAX_MCP_TOOLS_PER_SERVER, McpApprovalPolicy, McpServer, McpTransport};
 use keel_workers::agent::mcp::{Limits, McpTools, Server, ServerConfig, Transport};
 use keel_workers::agent::tools::{DEFAULT_MAX_OUTPUT_BYTES, ToolEnv};
 use keel_workers::{ContextError, RunContext, StepResult};
 use serde_json::json;
+use std::time::Duration;
 
 use crate::domain::Role;
 use crate::providers::secrets::SecretPolicy;
@@ -88,47 +89,55 @@ fn resolve(
     }
 }
 
-/// Starts or reaches each planned server, recording an `mcp_server` step for each: the
-/// tools it offers, or why it offers none. Only a lost lease or a cancelled run stops it.
+/// Starts or reaches the planned servers, all at once under one deadline, recording an
+/// `mcp_server` step for each: the tools it offers, or why it offers none. Every step is
+/// started before any server, so each spans its server's whole start. Only a lost lease
+/// or a cancelled run stops it.
 pub(crate) async fn connect(
     ctx: &impl RunContext,
     planned: Vec<Planned>,
     env: &ToolEnv,
     limits: Limits,
 ) -> Result<McpTools, ContextError> {
+    // In the task's order: a server's place, filled once it is reached.
     let mut servers = Vec::with_capacity(planned.len());
+    let (mut steps, mut configs) = (Vec::new(), Vec::new());
     for server in planned {
-        let server = match server {
-            Planned::Blocked(name) => {
-                servers.push(Server::blocked(name));
-                continue;
-            }
+        match server {
+            Planned::Blocked(name) => servers.push(Some(Server::blocked(name))),
             Planned::Unresolved { name, why } => {
                 let step = ctx
                     .start_step("mcp_server", json!({ "server": name }))
                     .await?;
                 ctx.finish_step(&step, StepResult::Failed { error: why.clone() })
                     .await?;
-                Server::unavailable(name, why)
+                servers.push(Some(Server::unavailable(name, why)));
             }
             Planned::Reach(config) => {
                 let step = ctx.start_step("mcp_server", described(&config)).await?;
-                ctx.clear_ahead().await?;
-                let server = Server::connect(&config, env, &limits).await;
-                let result = match server.error() {
-                    Some(error) => StepResult::Failed {
-                        error: error.to_string(),
-                    },
-                    None => StepResult::Completed {
-                        output: json!({ "tools": server.aliases() }),
-                    },
-                };
-                ctx.finish_step(&step, result).await?;
-                server
+                steps.push((servers.len(), step));
+                configs.push(config);
+                servers.push(None);
             }
-        };
-        servers.push(server);
+        }
     }
+    if !configs.is_empty() {
+        ctx.clear_ahead().await?;
+    }
+    let reached = Server::connect_all(&configs, env, &limits).await;
+    for ((place, step), server) in steps.into_iter().zip(reached) {
+        let result = match server.error() {
+            Some(error) => StepResult::Failed {
+                error: error.to_string(),
+            },
+            None => StepResult::Completed {
+                output: json!({ "tools": server.aliases() }),
+            },
+        };
+        ctx.finish_step(&step, result).await?;
+        servers[place] = Some(server);
+    }
+    let servers = servers.into_iter().flatten().collect();
     Ok(McpTools::new(servers, limits, DEFAULT_MAX_OUTPUT_BYTES))
 }
 
@@ -148,10 +157,11 @@ fn described(config: &ServerConfig) -> serde_json::Value {
 }
 
 /// What the worker allows each server: [`MAX_MCP_TOOLS_PER_SERVER`] tools, and calls of
-/// `call_timeout` at most.
-pub(crate) fn limits(call_timeout: std::time::Duration) -> Limits {
+/// `call_timeout` at most; and all of them together `connect_timeout` to start.
+pub(crate) fn limits(call_timeout: Duration, connect_timeout: Duration) -> Limits {
     Limits {
         max_tools: MAX_MCP_TOOLS_PER_SERVER,
         call_timeout,
+        connect_timeout,
     }
 }

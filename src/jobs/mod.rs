@@ -111,6 +111,7 @@ pub fn handlers(setup: Setup<'_>, common: &Common, args: &WorkerArgs) -> Vec<Arc
             system_prompt: Some(common.agent_system_prompt.clone())
                 .filter(|prompt| !prompt.trim().is_empty()),
             mcp_call_timeout: Duration::from_millis(common.mcp_call_timeout_ms),
+            mcp_connect_timeout: Duration::from_millis(common.mcp_connect_timeout_ms),
         },
     });
     let poller = Poller::new(

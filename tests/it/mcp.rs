@@ -469,3 +469,43 @@ async fn all_tools_gates_an_auto_servers_tools_too() {
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
     assert_eq!(run.status, RunStatus::Completed, "{run:?}");
 }
+
+/// The servers of an attempt connect at once, under one deadline
+/// (`KEEL_MCP_CONNECT_TIMEOUT_MS`): four that never answer hold the run's worker slot for
+/// one deadline, not four. Their steps overlap, and each ends at the deadline.
+#[tokio::test]
+async fn servers_connect_at_once_under_one_deadline() {
+    let settings = [("KEEL_MCP_CONNECT_TIMEOUT_MS", "2000")];
+    let stack = Stack::start_with("none", vec![Turn::text("Done.")], &settings).await;
+    let silent = (0..4)
+        .map(|i| server(&format!("silent{i}"), "/bin/sleep".into(), &["600"]))
+        .collect();
+    let draft = TaskDraft {
+        mcp_servers: Some(silent),
+        ..agent()
+    };
+    let (task_id, run_id) = stack.start_agent(draft).await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    // The attempt that ran to its end: the last four (an attempt whose lease was lost on
+    // a loaded host left its own, failed as `worker disconnected`).
+    let mut steps: Vec<_> = stack
+        .steps(&task_id, &run_id)
+        .await
+        .into_iter()
+        .filter(|s| s.name == "mcp_server")
+        .collect();
+    assert!(steps.len() >= 4, "{steps:?}");
+    let steps = steps.split_off(steps.len() - 4);
+    for step in &steps {
+        assert_eq!(step.status, StepStatus::Failed, "{step:?}");
+        let error = step.error.as_deref().unwrap_or_default();
+        assert!(error.contains("within 2 s"), "{error}");
+    }
+    let last_start = steps.iter().map(|s| s.started_at).max().unwrap();
+    let first_end = steps.iter().filter_map(|s| s.finished_at).min().unwrap();
+    assert!(
+        last_start < first_end,
+        "every server started before any gave up: {steps:?}"
+    );
+}

@@ -1,7 +1,8 @@
 //! MCP servers as tools of the loop, through the official SDK (`rmcp`). Each server of a
 //! run is started once per attempt, in the run's sandbox like any process a run starts
 //! ([`crate::process::start_with`]: a clean environment, its own containment, killed
-//! when the attempt ends), and its tools are listed then and offered to the model as
+//! when the attempt ends). The servers of an attempt start together, under one deadline
+//! ([`Server::connect_all`]), and their tools are listed then and offered to the model as
 //! `mcp__<server>__<tool>` with the server's own JSON schemas. A call goes to its server
 //! with a timeout and comes back as a bounded result. A server that cannot be started or
 //! listed is kept with the reason, and every call of one of its tools answers that reason
@@ -27,8 +28,6 @@ use crate::media::egress::{check_url, describe, guarded_13};
 use crate::process::{start_with, thousands};
 use crate::sandbox::Containment;
 
-/// How long a server has to start and list its tools.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How much of a server's stderr is kept for the message when it fails.
 const STDERR_TAIL_BYTES: usize = 2048;
 /// How long a server that failed to start has to finish writing its stderr.
@@ -92,6 +91,8 @@ pub struct Limits {
     pub max_tools: usize,
     /// How long one call may take.
     pub call_timeout: Duration,
+    /// How long the servers have, all of them together, to start and list their tools.
+    pub connect_timeout: Duration,
 }
 
 /// A server as this attempt reached it: its tools, or why there are none.
@@ -112,16 +113,38 @@ struct Live {
 }
 
 impl Server {
-    /// Starts (or reaches) the server and lists its tools, within [`CONNECT_TIMEOUT`].
-    /// Never fails: a server that does not come up is kept with the reason.
-    pub async fn connect(config: &ServerConfig, env: &ToolEnv, limits: &Limits) -> Server {
-        let state = match tokio::time::timeout(CONNECT_TIMEOUT, live(config, env, limits)).await {
-            Ok(state) => state,
-            Err(_) => Err(format!(
+    /// Starts (or reaches) every server at once and lists their tools, all within
+    /// `limits.connect_timeout` from now: an attempt waits on its slowest server for one
+    /// deadline, not on each in turn. Never fails: a server that does not come up is kept
+    /// with the reason. The servers come back in the order given.
+    pub async fn connect_all(
+        configs: &[ServerConfig],
+        env: &ToolEnv,
+        limits: &Limits,
+    ) -> Vec<Server> {
+        let deadline = tokio::time::Instant::now() + limits.connect_timeout;
+        let spawning = tokio::sync::Mutex::new(());
+        let connecting = configs.iter().map(|config| {
+            let live = live(config, env, limits, &spawning);
+            Server::connect(config, live, limits, deadline)
+        });
+        futures_util::future::join_all(connecting).await
+    }
+
+    /// The server `live` reaches by `deadline`, or why not.
+    async fn connect(
+        config: &ServerConfig,
+        live: impl Future<Output = Result<Live, String>>,
+        limits: &Limits,
+        deadline: tokio::time::Instant,
+    ) -> Server {
+        let reached = tokio::time::timeout_at(deadline, live).await;
+        let state = reached.unwrap_or_else(|_| {
+            Err(format!(
                 "did not start and list its tools within {} s",
-                CONNECT_TIMEOUT.as_secs()
-            )),
-        };
+                limits.connect_timeout.as_secs_f64()
+            ))
+        });
         Server {
             name: config.name.clone(),
             gated: config.gated,
@@ -180,13 +203,20 @@ impl Server {
     }
 }
 
-async fn live(config: &ServerConfig, env: &ToolEnv, limits: &Limits) -> Result<Live, String> {
+/// Starts (or reaches) a server and lists its tools; `spawning` is held while a stdio
+/// server's process starts.
+async fn live(
+    config: &ServerConfig,
+    env: &ToolEnv,
+    limits: &Limits,
+    spawning: &tokio::sync::Mutex<()>,
+) -> Result<Live, String> {
     let (session, containment, stderr) = match &config.transport {
         Transport::Stdio {
             command,
             args,
             env: vars,
-        } => stdio(command, args, vars, env).await?,
+        } => stdio(command, args, vars, env, spawning).await?,
         Transport::Http { url, headers } => (http(url, headers, env).await?, None, no_stderr()),
     };
     let offered = match session.list_all_tools().await {
@@ -220,24 +250,30 @@ fn no_stderr() -> Stderr {
 }
 
 /// Starts a stdio server in the run's sandbox and initializes a session over its pipes.
+/// Processes start one at a time (`spawning`): each takes the workspace over for its own
+/// uid (`isolated`), and two such walks of one tree at once would leave it half one's, half
+/// the other's. Only the initialization runs alongside the other servers'.
 async fn stdio(
     command: &str,
     args: &[String],
     vars: &[(String, String)],
     env: &ToolEnv,
+    spawning: &tokio::sync::Mutex<()>,
 ) -> Result<(Session, Option<Containment>, Stderr), String> {
     let argv: Vec<String> = std::iter::once(command.to_string())
         .chain(args.iter().cloned())
         .collect();
-    let (mut child, containment) = start_with(
+    let spawned = spawning.lock().await;
+    let started = start_with(
         &argv,
         &env.workspace,
         vars,
         env.sandbox,
         Stdio::piped(),
         None,
-    )
-    .await?;
+    );
+    let (mut child, containment) = started.await?;
+    drop(spawned);
     let stdin = child.stdin.take().expect("stdin is piped");
     let stdout = child.stdout.take().expect("stdout is piped");
     let (stderr, reading) = keep_tail(child.stderr.take().expect("stderr is piped"));
