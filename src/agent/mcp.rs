@@ -1,7 +1,9 @@
 //! A run's MCP servers as its worker reaches them: the task's servers with their secrets
 //! checked against the task writer's grants and resolved ([`plan`]), then started or
 //! reached inside the attempt, all at once under one deadline, each recorded as an
-//! `mcp_server` step with the tools it offers or why it offers none ([`connect`]).
+//! `mcp_server` step with the tools it offers or why it offers none ([`connect`]). Whether
+//! a stdio server may start at all was decided at the run's admission: its approval gates
+//! (`approvals::ApprovalPolicy::gates_for_mcp_servers`).
 
 use keel_api_types::{MAX_MCP_TOOLS_PER_SERVER, McpApprovalPolicy, McpServer, McpTransport};
 use keel_workers::agent::mcp::{Limits, McpTools, Server, ServerConfig, Transport};

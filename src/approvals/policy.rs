@@ -9,13 +9,13 @@ use std::str::FromStr;
 pub(crate) use keel_api_types::ApprovalKind;
 use keel_api_types::{
     ApprovalPolicyRequest, GateDecision, GateDecisions, MAX_POLICY_MCP_SERVERS,
-    MAX_WRITE_PATH_CHARS, MAX_WRITE_PATHS, is_beneath_write_paths, is_write_path,
-    normal_write_path,
+    MAX_WRITE_PATH_CHARS, MAX_WRITE_PATHS, McpApprovalPolicy, McpServer, is_beneath_write_paths,
+    is_write_path, normal_write_path,
 };
 use keel_workers::{Execution, FileOperation, SandboxPolicy};
 
 use crate::domain::Invalid;
-use crate::tasks::Hooks;
+use crate::tasks::{Hooks, starts_a_process};
 
 /// The gates a policy decides, each with its decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -319,6 +319,48 @@ impl ApprovalPolicy {
         self.gates_for(&script, sandbox)
     }
 
+    /// The gates of the stdio MCP servers an agent loop starts at each attempt: programs
+    /// the task names, so those a shell command needs; and a shell command's approval too
+    /// where the workspace's policy asks for a server by name or the server's own
+    /// `approval_policy` is `require_approval`, so both decide its start, not only its
+    /// calls. A server its `approval_policy` blocks never starts and needs none.
+    pub(crate) fn gates_for_mcp_servers(
+        &self,
+        servers: &[McpServer],
+        sandbox: SandboxPolicy,
+    ) -> Vec<ApprovalKind> {
+        let started: Vec<&McpServer> = servers.iter().filter(|s| starts_a_process(s)).collect();
+        if started.is_empty() {
+            return Vec::new();
+        }
+        let program = Execution::Shell {
+            command: String::new(),
+        };
+        let mut gates = self.gates_for(&program, sandbox);
+        let asked = started.iter().any(|server| self.asks_to_start(server));
+        if asked && !gates.contains(&ApprovalKind::ShellCommand) {
+            gates.insert(0, ApprovalKind::ShellCommand);
+        }
+        gates
+    }
+
+    /// Whether a server's start waits for an operator whatever the gates say: the
+    /// workspace's policy names it other than `allow`, or its own `approval_policy` asks.
+    fn asks_to_start(&self, server: &McpServer) -> bool {
+        let named = self.mcp_servers.get(&server.name);
+        let own = server.approval_policy.as_deref();
+        named.is_some_and(|decision| *decision != GateDecision::Allow)
+            || own == Some(McpApprovalPolicy::RequireApproval.as_str())
+    }
+
+    /// The first of the servers an agent loop starts that the workspace's policy denies by
+    /// name: its run is refused, as one whose gate is denied.
+    pub(crate) fn denied_mcp_server<'a>(&self, servers: &'a [McpServer]) -> Option<&'a str> {
+        let denied = |s: &&McpServer| self.mcp_servers.get(&s.name) == Some(&GateDecision::Deny);
+        let started = servers.iter().filter(|s| starts_a_process(s));
+        started.filter(denied).map(|s| s.name.as_str()).next()
+    }
+
     /// The gates of a remote repository's clone, a git fetch: `network_egress` with
     /// network.
     pub(crate) fn gates_for_clone(&self, sandbox: SandboxPolicy) -> Vec<ApprovalKind> {
@@ -503,6 +545,16 @@ const SUMMARY_LINES: usize = 16;
 const SUMMARY_LINE_BYTES: usize = 512;
 const SUMMARY_TOTAL_BYTES: usize = 4096;
 
+/// What a run executes, as its approver reads it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Runs<'a> {
+    /// A process task's execution.
+    Execution(&'a Execution),
+    /// An agent loop, with its task's MCP servers: the stdio ones it starts are shown (its
+    /// tool calls are gated one by one, mid-loop).
+    AgentLoop(&'a [McpServer]),
+}
+
 /// What an approver sees: at most 16 lines of at most 512 bytes, 4 KiB in all, with
 /// anything that looks like a credential replaced. `incomplete` says something was cut.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -512,10 +564,10 @@ pub struct ActionSummary {
 }
 
 impl ActionSummary {
-    /// What a run would do: its hooks first (in the order they run), then its execution
-    /// (none for an agent loop, whose tool calls are gated one by one).
+    /// What a run would do: its hooks first (in the order they run), then its execution,
+    /// or the MCP servers an agent loop starts, each with its command line.
     pub(crate) fn describe(
-        execution: Option<&Execution>,
+        runs: Runs<'_>,
         hooks: Option<&Hooks>,
         workspace: &str,
         timeout_ms: Option<i64>,
@@ -528,14 +580,19 @@ impl ActionSummary {
             ));
             raw.extend(script.lines().map(|line| format!("  {line}")));
         }
-        match execution {
-            None => {}
-            Some(Execution::Shell { command }) => {
+        match runs {
+            Runs::AgentLoop(servers) => {
+                for server in servers.iter().filter(|s| starts_a_process(s)) {
+                    raw.push(format!("start the MCP server {} (stdio):", server.name));
+                    raw.push(format!("  {}", command_line(server)));
+                }
+            }
+            Runs::Execution(Execution::Shell { command }) => {
                 raw.push("run a shell command (sh -c):".to_string());
                 raw.extend(command.lines().map(|line| format!("  {line}")));
             }
-            Some(Execution::Git { command }) => raw.push(format!("run git {command}")),
-            Some(Execution::File {
+            Runs::Execution(Execution::Git { command }) => raw.push(format!("run git {command}")),
+            Runs::Execution(Execution::File {
                 path,
                 content,
                 operation,
@@ -598,6 +655,17 @@ impl ActionSummary {
         }
         summary
     }
+}
+
+/// A stdio server's command and arguments as a shell would read them, each word quoted
+/// where it must be.
+fn command_line(server: &McpServer) -> String {
+    let command = server.command.as_deref().unwrap_or_default();
+    let words: Vec<&str> = std::iter::once(command)
+        .chain(server.args.iter().map(String::as_str))
+        .collect();
+    // Only a NUL cannot be quoted, and a task's creation refuses one: shown as a list then.
+    shlex::try_join(words.iter().copied()).unwrap_or_else(|_| format!("{words:?}"))
 }
 
 struct Truncated {
@@ -941,6 +1009,90 @@ mod tests {
         );
     }
 
+    /// A normalized stdio server, as a stored task holds it.
+    fn stdio_server(name: &str, approval_policy: &str) -> McpServer {
+        McpServer {
+            name: name.into(),
+            transport: Some("stdio".into()),
+            command: Some("/usr/bin/mcp-tool".into()),
+            args: vec!["--root".into(), "my dir".into()],
+            env: Default::default(),
+            url: None,
+            headers: Default::default(),
+            approval_policy: Some(approval_policy.into()),
+            tools: None,
+        }
+    }
+
+    #[test]
+    fn a_stdio_servers_start_is_gated_as_a_shell_command_and_by_its_own_policies() {
+        let auto = [stdio_server("tools", "auto")];
+        let default: ApprovalPolicy = DEFAULT_POLICIES.parse().unwrap();
+        let shell_gate = [ApprovalKind::ShellCommand];
+        assert_eq!(default.gates_for_mcp_servers(&auto, NETWORK), shell_gate);
+        let egress: ApprovalPolicy = "network_egress".parse().unwrap();
+        let offline = SandboxPolicy {
+            network: false,
+            ..NETWORK
+        };
+        assert_eq!(
+            egress.gates_for_mcp_servers(&auto, NETWORK),
+            [ApprovalKind::NetworkEgress]
+        );
+        assert!(egress.gates_for_mcp_servers(&auto, offline).is_empty());
+        // Its own require_approval, or the workspace's ask for it, where nothing is gated.
+        let none = ApprovalPolicy::default();
+        assert!(none.gates_for_mcp_servers(&auto, NETWORK).is_empty());
+        let required = [stdio_server("tools", "require_approval")];
+        assert_eq!(none.gates_for_mcp_servers(&required, NETWORK), shell_gate);
+        let asked = workspace_policy(serde_json::json!({
+            "gates": gates("allow", "allow"), "mcp_servers": { "tools": "ask" }
+        }))
+        .unwrap();
+        assert_eq!(asked.gates_for_mcp_servers(&auto, NETWORK), shell_gate);
+        assert!(asked.denied_mcp_server(&auto).is_none());
+        // A blocked server never starts; an http one is no process.
+        let blocked = [stdio_server("tools", "block")];
+        assert!(default.gates_for_mcp_servers(&blocked, NETWORK).is_empty());
+        let http = McpServer {
+            transport: Some("http".into()),
+            command: None,
+            url: Some("https://mcp.example.com/mcp".into()),
+            ..stdio_server("tools", "require_approval")
+        };
+        assert!(default.gates_for_mcp_servers(&[http], NETWORK).is_empty());
+        // Denied by name: refused, unless it never starts.
+        let denied = workspace_policy(serde_json::json!({
+            "gates": gates("allow", "allow"), "mcp_servers": { "tools": "deny" }
+        }))
+        .unwrap();
+        assert_eq!(denied.denied_mcp_server(&auto), Some("tools"));
+        assert_eq!(denied.denied_mcp_server(&blocked), None);
+    }
+
+    #[test]
+    fn an_agent_loops_summary_shows_each_stdio_servers_command_line() {
+        let servers = [
+            stdio_server("tools", "auto"),
+            stdio_server("hidden", "block"),
+            McpServer {
+                args: vec!["--token".into(), "abc123".into()],
+                ..stdio_server("keyed", "require_approval")
+            },
+        ];
+        let summary = ActionSummary::describe(Runs::AgentLoop(&servers), None, "ephemeral", None);
+        assert_eq!(
+            summary.lines,
+            [
+                "start the MCP server tools (stdio):",
+                "  /usr/bin/mcp-tool --root 'my dir'",
+                "start the MCP server keyed (stdio):",
+                "  /usr/bin/mcp-tool --token [redacted]",
+                "workspace: ephemeral",
+            ]
+        );
+    }
+
     #[test]
     fn a_tasks_hooks_are_gated_as_a_shell_command_and_shown_first() {
         let policy: ApprovalPolicy = "shell_exec".parse().unwrap();
@@ -960,7 +1112,12 @@ mod tests {
             before_remove: None,
             timeout_ms: 5000,
         };
-        let run = ActionSummary::describe(Some(&shell("make")), Some(&hooks), "/srv/i/x", None);
+        let run = ActionSummary::describe(
+            Runs::Execution(&shell("make")),
+            Some(&hooks),
+            "/srv/i/x",
+            None,
+        );
         assert_eq!(
             run.lines,
             [
@@ -975,7 +1132,7 @@ mod tests {
             ]
         );
         // An agent loop has no execution to show: its hooks alone.
-        let agent = ActionSummary::describe(None, Some(&hooks), "ephemeral", None);
+        let agent = ActionSummary::describe(Runs::AgentLoop(&[]), Some(&hooks), "ephemeral", None);
         assert_eq!(agent.lines.len(), 6, "{:?}", agent.lines);
     }
 
@@ -983,7 +1140,12 @@ mod tests {
     fn summaries_hide_secrets_and_file_contents() {
         let command = "curl -H 'Authorization: Bearer abc123' https://user:hunter2@example.com/x \
                        --password s3cret API_TOKEN=tok_live_1 --token=zzz";
-        let summary = ActionSummary::describe(Some(&shell(command)), None, "ephemeral", Some(500));
+        let summary = ActionSummary::describe(
+            Runs::Execution(&shell(command)),
+            None,
+            "ephemeral",
+            Some(500),
+        );
         let text = summary.lines.join("\n");
         for secret in ["abc123", "hunter2", "s3cret", "tok_live_1", "zzz"] {
             assert!(!text.contains(secret), "{secret} leaked: {text}");
@@ -997,7 +1159,7 @@ mod tests {
             content: Some("top secret body".into()),
             operation: FileOperation::Write,
         };
-        let text = ActionSummary::describe(Some(&file), None, "ephemeral", None)
+        let text = ActionSummary::describe(Runs::Execution(&file), None, "ephemeral", None)
             .lines
             .join("\n");
         assert!(
@@ -1084,12 +1246,18 @@ mod tests {
         let long_lines: String = (0..40)
             .map(|i| format!("echo {i} {}\n", "x".repeat(900)))
             .collect();
-        let summary = ActionSummary::describe(Some(&shell(&long_lines)), None, "ephemeral", None);
+        let summary = ActionSummary::describe(
+            Runs::Execution(&shell(&long_lines)),
+            None,
+            "ephemeral",
+            None,
+        );
         assert!(summary.incomplete);
         assert!(summary.lines.len() <= SUMMARY_LINES);
         assert!(summary.lines.iter().all(|l| l.len() <= SUMMARY_LINE_BYTES));
         assert!(summary.lines.iter().map(String::len).sum::<usize>() <= SUMMARY_TOTAL_BYTES);
-        let short = ActionSummary::describe(Some(&shell("true")), None, "ephemeral", None);
+        let short =
+            ActionSummary::describe(Runs::Execution(&shell("true")), None, "ephemeral", None);
         assert!(!short.incomplete);
         assert_eq!(
             short.lines,

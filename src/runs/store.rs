@@ -11,7 +11,7 @@ use sqlx::PgConnection;
 use sqlx::types::Json;
 
 use crate::approvals;
-use crate::approvals::{ActionSummary, ApprovalKind, ApprovalPolicy, InForce, Policies};
+use crate::approvals::{ActionSummary, ApprovalKind, ApprovalPolicy, InForce, Policies, Runs};
 use crate::attempt::JobKind;
 use crate::db::{Result, StoreError, violates};
 use crate::domain::{Actor, EventType, Role, RunStatus, Scope, new_id};
@@ -22,7 +22,7 @@ use crate::tasks;
 use crate::tasks::Hooks;
 use crate::tasks::{RunTimeouts, WorkspaceRoots};
 use crate::tasks::{TaskRecord, TaskRecordExt};
-use keel_api_types::GateDecision;
+use keel_api_types::{GateDecision, McpServer};
 use keel_workers::Execution;
 
 pub use keel_api_types::RunRecord;
@@ -420,10 +420,19 @@ async fn admit_decided(
     Ok(Some(inserted))
 }
 
+/// The task's MCP servers (an agent loop's; none for another kind).
+fn mcp_servers(task: &TaskRecord) -> &[McpServer] {
+    task.mcp_servers
+        .as_ref()
+        .map_or(&[], |servers| servers.0.as_slice())
+}
+
 /// The gates a new run of `task` waits on, and what its approver then sees. An agent
-/// loop's tool calls are gated mid-loop, not here. An imported task's workflow hooks are
-/// shell scripts its worker runs in the workspace: they need the approval a shell command
-/// needs, and the summary shows each of them.
+/// loop's tool calls are gated mid-loop, not here, but the stdio MCP servers it starts are
+/// programs the task names: they need the approval a shell command needs (and their own,
+/// [`ApprovalPolicy::gates_for_mcp_servers`]). An imported task's workflow hooks are shell
+/// scripts its worker runs in the workspace: they need the approval a shell command needs.
+/// The summary shows each of them.
 async fn gates(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -437,9 +446,10 @@ async fn gates(
     } else {
         Some(task.execution().map_err(StoreError::Conflict)?)
     };
+    let servers = mcp_servers(task);
     let mut gates = match &execution {
         Some(execution) => approvals.gates_for(execution, task.sandbox()),
-        None => Vec::new(),
+        None => approvals.gates_for_mcp_servers(servers, task.sandbox()),
     };
     let hooks = hooks.filter(|hooks| hooks.any());
     let sandbox = task.sandbox();
@@ -461,13 +471,16 @@ async fn gates(
             gates.push(gate);
         }
     }
-    refuse_denied(approvals, &gates, execution.as_ref())?;
+    refuse_denied(approvals, &gates, execution.as_ref(), servers)?;
     // In the order an approver reads them: a shell command first.
     gates.sort_by_key(|gate| *gate != ApprovalKind::ShellCommand);
     let workspace = task.workspace_description();
+    let runs = match &execution {
+        Some(execution) => Runs::Execution(execution),
+        None => Runs::AgentLoop(servers),
+    };
     let describe = || {
-        let summary =
-            ActionSummary::describe(execution.as_ref(), hooks, &workspace, task.timeout_ms);
+        let summary = ActionSummary::describe(runs, hooks, &workspace, task.timeout_ms);
         match push {
             Some((repo, branch)) => summary.and_push(repo, branch),
             None => summary,
@@ -477,12 +490,14 @@ async fn gates(
     Ok((gates, summary))
 }
 
-/// Refuses a run the workspace's approval policy denies: a gate it needs is `deny`, or a
-/// file task writes outside the policy's write paths.
+/// Refuses a run the workspace's approval policy denies: a gate it needs is `deny`, an MCP
+/// server it would start is `deny` by name, or a file task writes outside the policy's
+/// write paths.
 fn refuse_denied(
     policy: &ApprovalPolicy,
     gates: &[ApprovalKind],
     execution: Option<&Execution>,
+    servers: &[McpServer],
 ) -> Result<()> {
     let denied = gates
         .iter()
@@ -491,6 +506,13 @@ fn refuse_denied(
     if let Some((_, gate)) = denied {
         return Err(StoreError::Forbidden(format!(
             "the workspace's approval policy denies {gate}; an operator can change it \
+             (PUT /v1/workspaces/{{workspace_id}}/approval-policy)"
+        )));
+    }
+    if let Some(server) = policy.denied_mcp_server(servers) {
+        return Err(StoreError::Forbidden(format!(
+            "the workspace's approval policy denies the MCP server {server}, which this run \
+             would start; an operator can change it \
              (PUT /v1/workspaces/{{workspace_id}}/approval-policy)"
         )));
     }

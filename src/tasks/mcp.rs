@@ -173,6 +173,18 @@ fn check_allowlist(server: &str, tools: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether the worker starts this server as a program of the run: a stdio server its
+/// `approval_policy` does not block.
+pub(crate) fn starts_a_process(server: &McpServer) -> bool {
+    let policy = server.approval_policy.as_deref();
+    is_stdio(server) && policy != Some(McpApprovalPolicy::Block.as_str())
+}
+
+/// Whether the server is a program (`transport` is filled in when a task is written).
+fn is_stdio(server: &McpServer) -> bool {
+    server.transport.as_deref().and_then(McpTransport::parse) == Some(McpTransport::Stdio)
+}
+
 /// Every secret the servers name, with where: `env.NAME` or `headers.Name` of a server.
 fn secret_refs(servers: &[McpServer]) -> Vec<(String, SecretRef)> {
     servers

@@ -5,7 +5,7 @@ mod store;
 mod writer;
 
 pub use hooks::{Hooks, MAX_HOOK_TIMEOUT_MS};
-pub(crate) use mcp::check_name as check_mcp_server_name;
+pub(crate) use mcp::{check_name as check_mcp_server_name, starts_a_process};
 pub use rules::*;
 pub use store::*;
 pub(crate) use writer::resolve_secret;

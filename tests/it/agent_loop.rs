@@ -141,6 +141,11 @@ impl Stack {
             .unwrap()
     }
 
+    /// The data directory the workers keep the runs' workspaces in.
+    pub(crate) fn data_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
+
     /// Creates an agent loop task from `draft` (see [`agent`]) and starts it.
     pub(crate) async fn start_agent(&self, draft: TaskDraft) -> (String, String) {
         self.client.start_task(&draft).await
@@ -199,7 +204,7 @@ impl Stack {
         support::record(&body)
     }
 
-    async fn queue_rows(&self, run_id: &str) -> i64 {
+    pub(crate) async fn queue_rows(&self, run_id: &str) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM queue_jobs WHERE ref_id = $1")
             .bind(run_id)
             .fetch_one(&self.pool)

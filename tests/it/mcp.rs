@@ -2,7 +2,10 @@
 //! `scripts/mcp-servers` (mcp-server-time and mcp-server-git from PyPI,
 //! @modelcontextprotocol/server-everything from npm): their tools join the model's catalog
 //! as `mcp__<server>__<tool>`, calls reach them from inside the run's sandbox, and a server
-//! that fails, a slow tool or an error is a tool result the model reads.
+//! that fails, a slow tool or an error is a tool result the model reads. A stdio server is
+//! a program the task names: its start waits for the approval a shell command needs, and an
+//! attempt's servers start at once under one deadline (shown with stand-ins: a shell that
+//! leaves a marker, and programs that never answer).
 
 use crate::agent_loop::{Stack, agent, output};
 use crate::repo_workspaces;
@@ -13,7 +16,10 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use keel_client::{EventType, McpServer, RunStatus, StepStatus, TaskDraft};
+use keel_client::{
+    ApprovalPolicyRequest, EventType, GateDecision, GateDecisions, McpServer, RunStatus,
+    StepStatus, TaskDraft,
+};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -274,7 +280,10 @@ async fn approval_policies_gate_or_hide_a_server_and_a_slow_tool_times_out() {
     };
     let (task_id, run_id) = stack.start_agent(draft).await;
 
-    // A call of the gated server waits for an operator; approving it dispatches the bundle.
+    // The gated server's start waits for an operator (its command shown), and so does a call
+    // of its tools; approving the call dispatches the bundle.
+    let started = approve_the_start(&stack, &task_id).await;
+    assert!(started.contains("mcp-server-time"), "{started}");
     let approval = stack.pending_approval(&task_id).await;
     let summary = approval.action_summary.join("\n");
     assert!(summary.contains("mcp__time__get_current_time"), "{summary}");
@@ -459,6 +468,7 @@ async fn all_tools_gates_an_auto_servers_tools_too() {
         ..agent()
     };
     let (task_id, run_id) = stack.start_agent(draft).await;
+    approve_the_start(&stack, &task_id).await;
     let approval = stack.pending_approval(&task_id).await;
     let summary = approval.action_summary.join("\n");
     assert!(
@@ -468,6 +478,150 @@ async fn all_tools_gates_an_auto_servers_tools_too() {
     stack.decide(&task_id, &approval, "approve").await;
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
     assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+}
+
+/// Approves every gate of the run's admission (its stdio servers' start: `shell_command`,
+/// and `network_egress` where the policies ask for it); returns the summary they share.
+async fn approve_the_start(stack: &Stack, task_id: &str) -> String {
+    let pending = stack
+        .client
+        .api
+        .list_task_approvals(task_id, Some("pending"));
+    let gates = pending.await.unwrap().data;
+    assert!(!gates.is_empty(), "the start waits for an operator");
+    for gate in &gates {
+        assert!(gate.step_id.is_none(), "an admission's gate: {gate:?}");
+        stack.decide(task_id, gate, "approve").await;
+    }
+    gates[0].action_summary.join("\n")
+}
+
+/// A stdio "server" that only leaves `marker` in the run's workspace and exits: whether the
+/// file is there tells whether the worker started the program.
+fn marker_server(name: &str, marker: &str) -> McpServer {
+    let script = format!("echo started > {marker}");
+    server(name, "/bin/sh".into(), &["-c", &script])
+}
+
+/// Where `marker` was left, in whichever of the stack's workspaces.
+fn markers(stack: &Stack, marker: &str) -> Vec<PathBuf> {
+    support::files_named(&stack.data_dir(), marker)
+}
+
+/// A stdio server is a program the task names, started as a shell command is: under the
+/// default policies (which gate `shell_exec`) the run waits for an operator before anything
+/// of it starts, and the approval shows the command with its arguments. Approved, it starts.
+#[tokio::test]
+async fn a_stdio_server_waits_for_the_approval_of_its_command() {
+    let script = vec![Turn::text("Done.")];
+    let stack = Stack::start_with("shell_exec,git_exec,file_write", script, &[]).await;
+    let draft = TaskDraft {
+        mcp_servers: Some(vec![marker_server("probe", "probe-started")]),
+        ..agent()
+    };
+    let (task_id, run_id) = stack.start_agent(draft).await;
+    let run = stack.client.run(&task_id, &run_id).await;
+    assert_eq!(run.status, RunStatus::AwaitingApproval, "{run:?}");
+    let approval = stack.pending_approval(&task_id).await;
+    assert_eq!(approval.kind, "shell_command", "{approval:?}");
+    let summary = approval.action_summary.join("\n");
+    assert!(
+        summary.contains(
+            "start the MCP server probe (stdio):\n  /bin/sh -c 'echo started > probe-started'"
+        ),
+        "{summary}"
+    );
+    // While it waits the run has no queue row: no worker can start anything of it.
+    assert_eq!(stack.queue_rows(&run_id).await, 0);
+    assert!(stack.steps(&task_id, &run_id).await.is_empty());
+    assert!(stack.llm.requests().is_empty());
+    assert!(markers(&stack, "probe-started").is_empty());
+
+    stack.decide(&task_id, &approval, "approve").await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    assert_eq!(
+        markers(&stack, "probe-started").len(),
+        1,
+        "started once approved"
+    );
+    let steps = stack.steps(&task_id, &run_id).await;
+    let step = steps.iter().find(|s| s.name == "mcp_server").unwrap();
+    assert_eq!(
+        step.input["args"],
+        json!(["-c", "echo started > probe-started"])
+    );
+    assert_eq!(step.status, StepStatus::Failed, "a marker is no MCP server");
+}
+
+/// Every gate allowed, the workspace's decision for one MCP server as given.
+fn allowing_all_but(server: &str, decision: GateDecision) -> ApprovalPolicyRequest {
+    let allow = GateDecision::Allow;
+    ApprovalPolicyRequest {
+        gates: GateDecisions {
+            shell_exec: allow,
+            git_exec: allow,
+            file_write: allow,
+            network_egress: allow,
+            read_file: allow,
+            all_tools: allow,
+        },
+        mcp_servers: [(server.to_string(), decision)].into(),
+        allowed_write_paths: None,
+    }
+}
+
+/// Where the policies gate nothing, a server's own `require_approval` gates its start, and
+/// so does the workspace's `ask` for it by name; a start rejected never runs. A server its
+/// `approval_policy` blocks never starts, so it needs no approval.
+#[tokio::test]
+async fn require_approval_and_the_workspaces_ask_gate_a_servers_start() {
+    let stack = Stack::start_with("none", vec![Turn::text("Done.")], &[]).await;
+    let gated = McpServer {
+        approval_policy: Some("require_approval".into()),
+        ..marker_server("probe", "gated-started")
+    };
+    let draft = |server: McpServer| TaskDraft {
+        mcp_servers: Some(vec![server]),
+        ..agent()
+    };
+    let (task_id, run_id) = stack.start_agent(draft(gated)).await;
+    let run = stack.client.run(&task_id, &run_id).await;
+    assert_eq!(run.status, RunStatus::AwaitingApproval, "{run:?}");
+    let approval = stack.pending_approval(&task_id).await;
+    assert_eq!(approval.kind, "shell_command", "{approval:?}");
+    assert!(
+        approval.action_summary.join("\n").contains("/bin/sh -c"),
+        "{approval:?}"
+    );
+    stack.decide(&task_id, &approval, "reject").await;
+    let run = stack.client.run(&task_id, &run_id).await;
+    assert_eq!(run.status, RunStatus::Cancelled, "{run:?}");
+
+    let policy = allowing_all_but("probe", GateDecision::Ask);
+    stack
+        .client
+        .api
+        .put_policy("default", &policy)
+        .send()
+        .await
+        .unwrap();
+    let (task_id, run_id) = stack
+        .start_agent(draft(marker_server("probe", "asked-started")))
+        .await;
+    let run = stack.client.run(&task_id, &run_id).await;
+    assert_eq!(run.status, RunStatus::AwaitingApproval, "{run:?}");
+
+    let blocked = McpServer {
+        approval_policy: Some("block".into()),
+        ..marker_server("probe", "blocked-started")
+    };
+    let (task_id, run_id) = stack.start_agent(draft(blocked)).await;
+    let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    for marker in ["gated-started", "asked-started", "blocked-started"] {
+        assert!(markers(&stack, marker).is_empty(), "{marker}");
+    }
 }
 
 /// The servers of an attempt connect at once, under one deadline

@@ -657,6 +657,24 @@ pub fn let_the_sandbox_through(dir: &Path) {
     }
 }
 
+/// The files named `name` anywhere beneath `root` (links not followed): where a run left a
+/// marker, in whichever workspace it had.
+pub fn files_named(root: &Path, name: &str) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        match entry.file_type() {
+            Ok(kind) if kind.is_dir() => found.extend(files_named(&path, name)),
+            Ok(_) if entry.file_name() == name => found.push(path),
+            _ => {}
+        }
+    }
+    found
+}
+
 /// Host pids of the live processes whose environment holds `entry` (`NAME=value`). A run's
 /// own pids are its PID namespace's; the host finds its processes this way, by the home
 /// directory in its workspace, say.
