@@ -18,7 +18,7 @@ use crate::providers::ProviderHosts;
 use crate::providers::secrets::{DEFAULT_ENV_ALLOW, DEFAULT_FILE_ROOTS, SecretPolicy};
 use crate::queue::worker::{LeaseTiming, WorkerSettings};
 use crate::runs::AdmissionRules;
-use crate::tasks::{RunTimeouts, WorkspaceRoots};
+use crate::tasks::{RunTimeouts, StdioCommands, WorkspaceRoots};
 use crate::telemetry::LogFormat;
 
 /// The settings of the server roles (`keel serve|api|worker|migrate`, `keel-bench`), not of
@@ -87,6 +87,18 @@ pub struct Common {
     #[arg(long, env = "KEEL_MCP_CONNECT_TIMEOUT_MS", default_value_t = 30_000, global = true,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub mcp_connect_timeout_ms: u64,
+
+    /// The programs (a comma list, each exactly as a task's `command` names it) a member's
+    /// task may start as stdio MCP servers; an operator's task may name any. Unset: only an
+    /// operator's task names a stdio server. A member chooses the arguments: list no shell
+    /// or interpreter.
+    #[arg(
+        long,
+        env = "KEEL_MCP_STDIO_COMMANDS",
+        value_delimiter = ',',
+        global = true
+    )]
+    pub mcp_stdio_commands: Vec<String>,
 
     /// How long an approval stays actionable (ms); 0 keeps it until it is resolved.
     #[arg(long, env = "KEEL_APPROVAL_TTL_MS", default_value_t = 0, global = true)]
@@ -291,7 +303,8 @@ impl Common {
         ProviderHosts::new(self.provider_hosts.iter().cloned())
     }
 
-    /// The rules every run-creating path applies (start, retry, resume, schedules).
+    /// The rules every run-creating path applies (start, retry, resume, schedules), and
+    /// task creation the ones of a task's writer.
     /// Fails on inconsistent run timeouts or a workspace root that does not exist.
     pub fn admission_rules(&self) -> Result<AdmissionRules, String> {
         Ok(AdmissionRules {
@@ -301,6 +314,7 @@ impl Common {
                 .then(|| Duration::from_millis(self.approval_ttl_ms)),
             timeouts: self.timeouts.timeouts()?,
             workspace_roots: WorkspaceRoots::new(&self.workspace_roots, &self.data_dir)?,
+            mcp_stdio_commands: StdioCommands::new(&self.mcp_stdio_commands),
         })
     }
 

@@ -66,6 +66,8 @@ async fn create_task(
     }
     task.check_workspace(&state.rules.workspace_roots)?;
     task.written_as(caller.role, &state.secrets, caller.scope.workspace())?;
+    task.check_commands(&state.rules.mcp_stdio_commands)
+        .map_err(ApiError::Forbidden)?;
     let (scope, actor) = (&caller.scope, &caller.actor());
     let task = if start {
         // One commit for both: the task never exists without the run it was created for.

@@ -20,7 +20,7 @@ use crate::events::NewEvent;
 use crate::queue::{self, Enqueue, Lease};
 use crate::tasks;
 use crate::tasks::Hooks;
-use crate::tasks::{RunTimeouts, WorkspaceRoots};
+use crate::tasks::{RunTimeouts, StdioCommands, WorkspaceRoots};
 use crate::tasks::{TaskRecord, TaskRecordExt};
 use keel_api_types::{GateDecision, McpServer};
 use keel_workers::Execution;
@@ -99,6 +99,8 @@ pub struct AdmissionRules {
     pub timeouts: RunTimeouts,
     /// Where `in_place` tasks may work.
     pub workspace_roots: WorkspaceRoots,
+    /// The programs a member's task may start as stdio MCP servers.
+    pub mcp_stdio_commands: StdioCommands,
 }
 
 /// Where a new run comes from.
@@ -323,6 +325,7 @@ pub(crate) async fn admit_locked(
         let run = transition_recorded(conn, scope, &run, moved, &appended).await?;
         return Ok(Admitted::New(run));
     }
+    refuse_unlisted_commands(conn, scope, &task, &rules.mcp_stdio_commands).await?;
     // Decided by the policy in force as this process keeps it; the run's statement checks
     // that it still is. A policy changed since, or a refusal by a kept one, is read again
     // and decides anew.
@@ -418,6 +421,25 @@ async fn admit_decided(
     appended.extend(gated.iter().map(approvals::requested_event));
     events::append(conn, scope, &appended).await?;
     Ok(Some(inserted))
+}
+
+/// Refuses the run of a task naming a stdio MCP server whose program its writer may no
+/// longer name: `KEEL_MCP_STDIO_COMMANDS` may have narrowed since a member wrote it. The
+/// writer is read only when a command is not listed.
+async fn refuse_unlisted_commands(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task: &TaskRecord,
+    commands: &StdioCommands,
+) -> Result<()> {
+    let servers = mcp_servers(task);
+    if commands.check(servers, Role::Member).is_ok() {
+        return Ok(());
+    }
+    let writer = tasks::written_by(conn, scope, &task.id).await?;
+    commands
+        .check(servers, writer)
+        .map_err(StoreError::Forbidden)
 }
 
 /// The task's MCP servers (an agent loop's; none for another kind).

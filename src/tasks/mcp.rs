@@ -2,7 +2,9 @@
 //! reference for every environment value and header, the limits) and stored as written,
 //! with the transport and approval policy filled in. Who may name which secret is checked
 //! at creation against the writer's role, and again by the worker before each attempt
-//! resolves them ([`check_secrets`]): the grants may have narrowed in between.
+//! resolves them ([`check_secrets`]): the grants may have narrowed in between. Who may name
+//! which program as a stdio server ([`StdioCommands`]) is checked at creation and again at
+//! each run's admission, for the same reason.
 
 use keel_api_types::{
     MAX_MCP_ARG_BYTES as MAX_ARG_BYTES, MAX_MCP_ARGS as MAX_ARGS,
@@ -185,6 +187,41 @@ fn is_stdio(server: &McpServer) -> bool {
     server.transport.as_deref().and_then(McpTransport::parse) == Some(McpTransport::Stdio)
 }
 
+/// The programs a member's task may name as stdio MCP servers (`KEEL_MCP_STDIO_COMMANDS`),
+/// each exactly as a server's `command` names it. A stdio server is a process the worker
+/// starts for the task, with the arguments its writer chose: in remote mode it is an
+/// operator's to name, unless the deployment lists its program for members too.
+#[derive(Debug, Clone, Default)]
+pub struct StdioCommands(Vec<String>);
+
+impl StdioCommands {
+    pub fn new(commands: &[String]) -> StdioCommands {
+        let listed = commands.iter().map(|c| c.trim()).filter(|c| !c.is_empty());
+        StdioCommands(listed.map(str::to_string).collect())
+    }
+
+    /// Refuses (with the reason) a stdio server whose program a task written by `writer`
+    /// may not name: an operator's task names any.
+    pub(crate) fn check(&self, servers: &[McpServer], writer: Role) -> Result<(), String> {
+        if writer == Role::Operator {
+            return Ok(());
+        }
+        let unlisted = servers.iter().filter(|s| is_stdio(s)).find(|server| {
+            let command = server.command.as_deref().unwrap_or_default();
+            !self.0.iter().any(|listed| listed == command)
+        });
+        match unlisted {
+            None => Ok(()),
+            Some(server) => Err(format!(
+                "only an operator may name {:?} as the command of a stdio MCP server (server \
+                 {:?}): the deployment's KEEL_MCP_STDIO_COMMANDS does not list it for members",
+                server.command.as_deref().unwrap_or_default(),
+                server.name
+            )),
+        }
+    }
+}
+
 /// Every secret the servers name, with where: `env.NAME` or `headers.Name` of a server.
 fn secret_refs(servers: &[McpServer]) -> Vec<(String, SecretRef)> {
     servers
@@ -307,6 +344,52 @@ mod tests {
             ..stdio("x")
         };
         assert!(refused(&[long]).contains("at most 64"));
+    }
+
+    #[test]
+    fn a_member_names_only_listed_programs_as_stdio_servers() {
+        let listed = StdioCommands::new(&[" mcp-server-time".into(), String::new()]);
+        let servers = |command: &str| {
+            parse_mcp_servers(&[McpServer {
+                command: Some(command.into()),
+                ..stdio("x")
+            }])
+            .unwrap()
+        };
+        assert!(
+            listed
+                .check(&servers("mcp-server-time"), Role::Member)
+                .is_ok()
+        );
+        let refused = listed.check(&servers("/bin/sh"), Role::Member).unwrap_err();
+        assert!(
+            refused.contains("\"/bin/sh\"") && refused.contains("KEEL_MCP_STDIO_COMMANDS"),
+            "{refused}"
+        );
+        assert!(listed.check(&servers("/bin/sh"), Role::Operator).is_ok());
+        let nothing = StdioCommands::default();
+        assert!(
+            nothing
+                .check(&servers("mcp-server-time"), Role::Member)
+                .is_err()
+        );
+        // An http server is no program.
+        let http = McpServer {
+            command: None,
+            url: Some("https://mcp.example.com/mcp".into()),
+            ..stdio("remote")
+        };
+        let http = parse_mcp_servers(&[http]).unwrap();
+        assert!(nothing.check(&http, Role::Member).is_ok());
+        assert!(!starts_a_process(&http[0]));
+        assert!(starts_a_process(&servers("x")[0]));
+        let blocked = McpServer {
+            approval_policy: Some("block".into()),
+            ..stdio("x")
+        };
+        assert!(!starts_a_process(
+            &parse_mcp_servers(&[blocked]).unwrap()[0]
+        ));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use sqlx::PgConnection;
 use sqlx::types::Json;
 
 use crate::db::{Result, StoreError};
-use crate::domain::{Actor, Scope, new_id};
+use crate::domain::{Actor, Role, Scope, new_id};
 use crate::events::transitions;
 use crate::events::transitions::Transition;
 use crate::providers;
@@ -408,6 +408,20 @@ pub(crate) async fn hooks(
     .await?
     .flatten();
     Ok(hooks.map(|Json(hooks)| hooks))
+}
+
+/// Who wrote the task (its stored record does not say): what it may name is theirs to.
+pub(crate) async fn written_by(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<Role> {
+    let role = sqlx::query_scalar!(
+        "SELECT written_by_role FROM tasks WHERE workspace_id = $1 AND id = $2",
+        scope.workspace(),
+        id,
+    )
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("task"))?;
+    // An unknown role is a member's: the least trusted.
+    Ok(Role::parse(Some(&role)).unwrap_or_default())
 }
 
 /// Reads the task and locks its row, as [`lock`] does.

@@ -2,7 +2,9 @@
 //! and headers, its repository's credential): an operator any reference the secret policy
 //! allows, a member only those granted to its workspace (`KEEL_SECRET_GRANTS`). Checked
 //! when the task is created, and again by the worker before each attempt resolves them:
-//! the grants may have narrowed in between.
+//! the grants may have narrowed in between. It decides the programs the task may start as
+//! stdio MCP servers too: an operator any, a member those `KEEL_MCP_STDIO_COMMANDS` lists;
+//! checked when the task is created and again at each run's admission.
 
 use keel_workers::media::Secret;
 
@@ -57,5 +59,15 @@ impl super::NewTask {
         }
         self.written_by = writer;
         Ok(())
+    }
+
+    /// Refuses (with the reason) a stdio MCP server whose program the task's writer
+    /// ([`Self::written_as`]) may not name.
+    pub(crate) fn check_commands(&self, commands: &super::StdioCommands) -> Result<(), String> {
+        let super::TaskExecution::AgentLoop(agent) = &self.execution else {
+            return Ok(());
+        };
+        let servers = agent.mcp_servers.as_deref().unwrap_or_default();
+        commands.check(servers, self.written_by)
     }
 }

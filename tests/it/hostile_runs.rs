@@ -6,7 +6,8 @@
 //! that is not root, in cgroups delegated to it), and each asserts the attack failed and org
 //! a's data is untouched. Org b's fork bomb and memory hog end at their run's limits while
 //! org a's runs complete. The mode that takes no tenants, `off`, and a worker that can hold
-//! no run to its limits refuse to start in remote mode.
+//! no run to its limits refuse to start in remote mode. And org b's member names a program
+//! as a stdio MCP server, which its workspace's policy denies.
 
 use crate::support;
 use crate::support::two_orgs;
@@ -18,9 +19,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::support::cgroups::cgroup_of;
+use crate::support::llm::{FakeLlm, Turn};
 use crate::support::{Client, KeelProcess, WorkerUser};
-use keel_client::{RunStatus, TaskDraft};
-use two_orgs::{REMOTE_ENV, SHARED_SECRET, org_client};
+use keel_client::{
+    ApprovalPolicyRequest, GateDecision, GateDecisions, McpServer, RunStatus, TaskDraft,
+};
+use reqwest::StatusCode;
+use serde_json::json;
+use two_orgs::{REMOTE_ENV, SHARED_SECRET, operator_client, org_client};
 
 const SOON: Duration = Duration::from_secs(30);
 /// What the worker and the API were started with that no run may learn.
@@ -636,4 +642,113 @@ async fn a_swapped_link_never_moves_a_run_into_another_org_s_directory() {
     eprintln!("the symlink race: {completed} runs completed, {refused} refused");
     assert_eq!(completed + refused, VICTIMS * ROUNDS);
     assert!(completed > 0, "no run got through: the race was not run");
+}
+
+/// Every gate `gates`, and `deny` for the MCP server `probe`.
+fn denying_probe(gates: GateDecision) -> ApprovalPolicyRequest {
+    ApprovalPolicyRequest {
+        gates: GateDecisions {
+            shell_exec: gates,
+            git_exec: gates,
+            file_write: gates,
+            network_egress: gates,
+            read_file: gates,
+            all_tools: gates,
+        },
+        mcp_servers: [("probe".to_string(), GateDecision::Deny)].into(),
+        allowed_write_paths: None,
+    }
+}
+
+/// An agent task whose stdio MCP server `probe` (a command the deployment lists for
+/// members) only leaves a marker in the run's workspace.
+fn probing() -> TaskDraft {
+    let probe = McpServer {
+        name: "probe".into(),
+        transport: None,
+        command: Some("/bin/sh".into()),
+        args: vec!["-c".into(), "echo started > probe-started".into()],
+        env: Default::default(),
+        url: None,
+        headers: Default::default(),
+        approval_policy: Some("require_approval".into()),
+        tools: None,
+    };
+    TaskDraft {
+        mcp_servers: Some(vec![probe]),
+        ..support::agent_loop("Use the probe.")
+    }
+}
+
+/// Org b's operator denies every gate and names the server `deny`: its member's task with
+/// the server is refused at its start (403), as it is when only the server is denied, and
+/// nothing of it runs. Org a, under the default policies, waits for its operator, and only
+/// then does the server start: the marker shows up in org a's workspace alone.
+#[tokio::test]
+async fn a_denying_workspace_policy_keeps_a_members_mcp_server_from_starting() {
+    let db = support::fresh_database().await;
+    let logs = tempfile::tempdir().unwrap();
+    support::let_the_sandbox_through(logs.path());
+    let data = logs.path().join("data");
+    let llm = FakeLlm::start(vec![Turn::text("Done.")]).await;
+    let settings = [
+        ("KEEL_APPROVAL_POLICIES", "shell_exec,git_exec,file_write"),
+        ("KEEL_MCP_STDIO_COMMANDS", "/bin/sh"),
+        ("FAKE_LLM_API_KEY", "fake-llm-key"),
+        ("KEEL_CHAT_ALLOW_PRIVATE_ADDRESSES", "true"),
+    ];
+    let env = [REMOTE_ENV.as_slice(), &settings].concat();
+    let api = support::spawn_api_with_env(&db, logs.path(), "api", &env).await;
+    let _worker = support::spawn_worker_with_env(&db, logs.path(), "worker", 30_000, &data, &env);
+    let base = api.client.as_ref().unwrap().base.clone();
+    let preset = json!({ "kind": "openai-compatible", "model": "fake-model",
+        "api": "openai-completions", "base_url": llm.openai_base(),
+        "api_key_ref": "env:FAKE_LLM_API_KEY", "capabilities": ["chat", "tool_call"],
+        "enabled": true });
+    for org in ["a", "b"] {
+        let (status, body) = operator_client(&base, org)
+            .post("/v1/providers", preset.clone())
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+
+    let b = org_client(&base, "b");
+    let b_operator = operator_client(&base, "b");
+    let mut started = support::wire(&probing());
+    started["start"] = json!(true);
+    for (gates, denied) in [
+        (GateDecision::Deny, "denies shell_exec"),
+        (GateDecision::Allow, "denies the MCP server probe"),
+    ] {
+        let policy = b_operator.api.put_policy("org_b", &denying_probe(gates));
+        policy.send().await.unwrap();
+        let (status, body) = b.post("/v1/tasks", started.clone()).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(denied), "{body}");
+    }
+    let (status, runs) = b.get("/v1/runs").await;
+    assert_eq!(status, StatusCode::OK, "{runs}");
+    assert_eq!(runs["data"], json!([]), "org b has no run");
+
+    let a = org_client(&base, "a");
+    let (task_id, run_id) = a.start_task(&probing()).await;
+    let approvals = a.api.list_task_approvals(&task_id, Some("pending"));
+    let approval = approvals.await.unwrap().data.remove(0);
+    assert!(support::files_named(&data, "probe-started").is_empty());
+    let path = format!("/v1/tasks/{task_id}/approvals/{}/resolve", approval.id);
+    let a_operator = operator_client(&base, "a");
+    let (status, body) = a_operator
+        .post(&path, json!({ "decision": "approve" }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let run = a.wait_terminal(&task_id, &run_id, SOON).await;
+    assert_eq!(run.status, keel_client::RunStatus::Completed, "{run:?}");
+    let marked = support::files_named(&data, "probe-started");
+    assert_eq!(marked.len(), 1, "{marked:?}");
+    assert_eq!(
+        llm.requests().len(),
+        1,
+        "org a's run alone called the model"
+    );
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 use crate::support::llm::{FakeLlm, Turn};
 use crate::support::{Client, KeelProcess};
 use keel_client::{
-    ApprovalStatus, Imported, ItemRecord, ItemState, MediaJobRecord, MediaJobStatus, ProviderCheck,
-    ProviderView, Resolution, RunStatus, SourceRecord, TaskDraft, WorkspaceLimits,
+    ApprovalStatus, Imported, ItemRecord, ItemState, McpServer, MediaJobRecord, MediaJobStatus,
+    ProviderCheck, ProviderView, Resolution, RunStatus, SourceRecord, TaskDraft, WorkspaceLimits,
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -315,6 +315,73 @@ async fn a_member_cannot_register_hooks_or_roots_or_in_place_work() {
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let (status, body) = register(&stack.operator("b"), &hook).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+/// An agent task with one stdio MCP server, `command`.
+fn with_stdio_server(command: &str) -> TaskDraft {
+    let server = McpServer {
+        name: "tools".into(),
+        transport: None,
+        command: Some(command.into()),
+        args: vec!["--serve".into()],
+        env: Default::default(),
+        url: None,
+        headers: Default::default(),
+        approval_policy: None,
+        tools: None,
+    };
+    TaskDraft {
+        mcp_servers: Some(vec![server]),
+        ..support::agent_loop("hi")
+    }
+}
+
+/// A stdio MCP server is a program the worker starts for the task: a member's task names
+/// one only when the deployment lists its command (`KEEL_MCP_STDIO_COMMANDS`), checked when
+/// the task is written and again at each start (the list may have narrowed since); an
+/// operator's task names any, and its start waits for approval as a shell command's does.
+#[tokio::test]
+async fn a_member_names_a_stdio_mcp_server_only_when_the_deployment_lists_its_command() {
+    let (llm, stack) = started().await;
+    let listed = stack.narrowed(&[("KEEL_MCP_STDIO_COMMANDS", "/usr/bin/listed-mcp")]);
+    let (listing, member) = stack.api_with("api-listed", &listed).await;
+    let (status, body) = member
+        .post("/v1/tasks", support::wire(&with_stdio_server("/bin/sh")))
+        .await;
+    assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("\"/bin/sh\"") && message.contains("KEEL_MCP_STDIO_COMMANDS"),
+        "{body}"
+    );
+    assert!(member.api.list_tasks(None).await.unwrap().data.is_empty());
+    let members = member
+        .create_task(&with_stdio_server("/usr/bin/listed-mcp"))
+        .await;
+    let operator = operator_client(&listing.client.as_ref().unwrap().base, "a");
+    let operators = operator.create_task(&with_stdio_server("/bin/sh")).await;
+
+    // This API lists nothing: the member's task no longer starts; the operator's does.
+    let (status, body) = operator
+        .post(
+            "/v1/providers",
+            chat_preset(&llm.openai_base(), "env:OPENAI_API_KEY"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let member = stack.member("a");
+    let (status, body) = member
+        .post(&format!("/v1/tasks/{}/start", members.id), json!({}))
+        .await;
+    assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/usr/bin/listed-mcp")
+    );
+    let run = member.start(&operators.id).await;
+    assert_eq!(run.status, RunStatus::AwaitingApproval, "{run:?}");
 }
 
 fn chat_preset(base_url: &str, key: &str) -> Value {

@@ -480,6 +480,7 @@ impl TestApp {
             agent_system_prompt: String::new(),
             mcp_call_timeout_ms: 60_000,
             mcp_connect_timeout_ms: 30_000,
+            mcp_stdio_commands: Vec::new(),
             approval_ttl_ms: 0,
             // The tests' in_place directories are temporary ones.
             workspace_roots: vec![std::env::temp_dir()],
