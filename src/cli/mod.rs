@@ -6,6 +6,7 @@
 //! the API's address and credentials.
 
 mod external;
+mod local_token;
 mod ops;
 mod output;
 mod watch;
@@ -303,7 +304,8 @@ async fn serve_all(
     worker: &WorkerArgs,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let auth = api::Auth::from_args(&api.auth, api.listen)?;
+    let auth = local_token::serve_auth(&api.auth, &common.data_dir)?;
+    let auth = api::Auth::from_args(&auth, api.listen)?;
     worker.settings().map_err(anyhow::Error::msg)?;
     let (url, embedded) = match common.database_url() {
         Some(url) => (url, None),

@@ -20,6 +20,7 @@ use keel_client::{
 
 use crate::cli::external;
 use crate::cli::external::ExternalCommand;
+use crate::cli::local_token;
 use crate::cli::output;
 use crate::cli::output::{Format, PageArgs, Table, or_dash, time};
 use crate::cli::watch;
@@ -43,6 +44,12 @@ pub(crate) struct Remote {
     /// token is given (no conflict error: both may sit in the environment of a server).
     #[arg(long, env = "KEEL_IDENTITY", hide_env_values = true, global = true)]
     pub(crate) identity: Option<String>,
+    /// The data directory of the local `keel serve`: with neither token nor identity, and
+    /// a loopback URL, its `runtime-token` file is sent.
+    // The id `data_dir` is the server roles' own setting: clap propagates this global
+    // option to no subcommand that has it, so `keel serve --data-dir` stays the server's.
+    #[arg(long, env = "KEEL_DATA_DIR", default_value = ".keel", global = true)]
+    pub(crate) data_dir: std::path::PathBuf,
     /// `table` (fit to the terminal) or `json` (the API's JSON unchanged).
     #[arg(long, value_enum, default_value = "table", global = true)]
     pub(crate) output: Format,
@@ -828,7 +835,9 @@ pub(super) fn client(remote: &Remote) -> Result<Client, Error> {
     let credentials = match (&remote.token, &remote.identity) {
         (Some(token), _) => Credentials::RuntimeToken(token.clone()),
         (None, Some(identity)) => Credentials::Identity(identity.clone()),
-        (None, None) => Credentials::None,
+        (None, None) => local_token::for_client(&remote.url, &remote.data_dir)
+            .map_err(Error::Usage)?
+            .map_or(Credentials::None, Credentials::RuntimeToken),
     };
     Client::new(
         &remote.url,
