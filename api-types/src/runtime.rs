@@ -74,6 +74,16 @@ pub struct RuntimeHost {
     pub local_only_actions: Vec<String>,
 }
 
+/// A one-time code that signs a browser in to the console, from `POST
+/// /console/sign-in-codes` (a console route, not one of the `/v1` API): the console's
+/// sign-in link is `<base URL>/console#sign-in=<code>` (`keel console` prints it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConsoleSignInCode {
+    pub code: String,
+    /// After it, or after its one sign-in, the code is refused.
+    pub expires_at: DateTime<Utc>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ShutdownAccepted {
     #[schema(example = "shutting_down")]

@@ -695,6 +695,15 @@ impl Client {
     ) -> Call<'_, ObjectEnvelope<ApprovalPolicyRecord>> {
         self.delete(policy_path(workspace_id))
     }
+
+    // The console (a page for people, outside `/v1` and the OpenAPI document).
+
+    /// A one-time code that signs a browser in to the console within minutes: open
+    /// `<base URL>/console#sign-in=<code>` (`keel console` prints it). Local mode with a
+    /// runtime token only.
+    pub fn console_sign_in_code(&self) -> Call<'_, ObjectEnvelope<ConsoleSignInCode>> {
+        self.post("/console/sign-in-codes".into())
+    }
 }
 
 fn policy_path(workspace_id: &str) -> String {

@@ -107,6 +107,8 @@ pub enum Operation {
     Workspace(WorkspaceCommand),
     /// Stops the API's host cleanly (a local-only action: a local-mode host, on loopback).
     Shutdown,
+    /// Prints a link that signs a browser in to the console, once, within 5 minutes.
+    Console,
     /// The audit trail: every state change, oldest first.
     #[command(subcommand)]
     Transitions(TransitionCommand),
@@ -864,6 +866,7 @@ async fn run(client: &Client, format: Format, operation: Operation) -> Result<Ou
             .await
             .map(|_| Outcome::Done),
         Operation::Status => status(client, format).await.map(|_| Outcome::Done),
+        Operation::Console => console(client, format).await.map(|_| Outcome::Done),
         Operation::Whoami => output::show(format, client.whoami(), |s| {
             let s = &s.data;
             Table::fields(&[
@@ -1757,6 +1760,22 @@ async fn providers(client: &Client, format: Format, command: ProviderCommand) ->
             .map(drop)
         }
     }
+}
+
+/// `keel console`: the console's sign-in link on stdout (for `xdg-open "$(keel console)"`),
+/// or with `--output json` the API's answer, its code, as sent.
+async fn console(client: &Client, format: Format) -> Result<(), Error> {
+    let (answer, raw) = client.console_sign_in_code().fetch().await?;
+    if format == Format::Json {
+        output::print_raw(&raw);
+        return Ok(());
+    }
+    println!("{}/console#sign-in={}", client.base_url(), answer.data.code);
+    eprintln!(
+        "Open it in a browser before {} UTC: it signs in once.",
+        time(&answer.data.expires_at)
+    );
+    Ok(())
 }
 
 async fn status(client: &Client, format: Format) -> Result<(), Error> {

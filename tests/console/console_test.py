@@ -6,6 +6,7 @@ screens. Writes docs/screenshots/*.png.
 """
 
 import re
+import subprocess
 import sys
 
 sys.dont_write_bytecode = True  # noqa: E402  (no __pycache__ beside the sources)
@@ -28,6 +29,19 @@ def test_a_wrong_token_is_refused_and_the_right_one_signs_in(console):
     session = [c for c in cookies if c["name"] == "keel_session"]
     assert session and session[0]["httpOnly"] and session[0]["sameSite"] == "Strict", cookies
     assert console.token not in session[0]["value"], "the cookie is not the token"
+
+
+def test_a_sign_in_link_from_keel_console_signs_in_once(console):
+    command = [console.keel, "--url", console.base, f"--token={console.token}", "console"]
+    link = subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+    assert link.startswith(f"{console.base}/console#sign-in="), link
+    page = console.page(url=link)
+    expect(page.get_by_role("heading", name="Tasks", exact=True)).to_be_visible()
+    assert "sign-in" not in page.url, "the spent code is off the address bar"
+    # Used up: the same link in another browser shows the sign-in form and why.
+    again = console.page(url=link)
+    expect(again.get_by_role("heading", name="Sign in")).to_be_visible()
+    expect(again.get_by_role("alert")).to_contain_text("missing or invalid credentials")
 
 
 API = """async ([method, path, body, csrf]) => {
@@ -227,6 +241,7 @@ def test_keyboard_alone_signs_in_and_reaches_the_navigation(console):
 
 TESTS = [
     test_a_wrong_token_is_refused_and_the_right_one_signs_in,
+    test_a_sign_in_link_from_keel_console_signs_in_once,
     test_console_responses_carry_strict_headers,
     test_changes_without_the_sessions_csrf_header_are_refused,
     test_a_task_is_approved_from_the_inbox_and_its_run_completes_live,

@@ -59,12 +59,12 @@ class Console:
         local mode) writing `serve.log` into the data directory."""
         return serve(self.keel, self.data.name)
 
-    def page(self, viewport=WIDE):
-        """A fresh page in a fresh browser context (no cookies), on the console."""
+    def page(self, viewport=WIDE, url=None):
+        """A fresh page in a fresh browser context (no cookies), on the console (or `url`)."""
         context = self.browser.new_context(viewport=viewport)
         context.set_default_timeout(TIMEOUT_MS)
         page = context.new_page()
-        page.goto(f"{self.base}/console")
+        page.goto(url or f"{self.base}/console")
         return page
 
     def sign_in(self, page, token=None):

@@ -203,6 +203,11 @@ async fn the_session_cookie_stands_for_the_token_and_its_changes_need_the_csrf_h
     assert_eq!(form.status(), StatusCode::SEE_OTHER);
     assert_eq!(form.headers()[LOCATION], "/console");
     assert!(set_cookie(form.headers()).starts_with("keel_session="));
+    // The token or a sign-in link's code, one of them.
+    let both = json!({ "token": TOKEN, "code": "0123456789abcdef" });
+    let (status, headers, body) = call(&client, M::POST, "/console/session", &[], Some(both)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(!headers.contains_key(SET_COOKIE));
 
     // Signing out clears the cookie; the open session routes still check the Host.
     let (status, headers, body) =
@@ -262,6 +267,10 @@ async fn remote_mode_shows_the_proxys_identity_and_has_no_token_sign_in() {
     .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     assert!(!headers.contains_key(SET_COOKIE));
+    // No sign-in links either: the proxy signs people in.
+    let codes = "/console/sign-in-codes";
+    let (status, _, body) = call(&client, M::POST, codes, &identity, None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     let cookie = [(COOKIE.as_str(), "keel_session=anything")];
     let (status, _, _) = call(&client, M::GET, "/v1/tasks", &cookie, None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
@@ -291,6 +300,9 @@ async fn a_runtime_without_a_token_has_nothing_to_sign_in_to() {
         Some(json!({ "token": TOKEN })),
     )
     .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let codes = "/console/sign-in-codes";
+    let (status, _, body) = call(&client, M::POST, codes, &[], None).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     let (status, headers, _) = call(&client, M::GET, "/", &[], None).await;
     assert_eq!(status, StatusCode::SEE_OTHER);

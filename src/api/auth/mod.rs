@@ -8,6 +8,7 @@
 //! header on changes); the route must be in the policy table (and a local-only route needs
 //! local access); and the caller must be within its rate limit.
 
+mod codes;
 mod error;
 mod headers;
 mod host;
@@ -37,6 +38,7 @@ pub use policy::{PAGE_ROUTES, ROUTE_POLICY, RouteClass};
 pub use settings::Auth;
 use settings::Proof;
 pub(crate) use settings::RuntimeMode;
+pub(crate) use settings::SignInWith;
 
 /// Whether this request may use local-only routes (see [`policy::local_access`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

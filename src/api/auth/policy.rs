@@ -33,6 +33,8 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ("GET", "/console/session", Open),
     ("POST", "/console/session", Open),
     ("DELETE", "/console/session", Open),
+    // Holders of the runtime token only (`keel console`); the handler refuses remote mode.
+    ("POST", "/console/sign-in-codes", RemoteSafe),
     ("GET", "/v1/openapi.json", RemoteSafe),
     ("GET", "/v1/whoami", RemoteSafe),
     ("POST", "/v1/system/shutdown", LocalOnly),
@@ -259,6 +261,7 @@ pub const PAGE_ROUTES: &[(&str, &str)] = &[
     ("GET", "/console/session"),
     ("POST", "/console/session"),
     ("DELETE", "/console/session"),
+    ("POST", "/console/sign-in-codes"),
 ];
 
 /// What the table says about a matched route.

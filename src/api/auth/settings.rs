@@ -9,6 +9,7 @@ use serde::Serialize;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::api::ApiError;
+use crate::api::auth::codes::SignInCodes;
 use crate::api::auth::error::{Rejected, SettingsError};
 use crate::api::auth::host::HostAllowlist;
 use crate::api::auth::jwt::{IDENTITY_HEADER, JwtVerifier};
@@ -23,6 +24,7 @@ use crate::domain::{Caller, Role};
 /// Shortest runtime token or shared secret accepted.
 const MIN_SECRET_LEN: usize = 16;
 
+use keel_api_types::ConsoleSignInCode;
 pub(crate) use keel_api_types::RuntimeMode;
 
 enum Credentials {
@@ -46,6 +48,8 @@ pub struct Auth {
     cors_origins: Vec<HeaderValue>,
     label: String,
     console_session_ttl_secs: i64,
+    /// The codes of the console's sign-in links, issued and not yet used.
+    sign_in_codes: SignInCodes,
     allow_self_approval: bool,
 }
 
@@ -87,6 +91,7 @@ impl Auth {
             // The flag's parser bounds it already; the clamp makes the cast lossless.
             console_session_ttl_secs: args.console_session_ttl_secs.min(MAX_CONSOLE_SESSION_SECS)
                 as i64,
+            sign_in_codes: SignInCodes::default(),
             allow_self_approval: args.allow_self_approval,
         })
     }
@@ -231,22 +236,49 @@ impl Auth {
         }
     }
 
-    /// The `Set-Cookie` value of a console session, when `presented` is the runtime token
-    /// (compared in constant time, like the bearer header).
+    /// The `Set-Cookie` value of a console session, when the browser shows the runtime
+    /// token (compared in constant time, like the bearer header) or a live sign-in code.
     pub(crate) fn console_sign_in(
         &self,
-        presented: &str,
+        with: SignInWith<'_>,
         secure: bool,
     ) -> Result<String, ApiError> {
         self.console_sign_in_offered()?;
-        match self.session_token() {
-            Some(token) if token::matches(presented, token) => {
-                let ttl = self.console_session_ttl_secs;
-                Ok(session::set_cookie(token, secure, unix_now(), ttl))
-            }
-            _ => Err(ApiError::Unauthorized("wrong console token")),
+        let token = self
+            .session_token()
+            .ok_or(ApiError::Unauthorized("this runtime has no token"))?;
+        let proven = match with {
+            SignInWith::Token(presented) => token::matches(presented, token),
+            SignInWith::Code(code) => self.sign_in_codes.redeem(code, unix_now()),
+        };
+        if !proven {
+            return Err(ApiError::Unauthorized(
+                "wrong console token, or a sign-in code that is wrong, used or expired",
+            ));
         }
+        let ttl = self.console_session_ttl_secs;
+        Ok(session::set_cookie(token, secure, unix_now(), ttl))
     }
+
+    /// A one-time code for the console's sign-in link (`keel console`), when this runtime
+    /// signs browsers in with its token.
+    pub(crate) fn console_sign_in_code(&self) -> Result<ConsoleSignInCode, ApiError> {
+        self.console_sign_in_offered()?;
+        let (code, expires) = self.sign_in_codes.issue(unix_now());
+        Ok(ConsoleSignInCode {
+            code: code.expose().to_string(),
+            expires_at: chrono::DateTime::from_timestamp(expires, 0).unwrap_or_default(),
+        })
+    }
+}
+
+/// What a browser signs in to the console with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SignInWith<'a> {
+    /// The runtime token, typed into the sign-in form.
+    Token(&'a str),
+    /// The code of a sign-in link, good once.
+    Code(&'a str),
 }
 
 /// How a request's caller was proved.

@@ -12,7 +12,7 @@ use axum::Router;
 use axum::extract::{Path, Request};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use sha2::{Digest, Sha256};
 
 use crate::api::{ApiError, AppState};
@@ -36,6 +36,7 @@ pub(crate) fn router() -> Router<AppState> {
                 .post(session::sign_in)
                 .delete(session::sign_out),
         )
+        .route("/console/sign-in-codes", post(session::new_code))
         .layer(axum::middleware::map_response(strict_headers))
 }
 

@@ -23,6 +23,8 @@ export const PAGES = [
 ];
 
 const DEFAULT_ROUTE = '#/tasks';
+/** A sign-in link (`keel console`): `/console#sign-in=<code>`, the code good once. */
+const SIGN_IN_LINK = /^#sign-in=([0-9a-f]+)$/;
 
 const main = document.getElementById('main');
 const nav = document.getElementById('nav');
@@ -87,7 +89,7 @@ function signInForm(failure) {
   const input = h('input', { id: 'token', name: 'token', type: 'password', autocomplete: 'current-password', required: true });
   const form = h('form', { class: 'sign-in', method: 'post', action: '/console/session' },
     h('h1', {}, 'Sign in'),
-    h('p', {}, 'This runtime is protected by its runtime token (KEEL_RUNTIME_TOKEN). Enter it once; the browser keeps a session cookie.'),
+    h('p', {}, 'This runtime is protected by its runtime token. Run `keel console` on its host for a sign-in link, or enter the token (KEEL_RUNTIME_TOKEN, or the runtime-token file in its data directory) once; the browser keeps a session cookie.'),
     h('label', { for: 'token' }, 'Runtime token'),
     input,
     failure ? errorBox(failure) : null,
@@ -145,7 +147,25 @@ function start(current) {
   route();
 }
 
+/** Trades a sign-in link's code for a session; the form, with why, if it is refused. */
+async function signInWithLink(code) {
+  // Off the address bar and the history before it is used: the code is spent either way.
+  history.replaceState(null, '', location.pathname);
+  try {
+    start((await post('/console/session', { code })).data);
+  } catch (error) {
+    // A used link opened again by a browser that is signed in already: nothing is lost.
+    const current = (await get('/console/session').catch(() => null))?.data;
+    if (current?.signed_in) start(current); else signInForm(error);
+  }
+}
+
 async function load() {
+  const link = location.hash.match(SIGN_IN_LINK);
+  if (link) {
+    signInWithLink(link[1]);
+    return;
+  }
   try {
     start((await request('GET', '/console/session')).data);
   } catch (error) {
