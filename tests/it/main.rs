@@ -27,6 +27,7 @@ mod hostile_runs;
 mod kubernetes;
 mod layout;
 mod live_views;
+mod local_owner;
 mod mcp;
 mod media;
 mod migrations;
