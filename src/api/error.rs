@@ -100,8 +100,10 @@ impl ApiError {
                 StatusCode::UNAUTHORIZED,
                 ErrorCode::Unauthorized,
                 "The request did not prove who sent it.",
-                "Send the runtime token (Authorization: Bearer, or X-Keel-Runtime-Token), or \
-                 in remote mode the identity from the trusted proxy.",
+                "Send the runtime token (Authorization: Bearer, or X-Keel-Runtime-Token; \
+                 `keel serve` keeps its own in runtime-token in its data directory, which \
+                 `keel` commands read from the directory it was started in), or in remote \
+                 mode the identity from the trusted proxy.",
             ),
             ApiError::Forbidden(_) => (
                 StatusCode::FORBIDDEN,
