@@ -72,8 +72,8 @@ const ROUTES: &[(&str, &str, Walk)] = &[
     ("GET", "/healthz", Global("")),
     ("GET", "/readyz", Global("")),
     ("GET", "/docs", Global("")),
-    // The console: its pages and the caller's own session (signing in with a runtime token
-    // is refused in remote mode).
+    // The console: its pages and the caller's own session (signing in with a runtime token,
+    // or with a sign-in link's code, is refused in remote mode).
     ("GET", "/", Global("")),
     ("GET", "/console", Global("")),
     (
@@ -84,6 +84,7 @@ const ROUTES: &[(&str, &str, Walk)] = &[
     ("GET", "/console/session", Global("")),
     ("POST", "/console/session", LocalOnly),
     ("DELETE", "/console/session", Compute("")),
+    ("POST", "/console/sign-in-codes", LocalOnly),
     ("GET", "/v1/openapi.json", Global("")),
     ("GET", "/v1/whoami", Global("")),
     ("GET", "/v1/provider-templates", Global("")),

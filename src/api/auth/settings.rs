@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
+use keel_api_types::ConsoleSignInCode;
 use serde::Serialize;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
@@ -24,7 +25,6 @@ use crate::domain::{Caller, Role};
 /// Shortest runtime token or shared secret accepted.
 const MIN_SECRET_LEN: usize = 16;
 
-use keel_api_types::ConsoleSignInCode;
 pub(crate) use keel_api_types::RuntimeMode;
 
 enum Credentials {
