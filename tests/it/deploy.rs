@@ -272,6 +272,146 @@ fn behind_the_proxy_only_nginx_is_published() {
     }
 }
 
+/// One service of the compose stack as `docker compose -f docker-compose.yml -f
+/// deploy/proxy/docker-compose.proxy.yml` sees it: its environment entries over the main
+/// file's.
+#[derive(Debug, Default)]
+struct StackService {
+    image: Option<String>,
+    environment: BTreeMap<String, String>,
+}
+
+/// A compose file as YAML, with its `<<:` merge keys applied.
+fn compose_yaml(relative: &str) -> serde_yaml_ng::Value {
+    let mut yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(&read(relative)).unwrap();
+    yaml.apply_merge().unwrap();
+    yaml
+}
+
+fn yaml_str(value: &serde_yaml_ng::Value) -> String {
+    match value {
+        serde_yaml_ng::Value::String(s) => s.clone(),
+        serde_yaml_ng::Value::Null => String::new(),
+        other => serde_yaml_ng::to_string(other).unwrap().trim().to_string(),
+    }
+}
+
+const COMPOSE_FILES: [&str; 2] = [
+    "docker-compose.yml",
+    "deploy/proxy/docker-compose.proxy.yml",
+];
+
+/// The services of the main file and the proxy override together.
+fn stack() -> BTreeMap<String, StackService> {
+    let mut services: BTreeMap<String, StackService> = BTreeMap::new();
+    for file in COMPOSE_FILES {
+        let yaml = compose_yaml(file);
+        for (name, service) in yaml["services"].as_mapping().unwrap() {
+            let merged = services.entry(yaml_str(name)).or_default();
+            if let Some(image) = service.get("image") {
+                merged.image = Some(yaml_str(image));
+            }
+            if let Some(env) = service.get("environment").and_then(|e| e.as_mapping()) {
+                for (key, value) in env {
+                    merged.environment.insert(yaml_str(key), yaml_str(value));
+                }
+            }
+        }
+    }
+    services
+}
+
+/// The value every use of the database password has: compose's required-variable form.
+const DB_PASSWORD: &str =
+    "${KEEL_DB_PASSWORD:?set KEEL_DB_PASSWORD in .env (openssl rand -hex 32)}";
+
+/// The password of every `postgres://user:password@` URL in `text`.
+fn url_passwords(text: &str) -> Vec<&str> {
+    text.lines()
+        .flat_map(|line| {
+            line.match_indices("postgres://")
+                .filter_map(move |(at, scheme)| {
+                    let rest = &line[at + scheme.len()..];
+                    let userinfo = &rest[..rest.find('@')?];
+                    Some(userinfo.split_once(':')?.1)
+                })
+        })
+        .collect()
+}
+
+/// No deployment file carries a database password: the compose stack takes the deployment's
+/// own from .env (KEEL_DB_PASSWORD, required), PostgreSQL and every Keel service alike.
+#[test]
+fn the_database_password_is_the_deployments_own() {
+    let services = stack();
+    assert_eq!(
+        services["postgres"].environment["POSTGRES_PASSWORD"],
+        DB_PASSWORD
+    );
+    assert_eq!(
+        services["create-database-b"].environment["PGPASSWORD"],
+        DB_PASSWORD
+    );
+    let keel: Vec<(&String, &StackService)> = services
+        .iter()
+        .filter(|(_, s)| s.image.as_deref() == Some("keel:latest"))
+        .collect();
+    assert_eq!(keel.len(), 6, "migrate, api, worker and keel-b's");
+    for (name, service) in keel {
+        let url = &service.environment["KEEL_DATABASE_URL"];
+        let database = if name.ends_with("-b") {
+            "keel_b"
+        } else {
+            "keel"
+        };
+        assert_eq!(
+            *url,
+            format!("postgres://keel:{DB_PASSWORD}@postgres:5432/{database}"),
+            "{name}"
+        );
+    }
+
+    // Nowhere a password of its own: not in a URL, not in a PostgreSQL setting.
+    let mut files: Vec<String> = COMPOSE_FILES.iter().map(|f| f.to_string()).collect();
+    for dir in [
+        "deploy/kubernetes",
+        "deploy/kubernetes/migrate",
+        "deploy/systemd",
+    ] {
+        for entry in std::fs::read_dir(path(dir)).unwrap() {
+            let entry = entry.unwrap().path();
+            if entry.is_file() {
+                files.push(format!(
+                    "{dir}/{}",
+                    entry.file_name().unwrap().to_str().unwrap()
+                ));
+            }
+        }
+    }
+    for file in &files {
+        let text = read(file);
+        for password in url_passwords(&text) {
+            assert_eq!(
+                password, DB_PASSWORD,
+                "{file}: a database password of its own"
+            );
+        }
+        for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
+            for key in ["POSTGRES_PASSWORD:", "PGPASSWORD:"] {
+                if let Some(value) = line.trim().strip_prefix(key) {
+                    assert_eq!(value.trim(), DB_PASSWORD, "{file}: {line}");
+                }
+            }
+        }
+    }
+
+    let example = read(".env.example");
+    assert!(
+        example.lines().any(|l| l == "KEEL_DB_PASSWORD="),
+        "{example}"
+    );
+}
+
 /// One nginx token: a word (quoted or not), `;`, `{` or `}`.
 #[derive(Debug, PartialEq)]
 enum Token {
