@@ -708,16 +708,40 @@ const ALICE: [(&str, &str); 2] = [
     ("X-Auth-Request-Email", "alice@example.com"),
 ];
 
-/// deploy/proxy/signer/signer.py on a free loopback port; killed when dropped.
+/// Where a signer listens: a loopback port, or a Unix socket as in the compose example.
+enum Endpoint {
+    Tcp(String),
+    Unix(PathBuf),
+}
+
+/// deploy/proxy/signer/signer.py on a free loopback port or a Unix socket; killed when dropped.
 struct Signer {
     child: Child,
-    url: String,
+    endpoint: Endpoint,
     http: reqwest::Client,
     _dir: tempfile::TempDir,
 }
 
 impl Signer {
     async fn start(runtime_id: &str, env: &[(&str, &str)]) -> Signer {
+        let port = support::free_port();
+        let endpoint = Endpoint::Tcp(format!("http://127.0.0.1:{port}"));
+        Signer::launch(runtime_id, &format!("127.0.0.1:{port}"), endpoint, env).await
+    }
+
+    /// With `SIGNER_LISTEN=unix:<socket>`, as nginx's upstream in the compose example.
+    async fn start_on_socket(runtime_id: &str, socket: &Path, env: &[(&str, &str)]) -> Signer {
+        let listen = format!("unix:{}", socket.display());
+        let endpoint = Endpoint::Unix(socket.to_path_buf());
+        Signer::launch(runtime_id, &listen, endpoint, env).await
+    }
+
+    async fn launch(
+        runtime_id: &str,
+        listen: &str,
+        endpoint: Endpoint,
+        env: &[(&str, &str)],
+    ) -> Signer {
         let dir = tempfile::tempdir().unwrap();
         let orgs = dir.path().join("orgs.json");
         let mapping = json!({
@@ -726,9 +750,8 @@ impl Signer {
             "@globex.example": "globex",
         });
         std::fs::write(&orgs, mapping.to_string()).unwrap();
-        let port = support::free_port();
         let child = signer_command(runtime_id, SECRET)
-            .env("SIGNER_LISTEN", format!("127.0.0.1:{port}"))
+            .env("SIGNER_LISTEN", listen)
             .env("SIGNER_ORGS_FILE", &orgs)
             .envs(env.iter().copied())
             .stderr(std::fs::File::create(dir.path().join("signer.log")).unwrap())
@@ -736,23 +759,42 @@ impl Signer {
             .expect("python3 runs the signer");
         let signer = Signer {
             child,
-            url: format!("http://127.0.0.1:{port}"),
+            endpoint,
             http: reqwest::Client::new(),
             _dir: dir,
         };
         wait_for(Duration::from_secs(10), "the signer to answer", || async {
-            let response = signer
-                .http
-                .get(format!("{}/healthz", signer.url))
-                .send()
-                .await;
-            response
-                .ok()
-                .filter(|r| r.status() == StatusCode::OK)
-                .map(|_| ())
+            let answer = signer.request("GET", "/healthz", &[]).await;
+            answer.filter(|(status, _)| *status == StatusCode::OK)
         })
         .await;
         signer
+    }
+
+    /// One request, with the status and any `X-Keel-Identity` of the answer; None when the
+    /// signer cannot be reached.
+    async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Option<(StatusCode, Option<String>)> {
+        match &self.endpoint {
+            Endpoint::Tcp(url) => {
+                let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+                let mut request = self.http.request(method, format!("{url}{path}"));
+                for (name, value) in headers {
+                    request = request.header(*name, *value);
+                }
+                let response = request.send().await.ok()?;
+                let token = response
+                    .headers()
+                    .get("X-Keel-Identity")
+                    .map(|v| v.to_str().unwrap().to_string());
+                Some((response.status(), token))
+            }
+            Endpoint::Unix(socket) => http_on_socket(socket, method, path, headers).await.ok(),
+        }
     }
 
     /// Asks as nginx's auth_request does: the client's method and path, the user's headers.
@@ -761,17 +803,52 @@ impl Signer {
         method: reqwest::Method,
         headers: &[(&str, &str)],
     ) -> (StatusCode, Option<String>) {
-        let mut request = self.http.request(method, format!("{}/v1/tasks", self.url));
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        let response = request.send().await.unwrap();
-        let token = response
-            .headers()
-            .get("X-Keel-Identity")
-            .map(|v| v.to_str().unwrap().to_string());
-        (response.status(), token)
+        self.request(method.as_str(), "/v1/tasks", headers)
+            .await
+            .expect("the signer answers")
     }
+
+    /// SIGTERM, as `docker compose stop` sends it, and its exit code.
+    fn terminate(&mut self) -> Option<i32> {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(sent.success());
+        self.child.wait().unwrap().code()
+    }
+}
+
+/// An HTTP/1.1 request on a Unix socket, as nginx sends one to `server unix:…`: the status
+/// and `X-Keel-Identity` of the answer.
+async fn http_on_socket(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<(StatusCode, Option<String>)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::UnixStream::connect(socket).await?;
+    let mut request =
+        format!("{method} {path} HTTP/1.1\r\nHost: a.keel.example.com\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let head = response.split("\r\n\r\n").next().unwrap_or_default();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|line| line.split(' ').nth(1))
+        .and_then(|code| code.parse::<u16>().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {response:?}")))?;
+    let token = lines.find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("X-Keel-Identity")
+            .then(|| value.trim().to_string())
+    });
+    Ok((StatusCode::from_u16(status).unwrap(), token))
 }
 
 impl Drop for Signer {
@@ -1027,4 +1104,143 @@ async fn a_remote_runtime_accepts_the_signers_identity_and_nothing_else() {
     let (_, token) = other.identity(reqwest::Method::GET, &ALICE).await;
     let (status, body) = whoami(token.as_deref(), &[]).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+}
+
+/// The inodes of the sockets process `pid` holds open.
+fn socket_inodes(pid: u32) -> std::collections::BTreeSet<u64> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_str()?.strip_prefix("socket:[")?;
+            target.strip_suffix(']')?.parse().ok()
+        })
+        .collect()
+}
+
+/// The inodes of the sockets in /proc/`pid`/net/`table` (tcp, tcp6, udp, udp6: column 10;
+/// unix: column 7), with the rest of each line.
+fn net_table(pid: u32, table: &str) -> Vec<(u64, String)> {
+    let column = if table == "unix" { 6 } else { 9 };
+    std::fs::read_to_string(format!("/proc/{pid}/net/{table}"))
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let inode = line.split_whitespace().nth(column)?.parse().ok()?;
+            Some((inode, line.to_string()))
+        })
+        .collect()
+}
+
+/// The compose example's signer: on a Unix socket and nowhere else. nginx's request (HTTP
+/// on the socket) gets an identity; the process holds no TCP or UDP socket, so whatever
+/// cannot open the socket (its directory, and the socket's mode 0660 and group) has nothing
+/// to connect to, on loopback or any other address.
+#[tokio::test]
+async fn the_signer_on_a_unix_socket_answers_there_and_nowhere_else() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("signer.sock");
+    // A group this test's process is in: the one its own new directory got.
+    let gid = std::fs::metadata(dir.path()).unwrap().gid();
+    let group = gid.to_string();
+    let mut signer =
+        Signer::start_on_socket("keel-a", &socket, &[("SIGNER_SOCKET_GROUP", &group)]).await;
+
+    let (status, token) = signer.identity(reqwest::Method::GET, &ALICE).await;
+    assert_eq!(status, StatusCode::OK);
+    let claims = verify(&token.unwrap(), "keel-a").unwrap();
+    assert_eq!(
+        (&claims["sub"], &claims["org"]),
+        (&json!("alice-id"), &json!("acme"))
+    );
+    let (status, token) = signer.identity(reqwest::Method::GET, &[]).await;
+    assert_eq!((status, token), (StatusCode::UNAUTHORIZED, None));
+
+    let file = std::fs::symlink_metadata(&socket).unwrap();
+    assert!(file.file_type().is_socket());
+    assert_eq!(file.mode() & 0o777, 0o660, "the owner and the group only");
+    assert_eq!(file.gid(), gid);
+
+    // No other way in: every socket the process holds is a Unix one, its listener this path.
+    let pid = signer.child.id();
+    let held = socket_inodes(pid);
+    assert!(!held.is_empty());
+    for table in ["tcp", "tcp6", "udp", "udp6"] {
+        for (inode, line) in net_table(pid, table) {
+            assert!(
+                !held.contains(&inode),
+                "the signer holds a {table} socket: {line}"
+            );
+        }
+    }
+    let listening: Vec<String> = net_table(pid, "unix")
+        .into_iter()
+        .filter(|(inode, _)| held.contains(inode))
+        .map(|(_, line)| line)
+        .collect();
+    assert!(
+        listening
+            .iter()
+            .any(|l| l.ends_with(socket.to_str().unwrap())),
+        "{listening:?}"
+    );
+
+    // The compose health check asks on the socket.
+    let listen = format!("unix:{}", socket.display());
+    let healthcheck = || {
+        signer_command("keel-a", SECRET)
+            .env("SIGNER_LISTEN", &listen)
+            .arg("--healthcheck")
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .code()
+    };
+    assert_eq!(healthcheck(), Some(0));
+    // Stopped (docker compose stop), it removes its socket: nothing answers there any more.
+    assert_eq!(signer.terminate(), Some(0));
+    assert!(
+        std::fs::symlink_metadata(&socket).is_err(),
+        "the socket is left"
+    );
+    assert_eq!(healthcheck(), Some(1));
+}
+
+/// A killed signer (a container's restart) leaves its socket behind: the next one replaces
+/// it, but never a socket a live signer listens on, nor a file that is not a socket.
+#[tokio::test]
+async fn the_signer_replaces_a_stale_socket_and_nothing_else() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("signer.sock");
+    let listen = format!("unix:{}", socket.display());
+    let start_beside = || {
+        signer_command("keel-a", SECRET)
+            .env("SIGNER_LISTEN", &listen)
+            .output()
+            .unwrap()
+    };
+
+    let mut first = Signer::start_on_socket("keel-a", &socket, &[]).await;
+    let busy = start_beside();
+    assert_eq!(busy.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&busy.stderr).contains("another process is listening"));
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let stale = std::fs::symlink_metadata(&socket).unwrap();
+    assert!(stale.file_type().is_socket(), "a stale socket");
+
+    let second = Signer::start_on_socket("keel-a", &socket, &[]).await;
+    let (status, _) = second.identity(reqwest::Method::GET, &ALICE).await;
+    assert_eq!(status, StatusCode::OK);
+    drop(second);
+
+    std::fs::remove_file(&socket).unwrap();
+    std::fs::write(&socket, "not a socket").unwrap();
+    let refused = start_beside();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("is not a socket"));
+    assert_eq!(std::fs::read_to_string(&socket).unwrap(), "not a socket");
 }

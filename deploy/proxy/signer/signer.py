@@ -8,13 +8,22 @@ authenticating proxy's headers (oauth2-proxy: `X-Auth-Request-User`, `X-Auth-Req
 workspace) and a role (`member` unless the mapping or one of the user's groups makes them an
 `operator`), and answers
 200 with the token in the `X-Keel-Identity` response header; 401 when no user is present, 403
-when the user has no org. It trusts those headers, so it must be reachable only from nginx (a
-private network or loopback), and nginx must set them itself (see deploy/proxy/nginx.conf).
+when the user has no org. It trusts those headers: whatever can connect to it can name any user
+and get their identity. So it must answer nginx only, and nginx must set the headers itself
+(see deploy/proxy/nginx.conf). The compose example listens on a Unix socket
+(`SIGNER_LISTEN=unix:/run/keel-signer-a/signer.sock`) in a volume that only nginx and this
+signer mount, and runs it with no network at all; a TCP address is reachable by every process
+that can reach the address (on loopback: every process of the host, and every container of
+the host's network).
 
 Standard library only. Settings (environment):
   KEEL_RUNTIME_ID         required: the token's `aud`, the runtime's KEEL_RUNTIME_ID
   KEEL_REMOTE_JWT_SECRET  required, 32+ characters: the runtime's KEEL_REMOTE_JWT_SECRET
-  SIGNER_LISTEN           IPv4 host:port, default 127.0.0.1:8088
+  SIGNER_LISTEN           `unix:/absolute/path` (a Unix socket) or IPv4 `host:port`;
+                          default 127.0.0.1:8088
+  SIGNER_SOCKET_MODE      the Unix socket's permissions, octal, default 0660 (owner and group)
+  SIGNER_SOCKET_GROUP     the Unix socket's group, a name or a number (nginx's, so its workers
+                          may connect); unset: the signer's own group
   SIGNER_ORGS_FILE        JSON mapping of users to orgs (see README.md)
   SIGNER_DEFAULT_ORG      the org of users the mapping does not name (unset: they get 403)
   SIGNER_TTL_SECONDS      token lifetime, default 60, at most 300 (Keel's limit)
@@ -24,14 +33,21 @@ Standard library only. Settings (environment):
   SIGNER_NAME_HEADER      default X-Auth-Request-Preferred-Username
   SIGNER_GROUPS_HEADER    default X-Auth-Request-Groups (a comma list, as oauth2-proxy sends it)
   SIGNER_OPERATOR_GROUPS  comma list of groups whose users are operators (unset: none)
+
+`signer.py --healthcheck` asks the signer at SIGNER_LISTEN for /healthz and exits 0 when it
+answers 200, 1 otherwise (the compose health check: a signer on a socket has no port to probe).
 """
 
 import base64
+import grp
 import hashlib
 import hmac
 import json
 import os
 import signal
+import socket
+import socketserver
+import stat
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,6 +59,8 @@ MAX_VALUE_LENGTH = 256
 # A groups header carries many names; longer than this, it is ignored (no group counts).
 MAX_GROUPS_LENGTH = 8192
 ROLES = ("member", "operator")
+DEFAULT_LISTEN = "127.0.0.1:8088"
+UNIX_PREFIX = "unix:"
 
 
 class ConfigError(Exception):
@@ -85,6 +103,40 @@ def load_orgs(path):
     return entries
 
 
+def parse_listen(value):
+    """`unix:/absolute/path` -> the path (a str); `host:port` -> (host, port)."""
+    if value.startswith(UNIX_PREFIX):
+        path = value[len(UNIX_PREFIX) :]
+        if not os.path.isabs(path):
+            raise ConfigError(f"SIGNER_LISTEN {value!r}: a Unix socket needs an absolute path")
+        return path
+    host, colon, port = value.rpartition(":")
+    if not colon or not host or not port.isdigit():
+        raise ConfigError(f"SIGNER_LISTEN {value!r}: expected unix:/path or host:port")
+    return (host, int(port))
+
+
+def parse_mode(value):
+    try:
+        mode = int(value, 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o777:
+        raise ConfigError(f"SIGNER_SOCKET_MODE {value!r}: expected octal permissions, e.g. 0660")
+    return mode
+
+
+def parse_group(value):
+    if value is None:
+        return None
+    if value.isdigit():
+        return int(value)
+    try:
+        return grp.getgrnam(value).gr_gid
+    except KeyError:
+        raise ConfigError(f"SIGNER_SOCKET_GROUP {value!r}: no such group") from None
+
+
 class Config:
     def __init__(self, env):
         self.runtime_id = env.get("KEEL_RUNTIME_ID", "")
@@ -97,8 +149,9 @@ class Config:
                 "(generate one with `openssl rand -hex 32`)"
             )
         self.secret = secret.encode("utf-8")
-        host, _, port = env.get("SIGNER_LISTEN", "127.0.0.1:8088").rpartition(":")
-        self.listen = (host, int(port))
+        self.listen = parse_listen(env.get("SIGNER_LISTEN") or DEFAULT_LISTEN)
+        self.socket_mode = parse_mode(env.get("SIGNER_SOCKET_MODE") or "0660")
+        self.socket_group = parse_group(env.get("SIGNER_SOCKET_GROUP") or None)
         self.orgs = load_orgs(env.get("SIGNER_ORGS_FILE"))
         self.default_org = env.get("SIGNER_DEFAULT_ORG") or None
         self.ttl = int(env.get("SIGNER_TTL_SECONDS", "60"))
@@ -200,12 +253,62 @@ class Handler(BaseHTTPRequestHandler):
         sys.stderr.write("signer: %s\n" % (format % args))
 
 
+class UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """HTTP on a Unix socket: what can open the socket's directory and write the socket may
+    ask, nothing else (no address to reach over a network)."""
+
+    daemon_threads = True
+
+
+def bind_unix(path, mode, group):
+    """Listens at `path` with permissions `mode` from the first moment (the umask), replacing
+    a socket a previous signer left there (a container restart), but never a live one or a
+    file that is not a socket."""
+    try:
+        existing = os.lstat(path)
+    except FileNotFoundError:
+        existing = None
+    if existing is not None:
+        if not stat.S_ISSOCK(existing.st_mode):
+            raise ConfigError(f"{path} exists and is not a socket: not replacing it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)  # nothing listens: a stale socket
+        else:
+            raise ConfigError(f"{path}: another process is listening there")
+        finally:
+            probe.close()
+    previous = os.umask(0o777 & ~mode)
+    try:
+        server = UnixHTTPServer(path, Handler)
+    finally:
+        os.umask(previous)
+    if group is not None:
+        os.chown(path, -1, group)
+    os.chmod(path, mode)
+    return server
+
+
+def make_server(config):
+    if isinstance(config.listen, str):
+        server = bind_unix(config.listen, config.socket_mode, config.socket_group)
+        where = UNIX_PREFIX + config.listen
+    else:
+        server = ThreadingHTTPServer(config.listen, Handler)
+        host, port = server.server_address[:2]
+        where = f"{host}:{port}"
+    return server, where
+
+
 def serve(config):
     Handler.config = config
-    server = ThreadingHTTPServer(config.listen, Handler)
-    host, port = server.server_address[:2]
+    server, where = make_server(config)
+    socket_path = config.listen if isinstance(config.listen, str) else None
+    socket_inode = os.lstat(socket_path).st_ino if socket_path else None
     print(
-        f"signer: listening on {host}:{port} for runtime {config.runtime_id}",
+        f"signer: listening on {where} for runtime {config.runtime_id}",
         file=sys.stderr,
         flush=True,
     )
@@ -215,17 +318,41 @@ def serve(config):
         server.serve_forever()
     except KeyboardInterrupt:
         pass
+    finally:
+        server.server_close()
+        # Its own socket only: a signer started since may have replaced it.
+        if socket_path and os.path.exists(socket_path):
+            if os.lstat(socket_path).st_ino == socket_inode:
+                os.unlink(socket_path)
 
 
-def main():
+def healthcheck(env):
+    """0 when the signer at SIGNER_LISTEN answers /healthz with 200, else 1."""
+    try:
+        listen = parse_listen(env.get("SIGNER_LISTEN") or DEFAULT_LISTEN)
+        family = socket.AF_UNIX if isinstance(listen, str) else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as connection:
+            connection.settimeout(3)
+            connection.connect(listen)
+            connection.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            status_line = connection.makefile("rb").readline().split()
+        return 0 if status_line[1:2] == [b"200"] else 1
+    except (ConfigError, OSError) as error:
+        print(f"signer: {error}", file=sys.stderr)
+        return 1
+
+
+def main(argv):
+    if argv[1:] == ["--healthcheck"]:
+        return healthcheck(os.environ)
     try:
         config = Config(os.environ)
+        serve(config)
     except (ConfigError, ValueError, OSError) as error:
         print(f"signer: {error}", file=sys.stderr)
         return 2
-    serve(config)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv))
