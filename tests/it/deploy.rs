@@ -1,7 +1,9 @@
 //! The deployment files: the Grafana dashboard queries only metrics Keel exports, the
 //! compose file wires the stack the way docs/operations.md says and never publishes an
-//! unauthenticated API, and the proxy example of deploy/proxy/ forwards only identities its
-//! signer made; the signer itself runs here and its tokens are checked.
+//! unauthenticated API, its services meet only on the networks they need and its database
+//! password is the deployment's own, and the proxy example of deploy/proxy/ forwards only
+//! identities its signer made and reaches the signer on a socket only nginx shares; the
+//! signer itself runs here (on a port and on a socket) and its tokens are checked.
 
 use crate::support;
 
@@ -273,12 +275,16 @@ fn behind_the_proxy_only_nginx_is_published() {
 }
 
 /// One service of the compose stack as `docker compose -f docker-compose.yml -f
-/// deploy/proxy/docker-compose.proxy.yml` sees it: its environment entries over the main
-/// file's.
+/// deploy/proxy/docker-compose.proxy.yml` sees it: the override's networks and volumes added
+/// to the main file's, its environment entries over the main file's.
 #[derive(Debug, Default)]
 struct StackService {
     image: Option<String>,
+    networks: std::collections::BTreeSet<String>,
+    network_mode: Option<String>,
+    volumes: Vec<String>,
     environment: BTreeMap<String, String>,
+    healthcheck: Vec<String>,
 }
 
 /// A compose file as YAML, with its `<<:` merge keys applied.
@@ -296,14 +302,26 @@ fn yaml_str(value: &serde_yaml_ng::Value) -> String {
     }
 }
 
+/// The names of a list (`[a, b]`) or a mapping (`a: {}`).
+fn yaml_names(value: &serde_yaml_ng::Value) -> Vec<String> {
+    match value {
+        serde_yaml_ng::Value::Sequence(items) => items.iter().map(yaml_str).collect(),
+        serde_yaml_ng::Value::Mapping(entries) => entries.keys().map(yaml_str).collect(),
+        serde_yaml_ng::Value::Null => Vec::new(),
+        other => panic!("not a list: {other:?}"),
+    }
+}
+
 const COMPOSE_FILES: [&str; 2] = [
     "docker-compose.yml",
     "deploy/proxy/docker-compose.proxy.yml",
 ];
 
-/// The services of the main file and the proxy override together.
-fn stack() -> BTreeMap<String, StackService> {
+/// The services of the main file and the proxy override together, and the networks they
+/// declare (name → `internal`).
+fn stack() -> (BTreeMap<String, StackService>, BTreeMap<String, bool>) {
     let mut services: BTreeMap<String, StackService> = BTreeMap::new();
+    let mut networks = BTreeMap::new();
     for file in COMPOSE_FILES {
         let yaml = compose_yaml(file);
         for (name, service) in yaml["services"].as_mapping().unwrap() {
@@ -311,14 +329,158 @@ fn stack() -> BTreeMap<String, StackService> {
             if let Some(image) = service.get("image") {
                 merged.image = Some(yaml_str(image));
             }
+            if let Some(list) = service.get("networks") {
+                merged.networks.extend(yaml_names(list));
+            }
+            if let Some(mode) = service.get("network_mode") {
+                merged.network_mode = Some(yaml_str(mode));
+            }
+            if let Some(list) = service.get("volumes") {
+                merged.volumes.extend(yaml_names(list));
+            }
             if let Some(env) = service.get("environment").and_then(|e| e.as_mapping()) {
                 for (key, value) in env {
                     merged.environment.insert(yaml_str(key), yaml_str(value));
                 }
             }
+            if let Some(test) = service.get("healthcheck").map(|h| &h["test"]) {
+                merged.healthcheck = yaml_names(test);
+            }
+        }
+        if let Some(declared) = yaml.get("networks").and_then(|n| n.as_mapping()) {
+            for (name, network) in declared {
+                let internal = network.get("internal").and_then(|i| i.as_bool());
+                networks.insert(yaml_str(name), internal == Some(true));
+            }
         }
     }
+    (services, networks)
+}
+
+/// The services that join `network`.
+fn members<'a>(
+    services: &'a BTreeMap<String, StackService>,
+    network: &str,
+) -> std::collections::BTreeSet<&'a str> {
     services
+        .iter()
+        .filter(|(_, s)| s.networks.contains(network))
+        .map(|(name, _)| name.as_str())
+        .collect()
+}
+
+fn set<'a>(names: &[&'a str]) -> std::collections::BTreeSet<&'a str> {
+    names.iter().copied().collect()
+}
+
+/// Services meet only on a network both join: the signers are on none (nginx reaches them by
+/// their sockets), oauth2-proxy only with nginx, PostgreSQL only with Keel's processes, and
+/// the workers never where the signers, oauth2-proxy or nginx are.
+#[test]
+fn the_compose_networks_keep_the_workers_away_from_the_signers() {
+    let (services, declared) = stack();
+    for (name, service) in &services {
+        assert!(
+            service.network_mode.as_deref() == Some("none") || !service.networks.is_empty(),
+            "{name} names no network, so it joins compose's default with every other such service"
+        );
+        for network in &service.networks {
+            assert!(
+                declared.contains_key(network),
+                "{name}: {network} is not declared"
+            );
+        }
+    }
+    let networks_of = |name: &str| -> std::collections::BTreeSet<&str> {
+        let service = services
+            .get(name)
+            .unwrap_or_else(|| panic!("no service {name}"));
+        service.networks.iter().map(String::as_str).collect()
+    };
+
+    // PostgreSQL: one network, with no way out, shared with the Keel processes that use it.
+    assert_eq!(networks_of("postgres"), set(&["database"]));
+    assert!(declared["database"], "the database network is internal");
+    assert_eq!(
+        members(&services, "database"),
+        set(&[
+            "postgres",
+            "migrate",
+            "api",
+            "worker",
+            "create-database-b",
+            "migrate-b",
+            "api-b",
+            "worker-b",
+        ])
+    );
+
+    // The workers: the database, the collector, a way out; nothing in front of the APIs.
+    assert_eq!(
+        networks_of("worker"),
+        set(&["database", "otlp", "outbound"])
+    );
+    assert_eq!(
+        networks_of("worker-b"),
+        set(&["database", "otlp", "outbound-b"])
+    );
+    for api in ["api", "api-b"] {
+        assert_eq!(
+            networks_of(api),
+            set(&["database", "otlp", "frontend"]),
+            "{api}"
+        );
+    }
+
+    // The signers: no network at all.
+    let signers: Vec<&str> = services
+        .iter()
+        .filter(|(_, s)| s.environment.contains_key("SIGNER_LISTEN"))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    assert_eq!(signers, ["signer-a", "signer-b"]);
+    for signer in &signers {
+        assert_eq!(
+            services[*signer].network_mode.as_deref(),
+            Some("none"),
+            "{signer}"
+        );
+        assert!(networks_of(signer).is_empty(), "{signer}");
+    }
+
+    // nginx: the APIs' frontend and oauth2-proxy's network; oauth2-proxy meets nginx only.
+    assert_eq!(networks_of("nginx"), set(&["frontend", "auth"]));
+    assert_eq!(networks_of("oauth2-proxy"), set(&["auth"]));
+    assert_eq!(members(&services, "auth"), set(&["nginx", "oauth2-proxy"]));
+    assert_eq!(
+        members(&services, "frontend"),
+        set(&["nginx", "api", "api-b"])
+    );
+    for worker in ["worker", "worker-b"] {
+        for network in networks_of(worker) {
+            let met = members(&services, network);
+            for front in ["nginx", "oauth2-proxy", "signer-a", "signer-b"] {
+                assert!(!met.contains(front), "{worker} meets {front} on {network}");
+            }
+        }
+    }
+
+    // Telemetry: Keel's processes reach the collector; the backends behind it (Tempo holds
+    // every tenant's traces) meet the collector and Grafana only.
+    assert_eq!(
+        members(&services, "observability"),
+        set(&["otel-collector", "prometheus", "tempo", "grafana"])
+    );
+    for keel in ["migrate", "api", "worker", "migrate-b", "api-b", "worker-b"] {
+        assert!(networks_of(keel).contains("otlp"), "{keel} sends telemetry");
+    }
+    assert!(
+        members(&services, "otlp")
+            .iter()
+            .all(|m| *m == "otel-collector" || services[*m].image.as_deref() == Some("keel:latest")),
+        "{:?}",
+        members(&services, "otlp")
+    );
 }
 
 /// The value every use of the database password has: compose's required-variable form.
@@ -343,7 +505,7 @@ fn url_passwords(text: &str) -> Vec<&str> {
 /// own from .env (KEEL_DB_PASSWORD, required), PostgreSQL and every Keel service alike.
 #[test]
 fn the_database_password_is_the_deployments_own() {
-    let services = stack();
+    let (services, _) = stack();
     assert_eq!(
         services["postgres"].environment["POSTGRES_PASSWORD"],
         DB_PASSWORD
@@ -410,6 +572,70 @@ fn the_database_password_is_the_deployments_own() {
         example.lines().any(|l| l == "KEEL_DB_PASSWORD="),
         "{example}"
     );
+}
+
+/// The compose service of the signer that listens at `listen` (an upstream's server).
+fn signer_service<'a>(
+    services: &'a BTreeMap<String, StackService>,
+    listen: &str,
+) -> (&'a str, &'a StackService) {
+    services
+        .iter()
+        .find(|(_, s)| s.environment.get("SIGNER_LISTEN").map(String::as_str) == Some(listen))
+        .map(|(name, s)| (name.as_str(), s))
+        .unwrap_or_else(|| panic!("no signer listens at {listen}"))
+}
+
+/// nginx reaches each runtime's signer on a Unix socket: the upstream is `unix:<path>`, the
+/// signer listens there, and the volume that holds it is mounted by that signer and nginx
+/// alone (nginx read-only: it connects, it cannot put a socket of its own there).
+#[test]
+fn each_signer_listens_on_a_socket_only_nginx_shares() {
+    let conf = nginx("deploy/proxy/nginx.conf");
+    let upstreams = upstreams(&conf);
+    let (services, _) = stack();
+    let routes = runtime_routes(&conf);
+    assert_eq!(routes.len(), 2);
+    for route in &routes {
+        let server = upstreams[route.signer];
+        let socket = server
+            .strip_prefix("unix:")
+            .unwrap_or_else(|| panic!("{}: the signer is at {server}, not a socket", route.host));
+        let (name, signer) = signer_service(&services, server);
+        let dir = Path::new(socket).parent().unwrap().to_str().unwrap();
+        let volume = signer
+            .volumes
+            .iter()
+            .find_map(|v| v.strip_suffix(&format!(":{dir}")))
+            .unwrap_or_else(|| panic!("{name} mounts nothing at {dir}: {:?}", signer.volumes));
+        assert!(
+            !volume.starts_with(['.', '/', '$']),
+            "{name}: {volume} is a host directory, not a volume of the two"
+        );
+        let mounted_by: Vec<(&str, &str)> = services
+            .iter()
+            .flat_map(|(n, s)| s.volumes.iter().map(move |v| (n.as_str(), v.as_str())))
+            .filter(|(_, v)| v.split(':').next() == Some(volume))
+            .collect();
+        let ro = format!("{volume}:{dir}:ro");
+        let rw = format!("{volume}:{dir}");
+        assert_eq!(mounted_by, [("nginx", ro.as_str()), (name, rw.as_str())]);
+
+        // Owner and group only; the group is the nginx image's workers' (uid and gid 101).
+        let mode = &signer.environment["SIGNER_SOCKET_MODE"];
+        assert_eq!(
+            u32::from_str_radix(mode, 8).unwrap() & 0o007,
+            0,
+            "{name}: {mode}"
+        );
+        assert_eq!(signer.environment["SIGNER_SOCKET_GROUP"], "101", "{name}");
+        // The health check asks on the socket too: the signer has no network to probe.
+        assert_eq!(
+            signer.healthcheck.last().map(String::as_str),
+            Some("--healthcheck"),
+            "{name}"
+        );
+    }
 }
 
 /// One nginx token: a word (quoted or not), `;`, `{` or `}`.
@@ -641,8 +867,8 @@ fn the_proxy_forwards_only_identities_its_signer_made() {
             );
         }
         assert!(
-            upstreams[route.signer].ends_with(":8088"),
-            "{}",
+            upstreams[route.signer].starts_with("unix:/"),
+            "{}: the signer is reached on its socket",
             route.signer
         );
     }
@@ -681,11 +907,12 @@ fn each_runtime_behind_the_proxy_has_its_own_audience_and_signer() {
     let conf = nginx("deploy/proxy/nginx.conf");
     let upstreams = upstreams(&conf);
     let proxy = read("deploy/proxy/docker-compose.proxy.yml");
+    let (services, _) = stack();
     let service_of = |upstream: &str| upstreams[upstream].split(':').next().unwrap().to_string();
     let mut audiences = std::collections::BTreeSet::new();
     for route in runtime_routes(&conf) {
         let api = service(&proxy, &service_of(route.location.upstream().unwrap()));
-        let signer = service(&proxy, &service_of(route.signer));
+        let signer = service(&proxy, signer_service(&services, upstreams[route.signer]).0);
         let audience = setting(api, "KEEL_RUNTIME_ID").unwrap();
         assert_eq!(setting(signer, "KEEL_RUNTIME_ID"), Some(audience));
         assert_eq!(
