@@ -170,6 +170,22 @@ fn the_compose_stack_is_wired_as_documented() {
     for needle in ["KEEL_SANDBOX: isolated", "user: root", "seccomp=unconfined"] {
         assert!(worker.contains(needle), "the worker service lacks {needle}");
     }
+    // Behind the proxy the workers are remote mode's: they enforce its rules (no sandbox
+    // off, every run held to its limits, for which their cgroups must be writable).
+    let proxy = read("deploy/proxy/docker-compose.proxy.yml");
+    for name in ["worker", "worker-b"] {
+        let block = service(&proxy, name);
+        for needle in ["KEEL_REMOTE_MODE: \"1\"", "privileged: true"] {
+            assert!(
+                block.contains(needle),
+                "{name} behind the proxy lacks {needle}"
+            );
+        }
+    }
+    let worker_b = service(&proxy, "worker-b");
+    for needle in ["KEEL_SANDBOX: isolated", "user: root"] {
+        assert!(worker_b.contains(needle), "worker-b lacks {needle}");
+    }
     let dockerfile = read("Dockerfile");
     assert!(dockerfile.contains("USER keel") && dockerfile.matches("FROM ").count() == 2);
     assert!(dockerfile.contains("bubblewrap"), "the image lacks bwrap");
