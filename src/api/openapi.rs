@@ -403,11 +403,65 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
 #[utoipa::path(get, path = "/openapi.json", tag = "system",
     responses((status = 200, description = "The OpenAPI document", content_type = "application/json", body = Object)))]
 async fn openapi_json() -> Json<&'static OpenApi> {
-    static DOC: OnceLock<OpenApi> = OnceLock::new();
-    Json(DOC.get_or_init(crate::api::openapi))
+    Json(document())
 }
 
-/// A reference page for people, rendered in the browser from `/v1/openapi.json`.
-pub(crate) async fn reference_page() -> Html<&'static str> {
-    Html(include_str!("reference.html"))
+/// The document, generated once per process.
+fn document() -> &'static OpenApi {
+    static DOC: OnceLock<OpenApi> = OnceLock::new();
+    DOC.get_or_init(crate::api::openapi)
+}
+
+/// The reference page around the document: its one script and one style inline.
+const REFERENCE_PAGE: &str = include_str!("reference.html");
+
+/// A reference page for people, rendered in the browser from the document it carries (the
+/// one `/v1/openapi.json` serves to callers with credentials): it runs its own inline
+/// script and nothing else, loads nothing, is never sniffed as another type, and no other
+/// page frames it.
+pub(crate) async fn reference_page() -> impl axum::response::IntoResponse {
+    use axum::http::header;
+    let (page, policy) = reference();
+    let headers = [
+        (header::CONTENT_SECURITY_POLICY, policy.as_str()),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::REFERRER_POLICY, "same-origin"),
+    ];
+    (headers, Html(page.as_str()))
+}
+
+/// The page with the document in it, and its policy: its inline script and style by their
+/// hashes, nothing else.
+fn reference() -> &'static (String, String) {
+    static PAGE: OnceLock<(String, String)> = OnceLock::new();
+    PAGE.get_or_init(|| {
+        let document = serde_json::to_string(document())
+            .expect("the OpenAPI document serializes")
+            // `</script>` in a description would end the data block early.
+            .replace("</", "<\\/");
+        let page = REFERENCE_PAGE.replace("{{DOCUMENT}}", &document);
+        let script = inline_hash(&page, "<script>", "</script>");
+        let style = inline_hash(&page, "<style>", "</style>");
+        let policy = format!(
+            "default-src 'none'; script-src '{script}'; style-src '{style}'; \
+             img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+        );
+        (page, policy)
+    })
+}
+
+/// `sha256-<base64>` of the text between `open` and `close` in `page`.
+fn inline_hash(page: &str, open: &str, close: &str) -> String {
+    use base64::Engine;
+    use sha2::Digest;
+    let start = page.find(open).map_or(0, |at| at + open.len());
+    let end = page[start..]
+        .find(close)
+        .map_or(page.len(), |at| start + at);
+    let digest = sha2::Sha256::digest(&page.as_bytes()[start..end]);
+    format!(
+        "sha256-{}",
+        base64::engine::general_purpose::STANDARD.encode(digest)
+    )
 }
