@@ -49,7 +49,12 @@ pub(crate) async fn run<C: RunContext>(
     let (mut child, mut containment) =
         match start(&argv, &spec.workspace, &spec.env, spec.sandbox).await {
             Ok(started) => started,
-            Err(error) => return fail(ctx, &step, error).await,
+            Err(error) => {
+                // Nothing will be written to them: they end empty, not left writing.
+                ctx.close_output(&stdout_artifact).await?;
+                ctx.close_output(&stderr_artifact).await?;
+                return fail(ctx, &step, error).await;
+            }
         };
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");

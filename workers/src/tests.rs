@@ -123,6 +123,27 @@ async fn shell_captures_stdout_and_stderr_and_completes() {
     assert!(matches!(steps[0].1, Some(StepResult::Completed { .. })));
 }
 
+/// A process that never starts leaves its output artifacts closed (empty), not writing.
+#[tokio::test]
+async fn a_process_that_never_starts_closes_its_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = Recorder::default();
+    let mut gone = spec(&dir, shell("true"));
+    gone.workspace = dir.path().join("missing/workspace");
+    let outcome = execute(&gone, &ctx).await;
+    assert!(
+        matches!(
+            outcome,
+            Outcome::Failed {
+                exit_code: None,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(ctx.closed.lock().unwrap().len(), 2);
+}
+
 #[tokio::test]
 async fn nonzero_exit_fails_with_code_and_stderr_tail() {
     let dir = tempfile::tempdir().unwrap();
