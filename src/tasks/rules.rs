@@ -704,7 +704,7 @@ fn check_repo_url(url: &str) -> Result<(), String> {
                     && !path.is_empty()
                     && !path.starts_with(':') =>
             {
-                Ok(())
+                no_option(host)
             }
             _ => Err(format!(
                 "must be an absolute path, user@host:path or a URL ({})",
@@ -719,7 +719,17 @@ fn check_repo_url(url: &str) -> Result<(), String> {
              responses"
                 .into(),
         ),
-        _ => Ok(()),
+        _ => no_option(authority),
+    }
+}
+
+/// A user or host that starts with `-` would reach ssh as an option (`-oProxyCommand=…`
+/// runs a command), whatever git does about it.
+fn no_option(authority: &str) -> Result<(), String> {
+    let (user, host) = authority.rsplit_once('@').unwrap_or(("", authority));
+    match user.starts_with('-') || host.starts_with('-') {
+        true => Err("its user and host must not start with '-'".into()),
+        false => Ok(()),
     }
 }
 
@@ -805,6 +815,27 @@ mod tests {
         TaskDraft {
             execution_kind: Some(kind.into()),
             ..TaskDraft::default()
+        }
+    }
+
+    #[test]
+    fn a_repository_s_user_or_host_never_reaches_ssh_as_an_option() {
+        for url in [
+            "ssh://-oProxyCommand=touch%20/tmp/x/r.git",
+            "ssh://-oProxyCommand=x@host/r.git",
+            "ssh://git@-oProxyCommand=x/r.git",
+            "-oProxyCommand=x:r.git",
+            "git@-oProxyCommand=x:r.git",
+            "https://-host/r.git",
+        ] {
+            assert!(check_repo_url(url).is_err(), "{url} accepted");
+        }
+        for url in [
+            "ssh://git@github.com/o/r.git",
+            "git@github.com:o/r.git",
+            "https://h/r-x.git",
+        ] {
+            assert_eq!(check_repo_url(url), Ok(()), "{url}");
         }
     }
 
