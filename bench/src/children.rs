@@ -143,7 +143,7 @@ pub async fn wait_registered(pool: &PgPool, pids: &[i32]) -> anyhow::Result<()> 
 }
 
 /// `$KEEL_BIN`, else the `keel` binary in this binary's directory (cargo builds both there).
-fn keel_binary() -> anyhow::Result<PathBuf> {
+pub(crate) fn keel_binary() -> anyhow::Result<PathBuf> {
     if let Some(path) = std::env::var_os("KEEL_BIN") {
         return Ok(PathBuf::from(path));
     }

@@ -1,6 +1,7 @@
 //! CPU time of the processes a figure runs, from `/proc/<pid>/stat`: what the shared
 //! machine's other load disturbs far less than wall-clock throughput.
 
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::Context;
@@ -90,6 +91,62 @@ pub const BARE_SANDBOX_SPAWN: &[&str] = &[
     "-c",
     "true",
 ];
+
+/// [`BARE_SANDBOX_SPAWN`] with a network namespace of its own (only loopback), as every
+/// jail of Keel's has.
+pub const NETWORK_SANDBOX_SPAWN: &[&str] = &[
+    "bwrap",
+    "--unshare-user",
+    "--unshare-pid",
+    "--unshare-net",
+    "--bind",
+    "/",
+    "/",
+    "--",
+    "sh",
+    "-c",
+    "true",
+];
+
+/// [`NETWORK_SANDBOX_SPAWN`] behind Keel's shim, as a jail with network starts: the `keel`
+/// binary as PID 1, checking the workspace (this process's working directory), listening
+/// on the run's loopback and carrying connections to `socket` (an egress proxy's, which
+/// the spawn never connects to) before it starts the command.
+pub fn shimmed_sandbox_spawn(keel: &Path, socket: &Path) -> anyhow::Result<Vec<String>> {
+    use std::os::unix::fs::MetadataExt;
+    let here = std::fs::metadata(".")?;
+    let path = |p: &Path| p.to_string_lossy().into_owned();
+    let argv = [
+        "bwrap",
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-net",
+        "--as-pid-1",
+        "--bind",
+        "/",
+        "/",
+        "--ro-bind",
+        &path(keel),
+        "/run/keel/shim",
+        "--ro-bind",
+        &path(socket),
+        "/run/keel/egress.sock",
+        "--",
+        "/run/keel/shim",
+        keel_workers::shim::ARG,
+        "--workspace",
+        &format!("{}:{}", here.dev(), here.ino()),
+        "--egress",
+        "/run/keel/egress.sock",
+        "3128",
+        "1080",
+        "--",
+        "sh",
+        "-c",
+        "true",
+    ];
+    Ok(argv.map(String::from).into())
+}
 
 /// CPU milliseconds of one start of `argv` by this process (its own time and that of the
 /// children it waits for, theirs included; not the kernel's deferred work, such as a

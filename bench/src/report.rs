@@ -133,11 +133,18 @@ fn rows(report: &Report, peer: Option<&PeerReport>) -> Vec<Row> {
             "runs: floor, a bare fork and exec of `sh -c true` (CPU ms)".to_string(),
             runs.spawn_floor_ms,
         ));
-        if let Some(sandbox_floor_ms) = runs.sandbox_floor_ms {
-            rows.push(Row::keel(
-                "runs: floor in a bare bubblewrap sandbox (CPU ms)".to_string(),
-                sandbox_floor_ms,
-            ));
+        let sandboxed = [
+            ("in a bare bubblewrap sandbox", runs.sandbox_floor_ms),
+            ("with a network namespace of its own", runs.network_floor_ms),
+            (
+                "behind Keel's shim and its proxy's socket",
+                runs.shim_floor_ms,
+            ),
+        ];
+        for (what, floor) in sandboxed {
+            if let Some(floor) = floor {
+                rows.push(Row::keel(format!("runs: floor {what} (CPU ms)"), floor));
+            }
         }
     }
     for r in report.runs.iter().flat_map(|r| &r.points) {

@@ -46,6 +46,14 @@ pub struct RunsFigures {
     /// missing or cannot make namespaces.
     #[serde(default)]
     pub sandbox_floor_ms: Option<f64>,
+    /// The same with a network namespace of its own
+    /// ([`super::cpu::NETWORK_SANDBOX_SPAWN`]), and that behind Keel's shim with an egress
+    /// proxy's socket bound in ([`super::cpu::shimmed_sandbox_spawn`]): what a jail's network
+    /// adds to a start. None as above.
+    #[serde(default)]
+    pub network_floor_ms: Option<f64>,
+    #[serde(default)]
+    pub shim_floor_ms: Option<f64>,
     /// One per worker count, in the order asked for.
     pub points: Vec<RunsPoint>,
 }
@@ -111,7 +119,7 @@ async fn measure(
             .execute(pool)
             .await
             .is_ok();
-    let (spawn_floor_ms, sandbox_floor_ms) = tokio::task::spawn_blocking(floors).await??;
+    let floors = tokio::task::spawn_blocking(floors).await??;
     let mut points = Vec::new();
     for &workers in &args.run_workers {
         points.push(point(pool, url, args, data_dir, workers, statements).await?);
@@ -119,22 +127,74 @@ async fn measure(
     Ok(RunsFigures {
         runs: args.runs,
         concurrency: args.concurrency,
-        spawn_floor_ms,
-        sandbox_floor_ms,
+        spawn_floor_ms: floors.bare,
+        sandbox_floor_ms: floors.sandbox,
+        network_floor_ms: floors.network,
+        shim_floor_ms: floors.shim,
         points,
     })
 }
 
-/// The cost of starting `sh -c true` bare and in a bare sandbox, printed on stderr.
-fn floors() -> anyhow::Result<(f64, Option<f64>)> {
-    use super::cpu::{BARE_SANDBOX_SPAWN, BARE_SPAWN, spawn_cost_ms};
+/// CPU ms of one start of `sh -c true`, bare and in the sandboxes below Keel's jail.
+struct Floors {
+    bare: f64,
+    sandbox: Option<f64>,
+    network: Option<f64>,
+    shim: Option<f64>,
+}
+
+/// The cost of starting `sh -c true` bare, in a bare sandbox, with a network namespace, and
+/// behind Keel's shim, printed on stderr.
+fn floors() -> anyhow::Result<Floors> {
+    use super::cpu::{BARE_SANDBOX_SPAWN, BARE_SPAWN, NETWORK_SANDBOX_SPAWN, spawn_cost_ms};
     let bare = spawn_cost_ms(BARE_SPAWN, SPAWNS)?;
     eprintln!("keel-bench: runs: a bare fork and exec of `sh -c true` costs {bare:.2} CPU ms");
-    let sandboxed = spawn_cost_ms(BARE_SANDBOX_SPAWN, SPAWNS)
-        .inspect(|ms| eprintln!("keel-bench: runs: in a bare bubblewrap sandbox, {ms:.2} CPU ms"))
-        .inspect_err(|error| eprintln!("keel-bench: runs: no bare sandbox figure ({error})"))
-        .ok();
-    Ok((bare, sandboxed))
+    let measured = |what: &str, argv: &[&str]| {
+        spawn_cost_ms(argv, SPAWNS)
+            .inspect(|ms| eprintln!("keel-bench: runs: {what}, {ms:.2} CPU ms"))
+            .inspect_err(|error| eprintln!("keel-bench: runs: no figure {what} ({error})"))
+            .ok()
+    };
+    let sandbox = measured("in a bare bubblewrap sandbox", BARE_SANDBOX_SPAWN);
+    let network = measured("with a network namespace of its own", NETWORK_SANDBOX_SPAWN);
+    let shim = shimmed().and_then(|(argv, _socket)| {
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        measured("behind Keel's shim and its proxy's socket", &argv)
+    });
+    Ok(Floors {
+        bare,
+        sandbox,
+        network,
+        shim,
+    })
+}
+
+/// The argv of a start behind Keel's shim, and the proxy's socket it binds in (a listener
+/// nobody connects to, in a temporary directory removed with it).
+fn shimmed() -> Option<(Vec<String>, ProxySocket)> {
+    let keel = super::children::keel_binary().ok()?;
+    let dir = std::env::temp_dir().join(format!("keel-bench-shim-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).ok()?;
+    let path = dir.join("egress.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).ok()?;
+    let socket = ProxySocket {
+        dir,
+        _listener: listener,
+    };
+    let argv = super::cpu::shimmed_sandbox_spawn(&keel, &path).ok()?;
+    Some((argv, socket))
+}
+
+/// A listening socket in a directory of its own, removed when dropped.
+struct ProxySocket {
+    dir: std::path::PathBuf,
+    _listener: std::os::unix::net::UnixListener,
+}
+
+impl Drop for ProxySocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// One worker count: the throughput phase on fresh processes, measured whole once they
