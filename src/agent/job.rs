@@ -218,7 +218,7 @@ async fn prepare(
     let (task, run) = (&row.task, &row.run);
     // Canonical as it comes: resolving it again here would follow a link planted since the
     // check (the sandbox opens it following none).
-    let workspace = match jobs.workspace(task, run).await {
+    let workspace = match jobs.workspace(task, run).await? {
         Ok(workspace) => workspace,
         Err(error) => return Ok(Err(error)),
     };

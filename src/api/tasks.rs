@@ -65,6 +65,7 @@ async fn create_task(
         task.confine_to_tenant(&state.rules.workspace_roots, &caller.scope)?;
     }
     task.check_workspace(&state.rules.workspace_roots)?;
+    tasks::refuse_nesting(&mut *state.pool.acquire().await?, &task).await?;
     task.written_as(caller.role, &state.secrets, caller.scope.workspace())?;
     task.check_commands(&state.rules.mcp_stdio_commands)
         .map_err(ApiError::Forbidden)?;

@@ -251,6 +251,14 @@ pub(crate) async fn start(
     }
     let directory = item.workspace_path.as_deref();
     let task = match new_task(poller, workflow, issue, directory) {
+        Ok(task) => match tasks::refuse_nesting(conn, &task).await {
+            Ok(()) => Ok(task),
+            Err(StoreError::Unprocessable { message, .. }) => Err((workspace::REFUSED, message)),
+            Err(error) => return Err(error),
+        },
+        Err(refused) => Err(refused),
+    };
+    let task = match task {
         Ok(task) => task,
         Err((code, message)) => {
             let change = ItemChange {

@@ -381,17 +381,35 @@ impl NewTask {
         }
     }
 
-    /// Refuses an `in_place` directory the workspace roots do not allow (the field named).
-    pub(crate) fn check_workspace(&self, roots: &WorkspaceRoots) -> Result<(), Invalid> {
-        match &self.workspace {
+    /// Refuses an `in_place` directory the workspace roots do not allow (the field named),
+    /// and keeps the one allowed in its canonical form: the form every other task's is
+    /// compared in ([`super::in_place_nesting`]).
+    pub(crate) fn check_workspace(&mut self, roots: &WorkspaceRoots) -> Result<(), Invalid> {
+        match &mut self.workspace {
             WorkspaceMode::Ephemeral | WorkspaceMode::Persistent => Ok(()),
             WorkspaceMode::InPlace {
                 directory,
                 allowed_root,
-            } => roots.confine(directory, allowed_root.as_deref()).map(drop),
+            } => {
+                let real = roots.confine(directory, allowed_root.as_deref())?;
+                *directory = real.to_string_lossy().into_owned();
+                Ok(())
+            }
+        }
+    }
+
+    /// The `in_place` directory, once [`Self::check_workspace`] made it canonical.
+    pub(crate) fn in_place_directory(&self) -> Option<&str> {
+        match &self.workspace {
+            WorkspaceMode::InPlace { directory, .. } => Some(directory),
+            WorkspaceMode::Ephemeral | WorkspaceMode::Persistent => None,
         }
     }
 }
+
+/// Why a directory that nests with another task's cannot be an `in_place` workspace.
+pub(crate) const NESTED_WORKSPACE: &str = "contains, or lies inside, the in_place directory of \
+    another task or an item: a run there could change or swap the other's files beneath it";
 
 fn parse_shell(draft: &TaskDraft) -> Result<Execution, Invalid> {
     only_for("shell", draft)?;

@@ -379,6 +379,43 @@ async fn list_by_task(
     Ok(rows)
 }
 
+/// Whether the canonical `directory` contains, or lies inside, the `in_place` directory of
+/// a task other than `except`, in any workspace (an imported item's task works in the
+/// item's directory). The same directory is not nesting: two tasks on one checkout are a
+/// matter of locking, not of one run reaching beneath another's files.
+pub(crate) async fn in_place_nesting(
+    conn: &mut PgConnection,
+    directory: &str,
+    except: Option<&str>,
+) -> Result<bool> {
+    Ok(sqlx::query_scalar!(
+        r#"SELECT EXISTS (
+               SELECT 1 FROM tasks
+                WHERE workspace_mode = 'in_place' AND id IS DISTINCT FROM $2
+                  AND (starts_with(working_directory, rtrim($1, '/') || '/')
+                       OR starts_with($1, rtrim(working_directory, '/') || '/'))
+           ) AS "nested!""#,
+        directory,
+        except,
+    )
+    .fetch_one(conn)
+    .await?)
+}
+
+/// Refuses a new task whose `in_place` directory nests with another task's
+/// ([`in_place_nesting`]). The runs of a task check again before each attempt.
+pub(crate) async fn refuse_nesting(conn: &mut PgConnection, task: &NewTask) -> Result<()> {
+    match task.in_place_directory() {
+        Some(directory) if in_place_nesting(conn, directory, None).await? => {
+            Err(StoreError::Unprocessable {
+                code: ErrorCode::InvalidRequest,
+                message: format!("working_directory: {}", crate::tasks::NESTED_WORKSPACE),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Locks the task row: run admission and deletion both take this lock first, so they
 /// serialize and a race between them has one durable winner.
 pub(crate) async fn lock(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {

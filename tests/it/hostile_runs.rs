@@ -16,13 +16,15 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{SocketAddr, UnixListener};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::support::cgroups::cgroup_of;
 use crate::support::llm::{FakeLlm, Turn};
 use crate::support::{Client, KeelProcess, WorkerUser};
 use keel_client::{
-    ApprovalPolicyRequest, GateDecision, GateDecisions, McpServer, RunStatus, TaskDraft,
+    ApprovalPolicyRequest, GateDecision, GateDecisions, McpServer, RunStatus, TaskDraft, TaskRecord,
 };
 use reqwest::StatusCode;
 use serde_json::json;
@@ -560,10 +562,11 @@ async fn a_run_cannot_squat_the_sandbox_uids() {
     h.b.post(&cancel, serde_json::json!({})).await;
 }
 
-/// The symlink race: org b's run, which owns an `in_place` directory, swaps the directory
-/// of org b's other `in_place` tasks beneath it for a link to org a's root, over and over,
-/// while those tasks run 200 times. Each run either works in its own directory or is
-/// refused: none ever sees org a's tree, and nothing of org a's is handed to org b's uids.
+/// The symlink race: whoever may write the parent of org b's `in_place` directories (a
+/// process of the host here; a run cannot, since no task's directory may contain
+/// another's) swaps them for links to org a's root, over and over, while those tasks run
+/// 200 times. Each run either works in its own directory or is refused: none ever sees
+/// org a's tree, and nothing of org a's is handed to org b's uids.
 #[tokio::test]
 async fn a_swapped_link_never_moves_a_run_into_another_org_s_directory() {
     const VICTIMS: usize = 8;
@@ -582,11 +585,6 @@ async fn a_swapped_link_never_moves_a_run_into_another_org_s_directory() {
     let roots_setting = root.to_str().unwrap();
     let h = hostile_with(Mode::Isolated, &[("KEEL_WORKSPACE_ROOTS", roots_setting)]).await;
 
-    let in_place = |directory: &Path, script: &str| TaskDraft {
-        workspace_mode: Some("in_place".into()),
-        working_directory: Some(directory.to_string_lossy().into_owned()),
-        ..support::shell(script)
-    };
     // Created before the swapping starts: a link met at creation is refused there.
     let mut victims = Vec::new();
     for n in 0..VICTIMS {
@@ -596,19 +594,11 @@ async fn a_swapped_link_never_moves_a_run_into_another_org_s_directory() {
                 .await;
         victims.push(task.id);
     }
-    let swapper = format!(
-        "echo swapping; while true; do for n in $(seq 0 {}); do \
-           mv victim$n real$n && ln -s {} victim$n; rm -f victim$n; mv real$n victim$n; \
-         done; done",
-        VICTIMS - 1,
-        org_a.display()
-    );
-    let (swap_task, swap_run) = h.b.start_task(&in_place(&parent, &swapper)).await;
-    support::wait_for(SOON, "the swapper to start", || async {
-        let out = h.b.stdout_so_far(&swap_task, &swap_run).await?;
-        out.contains("swapping").then_some(())
-    })
-    .await;
+    let swapping = Arc::new(AtomicBool::new(true));
+    let swapper = std::thread::spawn({
+        let (swapping, parent, org_a) = (swapping.clone(), parent.clone(), org_a.clone());
+        move || swap_for_links(&swapping, &parent, &org_a, VICTIMS)
+    });
 
     let (mut completed, mut refused) = (0, 0);
     for _ in 0..ROUNDS {
@@ -632,16 +622,111 @@ async fn a_swapped_link_never_moves_a_run_into_another_org_s_directory() {
             );
         }
     }
-    let cancel = format!("/v1/tasks/{swap_task}/runs/{swap_run}/cancel");
-    h.b.post(&cancel, serde_json::json!({})).await;
+    swapping.store(false, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
     // Nothing of org a's was handed over.
     for path in [&org_a, &org_a.join("secret")] {
         let owner = std::fs::symlink_metadata(path).unwrap().uid();
         assert_eq!(owner, 0, "{} was handed to uid {owner}", path.display());
     }
-    eprintln!("the symlink race: {completed} runs completed, {refused} refused");
+    eprintln!("the symlink race: {swaps} swaps, {completed} runs completed, {refused} refused");
     assert_eq!(completed + refused, VICTIMS * ROUNDS);
     assert!(completed > 0, "no run got through: the race was not run");
+    assert!(swaps > 0, "nothing was swapped: the race was not run");
+}
+
+/// Swaps each `victim<n>` beneath `parent` for a link to `target` and back, while
+/// `swapping`; returns how many swaps it made.
+fn swap_for_links(swapping: &AtomicBool, parent: &Path, target: &Path, victims: usize) -> usize {
+    let mut swaps = 0;
+    while swapping.load(Ordering::Relaxed) {
+        for n in 0..victims {
+            let (victim, real) = (
+                parent.join(format!("victim{n}")),
+                parent.join(format!("real{n}")),
+            );
+            // The worker may make the directory again while it is away: then no link.
+            if std::fs::rename(&victim, &real).is_err() {
+                continue;
+            }
+            if std::os::unix::fs::symlink(target, &victim).is_ok() {
+                swaps += 1;
+                std::fs::remove_file(&victim).unwrap();
+            }
+            if std::fs::rename(&real, &victim).is_err() {
+                std::fs::remove_dir_all(&victim).unwrap();
+                std::fs::rename(&real, &victim).unwrap();
+            }
+        }
+    }
+    swaps
+}
+
+/// A shell task working `in_place` in `directory`.
+fn in_place(directory: &Path, script: &str) -> TaskDraft {
+    TaskDraft {
+        workspace_mode: Some("in_place".into()),
+        working_directory: Some(directory.to_string_lossy().into_owned()),
+        ..support::shell(script)
+    }
+}
+
+/// No `in_place` directory contains another task's, or lies inside one: refused at
+/// creation, and before each run for a task written before the rule (or in a race with
+/// another creation), since its run could change or swap the other's files.
+#[tokio::test]
+async fn an_in_place_directory_never_contains_another_task_s() {
+    let roots = tempfile::tempdir().unwrap();
+    support::let_the_sandbox_through(roots.path());
+    let root = std::fs::canonicalize(roots.path()).unwrap();
+    let (parent, inner) = (root.join("org_b/parent"), root.join("org_b/parent/inner"));
+    std::fs::create_dir_all(inner.join("deeper")).unwrap();
+    let other = root.join("org_b/other");
+    std::fs::create_dir_all(&other).unwrap();
+    let roots_setting = root.to_str().unwrap();
+    let h = hostile_with(Mode::Isolated, &[("KEEL_WORKSPACE_ROOTS", roots_setting)]).await;
+
+    let inner_task = h.b.create_task(&in_place(&inner, "pwd")).await;
+    for nesting in [&parent, &inner.join("deeper")] {
+        let body = serde_json::to_value(in_place(nesting, "true")).unwrap();
+        let (status, refused) = h.b.post("/v1/tasks", body).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+        let message = refused["error"]["message"].as_str().unwrap();
+        assert!(message.contains("working_directory"), "{message}");
+        assert!(message.contains("another task"), "{message}");
+    }
+    // The same directory is another task's to share (locking is another matter).
+    let (status, _) =
+        h.b.post(
+            "/v1/tasks",
+            serde_json::to_value(in_place(&inner, "true")).unwrap(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+
+    // A task that nests all the same (written before the rule) is refused at its run.
+    let outer = h.b.create_task(&in_place(&other, "echo ran")).await;
+    let pool = sqlx::PgPool::connect(&h.db).await.unwrap();
+    sqlx::query("UPDATE tasks SET working_directory = $1 WHERE id = $2")
+        .bind(parent.to_str().unwrap())
+        .bind(&outer.id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let run = h.b.start(&outer.id).await;
+    let run = h.b.wait_terminal(&outer.id, &run.id, SOON).await;
+    assert_eq!(run.status, keel_client::RunStatus::Failed);
+    let error = run.last_error.unwrap_or_default();
+    assert!(error.contains("workspace_refused"), "{error}");
+    // Nor does the task it nests with run while it stands; once it is gone, it does.
+    let refused = h.b.start(&inner_task.id).await;
+    let refused = h.b.wait_terminal(&inner_task.id, &refused.id, SOON).await;
+    assert_eq!(refused.status, keel_client::RunStatus::Failed);
+    let (status, _) = h.b.delete(&format!("/v1/tasks/{}", outer.id)).await;
+    assert_eq!(status, StatusCode::OK);
+    let ran = h.b.start(&inner_task.id).await;
+    let done = h.b.wait_terminal(&inner_task.id, &ran.id, SOON).await;
+    assert_eq!(done.status, keel_client::RunStatus::Completed);
 }
 
 /// Every gate `gates`, and `deny` for the MCP server `probe`.

@@ -34,6 +34,7 @@ use crate::db::StoreError;
 use crate::providers::secrets::SecretPolicy;
 use crate::queue::worker::Job;
 use crate::runs::{RunRecord, RunWithTask};
+use crate::tasks;
 use crate::tasks::{RunTimeouts, WorkspaceRoots, resolve_secret};
 use crate::tasks::{TaskRecord, TaskRecordExt};
 use context::{Held, Shared};
@@ -66,7 +67,7 @@ impl RunJobs {
         job: Job,
         row: RunWithTask,
     ) -> Result<&'static str, StoreError> {
-        let spec = match self.spec(&row.task, &row.run).await {
+        let spec = match self.spec(&row.task, &row.run).await? {
             Ok(spec) => spec,
             Err(error) => return self.fail(&job, &row, error).await,
         };
@@ -164,31 +165,55 @@ impl RunJobs {
         })
     }
 
-    async fn spec(&self, task: &TaskRecord, run: &RunRecord) -> Result<RunSpec, String> {
-        Ok(RunSpec {
-            execution: task.execution()?,
-            workspace: self.workspace(task, run).await?,
+    async fn spec(
+        &self,
+        task: &TaskRecord,
+        run: &RunRecord,
+    ) -> Result<Result<RunSpec, String>, StoreError> {
+        let workspace = match self.workspace(task, run).await? {
+            Ok(workspace) => workspace,
+            Err(refused) => return Ok(Err(refused)),
+        };
+        Ok(task.execution().map(|execution| RunSpec {
+            execution,
+            workspace,
             sandbox: task.sandbox(),
             timeout: Some(self.timeout(task)),
             env: self.env(task, run),
             checkpoint: run.checkpoint.clone(),
-        })
+        }))
     }
 
-    /// The run's workspace directory, created if it is an ephemeral one.
+    /// The run's workspace directory, created if it is an ephemeral one; `Ok(Err(why))`
+    /// when the run may not work there.
     pub(crate) async fn workspace(
         &self,
         task: &TaskRecord,
         run: &RunRecord,
-    ) -> Result<PathBuf, String> {
-        let workspace = workspace_dir(&self.workspace_roots, &self.data_dir, task, run)?;
-        tokio::fs::create_dir_all(&workspace).await.map_err(|e| {
-            format!(
-                "could not create the workspace {}: {e}",
-                workspace.display()
-            )
-        })?;
-        Ok(workspace)
+    ) -> Result<Result<PathBuf, String>, StoreError> {
+        let workspace = match workspace_dir(&self.workspace_roots, &self.data_dir, task, run) {
+            Ok(workspace) => workspace,
+            Err(refused) => return Ok(Err(refused)),
+        };
+        if task.workspace_mode == "in_place" {
+            let mut conn = self.pool.acquire().await?;
+            let directory = workspace.to_string_lossy();
+            if tasks::in_place_nesting(&mut conn, &directory, Some(&task.id)).await? {
+                let refused = tasks::NESTED_WORKSPACE;
+                return Ok(Err(format!(
+                    "workspace_refused: working_directory: {refused}"
+                )));
+            }
+        }
+        Ok(tokio::fs::create_dir_all(&workspace)
+            .await
+            .map(|()| workspace.clone())
+            .map_err(|e| {
+                format!(
+                    "could not create the workspace {}: {e}",
+                    workspace.display()
+                )
+            }))
     }
 
     /// Tasks stored before the timeout settings may have none, or a longer one.
