@@ -149,7 +149,9 @@ async fn in_place_directories_stay_beneath_the_roots() {
     };
     assert_refused(c, ephemeral, "sandbox_allowed_root").await;
 
-    let run = run_to_end(c, in_place(&inside)).await;
+    // Beside that task's directory, not above it (which would contain it).
+    assert_refused(c, in_place(&inside), "working_directory").await;
+    let run = run_to_end(c, in_place(&inside.join("sub"))).await;
     assert_eq!(run.status, RunStatus::Completed, "{run:?}");
 }
 
