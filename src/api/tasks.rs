@@ -65,7 +65,8 @@ async fn create_task(
         task.confine_to_tenant(&state.rules.workspace_roots, &caller.scope)?;
     }
     task.check_workspace(&state.rules.workspace_roots)?;
-    task.written_as(caller.role, &state.secrets, caller.scope.workspace())?;
+    let rules = (&*state.secrets, &*state.provider_hosts);
+    task.written_as(caller.role, rules, caller.scope.workspace())?;
     task.check_commands(&state.rules.mcp_stdio_commands)
         .map_err(ApiError::Forbidden)?;
     let (scope, actor) = (&caller.scope, &caller.actor());

@@ -56,7 +56,7 @@ pub struct ProviderRecord {
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) updated_at: DateTime<Utc>,
     pub(crate) workspace_id: String,
-    /// `member` or `operator` (the table's check constraint).
+    /// `member`, `operator` or `runtime_operator` (the table's check constraint).
     pub(crate) written_by_role: String,
 }
 
@@ -98,20 +98,20 @@ impl ProviderRecord {
             .collect()
     }
 
-    /// Whether the preset may be used now: an operator's always, a member's only while
-    /// its secrets are granted to its workspace and its chat host is allowed
-    /// ([`crate::providers::check_members_use`]). Checked before its secrets resolve.
+    /// Whether the preset may be used now: the runtime operator's always, a tenant's only
+    /// while its secrets are granted to its workspace and its chat host is allowed
+    /// ([`crate::providers::check_tenants_use`]). Checked before its secrets resolve.
     pub(crate) fn check_use(
         &self,
         secrets: &SecretPolicy,
         hosts: &ProviderHosts,
     ) -> Result<(), Unresolved> {
-        if Role::parse(Some(&self.written_by_role)) == Some(Role::Operator) {
+        if Role::stored(&self.written_by_role).is_runtime_operator() {
             return Ok(());
         }
         let headers = self.secret_headers().into_iter().map(|(_, secret)| secret);
         let named: Vec<SecretRef> = self.api_key().into_iter().chain(headers).collect();
-        crate::providers::check_members_use(
+        crate::providers::check_tenants_use(
             &self.workspace_id,
             self.api(),
             &self.base_url,

@@ -928,7 +928,7 @@ macro_rules! run_with_task {
             run: run_record!($row),
             task: $row.task.0,
             hooks: $row.hooks.0,
-            written_by: Role::parse(Some(&$row.written_by_role)).unwrap_or_default(),
+            written_by: Role::stored(&$row.written_by_role),
         }
     };
 }

@@ -1,7 +1,8 @@
 //! Roles, secret grants, provider hosts and tenant directories in remote mode, over real
 //! HTTP against a `keel api` with two orgs (the header form, `X-Keel-Role` counted): one
-//! test per attack a member (or an operator on its own request) could try, each asserting
-//! the attack is refused and the victim's rows and files are as they were.
+//! test per attack a member (or an org's operator, on its own request or beyond its
+//! grants) could try, each asserting the attack is refused and the victim's rows and files
+//! are as they were. The runtime operator (`runtime_operator`) is the deployment's own.
 
 use crate::support;
 use crate::support::two_orgs;
@@ -17,7 +18,7 @@ use keel_client::{
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use two_orgs::{REMOTE_ENV, operator_client, org_client};
+use two_orgs::{REMOTE_ENV, operator_client, org_client, runtime_operator_client};
 
 /// The operator's own secrets: in the API's environment, granted to no workspace.
 const OPERATOR_KEY: &str = "sk-operator-openai-canary-7f3a";
@@ -89,6 +90,10 @@ impl Stack {
         operator_client(&self.base, org)
     }
 
+    fn runtime_operator(&self, org: &str) -> Client {
+        runtime_operator_client(&self.base, org)
+    }
+
     /// The API's log holds none of the operator's secrets.
     fn assert_no_secret_logged(&self) {
         let log = self.api.log_text();
@@ -158,6 +163,8 @@ async fn whoami_tells_a_member_from_an_operator() {
     assert_eq!(member.role, "member", "{member:?}");
     let operator = stack.operator("a").api.whoami().await.unwrap().data;
     assert_eq!(operator.role, "operator", "{operator:?}");
+    let root = stack.runtime_operator("a").api.whoami().await.unwrap().data;
+    assert_eq!(root.role, "runtime_operator", "{root:?}");
     // An unknown role proves nothing.
     let forged = support::client_with_headers(
         &stack.base,
@@ -365,7 +372,7 @@ async fn a_member_names_a_stdio_mcp_server_only_when_the_deployment_lists_its_co
     let (status, body) = operator
         .post(
             "/v1/providers",
-            chat_preset(&llm.openai_base(), "env:OPENAI_API_KEY"),
+            chat_preset(&llm.openai_base(), "env:ORG_A_API_KEY"),
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -408,8 +415,9 @@ async fn a_member_cannot_send_the_operators_secrets_to_its_listener() {
             "{refused}"
         );
     }
-    // An operator's preset naming its key at the vendor: the member cannot re-aim it.
-    let operator = stack.operator("a");
+    // The runtime operator's preset naming its key at the vendor: the member cannot re-aim
+    // it.
+    let operator = stack.runtime_operator("a");
     let vendor = chat_preset("https://api.openai.com/v1", "env:OPENAI_API_KEY");
     let (status, body) = operator.post("/v1/providers", vendor).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -529,9 +537,9 @@ async fn a_members_preset_is_refused_at_use_once_its_grant_or_host_is_withdrawn(
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let member_preset = support::record::<ProviderView>(&body).id;
-    // The operator's preset at the same listener with the operator's key.
+    // The runtime operator's preset at the same listener with the deployment's key.
     let (status, body) = stack
-        .operator("a")
+        .runtime_operator("a")
         .post("/v1/providers", chat_preset(&mine, "env:OPENAI_API_KEY"))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -551,7 +559,8 @@ async fn a_members_preset_is_refused_at_use_once_its_grant_or_host_is_withdrawn(
     assert!(llm.requests().is_empty(), "a request reached the listener");
 
     // A worker started with the narrowed grants fails the member's agent run before any
-    // call; the operator's preset is not held to the grants and its run calls the model.
+    // call; the runtime operator's preset is not held to the grants and its run calls the
+    // model.
     let env: Vec<(&str, &str)> = ungranted.iter().map(|(k, v)| (&k[..], &v[..])).collect();
     let data = stack.dir.path().join("worker-data");
     let _worker =
@@ -568,7 +577,7 @@ async fn a_members_preset_is_refused_at_use_once_its_grant_or_host_is_withdrawn(
     let error = run.last_error.as_deref().unwrap();
     assert!(error.starts_with("secret_not_granted"), "{error}");
     assert!(llm.requests().is_empty(), "a request reached the listener");
-    let operator = operator_client(&api.client.as_ref().unwrap().base, "a");
+    let operator = runtime_operator_client(&api.client.as_ref().unwrap().base, "a");
     let (task_id, run_id) = operator.start_task(&agent(&operator_preset)).await;
     operator
         .wait_terminal(&task_id, &run_id, Duration::from_secs(60))
@@ -706,4 +715,104 @@ async fn two_orgs_tracking_one_repository_keep_their_directories_apart() {
         stack.root.join("org_b").to_str(),
         "{task:?}"
     );
+}
+
+#[tokio::test]
+async fn secret_status_answers_a_tenant_only_for_granted_references() {
+    let (_llm, stack) = started().await;
+    let status = |c: Client, reference: &'static str| async move {
+        c.get(&format!("/v1/secrets/status?ref={reference}")).await
+    };
+    // The org's operator learns nothing of the deployment's secrets, nor org b of org a's.
+    for (c, reference) in [
+        (stack.operator("a"), "env:OPENAI_API_KEY"),
+        (stack.operator("a"), "env:GITHUB_TOKEN"),
+        (stack.member("a"), "env:OPENAI_API_KEY"),
+        (stack.operator("b"), "env:ORG_A_API_KEY"),
+    ] {
+        let (code, body) = status(c, reference).await;
+        assert_invalid(code, &body);
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("not granted")
+        );
+    }
+    // What org a was granted, org a is told of; the runtime operator of anything allowed.
+    for (c, reference) in [
+        (stack.member("a"), "env:ORG_A_API_KEY"),
+        (stack.operator("a"), "env:ORG_A_API_KEY"),
+        (stack.runtime_operator("b"), "env:OPENAI_API_KEY"),
+    ] {
+        let (code, body) = status(c, reference).await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        assert_eq!(body["data"]["configured"], true, "{body}");
+    }
+}
+
+#[tokio::test]
+async fn an_org_operator_is_held_to_the_grants_and_hosts_the_runtime_operator_is_not() {
+    let (llm, stack) = started().await;
+    let operator = stack.operator("a");
+    let port = reqwest::Url::parse(&llm.openai_base())
+        .unwrap()
+        .port()
+        .unwrap();
+    // Off the list: the port KEEL_PROVIDER_HOSTS names is the listener's, not this one.
+    let unlisted = format!("http://127.0.0.1:{}/v1", port + 1);
+    let refused = [
+        (
+            chat_preset("https://api.openai.com/v1", "env:OPENAI_API_KEY"),
+            "api_key_ref",
+        ),
+        (chat_preset(&unlisted, "env:ORG_A_API_KEY"), "base_url"),
+    ];
+    for (preset, field) in refused {
+        let (status, body) = operator.post("/v1/providers", preset).await;
+        assert_invalid(status, &body);
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with(field), "{message}");
+    }
+    let presets = operator.api.list_providers().await.unwrap().data;
+    assert!(presets.is_empty(), "{presets:?}");
+    // An MCP server carrying the deployment's key, or aimed at an unlisted host.
+    let mcp = |url: &str, key: &str| {
+        let mut task = support::wire(&support::agent_loop("hi"));
+        task["mcp_servers"] = json!([{ "name": "remote", "url": url,
+                                       "headers": { "Authorization": key } }]);
+        task
+    };
+    let listed = format!("{}/mcp", llm.openai_base());
+    for task in [
+        mcp(&listed, "env:OPENAI_API_KEY"),
+        mcp("https://mcp.example.com/mcp", "env:ORG_A_API_KEY"),
+    ] {
+        let (status, body) = operator.post("/v1/tasks", task).await;
+        assert_invalid(status, &body);
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with("mcp_servers"), "{message}");
+    }
+    let (status, body) = operator
+        .post("/v1/tasks", mcp(&listed, "env:ORG_A_API_KEY"))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    // The deployment's own operator names its key and aims anywhere.
+    let root = stack.runtime_operator("a");
+    let (status, body) = root
+        .post(
+            "/v1/providers",
+            chat_preset(&unlisted, "env:OPENAI_API_KEY"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = root
+        .post(
+            "/v1/tasks",
+            mcp("https://mcp.example.com/mcp", "env:OPENAI_API_KEY"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert!(llm.requests().is_empty(), "a request reached the listener");
 }
