@@ -280,17 +280,20 @@ async fn patch_provider(
     Ok(Json(object("provider", view(&state, provider).await?)))
 }
 
-/// Deletes a provider preset that no media job names.
+/// Deletes a provider preset that no media job names; a preset an operator wrote is an
+/// operator's to delete (403 for a member), and one the runtime operator wrote the runtime
+/// operator's.
 #[utoipa::path(delete, path = "/providers/{id}", tag = "providers",
     params(("id" = String, Path, description = "The preset's id (`provider_…`)")),
-    responses((status = 204, description = "Deleted")))]
+    responses((status = 204, description = "Deleted"),
+              (status = 403, description = "Written by a role above the caller's")))]
 async fn delete_provider(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode> {
     let mut tx = state.pool.begin().await?;
-    providers::delete(&mut tx, &caller.scope, &id).await?;
+    providers::delete(&mut tx, &caller.scope, &id, caller.role).await?;
     tx.commit().await?;
     Ok(StatusCode::NO_CONTENT)
 }

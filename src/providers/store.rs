@@ -271,10 +271,25 @@ pub async fn list(
     Ok(rows)
 }
 
-/// Deletes a preset no media job names. The row lock orders this against a media job
-/// being created for the preset (which holds it `FOR SHARE`).
-pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
-    lock(&mut *conn, scope, id, LockMode::Update).await?;
+/// Deletes a preset no media job names, for a `deleter` of at least the role that last
+/// wrote it: a member cannot remove what an operator set up for the org (nor an org's
+/// operator what the runtime operator did). The row lock orders this against a media job
+/// being created for the preset (which holds it `FOR SHARE`) and an edit that changes its
+/// writer.
+pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str, deleter: Role) -> Result<()> {
+    let preset = lock(&mut *conn, scope, id, LockMode::Update).await?;
+    let writer = Role::stored(&preset.written_by_role);
+    if deleter < writer {
+        let who = match writer {
+            Role::RuntimeOperator => "the runtime operator",
+            _ => "an operator",
+        };
+        return Err(StoreError::Forbidden(format!(
+            "provider {id} was written by {who}; only {who} may delete it (this identity's \
+             role is {})",
+            deleter.as_str()
+        )));
+    }
     let jobs = sqlx::query_scalar!(
         r#"SELECT count(*) AS "count!" FROM media_jobs
            WHERE workspace_id = $1 AND provider_id = $2"#,

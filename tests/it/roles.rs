@@ -816,3 +816,24 @@ async fn an_org_operator_is_held_to_the_grants_and_hosts_the_runtime_operator_is
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert!(llm.requests().is_empty(), "a request reached the listener");
 }
+
+#[tokio::test]
+async fn a_member_cannot_delete_an_operators_preset() {
+    let (_llm, stack) = started().await;
+    let (member, operator) = (stack.member("a"), stack.operator("a"));
+    let preset = chat_preset("https://api.openai.com/v1", "env:ORG_A_API_KEY");
+    let (status, body) = operator.post("/v1/providers", preset.clone()).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let operators = support::record::<ProviderView>(&body).id;
+    let (status, body) = member.delete(&format!("/v1/providers/{operators}")).await;
+    assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    assert!(member.api.get_provider(&operators).await.is_ok());
+    // A member's own is the member's to delete; the operator's, an operator's.
+    let (status, body) = member.post("/v1/providers", preset).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let own = support::record::<ProviderView>(&body).id;
+    for (c, id) in [(&member, &own), (&operator, &operators)] {
+        let (status, body) = c.delete(&format!("/v1/providers/{id}")).await;
+        assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    }
+}
