@@ -78,10 +78,10 @@ pub(crate) use keel_api_types::{IdentityForm, RemoteIdentity};
 /// - A member works in its workspace: tasks, runs, schedules, presets and MCP servers
 ///   naming only the secrets its workspace was granted and aimed only at allowed hosts,
 ///   sources without hooks or roots.
-/// - An operator runs its org (a tenant): it also resolves approvals of other people's
-///   requests, sets its workspace's limits and approval policy, and registers sources
-///   with hooks or `workspace.root`. Within its grants, as a member: the runtime's
-///   secrets and its hosts are not the tenant's.
+/// - An operator runs its org (a tenant): it also resolves approvals and applies patches
+///   of other people's requests, sets its workspace's limits and approval policy, and
+///   registers sources with hooks or `workspace.root`. Within its grants, as a member: the
+///   runtime's secrets and its hosts are not the tenant's.
 /// - The runtime operator is the deployment's own: the local caller, and a remote identity
 ///   the signer marks `runtime_operator`. Only it names secrets not granted to the
 ///   workspace, and aims presets and MCP servers at hosts off the allowlist.

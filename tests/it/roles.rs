@@ -12,10 +12,15 @@ use std::time::Duration;
 
 use crate::support::llm::{FakeLlm, Turn};
 use crate::support::{Client, KeelProcess};
+use keel::artifacts::content::ContentStore;
+use keel::domain::Scope;
+use keel::events::Subject;
+use keel::runs::patches;
 use keel_client::{
     ApprovalStatus, Imported, ItemRecord, ItemState, McpServer, MediaJobRecord, MediaJobStatus,
     ProviderCheck, ProviderView, Resolution, RunStatus, SourceRecord, TaskDraft, WorkspaceLimits,
 };
+use keel_workers::agent::Patch;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use two_orgs::{REMOTE_ENV, operator_client, org_client, runtime_operator_client};
@@ -815,6 +820,61 @@ async fn an_org_operator_is_held_to_the_grants_and_hosts_the_runtime_operator_is
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert!(llm.requests().is_empty(), "a request reached the listener");
+}
+
+#[tokio::test]
+async fn patches_are_changed_only_by_an_operator_who_did_not_request_the_run() {
+    let (_llm, stack) = started().await;
+    let operator = stack.operator("a");
+    // The operator's run, cancelled while it waited: ended, with a proposed patch.
+    let (task_id, run_id, _) = gated(&operator).await;
+    let cancel = format!("/v1/tasks/{task_id}/runs/{run_id}/cancel");
+    let (status, body) = operator.post(&cancel, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let proposal = Patch {
+        path: "notes.txt".into(),
+        before: None,
+        after: Some("proposed".into()),
+        proposed: true,
+    };
+    let pool = support::pool(&stack.db).await;
+    let mut tx = pool.begin().await.unwrap();
+    let (scope, run) = (
+        Scope::new("org_a"),
+        Subject::Run {
+            task_id: &task_id,
+            run_id: &run_id,
+        },
+    );
+    let patch = patches::insert_patch(
+        &mut tx,
+        &ContentStore::Postgres,
+        &scope,
+        run,
+        "p",
+        &proposal,
+    )
+    .await
+    .unwrap()
+    .id;
+    tx.commit().await.unwrap();
+    let base = format!("/v1/tasks/{task_id}/runs/{run_id}/patches/{patch}");
+    // Neither a member nor the run's requester changes it.
+    for c in [stack.member("a"), operator.clone()] {
+        for verb in ["apply", "revert", "discard"] {
+            let (status, body) = c.post(&format!("{base}/{verb}"), json!({})).await;
+            assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+        }
+    }
+    let (_, body) = operator.get(&base).await;
+    assert_eq!(body["data"]["status"], "proposed", "{body}");
+    // Another operator does.
+    let (status, body) = stack
+        .runtime_operator("a")
+        .post(&format!("{base}/discard"), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["status"], "discarded", "{body}");
 }
 
 #[tokio::test]
