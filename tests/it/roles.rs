@@ -822,6 +822,51 @@ async fn an_org_operator_is_held_to_the_grants_and_hosts_the_runtime_operator_is
     assert!(llm.requests().is_empty(), "a request reached the listener");
 }
 
+/// The run `task_id`'s schedule started: waits until it exists.
+async fn scheduled_run(c: &Client, task_id: &str) -> String {
+    support::wait_for(Duration::from_secs(60), "the scheduled run", || async {
+        let task = c.api.get_task(task_id).await.unwrap().data;
+        task.latest_run_id
+    })
+    .await
+}
+
+/// The pending approval of `run_id`, as a gate to resolve.
+async fn gate_of(c: &Client, task_id: &str, run_id: &str) -> (String, String, String) {
+    let approvals = c.api.list_task_approvals(task_id, None).await.unwrap().data;
+    let approval = approvals.iter().find(|a| a.run_id == run_id).unwrap();
+    (task_id.into(), run_id.into(), approval.id.clone())
+}
+
+#[tokio::test]
+async fn a_schedules_runs_are_requested_by_its_writer_who_cannot_approve_them() {
+    let (_llm, stack) = started().await;
+    let operator = stack.operator("a");
+    let task = operator
+        .create_task(&support::shell("echo scheduled"))
+        .await;
+    let run_at = chrono::Utc::now() + chrono::Duration::seconds(1);
+    let schedule = json!({ "kind": "once", "timezone": "UTC", "enabled": true,
+                           "run_at": run_at.to_rfc3339() });
+    let url = format!("{}/v1/tasks/{}/schedule", stack.base, task.id);
+    let (status, body) = operator.send(operator.http.put(url).json(&schedule)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let written_by = body["data"]["written_by"].clone();
+    // The workers' dispatch fires it: the run waits for approval, asked for by the writer.
+    let _worker = stack.spawn_worker();
+    let run_id = scheduled_run(&operator, &task.id).await;
+    let run = operator.run(&task.id, &run_id).await;
+    assert!(run.schedule_id.is_some(), "{run:?}");
+    assert_eq!(run.requested_by.as_deref(), Some("operator_a"), "{run:?}");
+    let gate = gate_of(&operator, &task.id, &run_id).await;
+    let message = refused_resolution(&operator, &gate).await;
+    assert!(message.contains("operator_a requested this"), "{message}");
+    // Someone else decides it.
+    let (status, body) = resolve(&stack.runtime_operator("a"), &gate).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(written_by, "operator_a", "the schedule shows its writer");
+}
+
 #[tokio::test]
 async fn patches_are_changed_only_by_an_operator_who_did_not_request_the_run() {
     let (_llm, stack) = started().await;
