@@ -457,10 +457,10 @@ pub struct SecretArgs {
     pub secret_file_roots: Vec<PathBuf>,
 
     /// What each workspace's tenants (its members and its operators) may name in a preset,
-    /// an MCP server or a repository credential: a comma list of
+    /// a source's tracker key, an MCP server or a repository credential: a comma list of
     /// `WORKSPACE=REFERENCE` (`org_a=env:OPENAI_API_KEY`, `org_a=env:ORG_A_*`). Every other
     /// reference the policy allows is the deployment's: only the runtime operator writes a
-    /// preset or a task that names it. Unset: tenants name no secret.
+    /// preset, a source or a task that names it. Unset: tenants name no secret.
     #[arg(long, env = "KEEL_SECRET_GRANTS", value_delimiter = ',', global = true)]
     pub secret_grants: Vec<String>,
 }

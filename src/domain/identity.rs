@@ -75,16 +75,16 @@ pub(crate) use keel_api_types::{IdentityForm, RemoteIdentity};
 
 /// What a caller may do, in three levels: each may what the one before it may.
 ///
-/// - A member works in its workspace: tasks, runs, schedules, presets and MCP servers
-///   naming only the secrets its workspace was granted and aimed only at allowed hosts,
-///   sources without hooks or roots.
+/// - A member works in its workspace: tasks, runs, schedules, presets, sources and MCP
+///   servers naming only the secrets its workspace was granted and aimed only at allowed
+///   hosts, sources without hooks or roots.
 /// - An operator runs its org (a tenant): it also resolves approvals and applies patches
 ///   of other people's requests, sets its workspace's limits and approval policy, and
 ///   registers sources with hooks or `workspace.root`. Within its grants, as a member: the
 ///   runtime's secrets and its hosts are not the tenant's.
 /// - The runtime operator is the deployment's own: the local caller, and a remote identity
 ///   the signer marks `runtime_operator`. Only it names secrets not granted to the
-///   workspace, and aims presets and MCP servers at hosts off the allowlist.
+///   workspace, and aims presets, sources and MCP servers at hosts off the allowlist.
 ///
 /// Ordered by level, so "at least the role that wrote it" is a comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -168,8 +168,8 @@ impl Caller {
         self.role >= Role::Operator
     }
 
-    /// Whether the caller is on the runtime's own side of the API (local mode): only it
-    /// may name the host's files or aim the tracker token at another endpoint.
+    /// Whether the caller is on the runtime's own machine (local mode): only it may name
+    /// the host's files (a source's `workflow_path`).
     pub(crate) fn is_local(&self) -> bool {
         self.remote.is_none()
     }

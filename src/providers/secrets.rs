@@ -8,7 +8,7 @@
 //! Keel's own database URL or an arbitrary file. Which of those a workspace's tenants (its
 //! members and its operators) may name is the runtime operator's grants
 //! (`KEEL_SECRET_GRANTS`): every other allowed reference is the deployment's, and only the
-//! runtime operator writes a preset or a task that names it
+//! runtime operator writes a preset, a source or a task that names it
 //! ([`SecretPolicy::check_for`]).
 
 use keel_api_types::ErrorCode;
@@ -235,8 +235,8 @@ impl SecretPolicy {
 
     /// Whether what `writer` wrote in `workspace` may name `secret`: the runtime operator
     /// any reference the policy allows, a tenant (a member or the org's operator) only
-    /// those granted to its workspace. The one rule for presets, tasks' MCP servers and
-    /// repository credentials, when written and at each use.
+    /// those granted to its workspace. The one rule for presets, sources' tracker keys,
+    /// tasks' MCP servers and repository credentials, when written and at each use.
     pub(crate) fn check_for(
         &self,
         writer: Role,

@@ -183,7 +183,7 @@ pub struct Admission {
     pub(crate) orchestrator: Orchestrator,
     /// Who asked for the run (`runs.requested_by`, whom its approvals must not be resolved
     /// by), when that is not the actor admitting it: the writer of the schedule that fires
-    /// it. None: the admitting actor.
+    /// it, the registrant of the source that imports it. None: the admitting actor.
     pub(crate) requester: Option<Actor>,
 }
 

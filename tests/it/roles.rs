@@ -722,6 +722,90 @@ async fn two_orgs_tracking_one_repository_keep_their_directories_apart() {
     );
 }
 
+/// A GitHub source of `repository` whose tracker token is `api_key`, running `echo`.
+fn keyed_source(repository: &str, api_key: &str) -> String {
+    format!(
+        "---\ntracker:\n  kind: github\n  repository: {repository}\n  api_key: {api_key}\n\
+         task:\n  execution_kind: shell\n  shell_command: echo item\n---\nWork on {{{{ issue.title }}}}\n"
+    )
+}
+
+/// What `c` is told of a source's tracker key: its status's `secret`.
+async fn key_status(c: &Client, source: &str) -> Value {
+    let (status, body) = c
+        .get(&format!("/v1/external-work/sources/{source}/status"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["data"]["secret"].clone()
+}
+
+#[tokio::test]
+async fn a_tenants_tracker_key_is_held_to_its_grants_when_written_and_at_each_poll() {
+    let (_llm, stack) = started().await;
+    // The deployment's token, and org a's granted key named by org b: refused at writing,
+    // to a member and to an org's operator alike.
+    let attempts = [
+        (stack.member("a"), "$GITHUB_TOKEN"),
+        (stack.operator("a"), "env:GITHUB_TOKEN"),
+        (stack.member("b"), "env:ORG_A_API_KEY"),
+        (stack.operator("b"), "$ORG_A_API_KEY"),
+    ];
+    for (c, key) in &attempts {
+        let (status, body) = register(c, &keyed_source("acme/widgets", key)).await;
+        assert_invalid(status, &body);
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with("tracker.api_key"), "{message}");
+        assert!(message.contains("not granted"), "{message}");
+        let sources = c.api.list_sources().await.unwrap().data;
+        assert!(sources.is_empty(), "{key}: {sources:?}");
+    }
+    // Org a's own key is org a's to name; the runtime operator names the deployment's.
+    let member = stack.member("a");
+    let (status, body) = register(&member, &keyed_source("acme/widgets", "$ORG_A_API_KEY")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let registrant = (
+        &body["data"]["registered_by"],
+        &body["data"]["registered_by_role"],
+    );
+    assert_eq!(registrant, (&json!("actor_a"), &json!("member")), "{body}");
+    let source = support::record::<SourceRecord>(&body);
+    let root = stack.runtime_operator("a");
+    let (status, body) = register(&root, &keyed_source("acme/tools", "$GITHUB_TOKEN")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(key_status(&member, &source.id).await["configured"], true);
+
+    // The grant moved to org b: an API started since refuses to use the key, before any
+    // request, and its status no longer says whether the key is set.
+    let ungranted = stack.narrowed(&[("KEEL_SECRET_GRANTS", "org_b=env:ORG_A_API_KEY")]);
+    let (_api, narrowed) = stack.api_with("api-ungranted", &ungranted).await;
+    let reconcile = format!("/v1/external-work/sources/{}/reconcile", source.id);
+    let (status, body) = narrowed.post(&reconcile, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["error_code"], "secret_not_granted", "{body}");
+    let secret = key_status(&narrowed, &source.id).await;
+    assert_eq!(secret["error_code"], "secret_not_granted", "{secret}");
+    assert_eq!(secret["configured"], false, "{secret}");
+    // And so does a worker's background poll.
+    let env: Vec<(&str, &str)> = ungranted.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    let data = stack.dir.path().join("worker-data");
+    let _worker =
+        support::spawn_worker_with_env(&stack.db, stack.dir.path(), "worker", 3000, &data, &env);
+    let background = format!("/v1/external-work/sources/{}/background", source.id);
+    let (status, body) = member.post(&background, json!({ "enabled": true })).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let polled = support::wait_for(Duration::from_secs(60), "a background poll", || async {
+        let polled = member.api.get_source(&source.id).await.unwrap().data;
+        polled.last_poll_at.is_some().then_some(polled)
+    })
+    .await;
+    assert_eq!(
+        polled.last_error_code.as_deref(),
+        Some("secret_not_granted"),
+        "{polled:?}"
+    );
+    stack.assert_no_secret_logged();
+}
+
 #[tokio::test]
 async fn secret_status_answers_a_tenant_only_for_granted_references() {
     let (_llm, stack) = started().await;
@@ -865,6 +949,36 @@ async fn a_schedules_runs_are_requested_by_its_writer_who_cannot_approve_them() 
     let (status, body) = resolve(&stack.runtime_operator("a"), &gate).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(written_by, "operator_a", "the schedule shows its writer");
+}
+
+#[tokio::test]
+async fn an_imported_runs_requester_is_the_sources_registrant() {
+    let (_llm, stack) = started().await;
+    let operator = stack.operator("a");
+    let (status, body) = register(&operator, &workflow(None, "")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let registered_by = body["data"]["registered_by"].clone();
+    let source = support::record::<SourceRecord>(&body);
+    // A member imports the item; the operator's workflow asked for its run.
+    let item = import(
+        &stack.member("a"),
+        &source.id,
+        "open",
+        "2026-11-30T09:00:00Z",
+    )
+    .await;
+    let (task_id, run_id) = (item.task_id.unwrap(), item.run_id.unwrap());
+    let run = operator.run(&task_id, &run_id).await;
+    assert_eq!(run.status, RunStatus::AwaitingApproval, "{run:?}");
+    assert_eq!(run.requested_by.as_deref(), Some("operator_a"), "{run:?}");
+    let gate = gate_of(&operator, &task_id, &run_id).await;
+    refused_resolution(&operator, &gate).await;
+    let (status, body) = resolve(&stack.runtime_operator("a"), &gate).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        registered_by, "operator_a",
+        "the source shows its registrant"
+    );
 }
 
 #[tokio::test]
