@@ -255,10 +255,13 @@ async fn get_provider(
     Ok(Json(object("provider", view(&state, provider).await?)))
 }
 
-/// Changes a provider preset; the last check is cleared.
+/// Changes a provider preset, which becomes the caller's; the last check is cleared. A
+/// preset an operator wrote is an operator's to change (403 for a member), and one the
+/// runtime operator wrote the runtime operator's.
 #[utoipa::path(patch, path = "/providers/{id}", tag = "providers",
     params(("id" = String, Path, description = "The preset's id (`provider_…`)")), request_body = ProviderPatch,
-    responses((status = 200, description = "The preset", body = ObjectEnvelope<ProviderView>)))]
+    responses((status = 200, description = "The preset", body = ObjectEnvelope<ProviderView>),
+              (status = 403, description = "Written by a role above the caller's")))]
 async fn patch_provider(
     State(state): State<AppState>,
     caller: Caller,
@@ -268,8 +271,8 @@ async fn patch_provider(
     let mut tx = state.pool.begin().await?;
     let scope = &caller.scope;
     let current = providers::lock(&mut tx, scope, &id, providers::LockMode::Update).await?;
-    // The whole preset as changed, as this caller writes it: a tenant cannot re-aim the
-    // runtime operator's preset that names the deployment's secrets.
+    current.check_writer(caller.role, "change")?;
+    // The whole preset as changed, as this caller writes it.
     let spec = patched(patch, current.fields()).validate(
         &state.secrets,
         &state.provider_hosts,

@@ -98,6 +98,28 @@ impl ProviderRecord {
             .collect()
     }
 
+    /// Refuses (403) a caller of `role` who would `what` (change, delete) the preset while
+    /// ranking below the role that last wrote it: a member does not undo what an operator
+    /// set up for the org, nor an org's operator what the runtime operator did. An edit
+    /// makes the preset its editor's, so a lower role may not edit it either: it could then
+    /// delete what it made its own.
+    pub(crate) fn check_writer(&self, role: Role, what: &str) -> Result<()> {
+        let writer = Role::stored(&self.written_by_role);
+        if role >= writer {
+            return Ok(());
+        }
+        let who = match writer {
+            Role::RuntimeOperator => "the runtime operator",
+            _ => "an operator",
+        };
+        Err(StoreError::Forbidden(format!(
+            "provider {} was written by {who}; only {who} may {what} it (this identity's role \
+             is {})",
+            self.id,
+            role.as_str()
+        )))
+    }
+
     /// Whether the preset may be used now: the runtime operator's always, a tenant's only
     /// while its secrets are granted to its workspace and its chat host is allowed
     /// ([`crate::providers::check_tenants_use`]). Checked before its secrets resolve.
@@ -272,24 +294,12 @@ pub async fn list(
 }
 
 /// Deletes a preset no media job names, for a `deleter` of at least the role that last
-/// wrote it: a member cannot remove what an operator set up for the org (nor an org's
-/// operator what the runtime operator did). The row lock orders this against a media job
-/// being created for the preset (which holds it `FOR SHARE`) and an edit that changes its
-/// writer.
+/// wrote it ([`ProviderRecord::check_writer`]). The row lock orders this against a media
+/// job being created for the preset (which holds it `FOR SHARE`) and an edit that changes
+/// its writer.
 pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str, deleter: Role) -> Result<()> {
     let preset = lock(&mut *conn, scope, id, LockMode::Update).await?;
-    let writer = Role::stored(&preset.written_by_role);
-    if deleter < writer {
-        let who = match writer {
-            Role::RuntimeOperator => "the runtime operator",
-            _ => "an operator",
-        };
-        return Err(StoreError::Forbidden(format!(
-            "provider {id} was written by {who}; only {who} may delete it (this identity's \
-             role is {})",
-            deleter.as_str()
-        )));
-    }
+    preset.check_writer(deleter, "delete")?;
     let jobs = sqlx::query_scalar!(
         r#"SELECT count(*) AS "count!" FROM media_jobs
            WHERE workspace_id = $1 AND provider_id = $2"#,

@@ -420,17 +420,19 @@ async fn a_member_cannot_send_the_operators_secrets_to_its_listener() {
             "{refused}"
         );
     }
-    // The runtime operator's preset naming its key at the vendor: the member cannot re-aim
-    // it.
+    // The runtime operator's preset naming its key at the vendor: neither the member nor
+    // the org's operator re-aims it.
     let operator = stack.runtime_operator("a");
     let vendor = chat_preset("https://api.openai.com/v1", "env:OPENAI_API_KEY");
     let (status, body) = operator.post("/v1/providers", vendor).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let id = support::record::<ProviderView>(&body).id;
     let url = format!("{}/v1/providers/{id}", stack.base);
-    let patch = member.http.patch(url).json(&json!({ "base_url": mine }));
-    let (status, body) = member.send(patch).await;
-    assert_invalid(status, &body);
+    for c in [&member, &stack.operator("a")] {
+        let patch = c.http.patch(&url).json(&json!({ "base_url": mine }));
+        let (status, body) = c.send(patch).await;
+        assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    }
     let kept = member.api.get_provider(&id).await.unwrap().data;
     assert_eq!(kept.base_url, "https://api.openai.com/v1", "{kept:?}");
     // Nor ask whether the operator's secrets are set.
@@ -1044,9 +1046,20 @@ async fn a_member_cannot_delete_an_operators_preset() {
     let (status, body) = operator.post("/v1/providers", preset.clone()).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let operators = support::record::<ProviderView>(&body).id;
-    let (status, body) = member.delete(&format!("/v1/providers/{operators}")).await;
+    let url = format!("/v1/providers/{operators}");
+    let (status, body) = member.delete(&url).await;
     assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
-    assert!(member.api.get_provider(&operators).await.is_ok());
+    // Nor makes it its own by an edit first (an edit makes a preset its editor's).
+    let patch = member
+        .http
+        .patch(format!("{}{url}", stack.base))
+        .json(&json!({ "enabled": false }));
+    let (status, body) = member.send(patch).await;
+    assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    let (status, body) = member.delete(&url).await;
+    assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    let kept = member.api.get_provider(&operators).await.unwrap().data;
+    assert!(kept.enabled, "{kept:?}");
     // A member's own is the member's to delete; the operator's, an operator's.
     let (status, body) = member.post("/v1/providers", preset).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -1055,4 +1068,23 @@ async fn a_member_cannot_delete_an_operators_preset() {
         let (status, body) = c.delete(&format!("/v1/providers/{id}")).await;
         assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
     }
+    // The runtime operator's is the runtime operator's, whoever else is an operator.
+    let root = stack.runtime_operator("a");
+    let (status, body) = root
+        .post(
+            "/v1/providers",
+            chat_preset("https://api.openai.com/v1", "env:OPENAI_API_KEY"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let deployments = format!(
+        "/v1/providers/{}",
+        support::record::<ProviderView>(&body).id
+    );
+    let (status, body) = operator.delete(&deployments).await;
+    assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("the runtime operator"), "{message}");
+    let (status, body) = root.delete(&deployments).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
 }
