@@ -17,8 +17,9 @@ use keel::domain::Scope;
 use keel::events::Subject;
 use keel::runs::patches;
 use keel_client::{
-    ApprovalStatus, Imported, ItemRecord, ItemState, McpServer, MediaJobRecord, MediaJobStatus,
-    ProviderCheck, ProviderView, Resolution, RunStatus, SourceRecord, TaskDraft, WorkspaceLimits,
+    ActionStatus, ApprovalStatus, Imported, ItemRecord, ItemState, McpServer, MediaJobRecord,
+    MediaJobStatus, Proposed, ProviderCheck, ProviderView, Resolution, RunStatus, SourceRecord,
+    TaskDraft, WorkspaceLimits,
 };
 use keel_workers::agent::Patch;
 use reqwest::StatusCode;
@@ -805,6 +806,55 @@ async fn a_tenants_tracker_key_is_held_to_its_grants_when_written_and_at_each_po
         Some("secret_not_granted"),
         "{polled:?}"
     );
+    stack.assert_no_secret_logged();
+}
+
+/// The key's third use, an approved tracker action's send: a worker started after org a's
+/// grant moved fails the action with `secret_not_granted` before the token is read. (With
+/// the key still usable it would call the tracker's public endpoint, which this machine
+/// cannot reach: another error.)
+#[tokio::test]
+async fn a_tenants_tracker_action_is_refused_at_send_once_its_grant_is_withdrawn() {
+    let (_llm, stack) = started().await;
+    let member = stack.member("a");
+    let markdown = keyed_source("acme/widgets", "$ORG_A_API_KEY");
+    let (status, body) = register(&member, &markdown).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let source = support::record::<SourceRecord>(&body);
+    let item = import(&member, &source.id, "open", "2026-11-30T09:00:00Z").await;
+    let at = format!("/v1/external-work/items/{}/actions", item.id);
+    let comment = json!({ "kind": "comment", "body": "Done." });
+    let (status, body) = member.post(&at, comment).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let Proposed { action, approval } = support::record(&body);
+
+    let ungranted = stack.narrowed(&[("KEEL_SECRET_GRANTS", "org_b=env:ORG_A_API_KEY")]);
+    let env: Vec<(&str, &str)> = ungranted.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    let data = stack.dir.path().join("worker-data");
+    let _worker =
+        support::spawn_worker_with_env(&stack.db, stack.dir.path(), "worker", 3000, &data, &env);
+    let resolve = format!(
+        "/v1/tasks/{}/approvals/{}/resolve",
+        approval.task_id, approval.id
+    );
+    let (status, body) = stack
+        .operator("a")
+        .post(&resolve, json!({ "decision": "approve" }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let ended = support::wait_for(Duration::from_secs(60), "the action to end", || async {
+        let current = member.api.get_action(&action.id).await.unwrap().data;
+        let ended = matches!(current.status, ActionStatus::Failed | ActionStatus::Sent);
+        ended.then_some(current)
+    })
+    .await;
+    assert_eq!(ended.status, ActionStatus::Failed, "{ended:?}");
+    assert_eq!(
+        ended.last_error_code.as_deref(),
+        Some("secret_not_granted"),
+        "{ended:?}"
+    );
+    assert!(ended.response.is_none(), "the tracker answered: {ended:?}");
     stack.assert_no_secret_logged();
 }
 
