@@ -19,7 +19,7 @@ use keel::runs::patches;
 use keel_client::{
     ActionStatus, ApprovalStatus, Imported, ItemRecord, ItemState, McpServer, MediaJobRecord,
     MediaJobStatus, Proposed, ProviderCheck, ProviderView, Resolution, RunStatus, SourceRecord,
-    TaskDraft, WorkspaceLimits,
+    StepStatus, TaskDraft, WorkspaceLimits,
 };
 use keel_workers::agent::Patch;
 use reqwest::StatusCode;
@@ -956,6 +956,62 @@ async fn an_org_operator_is_held_to_the_grants_and_hosts_the_runtime_operator_is
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert!(llm.requests().is_empty(), "a request reached the listener");
+}
+
+/// A tenant's MCP server is checked again by the worker: written where the host was listed,
+/// it is not reached by a worker whose `KEEL_PROVIDER_HOSTS` no longer lists it. Its step
+/// fails with why, nothing reaches the server (not even the granted header), and the run
+/// goes on without its tools.
+#[tokio::test]
+async fn a_tenants_mcp_server_is_not_reached_once_its_host_is_delisted() {
+    let (llm, stack) = started().await;
+    let server = wiremock::MockServer::start().await;
+    // The model is the deployment's, not held to the list; the server's host is listed
+    // (any port of 127.0.0.1) for the API the member writes the task through.
+    let root = stack.runtime_operator("a");
+    let (status, body) = root
+        .post(
+            "/v1/providers",
+            chat_preset(&llm.openai_base(), "env:OPENAI_API_KEY"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let preset = support::record::<ProviderView>(&body).id;
+    let listing = stack.narrowed(&[("KEEL_PROVIDER_HOSTS", "127.0.0.1")]);
+    let (_listing, member) = stack.api_with("api-listing", &listing).await;
+    let remote = McpServer {
+        name: "remote".into(),
+        transport: None,
+        command: None,
+        args: Vec::new(),
+        env: Default::default(),
+        url: Some(format!("{}/mcp", server.uri())),
+        headers: [("Authorization".to_string(), "env:ORG_A_API_KEY".to_string())].into(),
+        approval_policy: None,
+        tools: None,
+    };
+    let draft = TaskDraft {
+        requested_provider: Some(preset),
+        mcp_servers: Some(vec![remote]),
+        ..support::agent_loop("hi")
+    };
+    // The stack's worker lists the model's port alone.
+    let _worker = stack.spawn_worker();
+    let (task_id, run_id) = member.start_task(&draft).await;
+    let run = member
+        .wait_terminal(&task_id, &run_id, Duration::from_secs(60))
+        .await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    let steps = member.api.list_steps(&task_id, &run_id).await.unwrap().data;
+    let step = steps.iter().find(|s| s.name == "mcp_server");
+    let step = step.unwrap_or_else(|| panic!("no mcp_server step: {steps:?}"));
+    assert_eq!(step.status, StepStatus::Failed, "{step:?}");
+    let error = step.error.as_deref().unwrap_or_default();
+    assert!(error.contains("KEEL_PROVIDER_HOSTS"), "{error}");
+    let heard = server.received_requests().await.unwrap_or_default();
+    assert!(heard.is_empty(), "a request reached the MCP server");
+    assert_eq!(llm.requests().len(), 1, "the run called its model");
+    stack.assert_no_secret_logged();
 }
 
 /// The run `task_id`'s schedule started: waits until it exists.
