@@ -809,6 +809,45 @@ async fn a_tenants_tracker_key_is_held_to_its_grants_when_written_and_at_each_po
     stack.assert_no_secret_logged();
 }
 
+/// A source's tracker endpoint is the tracker's public one for a tenant: aimed elsewhere,
+/// even with the org's own key, registering is 403 and nothing is stored. The runtime
+/// operator aims one at the deployment's own tracker, and its poll carries the
+/// deployment's token there.
+#[tokio::test]
+async fn only_the_runtime_operator_aims_a_source_at_another_endpoint() {
+    let (_llm, stack) = started().await;
+    let tracker = wiremock::MockServer::start().await;
+    let aimed = |key: &str| {
+        keyed_source("acme/widgets", key).replacen(
+            "  kind: github\n",
+            &format!("  kind: github\n  endpoint: {}\n", tracker.uri()),
+            1,
+        )
+    };
+    for c in [stack.member("a"), stack.operator("a")] {
+        let (status, body) = register(&c, &aimed("$ORG_A_API_KEY")).await;
+        assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with("tracker.endpoint"), "{message}");
+        assert!(c.api.list_sources().await.unwrap().data.is_empty());
+    }
+    let root = stack.runtime_operator("a");
+    let (status, body) = register(&root, &aimed("$GITHUB_TOKEN")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let source = support::record::<SourceRecord>(&body);
+    let poll = format!("/v1/external-work/sources/{}/poll", source.id);
+    let (status, body) = root.post(&poll, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let heard = tracker.received_requests().await.unwrap_or_default();
+    assert!(!heard.is_empty(), "the poll reached no tracker: {body}");
+    let authorization = heard[0].headers.get("authorization").unwrap();
+    assert_eq!(
+        authorization.to_str().unwrap(),
+        format!("Bearer {OPERATOR_GITHUB}")
+    );
+    stack.assert_no_secret_logged();
+}
+
 /// The key's third use, an approved tracker action's send: a worker started after org a's
 /// grant moved fails the action with `secret_not_granted` before the token is read. (With
 /// the key still usable it would call the tracker's public endpoint, which this machine
