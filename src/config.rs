@@ -137,9 +137,10 @@ pub struct Common {
     pub sandbox: SandboxArgs,
 
     /// Hosts a media preset's `base_url` may name beside the vendor's documented ones
-    /// (api.openai.com; ark.ap-southeast.bytepluses.com, ark.cn-beijing.volces.com): a
-    /// comma list of host names or IP addresses, checked when a preset is written and
-    /// before each vendor call.
+    /// (api.openai.com; ark.ap-southeast.bytepluses.com, ark.cn-beijing.volces.com), and
+    /// the only hosts besides the chat APIs' (api.openai.com, api.anthropic.com) a tenant's
+    /// chat preset or MCP server may aim at: a comma list of host names or IP addresses,
+    /// with an optional port, checked when a preset or task is written and before each use.
     #[arg(
         long,
         env = "KEEL_PROVIDER_HOSTS",
@@ -455,10 +456,11 @@ pub struct SecretArgs {
           value_delimiter = ',', global = true)]
     pub secret_file_roots: Vec<PathBuf>,
 
-    /// What each workspace's members may name in a preset: a comma list of
+    /// What each workspace's tenants (its members and its operators) may name in a preset,
+    /// a source's tracker key, an MCP server or a repository credential: a comma list of
     /// `WORKSPACE=REFERENCE` (`org_a=env:OPENAI_API_KEY`, `org_a=env:ORG_A_*`). Every other
-    /// reference the policy allows is the operator's: only an operator writes a preset
-    /// that names it. Unset: members name no secret.
+    /// reference the policy allows is the deployment's: only the runtime operator writes a
+    /// preset, a source or a task that names it. Unset: tenants name no secret.
     #[arg(long, env = "KEEL_SECRET_GRANTS", value_delimiter = ',', global = true)]
     pub secret_grants: Vec<String>,
 }
@@ -600,9 +602,9 @@ pub struct AuthArgs {
     #[arg(long, env = "KEEL_REMOTE_SHARED_SECRET", hide_env_values = true)]
     pub remote_shared_secret: Option<Redacted>,
 
-    /// The header form's `X-Keel-Role` (`member` or `operator`) counts: set it only when
-    /// the proxy sets that header itself and drops the clients'. Off: every caller of the
-    /// header form is a member.
+    /// The header form's `X-Keel-Role` (`member`, `operator` or `runtime_operator`)
+    /// counts: set it only when the proxy sets that header itself and drops the clients'.
+    /// Off: every caller of the header form is a member.
     #[arg(long, env = "KEEL_REMOTE_ROLE_HEADER", action = clap::ArgAction::SetTrue,
           value_parser = BoolishValueParser::new())]
     pub remote_role_header: bool,

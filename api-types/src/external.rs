@@ -167,6 +167,14 @@ pub struct SourceRecord {
     pub last_error_code: Option<String>,
     pub last_error: Option<String>,
     pub last_error_at: Option<DateTime<Utc>>,
+    /// The actor who registered the source: the requester of the runs of the items it
+    /// imports, whoever polls. Null for a source registered before registrants were
+    /// recorded (its runs are requested by whoever polls or imports).
+    pub registered_by: Option<String>,
+    /// The registrant's role: `member`, `operator` or `runtime_operator`. The tracker's
+    /// `api_key` of a source a tenant (member or operator) registered must stay granted to
+    /// the workspace at every poll, reconcile and action send (`secret_not_granted`).
+    pub registered_by_role: String,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }

@@ -39,8 +39,8 @@ pub struct RemoteIdentity {
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Session {
-    /// `operator` (always in local mode) or `member`: what the caller may do (in remote
-    /// mode, the identity's `role`).
+    /// `member`, `operator` (of the org) or `runtime_operator` (the deployment's own; always
+    /// in local mode): what the caller may do (in remote mode, the identity's `role`).
     #[schema(example = "operator")]
     pub role: String,
     /// The actor this request acts as (`local` in local mode).

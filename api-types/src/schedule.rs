@@ -114,7 +114,8 @@ fn schedule_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
     "id": "sched_01a22b05d4cc7d6e8f9a0b1c2d3e4f5a", "task_id": "task_01a22b05c3e1734c9d7a0f2b6e41d890",
     "kind": "cron", "timezone": "Europe/Madrid", "run_at": null, "cron_expression": "0 9 * * 1-5",
     "enabled": true, "next_run_at": "2026-12-01T08:00:00Z", "revision": 3,
-    "created_at": "2026-11-30T09:00:00Z", "updated_at": "2026-11-30T09:00:00Z"
+    "written_by": "alice", "created_at": "2026-11-30T09:00:00Z",
+    "updated_at": "2026-11-30T09:00:00Z"
 }))]
 pub struct ScheduleRecord {
     pub id: String,
@@ -130,6 +131,11 @@ pub struct ScheduleRecord {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_run_at: Option<DateTime<Utc>>,
     pub revision: i64,
+    /// The actor who last wrote the schedule: the requester of every run it starts, so
+    /// they cannot approve those runs themselves. Null for a schedule last written before
+    /// writers were recorded whose writer the audit trail does not show: its runs are
+    /// requested by `system`.
+    pub written_by: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     /// The workspace the schedule (and the runs it creates) belongs to.

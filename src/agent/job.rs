@@ -286,7 +286,8 @@ async fn prepare(
         .mcp_servers
         .as_ref()
         .map_or(&[][..], |s| s.0.as_slice());
-    let mcp = mcp::plan(servers, row.written_by, scope.workspace(), &agent.secrets);
+    let rules = (&agent.secrets, &agent.provider_hosts);
+    let mcp = mcp::plan(servers, row.written_by, scope.workspace(), rules);
     Ok(Ok(Setup {
         plan,
         model: ChatModel::new(primary, fallbacks, RetryPolicy::default()),

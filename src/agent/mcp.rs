@@ -1,9 +1,9 @@
 //! A run's MCP servers as its worker reaches them: the task's servers with their secrets
-//! checked against the task writer's grants and resolved ([`plan`]), then started or
-//! reached inside the attempt, all at once under one deadline, each recorded as an
-//! `mcp_server` step with the tools it offers or why it offers none ([`connect`]). Whether
-//! a stdio server may start at all was decided at the run's admission: its approval gates
-//! (`approvals::ApprovalPolicy::gates_for_mcp_servers`).
+//! and hosts checked against what the task's writer may name and reach, and the secrets
+//! resolved ([`plan`]), then started or reached inside the attempt, all at once under one
+//! deadline, each recorded as an `mcp_server` step with the tools it offers or why it
+//! offers none ([`connect`]). Whether a stdio server may start at all was decided at the
+//! run's admission: its approval gates (`approvals::ApprovalPolicy::gates_for_mcp_servers`).
 
 use keel_api_types::{MAX_MCP_TOOLS_PER_SERVER, McpApprovalPolicy, McpServer, McpTransport};
 use keel_workers::agent::mcp::{Limits, McpTools, Server, ServerConfig, Transport};
@@ -13,8 +13,9 @@ use serde_json::json;
 use std::time::Duration;
 
 use crate::domain::Role;
+use crate::providers::ProviderHosts;
 use crate::providers::secrets::SecretPolicy;
-use crate::tasks::resolve_secret;
+use crate::tasks::{check_mcp_server_host, resolve_secret};
 
 /// A server as the attempt will treat it: to be reached, or not, with why.
 pub(crate) enum Planned {
@@ -29,12 +30,13 @@ pub(crate) enum Planned {
 }
 
 /// The task's servers, with every secret checked against what the task's writer may name
-/// in `workspace` (the grants may have narrowed since it was written) and resolved.
+/// in `workspace` and every http server's host against what it may reach (the grants and
+/// the host list may have narrowed since it was written), and the secrets resolved.
 pub(crate) fn plan(
     servers: &[McpServer],
     written_by: Role,
     workspace: &str,
-    policy: &SecretPolicy,
+    (policy, hosts): (&SecretPolicy, &ProviderHosts),
 ) -> Vec<Planned> {
     servers
         .iter()
@@ -46,7 +48,7 @@ pub(crate) fn plan(
             if policy_of == Some(McpApprovalPolicy::Block) {
                 return Planned::Blocked(server.name.clone());
             }
-            match resolve(server, written_by, workspace, policy) {
+            match resolve(server, written_by, workspace, (policy, hosts)) {
                 Ok(transport) => Planned::Reach(ServerConfig {
                     name: server.name.clone(),
                     transport,
@@ -66,7 +68,7 @@ fn resolve(
     server: &McpServer,
     written_by: Role,
     workspace: &str,
-    policy: &SecretPolicy,
+    (policy, hosts): (&SecretPolicy, &ProviderHosts),
 ) -> Result<Transport, String> {
     let resolved = |field: &str, named: &std::collections::BTreeMap<String, String>| {
         named
@@ -84,10 +86,16 @@ fn resolve(
             args: server.args.clone(),
             env: resolved("env", &server.env)?,
         }),
-        _ => Ok(Transport::Http {
-            url: server.url.clone().unwrap_or_default(),
-            headers: resolved("headers", &server.headers)?,
-        }),
+        _ => {
+            let url = server.url.clone().unwrap_or_default();
+            if !written_by.is_runtime_operator() {
+                check_mcp_server_host(&url, hosts)?;
+            }
+            Ok(Transport::Http {
+                url,
+                headers: resolved("headers", &server.headers)?,
+            })
+        }
     }
 }
 

@@ -57,6 +57,7 @@ pub(super) async fn admit(
         schedule: None,
         conversation_base,
         orchestrator: Orchestrator::Worker,
+        requester: None,
     };
     let mut tx = state.pool.begin().await?;
     let (scope, actor) = (&caller.scope, &caller.actor());

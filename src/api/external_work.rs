@@ -18,7 +18,7 @@ use crate::api::extract::{ApiJson, ApiQuery, OptionalJson};
 use crate::api::{
     ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object, page_limit,
 };
-use crate::domain::Caller;
+use crate::domain::{Caller, Invalid, Scope};
 use crate::external;
 use crate::external::actions::ActionRecord;
 use crate::external::actions::job::Proposed;
@@ -28,8 +28,9 @@ use crate::external::poll;
 use crate::external::poll::{DEFAULT_LIMIT, Pass, PollSummary};
 use crate::external::read;
 use crate::external::tracker::{self, Poller};
-use crate::external::workflow::{Workflow, WorkflowError};
+use crate::external::workflow::{Tracker, Workflow, WorkflowError};
 use crate::external::{ItemRecord, SourceRecord, WorkflowOrigin};
+use crate::providers::secrets::{SecretPolicy, SecretStatus};
 
 pub(crate) fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -60,7 +61,7 @@ async fn render(
     // The document refuses NUL in every string a request carries (the rule other bodies
     // get from PostgreSQL); a render stores nothing, so it is checked here.
     if let Some(field) = nul_field(&request) {
-        return Err(crate::domain::Invalid::new(
+        return Err(Invalid::new(
             field,
             "holds a NUL character (\\u0000), which the API refuses",
         )
@@ -129,16 +130,33 @@ async fn create_source(
             .map_err(ApiError::Forbidden)?;
     }
     let tracker = tracker::tracker(&workflow)?;
-    // A remote caller could otherwise send the operator's token to a host of its choosing.
-    if !caller.is_local() && tracker.endpoint != tracker.kind.default_endpoint() {
+    // A tenant could otherwise send the source's token to a host of its choosing.
+    if !caller.role.is_runtime_operator() && tracker.endpoint != tracker.kind.default_endpoint() {
         return Err(ApiError::Forbidden(
-            "tracker.endpoint: only the tracker's public endpoint in remote mode".into(),
+            "tracker.endpoint: only the runtime operator aims a source at an endpoint other \
+             than the tracker's public one"
+                .into(),
         ));
     }
+    // Checked again at every poll, reconcile and send (`tracker::usable_key`), as a
+    // preset's secrets are at each use.
+    if let Some(key) = &tracker.api_key {
+        state
+            .secrets
+            .check_for(caller.role, caller.scope.workspace(), key)
+            .map_err(|message| Invalid::new("tracker.api_key", message))?;
+    }
     let mut conn = state.pool.acquire().await?;
-    let kind = tracker.kind.as_str();
-    let (source, created) =
-        external::insert_source(&mut conn, &caller.scope, kind, &tracker.target(), &origin).await?;
+    let target = (tracker.kind.as_str(), tracker.target());
+    let registrant = (&caller.actor(), caller.role);
+    let (source, created) = external::insert_source(
+        &mut conn,
+        &caller.scope,
+        (target.0, &target.1),
+        &origin,
+        registrant,
+    )
+    .await?;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -243,8 +261,7 @@ async fn source_status(
     let tracker = loaded.as_ref().ok().and_then(|w| w.config.tracker.clone());
     let secret = tracker
         .as_ref()
-        .and_then(|t| t.api_key.as_ref())
-        .map(|key| key.status(&state.secrets));
+        .and_then(|t| key_status(t, (&source, &caller.scope), &state.secrets));
     let workflow = WorkflowHealth {
         path: source.workflow_path.clone(),
         valid: loaded.is_ok() && tracker.is_some(),
@@ -290,6 +307,27 @@ async fn source_status(
         last_errors,
     };
     Ok(Json(object("external_work_status", status)))
+}
+
+/// Whether the tracker's key resolves, as a poll would find it: a key its registrant may no
+/// longer name is `secret_not_granted` and never looked at, so the status tells a tenant
+/// nothing of a secret its workspace was not granted. Blocking: it may read a file.
+fn key_status(
+    tracker: &Tracker,
+    source: (&SourceRecord, &Scope),
+    secrets: &SecretPolicy,
+) -> Option<SecretStatus> {
+    let key = tracker.api_key.as_ref()?;
+    Some(match tracker::usable_key(tracker, source, secrets) {
+        Ok(_) => key.status(secrets),
+        Err(refused) => SecretStatus {
+            r#ref: key.to_string(),
+            kind: key.kind().to_string(),
+            configured: false,
+            error_code: Some(refused.code.to_string()),
+            message: Some(refused.message),
+        },
+    })
 }
 
 /// Lists a source's items, oldest first.

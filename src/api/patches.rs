@@ -1,5 +1,6 @@
 //! A run's patches: the file changes its agent tools made or proposed (patch artifacts),
-//! and what an operator does with them: revert, apply a proposal, discard one. Reverting
+//! and what an operator who did not request the run does with them: revert, apply a
+//! proposal, discard one (as for an approval: a second person decides). Reverting
 //! and applying write the run's workspace, so it works only where this API process
 //! shares the worker's data directory (`keel serve`, or one `KEEL_DATA_DIR` on a shared
 //! volume); elsewhere it answers 409 `workspace_unavailable`.
@@ -19,6 +20,7 @@ use crate::api::{
     ApiError, AppState, ListEnvelope, ObjectEnvelope, PageQuery, list, object as envelope,
     page_limit,
 };
+use crate::approvals;
 use crate::domain::Caller;
 use crate::events::Subject;
 use crate::runs::job::workspace_dir;
@@ -114,10 +116,13 @@ fn detail(row: PatchRow, patch: Patch) -> PatchDetail {
 /// only if the file is still exactly what the patch left; 409 `conflict` when it changed
 /// since (the workspace is left untouched), when the patch is not applied, or while the
 /// run is active; 409 `workspace_unavailable` when this process cannot reach the run's
-/// workspace (it does not share the worker's data directory).
+/// workspace (it does not share the worker's data directory); 403 `forbidden` for a member,
+/// and for the run's requester unless they may approve their own (local mode,
+/// `KEEL_ALLOW_SELF_APPROVAL`).
 #[utoipa::path(post, path = "/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}/revert", tag = "runs",
     params(("task_id" = String, Path), ("run_id" = String, Path), ("artifact_id" = String, Path)),
     responses((status = 200, description = "The reverted patch", body = ObjectEnvelope<PatchDetail>),
+              (status = 403, description = "A member, or the run's requester"),
               (status = 409, description = "Drift, not applied, an active run, or no workspace here")))]
 async fn revert_patch(
     State(state): State<AppState>,
@@ -130,10 +135,12 @@ async fn revert_patch(
 /// Writes a proposed patch's content (removes the file when the proposal deletes it), only
 /// if the file is still exactly what it was when the patch was proposed; 409 `conflict`
 /// when it changed since (the workspace is left untouched), when the patch is not
-/// proposed, or while the run is active; 409 `workspace_unavailable` as for a revert.
+/// proposed, or while the run is active; 409 `workspace_unavailable` as for a revert; 403
+/// for a member or the run's requester, as for a revert.
 #[utoipa::path(post, path = "/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}/apply", tag = "runs",
     params(("task_id" = String, Path), ("run_id" = String, Path), ("artifact_id" = String, Path)),
     responses((status = 200, description = "The applied patch", body = ObjectEnvelope<PatchDetail>),
+              (status = 403, description = "A member, or the run's requester"),
               (status = 409, description = "Drift, not proposed, an active run, or no workspace here")))]
 async fn apply_patch(
     State(state): State<AppState>,
@@ -144,10 +151,11 @@ async fn apply_patch(
 }
 
 /// Drops a proposed patch; its file is never touched. 409 `conflict` when the patch is not
-/// proposed or while the run is active.
+/// proposed or while the run is active; 403 for a member or the run's requester.
 #[utoipa::path(post, path = "/tasks/{task_id}/runs/{run_id}/patches/{artifact_id}/discard", tag = "runs",
     params(("task_id" = String, Path), ("run_id" = String, Path), ("artifact_id" = String, Path)),
     responses((status = 200, description = "The discarded patch", body = ObjectEnvelope<PatchDetail>),
+              (status = 403, description = "A member, or the run's requester"),
               (status = 409, description = "Not proposed, or an active run")))]
 async fn discard_patch(
     State(state): State<AppState>,
@@ -157,18 +165,28 @@ async fn discard_patch(
     change(&state, &caller, ids, PatchAction::Discard).await
 }
 
-/// Carries out `action` on a patch of an ended run: the file written (for a revert or an
-/// apply) while the patch's row is locked, so a concurrent change waits and then sees the
-/// new status; the status and its event committed after.
+/// Carries out `action` on a patch of an ended run, for an operator other than the run's
+/// requester (403 otherwise): the file written (for a revert or an apply) while the
+/// patch's row is locked, so a concurrent change waits and then sees the new status; the
+/// status and its event committed after.
 async fn change(
     state: &AppState,
     caller: &Caller,
     (task_id, run_id, artifact_id): (String, String, String),
     action: PatchAction,
 ) -> Result<Json<ObjectEnvelope<PatchDetail>>> {
+    caller
+        .require_operator("apply, revert or discard a run's patches")
+        .map_err(ApiError::Forbidden)?;
     let scope = &caller.scope;
     let mut tx = state.pool.begin().await?;
     let run = runs::get(&mut tx, scope, &task_id, &run_id).await?;
+    let approver = approvals::Approver {
+        actor: caller.actor(),
+        may_approve_own: state.auth.may_approve_own(caller),
+    };
+    let what = "apply, revert or discard its patches";
+    approvals::check_approver(run.requested_by.as_deref(), &approver, what)?;
     let task = tasks::get(&mut tx, scope, &task_id).await?;
     let mut row = patches::get(&mut tx, scope, &run_id, &artifact_id, true).await?;
     if !run.status().is_terminal() {

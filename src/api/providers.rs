@@ -255,10 +255,13 @@ async fn get_provider(
     Ok(Json(object("provider", view(&state, provider).await?)))
 }
 
-/// Changes a provider preset; the last check is cleared.
+/// Changes a provider preset, which becomes the caller's; the last check is cleared. A
+/// preset an operator wrote is an operator's to change (403 for a member), and one the
+/// runtime operator wrote the runtime operator's.
 #[utoipa::path(patch, path = "/providers/{id}", tag = "providers",
     params(("id" = String, Path, description = "The preset's id (`provider_…`)")), request_body = ProviderPatch,
-    responses((status = 200, description = "The preset", body = ObjectEnvelope<ProviderView>)))]
+    responses((status = 200, description = "The preset", body = ObjectEnvelope<ProviderView>),
+              (status = 403, description = "Written by a role above the caller's")))]
 async fn patch_provider(
     State(state): State<AppState>,
     caller: Caller,
@@ -268,8 +271,8 @@ async fn patch_provider(
     let mut tx = state.pool.begin().await?;
     let scope = &caller.scope;
     let current = providers::lock(&mut tx, scope, &id, providers::LockMode::Update).await?;
-    // The whole preset as changed, as this caller writes it: a member cannot re-aim an
-    // operator's preset that names the operator's secrets.
+    current.check_writer(caller.role, "change")?;
+    // The whole preset as changed, as this caller writes it.
     let spec = patched(patch, current.fields()).validate(
         &state.secrets,
         &state.provider_hosts,
@@ -280,17 +283,20 @@ async fn patch_provider(
     Ok(Json(object("provider", view(&state, provider).await?)))
 }
 
-/// Deletes a provider preset that no media job names.
+/// Deletes a provider preset that no media job names; a preset an operator wrote is an
+/// operator's to delete (403 for a member), and one the runtime operator wrote the runtime
+/// operator's.
 #[utoipa::path(delete, path = "/providers/{id}", tag = "providers",
     params(("id" = String, Path, description = "The preset's id (`provider_…`)")),
-    responses((status = 204, description = "Deleted")))]
+    responses((status = 204, description = "Deleted"),
+              (status = 403, description = "Written by a role above the caller's")))]
 async fn delete_provider(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode> {
     let mut tx = state.pool.begin().await?;
-    providers::delete(&mut tx, &caller.scope, &id).await?;
+    providers::delete(&mut tx, &caller.scope, &id, caller.role).await?;
     tx.commit().await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -415,7 +421,7 @@ fn readiness(
     if let Some(Err(message)) = vendor.map(|v| hosts.check(v, &provider.base_url)) {
         return ("provider_host_not_allowed", message);
     }
-    // A member's preset whose grants or chat host were withdrawn since it was written.
+    // A tenant's preset whose grants or chat host were withdrawn since it was written.
     if let Err(unresolved) = provider.check_use(secrets, hosts) {
         return (unresolved.code.as_str(), unresolved.message);
     }
@@ -443,7 +449,8 @@ fn readiness(
 #[into_params(parameter_in = Query)]
 struct SecretQuery {
     /// The reference: `env:NAME`, `file:/absolute/path` or `keychain:NAME`. Only
-    /// references the operator's secret policy allows are looked at (422 for others).
+    /// references the secret policy allows are looked at (422 for others), and for a
+    /// tenant only those granted to its workspace.
     #[param(
         pattern = "^(env:[A-Za-z_][A-Za-z0-9_]*|file:/[^\\u0000]*|keychain:[^\\u0000]{1,200})$"
     )]
@@ -454,9 +461,9 @@ struct SecretQuery {
 }
 
 /// Whether a secret reference resolves in this process; never its value. Only references
-/// the secret policy allows are looked at (422 for others), and for a member only those
-/// its workspace was granted, so the route cannot tell whether an arbitrary file or
-/// variable exists.
+/// the secret policy allows are looked at (422 for others), and for a tenant (a member or
+/// the org's operator) only those its workspace was granted, so the route cannot tell a
+/// tenant whether an arbitrary file or the deployment's variables exist.
 #[utoipa::path(get, path = "/secrets/status", tag = "providers", params(SecretQuery),
     responses((status = 200, description = "The status", body = ObjectEnvelope<SecretStatus>)))]
 async fn secret_status(
@@ -473,13 +480,10 @@ async fn secret_status(
     }
     let secret = SecretRef::parse(&query.r#ref)
         .map_err(|message| ApiError::invalid(format!("ref {message}")))?;
-    let checked = match caller.is_operator() {
-        true => state.secrets.check(&secret),
-        false => state
-            .secrets
-            .check_granted(caller.scope.workspace(), &secret),
-    };
-    checked.map_err(|message| Invalid::new("ref", message))?;
+    state
+        .secrets
+        .check_for(caller.role, caller.scope.workspace(), &secret)
+        .map_err(|message| Invalid::new("ref", message))?;
     let status = off_runtime(&state, move |s| secret.status(s)).await?;
     Ok(Json(object("secret_status", status)))
 }

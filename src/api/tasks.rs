@@ -66,7 +66,8 @@ async fn create_task(
     }
     task.check_workspace(&state.rules.workspace_roots)?;
     tasks::refuse_nesting(&mut *state.pool.acquire().await?, &task).await?;
-    task.written_as(caller.role, &state.secrets, caller.scope.workspace())?;
+    let rules = (&*state.secrets, &*state.provider_hosts);
+    task.written_as(caller.role, rules, caller.scope.workspace())?;
     task.check_commands(&state.rules.mcp_stdio_commands)
         .map_err(ApiError::Forbidden)?;
     let (scope, actor) = (&caller.scope, &caller.actor());

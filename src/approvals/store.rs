@@ -282,13 +282,18 @@ async fn requester(
     Ok(requested_by.flatten())
 }
 
-/// Refuses an approver deciding their own request, unless they may.
-fn check_approver(requested_by: Option<&str>, approver: &Approver) -> Result<()> {
+/// Refuses an approver deciding their own request (to `what`: resolve its approval, apply
+/// a run's patches), unless they may: a second person sees what runs on the workers.
+pub(crate) fn check_approver(
+    requested_by: Option<&str>,
+    approver: &Approver,
+    what: &str,
+) -> Result<()> {
     let own = requested_by == Some(approver.actor.to_string().as_str());
     if own && !approver.may_approve_own {
         return Err(StoreError::Forbidden(format!(
-            "{} requested this; someone else must resolve its approval \
-             (KEEL_ALLOW_SELF_APPROVAL lets requesters resolve their own)",
+            "{} requested this; someone else must {what} (KEEL_ALLOW_SELF_APPROVAL lets \
+             requesters decide their own)",
             approver.actor
         )));
     }
@@ -308,6 +313,7 @@ pub async fn decidable(
     check_approver(
         requester(conn, scope, approval_id).await?.as_deref(),
         approver,
+        "resolve its approval",
     )?;
     Ok(found)
 }

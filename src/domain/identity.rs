@@ -73,15 +73,26 @@ impl Scope {
 
 pub(crate) use keel_api_types::{IdentityForm, RemoteIdentity};
 
-/// What a caller may do. A member works in its workspace: tasks, runs, schedules,
-/// presets with the secrets its workspace was granted, sources without hooks or roots. An
-/// operator also resolves approvals, sets limits, registers sources with hooks or
-/// `workspace.root`, and writes presets that name secrets not granted to the workspace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// What a caller may do, in three levels: each may what the one before it may.
+///
+/// - A member works in its workspace: tasks, runs, schedules, presets, sources and MCP
+///   servers naming only the secrets its workspace was granted and aimed only at allowed
+///   hosts, sources without hooks or roots.
+/// - An operator runs its org (a tenant): it also resolves approvals and applies patches
+///   of other people's requests, sets its workspace's limits and approval policy, and
+///   registers sources with hooks or `workspace.root`. Within its grants, as a member: the
+///   runtime's secrets and its hosts are not the tenant's.
+/// - The runtime operator is the deployment's own: the local caller, and a remote identity
+///   the signer marks `runtime_operator`. Only it names secrets not granted to the
+///   workspace, and aims presets, sources and MCP servers at hosts off the allowlist.
+///
+/// Ordered by level, so "at least the role that wrote it" is a comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub enum Role {
     #[default]
     Member,
     Operator,
+    RuntimeOperator,
 }
 
 impl Role {
@@ -89,16 +100,31 @@ impl Role {
         match self {
             Role::Member => "member",
             Role::Operator => "operator",
+            Role::RuntimeOperator => "runtime_operator",
         }
     }
 
-    /// The role a `role` claim or `X-Keel-Role` header names; absent means member.
+    /// The role a `role` claim or `X-Keel-Role` header names (or a row stores); absent
+    /// means member.
     pub(crate) fn parse(value: Option<&str>) -> Option<Role> {
         match value {
             None | Some("member") => Some(Role::Member),
             Some("operator") => Some(Role::Operator),
+            Some("runtime_operator") => Some(Role::RuntimeOperator),
             Some(_) => None,
         }
+    }
+
+    /// The role a stored `written_by_role` names; a value this build does not know counts
+    /// as a member's, which holds the row to the most rules.
+    pub(crate) fn stored(value: &str) -> Role {
+        Role::parse(Some(value)).unwrap_or(Role::Member)
+    }
+
+    /// Whether this role may name any secret the secret policy allows and aim at any host:
+    /// the deployment's own operator only.
+    pub(crate) fn is_runtime_operator(self) -> bool {
+        self == Role::RuntimeOperator
     }
 }
 
@@ -109,7 +135,8 @@ pub struct Caller {
     pub scope: Scope,
     /// Present in remote mode.
     pub(crate) remote: Option<RemoteIdentity>,
-    /// The local caller is always an operator; a remote one is what its identity says.
+    /// The local caller is always the runtime operator; a remote one is what its identity
+    /// says.
     pub(crate) role: Role,
 }
 
@@ -120,7 +147,7 @@ impl Caller {
             actor_id: LOCAL_ACTOR.into(),
             scope: Scope::local(),
             remote: None,
-            role: Role::Operator,
+            role: Role::RuntimeOperator,
         }
     }
 
@@ -136,13 +163,13 @@ impl Caller {
 
     /// Whether the caller may do what only operators do (see [`Role`]): the local caller
     /// (who could stop the process or read its database anyway), and remote callers whose
-    /// identity carries the operator role.
+    /// identity carries the operator or the runtime operator role.
     pub(crate) fn is_operator(&self) -> bool {
-        self.role == Role::Operator
+        self.role >= Role::Operator
     }
 
-    /// Whether the caller is on the runtime's own side of the API (local mode): only it
-    /// may name the host's files or aim the operator's tracker token at another endpoint.
+    /// Whether the caller is on the runtime's own machine (local mode): only it may name
+    /// the host's files (a source's `workflow_path`).
     pub(crate) fn is_local(&self) -> bool {
         self.remote.is_none()
     }
@@ -153,7 +180,8 @@ impl Caller {
             return Ok(());
         }
         Err(format!(
-            "only an operator may {what}; this identity's role is member"
+            "only an operator may {what}; this identity's role is {}",
+            self.role.as_str()
         ))
     }
 
@@ -178,6 +206,19 @@ mod tests {
         assert_eq!(name("."), "%2E");
         assert_eq!(name("a..b"), "a..b");
         assert!(!name("../x").contains('/'));
+    }
+
+    #[test]
+    fn roles_parse_and_rank_by_level() {
+        assert_eq!(Role::parse(None), Some(Role::Member));
+        for role in [Role::Member, Role::Operator, Role::RuntimeOperator] {
+            assert_eq!(Role::parse(Some(role.as_str())), Some(role));
+        }
+        assert_eq!(Role::parse(Some("root")), None);
+        assert_eq!(Role::stored("root"), Role::Member);
+        assert!(Role::Member < Role::Operator && Role::Operator < Role::RuntimeOperator);
+        assert!(Caller::local().role.is_runtime_operator());
+        assert!(!Role::Operator.is_runtime_operator());
     }
 
     #[test]

@@ -219,6 +219,7 @@ pub(crate) async fn stop_claimed_run(
 /// `blocked` with the reason, one without a slot `discovered` with `no_free_slot`. With
 /// `workspace.root`, an item that is not `ready` is only marked `workspace_preparing`: its
 /// workspace is prepared outside the transaction (see [`workspace`]), then this starts it.
+/// The run is requested by the source's registrant; `actor` is who admits it.
 pub(crate) async fn start(
     conn: &mut sqlx::PgConnection,
     poller: &Poller,
@@ -272,6 +273,7 @@ pub(crate) async fn start(
     let record = tasks::insert(conn, scope, &task, actor).await?;
     let mut admission = Admission::new(Origin::Start);
     admission.reason = Some(format!("external work item {}", issue.identifier));
+    admission.requester = external::registrant(conn, scope, &item.source_id).await?;
     let run = match runs::admit(conn, scope, &record.id, admission, &poller.rules, actor).await? {
         Admitted::New(run) | Admitted::Replayed(run) => run,
     };
@@ -378,6 +380,7 @@ pub(crate) async fn retry(
     tasks::set_prompt(conn, scope, task_id, &prompt).await?;
     let mut admission = Admission::new(Origin::Retry(run_id.clone()));
     admission.reason = Some(format!("retry {attempt} of {}", item.identifier));
+    admission.requester = external::registrant(conn, scope, &item.source_id).await?;
     let run = match runs::admit(conn, scope, task_id, admission, &poller.rules, actor).await? {
         Admitted::New(run) | Admitted::Replayed(run) => run,
     };

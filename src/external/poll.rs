@@ -170,7 +170,7 @@ impl Imports<'_> {
             summary.failed("rate_limited", message);
             return Ok(());
         }
-        let token = match token(tracker, &self.poller.secrets) {
+        let token = match token(tracker, (self.source, self.scope), &self.poller.secrets) {
             Ok(token) => token,
             Err(unresolved) => {
                 summary.failed(unresolved.code.as_str(), unresolved.message);

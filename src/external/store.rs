@@ -12,7 +12,7 @@ pub(crate) use keel_api_types::{ItemRecord, SourceRecord};
 
 use crate::attempt::JobKind;
 use crate::db::{Result, StoreError};
-use crate::domain::{Scope, new_id};
+use crate::domain::{Actor, Role, Scope, new_id};
 use crate::queue::{self, Locked};
 
 /// `query_as!` of [`SourceRecord`]s: `$before` (up to its `SELECT` or `RETURNING`), then the
@@ -24,8 +24,8 @@ macro_rules! query_sources {
             $before
                 + r#" id, tracker_kind, target, workflow_markdown, workflow_path,
                       etags AS "etags: Etags", backoff_until, background_enabled, last_poll_at,
-                      last_poll, last_error_code, last_error, last_error_at, created_at,
-                      updated_at "#
+                      last_poll, last_error_code, last_error, last_error_at, registered_by,
+                      registered_by_role, created_at, updated_at "#
                 + $after
             $(, $arg)*
         )
@@ -84,13 +84,14 @@ pub(crate) enum WorkflowOrigin {
     Path(String),
 }
 
-/// Registers a source; the same target again returns the existing one (and false).
+/// Registers a source as `registrant` (its actor and role); the same target again returns
+/// the existing one (and false), its registrant unchanged.
 pub(crate) async fn insert_source(
     conn: &mut PgConnection,
     scope: &Scope,
-    tracker_kind: &str,
-    target: &str,
+    (tracker_kind, target): (&str, &str),
     workflow: &WorkflowOrigin,
+    (registrant, role): (&Actor, Role),
 ) -> Result<(SourceRecord, bool)> {
     let (markdown, path) = match workflow {
         WorkflowOrigin::Markdown(text) => (Some(text), None),
@@ -98,8 +99,9 @@ pub(crate) async fn insert_source(
     };
     let inserted = query_sources!(
         "INSERT INTO external_sources (id, workspace_id, tracker_kind, target,
-                                       workflow_markdown, workflow_path)
-         VALUES ($1, $2, $3, $4, $5, $6)
+                                       workflow_markdown, workflow_path, registered_by,
+                                       registered_by_role)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
          ON CONFLICT (workspace_id, target) DO NOTHING
          RETURNING",
         "",
@@ -109,6 +111,8 @@ pub(crate) async fn insert_source(
         target,
         markdown,
         path,
+        registrant.to_string(),
+        role.as_str(),
     )
     .fetch_optional(&mut *conn)
     .await?;
@@ -126,6 +130,23 @@ pub(crate) async fn insert_source(
             Ok((existing, false))
         }
     }
+}
+
+/// Who requests the runs of a source's items: its registrant, when recorded. The runs of
+/// a workflow are asked for by whoever registered it, whoever (or whatever) polls it.
+pub(crate) async fn registrant(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+) -> Result<Option<Actor>> {
+    let registered_by = sqlx::query_scalar!(
+        "SELECT registered_by FROM external_sources WHERE workspace_id = $1 AND id = $2",
+        scope.workspace(),
+        source_id,
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(registered_by.flatten().map(Actor::Person))
 }
 
 pub(crate) async fn get_source(

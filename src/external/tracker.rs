@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use keel_api_types::ErrorCode;
 use keel_workers::media::Secret;
 use reqwest::header::{self, HeaderMap};
 use serde_json::Value;
@@ -15,11 +16,12 @@ use sqlx::PgPool;
 
 use crate::artifacts::content::ContentStore;
 use crate::db::StoreError;
+use crate::domain::{Role, Scope};
 use crate::external::SourceRecord;
 #[cfg(test)]
 use crate::external::workflow::TrackerKind;
 use crate::external::workflow::{Issue, Tracker, Workflow, WorkflowError};
-use crate::providers::secrets::{SecretPolicy, Unresolved};
+use crate::providers::secrets::{SecretPolicy, SecretRef, Unresolved};
 use crate::runs::AdmissionRules;
 
 /// A rate limit that says nothing about when it lifts waits this long.
@@ -100,16 +102,41 @@ pub(crate) struct Candidate {
     pub(crate) issue: Issue,
 }
 
-/// The tracker's token, resolved now (it is never kept): None when the workflow names
-/// none.
+/// The tracker's `api_key` of `source` (in `scope`) as it may be used now: None when the
+/// workflow names none; `secret_not_granted`, nothing read, when a tenant registered the
+/// source and its workspace is no longer granted the key. Checked before every use, since
+/// the grants may have narrowed since the source was registered.
+pub(crate) fn usable_key<'t>(
+    tracker: &'t Tracker,
+    (source, scope): (&SourceRecord, &Scope),
+    secrets: &SecretPolicy,
+) -> Result<Option<&'t SecretRef>, Unresolved> {
+    let Some(key) = &tracker.api_key else {
+        return Ok(None);
+    };
+    let registrant = Role::stored(&source.registered_by_role);
+    // The runtime operator's key meets the policy alone, in `resolve` (`secret_not_allowed`).
+    if !registrant.is_runtime_operator() {
+        let workspace = scope.workspace();
+        secrets
+            .check_for(registrant, workspace, key)
+            .map_err(|message| Unresolved {
+                code: ErrorCode::SecretNotGranted,
+                message: format!("tracker.api_key: {message}"),
+            })?;
+    }
+    Ok(Some(key))
+}
+
+/// The tracker's token of `source` (in `scope`), resolved now (it is never kept): None
+/// when the workflow names none (see [`usable_key`]).
 pub(crate) fn token(
     tracker: &Tracker,
+    source: (&SourceRecord, &Scope),
     secrets: &SecretPolicy,
 ) -> Result<Option<Secret>, Unresolved> {
-    tracker
-        .api_key
-        .as_ref()
-        .map(|r| r.resolve(secrets))
+    usable_key(tracker, source, secrets)?
+        .map(|key| key.resolve(secrets))
         .transpose()
 }
 

@@ -15,7 +15,7 @@ use crate::providers::{Api, ProviderHosts};
 /// Unresolved codes: `provider_disabled`, `invalid_request` (not a chat preset: only
 /// the [`CHAT_APIS`] are), `model_not_configured`, and the
 /// secrets' own (`secret_missing`, `secret_not_allowed`, …). A preset without an
-/// `api_key_ref` calls without a key (a model served locally). A member's preset whose
+/// `api_key_ref` calls without a key (a model served locally). A tenant's preset whose
 /// secrets are no longer granted or whose host is no longer allowed is
 /// `secret_not_granted` or `provider_host_not_allowed`, before any secret resolves.
 pub(crate) fn chat_config(
@@ -122,7 +122,7 @@ mod tests {
             created_at: chrono::Utc::now(),
             updated_at: chrono::Utc::now(),
             workspace_id: "default".into(),
-            written_by_role: "operator".into(),
+            written_by_role: "runtime_operator".into(),
         }
     }
 
@@ -207,7 +207,7 @@ mod tests {
     }
 
     #[test]
-    fn a_members_preset_is_checked_again_at_use() {
+    fn a_tenants_preset_is_checked_again_at_use() {
         let granted = SecretPolicy::new(vec!["ORG_A_*".into()], vec![])
             .with_grants(&["org_a=env:ORG_A_KEY".into()])
             .unwrap();
@@ -237,8 +237,14 @@ mod tests {
         header.secret_header_refs =
             Json(BTreeMap::from([("x-k".into(), "env:ORG_A_OTHER".into())]));
         assert_eq!(code(&header, &granted, &listed), Some("secret_not_granted"));
-        // An operator's preset names the operator's secrets and any host.
+        // An org operator's preset is a tenant's too.
         member.written_by_role = "operator".into();
+        assert_eq!(
+            code(&member, &withdrawn, &listed),
+            Some("secret_not_granted")
+        );
+        // The runtime operator's names the deployment's secrets and any host.
+        member.written_by_role = "runtime_operator".into();
         assert_eq!(
             code(&member, &withdrawn, &ProviderHosts::default()),
             Some("secret_missing")

@@ -74,8 +74,8 @@ pub struct ProviderSpec {
     pub(crate) input: Vec<String>,
     pub(crate) compat: serde_json::Map<String, serde_json::Value>,
     pub(crate) enabled: bool,
-    /// The writer's role: a member's preset is checked again at each use
-    /// ([`check_members_use`]).
+    /// The writer's role: a tenant's preset is checked again at each use
+    /// ([`check_tenants_use`]).
     pub(crate) written_by: Role,
 }
 
@@ -99,24 +99,23 @@ pub struct ProviderFields {
 
 impl ProviderFields {
     /// Checks the fields as `writer` writes them; every secret reference must also be one
-    /// `secrets` allows, and a media preset's host one `hosts` allows. A member's preset
-    /// (a tenant's) may name only the secrets its workspace was granted, and a chat
-    /// preset's host must be one `hosts` allows too: an operator's chat preset may aim at
-    /// any host, since the operator owns the secrets it sends.
+    /// `secrets` allows, and a media preset's host one `hosts` allows. A tenant's preset
+    /// (a member's or an org operator's) may name only the secrets its workspace was
+    /// granted, and a chat preset's host must be one `hosts` allows too: only the runtime
+    /// operator's chat preset may aim at any host, since the deployment owns the secrets it
+    /// sends.
     pub fn validate(
         self,
         secrets: &SecretPolicy,
         hosts: &ProviderHosts,
         writer: &Caller,
     ) -> Result<ProviderSpec, Invalid> {
-        let member = !writer.is_operator();
+        let tenant = !writer.role.is_runtime_operator();
         let workspace = writer.scope.workspace();
-        let secret_ref = |value: &str| match member {
-            true => SecretRef::parse(value).and_then(|parsed| {
-                secrets.check_granted(workspace, &parsed)?;
-                Ok(parsed)
-            }),
-            false => secret_ref(value, secrets),
+        let secret_ref = |value: &str| {
+            let parsed = SecretRef::parse(value)?;
+            secrets.check_for(writer.role, workspace, &parsed)?;
+            Ok::<_, String>(parsed)
         };
         let kind = slug("kind", self.kind)?;
         let api = Api::parse(&self.api).ok_or_else(|| {
@@ -149,7 +148,7 @@ impl ProviderFields {
             hosts
                 .check(vendor, &base_url)
                 .map_err(|m| Invalid::new("base_url", m))?;
-        } else if member && api != Api::MediaJob {
+        } else if tenant && api != Api::MediaJob {
             hosts
                 .check_chat(&base_url)
                 .map_err(|m| Invalid::new("base_url", m))?;
@@ -179,13 +178,14 @@ impl ProviderFields {
     }
 }
 
-/// Whether a member's preset may still be used as stored, under the settings of the
-/// process about to use it: every secret it names is granted to its `workspace`, and a
-/// chat preset's host is one `hosts` allows. The grants and the host list may have
-/// narrowed since the preset was written, and the member's check then was the API's; an
-/// operator's preset is not held to them (the operator owns the secrets it names). Nothing
-/// is read: a refused preset resolves no secret and calls no host.
-pub(crate) fn check_members_use<'a>(
+/// Whether a tenant's preset (a member's or an org operator's) may still be used as
+/// stored, under the settings of the process about to use it: every secret it names is
+/// granted to its `workspace`, and a chat preset's host is one `hosts` allows. The grants
+/// and the host list may have narrowed since the preset was written, and the tenant's check
+/// then was the API's; the runtime operator's preset is not held to them (the deployment
+/// owns the secrets it names). Nothing is read: a refused preset resolves no secret and
+/// calls no host.
+pub(crate) fn check_tenants_use<'a>(
     workspace: &str,
     api: Api,
     base_url: &str,
@@ -209,13 +209,6 @@ pub(crate) fn check_members_use<'a>(
         code: ErrorCode::ProviderHostNotAllowed,
         message,
     })
-}
-
-/// A well-formed reference the policy allows.
-fn secret_ref(value: &str, policy: &SecretPolicy) -> Result<SecretRef, String> {
-    let parsed = SecretRef::parse(value)?;
-    policy.check(&parsed)?;
-    Ok(parsed)
 }
 
 fn required(field: &'static str, value: String) -> Result<String, Invalid> {
@@ -272,7 +265,7 @@ fn documented_hosts(vendor: Vendor) -> &'static [&'static str] {
     }
 }
 
-/// The chat APIs' documented hosts, for a member's chat preset.
+/// The chat APIs' documented hosts, for a tenant's chat preset.
 const CHAT_HOSTS: [&str; 2] = ["api.openai.com", "api.anthropic.com"];
 
 /// A host the operator lists, with the one port it may be called on (any, when unset).
@@ -308,8 +301,8 @@ impl ListedHost {
 /// port 443, plus those the operator lists (`KEEL_PROVIDER_HOSTS`) on their port (any when
 /// the entry names none), over https, or over http when the host is a loopback address.
 /// Media presets are checked by the API when written and by the worker before each call,
-/// since the list may have narrowed; members' chat presets when written and again at each
-/// use ([`check_members_use`]).
+/// since the list may have narrowed; tenants' chat presets when written and again at each
+/// use ([`check_tenants_use`]).
 #[derive(Debug, Clone, Default)]
 pub struct ProviderHosts {
     extra: Vec<ListedHost>,
@@ -330,9 +323,14 @@ impl ProviderHosts {
         self.check_url(vendor.as_str(), documented_hosts(vendor), base_url)
     }
 
-    /// A member's chat preset's host.
+    /// A tenant's chat preset's host.
     pub(crate) fn check_chat(&self, base_url: &str) -> Result<(), String> {
         self.check_url("a chat api", &CHAT_HOSTS, base_url)
+    }
+
+    /// A host only the list allows, for `who` (a tenant's MCP server): none is documented.
+    pub(crate) fn check_listed(&self, who: &str, url: &str) -> Result<(), String> {
+        self.check_url(who, &[], url)
     }
 
     fn check_url(&self, who: &str, documented: &[&str], base_url: &str) -> Result<(), String> {
@@ -359,12 +357,17 @@ impl ProviderHosts {
         if documented.contains(&host.as_str()) && https && port == Some(443) {
             return Ok(());
         }
+        let (scheme, port) = (url.scheme(), port.map_or("none".into(), |p| p.to_string()));
+        let documents = match documented {
+            [] => format!("{who} may reach only the hosts KEEL_PROVIDER_HOSTS lists"),
+            _ => format!(
+                "not a host {who} documents ({}, over https on port 443)",
+                documented.join(", ")
+            ),
+        };
         Err(format!(
-            "{host} (over {}, port {}) is not a host {who} documents ({}, over https on \
-             port 443); an operator must list it in KEEL_PROVIDER_HOSTS",
-            url.scheme(),
-            port.map_or("none".into(), |p| p.to_string()),
-            documented.join(", ")
+            "{host} (over {scheme}, port {port}): {documents}; the runtime operator must list \
+             it in KEEL_PROVIDER_HOSTS"
         ))
     }
 }
@@ -659,7 +662,7 @@ mod tests {
         assert!(refused("https://ark.cn-beijing.volces.com:8443/api/v3", &none).is_some());
     }
 
-    fn member() -> Caller {
+    fn remote(role: crate::domain::Role) -> Caller {
         let identity = crate::domain::identity::RemoteIdentity {
             actor_id: "alice".into(),
             org_id: "org_a".into(),
@@ -668,7 +671,7 @@ mod tests {
             name: None,
             form: crate::domain::identity::IdentityForm::Headers,
         };
-        Caller::remote(identity, crate::domain::Role::Member)
+        Caller::remote(identity, role)
     }
 
     fn chat(base_url: &str, key: &str) -> ProviderFields {
@@ -684,18 +687,33 @@ mod tests {
     }
 
     #[test]
-    fn an_operators_chat_preset_aims_anywhere_a_members_only_at_allowed_hosts() {
+    fn the_runtime_operators_chat_preset_aims_anywhere_a_tenants_only_at_allowed_hosts() {
         let granted = SecretPolicy::default()
             .with_grants(&["org_a=env:ORG_A_API_KEY".into()])
             .unwrap();
         let none = ProviderHosts::default();
         let local = chat("http://127.0.0.1:8317/v1", "env:OPENAI_API_KEY");
-        assert!(local.validate(&granted, &none, &Caller::local()).is_ok());
+        assert!(
+            local
+                .clone()
+                .validate(&granted, &none, &Caller::local())
+                .is_ok()
+        );
+        let runtime_operator = remote(crate::domain::Role::RuntimeOperator);
+        assert!(local.validate(&granted, &none, &runtime_operator).is_ok());
         let refused = |fields: ProviderFields, hosts: &ProviderHosts| {
-            fields
-                .validate(&granted, hosts, &member())
+            let member = fields
+                .clone()
+                .validate(&granted, hosts, &remote(crate::domain::Role::Member))
                 .err()
-                .map(|e| e.field)
+                .map(|e| e.field);
+            // An org's operator is a tenant too: held to the same grants and hosts.
+            let operator = fields
+                .validate(&granted, hosts, &remote(crate::domain::Role::Operator))
+                .err()
+                .map(|e| e.field);
+            assert_eq!(member, operator);
+            member
         };
         let own = "env:ORG_A_API_KEY";
         assert_eq!(
@@ -712,7 +730,7 @@ mod tests {
             refused(chat("http://127.0.0.1:8317/v1", own), &listed),
             None
         );
-        // The operator's key is not the member's to name, wherever it would go.
+        // The deployment's key is not the tenant's to name, wherever it would go.
         let operators = chat("https://api.openai.com/v1", "env:OPENAI_API_KEY");
         assert_eq!(refused(operators, &none), Some("api_key_ref"));
         let mut header = chat("https://api.openai.com/v1", own);

@@ -5,9 +5,11 @@
 //!
 //! Which references may be used at all is the operator's [`SecretPolicy`]: whoever can
 //! write a preset can send its credential to any URL, so a preset must not be able to name
-//! Keel's own database URL or an arbitrary file. Which of those a workspace's members may
-//! name is the operator's grants (`KEEL_SECRET_GRANTS`): every other allowed reference is
-//! the operator's, and only an operator writes a preset that names it.
+//! Keel's own database URL or an arbitrary file. Which of those a workspace's tenants (its
+//! members and its operators) may name is the runtime operator's grants
+//! (`KEEL_SECRET_GRANTS`): every other allowed reference is the deployment's, and only the
+//! runtime operator writes a preset, a source or a task that names it
+//! ([`SecretPolicy::check_for`]).
 
 use keel_api_types::ErrorCode;
 use std::io::Read;
@@ -17,6 +19,8 @@ use std::path::{Component, Path, PathBuf};
 
 pub(crate) use keel_api_types::SecretStatus;
 use keel_workers::media::Secret;
+
+use crate::domain::Role;
 
 /// Largest secret file read; a credential is small, and a wrong path should not load a
 /// large file into memory.
@@ -229,7 +233,23 @@ impl SecretPolicy {
         Ok(self)
     }
 
-    /// Whether `workspace`'s members may name `secret`: the policy allows it and a grant
+    /// Whether what `writer` wrote in `workspace` may name `secret`: the runtime operator
+    /// any reference the policy allows, a tenant (a member or the org's operator) only
+    /// those granted to its workspace. The one rule for presets, sources' tracker keys,
+    /// tasks' MCP servers and repository credentials, when written and at each use.
+    pub(crate) fn check_for(
+        &self,
+        writer: Role,
+        workspace: &str,
+        secret: &SecretRef,
+    ) -> Result<(), String> {
+        match writer.is_runtime_operator() {
+            true => self.check(secret),
+            false => self.check_granted(workspace, secret),
+        }
+    }
+
+    /// Whether `workspace`'s tenants may name `secret`: the policy allows it and a grant
     /// of that workspace matches it.
     pub(crate) fn check_granted(&self, workspace: &str, secret: &SecretRef) -> Result<(), String> {
         self.check(secret)?;
@@ -242,8 +262,8 @@ impl SecretPolicy {
             return Ok(());
         }
         Err(format!(
-            "{secret} is not granted to workspace {workspace} (KEEL_SECRET_GRANTS); only an \
-             operator may name it"
+            "{secret} is not granted to workspace {workspace} (KEEL_SECRET_GRANTS); only the \
+             runtime operator may name it"
         ))
     }
 
@@ -436,6 +456,23 @@ mod tests {
         assert!(
             wide.check_granted("org_a", &env("KEEL_RUNTIME_TOKEN"))
                 .is_err()
+        );
+        // Only the runtime operator names what was not granted; an org's operator does not.
+        let operators = env("GITHUB_TOKEN");
+        assert!(
+            policy
+                .check_for(Role::Operator, "org_a", &operators)
+                .is_err()
+        );
+        assert!(
+            policy
+                .check_for(Role::RuntimeOperator, "org_a", &operators)
+                .is_ok()
+        );
+        assert!(
+            policy
+                .check_for(Role::Operator, "org_a", &env("ORG_A_API_KEY"))
+                .is_ok()
         );
         for bad in ["org_a", "=env:X", "org_a="] {
             assert!(

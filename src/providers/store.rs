@@ -56,7 +56,7 @@ pub struct ProviderRecord {
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) updated_at: DateTime<Utc>,
     pub(crate) workspace_id: String,
-    /// `member` or `operator` (the table's check constraint).
+    /// `member`, `operator` or `runtime_operator` (the table's check constraint).
     pub(crate) written_by_role: String,
 }
 
@@ -98,20 +98,42 @@ impl ProviderRecord {
             .collect()
     }
 
-    /// Whether the preset may be used now: an operator's always, a member's only while
-    /// its secrets are granted to its workspace and its chat host is allowed
-    /// ([`crate::providers::check_members_use`]). Checked before its secrets resolve.
+    /// Refuses (403) a caller of `role` who would `what` (change, delete) the preset while
+    /// ranking below the role that last wrote it: a member does not undo what an operator
+    /// set up for the org, nor an org's operator what the runtime operator did. An edit
+    /// makes the preset its editor's, so a lower role may not edit it either: it could then
+    /// delete what it made its own.
+    pub(crate) fn check_writer(&self, role: Role, what: &str) -> Result<()> {
+        let writer = Role::stored(&self.written_by_role);
+        if role >= writer {
+            return Ok(());
+        }
+        let who = match writer {
+            Role::RuntimeOperator => "the runtime operator",
+            _ => "an operator",
+        };
+        Err(StoreError::Forbidden(format!(
+            "provider {} was written by {who}; only {who} may {what} it (this identity's role \
+             is {})",
+            self.id,
+            role.as_str()
+        )))
+    }
+
+    /// Whether the preset may be used now: the runtime operator's always, a tenant's only
+    /// while its secrets are granted to its workspace and its chat host is allowed
+    /// ([`crate::providers::check_tenants_use`]). Checked before its secrets resolve.
     pub(crate) fn check_use(
         &self,
         secrets: &SecretPolicy,
         hosts: &ProviderHosts,
     ) -> Result<(), Unresolved> {
-        if Role::parse(Some(&self.written_by_role)) == Some(Role::Operator) {
+        if Role::stored(&self.written_by_role).is_runtime_operator() {
             return Ok(());
         }
         let headers = self.secret_headers().into_iter().map(|(_, secret)| secret);
         let named: Vec<SecretRef> = self.api_key().into_iter().chain(headers).collect();
-        crate::providers::check_members_use(
+        crate::providers::check_tenants_use(
             &self.workspace_id,
             self.api(),
             &self.base_url,
@@ -271,10 +293,13 @@ pub async fn list(
     Ok(rows)
 }
 
-/// Deletes a preset no media job names. The row lock orders this against a media job
-/// being created for the preset (which holds it `FOR SHARE`).
-pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
-    lock(&mut *conn, scope, id, LockMode::Update).await?;
+/// Deletes a preset no media job names, for a `deleter` of at least the role that last
+/// wrote it ([`ProviderRecord::check_writer`]). The row lock orders this against a media
+/// job being created for the preset (which holds it `FOR SHARE`) and an edit that changes
+/// its writer.
+pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str, deleter: Role) -> Result<()> {
+    let preset = lock(&mut *conn, scope, id, LockMode::Update).await?;
+    preset.check_writer(deleter, "delete")?;
     let jobs = sqlx::query_scalar!(
         r#"SELECT count(*) AS "count!" FROM media_jobs
            WHERE workspace_id = $1 AND provider_id = $2"#,

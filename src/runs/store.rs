@@ -181,6 +181,10 @@ pub struct Admission {
     /// ([`crate::runs::client`]: running at once, never queued; Keel executes nothing of it,
     /// so no gate applies).
     pub(crate) orchestrator: Orchestrator,
+    /// Who asked for the run (`runs.requested_by`, whom its approvals must not be resolved
+    /// by), when that is not the actor admitting it: the writer of the schedule that fires
+    /// it, the registrant of the source that imports it. None: the admitting actor.
+    pub(crate) requester: Option<Actor>,
 }
 
 /// Who carries a run out.
@@ -209,6 +213,7 @@ impl Admission {
             schedule: None,
             conversation_base: None,
             orchestrator: Orchestrator::Worker,
+            requester: None,
         }
     }
 }
@@ -667,7 +672,7 @@ async fn insert_decided(
                                lineage_kind, from_model_call_index, conversation_base,
                                requested_by)
              SELECT $1, $2, run_count, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,
-                    $18, $19, $20, $17
+                    $18, $19, $20, $35
              FROM counted
              RETURNING *
          ), audit AS (
@@ -724,6 +729,7 @@ async fn insert_decided(
         &batch.data as &[serde_json::Value],
         decided_by.is_some(),
         decided_by.and_then(|policy| policy.revision),
+        admission.requester.as_ref().unwrap_or(actor).to_string(),
     )
     .fetch_optional(&mut *conn)
     .await;
@@ -928,7 +934,7 @@ macro_rules! run_with_task {
             run: run_record!($row),
             task: $row.task.0,
             hooks: $row.hooks.0,
-            written_by: Role::parse(Some(&$row.written_by_role)).unwrap_or_default(),
+            written_by: Role::stored(&$row.written_by_role),
         }
     };
 }

@@ -9,7 +9,8 @@
 //!    under a fresh token, and advance `next_run_at` and the revision.
 //! 3. **Resolve** (one transaction per claim): lock the task row, then the occurrence if the
 //!    token still holds it, and admit the run through `runs::admit`, the path a manual start
-//!    takes. A refusal because a run is active makes the occurrence `skipped`; any other
+//!    takes, requested by the schedule's last writer (so they cannot approve it, as they
+//!    could not approve a run they started by hand). A refusal because a run is active makes the occurrence `skipped`; any other
 //!    refusal makes it `failed` with the reason. The run and the occurrence's outcome
 //!    commit together, so an occurrence never has two runs.
 //!
@@ -127,7 +128,8 @@ async fn resolve(
     if !schedules::lock_claim(&mut tx, claim).await? {
         return Ok(None);
     }
-    let outcome = admit(&mut tx, &scope, rules, claim).await?;
+    let writer = schedules::writer(&mut tx, &scope, &claim.schedule_id).await?;
+    let outcome = admit(&mut tx, &scope, rules, claim, writer).await?;
     let occurrence =
         schedules::resolve(&mut tx, &scope, &claim.occurrence_id, &outcome, now).await?;
     tx.commit().await?;
@@ -135,12 +137,14 @@ async fn resolve(
 }
 
 /// Admits the run inside a savepoint, so that a refusal, even one the database raised,
-/// leaves the transaction usable for recording why.
+/// leaves the transaction usable for recording why. Keel admits it (`system` in the audit
+/// trail); the schedule's `writer` requested it.
 async fn admit(
     conn: &mut PgConnection,
     scope: &Scope,
     rules: &AdmissionRules,
     claim: &Claim,
+    writer: Option<String>,
 ) -> Result<Outcome> {
     let mut savepoint = conn.begin().await?;
     let admission = Admission {
@@ -149,6 +153,7 @@ async fn admit(
             schedule_occurrence_id: claim.occurrence_id.clone(),
             scheduled_for: claim.scheduled_for,
         }),
+        requester: writer.map(Actor::Person),
         ..Admission::new(Origin::Start)
     };
     match runs::admit(

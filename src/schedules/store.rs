@@ -27,7 +27,7 @@ macro_rules! query_schedules {
             ScheduleRecord,
             $before
                 + " id, task_id, kind, timezone, run_at, cron_expression, enabled, next_run_at,
-                   revision, created_at, updated_at, workspace_id "
+                   revision, written_by, created_at, updated_at, workspace_id "
                 + $after
             $(, $arg)*
         )
@@ -182,10 +182,12 @@ pub async fn list(
     Ok(rows)
 }
 
-/// Creates or replaces the task's schedule. A replacement keeps the id, `created_at` and
-/// the occurrence history and bumps the revision. When the client says which revision it
-/// read and the schedule has moved on since (an edit, or a dispatch that advanced it), the
-/// edit is refused rather than applied over a state the client never saw.
+/// Creates or replaces the task's schedule as `actor` writes it. A replacement keeps the
+/// id, `created_at` and the occurrence history and bumps the revision; either way `actor`
+/// becomes the schedule's writer, the requester of the runs it starts from now on. When the
+/// client says which revision it read and the schedule has moved on since (an edit, or a
+/// dispatch that advanced it), the edit is refused rather than applied over a state the
+/// client never saw.
 pub async fn put(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -219,13 +221,13 @@ pub async fn put(
     let next_run_at = new.next_run_at(now);
     let schedule = query_schedules!(
         "INSERT INTO task_schedules (id, task_id, kind, timezone, run_at, cron_expression,
-                                     enabled, next_run_at, workspace_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                                     enabled, next_run_at, workspace_id, written_by)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
          ON CONFLICT (task_id) DO UPDATE SET
              kind = EXCLUDED.kind, timezone = EXCLUDED.timezone, run_at = EXCLUDED.run_at,
              cron_expression = EXCLUDED.cron_expression, enabled = EXCLUDED.enabled,
              next_run_at = EXCLUDED.next_run_at, revision = task_schedules.revision + 1,
-             updated_at = now()
+             written_by = EXCLUDED.written_by, updated_at = now()
          RETURNING",
         "",
         new_id("sched"),
@@ -237,6 +239,7 @@ pub async fn put(
         next_run_at.is_some(),
         next_run_at,
         scope.workspace(),
+        actor.to_string(),
     )
     .fetch_one(&mut *conn)
     .await?;
@@ -511,6 +514,24 @@ pub async fn lock_claim(conn: &mut PgConnection, claim: &Claim) -> Result<bool> 
     .fetch_optional(conn)
     .await?;
     Ok(held.is_some())
+}
+
+/// Who requests the runs of a schedule: its last writer, if known. Read once the claim is
+/// locked (behind the task row, which every edit takes first), so it is the writer of the
+/// schedule the run is admitted under.
+pub(crate) async fn writer(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    schedule_id: &str,
+) -> Result<Option<String>> {
+    let writer = sqlx::query_scalar!(
+        "SELECT written_by FROM task_schedules WHERE workspace_id = $1 AND id = $2",
+        scope.workspace(),
+        schedule_id,
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(writer.flatten())
 }
 
 /// Ends a claim (locked with [`lock_claim`]) with its outcome.

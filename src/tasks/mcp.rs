@@ -1,10 +1,11 @@
 //! A task's `mcp_servers`: checked once at creation (names, one transport each, a secret
 //! reference for every environment value and header, the limits) and stored as written,
-//! with the transport and approval policy filled in. Who may name which secret is checked
-//! at creation against the writer's role, and again by the worker before each attempt
-//! resolves them ([`check_secrets`]): the grants may have narrowed in between. Who may name
-//! which program as a stdio server ([`StdioCommands`]) is checked at creation and again at
-//! each run's admission, for the same reason.
+//! with the transport and approval policy filled in. Who may name which secret, and reach
+//! which host, is checked at creation against the writer's role ([`check_secrets`],
+//! [`check_hosts`]), and again by the worker before each attempt resolves them: the grants
+//! and the host list may have narrowed in between. Who may name which program as a stdio
+//! server ([`StdioCommands`]) is checked at creation and again at each run's admission, for
+//! the same reason.
 
 use keel_api_types::{
     MAX_MCP_ARG_BYTES as MAX_ARG_BYTES, MAX_MCP_ARGS as MAX_ARGS,
@@ -14,8 +15,8 @@ use keel_api_types::{
 
 use keel_workers::agent::mcp::{alias, is_tool_name};
 
-use super::writer::check_secret;
 use crate::domain::{Invalid, Role};
+use crate::providers::ProviderHosts;
 use crate::providers::secrets::{SecretPolicy, SecretRef, is_env_name};
 
 /// The servers checked and normalized: `transport` and `approval_policy` always set.
@@ -201,9 +202,9 @@ impl StdioCommands {
     }
 
     /// Refuses (with the reason) a stdio server whose program a task written by `writer`
-    /// may not name: an operator's task names any.
+    /// may not name: an operator's task (the org's or the runtime operator's) names any.
     pub(crate) fn check(&self, servers: &[McpServer], writer: Role) -> Result<(), String> {
-        if writer == Role::Operator {
+        if writer >= Role::Operator {
             return Ok(());
         }
         let unlisted = servers.iter().filter(|s| is_stdio(s)).find(|server| {
@@ -241,8 +242,8 @@ fn secret_refs(servers: &[McpServer]) -> Vec<(String, SecretRef)> {
         .collect()
 }
 
-/// Whether a task written by `writer` in `workspace` may name these servers' secrets: an
-/// operator any the policy allows, a member only those granted to its workspace.
+/// Whether a task written by `writer` in `workspace` may name these servers' secrets: the
+/// runtime operator any the policy allows, a tenant only those granted to its workspace.
 pub(crate) fn check_secrets(
     servers: &[McpServer],
     policy: &SecretPolicy,
@@ -250,10 +251,35 @@ pub(crate) fn check_secrets(
     workspace: &str,
 ) -> Result<(), String> {
     for (place, secret) in secret_refs(servers) {
-        check_secret(&secret, policy, writer, workspace)
+        policy
+            .check_for(writer, workspace, &secret)
             .map_err(|why| format!("server {place}: {why}"))?;
     }
     Ok(())
+}
+
+/// Whether a task written by `writer` may have its worker reach these http servers: the
+/// runtime operator at any host, a tenant only at one `KEEL_PROVIDER_HOSTS` lists (the
+/// worker, not the run's sandbox, connects, with the headers' secrets).
+pub(crate) fn check_hosts(
+    servers: &[McpServer],
+    hosts: &ProviderHosts,
+    writer: Role,
+) -> Result<(), String> {
+    if writer.is_runtime_operator() {
+        return Ok(());
+    }
+    for server in servers {
+        if let Some(url) = &server.url {
+            check_host(url, hosts).map_err(|why| format!("server {}: {why}", server.name))?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether a tenant's http server at `url` may be reached: its host listed.
+pub(crate) fn check_host(url: &str, hosts: &ProviderHosts) -> Result<(), String> {
+    hosts.check_listed("an MCP server", url)
 }
 
 #[cfg(test)]
@@ -366,7 +392,9 @@ mod tests {
             refused.contains("\"/bin/sh\"") && refused.contains("KEEL_MCP_STDIO_COMMANDS"),
             "{refused}"
         );
-        assert!(listed.check(&servers("/bin/sh"), Role::Operator).is_ok());
+        for operator in [Role::Operator, Role::RuntimeOperator] {
+            assert!(listed.check(&servers("/bin/sh"), operator).is_ok());
+        }
         let nothing = StdioCommands::default();
         assert!(
             nothing
@@ -393,7 +421,29 @@ mod tests {
     }
 
     #[test]
-    fn a_member_names_only_granted_secrets() {
+    fn a_tenant_reaches_only_listed_hosts() {
+        let at = |url: &str| McpServer {
+            command: None,
+            url: Some(url.into()),
+            ..stdio("remote")
+        };
+        let listed = ProviderHosts::new(["mcp.example.com".to_string()]);
+        let none = ProviderHosts::default();
+        let public = [at("https://mcp.example.com/mcp")];
+        for tenant in [Role::Member, Role::Operator] {
+            assert!(check_hosts(&public, &listed, tenant).is_ok());
+            let refused = check_hosts(&public, &none, tenant).unwrap_err();
+            assert!(refused.contains("KEEL_PROVIDER_HOSTS"), "{refused}");
+            let plain = [at("http://mcp.example.com/mcp")];
+            assert!(check_hosts(&plain, &listed, tenant).is_err(), "https only");
+        }
+        assert!(check_hosts(&public, &none, Role::RuntimeOperator).is_ok());
+        // A stdio server is reached by no one but the sandbox that runs it.
+        assert!(check_hosts(&[stdio("time")], &none, Role::Member).is_ok());
+    }
+
+    #[test]
+    fn a_tenant_names_only_granted_secrets() {
         let policy = SecretPolicy::new(vec!["*_TOKEN".into()], Vec::new())
             .with_grants(&["org_a=env:ORG_A_*".into()])
             .unwrap();
@@ -406,9 +456,11 @@ mod tests {
         assert!(check_secrets(&granted, &policy, Role::Member, "org_b").is_err());
         let operators = [with("env:GITHUB_TOKEN")];
         assert!(check_secrets(&operators, &policy, Role::Member, "org_a").is_err());
-        assert!(check_secrets(&operators, &policy, Role::Operator, "org_a").is_ok());
+        assert!(check_secrets(&operators, &policy, Role::Operator, "org_a").is_err());
+        assert!(check_secrets(&operators, &policy, Role::RuntimeOperator, "org_a").is_ok());
         let reserved = [with("env:DATABASE_URL")];
-        let refused = check_secrets(&reserved, &policy, Role::Operator, "org_a").unwrap_err();
+        let refused =
+            check_secrets(&reserved, &policy, Role::RuntimeOperator, "org_a").unwrap_err();
         assert!(refused.contains("x: env.TOKEN"), "{refused}");
     }
 }

@@ -457,8 +457,7 @@ pub(crate) async fn written_by(conn: &mut PgConnection, scope: &Scope, id: &str)
     .fetch_optional(conn)
     .await?
     .ok_or(StoreError::NotFound("task"))?;
-    // An unknown role is a member's: the least trusted.
-    Ok(Role::parse(Some(&role)).unwrap_or_default())
+    Ok(Role::stored(&role))
 }
 
 /// Reads the task and locks its row, as [`lock`] does.

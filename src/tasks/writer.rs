@@ -1,28 +1,19 @@
 //! Who wrote a task, which decides the secrets it may name (its MCP servers' environment
-//! and headers, its repository's credential): an operator any reference the secret policy
-//! allows, a member only those granted to its workspace (`KEEL_SECRET_GRANTS`). Checked
-//! when the task is created, and again by the worker before each attempt resolves them:
-//! the grants may have narrowed in between. It decides the programs the task may start as
-//! stdio MCP servers too: an operator any, a member those `KEEL_MCP_STDIO_COMMANDS` lists;
-//! checked when the task is created and again at each run's admission.
+//! and headers, its repository's credential) and the hosts its MCP servers may be reached
+//! at: the runtime operator any reference the secret policy allows and any host, a tenant
+//! (a member or the org's operator) only the secrets granted to its workspace
+//! (`KEEL_SECRET_GRANTS`) and the hosts in `KEEL_PROVIDER_HOSTS`. Checked when the task is
+//! created, and again by the worker before each attempt resolves them: the grants and the
+//! host list may have narrowed in between. It decides the programs the task may start as
+//! stdio MCP servers too: an operator (the org's or the runtime operator) any, a member
+//! those `KEEL_MCP_STDIO_COMMANDS` lists; checked when the task is created and again at
+//! each run's admission.
 
 use keel_workers::media::Secret;
 
 use crate::domain::{Invalid, Role};
+use crate::providers::ProviderHosts;
 use crate::providers::secrets::{SecretPolicy, SecretRef};
-
-/// Whether a task written by `writer` in `workspace` may name `secret`.
-pub(crate) fn check_secret(
-    secret: &SecretRef,
-    policy: &SecretPolicy,
-    writer: Role,
-    workspace: &str,
-) -> Result<(), String> {
-    match writer {
-        Role::Operator => policy.check(secret),
-        Role::Member => policy.check_granted(workspace, secret),
-    }
-}
 
 /// The value of a reference a task written by `writer` in `workspace` names, checked
 /// against what that writer may name now, before anything is read. Never logged.
@@ -33,28 +24,31 @@ pub(crate) fn resolve_secret(
     workspace: &str,
 ) -> Result<Secret, String> {
     let secret = SecretRef::parse(reference)?;
-    check_secret(&secret, policy, writer, workspace)?;
+    policy.check_for(writer, workspace, &secret)?;
     secret
         .resolve(policy)
         .map_err(|unresolved| unresolved.to_string())
 }
 
 impl super::NewTask {
-    /// Records who writes the task, refusing a secret that writer may not name.
+    /// Records who writes the task, refusing a secret that writer may not name and an MCP
+    /// server at a host it may not reach.
     pub(crate) fn written_as(
         &mut self,
         writer: Role,
-        policy: &SecretPolicy,
+        (secrets, hosts): (&SecretPolicy, &ProviderHosts),
         workspace: &str,
     ) -> Result<(), Invalid> {
         if let super::TaskExecution::AgentLoop(agent) = &self.execution
             && let Some(servers) = &agent.mcp_servers
         {
-            super::mcp::check_secrets(servers, policy, writer, workspace)
+            super::mcp::check_secrets(servers, secrets, writer, workspace)
+                .and_then(|()| super::mcp::check_hosts(servers, hosts, writer))
                 .map_err(|why| Invalid::new("mcp_servers", why))?;
         }
         if let Some(credential) = self.repo.as_ref().and_then(|r| r.credential.as_ref()) {
-            check_secret(credential, policy, writer, workspace)
+            secrets
+                .check_for(writer, workspace, credential)
                 .map_err(|why| Invalid::new("repo_credential", why))?;
         }
         self.written_by = writer;

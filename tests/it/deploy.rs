@@ -990,6 +990,7 @@ impl Signer {
         let mapping = json!({
             "alice@example.com": { "org": "acme", "project": "web", "name": "Alice" },
             "ops@example.com": { "org": "acme", "role": "operator" },
+            "root@example.com": { "org": "acme", "role": "runtime_operator" },
             "@globex.example": "globex",
         });
         std::fs::write(&orgs, mapping.to_string()).unwrap();
@@ -1247,6 +1248,48 @@ async fn the_signer_makes_operators_only_of_the_mapping_and_the_operator_groups(
     assert_eq!(verify(&token.unwrap(), "keel-a").unwrap()["role"], "member");
 }
 
+/// The deployment's own operator: `runtime_operator` from the mapping's `role` or from a
+/// runtime operator group, above any operator group the user is also in; no operator group
+/// makes one.
+#[tokio::test]
+async fn the_signer_marks_the_runtime_operator_only_from_the_mapping_and_its_groups() {
+    let groups = [
+        ("SIGNER_OPERATOR_GROUPS", "keel-ops"),
+        ("SIGNER_RUNTIME_OPERATOR_GROUPS", "platform"),
+    ];
+    let signer = Signer::start("keel-a", &groups).await;
+    let role = |headers: Vec<(&'static str, &'static str)>| {
+        let signer = &signer;
+        async move {
+            let (status, token) = signer.identity(reqwest::Method::GET, &headers).await;
+            assert_eq!(status, StatusCode::OK);
+            verify(&token.unwrap(), "keel-a").unwrap()["role"].clone()
+        }
+    };
+    let carol = |groups: &'static str| {
+        vec![
+            ("X-Auth-Request-User", "carol"),
+            ("X-Auth-Request-Email", "carol@globex.example"),
+            ("X-Auth-Request-Groups", groups),
+        ]
+    };
+    let root = vec![
+        ("X-Auth-Request-User", "root"),
+        ("X-Auth-Request-Email", "root@example.com"),
+    ];
+    assert_eq!(role(root).await, "runtime_operator", "the mapping's role");
+    assert_eq!(role(carol("keel-ops,platform")).await, "runtime_operator");
+    assert_eq!(role(carol("keel-ops")).await, "operator");
+    assert_eq!(role(carol("platform-readers")).await, "member");
+    // Without runtime operator groups, no group makes one.
+    let plain = Signer::start("keel-a", &[("SIGNER_OPERATOR_GROUPS", "platform")]).await;
+    let (_, token) = plain
+        .identity(reqwest::Method::GET, &carol("platform"))
+        .await;
+    let claims = verify(&token.unwrap(), "keel-a").unwrap();
+    assert_eq!(claims["role"], "operator");
+}
+
 #[test]
 fn the_signer_refuses_a_mapping_with_an_unknown_role() {
     let dir = tempfile::tempdir().unwrap();
@@ -1330,6 +1373,16 @@ async fn a_remote_runtime_accepts_the_signers_identity_and_nothing_else() {
     let (status, body) = whoami(token.as_deref(), &[]).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(support::record::<Session>(&body).role, "operator", "{body}");
+    // And the mapping's runtime operator is the deployment's own.
+    let root = [
+        ("X-Auth-Request-User", "root"),
+        ("X-Auth-Request-Email", "root@example.com"),
+    ];
+    let (_, token) = signer.identity(reqwest::Method::GET, &root).await;
+    let (status, body) = whoami(token.as_deref(), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let role = support::record::<Session>(&body).role;
+    assert_eq!(role, "runtime_operator", "{body}");
 
     let (status, body) = whoami(None, &[]).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");

@@ -28,7 +28,7 @@ use keel_client::{
 };
 use reqwest::StatusCode;
 use serde_json::json;
-use two_orgs::{REMOTE_ENV, SHARED_SECRET, operator_client, org_client};
+use two_orgs::{REMOTE_ENV, SHARED_SECRET, operator_client, org_client, runtime_operator_client};
 
 const SOON: Duration = Duration::from_secs(30);
 /// What the worker and the API were started with that no run may learn.
@@ -790,8 +790,9 @@ async fn a_denying_workspace_policy_keeps_a_members_mcp_server_from_starting() {
         "api": "openai-completions", "base_url": llm.openai_base(),
         "api_key_ref": "env:FAKE_LLM_API_KEY", "capabilities": ["chat", "tool_call"],
         "enabled": true });
+    // The deployment's model, its key and its host: the runtime operator's to name.
     for org in ["a", "b"] {
-        let (status, body) = operator_client(&base, org)
+        let (status, body) = runtime_operator_client(&base, org)
             .post("/v1/providers", preset.clone())
             .await;
         assert_eq!(status, StatusCode::CREATED, "{body}");

@@ -1,7 +1,8 @@
 //! Roles, secret grants, provider hosts and tenant directories in remote mode, over real
 //! HTTP against a `keel api` with two orgs (the header form, `X-Keel-Role` counted): one
-//! test per attack a member (or an operator on its own request) could try, each asserting
-//! the attack is refused and the victim's rows and files are as they were.
+//! test per attack a member (or an org's operator, on its own request or beyond its
+//! grants) could try, each asserting the attack is refused and the victim's rows and files
+//! are as they were. The runtime operator (`runtime_operator`) is the deployment's own.
 
 use crate::support;
 use crate::support::two_orgs;
@@ -11,13 +12,19 @@ use std::time::Duration;
 
 use crate::support::llm::{FakeLlm, Turn};
 use crate::support::{Client, KeelProcess};
+use keel::artifacts::content::ContentStore;
+use keel::domain::Scope;
+use keel::events::Subject;
+use keel::runs::patches;
 use keel_client::{
-    ApprovalStatus, Imported, ItemRecord, ItemState, McpServer, MediaJobRecord, MediaJobStatus,
-    ProviderCheck, ProviderView, Resolution, RunStatus, SourceRecord, TaskDraft, WorkspaceLimits,
+    ActionStatus, ApprovalStatus, Imported, ItemRecord, ItemState, McpServer, MediaJobRecord,
+    MediaJobStatus, Proposed, ProviderCheck, ProviderView, Resolution, RunStatus, SourceRecord,
+    StepStatus, TaskDraft, WorkspaceLimits,
 };
+use keel_workers::agent::Patch;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use two_orgs::{REMOTE_ENV, operator_client, org_client};
+use two_orgs::{REMOTE_ENV, operator_client, org_client, runtime_operator_client};
 
 /// The operator's own secrets: in the API's environment, granted to no workspace.
 const OPERATOR_KEY: &str = "sk-operator-openai-canary-7f3a";
@@ -89,6 +96,10 @@ impl Stack {
         operator_client(&self.base, org)
     }
 
+    fn runtime_operator(&self, org: &str) -> Client {
+        runtime_operator_client(&self.base, org)
+    }
+
     /// The API's log holds none of the operator's secrets.
     fn assert_no_secret_logged(&self) {
         let log = self.api.log_text();
@@ -158,6 +169,8 @@ async fn whoami_tells_a_member_from_an_operator() {
     assert_eq!(member.role, "member", "{member:?}");
     let operator = stack.operator("a").api.whoami().await.unwrap().data;
     assert_eq!(operator.role, "operator", "{operator:?}");
+    let root = stack.runtime_operator("a").api.whoami().await.unwrap().data;
+    assert_eq!(root.role, "runtime_operator", "{root:?}");
     // An unknown role proves nothing.
     let forged = support::client_with_headers(
         &stack.base,
@@ -365,7 +378,7 @@ async fn a_member_names_a_stdio_mcp_server_only_when_the_deployment_lists_its_co
     let (status, body) = operator
         .post(
             "/v1/providers",
-            chat_preset(&llm.openai_base(), "env:OPENAI_API_KEY"),
+            chat_preset(&llm.openai_base(), "env:ORG_A_API_KEY"),
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -408,16 +421,19 @@ async fn a_member_cannot_send_the_operators_secrets_to_its_listener() {
             "{refused}"
         );
     }
-    // An operator's preset naming its key at the vendor: the member cannot re-aim it.
-    let operator = stack.operator("a");
+    // The runtime operator's preset naming its key at the vendor: neither the member nor
+    // the org's operator re-aims it.
+    let operator = stack.runtime_operator("a");
     let vendor = chat_preset("https://api.openai.com/v1", "env:OPENAI_API_KEY");
     let (status, body) = operator.post("/v1/providers", vendor).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let id = support::record::<ProviderView>(&body).id;
     let url = format!("{}/v1/providers/{id}", stack.base);
-    let patch = member.http.patch(url).json(&json!({ "base_url": mine }));
-    let (status, body) = member.send(patch).await;
-    assert_invalid(status, &body);
+    for c in [&member, &stack.operator("a")] {
+        let patch = c.http.patch(&url).json(&json!({ "base_url": mine }));
+        let (status, body) = c.send(patch).await;
+        assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    }
     let kept = member.api.get_provider(&id).await.unwrap().data;
     assert_eq!(kept.base_url, "https://api.openai.com/v1", "{kept:?}");
     // Nor ask whether the operator's secrets are set.
@@ -529,9 +545,9 @@ async fn a_members_preset_is_refused_at_use_once_its_grant_or_host_is_withdrawn(
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let member_preset = support::record::<ProviderView>(&body).id;
-    // The operator's preset at the same listener with the operator's key.
+    // The runtime operator's preset at the same listener with the deployment's key.
     let (status, body) = stack
-        .operator("a")
+        .runtime_operator("a")
         .post("/v1/providers", chat_preset(&mine, "env:OPENAI_API_KEY"))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
@@ -551,7 +567,8 @@ async fn a_members_preset_is_refused_at_use_once_its_grant_or_host_is_withdrawn(
     assert!(llm.requests().is_empty(), "a request reached the listener");
 
     // A worker started with the narrowed grants fails the member's agent run before any
-    // call; the operator's preset is not held to the grants and its run calls the model.
+    // call; the runtime operator's preset is not held to the grants and its run calls the
+    // model.
     let env: Vec<(&str, &str)> = ungranted.iter().map(|(k, v)| (&k[..], &v[..])).collect();
     let data = stack.dir.path().join("worker-data");
     let _worker =
@@ -568,7 +585,7 @@ async fn a_members_preset_is_refused_at_use_once_its_grant_or_host_is_withdrawn(
     let error = run.last_error.as_deref().unwrap();
     assert!(error.starts_with("secret_not_granted"), "{error}");
     assert!(llm.requests().is_empty(), "a request reached the listener");
-    let operator = operator_client(&api.client.as_ref().unwrap().base, "a");
+    let operator = runtime_operator_client(&api.client.as_ref().unwrap().base, "a");
     let (task_id, run_id) = operator.start_task(&agent(&operator_preset)).await;
     operator
         .wait_terminal(&task_id, &run_id, Duration::from_secs(60))
@@ -706,4 +723,513 @@ async fn two_orgs_tracking_one_repository_keep_their_directories_apart() {
         stack.root.join("org_b").to_str(),
         "{task:?}"
     );
+}
+
+/// A GitHub source of `repository` whose tracker token is `api_key`, running `echo`.
+fn keyed_source(repository: &str, api_key: &str) -> String {
+    format!(
+        "---\ntracker:\n  kind: github\n  repository: {repository}\n  api_key: {api_key}\n\
+         task:\n  execution_kind: shell\n  shell_command: echo item\n---\nWork on {{{{ issue.title }}}}\n"
+    )
+}
+
+/// What `c` is told of a source's tracker key: its status's `secret`.
+async fn key_status(c: &Client, source: &str) -> Value {
+    let (status, body) = c
+        .get(&format!("/v1/external-work/sources/{source}/status"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["data"]["secret"].clone()
+}
+
+#[tokio::test]
+async fn a_tenants_tracker_key_is_held_to_its_grants_when_written_and_at_each_poll() {
+    let (_llm, stack) = started().await;
+    // The deployment's token, and org a's granted key named by org b: refused at writing,
+    // to a member and to an org's operator alike.
+    let attempts = [
+        (stack.member("a"), "$GITHUB_TOKEN"),
+        (stack.operator("a"), "env:GITHUB_TOKEN"),
+        (stack.member("b"), "env:ORG_A_API_KEY"),
+        (stack.operator("b"), "$ORG_A_API_KEY"),
+    ];
+    for (c, key) in &attempts {
+        let (status, body) = register(c, &keyed_source("acme/widgets", key)).await;
+        assert_invalid(status, &body);
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with("tracker.api_key"), "{message}");
+        assert!(message.contains("not granted"), "{message}");
+        let sources = c.api.list_sources().await.unwrap().data;
+        assert!(sources.is_empty(), "{key}: {sources:?}");
+    }
+    // Org a's own key is org a's to name; the runtime operator names the deployment's.
+    let member = stack.member("a");
+    let (status, body) = register(&member, &keyed_source("acme/widgets", "$ORG_A_API_KEY")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let registrant = (
+        &body["data"]["registered_by"],
+        &body["data"]["registered_by_role"],
+    );
+    assert_eq!(registrant, (&json!("actor_a"), &json!("member")), "{body}");
+    let source = support::record::<SourceRecord>(&body);
+    let root = stack.runtime_operator("a");
+    let (status, body) = register(&root, &keyed_source("acme/tools", "$GITHUB_TOKEN")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(key_status(&member, &source.id).await["configured"], true);
+
+    // The grant moved to org b: an API started since refuses to use the key, before any
+    // request, and its status no longer says whether the key is set.
+    let ungranted = stack.narrowed(&[("KEEL_SECRET_GRANTS", "org_b=env:ORG_A_API_KEY")]);
+    let (_api, narrowed) = stack.api_with("api-ungranted", &ungranted).await;
+    let reconcile = format!("/v1/external-work/sources/{}/reconcile", source.id);
+    let (status, body) = narrowed.post(&reconcile, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["error_code"], "secret_not_granted", "{body}");
+    let secret = key_status(&narrowed, &source.id).await;
+    assert_eq!(secret["error_code"], "secret_not_granted", "{secret}");
+    assert_eq!(secret["configured"], false, "{secret}");
+    // And so does a worker's background poll.
+    let env: Vec<(&str, &str)> = ungranted.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    let data = stack.dir.path().join("worker-data");
+    let _worker =
+        support::spawn_worker_with_env(&stack.db, stack.dir.path(), "worker", 3000, &data, &env);
+    let background = format!("/v1/external-work/sources/{}/background", source.id);
+    let (status, body) = member.post(&background, json!({ "enabled": true })).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let polled = support::wait_for(Duration::from_secs(60), "a background poll", || async {
+        let polled = member.api.get_source(&source.id).await.unwrap().data;
+        polled.last_poll_at.is_some().then_some(polled)
+    })
+    .await;
+    assert_eq!(
+        polled.last_error_code.as_deref(),
+        Some("secret_not_granted"),
+        "{polled:?}"
+    );
+    stack.assert_no_secret_logged();
+}
+
+/// A source's tracker endpoint is the tracker's public one for a tenant: aimed elsewhere,
+/// even with the org's own key, registering is 403 and nothing is stored. The runtime
+/// operator aims one at the deployment's own tracker, and its poll carries the
+/// deployment's token there.
+#[tokio::test]
+async fn only_the_runtime_operator_aims_a_source_at_another_endpoint() {
+    let (_llm, stack) = started().await;
+    let tracker = wiremock::MockServer::start().await;
+    let aimed = |key: &str| {
+        keyed_source("acme/widgets", key).replacen(
+            "  kind: github\n",
+            &format!("  kind: github\n  endpoint: {}\n", tracker.uri()),
+            1,
+        )
+    };
+    for c in [stack.member("a"), stack.operator("a")] {
+        let (status, body) = register(&c, &aimed("$ORG_A_API_KEY")).await;
+        assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with("tracker.endpoint"), "{message}");
+        assert!(c.api.list_sources().await.unwrap().data.is_empty());
+    }
+    let root = stack.runtime_operator("a");
+    let (status, body) = register(&root, &aimed("$GITHUB_TOKEN")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let source = support::record::<SourceRecord>(&body);
+    let poll = format!("/v1/external-work/sources/{}/poll", source.id);
+    let (status, body) = root.post(&poll, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let heard = tracker.received_requests().await.unwrap_or_default();
+    assert!(!heard.is_empty(), "the poll reached no tracker: {body}");
+    let authorization = heard[0].headers.get("authorization").unwrap();
+    assert_eq!(
+        authorization.to_str().unwrap(),
+        format!("Bearer {OPERATOR_GITHUB}")
+    );
+    stack.assert_no_secret_logged();
+}
+
+/// The key's third use, an approved tracker action's send: a worker started after org a's
+/// grant moved fails the action with `secret_not_granted` before the token is read. (With
+/// the key still usable it would call the tracker's public endpoint, which this machine
+/// cannot reach: another error.)
+#[tokio::test]
+async fn a_tenants_tracker_action_is_refused_at_send_once_its_grant_is_withdrawn() {
+    let (_llm, stack) = started().await;
+    let member = stack.member("a");
+    let markdown = keyed_source("acme/widgets", "$ORG_A_API_KEY");
+    let (status, body) = register(&member, &markdown).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let source = support::record::<SourceRecord>(&body);
+    let item = import(&member, &source.id, "open", "2026-11-30T09:00:00Z").await;
+    let at = format!("/v1/external-work/items/{}/actions", item.id);
+    let comment = json!({ "kind": "comment", "body": "Done." });
+    let (status, body) = member.post(&at, comment).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let Proposed { action, approval } = support::record(&body);
+
+    let ungranted = stack.narrowed(&[("KEEL_SECRET_GRANTS", "org_b=env:ORG_A_API_KEY")]);
+    let env: Vec<(&str, &str)> = ungranted.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+    let data = stack.dir.path().join("worker-data");
+    let _worker =
+        support::spawn_worker_with_env(&stack.db, stack.dir.path(), "worker", 3000, &data, &env);
+    let resolve = format!(
+        "/v1/tasks/{}/approvals/{}/resolve",
+        approval.task_id, approval.id
+    );
+    let (status, body) = stack
+        .operator("a")
+        .post(&resolve, json!({ "decision": "approve" }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let ended = support::wait_for(Duration::from_secs(60), "the action to end", || async {
+        let current = member.api.get_action(&action.id).await.unwrap().data;
+        let ended = matches!(current.status, ActionStatus::Failed | ActionStatus::Sent);
+        ended.then_some(current)
+    })
+    .await;
+    assert_eq!(ended.status, ActionStatus::Failed, "{ended:?}");
+    assert_eq!(
+        ended.last_error_code.as_deref(),
+        Some("secret_not_granted"),
+        "{ended:?}"
+    );
+    assert!(ended.response.is_none(), "the tracker answered: {ended:?}");
+    stack.assert_no_secret_logged();
+}
+
+#[tokio::test]
+async fn secret_status_answers_a_tenant_only_for_granted_references() {
+    let (_llm, stack) = started().await;
+    let status = |c: Client, reference: &'static str| async move {
+        c.get(&format!("/v1/secrets/status?ref={reference}")).await
+    };
+    // The org's operator learns nothing of the deployment's secrets, nor org b of org a's.
+    for (c, reference) in [
+        (stack.operator("a"), "env:OPENAI_API_KEY"),
+        (stack.operator("a"), "env:GITHUB_TOKEN"),
+        (stack.member("a"), "env:OPENAI_API_KEY"),
+        (stack.operator("b"), "env:ORG_A_API_KEY"),
+    ] {
+        let (code, body) = status(c, reference).await;
+        assert_invalid(code, &body);
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("not granted")
+        );
+    }
+    // What org a was granted, org a is told of; the runtime operator of anything allowed.
+    for (c, reference) in [
+        (stack.member("a"), "env:ORG_A_API_KEY"),
+        (stack.operator("a"), "env:ORG_A_API_KEY"),
+        (stack.runtime_operator("b"), "env:OPENAI_API_KEY"),
+    ] {
+        let (code, body) = status(c, reference).await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+        assert_eq!(body["data"]["configured"], true, "{body}");
+    }
+}
+
+#[tokio::test]
+async fn an_org_operator_is_held_to_the_grants_and_hosts_the_runtime_operator_is_not() {
+    let (llm, stack) = started().await;
+    let operator = stack.operator("a");
+    let port = reqwest::Url::parse(&llm.openai_base())
+        .unwrap()
+        .port()
+        .unwrap();
+    // Off the list: the port KEEL_PROVIDER_HOSTS names is the listener's, not this one.
+    let unlisted = format!("http://127.0.0.1:{}/v1", port + 1);
+    let refused = [
+        (
+            chat_preset("https://api.openai.com/v1", "env:OPENAI_API_KEY"),
+            "api_key_ref",
+        ),
+        (chat_preset(&unlisted, "env:ORG_A_API_KEY"), "base_url"),
+    ];
+    for (preset, field) in refused {
+        let (status, body) = operator.post("/v1/providers", preset).await;
+        assert_invalid(status, &body);
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with(field), "{message}");
+    }
+    let presets = operator.api.list_providers().await.unwrap().data;
+    assert!(presets.is_empty(), "{presets:?}");
+    // An MCP server carrying the deployment's key, or aimed at an unlisted host.
+    let mcp = |url: &str, key: &str| {
+        let mut task = support::wire(&support::agent_loop("hi"));
+        task["mcp_servers"] = json!([{ "name": "remote", "url": url,
+                                       "headers": { "Authorization": key } }]);
+        task
+    };
+    let listed = format!("{}/mcp", llm.openai_base());
+    for task in [
+        mcp(&listed, "env:OPENAI_API_KEY"),
+        mcp("https://mcp.example.com/mcp", "env:ORG_A_API_KEY"),
+    ] {
+        let (status, body) = operator.post("/v1/tasks", task).await;
+        assert_invalid(status, &body);
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with("mcp_servers"), "{message}");
+    }
+    let (status, body) = operator
+        .post("/v1/tasks", mcp(&listed, "env:ORG_A_API_KEY"))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    // The deployment's own operator names its key and aims anywhere.
+    let root = stack.runtime_operator("a");
+    let (status, body) = root
+        .post(
+            "/v1/providers",
+            chat_preset(&unlisted, "env:OPENAI_API_KEY"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = root
+        .post(
+            "/v1/tasks",
+            mcp("https://mcp.example.com/mcp", "env:OPENAI_API_KEY"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert!(llm.requests().is_empty(), "a request reached the listener");
+}
+
+/// A tenant's MCP server is checked again by the worker: written where the host was listed,
+/// it is not reached by a worker whose `KEEL_PROVIDER_HOSTS` no longer lists it. Its step
+/// fails with why, nothing reaches the server (not even the granted header), and the run
+/// goes on without its tools.
+#[tokio::test]
+async fn a_tenants_mcp_server_is_not_reached_once_its_host_is_delisted() {
+    let (llm, stack) = started().await;
+    let server = wiremock::MockServer::start().await;
+    // The model is the deployment's, not held to the list; the server's host is listed
+    // (any port of 127.0.0.1) for the API the member writes the task through.
+    let root = stack.runtime_operator("a");
+    let (status, body) = root
+        .post(
+            "/v1/providers",
+            chat_preset(&llm.openai_base(), "env:OPENAI_API_KEY"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let preset = support::record::<ProviderView>(&body).id;
+    let listing = stack.narrowed(&[("KEEL_PROVIDER_HOSTS", "127.0.0.1")]);
+    let (_listing, member) = stack.api_with("api-listing", &listing).await;
+    let remote = McpServer {
+        name: "remote".into(),
+        transport: None,
+        command: None,
+        args: Vec::new(),
+        env: Default::default(),
+        url: Some(format!("{}/mcp", server.uri())),
+        headers: [("Authorization".to_string(), "env:ORG_A_API_KEY".to_string())].into(),
+        approval_policy: None,
+        tools: None,
+    };
+    let draft = TaskDraft {
+        requested_provider: Some(preset),
+        mcp_servers: Some(vec![remote]),
+        ..support::agent_loop("hi")
+    };
+    // The stack's worker lists the model's port alone.
+    let _worker = stack.spawn_worker();
+    let (task_id, run_id) = member.start_task(&draft).await;
+    let run = member
+        .wait_terminal(&task_id, &run_id, Duration::from_secs(60))
+        .await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    let steps = member.api.list_steps(&task_id, &run_id).await.unwrap().data;
+    let step = steps.iter().find(|s| s.name == "mcp_server");
+    let step = step.unwrap_or_else(|| panic!("no mcp_server step: {steps:?}"));
+    assert_eq!(step.status, StepStatus::Failed, "{step:?}");
+    let error = step.error.as_deref().unwrap_or_default();
+    assert!(error.contains("KEEL_PROVIDER_HOSTS"), "{error}");
+    let heard = server.received_requests().await.unwrap_or_default();
+    assert!(heard.is_empty(), "a request reached the MCP server");
+    assert_eq!(llm.requests().len(), 1, "the run called its model");
+    stack.assert_no_secret_logged();
+}
+
+/// The run `task_id`'s schedule started: waits until it exists.
+async fn scheduled_run(c: &Client, task_id: &str) -> String {
+    support::wait_for(Duration::from_secs(60), "the scheduled run", || async {
+        let task = c.api.get_task(task_id).await.unwrap().data;
+        task.latest_run_id
+    })
+    .await
+}
+
+/// The pending approval of `run_id`, as a gate to resolve.
+async fn gate_of(c: &Client, task_id: &str, run_id: &str) -> (String, String, String) {
+    let approvals = c.api.list_task_approvals(task_id, None).await.unwrap().data;
+    let approval = approvals.iter().find(|a| a.run_id == run_id).unwrap();
+    (task_id.into(), run_id.into(), approval.id.clone())
+}
+
+#[tokio::test]
+async fn a_schedules_runs_are_requested_by_its_writer_who_cannot_approve_them() {
+    let (_llm, stack) = started().await;
+    let operator = stack.operator("a");
+    let task = operator
+        .create_task(&support::shell("echo scheduled"))
+        .await;
+    let run_at = chrono::Utc::now() + chrono::Duration::seconds(1);
+    let schedule = json!({ "kind": "once", "timezone": "UTC", "enabled": true,
+                           "run_at": run_at.to_rfc3339() });
+    let url = format!("{}/v1/tasks/{}/schedule", stack.base, task.id);
+    let (status, body) = operator.send(operator.http.put(url).json(&schedule)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let written_by = body["data"]["written_by"].clone();
+    // The workers' dispatch fires it: the run waits for approval, asked for by the writer.
+    let _worker = stack.spawn_worker();
+    let run_id = scheduled_run(&operator, &task.id).await;
+    let run = operator.run(&task.id, &run_id).await;
+    assert!(run.schedule_id.is_some(), "{run:?}");
+    assert_eq!(run.requested_by.as_deref(), Some("operator_a"), "{run:?}");
+    let gate = gate_of(&operator, &task.id, &run_id).await;
+    let message = refused_resolution(&operator, &gate).await;
+    assert!(message.contains("operator_a requested this"), "{message}");
+    // Someone else decides it.
+    let (status, body) = resolve(&stack.runtime_operator("a"), &gate).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(written_by, "operator_a", "the schedule shows its writer");
+}
+
+#[tokio::test]
+async fn an_imported_runs_requester_is_the_sources_registrant() {
+    let (_llm, stack) = started().await;
+    let operator = stack.operator("a");
+    let (status, body) = register(&operator, &workflow(None, "")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let registered_by = body["data"]["registered_by"].clone();
+    let source = support::record::<SourceRecord>(&body);
+    // A member imports the item; the operator's workflow asked for its run.
+    let item = import(
+        &stack.member("a"),
+        &source.id,
+        "open",
+        "2026-11-30T09:00:00Z",
+    )
+    .await;
+    let (task_id, run_id) = (item.task_id.unwrap(), item.run_id.unwrap());
+    let run = operator.run(&task_id, &run_id).await;
+    assert_eq!(run.status, RunStatus::AwaitingApproval, "{run:?}");
+    assert_eq!(run.requested_by.as_deref(), Some("operator_a"), "{run:?}");
+    let gate = gate_of(&operator, &task_id, &run_id).await;
+    refused_resolution(&operator, &gate).await;
+    let (status, body) = resolve(&stack.runtime_operator("a"), &gate).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        registered_by, "operator_a",
+        "the source shows its registrant"
+    );
+}
+
+#[tokio::test]
+async fn patches_are_changed_only_by_an_operator_who_did_not_request_the_run() {
+    let (_llm, stack) = started().await;
+    let operator = stack.operator("a");
+    // The operator's run, cancelled while it waited: ended, with a proposed patch.
+    let (task_id, run_id, _) = gated(&operator).await;
+    let cancel = format!("/v1/tasks/{task_id}/runs/{run_id}/cancel");
+    let (status, body) = operator.post(&cancel, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let proposal = Patch {
+        path: "notes.txt".into(),
+        before: None,
+        after: Some("proposed".into()),
+        proposed: true,
+    };
+    let pool = support::pool(&stack.db).await;
+    let mut tx = pool.begin().await.unwrap();
+    let (scope, run) = (
+        Scope::new("org_a"),
+        Subject::Run {
+            task_id: &task_id,
+            run_id: &run_id,
+        },
+    );
+    let patch = patches::insert_patch(
+        &mut tx,
+        &ContentStore::Postgres,
+        &scope,
+        run,
+        "p",
+        &proposal,
+    )
+    .await
+    .unwrap()
+    .id;
+    tx.commit().await.unwrap();
+    let base = format!("/v1/tasks/{task_id}/runs/{run_id}/patches/{patch}");
+    // Neither a member nor the run's requester changes it.
+    for c in [stack.member("a"), operator.clone()] {
+        for verb in ["apply", "revert", "discard"] {
+            let (status, body) = c.post(&format!("{base}/{verb}"), json!({})).await;
+            assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+        }
+    }
+    let (_, body) = operator.get(&base).await;
+    assert_eq!(body["data"]["status"], "proposed", "{body}");
+    // Another operator does.
+    let (status, body) = stack
+        .runtime_operator("a")
+        .post(&format!("{base}/discard"), json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["status"], "discarded", "{body}");
+}
+
+#[tokio::test]
+async fn a_member_cannot_delete_an_operators_preset() {
+    let (_llm, stack) = started().await;
+    let (member, operator) = (stack.member("a"), stack.operator("a"));
+    let preset = chat_preset("https://api.openai.com/v1", "env:ORG_A_API_KEY");
+    let (status, body) = operator.post("/v1/providers", preset.clone()).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let operators = support::record::<ProviderView>(&body).id;
+    let url = format!("/v1/providers/{operators}");
+    let (status, body) = member.delete(&url).await;
+    assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    // Nor makes it its own by an edit first (an edit makes a preset its editor's).
+    let patch = member
+        .http
+        .patch(format!("{}{url}", stack.base))
+        .json(&json!({ "enabled": false }));
+    let (status, body) = member.send(patch).await;
+    assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    let (status, body) = member.delete(&url).await;
+    assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    let kept = member.api.get_provider(&operators).await.unwrap().data;
+    assert!(kept.enabled, "{kept:?}");
+    // A member's own is the member's to delete; the operator's, an operator's.
+    let (status, body) = member.post("/v1/providers", preset).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let own = support::record::<ProviderView>(&body).id;
+    for (c, id) in [(&member, &own), (&operator, &operators)] {
+        let (status, body) = c.delete(&format!("/v1/providers/{id}")).await;
+        assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    }
+    // The runtime operator's is the runtime operator's, whoever else is an operator.
+    let root = stack.runtime_operator("a");
+    let (status, body) = root
+        .post(
+            "/v1/providers",
+            chat_preset("https://api.openai.com/v1", "env:OPENAI_API_KEY"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let deployments = format!(
+        "/v1/providers/{}",
+        support::record::<ProviderView>(&body).id
+    );
+    let (status, body) = operator.delete(&deployments).await;
+    assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("the runtime operator"), "{message}");
+    let (status, body) = root.delete(&deployments).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
 }

@@ -11,7 +11,7 @@ use crate::support::wait_for;
 use chrono::Utc;
 use keel::approvals::{ApprovalFilter, Decision};
 use keel::db::StoreError;
-use keel::domain::{Actor, Scope};
+use keel::domain::{Actor, Role, Scope};
 use keel::events::transitions;
 use keel::events::{EventRecord, FeedCursor, FeedFilter, Subject};
 use keel::media;
@@ -485,7 +485,8 @@ async fn another_workspace_changes_none_of_a_workspaces_rows() {
     attempt!("delete provider", |c| providers::delete(
         c,
         b,
-        &s.provider_id
+        &s.provider_id,
+        Role::RuntimeOperator
     ));
     attempt!("cancel media job", |c| media::cancel(
         c,

@@ -24,6 +24,9 @@ use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 const KEY_ENV: &str = "KEEL_SECRET_WALK_MEDIA_KEY";
+/// The media keys both orgs' presets name, granted to each.
+const GRANTS: &str = "org_a=env:KEEL_SECRET_WALK_MEDIA_KEY,org_a=env:ARK_API_KEY,\
+                      org_b=env:KEEL_SECRET_WALK_MEDIA_KEY,org_b=env:ARK_API_KEY";
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a stream must stay silent to count as having nothing more to say.
 const QUIET: Duration = Duration::from_secs(1);
@@ -442,6 +445,8 @@ async fn stack() -> Stack {
     let settings = [
         ("KEEL_APPROVAL_POLICIES", "shell_exec"),
         (KEY_ENV, "sk-walk-test-key"),
+        // Each org's operator seeds presets naming these: tenants name granted secrets only.
+        ("KEEL_SECRET_GRANTS", GRANTS),
         ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "1"),
         ("KEEL_PROVIDER_HOSTS", "127.0.0.1"),
         ("KEEL_ALLOW_SELF_APPROVAL", "1"),

@@ -6,7 +6,7 @@ nginx calls it with `auth_request` for every request to a runtime. It reads the 
 authenticating proxy's headers (oauth2-proxy: `X-Auth-Request-User`, `X-Auth-Request-Email`,
 `X-Auth-Request-Preferred-Username`, `X-Auth-Request-Groups`), maps the user to an org (the Keel
 workspace) and a role (`member` unless the mapping or one of the user's groups makes them an
-`operator`), and answers
+`operator` of their org, or the deployment's own `runtime_operator`), and answers
 200 with the token in the `X-Keel-Identity` response header; 401 when no user is present, 403
 when the user has no org. It trusts those headers: whatever can connect to it can name any user
 and get their identity. So it must answer nginx only, and nginx must set the headers itself
@@ -33,6 +33,9 @@ Standard library only. Settings (environment):
   SIGNER_NAME_HEADER      default X-Auth-Request-Preferred-Username
   SIGNER_GROUPS_HEADER    default X-Auth-Request-Groups (a comma list, as oauth2-proxy sends it)
   SIGNER_OPERATOR_GROUPS  comma list of groups whose users are operators (unset: none)
+  SIGNER_RUNTIME_OPERATOR_GROUPS
+                          comma list of groups whose users are the runtime's operators, who
+                          may name its secrets and hosts in any org (unset: none)
 
 `signer.py --healthcheck` asks the signer at SIGNER_LISTEN for /healthz and exits 0 when it
 answers 200, 1 otherwise (the compose health check: a signer on a socket has no port to probe).
@@ -58,7 +61,7 @@ MIN_SECRET_LENGTH = 32
 MAX_VALUE_LENGTH = 256
 # A groups header carries many names; longer than this, it is ignored (no group counts).
 MAX_GROUPS_LENGTH = 8192
-ROLES = ("member", "operator")
+ROLES = ("member", "operator", "runtime_operator")
 DEFAULT_LISTEN = "127.0.0.1:8088"
 UNIX_PREFIX = "unix:"
 
@@ -85,7 +88,8 @@ def sign_hs256(claims, secret, kid=None):
 
 def load_orgs(path):
     """The mapping file: keys are a user, an email or `@domain`; values an org name or an
-    object with `org` and optional `project`, `name` and `role` (`member` or `operator`)."""
+    object with `org` and optional `project`, `name` and `role` (`member`, `operator` or
+    `runtime_operator`)."""
     if not path:
         return {}
     with open(path, encoding="utf-8") as f:
@@ -165,6 +169,9 @@ class Config:
         )
         self.groups_header = env.get("SIGNER_GROUPS_HEADER", "X-Auth-Request-Groups")
         self.operator_groups = set(split_list(env.get("SIGNER_OPERATOR_GROUPS", "")))
+        self.runtime_operator_groups = set(
+            split_list(env.get("SIGNER_RUNTIME_OPERATOR_GROUPS", ""))
+        )
 
     def org_of(self, user, email):
         """The most specific mapping wins: email, then user, then the email's domain."""
@@ -177,9 +184,13 @@ class Config:
         return {"org": self.default_org} if self.default_org else None
 
     def role_of(self, entry, groups):
-        """`operator` when the mapping entry says so or one of the user's groups is an
-        operator group; else `member`, Keel's default, which the token states anyway."""
-        if entry.get("role") == "operator" or self.operator_groups & set(groups):
+        """The highest role the mapping entry or one of the user's groups gives:
+        `runtime_operator` (the deployment's own), then `operator` (of the org); else
+        `member`, Keel's default, which the token states anyway."""
+        groups = set(groups)
+        if entry.get("role") == "runtime_operator" or self.runtime_operator_groups & groups:
+            return "runtime_operator"
+        if entry.get("role") == "operator" or self.operator_groups & groups:
             return "operator"
         return "member"
 

@@ -81,6 +81,9 @@ mod tests {
         let role = |headers: &HeaderMap, counted| verify(headers, &secret, "rt", counted);
         assert_eq!(role(&headers, false).unwrap().1, Role::Member);
         assert_eq!(role(&headers, true).unwrap().1, Role::Operator);
+        headers.insert(ROLE_HEADER, "runtime_operator".parse().unwrap());
+        assert_eq!(role(&headers, false).unwrap().1, Role::Member);
+        assert_eq!(role(&headers, true).unwrap().1, Role::RuntimeOperator);
         headers.insert(ROLE_HEADER, "root".parse().unwrap());
         assert!(role(&headers, true).is_err());
         headers.remove(ROLE_HEADER);

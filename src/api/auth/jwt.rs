@@ -50,7 +50,8 @@ struct Claims {
     iat: u64,
     project: Option<String>,
     name: Option<String>,
-    /// `member` (also when absent) or `operator`.
+    /// `member` (also when absent), `operator` (of the org) or `runtime_operator` (the
+    /// deployment's own, as the signer marks it).
     role: Option<String>,
 }
 
@@ -181,8 +182,8 @@ impl JwtVerifier {
         if claims.iat > now + self.leeway {
             return Err("JWT issued in the future");
         }
-        let role =
-            Role::parse(claims.role.as_deref()).ok_or("JWT role is not member or operator")?;
+        let role = Role::parse(claims.role.as_deref())
+            .ok_or("JWT role is not member, operator or runtime_operator")?;
         let identity = RemoteIdentity {
             actor_id: checked_id(&claims.sub).ok_or("JWT sub is not a valid id")?,
             org_id: checked_org_id(&claims.org)

@@ -617,7 +617,7 @@ impl ActionJobs {
             let message = "the workflow names no tracker".to_string();
             return Ok(Err(failed(ErrorCode::WorkflowParseError.as_str(), message)));
         };
-        let token = match token(tracker, &self.poller.secrets) {
+        let token = match token(tracker, (&source, scope), &self.poller.secrets) {
             Ok(token) => token,
             Err(unresolved) => {
                 return Ok(Err(failed(unresolved.code.as_str(), unresolved.message)));

@@ -1,7 +1,8 @@
 //! A `keel api` in remote mode (the header identity form) without a worker, and a client
 //! for each of two orgs, so each has a workspace of its own; started runs stay queued.
 //! Tests that start their own processes take the settings ([`REMOTE_ENV`]) and the
-//! clients ([`org_client`], a member; [`operator_client`], the org's operator) alone.
+//! clients ([`org_client`], a member; [`operator_client`], the org's operator;
+//! [`runtime_operator_client`], the deployment's own operator acting in the org) alone.
 
 use crate::support::{self, Client, KeelProcess, client_with_headers};
 
@@ -35,6 +36,13 @@ pub fn org_client(base: &str, org: &str) -> Client {
 pub fn operator_client(base: &str, org: &str) -> Client {
     let role = [("x-keel-role", "operator")];
     identified(base, org, &format!("operator_{org}"), &role)
+}
+
+/// The runtime operator acting in `org_<org>`, actor `root_<org>`: the deployment's own
+/// operator, whom the proxy marks `runtime_operator`.
+pub fn runtime_operator_client(base: &str, org: &str) -> Client {
+    let role = [("x-keel-role", "runtime_operator")];
+    identified(base, org, &format!("root_{org}"), &role)
 }
 
 /// A client the proxy's headers identify as `actor` in `org_<org>`, with `more` headers.

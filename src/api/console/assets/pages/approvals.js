@@ -52,17 +52,23 @@ export function summaryText(approval) {
 
 /**
  * Whether the caller (`me`, from whoami) may decide `approval`, as the API decides it:
- * operators only, and not an approval of their own request unless self-approval is
- * allowed. The buttons are shown only then, so nobody is offered a 403.
+ * operators only (an org's, or the runtime operator), and not an approval of their own
+ * request unless self-approval is allowed. The buttons are shown only then, so nobody is
+ * offered a 403.
  */
 export function mayDecide(me, approval) {
-  if (!me || me.role !== 'operator') return false;
+  if (!isOperator(me)) return false;
   return me.may_approve_own || approval.requested_by !== me.actor_id;
+}
+
+/** Whether whoami's role is one that decides approvals. */
+function isOperator(me) {
+  return Boolean(me) && (me.role === 'operator' || me.role === 'runtime_operator');
 }
 
 /** Why the caller cannot decide `approval` (see mayDecide). */
 function undecidable(me) {
-  return me && me.role === 'operator'
+  return isOperator(me)
     ? 'You requested this; another operator decides it.'
     : 'Only an operator decides approvals.';
 }
