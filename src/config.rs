@@ -279,7 +279,7 @@ fn remote_deployment() -> bool {
 }
 
 /// What one run and one workspace may store, and how long a client may hold its run
-/// (docs/configuration.md#quotas). The API (client appends) and the workers (outputs,
+/// (docs/configuration.md#quotas-serve-api-worker). The API (client appends) and the workers (outputs,
 /// steps, files, media) read the same settings. Unset: the remote default in remote mode,
 /// none in local mode; 0: none.
 #[derive(Debug, Clone, Default, Args)]
