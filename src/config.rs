@@ -17,7 +17,11 @@ use crate::artifacts::content::{ContentStore, S3Settings};
 use crate::providers::ProviderHosts;
 use crate::providers::secrets::{DEFAULT_ENV_ALLOW, DEFAULT_FILE_ROOTS, SecretPolicy};
 use crate::queue::worker::{LeaseTiming, WorkerSettings};
+use crate::quotas::{
+    REMOTE_RUN_MAX_STORED_BYTES, REMOTE_WORKSPACE_MAX_STORED_BYTES, StorageQuotas,
+};
 use crate::runs::AdmissionRules;
+use crate::runs::client::REMOTE_CLIENT_LEASE_MAX_MS;
 use crate::tasks::{RunTimeouts, StdioCommands, WorkspaceRoots};
 use crate::telemetry::LogFormat;
 
@@ -136,6 +140,9 @@ pub struct Common {
     #[command(flatten)]
     pub sandbox: SandboxArgs,
 
+    #[command(flatten)]
+    pub quotas: QuotaArgs,
+
     /// Hosts a media preset's `base_url` may name beside the vendor's documented ones
     /// (api.openai.com; ark.ap-southeast.bytepluses.com, ark.cn-beijing.volces.com), and
     /// the only hosts besides the chat APIs' (api.openai.com, api.anthropic.com) a tenant's
@@ -234,10 +241,7 @@ impl SandboxArgs {
     /// its workers), whichever role this process has, and a remote worker must hold runs
     /// to their limits.
     pub fn settings(&self) -> Result<SandboxSettings, String> {
-        // As clap's boolish parser reads KEEL_REMOTE_MODE for the API, which a worker lacks.
-        let remote = keel_workers::seal::var("KEEL_REMOTE_MODE").is_some_and(|value| {
-            ["y", "yes", "t", "true", "on", "1"].contains(&value.to_ascii_lowercase().as_str())
-        });
+        let remote = remote_deployment();
         if self.sandbox == SandboxMode::Off && remote {
             return Err(
                 "KEEL_SANDBOX=off is refused in remote mode: tenants share the workers, \
@@ -264,6 +268,66 @@ impl SandboxArgs {
             },
             require_limits: remote,
         })
+    }
+}
+
+/// Whether the deployment is remote (`KEEL_REMOTE_MODE`), whichever role this process has:
+/// read as clap's boolish parser reads it for the API, since a worker has no such flag.
+fn remote_deployment() -> bool {
+    keel_workers::seal::var("KEEL_REMOTE_MODE").is_some_and(|value| {
+        ["y", "yes", "t", "true", "on", "1"].contains(&value.to_ascii_lowercase().as_str())
+    })
+}
+
+/// What one run and one workspace may store, and how long a client may hold its run
+/// (docs/configuration.md#quotas-serve-api-worker). The API (client appends) and the workers (outputs,
+/// steps, files, media) read the same settings. Unset: the remote default in remote mode,
+/// none in local mode; 0: none.
+#[derive(Debug, Clone, Default, Args)]
+pub struct QuotaArgs {
+    /// Most bytes one run may store: its artifacts, its steps' input and output, its
+    /// client's events. Past it, a worker's run fails (`storage_quota_exceeded`) and a
+    /// client's append is refused (413). Unset: 1 GiB in remote mode, none in local mode;
+    /// 0: none.
+    #[arg(long, env = "KEEL_RUN_MAX_STORED_BYTES", global = true)]
+    pub run_max_stored_bytes: Option<u64>,
+
+    /// Most bytes one workspace may store, over all its runs and media jobs. Past it, new
+    /// writes are refused as a run's are. Unset: 100 GiB in remote mode, none in local
+    /// mode; 0: none.
+    #[arg(long, env = "KEEL_WORKSPACE_MAX_STORED_BYTES", global = true)]
+    pub workspace_max_stored_bytes: Option<u64>,
+
+    /// Longest a client may hold a client-orchestrated run (ms from its start): appends
+    /// renew its lease up to this and no further, then the run fails
+    /// (`client_lease_max_reached`). Unset: 24 hours in remote mode, none in local mode; 0:
+    /// none.
+    #[arg(long, env = "KEEL_CLIENT_LEASE_MAX_MS", global = true)]
+    pub client_lease_max_ms: Option<u64>,
+}
+
+impl QuotaArgs {
+    pub fn storage(&self) -> StorageQuotas {
+        StorageQuotas {
+            run: quota(self.run_max_stored_bytes, REMOTE_RUN_MAX_STORED_BYTES),
+            workspace: quota(
+                self.workspace_max_stored_bytes,
+                REMOTE_WORKSPACE_MAX_STORED_BYTES,
+            ),
+        }
+    }
+
+    pub fn client_lease_max(&self) -> Option<Duration> {
+        quota(self.client_lease_max_ms, REMOTE_CLIENT_LEASE_MAX_MS).map(Duration::from_millis)
+    }
+}
+
+/// A quota as set (0: none), or when unset its remote default in remote mode.
+fn quota(set: Option<u64>, remote_default: u64) -> Option<u64> {
+    match set {
+        Some(0) => None,
+        Some(limit) => Some(limit),
+        None => remote_deployment().then_some(remote_default),
     }
 }
 
@@ -316,6 +380,7 @@ impl Common {
             timeouts: self.timeouts.timeouts()?,
             workspace_roots: WorkspaceRoots::new(&self.workspace_roots, &self.data_dir)?,
             mcp_stdio_commands: StdioCommands::new(&self.mcp_stdio_commands),
+            client_lease_max: self.quotas.client_lease_max(),
         })
     }
 

@@ -17,6 +17,7 @@ pub mod maintenance;
 pub mod media;
 pub mod providers;
 pub mod queue;
+pub mod quotas;
 pub mod rpc;
 pub mod runs;
 pub mod schedules;

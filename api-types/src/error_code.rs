@@ -24,6 +24,8 @@ closed_set! {
         WorkspaceUnavailable = "workspace_unavailable",
         ItemNotClaimed = "item_not_claimed",
         UnsupportedAction = "unsupported_action",
+        // A write past what a run or a workspace may store.
+        StorageQuotaExceeded = "storage_quota_exceeded",
         // A preset's secret or host, checked where it is used.
         SecretNotAllowed = "secret_not_allowed",
         SecretNotGranted = "secret_not_granted",

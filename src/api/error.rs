@@ -146,6 +146,11 @@ impl From<StoreError> for ApiError {
                 message,
             },
             StoreError::Forbidden(message) => ApiError::Forbidden(message),
+            StoreError::QuotaExceeded(message) => ApiError::Coded {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                code: ErrorCode::StorageQuotaExceeded,
+                message,
+            },
             StoreError::LeaseLost => ApiError::Internal(error.to_string()),
             StoreError::Database(
                 e @ (sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed),

@@ -69,6 +69,8 @@ impl Fence {
                 self.interrupt.cancel();
                 ContextError::Interrupted
             }
+            // Trying again would be refused the same way.
+            StoreError::QuotaExceeded(message) => ContextError::Refused(message),
             other => ContextError::Runtime(other.to_string()),
         }
     }

@@ -17,6 +17,7 @@ pub(crate) use observe::observe;
 
 use std::time::Duration;
 
+use keel_api_types::ErrorCode;
 use sqlx::{PgConnection, PgPool};
 
 use crate::attempt::fence::DomainRow;
@@ -192,8 +193,12 @@ pub(crate) async fn conclude<R: Attempted>(
     match verdict {
         Verdict::Ended(mut ending) => {
             let label = R::label(&ending);
-            finish_while_leased(pool, job, row, &mut ending).await?;
-            Ok(label)
+            match finish_while_leased(pool, job, row, &mut ending).await {
+                Err(StoreError::QuotaExceeded(message)) => {
+                    over_quota(pool, job, row, context, message).await
+                }
+                done => done.map(|()| label),
+            }
         }
         Verdict::Retry(failure) => {
             nack(pool, lease, row, context, failure).await?;
@@ -212,6 +217,28 @@ pub(crate) async fn conclude<R: Attempted>(
             }
         }
     }
+}
+
+/// Ends the row failed, as its kind gives up, when what its ending still carried (a run's
+/// held steps and output) would take a run or a workspace past its byte quota: the
+/// ending's writes go, the failure names the quota.
+async fn over_quota<R: Attempted>(
+    pool: &PgPool,
+    job: &Job,
+    row: &R,
+    context: &R::Context,
+    message: String,
+) -> Result<&'static str, StoreError> {
+    let failure = Failure {
+        code: ErrorCode::StorageQuotaExceeded.as_str(),
+        message,
+        after: None,
+    };
+    let Some(mut ending) = row.gave_up(context, failure.message.clone(), Some(&failure)) else {
+        return Err(StoreError::QuotaExceeded(failure.message));
+    };
+    finish_while_leased(pool, job, row, &mut ending).await?;
+    Ok(R::label(&ending))
 }
 
 /// How long [`finish_while_leased`] waits before it tries again on a fresh connection.

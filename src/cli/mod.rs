@@ -324,7 +324,7 @@ async fn serve_all(
             (cluster.url("keel"), Some(cluster))
         }
     };
-    let pool = connect_patiently(&url, common.db_max_connections, "serve", &shutdown).await?;
+    let pool = connect_patiently(&url, common, "serve", &shutdown).await?;
     crate::db::migrate(&pool)
         .await
         .context("applying migrations")?;
@@ -368,23 +368,25 @@ pub async fn connect(
         "no database URL: pass --database-url or set KEEL_DATABASE_URL (or DATABASE_URL); \
          only `keel serve` can start its own PostgreSQL",
     )?;
-    connect_patiently(&url, common.db_max_connections, role, shutdown).await
+    connect_patiently(&url, common, role, shutdown).await
 }
 
-/// Opens the pool, waiting while the database cannot be reached yet (a stack whose
-/// PostgreSQL starts beside Keel, a failover under way) for up to the startup patience.
+/// Opens the pool, its connections carrying the byte quotas, waiting while the database
+/// cannot be reached yet (a stack whose PostgreSQL starts beside Keel, a failover under
+/// way) for up to the startup patience.
 async fn connect_patiently(
     url: &str,
-    max_connections: u32,
+    common: &Common,
     role: &str,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<PgPool> {
+    let settings = common.quotas.storage().session_settings();
     crate::queue::reach::retry_while_unreachable(
         "connecting to PostgreSQL",
         crate::queue::reach::STARTUP_PATIENCE,
         shutdown,
         crate::db::StoreError::is_unreachable,
-        || crate::db::connect(url, max_connections, role),
+        || crate::db::connect_with(url, common.db_max_connections, role, &settings),
     )
     .await
     .context("connecting to PostgreSQL")

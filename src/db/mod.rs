@@ -34,8 +34,12 @@ pub enum StoreError {
     /// A fenced write found that this worker no longer holds the job's lease.
     #[error("the lease on this job was lost")]
     LeaseLost,
+    /// A write would take what a run or a workspace stores past its byte quota (the
+    /// database refused it: [`crate::quotas`]); the message says which, `storage_quota_exceeded: …`.
+    #[error("{0}")]
+    QuotaExceeded(String),
     #[error(transparent)]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     /// The object store holding artifact bytes failed, or this process has none.
     #[error("content store: {0}")]
     Content(String),
@@ -52,11 +56,21 @@ impl StoreError {
     }
 }
 
+/// A database error, or the quota refusal the database raises ([`crate::quotas::refusal`]).
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> Self {
+        match crate::quotas::refusal(&error) {
+            Some(message) => StoreError::QuotaExceeded(message),
+            None => StoreError::Database(error),
+        }
+    }
+}
+
 impl From<crate::queue::QueueError> for StoreError {
     fn from(error: crate::queue::QueueError) -> Self {
         match error {
             crate::queue::QueueError::LeaseLost => StoreError::LeaseLost,
-            crate::queue::QueueError::Database(error) => StoreError::Database(error),
+            crate::queue::QueueError::Database(error) => error.into(),
         }
     }
 }
@@ -93,7 +107,19 @@ pub(crate) const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Opens a pool; every connection says which Keel process it belongs to, and carries the
 /// bounds above.
 pub async fn connect(url: &str, max_connections: u32, role: &str) -> Result<PgPool> {
+    connect_with(url, max_connections, role, &[]).await
+}
+
+/// [`connect`], each connection also carrying `settings` (a server process's byte quotas,
+/// [`crate::quotas`]).
+pub async fn connect_with(
+    url: &str,
+    max_connections: u32,
+    role: &str,
+    settings: &[(&str, String)],
+) -> Result<PgPool> {
     let options: PgConnectOptions = url.parse()?;
+    let own = settings.iter().map(|(name, value)| (*name, value.as_str()));
     let options = options.application_name(&format!("keel-{role}")).options(
         [
             (
@@ -103,7 +129,8 @@ pub async fn connect(url: &str, max_connections: u32, role: &str) -> Result<PgPo
             ("statement_timeout", STATEMENT_TIMEOUT),
         ]
         .into_iter()
-        .chain(SERVER_KEEPALIVES),
+        .chain(SERVER_KEEPALIVES)
+        .chain(own),
     );
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)

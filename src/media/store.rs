@@ -1,6 +1,7 @@
 //! Media jobs: the row the API creates and a worker executes through the queue (kind
 //! `media`). Every status change goes through [`transition`], guarded by the states
-//! [`MediaJobStatus::can_become`] allows, recorded in the audit trail.
+//! [`MediaJobStatus::can_become`] allows, recorded in the audit trail; an attempt that
+//! leaves `running` for anything but `succeeded` takes its artifacts with it.
 
 use keel_api_types::ErrorCode;
 use sqlx::PgConnection;
@@ -213,8 +214,27 @@ pub async fn transition(
     )
     .execute(&mut *conn)
     .await?;
+    if current.status() == MediaJobStatus::Running && next != MediaJobStatus::Succeeded {
+        discard_artifacts(conn, scope, id).await?;
+    }
     audit(conn, scope, id, Some(current.status()), next, actor, reason).await?;
     get(conn, scope, id).await
+}
+
+/// Removes what an attempt that did not succeed (failed, retried, cancelled, taken over)
+/// wrote, complete or not: a job that did not succeed has no result to serve, and the next
+/// attempt writes every result anew, never after a cut download's bytes. Their chunks go
+/// with them (ON DELETE CASCADE), and their bytes leave the workspace's count; an S3
+/// chunk's object stays behind, pointed at by no row, as a rolled-back append's does.
+async fn discard_artifacts(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<()> {
+    sqlx::query!(
+        "DELETE FROM artifacts WHERE workspace_id = $1 AND media_job_id = $2",
+        scope.workspace(),
+        id,
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 async fn audit(

@@ -4,7 +4,11 @@
 //! renews. An append is fenced by the lease as a worker's writes are by theirs: the token
 //! must match, the lease must not have expired, the run must still be running, and the
 //! run row is locked while it writes. A lease that lapses fails the run
-//! (`client_lease_expired`), since no one else can do a client's work.
+//! (`client_lease_expired`), since no one else can do a client's work. Renewals stop at the
+//! lease's `renewable_until` (its start plus `KEEL_CLIENT_LEASE_MAX_MS`): a client cannot
+//! hold a run for ever by appending, and its run then fails as `client_lease_max_reached`.
+//! What the appends store counts toward the run's and the workspace's byte quotas
+//! ([`crate::quotas`]); an append over one is refused whole.
 
 use chrono::{DateTime, Utc};
 use sha2::{Digest, Sha256};
@@ -144,7 +148,11 @@ fn check_text(
     }
 }
 
-/// Starts a client-orchestrated run of the task: running at once, held by the caller.
+/// The longest a client holds its run when remote mode sets no maximum: 24 hours.
+pub const REMOTE_CLIENT_LEASE_MAX_MS: u64 = 24 * 3600 * 1000;
+
+/// Starts a client-orchestrated run of the task: running at once, held by the caller, at
+/// most for the rules' maximum.
 pub(crate) async fn start(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -164,15 +172,21 @@ pub(crate) async fn start(
     };
     let token = new_token();
     let lease_ms = request.lease_ms.unwrap_or(DEFAULT_CLIENT_LEASE_MS) as i32;
+    let max_ms = rules.client_lease_max.map(|max| max.as_millis() as f64);
+    // least() skips a NULL: without a maximum the lease is simply its length.
     let lease_expires_at = sqlx::query_scalar!(
-        "INSERT INTO client_leases (run_id, workspace_id, token_sha256, holder, lease_ms, expires_at)
-         VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $5::int / 1000.0))
+        "INSERT INTO client_leases (run_id, workspace_id, token_sha256, holder, lease_ms,
+                                    expires_at, renewable_until)
+         SELECT $1, $2, $3, $4, $5, least(now() + make_interval(secs => $5::int / 1000.0), until),
+                until
+         FROM (SELECT now() + make_interval(secs => $6::float8 / 1000) AS until) max
          RETURNING expires_at",
         run.id,
         scope.workspace(),
         digest(&token),
         actor.to_string(),
         lease_ms,
+        max_ms,
     )
     .fetch_one(conn)
     .await?;
@@ -197,6 +211,8 @@ fn digest(token: &str) -> String {
 struct LeaseRow {
     token_sha256: String,
     expires_at: DateTime<Utc>,
+    /// Whether the lease ran to its maximum rather than its length.
+    at_max: bool,
 }
 
 /// Records what the client sends (its steps, its events, its end) on the run it holds, in
@@ -214,8 +230,9 @@ pub(crate) async fn append(
     }
     let lease = sqlx::query_as!(
         LeaseRow,
-        "SELECT token_sha256, expires_at FROM client_leases
-         WHERE workspace_id = $1 AND run_id = $2",
+        r#"SELECT token_sha256, expires_at,
+                  coalesce(expires_at >= renewable_until, false) AS "at_max!"
+           FROM client_leases WHERE workspace_id = $1 AND run_id = $2"#,
         scope.workspace(),
         run_id,
     )
@@ -241,8 +258,9 @@ pub(crate) async fn append(
     }
     if lease.expires_at <= Utc::now() {
         return Err(StoreError::Conflict(format!(
-            "run {run_id}'s lease expired at {}; the run fails as client_lease_expired",
-            lease.expires_at.to_rfc3339()
+            "run {run_id}'s lease expired at {}; the run fails as {}",
+            lease.expires_at.to_rfc3339(),
+            lapse_code(lease.at_max),
         )));
     }
     let mut appended = Vec::new();
@@ -357,10 +375,11 @@ async fn finish_run<'a>(
     ))
 }
 
-/// Extends the lease by its length from now.
+/// Extends the lease by its length from now, up to its maximum.
 async fn renew(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> Result<DateTime<Utc>> {
     Ok(sqlx::query_scalar!(
-        "UPDATE client_leases SET expires_at = now() + make_interval(secs => lease_ms / 1000.0)
+        "UPDATE client_leases
+         SET expires_at = least(now() + make_interval(secs => lease_ms / 1000.0), renewable_until)
          WHERE workspace_id = $1 AND run_id = $2 RETURNING expires_at",
         scope.workspace(),
         run_id,
@@ -400,24 +419,43 @@ pub(crate) async fn expire(pool: &PgPool) -> Result<u64> {
     Ok(failed)
 }
 
+/// How a run whose lease lapsed fails: its client went silent, or held it as long as it
+/// may.
+fn lapse_code(at_max: bool) -> &'static str {
+    match at_max {
+        true => "client_lease_max_reached",
+        false => "client_lease_expired",
+    }
+}
+
 /// Fails one lapsed run, if it is still running with its lease lapsed once locked (an
 /// append may have renewed it meanwhile).
 async fn fail_lapsed(conn: &mut PgConnection, lapsed: &Lapsed) -> Result<bool> {
     let scope = Scope::new(lapsed.workspace_id.clone());
     let run = runs::lock(conn, &scope, &lapsed.run_id).await?;
-    let still_lapsed = sqlx::query_scalar!(
-        r#"SELECT expires_at < now() AS "lapsed!" FROM client_leases WHERE run_id = $1"#,
+    let lease = sqlx::query!(
+        r#"SELECT expires_at < now() AS "lapsed!",
+                  coalesce(expires_at >= renewable_until, false) AS "at_max!"
+           FROM client_leases WHERE run_id = $1"#,
         lapsed.run_id,
     )
     .fetch_one(&mut *conn)
     .await?;
-    if run.status != RunStatus::Running || !still_lapsed {
+    if run.status != RunStatus::Running || !lease.lapsed {
         return Ok(false);
     }
-    let error = format!(
-        "client_lease_expired: the client did not append within its {} ms lease",
-        lapsed.lease_ms
-    );
+    let error = match lease.at_max {
+        true => format!(
+            "{}: the client held the run for the longest a client may (from {})",
+            lapse_code(true),
+            run.created_at.to_rfc3339()
+        ),
+        false => format!(
+            "{}: the client did not append within its {} ms lease",
+            lapse_code(false),
+            lapsed.lease_ms
+        ),
+    };
     let change = Change {
         last_error: Some(&error),
         ..Change::default()

@@ -54,7 +54,7 @@ pub async fn insert_patch(
         e if crate::db::violates(&e, "artifacts_run_id_name_key") => {
             StoreError::Conflict(format!("run {run_id} already has an artifact named {name}"))
         }
-        e => StoreError::Database(e),
+        e => e.into(),
     })?;
     let bytes = serde_json::to_vec(patch).expect("a Patch serializes");
     // No cap: the tools only change text files of bounded size, and a cut JSON document

@@ -101,6 +101,8 @@ pub struct AdmissionRules {
     pub workspace_roots: WorkspaceRoots,
     /// The programs a member's task may start as stdio MCP servers.
     pub mcp_stdio_commands: StdioCommands,
+    /// Longest a client may hold a client-orchestrated run; None: as long as it appends.
+    pub client_lease_max: Option<Duration>,
 }
 
 /// Where a new run comes from.

@@ -6,13 +6,14 @@
 
 use std::time::Duration;
 
-use crate::support::{TestApp, shell, wait_for};
+use crate::support;
+use crate::support::{Client, TestApp, shell, wait_for};
 use keel_client::{
     ClientArtifact, ClientEvent, ClientFinish, ClientOutcome, ClientRunRequest, ClientStep,
     EventType, RunEventsRequest, RunStatus,
 };
 use reqwest::StatusCode;
-use serde_json::json;
+use serde_json::{Value, json};
 
 const SOON: Duration = Duration::from_secs(20);
 
@@ -198,4 +199,143 @@ async fn a_lapsed_lease_fails_the_run_and_fences_the_late_client() {
         )
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+}
+
+/// A client run of a new task, held by `client`: its task, its run and its lease token.
+struct Held {
+    task_id: String,
+    run_id: String,
+    token: String,
+}
+
+async fn hold(client: &Client, lease_ms: u64) -> Held {
+    let task = client.create_task(&shell("true")).await;
+    let path = format!("/v1/tasks/{}/client-runs", task.id);
+    let (status, body) = client.post(&path, json!({ "lease_ms": lease_ms })).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    Held {
+        task_id: task.id,
+        run_id: body["data"]["run"]["id"].as_str().unwrap().to_string(),
+        token: body["data"]["lease_token"].as_str().unwrap().to_string(),
+    }
+}
+
+/// Appends `body`'s steps, artifacts, events or end to the held run, as raw JSON.
+async fn send(client: &Client, held: &Held, body: Value) -> (StatusCode, Value) {
+    let path = format!("/v1/tasks/{}/runs/{}/events", held.task_id, held.run_id);
+    let mut body = body;
+    body["lease_token"] = json!(held.token);
+    client.post(&path, body).await
+}
+
+/// An append of one text artifact of `bytes` bytes.
+fn artifact_of(name: &str, bytes: usize) -> Value {
+    json!({ "artifacts": [{ "name": name, "text": "k".repeat(bytes) }], "finish": null })
+}
+
+/// What the database counts the workspace as storing, and what its artifacts hold.
+async fn workspace_bytes(pool: &sqlx::PgPool) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT stored_bytes FROM workspace_storage WHERE workspace_id = 'default'),
+                (SELECT sum(size_bytes)::bigint FROM artifacts WHERE workspace_id = 'default')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// What a client's appends store is held to the run's quota (100 000 bytes here) and the
+/// workspace's (150 000): an append past either is refused whole with 413
+/// `storage_quota_exceeded`, and appends racing on two runs take the workspace exactly to
+/// its quota, never past it. A run over its quota can still be ended.
+#[tokio::test]
+async fn client_appends_stop_at_the_run_s_and_the_workspace_s_byte_quota() {
+    let db = support::fresh_database().await;
+    let logs = tempfile::tempdir().unwrap();
+    let quotas = [
+        ("KEEL_RUN_MAX_STORED_BYTES", "100000"),
+        ("KEEL_WORKSPACE_MAX_STORED_BYTES", "150000"),
+    ];
+    let api = support::spawn_api_with_env(&db, logs.path(), "api", &quotas).await;
+    let (c, pool) = (api.client.clone().unwrap(), support::pool(&db).await);
+    let first = hold(&c, 60_000).await;
+    let (status, body) = send(&c, &first, artifact_of("first", 60_000)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = send(&c, &first, artifact_of("second", 60_000)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert_eq!(body["error"]["type"], "storage_quota_exceeded", "{body}");
+    let over = format!(
+        "storage_quota_exceeded: run {} would store 120000 bytes, over its quota of 100000 bytes",
+        first.run_id
+    );
+    assert_eq!(body["error"]["message"], over, "{body}");
+
+    // 90 000 bytes left in the workspace: three of these eight appends fit, whichever.
+    let (second, third) = (hold(&c, 60_000).await, hold(&c, 60_000).await);
+    let appends = (0..8).map(|i| {
+        let held = if i % 2 == 0 { &second } else { &third };
+        send(&c, held, artifact_of(&format!("note-{i}"), 30_000))
+    });
+    let answers = futures_util::future::join_all(appends).await;
+    let accepted = answers.iter().filter(|(s, _)| *s == StatusCode::OK).count();
+    let refused = answers.iter().filter(|(s, body)| {
+        *s == StatusCode::PAYLOAD_TOO_LARGE && body["error"]["type"] == "storage_quota_exceeded"
+    });
+    assert_eq!((accepted, refused.count()), (3, 5), "{answers:?}");
+    assert_eq!(workspace_bytes(&pool).await, (150_000, 150_000));
+
+    let (status, body) = send(
+        &c,
+        &third,
+        json!({ "events": [{ "kind": "note", "data": {} }] }),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "a full workspace: {body}"
+    );
+    let end = json!({ "finish": { "status": "completed" } });
+    let (status, body) = send(&c, &first, end).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["run"]["status"], "completed", "{body}");
+}
+
+/// Appends renew a client's lease up to the longest a client may hold its run (3 s here)
+/// and no further: a client that keeps appending is refused once that has passed, and its
+/// run fails as `client_lease_max_reached`.
+#[tokio::test]
+async fn a_client_that_keeps_appending_lets_go_of_its_run_at_the_longest_lease() {
+    let db = support::fresh_database().await;
+    let (logs, data) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let max = [("KEEL_CLIENT_LEASE_MAX_MS", "3000")];
+    let api = support::spawn_api_with_env(&db, logs.path(), "api", &max).await;
+    let _worker =
+        support::spawn_worker_with_env(&db, logs.path(), "worker", 2_000, data.path(), &max);
+    let c = api.client.clone().unwrap();
+    let held = hold(&c, 2_000).await;
+    let created = c.run(&held.task_id, &held.run_id).await.created_at;
+    let longest = created + chrono::Duration::milliseconds(3_000);
+    let refusal = wait_for(SOON, "an append to be refused", || async {
+        let (status, body) = send(&c, &held, json!({ "finish": null })).await;
+        if status == StatusCode::OK {
+            let expires: chrono::DateTime<chrono::Utc> =
+                serde_json::from_value(body["data"]["lease_expires_at"].clone()).unwrap();
+            assert!(expires <= longest, "renewed to {expires}, past {longest}");
+            return None;
+        }
+        Some((status, body))
+    })
+    .await;
+    let (status, body) = refusal;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("client_lease_max_reached"), "{message}");
+    let failed = wait_for(SOON, "the held run to fail", || async {
+        let run = c.run(&held.task_id, &held.run_id).await;
+        (run.status == RunStatus::Failed).then_some(run)
+    })
+    .await;
+    let error = failed.last_error.unwrap_or_default();
+    assert!(error.starts_with("client_lease_max_reached: "), "{error}");
 }

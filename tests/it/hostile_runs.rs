@@ -838,3 +838,80 @@ async fn a_denying_workspace_policy_keeps_a_members_mcp_server_from_starting() {
         "org a's run alone called the model"
     );
 }
+
+/// Byte quotas small enough for a test to reach: 256 KiB per run, 400 KiB per workspace.
+const QUOTAS: [(&str, &str); 2] = [
+    ("KEEL_RUN_MAX_STORED_BYTES", "262144"),
+    ("KEEL_WORKSPACE_MAX_STORED_BYTES", "409600"),
+];
+
+/// Org b floods its output (`yes`, which never ends by itself): its run is stopped at its
+/// byte quota and fails with `storage_quota_exceeded`, long before its timeout; a second
+/// flood stops where the workspace's quota is spent, and org a's runs complete meanwhile.
+/// The database's counts are what org b's rows hold, within its quotas.
+#[tokio::test]
+async fn a_flood_of_output_stops_at_the_run_s_and_the_workspace_s_byte_quota() {
+    let h = hostile_with(Mode::Isolated, &QUOTAS).await;
+    let pool = support::pool(&h.db).await;
+    let flood = TaskDraft {
+        timeout_ms: Some(600_000),
+        ..support::shell("yes keel-flood")
+    };
+    let (task_id, run_id) = h.b.start_task(&flood).await;
+    let ended = h.b.wait_terminal(&task_id, &run_id, SOON).await;
+    assert_eq!(ended.status, RunStatus::Failed, "{ended:?}");
+    let error = ended.last_error.unwrap_or_default();
+    assert!(
+        error.starts_with(&format!(
+            "storage_quota_exceeded: run {run_id} would store "
+        )),
+        "{error}"
+    );
+    assert!(error.ends_with("over its quota of 262144 bytes"), "{error}");
+    let stored = stored_bytes(&pool, "run_storage", "run_id", &run_id).await;
+    assert!(stored > 0 && stored <= 262_144, "{stored}");
+    assert!(run(&h.a, "echo alive").await.contains("alive"));
+
+    let (task_id, run_id) = h.b.start_task(&flood).await;
+    let ended = h.b.wait_terminal(&task_id, &run_id, SOON).await;
+    let error = ended.last_error.unwrap_or_default();
+    let workspace = two_orgs::workspace_of(&pool, &run_id).await;
+    assert!(
+        error.starts_with(&format!(
+            "storage_quota_exceeded: workspace {workspace} would "
+        )),
+        "{error}"
+    );
+    let stored = stored_bytes(&pool, "workspace_storage", "workspace_id", &workspace).await;
+    assert!(stored > 262_144 && stored <= 409_600, "{stored}");
+    assert_eq!(
+        stored,
+        rows_bytes(&pool, &workspace).await,
+        "the count is the rows'"
+    );
+    assert!(run(&h.a, "echo still alive").await.contains("still alive"));
+}
+
+/// What a run's or a workspace's counter says it stores.
+async fn stored_bytes(pool: &sqlx::PgPool, table: &str, key: &str, id: &str) -> i64 {
+    let query = format!("SELECT stored_bytes FROM {table} WHERE {key} = $1");
+    sqlx::query_scalar(sqlx::AssertSqlSafe(query))
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// What a workspace's artifacts and steps hold, counted from the rows themselves.
+async fn rows_bytes(pool: &sqlx::PgPool, workspace: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT ((SELECT coalesce(sum(size_bytes), 0) FROM artifacts WHERE workspace_id = $1)
+               + (SELECT coalesce(sum(octet_length(input::text)
+                                      + coalesce(octet_length(output::text), 0)), 0)
+                  FROM steps WHERE workspace_id = $1))::bigint",
+    )
+    .bind(workspace)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}

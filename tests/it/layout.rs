@@ -11,8 +11,9 @@ const MAY_USE: &[(&str, &[&str])] = &[
     // Shared vocabulary and infrastructure.
     ("domain", &[]),
     ("telemetry", &[]),
+    ("quotas", &[]),
     ("queue", &["domain", "telemetry"]),
-    ("db", &["queue"]),
+    ("db", &["queue", "quotas"]),
     ("events", &["db", "domain"]),
     ("artifacts", &["db", "domain", "events"]),
     ("attempt", &["db", "domain", "events", "queue", "telemetry"]),
@@ -87,6 +88,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
             "artifacts",
             "providers",
             "queue",
+            "quotas",
             "runs",
             "tasks",
             "telemetry",

@@ -775,3 +775,112 @@ async fn presets_take_secret_references_and_jobs_need_a_capable_preset() {
         StatusCode::BAD_REQUEST
     );
 }
+
+/// How big the stand-in's image is, and where its first answer cuts it off: past one
+/// artifact write (1 MiB), so a cut attempt has stored a part of it.
+const FULL_IMAGE: usize = 1_300_000;
+const CUT_AT: usize = 1_150_000;
+
+/// A download host that fails mid-body, as a vendor's CDN may: `/files/cut.png` is cut off
+/// after [`CUT_AT`] of its declared [`FULL_IMAGE`] bytes the first time and whole after;
+/// `/files/endless.png` declares no length and sends 3 MiB. Plain sockets: an HTTP mock
+/// cannot end a connection mid-body.
+async fn cutting_host(image: Arc<Vec<u8>>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let served = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let (image, served) = (image.clone(), served.clone());
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && socket.read(&mut byte).await.unwrap() == 1 {
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head);
+                let (length, body) = if head.starts_with("GET /files/cut.png ") {
+                    let first = served.fetch_add(1, Ordering::SeqCst) == 0;
+                    let sent = if first { CUT_AT } else { FULL_IMAGE };
+                    (
+                        format!("Content-Length: {FULL_IMAGE}\r\n"),
+                        image[..sent].to_vec(),
+                    )
+                } else {
+                    (String::new(), vec![7u8; 3 << 20])
+                };
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: image/png\r\n{length}Connection: close\r\n\r\n"
+                );
+                // The client may hang up first (past its limit): what it read is the test.
+                let _ = socket.write_all(answer.as_bytes()).await;
+                let _ = socket.write_all(&body).await;
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+    base
+}
+
+/// A vendor whose generation answers with one image at `url`.
+async fn vendor_of(url: String) -> MockServer {
+    let vendor = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({ "data": [{ "url": url }] })))
+        .mount(&vendor)
+        .await;
+    vendor
+}
+
+/// A download cut off mid-body leaves nothing behind that could be served as the result:
+/// the retried job's image is exactly the vendor's, not the cut attempt's bytes with the
+/// whole image after them; a job that fails mid-download (past the download limit, with no
+/// length declared) has no artifact at all, listed or in the database.
+#[tokio::test]
+async fn a_download_cut_off_mid_body_leaves_no_partial_artifact() {
+    let stack = Stack::start(&[("KEEL_MEDIA_DOWNLOAD_MAX_BYTES", "1500000")]).await;
+    let mut image = PNG.to_vec();
+    image.resize(FULL_IMAGE, 7);
+    let image = Arc::new(image);
+    let host = cutting_host(image.clone()).await;
+    let cut = vendor_of(format!("{host}/files/cut.png")).await;
+    let endless = vendor_of(format!("{host}/files/endless.png")).await;
+    let cut = stack
+        .provider("seedream", &cut.uri(), &["image_generate"])
+        .await;
+    let endless = stack
+        .provider("seedream", &endless.uri(), &["image_generate"])
+        .await;
+    let retried = stack.run_job(&cut, "image_generate", json!({})).await;
+    let failed = stack.run_job(&endless, "image_generate", json!({})).await;
+
+    let job = stack.wait_ended(&retried).await;
+    assert_eq!(job.status, MediaJobStatus::Succeeded, "{job:?}");
+    assert_eq!(job.attempt, 2, "a cut attempt, then a whole one");
+    let artifacts = stack.artifacts(&retried).await;
+    let images: Vec<&ArtifactRecord> = artifacts
+        .iter()
+        .filter(|a| a.kind == ArtifactKind::Image)
+        .collect();
+    assert_eq!(images.len(), 1, "{artifacts:?}");
+    assert_eq!(images[0].size_bytes, FULL_IMAGE as i64, "{:?}", images[0]);
+    let (_, bytes) = stack.content(&retried, images[0]).await;
+    assert!(
+        bytes == *image,
+        "the served image is the vendor's, byte for byte"
+    );
+
+    let job = stack.wait_ended(&failed).await;
+    assert_eq!(job.status, MediaJobStatus::Failed, "{job:?}");
+    assert_eq!(job.last_error_code.as_deref(), Some("download_too_large"));
+    assert!(job.artifact_ids.is_empty(), "{job:?}");
+    assert!(stack.artifacts(&failed).await.is_empty());
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM artifacts WHERE media_job_id = $1")
+        .bind(&failed)
+        .fetch_one(&stack.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 0, "no partial row is left to serve");
+}

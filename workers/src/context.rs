@@ -13,6 +13,10 @@ pub enum ContextError {
     /// The runtime could not record the write (for example its database is unreachable).
     #[error("runtime error: {0}")]
     Runtime(String),
+    /// The runtime refused the write for good (a byte quota is spent): the attempt fails
+    /// with this error, which names its cause (`storage_quota_exceeded: …`).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// Which output stream an artifact captures.

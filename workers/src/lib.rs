@@ -137,12 +137,17 @@ pub async fn execute<C: RunContext>(spec: &RunSpec, ctx: &C) -> Outcome {
     result.unwrap_or_else(Outcome::from)
 }
 
-/// An attempt stopped by its context: interrupted, or retried after a runtime error.
+/// An attempt stopped by its context: interrupted, retried after a runtime error, or
+/// failed by a refused write.
 impl From<ContextError> for Outcome {
     fn from(error: ContextError) -> Self {
         match error {
             ContextError::Interrupted => Outcome::Interrupted,
             ContextError::Runtime(error) => Outcome::Retry { error },
+            ContextError::Refused(error) => Outcome::Failed {
+                exit_code: None,
+                error,
+            },
         }
     }
 }

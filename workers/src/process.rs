@@ -60,23 +60,24 @@ pub(crate) async fn run<C: RunContext>(
     let stderr = child.stderr.take().expect("stderr is piped");
 
     let ended = CancellationToken::new();
-    let waited = wait_and_end(
-        &mut child,
-        &mut containment,
-        spec.timeout,
-        ctx.cancellation(),
-        &ended,
-    );
+    // Fired by the attempt's cancellation, or by a pump whose write was refused for good:
+    // a run past its byte quota stops at once rather than run on into a void.
+    let stop = ctx.cancellation().child_token();
+    let waited = wait_and_end(&mut child, &mut containment, spec.timeout, &stop, &ended);
     let (exit, stdout_result, stderr_result) = tokio::join!(
         waited,
-        pump(ctx, &stdout_artifact, stdout, &ended),
-        pump(ctx, &stderr_artifact, stderr, &ended),
+        pump(ctx, &stdout_artifact, stdout, (&ended, &stop)),
+        pump(ctx, &stderr_artifact, stderr, (&ended, &stop)),
     );
-    let Some(exit) = exit.filter(|_| !ctx.cancellation().is_cancelled()) else {
+    if ctx.cancellation().is_cancelled() {
         return Err(ContextError::Interrupted);
-    };
+    }
     stdout_result?;
     let stderr_tail = stderr_result?;
+    // Only a refused write, reported just above, stops the process without a cancellation.
+    let Some(exit) = exit else {
+        return Err(ContextError::Interrupted);
+    };
     ctx.close_output(&stdout_artifact).await?;
     ctx.close_output(&stderr_artifact).await?;
 
@@ -279,23 +280,23 @@ fn ending_of(exit: Exit, stderr_tail: &str, containment: &Containment) -> (StepR
 /// Copies a pipe into an artifact in batches; returns the stream's tail as text. It stops
 /// at the end of the pipe, or [`DRAIN`] after `ended` fires. After a failed write it keeps
 /// draining the pipe (so the child never blocks on a full pipe) and reports the first
-/// failure at the end.
+/// failure at the end; a write refused for good also fires `stop`, which ends the process.
 async fn pump<C: RunContext>(
     ctx: &C,
     artifact: &ArtifactHandle,
     mut reader: impl AsyncRead + Unpin,
-    ended: &CancellationToken,
+    (ended, stop): (&CancellationToken, &CancellationToken),
 ) -> Result<String, ContextError> {
     let mut pending = Vec::new();
     let mut tail = Vec::new();
     let mut failure = None;
     let mut buf = vec![0u8; 16 * 1024];
     let mut flush_at: Option<Instant> = None;
-    let stop = async {
+    let drained = async {
         ended.cancelled().await;
         tokio::time::sleep(DRAIN).await;
     };
-    tokio::pin!(stop);
+    tokio::pin!(drained);
     loop {
         let flush_due = async {
             match flush_at {
@@ -306,11 +307,11 @@ async fn pump<C: RunContext>(
         let read = tokio::select! {
             read = reader.read(&mut buf) => read,
             _ = flush_due => {
-                flush(ctx, artifact, &mut pending, &mut failure).await;
+                flush(ctx, artifact, &mut pending, &mut failure, stop).await;
                 flush_at = None;
                 continue;
             }
-            _ = &mut stop => break,
+            _ = &mut drained => break,
         };
         let n = match read {
             Ok(0) | Err(_) => break,
@@ -320,11 +321,11 @@ async fn pump<C: RunContext>(
         keep_tail(&mut tail, &buf[..n]);
         flush_at.get_or_insert_with(|| Instant::now() + FLUSH_INTERVAL);
         if pending.len() >= FLUSH_BYTES {
-            flush(ctx, artifact, &mut pending, &mut failure).await;
+            flush(ctx, artifact, &mut pending, &mut failure, stop).await;
             flush_at = None;
         }
     }
-    flush(ctx, artifact, &mut pending, &mut failure).await;
+    flush(ctx, artifact, &mut pending, &mut failure, stop).await;
     match failure {
         Some(error) => Err(error),
         None => Ok(String::from_utf8_lossy(&tail).trim().to_string()),
@@ -336,11 +337,15 @@ async fn flush<C: RunContext>(
     artifact: &ArtifactHandle,
     pending: &mut Vec<u8>,
     failure: &mut Option<ContextError>,
+    stop: &CancellationToken,
 ) {
     if failure.is_none()
         && !pending.is_empty()
         && let Err(error) = ctx.append_output(artifact, pending).await
     {
+        if matches!(error, ContextError::Refused(_)) {
+            stop.cancel();
+        }
         *failure = Some(error);
     }
     pending.clear();
@@ -363,18 +368,18 @@ pub(crate) async fn collect(
     let mut kept = Vec::new();
     let mut total = 0usize;
     let mut buf = vec![0u8; 16 * 1024];
-    let stop = async {
+    let drained = async {
         ended.cancelled().await;
         tokio::time::sleep(DRAIN).await;
     };
-    tokio::pin!(stop);
+    tokio::pin!(drained);
     loop {
         let n = tokio::select! {
             read = reader.read(&mut buf) => match read {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             },
-            _ = &mut stop => break,
+            _ = &mut drained => break,
         };
         total += n;
         let room = cap.saturating_sub(kept.len()).min(n);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use keel_workers::InheritedSecret;
 use keel_workers::agent::run_loop::LoopOutcome;
 use keel_workers::hooks::{HookRun, Script};
-use keel_workers::{ContextError, Outcome, RunContext, StepResult};
+use keel_workers::{Outcome, RunContext, StepResult};
 use serde_json::json;
 
 use keel_workers::media::Secret;
@@ -242,12 +242,14 @@ impl AttemptHooks {
         let step = ctx
             .start_step("workspace_clone", input)
             .await
-            .map_err(stopped)?;
+            .map_err(Outcome::from)?;
         let credential = match &repo.credential {
             Ok(credential) => credential,
             Err(why) => {
                 let failed = StepResult::Failed { error: why.clone() };
-                ctx.finish_step(&step, failed).await.map_err(stopped)?;
+                ctx.finish_step(&step, failed)
+                    .await
+                    .map_err(Outcome::from)?;
                 let error = format!("clone_failed: {why}");
                 return Err(self.unprepared(ctx, error).await);
             }
@@ -256,7 +258,9 @@ impl AttemptHooks {
             Ok(inherited) => inherited,
             Err(why) => {
                 let failed = StepResult::Failed { error: why.clone() };
-                ctx.finish_step(&step, failed).await.map_err(stopped)?;
+                ctx.finish_step(&step, failed)
+                    .await
+                    .map_err(Outcome::from)?;
                 return Err(self.unprepared(ctx, format!("clone_failed: {why}")).await);
             }
         };
@@ -283,7 +287,9 @@ impl AttemptHooks {
                 error: format!("git {error}"),
             },
         };
-        ctx.finish_step(&step, result).await.map_err(stopped)?;
+        ctx.finish_step(&step, result)
+            .await
+            .map_err(Outcome::from)?;
         match ran.error {
             None => Ok(()),
             Some(error) => Err(self
@@ -327,7 +333,7 @@ impl AttemptHooks {
         let ran = keel_workers::hooks::run(script, ctx.cancellation())
             .await
             .ok_or(Outcome::Interrupted)?;
-        ctx.shared.record_hook(&ran).await.map_err(stopped)?;
+        ctx.shared.record_hook(&ran).await.map_err(Outcome::from)?;
         Ok(ran)
     }
 
@@ -344,7 +350,7 @@ impl AttemptHooks {
         let step = ctx
             .start_step("workspace_push", input)
             .await
-            .map_err(stopped)?;
+            .map_err(Outcome::from)?;
         let pushed = self.commit_and_push(ctx, repo, push).await?;
         let result = match &pushed {
             Ok(Some(commit)) => StepResult::Completed {
@@ -357,7 +363,9 @@ impl AttemptHooks {
                 error: error.clone(),
             },
         };
-        ctx.finish_step(&step, result).await.map_err(stopped)?;
+        ctx.finish_step(&step, result)
+            .await
+            .map_err(Outcome::from)?;
         pushed.map(|_| ()).map_err(|error| Outcome::Failed {
             exit_code: None,
             error: format!("push_failed: {error}"),
@@ -526,14 +534,6 @@ fn git_config(settings: &[(&str, &str)]) -> Vec<(String, String)> {
         env.push((format!("GIT_CONFIG_VALUE_{n}"), value.to_string()));
     }
     env
-}
-
-/// How an attempt stops when a write of its record fails: interrupted, or retried.
-fn stopped(error: ContextError) -> Outcome {
-    match error {
-        ContextError::Interrupted => Outcome::Interrupted,
-        ContextError::Runtime(error) => Outcome::Retry { error },
-    }
 }
 
 /// Removes everything in `directory` but the directory itself. Nothing of the run's is

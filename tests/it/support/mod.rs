@@ -507,6 +507,7 @@ impl TestApp {
                 sandbox_memory: keel_workers::DEFAULT_RUN_LIMITS.memory,
                 sandbox_nofile: keel_workers::DEFAULT_RUN_LIMITS.nofile,
             },
+            quotas: Default::default(),
         };
         tokio::spawn(keel::api::serve(
             pool.clone(),

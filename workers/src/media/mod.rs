@@ -243,6 +243,8 @@ pub enum MediaErrorCode {
     ResponseTooLarge,
     TooManyOutputs,
     OutputsTooLarge,
+    /// The runtime refused to store more: the workspace's byte quota is spent.
+    StorageQuotaExceeded,
     ProviderError,
 }
 
@@ -260,6 +262,7 @@ impl MediaErrorCode {
             MediaErrorCode::ResponseTooLarge => "response_too_large",
             MediaErrorCode::TooManyOutputs => "too_many_outputs",
             MediaErrorCode::OutputsTooLarge => "outputs_too_large",
+            MediaErrorCode::StorageQuotaExceeded => "storage_quota_exceeded",
             MediaErrorCode::ProviderError => "provider_error",
         }
     }
@@ -310,6 +313,9 @@ impl From<ContextError> for MediaOutcome {
                 MediaErrorCode::ProviderUnavailable,
                 format!("the runtime could not record the attempt: {message}"),
             ),
+            ContextError::Refused(message) => {
+                MediaOutcome::failed(MediaErrorCode::StorageQuotaExceeded, message)
+            }
         }
     }
 }
