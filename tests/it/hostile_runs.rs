@@ -24,7 +24,7 @@ use crate::support::cgroups::cgroup_of;
 use crate::support::llm::{FakeLlm, Turn};
 use crate::support::{Client, KeelProcess, WorkerUser};
 use keel_client::{
-    ApprovalPolicyRequest, GateDecision, GateDecisions, McpServer, RunStatus, TaskDraft, TaskRecord,
+    ApprovalPolicyRequest, GateDecision, GateDecisions, McpServer, RunStatus, TaskDraft,
 };
 use reqwest::StatusCode;
 use serde_json::json;
