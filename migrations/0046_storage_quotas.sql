@@ -31,8 +31,10 @@ DECLARE
 BEGIN
     IF delta < 0 THEN
         IF what = 'run' THEN
+            -- Not for a run being deleted: its row goes with it, and updating a row this
+            -- transaction wrote before makes PostgreSQL check its key again (and fail).
             UPDATE run_storage SET stored_bytes = greatest(stored_bytes + delta, 0)
-            WHERE run_id = subject;
+            WHERE run_id = subject AND EXISTS (SELECT 1 FROM runs WHERE id = subject);
         ELSE
             UPDATE workspace_storage SET stored_bytes = greatest(stored_bytes + delta, 0)
             WHERE workspace_id = subject;
@@ -60,7 +62,7 @@ $$;
 CREATE FUNCTION store_bytes(workspace text, run text, delta bigint) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF delta = 0 THEN
+    IF coalesce(delta, 0) = 0 THEN
         RETURN;
     END IF;
     IF run IS NOT NULL THEN
@@ -77,7 +79,7 @@ $$;
 -- when a run fails, which must never be refused).
 CREATE FUNCTION step_bytes(input jsonb, output jsonb) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT octet_length(input::text)::bigint + coalesce(octet_length(output::text), 0)
+    SELECT coalesce(octet_length(input::text), 0)::bigint + coalesce(octet_length(output::text), 0)
 $$;
 
 CREATE FUNCTION count_step_bytes() RETURNS trigger LANGUAGE plpgsql AS $$
