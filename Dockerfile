@@ -16,8 +16,8 @@ RUN mkdir -p src workers/src bench/src \
  && cargo build --release --locked --bin keel || true
 COPY . .
 RUN touch src/main.rs src/lib.rs workers/src/lib.rs \
- && cargo build --release --locked --bin keel \
- && strip target/release/keel
+ && cargo build --release --locked --bin keel --bin keel-sandbox-shim \
+ && strip target/release/keel target/release/keel-sandbox-shim
 
 FROM debian:bookworm-slim
 # git for git runs; ca-certificates for TLS to remote repositories; curl for health checks;
@@ -26,7 +26,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates git curl bubblewrap \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --create-home --home-dir /var/lib/keel --uid 10001 keel
-COPY --from=build /src/target/release/keel /usr/local/bin/keel
+COPY --from=build /src/target/release/keel /src/target/release/keel-sandbox-shim /usr/local/bin/
 USER keel
 WORKDIR /var/lib/keel
 # 0.0.0.0 so a published port reaches the API. That is only allowed with authentication:

@@ -211,9 +211,10 @@ pub struct SandboxArgs {
     )]
     pub sandbox_egress_allow: Vec<String>,
 
-    /// The `keel` binary a run's processes with network start behind, inside the sandbox
-    /// (the shim that carries their connections to the egress proxy); this process's own
-    /// binary when unset. The sandbox's uids must be able to read it.
+    /// The binary a run's processes with network start behind, inside the sandbox (the
+    /// shim that carries their connections to the egress proxy): `keel-sandbox-shim`, or
+    /// `keel` itself. Unset: the `keel-sandbox-shim` beside this process's binary, else this
+    /// process's own binary. The sandbox's uids must be able to read it.
     #[arg(long, env = "KEEL_SANDBOX_SHIM", global = true)]
     pub sandbox_shim: Option<PathBuf>,
 
@@ -256,10 +257,7 @@ impl SandboxArgs {
             uids: self.sandbox_uids.clone(),
             uid_locks: self.sandbox_uid_locks.clone(),
             read_only_paths: self.sandbox_read_only_paths.clone(),
-            shim: self
-                .sandbox_shim
-                .clone()
-                .or_else(|| std::env::current_exe().ok()),
+            shim: self.sandbox_shim.clone().or_else(default_shim),
             egress: EgressRules::parse(&self.sandbox_egress_allow)?,
             limits: RunLimits {
                 pids: self.sandbox_pids,
@@ -980,4 +978,13 @@ impl WorkerArgs {
     pub fn reconcile_interval(&self) -> Duration {
         Duration::from_millis(self.reconcile_interval_ms.max(100))
     }
+}
+
+/// `keel-sandbox-shim` beside this process's binary (cargo and the image put it there),
+/// else this binary, whose `sandbox-shim` subcommand is the same shim at a higher cost per
+/// start.
+fn default_shim() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let shim = exe.with_file_name("keel-sandbox-shim");
+    Some(if shim.is_file() { shim } else { exe })
 }

@@ -108,11 +108,11 @@ pub const NETWORK_SANDBOX_SPAWN: &[&str] = &[
     "true",
 ];
 
-/// [`NETWORK_SANDBOX_SPAWN`] behind Keel's shim, as a jail with network starts: the `keel`
-/// binary as PID 1, checking the workspace (this process's working directory), listening
+/// [`NETWORK_SANDBOX_SPAWN`] behind Keel's shim, as a jail with network starts: `shim`
+/// (`keel-sandbox-shim`, or `keel`) as PID 1, checking the workspace (this process's working directory), listening
 /// on the run's loopback and carrying connections to `socket` (an egress proxy's, which
 /// the spawn never connects to) before it starts the command.
-pub fn shimmed_sandbox_spawn(keel: &Path, socket: &Path) -> anyhow::Result<Vec<String>> {
+pub fn shimmed_sandbox_spawn(shim: &Path, socket: &Path) -> anyhow::Result<Vec<String>> {
     use std::os::unix::fs::MetadataExt;
     let here = std::fs::metadata(".")?;
     let path = |p: &Path| p.to_string_lossy().into_owned();
@@ -126,7 +126,7 @@ pub fn shimmed_sandbox_spawn(keel: &Path, socket: &Path) -> anyhow::Result<Vec<S
         "/",
         "/",
         "--ro-bind",
-        &path(keel),
+        &path(shim),
         "/run/keel/shim",
         "--ro-bind",
         &path(socket),

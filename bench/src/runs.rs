@@ -169,10 +169,13 @@ fn floors() -> anyhow::Result<Floors> {
     })
 }
 
-/// The argv of a start behind Keel's shim, and the proxy's socket it binds in (a listener
-/// nobody connects to, in a temporary directory removed with it).
+/// The argv of a start behind Keel's shim (`keel-sandbox-shim` beside the `keel` binary,
+/// as a worker finds it, else `keel` itself), and the proxy's socket it binds in (a
+/// listener nobody connects to, in a temporary directory removed with it).
 fn shimmed() -> Option<(Vec<String>, ProxySocket)> {
     let keel = super::children::keel_binary().ok()?;
+    let shim = keel.with_file_name("keel-sandbox-shim");
+    let shim = if shim.is_file() { shim } else { keel };
     let dir = std::env::temp_dir().join(format!("keel-bench-shim-{}", std::process::id()));
     std::fs::create_dir_all(&dir).ok()?;
     let path = dir.join("egress.sock");
@@ -181,7 +184,7 @@ fn shimmed() -> Option<(Vec<String>, ProxySocket)> {
         dir,
         _listener: listener,
     };
-    let argv = super::cpu::shimmed_sandbox_spawn(&keel, &path).ok()?;
+    let argv = super::cpu::shimmed_sandbox_spawn(&shim, &path).ok()?;
     Some((argv, socket))
 }
 

@@ -189,6 +189,10 @@ fn the_compose_stack_is_wired_as_documented() {
     let dockerfile = read("Dockerfile");
     assert!(dockerfile.contains("USER keel") && dockerfile.matches("FROM ").count() == 2);
     assert!(dockerfile.contains("bubblewrap"), "the image lacks bwrap");
+    assert!(
+        dockerfile.contains("/src/target/release/keel-sandbox-shim /usr/local/bin/"),
+        "the image lacks the sandbox shim beside keel"
+    );
 }
 
 /// The block of one service (or top-level entry) of a compose file: its header line and the

@@ -502,7 +502,7 @@ impl TestApp {
                 sandbox_read_only_paths: Vec::new(),
                 sandbox_egress_allow: vec![RUNS_TEST_HOST.to_string()],
                 // This process is the test binary: runs' network goes through the real one.
-                sandbox_shim: Some(env!("CARGO_BIN_EXE_keel").into()),
+                sandbox_shim: Some(env!("CARGO_BIN_EXE_keel-sandbox-shim").into()),
                 sandbox_pids: keel_workers::DEFAULT_RUN_LIMITS.pids,
                 sandbox_memory: keel_workers::DEFAULT_RUN_LIMITS.memory,
                 sandbox_nofile: keel_workers::DEFAULT_RUN_LIMITS.nofile,
