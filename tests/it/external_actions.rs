@@ -874,7 +874,13 @@ async fn a_refusal_fails_the_action_and_a_rate_limit_sends_it_later_once() {
         evidence["evidence"]["answers"][0]["http_status"], 422,
         "{evidence}"
     );
-    assert_eq!(requests(&github, "POST", seven).await.len(), 1);
+    // Once, or once more by an attempt that took over after a lease lost mid-send (the
+    // refusal wrote nothing, so sending again repeats no effect); never a third time.
+    let posts = requests(&github, "POST", seven).await.len();
+    assert!(
+        (1..=2).contains(&posts),
+        "{posts} POSTs for one refused action"
+    );
 
     // Sending when refused: the retry looks for the marker, finds none, sends once more.
     let sent = app.wait_action(&limited, ActionStatus::Sent).await;
