@@ -689,10 +689,32 @@ pub struct AuthArgs {
     pub runtime_label: Option<String>,
 
     /// Requests per identity: `<n>/s`, `<n>/m` or `<n>/h`, optionally `,burst=<b>`
-    /// (default burst: n). Off when unset.
+    /// (default burst: n), or `off`. Unset: `50/s,burst=100` in remote mode, off in local
+    /// mode.
     #[arg(long, env = "KEEL_RATE_LIMIT")]
-    pub rate_limit: Option<RateLimit>,
+    pub rate_limit: Option<RateLimitSetting>,
 }
+
+impl AuthArgs {
+    /// The rate limit in effect: the setting's, else [`REMOTE_RATE_LIMIT`] in remote mode,
+    /// where tenants share the API and one identity's flood must not starve the others.
+    pub fn rate_limit_in_effect(&self) -> Option<RateLimit> {
+        match self.rate_limit {
+            Some(RateLimitSetting::Off) => None,
+            Some(RateLimitSetting::Limit(rate)) => Some(rate),
+            None => self.remote_mode.then_some(REMOTE_RATE_LIMIT),
+        }
+    }
+}
+
+/// Remote mode's rate limit when `KEEL_RATE_LIMIT` is unset: 50 requests a second per
+/// identity, 100 at once. Far above what a person in the console or a CLI following runs
+/// sends (a stream is one request however long it lasts).
+pub const REMOTE_RATE_LIMIT: RateLimit = RateLimit {
+    requests: std::num::NonZeroU32::new(50).unwrap(),
+    period: Duration::from_secs(1),
+    burst: std::num::NonZeroU32::new(100).unwrap(),
+};
 
 /// A secret setting: its Debug output is `***`, so it cannot reach a log through the
 /// settings' Debug output.
@@ -719,7 +741,25 @@ impl std::str::FromStr for Redacted {
     }
 }
 
-/// `KEEL_RATE_LIMIT`: `per` requests replenish over `period`, up to `burst` at once.
+/// `KEEL_RATE_LIMIT`: a rate, or `off` (no limit, in remote mode too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateLimitSetting {
+    Off,
+    Limit(RateLimit),
+}
+
+impl std::str::FromStr for RateLimitSetting {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value.trim() {
+            "off" => Ok(RateLimitSetting::Off),
+            rate => rate.parse().map(RateLimitSetting::Limit),
+        }
+    }
+}
+
+/// A rate: `requests` replenish over `period`, up to `burst` at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimit {
     pub requests: std::num::NonZeroU32,
@@ -733,7 +773,7 @@ impl std::str::FromStr for RateLimit {
     fn from_str(value: &str) -> Result<Self, Self::Err> {
         let invalid = || {
             format!(
-                "'{value}' is not a rate: expected <n>/s, <n>/m or <n>/h, optionally followed by ,burst=<b>"
+                "'{value}' is not a rate: expected <n>/s, <n>/m or <n>/h, optionally followed by ,burst=<b>, or off"
             )
         };
         let (rate, burst) = match value.split_once(',') {

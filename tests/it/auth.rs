@@ -763,6 +763,60 @@ async fn the_rate_limit_applies_in_local_mode_too() {
     assert_eq!(status, StatusCode::OK);
 }
 
+/// Sends `count` requests for `/v1/whoami` at once as the identity of `headers`; returns
+/// how many got through and how long the flood took. Every refusal is the rate limit's.
+async fn flood(client: &Client, headers: &[(&str, &str)], count: usize) -> (usize, Duration) {
+    let started = std::time::Instant::now();
+    let requests = (0..count).map(|_| status_with(client, "/v1/whoami", headers));
+    let answers = futures_util::future::join_all(requests).await;
+    let elapsed = started.elapsed();
+    for (status, body) in &answers {
+        match *status {
+            StatusCode::OK => {}
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert_eq!(body["error"]["type"], "rate_limit_exceeded", "{body}");
+                assert!(body["error"]["request_id"].is_string(), "{body}");
+            }
+            other => panic!("{other}: {body}"),
+        }
+    }
+    let passed = answers.iter().filter(|(s, _)| *s == StatusCode::OK);
+    (passed.count(), elapsed)
+}
+
+/// Remote mode limits each identity without being told to (50/s, 100 at once), `off`
+/// lifts it, and local mode stays unlimited unless told otherwise.
+#[tokio::test]
+async fn remote_mode_limits_each_identity_by_default() {
+    const FLOOD: usize = 300;
+    let shared = [("KEEL_REMOTE_SHARED_SECRET", SHARED_SECRET)];
+    let (_process, client, _logs) = spawn("rate-remote", &remote_env(&shared)).await;
+    let flooder = identity_headers(SHARED_SECRET, "actor_flood", RUNTIME_ID);
+    let (passed, elapsed) = flood(&client, &flooder, FLOOD).await;
+    // The burst, and what refilled while the flood lasted, at most.
+    let refilled = (50.0 * elapsed.as_secs_f64()).ceil() as usize;
+    assert!(
+        (100..=100 + refilled + 1).contains(&passed),
+        "{passed} of {FLOOD} passed in {elapsed:?}"
+    );
+    let other = identity_headers(SHARED_SECRET, "actor_other", RUNTIME_ID);
+    let (status, body) = status_with(&client, "/v1/whoami", &other).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "another identity is not slowed: {body}"
+    );
+
+    let off = remote_env(&[shared[0], ("KEEL_RATE_LIMIT", "off")]);
+    let (_process, client, _logs) = spawn("rate-remote-off", &off).await;
+    let (passed, _) = flood(&client, &flooder, FLOOD).await;
+    assert_eq!(passed, FLOOD, "KEEL_RATE_LIMIT=off lifts the limit");
+
+    let (_process, client, _logs) = spawn("rate-local-default", &[]).await;
+    let (passed, _) = flood(&client, &[], FLOOD).await;
+    assert_eq!(passed, FLOOD, "local mode has no limit unless one is set");
+}
+
 /// Every documented operation and every table row: the table names exactly the router's
 /// routes. The router is walked over HTTP: a route missing from the table answers "not in
 /// the route policy", a table row with no route answers the unknown-route 404.

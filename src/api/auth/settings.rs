@@ -85,7 +85,7 @@ impl Auth {
         Ok(Auth {
             credentials,
             hosts: HostAllowlist::new(&args.allowed_hosts, listen),
-            limiter: args.rate_limit.map(Limiter::new),
+            limiter: args.rate_limit_in_effect().map(Limiter::new),
             cors_origins,
             label: args.runtime_label.clone().unwrap_or_else(host_name),
             // The flag's parser bounds it already; the clamp makes the cast lossless.
