@@ -856,10 +856,10 @@ pub struct WorkerArgs {
     pub artifact_max_bytes: i64,
 
     /// Most jobs one workspace runs at once, across every worker (an operator may set a
-    /// workspace's own limit through the API). Set it on every worker of a deployment
-    /// with several workspaces: claims are then fair across workspaces, a workspace's
-    /// backlog never delays another's first job by more than one claim. Unset: claims
-    /// take due jobs in priority order, whatever their workspace.
+    /// workspace's own limit through the API). Set, claims are fair across workspaces: a
+    /// workspace's backlog never delays another's first job by more than one claim. Unset:
+    /// in remote mode (`KEEL_REMOTE_MODE`), half this worker's concurrency, rounded up; in
+    /// local mode, claims take due jobs in priority order, whatever their workspace.
     #[arg(long, env = "KEEL_MAX_CONCURRENT_PER_WORKSPACE")]
     pub max_concurrent_per_workspace: Option<u32>,
 
@@ -999,8 +999,18 @@ impl WorkerArgs {
             timing: self.lease_timing()?,
             poll_interval: Duration::from_millis(self.poll_interval_ms.max(10)),
             drain_timeout: Duration::from_millis(self.drain_timeout_ms),
-            max_per_workspace: self.max_concurrent_per_workspace,
+            max_per_workspace: self.max_per_workspace(remote_deployment()),
         })
+    }
+
+    /// The setting, else in remote mode a fair share of this worker's slots: half, rounded
+    /// up, so one tenant's backlog never holds every slot while another's jobs wait (but
+    /// for a worker of one slot), and a tenant alone still uses half of them.
+    fn max_per_workspace(&self, remote: bool) -> Option<u32> {
+        let half = self.concurrency.max(1).div_ceil(2);
+        let fair_share = u32::try_from(half).unwrap_or(u32::MAX);
+        self.max_concurrent_per_workspace
+            .or(remote.then_some(fair_share))
     }
 
     fn lease_timing(&self) -> Result<LeaseTiming, String> {

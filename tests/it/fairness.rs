@@ -1,6 +1,6 @@
 //! Fair claims across workspaces: no workspace's backlog delays another's first job by
 //! more than one claim, and no workspace holds more leases than its limit, however many
-//! claims race for it.
+//! claims race for it; a worker in remote mode shares its slots out without being told.
 
 use crate::support;
 
@@ -264,6 +264,56 @@ async fn a_real_worker_keeps_each_workspace_within_its_limit_and_serves_both() {
         start_of(quiet_run) < busy_starts[2],
         "the quiet workspace's run started in the first claims, before the busy one's third \
          run: {quiet_run:?} vs {busy_starts:?}"
+    );
+}
+
+/// Remote mode shares a worker's slots out unasked: a worker of 8 slots lets one workspace
+/// hold 4 of them, so a busy workspace's backlog leaves room for a quiet one's run.
+#[tokio::test]
+async fn a_remote_worker_shares_its_slots_between_workspaces_by_default() {
+    let db = support::fresh_database().await;
+    let logs = tempfile::tempdir().unwrap();
+    let api = remote_api(&db, logs.path()).await;
+    let base = api.client.as_ref().unwrap().base.clone();
+    let (busy, quiet) = (member(&base, "busy"), member(&base, "quiet"));
+    let mut busy_started = Vec::new();
+    for _ in 0..8 {
+        busy_started.push(busy.run_shell("sleep 2").await);
+    }
+    let (quiet_task, quiet_run) = quiet.run_shell("echo quiet").await;
+
+    let data = tempfile::tempdir().unwrap();
+    support::let_the_sandbox_through(data.path());
+    // The worker's 8 slots (support's `--concurrency 8`), and no per-workspace setting.
+    let _worker = support::spawn_worker_with_env(
+        &db,
+        logs.path(),
+        "worker",
+        5_000,
+        data.path(),
+        &[("KEEL_REMOTE_MODE", "1")],
+    );
+    let mut busy_runs = Vec::new();
+    for (task, run) in &busy_started {
+        let run = busy.wait_terminal(task, run, Duration::from_secs(90)).await;
+        assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+        busy_runs.push(run);
+    }
+    let quiet_run = quiet
+        .wait_terminal(&quiet_task, &quiet_run, Duration::from_secs(30))
+        .await;
+    assert_eq!(quiet_run.status, RunStatus::Completed, "{quiet_run:?}");
+    assert_eq!(
+        most_at_once(&busy_runs),
+        4,
+        "the busy workspace held half the worker's slots, never more"
+    );
+    let mut busy_starts: Vec<_> = busy_runs.iter().map(start_of).collect();
+    busy_starts.sort();
+    assert!(
+        start_of(&quiet_run) < busy_starts[4],
+        "the quiet workspace's run started beside the busy one's first four: {quiet_run:?} \
+         vs {busy_starts:?}"
     );
 }
 

@@ -158,7 +158,13 @@ impl Worker {
             || self.start_up(&kinds),
         )
         .await?;
-        tracing::info!(worker_id = %self.id, ?kinds, concurrency = self.settings.concurrency, "worker started");
+        tracing::info!(
+            worker_id = %self.id,
+            ?kinds,
+            concurrency = self.settings.concurrency,
+            max_per_workspace = ?self.settings.max_per_workspace,
+            "worker started"
+        );
         let registry: Registry = Arc::default();
         let wake = Arc::new(Notify::new());
         let background = CancellationToken::new();
