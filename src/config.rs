@@ -607,6 +607,13 @@ pub struct ApiArgs {
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub header_read_timeout_secs: u64,
 
+    /// Event streams (`…/stream`) one identity (workspace and actor) may hold open at once
+    /// on this process; one more is refused with 429.
+    #[arg(long, env = "KEEL_MAX_STREAMS_PER_IDENTITY",
+          default_value_t = crate::api::DEFAULT_MAX_STREAMS_PER_IDENTITY,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_streams_per_identity: usize,
+
     #[command(flatten)]
     pub auth: AuthArgs,
 }

@@ -41,6 +41,9 @@ pub enum ApiError {
     /// The caller's rate limit is spent; it refills in `retry_after` seconds.
     #[error("rate limit exceeded: retry in {retry_after} s")]
     RateLimited { retry_after: u64 },
+    /// The caller holds as many open streams as one identity may.
+    #[error("{max} streams are open for this identity already: close one first")]
+    TooManyStreams { max: usize },
 }
 
 impl ApiError {
@@ -116,6 +119,13 @@ impl ApiError {
                 ErrorCode::RateLimitExceeded,
                 "Too many requests for this identity.",
                 "Wait for the seconds in Retry-After, then retry.",
+            ),
+            ApiError::TooManyStreams { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorCode::RateLimitExceeded,
+                "Too many open streams for this identity.",
+                "Close a stream you no longer read (each run page, `keel watch` and feed \
+                 reader holds one), then retry; KEEL_MAX_STREAMS_PER_IDENTITY sets the cap.",
             ),
         }
     }
@@ -199,6 +209,7 @@ impl IntoResponse for ApiError {
         let mut response = (status, Json(body)).into_response();
         let retry_after = match self {
             ApiError::RateLimited { retry_after } => Some(retry_after),
+            ApiError::TooManyStreams { .. } => Some(STREAMS_RETRY_AFTER_SECS),
             ApiError::Unavailable(_) => Some(UNAVAILABLE_RETRY_AFTER_SECS),
             _ => None,
         };
@@ -217,6 +228,11 @@ impl IntoResponse for ApiError {
 /// When a client should try again after a 503: a failover or a partition's heal takes
 /// seconds, and every process reconnects by itself.
 const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 5;
+
+/// When a client over its stream cap should try again: a slot frees when one of its own
+/// streams ends, which nothing predicts, so this only keeps a reconnecting client from
+/// asking in a tight loop.
+const STREAMS_RETRY_AFTER_SECS: u64 = 5;
 
 /// The full error text, kept on the response for the logging middleware.
 #[derive(Clone)]

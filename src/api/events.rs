@@ -196,7 +196,8 @@ async fn list_feed(
 /// `Last-Event-ID` header); the stream ends after the run's terminal event. Between them,
 /// `model.delta` frames without an id carry the live text of the run's model calls. With
 /// `projection=state`, the last frame of each burst of events read together also carries
-/// the run's state after them ([`keel_api_types::ProjectedEvent`]).
+/// the run's state after them ([`keel_api_types::ProjectedEvent`]). One identity holds at
+/// most `KEEL_MAX_STREAMS_PER_IDENTITY` streams open (429 past it).
 #[utoipa::path(get, path = "/tasks/{task_id}/runs/{run_id}/stream", tag = "events",
     params(("task_id" = String, Path), ("run_id" = String, Path), StreamQuery,
            ("Last-Event-ID" = Option<String>, Header, description = "Resume after this sequence")),
@@ -208,6 +209,7 @@ async fn stream_run_events(
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<StreamQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let slot = state.streams.take(&caller)?;
     let mut after = run_cursor(query.after_sequence, &headers)?;
     let projected = query.projection == Some(Projection::State);
     let scope = caller.scope;
@@ -215,6 +217,8 @@ async fn stream_run_events(
     // Subscribed before the first read, so no delta sent after the stream opened is missed.
     let mut deltas = Some(state.deltas.subscribe());
     let stream = async_stream::stream! {
+        // Moved into the stream, so the slot is given back when the stream is dropped.
+        let _slot = slot;
         let mut wake = state.events.clone();
         loop {
             wake.borrow_and_update();
@@ -302,7 +306,8 @@ async fn next_delta(
 }
 
 /// The workspace's public feed as server-sent events from the cursor on (`after` or the
-/// `Last-Event-ID` header; SSE ids are the events' `cursor`); never ends.
+/// `Last-Event-ID` header; SSE ids are the events' `cursor`); never ends. One identity
+/// holds at most `KEEL_MAX_STREAMS_PER_IDENTITY` streams open (429 past it).
 #[utoipa::path(get, path = "/events/stream", tag = "events",
     params(FeedQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this feed cursor (an event's `cursor`)")),
     responses((status = 200, description = "An SSE stream; each event's data is an event object", content_type = "text/event-stream", body = String)))]
@@ -312,9 +317,12 @@ async fn stream_feed(
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<FeedQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let slot = state.streams.take(&caller)?;
     let mut after = feed_cursor(query.after.as_deref(), &headers)?;
     let (scope, filter) = (caller.scope, query.filter());
     let stream = async_stream::stream! {
+        // Moved into the stream, so the slot is given back when the stream is dropped.
+        let _slot = slot;
         let mut wake = state.events.clone();
         loop {
             wake.borrow_and_update();

@@ -19,6 +19,7 @@ mod patches;
 mod providers;
 mod runtime;
 mod schedules;
+mod streams;
 mod system;
 mod tasks;
 mod usage;
@@ -77,6 +78,8 @@ pub(crate) struct AppState {
     pub(crate) provider_hosts: Arc<ProviderHosts>,
     /// How live checks call chat providers.
     pub(crate) chat: ChatLimits,
+    /// The event streams each identity holds open.
+    pub(crate) streams: Arc<streams::StreamSlots>,
 }
 
 /// What an API process is configured with, beside its pool, listener and authentication.
@@ -90,10 +93,17 @@ pub(crate) struct ApiSettings {
     pub(crate) chat: ChatLimits,
     /// How long a client may take to send a request's line and headers.
     pub(crate) header_read_timeout: Duration,
+    /// How many event streams one identity may hold open on this process.
+    pub(crate) max_streams_per_identity: usize,
 }
 
 /// The header read timeout when the configuration says nothing.
 pub(crate) const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How many event streams one identity may hold open on an API process when the
+/// configuration says nothing: a person's console tabs and CLI watches, with room to
+/// spare, while a member opening hundreds cannot slow everyone's requests.
+pub const DEFAULT_MAX_STREAMS_PER_IDENTITY: usize = 16;
 
 /// Serves the API on `listener` until `shutdown` fires, in local mode without a runtime
 /// token (the listener must be on a loopback address) and the default secret policy.
@@ -114,6 +124,7 @@ pub async fn serve(
         provider_hosts: ProviderHosts::default(),
         chat: ChatLimits::default(),
         header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+        max_streams_per_identity: DEFAULT_MAX_STREAMS_PER_IDENTITY,
     };
     serve_with_auth(pool, listener, settings, auth, shutdown).await
 }
@@ -154,6 +165,7 @@ pub(crate) async fn serve_with_auth(
         secrets: Arc::new(settings.secrets),
         provider_hosts: Arc::new(settings.provider_hosts),
         chat: settings.chat,
+        streams: streams::StreamSlots::new(settings.max_streams_per_identity),
     };
     listen::serve(listener, app(state), settings.header_read_timeout, shutdown).await
 }

@@ -43,7 +43,8 @@ const ERROR_STATUSES: [(&str, &str); 12] = [
     ("415", "The body is not JSON."),
     (
         "429",
-        "The caller's rate limit is spent; Retry-After says for how many seconds.",
+        "The caller's rate limit is spent, or a stream would be one more than an identity \
+         may hold open; Retry-After says for how many seconds to wait.",
     ),
     (
         "422",

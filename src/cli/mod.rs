@@ -411,6 +411,7 @@ pub(crate) async fn serve_api(
         provider_hosts: common.provider_hosts(),
         chat: common.chat.limits(),
         header_read_timeout: std::time::Duration::from_secs(args.header_read_timeout_secs),
+        max_streams_per_identity: args.max_streams_per_identity,
     };
     api::serve_with_auth(pool, listener, settings, auth, shutdown)
         .await

@@ -185,6 +185,12 @@ impl Caller {
         ))
     }
 
+    /// Who the caller is from one request to the next, for what is counted per identity
+    /// (requests against the rate limit, open streams): its workspace and actor.
+    pub(crate) fn identity(&self) -> (String, String) {
+        (self.scope.workspace().to_string(), self.actor_id.clone())
+    }
+
     /// The actor the audit trail records for this caller's changes.
     pub fn actor(&self) -> Actor {
         Actor::Person(self.actor_id.clone())

@@ -1,13 +1,16 @@
 //! The public feed without a deployment-wide lock, against real `keel` processes: many
 //! writers and a reader that reconnects to another replica get every event exactly once,
 //! each run's in order; a writing transaction left open holds the feed back (delays, never
-//! loses) and a rolled-back one lets it move on; a malformed cursor is refused.
+//! loses) and a rolled-back one lets it move on; a malformed cursor is refused. One identity
+//! holds a bounded number of streams, and gets each slot back when its stream ends or its
+//! client goes away.
 
 use crate::support;
 
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
+use crate::support::two_orgs::{self, operator_client};
 use crate::support::{Client, KeelProcess, SseEvent, SseReader, spawn_api, spawn_worker, wait_for};
 use futures_util::{StreamExt, TryStreamExt};
 use keel::domain::{EventType, Scope};
@@ -406,4 +409,74 @@ async fn a_malformed_feed_cursor_is_refused_with_the_envelope() {
 
 fn urlencode(text: &str) -> String {
     form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+/// Opens the stream at `path`: the stream, or the refusal's status and envelope.
+async fn try_stream(client: &Client, path: &str) -> Result<SseReader, (StatusCode, Value)> {
+    let response = client.http.get(format!("{}{path}", client.base)).send();
+    SseReader::from_response(response.await.expect("a response")).await
+}
+
+/// Waits until `client` may open one more stream at `path` (a slot was given back).
+async fn stream_when_free(client: &Client, path: &str, why: &str) -> SseReader {
+    wait_for(Duration::from_secs(20), why, || async {
+        try_stream(client, path).await.ok()
+    })
+    .await
+}
+
+/// A member holds at most `KEEL_MAX_STREAMS_PER_IDENTITY` (by default 16) streams at once,
+/// runs' and the feed's together; one more is 429 with the envelope, while other identities
+/// open theirs. A stream whose client goes away, and one that ends (its run was canceled),
+/// give their slots back.
+#[tokio::test]
+async fn an_identity_holds_a_bounded_number_of_streams_and_gets_them_back() {
+    const FEED: &str = "/v1/events/stream";
+    let stack = two_orgs::stack().await;
+    let a = &stack.a;
+    // Queued for good: the stack has no worker. Its stream lasts until it is canceled.
+    let (task, run) = a.run_shell("true").await;
+    let mut run_stream =
+        SseReader::open(a, &format!("/v1/tasks/{task}/runs/{run}/stream"), None).await;
+    let mut feeds = Vec::new();
+    for _ in 1..keel::api::DEFAULT_MAX_STREAMS_PER_IDENTITY {
+        feeds.push(SseReader::open(a, FEED, None).await);
+    }
+    let (status, body) = try_stream(a, FEED)
+        .await
+        .err()
+        .expect("one stream too many");
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["type"], "rate_limit_exceeded", "{body}");
+    assert!(body["error"]["request_id"].is_string(), "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("16 streams are open"), "{message}");
+
+    // Counted per identity: the org's operator and the other org open theirs.
+    let operator = operator_client(&a.base, "a");
+    let _operators = SseReader::open(&operator, FEED, None).await;
+    let _org_b = SseReader::open(&stack.b, FEED, None).await;
+
+    // A client that goes away gives its slot back.
+    drop(feeds.pop());
+    feeds.push(stream_when_free(a, FEED, "the slot of the stream whose client left").await);
+
+    // So does a stream that ends: the run's, once it is canceled. Its client stays.
+    let (status, _) = a
+        .api
+        .cancel_run(&task, &run)
+        .send_with_status()
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let mut last = None;
+    while let Some(event) = run_stream.next(Duration::from_secs(20)).await {
+        last = event.event;
+    }
+    assert_eq!(
+        last.as_deref(),
+        Some("run.cancelled"),
+        "the run's stream ended with the run"
+    );
+    let _reopened = stream_when_free(a, FEED, "the slot of the stream that ended").await;
 }

@@ -42,12 +42,8 @@ impl Limiter {
         {
             self.buckets.retain_recent();
         }
-        let key = (
-            caller.scope.workspace().to_string(),
-            caller.actor_id.clone(),
-        );
         self.buckets
-            .check_key(&key)
+            .check_key(&caller.identity())
             .map_err(|not_until| not_until.wait_time_from(self.clock.now()))
     }
 }

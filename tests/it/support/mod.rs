@@ -841,11 +841,23 @@ impl SseReader {
             request = request.header("Last-Event-ID", id);
         }
         let response = request.send().await.expect("stream opened");
-        assert_eq!(response.status(), StatusCode::OK);
-        SseReader {
+        Self::from_response(response)
+            .await
+            .unwrap_or_else(|(status, body)| panic!("{path}: {status} {body}"))
+    }
+
+    /// The stream of a response, or its status and body when it is not a 200.
+    pub async fn from_response(
+        response: reqwest::Response,
+    ) -> Result<SseReader, (StatusCode, Value)> {
+        let status = response.status();
+        if status != StatusCode::OK {
+            return Err((status, response.json().await.unwrap_or(Value::Null)));
+        }
+        Ok(SseReader {
             stream: response.bytes_stream().boxed(),
             buffer: String::new(),
-        }
+        })
     }
 
     /// The next event (comments skipped), or None when the stream ends or `timeout` passes.
