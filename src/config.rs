@@ -607,6 +607,13 @@ pub struct ApiArgs {
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub header_read_timeout_secs: u64,
 
+    /// How long an identified request's body may take to arrive whole once its headers
+    /// are in (seconds, 1 to 3600); a body still arriving then is refused with 408.
+    #[arg(long, env = "KEEL_BODY_READ_TIMEOUT_SECS",
+          default_value_t = crate::api::DEFAULT_BODY_READ_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub body_read_timeout_secs: u64,
+
     /// Event streams (`…/stream`) one identity (workspace and actor) may hold open at once
     /// on this process; one more is refused with 429.
     #[arg(long, env = "KEEL_MAX_STREAMS_PER_IDENTITY",

@@ -2,6 +2,7 @@
 //! us tune. A client must send a request's whole head (request line and headers) within
 //! the header read timeout, or its connection is closed: a slowloris client trickling a
 //! byte at a time would otherwise hold a connection (and a task) for as long as it likes.
+//! The body's deadline is the router's (`api::body`): hyper has none for it.
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
-//! Request id, the request span and duration metric, error logging, and the envelope for
-//! responses no handler produced.
+//! Request id, the request span and duration metric, error logging, the bound on a
+//! handler's time, and the envelope for responses no handler produced.
 
 use std::time::Instant;
 
@@ -16,9 +16,10 @@ use crate::telemetry;
 const REQUEST_ID: &str = "x-request-id";
 const TRACEPARENT: &str = "traceparent";
 /// The longest a handler may take to produce its response's head (an SSE stream's body
-/// goes on after it). Past the connection-acquire timeout and the longest outside call a
-/// handler makes (a live provider check, 10 s), so only a database that stopped answering
-/// mid-request reaches it, and the request gets a 503 instead of hanging.
+/// goes on after it), counted once the request's body has arrived. Past the
+/// connection-acquire timeout and the longest outside call a handler makes (a live
+/// provider check, 10 s), so only a database that stopped answering mid-request reaches
+/// it, and the request gets a 503 instead of hanging.
 const RESPONSE_BOUND: std::time::Duration =
     crate::db::ACQUIRE_TIMEOUT.saturating_add(std::time::Duration::from_secs(20));
 /// Error bodies are small; anything larger is passed through untouched.
@@ -63,17 +64,7 @@ pub(crate) async fn request_context(request: Request, next: Next) -> Response {
         .get(TRACEPARENT)
         .and_then(|v| v.to_str().ok());
     telemetry::set_remote_parent(&span, traceparent);
-    let handled = tokio::time::timeout(RESPONSE_BOUND, next.run(request).instrument(span.clone()));
-    let mut response = match handled.await {
-        Ok(response) => response,
-        // Only a database that does not answer keeps a handler this long (each connection
-        // request gives up after ACQUIRE_TIMEOUT, but a statement on a connection that
-        // hangs has no bound of its own). Dropped, the handler's open transaction rolls
-        // back: its writes land whole or not at all.
-        Err(_) => {
-            ApiError::Unavailable(format!("no response within {RESPONSE_BOUND:?}")).into_response()
-        }
-    };
+    let mut response = next.run(request).instrument(span.clone()).await;
     let status = response.status();
     span.record("http.response.status_code", status.as_u16());
     // Client errors are the client's: only a server error marks the span failed.
@@ -99,6 +90,20 @@ pub(crate) async fn request_context(request: Request, next: Next) -> Response {
     }
     telemetry::metrics::http_request(method.as_str(), &route, status.as_u16(), started.elapsed());
     response
+}
+
+/// Runs the handler within [`RESPONSE_BOUND`], or answers 503.
+pub(crate) async fn respond_within_bound(request: Request, next: Next) -> Response {
+    match tokio::time::timeout(RESPONSE_BOUND, next.run(request)).await {
+        Ok(response) => response,
+        // Only a database that does not answer keeps a handler this long (each connection
+        // request gives up after ACQUIRE_TIMEOUT, but a statement on a connection that
+        // hangs has no bound of its own). Dropped, the handler's open transaction rolls
+        // back: its writes land whole or not at all.
+        Err(_) => {
+            ApiError::Unavailable(format!("no response within {RESPONSE_BOUND:?}")).into_response()
+        }
+    }
 }
 
 /// Adds the present `ids` to the error envelope.

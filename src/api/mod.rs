@@ -4,6 +4,7 @@
 mod admission;
 mod approvals;
 mod auth;
+mod body;
 mod client_runs;
 mod console;
 mod error;
@@ -95,10 +96,15 @@ pub(crate) struct ApiSettings {
     pub(crate) header_read_timeout: Duration,
     /// How many event streams one identity may hold open on this process.
     pub(crate) max_streams_per_identity: usize,
+    /// How long a request's body may take to arrive whole.
+    pub(crate) body_read_timeout: Duration,
 }
 
 /// The header read timeout when the configuration says nothing.
 pub(crate) const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The body read timeout when the configuration says nothing: a 2 MiB body at 70 KB/s.
+pub(crate) const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How many event streams one identity may hold open on an API process when the
 /// configuration says nothing: a person's console tabs and CLI watches, with room to
@@ -125,6 +131,7 @@ pub async fn serve(
         chat: ChatLimits::default(),
         header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
         max_streams_per_identity: DEFAULT_MAX_STREAMS_PER_IDENTITY,
+        body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
     };
     serve_with_auth(pool, listener, settings, auth, shutdown).await
 }
@@ -167,7 +174,11 @@ pub(crate) async fn serve_with_auth(
         chat: settings.chat,
         streams: streams::StreamSlots::new(settings.max_streams_per_identity),
     };
-    listen::serve(listener, app(state), settings.header_read_timeout, shutdown).await
+    let bodies = body::BodyRules {
+        read_timeout: settings.body_read_timeout,
+    };
+    let app = app(state, bodies);
+    listen::serve(listener, app, settings.header_read_timeout, shutdown).await
 }
 
 /// Every documented route: the router and the OpenAPI document come from the same
@@ -200,7 +211,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     openapi::finish(doc)
 }
 
-pub(crate) fn app(state: AppState) -> Router {
+pub(crate) fn app(state: AppState, bodies: body::BodyRules) -> Router {
     let (router, _) = routes().split_for_parts();
     let auth = state.auth.clone();
     let router = router
@@ -212,6 +223,13 @@ pub(crate) fn app(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             middleware::panic_response,
+        ))
+        .layer(axum::middleware::from_fn(middleware::respond_within_bound))
+        // Inside `identify`: a body is read only once its sender is known (or the route
+        // is open).
+        .layer(axum::middleware::from_fn_with_state(
+            bodies,
+            body::read_whole,
         ))
         .layer(axum::middleware::from_fn_with_state(
             auth.clone(),

@@ -23,7 +23,7 @@ use utoipa_axum::routes;
 use crate::api::AppState;
 
 /// Statuses any operation may answer with the error envelope.
-const ERROR_STATUSES: [(&str, &str); 12] = [
+const ERROR_STATUSES: [(&str, &str); 13] = [
     (
         "400",
         "The request is malformed (syntax, query string, headers).",
@@ -38,6 +38,10 @@ const ERROR_STATUSES: [(&str, &str); 12] = [
     ),
     ("404", "The resource or route does not exist."),
     ("405", "The method is not allowed on this path."),
+    (
+        "408",
+        "The body did not arrive whole in time (KEEL_BODY_READ_TIMEOUT_SECS).",
+    ),
     ("409", "The resource's state does not allow this now."),
     ("413", "The body is larger than 2 MiB."),
     ("415", "The body is not JSON."),

@@ -412,6 +412,7 @@ pub(crate) async fn serve_api(
         chat: common.chat.limits(),
         header_read_timeout: std::time::Duration::from_secs(args.header_read_timeout_secs),
         max_streams_per_identity: args.max_streams_per_identity,
+        body_read_timeout: std::time::Duration::from_secs(args.body_read_timeout_secs),
     };
     api::serve_with_auth(pool, listener, settings, auth, shutdown)
         .await

@@ -291,6 +291,62 @@ async fn a_client_that_never_finishes_its_request_line_is_disconnected() {
     assert_eq!(status, 200, "{response}");
 }
 
+/// A body that stops, or trickles in a byte every 100 ms (never a long gap), past
+/// `KEEL_BODY_READ_TIMEOUT_SECS` is answered 408 with the envelope, and the connection
+/// closed: the deadline is the whole body's.
+#[tokio::test]
+async fn a_body_that_does_not_arrive_in_time_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_process, client, _logs) =
+        spawn("slow-body", &[("KEEL_BODY_READ_TIMEOUT_SECS", "1")]).await;
+    let address = client.base.trim_start_matches("http://").to_string();
+    let head = "POST /v1/tasks HTTP/1.1\r\nHost: localhost\r\n\
+                Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n";
+    for trickle in [false, true] {
+        let stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+        let (mut read, mut write) = stream.into_split();
+        write.write_all(head.as_bytes()).await.unwrap();
+        write.write_all(br#"{"execution_kind":"#).await.unwrap();
+        let started = std::time::Instant::now();
+        // The writing half stays open either way: a closed one would end the body early.
+        let sender = tokio::spawn(async move {
+            while trickle && write.write_all(b" ").await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            std::future::pending::<()>().await;
+        });
+        let mut response = Vec::new();
+        // Until the server closes; generous next to the 1 s deadline.
+        let read = tokio::time::timeout(Duration::from_secs(30), read.read_to_end(&mut response));
+        assert!(
+            read.await.is_ok(),
+            "trickle {trickle}: no answer after 30 s"
+        );
+        let elapsed = started.elapsed();
+        sender.abort();
+        let response = String::from_utf8_lossy(&response);
+        assert!(
+            response.starts_with("HTTP/1.1 408"),
+            "trickle {trickle}: {response}"
+        );
+        assert!(response.contains("\"invalid_request\""), "{response}");
+        assert!(response.contains("\"request_id\""), "{response}");
+        assert!(
+            elapsed >= Duration::from_secs(1),
+            "{elapsed:?}: the whole deadline"
+        );
+    }
+    // A body that arrives in time is served as before.
+    let body = r#"{"execution_kind":"shell","shell_command":"true"}"#;
+    let request = format!(
+        "POST /v1/tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let (status, response) = raw_exchange(&client.base, &request).await;
+    assert_eq!(status, 201, "{response}");
+}
+
 #[tokio::test]
 async fn a_web_page_cannot_change_a_local_keel_without_a_token() {
     let (_process, client, _logs) = spawn("cross-site", &[]).await;
