@@ -174,10 +174,7 @@ pub(crate) async fn serve_with_auth(
         chat: settings.chat,
         streams: streams::StreamSlots::new(settings.max_streams_per_identity),
     };
-    let bodies = body::BodyRules {
-        read_timeout: settings.body_read_timeout,
-    };
-    let app = app(state, bodies);
+    let app = app(state, settings.body_read_timeout);
     listen::serve(listener, app, settings.header_read_timeout, shutdown).await
 }
 
@@ -211,8 +208,9 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     openapi::finish(doc)
 }
 
-pub(crate) fn app(state: AppState, bodies: body::BodyRules) -> Router {
-    let (router, _) = routes().split_for_parts();
+pub(crate) fn app(state: AppState, body_read_timeout: Duration) -> Router {
+    let (router, document) = routes().split_for_parts();
+    let bodies = Arc::new(body::BodyRules::new(body_read_timeout, &document));
     let auth = state.auth.clone();
     let router = router
         .route("/docs", axum::routing::get(openapi::reference_page))

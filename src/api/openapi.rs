@@ -5,6 +5,7 @@
 use std::sync::OnceLock;
 
 use axum::Json;
+use axum::http::Method;
 use axum::response::Html;
 use keel_api_types::schema::NO_NUL;
 use keel_api_types::{ErrorBody, ErrorEnvelope};
@@ -43,7 +44,10 @@ const ERROR_STATUSES: [(&str, &str); 13] = [
         "The body did not arrive whole in time (KEEL_BODY_READ_TIMEOUT_SECS).",
     ),
     ("409", "The resource's state does not allow this now."),
-    ("413", "The body is larger than 2 MiB."),
+    (
+        "413",
+        "The body is larger than 2 MiB, or the operation takes no body and one was sent.",
+    ),
     ("415", "The body is not JSON."),
     (
         "429",
@@ -173,6 +177,27 @@ pub(crate) fn finish(mut doc: OpenApi) -> OpenApi {
         }
     }
     OpenApiBuilder::from(doc).build()
+}
+
+/// The documented operations that take a request body (optional or not): their method and
+/// path template.
+pub(crate) fn operations_with_body(doc: &OpenApi) -> Vec<(Method, String)> {
+    let mut found = Vec::new();
+    for (path, item) in &doc.paths.paths {
+        let operations = [
+            (Method::GET, &item.get),
+            (Method::PUT, &item.put),
+            (Method::POST, &item.post),
+            (Method::DELETE, &item.delete),
+            (Method::PATCH, &item.patch),
+        ];
+        for (method, operation) in operations {
+            if operation.as_ref().is_some_and(|o| o.request_body.is_some()) {
+                found.push((method, path.clone()));
+            }
+        }
+    }
+    found
 }
 
 /// PostgreSQL cannot store a NUL character, so every string a request carries refuses

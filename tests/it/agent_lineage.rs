@@ -45,10 +45,7 @@ async fn agent_task(c: &Client) -> (String, String) {
 
 async fn cancel(c: &Client, task_id: &str, run_id: &str) {
     let (status, body) = c
-        .post(
-            &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
-            json!({}),
-        )
+        .post_empty(&format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
 }

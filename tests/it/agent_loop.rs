@@ -1091,7 +1091,7 @@ async fn cancelling_a_run_that_waits_for_a_tool_call_approval_cancels_the_approv
         "{approval:?}"
     );
     let cancel = format!("/v1/tasks/{task_id}/runs/{run_id}/cancel");
-    let (status, body) = stack.client.post(&cancel, json!({})).await;
+    let (status, body) = stack.client.post_empty(&cancel).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
         support::record::<RunRecord>(&body).status,

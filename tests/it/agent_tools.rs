@@ -88,9 +88,7 @@ async fn patches_list_read_and_revert_with_drift_detection() {
 
     // Drift: the file changed since the patch; the workspace stays as it is.
     std::fs::write(workspace.join("a.txt"), "edited by hand").unwrap();
-    let (status, error) = c
-        .post(&format!("{base}/{a}/revert"), serde_json::json!({}))
-        .await;
+    let (status, error) = c.post_empty(&format!("{base}/{a}/revert")).await;
     assert_eq!(status, StatusCode::CONFLICT, "{error}");
     assert_eq!(
         std::fs::read_to_string(workspace.join("a.txt")).unwrap(),
@@ -98,9 +96,7 @@ async fn patches_list_read_and_revert_with_drift_detection() {
     );
 
     std::fs::write(workspace.join("a.txt"), "after").unwrap();
-    let (status, reverted) = c
-        .post(&format!("{base}/{a}/revert"), serde_json::json!({}))
-        .await;
+    let (status, reverted) = c.post_empty(&format!("{base}/{a}/revert")).await;
     assert_eq!(status, StatusCode::OK, "{reverted}");
     let reverted: PatchDetail = support::record(&reverted);
     assert_eq!(reverted.summary.status, "reverted");
@@ -108,15 +104,11 @@ async fn patches_list_read_and_revert_with_drift_detection() {
         std::fs::read_to_string(workspace.join("a.txt")).unwrap(),
         "before"
     );
-    let (status, twice) = c
-        .post(&format!("{base}/{a}/revert"), serde_json::json!({}))
-        .await;
+    let (status, twice) = c.post_empty(&format!("{base}/{a}/revert")).await;
     assert_eq!(status, StatusCode::CONFLICT, "{twice}");
 
     // A created file is removed by its revert.
-    let (status, _) = c
-        .post(&format!("{base}/{b}/revert"), serde_json::json!({}))
-        .await;
+    let (status, _) = c.post_empty(&format!("{base}/{b}/revert")).await;
     assert_eq!(status, StatusCode::OK);
     assert!(!workspace.join("b.txt").exists());
     let page = c.api.list_patches(&task_id, &run_id).await.unwrap();
@@ -147,18 +139,14 @@ async fn an_active_run_or_another_runs_patch_is_refused() {
     };
     let id = insert(&app, &task_id, &run_id, "patch-1-1", &patch).await;
     let base = format!("/v1/tasks/{task_id}/runs/{run_id}/patches");
-    let (status, error) = c
-        .post(&format!("{base}/{id}/revert"), serde_json::json!({}))
-        .await;
+    let (status, error) = c.post_empty(&format!("{base}/{id}/revert")).await;
     assert_eq!(status, StatusCode::CONFLICT, "{error}");
 
     let (other_task, other_run) = c.run_shell("true").await;
     c.wait_terminal(&other_task, &other_run, RUN_TIMEOUT).await;
     let elsewhere = format!("/v1/tasks/{other_task}/runs/{other_run}/patches/{id}");
     assert_eq!(c.get(&elsewhere).await.0, StatusCode::NOT_FOUND);
-    let (status, _) = c
-        .post(&format!("{elsewhere}/revert"), serde_json::json!({}))
-        .await;
+    let (status, _) = c.post_empty(&format!("{elsewhere}/revert")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (status, _) = c.get(&format!("{base}/art_missing")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
@@ -174,10 +162,9 @@ async fn an_active_run_or_another_runs_patch_is_refused() {
     let workspace = app.data_dir.path().join("workspaces").join(&other_run);
     std::fs::remove_dir_all(&workspace).unwrap();
     let (status, error) = c
-        .post(
-            &format!("/v1/tasks/{other_task}/runs/{other_run}/patches/{id}/revert"),
-            serde_json::json!({}),
-        )
+        .post_empty(&format!(
+            "/v1/tasks/{other_task}/runs/{other_run}/patches/{id}/revert"
+        ))
         .await;
     assert_eq!(status, StatusCode::CONFLICT, "{error}");
     assert_eq!(error["error"]["type"], "workspace_unavailable", "{error}");

@@ -442,10 +442,7 @@ async fn cancel_stops_a_running_process_tree_within_seconds() {
 
     let cancelled_at = std::time::Instant::now();
     let (status, body) = c
-        .post(
-            &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
-            json!({}),
-        )
+        .post_empty(&format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
@@ -474,10 +471,7 @@ async fn cancel_stops_a_running_process_tree_within_seconds() {
     );
     // Cancelling a finished run is a no-op that returns it.
     let (status, again) = c
-        .post(
-            &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
-            json!({}),
-        )
+        .post_empty(&format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"))
         .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(

@@ -242,7 +242,7 @@ async fn cancel_and_resolve_race_to_one_consistent_outcome() {
                 c.clone(),
                 format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
             );
-            tokio::spawn(async move { c.post(&path, json!({})).await })
+            tokio::spawn(async move { c.post_empty(&path).await })
         };
         let approve = {
             let (c, task_id, approval_id) = (c.clone(), task_id.clone(), approval_id.clone());
@@ -690,7 +690,7 @@ async fn a_workspace_policy_applies_to_the_next_admission_and_every_change_is_au
     assert_eq!(waiting.status, RunStatus::AwaitingApproval);
     assert_eq!(approvals_of(c, &task.id).await[0].kind, "shell_command");
     let cancel = format!("/v1/tasks/{}/runs/{}/cancel", task.id, waiting.id);
-    assert_eq!(c.post(&cancel, json!({})).await.0, StatusCode::OK);
+    assert_eq!(c.post_empty(&cancel).await.0, StatusCode::OK);
 
     let reset = api.delete_policy("default").send().await.unwrap().data;
     assert_eq!(reset.source, PolicySource::Default);

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::support::{
-    Client, KeelProcess, client_with_headers, fresh_database, run_keel_until_exit,
+    Client, KeelProcess, client_with_headers, fresh_database, raw_exchange, run_keel_until_exit,
     spawn_api_with_env, spawn_worker_with_env, wait_for,
 };
 use base64::Engine;
@@ -222,24 +222,6 @@ async fn the_host_must_be_on_the_allowlist_and_cors_is_off_unless_configured() {
         preflight.headers()["access-control-allow-origin"],
         "https://ui.example"
     );
-}
-
-/// Sends `request` as it is over a new connection to the API at `base` and returns the
-/// response's status code and body, read until the server closes.
-async fn raw_exchange(base: &str, request: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let address = base.trim_start_matches("http://");
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await.unwrap();
-    let response = String::from_utf8_lossy(&response).into_owned();
-    let status = response
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {response:?}"));
-    (status, response)
 }
 
 #[tokio::test]

@@ -524,7 +524,7 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
         .mount(&setup.github)
         .await;
     let reconcile = format!("/v1/external-work/sources/{id}/reconcile");
-    let (status, body) = setup.client().post(&reconcile, json!({})).await;
+    let (status, body) = setup.client().post_empty(&reconcile).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(support::record::<PollSummary>(&body).terminal, 1, "{body}");
     let second = setup.items.join("acme_widgets_2");
@@ -532,7 +532,7 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     wait_for(Duration::from_secs(20), "the second workspace to go", gone).await;
     // Nothing left to ask about.
     let requests = setup.github.received_requests().await.unwrap().len();
-    let (status, body) = setup.client().post(&reconcile, json!({})).await;
+    let (status, body) = setup.client().post_empty(&reconcile).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
         setup.github.received_requests().await.unwrap().len(),

@@ -685,7 +685,7 @@ async fn reconcile_asks_github_for_the_items_with_active_runs_only() {
         .mount(&github)
         .await;
     let reconcile = format!("/v1/external-work/sources/{id}/reconcile");
-    let (status, body) = client.post(&reconcile, json!({})).await;
+    let (status, body) = client.post_empty(&reconcile).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
         support::record::<PollSummary>(&body).cancelled_runs,
@@ -702,7 +702,7 @@ async fn reconcile_asks_github_for_the_items_with_active_runs_only() {
         .unwrap();
     assert_eq!(run_of(&client, claimed).await.status, RunStatus::Cancelled);
     // Nothing is active any more: a second reconciliation asks nothing.
-    let (_, body) = client.post(&reconcile, json!({})).await;
+    let (_, body) = client.post_empty(&reconcile).await;
     assert_eq!(
         support::record::<PollSummary>(&body).candidates,
         0,
@@ -752,10 +752,7 @@ async fn max_concurrent_agents_holds_items_back_until_a_slot_frees() {
         claimed.run_id.as_deref().unwrap(),
     );
     let (status, body) = client
-        .post(
-            &format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"),
-            json!({}),
-        )
+        .post_empty(&format!("/v1/tasks/{task_id}/runs/{run_id}/cancel"))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let summary = polled(&client, &id).await;

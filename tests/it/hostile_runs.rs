@@ -526,7 +526,7 @@ async fn a_run_reaches_none_of_the_host_s_listeners() {
         );
 
         let cancel = format!("/v1/tasks/{a_task}/runs/{a_run}/cancel");
-        h.a.post(&cancel, serde_json::json!({})).await;
+        h.a.post_empty(&cancel).await;
         h.a.wait_terminal(&a_task, &a_run, SOON).await;
         assert!(
             !a_workspace.join("accepted").exists(),
@@ -559,7 +559,7 @@ async fn a_run_cannot_squat_the_sandbox_uids() {
         assert!(run(&h.a, "echo started").await.contains("started"));
     }
     let cancel = format!("/v1/tasks/{task_id}/runs/{run_id}/cancel");
-    h.b.post(&cancel, serde_json::json!({})).await;
+    h.b.post_empty(&cancel).await;
 }
 
 /// The symlink race: whoever may write the parent of org b's `in_place` directories (a

@@ -382,7 +382,7 @@ async fn keel_console_prints_a_sign_in_link_good_for_one_sign_in() {
     let (status, body) = client.send(sign_in(&"0".repeat(code.len()))).await;
     assert_unauthorized(status, &body);
     // Only the token's holder gets one.
-    let (status, body) = client.post("/console/sign-in-codes", json!({})).await;
+    let (status, body) = client.post_empty("/console/sign-in-codes").await;
     assert_unauthorized(status, &body);
 
     let log = serve.log_text();

@@ -110,7 +110,7 @@ impl Stack {
         let id = job.id;
         let (status, body) = self
             .client
-            .post(&format!("/v1/media-jobs/{id}/run"), json!({}))
+            .post_empty(&format!("/v1/media-jobs/{id}/run"))
             .await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
         id
@@ -262,7 +262,7 @@ async fn an_image_job_runs_on_a_worker_and_its_secret_is_never_written() {
     // A succeeded job does not run again.
     let (status, body) = stack
         .client
-        .post(&format!("/v1/media-jobs/{id}/run"), json!({}))
+        .post_empty(&format!("/v1/media-jobs/{id}/run"))
         .await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(body["error"]["type"], "media_job_not_runnable");
@@ -444,7 +444,7 @@ async fn vendor_failures_end_with_clear_codes_and_rate_limits_retry() {
     // A failed job runs again.
     let (status, body) = stack
         .client
-        .post(&format!("/v1/media-jobs/{refused}/run"), json!({}))
+        .post_empty(&format!("/v1/media-jobs/{refused}/run"))
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
 }
@@ -591,7 +591,7 @@ async fn cancelling_a_polling_video_job_stops_it_and_a_rerun_submits_afresh() {
     .await;
     let (status, body) = stack
         .client
-        .post(&format!("/v1/media-jobs/{id}/cancel"), json!({}))
+        .post_empty(&format!("/v1/media-jobs/{id}/cancel"))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
@@ -600,7 +600,7 @@ async fn cancelling_a_polling_video_job_stops_it_and_a_rerun_submits_afresh() {
     );
     let (status, _) = stack
         .client
-        .post(&format!("/v1/media-jobs/{id}/cancel"), json!({}))
+        .post_empty(&format!("/v1/media-jobs/{id}/cancel"))
         .await;
     assert_eq!(status, StatusCode::OK, "cancelling an ended job returns it");
     // The worker stops polling: the poll count settles.
@@ -620,7 +620,7 @@ async fn cancelling_a_polling_video_job_stops_it_and_a_rerun_submits_afresh() {
 
     let (status, body) = stack
         .client
-        .post(&format!("/v1/media-jobs/{id}/run"), json!({}))
+        .post_empty(&format!("/v1/media-jobs/{id}/run"))
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     assert!(

@@ -1,9 +1,9 @@
-//! The API contract: the OpenAPI document is served, covers every route, and hostile
-//! input gets a 4xx with the error envelope.
+//! The API contract: the OpenAPI document is served, covers every route, hostile input gets
+//! a 4xx with the error envelope, and an operation the document gives no body refuses one.
 
 use crate::support;
 
-use crate::support::TestApp;
+use crate::support::{TestApp, raw_exchange};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
@@ -281,6 +281,63 @@ async fn hostile_input_gets_a_4xx_with_the_envelope() {
         "after_sequence",
     )
     .await;
+}
+
+/// `request` (a request line and headers, without the blank line) sent raw with `body`, and
+/// asserts the 413 envelope that refuses the body.
+async fn assert_body_refused(base: &str, request: &str, body: &str, mention: &str) {
+    let request = format!("{request}Host: localhost\r\nConnection: close\r\n\r\n{body}");
+    let (status, response) = raw_exchange(base, &request).await;
+    assert_eq!(status, 413, "{request}: {response}");
+    assert!(response.contains("\"invalid_request\""), "{response}");
+    assert!(response.contains("\"request_id\""), "{response}");
+    assert!(response.contains(mention), "{request}: {response}");
+}
+
+/// Every operation the document gives no request body refuses one with 413 and the
+/// envelope: announced (2.5 MB, none of it sent) or sent chunked, without a length. Sent
+/// nothing, it answers as before. The 2 MiB limit holds on every operation that takes one.
+#[tokio::test]
+async fn an_operation_that_takes_no_body_refuses_one() {
+    let app = TestApp::api_only().await;
+    let base = &app.client.base;
+    let doc = serde_json::to_value(keel::api::openapi()).unwrap();
+    let mut bodiless = 0;
+    for (method, path) in operations(&doc) {
+        if doc["paths"][&path][&method]["requestBody"].is_object() {
+            continue;
+        }
+        bodiless += 1;
+        let concrete = path.replace(['{', '}'], "");
+        let line = format!("{} {concrete} HTTP/1.1\r\n", method.to_uppercase());
+        let announced =
+            format!("{line}Content-Type: application/json\r\nContent-Length: 2500000\r\n");
+        assert_body_refused(base, &announced, "", "takes no request body").await;
+        let chunked =
+            format!("{line}Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n");
+        assert_body_refused(
+            base,
+            &chunked,
+            "2\r\n{}\r\n0\r\n\r\n",
+            "takes no request body",
+        )
+        .await;
+        // A read answers as it always did (a stream would never end); the shutdown would
+        // stop this server: refused above, it did not.
+        if method == "get" || path == "/v1/system/shutdown" {
+            continue;
+        }
+        let request = format!("{line}Host: localhost\r\nConnection: close\r\n\r\n");
+        let (status, response) = raw_exchange(base, &request).await;
+        assert!(
+            status != 413 && status < 500,
+            "{method} {path} without a body: {response}"
+        );
+    }
+    assert!(bodiless >= 20, "{bodiless} operations take no body");
+    let too_large = "POST /v1/tasks HTTP/1.1\r\nContent-Type: application/json\r\n\
+                     Content-Length: 2500000\r\n";
+    assert_body_refused(base, too_large, "", "length limit").await;
 }
 
 /// The document says exactly what the server takes: a task draft is a union on

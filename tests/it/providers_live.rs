@@ -31,7 +31,7 @@ async fn create(client: &Client, api: &str, base_url: &str) -> String {
 /// are refused.
 async fn check(client: &Client, id: &str, query: &str) -> (StatusCode, Value) {
     client
-        .post(&format!("/v1/providers/{id}/check{query}"), json!({}))
+        .post_empty(&format!("/v1/providers/{id}/check{query}"))
         .await
 }
 

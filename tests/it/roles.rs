@@ -456,7 +456,7 @@ async fn a_member_cannot_send_the_operators_secrets_to_its_listener() {
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let own = support::record::<ProviderView>(&body).id;
     let check = format!("/v1/providers/{own}/check?live=true");
-    let (status, body) = member.post(&check, json!({})).await;
+    let (status, body) = member.post_empty(&check).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let heard = llm.requests();
     assert_eq!(heard.len(), 1);
@@ -528,7 +528,7 @@ impl Stack {
 /// A check of preset `id` through `c` (live when it is a chat preset): its code and message.
 async fn checked(c: &Client, id: &str) -> (String, String) {
     let (status, body) = c
-        .post(&format!("/v1/providers/{id}/check?live=true"), json!({}))
+        .post_empty(&format!("/v1/providers/{id}/check?live=true"))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let check: ProviderCheck = support::record(&body);
@@ -628,9 +628,7 @@ async fn a_members_media_job_is_refused_once_its_grant_is_withdrawn() {
     let (status, body) = member.post("/v1/media-jobs", job).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let id = support::record::<MediaJobRecord>(&body).id;
-    let (status, body) = member
-        .post(&format!("/v1/media-jobs/{id}/run"), json!({}))
-        .await;
+    let (status, body) = member.post_empty(&format!("/v1/media-jobs/{id}/run")).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     let ended = support::wait_for(Duration::from_secs(60), "the media job to end", || async {
         let job = member.api.get_media_job(&id).await.unwrap().data;
@@ -690,7 +688,7 @@ async fn two_orgs_tracking_one_repository_keep_their_directories_apart() {
     assert_eq!(closed.state, ItemState::Terminal, "{closed:?}");
     let reconcile = format!("/v1/external-work/sources/{b_source}/reconcile");
     let _worker = stack.spawn_worker();
-    let (status, body) = b.post(&reconcile, json!({})).await;
+    let (status, body) = b.post_empty(&reconcile).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     // The workers' maintenance removes a terminal item's workspace.
     let gone = || async { (!b_dir.exists()).then_some(()) };
@@ -782,7 +780,7 @@ async fn a_tenants_tracker_key_is_held_to_its_grants_when_written_and_at_each_po
     let ungranted = stack.narrowed(&[("KEEL_SECRET_GRANTS", "org_b=env:ORG_A_API_KEY")]);
     let (_api, narrowed) = stack.api_with("api-ungranted", &ungranted).await;
     let reconcile = format!("/v1/external-work/sources/{}/reconcile", source.id);
-    let (status, body) = narrowed.post(&reconcile, json!({})).await;
+    let (status, body) = narrowed.post_empty(&reconcile).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["data"]["error_code"], "secret_not_granted", "{body}");
     let secret = key_status(&narrowed, &source.id).await;
@@ -1135,7 +1133,7 @@ async fn patches_are_changed_only_by_an_operator_who_did_not_request_the_run() {
     // The operator's run, cancelled while it waited: ended, with a proposed patch.
     let (task_id, run_id, _) = gated(&operator).await;
     let cancel = format!("/v1/tasks/{task_id}/runs/{run_id}/cancel");
-    let (status, body) = operator.post(&cancel, json!({})).await;
+    let (status, body) = operator.post_empty(&cancel).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let proposal = Patch {
         path: "notes.txt".into(),
@@ -1168,7 +1166,7 @@ async fn patches_are_changed_only_by_an_operator_who_did_not_request_the_run() {
     // Neither a member nor the run's requester changes it.
     for c in [stack.member("a"), operator.clone()] {
         for verb in ["apply", "revert", "discard"] {
-            let (status, body) = c.post(&format!("{base}/{verb}"), json!({})).await;
+            let (status, body) = c.post_empty(&format!("{base}/{verb}")).await;
             assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
         }
     }
@@ -1177,7 +1175,7 @@ async fn patches_are_changed_only_by_an_operator_who_did_not_request_the_run() {
     // Another operator does.
     let (status, body) = stack
         .runtime_operator("a")
-        .post(&format!("{base}/discard"), json!({}))
+        .post_empty(&format!("{base}/discard"))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["data"]["status"], "discarded", "{body}");

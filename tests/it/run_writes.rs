@@ -47,9 +47,7 @@ async fn a_long_process_shows_its_step_and_outputs_while_it_runs() {
         "the held rows' events, in the order reported: {types:?}"
     );
 
-    let (status, body) = c
-        .post(&format!("{run_path}/cancel"), serde_json::json!({}))
-        .await;
+    let (status, body) = c.post_empty(&format!("{run_path}/cancel")).await;
     assert_eq!(status, reqwest::StatusCode::OK, "{body}");
     let steps = c.api.list_steps(&task_id, &run_id).await.unwrap().data;
     assert_eq!(steps[0].status, StepStatus::Cancelled);

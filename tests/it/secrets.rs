@@ -249,7 +249,7 @@ async fn a_worker_checks_the_policy_again_when_it_resolves_a_stored_preset() {
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let job = support::record::<MediaJobRecord>(&body).id;
     let (status, body) = client
-        .post(&format!("/v1/media-jobs/{job}/run"), json!({}))
+        .post_empty(&format!("/v1/media-jobs/{job}/run"))
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
 

@@ -206,7 +206,7 @@ const ROUTES: &[(&str, &str, Walk)] = &[
     (
         "POST",
         "/v1/external-work/sources/{source_id}/reconcile",
-        Write("{}"),
+        Write(""),
     ),
     ("GET", "/v1/external-work/sources/{source_id}/status", Read),
     (
@@ -585,9 +585,7 @@ async fn seed(c: &Client, vendor: &str) -> Gated {
     .await;
     from_template(c, "seedream", json!({})).await;
     let job = media_job(c, &image).await;
-    let (status, body) = c
-        .post(&format!("/v1/media-jobs/{job}/run"), json!({}))
-        .await;
+    let (status, body) = c.post_empty(&format!("/v1/media-jobs/{job}/run")).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     media_job(c, &image).await;
     let source = json!({ "workflow_markdown":
@@ -1265,7 +1263,7 @@ async fn live_events_stay_in_their_workspace(a: &Client, a_run: &Gated, b: &Clie
 
 async fn cancel(c: &Client, gated: &Gated) {
     let path = format!("/v1/tasks/{}/runs/{}/cancel", gated.task_id, gated.run_id);
-    let (status, run) = c.post(&path, json!({})).await;
+    let (status, run) = c.post_empty(&path).await;
     assert_eq!(status, StatusCode::OK, "{run}");
     assert_eq!(
         support::record::<RunRecord>(&run).status,

@@ -44,7 +44,7 @@ async fn failed_job(client: &Client, provider: &str) -> MediaJobRecord {
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let job = support::record::<MediaJobRecord>(&body).id;
     let (status, body) = client
-        .post(&format!("/v1/media-jobs/{job}/run"), json!({}))
+        .post_empty(&format!("/v1/media-jobs/{job}/run"))
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     wait_for(Duration::from_secs(60), "the job to fail", || async {
@@ -212,7 +212,7 @@ async fn a_worker_rechecks_the_host_list_before_calling() {
         .client
         .as_ref()
         .unwrap()
-        .post(&format!("/v1/providers/{provider}/check"), json!({}))
+        .post_empty(&format!("/v1/providers/{provider}/check"))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let check: ProviderCheck = support::record(&body);

@@ -288,6 +288,12 @@ impl Client {
             .await
     }
 
+    /// POSTs to an action that takes no body (cancel, run, check, …), sending none.
+    pub async fn post_empty(&self, path: &str) -> (StatusCode, Value) {
+        self.send(self.http.post(format!("{}{path}", self.base)))
+            .await
+    }
+
     /// The feed page at `path` (a `/v1/events?…` list) once `ready` holds for its events.
     /// The feed shows an event once every transaction older than the event's has ended, in
     /// any database of the cluster, and tests running alongside hold some open for a moment.
@@ -983,6 +989,24 @@ pub async fn json_or_null(response: reqwest::Response) -> Value {
     } else {
         Value::Null
     }
+}
+
+/// Sends `request` as it is over a new connection to the API at `base` and returns the
+/// response's status code and body, read until the server closes.
+pub async fn raw_exchange(base: &str, request: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.unwrap();
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {response:?}"));
+    (status, response)
 }
 
 /// Every table's rows, as text, that contain `needle`.

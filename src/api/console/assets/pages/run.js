@@ -160,7 +160,7 @@ function actions(view, state, task, base, ctx) {
   };
   const buttons = {
     cancel: action('Cancel', async () => {
-      await post(`${base}/cancel`, {});
+      await post(`${base}/cancel`);
       toast(`Cancelling run ${state.run.number}.`);
     }, { class: 'danger' }),
     retry: action('Retry', carryOn('retry'), { class: 'secondary' }),
