@@ -610,20 +610,28 @@ pub struct ApiArgs {
     /// How long an identified request's body may take to arrive whole once its headers
     /// are in (seconds, 1 to 3600); a body still arriving then is refused with 408.
     #[arg(long, env = "KEEL_BODY_READ_TIMEOUT_SECS",
-          default_value_t = crate::api::DEFAULT_BODY_READ_TIMEOUT.as_secs(),
+          default_value_t = DEFAULT_BODY_READ_TIMEOUT_SECS,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub body_read_timeout_secs: u64,
 
     /// Event streams (`…/stream`) one identity (workspace and actor) may hold open at once
     /// on this process; one more is refused with 429.
     #[arg(long, env = "KEEL_MAX_STREAMS_PER_IDENTITY",
-          default_value_t = crate::api::DEFAULT_MAX_STREAMS_PER_IDENTITY,
+          default_value_t = DEFAULT_MAX_STREAMS_PER_IDENTITY,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_streams_per_identity: usize,
 
     #[command(flatten)]
     pub auth: AuthArgs,
 }
+
+/// The body read timeout when the configuration says nothing: a 2 MiB body at 70 KB/s.
+pub(crate) const DEFAULT_BODY_READ_TIMEOUT_SECS: u64 = 30;
+
+/// How many event streams one identity may hold open on an API process when the
+/// configuration says nothing: a person's console tabs and CLI watches, with room to
+/// spare, while a member opening hundreds cannot slow everyone's requests.
+pub const DEFAULT_MAX_STREAMS_PER_IDENTITY: usize = 16;
 
 /// The longest console sign-in (30 days).
 pub const MAX_CONSOLE_SESSION_SECS: u64 = 30 * 24 * 3600;

@@ -103,14 +103,6 @@ pub(crate) struct ApiSettings {
 /// The header read timeout when the configuration says nothing.
 pub(crate) const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The body read timeout when the configuration says nothing: a 2 MiB body at 70 KB/s.
-pub(crate) const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How many event streams one identity may hold open on an API process when the
-/// configuration says nothing: a person's console tabs and CLI watches, with room to
-/// spare, while a member opening hundreds cannot slow everyone's requests.
-pub const DEFAULT_MAX_STREAMS_PER_IDENTITY: usize = 16;
-
 /// Serves the API on `listener` until `shutdown` fires, in local mode without a runtime
 /// token (the listener must be on a loopback address) and the default secret policy.
 pub async fn serve(
@@ -130,8 +122,8 @@ pub async fn serve(
         provider_hosts: ProviderHosts::default(),
         chat: ChatLimits::default(),
         header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
-        max_streams_per_identity: DEFAULT_MAX_STREAMS_PER_IDENTITY,
-        body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+        max_streams_per_identity: crate::config::DEFAULT_MAX_STREAMS_PER_IDENTITY,
+        body_read_timeout: Duration::from_secs(crate::config::DEFAULT_BODY_READ_TIMEOUT_SECS),
     };
     serve_with_auth(pool, listener, settings, auth, shutdown).await
 }

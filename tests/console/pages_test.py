@@ -149,7 +149,7 @@ def test_a_media_job_shows_its_image_preview_and_providers_show_readiness_withou
         provider = ok(api(page, "POST", "/v1/providers", preset))
         job = ok(api(page, "POST", "/v1/media-jobs", {"provider_id": provider["id"], "operation": "image_generate",
                                                       "prompt": "a lighthouse at dusk"}))
-        ok(api(page, "POST", f"/v1/media-jobs/{job['id']}/run", {}))
+        ok(api(page, "POST", f"/v1/media-jobs/{job['id']}/run"))
 
         open_page(page, "#/media")
         page.get_by_role("link", name=job["id"]).click()

@@ -439,7 +439,7 @@ async fn an_identity_holds_a_bounded_number_of_streams_and_gets_them_back() {
     let mut run_stream =
         SseReader::open(a, &format!("/v1/tasks/{task}/runs/{run}/stream"), None).await;
     let mut feeds = Vec::new();
-    for _ in 1..keel::api::DEFAULT_MAX_STREAMS_PER_IDENTITY {
+    for _ in 1..keel::config::DEFAULT_MAX_STREAMS_PER_IDENTITY {
         feeds.push(SseReader::open(a, FEED, None).await);
     }
     let (status, body) = try_stream(a, FEED)

@@ -450,8 +450,6 @@ async fn stack() -> Stack {
         ("KEEL_MEDIA_ALLOW_PRIVATE_ADDRESSES", "1"),
         ("KEEL_PROVIDER_HOSTS", "127.0.0.1"),
         ("KEEL_ALLOW_SELF_APPROVAL", "1"),
-        // The walk calls every route back to back, far past remote mode's default rate.
-        ("KEEL_RATE_LIMIT", "off"),
     ];
     let env = [REMOTE_ENV.as_slice(), &settings].concat();
     let api = support::spawn_api_with_env(&db, logs.path(), "api", &env).await;

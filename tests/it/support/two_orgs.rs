@@ -10,12 +10,14 @@ const RUNTIME_ID: &str = "rt_two_orgs";
 pub const SHARED_SECRET: &str = "two-orgs-shared-secret-0123456789";
 
 /// The settings of a runtime in remote mode that [`org_client`]'s headers identify to;
-/// the proxy's `X-Keel-Role` counts.
-pub const REMOTE_ENV: [(&str, &str); 4] = [
+/// the proxy's `X-Keel-Role` counts. Without the default rate limit: these clients poll
+/// as fast as a test waits (auth.rs tests the limit).
+pub const REMOTE_ENV: [(&str, &str); 5] = [
     ("KEEL_REMOTE_MODE", "1"),
     ("KEEL_RUNTIME_ID", RUNTIME_ID),
     ("KEEL_REMOTE_SHARED_SECRET", SHARED_SECRET),
     ("KEEL_REMOTE_ROLE_HEADER", "1"),
+    ("KEEL_RATE_LIMIT", "off"),
 ];
 
 pub struct Stack {

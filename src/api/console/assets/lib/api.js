@@ -53,7 +53,7 @@ export async function request(method, path, body) {
 }
 
 export const get = (path) => request('GET', path);
-export const post = (path, body = {}) => request('POST', path, body);
+export const post = (path, body) => request('POST', path, body);
 export const del = (path) => request('DELETE', path);
 
 /** `path` with the query parameters that have a value. */
