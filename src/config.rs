@@ -202,7 +202,8 @@ pub struct SandboxArgs {
 
     /// Hosts (a comma list of `host` or `host:port`, a name or an IP literal) runs may
     /// reach through the egress proxy although they are not public: an internal mirror,
-    /// say. Every other destination must resolve to public addresses.
+    /// say. `WORKSPACE=host[:port]` lets only that workspace's runs reach it. Every other
+    /// destination must resolve to public addresses.
     #[arg(
         long,
         env = "KEEL_SANDBOX_EGRESS_ALLOW",

@@ -112,7 +112,7 @@ pub(crate) async fn execute(
         policy: PolicyReader {
             pool: jobs.pool.clone(),
             default: agent.approvals.clone(),
-            sandbox: row.task.sandbox(),
+            sandbox: row.task.sandbox(job.lease.scope().workspace()),
         },
     };
     // Runs within the task's hooks, after its repository's clone: a base composed here
@@ -258,7 +258,7 @@ async fn prepare(
         allowed: tools::allowed(task.tools.as_deref(), task.sandbox_read_only),
         env: ToolEnv {
             workspace,
-            sandbox: task.sandbox(),
+            sandbox: task.sandbox(scope.workspace()),
             env: jobs.env(task, run),
             call_timeout: timeout,
             max_output_bytes: tools::DEFAULT_MAX_OUTPUT_BYTES,
@@ -493,8 +493,8 @@ impl PolicyReader {
             .iter()
             .map(|call| {
                 let (decision, gate) = match server_of(&call.name) {
-                    Some((server, _)) => policy.mcp_decision(server, self.sandbox),
-                    None => policy.tool_decision(&call.name, self.sandbox),
+                    Some((server, _)) => policy.mcp_decision(server, &self.sandbox),
+                    None => policy.tool_decision(&call.name, &self.sandbox),
                 };
                 match decision {
                     GateDecision::Allow => ToolDecision::Allow,

@@ -252,7 +252,7 @@ impl ApprovalPolicy {
     pub(crate) fn tool_decision(
         &self,
         tool: &str,
-        sandbox: SandboxPolicy,
+        sandbox: &SandboxPolicy,
     ) -> (GateDecision, &'static str) {
         let gated_by = match tool {
             "shell_exec" if sandbox.network => &[Policy::ShellExec, Policy::NetworkEgress][..],
@@ -277,7 +277,7 @@ impl ApprovalPolicy {
     pub(crate) fn mcp_decision(
         &self,
         server: &str,
-        sandbox: SandboxPolicy,
+        sandbox: &SandboxPolicy,
     ) -> (GateDecision, &'static str) {
         let egress = match sandbox.network {
             true => self.gates.network_egress,
@@ -303,7 +303,7 @@ impl ApprovalPolicy {
 
     /// The gates of a run that pushes its result to a branch of its repository: those of
     /// `git push` run by itself.
-    pub(crate) fn gates_for_push(&self, sandbox: SandboxPolicy) -> Vec<ApprovalKind> {
+    pub(crate) fn gates_for_push(&self, sandbox: &SandboxPolicy) -> Vec<ApprovalKind> {
         let push = Execution::Git {
             command: "push".to_string(),
         };
@@ -312,7 +312,7 @@ impl ApprovalPolicy {
 
     /// The gates of an imported task's workflow hooks (shell scripts its worker runs in
     /// the workspace): those a shell command needs.
-    pub(crate) fn gates_for_hooks(&self, sandbox: SandboxPolicy) -> Vec<ApprovalKind> {
+    pub(crate) fn gates_for_hooks(&self, sandbox: &SandboxPolicy) -> Vec<ApprovalKind> {
         let script = Execution::Shell {
             command: String::new(),
         };
@@ -327,7 +327,7 @@ impl ApprovalPolicy {
     pub(crate) fn gates_for_mcp_servers(
         &self,
         servers: &[McpServer],
-        sandbox: SandboxPolicy,
+        sandbox: &SandboxPolicy,
     ) -> Vec<ApprovalKind> {
         let started: Vec<&McpServer> = servers.iter().filter(|s| starts_a_process(s)).collect();
         if started.is_empty() {
@@ -363,7 +363,7 @@ impl ApprovalPolicy {
 
     /// The gates of a remote repository's clone, a git fetch: `network_egress` with
     /// network.
-    pub(crate) fn gates_for_clone(&self, sandbox: SandboxPolicy) -> Vec<ApprovalKind> {
+    pub(crate) fn gates_for_clone(&self, sandbox: &SandboxPolicy) -> Vec<ApprovalKind> {
         match self.has(Policy::NetworkEgress) && sandbox.network {
             true => vec![ApprovalKind::NetworkEgress],
             false => Vec::new(),
@@ -377,7 +377,7 @@ impl ApprovalPolicy {
     pub(crate) fn gates_for(
         &self,
         execution: &Execution,
-        sandbox: SandboxPolicy,
+        sandbox: &SandboxPolicy,
     ) -> Vec<ApprovalKind> {
         let mut gates = Vec::new();
         match execution {
@@ -768,7 +768,7 @@ mod tests {
     use super::*;
 
     /// The agent loop tools whose calls the policy gates or refuses, in catalog order.
-    fn gated_tools(policy: &ApprovalPolicy, sandbox: SandboxPolicy) -> Vec<String> {
+    fn gated_tools(policy: &ApprovalPolicy, sandbox: &SandboxPolicy) -> Vec<String> {
         keel_workers::agent::tools::CATALOG
             .iter()
             .filter(|tool| policy.tool_decision(tool, sandbox).0 != GateDecision::Allow)
@@ -777,9 +777,17 @@ mod tests {
     }
 
     /// Network allowed, as tasks are by default.
-    const NETWORK: SandboxPolicy = SandboxPolicy {
+    const NETWORK: &SandboxPolicy = &SandboxPolicy {
         network: true,
         read_only: false,
+        workspace_id: None,
+    };
+
+    /// No network (`sandbox_network: false`).
+    const OFFLINE: &SandboxPolicy = &SandboxPolicy {
+        network: false,
+        read_only: false,
+        workspace_id: None,
     };
 
     #[test]
@@ -806,16 +814,12 @@ mod tests {
         );
         // With network, a command can reach out as a request can; without, neither can.
         assert_eq!(gated("network_egress"), ["shell_exec", "http_request"]);
-        let offline = SandboxPolicy {
-            network: false,
-            ..NETWORK
-        };
         let egress = parsed("network_egress");
-        assert_eq!(gated_tools(&egress, offline), ["http_request"]);
+        assert_eq!(gated_tools(&egress, OFFLINE), ["http_request"]);
         let mcp = |policy: &ApprovalPolicy, sandbox| policy.mcp_decision("github", sandbox).0;
         assert_eq!(mcp(&egress, NETWORK), GateDecision::Ask);
-        assert_eq!(mcp(&egress, offline), GateDecision::Allow);
-        assert_eq!(mcp(&parsed("all_tools"), offline), GateDecision::Ask);
+        assert_eq!(mcp(&egress, OFFLINE), GateDecision::Allow);
+        assert_eq!(mcp(&parsed("all_tools"), OFFLINE), GateDecision::Ask);
         assert_eq!(mcp(&parsed(DEFAULT_POLICIES), NETWORK), GateDecision::Allow);
         assert_eq!(
             gated("read_file"),
@@ -991,17 +995,13 @@ mod tests {
             all.gates_for(&clone, NETWORK),
             [ApprovalKind::GitExec, ApprovalKind::NetworkEgress]
         );
-        let offline = SandboxPolicy {
-            network: false,
-            ..NETWORK
-        };
-        assert_eq!(all.gates_for(&clone, offline), [ApprovalKind::GitExec]);
+        assert_eq!(all.gates_for(&clone, OFFLINE), [ApprovalKind::GitExec]);
         assert_eq!(
             all.gates_for_push(NETWORK),
             [ApprovalKind::GitExec, ApprovalKind::NetworkEgress]
         );
-        assert_eq!(all.gates_for_push(offline), [ApprovalKind::GitExec]);
-        assert!(egress.gates_for(&clone, offline).is_empty());
+        assert_eq!(all.gates_for_push(OFFLINE), [ApprovalKind::GitExec]);
+        assert!(egress.gates_for(&clone, OFFLINE).is_empty());
         assert!(
             ApprovalPolicy::default()
                 .gates_for(&shell("true"), NETWORK)
@@ -1031,15 +1031,11 @@ mod tests {
         let shell_gate = [ApprovalKind::ShellCommand];
         assert_eq!(default.gates_for_mcp_servers(&auto, NETWORK), shell_gate);
         let egress: ApprovalPolicy = "network_egress".parse().unwrap();
-        let offline = SandboxPolicy {
-            network: false,
-            ..NETWORK
-        };
         assert_eq!(
             egress.gates_for_mcp_servers(&auto, NETWORK),
             [ApprovalKind::NetworkEgress]
         );
-        assert!(egress.gates_for_mcp_servers(&auto, offline).is_empty());
+        assert!(egress.gates_for_mcp_servers(&auto, OFFLINE).is_empty());
         // Its own require_approval, or the workspace's ask for it, where nothing is gated.
         let none = ApprovalPolicy::default();
         assert!(none.gates_for_mcp_servers(&auto, NETWORK).is_empty());

@@ -251,7 +251,7 @@ async fn remove(
             // Where no run was admitted, no approval covered the source's hooks.
             let prepared = hooks::is_prepared(directory);
             if let (Some(script), true) = (&workflow.config.hooks.before_remove, prepared) {
-                let ran = before_remove(workflow, script, directory, item).await;
+                let ran = before_remove(scope, workflow, script, directory, item).await;
                 crate::external::item_workspaces::record_hook(
                     conn,
                     scope,
@@ -294,9 +294,10 @@ async fn remove(
 }
 
 /// Runs `before_remove` as the workers' maintenance does: in the run sandbox, with network
-/// and a writable workspace, the item's identifier and directory in its environment, and
-/// never the tracker's token.
+/// (what the item's workspace may reach) and a writable workspace, the item's identifier
+/// and directory in its environment, and never the tracker's token.
 async fn before_remove(
+    scope: &Scope,
     workflow: &Workflow,
     script: &str,
     directory: &Path,
@@ -311,7 +312,10 @@ async fn before_remove(
     ];
     let timeout = workflow.config.hooks.timeout();
     let never = CancellationToken::new();
-    let policy = SandboxPolicy::default();
+    let policy = SandboxPolicy {
+        workspace_id: Some(scope.workspace().into()),
+        ..SandboxPolicy::default()
+    };
     let script = hooks::Script {
         hook: "before_remove",
         script,

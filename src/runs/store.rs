@@ -476,20 +476,20 @@ async fn gates(
         Some(task.execution().map_err(StoreError::Conflict)?)
     };
     let servers = mcp_servers(task);
+    let sandbox = task.sandbox(scope.workspace());
     let mut gates = match &execution {
-        Some(execution) => approvals.gates_for(execution, task.sandbox()),
-        None => approvals.gates_for_mcp_servers(servers, task.sandbox()),
+        Some(execution) => approvals.gates_for(execution, &sandbox),
+        None => approvals.gates_for_mcp_servers(servers, &sandbox),
     };
     let hooks = hooks.filter(|hooks| hooks.any());
-    let sandbox = task.sandbox();
     let push = task.repo.as_deref().zip(task.push_branch.as_deref());
     let around = [
-        (hooks.is_some(), approvals.gates_for_hooks(sandbox)),
+        (hooks.is_some(), approvals.gates_for_hooks(&sandbox)),
         (
             task.repo.as_deref().is_some_and(is_remote),
-            approvals.gates_for_clone(sandbox),
+            approvals.gates_for_clone(&sandbox),
         ),
-        (push.is_some(), approvals.gates_for_push(sandbox)),
+        (push.is_some(), approvals.gates_for_push(&sandbox)),
     ];
     for gate in around
         .into_iter()

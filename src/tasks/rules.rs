@@ -781,6 +781,7 @@ fn parse_sandbox(
     let policy = keel_workers::SandboxPolicy {
         network: draft.sandbox_network.unwrap_or(true),
         read_only: draft.sandbox_read_only.unwrap_or(false),
+        workspace_id: None,
     };
     if matches!(execution, TaskExecution::Process(Execution::File { .. })) && policy.read_only {
         return Err(Invalid::new(

@@ -55,8 +55,8 @@ macro_rules! query_tasks {
 /// What the runtime reads off a stored task (the wire type lives in `keel-api-types`,
 /// which knows nothing of executors).
 pub(crate) trait TaskRecordExt {
-    /// What the task's runs may reach.
-    fn sandbox(&self) -> keel_workers::SandboxPolicy;
+    /// What the task's runs may reach, in `workspace_id` (whose egress allowances apply).
+    fn sandbox(&self, workspace_id: &str) -> keel_workers::SandboxPolicy;
     /// What a run of this task executes.
     fn execution(&self) -> std::result::Result<Execution, String>;
     /// Where runs of this task work, for people: `ephemeral` or `in_place: <dir>`.
@@ -64,10 +64,11 @@ pub(crate) trait TaskRecordExt {
 }
 
 impl TaskRecordExt for TaskRecord {
-    fn sandbox(&self) -> keel_workers::SandboxPolicy {
+    fn sandbox(&self, workspace_id: &str) -> keel_workers::SandboxPolicy {
         keel_workers::SandboxPolicy {
             network: self.sandbox_network,
             read_only: self.sandbox_read_only,
+            workspace_id: Some(workspace_id.into()),
         }
     }
 

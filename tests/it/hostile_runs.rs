@@ -535,6 +535,30 @@ async fn a_run_reaches_none_of_the_host_s_listeners() {
     }
 }
 
+/// A host the deployment allows one workspace (`org_a=host:port`) is that workspace's
+/// alone: org a's run reaches it through its proxy; org b's run is refused it, as any
+/// private address, and the refusal is recorded in its `egress` step.
+#[tokio::test]
+async fn a_workspace_s_allowed_host_is_no_other_workspace_s() {
+    let registry =
+        axum::Router::new().route("/", axum::routing::get(|| async { "org-a-registry" }));
+    let registry = support::serve_on_loopback(registry).await;
+    let host_port = registry.trim_start_matches("http://").to_string();
+    let allow = format!("org_a={host_port}");
+    let h = hostile_with(Mode::Isolated, &[("KEEL_SANDBOX_EGRESS_ALLOW", &allow)]).await;
+    // `--noproxy ''`: a run's NO_PROXY keeps 127.0.0.1 for its own loopback.
+    let fetch = format!("curl -sS -m 5 --noproxy '' {registry}/ 2>&1; echo");
+
+    assert!(run(&h.a, &fetch).await.contains("org-a-registry"));
+
+    let (task_id, run_id, out) = completed_run(&h.b, &fetch).await;
+    assert!(!out.contains("org-a-registry"), "{out}");
+    assert!(out.contains("is not a public address"), "{out}");
+    let egress = h.b.egress(&task_id, &run_id).await.expect("an egress step");
+    assert_eq!(egress["connections"], 0, "{egress}");
+    assert_eq!(egress["refusals"][0]["destination"], host_port, "{egress}");
+}
+
 /// A run that binds the names every worker of the host once took sandbox uids by (abstract
 /// Unix sockets) holds nothing another org's runs need: they still start.
 #[tokio::test]

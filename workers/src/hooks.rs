@@ -94,7 +94,7 @@ pub async fn run(script: Script<'_>, cancel: &CancellationToken) -> Option<HookR
         stderr,
         egress: None,
     };
-    let started = process::start_with(&argv, workspace, env, sandbox, Stdio::null(), secret);
+    let started = process::start_with(&argv, workspace, env, &sandbox, Stdio::null(), secret);
     let (mut child, mut containment) = match started.await {
         Ok(started) => started,
         Err(error) => return Some(ran(None, Some(error), String::new(), String::new())),
@@ -169,6 +169,7 @@ mod tests {
         let policy = SandboxPolicy {
             network: false,
             read_only: false,
+            workspace_id: None,
         };
         let never = CancellationToken::new();
         let script = Script {

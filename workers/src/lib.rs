@@ -20,6 +20,7 @@ mod process;
 mod sandbox;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use context::{ArtifactHandle, ContextError, OutputStream, RunContext, StepHandle, StepResult};
@@ -71,14 +72,25 @@ pub struct RunSpec {
     pub checkpoint: Option<serde_json::Value>,
 }
 
-/// A task's sandbox flags (`sandbox_network`, `sandbox_read_only`). A run whose host cannot
-/// provide what they ask for fails with `sandbox_unavailable`; it never runs without them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A task's sandbox flags (`sandbox_network`, `sandbox_read_only`), and whose task it is.
+/// A run whose host cannot provide what the flags ask for fails with `sandbox_unavailable`;
+/// it never runs without them.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxPolicy {
     /// False: children run in a new network namespace that has only loopback.
     pub network: bool,
     /// True: children see the workspace mounted read-only.
     pub read_only: bool,
+    /// The task's workspace (tenant): the deployment's egress allowances for it apply
+    /// besides those for every workspace. None: only the latter.
+    pub workspace_id: Option<Arc<str>>,
+}
+
+impl SandboxPolicy {
+    /// Whether the flags ask for nothing a worker without a sandbox lacks.
+    pub fn is_unconfined(&self) -> bool {
+        self.network && !self.read_only
+    }
 }
 
 impl Default for SandboxPolicy {
@@ -87,6 +99,7 @@ impl Default for SandboxPolicy {
         SandboxPolicy {
             network: true,
             read_only: false,
+            workspace_id: None,
         }
     }
 }

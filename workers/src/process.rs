@@ -47,7 +47,7 @@ pub(crate) async fn run<C: RunContext>(
 
     ctx.clear_ahead().await?;
     let (mut child, mut containment) =
-        match start(&argv, &spec.workspace, &spec.env, spec.sandbox).await {
+        match start(&argv, &spec.workspace, &spec.env, &spec.sandbox).await {
             Ok(started) => started,
             Err(error) => {
                 // Nothing will be written to them: they end empty, not left writing.
@@ -134,7 +134,7 @@ pub(crate) async fn start(
     argv: &[String],
     workspace: &Path,
     env: &[(String, String)],
-    sandbox: SandboxPolicy,
+    sandbox: &SandboxPolicy,
 ) -> Result<(Child, Containment), String> {
     start_with(argv, workspace, env, sandbox, Stdio::null(), None).await
 }
@@ -145,7 +145,7 @@ pub(crate) async fn start_with(
     argv: &[String],
     workspace: &Path,
     env: &[(String, String)],
-    sandbox: SandboxPolicy,
+    sandbox: &SandboxPolicy,
     stdin: Stdio,
     secret: Option<&InheritedSecret>,
 ) -> Result<(Child, Containment), String> {

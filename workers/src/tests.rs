@@ -88,6 +88,7 @@ fn spec(dir: &tempfile::TempDir, execution: Execution) -> RunSpec {
         sandbox: SandboxPolicy {
             network: false,
             read_only: false,
+            workspace_id: None,
         },
         checkpoint: None,
     }

@@ -274,7 +274,7 @@ impl AttemptHooks {
             script: CLONE_SCRIPT,
             workspace: &self.workspace,
             env: &env,
-            sandbox: self.sandbox,
+            sandbox: self.sandbox.clone(),
             secret: inherited.as_ref().map(Inherited::secret),
             timeout: repo.timeout,
         };
@@ -401,7 +401,7 @@ impl AttemptHooks {
             script: COMMIT_SCRIPT,
             workspace: &self.workspace,
             env: &env,
-            sandbox: self.sandbox,
+            sandbox: self.sandbox.clone(),
             secret: None,
             timeout: repo.timeout,
         };
@@ -432,7 +432,7 @@ impl AttemptHooks {
             script: PUSH_SCRIPT,
             workspace: &repository,
             env: &env,
-            sandbox: self.sandbox,
+            sandbox: self.sandbox.clone(),
             secret: inherited.as_ref().map(Inherited::secret),
             timeout: repo.timeout,
         };
@@ -469,7 +469,7 @@ impl AttemptHooks {
             script,
             workspace: &self.workspace,
             env: &self.env,
-            sandbox: self.sandbox,
+            sandbox: self.sandbox.clone(),
             secret: None,
             timeout: self.hooks.timeout(),
         };

@@ -67,7 +67,7 @@ impl RunJobs {
         job: Job,
         row: RunWithTask,
     ) -> Result<&'static str, StoreError> {
-        let spec = match self.spec(&row.task, &row.run).await? {
+        let spec = match self.spec(&job, &row.task, &row.run).await? {
             Ok(spec) => spec,
             Err(error) => return self.fail(&job, &row, error).await,
         };
@@ -161,12 +161,13 @@ impl RunJobs {
             repo,
             workspace,
             env: self.env(task, run),
-            sandbox: task.sandbox(),
+            sandbox: task.sandbox(workspace_id),
         })
     }
 
     async fn spec(
         &self,
+        job: &Job,
         task: &TaskRecord,
         run: &RunRecord,
     ) -> Result<Result<RunSpec, String>, StoreError> {
@@ -177,7 +178,7 @@ impl RunJobs {
         Ok(task.execution().map(|execution| RunSpec {
             execution,
             workspace,
-            sandbox: task.sandbox(),
+            sandbox: task.sandbox(job.lease.scope().workspace()),
             timeout: Some(self.timeout(task)),
             env: self.env(task, run),
             checkpoint: run.checkpoint.clone(),

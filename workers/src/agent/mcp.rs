@@ -268,7 +268,7 @@ async fn stdio(
         &argv,
         &env.workspace,
         vars,
-        env.sandbox,
+        &env.sandbox,
         Stdio::piped(),
         None,
     );
@@ -658,6 +658,7 @@ mod tests {
             sandbox: crate::SandboxPolicy {
                 network,
                 read_only: false,
+                workspace_id: None,
             },
             env: Vec::new(),
             call_timeout: Duration::from_secs(5),

@@ -67,13 +67,13 @@ impl Jail {
     /// flags once. None with the sandbox off and the default policy; the error is the
     /// attempt's `sandbox_unavailable` failure.
     pub(crate) async fn prepare(
-        policy: SandboxPolicy,
+        policy: &SandboxPolicy,
         workspace: &Path,
     ) -> Result<Option<Jail>, String> {
         let resolved = settings::current();
         let unavailable = |reason: String| format!("{UNAVAILABLE}: {reason}");
         if resolved.mode == SandboxMode::Off {
-            return match policy == SandboxPolicy::default() {
+            return match policy.is_unconfined() {
                 true => Ok(None),
                 false => Err(unavailable(format!(
                     "the task asks for sandbox_network {} and sandbox_read_only {}, and this \
@@ -94,7 +94,7 @@ impl Jail {
             .await
             .map_err(unavailable)?;
         let egress = match policy.network {
-            true => Some(start_egress(resolved, uid.as_ref()).map_err(unavailable)?),
+            true => Some(start_egress(resolved, policy, uid.as_ref()).map_err(unavailable)?),
             false => None,
         };
         let binds = Binds {
@@ -136,7 +136,7 @@ impl Jail {
         }
     }
 
-    async fn probe(&self, mode: SandboxMode, policy: SandboxPolicy) -> Result<(), String> {
+    async fn probe(&self, mode: SandboxMode, policy: &SandboxPolicy) -> Result<(), String> {
         static PROBED: Mutex<Option<HashSet<Probed>>> = Mutex::new(None);
         let key = (mode.as_str(), policy.network, policy.read_only);
         if PROBED
@@ -228,8 +228,12 @@ struct Binds<'a> {
 }
 
 /// Starts the jail's egress proxy on a socket of its own, which only the jail's uid may
-/// connect to.
-fn start_egress(resolved: &Resolved, uid: Option<&uids::UidLease>) -> Result<Egress, String> {
+/// connect to, letting through what the deployment allows the run's workspace.
+fn start_egress(
+    resolved: &Resolved,
+    policy: &SandboxPolicy,
+    uid: Option<&uids::UidLease>,
+) -> Result<Egress, String> {
     static SEQUENCE: AtomicU64 = AtomicU64::new(0);
     let dir = egress_directory()?;
     let name = format!(
@@ -241,7 +245,7 @@ fn start_egress(resolved: &Resolved, uid: Option<&uids::UidLease>) -> Result<Egr
     // Only this uid writes in the directory: a socket there by this name is one a worker
     // that died (kill -9) left behind, with the pid this process now has.
     let _ = std::fs::remove_file(&socket);
-    let rules = Arc::new(resolved.settings.egress.clone());
+    let rules = Arc::new((resolved.settings.egress).for_workspace(policy.workspace_id.as_deref()));
     Egress::start(socket, uid.map(|lease| lease.uid), rules)
         .map_err(|e| format!("starting the run's egress proxy in {}: {e}", dir.display()))
 }
@@ -272,7 +276,7 @@ fn egress_directory() -> Result<PathBuf, String> {
         .clone()
 }
 
-fn prefix(resolved: &Resolved, policy: SandboxPolicy, binds: Binds) -> Vec<String> {
+fn prefix(resolved: &Resolved, policy: &SandboxPolicy, binds: Binds) -> Vec<String> {
     let workspace = binds.workspace;
     let mut args: Vec<String> = [
         "--unshare-user",

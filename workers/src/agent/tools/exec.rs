@@ -156,7 +156,7 @@ async fn run(
     cancel: &CancellationToken,
 ) -> Result<Done, ToolError> {
     let (mut child, mut containment) =
-        process::start(&argv, &env.workspace, &env.env, env.sandbox).await?;
+        process::start(&argv, &env.workspace, &env.env, &env.sandbox).await?;
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
     let ended = CancellationToken::new();

@@ -20,6 +20,7 @@ fn env_in(dir: &tempfile::TempDir) -> ToolEnv {
         sandbox: SandboxPolicy {
             network: false,
             read_only: false,
+            workspace_id: None,
         },
         env: vec![("KEEL_RUN_ID".into(), "run_test".into())],
         call_timeout: Duration::from_secs(10),

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpStream, UnixStream};
 
-use super::{Denied, Destination, EgressRules, Meter, connect};
+use super::{Allowlist, Denied, Destination, Meter, connect};
 
 /// The most a request's head may take.
 const MAX_HEAD_BYTES: usize = 32 * 1024;
@@ -18,7 +18,7 @@ const MAX_HEADERS: usize = 100;
 /// answered with the refusal or the error, and the connection ends.
 pub(super) async fn open(
     client: &mut BufReader<UnixStream>,
-    rules: &EgressRules,
+    rules: &Allowlist,
     meter: &Meter,
 ) -> Option<TcpStream> {
     let head = match read_head(client).await {

@@ -41,30 +41,83 @@ const MAX_REFUSALS_KEPT: usize = 20;
 /// Hosts the deployment lets runs reach although they resolve to addresses that are not
 /// public (an internal package mirror, a test server): `host` or `host:port`, the host a
 /// name or an IP literal, matched exactly (case-insensitively) against what the run asked
-/// for. Set by the deployment only (`KEEL_SANDBOX_EGRESS_ALLOW`), never by a tenant.
+/// for. `WORKSPACE=host[:port]` lets only that workspace's runs reach it. Set by the
+/// deployment only (`KEEL_SANDBOX_EGRESS_ALLOW`), never by a tenant.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EgressRules {
-    allowed: Vec<(String, Option<u16>)>,
+    allowed: Vec<Allowance>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Allowance {
+    /// None: every workspace's runs.
+    workspace: Option<String>,
+    host: String,
+    port: Option<u16>,
 }
 
 impl EgressRules {
     /// Parses the deployment's list; an entry with a port that is not a number, or with no
-    /// host, is refused.
+    /// host or no workspace before its `=`, is refused.
     pub fn parse(entries: &[String]) -> Result<EgressRules, String> {
         let allowed = entries
             .iter()
             .map(|entry| entry.trim())
             .filter(|entry| !entry.is_empty())
-            .map(parse_host_port)
+            .map(parse_allowance)
             .collect::<Result<_, _>>()?;
         Ok(EgressRules { allowed })
     }
 
+    /// What one run of `workspace` may reach: the allowances for every workspace and those
+    /// for its own (only the former when the run's workspace is unknown).
+    pub(crate) fn for_workspace(&self, workspace: Option<&str>) -> Allowlist {
+        let hosts = self
+            .allowed
+            .iter()
+            .filter(|allowance| {
+                allowance
+                    .workspace
+                    .as_deref()
+                    .is_none_or(|only| Some(only) == workspace)
+            })
+            .map(|allowance| (allowance.host.clone(), allowance.port))
+            .collect();
+        Allowlist { hosts }
+    }
+}
+
+/// The hosts one egress proxy lets its run reach although they are not public.
+#[derive(Debug, Default)]
+pub(crate) struct Allowlist {
+    hosts: Vec<(String, Option<u16>)>,
+}
+
+impl Allowlist {
     fn allows(&self, host: &str, port: u16) -> bool {
-        self.allowed.iter().any(|(allowed, only)| {
+        self.hosts.iter().any(|(allowed, only)| {
             allowed.eq_ignore_ascii_case(host) && only.is_none_or(|only| only == port)
         })
     }
+}
+
+/// `[WORKSPACE=]` followed by a host and an optional port.
+fn parse_allowance(entry: &str) -> Result<Allowance, String> {
+    let (workspace, host_port) = match entry.split_once('=') {
+        Some((workspace, _)) if workspace.trim().is_empty() => {
+            return Err(format!(
+                "egress allowance {entry:?}: no workspace before '='"
+            ));
+        }
+        Some((workspace, rest)) => (Some(workspace.trim().to_string()), rest.trim()),
+        None => (None, entry),
+    };
+    let (host, port) = parse_host_port(host_port)?;
+    Ok(Allowance {
+        workspace,
+        host,
+        port,
+    })
 }
 
 /// `host`, `host:port`, `[v6]` or `[v6]:port`.
@@ -171,7 +224,7 @@ impl Egress {
     pub(crate) fn start(
         socket: PathBuf,
         owner: Option<u32>,
-        rules: Arc<EgressRules>,
+        rules: Arc<Allowlist>,
     ) -> std::io::Result<Egress> {
         let listener = UnixListener::bind(&socket)?;
         let guard = Removal(socket);
@@ -222,7 +275,7 @@ impl Drop for Removal {
 }
 
 /// Accepts the jail's connections; dropping (aborting) it drops every one in flight.
-async fn serve(listener: UnixListener, rules: Arc<EgressRules>, meter: Arc<Meter>) {
+async fn serve(listener: UnixListener, rules: Arc<Allowlist>, meter: Arc<Meter>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut connections = JoinSet::new();
     loop {
@@ -276,7 +329,7 @@ enum Denied {
 /// HTTP with a method's first letter.
 const SOCKS_VERSION: u8 = 5;
 
-async fn relay(stream: UnixStream, rules: &EgressRules, meter: &Meter) {
+async fn relay(stream: UnixStream, rules: &Allowlist, meter: &Meter) {
     let mut client = BufReader::new(stream);
     let opened = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         match first_byte(&mut client).await? {
@@ -362,7 +415,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<'_, S> {
 /// Connects to `destination` if the policy lets it, recording a refusal in the meter.
 async fn connect(
     destination: &Destination,
-    rules: &EgressRules,
+    rules: &Allowlist,
     meter: &Meter,
 ) -> Result<TcpStream, Denied> {
     let connected = reach(destination, rules).await;
@@ -372,7 +425,7 @@ async fn connect(
     connected
 }
 
-async fn reach(destination: &Destination, rules: &EgressRules) -> Result<TcpStream, Denied> {
+async fn reach(destination: &Destination, rules: &Allowlist) -> Result<TcpStream, Denied> {
     let Destination { host, port } = destination;
     if *port == 0 {
         return Err(Denied::Refused("port 0".into()));

@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpStream, UnixStream};
 
-use super::{Denied, Destination, EgressRules, Meter, SOCKS_VERSION, connect};
+use super::{Allowlist, Denied, Destination, Meter, SOCKS_VERSION, connect};
 
 const NO_AUTHENTICATION: u8 = 0x00;
 const NO_ACCEPTABLE_METHOD: u8 = 0xff;
@@ -27,7 +27,7 @@ const ADDRESS_NOT_SUPPORTED: u8 = 0x08;
 /// client was answered with the refusal or the error, and the connection ends.
 pub(super) async fn open(
     client: &mut BufReader<UnixStream>,
-    rules: &EgressRules,
+    rules: &Allowlist,
     meter: &Meter,
 ) -> Option<TcpStream> {
     if !greet(client).await.ok()? {

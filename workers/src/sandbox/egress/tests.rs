@@ -8,7 +8,7 @@ use super::*;
 /// A proxy on a socket of its own, with `allowed` as the deployment's list.
 fn proxy(allowed: &[String]) -> (Egress, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let rules = Arc::new(EgressRules::parse(allowed).unwrap());
+    let rules = Arc::new(EgressRules::parse(allowed).unwrap().for_workspace(None));
     let egress = Egress::start(dir.path().join("egress.sock"), None, rules).unwrap();
     (egress, dir)
 }
@@ -197,12 +197,33 @@ fn the_deployment_s_list_is_parsed_strictly() {
         "[fd00::1]:443".into(),
         " ".into(),
     ])
-    .unwrap();
+    .unwrap()
+    .for_workspace(None);
     assert!(rules.allows("mirror.internal", 1));
     assert!(rules.allows("10.0.0.5", 8080));
     assert!(!rules.allows("10.0.0.5", 80));
     assert!(rules.allows("fd00::1", 443));
-    for bad in [":80", "host:http", "[::1"] {
+    for bad in [":80", "host:http", "[::1", "=host", "org_a=", "org_a=:80"] {
         assert!(EgressRules::parse(&[bad.to_string()]).is_err(), "{bad}");
     }
+}
+
+#[test]
+fn a_workspace_s_allowance_is_its_runs_alone() {
+    let rules = EgressRules::parse(&[
+        "mirror.internal".into(),
+        "org_a=10.0.0.5:8080".into(),
+        " org_b = registry.internal ".into(),
+    ])
+    .unwrap();
+    let a = rules.for_workspace(Some("org_a"));
+    assert!(a.allows("mirror.internal", 443));
+    assert!(a.allows("10.0.0.5", 8080));
+    assert!(!a.allows("registry.internal", 443));
+    let b = rules.for_workspace(Some("org_b"));
+    assert!(b.allows("registry.internal", 443));
+    assert!(!b.allows("10.0.0.5", 8080));
+    let unknown = rules.for_workspace(None);
+    assert!(unknown.allows("mirror.internal", 443));
+    assert!(!unknown.allows("10.0.0.5", 8080) && !unknown.allows("registry.internal", 443));
 }
