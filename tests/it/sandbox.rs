@@ -129,6 +129,9 @@ async fn a_run_sees_only_its_allowlisted_environment() {
         "all_proxy",
         "NO_PROXY",
         "no_proxy",
+        // git's ssh, through the proxy's tunnel.
+        "GIT_SSH_COMMAND",
+        "KEEL_SSH_PROXY_COMMAND",
         // What `sh` itself sets.
         "PWD",
         "OLDPWD",
@@ -398,6 +401,61 @@ async fn a_run_reaches_the_host_only_through_its_proxy_and_only_where_allowed() 
     assert!(
         !connected(&forbidden),
         "a run without network reached the host"
+    );
+}
+
+/// A TCP server at `host` that greets each connection as an SSH server does and sends on
+/// the first line the client answers with (its own greeting); its port.
+fn ssh_greeter(host: &str) -> (u16, std::sync::mpsc::Receiver<String>) {
+    let listener = TcpListener::bind((host, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (greetings, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            use std::io::{BufRead, Write};
+            let _ = stream.write_all(b"SSH-2.0-KeelTestServer\r\n");
+            let mut line = String::new();
+            let _ = std::io::BufReader::new(&stream).read_line(&mut line);
+            let _ = greetings.send(line);
+        }
+    });
+    (port, received)
+}
+
+/// git's ssh reaches a listed host through the egress proxy's tunnel (ssh speaks no HTTP:
+/// the run's `GIT_SSH_COMMAND` names the shim as its `ProxyCommand`), and an unlisted one
+/// is refused with the proxy's reason.
+#[tokio::test]
+async fn git_over_ssh_reaches_out_through_the_proxy() {
+    let (listed, greetings) = ssh_greeter(support::RUNS_TEST_HOST);
+    let unlisted = support::free_port();
+    let s = stack(&[]).await;
+    let command = format!(
+        "git ls-remote ssh://git@{host}:{listed}/r.git 2>&1; \
+         git ls-remote ssh://git@127.0.0.1:{unlisted}/r.git 2>&1; true",
+        host = support::RUNS_TEST_HOST
+    );
+    let (task_id, run_id) = s.client.start_task(&support::shell(&command)).await;
+    let run = s.client.wait_terminal(&task_id, &run_id, SOON).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    let out = s.client.stdout(&task_id, &run_id).await;
+    let greeting = greetings
+        .recv_timeout(SOON)
+        .unwrap_or_else(|_| panic!("ssh never greeted the listed host: {out}"));
+    assert!(greeting.starts_with("SSH-2.0-OpenSSH"), "{greeting:?}");
+    assert!(
+        out.contains(&format!("refused 127.0.0.1:{unlisted}")),
+        "{out}"
+    );
+    let egress = s
+        .client
+        .egress(&task_id, &run_id)
+        .await
+        .expect("an egress step");
+    assert_eq!(
+        (&egress["connections"], &egress["refused"]),
+        (&json!(1), &json!(1)),
+        "{egress}"
     );
 }
 

@@ -194,13 +194,12 @@ fn spawn(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    if let Some(jail) = jail {
-        jail.apply(&mut command);
-    }
     // The cgroup joins outermost, so the jail itself is already contained.
     containment.enter_on_spawn(&mut command);
-    if let Some(secret) = inputs.secret {
-        secret.pass_on_spawn(&mut command);
+    match (jail, inputs.secret) {
+        (Some(jail), secret) => jail.apply(&mut command, secret)?,
+        (None, Some(secret)) => sandbox::hand_over(&mut command, vec![secret.handed()?]),
+        (None, None) => {}
     }
     command.spawn()
 }

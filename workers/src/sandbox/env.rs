@@ -20,9 +20,8 @@ pub(crate) async fn environment(
     workspace: &Path,
     extra: impl IntoIterator<Item = (String, String)>,
 ) -> std::io::Result<Vec<(String, String)>> {
-    let state = workspace.join(STATE_DIR);
-    let home = state.join("home");
-    let tmp = state.join("tmp");
+    let home = home(workspace);
+    let tmp = workspace.join(STATE_DIR).join("tmp");
     let root = workspace.to_path_buf();
     tokio::task::spawn_blocking(move || prepare_state_directory(&root))
         .await?
@@ -43,6 +42,11 @@ pub(crate) async fn environment(
     .into_iter()
     .chain(extra)
     .collect())
+}
+
+/// The run's `HOME`.
+pub(super) fn home(workspace: &Path) -> std::path::PathBuf {
+    workspace.join(STATE_DIR).join("home")
 }
 
 /// `.keel/{home,tmp}` and its `.gitignore`, made without following links: the workspace

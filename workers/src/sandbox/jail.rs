@@ -31,7 +31,9 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use super::accounts::Accounts;
 use super::egress::{Egress, EgressSummary};
+use super::inherited::{self, InheritedSecret};
 use super::settings::{self, Resolved, SandboxMode};
 use super::{owner, shim, uids};
 use crate::SandboxPolicy;
@@ -57,6 +59,8 @@ pub(crate) struct Jail {
     shim: Option<shim::Identity>,
     /// Declared before the uid: the proxy stops before the uid is given back.
     egress: Option<Egress>,
+    /// The accounts the jail's processes see, their uid among them.
+    accounts: Accounts,
     uid: Option<uids::UidLease>,
 }
 
@@ -102,10 +106,15 @@ impl Jail {
             shim: shim_binary,
             egress: egress.as_ref(),
         };
+        let inside = match &uid {
+            Some(lease) => lease.uid,
+            None => *resolved.settings.uids.start(),
+        };
         let jail = Jail {
             prefix: prefix(resolved, policy, binds),
             shim: shim_binary.map(|_| identity),
             egress,
+            accounts: Accounts::with(inside, &super::env::home(workspace)),
             uid,
         };
         jail.probe(resolved.mode, policy)
@@ -128,12 +137,20 @@ impl Jail {
         self.egress.as_ref().map(Egress::summary)
     }
 
-    /// Starts the jail as its uid (`isolated`); the supplementary groups go with the
-    /// switch from root.
-    pub(crate) fn apply(&self, command: &mut tokio::process::Command) {
+    /// Starts the jail as its uid (`isolated`; the supplementary groups go with the
+    /// switch from root), handing bubblewrap its account files and `secret`.
+    pub(crate) fn apply(
+        &self,
+        command: &mut tokio::process::Command,
+        secret: Option<&InheritedSecret>,
+    ) -> std::io::Result<()> {
         if let Some(lease) = &self.uid {
             command.uid(lease.uid).gid(lease.uid);
         }
+        let mut handed = Vec::from(self.accounts.handed()?);
+        handed.extend(secret.map(InheritedSecret::handed).transpose()?);
+        inherited::hand_over(command, handed);
+        Ok(())
     }
 
     async fn probe(&self, mode: SandboxMode, policy: &SandboxPolicy) -> Result<(), String> {
@@ -170,7 +187,8 @@ impl Jail {
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        self.apply(&mut command);
+        self.apply(&mut command, None)
+            .map_err(|error| format!("the jail's account files: {error}"))?;
         let output = command.output().await.map_err(|error| {
             format!(
                 "{}: {error} (is bubblewrap installed? KEEL_SANDBOX_BWRAP)",
@@ -312,6 +330,7 @@ fn prefix(resolved: &Resolved, policy: &SandboxPolicy, binds: Binds) -> Vec<Stri
     for link in SYSTEM_LINKS.map(Path::new) {
         args.extend(system_link(link));
     }
+    args.extend(Accounts::binds());
     let mode = if policy.read_only {
         "--ro-bind"
     } else {

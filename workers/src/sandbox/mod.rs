@@ -4,6 +4,7 @@
 //! it ends ([`Containment`]). [`seal`] is the other side: what a server process does to
 //! itself so that nothing it runs can read it.
 
+mod accounts;
 mod cgroup;
 mod cgroup_v1;
 mod egress;
@@ -25,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use egress::{EgressRules, EgressSummary, Refusal};
 pub(crate) use env::environment;
+pub(crate) use inherited::hand_over;
 pub use inherited::{INHERITED_PATH, InheritedSecret};
 pub(crate) use jail::Jail;
 pub use limits::{DEFAULT_LIMITS, MIN_NOFILE, MIN_PIDS, RunLimits, parse_memory};

@@ -10,12 +10,15 @@
 //!   the ports the run's `HTTP_PROXY` and `ALL_PROXY` name and carries every connection to
 //!   the egress proxy's Unix socket ([`super::egress`]) bound into the jail. It listens
 //!   before the command starts, so the command's first connection finds it;
+//! - `--connect HOST PORT` is ssh's `ProxyCommand` in such a jail (the run's
+//!   `GIT_SSH_COMMAND` names it): ssh speaks no HTTP or SOCKS, so this asks the proxy for a
+//!   tunnel and carries ssh's stdin and stdout through it;
 //! - it reaps what the command leaves behind, and no signal from inside the jail reaches it
 //!   (a run's `kill -9 -1` ends the run's processes, not its way out). It ends as the
 //!   command ends, and its end ends the jail.
 //!
-//! It is the `keel` binary itself (`keel sandbox-shim …`, [`ARG`]), bound read-only into
-//! the jail: no helper to install, and std only, so it starts in well under a millisecond.
+//! It is the small `keel-sandbox-shim` binary beside `keel` (or `keel` itself, whose
+//! `sandbox-shim` subcommand, [`ARG`], is the same code), bound read-only into the jail.
 //! It runs with the run's own uid and rights and guards nothing the run could get around:
 //! the proxy outside decides where connections go.
 
@@ -63,12 +66,15 @@ pub(super) fn argv(workspace: Identity, network: bool, command: &[String]) -> Ve
 }
 
 /// The variables that point a run's HTTP clients (curl, git, pip, npm, …) and SOCKS
-/// clients at the shim's ports. Loopback inside the jail is the run's own, so it is
-/// reached directly.
+/// clients at the shim's ports, and git's ssh at the shim's tunnel (`KEEL_SSH_PROXY_COMMAND`
+/// is that `ProxyCommand`, for a run's own `ssh -o ProxyCommand=…`). Loopback inside the
+/// jail is the run's own, so it is reached directly.
 pub(super) fn proxy_environment() -> Vec<(&'static str, String)> {
     let http = format!("http://127.0.0.1:{HTTP_PORT}");
     let socks = format!("socks5h://127.0.0.1:{SOCKS_PORT}");
     let direct = "localhost,127.0.0.1,::1".to_string();
+    // What ssh runs (its `ProxyCommand`, `%h` and `%p` its own) to reach a host.
+    let ssh = format!("{INSIDE} {ARG} --connect %h %p");
     vec![
         ("HTTP_PROXY", http.clone()),
         ("HTTPS_PROXY", http.clone()),
@@ -78,6 +84,8 @@ pub(super) fn proxy_environment() -> Vec<(&'static str, String)> {
         ("all_proxy", socks),
         ("NO_PROXY", direct.clone()),
         ("no_proxy", direct),
+        ("GIT_SSH_COMMAND", format!("ssh -o ProxyCommand='{ssh}'")),
+        ("KEEL_SSH_PROXY_COMMAND", ssh),
     ]
 }
 
@@ -92,6 +100,15 @@ struct Invocation {
 /// `keel sandbox-shim --workspace DEV:INO [--egress SOCKET PORT…] -- COMMAND ARG…` (the
 /// arguments after the subcommand).
 pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
+    let mut args = args.peekable();
+    if args.peek().is_some_and(|arg| arg == "--connect") {
+        return match (args.nth(1), args.next(), args.next()) {
+            (Some(host), Some(port), None) => {
+                tunnel(&host.to_string_lossy(), &port.to_string_lossy())
+            }
+            _ => failed("usage: keel sandbox-shim --connect HOST PORT"),
+        };
+    }
     let Some(invocation) = parse(args) else {
         return failed(
             "usage: keel sandbox-shim --workspace DEV:INO [--egress SOCKET PORT...] \
@@ -216,6 +233,55 @@ fn splice(client: TcpStream, proxy: UnixStream) {
     let _ = std::io::copy(&mut proxy_in, &mut client_out);
     let _ = client_out.shutdown(Shutdown::Write);
     let _ = upward.join();
+}
+
+/// Asks the egress proxy for a tunnel to `host`:`port` (HTTP `CONNECT`) and carries this
+/// process's stdin and stdout through it; a refusal is told on stderr, as ssh shows it.
+fn tunnel(host: &str, port: &str) -> ExitCode {
+    let Ok(port) = port.parse::<u16>() else {
+        return failed(&format!("{port:?} is not a port"));
+    };
+    let target = match host.contains(':') {
+        true => format!("[{host}]:{port}"),
+        false => format!("{host}:{port}"),
+    };
+    let opened = UnixStream::connect(SOCKET_INSIDE).and_then(|mut proxy| {
+        write!(proxy, "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n")?;
+        Ok((response_head(&mut proxy)?, proxy))
+    });
+    let (head, proxy) = match opened {
+        Ok(opened) => opened,
+        Err(error) => return failed(&format!("the egress proxy: {error}")),
+    };
+    if !head.starts_with("HTTP/1.1 200") {
+        let status = head.lines().next().unwrap_or_default();
+        return failed(&format!("the egress proxy refused {target}: {status}"));
+    }
+    let Ok(mut proxy_out) = proxy.try_clone() else {
+        return failed("the egress proxy's connection");
+    };
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut proxy_out);
+        let _ = proxy_out.shutdown(Shutdown::Write);
+    });
+    let mut proxy_in = proxy;
+    let _ = std::io::copy(&mut proxy_in, &mut std::io::stdout().lock());
+    ExitCode::SUCCESS
+}
+
+/// The proxy's answer up to its blank line, read a byte at a time so nothing of the
+/// tunnel after it is taken (it is 8 KiB at most).
+fn response_head(proxy: &mut UnixStream) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() > 8192 || proxy.read(&mut byte)? == 0 {
+            return Err(std::io::Error::other("no answer"));
+        }
+        head.push(byte[0]);
+    }
+    Ok(String::from_utf8_lossy(&head).into_owned())
 }
 
 fn failed(message: &str) -> ExitCode {
