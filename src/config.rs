@@ -1057,7 +1057,5 @@ impl WorkerArgs {
 /// else this binary, whose `sandbox-shim` subcommand is the same shim at a higher cost per
 /// start.
 fn default_shim() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let shim = exe.with_file_name("keel-sandbox-shim");
-    Some(if shim.is_file() { shim } else { exe })
+    Some(keel_workers::shim::beside(&std::env::current_exe().ok()?))
 }

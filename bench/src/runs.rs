@@ -173,9 +173,7 @@ fn floors() -> anyhow::Result<Floors> {
 /// as a worker finds it, else `keel` itself), and the proxy's socket it binds in (a
 /// listener nobody connects to, in a temporary directory removed with it).
 fn shimmed() -> Option<(Vec<String>, ProxySocket)> {
-    let keel = super::children::keel_binary().ok()?;
-    let shim = keel.with_file_name("keel-sandbox-shim");
-    let shim = if shim.is_file() { shim } else { keel };
+    let shim = keel_workers::shim::beside(&super::children::keel_binary().ok()?);
     let dir = std::env::temp_dir().join(format!("keel-bench-shim-{}", std::process::id()));
     std::fs::create_dir_all(&dir).ok()?;
     let path = dir.join("egress.sock");

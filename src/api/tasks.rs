@@ -65,7 +65,6 @@ async fn create_task(
         task.confine_to_tenant(&state.rules.workspace_roots, &caller.scope)?;
     }
     task.check_workspace(&state.rules.workspace_roots)?;
-    tasks::refuse_nesting(&mut *state.pool.acquire().await?, &task).await?;
     let rules = (&*state.secrets, &*state.provider_hosts);
     task.written_as(caller.role, rules, caller.scope.workspace())?;
     task.check_commands(&state.rules.mcp_stdio_commands)

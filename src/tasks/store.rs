@@ -121,12 +121,15 @@ impl TaskRecordExt for TaskRecord {
     }
 }
 
+/// Stores a new task; one whose `in_place` directory nests with another task's is refused
+/// ([`refuse_nesting`]).
 pub async fn insert(
     conn: &mut PgConnection,
     scope: &Scope,
     task: &NewTask,
     actor: &Actor,
 ) -> Result<TaskRecord> {
+    refuse_nesting(conn, task).await?;
     let id = new_id("task");
     let none = AgentLoop::default();
     let (process, agent) = match &task.execution {

@@ -30,6 +30,19 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
+/// The shim's binary, found beside `keel` ([`beside`]).
+const BINARY: &str = "keel-sandbox-shim";
+
+/// The shim for the `keel` binary at `keel`: `keel-sandbox-shim` beside it, or `keel`
+/// itself (whose `sandbox-shim` subcommand is the same shim) where that is missing.
+pub fn beside(keel: &std::path::Path) -> PathBuf {
+    let shim = keel.with_file_name(BINARY);
+    match shim.is_file() {
+        true => shim,
+        false => keel.to_path_buf(),
+    }
+}
+
 /// The `keel` subcommand that is the shim; the binary's `main` hands it over before
 /// anything else starts.
 pub const ARG: &str = "sandbox-shim";
