@@ -193,6 +193,17 @@ fn member(base: &str, org: &str) -> support::Client {
     )
 }
 
+/// A remote API and a member each of two workspaces, `busy` and `quiet`.
+async fn busy_and_quiet(
+    db: &str,
+    logs: &std::path::Path,
+) -> (support::KeelProcess, support::Client, support::Client) {
+    let api = remote_api(db, logs).await;
+    let base = api.client.as_ref().unwrap().base.clone();
+    let (busy, quiet) = (member(&base, "busy"), member(&base, "quiet"));
+    (api, busy, quiet)
+}
+
 fn start_of(run: &RunRecord) -> chrono::DateTime<chrono::Utc> {
     run.started_at
         .unwrap_or_else(|| panic!("started_at of {run:?}"))
@@ -224,9 +235,7 @@ fn most_at_once(runs: &[RunRecord]) -> usize {
 async fn a_real_worker_keeps_each_workspace_within_its_limit_and_serves_both() {
     let db = support::fresh_database().await;
     let logs = tempfile::tempdir().unwrap();
-    let api = remote_api(&db, logs.path()).await;
-    let base = api.client.as_ref().unwrap().base.clone();
-    let (busy, quiet) = (member(&base, "busy"), member(&base, "quiet"));
+    let (_api, busy, quiet) = busy_and_quiet(&db, logs.path()).await;
     let mut started = Vec::new();
     for _ in 0..6 {
         started.push(("busy", busy.run_shell("sleep 0.5").await));
@@ -273,9 +282,7 @@ async fn a_real_worker_keeps_each_workspace_within_its_limit_and_serves_both() {
 async fn a_remote_worker_shares_its_slots_between_workspaces_by_default() {
     let db = support::fresh_database().await;
     let logs = tempfile::tempdir().unwrap();
-    let api = remote_api(&db, logs.path()).await;
-    let base = api.client.as_ref().unwrap().base.clone();
-    let (busy, quiet) = (member(&base, "busy"), member(&base, "quiet"));
+    let (_api, busy, quiet) = busy_and_quiet(&db, logs.path()).await;
     let mut busy_started = Vec::new();
     for _ in 0..8 {
         busy_started.push(busy.run_shell("sleep 2").await);
