@@ -12,6 +12,7 @@ use nix::unistd::Pid;
 use sqlx::PgPool;
 
 use super::POLL;
+use super::cpu::CpuGroup;
 
 pub struct Process {
     child: Child,
@@ -21,6 +22,25 @@ impl Process {
     /// Starts `keel ARGS…` against `url`, with warnings and errors on the bench's stderr.
     pub fn keel(url: &str, args: &[String], env: &[(&str, &str)]) -> anyhow::Result<Self> {
         Process::spawn(keel_binary()?, url, args, env)
+    }
+
+    /// [`Process::keel`], joining `group` (where there is one) before it execs.
+    pub fn keel_in(
+        group: Option<&CpuGroup>,
+        url: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        let Some(group) = group else {
+            return Process::keel(url, args, env);
+        };
+        let keel = keel_binary()?;
+        let keel = keel.to_string_lossy();
+        let argv: Vec<&str> = std::iter::once(keel.as_ref())
+            .chain(args.iter().map(String::as_str))
+            .collect();
+        let wrapped = group.wrap(&argv);
+        Process::spawn(PathBuf::from(&wrapped[0]), url, &wrapped[1..], env)
     }
 
     fn spawn(

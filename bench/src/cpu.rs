@@ -1,5 +1,9 @@
 //! CPU time of the processes a figure runs, from `/proc/<pid>/stat`: what the shared
-//! machine's other load disturbs far less than wall-clock throughput.
+//! machine's other load disturbs far less than wall-clock throughput. A process's `stat`
+//! counts only the children it waited for, and a sandbox leaves some to the host's init
+//! (bubblewrap's init in a run's pid namespace, about half of a bubblewrap start): where the
+//! bench can make a cgroup of its own ([`CpuGroup`]), the workers and the floors' spawns
+//! run in one, whose `cpu.stat` counts every process of theirs.
 
 use std::path::Path;
 use std::process::Command;
@@ -14,8 +18,11 @@ pub struct CpuPerRun {
     /// The postmaster and all its children (backends, background processes).
     pub postgres_ms: f64,
     pub api_ms: f64,
-    /// The worker processes and the runs they spawned (their reaped children).
+    /// The worker processes and the runs they spawned: all of their processes with
+    /// `workers_by_cgroup`, else their reaped children only.
     pub workers_ms: f64,
+    #[serde(default)]
+    pub workers_by_cgroup: bool,
     /// This process.
     pub bench_ms: f64,
 }
@@ -31,44 +38,134 @@ impl CpuPerRun {
     }
 }
 
-/// Cumulative CPU ticks of each part at one instant.
+/// Cumulative CPU microseconds of each part at one instant.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuSample {
     postgres: u64,
     api: u64,
     workers: u64,
+    workers_by_cgroup: bool,
     bench: u64,
 }
 
 impl CpuSample {
     /// `api` and `workers` must be alive; the postmaster is the parent of `pool`'s backend.
-    pub async fn read(pool: &PgPool, api: i32, workers: &[i32]) -> anyhow::Result<CpuSample> {
+    /// The workers' time is `group`'s where they run in one.
+    pub async fn read(
+        pool: &PgPool,
+        api: i32,
+        workers: &[i32],
+        group: Option<&CpuGroup>,
+    ) -> anyhow::Result<CpuSample> {
         let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(pool)
             .await?;
         let postmaster = stat(backend)?.ppid;
-        Ok(CpuSample {
-            postgres: tree_ticks(postmaster)?,
-            api: stat(api)?.with_children(),
-            workers: workers
+        let us = ticks_to_us(clock_ticks()?);
+        let workers = match group {
+            Some(group) => group.usage_us()?,
+            None => us(workers
                 .iter()
                 .map(|&pid| Ok(stat(pid)?.with_children()))
-                .sum::<anyhow::Result<u64>>()?,
-            bench: stat(std::process::id() as i32)?.own(),
+                .sum::<anyhow::Result<u64>>()?),
+        };
+        Ok(CpuSample {
+            postgres: us(tree_ticks(postmaster)?),
+            api: us(stat(api)?.with_children()),
+            workers,
+            workers_by_cgroup: group.is_some(),
+            bench: us(stat(std::process::id() as i32)?.own()),
         })
     }
 
-    pub fn per_run(&self, before: &CpuSample, runs: usize) -> anyhow::Result<CpuPerRun> {
-        let ms_per_tick = 1000.0 / clock_ticks()?;
+    pub fn per_run(&self, before: &CpuSample, runs: usize) -> CpuPerRun {
         let per = |after: u64, before: u64| {
-            after.saturating_sub(before) as f64 * ms_per_tick / runs.max(1) as f64
+            after.saturating_sub(before) as f64 / 1000.0 / runs.max(1) as f64
         };
-        Ok(CpuPerRun {
+        CpuPerRun {
             postgres_ms: per(self.postgres, before.postgres),
             api_ms: per(self.api, before.api),
             workers_ms: per(self.workers, before.workers),
+            workers_by_cgroup: self.workers_by_cgroup,
             bench_ms: per(self.bench, before.bench),
-        })
+        }
+    }
+}
+
+fn ticks_to_us(ticks_per_s: f64) -> impl Fn(u64) -> u64 {
+    move |ticks| (ticks as f64 * 1e6 / ticks_per_s) as u64
+}
+
+/// A cgroup v2 of the bench's own, beneath the one it runs in, that processes join as they
+/// start ([`CpuGroup::wrap`]): its `cpu.stat` counts every process of theirs, those nobody
+/// waits for included. Removed (with what the workers left in it) when dropped.
+pub struct CpuGroup {
+    dir: std::path::PathBuf,
+}
+
+impl CpuGroup {
+    /// None where the bench cannot make one (no cgroup v2, a cgroup it may not write).
+    pub fn create(name: &str) -> Option<CpuGroup> {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let mount = mountinfo
+            .lines()
+            .find(|line| {
+                line.split(" - ")
+                    .nth(1)
+                    .is_some_and(|fs| fs.starts_with("cgroup2 "))
+            })?
+            .split_whitespace()
+            .nth(4)?;
+        let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        let own = own.lines().find_map(|line| line.strip_prefix("0::"))?;
+        let dir = Path::new(mount)
+            .join(own.trim_start_matches('/'))
+            .join(format!("keel-bench-{}-{name}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        let group = CpuGroup { dir };
+        group.usage_us().ok()?;
+        Some(group)
+    }
+
+    /// `argv` started so that it joins the group before it execs (through `sh`, whose own
+    /// start is outside the group).
+    pub fn wrap(&self, argv: &[&str]) -> Vec<String> {
+        let procs = self.dir.join("cgroup.procs");
+        [
+            "sh",
+            "-c",
+            "echo 0 > \"$0\" && exec \"$@\"",
+            &procs.to_string_lossy(),
+        ]
+        .into_iter()
+        .chain(argv.iter().copied())
+        .map(String::from)
+        .collect()
+    }
+
+    pub fn usage_us(&self) -> anyhow::Result<u64> {
+        let stat = std::fs::read_to_string(self.dir.join("cpu.stat"))?;
+        stat.lines()
+            .find_map(|line| line.strip_prefix("usage_usec "))
+            .and_then(|value| value.trim().parse().ok())
+            .context("cpu.stat has no usage_usec")
+    }
+}
+
+impl Drop for CpuGroup {
+    /// The groups the workers' runs left, deepest first, then the group itself.
+    fn drop(&mut self) {
+        fn remove(dir: &Path) {
+            if let Ok(entries) = std::fs::read_dir(dir) {
+                for entry in entries.flatten() {
+                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        remove(&entry.path());
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(dir);
+        }
+        remove(&self.dir);
     }
 }
 
@@ -148,18 +245,27 @@ pub fn shimmed_sandbox_spawn(shim: &Path, socket: &Path) -> anyhow::Result<Vec<S
     Ok(argv.map(String::from).into())
 }
 
-/// CPU milliseconds of one start of `argv` by this process (its own time and that of the
-/// children it waits for, theirs included; not the kernel's deferred work, such as a
-/// namespace's teardown), over `spawns` of them. Blocks while it spawns.
+/// CPU milliseconds of one start of `argv`, over `spawns` of them: in a [`CpuGroup`] where
+/// the bench can make one (every process of the start from its exec on), else this
+/// process's own time and that of the children it waits for. Not the kernel's deferred
+/// work, such as a namespace's teardown. Blocks while it spawns.
 pub fn spawn_cost_ms(argv: &[&str], spawns: usize) -> anyhow::Result<f64> {
+    let group = CpuGroup::create("spawns");
+    let argv: Vec<String> = match &group {
+        Some(group) => group.wrap(argv),
+        None => argv.iter().map(|arg| arg.to_string()).collect(),
+    };
     let me = std::process::id() as i32;
     let before = stat(me)?.with_children();
     for _ in 0..spawns {
-        let status = Command::new(argv[0]).args(&argv[1..]).status()?;
+        let status = Command::new(&argv[0]).args(&argv[1..]).status()?;
         anyhow::ensure!(status.success(), "{} exited with {status}", argv.join(" "));
     }
-    let ticks = stat(me)?.with_children().saturating_sub(before);
-    Ok(ticks as f64 * 1000.0 / clock_ticks()? / spawns.max(1) as f64)
+    let us = match &group {
+        Some(group) => group.usage_us()?,
+        None => ticks_to_us(clock_ticks()?)(stat(me)?.with_children().saturating_sub(before)),
+    };
+    Ok(us as f64 / 1000.0 / spawns.max(1) as f64)
 }
 
 /// The fields of `/proc/<pid>/stat` this module reads (ticks).

@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::children::{self, Process};
-use super::cpu::{CpuPerRun, CpuSample};
+use super::cpu::{CpuGroup, CpuPerRun, CpuSample};
 use super::stats::Latency;
 use super::{POLL, RunArgs};
 
@@ -219,10 +219,7 @@ async fn point(
         .await?;
     sampling.cancel();
     let lock_wait_share = sampler.await??;
-    let cpu = deployment
-        .cpu(pool)
-        .await?
-        .per_run(&cpu_before, args.runs)?;
+    let cpu = deployment.cpu(pool).await?.per_run(&cpu_before, args.runs);
     eprintln!(
         "keel-bench: runs, {workers} workers: CPU ms/run postgres {:.2}, api {:.2}, workers+runs {:.2}, bench {:.2}, total {:.2}; ceiling on 2 cores {:.0} runs/s",
         cpu.postgres_ms,
@@ -289,6 +286,9 @@ async fn lone_runs(
 /// A `keel api` and `workers` `keel worker` processes, and a reader of the event stream.
 pub(crate) struct Deployment {
     processes: Vec<Process>,
+    /// Where the workers run, when the bench could make one; after the processes, so it
+    /// is removed once they are gone.
+    group: Option<CpuGroup>,
     pub(crate) base: String,
     pub(crate) http: reqwest::Client,
     pub(crate) arrivals: Arrivals,
@@ -319,6 +319,7 @@ impl Deployment {
             &["api".into(), "--listen".into(), listen],
             &api_env,
         )?];
+        let group = CpuGroup::create("workers");
         let dir = data_dir.to_string_lossy();
         let worker_env: Vec<(&str, &str)> = api_env
             .iter()
@@ -327,7 +328,7 @@ impl Deployment {
             .collect();
         for _ in 0..workers {
             let flags = ["worker".into(), format!("--concurrency={concurrency}")];
-            processes.push(Process::keel(url, &flags, &worker_env)?);
+            processes.push(Process::keel_in(group.as_ref(), url, &flags, &worker_env)?);
         }
         let pids: Vec<i32> = processes[1..].iter().map(Process::pid).collect();
         children::wait_registered(pool, &pids).await?;
@@ -352,6 +353,7 @@ impl Deployment {
         ));
         Ok(Deployment {
             processes,
+            group,
             base,
             http,
             arrivals,
@@ -381,7 +383,7 @@ impl Deployment {
     /// CPU so far of the processes (the api is the first) and of the cluster.
     async fn cpu(&self, pool: &PgPool) -> anyhow::Result<CpuSample> {
         let workers: Vec<i32> = self.processes[1..].iter().map(Process::pid).collect();
-        CpuSample::read(pool, self.processes[0].pid(), &workers).await
+        CpuSample::read(pool, self.processes[0].pid(), &workers, self.group.as_ref()).await
     }
 
     /// Stops the processes and waits until their database sessions are gone.
