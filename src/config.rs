@@ -1053,9 +1053,9 @@ impl WorkerArgs {
     }
 }
 
-/// `keel-sandbox-shim` beside this process's binary (cargo and the image put it there),
-/// else this binary, whose `sandbox-shim` subcommand is the same shim at a higher cost per
-/// start.
+/// `keel-sandbox-shim` beside this process's binary (cargo and the image put it there) when
+/// it was built from the same source, else this binary, whose `sandbox-shim` subcommand is
+/// the same shim at a higher cost per start.
 fn default_shim() -> Option<PathBuf> {
     Some(keel_workers::shim::beside(&std::env::current_exe().ok()?))
 }

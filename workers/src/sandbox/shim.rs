@@ -34,13 +34,35 @@ use std::process::{Command, ExitCode};
 const BINARY: &str = "keel-sandbox-shim";
 
 /// The shim for the `keel` binary at `keel`: `keel-sandbox-shim` beside it, or `keel`
-/// itself (whose `sandbox-shim` subcommand is the same shim) where that is missing.
+/// itself (whose `sandbox-shim` subcommand is the same shim) where that is missing or was
+/// built from another shim's source (`cargo run` builds `keel` alone and leaves an older
+/// `keel-sandbox-shim` beside it, which would not speak what the worker asks of it).
 pub fn beside(keel: &std::path::Path) -> PathBuf {
     let shim = keel.with_file_name(BINARY);
-    match shim.is_file() {
+    let answer = Command::new(&shim).args([ARG, "--source"]).output();
+    let same = answer.is_ok_and(|out| out.status.success() && out.stdout == source().as_bytes());
+    match same {
         true => shim,
         false => keel.to_path_buf(),
     }
+}
+
+/// What identifies this shim's source: a hash (FNV-1a) of this file, the same in every
+/// binary built from it.
+fn source() -> String {
+    const HASH: u64 = fnv1a(include_bytes!("shim.rs"));
+    format!("{HASH:016x}\n")
+}
+
+const fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash = 0xcbf2_9ce4_8422_2325_u64;
+    let mut i = 0;
+    while i < bytes.len() {
+        hash ^= bytes[i] as u64;
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+        i += 1;
+    }
+    hash
 }
 
 /// The `keel` subcommand that is the shim; the binary's `main` hands it over before
@@ -114,6 +136,10 @@ struct Invocation {
 /// arguments after the subcommand).
 pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
     let mut args = args.peekable();
+    if args.peek().is_some_and(|arg| arg == "--source") {
+        print!("{}", source());
+        return ExitCode::SUCCESS;
+    }
     if args.peek().is_some_and(|arg| arg == "--connect") {
         return match (args.nth(1), args.next(), args.next()) {
             (Some(host), Some(port), None) => {
@@ -312,6 +338,24 @@ mod tests {
             .map(OsString::from)
             .collect::<Vec<_>>()
             .into_iter()
+    }
+
+    /// A shim beside keel is taken only when it answers with this source's hash.
+    #[test]
+    fn a_shim_built_from_other_source_is_passed_over() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let keel = dir.path().join("keel");
+        std::fs::write(&keel, "").unwrap();
+        assert_eq!(beside(&keel), keel, "no shim beside it");
+        let shim = dir.path().join(BINARY);
+        for (answer, expected) in [(source(), &shim), ("0123\n".to_string(), &keel)] {
+            let script =
+                format!("#!/bin/sh\n[ \"$1 $2\" = \"{ARG} --source\" ] && printf '{answer}'\n");
+            std::fs::write(&shim, script).unwrap();
+            std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
+            assert_eq!(&beside(&keel), expected, "{answer:?}");
+        }
     }
 
     #[test]
