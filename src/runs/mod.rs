@@ -1,3 +1,6 @@
+#[macro_use]
+mod records;
+mod admission;
 pub(crate) mod client;
 pub(crate) mod gates;
 pub(crate) mod job;
@@ -8,6 +11,7 @@ pub(crate) mod retention;
 pub mod steps;
 mod store;
 
+pub use admission::*;
 pub use gates::resolve_gate;
 pub use projection::state;
 pub use store::*;
