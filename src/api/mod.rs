@@ -200,6 +200,17 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     openapi::finish(doc)
 }
 
+/// Every route the router serves, as method and path template: each operation of the
+/// OpenAPI document, and the pages outside it ([`PAGE_ROUTES`]).
+pub fn documented_routes() -> Vec<(String, String)> {
+    let doc = openapi();
+    let pages = PAGE_ROUTES
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()));
+    let operations = openapi::operations(&doc).map(|(m, path, _)| (m.to_string(), path.clone()));
+    pages.chain(operations).collect()
+}
+
 pub(crate) fn app(state: AppState, body_read_timeout: Duration) -> Router {
     let (router, document) = routes().split_for_parts();
     let bodies = Arc::new(body::BodyRules::new(body_read_timeout, &document));

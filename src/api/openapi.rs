@@ -182,22 +182,27 @@ pub(crate) fn finish(mut doc: OpenApi) -> OpenApi {
 /// The documented operations that take a request body (optional or not): their method and
 /// path template.
 pub(crate) fn operations_with_body(doc: &OpenApi) -> Vec<(Method, String)> {
-    let mut found = Vec::new();
-    for (path, item) in &doc.paths.paths {
-        let operations = [
+    operations(doc)
+        .filter(|(_, _, operation)| operation.request_body.is_some())
+        .map(|(method, path, _)| (method, path.clone()))
+        .collect()
+}
+
+/// Each operation of `doc`: its method, its path template and itself.
+pub(crate) fn operations(
+    doc: &OpenApi,
+) -> impl Iterator<Item = (Method, &String, &utoipa::openapi::path::Operation)> {
+    doc.paths.paths.iter().flat_map(|(path, item)| {
+        [
             (Method::GET, &item.get),
             (Method::PUT, &item.put),
             (Method::POST, &item.post),
             (Method::DELETE, &item.delete),
             (Method::PATCH, &item.patch),
-        ];
-        for (method, operation) in operations {
-            if operation.as_ref().is_some_and(|o| o.request_body.is_some()) {
-                found.push((method, path.clone()));
-            }
-        }
-    }
-    found
+        ]
+        .into_iter()
+        .filter_map(move |(method, operation)| Some((method, path, operation.as_ref()?)))
+    })
 }
 
 /// PostgreSQL cannot store a NUL character, so every string a request carries refuses
