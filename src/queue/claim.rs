@@ -70,11 +70,20 @@ pub async fn claim(
 pub async fn begin_ordered_reads(
     pool: &PgPool,
 ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
-    Ok(pool
-        .begin_with(
-            "BEGIN; SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off;
-             SET LOCAL enable_seqscan = off; SET LOCAL jit = off;
-             SET LOCAL plan_cache_mode = force_custom_plan",
-        )
-        .await?)
+    static BEGIN: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let settings = ORDERED_READS.map(|(name, value)| format!("SET LOCAL {name} = {value}"));
+        format!("BEGIN; {}", settings.join("; "))
+    });
+    Ok(pool.begin_with(BEGIN.as_str()).await?)
 }
+
+/// The planner settings of ordered reads ([`begin_ordered_reads`] says why), set per
+/// transaction there and per session on the queue's own connections
+/// ([`super::QueuePool`]).
+pub(crate) const ORDERED_READS: [(&str, &str); 5] = [
+    ("enable_sort", "off"),
+    ("enable_bitmapscan", "off"),
+    ("enable_seqscan", "off"),
+    ("jit", "off"),
+    ("plan_cache_mode", "force_custom_plan"),
+];

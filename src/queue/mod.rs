@@ -136,13 +136,9 @@ pub struct QueuePool(PgPool);
 impl QueuePool {
     /// At most `size` connections, opened when first needed, with `pool`'s options.
     pub fn new(pool: &PgPool, size: u32) -> QueuePool {
-        let options = (*pool.connect_options()).clone().options([
-            ("enable_sort", "off"),
-            ("enable_bitmapscan", "off"),
-            ("enable_seqscan", "off"),
-            ("jit", "off"),
-            ("plan_cache_mode", "force_custom_plan"),
-        ]);
+        let options = (*pool.connect_options())
+            .clone()
+            .options(claim::ORDERED_READS);
         QueuePool(
             PgPoolOptions::new()
                 .max_connections(size)
