@@ -13,7 +13,7 @@ mod kind;
 mod observe;
 
 pub use kind::JobKind;
-pub(crate) use observe::observe;
+pub(crate) use observe::{observe, observed};
 
 use std::time::Duration;
 

@@ -11,6 +11,24 @@ use tracing::Instrument;
 use crate::db::StoreError;
 use crate::telemetry::metrics;
 
+/// Runs `attempt`, one attempt of `job` (a queue [`Job`](crate::queue::Job) of `kind`),
+/// through [`observe`] inside a span named `name` that carries the job's row id as `id`,
+/// its attempt number and the fields `observe` records: every kind's handler the same way.
+macro_rules! observed {
+    ($kind:expr, $name:literal, $id:ident, $job:ident, $attempt:expr) => {{
+        let span = tracing::info_span!(
+            $name,
+            $id = %$job.lease.ref_id,
+            attempt = $job.lease.attempts,
+            outcome = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        let ref_id = $job.lease.ref_id.clone();
+        $crate::attempt::observe($kind.as_str(), ref_id, span, $attempt)
+    }};
+}
+pub(crate) use observed;
+
 /// Runs one attempt of a job inside `span` (which declares `outcome` and
 /// `otel.status_code`): records how it ended on the span and in the job metrics, and logs
 /// a runtime failure, after which the lease expires and the job is retried.

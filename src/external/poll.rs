@@ -357,14 +357,7 @@ impl JobHandler for PollJobs {
     }
 
     fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()> {
-        let span = tracing::info_span!(
-            "poll",
-            source_id = %job.lease.ref_id,
-            outcome = tracing::field::Empty,
-            otel.status_code = tracing::field::Empty,
-        );
-        let ref_id = job.lease.ref_id.clone();
-        crate::attempt::observe(JobKind::Poll.as_str(), ref_id, span, async move {
+        crate::attempt::observed!(JobKind::Poll, "poll", source_id, job, async move {
             self.execute(job).await
         })
     }

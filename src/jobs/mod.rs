@@ -43,15 +43,7 @@ impl JobHandler for Runs {
     }
 
     fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()> {
-        let span = tracing::info_span!(
-            "run_job",
-            run_id = %job.lease.ref_id,
-            attempt = job.lease.attempts,
-            outcome = tracing::field::Empty,
-            otel.status_code = tracing::field::Empty,
-        );
-        let ref_id = job.lease.ref_id.clone();
-        attempt::observe(JobKind::Run.as_str(), ref_id, span, async move {
+        attempt::observed!(JobKind::Run, "run_job", run_id, job, async move {
             self.execute(job).await
         })
     }

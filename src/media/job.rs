@@ -53,15 +53,7 @@ impl JobHandler for MediaJobs {
     }
 
     fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()> {
-        let span = tracing::info_span!(
-            "media_job",
-            media_job_id = %job.lease.ref_id,
-            attempt = job.lease.attempts,
-            outcome = tracing::field::Empty,
-            otel.status_code = tracing::field::Empty,
-        );
-        let ref_id = job.lease.ref_id.clone();
-        crate::attempt::observe(JobKind::Media.as_str(), ref_id, span, async move {
+        crate::attempt::observed!(JobKind::Media, "media_job", media_job_id, job, async move {
             self.execute(job).await
         })
     }

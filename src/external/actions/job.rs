@@ -259,23 +259,21 @@ impl JobHandler for ActionJobs {
     }
 
     fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()> {
-        let span = tracing::info_span!(
+        crate::attempt::observed!(
+            JobKind::ExternalAction,
             "external_action",
-            action_id = %job.lease.ref_id,
-            attempt = job.lease.attempts,
-            outcome = tracing::field::Empty,
-            otel.status_code = tracing::field::Empty,
-        );
-        let ref_id = job.lease.ref_id.clone();
-        crate::attempt::observe(JobKind::ExternalAction.as_str(), ref_id, span, async move {
-            tokio::select! {
-                done = self.execute(&job) => done,
-                // Past its local deadline (or lease lost, or shut down) the attempt stops
-                // where it is: a POST in flight is abandoned, its answer unawaited. The
-                // action stays `sending`, and its next owner looks for its marker first.
-                () = job.interrupt.cancelled() => Err(StoreError::LeaseLost),
+            action_id,
+            job,
+            async move {
+                tokio::select! {
+                    done = self.execute(&job) => done,
+                    // Past its local deadline (or lease lost, or shut down) the attempt stops
+                    // where it is: a POST in flight is abandoned, its answer unawaited. The
+                    // action stays `sending`, and its next owner looks for its marker first.
+                    () = job.interrupt.cancelled() => Err(StoreError::LeaseLost),
+                }
             }
-        })
+        )
     }
 }
 
