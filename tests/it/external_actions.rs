@@ -7,6 +7,7 @@
 use crate::support;
 use crate::support::tracker_actions;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::support::{Client, KeelProcess, rows_containing, wait_for};
@@ -625,6 +626,48 @@ async fn rejected_actions_send_nothing_labels_and_reviews_round_trip_and_bad_bod
     app.assert_no_canary(CANARY).await;
 }
 
+/// One Linear issue's comments, as `commentCreate` makes them and the marked comments
+/// query reads them back (each `comment-1`, as the test's single comment is).
+#[derive(Clone, Default)]
+struct LinearComments(Arc<Mutex<Vec<String>>>);
+
+impl LinearComments {
+    fn create(&self) -> impl wiremock::Respond + use<> {
+        let comments = self.clone();
+        move |request: &wiremock::Request| {
+            let sent: Value = serde_json::from_slice(&request.body).unwrap();
+            let body = sent["variables"]["body"].as_str().unwrap().to_string();
+            comments.0.lock().unwrap().push(body);
+            ResponseTemplate::new(200).set_body_json(json!({ "data": { "commentCreate": {
+                "success": true, "comment": LinearComments::node(None) } } }))
+        }
+    }
+
+    fn lookup(&self) -> impl wiremock::Respond + use<> {
+        let comments = self.clone();
+        move |_: &wiremock::Request| {
+            let nodes: Vec<Value> = comments
+                .0
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|body| LinearComments::node(Some(body)))
+                .collect();
+            ResponseTemplate::new(200)
+                .set_body_json(json!({ "data": { "issue": { "comments": { "nodes": nodes } } } }))
+        }
+    }
+
+    fn node(body: Option<&str>) -> Value {
+        let mut node =
+            json!({ "id": "comment-1", "url": "https://linear.app/acme/issue/ENG-1#comment-1" });
+        if let Some(body) = body {
+            node["body"] = json!(body);
+        }
+        node
+    }
+}
+
 #[tokio::test]
 async fn a_linear_comment_goes_through_the_comment_create_mutation() {
     let linear = MockServer::start().await;
@@ -648,16 +691,26 @@ async fn a_linear_comment_goes_through_the_comment_create_mutation() {
     graphql(json!({ "ids": ["uuid-1"] }), page(json!([node])))
         .mount(&linear)
         .await;
-    let created = json!({ "data": { "commentCreate": { "success": true,
-        "comment": { "id": "comment-1", "url": "https://linear.app/acme/issue/ENG-1#comment-1" } } } });
-    graphql(json!({ "issueId": "uuid-1" }), created)
+    // As Linear keeps them: an attempt whose lease ran short around its call (a loaded
+    // machine) leaves the action `sending`, and the next one looks for the marked comment
+    // first: there once the first call made it, absent if that attempt stopped before.
+    let comments = LinearComments::default();
+    Mock::given(method("POST"))
+        .and(path("/graphql"))
+        .and(header("authorization", LINEAR_CANARY))
+        .and(body_partial_json(
+            json!({ "variables": { "issueId": "uuid-1" } }),
+        ))
+        .respond_with(comments.create())
         .mount(&linear)
         .await;
-    // An attempt that stopped before its call (its lease no longer safely ahead, as on a
-    // loaded machine) leaves the action `sending`: the next one looks for the marked
-    // comment first, finds none here and sends.
-    let unmarked = json!({ "data": { "issue": { "comments": { "nodes": [] } } } });
-    graphql(json!({ "id": "uuid-1" }), unmarked)
+    Mock::given(method("POST"))
+        .and(path("/graphql"))
+        .and(header("authorization", LINEAR_CANARY))
+        .and(body_partial_json(
+            json!({ "variables": { "id": "uuid-1" } }),
+        ))
+        .respond_with(comments.lookup())
         .mount(&linear)
         .await;
     let endpoint = format!("{}/graphql", linear.uri());
