@@ -255,17 +255,18 @@ pub fn spawn_cost_ms(argv: &[&str], spawns: usize) -> anyhow::Result<f64> {
         Some(group) => group.wrap(argv),
         None => argv.iter().map(|arg| arg.to_string()).collect(),
     };
-    let me = std::process::id() as i32;
-    let before = stat(me)?.with_children();
+    let us = ticks_to_us(clock_ticks()?);
+    let counted = || match &group {
+        Some(group) => group.usage_us(),
+        None => Ok(us(stat(std::process::id() as i32)?.with_children())),
+    };
+    let before = counted()?;
     for _ in 0..spawns {
         let status = Command::new(&argv[0]).args(&argv[1..]).status()?;
         anyhow::ensure!(status.success(), "{} exited with {status}", argv.join(" "));
     }
-    let us = match &group {
-        Some(group) => group.usage_us()?,
-        None => ticks_to_us(clock_ticks()?)(stat(me)?.with_children().saturating_sub(before)),
-    };
-    Ok(us as f64 / 1000.0 / spawns.max(1) as f64)
+    let spent = counted()?.saturating_sub(before);
+    Ok(spent as f64 / 1000.0 / spawns.max(1) as f64)
 }
 
 /// The fields of `/proc/<pid>/stat` this module reads (ticks).
@@ -332,12 +333,18 @@ fn tree_ticks(parent: i32) -> anyhow::Result<u64> {
     Ok(ticks)
 }
 
+/// The kernel's clock ticks per second, asked of `getconf` once: every CPU sample needs it.
 fn clock_ticks() -> anyhow::Result<f64> {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    if let Some(ticks) = TICKS.get() {
+        return Ok(*ticks);
+    }
     let out = Command::new("getconf").arg("CLK_TCK").output()?;
-    String::from_utf8_lossy(&out.stdout)
+    let ticks = String::from_utf8_lossy(&out.stdout)
         .trim()
         .parse()
-        .context("getconf CLK_TCK")
+        .context("getconf CLK_TCK")?;
+    Ok(*TICKS.get_or_init(|| ticks))
 }
 
 #[cfg(test)]

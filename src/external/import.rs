@@ -252,25 +252,17 @@ pub(crate) async fn start(
     }
     let directory = item.workspace_path.as_deref();
     let task = match new_task(poller, workflow, issue, directory) {
-        Ok(task) => match tasks::refuse_nesting(conn, &task).await {
-            Ok(()) => Ok(task),
-            Err(StoreError::Unprocessable { message, .. }) => Err((workspace::REFUSED, message)),
-            Err(error) => return Err(error),
-        },
-        Err(refused) => Err(refused),
-    };
-    let task = match task {
         Ok(task) => task,
-        Err((code, message)) => {
-            let change = ItemChange {
-                state: "blocked",
-                error: Some((code, &message)),
-                ..ItemChange::default()
-            };
-            return external::update_item(conn, scope, &item.id, &change).await;
-        }
+        Err((code, message)) => return workspace::blocked(conn, scope, item, code, &message).await,
     };
-    let record = tasks::insert(conn, scope, &task, actor).await?;
+    // The one refusal a stored task meets: its `in_place` directory nests with another's.
+    let record = match tasks::insert(conn, scope, &task, actor).await {
+        Ok(record) => record,
+        Err(StoreError::Unprocessable { message, .. }) => {
+            return workspace::blocked(conn, scope, item, workspace::REFUSED, &message).await;
+        }
+        Err(error) => return Err(error),
+    };
     let mut admission = Admission::new(Origin::Start);
     admission.reason = Some(format!("external work item {}", issue.identifier));
     admission.requester = external::registrant(conn, scope, &item.source_id).await?;

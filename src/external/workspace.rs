@@ -330,7 +330,8 @@ async fn before_remove(
         .expect("a hook that cannot be cancelled ends with a run")
 }
 
-async fn blocked(
+/// Marks `item` blocked with `code` and `message`.
+pub(super) async fn blocked(
     conn: &mut PgConnection,
     scope: &Scope,
     item: &ItemRecord,

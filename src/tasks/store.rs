@@ -408,7 +408,7 @@ pub(crate) async fn in_place_nesting(
 
 /// Refuses a new task whose `in_place` directory nests with another task's
 /// ([`in_place_nesting`]). The runs of a task check again before each attempt.
-pub(crate) async fn refuse_nesting(conn: &mut PgConnection, task: &NewTask) -> Result<()> {
+async fn refuse_nesting(conn: &mut PgConnection, task: &NewTask) -> Result<()> {
     match task.in_place_directory() {
         Some(directory) if in_place_nesting(conn, directory, None).await? => {
             Err(StoreError::Unprocessable {
