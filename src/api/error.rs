@@ -32,6 +32,15 @@ pub enum ApiError {
     Internal(String),
     #[error("the database is unavailable: {0}")]
     Unavailable(String),
+    /// No connection came within the acquire timeout. sqlx says the same whether the
+    /// database did not answer or every connection was busy: [`busy_or_unavailable`]
+    /// asks the pool which, and answers [`ApiError::Busy`] or as `Unavailable`.
+    #[error("the database is unavailable: no connection within the acquire timeout")]
+    NoConnection,
+    /// No connection of this process's pool came free within the acquire timeout while
+    /// every one was open and in use: the database answers, this process is saturated.
+    #[error("every database connection of this process is in use")]
+    Busy,
     /// No valid credentials. The reason is for the log: the client hears the same message
     /// whatever was wrong, so a guess learns nothing.
     #[error("unauthorized: {0}")]
@@ -93,11 +102,19 @@ impl ApiError {
                 "Keel failed to handle the request.",
                 "Retry; if it persists, look up the request id in the server logs.",
             ),
-            ApiError::Unavailable(_) => (
+            ApiError::Unavailable(_) | ApiError::NoConnection => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 ErrorCode::Unavailable,
                 "Keel cannot reach its database.",
                 "Check that PostgreSQL is running and reachable, then retry.",
+            ),
+            ApiError::Busy => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::Unavailable,
+                "Keel is too busy to take this request now.",
+                "Retry after the seconds in Retry-After. If it lasts, raise \
+                 KEEL_DB_MAX_CONNECTIONS (within the database's max_connections) or run \
+                 another API process.",
             ),
             ApiError::Unauthorized(_) => (
                 StatusCode::UNAUTHORIZED,
@@ -162,9 +179,10 @@ impl From<StoreError> for ApiError {
                 message,
             },
             StoreError::LeaseLost => ApiError::Internal(error.to_string()),
-            StoreError::Database(
-                e @ (sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed),
-            ) => ApiError::Unavailable(e.to_string()),
+            StoreError::Database(sqlx::Error::PoolTimedOut) => ApiError::NoConnection,
+            StoreError::Database(e @ (sqlx::Error::Io(_) | sqlx::Error::PoolClosed)) => {
+                ApiError::Unavailable(e.to_string())
+            }
             StoreError::Database(e) if is_unstorable_text(&e) => ApiError::invalid(
                 "text must not contain NUL characters (\\u0000); PostgreSQL cannot store them",
             ),
@@ -196,7 +214,9 @@ impl IntoResponse for ApiError {
         let message = match &self {
             // Internal details go to the log (by the middleware), never to the client.
             ApiError::Internal(_) => "internal error".to_string(),
-            ApiError::Unavailable(_) => "the database is unavailable".to_string(),
+            ApiError::Unavailable(_) | ApiError::NoConnection => {
+                "the database is unavailable".to_string()
+            }
             ApiError::Unauthorized(_) => "missing or invalid credentials".to_string(),
             other => other.to_string(),
         };
@@ -210,7 +230,8 @@ impl IntoResponse for ApiError {
         let retry_after = match self {
             ApiError::RateLimited { retry_after } => Some(retry_after),
             ApiError::TooManyStreams { .. } => Some(STREAMS_RETRY_AFTER_SECS),
-            ApiError::Unavailable(_) => Some(UNAVAILABLE_RETRY_AFTER_SECS),
+            ApiError::Unavailable(_) | ApiError::NoConnection => Some(UNAVAILABLE_RETRY_AFTER_SECS),
+            ApiError::Busy => Some(BUSY_RETRY_AFTER_SECS),
             _ => None,
         };
         if let Some(retry_after) = retry_after {
@@ -218,9 +239,40 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(axum::http::header::RETRY_AFTER, retry_after.into());
         }
+        if matches!(self, ApiError::NoConnection) {
+            response.extensions_mut().insert(WaitedForConnection);
+        }
         response
             .extensions_mut()
             .insert(ErrorDetail(self.to_string()));
+        response
+    }
+}
+
+/// When a client should try again after a busy 503: a connection frees as soon as a
+/// request in flight ends.
+const BUSY_RETRY_AFTER_SECS: u64 = 1;
+
+/// Marks the response of an [`ApiError::NoConnection`] for [`busy_or_unavailable`].
+#[derive(Clone, Copy)]
+struct WaitedForConnection;
+
+/// Turns a 503 for a connection wait into [`ApiError::Busy`] when the pool is full and
+/// every connection is in use: those connections opened, so the database answered, and
+/// its clients are told to retry soon rather than to check PostgreSQL.
+pub(crate) async fn busy_or_unavailable(
+    axum::extract::State(pool): axum::extract::State<sqlx::PgPool>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(request).await;
+    if response.extensions().get::<WaitedForConnection>().is_none() {
+        return response;
+    }
+    let saturated = pool.size() >= pool.options().get_max_connections() && pool.num_idle() == 0;
+    if saturated {
+        ApiError::Busy.into_response()
+    } else {
         response
     }
 }

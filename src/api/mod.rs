@@ -214,7 +214,7 @@ pub fn documented_routes() -> Vec<(String, String)> {
 pub(crate) fn app(state: AppState, body_read_timeout: Duration) -> Router {
     let (router, document) = routes().split_for_parts();
     let bodies = Arc::new(body::BodyRules::new(body_read_timeout, &document));
-    let auth = state.auth.clone();
+    let (auth, pool) = (state.auth.clone(), state.pool.clone());
     let router = router
         .route("/docs", axum::routing::get(openapi::reference_page))
         .merge(crate::api::console::router())
@@ -226,6 +226,10 @@ pub(crate) fn app(state: AppState, body_read_timeout: Duration) -> Router {
             middleware::panic_response,
         ))
         .layer(axum::middleware::from_fn(middleware::respond_within_bound))
+        .layer(axum::middleware::from_fn_with_state(
+            pool,
+            error::busy_or_unavailable,
+        ))
         // Inside `identify`: a body is read only once its sender is known (or the route
         // is open).
         .layer(axum::middleware::from_fn_with_state(

@@ -26,6 +26,10 @@ const TOKEN_ENV: (&str, &str) = ("ACME_GITHUB_TOKEN", CANARY);
 const LINEAR_CANARY: &str = "lin_api_canary_act10n5";
 const LINEAR_ENV: (&str, &str) = ("ACME_LINEAR_API_KEY", LINEAR_CANARY);
 const T1: &str = "2026-11-30T09:00:00Z";
+/// A lease no loaded machine runs out of between two heartbeats: only the tests about a
+/// lost lease (a worker killed or cut off) give their doomed worker a short one.
+const STEADY_LEASE_MS: u64 = 5_000;
+const DOOMED_LEASE_MS: u64 = 1_000;
 
 fn github_workflow(endpoint: &str) -> String {
     format!(
@@ -122,15 +126,15 @@ impl Tracked {
 
     fn worker(&mut self, name: &str, env: (&str, &str)) {
         let db_url = self.db_url.clone();
-        self.worker_through(&db_url, name, env);
+        self.worker_through(&db_url, name, env, STEADY_LEASE_MS);
     }
 
     /// A worker reaching the database at `db_url` (a proxy in front of it, say).
-    fn worker_through(&mut self, db_url: &str, name: &str, env: (&str, &str)) {
+    fn worker_through(&mut self, db_url: &str, name: &str, env: (&str, &str), lease_ms: u64) {
         let data = self.dir.path().join(name);
         std::fs::create_dir_all(&data).unwrap();
         let dir = self.dir.path();
-        let worker = support::spawn_worker_with_env(db_url, dir, name, 1_000, &data, &[env]);
+        let worker = support::spawn_worker_with_env(db_url, dir, name, lease_ms, &data, &[env]);
         self.workers.push(worker);
     }
 
@@ -775,7 +779,9 @@ async fn a_worker_killed_after_its_call_is_not_followed_by_a_second_call() {
     // The comment is written when the call arrives; its answer is held long past the kill.
     let comments = "/repos/acme/widgets/issues/7/comments";
     let written = mount_list(&github, comments, Duration::from_secs(25)).await;
-    let mut app = Tracked::start(&github_workflow(&github.uri()), TOKEN_ENV, &["worker-a"]).await;
+    let mut app = Tracked::start(&github_workflow(&github.uri()), TOKEN_ENV, &[]).await;
+    let db_url = app.db_url.clone();
+    app.worker_through(&db_url, "worker-a", TOKEN_ENV, DOOMED_LEASE_MS);
     let action = app.comment_reaching(&written).await;
     let mut killed = app.workers.remove(0);
     killed.kill9();
@@ -821,7 +827,7 @@ async fn a_worker_cut_off_after_its_call_is_not_followed_by_a_second_call() {
     let written = mount_list(&github, comments, Duration::from_secs(25)).await;
     let mut app = Tracked::start(&github_workflow(&github.uri()), TOKEN_ENV, &[]).await;
     let proxy = support::proxy::DelayProxy::freezable(&app.db_url).await;
-    app.worker_through(&proxy.url, "worker-cut", TOKEN_ENV);
+    app.worker_through(&proxy.url, "worker-cut", TOKEN_ENV, DOOMED_LEASE_MS);
     let action = app.comment_reaching(&written).await;
     let frozen = Instant::now();
     proxy.freeze();

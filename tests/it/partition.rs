@@ -292,6 +292,64 @@ async fn an_api_cut_off_from_its_database_answers_503_then_recovers() {
     );
 }
 
+/// An API whose every connection is busy (one, held by a request that waits on a lock)
+/// says so, with a short Retry-After, instead of calling the database unavailable; the
+/// held request answers once the lock goes.
+#[tokio::test]
+async fn a_saturated_pool_answers_busy_not_unavailable() {
+    let db = support::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("KEEL_DB_MAX_CONNECTIONS", "1")];
+    let api = support::spawn_api_with_env(&db, dir.path(), "api", &env).await;
+    let client = api.client.clone().unwrap();
+    assert_eq!(client.get("/v1/tasks").await.0, reqwest::StatusCode::OK);
+
+    let pool = support::pool(&db).await;
+    // A connection of its own: the pool's would end an idle transaction after seconds.
+    let mut holder = <sqlx::PgConnection as sqlx::Connection>::connect(&db)
+        .await
+        .unwrap();
+    let mut lock = sqlx::Connection::begin(&mut holder).await.unwrap();
+    sqlx::query("LOCK TABLE tasks IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let held = tokio::spawn({
+        let client = client.clone();
+        async move { client.get("/v1/tasks").await.0 }
+    });
+    wait_for(LONG, "the API's one connection to wait on the lock", || {
+        let pool = pool.clone();
+        async move {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE application_name = 'keel-api' AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (waiting == 1).then_some(())
+        }
+    })
+    .await;
+
+    let busy = client.http.get(format!("{}/v1/tasks", client.base));
+    let busy = busy.send().await.unwrap();
+    assert_eq!(busy.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(busy.headers()["retry-after"], "1");
+    let body: serde_json::Value = busy.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "unavailable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("connection") && message.contains("in use"),
+        "{body}"
+    );
+    assert!(body["error"]["request_id"].is_string(), "{body}");
+
+    lock.commit().await.unwrap();
+    assert_eq!(held.await.unwrap(), reqwest::StatusCode::OK);
+}
+
 const LLM_KEY: &str = "sk-partition-test";
 
 /// A worker's settings for agent loops on the fake model server.

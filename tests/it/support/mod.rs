@@ -442,6 +442,11 @@ pub fn worker_args(lease_ms: u64) -> WorkerArgs {
     }
 }
 
+/// The in-process worker shares its runtime with the test and the API: a lease that a
+/// busy test body or a loaded machine cannot outlast between two heartbeats. (The tests
+/// about lost leases use worker processes of their own.)
+const IN_PROCESS_LEASE_MS: u64 = 6_000;
+
 /// Keel's API (and optionally a worker) in this process, on a real socket.
 pub struct TestApp {
     pub client: Client,
@@ -526,7 +531,8 @@ impl TestApp {
         if with_worker {
             let (pool, shutdown) = (pool.clone(), shutdown.clone());
             tokio::spawn(async move {
-                keel::cli::run_worker(pool, &common, &worker_args(2_000), shutdown).await
+                keel::cli::run_worker(pool, &common, &worker_args(IN_PROCESS_LEASE_MS), shutdown)
+                    .await
             });
         }
         let client = Client::new(base);
