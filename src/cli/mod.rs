@@ -1,16 +1,30 @@
 //! The `keel` command line: one binary, a subcommand per role. This file owns the server
 //! roles (serve, api, worker, migrate, openapi, workflow); the operator commands over the
-//! API are in `ops` (arguments and calls), `output` (tables, JSON, errors) and `watch`
-//! (following a run or a media job live). The server settings ([`Common`]) belong to the
+//! API are in `ops` (their global options and dispatch), a file per resource named as in
+//! `api/` (its arguments and calls: `tasks`, `runs`, `approvals`, …), `output` (tables,
+//! JSON, errors) and `watch` (following a run or a media job live). The server settings ([`Common`]) belong to the
 //! roles that read them, so an operator command's `--help` lists only its own options and
 //! the API's address and credentials.
 
+mod approvals;
+mod console;
+mod events;
 mod external;
 mod local_token;
+mod media_jobs;
 mod ops;
 mod output;
+mod patches;
+mod providers;
+mod runs;
+mod runtime;
+mod schedules;
+mod system;
+mod tasks;
+mod usage;
 mod watch;
 mod worker;
+mod workspaces;
 
 use std::process::ExitCode;
 use std::time::Duration;
