@@ -4,7 +4,7 @@
 use clap::Subcommand;
 use keel_client::{Call, Client, Error, MediaJobDraft, MediaJobRecord, ObjectEnvelope};
 
-use crate::cli::ops;
+use crate::cli::artifacts;
 use crate::cli::output;
 use crate::cli::output::{Format, PageArgs, Table, or_dash, time};
 use crate::cli::watch;
@@ -117,7 +117,7 @@ pub(super) async fn run(
             artifact_id,
         } => content(client, &media_job_id, &artifact_id).await?,
         MediaCommand::Artifacts { media_job_id, page } => {
-            ops::artifacts(format, &page, client.list_media_artifacts(&media_job_id)).await?;
+            artifacts::list(format, &page, client.list_media_artifacts(&media_job_id)).await?;
         }
         MediaCommand::List {
             status,

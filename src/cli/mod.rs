@@ -7,6 +7,7 @@
 //! the API's address and credentials.
 
 mod approvals;
+mod artifacts;
 mod console;
 mod events;
 mod external;

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use keel_client::{ArtifactRecord, Call, Client, Credentials, Error};
+use keel_client::{Client, Credentials, Error};
 
 use crate::cli::approvals;
 use crate::cli::approvals::ApprovalCommand;
@@ -22,7 +22,7 @@ use crate::cli::local_token;
 use crate::cli::media_jobs;
 use crate::cli::media_jobs::MediaCommand;
 use crate::cli::output;
-use crate::cli::output::{Format, PageArgs, or_dash};
+use crate::cli::output::Format;
 use crate::cli::providers;
 use crate::cli::providers::{ProviderCommand, SecretCommand};
 use crate::cli::runs;
@@ -199,25 +199,4 @@ async fn run(client: &Client, format: Format, operation: Operation) -> Result<Ou
         Operation::Leases(command) => system::leases(client, format, command).await,
     };
     answered.map(|()| Outcome::Done)
-}
-
-/// A list of artifacts: a run's, a task's or a media job's.
-pub(super) async fn artifacts(
-    format: Format,
-    page: &PageArgs,
-    call: Call<'_, keel_client::ListEnvelope<ArtifactRecord>>,
-) -> Result<(), Error> {
-    let headers = ["ID", "NAME", "KIND", "TYPE", "BYTES", "STATUS", "RUN"];
-    output::list(format, page, call, &headers, |a: &ArtifactRecord| {
-        vec![
-            a.id.clone(),
-            a.name.clone(),
-            a.kind.to_string(),
-            a.content_type.clone(),
-            a.size_bytes.to_string(),
-            a.status.to_string(),
-            or_dash(a.run_id.as_ref()),
-        ]
-    })
-    .await
 }

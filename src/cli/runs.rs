@@ -11,8 +11,8 @@ use keel_client::{
     RunEventsRequest, RunRecord, StartRequest, StepRecord,
 };
 
+use crate::cli::artifacts;
 use crate::cli::events;
-use crate::cli::ops;
 use crate::cli::output;
 use crate::cli::output::{Format, PageArgs, Table, or_dash, time};
 use crate::cli::patches;
@@ -217,7 +217,7 @@ pub(super) async fn run(
         } => artifact(client, format, &run_id, &artifact_id).await?,
         RunCommand::Artifacts { run_id, page } => {
             let task_id = client.task_of("run", &run_id).await?;
-            ops::artifacts(format, &page, client.list_artifacts(&task_id, &run_id)).await?;
+            artifacts::list(format, &page, client.list_artifacts(&task_id, &run_id)).await?;
         }
         RunCommand::Cancel { run_id } => {
             show_run(client, format, &run_id, Client::cancel_run).await?

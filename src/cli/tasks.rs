@@ -7,7 +7,7 @@ use keel_client::{
     TaskRecord,
 };
 
-use crate::cli::ops;
+use crate::cli::artifacts;
 use crate::cli::output;
 use crate::cli::output::{Format, PageArgs, Table, or_dash, time};
 use crate::cli::runs;
@@ -207,7 +207,7 @@ pub(super) async fn run(
             return runs::admitted(client, format, call, watch).await;
         }
         TaskCommand::Artifacts { task_id, page } => {
-            ops::artifacts(format, &page, client.list_task_artifacts(&task_id)).await?;
+            artifacts::list(format, &page, client.list_task_artifacts(&task_id)).await?;
         }
         TaskCommand::Delete { task_id } => {
             output::show(format, client.delete_task(&task_id), |d| {
