@@ -4,19 +4,97 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
 use keel_workers::media::Secret;
 use reqwest::StatusCode;
 use reqwest::header::{self, HeaderMap};
 use serde_json::Value;
 
 use crate::external::ItemRecord;
+use crate::external::tracker::TrackerApi;
 use crate::external::tracker::{Candidate, Fetched, LimitHeaders, Poller, Refusal, resume_at};
 use crate::external::workflow::{Issue, Tracker};
+
+/// GitHub's implementation of [`TrackerApi`].
+pub(crate) struct GitHub;
+
+impl TrackerApi for GitHub {
+    fn name(&self) -> &'static str {
+        "github"
+    }
+
+    fn default_endpoint(&self) -> &'static str {
+        "https://api.github.com"
+    }
+
+    /// GitHub has two states.
+    fn default_states(&self) -> (&'static [&'static str], &'static [&'static str]) {
+        (&["open"], &["closed"])
+    }
+
+    fn check(&self, tracker: &Tracker) -> Result<(), String> {
+        let valid = tracker
+            .repository
+            .as_deref()
+            .and_then(|r| r.split_once('/'))
+            .is_some_and(|(owner, name)| {
+                let part = |p: &str| {
+                    !p.is_empty()
+                        && p.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                };
+                part(owner) && part(name)
+            });
+        if valid {
+            Ok(())
+        } else {
+            Err("tracker.repository must be owner/repo for github".into())
+        }
+    }
+
+    fn subject<'t>(&self, tracker: &'t Tracker) -> Option<&'t str> {
+        tracker.repository.as_deref()
+    }
+
+    fn candidate(&self, tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
+        candidate(tracker, value)
+    }
+
+    fn payload_candidate(&self, tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
+        payload_candidate(tracker, payload)
+    }
+
+    fn fetch<'a>(
+        &self,
+        poller: &'a Poller,
+        tracker: &'a Tracker,
+        token: Option<&'a Secret>,
+        etags: &'a BTreeMap<String, String>,
+        limit: u32,
+    ) -> BoxFuture<'a, Fetched> {
+        Box::pin(fetch(poller, tracker, token, etags, limit))
+    }
+
+    /// The lists are asked for with `state=all`.
+    fn lists_every_state(&self) -> bool {
+        true
+    }
+
+    fn fetch_items<'a>(
+        &self,
+        poller: &'a Poller,
+        tracker: &'a Tracker,
+        token: Option<&'a Secret>,
+        items: &'a [&'a ItemRecord],
+    ) -> BoxFuture<'a, Fetched> {
+        Box::pin(fetch_items(poller, tracker, token, items))
+    }
+}
 
 /// A GitHub issue or pull request (as the REST API or a webhook payload has it) of
 /// `repository`, normalized. The key carries `updated_at` (and a pull request's head SHA):
 /// a changed item is a new version, the same version again a duplicate.
-pub(crate) fn candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
+fn candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
     let repository = tracker.repository.as_deref().unwrap_or_default();
     let text = |field: &str| value.get(field).and_then(Value::as_str);
     let number = value
@@ -90,7 +168,7 @@ pub(crate) fn head_sha(key: &str) -> Option<&str> {
 }
 
 /// A webhook payload (`pull_request` or `issue` beside `repository`) or the item itself.
-pub(crate) fn payload_candidate(tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
+fn payload_candidate(tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
     let repository = tracker.repository.as_deref().unwrap_or_default();
     if let Some(named) = payload
         .pointer("/repository/full_name")
@@ -111,7 +189,7 @@ pub(crate) fn payload_candidate(tracker: &Tracker, payload: &Value) -> Result<Ca
 /// GETs the repository's issues, then its pull requests (the issues list has pull requests
 /// too, without their head SHA: those entries are left to the second list). A rate limit
 /// stops the poll there, without failing the source.
-pub(crate) async fn fetch(
+async fn fetch(
     poller: &Poller,
     tracker: &Tracker,
     token: Option<&Secret>,
@@ -163,7 +241,7 @@ pub(crate) async fn fetch(
 /// The current version of each of these items: `GET /repos/{repository}/pulls/{n}` for a
 /// pull request, `/issues/{n}` for an issue. A rate limit stops there; an item that is gone
 /// (404) is left as it is.
-pub(crate) async fn fetch_items(
+async fn fetch_items(
     poller: &Poller,
     tracker: &Tracker,
     token: Option<&Secret>,
@@ -298,11 +376,10 @@ pub(crate) fn rate_limited(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::external::workflow::TrackerKind;
     use serde_json::json;
 
     fn tracker() -> Tracker {
-        crate::external::tracker::test_tracker(TrackerKind::Github, "a/b", "open", "closed")
+        crate::external::tracker::test_tracker("{kind: github, repository: a/b}")
     }
 
     #[test]

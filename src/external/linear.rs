@@ -1,7 +1,10 @@
 //! Linear: the GraphQL `issues` of one project (by its slug) in the workflow's active
 //! states, paginated, with Linear's rate limits honoured, and their normalization.
 
+use std::collections::BTreeMap;
+
 use chrono::Utc;
+use futures_util::future::BoxFuture;
 use keel_workers::media::Secret;
 use reqwest::StatusCode;
 use reqwest::header;
@@ -9,10 +12,78 @@ use serde_json::{Value, json};
 
 use crate::external::ItemRecord;
 use crate::external::tracker::{Candidate, Fetched, LimitHeaders, Poller, Refusal, resume_at};
+use crate::external::tracker::{ITEMS_PER_FETCH, TrackerApi};
 use crate::external::workflow::{BlockerRef, Issue, Tracker};
 
 /// Linear's page size (its default and Symphony's).
-pub(crate) const PAGE: u32 = 50;
+const PAGE: u32 = 50;
+
+/// Linear's implementation of [`TrackerApi`].
+pub(crate) struct Linear;
+
+impl TrackerApi for Linear {
+    fn name(&self) -> &'static str {
+        "linear"
+    }
+
+    fn default_endpoint(&self) -> &'static str {
+        "https://api.linear.app/graphql"
+    }
+
+    /// Symphony's defaults.
+    fn default_states(&self) -> (&'static [&'static str], &'static [&'static str]) {
+        (
+            &["Todo", "In Progress"],
+            &["Closed", "Cancelled", "Canceled", "Duplicate", "Done"],
+        )
+    }
+
+    fn check(&self, tracker: &Tracker) -> Result<(), String> {
+        if tracker.project_slug.as_deref().is_none_or(str::is_empty) {
+            return Err("tracker.project_slug is required for linear".into());
+        }
+        Ok(())
+    }
+
+    fn subject<'t>(&self, tracker: &'t Tracker) -> Option<&'t str> {
+        tracker.project_slug.as_deref()
+    }
+
+    fn candidate(&self, tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
+        candidate(tracker, value)
+    }
+
+    fn payload_candidate(&self, tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
+        payload_candidate(tracker, payload)
+    }
+
+    /// Linear has no ETags: `etags` is not read.
+    fn fetch<'a>(
+        &self,
+        poller: &'a Poller,
+        tracker: &'a Tracker,
+        token: Option<&'a Secret>,
+        _etags: &'a BTreeMap<String, String>,
+        limit: u32,
+    ) -> BoxFuture<'a, Fetched> {
+        Box::pin(fetch(poller, tracker, token, limit))
+    }
+
+    /// The query asks for the active states only.
+    fn lists_every_state(&self) -> bool {
+        false
+    }
+
+    fn fetch_items<'a>(
+        &self,
+        poller: &'a Poller,
+        tracker: &'a Tracker,
+        token: Option<&'a Secret>,
+        items: &'a [&'a ItemRecord],
+    ) -> BoxFuture<'a, Fetched> {
+        Box::pin(fetch_items(poller, tracker, token, items))
+    }
+}
 
 /// An issue's fields: what the prompt's `issue` needs. A blocker is an inverse relation of
 /// type `blocks`.
@@ -62,12 +133,7 @@ const LIMIT_HEADERS: LimitHeaders = LimitHeaders {
 
 /// Pages through the project's active issues, up to `limit`. A rate limit stops the poll
 /// there, without failing the source.
-pub(crate) async fn fetch(
-    poller: &Poller,
-    tracker: &Tracker,
-    token: Option<&Secret>,
-    limit: u32,
-) -> Fetched {
+async fn fetch(poller: &Poller, tracker: &Tracker, token: Option<&Secret>, limit: u32) -> Fetched {
     let mut fetched = Fetched::default();
     let mut after: Option<String> = None;
     while (fetched.items.len() as u32) < limit {
@@ -104,8 +170,8 @@ pub(crate) struct Stop {
     pub(crate) backoff_until: Option<chrono::DateTime<Utc>>,
 }
 
-/// The current versions of these items' issues (at most [`PAGE`]), whatever their state.
-pub(crate) async fn fetch_items(
+/// The current versions of these items' issues, whatever their state.
+async fn fetch_items(
     poller: &Poller,
     tracker: &Tracker,
     token: Option<&Secret>,
@@ -116,7 +182,7 @@ pub(crate) async fn fetch_items(
         .iter()
         .filter_map(|item| item.issue["id"].as_str())
         .collect();
-    let variables = json!({ "ids": ids, "first": PAGE });
+    let variables = json!({ "ids": ids, "first": ITEMS_PER_FETCH });
     match query(poller, tracker, token, BY_IDS, variables).await {
         Ok(page) => {
             fetched.items = page.nodes;
@@ -252,7 +318,7 @@ fn graphql_messages(answer: &Value) -> Option<String> {
 
 /// A Linear issue as the GraphQL API (or a webhook's `data`) has it, normalized. The key
 /// carries `updatedAt`: a changed issue is a new version, the same version a duplicate.
-pub(crate) fn candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
+fn candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
     let text = |field: &str| value.get(field).and_then(Value::as_str);
     let identifier = text("identifier").ok_or("a Linear issue needs its identifier")?;
     let updated_at = text("updatedAt").ok_or("a Linear issue needs its updatedAt")?;
@@ -283,7 +349,7 @@ pub(crate) fn candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, S
 }
 
 /// A webhook payload (`{"type": "Issue", "data": {…}}`) or the issue itself.
-pub(crate) fn payload_candidate(tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
+fn payload_candidate(tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
     if let Some(kind) = payload.get("type").and_then(Value::as_str)
         && kind != "Issue"
     {
@@ -324,11 +390,12 @@ fn blockers(value: &Value) -> Vec<BlockerRef> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::external::workflow::TrackerKind;
     use reqwest::header::HeaderMap;
 
     fn tracker() -> Tracker {
-        crate::external::tracker::test_tracker(TrackerKind::Linear, "eng", "Todo", "Done")
+        let settings =
+            "{kind: linear, project_slug: eng, active_states: Todo, terminal_states: Done}";
+        crate::external::tracker::test_tracker(settings)
     }
 
     fn node() -> Value {

@@ -666,8 +666,7 @@ mod tests {
 
     #[test]
     fn each_action_is_its_trackers_exact_calls() {
-        let github =
-            crate::external::tracker::test_tracker(TrackerKind::Github, "a/b", "open", "closed");
+        let github = crate::external::tracker::test_tracker("{kind: github, repository: a/b}");
         let pull = item(
             "github_pull_request",
             "a/b#8",
@@ -706,8 +705,9 @@ mod tests {
                 ("DELETE", "/repos/a/b/issues/7/labels/bug")
             ]
         );
-        let linear =
-            crate::external::tracker::test_tracker(TrackerKind::Linear, "eng", "Todo", "Done");
+        let settings =
+            "{kind: linear, project_slug: eng, active_states: Todo, terminal_states: Done}";
+        let linear = crate::external::tracker::test_tracker(settings);
         let comment = ProposedAction::Comment { body: "hi".into() };
         let calls = super::calls(&linear, &issue, &comment, "xact_1").unwrap();
         assert_eq!(calls[0].path, "");

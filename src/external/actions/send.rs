@@ -11,7 +11,6 @@ use serde_json::{Value, json};
 
 use crate::external::actions::ActionRecord;
 use crate::external::github::head_sha;
-use crate::external::read::{fetch_items, polled_candidate};
 use crate::external::tracker::Poller;
 use crate::external::workflow::{Tracker, TrackerKind};
 use crate::external::{ItemRecord, github, linear};
@@ -90,14 +89,11 @@ pub(crate) async fn changed(
     target: &Target<'_>,
     action: &ActionRecord,
 ) -> Result<Option<(String, Value)>, Pause> {
-    let item = &target.item;
-    let fetched = fetch_items(
-        target.poller,
-        &target.tracker,
-        target.token.as_ref(),
-        &[item],
-    )
-    .await;
+    let (item, tracker) = (&target.item, &target.tracker);
+    let fetched = tracker
+        .api()
+        .fetch_items(target.poller, tracker, target.token.as_ref(), &[item])
+        .await;
     if let Some((code, message)) = fetched.error {
         return Err(Pause {
             code,
@@ -133,7 +129,8 @@ fn id_text(id: &Value) -> String {
 /// another key (a new `updated_at`, a new head SHA) or state. Returns why, and the target
 /// now.
 fn compare(target: &Target<'_>, action: &ActionRecord, current: &Value) -> Option<(String, Value)> {
-    let candidate = match polled_candidate(&target.tracker, current) {
+    let tracker = &target.tracker;
+    let candidate = match tracker.api().candidate(tracker, current) {
         Ok(candidate) => candidate,
         Err(message) => {
             return Some((
