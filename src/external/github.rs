@@ -1,16 +1,21 @@
 //! GitHub: REST `GET`s of a repository's issues and pull requests, with the stored ETags
-//! as `If-None-Match` and the rate-limit headers honoured, and their normalization.
+//! as `If-None-Match` and the rate-limit headers honoured, and their normalization; an
+//! action's REST calls (a comment, labels, a pull request's review) and the lists its
+//! marker is looked for in.
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use keel_workers::media::Secret;
-use reqwest::StatusCode;
 use reqwest::header::{self, HeaderMap};
-use serde_json::Value;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
 
+use crate::db::StoreError;
 use crate::external::ItemRecord;
+use crate::external::actions::send::{Answer, Call, Failure, Pause, Target, unsupported};
+use crate::external::actions::{ProposedAction, marked, marker};
 use crate::external::tracker::TrackerApi;
 use crate::external::tracker::{Candidate, Fetched, LimitHeaders, Poller, Refusal, resume_at};
 use crate::external::workflow::{Issue, Tracker};
@@ -88,6 +93,34 @@ impl TrackerApi for GitHub {
         items: &'a [&'a ItemRecord],
     ) -> BoxFuture<'a, Fetched> {
         Box::pin(fetch_items(poller, tracker, token, items))
+    }
+
+    fn calls(
+        &self,
+        tracker: &Tracker,
+        item: &ItemRecord,
+        action: &ProposedAction,
+        id: &str,
+    ) -> Result<Vec<Call>, StoreError> {
+        calls(tracker, item, action, id)
+    }
+
+    fn send<'a>(
+        &self,
+        target: &'a Target<'a>,
+        call: &'a Call,
+    ) -> BoxFuture<'a, Result<Answer, Failure>> {
+        Box::pin(send(target, call))
+    }
+
+    /// Reads the list the call wrote to.
+    fn find_marked<'a>(
+        &self,
+        target: &'a Target<'a>,
+        call: &'a Call,
+        marker: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Answer>, Pause>> {
+        Box::pin(find_marked(target, &call.path, marker))
     }
 }
 
@@ -278,7 +311,7 @@ async fn fetch_items(
 }
 
 /// A request to GitHub's REST API, with its media type, version and the token.
-pub(crate) fn request(
+fn request(
     poller: &Poller,
     method: reqwest::Method,
     url: &str,
@@ -355,7 +388,7 @@ fn unexpected(mut fetched: Fetched, what: &str, status: StatusCode) -> Fetched {
 
 /// When requests may resume, if the response says to wait: GitHub refuses with 429, or
 /// with 403 once `X-RateLimit-Remaining` is 0 (its `X-RateLimit-Reset` in epoch seconds).
-pub(crate) fn rate_limited(
+fn rate_limited(
     status: StatusCode,
     headers: &HeaderMap,
     now: DateTime<Utc>,
@@ -371,6 +404,182 @@ pub(crate) fn rate_limited(
         reset_in_ms: false,
     };
     resume_at(refusal, headers, &names, now)
+}
+
+/// An action's calls on the issue or pull request: a comment, a label change (the labels
+/// added, then each removed one deleted) or a review.
+fn calls(
+    tracker: &Tracker,
+    item: &ItemRecord,
+    action: &ProposedAction,
+    id: &str,
+) -> Result<Vec<Call>, StoreError> {
+    let repository = tracker.repository.as_deref().unwrap_or_default();
+    let number = item
+        .identifier
+        .rsplit_once('#')
+        .map(|(_, n)| n)
+        .unwrap_or_default();
+    let issue = format!("/repos/{repository}/issues/{number}");
+    Ok(match action {
+        ProposedAction::Comment { body } => {
+            let body = json!({ "body": marked(body, id) });
+            vec![Call::new("POST", format!("{issue}/comments"), body)]
+        }
+        ProposedAction::Labels { add, remove } => {
+            let added = (!add.is_empty())
+                .then(|| Call::new("POST", format!("{issue}/labels"), json!({ "labels": add })));
+            let removed = remove.iter().map(|name| {
+                let path = format!("{issue}/labels/{}", path_segment(name));
+                Call::new("DELETE", path, Value::Null)
+            });
+            added.into_iter().chain(removed).collect()
+        }
+        ProposedAction::Review { event, body } => {
+            if item.kind != "github_pull_request" {
+                return Err(unsupported(item, "a review is for pull requests only"));
+            }
+            let text = body
+                .as_deref()
+                .map_or_else(|| marker(id), |b| marked(b, id));
+            let mut review = json!({ "event": event.as_str(), "body": text });
+            // Pinned to the commit proposed on: GitHub refuses it for another head.
+            if let Some(sha) = head_sha(&item.idempotency_key) {
+                review["commit_id"] = json!(sha);
+            }
+            vec![Call::new(
+                "POST",
+                format!("/repos/{repository}/pulls/{number}/reviews"),
+                review,
+            )]
+        }
+    })
+}
+
+/// `name` as one URL path segment.
+fn path_segment(name: &str) -> String {
+    let mut url = reqwest::Url::parse("http://keel.invalid/").expect("a valid base");
+    url.path_segments_mut()
+        .expect("a base")
+        .pop_if_empty()
+        .push(name);
+    url.path()[1..].to_string()
+}
+
+/// One REST call. A label already gone (404 on its DELETE) is what the call wanted.
+async fn send(target: &Target<'_>, call: &Call) -> Result<Answer, Failure> {
+    let method = Method::from_bytes(call.method.as_bytes()).expect("a stored method");
+    let url = format!(
+        "{}{}",
+        target.tracker.endpoint.trim_end_matches('/'),
+        call.path
+    );
+    let mut request = request(target.poller, method.clone(), &url, target.token.as_ref());
+    if !call.body.is_null() {
+        request = request.json(&call.body);
+    }
+    let response = request.send().await.map_err(|error| {
+        let message = format!(
+            "{} {} failed: {}",
+            call.method,
+            call.path,
+            error.without_url()
+        );
+        Failure::Pause(pause("tracker_unreachable", message))
+    })?;
+    let status = response.status();
+    let limited = rate_limited(status, response.headers(), Utc::now());
+    let refused_for_limit = matches!(
+        status,
+        StatusCode::FORBIDDEN | StatusCode::TOO_MANY_REQUESTS
+    );
+    if let Some(until) = limited.filter(|_| refused_for_limit) {
+        let message = format!(
+            "GitHub rate limited {} {} ({status})",
+            call.method, call.path
+        );
+        return Err(Failure::Pause(Pause {
+            code: "rate_limited",
+            message,
+            until: Some(until),
+        }));
+    }
+    if status.is_server_error() {
+        let message = format!(
+            "GitHub answered {} {} with {status}",
+            call.method, call.path
+        );
+        return Err(Failure::Pause(pause("tracker_unavailable", message)));
+    }
+    let body = response.json::<Value>().await.unwrap_or(Value::Null);
+    let already_gone = method == Method::DELETE && status == StatusCode::NOT_FOUND;
+    Ok(Answer {
+        method: call.method.clone(),
+        path: call.path.clone(),
+        http_status: if already_gone { 200 } else { status.as_u16() },
+        body,
+    })
+}
+
+/// Pages of a GitHub list read when looking for a marker (100 entries each).
+const MARKER_PAGES: u32 = 10;
+
+/// Reads the list at `path` (a call's comments, its reviews), page by page.
+async fn find_marked(
+    target: &Target<'_>,
+    path: &str,
+    marker: &str,
+) -> Result<Option<Answer>, Pause> {
+    let base = target.tracker.endpoint.trim_end_matches('/');
+    for page in 1..=MARKER_PAGES {
+        let listed = format!("{path}?per_page=100&page={page}");
+        let url = format!("{base}{listed}");
+        let request = request(target.poller, Method::GET, &url, target.token.as_ref());
+        let response = request.send().await.map_err(|error| {
+            pause(
+                "tracker_unreachable",
+                format!("GET {path} failed: {}", error.without_url()),
+            )
+        })?;
+        let status = response.status();
+        if !status.is_success() {
+            let until = rate_limited(status, response.headers(), Utc::now());
+            let message = format!("GitHub answered GET {path} with {status}");
+            return Err(Pause {
+                code: if until.is_some() {
+                    "rate_limited"
+                } else {
+                    "tracker_unavailable"
+                },
+                message,
+                until,
+            });
+        }
+        let entries = response.json::<Vec<Value>>().await.unwrap_or_default();
+        let found = entries
+            .iter()
+            .find(|entry| entry["body"].as_str().is_some_and(|b| b.contains(marker)));
+        if let Some(found) = found {
+            return Ok(Some(Answer {
+                method: "GET".into(),
+                path: listed,
+                http_status: status.as_u16(),
+                body: found.clone(),
+            }));
+        }
+        if entries.len() < 100 {
+            break;
+        }
+    }
+    Ok(None)
+}
+
+fn pause(code: &'static str, message: String) -> Pause {
+    Pause {
+        code,
+        message,
+        until: None,
+    }
 }
 
 #[cfg(test)]
@@ -412,6 +621,12 @@ mod tests {
         );
         assert_eq!(found.issue.branch_name.as_deref(), Some("fix-it"));
         assert!(candidate(&tracker(), &json!({ "number": 1 })).is_err());
+    }
+
+    #[test]
+    fn label_names_are_one_path_segment() {
+        assert_eq!(path_segment("needs review/ok"), "needs%20review%2Fok");
+        assert_eq!(path_segment("bug"), "bug");
     }
 
     #[test]

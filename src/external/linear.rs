@@ -1,5 +1,6 @@
 //! Linear: the GraphQL `issues` of one project (by its slug) in the workflow's active
-//! states, paginated, with Linear's rate limits honoured, and their normalization.
+//! states, paginated, with Linear's rate limits honoured, and their normalization; an
+//! action's one mutation (a comment) and the query its marker is looked for with.
 
 use std::collections::BTreeMap;
 
@@ -10,7 +11,10 @@ use reqwest::StatusCode;
 use reqwest::header;
 use serde_json::{Value, json};
 
+use crate::db::StoreError;
 use crate::external::ItemRecord;
+use crate::external::actions::send::{Answer, Call, Failure, Pause, Target, unsupported};
+use crate::external::actions::{ProposedAction, marked};
 use crate::external::tracker::{Candidate, Fetched, LimitHeaders, Poller, Refusal, resume_at};
 use crate::external::tracker::{ITEMS_PER_FETCH, TrackerApi};
 use crate::external::workflow::{BlockerRef, Issue, Tracker};
@@ -83,6 +87,43 @@ impl TrackerApi for Linear {
     ) -> BoxFuture<'a, Fetched> {
         Box::pin(fetch_items(poller, tracker, token, items))
     }
+
+    /// A comment: the only write Keel makes on Linear.
+    fn calls(
+        &self,
+        _: &Tracker,
+        item: &ItemRecord,
+        action: &ProposedAction,
+        id: &str,
+    ) -> Result<Vec<Call>, StoreError> {
+        let ProposedAction::Comment { body } = action else {
+            return Err(unsupported(
+                item,
+                "Keel writes only comments on Linear issues",
+            ));
+        };
+        let variables = json!({ "issueId": item.issue["id"], "body": marked(body, id) });
+        let body = json!({ "query": COMMENT_CREATE, "variables": variables });
+        Ok(vec![Call::new("POST", String::new(), body)])
+    }
+
+    fn send<'a>(
+        &self,
+        target: &'a Target<'a>,
+        call: &'a Call,
+    ) -> BoxFuture<'a, Result<Answer, Failure>> {
+        Box::pin(send(target, call))
+    }
+
+    /// Asks for the issue's comments that have the marker.
+    fn find_marked<'a>(
+        &self,
+        target: &'a Target<'a>,
+        _: &'a Call,
+        marker: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Answer>, Pause>> {
+        Box::pin(find_marked(target, marker))
+    }
 }
 
 /// An issue's fields: what the prompt's `issue` needs. A blocker is an inverse relation of
@@ -131,6 +172,17 @@ const LIMIT_HEADERS: LimitHeaders = LimitHeaders {
     reset_in_ms: true,
 };
 
+/// The comment mutation.
+const COMMENT_CREATE: &str = "mutation KeelComment($issueId: String!, $body: String!) {
+  commentCreate(input: { issueId: $issueId, body: $body }) { success comment { id url } }
+}";
+
+/// An issue's comments that carry a marker.
+const MARKED_COMMENTS: &str = "query KeelMarked($id: String!, $marker: String!) {
+  issue(id: $id) { comments(first: 50, filter: { body: { contains: $marker } }) {
+    nodes { id url body } } }
+}";
+
 /// Pages through the project's active issues, up to `limit`. A rate limit stops the poll
 /// there, without failing the source.
 async fn fetch(poller: &Poller, tracker: &Tracker, token: Option<&Secret>, limit: u32) -> Fetched {
@@ -165,9 +217,20 @@ struct Page {
 }
 
 /// Why a poll (or an action) stops at a request.
-pub(crate) struct Stop {
-    pub(crate) error: (&'static str, String),
-    pub(crate) backoff_until: Option<chrono::DateTime<Utc>>,
+struct Stop {
+    error: (&'static str, String),
+    backoff_until: Option<chrono::DateTime<Utc>>,
+}
+
+/// An action's attempt waits out what stopped its request.
+impl From<Stop> for Pause {
+    fn from(stop: Stop) -> Pause {
+        Pause {
+            code: stop.error.0,
+            message: stop.error.1,
+            until: stop.backoff_until,
+        }
+    }
 }
 
 /// The current versions of these items' issues, whatever their state.
@@ -244,7 +307,7 @@ async fn query(
 /// Sends one GraphQL document (`what` names it in errors) and returns Linear's answer
 /// without errors, with when requests must pause if its limit is spent. A rate limit, a
 /// failed request, or an answer with errors is a [`Stop`].
-pub(crate) async fn graphql(
+async fn graphql(
     poller: &Poller,
     tracker: &Tracker,
     token: Option<&Secret>,
@@ -385,6 +448,75 @@ fn blockers(value: &Value) -> Vec<BlockerRef> {
             }
         })
         .collect()
+}
+
+/// Linear's one mutation; GraphQL errors and `success: false` are refusals.
+async fn send(target: &Target<'_>, call: &Call) -> Result<Answer, Failure> {
+    let (query, variables) = (
+        call.body["query"].as_str().unwrap_or_default(),
+        &call.body["variables"],
+    );
+    let what = "the commentCreate mutation";
+    let answer = graphql(
+        target.poller,
+        &target.tracker,
+        target.token.as_ref(),
+        what,
+        query,
+        variables.clone(),
+    )
+    .await;
+    let refused = |message: String| Failure::Refused {
+        code: "tracker_refused",
+        message,
+        answers: Vec::new(),
+    };
+    match answer {
+        Ok((answer, _)) => {
+            let created = &answer["data"]["commentCreate"];
+            if created["success"] != true {
+                return Err(refused(format!(
+                    "Linear did not create the comment: {answer}"
+                )));
+            }
+            Ok(Answer {
+                method: call.method.clone(),
+                path: call.path.clone(),
+                http_status: 200,
+                body: created["comment"].clone(),
+            })
+        }
+        Err(stop) if stop.error.0 == "tracker_error" => Err(refused(stop.error.1)),
+        Err(stop) => Err(Failure::Pause(stop.into())),
+    }
+}
+
+/// The issue's comments that have the marker (the first 50 of them).
+async fn find_marked(target: &Target<'_>, marker: &str) -> Result<Option<Answer>, Pause> {
+    let variables = json!({ "id": target.item.issue["id"], "marker": marker });
+    let what = "the marked comments query";
+    let (answer, _) = graphql(
+        target.poller,
+        &target.tracker,
+        target.token.as_ref(),
+        what,
+        MARKED_COMMENTS,
+        variables,
+    )
+    .await?;
+    let nodes = answer
+        .pointer("/data/issue/comments/nodes")
+        .and_then(Value::as_array);
+    let found = nodes
+        .into_iter()
+        .flatten()
+        .find(|node| node["body"].as_str().is_some_and(|b| b.contains(marker)));
+    Ok(found.map(|found| Answer {
+        method: "POST".into(),
+        path: String::new(),
+        http_status: 200,
+        body: found.clone(),
+    }))
 }
 
 #[cfg(test)]

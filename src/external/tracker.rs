@@ -19,6 +19,8 @@ use sqlx::PgPool;
 use crate::artifacts::content::ContentStore;
 use crate::db::StoreError;
 use crate::domain::{Role, Scope};
+use crate::external::actions::ProposedAction;
+use crate::external::actions::send::{Answer, Call, Failure, Pause, Target};
 use crate::external::workflow::{Issue, Tracker, Workflow, WorkflowError};
 use crate::external::{ItemRecord, SourceRecord};
 use crate::providers::secrets::{SecretPolicy, SecretRef, Unresolved};
@@ -81,6 +83,31 @@ pub(crate) trait TrackerApi: Sync {
         token: Option<&'a Secret>,
         items: &'a [&'a ItemRecord],
     ) -> BoxFuture<'a, Fetched>;
+
+    /// The exact calls that write `action` on `item` (the action's `id` goes into the
+    /// marker of what they write), or why this tracker takes no such action.
+    fn calls(
+        &self,
+        tracker: &Tracker,
+        item: &ItemRecord,
+        action: &ProposedAction,
+        id: &str,
+    ) -> Result<Vec<Call>, StoreError>;
+
+    /// Makes one of the calls [`calls`](Self::calls) gave.
+    fn send<'a>(
+        &self,
+        target: &'a Target<'a>,
+        call: &'a Call,
+    ) -> BoxFuture<'a, Result<Answer, Failure>>;
+
+    /// What `call` wrote in an earlier attempt, found by the `marker` its body ends with.
+    fn find_marked<'a>(
+        &self,
+        target: &'a Target<'a>,
+        call: &'a Call,
+        marker: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Answer>, Pause>>;
 }
 
 /// Why an import or a poll was refused, beside the store's own errors.
