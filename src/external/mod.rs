@@ -6,9 +6,10 @@
 //!
 //! The seam between Keel and a tracker is [`tracker::TrackerApi`]: [`github`] and
 //! [`linear`] each implement all of it (the workflow's defaults for it, its candidates
-//! fetched and read, the items asked for again), and [`workflow::TrackerKind::api`] is
-//! the one place that maps a workflow's `tracker.kind` to its implementation. Nothing
-//! else asks which kind a tracker is.
+//! fetched and read, the items asked for again, an action's calls made and its marked
+//! writes found), and [`workflow::TrackerKind::api`] is the one place that maps a
+//! workflow's `tracker.kind` to its implementation. Nothing else asks which kind a
+//! tracker is.
 
 pub(crate) mod actions;
 pub(crate) mod github;

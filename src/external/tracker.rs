@@ -34,8 +34,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// answers.
 pub(crate) const ITEMS_PER_FETCH: u32 = 50;
 
-/// One kind of tracker, as Keel reads it: everything that is not the same for every
-/// tracker. Each [`TrackerKind`](crate::external::workflow::TrackerKind) has one
+/// One kind of tracker, as Keel reads and writes it: everything that is not the same for
+/// every tracker. Each [`TrackerKind`](crate::external::workflow::TrackerKind) has one
 /// implementation ([`Tracker::api`]), so the callers never ask which kind it is.
 pub(crate) trait TrackerApi: Sync {
     /// Its `tracker.kind` in a workflow, and the first part of a source's target.

@@ -53,9 +53,10 @@ pub(crate) enum TrackerKind {
 }
 
 impl TrackerKind {
+    /// Every kind, in the order a message names them; a kind left out could not be parsed.
     const ALL: [TrackerKind; 2] = [TrackerKind::Github, TrackerKind::Linear];
 
-    /// Its tracker's implementation: the one place that knows which kinds there are.
+    /// Its tracker's implementation: the one dispatch on the kind.
     pub(crate) fn api(self) -> &'static dyn TrackerApi {
         match self {
             TrackerKind::Github => &GitHub,
