@@ -26,7 +26,6 @@ use crate::external::actions::{ActionDraft, ProposedAction};
 use crate::external::import::Imported;
 use crate::external::poll;
 use crate::external::poll::{DEFAULT_LIMIT, Pass, PollSummary};
-use crate::external::read;
 use crate::external::tracker::{self, Poller};
 use crate::external::workflow::{Tracker, Workflow, WorkflowError};
 use crate::external::{ItemRecord, SourceRecord, WorkflowOrigin};
@@ -131,7 +130,7 @@ async fn create_source(
     }
     let tracker = tracker::tracker(&workflow)?;
     // A tenant could otherwise send the source's token to a host of its choosing.
-    if !caller.role.is_runtime_operator() && tracker.endpoint != tracker.kind.default_endpoint() {
+    if !caller.role.is_runtime_operator() && tracker.endpoint != tracker.api().default_endpoint() {
         return Err(ApiError::Forbidden(
             "tracker.endpoint: only the runtime operator aims a source at an endpoint other \
              than the tracker's public one"
@@ -147,7 +146,7 @@ async fn create_source(
             .map_err(|message| Invalid::new("tracker.api_key", message))?;
     }
     let mut conn = state.pool.acquire().await?;
-    let target = (tracker.kind.as_str(), tracker.target());
+    let target = (tracker.api().name(), tracker.target());
     let registrant = (&caller.actor(), caller.role);
     let (source, created) = external::insert_source(
         &mut conn,
@@ -265,7 +264,7 @@ async fn source_status(
     let workflow = WorkflowHealth {
         path: source.workflow_path.clone(),
         valid: loaded.is_ok() && tracker.is_some(),
-        source_kind: tracker.as_ref().map(|t| t.kind.as_str().to_string()),
+        source_kind: tracker.as_ref().map(|t| t.api().name().to_string()),
         repository: tracker.as_ref().and_then(|t| t.repository.clone()),
         project_slug: tracker.as_ref().and_then(|t| t.project_slug.clone()),
         events: tracker
@@ -437,12 +436,13 @@ async fn import(
     drop(conn);
     let workflow = tracker::load_workflow(&source)?;
     let tracker = tracker::tracker(&workflow)?;
-    let candidate = read::payload_candidate(tracker, &request.payload).map_err(|message| {
-        ApiError::Invalid {
+    let candidate = tracker
+        .api()
+        .payload_candidate(tracker, &request.payload)
+        .map_err(|message| ApiError::Invalid {
             status: StatusCode::UNPROCESSABLE_ENTITY,
             message: format!("payload: {message}"),
-        }
-    })?;
+        })?;
     let poller = poller(&state);
     let (scope, actor) = (&caller.scope, &caller.actor());
     let imported =

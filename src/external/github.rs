@@ -1,22 +1,133 @@
 //! GitHub: REST `GET`s of a repository's issues and pull requests, with the stored ETags
-//! as `If-None-Match` and the rate-limit headers honoured, and their normalization.
+//! as `If-None-Match` and the rate-limit headers honoured, and their normalization; an
+//! action's REST calls (a comment, labels, a pull request's review) and the lists its
+//! marker is looked for in.
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
 use keel_workers::media::Secret;
-use reqwest::StatusCode;
 use reqwest::header::{self, HeaderMap};
-use serde_json::Value;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
 
+use crate::db::StoreError;
 use crate::external::ItemRecord;
+use crate::external::actions::send::{Answer, Call, Failure, Pause, Target, unsupported};
+use crate::external::actions::{ProposedAction, marked, marker};
+use crate::external::tracker::TrackerApi;
 use crate::external::tracker::{Candidate, Fetched, LimitHeaders, Poller, Refusal, resume_at};
 use crate::external::workflow::{Issue, Tracker};
+
+/// GitHub's implementation of [`TrackerApi`].
+pub(crate) struct GitHub;
+
+impl TrackerApi for GitHub {
+    fn name(&self) -> &'static str {
+        "github"
+    }
+
+    fn default_endpoint(&self) -> &'static str {
+        "https://api.github.com"
+    }
+
+    /// GitHub has two states.
+    fn default_states(&self) -> (&'static [&'static str], &'static [&'static str]) {
+        (&["open"], &["closed"])
+    }
+
+    fn check(&self, tracker: &Tracker) -> Result<(), String> {
+        let valid = tracker
+            .repository
+            .as_deref()
+            .and_then(|r| r.split_once('/'))
+            .is_some_and(|(owner, name)| {
+                let part = |p: &str| {
+                    !p.is_empty()
+                        && p.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                };
+                part(owner) && part(name)
+            });
+        if valid {
+            Ok(())
+        } else {
+            Err("tracker.repository must be owner/repo for github".into())
+        }
+    }
+
+    fn subject<'t>(&self, tracker: &'t Tracker) -> Option<&'t str> {
+        tracker.repository.as_deref()
+    }
+
+    fn candidate(&self, tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
+        candidate(tracker, value)
+    }
+
+    fn payload_candidate(&self, tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
+        payload_candidate(tracker, payload)
+    }
+
+    fn fetch<'a>(
+        &self,
+        poller: &'a Poller,
+        tracker: &'a Tracker,
+        token: Option<&'a Secret>,
+        etags: &'a BTreeMap<String, String>,
+        limit: u32,
+    ) -> BoxFuture<'a, Fetched> {
+        Box::pin(fetch(poller, tracker, token, etags, limit))
+    }
+
+    /// The lists are asked for with `state=all`.
+    fn lists_every_state(&self) -> bool {
+        true
+    }
+
+    fn fetch_items<'a>(
+        &self,
+        poller: &'a Poller,
+        tracker: &'a Tracker,
+        token: Option<&'a Secret>,
+        items: &'a [&'a ItemRecord],
+    ) -> BoxFuture<'a, Fetched> {
+        Box::pin(fetch_items(poller, tracker, token, items))
+    }
+
+    fn calls(
+        &self,
+        tracker: &Tracker,
+        item: &ItemRecord,
+        action: &ProposedAction,
+        id: &str,
+    ) -> Result<Vec<Call>, StoreError> {
+        calls(tracker, item, action, id)
+    }
+
+    fn send<'a>(
+        &self,
+        target: &'a Target<'a>,
+        call: &'a Call,
+    ) -> BoxFuture<'a, Result<Answer, Failure>> {
+        Box::pin(send(target, call))
+    }
+
+    /// Reads the list the call wrote to.
+    fn find_marked<'a>(
+        &self,
+        target: &'a Target<'a>,
+        call: &'a Call,
+        marker: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Answer>, Pause>> {
+        Box::pin(find_marked(target, &call.path, marker))
+    }
+}
 
 /// A GitHub issue or pull request (as the REST API or a webhook payload has it) of
 /// `repository`, normalized. The key carries `updated_at` (and a pull request's head SHA):
 /// a changed item is a new version, the same version again a duplicate.
-pub(crate) fn candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
+fn candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
     let repository = tracker.repository.as_deref().unwrap_or_default();
     let text = |field: &str| value.get(field).and_then(Value::as_str);
     let number = value
@@ -90,7 +201,7 @@ pub(crate) fn head_sha(key: &str) -> Option<&str> {
 }
 
 /// A webhook payload (`pull_request` or `issue` beside `repository`) or the item itself.
-pub(crate) fn payload_candidate(tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
+fn payload_candidate(tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
     let repository = tracker.repository.as_deref().unwrap_or_default();
     if let Some(named) = payload
         .pointer("/repository/full_name")
@@ -111,7 +222,7 @@ pub(crate) fn payload_candidate(tracker: &Tracker, payload: &Value) -> Result<Ca
 /// GETs the repository's issues, then its pull requests (the issues list has pull requests
 /// too, without their head SHA: those entries are left to the second list). A rate limit
 /// stops the poll there, without failing the source.
-pub(crate) async fn fetch(
+async fn fetch(
     poller: &Poller,
     tracker: &Tracker,
     token: Option<&Secret>,
@@ -163,7 +274,7 @@ pub(crate) async fn fetch(
 /// The current version of each of these items: `GET /repos/{repository}/pulls/{n}` for a
 /// pull request, `/issues/{n}` for an issue. A rate limit stops there; an item that is gone
 /// (404) is left as it is.
-pub(crate) async fn fetch_items(
+async fn fetch_items(
     poller: &Poller,
     tracker: &Tracker,
     token: Option<&Secret>,
@@ -200,7 +311,7 @@ pub(crate) async fn fetch_items(
 }
 
 /// A request to GitHub's REST API, with its media type, version and the token.
-pub(crate) fn request(
+fn request(
     poller: &Poller,
     method: reqwest::Method,
     url: &str,
@@ -277,7 +388,7 @@ fn unexpected(mut fetched: Fetched, what: &str, status: StatusCode) -> Fetched {
 
 /// When requests may resume, if the response says to wait: GitHub refuses with 429, or
 /// with 403 once `X-RateLimit-Remaining` is 0 (its `X-RateLimit-Reset` in epoch seconds).
-pub(crate) fn rate_limited(
+fn rate_limited(
     status: StatusCode,
     headers: &HeaderMap,
     now: DateTime<Utc>,
@@ -295,14 +406,189 @@ pub(crate) fn rate_limited(
     resume_at(refusal, headers, &names, now)
 }
 
+/// An action's calls on the issue or pull request: a comment, a label change (the labels
+/// added, then each removed one deleted) or a review.
+fn calls(
+    tracker: &Tracker,
+    item: &ItemRecord,
+    action: &ProposedAction,
+    id: &str,
+) -> Result<Vec<Call>, StoreError> {
+    let repository = tracker.repository.as_deref().unwrap_or_default();
+    let number = item
+        .identifier
+        .rsplit_once('#')
+        .map(|(_, n)| n)
+        .unwrap_or_default();
+    let issue = format!("/repos/{repository}/issues/{number}");
+    Ok(match action {
+        ProposedAction::Comment { body } => {
+            let body = json!({ "body": marked(body, id) });
+            vec![Call::new("POST", format!("{issue}/comments"), body)]
+        }
+        ProposedAction::Labels { add, remove } => {
+            let added = (!add.is_empty())
+                .then(|| Call::new("POST", format!("{issue}/labels"), json!({ "labels": add })));
+            let removed = remove.iter().map(|name| {
+                let path = format!("{issue}/labels/{}", path_segment(name));
+                Call::new("DELETE", path, Value::Null)
+            });
+            added.into_iter().chain(removed).collect()
+        }
+        ProposedAction::Review { event, body } => {
+            if item.kind != "github_pull_request" {
+                return Err(unsupported(item, "a review is for pull requests only"));
+            }
+            let text = body
+                .as_deref()
+                .map_or_else(|| marker(id), |b| marked(b, id));
+            let mut review = json!({ "event": event.as_str(), "body": text });
+            // Pinned to the commit proposed on: GitHub refuses it for another head.
+            if let Some(sha) = head_sha(&item.idempotency_key) {
+                review["commit_id"] = json!(sha);
+            }
+            vec![Call::new(
+                "POST",
+                format!("/repos/{repository}/pulls/{number}/reviews"),
+                review,
+            )]
+        }
+    })
+}
+
+/// `name` as one URL path segment.
+fn path_segment(name: &str) -> String {
+    let mut url = reqwest::Url::parse("http://keel.invalid/").expect("a valid base");
+    url.path_segments_mut()
+        .expect("a base")
+        .pop_if_empty()
+        .push(name);
+    url.path()[1..].to_string()
+}
+
+/// One REST call. A label already gone (404 on its DELETE) is what the call wanted.
+async fn send(target: &Target<'_>, call: &Call) -> Result<Answer, Failure> {
+    let method = Method::from_bytes(call.method.as_bytes()).expect("a stored method");
+    let url = format!(
+        "{}{}",
+        target.tracker.endpoint.trim_end_matches('/'),
+        call.path
+    );
+    let mut request = request(target.poller, method.clone(), &url, target.token.as_ref());
+    if !call.body.is_null() {
+        request = request.json(&call.body);
+    }
+    let response = request.send().await.map_err(|error| {
+        let message = format!(
+            "{} {} failed: {}",
+            call.method,
+            call.path,
+            error.without_url()
+        );
+        Failure::Pause(pause("tracker_unreachable", message))
+    })?;
+    let status = response.status();
+    let limited = rate_limited(status, response.headers(), Utc::now());
+    let refused_for_limit = matches!(
+        status,
+        StatusCode::FORBIDDEN | StatusCode::TOO_MANY_REQUESTS
+    );
+    if let Some(until) = limited.filter(|_| refused_for_limit) {
+        let message = format!(
+            "GitHub rate limited {} {} ({status})",
+            call.method, call.path
+        );
+        return Err(Failure::Pause(Pause {
+            code: "rate_limited",
+            message,
+            until: Some(until),
+        }));
+    }
+    if status.is_server_error() {
+        let message = format!(
+            "GitHub answered {} {} with {status}",
+            call.method, call.path
+        );
+        return Err(Failure::Pause(pause("tracker_unavailable", message)));
+    }
+    let body = response.json::<Value>().await.unwrap_or(Value::Null);
+    let already_gone = method == Method::DELETE && status == StatusCode::NOT_FOUND;
+    Ok(Answer {
+        method: call.method.clone(),
+        path: call.path.clone(),
+        http_status: if already_gone { 200 } else { status.as_u16() },
+        body,
+    })
+}
+
+/// Pages of a GitHub list read when looking for a marker (100 entries each).
+const MARKER_PAGES: u32 = 10;
+
+/// Reads the list at `path` (a call's comments, its reviews), page by page.
+async fn find_marked(
+    target: &Target<'_>,
+    path: &str,
+    marker: &str,
+) -> Result<Option<Answer>, Pause> {
+    let base = target.tracker.endpoint.trim_end_matches('/');
+    for page in 1..=MARKER_PAGES {
+        let listed = format!("{path}?per_page=100&page={page}");
+        let url = format!("{base}{listed}");
+        let request = request(target.poller, Method::GET, &url, target.token.as_ref());
+        let response = request.send().await.map_err(|error| {
+            pause(
+                "tracker_unreachable",
+                format!("GET {path} failed: {}", error.without_url()),
+            )
+        })?;
+        let status = response.status();
+        if !status.is_success() {
+            let until = rate_limited(status, response.headers(), Utc::now());
+            let message = format!("GitHub answered GET {path} with {status}");
+            return Err(Pause {
+                code: if until.is_some() {
+                    "rate_limited"
+                } else {
+                    "tracker_unavailable"
+                },
+                message,
+                until,
+            });
+        }
+        let entries = response.json::<Vec<Value>>().await.unwrap_or_default();
+        let found = entries
+            .iter()
+            .find(|entry| entry["body"].as_str().is_some_and(|b| b.contains(marker)));
+        if let Some(found) = found {
+            return Ok(Some(Answer {
+                method: "GET".into(),
+                path: listed,
+                http_status: status.as_u16(),
+                body: found.clone(),
+            }));
+        }
+        if entries.len() < 100 {
+            break;
+        }
+    }
+    Ok(None)
+}
+
+fn pause(code: &'static str, message: String) -> Pause {
+    Pause {
+        code,
+        message,
+        until: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::external::workflow::TrackerKind;
     use serde_json::json;
 
     fn tracker() -> Tracker {
-        crate::external::tracker::test_tracker(TrackerKind::Github, "a/b", "open", "closed")
+        crate::external::tracker::test_tracker("{kind: github, repository: a/b}")
     }
 
     #[test]
@@ -335,6 +621,12 @@ mod tests {
         );
         assert_eq!(found.issue.branch_name.as_deref(), Some("fix-it"));
         assert!(candidate(&tracker(), &json!({ "number": 1 })).is_err());
+    }
+
+    #[test]
+    fn label_names_are_one_path_segment() {
+        assert_eq!(path_segment("needs review/ok"), "needs%20review%2Fok");
+        assert_eq!(path_segment("bug"), "bug");
     }
 
     #[test]

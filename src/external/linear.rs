@@ -1,18 +1,130 @@
 //! Linear: the GraphQL `issues` of one project (by its slug) in the workflow's active
-//! states, paginated, with Linear's rate limits honoured, and their normalization.
+//! states, paginated, with Linear's rate limits honoured, and their normalization; an
+//! action's one mutation (a comment) and the query its marker is looked for with.
+
+use std::collections::BTreeMap;
 
 use chrono::Utc;
+use futures_util::future::BoxFuture;
 use keel_workers::media::Secret;
 use reqwest::StatusCode;
 use reqwest::header;
 use serde_json::{Value, json};
 
+use crate::db::StoreError;
 use crate::external::ItemRecord;
+use crate::external::actions::send::{Answer, Call, Failure, Pause, Target, unsupported};
+use crate::external::actions::{ProposedAction, marked};
 use crate::external::tracker::{Candidate, Fetched, LimitHeaders, Poller, Refusal, resume_at};
+use crate::external::tracker::{ITEMS_PER_FETCH, TrackerApi};
 use crate::external::workflow::{BlockerRef, Issue, Tracker};
 
 /// Linear's page size (its default and Symphony's).
-pub(crate) const PAGE: u32 = 50;
+const PAGE: u32 = 50;
+
+/// Linear's implementation of [`TrackerApi`].
+pub(crate) struct Linear;
+
+impl TrackerApi for Linear {
+    fn name(&self) -> &'static str {
+        "linear"
+    }
+
+    fn default_endpoint(&self) -> &'static str {
+        "https://api.linear.app/graphql"
+    }
+
+    /// Symphony's defaults.
+    fn default_states(&self) -> (&'static [&'static str], &'static [&'static str]) {
+        (
+            &["Todo", "In Progress"],
+            &["Closed", "Cancelled", "Canceled", "Duplicate", "Done"],
+        )
+    }
+
+    fn check(&self, tracker: &Tracker) -> Result<(), String> {
+        if tracker.project_slug.as_deref().is_none_or(str::is_empty) {
+            return Err("tracker.project_slug is required for linear".into());
+        }
+        Ok(())
+    }
+
+    fn subject<'t>(&self, tracker: &'t Tracker) -> Option<&'t str> {
+        tracker.project_slug.as_deref()
+    }
+
+    fn candidate(&self, tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
+        candidate(tracker, value)
+    }
+
+    fn payload_candidate(&self, tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
+        payload_candidate(tracker, payload)
+    }
+
+    /// Linear has no ETags: `etags` is not read.
+    fn fetch<'a>(
+        &self,
+        poller: &'a Poller,
+        tracker: &'a Tracker,
+        token: Option<&'a Secret>,
+        _etags: &'a BTreeMap<String, String>,
+        limit: u32,
+    ) -> BoxFuture<'a, Fetched> {
+        Box::pin(fetch(poller, tracker, token, limit))
+    }
+
+    /// The query asks for the active states only.
+    fn lists_every_state(&self) -> bool {
+        false
+    }
+
+    fn fetch_items<'a>(
+        &self,
+        poller: &'a Poller,
+        tracker: &'a Tracker,
+        token: Option<&'a Secret>,
+        items: &'a [&'a ItemRecord],
+    ) -> BoxFuture<'a, Fetched> {
+        Box::pin(fetch_items(poller, tracker, token, items))
+    }
+
+    /// A comment: the only write Keel makes on Linear.
+    fn calls(
+        &self,
+        _: &Tracker,
+        item: &ItemRecord,
+        action: &ProposedAction,
+        id: &str,
+    ) -> Result<Vec<Call>, StoreError> {
+        let ProposedAction::Comment { body } = action else {
+            return Err(unsupported(
+                item,
+                "Keel writes only comments on Linear issues",
+            ));
+        };
+        let variables = json!({ "issueId": item.issue["id"], "body": marked(body, id) });
+        let body = json!({ "query": COMMENT_CREATE, "variables": variables });
+        Ok(vec![Call::new("POST", String::new(), body)])
+    }
+
+    fn send<'a>(
+        &self,
+        target: &'a Target<'a>,
+        call: &'a Call,
+    ) -> BoxFuture<'a, Result<Answer, Failure>> {
+        Box::pin(send(target, call))
+    }
+
+    /// Asks for the issue's comments that have the marker.
+    fn find_marked<'a>(
+        &self,
+        target: &'a Target<'a>,
+        _: &'a Call,
+        marker: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Answer>, Pause>> {
+        Box::pin(find_marked(target, marker))
+    }
+}
 
 /// An issue's fields: what the prompt's `issue` needs. A blocker is an inverse relation of
 /// type `blocks`.
@@ -60,14 +172,20 @@ const LIMIT_HEADERS: LimitHeaders = LimitHeaders {
     reset_in_ms: true,
 };
 
+/// The comment mutation.
+const COMMENT_CREATE: &str = "mutation KeelComment($issueId: String!, $body: String!) {
+  commentCreate(input: { issueId: $issueId, body: $body }) { success comment { id url } }
+}";
+
+/// An issue's comments that carry a marker.
+const MARKED_COMMENTS: &str = "query KeelMarked($id: String!, $marker: String!) {
+  issue(id: $id) { comments(first: 50, filter: { body: { contains: $marker } }) {
+    nodes { id url body } } }
+}";
+
 /// Pages through the project's active issues, up to `limit`. A rate limit stops the poll
 /// there, without failing the source.
-pub(crate) async fn fetch(
-    poller: &Poller,
-    tracker: &Tracker,
-    token: Option<&Secret>,
-    limit: u32,
-) -> Fetched {
+async fn fetch(poller: &Poller, tracker: &Tracker, token: Option<&Secret>, limit: u32) -> Fetched {
     let mut fetched = Fetched::default();
     let mut after: Option<String> = None;
     while (fetched.items.len() as u32) < limit {
@@ -99,13 +217,24 @@ struct Page {
 }
 
 /// Why a poll (or an action) stops at a request.
-pub(crate) struct Stop {
-    pub(crate) error: (&'static str, String),
-    pub(crate) backoff_until: Option<chrono::DateTime<Utc>>,
+struct Stop {
+    error: (&'static str, String),
+    backoff_until: Option<chrono::DateTime<Utc>>,
 }
 
-/// The current versions of these items' issues (at most [`PAGE`]), whatever their state.
-pub(crate) async fn fetch_items(
+/// An action's attempt waits out what stopped its request.
+impl From<Stop> for Pause {
+    fn from(stop: Stop) -> Pause {
+        Pause {
+            code: stop.error.0,
+            message: stop.error.1,
+            until: stop.backoff_until,
+        }
+    }
+}
+
+/// The current versions of these items' issues, whatever their state.
+async fn fetch_items(
     poller: &Poller,
     tracker: &Tracker,
     token: Option<&Secret>,
@@ -116,7 +245,7 @@ pub(crate) async fn fetch_items(
         .iter()
         .filter_map(|item| item.issue["id"].as_str())
         .collect();
-    let variables = json!({ "ids": ids, "first": PAGE });
+    let variables = json!({ "ids": ids, "first": ITEMS_PER_FETCH });
     match query(poller, tracker, token, BY_IDS, variables).await {
         Ok(page) => {
             fetched.items = page.nodes;
@@ -178,7 +307,7 @@ async fn query(
 /// Sends one GraphQL document (`what` names it in errors) and returns Linear's answer
 /// without errors, with when requests must pause if its limit is spent. A rate limit, a
 /// failed request, or an answer with errors is a [`Stop`].
-pub(crate) async fn graphql(
+async fn graphql(
     poller: &Poller,
     tracker: &Tracker,
     token: Option<&Secret>,
@@ -252,7 +381,7 @@ fn graphql_messages(answer: &Value) -> Option<String> {
 
 /// A Linear issue as the GraphQL API (or a webhook's `data`) has it, normalized. The key
 /// carries `updatedAt`: a changed issue is a new version, the same version a duplicate.
-pub(crate) fn candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
+fn candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
     let text = |field: &str| value.get(field).and_then(Value::as_str);
     let identifier = text("identifier").ok_or("a Linear issue needs its identifier")?;
     let updated_at = text("updatedAt").ok_or("a Linear issue needs its updatedAt")?;
@@ -283,7 +412,7 @@ pub(crate) fn candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, S
 }
 
 /// A webhook payload (`{"type": "Issue", "data": {…}}`) or the issue itself.
-pub(crate) fn payload_candidate(tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
+fn payload_candidate(tracker: &Tracker, payload: &Value) -> Result<Candidate, String> {
     if let Some(kind) = payload.get("type").and_then(Value::as_str)
         && kind != "Issue"
     {
@@ -321,14 +450,84 @@ fn blockers(value: &Value) -> Vec<BlockerRef> {
         .collect()
 }
 
+/// Linear's one mutation; GraphQL errors and `success: false` are refusals.
+async fn send(target: &Target<'_>, call: &Call) -> Result<Answer, Failure> {
+    let (query, variables) = (
+        call.body["query"].as_str().unwrap_or_default(),
+        &call.body["variables"],
+    );
+    let what = "the commentCreate mutation";
+    let answer = graphql(
+        target.poller,
+        &target.tracker,
+        target.token.as_ref(),
+        what,
+        query,
+        variables.clone(),
+    )
+    .await;
+    let refused = |message: String| Failure::Refused {
+        code: "tracker_refused",
+        message,
+        answers: Vec::new(),
+    };
+    match answer {
+        Ok((answer, _)) => {
+            let created = &answer["data"]["commentCreate"];
+            if created["success"] != true {
+                return Err(refused(format!(
+                    "Linear did not create the comment: {answer}"
+                )));
+            }
+            Ok(Answer {
+                method: call.method.clone(),
+                path: call.path.clone(),
+                http_status: 200,
+                body: created["comment"].clone(),
+            })
+        }
+        Err(stop) if stop.error.0 == "tracker_error" => Err(refused(stop.error.1)),
+        Err(stop) => Err(Failure::Pause(stop.into())),
+    }
+}
+
+/// The issue's comments that have the marker (the first 50 of them).
+async fn find_marked(target: &Target<'_>, marker: &str) -> Result<Option<Answer>, Pause> {
+    let variables = json!({ "id": target.item.issue["id"], "marker": marker });
+    let what = "the marked comments query";
+    let (answer, _) = graphql(
+        target.poller,
+        &target.tracker,
+        target.token.as_ref(),
+        what,
+        MARKED_COMMENTS,
+        variables,
+    )
+    .await?;
+    let nodes = answer
+        .pointer("/data/issue/comments/nodes")
+        .and_then(Value::as_array);
+    let found = nodes
+        .into_iter()
+        .flatten()
+        .find(|node| node["body"].as_str().is_some_and(|b| b.contains(marker)));
+    Ok(found.map(|found| Answer {
+        method: "POST".into(),
+        path: String::new(),
+        http_status: 200,
+        body: found.clone(),
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::external::workflow::TrackerKind;
     use reqwest::header::HeaderMap;
 
     fn tracker() -> Tracker {
-        crate::external::tracker::test_tracker(TrackerKind::Linear, "eng", "Todo", "Done")
+        let settings =
+            "{kind: linear, project_slug: eng, active_states: Todo, terminal_states: Done}";
+        crate::external::tracker::test_tracker(settings)
     }
 
     fn node() -> Value {

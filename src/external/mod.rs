@@ -1,9 +1,15 @@
 //! External work: trackers' items imported as tasks. From the bottom up: [`workflow`] (the
 //! WORKFLOW.md), the rows of sources and items (and of their workspaces,
-//! [`item_workspaces`]); [`tracker`] (what the trackers share), [`github`] and [`linear`],
-//! [`read`] (either tracker, by its kind); [`workspace`] (items' directories) and
-//! [`import`] (one item); [`poll`] (the `poll` job) on top. [`actions`] (the approval-gated
-//! writes) builds on the trackers beside them.
+//! [`item_workspaces`]); [`tracker`] (what the trackers share), [`github`] and [`linear`];
+//! [`workspace`] (items' directories) and [`import`] (one item); [`poll`] (the `poll` job)
+//! on top. [`actions`] (the approval-gated writes) builds on the trackers beside them.
+//!
+//! The seam between Keel and a tracker is [`tracker::TrackerApi`]: [`github`] and
+//! [`linear`] each implement all of it (the workflow's defaults for it, its candidates
+//! fetched and read, the items asked for again, an action's calls made and its marked
+//! writes found), and [`workflow::TrackerKind::api`] is the one place that maps a
+//! workflow's `tracker.kind` to its implementation. Nothing else asks which kind a
+//! tracker is.
 
 pub(crate) mod actions;
 pub(crate) mod github;
@@ -11,7 +17,6 @@ pub(crate) mod import;
 pub(crate) mod item_workspaces;
 pub(crate) mod linear;
 pub(crate) mod poll;
-pub(crate) mod read;
 mod store;
 pub(crate) mod tracker;
 pub(crate) mod workflow;

@@ -5,10 +5,11 @@
 //! restart (or a worker killed mid-poll) loses nothing. Imports are idempotent by the item's
 //! key, so a poll repeated after a crash duplicates nothing.
 //!
-//! Beneath it: [`tracker`](super::tracker) (what the trackers share), [`github`] (REST,
-//! ETags) and [`linear`] (GraphQL, paginated), [`read`](super::read) (either tracker, by its
-//! kind); [`import`](super::import) records one item and acts on it, and carries on the
-//! items left unstarted; [`workspace`] prepares items' workspaces and removes those of
+//! Beneath it: [`tracker`](super::tracker) (what the trackers share, and
+//! [`TrackerApi`](super::tracker::TrackerApi), what each does its own way),
+//! [`github`](super::github) (REST, ETags) and [`linear`](super::linear) (GraphQL,
+//! paginated); [`import`](super::import) records one item and acts on it, and carries on
+//! the items left unstarted; [`workspace`] prepares items' workspaces and removes those of
 //! terminal items (a duty of the workers' maintenance). This module runs the passes over a
 //! source (poll, reconcile, retries, waiting items, items left unstarted) and the
 //! background job.
@@ -29,11 +30,11 @@ use crate::domain::{Actor, Scope};
 use crate::events::NewEvent;
 use crate::external;
 use crate::external::import::{Imported, advance_unstarted, import, retry, start};
-use crate::external::read::{fetch_items, polled_candidate};
-use crate::external::tracker::{ExternalError, Fetched, Poller, load_workflow, token, tracker};
-use crate::external::workflow::{Issue, Tracker, TrackerKind, Workflow};
+use crate::external::tracker::{ExternalError, Fetched, ITEMS_PER_FETCH, Poller};
+use crate::external::tracker::{load_workflow, token, tracker};
+use crate::external::workflow::{Issue, Tracker, Workflow};
+use crate::external::workspace;
 use crate::external::{ItemRecord, PollRecord, SourceRecord};
-use crate::external::{github, linear, workspace};
 use crate::queue::worker::{Job, JobHandler};
 use crate::queue::{self, Disposition, Lease};
 use sqlx::PgConnection;
@@ -177,16 +178,11 @@ impl Imports<'_> {
                 return Ok(());
             }
         };
-        let token = token.as_ref();
+        let (token, api) = (token.as_ref(), tracker.api());
         let seen = match pass {
             Pass::Poll { limit } => {
                 let (poller, etags) = (self.poller, &self.source.etags.0);
-                let fetched = match tracker.kind {
-                    TrackerKind::Github => {
-                        github::fetch(poller, tracker, token, etags, limit).await
-                    }
-                    TrackerKind::Linear => linear::fetch(poller, tracker, token, limit).await,
-                };
+                let fetched = api.fetch(poller, tracker, token, etags, limit).await;
                 summary.not_modified = fetched.items.is_empty() && fetched.not_modified;
                 record.etags = fetched.etags.clone();
                 let items = take(fetched, record, summary);
@@ -194,8 +190,7 @@ impl Imports<'_> {
             }
             Pass::Reconcile => Vec::new(),
         };
-        // GitHub's lists have every state; Linear's query only the active ones.
-        let asks = pass == Pass::Reconcile || tracker.kind == TrackerKind::Linear;
+        let asks = pass == Pass::Reconcile || !api.lists_every_state();
         let limited = record.backoff_until.is_some() || summary.error_code.is_some();
         if asks && !limited {
             self.reconcile(tracker, token, &seen, record, summary)
@@ -298,9 +293,9 @@ impl Imports<'_> {
         summary: &mut PollSummary,
     ) -> Result<(), StoreError> {
         let mut conn = self.poller.pool.acquire().await?;
+        let (scope, source_id) = (self.scope, &self.source.id);
         let claimed =
-            external::claimed_to_reconcile(&mut conn, self.scope, &self.source.id, linear::PAGE)
-                .await?;
+            external::claimed_to_reconcile(&mut conn, scope, source_id, ITEMS_PER_FETCH).await?;
         drop(conn);
         let unseen: Vec<&ItemRecord> = claimed
             .iter()
@@ -309,7 +304,10 @@ impl Imports<'_> {
         if unseen.is_empty() {
             return Ok(());
         }
-        let fetched = fetch_items(self.poller, tracker, token, &unseen).await;
+        let fetched = tracker
+            .api()
+            .fetch_items(self.poller, tracker, token, &unseen)
+            .await;
         let items = take(fetched, record, summary);
         self.all(tracker, &items, summary).await?;
         Ok(())
@@ -325,7 +323,7 @@ impl Imports<'_> {
     ) -> Result<Vec<String>, StoreError> {
         let mut seen = Vec::new();
         for value in items {
-            let candidate = match polled_candidate(tracker, value) {
+            let candidate = match tracker.api().candidate(tracker, value) {
                 Ok(candidate) => candidate,
                 Err(message) => {
                     let source_id = &self.source.id;

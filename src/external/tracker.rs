@@ -1,13 +1,15 @@
-//! What every tracker shares, beneath `github` and `linear`: the [`Poller`] (the pool, the
-//! admission rules and the HTTP client the trackers are asked with), a source's workflow,
-//! its tracker and the tracker's token, a normalized item ([`Candidate`]), what a fetch
-//! gave ([`Fetched`]), the reading of rate-limit headers ([`resume_at`]), and why an import
-//! or a poll was refused ([`ExternalError`]).
+//! What every tracker shares, beneath `github` and `linear`: [`TrackerApi`], what each
+//! tracker does its own way, the [`Poller`] (the pool, the admission rules and the HTTP
+//! client the trackers are asked with), a source's workflow, its tracker and the tracker's
+//! token, a normalized item ([`Candidate`]), what a fetch gave ([`Fetched`]), the reading
+//! of rate-limit headers ([`resume_at`]), and why an import or a poll was refused
+//! ([`ExternalError`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
 use keel_api_types::ErrorCode;
 use keel_workers::media::Secret;
 use reqwest::header::{self, HeaderMap};
@@ -17,16 +19,96 @@ use sqlx::PgPool;
 use crate::artifacts::content::ContentStore;
 use crate::db::StoreError;
 use crate::domain::{Role, Scope};
-use crate::external::SourceRecord;
-#[cfg(test)]
-use crate::external::workflow::TrackerKind;
+use crate::external::actions::ProposedAction;
+use crate::external::actions::send::{Answer, Call, Failure, Pause, Target};
 use crate::external::workflow::{Issue, Tracker, Workflow, WorkflowError};
+use crate::external::{ItemRecord, SourceRecord};
 use crate::providers::secrets::{SecretPolicy, SecretRef, Unresolved};
 use crate::runs::AdmissionRules;
 
 /// A rate limit that says nothing about when it lifts waits this long.
 const DEFAULT_BACKOFF: Duration = Duration::from_secs(60);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The most items one [`TrackerApi::fetch_items`] is asked for: what one Linear query
+/// answers.
+pub(crate) const ITEMS_PER_FETCH: u32 = 50;
+
+/// One kind of tracker, as Keel reads and writes it: everything that is not the same for
+/// every tracker. Each [`TrackerKind`](crate::external::workflow::TrackerKind) has one
+/// implementation ([`Tracker::api`]), so the callers never ask which kind it is.
+pub(crate) trait TrackerApi: Sync {
+    /// Its `tracker.kind` in a workflow, and the first part of a source's target.
+    fn name(&self) -> &'static str;
+
+    /// The public endpoint, used when the workflow names none.
+    fn default_endpoint(&self) -> &'static str;
+
+    /// The active and the terminal states when the workflow names none.
+    fn default_states(&self) -> (&'static [&'static str], &'static [&'static str]);
+
+    /// What the workflow's settings lack to poll it, if anything.
+    fn check(&self, tracker: &Tracker) -> Result<(), String>;
+
+    /// What it polls (a repository, a project), as the workflow names it.
+    fn subject<'t>(&self, tracker: &'t Tracker) -> Option<&'t str>;
+
+    /// An item as its API (a list, or a fetch of the item) has it, normalized.
+    fn candidate(&self, tracker: &Tracker, value: &Value) -> Result<Candidate, String>;
+
+    /// The item of a manual import's payload: a webhook payload or the item itself.
+    fn payload_candidate(&self, tracker: &Tracker, payload: &Value) -> Result<Candidate, String>;
+
+    /// The candidates, up to `limit`; `etags` are those the last poll kept. A rate limit
+    /// stops there, without failing the source.
+    fn fetch<'a>(
+        &self,
+        poller: &'a Poller,
+        tracker: &'a Tracker,
+        token: Option<&'a Secret>,
+        etags: &'a BTreeMap<String, String>,
+        limit: u32,
+    ) -> BoxFuture<'a, Fetched>;
+
+    /// Whether [`fetch`](Self::fetch) lists items in every state: when it does not, a poll
+    /// asks for the claimed items it did not list, to see those that left the active states.
+    fn lists_every_state(&self) -> bool;
+
+    /// The current version of each of these items (at most [`ITEMS_PER_FETCH`]), whatever
+    /// their state; one that is gone is left out.
+    fn fetch_items<'a>(
+        &self,
+        poller: &'a Poller,
+        tracker: &'a Tracker,
+        token: Option<&'a Secret>,
+        items: &'a [&'a ItemRecord],
+    ) -> BoxFuture<'a, Fetched>;
+
+    /// The exact calls that write `action` on `item` (the action's `id` goes into the
+    /// marker of what they write), or why this tracker takes no such action.
+    fn calls(
+        &self,
+        tracker: &Tracker,
+        item: &ItemRecord,
+        action: &ProposedAction,
+        id: &str,
+    ) -> Result<Vec<Call>, StoreError>;
+
+    /// Makes one of the calls [`calls`](Self::calls) gave.
+    fn send<'a>(
+        &self,
+        target: &'a Target<'a>,
+        call: &'a Call,
+    ) -> BoxFuture<'a, Result<Answer, Failure>>;
+
+    /// What `call` wrote in an earlier attempt, found by the `marker` its body ends with.
+    fn find_marked<'a>(
+        &self,
+        target: &'a Target<'a>,
+        call: &'a Call,
+        marker: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Answer>, Pause>>;
+}
 
 /// Why an import or a poll was refused, beside the store's own errors.
 #[derive(Debug, thiserror::Error)]
@@ -202,27 +284,10 @@ pub(crate) fn resume_at(
         .then(|| now + chrono::Duration::from_std(DEFAULT_BACKOFF).expect("a minute"))
 }
 
-/// A tracker of `kind` on its public endpoint, for the trackers' unit tests.
+/// The tracker of a workflow whose `tracker` is `settings` (YAML), for the trackers' unit
+/// tests.
 #[cfg(test)]
-pub(crate) fn test_tracker(
-    kind: TrackerKind,
-    subject: &str,
-    active: &str,
-    terminal: &str,
-) -> Tracker {
-    let subject = Some(subject.to_string());
-    let (repository, project_slug) = match kind {
-        TrackerKind::Github => (subject, None),
-        TrackerKind::Linear => (None, subject),
-    };
-    Tracker {
-        kind,
-        endpoint: kind.default_endpoint().into(),
-        api_key: None,
-        repository,
-        project_slug,
-        active_states: vec![active.into()],
-        terminal_states: vec![terminal.into()],
-        events: Vec::new(),
-    }
+pub(crate) fn test_tracker(settings: &str) -> Tracker {
+    let workflow = Workflow::parse(&format!("---\ntracker: {settings}\n---\n"));
+    workflow.unwrap().config.tracker.unwrap()
 }

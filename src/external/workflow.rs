@@ -10,6 +10,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::external::github::GitHub;
+use crate::external::linear::Linear;
+use crate::external::tracker::TrackerApi;
 use crate::providers::secrets::SecretRef;
 use crate::tasks::{Hooks, MAX_HOOK_TIMEOUT_MS, TaskDraft};
 
@@ -50,29 +53,29 @@ pub(crate) enum TrackerKind {
 }
 
 impl TrackerKind {
-    pub(crate) fn as_str(self) -> &'static str {
+    /// Every kind, in the order a message names them; a kind left out could not be parsed.
+    const ALL: [TrackerKind; 2] = [TrackerKind::Github, TrackerKind::Linear];
+
+    /// Its tracker's implementation: the one dispatch on the kind.
+    pub(crate) fn api(self) -> &'static dyn TrackerApi {
         match self {
-            TrackerKind::Github => "github",
-            TrackerKind::Linear => "linear",
+            TrackerKind::Github => &GitHub,
+            TrackerKind::Linear => &Linear,
         }
     }
 
-    /// The public endpoint, used when the workflow names none.
-    pub(crate) fn default_endpoint(self) -> &'static str {
-        match self {
-            TrackerKind::Github => "https://api.github.com",
-            TrackerKind::Linear => "https://api.linear.app/graphql",
-        }
+    fn named(name: &str) -> Option<TrackerKind> {
+        TrackerKind::ALL
+            .into_iter()
+            .find(|kind| kind.api().name() == name)
     }
 
-    /// GitHub has two states, `open` and `closed`; Linear's are Symphony's defaults.
-    fn default_states(self) -> (&'static [&'static str], &'static [&'static str]) {
-        match self {
-            TrackerKind::Github => (&["open"], &["closed"]),
-            TrackerKind::Linear => (
-                &["Todo", "In Progress"],
-                &["Closed", "Cancelled", "Canceled", "Duplicate", "Done"],
-            ),
+    /// The kinds' names, for a message: `a or b`, `a, b or c`.
+    fn names() -> String {
+        let names: Vec<&str> = TrackerKind::ALL.iter().map(|k| k.api().name()).collect();
+        match names.split_last().expect("there are trackers") {
+            (last, []) => last.to_string(),
+            (last, rest) => format!("{} or {last}", rest.join(", ")),
         }
     }
 }
@@ -97,17 +100,18 @@ pub(crate) struct Tracker {
 }
 
 impl Tracker {
+    pub(crate) fn api(&self) -> &'static dyn TrackerApi {
+        self.kind.api()
+    }
+
     /// What the tracker polls, the same string for the same target: a source's identity.
     pub(crate) fn target(&self) -> String {
-        let subject = match self.kind {
-            TrackerKind::Github => self.repository.as_deref(),
-            TrackerKind::Linear => self.project_slug.as_deref(),
-        };
+        let api = self.api();
         format!(
             "{}:{}:{}",
-            self.kind.as_str(),
+            api.name(),
             self.endpoint.trim_end_matches('/'),
-            subject.unwrap_or_default()
+            api.subject(self).unwrap_or_default()
         )
     }
 
@@ -498,32 +502,21 @@ impl RawSource {
 impl RawTracker {
     fn resolve(self) -> Result<Tracker> {
         let kind = match self.kind.as_deref().map(str::trim) {
-            Some("github") => TrackerKind::Github,
-            Some("linear") => TrackerKind::Linear,
-            Some(other) => {
-                return Err(WorkflowError::Parse(format!(
-                    "tracker.kind must be github or linear, not {other}"
-                )));
-            }
+            Some(name) => TrackerKind::named(name).ok_or_else(|| {
+                let names = TrackerKind::names();
+                WorkflowError::Parse(format!("tracker.kind must be {names}, not {name}"))
+            })?,
             None => return Err(WorkflowError::Parse("tracker.kind is required".into())),
         };
-        match kind {
-            TrackerKind::Github => check_repository(self.repository.as_deref())?,
-            TrackerKind::Linear if self.project_slug.as_deref().is_none_or(str::is_empty) => {
-                return Err(WorkflowError::Parse(
-                    "tracker.project_slug is required for linear".into(),
-                ));
-            }
-            TrackerKind::Linear => {}
-        }
-        let (active, terminal) = kind.default_states();
+        let api = kind.api();
+        let (active, terminal) = api.default_states();
         let strings = |states: &[&str]| states.iter().map(|s| s.to_string()).collect();
-        Ok(Tracker {
+        let tracker = Tracker {
             kind,
             endpoint: self
                 .endpoint
-                .unwrap_or_else(|| kind.default_endpoint().to_string()),
-            api_key: self.api_key.as_deref().map(api_key_ref).transpose()?,
+                .unwrap_or_else(|| api.default_endpoint().to_string()),
+            api_key: None,
             repository: self.repository,
             project_slug: self.project_slug,
             active_states: self
@@ -533,27 +526,11 @@ impl RawTracker {
                 .terminal_states
                 .map_or_else(|| strings(terminal), States::into_vec),
             events: self.events,
-        })
-    }
-}
-
-fn check_repository(repository: Option<&str>) -> Result<()> {
-    let valid = repository
-        .and_then(|r| r.split_once('/'))
-        .is_some_and(|(owner, name)| {
-            let part = |p: &str| {
-                !p.is_empty()
-                    && p.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-            };
-            part(owner) && part(name)
-        });
-    if valid {
-        Ok(())
-    } else {
-        Err(WorkflowError::Parse(
-            "tracker.repository must be owner/repo for github".into(),
-        ))
+        };
+        // A workflow wrong in both hears of its tracker's settings first, the key's after.
+        api.check(&tracker).map_err(WorkflowError::Parse)?;
+        let api_key = self.api_key.as_deref().map(api_key_ref).transpose()?;
+        Ok(Tracker { api_key, ..tracker })
     }
 }
 
@@ -728,6 +705,21 @@ Fix {{ issue.identifier }}: {{ issue.title | upcase }}{% if attempt %} (retry {{
         let unknown = Workflow::parse("{{ nobody }}").unwrap();
         let error = unknown.render(&issue(), None).unwrap_err();
         assert_eq!(error.code().as_str(), "template_render_error");
+    }
+
+    #[test]
+    fn each_kind_is_named_as_the_workflow_and_the_wire_name_it() {
+        for kind in TrackerKind::ALL {
+            let name = kind.api().name();
+            assert_eq!(serde_json::to_value(kind).unwrap(), name);
+            assert_eq!(TrackerKind::named(name), Some(kind));
+        }
+        let error = Workflow::parse("---\ntracker: {kind: jira}\n---\n").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "the workflow front matter is not valid: tracker.kind must be github or linear, \
+             not jira"
+        );
     }
 
     #[test]

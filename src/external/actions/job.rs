@@ -34,10 +34,10 @@ use crate::external::ItemRecord;
 use crate::external::actions::send;
 use crate::external::actions::send::{Call, Pause, Target};
 use crate::external::actions::{ActionRecord, NewAction, Outcome};
-use crate::external::actions::{ProposedAction, marked, marker};
+use crate::external::actions::{ProposedAction, marker};
 use crate::external::github::head_sha;
 use crate::external::tracker::{ExternalError, Poller, load_workflow, token, tracker};
-use crate::external::workflow::{Tracker, TrackerKind};
+use crate::external::workflow::Tracker;
 use crate::queue::worker::{Job, JobHandler, LeaseDeadline};
 use crate::queue::{self, Disposition, Lease};
 use crate::{artifacts, runs};
@@ -87,7 +87,7 @@ pub(crate) async fn propose(
         found => found?,
     };
     let id = new_id("xact");
-    let calls = calls(tracker, &item, action, &id)?;
+    let calls = tracker.api().calls(tracker, &item, action, &id)?;
     let calls_json = serde_json::to_value(&calls).expect("calls serialize");
     let proposal = action.to_json();
     let target = snapshot(&item);
@@ -113,82 +113,6 @@ pub(crate) async fn propose(
         action: recorded,
         approval,
     })
-}
-
-/// The exact calls an action makes on the item's tracker.
-fn calls(
-    tracker: &Tracker,
-    item: &ItemRecord,
-    action: &ProposedAction,
-    id: &str,
-) -> Result<Vec<Call>, StoreError> {
-    let unsupported = |what: &str| StoreError::Unprocessable {
-        code: ErrorCode::UnsupportedAction,
-        message: format!("{what} ({} is a {})", item.identifier, item.kind),
-    };
-    let call = |method: &str, path: String, body: Value| Call {
-        method: method.into(),
-        path,
-        body,
-    };
-    if tracker.kind == TrackerKind::Linear {
-        let ProposedAction::Comment { body } = action else {
-            return Err(unsupported("Keel writes only comments on Linear issues"));
-        };
-        let variables = json!({ "issueId": item.issue["id"], "body": marked(body, id) });
-        let body = json!({ "query": send::COMMENT_CREATE, "variables": variables });
-        return Ok(vec![call("POST", String::new(), body)]);
-    }
-    let repository = tracker.repository.as_deref().unwrap_or_default();
-    let number = item
-        .identifier
-        .rsplit_once('#')
-        .map(|(_, n)| n)
-        .unwrap_or_default();
-    let issue = format!("/repos/{repository}/issues/{number}");
-    Ok(match action {
-        ProposedAction::Comment { body } => {
-            let body = json!({ "body": marked(body, id) });
-            vec![call("POST", format!("{issue}/comments"), body)]
-        }
-        ProposedAction::Labels { add, remove } => {
-            let added = (!add.is_empty())
-                .then(|| call("POST", format!("{issue}/labels"), json!({ "labels": add })));
-            let removed = remove.iter().map(|name| {
-                let path = format!("{issue}/labels/{}", path_segment(name));
-                call("DELETE", path, Value::Null)
-            });
-            added.into_iter().chain(removed).collect()
-        }
-        ProposedAction::Review { event, body } => {
-            if item.kind != "github_pull_request" {
-                return Err(unsupported("a review is for pull requests only"));
-            }
-            let text = body
-                .as_deref()
-                .map_or_else(|| marker(id), |b| marked(b, id));
-            let mut review = json!({ "event": event.as_str(), "body": text });
-            // Pinned to the commit proposed on: GitHub refuses it for another head.
-            if let Some(sha) = head_sha(&item.idempotency_key) {
-                review["commit_id"] = json!(sha);
-            }
-            vec![call(
-                "POST",
-                format!("/repos/{repository}/pulls/{number}/reviews"),
-                review,
-            )]
-        }
-    })
-}
-
-/// `name` as one URL path segment.
-fn path_segment(name: &str) -> String {
-    let mut url = reqwest::Url::parse("http://keel.invalid/").expect("a valid base");
-    url.path_segments_mut()
-        .expect("a base")
-        .pop_if_empty()
-        .push(name);
-    url.path()[1..].to_string()
 }
 
 /// The target as the proposer saw it: the item's version.
@@ -666,8 +590,7 @@ mod tests {
 
     #[test]
     fn each_action_is_its_trackers_exact_calls() {
-        let github =
-            crate::external::tracker::test_tracker(TrackerKind::Github, "a/b", "open", "closed");
+        let github = crate::external::tracker::test_tracker("{kind: github, repository: a/b}");
         let pull = item(
             "github_pull_request",
             "a/b#8",
@@ -677,7 +600,10 @@ mod tests {
             event: crate::external::actions::ReviewEvent::Approve,
             body: None,
         };
-        let calls = calls(&github, &pull, &approve, "xact_1").unwrap();
+        let calls = github
+            .api()
+            .calls(&github, &pull, &approve, "xact_1")
+            .unwrap();
         assert_eq!(calls[0].path, "/repos/a/b/pulls/8/reviews");
         assert_eq!(
             calls[0].body,
@@ -694,7 +620,10 @@ mod tests {
             add: vec![],
             remove: vec!["needs review".into(), "bug".into()],
         };
-        let calls = super::calls(&github, &issue, &labels, "xact_1").unwrap();
+        let calls = github
+            .api()
+            .calls(&github, &issue, &labels, "xact_1")
+            .unwrap();
         let paths: Vec<(&str, &str)> = calls
             .iter()
             .map(|c| (c.method.as_str(), c.path.as_str()))
@@ -706,10 +635,14 @@ mod tests {
                 ("DELETE", "/repos/a/b/issues/7/labels/bug")
             ]
         );
-        let linear =
-            crate::external::tracker::test_tracker(TrackerKind::Linear, "eng", "Todo", "Done");
+        let settings =
+            "{kind: linear, project_slug: eng, active_states: Todo, terminal_states: Done}";
+        let linear = crate::external::tracker::test_tracker(settings);
         let comment = ProposedAction::Comment { body: "hi".into() };
-        let calls = super::calls(&linear, &issue, &comment, "xact_1").unwrap();
+        let calls = linear
+            .api()
+            .calls(&linear, &issue, &comment, "xact_1")
+            .unwrap();
         assert_eq!(calls[0].path, "");
         assert_eq!(
             calls[0].body["variables"],
@@ -719,15 +652,9 @@ mod tests {
     }
 
     fn calls_error(tracker: &Tracker, item: &ItemRecord, action: &ProposedAction) -> &'static str {
-        match calls(tracker, item, action, "xact_1") {
+        match tracker.api().calls(tracker, item, action, "xact_1") {
             Err(StoreError::Unprocessable { code, .. }) => code.as_str(),
             other => panic!("expected a refusal, got {other:?}"),
         }
-    }
-
-    #[test]
-    fn label_names_are_one_path_segment() {
-        assert_eq!(path_segment("needs review/ok"), "needs%20review%2Fok");
-        assert_eq!(path_segment("bug"), "bug");
     }
 }
