@@ -153,6 +153,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
     (
         "cli",
         &[
+            "api",
             "config",
             "db",
             "external",
@@ -172,7 +173,8 @@ fn module_of(relative: &Path) -> String {
     first.to_string_lossy().trim_end_matches(".rs").to_string()
 }
 
-/// The modules each module uses: every `crate::<module>` in its code (comments left out).
+/// The modules each module uses: every `crate::<module>` in its code (comments left out),
+/// grouped imports (`use crate::{runs, tasks::TaskRecord}`) included.
 fn uses() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut found: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
@@ -190,26 +192,79 @@ fn uses() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
             let relative = path.strip_prefix(&src).unwrap();
             let module = module_of(relative);
             let text = std::fs::read_to_string(&path).unwrap();
-            for line in text.lines() {
-                let code = line.split("//").next().unwrap();
-                for (at, _) in code.match_indices("crate::") {
-                    let used: String = code[at + "crate::".len()..]
-                        .chars()
-                        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                        .collect();
-                    if used != module && !used.is_empty() {
-                        found
-                            .entry(module.clone())
-                            .or_default()
-                            .entry(used)
-                            .or_default()
-                            .insert(relative.display().to_string());
-                    }
+            let code: Vec<&str> = text
+                .lines()
+                .map(|l| l.split("//").next().unwrap())
+                .collect();
+            for used in crate_paths(&code.join("\n")) {
+                if used != module {
+                    found
+                        .entry(module.clone())
+                        .or_default()
+                        .entry(used)
+                        .or_default()
+                        .insert(relative.display().to_string());
                 }
             }
         }
     }
     found
+}
+
+/// The first segment of every path under `crate::` in `code`: `runs` for
+/// `crate::runs::get`, and `runs` and `tasks` for `crate::{runs, tasks::{get, lock}}`.
+fn crate_paths(code: &str) -> BTreeSet<String> {
+    let mut modules = BTreeSet::new();
+    for (at, _) in code.match_indices("crate::") {
+        let rest = &code[at + "crate::".len()..];
+        match rest.strip_prefix('{') {
+            Some(group) => modules.extend(group_heads(group)),
+            None => {
+                modules.insert(head(rest));
+            }
+        }
+    }
+    modules.remove("");
+    modules
+}
+
+/// The first segment of each top-level item of a `{…}` group, `group` starting after its
+/// `{`.
+fn group_heads(group: &str) -> Vec<String> {
+    let (mut depth, mut item_start, mut heads) = (0, 0, Vec::new());
+    for (at, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                heads.push(head(group[item_start..at].trim_start()));
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                heads.push(head(group[item_start..at].trim_start()));
+                item_start = at + 1;
+            }
+            _ => {}
+        }
+    }
+    heads
+}
+
+/// The module name `path` starts with (`self` is the crate root: no module).
+fn head(path: &str) -> String {
+    let name: String = path
+        .chars()
+        .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+        .collect();
+    if name == "self" { String::new() } else { name }
+}
+
+#[test]
+fn grouped_imports_are_read() {
+    let code =
+        "use crate::{\n    api, cli::{ops, output},\n    self,\n};\nlet x = crate::runs::get;";
+    let found: Vec<String> = crate_paths(code).into_iter().collect();
+    assert_eq!(found, ["api", "cli", "runs"]);
 }
 
 #[test]
