@@ -314,3 +314,253 @@ fn the_layout_has_no_cycle() {
         );
     }
 }
+
+/// Each table and the module that owns its rows (its SQL lives there).
+const HOMES: &[(&str, &str)] = &[
+    ("_sqlx_migrations", "db"),
+    ("approval_policies", "approvals"),
+    ("approvals", "approvals"),
+    ("artifact_chunks", "artifacts"),
+    ("artifacts", "artifacts"),
+    ("client_leases", "runs"),
+    ("external_actions", "external"),
+    ("external_sources", "external"),
+    ("external_work_items", "external"),
+    ("lease_history", "queue"),
+    ("media_jobs", "media"),
+    ("model_calls", "agent"),
+    ("providers", "providers"),
+    ("queue_jobs", "queue"),
+    ("run_events", "events"),
+    ("run_storage", "quotas"),
+    ("runs", "runs"),
+    ("runtime_identity", "system"),
+    ("schedule_occurrences", "schedules"),
+    ("state_transitions", "events"),
+    ("steps", "runs"),
+    ("task_schedules", "schedules"),
+    ("tasks", "tasks"),
+    ("workers", "queue"),
+    ("workspace_limits", "workspaces"),
+    ("workspace_storage", "quotas"),
+];
+
+/// The statements on another module's table, and why each stays where it is. Most are
+/// one statement that must read or write two features' rows at once (a projection, a
+/// guard, a write that lands whole); the others are read-only reports.
+const ELSEWHERE: &[(&str, &str, &str)] = &[
+    (
+        "agent",
+        "approvals",
+        "a tool call's gate is read with the loop's replay of the run",
+    ),
+    (
+        "agent",
+        "runs",
+        "a model call's counters land on the run with its ledger row",
+    ),
+    (
+        "agent",
+        "steps",
+        "the loop's replay reads its own model and tool steps in order",
+    ),
+    (
+        "approvals",
+        "runs",
+        "a gate records who requested its run in its own insert",
+    ),
+    (
+        "external",
+        "approvals",
+        "an action's pending approval is read with the action",
+    ),
+    (
+        "external",
+        "runs",
+        "an item's run status is read with the item",
+    ),
+    ("external", "tasks", "an item's task is read with the item"),
+    (
+        "media",
+        "artifacts",
+        "a job leaves `running` with its artifacts in one statement",
+    ),
+    (
+        "providers",
+        "media_jobs",
+        "a preset in use by a media job is not deleted",
+    ),
+    (
+        "queue",
+        "workspace_limits",
+        "the fair claim reads each workspace's limit",
+    ),
+    (
+        "runs",
+        "approval_policies",
+        "admission checks the policy revision it decided by",
+    ),
+    (
+        "runs",
+        "artifacts",
+        "a run's patches, conversation and step outputs are its artifacts",
+    ),
+    (
+        "runs",
+        "run_events",
+        "a run's next event sequence is read at admission",
+    ),
+    (
+        "runs",
+        "state_transitions",
+        "a run's transition and its audit record land together",
+    ),
+    (
+        "runs",
+        "tasks",
+        "admission moves the task's latest run with the run it writes",
+    ),
+    (
+        "schedules",
+        "tasks",
+        "a schedule's task must exist in its workspace",
+    ),
+    (
+        "system",
+        "lease_history",
+        "the leases and throughput reports, read only",
+    ),
+    (
+        "system",
+        "queue_jobs",
+        "the queue figures and live leases, read only",
+    ),
+    (
+        "system",
+        "workers",
+        "the worker figures, and forgetting workers that died",
+    ),
+    (
+        "tasks",
+        "artifacts",
+        "a task's latest-run projection counts its artifacts",
+    ),
+    (
+        "tasks",
+        "providers",
+        "a task's chat routes read the workspace's presets",
+    ),
+    (
+        "tasks",
+        "run_events",
+        "deleting a task deletes its runs' events",
+    ),
+    (
+        "tasks",
+        "runs",
+        "a task's latest-run projection reads its run",
+    ),
+    (
+        "tasks",
+        "state_transitions",
+        "a task's creation and its audit record land together",
+    ),
+    (
+        "tasks",
+        "steps",
+        "a task's latest-run projection counts its steps",
+    ),
+];
+
+/// The tables each module's SQL names after FROM, JOIN, INTO or UPDATE, in its string
+/// literals (`WITH` names and anything else that is not one of [`HOMES`] left out).
+fn tables_used() -> BTreeMap<(String, String), BTreeSet<String>> {
+    let homes: BTreeMap<&str, &str> = HOMES.iter().copied().collect();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    let mut dirs = vec![src.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let relative = path.strip_prefix(&src).unwrap();
+                let text = std::fs::read_to_string(&path).unwrap();
+                for table in sql_tables(&text) {
+                    if homes.contains_key(table.as_str()) {
+                        let key = (module_of(relative), table);
+                        let files = found.entry(key).or_default();
+                        files.insert(relative.display().to_string());
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The names after FROM, JOIN, INTO and UPDATE in `text`.
+fn sql_tables(text: &str) -> BTreeSet<String> {
+    let words: Vec<&str> = text
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .collect();
+    words
+        .windows(2)
+        .filter(|pair| ["FROM", "JOIN", "INTO", "UPDATE"].contains(&pair[0]))
+        .map(|pair| pair[1].to_string())
+        .collect()
+}
+
+#[test]
+fn sql_on_a_table_lives_in_its_home_or_says_why_not() {
+    let homes: BTreeMap<&str, &str> = HOMES.iter().copied().collect();
+    let allowed: BTreeSet<(&str, &str)> = ELSEWHERE.iter().map(|(m, t, _)| (*m, *t)).collect();
+    let used = tables_used();
+    let mut unexpected = Vec::new();
+    for ((module, table), files) in &used {
+        let home = homes[table.as_str()];
+        // `db` applies migrations and counts: its SQL names every table.
+        let elsewhere = module != home && module != "db";
+        if elsewhere && !allowed.contains(&(module.as_str(), table.as_str())) {
+            unexpected.push(format!("{module} -> {table} (home {home}, in {files:?})"));
+        }
+    }
+    assert!(
+        unexpected.is_empty(),
+        "SQL on another module's table, not in ELSEWHERE with its reason:\n{}",
+        unexpected.join("\n")
+    );
+    let stale: Vec<_> = ELSEWHERE
+        .iter()
+        .filter(|(m, t, _)| !used.contains_key(&(m.to_string(), t.to_string())))
+        .collect();
+    assert!(stale.is_empty(), "exceptions no statement needs: {stale:?}");
+}
+
+#[test]
+fn every_table_of_the_migrations_has_a_home() {
+    let homes: BTreeSet<&str> = HOMES.iter().map(|(t, _)| *t).collect();
+    let migrations = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let mut created = BTreeSet::new();
+    for entry in std::fs::read_dir(migrations).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        let words: Vec<&str> = text.split_whitespace().collect();
+        for at in 0..words.len().saturating_sub(2) {
+            if words[at] == "CREATE" && words[at + 1] == "TABLE" {
+                let name = words[at + 2..]
+                    .iter()
+                    .find(|w| !["IF", "NOT", "EXISTS"].contains(w));
+                created.insert(name.unwrap().trim_end_matches('(').to_string());
+            }
+        }
+    }
+    let homeless: Vec<_> = created
+        .iter()
+        .filter(|t| !homes.contains(t.as_str()))
+        .collect();
+    assert!(
+        homeless.is_empty(),
+        "tables with no home in HOMES: {homeless:?}"
+    );
+}
