@@ -7,11 +7,8 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
-use keel_api_types::ErrorCode;
-use keel_api_types::{PatchDetail, PatchStatus, PatchSummary};
+use keel_api_types::{PatchDetail, PatchSummary};
 use keel_workers::agent::Patch;
-use keel_workers::agent::tools::{self, RevertError};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -22,11 +19,9 @@ use crate::api::{
 };
 use crate::approvals;
 use crate::domain::Caller;
-use crate::events::Subject;
-use crate::runs::job::workspace_dir;
+use crate::runs;
 use crate::runs::patches;
 use crate::runs::patches::{PatchAction, PatchRow};
-use crate::{runs, tasks};
 
 type Result<T, E = ApiError> = std::result::Result<T, E>;
 
@@ -165,10 +160,7 @@ async fn discard_patch(
     change(&state, &caller, ids, PatchAction::Discard).await
 }
 
-/// Carries out `action` on a patch of an ended run, for an operator other than the run's
-/// requester (403 otherwise): the file written (for a revert or an apply) while the
-/// patch's row is locked, so a concurrent change waits and then sees the new status; the
-/// status and its event committed after.
+/// Carries out `action` for an operator (403 for a member; see [`patches::change`]).
 async fn change(
     state: &AppState,
     caller: &Caller,
@@ -178,79 +170,16 @@ async fn change(
     caller
         .require_operator("apply, revert or discard a run's patches")
         .map_err(ApiError::Forbidden)?;
-    let scope = &caller.scope;
-    let mut tx = state.pool.begin().await?;
-    let run = runs::get(&mut tx, scope, &task_id, &run_id).await?;
-    let approver = approvals::Approver {
-        actor: caller.actor(),
-        may_approve_own: state.auth.may_approve_own(caller),
+    let desk = patches::PatchDesk {
+        pool: &state.pool,
+        content: &state.content,
+        roots: &state.rules.workspace_roots,
+        approver: approvals::Approver {
+            actor: caller.actor(),
+            may_approve_own: state.auth.may_approve_own(caller),
+        },
     };
-    let what = "apply, revert or discard its patches";
-    approvals::check_approver(run.requested_by.as_deref(), &approver, what)?;
-    let task = tasks::get(&mut tx, scope, &task_id).await?;
-    let mut row = patches::get(&mut tx, scope, &run_id, &artifact_id, true).await?;
-    if !run.status().is_terminal() {
-        return Err(ApiError::Conflict(format!(
-            "run {run_id} is {}; change its patches once it has ended",
-            run.status
-        )));
-    }
-    let from = PatchStatus::parse(&row.patch_status)
-        .ok_or_else(|| ApiError::Internal(format!("patch status {}", row.patch_status)))?;
-    let to = action
-        .next(from)
-        .map_err(|why| ApiError::Conflict(format!("patch {artifact_id}: {why}")))?;
-    let patch = patches::content(&state.content, &state.pool, &row.id).await?;
-    if action.writes() {
-        let dir = run_workspace(state, &task, &run)?;
-        let changing = patch.clone();
-        let write = move || match action {
-            PatchAction::Apply => tools::apply(&dir, &changing),
-            _ => tools::revert(&dir, &changing),
-        };
-        tokio::task::spawn_blocking(write)
-            .await
-            .map_err(|e| ApiError::Internal(e.to_string()))?
-            .map_err(|e| match e {
-                RevertError::Drift(message) | RevertError::Refused(message) => {
-                    ApiError::Conflict(message)
-                }
-            })?;
-    }
-    let subject = Subject::Run {
-        task_id: &task_id,
-        run_id: &run_id,
-    };
-    let changed = (row.id.as_str(), patch.path.as_str());
-    patches::mark(&mut tx, scope, subject, changed, action, to).await?;
-    tx.commit().await?;
-    row.patch_status = to.to_string();
+    let ids = (task_id.as_str(), run_id.as_str(), artifact_id.as_str());
+    let (row, patch) = patches::change(&desk, &caller.scope, ids, action).await?;
     Ok(Json(envelope("task_patch", detail(row, patch))))
-}
-
-/// The run's workspace directory, when this process reaches it.
-fn run_workspace(
-    state: &AppState,
-    task: &tasks::TaskRecord,
-    run: &runs::RunRecord,
-) -> Result<std::path::PathBuf> {
-    let unavailable = |why: String| ApiError::Coded {
-        status: StatusCode::CONFLICT,
-        code: ErrorCode::WorkspaceUnavailable,
-        message: format!(
-            "run {}'s workspace is not reachable from this API process ({why}); change its \
-             files where the worker's data directory is shared (keel serve, or one \
-             KEEL_DATA_DIR)",
-            run.id
-        ),
-    };
-    let roots = &state.rules.workspace_roots;
-    let data_dir = roots
-        .data_dir()
-        .ok_or_else(|| unavailable("no data directory is configured".into()))?;
-    let dir = workspace_dir(roots, data_dir, task, run).map_err(unavailable)?;
-    dir.canonicalize()
-        .ok()
-        .filter(|d| d.is_dir())
-        .ok_or_else(|| unavailable(format!("{} does not exist here", dir.display())))
 }

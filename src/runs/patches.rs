@@ -4,14 +4,22 @@
 //! (an applied patch's file restored to its `before`), `applied` (a proposal written) or
 //! `discarded` (a proposal dropped). [`PatchAction::next`] decides every transition.
 
-use keel_workers::agent::Patch;
-use sqlx::PgConnection;
+use std::path::PathBuf;
 
+use keel_api_types::ErrorCode;
+use keel_workers::agent::Patch;
+use keel_workers::agent::tools::{self, RevertError};
+use sqlx::{PgConnection, PgPool};
+
+use crate::approvals::{self, Approver};
 use crate::artifacts::content::ContentStore;
 use crate::artifacts::{ArtifactRecord, query_artifacts};
 use crate::db::{Result, StoreError};
 use crate::domain::{EventType, Scope, new_id};
 use crate::events::{NewEvent, Subject};
+use crate::runs::RunRecord;
+use crate::runs::job::workspace_dir;
+use crate::tasks::{TaskRecord, WorkspaceRoots};
 use keel_api_types::{ArtifactKind, ArtifactStatus, PatchStatus};
 
 /// The content type of a patch artifact's bytes.
@@ -230,6 +238,93 @@ pub(crate) async fn mark(
         data: serde_json::json!({ "artifact_id": artifact_id, "path": path }),
     };
     crate::events::append(conn, scope, &[event]).await
+}
+
+/// Who changes a patch and where its run's workspace is found: [`change`]'s setting.
+pub(crate) struct PatchDesk<'a> {
+    pub(crate) pool: &'a PgPool,
+    pub(crate) content: &'a ContentStore,
+    pub(crate) roots: &'a WorkspaceRoots,
+    pub(crate) approver: Approver,
+}
+
+/// Carries out `action` on a patch of an ended run, for an approver other than the run's
+/// requester (403 otherwise): the file written (for a revert or an apply) while the
+/// patch's row is locked, so a concurrent change waits and then sees the new status; the
+/// status and its event committed after. Returns the patch as it now stands.
+pub(crate) async fn change(
+    desk: &PatchDesk<'_>,
+    scope: &Scope,
+    (task_id, run_id, artifact_id): (&str, &str, &str),
+    action: PatchAction,
+) -> Result<(PatchRow, Patch)> {
+    let mut tx = desk.pool.begin().await?;
+    let run = crate::runs::get(&mut tx, scope, task_id, run_id).await?;
+    let what = "apply, revert or discard its patches";
+    approvals::check_approver(run.requested_by.as_deref(), &desk.approver, what)?;
+    let task = crate::tasks::get(&mut tx, scope, task_id).await?;
+    let mut row = get(&mut tx, scope, run_id, artifact_id, true).await?;
+    if !run.status().is_terminal() {
+        return Err(StoreError::Conflict(format!(
+            "run {run_id} is {}; change its patches once it has ended",
+            run.status
+        )));
+    }
+    let from = PatchStatus::parse(&row.patch_status).ok_or_else(|| {
+        let unknown = format!("patch {artifact_id} has status {}", row.patch_status);
+        StoreError::Database(sqlx::Error::Decode(unknown.into()))
+    })?;
+    let to = action
+        .next(from)
+        .map_err(|why| StoreError::Conflict(format!("patch {artifact_id}: {why}")))?;
+    let patch = content(desk.content, desk.pool, &row.id).await?;
+    if action.writes() {
+        write(run_workspace(desk.roots, &task, &run)?, &patch, action).await?;
+    }
+    let subject = Subject::Run { task_id, run_id };
+    let changed = (row.id.as_str(), patch.path.as_str());
+    mark(&mut tx, scope, subject, changed, action, to).await?;
+    tx.commit().await?;
+    row.patch_status = to.to_string();
+    Ok((row, patch))
+}
+
+/// Applies or reverts `patch` in `dir`, on a blocking thread; 409 when the file drifted.
+async fn write(dir: PathBuf, patch: &Patch, action: PatchAction) -> Result<()> {
+    let changing = patch.clone();
+    let write = move || match action {
+        PatchAction::Apply => tools::apply(&dir, &changing),
+        _ => tools::revert(&dir, &changing),
+    };
+    let written = tokio::task::spawn_blocking(write)
+        .await
+        .unwrap_or_else(|panicked| std::panic::resume_unwind(panicked.into_panic()));
+    written.map_err(|e| match e {
+        RevertError::Drift(message) | RevertError::Refused(message) => {
+            StoreError::Conflict(message)
+        }
+    })
+}
+
+/// The run's workspace directory, when this process reaches it.
+fn run_workspace(roots: &WorkspaceRoots, task: &TaskRecord, run: &RunRecord) -> Result<PathBuf> {
+    let unavailable = |why: String| StoreError::Refused {
+        code: ErrorCode::WorkspaceUnavailable,
+        message: format!(
+            "run {}'s workspace is not reachable from this API process ({why}); change its \
+             files where the worker's data directory is shared (keel serve, or one \
+             KEEL_DATA_DIR)",
+            run.id
+        ),
+    };
+    let data_dir = roots
+        .data_dir()
+        .ok_or_else(|| unavailable("no data directory is configured".into()))?;
+    let dir = workspace_dir(roots, data_dir, task, run).map_err(unavailable)?;
+    dir.canonicalize()
+        .ok()
+        .filter(|d| d.is_dir())
+        .ok_or_else(|| unavailable(format!("{} does not exist here", dir.display())))
 }
 
 #[cfg(test)]
