@@ -302,9 +302,9 @@ impl From<crate::external::workflow::WorkflowError> for ApiError {
     }
 }
 
-impl From<crate::external::tracker::ExternalError> for ApiError {
-    fn from(error: crate::external::tracker::ExternalError) -> Self {
-        use crate::external::tracker::ExternalError;
+impl From<crate::external::workflow::ExternalError> for ApiError {
+    fn from(error: crate::external::workflow::ExternalError) -> Self {
+        use crate::external::workflow::ExternalError;
         match error {
             ExternalError::Workflow(e) => e.into(),
             ExternalError::Unusable(message) => ApiError::Invalid {

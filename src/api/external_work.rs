@@ -26,8 +26,8 @@ use crate::external::actions::{ActionDraft, ProposedAction};
 use crate::external::import::Imported;
 use crate::external::poll;
 use crate::external::poll::{DEFAULT_LIMIT, Pass, PollSummary};
-use crate::external::tracker::{self, Poller};
-use crate::external::workflow::{Tracker, Workflow, WorkflowError};
+use crate::external::tracker::{self, Poller, Tracker};
+use crate::external::workflow::{self, Workflow, WorkflowError};
 use crate::external::{ItemRecord, SourceRecord, WorkflowOrigin};
 use crate::providers::secrets::{SecretPolicy, SecretStatus};
 
@@ -128,7 +128,7 @@ async fn create_source(
             .require_operator(&format!("register a source with {what}"))
             .map_err(ApiError::Forbidden)?;
     }
-    let tracker = tracker::tracker(&workflow)?;
+    let tracker = workflow::tracker(&workflow)?;
     // A tenant could otherwise send the source's token to a host of its choosing.
     if !caller.role.is_runtime_operator() && tracker.endpoint != tracker.api().default_endpoint() {
         return Err(ApiError::Forbidden(
@@ -256,7 +256,7 @@ async fn source_status(
     for counts in [&mut records, &mut actions] {
         counts.insert("total".into(), counts.values().sum());
     }
-    let loaded = tracker::load_workflow(&source);
+    let loaded = workflow::load_workflow(&source);
     let tracker = loaded.as_ref().ok().and_then(|w| w.config.tracker.clone());
     let secret = tracker
         .as_ref()
@@ -434,8 +434,8 @@ async fn import(
     let mut conn = state.pool.acquire().await?;
     let source = external::get_source(&mut conn, &caller.scope, &request.source_id).await?;
     drop(conn);
-    let workflow = tracker::load_workflow(&source)?;
-    let tracker = tracker::tracker(&workflow)?;
+    let workflow = workflow::load_workflow(&source)?;
+    let tracker = workflow::tracker(&workflow)?;
     let candidate = tracker
         .api()
         .payload_candidate(tracker, &request.payload)

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
+use keel_api_types::Issue;
 use keel_workers::media::Secret;
 use reqwest::header::{self, HeaderMap};
 use reqwest::{Method, StatusCode};
@@ -14,11 +15,10 @@ use serde_json::{Value, json};
 
 use crate::db::StoreError;
 use crate::external::ItemRecord;
-use crate::external::actions::send::{Answer, Call, Failure, Pause, Target, unsupported};
 use crate::external::actions::{ProposedAction, marked, marker};
-use crate::external::tracker::TrackerApi;
+use crate::external::tracker::unsupported;
+use crate::external::tracker::{Answer, Call, Failure, Pause, Target, Tracker, TrackerApi};
 use crate::external::tracker::{Candidate, Fetched, LimitHeaders, Poller, Refusal, resume_at};
-use crate::external::workflow::{Issue, Tracker};
 
 /// GitHub's implementation of [`TrackerApi`].
 pub(crate) struct GitHub;
@@ -588,7 +588,7 @@ mod tests {
     use serde_json::json;
 
     fn tracker() -> Tracker {
-        crate::external::tracker::test_tracker("{kind: github, repository: a/b}")
+        crate::external::workflow::test_tracker("{kind: github, repository: a/b}")
     }
 
     #[test]

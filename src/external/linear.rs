@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use chrono::Utc;
 use futures_util::future::BoxFuture;
+use keel_api_types::{BlockerRef, Issue};
 use keel_workers::media::Secret;
 use reqwest::StatusCode;
 use reqwest::header;
@@ -13,11 +14,10 @@ use serde_json::{Value, json};
 
 use crate::db::StoreError;
 use crate::external::ItemRecord;
-use crate::external::actions::send::{Answer, Call, Failure, Pause, Target, unsupported};
 use crate::external::actions::{ProposedAction, marked};
+use crate::external::tracker::{Answer, Call, Failure, Pause, Target, Tracker, TrackerApi};
 use crate::external::tracker::{Candidate, Fetched, LimitHeaders, Poller, Refusal, resume_at};
-use crate::external::tracker::{ITEMS_PER_FETCH, TrackerApi};
-use crate::external::workflow::{BlockerRef, Issue, Tracker};
+use crate::external::tracker::{ITEMS_PER_FETCH, unsupported};
 
 /// Linear's page size (its default and Symphony's).
 const PAGE: u32 = 50;
@@ -527,7 +527,7 @@ mod tests {
     fn tracker() -> Tracker {
         let settings =
             "{kind: linear, project_slug: eng, active_states: Todo, terminal_states: Done}";
-        crate::external::tracker::test_tracker(settings)
+        crate::external::workflow::test_tracker(settings)
     }
 
     fn node() -> Value {

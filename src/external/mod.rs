@@ -1,15 +1,18 @@
-//! External work: trackers' items imported as tasks. From the bottom up: [`workflow`] (the
-//! WORKFLOW.md), the rows of sources and items (and of their workspaces,
-//! [`item_workspaces`]); [`tracker`] (what the trackers share), [`github`] and [`linear`];
-//! [`workspace`] (items' directories) and [`import`] (one item); [`poll`] (the `poll` job)
-//! on top. [`actions`] (the approval-gated writes) builds on the trackers beside them.
+//! External work: trackers' items imported as tasks. From the bottom up: the rows of
+//! sources and items (and of their workspaces, [`item_workspaces`]); [`tracker`] (the
+//! contract every tracker implements, and what it takes and gives: a workflow's tracker
+//! settings, an action's calls and answers); [`github`] and [`linear`]; [`workflow`] (the
+//! WORKFLOW.md, parsed with each kind's defaults and checks); [`workspace`] (items'
+//! directories) and [`import`] (one item); [`poll`] (the `poll` job) on top. [`actions`]
+//! (the approval-gated writes) has its rules and rows beneath the trackers, and its
+//! requests and job above them.
 //!
 //! The seam between Keel and a tracker is [`tracker::TrackerApi`]: [`github`] and
 //! [`linear`] each implement all of it (the workflow's defaults for it, its candidates
 //! fetched and read, the items asked for again, an action's calls made and its marked
-//! writes found), and [`workflow::TrackerKind::api`] is the one place that maps a
-//! workflow's `tracker.kind` to its implementation. Nothing else asks which kind a
-//! tracker is.
+//! writes found), and [`TrackerKind::api`](tracker::TrackerKind::api), given in
+//! [`workflow`] above them, is the one place that maps a workflow's `tracker.kind` to its
+//! implementation. Nothing else asks which kind a tracker is.
 
 pub(crate) mod actions;
 pub(crate) mod github;

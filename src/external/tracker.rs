@@ -1,27 +1,29 @@
 //! What every tracker shares, beneath `github` and `linear`: [`TrackerApi`], what each
-//! tracker does its own way, the [`Poller`] (the pool, the admission rules and the HTTP
-//! client the trackers are asked with), a source's workflow, its tracker and the tracker's
-//! token, a normalized item ([`Candidate`]), what a fetch gave ([`Fetched`]), the reading
-//! of rate-limit headers ([`resume_at`]), and why an import or a poll was refused
-//! ([`ExternalError`]).
+//! tracker does its own way, and what it is given and gives back: a workflow's [`Tracker`]
+//! settings, the [`Poller`] (the pool, the admission rules and the HTTP client the trackers
+//! are asked with), the tracker's token, a normalized item ([`Candidate`]), what a fetch
+//! gave ([`Fetched`]), the reading of rate-limit headers ([`resume_at`]), and an action's
+//! calls ([`Call`]), what they are sent to ([`Target`]) and what came back ([`Answer`],
+//! [`Failure`], [`Pause`]). It names no tracker: the one dispatch on the kind,
+//! [`TrackerKind::api`], stands above the trackers, in `workflow`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
-use keel_api_types::ErrorCode;
+use keel_api_types::{ErrorCode, Issue};
 use keel_workers::media::Secret;
 use reqwest::header::{self, HeaderMap};
-use serde_json::Value;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 use sqlx::PgPool;
+use utoipa::ToSchema;
 
 use crate::artifacts::content::ContentStore;
 use crate::db::StoreError;
 use crate::domain::{Role, Scope};
 use crate::external::actions::ProposedAction;
-use crate::external::actions::send::{Answer, Call, Failure, Pause, Target};
-use crate::external::workflow::{Issue, Tracker, Workflow, WorkflowError};
 use crate::external::{ItemRecord, SourceRecord};
 use crate::providers::secrets::{SecretPolicy, SecretRef, Unresolved};
 use crate::runs::AdmissionRules;
@@ -34,9 +36,63 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// answers.
 pub(crate) const ITEMS_PER_FETCH: u32 = 50;
 
+/// A workflow's `tracker.kind`. Its implementation, [`TrackerKind::api`], is given in
+/// `workflow`, above `github` and `linear`: they take these types, so the types stand here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum TrackerKind {
+    Github,
+    Linear,
+}
+
+/// Where items come from. `api_key` is a secret reference (`$VAR` is read as `env:VAR`),
+/// resolved only when a poll uses it; a raw token is refused.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub(crate) struct Tracker {
+    pub(crate) kind: TrackerKind,
+    pub(crate) endpoint: String,
+    #[schema(value_type = Option<String>, example = "env:GITHUB_TOKEN")]
+    #[serde(serialize_with = "display_ref")]
+    pub(crate) api_key: Option<SecretRef>,
+    /// `owner/repo`, for GitHub.
+    pub(crate) repository: Option<String>,
+    /// For Linear.
+    pub(crate) project_slug: Option<String>,
+    pub(crate) active_states: Vec<String>,
+    pub(crate) terminal_states: Vec<String>,
+    /// Seed 000's event filter (`pull_request.opened`, …), kept as given.
+    pub(crate) events: Vec<String>,
+}
+
+impl Tracker {
+    /// Whether an item in `state` is to be worked on (compared trimmed, without case).
+    pub(crate) fn is_active(&self, state: &str) -> bool {
+        contains_state(&self.active_states, state)
+    }
+
+    pub(crate) fn is_terminal(&self, state: &str) -> bool {
+        contains_state(&self.terminal_states, state)
+    }
+}
+
+fn contains_state(states: &[String], state: &str) -> bool {
+    let state = state.trim().to_lowercase();
+    states.iter().any(|s| s.trim().to_lowercase() == state)
+}
+
+fn display_ref<S: serde::Serializer>(
+    value: &Option<SecretRef>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(r) => serializer.serialize_some(&r.to_string()),
+        None => serializer.serialize_none(),
+    }
+}
+
 /// One kind of tracker, as Keel reads and writes it: everything that is not the same for
-/// every tracker. Each [`TrackerKind`](crate::external::workflow::TrackerKind) has one
-/// implementation ([`Tracker::api`]), so the callers never ask which kind it is.
+/// every tracker. Each [`TrackerKind`] has one implementation ([`Tracker::api`]), so the
+/// callers never ask which kind it is.
 pub(crate) trait TrackerApi: Sync {
     /// Its `tracker.kind` in a workflow, and the first part of a source's target.
     fn name(&self) -> &'static str;
@@ -110,16 +166,76 @@ pub(crate) trait TrackerApi: Sync {
     ) -> BoxFuture<'a, Result<Option<Answer>, Pause>>;
 }
 
-/// Why an import or a poll was refused, beside the store's own errors.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ExternalError {
-    #[error(transparent)]
-    Workflow(#[from] WorkflowError),
-    /// The source or the payload cannot be imported (no tracker, an unknown payload shape).
-    #[error("{0}")]
-    Unusable(String),
-    #[error(transparent)]
-    Store(#[from] StoreError),
+/// One call to the tracker, as stored on the action and made by its job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Call {
+    pub(crate) method: String,
+    /// Relative to the tracker's endpoint (empty for Linear's GraphQL endpoint itself).
+    pub(crate) path: String,
+    pub(crate) body: Value,
+}
+
+impl Call {
+    pub(crate) fn new(method: &str, path: String, body: Value) -> Call {
+        Call {
+            method: method.into(),
+            path,
+            body,
+        }
+    }
+}
+
+/// The refusal of an action that `item`'s tracker does not take; `what` says why.
+pub(crate) fn unsupported(item: &ItemRecord, what: &str) -> StoreError {
+    StoreError::Unprocessable {
+        code: ErrorCode::UnsupportedAction,
+        message: format!("{what} ({} is a {})", item.identifier, item.kind),
+    }
+}
+
+/// Why an attempt stops without an ending: the tracker could not be asked (unreachable,
+/// unavailable, rate limited). The job tries again later.
+pub(crate) struct Pause {
+    pub(crate) code: &'static str,
+    pub(crate) message: String,
+    pub(crate) until: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// What sending an action needs, besides the action.
+pub(crate) struct Target<'a> {
+    pub(crate) poller: &'a Poller,
+    pub(crate) item: ItemRecord,
+    pub(crate) tracker: Tracker,
+    pub(crate) token: Option<Secret>,
+}
+
+/// One answer of the tracker, as the evidence keeps it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Answer {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) http_status: u16,
+    pub(crate) body: Value,
+}
+
+impl Answer {
+    /// What the action row keeps of it: the status, and what was written's id and URL.
+    pub(crate) fn short(&self) -> Value {
+        let url = self.body.get("html_url").or_else(|| self.body.get("url"));
+        json!({ "http_status": self.http_status, "id": self.body.get("id"), "url": url })
+    }
+}
+
+/// Why the calls did not all go through.
+pub(crate) enum Failure {
+    /// Not known to have been refused: try again later.
+    Pause(Pause),
+    /// The tracker refused a call (the answers so far, the refusal last).
+    Refused {
+        code: &'static str,
+        message: String,
+        answers: Vec<Answer>,
+    },
 }
 
 /// What polls and imports need, in a worker or (for `POST .../poll`) in the API.
@@ -154,26 +270,6 @@ impl Poller {
             http,
         }
     }
-}
-
-/// A source's workflow, read from its row or its file, now.
-pub(crate) fn load_workflow(source: &SourceRecord) -> Result<Workflow, WorkflowError> {
-    match (&source.workflow_markdown, &source.workflow_path) {
-        (Some(text), _) => Workflow::parse(text),
-        (None, Some(path)) => Workflow::load(std::path::Path::new(path)),
-        (None, None) => Err(WorkflowError::MissingFile(
-            "the source names no workflow".into(),
-        )),
-    }
-}
-
-/// The workflow's tracker; a source cannot exist without one.
-pub(crate) fn tracker(workflow: &Workflow) -> Result<&Tracker, ExternalError> {
-    workflow
-        .config
-        .tracker
-        .as_ref()
-        .ok_or_else(|| ExternalError::Unusable("the workflow names no tracker".into()))
 }
 
 /// One tracker item, normalized, with what keys it.
@@ -282,12 +378,4 @@ pub(crate) fn resume_at(
     }
     (refusal == Refusal::Certain || (refused && spent))
         .then(|| now + chrono::Duration::from_std(DEFAULT_BACKOFF).expect("a minute"))
-}
-
-/// The tracker of a workflow whose `tracker` is `settings` (YAML), for the trackers' unit
-/// tests.
-#[cfg(test)]
-pub(crate) fn test_tracker(settings: &str) -> Tracker {
-    let workflow = Workflow::parse(&format!("---\ntracker: {settings}\n---\n"));
-    workflow.unwrap().config.tracker.unwrap()
 }

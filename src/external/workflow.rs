@@ -3,6 +3,11 @@
 //! item is rendered with under strict Liquid semantics (an unknown variable or filter fails).
 //! Seed 000's `source` {kind, repository, projectSlug, secretRef, events} form is read as the
 //! same `tracker` model. Unknown keys are ignored, for forward compatibility.
+//!
+//! Parsing asks each kind of tracker for its name, its defaults and its checks, so the one
+//! dispatch from a kind to its implementation ([`TrackerKind::api`]) is here, above the
+//! trackers; so is a source's workflow read now ([`load_workflow`], [`tracker`]), with why
+//! an import or a poll cannot use it ([`ExternalError`]).
 
 use keel_api_types::ErrorCode;
 use std::collections::BTreeMap;
@@ -10,9 +15,11 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::db::StoreError;
+use crate::external::SourceRecord;
 use crate::external::github::GitHub;
 use crate::external::linear::Linear;
-use crate::external::tracker::TrackerApi;
+use crate::external::tracker::{Tracker, TrackerApi, TrackerKind};
 use crate::providers::secrets::SecretRef;
 use crate::tasks::{Hooks, MAX_HOOK_TIMEOUT_MS, TaskDraft};
 
@@ -45,13 +52,9 @@ impl WorkflowError {
 
 type Result<T, E = WorkflowError> = std::result::Result<T, E>;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum TrackerKind {
-    Github,
-    Linear,
-}
-
+// The dispatch on the kind stands here, not beside the types in `tracker`: the trackers
+// it names implement that module's contract, and parsing a workflow is its first user
+// (the kinds' names, their defaults and checks).
 impl TrackerKind {
     /// Every kind, in the order a message names them; a kind left out could not be parsed.
     const ALL: [TrackerKind; 2] = [TrackerKind::Github, TrackerKind::Linear];
@@ -80,25 +83,6 @@ impl TrackerKind {
     }
 }
 
-/// Where items come from. `api_key` is a secret reference (`$VAR` is read as `env:VAR`),
-/// resolved only when a poll uses it; a raw token is refused.
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
-pub(crate) struct Tracker {
-    pub(crate) kind: TrackerKind,
-    pub(crate) endpoint: String,
-    #[schema(value_type = Option<String>, example = "env:GITHUB_TOKEN")]
-    #[serde(serialize_with = "display_ref")]
-    pub(crate) api_key: Option<SecretRef>,
-    /// `owner/repo`, for GitHub.
-    pub(crate) repository: Option<String>,
-    /// For Linear.
-    pub(crate) project_slug: Option<String>,
-    pub(crate) active_states: Vec<String>,
-    pub(crate) terminal_states: Vec<String>,
-    /// Seed 000's event filter (`pull_request.opened`, …), kept as given.
-    pub(crate) events: Vec<String>,
-}
-
 impl Tracker {
     pub(crate) fn api(&self) -> &'static dyn TrackerApi {
         self.kind.api()
@@ -113,30 +97,6 @@ impl Tracker {
             self.endpoint.trim_end_matches('/'),
             api.subject(self).unwrap_or_default()
         )
-    }
-
-    /// Whether an item in `state` is to be worked on (compared trimmed, without case).
-    pub(crate) fn is_active(&self, state: &str) -> bool {
-        contains_state(&self.active_states, state)
-    }
-
-    pub(crate) fn is_terminal(&self, state: &str) -> bool {
-        contains_state(&self.terminal_states, state)
-    }
-}
-
-fn contains_state(states: &[String], state: &str) -> bool {
-    let state = state.trim().to_lowercase();
-    states.iter().any(|s| s.trim().to_lowercase() == state)
-}
-
-fn display_ref<S: serde::Serializer>(
-    value: &Option<SecretRef>,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    match value {
-        Some(r) => serializer.serialize_some(&r.to_string()),
-        None => serializer.serialize_none(),
     }
 }
 
@@ -176,7 +136,7 @@ pub(crate) struct Workflow {
     pub(crate) prompt_template: String,
 }
 
-pub(crate) use keel_api_types::{BlockerRef, Issue};
+pub(crate) use keel_api_types::Issue;
 
 impl Workflow {
     /// Reads and parses a workflow file.
@@ -548,6 +508,46 @@ fn api_key_ref(value: &str) -> Result<SecretRef> {
                 .into(),
         )
     })
+}
+
+/// Why an import or a poll was refused, beside the store's own errors.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ExternalError {
+    #[error(transparent)]
+    Workflow(#[from] WorkflowError),
+    /// The source or the payload cannot be imported (no tracker, an unknown payload shape).
+    #[error("{0}")]
+    Unusable(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A source's workflow, read from its row or its file, now.
+pub(crate) fn load_workflow(source: &SourceRecord) -> Result<Workflow, WorkflowError> {
+    match (&source.workflow_markdown, &source.workflow_path) {
+        (Some(text), _) => Workflow::parse(text),
+        (None, Some(path)) => Workflow::load(std::path::Path::new(path)),
+        (None, None) => Err(WorkflowError::MissingFile(
+            "the source names no workflow".into(),
+        )),
+    }
+}
+
+/// The workflow's tracker; a source cannot exist without one.
+pub(crate) fn tracker(workflow: &Workflow) -> Result<&Tracker, ExternalError> {
+    workflow
+        .config
+        .tracker
+        .as_ref()
+        .ok_or_else(|| ExternalError::Unusable("the workflow names no tracker".into()))
+}
+
+/// The tracker of a workflow whose `tracker` is `settings` (YAML), for the trackers' unit
+/// tests: parsed as a workflow's is, with its kind's defaults, hence here, above them.
+#[cfg(test)]
+pub(crate) fn test_tracker(settings: &str) -> Tracker {
+    let workflow = Workflow::parse(&format!("---\ntracker: {settings}\n---\n"));
+    workflow.unwrap().config.tracker.unwrap()
 }
 
 #[cfg(test)]

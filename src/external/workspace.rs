@@ -28,8 +28,8 @@ use crate::db::StoreError;
 use crate::domain::Scope;
 use crate::external;
 use crate::external::item_workspaces::Removal;
-use crate::external::tracker::{Poller, load_workflow};
-use crate::external::workflow::Workflow;
+use crate::external::tracker::Poller;
+use crate::external::workflow::{Workflow, load_workflow};
 use crate::external::{ItemChange, ItemRecord};
 use keel_api_types::ItemState;
 

@@ -32,12 +32,11 @@ use crate::events::Subject;
 use crate::external;
 use crate::external::ItemRecord;
 use crate::external::actions::send;
-use crate::external::actions::send::{Call, Pause, Target};
 use crate::external::actions::{ActionRecord, NewAction, Outcome};
 use crate::external::actions::{ProposedAction, marker};
 use crate::external::github::head_sha;
-use crate::external::tracker::{ExternalError, Poller, load_workflow, token, tracker};
-use crate::external::workflow::Tracker;
+use crate::external::tracker::{self, Call, Pause, Poller, Target, Tracker, token};
+use crate::external::workflow::{ExternalError, load_workflow, tracker};
 use crate::queue::worker::{Job, JobHandler, LeaseDeadline};
 use crate::queue::{self, Disposition, Lease};
 use crate::{artifacts, runs};
@@ -203,7 +202,7 @@ impl JobHandler for ActionJobs {
 
 /// How an attempt ends the action.
 pub(crate) enum Ending {
-    Sent(Vec<send::Answer>),
+    Sent(Vec<tracker::Answer>),
     Stale {
         reason: String,
         now: Value,
@@ -211,7 +210,7 @@ pub(crate) enum Ending {
     Failed {
         code: &'static str,
         message: String,
-        answers: Vec<send::Answer>,
+        answers: Vec<tracker::Answer>,
     },
     /// The job used up its attempts without reaching the tracker.
     GaveUp {
@@ -397,7 +396,7 @@ fn evidence(
     match ending {
         Ending::Sent(answers) => {
             let evidence = json!({ "outcome": "sent", "answers": answers });
-            let response = answers.last().map(send::Answer::short);
+            let response = answers.last().map(tracker::Answer::short);
             (ActionStatus::Sent, evidence, response, None)
         }
         Ending::Stale { reason, now } => {
@@ -425,7 +424,7 @@ fn evidence(
 fn failed(
     code: &'static str,
     message: String,
-    answers: &[send::Answer],
+    answers: &[tracker::Answer],
 ) -> (
     ActionStatus,
     Value,
@@ -502,8 +501,8 @@ impl ActionJobs {
         }
         Ok(match send::perform(target, &calls).await {
             Ok(answers) => Ok(Ending::Sent(answers)),
-            Err(send::Failure::Pause(pause)) => Err(pause),
-            Err(send::Failure::Refused {
+            Err(tracker::Failure::Pause(pause)) => Err(pause),
+            Err(tracker::Failure::Refused {
                 code,
                 message,
                 answers,
@@ -590,7 +589,7 @@ mod tests {
 
     #[test]
     fn each_action_is_its_trackers_exact_calls() {
-        let github = crate::external::tracker::test_tracker("{kind: github, repository: a/b}");
+        let github = crate::external::workflow::test_tracker("{kind: github, repository: a/b}");
         let pull = item(
             "github_pull_request",
             "a/b#8",
@@ -637,7 +636,7 @@ mod tests {
         );
         let settings =
             "{kind: linear, project_slug: eng, active_states: Todo, terminal_states: Done}";
-        let linear = crate::external::tracker::test_tracker(settings);
+        let linear = crate::external::workflow::test_tracker(settings);
         let comment = ProposedAction::Comment { body: "hi".into() };
         let calls = linear
             .api()

@@ -1,92 +1,14 @@
-//! An action's requests to its tracker: what sending needs ([`Target`]), the target asked
-//! for again and compared with the proposal's, the stored calls ([`Call`]) made, and the
-//! marker looked for when an earlier attempt's outcome is unknown; a [`Pause`] when the
-//! tracker could not be asked. Each tracker makes its own calls and finds its own marked
-//! writes ([`TrackerApi`](crate::external::tracker::TrackerApi)); this is what they share.
+//! An action's requests to its tracker: the target asked for again and compared with the
+//! proposal's, the stored calls made, and the marker looked for when an earlier attempt's
+//! outcome is unknown. Each tracker makes its own calls and finds its own marked writes
+//! ([`TrackerApi`](crate::external::tracker::TrackerApi)); this is what they share. The
+//! calls' and answers' types are the tracker contract's, in `tracker`, beneath the trackers.
 
-use keel_api_types::ErrorCode;
-use keel_workers::media::Secret;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::db::StoreError;
-use crate::external::ItemRecord;
 use crate::external::actions::ActionRecord;
 use crate::external::github::head_sha;
-use crate::external::tracker::Poller;
-use crate::external::workflow::Tracker;
-
-/// One call to the tracker, as stored on the action and made by its job.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct Call {
-    pub(crate) method: String,
-    /// Relative to the tracker's endpoint (empty for Linear's GraphQL endpoint itself).
-    pub(crate) path: String,
-    pub(crate) body: Value,
-}
-
-impl Call {
-    pub(crate) fn new(method: &str, path: String, body: Value) -> Call {
-        Call {
-            method: method.into(),
-            path,
-            body,
-        }
-    }
-}
-
-/// The refusal of an action that `item`'s tracker does not take; `what` says why.
-pub(crate) fn unsupported(item: &ItemRecord, what: &str) -> StoreError {
-    StoreError::Unprocessable {
-        code: ErrorCode::UnsupportedAction,
-        message: format!("{what} ({} is a {})", item.identifier, item.kind),
-    }
-}
-
-/// Why an attempt stops without an ending: the tracker could not be asked (unreachable,
-/// unavailable, rate limited). The job tries again later.
-pub(crate) struct Pause {
-    pub(crate) code: &'static str,
-    pub(crate) message: String,
-    pub(crate) until: Option<chrono::DateTime<chrono::Utc>>,
-}
-
-/// What sending an action needs, besides the action.
-pub(crate) struct Target<'a> {
-    pub(crate) poller: &'a Poller,
-    pub(crate) item: ItemRecord,
-    pub(crate) tracker: Tracker,
-    pub(crate) token: Option<Secret>,
-}
-
-/// One answer of the tracker, as the evidence keeps it.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct Answer {
-    pub(crate) method: String,
-    pub(crate) path: String,
-    pub(crate) http_status: u16,
-    pub(crate) body: Value,
-}
-
-impl Answer {
-    /// What the action row keeps of it: the status, and what was written's id and URL.
-    pub(crate) fn short(&self) -> Value {
-        let url = self.body.get("html_url").or_else(|| self.body.get("url"));
-        json!({ "http_status": self.http_status, "id": self.body.get("id"), "url": url })
-    }
-}
-
-/// Why the calls did not all go through.
-pub(crate) enum Failure {
-    /// Not known to have been refused: try again later.
-    Pause(Pause),
-    /// The tracker refused a call (the answers so far, the refusal last).
-    Refused {
-        code: &'static str,
-        message: String,
-        answers: Vec<Answer>,
-    },
-}
+use crate::external::tracker::{Answer, Call, Failure, Pause, Target};
 
 /// Asks the tracker for the target again: why it changed since the proposal (and how it
 /// is now), or None when it did not.
