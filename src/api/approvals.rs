@@ -108,8 +108,6 @@ async fn get_approval(
     Ok(Json(object("task_approval", approval)))
 }
 
-const MAX_NOTE_BYTES: usize = 4096;
-
 /// Approves or rejects a pending approval; approving the last gate queues the run,
 /// rejecting cancels it (a tool-call approval rejected with `continue` queues it, the
 /// model reading a refusal). 409 when the approval is not pending; 400 for `continue`
@@ -123,25 +121,8 @@ async fn resolve_approval(
     Path((task_id, approval_id)): Path<(String, String)>,
     ApiJson(request): ApiJson<ResolveRequest>,
 ) -> Result<Json<ObjectEnvelope<Resolution>>, ApiError> {
-    let decision = request.decision.as_deref().ok_or_else(|| {
-        ApiError::from(crate::domain::Invalid::new(
-            "decision",
-            "is required (approve or reject)",
-        ))
-    })?;
-    let continues = request.continue_on_reject.unwrap_or(false);
-    let decision = Decision::of_request(decision, continues)?;
-    if request
-        .note
-        .as_ref()
-        .is_some_and(|n| n.len() > MAX_NOTE_BYTES)
-    {
-        return Err(crate::domain::Invalid::new(
-            "note",
-            format!("is longer than {MAX_NOTE_BYTES} bytes"),
-        )
-        .into());
-    }
+    let (decision, note) = Decision::of_resolve(&request)?;
+    let continues = decision == Decision::RejectAndContinue;
     caller
         .require_operator("resolve an approval")
         .map_err(ApiError::Forbidden)?;
@@ -160,7 +141,7 @@ async fn resolve_approval(
             )));
         }
     }
-    let (scope, note, actor) = (&caller.scope, request.note.as_deref(), &approver.actor);
+    let (scope, actor) = (&caller.scope, &approver.actor);
     let found = approvals::decidable(&mut tx, scope, &task_id, &approval_id, &approver).await?;
     // An external action's approval decides its action; any other is a gate of its run.
     let (approval, run) = match &found.external_action_id {

@@ -9,8 +9,8 @@ use std::str::FromStr;
 pub(crate) use keel_api_types::ApprovalKind;
 use keel_api_types::{
     ApprovalPolicyRequest, GateDecision, GateDecisions, MAX_POLICY_MCP_SERVERS,
-    MAX_WRITE_PATH_CHARS, MAX_WRITE_PATHS, McpApprovalPolicy, McpServer, is_beneath_write_paths,
-    is_write_path, normal_write_path,
+    MAX_WRITE_PATH_CHARS, MAX_WRITE_PATHS, McpApprovalPolicy, McpServer, ResolveRequest,
+    is_beneath_write_paths, is_write_path, normal_write_path,
 };
 use keel_workers::{Execution, FileOperation, SandboxPolicy};
 
@@ -519,9 +519,30 @@ pub enum Decision {
     RejectAndContinue,
 }
 
+/// The longest note a decision may carry.
+const MAX_NOTE_BYTES: usize = 4096;
+
 impl Decision {
+    /// The decision a resolve body asks for, and its note: `decision` (required),
+    /// `continue` (reject only), a note of at most [`MAX_NOTE_BYTES`].
+    pub(crate) fn of_resolve(
+        request: &ResolveRequest,
+    ) -> Result<(Decision, Option<&str>), Invalid> {
+        let value = request
+            .decision
+            .as_deref()
+            .ok_or_else(|| Invalid::new("decision", "is required (approve or reject)"))?;
+        let decision = Decision::of_request(value, request.continue_on_reject.unwrap_or(false))?;
+        let note = request.note.as_deref();
+        if note.is_some_and(|n| n.len() > MAX_NOTE_BYTES) {
+            let longer = format!("is longer than {MAX_NOTE_BYTES} bytes");
+            return Err(Invalid::new("note", longer));
+        }
+        Ok((decision, note))
+    }
+
     /// The decision of a resolve body: `decision`, and `continue` (reject only).
-    pub(crate) fn of_request(value: &str, continues: bool) -> Result<Decision, Invalid> {
+    fn of_request(value: &str, continues: bool) -> Result<Decision, Invalid> {
         match (Decision::parse(value)?, continues) {
             (Decision::Reject, true) => Ok(Decision::RejectAndContinue),
             (_, true) => Err(Invalid::new("continue", "is only for decision reject")),
