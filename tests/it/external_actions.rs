@@ -508,16 +508,22 @@ async fn rejected_actions_send_nothing_labels_and_reviews_round_trip_and_bad_bod
         requests(&github, "POST", comments).await.is_empty(),
         "the rejected one was sent"
     );
+    // Labels carry no marker: an attempt that took over after a lease lost mid-send (a
+    // loaded machine) sends them again, which repeats no effect (adding a label it has is
+    // a no-op; removing one already gone answers 404, which counts as removed). Never a
+    // third time.
     let added = requests(&github, "POST", labels).await;
-    assert_eq!(added.len(), 1);
-    let body: Value = serde_json::from_slice(&added[0].body).unwrap();
-    assert_eq!(body, json!({ "labels": ["ready"] }));
-    assert_eq!(
-        requests(&github, "DELETE", &format!("{labels}/triage"))
-            .await
-            .len(),
-        1
+    assert!(
+        (1..=2).contains(&added.len()),
+        "{} label POSTs",
+        added.len()
     );
+    for post in &added {
+        let body: Value = serde_json::from_slice(&post.body).unwrap();
+        assert_eq!(body, json!({ "labels": ["ready"] }));
+    }
+    let removed = requests(&github, "DELETE", &format!("{labels}/triage")).await;
+    assert!((1..=added.len()).contains(&removed.len()), "{removed:?}");
     let posted = requests(&github, "POST", reviews).await;
     assert_eq!(posted.len(), 1);
     let body: Value = serde_json::from_slice(&posted[0].body).unwrap();
