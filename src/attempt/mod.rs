@@ -32,7 +32,7 @@ use crate::telemetry::metrics;
 /// What a domain row does at each step of an attempt. Every method writes in the caller's
 /// transaction and returns the events for the caller to append, last; or appends them
 /// with its own last write (returning none), which saves their statement.
-pub(crate) trait Attempted: DomainRow + Sync {
+pub(crate) trait Attempted: DomainRow + Clone + Sync {
     /// How an attempt that ran to its end leaves the row.
     type Ending: Send + Sync;
     /// What the kind's endings need beyond the row (where an action's evidence goes); `()`
@@ -52,14 +52,17 @@ pub(crate) trait Attempted: DomainRow + Sync {
     /// The job duration metric's label for an ending.
     fn label(ending: &Self::Ending) -> &'static str;
 
-    /// Puts the row of a worker that is gone back to `queued`; returns it.
+    /// Puts the row of a worker that is gone back to `queued`; returns it. A kind whose
+    /// job is all its state (a poll's schedule, an action sent from its job) leaves it.
     fn requeue_lost<'r>(
         &'r self,
-        conn: &mut PgConnection,
-        scope: &Scope,
-        reason: &'static str,
-        actor: &Actor,
-    ) -> impl Future<Output = Result<(Self, Vec<NewEvent<'r>>), StoreError>> + Send;
+        _conn: &mut PgConnection,
+        _scope: &Scope,
+        _reason: &'static str,
+        _actor: &Actor,
+    ) -> impl Future<Output = Result<(Self, Vec<NewEvent<'r>>), StoreError>> + Send {
+        async { Ok((self.clone(), Vec::new())) }
+    }
     /// Starts a row that is simply waiting to start (a claim's usual case) with no
     /// transaction of its own: read, then moved by one statement fenced by the lease. None
     /// when it is not waiting, or no longer as read: [`begin`]'s general path then finds
@@ -70,12 +73,15 @@ pub(crate) trait Attempted: DomainRow + Sync {
     ) -> impl Future<Output = Result<Option<Self>, StoreError>> + Send {
         async { Ok(None) }
     }
-    /// Marks the row running for this attempt; returns it.
+    /// Marks the row running for this attempt; returns it. A kind with no running state
+    /// of its own (its job's lease says it runs) leaves it.
     fn start<'r>(
         &'r self,
-        conn: &mut PgConnection,
-        lease: &Lease,
-    ) -> impl Future<Output = Result<(Self, Vec<NewEvent<'r>>), StoreError>> + Send;
+        _conn: &mut PgConnection,
+        _lease: &Lease,
+    ) -> impl Future<Output = Result<(Self, Vec<NewEvent<'r>>), StoreError>> + Send {
+        async { Ok((self.clone(), Vec::new())) }
+    }
     /// How the job settles after an attempt that ended so: decided before the end is
     /// written, because the settle comes first (it is the end's fence).
     fn disposition(ending: &Self::Ending) -> Disposition;

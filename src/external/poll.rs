@@ -438,24 +438,6 @@ impl Attempted for SourceRecord {
         "polled"
     }
 
-    async fn requeue_lost<'r>(
-        &'r self,
-        _: &mut PgConnection,
-        _: &Scope,
-        _: &'static str,
-        _: &Actor,
-    ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
-        Ok((self.clone(), Vec::new()))
-    }
-
-    async fn start<'r>(
-        &'r self,
-        _: &mut PgConnection,
-        _: &Lease,
-    ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
-        Ok((self.clone(), Vec::new()))
-    }
-
     /// The job row comes back due after the wait, without counting an attempt: the
     /// schedule lives on in it.
     fn disposition(polled: &Polled) -> Disposition {

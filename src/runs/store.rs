@@ -47,7 +47,7 @@ pub async fn get_by_id(conn: &mut PgConnection, scope: &Scope, run_id: &str) -> 
 }
 
 /// A run as its worker locks it when an attempt starts, with its task.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct RunWithTask {
     pub(crate) run: RunRecord,
     pub(crate) task: TaskRecord,

@@ -297,24 +297,6 @@ impl Attempted for ActionRecord {
         }
     }
 
-    async fn requeue_lost<'r>(
-        &'r self,
-        _: &mut PgConnection,
-        _: &Scope,
-        _: &'static str,
-        _: &Actor,
-    ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
-        Ok((self.clone(), Vec::new()))
-    }
-
-    async fn start<'r>(
-        &'r self,
-        _: &mut PgConnection,
-        _: &Lease,
-    ) -> Result<(Self, Vec<NewEvent<'r>>), StoreError> {
-        Ok((self.clone(), Vec::new()))
-    }
-
     fn disposition(_: &ActionEnding) -> Disposition {
         Disposition::Complete
     }
