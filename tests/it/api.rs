@@ -411,11 +411,10 @@ async fn cancel_stops_a_running_process_tree_within_seconds() {
     let dir = tempfile::tempdir().unwrap();
     let c = &app.client;
     let task = c
-        .create_task(&TaskDraft {
-            workspace_mode: Some("in_place".into()),
-            working_directory: Some(dir.path().to_str().unwrap().into()),
-            ..shell("echo $$ > shell.pid; sleep 600 & echo $! > sleep.pid; wait")
-        })
+        .create_task(&support::in_place(
+            dir.path(),
+            "echo $$ > shell.pid; sleep 600 & echo $! > sleep.pid; wait",
+        ))
         .await;
     let task_id = task.id.as_str();
     let run = c.start(task_id).await;
@@ -1103,11 +1102,10 @@ async fn output_is_readable_while_the_run_writes_it() {
     let dir = tempfile::tempdir().unwrap();
     let c = &app.client;
     let task = c
-        .create_task(&TaskDraft {
-            workspace_mode: Some("in_place".into()),
-            working_directory: Some(dir.path().to_str().unwrap().into()),
-            ..shell("echo first; while [ ! -f go ]; do sleep 0.05; done; echo second")
-        })
+        .create_task(&support::in_place(
+            dir.path(),
+            "echo first; while [ ! -f go ]; do sleep 0.05; done; echo second",
+        ))
         .await;
     let task_id = task.id.as_str();
     let run = c.start(task_id).await;

@@ -576,11 +576,7 @@ async fn leases_are_listed_while_active_and_after_release() {
     let app = TestApp::start().await;
     let c = &app.client;
     let dir = tempfile::tempdir().unwrap();
-    let waiting = TaskDraft {
-        workspace_mode: Some("in_place".into()),
-        working_directory: Some(dir.path().to_str().unwrap().into()),
-        ..shell("while [ ! -f go ]; do sleep 0.05; done")
-    };
+    let waiting = support::in_place(dir.path(), "while [ ! -f go ]; do sleep 0.05; done");
     let (task_id, run) = start(c, waiting).await;
     let run_id = run.id;
     c.wait_status(&task_id, &run_id, RunStatus::Running, RUN_TIMEOUT)

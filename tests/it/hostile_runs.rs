@@ -10,7 +10,7 @@
 //! as a stdio MCP server, which its workspace's policy denies.
 
 use crate::support;
-use crate::support::two_orgs;
+use crate::support::{in_place, two_orgs};
 
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -684,15 +684,6 @@ fn swap_for_links(swapping: &AtomicBool, parent: &Path, target: &Path, victims: 
         }
     }
     swaps
-}
-
-/// A shell task working `in_place` in `directory`.
-fn in_place(directory: &Path, script: &str) -> TaskDraft {
-    TaskDraft {
-        workspace_mode: Some("in_place".into()),
-        working_directory: Some(directory.to_string_lossy().into_owned()),
-        ..support::shell(script)
-    }
 }
 
 /// No `in_place` directory contains another task's, or lies inside one: refused at

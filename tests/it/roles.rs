@@ -702,11 +702,7 @@ async fn two_orgs_tracking_one_repository_keep_their_directories_apart() {
 
     // A member of org b cannot work in place in org a's directory, only beneath its own.
     let member = stack.member("b");
-    let in_place = |dir: &Path| TaskDraft {
-        workspace_mode: Some("in_place".into()),
-        working_directory: Some(dir.to_str().unwrap().into()),
-        ..support::shell("cat notes.txt")
-    };
+    let in_place = |dir: &Path| support::in_place(dir, "cat notes.txt");
     let refused = support::wire(&in_place(&a_dir));
     let (status, body) = member.post("/v1/tasks", refused).await;
     assert_invalid(status, &body);

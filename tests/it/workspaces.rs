@@ -58,11 +58,7 @@ fn text(path: &Path) -> Option<String> {
 }
 
 fn in_place(directory: &Path) -> TaskDraft {
-    TaskDraft {
-        workspace_mode: Some("in_place".into()),
-        working_directory: text(directory),
-        ..support::shell("true")
-    }
+    support::in_place(directory, "true")
 }
 
 /// Posts the task and checks the 422 envelope names `field`.

@@ -230,6 +230,15 @@ pub fn shell(command: &str) -> TaskDraft {
     }
 }
 
+/// A shell task's draft that works `in_place` in `directory`.
+pub fn in_place(directory: &Path, command: &str) -> TaskDraft {
+    TaskDraft {
+        workspace_mode: Some("in_place".into()),
+        working_directory: Some(directory.to_string_lossy().into_owned()),
+        ..shell(command)
+    }
+}
+
 /// An agent loop task's draft.
 pub fn agent_loop(prompt: &str) -> TaskDraft {
     TaskDraft {
