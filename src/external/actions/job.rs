@@ -578,7 +578,7 @@ mod tests {
             "github:pull_request:a/b:8:abc:2026-01-02T00:00:00Z",
         );
         let approve = ProposedAction::Review {
-            event: crate::external::actions::ReviewEvent::Approve,
+            event: crate::external::actions::rules::ReviewEvent::Approve,
             body: None,
         };
         let calls = github
