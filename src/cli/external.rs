@@ -4,7 +4,7 @@
 use clap::Subcommand;
 use keel_client::{
     ActionRecord, ActionRequest, BackgroundRequest, Client, Error, ImportRequest, ItemRecord,
-    ObjectEnvelope, PollRequest, PollSummary, SourceRecord, SourceRequest,
+    ObjectEnvelope, PollRequest, PollSummary, SourceRecord, SourceRequest, SourceStatus,
 };
 
 use crate::cli::output;
@@ -299,27 +299,7 @@ async fn sources(client: &Client, format: Format, command: SourceCommand) -> Res
             .map(drop)
         }
         SourceCommand::Create { file, path, quiet } => {
-            let workflow_markdown =
-                match file {
-                    Some(file) => Some(std::fs::read_to_string(&file).map_err(|e| {
-                        Error::Usage(format!("cannot read {}: {e}", file.display()))
-                    })?),
-                    None => None,
-                };
-            let request = SourceRequest {
-                workflow_markdown,
-                workflow_path: path,
-            };
-            let call = client.create_source(&request);
-            output::show_or_id(
-                format,
-                quiet,
-                call,
-                |s| s.data.id.clone(),
-                |s| source_fields(&s.data),
-            )
-            .await
-            .map(drop)
+            create_source(client, format, file, path, quiet).await
         }
         SourceCommand::Poll { source_id, limit } => {
             let call = client.poll_source(&source_id, &PollRequest { limit });
@@ -336,39 +316,8 @@ async fn sources(client: &Client, format: Format, command: SourceCommand) -> Res
                 .map(drop)
         }
         SourceCommand::Status { source_id } => {
-            output::show(format, client.source_status(&source_id), |s| {
-                let s = &s.data;
-                let counts = |m: &std::collections::BTreeMap<String, i64>| {
-                    let pairs: Vec<String> = m.iter().map(|(k, v)| format!("{k} {v}")).collect();
-                    pairs.join(", ")
-                };
-                let mut fields = vec![
-                    ("source".to_string(), s.source_id.clone()),
-                    ("workflow valid".into(), s.workflow.valid.to_string()),
-                    ("workflow path".into(), or_dash(s.workflow.path.as_ref())),
-                    (
-                        "secret configured".into(),
-                        or_dash(s.secret.as_ref().map(|secret| secret.configured)),
-                    ),
-                    ("items".into(), counts(&s.records)),
-                    ("actions".into(), counts(&s.actions)),
-                    ("background".into(), s.background.status.clone()),
-                    (
-                        "last poll".into(),
-                        or_dash(s.background.last_poll_at.as_ref().map(time)),
-                    ),
-                ];
-                for (what, error) in &s.last_errors {
-                    let message = error.message.as_deref().unwrap_or("");
-                    fields.push((
-                        format!("last {what} error"),
-                        format!("{} {message}", error.code),
-                    ));
-                }
-                Table::fields(&fields)
-            })
-            .await
-            .map(drop)
+            let call = client.source_status(&source_id);
+            output::show(format, call, status_fields).await.map(drop)
         }
         SourceCommand::Delete { source_id } => {
             output::show(format, client.delete_source(&source_id), |d| {
@@ -378,6 +327,70 @@ async fn sources(client: &Client, format: Format, command: SourceCommand) -> Res
             .map(drop)
         }
     }
+}
+
+/// Sends the WORKFLOW.md's text when given a file, or only the path the server reads itself.
+async fn create_source(
+    client: &Client,
+    format: Format,
+    file: Option<std::path::PathBuf>,
+    path: Option<String>,
+    quiet: bool,
+) -> Result<(), Error> {
+    let workflow_markdown = match file {
+        Some(file) => Some(
+            std::fs::read_to_string(&file)
+                .map_err(|e| Error::Usage(format!("cannot read {}: {e}", file.display())))?,
+        ),
+        None => None,
+    };
+    let request = SourceRequest {
+        workflow_markdown,
+        workflow_path: path,
+    };
+    let call = client.create_source(&request);
+    output::show_or_id(
+        format,
+        quiet,
+        call,
+        |s| s.data.id.clone(),
+        |s| source_fields(&s.data),
+    )
+    .await
+    .map(drop)
+}
+
+/// A source's health, one field per line; its last errors, one per kind of work, come last.
+fn status_fields(s: &ObjectEnvelope<SourceStatus>) -> Table {
+    let s = &s.data;
+    let counts = |m: &std::collections::BTreeMap<String, i64>| {
+        let pairs: Vec<String> = m.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        pairs.join(", ")
+    };
+    let mut fields = vec![
+        ("source".to_string(), s.source_id.clone()),
+        ("workflow valid".into(), s.workflow.valid.to_string()),
+        ("workflow path".into(), or_dash(s.workflow.path.as_ref())),
+        (
+            "secret configured".into(),
+            or_dash(s.secret.as_ref().map(|secret| secret.configured)),
+        ),
+        ("items".into(), counts(&s.records)),
+        ("actions".into(), counts(&s.actions)),
+        ("background".into(), s.background.status.clone()),
+        (
+            "last poll".into(),
+            or_dash(s.background.last_poll_at.as_ref().map(time)),
+        ),
+    ];
+    for (what, error) in &s.last_errors {
+        let message = error.message.as_deref().unwrap_or("");
+        fields.push((
+            format!("last {what} error"),
+            format!("{} {message}", error.code),
+        ));
+    }
+    Table::fields(&fields)
 }
 
 /// What a poll or a reconcile did.

@@ -307,7 +307,6 @@ async fn on_event(
     event: &EventRecord,
 ) -> Result<bool, Error> {
     let data = &event.data;
-    let text = |key: &str| data[key].as_str().unwrap_or_default().to_string();
     let at = event.occurred_at;
     match event.event_type.as_str() {
         "run.started" => {
@@ -318,60 +317,27 @@ async fn on_event(
         "step.started" => {
             let index = data["index"].as_i64().unwrap_or_default();
             progress.steps.push((index, at));
-            view.status(format!("step {index} {}", text("name")));
+            view.status(format!("step {index} {}", text(data, "name")));
         }
         "step.finished" | "step.failed" => {
             // The step's output first, where it belongs (a failed read is retried later).
             let _ = logs.read(client, view).await;
-            let index = data["index"].as_i64().unwrap_or_default();
-            let began = progress
-                .steps
-                .iter()
-                .find(|(i, _)| *i == index)
-                .map(|(_, t)| *t);
-            let elapsed = began.map(|b| seconds(at - b)).unwrap_or_default();
-            let mut line = format!("step {index} {} {} {elapsed}", text("name"), text("status"));
-            if let Some(error) = data["error"].as_str() {
-                line.push_str(&format!(": {error}"));
-            }
-            view.line(line.trim_end());
+            view.line(step_line(progress, event).trim_end());
         }
         "model.call.completed" => {
             flush_model_text(view, progress);
             view.status(format!("model call {} done", data["model_call_index"]));
         }
         "approval.requested" => {
-            let run = &logs.run;
-            let approval_id = text("approval_id");
-            let approval = client.get_approval(&run.task_id, &approval_id).await?.data;
-            view.line(&format!(
-                "approval {approval_id} ({}) requested:",
-                approval.kind
-            ));
-            for action in &approval.action_summary {
-                view.line(&format!("    {action}"));
-            }
-            // Replayed history holds requests resolved since: only a pending one waits.
-            if approval.status != ApprovalStatus::Pending {
-                return Ok(false);
-            }
-            view.line(&format!(
-                "  approve: {}",
-                command(client, "approve", &approval_id)
-            ));
-            view.line(&format!(
-                "  reject:  {}",
-                command(client, "reject", &approval_id)
-            ));
-            let status = client.get_run(&run.task_id, &run.id).await?.data.status;
-            return Ok(status == RunStatus::AwaitingApproval);
+            let approval_id = text(data, "approval_id");
+            return approval_requested(client, view, logs.run, &approval_id).await;
         }
         "approval.resolved" => {
-            let by = text("resolved_by");
+            let by = text(data, "resolved_by");
             view.line(&format!(
                 "approval {} {} by {by}",
-                text("approval_id"),
-                text("decision")
+                text(data, "approval_id"),
+                text(data, "decision")
             ));
         }
         "run.finished" | "run.failed" | "run.cancelled" => {
@@ -383,26 +349,88 @@ async fn on_event(
                 _ => Outcome::Cancelled,
             };
             progress.outcome = Some(outcome);
-            let elapsed = progress
-                .started_at
-                .map(|s| format!(" in {}", seconds(at - s)));
-            let detail = match outcome {
-                Outcome::Cancelled => format!(" by {}", text("actor")),
-                _ => format!(" (exit code {})", data["exit_code"]),
-            };
-            let error = data["error"]
-                .as_str()
-                .map(|e| format!(": {e}"))
-                .unwrap_or_default();
-            let status = &event.event_type.as_str()["run.".len()..];
-            view.line(&format!(
-                "run {status}{}{detail}{error}",
-                elapsed.unwrap_or_default()
-            ));
+            view.line(&run_ended_line(progress, event, outcome));
         }
         _ => {}
     }
     Ok(false)
+}
+
+/// A string field of an event's data; absent or not a string reads as empty.
+fn text(data: &serde_json::Value, key: &str) -> String {
+    data[key].as_str().unwrap_or_default().to_string()
+}
+
+/// A finished or failed step, timed from its start event (when the watch saw it); may end
+/// in spaces when the step's time is unknown.
+fn step_line(progress: &Progress, event: &EventRecord) -> String {
+    let data = &event.data;
+    let index = data["index"].as_i64().unwrap_or_default();
+    let began = progress
+        .steps
+        .iter()
+        .find(|(i, _)| *i == index)
+        .map(|(_, t)| *t);
+    let elapsed = began
+        .map(|b| seconds(event.occurred_at - b))
+        .unwrap_or_default();
+    let (name, status) = (text(data, "name"), text(data, "status"));
+    let mut line = format!("step {index} {name} {status} {elapsed}");
+    if let Some(error) = data["error"].as_str() {
+        line.push_str(&format!(": {error}"));
+    }
+    line
+}
+
+/// Prints the approval asked for, and for a pending one the commands that resolve it; true
+/// when the run waits for it now.
+async fn approval_requested(
+    client: &Client,
+    view: &View,
+    run: &RunRecord,
+    approval_id: &str,
+) -> Result<bool, Error> {
+    let approval = client.get_approval(&run.task_id, approval_id).await?.data;
+    view.line(&format!(
+        "approval {approval_id} ({}) requested:",
+        approval.kind
+    ));
+    for action in &approval.action_summary {
+        view.line(&format!("    {action}"));
+    }
+    // Replayed history holds requests resolved since: only a pending one waits.
+    if approval.status != ApprovalStatus::Pending {
+        return Ok(false);
+    }
+    view.line(&format!(
+        "  approve: {}",
+        command(client, "approve", approval_id)
+    ));
+    view.line(&format!(
+        "  reject:  {}",
+        command(client, "reject", approval_id)
+    ));
+    let status = client.get_run(&run.task_id, &run.id).await?.data.status;
+    Ok(status == RunStatus::AwaitingApproval)
+}
+
+/// The run's last line: how it ended, how long it took since the watch saw it start, and
+/// who cancelled it or what it exited with.
+fn run_ended_line(progress: &Progress, event: &EventRecord, outcome: Outcome) -> String {
+    let data = &event.data;
+    let elapsed = progress
+        .started_at
+        .map(|s| format!(" in {}", seconds(event.occurred_at - s)));
+    let detail = match outcome {
+        Outcome::Cancelled => format!(" by {}", text(data, "actor")),
+        _ => format!(" (exit code {})", data["exit_code"]),
+    };
+    let error = data["error"]
+        .as_str()
+        .map(|e| format!(": {e}"))
+        .unwrap_or_default();
+    let status = &event.event_type.as_str()["run.".len()..];
+    format!("run {status}{}{detail}{error}", elapsed.unwrap_or_default())
 }
 
 /// The command line that resolves an approval against this same API.

@@ -17,9 +17,9 @@ use subtle::ConstantTimeEq;
 
 use keel_api_types::{
     ArtifactKind, ClientArtifact, ClientFinish, ClientOutcome, ClientRun, ClientRunRequest,
-    DEFAULT_CLIENT_LEASE_MS, MAX_CLIENT_ARTIFACT_CHARS, MAX_CLIENT_ARTIFACTS, MAX_CLIENT_EVENTS,
-    MAX_CLIENT_LEASE_MS, MAX_CLIENT_NAME, MAX_CLIENT_STEPS, MIN_CLIENT_LEASE_MS, RunEventsAccepted,
-    RunEventsRequest,
+    ClientStep, DEFAULT_CLIENT_LEASE_MS, MAX_CLIENT_ARTIFACT_CHARS, MAX_CLIENT_ARTIFACTS,
+    MAX_CLIENT_EVENTS, MAX_CLIENT_LEASE_MS, MAX_CLIENT_NAME, MAX_CLIENT_STEPS, MIN_CLIENT_LEASE_MS,
+    RunEventsAccepted, RunEventsRequest,
 };
 use keel_workers::StepResult;
 
@@ -32,7 +32,7 @@ use crate::domain::{
 };
 use crate::events;
 use crate::events::{NewEvent, Subject};
-use crate::runs::steps::{self, NewStep};
+use crate::runs::steps::{self, NewStep, StepRecord};
 use crate::runs::{self, Admission, AdmissionRules, Admitted, Change, Orchestrator, Origin};
 
 /// Checks a start's body as the document states it.
@@ -228,64 +228,9 @@ pub(crate) async fn append(
     if run.task_id != task_id {
         return Err(StoreError::NotFound("run"));
     }
-    let lease = sqlx::query_as!(
-        LeaseRow,
-        r#"SELECT token_sha256, expires_at,
-                  coalesce(expires_at >= renewable_until, false) AS "at_max!"
-           FROM client_leases WHERE workspace_id = $1 AND run_id = $2"#,
-        scope.workspace(),
-        run_id,
-    )
-    .fetch_optional(&mut *conn)
-    .await?
-    .ok_or_else(|| {
-        StoreError::Conflict(format!(
-            "run {run_id} is carried out by a worker; only a client-orchestrated run takes \
-             appends"
-        ))
-    })?;
-    let presented = digest(&request.lease_token);
-    if !bool::from(presented.as_bytes().ct_eq(lease.token_sha256.as_bytes())) {
-        return Err(StoreError::Forbidden(format!(
-            "the lease token does not hold run {run_id}"
-        )));
-    }
-    if run.status != RunStatus::Running {
-        return Err(StoreError::Conflict(format!(
-            "run {run_id} is {}; its lease ended with it",
-            run.status
-        )));
-    }
-    if lease.expires_at <= Utc::now() {
-        return Err(StoreError::Conflict(format!(
-            "run {run_id}'s lease expired at {}; the run fails as {}",
-            lease.expires_at.to_rfc3339(),
-            lapse_code(lease.at_max),
-        )));
-    }
+    fence(conn, scope, &run, &request.lease_token).await?;
     let mut appended = Vec::new();
-    let mut stored = Vec::new();
-    for step in &request.steps {
-        let result = match step.status {
-            ClientOutcome::Completed => StepResult::Completed {
-                output: step.output.clone().unwrap_or_default(),
-            },
-            ClientOutcome::Failed => StepResult::Failed {
-                error: step.error.clone().unwrap_or_else(|| "failed".into()),
-            },
-        };
-        let (id, now) = (new_id("step"), Utc::now());
-        let new = NewStep {
-            id: &id,
-            task_id,
-            run_id,
-            name: &step.name,
-            input: &step.input,
-            started_at: now,
-            ended: Some((&result, now)),
-        };
-        stored.push(steps::insert(conn, scope, &new).await?);
-    }
+    let stored = store_steps(conn, scope, (task_id, run_id), &request.steps).await?;
     for step in &stored {
         appended.push(steps::started_event(step));
         appended.push(steps::finished_event(step));
@@ -312,6 +257,86 @@ pub(crate) async fn append(
         appended: count as i64,
         lease_expires_at,
     })
+}
+
+/// Refuses an append unless the token holds the locked run's lease, the run still runs and
+/// the lease has not lapsed (the module's fencing).
+async fn fence(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run: &runs::RunRecord,
+    lease_token: &str,
+) -> Result<()> {
+    let run_id = &run.id;
+    let lease = sqlx::query_as!(
+        LeaseRow,
+        r#"SELECT token_sha256, expires_at,
+                  coalesce(expires_at >= renewable_until, false) AS "at_max!"
+           FROM client_leases WHERE workspace_id = $1 AND run_id = $2"#,
+        scope.workspace(),
+        run_id,
+    )
+    .fetch_optional(&mut *conn)
+    .await?
+    .ok_or_else(|| {
+        StoreError::Conflict(format!(
+            "run {run_id} is carried out by a worker; only a client-orchestrated run takes \
+             appends"
+        ))
+    })?;
+    let presented = digest(lease_token);
+    if !bool::from(presented.as_bytes().ct_eq(lease.token_sha256.as_bytes())) {
+        return Err(StoreError::Forbidden(format!(
+            "the lease token does not hold run {run_id}"
+        )));
+    }
+    if run.status != RunStatus::Running {
+        return Err(StoreError::Conflict(format!(
+            "run {run_id} is {}; its lease ended with it",
+            run.status
+        )));
+    }
+    if lease.expires_at <= Utc::now() {
+        return Err(StoreError::Conflict(format!(
+            "run {run_id}'s lease expired at {}; the run fails as {}",
+            lease.expires_at.to_rfc3339(),
+            lapse_code(lease.at_max),
+        )));
+    }
+    Ok(())
+}
+
+/// Stores the client's steps: a client reports a step once it is over, so each one starts
+/// and ends here at the instant it arrives.
+async fn store_steps(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    (task_id, run_id): (&str, &str),
+    client_steps: &[ClientStep],
+) -> Result<Vec<StepRecord>> {
+    let mut stored = Vec::new();
+    for step in client_steps {
+        let result = match step.status {
+            ClientOutcome::Completed => StepResult::Completed {
+                output: step.output.clone().unwrap_or_default(),
+            },
+            ClientOutcome::Failed => StepResult::Failed {
+                error: step.error.clone().unwrap_or_else(|| "failed".into()),
+            },
+        };
+        let (id, now) = (new_id("step"), Utc::now());
+        let new = NewStep {
+            id: &id,
+            task_id,
+            run_id,
+            name: &step.name,
+            input: &step.input,
+            started_at: now,
+            ended: Some((&result, now)),
+        };
+        stored.push(steps::insert(conn, scope, &new).await?);
+    }
+    Ok(stored)
 }
 
 /// Stores a client's text artifact, complete; returns its `artifact.created`. A name the

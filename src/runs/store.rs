@@ -389,14 +389,7 @@ async fn transition_if(
         actor,
         reason,
     } = moved;
-    if !current.status().can_become(next) {
-        return Err(StoreError::Conflict(format!(
-            "run {} is {}; it cannot become {}",
-            current.id,
-            current.status,
-            next.as_str()
-        )));
-    }
+    ensure_can_become(current, next)?;
     let batch = events::Batch::of(events);
     // One statement: the change, its audit rows (the task's only while this run is its
     // latest, whose status the task's projects) and the events, appended once the change
@@ -456,6 +449,20 @@ async fn transition_if(
     .fetch_optional(&mut *conn)
     .await?;
     Ok(run)
+}
+
+/// The transition statement only checks that the run is still as read: whether the state
+/// machine allows the move from there is checked here, before it.
+fn ensure_can_become(current: &RunRecord, next: RunStatus) -> Result<()> {
+    if !current.status().can_become(next) {
+        return Err(StoreError::Conflict(format!(
+            "run {} is {}; it cannot become {}",
+            current.id,
+            current.status,
+            next.as_str()
+        )));
+    }
+    Ok(())
 }
 
 /// Cancels a run at a caller's request; see [`cancel_because`].

@@ -95,6 +95,41 @@ impl RunWithTask {
         };
         (moved, event)
     }
+
+    /// Leaves the run waiting for an approval of an agent loop's tool calls instead of
+    /// ending it, and opens the gate; returns its `approval.requested`, which the caller
+    /// appends last, as `approvals::create` asks.
+    async fn wait_for_approval<'a>(
+        &'a self,
+        conn: &mut PgConnection,
+        scope: &Scope,
+        lease: &Lease,
+        summary: &ActionSummary,
+        step_id: &str,
+        ttl: Option<Duration>,
+    ) -> Result<NewEvent<'a>, StoreError> {
+        let actor = attempt::worker(lease);
+        let (waiting, reason) = (RunStatus::AwaitingApproval, "tool calls need approval");
+        let change = Change::default();
+        let run = runs::transition_locked(
+            conn,
+            scope,
+            &self.run,
+            waiting,
+            change,
+            &actor,
+            Some(reason),
+        )
+        .await?;
+        let gate = Gate {
+            kind: ApprovalKind::AgentLoopToolCall,
+            step_id: Some(step_id),
+        };
+        let approval = approvals::create(conn, scope, &run, gate, summary, ttl, &actor).await?;
+        let data = approvals::requested_data(&approval);
+        let (task_id, run_id) = (&self.run.task_id, &self.run.id);
+        Ok(NewEvent::new(task_id, run_id, EventType::ApprovalRequested).with(data))
+    }
 }
 
 impl Attempted for RunWithTask {
@@ -214,34 +249,10 @@ impl Attempted for RunWithTask {
                 step_id,
                 ttl,
             } => {
-                let actor = attempt::worker(lease);
-                let (waiting, reason) = (RunStatus::AwaitingApproval, "tool calls need approval");
-                let change = Change::default();
-                let run = runs::transition_locked(
-                    conn,
-                    &scope,
-                    run,
-                    waiting,
-                    change,
-                    &actor,
-                    Some(reason),
-                )
-                .await?;
-                let gate = Gate {
-                    kind: ApprovalKind::AgentLoopToolCall,
-                    step_id: Some(step_id),
-                };
-                let approval =
-                    approvals::create(conn, &scope, &run, gate, summary, *ttl, &actor).await?;
-                let data = approvals::requested_data(&approval);
-                events.push(
-                    NewEvent::new(
-                        &self.run.task_id,
-                        &self.run.id,
-                        EventType::ApprovalRequested,
-                    )
-                    .with(data),
-                );
+                let requested = self
+                    .wait_for_approval(conn, &scope, lease, summary, step_id, *ttl)
+                    .await?;
+                events.push(requested);
                 return Ok(events);
             }
         };
