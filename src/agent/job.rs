@@ -33,6 +33,7 @@ use crate::agent::store;
 use crate::approvals;
 use crate::approvals::{ActionSummary, ApprovalPolicy};
 use crate::attempt;
+use crate::attempt::Verdict;
 use crate::db::StoreError;
 use crate::domain::{EventType, Scope, new_id};
 use crate::events;
@@ -43,7 +44,7 @@ use crate::providers::{ProviderHosts, ProviderRecord};
 use crate::queue::worker::Job;
 use crate::runs;
 use crate::runs::RunWithTask;
-use crate::runs::job::{FencedContext, RunJobs};
+use crate::runs::job::{FencedContext, RunEnding, RunJobs};
 use crate::runs::lineage::Conversation;
 use crate::runs::patches;
 use crate::runs::steps;
@@ -90,68 +91,77 @@ pub(crate) async fn execute(
     job: Job,
     row: RunWithTask,
 ) -> Result<&'static str, StoreError> {
-    let setup = match prepare(jobs, agent, &job.lease.scope(), &row).await? {
+    let mut setup = match prepare(jobs, agent, &job.lease.scope(), &row).await? {
         Ok(setup) => setup,
         Err(error) => return jobs.fail(&job, &row, error).await,
     };
-    let ids = (row.task.id.clone(), row.run.id.clone());
+    let ctx = FencedAgent::new(jobs, agent, &job, &row, setup.last_step.take());
+    // Runs within the task's hooks, after its repository's clone: a base composed here
+    // reads the workspace as the clone left it, and MCP servers start in it.
+    let outcome = jobs
+        .around(&row, &ctx.run, attempt(agent, &ctx, &row.task, setup))
+        .await;
+    let verdict = verdict(jobs, agent, &ctx, outcome).await;
+    drop(ctx);
+    attempt::conclude(&jobs.pool, &job, &row, &(), verdict).await
+}
+
+/// The loop of one attempt: the conversation's base composed (or the stored one), the MCP
+/// servers started in the workspace, then the model and its tools until the loop ends.
+async fn attempt(
+    agent: &AgentJobs,
+    context: &FencedAgent,
+    task: &TaskRecord,
+    setup: Setup,
+) -> LoopOutcome {
     let Setup {
         mut plan,
         model,
         tools,
         mcp,
-        last_step,
         base,
+        ..
     } = setup;
-    let ctx = FencedAgent {
-        run: jobs.context(&job, &row),
-        prices: agent.prices.clone(),
-        last_step: std::sync::Mutex::new(last_step),
-        conversation: std::sync::Mutex::new(None),
-        deltas: Deltas::start(jobs.pool.clone(), job.lease.scope(), ids),
-        policy: PolicyReader {
-            pool: jobs.pool.clone(),
-            default: agent.approvals.clone(),
-            sandbox: row.task.sandbox(job.lease.scope().workspace()),
-        },
-    };
-    // Runs within the task's hooks, after its repository's clone: a base composed here
-    // reads the workspace as the clone left it, and MCP servers start in it.
-    let (context, task, model) = (&ctx, &row.task, &model);
     let call_timeout = agent.mcp_call_timeout.min(tools.env.call_timeout);
     let limits = mcp::limits(call_timeout, agent.mcp_connect_timeout);
-    let attempt = async move {
-        let started = async {
-            context.settle_abandoned().await?;
-            let base = match base {
-                Some(stored) => stored,
-                None => {
-                    let (base, keep) = composed_base(agent, task, &tools.env.workspace).await;
-                    context.keep_base(keep.as_deref()).await?;
-                    base
-                }
-            };
-            plan.messages.splice(0..0, base);
-            let mcp = mcp::connect(context, mcp, &tools.env, limits).await?;
-            plan.gated_tools.extend(mcp.gated());
-            Ok::<_, ContextError>((
-                plan,
-                RunTools {
-                    workspace: tools,
-                    mcp,
-                },
-            ))
-        };
-        match started.await {
-            Ok((plan, tools)) => {
-                let outcome = run_loop::run(&plan, model, &tools, context).await;
-                tools.mcp.shut_down().await;
-                outcome
+    let started = async {
+        context.settle_abandoned().await?;
+        let base = match base {
+            Some(stored) => stored,
+            None => {
+                let (base, keep) = composed_base(agent, task, &tools.env.workspace).await;
+                context.keep_base(keep.as_deref()).await?;
+                base
             }
-            Err(stopped) => stopped.into(),
-        }
+        };
+        plan.messages.splice(0..0, base);
+        let mcp = mcp::connect(context, mcp, &tools.env, limits).await?;
+        plan.gated_tools.extend(mcp.gated());
+        Ok::<_, ContextError>((
+            plan,
+            RunTools {
+                workspace: tools,
+                mcp,
+            },
+        ))
     };
-    let outcome = jobs.around(&row, &ctx.run, attempt).await;
+    match started.await {
+        Ok((plan, tools)) => {
+            let outcome = run_loop::run(&plan, &model, &tools, context).await;
+            tools.mcp.shut_down().await;
+            outcome
+        }
+        Err(stopped) => stopped.into(),
+    }
+}
+
+/// What the attempt's end makes of the run, with the conversation it left.
+async fn verdict(
+    jobs: &RunJobs,
+    agent: &AgentJobs,
+    ctx: &FencedAgent,
+    outcome: LoopOutcome,
+) -> Verdict<RunEnding> {
     let conversation = ctx
         .conversation
         .lock()
@@ -162,7 +172,7 @@ pub(crate) async fn execute(
             bytes,
         });
     let last_step = ctx.last_step.lock().expect("not poisoned").take();
-    let verdict = match (outcome, last_step) {
+    match (outcome, last_step) {
         (LoopOutcome::Ended(outcome), _) => ctx.run.verdict(outcome, conversation).await,
         // The calls came from the model call step the approval covers.
         (
@@ -189,9 +199,7 @@ pub(crate) async fn execute(
             };
             ctx.run.verdict(failed, conversation).await
         }
-    };
-    drop(ctx);
-    attempt::conclude(&jobs.pool, &job, &row, &(), verdict).await
+    }
 }
 
 /// What an attempt runs with.
@@ -474,6 +482,31 @@ struct FencedAgent {
     conversation: std::sync::Mutex<Option<Vec<u8>>>,
     deltas: Deltas,
     policy: PolicyReader,
+}
+
+impl FencedAgent {
+    /// The attempt's context: the run's fenced one, with the loop's own state.
+    fn new(
+        jobs: &RunJobs,
+        agent: &AgentJobs,
+        job: &Job,
+        row: &RunWithTask,
+        last_step: Option<String>,
+    ) -> FencedAgent {
+        let ids = (row.task.id.clone(), row.run.id.clone());
+        FencedAgent {
+            run: jobs.context(job, row),
+            prices: agent.prices.clone(),
+            last_step: std::sync::Mutex::new(last_step),
+            conversation: std::sync::Mutex::new(None),
+            deltas: Deltas::start(jobs.pool.clone(), job.lease.scope(), ids),
+            policy: PolicyReader {
+                pool: jobs.pool.clone(),
+                default: agent.approvals.clone(),
+                sandbox: row.task.sandbox(job.lease.scope().workspace()),
+            },
+        }
+    }
 }
 
 /// Reads the approval policy in force in the run's workspace when a response's tool calls
