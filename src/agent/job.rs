@@ -215,6 +215,29 @@ struct Setup {
     base: Option<Vec<Message>>,
 }
 
+/// The tools of the run's workspace the task allows, each call bounded by the run's
+/// timeout.
+fn workspace_tools(
+    jobs: &RunJobs,
+    agent: &AgentJobs,
+    scope: &Scope,
+    row: &RunWithTask,
+    workspace: std::path::PathBuf,
+) -> WorkspaceTools {
+    let task = &row.task;
+    WorkspaceTools {
+        allowed: tools::allowed(task.tools.as_deref(), task.sandbox_read_only),
+        env: ToolEnv {
+            workspace,
+            sandbox: task.sandbox(scope.workspace()),
+            env: jobs.env(task, &row.run),
+            call_timeout: jobs.timeout(task),
+            max_output_bytes: tools::DEFAULT_MAX_OUTPUT_BYTES,
+            allow_private_addresses: agent.chat.allow_private_addresses,
+        },
+    }
+}
+
 /// Builds the attempt from the rows; `Err(message)` fails the run (a preset that no longer
 /// resolves, a secret that cannot be read, a workspace that cannot be used).
 async fn prepare(
@@ -262,17 +285,7 @@ async fn prepare(
     };
     drop(conn);
     let timeout = jobs.timeout(task);
-    let tools = WorkspaceTools {
-        allowed: tools::allowed(task.tools.as_deref(), task.sandbox_read_only),
-        env: ToolEnv {
-            workspace,
-            sandbox: task.sandbox(scope.workspace()),
-            env: jobs.env(task, run),
-            call_timeout: timeout,
-            max_output_bytes: tools::DEFAULT_MAX_OUTPUT_BYTES,
-            allow_private_addresses: agent.chat.allow_private_addresses,
-        },
-    };
+    let tools = workspace_tools(jobs, agent, scope, row, workspace);
     let plan = AgentPlan {
         messages: history.messages,
         model_calls: history.model_calls,
