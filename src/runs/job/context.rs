@@ -165,19 +165,13 @@ impl Held {
         self.artifact_ids.get(handle).map_or(handle, String::as_str)
     }
 
-    /// Writes the held rows in the caller's transaction, recording what it wrote in
-    /// `written`; the rows stay held until the caller commits and clears them.
-    pub(super) async fn write(
-        &self,
-        conn: &mut PgConnection,
-        scope: &Scope,
-        (task_id, run_id): (&str, &str),
-        written: &mut Written,
-    ) -> Result<HashMap<String, String>, StoreError> {
-        let owner = Subject::Run { task_id, run_id };
-        // The new rows in one statement (an artifact name once; a name opened again in the
-        // same batch is reopened after it), then the rest in order: ends and closes of rows
-        // written before.
+    /// The steps and artifacts these writes create: an artifact name once (a name opened
+    /// again in the same batch is reopened after the first is written).
+    fn new_rows<'a>(
+        &'a self,
+        owner: Subject<'a>,
+        (task_id, run_id): (&'a str, &'a str),
+    ) -> (Vec<NewStep<'a>>, Vec<NewArtifact<'a>>) {
         let mut new_steps = Vec::new();
         let (mut new_artifacts, mut names) = (Vec::new(), Vec::new());
         for write in &self.writes {
@@ -209,6 +203,22 @@ impl Held {
                 HeldWrite::EndStep { .. } | HeldWrite::Close { .. } => {}
             }
         }
+        (new_steps, new_artifacts)
+    }
+
+    /// Writes the held rows in the caller's transaction, recording what it wrote in
+    /// `written`; the rows stay held until the caller commits and clears them.
+    pub(super) async fn write(
+        &self,
+        conn: &mut PgConnection,
+        scope: &Scope,
+        (task_id, run_id): (&str, &str),
+        written: &mut Written,
+    ) -> Result<HashMap<String, String>, StoreError> {
+        let owner = Subject::Run { task_id, run_id };
+        // The new rows in one statement, then the rest in order: ends and closes of rows
+        // written before.
+        let (new_steps, new_artifacts) = self.new_rows(owner, (task_id, run_id));
         let (steps, artifacts) = if new_steps.is_empty() && new_artifacts.is_empty() {
             (Vec::new(), Vec::new())
         } else {
