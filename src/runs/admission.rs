@@ -261,20 +261,45 @@ pub(crate) async fn admit_locked(
         decided_by: None,
     };
     if admission.orchestrator == Orchestrator::Client {
-        let run = insert(conn, scope, &new_run, actor, None, &[]).await?;
-        let mut appended = created_events(&new_run, actor);
-        let data = serde_json::json!({ "orchestrator": "client", "attempt": run.attempt + 1 });
-        appended.push(NewEvent::new(task_id, &run_id, EventType::RunStarted).with(data));
-        let moved = Move {
-            next: RunStatus::Running,
-            change: Change::default(),
-            actor,
-            reason: Some("held by its client"),
-        };
-        let run = transition_recorded(conn, scope, &run, moved, &appended).await?;
-        return Ok(Admitted::New(run));
+        return Ok(Admitted::New(
+            started_for_client(conn, scope, &new_run, actor).await?,
+        ));
     }
     refuse_unlisted_commands(conn, scope, &task, &rules.mcp_stdio_commands).await?;
+    let gated = (hooks.as_ref(), rules, actor);
+    Ok(Admitted::New(decided(conn, scope, new_run, gated).await?))
+}
+
+/// A client-orchestrated run: written and running at once, held by its client.
+async fn started_for_client(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    new_run: &NewRun<'_>,
+    actor: &Actor,
+) -> Result<RunRecord> {
+    let run = insert(conn, scope, new_run, actor, None, &[]).await?;
+    let mut appended = created_events(new_run, actor);
+    let data = serde_json::json!({ "orchestrator": "client", "attempt": run.attempt + 1 });
+    let (task_id, run_id) = (new_run.task.id.as_str(), new_run.id);
+    appended.push(NewEvent::new(task_id, run_id, EventType::RunStarted).with(data));
+    let moved = Move {
+        next: RunStatus::Running,
+        change: Change::default(),
+        actor,
+        reason: Some("held by its client"),
+    };
+    transition_recorded(conn, scope, &run, moved, &appended).await
+}
+
+/// A worker's run, written as the approval policy in force decides its gates: queued, or
+/// awaiting its approvals.
+async fn decided(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    new_run: NewRun<'_>,
+    (hooks, rules, actor): (Option<&Hooks>, &AdmissionRules, &Actor),
+) -> Result<RunRecord> {
+    let task = new_run.task;
     // Decided by the policy in force as this process keeps it; the run's statement checks
     // that it still is. A policy changed since, or a refusal by a kept one, is read again
     // and decides anew.
@@ -285,8 +310,7 @@ pub(crate) async fn admit_locked(
             true => policies.read(conn, scope, &rules.approvals).await?,
             false => policies.in_force(conn, scope, &rules.approvals).await?,
         };
-        let (gates, summary) = match gates(conn, scope, &task, hooks.as_ref(), &policy.policy).await
-        {
+        let (gates, summary) = match gates(conn, scope, task, hooks, &policy.policy).await {
             Err(StoreError::Forbidden(_)) if !fresh => {
                 fresh = true;
                 continue;
@@ -304,7 +328,7 @@ pub(crate) async fn admit_locked(
         if let Some(run) =
             admit_decided(conn, scope, &decided, (gates, summary), rules, actor).await?
         {
-            return Ok(Admitted::New(run));
+            return Ok(run);
         }
         fresh = true;
     }
