@@ -278,8 +278,8 @@ async fn postgres(root: PathBuf, shutdown: CancellationToken) -> anyhow::Result<
 }
 
 /// Connections a worker process of `concurrency` jobs gets besides its queue connections
-/// ([`crate::queue::QueuePool`]: claims, heartbeats and batched acks): one per running
-/// job's fenced writes (a fallback ack, a hand-back) plus the reconciler's, capped so four
+/// ([`keel::queue::QueuePool`]s: the worker's claims and heartbeats, the bench kind's
+/// batched acks): one per running job's fenced writes plus the reconciler's, capped so four
 /// processes with their queue connections and listeners fit PostgreSQL's default
 /// `max_connections` (100) with the bench's own.
 fn worker_pool_size(concurrency: usize) -> u32 {

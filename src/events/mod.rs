@@ -120,8 +120,8 @@ impl FeedCursor {
 }
 
 /// Appends events of one workspace's subjects: one statement whatever their number, the
-/// `append_events` function (migrations/0022), which takes the subjects' locks and then
-/// numbers the events in an INSERT that reads after them.
+/// `append_events` function (`sql/append_events.sql`), which takes the subjects' locks and
+/// then numbers the events in an INSERT that reads after them.
 ///
 /// No NOTIFY: PostgreSQL serializes the commits of every transaction that notifies (one
 /// lock on the notification queue, held through the commit's WAL flush), which would make
@@ -157,7 +157,7 @@ pub(crate) async fn append_counted(
     Ok(batch.types.len())
 }
 
-/// Events as the columns of an `append_events` call (migrations/0022), with the
+/// Events as the columns of an `append_events` call (`sql/append_events.sql`), with the
 /// `task.updated` they add: for a statement that appends them besides its own write
 /// (a run's transition), so the append costs no round trip of its own. Such a statement
 /// must be its transaction's last to take a lock, as [`append`] is.

@@ -49,7 +49,7 @@ pub async fn enqueue(
     Ok(enqueued.inserted)
 }
 
-/// A job to enqueue, as the `enqueue_job` function (migrations/0035) takes it: for
+/// A job to enqueue, as the `enqueue_job` function (`sql/enqueue_job.sql`) takes it: for
 /// [`enqueue`], and for a statement that writes the job's domain row and enqueues it in
 /// the same round trip (`runs::insert`). The current span's `traceparent` (when exporting
 /// traces) links the job's execution to the enqueueing trace.

@@ -46,8 +46,8 @@ pub async fn heartbeat(
 
 /// Checks, inside a worker's transaction, that it still holds the lease, and locks the
 /// job row so no claim or cancellation can interleave until the transaction ends. The check
-/// is the `fence_job` function (migrations/0037), which a domain statement may call first
-/// instead (`runs::lock_with_task`).
+/// is the `fence_job` function (`sql/fence_job.sql`), which a domain statement may call
+/// first instead (`runs::lock_with_task`).
 pub async fn fence(conn: &mut PgConnection, lease: &Lease) -> Result<()> {
     let held = sqlx::query_scalar!(
         r#"SELECT fence_job($1, $2, $3) AS "held!""#,

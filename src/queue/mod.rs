@@ -5,8 +5,8 @@
 //! `FOR UPDATE SKIP LOCKED`, taking due rows and rows whose lease expired, bumping the
 //! fencing token; [`lease`]: heartbeats on the worker's own connections, and the fence every
 //! worker write re-checks (token and owner); [`mod@settle`]: every attempt ends with one
-//! [`Disposition`], in the same transaction as the domain change or batched with others
-//! that have none. [`fair`] is the claim across workspaces; [`worker`] the process that
+//! [`Disposition`], in the same transaction as the domain change, or many to a statement
+//! ([`settle_many`]). [`fair`] is the claim across workspaces; [`worker`] the process that
 //! runs all of it.
 
 pub(crate) mod claim;
@@ -64,7 +64,8 @@ pub struct Lease {
     pub job_id: i64,
     pub(crate) kind: String,
     pub ref_id: String,
-    pub(crate) owner: String,
+    /// The worker holding the lease (the fence checks it with the token).
+    pub owner: String,
     pub fencing_token: i64,
     pub attempts: i32,
     pub(crate) max_attempts: i32,
@@ -121,15 +122,15 @@ impl Lease {
     }
 }
 
-/// Connections for the queue's own statements (claims, heartbeats, batched acks, the
-/// snapshot check), each of them one round trip: the planner settings of ordered reads
-/// ([`begin_ordered_reads`] says why) are set for the whole session in the startup
-/// packet instead of by a `BEGIN; SET LOCAL …` and a `COMMIT` around every claim; with
-/// `plan_cache_mode = force_custom_plan` a statement can stay prepared (no Parse round
-/// trip each time) and is still planned with its own values every time (a generic plan,
-/// made blind to the arrays and positions, read seconds of index after an old snapshot's
-/// release); and a connection is not pinged before each use (a broken one fails its
-/// statement, which the worker retries on a fresh one).
+/// Connections for the queue's own statements (claims, heartbeats, the snapshot check,
+/// settles many to a statement), each of them one round trip: the planner settings of
+/// ordered reads ([`begin_ordered_reads`] says why) are set for the whole session in the
+/// startup packet instead of by a `BEGIN; SET LOCAL …` and a `COMMIT` around every
+/// claim; with `plan_cache_mode = force_custom_plan` a statement can stay prepared (no
+/// Parse round trip each time) and is still planned with its own values every time (a
+/// generic plan, made blind to the arrays and positions, read seconds of index after an
+/// old snapshot's release); and a connection is not pinged before each use (a broken one
+/// fails its statement, which the worker retries on a fresh one).
 #[derive(Clone, Debug)]
 pub struct QueuePool(PgPool);
 
@@ -150,7 +151,7 @@ impl QueuePool {
 
     /// Opens `count` connections at once, ahead of their first statements: each takes a
     /// few round trips to open (startup, authentication), which a database far away turns
-    /// into a wait in front of a worker's first claim and first settle.
+    /// into a wait in front of a worker's first claim.
     pub(crate) async fn open(&self, count: usize) -> Result<()> {
         futures_util::future::try_join_all((0..count).map(|_| self.0.acquire())).await?;
         Ok(())

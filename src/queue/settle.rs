@@ -3,8 +3,8 @@
 //! `JobSetStateIfRunning` and Oban's worker return values). The row goes, or comes back to
 //! be claimed later; either way the lease is archived to `lease_history`. One job settles
 //! inside the caller's transaction, beside the domain change it belongs with ([`settle`]);
-//! jobs with nothing else to commit settle many to a statement ([`settle_many`], through
-//! the worker's settler).
+//! many jobs of one worker, each fenced by its own token, settle in one statement
+//! ([`settle_many`]: the bench's no-op kind batches its acks with it).
 
 use std::time::Duration;
 

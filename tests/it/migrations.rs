@@ -1,6 +1,7 @@
 //! Migrations that cannot run in a transaction (`CREATE INDEX CONCURRENTLY`): what guards
-//! the ones after them, and `migrate` from several processes at once; and the settings the
-//! run path's functions must keep.
+//! the ones after them, and `migrate` from several processes at once; the settings the
+//! run path's functions must keep; and that the functions kept as source files beside
+//! their callers are the ones the migrations left.
 
 use futures_util::future::join_all;
 use sqlx::{Connection, PgConnection};
@@ -94,6 +95,55 @@ async fn the_run_paths_functions_keep_their_plans() {
                 .iter()
                 .any(|s| s == "plan_cache_mode=force_generic_plan"),
             "{name}: {settings:?}"
+        );
+    }
+}
+
+/// The SQL functions kept as source files beside their callers are the ones the migrations
+/// left in the database: each file, applied again, changes nothing of its function's
+/// definition (`pg_get_functiondef`: arguments, language, settings, body). A migration
+/// cannot include a file, so changing one of them is editing its file and adding a
+/// migration that holds a copy of it; this fails until both agree.
+#[tokio::test]
+async fn the_databases_functions_are_their_source_files() {
+    const SOURCES: [(&str, &str); 4] = [
+        (
+            "enqueue_job",
+            include_str!("../../src/queue/sql/enqueue_job.sql"),
+        ),
+        (
+            "fence_job",
+            include_str!("../../src/queue/sql/fence_job.sql"),
+        ),
+        (
+            "archive_leases",
+            include_str!("../../src/queue/sql/archive_leases.sql"),
+        ),
+        (
+            "append_events",
+            include_str!("../../src/events/sql/append_events.sql"),
+        ),
+    ];
+    const DEFINITION: &str = "SELECT pg_get_functiondef(to_regproc($1)::oid)";
+    let url = support::fresh_database().await;
+    let mut conn = PgConnection::connect(&url).await.unwrap();
+    for (name, source) in SOURCES {
+        let mut tx = conn.begin().await.unwrap();
+        let migrated: String = sqlx::query_scalar(DEFINITION)
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        sqlx::raw_sql(source).execute(&mut *tx).await.unwrap();
+        let from_source: String = sqlx::query_scalar(DEFINITION)
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        assert_eq!(
+            migrated, from_source,
+            "{name}: the database's definition, then its source file's"
         );
     }
 }

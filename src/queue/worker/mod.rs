@@ -2,18 +2,15 @@
 //! hands each to the handler of its kind, and on shutdown stops claiming, lets running
 //! jobs finish within the drain window, then interrupts and releases the rest. Beside the
 //! loop run the heartbeat (`heartbeat.rs`), the self-fence that stops a job once its
-//! lease's local deadline passes (`deadline.rs`), the listener (`listen.rs`: new jobs, withdrawn
-//! ones) and the settler (`settler.rs`) for jobs with nothing to commit alongside the end
-//! of their attempt ([`Job::settle`]);
-//! `registry.rs` keeps the worker's row in `workers`; `window.rs` sizes how many jobs it
-//! holds.
+//! lease's local deadline passes (`deadline.rs`) and the listener (`listen.rs`: new jobs,
+//! withdrawn ones); `registry.rs` keeps the worker's row in `workers`; `window.rs` sizes
+//! how many jobs it holds.
 
 mod claims;
 mod deadline;
 mod heartbeat;
 mod listen;
 mod registry;
-mod settler;
 mod window;
 
 use std::collections::{HashMap, VecDeque};
@@ -38,12 +35,10 @@ use crate::queue::{QueueError, reach};
 use crate::telemetry;
 use claims::Claimer;
 pub use deadline::{DeadlineNear, LeaseDeadline, LeaseTiming};
-use settler::Settler;
 
 /// Executes jobs of one kind. The handler owns the job's domain transitions: it ends each
 /// attempt with a [`crate::queue::Disposition`], settled with [`crate::queue::settle`]
-/// inside its own fenced transaction, or, when the job has no domain change to commit, with
-/// [`Job::settle`].
+/// inside its own fenced transaction.
 pub trait JobHandler: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
     fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()>;
@@ -58,25 +53,9 @@ pub struct Job {
     /// The lease's local deadline: checked before each external call that cannot be undone.
     pub(crate) deadline: LeaseDeadline,
     released: Arc<AtomicBool>,
-    settler: Settler,
 }
 
 impl Job {
-    /// Settles the job by itself, for an attempt that commits nothing else (a `run` job's
-    /// settle commits with the run's terminal state instead). It is queued when this is
-    /// called, so a handler may return, freeing its slot, before it commits; settles queued
-    /// while another batch is in flight share the next statement, each fenced by its own
-    /// token. The receipt resolves once the settle committed (or `LeaseLost` when the lease
-    /// had moved on).
-    #[must_use = "the settle is counted as pending (it takes claim room, and shutdown waits \
-                  for it) until the receipt is awaited"]
-    pub fn settle(
-        &self,
-        disposition: crate::queue::Disposition,
-    ) -> impl Future<Output = Result<(), QueueError>> + Send + 'static {
-        self.settler.submit(&self.lease, disposition)
-    }
-
     /// True when the interruption is a graceful release at shutdown: the handler should
     /// hand the job back (requeue it) rather than abandon it.
     pub(crate) fn is_released(&self) -> bool {
@@ -120,7 +99,7 @@ type ClaimResult = Result<(Vec<Lease>, usize, Instant), QueueError>;
 pub struct Worker {
     pub(crate) id: String,
     pool: PgPool,
-    /// Claims, heartbeats, batched acks and the snapshot check ([`QueuePool`]).
+    /// Claims, the snapshot check and the hand-back at shutdown ([`QueuePool`]).
     queue: QueuePool,
     settings: WorkerSettings,
     handlers: HashMap<&'static str, Arc<dyn JobHandler>>,
@@ -190,22 +169,20 @@ impl Worker {
             background.clone(),
         ));
 
-        let allowance = self.settings.concurrency + self.settings.prefetch;
-        let settler = Settler::start(&self.queue, &self.id, allowance, wake.clone());
         let mut tasks = JoinSet::new();
-        self.claim_loop(&kinds, &registry, &wake, &settler, &mut tasks, &shutdown)
+        self.claim_loop(&kinds, &registry, &wake, &mut tasks, &shutdown)
             .await;
         self.drain(&registry, &mut tasks).await;
-        settler.drain(self.settings.drain_timeout).await;
         background.cancel();
         registry::deregister(&self.pool, &self.id).await?;
         tracing::info!(worker_id = %self.id, "worker stopped");
         Ok(())
     }
 
-    /// Registers the worker, listens and opens the connections of the first claim and ack
-    /// batch, side by side: each costs round trips, and a database far away made their sum
-    /// most of the time before the first claim. Safe to repeat.
+    /// Registers the worker, listens and opens the connections of the first claim and of
+    /// the snapshot watch's first look (both sent at once), side by side: each costs round
+    /// trips, and a database far away made their sum most of the time before the first
+    /// claim. Safe to repeat.
     async fn start_up(&self, kinds: &[String]) -> Result<PgListener, QueueError> {
         let (registered, listener, opened) = tokio::join!(
             registry::register(&self.pool, &self.id, kinds, self.settings.concurrency),
@@ -222,7 +199,6 @@ impl Worker {
         kinds: &[String],
         registry: &Registry,
         wake: &Notify,
-        settler: &Settler,
         tasks: &mut JoinSet<i64>,
         shutdown: &CancellationToken,
     ) {
@@ -255,9 +231,7 @@ impl Worker {
             }
             self.start_waiting(&mut waiting, tasks);
             starved |= tasks.len() < self.settings.concurrency && waiting.is_empty();
-            let room = window
-                .size()
-                .saturating_sub(tasks.len() + waiting.len() + settler.backlog());
+            let room = window.size().saturating_sub(tasks.len() + waiting.len());
             claimer.room(room);
             // One claim in flight, sized to all the room there is. With a prefetch, a
             // claim waits for a quarter of it to be free, so a worker whose jobs are the
@@ -279,14 +253,14 @@ impl Worker {
                 Some(claimed) = claims.join_next(), if !claims.is_empty() => {
                     starved |= tasks.len() < self.settings.concurrency && waiting.is_empty();
                     // A full batch suggests more is due: claim again at once.
-                    let full = self.take_claimed(claimed, registry, settler, &mut waiting);
+                    let full = self.take_claimed(claimed, registry, &mut waiting);
                     window.claimed(full, starved);
                     want_claim |= full;
                     self.start_waiting(&mut waiting, tasks);
                 }
                 Some((leases, sent)) = swept.recv() => {
                     claimer.advance(&leases);
-                    self.hold(leases, sent, registry, settler, &mut waiting);
+                    self.hold(leases, sent, registry, &mut waiting);
                 }
                 _ = tokio::time::sleep(self.settings.poll_interval) => want_claim = true,
             }
@@ -295,13 +269,13 @@ impl Worker {
         // What a claim or the sweep took after the loop's last look is handed back with
         // the rest.
         while let Some(claimed) = claims.join_next().await {
-            self.take_claimed(claimed, registry, settler, &mut waiting);
+            self.take_claimed(claimed, registry, &mut waiting);
         }
         swept.close();
         while let Some((leases, sent)) = swept.recv().await {
-            self.hold(leases, sent, registry, settler, &mut waiting);
+            self.hold(leases, sent, registry, &mut waiting);
         }
-        self.release_waiting(waiting, registry, settler).await;
+        self.release_waiting(waiting, registry).await;
     }
 
     /// One claim of up to `room` jobs, as a task of its own.
@@ -326,13 +300,12 @@ impl Worker {
         &self,
         claimed: Result<ClaimResult, tokio::task::JoinError>,
         registry: &Registry,
-        settler: &Settler,
         waiting: &mut VecDeque<Job>,
     ) -> bool {
         match claimed {
             Ok(Ok((leases, room, sent))) => {
                 let full = leases.len() >= room;
-                self.hold(leases, sent, registry, settler, waiting);
+                self.hold(leases, sent, registry, waiting);
                 full
             }
             Ok(Err(error)) => {
@@ -352,24 +325,17 @@ impl Worker {
         leases: Vec<Lease>,
         sent: Instant,
         registry: &Registry,
-        settler: &Settler,
         waiting: &mut VecDeque<Job>,
     ) {
         waiting.extend(
             leases
                 .into_iter()
-                .filter_map(|l| self.register(l, sent, registry, settler)),
+                .filter_map(|l| self.register(l, sent, registry)),
         );
     }
 
     /// Records a claimed job as held by this worker; None for a kind with no handler.
-    fn register(
-        &self,
-        lease: Lease,
-        sent: Instant,
-        registry: &Registry,
-        settler: &Settler,
-    ) -> Option<Job> {
+    fn register(&self, lease: Lease, sent: Instant, registry: &Registry) -> Option<Job> {
         if !self.handlers.contains_key(lease.kind.as_str()) {
             tracing::error!(kind = %lease.kind, "claimed a job of a kind with no handler");
             return None;
@@ -395,7 +361,6 @@ impl Worker {
             interrupt,
             deadline: LeaseDeadline::new(watched, self.renew.clone(), timing),
             released,
-            settler: settler.clone(),
         })
     }
 
@@ -425,16 +390,15 @@ impl Worker {
     }
 
     /// Hands back, at shutdown, the prefetched jobs that never started: claimable again at
-    /// once, with the attempt given back.
-    async fn release_waiting(
-        &self,
-        waiting: VecDeque<Job>,
-        registry: &Registry,
-        settler: &Settler,
-    ) {
+    /// once, with the attempt given back. One at a time, each by its own statement.
+    async fn release_waiting(&self, waiting: VecDeque<Job>, registry: &Registry) {
         for job in waiting {
             registry.lock().unwrap().remove(&job.lease.job_id);
-            let released = settler.submit(&job.lease, crate::queue::Disposition::Release);
+            let released = async {
+                let mut conn = self.queue.0.acquire().await?;
+                crate::queue::settle(&mut conn, &job.lease, crate::queue::Disposition::Release)
+                    .await
+            };
             if let Err(error) = released.await {
                 // Its lease expires and another worker takes it over.
                 tracing::warn!(%error, job_id = job.lease.job_id, "could not hand back a prefetched job");
@@ -488,6 +452,7 @@ fn finished(registry: &Registry, done: Result<i64, tokio::task::JoinError>) {
     }
 }
 
-/// Connections of a worker's [`QueuePool`]: the claim, the sweep, the heartbeat, the
-/// settler and the snapshot watch each use one at a time.
-const QUEUE_CONNECTIONS: u32 = 5;
+/// Connections of a worker's [`QueuePool`]: the claim, the sweep and the snapshot watch
+/// each use one at a time, and the hand-back at shutdown one once the claims are done (the
+/// heartbeat opens its own with the same options).
+const QUEUE_CONNECTIONS: u32 = 4;
