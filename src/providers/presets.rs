@@ -467,6 +467,21 @@ fn check_inputs(input: &[String]) -> Result<(), Invalid> {
 mod tests {
     use super::*;
 
+    /// The fields validated as a local operator's preset, under the default secret policy
+    /// and hosts.
+    fn validated(fields: ProviderFields) -> Result<ProviderSpec, Invalid> {
+        fields.validate(
+            &SecretPolicy::default(),
+            &ProviderHosts::default(),
+            &Caller::local(),
+        )
+    }
+
+    /// The field such a preset is refused for.
+    fn refused_field(fields: ProviderFields) -> &'static str {
+        validated(fields).unwrap_err().field
+    }
+
     fn seedance() -> ProviderFields {
         ProviderFields {
             kind: "seedance".into(),
@@ -481,13 +496,7 @@ mod tests {
 
     #[test]
     fn a_media_preset_validates_and_normalises() {
-        let spec = seedance()
-            .validate(
-                &SecretPolicy::default(),
-                &ProviderHosts::default(),
-                &Caller::local(),
-            )
-            .unwrap();
+        let spec = validated(seedance()).unwrap();
         assert_eq!(
             spec.base_url,
             "https://ark.ap-southeast.bytepluses.com/api/v3"
@@ -502,52 +511,16 @@ mod tests {
         fields
             .headers
             .insert("Authorization".into(), "Bearer x".into());
-        assert_eq!(
-            fields
-                .validate(
-                    &SecretPolicy::default(),
-                    &ProviderHosts::default(),
-                    &Caller::local()
-                )
-                .unwrap_err()
-                .field,
-            "headers"
-        );
+        assert_eq!(refused_field(fields), "headers");
         let mut fields = seedance();
         fields.base_url = "https://user:pw@ark.ap-southeast.bytepluses.com".into();
-        assert_eq!(
-            fields
-                .validate(
-                    &SecretPolicy::default(),
-                    &ProviderHosts::default(),
-                    &Caller::local()
-                )
-                .unwrap_err()
-                .field,
-            "base_url"
-        );
+        assert_eq!(refused_field(fields), "base_url");
         let mut fields = seedance();
         fields.api_key_ref = Some("sk-raw-key".into());
-        assert_eq!(
-            fields
-                .validate(
-                    &SecretPolicy::default(),
-                    &ProviderHosts::default(),
-                    &Caller::local()
-                )
-                .unwrap_err()
-                .field,
-            "api_key_ref"
-        );
+        assert_eq!(refused_field(fields), "api_key_ref");
         let mut fields = seedance();
         fields.api_key_ref = Some("env:KEEL_DATABASE_URL".into());
-        let refused = fields
-            .validate(
-                &SecretPolicy::default(),
-                &ProviderHosts::default(),
-                &Caller::local(),
-            )
-            .unwrap_err();
+        let refused = validated(fields).unwrap_err();
         assert_eq!(refused.field, "api_key_ref");
         assert!(
             refused.message.contains("secret policy"),
@@ -566,58 +539,24 @@ mod tests {
         for (key, value) in refused {
             let mut fields = seedance();
             fields.compat.insert(key.into(), value);
-            let error = fields
-                .validate(
-                    &SecretPolicy::default(),
-                    &ProviderHosts::default(),
-                    &Caller::local(),
-                )
-                .unwrap_err();
+            let error = validated(fields).unwrap_err();
             assert_eq!(error.field, "compat", "{error}");
         }
         let mut fields = seedance();
         fields
             .compat
             .insert("x".into(), serde_json::json!(9_007_199_254_740_991u64));
-        assert!(
-            fields
-                .validate(
-                    &SecretPolicy::default(),
-                    &ProviderHosts::default(),
-                    &Caller::local()
-                )
-                .is_ok()
-        );
+        assert!(validated(fields).is_ok());
     }
 
     #[test]
     fn a_vendor_lists_only_what_it_can_do() {
         let mut fields = seedance();
         fields.capabilities = vec!["image_edit".into()];
-        assert_eq!(
-            fields
-                .validate(
-                    &SecretPolicy::default(),
-                    &ProviderHosts::default(),
-                    &Caller::local()
-                )
-                .unwrap_err()
-                .field,
-            "capabilities"
-        );
+        assert_eq!(refused_field(fields), "capabilities");
         let mut fields = seedance();
         fields.kind = "openai-compatible".into();
-        assert_eq!(
-            fields
-                .validate(
-                    &SecretPolicy::default(),
-                    &ProviderHosts::default(),
-                    &Caller::local()
-                )
-                .unwrap_err()
-                .field,
-            "kind"
-        );
+        assert_eq!(refused_field(fields), "kind");
     }
 
     #[test]
