@@ -78,6 +78,9 @@ const COUNTED: [(&str, &str); 1] = [("KEEL_SANDBOX", "off")];
 async fn killing_a_worker_mid_run_loses_nothing() {
     const RUNS: usize = 200;
     const LEASE_MS: u64 = 3_000;
+    // The survivors' own leases are not under test: long enough that a loaded machine's
+    // late heartbeat never makes one of them give a run up (and run it again).
+    const SURVIVOR_LEASE_MS: u64 = 10_000;
     let db = support::fresh_database().await;
     let pool = support::pool(&db).await;
     let dir = tempfile::tempdir().unwrap();
@@ -111,7 +114,7 @@ async fn killing_a_worker_mid_run_loses_nothing() {
             &db,
             dir.path(),
             "worker-2",
-            LEASE_MS,
+            SURVIVOR_LEASE_MS,
             &dir.path().join("w2"),
             &COUNTED,
         ),
@@ -119,7 +122,7 @@ async fn killing_a_worker_mid_run_loses_nothing() {
             &db,
             dir.path(),
             "worker-3",
-            LEASE_MS,
+            SURVIVOR_LEASE_MS,
             &dir.path().join("w3"),
             &COUNTED,
         ),
