@@ -4,7 +4,7 @@
 //! document) say it belongs.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Each module and what it may use, from the bottom up.
 const MAY_USE: &[(&str, &[&str])] = &[
@@ -173,38 +173,38 @@ fn module_of(relative: &Path) -> String {
     first.to_string_lossy().trim_end_matches(".rs").to_string()
 }
 
-/// The modules each module uses: every `crate::<module>` in its code (comments left out),
-/// grouped imports (`use crate::{runs, tasks::TaskRecord}`) included.
-fn uses() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+/// Every `.rs` file under `src/`: its path relative to `src/`, and its text.
+fn source_files() -> Vec<(PathBuf, String)> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut found: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
-    let mut dirs = vec![src.clone()];
+    let (mut files, mut dirs) = (Vec::new(), vec![src.clone()]);
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
             if path.is_dir() {
                 dirs.push(path);
-                continue;
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                files.push((path.strip_prefix(&src).unwrap().to_path_buf(), text));
             }
-            if path.extension().is_none_or(|e| e != "rs") {
-                continue;
-            }
-            let relative = path.strip_prefix(&src).unwrap();
-            let module = module_of(relative);
-            let text = std::fs::read_to_string(&path).unwrap();
-            let code: Vec<&str> = text
-                .lines()
-                .map(|l| l.split("//").next().unwrap())
-                .collect();
-            for used in crate_paths(&code.join("\n")) {
-                if used != module {
-                    found
-                        .entry(module.clone())
-                        .or_default()
-                        .entry(used)
-                        .or_default()
-                        .insert(relative.display().to_string());
-                }
+        }
+    }
+    files
+}
+
+/// The modules each module uses: every `crate::<module>` in its code (comments left out),
+/// grouped imports (`use crate::{runs, tasks::TaskRecord}`) included.
+fn uses() -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    let mut found: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for (relative, text) in source_files() {
+        let module = module_of(&relative);
+        let code: Vec<&str> = text
+            .lines()
+            .map(|l| l.split("//").next().unwrap())
+            .collect();
+        for used in crate_paths(&code.join("\n")) {
+            if used != module {
+                let files = found.entry(module.clone()).or_default().entry(used);
+                files.or_default().insert(relative.display().to_string());
             }
         }
     }
@@ -476,24 +476,12 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
 /// literals (`WITH` names and anything else that is not one of [`HOMES`] left out).
 fn tables_used() -> BTreeMap<(String, String), BTreeSet<String>> {
     let homes: BTreeMap<&str, &str> = HOMES.iter().copied().collect();
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut found: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
-    let mut dirs = vec![src.clone()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let relative = path.strip_prefix(&src).unwrap();
-                let text = std::fs::read_to_string(&path).unwrap();
-                for table in sql_tables(&text) {
-                    if homes.contains_key(table.as_str()) {
-                        let key = (module_of(relative), table);
-                        let files = found.entry(key).or_default();
-                        files.insert(relative.display().to_string());
-                    }
-                }
+    for (relative, text) in source_files() {
+        for table in sql_tables(&text) {
+            if homes.contains_key(table.as_str()) {
+                let files = found.entry((module_of(&relative), table)).or_default();
+                files.insert(relative.display().to_string());
             }
         }
     }
