@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use chrono::Utc;
+use futures_util::future::BoxFuture;
 use keel_workers::agent::instructions;
 use keel_workers::agent::mcp::{McpTools, is_mcp_tool, server_of};
 use keel_workers::agent::provider::{ChatClient, ChatModel, RetryPolicy};
@@ -44,7 +45,7 @@ use crate::providers::{ProviderHosts, ProviderRecord};
 use crate::queue::worker::Job;
 use crate::runs;
 use crate::runs::RunWithTask;
-use crate::runs::job::{FencedContext, RunEnding, RunJobs};
+use crate::runs::job::{FencedContext, RunEnding, RunExecutor, RunJobs};
 use crate::runs::lineage::Conversation;
 use crate::runs::patches;
 use crate::runs::steps;
@@ -84,8 +85,19 @@ pub(crate) struct AgentJobs {
     pub(crate) mcp_connect_timeout: Duration,
 }
 
+impl RunExecutor for AgentJobs {
+    fn execute<'a>(
+        &'a self,
+        jobs: &'a RunJobs,
+        job: Job,
+        row: RunWithTask,
+    ) -> BoxFuture<'a, Result<&'static str, StoreError>> {
+        Box::pin(execute(jobs, self, job, row))
+    }
+}
+
 /// Runs one attempt of an agent loop run that [`attempt::begin`] marked running.
-pub(crate) async fn execute(
+async fn execute(
     jobs: &RunJobs,
     agent: &AgentJobs,
     job: Job,

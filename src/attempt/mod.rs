@@ -63,6 +63,15 @@ pub(crate) trait Attempted: DomainRow + Clone + Sync {
     ) -> impl Future<Output = Result<(Self, Vec<NewEvent<'r>>), StoreError>> + Send {
         async { Ok((self.clone(), Vec::new())) }
     }
+    /// The row of a job whose lease expired and that the reconciler took back in `conn`,
+    /// read without the fence the lease no longer holds. None for a kind whose job is all
+    /// its state.
+    fn read_lost(
+        _conn: &mut PgConnection,
+        _lease: &Lease,
+    ) -> impl Future<Output = Result<Option<Self>, StoreError>> + Send {
+        async { Ok(None) }
+    }
     /// Starts a row that is simply waiting to start (a claim's usual case) with no
     /// transaction of its own: read, then moved by one statement fenced by the lease. None
     /// when it is not waiting, or no longer as read: [`begin`]'s general path then finds
@@ -158,7 +167,7 @@ pub(crate) async fn begin<R: Attempted>(
     let queued: R;
     let (current, mut events) = if reclaimed {
         let (requeued, events) = row
-            .requeue_lost(&mut tx, &scope, "worker_lease_expired", &actor)
+            .requeue_lost(&mut tx, &scope, LEASE_EXPIRED, &actor)
             .await?;
         queued = requeued;
         (&queued, events)
@@ -184,6 +193,29 @@ pub(crate) async fn begin<R: Attempted>(
     tx.commit().await?;
     count_reclaim(reclaimed, lease);
     Ok(Some(started))
+}
+
+/// Why a row a lost worker left running went back to `queued`, on its transition.
+const LEASE_EXPIRED: &str = "worker_lease_expired";
+
+/// The reconciler's half of a takeover, for a job whose lease expired and which it took
+/// back in `conn`: the row its worker left running goes back to `queued` with its gap
+/// events, so nothing sits `running` with no live worker.
+pub(crate) async fn requeue_lost<R: Attempted>(
+    conn: &mut PgConnection,
+    lease: &Lease,
+) -> Result<(), StoreError> {
+    let Some(row) = R::read_lost(conn, lease).await? else {
+        return Ok(());
+    };
+    if !row.is_running() {
+        return Ok(());
+    }
+    let scope = lease.scope();
+    let (_, events) = row
+        .requeue_lost(conn, &scope, LEASE_EXPIRED, &Actor::System)
+        .await?;
+    events::append(conn, &scope, &events).await
 }
 
 /// Ends the attempt as the executor left it; returns the job metric's label. `row` is

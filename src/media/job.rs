@@ -111,6 +111,13 @@ impl Attempted for MediaJobRecord {
         Ok((record, vec![event]))
     }
 
+    async fn read_lost(conn: &mut PgConnection, lease: &Lease) -> Result<Option<Self>, StoreError> {
+        let scope = lease.scope();
+        crate::media::lock(conn, &scope, &lease.ref_id)
+            .await
+            .map(Some)
+    }
+
     async fn start<'r>(
         &'r self,
         conn: &mut PgConnection,

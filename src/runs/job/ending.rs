@@ -167,6 +167,10 @@ impl Attempted for RunWithTask {
         Ok((self.with_run(run), events))
     }
 
+    async fn read_lost(conn: &mut PgConnection, lease: &Lease) -> Result<Option<Self>, StoreError> {
+        runs::read_with_task(conn, lease).await
+    }
+
     /// A queued run: read, then started by one statement that checks the lease and the
     /// status read, and appends `run.started`.
     async fn start_waiting(pool: &PgPool, lease: &Lease) -> Result<Option<Self>, StoreError> {

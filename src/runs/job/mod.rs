@@ -2,6 +2,11 @@
 //! behalf happens in a transaction fenced by the job's lease, so a worker that lost its
 //! lease (paused, partitioned, presumed dead) cannot change the run afterwards.
 //!
+//! The attempt is begun here for every run ([`Runs`]) and driven by one of two executors:
+//! the process executor ([`RunJobs::execute_process`]: shell, git, file), or, for an
+//! `agent_loop` task, the agent loop, which `agent` builds on this attempt and plugs in
+//! from above as a [`RunExecutor`].
+//!
 //! An attempt whose process writes no output is two transactions: the start (the run
 //! `running`, `run.started`) and the end (its step and output artifacts, the run's
 //! terminal state and events, the ack). The executor's step and artifact rows are held
@@ -22,17 +27,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use keel_workers::RunSpec;
 use sqlx::PgPool;
 use tokio::sync::Mutex;
 
 use crate::artifacts::content::ContentStore;
 use crate::attempt;
+use crate::attempt::JobKind;
 use crate::attempt::Verdict;
 use crate::attempt::fence::Fence;
 use crate::db::StoreError;
 use crate::providers::secrets::SecretPolicy;
-use crate::queue::worker::Job;
+use crate::queue::worker::{Job, JobHandler};
 use crate::runs::{RunRecord, RunWithTask};
 use crate::tasks;
 use crate::tasks::{RunTimeouts, WorkspaceRoots, resolve_secret};
@@ -41,6 +48,49 @@ use context::{Held, Shared};
 use ending::End;
 use hooks::{AttemptHooks, RepoClone, ResultPush, credential_answer};
 use keel_workers::media::Secret;
+
+/// The `run` kind: an attempt of a run, begun as every run's is, then driven by the
+/// process executor or, for an `agent_loop` task, by the agent loop.
+pub(crate) struct Runs {
+    pub(crate) jobs: RunJobs,
+    pub(crate) agent_loop: Arc<dyn RunExecutor>,
+}
+
+/// What drives a run's attempt once [`attempt::begin`] marked it running, to its
+/// [`attempt::conclude`]; returns the outcome, as the job duration metric labels it.
+pub(crate) trait RunExecutor: Send + Sync {
+    fn execute<'a>(
+        &'a self,
+        jobs: &'a RunJobs,
+        job: Job,
+        row: RunWithTask,
+    ) -> BoxFuture<'a, Result<&'static str, StoreError>>;
+}
+
+impl JobHandler for Runs {
+    fn kind(&self) -> &'static str {
+        JobKind::Run.as_str()
+    }
+
+    fn run(self: Arc<Self>, job: Job) -> BoxFuture<'static, ()> {
+        attempt::observed!(JobKind::Run, "run_job", run_id, job, async move {
+            self.execute(job).await
+        })
+    }
+}
+
+impl Runs {
+    async fn execute(&self, job: Job) -> Result<&'static str, StoreError> {
+        let Some(row) = attempt::begin::<RunWithTask>(&self.jobs.pool, &job.lease, &()).await?
+        else {
+            return Ok("skipped");
+        };
+        match row.task.is_agent_loop() {
+            true => self.agent_loop.execute(&self.jobs, job, row).await,
+            false => self.jobs.execute_process(job, row).await,
+        }
+    }
+}
 
 pub(crate) struct RunJobs {
     pub(crate) pool: PgPool,
@@ -62,7 +112,7 @@ pub(crate) struct RunJobs {
 impl RunJobs {
     /// Runs one attempt of a process run (shell, git, file) that [`attempt::begin`] marked
     /// running; returns its outcome, as the job duration metric labels it.
-    pub(crate) async fn execute_process(
+    async fn execute_process(
         &self,
         job: Job,
         row: RunWithTask,
