@@ -102,8 +102,6 @@ const MAY_USE: &[(&str, &[&str])] = &[
             "attempt",
             "config",
             "db",
-            "domain",
-            "events",
             "external",
             "media",
             "providers",
