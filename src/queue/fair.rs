@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use crate::queue::Result;
 use crate::queue::{Lease, begin_ordered_reads, millis, query_leases};
@@ -26,10 +26,22 @@ pub async fn claim(
     default_max: u32,
 ) -> Result<Vec<Lease>> {
     let mut tx = begin_ordered_reads(pool).await?;
-    // The workspaces with due jobs of the kind (found by skipping from one workspace's
-    // stretch of the index to the next) or with expired leases of it, each locked for the
-    // claim's transaction.
-    let workspaces: Vec<String> = sqlx::query!(
+    let workspaces = lock_workspaces_with_work(&mut tx, kind).await?;
+    if workspaces.is_empty() {
+        tx.commit().await?;
+        return Ok(Vec::new());
+    }
+    let leases =
+        claim_within_room(&mut tx, owner, kind, limit, lease, &workspaces, default_max).await?;
+    tx.commit().await?;
+    Ok(leases)
+}
+
+/// The workspaces with due jobs of the kind (found by skipping from one workspace's
+/// stretch of the index to the next) or with expired leases of it, each locked for the
+/// claim's transaction, in one order.
+async fn lock_workspaces_with_work(conn: &mut PgConnection, kind: &str) -> Result<Vec<String>> {
+    let workspaces = sqlx::query!(
         r#"WITH RECURSIVE due AS (
         (SELECT workspace_id FROM queue_jobs
          WHERE kind = $1 AND lease_owner IS NULL AND run_after <= now()
@@ -53,18 +65,27 @@ pub async fn claim(
     FROM ordered"#,
         kind,
     )
-    .fetch_all(&mut *tx)
+    .fetch_all(conn)
     .await?
     .into_iter()
     .map(|row| row.workspace_id)
     .collect();
-    if workspaces.is_empty() {
-        tx.commit().await?;
-        return Ok(Vec::new());
-    }
-    // Up to $4 jobs from the locked workspaces $5, each within its limit (its row in
-    // workspace_limits, else $6), leased by an array of ids as the plain claim leases them.
-    let leases = query_leases!(
+    Ok(workspaces)
+}
+
+/// Up to `limit` jobs from the locked `workspaces`, each within its limit (its row in
+/// `workspace_limits`, else `default_max`), leased by an array of ids as the plain claim
+/// leases them.
+async fn claim_within_room(
+    conn: &mut PgConnection,
+    owner: &str,
+    kind: &str,
+    limit: i64,
+    lease: Duration,
+    workspaces: &[String],
+    default_max: u32,
+) -> Result<Vec<Lease>> {
+    query_leases!(
         "WITH running AS (
         SELECT workspace_id, count(*) AS held FROM queue_jobs
         WHERE lease_owner IS NOT NULL AND lease_expires_at >= now() AND workspace_id = ANY($5)
@@ -106,11 +127,10 @@ pub async fn claim(
         millis(lease),
         kind,
         limit,
-        &workspaces,
+        workspaces,
         i32::try_from(default_max).unwrap_or(i32::MAX),
     )
-    .fetch_all(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(leases)
+    .fetch_all(conn)
+    .await
+    .map_err(Into::into)
 }

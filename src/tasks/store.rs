@@ -133,48 +133,11 @@ pub async fn insert(
     let id = new_id("task");
     let none = AgentLoop::default();
     let (process, agent) = match &task.execution {
-        TaskExecution::Process(execution) => (Some(execution), &none),
-        TaskExecution::AgentLoop(agent) => (None, agent),
+        TaskExecution::Process(execution) => (execution_columns(execution), &none),
+        TaskExecution::AgentLoop(agent) => (ProcessColumns::agent_loop(), agent),
     };
-    let (kind, shell, git, path, content, operation) = match process {
-        None => (
-            ExecutionKind::AgentLoop.as_str(),
-            None,
-            None,
-            None,
-            None,
-            None,
-        ),
-        Some(Execution::Shell { command }) => ("shell", Some(command), None, None, None, None),
-        Some(Execution::Git { command }) => ("git", None, Some(command), None, None, None),
-        Some(Execution::File {
-            path,
-            content,
-            operation,
-        }) => {
-            let operation = match operation {
-                FileOperation::Write => "write",
-                FileOperation::Append => "append",
-                FileOperation::Delete => "delete",
-            };
-            (
-                "file",
-                None,
-                None,
-                Some(path),
-                content.as_ref(),
-                Some(operation),
-            )
-        }
-    };
-    let (mode, directory, allowed_root) = match &task.workspace {
-        WorkspaceMode::Ephemeral => ("ephemeral", None, None),
-        WorkspaceMode::Persistent => ("persistent", None, None),
-        WorkspaceMode::InPlace {
-            directory,
-            allowed_root,
-        } => ("in_place", Some(directory), allowed_root.as_ref()),
-    };
+    let (mode, directory, allowed_root) = workspace_columns(&task.workspace);
+    let repo = task.repo.as_ref();
     // One statement: the row, its audit record, and the row as the API shows it (a new
     // task has no run, so its projection is written out rather than read).
     let hooks = task
@@ -219,13 +182,13 @@ pub async fn insert(
                 0::bigint AS "latest_run_artifact_count!", created_at, updated_at
          FROM created"#,
         id,
-        kind,
+        process.kind,
         task.prompt,
-        shell,
-        git,
-        path,
-        content,
-        operation,
+        process.shell,
+        process.git,
+        process.path,
+        process.content,
+        process.operation,
         directory,
         mode,
         allowed_root,
@@ -244,24 +207,87 @@ pub async fn insert(
         hooks,
         agent.reasoning_effort,
         agent.workspace_system_prompt_policy,
-        task.repo.as_ref().map(|repo| repo.url.as_str()),
-        task.repo
-            .as_ref()
-            .and_then(|repo| repo.base_branch.as_deref()),
+        repo.map(|repo| repo.url.as_str()),
+        repo.and_then(|repo| repo.base_branch.as_deref()),
         mcp_servers,
         task.written_by.as_str(),
-        task.repo
-            .as_ref()
-            .and_then(|repo| repo.credential.as_ref())
+        repo.and_then(|repo| repo.credential.as_ref())
             .map(ToString::to_string),
         agent.execution_profile,
-        task.repo
-            .as_ref()
-            .and_then(|repo| repo.push_branch.as_deref()),
+        repo.and_then(|repo| repo.push_branch.as_deref()),
     )
     .fetch_one(conn)
     .await?;
     Ok(created)
+}
+
+/// A process execution's columns: its kind and the one command, or the file operation,
+/// it names (an agent loop's row names none).
+struct ProcessColumns<'a> {
+    kind: &'static str,
+    shell: Option<&'a String>,
+    git: Option<&'a String>,
+    path: Option<&'a String>,
+    content: Option<&'a String>,
+    operation: Option<&'static str>,
+}
+
+impl ProcessColumns<'_> {
+    fn agent_loop() -> Self {
+        ProcessColumns {
+            kind: ExecutionKind::AgentLoop.as_str(),
+            shell: None,
+            git: None,
+            path: None,
+            content: None,
+            operation: None,
+        }
+    }
+}
+
+fn execution_columns(execution: &Execution) -> ProcessColumns<'_> {
+    let none = ProcessColumns::agent_loop();
+    match execution {
+        Execution::Shell { command } => ProcessColumns {
+            kind: "shell",
+            shell: Some(command),
+            ..none
+        },
+        Execution::Git { command } => ProcessColumns {
+            kind: "git",
+            git: Some(command),
+            ..none
+        },
+        Execution::File {
+            path,
+            content,
+            operation,
+        } => ProcessColumns {
+            kind: "file",
+            path: Some(path),
+            content: content.as_ref(),
+            operation: Some(match operation {
+                FileOperation::Write => "write",
+                FileOperation::Append => "append",
+                FileOperation::Delete => "delete",
+            }),
+            ..none
+        },
+    }
+}
+
+/// The workspace mode's columns: the mode, and an `in_place` task's directory and root.
+fn workspace_columns(
+    workspace: &WorkspaceMode,
+) -> (&'static str, Option<&String>, Option<&String>) {
+    match workspace {
+        WorkspaceMode::Ephemeral => ("ephemeral", None, None),
+        WorkspaceMode::Persistent => ("persistent", None, None),
+        WorkspaceMode::InPlace {
+            directory,
+            allowed_root,
+        } => ("in_place", Some(directory), allowed_root.as_ref()),
+    }
 }
 
 pub async fn get(conn: &mut PgConnection, scope: &Scope, id: &str) -> Result<TaskRecord> {

@@ -28,7 +28,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::queue::snapshot::{Claiming, HeldSnapshot};
+use crate::queue::snapshot::{Claiming, HeldSnapshot, Swept};
 use crate::queue::worker::window::Window;
 use crate::queue::{Lease, QueuePool};
 use crate::queue::{QueueError, reach};
@@ -213,18 +213,8 @@ impl Worker {
         // Whether a slot sat idle with no job waiting while the claim in flight travelled:
         // then the claim round trip, not the jobs, is what the worker waits on.
         let mut starved = false;
-        let claiming = Claiming {
-            pool: self.queue.clone(),
-            owner: self.id.clone(),
-            kinds: kinds.to_vec(),
-            lease: self.settings.timing.lease,
-            poll_interval: self.settings.poll_interval,
-            concurrency: self.settings.concurrency,
-        };
         let stop_sweep = CancellationToken::new();
-        let (snapshot, mut swept) = HeldSnapshot::start(claiming.clone(), stop_sweep.clone());
-        let max_per_workspace = self.settings.max_per_workspace;
-        let claimer = Arc::new(Claimer::new(claiming, max_per_workspace, snapshot));
+        let (claimer, mut swept) = self.claimer(kinds, &stop_sweep);
         while !shutdown.is_cancelled() {
             while let Some(done) = tasks.try_join_next() {
                 finished(registry, done);
@@ -276,6 +266,23 @@ impl Worker {
             self.hold(leases, sent, registry, &mut waiting);
         }
         self.release_waiting(waiting, registry).await;
+    }
+
+    /// What claims this worker's `kinds`, and the sweep of a held snapshot beside it (until
+    /// `stop_sweep`), whose leases come through the receiver.
+    fn claimer(&self, kinds: &[String], stop_sweep: &CancellationToken) -> (Arc<Claimer>, Swept) {
+        let claiming = Claiming {
+            pool: self.queue.clone(),
+            owner: self.id.clone(),
+            kinds: kinds.to_vec(),
+            lease: self.settings.timing.lease,
+            poll_interval: self.settings.poll_interval,
+            concurrency: self.settings.concurrency,
+        };
+        let (snapshot, swept) = HeldSnapshot::start(claiming.clone(), stop_sweep.clone());
+        let max_per_workspace = self.settings.max_per_workspace;
+        let claimer = Arc::new(Claimer::new(claiming, max_per_workspace, snapshot));
+        (claimer, swept)
     }
 
     /// One claim of up to `room` jobs, as a task of its own.
