@@ -63,8 +63,10 @@ impl Row {
         self
     }
 
-    fn ratio(mut self, ratio: f64, target: &'static str) -> Row {
-        self.ratio = Some(ratio);
+    /// The figure's ratio to its reference, when there is one to show (a ratio that is
+    /// not finite, or none measured, shows none).
+    fn ratio(mut self, ratio: impl Into<Option<f64>>, target: &'static str) -> Row {
+        self.ratio = ratio.into().filter(|r| r.is_finite());
         self.target = target;
         self
     }

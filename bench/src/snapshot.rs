@@ -33,10 +33,11 @@ pub struct SnapshotFigures {
     pub before: Phase,
     pub during: Phase,
     pub after: Phase,
-    /// during / before jobs/s (the target is ≥ 0.75).
-    pub throughput_ratio: f64,
-    /// during / before pickup p99 (the target is ≤ 2).
-    pub p99_ratio: f64,
+    /// during / before jobs/s (the target is ≥ 0.75); None when the phase before acked
+    /// nothing to compare with (a machine too busy to ack a job in that window).
+    pub throughput_ratio: Option<f64>,
+    /// during / before pickup p99 (the target is ≤ 2); None as above.
+    pub p99_ratio: Option<f64>,
     pub dead_tuples: DeadTuples,
     /// Every 10 s from the start: (seconds since the start, jobs started, pickup p99 ms),
     /// to see when a backlog formed and when it went.
@@ -129,8 +130,8 @@ pub async fn figures(
     Ok(SnapshotFigures {
         pickup_series,
         rate,
-        throughput_ratio: during.jobs_per_s / before.jobs_per_s,
-        p99_ratio: p99(&during) / p99(&before),
+        throughput_ratio: ratio(during.jobs_per_s, before.jobs_per_s),
+        p99_ratio: ratio(p99(&during), p99(&before)),
         dead_tuples: DeadTuples {
             baseline,
             during_max,
@@ -308,4 +309,9 @@ impl<'a> Sampler<'a> {
     fn last(&self) -> i64 {
         self.samples.last().map_or(0, |(_, dead, _)| *dead)
     }
+}
+
+/// `of / to`, when both were measured and `to` is not zero.
+fn ratio(of: f64, to: f64) -> Option<f64> {
+    Some(of / to).filter(|r| r.is_finite())
 }

@@ -384,7 +384,12 @@ async fn a_fresh_comment_is_sent_once_after_approval_and_changed_targets_are_ref
     assert!(requests(&github, "POST", nine).await.is_empty());
     assert!(requests(&github, "POST", reviews).await.is_empty());
 
-    assert_eq!(response(&sent)["http_status"], 201, "{sent:?}");
+    // The POST's 201; or, where a worker took the action over after its lease was lost
+    // mid-send (a loaded machine), the 200 of the GET that found the comment by its marker:
+    // sent once either way (above).
+    let answered = response(&sent)["http_status"].clone();
+    let found_again = answered == 200 && !requests(&github, "GET", seven).await.is_empty();
+    assert!(answered == 201 || found_again, "{sent:?}");
     assert_eq!(response(&sent)["id"], 900, "{sent:?}");
     assert!(
         sent.finished_at.is_some() && sent.sending_at.is_some(),
@@ -393,7 +398,7 @@ async fn a_fresh_comment_is_sent_once_after_approval_and_changed_targets_are_ref
     let evidence = app.evidence(&sent).await;
     assert_eq!(evidence["evidence"]["outcome"], "sent", "{evidence}");
     assert_eq!(
-        evidence["evidence"]["answers"][0]["http_status"], 201,
+        evidence["evidence"]["answers"][0]["http_status"], answered,
         "{evidence}"
     );
     assert_eq!(

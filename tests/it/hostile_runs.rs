@@ -677,9 +677,11 @@ fn swap_for_links(swapping: &AtomicBool, parent: &Path, target: &Path, victims: 
                 swaps += 1;
                 std::fs::remove_file(&victim).unwrap();
             }
-            if std::fs::rename(&real, &victim).is_err() {
-                std::fs::remove_dir_all(&victim).unwrap();
-                std::fs::rename(&real, &victim).unwrap();
+            // The worker made it again, and a run may be writing in it: the real one goes
+            // back once it could be removed, and stays aside otherwise.
+            if std::fs::rename(&real, &victim).is_err() && std::fs::remove_dir_all(&victim).is_ok()
+            {
+                let _ = std::fs::rename(&real, &victim);
             }
         }
     }
