@@ -48,6 +48,7 @@ pub async fn run_worker(
     let removing = crate::maintenance::item_workspaces::run(
         pool.clone(),
         args.reconcile_interval(),
+        std::time::Duration::from_millis(args.lease_ms),
         sweeping.clone(),
     );
     tokio::spawn(removing);

@@ -171,15 +171,19 @@ async fn record(
             ..ItemChange::default()
         };
         external::update_item(&mut tx, scope, &item.id, &change).await?
-    } else if tracker.is_active(&issue.state) && claimed.is_none() {
+    } else if tracker.wants(issue) && claimed.is_none() {
         start(&mut tx, poller, scope, workflow, &item, issue, actor).await?
     } else {
         // Not to be worked on, or an earlier version of it already has its task.
         item
     };
     let cancelled_run_id = match claimed {
-        Some(claimed) if !tracker.is_active(&issue.state) => {
-            stop_claimed_run(&mut tx, scope, &claimed, &issue.state).await?
+        Some(claimed) if !tracker.wants(issue) => {
+            let why = match tracker.is_active(&issue.state) {
+                true => "no longer carries every required label".to_string(),
+                false => format!("left the active states (now {})", issue.state),
+            };
+            stop_claimed_run(&mut tx, scope, &claimed, &why).await?
         }
         _ => None,
     };
@@ -191,21 +195,19 @@ async fn record(
     })
 }
 
-/// Reconciliation: an item that left the active states has its run cancelled (a finished
-/// run stays as it is). Returns the run's id when it was still active.
+/// Reconciliation: an item no longer to be worked on (it left the active states, or lost
+/// a required label: `why`) has its run cancelled (a finished run stays as it is).
+/// Returns the run's id when it was still active.
 pub(crate) async fn stop_claimed_run(
     conn: &mut sqlx::PgConnection,
     scope: &Scope,
     claimed: &ItemRecord,
-    state: &str,
+    why: &str,
 ) -> Result<Option<String>, StoreError> {
     let (Some(task_id), Some(run_id)) = (&claimed.task_id, &claimed.run_id) else {
         return Ok(None);
     };
-    let reason = format!(
-        "the tracker item {} left the active states (now {state})",
-        claimed.identifier
-    );
+    let reason = format!("the tracker item {} {why}", claimed.identifier);
     let before = runs::get(conn, scope, task_id, run_id).await?;
     if before.status().is_terminal() {
         return Ok(None);

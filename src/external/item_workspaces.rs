@@ -2,6 +2,8 @@
 //! being prepared or wait to start, which terminal items still have a directory, the
 //! hooks' output, and the lock that keeps two processes out of one item's directory.
 
+use std::time::Duration;
+
 use serde::Serialize;
 use sqlx::PgConnection;
 
@@ -31,6 +33,42 @@ pub(crate) async fn begin_preparation(
     .fetch_one(conn)
     .await?;
     Ok(row)
+}
+
+/// Who holds a directory an item is about to be given.
+pub(crate) struct Held {
+    /// The directory the item's subject (its earlier versions) already has.
+    pub(crate) own: Option<String>,
+    /// Whether another subject of the workspace has `candidate`.
+    pub(crate) by_another: bool,
+}
+
+/// The directory the item's subject has, and whether another subject has `candidate`.
+pub(crate) async fn directory_held(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    item: &ItemRecord,
+    candidate: &str,
+) -> Result<Held> {
+    let row = sqlx::query!(
+        r#"SELECT (SELECT workspace_path FROM external_work_items
+                   WHERE workspace_id = $1 AND source_id = $2 AND identifier = $3
+                     AND workspace_path IS NOT NULL
+                   ORDER BY id DESC LIMIT 1) AS own,
+                  EXISTS (SELECT 1 FROM external_work_items
+                          WHERE workspace_id = $1 AND workspace_path = $4
+                            AND (source_id <> $2 OR identifier <> $3)) AS "by_another!""#,
+        scope.workspace(),
+        &item.source_id,
+        &item.identifier,
+        candidate,
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(Held {
+        own: row.own,
+        by_another: row.by_another,
+    })
 }
 
 /// Keeps what a hook printed on the item, under the hook's name.
@@ -127,8 +165,16 @@ pub(crate) struct Removal {
 }
 
 /// Terminal items whose subject still has a workspace, in every workspace, oldest first
-/// (the workers' maintenance removes them).
-pub(crate) async fn to_remove(conn: &mut PgConnection, limit: u32) -> Result<Vec<Removal>> {
+/// (the workers' maintenance removes them): terminal for `settled` at least, and with no
+/// version's run still active. A run cancelled with its item has its worker told at once,
+/// and stops at the latest when that worker's lease lapses: `settled` is longer, so no
+/// process of the subject's works in the directory when it goes (Symphony stops the agent
+/// before it cleans the workspace).
+pub(crate) async fn to_remove(
+    conn: &mut PgConnection,
+    limit: u32,
+    settled: Duration,
+) -> Result<Vec<Removal>> {
     // From the few subjects with a workspace (a partial index), to their newest version.
     let rows = sqlx::query!(
         r#"SELECT newest.id, newest.workspace_id, newest.source_id, newest.idempotency_key,
@@ -148,8 +194,17 @@ pub(crate) async fn to_remove(conn: &mut PgConnection, limit: u32) -> Result<Vec
                  AND n.identifier = w.identifier
                ORDER BY n.id DESC LIMIT 1
            ) newest
-           WHERE newest.state = 'terminal' ORDER BY newest.id LIMIT $1"#,
+           WHERE newest.state = 'terminal'
+             AND newest.updated_at < now() - $2::bigint * interval '1 millisecond'
+             AND NOT EXISTS (
+                 SELECT 1 FROM external_work_items v
+                 JOIN runs r ON r.workspace_id = v.workspace_id AND r.id = v.run_id
+                 WHERE v.workspace_id = w.workspace_id AND v.source_id = w.source_id
+                   AND v.identifier = w.identifier
+                   AND r.status IN ('queued', 'running', 'awaiting_approval'))
+           ORDER BY newest.id LIMIT $1"#,
         i64::from(limit),
+        i64::try_from(settled.as_millis()).unwrap_or(i64::MAX),
     )
     .fetch_all(conn)
     .await?;

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, FixedOffset, Utc};
 use futures_util::future::BoxFuture;
 use keel_workers::media::Secret;
 use serde_json::Value;
@@ -30,7 +30,7 @@ use crate::domain::{Actor, Scope};
 use crate::events::NewEvent;
 use crate::external;
 use crate::external::import::{Imported, advance_unstarted, import, retry, start};
-use crate::external::tracker::{Fetched, ITEMS_PER_FETCH, Poller, Tracker, token};
+use crate::external::tracker::{Candidate, Fetched, ITEMS_PER_FETCH, Poller, Tracker, token};
 use crate::external::workflow::{ExternalError, Issue, Workflow, load_workflow, tracker};
 use crate::external::workspace;
 use crate::external::{ItemRecord, PollRecord, SourceRecord};
@@ -216,8 +216,9 @@ impl Imports<'_> {
         let failed = external::claimed_with_failed_runs(&mut conn, scope, &source.id, 50).await?;
         drop(conn);
         for failed in failed {
-            let state = &failed.newest_tracker_state;
-            if !tracker.is_active(state) || tracker.is_terminal(state) {
+            let wanted = serde_json::from_value::<Issue>(failed.newest_issue.clone())
+                .is_ok_and(|issue| tracker.wants(&issue) && !tracker.is_terminal(&issue.state));
+            if !wanted {
                 continue;
             }
             let mut tx = poller.pool.begin().await?;
@@ -249,7 +250,7 @@ impl Imports<'_> {
             let Ok(issue) = serde_json::from_value::<Issue>(item.issue.clone()) else {
                 continue;
             };
-            if !tracker.is_active(&issue.state) {
+            if !tracker.wants(&issue) {
                 continue;
             }
             let mut tx = poller.pool.begin().await?;
@@ -312,27 +313,32 @@ impl Imports<'_> {
         Ok(())
     }
 
-    /// Imports each item in turn; an item that cannot be read is skipped with a warning.
-    /// Returns the tracker ids of the items it read.
+    /// Imports each item in dispatch order ([`dispatch_order`]: the first ones take the
+    /// free slots); an item that cannot be read is skipped with a warning. Returns the
+    /// tracker ids of the items it read.
     async fn all(
         &self,
         tracker: &Tracker,
         items: &[Value],
         summary: &mut PollSummary,
     ) -> Result<Vec<String>, StoreError> {
-        let mut seen = Vec::new();
-        for value in items {
-            let candidate = match tracker.api().candidate(tracker, value) {
-                Ok(candidate) => candidate,
+        let mut candidates: Vec<Candidate> = items
+            .iter()
+            .filter_map(|value| match tracker.api().candidate(tracker, value) {
+                Ok(candidate) => Some(candidate),
                 Err(message) => {
                     let source_id = &self.source.id;
                     tracing::warn!(%source_id, %message, "skipped a tracker item");
-                    continue;
+                    None
                 }
-            };
+            })
+            .collect();
+        candidates.sort_by_cached_key(|candidate| dispatch_order(&candidate.issue));
+        let mut seen = Vec::new();
+        for candidate in &candidates {
             seen.push(candidate.issue.id.clone());
             let (poller, scope, source) = (self.poller, self.scope, self.source);
-            match import(poller, scope, source, self.workflow, &candidate, self.actor).await {
+            match import(poller, scope, source, self.workflow, candidate, self.actor).await {
                 Ok(imported) => summary.count(&imported),
                 Err(ExternalError::Store(error)) => return Err(error),
                 Err(other) => summary.failed("import_failed", other.to_string()),
@@ -340,6 +346,20 @@ impl Imports<'_> {
         }
         Ok(seen)
     }
+}
+
+/// Symphony's dispatch order: priority 1 (urgent) to 4 first, an item without one after;
+/// then the oldest created (an item without a creation time last); then the identifier.
+fn dispatch_order(issue: &Issue) -> (i64, bool, Option<DateTime<FixedOffset>>, String) {
+    let priority = issue.priority.filter(|p| (1..=4).contains(p)).unwrap_or(5);
+    let created =
+        (issue.created_at.as_deref()).and_then(|at| DateTime::parse_from_rfc3339(at).ok());
+    (
+        priority,
+        created.is_none(),
+        created,
+        issue.identifier.clone(),
+    )
 }
 
 /// The handler of `poll` jobs: a background poll of the job's source, then the job row is

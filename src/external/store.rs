@@ -397,7 +397,9 @@ pub(crate) async fn lock_slots(
 }
 
 /// How many of the source's items have an active run: all of them, and those whose
-/// tracker state (trimmed, lowercased) is `state`.
+/// tracker state (trimmed, lowercased) is now `state`: the state of the subject's newest
+/// version, so an item that moved on counts in the state it moved to (Symphony counts by
+/// the current tracked state).
 pub(crate) async fn active_runs(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -406,9 +408,15 @@ pub(crate) async fn active_runs(
 ) -> Result<(i64, i64)> {
     let counts = sqlx::query!(
         r#"SELECT count(*) AS "all!",
-                  count(*) FILTER (WHERE lower(btrim(i.tracker_state)) = $3) AS "in_state!"
+                  count(*) FILTER (WHERE lower(btrim(newest.tracker_state)) = $3) AS "in_state!"
            FROM external_work_items i
            JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
+           CROSS JOIN LATERAL (
+               SELECT n.tracker_state FROM external_work_items n
+               WHERE n.workspace_id = i.workspace_id AND n.source_id = i.source_id
+                 AND n.identifier = i.identifier
+               ORDER BY n.id DESC LIMIT 1
+           ) newest
            WHERE i.workspace_id = $1 AND i.source_id = $2
              AND r.status IN ('queued', 'running', 'awaiting_approval')"#,
         scope.workspace(),
@@ -428,8 +436,8 @@ pub(crate) struct FailedClaim {
     pub(crate) run_error: Option<String>,
     /// The task's runs so far: the next one is retry number `run_count`.
     pub(crate) run_count: i32,
-    /// The tracker state of the subject's newest version.
-    pub(crate) newest_tracker_state: String,
+    /// The issue as the subject's newest version has it.
+    pub(crate) newest_issue: serde_json::Value,
 }
 
 /// The source's items whose task's latest run failed, oldest first.
@@ -445,10 +453,10 @@ pub(crate) async fn claimed_with_failed_runs(
                   i.last_error_code, i.last_error, i.workspace_path, i.hook_output,
                   i.created_at, i.updated_at,
                   r.finished_at AS "run_finished_at!", r.last_error AS run_error, t.run_count,
-                  (SELECT n.tracker_state FROM external_work_items n
+                  (SELECT n.issue FROM external_work_items n
                    WHERE n.workspace_id = i.workspace_id AND n.source_id = i.source_id
                      AND n.identifier = i.identifier
-                   ORDER BY n.id DESC LIMIT 1) AS "newest_tracker_state!"
+                   ORDER BY n.id DESC LIMIT 1) AS "newest_issue!"
            FROM external_work_items i
            JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
            JOIN tasks t ON t.workspace_id = i.workspace_id AND t.id = i.task_id
@@ -468,13 +476,14 @@ pub(crate) async fn claimed_with_failed_runs(
             run_finished_at: row.run_finished_at,
             run_error: row.run_error,
             run_count: row.run_count,
-            newest_tracker_state: row.newest_tracker_state,
+            newest_issue: row.newest_issue,
         })
         .collect())
 }
 
-/// Items left waiting for a free slot, the newest version of each subject, oldest subject
-/// first: what a poll starts once slots free up.
+/// Items left waiting for a free slot, the newest version of each subject, in dispatch
+/// order (priority 1 to 4, then none; the oldest created; the identifier, as `poll`'s
+/// `dispatch_order`): what a poll starts once slots free up.
 pub(crate) async fn waiting_for_slots(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -489,7 +498,10 @@ pub(crate) async fn waiting_for_slots(
              ORDER BY identifier, id DESC
          ) newest
          WHERE state = 'discovered' AND last_error_code = 'no_free_slot'
-         ORDER BY id LIMIT $3",
+         ORDER BY CASE WHEN (issue->>'priority')::bigint BETWEEN 1 AND 4
+                       THEN (issue->>'priority')::bigint ELSE 5 END,
+                  issue->>'created_at' NULLS LAST, identifier
+         LIMIT $3",
         scope.workspace(),
         source_id,
         i64::from(limit),

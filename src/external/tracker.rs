@@ -60,6 +60,9 @@ pub(crate) struct Tracker {
     pub(crate) project_slug: Option<String>,
     pub(crate) active_states: Vec<String>,
     pub(crate) terminal_states: Vec<String>,
+    /// Symphony's `required_labels`, trimmed and lowercased: an item is worked on only
+    /// when it carries every one (a blank one matches no item).
+    pub(crate) required_labels: Vec<String>,
     /// Seed 000's event filter (`pull_request.opened`, …), kept as given.
     pub(crate) events: Vec<String>,
 }
@@ -73,11 +76,28 @@ impl Tracker {
     pub(crate) fn is_terminal(&self, state: &str) -> bool {
         contains_state(&self.terminal_states, state)
     }
+
+    /// Whether `issue` is to be worked on: in an active state, with every required label
+    /// (Symphony's dispatch eligibility). An item that stops being wanted has its run
+    /// stopped.
+    pub(crate) fn wants(&self, issue: &Issue) -> bool {
+        let labels: Vec<String> = issue.labels.iter().map(|l| normalized(l)).collect();
+        self.is_active(&issue.state)
+            && self
+                .required_labels
+                .iter()
+                .all(|required| !required.is_empty() && labels.contains(required))
+    }
+}
+
+/// A state or label as compared: trimmed, without case.
+pub(crate) fn normalized(text: &str) -> String {
+    text.trim().to_lowercase()
 }
 
 fn contains_state(states: &[String], state: &str) -> bool {
-    let state = state.trim().to_lowercase();
-    states.iter().any(|s| s.trim().to_lowercase() == state)
+    let state = normalized(state);
+    states.iter().any(|s| normalized(s) == state)
 }
 
 fn display_ref<S: serde::Serializer>(

@@ -19,7 +19,7 @@ use crate::db::StoreError;
 use crate::external::SourceRecord;
 use crate::external::github::GitHub;
 use crate::external::linear::Linear;
-use crate::external::tracker::{Tracker, TrackerApi, TrackerKind};
+use crate::external::tracker::{Tracker, TrackerApi, TrackerKind, normalized};
 use crate::providers::secrets::SecretRef;
 use crate::tasks::{Hooks, MAX_HOOK_TIMEOUT_MS, TaskDraft};
 
@@ -271,6 +271,9 @@ struct RawTracker {
     project_slug: Option<String>,
     active_states: Option<States>,
     terminal_states: Option<States>,
+    /// Symphony's label filter.
+    #[serde(default)]
+    required_labels: Vec<String>,
     /// Seed 000's event filter.
     #[serde(default)]
     events: Vec<String>,
@@ -454,6 +457,7 @@ impl RawSource {
             project_slug: self.project_slug,
             active_states: None,
             terminal_states: None,
+            required_labels: Vec::new(),
             events: self.events,
         }
     }
@@ -485,6 +489,7 @@ impl RawTracker {
             terminal_states: self
                 .terminal_states
                 .map_or_else(|| strings(terminal), States::into_vec),
+            required_labels: self.required_labels.iter().map(|l| normalized(l)).collect(),
             events: self.events,
         };
         // A workflow wrong in both hears of its tracker's settings first, the key's after.

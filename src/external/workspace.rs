@@ -17,6 +17,7 @@
 //! item hold its workspace lock, so two processes never work in one directory at once.
 
 use std::path::Path;
+use std::time::Duration;
 
 use keel_workers::SandboxPolicy;
 use keel_workers::hooks::{self, HookRun};
@@ -27,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::db::StoreError;
 use crate::domain::Scope;
 use crate::external;
-use crate::external::item_workspaces::Removal;
+use crate::external::item_workspaces::{self, Held, Removal};
 use crate::external::tracker::Poller;
 use crate::external::workflow::{Workflow, load_workflow};
 use crate::external::{ItemChange, ItemRecord};
@@ -39,21 +40,37 @@ const UNAVAILABLE: &str = "workspace_unavailable";
 /// Items carried on, and workspaces removed, per pass.
 pub(crate) const PER_PASS: u32 = 50;
 
-/// Symphony's workspace key: every character outside `[A-Za-z0-9._-]` becomes `_`, and a
-/// key that would name the root or its parent (`.`, `..`) has its dots replaced too.
+/// Symphony's workspace key: every character outside `[A-Za-z0-9._-]` becomes `_` (and
+/// the dots of a key that would name the root or its parent, `.` and `..`); when that
+/// changed the identifier, `--` and the first 16 hex digits of its SHA-256 follow, so two
+/// identifiers that sanitize alike (`team/a-1`, `team_a-1`) never share a directory.
 pub(crate) fn key(identifier: &str) -> String {
-    let key: String = identifier
+    let safe: String = identifier
         .chars()
         .map(|c| match c {
             'A'..='Z' | 'a'..='z' | '0'..='9' | '.' | '_' | '-' => c,
             _ => '_',
         })
         .collect();
-    match key.as_str() {
+    let safe = match safe.as_str() {
         "" => "_".to_string(),
-        "." | ".." => key.replace('.', "_"),
-        _ => key,
+        "." | ".." => safe.replace('.', "_"),
+        _ => safe,
+    };
+    match safe == identifier {
+        true => safe,
+        false => format!("{safe}--{}", short_hash(identifier)),
     }
+}
+
+/// The first 16 hex digits (64 bits) of `text`'s SHA-256.
+fn short_hash(text: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    digest[..8]
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
 }
 
 /// Under the subject's lock, in `start`: records the item's directory and marks it
@@ -68,10 +85,8 @@ pub async fn claim(
 ) -> Result<ItemRecord, StoreError> {
     match poller.rules.workspace_roots.confine(root, None) {
         Ok(root) => {
-            let directory = root
-                .join(scope.directory_name())
-                .join(key(&item.identifier));
-            let directory = directory.to_string_lossy();
+            let tenant = root.join(scope.directory_name());
+            let directory = directory_for(conn, scope, item, &tenant).await?;
             crate::external::item_workspaces::begin_preparation(conn, scope, &item.id, &directory)
                 .await
         }
@@ -83,6 +98,33 @@ pub async fn claim(
             blocked(conn, scope, item, REFUSED, &message).await
         }
     }
+}
+
+/// The item's directory under `tenant`: the one its earlier versions worked in, else its
+/// [`key`]'s, unless another subject (another source's item of the same identifier) holds
+/// that one: then the key is told apart by the hash of the source and identifier.
+async fn directory_for(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    item: &ItemRecord,
+    tenant: &Path,
+) -> Result<String, StoreError> {
+    let candidate = tenant.join(key(&item.identifier));
+    let candidate = candidate.to_string_lossy();
+    let held = item_workspaces::directory_held(conn, scope, item, &candidate).await?;
+    Ok(match held {
+        Held { own: Some(own), .. } => own,
+        Held {
+            by_another: false, ..
+        } => candidate.into_owned(),
+        Held {
+            by_another: true, ..
+        } => {
+            let subject = format!("{}\n{}", item.source_id, item.identifier);
+            let apart = format!("{}--{}", key(&item.identifier), short_hash(&subject));
+            tenant.join(apart).to_string_lossy().into_owned()
+        }
+    })
 }
 
 /// The item's workspace lock (see [`crate::external::item_workspaces::try_lock`]): a session lock on a connection of
@@ -197,12 +239,17 @@ async fn inside_root(directory: &Path) -> Result<(), String> {
 }
 
 /// The workers' maintenance duty: removes the workspaces of items that became terminal,
-/// in every workspace, `before_remove` first where a run prepared the directory (a failure
-/// is logged and ignored); returns how many went. An item whose source is gone, or whose
-/// workflow no longer reads, keeps its workspace until it does.
-pub(crate) async fn remove_terminal_workspaces(pool: &PgPool) -> Result<u64, StoreError> {
+/// in every workspace, once every run of theirs stopped (terminal for twice the workers'
+/// `lease` at least: see [`item_workspaces::to_remove`]), `before_remove` first where a
+/// run prepared the directory (a failure is logged and ignored); returns how many went.
+/// An item whose source is gone, or whose workflow no longer reads, keeps its workspace
+/// until it does.
+pub(crate) async fn remove_terminal_workspaces(
+    pool: &PgPool,
+    lease: Duration,
+) -> Result<u64, StoreError> {
     let mut conn = pool.acquire().await?;
-    let removals = crate::external::item_workspaces::to_remove(&mut conn, PER_PASS).await?;
+    let removals = item_workspaces::to_remove(&mut conn, PER_PASS, lease * 2).await?;
     drop(conn);
     let mut removed = 0;
     for removal in removals {
@@ -353,11 +400,21 @@ mod tests {
     #[test]
     fn workspace_keys_keep_symphonys_characters_and_stay_inside_the_root() {
         assert_eq!(key("ENG-12"), "ENG-12");
-        assert_eq!(key("acme/widgets#7"), "acme_widgets_7");
-        assert_eq!(key("a b/../c"), "a_b_.._c");
-        assert_eq!(key(".."), "__");
-        assert_eq!(key("."), "_");
-        assert_eq!(key(""), "_");
-        assert_eq!(key("ünï"), "_n_");
+        assert_eq!(key("acme/widgets#7"), "acme_widgets_7--167330bbd557f049");
+        assert!(key("a b/../c").starts_with("a_b_.._c--"));
+        assert!(key("..").starts_with("__--"));
+        assert!(key(".").starts_with("_--"));
+        assert!(key("").starts_with("_--"));
+        assert!(key("ünï").starts_with("_n_--"));
+    }
+
+    /// Symphony: "workspace keys disambiguate identifiers that sanitize to the same path".
+    #[test]
+    fn symphony_workspace_keys_disambiguate_identifiers_that_sanitize_to_the_same_path() {
+        let (slash, underscore) = (key("team/a-1"), key("team_a-1"));
+        assert_ne!(slash, underscore);
+        assert_eq!(underscore, "team_a-1");
+        assert_eq!(slash, "team_a-1--7c03d5a56ca4204b");
+        assert_eq!(key("team/a-1"), slash, "the same identifier, the same key");
     }
 }

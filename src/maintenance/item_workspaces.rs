@@ -10,10 +10,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::external::workspace::remove_terminal_workspaces;
 
-/// Removes terminal items' workspaces every `interval` until `stop` fires.
-pub async fn run(pool: PgPool, interval: Duration, stop: CancellationToken) {
+/// Removes terminal items' workspaces every `interval` until `stop` fires, once no run
+/// holding this `lease` can still be working in them.
+pub async fn run(pool: PgPool, interval: Duration, lease: Duration, stop: CancellationToken) {
     crate::maintenance::every(interval, stop, || async {
-        match remove_terminal_workspaces(&pool).await {
+        match remove_terminal_workspaces(&pool, lease).await {
             Ok(0) => {}
             Ok(removed) => tracing::info!(removed, "removed terminal items' workspaces"),
             Err(error) => tracing::warn!(%error, "removing terminal items' workspaces failed"),

@@ -17,8 +17,8 @@ use crate::support::{Client, KeelProcess, wait_for};
 use keel_client::{ItemRecord, ItemState, PollSummary, RunRecord, RunStatus, SourceRecord};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tracker::{CANARY, TOKEN_ENV, github_issue, items_of, list, register, run_of};
-use wiremock::matchers::{method, path};
+use tracker::{CANARY, TOKEN_ENV, github_issue, items_of, list, register, run_of, widget_key};
+use wiremock::matchers::{body_partial_json, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 /// A GitHub source on `github` whose items work under `root`, with `hooks` (YAML lines
@@ -191,7 +191,7 @@ async fn an_items_run_works_in_its_workspace_between_its_hooks() {
     let summary = setup.poll(&id).await;
     assert_eq!(summary.claimed, 1, "{summary:?}");
 
-    let workspace = setup.items.join("acme_widgets_1");
+    let workspace = setup.items.join(widget_key(1));
     let item = setup.newest_item(&id).await;
     assert_eq!(item.state, ItemState::Claimed, "{item:?}");
     assert_eq!(
@@ -318,7 +318,7 @@ async fn hooks_wait_for_the_run_s_approval_and_the_approver_sees_them() {
     let summary = setup.poll(&id).await;
     assert_eq!(summary.claimed, 2, "{summary:?}");
     // The poll prepared the directories and ran nothing: the runs wait for approval.
-    let first = setup.items.join("acme_widgets_1");
+    let first = setup.items.join(widget_key(1));
     assert!(first.is_dir());
     assert!(!found_below(&setup.root, "created.txt"));
     let item = newest_of(setup.client(), &id, "acme/widgets#1").await;
@@ -363,7 +363,7 @@ async fn hooks_wait_for_the_run_s_approval_and_the_approver_sees_them() {
     };
     serve(&setup.github, json!([closed(1), closed(2)])).await;
     setup.poll(&id).await;
-    let second = setup.items.join("acme_widgets_2");
+    let second = setup.items.join(widget_key(2));
     let gone = || async { (!first.exists() && !second.exists()).then_some(()) };
     wait_for(Duration::from_secs(20), "the workspaces to go", gone).await;
     let approved = newest_of(setup.client(), &id, "acme/widgets#1").await;
@@ -393,7 +393,7 @@ async fn a_failing_before_run_fails_the_attempt_and_the_item_waits_to_retry() {
         "{run:?}"
     );
     // The command never ran.
-    assert!(!setup.items.join("acme_widgets_1/ran.txt").exists());
+    assert!(!setup.items.join(widget_key(1)).join("ran.txt").exists());
     let artifacts = artifacts(setup.client(), &run).await;
     assert_eq!(text_of(&artifacts, "before_run.stderr"), "no checkout\n");
 
@@ -405,6 +405,104 @@ async fn a_failing_before_run_fails_the_attempt_and_the_item_waits_to_retry() {
         item.last_error_code.as_deref(),
         Some("run_failed"),
         "{item:?}"
+    );
+}
+
+/// A Linear source of project `project` whose items work under `root`.
+fn linear_workflow(linear: &MockServer, project: &str, root: &Path) -> String {
+    format!(
+        "---
+tracker:
+  kind: linear
+  endpoint: {}/graphql
+  project_slug: {project}
+  api_key: $ACME_LINEAR_API_KEY
+workspace:
+  root: {}
+task:
+  execution_kind: shell
+  shell_command: pwd
+---
+Work on {{{{ issue.identifier }}}}
+",
+        linear.uri(),
+        root.display()
+    )
+}
+
+/// Item directories never collide: one identifier from two sources of one workspace (an
+/// issue that moved from one Linear project to another) gets two directories.
+#[tokio::test]
+async fn one_identifier_from_two_sources_gets_two_directories() {
+    let key = [("ACME_LINEAR_API_KEY", "lin_api_key_for_tests")];
+    let setup = Setup::with_env(json!([]), &key, &key).await;
+    let linear = MockServer::start().await;
+    let issue = json!({ "id": "uuid-1", "identifier": "ENG-1", "title": "moved",
+        "priority": 2, "state": { "name": "Todo" }, "updatedAt": "2026-11-30T10:00:00.000Z",
+        "labels": { "nodes": [] }, "inverseRelations": { "nodes": [] } });
+    let page = json!({ "data": { "issues": { "nodes": [issue],
+        "pageInfo": { "hasNextPage": false, "endCursor": null } } } });
+    let mut directories = Vec::new();
+    for project in ["eng", "ops"] {
+        Mock::given(method("POST"))
+            .and(path("/graphql"))
+            .and(body_partial_json(
+                json!({ "variables": { "projectSlug": project } }),
+            ))
+            .respond_with(ResponseTemplate::new(200).set_body_json(page.clone()))
+            .mount(&linear)
+            .await;
+        let id = setup
+            .source(&linear_workflow(&linear, project, &setup.root))
+            .await;
+        let summary = setup.poll(&id).await;
+        assert_eq!(summary.claimed, 1, "{summary:?}");
+        let item = setup.newest_item(&id).await;
+        let run = setup.finished_run(&item).await;
+        assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+        directories.push(PathBuf::from(item.workspace_path.unwrap()));
+    }
+    assert_eq!(directories[0], setup.items.join("ENG-1"));
+    assert_ne!(directories[0], directories[1]);
+    let second = directories[1].file_name().unwrap().to_str().unwrap();
+    assert!(second.starts_with("ENG-1--"), "{second}");
+    assert!(directories.iter().all(|d| d.is_dir()), "{directories:?}");
+}
+
+/// Symphony: "workspace reuses existing issue directory without deleting local changes".
+/// A directory that already holds work (its preparation marker gone) keeps it when
+/// `after_create` fails there; a new directory's failed preparation is emptied again.
+#[tokio::test]
+async fn symphony_workspace_reuses_existing_issue_directory_without_deleting_local_changes() {
+    let issues = json!([github_issue(1, "open"), github_issue(2, "open")]);
+    let setup = Setup::new(issues).await;
+    let reused = setup.items.join(widget_key(1));
+    std::fs::create_dir_all(&reused).unwrap();
+    std::fs::write(reused.join("local-change.txt"), "work in progress").unwrap();
+    let hooks = "  after_create: touch partial.txt; exit 17";
+    let markdown = workflow(&setup.github, &setup.root, hooks, "touch ran.txt");
+    let id = setup.source(&markdown).await;
+    let summary = setup.poll(&id).await;
+    assert_eq!(summary.claimed, 2, "{summary:?}");
+    for number in [1, 2] {
+        let item = newest_of(setup.client(), &id, &format!("acme/widgets#{number}")).await;
+        let run = setup.finished_run(&item).await;
+        assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+        let error = run.last_error.as_deref().unwrap_or_default();
+        assert!(
+            error.starts_with("hook_failed: after_create exited with code 17"),
+            "{run:?}"
+        );
+    }
+    let kept = std::fs::read_to_string(reused.join("local-change.txt")).unwrap();
+    assert_eq!(kept, "work in progress");
+    assert!(reused.join("partial.txt").exists(), "nothing of it removed");
+    assert!(!reused.join("ran.txt").exists(), "the command never ran");
+    let new = setup.items.join(widget_key(2));
+    assert!(new.is_dir(), "the directory stays");
+    assert!(
+        !new.join("partial.txt").exists(),
+        "a new one is emptied again"
     );
 }
 
@@ -450,7 +548,7 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
         let run = setup.finished_run(&item).await;
         assert_eq!(run.status, RunStatus::Completed);
     }
-    let workspace = setup.items.join("acme_widgets_1");
+    let workspace = setup.items.join(widget_key(1));
     assert!(workspace.join("work.txt").exists());
     // A link inside the workspace to a file outside it: the removal must not follow it.
     let outside = setup.root.parent().unwrap().join("keep.txt");
@@ -460,7 +558,7 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     let elsewhere = setup.root.parent().unwrap().join("elsewhere");
     std::fs::create_dir(&elsewhere).unwrap();
     std::fs::write(elsewhere.join("precious.txt"), "kept").unwrap();
-    let swapped = setup.items.join("acme_widgets_3");
+    let swapped = setup.items.join(widget_key(3));
     std::fs::remove_dir_all(&swapped).unwrap();
     std::os::unix::fs::symlink(&elsewhere, &swapped).unwrap();
 
@@ -498,7 +596,7 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
         "{refused:?}"
     );
     assert_eq!(hook_output(&refused), Value::Null, "{refused:?}");
-    assert!(setup.items.join("acme_widgets_2").exists());
+    assert!(setup.items.join(widget_key(2)).exists());
     assert_eq!(std::fs::read_to_string(&outside).unwrap(), "kept");
     let terminal = newest_of(setup.client(), &id, "acme/widgets#1").await;
     assert_eq!(terminal.state, ItemState::Terminal, "{terminal:?}");
@@ -527,7 +625,7 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     let (status, body) = setup.client().post_empty(&reconcile).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(support::record::<PollSummary>(&body).terminal, 1, "{body}");
-    let second = setup.items.join("acme_widgets_2");
+    let second = setup.items.join(widget_key(2));
     let gone = || async { (!second.exists()).then_some(()) };
     wait_for(Duration::from_secs(20), "the second workspace to go", gone).await;
     // Nothing left to ask about.
@@ -537,6 +635,42 @@ async fn a_terminal_items_workspace_is_removed_after_before_remove() {
     assert_eq!(
         setup.github.received_requests().await.unwrap().len(),
         requests
+    );
+}
+
+/// Symphony: "terminal issue state stops running agent before cleaning workspace". The
+/// run still writing in the workspace when its issue closes is cancelled, and the
+/// workspace goes only once it stopped: `before_remove` sees a file it no longer grows.
+#[tokio::test]
+async fn symphony_terminal_issue_state_stops_running_agent_before_cleaning_workspace() {
+    let setup = Setup::new(json!([github_issue(1, "open")])).await;
+    let hooks = "  before_remove: wc -l < beats.txt; sleep 1; wc -l < beats.txt";
+    let command = "while true; do echo beat >> beats.txt; sleep 0.05; done";
+    let markdown = workflow(&setup.github, &setup.root, hooks, command);
+    let id = setup.source(&markdown).await;
+    setup.poll(&id).await;
+    let workspace = setup.items.join(widget_key(1));
+    let beating = || async { workspace.join("beats.txt").exists().then_some(()) };
+    wait_for(Duration::from_secs(20), "the run to write", beating).await;
+    let running = setup.newest_item(&id).await;
+
+    let mut closed = github_issue(1, "closed");
+    closed["updated_at"] = json!("2026-11-30T11:00:00Z");
+    serve(&setup.github, json!([closed])).await;
+    let summary = setup.poll(&id).await;
+    assert_eq!(summary.terminal, 1, "{summary:?}");
+    let gone = || async { (!workspace.exists()).then_some(()) };
+    wait_for(Duration::from_secs(30), "the workspace to go", gone).await;
+
+    let run = setup.finished_run(&running).await;
+    assert_eq!(run.status, RunStatus::Cancelled, "{run:?}");
+    let terminal = setup.newest_item(&id).await;
+    let counted = hook_output(&terminal)["before_remove"]["stdout"].clone();
+    let counts: Vec<&str> = counted.as_str().unwrap_or_default().lines().collect();
+    assert_eq!(counts.len(), 2, "{terminal:?}");
+    assert_eq!(
+        counts[0], counts[1],
+        "the run still wrote while before_remove ran"
     );
 }
 
@@ -705,7 +839,7 @@ async fn a_worker_killed_while_after_create_runs_leaves_it_to_the_next_attempt()
     let item = setup.newest_item(&id).await;
     let run = setup.finished_run(&item).await;
     assert_eq!(run.status, RunStatus::Completed, "{run:?}");
-    let workspace = setup.items.join("acme_widgets_1");
+    let workspace = setup.items.join(widget_key(1));
     let artifacts = artifacts(setup.client(), &run).await;
     assert_eq!(text_of(&artifacts, "after_create.stdout"), "again\n");
     let stdout = text_of(&artifacts, "stdout");

@@ -389,7 +389,9 @@ async fn github_polls_import_each_item_once_honour_etags_and_back_off_on_rate_li
 
 const LINEAR_CANARY: &str = "lin_api_canary_0badf00d";
 
-fn linear_workflow(endpoint: &str) -> String {
+/// A Linear source's workflow; `settings` (YAML lines) follow the tracker's own, so they
+/// may add to it (indented) and then name other sections.
+fn linear_workflow(endpoint: &str, settings: &str) -> String {
     format!(
         "---
 tracker:
@@ -397,7 +399,7 @@ tracker:
   endpoint: {endpoint}
   project_slug: eng
   api_key: $ACME_LINEAR_API_KEY
-task:
+{settings}task:
   execution_kind: shell
   shell_command: echo imported
 ---
@@ -455,13 +457,18 @@ struct LinearSource {
 }
 
 async fn linear_source(linear: &MockServer) -> LinearSource {
+    linear_source_with(linear, "").await
+}
+
+/// [`linear_source`] with more `settings` ([`linear_workflow`]).
+async fn linear_source_with(linear: &MockServer, settings: &str) -> LinearSource {
     let dir = tempfile::tempdir().unwrap();
     let db_url = support::fresh_database().await;
     let env = [("ACME_LINEAR_API_KEY", LINEAR_CANARY)];
     let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &env).await;
     let client = api.client.clone().unwrap();
     let endpoint = format!("{}/graphql", linear.uri());
-    let (status, body) = register(&client, &linear_workflow(&endpoint)).await;
+    let (status, body) = register(&client, &linear_workflow(&endpoint, settings)).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let id = source_id(&body);
     LinearSource {
@@ -610,6 +617,162 @@ async fn an_item_that_leaves_the_active_states_has_its_run_cancelled() {
     // ENG-2's run goes on.
     let two = item(&items, "ENG-2");
     assert_eq!(run_of(&client, two).await.status, RunStatus::Queued);
+}
+
+/// A Linear issue with these labels.
+fn labelled(number: u64, labels: &[&str]) -> Value {
+    let mut issue = linear_issue(number, "Todo");
+    let nodes: Vec<Value> = labels.iter().map(|name| json!({ "name": name })).collect();
+    issue["labels"]["nodes"] = json!(nodes);
+    issue
+}
+
+/// Symphony: "issue without every required label is not dispatch-eligible", and
+/// "reconcile stops running issue when a required label is removed". Labels compare
+/// trimmed and without case.
+#[tokio::test]
+async fn symphony_issue_without_every_required_label_is_not_dispatch_eligible() {
+    let linear = MockServer::start().await;
+    let page = json!([
+        labelled(1, &["Ready", "backend"]),
+        labelled(2, &["ready"]),
+        labelled(3, &[])
+    ]);
+    linear_page(Value::Null, page, None).mount(&linear).await;
+    let settings = "  required_labels: [' ready ', Backend]\n";
+    let source = linear_source_with(&linear, settings).await;
+    let (client, id) = (source.client.clone(), source.id.clone());
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.claimed, 1, "{summary:?}");
+    assert_eq!(task_count(&client).await, 1);
+    let items = items_of(&client, &id).await;
+    assert_eq!(item(&items, "ENG-1").state, ItemState::Claimed, "{items:?}");
+    for unwanted in ["ENG-2", "ENG-3"] {
+        let found = item(&items, unwanted);
+        assert_eq!(found.state, ItemState::Discovered, "{found:?}");
+        assert_eq!(found.task_id, None, "{found:?}");
+    }
+
+    // ENG-1 loses its backend label: its run is stopped.
+    linear.reset().await;
+    let mut relabelled = labelled(1, &["ready"]);
+    relabelled["updatedAt"] = json!("2026-11-30T12:00:00.000Z");
+    linear_page(Value::Null, json!([relabelled]), None)
+        .mount(&linear)
+        .await;
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.cancelled_runs, 1, "{summary:?}");
+    let run = run_of(&client, item(&items, "ENG-1")).await;
+    assert_eq!(run.status, RunStatus::Cancelled, "{run:?}");
+    let reason = run.last_error.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains("no longer carries every required label"),
+        "{reason}"
+    );
+}
+
+/// A Linear issue with this priority (0: none) and creation time.
+fn prioritized(number: u64, priority: i64, created_at: &str) -> Value {
+    let mut issue = linear_issue(number, "Todo");
+    issue["priority"] = json!(priority);
+    issue["createdAt"] = json!(created_at);
+    issue
+}
+
+/// Cancels the run of the item `identifier`, freeing its slot.
+async fn cancel_run_of(client: &Client, id: &str, identifier: &str) {
+    let items = items_of(client, id).await;
+    let claimed = item(&items, identifier);
+    let (task_id, run_id) = (claimed.task_id.as_deref(), claimed.run_id.as_deref());
+    let path = format!(
+        "/v1/tasks/{}/runs/{}/cancel",
+        task_id.unwrap(),
+        run_id.unwrap()
+    );
+    let (status, body) = client.post_empty(&path).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+/// The identifiers of the source's items that have a task, in the order they got one.
+async fn started_order(client: &Client, id: &str) -> Vec<String> {
+    let mut items: Vec<ItemRecord> = items_of(client, id)
+        .await
+        .into_iter()
+        .filter(|i| i.task_id.is_some())
+        .collect();
+    items.sort_by_key(|i| i.task_id.clone());
+    let mut order: Vec<String> = items.into_iter().map(|i| i.identifier).collect();
+    order.dedup();
+    order
+}
+
+/// Symphony: "orchestrator sorts dispatch by priority then oldest created_at". One slot:
+/// the urgent and oldest item takes it whatever the tracker's order, and the waiting items
+/// start in the same order as slots free.
+#[tokio::test]
+async fn symphony_orchestrator_sorts_dispatch_by_priority_then_oldest_created_at() {
+    let linear = MockServer::start().await;
+    let page = json!([
+        prioritized(1, 3, "2026-01-01T00:00:00.000Z"),
+        prioritized(2, 1, "2026-03-01T00:00:00.000Z"),
+        prioritized(3, 1, "2026-02-01T00:00:00.000Z"),
+        prioritized(4, 0, "2025-01-01T00:00:00.000Z")
+    ]);
+    linear_page(Value::Null, page, None).mount(&linear).await;
+    let settings = "agent:\n  max_concurrent_agents: 1\n";
+    let source = linear_source_with(&linear, settings).await;
+    let (client, id) = (source.client.clone(), source.id.clone());
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.claimed, 1, "{summary:?}");
+    assert_eq!(started_order(&client, &id).await, ["ENG-3"]);
+    for (ended, expected) in [
+        ("ENG-3", vec!["ENG-3", "ENG-2"]),
+        ("ENG-2", vec!["ENG-3", "ENG-2", "ENG-1"]),
+        ("ENG-1", vec!["ENG-3", "ENG-2", "ENG-1", "ENG-4"]),
+    ] {
+        cancel_run_of(&client, &id, ended).await;
+        let summary = polled(&client, &id).await;
+        assert_eq!(summary.claimed, 1, "{summary:?}");
+        assert_eq!(started_order(&client, &id).await, expected);
+    }
+}
+
+/// Symphony: "config supports per-state max concurrent agent overrides", counted by the
+/// state an item is in now: a running item that moved from Todo to In Progress frees its
+/// Todo slot.
+#[tokio::test]
+async fn symphony_config_supports_per_state_max_concurrent_agent_overrides() {
+    let linear = MockServer::start().await;
+    let page = json!([linear_issue(1, "Todo"), linear_issue(2, "Todo")]);
+    linear_page(Value::Null, page, None).mount(&linear).await;
+    let settings = "agent:\n  max_concurrent_agents_by_state:\n    todo: 1\n";
+    let source = linear_source_with(&linear, settings).await;
+    let (client, id) = (source.client.clone(), source.id.clone());
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.claimed, 1, "{summary:?}");
+    let items = items_of(&client, &id).await;
+    let waiting = item(&items, "ENG-2");
+    assert_eq!(
+        waiting.last_error_code.as_deref(),
+        Some("no_free_slot"),
+        "{waiting:?}"
+    );
+
+    // ENG-1 (its run still queued) moves on to In Progress: Todo has room again.
+    linear.reset().await;
+    let mut moved = linear_issue(1, "In Progress");
+    moved["updatedAt"] = json!("2026-11-30T12:00:00.000Z");
+    let page = json!([moved, linear_issue(2, "Todo")]);
+    linear_page(Value::Null, page, None).mount(&linear).await;
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.claimed, 1, "{summary:?}");
+    assert_eq!(started_order(&client, &id).await, ["ENG-1", "ENG-2"]);
+    let run = run_of(&client, item(&items, "ENG-1")).await;
+    assert_eq!(
+        run.status,
+        RunStatus::Queued,
+        "ENG-1's run goes on: {run:?}"
+    );
 }
 
 #[tokio::test]

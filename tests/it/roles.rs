@@ -676,8 +676,20 @@ async fn two_orgs_tracking_one_repository_keep_their_directories_apart() {
     let b_item = import(&b, b_source, "open", "2026-11-30T09:00:00Z").await;
     let a_dir = PathBuf::from(a_item.workspace_path.as_deref().unwrap());
     let b_dir = PathBuf::from(b_item.workspace_path.as_deref().unwrap());
-    assert_eq!(a_dir, stack.root.join("org_a").join("acme_widgets_7"));
-    assert_eq!(b_dir, stack.root.join("org_b").join("acme_widgets_7"));
+    assert_eq!(
+        a_dir,
+        stack
+            .root
+            .join("org_a")
+            .join(support::tracker::widget_key(7))
+    );
+    assert_eq!(
+        b_dir,
+        stack
+            .root
+            .join("org_b")
+            .join(support::tracker::widget_key(7))
+    );
     assert!(a_dir.is_dir() && b_dir.is_dir());
     // Org a's run would write here; org b's run works in its own directory and sees none.
     std::fs::write(a_dir.join("notes.txt"), "org a's notes").unwrap();

@@ -209,23 +209,26 @@ impl AttemptHooks {
     /// Clones the task's repository and runs `after_create` in a workspace no attempt
     /// prepared yet (a new one, or one whose preparation was cut short), then marks it
     /// prepared: once per workspace, in the worker, once the run was admitted (approved,
-    /// where the policy gates it). A failure ends the attempt and empties the workspace, so
-    /// the next attempt's preparation starts afresh (Symphony); the directory stays, as the
-    /// task's `in_place` directory.
+    /// where the policy gates it). A failure ends the attempt; a workspace that held
+    /// nothing before is emptied again, so the next attempt's preparation starts afresh,
+    /// and one that held files (an earlier version's work, whose marker a run removed)
+    /// keeps them (Symphony reuses a directory without deleting local changes). The
+    /// directory stays, as the task's `in_place` directory.
     async fn prepare(&self, ctx: &FencedContext) -> Result<(), Outcome> {
         let workspace = &self.workspace;
         if keel_workers::hooks::is_prepared(workspace) {
             return Ok(());
         }
-        if let Some(repo) = &self.repo {
-            self.clone_repo(ctx, repo).await?;
+        let fresh = holds_nothing(workspace).await;
+        let prepared = self.clone_and_create(ctx).await;
+        if fresh
+            && let Err(Outcome::Failed { .. }) = &prepared
+            && let Err(failed) = empty(workspace).await
+        {
+            let run_id = &ctx.shared.run_id;
+            tracing::warn!(%run_id, %failed, "emptying a workspace whose preparation failed");
         }
-        if let Some(script) = &self.hooks.after_create {
-            let ran = self.run_hook(ctx, "after_create", script).await?;
-            if let Some(error) = ran.failure() {
-                return Err(self.unprepared(ctx, error).await);
-            }
-        }
+        prepared?;
         keel_workers::hooks::mark_prepared(workspace)
             .await
             .map_err(|error| Outcome::Failed {
@@ -234,9 +237,23 @@ impl AttemptHooks {
             })
     }
 
+    /// The preparation itself: the clone, then `after_create`.
+    async fn clone_and_create(&self, ctx: &FencedContext) -> Result<(), Outcome> {
+        if let Some(repo) = &self.repo {
+            self.clone_repo(ctx, repo).await?;
+        }
+        if let Some(script) = &self.hooks.after_create {
+            let ran = self.run_hook(ctx, "after_create", script).await?;
+            if let Some(error) = ran.failure() {
+                return Err(unprepared(error));
+            }
+        }
+        Ok(())
+    }
+
     /// Clones the task's repository into the workspace, as a `workspace_clone` step with
     /// the clone's output as artifacts. A failure ends the attempt failed with git's
-    /// message and empties the workspace, so the next attempt clones afresh.
+    /// message.
     async fn clone_repo(&self, ctx: &FencedContext, repo: &RepoClone) -> Result<(), Outcome> {
         let input = json!({ "repo": repo.url, "base_branch": repo.base_branch });
         let step = ctx
@@ -250,8 +267,7 @@ impl AttemptHooks {
                 ctx.finish_step(&step, failed)
                     .await
                     .map_err(Outcome::from)?;
-                let error = format!("clone_failed: {why}");
-                return Err(self.unprepared(ctx, error).await);
+                return Err(unprepared(format!("clone_failed: {why}")));
             }
         };
         let inherited = match remote_input(repo, credential.as_ref()) {
@@ -261,7 +277,7 @@ impl AttemptHooks {
                 ctx.finish_step(&step, failed)
                     .await
                     .map_err(Outcome::from)?;
-                return Err(self.unprepared(ctx, format!("clone_failed: {why}")).await);
+                return Err(unprepared(format!("clone_failed: {why}")));
             }
         };
         let mut env = self.remote_env(repo, inherited.as_ref());
@@ -292,9 +308,7 @@ impl AttemptHooks {
             .map_err(Outcome::from)?;
         match ran.error {
             None => Ok(()),
-            Some(error) => Err(self
-                .unprepared(ctx, format!("clone_failed: git {error}"))
-                .await),
+            Some(error) => Err(unprepared(format!("clone_failed: git {error}"))),
         }
     }
 
@@ -443,19 +457,6 @@ impl AttemptHooks {
         })
     }
 
-    /// Ends an attempt whose workspace preparation (the clone, `after_create`) failed with
-    /// `error`, emptying the workspace so the next attempt prepares it afresh.
-    async fn unprepared(&self, ctx: &FencedContext, error: String) -> Outcome {
-        if let Err(failed) = empty(&self.workspace).await {
-            let run_id = &ctx.shared.run_id;
-            tracing::warn!(%run_id, %failed, "emptying a workspace whose preparation failed");
-        }
-        Outcome::Failed {
-            exit_code: None,
-            error,
-        }
-    }
-
     /// Runs one of the task's workflow hooks, with the run's environment and the hooks'
     /// timeout ([`AttemptHooks::run_script`]).
     async fn run_hook(
@@ -534,6 +535,29 @@ fn git_config(settings: &[(&str, &str)]) -> Vec<(String, String)> {
         env.push((format!("GIT_CONFIG_VALUE_{n}"), value.to_string()));
     }
     env
+}
+
+/// How an attempt whose workspace preparation (the clone, `after_create`) failed ends.
+fn unprepared(error: String) -> Outcome {
+    Outcome::Failed {
+        exit_code: None,
+        error,
+    }
+}
+
+/// Whether `directory` holds nothing but Keel's own `.keel` (or cannot be read, which
+/// counts as holding something: only what a preparation made may be removed again).
+async fn holds_nothing(directory: &Path) -> bool {
+    let Ok(mut entries) = tokio::fs::read_dir(directory).await else {
+        return false;
+    };
+    loop {
+        match entries.next_entry().await {
+            Ok(None) => return true,
+            Ok(Some(entry)) if entry.file_name() == ".keel" => continue,
+            Ok(Some(_)) | Err(_) => return false,
+        }
+    }
 }
 
 /// Removes everything in `directory` but the directory itself. Nothing of the run's is

@@ -13,6 +13,16 @@ use crate::support::Client;
 pub const CANARY: &str = "ghp_canary_5e1f0c0ffee";
 pub const TOKEN_ENV: (&str, &str) = ("ACME_GITHUB_TOKEN", CANARY);
 
+/// The directory name Symphony's workspace key gives an item of `acme/widgets` (its
+/// identifier sanitized, then `--` and 16 hex digits of the identifier's SHA-256).
+pub fn widget_key(number: u64) -> String {
+    use sha2::Digest;
+    let identifier = format!("acme/widgets#{number}");
+    let digest = sha2::Sha256::digest(identifier.as_bytes());
+    let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("acme_widgets_{number}--{hash}")
+}
+
 pub fn github_issue(number: u64, state: &str) -> Value {
     json!({ "id": 1000 + number, "number": number, "title": format!("issue {number}"),
             "state": state, "updated_at": "2026-11-30T09:00:00Z",
