@@ -50,11 +50,24 @@ impl TrackerApi for GitHub {
                 };
                 part(owner) && part(name)
             });
-        if valid {
-            Ok(())
-        } else {
-            Err("tracker.repository must be owner/repo for github".into())
+        if !valid {
+            return Err("tracker.repository must be owner/repo for github".into());
         }
+        // GitHub's issues and pull requests are open or closed; a state it never reports
+        // would hold every item back, or end every open one.
+        let states = [("active_states", &tracker.active_states, "open")];
+        let states =
+            states
+                .into_iter()
+                .chain([("terminal_states", &tracker.terminal_states, "closed")]);
+        for (field, listed, only) in states {
+            if let Some(other) = listed.iter().find(|s| !s.trim().eq_ignore_ascii_case(only)) {
+                return Err(format!(
+                    "tracker.{field} may name only {only} for github, not {other:?}"
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn subject<'t>(&self, tracker: &'t Tracker) -> Option<&'t str> {
@@ -167,10 +180,14 @@ fn candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
         Some(id) => id.to_string(),
         None => number.to_string(),
     };
+    // Symphony drops an item without a title: nothing to tell an agent what to do.
+    let title = text("title")
+        .filter(|title| !title.trim().is_empty())
+        .ok_or("a GitHub item needs a title")?;
     let issue = Issue {
         id,
         identifier: format!("{repository}#{number}"),
-        title: text("title").unwrap_or_default().to_string(),
+        title: title.to_string(),
         description: text("body").map(String::from),
         priority: None,
         state: state.to_string(),
@@ -273,7 +290,7 @@ async fn fetch(
 
 /// The current version of each of these items: `GET /repos/{repository}/pulls/{n}` for a
 /// pull request, `/issues/{n}` for an issue. A rate limit stops there; an item that is gone
-/// (404) is left as it is.
+/// (404, or 410 for a deleted issue) is left out.
 async fn fetch_items(
     poller: &Poller,
     tracker: &Tracker,
@@ -297,7 +314,7 @@ async fn fetch_items(
             return fetched;
         };
         match response.status() {
-            StatusCode::NOT_FOUND => {}
+            StatusCode::NOT_FOUND | StatusCode::GONE => {}
             status if status.is_success() => {
                 let Some(value) = read::<Value>(response, &what, &mut fetched).await else {
                     return fetched;

@@ -42,8 +42,16 @@ impl TrackerApi for Linear {
         )
     }
 
+    fn default_key(&self) -> Option<&'static str> {
+        Some("LINEAR_API_KEY")
+    }
+
     fn check(&self, tracker: &Tracker) -> Result<(), String> {
-        if tracker.project_slug.as_deref().is_none_or(str::is_empty) {
+        if tracker
+            .project_slug
+            .as_deref()
+            .is_none_or(|s| s.trim().is_empty())
+        {
             return Err("tracker.project_slug is required for linear".into());
         }
         Ok(())
@@ -390,10 +398,14 @@ fn candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
         .and_then(Value::as_str)
         .ok_or("a Linear issue needs its state.name")?;
     let project = tracker.project_slug.as_deref().unwrap_or_default();
+    // Symphony drops an item without a title: nothing to tell an agent what to do.
+    let title = text("title")
+        .filter(|title| !title.trim().is_empty())
+        .ok_or("a Linear item needs a title")?;
     let issue = Issue {
         id: text("id").unwrap_or(identifier).to_string(),
         identifier: identifier.to_string(),
-        title: text("title").unwrap_or_default().to_string(),
+        title: title.to_string(),
         description: text("description").map(String::from),
         priority: value.get("priority").and_then(Value::as_i64),
         state: state.to_string(),

@@ -29,7 +29,9 @@ use crate::db::StoreError;
 use crate::domain::{Actor, Scope};
 use crate::events::NewEvent;
 use crate::external;
-use crate::external::import::{Imported, advance_unstarted, import, retry, start};
+use crate::external::import::{
+    Imported, advance_unstarted, import, retry, start, stop_claimed_run,
+};
 use crate::external::tracker::{Candidate, Fetched, ITEMS_PER_FETCH, Poller, Tracker, token};
 use crate::external::workflow::{ExternalError, Issue, Workflow, load_workflow, tracker};
 use crate::external::workspace;
@@ -190,25 +192,35 @@ impl Imports<'_> {
             Pass::Reconcile => Vec::new(),
         };
         let asks = pass == Pass::Reconcile || !api.lists_every_state();
-        let limited = record.backoff_until.is_some() || summary.error_code.is_some();
-        if asks && !limited {
-            self.reconcile(tracker, token, &seen, record, summary)
+        let limited = |record: &PollRecord, summary: &PollSummary| {
+            record.backoff_until.is_some() || summary.error_code.is_some()
+        };
+        let mut vanished = Vec::new();
+        if asks && !limited(record, summary) {
+            vanished = self
+                .reconcile(tracker, token, &seen, record, summary)
                 .await?;
         }
         // Runs that ended or were cancelled since may have freed slots; failed ones of
-        // items still active are tried again first.
-        self.retry_failed(tracker, summary).await?;
-        self.start_waiting(tracker, summary).await?;
+        // items still active are tried again first. Both start from what the tracker said
+        // in this pass, so neither starts anything when it could not be asked (Symphony
+        // revalidates an item before it dispatches it).
+        if !limited(record, summary) {
+            self.retry_failed(tracker, &vanished, summary).await?;
+            self.start_waiting(tracker, summary).await?;
+        }
         let (poller, scope, source, workflow) =
             (self.poller, self.scope, self.source, self.workflow);
         summary.claimed += advance_unstarted(poller, scope, source, workflow, self.actor).await?;
         Ok(())
     }
 
-    /// Retries the failed runs of items whose newest version is still active (see [`retry`]).
+    /// Retries the failed runs of items whose newest version is still active (see
+    /// [`retry`]), but those the tracker no longer shows (`vanished`, its ids).
     async fn retry_failed(
         &self,
         tracker: &Tracker,
+        vanished: &[String],
         summary: &mut PollSummary,
     ) -> Result<(), StoreError> {
         let (poller, scope, source) = (self.poller, self.scope, self.source);
@@ -216,6 +228,12 @@ impl Imports<'_> {
         let failed = external::claimed_with_failed_runs(&mut conn, scope, &source.id, 50).await?;
         drop(conn);
         for failed in failed {
+            if vanished
+                .iter()
+                .any(|id| failed.item.issue["id"] == *id.as_str())
+            {
+                continue;
+            }
             let wanted = serde_json::from_value::<Issue>(failed.newest_issue.clone())
                 .is_ok_and(|issue| tracker.wants(&issue) && !tracker.is_terminal(&issue.state));
             if !wanted {
@@ -282,8 +300,11 @@ impl Imports<'_> {
     }
 
     /// Asks the tracker for the current version of each claimed item whose run is still
-    /// active or failed (but those in `seen`), and imports them: one that left the active
-    /// states has its run cancelled, or is not retried.
+    /// active or failed, and of each item waiting for a slot (but those in `seen`), and
+    /// imports them: one that left the active states has its run cancelled, or is not
+    /// retried or started. One the tracker no longer shows (deleted, moved out of the
+    /// project, out of the token's sight) has its active run stopped and keeps its
+    /// workspace (Symphony); returns the tracker ids of those.
     async fn reconcile(
         &self,
         tracker: &Tracker,
@@ -291,7 +312,7 @@ impl Imports<'_> {
         seen: &[String],
         record: &mut PollRecord,
         summary: &mut PollSummary,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Vec<String>, StoreError> {
         let mut conn = self.poller.pool.acquire().await?;
         let (scope, source_id) = (self.scope, &self.source.id);
         let claimed =
@@ -302,15 +323,45 @@ impl Imports<'_> {
             .filter(|item| !seen.iter().any(|id| item.issue["id"] == *id.as_str()))
             .collect();
         if unseen.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let fetched = tracker
             .api()
             .fetch_items(self.poller, tracker, token, &unseen)
             .await;
+        let answered = fetched.error.is_none() && fetched.backoff_until.is_none();
         let items = take(fetched, record, summary);
-        self.all(tracker, &items, summary).await?;
-        Ok(())
+        let shown = self.all(tracker, &items, summary).await?;
+        if !answered {
+            return Ok(Vec::new());
+        }
+        let mut vanished = Vec::new();
+        for item in unseen {
+            if shown.iter().any(|id| item.issue["id"] == *id.as_str()) {
+                continue;
+            }
+            let stopped = self.stop_vanished(item).await?;
+            summary.cancelled_runs += u64::from(stopped);
+            vanished.extend(item.issue["id"].as_str().map(String::from));
+        }
+        Ok(vanished)
+    }
+
+    /// Stops the active run of a claimed item the tracker no longer shows; true when there
+    /// was one.
+    async fn stop_vanished(&self, item: &ItemRecord) -> Result<bool, StoreError> {
+        let (scope, source_id) = (self.scope, &self.source.id);
+        let mut tx = self.poller.pool.begin().await?;
+        external::lock_subject(&mut tx, scope, source_id, &item.identifier).await?;
+        let claimed =
+            external::claimed_version(&mut tx, scope, source_id, &item.identifier).await?;
+        let Some(claimed) = claimed else {
+            return Ok(false);
+        };
+        let why = "is no longer shown by the tracker (deleted, or moved out of its sight)";
+        let stopped = stop_claimed_run(&mut tx, scope, &claimed, why).await?;
+        tx.commit().await?;
+        Ok(stopped.is_some())
     }
 
     /// Imports each item in dispatch order ([`dispatch_order`]: the first ones take the

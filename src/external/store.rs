@@ -350,8 +350,9 @@ pub(crate) async fn claimed_version(
 }
 
 /// The source's claimed items whose run is still active or failed (a retry is coming),
-/// oldest first, then those that still have a workspace (a terminal version removes it):
-/// what a reconciliation asks the tracker about.
+/// oldest first, then the items waiting for a slot (the newest version of each: it starts
+/// only as the tracker has it now), then those that still have a workspace (a terminal
+/// version removes it): what a reconciliation asks the tracker about.
 pub(crate) async fn claimed_to_reconcile(
     conn: &mut PgConnection,
     scope: &Scope,
@@ -365,11 +366,18 @@ pub(crate) async fn claimed_to_reconcile(
                   i.last_error_code, i.last_error, i.workspace_path, i.hook_output,
                   i.created_at, i.updated_at
            FROM external_work_items i
-           JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
+           LEFT JOIN runs r ON r.workspace_id = i.workspace_id AND r.id = i.run_id
            WHERE i.workspace_id = $1 AND i.source_id = $2
              AND (r.status IN ('queued', 'running', 'awaiting_approval', 'failed')
-                  OR i.workspace_path IS NOT NULL)
-           ORDER BY r.status IN ('queued', 'running', 'awaiting_approval', 'failed') DESC, i.id
+                  OR (r.id IS NOT NULL AND i.workspace_path IS NOT NULL)
+                  OR (i.state = 'discovered' AND i.last_error_code = 'no_free_slot'
+                      AND NOT EXISTS (SELECT 1 FROM external_work_items n
+                                      WHERE n.workspace_id = i.workspace_id
+                                        AND n.source_id = i.source_id
+                                        AND n.identifier = i.identifier AND n.id > i.id)))
+           ORDER BY CASE WHEN r.status IN ('queued', 'running', 'awaiting_approval', 'failed')
+                         THEN 0 WHEN r.id IS NULL THEN 1 ELSE 2 END,
+                    i.id
            LIMIT $3"#,
         scope.workspace(),
         source_id,

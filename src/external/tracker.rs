@@ -123,6 +123,12 @@ pub(crate) trait TrackerApi: Sync {
     /// The active and the terminal states when the workflow names none.
     fn default_states(&self) -> (&'static [&'static str], &'static [&'static str]);
 
+    /// The environment variable whose key a workflow that names none uses (Symphony's
+    /// `LINEAR_API_KEY`); None where the tracker answers without one.
+    fn default_key(&self) -> Option<&'static str> {
+        None
+    }
+
     /// What the workflow's settings lack to poll it, if anything.
     fn check(&self, tracker: &Tracker) -> Result<(), String>;
 

@@ -11,6 +11,7 @@
 
 use keel_api_types::ErrorCode;
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -140,19 +141,27 @@ pub(crate) use keel_api_types::Issue;
 
 impl Workflow {
     /// Reads and parses a workflow file.
-    pub(crate) fn load(path: &std::path::Path) -> Result<Workflow> {
+    /// Its `workspace.root` may be relative to the file's directory, or name `$VAR` or `~`.
+    pub(crate) fn load(path: &Path) -> Result<Workflow> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| WorkflowError::MissingFile(format!("{}: {e}", path.display())))?;
-        Workflow::parse(&text)
+        Workflow::parse_in(&text, path.parent())
     }
 
     /// Parses a workflow's text: the front matter into settings, and the template, so a
-    /// workflow that cannot render anything is refused up front.
+    /// workflow that cannot render anything is refused up front. Its `workspace.root` must
+    /// be absolute: only a file on the host ([`Workflow::load`]) has a directory to be
+    /// relative to, and an environment of its deployment's to name.
     pub(crate) fn parse(text: &str) -> Result<Workflow> {
+        Workflow::parse_in(text, None)
+    }
+
+    /// [`Workflow::parse`], for a file in `directory` when there is one.
+    fn parse_in(text: &str, directory: Option<&Path>) -> Result<Workflow> {
         let (front, body) = split_front_matter(text)?;
         let config = match front {
-            None => WorkflowConfig::from_raw(RawConfig::default())?,
-            Some(yaml) => parse_front_matter(yaml)?,
+            None => WorkflowConfig::from_raw(RawConfig::default(), directory)?,
+            Some(yaml) => parse_front_matter(yaml, directory)?,
         };
         let prompt_template = body.trim().to_string();
         compile(&prompt_template)?;
@@ -215,7 +224,7 @@ fn strip_delimiter_line(text: &str) -> Option<&str> {
     (first.trim_end() == "---").then_some(rest)
 }
 
-fn parse_front_matter(yaml: &str) -> Result<WorkflowConfig> {
+fn parse_front_matter(yaml: &str, directory: Option<&Path>) -> Result<WorkflowConfig> {
     let value: serde_yaml_ng::Value =
         serde_yaml_ng::from_str(yaml).map_err(|e| WorkflowError::Parse(e.to_string()))?;
     let value = match value {
@@ -226,7 +235,7 @@ fn parse_front_matter(yaml: &str) -> Result<WorkflowConfig> {
     };
     let raw: RawConfig =
         serde_yaml_ng::from_value(value).map_err(|e| WorkflowError::Parse(e.to_string()))?;
-    WorkflowConfig::from_raw(raw)
+    WorkflowConfig::from_raw(raw, directory)
 }
 
 /// The Liquid template, parsed with the standard filters only: a filter outside them fails.
@@ -271,12 +280,29 @@ struct RawTracker {
     project_slug: Option<String>,
     active_states: Option<States>,
     terminal_states: Option<States>,
+    /// Symphony's `tracker.provider`: the adapter's own settings, which win over the same
+    /// ones given beside `kind`.
+    #[serde(default)]
+    provider: RawProvider,
     /// Symphony's label filter.
     #[serde(default)]
     required_labels: Vec<String>,
     /// Seed 000's event filter.
     #[serde(default)]
     events: Vec<String>,
+}
+
+/// Symphony's `tracker.provider` block, in the names of its adapters (GitHub's `repo`,
+/// `token` and `api_url`; Linear's `project_slug`, `api_key` and `endpoint`).
+#[derive(Debug, Default, Deserialize)]
+struct RawProvider {
+    endpoint: Option<String>,
+    api_url: Option<String>,
+    api_key: Option<String>,
+    token: Option<String>,
+    project_slug: Option<String>,
+    repo: Option<String>,
+    repository: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -370,7 +396,7 @@ struct RawAgent {
 }
 
 impl WorkflowConfig {
-    fn from_raw(raw: RawConfig) -> Result<WorkflowConfig> {
+    fn from_raw(raw: RawConfig, directory: Option<&Path>) -> Result<WorkflowConfig> {
         let tracker = match (raw.tracker, raw.source) {
             (Some(_), Some(_)) => {
                 return Err(WorkflowError::Parse(
@@ -385,18 +411,17 @@ impl WorkflowConfig {
         // Refused here, not when the first item arrives.
         task_draft(raw.task.as_ref())?;
         let hooks = raw.hooks;
-        // Symphony: a hook timeout that is not positive falls back to the default.
-        let timeout_ms = match hooks.timeout_ms.map(|n| n.value("hooks.timeout_ms")) {
-            Some(Ok(n)) if n > MAX_HOOK_TIMEOUT_MS as i64 => {
-                return Err(WorkflowError::Parse(format!(
-                    "hooks.timeout_ms is {n}; a hook may run for at most {MAX_HOOK_TIMEOUT_MS} \
-                     ms (one hour)"
-                )));
-            }
-            Some(Ok(n)) if n > 0 => n as u64,
-            Some(Err(e)) => return Err(e),
-            _ => DEFAULT_HOOK_TIMEOUT_MS,
-        };
+        let timeout_ms = Number::positive(
+            "hooks.timeout_ms",
+            hooks.timeout_ms.as_ref(),
+            DEFAULT_HOOK_TIMEOUT_MS,
+        )?;
+        if timeout_ms > MAX_HOOK_TIMEOUT_MS {
+            return Err(WorkflowError::Parse(format!(
+                "hooks.timeout_ms is {timeout_ms}; a hook may run for at most \
+                 {MAX_HOOK_TIMEOUT_MS} ms (one hour)"
+            )));
+        }
         let agent = raw.agent;
         let max_turns = agent
             .max_turns
@@ -410,7 +435,9 @@ impl WorkflowConfig {
                 raw.polling.interval_ms.as_ref(),
                 DEFAULT_POLLING_INTERVAL_MS,
             )?,
-            workspace_root: raw.workspace.root,
+            workspace_root: (raw.workspace.root.as_deref())
+                .map(|root| resolve_root(root, directory))
+                .transpose()?,
             hooks: Hooks {
                 after_create: hooks.after_create,
                 before_run: hooks.before_run,
@@ -457,6 +484,7 @@ impl RawSource {
             project_slug: self.project_slug,
             active_states: None,
             terminal_states: None,
+            provider: RawProvider::default(),
             required_labels: Vec::new(),
             events: self.events,
         }
@@ -465,6 +493,11 @@ impl RawSource {
 
 impl RawTracker {
     fn resolve(self) -> Result<Tracker> {
+        let provider = self.provider;
+        let endpoint = provider.endpoint.or(provider.api_url).or(self.endpoint);
+        let api_key = provider.api_key.or(provider.token).or(self.api_key);
+        let repository = provider.repo.or(provider.repository).or(self.repository);
+        let project_slug = provider.project_slug.or(self.project_slug);
         let kind = match self.kind.as_deref().map(str::trim) {
             Some(name) => TrackerKind::named(name).ok_or_else(|| {
                 let names = TrackerKind::names();
@@ -477,12 +510,10 @@ impl RawTracker {
         let strings = |states: &[&str]| states.iter().map(|s| s.to_string()).collect();
         let tracker = Tracker {
             kind,
-            endpoint: self
-                .endpoint
-                .unwrap_or_else(|| api.default_endpoint().to_string()),
+            endpoint: endpoint.unwrap_or_else(|| api.default_endpoint().to_string()),
             api_key: None,
-            repository: self.repository,
-            project_slug: self.project_slug,
+            repository,
+            project_slug,
             active_states: self
                 .active_states
                 .map_or_else(|| strings(active), States::into_vec),
@@ -492,10 +523,49 @@ impl RawTracker {
             required_labels: self.required_labels.iter().map(|l| normalized(l)).collect(),
             events: self.events,
         };
+        if tracker.active_states.is_empty() {
+            let why = "tracker.active_states names no state: no item would ever be worked on";
+            return Err(WorkflowError::Parse(why.into()));
+        }
         // A workflow wrong in both hears of its tracker's settings first, the key's after.
         api.check(&tracker).map_err(WorkflowError::Parse)?;
-        let api_key = self.api_key.as_deref().map(api_key_ref).transpose()?;
+        let api_key = match api_key.as_deref() {
+            Some(key) => Some(api_key_ref(key)?),
+            None => api.default_key().map(|name| SecretRef::Env(name.into())),
+        };
         Ok(Tracker { api_key, ..tracker })
+    }
+}
+
+/// Symphony's `workspace.root` as a path: in a file's workflow (`directory` its directory),
+/// `$VAR` (the whole root, or its first part) is the variable's value in this process, `~`
+/// its home, and a relative root lies in `directory`. A workflow given as text may name
+/// only an absolute root: it has no directory, and its writer (perhaps a tenant) no say in
+/// the host's environment. The value a variable holds is never echoed.
+fn resolve_root(root: &str, directory: Option<&Path>) -> Result<String> {
+    let root = root.trim();
+    let refused = |why: String| Err(WorkflowError::Parse(format!("workspace.root: {why}")));
+    let Some(directory) = directory else {
+        return match Path::new(root).is_absolute() {
+            true => Ok(root.to_string()),
+            false => refused(format!(
+                "{root:?} is not an absolute path (a relative root, $VAR or ~ is read only \
+                 in a WORKFLOW.md file, against its own directory and its host)"
+            )),
+        };
+    };
+    let (head, rest) = root.split_once('/').unwrap_or((root, ""));
+    let base = match head {
+        "~" => std::env::var("HOME").ok(),
+        _ => match head.strip_prefix('$') {
+            Some(name) => std::env::var(name).ok(),
+            None => return Ok(directory.join(root).to_string_lossy().into_owned()),
+        },
+    };
+    match base.filter(|value| !value.trim().is_empty()) {
+        Some(base) if rest.is_empty() => Ok(base),
+        Some(base) => Ok(Path::new(&base).join(rest).to_string_lossy().into_owned()),
+        None => refused(format!("{head} is not set in this process's environment")),
     }
 }
 
@@ -564,7 +634,7 @@ tracker:
   kind: github
   repository: acme/widgets
   api_key: $GITHUB_TOKEN
-  active_states: open, triage
+  active_states: ' open '
 polling:
   interval_ms: '5000'
 agent:
@@ -591,7 +661,7 @@ Fix {{ issue.identifier }}: {{ issue.title | upcase }}{% if attempt %} (retry {{
         assert_eq!(tracker.kind, TrackerKind::Github);
         assert_eq!(tracker.endpoint, "https://api.github.com");
         assert_eq!(tracker.api_key, Some(SecretRef::Env("GITHUB_TOKEN".into())));
-        assert_eq!(tracker.active_states, ["open", "triage"]);
+        assert_eq!(tracker.active_states, ["open"]);
         assert_eq!(tracker.terminal_states, ["closed"]);
         assert!(tracker.is_active(" OPEN") && !tracker.is_active("closed"));
         assert_eq!(
@@ -619,6 +689,154 @@ Fix {{ issue.identifier }}: {{ issue.title | upcase }}{% if attempt %} (retry {{
         let draft = workflow.task_draft("the prompt".into()).unwrap();
         assert_eq!(draft.shell_command.as_deref(), Some("echo hi"));
         assert_eq!(draft.prompt.as_deref(), Some("the prompt"));
+    }
+
+    /// Symphony: "current WORKFLOW.md file is valid and complete": its own file (a
+    /// `tracker.provider` block, no key: `LINEAR_API_KEY`, a root under `~`, its
+    /// `codex` settings unknown here and ignored) loads as it is.
+    #[test]
+    fn symphony_current_workflow_md_is_valid_and_complete() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/symphony");
+        let workflow = Workflow::load(&fixtures.join("WORKFLOW.md")).unwrap();
+        let config = &workflow.config;
+        let tracker = config.tracker.as_ref().unwrap();
+        assert_eq!(tracker.kind, TrackerKind::Linear);
+        assert_eq!(
+            tracker.project_slug.as_deref(),
+            Some("symphony-0c79b11b75ea")
+        );
+        assert_eq!(
+            tracker.api_key,
+            Some(SecretRef::Env("LINEAR_API_KEY".into()))
+        );
+        assert!(tracker.required_labels.is_empty());
+        assert_eq!(
+            tracker.active_states,
+            ["Todo", "In Progress", "Merging", "Rework"]
+        );
+        assert_eq!(tracker.terminal_states.len(), 5);
+        let home = std::env::var("HOME").unwrap();
+        let root = Path::new(&home).join("code/symphony-workspaces");
+        assert_eq!(config.workspace_root.as_deref(), root.to_str());
+        assert_eq!(config.polling_interval_ms, 5000);
+        assert_eq!(config.agent.max_concurrent_agents, 10);
+        assert_eq!(config.agent.max_turns, Some(20));
+        let after_create = config.hooks.after_create.as_deref().unwrap();
+        assert!(
+            after_create.starts_with("git clone --depth 1"),
+            "{after_create}"
+        );
+        assert!(config.hooks.before_remove.is_some());
+        assert!(workflow.prompt_template.contains("{{ issue.identifier }}"));
+        workflow.render(&issue(), Some(2)).unwrap();
+    }
+
+    /// Symphony: `tracker.provider` holds the adapter's own settings, which win over the
+    /// same ones beside `kind`; a tracker key given nowhere is Linear's `LINEAR_API_KEY`.
+    #[test]
+    fn the_provider_block_names_the_adapters_settings() {
+        let linear = Workflow::parse(
+            "---\ntracker:\n  kind: linear\n  project_slug: outer\n  provider:\n    \
+             project_slug: inner\n    api_key: $TEAM_KEY\n    endpoint: https://l.example/gql\n---\n",
+        )
+        .unwrap();
+        let tracker = linear.config.tracker.unwrap();
+        assert_eq!(tracker.project_slug.as_deref(), Some("inner"));
+        assert_eq!(tracker.api_key, Some(SecretRef::Env("TEAM_KEY".into())));
+        assert_eq!(tracker.endpoint, "https://l.example/gql");
+        let github = Workflow::parse(
+            "---\ntracker:\n  kind: github\n  provider: {repo: a/b, token: $GH, api_url: \
+             https://ghe.example/api/v3}\n---\n",
+        )
+        .unwrap();
+        let tracker = github.config.tracker.unwrap();
+        assert_eq!(tracker.repository.as_deref(), Some("a/b"));
+        assert_eq!(tracker.api_key, Some(SecretRef::Env("GH".into())));
+        assert_eq!(tracker.endpoint, "https://ghe.example/api/v3");
+        let keyless = Workflow::parse("---\ntracker: {kind: github, repository: a/b}\n---\n");
+        assert_eq!(keyless.unwrap().config.tracker.unwrap().api_key, None);
+    }
+
+    /// Symphony: a workspace root may name `$VAR`, `~`, or a path relative to the
+    /// WORKFLOW.md; only a file's workflow reads them, a workflow given as text may not.
+    #[test]
+    fn a_file_s_workspace_root_resolves_variables_home_and_its_own_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("WORKFLOW.md");
+        let with_root = |root: &str| format!("---\nworkspace:\n  root: {root}\n---\n");
+        let root_of = |root: &str| {
+            std::fs::write(&file, with_root(root)).unwrap();
+            Workflow::load(&file).map(|w| w.config.workspace_root.unwrap())
+        };
+        let home = std::env::var("HOME").unwrap();
+        assert_eq!(root_of("$HOME").unwrap(), home);
+        assert_eq!(root_of("$HOME/items").unwrap(), format!("{home}/items"));
+        assert_eq!(root_of("~/items").unwrap(), format!("{home}/items"));
+        let items = dir.path().join("items");
+        assert_eq!(root_of("items").unwrap(), items.to_str().unwrap());
+        assert_eq!(root_of("/srv/items").unwrap(), "/srv/items");
+        let unset = root_of("$KEEL_TEST_UNSET_VARIABLE")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            unset.contains("$KEEL_TEST_UNSET_VARIABLE is not set"),
+            "{unset}"
+        );
+        for text_only in ["items", "$HOME", "~/items"] {
+            let refused = Workflow::parse(&with_root(text_only)).unwrap_err();
+            assert!(
+                refused.to_string().contains("not an absolute path"),
+                "{refused}"
+            );
+        }
+        let absolute = Workflow::parse(&with_root("/srv/items")).unwrap();
+        assert_eq!(
+            absolute.config.workspace_root.as_deref(),
+            Some("/srv/items")
+        );
+    }
+
+    /// Symphony's refusals: a state list that names nothing (`","`), a hook timeout that
+    /// is not positive, GitHub states it never reports, a blank project slug.
+    #[test]
+    fn settings_symphony_refuses_are_refused_with_the_field_named() {
+        for (settings, field) in [
+            (
+                "tracker: {kind: linear, project_slug: eng, active_states: ','}",
+                "active_states",
+            ),
+            (
+                "tracker: {kind: linear, project_slug: eng, active_states: []}",
+                "active_states",
+            ),
+            ("hooks: {timeout_ms: 0}", "hooks.timeout_ms"),
+            ("hooks: {timeout_ms: -5}", "hooks.timeout_ms"),
+            (
+                "tracker: {kind: github, repository: a/b, active_states: [open, triage]}",
+                "active_states",
+            ),
+            (
+                "tracker: {kind: github, repository: a/b, terminal_states: [open]}",
+                "terminal_states",
+            ),
+            (
+                "tracker: {kind: linear, project_slug: '  '}",
+                "project_slug",
+            ),
+        ] {
+            let refused = Workflow::parse(&format!("---\n{settings}\n---\n")).unwrap_err();
+            assert_eq!(
+                refused.code().as_str(),
+                "workflow_parse_error",
+                "{settings}"
+            );
+            assert!(refused.to_string().contains(field), "{settings}: {refused}");
+        }
+        let joined = Workflow::parse(
+            "---\ntracker: {kind: linear, project_slug: eng, active_states: 'Todo,  Review,'}\n---\n",
+        );
+        let states = joined.unwrap().config.tracker.unwrap().active_states;
+        assert_eq!(states, ["Todo", "Review"]);
     }
 
     #[test]

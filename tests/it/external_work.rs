@@ -775,6 +775,82 @@ async fn symphony_config_supports_per_state_max_concurrent_agent_overrides() {
     );
 }
 
+/// Symphony: "dispatch revalidation skips an issue when provider routing changes". An
+/// item waiting for a slot is asked about again before it starts: one that went Done
+/// meanwhile (out of the active list, so only a question by id shows it) never starts.
+#[tokio::test]
+async fn symphony_dispatch_revalidation_skips_an_issue_when_provider_routing_changes() {
+    let linear = MockServer::start().await;
+    let page = json!([linear_issue(1, "Todo"), linear_issue(2, "Todo")]);
+    linear_page(Value::Null, page, None).mount(&linear).await;
+    let settings = "agent:\n  max_concurrent_agents: 1\n";
+    let source = linear_source_with(&linear, settings).await;
+    let (client, id) = (source.client.clone(), source.id.clone());
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.claimed, 1, "{summary:?}");
+    assert_eq!(started_order(&client, &id).await, ["ENG-1"]);
+
+    // ENG-2 went Done while it waited; ENG-1's run ends, freeing the slot.
+    linear.reset().await;
+    linear_page(Value::Null, json!([]), None)
+        .mount(&linear)
+        .await;
+    let mut done = linear_issue(2, "Done");
+    done["updatedAt"] = json!("2026-11-30T12:00:00.000Z");
+    linear_by_ids(json!(["uuid-2"]), json!([done]))
+        .mount(&linear)
+        .await;
+    cancel_run_of(&client, &id, "ENG-1").await;
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.claimed, 0, "{summary:?}");
+    assert_eq!(summary.terminal, 1, "{summary:?}");
+    assert_eq!(task_count(&client).await, 1);
+    let items = items_of(&client, &id).await;
+    let newest = items.iter().rfind(|i| i.identifier == "ENG-2").unwrap();
+    assert_eq!(newest.state, ItemState::Terminal, "{items:?}");
+}
+
+/// Symphony: "missing running issues stop active agents without cleaning the
+/// workspace". An item the tracker no longer shows (asked by id, absent from the answer)
+/// has its run stopped; it is not ended, so nothing removes its workspace.
+#[tokio::test]
+async fn symphony_missing_running_issues_stop_active_agents_without_cleaning_the_workspace() {
+    let linear = MockServer::start().await;
+    let page = json!([linear_issue(1, "Todo"), linear_issue(2, "Todo")]);
+    linear_page(Value::Null, page, None).mount(&linear).await;
+    let source = linear_source(&linear).await;
+    let (client, id) = (source.client.clone(), source.id.clone());
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.claimed, 2, "{summary:?}");
+    let items = items_of(&client, &id).await;
+
+    // ENG-1 is gone from the project: neither the list nor the question by id has it.
+    linear.reset().await;
+    linear_page(Value::Null, json!([linear_issue(2, "Todo")]), None)
+        .mount(&linear)
+        .await;
+    linear_by_ids(json!(["uuid-1"]), json!([]))
+        .mount(&linear)
+        .await;
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.error_code, None, "{summary:?}");
+    assert_eq!(summary.cancelled_runs, 1, "{summary:?}");
+    let run = run_of(&client, item(&items, "ENG-1")).await;
+    assert_eq!(run.status, RunStatus::Cancelled, "{run:?}");
+    let reason = run.last_error.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains("no longer shown by the tracker"),
+        "{reason}"
+    );
+    let now = items_of(&client, &id).await;
+    let one = now.iter().rfind(|i| i.identifier == "ENG-1").unwrap();
+    assert_ne!(one.state, ItemState::Terminal, "{one:?}");
+    assert_eq!(
+        run_of(&client, item(&items, "ENG-2")).await.status,
+        RunStatus::Queued
+    );
+}
+
 #[tokio::test]
 async fn a_todo_issue_waits_for_its_blockers_to_finish() {
     let linear = MockServer::start().await;
