@@ -737,19 +737,27 @@ async fn symphony_orchestrator_sorts_dispatch_by_priority_then_oldest_created_at
     }
 }
 
+/// ENG-1 and ENG-2 in Todo on a Linear stand-in, and a source with `settings` (which
+/// leave one slot) polled once: ENG-1 takes the slot, ENG-2 waits.
+async fn one_slot_for_two(settings: &str) -> (MockServer, LinearSource) {
+    let linear = MockServer::start().await;
+    let page = json!([linear_issue(1, "Todo"), linear_issue(2, "Todo")]);
+    linear_page(Value::Null, page, None).mount(&linear).await;
+    let source = linear_source_with(&linear, settings).await;
+    let summary = polled(&source.client, &source.id).await;
+    assert_eq!(summary.claimed, 1, "{summary:?}");
+    assert_eq!(started_order(&source.client, &source.id).await, ["ENG-1"]);
+    (linear, source)
+}
+
 /// Symphony: "config supports per-state max concurrent agent overrides", counted by the
 /// state an item is in now: a running item that moved from Todo to In Progress frees its
 /// Todo slot.
 #[tokio::test]
 async fn symphony_config_supports_per_state_max_concurrent_agent_overrides() {
-    let linear = MockServer::start().await;
-    let page = json!([linear_issue(1, "Todo"), linear_issue(2, "Todo")]);
-    linear_page(Value::Null, page, None).mount(&linear).await;
     let settings = "agent:\n  max_concurrent_agents_by_state:\n    todo: 1\n";
-    let source = linear_source_with(&linear, settings).await;
+    let (linear, source) = one_slot_for_two(settings).await;
     let (client, id) = (source.client.clone(), source.id.clone());
-    let summary = polled(&client, &id).await;
-    assert_eq!(summary.claimed, 1, "{summary:?}");
     let items = items_of(&client, &id).await;
     let waiting = item(&items, "ENG-2");
     assert_eq!(
@@ -780,15 +788,8 @@ async fn symphony_config_supports_per_state_max_concurrent_agent_overrides() {
 /// meanwhile (out of the active list, so only a question by id shows it) never starts.
 #[tokio::test]
 async fn symphony_dispatch_revalidation_skips_an_issue_when_provider_routing_changes() {
-    let linear = MockServer::start().await;
-    let page = json!([linear_issue(1, "Todo"), linear_issue(2, "Todo")]);
-    linear_page(Value::Null, page, None).mount(&linear).await;
-    let settings = "agent:\n  max_concurrent_agents: 1\n";
-    let source = linear_source_with(&linear, settings).await;
+    let (linear, source) = one_slot_for_two("agent:\n  max_concurrent_agents: 1\n").await;
     let (client, id) = (source.client.clone(), source.id.clone());
-    let summary = polled(&client, &id).await;
-    assert_eq!(summary.claimed, 1, "{summary:?}");
-    assert_eq!(started_order(&client, &id).await, ["ENG-1"]);
 
     // ENG-2 went Done while it waited; ENG-1's run ends, freeing the slot.
     linear.reset().await;
