@@ -228,8 +228,8 @@ async fn imported_item(c: &Client, number: u64) -> ItemRecord {
     let (status, body) = c.post("/v1/external-work/sources", source).await;
     assert!(status.is_success(), "{body}");
     let source_id = body["data"]["id"].as_str().unwrap().to_string();
-    let payload =
-        json!({ "number": number, "state": "open", "updated_at": "2026-01-01T00:00:00Z" });
+    let payload = json!({ "number": number, "title": "broken", "state": "open",
+                          "updated_at": "2026-01-01T00:00:00Z" });
     let import = json!({ "source_id": source_id, "payload": payload });
     let (status, body) = c.post("/v1/external-work/import", import).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");

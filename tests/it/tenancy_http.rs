@@ -165,7 +165,7 @@ const ROUTES: &[(&str, &str, Walk)] = &[
         "POST",
         "/v1/external-work/import",
         Create(
-            r#"{"source_id":"{source_id}","payload":{"number":1,"state":"open","updated_at":"2026-01-01T00:00:00Z"}}"#,
+            r#"{"source_id":"{source_id}","payload":{"number":1,"title":"t","state":"open","updated_at":"2026-01-01T00:00:00Z"}}"#,
         ),
     ),
     (
@@ -582,7 +582,8 @@ async fn seed(c: &Client, vendor: &str) -> Gated {
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let source_id = support::record::<SourceRecord>(&body).id;
     // An imported item with its task, and an action proposed on it (never approved).
-    let payload = json!({ "number": 3, "state": "open", "updated_at": "2026-01-01T00:00:00Z" });
+    let payload = json!({ "number": 3, "title": "seeded", "state": "open",
+                          "updated_at": "2026-01-01T00:00:00Z" });
     let import = json!({ "source_id": source_id, "payload": payload });
     let (status, body) = c.post("/v1/external-work/import", import).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
