@@ -233,6 +233,11 @@ fn failed(code: MediaErrorCode) -> impl Fn(&MediaOutcome) -> bool {
     move |outcome| matches!(outcome, MediaOutcome::Failed { code: c, .. } if *c == code)
 }
 
+/// Whether an outcome asks to try again, for `code`.
+fn retried(code: MediaErrorCode) -> impl Fn(&MediaOutcome) -> bool {
+    move |outcome| matches!(outcome, MediaOutcome::Retry { code: c, .. } if *c == code)
+}
+
 #[tokio::test]
 async fn openai_b64_result_becomes_an_image_artifact_and_metadata() {
     let server = MockServer::start().await;
@@ -855,13 +860,7 @@ async fn an_unreachable_vendor_is_retried() {
     let outcome = execute(&spec, &Recorder::default()).await;
 
     assert!(
-        matches!(
-            outcome,
-            MediaOutcome::Retry {
-                code: MediaErrorCode::ProviderUnavailable,
-                ..
-            }
-        ),
+        retried(MediaErrorCode::ProviderUnavailable)(&outcome),
         "{outcome:?}"
     );
 }
@@ -884,16 +883,7 @@ async fn a_slow_vendor_times_out_and_is_retried() {
 
     let outcome = execute(&spec, &Recorder::default()).await;
 
-    assert!(
-        matches!(
-            outcome,
-            MediaOutcome::Retry {
-                code: MediaErrorCode::Timeout,
-                ..
-            }
-        ),
-        "{outcome:?}"
-    );
+    assert!(retried(MediaErrorCode::Timeout)(&outcome), "{outcome:?}");
 }
 
 #[tokio::test]
@@ -914,16 +904,7 @@ async fn a_slow_download_times_out_and_is_retried() {
 
     let outcome = execute(&spec, &Recorder::default()).await;
 
-    assert!(
-        matches!(
-            outcome,
-            MediaOutcome::Retry {
-                code: MediaErrorCode::Timeout,
-                ..
-            }
-        ),
-        "{outcome:?}"
-    );
+    assert!(retried(MediaErrorCode::Timeout)(&outcome), "{outcome:?}");
 }
 
 #[tokio::test]
