@@ -59,12 +59,15 @@ pub(crate) struct CreateTask {
     /// A git task: the git arguments (`status --short`).
     #[arg(long, group = "execution")]
     git: Option<String>,
-    /// A file task: the path to write, with `--content`.
-    #[arg(long, group = "execution", requires = "content")]
+    /// A file task: the path to write (with `--content`), append to, or delete.
+    #[arg(long, group = "execution")]
     file: Option<String>,
-    /// The file task's content.
+    /// The file task's content (to write or append).
     #[arg(long, requires = "file")]
     content: Option<String>,
+    /// The file task's operation: write (the default), append or delete.
+    #[arg(long, requires = "file", value_parser = ["write", "append", "delete"])]
+    file_operation: Option<String>,
     /// An agent loop task: the prompt.
     #[arg(long, group = "execution")]
     prompt: Option<String>,
@@ -135,6 +138,10 @@ impl CreateTask {
             git_command: self.git.clone(),
             file_path: self.file.clone(),
             file_content: self.content.clone(),
+            file_operation: self.file.as_ref().map(|_| {
+                let operation = self.file_operation.as_deref();
+                operation.unwrap_or("write").to_string()
+            }),
             working_directory: self.working_directory.clone(),
             workspace_mode: self.workspace_mode.clone().or_else(|| {
                 self.working_directory

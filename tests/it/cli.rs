@@ -198,6 +198,46 @@ async fn create_quiet_prints_the_id_and_json_output_is_the_apis() {
     assert_eq!(task.run_count, 1, "{shown}");
 }
 
+/// A file task from the command line: `--file` and `--content` write (the default
+/// operation), `--file-operation` names another, and an unknown one is a usage error.
+#[tokio::test]
+async fn a_file_task_is_created_and_run_from_the_command_line() {
+    let keel = Keel::start("none").await;
+    let workspaces = keel._dir.path().join("w/workspaces");
+    for (operation, expected) in [(None, "written\n"), (Some("append"), "written\n")] {
+        let mut args = vec!["--file", "notes.txt", "--content", "written\n"];
+        args.extend(
+            operation
+                .map(|op| ["--file-operation", op])
+                .into_iter()
+                .flatten(),
+        );
+        args.extend(["--workspace-mode", "persistent", "--start"]);
+        let id = create(keel.url(), &args).await;
+        let task = keel.client().api.get_task(&id).await.unwrap().data;
+        assert_eq!(
+            task.file_operation.as_deref(),
+            Some(operation.unwrap_or("write"))
+        );
+        let run_id = task.latest_run_id.unwrap();
+        let run = keel
+            .client()
+            .wait_terminal(&id, &run_id, Duration::from_secs(30))
+            .await;
+        assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+        let written = std::fs::read_to_string(workspaces.join(&id).join("notes.txt")).unwrap();
+        assert_eq!(written, expected);
+    }
+    let args = ["tasks", "create", "--file", "x", "--file-operation", "move"];
+    let refused = cli(keel.url(), &args).await;
+    assert_eq!(code(&refused), 4, "{}", describe(&refused));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("[possible values: write, append, delete]"),
+        "{stderr}"
+    );
+}
+
 #[tokio::test]
 async fn start_watch_prints_each_output_line_once_and_exits_with_the_run() {
     let keel = Keel::start("none").await;
