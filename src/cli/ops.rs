@@ -176,15 +176,16 @@ pub(super) fn client(remote: &Remote) -> Result<Client, Error> {
 }
 
 async fn run(client: &Client, format: Format, operation: Operation) -> Result<Outcome, Error> {
-    // Only a command that may watch a run or a job ends with an outcome of its own; the
-    // others are done once they answered.
+    // Only a command that may watch a run or a job, or that checks something (a provider
+    // preset), ends with an outcome of its own; the others are done once they answered.
     let answered = match operation {
         Operation::Tasks(command) => return tasks::run(client, format, command).await,
         Operation::Runs(command) => return runs::run(client, format, command).await,
         Operation::Media(command) => return media_jobs::run(client, format, command).await,
+        Operation::Providers(command) => return providers::run(client, format, command).await,
         Operation::Approvals(command) => approvals::run(client, format, command).await,
         Operation::Schedules(command) => schedules::run(client, format, command).await,
-        Operation::Providers(command) => providers::run(client, format, command).await,
+
         Operation::ExternalWork(command) => external::run(client, format, command).await,
         Operation::Status => system::status(client, format).await,
         Operation::Console => console::sign_in(client, format).await,

@@ -6,6 +6,7 @@ use keel_client::{Client, Error, ProviderDraft, ProviderPatch, ProviderTemplate,
 
 use crate::cli::output;
 use crate::cli::output::{Format, PageArgs, Table, or_dash, time};
+use crate::cli::watch::Outcome;
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ProviderCommand {
@@ -149,8 +150,8 @@ pub(super) async fn run(
     client: &Client,
     format: Format,
     command: ProviderCommand,
-) -> Result<(), Error> {
-    match command {
+) -> Result<Outcome, Error> {
+    let done = match command {
         ProviderCommand::List { page } => list(client, format, &page).await,
         ProviderCommand::Show { id } => output::show(format, client.get_provider(&id), |p| {
             provider_fields(&p.data)
@@ -185,8 +186,9 @@ pub(super) async fn run(
             }
             Ok(())
         }
-        ProviderCommand::Check { id, live } => check(client, format, &id, live).await,
-    }
+        ProviderCommand::Check { id, live } => return check(client, format, &id, live).await,
+    };
+    done.map(|()| Outcome::Done)
 }
 
 async fn list(client: &Client, format: Format, page: &PageArgs) -> Result<(), Error> {
@@ -226,8 +228,9 @@ async fn templates(client: &Client, format: Format, page: &PageArgs) -> Result<(
     .await
 }
 
-async fn check(client: &Client, format: Format, id: &str, live: bool) -> Result<(), Error> {
-    output::show(format, client.check_provider(id, live), |c| {
+/// Ends failed (exit 1) when the preset cannot be used, so a script can tell.
+async fn check(client: &Client, format: Format, id: &str, live: bool) -> Result<Outcome, Error> {
+    let checked = output::show(format, client.check_provider(id, live), |c| {
         let c = &c.data;
         Table::fields(&[
             ("ok", c.ok.to_string()),
@@ -237,8 +240,11 @@ async fn check(client: &Client, format: Format, id: &str, live: bool) -> Result<
             ("checked at", time(&c.checked_at)),
         ])
     })
-    .await
-    .map(drop)
+    .await?;
+    Ok(match checked.data.ok {
+        true => Outcome::Done,
+        false => Outcome::Failed,
+    })
 }
 
 pub(super) async fn secrets(

@@ -1016,6 +1016,22 @@ async fn a_media_job_is_created_run_and_watched_to_its_end() {
     let output = cli(url, &["providers", "check", &provider]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
     assert!(stdout(&output).contains("ready"), "{}", describe(&output));
+    // A preset that cannot be used (its key's variable is not set) ends the check failed.
+    let (_, keyless) = client
+        .post(
+            "/v1/providers",
+            serde_json::json!({
+                "kind": "seedream", "model": "seedream-model", "api": "media-job",
+                "base_url": format!("{}/api/v3", vendor.uri()),
+                "api_key_ref": "env:NOBODY_SET_THIS_API_KEY",
+                "capabilities": ["image_generate"], "enabled": true,
+            }),
+        )
+        .await;
+    let keyless = support::record::<ProviderView>(&keyless).id;
+    let output = cli(url, &["providers", "check", &keyless]).await;
+    assert_eq!(code(&output), 1, "{}", describe(&output));
+    assert!(stdout(&output).contains("false"), "{}", describe(&output));
 
     let create = [
         "media",
