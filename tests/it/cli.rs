@@ -999,36 +999,28 @@ async fn a_media_job_is_created_run_and_watched_to_its_end() {
         .mount(&vendor)
         .await;
     let client = api.client.clone().unwrap();
-    let (_, preset) = client
-        .post(
-            "/v1/providers",
-            serde_json::json!({
+    // A Seedream preset on the vendor stand-in whose key is `key_ref`: its id.
+    let preset = |key_ref: String| {
+        let client = client.clone();
+        let base_url = format!("{}/api/v3", vendor.uri());
+        async move {
+            let draft = serde_json::json!({
                 "kind": "seedream", "model": "seedream-model", "api": "media-job",
-                "base_url": format!("{}/api/v3", vendor.uri()),
-                "api_key_ref": format!("env:{KEY_ENV}"),
+                "base_url": base_url, "api_key_ref": key_ref,
                 "capabilities": ["image_generate"], "enabled": true,
-            }),
-        )
-        .await;
-    let provider = support::record::<ProviderView>(&preset).id;
+            });
+            let (_, preset) = client.post("/v1/providers", draft).await;
+            support::record::<ProviderView>(&preset).id
+        }
+    };
+    let provider = preset(format!("env:{KEY_ENV}")).await;
     let url = &client.base;
 
     let output = cli(url, &["providers", "check", &provider]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
     assert!(stdout(&output).contains("ready"), "{}", describe(&output));
     // A preset that cannot be used (its key's variable is not set) ends the check failed.
-    let (_, keyless) = client
-        .post(
-            "/v1/providers",
-            serde_json::json!({
-                "kind": "seedream", "model": "seedream-model", "api": "media-job",
-                "base_url": format!("{}/api/v3", vendor.uri()),
-                "api_key_ref": "env:NOBODY_SET_THIS_API_KEY",
-                "capabilities": ["image_generate"], "enabled": true,
-            }),
-        )
-        .await;
-    let keyless = support::record::<ProviderView>(&keyless).id;
+    let keyless = preset("env:NOBODY_SET_THIS_API_KEY".to_string()).await;
     let output = cli(url, &["providers", "check", &keyless]).await;
     assert_eq!(code(&output), 1, "{}", describe(&output));
     assert!(stdout(&output).contains("false"), "{}", describe(&output));

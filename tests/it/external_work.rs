@@ -582,16 +582,22 @@ async fn linear_polls_page_through_the_project_import_each_issue_once_and_back_o
     assert!(!log.contains(LINEAR_CANARY), "the key is in the API log");
 }
 
+/// ENG-1 and ENG-2 in Todo on a Linear stand-in, and a source polled once: both claimed.
+/// No worker: their runs stay queued, which is active.
+async fn two_claimed() -> (MockServer, LinearSource) {
+    let linear = MockServer::start().await;
+    let page = json!([linear_issue(1, "Todo"), linear_issue(2, "Todo")]);
+    linear_page(Value::Null, page, None).mount(&linear).await;
+    let source = linear_source(&linear).await;
+    let summary = polled(&source.client, &source.id).await;
+    assert_eq!(summary.claimed, 2, "{summary:?}");
+    (linear, source)
+}
+
 #[tokio::test]
 async fn an_item_that_leaves_the_active_states_has_its_run_cancelled() {
-    let linear = MockServer::start().await;
-    let first = json!([linear_issue(1, "Todo"), linear_issue(2, "Todo")]);
-    linear_page(Value::Null, first, None).mount(&linear).await;
-    // No worker: the imported runs stay queued, which is active.
-    let source = linear_source(&linear).await;
+    let (linear, source) = two_claimed().await;
     let (client, id) = (source.client.clone(), source.id.clone());
-    let summary = polled(&client, &id).await;
-    assert_eq!(summary.claimed, 2, "{summary:?}");
     let items = items_of(&client, &id).await;
     let one = item(&items, "ENG-1");
 
@@ -816,13 +822,8 @@ async fn symphony_dispatch_revalidation_skips_an_issue_when_provider_routing_cha
 /// has its run stopped; it is not ended, so nothing removes its workspace.
 #[tokio::test]
 async fn symphony_missing_running_issues_stop_active_agents_without_cleaning_the_workspace() {
-    let linear = MockServer::start().await;
-    let page = json!([linear_issue(1, "Todo"), linear_issue(2, "Todo")]);
-    linear_page(Value::Null, page, None).mount(&linear).await;
-    let source = linear_source(&linear).await;
+    let (linear, source) = two_claimed().await;
     let (client, id) = (source.client.clone(), source.id.clone());
-    let summary = polled(&client, &id).await;
-    assert_eq!(summary.claimed, 2, "{summary:?}");
     let items = items_of(&client, &id).await;
 
     // ENG-1 is gone from the project: neither the list nor the question by id has it.
