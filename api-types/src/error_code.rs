@@ -24,6 +24,9 @@ closed_set! {
         WorkspaceUnavailable = "workspace_unavailable",
         ItemNotClaimed = "item_not_claimed",
         UnsupportedAction = "unsupported_action",
+        ActionNotExecutable = "action_not_executable",
+        ActionNotCancellable = "action_not_cancellable",
+        NothingPushed = "nothing_pushed",
         // A write past what a run or a workspace may store.
         StorageQuotaExceeded = "storage_quota_exceeded",
         // A preset's secret or host, checked where it is used.

@@ -217,13 +217,17 @@ closed_set! {
         Comment = "comment",
         Labels = "labels",
         Review = "review",
+        PullRequest = "pull_request",
     }
 }
 
 closed_set! {
-    /// A proposed tracker write: `pending_approval`, then `approved` and `sending`, ending
-    /// `sent`, `stale_target` (the target changed since the proposal), `failed` or
-    /// `rejected`.
+    /// A proposed tracker write: `pending_approval`, then `approved` (waiting for its
+    /// execute, unless the workflow executes on approval) and `sending`, ending `sent`,
+    /// `stale_target` (the target changed since the proposal), `failed`, `rejected` (its
+    /// approval was) or `cancelled` (while pending or approved). Seed 000's names, in order:
+    /// `waiting_for_approval`, `approved`, `executing`, `succeeded`, `stale_target`,
+    /// `failed`, `denied`, `cancelled`.
     ActionStatus {
         PendingApproval = "pending_approval",
         Approved = "approved",
@@ -232,6 +236,7 @@ closed_set! {
         StaleTarget = "stale_target",
         Failed = "failed",
         Rejected = "rejected",
+        Cancelled = "cancelled",
     }
 }
 
@@ -319,6 +324,13 @@ pub struct ActionRecord {
     pub sending_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
     pub updated_at: DateTime<Utc>,
+    /// When its sending was asked for (`POST …/execute`, or its approval when the workflow
+    /// executes on approval), and by whom.
+    pub execute_requested_at: Option<DateTime<Utc>>,
+    pub execute_requested_by: Option<String>,
+    /// Who cancelled it, and why.
+    pub cancelled_by: Option<String>,
+    pub cancel_reason: Option<String>,
 }
 
 /// What one poll did, as `POST .../poll` answers and the source's `last_poll` keeps.
@@ -375,6 +387,37 @@ pub struct BackgroundRequest {
     pub enabled: bool,
 }
 
+/// Which items `GET /v1/external-work/items` lists, as a client asks: each filter given
+/// narrows the list.
+#[derive(Debug, Clone, Default)]
+pub struct ItemListFilter {
+    pub source_id: Option<String>,
+    pub state: Option<ItemState>,
+    pub kind: Option<ItemKind>,
+}
+
+/// Which actions `GET /v1/external-work/actions` lists, as a client asks: each filter given
+/// narrows the list.
+#[derive(Debug, Clone, Default)]
+pub struct ActionListFilter {
+    pub status: Option<ActionStatus>,
+    pub kind: Option<ActionKind>,
+    pub item_id: Option<String>,
+    pub source_id: Option<String>,
+}
+
+/// Why an action is cancelled (optional): kept on the action, and the note of its
+/// approval when that was still pending.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelActionRequest {
+    #[schema(max_length = 2000)]
+    pub reason: Option<String>,
+}
+
+/// Longest reason a cancel keeps (bytes).
+pub const MAX_CANCEL_REASON_BYTES: usize = 2000;
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ImportRequest {
@@ -389,8 +432,9 @@ pub struct ImportRequest {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ActionRequest {
-    /// `comment` (`body`), `labels` (`add`, `remove`) or `review` (`event`, `body`; pull
-    /// requests only). Linear issues take comments only.
+    /// `comment` (`body`), `labels` (`add`, `remove`), `review` (`event`, `body`; pull
+    /// requests only) or `pull_request` (`title`, `body`, `head`, `base`; GitHub only).
+    /// Linear issues take comments only.
     pub kind: Option<String>,
     /// A comment's or review's text, at most 64 KiB; a hidden marker is appended to it.
     pub body: Option<String>,
@@ -400,6 +444,12 @@ pub struct ActionRequest {
     pub remove: Option<Vec<String>>,
     /// A review's `COMMENT`, `APPROVE` or `REQUEST_CHANGES`.
     pub event: Option<String>,
+    /// A pull request's title; by default the item's.
+    pub title: Option<String>,
+    /// A pull request's branch; by default the one the run pushed.
+    pub head: Option<String>,
+    /// The branch a pull request merges into; by default the task's `base_branch`.
+    pub base: Option<String>,
     /// The run of the item's task proposing it; by default the task's current run, to
     /// which the approval is attached either way.
     pub run_id: Option<String>,
@@ -434,6 +484,8 @@ impl ReviewEvent {
     }
 }
 
+/// Longest pull request title, or branch name, an action takes (bytes).
+pub const MAX_TITLE_BYTES: usize = 256;
 /// Longest comment or review body (bytes, before the marker).
 pub const MAX_ACTION_BODY_BYTES: usize = 64 * 1024;
 /// A label's name as the server takes one: no surrounding white space, no control
@@ -496,6 +548,11 @@ fn action_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
         "`body` is required but for `APPROVE`.",
         vec![when_absent_or("event", &approve), with_body],
     );
+    let text = |what| -> RefOr<Schema> {
+        string(true, NOT_BLANK, Some(MAX_TITLE_BYTES))
+            .description(Some(what))
+            .into()
+    };
     let event = one_of_strings(false, &ReviewEvent::ALL.map(ReviewEvent::as_str))
         .description(Some("The review's verdict, as GitHub spells it."));
     tagged_union(
@@ -529,6 +586,28 @@ fn action_union(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
                  the server answers 422 too).",
                 vec![("event", true, event.into()), ("body", false, body(true))],
                 vec![review_body],
+            ),
+            variant(
+                "pull_request",
+                "PullRequestActionRequest",
+                "A pull request from the branch the run pushed (`head`) into the task's \
+                 `base_branch` (`base`), on GitHub only. 409 `nothing_pushed` when the run \
+                 pushed no branch and none is named.",
+                vec![
+                    ("title", false, text("The title; by default the item's.")),
+                    ("body", false, body(true)),
+                    (
+                        "head",
+                        false,
+                        text("The branch; by default the one the run pushed."),
+                    ),
+                    (
+                        "base",
+                        false,
+                        text("The branch it merges into; by default the task's."),
+                    ),
+                ],
+                Vec::new(),
             ),
         ],
         schemas,

@@ -69,6 +69,16 @@ macro_rules! closed_set {
             }
         }
 
+        impl std::str::FromStr for $name {
+            type Err = String;
+
+            fn from_str(value: &str) -> Result<$name, String> {
+                $name::parse(value).ok_or_else(|| {
+                    format!("'{value}' is not one of {}", $name::names())
+                })
+            }
+        }
+
         impl $name {
             pub const ALL: [$name; [$($text),+].len()] = [$($name::$variant),+];
 

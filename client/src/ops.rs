@@ -463,6 +463,14 @@ impl Client {
         self.get(source_path(source_id, "/items"))
     }
 
+    /// The workspace's items across its sources; each filter given narrows the list.
+    pub fn list_work_items(&self, filter: &ItemListFilter) -> Call<'_, ListEnvelope<ItemRecord>> {
+        self.get("/v1/external-work/items".into())
+            .query("source_id", filter.source_id.as_deref())
+            .query("state", filter.state.map(ItemState::as_str))
+            .query("kind", filter.kind.map(ItemKind::as_str))
+    }
+
     pub fn get_item(&self, item_id: &str) -> Call<'_, ObjectEnvelope<ItemRecord>> {
         self.get(format!("/v1/external-work/items/{}", segment(item_id)))
     }
@@ -514,6 +522,36 @@ impl Client {
 
     pub fn get_action(&self, action_id: &str) -> Call<'_, ObjectEnvelope<ActionRecord>> {
         self.get(format!("/v1/external-work/actions/{}", segment(action_id)))
+    }
+
+    /// The workspace's tracker actions; each filter given narrows the list.
+    pub fn list_actions(&self, filter: &ActionListFilter) -> Call<'_, ListEnvelope<ActionRecord>> {
+        self.get("/v1/external-work/actions".into())
+            .query("status", filter.status.map(ActionStatus::as_str))
+            .query("kind", filter.kind.map(ActionKind::as_str))
+            .query("item_id", filter.item_id.as_deref())
+            .query("source_id", filter.source_id.as_deref())
+    }
+
+    /// Sends an approved action (its job is queued once, however often this is asked).
+    pub fn execute_action(&self, action_id: &str) -> Call<'_, ObjectEnvelope<ActionRecord>> {
+        self.post(format!(
+            "/v1/external-work/actions/{}/execute",
+            segment(action_id)
+        ))
+    }
+
+    /// Cancels a pending or approved action, rejecting its pending approval.
+    pub fn cancel_action(
+        &self,
+        action_id: &str,
+        request: &CancelActionRequest,
+    ) -> Call<'_, ObjectEnvelope<ActionRecord>> {
+        self.post(format!(
+            "/v1/external-work/actions/{}/cancel",
+            segment(action_id)
+        ))
+        .json(request)
     }
 
     // Usage.

@@ -8,9 +8,12 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use chrono::Utc;
 use keel_api_types::{
-    ActionRequest, Background, BackgroundRequest, Deleted, ImportRequest, LastError, PollRequest,
+    ActionKind, ActionRequest, ActionStatus, Background, BackgroundRequest, CancelActionRequest,
+    Deleted, ImportRequest, ItemKind, ItemState, LastError, MAX_CANCEL_REASON_BYTES, PollRequest,
     RenderRequest, Rendered, SourceRequest, SourceStatus, WorkflowHealth,
 };
+use serde::Deserialize;
+use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -22,7 +25,7 @@ use crate::domain::{Caller, Invalid, Scope};
 use crate::external;
 use crate::external::actions::ActionRecord;
 use crate::external::actions::job::Proposed;
-use crate::external::actions::{ActionDraft, ProposedAction};
+use crate::external::actions::{ActionDraft, ActionFilter, ProposedAction};
 use crate::external::import::Imported;
 use crate::external::poll;
 use crate::external::poll::{DEFAULT_LIMIT, Pass, PollSummary};
@@ -38,6 +41,7 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_source, delete_source))
         .routes(routes!(source_status))
         .routes(routes!(list_items))
+        .routes(routes!(list_work_items))
         .routes(routes!(poll_source))
         .routes(routes!(reconcile_source))
         .routes(routes!(set_background))
@@ -45,6 +49,9 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_item))
         .routes(routes!(propose_action, list_item_actions))
         .routes(routes!(get_action))
+        .routes(routes!(list_actions))
+        .routes(routes!(execute_action))
+        .routes(routes!(cancel_action))
 }
 
 type Result<T> = std::result::Result<T, ApiError>;
@@ -344,7 +351,51 @@ async fn list_items(
     let scope = &caller.scope;
     external::get_source(&mut conn, scope, &source_id).await?;
     let cursor = page.cursor.as_deref();
-    let rows = external::list_items(&mut conn, scope, &source_id, cursor, limit + 1).await?;
+    let filter = external::ItemFilter {
+        source_id: Some(&source_id),
+        ..Default::default()
+    };
+    let rows = external::list_items(&mut conn, scope, filter, cursor, limit + 1).await?;
+    Ok(Json(list(rows, limit, |i| i.id.clone())))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct ItemQuery {
+    /// Only this source's items.
+    source_id: Option<String>,
+    /// Only items in this state.
+    #[param(value_type = Option<ItemState>, inline)]
+    state: Option<ItemState>,
+    /// Only items of this kind.
+    #[param(value_type = Option<ItemKind>, inline)]
+    kind: Option<ItemKind>,
+    /// Page size, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// Lists the workspace's items across its sources, oldest first; `source_id`, `state` and
+/// `kind` narrow the list. Reads Keel's records only: no tracker is asked.
+#[utoipa::path(get, path = "/external-work/items", tag = "external-work", params(ItemQuery),
+    responses((status = 200, description = "A page of items", body = ListEnvelope<ItemRecord>)))]
+async fn list_work_items(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiQuery(query): ApiQuery<ItemQuery>,
+) -> Result<Json<ListEnvelope<ItemRecord>>> {
+    let limit = page_limit(query.limit)?;
+    let filter = external::ItemFilter {
+        source_id: query.source_id.as_deref(),
+        state: query.state,
+        kind: query.kind.map(ItemKind::as_str),
+    };
+    let mut conn = state.pool.acquire().await?;
+    let cursor = query.cursor.as_deref();
+    let rows = external::list_items(&mut conn, &caller.scope, filter, cursor, limit + 1).await?;
     Ok(Json(list(rows, limit, |i| i.id.clone())))
 }
 
@@ -490,6 +541,9 @@ async fn propose_action(
         add: request.add,
         remove: request.remove,
         event: request.event,
+        title: request.title,
+        head: request.head,
+        base: request.base,
     };
     let action = ProposedAction::parse(draft)?;
     let mut tx = state.pool.begin().await?;
@@ -518,11 +572,110 @@ async fn list_item_actions(
     let mut conn = state.pool.acquire().await?;
     let scope = &caller.scope;
     crate::external::get_item(&mut conn, scope, &item_id).await?;
+    let filter = ActionFilter {
+        item_id: Some(&item_id),
+        ..ActionFilter::default()
+    };
     let cursor = page.cursor.as_deref();
-    let rows =
-        crate::external::actions::list_for_item(&mut conn, scope, &item_id, cursor, limit + 1)
-            .await?;
+    let rows = crate::external::actions::list(&mut conn, scope, filter, cursor, limit + 1).await?;
     Ok(Json(list(rows, limit, |a| a.id.clone())))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct ActionQuery {
+    /// Only actions in this status (`approved`: those waiting for their execute).
+    #[param(value_type = Option<ActionStatus>, inline)]
+    status: Option<ActionStatus>,
+    #[param(value_type = Option<ActionKind>, inline)]
+    kind: Option<ActionKind>,
+    /// Only this item's actions.
+    item_id: Option<String>,
+    /// Only actions on this source's items.
+    source_id: Option<String>,
+    /// Page size, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// Lists the workspace's tracker actions, oldest first; `status`, `kind`, `item_id` and
+/// `source_id` narrow the list. No tracker is asked.
+#[utoipa::path(get, path = "/external-work/actions", tag = "external-work", params(ActionQuery),
+    responses((status = 200, description = "A page of actions", body = ListEnvelope<ActionRecord>)))]
+async fn list_actions(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiQuery(query): ApiQuery<ActionQuery>,
+) -> Result<Json<ListEnvelope<ActionRecord>>> {
+    let limit = page_limit(query.limit)?;
+    let filter = ActionFilter {
+        status: query.status,
+        kind: query.kind.map(ActionKind::as_str),
+        item_id: query.item_id.as_deref(),
+        source_id: query.source_id.as_deref(),
+    };
+    let mut conn = state.pool.acquire().await?;
+    let cursor = query.cursor.as_deref();
+    let rows =
+        crate::external::actions::list(&mut conn, &caller.scope, filter, cursor, limit + 1).await?;
+    Ok(Json(list(rows, limit, |a| a.id.clone())))
+}
+
+/// Sends an approved action: queues its job, which asks the tracker for the target again,
+/// refuses a changed one (`stale_target`) and makes exactly the stored calls. Asking again
+/// answers the same action; 409 `action_not_executable` unless it is approved. Operators
+/// only.
+#[utoipa::path(post, path = "/external-work/actions/{action_id}/execute", tag = "external-work",
+    params(("action_id" = String, Path)),
+    responses((status = 200, description = "The action, its sending queued", body = ObjectEnvelope<ActionRecord>)))]
+async fn execute_action(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(action_id): Path<String>,
+) -> Result<Json<ObjectEnvelope<ActionRecord>>> {
+    caller
+        .require_operator("execute an external action")
+        .map_err(ApiError::Forbidden)?;
+    let mut tx = state.pool.begin().await?;
+    let (scope, actor) = (&caller.scope, &caller.actor());
+    let action = crate::external::actions::execute(&mut tx, scope, &action_id, actor).await?;
+    tx.commit().await?;
+    Ok(Json(object("external_work_action", action)))
+}
+
+/// Cancels a pending or approved action: nothing is sent, and a pending approval is
+/// rejected with the reason. 409 `action_not_cancellable` once it is being sent or has
+/// ended. Operators, and whoever proposed it.
+#[utoipa::path(post, path = "/external-work/actions/{action_id}/cancel", tag = "external-work",
+    params(("action_id" = String, Path)), request_body(content = Option<CancelActionRequest>),
+    responses((status = 200, description = "The cancelled action", body = ObjectEnvelope<ActionRecord>)))]
+async fn cancel_action(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(action_id): Path<String>,
+    OptionalJson(request): OptionalJson<CancelActionRequest>,
+) -> Result<Json<ObjectEnvelope<ActionRecord>>> {
+    let reason = request.reason.as_deref().map(str::trim);
+    if reason.is_some_and(|r| r.len() > MAX_CANCEL_REASON_BYTES || r.contains('\0')) {
+        let why = format!("must be at most {MAX_CANCEL_REASON_BYTES} bytes, without NUL");
+        return Err(Invalid::new("reason", why).into());
+    }
+    let mut tx = state.pool.begin().await?;
+    let (scope, actor) = (&caller.scope, &caller.actor());
+    let found = crate::external::actions::get(&mut tx, scope, &action_id).await?;
+    if found.proposed_by != actor.to_string() {
+        caller
+            .require_operator("cancel an external action another proposed")
+            .map_err(ApiError::Forbidden)?;
+    }
+    let reason = reason.filter(|r| !r.is_empty());
+    let action =
+        crate::external::actions::cancel(&mut tx, scope, &action_id, reason, actor).await?;
+    tx.commit().await?;
+    Ok(Json(object("external_work_action", action)))
 }
 
 /// Reads an action: what it sends, the target it was proposed on, where it stands, and

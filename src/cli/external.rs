@@ -3,8 +3,9 @@
 
 use clap::Subcommand;
 use keel_client::{
-    ActionRecord, ActionRequest, BackgroundRequest, Client, Error, ImportRequest, ItemRecord,
-    ObjectEnvelope, PollRequest, PollSummary, SourceRecord, SourceRequest, SourceStatus,
+    ActionKind, ActionListFilter, ActionRecord, ActionRequest, ActionStatus, BackgroundRequest,
+    CancelActionRequest, Client, Error, ImportRequest, ItemKind, ItemListFilter, ItemRecord,
+    ItemState, ObjectEnvelope, PollRequest, PollSummary, SourceRecord, SourceRequest, SourceStatus,
 };
 
 use crate::cli::output;
@@ -15,7 +16,7 @@ pub(crate) enum ExternalCommand {
     /// Sources: list, show, create, poll, delete.
     #[command(subcommand)]
     Sources(SourceCommand),
-    /// A source's items.
+    /// Items: list (a source's, or across sources by state and kind), show.
     #[command(subcommand)]
     Items(ItemCommand),
     /// Imports one issue or pull request (or a webhook payload holding one) into a source,
@@ -27,19 +28,19 @@ pub(crate) enum ExternalCommand {
         #[arg(long)]
         payload: std::path::PathBuf,
     },
-    /// Tracker actions proposed on items (a comment, labels, a review), each waiting for
-    /// an approval: propose, list, show.
+    /// Tracker actions proposed on items (a comment, labels, a review, a pull request):
+    /// propose, list, show; once approved, execute (or cancel).
     #[command(subcommand)]
     Actions(ActionCommand),
 }
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ActionCommand {
-    /// Proposes an action on the item; it is sent once its approval is approved.
+    /// Proposes an action on the item; it is sent once approved and executed.
     Propose {
         item_id: String,
-        /// `comment` (`--body`), `labels` (`--add`, `--remove`) or `review` (`--event`,
-        /// `--body`).
+        /// `comment` (`--body`), `labels` (`--add`, `--remove`), `review` (`--event`,
+        /// `--body`) or `pull_request` (`--title`, `--body`, `--head`, `--base`).
         #[arg(long)]
         kind: String,
         #[arg(long)]
@@ -53,18 +54,47 @@ pub(crate) enum ActionCommand {
         /// A review's `COMMENT`, `APPROVE` or `REQUEST_CHANGES`.
         #[arg(long)]
         event: Option<String>,
+        /// A pull request's title (default: the item's).
+        #[arg(long)]
+        title: Option<String>,
+        /// A pull request's branch (default: the task's push_branch).
+        #[arg(long)]
+        head: Option<String>,
+        /// The branch a pull request merges into (default: the task's base_branch).
+        #[arg(long)]
+        base: Option<String>,
         /// The run of the item's task proposing it (default: its current run).
         #[arg(long)]
         run: Option<String>,
     },
-    /// Lists an item's actions, oldest first.
+    /// Lists an item's actions, or the workspace's by status, kind and source; oldest
+    /// first.
     List {
-        item_id: String,
+        /// Only this item's actions (the other filters then do not apply).
+        item_id: Option<String>,
+        /// `approved` lists those waiting for their execute.
+        #[arg(long)]
+        status: Option<ActionStatus>,
+        #[arg(long)]
+        kind: Option<ActionKind>,
+        #[arg(long)]
+        source: Option<String>,
         #[command(flatten)]
         page: PageArgs,
     },
     Show {
         action_id: String,
+    },
+    /// Sends an approved action: the tracker is asked for its target again, and a changed
+    /// one is refused (stale_target).
+    Execute {
+        action_id: String,
+    },
+    /// Cancels a pending or approved action; nothing is sent.
+    Cancel {
+        action_id: String,
+        #[arg(long)]
+        reason: Option<String>,
     },
 }
 
@@ -122,9 +152,14 @@ pub(crate) enum SourceCommand {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ItemCommand {
-    /// Lists a source's items, oldest first.
+    /// Lists a source's items, or the workspace's by state and kind; oldest first.
     List {
-        source_id: String,
+        /// Only this source's items.
+        source_id: Option<String>,
+        #[arg(long)]
+        state: Option<ItemState>,
+        #[arg(long)]
+        kind: Option<ItemKind>,
         #[command(flatten)]
         page: PageArgs,
     },
@@ -135,24 +170,31 @@ pub(crate) enum ItemCommand {
 pub async fn run(client: &Client, format: Format, command: ExternalCommand) -> Result<(), Error> {
     match command {
         ExternalCommand::Sources(command) => sources(client, format, command).await,
-        ExternalCommand::Items(ItemCommand::List { source_id, page }) => {
+        ExternalCommand::Items(ItemCommand::List {
+            source_id,
+            state,
+            kind,
+            page,
+        }) => {
             let headers = ["ID", "KIND", "IDENTIFIER", "STATE", "TASK", "TRACKER STATE"];
-            output::list(
-                format,
-                &page,
-                client.list_items(&source_id),
-                &headers,
-                |i: &ItemRecord| {
-                    vec![
-                        i.id.clone(),
-                        i.kind.clone(),
-                        i.identifier.clone(),
-                        i.state.to_string(),
-                        or_dash(i.task_id.as_ref()),
-                        i.tracker_state.clone(),
-                    ]
-                },
-            )
+            let call = match (source_id, state, kind) {
+                (Some(source_id), None, None) => client.list_items(&source_id),
+                (source_id, state, kind) => client.list_work_items(&ItemListFilter {
+                    source_id,
+                    state,
+                    kind,
+                }),
+            };
+            output::list(format, &page, call, &headers, |i: &ItemRecord| {
+                vec![
+                    i.id.clone(),
+                    i.kind.clone(),
+                    i.identifier.clone(),
+                    i.state.to_string(),
+                    or_dash(i.task_id.as_ref()),
+                    i.tracker_state.clone(),
+                ]
+            })
             .await
         }
         ExternalCommand::Items(ItemCommand::Show { item_id }) => {
@@ -197,6 +239,9 @@ async fn actions(client: &Client, format: Format, command: ActionCommand) -> Res
             add,
             remove,
             event,
+            title,
+            head,
+            base,
             run,
         } => {
             let request = ActionRequest {
@@ -205,6 +250,9 @@ async fn actions(client: &Client, format: Format, command: ActionCommand) -> Res
                 add: (!add.is_empty()).then_some(add),
                 remove: (!remove.is_empty()).then_some(remove),
                 event,
+                title,
+                head,
+                base,
                 run_id: run,
             };
             output::show(format, client.propose_action(&item_id, &request), |p| {
@@ -215,9 +263,23 @@ async fn actions(client: &Client, format: Format, command: ActionCommand) -> Res
             .await
             .map(drop)
         }
-        ActionCommand::List { item_id, page } => {
+        ActionCommand::List {
+            item_id,
+            status,
+            kind,
+            source,
+            page,
+        } => {
             let headers = ["ID", "KIND", "STATUS", "RUN", "APPROVAL", "CREATED"];
-            let call = client.list_item_actions(&item_id);
+            let call = match (item_id, status, kind, source) {
+                (Some(item_id), None, None, None) => client.list_item_actions(&item_id),
+                (item_id, status, kind, source_id) => client.list_actions(&ActionListFilter {
+                    status,
+                    kind,
+                    item_id,
+                    source_id,
+                }),
+            };
             output::list(format, &page, call, &headers, |a: &ActionRecord| {
                 vec![
                     a.id.clone(),
@@ -237,6 +299,21 @@ async fn actions(client: &Client, format: Format, command: ActionCommand) -> Res
             .await
             .map(drop)
         }
+        ActionCommand::Execute { action_id } => {
+            output::show(format, client.execute_action(&action_id), |a| {
+                action_fields(&a.data)
+            })
+            .await
+            .map(drop)
+        }
+        ActionCommand::Cancel { action_id, reason } => {
+            let request = CancelActionRequest { reason };
+            output::show(format, client.cancel_action(&action_id, &request), |a| {
+                action_fields(&a.data)
+            })
+            .await
+            .map(drop)
+        }
     }
 }
 
@@ -250,6 +327,11 @@ fn action_fields(a: &ActionRecord) -> Table {
         ("run", a.run_id.clone()),
         ("approval", or_dash(a.approval_id.as_ref())),
         ("proposal", a.proposal.to_string()),
+        (
+            "execute asked",
+            a.execute_requested_at.as_ref().map_or("-".into(), time),
+        ),
+        ("cancel reason", or_dash(a.cancel_reason.as_ref())),
         ("last error", or_dash(a.last_error.as_ref())),
         ("created", time(&a.created_at)),
     ])

@@ -1,7 +1,7 @@
 //! GitHub: REST `GET`s of a repository's issues and pull requests, with the stored ETags
 //! as `If-None-Match` and the rate-limit headers honoured, and their normalization; an
-//! action's REST calls (a comment, labels, a pull request's review) and the lists its
-//! marker is looked for in.
+//! action's REST calls (a comment, labels, a pull request's review, a pull request) and
+//! the lists its marker is looked for in.
 
 use std::collections::BTreeMap;
 
@@ -470,6 +470,33 @@ fn calls(
                 review,
             )]
         }
+        ProposedAction::PullRequest {
+            title,
+            body,
+            head,
+            base,
+        } => {
+            if item.kind != "github_issue" {
+                return Err(unsupported(
+                    item,
+                    "a pull request is opened for an issue (a pull request's fixes push to \
+                     its own branch)",
+                ));
+            }
+            let title = title
+                .as_deref()
+                .unwrap_or(item.issue["title"].as_str().unwrap_or(""));
+            // Merging it closes the issue: the loop ends where it began.
+            let closes = format!("Closes #{number}.");
+            let text = body.as_deref().unwrap_or(&closes);
+            let pull = json!({ "title": title, "head": head, "base": base,
+                               "body": marked(text, id) });
+            vec![Call::new(
+                "POST",
+                format!("/repos/{repository}/pulls"),
+                pull,
+            )]
+        }
     })
 }
 
@@ -548,8 +575,14 @@ async fn find_marked(
     marker: &str,
 ) -> Result<Option<Answer>, Pause> {
     let base = target.tracker.endpoint.trim_end_matches('/');
+    // The pulls list has only open ones unless asked: a sent one may be closed by now.
+    let every = if path.ends_with("/pulls") {
+        "state=all&"
+    } else {
+        ""
+    };
     for page in 1..=MARKER_PAGES {
-        let listed = format!("{path}?per_page=100&page={page}");
+        let listed = format!("{path}?{every}per_page=100&page={page}");
         let url = format!("{base}{listed}");
         let request = request(target.poller, Method::GET, &url, target.token.as_ref());
         let response = request.send().await.map_err(|error| {

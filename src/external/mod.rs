@@ -26,9 +26,9 @@ pub(crate) mod workflow;
 pub(crate) mod workspace;
 
 pub(crate) use store::{
-    FailedClaim, ItemChange, ItemRecord, NewItem, PollRecord, SourceRecord, WorkflowOrigin,
-    active_runs, claimed_to_reconcile, claimed_version, claimed_with_failed_runs, delete_source,
-    get_item, get_source, insert_item, insert_source, item_by_key, item_counts, item_record,
-    list_items, list_sources, lock_slots, lock_subject, query_items, record_poll, refresh_issue,
-    registrant, set_background, update_item, waiting_for_slots,
+    FailedClaim, ItemChange, ItemFilter, ItemRecord, NewItem, PollRecord, SourceRecord,
+    WorkflowOrigin, active_runs, claimed_to_reconcile, claimed_version, claimed_with_failed_runs,
+    delete_source, get_item, get_source, insert_item, insert_source, item_by_key, item_counts,
+    item_record, list_items, list_sources, lock_slots, lock_subject, query_items, record_poll,
+    refresh_issue, registrant, set_background, update_item, waiting_for_slots,
 };

@@ -617,23 +617,35 @@ pub(crate) async fn item_by_key(
 pub(crate) async fn list_items(
     conn: &mut PgConnection,
     scope: &Scope,
-    source_id: &str,
+    filter: ItemFilter<'_>,
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ItemRecord>> {
     let rows = query_items!(
         "SELECT",
         "FROM external_work_items
-         WHERE workspace_id = $1 AND source_id = $2 AND ($3::text IS NULL OR id > $3)
-         ORDER BY id LIMIT $4",
+         WHERE workspace_id = $1 AND ($2::text IS NULL OR id > $2)
+           AND ($3::text IS NULL OR source_id = $3) AND ($4::text IS NULL OR state = $4)
+           AND ($5::text IS NULL OR kind = $5)
+         ORDER BY id LIMIT $6",
         scope.workspace(),
-        source_id,
         after,
+        filter.source_id,
+        filter.state.map(ItemState::as_str),
+        filter.kind,
         limit,
     )
     .fetch_all(conn)
     .await?;
     Ok(rows)
+}
+
+/// Which of a workspace's items to list: each filter given narrows the list.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ItemFilter<'a> {
+    pub(crate) source_id: Option<&'a str>,
+    pub(crate) state: Option<ItemState>,
+    pub(crate) kind: Option<&'a str>,
 }
 
 /// How many of a source's items are in each state.

@@ -122,6 +122,9 @@ pub(crate) struct WorkflowConfig {
     /// What each item becomes: the fields of `POST /v1/tasks`.
     #[schema(value_type = Option<Object>)]
     pub(crate) task: Option<serde_json::Value>,
+    /// `actions.execute_on_approval`: an approved action is sent at once, without its
+    /// execute (false by default, as seed 000 keeps approval and execution apart).
+    pub(crate) execute_on_approval: bool,
 }
 
 const DEFAULT_POLLING_INTERVAL_MS: u64 = 30_000;
@@ -269,6 +272,15 @@ struct RawConfig {
     #[serde(default)]
     agent: RawAgent,
     task: Option<serde_json::Value>,
+    #[serde(default)]
+    actions: RawActions,
+}
+
+/// Keel's `actions` block: how approved tracker actions are sent.
+#[derive(Debug, Default, Deserialize)]
+struct RawActions {
+    #[serde(default)]
+    execute_on_approval: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -460,6 +472,7 @@ impl WorkflowConfig {
                 max_concurrent_agents_by_state: by_state(agent.max_concurrent_agents_by_state),
             },
             task: raw.task,
+            execute_on_approval: raw.actions.execute_on_approval,
         })
     }
 }

@@ -752,7 +752,7 @@ fn no_option(authority: &str) -> Result<(), String> {
 }
 
 /// The branch names `git check-ref-format --branch` accepts, checked without git.
-fn check_branch(branch: &str) -> Result<(), String> {
+pub(crate) fn check_branch(branch: &str) -> Result<(), String> {
     let refused = branch.is_empty()
         || branch.starts_with(['-', '/', '.'])
         || branch.ends_with(['/', '.'])

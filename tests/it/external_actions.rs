@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use crate::support::{Client, KeelProcess, rows_containing, wait_for};
 use keel_client::{
-    ActionRecord, ActionStatus, ApprovalRecord, ApprovalStatus, ItemRecord, PollSummary, Proposed,
-    Resolution, RunStatus, SourceRecord,
+    ActionListFilter, ActionRecord, ActionStatus, ApprovalRecord, ApprovalStatus, ItemRecord,
+    PollSummary, Proposed, Resolution, RunStatus, SourceRecord,
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -56,6 +56,8 @@ tracker:
   endpoint: {endpoint}
   project_slug: eng
   api_key: $ACME_LINEAR_API_KEY
+actions:
+  execute_on_approval: true
 task:
   execution_kind: shell
   shell_command: echo imported
@@ -172,7 +174,7 @@ impl Tracked {
         let (action, approval) = self
             .proposed(&item, json!({ "kind": "comment", "body": "Once." }))
             .await;
-        self.resolve(&approval, "approve").await;
+        self.approve_and_execute(&approval).await;
         wait_for(
             Duration::from_secs(30),
             "the call to reach GitHub",
@@ -180,6 +182,26 @@ impl Tracked {
         )
         .await;
         action
+    }
+
+    /// Approves the action's approval, then executes the action.
+    async fn approve_and_execute(&self, approval: &ApprovalRecord) -> ActionRecord {
+        let (status, body) = self.resolve(approval, "approve").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let action_id = approval.external_action_id.as_deref().unwrap();
+        let (status, body) = self.execute(action_id).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        support::record(&body)
+    }
+
+    async fn execute(&self, action_id: &str) -> (StatusCode, Value) {
+        let at = format!("/v1/external-work/actions/{action_id}/execute");
+        self.client.post_empty(&at).await
+    }
+
+    async fn cancel(&self, action_id: &str, reason: &str) -> (StatusCode, Value) {
+        let at = format!("/v1/external-work/actions/{action_id}/cancel");
+        self.client.post(&at, json!({ "reason": reason })).await
     }
 
     async fn resolve(&self, approval: &ApprovalRecord, decision: &str) -> (StatusCode, Value) {
@@ -359,6 +381,38 @@ async fn a_fresh_comment_is_sent_once_after_approval_and_changed_targets_are_ref
             "{body}"
         );
     }
+    // Approved, each waits for its execute (seed 000 keeps the two apart): nothing is sent.
+    let waiting = app.client.api.list_actions(&ActionListFilter {
+        status: Some(ActionStatus::Approved),
+        ..ActionListFilter::default()
+    });
+    let waiting = waiting.await.unwrap().data;
+    let ids: Vec<&str> = waiting.iter().map(|a| a.id.as_str()).collect();
+    assert_eq!(ids, [id, stale.id.as_str(), moved.id.as_str()]);
+    assert!(
+        waiting.iter().all(|a| a.execute_requested_at.is_none()),
+        "{waiting:?}"
+    );
+    let only_gets = || async {
+        let received = github.received_requests().await.unwrap();
+        received.iter().all(|r| r.method.as_str() == "GET")
+    };
+    assert!(
+        only_gets().await,
+        "an approved action was sent before its execute"
+    );
+    for action in [&action, &stale, &moved] {
+        let (status, body) = app.execute(&action.id).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let executed: ActionRecord = support::record(&body);
+        assert!(executed.execute_requested_at.is_some(), "{body}");
+    }
+    // Asked again: the same action, its job queued once.
+    let (status, body) = app.execute(id).await;
+    assert!(
+        status == StatusCode::OK || body["error"]["type"] == "action_not_executable",
+        "{status} {body}"
+    );
     let sent = app.wait_action(&action, ActionStatus::Sent).await;
     let stale = app.wait_action(&stale, ActionStatus::StaleTarget).await;
     let moved = app.wait_action(&moved, ActionStatus::StaleTarget).await;
@@ -434,6 +488,16 @@ async fn a_fresh_comment_is_sent_once_after_approval_and_changed_targets_are_ref
             .map(|(status, n)| (status.to_string(), n))
             .into();
     assert_eq!(health.data.actions, counts, "{health:?}");
+    // Sent or stale now, none may be executed or cancelled again.
+    for action in [&sent, &stale] {
+        let (status, body) = app.execute(&action.id).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert_eq!(body["error"]["type"], "action_not_executable", "{body}");
+        let (status, body) = app.cancel(&action.id, "too late").await;
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert_eq!(body["error"]["type"], "action_not_cancellable", "{body}");
+    }
+    support::contracts::assert_github_conforms(&github.received_requests().await.unwrap());
     // The approval never held the run: it ran as any other.
     let run = app
         .client
@@ -502,10 +566,10 @@ async fn rejected_actions_send_nothing_labels_and_reviews_round_trip_and_bad_bod
         summary.contains(&format!("DELETE {}{labels}/triage", github.uri())),
         "{summary}"
     );
-    app.resolve(&approval, "approve").await;
+    app.approve_and_execute(&approval).await;
     let review = json!({ "kind": "review", "event": "REQUEST_CHANGES", "body": "Add a test." });
     let (review_action, approval) = app.proposed(&eight, review).await;
-    app.resolve(&approval, "approve").await;
+    app.approve_and_execute(&approval).await;
     app.wait_action(&label_action, ActionStatus::Sent).await;
     let sent_review = app.wait_action(&review_action, ActionStatus::Sent).await;
 
@@ -750,8 +814,11 @@ async fn a_linear_comment_goes_through_the_comment_create_mutation() {
         .proposed(&item, json!({ "kind": "comment", "body": "On it." }))
         .await;
     assert_eq!(action.calls[0]["path"], "", "{action:?}");
+    // The workflow executes on approval: no execute is asked for.
     app.resolve(&approval, "approve").await;
     let sent = app.wait_action(&action, ActionStatus::Sent).await;
+    assert!(sent.execute_requested_at.is_some(), "{sent:?}");
+    assert!(sent.execute_requested_by.is_some(), "{sent:?}");
     assert_eq!(response(&sent)["id"], "comment-1", "{sent:?}");
 
     let all = linear.received_requests().await.unwrap();
@@ -922,11 +989,11 @@ async fn a_refusal_fails_the_action_and_a_rate_limit_sends_it_later_once() {
     let (refused, approval) = app
         .proposed(&app.item("acme/widgets#7").await, comment.clone())
         .await;
-    app.resolve(&approval, "approve").await;
+    app.approve_and_execute(&approval).await;
     let (limited, approval) = app
         .proposed(&app.item("acme/widgets#9").await, comment)
         .await;
-    app.resolve(&approval, "approve").await;
+    app.approve_and_execute(&approval).await;
 
     let refused = app.wait_action(&refused, ActionStatus::Failed).await;
     assert_eq!(
@@ -959,6 +1026,90 @@ async fn a_refusal_fails_the_action_and_a_rate_limit_sends_it_later_once() {
     assert!(!requests(&github, "GET", nine).await.is_empty());
     assert_eq!(response(&sent)["http_status"], 201, "{sent:?}");
     assert_eq!(sent.last_error_code, None, "{sent:?}");
+    app.assert_no_canary(CANARY).await;
+}
+
+#[tokio::test]
+async fn a_cancelled_action_sends_nothing_and_its_pending_approval_is_rejected() {
+    let github = MockServer::start().await;
+    let issues = json!([issue(7, "open", T1)]);
+    answer(&github, "GET", "/repos/acme/widgets/issues", issues).await;
+    answer(&github, "GET", "/repos/acme/widgets/pulls", json!([])).await;
+    let target = issue(7, "open", T1);
+    answer(&github, "GET", "/repos/acme/widgets/issues/7", target).await;
+    let comments = "/repos/acme/widgets/issues/7/comments";
+    mount_list(&github, comments, Duration::ZERO).await;
+    let app = Tracked::start(&github_workflow(&github.uri()), TOKEN_ENV, &["worker"]).await;
+    let item = app.item("acme/widgets#7").await;
+    let comment = json!({ "kind": "comment", "body": "Not yet." });
+
+    // Pending: cancelled, its approval rejected with the reason, which then cannot be decided.
+    let (pending, approval) = app.proposed(&item, comment.clone()).await;
+    let (status, body) = app.cancel(&pending.id, "wrong issue").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let cancelled: ActionRecord = support::record(&body);
+    assert_eq!(cancelled.status, ActionStatus::Cancelled, "{body}");
+    assert_eq!(cancelled.cancel_reason.as_deref(), Some("wrong issue"));
+    assert!(cancelled.cancelled_by.is_some() && cancelled.finished_at.is_some());
+    let decided = app.client.api.get_approval(&approval.task_id, &approval.id);
+    let decided = decided.await.unwrap().data;
+    assert_eq!(decided.status, ApprovalStatus::Rejected, "{decided:?}");
+    let note = decided.decision_note.as_deref().unwrap_or_default();
+    assert!(note.contains("wrong issue"), "{decided:?}");
+    let (status, body) = app.resolve(&approval, "approve").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+
+    // Approved, not yet executed: cancelled; an execute after is refused.
+    let (approved, approval) = app.proposed(&item, comment).await;
+    let (status, body) = app.resolve(&approval, "approve").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(app.action(&approved.id).await.status, ActionStatus::Approved);
+    let (status, body) = app.cancel(&approved.id, "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = app.execute(&approved.id).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["type"], "action_not_executable", "{body}");
+    let (status, body) = app.cancel(&approved.id, "again").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["type"], "action_not_cancellable", "{body}");
+    let (status, body) = app.execute("xact_nope").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+
+    // Listed by status and kind, across items; a status that is none is refused.
+    let listed = |status, kind| {
+        app.client.api.list_actions(&ActionListFilter {
+            status,
+            kind,
+            source_id: Some(app.source_id.clone()),
+            ..ActionListFilter::default()
+        })
+    };
+    let cancelled = listed(Some(ActionStatus::Cancelled), None).await.unwrap();
+    let ids: Vec<&str> = cancelled.data.iter().map(|a| a.id.as_str()).collect();
+    assert_eq!(ids, [pending.id.as_str(), approved.id.as_str()]);
+    let labels = listed(None, Some(keel_client::ActionKind::Labels)).await;
+    assert!(labels.unwrap().data.is_empty());
+    let (status, body) = app.client.get("/v1/external-work/actions?status=gone").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request", "{body}");
+
+    // Items across sources, by state and kind.
+    let items = |state, kind| {
+        app.client.api.list_work_items(&keel_client::ItemListFilter {
+            state,
+            kind,
+            ..Default::default()
+        })
+    };
+    let claimed = items(Some(keel_client::ItemState::Claimed), None).await;
+    let claimed: Vec<String> = claimed.unwrap().data.into_iter().map(|i| i.id).collect();
+    assert!(claimed.contains(&item.id), "{claimed:?}");
+    let pulls = items(None, Some(keel_client::ItemKind::GithubPullRequest)).await;
+    assert!(pulls.unwrap().data.is_empty());
+    let (status, body) = app.client.get("/v1/external-work/items?kind=jira").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+    assert!(requests(&github, "POST", comments).await.is_empty());
     app.assert_no_canary(CANARY).await;
 }
 

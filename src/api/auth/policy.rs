@@ -65,7 +65,19 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ("GET", "/v1/approvals", RemoteSafe),
     ("GET", "/v1/events", RemoteSafe),
     ("GET", "/v1/events/stream", RemoteSafe),
+    ("GET", "/v1/external-work/actions", RemoteSafe),
     ("GET", "/v1/external-work/actions/{action_id}", RemoteSafe),
+    (
+        "POST",
+        "/v1/external-work/actions/{action_id}/execute",
+        RemoteSafe,
+    ),
+    (
+        "POST",
+        "/v1/external-work/actions/{action_id}/cancel",
+        RemoteSafe,
+    ),
+    ("GET", "/v1/external-work/items", RemoteSafe),
     ("POST", "/v1/external-work/import", RemoteSafe),
     ("GET", "/v1/external-work/items/{item_id}", RemoteSafe),
     (

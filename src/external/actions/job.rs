@@ -33,7 +33,7 @@ use crate::external;
 use crate::external::ItemRecord;
 use crate::external::actions::send;
 use crate::external::actions::{ActionRecord, NewAction, Outcome};
-use crate::external::actions::{ProposedAction, marker};
+use crate::external::actions::{ProposedAction, Unbranched, marker};
 use crate::external::github::head_sha;
 use crate::external::tracker::{self, Call, Pause, Poller, Target, Tracker, token};
 use crate::external::workflow::{ExternalError, load_workflow, tracker};
@@ -85,6 +85,7 @@ pub(crate) async fn propose(
         }
         found => found?,
     };
+    let action = &branches(conn, scope, &task_id, action.clone()).await?;
     let id = new_id("xact");
     let calls = tracker.api().calls(tracker, &item, action, &id)?;
     let calls_json = serde_json::to_value(&calls).expect("calls serialize");
@@ -112,6 +113,38 @@ pub(crate) async fn propose(
         action: recorded,
         approval,
     })
+}
+
+/// A pull request from the branch the task's runs push to (`push_branch`) into its
+/// `base_branch`, unless the proposal names them.
+async fn branches(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    action: ProposedAction,
+) -> Result<ProposedAction, ExternalError> {
+    if !matches!(action, ProposedAction::PullRequest { .. }) {
+        return Ok(action);
+    }
+    let task = crate::tasks::get(conn, scope, task_id).await?;
+    let invalid = |message| StoreError::Unprocessable {
+        code: ErrorCode::InvalidRequest,
+        message,
+    };
+    let refusal = match action.with_branches(task.push_branch, task.base_branch) {
+        Ok(action) => return Ok(action),
+        Err(Unbranched::NothingPushed) => StoreError::Refused {
+            code: ErrorCode::NothingPushed,
+            message: format!("task {task_id} pushes no branch (push_branch) and head names none"),
+        },
+        Err(Unbranched::NoBase) => invalid(format!(
+            "base: is required: task {task_id} names no base_branch"
+        )),
+        Err(Unbranched::SameBranch(branch)) => invalid(format!(
+            "head and base are both {branch}: a pull request needs two branches"
+        )),
+    };
+    Err(refusal.into())
 }
 
 /// The target as the proposer saw it: the item's version.
@@ -157,6 +190,17 @@ fn summary(
         }
         ProposedAction::Review { event, body } => {
             lines.push(format!("review: {}", event.as_str()));
+            body.as_deref()
+        }
+        ProposedAction::PullRequest { body, .. } => {
+            let call = calls.first().map(|c| &c.body);
+            let field = |name: &str| call.and_then(|b| b[name].as_str()).unwrap_or("none");
+            lines.push(format!(
+                "pull request {} -> {}: {}",
+                field("head"),
+                field("base"),
+                field("title")
+            ));
             body.as_deref()
         }
     };
@@ -432,31 +476,41 @@ impl ActionJobs {
                 return attempt::conclude(pool, job, &action, content, verdict).await;
             }
         };
-        let next = self.attempt(lease, &job.deadline, &action, &target).await?;
+        let Some(next) = self.attempt(lease, &job.deadline, &action, &target).await? else {
+            // Cancelled while its target was asked for: the job ends with the action.
+            attempt::fence::lock_unless_ended::<ActionRecord>(pool, lease).await?;
+            return Ok("ended");
+        };
         let verdict = verdict(next, Some(&target), content);
         attempt::conclude(pool, job, &action, content, verdict).await
     }
 
     /// An approved action is checked against its target, marked `sending` and sent; one
     /// already `sending` is looked for by its marker first, and sent only when not found.
+    /// None: it was cancelled before it could be marked.
     async fn attempt(
         &self,
         lease: &Lease,
         deadline: &LeaseDeadline,
         action: &ActionRecord,
         target: &Target<'_>,
-    ) -> Result<Result<Ending, Pause>, StoreError> {
+    ) -> Result<Option<Result<Ending, Pause>>, StoreError> {
         let calls: Vec<Call> = serde_json::from_value(action.calls.clone()).map_err(|e| {
             StoreError::Conflict(format!("action {} is unreadable: {e}", action.id))
         })?;
         if action.status == ActionStatus::Approved {
             match send::changed(target, action).await {
-                Err(pause) => return Ok(Err(pause)),
-                Ok(Some((reason, now))) => return Ok(Ok(Ending::Stale { reason, now })),
+                Err(pause) => return Ok(Some(Err(pause))),
+                Ok(Some((reason, now))) => return Ok(Some(Ok(Ending::Stale { reason, now }))),
                 Ok(None) => {}
             }
             // Committed before the call: a later attempt then knows it may have gone out.
             let mut tx = queue::begin_fenced(&self.poller.pool, lease).await?;
+            let scope = lease.scope();
+            let locked = crate::external::actions::lock(&mut tx, &scope, &action.id).await?;
+            if locked.is_none_or(|now| now.status != ActionStatus::Approved) {
+                return Ok(None);
+            }
             let sending = Outcome::default();
             crate::external::actions::update(
                 &mut tx,
@@ -469,8 +523,8 @@ impl ActionJobs {
             tx.commit().await?;
         } else {
             match send::find_marked(target, &calls, &marker(&action.id)).await {
-                Err(pause) => return Ok(Err(pause)),
-                Ok(Some(found)) => return Ok(Ok(Ending::Sent(vec![found]))),
+                Err(pause) => return Ok(Some(Err(pause))),
+                Ok(Some(found)) => return Ok(Some(Ok(Ending::Sent(vec![found])))),
                 Ok(None) => {}
             }
         }
@@ -481,7 +535,7 @@ impl ActionJobs {
             tracing::warn!(action_id = %action.id, "{near}; not sending");
             return Err(StoreError::LeaseLost);
         }
-        Ok(match send::perform(target, &calls).await {
+        Ok(Some(match send::perform(target, &calls).await {
             Ok(answers) => Ok(Ending::Sent(answers)),
             Err(tracker::Failure::Pause(pause)) => Err(pause),
             Err(tracker::Failure::Refused {
@@ -493,7 +547,7 @@ impl ActionJobs {
                 message,
                 answers,
             }),
-        })
+        }))
     }
 
     /// The item, its tracker and the token, resolved now; an ending when the action can no

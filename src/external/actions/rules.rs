@@ -1,14 +1,16 @@
 //! External actions: the only writes Keel makes on a tracker. One is proposed on an item
-//! (a comment, a label change, or a pull-request review), gated by an `external_action`
-//! approval, and sent once after it. Its state machine:
-//! `pending_approval` → `approved` → `sending` → `sent` | `stale_target` | `failed`, or
-//! `pending_approval` → `rejected`.
+//! (a comment, a label change, a pull-request review, or a pull request from a run's
+//! pushed branch), gated by an `external_action` approval, and sent once after it was
+//! approved and executed. Its state machine ([`ActionStatus::next`] decides it):
+//! `pending_approval` → `approved` → (execute) `sending` → `sent` | `stale_target` |
+//! `failed`; `pending_approval` → `rejected`; `pending_approval` | `approved` → `cancelled`.
 
 use serde_json::{Value, json};
 
 use crate::domain::Invalid;
+use keel_api_types::ActionStatus;
 
-use keel_api_types::{MAX_ACTION_BODY_BYTES, MAX_LABEL_BYTES, MAX_LABELS};
+use keel_api_types::{MAX_ACTION_BODY_BYTES, MAX_LABEL_BYTES, MAX_LABELS, MAX_TITLE_BYTES};
 
 pub(crate) use keel_api_types::ReviewEvent;
 
@@ -20,6 +22,9 @@ pub(crate) struct ActionDraft {
     pub(crate) add: Option<Vec<String>>,
     pub(crate) remove: Option<Vec<String>>,
     pub(crate) event: Option<String>,
+    pub(crate) title: Option<String>,
+    pub(crate) head: Option<String>,
+    pub(crate) base: Option<String>,
 }
 
 /// One checked proposal: exactly one thing to write.
@@ -37,6 +42,14 @@ pub(crate) enum ProposedAction {
         event: ReviewEvent,
         body: Option<String>,
     },
+    /// A pull request; the branches, when not given, are the run's pushed one and the
+    /// task's base ([`ProposedAction::with_branches`]).
+    PullRequest {
+        title: Option<String>,
+        body: Option<String>,
+        head: Option<String>,
+        base: Option<String>,
+    },
 }
 
 impl ProposedAction {
@@ -46,15 +59,16 @@ impl ProposedAction {
         let kind = draft
             .kind
             .as_deref()
-            .ok_or_else(|| Invalid::new("kind", "is required (comment, labels or review)"))?;
+            .ok_or_else(|| Invalid::new("kind", format!("is required ({KINDS})")))?;
         let allowed: &[&str] = match kind {
             "comment" => &["body"],
             "labels" => &["add", "remove"],
             "review" => &["event", "body"],
+            "pull_request" => &["title", "body", "head", "base"],
             other => {
                 return Err(Invalid::new(
                     "kind",
-                    format!("must be comment, labels or review, not '{other}'"),
+                    format!("must be {KINDS}, not '{other}'"),
                 ));
             }
         };
@@ -63,6 +77,9 @@ impl ProposedAction {
             ("add", draft.add.is_some()),
             ("remove", draft.remove.is_some()),
             ("event", draft.event.is_some()),
+            ("title", draft.title.is_some()),
+            ("head", draft.head.is_some()),
+            ("base", draft.base.is_some()),
         ];
         if let Some((field, _)) = given
             .iter()
@@ -90,6 +107,12 @@ impl ProposedAction {
                 check_labels(&add, &remove)?;
                 Ok(ProposedAction::Labels { add, remove })
             }
+            "pull_request" => Ok(ProposedAction::PullRequest {
+                title: draft.title.map(|t| checked_line("title", t)).transpose()?,
+                body: draft.body.map(checked_body).transpose()?,
+                head: draft.head.map(|b| checked_branch("head", b)).transpose()?,
+                base: draft.base.map(|b| checked_branch("base", b)).transpose()?,
+            }),
             _ => {
                 let event = match draft.event.as_deref() {
                     Some(name) if let Some(event) = ReviewEvent::parse(name) => event,
@@ -118,7 +141,37 @@ impl ProposedAction {
             ProposedAction::Comment { .. } => "comment",
             ProposedAction::Labels { .. } => "labels",
             ProposedAction::Review { .. } => "review",
+            ProposedAction::PullRequest { .. } => "pull_request",
         }
+    }
+
+    /// A pull request with its branches named: `head` by default the branch the run
+    /// pushed, `base` the task's. Other actions are as they were.
+    pub(crate) fn with_branches(
+        self,
+        pushed: Option<String>,
+        task_base: Option<String>,
+    ) -> Result<ProposedAction, Unbranched> {
+        let ProposedAction::PullRequest {
+            title,
+            body,
+            head,
+            base,
+        } = self
+        else {
+            return Ok(self);
+        };
+        let head = head.or(pushed).ok_or(Unbranched::NothingPushed)?;
+        let base = base.or(task_base).ok_or(Unbranched::NoBase)?;
+        if head == base {
+            return Err(Unbranched::SameBranch(head));
+        }
+        Ok(ProposedAction::PullRequest {
+            title,
+            body,
+            head: Some(head),
+            base: Some(base),
+        })
     }
 
     /// The proposal as stored and shown.
@@ -131,8 +184,80 @@ impl ProposedAction {
             ProposedAction::Review { event, body } => {
                 json!({ "kind": "review", "event": event.as_str(), "body": body })
             }
+            ProposedAction::PullRequest {
+                title,
+                body,
+                head,
+                base,
+            } => {
+                json!({ "kind": "pull_request", "title": title, "body": body, "head": head,
+                        "base": base })
+            }
         }
     }
+}
+
+/// What an operator does to an action; [`Step::moves`] is the one place that says from
+/// which status, to which.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    Approve,
+    Reject,
+    /// Asks for its sending: the action stays `approved` until its job marks it `sending`.
+    Execute,
+    Cancel,
+}
+
+impl Step {
+    /// The status the step moves an action in `from` to, or why it does not.
+    pub(crate) fn moves(self, from: ActionStatus) -> Result<ActionStatus, String> {
+        use ActionStatus::{Approved, Cancelled, PendingApproval, Rejected};
+        match (self, from) {
+            (Step::Approve, PendingApproval) => Ok(Approved),
+            (Step::Reject, PendingApproval) => Ok(Rejected),
+            (Step::Execute, Approved) => Ok(Approved),
+            (Step::Cancel, PendingApproval | Approved) => Ok(Cancelled),
+            (Step::Approve | Step::Reject, _) => Err(format!("is {from}, not pending approval")),
+            (Step::Execute, PendingApproval) => {
+                Err("is pending approval: it is executed once approved".into())
+            }
+            (Step::Execute, _) => Err(format!("is {from}: only an approved action is executed")),
+            (Step::Cancel, _) => Err(format!(
+                "is {from}: only a pending or approved action is cancelled"
+            )),
+        }
+    }
+}
+
+/// The kinds, as a message names them.
+const KINDS: &str = "comment, labels, review or pull_request";
+
+/// Why a pull request has no branches to name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Unbranched {
+    /// No `head` given, and the run pushed none.
+    NothingPushed,
+    /// No `base` given, and the task names none.
+    NoBase,
+    SameBranch(String),
+}
+
+/// A one-line text: a title.
+fn checked_line(field: &'static str, text: String) -> Result<String, Invalid> {
+    if text.trim().is_empty() || text.len() > MAX_TITLE_BYTES || text.chars().any(char::is_control)
+    {
+        return Err(Invalid::new(
+            field,
+            format!("must be one line of at most {MAX_TITLE_BYTES} bytes, not blank"),
+        ));
+    }
+    Ok(text)
+}
+
+/// A branch name as git takes one.
+fn checked_branch(field: &'static str, name: String) -> Result<String, Invalid> {
+    crate::tasks::check_branch(&name).map_err(|why| Invalid::new(field, why))?;
+    checked_line(field, name)
 }
 
 /// The hidden marker appended to what an action writes: a worker that cannot tell whether
@@ -279,6 +404,58 @@ mod tests {
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         assert!(labels(&many, &[]).is_err());
         assert!(labels(&many[..20], &[]).is_ok());
+    }
+
+    #[test]
+    fn steps_move_only_from_their_statuses() {
+        use ActionStatus::*;
+        assert_eq!(Step::Approve.moves(PendingApproval), Ok(Approved));
+        assert_eq!(Step::Execute.moves(Approved), Ok(Approved));
+        assert_eq!(Step::Cancel.moves(Approved), Ok(Cancelled));
+        assert_eq!(Step::Cancel.moves(PendingApproval), Ok(Cancelled));
+        for ended in [Sending, Sent, StaleTarget, Failed, Rejected, Cancelled] {
+            assert!(Step::Cancel.moves(ended).is_err(), "{ended}");
+            assert!(Step::Execute.moves(ended).is_err(), "{ended}");
+            assert!(Step::Approve.moves(ended).is_err(), "{ended}");
+        }
+        assert!(Step::Execute.moves(PendingApproval).is_err());
+    }
+
+    #[test]
+    fn a_pull_request_names_its_branches() {
+        let bare = ProposedAction::parse(draft("pull_request")).unwrap();
+        let named = bare
+            .clone()
+            .with_branches(Some("keel/fix".into()), Some("main".into()))
+            .unwrap();
+        assert_eq!(
+            named.to_json()["head"]
+                .as_str()
+                .zip(named.to_json()["base"].as_str()),
+            Some(("keel/fix", "main"))
+        );
+        assert_eq!(
+            bare.clone().with_branches(None, Some("main".into())),
+            Err(Unbranched::NothingPushed)
+        );
+        assert_eq!(
+            bare.clone().with_branches(Some("x".into()), None),
+            Err(Unbranched::NoBase)
+        );
+        assert_eq!(
+            bare.with_branches(Some("main".into()), Some("main".into())),
+            Err(Unbranched::SameBranch("main".into()))
+        );
+        let bad_head = ActionDraft {
+            head: Some("a..b".into()),
+            ..draft("pull_request")
+        };
+        assert_eq!(ProposedAction::parse(bad_head).unwrap_err().field, "head");
+        let event = ActionDraft {
+            event: Some("APPROVE".into()),
+            ..draft("pull_request")
+        };
+        assert_eq!(ProposedAction::parse(event).unwrap_err().field, "kind");
     }
 
     #[test]

@@ -11,9 +11,10 @@ use crate::attempt::JobKind;
 use crate::db::{Result, StoreError};
 use crate::domain::{Actor, Scope};
 use crate::events;
+use crate::external::{self, actions::Step, workflow::load_workflow};
 use crate::queue;
 use crate::runs::{self, RunRecord};
-use keel_api_types::ActionStatus;
+use keel_api_types::{ActionStatus, ErrorCode};
 
 pub(crate) use keel_api_types::ActionRecord;
 
@@ -29,7 +30,8 @@ macro_rules! query_actions {
                       a.target, a.status AS "status: ActionStatus", a.proposed_by,
                       a.proposed_by_run_id, a.response, a.artifact_id, a.last_error_code,
                       a.last_error, a.created_at, a.decided_at, a.sending_at, a.finished_at,
-                      a.updated_at,
+                      a.updated_at, a.execute_requested_at, a.execute_requested_by,
+                      a.cancelled_by, a.cancel_reason,
                       (SELECT p.id FROM approvals p
                        WHERE p.workspace_id = a.workspace_id AND p.external_action_id = a.id)
                           AS approval_id "#
@@ -115,22 +117,39 @@ pub(crate) async fn lock(
     Ok(row)
 }
 
-/// An item's actions, oldest first.
-pub(crate) async fn list_for_item(
+/// Which of a workspace's actions to list: each filter given narrows the list.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ActionFilter<'a> {
+    pub(crate) status: Option<ActionStatus>,
+    pub(crate) kind: Option<&'a str>,
+    pub(crate) item_id: Option<&'a str>,
+    pub(crate) source_id: Option<&'a str>,
+}
+
+/// A workspace's actions, oldest first.
+pub(crate) async fn list(
     conn: &mut PgConnection,
     scope: &Scope,
-    item_id: &str,
+    filter: ActionFilter<'_>,
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<ActionRecord>> {
     let rows = query_actions!(
         "SELECT",
         "FROM external_actions a
-         WHERE a.workspace_id = $1 AND a.item_id = $2 AND ($3::text IS NULL OR a.id > $3)
-         ORDER BY a.id LIMIT $4",
+         WHERE a.workspace_id = $1 AND ($2::text IS NULL OR a.id > $2)
+           AND ($3::text IS NULL OR a.status = $3) AND ($4::text IS NULL OR a.kind = $4)
+           AND ($5::text IS NULL OR a.item_id = $5)
+           AND ($6::text IS NULL OR a.item_id IN (
+                SELECT i.id FROM external_work_items i
+                WHERE i.workspace_id = $1 AND i.source_id = $6))
+         ORDER BY a.id LIMIT $7",
         scope.workspace(),
-        item_id,
         after,
+        filter.status.map(ActionStatus::as_str),
+        filter.kind,
+        filter.item_id,
+        filter.source_id,
         limit,
     )
     .fetch_all(conn)
@@ -160,32 +179,144 @@ pub(crate) async fn counts_for_source(
 }
 
 /// The operator's decision, from the approval's resolution (in its transaction): approved
-/// queues the sending job, rejected ends the action with nothing sent.
+/// waits for its execute, or is executed at once when its workflow says so
+/// (`execute_now`); rejected ends the action with nothing sent.
 pub(crate) async fn decide(
     conn: &mut PgConnection,
     scope: &Scope,
     id: &str,
     approved: bool,
+    execute_now: Option<&Actor>,
 ) -> Result<ActionRecord> {
+    let step = if approved {
+        Step::Approve
+    } else {
+        Step::Reject
+    };
+    let (action, status) = locked_for(conn, scope, id, step).await?;
+    let action = update(conn, scope, &action.id, status, &Outcome::default()).await?;
+    match execute_now {
+        Some(actor) if approved => request_execute(conn, scope, &action, actor).await,
+        _ => Ok(action),
+    }
+}
+
+/// Asks for an approved action's sending: its `external_action` job is queued once, however
+/// often this is asked. 409 `action_not_executable` for any other status.
+pub(crate) async fn execute(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    actor: &Actor,
+) -> Result<ActionRecord> {
+    let (action, _) = locked_for(conn, scope, id, Step::Execute).await?;
+    match action.execute_requested_at {
+        Some(_) => Ok(action),
+        None => request_execute(conn, scope, &action, actor).await,
+    }
+}
+
+async fn request_execute(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    action: &ActionRecord,
+    actor: &Actor,
+) -> Result<ActionRecord> {
+    let row = query_actions!(
+        "WITH a AS (
+             UPDATE external_actions
+             SET execute_requested_at = now(), execute_requested_by = $3, updated_at = now()
+             WHERE workspace_id = $1 AND id = $2 RETURNING *)
+         SELECT",
+        "FROM a",
+        scope.workspace(),
+        action.id,
+        actor.to_string(),
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    queue::enqueue(conn, scope, JobKind::ExternalAction.as_str(), &action.id, 0).await?;
+    Ok(row)
+}
+
+/// Cancels a pending or approved action: nothing is sent, and a pending approval is
+/// rejected with the reason. 409 `action_not_cancellable` once it is being sent or ended.
+pub(crate) async fn cancel(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    reason: Option<&str>,
+    actor: &Actor,
+) -> Result<ActionRecord> {
+    let (action, _) = locked_for(conn, scope, id, Step::Cancel).await?;
+    if action.status == ActionStatus::PendingApproval
+        && let Some(approval_id) = &action.approval_id
+    {
+        let note = format!(
+            "the action was cancelled: {}",
+            reason.unwrap_or("no reason given")
+        );
+        let approval = approvals::lock_pending(conn, scope, approval_id).await?;
+        let approval = approvals::settle_decided(
+            conn,
+            scope,
+            &approval.id,
+            approvals::settled_status(Decision::Reject),
+            Some(&note),
+            false,
+            actor,
+        )
+        .await?;
+        let event = approvals::resolved_event(&approval, actor);
+        events::append(conn, scope, &[event]).await?;
+    }
+    let row = query_actions!(
+        "WITH a AS (
+             UPDATE external_actions
+             SET status = 'cancelled', cancelled_by = $3, cancel_reason = $4,
+                 decided_at = coalesce(decided_at, now()), finished_at = now(),
+                 updated_at = now()
+             WHERE workspace_id = $1 AND id = $2 RETURNING *)
+         SELECT",
+        "FROM a",
+        scope.workspace(),
+        id,
+        actor.to_string(),
+        reason,
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(row)
+}
+
+/// Locks an action and checks that `step` applies to it: the action and the status it
+/// moves to.
+async fn locked_for(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    id: &str,
+    step: Step,
+) -> Result<(ActionRecord, ActionStatus)> {
     let action = lock(conn, scope, id)
         .await?
         .ok_or(StoreError::NotFound("external action"))?;
-    if action.status != ActionStatus::PendingApproval {
-        return Err(StoreError::Conflict(format!(
-            "external action {id} is {}, not pending approval",
-            action.status
-        )));
+    match step.moves(action.status) {
+        Ok(status) => Ok((action, status)),
+        Err(why) => {
+            let message = format!("external action {id} {why}");
+            Err(match step {
+                Step::Execute => StoreError::Refused {
+                    code: ErrorCode::ActionNotExecutable,
+                    message,
+                },
+                Step::Cancel => StoreError::Refused {
+                    code: ErrorCode::ActionNotCancellable,
+                    message,
+                },
+                Step::Approve | Step::Reject => StoreError::Conflict(message),
+            })
+        }
     }
-    let status = if approved {
-        ActionStatus::Approved
-    } else {
-        ActionStatus::Rejected
-    };
-    let action = update(conn, scope, id, status, &Outcome::default()).await?;
-    if approved {
-        queue::enqueue(conn, scope, JobKind::ExternalAction.as_str(), id, 0).await?;
-    }
-    Ok(action)
 }
 
 /// Applies an operator's decision to `found`, an action's approval that
@@ -205,11 +336,26 @@ pub(crate) async fn resolve_approval(
     let to = approvals::settled_status(decision);
     let approval =
         approvals::settle_decided(conn, scope, &approval.id, to, note, false, actor).await?;
-    decide(conn, scope, action_id, decision == Decision::Approve).await?;
+    let approved = decision == Decision::Approve;
+    let executes = approved && executes_on_approval(conn, scope, action_id).await?;
+    decide(conn, scope, action_id, approved, executes.then_some(actor)).await?;
     let run = runs::get(conn, scope, &approval.task_id, &approval.run_id).await?;
     let event = approvals::resolved_event(&approval, actor);
     events::append(conn, scope, &[event]).await?;
     Ok((approval, run))
+}
+
+/// Whether the action's source's workflow sets `actions.execute_on_approval`; a workflow
+/// that cannot be read now does not (its action waits for an execute, which says why).
+async fn executes_on_approval(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    action_id: &str,
+) -> Result<bool> {
+    let action = get(conn, scope, action_id).await?;
+    let item = external::get_item(conn, scope, &action.item_id).await?;
+    let source = external::get_source(conn, scope, &item.source_id).await?;
+    Ok(load_workflow(&source).is_ok_and(|w| w.config.execute_on_approval))
 }
 
 /// What an attempt leaves on its action besides its status.

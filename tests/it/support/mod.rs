@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod agent_rows;
 pub mod cgroups;
+pub mod contracts;
 pub mod fake_s3;
 pub mod llm;
 pub mod proxy;
