@@ -286,7 +286,8 @@ pub struct ItemRecord {
     "artifact_id": "art_01a22b05d2aa7b6c8d9e0f1a2b3c4d60", "last_error_code": null, "last_error": null,
     "created_at": "2026-11-30T09:00:05Z", "decided_at": "2026-11-30T09:01:00Z",
     "sending_at": "2026-11-30T09:01:01Z", "finished_at": "2026-11-30T09:01:02Z",
-    "updated_at": "2026-11-30T09:01:02Z"
+    "updated_at": "2026-11-30T09:01:02Z", "execute_requested_at": "2026-11-30T09:01:00Z",
+    "execute_requested_by": "operator", "cancelled_by": null, "cancel_reason": null
 }))]
 pub struct ActionRecord {
     pub id: String,

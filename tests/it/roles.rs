@@ -887,6 +887,12 @@ async fn a_tenants_tracker_action_is_refused_at_send_once_its_grant_is_withdrawn
         .post(&resolve, json!({ "decision": "approve" }))
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    // Sending it is an operator's decision too.
+    let execute = format!("/v1/external-work/actions/{}/execute", action.id);
+    let (status, body) = member.post_empty(&execute).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, body) = stack.operator("a").post_empty(&execute).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
     let ended = support::wait_for(Duration::from_secs(60), "the action to end", || async {
         let current = member.api.get_action(&action.id).await.unwrap().data;
         let ended = matches!(current.status, ActionStatus::Failed | ActionStatus::Sent);

@@ -160,7 +160,32 @@ const ROUTES: &[(&str, &str, Walk)] = &[
         ]),
     ),
     ("GET", "/v1/events/stream", FeedStream),
+    (
+        "GET",
+        "/v1/external-work/actions",
+        List(&[
+            "?limit=200",
+            "?status=pending_approval",
+            "?item_id={item_id}",
+            "?source_id={source_id}",
+        ]),
+    ),
     ("GET", "/v1/external-work/actions/{action_id}", Read),
+    (
+        "POST",
+        "/v1/external-work/actions/{action_id}/execute",
+        Write(""),
+    ),
+    (
+        "POST",
+        "/v1/external-work/actions/{action_id}/cancel",
+        Write(r#"{"reason":"from the intruder"}"#),
+    ),
+    (
+        "GET",
+        "/v1/external-work/items",
+        List(&["?limit=200", "?source_id={source_id}", "?state=claimed"]),
+    ),
     (
         "POST",
         "/v1/external-work/import",
