@@ -206,7 +206,22 @@ def test_the_usage_and_external_work_pages_render(console):
     row.get_by_role("button", name="Items").click()
     expect(page.get_by_role("heading", name=f"Items of {source['id']}")).to_be_visible()
     expect(page.locator("section").filter(has_text="Items of").locator("tbody tr")).to_have_count(1)
+    # A tracker action approved through the API waits for its execute on this page; Cancel
+    # withdraws it (an Execute would send it to api.github.com, which the test cannot reach).
+    item = ok(api(page, "GET", f"/v1/external-work/sources/{source['id']}/items"))[0]
+    proposed = ok(api(page, "POST", f"/v1/external-work/items/{item['id']}/actions",
+                      {"kind": "comment", "body": "From the console test."}))
+    approval = proposed["approval"]
+    ok(api(page, "POST", f"/v1/tasks/{approval['task_id']}/approvals/{approval['id']}/resolve",
+           {"decision": "approve"}))
+    page.reload()
+    action_row = page.locator("tr").filter(has_text=proposed["action"]["id"])
+    expect(action_row.get_by_role("button", name="Execute")).to_be_visible()
     screenshot(page, "external-work")
+    action_row.get_by_role("button", name="Cancel").click()
+    expect(page.get_by_text("No approved action.")).to_be_visible()
+    page.select_option("#action-status", "cancelled")
+    expect(page.locator("tr").filter(has_text=proposed["action"]["id"])).to_contain_text("cancelled")
     open_page(page, "#/usage")
     expect(page.get_by_role("heading", name="Totals")).to_be_visible()
     expect(page.get_by_text("No model calls in this window.")).to_be_visible()

@@ -61,8 +61,8 @@ export function mayDecide(me, approval) {
   return me.may_approve_own || approval.requested_by !== me.actor_id;
 }
 
-/** Whether whoami's role is one that decides approvals. */
-function isOperator(me) {
+/** Whether whoami's role is one that decides approvals (and executes tracker actions). */
+export function isOperator(me) {
   return Boolean(me) && (me.role === 'operator' || me.role === 'runtime_operator');
 }
 

@@ -1,9 +1,11 @@
 // External work: each source with its item and action counts by state, its actions (poll
-// now, reconcile, background polling on or off), and its items page by page.
+// now, reconcile, background polling on or off), and its items page by page; then the
+// tracker actions by status, each approved one executed or cancelled from here.
 
 import { Pager, get, post, seg } from '../lib/api.js';
 import { action, badge, h, replace, table, toast } from '../lib/dom.js';
 import { when } from '../lib/time.js';
+import { isOperator } from './approvals.js';
 import { paged } from './paged.js';
 
 /** `{queued: 2, total: 3}` as "queued 2 · total 3". */
@@ -27,7 +29,8 @@ function itemsSection(source, slot, signal) {
 export async function render(root, _params, ctx) {
   const list = h('section', { 'aria-labelledby': 'external-heading' });
   const items = h('section', { 'aria-live': 'polite' });
-  replace(root, h('h1', { id: 'external-heading' }, 'External work'), list, items);
+  const actions = h('section', { 'aria-labelledby': 'actions-heading' });
+  replace(root, h('h1', { id: 'external-heading' }, 'External work'), list, items, actions);
   const pager = new Pager('/v1/external-work/sources', {}, 20);
   const draw = async (page) => table('Sources',
     ['Source', 'Tracker', 'Items by state', 'Actions by state', 'Background', 'Last error', ''],
@@ -35,6 +38,54 @@ export async function render(root, _params, ctx) {
     'No external work source (POST /v1/external-work/sources).');
   const reload = () => paged(list, pager, draw, ctx.signal);
   await reload();
+  const me = (await get('/v1/whoami')).data;
+  await actionsSection(actions, me, ctx.signal);
+}
+
+/** The statuses the actions list is filtered by: approved (waiting for its execute) first. */
+const ACTION_STATUSES = ['approved', 'pending_approval', 'sending', 'sent', 'stale_target',
+  'failed', 'rejected', 'cancelled'];
+
+/** Tracker actions in one status, each approved one with Execute, each pending or approved
+ *  one with Cancel (its pending approval is rejected with the cancel); `me` is whoami's. */
+function actionsSection(slot, me, signal, status = 'approved') {
+  const select = h('select', { id: 'action-status', onchange: () => actionsSection(slot, me, signal, select.value) },
+    ACTION_STATUSES.map((s) => h('option', { value: s, selected: s === status }, s)));
+  const list = h('div');
+  replace(slot, h('h2', { id: 'actions-heading' }, 'Tracker actions'),
+    h('p', { class: 'hint' }, 'An approved action is sent only when executed here (or by ',
+      h('code', {}, 'keel external-work actions execute'), ').'),
+    h('label', { for: 'action-status' }, 'Status '), select, list);
+  const pager = new Pager('/v1/external-work/actions', { status }, 20);
+  const reload = () => actionsSection(slot, me, signal, status);
+  const step = (label, path, done, attrs) => action(label, async () => {
+    await post(path, attrs.body);
+    toast(done);
+    await reload();
+  }, { class: attrs.class });
+  const buttons = (a) => {
+    const base = `/v1/external-work/actions/${seg(a.id)}`;
+    // Offered only to whom the API allows: operators execute; they and the proposer cancel.
+    const operator = isOperator(me);
+    const executable = operator && a.status === 'approved' && !a.execute_requested_at;
+    const cancellable = (operator || a.proposed_by === me.actor_id)
+      && (a.status === 'pending_approval' || a.status === 'approved');
+    return h('div', { class: 'actions' },
+      executable ? step('Execute', `${base}/execute`, `Executing ${a.id}.`, {}) : null,
+      cancellable ? step('Cancel', `${base}/cancel`, `Cancelled ${a.id}.`,
+        { class: 'danger', body: { reason: 'cancelled from the console' } }) : null);
+  };
+  return paged(list, pager, (page) => table('Tracker actions',
+    // The buttons before the long ids: reachable without scrolling sideways.
+    ['Action', 'Kind', 'Status', '', 'Proposed', 'Item', 'Last error'],
+    page.data.map((a) => [
+      a.id, a.kind,
+      [badge(a.status), a.execute_requested_at && a.status === 'approved' ? ' queued' : ''],
+      buttons(a),
+      when(a.created_at),
+      a.item_id,
+      a.last_error ? `${a.last_error_code || ''} ${a.last_error}` : '',
+    ]), `No ${status} action.`), signal);
 }
 
 /** A source's row: its counts from its status route, and its actions. */
