@@ -456,7 +456,7 @@ pub(crate) fn new_task(
     let workflow_error = |e: WorkflowError| (e.code().as_str(), e.to_string());
     let invalid_task = |e: Invalid| ("invalid_task", e.to_string());
     let prompt = workflow.render(issue, None).map_err(workflow_error)?;
-    let mut draft = workflow.task_draft(prompt).map_err(workflow_error)?;
+    let mut draft = workflow.task_draft(prompt, issue).map_err(workflow_error)?;
     if let Some(directory) = directory {
         draft.workspace_mode = Some("in_place".into());
         draft.working_directory = Some(directory.into());

@@ -176,24 +176,35 @@ impl Workflow {
 
     /// The prompt for `issue`; `attempt` is None on a first run, the retry number after.
     pub(crate) fn render(&self, issue: &Issue, attempt: Option<u32>) -> Result<String> {
-        let template = compile(&self.prompt_template)?;
-        let render_error = |e: liquid::Error| WorkflowError::TemplateRender(e.to_string());
-        let mut globals = liquid::Object::new();
-        let issue = liquid::model::to_value(issue).map_err(render_error)?;
-        globals.insert("issue".into(), issue);
-        let attempt = attempt.map_or(liquid::model::Value::Nil, |n| {
-            liquid::model::Value::scalar(i64::from(n))
-        });
-        globals.insert("attempt".into(), attempt);
-        template.render(&globals).map_err(render_error)
+        render(&self.prompt_template, issue, attempt)
     }
 
-    /// The task each item becomes, as `POST /v1/tasks` would read it, with the prompt.
-    pub(crate) fn task_draft(&self, prompt: String) -> Result<TaskDraft> {
+    /// The task `issue` becomes, as `POST /v1/tasks` would read it, with the prompt. Its
+    /// `push_branch` is a template of the issue as the prompt is (`keel/{{ issue.identifier
+    /// }}`): each item's runs push to a branch of their own, the branch its pull request
+    /// is opened from.
+    pub(crate) fn task_draft(&self, prompt: String, issue: &Issue) -> Result<TaskDraft> {
         let mut draft = task_draft(self.config.task.as_ref())?;
         draft.prompt = Some(prompt);
+        if let Some(branch) = draft.push_branch.take() {
+            draft.push_branch = Some(render(&branch, issue, None)?);
+        }
         Ok(draft)
     }
+}
+
+/// A template rendered for `issue` (and `attempt`), under the strict semantics.
+fn render(template: &str, issue: &Issue, attempt: Option<u32>) -> Result<String> {
+    let template = compile(template)?;
+    let render_error = |e: liquid::Error| WorkflowError::TemplateRender(e.to_string());
+    let mut globals = liquid::Object::new();
+    let issue = liquid::model::to_value(issue).map_err(render_error)?;
+    globals.insert("issue".into(), issue);
+    let attempt = attempt.map_or(liquid::model::Value::Nil, |n| {
+        liquid::model::Value::scalar(i64::from(n))
+    });
+    globals.insert("attempt".into(), attempt);
+    template.render(&globals).map_err(render_error)
 }
 
 fn task_draft(task: Option<&serde_json::Value>) -> Result<TaskDraft> {
@@ -421,7 +432,9 @@ impl WorkflowConfig {
         };
         let tracker = tracker.map(RawTracker::resolve).transpose()?;
         // Refused here, not when the first item arrives.
-        task_draft(raw.task.as_ref())?;
+        if let Some(branch) = task_draft(raw.task.as_ref())?.push_branch {
+            compile(&branch)?;
+        }
         let hooks = raw.hooks;
         let timeout_ms = Number::positive(
             "hooks.timeout_ms",
@@ -699,9 +712,23 @@ Fix {{ issue.identifier }}: {{ issue.title | upcase }}{% if attempt %} (retry {{
             workflow.render(&issue(), Some(2)).unwrap(),
             "Fix acme/widgets#7: BROKEN (retry 2)"
         );
-        let draft = workflow.task_draft("the prompt".into()).unwrap();
+        let draft = workflow.task_draft("the prompt".into(), &issue()).unwrap();
         assert_eq!(draft.shell_command.as_deref(), Some("echo hi"));
         assert_eq!(draft.prompt.as_deref(), Some("the prompt"));
+    }
+
+    #[test]
+    fn each_item_pushes_to_a_branch_its_issue_names() {
+        let text = "---\ntask: {execution_kind: shell, shell_command: echo, repo: /srv/w.git,\n\
+                    base_branch: main, push_branch: 'keel/{{ issue.identifier }}'}\n---\nhi";
+        let workflow = Workflow::parse(text).unwrap();
+        let draft = workflow.task_draft("hi".into(), &issue()).unwrap();
+        assert_eq!(draft.push_branch.as_deref(), Some("keel/acme/widgets#7"));
+        let broken = text.replace("{{ issue.identifier }}", "{{ issue.identifier ");
+        assert!(matches!(
+            Workflow::parse(&broken),
+            Err(WorkflowError::TemplateParse(_))
+        ));
     }
 
     /// Symphony: "current WORKFLOW.md file is valid and complete": its own file (a

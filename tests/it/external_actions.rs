@@ -1029,6 +1029,127 @@ async fn a_refusal_fails_the_action_and_a_rate_limit_sends_it_later_once() {
     app.assert_no_canary(CANARY).await;
 }
 
+/// A workflow whose items' tasks push to a branch of their own, `keel/<identifier>`.
+fn branching_workflow(endpoint: &str) -> String {
+    format!(
+        "---
+tracker:
+  kind: github
+  endpoint: {endpoint}
+  repository: acme/widgets
+  api_key: $ACME_GITHUB_TOKEN
+task:
+  execution_kind: shell
+  shell_command: echo imported
+  repo: /srv/git/widgets.git
+  base_branch: main
+  push_branch: 'keel/{{{{ issue.identifier }}}}'
+---
+Work on {{{{ issue.identifier }}}}
+"
+    )
+}
+
+#[tokio::test]
+async fn a_pull_request_is_opened_from_the_items_branch_into_its_base() {
+    let github = MockServer::start().await;
+    let issues = json!([issue(7, "open", T1)]);
+    answer(&github, "GET", "/repos/acme/widgets/issues", issues).await;
+    answer(
+        &github,
+        "GET",
+        "/repos/acme/widgets/pulls",
+        json!([pull(8, "aaa")]),
+    )
+    .await;
+    let target = issue(7, "open", T1);
+    answer(&github, "GET", "/repos/acme/widgets/issues/7", target).await;
+    let pulls = "/repos/acme/widgets/pulls";
+    let opened = json!({ "id": 7012, "number": 12,
+                         "html_url": "https://github.com/acme/widgets/pull/12" });
+    Mock::given(method("POST"))
+        .and(path(pulls))
+        .respond_with(ResponseTemplate::new(201).set_body_json(opened))
+        .mount(&github)
+        .await;
+    let app = Tracked::start(&branching_workflow(&github.uri()), TOKEN_ENV, &["worker"]).await;
+    let item = app.item("acme/widgets#7").await;
+    let task = app.client.api.get_task(item.task_id.as_deref().unwrap());
+    let task = task.await.unwrap().data;
+    assert_eq!(task.push_branch.as_deref(), Some("keel/acme/widgets#7"));
+
+    // Refused: on a pull request, with one branch for both ends, with a branch git refuses.
+    let pull_item = app.item("acme/widgets#8").await;
+    let (status, body) = app
+        .propose(&pull_item.id, json!({ "kind": "pull_request" }))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["type"], "unsupported_action", "{body}");
+    for bad in [
+        json!({ "base": "keel/acme/widgets#7" }),
+        json!({ "head": "a..b" }),
+    ] {
+        let mut request = bad.clone();
+        request["kind"] = json!("pull_request");
+        let (status, body) = app.propose(&item.id, request).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {body}");
+    }
+
+    let (action, approval) = app.proposed(&item, json!({ "kind": "pull_request" })).await;
+    let id = action.id.as_str();
+    let expected = json!({ "title": "issue 7", "head": "keel/acme/widgets#7", "base": "main",
+                           "body": format!("Closes #7.\n\n<!-- keel-action:{id} -->") });
+    assert_eq!(action.calls[0]["path"], pulls, "{action:?}");
+    assert_eq!(action.calls[0]["body"], expected, "{action:?}");
+    let summary = approval.action_summary.join("\n");
+    assert!(
+        summary.contains("pull request keel/acme/widgets#7 -> main: issue 7"),
+        "{summary}"
+    );
+    app.approve_and_execute(&approval).await;
+    let sent = app.wait_action(&action, ActionStatus::Sent).await;
+    assert_eq!(
+        response(&sent)["url"],
+        "https://github.com/acme/widgets/pull/12",
+        "{sent:?}"
+    );
+    let posts = requests(&github, "POST", pulls).await;
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&posts[0].body).unwrap(),
+        expected
+    );
+    support::contracts::assert_github_conforms(&github.received_requests().await.unwrap());
+
+    // A task that pushes no branch has nothing to open a pull request from.
+    let plain = github_workflow(&github.uri()).replace("acme/widgets", "acme/gadgets");
+    let (status, body) = app
+        .client
+        .post(
+            "/v1/external-work/sources",
+            json!({ "workflow_markdown": plain }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let source = support::record::<SourceRecord>(&body);
+    let payload = json!({ "number": 3, "title": "gadget", "state": "open", "updated_at": T1 });
+    let import = json!({ "source_id": source.id, "payload": payload });
+    let (status, body) = app.client.post("/v1/external-work/import", import).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let gadget = &body["data"]["item"]["id"];
+    let at = format!(
+        "/v1/external-work/items/{}/actions",
+        gadget.as_str().unwrap()
+    );
+    let (status, body) = app
+        .client
+        .post(&at, json!({ "kind": "pull_request" }))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["type"], "nothing_pushed", "{body}");
+    app.assert_no_canary(CANARY).await;
+}
+
 #[tokio::test]
 async fn a_cancelled_action_sends_nothing_and_its_pending_approval_is_rejected() {
     let github = MockServer::start().await;
@@ -1063,7 +1184,10 @@ async fn a_cancelled_action_sends_nothing_and_its_pending_approval_is_rejected()
     let (approved, approval) = app.proposed(&item, comment).await;
     let (status, body) = app.resolve(&approval, "approve").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(app.action(&approved.id).await.status, ActionStatus::Approved);
+    assert_eq!(
+        app.action(&approved.id).await.status,
+        ActionStatus::Approved
+    );
     let (status, body) = app.cancel(&approved.id, "").await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let (status, body) = app.execute(&approved.id).await;
@@ -1089,17 +1213,22 @@ async fn a_cancelled_action_sends_nothing_and_its_pending_approval_is_rejected()
     assert_eq!(ids, [pending.id.as_str(), approved.id.as_str()]);
     let labels = listed(None, Some(keel_client::ActionKind::Labels)).await;
     assert!(labels.unwrap().data.is_empty());
-    let (status, body) = app.client.get("/v1/external-work/actions?status=gone").await;
+    let (status, body) = app
+        .client
+        .get("/v1/external-work/actions?status=gone")
+        .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(body["error"]["type"], "invalid_request", "{body}");
 
     // Items across sources, by state and kind.
     let items = |state, kind| {
-        app.client.api.list_work_items(&keel_client::ItemListFilter {
-            state,
-            kind,
-            ..Default::default()
-        })
+        app.client
+            .api
+            .list_work_items(&keel_client::ItemListFilter {
+                state,
+                kind,
+                ..Default::default()
+            })
     };
     let claimed = items(Some(keel_client::ItemState::Claimed), None).await;
     let claimed: Vec<String> = claimed.unwrap().data.into_iter().map(|i| i.id).collect();
