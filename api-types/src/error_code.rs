@@ -27,6 +27,7 @@ closed_set! {
         ActionNotExecutable = "action_not_executable",
         ActionNotCancellable = "action_not_cancellable",
         NothingPushed = "nothing_pushed",
+        TriageNotRunnable = "triage_not_runnable",
         // A write past what a run or a workspace may store.
         StorageQuotaExceeded = "storage_quota_exceeded",
         // A preset's secret or host, checked where it is used.

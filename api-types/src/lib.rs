@@ -122,6 +122,7 @@ pub mod schema;
 mod sets;
 mod system;
 mod task;
+mod triage;
 
 pub use approval::*;
 pub use client_run::*;
@@ -139,3 +140,4 @@ pub use schedule::*;
 pub use sets::*;
 pub use system::*;
 pub use task::*;
+pub use triage::*;

@@ -554,6 +554,50 @@ impl Client {
         .json(request)
     }
 
+    // CI triage.
+
+    /// Triages a pull request item's CI: answers the scan, queued for a worker.
+    pub fn triage_item(
+        &self,
+        item_id: &str,
+        request: &TriageRequest,
+    ) -> Call<'_, ObjectEnvelope<TriageScan>> {
+        self.post(format!(
+            "/v1/external-work/items/{}/ci-triage",
+            segment(item_id)
+        ))
+        .json(request)
+    }
+
+    pub fn get_triage_scan(&self, scan_id: &str) -> Call<'_, ObjectEnvelope<TriageScan>> {
+        self.get(format!(
+            "/v1/external-work/ci-triage/scans/{}",
+            segment(scan_id)
+        ))
+    }
+
+    pub fn list_triage(&self, filter: &TriageListFilter) -> Call<'_, ListEnvelope<TriageRecord>> {
+        self.get("/v1/external-work/ci-triage".into())
+            .query("item_id", filter.item_id.as_deref())
+            .query("source_id", filter.source_id.as_deref())
+            .query("status", filter.status.map(TriageStatus::as_str))
+    }
+
+    pub fn get_triage(&self, triage_id: &str) -> Call<'_, ObjectEnvelope<TriageRecord>> {
+        self.get(format!(
+            "/v1/external-work/ci-triage/{}",
+            segment(triage_id)
+        ))
+    }
+
+    /// Starts a triage record's fix run (or answers the one it started).
+    pub fn start_fix_run(&self, triage_id: &str) -> Call<'_, ObjectEnvelope<FixRun>> {
+        self.post(format!(
+            "/v1/external-work/ci-triage/{}/run",
+            segment(triage_id)
+        ))
+    }
+
     // Usage.
 
     /// Usage totals; `scope` groups them per provider preset or workspace.

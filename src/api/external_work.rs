@@ -9,8 +9,9 @@ use axum::http::StatusCode;
 use chrono::Utc;
 use keel_api_types::{
     ActionKind, ActionRequest, ActionStatus, Background, BackgroundRequest, CancelActionRequest,
-    Deleted, ImportRequest, ItemKind, ItemState, LastError, MAX_CANCEL_REASON_BYTES, PollRequest,
-    RenderRequest, Rendered, SourceRequest, SourceStatus, WorkflowHealth,
+    Deleted, FixRun, ImportRequest, ItemKind, ItemState, LastError, MAX_CANCEL_REASON_BYTES,
+    PollRequest, RenderRequest, Rendered, SourceRequest, SourceStatus, TriageRecord, TriageRequest,
+    TriageScan, TriageStatus, WorkflowHealth,
 };
 use serde::Deserialize;
 use utoipa::IntoParams;
@@ -52,6 +53,11 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(list_actions))
         .routes(routes!(execute_action))
         .routes(routes!(cancel_action))
+        .routes(routes!(triage_item))
+        .routes(routes!(get_triage_scan))
+        .routes(routes!(list_triage))
+        .routes(routes!(get_triage))
+        .routes(routes!(start_fix_run))
 }
 
 type Result<T> = std::result::Result<T, ApiError>;
@@ -691,4 +697,114 @@ async fn get_action(
     let mut conn = state.pool.acquire().await?;
     let action = crate::external::actions::get(&mut conn, &caller.scope, &action_id).await?;
     Ok(Json(object("external_work_action", action)))
+}
+
+/// Triages the pull request item's CI: a scan is recorded and a worker job reads GitHub
+/// (GET only) for the head's failing checks and jobs, recording each once with its
+/// evidence and, unless `create_task` is false, a fix task. Answers the scan `queued`; read
+/// it again for its summary. A head that moved on since the item's version is recorded
+/// `stale` and no CI is read. 422 `unsupported_action` for an item that is no pull request.
+#[utoipa::path(post, path = "/external-work/items/{item_id}/ci-triage", tag = "external-work",
+    params(("item_id" = String, Path)), request_body(content = Option<TriageRequest>),
+    responses((status = 202, description = "The scan, queued", body = ObjectEnvelope<TriageScan>)))]
+async fn triage_item(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(item_id): Path<String>,
+    OptionalJson(request): OptionalJson<TriageRequest>,
+) -> Result<(StatusCode, Json<ObjectEnvelope<TriageScan>>)> {
+    let mut tx = state.pool.begin().await?;
+    let (scope, actor) = (&caller.scope, &caller.actor());
+    let scan = external::triage::request_scan(&mut tx, scope, &item_id, &request, actor).await?;
+    tx.commit().await?;
+    Ok((StatusCode::ACCEPTED, Json(object("ci_triage_scan", scan))))
+}
+
+/// Reads a scan: `queued` until its job ends it `done` (with the seed's counts and the
+/// records it made or found again) or `failed` (with why).
+#[utoipa::path(get, path = "/external-work/ci-triage/scans/{scan_id}", tag = "external-work",
+    params(("scan_id" = String, Path)),
+    responses((status = 200, description = "The scan", body = ObjectEnvelope<TriageScan>)))]
+async fn get_triage_scan(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(scan_id): Path<String>,
+) -> Result<Json<ObjectEnvelope<TriageScan>>> {
+    let mut conn = state.pool.acquire().await?;
+    let scan = external::triage::get_scan(&mut conn, &caller.scope, &scan_id).await?;
+    Ok(Json(object("ci_triage_scan", scan)))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct TriageQuery {
+    /// Only this item's records.
+    item_id: Option<String>,
+    /// Only records of this source's items.
+    source_id: Option<String>,
+    #[param(value_type = Option<TriageStatus>, inline)]
+    status: Option<TriageStatus>,
+    /// Page size, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// Lists the workspace's CI triage records, oldest first, narrowed by `item_id`,
+/// `source_id` and `status`. Reads Keel's records only: GitHub is not asked.
+#[utoipa::path(get, path = "/external-work/ci-triage", tag = "external-work", params(TriageQuery),
+    responses((status = 200, description = "A page of triage records", body = ListEnvelope<TriageRecord>)))]
+async fn list_triage(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiQuery(query): ApiQuery<TriageQuery>,
+) -> Result<Json<ListEnvelope<TriageRecord>>> {
+    let limit = page_limit(query.limit)?;
+    let filter = external::triage::RecordFilter {
+        item_id: query.item_id.as_deref(),
+        source_id: query.source_id.as_deref(),
+        status: query.status,
+    };
+    let mut conn = state.pool.acquire().await?;
+    let cursor = query.cursor.as_deref();
+    let rows =
+        external::triage::list_records(&mut conn, &caller.scope, filter, cursor, limit + 1).await?;
+    Ok(Json(list(rows, limit, |r| r.id.clone())))
+}
+
+/// Reads one CI triage record: the failing check, its evidence artifact, its fix task and
+/// run.
+#[utoipa::path(get, path = "/external-work/ci-triage/{triage_id}", tag = "external-work",
+    params(("triage_id" = String, Path)),
+    responses((status = 200, description = "The record", body = ObjectEnvelope<TriageRecord>)))]
+async fn get_triage(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(triage_id): Path<String>,
+) -> Result<Json<ObjectEnvelope<TriageRecord>>> {
+    let mut conn = state.pool.acquire().await?;
+    let record = external::triage::get_record(&mut conn, &caller.scope, &triage_id).await?;
+    Ok(Json(object("ci_triage", record)))
+}
+
+/// Starts the record's fix run (a start of its fix task, behind the task's gates), or
+/// answers the one it started: one run per record, task and head, however often asked.
+/// GitHub is neither read nor changed. 409 `triage_not_runnable` for a stale record or one
+/// without a fix task.
+#[utoipa::path(post, path = "/external-work/ci-triage/{triage_id}/run", tag = "external-work",
+    params(("triage_id" = String, Path)),
+    responses((status = 201, description = "The record and its fix run", body = ObjectEnvelope<FixRun>)))]
+async fn start_fix_run(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(triage_id): Path<String>,
+) -> Result<(StatusCode, Json<ObjectEnvelope<FixRun>>)> {
+    let mut tx = state.pool.begin().await?;
+    let (scope, actor) = (&caller.scope, &caller.actor());
+    let fix =
+        external::triage::start_fix_run(&mut tx, scope, &triage_id, &state.rules, actor).await?;
+    tx.commit().await?;
+    Ok((StatusCode::CREATED, Json(object("ci_triage_fix_run", fix))))
 }

@@ -10,7 +10,7 @@ mod policy_store;
 mod store;
 
 pub use policy::{ActionSummary, ApprovalPolicy, Decision};
-pub(crate) use policy::{ApprovalKind, DEFAULT_POLICIES, Runs};
+pub(crate) use policy::{ApprovalKind, DEFAULT_POLICIES, Runs, redact};
 pub use policy_store::Policies;
 pub(crate) use policy_store::{
     InForce, in_force as policy_in_force, set as set_policy, show as show_policy,

@@ -15,14 +15,17 @@ pub enum JobKind {
     Poll,
     /// Sending an approved tracker action (`external::actions`); one job per action.
     ExternalAction,
+    /// Reading a pull request's failing CI (`external::triage`); one job per scan.
+    CiTriage,
 }
 
 impl JobKind {
-    pub const ALL: [JobKind; 4] = [
+    pub const ALL: [JobKind; 5] = [
         JobKind::Run,
         JobKind::Media,
         JobKind::Poll,
         JobKind::ExternalAction,
+        JobKind::CiTriage,
     ];
 
     /// The name queue rows, leases, metrics and `keel worker --kinds` use.
@@ -32,6 +35,7 @@ impl JobKind {
             JobKind::Media => "media",
             JobKind::Poll => "poll",
             JobKind::ExternalAction => "external_action",
+            JobKind::CiTriage => "ci_triage",
         }
     }
 

@@ -32,6 +32,9 @@ pub(crate) enum ExternalCommand {
     /// propose, list, show; once approved, execute (or cancel).
     #[command(subcommand)]
     Actions(ActionCommand),
+    /// CI triage of pull request items: triage, scan, list, show, run (a record's fix).
+    #[command(subcommand)]
+    Ci(crate::cli::triage::TriageCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -227,6 +230,7 @@ pub async fn run(client: &Client, format: Format, command: ExternalCommand) -> R
             .map(drop)
         }
         ExternalCommand::Actions(command) => actions(client, format, command).await,
+        ExternalCommand::Ci(command) => crate::cli::triage::run(client, format, command).await,
     }
 }
 

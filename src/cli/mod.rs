@@ -22,6 +22,7 @@ mod runtime;
 mod schedules;
 mod system;
 mod tasks;
+mod triage;
 mod usage;
 mod watch;
 mod worker;

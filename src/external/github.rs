@@ -328,7 +328,7 @@ async fn fetch_items(
 }
 
 /// A request to GitHub's REST API, with its media type, version and the token.
-fn request(
+pub(crate) fn request(
     poller: &Poller,
     method: reqwest::Method,
     url: &str,
@@ -405,7 +405,7 @@ fn unexpected(mut fetched: Fetched, what: &str, status: StatusCode) -> Fetched {
 
 /// When requests may resume, if the response says to wait: GitHub refuses with 429, or
 /// with 403 once `X-RateLimit-Remaining` is 0 (its `X-RateLimit-Reset` in epoch seconds).
-fn rate_limited(
+pub(crate) fn rate_limited(
     status: StatusCode,
     headers: &HeaderMap,
     now: DateTime<Utc>,

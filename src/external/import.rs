@@ -19,7 +19,7 @@ use crate::external::{FailedClaim, ItemChange, ItemRecord, NewItem, SourceRecord
 use crate::runs;
 use crate::runs::{Admission, Admitted, Origin};
 use crate::tasks::Hooks;
-use crate::tasks::NewTask;
+use crate::tasks::{NewTask, TaskDraft};
 use crate::{artifacts, tasks};
 use keel_api_types::ItemState;
 
@@ -454,9 +454,20 @@ pub(crate) fn new_task(
     directory: Option<&str>,
 ) -> Result<NewTask, (&'static str, String)> {
     let workflow_error = |e: WorkflowError| (e.code().as_str(), e.to_string());
-    let invalid_task = |e: Invalid| ("invalid_task", e.to_string());
     let prompt = workflow.render(issue, None).map_err(workflow_error)?;
-    let mut draft = workflow.task_draft(prompt, issue).map_err(workflow_error)?;
+    let draft = workflow.task_draft(prompt, issue).map_err(workflow_error)?;
+    task_in(poller, workflow, draft, directory)
+}
+
+/// The task `draft` (of `workflow`) is: in `directory` when given, with the workflow's
+/// hooks, checked as `POST /v1/tasks` checks one.
+pub(crate) fn task_in(
+    poller: &Poller,
+    workflow: &Workflow,
+    mut draft: TaskDraft,
+    directory: Option<&str>,
+) -> Result<NewTask, (&'static str, String)> {
+    let invalid_task = |e: Invalid| ("invalid_task", e.to_string());
     if let Some(directory) = directory {
         draft.workspace_mode = Some("in_place".into());
         draft.working_directory = Some(directory.into());

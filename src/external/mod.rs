@@ -22,6 +22,7 @@ pub(crate) mod linear;
 pub(crate) mod poll;
 mod store;
 pub(crate) mod tracker;
+pub(crate) mod triage;
 pub(crate) mod workflow;
 pub(crate) mod workspace;
 

@@ -17,10 +17,13 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::db::StoreError;
+use crate::domain::Scope;
 use crate::external::SourceRecord;
 use crate::external::github::GitHub;
 use crate::external::linear::Linear;
-use crate::external::tracker::{Tracker, TrackerApi, TrackerKind, normalized};
+use crate::external::tracker::{
+    Poller, Target, Tracker, TrackerApi, TrackerKind, normalized, token,
+};
 use crate::providers::secrets::SecretRef;
 use crate::tasks::{Hooks, MAX_HOOK_TIMEOUT_MS, TaskDraft};
 
@@ -641,6 +644,39 @@ pub(crate) fn tracker(workflow: &Workflow) -> Result<&Tracker, ExternalError> {
         .tracker
         .as_ref()
         .ok_or_else(|| ExternalError::Unusable("the workflow names no tracker".into()))
+}
+
+/// An item's tracker as a worker writes to or reads it now: the item, its source's workflow
+/// and tracker, and the token resolved; `Err((code, message))` when it cannot be used (its
+/// workflow broke, its token is not there).
+pub(crate) async fn target_of<'p>(
+    poller: &'p Poller,
+    scope: &Scope,
+    item_id: &str,
+) -> Result<Result<(Target<'p>, Workflow), (&'static str, String)>, StoreError> {
+    let mut conn = poller.pool.acquire().await?;
+    let item = crate::external::get_item(&mut conn, scope, item_id).await?;
+    let source = crate::external::get_source(&mut conn, scope, &item.source_id).await?;
+    drop(conn);
+    let workflow = match load_workflow(&source) {
+        Ok(workflow) => workflow,
+        Err(error) => return Ok(Err((error.code().as_str(), error.to_string()))),
+    };
+    let Ok(tracker) = tracker(&workflow) else {
+        let message = "the workflow names no tracker".to_string();
+        return Ok(Err((ErrorCode::WorkflowParseError.as_str(), message)));
+    };
+    let token = match token(tracker, (&source, scope), &poller.secrets) {
+        Ok(token) => token,
+        Err(unresolved) => return Ok(Err((unresolved.code.as_str(), unresolved.message))),
+    };
+    let target = Target {
+        poller,
+        item,
+        tracker: tracker.clone(),
+        token,
+    };
+    Ok(Ok((target, workflow)))
 }
 
 /// The tracker of a workflow whose `tracker` is `settings` (YAML), for the trackers' unit

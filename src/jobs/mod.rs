@@ -21,6 +21,7 @@ use crate::external::actions::ActionRecord;
 use crate::external::actions::job::ActionJobs;
 use crate::external::poll::PollJobs;
 use crate::external::tracker::Poller;
+use crate::external::triage::TriageJobs;
 use crate::media::MediaJobRecord;
 use crate::media::job::MediaJobs;
 use crate::providers::secrets::SecretPolicy;
@@ -28,6 +29,7 @@ use crate::queue::Lease;
 use crate::queue::worker::JobHandler;
 use crate::runs::job::{RunJobs, Runs};
 use crate::runs::{AdmissionRules, RunWithTask};
+use keel_api_types::TriageScan;
 
 /// What the handlers are built from, beside the worker's settings.
 pub struct Setup<'a> {
@@ -81,6 +83,9 @@ pub fn handlers(setup: Setup<'_>, common: &Common, args: &WorkerArgs) -> Vec<Arc
     let actions = Arc::new(ActionJobs {
         poller: poller.clone(),
     });
+    let triage = Arc::new(TriageJobs {
+        poller: poller.clone(),
+    });
     let polls = Arc::new(PollJobs { poller });
     let media = Arc::new(MediaJobs {
         pool: pool.clone(),
@@ -89,7 +94,7 @@ pub fn handlers(setup: Setup<'_>, common: &Common, args: &WorkerArgs) -> Vec<Arc
         secrets: secrets.clone(),
         hosts: common.provider_hosts(),
     });
-    vec![runs, media, polls, actions]
+    vec![runs, media, polls, actions, triage]
 }
 
 /// Puts the domain row of a job whose lease expired back to `queued`, with its gap event,
@@ -100,6 +105,7 @@ pub async fn requeue_lost(conn: &mut PgConnection, lease: &Lease) -> Result<(), 
         Some(JobKind::Media) => attempt::requeue_lost::<MediaJobRecord>(conn, lease).await,
         Some(JobKind::Poll) => attempt::requeue_lost::<SourceRecord>(conn, lease).await,
         Some(JobKind::ExternalAction) => attempt::requeue_lost::<ActionRecord>(conn, lease).await,
+        Some(JobKind::CiTriage) => attempt::requeue_lost::<TriageScan>(conn, lease).await,
         None => Ok(()),
     }
 }

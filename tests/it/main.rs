@@ -9,6 +9,7 @@ mod agent_tools;
 mod api;
 mod approvals;
 mod auth;
+mod ci_triage;
 mod cli;
 mod client_redirects;
 mod client_runs;

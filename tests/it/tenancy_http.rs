@@ -188,6 +188,28 @@ const ROUTES: &[(&str, &str, Walk)] = &[
     ),
     (
         "POST",
+        "/v1/external-work/items/{item_id}/ci-triage",
+        Write("{}"),
+    ),
+    (
+        "GET",
+        "/v1/external-work/ci-triage",
+        List(&[
+            "?limit=200",
+            "?source_id={source_id}",
+            "?item_id={item_id}",
+            "?status=stale",
+        ]),
+    ),
+    ("GET", "/v1/external-work/ci-triage/scans/{scan_id}", Read),
+    ("GET", "/v1/external-work/ci-triage/{triage_id}", Read),
+    (
+        "POST",
+        "/v1/external-work/ci-triage/{triage_id}/run",
+        Write(""),
+    ),
+    (
+        "POST",
         "/v1/external-work/import",
         Create(
             r#"{"source_id":"{source_id}","payload":{"number":1,"title":"t","state":"open","updated_at":"2026-01-01T00:00:00Z"}}"#,
@@ -411,6 +433,8 @@ struct Tree {
     external_sources: Vec<String>,
     external_items: Vec<String>,
     external_actions: Vec<String>,
+    triage: Vec<String>,
+    triage_scans: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -427,7 +451,7 @@ struct RunNode {
     steps: Vec<String>,
 }
 
-/// A vendor that answers every image generation with one PNG.
+/// A vendor that answers every image generation with one PNG, and GitHub's pull request #4.
 async fn image_vendor() -> MockServer {
     use base64::Engine;
     let vendor = MockServer::start().await;
@@ -437,6 +461,14 @@ async fn image_vendor() -> MockServer {
         .respond_with(
             ResponseTemplate::new(200).set_body_json(json!({ "data": [{ "b64_json": png }] })),
         )
+        .mount(&vendor)
+        .await;
+    // GitHub's pull request #4, whose head moved on since the seeded import.
+    let pull = json!({ "id": 2004, "number": 4, "title": "seeded pull", "state": "open",
+                       "updated_at": "2026-01-02T00:00:00Z", "head": { "sha": "zzz" } });
+    Mock::given(method("GET"))
+        .and(path("/repos/acme/widgets/pulls/4"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(pull))
         .mount(&vendor)
         .await;
     vendor
@@ -486,8 +518,10 @@ async fn neither_workspace_can_read_change_list_or_stream_the_others_rows() {
         operator_client(&stack.base, "a"),
         operator_client(&stack.base, "b"),
     );
-    let a_gated = seed(&a, &vendor.uri()).await;
-    let b_gated = seed(&b, &vendor.uri()).await;
+    let a_root = two_orgs::runtime_operator_client(&stack.base, "a");
+    let b_root = two_orgs::runtime_operator_client(&stack.base, "b");
+    let a_gated = seed(&a, &a_root, &vendor.uri()).await;
+    let b_gated = seed(&b, &b_root, &vendor.uri()).await;
     // Without a worker, an approved run stays queued: each org gets a queue row of its own.
     stack.worker.terminate(Duration::from_secs(20));
     approve_adds_to_the_queue_of_its_workspace_alone(&a, &b, &a_gated).await;
@@ -577,9 +611,10 @@ struct Gated {
 /// One of every kind of row: a task whose run was approved and ran `echo hi` (steps,
 /// artifacts, events) and which has a schedule; a task whose run awaits approval; two
 /// presets from the templates (one pointed at the vendor and enabled); a media job that
-/// succeeded (with artifacts) and one never run. Returns a third gated run, approved once
-/// the worker is gone.
-async fn seed(c: &Client, vendor: &str) -> Gated {
+/// succeeded (with artifacts) and one never run; a source (registered by `root`, the
+/// runtime operator in the org), an item with an action, and a pull request item with a
+/// stale triage record. Returns a third gated run, approved once the worker is gone.
+async fn seed(c: &Client, root: &Client, vendor: &str) -> Gated {
     let done = gated_run(c, "echo hi").await;
     resolve(c, &done, "approve").await;
     let schedule = format!("/v1/tasks/{}/schedule", done.task_id);
@@ -600,10 +635,11 @@ async fn seed(c: &Client, vendor: &str) -> Gated {
     let (status, body) = c.post_empty(&format!("/v1/media-jobs/{job}/run")).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     media_job(c, &image).await;
-    let source = json!({ "workflow_markdown":
-        "---\ntracker: {kind: github, repository: acme/widgets}\n\
-         task: {execution_kind: shell, shell_command: echo ext}\n---\nWork on {{ issue.title }}" });
-    let (status, body) = c.post("/v1/external-work/sources", source).await;
+    let source = json!({ "workflow_markdown": format!(
+        "---\ntracker: {{kind: github, repository: acme/widgets, endpoint: '{vendor}'}}\n\
+         task: {{execution_kind: shell, shell_command: echo ext}}\n---\nWork on {{{{ issue.title }}}}") });
+    // Aimed at the stand-in: the runtime operator's to do.
+    let (status, body) = root.post("/v1/external-work/sources", source).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let source_id = support::record::<SourceRecord>(&body).id;
     // An imported item with its task, and an action proposed on it (never approved).
@@ -617,6 +653,26 @@ async fn seed(c: &Client, vendor: &str) -> Gated {
     let proposal = format!("/v1/external-work/items/{item}/actions");
     let (status, body) = c.post(&proposal, comment).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
+    // A pull request whose head moved on: its triage records it stale.
+    let head = json!({ "sha": "yyy", "ref": "feature" });
+    let payload = json!({ "number": 4, "title": "seeded pull", "state": "open",
+                          "updated_at": "2026-01-01T00:00:00Z", "head": head });
+    let import = json!({ "source_id": source_id, "payload": payload });
+    let (status, body) = c.post("/v1/external-work/import", import).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let pull = support::record::<Imported>(&body).item.id;
+    let triage = format!("/v1/external-work/items/{pull}/ci-triage");
+    let (status, body) = c.post(&triage, json!({})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let scan = format!(
+        "/v1/external-work/ci-triage/scans/{}",
+        body["data"]["id"].as_str().unwrap()
+    );
+    wait_for(TIMEOUT, "the seeded triage to end", || async {
+        let (_, body) = c.get(&scan).await;
+        (body["data"]["status"] == "done").then_some(())
+    })
+    .await;
 
     let run_id = &done.run_id;
     let run = c.wait_terminal(&done.task_id, run_id, TIMEOUT).await;
@@ -776,6 +832,19 @@ async fn snapshot(c: &Client) -> (BTreeMap<String, Value>, Tree) {
         }
         tree.external_sources.push(source);
     }
+    for record in seen
+        .records(c, "/v1/external-work/ci-triage?limit=200")
+        .await
+    {
+        let id = record["id"].as_str().unwrap().to_string();
+        let scan = record["scan_id"].as_str().unwrap().to_string();
+        seen.read(c, &format!("/v1/external-work/ci-triage/{id}"))
+            .await;
+        seen.read(c, &format!("/v1/external-work/ci-triage/scans/{scan}"))
+            .await;
+        tree.triage.push(id);
+        tree.triage_scans.push(scan);
+    }
     for list in [
         "/v1/approvals?limit=200",
         "/v1/runs?limit=200",
@@ -815,6 +884,13 @@ impl Snapshot {
             .iter()
             .map(|item| item["id"].as_str().unwrap().to_string())
             .collect()
+    }
+
+    /// The rows of a list's page (the owner's lists here fit one page).
+    async fn records(&mut self, c: &Client, path: &str) -> Vec<Value> {
+        let page = self.read(c, path).await;
+        assert_eq!(page["has_more"], false, "{path}");
+        page["data"].as_array().cloned().unwrap_or_default()
     }
 
     /// The artifacts under `list`, each read with its bytes.
@@ -1078,12 +1154,13 @@ fn assert_unchanged(
 }
 
 /// The placeholders a query or a body may hold.
-const PLACEHOLDERS: [&str; 6] = [
+const PLACEHOLDERS: [&str; 7] = [
     "task_id",
     "run_id",
     "approval_id",
     "media_job_id",
     "source_id",
+    "item_id",
     "id",
 ];
 
@@ -1114,6 +1191,7 @@ impl Tree {
             "media_job_id" => self.media_jobs.iter().map(|(id, _)| id).collect(),
             "source_id" => self.external_sources.iter().collect(),
             "id" => self.providers.iter().collect(),
+            "item_id" => self.external_items.iter().collect(),
             other => panic!("no ids for {{{other}}}"),
         };
         ids.into_iter().cloned().collect()
@@ -1134,6 +1212,8 @@ impl Tree {
             ["id"] => self.providers.iter().map(|p| vec![p.clone()]).collect(),
             ["item_id"] => children(&self.external_items, params),
             ["action_id"] => children(&self.external_actions, params),
+            ["triage_id"] => children(&self.triage, params),
+            ["scan_id"] => children(&self.triage_scans, params),
             ["source_id", rest @ ..] => self
                 .external_sources
                 .iter()

@@ -78,6 +78,23 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
         RemoteSafe,
     ),
     ("GET", "/v1/external-work/items", RemoteSafe),
+    (
+        "POST",
+        "/v1/external-work/items/{item_id}/ci-triage",
+        RemoteSafe,
+    ),
+    ("GET", "/v1/external-work/ci-triage", RemoteSafe),
+    (
+        "GET",
+        "/v1/external-work/ci-triage/scans/{scan_id}",
+        RemoteSafe,
+    ),
+    ("GET", "/v1/external-work/ci-triage/{triage_id}", RemoteSafe),
+    (
+        "POST",
+        "/v1/external-work/ci-triage/{triage_id}/run",
+        RemoteSafe,
+    ),
     ("POST", "/v1/external-work/import", RemoteSafe),
     ("GET", "/v1/external-work/items/{item_id}", RemoteSafe),
     (

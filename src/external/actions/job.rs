@@ -35,8 +35,8 @@ use crate::external::actions::send;
 use crate::external::actions::{ActionRecord, NewAction, Outcome};
 use crate::external::actions::{ProposedAction, Unbranched, marker};
 use crate::external::github::head_sha;
-use crate::external::tracker::{self, Call, Pause, Poller, Target, Tracker, token};
-use crate::external::workflow::{ExternalError, load_workflow, tracker};
+use crate::external::tracker::{self, Call, Pause, Poller, Target, Tracker};
+use crate::external::workflow::{ExternalError, load_workflow, target_of, tracker};
 use crate::queue::worker::{Job, JobHandler, LeaseDeadline};
 use crate::queue::{self, Disposition, Lease};
 use crate::{artifacts, runs};
@@ -557,35 +557,14 @@ impl ActionJobs {
         scope: &Scope,
         action: &ActionRecord,
     ) -> Result<Result<Target<'_>, Ending>, StoreError> {
-        let failed = |code: &'static str, message: String| Ending::Failed {
-            code,
-            message,
-            answers: Vec::new(),
-        };
-        let mut conn = self.poller.pool.acquire().await?;
-        let item = crate::external::get_item(&mut conn, scope, &action.item_id).await?;
-        let source = external::get_source(&mut conn, scope, &item.source_id).await?;
-        drop(conn);
-        let workflow = match load_workflow(&source) {
-            Ok(workflow) => workflow,
-            Err(error) => return Ok(Err(failed(error.code().as_str(), error.to_string()))),
-        };
-        let Ok(tracker) = tracker(&workflow) else {
-            let message = "the workflow names no tracker".to_string();
-            return Ok(Err(failed(ErrorCode::WorkflowParseError.as_str(), message)));
-        };
-        let token = match token(tracker, (&source, scope), &self.poller.secrets) {
-            Ok(token) => token,
-            Err(unresolved) => {
-                return Ok(Err(failed(unresolved.code.as_str(), unresolved.message)));
-            }
-        };
-        Ok(Ok(Target {
-            poller: &self.poller,
-            item,
-            tracker: tracker.clone(),
-            token,
-        }))
+        Ok(target_of(&self.poller, scope, &action.item_id)
+            .await?
+            .map(|(target, _)| target)
+            .map_err(|(code, message)| Ending::Failed {
+                code,
+                message,
+                answers: Vec::new(),
+            }))
     }
 }
 
