@@ -94,6 +94,38 @@ class Chat(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class GitHub(http.server.BaseHTTPRequestHandler):
+    """GitHub's REST API as CI triage reads it: pull request #4 of acme/widgets at head
+    `abc123`, whose workflow `CI` failed in its job `test`."""
+
+    ANSWERS = {
+        "/repos/acme/widgets/pulls/4": {"id": 2004, "number": 4, "title": "console pull", "state": "open",
+                                        "updated_at": "2026-01-01T00:00:00Z",
+                                        "head": {"sha": "abc123", "ref": "feature"}},
+        "/repos/acme/widgets/actions/runs": {"workflow_runs": [{"id": 31, "name": "CI", "conclusion": "failure"}]},
+        "/repos/acme/widgets/actions/runs/31/jobs": {"jobs": [{"id": 501, "name": "test", "conclusion": "failure"}]},
+        "/repos/acme/widgets/commits/abc123/check-runs": {"check_runs": []},
+    }
+
+    def do_GET(self):
+        route = self.path.split("?")[0]
+        if route == "/repos/acme/widgets/actions/jobs/501/logs":
+            body, kind = b"error: the widget test failed\n", "text/plain"
+        elif route in GitHub.ANSWERS:
+            body, kind = json.dumps(GitHub.ANSWERS[route]).encode(), "application/json"
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
 def ok(answer, status=(200, 201, 202)):
     code, body = answer
     assert code in status, (code, body)
@@ -195,8 +227,21 @@ def test_the_schedules_page_shows_the_next_fire_time_in_its_zone(console):
 
 def test_the_usage_and_external_work_pages_render(console):
     page = console.signed_in_page()
+    github = http.server.ThreadingHTTPServer(("127.0.0.1", 0), GitHub)
+    threading.Thread(target=github.serve_forever, daemon=True).start()
+    try:
+        external_work_page(page, f"http://127.0.0.1:{github.server_address[1]}")
+    finally:
+        github.shutdown()
+    open_page(page, "#/usage")
+    expect(page.get_by_role("heading", name="Totals")).to_be_visible()
+    expect(page.get_by_text("No model calls in this window.")).to_be_visible()
+    screenshot(page, "usage")
+
+
+def external_work_page(page, github):
     source = ok(api(page, "POST", "/v1/external-work/sources", {"workflow_markdown":
-        "---\ntracker: {kind: github, repository: acme/widgets}\n"
+        f"---\ntracker: {{kind: github, repository: acme/widgets, endpoint: '{github}'}}\n"
         "task: {execution_kind: shell, shell_command: echo ext}\n---\nWork on {{ issue.title }}"}))
     payload = {"number": 3, "state": "open", "updated_at": "2026-01-01T00:00:00Z", "title": "console item"}
     ok(api(page, "POST", "/v1/external-work/import", {"source_id": source["id"], "payload": payload}))
@@ -222,10 +267,28 @@ def test_the_usage_and_external_work_pages_render(console):
     expect(page.get_by_text("No approved action.")).to_be_visible()
     page.select_option("#action-status", "cancelled")
     expect(page.locator("tr").filter(has_text=proposed["action"]["id"])).to_contain_text("cancelled")
-    open_page(page, "#/usage")
-    expect(page.get_by_role("heading", name="Totals")).to_be_visible()
-    expect(page.get_by_text("No model calls in this window.")).to_be_visible()
-    screenshot(page, "usage")
+    # A pull request item's CI is triaged from its row: a worker's scan is queued.
+    pull = {"number": 4, "state": "open", "updated_at": "2026-01-01T00:00:00Z", "title": "console pull",
+            "head": {"sha": "abc123", "ref": "feature"}}
+    ok(api(page, "POST", "/v1/external-work/import", {"source_id": source["id"], "payload": pull}))
+    page.reload()
+    expect(page.get_by_role("heading", name="CI triage")).to_be_visible()
+    expect(page.get_by_text("No triage record yet")).to_be_visible()
+    row = page.locator("tr").filter(has_text=source["id"])
+    row.get_by_role("button", name="Items").click()
+    pull_row = page.locator("tr").filter(has_text="acme/widgets#4")
+    pull_row.get_by_role("button", name="Triage CI").click()
+    expect(page.locator("#toast")).to_contain_text("CI triage of acme/widgets#4 queued")
+    # The worker records the failing job with its fix task; its run starts from here.
+    page.wait_for_function(
+        """async () => (await (await fetch('/v1/external-work/ci-triage?status=task_created')).json()).data.length > 0""")
+    page.reload()
+    record = page.locator("tr").filter(has_text="CI / test")
+    expect(record).to_contain_text("task_created")
+    record.get_by_role("button", name="Start fix run").click()
+    expect(page.locator("#toast")).to_contain_text("Fix run")
+    expect(page.locator("tr").filter(has_text="CI / test").get_by_role("link")).to_have_count(1)
+    screenshot(page, "external-work-triage")
 
 
 def test_an_operator_changes_the_approval_policy_and_the_next_start_follows_it(console):

@@ -1,6 +1,7 @@
 // External work: each source with its item and action counts by state, its actions (poll
-// now, reconcile, background polling on or off), and its items page by page; then the
-// tracker actions by status, each approved one executed or cancelled from here.
+// now, reconcile, background polling on or off), and its items page by page (a pull
+// request's CI triaged from there); then the tracker actions by status, each approved one
+// executed or cancelled from here; then the CI triage records, each fix run started here.
 
 import { Pager, get, post, seg } from '../lib/api.js';
 import { action, badge, h, replace, table, toast } from '../lib/dom.js';
@@ -18,19 +19,48 @@ function itemsSection(source, slot, signal) {
   const pager = new Pager(`/v1/external-work/sources/${seg(source.id)}/items`, {}, 20);
   const list = h('div');
   replace(slot, h('h2', {}, `Items of ${source.id}`), list);
-  return paged(list, pager, (page) => table('Items', ['Item', 'Identifier', 'Tracker state', 'State', 'Run', 'Error'],
+  // A pull request's CI is triaged by a worker: the button queues the scan.
+  const triage = (item) => item.kind !== 'github_pull_request' ? '' : action('Triage CI', async () => {
+    const scan = (await post(`/v1/external-work/items/${seg(item.id)}/ci-triage`, {})).data;
+    toast(`CI triage of ${item.identifier} queued (${scan.id}).`);
+  }, { class: 'secondary' });
+  return paged(list, pager, (page) => table('Items', ['Item', 'Identifier', 'Tracker state', 'State', 'Run', 'Error', ''],
     page.data.map((item) => [
       item.id, item.identifier, item.tracker_state, badge(item.state),
       item.run_id && item.task_id ? h('a', { href: `#/runs/${seg(item.task_id)}/${seg(item.run_id)}` }, item.run_id) : '\u2014',
       item.last_error ? `${item.last_error_code || ''} ${item.last_error}` : '',
+      triage(item),
     ]), 'No items yet: poll the source.'), signal);
+}
+
+/** CI triage records, newest scans' findings included: a record with a fix task and no run
+ *  yet gets Start fix run (one run per record, however often pressed). */
+function triageSection(slot, signal) {
+  const list = h('div');
+  replace(slot, h('h2', { id: 'triage-heading' }, 'CI triage'), list);
+  const pager = new Pager('/v1/external-work/ci-triage', {}, 20);
+  const start = (record) => action('Start fix run', async () => {
+    const fix = (await post(`/v1/external-work/ci-triage/${seg(record.id)}/run`)).data;
+    toast(`Fix run ${fix.run.id} started.`);
+    await triageSection(slot, signal);
+  });
+  const run = (r) => r.run_id && r.task_id
+    ? h('a', { href: `#/runs/${seg(r.task_id)}/${seg(r.run_id)}` }, r.run_id)
+    : (r.task_id && r.status !== 'stale' ? start(r) : '\u2014');
+  return paged(list, pager, (page) => table('CI triage',
+    ['Check', 'Status', 'Fix run', 'Pull request', 'Head', 'Reason'],
+    page.data.map((r) => [
+      r.check_name || '(stale head)', badge(r.status), run(r),
+      `${r.repository}#${r.subject_number}`, r.head_sha.slice(0, 12), r.reason || '',
+    ]), 'No triage record yet: triage a pull request item\'s CI.'), signal);
 }
 
 export async function render(root, _params, ctx) {
   const list = h('section', { 'aria-labelledby': 'external-heading' });
   const items = h('section', { 'aria-live': 'polite' });
   const actions = h('section', { 'aria-labelledby': 'actions-heading' });
-  replace(root, h('h1', { id: 'external-heading' }, 'External work'), list, items, actions);
+  const triage = h('section', { 'aria-labelledby': 'triage-heading' });
+  replace(root, h('h1', { id: 'external-heading' }, 'External work'), list, items, actions, triage);
   const pager = new Pager('/v1/external-work/sources', {}, 20);
   const draw = async (page) => table('Sources',
     ['Source', 'Tracker', 'Items by state', 'Actions by state', 'Background', 'Last error', ''],
@@ -40,6 +70,7 @@ export async function render(root, _params, ctx) {
   await reload();
   const me = (await get('/v1/whoami')).data;
   await actionsSection(actions, me, ctx.signal);
+  await triageSection(triage, ctx.signal);
 }
 
 /** The statuses the actions list is filtered by: approved (waiting for its execute) first. */
