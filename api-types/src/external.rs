@@ -344,6 +344,10 @@ pub struct PollSummary {
     pub blocked: u64,
     /// New items neither active nor terminal, or whose subject already has a task.
     pub discovered: u64,
+    /// Of those discovered, the versions whose event (`issue.opened`, …) the workflow's
+    /// `tracker.events` leave out: recorded, no task started.
+    #[serde(default)]
+    pub not_listened: u64,
     pub terminal: u64,
     /// Runs cancelled because their item left the active states.
     pub cancelled_runs: u64,

@@ -12,6 +12,7 @@ use crate::db::StoreError;
 use crate::domain::{Actor, Invalid, Scope};
 use crate::events::Subject;
 use crate::external;
+use crate::external::github::head_sha;
 use crate::external::tracker::{Candidate, Poller};
 use crate::external::workflow::{ExternalError, Issue, Workflow, WorkflowError, tracker};
 use crate::external::workspace;
@@ -23,6 +24,8 @@ use crate::tasks::{NewTask, TaskDraft};
 use crate::{artifacts, tasks};
 use keel_api_types::ItemState;
 
+/// The code of an item whose event the workflow's `events` leave out.
+pub(crate) const NOT_LISTENED: &str = "event_not_listened";
 /// The code of an item a `Todo` blocker holds back.
 const BLOCKED: &str = "blocked_by_open_issues";
 /// The evidence a started run carries: the normalized item and the prompt rendered from it.
@@ -172,7 +175,24 @@ async fn record(
         };
         external::update_item(&mut tx, scope, &item.id, &change).await?
     } else if tracker.wants(issue) && claimed.is_none() {
-        start(&mut tx, poller, scope, workflow, &item, issue, actor).await?
+        let previous =
+            external::previous_key(&mut tx, scope, &source.id, &issue.identifier, &item.id).await?;
+        let event = event_of(
+            candidate.kind,
+            previous.as_deref(),
+            &candidate.idempotency_key,
+        );
+        if tracker.listens_to(&event) {
+            start(&mut tx, poller, scope, workflow, &item, issue, actor).await?
+        } else {
+            let why = format!("{event} is not among the workflow's tracker.events");
+            let change = ItemChange {
+                state: "discovered",
+                error: Some((NOT_LISTENED, &why)),
+                ..ItemChange::default()
+            };
+            external::update_item(&mut tx, scope, &item.id, &change).await?
+        }
     } else {
         // Not to be worked on, or an earlier version of it already has its task.
         item
@@ -193,6 +213,25 @@ async fn record(
         duplicate: false,
         cancelled_run_id,
     })
+}
+
+/// What a version of an item of `kind` is, as seed 000's `events` name it: the first
+/// version of its subject `<subject>.opened`, a pull request's version with a new head SHA
+/// `pull_request.synchronize`, any other `<subject>.edited`. Derived from the versions
+/// Keel has, so a poll and a webhook's import of one change name it alike.
+fn event_of(kind: &str, previous_key: Option<&str>, key: &str) -> String {
+    let subject = match kind {
+        "github_pull_request" => "pull_request",
+        _ => "issue",
+    };
+    let change = match previous_key {
+        None => "opened",
+        Some(previous) if subject == "pull_request" && head_sha(previous) != head_sha(key) => {
+            "synchronize"
+        }
+        Some(_) => "edited",
+    };
+    format!("{subject}.{change}")
 }
 
 /// Reconciliation: an item no longer to be worked on (it left the active states, or lost
@@ -483,6 +522,24 @@ pub(crate) fn task_in(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_version_is_named_as_seed_000s_events_name_it() {
+        let pull = |sha: &str| format!("github:pull_request:a/b:8:{sha}:2026-01-01T00:00:00Z");
+        let kind = "github_pull_request";
+        assert_eq!(event_of(kind, None, &pull("a")), "pull_request.opened");
+        assert_eq!(
+            event_of(kind, Some(&pull("a")), &pull("b")),
+            "pull_request.synchronize"
+        );
+        let edited = pull("a").replace("01T", "02T");
+        assert_eq!(
+            event_of(kind, Some(&pull("a")), &edited),
+            "pull_request.edited"
+        );
+        assert_eq!(event_of("linear_issue", None, "linear:x"), "issue.opened");
+        assert_eq!(event_of("github_issue", Some("k1"), "k2"), "issue.edited");
+    }
 
     #[test]
     fn retries_back_off_exponentially_up_to_the_workflows_cap() {

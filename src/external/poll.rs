@@ -30,7 +30,7 @@ use crate::domain::{Actor, Scope};
 use crate::events::NewEvent;
 use crate::external;
 use crate::external::import::{
-    Imported, advance_unstarted, import, retry, start, stop_claimed_run,
+    Imported, NOT_LISTENED, advance_unstarted, import, retry, start, stop_claimed_run,
 };
 use crate::external::tracker::{Candidate, Fetched, ITEMS_PER_FETCH, Poller, Tracker, token};
 use crate::external::workflow::{ExternalError, Issue, Workflow, load_workflow, tracker};
@@ -64,6 +64,9 @@ impl Tally for PollSummary {
             (item.last_error_code.as_deref(), &item.last_error)
         {
             self.failed(workspace::REFUSED, message.clone());
+        }
+        if item.last_error_code.as_deref() == Some(NOT_LISTENED) {
+            self.not_listened += 1;
         }
         match item.state.as_str() {
             "claimed" => self.claimed += 1,

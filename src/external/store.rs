@@ -349,6 +349,29 @@ pub(crate) async fn claimed_version(
     Ok(row)
 }
 
+/// The key of the version of the subject recorded before `item_id`, the newest of them;
+/// None for its first.
+pub(crate) async fn previous_key(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+    identifier: &str,
+    item_id: &str,
+) -> Result<Option<String>> {
+    let key = sqlx::query_scalar!(
+        "SELECT idempotency_key FROM external_work_items
+         WHERE workspace_id = $1 AND source_id = $2 AND identifier = $3 AND id <> $4
+         ORDER BY created_at DESC, id DESC LIMIT 1",
+        scope.workspace(),
+        source_id,
+        identifier,
+        item_id,
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(key)
+}
+
 /// The source's claimed items whose run is still active or failed (a retry is coming),
 /// oldest first, then the items waiting for a slot (the newest version of each: it starts
 /// only as the tracker has it now), then those that still have a workspace (a terminal

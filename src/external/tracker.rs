@@ -77,6 +77,12 @@ impl Tracker {
         contains_state(&self.terminal_states, state)
     }
 
+    /// Whether the workflow's `events` let a version that is `event` start work: every
+    /// event does when it names none.
+    pub(crate) fn listens_to(&self, event: &str) -> bool {
+        self.events.is_empty() || self.events.iter().any(|e| e.trim() == event)
+    }
+
     /// Whether `issue` is to be worked on: in an active state, with every required label
     /// (Symphony's dispatch eligibility). An item that stops being wanted has its run
     /// stopped.

@@ -130,6 +130,16 @@ pub(crate) struct WorkflowConfig {
     pub(crate) execute_on_approval: bool,
 }
 
+/// The events `tracker.events` may name (seed 000's): which versions of an item start its
+/// work (see `import`).
+const EVENTS: [&str; 5] = [
+    "issue.opened",
+    "issue.edited",
+    "pull_request.opened",
+    "pull_request.synchronize",
+    "pull_request.edited",
+];
+
 const DEFAULT_POLLING_INTERVAL_MS: u64 = 30_000;
 const DEFAULT_HOOK_TIMEOUT_MS: u64 = 60_000;
 const DEFAULT_MAX_CONCURRENT_AGENTS: u64 = 10;
@@ -552,6 +562,12 @@ impl RawTracker {
             required_labels: self.required_labels.iter().map(|l| normalized(l)).collect(),
             events: self.events,
         };
+        if let Some(unknown) = tracker.events.iter().find(|e| !EVENTS.contains(&e.trim())) {
+            return Err(WorkflowError::Parse(format!(
+                "tracker.events: {unknown:?} is no event (expected {})",
+                EVENTS.join(", ")
+            )));
+        }
         if tracker.active_states.is_empty() {
             let why = "tracker.active_states names no state: no item would ever be worked on";
             return Err(WorkflowError::Parse(why.into()));
@@ -919,14 +935,21 @@ Fix {{ issue.identifier }}: {{ issue.title | upcase }}{% if attempt %} (retry {{
     fn seed_000s_source_form_is_the_same_model() {
         let workflow = Workflow::parse(
             "---\nsource:\n  kind: linear\n  projectSlug: eng\n  secretRef: keychain:LINEAR\n  \
-             events: [issue.created]\n---\nbody",
+             events: [issue.opened]\n---\nbody",
         )
         .unwrap();
         let tracker = workflow.config.tracker.unwrap();
         assert_eq!(tracker.kind, TrackerKind::Linear);
         assert_eq!(tracker.project_slug.as_deref(), Some("eng"));
         assert_eq!(tracker.api_key, Some(SecretRef::Keychain("LINEAR".into())));
-        assert_eq!(tracker.events, ["issue.created"]);
+        assert_eq!(tracker.events, ["issue.opened"]);
+        let unknown =
+            "---\nsource: {kind: github, repository: a/b, events: [issue.created]}\n---\n";
+        let error = Workflow::parse(unknown).unwrap_err().to_string();
+        assert!(
+            error.contains("tracker.events: \"issue.created\" is no event"),
+            "{error}"
+        );
         assert_eq!(tracker.active_states, ["Todo", "In Progress"]);
         assert_eq!(tracker.endpoint, "https://api.linear.app/graphql");
         let github = Workflow::parse(

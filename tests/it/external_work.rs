@@ -391,6 +391,64 @@ const LINEAR_CANARY: &str = "lin_api_canary_0badf00d";
 
 /// A Linear source's workflow; `settings` (YAML lines) follow the tracker's own, so they
 /// may add to it (indented) and then name other sections.
+/// Seed 000's `events`: only the versions whose event the workflow names start work; the
+/// others are recorded, `discovered` with why, and counted.
+#[tokio::test]
+async fn only_the_events_the_workflow_names_start_work() {
+    let github = MockServer::start().await;
+    list("issues", json!([github_issue(1, "open")]), "\"i1\"")
+        .mount(&github)
+        .await;
+    list("pulls", json!([github_pull(3)]), "\"p1\"")
+        .mount(&github)
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
+    let client = api.client.clone().unwrap();
+    let markdown = github_workflow(&github.uri(), 30_000).replace(
+        "  api_key: $ACME_GITHUB_TOKEN\n",
+        "  api_key: $ACME_GITHUB_TOKEN\n  events: [pull_request.opened, pull_request.synchronize]\n",
+    );
+    let (status, body) = register(&client, &markdown).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = source_id(&body);
+
+    let summary = polled(&client, &id).await;
+    assert_eq!(
+        (summary.claimed, summary.not_listened),
+        (1, 1),
+        "{summary:?}"
+    );
+    let items = items_of(&client, &id).await;
+    assert_eq!(item(&items, "acme/widgets#3").state, ItemState::Claimed);
+    let issue = item(&items, "acme/widgets#1");
+    assert_eq!(issue.state, ItemState::Discovered);
+    assert_eq!(issue.last_error_code.as_deref(), Some("event_not_listened"));
+    assert!(
+        issue
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("issue.opened"),
+        "{issue:?}"
+    );
+    assert_eq!(task_count(&client).await, 1);
+
+    // An event no workflow names is refused at registration, the field named.
+    let bad = markdown.replace("pull_request.synchronize", "pull_request.merged");
+    let (status, body) = register(&client, &bad.replace("acme/widgets", "acme/other")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["type"], "workflow_parse_error", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tracker.events"),
+        "{body}"
+    );
+}
+
 fn linear_workflow(endpoint: &str, settings: &str) -> String {
     format!(
         "---
