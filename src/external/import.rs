@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::Utc;
 
 use crate::db::StoreError;
-use crate::domain::{Actor, Invalid, Scope};
+use crate::domain::{Actor, Invalid, Role, Scope};
 use crate::events::Subject;
 use crate::external;
 use crate::external::github::head_sha;
@@ -292,7 +292,8 @@ pub(crate) async fn start(
         return workspace::claim(conn, poller, scope, root, item).await;
     }
     let directory = item.workspace_path.as_deref();
-    let task = match new_task(poller, workflow, issue, directory) {
+    let writer = external::registrant_role(conn, scope, &item.source_id).await?;
+    let task = match new_task(poller, workflow, issue, directory, writer) {
         Ok(task) => task,
         Err((code, message)) => return workspace::blocked(conn, scope, item, code, &message).await,
     };
@@ -491,20 +492,23 @@ pub(crate) fn new_task(
     workflow: &Workflow,
     issue: &Issue,
     directory: Option<&str>,
+    writer: Role,
 ) -> Result<NewTask, (&'static str, String)> {
     let workflow_error = |e: WorkflowError| (e.code().as_str(), e.to_string());
     let prompt = workflow.render(issue, None).map_err(workflow_error)?;
     let draft = workflow.task_draft(prompt, issue).map_err(workflow_error)?;
-    task_in(poller, workflow, draft, directory)
+    task_in(poller, workflow, draft, directory, writer)
 }
 
 /// The task `draft` (of `workflow`) is: in `directory` when given, with the workflow's
-/// hooks, checked as `POST /v1/tasks` checks one.
+/// hooks, checked as `POST /v1/tasks` checks one, written as `writer` (the source's
+/// registrant's role: the secrets it names are held to that role at each use).
 pub(crate) fn task_in(
     poller: &Poller,
     workflow: &Workflow,
     mut draft: TaskDraft,
     directory: Option<&str>,
+    writer: Role,
 ) -> Result<NewTask, (&'static str, String)> {
     let invalid_task = |e: Invalid| ("invalid_task", e.to_string());
     if let Some(directory) = directory {
@@ -512,6 +516,7 @@ pub(crate) fn task_in(
         draft.working_directory = Some(directory.into());
     }
     let mut task = NewTask::parse(draft, &poller.rules.timeouts).map_err(invalid_task)?;
+    task.written_by = writer;
     let hooks = &workflow.config.hooks;
     task.hooks = Some(hooks.clone()).filter(Hooks::any);
     task.check_workspace(&poller.rules.workspace_roots)

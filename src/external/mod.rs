@@ -31,5 +31,6 @@ pub(crate) use store::{
     WorkflowOrigin, active_runs, claimed_to_reconcile, claimed_version, claimed_with_failed_runs,
     delete_source, get_item, get_source, insert_item, insert_source, item_by_key, item_counts,
     item_record, list_items, list_sources, lock_slots, lock_subject, previous_key, query_items,
-    record_poll, refresh_issue, registrant, set_background, update_item, waiting_for_slots,
+    record_poll, refresh_issue, registrant, registrant_role, set_background, update_item,
+    waiting_for_slots,
 };

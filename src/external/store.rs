@@ -149,6 +149,25 @@ pub(crate) async fn registrant(
     Ok(registered_by.flatten().map(Actor::Person))
 }
 
+/// The role the source was registered with: the role its items' tasks are written as,
+/// held to at each use of a secret they name (a member's to its workspace's grants).
+pub(crate) async fn registrant_role(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+) -> Result<Role> {
+    let role = sqlx::query_scalar!(
+        "SELECT registered_by_role FROM external_sources WHERE workspace_id = $1 AND id = $2",
+        scope.workspace(),
+        source_id,
+    )
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::NotFound("external work source"))?;
+    // A role this build does not know is held to the least.
+    Ok(Role::parse(Some(&role)).unwrap_or(Role::Member))
+}
+
 pub(crate) async fn get_source(
     conn: &mut PgConnection,
     scope: &Scope,

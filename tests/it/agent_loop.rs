@@ -93,6 +93,11 @@ impl Stack {
         stack
     }
 
+    /// The database's URL, to look for what must be in no row.
+    pub(crate) fn db_url(&self) -> String {
+        self.db_url.clone()
+    }
+
     fn spawn_worker(&mut self, name: &str) {
         let data = self.dir.path().join("data");
         let mut env = vec![

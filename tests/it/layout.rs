@@ -320,6 +320,8 @@ const HOMES: &[(&str, &str)] = &[
     ("approvals", "approvals"),
     ("artifact_chunks", "artifacts"),
     ("artifacts", "artifacts"),
+    ("ci_triage", "external"),
+    ("ci_triage_scans", "external"),
     ("client_leases", "runs"),
     ("external_actions", "external"),
     ("external_sources", "external"),

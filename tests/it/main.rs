@@ -19,6 +19,7 @@ mod content_store;
 mod deploy;
 mod external_actions;
 mod external_hooks;
+mod external_loop;
 mod external_work;
 mod failover;
 mod fairness;

@@ -26,7 +26,7 @@ const TOKEN: &str = "push-token-41d7";
 /// Serves the repositories under `root` through `git http-backend` (CGI), receive-pack on,
 /// answering 401 to a request without `authorization`, where runs reach it through their
 /// egress proxy ([`support::RUNS_TEST_HOST`]); returns the base URL.
-async fn serve_smart(root: &Path, authorization: String) -> String {
+pub(crate) async fn serve_smart(root: &Path, authorization: String) -> String {
     type Served = (PathBuf, String);
     async fn cgi(
         State((root, authorization)): State<Served>,
@@ -105,7 +105,7 @@ fn cgi_response(output: &[u8]) -> Response<Body> {
 }
 
 /// `git` in the bare repository `repo`, its standard output.
-fn git_out(repo: &Path, args: &[&str]) -> String {
+pub(crate) fn git_out(repo: &Path, args: &[&str]) -> String {
     let output = std::process::Command::new("git")
         .arg("--git-dir")
         .arg(repo)

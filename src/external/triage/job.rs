@@ -17,7 +17,7 @@ use crate::artifacts;
 use crate::attempt::fence::DomainRow;
 use crate::attempt::{self, Attempted, Failure, JobKind, Verdict};
 use crate::db::StoreError;
-use crate::domain::{Actor, Scope};
+use crate::domain::{Actor, Role, Scope};
 use crate::events::{NewEvent, Subject};
 use crate::external::github::head_sha;
 use crate::external::import::task_in;
@@ -385,7 +385,8 @@ impl TriageJobs {
             .await?;
         let fixed = match record.status {
             TriageStatus::Triaged if scan.create_task => {
-                let task = fix_task(&self.poller, workflow, item, &record, checked);
+                let writer = external::registrant_role(&mut tx, &scope, &item.source_id).await?;
+                let task = fix_task(&self.poller, workflow, item, &record, checked, writer);
                 Some(match task {
                     Ok(task) => match tasks::insert(&mut tx, &scope, &task, &actor(lease)).await {
                         Ok(inserted) => Ok(inserted.id),
@@ -533,6 +534,7 @@ fn fix_task(
     item: &ItemRecord,
     record: &TriageRecord,
     checked: &Checked,
+    writer: Role,
 ) -> Result<tasks::NewTask, (&'static str, String)> {
     let issue: external::workflow::Issue = serde_json::from_value(item.issue.clone())
         .map_err(|e| ("invalid_task", format!("the item is unreadable: {e}")))?;
@@ -547,7 +549,13 @@ fn fix_task(
         draft.base_branch = Some(branch.clone());
         draft.push_branch = Some(format!("keel/ci-fix/{}-{short}", record.subject_number));
     }
-    task_in(poller, workflow, draft, item.workspace_path.as_deref())
+    task_in(
+        poller,
+        workflow,
+        draft,
+        item.workspace_path.as_deref(),
+        writer,
+    )
 }
 
 fn fix_prompt(record: &TriageRecord, checked: &Checked) -> String {
