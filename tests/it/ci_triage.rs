@@ -5,6 +5,7 @@
 //! again finds them as duplicates; a record's fix run starts once however often it is asked
 //! for; a head that moved on is recorded stale and no CI is read for it.
 
+use crate::external_actions::branching_workflow;
 use crate::support;
 
 use std::time::Duration;
@@ -22,26 +23,6 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 const CANARY: &str = "ghp_triagecanary0123456789abcdef";
 const TOKEN_ENV: (&str, &str) = ("ACME_GITHUB_TOKEN", CANARY);
 const T1: &str = "2026-11-30T09:00:00Z";
-
-fn workflow(endpoint: &str) -> String {
-    format!(
-        "---
-tracker:
-  kind: github
-  endpoint: {endpoint}
-  repository: acme/widgets
-  api_key: $ACME_GITHUB_TOKEN
-task:
-  execution_kind: shell
-  shell_command: echo fix
-  repo: /srv/git/widgets.git
-  base_branch: main
-  push_branch: 'keel/{{{{ issue.identifier }}}}'
----
-Work on {{{{ issue.identifier }}}}
-"
-    )
-}
 
 fn pull(sha: &str) -> Value {
     json!({ "id": 2008, "number": 8, "title": "Add the widget", "state": "open",
@@ -214,7 +195,7 @@ impl App {
 #[tokio::test]
 async fn failing_checks_become_fix_tasks_once_per_head_and_a_stale_head_reads_no_ci() {
     let github = github().await;
-    let (app, pull_item, issue_item) = App::start(&workflow(&github.uri())).await;
+    let (app, pull_item, issue_item) = App::start(&branching_workflow(&github.uri())).await;
 
     let (_, summary) = app.triaged(&pull_item).await;
     let expected = TriageSummary {

@@ -1029,24 +1029,13 @@ async fn a_refusal_fails_the_action_and_a_rate_limit_sends_it_later_once() {
     app.assert_no_canary(CANARY).await;
 }
 
-/// A workflow whose items' tasks push to a branch of their own, `keel/<identifier>`.
-fn branching_workflow(endpoint: &str) -> String {
-    format!(
-        "---
-tracker:
-  kind: github
-  endpoint: {endpoint}
-  repository: acme/widgets
-  api_key: $ACME_GITHUB_TOKEN
-task:
-  execution_kind: shell
-  shell_command: echo imported
-  repo: /srv/git/widgets.git
-  base_branch: main
-  push_branch: 'keel/{{{{ issue.identifier }}}}'
----
-Work on {{{{ issue.identifier }}}}
-"
+/// [`github_workflow`] whose items' tasks push to a branch of their own,
+/// `keel/<identifier>`.
+pub(crate) fn branching_workflow(endpoint: &str) -> String {
+    github_workflow(endpoint).replace(
+        "  shell_command: echo imported\n",
+        "  shell_command: echo imported\n  repo: /srv/git/widgets.git\n  base_branch: main\n  \
+         push_branch: 'keel/{{ issue.identifier }}'\n",
     )
 }
 

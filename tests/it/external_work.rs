@@ -8,7 +8,7 @@ use crate::support;
 use std::time::Duration;
 
 use crate::support::tracker;
-use crate::support::{Client, TestApp, rows_containing, wait_for};
+use crate::support::{Client, KeelProcess, TestApp, rows_containing, wait_for};
 use keel_client::{
     Imported, ItemRecord, ItemState, PollSummary, Rendered, RunStatus, SourceRecord, TaskStatus,
 };
@@ -139,6 +139,16 @@ async fn task_count(client: &Client) -> usize {
     tasks.data.len()
 }
 
+/// A `keel api` on a fresh database with the GitHub token in its environment: its log
+/// directory, database, process and client.
+async fn api_with_token() -> (tempfile::TempDir, String, KeelProcess, Client) {
+    let dir = tempfile::tempdir().unwrap();
+    let db_url = support::fresh_database().await;
+    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
+    let client = api.client.clone().unwrap();
+    (dir, db_url, api, client)
+}
+
 /// The source a registration answered with (sent raw: 201 and 200 tell a new source from
 /// one registered already).
 fn source_id(body: &Value) -> String {
@@ -262,10 +272,7 @@ async fn github_polls_import_each_item_once_honour_etags_and_back_off_on_rate_li
         .mount(&github)
         .await;
 
-    let dir = tempfile::tempdir().unwrap();
-    let db_url = support::fresh_database().await;
-    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
-    let client = api.client.clone().unwrap();
+    let (dir, db_url, api, client) = api_with_token().await;
     let (status, body) = register(&client, &github_workflow(&github.uri(), 30_000)).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let id = source_id(&body);
@@ -402,10 +409,7 @@ async fn only_the_events_the_workflow_names_start_work() {
     list("pulls", json!([github_pull(3)]), "\"p1\"")
         .mount(&github)
         .await;
-    let dir = tempfile::tempdir().unwrap();
-    let db_url = support::fresh_database().await;
-    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
-    let client = api.client.clone().unwrap();
+    let (_dir, _db_url, _api, client) = api_with_token().await;
     let markdown = github_workflow(&github.uri(), 30_000).replace(
         "  api_key: $ACME_GITHUB_TOKEN\n",
         "  api_key: $ACME_GITHUB_TOKEN\n  events: [pull_request.opened, pull_request.synchronize]\n",
@@ -965,10 +969,7 @@ async fn reconcile_asks_github_for_the_items_with_active_runs_only() {
         .mount(&github)
         .await;
     list("pulls", json!([]), "\"p1\"").mount(&github).await;
-    let dir = tempfile::tempdir().unwrap();
-    let db_url = support::fresh_database().await;
-    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
-    let client = api.client.clone().unwrap();
+    let (_dir, _db_url, _api, client) = api_with_token().await;
     let (_, body) = register(&client, &github_workflow(&github.uri(), 30_000)).await;
     let id = source_id(&body);
     let summary = polled(&client, &id).await;
@@ -1016,10 +1017,7 @@ async fn max_concurrent_agents_holds_items_back_until_a_slot_frees() {
     let issues = json!([github_issue(1, "open"), github_issue(2, "open")]);
     list("issues", issues, "\"i1\"").mount(&github).await;
     list("pulls", json!([]), "\"p1\"").mount(&github).await;
-    let dir = tempfile::tempdir().unwrap();
-    let db_url = support::fresh_database().await;
-    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
-    let client = api.client.clone().unwrap();
+    let (_dir, _db_url, _api, client) = api_with_token().await;
     let markdown = github_workflow(&github.uri(), 30_000).replacen(
         "polling:",
         "agent:\n  max_concurrent_agents: 1\npolling:",
@@ -1070,10 +1068,7 @@ async fn a_failed_run_of_an_active_item_is_retried_with_its_attempt_rendered() {
         .mount(&github)
         .await;
     list("pulls", json!([]), "\"p1\"").mount(&github).await;
-    let dir = tempfile::tempdir().unwrap();
-    let db_url = support::fresh_database().await;
-    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
-    let client = api.client.clone().unwrap();
+    let (dir, db_url, _api, client) = api_with_token().await;
     let data = dir.path().join("worker");
     std::fs::create_dir_all(&data).unwrap();
     let _worker = support::spawn_worker(&db_url, dir.path(), "worker", 2_000, &data);
@@ -1150,10 +1145,7 @@ async fn two_workers_polling_one_source_in_the_background_create_each_task_once(
         .respond_with(ResponseTemplate::new(200).set_body_json(json!([])))
         .mount(&github)
         .await;
-    let dir = tempfile::tempdir().unwrap();
-    let db_url = support::fresh_database().await;
-    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
-    let client = api.client.clone().unwrap();
+    let (dir, db_url, _api, client) = api_with_token().await;
     let workers: Vec<_> = ["worker-a", "worker-b"]
         .iter()
         .map(|name| {
@@ -1223,10 +1215,7 @@ async fn a_worker_killed_mid_poll_loses_nothing_and_duplicates_nothing() {
         .respond_with(ResponseTemplate::new(200).set_body_json(json!([])))
         .mount(&github)
         .await;
-    let dir = tempfile::tempdir().unwrap();
-    let db_url = support::fresh_database().await;
-    let api = support::spawn_api_with_env(&db_url, dir.path(), "api", &[TOKEN_ENV]).await;
-    let client = api.client.clone().unwrap();
+    let (dir, db_url, _api, client) = api_with_token().await;
     let worker = |name: &str| {
         let data = dir.path().join(name);
         std::fs::create_dir_all(&data).unwrap();
