@@ -5,6 +5,7 @@
 //! again finds them as duplicates; a record's fix run starts once however often it is asked
 //! for; a head that moved on is recorded stale and no CI is read for it.
 
+use crate::cli::{cli, stdout};
 use crate::external_actions::branching_workflow;
 use crate::support;
 
@@ -258,11 +259,35 @@ async fn failing_checks_become_fix_tasks_once_per_head_and_a_stale_head_reads_no
         tail.len()
     );
 
-    // Again: the same failures of the same head are duplicates, and nothing new is made.
-    let (_, again) = app.triaged(&pull_item).await;
-    assert_eq!((again.duplicates, again.triaged), (2, 0), "{again:?}");
-    assert_eq!(again.triage_ids, summary.triage_ids);
+    // Again, from the CLI, waiting for the worker: the same failures of the same head are
+    // duplicates, and nothing new is made.
+    let url = app.client.base.clone();
+    let waited = cli(
+        &url,
+        &["external-work", "ci", "triage", &pull_item.id, "--wait"],
+    )
+    .await;
+    let printed = stdout(&waited);
+    assert!(waited.status.success(), "{printed}");
+    for (field, value) in [("status", "done"), ("duplicates", "2"), ("triaged", "0")] {
+        let row = printed.lines().find(|l| l.trim_start().starts_with(field));
+        assert!(
+            row.is_some_and(|r| r.trim_end().ends_with(value)),
+            "{field}: {printed}"
+        );
+    }
+    assert!(printed.contains(&summary.triage_ids[0]), "{printed}");
     assert_eq!(app.records(None).await.len(), 2);
+    let listed = cli(
+        &url,
+        &["external-work", "ci", "list", "--status", "task_created"],
+    )
+    .await;
+    let listed = stdout(&listed);
+    assert!(
+        listed.contains("CI / test") && listed.contains("codecov"),
+        "{listed}"
+    );
 
     // The fix run: started once, whoever asks again.
     let (status, body) = app.fix(test).await;

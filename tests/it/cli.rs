@@ -49,7 +49,7 @@ impl Keel {
 }
 
 /// `keel <args>` against `url`, to its exit.
-async fn cli(url: &str, args: &[&str]) -> Output {
+pub(crate) async fn cli(url: &str, args: &[&str]) -> Output {
     let output = command(url, args).output();
     tokio::time::timeout(CLI_TIMEOUT, output)
         .await
@@ -69,7 +69,7 @@ fn command(url: &str, args: &[&str]) -> tokio::process::Command {
     command
 }
 
-fn stdout(output: &Output) -> String {
+pub(crate) fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
