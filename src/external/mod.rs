@@ -32,5 +32,5 @@ pub(crate) use store::{
     delete_source, get_item, get_source, insert_item, insert_source, item_by_key, item_counts,
     item_record, list_items, list_sources, lock_slots, lock_subject, previous_key, query_items,
     record_poll, refresh_issue, registrant, registrant_role, set_background, update_item,
-    waiting_for_slots,
+    waiting_for_slots, workflow_last_good,
 };

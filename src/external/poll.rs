@@ -33,7 +33,9 @@ use crate::external::import::{
     Imported, NOT_LISTENED, advance_unstarted, import, retry, start, stop_claimed_run,
 };
 use crate::external::tracker::{Candidate, Fetched, ITEMS_PER_FETCH, Poller, Tracker, token};
-use crate::external::workflow::{ExternalError, Issue, Workflow, load_workflow, tracker};
+use crate::external::workflow::{
+    ExternalError, Issue, Workflow, WorkflowError, load_workflow, tracker,
+};
 use crate::external::workspace;
 use crate::external::{ItemRecord, PollRecord, SourceRecord};
 use crate::queue::worker::{Job, JobHandler};
@@ -110,7 +112,11 @@ pub(crate) async fn poll(
         },
     };
     let mut interval = Duration::from_millis(30_000);
-    match load_workflow(source) {
+    let loaded = match &source.workflow_path {
+        Some(path) => loaded_or_last_good(poller, scope, source, path, &mut outcome).await?,
+        None => load_workflow(source),
+    };
+    match loaded {
         Err(error) => outcome
             .summary
             .failed(error.code().as_str(), error.to_string()),
@@ -136,6 +142,34 @@ pub(crate) async fn poll(
     let mut conn = poller.pool.acquire().await?;
     external::record_poll(&mut conn, scope, &source.id, &record).await?;
     Ok((summary, interval))
+}
+
+/// A `workflow_path` source's workflow as the file has it now, its text kept as the last
+/// good one; or, when an edit broke the file, the last good one (Symphony keeps polling on
+/// its last known good config), with the error on the poll.
+async fn loaded_or_last_good(
+    poller: &Poller,
+    scope: &Scope,
+    source: &SourceRecord,
+    path: &str,
+    outcome: &mut Outcome,
+) -> Result<Result<Workflow, WorkflowError>, StoreError> {
+    let path = std::path::Path::new(path);
+    let error = match Workflow::read(path) {
+        Ok((text, workflow)) => {
+            outcome.record.workflow_last_good = Some(text);
+            return Ok(Ok(workflow));
+        }
+        Err(error) => error,
+    };
+    let mut conn = poller.pool.acquire().await?;
+    let last_good = external::workflow_last_good(&mut conn, scope, &source.id).await?;
+    let Some(workflow) = last_good.and_then(|text| Workflow::parse_as_of(&text, path).ok()) else {
+        return Ok(Err(error));
+    };
+    let message = format!("{error}; polling with the last version of the file that parsed");
+    outcome.summary.failed(error.code().as_str(), message);
+    Ok(Ok(workflow))
 }
 
 /// What a poll reports, and what it leaves on its source.

@@ -149,6 +149,22 @@ pub(crate) async fn registrant(
     Ok(registered_by.flatten().map(Actor::Person))
 }
 
+/// The last text of the source's `workflow_path` file that parsed, if a poll kept one.
+pub(crate) async fn workflow_last_good(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    source_id: &str,
+) -> Result<Option<String>> {
+    let text = sqlx::query_scalar!(
+        "SELECT workflow_last_good FROM external_sources WHERE workspace_id = $1 AND id = $2",
+        scope.workspace(),
+        source_id,
+    )
+    .fetch_optional(conn)
+    .await?;
+    Ok(text.flatten())
+}
+
 /// The role the source was registered with: the role its items' tasks are written as,
 /// held to at each use of a secret they name (a member's to its workspace's grants).
 pub(crate) async fn registrant_role(
@@ -258,6 +274,8 @@ pub(crate) struct PollRecord {
     pub(crate) summary: serde_json::Value,
     /// `(code, message)`; None clears the last error.
     pub(crate) error: Option<(String, String)>,
+    /// A `workflow_path` file's text that parsed, kept for when an edit breaks it.
+    pub(crate) workflow_last_good: Option<String>,
 }
 
 pub(crate) async fn record_poll(
@@ -272,7 +290,7 @@ pub(crate) async fn record_poll(
          SET etags = etags || $3::jsonb, backoff_until = $4, last_poll_at = now(),
              last_poll = $5, last_error_code = $6, last_error = $7,
              last_error_at = CASE WHEN $6::text IS NULL THEN last_error_at ELSE now() END,
-             updated_at = now()
+             workflow_last_good = coalesce($8, workflow_last_good), updated_at = now()
          WHERE workspace_id = $1 AND id = $2",
         scope.workspace(),
         id,
@@ -281,6 +299,7 @@ pub(crate) async fn record_poll(
         &poll.summary,
         code,
         message,
+        poll.workflow_last_good,
     )
     .execute(conn)
     .await?;

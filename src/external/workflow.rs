@@ -159,9 +159,20 @@ impl Workflow {
     /// Reads and parses a workflow file.
     /// Its `workspace.root` may be relative to the file's directory, or name `$VAR` or `~`.
     pub(crate) fn load(path: &Path) -> Result<Workflow> {
+        Workflow::read(path).map(|(_, workflow)| workflow)
+    }
+
+    /// [`Workflow::load`], with the text that parsed.
+    pub(crate) fn read(path: &Path) -> Result<(String, Workflow)> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| WorkflowError::MissingFile(format!("{}: {e}", path.display())))?;
-        Workflow::parse_in(&text, path.parent())
+        let workflow = Workflow::parse_in(&text, path.parent())?;
+        Ok((text, workflow))
+    }
+
+    /// A text of the file at `path` read before, parsed as that file's.
+    pub(crate) fn parse_as_of(text: &str, path: &Path) -> Result<Workflow> {
+        Workflow::parse_in(text, path.parent())
     }
 
     /// Parses a workflow's text: the front matter into settings, and the template, so a

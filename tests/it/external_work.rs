@@ -453,6 +453,51 @@ async fn only_the_events_the_workflow_names_start_work() {
     );
 }
 
+/// Symphony keeps the last known good configuration when a reload fails: a
+/// `workflow_path` file an edit breaks leaves polls running on its last good version, the
+/// error on the source, until it parses again.
+#[tokio::test]
+async fn symphony_an_invalid_workflow_reload_keeps_the_last_good_config() {
+    let github = MockServer::start().await;
+    list("issues", json!([github_issue(1, "open")]), "\"i1\"")
+        .mount(&github)
+        .await;
+    list("pulls", json!([]), "\"p1\"").mount(&github).await;
+    let (dir, _db_url, _api, client) = api_with_token().await;
+    let file = dir.path().join("WORKFLOW.md");
+    std::fs::write(&file, github_workflow(&github.uri(), 30_000)).unwrap();
+    let body = json!({ "workflow_path": file.to_str().unwrap() });
+    let (status, body) = client.post("/v1/external-work/sources", body).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = source_id(&body);
+    assert_eq!(polled(&client, &id).await.claimed, 1);
+
+    std::fs::write(&file, "---\ntracker: [not, a, map\n---\nbroken").unwrap();
+    let summary = polled(&client, &id).await;
+    assert_eq!(
+        summary.error_code.as_deref(),
+        Some("workflow_parse_error"),
+        "{summary:?}"
+    );
+    let error = summary.error.as_deref().unwrap();
+    assert!(
+        error.contains("the last version of the file that parsed"),
+        "{error}"
+    );
+    // The pass ran on the last good version: the tracker was asked, the item seen again.
+    assert_eq!(
+        (summary.candidates, summary.duplicates),
+        (1, 1),
+        "{summary:?}"
+    );
+    let status = client.api.source_status(&id).await.unwrap().data;
+    assert!(!status.workflow.valid, "{status:?}");
+
+    std::fs::write(&file, github_workflow(&github.uri(), 30_000)).unwrap();
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.error_code, None, "{summary:?}");
+}
+
 fn linear_workflow(endpoint: &str, settings: &str) -> String {
     format!(
         "---
