@@ -236,9 +236,16 @@ fn payload_candidate(tracker: &Tracker, payload: &Value) -> Result<Candidate, St
     candidate(tracker, item)
 }
 
-/// GETs the repository's issues, then its pull requests (the issues list has pull requests
-/// too, without their head SHA: those entries are left to the second list). A rate limit
-/// stops the poll there, without failing the source.
+/// Pages of the open items read per list, 100 items each.
+const MAX_OPEN_PAGES: u32 = 10;
+
+/// GETs the repository's issues, then its pull requests: for each, one page of the most
+/// recently updated (of every state: a change of state shows there), then every page of
+/// the open ones, oldest first (Symphony pages its state reads: an open item that has not
+/// moved for long is still seen), up to [`MAX_OPEN_PAGES`]. The issues list has pull
+/// requests too, without their head SHA: those entries are left to the second list. Each
+/// page keeps its ETag: a page that answers 304 (nothing changed) ends that list's walk.
+/// A rate limit stops the poll there, without failing the source.
 async fn fetch(
     poller: &Poller,
     tracker: &Tracker,
@@ -250,42 +257,98 @@ async fn fetch(
     let base = tracker.endpoint.trim_end_matches('/');
     let repository = tracker.repository.as_deref().unwrap_or_default();
     let per_page = limit.clamp(1, 100);
+    let mut seen = std::collections::BTreeSet::new();
     for list in ["issues", "pulls"] {
-        let url = format!(
+        let recent = format!(
             "{base}/repos/{repository}/{list}?state=all&sort=updated&direction=desc&per_page={per_page}"
         );
-        let what = format!("the {list} list");
-        let etag = etags.get(&url).map(String::as_str);
-        let Some(response) = get(poller, token, &url, etag, &what, &mut fetched).await else {
-            return fetched;
-        };
-        match response.status() {
-            StatusCode::NOT_MODIFIED => {
-                // The list is as it was: its ETag stays for the next poll.
-                fetched.not_modified = true;
-                if let Some(etag) = etag {
-                    fetched.etags.insert(url.clone(), etag.to_string());
-                }
-            }
-            status if status.is_success() => {
-                let headers = response.headers();
-                if let Some(etag) = headers.get(header::ETAG).and_then(|v| v.to_str().ok()) {
-                    fetched.etags.insert(url.clone(), etag.to_string());
-                }
-                let Some(items) = read::<Vec<Value>>(response, &what, &mut fetched).await else {
-                    return fetched;
+        let open = format!(
+            "{base}/repos/{repository}/{list}?state=open&sort=created&direction=asc&per_page=100"
+        );
+        let walks = [
+            (recent, 1, Some(limit as usize)),
+            (open, MAX_OPEN_PAGES, None),
+        ];
+        for (first, pages, take) in walks {
+            let mut url = Some(first);
+            for _ in 0..pages {
+                let Some(at) = url.take() else { break };
+                let page = match read_page(poller, token, etags, &at, list, &mut fetched).await {
+                    Some(page) => page,
+                    None if fetched.error.is_some() => return fetched,
+                    None => break,
                 };
-                fetched.items.extend(
-                    items
-                        .into_iter()
-                        .filter(|item| list == "pulls" || item.get("pull_request").is_none())
-                        .take(limit as usize),
-                );
+                let items = page.items.into_iter().filter(|item| {
+                    (list == "pulls" || item.get("pull_request").is_none())
+                        && seen.insert((list, item.get("id").map(Value::to_string)))
+                });
+                fetched.items.extend(items.take(take.unwrap_or(usize::MAX)));
+                url = page.next;
             }
-            status => return unexpected(fetched, &what, status),
         }
     }
     fetched
+}
+
+/// One page of a list, and the next page's URL.
+struct Page {
+    items: Vec<Value>,
+    next: Option<String>,
+}
+
+/// GETs one page with its stored ETag. None when there is nothing to read: it answered 304
+/// (its ETag is kept), or the pass must stop (recorded on `fetched`).
+async fn read_page(
+    poller: &Poller,
+    token: Option<&Secret>,
+    etags: &BTreeMap<String, String>,
+    url: &str,
+    list: &str,
+    fetched: &mut Fetched,
+) -> Option<Page> {
+    let what = format!("the {list} list");
+    let etag = etags.get(url).map(String::as_str);
+    let response = get(poller, token, url, etag, &what, fetched).await?;
+    match response.status() {
+        StatusCode::NOT_MODIFIED => {
+            fetched.not_modified = true;
+            if let Some(etag) = etag {
+                fetched.etags.insert(url.to_string(), etag.to_string());
+            }
+            None
+        }
+        status if status.is_success() => {
+            let headers = response.headers();
+            if let Some(etag) = headers.get(header::ETAG).and_then(|v| v.to_str().ok()) {
+                fetched.etags.insert(url.to_string(), etag.to_string());
+            }
+            let next = next_link(headers);
+            let items = read::<Vec<Value>>(response, &what, fetched).await?;
+            Some(Page { items, next })
+        }
+        status => {
+            unexpected(fetched, &what, status);
+            None
+        }
+    }
+}
+
+/// The `rel="next"` URL of a `Link` header (GitHub's pagination).
+fn next_link(headers: &HeaderMap) -> Option<String> {
+    let link = headers.get(header::LINK)?.to_str().ok()?;
+    link.split(',').find_map(|part| {
+        let (target, params) = part.split_once(';')?;
+        params
+            .split(';')
+            .any(|p| p.trim() == "rel=\"next\"")
+            .then(|| {
+                target
+                    .trim()
+                    .trim_start_matches('<')
+                    .trim_end_matches('>')
+                    .to_string()
+            })
+    })
 }
 
 /// The current version of each of these items: `GET /repos/{repository}/pulls/{n}` for a
@@ -321,7 +384,10 @@ async fn fetch_items(
                 };
                 fetched.items.push(value);
             }
-            status => return unexpected(fetched, &what, status),
+            status => {
+                unexpected(&mut fetched, &what, status);
+                return fetched;
+            }
         }
     }
     fetched
@@ -397,10 +463,9 @@ async fn read<T: serde::de::DeserializeOwned>(
     }
 }
 
-fn unexpected(mut fetched: Fetched, what: &str, status: StatusCode) -> Fetched {
+fn unexpected(fetched: &mut Fetched, what: &str, status: StatusCode) {
     let message = format!("GitHub answered {what} with {status}");
     fetched.error = Some(("tracker_error", message));
-    fetched
 }
 
 /// When requests may resume, if the response says to wait: GitHub refuses with 429, or
@@ -635,6 +700,21 @@ fn pause(code: &'static str, message: String) -> Pause {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_next_page_is_the_link_headers_rel_next() {
+        let mut headers = HeaderMap::new();
+        let link = "<https://api.github.com/repositories/1/issues?page=2>; rel=\"next\", \
+                    <https://api.github.com/repositories/1/issues?page=5>; rel=\"last\"";
+        headers.insert(header::LINK, link.parse().unwrap());
+        assert_eq!(
+            next_link(&headers).as_deref(),
+            Some("https://api.github.com/repositories/1/issues?page=2")
+        );
+        let last = "<https://api.github.com/x?page=1>; rel=\"prev\"";
+        headers.insert(header::LINK, last.parse().unwrap());
+        assert_eq!(next_link(&headers), None);
+    }
     use serde_json::json;
 
     fn tracker() -> Tracker {

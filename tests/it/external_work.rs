@@ -453,6 +453,46 @@ async fn only_the_events_the_workflow_names_start_work() {
     );
 }
 
+/// Symphony pages its state reads: an open issue that is not among the most recently
+/// updated is still found, on a later page of the open ones (oldest first).
+#[tokio::test]
+async fn symphony_client_pages_state_reads() {
+    let github = MockServer::start().await;
+    let page = |query: &str, items: Value, next: Option<String>| {
+        let mut answer = ResponseTemplate::new(200).set_body_json(items);
+        if let Some(next) = next {
+            answer = answer.insert_header("link", format!("<{next}>; rel=\"next\"").as_str());
+        }
+        Mock::given(method("GET"))
+            .and(path("/repos/acme/widgets/issues"))
+            .and(wiremock::matchers::query_param("state", query))
+            .respond_with(answer)
+    };
+    // Recently updated: #1 only. Open, oldest first: #1, then on page 2 the long-quiet #60.
+    page("all", json!([github_issue(1, "open")]), None)
+        .mount(&github)
+        .await;
+    let second = format!("{}/repositories/9/issues?state=open&page=2", github.uri());
+    page("open", json!([github_issue(1, "open")]), Some(second))
+        .mount(&github)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/repositories/9/issues"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!([github_issue(60, "open")])))
+        .mount(&github)
+        .await;
+    list("pulls", json!([]), "\"p1\"").mount(&github).await;
+    let (_dir, _db_url, _api, client) = api_with_token().await;
+    let (status, body) = register(&client, &github_workflow(&github.uri(), 30_000)).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = source_id(&body);
+    let summary = polled(&client, &id).await;
+    // #1 once, though two lists have it; #60 from the second page.
+    assert_eq!((summary.candidates, summary.claimed), (2, 2), "{summary:?}");
+    let items = items_of(&client, &id).await;
+    assert_eq!(item(&items, "acme/widgets#60").state, ItemState::Claimed);
+}
+
 /// Symphony keeps the last known good configuration when a reload fails: a
 /// `workflow_path` file an edit breaks leaves polls running on its last good version, the
 /// error on the source, until it parses again.
