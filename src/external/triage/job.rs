@@ -310,7 +310,20 @@ impl TriageJobs {
 
     /// The pull request's head now; None when GitHub no longer has it.
     async fn current_head(&self, target: &Target<'_>) -> Result<Option<Head>, Pause> {
-        Ok(target.current().await?.and_then(|pull| {
+        let tracker = &target.tracker;
+        let item = &target.item;
+        let fetched = tracker
+            .api()
+            .fetch_items(&self.poller, tracker, target.token.as_ref(), &[item])
+            .await;
+        if let Some((code, message)) = fetched.error {
+            return Err(Pause {
+                code,
+                message,
+                until: fetched.backoff_until,
+            });
+        }
+        Ok(fetched.items.first().and_then(|pull| {
             Some(Head {
                 sha: pull.pointer("/head/sha")?.as_str()?.to_string(),
                 reference: pull
