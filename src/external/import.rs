@@ -506,19 +506,18 @@ pub(crate) fn new_task(
 pub(crate) fn task_in(
     poller: &Poller,
     workflow: &Workflow,
-    mut draft: TaskDraft,
+    draft: TaskDraft,
     directory: Option<&str>,
     writer: Role,
 ) -> Result<NewTask, (&'static str, String)> {
     let invalid_task = |e: Invalid| ("invalid_task", e.to_string());
-    if let Some(directory) = directory {
-        draft.workspace_mode = Some("in_place".into());
-        draft.working_directory = Some(directory.into());
-    }
     let mut task = NewTask::parse(draft, &poller.rules.timeouts).map_err(invalid_task)?;
     task.written_by = writer;
-    let hooks = &workflow.config.hooks;
-    task.hooks = Some(hooks.clone()).filter(Hooks::any);
+    let hooks = workflow.config.hooks.clone();
+    match directory {
+        Some(directory) => task.in_item_directory(directory, hooks),
+        None => task.hooks = Some(hooks).filter(Hooks::any),
+    }
     task.check_workspace(&poller.rules.workspace_roots)
         .map_err(invalid_task)?;
     Ok(task)

@@ -381,6 +381,20 @@ impl NewTask {
         }
     }
 
+    /// Works in an external work item's own directory (one Keel made under the workflow's
+    /// `workspace.root`), as it is, around the workflow's `hooks` (none, maybe). Unlike a
+    /// directory a task names, it may start as a clone of the task's `repo`: the run's
+    /// preparation clones into it once, as Symphony's `after_create` hook clones into an
+    /// issue's workspace, and later runs reuse it. The stored hooks mark the task an
+    /// item's for the database's check.
+    pub(crate) fn in_item_directory(&mut self, directory: &str, hooks: crate::tasks::Hooks) {
+        self.workspace = WorkspaceMode::InPlace {
+            directory: directory.to_string(),
+            allowed_root: None,
+        };
+        self.hooks = Some(hooks);
+    }
+
     /// Refuses an `in_place` directory the workspace roots do not allow (the field named),
     /// and keeps the one allowed in its canonical form: the form every other task's is
     /// compared in ([`super::in_place_nesting`]).

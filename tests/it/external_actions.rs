@@ -833,6 +833,7 @@ async fn a_linear_comment_goes_through_the_comment_create_mutation() {
         mutations[0]["variables"],
         json!({ "issueId": "uuid-1", "body": format!("On it.\n\n<!-- keel-action:{id} -->") })
     );
+    support::contracts::assert_linear_conforms(&all);
     app.assert_no_canary(LINEAR_CANARY).await;
 }
 

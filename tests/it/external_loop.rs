@@ -320,3 +320,194 @@ async fn newest(c: &support::Client, source: &str, identifier: &str) -> ItemReco
         .max_by_key(|i| i.created_at)
         .unwrap_or_else(|| panic!("no item {identifier}"))
 }
+
+/// What the Linear stand-in knows: ENG-7's state and the comments made on it.
+#[derive(Default)]
+struct Board {
+    state: String,
+    comments: Vec<Value>,
+}
+
+fn linear_issue(state: &str) -> Value {
+    json!({ "id": "uuid-7", "identifier": "ENG-7", "title": "The widget is broken",
+            "priority": 2, "state": { "name": state }, "branchName": "eng-7-the-widget",
+            "updatedAt": if state == "Todo" { "2026-11-30T09:00:00.000Z" }
+                         else { "2026-11-30T12:00:00.000Z" },
+            "labels": { "nodes": [] }, "inverseRelations": { "nodes": [] } })
+}
+
+/// Linear's GraphQL endpoint as far as Keel's documents go, each answered by its name:
+/// the project's active issues, issues by id, the comment mutation and the marked
+/// comments lookup.
+async fn linear(board: Arc<Mutex<Board>>) -> MockServer {
+    let linear = MockServer::start().await;
+    let answer = move |request: &Request| {
+        let sent: Value = serde_json::from_slice(&request.body).unwrap();
+        let document = sent["query"].as_str().unwrap();
+        let mut board = board.lock().unwrap();
+        let issues = |nodes: Vec<Value>| {
+            json!({ "data": { "issues": { "nodes": nodes,
+                "pageInfo": { "hasNextPage": false, "endCursor": null } } } })
+        };
+        let data = if document.contains("KeelCandidates") {
+            let active = board.state == "Todo";
+            issues(
+                active
+                    .then(|| linear_issue(&board.state))
+                    .into_iter()
+                    .collect(),
+            )
+        } else if document.contains("KeelIssues") {
+            issues(vec![linear_issue(&board.state)])
+        } else if document.contains("KeelComment") {
+            let comment = json!({ "id": "comment-1", "url": "https://linear.app/c/1",
+                                  "body": sent["variables"]["body"] });
+            board.comments.push(comment.clone());
+            json!({ "data": { "commentCreate": { "success": true, "comment": comment } } })
+        } else {
+            let nodes = board.comments.clone();
+            json!({ "data": { "issue": { "comments": { "nodes": nodes } } } })
+        };
+        ResponseTemplate::new(200).set_body_json(data)
+    };
+    Mock::given(method("POST"))
+        .and(path("/graphql"))
+        .respond_with(answer)
+        .mount(&linear)
+        .await;
+    linear
+}
+
+fn linear_workflow(linear: &str, repo: &str, root: &str) -> String {
+    format!(
+        "---
+tracker:
+  kind: linear
+  endpoint: {linear}/graphql
+  project_slug: eng
+  api_key: $ACME_LINEAR_API_KEY
+  active_states: [Todo]
+  terminal_states: [Done]
+workspace:
+  root: {root}
+task:
+  execution_kind: agent_loop
+  repo: {repo}
+  repo_credential: env:REPO_TEST_TOKEN
+  base_branch: main
+  push_branch: \"keel/{{{{ issue.identifier }}}}\"
+---
+Fix {{{{ issue.title }}}}.
+"
+    )
+}
+
+/// The same loop on Linear, as far as its API goes (it has no pull requests or checks):
+/// the issue becomes a task whose agent run works in the item's workspace on a clone and
+/// pushes its branch; a comment naming it is proposed, approved and executed through
+/// `commentCreate`; the issue moves to Done, the next poll ends its item and the workers'
+/// maintenance removes its workspace. Every document Keel sent is one Linear's schema takes.
+#[tokio::test]
+async fn a_linear_issue_becomes_a_pushed_change_and_its_end_cleans_the_workspace() {
+    let origin = repository();
+    let bare = origin.path().join("repo.git");
+    let authorization = format!(
+        "Basic {}",
+        STANDARD.encode(format!("x-access-token:{REPO_TOKEN}"))
+    );
+    let repo = format!(
+        "{}/repo.git",
+        serve_smart(origin.path(), authorization).await
+    );
+    let board = Arc::new(Mutex::new(Board {
+        state: "Todo".into(),
+        ..Board::default()
+    }));
+    let linear = linear(board.clone()).await;
+    let roots = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(roots.path()).unwrap();
+    let root = root.to_str().unwrap();
+    let script = vec![
+        Turn::tool_call(
+            "w1",
+            "file_write",
+            r#"{"path":"fix.txt","content":"fixed\n"}"#,
+        ),
+        Turn::text("Fixed the widget."),
+    ];
+    let env = [
+        ("REPO_TEST_TOKEN", REPO_TOKEN),
+        ("ACME_LINEAR_API_KEY", CANARY),
+        ("KEEL_WORKSPACE_ROOTS", root),
+    ];
+    let stack = Stack::start_with("none", script, &env).await;
+    let c = &stack.client;
+
+    let body = json!({ "workflow_markdown": linear_workflow(&linear.uri(), &repo, root) });
+    let (status, body) = c.post("/v1/external-work/sources", body).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let source = support::record::<SourceRecord>(&body).id;
+    let poll = format!("/v1/external-work/sources/{source}/poll");
+    let (status, body) = c.post(&poll, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let item = support::wait_for(WAIT, "ENG-7's task", || async {
+        let item = newest(c, &source, "ENG-7").await;
+        item.run_id.is_some().then_some(item)
+    })
+    .await;
+    let (task_id, run_id) = (item.task_id.clone().unwrap(), item.run_id.clone().unwrap());
+    let run = c.wait_terminal(&task_id, &run_id, WAIT).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    assert_eq!(git_out(&bare, &["show", "keel/ENG-7:fix.txt"]), "fixed\n");
+    let workspace = newest(c, &source, "ENG-7").await.workspace_path.unwrap();
+    assert!(
+        std::path::Path::new(&workspace).starts_with(root),
+        "{workspace}"
+    );
+
+    // A comment naming the branch: proposed, approved, executed.
+    let at = format!("/v1/external-work/items/{}/actions", item.id);
+    let proposal = json!({ "kind": "comment", "body": "Pushed to keel/ENG-7." });
+    let (status, body) = c.post(&at, proposal).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let Proposed { action, approval } = support::record(&body);
+    let resolve = format!(
+        "/v1/tasks/{}/approvals/{}/resolve",
+        approval.task_id, approval.id
+    );
+    let (status, body) = c.post(&resolve, json!({ "decision": "approve" })).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = c
+        .post_empty(&format!("/v1/external-work/actions/{}/execute", action.id))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    support::wait_for(WAIT, "the comment to be made", || async {
+        let current: ActionRecord = c.api.get_action(&action.id).await.unwrap().data;
+        (current.status == ActionStatus::Sent).then_some(())
+    })
+    .await;
+    let comments = board.lock().unwrap().comments.clone();
+    assert_eq!(comments.len(), 1, "{comments:?}");
+    assert!(
+        comments[0]["body"]
+            .as_str()
+            .unwrap()
+            .starts_with("Pushed to keel/ENG-7."),
+        "{comments:?}"
+    );
+
+    // Done: the next poll asks after the item (it has a workspace) and ends it; the
+    // workers' maintenance removes its directory.
+    board.lock().unwrap().state = "Done".into();
+    let (status, body) = c.post(&poll, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["terminal"], 1, "{body}");
+    let gone = || async { (!std::path::Path::new(&workspace).exists()).then_some(()) };
+    support::wait_for(WAIT, "the workspace to go", gone).await;
+
+    support::contracts::assert_linear_conforms(&linear.received_requests().await.unwrap());
+    assert_eq!(
+        support::rows_containing(&stack.db_url(), CANARY).await,
+        Vec::<String>::new()
+    );
+}

@@ -690,6 +690,9 @@ async fn linear_polls_page_through_the_project_import_each_issue_once_and_back_o
     // ENG-1 already has its task: the new version is recorded, no second task.
     assert_eq!(task_count(&client).await, tasks);
 
+    // Every document sent so far is one Linear's schema takes.
+    support::contracts::assert_linear_conforms(&linear.received_requests().await.unwrap());
+
     // Linear's RATELIMITED error backs off until its reset, without failing the source.
     linear.reset().await;
     let reset = chrono::Utc::now() + chrono::Duration::minutes(2);
@@ -770,6 +773,8 @@ async fn an_item_that_leaves_the_active_states_has_its_run_cancelled() {
     // ENG-2's run goes on.
     let two = item(&items, "ENG-2");
     assert_eq!(run_of(&client, two).await.status, RunStatus::Queued);
+    // The question by id is one Linear's schema takes.
+    support::contracts::assert_linear_conforms(&linear.received_requests().await.unwrap());
 }
 
 /// A Linear issue with these labels.

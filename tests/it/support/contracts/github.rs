@@ -1,4 +1,4 @@
-//! The tracker contracts Keel's requests are checked against: the operations of GitHub's
+//! GitHub's contract: the operations of its
 //! published REST description that Keel calls (npm `@octokit/openapi`, dereferenced into
 //! tests/fixtures/contracts/github-rest.json by `scripts/github-contract`). A request a
 //! GitHub stand-in received conforms when it is one of those operations, its query names
@@ -8,7 +8,7 @@
 use serde_json::Value;
 use wiremock::Request;
 
-const GITHUB_REST: &str = include_str!("../../fixtures/contracts/github-rest.json");
+const GITHUB_REST: &str = include_str!("../../../fixtures/contracts/github-rest.json");
 
 /// Panics, naming the request and why, unless every one conforms to GitHub's description.
 pub fn assert_github_conforms(requests: &[Request]) {
