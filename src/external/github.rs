@@ -93,11 +93,6 @@ impl TrackerApi for GitHub {
         Box::pin(fetch(poller, tracker, token, etags, limit))
     }
 
-    /// The lists are asked for with `state=all`.
-    fn lists_every_state(&self) -> bool {
-        true
-    }
-
     fn fetch_items<'a>(
         &self,
         poller: &'a Poller,

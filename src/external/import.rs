@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 
+use crate::artifacts::content::ContentStore;
 use crate::db::StoreError;
 use crate::domain::{Actor, Invalid, Role, Scope};
 use crate::events::Subject;
@@ -28,7 +29,8 @@ use keel_api_types::ItemState;
 pub(crate) const NOT_LISTENED: &str = "event_not_listened";
 /// The code of an item a `Todo` blocker holds back.
 const BLOCKED: &str = "blocked_by_open_issues";
-/// The evidence a started run carries: the normalized item and the prompt rendered from it.
+/// The evidence a started run carries: the normalized item and the prompt rendered from it;
+/// the most any evidence artifact holds.
 const ITEM_ARTIFACT: &str = "external_work_item.json";
 const PROMPT_ARTIFACT: &str = "prompt.md";
 const MAX_EVIDENCE_BYTES: i64 = 1024 * 1024;
@@ -346,14 +348,43 @@ pub(crate) async fn write_evidence(
         ),
     ];
     for (name, content_type, bytes) in evidence {
-        let artifact = artifacts::open(conn, scope, run, name, "metadata", content_type).await?;
-        poller
-            .content
-            .append(conn, scope, &artifact.id, bytes, MAX_EVIDENCE_BYTES)
-            .await?;
-        artifacts::close(conn, scope, &artifact.id).await?;
+        let written = Evidence {
+            name,
+            content_type,
+            bytes,
+        };
+        evidence_artifact(conn, &poller.content, scope, run, written).await?;
     }
     Ok(())
+}
+
+/// One `metadata` artifact of external work's evidence (an import's item and prompt, an
+/// action's calls and answers, a triage record's check), written whole.
+pub(crate) struct Evidence<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) content_type: &'a str,
+    pub(crate) bytes: &'a [u8],
+}
+
+/// Writes `evidence` as an artifact of `run`, bounded; returns the artifact's id.
+pub(crate) async fn evidence_artifact(
+    conn: &mut sqlx::PgConnection,
+    content: &ContentStore,
+    scope: &Scope,
+    run: Subject<'_>,
+    evidence: Evidence<'_>,
+) -> Result<String, StoreError> {
+    let Evidence {
+        name,
+        content_type,
+        bytes,
+    } = evidence;
+    let artifact = artifacts::open(conn, scope, run, name, "metadata", content_type).await?;
+    content
+        .append(conn, scope, &artifact.id, bytes, MAX_EVIDENCE_BYTES)
+        .await?;
+    artifacts::close(conn, scope, &artifact.id).await?;
+    Ok(artifact.id)
 }
 
 /// How long a failed item waits before retry number `attempt` (1-based): Symphony's

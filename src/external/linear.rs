@@ -81,11 +81,6 @@ impl TrackerApi for Linear {
         Box::pin(fetch(poller, tracker, token, limit))
     }
 
-    /// The query asks for the active states only.
-    fn lists_every_state(&self) -> bool {
-        false
-    }
-
     fn fetch_items<'a>(
         &self,
         poller: &'a Poller,

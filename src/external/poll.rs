@@ -87,8 +87,9 @@ impl Tally for PollSummary {
 /// What one pass over a source asks its tracker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pass {
-    /// The candidate lists (up to `limit` items), then, where the lists do not show every
-    /// state, the claimed items with active runs.
+    /// The candidate lists (up to `limit` items), then the claimed items they did not show
+    /// (asked by id: one that left the active states, or that the tracker no longer has,
+    /// is neither retried nor left running).
     Poll { limit: u32 },
     /// Only the claimed items with active runs.
     Reconcile,
@@ -228,12 +229,11 @@ impl Imports<'_> {
             }
             Pass::Reconcile => Vec::new(),
         };
-        let asks = pass == Pass::Reconcile || !api.lists_every_state();
         let limited = |record: &PollRecord, summary: &PollSummary| {
             record.backoff_until.is_some() || summary.error_code.is_some()
         };
         let mut vanished = Vec::new();
-        if asks && !limited(record, summary) {
+        if !limited(record, summary) {
             vanished = self
                 .reconcile(tracker, token, &seen, record, summary)
                 .await?;

@@ -158,10 +158,6 @@ pub(crate) trait TrackerApi: Sync {
         limit: u32,
     ) -> BoxFuture<'a, Fetched>;
 
-    /// Whether [`fetch`](Self::fetch) lists items in every state: when it does not, a poll
-    /// asks for the claimed items it did not list, to see those that left the active states.
-    fn lists_every_state(&self) -> bool;
-
     /// The current version of each of these items (at most [`ITEMS_PER_FETCH`]), whatever
     /// their state; one that is gone is left out.
     fn fetch_items<'a>(
@@ -239,6 +235,38 @@ pub(crate) struct Target<'a> {
     pub(crate) item: ItemRecord,
     pub(crate) tracker: Tracker,
     pub(crate) token: Option<Secret>,
+}
+
+impl Target<'_> {
+    /// The item as the tracker has it now (asked by id); None when the tracker no longer
+    /// has it.
+    pub(crate) async fn current(&self) -> Result<Option<Value>, Pause> {
+        let (item, tracker) = (&self.item, &self.tracker);
+        let fetched = tracker
+            .api()
+            .fetch_items(self.poller, tracker, self.token.as_ref(), &[item])
+            .await;
+        if let Some((code, message)) = fetched.error {
+            return Err(Pause {
+                code,
+                message,
+                until: fetched.backoff_until,
+            });
+        }
+        let wanted = id_text(&item.issue["id"]);
+        Ok(fetched
+            .items
+            .into_iter()
+            .find(|value| value.get("id").map(id_text).as_ref() == Some(&wanted)))
+    }
+}
+
+/// A tracker id as text: GitHub's are numbers, the normalized item's strings.
+fn id_text(id: &Value) -> String {
+    match id {
+        Value::String(id) => id.clone(),
+        other => other.to_string(),
+    }
 }
 
 /// One answer of the tracker, as the evidence keeps it.

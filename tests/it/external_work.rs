@@ -1005,6 +1005,40 @@ async fn symphony_missing_running_issues_stop_active_agents_without_cleaning_the
     );
 }
 
+/// The same on GitHub, whose lists show every state: a poll asks by id for the claimed
+/// items its lists did not show, so a deleted issue's run is stopped, not left to run or to
+/// be retried.
+#[tokio::test]
+async fn a_deleted_github_issue_has_its_run_stopped_by_the_next_poll() {
+    let github = MockServer::start().await;
+    list("issues", json!([github_issue(1, "open")]), "\"v1\"")
+        .mount(&github)
+        .await;
+    list("pulls", json!([]), "\"p1\"").mount(&github).await;
+    let (_dir, _db, _api, client) = api_with_token().await;
+    let (status, body) = register(&client, &github_workflow(&github.uri(), 30_000)).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = source_id(&body);
+    assert_eq!(polled(&client, &id).await.claimed, 1);
+    let items = items_of(&client, &id).await;
+
+    // The issue is deleted: the lists no longer have it, and asked by id GitHub says 410.
+    github.reset().await;
+    list("issues", json!([]), "\"v2\"").mount(&github).await;
+    list("pulls", json!([]), "\"p1\"").mount(&github).await;
+    Mock::given(method("GET"))
+        .and(path("/repos/acme/widgets/issues/1"))
+        .respond_with(ResponseTemplate::new(410))
+        .mount(&github)
+        .await;
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.error_code, None, "{summary:?}");
+    assert_eq!(summary.cancelled_runs, 1, "{summary:?}");
+    let run = run_of(&client, item(&items, "acme/widgets#1")).await;
+    assert_eq!(run.status, RunStatus::Cancelled, "{run:?}");
+    support::contracts::assert_github_conforms(&github.received_requests().await.unwrap());
+}
+
 #[tokio::test]
 async fn a_todo_issue_waits_for_its_blockers_to_finish() {
     let linear = MockServer::start().await;

@@ -24,7 +24,7 @@ use keel_client::{
 use keel_workers::agent::Patch;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use two_orgs::{REMOTE_ENV, operator_client, org_client, runtime_operator_client};
+use two_orgs::{REMOTE_ENV, member_client, operator_client, org_client, runtime_operator_client};
 
 /// The operator's own secrets: in the API's environment, granted to no workspace.
 const OPERATOR_KEY: &str = "sk-operator-openai-canary-7f3a";
@@ -328,6 +328,56 @@ async fn a_member_cannot_register_hooks_or_roots_or_in_place_work() {
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let (status, body) = register(&stack.operator("b"), &hook).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+/// A comment action `proposer` proposes on a GitHub issue it imports into `source`.
+async fn proposed_comment(proposer: &Client, source: &str, number: u64) -> String {
+    let payload = json!({ "id": 9000 + number, "number": number, "title": "t",
+                          "state": "open", "updated_at": "2026-11-30T09:00:00Z" });
+    let import = json!({ "source_id": source, "payload": payload });
+    let (status, body) = proposer.post("/v1/external-work/import", import).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let item = body["data"]["item"]["id"].as_str().unwrap().to_string();
+    let at = format!("/v1/external-work/items/{item}/actions");
+    let comment = json!({ "kind": "comment", "body": "On it." });
+    let (status, body) = proposer.post(&at, comment).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    body["data"]["action"]["id"].as_str().unwrap().to_string()
+}
+
+/// Seed 000's §Cancel External Work Action: the proposer or an operator cancels; another
+/// member of the org may not cancel what someone else proposed.
+#[tokio::test]
+async fn a_member_cannot_cancel_another_members_proposal() {
+    let (_llm, stack) = started().await;
+    let (proposer, other) = (
+        stack.member("a"),
+        member_client(&stack.base, "a", "actor_a2"),
+    );
+    let (status, body) = register(&proposer, &workflow(None, "")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let source = body["data"]["id"].as_str().unwrap().to_string();
+    let cancel = |action: &str| format!("/v1/external-work/actions/{action}/cancel");
+
+    let first = proposed_comment(&proposer, &source, 1).await;
+    let (status, body) = other
+        .post(&cancel(&first), json!({ "reason": "mine now" }))
+        .await;
+    assert_refused(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    let action = proposer.api.get_action(&first).await.unwrap().data;
+    assert_eq!(action.status, ActionStatus::PendingApproval, "{action:?}");
+    let (status, body) = proposer
+        .post(&cancel(&first), json!({ "reason": "not needed" }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["status"], "cancelled", "{body}");
+    assert_eq!(body["data"]["cancelled_by"], "actor_a", "{body}");
+
+    // The org's operator cancels anyone's.
+    let second = proposed_comment(&proposer, &source, 2).await;
+    let (status, body) = stack.operator("a").post(&cancel(&second), json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["data"]["cancelled_by"], "operator_a", "{body}");
 }
 
 /// An agent task with one stdio MCP server, `command`.

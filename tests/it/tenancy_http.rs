@@ -655,7 +655,7 @@ async fn seed(c: &Client, root: &Client, vendor: &str) -> Gated {
     assert_eq!(status, StatusCode::CREATED, "{body}");
     // A pull request whose head moved on: its triage records it stale.
     let head = json!({ "sha": "yyy", "ref": "feature" });
-    let payload = json!({ "number": 4, "title": "seeded pull", "state": "open",
+    let payload = json!({ "id": 2004, "number": 4, "title": "seeded pull", "state": "open",
                           "updated_at": "2026-01-01T00:00:00Z", "head": head });
     let import = json!({ "source_id": source_id, "payload": payload });
     let (status, body) = c.post("/v1/external-work/import", import).await;

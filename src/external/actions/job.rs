@@ -35,17 +35,15 @@ use crate::external::actions::send;
 use crate::external::actions::{ActionRecord, NewAction, Outcome};
 use crate::external::actions::{ProposedAction, Unbranched, marker};
 use crate::external::github::head_sha;
+use crate::external::import::{Evidence, evidence_artifact};
 use crate::external::tracker::{self, Call, Pause, Poller, Target, Tracker};
 use crate::external::workflow::{ExternalError, load_workflow, target_of, tracker};
 use crate::queue::worker::{Job, JobHandler, LeaseDeadline};
 use crate::queue::{self, Disposition, Lease};
-use crate::{artifacts, runs};
+use crate::runs;
 use keel_api_types::ActionStatus;
 use keel_workers::media::Secret;
 use std::time::Duration;
-
-/// The evidence of one action's end: the tracker's answer, or the target that changed.
-const MAX_EVIDENCE_BYTES: i64 = 1024 * 1024;
 
 pub(crate) use keel_api_types::Proposed;
 
@@ -368,20 +366,18 @@ impl Attempted for ActionRecord {
             run_id: &self.run_id,
         };
         let name = format!("external_action_{}.json", self.id);
-        let artifact =
-            artifacts::open(conn, &scope, run, &name, "metadata", "application/json").await?;
-        let bytes = text.as_bytes();
-        let content = &ending.content;
-        content
-            .append(conn, &scope, &artifact.id, bytes, MAX_EVIDENCE_BYTES)
-            .await?;
-        artifacts::close(conn, &scope, &artifact.id).await?;
+        let written = Evidence {
+            name: &name,
+            content_type: "application/json",
+            bytes: text.as_bytes(),
+        };
+        let artifact_id = evidence_artifact(conn, &ending.content, &scope, run, written).await?;
         let error = error
             .as_ref()
             .map(|(code, message)| (*code, message.as_str()));
         let outcome = Outcome {
             response: response.as_ref(),
-            artifact_id: Some(&artifact.id),
+            artifact_id: Some(&artifact_id),
             error,
         };
         crate::external::actions::update(conn, &scope, &self.id, status, &outcome).await?;

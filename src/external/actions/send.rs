@@ -16,40 +16,17 @@ pub(crate) async fn changed(
     target: &Target<'_>,
     action: &ActionRecord,
 ) -> Result<Option<(String, Value)>, Pause> {
-    let (item, tracker) = (&target.item, &target.tracker);
-    let fetched = tracker
-        .api()
-        .fetch_items(target.poller, tracker, target.token.as_ref(), &[item])
-        .await;
-    if let Some((code, message)) = fetched.error {
-        return Err(Pause {
-            code,
-            message,
-            until: fetched.backoff_until,
-        });
-    }
-    let current = fetched
-        .items
-        .iter()
-        .find(|value| value.get("id").map(id_text) == Some(id_text(&item.issue["id"])));
+    let current = target.current().await?;
     Ok(match current {
-        Some(current) => compare(target, action, current),
+        Some(current) => compare(target, action, &current),
         None => Some((
             format!(
                 "{} changed since the proposal: the tracker no longer has it",
-                item.identifier
+                target.item.identifier
             ),
             Value::Null,
         )),
     })
-}
-
-/// A tracker id as text: GitHub's are numbers, the normalized item's strings.
-fn id_text(id: &Value) -> String {
-    match id {
-        Value::String(id) => id.clone(),
-        other => other.to_string(),
-    }
 }
 
 /// Whether the target changed since the proposal: the tracker's current version has

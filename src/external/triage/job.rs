@@ -13,14 +13,13 @@ use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use sqlx::PgConnection;
 
-use crate::artifacts;
 use crate::attempt::fence::DomainRow;
 use crate::attempt::{self, Attempted, Failure, JobKind, Verdict};
 use crate::db::StoreError;
 use crate::domain::{Actor, Role, Scope};
 use crate::events::{NewEvent, Subject};
 use crate::external::github::head_sha;
-use crate::external::import::task_in;
+use crate::external::import::{Evidence, evidence_artifact, task_in};
 use crate::external::tracker::{Pause, Poller, Target};
 use crate::external::triage::checks::{Failing, Reader};
 use crate::external::triage::store::{self, NewRecord, RecordChange};
@@ -37,8 +36,6 @@ use keel_api_types::{
 
 /// The most of a job's log a fix task's prompt quotes (its end); the evidence keeps more.
 const PROMPT_LOG_BYTES: usize = 8 * 1024;
-/// The most a record's evidence artifact holds.
-const MAX_EVIDENCE_BYTES: i64 = 256 * 1024;
 
 /// Asks for a scan of a pull request item's CI: recorded `queued`, its job queued in the
 /// same transaction. 422 `unsupported_action` for an item that is no pull request.
@@ -310,20 +307,7 @@ impl TriageJobs {
 
     /// The pull request's head now; None when GitHub no longer has it.
     async fn current_head(&self, target: &Target<'_>) -> Result<Option<Head>, Pause> {
-        let tracker = &target.tracker;
-        let item = &target.item;
-        let fetched = tracker
-            .api()
-            .fetch_items(&self.poller, tracker, target.token.as_ref(), &[item])
-            .await;
-        if let Some((code, message)) = fetched.error {
-            return Err(Pause {
-                code,
-                message,
-                until: fetched.backoff_until,
-            });
-        }
-        Ok(fetched.items.first().and_then(|pull| {
+        Ok(target.current().await?.and_then(|pull| {
             Some(Head {
                 sha: pull.pointer("/head/sha")?.as_str()?.to_string(),
                 reference: pull
@@ -451,20 +435,14 @@ impl TriageJobs {
         let text = serde_json::to_string_pretty(&evidence).expect("JSON serializes");
         let run = Subject::Run { task_id, run_id };
         let name = format!("ci_triage_{}.json", record.id);
-        let artifact =
-            artifacts::open(conn, scope, run, &name, "metadata", "application/json").await?;
+        let written = Evidence {
+            name: &name,
+            content_type: "application/json",
+            bytes: text.as_bytes(),
+        };
         let content = &self.poller.content;
-        content
-            .append(
-                conn,
-                scope,
-                &artifact.id,
-                text.as_bytes(),
-                MAX_EVIDENCE_BYTES,
-            )
-            .await?;
-        artifacts::close(conn, scope, &artifact.id).await?;
-        Ok(Some(artifact.id))
+        let artifact_id = evidence_artifact(conn, content, scope, run, written).await?;
+        Ok(Some(artifact_id))
     }
 }
 

@@ -30,7 +30,12 @@ pub struct Stack {
 
 /// A member of `org_<org>`, actor `actor_<org>`.
 pub fn org_client(base: &str, org: &str) -> Client {
-    identified(base, org, &format!("actor_{org}"), &[])
+    member_client(base, org, &format!("actor_{org}"))
+}
+
+/// Another member of `org_<org>`: actor `actor`.
+pub fn member_client(base: &str, org: &str, actor: &str) -> Client {
+    identified(base, org, actor, &[])
 }
 
 /// An operator of `org_<org>`, actor `operator_<org>`: it resolves the approvals of the
