@@ -42,6 +42,17 @@ pub struct Issue {
     pub created_at: Option<String>,
     #[serde(default)]
     pub updated_at: Option<String>,
+    /// Who the item is assigned to (Linear's user id, GitHub's login).
+    #[serde(default)]
+    pub assignee_id: Option<String>,
+    /// Whether the item is assigned as the workflow's `tracker.assignee` asks (true when it
+    /// names none): one that is not is not worked on (Symphony's routing).
+    #[serde(default = "assigned")]
+    pub assigned_to_worker: bool,
+}
+
+fn assigned() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

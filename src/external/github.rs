@@ -53,6 +53,9 @@ impl TrackerApi for GitHub {
         if !valid {
             return Err("tracker.repository must be owner/repo for github".into());
         }
+        if tracker.assignee.is_some() {
+            return Err("tracker.assignee is for linear: github items are not routed".into());
+        }
         // GitHub's issues and pull requests are open or closed; a state it never reports
         // would hold every item back, or end every open one.
         let states = [("active_states", &tracker.active_states, "open")];
@@ -195,6 +198,11 @@ fn candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
         blocked_by: Vec::new(),
         created_at: text("created_at").map(String::from),
         updated_at: Some(updated_at.to_string()),
+        assignee_id: value
+            .pointer("/assignee/login")
+            .and_then(Value::as_str)
+            .map(String::from),
+        assigned_to_worker: true,
     };
     Ok(Candidate {
         idempotency_key: key,

@@ -201,9 +201,12 @@ async fn record(
     };
     let cancelled_run_id = match claimed {
         Some(claimed) if !tracker.wants(issue) => {
-            let why = match tracker.is_active(&issue.state) {
-                true => "no longer carries every required label".to_string(),
-                false => format!("left the active states (now {})", issue.state),
+            let why = if !tracker.is_active(&issue.state) {
+                format!("left the active states (now {})", issue.state)
+            } else if !issue.assigned_to_worker {
+                "is no longer assigned as tracker.assignee asks".to_string()
+            } else {
+                "no longer carries every required label".to_string()
             };
             stop_claimed_run(&mut tx, scope, &claimed, &why).await?
         }

@@ -135,6 +135,7 @@ macro_rules! issue_fields {
     () => {
         "id identifier title description priority branchName url createdAt updatedAt
       state { name }
+      assignee { id isMe }
       labels { nodes { name } }
       inverseRelations { nodes { type issue { id identifier state { name } } } }"
     };
@@ -410,12 +411,33 @@ fn candidate(tracker: &Tracker, value: &Value) -> Result<Candidate, String> {
         blocked_by: blockers(value),
         created_at: text("createdAt").map(String::from),
         updated_at: Some(updated_at.to_string()),
+        assignee_id: assignee_id(value).map(String::from),
+        assigned_to_worker: assigned_to_worker(tracker, value),
     };
     Ok(Candidate {
         idempotency_key: format!("linear:issue:{project}:{identifier}:{updated_at}"),
         kind: "linear_issue",
         issue,
     })
+}
+
+/// The assignee's id: the API's `assignee { id }`, a webhook's `assigneeId`.
+fn assignee_id(value: &Value) -> Option<&str> {
+    value
+        .pointer("/assignee/id")
+        .or_else(|| value.get("assigneeId"))
+        .and_then(Value::as_str)
+}
+
+/// Symphony's routing: with a `tracker.assignee`, an item is worked on only when assigned to
+/// that user, or for `me` to the key's own user (the API's `assignee { isMe }`; a webhook
+/// does not say, so its item waits for the next poll). Unassigned items are not.
+fn assigned_to_worker(tracker: &Tracker, value: &Value) -> bool {
+    match tracker.assignee.as_deref() {
+        None => true,
+        Some("me") => value.pointer("/assignee/isMe") == Some(&Value::Bool(true)),
+        Some(user) => assignee_id(value) == Some(user),
+    }
 }
 
 /// A webhook payload (`{"type": "Issue", "data": {…}}`) or the issue itself.
@@ -569,6 +591,37 @@ mod tests {
             Some("In Progress")
         );
         assert!(candidate(&tracker(), &json!({ "identifier": "ENG-1" })).is_err());
+    }
+
+    /// Symphony: "linear client marks explicitly unassigned issues as not routed to
+    /// worker", and "issue assigned to another worker is not dispatch-eligible".
+    #[test]
+    fn symphony_issues_assigned_elsewhere_or_to_nobody_are_not_routed_to_the_worker() {
+        let routed = |assignee: &str, issue: Value| {
+            let settings = format!(
+                "{{kind: linear, project_slug: eng, assignee: '{assignee}', active_states: Todo}}"
+            );
+            let tracker = crate::external::workflow::test_tracker(&settings);
+            let found = candidate(&tracker, &issue).unwrap();
+            (found.issue.assigned_to_worker, tracker.wants(&found.issue))
+        };
+        let with = |assignee: Value| {
+            let mut issue = node();
+            issue["assignee"] = assignee;
+            issue
+        };
+        let mine = json!({ "id": "user-1", "isMe": true });
+        let theirs = json!({ "id": "user-2", "isMe": false });
+        assert_eq!(routed("user-1", with(mine.clone())), (true, true));
+        assert_eq!(routed("user-1", with(theirs.clone())), (false, false));
+        assert_eq!(routed("me", with(mine)), (true, true));
+        assert_eq!(routed("me", with(theirs)), (false, false));
+        assert_eq!(routed("user-1", with(Value::Null)), (false, false));
+        // A blank assignee is none: every item is routed.
+        assert_eq!(routed("  ", with(Value::Null)), (true, true));
+        let found = candidate(&tracker(), &with(json!({ "id": "user-2" }))).unwrap();
+        assert_eq!(found.issue.assignee_id.as_deref(), Some("user-2"));
+        assert!(found.issue.assigned_to_worker);
     }
 
     #[test]

@@ -65,6 +65,9 @@ pub(crate) struct Tracker {
     pub(crate) required_labels: Vec<String>,
     /// Seed 000's event filter (`pull_request.opened`, …), kept as given.
     pub(crate) events: Vec<String>,
+    /// Symphony's `tracker.assignee` (Linear): a user id, or `me` (the key's own user);
+    /// only the items assigned so are worked on. None: every item.
+    pub(crate) assignee: Option<String>,
 }
 
 impl Tracker {
@@ -83,12 +86,13 @@ impl Tracker {
         self.events.is_empty() || self.events.iter().any(|e| e.trim() == event)
     }
 
-    /// Whether `issue` is to be worked on: in an active state, with every required label
-    /// (Symphony's dispatch eligibility). An item that stops being wanted has its run
-    /// stopped.
+    /// Whether `issue` is to be worked on: in an active state, assigned as `assignee` asks,
+    /// with every required label (Symphony's dispatch eligibility). An item that stops
+    /// being wanted has its run stopped.
     pub(crate) fn wants(&self, issue: &Issue) -> bool {
         let labels: Vec<String> = issue.labels.iter().map(|l| normalized(l)).collect();
         self.is_active(&issue.state)
+            && issue.assigned_to_worker
             && self
                 .required_labels
                 .iter()

@@ -337,6 +337,8 @@ struct RawTracker {
     /// Seed 000's event filter.
     #[serde(default)]
     events: Vec<String>,
+    /// Symphony's assignee routing (Linear).
+    assignee: Option<String>,
 }
 
 /// Symphony's `tracker.provider` block, in the names of its adapters (GitHub's `repo`,
@@ -350,6 +352,7 @@ struct RawProvider {
     project_slug: Option<String>,
     repo: Option<String>,
     repository: Option<String>,
+    assignee: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -537,6 +540,7 @@ impl RawSource {
             provider: RawProvider::default(),
             required_labels: Vec::new(),
             events: self.events,
+            assignee: None,
         }
     }
 }
@@ -548,6 +552,11 @@ impl RawTracker {
         let api_key = provider.api_key.or(provider.token).or(self.api_key);
         let repository = provider.repo.or(provider.repository).or(self.repository);
         let project_slug = provider.project_slug.or(self.project_slug);
+        // Symphony reads a blank assignee as none.
+        let assignee = provider.assignee.or(self.assignee);
+        let assignee = assignee
+            .map(|a| a.trim().to_string())
+            .filter(|a| !a.is_empty());
         let kind = match self.kind.as_deref().map(str::trim) {
             Some(name) => TrackerKind::named(name).ok_or_else(|| {
                 let names = TrackerKind::names();
@@ -572,6 +581,7 @@ impl RawTracker {
                 .map_or_else(|| strings(terminal), States::into_vec),
             required_labels: self.required_labels.iter().map(|l| normalized(l)).collect(),
             events: self.events,
+            assignee,
         };
         if let Some(unknown) = tracker.events.iter().find(|e| !EVENTS.contains(&e.trim())) {
             return Err(WorkflowError::Parse(format!(
@@ -900,7 +910,8 @@ Fix {{ issue.identifier }}: {{ issue.title | upcase }}{% if attempt %} (retry {{
     }
 
     /// Symphony's refusals: a state list that names nothing (`","`), a hook timeout that
-    /// is not positive, GitHub states it never reports, a blank project slug.
+    /// is not positive, GitHub states it never reports, a blank project slug; and Keel's
+    /// own: an assignee for GitHub, which routes nothing.
     #[test]
     fn settings_symphony_refuses_are_refused_with_the_field_named() {
         for (settings, field) in [
@@ -925,6 +936,10 @@ Fix {{ issue.identifier }}: {{ issue.title | upcase }}{% if attempt %} (retry {{
             (
                 "tracker: {kind: linear, project_slug: '  '}",
                 "project_slug",
+            ),
+            (
+                "tracker: {kind: github, repository: a/b, assignee: me}",
+                "tracker.assignee",
             ),
         ] {
             let refused = Workflow::parse(&format!("---\n{settings}\n---\n")).unwrap_err();

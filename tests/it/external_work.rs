@@ -829,6 +829,52 @@ async fn symphony_issue_without_every_required_label_is_not_dispatch_eligible() 
     );
 }
 
+/// A Linear issue assigned to `user` (none: unassigned).
+fn assigned(number: u64, user: Option<&str>) -> Value {
+    let mut issue = linear_issue(number, "Todo");
+    issue["assignee"] = user.map_or(Value::Null, |id| json!({ "id": id, "isMe": false }));
+    issue
+}
+
+/// Symphony: "issue assigned to another worker is not dispatch-eligible", and "reconcile
+/// stops running issue when it is reassigned away from this worker".
+#[tokio::test]
+async fn symphony_reconcile_stops_running_issue_when_it_is_reassigned_away_from_this_worker() {
+    let linear = MockServer::start().await;
+    let page = json!([
+        assigned(1, Some("user-1")),
+        assigned(2, Some("user-2")),
+        assigned(3, None)
+    ]);
+    linear_page(Value::Null, page, None).mount(&linear).await;
+    let source = linear_source_with(&linear, "  assignee: user-1\n").await;
+    let (client, id) = (source.client.clone(), source.id.clone());
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.claimed, 1, "{summary:?}");
+    let items = items_of(&client, &id).await;
+    assert_eq!(item(&items, "ENG-1").state, ItemState::Claimed, "{items:?}");
+    for unrouted in ["ENG-2", "ENG-3"] {
+        let found = item(&items, unrouted);
+        assert_eq!(found.state, ItemState::Discovered, "{found:?}");
+        assert_eq!(found.task_id, None, "{found:?}");
+    }
+
+    // ENG-1 is reassigned to user-2: its run is stopped.
+    linear.reset().await;
+    let mut reassigned = assigned(1, Some("user-2"));
+    reassigned["updatedAt"] = json!("2026-11-30T12:00:00.000Z");
+    linear_page(Value::Null, json!([reassigned]), None)
+        .mount(&linear)
+        .await;
+    let summary = polled(&client, &id).await;
+    assert_eq!(summary.cancelled_runs, 1, "{summary:?}");
+    let run = run_of(&client, item(&items, "ENG-1")).await;
+    assert_eq!(run.status, RunStatus::Cancelled, "{run:?}");
+    let reason = run.last_error.as_deref().unwrap_or_default();
+    assert!(reason.contains("no longer assigned"), "{reason}");
+    support::contracts::assert_linear_conforms(&linear.received_requests().await.unwrap());
+}
+
 /// A Linear issue with this priority (0: none) and creation time.
 fn prioritized(number: u64, priority: i64, created_at: &str) -> Value {
     let mut issue = linear_issue(number, "Todo");
