@@ -349,8 +349,10 @@ fn counted(text: &str, key: &str) -> Option<u64> {
 async fn a_fork_bomb_stops_at_its_pids_limit_while_another_org_s_run_completes() {
     for mode in Mode::ALL {
         let mut h = hostile_with(mode, &LIMITS).await;
+        // The bomb goes off in a subshell: a shell whose fork is refused exits, and the
+        // run's own shell must outlive that to be ended by its timeout.
         let bomb = "bomb() { if [ \"$1\" -lt 8 ]; then bomb $(($1 + 1)) & bomb $(($1 + 1)) & fi; \
-                    exec sleep 60; }; bomb 0";
+                    exec sleep 60; }; (bomb 0); exec sleep 60";
         let draft = TaskDraft {
             timeout_ms: Some(20_000),
             ..support::shell(bomb)
