@@ -251,8 +251,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Api { common, api } => {
             // Before anything else: an unprotected listener must not start at all.
             let auth = api::Auth::from_args(&api.auth, api.listen)?;
+            let listener = bind(&api).await?;
             let pool = connect(&common, "api", &shutdown).await?;
-            serve_api(pool, &common, &api, auth, shutdown).await
+            serve_api(pool, &common, &api, auth, listener, shutdown).await
         }
         Command::Worker { common, worker } => {
             // Before anything else: lease timings that let two workers run one job at once
@@ -323,6 +324,8 @@ async fn serve_all(
     let auth = local_token::serve_auth(&api.auth, &common.data_dir)?;
     let auth = api::Auth::from_args(&auth, api.listen)?;
     worker.settings().map_err(anyhow::Error::msg)?;
+    // The port before the database: one already taken fails before PostgreSQL starts.
+    let listener = bind(api).await?;
     let (url, embedded) = match common.database_url() {
         Some(url) => (url, None),
         None => {
@@ -344,8 +347,10 @@ async fn serve_all(
     crate::db::migrate(&pool)
         .await
         .context("applying migrations")?;
+    let base = format!("http://{}", listener.local_addr()?);
+    eprintln!("keel: ready: API {base}, console {base}/console");
     let result = tokio::try_join!(
-        serve_api(pool.clone(), common, api, auth, shutdown.clone()),
+        serve_api(pool.clone(), common, api, auth, listener, shutdown.clone()),
         worker::run_worker(pool.clone(), common, worker, shutdown.clone()),
     );
     pool.close().await;
@@ -413,11 +418,9 @@ pub(crate) async fn serve_api(
     common: &Common,
     args: &ApiArgs,
     auth: api::Auth,
+    listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("listening on {}", args.listen))?;
     // The API starts no process: hooks, like runs, run in the workers.
     let settings = api::ApiSettings {
         rules: common.admission_rules().map_err(anyhow::Error::msg)?,
@@ -433,6 +436,19 @@ pub(crate) async fn serve_api(
     api::serve_with_auth(pool, listener, settings, auth, shutdown)
         .await
         .context("serving HTTP")
+}
+
+/// The API's listener, bound before anything else starts.
+async fn bind(args: &ApiArgs) -> anyhow::Result<tokio::net::TcpListener> {
+    let listen = args.listen;
+    tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| {
+            format!(
+                "listening on {listen}: is another Keel (or another program) on that port? \
+             Stop it, or choose another address with --listen (KEEL_LISTEN)"
+            )
+        })
 }
 
 /// A token cancelled on SIGINT or SIGTERM.

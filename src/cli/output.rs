@@ -245,7 +245,17 @@ pub(crate) fn print_error(error: &Error) {
             );
             eprintln!("hint: {}", body.operator_action);
         }
-        None => eprintln!("error: {error}"),
+        None => {
+            eprintln!("error: {error}");
+            if let Error::Transport { url, source } = error
+                && source.is_connect()
+            {
+                eprintln!(
+                    "hint: nothing answers at {url}: start Keel on this machine with \
+                     `keel serve`, or point --url (KEEL_URL) at a running one"
+                );
+            }
+        }
     }
 }
 

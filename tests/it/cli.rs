@@ -466,6 +466,25 @@ async fn an_error_prints_the_envelope_with_its_request_id() {
     assert!(output.stdout.is_empty());
 }
 
+/// With nothing listening at the URL, the CLI says so and how to start Keel.
+#[tokio::test]
+async fn an_unreachable_api_is_named_with_how_to_start_keel() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let output = cli(&url, &["tasks", "list"]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert!(lines[0].contains("Connection refused"), "{stderr}");
+    assert!(lines[1].starts_with("hint: nothing answers at"), "{stderr}");
+    assert!(lines[1].contains("`keel serve`"), "{stderr}");
+}
+
 /// What the run has written to stdout so far (nothing before its artifact exists).
 async fn written(client: &support::Client, task: &str, run: &str) -> String {
     let artifacts = client.api.list_artifacts(task, run).await;

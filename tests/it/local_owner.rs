@@ -129,6 +129,34 @@ fn assert_unauthorized(status: StatusCode, body: &Value) {
     assert_eq!(body["error"]["type"], "unauthorized", "{body}");
 }
 
+/// A port already taken fails `keel serve` at once, before its database starts, saying how
+/// to choose another.
+#[tokio::test]
+async fn serve_on_a_taken_port_fails_before_starting_its_database() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("serve")
+        .current_dir(dir.path())
+        .env("KEEL_LISTEN", &listen)
+        .env_remove("KEEL_DATABASE_URL")
+        .env_remove("KEEL_DATA_DIR")
+        .env_remove("KEEL_RUNTIME_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("listening on {listen}")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--listen"), "{stderr}");
+    assert!(!stderr.contains("embedded PostgreSQL"), "{stderr}");
+    assert!(!dir.path().join(".keel/postgres").exists());
+}
+
 #[tokio::test]
 async fn the_walkthrough_needs_no_flag_and_a_request_without_the_token_is_refused() {
     let db = support::fresh_database().await;
@@ -137,6 +165,11 @@ async fn the_walkthrough_needs_no_flag_and_a_request_without_the_token_is_refuse
     let mut serve = spawn_serve(&db, dir.path(), "serve", &[]);
     let client = answering(&mut serve).await;
     let url = client.base.clone();
+    // It says where it answers, and a log that is no terminal keeps no colour codes.
+    let log = serve.log_text();
+    let ready = format!("keel: ready: API {url}, console {url}/console");
+    assert!(log.lines().any(|line| line == ready), "{log}");
+    assert!(!log.contains('\u{1b}'), "{log}");
 
     let (status, body) = client.get("/v1/whoami").await;
     assert_unauthorized(status, &body);
