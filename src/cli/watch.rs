@@ -317,7 +317,9 @@ async fn on_event(
         "step.started" => {
             let index = data["index"].as_i64().unwrap_or_default();
             progress.steps.push((index, at));
-            view.status(format!("step {index} {}", text(data, "name")));
+            let tool = data["tool"].as_str().map(|t| format!(" {t}"));
+            let name = text(data, "name");
+            view.status(format!("step {index} {name}{}", tool.unwrap_or_default()));
         }
         "step.finished" | "step.failed" => {
             // The step's output first, where it belongs (a failed read is retried later).
@@ -375,6 +377,10 @@ fn step_line(progress: &Progress, event: &EventRecord) -> String {
         .map(|b| seconds(event.occurred_at - b))
         .unwrap_or_default();
     let (name, status) = (text(data, "name"), text(data, "status"));
+    let name = match data["tool"].as_str() {
+        Some(tool) => format!("{name} {tool}"),
+        None => name,
+    };
     let mut line = format!("step {index} {name} {status} {elapsed}");
     if let Some(error) = data["error"].as_str() {
         line.push_str(&format!(": {error}"));

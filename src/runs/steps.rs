@@ -273,8 +273,18 @@ pub(crate) async fn end(
 
 /// `step.started` of a stored step.
 pub(crate) fn started_event(step: &StepRecord) -> NewEvent<'_> {
-    let data = serde_json::json!({ "step_id": step.id, "index": step.index, "name": step.name });
+    let data = serde_json::json!({ "step_id": step.id, "index": step.index, "name": step.name,
+                                   "tool": tool_of(step) });
     NewEvent::new(&step.task_id, &step.run_id, EventType::StepStarted).with(data)
+}
+
+/// The tool an agent's `tool_call` step called (its input's `name`), so a reader of the
+/// stream need not fetch the step to say which; None for other steps.
+fn tool_of(step: &StepRecord) -> Option<&str> {
+    match step.name.as_str() {
+        "tool_call" => step.input["name"].as_str(),
+        _ => None,
+    }
 }
 
 /// `step.finished` or `step.failed` of an ended step.
@@ -285,8 +295,8 @@ pub(crate) fn finished_event(step: &StepRecord) -> NewEvent<'_> {
         EventType::StepFinished
     };
     let data = serde_json::json!({ "step_id": step.id, "index": step.index, "name": step.name,
-                                   "status": step.status, "output": step.output,
-                                   "error": step.error });
+                                   "tool": tool_of(step), "status": step.status,
+                                   "output": step.output, "error": step.error });
     NewEvent::new(&step.task_id, &step.run_id, event_type).with(data)
 }
 

@@ -375,6 +375,29 @@ async fn a_multi_turn_run_persists_every_call_and_result_and_completes() {
     let events = stack.client.events(&task_id, &run_id).await;
     let completed = of_type(&events, EventType::ModelCallCompleted);
     assert_eq!(completed.len(), 2);
+    // A tool call's step events name its tool, and so does the watch.
+    let tools: Vec<&Value> = of_type(&events, EventType::StepFinished)
+        .iter()
+        .map(|e| &e.data["tool"])
+        .collect();
+    assert_eq!(
+        tools,
+        [
+            &Value::Null,
+            &json!("read_file"),
+            &json!("file_write"),
+            &Value::Null
+        ]
+    );
+    let watched = crate::cli::cli(&stack.client.base, &["runs", "watch", &run_id]).await;
+    let watched = crate::cli::stdout(&watched);
+    for (index, tool) in [
+        (steps[1].index, "read_file"),
+        (steps[2].index, "file_write"),
+    ] {
+        let line = format!("step {index} tool_call {tool} completed");
+        assert!(watched.lines().any(|l| l.starts_with(&line)), "{watched}");
+    }
     assert_eq!(completed[1].data["index"], 2);
     assert_eq!(completed[1].data["usage"]["prompt_tokens"], 300);
     assert_eq!(completed[1].data["cost_micros_usd"], 700);

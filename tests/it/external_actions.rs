@@ -1025,7 +1025,15 @@ async fn a_refusal_fails_the_action_and_a_rate_limit_sends_it_later_once() {
     assert_eq!(requests(&github, "POST", nine).await.len(), 2);
     assert_eq!(written.all().len(), 1);
     assert!(!requests(&github, "GET", nine).await.is_empty());
-    assert_eq!(response(&sent)["http_status"], 201, "{sent:?}");
+    // The answer is the POST's 201, or, when the sending attempt lost its lease after
+    // the POST (a loaded machine), the 200 of the list its successor found the marked
+    // comment in: the one comment, either way.
+    let answered = &response(&sent);
+    assert!(
+        answered["http_status"] == 201 || answered["http_status"] == 200,
+        "{sent:?}"
+    );
+    assert_eq!(answered["id"], written.all()[0]["id"], "{sent:?}");
     assert_eq!(sent.last_error_code, None, "{sent:?}");
     app.assert_no_canary(CANARY).await;
 }
