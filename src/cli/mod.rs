@@ -253,6 +253,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let auth = api::Auth::from_args(&api.auth, api.listen)?;
             let listener = bind(&api).await?;
             let pool = connect(&common, "api", &shutdown).await?;
+            migrated(&pool, &shutdown).await?;
             serve_api(pool, &common, &api, auth, listener, shutdown).await
         }
         Command::Worker { common, worker } => {
@@ -411,6 +412,30 @@ async fn connect_patiently(
     )
     .await
     .context("connecting to PostgreSQL")
+}
+
+/// Waits until the database has every migration this binary has, saying once what applies
+/// them: `keel api` never migrates (several replicas would race a deploy's one `keel
+/// migrate`), and before them it has no tables to serve from.
+async fn migrated(pool: &PgPool, shutdown: &CancellationToken) -> anyhow::Result<()> {
+    let mut told = false;
+    while !crate::db::migrations_current(pool)
+        .await
+        .context("reading the applied migrations")?
+    {
+        if !told {
+            tracing::warn!(
+                "the database has pending migrations: run `keel migrate` against it (or start \
+                 `keel serve`, which applies them); waiting for them"
+            );
+            told = true;
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => anyhow::bail!("stopped while waiting for migrations"),
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+    Ok(())
 }
 
 pub(crate) async fn serve_api(

@@ -209,15 +209,24 @@ async fn session_unlock(conn: &mut PgConnection, key: &str) -> Result<()> {
     Ok(())
 }
 
+/// PostgreSQL's SQLSTATE for a relation that does not exist.
+const UNDEFINED_TABLE: &str = "42P01";
+
 /// Whether the database has every migration this binary knows.
 pub(crate) async fn migrations_current(pool: &PgPool) -> Result<bool> {
     let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
     // Not a `query!`: `_sqlx_migrations` is sqlx's own table, which no migration creates,
     // so the database scripts/sqlx-prepare describes statements against has none.
     let applied: Option<i64> =
-        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+        match sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
             .fetch_one(pool)
-            .await?;
+            .await
+        {
+            Ok(applied) => applied,
+            // No migration ever ran here: sqlx's table is not there yet.
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(UNDEFINED_TABLE) => None,
+            Err(e) => return Err(e.into()),
+        };
     Ok(applied.unwrap_or(0) >= latest)
 }
 

@@ -16,6 +16,35 @@ async fn constraint_exists(conn: &mut PgConnection, name: &str) -> bool {
         .unwrap()
 }
 
+/// `keel api` on a database no migration ran on says what applies them, and waits: once
+/// `keel migrate` ran, it answers, and its readiness says the migrations are current.
+#[tokio::test]
+async fn an_api_on_an_unmigrated_database_says_to_migrate_and_waits() {
+    let url = support::empty_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut api = support::start_api(&url, dir.path(), "api", &[]);
+    let wait = std::time::Duration::from_secs(20);
+    support::wait_for(wait, "the API to say what to run", || async {
+        api.log_text().contains("run `keel migrate`").then_some(())
+    })
+    .await;
+    assert!(
+        api.child.try_wait().unwrap().is_none(),
+        "{}",
+        api.log_text()
+    );
+    let (migrated, output) = support::run_keel(&url, &["migrate"]);
+    assert!(migrated, "{output}");
+    let client = api.client.clone().unwrap();
+    support::wait_for(wait, "the API to answer", || async {
+        client.healthy().await.then_some(())
+    })
+    .await;
+    let (status, body) = client.get("/readyz").await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+    assert_eq!(body["migrations"], "current", "{body}");
+}
+
 /// 0040 drops the full key of media events only once 0038's partial one is valid: a
 /// build that was interrupted leaves an invalid index (which `IF NOT EXISTS` then skips),
 /// and media events would be left with no unique key at all.

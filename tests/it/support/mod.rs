@@ -741,6 +741,17 @@ pub async fn spawn_api_with_env(
     name: &str,
     env: &[(&str, &str)],
 ) -> KeelProcess {
+    let process = start_api(db_url, log_dir, name, env);
+    let client = process.client.clone().unwrap();
+    wait_for(Duration::from_secs(20), "keel api to answer", || async {
+        client.healthy().await.then_some(())
+    })
+    .await;
+    process
+}
+
+/// Starts `keel api` on a free port, without waiting for it to answer.
+pub fn start_api(db_url: &str, log_dir: &Path, name: &str, env: &[(&str, &str)]) -> KeelProcess {
     let port = free_port();
     let (mut command, log) = keel_command(db_url, log_dir, name);
     command.env("KEEL_APPROVAL_POLICIES", "none");
@@ -752,18 +763,12 @@ pub async fn spawn_api_with_env(
         "--stream-poll-ms",
         "500",
     ]);
-    let client = Client::new(format!("http://127.0.0.1:{port}"));
-    let process = KeelProcess {
+    KeelProcess {
         child: command.spawn().unwrap(),
-        client: Some(client.clone()),
+        client: Some(Client::new(format!("http://127.0.0.1:{port}"))),
         log,
         _delegated: None,
-    };
-    wait_for(Duration::from_secs(20), "keel api to answer", || async {
-        client.healthy().await.then_some(())
-    })
-    .await;
-    process
+    }
 }
 
 /// Starts `keel worker` with a short lease.
