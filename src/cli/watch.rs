@@ -239,6 +239,9 @@ struct Progress {
     outcome: Option<Outcome>,
     /// Live model text not yet printed (up to its next newline).
     model_text: String,
+    /// Whether the current model call's text came live (a replay has none: its text is
+    /// printed from the call's step instead).
+    streamed: bool,
 }
 
 /// Streams `run` until it ends (or, with `no_wait`, until it waits for an approval).
@@ -324,10 +327,14 @@ async fn on_event(
         "step.finished" | "step.failed" => {
             // The step's output first, where it belongs (a failed read is retried later).
             let _ = logs.read(client, view).await;
+            if !progress.streamed {
+                answered_text(view, data);
+            }
             view.line(step_line(progress, event).trim_end());
         }
         "model.call.completed" => {
             flush_model_text(view, progress);
+            progress.streamed = false;
             view.status(format!("model call {} done", data["model_call_index"]));
         }
         "approval.requested" => {
@@ -373,9 +380,15 @@ fn step_line(progress: &Progress, event: &EventRecord) -> String {
         .iter()
         .find(|(i, _)| *i == index)
         .map(|(_, t)| *t);
-    let elapsed = began
-        .map(|b| seconds(event.occurred_at - b))
-        .unwrap_or_default();
+    // The step's own times where the event carries them: a model call's step is written
+    // whole once the call answered, its start and end events together.
+    let time = |key: &str| serde_json::from_value::<DateTime<Utc>>(data[key].clone()).ok();
+    let elapsed = match (time("started_at"), time("finished_at")) {
+        (Some(start), Some(end)) => seconds(end - start),
+        _ => began
+            .map(|b| seconds(event.occurred_at - b))
+            .unwrap_or_default(),
+    };
     let (name, status) = (text(data, "name"), text(data, "status"));
     let name = match data["tool"].as_str() {
         Some(tool) => format!("{name} {tool}"),
@@ -427,9 +440,11 @@ fn run_ended_line(progress: &Progress, event: &EventRecord, outcome: Outcome) ->
     let elapsed = progress
         .started_at
         .map(|s| format!(" in {}", seconds(event.occurred_at - s)));
-    let detail = match outcome {
-        Outcome::Cancelled => format!(" by {}", text(data, "actor")),
-        _ => format!(" (exit code {})", data["exit_code"]),
+    let detail = match (outcome, data["exit_code"].as_i64()) {
+        (Outcome::Cancelled, _) => format!(" by {}", text(data, "actor")),
+        (_, Some(code)) => format!(" (exit code {code})"),
+        // An agent run has no process of its own to exit.
+        (_, None) => String::new(),
     };
     let error = data["error"]
         .as_str()
@@ -450,10 +465,22 @@ fn command(client: &Client, decision: &str, approval_id: &str) -> String {
 }
 
 fn model_text(view: &View, progress: &mut Progress, text: &str) {
+    progress.streamed = true;
     progress.model_text.push_str(text);
     if let Some(end) = progress.model_text.rfind('\n') {
         let lines: String = progress.model_text.drain(..=end).collect();
         for line in lines.trim_end_matches('\n').split('\n') {
+            view.line(&format!("model: {line}"));
+        }
+    }
+}
+
+/// The text a model call's step recorded (`output.response.message.content`), a line at a
+/// time; nothing for other steps.
+fn answered_text(view: &View, data: &serde_json::Value) {
+    let text = data.pointer("/output/response/message/content");
+    if let Some(text) = text.and_then(|t| t.as_str()).filter(|t| !t.is_empty()) {
+        for line in text.trim_end_matches('\n').split('\n') {
             view.line(&format!("model: {line}"));
         }
     }

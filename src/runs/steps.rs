@@ -296,7 +296,9 @@ pub(crate) fn finished_event(step: &StepRecord) -> NewEvent<'_> {
     };
     let data = serde_json::json!({ "step_id": step.id, "index": step.index, "name": step.name,
                                    "tool": tool_of(step), "status": step.status,
-                                   "output": step.output, "error": step.error });
+                                   "output": step.output, "error": step.error,
+                                   "started_at": step.started_at,
+                                   "finished_at": step.finished_at });
     NewEvent::new(&step.task_id, &step.run_id, event_type).with(data)
 }
 

@@ -232,6 +232,11 @@ pub(crate) fn output(step: &StepRecord) -> Value {
 }
 
 /// The run's events of one type.
+/// How many of `text`'s lines are `line`.
+fn count_lines(text: &str, line: &str) -> usize {
+    text.lines().filter(|l| *l == line).count()
+}
+
 fn of_type(events: &[EventRecord], event_type: EventType) -> Vec<&EventRecord> {
     events
         .iter()
@@ -398,6 +403,21 @@ async fn a_multi_turn_run_persists_every_call_and_result_and_completes() {
         let line = format!("step {index} tool_call {tool} completed");
         assert!(watched.lines().any(|l| l.starts_with(&line)), "{watched}");
     }
+    // A replay prints the model's text from its calls' steps, times each call by its step,
+    // and ends without an exit code the run has none of.
+    for text in ["model: Let me look.", "model: Done: notes.txt is tidy."] {
+        assert_eq!(count_lines(&watched, text), 1, "{watched}");
+    }
+    let took = steps[0].finished_at.unwrap() - steps[0].started_at;
+    let line = format!(
+        "step {} model_call completed {:.1}s",
+        steps[0].index,
+        took.num_milliseconds() as f64 / 1000.0
+    );
+    assert_eq!(count_lines(&watched, &line), 1, "{line}\n{watched}");
+    let ended = watched.lines().last().unwrap_or_default();
+    assert!(ended.starts_with("run finished in "), "{watched}");
+    assert!(!ended.contains("exit code"), "{watched}");
     assert_eq!(completed[1].data["index"], 2);
     assert_eq!(completed[1].data["usage"]["prompt_tokens"], 300);
     assert_eq!(completed[1].data["cost_micros_usd"], 700);
