@@ -67,6 +67,9 @@ pub(crate) struct Remote {
     /// `table` (fit to the terminal) or `json` (the API's JSON unchanged).
     #[arg(long, value_enum, default_value = "table", global = true)]
     pub(crate) output: Format,
+    /// Show times in UTC rather than in this machine's zone.
+    #[arg(long, env = "KEEL_UTC", global = true)]
+    pub(crate) utc: bool,
     /// How long one request may take, in seconds.
     #[arg(long, default_value_t = 30, global = true)]
     pub(crate) timeout_secs: u64,
@@ -144,6 +147,7 @@ pub(crate) fn main(remote: Remote, operation: Operation) -> ExitCode {
             return ExitCode::from(ERROR_EXIT);
         }
     };
+    output::show_times_in_utc(remote.utc);
     let result = runtime.block_on(async {
         let client = client(&remote)?;
         run(&client, remote.output, operation).await

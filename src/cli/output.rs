@@ -259,9 +259,24 @@ pub(crate) fn print_error(error: &Error) {
     }
 }
 
-/// A time as the tables show it: UTC, to the second.
+/// Whether the tables show times in UTC (`--utc`) rather than in the local zone; set once,
+/// before any is printed.
+static UTC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+pub(crate) fn show_times_in_utc(utc: bool) {
+    let _ = UTC.set(utc);
+}
+
+/// A time as the tables show it, to the second, with its zone: the machine's own
+/// (`2026-12-07 19:52:57 +09:00`), or UTC with `--utc`.
 pub(crate) fn time(at: &chrono::DateTime<chrono::Utc>) -> String {
-    at.format("%Y-%m-%d %H:%M:%S").to_string()
+    match UTC.get().copied().unwrap_or(false) {
+        true => at.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+        false => at
+            .with_timezone(&chrono::Local)
+            .format("%Y-%m-%d %H:%M:%S %:z")
+            .to_string(),
+    }
 }
 
 pub(crate) fn or_dash(value: Option<impl ToString>) -> String {

@@ -466,6 +466,33 @@ async fn an_error_prints_the_envelope_with_its_request_id() {
     assert!(output.stdout.is_empty());
 }
 
+/// Times show in the machine's zone, with the zone, or in UTC with `--utc`.
+#[tokio::test]
+async fn times_show_in_the_local_zone_with_the_zone_or_in_utc() {
+    let keel = Keel::start("none").await;
+    let id = create_shell(keel.url(), "true").await;
+    let task = keel.client().api.get_task(&id).await.unwrap().data;
+    let shown = |utc: bool| {
+        let mut args = vec!["tasks", "show", id.as_str()];
+        if utc {
+            args.push("--utc");
+        }
+        let mut command = command(keel.url(), &args);
+        command.env("TZ", "Asia/Tokyo").output()
+    };
+    let tokyo = shown(false).await.unwrap();
+    let created = task.created_at + chrono::Duration::hours(9);
+    let local = format!("{} +09:00", created.format("%Y-%m-%d %H:%M:%S"));
+    assert!(
+        stdout(&tokyo).contains(&local),
+        "{local}\n{}",
+        describe(&tokyo)
+    );
+    let utc = shown(true).await.unwrap();
+    let at = format!("{} UTC", task.created_at.format("%Y-%m-%d %H:%M:%S"));
+    assert!(stdout(&utc).contains(&at), "{at}\n{}", describe(&utc));
+}
+
 /// With nothing listening at the URL, the CLI says so and how to start Keel.
 #[tokio::test]
 async fn an_unreachable_api_is_named_with_how_to_start_keel() {
