@@ -29,6 +29,7 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("runs.steps", "list_steps"),
     ("runs.artifacts", "list_artifacts"),
     ("runs.artifact", "get_artifact"),
+    ("runs.artifactContent", "artifact_content"),
     ("approvals.list", "list_approvals"),
     ("approvals.listForTask", "list_task_approvals"),
     ("approvals.get", "get_approval"),
@@ -44,6 +45,7 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("media.cancel", "cancel_media_job"),
     ("media.run", "run_media_job"),
     ("media.artifacts", "list_media_artifacts"),
+    ("media.artifactContent", "media_artifact_content"),
     ("providers.list", "list_providers"),
     ("providers.get", "get_provider"),
     ("providers.check", "check_provider"),
@@ -127,14 +129,6 @@ const NOT_BRIDGED: &[(&str, &str)] = &[
         "stream_run_events",
         "a server-sent event stream: events.subscribe pushes a run's",
     ),
-    (
-        "artifact_content",
-        "bytes, not JSON: read them over HTTP (runs.artifact has the size and type)",
-    ),
-    (
-        "media_artifact_content",
-        "bytes, not JSON: read them over HTTP",
-    ),
 ];
 
 /// Header parameters a host never sets through params: the streams own `Last-Event-ID`.
@@ -168,6 +162,8 @@ pub(crate) struct Route {
     params: Vec<Param>,
     /// The request body's schema, and whether the body is required.
     body: Option<(Value, bool)>,
+    /// Whether its answer is bytes, not JSON (its 200 has no `application/json`).
+    bytes: bool,
 }
 
 /// The HTTP request a method's params ask for.
@@ -178,6 +174,8 @@ pub(crate) struct Outbound {
     pub(crate) query: Vec<(String, String)>,
     pub(crate) headers: Vec<(String, String)>,
     pub(crate) body: Option<Value>,
+    /// Whether the API answers bytes (an artifact's content), not JSON.
+    pub(crate) bytes: bool,
 }
 
 impl Outbound {
@@ -189,6 +187,7 @@ impl Outbound {
             query: Vec::new(),
             headers: Vec::new(),
             body: None,
+            bytes: false,
         }
     }
 }
@@ -283,12 +282,16 @@ impl Route {
             .find_map(Value::as_str)
             .unwrap_or_default()
             .to_string();
+        let bytes = operation["responses"]["200"]["content"]
+            .as_object()
+            .is_some_and(|content| !content.contains_key("application/json"));
         Route {
             method: method.clone(),
             path: path.to_string(),
             description,
             params,
             body,
+            bytes,
         }
     }
 
@@ -324,6 +327,7 @@ impl Route {
             query: Vec::new(),
             headers: Vec::new(),
             body: None,
+            bytes: self.bytes,
         };
         for param in &self.params {
             let Some(value) = params.remove(&param.key).filter(|v| !v.is_null()) else {

@@ -8,6 +8,8 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 use bytes::BytesMut;
 use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
@@ -387,7 +389,8 @@ impl Pump {
     }
 }
 
-/// Sends one request to the API; its JSON answer (null when it has no body) is the result.
+/// Sends one request to the API; its JSON answer (null when it has no body) is the result,
+/// or for an artifact's content, [`content`].
 async fn bridge(client: &Client, outbound: &Outbound) -> Result<Value, RpcError> {
     let Outbound {
         method,
@@ -395,12 +398,21 @@ async fn bridge(client: &Client, outbound: &Outbound) -> Result<Value, RpcError>
         query,
         headers,
         body,
+        bytes,
     } = outbound.clone();
+    let offset = query
+        .iter()
+        .find(|(name, _)| name == "offset")
+        .and_then(|(_, value)| value.parse::<u64>().ok())
+        .unwrap_or(0);
     let answer = client
         .request(method, path, query, headers, body)
         .raw()
         .await
         .map_err(failure)?;
+    if bytes {
+        return Ok(content(&answer, offset));
+    }
     if answer.is_empty() {
         return Ok(Value::Null);
     }
@@ -410,6 +422,39 @@ async fn bridge(client: &Client, outbound: &Outbound) -> Result<Value, RpcError>
             format!("the API answered something that is not JSON: {error}"),
         )
     })
+}
+
+/// The most content bytes one answer carries: as base64 they stay well inside the lines a
+/// host reads (the same bound as those it sends, [`MAX_LINE_BYTES`]).
+const CONTENT_BYTES: usize = MAX_LINE_BYTES / 2;
+
+/// An artifact's bytes from `offset` as JSON, at most [`CONTENT_BYTES`] of them: UTF-8
+/// text as `text` (cut before a character the bound would split), anything else as
+/// `base64`, with where they start, how many there are, and where the next read starts
+/// (`next_offset`, the `offset` to ask for the bytes not read yet; `complete` when none).
+fn content(bytes: &[u8], offset: u64) -> Value {
+    let bounded = &bytes[..bytes.len().min(CONTENT_BYTES)];
+    let (body, taken) = match std::str::from_utf8(bounded) {
+        Ok(text) => (json!({ "encoding": "utf8", "text": text }), bounded.len()),
+        // Only the bound split a character: the text up to it.
+        Err(cut) if cut.error_len().is_none() && cut.valid_up_to() > 0 => {
+            let text = std::str::from_utf8(&bounded[..cut.valid_up_to()]).unwrap_or_default();
+            (
+                json!({ "encoding": "utf8", "text": text }),
+                cut.valid_up_to(),
+            )
+        }
+        Err(_) => (
+            json!({ "encoding": "base64", "base64": STANDARD.encode(bounded) }),
+            bounded.len(),
+        ),
+    };
+    let mut answer = body;
+    answer["offset"] = json!(offset);
+    answer["length"] = json!(taken);
+    answer["next_offset"] = json!(offset + taken as u64);
+    answer["complete"] = json!(taken == bytes.len());
+    answer
 }
 
 /// A client error as the host sees it: the API's envelope kept, its `type` as the code.
@@ -426,5 +471,35 @@ fn failure(error: keel_client::Error) -> RpcError {
         keel_client::Error::Usage(message) => RpcError::new(code::INVALID_PARAMS, message.clone()),
         _ => RpcError::new(code::UNAVAILABLE, error.to_string())
             .with_hint("is the Keel API running at --url (KEEL_URL)?"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_is_text_when_it_is_utf8_and_base64_when_not() {
+        let text = content("héllo".as_bytes(), 3);
+        assert_eq!(
+            text,
+            json!({ "encoding": "utf8", "text": "héllo", "offset": 3, "length": 6,
+                    "next_offset": 9, "complete": true })
+        );
+        let binary = content(&[0xff, 0x00, 0x01], 0);
+        assert_eq!(binary["encoding"], "base64");
+        assert_eq!(binary["base64"], "/wAB");
+        assert_eq!(binary["next_offset"], 3);
+    }
+
+    #[test]
+    fn a_long_content_is_bounded_without_splitting_a_character() {
+        // 'é' is two bytes: one straddles the bound.
+        let bytes = format!("{}é{}", "a".repeat(CONTENT_BYTES - 1), "b".repeat(10));
+        let answer = content(bytes.as_bytes(), 0);
+        assert_eq!(answer["encoding"], "utf8");
+        assert_eq!(answer["length"], CONTENT_BYTES - 1);
+        assert_eq!(answer["next_offset"], CONTENT_BYTES - 1);
+        assert_eq!(answer["complete"], false);
     }
 }

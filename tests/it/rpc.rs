@@ -197,6 +197,33 @@ async fn a_run_is_driven_and_its_persisted_events_are_pushed() {
         RunStatus::Completed,
         "{run}"
     );
+
+    // The run's output reads over the session as over HTTP: text as text, from an offset.
+    let ids = json!({"task_id": task_id, "run_id": run_id});
+    let artifacts = peer.ok("runs.artifacts", ids.clone()).await;
+    let stdout = artifacts["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "stdout")
+        .unwrap_or_else(|| panic!("{artifacts}"));
+    let mut params = ids.clone();
+    params["artifact_id"] = stdout["id"].clone();
+    let whole = peer.ok("runs.artifactContent", params.clone()).await;
+    assert_eq!(
+        whole,
+        json!({"encoding": "utf8", "text": "one\ntwo\n", "offset": 0, "length": 8,
+               "next_offset": 8, "complete": true})
+    );
+    params["offset"] = json!(4);
+    let rest = peer.ok("runs.artifactContent", params.clone()).await;
+    assert_eq!(
+        (&rest["text"], &rest["offset"], &rest["next_offset"]),
+        (&json!("two\n"), &json!(4), &json!(8))
+    );
+    params["artifact_id"] = json!("art_missing");
+    let missing = peer.call("runs.artifactContent", params).await;
+    assert_eq!(missing["error"]["code"], "not_found", "{missing}");
 }
 
 #[tokio::test]
