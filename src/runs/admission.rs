@@ -485,6 +485,14 @@ async fn gates(
     Ok((gates, summary))
 }
 
+/// How an operator lifts a denial: the command, then the route it calls.
+fn operator_may_change(setting: &str) -> String {
+    format!(
+        "an operator can change it: `keel workspace set-policy WORKSPACE_ID {setting}` \
+         (PUT /v1/workspaces/{{workspace_id}}/approval-policy)"
+    )
+}
+
 /// Refuses a run the workspace's approval policy denies: a gate it needs is `deny`, an MCP
 /// server it would start is `deny` by name, or a file task writes outside the policy's
 /// write paths.
@@ -500,15 +508,15 @@ fn refuse_denied(
         .find(|(decision, _)| *decision == GateDecision::Deny);
     if let Some((_, gate)) = denied {
         return Err(StoreError::Forbidden(format!(
-            "the workspace's approval policy denies {gate}; an operator can change it \
-             (PUT /v1/workspaces/{{workspace_id}}/approval-policy)"
+            "the workspace's approval policy denies {gate}; {}",
+            operator_may_change(&format!("--gate {gate}=ask"))
         )));
     }
     if let Some(server) = policy.denied_mcp_server(servers) {
         return Err(StoreError::Forbidden(format!(
             "the workspace's approval policy denies the MCP server {server}, which this run \
-             would start; an operator can change it \
-             (PUT /v1/workspaces/{{workspace_id}}/approval-policy)"
+             would start; {}",
+            operator_may_change(&format!("--mcp {server}=ask"))
         )));
     }
     if let Some(Execution::File { path, .. }) = execution

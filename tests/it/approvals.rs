@@ -649,11 +649,11 @@ async fn a_workspace_policy_applies_to_the_next_admission_and_every_change_is_au
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     assert_eq!(body["error"]["type"], "forbidden");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("denies shell_exec"), "{body}");
+    // It names the command that lifts it, then the route.
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("denies shell_exec"),
+        message.contains("`keel workspace set-policy WORKSPACE_ID --gate shell_exec=ask`"),
         "{body}"
     );
     let outside = c.create_task(&file_task("README.md")).await;
