@@ -268,7 +268,7 @@ def external_work_page(page, github):
     page.select_option("#action-status", "cancelled")
     expect(page.locator("tr").filter(has_text=proposed["action"]["id"])).to_contain_text("cancelled")
     # A pull request item's CI is triaged from its row: a worker's scan is queued.
-    pull = {"number": 4, "state": "open", "updated_at": "2026-01-01T00:00:00Z", "title": "console pull",
+    pull = {"id": 2004, "number": 4, "state": "open", "updated_at": "2026-01-01T00:00:00Z", "title": "console pull",
             "head": {"sha": "abc123", "ref": "feature"}}
     ok(api(page, "POST", "/v1/external-work/import", {"source_id": source["id"], "payload": pull}))
     page.reload()
@@ -341,6 +341,17 @@ def test_a_run_page_applies_one_proposed_change_and_discards_another(console):
         ok(api(page, "POST", f"/v1/tasks/{task['id']}/approvals/{approval['id']}/resolve", {"decision": "approve"}))
         open_page(page, f"#/runs/{task['id']}/{run['id']}")
         expect(page.locator("#run-status")).to_have_text("completed")
+        # The agent's run reads as its conversation: the prompt, the answer, each tool call.
+        conversation = page.locator("#conversation")
+        expect(conversation.locator(".turn.user")).to_contain_text("propose")
+        expect(conversation.locator(".turn.assistant").last).to_contain_text("proposed both")
+        expect(conversation.locator(".turn.assistant").first).to_contain_text("10 in, 5 out")
+        calls = conversation.locator("details.turn.tool")
+        expect(calls).to_have_count(2)
+        calls.first.locator("summary").click()
+        expect(calls.first).to_contain_text("kept.txt")
+        expect(page.get_by_role("heading", name="stdout")).to_have_count(0)
+        screenshot(page, "run-conversation")
         changes = page.locator("section").filter(has=page.get_by_role("heading", name="File changes"))
         kept = changes.locator("tr").filter(has_text="kept.txt")
         dropped = changes.locator("tr").filter(has_text="dropped.txt")

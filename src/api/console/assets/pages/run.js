@@ -41,11 +41,13 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
     stdout: h('pre', { class: 'output', id: 'stdout', tabindex: 0, 'aria-label': 'stdout' }),
     stderr: h('pre', { class: 'output', id: 'stderr', tabindex: 0, 'aria-label': 'stderr' }),
     model: h('pre', { class: 'output', hidden: true, 'aria-label': 'model text' }),
+    conversation: h('div', { id: 'conversation' }),
     steps: h('div'),
     artifacts: h('div'),
     patches: h('div'),
     events: h('ol', { class: 'events', id: 'events', 'aria-label': 'Events' }),
   };
+  const agent = task.execution_kind === 'agent_loop';
   replace(root,
     h('p', {}, h('a', { href: `#/tasks/${seg(taskId)}` }, `\u2190 Task ${taskId}`)),
     h('h1', {}, `Run ${run.number} of ${task.id}`),
@@ -53,9 +55,13 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
     view.actions,
     view.facts,
     view.approvals,
-    h('div', { class: 'grid2' },
-      h('section', {}, h('h2', {}, 'stdout'), view.stdout),
-      h('section', {}, h('h2', {}, 'stderr'), view.stderr)),
+    // An agent's run reads as its conversation; it writes no stdout or stderr of its own.
+    agent
+      ? h('section', { 'aria-labelledby': 'conversation-heading' },
+        h('h2', { id: 'conversation-heading' }, 'Conversation'), view.conversation)
+      : h('div', { class: 'grid2' },
+        h('section', {}, h('h2', {}, 'stdout'), view.stdout),
+        h('section', {}, h('h2', {}, 'stderr'), view.stderr)),
     view.model,
     h('section', {}, h('h2', {}, 'Steps'), view.steps),
     h('section', {}, h('h2', {}, 'Artifacts'), view.artifacts),
@@ -72,6 +78,7 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
     ]);
     if (ctx.signal.aborted) return;
     showRun(view, state, task);
+    if (agent) showConversation(view, task, steps);
     showSteps(view, steps);
     showArtifacts(view, artifacts, base);
     if (artifacts.some((a) => a.kind === 'patch')) {
@@ -79,7 +86,7 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
       if (ctx.signal.aborted) return;
       showPatches(view, state, patches, base, refresh);
     }
-    await showOutput(view, state, artifacts, base);
+    if (!agent) await showOutput(view, state, artifacts, base);
     if (state.run.status === 'awaiting_approval') await showApprovals(view, taskId, runId);
     else if (changed(view.approvals, '')) replace(view.approvals);
   });
@@ -222,6 +229,56 @@ function stepLabel(step) {
       : `mcp_server: ${input.server}`;
   }
   return step.name;
+}
+
+/** The longest a tool call's arguments or result is shown before it is cut. */
+const ABRIDGED = 2000;
+
+function abridged(text) {
+  const whole = typeof text === 'string' ? text : JSON.stringify(text, null, 2);
+  return whole.length > ABRIDGED ? `${whole.slice(0, ABRIDGED)}\u2026 (${whole.length} characters)` : whole;
+}
+
+/** Seconds between two times, one decimal. */
+function took(step) {
+  if (!step.finished_at) return '';
+  const ms = Date.parse(step.finished_at) - Date.parse(step.started_at);
+  return `${(Math.max(ms, 0) / 1000).toFixed(1)} s`;
+}
+
+/**
+ * The agent's run as a conversation, from its persisted steps: the prompt, each model
+ * call's text with its tokens, cost and time, and each tool call (collapsed) with its
+ * arguments and result. Text is set as text, never as markup.
+ */
+function showConversation(view, task, steps) {
+  if (!changed(view.conversation, JSON.stringify(steps))) return;
+  const turns = [h('div', { class: 'turn user' }, h('p', { class: 'who' }, 'prompt'),
+    h('div', { class: 'text' }, task.prompt || ''))];
+  for (const step of steps) {
+    const output = step.output || {};
+    if (step.name === 'model_call') {
+      const response = output.response || {};
+      const text = (response.message && response.message.content) || '';
+      const usage = response.usage || {};
+      const cost = output.cost_micros_usd === null || output.cost_micros_usd === undefined
+        ? 'cost unknown' : `$${(output.cost_micros_usd / 1e6).toFixed(4)}`;
+      const facts = `call ${(step.input || {}).index} \u00b7 ${usage.prompt_tokens ?? '?'} in, `
+        + `${usage.completion_tokens ?? '?'} out \u00b7 ${cost} \u00b7 ${took(step)}`;
+      turns.push(h('div', { class: 'turn assistant' }, h('p', { class: 'who' }, 'assistant ', h('span', { class: 'facts' }, facts)),
+        text ? h('div', { class: 'text' }, text) : null));
+    } else if (step.name === 'tool_call') {
+      const input = step.input || {};
+      const result = output.result || {};
+      const failed = step.status === 'failed' || result.is_error;
+      turns.push(h('details', { class: `turn tool${failed ? ' failed' : ''}` },
+        h('summary', {}, `${input.name} `, badge(failed ? 'failed' : step.status), ` ${took(step)}`),
+        h('p', { class: 'who' }, 'arguments'), h('pre', { class: 'output' }, abridged(input.arguments || '')),
+        h('p', { class: 'who' }, 'result'),
+        h('pre', { class: 'output' }, abridged(step.error || result.content || result))));
+    }
+  }
+  replace(view.conversation, ...turns);
 }
 
 function showSteps(view, steps) {
