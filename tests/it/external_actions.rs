@@ -276,6 +276,23 @@ impl Tracked {
     }
 }
 
+/// The answer a sent action kept, checked: the POST's 201; or, where a worker took the
+/// action over after its lease was lost mid-send (a loaded machine), the 200 of the GET of
+/// `list` that found the entry by its marker. Either way, the one entry `written` holds.
+async fn assert_answered_once(
+    sent: &ActionRecord,
+    written: &Written,
+    github: &MockServer,
+    list: &str,
+) -> Value {
+    let answered = response(sent)["http_status"].clone();
+    let found_again = answered == 200 && !requests(github, "GET", list).await.is_empty();
+    assert!(answered == 201 || found_again, "{sent:?}");
+    assert_eq!(written.all().len(), 1, "{sent:?}");
+    assert_eq!(response(sent)["id"], written.all()[0]["id"], "{sent:?}");
+    answered
+}
+
 /// The tracker's answer an action keeps (null before it has one).
 fn response(action: &ActionRecord) -> Value {
     action.response.clone().unwrap_or_default()
@@ -438,13 +455,7 @@ async fn a_fresh_comment_is_sent_once_after_approval_and_changed_targets_are_ref
     assert!(requests(&github, "POST", nine).await.is_empty());
     assert!(requests(&github, "POST", reviews).await.is_empty());
 
-    // The POST's 201; or, where a worker took the action over after its lease was lost
-    // mid-send (a loaded machine), the 200 of the GET that found the comment by its marker:
-    // sent once either way (above).
-    let answered = response(&sent)["http_status"].clone();
-    let found_again = answered == 200 && !requests(&github, "GET", seven).await.is_empty();
-    assert!(answered == 201 || found_again, "{sent:?}");
-    assert_eq!(response(&sent)["id"], 900, "{sent:?}");
+    let answered = assert_answered_once(&sent, &written, &github, seven).await;
     assert!(
         sent.finished_at.is_some() && sent.sending_at.is_some(),
         "{sent:?}"
@@ -603,11 +614,7 @@ async fn rejected_actions_send_nothing_labels_and_reviews_round_trip_and_bad_bod
                 "body": format!("Add a test.\n\n<!-- keel-action:{id} -->") })
     );
     assert_eq!(written.all()[0]["state"], "REQUEST_CHANGES");
-    assert_eq!(
-        response(&sent_review)["http_status"],
-        201,
-        "{sent_review:?}"
-    );
+    assert_answered_once(&sent_review, &written, &github, reviews).await;
 
     // Bad proposals: 4xx with the envelope, and nothing recorded.
     let big = "x".repeat(64 * 1024 + 1);
@@ -1025,15 +1032,7 @@ async fn a_refusal_fails_the_action_and_a_rate_limit_sends_it_later_once() {
     assert_eq!(requests(&github, "POST", nine).await.len(), 2);
     assert_eq!(written.all().len(), 1);
     assert!(!requests(&github, "GET", nine).await.is_empty());
-    // The answer is the POST's 201, or, when the sending attempt lost its lease after
-    // the POST (a loaded machine), the 200 of the list its successor found the marked
-    // comment in: the one comment, either way.
-    let answered = &response(&sent);
-    assert!(
-        answered["http_status"] == 201 || answered["http_status"] == 200,
-        "{sent:?}"
-    );
-    assert_eq!(answered["id"], written.all()[0]["id"], "{sent:?}");
+    assert_answered_once(&sent, &written, &github, nine).await;
     assert_eq!(sent.last_error_code, None, "{sent:?}");
     app.assert_no_canary(CANARY).await;
 }
