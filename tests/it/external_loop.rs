@@ -137,16 +137,11 @@ Fix {{{{ issue.title }}}}.
 
 #[tokio::test]
 async fn a_tracker_issue_becomes_a_reviewed_change_and_its_failing_check_a_fix() {
-    let origin = repository();
-    let bare = origin.path().join("repo.git");
-    let authorization = format!(
-        "Basic {}",
-        STANDARD.encode(format!("x-access-token:{REPO_TOKEN}"))
-    );
-    let repo = format!(
-        "{}/repo.git",
-        serve_smart(origin.path(), authorization).await
-    );
+    let Origin {
+        _dir: _origin,
+        bare,
+        url: repo,
+    } = origin().await;
     let state = Arc::new(Mutex::new(Tracker {
         issue_state: "open".into(),
         ..Tracker::default()
@@ -175,12 +170,7 @@ async fn a_tracker_issue_becomes_a_reviewed_change_and_its_failing_check_a_fix()
 
     // The issue becomes a task; its agent run's result is pushed to the item's branch.
     let body = json!({ "workflow_markdown": workflow(&github.uri(), &repo) });
-    let (status, body) = c.post("/v1/external-work/sources", body).await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    let source = support::record::<SourceRecord>(&body).id;
-    let poll = format!("/v1/external-work/sources/{source}/poll");
-    let (status, body) = c.post(&poll, json!({})).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    let (source, poll) = registered_and_polled(c, body).await;
     let item = newest(c, &source, "acme/widgets#7").await;
     let (task_id, run_id) = (item.task_id.clone().unwrap(), item.run_id.clone().unwrap());
     let run = c.wait_terminal(&task_id, &run_id, WAIT).await;
@@ -191,25 +181,7 @@ async fn a_tracker_issue_becomes_a_reviewed_change_and_its_failing_check_a_fix()
         .to_string();
 
     // A pull request from that branch: proposed, approved, executed.
-    let at = format!("/v1/external-work/items/{}/actions", item.id);
-    let (status, body) = c.post(&at, json!({ "kind": "pull_request" })).await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    let Proposed { action, approval } = support::record(&body);
-    let resolve = format!(
-        "/v1/tasks/{}/approvals/{}/resolve",
-        approval.task_id, approval.id
-    );
-    let (status, body) = c.post(&resolve, json!({ "decision": "approve" })).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let (status, body) = c
-        .post_empty(&format!("/v1/external-work/actions/{}/execute", action.id))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let sent = support::wait_for(WAIT, "the pull request to be opened", || async {
-        let current: ActionRecord = c.api.get_action(&action.id).await.unwrap().data;
-        (current.status == ActionStatus::Sent).then_some(current)
-    })
-    .await;
+    let sent = sent_action(c, &item, json!({ "kind": "pull_request" })).await;
     let opened = state.lock().unwrap().opened.clone().unwrap();
     assert_eq!(
         (opened["head"].as_str(), opened["base"].as_str()),
@@ -311,6 +283,62 @@ async fn a_tracker_issue_becomes_a_reviewed_change_and_its_failing_check_a_fix()
     );
 }
 
+/// The origin repository, served by the real `git http-backend` to the push token.
+struct Origin {
+    _dir: tempfile::TempDir,
+    /// The bare repository, to read what was pushed.
+    bare: std::path::PathBuf,
+    url: String,
+}
+
+async fn origin() -> Origin {
+    let dir = repository();
+    let authorization = format!(
+        "Basic {}",
+        STANDARD.encode(format!("x-access-token:{REPO_TOKEN}"))
+    );
+    let url = format!("{}/repo.git", serve_smart(dir.path(), authorization).await);
+    Origin {
+        bare: dir.path().join("repo.git"),
+        _dir: dir,
+        url,
+    }
+}
+
+/// Registers the source `body` describes and polls it once; its id and its poll's path.
+async fn registered_and_polled(c: &support::Client, body: Value) -> (String, String) {
+    let (status, body) = c.post("/v1/external-work/sources", body).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let source = support::record::<SourceRecord>(&body).id;
+    let poll = format!("/v1/external-work/sources/{source}/poll");
+    let (status, body) = c.post(&poll, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    (source, poll)
+}
+
+/// The action `proposal` on `item`: proposed, approved, executed, and once it is sent.
+async fn sent_action(c: &support::Client, item: &ItemRecord, proposal: Value) -> ActionRecord {
+    let at = format!("/v1/external-work/items/{}/actions", item.id);
+    let (status, body) = c.post(&at, proposal).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let Proposed { action, approval } = support::record(&body);
+    let resolve = format!(
+        "/v1/tasks/{}/approvals/{}/resolve",
+        approval.task_id, approval.id
+    );
+    let (status, body) = c.post(&resolve, json!({ "decision": "approve" })).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = c
+        .post_empty(&format!("/v1/external-work/actions/{}/execute", action.id))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    support::wait_for(WAIT, "the action to be sent", || async {
+        let current: ActionRecord = c.api.get_action(&action.id).await.unwrap().data;
+        (current.status == ActionStatus::Sent).then_some(current)
+    })
+    .await
+}
+
 /// The newest version of the item `identifier`.
 async fn newest(c: &support::Client, source: &str, identifier: &str) -> ItemRecord {
     let items = c.api.list_items(source).await.unwrap().data;
@@ -409,16 +437,11 @@ Fix {{{{ issue.title }}}}.
 /// maintenance removes its workspace. Every document Keel sent is one Linear's schema takes.
 #[tokio::test]
 async fn a_linear_issue_becomes_a_pushed_change_and_its_end_cleans_the_workspace() {
-    let origin = repository();
-    let bare = origin.path().join("repo.git");
-    let authorization = format!(
-        "Basic {}",
-        STANDARD.encode(format!("x-access-token:{REPO_TOKEN}"))
-    );
-    let repo = format!(
-        "{}/repo.git",
-        serve_smart(origin.path(), authorization).await
-    );
+    let Origin {
+        _dir: _origin,
+        bare,
+        url: repo,
+    } = origin().await;
     let board = Arc::new(Mutex::new(Board {
         state: "Todo".into(),
         ..Board::default()
@@ -444,12 +467,7 @@ async fn a_linear_issue_becomes_a_pushed_change_and_its_end_cleans_the_workspace
     let c = &stack.client;
 
     let body = json!({ "workflow_markdown": linear_workflow(&linear.uri(), &repo, root) });
-    let (status, body) = c.post("/v1/external-work/sources", body).await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    let source = support::record::<SourceRecord>(&body).id;
-    let poll = format!("/v1/external-work/sources/{source}/poll");
-    let (status, body) = c.post(&poll, json!({})).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
+    let (source, poll) = registered_and_polled(c, body).await;
     let item = support::wait_for(WAIT, "ENG-7's task", || async {
         let item = newest(c, &source, "ENG-7").await;
         item.run_id.is_some().then_some(item)
@@ -466,26 +484,8 @@ async fn a_linear_issue_becomes_a_pushed_change_and_its_end_cleans_the_workspace
     );
 
     // A comment naming the branch: proposed, approved, executed.
-    let at = format!("/v1/external-work/items/{}/actions", item.id);
     let proposal = json!({ "kind": "comment", "body": "Pushed to keel/ENG-7." });
-    let (status, body) = c.post(&at, proposal).await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    let Proposed { action, approval } = support::record(&body);
-    let resolve = format!(
-        "/v1/tasks/{}/approvals/{}/resolve",
-        approval.task_id, approval.id
-    );
-    let (status, body) = c.post(&resolve, json!({ "decision": "approve" })).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let (status, body) = c
-        .post_empty(&format!("/v1/external-work/actions/{}/execute", action.id))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    support::wait_for(WAIT, "the comment to be made", || async {
-        let current: ActionRecord = c.api.get_action(&action.id).await.unwrap().data;
-        (current.status == ActionStatus::Sent).then_some(())
-    })
-    .await;
+    sent_action(c, &item, proposal).await;
     let comments = board.lock().unwrap().comments.clone();
     assert_eq!(comments.len(), 1, "{comments:?}");
     assert!(

@@ -70,14 +70,17 @@ const CREDENTIAL_HELPER: &str = "!f() { test \"$1\" = get && cat /dev/fd/3; }; f
 /// in the environment, so nothing of them is parsed as shell. No template (a run's own
 /// configuration could name one), and the credential's descriptor is closed once the
 /// fetch is done. `refs/keel/base` remembers where the clone started (a push needs
-/// changes past it), and the run's own `.keel/` is never part of a commit.
+/// changes past it), and the run's own `.keel/` is never part of a commit. It can run
+/// again over a clone an attempt cut short (its lease lost mid-clone): the remote is set
+/// anew and the branch reset to what was fetched.
 const CLONE_SCRIPT: &str = r#"set -e
 git init -q --template=
+git remote remove origin 2>/dev/null || true
 git remote add origin "$KEEL_REPO_URL"
 if [ -n "$KEEL_REPO_BRANCH" ]; then
   git fetch -q origin "refs/heads/$KEEL_REPO_BRANCH"
   exec 3<&-
-  git checkout -q -b "$KEEL_REPO_BRANCH" FETCH_HEAD
+  git checkout -q -B "$KEEL_REPO_BRANCH" FETCH_HEAD
 else
   git fetch -q origin HEAD
   exec 3<&-
@@ -572,4 +575,62 @@ async fn empty(directory: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CLONE_SCRIPT;
+    use std::path::Path;
+    use std::process::Command;
+
+    fn git(dir: &Path, args: &[&str]) -> String {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@t")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@t")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn clone(workspace: &Path, url: &str) -> std::process::Output {
+        Command::new("sh")
+            .args(["-c", CLONE_SCRIPT])
+            .current_dir(workspace)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("KEEL_REPO_URL", url)
+            .env("KEEL_REPO_BRANCH", "main")
+            .output()
+            .unwrap()
+    }
+
+    /// A takeover's attempt prepares a workspace whose clone the lost attempt began (or
+    /// finished, before it could mark it prepared): the script runs again and ends where
+    /// one run would.
+    #[test]
+    fn the_clone_runs_again_over_one_an_attempt_cut_short() {
+        let dir = tempfile::tempdir().unwrap();
+        let origin = dir.path().join("origin");
+        std::fs::create_dir(&origin).unwrap();
+        git(&origin, &["init", "-q", "-b", "main"]);
+        std::fs::write(origin.join("a.txt"), "a\n").unwrap();
+        git(&origin, &["add", "a.txt"]);
+        git(&origin, &["commit", "-q", "-m", "one"]);
+        let url = origin.to_str().unwrap();
+        let workspace = dir.path().join("workspace");
+        std::fs::create_dir(&workspace).unwrap();
+        for _ in 0..2 {
+            let out = clone(&workspace, url);
+            assert!(out.status.success(), "{out:?}");
+        }
+        let head = git(&workspace, &["rev-parse", "HEAD"]);
+        assert_eq!(head, git(&origin, &["rev-parse", "HEAD"]));
+        assert_eq!(git(&workspace, &["rev-parse", "refs/keel/base"]), head);
+        assert_eq!(std::fs::read_to_string(workspace.join("a.txt")).unwrap(), "a\n");
+    }
 }

@@ -171,19 +171,7 @@ impl Schema {
             // A single value where a list goes is a list of one (input coercion).
             (_, Some(item)) => self.literal(item, value, vars),
             (Literal::Object(fields), None) => {
-                let takes = self
-                    .fields(inner)
-                    .ok_or_else(|| format!("an object, where {ty} goes"))?;
-                for (name, v) in fields {
-                    let field_ty = takes
-                        .get(name)
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| format!("{inner} has no field {name}"))?;
-                    self.literal(field_ty, v, vars)
-                        .map_err(|why| format!("{inner}.{name}: {why}"))?;
-                }
-                required(takes, fields.keys().map(String::as_str))
-                    .map_err(|missing| format!("{inner} needs {missing}"))
+                self.object(ty, fields, |field_ty, v| self.literal(field_ty, v, vars))
             }
             (Literal::Enum(member), None) => self.member(inner, member),
             (scalar, None) => scalar_fits(inner, &literal_kind(scalar)),
@@ -203,24 +191,37 @@ impl Schema {
             (Value::Array(items), Some(item)) => items.iter().try_for_each(|v| self.json(item, v)),
             (_, Some(item)) => self.json(item, value),
             (Value::Object(fields), None) => {
-                let takes = self
-                    .fields(inner)
-                    .ok_or_else(|| format!("an object, where {ty} goes"))?;
-                for (name, v) in fields {
-                    let field_ty = takes
-                        .get(name)
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| format!("{inner} has no field {name}"))?;
-                    self.json(field_ty, v)?;
-                }
-                required(takes, fields.keys().map(String::as_str))
-                    .map_err(|missing| format!("{inner} needs {missing}"))
+                self.object(ty, fields, |field_ty, v| self.json(field_ty, v))
             }
             (Value::String(member), None) if self.enum_members(inner).is_some() => {
                 self.member(inner, member)
             }
             (scalar, None) => scalar_fits(inner, &json_kind(scalar)),
         }
+    }
+
+    /// An input object's `fields` for the non-null type `ty`: each a field of its type,
+    /// its value as `check` finds it for the field's type, and every required one given.
+    fn object<'v, V: 'v>(
+        &self,
+        ty: &str,
+        fields: impl IntoIterator<Item = (&'v String, &'v V)>,
+        check: impl Fn(&str, &'v V) -> Checked,
+    ) -> Checked {
+        let inner = named(ty);
+        let takes = self
+            .fields(inner)
+            .ok_or_else(|| format!("an object, where {ty} goes"))?;
+        let mut given = Vec::new();
+        for (name, v) in fields {
+            let field_ty = takes
+                .get(name)
+                .and_then(Value::as_str)
+                .ok_or_else(|| format!("{inner} has no field {name}"))?;
+            check(field_ty, v).map_err(|why| format!("{inner}.{name}: {why}"))?;
+            given.push(name.as_str());
+        }
+        required(takes, given.into_iter()).map_err(|missing| format!("{inner} needs {missing}"))
     }
 
     fn known(&self, ty: &str) -> Checked {
