@@ -631,6 +631,9 @@ mod tests {
         let head = git(&workspace, &["rev-parse", "HEAD"]);
         assert_eq!(head, git(&origin, &["rev-parse", "HEAD"]));
         assert_eq!(git(&workspace, &["rev-parse", "refs/keel/base"]), head);
-        assert_eq!(std::fs::read_to_string(workspace.join("a.txt")).unwrap(), "a\n");
+        assert_eq!(
+            std::fs::read_to_string(workspace.join("a.txt")).unwrap(),
+            "a\n"
+        );
     }
 }
