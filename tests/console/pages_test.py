@@ -293,8 +293,14 @@ def external_work_page(page, github):
 
 def test_an_operator_changes_the_approval_policy_and_the_next_start_follows_it(console):
     page = console.signed_in_page()
+    # The page's timers on the test's clock (it still runs), to see ages told again.
+    page.clock.install()
     open_page(page, "#/policy")
+    page.reload()
     expect(page.get_by_text("the process setting (KEEL_APPROVAL_POLICIES)")).to_be_visible()
+    # Each gate says what it covers.
+    expect(page.locator("#gate-network_egress-covers")).to_contain_text("git commands that reach a remote")
+    expect(page.locator("#gate-shell_exec")).to_have_attribute("aria-describedby", "gate-shell_exec-covers")
     page.locator("#gate-shell_exec").select_option("deny")
     page.locator("#policy-mcp").fill("github=ask")
     page.locator("#policy-paths").fill("src")
@@ -303,6 +309,9 @@ def test_an_operator_changes_the_approval_policy_and_the_next_start_follows_it(c
     history = page.locator("section").filter(has_text="shell_exec=deny")
     expect(history.locator("tbody tr")).to_have_count(1)
     expect(history).to_contain_text("mcp:github=ask")
+    # A change's age grows while the page stays open.
+    page.clock.fast_forward("03:00")
+    expect(history.locator("time").first).to_contain_text("3 minutes ago")
     shown = ok(api(page, "GET", "/v1/workspaces/default/approval-policy"))
     assert shown["gates"]["shell_exec"] == "deny" and shown["allowed_write_paths"] == ["src"], shown
     task = ok(api(page, "POST", "/v1/tasks", {"execution_kind": "shell", "shell_command": "echo no"}))

@@ -22,6 +22,20 @@ export function when(iso) {
   const node = document.createElement('time');
   node.dateTime = iso;
   node.title = `${date.toISOString().replace('T', ' ').replace(/\.\d+Z$/, 'Z')} (UTC)`;
-  node.textContent = `${local.format(date)} · ${age(date)}`;
+  node.textContent = told(date);
   return node;
 }
+
+function told(date) {
+  return `${local.format(date)} · ${age(date)}`;
+}
+
+/** How often the ages on a page are told again: "now" becomes "1 minute ago". */
+const AGE_REFRESH_MS = 15000;
+
+setInterval(() => {
+  for (const node of document.querySelectorAll('time[datetime]')) {
+    const date = new Date(node.dateTime);
+    if (!Number.isNaN(date.getTime())) node.textContent = told(date);
+  }
+}, AGE_REFRESH_MS);

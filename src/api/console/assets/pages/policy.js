@@ -8,6 +8,16 @@ import { when } from '../lib/time.js';
 import { paged } from './paged.js';
 
 const GATES = ['shell_exec', 'git_exec', 'file_write', 'network_egress', 'read_file', 'all_tools'];
+
+/** What each gate covers (docs/configuration.md, `KEEL_APPROVAL_POLICIES`). */
+const COVERS = {
+  shell_exec: 'Shell runs, agent runs that start stdio MCP servers, and the agent\u2019s shell_exec and http_request tools.',
+  git_exec: 'Git runs, and the agent\u2019s git_status and git_diff tools.',
+  file_write: 'File runs, and the agent\u2019s file_write, file_edit and apply_patch tools.',
+  network_egress: 'Anything that can reach out from a task with network: shell commands, stdio MCP servers, hooks, a repository\u2019s clone and push, git commands that reach a remote, and the agent\u2019s http_request.',
+  read_file: 'The agent\u2019s read_file, list_dir, grep and glob tools.',
+  all_tools: 'Every one of the above, and every agent tool call.',
+};
 const DECISIONS = ['allow', 'ask', 'deny'];
 
 /** `name=decision` lines as an object; throws on a line that is not one. */
@@ -25,7 +35,7 @@ function servers(text) {
 
 function form(policy, save, reset) {
   const selects = Object.fromEntries(GATES.map((gate) => [gate,
-    h('select', { id: `gate-${gate}`, name: gate },
+    h('select', { id: `gate-${gate}`, name: gate, 'aria-describedby': `gate-${gate}-covers` },
       DECISIONS.map((d) => h('option', { value: d, selected: policy.gates[gate] === d }, d)))]));
   const mcp = h('textarea', { id: 'policy-mcp', rows: 3 },
     Object.entries(policy.mcp_servers).map(([name, d]) => `${name}=${d}`).join('\n'));
@@ -39,7 +49,8 @@ function form(policy, save, reset) {
     };
   };
   return h('form', { class: 'policy', onsubmit: (event) => event.preventDefault() },
-    GATES.map((gate) => h('div', { class: 'field' }, h('label', { for: `gate-${gate}` }, gate), selects[gate])),
+    GATES.map((gate) => h('div', { class: 'field' }, h('label', { for: `gate-${gate}` }, gate), selects[gate],
+      h('p', { class: 'hint', id: `gate-${gate}-covers` }, COVERS[gate]))),
     h('label', { for: 'policy-mcp' }, 'MCP servers (name=decision, one per line)'), mcp,
     h('label', { for: 'policy-paths' }, 'Write paths (one per line; none: anywhere in the workspace)'), paths,
     h('div', { class: 'actions' },
