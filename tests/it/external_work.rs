@@ -785,19 +785,18 @@ fn labelled(number: u64, labels: &[&str]) -> Value {
     issue
 }
 
-/// Symphony: "issue without every required label is not dispatch-eligible", and
-/// "reconcile stops running issue when a required label is removed". Labels compare
-/// trimmed and without case.
-#[tokio::test]
-async fn symphony_issue_without_every_required_label_is_not_dispatch_eligible() {
+/// A Linear source with `settings` over `page` (ENG-1 to ENG-3) is polled: only ENG-1 is
+/// worked on, the others are recorded with no task. Then ENG-1's next version, `changed`
+/// (given a new `updatedAt`), is one the workflow does not want: its run is stopped with a
+/// reason that says `why`. Every document sent is one Linear's schema takes.
+async fn only_eng_1_is_worked_on_until_its_next_version(
+    settings: &str,
+    page: Value,
+    mut changed: Value,
+    why: &str,
+) {
     let linear = MockServer::start().await;
-    let page = json!([
-        labelled(1, &["Ready", "backend"]),
-        labelled(2, &["ready"]),
-        labelled(3, &[])
-    ]);
     linear_page(Value::Null, page, None).mount(&linear).await;
-    let settings = "  required_labels: [' ready ', Backend]\n";
     let source = linear_source_with(&linear, settings).await;
     let (client, id) = (source.client.clone(), source.id.clone());
     let summary = polled(&client, &id).await;
@@ -811,11 +810,9 @@ async fn symphony_issue_without_every_required_label_is_not_dispatch_eligible() 
         assert_eq!(found.task_id, None, "{found:?}");
     }
 
-    // ENG-1 loses its backend label: its run is stopped.
     linear.reset().await;
-    let mut relabelled = labelled(1, &["ready"]);
-    relabelled["updatedAt"] = json!("2026-11-30T12:00:00.000Z");
-    linear_page(Value::Null, json!([relabelled]), None)
+    changed["updatedAt"] = json!("2026-11-30T12:00:00.000Z");
+    linear_page(Value::Null, json!([changed]), None)
         .mount(&linear)
         .await;
     let summary = polled(&client, &id).await;
@@ -823,10 +820,24 @@ async fn symphony_issue_without_every_required_label_is_not_dispatch_eligible() 
     let run = run_of(&client, item(&items, "ENG-1")).await;
     assert_eq!(run.status, RunStatus::Cancelled, "{run:?}");
     let reason = run.last_error.as_deref().unwrap_or_default();
-    assert!(
-        reason.contains("no longer carries every required label"),
-        "{reason}"
-    );
+    assert!(reason.contains(why), "{reason}");
+    support::contracts::assert_linear_conforms(&linear.received_requests().await.unwrap());
+}
+
+/// Symphony: "issue without every required label is not dispatch-eligible", and
+/// "reconcile stops running issue when a required label is removed". Labels compare
+/// trimmed and without case. ENG-1 then loses its backend label.
+#[tokio::test]
+async fn symphony_issue_without_every_required_label_is_not_dispatch_eligible() {
+    let page = json!([
+        labelled(1, &["Ready", "backend"]),
+        labelled(2, &["ready"]),
+        labelled(3, &[])
+    ]);
+    let settings = "  required_labels: [' ready ', Backend]\n";
+    let relabelled = labelled(1, &["ready"]);
+    let why = "no longer carries every required label";
+    only_eng_1_is_worked_on_until_its_next_version(settings, page, relabelled, why).await;
 }
 
 /// A Linear issue assigned to `user` (none: unassigned).
@@ -837,42 +848,24 @@ fn assigned(number: u64, user: Option<&str>) -> Value {
 }
 
 /// Symphony: "issue assigned to another worker is not dispatch-eligible", and "reconcile
-/// stops running issue when it is reassigned away from this worker".
+/// stops running issue when it is reassigned away from this worker". ENG-1 is then
+/// reassigned to user-2.
 #[tokio::test]
 async fn symphony_reconcile_stops_running_issue_when_it_is_reassigned_away_from_this_worker() {
-    let linear = MockServer::start().await;
     let page = json!([
         assigned(1, Some("user-1")),
         assigned(2, Some("user-2")),
         assigned(3, None)
     ]);
-    linear_page(Value::Null, page, None).mount(&linear).await;
-    let source = linear_source_with(&linear, "  assignee: user-1\n").await;
-    let (client, id) = (source.client.clone(), source.id.clone());
-    let summary = polled(&client, &id).await;
-    assert_eq!(summary.claimed, 1, "{summary:?}");
-    let items = items_of(&client, &id).await;
-    assert_eq!(item(&items, "ENG-1").state, ItemState::Claimed, "{items:?}");
-    for unrouted in ["ENG-2", "ENG-3"] {
-        let found = item(&items, unrouted);
-        assert_eq!(found.state, ItemState::Discovered, "{found:?}");
-        assert_eq!(found.task_id, None, "{found:?}");
-    }
-
-    // ENG-1 is reassigned to user-2: its run is stopped.
-    linear.reset().await;
-    let mut reassigned = assigned(1, Some("user-2"));
-    reassigned["updatedAt"] = json!("2026-11-30T12:00:00.000Z");
-    linear_page(Value::Null, json!([reassigned]), None)
-        .mount(&linear)
-        .await;
-    let summary = polled(&client, &id).await;
-    assert_eq!(summary.cancelled_runs, 1, "{summary:?}");
-    let run = run_of(&client, item(&items, "ENG-1")).await;
-    assert_eq!(run.status, RunStatus::Cancelled, "{run:?}");
-    let reason = run.last_error.as_deref().unwrap_or_default();
-    assert!(reason.contains("no longer assigned"), "{reason}");
-    support::contracts::assert_linear_conforms(&linear.received_requests().await.unwrap());
+    let reassigned = assigned(1, Some("user-2"));
+    let settings = "  assignee: user-1\n";
+    only_eng_1_is_worked_on_until_its_next_version(
+        settings,
+        page,
+        reassigned,
+        "no longer assigned",
+    )
+    .await;
 }
 
 /// A Linear issue with this priority (0: none) and creation time.
