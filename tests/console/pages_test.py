@@ -132,14 +132,24 @@ def ok(answer, status=(200, 201, 202)):
     return body["data"]
 
 
+def listed(page, path, deadline_s=30):
+    """The first page of `path`'s list once it has an entry, polled from the page (a worker
+    fills it); fails after `deadline_s`. (wait_for_function cannot wait on a fetch: it takes
+    the promise an async predicate returns as truthy at once.)"""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        data = ok(api(page, "GET", path))
+        if data:
+            return data
+        assert time.monotonic() < deadline, f"{path} stayed empty for {deadline_s} s"
+        time.sleep(0.1)
+
+
 def approved_run(page, command):
     """A shell task started and approved through the API from the page; returns the task."""
     task = ok(api(page, "POST", "/v1/tasks", {"execution_kind": "shell", "shell_command": command}))
     ok(api(page, "POST", f"/v1/tasks/{task['id']}/start", {}))
-    page.wait_for_function(
-        """async (id) => (await (await fetch(`/v1/tasks/${id}/approvals?status=pending`)).json()).data.length > 0""",
-        arg=task["id"])
-    approval = ok(api(page, "GET", f"/v1/tasks/{task['id']}/approvals?status=pending"))[0]
+    approval = listed(page, f"/v1/tasks/{task['id']}/approvals?status=pending")[0]
     ok(api(page, "POST", f"/v1/tasks/{task['id']}/approvals/{approval['id']}/resolve", {"decision": "approve"}))
     return task
 
@@ -280,8 +290,7 @@ def external_work_page(page, github):
     pull_row.get_by_role("button", name="Triage CI").click()
     expect(page.locator("#toast")).to_contain_text("CI triage of acme/widgets#4 queued")
     # The worker records the failing job with its fix task; its run starts from here.
-    page.wait_for_function(
-        """async () => (await (await fetch('/v1/external-work/ci-triage?status=task_created')).json()).data.length > 0""")
+    listed(page, "/v1/external-work/ci-triage?status=task_created")
     page.reload()
     record = page.locator("tr").filter(has_text="CI / test")
     expect(record).to_contain_text("task_created")
