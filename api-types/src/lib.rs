@@ -122,6 +122,7 @@ pub mod schema;
 mod sets;
 mod system;
 mod task;
+mod transcript;
 mod triage;
 
 pub use approval::*;
@@ -140,4 +141,5 @@ pub use schedule::*;
 pub use sets::*;
 pub use system::*;
 pub use task::*;
+pub use transcript::*;
 pub use triage::*;

@@ -94,7 +94,7 @@ impl std::fmt::Display for RunStatus {
     "prior_cost_micros_usd": 0, "total_cost_micros_usd": 0, "model_call_count": 0,
     "abandoned_model_calls": 0,
     "model": null, "provider": null, "lineage_kind": null, "from_model_call_index": null,
-    "schedule_id": null,
+    "answer": null, "schedule_id": null,
     "schedule_occurrence_id": null, "scheduled_for": null, "requested_by": "local",
     "created_at": "2026-11-30T09:00:05Z", "started_at": "2026-11-30T09:00:05Z",
     "finished_at": "2026-11-30T09:01:12Z", "updated_at": "2026-11-30T09:01:12Z"
@@ -129,6 +129,9 @@ pub struct RunRecord {
     pub lineage_kind: Option<String>,
     /// For `retry_from_model_call`: the source run's 1-based model call this run re-issues.
     pub from_model_call_index: Option<i32>,
+    /// An agent loop run that completed: the model's answer (the text of its last message,
+    /// which asked for no tool call). Null for other kinds, and until the run completes.
+    pub answer: Option<String>,
     /// The conversation an agent loop run starts from; null: the task's prompts. Not
     /// rendered (it can be large): read the source's `agent_conversation` artifact.
     #[serde(skip)]

@@ -163,6 +163,16 @@ impl Client {
         self.get(run_item(task_id, run_id, "steps", step_id, ""))
     }
 
+    /// An agent loop run's transcript: its prompt, model calls, tool calls, approvals and
+    /// file changes in order.
+    pub fn get_transcript(
+        &self,
+        task_id: &str,
+        run_id: &str,
+    ) -> Call<'_, ObjectEnvelope<RunTranscript>> {
+        self.get(format!("{}/transcript", run_path(task_id, run_id)))
+    }
+
     /// A run's events in order, after `after_sequence`.
     pub fn list_run_events(
         &self,

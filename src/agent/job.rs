@@ -174,15 +174,16 @@ async fn verdict(
     ctx: &FencedAgent,
     outcome: LoopOutcome,
 ) -> Verdict<RunEnding> {
-    let conversation = ctx
-        .conversation
-        .lock()
-        .expect("not poisoned")
-        .take()
-        .map(|bytes| Conversation {
-            content: jobs.content.clone(),
-            bytes,
-        });
+    let conversation =
+        ctx.conversation
+            .lock()
+            .expect("not poisoned")
+            .take()
+            .map(|(bytes, answer)| Conversation {
+                content: jobs.content.clone(),
+                bytes,
+                answer,
+            });
     let last_step = ctx.last_step.lock().expect("not poisoned").take();
     match (outcome, last_step) {
         (LoopOutcome::Ended(outcome), _) => ctx.run.verdict(outcome, conversation).await,
@@ -504,7 +505,8 @@ struct FencedAgent {
     run: FencedContext,
     prices: PriceTable,
     last_step: std::sync::Mutex<Option<String>>,
-    conversation: std::sync::Mutex<Option<Vec<u8>>>,
+    /// The conversation as last saved, serialized, with the answer that ended it.
+    conversation: std::sync::Mutex<Option<(Vec<u8>, Option<String>)>>,
     deltas: Deltas,
     policy: PolicyReader,
 }
@@ -793,7 +795,8 @@ impl AgentContext for FencedAgent {
 
     async fn save_conversation(&self, messages: &[Message]) -> Result<(), ContextError> {
         let bytes = serde_json::to_vec(messages).expect("messages serialize");
-        *self.conversation.lock().expect("not poisoned") = Some(bytes);
+        let answer = run_loop::final_answer(messages).map(str::to_owned);
+        *self.conversation.lock().expect("not poisoned") = Some((bytes, answer));
         Ok(())
     }
 

@@ -10,6 +10,7 @@ mod mcp;
 pub(crate) mod model_calls;
 pub(crate) mod prices;
 mod store;
+pub(crate) mod transcript;
 pub(crate) mod usage;
 
 pub(crate) use job::AgentJobs;

@@ -5,12 +5,13 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use keel_api_types::Deleted;
-use keel_api_types::StartRequest;
+use keel_api_types::{RunTranscript, StartRequest};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::agent::transcript;
 use crate::api::admission::{Admitted201, admit};
 use crate::api::extract::{ApiJson, ApiQuery, OptionalJson};
 use crate::api::{
@@ -42,6 +43,7 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(cancel_run))
         .routes(routes!(list_steps))
         .routes(routes!(get_step))
+        .routes(routes!(get_transcript))
         .routes(routes!(list_task_artifacts))
         .routes(routes!(list_artifacts))
         .routes(routes!(get_artifact))
@@ -372,6 +374,28 @@ async fn get_step(
     runs::get(&mut conn, scope, &task_id, &run_id).await?;
     let step = steps::get(&mut conn, scope, &run_id, &step_id).await?;
     Ok(Json(object("task_step", step)))
+}
+
+/// Reads an agent loop run as its transcript: the prompt, each model call's text with its
+/// tokens, cost and latency, each tool call with its arguments and an abridged result,
+/// the approvals and file changes, in order; `sequence` is the run's last event it
+/// reflects. 422 `unsupported_capability` for a run of another kind.
+#[utoipa::path(get, path = "/tasks/{task_id}/runs/{run_id}/transcript", tag = "runs",
+    params(("task_id" = String, Path), ("run_id" = String, Path)),
+    responses((status = 200, description = "The run's transcript", body = ObjectEnvelope<RunTranscript>)))]
+async fn get_transcript(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((task_id, run_id)): Path<(String, String)>,
+) -> Result<Json<ObjectEnvelope<RunTranscript>>> {
+    let mut tx = state.pool.begin().await?;
+    // One snapshot: the steps, approvals and patches agree with `sequence`.
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    let transcript = transcript::read(&mut tx, &caller.scope, &task_id, &run_id).await?;
+    tx.commit().await?;
+    Ok(Json(object("run_transcript", transcript)))
 }
 
 /// Lists the artifacts of all the task's runs, oldest first.

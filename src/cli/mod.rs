@@ -22,6 +22,7 @@ mod runtime;
 mod schedules;
 mod system;
 mod tasks;
+mod transcript;
 mod triage;
 mod usage;
 mod watch;

@@ -18,6 +18,9 @@ pub(crate) struct Table {
     rows: Vec<Vec<String>>,
     /// Print the first column alone, without its header (`--quiet`).
     ids_only: bool,
+    /// Free text printed whole under the table, after its heading: what one cell would cut
+    /// to a line (an agent's answer).
+    text: Option<(&'static str, String)>,
 }
 
 impl Table {
@@ -26,7 +29,14 @@ impl Table {
             headers: headers.to_vec(),
             rows: Vec::new(),
             ids_only: false,
+            text: None,
         }
+    }
+
+    /// The table with `text` printed whole under it, headed `heading:`.
+    pub(crate) fn with_text(mut self, heading: &'static str, text: Option<&str>) -> Table {
+        self.text = text.map(|text| (heading, text.to_string()));
+        self
     }
 
     /// A two-column table of a resource's fields.
@@ -55,7 +65,12 @@ impl Table {
                 .filter_map(|r| r.first().cloned())
                 .collect()
         } else {
-            self.lines(terminal_width())
+            let mut lines = self.lines(terminal_width());
+            if let Some((heading, text)) = &self.text {
+                lines.extend(["".into(), format!("{heading}:")]);
+                lines.extend(text.lines().map(str::to_string));
+            }
+            lines
         };
         for line in lines {
             // A closed pipe (`| head`) ends the output, not the command.
@@ -128,6 +143,34 @@ pub(crate) async fn show<T: DeserializeOwned>(
     call: Call<'_, T>,
     render: impl FnOnce(&T) -> Table,
 ) -> Result<T, Error> {
+    present(format, call, |value| render(value).print()).await
+}
+
+/// Prints one answer: its JSON as sent, or the lines `render` makes of it (text that is
+/// no table: a transcript).
+pub(crate) async fn show_lines<T: DeserializeOwned>(
+    format: Format,
+    call: Call<'_, T>,
+    render: impl FnOnce(&T) -> Vec<String>,
+) -> Result<T, Error> {
+    present(format, call, |value| {
+        let mut stdout = std::io::stdout().lock();
+        for line in render(value) {
+            // A closed pipe (`| head`) ends the output, not the command.
+            if writeln!(stdout, "{}", line.trim_end()).is_err() {
+                return;
+            }
+        }
+    })
+    .await
+}
+
+/// The answer's JSON as sent, or `print` of it.
+async fn present<T: DeserializeOwned>(
+    format: Format,
+    call: Call<'_, T>,
+    print: impl FnOnce(&T),
+) -> Result<T, Error> {
     match format {
         Format::Json => {
             let (value, raw) = call.fetch().await?;
@@ -136,7 +179,7 @@ pub(crate) async fn show<T: DeserializeOwned>(
         }
         Format::Table => {
             let value = call.send().await?;
-            render(&value).print();
+            print(&value);
             Ok(value)
         }
     }

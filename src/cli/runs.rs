@@ -17,6 +17,7 @@ use crate::cli::output;
 use crate::cli::output::{Format, PageArgs, Table, or_dash, time};
 use crate::cli::patches;
 use crate::cli::patches::PatchCommand;
+use crate::cli::transcript;
 use crate::cli::watch;
 use crate::cli::watch::Outcome;
 
@@ -56,8 +57,15 @@ pub(crate) enum RunCommand {
         #[arg(long)]
         no_wait: bool,
     },
-    /// Prints the run's output so far (stdout, and stderr on stderr).
+    /// Prints the run's output so far (stdout, and stderr on stderr); an agent loop
+    /// run's, its transcript.
     Logs {
+        run_id: String,
+    },
+    /// An agent loop run's transcript: the prompt, each model call's text with its
+    /// tokens, cost and time, each tool call with its arguments and result, the
+    /// approvals and file changes, then the answer.
+    Transcript {
         run_id: String,
     },
     /// The run's steps, in order.
@@ -204,7 +212,16 @@ pub(super) async fn run(
         }
         RunCommand::Logs { run_id } => {
             let run = client.find_run(&run_id).await?.data;
-            watch::print_logs(client, &run).await?;
+            let task = client.get_task(&run.task_id).await?.data;
+            if task.execution_kind == "agent_loop" {
+                transcript(client, Format::Table, &run).await?;
+            } else {
+                watch::print_logs(client, &run).await?;
+            }
+        }
+        RunCommand::Transcript { run_id } => {
+            let run = client.find_run(&run_id).await?.data;
+            transcript(client, format, &run).await?;
         }
         RunCommand::Steps { run_id, page } => steps(client, format, &run_id, &page).await?,
         RunCommand::Step { run_id, step_id } => step(client, format, &run_id, &step_id).await?,
@@ -360,6 +377,13 @@ async fn artifact(
     .map(drop)
 }
 
+async fn transcript(client: &Client, format: Format, run: &RunRecord) -> Result<(), Error> {
+    let call = client.get_transcript(&run.task_id, &run.id);
+    output::show_lines(format, call, |t| transcript::lines(&t.data))
+        .await
+        .map(drop)
+}
+
 /// Shows the run as `operation` (one of the client's: a read or a cancel) answers.
 async fn show_run(
     client: &Client,
@@ -467,6 +491,7 @@ fn run_fields(r: &RunRecord) -> Table {
         ("started", or_dash(r.started_at.as_ref().map(time))),
         ("finished", or_dash(r.finished_at.as_ref().map(time))),
     ])
+    .with_text("answer", r.answer.as_deref())
 }
 
 /// An append's body from the command's options: `NAME[=JSON]` pairs become events and

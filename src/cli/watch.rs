@@ -320,9 +320,7 @@ async fn on_event(
         "step.started" => {
             let index = data["index"].as_i64().unwrap_or_default();
             progress.steps.push((index, at));
-            let tool = data["tool"].as_str().map(|t| format!(" {t}"));
-            let name = text(data, "name");
-            view.status(format!("step {index} {name}{}", tool.unwrap_or_default()));
+            view.status(format!("step {index} {}", step_name(data)));
         }
         "step.finished" | "step.failed" => {
             // The step's output first, where it belongs (a failed read is retried later).
@@ -370,6 +368,15 @@ fn text(data: &serde_json::Value, key: &str) -> String {
     data[key].as_str().unwrap_or_default().to_string()
 }
 
+/// A step event's step: its name, and the tool a tool call called.
+fn step_name(data: &serde_json::Value) -> String {
+    let name = text(data, "name");
+    match data["tool"].as_str() {
+        Some(tool) => format!("{name} {tool}"),
+        None => name,
+    }
+}
+
 /// A finished or failed step, timed from its start event (when the watch saw it); may end
 /// in spaces when the step's time is unknown.
 fn step_line(progress: &Progress, event: &EventRecord) -> String {
@@ -389,11 +396,7 @@ fn step_line(progress: &Progress, event: &EventRecord) -> String {
             .map(|b| seconds(event.occurred_at - b))
             .unwrap_or_default(),
     };
-    let (name, status) = (text(data, "name"), text(data, "status"));
-    let name = match data["tool"].as_str() {
-        Some(tool) => format!("{name} {tool}"),
-        None => name,
-    };
+    let (name, status) = (step_name(data), text(data, "status"));
     let mut line = format!("step {index} {name} {status} {elapsed}");
     if let Some(error) = data["error"].as_str() {
         line.push_str(&format!(": {error}"));
@@ -469,9 +472,14 @@ fn model_text(view: &View, progress: &mut Progress, text: &str) {
     progress.model_text.push_str(text);
     if let Some(end) = progress.model_text.rfind('\n') {
         let lines: String = progress.model_text.drain(..=end).collect();
-        for line in lines.trim_end_matches('\n').split('\n') {
-            view.line(&format!("model: {line}"));
-        }
+        model_lines(view, &lines);
+    }
+}
+
+/// The model's text, a `model:` line for each of its lines.
+fn model_lines(view: &View, text: &str) {
+    for line in text.trim_end_matches('\n').split('\n') {
+        view.line(&format!("model: {line}"));
     }
 }
 
@@ -480,16 +488,14 @@ fn model_text(view: &View, progress: &mut Progress, text: &str) {
 fn answered_text(view: &View, data: &serde_json::Value) {
     let text = data.pointer("/output/response/message/content");
     if let Some(text) = text.and_then(|t| t.as_str()).filter(|t| !t.is_empty()) {
-        for line in text.trim_end_matches('\n').split('\n') {
-            view.line(&format!("model: {line}"));
-        }
+        model_lines(view, text);
     }
 }
 
 fn flush_model_text(view: &View, progress: &mut Progress) {
     if !progress.model_text.is_empty() {
         let rest = std::mem::take(&mut progress.model_text);
-        view.line(&format!("model: {rest}"));
+        model_lines(view, &rest);
     }
 }
 

@@ -289,6 +289,22 @@ pub(crate) async fn prune(
     Ok(pruned)
 }
 
+/// The sequence of the run's last event (0 before its first).
+pub async fn last_sequence_of_run(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    run_id: &str,
+) -> Result<i64> {
+    let last = sqlx::query_scalar!(
+        "SELECT max(sequence) FROM run_events WHERE workspace_id = $1 AND run_id = $2",
+        scope.workspace(),
+        run_id,
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(last.unwrap_or(0))
+}
+
 pub async fn list_for_run(
     conn: &mut PgConnection,
     scope: &Scope,

@@ -30,6 +30,7 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("runs.artifacts", "list_artifacts"),
     ("runs.artifact", "get_artifact"),
     ("runs.artifactContent", "artifact_content"),
+    ("runs.transcript", "get_transcript"),
     ("approvals.list", "list_approvals"),
     ("approvals.listForTask", "list_task_approvals"),
     ("approvals.get", "get_approval"),

@@ -733,18 +733,12 @@ async fn checkpoint_of(
     )
     .fetch_optional(&mut *conn)
     .await?;
-    let last_sequence = sqlx::query_scalar!(
-        "SELECT max(sequence) FROM run_events WHERE workspace_id = $1 AND run_id = $2",
-        scope.workspace(),
-        source.id,
-    )
-    .fetch_one(conn)
-    .await?;
+    let last_sequence = events::last_sequence_of_run(conn, scope, &source.id).await?;
     let step = step.map(|s| serde_json::json!({ "index": s.index, "name": s.name }));
     Ok(serde_json::json!({
         "source_run_id": source.id,
         "last_completed_step": step,
-        "last_event_sequence": last_sequence.unwrap_or(0),
+        "last_event_sequence": last_sequence,
     }))
 }
 
@@ -782,7 +776,7 @@ async fn find_by_idempotency_key(
                   abandoned_model_calls, model, provider, workspace_run_id, schedule_id,
                   schedule_occurrence_id, scheduled_for, created_at, started_at, finished_at,
                   updated_at, lineage_kind, from_model_call_index, conversation_base,
-                  requested_by, idempotency_request AS "idempotency_request!"
+                  requested_by, answer, idempotency_request AS "idempotency_request!"
            FROM runs WHERE workspace_id = $3 AND task_id = $1 AND idempotency_key = $2"#,
         task_id,
         key,

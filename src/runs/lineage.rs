@@ -39,6 +39,8 @@ pub(crate) async fn conversation_artifact(
 pub(crate) struct Conversation {
     pub(crate) content: ContentStore,
     pub(crate) bytes: Vec<u8>,
+    /// The model's answer, when it ended the conversation.
+    pub(crate) answer: Option<String>,
 }
 
 /// Replaces the run's `agent_conversation` artifact with `conversation`, in the caller's

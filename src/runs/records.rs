@@ -15,7 +15,8 @@ macro_rules! query_runs {
                        total_cost_micros_usd, model_call_count, abandoned_model_calls, model,
                        provider, workspace_run_id, schedule_id, schedule_occurrence_id,
                        scheduled_for, created_at, started_at, finished_at, updated_at,
-                       lineage_kind, from_model_call_index, conversation_base, requested_by "#
+                       lineage_kind, from_model_call_index, conversation_base, requested_by,
+                       answer "#
                 + $after
                 $(+ $more)*
             $(, $arg)*
@@ -47,6 +48,7 @@ macro_rules! run_record {
             provider: $row.provider,
             lineage_kind: $row.lineage_kind,
             from_model_call_index: $row.from_model_call_index,
+            answer: $row.answer,
             conversation_base: $row.conversation_base,
             workspace_run_id: $row.workspace_run_id,
             schedule_id: $row.schedule_id,

@@ -82,6 +82,7 @@ macro_rules! query_run_with_task {
                   r.provider, r.workspace_run_id, r.schedule_id, r.schedule_occurrence_id,
                   r.scheduled_for, r.created_at, r.started_at, r.finished_at, r.updated_at,
                   r.lineage_kind, r.from_model_call_index, r.conversation_base, r.requested_by,
+                  r.answer,
                   to_jsonb(task) - 'hooks' - 'written_by_role' AS "task!: Json<TaskRecord>",
                   to_jsonb(task) -> 'hooks' AS "hooks!: Json<Option<Hooks>>",
                   task.written_by_role AS "written_by_role!"
@@ -299,6 +300,8 @@ pub struct Change<'a> {
     pub(crate) worker_id: Option<&'a str>,
     pub(crate) exit_code: Option<i32>,
     pub(crate) last_error: Option<&'a str>,
+    /// An agent loop's answer, kept when it completes.
+    pub(crate) answer: Option<&'a str>,
 }
 
 /// Moves a run to `next` if the state machine allows it from the run's current state
@@ -404,6 +407,7 @@ async fn transition_if(
                 finished_at = CASE WHEN $2 IN ('completed', 'failed', 'cancelled') THEN now() END,
                 exit_code = COALESCE($4, exit_code),
                 last_error = COALESCE($5, last_error),
+                answer = COALESCE($20, answer),
                 updated_at = now()
              WHERE workspace_id = $6 AND id = $1 AND status = $7
                AND ($17::bigint IS NULL OR fence_job($17, $18, $19))
@@ -445,6 +449,7 @@ async fn transition_if(
         lease.map(|l| l.job_id),
         lease.map(|l| l.fencing_token),
         lease.map(|l| l.owner.as_str()),
+        change.answer,
     )
     .fetch_optional(&mut *conn)
     .await?;

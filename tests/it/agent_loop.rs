@@ -7,11 +7,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::support::llm::{FakeLlm, Turn};
-use crate::support::{Client, KeelProcess};
+use crate::support::{Client, KeelProcess, record};
 use keel_client::{
-    ApprovalPolicyRequest, ApprovalRecord, ApprovalStatus, ArtifactKind, EventRecord, EventType,
-    GateDecision, GateDecisions, PolicySource, ProviderView, Resolution, RunRecord, RunStatus,
-    StepRecord, StepStatus, TaskDraft,
+    ApprovalPolicyRequest, ApprovalRecord, ApprovalStatus, ArtifactKind, BlockKind, BlockStatus,
+    EventRecord, EventType, GateDecision, GateDecisions, OperationKind, PolicySource, ProviderView,
+    Resolution, RunRecord, RunStatus, RunTranscript, StepRecord, StepStatus, TaskDraft, TurnStatus,
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -219,10 +219,13 @@ impl Stack {
 }
 
 /// The draft of the agent loop tasks here; fields are added with `..agent()`.
+/// The prompt of [`agent`]'s task.
+const PROMPT: &str = "Tidy the notes.";
+
 pub(crate) fn agent() -> TaskDraft {
     TaskDraft {
         system_prompt: Some("You are careful.".into()),
-        ..support::agent_loop("Tidy the notes.")
+        ..support::agent_loop(PROMPT)
     }
 }
 
@@ -312,6 +315,96 @@ fn assert_not_in_logs(dir: &Path, needle: &str) {
                 path.display()
             );
         }
+    }
+}
+
+async fn transcript(client: &Client, task_id: &str, run_id: &str) -> RunTranscript {
+    let path = format!("/v1/tasks/{task_id}/runs/{run_id}/transcript");
+    let (status, body) = client.get(&path).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    record(&body)
+}
+
+/// The multi-turn run below as a person reads it: its answer on the run, `runs show`, the
+/// transcript (whole, in order, with the steps' own figures) and `runs logs`.
+async fn read_as_a_conversation(stack: &Stack, run: &RunRecord, steps: &[StepRecord]) {
+    let answer = "Done: notes.txt is tidy.";
+    assert_eq!(run.answer.as_deref(), Some(answer));
+    let shown = crate::cli::cli(&stack.client.base, &["runs", "show", &run.id]).await;
+    let shown = crate::cli::stdout(&shown);
+    assert!(shown.contains(&format!("\nanswer:\n{answer}\n")), "{shown}");
+
+    let transcript = transcript(&stack.client, &run.task_id, &run.id).await;
+    let events = stack.client.events(&run.task_id, &run.id).await;
+    assert_eq!(transcript.sequence, events.last().unwrap().sequence);
+    assert_eq!(transcript.answer.as_deref(), Some(answer));
+    assert_eq!(transcript.turns.len(), 1);
+    let turn = &transcript.turns[0];
+    assert_eq!(
+        (turn.id.as_str(), turn.status),
+        (run.id.as_str(), TurnStatus::Succeeded)
+    );
+    let kinds: Vec<BlockKind> = turn.blocks.iter().map(|b| b.kind).collect();
+    use BlockKind::{CoordinatorText, FileChange, OperationCell, UserMessage};
+    assert_eq!(
+        kinds,
+        [
+            UserMessage,
+            CoordinatorText,
+            OperationCell,
+            OperationCell,
+            FileChange,
+            CoordinatorText
+        ]
+    );
+    let blocks = &turn.blocks;
+    assert_eq!(blocks[0].text.as_deref(), Some(PROMPT));
+    let first = blocks[1].model_call.as_ref().unwrap();
+    assert_eq!(blocks[1].text.as_deref(), Some("Let me look."));
+    assert_eq!(blocks[1].id, steps[0].id);
+    assert_eq!(
+        (first.index, first.prompt_tokens, first.completion_tokens),
+        (1, Some(100), Some(20))
+    );
+    assert_eq!(first.cost_micros_usd, Some(400));
+    let took = (steps[0].finished_at.unwrap() - steps[0].started_at).num_milliseconds();
+    assert_eq!(first.latency_ms, Some(took));
+    assert_eq!(first.tool_calls, ["read_file", "file_write"]);
+    let read = blocks[2].tool.as_ref().unwrap();
+    assert_eq!(
+        (read.name.as_str(), read.operation_kind),
+        ("read_file", OperationKind::Read)
+    );
+    assert_eq!(read.arguments, r#"{"path":"notes.txt"}"#);
+    assert!(read.is_error, "{read:?}");
+    let write = blocks[3].tool.as_ref().unwrap();
+    assert_eq!(
+        (write.operation_kind, write.is_error),
+        (OperationKind::Edit, false)
+    );
+    let change = blocks[4].file_change.as_ref().unwrap();
+    assert_eq!(
+        (change.path.as_deref(), change.status.as_str()),
+        (Some("notes.txt"), "applied")
+    );
+    assert_eq!(blocks[5].text.as_deref(), Some(answer));
+
+    let logs = crate::cli::cli(&stack.client.base, &["runs", "logs", &run.id]).await;
+    let logs = crate::cli::stdout(&logs);
+    let expected_lines = [
+        "prompt:".to_string(),
+        format!("    {PROMPT}"),
+        format!(
+            "model (call 1 · 100 in, 20 out · $0.0004 · {:.1}s):",
+            took as f64 / 1000.0
+        ),
+        "    Let me look.".into(),
+        "tool file_write: notes.txt (5 bytes) succeeded".into(),
+        format!("file notes.txt applied (patch {})", change.patch_id),
+        "answer:".into(),
+    ];
+    for line in expected_lines {
+        assert!(logs.lines().any(|l| l.starts_with(&line)), "{line}\n{logs}");
     }
 }
 
@@ -418,6 +511,7 @@ async fn a_multi_turn_run_persists_every_call_and_result_and_completes() {
     let ended = watched.lines().last().unwrap_or_default();
     assert!(ended.starts_with("run finished in "), "{watched}");
     assert!(!ended.contains("exit code"), "{watched}");
+    read_as_a_conversation(&stack, &run, &steps).await;
     assert_eq!(completed[1].data["index"], 2);
     assert_eq!(completed[1].data["usage"]["prompt_tokens"], 300);
     assert_eq!(completed[1].data["cost_micros_usd"], 700);
@@ -951,10 +1045,34 @@ async fn a_worker_killed_mid_call_is_replaced_and_no_completed_call_is_repeated(
         .await
         .unwrap();
     assert_eq!(persisted, 2);
+    let before = transcript(&stack.client, &task_id, &run_id).await;
     stack.workers[0].kill9();
     stack.spawn_worker("worker-2");
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
     release.cancel();
+    // The takeover's transcript carries on the one read before the kill: the blocks that
+    // were complete then come back unchanged, and no model call appears twice.
+    let after = transcript(&stack.client, &task_id, &run_id).await;
+    let done = |t: &RunTranscript| -> Vec<Value> {
+        let blocks = t.turns[0].blocks.iter();
+        let done =
+            blocks.filter(|b| b.status.is_none() || b.status == Some(BlockStatus::Succeeded));
+        done.map(|b| serde_json::to_value(b).unwrap()).collect()
+    };
+    let (before, after) = (done(&before), done(&after));
+    assert_eq!(
+        before.len(),
+        5,
+        "the prompt, 2 calls and 2 tool calls: {before:?}"
+    );
+    assert_eq!(after[..before.len()], before[..]);
+    let calls: Vec<&Value> = after
+        .iter()
+        .filter_map(|b| b.get("model_call"))
+        .filter(|c| !c.is_null())
+        .collect();
+    let indexes: Vec<i64> = calls.iter().map(|c| c["index"].as_i64().unwrap()).collect();
+    assert_eq!(indexes, [1, 2, 3]);
     assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     assert_eq!(run.model_call_count, 3);
     assert_eq!(stack.llm.completed(), 3);

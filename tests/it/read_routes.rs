@@ -170,6 +170,11 @@ async fn a_step_reads_by_id_under_its_own_run() {
     assert_refused(c, &path, not_found, "not_found", "step").await;
     let path = format!("/v1/tasks/{a}/runs/run_nope/steps/{}", steps[0].id);
     assert_refused(c, &path, not_found, "not_found", "run").await;
+
+    // Only an agent loop's run has a transcript: a shell run's output is its logs.
+    let path = format!("/v1/tasks/{a}/runs/{first}/transcript");
+    let (unsupported, logs) = (StatusCode::UNPROCESSABLE_ENTITY, "keel runs logs");
+    assert_refused(c, &path, unsupported, "unsupported_capability", logs).await;
 }
 
 #[tokio::test]

@@ -261,6 +261,11 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ("GET", "/v1/tasks/{task_id}/runs/{run_id}/steps", RemoteSafe),
     (
         "GET",
+        "/v1/tasks/{task_id}/runs/{run_id}/transcript",
+        RemoteSafe,
+    ),
+    (
+        "GET",
         "/v1/tasks/{task_id}/runs/{run_id}/steps/{step_id}",
         RemoteSafe,
     ),

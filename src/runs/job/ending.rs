@@ -230,8 +230,10 @@ impl Attempted for RunWithTask {
         }
         let (next, change, reason, event) = match &ending.end {
             End::Completed { exit_code } => {
+                let answer = ending.conversation.as_ref();
                 let change = Change {
                     exit_code: *exit_code,
+                    answer: answer.and_then(|conversation| conversation.answer.as_deref()),
                     ..Change::default()
                 };
                 let data = serde_json::json!({ "exit_code": exit_code });

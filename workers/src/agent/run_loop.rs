@@ -478,6 +478,19 @@ fn finished(messages: &[Message]) -> bool {
     matches!(messages.last(), Some(Message::Assistant { tool_calls, .. }) if tool_calls.is_empty())
 }
 
+/// The model's answer in a conversation it ended: the text of its last message when that
+/// message asks for no tool call (None while the loop goes on, or for an empty answer).
+pub fn final_answer(messages: &[Message]) -> Option<&str> {
+    match messages.last() {
+        Some(Message::Assistant {
+            content: Some(text),
+            tool_calls,
+            ..
+        }) if tool_calls.is_empty() && !text.is_empty() => Some(text),
+        _ => None,
+    }
+}
+
 /// What the model reads for a call an operator rejected.
 fn refused(call: &ToolCall) -> ToolResult {
     let content = format!(
