@@ -12,7 +12,7 @@ use keel_api_types::{
     TranscriptBlock, TranscriptTurn, TurnStatus,
 };
 use keel_workers::agent::mcp::server_of;
-use keel_workers::agent::tools::summarize;
+use keel_workers::agent::tools::{summarize, written_paths};
 use keel_workers::agent::{Message, ToolCall};
 use serde_json::Value;
 use sqlx::PgConnection;
@@ -90,10 +90,21 @@ fn transcript(task: &TaskRecord, run: RunRecord, rows: Rows, sequence: i64) -> R
                 blocks.extend(rows.approvals.iter().filter(covers).map(approval));
             }
             "tool_call" => {
-                blocks.push(tool_call(step));
+                let (block, call) = tool_call(step);
+                blocks.push(block);
+                let paths = written_paths(&call);
                 let prefix = format!("patch-{}-", step.index);
-                let made = rows.patches.iter().filter(|p| p.name.starts_with(&prefix));
-                blocks.extend(made.map(|patch| file_change(patch, step)));
+                for patch in &rows.patches {
+                    // The n-th patch of a call (`patch-INDEX-n`) is its n-th file.
+                    let Some(n) = patch.name.strip_prefix(&prefix) else {
+                        continue;
+                    };
+                    let nth = n
+                        .parse::<usize>()
+                        .ok()
+                        .and_then(|n| paths.get(n.checked_sub(1)?));
+                    blocks.push(file_change(patch, nth.cloned()));
+                }
             }
             // Setup and hooks are the runtime's, not the conversation's: the steps list
             // has them.
@@ -244,7 +255,8 @@ fn model_call(step: &StepRecord) -> TranscriptBlock {
     block
 }
 
-fn tool_call(step: &StepRecord) -> TranscriptBlock {
+/// The block of a tool call's step, and the call it made.
+fn tool_call(step: &StepRecord) -> (TranscriptBlock, ToolCall) {
     let text = |key: &str| step.input[key].as_str().unwrap_or_default().to_string();
     let call = ToolCall {
         id: text("tool_call_id"),
@@ -272,10 +284,10 @@ fn tool_call(step: &StepRecord) -> TranscriptBlock {
         is_error,
         abridged: cut_arguments || cut_result == Some(true),
         latency_ms: latency_ms(step),
-        name: call.name,
+        name: call.name.clone(),
     });
     block.raw_detail_ref = reference("workflow_step", &step.id);
-    block
+    (block, call)
 }
 
 /// What a workspace tool does; an MCP server's tools are `other`.
@@ -328,12 +340,8 @@ fn approval(approval: &ApprovalRecord) -> TranscriptBlock {
     block
 }
 
-/// A patch of the tool call `step`, with the path its arguments named.
-fn file_change(patch: &PatchRow, step: &StepRecord) -> TranscriptBlock {
-    let arguments = step.input["arguments"].as_str().unwrap_or_default();
-    let path = serde_json::from_str::<Value>(arguments)
-        .ok()
-        .and_then(|args| args["path"].as_str().map(str::to_string));
+/// A patch a tool call made, of the file `path` its arguments named.
+fn file_change(patch: &PatchRow, path: Option<String>) -> TranscriptBlock {
     let mut block = block(
         &patch.id,
         BlockKind::FileChange,

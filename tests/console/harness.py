@@ -91,6 +91,12 @@ def screenshot(page, name):
     page.screenshot(path=os.path.join(SCREENSHOTS, f"{name}.png"), animations="disabled")
 
 
+def element_screenshot(locator, name):
+    """One element whole, however long, as docs/screenshots/NAME.png."""
+    os.makedirs(SCREENSHOTS, exist_ok=True)
+    locator.screenshot(path=os.path.join(SCREENSHOTS, f"{name}.png"), animations="disabled")
+
+
 def run_tests(console, tests):
     """Runs each test, reports each, and closes with the `N passed, N failed` line."""
     passed = failed = 0

@@ -22,7 +22,7 @@ sys.dont_write_bytecode = True  # noqa: E402  (no __pycache__ beside the sources
 from playwright.sync_api import expect
 
 from console_test import api
-from harness import Console, run_tests, screenshot
+from harness import Console, element_screenshot, run_tests, screenshot
 
 # A value that must never reach a page: the media preset's API key.
 CANARY_ENV = "KEEL_SECRET_CONSOLE_CANARY_KEY"
@@ -340,7 +340,9 @@ def proposal(name, text):
 def test_a_run_page_applies_one_proposed_change_and_discards_another(console):
     chat = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Chat)
     threading.Thread(target=chat.serve_forever, daemon=True).start()
-    Chat.turns = [[proposal("kept.txt", "kept"), proposal("dropped.txt", "dropped")], "proposed both"]
+    answer = ("I **proposed both**:\n\n- `kept.txt`\n- dropped.txt\n\n```\ngit diff\n```\n"
+              "<img src=x onerror=alert(1)> [docs](https://example.com/a) [bad](javascript:alert(1))")
+    Chat.turns = [[proposal("kept.txt", "kept"), proposal("dropped.txt", "dropped")], answer]
     try:
         page = console.signed_in_page()
         ok(api(page, "POST", "/v1/providers", {
@@ -355,21 +357,38 @@ def test_a_run_page_applies_one_proposed_change_and_discards_another(console):
         while not (approvals := ok(api(page, "GET", pending))):
             assert time.monotonic() < deadline, "no approval for the proposals"
             page.wait_for_timeout(100)
-        approval = approvals[0]
-        ok(api(page, "POST", f"/v1/tasks/{task['id']}/approvals/{approval['id']}/resolve", {"decision": "approve"}))
+        # The run's transcript holds the approval with its decisions: approved from there.
         open_page(page, f"#/runs/{task['id']}/{run['id']}")
-        expect(page.locator("#run-status")).to_have_text("completed")
-        # The agent's run reads as its conversation: the prompt, the answer, each tool call.
         conversation = page.locator("#conversation")
+        gate = conversation.locator(".turn.approval")
+        expect(gate).to_contain_text("pending")
+        expect(gate).to_contain_text("kept.txt")
+        gate.get_by_role("button", name="Approve").click()
+        expect(page.locator("#run-status")).to_have_text("completed")
+        expect(gate).to_contain_text("approved")
+        assert ok(api(page, "GET", f"/v1/tasks/{task['id']}/approvals/{approvals[0]['id']}"))["status"] == "approved"
+        # The agent's run reads as its conversation: the prompt, the answer, each tool call.
         expect(conversation.locator(".turn.user")).to_contain_text("propose")
-        expect(conversation.locator(".turn.assistant").last).to_contain_text("proposed both")
+        said = conversation.locator(".turn.assistant").last
+        expect(said).to_contain_text("proposed both")
+        # The answer's Markdown as elements; its markup as text, its script link as text.
+        expect(said.locator("strong")).to_have_text("proposed both")
+        expect(said.locator("li")).to_have_count(2)
+        expect(said.locator("li code")).to_have_text("kept.txt")
+        expect(said.locator("pre code")).to_have_text("git diff")
+        expect(said).to_contain_text("<img src=x onerror=alert(1)>")
+        expect(said.locator("img")).to_have_count(0)
+        expect(said.locator("a")).to_have_count(1)
+        expect(said.locator("a")).to_have_attribute("href", "https://example.com/a")
         expect(conversation.locator(".turn.assistant").first).to_contain_text("10 in, 5 out")
         calls = conversation.locator("details.turn.tool")
         expect(calls).to_have_count(2)
         calls.first.locator("summary").click()
         expect(calls.first).to_contain_text("kept.txt")
+        expect(conversation.locator(".turn.file").first).to_contain_text("kept.txt")
         expect(page.get_by_role("heading", name="stdout")).to_have_count(0)
         screenshot(page, "run-conversation")
+        element_screenshot(conversation, "run-transcript")
         changes = page.locator("section").filter(has=page.get_by_role("heading", name="File changes"))
         kept = changes.locator("tr").filter(has_text="kept.txt")
         dropped = changes.locator("tr").filter(has_text="dropped.txt")
@@ -397,6 +416,42 @@ def test_a_run_page_applies_one_proposed_change_and_discards_another(console):
         chat.shutdown()
 
 
+# Every page of the navigation, with the rows the tests above left.
+NAVIGATION = ["#/tasks", "#/runs", "#/approvals", "#/policy", "#/schedules", "#/media",
+              "#/providers", "#/queue", "#/external-work", "#/usage"]
+
+# What scrolls sideways on the page: the document, and each element that holds more than
+# it shows (a table in its box, a heading, a list of facts). `pre` blocks scroll by design.
+OVERFLOW = """() => {
+  const over = [];
+  const doc = document.documentElement;
+  if (doc.scrollWidth > doc.clientWidth) over.push(`the page by ${doc.scrollWidth - doc.clientWidth} px`);
+  for (const node of document.querySelectorAll('main *')) {
+    if (node.closest('pre, .visually-hidden') || node.clientWidth === 0) continue;
+    const style = getComputedStyle(node);
+    if (!['auto', 'scroll'].includes(style.overflowX) && style.overflowX !== 'hidden') continue;
+    if (node.scrollWidth > node.clientWidth + 1) {
+      over.push(`${node.tagName.toLowerCase()}.${node.className} by ${node.scrollWidth - node.clientWidth} px`);
+    }
+  }
+  return over;
+}"""
+
+
+def test_every_page_fits_1280_by_800_without_sideways_scrolling(console):
+    page = console.signed_in_page()
+    task = ok(api(page, "GET", "/v1/tasks?limit=1"))[0]
+    routes = NAVIGATION + [f"#/tasks/{task['id']}", f"#/runs/{task['id']}/{task['latest_run_id']}"]
+    scrolling = {}
+    for route in routes:
+        open_page(page, route)
+        page.locator("main h1").wait_for()
+        page.wait_for_load_state("networkidle")
+        if over := page.evaluate(OVERFLOW):
+            scrolling[route] = over
+    assert not scrolling, f"pages that scroll sideways at 1280 px: {scrolling}"
+
+
 TESTS = [
     test_the_queue_page_shows_depth_and_the_chart_bars_after_runs,
     test_a_media_job_shows_its_image_preview_and_providers_show_readiness_without_the_secret,
@@ -404,6 +459,7 @@ TESTS = [
     test_the_usage_and_external_work_pages_render,
     test_an_operator_changes_the_approval_policy_and_the_next_start_follows_it,
     test_a_run_page_applies_one_proposed_change_and_discards_another,
+    test_every_page_fits_1280_by_800_without_sideways_scrolling,
 ]
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ files![
     "app.js",
     "lib/api.js",
     "lib/dom.js",
+    "lib/markdown.js",
     "lib/sse.js",
     "lib/time.js",
     "pages/approvals.js",

@@ -292,6 +292,24 @@ pub(crate) fn bound(mut content: String, max: usize) -> String {
     content
 }
 
+/// The files a writer's call names, in the order its patches are recorded: the `path` of
+/// `file_write` and `file_edit`, each file section of `apply_patch`'s diff; none for other
+/// tools or arguments that do not read.
+pub fn written_paths(call: &ToolCall) -> Vec<String> {
+    let Ok(args) = arguments(call) else {
+        return Vec::new();
+    };
+    let text = |key: &str| args.get(key).and_then(|v| v.as_str());
+    match call.name.as_str() {
+        "file_write" | "file_edit" => text("path").map(str::to_string).into_iter().collect(),
+        "apply_patch" => text("patch")
+            .and_then(|patch| diff::split(patch).ok())
+            .map(|sections| sections.iter().map(|s| s.path().to_string()).collect())
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
 /// A one-line description of a call for an approval's action summary: the tool's name and
 /// its salient argument, so the approver sees what would happen: the command itself, the
 /// pattern, the path, the request's method and URL (without its query, which may carry a

@@ -1,6 +1,9 @@
 // Times in the browser's zone, with the UTC instant on hover and the age beside it.
 
-const local = new Intl.DateTimeFormat(undefined, { dateStyle: 'medium', timeStyle: 'medium' });
+// Compact: the day and the minute, the year only when it is not this one (the UTC instant
+// to the second is on hover). A table's column of them stays narrow.
+const thisYear = new Intl.DateTimeFormat(undefined, { month: 'short', day: 'numeric', hour: 'numeric', minute: '2-digit' });
+const otherYear = new Intl.DateTimeFormat(undefined, { dateStyle: 'medium', timeStyle: 'short' });
 const relative = new Intl.RelativeTimeFormat(undefined, { numeric: 'auto' });
 const STEPS = [[60, 'second'], [60, 'minute'], [24, 'hour'], [30, 'day'], [12, 'month'], [Infinity, 'year']];
 
@@ -27,6 +30,7 @@ export function when(iso) {
 }
 
 function told(date) {
+  const local = date.getFullYear() === new Date().getFullYear() ? thisYear : otherYear;
   return `${local.format(date)} · ${age(date)}`;
 }
 

@@ -5,6 +5,7 @@
 
 import { ApiError, get, post, seg, withQuery } from '../lib/api.js';
 import { action, badge, changed, details, enable, h, replace, table, toast } from '../lib/dom.js';
+import { markdown } from '../lib/markdown.js';
 import { follow } from '../lib/sse.js';
 import { when } from '../lib/time.js';
 import { summaryText } from './approvals.js';
@@ -72,13 +73,14 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
   state.buttons = actions(view, state, task, base, ctx);
   const refresh = refresher(async () => {
     state.run = (await get(base)).data;
-    const [steps, artifacts] = await Promise.all([
+    const [steps, artifacts, transcript] = await Promise.all([
       get(withQuery(`${base}/steps`, { limit: 200 })).then((r) => r.data),
       get(withQuery(`${base}/artifacts`, { limit: 200 })).then((r) => r.data),
+      agent ? get(`${base}/transcript`).then((r) => r.data) : null,
     ]);
     if (ctx.signal.aborted) return;
     showRun(view, state, task);
-    if (agent) showConversation(view, task, steps);
+    if (agent) showConversation(view, task, transcript, { refresh: () => refresh() });
     showSteps(view, steps);
     showArtifacts(view, artifacts, base);
     if (artifacts.some((a) => a.kind === 'patch')) {
@@ -231,54 +233,80 @@ function stepLabel(step) {
   return step.name;
 }
 
-/** The longest a tool call's arguments or result is shown before it is cut. */
-const ABRIDGED = 2000;
-
-function abridged(text) {
-  const whole = typeof text === 'string' ? text : JSON.stringify(text, null, 2);
-  return whole.length > ABRIDGED ? `${whole.slice(0, ABRIDGED)}\u2026 (${whole.length} characters)` : whole;
+/** Seconds, one decimal, from milliseconds; empty when unknown. */
+function seconds(ms) {
+  return ms === null || ms === undefined ? '' : `${(Math.max(ms, 0) / 1000).toFixed(1)} s`;
 }
 
-/** Seconds between two times, one decimal. */
-function took(step) {
-  if (!step.finished_at) return '';
-  const ms = Date.parse(step.finished_at) - Date.parse(step.started_at);
-  return `${(Math.max(ms, 0) / 1000).toFixed(1)} s`;
+/** A model call's figures: tokens in and out, cost (unknown when the model has no price),
+ *  time. */
+function callFacts(call) {
+  const cost = call.cost_micros_usd === null || call.cost_micros_usd === undefined
+    ? 'cost unknown' : `$${(call.cost_micros_usd / 1e6).toFixed(4)}`;
+  return `call ${call.index} \u00b7 ${call.prompt_tokens ?? '?'} in, ${call.completion_tokens ?? '?'} out`
+    + ` \u00b7 ${cost} \u00b7 ${seconds(call.latency_ms)}`;
+}
+
+/** One block of the transcript as the page shows it. */
+function blockView(block, task, ctx) {
+  switch (block.kind) {
+    case 'user_message':
+      return h('div', { class: 'turn user' }, h('p', { class: 'who' }, 'prompt'),
+        h('div', { class: 'text md' }, markdown(block.text)));
+    case 'raw_detail_ref':
+      return h('p', { class: 'turn lineage' }, block.raw_detail_ref && block.raw_detail_ref.type === 'run'
+        ? h('a', { href: `#/runs/${seg(task.id)}/${seg(block.raw_detail_ref.id)}` }, block.text) : block.text);
+    case 'coordinator_text':
+      return h('div', { class: 'turn assistant' },
+        h('p', { class: 'who' }, 'assistant ', h('span', { class: 'facts' }, callFacts(block.model_call || {}))),
+        block.text ? h('div', { class: 'text md' }, markdown(block.text)) : null);
+    case 'operation_cell': {
+      const tool = block.tool || {};
+      const failed = tool.is_error || block.status === 'failed';
+      return h('details', { class: `turn tool${failed ? ' failed' : ''}` },
+        h('summary', {}, `${block.text || tool.name} `, badge(failed ? 'failed' : block.status),
+          ` ${seconds(tool.latency_ms)}`),
+        h('p', { class: 'who' }, 'arguments'), h('pre', { class: 'output' }, tool.arguments || ''),
+        tool.result === null || tool.result === undefined ? null
+          : [h('p', { class: 'who' }, 'result'), h('pre', { class: 'output' }, tool.result)],
+        tool.abridged ? h('p', { class: 'who' }, 'Cut to 2,000 characters: the step has it whole.') : null);
+    }
+    case 'approval':
+      return approvalView(block.approval || {}, task, ctx);
+    case 'file_change': {
+      const change = block.file_change || {};
+      return h('p', { class: 'turn file' }, 'file ', h('code', {}, change.path || '(the patch\'s files)'), ' ',
+        badge(change.status), h('a', { href: '#patches-heading' }, ' see File changes'));
+    }
+    default:
+      return null;
+  }
+}
+
+/** An approval the run waited on: what it covers, and while pending its decisions. */
+function approvalView(approval, task, ctx) {
+  const resolve = (decision) => action(decision === 'approve' ? 'Approve' : 'Reject', async () => {
+    await post(`/v1/tasks/${seg(task.id)}/approvals/${seg(approval.approval_id)}/resolve`, { decision });
+    toast(`Approval ${approval.approval_id}: ${decision}d.`);
+    await ctx.refresh();
+  }, { class: decision === 'approve' ? null : 'danger' });
+  return h('div', { class: 'turn approval' },
+    h('p', { class: 'who' }, 'approval ', badge(approval.status),
+      approval.resolved_by ? ` by ${approval.resolved_by}` : ''),
+    h('pre', { class: 'summary' }, (approval.action_summary || []).join('\n')),
+    approval.status === 'pending' ? h('div', { class: 'actions' }, resolve('approve'), resolve('reject')) : null);
 }
 
 /**
- * The agent's run as a conversation, from its persisted steps: the prompt, each model
- * call's text with its tokens, cost and time, and each tool call (collapsed) with its
- * arguments and result. Text is set as text, never as markup.
+ * The agent's run as its transcript (GET …/transcript): the prompt, each model call's text
+ * (Markdown, rendered as elements, never as markup) with its tokens, cost and time, each
+ * tool call (collapsed) with its arguments and result, approvals with their decisions, and
+ * the file changes. Rebuilt only when a block changed.
  */
-function showConversation(view, task, steps) {
-  if (!changed(view.conversation, JSON.stringify(steps))) return;
-  const turns = [h('div', { class: 'turn user' }, h('p', { class: 'who' }, 'prompt'),
-    h('div', { class: 'text' }, task.prompt || ''))];
-  for (const step of steps) {
-    const output = step.output || {};
-    if (step.name === 'model_call') {
-      const response = output.response || {};
-      const text = (response.message && response.message.content) || '';
-      const usage = response.usage || {};
-      const cost = output.cost_micros_usd === null || output.cost_micros_usd === undefined
-        ? 'cost unknown' : `$${(output.cost_micros_usd / 1e6).toFixed(4)}`;
-      const facts = `call ${(step.input || {}).index} \u00b7 ${usage.prompt_tokens ?? '?'} in, `
-        + `${usage.completion_tokens ?? '?'} out \u00b7 ${cost} \u00b7 ${took(step)}`;
-      turns.push(h('div', { class: 'turn assistant' }, h('p', { class: 'who' }, 'assistant ', h('span', { class: 'facts' }, facts)),
-        text ? h('div', { class: 'text' }, text) : null));
-    } else if (step.name === 'tool_call') {
-      const input = step.input || {};
-      const result = output.result || {};
-      const failed = step.status === 'failed' || result.is_error;
-      turns.push(h('details', { class: `turn tool${failed ? ' failed' : ''}` },
-        h('summary', {}, `${input.name} `, badge(failed ? 'failed' : step.status), ` ${took(step)}`),
-        h('p', { class: 'who' }, 'arguments'), h('pre', { class: 'output' }, abridged(input.arguments || '')),
-        h('p', { class: 'who' }, 'result'),
-        h('pre', { class: 'output' }, abridged(step.error || result.content || result))));
-    }
-  }
-  replace(view.conversation, ...turns);
+function showConversation(view, task, transcript, ctx) {
+  const blocks = transcript.turns.flatMap((turn) => turn.blocks);
+  if (!changed(view.conversation, JSON.stringify(blocks))) return;
+  replace(view.conversation, ...blocks.map((block) => blockView(block, task, ctx)));
 }
 
 function showSteps(view, steps) {
