@@ -22,6 +22,9 @@ use crate::{MAX_MCP_SERVERS, McpServer, McpServers, RunStatus};
 #[serde(deny_unknown_fields)]
 pub struct TaskDraft {
     pub execution_kind: Option<String>,
+    /// What lists show for the task (at most 200 characters, no control characters);
+    /// absent: derived from its prompt or command.
+    pub title: Option<String>,
     pub prompt: Option<String>,
     pub shell_command: Option<String>,
     pub git_command: Option<String>,
@@ -90,6 +93,12 @@ pub const REPO: &str = r#"^(?!-)(?!\s)(?![\s\S]*\s$)(/[^\u0000-\u001f\u007f-\u00
 /// `/`, `.` or `.lock`, not `@`, without `..`, `//`, `@{` or `/.`, white space, control
 /// characters or any of `~^:?*[\`.
 pub const BRANCH: &str = r#"^(?![-/.])(?!.*(\.\.|//|@\{|/\.))(?!.*(/|\.|\.lock)$)(?!@$)[^\s\u0000-\u001f\u007f-\u009f~^:?*\[\\]+$"#;
+
+/// A task's `title`: something besides white space, and no control character.
+pub const TITLE: &str = r#"^(?![\s\S]*[\u0000-\u001f\u007f-\u009f])[\s\S]*\S[\s\S]*$"#;
+
+/// Longest `title` (characters).
+pub const MAX_TITLE_CHARS: usize = 200;
 
 /// Longest `repo` (bytes).
 pub const MAX_REPO_BYTES: usize = 2048;
@@ -396,6 +405,17 @@ fn mcp_servers(schemas: &mut Vec<(String, RefOr<Schema>)>) -> RefOr<Schema> {
 fn common_fields(kind: &str) -> Vec<Field> {
     let mut fields: Vec<Field> = vec![
         (
+            "title",
+            false,
+            string(true, TITLE, Some(MAX_TITLE_CHARS))
+                .description(Some(
+                    "What lists show for the task: at most 200 characters, something besides \
+                     white space, no control characters (a newline, a tab). Absent: the \
+                     first line of its prompt or command, cut at 80 characters.",
+                ))
+                .into(),
+        ),
+        (
             "workspace_mode",
             false,
             one_of_strings(true, &WorkspaceMode::ALL.map(WorkspaceMode::as_str))
@@ -561,8 +581,8 @@ fn common_fields(kind: &str) -> Vec<Field> {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[cfg_attr(feature = "sqlx", derive(sqlx::FromRow))]
 #[schema(example = json!({
-    "id": "task_01a22b05c3e1734c9d7a0f2b6e41d890", "execution_kind": "shell", "status": "completed",
-    "prompt": null, "shell_command": "echo hello from keel", "git_command": null,
+    "id": "task_01a22b05c3e1734c9d7a0f2b6e41d890", "title": "echo hello from keel",
+    "execution_kind": "shell", "status": "completed", "prompt": null, "shell_command": "echo hello from keel", "git_command": null,
     "file_path": null, "file_content": null, "file_operation": null,
     "working_directory": null, "workspace_mode": "ephemeral", "repo": null, "base_branch": null, "repo_credential": null, "push_branch": null, "sandbox_allowed_root": null, "sandbox_network": true, "sandbox_read_only": false, "timeout_ms": 60000, "priority": 5, "budget_micros_usd": 2000000,
     "system_prompt": null, "requested_provider": null, "requested_model": null,
@@ -573,6 +593,8 @@ fn common_fields(kind: &str) -> Vec<Field> {
 }))]
 pub struct TaskRecord {
     pub id: String,
+    /// What lists show: as given at creation, or derived from the prompt or command.
+    pub title: String,
     #[schema(value_type = ExecutionKind)]
     pub execution_kind: String,
     pub status: TaskStatus,

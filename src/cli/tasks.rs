@@ -111,6 +111,9 @@ pub(crate) struct CreateTask {
     push_branch: Option<String>,
     #[arg(long)]
     timeout_ms: Option<i64>,
+    /// What lists show for the task (default: its prompt's or command's first line).
+    #[arg(long)]
+    title: Option<String>,
     /// Start the task in the same request and transaction (`start: true`): the task shown
     /// has its first run's status and id (`latest_run_id`).
     #[arg(long)]
@@ -133,6 +136,7 @@ impl CreateTask {
         };
         TaskDraft {
             execution_kind: Some(kind.into()),
+            title: self.title.clone(),
             prompt: self.prompt.clone(),
             shell_command: self.shell.clone(),
             git_command: self.git.clone(),
@@ -181,19 +185,16 @@ pub(super) async fn run(
             output::show_or_id(format, create.quiet, call, id, |t| task_fields(&t.data)).await?;
         }
         TaskCommand::List { status, page } => {
-            let headers = ["ID", "KIND", "STATUS", "RUNS", "CREATED", "WHAT"];
+            let headers = ["ID", "KIND", "STATUS", "RUNS", "CREATED", "TITLE"];
             let call = client.list_tasks(status.as_deref());
             output::list(format, &page, call, &headers, |t: &TaskRecord| {
-                let what = [&t.shell_command, &t.git_command, &t.file_path, &t.prompt]
-                    .into_iter()
-                    .find_map(|w| w.clone());
                 vec![
                     t.id.clone(),
                     t.execution_kind.clone(),
                     t.status.to_string(),
                     t.run_count.to_string(),
                     time(&t.created_at),
-                    or_dash(what),
+                    t.title.clone(),
                 ]
             })
             .await?;
@@ -229,6 +230,7 @@ pub(super) async fn run(
 fn task_fields(t: &TaskRecord) -> Table {
     Table::fields(&[
         ("id", t.id.clone()),
+        ("title", t.title.clone()),
         ("kind", t.execution_kind.clone()),
         ("status", t.status.to_string()),
         ("shell", or_dash(t.shell_command.as_ref())),

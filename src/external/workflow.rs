@@ -25,7 +25,7 @@ use crate::external::tracker::{
     Poller, Target, Tracker, TrackerApi, TrackerKind, normalized, token,
 };
 use crate::providers::secrets::SecretRef;
-use crate::tasks::{Hooks, MAX_HOOK_TIMEOUT_MS, TaskDraft};
+use crate::tasks::{Hooks, MAX_HOOK_TIMEOUT_MS, TaskDraft, one_line_title};
 
 /// Why a workflow file cannot be used; `code` is the error's stable `type`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -210,6 +210,9 @@ impl Workflow {
     pub(crate) fn task_draft(&self, prompt: String, issue: &Issue) -> Result<TaskDraft> {
         let mut draft = task_draft(self.config.task.as_ref())?;
         draft.prompt = Some(prompt);
+        // The item as people know it, unless the workflow names the task itself.
+        let title = format!("{}: {}", issue.identifier, issue.title);
+        draft.title = draft.title.or(Some(one_line_title(&title)));
         if let Some(branch) = draft.push_branch.take() {
             draft.push_branch = Some(render(&branch, issue, None)?);
         }

@@ -88,7 +88,7 @@ macro_rules! query_run_with_task {
                   task.written_by_role AS "written_by_role!"
          FROM runs r
          CROSS JOIN LATERAL (
-             SELECT t.id, t.execution_kind, COALESCE(latest.status, 'not_started') AS status,
+             SELECT t.id, t.title, t.execution_kind, COALESCE(latest.status, 'not_started') AS status,
                     t.prompt, t.shell_command, t.git_command, t.file_path, t.file_content,
                     t.file_operation, t.working_directory, t.workspace_mode, t.repo,
                     t.base_branch, t.repo_credential, t.push_branch, t.sandbox_allowed_root, t.sandbox_network, t.sandbox_read_only, t.timeout_ms,

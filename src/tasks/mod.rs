@@ -15,7 +15,8 @@ pub(crate) use mcp::{
     check_host as check_mcp_server_host, check_name as check_mcp_server_name, starts_a_process,
 };
 pub(crate) use rules::{
-    AgentLoop, NESTED_WORKSPACE, TaskExecution, WorkspaceMode, check_branch, parse_budget,
+    AgentLoop, NESTED_WORKSPACE, TaskExecution, WorkspaceMode, check_branch, one_line_title,
+    parse_budget,
 };
 pub use rules::{NewTask, RunTimeouts, TaskDraft, TaskStatus, WorkspaceRoots};
 pub use store::{LIST_MAX_ROWS, delete, get, insert, list};

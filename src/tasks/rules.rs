@@ -2,7 +2,9 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use keel_api_types::{ExecutionProfile, REASONING_EFFORTS, WORKSPACE_SYSTEM_PROMPT_POLICIES};
+use keel_api_types::{
+    ExecutionProfile, MAX_TITLE_CHARS, REASONING_EFFORTS, WORKSPACE_SYSTEM_PROMPT_POLICIES,
+};
 pub use keel_api_types::{TaskDraft, TaskStatus};
 use keel_workers::{Execution, FileOperation};
 
@@ -216,6 +218,8 @@ impl Default for RunTimeouts {
 /// A validated task, ready to store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewTask {
+    /// As given, or derived from the prompt or command ([`derived_title`]).
+    pub(crate) title: String,
     pub(crate) execution: TaskExecution,
     pub(crate) prompt: Option<String>,
     pub(crate) workspace: WorkspaceMode,
@@ -319,11 +323,16 @@ impl NewTask {
         };
         let prompt = draft.prompt.clone();
         check_len("prompt", prompt.as_deref(), MAX_PROMPT_BYTES)?;
+        let title = match parse_title(draft.title.as_deref())? {
+            Some(title) => title,
+            None => derived_title(&execution, prompt.as_deref()),
+        };
         let timeout_ms = timeouts.parse(draft.timeout_ms)?;
         let sandbox = parse_sandbox(&draft, &execution)?;
         let workspace = parse_workspace(&draft)?;
         let repo = parse_repo(&draft, &workspace)?;
         Ok(NewTask {
+            title,
             execution,
             prompt,
             workspace,
@@ -830,6 +839,61 @@ fn required<'a>(field: &'static str, value: Option<&'a str>) -> Result<&'a str, 
         Some(v) if !v.trim().is_empty() => Ok(v),
         Some(_) => Err(Invalid::new(field, "must not be empty")),
         None => Err(Invalid::new(field, "is required")),
+    }
+}
+
+/// Longest title a derived one is cut to (characters), before its `…`.
+const DERIVED_TITLE_CHARS: usize = 80;
+
+/// A given title, without the white space around it.
+fn parse_title(title: Option<&str>) -> Result<Option<String>, Invalid> {
+    let Some(title) = title.map(str::trim) else {
+        return Ok(None);
+    };
+    if title.is_empty() {
+        return Err(Invalid::new("title", "is blank"));
+    }
+    if title.chars().count() > MAX_TITLE_CHARS {
+        let message = format!("is longer than {MAX_TITLE_CHARS} characters");
+        return Err(Invalid::new("title", message));
+    }
+    if title.chars().any(char::is_control) {
+        let message = "holds a control character (a newline or a tab): a title is one line";
+        return Err(Invalid::new("title", message));
+    }
+    Ok(Some(title.to_string()))
+}
+
+/// A title from what the task runs: [`one_line_title`] of its prompt or command.
+fn derived_title(execution: &TaskExecution, prompt: Option<&str>) -> String {
+    let source = match execution {
+        TaskExecution::AgentLoop(_) => prompt.unwrap_or("agent loop").to_string(),
+        TaskExecution::Process(Execution::Shell { command }) => command.clone(),
+        TaskExecution::Process(Execution::Git { command }) => format!("git {command}"),
+        TaskExecution::Process(Execution::File {
+            path, operation, ..
+        }) => {
+            let verb = match operation {
+                FileOperation::Write => "write",
+                FileOperation::Append => "append to",
+                FileOperation::Delete => "delete",
+            };
+            format!("{verb} {path}")
+        }
+    };
+    one_line_title(&source)
+}
+
+/// A title from any text: its first line, white space folded and control characters
+/// dropped, cut at [`DERIVED_TITLE_CHARS`] characters (`untitled` when nothing is left).
+pub(crate) fn one_line_title(source: &str) -> String {
+    let line = source.trim().lines().next().unwrap_or_default();
+    let folded = line.split_whitespace().collect::<Vec<_>>().join(" ");
+    let folded: String = folded.chars().filter(|c| !c.is_control()).collect();
+    match folded.char_indices().nth(DERIVED_TITLE_CHARS) {
+        Some((end, _)) => format!("{}…", &folded[..end]),
+        None if folded.is_empty() => "untitled".to_string(),
+        None => folded,
     }
 }
 

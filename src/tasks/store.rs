@@ -30,7 +30,7 @@ macro_rules! query_tasks {
         sqlx::query_as!(
             TaskRecord,
             $before
-                + r#" t.id, t.execution_kind,
+                + r#" t.id, t.title, t.execution_kind,
                       COALESCE(r.status, 'not_started') AS "status!: TaskStatus", t.prompt,
                       t.shell_command, t.git_command, t.file_path, t.file_content,
                       t.file_operation, t.working_directory, t.workspace_mode, t.repo,
@@ -151,7 +151,7 @@ pub async fn insert(
     let created = sqlx::query_as!(
         TaskRecord,
         r#"WITH created AS (
-             INSERT INTO tasks (id, execution_kind, prompt, shell_command, git_command, file_path,
+             INSERT INTO tasks (id, title, execution_kind, prompt, shell_command, git_command, file_path,
                                 file_content, file_operation, working_directory, workspace_mode,
                                 sandbox_allowed_root, sandbox_network, sandbox_read_only,
                                 timeout_ms, priority, budget_micros_usd, workspace_id,
@@ -160,8 +160,9 @@ pub async fn insert(
                                 workspace_system_prompt_policy, repo, base_branch,
                                 mcp_servers, written_by_role, repo_credential,
                                 execution_profile, push_branch)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                     $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33)
+             VALUES ($1, $34, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+                     $17, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $32,
+                     $33)
              RETURNING *
          ), audit AS (
              INSERT INTO state_transitions (workspace_id, entity_type, entity_id, task_id,
@@ -169,7 +170,7 @@ pub async fn insert(
              SELECT workspace_id, 'task', id, id, NULL, 'not_started', 'created', $18
              FROM created
          )
-         SELECT id, execution_kind, 'not_started' AS "status!: TaskStatus", prompt,
+         SELECT id, title, execution_kind, 'not_started' AS "status!: TaskStatus", prompt,
                 shell_command, git_command, file_path, file_content, file_operation,
                 working_directory, workspace_mode, repo, base_branch, repo_credential,
                 push_branch, sandbox_allowed_root,
@@ -215,6 +216,7 @@ pub async fn insert(
             .map(ToString::to_string),
         agent.execution_profile,
         repo.and_then(|repo| repo.push_branch.as_deref()),
+        task.title,
     )
     .fetch_one(conn)
     .await?;

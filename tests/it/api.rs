@@ -243,6 +243,57 @@ async fn a_task_created_with_start_is_queued_in_the_same_commit_and_runs() {
 }
 
 #[tokio::test]
+async fn a_task_has_the_title_it_was_given_or_one_from_what_it_runs() {
+    let app = TestApp::start().await;
+    let c = &app.client;
+    let titled = |title: &str, draft: TaskDraft| TaskDraft {
+        title: Some(title.into()),
+        ..draft
+    };
+    let given = c
+        .create_task(&titled("  Nightly cleanup ", shell("true")))
+        .await;
+    assert_eq!(given.title, "Nightly cleanup");
+    let long = format!("echo {}\necho second line", "x".repeat(100));
+    let derived = [
+        (
+            shell("  echo   hello\tthere \n echo again"),
+            "echo hello there".to_string(),
+        ),
+        (shell(&long), format!("echo {}…", "x".repeat(75))),
+        (
+            support::agent_loop("Tidy the notes.\nThen stop."),
+            "Tidy the notes.".into(),
+        ),
+    ];
+    for (draft, title) in derived {
+        let task = c.create_task(&draft).await;
+        assert_eq!(task.title, title);
+        // The list shows it as the task does.
+        let listed = c.api.list_tasks(None).await.unwrap().data;
+        let row = listed.iter().find(|t| t.id == task.id).unwrap();
+        assert_eq!(row.title, title);
+    }
+    let refused = [
+        ("   ".to_string(), "is blank"),
+        ("a\nb".into(), "control character"),
+        ("é".repeat(201), "200 characters"),
+    ];
+    for (title, message) in refused {
+        let body = json!({ "execution_kind": "shell", "shell_command": "true", "title": title });
+        let (status, body) = c.post("/v1/tasks", body).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        let said = body["error"]["message"].as_str().unwrap();
+        assert!(said.contains("title") && said.contains(message), "{body}");
+    }
+    // 200 characters of two bytes each are within the limit: it counts characters.
+    let most = c
+        .create_task(&titled(&"é".repeat(200), shell("true")))
+        .await;
+    assert_eq!(most.title.chars().count(), 200);
+}
+
+#[tokio::test]
 async fn a_started_tasks_response_is_what_reading_it_returns() {
     // Both runs wait: one for a worker, one for the approval its shell command needs.
     let waiting = [

@@ -304,6 +304,8 @@ async fn github_polls_import_each_item_once_honour_etags_and_back_off_on_rate_li
         Some("Work on acme/widgets#1: issue 1")
     );
     assert_eq!(task.status, TaskStatus::Queued, "{task:?}");
+    // Named as the tracker names the item, not by its rendered prompt.
+    assert_eq!(task.title, "acme/widgets#1: issue 1");
     let evidence = client
         .api
         .list_artifacts(task_id, run_id)

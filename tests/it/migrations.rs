@@ -77,6 +77,48 @@ async fn the_full_media_event_key_stays_until_its_partial_one_is_valid() {
     assert!(!constraint_exists(&mut conn, "run_events_media_job_sequence").await);
 }
 
+/// 0053 gives the tasks from before titles one from what they run: the first line, white
+/// space folded, control characters dropped, cut at 80 characters.
+#[tokio::test]
+async fn tasks_from_before_titles_get_one_from_what_they_run() {
+    let url = support::empty_database().await;
+    let mut conn = PgConnection::connect(&url).await.unwrap();
+    keel::db::MIGRATOR.run_to(52, &mut conn).await.unwrap();
+    let prompt = format!("{}\nmore", "y".repeat(100));
+    let tasks = [
+        (
+            "task_a",
+            "shell",
+            None,
+            Some("  echo   a\u{1}b\t c\necho two"),
+            None,
+        ),
+        ("task_b", "agent_loop", Some(prompt.as_str()), None, None),
+        ("task_c", "git", None, None, Some("status --short")),
+    ];
+    for (id, kind, prompt, shell, git) in tasks {
+        sqlx::query(
+            "INSERT INTO tasks (id, workspace_id, execution_kind, prompt, shell_command,
+                                git_command, workspace_mode, timeout_ms)
+             VALUES ($1, 'default', $2, $3, $4, $5, 'ephemeral', 60000)",
+        )
+        .bind(id)
+        .bind(kind)
+        .bind(prompt)
+        .bind(shell)
+        .bind(git)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+    keel::db::MIGRATOR.run(&mut conn).await.unwrap();
+    let titles: Vec<String> = sqlx::query_scalar("SELECT title FROM tasks ORDER BY id")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(titles, ["echo ab c", &"y".repeat(80), "git status --short"]);
+}
+
 /// Several `migrate`s at once (replicas starting together) all succeed: the ones waiting
 /// for the lock wait between statements. Waiting inside `pg_advisory_lock` (sqlx's lock)
 /// held a snapshot, which the `CREATE INDEX CONCURRENTLY` under the lock waited for, and

@@ -51,7 +51,7 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
   const agent = task.execution_kind === 'agent_loop';
   replace(root,
     h('p', {}, h('a', { href: `#/tasks/${seg(taskId)}` }, `\u2190 Task ${taskId}`)),
-    h('h1', {}, `Run ${run.number} of ${task.id}`),
+    h('h1', {}, `Run ${run.number} of ${task.title}`),
     h('div', { class: 'toolbar' }, view.status, view.live),
     view.actions,
     view.facts,

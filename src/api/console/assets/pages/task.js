@@ -40,8 +40,9 @@ export async function render(root, { task_id: taskId }, ctx) {
 
   replace(root,
     h('p', {}, h('a', { href: '#/tasks' }, '\u2190 Tasks')),
-    h('h1', {}, `Task ${task.id}`),
+    h('h1', {}, task.title),
     details([
+      ['Task id', task.id],
       ['Status', badge(task.status)],
       ['Kind', task.execution_kind],
       ['What it does', h('code', { class: 'command' }, summary(task))],

@@ -36,9 +36,8 @@ export async function render(root, _params, ctx) {
 
   const draw = (page) => {
     const rows = page.data.map((task) => [
-      h('a', { href: `#/tasks/${seg(task.id)}` }, task.id),
+      [h('a', { href: `#/tasks/${seg(task.id)}` }, task.title), h('br'), h('small', { class: 'id' }, task.id)],
       task.execution_kind,
-      h('code', { class: 'command' }, summary(task)),
       badge(task.status),
       task.latest_run_id
         ? h('a', { href: `#/runs/${seg(task.id)}/${seg(task.latest_run_id)}` }, `run ${task.run_count}`)
@@ -48,7 +47,7 @@ export async function render(root, _params, ctx) {
     ]);
     return [
       h('h2', { id: 'tasks-heading' }, status ? `Tasks that are ${status}` : 'All tasks'),
-      table('Tasks', ['Task', 'Kind', 'What it does', 'Status', 'Latest run', 'Updated', ''], rows,
+      table('Tasks', ['Task', 'Kind', 'Status', 'Latest run', 'Updated', ''], rows,
         status ? `No task is ${status}.` : 'No tasks yet: create one above.'),
     ];
   };
@@ -63,6 +62,7 @@ export async function render(root, _params, ctx) {
 
 function createForm(ctx) {
   const command = h('textarea', { id: 'shell-command', name: 'shell_command', rows: 2, required: true, spellcheck: 'false' });
+  const title = h('input', { id: 'task-title', name: 'title', type: 'text', maxlength: 200 });
   const prompt = h('input', { id: 'task-prompt', name: 'prompt', type: 'text' });
   const timeout = h('input', { id: 'task-timeout', name: 'timeout_s', type: 'number', min: 1, inputmode: 'numeric' });
   const startNow = h('input', { id: 'start-now', name: 'start', type: 'checkbox', checked: true });
@@ -72,6 +72,7 @@ function createForm(ctx) {
     h('p', { class: 'hint' }, 'Shell runs wait for an operator\u2019s approval when the runtime\u2019s approval policy gates them (the default).'),
     h('label', { for: 'shell-command' }, 'Shell command (sh -c)'), command,
     h('div', { class: 'fields' },
+      h('div', { class: 'field grow' }, h('label', { for: 'task-title' }, 'Title (optional: the command\u2019s first line)'), title),
       h('div', { class: 'field grow' }, h('label', { for: 'task-prompt' }, 'Description (optional)'), prompt),
       h('div', { class: 'field' }, h('label', { for: 'task-timeout' }, 'Timeout in seconds (optional)'), timeout)),
     problems,
@@ -82,6 +83,7 @@ function createForm(ctx) {
     event.preventDefault();
     replace(problems);
     const draft = { execution_kind: 'shell', shell_command: command.value };
+    if (title.value.trim()) draft.title = title.value;
     if (prompt.value.trim()) draft.prompt = prompt.value;
     if (timeout.value) draft.timeout_ms = Number(timeout.value) * 1000;
     try {
