@@ -94,7 +94,7 @@ impl std::fmt::Display for RunStatus {
     "prior_cost_micros_usd": 0, "total_cost_micros_usd": 0, "model_call_count": 0,
     "abandoned_model_calls": 0,
     "model": null, "provider": null, "lineage_kind": null, "from_model_call_index": null,
-    "answer": null, "schedule_id": null,
+    "answer": null, "terminal_code": "completed", "schedule_id": null,
     "schedule_occurrence_id": null, "scheduled_for": null, "requested_by": "local",
     "created_at": "2026-11-30T09:00:05Z", "started_at": "2026-11-30T09:00:05Z",
     "finished_at": "2026-11-30T09:01:12Z", "updated_at": "2026-11-30T09:01:12Z"
@@ -132,6 +132,9 @@ pub struct RunRecord {
     /// An agent loop run that completed: the model's answer (the text of its last message,
     /// which asked for no tool call). Null for other kinds, and until the run completes.
     pub answer: Option<String>,
+    /// Why the run ended (`last_error` says it in words); null until it ends, and for runs
+    /// that ended before codes were kept.
+    pub terminal_code: Option<TerminalCode>,
     /// The conversation an agent loop run starts from; null: the task's prompts. Not
     /// rendered (it can be large): read the source's `agent_conversation` artifact.
     #[serde(skip)]
@@ -181,6 +184,97 @@ pub struct StepRecord {
     pub error: Option<String>,
     pub started_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+}
+
+closed_set! {
+    /// Why an ended run ended, for a program to branch on (`last_error` says it in words).
+    TerminalCode {
+        Completed = "completed",
+        /// Cancelled by a person, the API or its external work item.
+        Cancelled = "cancelled",
+        /// Cancelled because an approval it waited on was rejected.
+        ApprovalRejected = "approval_rejected",
+        /// Its process exited with a code other than 0.
+        ExitedNonzero = "exited_nonzero",
+        /// Its process was killed by a signal.
+        Killed = "killed",
+        /// It reached its `timeout_ms`.
+        TimedOut = "timed_out",
+        /// Its processes reached the run's process or memory limit.
+        ResourceLimit = "resource_limit",
+        /// The worker could not give it the sandbox it asks for.
+        SandboxUnavailable = "sandbox_unavailable",
+        /// Its workspace could not be prepared (refused, unavailable, its clone failed).
+        WorkspaceFailed = "workspace_failed",
+        /// A workflow hook around it failed.
+        HookFailed = "hook_failed",
+        /// Its changes could not be pushed.
+        PushFailed = "push_failed",
+        /// The model could not be called (the provider refused or stayed unavailable, or
+        /// no model is configured).
+        ModelError = "model_error",
+        /// It reached its task's `budget_micros_usd`.
+        BudgetExceeded = "budget_exceeded",
+        /// It reached its task's `max_model_calls`.
+        MaxModelCallsReached = "max_model_calls_reached",
+        /// Its client stopped appending within its lease, or held it the longest it may.
+        ClientLeaseLapsed = "client_lease_lapsed",
+        /// Its attempts ran out (each worker lost it or failed to run it).
+        GaveUp = "gave_up",
+        /// Another failure: `last_error` says which.
+        Failed = "failed",
+    }
+}
+
+/// `last_error`'s beginnings that name a [`TerminalCode`], first match wins: the prefixes
+/// the runtime's failures start with.
+const ERROR_PREFIXES: [(&str, TerminalCode); 21] = [
+    ("process exited with code", TerminalCode::ExitedNonzero),
+    ("process was killed by a signal", TerminalCode::Killed),
+    ("timed out after", TerminalCode::TimedOut),
+    ("timeout:", TerminalCode::TimedOut),
+    ("pids_limit_reached:", TerminalCode::ResourceLimit),
+    ("memory_limit_exceeded:", TerminalCode::ResourceLimit),
+    ("sandbox_unavailable:", TerminalCode::SandboxUnavailable),
+    ("workspace_unavailable:", TerminalCode::WorkspaceFailed),
+    ("workspace_refused:", TerminalCode::WorkspaceFailed),
+    ("clone_failed:", TerminalCode::WorkspaceFailed),
+    ("hook_failed:", TerminalCode::HookFailed),
+    ("push_failed:", TerminalCode::PushFailed),
+    ("provider_error:", TerminalCode::ModelError),
+    ("provider_unavailable:", TerminalCode::ModelError),
+    ("provider_disabled:", TerminalCode::ModelError),
+    ("model_not_configured:", TerminalCode::ModelError),
+    ("budget_exceeded:", TerminalCode::BudgetExceeded),
+    (
+        "max_model_calls_reached:",
+        TerminalCode::MaxModelCallsReached,
+    ),
+    ("client_lease_expired:", TerminalCode::ClientLeaseLapsed),
+    ("client_lease_max_reached:", TerminalCode::ClientLeaseLapsed),
+    ("gave up after", TerminalCode::GaveUp),
+];
+
+impl TerminalCode {
+    /// The code of a run that ends in `status` with `last_error`; None while it has not
+    /// ended. The one place that reads a failure's words as a code.
+    pub fn of(status: RunStatus, last_error: Option<&str>) -> Option<TerminalCode> {
+        let error = last_error.unwrap_or_default();
+        match status {
+            RunStatus::Completed => Some(TerminalCode::Completed),
+            RunStatus::Cancelled if error == "approval rejected" => {
+                Some(TerminalCode::ApprovalRejected)
+            }
+            RunStatus::Cancelled => Some(TerminalCode::Cancelled),
+            RunStatus::Failed => Some(
+                ERROR_PREFIXES
+                    .iter()
+                    .find(|(prefix, _)| error.starts_with(prefix))
+                    .map_or(TerminalCode::Failed, |(_, code)| *code),
+            ),
+            RunStatus::Queued | RunStatus::Running | RunStatus::AwaitingApproval => None,
+        }
+    }
 }
 
 closed_set! {
@@ -248,6 +342,83 @@ pub struct ArtifactRecord {
 #[cfg(test)]
 mod tests {
     use super::RunStatus::{self, *};
+    use super::{ERROR_PREFIXES, TerminalCode};
+
+    /// Failures as the runtime words them, each with the code it reads as.
+    #[test]
+    fn an_ended_runs_code_is_read_from_its_status_and_error() {
+        let cases = [
+            (Completed, None, TerminalCode::Completed),
+            (
+                Cancelled,
+                Some("cancelled by request"),
+                TerminalCode::Cancelled,
+            ),
+            (
+                Cancelled,
+                Some("approval rejected"),
+                TerminalCode::ApprovalRejected,
+            ),
+            (
+                Failed,
+                Some("process exited with code 3: disk is full"),
+                TerminalCode::ExitedNonzero,
+            ),
+            (
+                Failed,
+                Some("process was killed by a signal"),
+                TerminalCode::Killed,
+            ),
+            (
+                Failed,
+                Some("timed out after 300 ms"),
+                TerminalCode::TimedOut,
+            ),
+            (
+                Failed,
+                Some("timeout: the run reached its timeout_ms"),
+                TerminalCode::TimedOut,
+            ),
+            (
+                Failed,
+                Some("pids_limit_reached: 18 new processes refused; process exited with code 2"),
+                TerminalCode::ResourceLimit,
+            ),
+            (
+                Failed,
+                Some("clone_failed: fatal: repository not found"),
+                TerminalCode::WorkspaceFailed,
+            ),
+            (
+                Failed,
+                Some("provider_unavailable: 503 from the provider"),
+                TerminalCode::ModelError,
+            ),
+            (
+                Failed,
+                Some("gave up after 5 attempts"),
+                TerminalCode::GaveUp,
+            ),
+            (Failed, Some("the client's own words"), TerminalCode::Failed),
+            (Failed, None, TerminalCode::Failed),
+        ];
+        for (status, error, code) in cases {
+            assert_eq!(
+                TerminalCode::of(status, error),
+                Some(code),
+                "{status:?} {error:?}"
+            );
+        }
+        for status in [Queued, Running, AwaitingApproval] {
+            assert_eq!(TerminalCode::of(status, Some("timeout: x")), None);
+        }
+        // No prefix hides a later one.
+        for (i, (prefix, _)) in ERROR_PREFIXES.iter().enumerate() {
+            for (earlier, _) in &ERROR_PREFIXES[..i] {
+                assert!(!prefix.starts_with(earlier), "{earlier} hides {prefix}");
+            }
+        }
+    }
 
     #[test]
     fn terminal_states_are_final() {

@@ -199,9 +199,9 @@ WITH t AS (
            now() - (($2 - g) / 1000.0)::float8 * interval '1 hour' AS at
     FROM generate_series($1, $2 - 1) AS g
 ), tasks_in AS (
-    INSERT INTO tasks (id, workspace_id, execution_kind, shell_command, workspace_mode,
+    INSERT INTO tasks (id, workspace_id, execution_kind, title, shell_command, workspace_mode,
                        run_count, latest_run_id, created_at, updated_at)
-    SELECT id, workspace_id, 'shell', 'echo history', 'ephemeral', 2,
+    SELECT id, workspace_id, 'shell', 'echo history', 'echo history', 'ephemeral', 2,
            'run_' || lpad(to_hex(g * 2 + 1), 32, '0'), at, at
     FROM t
 ), r AS (

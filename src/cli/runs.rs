@@ -486,6 +486,7 @@ fn run_fields(r: &RunRecord) -> Table {
         ("status", r.status.to_string()),
         ("attempt", r.attempt.to_string()),
         ("exit code", or_dash(r.exit_code)),
+        ("terminal code", or_dash(r.terminal_code)),
         ("error", or_dash(r.last_error.as_ref())),
         ("created", time(&r.created_at)),
         ("started", or_dash(r.started_at.as_ref().map(time))),

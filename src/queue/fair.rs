@@ -37,6 +37,22 @@ pub async fn claim(
     Ok(leases)
 }
 
+/// How long a worker goes by what it last read of [`any_operator_limit`]: a limit set
+/// where none was binds within this (a change to one that exists, at the next claim).
+pub const OPERATOR_LIMITS_TTL: Duration = Duration::from_secs(2);
+
+/// Whether an operator set any workspace's limit: a worker without a per-workspace limit
+/// of its own then claims fairly, so that the limit binds.
+pub async fn any_operator_limit(pool: &PgPool) -> Result<bool> {
+    let any = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM workspace_limits
+                          WHERE max_concurrent IS NOT NULL) AS "any!""#
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(any)
+}
+
 /// The workspaces with due jobs of the kind (found by skipping from one workspace's
 /// stretch of the index to the next) or with expired leases of it, each locked for the
 /// claim's transaction, in one order.

@@ -776,7 +776,8 @@ async fn find_by_idempotency_key(
                   abandoned_model_calls, model, provider, workspace_run_id, schedule_id,
                   schedule_occurrence_id, scheduled_for, created_at, started_at, finished_at,
                   updated_at, lineage_kind, from_model_call_index, conversation_base,
-                  requested_by, answer, idempotency_request AS "idempotency_request!"
+                  requested_by, answer,
+                  terminal_code AS "terminal_code: keel_api_types::TerminalCode", idempotency_request AS "idempotency_request!"
            FROM runs WHERE workspace_id = $3 AND task_id = $1 AND idempotency_key = $2"#,
         task_id,
         key,

@@ -16,7 +16,7 @@ macro_rules! query_runs {
                        provider, workspace_run_id, schedule_id, schedule_occurrence_id,
                        scheduled_for, created_at, started_at, finished_at, updated_at,
                        lineage_kind, from_model_call_index, conversation_base, requested_by,
-                       answer "#
+                       answer, terminal_code AS "terminal_code: keel_api_types::TerminalCode" "#
                 + $after
                 $(+ $more)*
             $(, $arg)*
@@ -49,6 +49,7 @@ macro_rules! run_record {
             lineage_kind: $row.lineage_kind,
             from_model_call_index: $row.from_model_call_index,
             answer: $row.answer,
+            terminal_code: $row.terminal_code,
             conversation_base: $row.conversation_base,
             workspace_run_id: $row.workspace_run_id,
             schedule_id: $row.schedule_id,

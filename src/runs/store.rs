@@ -13,6 +13,7 @@ use crate::events::NewEvent;
 use crate::queue::{self, Lease};
 use crate::tasks::Hooks;
 use crate::tasks::TaskRecord;
+use keel_api_types::TerminalCode;
 
 pub use keel_api_types::RunRecord;
 
@@ -82,7 +83,7 @@ macro_rules! query_run_with_task {
                   r.provider, r.workspace_run_id, r.schedule_id, r.schedule_occurrence_id,
                   r.scheduled_for, r.created_at, r.started_at, r.finished_at, r.updated_at,
                   r.lineage_kind, r.from_model_call_index, r.conversation_base, r.requested_by,
-                  r.answer,
+                  r.answer, r.terminal_code AS "terminal_code: keel_api_types::TerminalCode",
                   to_jsonb(task) - 'hooks' - 'written_by_role' AS "task!: Json<TaskRecord>",
                   to_jsonb(task) -> 'hooks' AS "hooks!: Json<Option<Hooks>>",
                   task.written_by_role AS "written_by_role!"
@@ -408,6 +409,7 @@ async fn transition_if(
                 exit_code = COALESCE($4, exit_code),
                 last_error = COALESCE($5, last_error),
                 answer = COALESCE($20, answer),
+                terminal_code = $21,
                 updated_at = now()
              WHERE workspace_id = $6 AND id = $1 AND status = $7
                AND ($17::bigint IS NULL OR fence_job($17, $18, $19))
@@ -450,6 +452,8 @@ async fn transition_if(
         lease.map(|l| l.fencing_token),
         lease.map(|l| l.owner.as_str()),
         change.answer,
+        TerminalCode::of(next, change.last_error.or(current.last_error.as_deref()))
+            .map(TerminalCode::as_str),
     )
     .fetch_optional(&mut *conn)
     .await?;

@@ -10,7 +10,7 @@ use keel::events::FeedCursor;
 use keel::queue::Locked;
 use keel_client::{
     ArtifactRecord, ArtifactStatus, EventRecord, EventType, RunRecord, RunStatus, StepStatus,
-    TaskDraft, TaskStatus,
+    TaskDraft, TaskStatus, TerminalCode,
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -42,6 +42,7 @@ async fn a_shell_run_goes_from_created_to_completed_with_its_output() {
 
     let run = c.wait_terminal(task_id, run_id, RUN_TIMEOUT).await;
     assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    assert_eq!(run.terminal_code, Some(TerminalCode::Completed));
     assert_eq!(run.exit_code, Some(0));
     assert_eq!(run.attempt, 1);
     assert!(run.worker_id.as_deref().unwrap().starts_with("wrk_"));
@@ -117,6 +118,7 @@ async fn a_failing_command_fails_the_run_with_exit_code_and_stderr() {
         run.last_error.as_deref(),
         Some("process exited with code 3: disk is full")
     );
+    assert_eq!(run.terminal_code, Some(TerminalCode::ExitedNonzero));
     let events = app.client.events(&task_id, &run_id).await;
     assert_eq!(event_types(&events).last(), Some(&"run.failed"));
     assert_eq!(events.last().unwrap().data["exit_code"], 3);
@@ -137,6 +139,16 @@ async fn a_timeout_fails_the_run() {
         .await;
     assert_eq!(run.status, RunStatus::Failed);
     assert_eq!(run.last_error.as_deref(), Some("timed out after 300 ms"));
+    assert_eq!(run.terminal_code, Some(TerminalCode::TimedOut));
+    // Read back as the run's field, and named in `runs show`.
+    let shown = crate::cli::cli(&app.client.base, &["runs", "show", &run.id]).await;
+    let shown = crate::cli::stdout(&shown);
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.starts_with("terminal code") && l.ends_with("timed_out")),
+        "{shown}"
+    );
 }
 
 #[tokio::test]

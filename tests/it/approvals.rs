@@ -8,7 +8,7 @@ use crate::support::{Client, TestApp, shell};
 use keel_client::{
     ApprovalPolicyRequest, ApprovalRecord, ApprovalStatus, EventType, GateDecision, GateDecisions,
     LeaseRecord, PolicySource, Resolution, RunRecord, RunStatus, TaskDraft, TaskStatus,
-    TransitionRecord,
+    TerminalCode, TransitionRecord,
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -187,6 +187,7 @@ async fn rejecting_cancels_the_run_and_a_second_resolve_conflicts() {
     let run = c.run(&task_id, &run.id).await;
     assert_eq!(run.status, RunStatus::Cancelled);
     assert_eq!(run.last_error.as_deref(), Some("approval rejected"));
+    assert_eq!(run.terminal_code, Some(TerminalCode::ApprovalRejected));
     let task = c.api.get_task(&task_id).await.unwrap().data;
     assert_eq!(task.status, TaskStatus::Cancelled);
     for decision in ["approve", "reject"] {

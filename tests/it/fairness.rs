@@ -333,6 +333,32 @@ async fn put_limit(
     client.send(client.http.put(url).json(&body)).await
 }
 
+/// An operator's limit binds a worker that has no per-workspace limit of its own (no
+/// `KEEL_MAX_CONCURRENT_PER_WORKSPACE`, local mode): 0 holds the workspace's runs queued
+/// until it is lifted.
+#[tokio::test]
+async fn a_limit_of_zero_pauses_a_workspace_on_a_worker_without_a_limit_of_its_own() {
+    let app = support::TestApp::start().await;
+    let c = &app.client;
+    let zero = serde_json::json!({ "max_concurrent": 0 });
+    let (status, body) = put_limit(c, "default", zero).await;
+    assert_eq!(status, 200, "{body}");
+    let task = c.create_task(&support::shell("echo held")).await;
+    let run = c.start(&task.id).await;
+    // The absence of a claim, over a window of several of the worker's claim passes after
+    // it has read the limits again (an unlimited run of `echo` ends well within it).
+    tokio::time::sleep(fair::OPERATOR_LIMITS_TTL * 3).await;
+    let held = c.run(&task.id, &run.id).await;
+    assert_eq!(held.status, RunStatus::Queued, "{held:?}");
+    let lifted = serde_json::json!({ "max_concurrent": null });
+    let (status, body) = put_limit(c, "default", lifted).await;
+    assert_eq!(status, 200, "{body}");
+    let ended = c
+        .wait_terminal(&task.id, &run.id, Duration::from_secs(30))
+        .await;
+    assert_eq!(ended.status, RunStatus::Completed, "{ended:?}");
+}
+
 #[tokio::test]
 async fn operators_set_a_workspaces_limit_and_members_cannot() {
     let app = support::TestApp::api_only().await;

@@ -407,11 +407,6 @@ const ELSEWHERE: &[(&str, &str, &str)] = &[
     ),
     (
         "runs",
-        "run_events",
-        "a run's next event sequence is read at admission",
-    ),
-    (
-        "runs",
         "state_transitions",
         "a run's transition and its audit record land together",
     ),

@@ -119,6 +119,26 @@ async fn tasks_from_before_titles_get_one_from_what_they_run() {
     assert_eq!(titles, ["echo ab c", &"y".repeat(80), "git status --short"]);
 }
 
+/// The database takes exactly the terminal codes the runtime writes.
+#[tokio::test]
+async fn the_runs_terminal_codes_are_the_runtimes() {
+    let url = support::fresh_database().await;
+    let mut conn = PgConnection::connect(&url).await.unwrap();
+    let definition: String = sqlx::query_scalar(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint
+         WHERE conname = 'runs_terminal_code_known'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let quoted: Vec<&str> = definition.split('\'').skip(1).step_by(2).collect();
+    let codes: Vec<&str> = keel_client::TerminalCode::ALL
+        .iter()
+        .map(|c| c.as_str())
+        .collect();
+    assert_eq!(quoted, codes, "{definition}");
+}
+
 /// Several `migrate`s at once (replicas starting together) all succeed: the ones waiting
 /// for the lock wait between statements. Waiting inside `pg_advisory_lock` (sqlx's lock)
 /// held a snapshot, which the `CREATE INDEX CONCURRENTLY` under the lock waited for, and

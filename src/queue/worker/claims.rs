@@ -1,13 +1,14 @@
 //! How the worker claims: the one seam between its claim loop and the claim strategies.
-//! Fair claims across workspaces when the worker has a per-workspace limit; otherwise the
-//! full claim, or, while an old snapshot is held, claims by position with a sweep beside
-//! them (`queue::snapshot`).
+//! Fair claims across workspaces when the worker has a per-workspace limit, or when an
+//! operator set a workspace's limit (which binds every worker, whatever its setting);
+//! otherwise the full claim, or, while an old snapshot is held, claims by position with a
+//! sweep beside them (`queue::snapshot`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::queue::snapshot::{Claiming, HeldSnapshot};
-use crate::queue::{Lease, QueueError};
+use crate::queue::{Lease, QueueError, fair};
 
 pub(super) struct Claimer {
     claiming: Claiming,
@@ -15,6 +16,8 @@ pub(super) struct Claimer {
     /// unless an operator set its own limit.
     max_per_workspace: Option<u32>,
     snapshot: Arc<HeldSnapshot>,
+    /// Whether any workspace has an operator's limit, and when that was read.
+    operator_limits: Mutex<Option<(Instant, bool)>>,
 }
 
 impl Claimer {
@@ -27,7 +30,26 @@ impl Claimer {
             claiming,
             max_per_workspace,
             snapshot,
+            operator_limits: Mutex::new(None),
         }
+    }
+
+    /// The per-workspace limit claims keep to: the worker's own, else none (`u32::MAX`) but
+    /// the operators' where any is set; None: no workspace is limited.
+    async fn workspace_limit(&self) -> Result<Option<u32>, QueueError> {
+        if self.max_per_workspace.is_some() {
+            return Ok(self.max_per_workspace);
+        }
+        let known = *self.operator_limits.lock().expect("not poisoned");
+        let any = match known {
+            Some((read, any)) if read.elapsed() < fair::OPERATOR_LIMITS_TTL => any,
+            _ => {
+                let any = fair::any_operator_limit(self.claiming.pool.pool()).await?;
+                *self.operator_limits.lock().expect("not poisoned") = Some((Instant::now(), any));
+                any
+            }
+        };
+        Ok(any.then_some(u32::MAX))
     }
 
     /// The room the worker has now.
@@ -44,11 +66,11 @@ impl Claimer {
             lease,
             ..
         } = &self.claiming;
-        if let Some(max) = self.max_per_workspace {
+        if let Some(max) = self.workspace_limit().await? {
             // Each workspace is read from the head of its own stretch of the index: no
             // positions to keep.
             return kind_by_kind(kinds, room, |kind, limit| {
-                crate::queue::fair::claim(pool.pool(), owner, kind, limit, *lease, max)
+                fair::claim(pool.pool(), owner, kind, limit, *lease, max)
             })
             .await;
         }

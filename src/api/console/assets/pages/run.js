@@ -200,6 +200,7 @@ function showRun(view, state, task) {
     ['Attempt', run.attempt],
     ['Worker', run.worker_id],
     ['Exit code', run.exit_code],
+    ['Ended as', run.terminal_code],
     ['Last error', error ? (error.message || JSON.stringify(error)) : null],
     ['Model', run.model ? `${run.provider || ''} ${run.model} (${run.model_call_count} calls)` : null],
     ['Created', when(run.created_at)],
