@@ -14,6 +14,15 @@ closed_set! {
 }
 
 closed_set! {
+    /// The order a list is read in: `asc`, oldest first (the default), or `desc`, newest
+    /// first; its cursor pages on in the same order.
+    ListOrder {
+        Asc = "asc",
+        Desc = "desc",
+    }
+}
+
+closed_set! {
     /// Which queue leases to list: live ones (`active`, or `expired` and not yet taken
     /// over) or ended ones (`released`).
     LeaseStatus {

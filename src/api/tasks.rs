@@ -5,7 +5,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use keel_api_types::Deleted;
-use keel_api_types::{RunTranscript, StartRequest};
+use keel_api_types::{ListOrder, RunTranscript, StartRequest};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
@@ -243,6 +243,10 @@ struct RunListQuery {
     status: Option<String>,
     /// Only this task's runs.
     task_id: Option<String>,
+    /// `asc`, oldest first (the default), or `desc`, newest first; the cursor pages on in
+    /// the same order.
+    #[param(value_type = Option<ListOrder>, inline)]
+    order: Option<String>,
 }
 
 impl RunListQuery {
@@ -260,10 +264,19 @@ impl RunListQuery {
         let task_id = self.task_id.as_deref();
         Ok(RunFilter { status, task_id })
     }
+
+    fn order(&self) -> Result<ListOrder> {
+        let Some(value) = self.order.as_deref() else {
+            return Ok(ListOrder::Asc);
+        };
+        ListOrder::parse(value).ok_or_else(|| {
+            ApiError::invalid(format!("unknown order '{value}' (expected asc or desc)"))
+        })
+    }
 }
 
-/// Lists the runs of every task in the workspace, oldest first (a task's runs as
-/// `GET /v1/tasks/{task_id}/runs` pages them).
+/// Lists the runs of every task in the workspace, oldest first, or newest first with
+/// `order=desc` (a task's runs as `GET /v1/tasks/{task_id}/runs` pages them).
 #[utoipa::path(get, path = "/runs", tag = "runs", params(RunListQuery),
     responses((status = 200, description = "A page of runs", body = ListEnvelope<RunRecord>)))]
 async fn list_workspace_runs(
@@ -272,10 +285,10 @@ async fn list_workspace_runs(
     ApiQuery(query): ApiQuery<RunListQuery>,
 ) -> Result<Json<ListEnvelope<RunRecord>>> {
     let limit = page_limit(query.limit)?;
-    let filter = query.filter()?;
+    let (filter, order) = (query.filter()?, query.order()?);
     let mut conn = state.pool.acquire().await?;
-    let cursor = query.cursor.as_deref();
-    let rows = runs::list_in_workspace(&mut conn, &caller.scope, filter, cursor, limit + 1).await?;
+    let page = (order, query.cursor.as_deref());
+    let rows = runs::list_in_workspace(&mut conn, &caller.scope, filter, page, limit + 1).await?;
     Ok(Json(list(rows, limit, |r| r.id.clone())))
 }
 

@@ -37,12 +37,15 @@ pub(crate) struct AdmitArgs {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum RunCommand {
-    /// Lists runs, oldest first: a task's, or with no task every task's in the workspace.
+    /// Lists runs, newest first: a task's, or with no task every task's in the workspace.
     List {
         task_id: Option<String>,
         /// Only runs in this status (`running`, `failed`, …).
         #[arg(long)]
         status: Option<String>,
+        /// Oldest first instead.
+        #[arg(long)]
+        oldest_first: bool,
         #[command(flatten)]
         page: PageArgs,
     },
@@ -203,8 +206,12 @@ pub(super) async fn run(
         RunCommand::List {
             task_id,
             status,
+            oldest_first,
             page,
-        } => list(client, format, task_id.as_deref(), status.as_deref(), &page).await?,
+        } => {
+            let filter = (task_id.as_deref(), status.as_deref());
+            list(client, format, filter, oldest_first, &page).await?
+        }
         RunCommand::Show { run_id } => show_run(client, format, &run_id, Client::get_run).await?,
         RunCommand::Watch { run_id, no_wait } => {
             let run = client.find_run(&run_id).await?.data;
@@ -281,14 +288,23 @@ pub(super) async fn run(
 async fn list(
     client: &Client,
     format: Format,
-    task_id: Option<&str>,
-    status: Option<&str>,
+    (task_id, status): (Option<&str>, Option<&str>),
+    oldest_first: bool,
     page: &PageArgs,
 ) -> Result<(), Error> {
-    // A task alone: its own list, which says when the task does not exist.
-    let call = match (task_id, status) {
-        (Some(task_id), None) => client.list_runs(task_id),
-        _ => client.list_workspace_runs(status, task_id),
+    let call = match (task_id, status, oldest_first) {
+        // A task alone, oldest first: its own list.
+        (Some(task_id), None, true) => client.list_runs(task_id),
+        _ => {
+            // A task that does not exist is said to, not listed as having no runs.
+            if let Some(task_id) = task_id {
+                client.get_task(task_id).await?;
+            }
+            let order = (!oldest_first).then_some("desc");
+            client
+                .list_workspace_runs(status, task_id)
+                .query("order", order)
+        }
     };
     let headers = [
         "ID", "TASK", "NUMBER", "STATUS", "EXIT", "CREATED", "FINISHED",

@@ -13,7 +13,7 @@ use crate::events::NewEvent;
 use crate::queue::{self, Lease};
 use crate::tasks::Hooks;
 use crate::tasks::TaskRecord;
-use keel_api_types::TerminalCode;
+use keel_api_types::{ListOrder, TerminalCode};
 
 pub use keel_api_types::RunRecord;
 
@@ -251,41 +251,55 @@ pub struct RunFilter<'a> {
     pub task_id: Option<&'a str>,
 }
 
-/// Runs of every task in the workspace, oldest first, as [`list`] pages one task's; `after`
-/// is the id of the last run of the previous page. One statement per filter, so each reads
-/// its own index in id order (`runs_workspace…`) and a page costs the same however many
-/// runs came before it: a `$n IS NULL OR …` filter would let a generic plan scan past them.
+/// Runs of every task in the workspace, oldest first (newest first with
+/// [`ListOrder::Desc`]), as [`list`] pages one task's; `after` is the id of the last run of
+/// the previous page. One statement per filter, order and bound, so each reads its own
+/// index in id order (`runs_workspace…`, backwards for newest first) and a page costs the
+/// same however many runs came before it: a `$n IS NULL OR …` filter would let a generic
+/// plan scan past them.
 pub async fn list_in_workspace(
     conn: &mut PgConnection,
     scope: &Scope,
     filter: RunFilter<'_>,
-    after: Option<&str>,
+    (order, after): (ListOrder, Option<&str>),
     limit: i64,
 ) -> Result<Vec<RunRecord>> {
-    // Every id is greater than '': the first page's bound is an index bound too.
-    let after = after.unwrap_or_default();
     let status = filter.status.map(RunStatus::as_str);
+    // The page's bound on the id: every id is greater than '', so the oldest first page's
+    // bound is an index bound too; the newest first page has none (its `$2` is null).
     macro_rules! page {
-        ($filter:literal $(, $arg:expr)*) => {
+        ($bound:literal, $order:literal, $filter:literal $(, $arg:expr)*) => {
             query_runs!(
                 "",
-                "FROM runs WHERE workspace_id = $1 AND id > $2 AND " + $filter
-                    + " ORDER BY id LIMIT $3",
+                "FROM runs WHERE workspace_id = $1 AND " + $bound + " AND " + $filter
+                    + " ORDER BY id " + $order + " LIMIT $3",
                 scope.workspace(),
-                after,
+                match order {
+                    ListOrder::Asc => Some(after.unwrap_or_default()),
+                    ListOrder::Desc => after,
+                },
                 limit,
                 $($arg,)*
             )
-            .fetch_all(conn)
+            .fetch_all(&mut *conn)
             .await?
         };
     }
+    macro_rules! filtered {
+        ($filter:literal $(, $arg:expr)*) => {
+            match (order, after) {
+                (ListOrder::Asc, _) => page!("id > $2", "ASC", $filter $(, $arg)*),
+                (ListOrder::Desc, None) => page!("$2::text IS NULL", "DESC", $filter $(, $arg)*),
+                (ListOrder::Desc, Some(_)) => page!("id < $2", "DESC", $filter $(, $arg)*),
+            }
+        };
+    }
     let rows = match (filter.task_id, status) {
-        (None, None) => page!("true"),
-        (None, Some(status)) => page!("status = $4", status),
+        (None, None) => filtered!("true"),
+        (None, Some(status)) => filtered!("status = $4", status),
         // A task's runs, then its status: the task's own runs are all there is to read.
         (Some(task_id), status) => {
-            page!(
+            filtered!(
                 "task_id = $4 AND ($5::text IS NULL OR status = $5)",
                 task_id,
                 status

@@ -140,7 +140,7 @@ const CLI_COMMANDS: &[(&str, &str)] = &[
     ("get_task", "tasks show"),
     ("delete_task", "tasks delete"),
     ("start_task", "tasks start"),
-    ("list_runs", "runs list TASK_ID"),
+    ("list_runs", "runs list TASK_ID --oldest-first"),
     ("list_workspace_runs", "runs list"),
     ("get_run", "runs show"),
     ("cancel_run", "runs cancel"),

@@ -130,6 +130,38 @@ async fn the_workspace_runs_list_pages_every_task_by_status_and_task() {
     let completed = completed.await.unwrap().data;
     assert_eq!(json_of(&completed), json_of(&[&runs[0], &runs[2]]));
 
+    // Newest first, a page at a time, with and without filters: the same runs reversed.
+    for (status, task, picked) in [
+        (None, None, vec![2, 1, 0]),
+        (Some("completed"), None, vec![2, 0]),
+        (None, Some(a.as_str()), vec![2, 0]),
+        (Some("failed"), Some(b.as_str()), vec![1]),
+    ] {
+        let newest: Vec<RunRecord> = c
+            .api
+            .list_workspace_runs(status, task)
+            .query("order", Some("desc"))
+            .query("limit", Some(1))
+            .items()
+            .try_collect()
+            .await
+            .unwrap();
+        let newest: Vec<String> = newest.into_iter().map(|r| r.id).collect();
+        assert_eq!(newest, run_ids(&picked), "{status:?} {task:?}");
+    }
+    // The CLI lists newest first unless told otherwise.
+    let listed = crate::cli::cli(&c.base, &["runs", "list", "--quiet"]).await;
+    assert_eq!(
+        crate::cli::stdout(&listed).lines().collect::<Vec<_>>(),
+        run_ids(&[2, 1, 0])
+    );
+    let args = ["runs", "list", &a, "--oldest-first", "--quiet"];
+    let oldest = crate::cli::cli(&c.base, &args).await;
+    assert_eq!(
+        crate::cli::stdout(&oldest).lines().collect::<Vec<_>>(),
+        run_ids(&[0, 2])
+    );
+
     let bad = StatusCode::BAD_REQUEST;
     assert_refused(
         c,
@@ -141,6 +173,7 @@ async fn the_workspace_runs_list_pages_every_task_by_status_and_task() {
     .await;
     assert_refused(c, "/v1/runs?limit=0", bad, "invalid_request", "limit").await;
     assert_refused(c, "/v1/runs?colour=red", bad, "invalid_request", "colour").await;
+    assert_refused(c, "/v1/runs?order=up", bad, "invalid_request", "order").await;
 }
 
 #[tokio::test]

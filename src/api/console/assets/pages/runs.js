@@ -1,4 +1,4 @@
-// Runs across every task of the workspace, newest page first by id order of the API, with
+// Runs across every task of the workspace, newest first (the API's `order=desc`), with
 // a status filter: what is running, waiting or failed now, without opening each task.
 
 import { Pager, seg } from '../lib/api.js';
@@ -19,7 +19,7 @@ export async function render(root, _params, ctx) {
     h('h1', {}, 'Runs'),
     h('div', { class: 'toolbar' }, h('label', { for: 'run-status-filter' }, 'Status'), filter),
     list);
-  await paged(list, new Pager('/v1/runs', { status }, 20), (page) => [
+  await paged(list, new Pager('/v1/runs', { status, order: 'desc' }, 20), (page) => [
     h('h2', { id: 'runs-heading' }, status ? `Runs that are ${status}` : 'All runs'),
     table('Runs', ['Run', 'Task', 'Status', 'Requested by', 'Created', 'Finished', 'Error'],
       page.data.map((run) => [
