@@ -173,3 +173,249 @@ pub struct RawDetailRef {
     pub kind: String,
     pub id: String,
 }
+
+/// A frame of a run's transcript as it changes (`projection=transcript` on the run's
+/// stream, SSE event `transcript`): a snapshot when the stream opens, then each change
+/// the run's next events made. Applied in order to the snapshot, they give what `GET
+/// …/transcript` reads at the same `sequence`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TranscriptEvent {
+    /// The whole transcript; every stream starts with one.
+    TranscriptSnapshot {
+        transcript: RunTranscript,
+        sequence: i64,
+    },
+    /// A new block, placed after `after_block_id` (first when null).
+    BlockStarted {
+        turn_id: String,
+        after_block_id: Option<String>,
+        block: TranscriptBlock,
+        sequence: i64,
+    },
+    /// A block that changed and goes on (an approval still pending, a step still running).
+    BlockDelta {
+        turn_id: String,
+        block_id: String,
+        patch: BlockPatch,
+        sequence: i64,
+    },
+    /// A block that reached its end.
+    BlockCompleted {
+        turn_id: String,
+        block_id: String,
+        status: BlockStatus,
+        patch: BlockPatch,
+        sequence: i64,
+    },
+    /// The turn's status changed (with the run's) and it goes on.
+    TurnChanged {
+        turn_id: String,
+        status: TurnStatus,
+        updated_at: DateTime<Utc>,
+        sequence: i64,
+    },
+    /// The turn ended (with the run); `answer` is the run's when it has one.
+    TurnCompleted {
+        turn_id: String,
+        status: TurnStatus,
+        answer: Option<String>,
+        updated_at: DateTime<Utc>,
+        sequence: i64,
+    },
+}
+
+/// What a change replaces in a block: its status, its words, its figures and its parts;
+/// never its id, kind or start.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BlockPatch {
+    pub status: Option<BlockStatus>,
+    pub text: Option<String>,
+    pub model_call: Option<ModelCallFacts>,
+    pub tool: Option<ToolFacts>,
+    pub approval: Option<ApprovalFacts>,
+    pub file_change: Option<FileChangeFacts>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl BlockPatch {
+    /// The patch that makes a block `to`.
+    pub fn to(block: &TranscriptBlock) -> BlockPatch {
+        BlockPatch {
+            status: block.status,
+            text: block.text.clone(),
+            model_call: block.model_call.clone(),
+            tool: block.tool.clone(),
+            approval: block.approval.clone(),
+            file_change: block.file_change.clone(),
+            updated_at: block.updated_at,
+        }
+    }
+
+    /// `block` with the patch applied.
+    pub fn apply(self, block: &mut TranscriptBlock) {
+        block.status = self.status;
+        block.text = self.text;
+        block.model_call = self.model_call;
+        block.tool = self.tool;
+        block.approval = self.approval;
+        block.file_change = self.file_change;
+        block.updated_at = self.updated_at;
+    }
+}
+
+impl TurnStatus {
+    /// Whether a turn in this status has ended (its run has).
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            TurnStatus::Succeeded | TurnStatus::Failed | TurnStatus::Cancelled
+        )
+    }
+}
+
+impl BlockStatus {
+    /// Whether a block in this status has ended.
+    pub fn is_final(self) -> bool {
+        !matches!(self, BlockStatus::Running | BlockStatus::WaitingForApproval)
+    }
+}
+
+impl RunTranscript {
+    /// The transcript with `event` applied (a snapshot replaces it): how a client keeps
+    /// one from the stream.
+    pub fn apply(&mut self, event: TranscriptEvent) {
+        match event {
+            TranscriptEvent::TranscriptSnapshot {
+                transcript,
+                sequence,
+            } => {
+                *self = transcript;
+                self.sequence = sequence;
+            }
+            TranscriptEvent::BlockStarted {
+                turn_id,
+                after_block_id,
+                block,
+                sequence,
+            } => {
+                self.sequence = sequence;
+                if let Some(turn) = self.turns.iter_mut().find(|t| t.id == turn_id) {
+                    let at = after_block_id
+                        .and_then(|after| turn.blocks.iter().position(|b| b.id == after))
+                        .map_or(0, |position| position + 1);
+                    turn.blocks.insert(at, block);
+                }
+            }
+            TranscriptEvent::BlockDelta {
+                turn_id,
+                block_id,
+                patch,
+                sequence,
+            }
+            | TranscriptEvent::BlockCompleted {
+                turn_id,
+                block_id,
+                patch,
+                sequence,
+                ..
+            } => {
+                self.sequence = sequence;
+                let turn = self.turns.iter_mut().find(|t| t.id == turn_id);
+                let block = turn.and_then(|t| t.blocks.iter_mut().find(|b| b.id == block_id));
+                if let Some(block) = block {
+                    patch.apply(block);
+                }
+            }
+            TranscriptEvent::TurnChanged {
+                turn_id,
+                status,
+                updated_at,
+                sequence,
+            } => self.turn_is(&turn_id, (status, updated_at), sequence),
+            TranscriptEvent::TurnCompleted {
+                turn_id,
+                status,
+                answer,
+                updated_at,
+                sequence,
+            } => {
+                self.answer = answer;
+                self.turn_is(&turn_id, (status, updated_at), sequence);
+            }
+        }
+    }
+
+    fn turn_is(&mut self, turn_id: &str, now: (TurnStatus, DateTime<Utc>), sequence: i64) {
+        self.sequence = sequence;
+        if let Some(turn) = self.turns.iter_mut().find(|t| t.id == turn_id) {
+            (turn.status, turn.updated_at) = now;
+        }
+    }
+
+    /// The frames that make `self` into `next`, in order: new blocks where they stand,
+    /// changed blocks (completed when their status is final), then the turn's status.
+    pub fn changes(&self, next: &RunTranscript) -> Vec<TranscriptEvent> {
+        let sequence = next.sequence;
+        let mut frames = Vec::new();
+        for turn in &next.turns {
+            let before = self.turns.iter().find(|t| t.id == turn.id);
+            let old = |id: &str| before.and_then(|t| t.blocks.iter().find(|b| b.id == id));
+            for (position, block) in turn.blocks.iter().enumerate() {
+                let turn_id = turn.id.clone();
+                match old(&block.id) {
+                    None => frames.push(TranscriptEvent::BlockStarted {
+                        turn_id,
+                        after_block_id: position.checked_sub(1).map(|p| turn.blocks[p].id.clone()),
+                        block: block.clone(),
+                        sequence,
+                    }),
+                    Some(was) if same(was, block) => {}
+                    Some(_) => {
+                        let (block_id, patch) = (block.id.clone(), BlockPatch::to(block));
+                        frames.push(match block.status.filter(|s| s.is_final()) {
+                            Some(status) => TranscriptEvent::BlockCompleted {
+                                turn_id,
+                                block_id,
+                                status,
+                                patch,
+                                sequence,
+                            },
+                            None => TranscriptEvent::BlockDelta {
+                                turn_id,
+                                block_id,
+                                patch,
+                                sequence,
+                            },
+                        });
+                    }
+                }
+            }
+            let (turn_id, status, updated_at) = (turn.id.clone(), turn.status, turn.updated_at);
+            let changed = before.map(|t| (t.status, t.updated_at)) != Some((status, updated_at));
+            if status.is_final() && (changed || self.answer != next.answer) {
+                let answer = next.answer.clone();
+                frames.push(TranscriptEvent::TurnCompleted {
+                    turn_id,
+                    status,
+                    answer,
+                    updated_at,
+                    sequence,
+                });
+            } else if changed {
+                frames.push(TranscriptEvent::TurnChanged {
+                    turn_id,
+                    status,
+                    updated_at,
+                    sequence,
+                });
+            }
+        }
+        frames
+    }
+}
+
+/// Whether two reads of a block say the same.
+fn same(a: &TranscriptBlock, b: &TranscriptBlock) -> bool {
+    serde_json::to_value(a).ok() == serde_json::to_value(b).ok()
+}

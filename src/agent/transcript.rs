@@ -15,7 +15,7 @@ use keel_workers::agent::mcp::server_of;
 use keel_workers::agent::tools::{summarize, written_paths};
 use keel_workers::agent::{Message, ToolCall};
 use serde_json::Value;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
 
 use crate::approvals::{self, ApprovalFilter};
 use crate::db::{Result, StoreError};
@@ -32,9 +32,9 @@ const INLINE_CHARS: usize = 2_000;
 /// its lists.
 const MOST_ROWS: i64 = 2_000;
 
-/// The transcript of `run_id`, of an agent loop task; the caller's transaction is one
-/// snapshot (repeatable read) for the rows to agree.
-pub async fn read(
+/// The transcript of `run_id`, of an agent loop task, as `conn` reads it
+/// ([`read_snapshot`] reads it in one snapshot).
+async fn read(
     conn: &mut PgConnection,
     scope: &Scope,
     task_id: &str,
@@ -67,6 +67,23 @@ pub async fn read(
         patches,
     };
     Ok(transcript(&task, run, rows, sequence))
+}
+
+/// [`read`] in a transaction of its own, one snapshot (repeatable read): the steps,
+/// approvals and patches agree with `sequence`.
+pub async fn read_snapshot(
+    pool: &PgPool,
+    scope: &Scope,
+    task_id: &str,
+    run_id: &str,
+) -> Result<RunTranscript> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    let transcript = read(&mut tx, scope, task_id, run_id).await?;
+    tx.commit().await?;
+    Ok(transcript)
 }
 
 /// What a transcript is made of.

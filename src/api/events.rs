@@ -21,12 +21,13 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
-use keel_api_types::{EventType, ProjectedEvent};
+use keel_api_types::{EventType, ProjectedEvent, TranscriptEvent};
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::agent::transcript;
 use crate::api::extract::ApiQuery;
 use crate::api::{ApiError, AppState, ListEnvelope, list, page_limit};
 use crate::db::StoreError;
@@ -68,6 +69,8 @@ struct StreamQuery {
     after_sequence: Option<i64>,
     /// `state`: the last frame of each burst of events carries the run's state after them
     /// (`state`: the run, its last steps and artifacts, its pending approvals).
+    /// `transcript` (an agent loop's run): after each burst, `transcript` frames
+    /// ([`keel_api_types::TranscriptEvent`]): a snapshot first, then what changed.
     #[param(inline)]
     projection: Option<Projection>,
 }
@@ -77,6 +80,7 @@ struct StreamQuery {
 #[serde(rename_all = "snake_case")]
 enum Projection {
     State,
+    Transcript,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -214,12 +218,24 @@ async fn stream_run_events(
     let projected = query.projection == Some(Projection::State);
     let scope = caller.scope;
     runs::get(&mut *state.pool.acquire().await?, &scope, &task_id, &run_id).await?;
+    // Read before the stream opens: a run without a transcript is refused with the reason.
+    let mut shown = match query.projection {
+        Some(Projection::Transcript) => {
+            Some(transcript::read_snapshot(&state.pool, &scope, &task_id, &run_id).await?)
+        }
+        _ => None,
+    };
     // Subscribed before the first read, so no delta sent after the stream opened is missed.
     let mut deltas = Some(state.deltas.subscribe());
     let stream = async_stream::stream! {
         // Moved into the stream, so the slot is given back when the stream is dropped.
         let _slot = slot;
         let mut wake = state.events.clone();
+        if let Some(transcript) = &shown {
+            let sequence = transcript.sequence;
+            let transcript = transcript.clone();
+            yield Ok(transcript_frame(&TranscriptEvent::TranscriptSnapshot { transcript, sequence }));
+        }
         loop {
             wake.borrow_and_update();
             // Read the status before the events: if the run had ended, its last events
@@ -248,6 +264,7 @@ async fn stream_run_events(
             };
             let full = rows.len() as i64 == STREAM_PAGE;
             let last = rows.len();
+            let burst = last > 0;
             for (position, event) in rows.into_iter().enumerate() {
                 after = event.sequence;
                 let id = event.sequence.to_string();
@@ -256,6 +273,20 @@ async fn stream_run_events(
                     true => {
                         let state = if position + 1 == last { run_state.take() } else { None };
                         yield Ok(sse_event(&ProjectedEvent { event, state }, &id));
+                    }
+                }
+            }
+            if let Some(before) = shown.as_mut().filter(|_| burst && !full) {
+                match transcript::read_snapshot(&state.pool, &scope, &task_id, &run_id).await {
+                    Ok(next) => {
+                        for change in before.changes(&next) {
+                            yield Ok(transcript_frame(&change));
+                        }
+                        *before = next;
+                    }
+                    Err(error) => {
+                        yield Ok(stream_error(&error));
+                        break;
                     }
                 }
             }
@@ -544,6 +575,14 @@ impl Framed for ProjectedEvent {
     fn event_type(&self) -> EventType {
         self.event.event_type
     }
+}
+
+/// A transcript frame: no id (the events' ids are the cursor), the `transcript` event.
+fn transcript_frame(change: &TranscriptEvent) -> Event {
+    Event::default()
+        .event("transcript")
+        .json_data(change)
+        .expect("transcripts serialize")
 }
 
 fn stream_error(error: &StoreError) -> Event {

@@ -401,13 +401,8 @@ async fn get_transcript(
     caller: Caller,
     Path((task_id, run_id)): Path<(String, String)>,
 ) -> Result<Json<ObjectEnvelope<RunTranscript>>> {
-    let mut tx = state.pool.begin().await?;
-    // One snapshot: the steps, approvals and patches agree with `sequence`.
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        .execute(&mut *tx)
-        .await?;
-    let transcript = transcript::read(&mut tx, &caller.scope, &task_id, &run_id).await?;
-    tx.commit().await?;
+    let scope = &caller.scope;
+    let transcript = transcript::read_snapshot(&state.pool, scope, &task_id, &run_id).await?;
     Ok(Json(object("run_transcript", transcript)))
 }
 

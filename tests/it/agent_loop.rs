@@ -11,7 +11,8 @@ use crate::support::{Client, KeelProcess, record};
 use keel_client::{
     ApprovalPolicyRequest, ApprovalRecord, ApprovalStatus, ArtifactKind, BlockKind, BlockStatus,
     EventRecord, EventType, GateDecision, GateDecisions, OperationKind, PolicySource, ProviderView,
-    Resolution, RunRecord, RunStatus, RunTranscript, StepRecord, StepStatus, TaskDraft, TurnStatus,
+    Resolution, RunRecord, RunStatus, RunTranscript, StepRecord, StepStatus, TaskDraft,
+    TranscriptEvent, TurnStatus,
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -1046,10 +1047,32 @@ async fn a_worker_killed_mid_call_is_replaced_and_no_completed_call_is_repeated(
         .unwrap();
     assert_eq!(persisted, 2);
     let before = transcript(&stack.client, &task_id, &run_id).await;
+    let path = format!("/v1/tasks/{task_id}/runs/{run_id}/stream?projection=transcript");
+    let mut stream = support::SseReader::open(&stack.client, &path, None).await;
     stack.workers[0].kill9();
     stack.spawn_worker("worker-2");
     let run = stack.client.wait_terminal(&task_id, &run_id, WAIT).await;
     release.cancel();
+    // The transcript's frames across the takeover, applied in order from the stream's
+    // snapshot, make what a fresh read says (the stream ends after the run's last event).
+    let mut followed: Option<RunTranscript> = None;
+    while let Some(frame) = stream.next(WAIT).await {
+        if frame.event.as_deref() != Some("transcript") {
+            continue;
+        }
+        let change: TranscriptEvent = serde_json::from_value(frame.data).unwrap();
+        match (&mut followed, change) {
+            (None, TranscriptEvent::TranscriptSnapshot { transcript, .. }) => {
+                followed = Some(transcript)
+            }
+            (Some(transcript), change) => transcript.apply(change),
+            (None, change) => panic!("a change before the snapshot: {change:?}"),
+        }
+    }
+    let followed = followed.expect("a snapshot");
+    let fresh = transcript(&stack.client, &task_id, &run_id).await;
+    let shape = |t: &RunTranscript| json!([t.sequence, t.answer, t.turns]);
+    assert_eq!(shape(&followed), shape(&fresh));
     // The takeover's transcript carries on the one read before the kill: the blocks that
     // were complete then come back unchanged, and no model call appears twice.
     let after = transcript(&stack.client, &task_id, &run_id).await;
