@@ -236,3 +236,31 @@ pub struct ProjectedEvent {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<RunState>,
 }
+
+/// How an active run is doing, sent on its stream every `heartbeat_s` seconds when asked
+/// (SSE event `run.heartbeat`, no id: it is not persisted and a reconnect does not replay
+/// it).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RunHeartbeat {
+    pub run_id: String,
+    pub status: crate::RunStatus,
+    pub attempt: i32,
+    /// Since the run's current attempt started; null while it is queued.
+    pub elapsed_ms: Option<i64>,
+    /// The run's latest step.
+    pub step: Option<HeartbeatStep>,
+    pub model_calls: i32,
+    pub cost_micros_usd: i64,
+    /// The task's budget (null: none).
+    pub budget_micros_usd: Option<i64>,
+    pub at: DateTime<Utc>,
+}
+
+/// The step a heartbeat names: its index, name, the tool a tool call calls, and status.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HeartbeatStep {
+    pub index: i32,
+    pub name: String,
+    pub tool: Option<String>,
+    pub status: crate::StepStatus,
+}

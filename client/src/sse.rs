@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::call::{Call, checked};
 use crate::error::Error;
-use crate::types::{EventRecord, ModelDelta, ProjectedEvent};
+use crate::types::{EventRecord, ModelDelta, ProjectedEvent, RunHeartbeat};
 use crate::{Client, segment};
 
 /// How long a stream keeps reconnecting to an API that is down before giving up.
@@ -38,6 +38,8 @@ pub enum RunItem<E = EventRecord> {
     Event(E),
     /// Live model text (`model.delta`), not persisted: a reconnect does not replay it.
     Delta(ModelDelta),
+    /// How the active run is doing (`run.heartbeat`, when asked for), not persisted.
+    Heartbeat(RunHeartbeat),
 }
 
 /// What a run's stream ends after.
@@ -52,7 +54,19 @@ impl Client {
         run_id: &str,
         after_sequence: Option<i64>,
     ) -> impl Stream<Item = Result<RunItem, Error>> + Send + '_ {
-        self.run_stream(task_id, run_id, after_sequence, None)
+        self.run_stream(task_id, run_id, after_sequence, None, None)
+    }
+
+    /// [`Client::stream_run_events`] with a [`RunItem::Heartbeat`] every `heartbeat_s`
+    /// seconds (1 to 300) while the run is active: what a watch shows of a long run.
+    pub fn watch_run_events(
+        &self,
+        task_id: &str,
+        run_id: &str,
+        after_sequence: Option<i64>,
+        heartbeat_s: u32,
+    ) -> impl Stream<Item = Result<RunItem, Error>> + Send + '_ {
+        self.run_stream(task_id, run_id, after_sequence, None, Some(heartbeat_s))
     }
 
     /// [`Client::stream_run_events`] with `projection=state`: the last event of each burst
@@ -64,7 +78,7 @@ impl Client {
         run_id: &str,
         after_sequence: Option<i64>,
     ) -> impl Stream<Item = Result<RunItem<ProjectedEvent>, Error>> + Send + '_ {
-        self.run_stream(task_id, run_id, after_sequence, Some("state"))
+        self.run_stream(task_id, run_id, after_sequence, Some("state"), None)
     }
 
     fn run_stream<E: serde::de::DeserializeOwned>(
@@ -73,20 +87,23 @@ impl Client {
         run_id: &str,
         after_sequence: Option<i64>,
         projection: Option<&str>,
+        heartbeat_s: Option<u32>,
     ) -> impl Stream<Item = Result<RunItem<E>, Error>> + Send + '_ {
         let path = format!(
             "/v1/tasks/{}/runs/{}/stream",
             segment(task_id),
             segment(run_id)
         );
-        let call = Call::new(self, reqwest::Method::GET, path).query("projection", projection);
+        let call = Call::new(self, reqwest::Method::GET, path)
+            .query("projection", projection)
+            .query("heartbeat_s", heartbeat_s);
         let ends = |e: &SseEvent| RUN_TERMINAL_EVENTS.contains(&e.event.as_str());
         resumable(call, after_sequence.map(|s| s.to_string()), ends).map(|item| {
             let item = item?;
-            if item.event == "model.delta" {
-                decode(&item).map(RunItem::Delta)
-            } else {
-                decode(&item).map(RunItem::Event)
+            match item.event.as_str() {
+                "model.delta" => decode(&item).map(RunItem::Delta),
+                "run.heartbeat" => decode(&item).map(RunItem::Heartbeat),
+                _ => decode(&item).map(RunItem::Event),
             }
         })
     }
@@ -283,6 +300,11 @@ mod tests {
         (url, server)
     }
 
+    /// A `run.heartbeat` frame as the server sends it.
+    const HEARTBEAT: &str = "event: run.heartbeat\ndata: {\"run_id\":\"run_1\",\"status\":\"running\",\
+        \"attempt\":1,\"elapsed_ms\":5,\"step\":null,\"model_calls\":0,\"cost_micros_usd\":0,\
+        \"budget_micros_usd\":null,\"at\":\"2026-12-07T00:00:00Z\"}\n\n";
+
     #[tokio::test]
     async fn a_dropped_stream_resumes_after_the_last_event_and_ends_with_the_run() {
         let bodies = vec![
@@ -290,7 +312,7 @@ mod tests {
             format!("{}{}", event(1, "run.started"), event(2, "step.started")),
             format!("{}event: error\ndata: {{}}\n\n", event(3, "step.finished")),
             format!(
-                "event: model.delta\ndata: {{\"model_call_index\":1,\"text\":\"hi\"}}\n\n{}",
+                "event: model.delta\ndata: {{\"model_call_index\":1,\"text\":\"hi\"}}\n\n{HEARTBEAT}{}",
                 event(4, "run.finished")
             ),
         ];
@@ -305,9 +327,11 @@ mod tests {
             .map(|item| match item.unwrap() {
                 RunItem::Event(e) => e.sequence.to_string(),
                 RunItem::Delta(d) => d.text,
+                RunItem::Heartbeat(beat) => format!("{} ms", beat.elapsed_ms.unwrap()),
             })
             .collect();
-        assert_eq!(sequences, ["1", "2", "3", "hi", "4"]);
+        // A heartbeat has no id: it moves no cursor, and a reconnect does not replay it.
+        assert_eq!(sequences, ["1", "2", "3", "hi", "5 ms", "4"]);
         let seen = server.await.unwrap();
         assert_eq!(seen, [None, Some("2".into()), Some("3".into())]);
     }

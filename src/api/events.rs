@@ -73,7 +73,15 @@ struct StreamQuery {
     /// ([`keel_api_types::TranscriptEvent`]): a snapshot first, then what changed.
     #[param(inline)]
     projection: Option<Projection>,
+    /// While the run is active, a `run.heartbeat` frame ([`keel_api_types::RunHeartbeat`],
+    /// no id) every this many seconds, 1 to 300: its attempt's time, latest step, calls and
+    /// cost against its budget. Absent: none.
+    #[param(minimum = 1, maximum = 300)]
+    heartbeat_s: Option<u32>,
 }
+
+/// The longest `heartbeat_s` a stream takes.
+const MOST_HEARTBEAT_S: u32 = 300;
 
 /// What a run stream's frames carry besides their event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
@@ -205,7 +213,7 @@ async fn list_feed(
 #[utoipa::path(get, path = "/tasks/{task_id}/runs/{run_id}/stream", tag = "events",
     params(("task_id" = String, Path), ("run_id" = String, Path), StreamQuery,
            ("Last-Event-ID" = Option<String>, Header, description = "Resume after this sequence")),
-    responses((status = 200, description = "An SSE stream; each event's data is an event object (with `projection=state`, a `ProjectedEvent`: the event, and on the last frame of each burst its run's `state`), except `model.delta` (no id): `{\"model_call_index\", \"text\"}`", content_type = "text/event-stream", body = String)))]
+    responses((status = 200, description = "An SSE stream; each event's data is an event object (with `projection=state`, a `ProjectedEvent`: the event, and on the last frame of each burst its run's `state`), except `model.delta` (no id): `{\"model_call_index\", \"text\"}`, `run.heartbeat` (no id, with `heartbeat_s`: a `RunHeartbeat`) and `transcript` (no id, with `projection=transcript`: a `TranscriptEvent`)", content_type = "text/event-stream", body = String)))]
 async fn stream_run_events(
     State(state): State<AppState>,
     caller: Caller,
@@ -216,6 +224,14 @@ async fn stream_run_events(
     let slot = state.streams.take(&caller)?;
     let mut after = run_cursor(query.after_sequence, &headers)?;
     let projected = query.projection == Some(Projection::State);
+    let heartbeat = match query.heartbeat_s {
+        Some(s) if !(1..=MOST_HEARTBEAT_S).contains(&s) => {
+            let message = format!("heartbeat_s must be 1 to {MOST_HEARTBEAT_S} seconds");
+            return Err(ApiError::invalid(message));
+        }
+        every => every.map(|s| Duration::from_secs(s.into())),
+    };
+    let mut last_beat = tokio::time::Instant::now();
     let scope = caller.scope;
     runs::get(&mut *state.pool.acquire().await?, &scope, &task_id, &run_id).await?;
     // Read before the stream opens: a run without a transcript is refused with the reason.
@@ -245,6 +261,12 @@ async fn stream_run_events(
                 let run = runs::get(&mut conn, &scope, &task_id, &run_id).await?;
                 let ended = run.status().is_terminal();
                 let rows = events::list_for_run(&mut conn, &scope, &run_id, after, STREAM_PAGE).await?;
+                let beat = match heartbeat {
+                    Some(every) if !ended && last_beat.elapsed() >= every => {
+                        Some(runs::heartbeat(&mut conn, &scope, &run).await?)
+                    }
+                    _ => None,
+                };
                 // Read after the events, so it holds at least what they recorded.
                 let run_state = match projected && !rows.is_empty() {
                     true => {
@@ -253,9 +275,9 @@ async fn stream_run_events(
                     }
                     false => None,
                 };
-                Ok::<_, StoreError>((ended, rows, run_state))
+                Ok::<_, StoreError>((ended, rows, run_state, beat))
             }.await;
-            let (ended, rows, mut run_state) = match page {
+            let (ended, rows, mut run_state, beat) = match page {
                 Ok(page) => page,
                 Err(error) => {
                     yield Ok(stream_error(&error));
@@ -275,6 +297,10 @@ async fn stream_run_events(
                         yield Ok(sse_event(&ProjectedEvent { event, state }, &id));
                     }
                 }
+            }
+            if let Some(beat) = beat {
+                last_beat = tokio::time::Instant::now();
+                yield Ok(Event::default().event("run.heartbeat").json_data(&beat).expect("heartbeats serialize"));
             }
             if let Some(before) = shown.as_mut().filter(|_| burst && !full) {
                 match transcript::read_snapshot(&state.pool, &scope, &task_id, &run_id).await {

@@ -59,6 +59,11 @@ pub(crate) enum RunCommand {
         /// Exit with 3 as soon as the run waits for an approval.
         #[arg(long)]
         no_wait: bool,
+        /// While the run is active, a line every this many seconds (1 to 300): its time,
+        /// current step, model calls and cost.
+        #[arg(long, default_value_t = watch::HEARTBEAT_S,
+              value_parser = clap::value_parser!(u32).range(1..=300))]
+        heartbeat: u32,
     },
     /// Prints the run's output so far (stdout, and stderr on stderr); an agent loop
     /// run's, its transcript.
@@ -190,7 +195,7 @@ pub(super) async fn admitted(
 ) -> Result<Outcome, Error> {
     if args.watch {
         let run = call.await?.data;
-        return watch::run(client, format, &run, args.no_wait).await;
+        return watch::run(client, format, &run, (args.no_wait, watch::HEARTBEAT_S)).await;
     }
     let id = |r: &ObjectEnvelope<RunRecord>| r.data.id.clone();
     output::show_or_id(format, args.quiet, call, id, |r| run_fields(&r.data)).await?;
@@ -213,9 +218,13 @@ pub(super) async fn run(
             list(client, format, filter, oldest_first, &page).await?
         }
         RunCommand::Show { run_id } => show_run(client, format, &run_id, Client::get_run).await?,
-        RunCommand::Watch { run_id, no_wait } => {
+        RunCommand::Watch {
+            run_id,
+            no_wait,
+            heartbeat,
+        } => {
             let run = client.find_run(&run_id).await?.data;
-            return watch::run(client, format, &run, no_wait).await;
+            return watch::run(client, format, &run, (no_wait, heartbeat)).await;
         }
         RunCommand::Logs { run_id } => {
             let run = client.find_run(&run_id).await?.data;

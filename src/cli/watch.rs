@@ -15,7 +15,7 @@ use futures_util::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use keel_client::sse::{RECONNECT_FOR, RunItem};
 use keel_client::{
-    ApprovalStatus, Client, Error, EventRecord, MediaJobStatus, RunRecord, RunStatus,
+    ApprovalStatus, Client, Error, EventRecord, MediaJobStatus, RunHeartbeat, RunRecord, RunStatus,
 };
 
 use crate::cli::output::Format;
@@ -244,15 +244,19 @@ struct Progress {
     streamed: bool,
 }
 
-/// Streams `run` until it ends (or, with `no_wait`, until it waits for an approval).
+/// How often a watch prints how an active run is doing (`runs watch --heartbeat`).
+pub(crate) const HEARTBEAT_S: u32 = 10;
+
+/// Streams `run` until it ends (or, with `no_wait`, until it waits for an approval), with a
+/// heartbeat line every `heartbeat_s` seconds while it is active.
 pub async fn run(
     client: &Client,
     format: Format,
     run: &RunRecord,
-    no_wait: bool,
+    (no_wait, heartbeat_s): (bool, u32),
 ) -> Result<Outcome, Error> {
     let view = View::new(format);
-    let outcome = follow(client, run, no_wait, &view).await;
+    let outcome = follow(client, run, (no_wait, heartbeat_s), &view).await;
     view.done();
     outcome
 }
@@ -260,7 +264,7 @@ pub async fn run(
 async fn follow(
     client: &Client,
     run: &RunRecord,
-    no_wait: bool,
+    (no_wait, heartbeat_s): (bool, u32),
     view: &View,
 ) -> Result<Outcome, Error> {
     view.line(&format!(
@@ -270,7 +274,8 @@ async fn follow(
     view.status(format!("run {}", run.status));
     let mut logs = Logs::new(run);
     let mut progress = Progress::default();
-    let mut events = pin!(client.stream_run_events(&run.task_id, &run.id, None));
+    let stream = client.watch_run_events(&run.task_id, &run.id, None, heartbeat_s);
+    let mut events = pin!(stream);
     let mut poll = tokio::time::interval(LOG_POLL);
     loop {
         tokio::select! {
@@ -279,6 +284,7 @@ async fn follow(
                 None => break,
                 Some(Err(error)) => return Err(error),
                 Some(Ok(RunItem::Delta(delta))) => model_text(view, &mut progress, &delta.text),
+                Some(Ok(RunItem::Heartbeat(beat))) => view.line(&heartbeat_line(&beat)),
                 Some(Ok(RunItem::Event(event))) => {
                     view.event(&event);
                     let waits = on_event(client, view, &mut logs, &mut progress, &event).await?;
@@ -366,6 +372,34 @@ async fn on_event(
 /// A string field of an event's data; absent or not a string reads as empty.
 fn text(data: &serde_json::Value, key: &str) -> String {
     data[key].as_str().unwrap_or_default().to_string()
+}
+
+/// How the run is doing: `… 42.0s, step 5 tool_call shell_exec (running), 3 model calls,
+/// $0.0123 of $1.0000`.
+fn heartbeat_line(beat: &RunHeartbeat) -> String {
+    let elapsed = beat.elapsed_ms.map_or("queued".into(), |ms| {
+        seconds(chrono::TimeDelta::milliseconds(ms))
+    });
+    let step = beat.step.as_ref().map(|step| {
+        let tool = step
+            .tool
+            .as_deref()
+            .map(|t| format!(" {t}"))
+            .unwrap_or_default();
+        format!(
+            ", step {} {}{tool} ({})",
+            step.index, step.name, step.status
+        )
+    });
+    let usd = |micros: i64| format!("${:.4}", micros as f64 / 1e6);
+    let budget = beat.budget_micros_usd.map(|b| format!(" of {}", usd(b)));
+    format!(
+        "… {elapsed}{}, {} model calls, {}{}",
+        step.unwrap_or_default(),
+        beat.model_calls,
+        usd(beat.cost_micros_usd),
+        budget.unwrap_or_default()
+    )
 }
 
 /// A step event's step: its name, and the tool a tool call called.

@@ -23,7 +23,7 @@ mod store;
 pub use admission::{Admission, AdmissionRules, Admitted, Orchestrator, Origin, admit};
 pub(crate) use admission::{ScheduleProvenance, admit_locked};
 pub use gates::resolve_gate;
-pub use projection::state;
+pub use projection::{heartbeat, state};
 pub use store::{
     Change, RunFilter, RunRecord, cancel, get, get_by_id, list, list_in_workspace, transition,
 };

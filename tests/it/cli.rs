@@ -422,6 +422,42 @@ async fn an_approval_gated_run_exits_3_then_approve_and_watch_exit_0() {
     assert!(!text.contains("approve: "), "{text}");
 }
 
+/// A long run's watch says how it is doing at each heartbeat: its time, its step, its model
+/// calls and cost; the stream's frames carry them only when asked.
+#[tokio::test]
+async fn a_long_runs_watch_prints_a_heartbeat_line() {
+    let keel = Keel::start("none").await;
+    let url = keel.url().to_string();
+    let task = create_shell(&url, "sleep 3").await;
+    let output = cli(&url, &["tasks", "start", &task, "--quiet"]).await;
+    let run = stdout(&output).trim().to_string();
+    let output = cli(&url, &["runs", "watch", &run, "--heartbeat", "1"]).await;
+    assert_eq!(code(&output), 0, "{}", describe(&output));
+    let watched = stdout(&output);
+    let beats: Vec<&str> = watched.lines().filter(|l| l.starts_with("… ")).collect();
+    assert!(!beats.is_empty(), "{watched}");
+    assert!(
+        beats
+            .iter()
+            .any(|l| l.contains(" shell (running), 0 model calls, $0.0000")),
+        "{watched}"
+    );
+    let output = cli(&url, &["runs", "watch", &run, "--heartbeat", "0"]).await;
+    assert_eq!(code(&output), 4, "{}", describe(&output));
+    assert!(
+        describe(&output).contains("1..=300"),
+        "{}",
+        describe(&output)
+    );
+    let (status, body) = keel
+        .client()
+        .get(&format!(
+            "/v1/tasks/{task}/runs/{run}/stream?heartbeat_s=301"
+        ))
+        .await;
+    assert_eq!(status, reqwest::StatusCode::BAD_REQUEST, "{body}");
+}
+
 #[tokio::test]
 async fn a_cancelled_run_exits_2() {
     let keel = Keel::start("none").await;
