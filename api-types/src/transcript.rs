@@ -419,3 +419,52 @@ impl RunTranscript {
 fn same(a: &TranscriptBlock, b: &TranscriptBlock) -> bool {
     serde_json::to_value(a).ok() == serde_json::to_value(b).ok()
 }
+
+closed_set! {
+    /// Where a context layer comes from.
+    LayerOrigin {
+        /// The operator's `KEEL_AGENT_SYSTEM_PROMPT`.
+        Runtime = "runtime",
+        /// An instruction file of the workspace (`AGENTS.md`, `CLAUDE.md`).
+        Workspace = "workspace",
+        /// The task's `system_prompt`.
+        Task = "task",
+    }
+}
+
+closed_set! {
+    /// What a run's context was read from.
+    ContextSource {
+        /// The base the run kept when it started (it had a runtime or workspace layer, or
+        /// carries on another run's conversation): what its model read.
+        Stored = "stored",
+        /// The task's own system prompt and prompt: the run started with no other layer.
+        Task = "task",
+        /// The run has not started: the task's layers, before the runtime's and the
+        /// workspace's are composed at its start.
+        NotStarted = "not_started",
+    }
+}
+
+/// The prompt layers an agent loop run started from (seed 004's context packet,
+/// `GET …/runs/{run_id}/context`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RunContextPacket {
+    pub task_id: String,
+    pub run_id: String,
+    pub source: ContextSource,
+    /// The system prompt's layers, in the order the model read them.
+    pub layers: Vec<ContextLayer>,
+    /// The message the run started from: a continuation's, else the task's prompt.
+    pub prompt: Option<String>,
+    /// Messages of earlier turns a resumed or continued run carries (between the layers
+    /// and `prompt`); its transcript's source run shows them.
+    pub carried_messages: usize,
+}
+
+/// One system prompt layer.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ContextLayer {
+    pub origin: LayerOrigin,
+    pub content: String,
+}

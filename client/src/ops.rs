@@ -173,6 +173,15 @@ impl Client {
         self.get(format!("{}/transcript", run_path(task_id, run_id)))
     }
 
+    /// The prompt layers an agent loop run started from.
+    pub fn get_run_context(
+        &self,
+        task_id: &str,
+        run_id: &str,
+    ) -> Call<'_, ObjectEnvelope<RunContextPacket>> {
+        self.get(format!("{}/context", run_path(task_id, run_id)))
+    }
+
     /// A run's events in order, after `after_sequence`.
     pub fn list_run_events(
         &self,

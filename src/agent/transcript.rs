@@ -40,18 +40,7 @@ async fn read(
     task_id: &str,
     run_id: &str,
 ) -> Result<RunTranscript> {
-    let task = tasks::get(conn, scope, task_id).await?;
-    let run = runs::get(conn, scope, task_id, run_id).await?;
-    if task.execution_kind != "agent_loop" {
-        let kind = &task.execution_kind;
-        return Err(StoreError::Unprocessable {
-            code: ErrorCode::UnsupportedCapability,
-            message: format!(
-                "run {run_id} is a {kind} run: only an agent loop's has a transcript; its \
-                 output is its stdout and stderr (keel runs logs {run_id})"
-            ),
-        });
-    }
+    let (task, run) = agent_run(conn, scope, task_id, run_id).await?;
     let sequence = events::last_sequence_of_run(conn, scope, run_id).await?;
     let steps = steps::list(conn, scope, run_id, 0, MOST_ROWS).await?;
     let filter = ApprovalFilter {
@@ -67,6 +56,29 @@ async fn read(
         patches,
     };
     Ok(transcript(&task, run, rows, sequence))
+}
+
+/// The task and run of an agent loop run; another kind's is refused (422): only an agent
+/// loop has a transcript or a context.
+pub(crate) async fn agent_run(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task_id: &str,
+    run_id: &str,
+) -> Result<(TaskRecord, RunRecord)> {
+    let task = tasks::get(conn, scope, task_id).await?;
+    let run = runs::get(conn, scope, task_id, run_id).await?;
+    if task.execution_kind != "agent_loop" {
+        let kind = &task.execution_kind;
+        return Err(StoreError::Unprocessable {
+            code: ErrorCode::UnsupportedCapability,
+            message: format!(
+                "run {run_id} is a {kind} run: only an agent loop's has a transcript and a \
+                 context; its output is its stdout and stderr (keel runs logs {run_id})"
+            ),
+        });
+    }
+    Ok((task, run))
 }
 
 /// [`read`] in a transaction of its own, one snapshot (repeatable read): the steps,

@@ -5,13 +5,13 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use keel_api_types::Deleted;
-use keel_api_types::{ListOrder, RunTranscript, StartRequest};
+use keel_api_types::{ListOrder, RunContextPacket, RunTranscript, StartRequest};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::agent::transcript;
+use crate::agent::{context, transcript};
 use crate::api::admission::{Admitted201, admit};
 use crate::api::extract::{ApiJson, ApiQuery, OptionalJson};
 use crate::api::{
@@ -44,6 +44,7 @@ pub(crate) fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(list_steps))
         .routes(routes!(get_step))
         .routes(routes!(get_transcript))
+        .routes(routes!(get_run_context))
         .routes(routes!(list_task_artifacts))
         .routes(routes!(list_artifacts))
         .routes(routes!(get_artifact))
@@ -404,6 +405,23 @@ async fn get_transcript(
     let scope = &caller.scope;
     let transcript = transcript::read_snapshot(&state.pool, scope, &task_id, &run_id).await?;
     Ok(Json(object("run_transcript", transcript)))
+}
+
+/// The prompt layers an agent loop run started from (seed 004's context packet): the
+/// runtime's, the workspace's and the task's system prompts, in order, the message it
+/// started from, and how many earlier turns it carries. 422 `unsupported_capability` for
+/// a run of another kind.
+#[utoipa::path(get, path = "/tasks/{task_id}/runs/{run_id}/context", tag = "runs",
+    params(("task_id" = String, Path), ("run_id" = String, Path)),
+    responses((status = 200, description = "The run's context", body = ObjectEnvelope<RunContextPacket>)))]
+async fn get_run_context(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((task_id, run_id)): Path<(String, String)>,
+) -> Result<Json<ObjectEnvelope<RunContextPacket>>> {
+    let mut conn = state.pool.acquire().await?;
+    let packet = context::read(&mut conn, &caller.scope, &task_id, &run_id).await?;
+    Ok(Json(object("run_context", packet)))
 }
 
 /// Lists the artifacts of all the task's runs, oldest first.

@@ -76,6 +76,11 @@ pub(crate) enum RunCommand {
     Transcript {
         run_id: String,
     },
+    /// The prompt layers an agent loop run started from (the runtime's, the workspace's,
+    /// the task's system prompts) and the message it started from.
+    Context {
+        run_id: String,
+    },
     /// The run's steps, in order.
     Steps {
         run_id: String,
@@ -238,6 +243,11 @@ pub(super) async fn run(
         RunCommand::Transcript { run_id } => {
             let run = client.find_run(&run_id).await?.data;
             transcript(client, format, &run).await?;
+        }
+        RunCommand::Context { run_id } => {
+            let run = client.find_run(&run_id).await?.data;
+            let call = client.get_run_context(&run.task_id, &run.id);
+            output::show_lines(format, call, |c| transcript::context_lines(&c.data)).await?;
         }
         RunCommand::Steps { run_id, page } => steps(client, format, &run_id, &page).await?,
         RunCommand::Step { run_id, step_id } => step(client, format, &run_id, &step_id).await?,

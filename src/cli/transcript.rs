@@ -1,9 +1,10 @@
 //! An agent loop run's transcript as a person reads it: the prompt, each model call's
 //! words with its tokens, cost and time, each tool call with its arguments and result
 //! (indented, a few lines of each), approvals with the command that decides them, the file
-//! changes, then the answer. `keel runs transcript` and `keel runs logs` of an agent run.
+//! changes, then the answer. `keel runs transcript` and `keel runs logs` of an agent run;
+//! `keel runs context`, the prompt layers it started from.
 
-use keel_client::{BlockKind, RunTranscript, TranscriptBlock};
+use keel_client::{BlockKind, RunContextPacket, RunTranscript, TranscriptBlock};
 
 /// The most lines of a tool call's arguments or result printed; the step has them whole.
 const SHOWN_LINES: usize = 6;
@@ -17,6 +18,23 @@ pub(crate) fn lines(transcript: &RunTranscript) -> Vec<String> {
     if let Some(answer) = &transcript.answer {
         lines.push("answer:".into());
         indented(answer, usize::MAX, &mut lines);
+    }
+    lines
+}
+
+/// A run's context: where it was read from, each layer under its origin, the prompt.
+pub(crate) fn context_lines(context: &RunContextPacket) -> Vec<String> {
+    let mut lines = vec![format!("source: {}", context.source)];
+    for (n, layer) in context.layers.iter().enumerate() {
+        lines.push(format!("layer {} ({}):", n + 1, layer.origin));
+        indented(&layer.content, usize::MAX, &mut lines);
+    }
+    if context.carried_messages > 0 {
+        lines.push(format!("carried messages: {}", context.carried_messages));
+    }
+    if let Some(prompt) = &context.prompt {
+        lines.push("prompt:".into());
+        indented(prompt, usize::MAX, &mut lines);
     }
     lines
 }

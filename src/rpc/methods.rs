@@ -31,6 +31,7 @@ const OPERATIONS: &[(&str, &str)] = &[
     ("runs.artifact", "get_artifact"),
     ("runs.artifactContent", "artifact_content"),
     ("runs.transcript", "get_transcript"),
+    ("runs.context", "get_run_context"),
     ("approvals.list", "list_approvals"),
     ("approvals.listForTask", "list_task_approvals"),
     ("approvals.get", "get_approval"),

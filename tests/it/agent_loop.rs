@@ -10,9 +10,9 @@ use crate::support::llm::{FakeLlm, Turn};
 use crate::support::{Client, KeelProcess, record};
 use keel_client::{
     ApprovalPolicyRequest, ApprovalRecord, ApprovalStatus, ArtifactKind, BlockKind, BlockStatus,
-    EventRecord, EventType, GateDecision, GateDecisions, OperationKind, PolicySource, ProviderView,
-    Resolution, RunRecord, RunStatus, RunTranscript, StepRecord, StepStatus, TaskDraft,
-    TranscriptEvent, TurnStatus,
+    ContextSource, EventRecord, EventType, GateDecision, GateDecisions, LayerOrigin, OperationKind,
+    PolicySource, ProviderView, Resolution, RunRecord, RunStatus, RunTranscript, StepRecord,
+    StepStatus, TaskDraft, TranscriptEvent, TurnStatus,
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -389,6 +389,22 @@ async fn read_as_a_conversation(stack: &Stack, run: &RunRecord, steps: &[StepRec
         (Some("notes.txt"), "applied")
     );
     assert_eq!(blocks[5].text.as_deref(), Some(answer));
+
+    // No runtime or workspace layer: its context is its task's.
+    let context = stack
+        .client
+        .api
+        .get_run_context(&run.task_id, &run.id)
+        .await
+        .unwrap()
+        .data;
+    assert_eq!(context.source, ContextSource::Task);
+    assert_eq!(context.layers.len(), 1);
+    assert_eq!(
+        (context.layers[0].origin, context.layers[0].content.as_str()),
+        (LayerOrigin::Task, "You are careful.")
+    );
+    assert_eq!(context.prompt.as_deref(), Some(PROMPT));
 
     let logs = crate::cli::cli(&stack.client.base, &["runs", "logs", &run.id]).await;
     let logs = crate::cli::stdout(&logs);
@@ -1611,6 +1627,45 @@ async fn the_system_prompt_has_three_layers_and_the_first_attempt_keeps_them() {
         .unwrap();
     assert_eq!(base.as_array().unwrap().len(), 4, "{base}");
     assert_eq!(base[1]["content"], asked[0].messages()[1]["content"]);
+    // Its context says which layer is whose, as the model read them.
+    let context = stack
+        .client
+        .api
+        .get_run_context(&task_id, &run_id)
+        .await
+        .unwrap()
+        .data;
+    assert_eq!(context.source, ContextSource::Stored);
+    let layers: Vec<(LayerOrigin, &str)> = context
+        .layers
+        .iter()
+        .map(|l| (l.origin, l.content.as_str()))
+        .collect();
+    assert_eq!(
+        layers,
+        [
+            (LayerOrigin::Runtime, "The operator's rules."),
+            (
+                LayerOrigin::Workspace,
+                "Instructions from the workspace's AGENTS.md:\n\nRun the tests before you finish."
+            ),
+            (LayerOrigin::Task, "You are careful."),
+        ]
+    );
+    assert_eq!(
+        (context.prompt.as_deref(), context.carried_messages),
+        (Some(PROMPT), 0)
+    );
+    let shown = crate::cli::cli(&stack.client.base, &["runs", "context", &run_id]).await;
+    let shown = crate::cli::stdout(&shown);
+    for line in [
+        "source: stored",
+        "layer 2 (workspace):",
+        "layer 3 (task):",
+        "prompt:",
+    ] {
+        assert!(shown.lines().any(|l| l == line), "{line}\n{shown}");
+    }
 
     // A task that excludes the workspace's files gets the operator's layer and its own.
     let excluded = TaskDraft {

@@ -210,6 +210,8 @@ async fn a_step_reads_by_id_under_its_own_run() {
     assert_refused(c, &path, unsupported, "unsupported_capability", logs).await;
     let path = format!("/v1/tasks/{a}/runs/{first}/stream?projection=transcript");
     assert_refused(c, &path, unsupported, "unsupported_capability", logs).await;
+    let path = format!("/v1/tasks/{a}/runs/{first}/context");
+    assert_refused(c, &path, unsupported, "unsupported_capability", logs).await;
 }
 
 #[tokio::test]

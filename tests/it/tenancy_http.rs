@@ -400,6 +400,7 @@ const ROUTES: &[(&str, &str, Walk)] = &[
     ),
     ("GET", "/v1/tasks/{task_id}/runs/{run_id}/stream", Read),
     ("GET", "/v1/tasks/{task_id}/runs/{run_id}/transcript", Read),
+    ("GET", "/v1/tasks/{task_id}/runs/{run_id}/context", Read),
     ("GET", "/v1/tasks/{task_id}/schedule", Read),
     ("PUT", "/v1/tasks/{task_id}/schedule", Write(SCHEDULE)),
     ("DELETE", "/v1/tasks/{task_id}/schedule", Write("")),

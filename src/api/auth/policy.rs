@@ -266,6 +266,11 @@ pub const ROUTE_POLICY: &[(&str, &str, RouteClass)] = &[
     ),
     (
         "GET",
+        "/v1/tasks/{task_id}/runs/{run_id}/context",
+        RemoteSafe,
+    ),
+    (
+        "GET",
         "/v1/tasks/{task_id}/runs/{run_id}/steps/{step_id}",
         RemoteSafe,
     ),

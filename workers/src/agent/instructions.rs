@@ -43,17 +43,29 @@ pub fn workspace_layer(workspace: &Path) -> Vec<Message> {
         .collect()
 }
 
+/// How each workspace layer's message starts (then the file's name).
+const HEADING: &str = "Instructions from the workspace's ";
+
+/// Whether a system message is one of the workspace layer's.
+pub fn is_workspace_layer(content: &str) -> bool {
+    FILES.iter().any(|name| {
+        content
+            .strip_prefix(HEADING)
+            .is_some_and(|rest| rest.starts_with(name))
+    })
+}
+
 /// The file's text as the model reads it, cut at [`MAX_BYTES`] on a character boundary.
 fn message(name: &str, text: &str) -> String {
     if text.len() <= MAX_BYTES {
-        return format!("Instructions from the workspace's {name}:\n\n{text}");
+        return format!("{HEADING}{name}:\n\n{text}");
     }
     let cut = (0..=MAX_BYTES)
         .rev()
         .find(|&i| text.is_char_boundary(i))
         .unwrap_or(0);
     format!(
-        "Instructions from the workspace's {name}:\n\n{}\n\n[{name} is cut here: {MAX_BYTES} of its {} bytes]",
+        "{HEADING}{name}:\n\n{}\n\n[{name} is cut here: {MAX_BYTES} of its {} bytes]",
         &text[..cut],
         text.len()
     )
