@@ -20,6 +20,9 @@ pub enum ApiError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    /// A conflict whose `operator_action` says what to do about this one.
+    #[error("{message}")]
+    ConflictNext { message: String, next: String },
     /// Refused with an error type of its own (`media_job_not_runnable`,
     /// `unsupported_capability`, …), for clients that branch on it.
     #[error("{message}")]
@@ -84,7 +87,7 @@ impl ApiError {
                 "The resource does not exist.",
                 "Check the id; list the collection to find existing resources.",
             ),
-            ApiError::Conflict(_) => (
+            ApiError::Conflict(_) | ApiError::ConflictNext { .. } => (
                 StatusCode::CONFLICT,
                 ErrorCode::Conflict,
                 "The resource is not in a state that allows this.",
@@ -162,6 +165,7 @@ impl From<StoreError> for ApiError {
         match error {
             StoreError::NotFound(what) => ApiError::NotFound(what.to_string()),
             StoreError::Conflict(message) => ApiError::Conflict(message),
+            StoreError::ConflictNext { message, next } => ApiError::ConflictNext { message, next },
             StoreError::Refused { code, message } => ApiError::Coded {
                 status: StatusCode::CONFLICT,
                 code,
@@ -219,6 +223,10 @@ impl IntoResponse for ApiError {
             }
             ApiError::Unauthorized(_) => "missing or invalid credentials".to_string(),
             other => other.to_string(),
+        };
+        let operator_action = match &self {
+            ApiError::ConflictNext { next, .. } => next.as_str(),
+            _ => operator_action,
         };
         let body = json!({ "error": {
             "type": kind.as_str(),

@@ -384,10 +384,16 @@ pub(crate) async fn lock_pending(
     .fetch_one(&mut *conn)
     .await?;
     if approval.status != ApprovalStatus::Pending {
-        return Err(StoreError::Conflict(format!(
-            "approval {approval_id} is {}, not pending; it can no longer be resolved",
-            approval.status
-        )));
+        return Err(StoreError::ConflictNext {
+            message: format!(
+                "approval {approval_id} is {}, not pending; it can no longer be resolved",
+                approval.status
+            ),
+            next: format!(
+                "Someone decided it, or it lapsed: read it as it is now (keel approvals show \
+                 {approval_id})."
+            ),
+        });
     }
     Ok(approval)
 }

@@ -21,6 +21,10 @@ pub enum StoreError {
     NotFound(&'static str),
     #[error("{0}")]
     Conflict(String),
+    /// A conflict, and what to do about it (the command that does it where one exists):
+    /// the 409's `operator_action`.
+    #[error("{message}")]
+    ConflictNext { message: String, next: String },
     /// A conflict with its own error code, for clients that branch on it.
     #[error("{message}")]
     Refused { code: ErrorCode, message: String },

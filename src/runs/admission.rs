@@ -210,9 +210,14 @@ pub(crate) async fn admit_locked(
         && let Some((run, seen)) = find_by_idempotency_key(conn, scope, task_id, key).await?
     {
         if &seen != request {
-            return Err(StoreError::Conflict(format!(
-                "Idempotency-Key '{key}' was already used with a different request"
-            )));
+            return Err(StoreError::ConflictNext {
+                message: format!(
+                    "Idempotency-Key '{key}' was already used with a different request"
+                ),
+                next: "Send this request with a new Idempotency-Key, or send the first \
+                       request's body again to get its run back."
+                    .into(),
+            });
         }
         return Ok(Admitted::Replayed(run));
     }
@@ -224,11 +229,18 @@ pub(crate) async fn admit_locked(
     if let (true, Some(source)) = (carries_on, &source)
         && !source.status().is_terminal()
     {
-        return Err(StoreError::Conflict(format!(
-            "run {} is {}; only a finished run can be resumed, continued or retried from a \
-             model call",
-            source.id, source.status
-        )));
+        let id = &source.id;
+        return Err(StoreError::ConflictNext {
+            message: format!(
+                "run {id} is {}; only a finished run can be resumed, continued or retried \
+                 from a model call",
+                source.status
+            ),
+            next: format!(
+                "Wait for run {id} to end (keel runs watch {id}) or cancel it (keel runs \
+                 cancel {id}), then try again."
+            ),
+        });
     }
     if let (true, Some(source)) = (carries_on, &source)
         && workspace_removed(conn, scope, source.workspace_owner()).await?
@@ -244,9 +256,13 @@ pub(crate) async fn admit_locked(
     }
     // Only the latest run can be active: admission creates a run only when none is.
     if let (true, Some(active)) = (task.status.is_active(), &task.latest_run_id) {
-        return Err(StoreError::Conflict(format!(
-            "task {task_id} already has an active run ({active})"
-        )));
+        return Err(StoreError::ConflictNext {
+            message: format!("task {task_id} already has an active run ({active})"),
+            next: format!(
+                "A task runs once at a time: wait for run {active} to end (keel runs watch \
+                 {active}) or cancel it (keel runs cancel {active}), then start the task again."
+            ),
+        });
     }
     let task = raise_budget(conn, scope, task, admission.budget_micros_usd).await?;
     let lineage = Lineage::of(conn, scope, &admission, source.as_ref()).await?;
@@ -710,10 +726,14 @@ async fn insert_decided(
     .fetch_optional(&mut *conn)
     .await;
     match inserted {
-        Err(e) if violates(&e, "runs_one_active_per_task") => Err(StoreError::Conflict(format!(
-            "task {} already has an active run",
-            task.id
-        ))),
+        Err(e) if violates(&e, "runs_one_active_per_task") => Err(StoreError::ConflictNext {
+            message: format!("task {} already has an active run", task.id),
+            next: format!(
+                "Another start of the task won: see its run (keel runs list {}); a task runs \
+                 once at a time.",
+                task.id
+            ),
+        }),
         other => Ok(other?),
     }
 }

@@ -27,10 +27,10 @@ pub async fn resolve_gate(
     let run = runs::lock(conn, scope, run_id).await?;
     let approval = approvals::lock_pending(conn, scope, &found.id).await?;
     if run.status() != RunStatus::AwaitingApproval {
-        return Err(StoreError::Conflict(format!(
-            "run {run_id} is {}, not awaiting approval",
-            run.status
-        )));
+        return Err(StoreError::ConflictNext {
+            message: format!("run {run_id} is {}, not awaiting approval", run.status),
+            next: format!("Read the run as it is now (keel runs show {run_id})."),
+        });
     }
     let to = approvals::settled_status(decision);
     let continues = decision == Decision::RejectAndContinue;

@@ -478,12 +478,15 @@ async fn transition_if(
 /// machine allows the move from there is checked here, before it.
 fn ensure_can_become(current: &RunRecord, next: RunStatus) -> Result<()> {
     if !current.status().can_become(next) {
-        return Err(StoreError::Conflict(format!(
-            "run {} is {}; it cannot become {}",
-            current.id,
-            current.status,
-            next.as_str()
-        )));
+        let id = &current.id;
+        return Err(StoreError::ConflictNext {
+            message: format!(
+                "run {id} is {}; it cannot become {}",
+                current.status,
+                next.as_str()
+            ),
+            next: format!("Read the run as it is now (keel runs show {id})."),
+        });
     }
     Ok(())
 }

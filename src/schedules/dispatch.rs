@@ -170,7 +170,12 @@ async fn admit(
             savepoint.commit().await?;
             Ok(Outcome::Started { run_id: run.id })
         }
-        Err(StoreError::Conflict(reason)) => {
+        Err(
+            StoreError::Conflict(reason)
+            | StoreError::ConflictNext {
+                message: reason, ..
+            },
+        ) => {
             savepoint.rollback().await?;
             Ok(Outcome::Skipped { reason })
         }

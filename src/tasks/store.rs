@@ -543,9 +543,14 @@ pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str, actor: &Ac
     .fetch_optional(&mut *conn)
     .await?;
     if let Some(run_id) = active {
-        return Err(StoreError::Conflict(format!(
-            "task {id} has an active run ({run_id}); cancel it before deleting the task"
-        )));
+        return Err(StoreError::ConflictNext {
+            message: format!(
+                "task {id} has an active run ({run_id}); cancel it before deleting the task"
+            ),
+            next: format!(
+                "Cancel the run (keel runs cancel {run_id}), then delete the task again."
+            ),
+        });
     }
     sqlx::query!(
         "DELETE FROM run_events WHERE workspace_id = $1 AND task_id = $2",

@@ -194,6 +194,9 @@ async fn rejecting_cancels_the_run_and_a_second_resolve_conflicts() {
         let (status, body) = resolve(c, &task_id, &approval_id, decision).await;
         assert_eq!(status, StatusCode::CONFLICT, "{body}");
         assert_eq!(body["error"]["type"], "conflict");
+        // What to do instead, by the command that does it.
+        let next = body["error"]["operator_action"].as_str().unwrap();
+        assert!(next.contains(&format!("keel approvals show {approval_id}")), "{body}");
     }
 }
 

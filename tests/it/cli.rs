@@ -475,6 +475,17 @@ async fn a_cancelled_run_exits_2() {
         (client.run(&task.id, &run).await.status == RunStatus::Running).then_some(run)
     })
     .await;
+    // A conflict says what to do about it, with the command that does it.
+    let cancel = format!("keel runs cancel {run}");
+    for args in [["tasks", "start", &task], ["tasks", "delete", &task]] {
+        let output = cli(&url, &args).await;
+        assert_ne!(code(&output), 0, "{}", describe(&output));
+        assert!(
+            describe(&output).contains(&cancel),
+            "{args:?}: {}",
+            describe(&output)
+        );
+    }
     let output = cli(&url, &["runs", "cancel", &run]).await;
     assert_eq!(code(&output), 0, "{}", describe(&output));
     let output = tokio::time::timeout(CLI_TIMEOUT, watch.wait_with_output())
