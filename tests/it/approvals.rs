@@ -196,7 +196,10 @@ async fn rejecting_cancels_the_run_and_a_second_resolve_conflicts() {
         assert_eq!(body["error"]["type"], "conflict");
         // What to do instead, by the command that does it.
         let next = body["error"]["operator_action"].as_str().unwrap();
-        assert!(next.contains(&format!("keel approvals show {approval_id}")), "{body}");
+        assert!(
+            next.contains(&format!("keel approvals show {approval_id}")),
+            "{body}"
+        );
     }
 }
 
