@@ -1,7 +1,7 @@
 //! `keel usage summary|events`: model usage totals and the model calls (`api/usage.rs`).
 
 use clap::Subcommand;
-use keel_client::{Client, Error, Grouping, UsageEvent};
+use keel_client::{Client, Error, Grouping, UsageEvent, UsageTotals};
 
 use crate::cli::output;
 use crate::cli::output::{Format, PageArgs, Table, time};
@@ -48,7 +48,7 @@ pub(super) async fn run(
                         t.calls.to_string(),
                         t.prompt_tokens.to_string(),
                         t.completion_tokens.to_string(),
-                        t.cost_micros_usd.to_string(),
+                        cost_of(t),
                     ]);
                 }
                 table
@@ -64,6 +64,7 @@ pub(super) async fn run(
                 "MODEL",
                 "PROMPT",
                 "COMPLETION",
+                "COST µUSD",
                 "AT",
             ];
             let call = client
@@ -78,10 +79,45 @@ pub(super) async fn run(
                     e.model.clone(),
                     e.prompt_tokens.to_string(),
                     e.completion_tokens.to_string(),
+                    e.cost_micros_usd.map_or(UNKNOWN.into(), |c| c.to_string()),
                     time(&e.created_at),
                 ]
             })
             .await
         }
+    }
+}
+
+/// What a cost is shown as when the model had no price: never 0, which would say free.
+const UNKNOWN: &str = "unknown";
+
+/// The totals' cost: the priced calls' sum, and how many calls had no price (all of them:
+/// unknown).
+fn cost_of(totals: &UsageTotals) -> String {
+    match totals.calls_without_price {
+        0 => totals.cost_micros_usd.to_string(),
+        n if n == totals.calls => UNKNOWN.to_string(),
+        n => format!("{} + {n} unpriced", totals.cost_micros_usd),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cost_without_a_price_is_unknown_never_zero() {
+        let totals = |calls, cost_micros_usd, calls_without_price| UsageTotals {
+            calls,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            cached_tokens: 0,
+            cost_micros_usd,
+            calls_without_price,
+        };
+        assert_eq!(cost_of(&totals(2, 1600, 0)), "1600");
+        assert_eq!(cost_of(&totals(3, 1600, 1)), "1600 + 1 unpriced");
+        assert_eq!(cost_of(&totals(2, 0, 2)), "unknown");
+        assert_eq!(cost_of(&totals(0, 0, 0)), "0");
     }
 }
