@@ -91,7 +91,7 @@ pub struct TranscriptTurn {
 }
 
 /// One block of a turn; `kind` says which of the optional parts it carries.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct TranscriptBlock {
     /// Stable across reads: the step's, approval's or patch's id (`prompt` for the prompt).
     pub id: String,
@@ -112,7 +112,7 @@ pub struct TranscriptBlock {
 }
 
 /// One model call's figures.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ModelCallFacts {
     /// The call's 1-based index in the run's lineage.
     pub index: i64,
@@ -128,7 +128,7 @@ pub struct ModelCallFacts {
 }
 
 /// One tool call: what was asked and an abridged answer (the step has them whole).
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ToolFacts {
     pub name: String,
     /// The MCP server for `mcp__SERVER__TOOL` names.
@@ -143,7 +143,7 @@ pub struct ToolFacts {
 }
 
 /// An approval the run waited on, and the command that decides it while it is pending.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ApprovalFacts {
     pub approval_id: String,
     /// `pending`, `approved`, `rejected`, `cancelled` or `expired`.
@@ -156,7 +156,7 @@ pub struct ApprovalFacts {
 }
 
 /// A file change a tool made (`applied`) or proposed (`proposed`), and what became of it.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct FileChangeFacts {
     pub patch_id: String,
     /// The path the tool call named, when it named one.
@@ -166,7 +166,7 @@ pub struct FileChangeFacts {
 }
 
 /// A record the transcript points to instead of repeating.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct RawDetailRef {
     /// `run`, `workflow_step`, `approval` or `artifact`.
     #[serde(rename = "type")]
@@ -370,7 +370,7 @@ impl RunTranscript {
                         block: block.clone(),
                         sequence,
                     }),
-                    Some(was) if same(was, block) => {}
+                    Some(was) if was == block => {}
                     Some(_) => {
                         let (block_id, patch) = (block.id.clone(), BlockPatch::to(block));
                         frames.push(match block.status.filter(|s| s.is_final()) {
@@ -413,11 +413,6 @@ impl RunTranscript {
         }
         frames
     }
-}
-
-/// Whether two reads of a block say the same.
-fn same(a: &TranscriptBlock, b: &TranscriptBlock) -> bool {
-    serde_json::to_value(a).ok() == serde_json::to_value(b).ok()
 }
 
 closed_set! {

@@ -270,9 +270,9 @@ impl RunListQuery {
         let Some(value) = self.order.as_deref() else {
             return Ok(ListOrder::Asc);
         };
-        ListOrder::parse(value).ok_or_else(|| {
-            ApiError::invalid(format!("unknown order '{value}' (expected asc or desc)"))
-        })
+        value
+            .parse()
+            .map_err(|names| ApiError::invalid(format!("order: {names}")))
     }
 }
 

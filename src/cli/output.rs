@@ -322,6 +322,16 @@ pub(crate) fn time(at: &chrono::DateTime<chrono::Utc>) -> String {
     }
 }
 
+/// Micro-USD as dollars: `$0.0123`.
+pub(crate) fn usd(micros: i64) -> String {
+    format!("${:.4}", micros as f64 / 1e6)
+}
+
+/// A duration to a tenth of a second: `2.4s` (never negative).
+pub(crate) fn seconds(elapsed: chrono::TimeDelta) -> String {
+    format!("{:.1}s", elapsed.num_milliseconds().max(0) as f64 / 1000.0)
+}
+
 pub(crate) fn or_dash(value: Option<impl ToString>) -> String {
     value.map_or_else(|| "-".to_string(), |v| v.to_string())
 }

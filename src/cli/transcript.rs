@@ -6,6 +6,8 @@
 
 use keel_client::{BlockKind, RunContextPacket, RunTranscript, TranscriptBlock};
 
+use crate::cli::output::{seconds, usd};
+
 /// The most lines of a tool call's arguments or result printed; the step has them whole.
 const SHOWN_LINES: usize = 6;
 
@@ -50,9 +52,7 @@ fn block_lines(block: &TranscriptBlock, lines: &mut Vec<String>) {
         BlockKind::CoordinatorText => {
             let facts = block.model_call.as_ref().map(|call| {
                 let tokens = |n: Option<i64>| n.map_or("?".into(), |n| n.to_string());
-                let cost = call
-                    .cost_micros_usd
-                    .map_or("cost unknown".into(), |c| format!("${:.4}", c as f64 / 1e6));
+                let cost = call.cost_micros_usd.map_or("cost unknown".into(), usd);
                 format!(
                     "call {} · {} in, {} out · {cost}{}",
                     call.index,
@@ -116,7 +116,9 @@ fn status(block: &TranscriptBlock) -> &'static str {
 }
 
 fn took(latency_ms: Option<i64>) -> String {
-    latency_ms.map_or(String::new(), |ms| format!(" · {:.1}s", ms as f64 / 1000.0))
+    latency_ms.map_or(String::new(), |ms| {
+        format!(" · {}", seconds(chrono::TimeDelta::milliseconds(ms)))
+    })
 }
 
 /// `text` under its heading, indented; past `most` lines, how many more there are.

@@ -18,7 +18,7 @@ use keel_client::{
     ApprovalStatus, Client, Error, EventRecord, MediaJobStatus, RunHeartbeat, RunRecord, RunStatus,
 };
 
-use crate::cli::output::Format;
+use crate::cli::output::{Format, seconds, usd};
 
 /// What a command ends with, as its exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -391,7 +391,6 @@ fn heartbeat_line(beat: &RunHeartbeat) -> String {
             step.index, step.name, step.status
         )
     });
-    let usd = |micros: i64| format!("${:.4}", micros as f64 / 1e6);
     let budget = beat.budget_micros_usd.map(|b| format!(" of {}", usd(b)));
     format!(
         "… {elapsed}{}, {} model calls, {}{}",
@@ -531,10 +530,6 @@ fn flush_model_text(view: &View, progress: &mut Progress) {
         let rest = std::mem::take(&mut progress.model_text);
         model_lines(view, &rest);
     }
-}
-
-fn seconds(elapsed: chrono::TimeDelta) -> String {
-    format!("{:.1}s", elapsed.num_milliseconds().max(0) as f64 / 1000.0)
 }
 
 /// `keel runs logs`: the run's output so far, stdout to stdout and stderr to stderr.
