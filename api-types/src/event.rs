@@ -227,14 +227,18 @@ pub struct RunState {
     pub pending_approvals: Vec<crate::ApprovalRecord>,
 }
 
-/// A run stream's frame with `projection=state`: the event, and on the last frame of each
-/// burst of events read together, the run's state after them.
+/// A run stream's frame with `projection=state` or `activity`: the event, and on the last
+/// frame of each burst of events read together, the run's state or activity after them.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ProjectedEvent {
     #[serde(flatten)]
     pub event: EventRecord,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<RunState>,
+    /// With `projection=activity`, on the last frame of each burst: the run's activity
+    /// after it, whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activity: Option<Vec<crate::ActivityItem>>,
 }
 
 /// How an active run is doing, sent on its stream every `heartbeat_s` seconds when asked

@@ -105,6 +105,7 @@ macro_rules! closed_set {
     };
 }
 
+mod activity;
 mod approval;
 mod client_run;
 mod envelope;
@@ -125,6 +126,7 @@ mod task;
 mod transcript;
 mod triage;
 
+pub use activity::*;
 pub use approval::*;
 pub use client_run::*;
 pub use envelope::*;

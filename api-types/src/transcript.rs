@@ -137,6 +137,10 @@ pub struct ToolFacts {
     pub arguments: String,
     pub result: Option<String>,
     pub is_error: bool,
+    /// Set when a policy refused the call without running it: which one
+    /// (`approval_policy`, `tool_not_allowed`, `sandbox_read_only`, `mcp_server_blocked`,
+    /// `approval_rejected`); `result` says why.
+    pub blocked: Option<String>,
     /// Whether `arguments` or `result` was cut to the inline limit.
     pub abridged: bool,
     pub latency_ms: Option<i64>,

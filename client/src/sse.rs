@@ -81,6 +81,18 @@ impl Client {
         self.run_stream(task_id, run_id, after_sequence, Some("state"), None)
     }
 
+    /// [`Client::stream_run_events`] with `projection=activity`: the last event of each
+    /// burst carries the run's whole activity after it (`activity`), a timeline to show
+    /// as it is.
+    pub fn stream_run_activity(
+        &self,
+        task_id: &str,
+        run_id: &str,
+        after_sequence: Option<i64>,
+    ) -> impl Stream<Item = Result<RunItem<ProjectedEvent>, Error>> + Send + '_ {
+        self.run_stream(task_id, run_id, after_sequence, Some("activity"), None)
+    }
+
     fn run_stream<E: serde::de::DeserializeOwned>(
         &self,
         task_id: &str,

@@ -5,6 +5,7 @@
 //! [`AgentJobs`]). Elsewhere: the loop itself, its tools and the model clients in
 //! `workers/src/agent/`; usage's routes in `api/usage.rs`.
 
+pub(crate) mod activity;
 pub(crate) mod context;
 mod job;
 mod mcp;

@@ -9,13 +9,13 @@ use chrono::{DateTime, Utc};
 use keel_api_types::{
     ApprovalFacts, ApprovalRecord, BlockKind, BlockStatus, ErrorCode, FileChangeFacts,
     ModelCallFacts, OperationKind, RawDetailRef, RunStatus, RunTranscript, StepStatus, ToolFacts,
-    TranscriptBlock, TranscriptTurn, TurnStatus,
+    TranscriptBlock, TranscriptTurn, TurnStatus, cut_chars,
 };
 use keel_workers::agent::mcp::server_of;
 use keel_workers::agent::tools::{summarize, written_paths};
 use keel_workers::agent::{Message, ToolCall};
 use serde_json::Value;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 use crate::approvals::{self, ApprovalFilter};
 use crate::db::{Result, StoreError};
@@ -30,7 +30,7 @@ use crate::tasks::{self, TaskRecord};
 const INLINE_CHARS: usize = 2_000;
 /// The most steps, approvals and patches one read shows; past them a run is read through
 /// its lists.
-const MOST_ROWS: i64 = 2_000;
+pub(super) const MOST_ROWS: i64 = 2_000;
 
 /// The transcript of `run_id`, of an agent loop task, as `conn` reads it
 /// ([`read_snapshot`] reads it in one snapshot).
@@ -41,6 +41,17 @@ async fn read(
     run_id: &str,
 ) -> Result<RunTranscript> {
     let (task, run) = agent_run(conn, scope, task_id, run_id).await?;
+    of_run(conn, scope, &task, run).await
+}
+
+/// The transcript of `run`, of the agent loop task `task`.
+pub(super) async fn of_run(
+    conn: &mut PgConnection,
+    scope: &Scope,
+    task: &TaskRecord,
+    run: RunRecord,
+) -> Result<RunTranscript> {
+    let run_id = run.id.as_str();
     let sequence = events::last_sequence_of_run(conn, scope, run_id).await?;
     let steps = steps::list(conn, scope, run_id, 0, MOST_ROWS).await?;
     let filter = ApprovalFilter {
@@ -55,7 +66,7 @@ async fn read(
         approvals,
         patches,
     };
-    Ok(transcript(&task, run, rows, sequence))
+    Ok(transcript(task, run, rows, sequence))
 }
 
 /// The task and run of an agent loop run; another kind's is refused (422): only an agent
@@ -89,13 +100,19 @@ pub async fn read_snapshot(
     task_id: &str,
     run_id: &str,
 ) -> Result<RunTranscript> {
+    let mut tx = begin_snapshot(pool).await?;
+    let transcript = read(&mut tx, scope, task_id, run_id).await?;
+    tx.commit().await?;
+    Ok(transcript)
+}
+
+/// A read-only transaction whose reads all see one snapshot (repeatable read).
+pub(super) async fn begin_snapshot(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
     let mut tx = pool.begin().await?;
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .execute(&mut *tx)
         .await?;
-    let transcript = read(&mut tx, scope, task_id, run_id).await?;
-    tx.commit().await?;
-    Ok(transcript)
+    Ok(tx)
 }
 
 /// What a transcript is made of.
@@ -198,7 +215,7 @@ fn block(id: &str, kind: BlockKind, at: (DateTime<Utc>, DateTime<Utc>)) -> Trans
     }
 }
 
-fn reference(kind: &str, id: &str) -> Option<RawDetailRef> {
+pub(super) fn reference(kind: &str, id: &str) -> Option<RawDetailRef> {
     Some(RawDetailRef {
         kind: kind.to_string(),
         id: id.to_string(),
@@ -311,6 +328,7 @@ fn tool_call(step: &StepRecord) -> (TranscriptBlock, ToolCall) {
         arguments,
         result: result_text,
         is_error,
+        blocked: result.and_then(|r| r["blocked"].as_str().map(str::to_string)),
         abridged: cut_arguments || cut_result == Some(true),
         latency_ms: latency_ms(step),
         name: call.name.clone(),
@@ -334,13 +352,10 @@ fn operation_kind(tool: &str) -> OperationKind {
 
 /// `text` cut to [`INLINE_CHARS`] characters, and whether it was.
 fn abridged(text: &str) -> (String, bool) {
-    match text.char_indices().nth(INLINE_CHARS) {
-        Some((end, _)) => (format!("{}…", &text[..end]), true),
-        None => (text.to_string(), false),
-    }
+    cut_chars(text, INLINE_CHARS)
 }
 
-fn approval(approval: &ApprovalRecord) -> TranscriptBlock {
+pub(super) fn approval(approval: &ApprovalRecord) -> TranscriptBlock {
     let at = (
         approval.created_at,
         approval.resolved_at.unwrap_or(approval.created_at),

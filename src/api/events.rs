@@ -21,13 +21,13 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
-use keel_api_types::{EventType, ProjectedEvent, TranscriptEvent};
+use keel_api_types::{ActivityItem, EventType, ProjectedEvent, RunState, TranscriptEvent};
 use serde::Deserialize;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::agent::transcript;
+use crate::agent::{activity, transcript};
 use crate::api::extract::ApiQuery;
 use crate::api::{ApiError, AppState, ListEnvelope, list, page_limit};
 use crate::db::StoreError;
@@ -69,6 +69,9 @@ struct StreamQuery {
     after_sequence: Option<i64>,
     /// `state`: the last frame of each burst of events carries the run's state after them
     /// (`state`: the run, its last steps and artifacts, its pending approvals).
+    /// `activity`: the last frame of each burst carries the run's `activity` after them
+    /// ([`keel_api_types::ActivityItem`]s: model calls, tool calls, approvals, patches,
+    /// the files changed, the answer, the result; another kind's steps).
     /// `transcript` (an agent loop's run): after each burst, `transcript` frames
     /// ([`keel_api_types::TranscriptEvent`]): a snapshot first, then what changed.
     #[param(inline)]
@@ -80,6 +83,25 @@ struct StreamQuery {
     heartbeat_s: Option<u32>,
 }
 
+/// What the last frame of a burst carries besides its event.
+#[derive(Default)]
+enum AfterBurst {
+    #[default]
+    Nothing,
+    State(Box<RunState>),
+    Activity(Vec<ActivityItem>),
+}
+
+impl AfterBurst {
+    fn parts(self) -> (Option<RunState>, Option<Vec<ActivityItem>>) {
+        match self {
+            AfterBurst::Nothing => (None, None),
+            AfterBurst::State(state) => (Some(*state), None),
+            AfterBurst::Activity(activity) => (None, Some(activity)),
+        }
+    }
+}
+
 /// The longest `heartbeat_s` a stream takes.
 const MOST_HEARTBEAT_S: u32 = 300;
 
@@ -88,6 +110,7 @@ const MOST_HEARTBEAT_S: u32 = 300;
 #[serde(rename_all = "snake_case")]
 enum Projection {
     State,
+    Activity,
     Transcript,
 }
 
@@ -223,7 +246,8 @@ async fn stream_run_events(
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let slot = state.streams.take(&caller)?;
     let mut after = run_cursor(query.after_sequence, &headers)?;
-    let projected = query.projection == Some(Projection::State);
+    let projection = query.projection;
+    let projected = matches!(projection, Some(Projection::State | Projection::Activity));
     let heartbeat = match query.heartbeat_s {
         Some(s) if !(1..=MOST_HEARTBEAT_S).contains(&s) => {
             let message = format!("heartbeat_s must be 1 to {MOST_HEARTBEAT_S} seconds");
@@ -268,16 +292,20 @@ async fn stream_run_events(
                     _ => None,
                 };
                 // Read after the events, so it holds at least what they recorded.
-                let run_state = match projected && !rows.is_empty() {
-                    true => {
+                let after_burst = match (projection, rows.is_empty()) {
+                    (Some(Projection::State), false) => {
                         let run = runs::get(&mut conn, &scope, &task_id, &run_id).await?;
-                        Some(runs::state(&mut conn, &scope, run).await?)
+                        AfterBurst::State(Box::new(runs::state(&mut conn, &scope, run).await?))
                     }
-                    false => None,
+                    (Some(Projection::Activity), false) => {
+                        drop(conn);
+                        AfterBurst::Activity(activity::read_snapshot(&state.pool, &scope, &task_id, &run_id).await?)
+                    }
+                    _ => AfterBurst::Nothing,
                 };
-                Ok::<_, StoreError>((ended, rows, run_state, beat))
+                Ok::<_, StoreError>((ended, rows, after_burst, beat))
             }.await;
-            let (ended, rows, mut run_state, beat) = match page {
+            let (ended, rows, mut after_burst, beat) = match page {
                 Ok(page) => page,
                 Err(error) => {
                     yield Ok(stream_error(&error));
@@ -293,8 +321,11 @@ async fn stream_run_events(
                 match projected {
                     false => yield Ok(sse_event(&event, &id)),
                     true => {
-                        let state = if position + 1 == last { run_state.take() } else { None };
-                        yield Ok(sse_event(&ProjectedEvent { event, state }, &id));
+                        let (state, activity) = match position + 1 == last {
+                            true => std::mem::take(&mut after_burst).parts(),
+                            false => (None, None),
+                        };
+                        yield Ok(sse_event(&ProjectedEvent { event, state, activity }, &id));
                     }
                 }
             }

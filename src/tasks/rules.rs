@@ -4,6 +4,7 @@ use std::path::{Component, Path, PathBuf};
 
 use keel_api_types::{
     ExecutionProfile, MAX_TITLE_CHARS, REASONING_EFFORTS, WORKSPACE_SYSTEM_PROMPT_POLICIES,
+    cut_chars,
 };
 pub use keel_api_types::{TaskDraft, TaskStatus};
 use keel_workers::{Execution, FileOperation};
@@ -890,10 +891,9 @@ pub(crate) fn one_line_title(source: &str) -> String {
     let line = source.trim().lines().next().unwrap_or_default();
     let folded = line.split_whitespace().collect::<Vec<_>>().join(" ");
     let folded: String = folded.chars().filter(|c| !c.is_control()).collect();
-    match folded.char_indices().nth(DERIVED_TITLE_CHARS) {
-        Some((end, _)) => format!("{}…", &folded[..end]),
-        None if folded.is_empty() => "untitled".to_string(),
-        None => folded,
+    match folded.is_empty() {
+        true => "untitled".to_string(),
+        false => cut_chars(&folded, DERIVED_TITLE_CHARS).0,
     }
 }
 

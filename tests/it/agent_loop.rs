@@ -8,11 +8,14 @@ use std::time::Duration;
 
 use crate::support::llm::{FakeLlm, Turn};
 use crate::support::{Client, KeelProcess, record};
+use futures_util::StreamExt;
+use keel_client::sse::RunItem;
 use keel_client::{
-    ApprovalPolicyRequest, ApprovalRecord, ApprovalStatus, ArtifactKind, BlockKind, BlockStatus,
-    ContextSource, EventRecord, EventType, GateDecision, GateDecisions, LayerOrigin, OperationKind,
-    PolicySource, ProviderView, Resolution, RunRecord, RunStatus, RunTranscript, StepRecord,
-    StepStatus, TaskDraft, TranscriptEvent, TurnStatus,
+    ActivityItem, ActivityKind, ActivityStatus, ApprovalPolicyRequest, ApprovalRecord,
+    ApprovalStatus, ArtifactKind, BlockKind, BlockStatus, ContextSource, EventRecord, EventType,
+    GateDecision, GateDecisions, LayerOrigin, OperationKind, PolicySource, ProviderView,
+    Resolution, RunRecord, RunStatus, RunTranscript, StepRecord, StepStatus, TaskDraft,
+    TranscriptEvent, TurnStatus,
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -326,6 +329,25 @@ async fn transcript(client: &Client, task_id: &str, run_id: &str) -> RunTranscri
     record(&body)
 }
 
+/// The activity the run's stream (`projection=activity`) carries last, read to its end.
+pub(crate) async fn activity(client: &Client, task_id: &str, run_id: &str) -> Vec<ActivityItem> {
+    let stream = client.api.stream_run_activity(task_id, run_id, None);
+    let mut stream = std::pin::pin!(stream);
+    let read = tokio::time::timeout(WAIT, async {
+        let mut last = None;
+        while let Some(item) = stream.next().await {
+            if let RunItem::Event(frame) = item.expect("a frame") {
+                last = frame.activity.or(last);
+            }
+        }
+        last
+    });
+    let last = read
+        .await
+        .expect("the stream ends after the run's last event");
+    last.expect("a frame with the run's activity")
+}
+
 /// The multi-turn run below as a person reads it: its answer on the run, `runs show`, the
 /// transcript (whole, in order, with the steps' own figures) and `runs logs`.
 async fn read_as_a_conversation(stack: &Stack, run: &RunRecord, steps: &[StepRecord]) {
@@ -405,6 +427,32 @@ async fn read_as_a_conversation(stack: &Stack, run: &RunRecord, steps: &[StepRec
         (LayerOrigin::Task, "You are careful.")
     );
     assert_eq!(context.prompt.as_deref(), Some(PROMPT));
+
+    // Its activity: each call and tool call, the file, the files changed, the answer, the end.
+    let items = activity(&stack.client, &run.task_id, &run.id).await;
+    let kinds: Vec<(ActivityKind, ActivityStatus)> =
+        items.iter().map(|i| (i.kind, i.status)).collect();
+    use ActivityStatus::{Completed, Failed};
+    assert_eq!(
+        kinds,
+        [
+            (ActivityKind::Thinking, Completed),
+            (ActivityKind::ToolCall, Failed),
+            (ActivityKind::ToolCall, Completed),
+            (ActivityKind::Patch, Completed),
+            (ActivityKind::ChangedFiles, Completed),
+            (ActivityKind::FinalAnswer, Completed),
+            (ActivityKind::RunResult, Completed),
+        ],
+        "{items:#?}"
+    );
+    assert_eq!(items[0].id, steps[0].id);
+    assert_eq!(items[0].summary.as_deref(), Some("Let me look."));
+    assert_eq!(items[1].title, "read_file: notes.txt");
+    assert!(items[1].reason.is_some(), "{:?}", items[1]);
+    assert_eq!(items[4].paths, ["notes.txt"]);
+    assert_eq!(items[5].summary.as_deref(), Some(answer));
+    assert_eq!(items[6].title, "run completed");
 
     let logs = crate::cli::cli(&stack.client.base, &["runs", "logs", &run.id]).await;
     let logs = crate::cli::stdout(&logs);
@@ -706,6 +754,14 @@ async fn a_tool_outside_the_tasks_list_is_blocked_and_recorded_as_such() {
     assert_eq!(blocked[0].data["tool"], "shell_exec");
     let reason = blocked[0].data["reason"].as_str().unwrap();
     assert!(reason.contains("not available in this run"), "{reason}");
+    // In its activity the call is denied, with the reason, though its step completed.
+    let items = activity(&stack.client, &task_id, &run_id).await;
+    let call = items
+        .iter()
+        .find(|i| i.kind == ActivityKind::ToolCall)
+        .unwrap();
+    assert_eq!(call.status, ActivityStatus::Denied, "{items:#?}");
+    assert_eq!(call.reason.as_deref(), Some(reason));
     let (status, feed) = stack
         .client
         .get("/v1/events?event_type=policy.tool_blocked")

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use keel_client::sse::RunItem;
-use keel_client::{ProjectedEvent, RunState, RunStatus};
+use keel_client::{ActivityKind, ActivityStatus, ProjectedEvent, RunState, RunStatus};
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -93,6 +93,36 @@ async fn a_runs_stream_carries_its_state_so_a_view_needs_no_refetch() {
     sorted.sort();
     sorted.dedup();
     assert_eq!(sequences, sorted, "each event once, in order");
+
+    // Its activity: the approval it waited on, its step, its end.
+    let activity = crate::agent_loop::activity(c, &task_id, &run_id).await;
+    let items: Vec<(ActivityKind, ActivityStatus, &str)> = activity
+        .iter()
+        .map(|i| (i.kind, i.status, i.title.as_str()))
+        .collect();
+    assert_eq!(
+        items,
+        [
+            (
+                ActivityKind::Approval,
+                ActivityStatus::Completed,
+                "approval: run a shell command (sh -c)"
+            ),
+            (
+                ActivityKind::Step,
+                ActivityStatus::Completed,
+                "shell: sh -c echo live"
+            ),
+            (
+                ActivityKind::RunResult,
+                ActivityStatus::Completed,
+                "run completed"
+            ),
+        ],
+        "{activity:#?}"
+    );
+    assert!(!activity[0].needs_action);
+    assert_eq!(activity[2].summary.as_deref(), Some("exit code 0"));
 
     // An unknown projection is refused with the envelope.
     let (status, body) = c
