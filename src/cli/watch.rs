@@ -16,6 +16,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use keel_client::sse::{RECONNECT_FOR, RunItem};
 use keel_client::{
     ApprovalStatus, Client, Error, EventRecord, MediaJobStatus, RunHeartbeat, RunRecord, RunStatus,
+    cut_chars,
 };
 
 use crate::cli::output::{Format, seconds, usd};
@@ -335,6 +336,7 @@ async fn on_event(
                 answered_text(view, data);
             }
             view.line(step_line(progress, event).trim_end());
+            tool_call_lines(view, data, &logs.run.id);
         }
         "model.call.completed" => {
             flush_model_text(view, progress);
@@ -431,10 +433,55 @@ fn step_line(progress: &Progress, event: &EventRecord) -> String {
     };
     let (name, status) = (step_name(data), text(data, "status"));
     let mut line = format!("step {index} {name} {status} {elapsed}");
+    if let Some(figures) = model_call_figures(&data["output"]) {
+        line.push_str(&format!(" · {figures}"));
+    }
     if let Some(error) = data["error"].as_str() {
         line.push_str(&format!(": {error}"));
     }
     line
+}
+
+/// A model call step's tokens and cost (`100 in, 20 out · $0.0004`, the cost `unknown`
+/// when its model has no price); None for other steps.
+fn model_call_figures(output: &serde_json::Value) -> Option<String> {
+    let usage = output.pointer("/response/usage")?;
+    let tokens = |key: &str| usage[key].as_i64().map_or("?".into(), |n| n.to_string());
+    let cost = output["cost_micros_usd"]
+        .as_i64()
+        .map_or("cost unknown".into(), usd);
+    Some(format!(
+        "{} in, {} out · {cost}",
+        tokens("prompt_tokens"),
+        tokens("completion_tokens")
+    ))
+}
+
+/// The most lines of a tool call's result the watch prints, and characters of each.
+const RESULT_LINES: usize = 3;
+const LINE_CHARS: usize = 160;
+
+/// Under a tool call's step: the arguments it was called with and the start of its result.
+fn tool_call_lines(view: &View, data: &serde_json::Value, run_id: &str) {
+    if let Some(arguments) = data["arguments"].as_str() {
+        view.line(&format!("    args: {}", cut_chars(arguments, LINE_CHARS).0));
+    }
+    let Some(result) = data
+        .pointer("/output/result/content")
+        .and_then(|c| c.as_str())
+    else {
+        return;
+    };
+    let lines: Vec<&str> = result.lines().collect();
+    for (n, line) in lines.iter().take(RESULT_LINES).enumerate() {
+        let label = if n == 0 { "result:" } else { "       " };
+        view.line(&format!("    {label} {}", cut_chars(line, LINE_CHARS).0));
+    }
+    if lines.len() > RESULT_LINES {
+        let more = lines.len() - RESULT_LINES;
+        let hint = format!("keel runs transcript {run_id}");
+        view.line(&format!("            … {more} more lines ({hint})"));
+    }
 }
 
 /// Prints the approval asked for, and for a pending one the commands that resolve it; true

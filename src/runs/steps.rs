@@ -10,7 +10,7 @@ use crate::db::{Result, StoreError};
 use crate::domain::{EventType, Scope, new_id};
 use crate::events;
 use crate::events::NewEvent;
-use keel_api_types::StepStatus;
+use keel_api_types::{StepStatus, cut_chars};
 
 pub(crate) use keel_api_types::StepRecord;
 
@@ -287,6 +287,17 @@ fn tool_of(step: &StepRecord) -> Option<&str> {
     }
 }
 
+/// The arguments of a `tool_call` step, abridged for a line of the stream (the step has
+/// them whole); None for other steps.
+fn arguments_of(step: &StepRecord) -> Option<String> {
+    tool_of(step)?;
+    let arguments = step.input["arguments"].as_str()?;
+    Some(cut_chars(arguments, EVENT_ARGUMENTS_CHARS).0)
+}
+
+/// The most characters of a tool call's arguments its step's end event carries.
+const EVENT_ARGUMENTS_CHARS: usize = 500;
+
 /// `step.finished` or `step.failed` of an ended step.
 pub(crate) fn finished_event(step: &StepRecord) -> NewEvent<'_> {
     let event_type = if step.status == StepStatus::Failed {
@@ -295,7 +306,8 @@ pub(crate) fn finished_event(step: &StepRecord) -> NewEvent<'_> {
         EventType::StepFinished
     };
     let data = serde_json::json!({ "step_id": step.id, "index": step.index, "name": step.name,
-                                   "tool": tool_of(step), "status": step.status,
+                                   "tool": tool_of(step), "arguments": arguments_of(step),
+                                   "status": step.status,
                                    "output": step.output, "error": step.error,
                                    "started_at": step.started_at,
                                    "finished_at": step.finished_at });

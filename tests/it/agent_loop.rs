@@ -566,13 +566,21 @@ async fn a_multi_turn_run_persists_every_call_and_result_and_completes() {
     for text in ["model: Let me look.", "model: Done: notes.txt is tidy."] {
         assert_eq!(count_lines(&watched, text), 1, "{watched}");
     }
+    // Each call with its tokens and cost, each tool call with its arguments and result.
     let took = steps[0].finished_at.unwrap() - steps[0].started_at;
     let line = format!(
-        "step {} model_call completed {:.1}s",
+        "step {} model_call completed {:.1}s · 100 in, 20 out · $0.0004",
         steps[0].index,
         took.num_milliseconds() as f64 / 1000.0
     );
     assert_eq!(count_lines(&watched, &line), 1, "{line}\n{watched}");
+    for line in [
+        r#"    args: {"path":"notes.txt"}"#,
+        "    result: notes.txt: no such file",
+        r#"    args: {"path":"notes.txt","content":"tidy\n"}"#,
+    ] {
+        assert_eq!(count_lines(&watched, line), 1, "{line}\n{watched}");
+    }
     let ended = watched.lines().last().unwrap_or_default();
     assert!(ended.starts_with("run finished in "), "{watched}");
     assert!(!ended.contains("exit code"), "{watched}");
