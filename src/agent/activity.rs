@@ -12,7 +12,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 
 use super::transcript::{self, reference};
-use crate::approvals::{self, ApprovalFilter};
+use crate::approvals::{self, ApprovalFilter, OLDEST_FIRST};
 use crate::db::Result;
 use crate::domain::Scope;
 use crate::runs::{self, steps};
@@ -43,7 +43,8 @@ pub async fn read_snapshot(
                 run_id: Some(run_id),
                 status: None,
             };
-            let approvals = approvals::list(&mut tx, scope, filter, None, transcript::MOST_ROWS);
+            let approvals =
+                approvals::list(&mut tx, scope, filter, OLDEST_FIRST, transcript::MOST_ROWS);
             of_steps(&steps, &approvals.await?)
         }
     };

@@ -17,7 +17,7 @@ use keel_workers::agent::{Message, ToolCall};
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
-use crate::approvals::{self, ApprovalFilter};
+use crate::approvals::{self, ApprovalFilter, OLDEST_FIRST};
 use crate::db::{Result, StoreError};
 use crate::domain::Scope;
 use crate::events;
@@ -59,7 +59,7 @@ pub(super) async fn of_run(
         run_id: Some(run_id),
         status: None,
     };
-    let approvals = approvals::list(conn, scope, filter, None, MOST_ROWS).await?;
+    let approvals = approvals::list(conn, scope, filter, OLDEST_FIRST, MOST_ROWS).await?;
     let patches = patches::list(conn, scope, run_id, None, MOST_ROWS).await?;
     let rows = Rows {
         steps,

@@ -2,14 +2,16 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
-use keel_api_types::{ApprovalStatus, Resolution, ResolveRequest};
+use keel_api_types::{ApprovalStatus, ListOrder, Resolution, ResolveRequest};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::extract::{ApiJson, ApiQuery};
-use crate::api::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object, page_limit};
+use crate::api::{
+    ApiError, AppState, ListEnvelope, ObjectEnvelope, list, list_order, object, page_limit,
+};
 use crate::approvals::{ApprovalFilter, ApprovalRecord};
 use crate::approvals::{ApprovalKind, Decision};
 use crate::domain::Caller;
@@ -36,9 +38,18 @@ struct ApprovalQuery {
     limit: Option<i64>,
     /// `next_cursor` of the previous page.
     cursor: Option<String>,
+    /// `asc`, oldest first (the default), or `desc`, newest first; the cursor pages on in
+    /// the same order.
+    #[param(value_type = Option<ListOrder>, inline)]
+    order: Option<String>,
 }
 
 impl ApprovalQuery {
+    /// The page to read: the order, and the last approval of the previous page.
+    fn page(&self) -> Result<(ListOrder, Option<&str>), ApiError> {
+        Ok((list_order(self.order.as_deref())?, self.cursor.as_deref()))
+    }
+
     /// The query's filters, under `task_id` when the path names a task.
     fn filter<'a>(&'a self, task_id: Option<&'a str>) -> Result<ApprovalFilter<'a>, ApiError> {
         let status = match self.status.as_deref() {
@@ -59,7 +70,8 @@ impl ApprovalQuery {
     }
 }
 
-/// The approval inbox across tasks, oldest first; `run_id` narrows it to one run's.
+/// The approval inbox across tasks, oldest first (newest first with `order=desc`);
+/// `run_id` narrows it to one run's.
 #[utoipa::path(get, path = "/approvals", tag = "approvals", params(ApprovalQuery),
     responses((status = 200, description = "A page of approvals", body = ListEnvelope<ApprovalRecord>)))]
 async fn list_approvals(
@@ -68,14 +80,13 @@ async fn list_approvals(
     ApiQuery(query): ApiQuery<ApprovalQuery>,
 ) -> Result<Json<ListEnvelope<ApprovalRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
-    let filter = query.filter(None)?;
+    let (filter, page) = (query.filter(None)?, query.page()?);
     let mut conn = state.pool.acquire().await?;
-    let cursor = query.cursor.as_deref();
-    let rows = approvals::list(&mut conn, &caller.scope, filter, cursor, limit + 1).await?;
+    let rows = approvals::list(&mut conn, &caller.scope, filter, page, limit + 1).await?;
     Ok(Json(list(rows, limit, |a| a.id.clone())))
 }
 
-/// A task's approvals, oldest first.
+/// A task's approvals, oldest first (newest first with `order=desc`).
 #[utoipa::path(get, path = "/tasks/{task_id}/approvals", tag = "approvals",
     params(("task_id" = String, Path), ApprovalQuery),
     responses((status = 200, description = "A page of approvals", body = ListEnvelope<ApprovalRecord>)))]
@@ -86,11 +97,10 @@ async fn list_task_approvals(
     ApiQuery(query): ApiQuery<ApprovalQuery>,
 ) -> Result<Json<ListEnvelope<ApprovalRecord>>, ApiError> {
     let limit = page_limit(query.limit)?;
-    let filter = query.filter(Some(&task_id))?;
+    let (filter, page) = (query.filter(Some(&task_id))?, query.page()?);
     let mut conn = state.pool.acquire().await?;
     tasks::get(&mut conn, &caller.scope, &task_id).await?;
-    let cursor = query.cursor.as_deref();
-    let rows = approvals::list(&mut conn, &caller.scope, filter, cursor, limit + 1).await?;
+    let rows = approvals::list(&mut conn, &caller.scope, filter, page, limit + 1).await?;
     Ok(Json(list(rows, limit, |a| a.id.clone())))
 }
 

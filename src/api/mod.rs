@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use keel_api_types::ListOrder;
 use keel_workers::agent::provider::ChatLimits;
 use serde::Deserialize;
 use sqlx::PgPool;
@@ -278,6 +279,15 @@ pub(crate) fn page_limit(limit: Option<i64>) -> Result<i64, ApiError> {
             "limit must be between 1 and {MAX_PAGE}, not {n}"
         ))),
     }
+}
+
+/// A list's `order` parameter: `asc` (the default) or `desc`.
+pub(crate) fn list_order(value: Option<&str>) -> Result<ListOrder, ApiError> {
+    value.map_or(Ok(ListOrder::Asc), |value| {
+        value
+            .parse()
+            .map_err(|names| ApiError::invalid(format!("order: {names}")))
+    })
 }
 
 /// A list envelope from `limit + 1` fetched rows: `has_more` tells whether a next page

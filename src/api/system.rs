@@ -4,14 +4,16 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::Utc;
-use keel_api_types::{EntityType, Health, Readiness, SystemStats, Throughput, Workers};
+use keel_api_types::{EntityType, Health, ListOrder, Readiness, SystemStats, Throughput, Workers};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::extract::ApiQuery;
-use crate::api::{ApiError, AppState, ListEnvelope, ObjectEnvelope, list, object, page_limit};
+use crate::api::{
+    ApiError, AppState, ListEnvelope, ObjectEnvelope, list, list_order, object, page_limit,
+};
 use crate::domain::Caller;
 use crate::events::transitions;
 use crate::events::transitions::TransitionRecord;
@@ -48,6 +50,10 @@ struct TransitionQuery {
     /// `next_cursor` of the previous page.
     #[param(pattern = "^[0-9]{1,18}$")]
     cursor: Option<String>,
+    /// `asc`, oldest first (the default), or `desc`, newest first; the cursor pages on in
+    /// the same order.
+    #[param(value_type = Option<ListOrder>, inline)]
+    order: Option<String>,
 }
 
 /// A page's position: ASCII digits, at most 18 (so it fits an i64), as the document's
@@ -63,7 +69,7 @@ fn numeric_cursor(cursor: Option<&str>) -> Result<i64, ApiError> {
 }
 
 /// The workspace's audit trail: every state change of its tasks, runs, approvals, media
-/// jobs and schedules, oldest first.
+/// jobs and schedules, oldest first (newest first with `order=desc`).
 #[utoipa::path(get, path = "/state-transitions", tag = "system", params(TransitionQuery),
     responses((status = 200, description = "A page of transitions", body = ListEnvelope<TransitionRecord>)))]
 async fn state_transitions(
@@ -82,14 +88,15 @@ async fn state_transitions(
             EntityType::names()
         )));
     }
-    let after = numeric_cursor(query.cursor.as_deref())?;
+    let after = query.cursor.as_deref().map(|c| numeric_cursor(Some(c)));
+    let page = (list_order(query.order.as_deref())?, after.transpose()?);
     let mut conn = state.pool.acquire().await?;
     let rows = transitions::list(
         &mut conn,
         &caller.scope,
         query.entity_type.as_deref(),
         query.entity_id.as_deref(),
-        after,
+        page,
         limit + 1,
     )
     .await?;

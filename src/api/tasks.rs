@@ -15,8 +15,8 @@ use crate::agent::{context, transcript};
 use crate::api::admission::{Admitted201, admit};
 use crate::api::extract::{ApiJson, ApiQuery, OptionalJson};
 use crate::api::{
-    ApiError, AppState, ContentQuery, ListEnvelope, ObjectEnvelope, PageQuery, list, object,
-    page_limit,
+    ApiError, AppState, ContentQuery, ListEnvelope, ObjectEnvelope, PageQuery, list, list_order,
+    object, page_limit,
 };
 use crate::artifacts::ArtifactRecord;
 use crate::domain::{Caller, RunStatus};
@@ -267,12 +267,7 @@ impl RunListQuery {
     }
 
     fn order(&self) -> Result<ListOrder> {
-        let Some(value) = self.order.as_deref() else {
-            return Ok(ListOrder::Asc);
-        };
-        value
-            .parse()
-            .map_err(|names| ApiError::invalid(format!("order: {names}")))
+        list_order(self.order.as_deref())
     }
 }
 

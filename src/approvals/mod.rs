@@ -15,7 +15,7 @@ pub use policy_store::Policies;
 pub(crate) use policy_store::{
     InForce, in_force as policy_in_force, set as set_policy, show as show_policy,
 };
-pub use store::{ApprovalFilter, Approver, Gate, create, decidable, get, list};
+pub use store::{ApprovalFilter, Approver, Gate, OLDEST_FIRST, create, decidable, get, list};
 pub(crate) use store::{
     ApprovalRecord, cancel_pending, check_approver, create_for_action, lock_pending, pending_count,
     requested_data, requested_event, resolved_event, settle_decided, settled_status,

@@ -17,7 +17,7 @@ use crate::events::transitions;
 use crate::events::transitions::Transition;
 
 pub(crate) use keel_api_types::ApprovalRecord;
-use keel_api_types::{ApprovalStatus, RunRecord};
+use keel_api_types::{ApprovalStatus, ListOrder, RunRecord};
 
 /// `query_as!` of [`ApprovalRecord`]s: `$before` (up to its `SELECT` or `RETURNING`), then
 /// the approval's columns, then `$after` (its `FROM …`, or nothing). `status` is an
@@ -228,41 +228,58 @@ pub struct ApprovalFilter<'a> {
     pub status: Option<&'a str>,
 }
 
-/// Approvals of the workspace (the inbox), of one task or of one run; oldest first.
+/// [`list`]'s first page, oldest first.
+pub const OLDEST_FIRST: (ListOrder, Option<&str>) = (ListOrder::Asc, None);
+
+/// Approvals of the workspace (the inbox), of one task or of one run; oldest first, or
+/// newest first with [`ListOrder::Desc`]. `after` is the id of the previous page's last.
 pub async fn list(
     conn: &mut PgConnection,
     scope: &Scope,
     filter: ApprovalFilter<'_>,
-    after: Option<&str>,
+    (order, after): (ListOrder, Option<&str>),
     limit: i64,
 ) -> Result<Vec<ApprovalRecord>> {
     // A pending approval past its `expires_at` reads as `expired`, and is filtered as one.
-    let rows = sqlx::query_as!(
-        ApprovalRecord,
-        r#"SELECT a.id, a.task_id, a.run_id, a.kind, a.status AS "status!: ApprovalStatus",
-                  a.action_summary, a.action_summary_incomplete, a.step_id,
-                  a.continue_on_reject, a.external_action_id, a.decision_note, a.requested_by,
-                  a.resolved_by, a.created_at, a.expires_at, a.resolved_at
-           FROM (SELECT id, task_id, run_id, kind,
-                        CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired'
-                             ELSE status END AS status,
-                        action_summary, action_summary_incomplete, step_id,
-                        continue_on_reject, external_action_id, decision_note, requested_by,
-                        resolved_by, created_at, expires_at, resolved_at
-                 FROM approvals WHERE workspace_id = $5) a
-           WHERE ($1::text IS NULL OR a.task_id = $1) AND ($2::text IS NULL OR a.status = $2)
-             AND ($6::text IS NULL OR a.run_id = $6) AND a.id > $3
-           ORDER BY a.id LIMIT $4"#,
-        filter.task_id,
-        filter.status,
-        // Every id is greater than '': the first page's bound is an index bound too.
-        after.unwrap_or_default(),
-        limit,
-        scope.workspace(),
-        filter.run_id,
-    )
-    .fetch_all(conn)
-    .await?;
+    macro_rules! page {
+        ($bound:literal, $order:literal) => {
+            sqlx::query_as!(
+                ApprovalRecord,
+                r#"SELECT a.id, a.task_id, a.run_id, a.kind, a.status AS "status!: ApprovalStatus",
+                          a.action_summary, a.action_summary_incomplete, a.step_id,
+                          a.continue_on_reject, a.external_action_id, a.decision_note,
+                          a.requested_by, a.resolved_by, a.created_at, a.expires_at,
+                          a.resolved_at
+                   FROM (SELECT id, task_id, run_id, kind,
+                                CASE WHEN status = 'pending' AND expires_at <= now() THEN 'expired'
+                                     ELSE status END AS status,
+                                action_summary, action_summary_incomplete, step_id,
+                                continue_on_reject, external_action_id, decision_note,
+                                requested_by, resolved_by, created_at, expires_at, resolved_at
+                         FROM approvals WHERE workspace_id = $5) a
+                   WHERE ($1::text IS NULL OR a.task_id = $1) AND ($2::text IS NULL OR a.status = $2)
+                     AND ($6::text IS NULL OR a.run_id = $6) AND "# + $bound + r#"
+                   ORDER BY a.id "# + $order + r#" LIMIT $4"#,
+                filter.task_id,
+                filter.status,
+                // Every id is greater than '': the first page's bound is an index bound too.
+                match order {
+                    ListOrder::Asc => Some(after.unwrap_or_default()),
+                    ListOrder::Desc => after,
+                },
+                limit,
+                scope.workspace(),
+                filter.run_id,
+            )
+            .fetch_all(conn)
+            .await?
+        };
+    }
+    let rows = match (order, after) {
+        (ListOrder::Asc, _) => page!("a.id > $3", "ASC"),
+        (ListOrder::Desc, None) => page!("$3::text IS NULL", "DESC"),
+        (ListOrder::Desc, Some(_)) => page!("a.id < $3", "DESC"),
+    };
     Ok(rows)
 }
 

@@ -5,13 +5,13 @@ use clap::Subcommand;
 use keel_client::{ApprovalRecord, Client, Error, ResolveRequest};
 
 use crate::cli::output;
-use crate::cli::output::{Format, PageArgs, Table};
+use crate::cli::output::{Format, OrderArgs, PageArgs, Table};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ApprovalCommand {
     /// Shows an approval: its kind, status and what it would allow.
     Show { approval_id: String },
-    /// Lists approvals (across tasks, or one task's), oldest first.
+    /// Lists approvals (across tasks, or one task's), newest first.
     List {
         /// `pending`, `approved`, `rejected`, `cancelled` or `expired`.
         #[arg(long)]
@@ -22,6 +22,8 @@ pub(crate) enum ApprovalCommand {
         /// Only this run's.
         #[arg(long, conflicts_with = "task")]
         run: Option<String>,
+        #[command(flatten)]
+        order: OrderArgs,
         #[command(flatten)]
         page: PageArgs,
     },
@@ -52,6 +54,7 @@ pub(super) async fn run(
             status,
             task,
             run,
+            order,
             page,
         } => {
             let headers = ["ID", "TASK", "RUN", "KIND", "STATUS", "ACTION"];
@@ -60,7 +63,8 @@ pub(super) async fn run(
                 (Some(task), _) => client.list_task_approvals(task, status),
                 (None, Some(run)) => client.list_run_approvals(run, status),
                 (None, None) => client.list_approvals(status),
-            };
+            }
+            .query("order", order.order());
             return output::list(format, &page, call, &headers, |a: &ApprovalRecord| {
                 vec![
                     a.id.clone(),

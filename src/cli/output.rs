@@ -219,6 +219,21 @@ pub(crate) struct PageArgs {
     pub(crate) quiet: bool,
 }
 
+/// How a history list reads: newest first, unless asked otherwise.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub(crate) struct OrderArgs {
+    /// Oldest first instead.
+    #[arg(long)]
+    pub(crate) oldest_first: bool,
+}
+
+impl OrderArgs {
+    /// The list's `order` parameter: `desc` unless oldest first (the API's default).
+    pub(crate) fn order(self) -> Option<&'static str> {
+        (!self.oldest_first).then_some("desc")
+    }
+}
+
 /// Prints a list: one page (as the API sent it, or a table with a hint to the next page),
 /// or with `--all` every item of every page.
 pub async fn list<T: DeserializeOwned + serde::Serialize + 'static>(

@@ -14,7 +14,7 @@ use keel_client::{
 use crate::cli::artifacts;
 use crate::cli::events;
 use crate::cli::output;
-use crate::cli::output::{Format, PageArgs, Table, or_dash, time};
+use crate::cli::output::{Format, OrderArgs, PageArgs, Table, or_dash, time};
 use crate::cli::patches;
 use crate::cli::patches::PatchCommand;
 use crate::cli::transcript;
@@ -43,9 +43,8 @@ pub(crate) enum RunCommand {
         /// Only runs in this status (`running`, `failed`, …).
         #[arg(long)]
         status: Option<String>,
-        /// Oldest first instead.
-        #[arg(long)]
-        oldest_first: bool,
+        #[command(flatten)]
+        order: OrderArgs,
         #[command(flatten)]
         page: PageArgs,
     },
@@ -216,11 +215,11 @@ pub(super) async fn run(
         RunCommand::List {
             task_id,
             status,
-            oldest_first,
+            order,
             page,
         } => {
             let filter = (task_id.as_deref(), status.as_deref());
-            list(client, format, filter, oldest_first, &page).await?
+            list(client, format, filter, order, &page).await?
         }
         RunCommand::Show { run_id } => show_run(client, format, &run_id, Client::get_run).await?,
         RunCommand::Watch {
@@ -308,10 +307,10 @@ async fn list(
     client: &Client,
     format: Format,
     (task_id, status): (Option<&str>, Option<&str>),
-    oldest_first: bool,
+    order: OrderArgs,
     page: &PageArgs,
 ) -> Result<(), Error> {
-    let call = match (task_id, status, oldest_first) {
+    let call = match (task_id, status, order.oldest_first) {
         // A task alone, oldest first: its own list.
         (Some(task_id), None, true) => client.list_runs(task_id),
         _ => {
@@ -319,10 +318,9 @@ async fn list(
             if let Some(task_id) = task_id {
                 client.get_task(task_id).await?;
             }
-            let order = (!oldest_first).then_some("desc");
             client
                 .list_workspace_runs(status, task_id)
-                .query("order", order)
+                .query("order", order.order())
         }
     };
     let headers = [

@@ -5,17 +5,19 @@ use clap::Subcommand;
 use keel_client::{Client, Error, LeaseRecord, TransitionRecord};
 
 use crate::cli::output;
-use crate::cli::output::{Format, PageArgs, Table, or_dash, time};
+use crate::cli::output::{Format, OrderArgs, PageArgs, Table, or_dash, time};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum TransitionCommand {
-    /// Lists state changes, oldest first: every entity's, or one's.
+    /// Lists state changes, newest first: every entity's, or one's.
     List {
         /// `task`, `run`, `step`, `approval`, `media_job`, …
         #[arg(long)]
         entity_type: Option<String>,
         #[arg(long)]
         entity_id: Option<String>,
+        #[command(flatten)]
+        order: OrderArgs,
         #[command(flatten)]
         page: PageArgs,
     },
@@ -84,12 +86,15 @@ pub(super) async fn transitions(
     let TransitionCommand::List {
         entity_type,
         entity_id,
+        order,
         page,
     } = command;
     let headers = [
         "ID", "TYPE", "ENTITY", "FROM", "TO", "ACTOR", "AT", "REASON",
     ];
-    let call = client.state_transitions(entity_type.as_deref(), entity_id.as_deref());
+    let call = client
+        .state_transitions(entity_type.as_deref(), entity_id.as_deref())
+        .query("order", order.order());
     output::list(format, &page, call, &headers, |t: &TransitionRecord| {
         vec![
             t.id.to_string(),

@@ -1,6 +1,7 @@
 //! The audit trail: one row per state change of a task, run, approval or media job, written in the
 //! transaction that made the change.
 
+use keel_api_types::ListOrder;
 use sqlx::PgConnection;
 
 use crate::db::Result;
@@ -66,30 +67,49 @@ pub(crate) async fn record_all(
     Ok(())
 }
 
-/// Oldest first; `after` is the id of the last record of the previous page.
+/// Oldest first, or newest first with [`ListOrder::Desc`]; `after` is the id of the last
+/// record of the previous page.
 pub async fn list(
     conn: &mut PgConnection,
     scope: &Scope,
     entity_type: Option<&str>,
     entity_id: Option<&str>,
-    after: i64,
+    (order, after): (ListOrder, Option<i64>),
     limit: i64,
 ) -> Result<Vec<TransitionRecord>> {
-    let rows = sqlx::query_as!(
-        TransitionRecord,
-        "SELECT id, entity_type, entity_id, task_id, from_status, to_status, reason, actor, occurred_at
-         FROM state_transitions
-         WHERE workspace_id = $1 AND ($2::text IS NULL OR entity_type = $2)
-           AND ($3::text IS NULL OR entity_id = $3) AND id > $4
-         ORDER BY id LIMIT $5",
-        scope.workspace(),
-        entity_type,
-        entity_id,
-        after,
-        limit,
-    )
-    .fetch_all(conn)
-    .await?;
+    macro_rules! page {
+        ($bound:literal, $order:literal) => {
+            sqlx::query_as!(
+                TransitionRecord,
+                "SELECT id, entity_type, entity_id, task_id, from_status, to_status, reason,
+                        actor, occurred_at
+                 FROM state_transitions
+                 WHERE workspace_id = $1 AND ($2::text IS NULL OR entity_type = $2)
+                   AND ($3::text IS NULL OR entity_id = $3) AND "
+                    + $bound
+                    + "
+                 ORDER BY id "
+                    + $order
+                    + " LIMIT $5",
+                scope.workspace(),
+                entity_type,
+                entity_id,
+                // Every id is positive: the first page's bound is an index bound too.
+                match order {
+                    ListOrder::Asc => Some(after.unwrap_or_default()),
+                    ListOrder::Desc => after,
+                },
+                limit,
+            )
+            .fetch_all(conn)
+            .await?
+        };
+    }
+    let rows = match (order, after) {
+        (ListOrder::Asc, _) => page!("id > $4", "ASC"),
+        (ListOrder::Desc, None) => page!("$4::bigint IS NULL", "DESC"),
+        (ListOrder::Desc, Some(_)) => page!("id < $4", "DESC"),
+    };
     Ok(rows)
 }
 

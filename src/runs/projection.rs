@@ -6,7 +6,7 @@ use chrono::Utc;
 use keel_api_types::{HeartbeatStep, RUN_STATE_ITEMS, RunHeartbeat, RunRecord, RunState};
 use sqlx::PgConnection;
 
-use crate::approvals::ApprovalFilter;
+use crate::approvals::{ApprovalFilter, OLDEST_FIRST};
 use crate::db::Result;
 use crate::domain::Scope;
 
@@ -21,7 +21,7 @@ pub async fn state(conn: &mut PgConnection, scope: &Scope, run: RunRecord) -> Re
         ..ApprovalFilter::default()
     };
     let pending_approvals =
-        crate::approvals::list(conn, scope, pending, None, RUN_STATE_ITEMS).await?;
+        crate::approvals::list(conn, scope, pending, OLDEST_FIRST, RUN_STATE_ITEMS).await?;
     Ok(RunState {
         run,
         steps,

@@ -1030,8 +1030,9 @@ async fn run_lineage_patches_schedules_transitions_and_leases_answer_from_the_ap
         .collect();
     assert!(changes.len() >= 2, "{changes:?}");
     assert!(changes.iter().all(|c| c["entity_id"] == run.as_str()));
+    // Newest first: the run's end, then how it got there.
     assert_eq!(
-        changes.last().unwrap()["to_status"],
+        changes.first().unwrap()["to_status"],
         "completed",
         "{changes:?}"
     );

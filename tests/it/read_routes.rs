@@ -12,7 +12,7 @@ use crate::support::{Client, KeelProcess, TestApp, shell};
 use futures_util::TryStreamExt;
 use keel_client::{
     ApprovalRecord, ApprovalStatus, ArtifactRecord, Imported, ItemRecord, RunRecord, RunStatus,
-    StepRecord,
+    StepRecord, TransitionRecord,
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -331,9 +331,61 @@ async fn the_approval_inbox_narrows_to_one_run() {
     let path = format!("/v1/approvals?run_id={}", keel::domain::new_id("run"));
     assert_eq!(ids(c, &path).await, Vec::<String>::new());
 
+    // Newest first, a page at a time, for the inbox and the task's list; the CLI too.
+    let newest_first = |task: Option<&str>| -> Vec<String> {
+        let of_task = inbox.iter().filter(|a| task.is_none_or(|t| a.task_id == t));
+        of_task.rev().map(|a| a.id.clone()).collect()
+    };
+    for (call, task) in [
+        (c.api.list_approvals(None), None),
+        (
+            c.api.list_task_approvals(&task_id, None),
+            Some(task_id.as_str()),
+        ),
+    ] {
+        let paged: Vec<ApprovalRecord> = call
+            .query("order", Some("desc"))
+            .query("limit", Some(1))
+            .items()
+            .try_collect()
+            .await
+            .unwrap();
+        let paged: Vec<String> = paged.into_iter().map(|a| a.id).collect();
+        assert_eq!(paged, newest_first(task));
+    }
+    let listed = crate::cli::cli(&c.base, &["approvals", "list", "--quiet"]).await;
+    let listed = crate::cli::stdout(&listed);
+    assert_eq!(listed.lines().collect::<Vec<_>>(), newest_first(None));
+
+    // The audit trail too: newest first, paging on to older changes.
+    let oldest: Vec<TransitionRecord> = c
+        .api
+        .state_transitions(None, None)
+        .items()
+        .try_collect()
+        .await
+        .unwrap();
+    let newest: Vec<TransitionRecord> = c
+        .api
+        .state_transitions(None, None)
+        .query("order", Some("desc"))
+        .query("limit", Some(2))
+        .items()
+        .try_collect()
+        .await
+        .unwrap();
+    let ids_of = |t: &[TransitionRecord]| t.iter().map(|t| t.id).collect::<Vec<_>>();
+    let mut reversed = ids_of(&oldest);
+    reversed.reverse();
+    assert!(reversed.len() > 2, "{oldest:?}");
+    assert_eq!(ids_of(&newest), reversed);
+
     let path = format!("/v1/approvals?run_id={first}&status=sideways");
     let bad = StatusCode::BAD_REQUEST;
     assert_refused(c, &path, bad, "invalid_request", "sideways").await;
+    assert_refused(c, "/v1/approvals?order=up", bad, "invalid_request", "order").await;
+    let path = "/v1/state-transitions?order=sideways";
+    assert_refused(c, path, bad, "invalid_request", "order").await;
 }
 
 /// A `keel api` in remote mode (shell runs wait for approval) and a member of each of two

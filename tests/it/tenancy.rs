@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::support::wait_for;
 use chrono::Utc;
-use keel::approvals::{ApprovalFilter, Decision};
+use keel::approvals::{ApprovalFilter, Decision, OLDEST_FIRST};
 use keel::db::StoreError;
 use keel::domain::{Actor, Role, Scope};
 use keel::events::transitions;
@@ -27,7 +27,7 @@ use keel::system::{leases, stats};
 use keel::tasks::NewTask;
 use keel::tasks::TaskDraft;
 use keel::{approvals, artifacts, events, providers, runs, schedules, tasks};
-use keel_client::TransitionRecord;
+use keel_client::{ListOrder, TransitionRecord};
 use reqwest::StatusCode;
 use serde_json::json;
 use sqlx::PgPool;
@@ -124,7 +124,7 @@ async fn seed() -> Seeded {
     let mut tx = pool.begin().await.unwrap();
     let task_id = new_task(&mut tx, &a).await;
     let run = start(&mut tx, &a, &task_id, &gated()).await;
-    let approval_id = approvals::list(&mut tx, &a, of_task(&task_id), None, 10)
+    let approval_id = approvals::list(&mut tx, &a, of_task(&task_id), OLDEST_FIRST, 10)
         .await
         .unwrap()[0]
         .id
@@ -306,22 +306,22 @@ async fn another_workspace_lists_none_of_a_workspaces_rows() {
         ),
         (
             "approval inbox",
-            approvals::list(c, a, ApprovalFilter::default(), None, 50)
+            approvals::list(c, a, ApprovalFilter::default(), OLDEST_FIRST, 50)
                 .await
                 .unwrap()
                 .len(),
-            approvals::list(c, b, ApprovalFilter::default(), None, 50)
+            approvals::list(c, b, ApprovalFilter::default(), OLDEST_FIRST, 50)
                 .await
                 .unwrap()
                 .len(),
         ),
         (
             "task approvals",
-            approvals::list(c, a, of_task(&s.task_id), None, 50)
+            approvals::list(c, a, of_task(&s.task_id), OLDEST_FIRST, 50)
                 .await
                 .unwrap()
                 .len(),
-            approvals::list(c, b, of_task(&s.task_id), None, 50)
+            approvals::list(c, b, of_task(&s.task_id), OLDEST_FIRST, 50)
                 .await
                 .unwrap()
                 .len(),
@@ -377,11 +377,11 @@ async fn another_workspace_lists_none_of_a_workspaces_rows() {
         ),
         (
             "transitions",
-            transitions::list(c, a, None, None, 0, 200)
+            transitions::list(c, a, None, None, (ListOrder::Asc, None), 200)
                 .await
                 .unwrap()
                 .len(),
-            transitions::list(c, b, None, None, 0, 200)
+            transitions::list(c, b, None, None, (ListOrder::Asc, None), 200)
                 .await
                 .unwrap()
                 .len(),
@@ -414,7 +414,7 @@ async fn another_workspace_lists_none_of_a_workspaces_rows() {
             .unwrap()
             .is_empty()
     );
-    let actors: Vec<String> = transitions::list(c, a, None, None, 0, 200)
+    let actors: Vec<String> = transitions::list(c, a, None, None, (ListOrder::Asc, None), 200)
         .await
         .unwrap()
         .into_iter()
@@ -530,7 +530,7 @@ async fn another_workspace_changes_none_of_a_workspaces_rows() {
     providers::get(c, a, &s.provider_id).await.unwrap();
     let job = media::get(c, a, &s.media_job_id).await.unwrap();
     assert_eq!(job.status.as_str(), "queued");
-    let bobs: Vec<_> = transitions::list(c, a, None, None, 0, 200)
+    let bobs: Vec<_> = transitions::list(c, a, None, None, (ListOrder::Asc, None), 200)
         .await
         .unwrap()
         .into_iter()

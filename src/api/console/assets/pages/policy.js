@@ -67,7 +67,7 @@ export async function render(root, _params, ctx) {
     h('h2', { id: 'policy-history-heading' }, 'Changes'), history);
 
   const showHistory = () => paged(history,
-    new Pager('/v1/state-transitions', { entity_type: 'approval_policy', entity_id: me.workspace }, 20),
+    new Pager('/v1/state-transitions', { entity_type: 'approval_policy', entity_id: me.workspace, order: 'desc' }, 20),
     (page) => table('Changes', ['When', 'By', 'From', 'To'],
       page.data.map((t) => [when(t.occurred_at), t.actor, h('code', {}, t.from_status || ''), h('code', {}, t.to_status)]),
       'Never changed: the process setting applies.'), ctx.signal);
