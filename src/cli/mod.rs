@@ -227,10 +227,27 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("keel: {error:#}");
+            eprintln!("keel: {}", error_chain(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes, `: `-joined, each said once: a cause whose words its error
+/// already carries (sqlx's database error repeats its server's message) is left out.
+fn error_chain(error: &anyhow::Error) -> String {
+    let mut said = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if said.contains(&text) {
+            continue;
+        }
+        if !said.is_empty() {
+            said.push_str(": ");
+        }
+        said.push_str(&text);
+    }
+    said
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -502,6 +519,24 @@ pub fn shutdown_on_signal() -> CancellationToken {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_error_chain_says_each_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("database \"nosuch\" does not exist")]
+        struct Server;
+        #[derive(Debug, thiserror::Error)]
+        #[error("error returned from database: {0}")]
+        struct Client(#[source] Server);
+        let error = anyhow::Error::new(Client(Server)).context("connecting to PostgreSQL");
+        assert_eq!(
+            super::error_chain(&error),
+            "connecting to PostgreSQL: error returned from database: database \"nosuch\" does \
+             not exist"
+        );
+        let plain = anyhow::anyhow!("no database URL").context("starting");
+        assert_eq!(super::error_chain(&plain), "starting: no database URL");
+    }
+
     #[test]
     fn cli_definition_is_consistent() {
         use clap::CommandFactory;

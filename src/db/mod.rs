@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use keel_api_types::ErrorCode;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgConnection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -52,6 +52,14 @@ pub enum StoreError {
 pub(crate) type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 impl StoreError {
+    /// A conflict (409) and what to do about it: its `operator_action`.
+    pub(crate) fn conflict_next(message: impl Into<String>, next: impl Into<String>) -> Self {
+        StoreError::ConflictNext {
+            message: message.into(),
+            next: next.into(),
+        }
+    }
+
     /// Whether the database could not be reached or ended the session (a failover, a cut
     /// connection, a server shutting down): the same statements may succeed on a fresh
     /// connection.
@@ -139,9 +147,22 @@ pub async fn connect_with(
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(ACQUIRE_TIMEOUT)
-        .connect_with(options)
-        .await?;
-    Ok(pool)
+        .connect_with(options.clone())
+        .await;
+    match pool {
+        Ok(pool) => Ok(pool),
+        // The pool's timeout hides why its connections failed: one direct try says
+        // (refused, no such database, a password refused), or times out as it did.
+        Err(sqlx::Error::PoolTimedOut) => {
+            let direct =
+                tokio::time::timeout(ACQUIRE_TIMEOUT, PgConnection::connect_with(&options));
+            match direct.await {
+                Ok(Err(cause)) => Err(cause.into()),
+                Ok(Ok(_)) | Err(_) => Err(sqlx::Error::PoolTimedOut.into()),
+            }
+        }
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// The name of Keel's own migration lock (a session-level advisory lock).

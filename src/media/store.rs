@@ -187,11 +187,14 @@ pub async fn transition(
 ) -> Result<MediaJobRecord> {
     let current = lock(conn, scope, id).await?;
     if !current.status().can_become(next) {
-        return Err(StoreError::Conflict(format!(
-            "media job {id} is {}; it cannot become {}",
-            current.status,
-            next.as_str()
-        )));
+        return Err(StoreError::conflict_next(
+            format!(
+                "media job {id} is {}; it cannot become {}",
+                current.status,
+                next.as_str()
+            ),
+            format!("See where the job stands: keel media show {id}."),
+        ));
     }
     let (code, message) = change.error.unzip();
     sqlx::query!(

@@ -309,9 +309,13 @@ pub async fn delete(conn: &mut PgConnection, scope: &Scope, id: &str, deleter: R
     .fetch_one(&mut *conn)
     .await?;
     if jobs > 0 {
-        return Err(StoreError::Conflict(format!(
-            "provider {id} has {jobs} media job(s); it stays while they name it (disable it instead)"
-        )));
+        return Err(StoreError::conflict_next(
+            format!(
+                "provider {id} has {jobs} media job(s); it stays while they name it (disable \
+                 it instead)"
+            ),
+            format!("Disable the preset instead: keel providers update {id} --enabled false."),
+        ));
     }
     sqlx::query!(
         "DELETE FROM providers WHERE workspace_id = $1 AND id = $2",

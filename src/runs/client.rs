@@ -290,18 +290,25 @@ async fn fence(
             "the lease token does not hold run {run_id}"
         )));
     }
+    let start_again = || {
+        let task_id = &run.task_id;
+        format!("Start a new client run of the task: keel runs client-start {task_id}.")
+    };
     if run.status != RunStatus::Running {
-        return Err(StoreError::Conflict(format!(
-            "run {run_id} is {}; its lease ended with it",
-            run.status
-        )));
+        return Err(StoreError::conflict_next(
+            format!("run {run_id} is {}; its lease ended with it", run.status),
+            start_again(),
+        ));
     }
     if lease.expires_at <= Utc::now() {
-        return Err(StoreError::Conflict(format!(
-            "run {run_id}'s lease expired at {}; the run fails as {}",
-            lease.expires_at.to_rfc3339(),
-            lapse_code(lease.at_max),
-        )));
+        return Err(StoreError::conflict_next(
+            format!(
+                "run {run_id}'s lease expired at {}; the run fails as {}",
+                lease.expires_at.to_rfc3339(),
+                lapse_code(lease.at_max),
+            ),
+            start_again(),
+        ));
     }
     Ok(())
 }

@@ -265,18 +265,24 @@ pub(crate) async fn change(
     let task = crate::tasks::get(&mut tx, scope, task_id).await?;
     let mut row = get(&mut tx, scope, run_id, artifact_id, true).await?;
     if !run.status().is_terminal() {
-        return Err(StoreError::Conflict(format!(
-            "run {run_id} is {}; change its patches once it has ended",
-            run.status
-        )));
+        return Err(StoreError::conflict_next(
+            format!(
+                "run {run_id} is {}; change its patches once it has ended",
+                run.status
+            ),
+            format!("Wait for the run to end (keel runs watch {run_id}), then try again."),
+        ));
     }
     let from = PatchStatus::parse(&row.patch_status).ok_or_else(|| {
         let unknown = format!("patch {artifact_id} has status {}", row.patch_status);
         StoreError::Database(sqlx::Error::Decode(unknown.into()))
     })?;
-    let to = action
-        .next(from)
-        .map_err(|why| StoreError::Conflict(format!("patch {artifact_id}: {why}")))?;
+    let to = action.next(from).map_err(|why| {
+        StoreError::conflict_next(
+            format!("patch {artifact_id}: {why}"),
+            format!("See each patch's status: keel runs patches list {run_id}."),
+        )
+    })?;
     let patch = content(desk.content, desk.pool, &row.id).await?;
     if action.writes() {
         write(run_workspace(desk.roots, &task, &run)?, &patch, action).await?;

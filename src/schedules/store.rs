@@ -283,16 +283,24 @@ async fn record(
 fn check_revision(task_id: &str, current: Option<i64>, expected: Option<i64>) -> Result<()> {
     let reload =
         format!("reload it (GET /v1/tasks/{task_id}/schedule) and apply your change again");
+    let next = format!(
+        "Read the schedule as it is now (keel schedules show {task_id}), then set it again \
+         with its revision."
+    );
     match (current, expected) {
         (_, None) => Ok(()),
         (Some(current), Some(expected)) if current == expected => Ok(()),
-        (Some(current), Some(expected)) => Err(StoreError::Conflict(format!(
-            "the schedule changed since revision {expected} was read (it is at revision \
-             {current} now): {reload}"
-        ))),
-        (None, Some(expected)) => Err(StoreError::Conflict(format!(
-            "the schedule read at revision {expected} no longer exists: {reload}"
-        ))),
+        (Some(current), Some(expected)) => Err(StoreError::conflict_next(
+            format!(
+                "the schedule changed since revision {expected} was read (it is at revision \
+                 {current} now): {reload}"
+            ),
+            next,
+        )),
+        (None, Some(expected)) => Err(StoreError::conflict_next(
+            format!("the schedule read at revision {expected} no longer exists: {reload}"),
+            next,
+        )),
     }
 }
 
@@ -316,10 +324,14 @@ async fn refuse_consumed_instant(
     .fetch_one(conn)
     .await?;
     if fired {
-        return Err(StoreError::Conflict(format!(
-            "the schedule already fired for run_at {}; reload it and choose a new future run_at",
-            run_at.to_rfc3339()
-        )));
+        return Err(StoreError::conflict_next(
+            format!(
+                "the schedule already fired for run_at {}; reload it and choose a new future \
+                 run_at",
+                run_at.to_rfc3339()
+            ),
+            "Set the schedule with a later time (keel schedules set TASK_ID --at RFC3339).",
+        ));
     }
     Ok(())
 }

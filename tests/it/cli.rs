@@ -1280,6 +1280,24 @@ async fn server_settings_belong_to_the_server_roles_not_to_operator_help() {
     assert_eq!(code(&output), 4, "{}", describe(&output));
 }
 
+#[tokio::test]
+async fn a_database_error_is_said_once_with_its_cause() {
+    // A database the server does not have: refused at once (no retrying), its reason said
+    // once, where the pool's timeout used to hide it or sqlx's message repeated it.
+    let db = support::fresh_database().await;
+    let (base, _) = db.rsplit_once('/').unwrap();
+    let missing = format!("{base}/keel_no_such_database");
+    let output = cli("", &["migrate", "--database-url", &missing]).await;
+    assert_eq!(code(&output), 1, "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let reason = "database \"keel_no_such_database\" does not exist";
+    assert_eq!(stderr.matches(reason).count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("keel: connecting to PostgreSQL: "),
+        "{stderr}"
+    );
+}
+
 /// The JSON a `--output json` command printed.
 fn json_of(output: &Output) -> Value {
     serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(output)))

@@ -329,6 +329,8 @@ async fn a_client_that_keeps_appending_lets_go_of_its_run_at_the_longest_lease()
     .await;
     let (status, body) = refusal;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let action = body["error"]["operator_action"].as_str().unwrap();
+    assert!(action.contains("keel runs client-start"), "{body}");
     // The append past the longest lease is refused for it; or, when the workers'
     // maintenance failed the run at that moment first, for the run having ended (why it
     // ended is checked below).

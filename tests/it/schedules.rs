@@ -547,6 +547,8 @@ async fn a_once_schedule_fires_once_even_when_overdue_then_disables_itself() {
             .unwrap()
             .contains("new future run_at")
     );
+    let action = body["error"]["operator_action"].as_str().unwrap();
+    assert!(action.contains("keel schedules set"), "{body}");
     let (status, body) = put_schedule(c, &task_id, again(run_at + minutes(1))).await;
     assert_eq!(status, StatusCode::OK, "{body}");
 }
@@ -791,6 +793,10 @@ async fn an_edit_based_on_a_revision_a_dispatch_advanced_gets_409() {
     let (status, body) = put_schedule(c, &task_id, edit.clone()).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert_eq!(body["error"]["type"], "conflict");
+    // The hint names the command that reads the schedule as it is now.
+    let action = body["error"]["operator_action"].as_str().unwrap();
+    let show = format!("keel schedules show {task_id}");
+    assert!(action.contains(&show), "{body}");
     assert!(
         body["error"]["message"]
             .as_str()

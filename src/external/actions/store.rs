@@ -313,7 +313,10 @@ async fn locked_for(
                     code: ErrorCode::ActionNotCancellable,
                     message,
                 },
-                Step::Approve | Step::Reject => StoreError::Conflict(message),
+                Step::Approve | Step::Reject => StoreError::conflict_next(
+                    message,
+                    format!("See where the action stands: keel external-work actions show {id}."),
+                ),
             })
         }
     }
