@@ -24,6 +24,7 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 SCREENSHOTS = os.path.join(ROOT, "docs", "screenshots")
+CI_SCREENSHOTS = os.path.join(ROOT, "target", "screenshots")
 WIDE = {"width": 1280, "height": 800}
 NARROW = {"width": 390, "height": 844}
 # How long a condition may take to hold (a run going through approval and a worker).
@@ -89,6 +90,14 @@ def screenshot(page, name):
     os.makedirs(SCREENSHOTS, exist_ok=True)
     page.evaluate("window.scrollTo(0, 0); document.getElementById('toast')?.classList.remove('shown')")
     page.screenshot(path=os.path.join(SCREENSHOTS, f"{name}.png"), animations="disabled")
+
+
+def ci_screenshot(page, name):
+    """The whole page as target/screenshots/NAME.png: every page, wide and narrow, for CI's
+    output (docs/screenshots keeps the few the docs show)."""
+    os.makedirs(CI_SCREENSHOTS, exist_ok=True)
+    page.evaluate("document.getElementById('toast')?.classList.remove('shown')")
+    page.screenshot(path=os.path.join(CI_SCREENSHOTS, f"{name}.png"), full_page=True, animations="disabled")
 
 
 def element_screenshot(locator, name):

@@ -22,7 +22,7 @@ sys.dont_write_bytecode = True  # noqa: E402  (no __pycache__ beside the sources
 from playwright.sync_api import expect
 
 from console_test import api
-from harness import Console, element_screenshot, run_tests, screenshot
+from harness import NARROW, Console, ci_screenshot, element_screenshot, run_tests, screenshot
 
 # A value that must never reach a page: the media preset's API key.
 CANARY_ENV = "KEEL_SECRET_CONSOLE_CANARY_KEY"
@@ -358,6 +358,9 @@ def test_a_run_page_applies_one_proposed_change_and_discards_another(console):
             assert time.monotonic() < deadline, "no approval for the proposals"
             page.wait_for_timeout(100)
         # The run's transcript holds the approval with its decisions: approved from there.
+        # The page follows it from the stream's frames, never reading it whole.
+        whole_reads = []
+        page.on("request", lambda r: r.url.split("?")[0].endswith("/transcript") and whole_reads.append(r.url))
         open_page(page, f"#/runs/{task['id']}/{run['id']}")
         conversation = page.locator("#conversation")
         gate = conversation.locator(".turn.approval")
@@ -386,6 +389,13 @@ def test_a_run_page_applies_one_proposed_change_and_discards_another(console):
         calls.first.locator("summary").click()
         expect(calls.first).to_contain_text("kept.txt")
         expect(conversation.locator(".turn.file").first).to_contain_text("kept.txt")
+        assert whole_reads == [], whole_reads
+        # A file change opens as its diff; the context as the layers the run started from.
+        conversation.locator(".turn.file").first.locator("summary").click()
+        expect(conversation.locator(".turn.file").first.locator("pre.diff")).to_contain_text("+ kept")
+        context = page.locator("details.context")
+        context.locator("summary").click()
+        expect(context).to_contain_text("Layers")
         expect(page.get_by_role("heading", name="stdout")).to_have_count(0)
         screenshot(page, "run-conversation")
         element_screenshot(conversation, "run-transcript")
@@ -396,6 +406,8 @@ def test_a_run_page_applies_one_proposed_change_and_discards_another(console):
         expect(dropped).to_contain_text("proposed")
         page.get_by_role("button", name="Apply kept.txt").click()
         expect(kept).to_contain_text("applied")
+        kept.locator("details.patch summary").click()
+        expect(kept.locator("pre.diff")).to_contain_text("+ kept")
         expect(kept.get_by_role("button", name="Revert kept.txt")).to_be_enabled()
         page.get_by_role("button", name="Discard dropped.txt").click()
         expect(dropped).to_contain_text("discarded")
@@ -440,6 +452,7 @@ OVERFLOW = """() => {
 
 def test_every_page_fits_1280_by_800_without_sideways_scrolling(console):
     page = console.signed_in_page()
+    phone = console.signed_in_page(NARROW)
     task = ok(api(page, "GET", "/v1/tasks?limit=1"))[0]
     routes = NAVIGATION + [f"#/tasks/{task['id']}", f"#/runs/{task['id']}/{task['latest_run_id']}"]
     scrolling = {}
@@ -449,6 +462,15 @@ def test_every_page_fits_1280_by_800_without_sideways_scrolling(console):
         page.wait_for_load_state("networkidle")
         if over := page.evaluate(OVERFLOW):
             scrolling[route] = over
+        # Every page as a person sees it, wide and on a phone, for CI's output.
+        parts = route.strip("#/").split("/")
+        # A list is named by its page, one of its rows by the page's singular.
+        name = parts[0] if len(parts) == 1 else parts[0].rstrip("s")
+        ci_screenshot(page, f"wide-{name}")
+        open_page(phone, route)
+        phone.locator("main h1").wait_for()
+        phone.wait_for_load_state("networkidle")
+        ci_screenshot(phone, f"phone-{name}")
     assert not scrolling, f"pages that scroll sideways at 1280 px: {scrolling}"
 
 

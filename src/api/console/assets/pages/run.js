@@ -5,8 +5,10 @@
 
 import { ApiError, get, post, seg, withQuery } from '../lib/api.js';
 import { action, badge, changed, details, enable, h, replace, table, toast } from '../lib/dom.js';
+import { diffView } from '../lib/diff.js';
 import { markdown } from '../lib/markdown.js';
 import { follow } from '../lib/sse.js';
+import { applyFrame } from '../lib/transcript.js';
 import { when } from '../lib/time.js';
 import { summaryText } from './approvals.js';
 import { lineage } from './task.js';
@@ -18,12 +20,15 @@ const EVENT_TYPES = [
   'step.failed', 'artifact.created', 'gap.run_disconnected', 'run.resumed_from_event',
   'approval.requested', 'approval.resolved', 'model.call.completed', 'tool.file.reverted',
   'tool.file.applied', 'tool.file.discarded', 'policy.tool_blocked', 'task.updated', 'client.event',
-  'model.delta', 'error',
+  'model.delta', 'transcript', 'error',
 ];
 /** Types the API serves inline (raster images): the only ones previewed. */
 const PREVIEWED = ['image/png', 'image/jpeg', 'image/gif', 'image/webp', 'image/avif'];
 /** While a run is active its output grows without events: it is re-read this often. */
 const OUTPUT_POLL_MS = 1000;
+/** The run's facts, steps and artifacts are read again at most this often while events
+ *  come; its conversation follows the stream's transcript frames without any read. */
+const REFRESH_MS = 1000;
 
 export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
   const base = `/v1/tasks/${seg(taskId)}/runs/${seg(runId)}`;
@@ -43,6 +48,7 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
     stderr: h('pre', { class: 'output', id: 'stderr', tabindex: 0, 'aria-label': 'stderr' }),
     model: h('pre', { class: 'output', hidden: true, 'aria-label': 'model text' }),
     conversation: h('div', { id: 'conversation' }),
+    context: h('div'),
     steps: h('div'),
     artifacts: h('div'),
     patches: h('div'),
@@ -59,7 +65,7 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
     // An agent's run reads as its conversation; it writes no stdout or stderr of its own.
     agent
       ? h('section', { 'aria-labelledby': 'conversation-heading' },
-        h('h2', { id: 'conversation-heading' }, 'Conversation'), view.conversation)
+        h('h2', { id: 'conversation-heading' }, 'Conversation'), view.context, view.conversation)
       : h('div', { class: 'grid2' },
         h('section', {}, h('h2', {}, 'stdout'), view.stdout),
         h('section', {}, h('h2', {}, 'stderr'), view.stderr)),
@@ -69,18 +75,17 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
     h('section', { 'aria-labelledby': 'patches-heading' }, h('h2', { id: 'patches-heading' }, 'File changes'), view.patches),
     h('section', {}, h('h2', {}, 'Events'), view.events));
 
-  const state = { run, outputs: {}, descendants: await descendantsOf(taskId, runId) };
+  const state = { run, outputs: {}, descendants: await descendantsOf(taskId, runId), transcript: null, shown: new Map() };
   state.buttons = actions(view, state, task, base, ctx);
+  if (agent) view.context.append(contextView(base));
   const refresh = refresher(async () => {
     state.run = (await get(base)).data;
-    const [steps, artifacts, transcript] = await Promise.all([
+    const [steps, artifacts] = await Promise.all([
       get(withQuery(`${base}/steps`, { limit: 200 })).then((r) => r.data),
       get(withQuery(`${base}/artifacts`, { limit: 200 })).then((r) => r.data),
-      agent ? get(`${base}/transcript`).then((r) => r.data) : null,
     ]);
     if (ctx.signal.aborted) return;
     showRun(view, state, task);
-    if (agent) showConversation(view, task, transcript, { refresh: () => refresh() });
     showSteps(view, steps);
     showArtifacts(view, artifacts, base);
     if (artifacts.some((a) => a.kind === 'patch')) {
@@ -93,13 +98,17 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
     else if (changed(view.approvals, '')) replace(view.approvals);
   });
 
+  const conversationCtx = { base, refresh: () => refresh() };
   await refresh();
-  const poll = setInterval(() => ACTIVE.includes(state.run.status) && refresh(), OUTPUT_POLL_MS);
-  ctx.signal.addEventListener('abort', () => clearInterval(poll));
+  // An agent's run has no output to poll: its events say when to read again.
+  const poll = setInterval(() => !agent && ACTIVE.includes(state.run.status) && refresh(), OUTPUT_POLL_MS);
+  const soon = throttled(() => refresh(), REFRESH_MS);
+  ctx.signal.addEventListener('abort', () => { clearInterval(poll); soon.cancel(); });
 
+  const projection = agent ? { projection: 'transcript' } : {};
   follow({
-    url: `${base}/stream`,
-    urlAfter: (sequence) => `${base}/stream?after_sequence=${encodeURIComponent(sequence)}`,
+    url: withQuery(`${base}/stream`, projection),
+    urlAfter: (sequence) => withQuery(`${base}/stream`, { ...projection, after_sequence: sequence }),
     types: EVENT_TYPES,
     signal: ctx.signal,
     isLast: (type) => TERMINAL_EVENTS.includes(type),
@@ -114,15 +123,39 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
         view.model.append(document.createTextNode(data.text || ''));
         return;
       }
+      if (type === 'transcript') {
+        // A call's words are in its block now: the live text of the next starts afresh.
+        if (data.type === 'block_started' && data.block.kind === 'coordinator_text') replace(view.model);
+        state.transcript = applyFrame(state.transcript, data);
+        showConversation(view, state, task, conversationCtx);
+        return;
+      }
       if (type === 'error') {
         view.events.append(h('li', { class: 'error' }, data.message || 'the stream was interrupted'));
         return;
       }
       view.events.append(eventItem(data));
       view.events.scrollTop = view.events.scrollHeight;
-      refresh();
+      soon();
     },
   });
+}
+
+/** `work` at most once per `ms`: a call during the wait is folded into the next run. */
+function throttled(work, ms) {
+  let timer = null;
+  let last = 0;
+  const call = () => {
+    if (timer) return;
+    const wait = Math.max(0, last + ms - Date.now());
+    timer = setTimeout(() => {
+      timer = null;
+      last = Date.now();
+      work();
+    }, wait);
+  };
+  call.cancel = () => clearTimeout(timer);
+  return call;
 }
 
 /** Runs `work` now, or once more after the current pass when asked during one. */
@@ -276,8 +309,9 @@ function blockView(block, task, ctx) {
       return approvalView(block.approval || {}, task, ctx);
     case 'file_change': {
       const change = block.file_change || {};
-      return h('p', { class: 'turn file' }, 'file ', h('code', {}, change.path || '(the patch\'s files)'), ' ',
-        badge(change.status), h('a', { href: '#patches-heading' }, ' see File changes'));
+      const path = change.path || '(the patch\'s files)';
+      return patchDiff(ctx.base, change.patch_id, h('span', {}, 'file ', h('code', {}, path), ' ', badge(change.status)),
+        { class: 'turn file', label: `the change to ${path}` });
     }
     default:
       return null;
@@ -304,10 +338,61 @@ function approvalView(approval, task, ctx) {
  * tool call (collapsed) with its arguments and result, approvals with their decisions, and
  * the file changes. Rebuilt only when a block changed.
  */
-function showConversation(view, task, transcript, ctx) {
-  const blocks = transcript.turns.flatMap((turn) => turn.blocks);
-  if (!changed(view.conversation, JSON.stringify(blocks))) return;
-  replace(view.conversation, ...blocks.map((block) => blockView(block, task, ctx)));
+function showConversation(view, state, task, ctx) {
+  const blocks = state.transcript.turns.flatMap((turn) => turn.blocks);
+  const nodes = blocks.map((block) => {
+    const key = JSON.stringify(block);
+    const shown = state.shown.get(block.id);
+    if (shown && shown.key === key) return shown.node;
+    const node = blockView(block, task, ctx);
+    state.shown.set(block.id, { key, node });
+    return node;
+  });
+  // Only blocks that changed were made again; the rest keep their nodes (an open tool call
+  // stays open), moved only if a block came before them.
+  nodes.forEach((node, index) => {
+    if (view.conversation.children[index] !== node) view.conversation.insertBefore(node, view.conversation.children[index] || null);
+  });
+  while (view.conversation.children.length > nodes.length) view.conversation.lastElementChild.remove();
+}
+
+/**
+ * A patch as a diff, read when first opened (GET …/patches/ID): the file before and after,
+ * the lines removed and added with a little around them.
+ */
+function patchDiff(base, patchId, summary, { class: className, label }) {
+  const body = h('div', {}, h('p', { class: 'who' }, 'Loading the change\u2026'));
+  const node = h('details', { class: className }, h('summary', {}, summary), body);
+  let read = false;
+  node.addEventListener('toggle', async () => {
+    if (!node.open || read || !patchId) return;
+    read = true;
+    try {
+      const patch = (await get(`${base}/patches/${seg(patchId)}`)).data;
+      replace(body, diffView(patch.before, patch.after, `diff of ${label}`));
+    } catch (error) {
+      read = false;
+      replace(body, h('p', { class: 'error' }, error.message));
+    }
+  });
+  return node;
+}
+
+/** The prompt layers the run started from (GET …/context), read when first opened. */
+function contextView(base) {
+  const body = h('div', {}, h('p', { class: 'who' }, 'Loading\u2026'));
+  const node = h('details', { class: 'turn context' }, h('summary', {}, 'Context: the system prompt layers'), body);
+  node.addEventListener('toggle', async () => {
+    if (!node.open || node.dataset.read) return;
+    node.dataset.read = 'yes';
+    const context = (await get(`${base}/context`)).data;
+    const from = { stored: 'as the run kept them', task: 'from its task', not_started: 'from its task (not started yet)' };
+    replace(body, h('p', { class: 'who' }, `Layers ${from[context.source] || context.source}, in the order the model read them.`),
+      context.layers.length === 0 ? h('p', { class: 'who' }, 'No system prompt.') : null,
+      ...context.layers.map((layer) => [h('p', { class: 'who' }, `${layer.origin} layer`),
+        h('pre', { class: 'output' }, layer.content)]));
+  });
+  return node;
 }
 
 function showSteps(view, steps) {
@@ -345,7 +430,8 @@ function showPatches(view, state, patches, base, refresh) {
   if (!changed(view.patches, JSON.stringify([ended, patches]))) return;
   const bytes = (n) => (n === null || n === undefined ? 'none' : `${n} B`);
   replace(view.patches, table('File changes', ['Path', 'Status', 'Before', 'After', ''],
-    patches.map((p) => [h('code', {}, p.path), badge(p.status), bytes(p.before_bytes), bytes(p.after_bytes),
+    patches.map((p) => [patchDiff(base, p.id, h('code', {}, p.path), { class: 'patch', label: p.path }),
+      badge(p.status), bytes(p.before_bytes), bytes(p.after_bytes),
       (PATCH_ACTIONS[p.status] || []).map(([label, verb]) => action(label, async () => {
         await post(`${base}/patches/${seg(p.id)}/${verb}`);
         toast(`${p.path}: ${verb === 'apply' ? 'applied' : `${verb}ed`}`);
