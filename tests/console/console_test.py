@@ -108,7 +108,8 @@ def test_a_task_is_approved_from_the_inbox_and_its_run_completes_live(console):
     assert any(a["decision_note"] == "checked by the browser test" for a in approvals["data"]), approvals
 
     # Its task page lists the run; a retry from the run page links back to it.
-    watcher.get_by_role("link", name=re.compile("Task task_")).click()
+    # The run page leads back to its task by the task's title.
+    watcher.get_by_role("link", name=re.compile("^\u2190 Task: echo console-line-one")).click()
     expect(watcher.get_by_role("heading", name="Runs")).to_be_visible()
     expect(watcher.locator("table").get_by_role("link", name="run 1")).to_be_visible()
     screenshot(watcher, "task")

@@ -223,7 +223,7 @@ def test_the_schedules_page_shows_the_next_fire_time_in_its_zone(console):
     schedule = ok(api(page, "PUT", f"/v1/tasks/{task['id']}/schedule",
                       {"kind": "cron", "cron_expression": "0 3 * * *", "timezone": "Asia/Tokyo", "enabled": True}))
     open_page(page, "#/schedules")
-    row = page.locator("tr").filter(has_text=task["id"])
+    row = page.locator("tr").filter(has=page.get_by_role("link", name=task["id"]))
     expect(row.locator(".next-fire")).to_contain_text("Asia/Tokyo")
     expect(row.locator(".next-fire")).to_contain_text("3:00")
     # The browser's zone, with the UTC instant on hover.

@@ -63,6 +63,30 @@ export function table(caption, headings, rows, empty = 'Nothing here yet.') {
       h('tbody', {}, rows.map((cells) => h('tr', {}, cells.map((cell) => h('td', {}, cell)))))));
 }
 
+/** Keel's ids (`run_` and 32 hex digits) as their kind and last 8 digits. */
+export function shortened(id) {
+  const parts = String(id).match(/^([a-z]+_)[0-9a-f]{24,}$/);
+  return parts ? `${parts[1]}\u2026${String(id).slice(-8)}` : String(id);
+}
+
+/**
+ * A long id shortened (a link when `href` is given), the whole id its title and its
+ * accessible name, with a button that copies it whole.
+ */
+export function idView(id, href = null) {
+  const shown = h(href ? 'a' : 'code', { class: 'id', href, title: id, 'aria-label': id }, shortened(id));
+  const copy = h('button', { type: 'button', class: 'copy', title: 'Copy the id', 'aria-label': `Copy ${id}` }, 'copy');
+  copy.addEventListener('click', async () => {
+    try {
+      await navigator.clipboard.writeText(id);
+      toast(`Copied ${id}.`);
+    } catch {
+      toast(`Copy it by hand: ${id}`);
+    }
+  });
+  return h('span', { class: 'id-copy' }, shown, copy);
+}
+
 /** A message in the page's live region. */
 export function toast(message) {
   const region = document.getElementById('toast');

@@ -2,7 +2,7 @@
 // reject with a note.
 
 import { Pager, get, post, seg } from '../lib/api.js';
-import { badge, errorBox, h, replace, toast } from '../lib/dom.js';
+import { badge, errorBox, h, idView, replace, toast } from '../lib/dom.js';
 import { when } from '../lib/time.js';
 
 /** New approvals appear without a reload: the inbox is re-read this often. */
@@ -91,7 +91,7 @@ function card(approval, me, done) {
   };
   return h('article', { class: 'panel approval', 'aria-label': `Approval ${approval.id}`, 'data-approval': approval.id },
     h('h2', {}, `${approval.kind} `, badge(approval.status)),
-    h('p', {}, 'Task ', h('a', { href: `#/tasks/${seg(approval.task_id)}` }, approval.task_id),
+    h('p', {}, 'Task ', idView(approval.task_id, `#/tasks/${seg(approval.task_id)}`),
       approval.run_id
         ? [', ', h('a', { href: `#/runs/${seg(approval.task_id)}/${seg(approval.run_id)}` }, 'its run')]
         : null,

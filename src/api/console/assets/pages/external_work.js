@@ -4,7 +4,7 @@
 // executed or cancelled from here; then the CI triage records, each fix run started here.
 
 import { Pager, get, post, seg } from '../lib/api.js';
-import { action, badge, h, replace, table, toast } from '../lib/dom.js';
+import { action, badge, h, idView, replace, table, toast } from '../lib/dom.js';
 import { when } from '../lib/time.js';
 import { isOperator } from './approvals.js';
 import { paged } from './paged.js';
@@ -26,8 +26,8 @@ function itemsSection(source, slot, signal) {
   }, { class: 'secondary' });
   return paged(list, pager, (page) => table('Items', ['Item', 'Identifier', 'Tracker state', 'State', 'Run', 'Error', ''],
     page.data.map((item) => [
-      item.id, item.identifier, item.tracker_state, badge(item.state),
-      item.run_id && item.task_id ? h('a', { href: `#/runs/${seg(item.task_id)}/${seg(item.run_id)}` }, item.run_id) : '\u2014',
+      idView(item.id), item.identifier, item.tracker_state, badge(item.state),
+      item.run_id && item.task_id ? idView(item.run_id, `#/runs/${seg(item.task_id)}/${seg(item.run_id)}`) : '\u2014',
       item.last_error ? `${item.last_error_code || ''} ${item.last_error}` : '',
       triage(item),
     ]), 'No items yet: poll the source.'), signal);
@@ -45,7 +45,7 @@ function triageSection(slot, signal) {
     await triageSection(slot, signal);
   });
   const run = (r) => r.run_id && r.task_id
-    ? h('a', { href: `#/runs/${seg(r.task_id)}/${seg(r.run_id)}` }, r.run_id)
+    ? idView(r.run_id, `#/runs/${seg(r.task_id)}/${seg(r.run_id)}`)
     : (r.task_id && r.status !== 'stale' ? start(r) : '\u2014');
   return paged(list, pager, (page) => table('CI triage',
     ['Check', 'Status', 'Fix run', 'Pull request', 'Head', 'Reason'],

@@ -4,7 +4,7 @@
 // buttons its status allows.
 
 import { ApiError, get, post, seg, withQuery } from '../lib/api.js';
-import { action, badge, changed, details, enable, h, replace, table, toast } from '../lib/dom.js';
+import { action, badge, changed, details, enable, h, idView, replace, table, toast } from '../lib/dom.js';
 import { diffView } from '../lib/diff.js';
 import { markdown } from '../lib/markdown.js';
 import { follow } from '../lib/sse.js';
@@ -47,7 +47,7 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
     stdout: h('pre', { class: 'output', id: 'stdout', tabindex: 0, 'aria-label': 'stdout' }),
     stderr: h('pre', { class: 'output', id: 'stderr', tabindex: 0, 'aria-label': 'stderr' }),
     model: h('pre', { class: 'output', hidden: true, 'aria-label': 'model text' }),
-    conversation: h('div', { id: 'conversation' }),
+    conversation: h('div', { id: 'conversation' }, h('p', { class: 'who' }, 'Reading the conversation\u2026')),
     context: h('div'),
     steps: h('div'),
     artifacts: h('div'),
@@ -56,7 +56,7 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
   };
   const agent = task.execution_kind === 'agent_loop';
   replace(root,
-    h('p', {}, h('a', { href: `#/tasks/${seg(taskId)}` }, `\u2190 Task ${taskId}`)),
+    h('p', {}, h('a', { href: `#/tasks/${seg(taskId)}` }, `\u2190 Task: ${task.title}`), ' ', idView(taskId)),
     h('h1', {}, `Run ${run.number} of ${task.title}`),
     h('div', { class: 'toolbar' }, view.status, view.live),
     view.actions,
@@ -111,7 +111,12 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
     urlAfter: (sequence) => withQuery(`${base}/stream`, { ...projection, after_sequence: sequence }),
     types: EVENT_TYPES,
     signal: ctx.signal,
-    isLast: (type) => TERMINAL_EVENTS.includes(type),
+    // An agent run's last transcript frames come after the run's terminal event, in the
+    // same burst: its stream is done once both have come.
+    isLast: (type) => {
+      if (TERMINAL_EVENTS.includes(type)) state.ended = true;
+      return state.ended && (!agent || turnEnded(state.transcript));
+    },
     onState: (live) => {
       view.live.dataset.state = live;
       view.live.textContent = { live: 'live', reconnecting: 'reconnecting\u2026', ended: 'stream ended' }[live];
@@ -139,6 +144,11 @@ export async function render(root, { task_id: taskId, run_id: runId }, ctx) {
       soon();
     },
   });
+}
+
+/** Whether the transcript's turn has ended (with its run). */
+function turnEnded(transcript) {
+  return Boolean(transcript) && transcript.turns.every((turn) => ['succeeded', 'failed', 'cancelled'].includes(turn.status));
 }
 
 /** `work` at most once per `ms`: a call during the wait is folded into the next run. */
@@ -222,7 +232,7 @@ function showRun(view, state, task) {
   if (!changed(view.facts, JSON.stringify([run, state.descendants.map((d) => d.id)]))) return;
   const error = run.last_error;
   replace(view.facts, details([
-    ['Run id', run.id],
+    ['Run id', idView(run.id)],
     ['Origin', lineage(run)],
     ['Carried on by', state.descendants.length
       ? state.descendants.map((d, i) => [i ? ', ' : '',
@@ -231,7 +241,7 @@ function showRun(view, state, task) {
       : null],
     ['Requested by', run.requested_by],
     ['Attempt', run.attempt],
-    ['Worker', run.worker_id],
+    ['Worker', run.worker_id ? idView(run.worker_id) : null],
     ['Exit code', run.exit_code],
     ['Ended as', run.terminal_code],
     ['Last error', error ? (error.message || JSON.stringify(error)) : null],

@@ -2,7 +2,7 @@
 // a status filter: what is running, waiting or failed now, without opening each task.
 
 import { Pager, seg } from '../lib/api.js';
-import { badge, h, replace, table } from '../lib/dom.js';
+import { badge, h, idView, replace, table } from '../lib/dom.js';
 import { when } from '../lib/time.js';
 import { paged } from './paged.js';
 
@@ -23,8 +23,8 @@ export async function render(root, _params, ctx) {
     h('h2', { id: 'runs-heading' }, status ? `Runs that are ${status}` : 'All runs'),
     table('Runs', ['Run', 'Task', 'Status', 'Requested by', 'Created', 'Finished', 'Error'],
       page.data.map((run) => [
-        h('a', { href: `#/runs/${seg(run.task_id)}/${seg(run.id)}` }, `${run.id}`),
-        h('a', { href: `#/tasks/${seg(run.task_id)}` }, run.task_id),
+        idView(run.id, `#/runs/${seg(run.task_id)}/${seg(run.id)}`),
+        idView(run.task_id, `#/tasks/${seg(run.task_id)}`),
         badge(run.status),
         run.requested_by || '',
         when(run.created_at),

@@ -2,7 +2,7 @@
 // the browser's, UTC on hover), and a schedule's occurrences, page by page.
 
 import { Pager, seg } from '../lib/api.js';
-import { badge, h, replace, table } from '../lib/dom.js';
+import { badge, h, idView, replace, table } from '../lib/dom.js';
 import { when } from '../lib/time.js';
 import { paged } from './paged.js';
 
@@ -38,7 +38,7 @@ export async function render(root, _params, ctx) {
         when(o.scheduled_for),
         inZone(o.scheduled_for, schedule.timezone),
         badge(o.status),
-        o.run_id ? h('a', { href: `#/runs/${seg(o.task_id)}/${seg(o.run_id)}` }, o.run_id) : '—',
+        o.run_id ? idView(o.run_id, `#/runs/${seg(o.task_id)}/${seg(o.run_id)}`) : '—',
         o.error || '',
       ]), 'It has not fired yet.'), ctx.signal);
   };
@@ -46,7 +46,7 @@ export async function render(root, _params, ctx) {
   await paged(list, new Pager('/v1/task-schedules', {}, 20), (page) => table('Schedules',
     ['Task', 'Rule', 'Zone', 'Enabled', 'Next fire (its zone)', 'Next fire (here)', ''],
     page.data.map((s) => [
-      h('a', { href: `#/tasks/${seg(s.task_id)}` }, s.task_id),
+      idView(s.task_id, `#/tasks/${seg(s.task_id)}`),
       h('code', {}, rule(s)),
       s.timezone,
       s.enabled ? 'yes' : 'no',

@@ -1,7 +1,7 @@
 // A task: what it does, its runs (paginated), and a start button.
 
 import { Pager, get, seg } from '../lib/api.js';
-import { action, badge, details, h, replace, table } from '../lib/dom.js';
+import { action, badge, details, h, idView, replace, table } from '../lib/dom.js';
 import { paged } from './paged.js';
 import { when } from '../lib/time.js';
 import { startTask, summary } from './tasks.js';
@@ -13,7 +13,7 @@ export function lineage(run) {
   const source = run.retried_from_run_id || run.resumed_from_run_id;
   if (!source) return run.schedule_id ? 'scheduled' : 'started';
   const how = run.retried_from_run_id ? 'retry of' : `${run.lineage_kind || 'resume'} of`;
-  return [`${how} `, h('a', { href: `#/runs/${seg(run.task_id)}/${seg(source)}` }, source)];
+  return [`${how} `, idView(source, `#/runs/${seg(run.task_id)}/${seg(source)}`)];
 }
 
 export async function render(root, { task_id: taskId }, ctx) {

@@ -1,7 +1,7 @@
 // Tasks: filter by status, page through, create a shell task, start one.
 
 import { Pager, post, seg } from '../lib/api.js';
-import { action, badge, errorBox, h, replace, table, toast } from '../lib/dom.js';
+import { action, badge, errorBox, h, idView, replace, table, toast } from '../lib/dom.js';
 import { when } from '../lib/time.js';
 import { paged } from './paged.js';
 
@@ -36,7 +36,7 @@ export async function render(root, _params, ctx) {
 
   const draw = (page) => {
     const rows = page.data.map((task) => [
-      [h('a', { href: `#/tasks/${seg(task.id)}` }, task.title), h('br'), h('small', { class: 'id' }, task.id)],
+      [h('a', { href: `#/tasks/${seg(task.id)}` }, task.title), h('br'), idView(task.id)],
       task.execution_kind,
       badge(task.status),
       task.latest_run_id
