@@ -56,16 +56,15 @@ struct TransitionQuery {
     order: Option<String>,
 }
 
-/// A page's position: ASCII digits, at most 18 (so it fits an i64), as the document's
-/// pattern says.
-fn numeric_cursor(cursor: Option<&str>) -> Result<i64, ApiError> {
-    match cursor {
-        None => Ok(0),
-        Some(c) => Some(c)
-            .filter(|c| (1..=18).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_digit()))
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| ApiError::invalid("cursor must be a number from a previous page")),
-    }
+/// A page's position, when one is given: ASCII digits, at most 18 (so it fits an i64), as
+/// the document's pattern says.
+fn numeric_cursor(cursor: Option<&str>) -> Result<Option<i64>, ApiError> {
+    let Some(c) = cursor else { return Ok(None) };
+    Some(c)
+        .filter(|c| (1..=18).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|c| c.parse().ok())
+        .map(Some)
+        .ok_or_else(|| ApiError::invalid("cursor must be a number from a previous page"))
 }
 
 /// The workspace's audit trail: every state change of its tasks, runs, approvals, media
@@ -88,8 +87,8 @@ async fn state_transitions(
             EntityType::names()
         )));
     }
-    let after = query.cursor.as_deref().map(|c| numeric_cursor(Some(c)));
-    let page = (list_order(query.order.as_deref())?, after.transpose()?);
+    let after = numeric_cursor(query.cursor.as_deref())?;
+    let page = (list_order(query.order.as_deref())?, after);
     let mut conn = state.pool.acquire().await?;
     let rows = transitions::list(
         &mut conn,
@@ -134,7 +133,7 @@ async fn runtime_leases(
             "unknown lease status '{status}' (expected active, released or expired)"
         ))
     })?;
-    let after = numeric_cursor(query.cursor.as_deref())?;
+    let after = numeric_cursor(query.cursor.as_deref())?.unwrap_or_default();
     let mut conn = state.pool.acquire().await?;
     let rows = leases::list(&mut conn, &caller.scope, status, after, limit + 1).await?;
     Ok(Json(

@@ -338,6 +338,18 @@ pub(crate) fn time(at: &chrono::DateTime<chrono::Utc>) -> String {
 }
 
 /// Micro-USD as dollars: `$0.0123`.
+/// A model call's tokens and cost: `100 in, 20 out · $0.0004` (`?` for a count the
+/// provider did not give, `cost unknown` when the model has no price).
+pub(crate) fn call_figures(
+    prompt: Option<i64>,
+    completion: Option<i64>,
+    cost: Option<i64>,
+) -> String {
+    let tokens = |n: Option<i64>| n.map_or("?".into(), |n| n.to_string());
+    let cost = cost.map_or("cost unknown".into(), usd);
+    format!("{} in, {} out · {cost}", tokens(prompt), tokens(completion))
+}
+
 pub(crate) fn usd(micros: i64) -> String {
     format!("${:.4}", micros as f64 / 1e6)
 }

@@ -6,7 +6,7 @@
 
 use keel_client::{BlockKind, RunContextPacket, RunTranscript, TranscriptBlock};
 
-use crate::cli::output::{seconds, usd};
+use crate::cli::output::{call_figures, seconds};
 
 /// The most lines of a tool call's arguments or result printed; the step has them whole.
 const SHOWN_LINES: usize = 6;
@@ -51,15 +51,9 @@ fn block_lines(block: &TranscriptBlock, lines: &mut Vec<String>) {
         BlockKind::RawDetailRef => lines.push(text.to_string()),
         BlockKind::CoordinatorText => {
             let facts = block.model_call.as_ref().map(|call| {
-                let tokens = |n: Option<i64>| n.map_or("?".into(), |n| n.to_string());
-                let cost = call.cost_micros_usd.map_or("cost unknown".into(), usd);
-                format!(
-                    "call {} · {} in, {} out · {cost}{}",
-                    call.index,
-                    tokens(call.prompt_tokens),
-                    tokens(call.completion_tokens),
-                    took(call.latency_ms),
-                )
+                let (prompt, completion) = (call.prompt_tokens, call.completion_tokens);
+                let figures = call_figures(prompt, completion, call.cost_micros_usd);
+                format!("call {} · {figures}{}", call.index, took(call.latency_ms))
             });
             lines.push(format!("model ({}):", facts.unwrap_or_default()));
             indented(text, usize::MAX, lines);

@@ -19,7 +19,7 @@ use keel_client::{
     cut_chars,
 };
 
-use crate::cli::output::{Format, seconds, usd};
+use crate::cli::output::{Format, call_figures, seconds, usd};
 
 /// What a command ends with, as its exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -446,14 +446,14 @@ fn step_line(progress: &Progress, event: &EventRecord) -> String {
 /// when its model has no price); None for other steps.
 fn model_call_figures(output: &serde_json::Value) -> Option<String> {
     let usage = output.pointer("/response/usage")?;
-    let tokens = |key: &str| usage[key].as_i64().map_or("?".into(), |n| n.to_string());
-    let cost = output["cost_micros_usd"]
-        .as_i64()
-        .map_or("cost unknown".into(), usd);
-    Some(format!(
-        "{} in, {} out · {cost}",
-        tokens("prompt_tokens"),
-        tokens("completion_tokens")
+    let (prompt, completion) = (
+        usage["prompt_tokens"].as_i64(),
+        usage["completion_tokens"].as_i64(),
+    );
+    Some(call_figures(
+        prompt,
+        completion,
+        output["cost_micros_usd"].as_i64(),
     ))
 }
 

@@ -94,21 +94,21 @@ pub async fn list(
                 scope.workspace(),
                 entity_type,
                 entity_id,
-                // Every id is positive: the first page's bound is an index bound too.
-                match order {
-                    ListOrder::Asc => Some(after.unwrap_or_default()),
-                    ListOrder::Desc => after,
-                },
+                // Every id is past 0 and before i64::MAX: the first page's bound is an
+                // index bound too.
+                after.unwrap_or(match order {
+                    ListOrder::Asc => 0,
+                    ListOrder::Desc => i64::MAX,
+                }),
                 limit,
             )
             .fetch_all(conn)
             .await?
         };
     }
-    let rows = match (order, after) {
-        (ListOrder::Asc, _) => page!("id > $4", "ASC"),
-        (ListOrder::Desc, None) => page!("$4::bigint IS NULL", "DESC"),
-        (ListOrder::Desc, Some(_)) => page!("id < $4", "DESC"),
+    let rows = match order {
+        ListOrder::Asc => page!("id > $4", "ASC"),
+        ListOrder::Desc => page!("id < $4", "DESC"),
     };
     Ok(rows)
 }

@@ -41,9 +41,7 @@ pub async fn heartbeat(
     let task = crate::tasks::get(conn, scope, &run.task_id).await?;
     let now = Utc::now();
     let step = latest.into_iter().next().map(|step| HeartbeatStep {
-        tool: (step.name == "tool_call")
-            .then(|| step.input["name"].as_str().map(str::to_string))
-            .flatten(),
+        tool: super::steps::tool_of(&step).map(str::to_string),
         index: step.index,
         name: step.name,
         status: step.status,

@@ -280,7 +280,7 @@ pub(crate) fn started_event(step: &StepRecord) -> NewEvent<'_> {
 
 /// The tool an agent's `tool_call` step called (its input's `name`), so a reader of the
 /// stream need not fetch the step to say which; None for other steps.
-fn tool_of(step: &StepRecord) -> Option<&str> {
+pub(super) fn tool_of(step: &StepRecord) -> Option<&str> {
     match step.name.as_str() {
         "tool_call" => step.input["name"].as_str(),
         _ => None,

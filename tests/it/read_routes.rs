@@ -11,10 +11,11 @@ use std::time::Duration;
 use crate::support::{Client, KeelProcess, TestApp, shell};
 use futures_util::TryStreamExt;
 use keel_client::{
-    ApprovalRecord, ApprovalStatus, ArtifactRecord, Imported, ItemRecord, RunRecord, RunStatus,
-    StepRecord, TransitionRecord,
+    ApprovalRecord, ApprovalStatus, ArtifactRecord, Call, Imported, ItemRecord, ListEnvelope,
+    RunRecord, RunStatus, StepRecord, TransitionRecord,
 };
 use reqwest::StatusCode;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -137,15 +138,7 @@ async fn the_workspace_runs_list_pages_every_task_by_status_and_task() {
         (None, Some(a.as_str()), vec![2, 0]),
         (Some("failed"), Some(b.as_str()), vec![1]),
     ] {
-        let newest: Vec<RunRecord> = c
-            .api
-            .list_workspace_runs(status, task)
-            .query("order", Some("desc"))
-            .query("limit", Some(1))
-            .items()
-            .try_collect()
-            .await
-            .unwrap();
+        let newest = read_newest_first(c.api.list_workspace_runs(status, task), 1).await;
         let newest: Vec<String> = newest.into_iter().map(|r| r.id).collect();
         assert_eq!(newest, run_ids(&picked), "{status:?} {task:?}");
     }
@@ -301,6 +294,17 @@ async fn an_external_work_item_reads_by_id() {
     assert_refused(c, &path, StatusCode::NOT_FOUND, "not_found", "item").await;
 }
 
+/// Every item of a list read newest first (`order=desc`), `limit` a page.
+async fn read_newest_first<T: DeserializeOwned>(
+    call: Call<'_, ListEnvelope<T>>,
+    limit: i64,
+) -> Vec<T> {
+    let call = call
+        .query("order", Some("desc"))
+        .query("limit", Some(limit));
+    call.items().try_collect().await.unwrap()
+}
+
 #[tokio::test]
 async fn the_approval_inbox_narrows_to_one_run() {
     let app = TestApp::with_approvals("shell_exec").await;
@@ -343,13 +347,7 @@ async fn the_approval_inbox_narrows_to_one_run() {
             Some(task_id.as_str()),
         ),
     ] {
-        let paged: Vec<ApprovalRecord> = call
-            .query("order", Some("desc"))
-            .query("limit", Some(1))
-            .items()
-            .try_collect()
-            .await
-            .unwrap();
+        let paged = read_newest_first(call, 1).await;
         let paged: Vec<String> = paged.into_iter().map(|a| a.id).collect();
         assert_eq!(paged, newest_first(task));
     }
@@ -365,15 +363,7 @@ async fn the_approval_inbox_narrows_to_one_run() {
         .try_collect()
         .await
         .unwrap();
-    let newest: Vec<TransitionRecord> = c
-        .api
-        .state_transitions(None, None)
-        .query("order", Some("desc"))
-        .query("limit", Some(2))
-        .items()
-        .try_collect()
-        .await
-        .unwrap();
+    let newest = read_newest_first(c.api.state_transitions(None, None), 2).await;
     let ids_of = |t: &[TransitionRecord]| t.iter().map(|t| t.id).collect::<Vec<_>>();
     let mut reversed = ids_of(&oldest);
     reversed.reverse();

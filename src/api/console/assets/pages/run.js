@@ -371,36 +371,39 @@ function showConversation(view, state, task, ctx) {
  * the lines removed and added with a little around them.
  */
 function patchDiff(base, patchId, summary, { class: className, label }) {
-  const body = h('div', {}, h('p', { class: 'who' }, 'Loading the change\u2026'));
-  const node = h('details', { class: className }, h('summary', {}, summary), body);
-  let read = false;
-  node.addEventListener('toggle', async () => {
-    if (!node.open || read || !patchId) return;
-    read = true;
-    try {
-      const patch = (await get(`${base}/patches/${seg(patchId)}`)).data;
-      replace(body, diffView(patch.before, patch.after, `diff of ${label}`));
-    } catch (error) {
-      read = false;
-      replace(body, h('p', { class: 'error' }, error.message));
-    }
+  return readWhenOpened(summary, className, async () => {
+    const patch = (await get(`${base}/patches/${seg(patchId)}`)).data;
+    return diffView(patch.before, patch.after, `diff of ${label}`);
   });
-  return node;
 }
 
 /** The prompt layers the run started from (GET …/context), read when first opened. */
 function contextView(base) {
-  const body = h('div', {}, h('p', { class: 'who' }, 'Loading\u2026'));
-  const node = h('details', { class: 'turn context' }, h('summary', {}, 'Context: the system prompt layers'), body);
-  node.addEventListener('toggle', async () => {
-    if (!node.open || node.dataset.read) return;
-    node.dataset.read = 'yes';
+  const from = { stored: 'as the run kept them', task: 'from its task', not_started: 'from its task (not started yet)' };
+  return readWhenOpened('Context: the system prompt layers', 'turn context', async () => {
     const context = (await get(`${base}/context`)).data;
-    const from = { stored: 'as the run kept them', task: 'from its task', not_started: 'from its task (not started yet)' };
-    replace(body, h('p', { class: 'who' }, `Layers ${from[context.source] || context.source}, in the order the model read them.`),
+    return [h('p', { class: 'who' }, `Layers ${from[context.source] || context.source}, in the order the model read them.`),
       context.layers.length === 0 ? h('p', { class: 'who' }, 'No system prompt.') : null,
-      ...context.layers.map((layer) => [h('p', { class: 'who' }, `${layer.origin} layer`),
-        h('pre', { class: 'output' }, layer.content)]));
+      context.layers.map((layer) => [h('p', { class: 'who' }, `${layer.origin} layer`),
+        h('pre', { class: 'output' }, layer.content)])];
+  });
+}
+
+/** A collapsed section whose content `read` makes when it is first opened (again after a
+ *  failed read, whose error it shows). */
+function readWhenOpened(summary, className, read) {
+  const body = h('div', {}, h('p', { class: 'who' }, 'Loading\u2026'));
+  const node = h('details', { class: className }, h('summary', {}, summary), body);
+  let done = false;
+  node.addEventListener('toggle', async () => {
+    if (!node.open || done) return;
+    done = true;
+    try {
+      replace(body, await read());
+    } catch (error) {
+      done = false;
+      replace(body, h('p', { class: 'error' }, error.message));
+    }
   });
   return node;
 }
